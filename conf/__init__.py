@@ -1,0 +1,1 @@
+"""Hydra configuration groups (mirroring the code packages)."""

@@ -1,0 +1,1 @@
+"""Built-in drafters (one module each), registered through the plugin hooks."""

@@ -1,0 +1,96 @@
+"""``ar`` drafter: an autoregressive Hugging Face causal LM with its own KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specpolicy.cache import crop_cache
+from specpolicy.drafter import Drafter
+from specpolicy.hookspecs import hookimpl
+from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, Verification
+
+NAME = "ar"
+
+
+class ARDrafter(Drafter):
+    """Greedy autoregressive drafting, one forward pass per drafted token (Leviathan et al. 2023).
+
+    The KV cache holds the committed sequence except the tokens not yet fed (``_unfed``,
+    at least the last committed token). Drafted tokens extend the cache as they are fed;
+    ``commit`` keeps the KV of drafted tokens the target accepted and crops the rest, so
+    no prefix is ever recomputed. Confidence of a token = max softmax probability of the
+    distribution it was taken from.
+
+    Args:
+        model: the drafter LM, on the runtime device.
+        runtime: shared runtime.
+    """
+
+    name = NAME
+
+    def __init__(self, model: PreTrainedModel, runtime: Runtime):
+        self.model = model
+        self.runtime = runtime
+        self.max_context = context_length(model)
+        self.cache: DynamicCache | None = None
+        self._unfed: torch.Tensor | None = None  # (u,) committed tokens not in the cache yet
+        self._tokens: list[torch.Tensor] = []  # this round's drafted tokens, (1,) each
+        self._confs: list[torch.Tensor] = []
+        self._passes = 0
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        n = int(prompt_ids.shape[0])
+        if n < 1 or n >= self.max_context:
+            raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
+        self.cache = DynamicCache()
+        self._unfed = prompt_ids.to(self.runtime.torch_device)
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self._tokens, self._confs, self._passes = [], [], 0
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        for _ in range(num_tokens):  # autoregressive: one pass per token, no host sync
+            if self._tokens:
+                inputs = self._tokens[-1]
+            else:
+                inputs = self._unfed
+            logits = self.model(input_ids=inputs[None, :], past_key_values=self.cache, use_cache=True,
+                                logits_to_keep=1).logits[0, -1]
+            probs = torch.softmax(logits.float(), dim=-1)
+            conf, token = probs.max(dim=-1)
+            self._tokens.append(token[None])
+            self._confs.append(conf[None])
+            self._passes += 1
+        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes)
+
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        committed = verification.committed_tokens(draft)  # (a + 1,)
+        drafted = len(self._tokens)
+        if drafted == 0:  # nothing fed this round: everything committed joins the unfed tokens
+            self._unfed = torch.cat([self._unfed, committed])
+        else:
+            # The cache holds the pre-round sequence, the unfed tokens and d_1..d_{m-1} (d_m never fed).
+            keep = min(verification.accepted_length, drafted - 1)
+            crop_cache(self.cache, self.cache.get_seq_length() - (drafted - 1) + keep)
+            self._unfed = committed[keep:]
+        self._new_round()
+
+
+@hookimpl
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+    """Factory for ``drafter=ar``. Config key: ``model`` (bundled name, local path or hub id)."""
+    if name != NAME:
+        return None
+    model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
+    check_same_vocabulary(verifier.vocab_size, int(model.get_output_embeddings().weight.shape[0]), NAME)
+    return ARDrafter(model, runtime)

@@ -1,0 +1,1 @@
+"""Built-in length policies (one module each), registered through the plugin hooks."""

@@ -1,0 +1,25 @@
+"""specpolicy: drafting strategies for speculative decoding.
+
+Interfaces: ``Drafter``, ``Verifier``, ``LengthPolicy``; the loop: ``generate``; the
+plugin system: ``hookimpl`` and the ``specpolicy`` entry-point group.
+"""
+
+from specpolicy.drafter import Drafter
+from specpolicy.hookspecs import hookimpl
+from specpolicy.policy import LengthPolicy
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
+from specpolicy.verifier import Verifier
+
+__all__ = [
+    "Draft",
+    "Drafter",
+    "GenerationResult",
+    "LengthPolicy",
+    "RoundRecord",
+    "Runtime",
+    "Verification",
+    "Verifier",
+    "hookimpl",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from specpolicy.cli import main
+
+main()

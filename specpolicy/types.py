@@ -1,0 +1,123 @@
+"""Frozen records exchanged by drafters, verifiers, length policies and the decoding loop.
+
+Conventions (batch size 1 throughout):
+* token ids are ``torch.int64`` 1-D tensors on the runtime device;
+* confidences are ``torch.float32`` 1-D tensors: the drafter's max probability at the
+  forward pass that produced each token (FailFast paper, §3 "confidence");
+* lengths are counts of tokens, times are milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The draft of one round, as it stands (it may be extended within the round).
+
+    Attributes:
+        token_ids: ``(k,) int64`` proposed tokens, continuing the committed sequence.
+        confidences: ``(k,) float32`` max probability of each proposed token, in [0, 1].
+            Tokens not produced by a model (draft reuse, model-free drafters) carry the
+            drafter's own notion of confidence (see each drafter).
+        forward_passes: drafter forward passes spent on this draft so far (extensions included).
+        reused_tokens: how many trailing tokens were appended by draft reuse (FailFast App. E),
+            not by the drafter.
+    """
+
+    token_ids: torch.Tensor  # (k,) int64
+    confidences: torch.Tensor  # (k,) float32
+    forward_passes: int = 0
+    reused_tokens: int = 0
+
+    @property
+    def length(self) -> int:
+        """Speculation length k in tokens."""
+        return int(self.token_ids.shape[0])
+
+    @staticmethod
+    def empty(device: torch.device | str = "cpu") -> "Draft":
+        """A zero-length draft (plain decoding for the round)."""
+        return Draft(
+            token_ids=torch.empty(0, dtype=torch.long, device=device),
+            confidences=torch.empty(0, dtype=torch.float32, device=device),
+        )
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The target's verdict on one draft (greedy verification, one forward pass).
+
+    Attributes:
+        accepted_length: number of leading draft tokens equal to the target's greedy tokens.
+        next_token: the correction token (at the first mismatch) or the bonus token (when
+            every draft token was accepted), as a Python int.
+        target_token_ids: ``(k + 1,) int64`` the target's greedy token at every draft position
+            and one past the draft (kept for analyses such as the oracle policy).
+    """
+
+    accepted_length: int
+    next_token: int
+    target_token_ids: torch.Tensor  # (k + 1,) int64
+
+    def committed_tokens(self, draft: Draft) -> torch.Tensor:
+        """``(accepted_length + 1,) int64``: the accepted draft prefix plus the correction/bonus token."""
+        nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
+        return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Everything measured in one round (draft + verify), fed to ``LengthPolicy.update``.
+
+    Attributes:
+        index: 0-based round number within the prompt.
+        speculation_length: tokens proposed for verification (drafter + reused), k.
+        accepted_length: draft tokens accepted (bonus/correction excluded).
+        emitted_tokens: tokens added to the output this round after stop conditions
+            (normally ``accepted_length + 1``; fewer when EOS or ``max_new_tokens`` cut the round).
+        drafter_forward_passes: drafter forward passes spent this round.
+        reused_tokens: tokens appended by draft reuse.
+        draft_ms / verify_ms: wall-clock milliseconds spent drafting / verifying.
+        confidences: per drafted token, as floats.
+        draft_token_ids / target_token_ids: the proposal and the target's greedy tokens (k + 1).
+    """
+
+    index: int
+    speculation_length: int
+    accepted_length: int
+    emitted_tokens: int
+    drafter_forward_passes: int
+    reused_tokens: int
+    draft_ms: float
+    verify_ms: float
+    confidences: tuple[float, ...] = field(default_factory=tuple)
+    draft_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    target_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def fully_accepted(self) -> bool:
+        """True when every proposed token was accepted (the round ended with a bonus token)."""
+        return self.accepted_length == self.speculation_length
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Output of one prompt through the decoding loop.
+
+    Attributes:
+        output_ids: ``(n,) int64`` generated tokens (prompt excluded), stop token included if hit.
+        rounds: the per-round records, in order.
+        stop_reason: ``"eos"`` or ``"max_new_tokens"``.
+        wall_s: wall-clock seconds for the prompt, prefill included.
+        prefill_ms: wall-clock milliseconds of the prefill of both models.
+    """
+
+    output_ids: torch.Tensor  # (n,) int64
+    rounds: tuple[RoundRecord, ...]
+    stop_reason: str
+    wall_s: float
+    prefill_ms: float

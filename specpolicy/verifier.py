@@ -1,0 +1,46 @@
+"""The ``Verifier`` interface: the target model that checks drafts."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from specpolicy.types import Draft, Verification
+
+
+class Verifier(ABC):
+    """Base class of verifiers (``verifiers/``). Holds the target and its KV cache.
+
+    The verifier keeps the committed sequence minus its last token in its KV cache; that
+    last token is *pending* and is fed together with the next draft, so each round is one
+    forward pass over ``[pending] + draft`` (k + 1 tokens). Vanilla decoding is the same
+    call with an empty draft.
+    """
+
+    name: str = ""
+    #: Token ids that end generation (EOS / end-of-turn).
+    eos_token_ids: frozenset[int] = frozenset()
+    #: Maximum sequence length (prompt + generated + draft) the target supports, in tokens.
+    max_context: int = 0
+    #: Vocabulary size of the target (drafters must match it).
+    vocab_size: int = 0
+
+    @abstractmethod
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        """Start a new prompt: cache ``prompt_ids[:-1]``, make ``prompt_ids[-1]`` pending.
+
+        Args:
+            prompt_ids: ``(P,) int64``, 1 <= P <= ``max_context``.
+        Raises:
+            ValueError: naming ``prompt_ids`` if empty or longer than the context.
+        """
+
+    @abstractmethod
+    def verify(self, draft: Draft) -> Verification:
+        """Verify ``draft`` in ONE target forward pass and commit the result to the cache.
+
+        Keeps the longest prefix of the draft equal to the target's greedy tokens, plus
+        the correction (first mismatch) or bonus token (all accepted), which becomes the
+        new pending token. The cache is cropped to the committed prefix, never recomputed.
+        """

@@ -1,0 +1,1 @@
+"""Built-in verifiers, registered through the plugin hooks."""

@@ -1,0 +1,89 @@
+"""``hf`` verifier: any Hugging Face causal LM as the target, greedy verification."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specpolicy.cache import crop_cache
+from specpolicy.hookspecs import hookimpl
+from specpolicy.models import context_length, eos_token_ids, load_causal_lm, load_tokenizer
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, Verification
+from specpolicy.verifier import Verifier
+
+NAME = "hf"
+
+
+class HFVerifier(Verifier):
+    """Greedy verification with a KV-cached Hugging Face causal LM (Leviathan et al. 2023, §2.3,
+    greedy case): one forward pass per round over ``[pending] + draft``.
+
+    Args:
+        model: the target, in eval mode on the runtime device.
+        runtime: shared runtime.
+        eos_ids: token ids that end generation.
+        max_context: maximum sequence length in tokens (default: the model's
+            ``max_position_embeddings``).
+    """
+
+    name = NAME
+
+    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int = 0):
+        self.model = model
+        self.runtime = runtime
+        self.eos_token_ids = frozenset(eos_ids)
+        self.max_context = max_context or context_length(model)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.cache: DynamicCache | None = None
+        self._pending: torch.Tensor | None = None  # (1,) int64: last committed token, not yet in the cache
+
+    @property
+    def cached_length(self) -> int:
+        """Tokens held in the KV cache (the committed sequence minus the pending token)."""
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        n = int(prompt_ids.shape[0])
+        if n < 1 or n >= self.max_context:
+            raise ValueError(
+                f"prompt_ids has {n} tokens; the target accepts 1..{self.max_context - 1} "
+                f"(max_context={self.max_context}, one position is kept for generation)"
+            )
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        self.cache = DynamicCache()
+        if n > 1:
+            self.model(input_ids=prompt_ids[None, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self._pending = prompt_ids[-1:]
+
+    @torch.no_grad()
+    def verify(self, draft: Draft) -> Verification:
+        if self._pending is None:
+            raise RuntimeError("verify() called before prefill()")
+        k = draft.length
+        start = self.cached_length
+        if start + k + 1 > self.max_context:
+            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
+        logits = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).logits[0]  # (k + 1, V)
+        target = logits.argmax(dim=-1)  # (k + 1,) int64
+        matches = (target[:k] == draft.token_ids).int()  # (k,)
+        accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
+        # Keep KV for the pending token and the accepted draft tokens; the correction/bonus is pending.
+        crop_cache(self.cache, start + 1 + accepted)
+        self._pending = target[accepted : accepted + 1]
+        return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target)
+
+
+@hookimpl
+def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime):
+    """Factory for ``verifier=hf``. Config keys: ``model`` (bundled name, local path or hub id),
+    ``attn_implementation`` (default sdpa), ``max_context`` (0 = the model's)."""
+    if name != NAME:
+        return None
+    model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
+    tokenizer = load_tokenizer(config["model"])
+    return HFVerifier(model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0))
