@@ -1,0 +1,78 @@
+"""``specdecpp`` policy: SpecDec++-style stop rule on the probability of a rejection.
+
+Source: Huang, Guo & Wang 2024, "SpecDec++: Boosting Speculative Decoding via Adaptive
+Candidate Lengths" (arXiv 2405.19715), §3: drafting one token at a time is a Markov decision
+process whose optimal policy is a threshold rule, stop as soon as the probability that at
+least one drafted token will be rejected exceeds a threshold h. Reference code
+(Kaffaljidhmah2/SpecDec_pp, ``specdec_pp/hf_generation.py``, schedule ``ada``) estimates each
+token's acceptance probability with a trained acceptance head, stops when
+``1 - prod(p_accept) > stop_threshold`` and clamps the length to ``bound = (min, max)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specpolicy.hookspecs import hookimpl
+from specpolicy.policy import LengthPolicy
+from specpolicy.types import Draft
+
+NAME = "specdecpp"
+
+
+class SpecDecPPPolicy(LengthPolicy):
+    """Draft ``min_length`` tokens, then one token at a time; stop when the estimated
+    probability of at least one rejection, ``1 - prod(confidence)`` over the draft so far,
+    is ``>= h``, never before ``min_length`` tokens and never beyond ``max_length``.
+
+    There is no trained acceptance head here: **the drafter's confidences stand in for
+    the acceptance probabilities** (a token's max probability is the drafter's own belief
+    that it is the right token). Differences from the reference code, deliberate: the
+    comparison is ``>=`` (so ``h = 1`` is meaningful: it stops only on a zero confidence),
+    and the first token's estimate is included in the product (the reference treats it
+    as 1). The product is taken in float64 on the host: one small device-to-host copy of
+    the confidences per decision, whatever their device. Stateless.
+
+    Args:
+        h: stop threshold on ``1 - prod(confidence)``, in (0, 1] (default 0.7).
+        min_length: fewest tokens per draft, integer >= 1 (default 1).
+        max_length: most tokens per draft, integer >= ``min_length`` (default 60).
+    Raises:
+        ValueError: naming ``policy.h``, ``policy.min_length`` or ``policy.max_length`` when out of range.
+    """
+
+    name = NAME
+
+    def __init__(self, h: float = 0.7, min_length: int = 1, max_length: int = 60) -> None:
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 < h <= 1.0:
+            raise ValueError(f"policy.h must be in (0, 1], got {h!r}")
+        if isinstance(min_length, bool) or not isinstance(min_length, int) or min_length < 1:
+            raise ValueError(f"policy.min_length must be an integer >= 1, got {min_length!r}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < min_length:
+            raise ValueError(
+                f"policy.max_length must be an integer >= policy.min_length ({min_length}), got {max_length!r}"
+            )
+        self.h = float(h)
+        self.min_length = min_length
+        self.max_length = max_length
+
+    def next_length(self, draft: Draft) -> int:
+        k = draft.length
+        if k < self.min_length:
+            return self.min_length - k
+        if k >= self.max_length:
+            return 0
+        conf = draft.confidences.detach().cpu().double()  # the one host read (float64 after the copy)
+        p_reject = 1.0 - float(conf.prod())
+        return 0 if p_reject >= self.h else 1
+
+    def __repr__(self) -> str:
+        return f"SpecDecPPPolicy(h={self.h}, min_length={self.min_length}, max_length={self.max_length})"
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=specdecpp``. Config keys: ``h``, ``min_length``, ``max_length``."""
+    if name != NAME:
+        return None
+    return SpecDecPPPolicy(**config)
