@@ -50,8 +50,8 @@ def generate(
         reuse: optional draft reuse by suffix matching (FailFast App. E).
         on_round: called with each round's record (loggers, progress).
     Returns:
-        A ``GenerationResult``; ``output_ids`` ends at the first EOS (included) or after
-        ``max_new_tokens`` tokens.
+        A ``GenerationResult``; ``output_ids`` ends at the first EOS (included), after
+        ``max_new_tokens`` tokens, or when the context is full.
     Raises:
         ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse),
             a negative length from the policy, or a prompt that does not fit the context.
@@ -75,13 +75,20 @@ def generate(
     if reuse is not None:
         reuse.reset()
 
+    # Positions the drafter can hold (drafters without a limit leave max_context at 0).
+    drafter_context = (getattr(drafter, "max_context", 0) if drafter is not None else 0) or verifier.max_context
     outputs: list[torch.Tensor] = []
     rounds: list[RoundRecord] = []
     generated = 0
     stop_reason = "max_new_tokens"
     while generated < max_new_tokens:
-        # Room for draft tokens: one slot is always kept for the correction/bonus token.
-        room = min(max_new_tokens - generated, verifier.max_context - prompt_len - generated) - 1
+        # Room for draft tokens: one output slot is kept for the correction/bonus token, and
+        # verification feeds positions up to prompt_len + generated + k - 1 < max_context.
+        context_room = min(verifier.max_context, drafter_context) - prompt_len - generated
+        if context_room < 0:
+            stop_reason = "max_context"
+            break
+        room = min(max_new_tokens - generated - 1, context_room)
 
         with runtime.timer() as draft_timer:
             draft = _draft(drafter, policy, room, device)

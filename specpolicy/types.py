@@ -111,7 +111,7 @@ class GenerationResult:
     Attributes:
         output_ids: ``(n,) int64`` generated tokens (prompt excluded), stop token included if hit.
         rounds: the per-round records, in order.
-        stop_reason: ``"eos"`` or ``"max_new_tokens"``.
+        stop_reason: ``"eos"``, ``"max_new_tokens"`` or ``"max_context"`` (the context is full).
         wall_s: wall-clock seconds for the prompt, prefill included.
         prefill_ms: wall-clock milliseconds of the prefill of both models.
     """

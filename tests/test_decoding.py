@@ -72,3 +72,16 @@ def test_bad_arguments(runtime):
         generate(prompt, verifier, runtime, max_new_tokens=5, drafter=ARDrafter(model, runtime))
     with pytest.raises(ValueError, match="negative"):
         generate(prompt, verifier, runtime, max_new_tokens=5, drafter=ARDrafter(model, runtime), policy=FixedLength(-1))
+
+
+@pytest.mark.parametrize("with_drafter", [False, True])
+def test_generation_stops_cleanly_when_the_context_is_full(runtime, with_drafter):
+    target = sharpen(tiny_lm())
+    prompt = random_prompts(2)[1][:6]
+    verifier = HFVerifier(target, runtime, frozenset(), max_context=20)
+    kwargs = {"drafter": ARDrafter(target, runtime), "policy": FixedLength(5)} if with_drafter else {}
+    out = generate(prompt, verifier, runtime, max_new_tokens=50, **kwargs)
+    assert out.stop_reason == "max_context"
+    assert len(prompt) + len(out.output_ids) == 21  # the last token is emitted, never fed
+    ref = generate(prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=15).output_ids
+    assert out.output_ids.tolist() == ref.tolist()
