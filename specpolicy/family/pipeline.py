@@ -1,0 +1,209 @@
+"""The family training pipeline: tokenizer -> target -> distill -> ar-drafter -> dllm-drafter -> eval.
+
+Usage::
+
+    OMP_NUM_THREADS=2 python -m specpolicy.family \\
+        --data /work/shared/data/gsm8k/train.jsonl --out specpolicy/assets/family
+
+Each stage is skipped when its output already exists (``--force`` redoes every stage,
+``--redo STAGE ...`` only the named ones). Budgets are epochs / steps (never wall-clock),
+so a run with the same options and seed is reproducible. Outputs under ``--out``:
+
+* ``tokenizer/``: the tokenizer alone;
+* ``target/``, ``ar-drafter/``, ``dllm-drafter/``: ``save_pretrained`` dirs (bf16 weights,
+  config, generation config, tokenizer);
+* ``distill/target_greedy.jsonl``: the distilled training data (token ids);
+* ``training_log.json``: per-stage stats (losses, steps, wall time, params) and eval numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "eval"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specpolicy.family", description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
+    ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl", help="GSM8K test jsonl (eval)")
+    ap.add_argument("--out", default="specpolicy/assets/family", help="output dir")
+    ap.add_argument("--force", action="store_true", help="redo every stage even if its output exists")
+    ap.add_argument("--redo", nargs="*", default=[], choices=STAGES, help="redo these stages")
+    ap.add_argument("--stages", nargs="*", default=STAGES, choices=STAGES, help="stages to run (default all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS or 2)")
+    ap.add_argument("--limit-rows", type=int, default=None, help="use only the first N train rows (smoke runs)")
+    ap.add_argument("--vocab-size", type=int, default=4096)
+    ap.add_argument("--max-len", type=int, default=384, help="max prompt+response tokens")
+    ap.add_argument("--overflow", choices=["drop", "truncate"], default="drop")
+    ap.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    # target
+    ap.add_argument("--target-size", default="target")
+    ap.add_argument("--target-epochs", type=int, default=4)
+    ap.add_argument("--target-max-steps", type=int, default=None)
+    ap.add_argument("--target-batch-tokens", type=int, default=8192)
+    ap.add_argument("--target-lr", type=float, default=1.5e-3)
+    ap.add_argument("--target-warmup", type=int, default=100)
+    # distillation
+    ap.add_argument("--distill-prompts", type=int, default=4000, help="number of train prompts (0 = all)")
+    ap.add_argument("--distill-batch", type=int, default=128)
+    ap.add_argument("--distill-max-new", type=int, default=256)
+    ap.add_argument("--distill-fp32", action="store_true", help="decode in fp32 (default: bf16 autocast, ~3x faster)")
+    # AR drafter
+    ap.add_argument("--drafter-size", default="ar-drafter")
+    ap.add_argument("--drafter-epochs", type=int, default=6)
+    ap.add_argument("--drafter-max-steps", type=int, default=None)
+    ap.add_argument("--drafter-batch-tokens", type=int, default=8192)
+    ap.add_argument("--drafter-lr", type=float, default=2e-3)
+    ap.add_argument("--drafter-warmup", type=int, default=50)
+    # dLLM drafter
+    ap.add_argument("--dllm-epochs", type=int, default=1)
+    ap.add_argument("--dllm-max-steps", type=int, default=None)
+    ap.add_argument(
+        "--dllm-batch-tokens", type=int, default=4096,
+        help="padded sequence tokens per batch (compute is ~4x: two noisy copies x [noisy;clean])",
+    )
+    ap.add_argument("--dllm-lr", type=float, default=1e-3)
+    ap.add_argument("--dllm-warmup", type=int, default=30)
+    ap.add_argument("--block-size", type=int, default=32)
+    # eval
+    ap.add_argument("--eval-n", type=int, default=50)
+    ap.add_argument("--eval-k", type=int, default=5)
+    ap.add_argument("--log-every", type=int, default=10)
+    return ap
+
+
+def _dir_mb(p: Path) -> float:
+    return sum(f.stat().st_size for f in p.glob("*.safetensors")) / 2**20
+
+
+def run(a: argparse.Namespace) -> dict:
+    """Run the requested stages; returns the final training log."""
+    from specpolicy.family.block_diffusion import BLOCK_SIZE
+    from specpolicy.family.data import fit_length, load_examples, read_examples
+    from specpolicy.family.distill import distill
+    from specpolicy.family.evaluate import evaluate
+    from specpolicy.family.models import is_saved
+    from specpolicy.family.tokenizer import load_tokenizer, train_and_save
+    from specpolicy.family.train_ar import train_ar_model
+    from specpolicy.family.train_dllm import train_dllm_model
+    from specpolicy.family.trainer import TrainConfig
+    from specpolicy.family.training_log import read_log, update_log
+
+    threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
+    torch.set_num_threads(threads)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "training_log.json"
+    bf16 = not a.no_bf16
+    paths = {
+        "tokenizer": out / "tokenizer",
+        "target": out / "target",
+        "distill": out / "distill" / "target_greedy.jsonl",
+        "ar-drafter": out / "ar-drafter",
+        "dllm-drafter": out / "dllm-drafter",
+    }
+
+    def todo(stage: str) -> bool:
+        if stage not in a.stages:
+            return False
+        if a.force or stage in a.redo or stage == "eval":
+            return True
+        p = paths[stage]
+        done = p.exists() if stage == "distill" else (p / "tokenizer.json").exists() if stage == "tokenizer" else is_saved(p)
+        if done:
+            print(f"== {stage}: output exists ({p}), skipped (--force / --redo {stage} to redo)", flush=True)
+        return not done
+
+    update_log(log_path, "run", {"args": vars(a), "threads": threads, "torch": torch.__version__, "started": time.ctime()})
+
+    if todo("tokenizer"):
+        print("== tokenizer", flush=True)
+        t0 = time.time()
+        tok = train_and_save(a.data, paths["tokenizer"], a.vocab_size)
+        update_log(log_path, "tokenizer", {"vocab_size": len(tok), "wall_s": round(time.time() - t0, 1), "data": a.data})
+    tok = load_tokenizer(paths["tokenizer"])
+
+    train_examples = None
+
+    def get_train():
+        nonlocal train_examples
+        if train_examples is None:
+            train_examples, st = load_examples(a.data, tok, a.max_len, a.overflow, a.limit_rows)
+            print(f"train data: {st}", flush=True)
+            update_log(log_path, "data", st)
+        return train_examples
+
+    def cfg(prefix: str, **kw) -> TrainConfig:
+        return TrainConfig(
+            epochs=getattr(a, f"{prefix}_epochs"),
+            max_steps=getattr(a, f"{prefix}_max_steps"),
+            batch_tokens=getattr(a, f"{prefix}_batch_tokens"),
+            lr=getattr(a, f"{prefix}_lr"),
+            warmup_steps=getattr(a, f"{prefix}_warmup"),
+            seed=a.seed,
+            bf16=bf16,
+            log_every=a.log_every,
+            **kw,
+        )
+
+    if todo("target"):
+        print("== target", flush=True)
+        st = train_ar_model(a.target_size, get_train(), tok, cfg("target"), paths["target"], a.vocab_size, "target")
+        st["weights_mb"] = round(_dir_mb(paths["target"]), 2)
+        update_log(log_path, "target", st)
+
+    if todo("distill"):
+        print("== distill", flush=True)
+        n = a.distill_prompts or None
+        st = distill(paths["target"], get_train(), tok, paths["distill"], n, a.distill_max_new, a.distill_batch, a.seed,
+                     bf16=not a.distill_fp32)
+        print(f"distill: {st}", flush=True)
+        update_log(log_path, "distill", st)
+
+    drafter_data = None
+
+    def get_distilled():
+        nonlocal drafter_data
+        if drafter_data is None:
+            exs, st = fit_length(read_examples(paths["distill"]), a.max_len, a.overflow)
+            print(f"distilled data: {st}", flush=True)
+            drafter_data = exs
+        return drafter_data
+
+    if todo("ar-drafter"):
+        print("== ar-drafter", flush=True)
+        st = train_ar_model(
+            a.drafter_size, get_distilled(), tok, cfg("drafter"), paths["ar-drafter"], a.vocab_size, "ar-drafter"
+        )
+        st["weights_mb"] = round(_dir_mb(paths["ar-drafter"]), 2)
+        update_log(log_path, "ar-drafter", st)
+
+    if todo("dllm-drafter"):
+        print("== dllm-drafter", flush=True)
+        bs = a.block_size or BLOCK_SIZE
+        st = train_dllm_model(
+            paths["ar-drafter"], get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs
+        )
+        st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
+        update_log(log_path, "dllm-drafter", st)
+
+    if todo("eval"):
+        print("== eval", flush=True)
+        evaluate(out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, log_path)
+
+    total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter") if paths[m].exists())
+    log = update_log(log_path, "weights_total_mb", round(total_mb, 2))
+    print(f"== done; weights total {total_mb:.1f} MB; log {log_path}", flush=True)
+    return read_log(log_path) if log is None else log
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry point (``python -m specpolicy.family``)."""
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,166 @@
+"""The shared training loop: AdamW, linear warmup + cosine decay, grad clipping, bf16 autocast.
+
+Budgets are counted in epochs and optimizer steps (never wall-clock), so a seeded run is
+reproducible: the batch plan is a pure function of (example lengths, batch budget, seed,
+epoch) and every random draw of a loss function comes from a seeded ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from specpolicy.family.data import Example, batch_plan, collate
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of one stage.
+
+    Attributes:
+        epochs: passes over the examples (int >= 1).
+        max_steps: optional cap on optimizer steps (None = the whole plan).
+        batch_tokens: padded-token budget per batch (see :func:`batch_plan`).
+        lr: peak learning rate. warmup_steps: linear warmup length (steps).
+        min_lr_ratio: final lr / peak lr at the end of the cosine.
+        weight_decay: AdamW decay on 2-D weights (0 on norms and biases).
+        betas: AdamW betas. clip: max global grad norm.
+        seed: seeds data order and the loss function's generator.
+        bf16: run forward/backward under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+        pad_to_multiple: batch length rounding (32 for block diffusion).
+        log_every: steps between progress lines.
+    """
+
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_tokens: int = 8192
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True
+    pad_to_multiple: int = 1
+    log_every: int = 10
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Learning rate before optimizer step ``step`` (0-based) of ``total``: linear warmup to
+    ``cfg.lr`` over ``cfg.warmup_steps``, then cosine down to ``cfg.lr * cfg.min_lr_ratio``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    frac = min(1.0, frac)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on >=2-D parameters only (tied embedding counted once)."""
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+
+
+LossFn = Callable[[torch.nn.Module, dict, torch.Generator], tuple[torch.Tensor, int]]
+
+
+def train(
+    model: torch.nn.Module,
+    examples: list[Example],
+    loss_fn: LossFn,
+    cfg: TrainConfig,
+    pad_id: int,
+    name: str = "model",
+) -> dict:
+    """Train ``model`` in place.
+
+    Args:
+        examples: training examples.
+        loss_fn: ``(model, batch, generator) -> (mean loss (0-d float tensor), n_target_tokens)``
+            where ``batch`` is :func:`collate`'s dict.
+        pad_id: pad token id for collation.
+        name: label used in progress lines.
+    Returns:
+        stats dict: ``steps``, ``epochs``, ``final_loss`` (token-weighted mean over the last
+        ``max(10, 5%)`` steps), ``first_loss``, ``loss_curve`` (list of ``[step, loss, lr]``
+        averaged per ``log_every`` steps), ``wall_s``, ``tokens_per_s`` (padded input tokens),
+        ``target_tokens``, ``config``.
+    Raises:
+        ValueError: empty ``examples`` or a non-finite loss.
+    """
+    if not examples:
+        raise ValueError("no training examples")
+    lengths = [len(e) for e in examples]
+    plan: list[list[int]] = []
+    for ep in range(cfg.epochs):
+        plan += batch_plan(lengths, cfg.batch_tokens, cfg.seed, ep, cfg.pad_to_multiple)
+    steps_per_epoch = len(plan) / max(1, cfg.epochs)
+    if cfg.max_steps is not None:
+        plan = plan[: cfg.max_steps]
+    total = len(plan)
+    gen = torch.Generator().manual_seed(cfg.seed + 17)
+    opt = make_optimizer(model, cfg)
+    model.train()
+    t0 = time.time()
+    hist_loss, hist_tok, curve = [], [], []
+    win_loss, win_tok, in_tokens = 0.0, 0, 0
+    print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
+    for step, idx in enumerate(plan):
+        batch = collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple)
+        lr = lr_at(step, total, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, ntok = loss_fn(model, batch, gen)
+        if not torch.isfinite(loss):
+            raise ValueError(f"[{name}] non-finite loss at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        lv = float(loss.detach())
+        hist_loss.append(lv)
+        hist_tok.append(ntok)
+        win_loss += lv * ntok
+        win_tok += ntok
+        in_tokens += batch["input_ids"].numel()
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total:
+            el = time.time() - t0
+            curve.append([step + 1, round(win_loss / max(1, win_tok), 4), lr])
+            print(
+                f"[{name}] step {step + 1}/{total} ep {(step + 1) / steps_per_epoch:.2f} "
+                f"loss {win_loss / max(1, win_tok):.4f} lr {lr:.2e} "
+                f"{in_tokens / el:.0f} tok/s elapsed {el:.0f}s eta {el / (step + 1) * (total - step - 1):.0f}s",
+                flush=True,
+            )
+            sys.stdout.flush()
+            win_loss, win_tok = 0.0, 0
+    wall = time.time() - t0
+    model.eval()
+    n_last = max(10, total // 20)
+    tl, tt = hist_loss[-n_last:], hist_tok[-n_last:]
+    cfgd = asdict(cfg)
+    cfgd["betas"] = list(cfg.betas)
+    return dict(
+        steps=total,
+        epochs=round(total / steps_per_epoch, 3),
+        first_loss=round(hist_loss[0], 4),
+        final_loss=round(sum(a * b for a, b in zip(tl, tt)) / max(1, sum(tt)), 4),
+        loss_curve=curve,
+        wall_s=round(wall, 1),
+        tokens_per_s=round(in_tokens / max(wall, 1e-9), 1),
+        target_tokens=int(sum(hist_tok)),
+        config=cfgd,
+    )
