@@ -10,7 +10,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.cache import crop_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
-from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm
+from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
 from specpolicy.runtime import Runtime
 from specpolicy.types import Draft, Verification
 
@@ -92,5 +92,5 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     if name != NAME:
         return None
     model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
-    check_same_vocabulary(verifier.vocab_size, int(model.get_output_embeddings().weight.shape[0]), NAME)
+    check_same_vocabulary(verifier.tokenizer, load_tokenizer(config["model"]), NAME)
     return ARDrafter(model, runtime)

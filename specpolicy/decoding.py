@@ -6,7 +6,7 @@
         reuse:   optionally append tokens from the previous round's rejected tail
         verify:  one target forward over [pending token] + draft
         commit:  accepted prefix + correction/bonus token, cut at EOS / max_new_tokens
-        update:  drafter rolls back, policy learns from the round
+        update:  drafter rolls back (timed as drafting), policy learns from the round
 
 Vanilla decoding is the same loop with no drafter: every draft is empty and each round
 emits exactly one token, so speedups compare like with like.
@@ -102,6 +102,14 @@ def generate(
         keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - generated)
         outputs.append(committed[:keep])
         generated += keep
+        finished = hit_eos or generated >= max_new_tokens
+
+        # Roll the drafter back to the committed sequence (timed as drafting: it may spend a pass).
+        commit_ms = 0.0
+        if drafter is not None and not finished:
+            with runtime.timer() as commit_timer:
+                drafter.commit(draft, verification)
+            commit_ms = commit_timer.ms
 
         record = RoundRecord(
             index=len(rounds),
@@ -110,7 +118,7 @@ def generate(
             emitted_tokens=keep,
             drafter_forward_passes=draft.forward_passes,
             reused_tokens=draft.reused_tokens,
-            draft_ms=draft_timer.ms,
+            draft_ms=draft_timer.ms + commit_ms,
             verify_ms=verify_timer.ms,
             confidences=tuple(draft.confidences.tolist()),
             draft_token_ids=tuple(draft.token_ids.tolist()),
@@ -119,13 +127,10 @@ def generate(
         rounds.append(record)
         if on_round is not None:
             on_round(record)
-        if hit_eos:
-            stop_reason = "eos"
+        if finished:
+            stop_reason = "eos" if hit_eos else "max_new_tokens"
             break
-        if generated >= max_new_tokens:
-            break
-        if drafter is not None:
-            drafter.commit(draft, verification)
+        if policy is not None:
             policy.update(record)
         if reuse is not None:
             reuse.observe(draft, verification)
@@ -141,7 +146,9 @@ def generate(
 
 
 def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int, device: torch.device) -> Draft:
-    """Draft, then extend while the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens."""
+    """Draft, then extend while the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens.
+    Stops as well when a ``draft`` call adds no token (a drafter with nothing more to propose,
+    e.g. the model-free ``suffix`` drafter without a matching suffix)."""
     draft = Draft.empty(device)
     if drafter is None:
         return draft
@@ -152,7 +159,10 @@ def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int, devi
         n = min(wanted, room - draft.length)
         if n <= 0:
             return draft
+        before = draft.length
         draft = drafter.draft(n)
+        if draft.length <= before:  # the drafter has nothing more to propose this round
+            return draft
 
 
 def _cut_at_stop(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int) -> tuple[int, bool]:

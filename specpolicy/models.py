@@ -5,8 +5,17 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+import json
+from typing import Any
+
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from specpolicy.runtime import Runtime
 
@@ -42,15 +51,62 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
 
 def load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """A causal LM in eval mode on ``runtime.torch_device`` with ``runtime.torch_dtype`` weights.
+    """A causal LM in eval mode on ``runtime.torch_device`` with ``runtime.torch_dtype`` weights,
+    never with ``trust_remote_code``.
 
-    Works for any architecture transformers knows natively (Qwen2/Qwen2.5, Llama, ...);
-    Fast-dLLM v2 checkpoints load here too, as plain Qwen2 weights.
+    Architectures transformers knows (Qwen2/Qwen2.5, Llama, ...) load through
+    ``AutoModelForCausalLM``. A checkpoint whose ``model_type`` transformers does not know but
+    which is Qwen-based -- ``Efficient-Large-Model/Fast_dLLM_v2_1.5B`` has ``model_type``
+    ``"Fast_dLLM_Qwen"``, architecture ``Fast_dLLM_QwenForCausalLM`` with an ``auto_map`` to
+    remote code, and Qwen2 parameter names -- loads as ``Qwen2ForCausalLM`` with a
+    ``Qwen2Config`` built from its ``config.json``.
+
+    Raises:
+        ValueError: for an unknown ``model_type`` that is not Qwen-based.
     """
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(name_or_path), dtype=runtime.torch_dtype, attn_implementation=attn_implementation
-    )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = resolve_model_path(name_or_path)
+    config_dict = _read_config_dict(path)
+    model_type = None if config_dict is None else config_dict.get("model_type")
+    if config_dict is None or model_type in CONFIG_MAPPING:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype, attn_implementation=attn_implementation)
+    else:
+        archs = " ".join(config_dict.get("architectures") or [])
+        if "qwen" not in f"{model_type} {archs}".lower():
+            raise ValueError(
+                f"model {name_or_path!r} has model_type {model_type!r}, unknown to transformers and not Qwen-based; "
+                "only Qwen-based custom checkpoints (e.g. Fast_dLLM_v2) load without remote code"
+            )
+        model = Qwen2ForCausalLM.from_pretrained(
+            path, config=qwen2_config_from_fastdllm(config_dict), dtype=runtime.torch_dtype,
+            attn_implementation=attn_implementation,
+        )
     return model.to(runtime.torch_device).eval()
+
+
+def _read_config_dict(path_or_id: str) -> dict[str, Any] | None:
+    """``config.json`` of a local directory or hub id as a dict (None when it cannot be read)."""
+    local = Path(path_or_id) / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text(encoding="utf-8"))
+    try:  # a hub id: the cached (or downloaded) config file, never remote code
+        from transformers.utils import cached_file
+
+        resolved = cached_file(path_or_id, "config.json")
+    except Exception:  # noqa: BLE001 - fall back to the plain loader, which reports the real error
+        return None
+    return json.loads(Path(resolved).read_text(encoding="utf-8")) if resolved else None
+
+
+def qwen2_config_from_fastdllm(config_dict: dict[str, Any]) -> Qwen2Config:
+    """A ``Qwen2Config`` from a Fast_dLLM_v2 ``config.json`` dict (``model_type``
+    ``"Fast_dLLM_Qwen"``, remote-code ``auto_map``): the same hyper-parameters with the
+    remote-code fields dropped; extra fields such as ``bd_size`` are kept as attributes."""
+    drop = {"model_type", "architectures", "auto_map", "transformers_version"}
+    cfg = Qwen2Config(**{k: v for k, v in config_dict.items() if k not in drop})
+    cfg.architectures = ["Qwen2ForCausalLM"]
+    return cfg
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> frozenset[int]:
@@ -71,11 +127,16 @@ def context_length(model: PreTrainedModel) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 0)
 
 
-@torch.no_grad()
-def check_same_vocabulary(target_vocab_size: int, drafter_vocab_size: int, drafter: str) -> None:
-    """Raise ``ValueError`` naming ``drafter`` when drafter and target vocabularies differ."""
-    if target_vocab_size != drafter_vocab_size:
+def check_same_vocabulary(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase,
+                          drafter: str) -> None:
+    """Raise ``ValueError`` naming ``drafter`` when its tokenizer differs from the target's.
+
+    Tokenizers are compared, not embedding sizes: Qwen2.5 models pad their embedding matrices
+    differently (151936 rows for 1.5B, 152064 for 7B-32B) yet share one tokenizer.
+    """
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
         raise ValueError(
-            f"drafter {drafter!r} has vocabulary size {drafter_vocab_size} but the target has {target_vocab_size}; "
-            "drafter and verifier must share one tokenizer"
+            f"drafter {drafter!r} has a different vocabulary from the target ({len(d_vocab)} vs {len(t_vocab)} "
+            "tokens); drafter and verifier must share one tokenizer"
         )

@@ -81,7 +81,8 @@ class RoundRecord:
             (normally ``accepted_length + 1``; fewer when EOS or ``max_new_tokens`` cut the round).
         drafter_forward_passes: drafter forward passes spent this round.
         reused_tokens: tokens appended by draft reuse.
-        draft_ms / verify_ms: wall-clock milliseconds spent drafting / verifying.
+        draft_ms / verify_ms: wall-clock milliseconds spent drafting (the drafter's roll-back after
+            verification included) / verifying.
         confidences: per drafted token, as floats.
         draft_token_ids / target_token_ids: the proposal and the target's greedy tokens (k + 1).
     """

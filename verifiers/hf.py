@@ -27,12 +27,15 @@ class HFVerifier(Verifier):
         eos_ids: token ids that end generation.
         max_context: maximum sequence length in tokens (default: the model's
             ``max_position_embeddings``).
+        tokenizer: the target's tokenizer (drafter factories check theirs against it).
     """
 
     name = NAME
 
-    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int = 0):
+    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int = 0,
+                 tokenizer=None):
         self.model = model
+        self.tokenizer = tokenizer
         self.runtime = runtime
         self.eos_token_ids = frozenset(eos_ids)
         self.max_context = max_context or context_length(model)
@@ -86,4 +89,5 @@ def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime
         return None
     model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(config["model"])
-    return HFVerifier(model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0))
+    return HFVerifier(model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0),
+                      tokenizer=tokenizer)

@@ -1,0 +1,521 @@
+"""``fastdllm`` drafter: Fast-dLLM v2 block-diffusion drafting on a plain ``Qwen2ForCausalLM``.
+
+Fast-dLLM v2 (Wu et al., arXiv 2509.26328) turns an AR model into a block-diffusion LM: the
+sequence is cut into blocks of ``block_size`` (B = 32) tokens at ABSOLUTE positions; a token
+attends to every token of its own block (bidirectionally) and of earlier blocks, never to later
+ones (block-wise causal attention). A block is decoded by filling it with mask tokens and
+unmasking them in parallel, small block (S = 8 tokens) by small block, left to right
+(confidence-aware parallel decoding: every masked position of the current small block whose
+confidence exceeds a threshold is unmasked in one pass, always at least the most confident one,
+as in the released generation code, ``batch_sample``). Completed blocks are served from a KV
+cache. The AR "token shift" is kept: the logits at position p - 1 predict the token at position
+p, so the first token of a block comes from the last logit of the previous block's full pass.
+
+FailFast (Pan et al., arXiv 2512.20573, §4.1-4.2 and Alg. 1) uses this model as the drafter of
+speculative decoding: a draft of n tokens costs one pass per small block it touches (threshold
+0.05 makes that usually one pass), plus one full-block pass each time the draft crosses a block
+boundary "to populate the KV cache of prior drafted tokens" (App. F: 7-12 passes for 30-60-token
+rounds).
+
+The model is run with the standard transformers ``Qwen2ForCausalLM`` (no ``trust_remote_code``):
+block-causal attention is imposed with a custom 4D attention mask, which transformers 5 passes
+to the attention kernel unchanged (``masking_utils._preprocess_mask_arguments``: "If the mask is
+already 4D, simply return as-is"). Supported attention implementations: ``sdpa`` (boolean mask,
+True = attend) and ``eager`` (additive float mask).
+
+KV-cache invariant (between rounds): the cache holds exactly the KV of the complete committed
+blocks, ``floor(L / B) * B`` positions for a committed length L -- what a fresh ``prefill`` of
+the committed sequence would compute. During a round, a draft crossing a block boundary writes
+the block's KV *tentatively* (it holds unverified draft tokens); ``commit`` keeps such a block
+only if it is now committed exactly as written, and otherwise crops it and, when the committed
+sequence completes blocks that are not validly cached, rewrites them in one pass (counted in the
+next round's ``forward_passes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specpolicy.cache import crop_cache
+from specpolicy.drafter import Drafter
+from specpolicy.hookspecs import hookimpl
+from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, Verification
+
+NAME = "fastdllm"
+
+#: The mask token of Fast-dLLM v2 (id 151665 in the Qwen2.5 vocabulary) and of the bundled family (id 3).
+MASK_TOKEN = "|<MASK>|"
+#: Config keys under which a checkpoint records the block size it was trained with
+#: (the bundled family writes ``bd_block_size``; Fast_dLLM_v2 checkpoints write ``bd_size``).
+BLOCK_SIZE_CONFIG_KEYS = ("bd_block_size", "bd_size")
+_SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+# -- attention mask ------------------------------------------------------------------------
+
+
+def block_causal_mask(
+    query_start: int, query_length: int, key_length: int, block_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Boolean block-causal mask over absolute positions (Fast-dLLM v2 block-wise attention).
+
+    Query ``i`` (absolute position ``query_start + i``) may attend to key ``j`` (absolute
+    position ``j``, keys start at 0: cached positions first, then the queries themselves) iff
+    ``floor((query_start + i) / block_size) >= floor(j / block_size)``.
+
+    Args:
+        query_start: absolute position of the first query token (= tokens already in the cache).
+        query_length: number of query tokens fed in the pass.
+        key_length: number of key positions, normally ``query_start + query_length``.
+        block_size: B, tokens per block (>= 1).
+        device: where to build the mask.
+    Returns:
+        ``(1, 1, query_length, key_length) bool``; True = may attend.
+    """
+    q_block = torch.arange(query_start, query_start + query_length, device=device) // block_size
+    k_block = torch.arange(key_length, device=device) // block_size
+    return (q_block[:, None] >= k_block[None, :])[None, None]
+
+
+def _as_model_mask(mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask as the attention implementation wants it: bool for sdpa, additive
+    (0 = attend, dtype's min = blocked) for eager."""
+    if attn_implementation == "eager":
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return mask
+
+
+# -- tokenizer / model loading ------------------------------------------------------------------
+
+
+def mask_token_id_of(tokenizer: Any) -> int:
+    """The mask token id of ``tokenizer``: ``tokenizer.mask_token_id`` when set, else the id of
+    the token ``|<MASK>|`` (how Fast_dLLM_v2's Qwen2.5 tokenizer carries it: an added token that
+    is not declared as ``mask_token``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer, or any object with an int ``mask_token_id``.
+    Returns:
+        The mask token id, an int >= 0.
+    Raises:
+        ValueError: naming the mask token when the tokenizer has neither.
+    """
+    mid = getattr(tokenizer, "mask_token_id", None)
+    if mid is None and hasattr(tokenizer, "convert_tokens_to_ids"):
+        cand = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        # Tokenizers with an unk token map unknown strings to it: accept only a real round trip.
+        if isinstance(cand, int) and cand >= 0 and tokenizer.convert_ids_to_tokens(cand) == MASK_TOKEN:
+            mid = cand
+    if mid is None:
+        raise ValueError(
+            f"the fastdllm drafter needs a mask token: the tokenizer has no mask_token and no {MASK_TOKEN!r} token"
+        )
+    mid = int(mid)
+    if mid < 0:
+        raise ValueError(f"mask token id must be >= 0, got {mid}")
+    return mid
+
+
+def model_block_size(config: Any) -> int | None:
+    """Block size recorded in a model config (``bd_block_size`` or ``bd_size``), or None."""
+    for key in BLOCK_SIZE_CONFIG_KEYS:
+        value = getattr(config, key, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+# -- the drafter ------------------------------------------------------------------------------
+
+
+class FastDLLMDrafter(Drafter):
+    """Fast-dLLM v2 block-diffusion drafter (arXiv 2509.26328; FailFast arXiv 2512.20573 §4, Alg. 1).
+
+    State between rounds (committed length L, current block start ``s = floor(L/B)*B``):
+    the KV cache of positions ``[0, s)`` (complete committed blocks), the committed tokens
+    ``[s, L)`` of the partial block (``_tail``), and -- when ``L == s`` -- the first token
+    of the next block and its confidence, taken from the last logit of the pass that wrote
+    block ``[s - B, s)`` (``_first``).
+
+    Drafting a round: the current block is ``_tail`` + drafted tokens + mask tokens up to
+    ``s + B``, always fed whole (as in training). Small blocks of S tokens at block offsets
+    0, S, 2S, ... are decoded left to right; one pass over the whole block (with the cache of
+    earlier blocks, which is cropped back afterwards) unmasks every masked position of the
+    small block whose confidence (max softmax probability) exceeds ``threshold``, and at least
+    the most confident one; passes repeat until the small block has no masks. A small block
+    is always decoded whole, so tokens past the requested count are kept as look-ahead for a
+    later ``draft`` call of the same round. When the block is full and more tokens are wanted,
+    one pass over the complete block writes its KV (tentatively) and gives the next block's
+    first token.
+
+    Per drafted token the draft reports its id (``int64``) and confidence (``float32``, the max
+    probability at the pass that unmasked it; for a block's first token, at the pass whose last
+    logit predicted it). ``forward_passes`` counts every drafter pass since the previous round's
+    verification: unmasking passes, block-boundary passes, and passes ``commit`` spent rewriting
+    newly completed blocks (those are charged to the next round).
+
+    Host syncs: one per unmasking pass when masks may remain (the "masks left?" test of the
+    algorithm); none when the pass had a single masked position or the threshold is 0 (every
+    confidence is > 0, so one pass unmasks the whole small block).
+
+    Args:
+        model: a causal LM with Fast-dLLM v2 weights (e.g. ``Qwen2ForCausalLM``), eval mode, on
+            ``runtime.torch_device``, attention implementation ``sdpa`` or ``eager``.
+        runtime: shared runtime.
+        tokenizer: gives the mask token (``mask_token_id`` or the token ``|<MASK>|``).
+        block_size: B, tokens per block, an int >= 1 (32 in Fast-dLLM v2).
+        small_block_size: S, tokens per small block, an int >= 1 dividing ``block_size`` (8).
+        threshold: unmasking confidence threshold, a number in [0, 1] (0.05 in FailFast).
+    Raises:
+        ValueError: naming the parameter for a bad ``block_size``, ``small_block_size`` or
+            ``threshold``; naming the mask token when the tokenizer has none (or its id is
+            outside the model's vocabulary); for an unsupported attention implementation or a
+            model with sliding-window layers.
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        runtime: Runtime,
+        tokenizer: Any,
+        block_size: int = 32,
+        small_block_size: int = 8,
+        threshold: float = 0.05,
+    ):
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
+        if (
+            isinstance(small_block_size, bool)
+            or not isinstance(small_block_size, int)
+            or not 1 <= small_block_size <= block_size
+            or block_size % small_block_size != 0
+        ):
+            raise ValueError(
+                f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
+                f"block_size, got {small_block_size!r}"
+            )
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        mask_id = mask_token_id_of(tokenizer)
+        if mask_id >= vocab:
+            raise ValueError(f"mask token id {mask_id} is outside the drafter vocabulary of {vocab} tokens")
+        attn = getattr(model.config, "_attn_implementation", None) or "eager"
+        if attn not in _SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"the fastdllm drafter needs a custom 4D attention mask: attn_implementation must be one of "
+                f"{_SUPPORTED_ATTENTION}, got {attn!r}"
+            )
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
+            raise ValueError("the fastdllm drafter does not support sliding-window attention layers")
+
+        self.model = model
+        self.runtime = runtime
+        self.block_size = block_size
+        self.small_block_size = small_block_size
+        self.threshold = float(threshold)
+        self.mask_token_id = mask_id
+        self.vocab_size = vocab
+        self.max_context = context_length(model)
+        self._attn = attn
+        self._dtype = next(model.parameters()).dtype
+        dev = runtime.torch_device
+        self._device = dev
+        self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
+        self._offsets = torch.arange(block_size, device=dev)  # (B,) block-relative positions
+        # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
+        # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
+        # of a block is never masked: it is committed or comes from the previous block's pass.
+        self._keep = [
+            torch.arange(max(a, 1) - 1, a + small_block_size - 1, device=dev)
+            for a in range(0, block_size, small_block_size)
+        ]
+        self.cache: DynamicCache | None = None
+        self._L = 0  # committed length
+        self._base = 0  # cached positions between rounds = floor(L / B) * B
+        self._tail: torch.Tensor | None = None  # (L - base,) int64 committed tokens of the partial block
+        # When L == base: the block's first token and its confidence (0-d int64, 0-d float32).
+        self._first: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._carry = 0  # passes spent by commit, charged to the next round
+
+    # -- passes ----------------------------------------------------------------------------
+
+    def _check_fits(self, end: int, what: str) -> None:
+        if self.max_context and end > self.max_context:
+            raise ValueError(
+                f"{what} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
+                f"({self.max_context})"
+            )
+
+    def _forward(
+        self, ids: torch.Tensor, start: int, mask: torch.Tensor, logits_to_keep: int | torch.Tensor
+    ) -> torch.Tensor:
+        """One forward pass over ``ids`` ((n,) int64, absolute positions ``start..start+n-1``) on top of
+        the cache (which must hold exactly ``start`` positions); the pass's KV is appended to it.
+        Returns the kept logits ``(m, V)`` in the model dtype."""
+        n = int(ids.shape[0])
+        assert self.cache.get_seq_length() == start, (self.cache.get_seq_length(), start)
+        positions = torch.arange(start, start + n, device=self._device)[None]
+        out = self.model(
+            input_ids=ids[None],
+            attention_mask=_as_model_mask(mask, self._attn, self._dtype),
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits[0]
+
+    def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the KV of complete blocks ``ids`` ((n,) int64, n a multiple of B, starting at block
+        boundary ``start``) into the cache in one block-causal pass; return the next block's first
+        token and confidence from the last logit (0-d int64, 0-d float32)."""
+        n = int(ids.shape[0])
+        self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
+        mask = block_causal_mask(start, n, start + n, self.block_size, self._device)
+        logits = self._forward(ids, start, mask, logits_to_keep=1)  # (1, V)
+        tok, conf = _greedy(logits)
+        return tok[0], conf[0]
+
+    # -- Drafter interface -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor) -> None:
+        """Cache the prompt's complete blocks (one block-causal pass); its partial last block is
+        drafted over later. When the prompt ends on a block boundary, the first token to draft is
+        the prefill pass's last logit.
+
+        Args:
+            prompt_ids: ``(P,) int64``, 1 <= P < ``max_position_embeddings``.
+        Raises:
+            ValueError: naming ``prompt_ids`` when empty or too long for the drafter's context.
+        """
+        n = int(prompt_ids.shape[0])
+        if n < 1 or (self.max_context and n >= self.max_context):
+            raise ValueError(
+                f"prompt_ids has {n} tokens; the fastdllm drafter accepts 1..{self.max_context - 1} "
+                f"(max_position_embeddings={self.max_context})"
+            )
+        prompt_ids = prompt_ids.to(self._device)
+        B = self.block_size
+        self.cache = DynamicCache()
+        base = (n // B) * B
+        self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
+        if base != n:
+            self._first = None  # not needed: the partial block starts with committed tokens
+        self._L, self._base, self._tail = n, base, prompt_ids[base:]
+        self._carry = 0
+        self._new_round()
+
+    def _new_round(self) -> None:
+        self._k = 0  # tokens requested this round
+        self._passes = self._carry
+        self._segments: list[tuple[torch.Tensor, torch.Tensor]] = []  # drafted part of each finished block
+        self._tentative: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []  # (block end, next first)
+        self._blk_start: int | None = None  # current block (lazily opened by draft)
+
+    def _open_block(self, start: int, prefix: torch.Tensor, first: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
+        t < B), then -- when t == 0 -- the block's first token ``first``, then masks."""
+        B = self.block_size
+        self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
+        t = int(prefix.shape[0])
+        conf = torch.zeros(B, dtype=torch.float32, device=self._device)
+        if t == 0:
+            if first is None:  # invariant broken: the pass that wrote the previous block stored it
+                raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
+            tok, c = first
+            ids = torch.cat([tok.view(1), self._mask_row[1:]])
+            conf = torch.cat([c.view(1), conf[1:]])
+            t = 1
+        else:
+            ids = torch.cat([prefix, self._mask_row[t:]])
+        self._blk_start = start
+        self._blk_ids = ids  # (B,) int64
+        self._blk_conf = conf  # (B,) float32
+        self._blk_masked = self._offsets >= t  # (B,) bool
+        self._filled = t  # leading offsets without masks
+        self._blk_attn = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=self._device)  # all visible
+
+    def _draft_start(self, start: int) -> int:
+        """Block offset of the first drafted token in the block starting at ``start``."""
+        return max(self._L - start, 0)
+
+    def _unmask_small_block(self) -> None:
+        """Decode the small block holding offset ``_filled`` of the current block (whole)."""
+        S = self.small_block_size
+        j = self._filled // S
+        a, b = j * S, (j + 1) * S
+        lo = max(a, 1)  # maskable offsets [lo, b); the masked ones are [max(lo, filled), b)
+        left = b - max(lo, self._filled)  # masks in the small block, known on the host
+        keep = self._keep[j]
+        start = self._blk_start
+        while left > 0:
+            logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
+            crop_cache(self.cache, start)  # the pass adds nothing to the cache
+            self._passes += 1
+            tok, conf = _greedy(logits)  # (b - lo,) int64 / float32
+            masked = self._blk_masked[lo:b]
+            pick = masked & (conf > self.threshold)
+            best = torch.where(masked, conf, -1.0).argmax()
+            pick |= (self._offsets[: b - lo] == best) & masked  # at least the most confident one
+            self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
+            self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
+            self._blk_masked[lo:b] = masked & ~pick
+            left -= 1
+            if left == 0 or self.threshold == 0.0:  # known without a sync (every confidence is > 0)
+                break
+            left = int(self._blk_masked[lo:b].sum())  # the algorithm's one sync per pass: masks left?
+        self._filled = b
+
+    def _cross_boundary(self) -> None:
+        """The current block is full: one pass over it writes its KV (tentative) and gives the next
+        block's first token; the next block becomes current."""
+        start, B = self._blk_start, self.block_size
+        d0 = self._draft_start(start)
+        self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:]))
+        logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=1)  # KV kept
+        self._passes += 1
+        tok, conf = _greedy(logits)
+        first = (tok[0], conf[0])
+        self._tentative.append((start + B, first))
+        self._open_block(start + B, self._tail[:0], first)
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        """Extend the round's draft by ``num_tokens`` tokens (tokens already decoded in this round,
+        look-ahead included, are reused without new passes).
+
+        Returns:
+            ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences and the passes
+            spent since the previous verification.
+        Raises:
+            ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
+                ``max_position_embeddings`` (the message names the draft and committed lengths).
+        """
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+            raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+        if self.cache is None:
+            raise RuntimeError("draft() called before prefill()")
+        B = self.block_size
+        if self._blk_start is None:
+            self._open_block(self._base, self._tail, self._first)
+        k = self._k + num_tokens
+        end = self._L + k  # the draft covers positions [L, end)
+        self._check_fits(
+            ((end - 1) // B + 1) * B, f"a draft of {k} tokens from committed length {self._L}"
+        )
+        self._k = k
+        while self._blk_start + self._filled < end:
+            if self._filled == B:
+                self._cross_boundary()
+            else:
+                self._unmask_small_block()
+        return self._current_draft()
+
+    def _current_draft(self) -> Draft:
+        d0 = self._draft_start(self._blk_start)
+        parts = self._segments + [(self._blk_ids[d0 : self._filled], self._blk_conf[d0 : self._filled])]
+        ids = torch.cat([p[0] for p in parts])[: self._k]
+        conf = torch.cat([p[1] for p in parts])[: self._k]
+        return Draft(ids, conf, forward_passes=self._passes)  # fresh tensors (torch.cat)
+
+    @torch.no_grad()
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        """Grow the committed sequence by ``verification.committed_tokens(draft)`` and roll the cache
+        back to the KV of the complete committed blocks.
+
+        A block whose KV was written tentatively this round is kept iff all of it is committed as
+        written (the accepted prefix covers it; the correction token differs from the draft token
+        by definition of ``accepted_length``). Complete committed blocks not validly cached are
+        written in one block-causal pass, which also gives the next block's first token.
+
+        Raises:
+            ValueError: if ``draft`` does not start with this round's drafted tokens (its length
+                minus ``reused_tokens`` differs from the tokens drafted this round).
+        """
+        if self.cache is None:
+            raise RuntimeError("commit() called before prefill()")
+        own = draft.length - draft.reused_tokens
+        if own != self._k:
+            raise ValueError(
+                f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
+                f"but this round drafted {self._k}"
+            )
+        B = self.block_size
+        a = int(verification.accepted_length)
+        committed = verification.committed_tokens(draft).to(self._device)  # (a + 1,)
+        L, base = self._L, self._base
+        L_new = L + a + 1
+        matched_end = L + min(a, own)  # drafted positions [L, matched_end) are committed as drafted
+
+        valid_end, first = base, self._first
+        for block_end, block_first in self._tentative:
+            if block_end > matched_end:
+                break
+            valid_end, first = block_end, block_first
+        crop_cache(self.cache, valid_end)
+
+        seq = torch.cat([self._tail, committed])  # committed tokens of positions [base, L_new)
+        new_base = (L_new // B) * B
+        passes = 0
+        if new_base > valid_end:
+            first = self._write_blocks(seq[valid_end - base : new_base - base], valid_end)
+            passes = 1
+        self._first = first if L_new == new_base else None
+        self._tail = seq[new_base - base :]
+        self._L, self._base = L_new, new_base
+        self._carry = passes + (self._passes if self._k == 0 else 0)  # an undrafted round carries on
+        self._new_round()
+
+
+def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Argmax tokens and their softmax probabilities of ``logits`` ((m, V), any float dtype):
+    ``((m,) int64, (m,) float32)``, computed in at least float32 without materialising probabilities."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    top, tok = x.max(dim=-1)
+    conf = torch.exp(top - torch.logsumexp(x, dim=-1))
+    return tok, conf.to(torch.float32)
+
+
+@hookimpl
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+    """Factory for ``drafter=fastdllm``.
+
+    Config keys: ``model`` (bundled ``dllm-drafter``, a local dir such as a Fast_dLLM_v2_1.5B
+    download, or a hub id), ``block_size`` (default: the model's ``bd_block_size``/``bd_size``,
+    else 32), ``small_block_size`` (8), ``threshold`` (0.05), ``attn_implementation`` (sdpa).
+
+    Raises:
+        ValueError: on a vocabulary mismatch with ``verifier``, a ``block_size`` different from
+            the one the model was trained with, or any constructor error.
+    """
+    if name != NAME:
+        return None
+    model_name = config.get("model", "dllm-drafter")
+    model = load_causal_lm(model_name, runtime, config.get("attn_implementation", "sdpa"))
+    tokenizer = load_tokenizer(model_name)
+    check_same_vocabulary(verifier.tokenizer, tokenizer, NAME)
+    trained = model_block_size(model.config)
+    block_size = config.get("block_size")
+    block_size = (trained or 32) if block_size is None else block_size
+    if trained is not None and block_size != trained:
+        raise ValueError(
+            f"drafter.block_size={block_size!r} but the model {model_name!r} was trained with block size "
+            f"{trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)})"
+        )
+    return FastDLLMDrafter(
+        model,
+        runtime,
+        tokenizer,
+        block_size=block_size,
+        small_block_size=config.get("small_block_size", 8),
+        threshold=config.get("threshold", 0.05),
+    )
