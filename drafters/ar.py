@@ -12,19 +12,23 @@ from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, sample, warp
 from specpolicy.types import Draft, Verification
 
 NAME = "ar"
 
 
 class ARDrafter(Drafter):
-    """Greedy autoregressive drafting, one forward pass per drafted token (Leviathan et al. 2023).
+    """Autoregressive drafting, one forward pass per drafted token (Leviathan et al. 2023): greedy
+    (argmax) by default; with non-greedy ``sampling`` given to ``prefill``, each token is sampled
+    from ``warp`` of the logits (draws from ``runtime.generator``) and the draft reports those
+    rows as ``Draft.probs`` (q of speculative sampling).
 
     The KV cache holds the committed sequence except the tokens not yet fed (``_unfed``,
     at least the last committed token). Drafted tokens extend the cache as they are fed;
     ``commit`` keeps the KV of drafted tokens the target accepted and crops the rest, so
-    no prefix is ever recomputed. Confidence of a token = max softmax probability of the
-    distribution it was taken from.
+    no prefix is ever recomputed. Confidence of a token = max probability of the
+    distribution it was taken from (sampling: of the warped q, not the sampled token's probability).
 
     Args:
         model: the drafter LM, on the runtime device.
@@ -41,19 +45,22 @@ class ARDrafter(Drafter):
         self._unfed: torch.Tensor | None = None  # (u,) committed tokens not in the cache yet
         self._tokens: list[torch.Tensor] = []  # this round's drafted tokens, (1,) each
         self._confs: list[torch.Tensor] = []
+        self._probs: list[torch.Tensor] = []  # sampling: (1, V) float32 q row per drafted token
         self._passes = 0
+        self._sampling: SamplingConfig | None = None  # None: greedy
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
         self.cache = DynamicCache()
         self._unfed = prompt_ids.to(self.runtime.torch_device)
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
     def _new_round(self) -> None:
-        self._tokens, self._confs, self._passes = [], [], 0
+        self._tokens, self._confs, self._probs, self._passes = [], [], [], 0
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
@@ -66,12 +73,18 @@ class ARDrafter(Drafter):
                 inputs = self._unfed
             logits = self.model(input_ids=inputs[None, :], past_key_values=self.cache, use_cache=True,
                                 logits_to_keep=1).logits[0, -1]
-            probs = torch.softmax(logits.float(), dim=-1)
-            conf, token = probs.max(dim=-1)
+            if self._sampling is None:
+                probs = torch.softmax(logits.float(), dim=-1)
+                conf, token = probs.max(dim=-1)
+            else:
+                probs = warp(logits[None], self._sampling)  # (1, V) float32
+                conf, token = probs[0].max(), sample(probs, self.runtime.generator)[0]
+                self._probs.append(probs)
             self._tokens.append(token[None])
             self._confs.append(conf[None])
             self._passes += 1
-        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes)
+        probs = torch.cat(self._probs) if self._probs else None
+        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
 
     def commit(self, draft: Draft, verification: Verification) -> None:
         committed = verification.committed_tokens(draft)  # (a + 1,)

@@ -44,6 +44,7 @@ from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, sample, warp
 from specpolicy.types import Draft, Verification
 
 NAME = "fastdllm"
@@ -163,6 +164,20 @@ class FastDLLMDrafter(Drafter):
     algorithm); none when the pass had a single masked position or the threshold is 0 (every
     confidence is > 0, so one pass unmasks the whole small block).
 
+    Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
+    every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
+    ``runtime.generator``) and the draft reports, per token, the warped distribution of the pass
+    that unmasked it (``Draft.probs``, q). Confidence stays the max probability of that
+    distribution (not the sampled token's probability, which would make the unmasking choice
+    depend on the sample). Unmasking is then LEFT TO RIGHT: a pass unmasks the leading run of
+    masked positions whose confidence exceeds ``threshold``, and at least the leftmost masked
+    one. Speculative sampling needs q_i to be the distribution of token i given the tokens
+    before it; with Fast-dLLM's any-order unmasking a token unmasked after a later one has a q
+    that depends on that later token, so the acceptance of the earlier token would bias the
+    later one's distribution (``tests/test_sampling.py`` shows the bias exactly on a toy and checks
+    the order).
+    Greedy drafting keeps the any-order rule above (argmax tokens are verified by equality).
+
     Args:
         model: a causal LM with Fast-dLLM v2 weights (e.g. ``Qwen2ForCausalLM``), eval mode, on
             ``runtime.torch_device``, attention implementation ``sdpa`` or ``eager``.
@@ -241,9 +256,11 @@ class FastDLLMDrafter(Drafter):
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
         self._tail: torch.Tensor | None = None  # (L - base,) int64 committed tokens of the partial block
-        # When L == base: the block's first token and its confidence (0-d int64, 0-d float32).
-        self._first: tuple[torch.Tensor, torch.Tensor] | None = None
+        # When L == base: the block's first token, its confidence and (sampling) its q row
+        # (0-d int64, 0-d float32, (V,) float32 or None).
+        self._first: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         self._carry = 0  # passes spent by commit, charged to the next round
+        self._sampling: SamplingConfig | None = None  # None: greedy
 
     # -- passes ----------------------------------------------------------------------------
 
@@ -273,27 +290,42 @@ class FastDLLMDrafter(Drafter):
         )
         return out.logits[0]
 
-    def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)``; sampling,
+        ``(a sample of warp(logits), max of warp(logits), warp(logits))`` -- (m,) int64,
+        (m,) float32, (m, V) float32."""
+        if self._sampling is None:
+            tok, conf = _greedy(logits)
+            return tok, conf, None
+        probs = warp(logits, self._sampling)
+        return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
+
+    def _write_blocks(
+        self, ids: torch.Tensor, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Write the KV of complete blocks ``ids`` ((n,) int64, n a multiple of B, starting at block
         boundary ``start``) into the cache in one block-causal pass; return the next block's first
-        token and confidence from the last logit (0-d int64, 0-d float32)."""
+        token, confidence and (sampling) q row from the last logit (0-d int64, 0-d float32,
+        (V,) float32 or None)."""
         n = int(ids.shape[0])
         self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
         mask = block_causal_mask(start, n, start + n, self.block_size, self._device)
         logits = self._forward(ids, start, mask, logits_to_keep=1)  # (1, V)
-        tok, conf = _greedy(logits)
-        return tok[0], conf[0]
+        tok, conf, probs = self._choose(logits)
+        return tok[0], conf[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Cache the prompt's complete blocks (one block-causal pass); its partial last block is
         drafted over later. When the prompt ends on a block boundary, the first token to draft is
         the prefill pass's last logit.
 
         Args:
             prompt_ids: ``(P,) int64``, 1 <= P < ``max_position_embeddings``.
+            sampling: None or greedy: greedy drafting; otherwise sampled, left-to-right drafting
+                (see the class docstring).
         Raises:
             ValueError: naming ``prompt_ids`` when empty or too long for the drafter's context.
         """
@@ -304,6 +336,7 @@ class FastDLLMDrafter(Drafter):
                 f"(max_position_embeddings={self.max_context})"
             )
         prompt_ids = prompt_ids.to(self._device)
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
         B = self.block_size
         self.cache = DynamicCache()
         base = (n // B) * B
@@ -317,23 +350,29 @@ class FastDLLMDrafter(Drafter):
     def _new_round(self) -> None:
         self._k = 0  # tokens requested this round
         self._passes = self._carry
-        self._segments: list[tuple[torch.Tensor, torch.Tensor]] = []  # drafted part of each finished block
-        self._tentative: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []  # (block end, next first)
+        # Drafted part of each finished block: ids, confidences, q rows (sampling) or None.
+        self._segments: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._tentative: list[tuple[int, tuple]] = []  # (block end, next block's ``_first``)
         self._blk_start: int | None = None  # current block (lazily opened by draft)
 
-    def _open_block(self, start: int, prefix: torch.Tensor, first: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
-        t < B), then -- when t == 0 -- the block's first token ``first``, then masks."""
+        t < B), then -- when t == 0 -- the block's first token ``first`` (as ``_first``), then masks."""
         B = self.block_size
         self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
         t = int(prefix.shape[0])
         conf = torch.zeros(B, dtype=torch.float32, device=self._device)
+        # Sampling: q row of every offset (rows of committed or masked offsets are never read).
+        self._blk_probs = (None if self._sampling is None else
+                           torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device))
         if t == 0:
             if first is None:  # invariant broken: the pass that wrote the previous block stored it
                 raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
-            tok, c = first
+            tok, c, q = first
             ids = torch.cat([tok.view(1), self._mask_row[1:]])
             conf = torch.cat([c.view(1), conf[1:]])
+            if self._blk_probs is not None:
+                self._blk_probs[0] = q
             t = 1
         else:
             ids = torch.cat([prefix, self._mask_row[t:]])
@@ -361,11 +400,11 @@ class FastDLLMDrafter(Drafter):
             logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
             crop_cache(self.cache, start)  # the pass adds nothing to the cache
             self._passes += 1
-            tok, conf = _greedy(logits)  # (b - lo,) int64 / float32
+            tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
             masked = self._blk_masked[lo:b]
-            pick = masked & (conf > self.threshold)
-            best = torch.where(masked, conf, -1.0).argmax()
-            pick |= (self._offsets[: b - lo] == best) & masked  # at least the most confident one
+            pick = self._select(conf, masked)
+            if probs is not None:
+                self._blk_probs[lo:b] = torch.where(pick[:, None], probs, self._blk_probs[lo:b])
             self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
             self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
             self._blk_masked[lo:b] = masked & ~pick
@@ -375,16 +414,33 @@ class FastDLLMDrafter(Drafter):
             left = int(self._blk_masked[lo:b].sum())  # the algorithm's one sync per pass: masks left?
         self._filled = b
 
+    def _select(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
+        pass's confidences ``(m,) float32`` and the mask state ``(m,) bool`` (True = masked).
+
+        Greedy: every masked position above ``threshold``, and at least the most confident one
+        (Fast-dLLM v2's any-order rule). Sampling: left to right -- the leading run of masked
+        positions above ``threshold``, and at least the leftmost masked one (the masked positions
+        are then always a suffix of the small block); see the class docstring for why."""
+        if self._sampling is None:
+            pick = masked & (conf > self.threshold)
+            best = torch.where(masked, conf, -1.0).argmax()
+            return pick | ((self._offsets[: conf.shape[0]] == best) & masked)  # at least the most confident
+        run = ((conf > self.threshold) | ~masked).int().cumprod(dim=0).bool()
+        leftmost = masked & (masked.int().cumsum(dim=0) == 1)
+        return masked & (run | leftmost)
+
     def _cross_boundary(self) -> None:
         """The current block is full: one pass over it writes its KV (tentative) and gives the next
         block's first token; the next block becomes current."""
         start, B = self._blk_start, self.block_size
         d0 = self._draft_start(start)
-        self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:]))
+        probs = None if self._blk_probs is None else self._blk_probs[d0:]
+        self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:], probs))
         logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=1)  # KV kept
         self._passes += 1
-        tok, conf = _greedy(logits)
-        first = (tok[0], conf[0])
+        tok, conf, probs = self._choose(logits)
+        first = (tok[0], conf[0], None if probs is None else probs[0])
         self._tentative.append((start + B, first))
         self._open_block(start + B, self._tail[:0], first)
 
@@ -394,8 +450,8 @@ class FastDLLMDrafter(Drafter):
         look-ahead included, are reused without new passes).
 
         Returns:
-            ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences and the passes
-            spent since the previous verification.
+            ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences, the passes
+            spent since the previous verification and, when sampling, ``(k, V) float32`` q rows.
         Raises:
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
@@ -422,10 +478,12 @@ class FastDLLMDrafter(Drafter):
 
     def _current_draft(self) -> Draft:
         d0 = self._draft_start(self._blk_start)
-        parts = self._segments + [(self._blk_ids[d0 : self._filled], self._blk_conf[d0 : self._filled])]
+        probs = None if self._blk_probs is None else self._blk_probs[d0 : self._filled]
+        parts = self._segments + [(self._blk_ids[d0 : self._filled], self._blk_conf[d0 : self._filled], probs)]
         ids = torch.cat([p[0] for p in parts])[: self._k]
         conf = torch.cat([p[1] for p in parts])[: self._k]
-        return Draft(ids, conf, forward_passes=self._passes)  # fresh tensors (torch.cat)
+        q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
+        return Draft(ids, conf, forward_passes=self._passes, probs=q)  # fresh tensors (torch.cat)
 
     @torch.no_grad()
     def commit(self, draft: Draft, verification: Verification) -> None:

@@ -19,6 +19,8 @@ from specpolicy.types import Draft, RoundRecord
 
 NAME = "aimd"
 MODES = ("aimd", "heuristic")
+#: Weight of the newest round in the speed averages of ``off_when_slower``.
+RATE_EMA = 0.3
 
 
 class AIMDPolicy(LengthPolicy):
@@ -37,6 +39,23 @@ class AIMDPolicy(LengthPolicy):
     does not depend on the prompts before it (Hugging Face's ``"heuristic_transient"``);
     ``keep_across_prompts=True`` carries ``w`` over, as Hugging Face's ``"heuristic"`` does.
 
+    **Speculation off when it does not pay** (``off_when_slower=True``), a measured decision:
+    the policy keeps exponential moving averages (weight ``RATE_EMA`` for the newest round) of
+    the measured speed of speculative rounds and of plain-decoding rounds, in emitted tokens
+    per millisecond of ``draft_ms + verify_ms`` (``RoundRecord`` timings; time outside the two
+    timers is left out of both). The first round is plain decoding (length 0: the plain-speed
+    estimate). Whenever the speculative average falls below the plain one, speculation is
+    switched off for ``backoff`` rounds (plain decoding: ``next_length`` answers 0 at once,
+    recorded as ``draft_stop_reason="length_0"``), refreshing the plain estimate; then one
+    probe round speculates again with a fresh speculative average: if it is still slower, the
+    next back-off is twice as long (up to ``backoff_max``), otherwise the back-off returns to
+    ``backoff_rounds``. The speed estimates and the back-off carry across prompts (they
+    measure the machine and the drafter, not one prompt); the window follows
+    ``keep_across_prompts``. The window is not changed by plain rounds. With
+    ``off_when_slower=False`` (the default of the class) the policy is exactly the window rule
+    above. Rounds depend on measured time, so two runs may differ in their rounds (never in
+    their output, which is lossless).
+
     Args:
         mode: ``"aimd"`` or ``"heuristic"`` (default ``"aimd"``).
         w_init: initial window, integer in ``[w_min, n_max]`` (default 5).
@@ -45,6 +64,11 @@ class AIMDPolicy(LengthPolicy):
         w_min: smallest window, integer >= 1 (default 1).
         n_max: largest window, integer >= ``w_min`` (default 60).
         keep_across_prompts: carry ``w`` from one prompt to the next (default False).
+        off_when_slower: switch speculation off while it is measured slower than plain decoding
+            (default False; ``conf/policy/aimd.yaml`` turns it on).
+        backoff_rounds: plain rounds after speculation was found slower, integer >= 1 (default 16).
+        backoff_max: longest back-off after repeated failed probes, integer >= ``backoff_rounds``
+            (default 256).
     Raises:
         ValueError: naming the offending ``policy.<key>`` and its accepted range.
     """
@@ -60,6 +84,9 @@ class AIMDPolicy(LengthPolicy):
         w_min: int = 1,
         n_max: int = 60,
         keep_across_prompts: bool = False,
+        off_when_slower: bool = False,
+        backoff_rounds: int = 16,
+        backoff_max: int = 256,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"policy.mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -75,6 +102,14 @@ class AIMDPolicy(LengthPolicy):
             raise ValueError(f"policy.beta must be in (0, 1), got {beta!r}")
         if not isinstance(keep_across_prompts, bool):
             raise ValueError(f"policy.keep_across_prompts must be true or false, got {keep_across_prompts!r}")
+        if not isinstance(off_when_slower, bool):
+            raise ValueError(f"policy.off_when_slower must be true or false, got {off_when_slower!r}")
+        if isinstance(backoff_rounds, bool) or not isinstance(backoff_rounds, int) or backoff_rounds < 1:
+            raise ValueError(f"policy.backoff_rounds must be an integer >= 1, got {backoff_rounds!r}")
+        if isinstance(backoff_max, bool) or not isinstance(backoff_max, int) or backoff_max < backoff_rounds:
+            raise ValueError(
+                f"policy.backoff_max must be an integer >= policy.backoff_rounds ({backoff_rounds}), got {backoff_max!r}"
+            )
         self.mode = mode
         self.w_init = w_init
         self.a = a
@@ -82,16 +117,39 @@ class AIMDPolicy(LengthPolicy):
         self.w_min = w_min
         self.n_max = n_max
         self.keep_across_prompts = keep_across_prompts
+        self.off_when_slower = off_when_slower
+        self.backoff_rounds = backoff_rounds
+        self.backoff_max = backoff_max
         self.w = w_init
+        # off_when_slower state (kept across prompts): speed averages in tokens/ms (None = not measured
+        # yet), plain rounds left in the current back-off, the next back-off length, probing flag.
+        self.plain_rate: float | None = None
+        self.spec_rate: float | None = None
+        self.off_left = 0
+        self.backoff = backoff_rounds
+        self._probing = False
+        self._plain_probed = False  # the first plain-decoding round (the plain estimate) is done
+        self._plain_round = False  # this round's first answer was 0 by this switch
 
     def reset(self) -> None:
         if not self.keep_across_prompts:
             self.w = self.w_init
 
+    @property
+    def speculating(self) -> bool:
+        """False while ``off_when_slower`` keeps speculation off (plain decoding rounds)."""
+        return not (self.off_when_slower and (not self._plain_probed or self.off_left > 0))
+
     def next_length(self, draft: Draft) -> int:
+        if draft.length == 0:
+            self._plain_round = not self.speculating
+            if self._plain_round:
+                return 0
         return max(self.w - draft.length, 0)
 
     def update(self, record: RoundRecord) -> None:
+        if self.off_when_slower:
+            self._update_switch(record)
         if record.speculation_length == 0:
             return
         if record.fully_accepted:
@@ -102,18 +160,52 @@ class AIMDPolicy(LengthPolicy):
         else:
             self.w = max(self.w_min, self.w - 1)
 
+    def _update_switch(self, record: RoundRecord) -> None:
+        """The measured on/off decision (``off_when_slower``), see the class docstring."""
+        plain_round, self._plain_round = self._plain_round, False
+        ms = record.draft_ms + record.verify_ms
+        rate = record.emitted_tokens / ms if ms > 0.0 else None  # None: not timed (hand-built records)
+        if record.speculation_length == 0:
+            if plain_round:  # plain decoding by decision: a clean plain-speed sample
+                self._plain_probed = True
+                if rate is not None:
+                    self.plain_rate = _ema(self.plain_rate, rate)
+                if self.off_left > 0:
+                    self.off_left -= 1
+                    if self.off_left == 0:  # back-off over: the next round probes speculation afresh
+                        self._probing, self.spec_rate = True, None
+            return
+        if rate is None:
+            return
+        self.spec_rate = _ema(self.spec_rate, rate)
+        if self.plain_rate is None:
+            return
+        if self.spec_rate < self.plain_rate:
+            if self._probing:  # still slower after a back-off: back off longer
+                self.backoff = min(2 * self.backoff, self.backoff_max)
+            self.off_left = self.backoff
+        elif self._probing:
+            self.backoff = self.backoff_rounds
+        self._probing = False
+
     def __repr__(self) -> str:
         return (
             f"AIMDPolicy(mode={self.mode!r}, w_init={self.w_init}, a={self.a}, beta={self.beta}, "
-            f"w_min={self.w_min}, n_max={self.n_max}, keep_across_prompts={self.keep_across_prompts})"
+            f"w_min={self.w_min}, n_max={self.n_max}, keep_across_prompts={self.keep_across_prompts}, "
+            f"off_when_slower={self.off_when_slower}, backoff_rounds={self.backoff_rounds}, "
+            f"backoff_max={self.backoff_max})"
         )
+
+
+def _ema(average: float | None, value: float) -> float:
+    return value if average is None else (1.0 - RATE_EMA) * average + RATE_EMA * value
 
 
 @hookimpl
 def specpolicy_make_policy(name: str, config: dict[str, Any]):
     """Factory for ``policy=aimd`` (and ``policy=heuristic``, which is ``aimd`` with
     ``mode: heuristic``). Config keys: ``mode``, ``w_init``, ``a``, ``beta``, ``w_min``,
-    ``n_max``, ``keep_across_prompts``."""
+    ``n_max``, ``keep_across_prompts``, ``off_when_slower``, ``backoff_rounds``, ``backoff_max``."""
     if name != NAME:
         return None
     return AIMDPolicy(**config)

@@ -57,8 +57,10 @@ class FailFastPolicy(LengthPolicy):
         if k == 0:
             return self.n
         if k >= self.n_max:
+            self.stop_reason = "n_max"
             return 0
         if bool((draft.confidences < self.tau).any()):  # the one host sync of this decision
+            self.stop_reason = "low_confidence"
             return 0  # fail fast: verify the draft as it stands
         return min(self.n, self.n_max - k)
 

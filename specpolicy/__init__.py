@@ -7,6 +7,7 @@ plugin system: ``hookimpl`` and the ``specpolicy`` entry-point group.
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
+from specpolicy.resume import register_resolver as _register_resolver  # hydra.run.dir's resolver
 from specpolicy.runtime import Runtime
 from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
 from specpolicy.verifier import Verifier

@@ -1,35 +1,96 @@
 """Command line: ``python -m specpolicy [group=choice ...] [key=value ...]`` (Hydra).
 
-``python -m specpolicy --list-plugins`` prints the registered plugins and their origin.
+``python -m specpolicy -m key=a,b ...`` sweeps (Hydra multirun; ``hydra/launcher=submitit_local``
+or ``submitit_slurm``/``slurm`` fans the jobs out, ``hydra/sweeper=failfast_optuna`` searches).
+``python -m specpolicy --list-plugins [plugins.block=[NAME,...]]`` prints the registered plugins,
+where each came from, the hooks it implements and the config files plugins add.
+
+Config files shipped by plugins (hook ``specpolicy_config_searchpath``) join Hydra's search
+path through the Hydra plugin ``specpolicy.hydra_searchpath``.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from specpolicy.experiment import run_experiment
+from specpolicy.hydra_searchpath import register as register_searchpath_plugin
+
+
+def sweep_objective(summary: dict) -> float:
+    """The value a Hydra sweeper maximises (Optuna, ``direction: maximize``): the measured
+    speedup over vanilla decoding, or 0.0 -- below any real speedup -- when any prompt's
+    output differs from vanilla (losslessness is a hard constraint) or no vanilla baseline ran.
+    Sampling runs (temperature > 0) are not compared token for token (lossless in distribution)."""
+    sampled = summary.get("sampling", {}).get("mode") == "sampling"
+    if not sampled and summary.get("lossless_fraction", 0.0) < 1.0:
+        return 0.0
+    return float(summary.get("speedup_vs_vanilla", 0.0))
 
 
 @hydra.main(config_path="pkg://specpolicy.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
     summary = run_experiment(cfg, HydraConfig.get().runtime.output_dir)
-    return float(summary.get("speedup_vs_vanilla", 0.0))  # the value Hydra sweepers optimise
+    return sweep_objective(summary)  # the value Hydra sweepers optimise
 
 
-def list_plugins() -> None:
-    """Print every registered plugin and where it came from."""
-    from specpolicy.plugins import describe_plugins, get_plugin_manager
+def _config_files(entry: str) -> list[str]:
+    """``group/name`` of every YAML file under a search-path entry (pkg:// or file://)."""
+    from importlib import resources
 
-    for name, origin in describe_plugins(get_plugin_manager()):
-        print(f"{name:45s} {origin}")
+    if entry.startswith("pkg://"):
+        root = resources.files(entry[len("pkg://"):].replace("/", "."))
+    else:
+        root = Path(entry[len("file://"):])
+    out, stack = [], [(root, "")]
+    while stack:
+        node, prefix = stack.pop()
+        for child in node.iterdir():
+            if child.is_dir() and not child.name.startswith(("_", ".")):
+                stack.append((child, f"{prefix}{child.name}/"))
+            elif child.name.endswith((".yaml", ".yml")):
+                out.append(prefix + child.name.rsplit(".", 1)[0])
+    return sorted(out)
+
+
+def list_plugins(argv: list[str] | None = None) -> None:
+    """Print every registered plugin (name, origin, hooks) and the config files plugins add.
+    ``argv`` may hold ``plugins.block=[NAME,...]`` to show the effect of blocking."""
+    from omegaconf import OmegaConf
+
+    from specpolicy.plugins import AUTOLOAD_ENV, autoload_enabled, config_searchpath, get_plugin_manager, plugin_infos
+
+    dotlist = [a for a in (argv or []) if a.startswith("plugins.block=")]
+    block = list(OmegaConf.from_dotlist(dotlist).get("plugins", {}).get("block", []) or [])
+    pm = get_plugin_manager(block=block)
+    infos = plugin_infos(pm)
+    width = max((len(i.name) for i in infos), default=0) + 2
+    origin_width = max((len(i.origin) for i in infos), default=0) + 2
+    state = "on" if autoload_enabled() else f"off ({AUTOLOAD_ENV} is set)"
+    print(f"plugins (entry-point group 'specpolicy', autoload {state}; block one with plugins.block=[NAME]):")
+    for info in infos:
+        print(f"  {info.name:{width}s}{info.origin:{origin_width}s}{', '.join(info.hooks)}")
+    if block:
+        print(f"blocked: {', '.join(block)}")
+    entries = config_searchpath(pm)
+    print("config files added by plugins:" if entries else "config files added by plugins: none")
+    for plugin, entry in entries:
+        print(f"  {plugin}: {entry}  {' '.join(_config_files(entry))}")
 
 
 def main() -> None:
     if "--list-plugins" in sys.argv[1:]:
-        list_plugins()
+        list_plugins([a for a in sys.argv[1:] if a != "--list-plugins"])
         return
-    _hydra_main()
+    register_searchpath_plugin()
+    from specpolicy.resume import RunInterrupted
+
+    try:
+        _hydra_main()
+    except RunInterrupted as interrupted:  # SIGINT / SIGTERM: partial summary written; resume with the same command
+        sys.exit(interrupted.exit_code)

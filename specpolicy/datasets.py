@@ -25,7 +25,9 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: a stable id (``<dataset>/<row>`` or the row's ``id``/``task_id``) and its user message."""
+    """One prompt: a stable id (``<dataset>/<row>`` or the row's ``id``/``task_id``; a repeated id
+    gets ``#<row>`` appended) and its user message. The id is the same in every run of the same
+    dataset, so it keys ``results.jsonl`` rows when a run resumes."""
 
     prompt_id: str
     text: str
@@ -86,7 +88,11 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
     selected = list(enumerate(rows))[offset:]
     if num_prompts is not None and num_prompts > 0:
         selected = selected[:num_prompts]
-    return [
-        Prompt(prompt_id=str(row.get("id") or row.get("task_id") or f"{name}/{i}"), text=_user_text(name, row, field))
-        for i, row in selected
-    ]
+    prompts, seen = [], set()
+    for i, row in selected:
+        pid = str(row.get("id") or row.get("task_id") or f"{name}/{i}")
+        if pid in seen:  # ids key results.jsonl rows (resume): keep them unique, stably
+            pid = f"{pid}#{i}"
+        seen.add(pid)
+        prompts.append(Prompt(prompt_id=pid, text=_user_text(name, row, field)))
+    return prompts

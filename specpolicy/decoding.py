@@ -1,19 +1,28 @@
 """The speculative decoding loop (batch size 1), readable top to bottom.
 
     prefill target and drafter
-    repeat until EOS or max_new_tokens:
+    repeat until EOS, a stop string, max_new_tokens or a full context:
         draft:   ask the policy for a length, draft it, extend while the policy wants more
         reuse:   optionally append tokens from the previous round's rejected tail
         verify:  one target forward over [pending token] + draft
-        commit:  accepted prefix + correction/bonus token, cut at EOS / max_new_tokens
+        commit:  accepted prefix + correction/bonus token, cut at the FIRST of EOS, a stop
+                 string's completion and max_new_tokens (anywhere in the accepted draft or on
+                 the bonus token: exactly where plain decoding would stop)
         update:  drafter rolls back (timed as drafting), policy learns from the round
 
 Vanilla decoding is the same loop with no drafter: every draft is empty and each round
 emits exactly one token, so speedups compare like with like.
+
+Sampling (``sampling`` with temperature > 0): the same loop; drafters sample their tokens and
+the verifier runs speculative sampling (``specpolicy.sampling``), so the output is distributed
+as sampling from the target (lossless in distribution, not token for token); vanilla sampling
+is the same loop without drafter. Draws come from ``runtime.generator``: seed it (e.g.
+``runtime.seed_everything``) before a call to reproduce the call's output.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 
@@ -23,6 +32,8 @@ from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig
+from specpolicy.stopping import StopStrings
 from specpolicy.types import Draft, GenerationResult, RoundRecord
 from specpolicy.verifier import Verifier
 
@@ -37,9 +48,12 @@ def generate(
     policy: LengthPolicy | None = None,
     reuse: DraftReuse | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
+    stop: StopStrings | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> GenerationResult:
-    """Generate greedily from ``prompt_ids`` with speculative decoding (or vanilla decoding
-    when ``drafter`` is None). The output is token-identical to the target's greedy decoding.
+    """Generate from ``prompt_ids`` with speculative decoding (or vanilla decoding when
+    ``drafter`` is None). Greedy (the default): the output is token-identical to the target's
+    greedy decoding; sampling: it is distributed as sampling from the target (see ``sampling``).
 
     Args:
         prompt_ids: ``(P,) int64`` prompt token ids (chat template already applied).
@@ -49,9 +63,17 @@ def generate(
         drafter / policy: both or neither; the policy sets the speculation length.
         reuse: optional draft reuse by suffix matching (FailFast App. E).
         on_round: called with each round's record (loggers, progress).
+        stop: optional stop strings (``specpolicy.stopping.StopStrings``), matched on the
+            decoded output; reset here for the prompt.
+        sampling: None or greedy (temperature 0): greedy decoding, token-identical to vanilla
+            greedy decoding. Otherwise lossless speculative sampling: the output is distributed
+            as vanilla sampling from the target under the same settings (given to
+            ``verifier.prefill`` and ``drafter.prefill``; a drafter whose ``prefill`` takes no
+            ``sampling`` keeps drafting as it does, its tokens verified as point masses).
     Returns:
-        A ``GenerationResult``; ``output_ids`` ends at the first EOS (included), after
-        ``max_new_tokens`` tokens, or when the context is full.
+        A ``GenerationResult``; ``output_ids`` ends at the first EOS (included), at the token
+        completing the first stop string (included), after ``max_new_tokens`` tokens, or when
+        the context is full -- whichever comes first; no token after it is returned.
     Raises:
         ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse),
             a negative length from the policy, or a prompt that does not fit the context.
@@ -67,13 +89,15 @@ def generate(
 
     start = time.perf_counter()
     with runtime.timer() as prefill_timer:
-        verifier.prefill(prompt_ids)
+        _prefill(verifier, prompt_ids, sampling)
         if drafter is not None:
-            drafter.prefill(prompt_ids)
+            _prefill(drafter, prompt_ids, sampling)
     if policy is not None:
         policy.reset()
     if reuse is not None:
         reuse.reset()
+    if stop is not None:
+        stop.reset()
 
     # Positions the drafter can hold (drafters without a limit leave max_context at 0).
     drafter_context = (getattr(drafter, "max_context", 0) if drafter is not None else 0) or verifier.max_context
@@ -81,17 +105,18 @@ def generate(
     rounds: list[RoundRecord] = []
     generated = 0
     stop_reason = "max_new_tokens"
+    context_limit = min(verifier.max_context, drafter_context) - prompt_len  # generated tokens allowed
     while generated < max_new_tokens:
         # Room for draft tokens: one output slot is kept for the correction/bonus token, and
         # verification feeds positions up to prompt_len + generated + k - 1 < max_context.
-        context_room = min(verifier.max_context, drafter_context) - prompt_len - generated
+        context_room = context_limit - generated
         if context_room < 0:
             stop_reason = "max_context"
             break
         room = min(max_new_tokens - generated - 1, context_room)
 
         with runtime.timer() as draft_timer:
-            draft = _draft(drafter, policy, room, device)
+            draft, draft_stop = _draft(drafter, policy, room, device)
             if reuse is not None and drafter is not None:
                 draft = reuse.extend(draft, room)
 
@@ -100,9 +125,18 @@ def generate(
 
         committed = verification.committed_tokens(draft)  # (a + 1,)
         keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - generated)
+        finish = "eos" if hit_eos else ""
+        if stop is not None:  # the first completion of a stop string, if it comes first
+            cut = stop.check(committed[:keep].tolist())
+            if cut is not None and (cut < keep or not hit_eos):
+                keep, finish = cut, "stop_string"
         outputs.append(committed[:keep])
         generated += keep
-        finished = hit_eos or generated >= max_new_tokens
+        if not finish and generated >= max_new_tokens:
+            finish = "max_new_tokens"
+        elif not finish and generated > context_limit:  # the next round would not fit the context
+            finish = "max_context"
+        finished = bool(finish)
 
         # Roll the drafter back to the committed sequence (timed as drafting: it may spend a pass).
         commit_ms = 0.0
@@ -123,12 +157,14 @@ def generate(
             confidences=tuple(draft.confidences.tolist()),
             draft_token_ids=tuple(draft.token_ids.tolist()),
             target_token_ids=tuple(verification.target_token_ids.tolist()),
+            draft_stop_reason=draft_stop,
+            finish_reason=finish,
         )
         rounds.append(record)
         if on_round is not None:
             on_round(record)
         if finished:
-            stop_reason = "eos" if hit_eos else "max_new_tokens"
+            stop_reason = finish
             break
         if policy is not None:
             policy.update(record)
@@ -145,24 +181,49 @@ def generate(
     )
 
 
-def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int, device: torch.device) -> Draft:
+def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None) -> None:
+    """``model.prefill(prompt_ids)``, with ``sampling=`` only when sampling (so drafters and
+    verifiers written before sampling existed keep working for greedy decoding). A drafter
+    without the keyword drafts as before (point masses, lossless); a verifier without it
+    cannot sample: ValueError naming ``generation.temperature``."""
+    if sampling is None or sampling.is_greedy:
+        model.prefill(prompt_ids)
+        return
+    params = inspect.signature(model.prefill).parameters
+    if "sampling" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        model.prefill(prompt_ids, sampling=sampling)
+    elif isinstance(model, Verifier):
+        raise ValueError(
+            f"generation.temperature={sampling.temperature} needs a verifier that samples, but verifier "
+            f"{model.name!r} has no prefill(..., sampling=) (use temperature 0 for greedy decoding)"
+        )
+    else:
+        model.prefill(prompt_ids)
+
+
+def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
+           device: torch.device) -> tuple[Draft, str]:
     """Draft, then extend while the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens.
     Stops as well when a ``draft`` call adds no token (a drafter with nothing more to propose,
-    e.g. the model-free ``suffix`` drafter without a matching suffix)."""
+    e.g. the model-free ``suffix`` drafter without a matching suffix).
+
+    Returns ``(draft, why drafting stopped)`` (``RoundRecord.draft_stop_reason``)."""
     draft = Draft.empty(device)
     if drafter is None:
-        return draft
+        return draft, "vanilla"
     while True:
         wanted = policy.next_length(draft)
         if wanted < 0:
             raise ValueError(f"policy {policy.name!r} returned a negative speculation length ({wanted})")
+        if wanted == 0:
+            return draft, ("length_0" if draft.length == 0 else getattr(policy, "stop_reason", "") or "policy_bound")
         n = min(wanted, room - draft.length)
         if n <= 0:
-            return draft
+            return draft, "room"
         before = draft.length
         draft = drafter.draft(n)
         if draft.length <= before:  # the drafter has nothing more to propose this round
-            return draft
+            return draft, "no_proposal"
 
 
 def _cut_at_stop(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int) -> tuple[int, bool]:

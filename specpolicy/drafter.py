@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from specpolicy.sampling import SamplingConfig
 from specpolicy.types import Draft, Verification
 
 
@@ -29,12 +30,20 @@ class Drafter(ABC):
     name: str = ""
 
     @abstractmethod
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Start a new prompt.
 
         Args:
             prompt_ids: ``(P,) int64`` the prompt, P >= 1. Its last token is the first
                 token the drafter continues from.
+            sampling: the prompt's sampling settings; None (or greedy) = greedy drafting.
+                Non-greedy: a drafter with a model samples each token from
+                ``specpolicy.sampling.warp`` of its logits (draws from ``runtime.generator``) and
+                reports those rows in ``Draft.probs``; a token depending on a later drafted token
+                must not be reported that way (speculative sampling's q_i must be the distribution
+                of token i given the tokens before it). A model-free drafter may ignore it (its
+                tokens are then verified as point masses). The loop passes the keyword only when
+                sampling, so drafters written before it keep working (as point masses).
         Raises:
             ValueError: if the prompt is empty or longer than the drafter's context.
         """
@@ -47,7 +56,9 @@ class Drafter(ABC):
             num_tokens: tokens to add, >= 1.
         Returns:
             The whole draft of the round so far (earlier tokens unchanged), with
-            ``forward_passes`` counting every pass spent on it.
+            ``forward_passes`` counting every pass spent on it. A drafter that has nothing
+            (more) to propose -- a model-free drafter without a match -- may add fewer tokens,
+            possibly none; the loop then stops drafting and verifies the draft as it stands.
         """
 
     @abstractmethod

@@ -1,15 +1,22 @@
 """The plugin manager: built-ins and third-party plugins registered the same way.
 
-Third-party plugins are found through the entry-point group ``specpolicy``. Set the
-environment variable ``SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD=1`` to skip them, or block a
-plugin by name with the config key ``plugins.block``.
+Every policy, drafter, verifier and logger -- built-in or not -- is a module (or object)
+whose functions carry ``@specpolicy.hookimpl`` and is registered in one pluggy
+``PluginManager``; instances are built only through the factory hooks
+(``specpolicy_make_policy`` ...), never by name lookups here. Built-ins are the modules of
+``BUILTIN_PLUGINS``; third-party plugins are found through the entry-point group
+``specpolicy``. Set the environment variable ``SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD=1`` to skip
+them, or block a plugin by name with the config key ``plugins.block``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -21,13 +28,27 @@ BUILTIN_PLUGINS = (
     "specpolicy.verifiers.hf",
     "specpolicy.drafters.ar",
     "specpolicy.drafters.fastdllm",
+    "specpolicy.drafters.suffix",
     "specpolicy.policies.static",
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",
     "specpolicy.policies.aimd",
+    "specpolicy.loggers.jsonl",
+    "specpolicy.loggers.wandb",
 )
 
 AUTOLOAD_ENV = "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD"
+#: Prefix of the names under which a run's loggers are registered (``logger:<name>``).
+LOGGER_PREFIX = "logger:"
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or returned something invalid."""
+
+
+def autoload_enabled() -> bool:
+    """False when ``SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD`` is set to anything but ``""``/``0``."""
+    return os.environ.get(AUTOLOAD_ENV, "").strip().lower() in ("", "0", "false", "no")
 
 
 def get_plugin_manager(block: Iterable[str] = (), autoload: bool | None = None) -> pluggy.PluginManager:
@@ -37,6 +58,10 @@ def get_plugin_manager(block: Iterable[str] = (), autoload: bool | None = None) 
     Args:
         block: plugin names (built-in module names or entry-point names) not to register.
         autoload: load entry-point plugins; default: unless ``SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD`` is set.
+    Raises:
+        PluginError: when an entry-point plugin fails to import (naming how to skip it).
+        pluggy.PluginValidationError: when a plugin implements an unknown hook
+            (``check_pending``) or a hook with wrong argument names.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
@@ -46,9 +71,15 @@ def get_plugin_manager(block: Iterable[str] = (), autoload: bool | None = None) 
         if not pm.is_blocked(module_name):
             pm.register(importlib.import_module(module_name), name=module_name)
     if autoload is None:
-        autoload = not os.environ.get(AUTOLOAD_ENV)
+        autoload = autoload_enabled()
     if autoload:
-        pm.load_setuptools_entrypoints(hookspecs.PROJECT_NAME)
+        try:
+            pm.load_setuptools_entrypoints(hookspecs.PROJECT_NAME)
+        except (ImportError, AttributeError, SyntaxError) as exc:
+            raise PluginError(
+                f"loading a plugin of the entry-point group {hookspecs.PROJECT_NAME!r} failed: {exc!r}; "
+                f"block it with plugins.block=[NAME] or set {AUTOLOAD_ENV}=1 to skip all third-party plugins"
+            ) from exc
     pm.check_pending()
     return pm
 
@@ -80,13 +111,88 @@ def make_drafter(pm: pluggy.PluginManager, config: dict[str, Any], runtime, veri
     )
 
 
-def describe_plugins(pm: pluggy.PluginManager) -> list[tuple[str, str]]:
-    """``(plugin name, where it came from)`` for every registered plugin."""
-    dists = {id(plugin): f"{dist.project_name} {dist.version}" for plugin, dist in pm.list_plugin_distinfo()}
-    rows = []
+def make_loggers(pm: pluggy.PluginManager, config: Mapping[str, Any] | None, run_dir: str | Path) -> dict[str, Any]:
+    """Instantiate one logger per key of ``config`` (the composed ``logger`` node, e.g.
+    ``{"jsonl": {...}, "wandb": {...}}``) through ``specpolicy_make_logger``; not registered yet.
+
+    Raises:
+        ValueError: for a name no plugin provides.
+    """
+    return {
+        name: _make("logger", pm.hook.specpolicy_make_logger, str(name), config=dict(cfg or {}), run_dir=str(run_dir))
+        for name, cfg in (config or {}).items()
+    }
+
+
+@contextlib.contextmanager
+def registered(pm: pluggy.PluginManager, loggers: Mapping[str, Any]) -> Iterator[None]:
+    """Register ``loggers`` (from ``make_loggers``) as plugins ``logger:<name>`` for the block's
+    duration, so the lifecycle hooks reach them; unregistered on exit, also on errors.
+
+    Raises:
+        pluggy.PluginValidationError: for a logger implementing an unknown hook.
+    """
+    names = []
+    try:
+        for name, logger in loggers.items():
+            names.append(pm.register(logger, name=LOGGER_PREFIX + name))
+        pm.check_pending()
+        yield
+    finally:
+        for name in names:
+            if name is not None and pm.get_plugin(name) is not None:
+                pm.unregister(name=name)
+
+
+def _normalize_searchpath(entry: str, plugin: str) -> str:
+    entry = str(entry)
+    if entry.startswith(("pkg://", "file://")):
+        return entry
+    if "://" in entry:
+        raise PluginError(f"plugin {plugin!r} returned config search path {entry!r}; use pkg:// or file://")
+    return "file://" + str(Path(entry).expanduser().resolve())
+
+
+def config_searchpath(pm: pluggy.PluginManager) -> list[tuple[str, str]]:
+    """``(plugin name, Hydra search-path entry)`` for every entry plugins return from
+    ``specpolicy_config_searchpath``, in registration order. Plain directories become
+    ``file://<absolute path>``.
+
+    Raises:
+        PluginError: for an entry with a scheme other than ``pkg://`` and ``file://``.
+    """
+    out = []
+    for impl in pm.hook.specpolicy_config_searchpath.get_hookimpls():  # registration order
+        for entry in impl.function() or ():
+            out.append((impl.plugin_name, _normalize_searchpath(entry, impl.plugin_name)))
+    return out
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered plugin: ``name`` (what ``plugins.block`` takes), ``origin`` ("built-in",
+    or the distribution and version that declared the entry point) and the specpolicy hooks
+    it implements (``make_policy``, ``round_end``, ...)."""
+
+    name: str
+    origin: str
+    hooks: tuple[str, ...]
+
+
+def plugin_infos(pm: pluggy.PluginManager) -> list[PluginInfo]:
+    """Every registered plugin (see ``PluginInfo``), built-ins first."""
+    dists = {id(plugin): f"{dist.project_name} {dist.version} (entry point)" for plugin, dist in pm.list_plugin_distinfo()}
+    prefix = hookspecs.PROJECT_NAME + "_"
+    infos = []
     for name, plugin in pm.list_name_plugin():
-        if plugin is None:
+        if plugin is None:  # blocked
             continue
         origin = dists.get(id(plugin)) or ("built-in" if name in BUILTIN_PLUGINS else "registered at run time")
-        rows.append((name, origin))
-    return rows
+        hooks = tuple(sorted(h.name.removeprefix(prefix) for h in pm.get_hookcallers(plugin) or ()))
+        infos.append(PluginInfo(name, origin, hooks))
+    return infos
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> list[tuple[str, str]]:
+    """``(plugin name, where it came from)`` for every registered plugin."""
+    return [(info.name, info.origin) for info in plugin_infos(pm)]

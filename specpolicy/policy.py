@@ -14,9 +14,16 @@ class LengthPolicy(ABC):
     after each extension, drafting that many more tokens until it returns 0; the draft
     is then verified. After verification the policy is fed the round's ``RoundRecord``.
     A first answer of 0 means no speculation this round (plain decoding).
+
+    When ``next_length`` returns 0 for a non-empty draft, the loop records why in the round's
+    ``RoundRecord.draft_stop_reason`` from the policy's ``stop_reason`` attribute: a policy may
+    set it just before returning 0 (``"low_confidence"``, ``"n_max"``, ``"policy_bound"``);
+    the default is ``"policy_bound"``. A first answer of 0 is recorded as ``"length_0"``.
     """
 
     name: str = ""
+    #: Why the last ``next_length`` answer of 0 stopped drafting (see the class docstring).
+    stop_reason: str = "policy_bound"
 
     def reset(self) -> None:
         """Forget per-prompt state; called before each prompt. Default: nothing."""

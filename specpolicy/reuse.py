@@ -4,12 +4,20 @@ After a round, the *rejected tail* is the draft from its first rejected token on
 next round, if a suffix of the new draft occurs in that tail, the tokens that followed it
 in the tail are appended to the draft: rejected tail ``x e f g h i j`` and new draft
 ``a b c d e f g`` give ``a b c d e f g h i j``.
+
+Sampling (``Draft.probs`` set): a reused token is a POINT MASS, its q row one-hot
+(``specpolicy.sampling.point_mass``), so it is accepted with probability p(x). Its q row from the
+previous round must not be carried along: that row was the distribution of the token in
+another context (after a token the target rejected), and given this round's history the
+reused token is not a draw from it; a token fixed by the past is verified losslessly only as
+a point mass (Leviathan et al. 2023, Alg. 1 with q = δ_x).
 """
 
 from __future__ import annotations
 
 import torch
 
+from specpolicy.sampling import point_mass
 from specpolicy.types import Draft, Verification
 
 
@@ -49,11 +57,16 @@ class DraftReuse:
         if match_len < self.min_match or end + 1 >= tail.shape[0]:
             return draft
         extra = min(int(tail.shape[0]) - end - 1, room - draft.length)
+        reused = tail[end + 1 : end + 1 + extra]
+        probs = draft.probs
+        if probs is not None:  # sampling: reused tokens are point masses (module docstring)
+            probs = torch.cat([probs, point_mass(reused, probs.shape[1]).to(probs.dtype)])
         return Draft(
-            token_ids=torch.cat([draft.token_ids, tail[end + 1 : end + 1 + extra]]),
+            token_ids=torch.cat([draft.token_ids, reused]),
             confidences=torch.cat([draft.confidences, self._tail_conf[end + 1 : end + 1 + extra]]),
             forward_passes=draft.forward_passes,
             reused_tokens=draft.reused_tokens + extra,
+            probs=probs,
         )
 
 

@@ -54,7 +54,11 @@ class Runtime:
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU) or one of float32, float64,
             bfloat16, float16.
-        seed: seeds Python, and torch (CPU and CUDA).
+        seed: seeds Python, and torch (CPU and CUDA), and ``generator``.
+    Attributes:
+        generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
+            run uses (drafters' samples, speculative sampling's acceptance and residual draws;
+            ``specpolicy.sampling``), reseeded by ``seed_everything``: same seed, same output.
     Raises:
         ValueError: for an unknown ``dtype`` or a CUDA ``device`` on a machine without CUDA.
     """
@@ -64,6 +68,7 @@ class Runtime:
     seed: int = 0
     torch_device: torch.device = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
+    generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         dev = self.device
@@ -81,10 +86,13 @@ class Runtime:
         self.seed_everything()
 
     def seed_everything(self, seed: int | None = None) -> None:
-        """Seed Python's and torch's generators with ``seed`` (default: ``self.seed``)."""
+        """Seed Python's and torch's generators and ``self.generator`` with ``seed`` (default:
+        ``self.seed``)."""
         s = self.seed if seed is None else seed
         random.seed(s)
         torch.manual_seed(s)
+        self.generator = torch.Generator(device=self.torch_device)
+        self.generator.manual_seed(s)
 
     def timer(self) -> Timer:
         """A new ``Timer`` (CUDA events on CUDA, perf_counter on CPU)."""

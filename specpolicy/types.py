@@ -26,12 +26,17 @@ class Draft:
         forward_passes: drafter forward passes spent on this draft so far (extensions included).
         reused_tokens: how many trailing tokens were appended by draft reuse (FailFast App. E),
             not by the drafter.
+        probs: ``(k, V) float32`` when sampling (``generation.temperature`` > 0): row i is the
+            distribution q_i that token i was sampled from (after ``specpolicy.sampling.warp``);
+            a one-hot row is a point mass (reused tokens). None: greedy decoding, or every token
+            a point mass (model-free drafters); see ``specpolicy.sampling.speculative_verify``.
     """
 
     token_ids: torch.Tensor  # (k,) int64
     confidences: torch.Tensor  # (k,) float32
     forward_passes: int = 0
     reused_tokens: int = 0
+    probs: torch.Tensor | None = None  # (k, V) float32, q of each drafted token; None = greedy or point mass
 
     @property
     def length(self) -> int:
@@ -49,14 +54,18 @@ class Draft:
 
 @dataclass(frozen=True)
 class Verification:
-    """The target's verdict on one draft (greedy verification, one forward pass).
+    """The target's verdict on one draft (one forward pass).
 
     Attributes:
-        accepted_length: number of leading draft tokens equal to the target's greedy tokens.
-        next_token: the correction token (at the first mismatch) or the bonus token (when
-            every draft token was accepted), as a Python int.
-        target_token_ids: ``(k + 1,) int64`` the target's greedy token at every draft position
-            and one past the draft (kept for analyses such as the oracle policy).
+        accepted_length: number of leading draft tokens accepted: greedy, those equal to the
+            target's greedy tokens; sampling, those accepted by speculative sampling's rule.
+        next_token: the correction token (at the first mismatch / rejection) or the bonus token
+            (when every draft token was accepted), as a Python int.
+        target_token_ids: ``(k + 1,) int64`` greedy: the target's greedy token at every draft
+            position and one past the draft (kept for analyses such as the oracle policy).
+            Sampling: the accepted draft tokens, then ``next_token`` at ``accepted_length``,
+            then the target's most likely token at the later positions (informational only).
+            Either way ``target_token_ids[accepted_length] == next_token``.
     """
 
     accepted_length: int
@@ -67,6 +76,12 @@ class Verification:
         """``(accepted_length + 1,) int64``: the accepted draft prefix plus the correction/bonus token."""
         nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
         return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+
+
+#: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
+DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "vanilla")
+#: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.stop_reason`` (why generation ended).
+FINISH_REASONS = ("eos", "stop_string", "max_new_tokens", "max_context")
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,15 @@ class RoundRecord:
             verification included) / verifying.
         confidences: per drafted token, as floats.
         draft_token_ids / target_token_ids: the proposal and the target's greedy tokens (k + 1).
+            They record the verification: in the round that ends generation they may run past
+            the stop (``emitted_tokens`` says how many tokens reached the output).
+        draft_stop_reason: why drafting stopped this round (see ``DRAFT_STOP_REASONS``):
+            ``"low_confidence"``, ``"n_max"``, ``"policy_bound"`` (the policy's own length bound:
+            static k, max_length, window), ``"length_0"`` (the policy answered 0 at once: plain
+            decoding this round), ``"room"`` (max_new_tokens / context room), ``"no_proposal"``
+            (the drafter had nothing more), ``"vanilla"`` (no drafter); ``""`` when unknown.
+        finish_reason: ``""`` unless this round ended generation, then ``"eos"``,
+            ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.stop_reason``).
     """
 
     index: int
@@ -98,6 +122,8 @@ class RoundRecord:
     confidences: tuple[float, ...] = field(default_factory=tuple)
     draft_token_ids: tuple[int, ...] = field(default_factory=tuple)
     target_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    draft_stop_reason: str = ""
+    finish_reason: str = ""
 
     @property
     def fully_accepted(self) -> bool:
@@ -112,7 +138,8 @@ class GenerationResult:
     Attributes:
         output_ids: ``(n,) int64`` generated tokens (prompt excluded), stop token included if hit.
         rounds: the per-round records, in order.
-        stop_reason: ``"eos"``, ``"max_new_tokens"`` or ``"max_context"`` (the context is full).
+        stop_reason: ``"eos"``, ``"stop_string"`` (a ``generation.stop`` string completed),
+            ``"max_new_tokens"`` or ``"max_context"`` (the context is full).
         wall_s: wall-clock seconds for the prompt, prefill included.
         prefill_ms: wall-clock milliseconds of the prefill of both models.
     """

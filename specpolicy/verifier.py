@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from specpolicy.sampling import SamplingConfig
 from specpolicy.types import Draft, Verification
 
 
@@ -27,11 +28,14 @@ class Verifier(ABC):
     vocab_size: int = 0
 
     @abstractmethod
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Start a new prompt: cache ``prompt_ids[:-1]``, make ``prompt_ids[-1]`` pending.
 
         Args:
             prompt_ids: ``(P,) int64``, 1 <= P <= ``max_context``.
+            sampling: the prompt's sampling settings; None (or greedy) = greedy verification.
+                Non-greedy: speculative sampling (``specpolicy.sampling.speculative_verify``)
+                with the draws from ``runtime.generator``.
         Raises:
             ValueError: naming ``prompt_ids`` if empty or longer than the context.
         """
@@ -40,7 +44,10 @@ class Verifier(ABC):
     def verify(self, draft: Draft) -> Verification:
         """Verify ``draft`` in ONE target forward pass and commit the result to the cache.
 
-        Keeps the longest prefix of the draft equal to the target's greedy tokens, plus
+        Greedy: keeps the longest prefix of the draft equal to the target's greedy tokens, plus
         the correction (first mismatch) or bonus token (all accepted), which becomes the
-        new pending token. The cache is cropped to the committed prefix, never recomputed.
+        new pending token. Sampling: the prefix accepted by speculative sampling (``draft.probs``
+        = q, None = point masses) plus a token drawn from the residual or the bonus distribution.
+        The cache is cropped to the committed prefix, never recomputed. An empty draft is
+        plain decoding (greedy: argmax; sampling: a draw from p).
         """

@@ -611,3 +611,139 @@ def test_loop_accepts_reused_tokens(models):
     assert (first.speculation_length, first.accepted_length) == (12, 3)
     assert second.reused_tokens > 0 and second.fully_accepted  # reused tokens accepted, plus the bonus
     assert second.speculation_length == 3 + second.reused_tokens
+
+
+# -- aimd: speculation off when it does not pay (off_when_slower) ------------------------------
+
+
+def timed(k: int, accepted: int, ms: float, emitted: int | None = None) -> RoundRecord:
+    """A round that took ``ms`` milliseconds (40% drafting, 60% verification)."""
+    return RoundRecord(index=0, speculation_length=k, accepted_length=accepted,
+                       emitted_tokens=accepted + 1 if emitted is None else emitted,
+                       drafter_forward_passes=k, reused_tokens=0, draft_ms=0.4 * ms, verify_ms=0.6 * ms)
+
+
+def drive_switch(policy: AIMDPolicy, spec_rounds, plain_ms: float = 2.0) -> str:
+    """Drive ``policy`` through rounds: when its first answer is 0 the round is plain decoding
+    (1 token in ``plain_ms``); otherwise the next entry of ``spec_rounds`` ((accepted, ms) of a
+    round drafting the policy's answer) is used. Returns "P" / "S" per round."""
+    out, spec = [], iter(spec_rounds)
+    while True:
+        k = policy.next_length(make_draft([]))
+        if k == 0:
+            out.append("P")
+            policy.update(timed(0, 0, plain_ms))
+            continue
+        try:
+            accepted, ms = next(spec)
+        except StopIteration:
+            return "".join(out)
+        out.append("S")
+        policy.update(timed(k, min(accepted, k), ms))
+
+
+SLOW = (1, 10.0)  # 2 tokens in 10 ms = 0.2 tokens/ms, plain decoding 1 token in 2 ms = 0.5
+FAST = (5, 4.0)  # 6 tokens in 4 ms (when k >= 5) = 1.5 tokens/ms
+
+
+@pytest.mark.parametrize(
+    "spec_rounds, expected",
+    [
+        # first round plain (the plain estimate); speculation slower: off for 3 rounds, probe,
+        # still slower: off twice as long (6), then capped at backoff_max (8)
+        ([SLOW] * 5, "P" + "S" + "PPP" + "S" + "P" * 6 + "S" + "P" * 8 + "S" + "P" * 8 + "S" + "P" * 8),
+        # speculation faster: on for good after the first plain round
+        ([FAST] * 6, "P" + "S" * 6),
+        # slower, then the probe is faster: on again (until the average falls below plain
+        # decoding's after three slow rounds), and the back-off is 3 rounds again, not 6
+        ([SLOW, FAST, FAST, SLOW, SLOW, SLOW], "P" + "S" + "PPP" + "S" + "S" + "SSS" + "PPP"),
+        # the speculative speed is an average: one slow round after fast ones keeps it on
+        ([FAST, FAST, FAST, SLOW, FAST], "P" + "SSSSS"),
+    ],
+    ids=["slower", "faster", "probe-succeeds", "averaged"],
+)
+def test_aimd_switches_speculation_off_when_slower(spec_rounds, expected):
+    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=3, backoff_max=8)
+    assert drive_switch(policy, spec_rounds) == expected
+
+
+def test_aimd_switch_state_carries_across_prompts_and_plain_rounds_keep_the_window():
+    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=4, backoff_max=8)
+    assert policy.next_length(make_draft([])) == 0  # the plain probe
+    policy.update(timed(0, 0, 2.0))
+    assert policy.next_length(make_draft([])) == 5
+    policy.update(timed(5, 1, 10.0))  # slower than plain decoding: off
+    w = policy.w
+    policy.reset()  # a new prompt: the window restarts, the measured decision does not
+    assert policy.w == 5 and policy.off_left == 4 and not policy.speculating
+    for _ in range(4):
+        assert policy.next_length(make_draft([])) == 0
+        policy.update(timed(0, 0, 2.0))
+    assert policy.w == 5 and policy.speculating  # plain rounds leave the window alone
+    assert w == 2  # the slow round (1 of 5 accepted) had halved it
+
+
+def test_aimd_without_the_switch_or_without_timings_never_stops_speculating():
+    plain = AIMDPolicy(w_init=5)
+    assert drive_switch(plain, [SLOW] * 5) == "SSSSS"  # the default: the window rule only
+    untimed = AIMDPolicy(w_init=5, off_when_slower=True)
+    assert untimed.next_length(make_draft([])) == 0  # the plain probe round
+    untimed.update(rec(0, 0))  # no timings: nothing measured, nothing decided
+    for _ in range(5):
+        assert untimed.next_length(make_draft([])) > 0
+        untimed.update(rec(untimed.w, 0))
+
+
+@pytest.mark.parametrize("key, value", [("off_when_slower", 1), ("backoff_rounds", 0), ("backoff_max", 2)])
+def test_aimd_switch_bad_values_name_the_key(key, value):
+    kwargs = {"backoff_rounds": 4, key: value}
+    with pytest.raises(ValueError, match=f"policy.{key}"):
+        AIMDPolicy(**kwargs)
+
+
+def test_aimd_off_rounds_are_recorded_as_length_0_and_stay_lossless(models):
+    runtime = models["runtime"]
+    policy = AIMDPolicy(off_when_slower=True, backoff_rounds=2, backoff_max=4)
+    verifier = HFVerifier(models["target"], runtime, frozenset())
+    for prompt, ref in zip(PROMPTS, models["refs"]):
+        result = generate(torch.tensor(prompt), verifier, runtime, max_new_tokens=MAX_NEW,
+                          drafter=ARDrafter(models["noisy"], runtime), policy=policy)
+        assert result.output_ids.tolist() == ref
+        for r in result.rounds:
+            if r.speculation_length == 0:
+                assert r.draft_stop_reason in ("length_0", "room")
+            assert r.draft_stop_reason != "length_0" or r.speculation_length == 0
+    # the very first round of the policy's life is the plain probe
+    fresh = AIMDPolicy(off_when_slower=True)
+    first = generate(torch.tensor(PROMPTS[0]), verifier, runtime, max_new_tokens=MAX_NEW,
+                     drafter=ARDrafter(models["noisy"], runtime), policy=fresh).rounds[0]
+    assert (first.speculation_length, first.draft_stop_reason) == (0, "length_0")
+
+
+@pytest.mark.parametrize(
+    "make, allowed",
+    [
+        (lambda: FailFastPolicy(n=3, tau=0.5, n_max=9), {"low_confidence", "n_max", "room"}),
+        (lambda: SpecDecPPPolicy(h=0.5, max_length=6), {"low_confidence", "policy_bound", "room"}),
+        (lambda: StaticPolicy(k=4), {"policy_bound", "room"}),
+    ],
+)
+def test_policies_report_why_drafting_stopped(models, make, allowed):
+    runtime = models["runtime"]
+    seen = set()
+    for prompt in PROMPTS:
+        result = generate(torch.tensor(prompt), HFVerifier(models["target"], runtime, frozenset()), runtime,
+                          max_new_tokens=MAX_NEW, drafter=ARDrafter(models["noisy"], runtime), policy=make())
+        seen |= {r.draft_stop_reason for r in result.rounds}
+        last = result.rounds[-1]
+        assert last.speculation_length == 0 or last.draft_stop_reason == "room" or last.draft_stop_reason in allowed
+    assert seen <= allowed and seen - {"room"}
+
+
+def test_failfast_stop_reasons_by_rule():
+    policy = FailFastPolicy(n=2, tau=0.5, n_max=4)
+    assert policy.next_length(make_draft([HI, LO])) == 0 and policy.stop_reason == "low_confidence"
+    assert policy.next_length(make_draft([HI] * 4)) == 0 and policy.stop_reason == "n_max"
+    spp = SpecDecPPPolicy(h=0.5, max_length=3)
+    assert spp.next_length(make_draft([LO])) == 0 and spp.stop_reason == "low_confidence"
+    assert spp.next_length(make_draft([HI] * 3)) == 0 and spp.stop_reason == "policy_bound"

@@ -1,4 +1,4 @@
-"""``hf`` verifier: any Hugging Face causal LM as the target, greedy verification."""
+"""``hf`` verifier: any Hugging Face causal LM as the target, greedy or speculative-sampling verification."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from specpolicy.cache import crop_cache
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import context_length, eos_token_ids, load_causal_lm, load_tokenizer
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.types import Draft, Verification
 from specpolicy.verifier import Verifier
 
@@ -18,8 +19,11 @@ NAME = "hf"
 
 
 class HFVerifier(Verifier):
-    """Greedy verification with a KV-cached Hugging Face causal LM (Leviathan et al. 2023, §2.3,
-    greedy case): one forward pass per round over ``[pending] + draft``.
+    """Verification with a KV-cached Hugging Face causal LM: one forward pass per round over
+    ``[pending] + draft``. Greedy (the default) keeps the draft prefix equal to the target's argmax
+    (Leviathan et al. 2023, §2.3, greedy case); with non-greedy ``sampling`` given to ``prefill``,
+    speculative sampling (Leviathan et al. 2023, Alg. 1) on ``warp`` of the logits, the draws
+    from ``runtime.generator`` (``specpolicy.sampling.speculative_verify``).
 
     Args:
         model: the target, in eval mode on the runtime device.
@@ -42,6 +46,7 @@ class HFVerifier(Verifier):
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cache: DynamicCache | None = None
         self._pending: torch.Tensor | None = None  # (1,) int64: last committed token, not yet in the cache
+        self._sampling: SamplingConfig | None = None  # None: greedy
 
     @property
     def cached_length(self) -> int:
@@ -49,7 +54,7 @@ class HFVerifier(Verifier):
         return 0 if self.cache is None else self.cache.get_seq_length()
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor) -> None:
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(
@@ -61,6 +66,7 @@ class HFVerifier(Verifier):
         if n > 1:
             self.model(input_ids=prompt_ids[None, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self._pending = prompt_ids[-1:]
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
 
     @torch.no_grad()
     def verify(self, draft: Draft) -> Verification:
@@ -72,6 +78,8 @@ class HFVerifier(Verifier):
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         logits = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).logits[0]  # (k + 1, V)
+        if self._sampling is not None:
+            return self._verify_sampled(draft, logits, start)
         target = logits.argmax(dim=-1)  # (k + 1,) int64
         matches = (target[:k] == draft.token_ids).int()  # (k,)
         accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
@@ -79,6 +87,17 @@ class HFVerifier(Verifier):
         crop_cache(self.cache, start + 1 + accepted)
         self._pending = target[accepted : accepted + 1]
         return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target)
+
+    def _verify_sampled(self, draft: Draft, logits: torch.Tensor, start: int) -> Verification:
+        """Speculative sampling on the round's logits ((k + 1, V)); one host sync."""
+        p = warp(logits, self._sampling)  # (k + 1, V) float32
+        accepted, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
+        crop_cache(self.cache, start + 1 + accepted)
+        # Accepted draft tokens, the sampled token, then (informational) the most likely tokens after it.
+        target = torch.cat([draft.token_ids[:accepted], p[accepted:].argmax(dim=-1)])
+        target[accepted] = nxt
+        self._pending = target[accepted : accepted + 1]
+        return Verification(accepted_length=accepted, next_token=nxt, target_token_ids=target)
 
 
 @hookimpl

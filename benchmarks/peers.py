@@ -1,0 +1,537 @@
+#!/usr/bin/env python
+"""Peer benchmark: specpolicy's methods against Hugging Face generation, in one process, on the
+same target, drafters and prompts.
+
+    python benchmarks/peers.py --num-prompts 30 --max-new-tokens 256 --out results.json
+    python benchmarks/peers.py --quick --out /tmp/peers.json          # a smoke run (2 prompts)
+    python -m specpolicy.plot peers-runs                              # the paper's figures for it
+
+Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-drafter``):
+
+* ``vanilla`` -- our greedy decoding (the reference: speedups and losslessness are against it);
+  ``hf-greedy`` -- ``model.generate(do_sample=False)``;
+* Hugging Face assisted generation with the AR drafter (``assistant_model=``, settings on the
+  assistant's ``generation_config``): ``hf-assisted-k<K>`` (``num_assistant_tokens_schedule=
+  "constant"``, no confidence stop; K = the best of ``--hf-k-sweep`` on the calibration
+  prompts), ``hf-assisted-heuristic`` (schedule ``"heuristic"``, starting at HF's default 20),
+  ``hf-assisted-confidence`` (HF's defaults: 20 tokens, constant, ``assistant_confidence_threshold``
+  0.4, adapted by HF's ROC rule when scikit-learn is installed); the persistent schedule state
+  is kept per method across prompts, as HF keeps it per assistant model;
+* ``hf-prompt-lookup`` -- prompt lookup decoding (``prompt_lookup_num_tokens``);
+* ours, each without and with draft reuse (``+reuse``): ``ar+static-k<K>`` (K = ``--static-k``),
+  ``fastdllm+static-k<K>`` (same K), ``fastdllm+static-k<best>`` (the paper's "Fast-dLLM+": the
+  best k of ``--dllm-k-sweep`` on the calibration prompts), ``fastdllm+failfast``,
+  ``fastdllm+specdecpp``, ``fastdllm+aimd``, ``ar+failfast`` (FailFast's stop rule on the AR
+  drafter); and the model-free ``suffix+static-k<K>`` and ``suffix+failfast``.
+
+Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
+machine drift affects all alike (calibration sweeps likewise). Each output is checked against
+vanilla greedy. Figures per method: tokens/s (generated tokens / wall-clock seconds, prefill
+included, summed over prompts), speedup over vanilla and over HF assisted generation's best,
+acceptance rate, mean accepted / speculated length, rounds, drafter passes per round,
+lossless prompts; for methods with a drafter also the fraction of the oracle length policy's
+speedup (``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run) and the
+MODELED speedup on a GPU profile (``specpolicy.latency``; labelled modeled, not measured).
+HF rounds are recorded by wrapping the candidate generators' ``get_candidates`` /
+``update_candidate_strategy`` and hooking the models' forward passes (passes, ms).
+
+Output: ``--out`` JSON (one entry per method, plus calibration, oracle costs and settings),
+a printed table, and ``--runs-dir`` (default ``<out stem>-runs``): one directory per method
+with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpolicy.datasets import load_prompts
+from specpolicy.decoding import generate
+from specpolicy.latency import load_profile, modeled_speedup
+from specpolicy.metrics import first_difference, round_to_dict
+from specpolicy.models import load_tokenizer
+from specpolicy.oracle import CostModel, compare, replay_match_lengths
+from specpolicy.plugins import get_plugin_manager, make_drafter, make_policy, make_verifier
+from specpolicy.profiling import ForwardTimer
+from specpolicy.reuse import DraftReuse
+from specpolicy.runtime import Runtime
+
+HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
+HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
+
+
+@dataclass
+class Outcome:
+    """One method on one prompt: generated ids, wall-clock seconds, per-round records."""
+
+    output_ids: list[int]
+    wall_s: float
+    rounds: list[dict[str, Any]]
+    stop_reason: str = ""
+
+
+@dataclass
+class Method:
+    """A benchmarked method: ``run(prompt_ids) -> Outcome``."""
+
+    name: str
+    family: str  # "ours" | "hf"
+    drafter: str | None  # "ar" | "fastdllm" | "suffix" | None (no drafter / prompt lookup)
+    description: str
+    run: Callable[[torch.Tensor], Outcome]
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
+# -- models and our methods ------------------------------------------------------------------
+
+
+def _conf(group: str, choice: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    text = (resources.files("specpolicy.conf") / group / f"{choice}.yaml").read_text()
+    return OmegaConf.to_container(OmegaConf.create(text))
+
+
+class Bench:
+    """Models shared by every method: the target (our verifier and HF's model), the AR drafter
+    (ours and HF's assistant), the Fast-dLLM drafter and the suffix drafter."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0)
+        self.pm = get_plugin_manager(autoload=False)
+        self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
+        self.target = self.verifier.model
+        self.drafters = {
+            "ar": make_drafter(self.pm, {**_conf("drafter", "ar"), "model": args.ar_drafter}, self.runtime,
+                               self.verifier),
+            "fastdllm": make_drafter(self.pm, {**_conf("drafter", "fastdllm"), "model": args.dllm_drafter},
+                                     self.runtime, self.verifier),
+            "suffix": make_drafter(self.pm, _conf("drafter", "suffix"), self.runtime, self.verifier),
+        }
+        self.assistant = self.drafters["ar"].model
+        self.tokenizer = load_tokenizer(args.target)
+        self.eos = sorted(self.verifier.eos_token_ids)
+
+    def policy(self, choice: str, **overrides):
+        return make_policy(self.pm, {**_conf("policy", choice), **overrides})
+
+    def vanilla(self) -> Method:
+        def run(ids):
+            res = generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens)
+            return Outcome(res.output_ids.tolist(), res.wall_s, [round_to_dict(r) for r in res.rounds], res.stop_reason)
+
+        return Method("vanilla", "ours", None, "our greedy decoding (reference)", run)
+
+    def ours(self, drafter: str, choice: str, reuse: bool, label: str | None = None, **policy_overrides) -> Method:
+        policy = self.policy(choice, **policy_overrides)
+        name = f"{drafter}+{label or choice}" + ("+reuse" if reuse else "")
+        min_match = self.args.reuse_min_match
+
+        def run(ids):
+            res = generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
+                           drafter=self.drafters[drafter], policy=policy,
+                           reuse=DraftReuse(min_match) if reuse else None)
+            return Outcome(res.output_ids.tolist(), res.wall_s, [round_to_dict(r) for r in res.rounds], res.stop_reason)
+
+        return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
+
+    # -- Hugging Face methods ----------------------------------------------------------------
+
+    def hf(self, name: str, kind: str, description: str, **settings) -> Method:
+        """``kind``: ``greedy`` | ``assisted`` (settings: schedule, tokens, threshold) | ``lookup`` (tokens)."""
+        state = {"tokens": settings.get("tokens"), "threshold": settings.get("threshold", 0.0)}
+        gc = self.assistant.generation_config
+
+        def run(ids):
+            kwargs: dict[str, Any] = dict(max_new_tokens=self.args.max_new_tokens, do_sample=False, temperature=None,
+                                          top_p=None, top_k=None, eos_token_id=self.eos, pad_token_id=self.eos[0],
+                                          attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long,
+                                                                    device=self.runtime.torch_device))
+            if kind == "assisted":
+                gc.num_assistant_tokens_schedule = settings["schedule"]
+                gc.num_assistant_tokens = state["tokens"]
+                gc.assistant_confidence_threshold = state["threshold"]
+                kwargs["assistant_model"] = self.assistant
+            elif kind == "lookup":
+                kwargs["prompt_lookup_num_tokens"] = settings["tokens"]
+            inputs = ids.to(self.runtime.torch_device)[None]
+            with HFRecorder(self.target, self.assistant if kind == "assisted" else None, kind) as rec:
+                start = time.perf_counter()
+                out = self.target.generate(inputs, **kwargs)
+                wall = time.perf_counter() - start
+            if kind == "assisted":  # HF keeps these per assistant model across calls; we keep them per method
+                state["tokens"], state["threshold"] = gc.num_assistant_tokens, gc.assistant_confidence_threshold
+            new = out[0, ids.shape[0]:].tolist()
+            stop = "eos" if new and new[-1] in self.eos else "max_new_tokens"
+            return Outcome(new, wall, rec.rounds(len(new)), stop)
+
+        return Method(name, "hf", {"assisted": "ar", "lookup": None, "greedy": None}[kind], description, run)
+
+
+class HFRecorder:
+    """Per-round records of one Hugging Face ``generate`` call (batch 1).
+
+    Assisted generation / prompt lookup: ``get_candidates`` gives the round's candidate tokens,
+    ``update_candidate_strategy(input_ids, new_logits, n_matches)`` closes the round (target
+    tokens = ``new_logits`` argmax, accepted = ``n_matches`` after HF's EOS/length crop);
+    drafter passes and ms = assistant forward calls and time in the round, verify ms = target
+    forward time. Greedy: one round per target forward call.
+    """
+
+    def __init__(self, target, assistant, kind: str) -> None:
+        from transformers.generation import candidate_generator as cg
+
+        self.kind = kind
+        self.classes = [cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator]
+        self.timer = ForwardTimer(on_call=self._on_call, target=target, assistant=assistant)
+        self._rounds: list[dict[str, Any]] = []
+        self._candidates: list[int] = []
+        self._mark = (0, 0.0, 0.0)  # assistant calls, assistant ms, target ms at the round start
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def _close(self, candidates: list[int], target_ids: list[int], accepted: int) -> None:
+        calls = self.timer.calls.get("assistant", 0)
+        a_ms = self.timer.ms.get("assistant", 0.0)
+        t_ms = self.timer.ms["target"]
+        self._rounds.append({
+            "speculation_length": len(candidates), "accepted_length": accepted, "emitted_tokens": accepted + 1,
+            "drafter_forward_passes": calls - self._mark[0], "reused_tokens": 0,
+            "draft_ms": round(a_ms - self._mark[1], 3), "verify_ms": round(t_ms - self._mark[2], 3),
+            "confidences": [], "draft_token_ids": candidates, "target_token_ids": target_ids,
+        })
+        self._mark = (calls, a_ms, t_ms)
+
+    def _on_call(self, name: str) -> None:
+        if self.kind == "greedy" and name == "target":
+            self._close([], [], 0)
+
+    def __enter__(self) -> "HFRecorder":
+        rec = self
+        for cls in self.classes:
+            get, upd = cls.get_candidates, cls.update_candidate_strategy
+
+            def get_candidates(gen, input_ids, *args, _get=get, **kwargs):
+                out = _get(gen, input_ids, *args, **kwargs)
+                rec._candidates = out[0][0, input_ids.shape[1]:].tolist()
+                return out
+
+            def update(gen, input_ids, scores, num_matches, _upd=upd):
+                n = int(num_matches)
+                k = int(scores.shape[1]) - 1
+                rec._close(rec._candidates[:k], scores[0].argmax(dim=-1).tolist(), n)
+                return _upd(gen, input_ids, scores, num_matches)
+
+            self._saved += [(cls, "get_candidates", get), (cls, "update_candidate_strategy", upd)]
+            cls.get_candidates, cls.update_candidate_strategy = get_candidates, update
+        self.timer.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timer.__exit__(*exc)
+        for cls, attr, fn in self._saved:
+            setattr(cls, attr, fn)
+        self._saved.clear()
+
+    def rounds(self, generated: int) -> list[dict[str, Any]]:
+        """The rounds, the last one cut so that the rounds emit exactly ``generated`` tokens."""
+        rounds, total = [], 0
+        for r in self._rounds:
+            if total >= generated:
+                break
+            r = dict(r)
+            r["emitted_tokens"] = min(r["emitted_tokens"], generated - total)
+            total += r["emitted_tokens"]
+            rounds.append(r)
+        return rounds
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def run_interleaved(methods: list[Method], prompt_ids: list[torch.Tensor], warmup: int, log=print) -> None:
+    """Every method on every prompt; the method order rotates by one per prompt. ``warmup``
+    prompts run first through every method, untimed and discarded."""
+    for i in range(warmup):
+        for m in methods:
+            m.run(prompt_ids[i % len(prompt_ids)])
+    for i, ids in enumerate(prompt_ids):
+        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        for m in order:
+            m.outcomes.append(m.run(ids))
+        log(f"  prompt {i + 1}/{len(prompt_ids)} done ({len(methods)} methods)")
+
+
+def _stats(m: Method, reference: list[list[int]] | None) -> dict[str, Any]:
+    outs = m.outcomes
+    tokens = sum(len(o.output_ids) for o in outs)
+    wall = sum(o.wall_s for o in outs)
+    rounds = [r for o in outs for r in o.rounds]
+    drafted = [r for r in rounds if r["speculation_length"] > 0]
+    spec = sum(r["speculation_length"] for r in drafted)
+    acc = sum(r["accepted_length"] for r in drafted)
+    passes = sum(r["drafter_forward_passes"] for r in rounds)
+    out = {
+        "family": m.family, "drafter": m.drafter, "description": m.description, "prompts": len(outs),
+        "generated_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "acceptance_rate": acc / spec if spec else 0.0, "mean_accepted_length": acc / len(drafted) if drafted else 0.0,
+        "mean_speculation_length": spec / len(rounds) if rounds else 0.0,
+        "mean_speculation_length_drafted": spec / len(drafted) if drafted else 0.0, "rounds": len(rounds),
+        "drafter_forward_passes": passes, "drafter_passes_per_round": passes / len(rounds) if rounds else 0.0,
+        "draft_ms": sum(r["draft_ms"] for r in rounds), "verify_ms": sum(r["verify_ms"] for r in rounds),
+    }
+    if reference is not None:
+        diffs = {str(i): first_difference(ref, o.output_ids) for i, (ref, o) in enumerate(zip(reference, outs))}
+        bad = {k: v for k, v in diffs.items() if v is not None}
+        out.update(lossless_prompts=len(outs) - len(bad), lossless=f"{len(outs) - len(bad)}/{len(outs)}",
+                   lossless_fraction=(len(outs) - len(bad)) / len(outs) if outs else 1.0, not_lossless=bad)
+    return out
+
+
+def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
+    """Best constant ``num_assistant_tokens`` for HF assisted generation and best static k for
+    Fast-dLLM (Fast-dLLM+), by tokens/s on ``prompt_ids``, both sweeps interleaved."""
+    a = bench.args
+    hf = {k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
+          for k in a.hf_k_sweep}
+    dl = {k: bench.ours("fastdllm", "static", False, f"static-k{k}", k=k) for k in a.dllm_k_sweep}
+    run_interleaved(list(hf.values()) + list(dl.values()), prompt_ids, 0, log)
+    tps = {m.name: _stats(m, None)["tokens_per_s"] for m in list(hf.values()) + list(dl.values())}
+    return {
+        "prompts": len(prompt_ids), "tokens_per_s": tps,
+        "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
+        "fastdllm_plus_k": max(dl, key=lambda k: tps[dl[k].name]),
+    }
+
+
+def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
+    """The benchmarked methods (see the module docstring)."""
+    a = bench.args
+    K, best_hf, best_dl = a.static_k, cal["hf_assisted_k"], cal["fastdllm_plus_k"]
+    methods = [
+        bench.vanilla(),
+        bench.hf("hf-greedy", "greedy", "HF generate, do_sample=False"),
+        bench.hf(f"hf-assisted-k{best_hf}", "assisted", f"HF assisted, constant {best_hf} tokens (best of sweep)",
+                 schedule="constant", tokens=best_hf, threshold=0.0),
+        bench.hf("hf-assisted-heuristic", "assisted", "HF assisted, heuristic schedule from 20",
+                 schedule="heuristic", tokens=HF_DEFAULT_ASSISTANT_TOKENS, threshold=0.0),
+        bench.hf("hf-assisted-confidence", "assisted", "HF assisted defaults: 20 tokens, confidence stop 0.4",
+                 schedule="constant", tokens=HF_DEFAULT_ASSISTANT_TOKENS, threshold=HF_DEFAULT_CONFIDENCE),
+        bench.hf("hf-prompt-lookup", "lookup", f"HF prompt lookup decoding, {a.lookup_tokens} tokens",
+                 tokens=a.lookup_tokens),
+    ]
+    ours = [("ar", "static", f"static-k{K}", {"k": K}), ("fastdllm", "static", f"static-k{K}", {"k": K})]
+    if best_dl != K:
+        ours.append(("fastdllm", "static", f"static-k{best_dl}", {"k": best_dl}))
+    ours += [("fastdllm", "failfast", None, {}), ("fastdllm", "specdecpp", None, {}), ("fastdllm", "aimd", None, {}),
+             ("ar", "failfast", None, {})]
+    for drafter, choice, label, over in ours:
+        for reuse in (False, True):
+            methods.append(bench.ours(drafter, choice, reuse, label, **over))
+    methods += [bench.ours("suffix", "static", False, f"static-k{K}", k=K), bench.ours("suffix", "failfast", False)]
+    if a.methods:
+        pattern = re.compile(a.methods)
+        methods = [m for m in methods if m.name == "vanilla" or pattern.search(m.name)]
+    return methods
+
+
+def oracle_fractions(bench: Bench, methods: list[Method], prompt_ids: list[torch.Tensor],
+                     reference: list[list[int]], log=print) -> dict[str, Any]:
+    """Per drafter: exact replay match lengths on the vanilla outputs, a cost model fitted on this
+    run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle."""
+    vanilla = next(m for m in methods if m.name == "vanilla")
+    van_verify = [r["verify_ms"] for o in vanilla.outcomes for r in o.rounds]
+    out: dict[str, Any] = {}
+    for drafter in ("ar", "fastdllm", "suffix"):
+        users = [m for m in methods if m.drafter == drafter]
+        if not users:
+            continue
+        ours = [r for m in users if m.family == "ours" for o in m.outcomes for r in o.rounds]
+        cost = CostModel.fit(ours, van_verify)
+        max_length = max([60] + [r["speculation_length"] for m in users for o in m.outcomes for r in o.rounds])
+        start = time.perf_counter()
+        match = [replay_match_lengths(bench.drafters[drafter], ids, torch.tensor(ref, dtype=torch.long), max_length)
+                 for ids, ref in zip(prompt_ids, reference)]
+        log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
+        out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}}
+        for m in users:
+            keep = [i for i, (o, ref) in enumerate(zip(m.outcomes, reference)) if o.output_ids == ref]
+            if not keep:
+                continue
+            rows = [{"prompt_id": str(i), "generated_tokens": len(m.outcomes[i].output_ids),
+                     "rounds": m.outcomes[i].rounds} for i in keep]
+            res = compare(rows, cost, max_length, match=[match[i] for i in keep])
+            out[drafter]["methods"][m.name] = res
+            out[drafter]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
+    return out
+
+
+# -- output ----------------------------------------------------------------------------------
+
+COLUMNS = (("method", "name", "{}"), ("tokens/s", "tokens_per_s", "{:.1f}"),
+           ("x vanilla", "speedup_vs_vanilla", "{:.2f}"),
+           ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}"), ("acc. rate", "acceptance_rate", "{:.3f}"),
+           ("acc./spec. len*", "_lengths", "{}"), ("rounds", "rounds", "{}"),
+           ("passes/round", "drafter_passes_per_round", "{:.2f}"), ("lossless", "lossless", "{}"),
+           ("oracle frac.", "oracle_fraction", "{:.3f}"), ("MODELED x", "modeled_speedup_vs_vanilla", "{:.2f}"))
+
+
+def table_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, m in results["methods"].items():
+        m = {**m, "name": name,
+             "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}"}
+        rows.append(["-" if m.get(k) is None else f.format(m[k]) for _, k, f in COLUMNS])
+    return rows
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = results["settings"]
+    table = Table(title=f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new tokens, "
+                        f"{s['device']} {s['dtype']}",
+                  caption=f"* mean per round with a draft (JSON: mean_accepted_length, "
+                          f"mean_speculation_length_drafted); x HF best = over {results['hf_assisted_best']}; "
+                          f"oracle frac. = modeled speedup / oracle's "
+                          f"(same drafter, measured costs); MODELED x = profile {results['modeled_profile']}, "
+                          f"not measured")
+    for title, key, _ in COLUMNS:
+        table.add_column(title, justify="left" if key == "name" else "right")
+    for row in table_rows(results):
+        table.add_row(*row)
+    Console(width=200).print(table)
+
+
+def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], prompts, args) -> None:
+    """One directory per method (``results.jsonl`` + ``summary.json``) for ``specpolicy.plot``."""
+    vanilla = results["methods"].get("vanilla")
+    for m in methods:
+        if m.name == "vanilla":
+            continue
+        d = runs_dir / re.sub(r"[^A-Za-z0-9_.+-]+", "_", m.name)
+        d.mkdir(parents=True, exist_ok=True)
+        stats = results["methods"][m.name]
+        with open(d / "results.jsonl", "w", encoding="utf-8") as f:
+            for i, (p, o) in enumerate(zip(prompts, m.outcomes)):
+                f.write(json.dumps({"prompt_id": p.prompt_id, "generated_tokens": len(o.output_ids),
+                                    "output_ids": o.output_ids, "wall_s": o.wall_s, "stop_reason": o.stop_reason,
+                                    "lossless": str(i) not in stats.get("not_lossless", {}),
+                                    "rounds": o.rounds}) + "\n")
+        summary = {"method": m.name, "prompts": len(m.outcomes), "methods": {m.name: stats, "vanilla": vanilla},
+                   "config": {"verifier": {"model": args.target}, "benchmark": "benchmarks/peers.py"}}
+        (d / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--dataset", default="gsm8k", help="bundled prompt set (gsm8k, math500, aime24, humaneval)")
+    p.add_argument("--dataset-path", default=None, help="a JSONL file of prompts instead of the bundled set")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--out", default="results.json", help="JSON output, one entry per method")
+    p.add_argument("--runs-dir", default=None,
+                   help="per-method run dirs for specpolicy.plot (default: <out stem>-runs)")
+    p.add_argument("--target", default="target")
+    p.add_argument("--ar-drafter", default="ar-drafter")
+    p.add_argument("--dllm-drafter", default="dllm-drafter")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
+    p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
+    p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
+    p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the two sweeps")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument("--reuse-min-match", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
+    p.add_argument("--profile", default="a6000-qwen7b", help="latency profile of the MODELED column")
+    p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
+    p.add_argument("--methods", default=None, help="regex: run only matching methods (vanilla always runs)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, small sweeps")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 24)
+        args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
+    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
+        p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    bench = Bench(args)
+    prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts)
+    prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]
+    log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
+    cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
+    log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}")
+    methods = build_methods(bench, cal)
+    log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
+    start = time.perf_counter()
+    run_interleaved(methods, prompt_ids, args.warmup, log)
+    elapsed = time.perf_counter() - start
+    reference = next(m for m in methods if m.name == "vanilla").outcomes
+    ref_ids = [o.output_ids for o in reference]
+    stats = {m.name: _stats(m, ref_ids) for m in methods}
+    van_tps = stats["vanilla"]["tokens_per_s"]
+    hf_assisted = {n: s["tokens_per_s"] for n, s in stats.items() if n.startswith("hf-assisted")}
+    hf_best = max(hf_assisted, key=hf_assisted.get) if hf_assisted else None
+    profile = load_profile(args.profile)
+    for m in methods:
+        s = stats[m.name]
+        s["speedup_vs_vanilla"] = s["tokens_per_s"] / van_tps if van_tps else 0.0
+        s["speedup_vs_hf_assisted_best"] = s["tokens_per_s"] / hf_assisted[hf_best] if hf_best else None
+        rounds = [r for o in m.outcomes for r in o.rounds]
+        s["modeled_speedup_vs_vanilla"] = (modeled_speedup(rounds, s["generated_tokens"], profile)
+                                           if m.drafter or m.name == "hf-prompt-lookup" else 1.0)
+    oracle = {}
+    if not args.no_oracle:
+        log("oracle ...")
+        oracle = oracle_fractions(bench, methods, prompt_ids, ref_ids, log)
+        for block in oracle.values():
+            for name, res in block["methods"].items():
+                stats[name]["oracle_fraction"] = res["fraction_of_oracle"]
+                stats[name]["oracle_fraction_by_prompt"] = {
+                    prompts[int(p["prompt_id"])].prompt_id: p["fraction_of_oracle"] for p in res["per_prompt"]}
+                stats[name]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
+    results = {
+        "settings": {**{k: v for k, v in vars(args).items()}, "device": str(bench.runtime.torch_device),
+                     "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+                     "torch_threads": torch.get_num_threads(), "benchmark_s": elapsed,
+                     "prompt_ids": [p.prompt_id for p in prompts]},
+        "calibration": cal, "hf_assisted_best": hf_best, "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}",
+        "modeled_profile": profile.name,
+        "modeled_label": "MODELED (forward-pass counts x profile latencies), not measured",
+        "methods": stats,
+        "oracle": {d: {k: v for k, v in b.items() if k != "methods"} for d, b in oracle.items()},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    runs_dir = Path(args.runs_dir) if args.runs_dir else out.with_name(out.stem + "-runs")
+    write_runs(runs_dir, methods, results, prompts, args)
+    print_table(results)
+    log(f"wrote {out} and {runs_dir}/ (python -m specpolicy.plot {runs_dir})")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""specpolicy-entropy: an example third-party specpolicy plugin (see README.md)."""

@@ -1,0 +1,1 @@
+"""Hydra config files of the plugin (``policy/entropy.yaml``), found via ``pkg://specpolicy_entropy.conf``."""

@@ -1,0 +1,194 @@
+"""Modeled latency: what a run's rounds would cost on other hardware (hardware profiles).
+
+A profile (``conf/profile/``, chosen with ``profile=<name>``) gives per-pass latencies; the
+modeled time of a run counts forward passes and multiplies, as FailFast (arXiv 2512.20573)
+models end-to-end latency from pass counts (official code ``failfast.py``,
+``args.latency["vLLM_A6000"]``: drafter pass 6.1 ms; target 13.5 / 24.7 / 52.6 ms per token for
+Qwen2.5-7B / 14B / 32B-Instruct on vLLM, one RTX A6000)::
+
+    modeled ms of a round  = drafter passes x drafter_pass_ms
+                             + target_ms_per_token + verify_ms_per_draft_token x speculation length
+    modeled ms of vanilla  = generated tokens x target_ms_per_token      (one target step per token)
+    modeled speedup        = modeled vanilla ms / sum of the rounds' modeled ms
+
+Prefill is left out of both. On a GPU a verification pass over a short draft is memory-bound
+and costs about one decoding step, hence ``verify_ms_per_draft_token: 0`` in the A6000
+profiles; the ``measured`` profile fills its null fields from the run's own timings (this
+machine, where verification grows with the draft). Every figure computed here is MODELED,
+not measured, and is labelled so in ``summary.json`` (``modeled`` block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from typing import Any
+
+#: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
+BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
+PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token")
+MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
+
+
+def field(record: Any, name: str) -> Any:
+    """``record.name`` for a ``RoundRecord``, ``record[name]`` for a ``results.jsonl`` round dict."""
+    return record[name] if isinstance(record, Mapping) else getattr(record, name)
+
+
+def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = intercept + slope * x``; ``(intercept, slope)``. With fewer than two
+    distinct x the slope is 0 and the intercept the mean of y (0.0 for no points)."""
+    n = len(xs)
+    if n == 0:
+        return 0.0, 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 1e-12:
+        return my, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Per-pass latencies of one hardware setting, in milliseconds.
+
+    Attributes:
+        name: profile name (``profile=<name>``).
+        description: what hardware/models the numbers are for.
+        drafter_pass_ms: one drafter forward pass, >= 0 (None: measure in the run).
+        target_ms_per_token: one target decoding step, > 0 (None: measure in the run).
+        verify_ms_per_draft_token: extra verification ms per drafted token, >= 0 (None: measure).
+    """
+
+    name: str
+    description: str = ""
+    drafter_pass_ms: float | None = None
+    target_ms_per_token: float | None = None
+    verify_ms_per_draft_token: float | None = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """True when no latency is left to measure."""
+        return None not in (self.drafter_pass_ms, self.target_ms_per_token, self.verify_ms_per_draft_token)
+
+    @staticmethod
+    def from_config(config: Mapping[str, Any]) -> "LatencyProfile":
+        """A profile from a ``profile`` config node.
+
+        Raises:
+            ValueError: naming ``profile.<key>`` for an unknown key or a negative / non-numeric value
+                (``target_ms_per_token`` must be > 0).
+        """
+        unknown = sorted(set(config) - set(PROFILE_KEYS))
+        if unknown:
+            raise ValueError(f"unknown profile key(s) {unknown}; known: {', '.join(PROFILE_KEYS)}")
+        if not config.get("name"):
+            raise ValueError("profile.name is required")
+        values = {}
+        for key in ("drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token"):
+            v = config.get(key)
+            if v is not None:
+                positive = key == "target_ms_per_token"
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
+                    raise ValueError(f"profile.{key} must be a number {'> 0' if positive else '>= 0'} "
+                                     f"(ms) or null (measured), got {v!r}")
+                v = float(v)
+            values[key] = v
+        return LatencyProfile(name=str(config["name"]), description=str(config.get("description") or ""), **values)
+
+
+def load_profile(name: str) -> LatencyProfile:
+    """A profile shipped in ``conf/profile/<name>.yaml``.
+
+    Raises:
+        FileNotFoundError: for an unknown name (listing the shipped ones).
+    """
+    from omegaconf import OmegaConf
+
+    file = resources.files("specpolicy.conf") / "profile" / f"{name}.yaml"
+    if not file.is_file():
+        raise FileNotFoundError(f"no latency profile {name!r}; shipped: {', '.join(BUILTIN_PROFILES)}")
+    return LatencyProfile.from_config(OmegaConf.to_container(OmegaConf.create(file.read_text())))
+
+
+def measure_profile(spec_rounds: Iterable[Any], vanilla_rounds: Iterable[Any] = (), name: str = "measured",
+                    description: str = "this machine, measured in the run") -> LatencyProfile:
+    """Latencies measured from a run's rounds (``RoundRecord`` or ``results.jsonl`` dicts).
+
+    * ``drafter_pass_ms`` = sum of ``draft_ms`` / sum of ``drafter_forward_passes`` over rounds
+      with passes (0.0 for a model-free drafter);
+    * ``verify_ms_per_draft_token`` and the intercept of an affine least-squares fit of
+      ``verify_ms`` over the speculation length, on speculative and vanilla rounds together
+      (slope clamped at >= 0);
+    * ``target_ms_per_token`` = mean ``verify_ms`` of the vanilla rounds (one target step each),
+      or the fit's intercept without vanilla rounds.
+    """
+    spec_rounds, vanilla_rounds = list(spec_rounds), list(vanilla_rounds)
+    passes = sum(field(r, "drafter_forward_passes") for r in spec_rounds)
+    draft_ms = sum(field(r, "draft_ms") for r in spec_rounds if field(r, "drafter_forward_passes") > 0)
+    points = [(field(r, "speculation_length"), field(r, "verify_ms")) for r in spec_rounds + vanilla_rounds]
+    intercept, slope = fit_affine([p[0] for p in points], [p[1] for p in points])
+    van = [field(r, "verify_ms") for r in vanilla_rounds]
+    target = sum(van) / len(van) if van else intercept
+    return LatencyProfile(name=name, description=description, drafter_pass_ms=draft_ms / passes if passes else 0.0,
+                          target_ms_per_token=max(target, 1e-9), verify_ms_per_draft_token=max(slope, 0.0))
+
+
+def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[Any],
+                    vanilla_rounds: Iterable[Any] = ()) -> LatencyProfile:
+    """``profile`` with its null latencies filled from the run (``measure_profile``)."""
+    if profile.complete:
+        return profile
+    measured = measure_profile(spec_rounds, vanilla_rounds)
+    return replace(profile, **{k: getattr(measured, k) for k in ("drafter_pass_ms", "target_ms_per_token",
+                                                                  "verify_ms_per_draft_token")
+                               if getattr(profile, k) is None})
+
+
+def modeled_round_ms(record: Any, profile: LatencyProfile) -> float:
+    """Modeled ms of one round (see module docstring). ``profile`` must be complete."""
+    return (field(record, "drafter_forward_passes") * profile.drafter_pass_ms + profile.target_ms_per_token
+            + profile.verify_ms_per_draft_token * field(record, "speculation_length"))
+
+
+def modeled_ms(rounds: Iterable[Any], profile: LatencyProfile) -> float:
+    """Modeled ms of a sequence of rounds (prefill excluded)."""
+    return sum(modeled_round_ms(r, profile) for r in rounds)
+
+
+def modeled_speedup(rounds: Sequence[Any], generated_tokens: int, profile: LatencyProfile) -> float:
+    """Modeled vanilla ms (``generated_tokens`` target steps) / modeled ms of ``rounds``; 0.0 without rounds."""
+    ms = modeled_ms(rounds, profile)
+    return generated_tokens * profile.target_ms_per_token / ms if ms > 0 else 0.0
+
+
+def modeled_summary(spec_rounds: Sequence[Any], generated_tokens: int, profile: LatencyProfile,
+                    vanilla_rounds: Sequence[Any] = (),
+                    all_profiles: Iterable[str] = BUILTIN_PROFILES) -> dict[str, Any]:
+    """The ``modeled`` block of ``summary.json``.
+
+    Args:
+        spec_rounds: every round of the speculative method (all prompts).
+        generated_tokens: tokens the method generated (= vanilla's when lossless).
+        profile: the selected profile (``profile=``); null latencies are measured from the rounds.
+        vanilla_rounds: the vanilla baseline's rounds (for the ``measured`` profile).
+        all_profiles: shipped profiles also modeled, for the ``speedup_by_profile`` table.
+    Returns:
+        ``{"label", "profile" (resolved, as a dict), "speedup_vs_vanilla", "ms", "vanilla_ms",
+        "speedup_by_profile": {name: speedup}}``.
+    """
+    resolved = resolve_profile(profile, spec_rounds, vanilla_rounds)
+    by_profile = {}
+    for name in all_profiles:
+        p = resolved if name == resolved.name else resolve_profile(load_profile(name), spec_rounds, vanilla_rounds)
+        by_profile[name] = modeled_speedup(spec_rounds, generated_tokens, p)
+    return {
+        "label": f"{MODELED_LABEL}; profile {resolved.name}: {resolved.description}",
+        "profile": asdict(resolved),
+        "speedup_vs_vanilla": modeled_speedup(spec_rounds, generated_tokens, resolved),
+        "ms": modeled_ms(spec_rounds, resolved),
+        "vanilla_ms": generated_tokens * resolved.target_ms_per_token,
+        "speedup_by_profile": by_profile,
+    }

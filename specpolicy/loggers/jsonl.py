@@ -1,0 +1,75 @@
+"""``jsonl`` logger: ``results.jsonl`` in the run directory, one JSON line per prompt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+from specpolicy.hookspecs import hookimpl
+
+NAME = "jsonl"
+
+
+class JsonlLogger:
+    """Writes each prompt's ``results.jsonl`` row (``specpolicy.experiment`` row format:
+    prompt id, output ids/text, stop reason, wall-clock seconds, per-round records, and the
+    vanilla comparison) as one line, flushed as soon as the prompt finishes, so a crashed or
+    running job's finished prompts are on disk. The file is truncated at ``run_start``, unless
+    the run resumes (config ``run.resume: true``): then a half-written last line is dropped and
+    new rows are appended (``specpolicy.resume``).
+
+    Args:
+        path: the output file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+
+    @hookimpl
+    def specpolicy_run_start(self, config: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        resume = bool(((config or {}).get("run") or {}).get("resume", False))
+        if resume:
+            from specpolicy.resume import read_results
+
+            read_results(self.path)  # cut a half-written last line before appending
+        self._file = open(self.path, "a" if resume else "w", encoding="utf-8")
+
+    @hookimpl
+    def specpolicy_prompt_end(self, row: dict[str, Any]) -> None:
+        if self._file is None:
+            raise RuntimeError("jsonl logger: prompt_end before run_start")
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    @hookimpl
+    def specpolicy_run_end(self) -> None:
+        self.close()
+
+    @hookimpl
+    def specpolicy_run_abort(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@hookimpl
+def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
+    """Factory for ``logger=jsonl``. Config key: ``file`` (default ``results.jsonl``, relative
+    to the run directory, or absolute).
+
+    Raises:
+        ValueError: for an empty ``file``.
+    """
+    if name != NAME:
+        return None
+    file = config.get("file", "results.jsonl")
+    if not file:
+        raise ValueError("logger.jsonl.file must be a file name, got an empty value")
+    return JsonlLogger(Path(run_dir) / str(file))

@@ -1,0 +1,340 @@
+"""``wandb`` logger: Weights & Biases tracking of a run.
+
+What is logged: the resolved run config; every verified round (``round/speculation_length``,
+``round/accepted_length``, ``round/emitted_tokens``, ``round/drafter_forward_passes``,
+``round/reused_tokens``, ``round/draft_ms``, ``round/verify_ms``, with ``round/prompt_index``);
+a per-prompt table (``prompts``); the summary (every ``summary.json`` key but ``config``) as
+the run summary; and ``results.jsonl`` + ``summary.json`` as an artifact of type ``results``.
+Jobs of one Hydra multirun share a W&B group (the sweep directory).
+
+Modes: ``mode: auto`` (default) uses ``$WANDB_MODE`` when set, else ``online`` when an API key
+is configured (``$WANDB_API_KEY`` or a ``~/.netrc`` entry for the W&B host), else ``offline``.
+An online run whose service does not answer within ``probe_timeout_s`` seconds, or whose
+``wandb.init`` fails, falls back to offline with one warning; a W&B error later in the run
+is logged once and disables the logger. The run itself never fails or waits because of W&B.
+
+Timing: ``round_end`` is called inside the timed decoding loop, so it only appends the record
+to a list; the W&B calls happen at ``prompt_end``, outside the measured wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import netrc
+import os
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from specpolicy.hookspecs import hookimpl
+
+NAME = "wandb"
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+MODES = ("auto", "online", "offline", "disabled")
+CONFIG_KEYS = ("project", "entity", "mode", "group", "name", "tags", "dir", "log_rounds", "probe_timeout_s",
+               "log_plots")
+log = logging.getLogger(__name__)
+
+#: ``RoundRecord`` fields logged per round (``round/<field>``).
+ROUND_FIELDS = ("speculation_length", "accepted_length", "emitted_tokens", "drafter_forward_passes",
+                "reused_tokens", "draft_ms", "verify_ms")
+#: Columns of the per-prompt table.
+TABLE_COLUMNS = ("prompt_id", "prompt_tokens", "generated_tokens", "rounds", "acceptance_rate",
+                 "mean_accepted_length", "wall_s", "tokens_per_s", "vanilla_wall_s", "speedup",
+                 "lossless", "first_difference", "stop_reason", "output_text")
+
+
+def base_url() -> str:
+    """The W&B service URL: ``$WANDB_BASE_URL`` or https://api.wandb.ai."""
+    return os.environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL
+
+
+def api_key_configured(url: str | None = None) -> bool:
+    """True when ``$WANDB_API_KEY`` is set or ``~/.netrc`` (``$NETRC``) has an entry for the
+    host of ``url`` (default ``base_url()``). Never contacts the network."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(url or base_url()).hostname or ""
+    try:
+        auth = netrc.netrc(os.environ.get("NETRC")).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(auth and auth[2])
+
+
+def reachable(url: str, timeout_s: float) -> bool:
+    """Whether the W&B service at ``url`` answers an HTTP HEAD request within ``timeout_s``
+    seconds (any HTTP status counts as an answer). Name resolution, connection and response
+    are all bounded: the probe runs in a daemon thread that is abandoned at the deadline."""
+    import urllib.error
+    import urllib.request
+
+    ok = threading.Event()
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s):
+                ok.set()
+        except urllib.error.HTTPError:  # the server answered (401, 404, ...): reachable
+            ok.set()
+        except (OSError, ValueError):  # refused, DNS failure, timeout, malformed URL
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True, name="specpolicy-wandb-probe")
+    thread.start()
+    thread.join(timeout_s)
+    return ok.is_set()
+
+
+def resolve_mode(mode: str) -> str:
+    """``online``/``offline``/``disabled`` for a configured ``mode`` (see module docstring).
+
+    Raises:
+        ValueError: naming ``logger.wandb.mode`` for a value outside auto/online/offline/disabled.
+    """
+    if mode not in MODES:
+        raise ValueError(f"logger.wandb.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    env = os.environ.get("WANDB_MODE", "").strip().lower()
+    if env:
+        return {"dryrun": "offline", "run": "online", "shared": "online"}.get(env, env)
+    return "online" if api_key_configured() else "offline"
+
+
+def _hydra_job() -> tuple[str | None, str | None]:
+    """(group, name) from the Hydra job: the sweep dir in a multirun, the job's overrides."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized():
+            return None, None
+        hc = HydraConfig.get()
+        group = str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+        name = str(hc.job.override_dirname) or None
+        if hc.mode == RunMode.MULTIRUN:
+            name = f"{hc.job.num}:{name}" if name else f"job-{hc.job.num}"
+        return group, name
+    except Exception:  # noqa: BLE001 - naming is cosmetic; never fail a run for it
+        return None, None
+
+
+def _prompt_row(row: dict[str, Any]) -> list[Any]:
+    rounds = row.get("rounds", [])
+    drafted = [r for r in rounds if r["speculation_length"] > 0]
+    speculated = sum(r["speculation_length"] for r in drafted)
+    accepted = sum(r["accepted_length"] for r in drafted)
+    tokens, wall = row["generated_tokens"], row["wall_s"]
+    vanilla_wall = row.get("vanilla_wall_s")
+    speedup = None
+    if vanilla_wall and wall > 0 and row.get("vanilla_generated_tokens"):
+        speedup = (tokens / wall) / (row["vanilla_generated_tokens"] / vanilla_wall)
+    values = {
+        "prompt_id": row["prompt_id"], "prompt_tokens": row["prompt_tokens"], "generated_tokens": tokens,
+        "rounds": len(rounds), "acceptance_rate": accepted / speculated if speculated else 0.0,
+        "mean_accepted_length": accepted / len(drafted) if drafted else 0.0, "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall > 0 else 0.0, "vanilla_wall_s": vanilla_wall, "speedup": speedup,
+        "lossless": row.get("lossless"), "first_difference": row.get("first_difference"),
+        "stop_reason": row["stop_reason"], "output_text": row["output_text"],
+    }
+    return [values[c] for c in TABLE_COLUMNS]
+
+
+class WandbLogger:
+    """Logs one specpolicy run to Weights & Biases (see the module docstring).
+
+    Args:
+        project / entity / group / name / tags: W&B run fields (``group``/``name`` None: from
+            the Hydra job, see ``conf/logger/wandb.yaml``).
+        mode: auto | online | offline | disabled.
+        dir: directory for W&B's files (None: ``$WANDB_DIR``, else the run directory).
+        log_rounds: log one W&B step per verified round.
+        log_plots: at the end, log the paper's figures of the run (``specpolicy.plot``: length
+            CDFs, latency breakdown, acceptance over rounds as images; trajectory pages as HTML).
+        probe_timeout_s: seconds to wait for the service before falling back to offline.
+    """
+
+    def __init__(self, *, project: str = "specpolicy", entity: str | None = None, mode: str = "auto",
+                 group: str | None = None, name: str | None = None, tags: list[str] | tuple[str, ...] = (),
+                 dir: str | None = None, log_rounds: bool = True, probe_timeout_s: float = 3.0,
+                 log_plots: bool = True) -> None:
+        if mode not in MODES:
+            raise ValueError(f"logger.wandb.mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if not probe_timeout_s > 0:
+            raise ValueError(f"logger.wandb.probe_timeout_s must be > 0 seconds, got {probe_timeout_s!r}")
+        self.project, self.entity, self.mode = project, entity, mode
+        self.group, self.name, self.tags = group, name, list(tags or ())
+        self.dir, self.log_rounds, self.probe_timeout_s = dir, bool(log_rounds), float(probe_timeout_s)
+        self.log_plots = bool(log_plots)
+        self.run = None
+        self.warnings: list[str] = []
+        self._rounds: list[Any] = []  # RoundRecords of the current prompt
+        self._rows: list[dict[str, Any]] = []
+        self._prompt_index = 0
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _warn(self, message: str) -> None:
+        self.warnings.append(message)
+        log.warning(message)
+
+    def _guard(self, what: str, fn, *args, **kwargs) -> Any:
+        """Call a W&B function; on error warn once, finish the run quietly and disable logging."""
+        if self.run is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - W&B must never fail the run
+            self._warn(f"W&B {what} failed ({exc!r}); W&B logging is off for the rest of this run")
+            run, self.run = self.run, None
+            try:
+                run.finish(exit_code=1)
+            except Exception:  # noqa: BLE001
+                pass
+            return None
+
+    def _init(self, wandb, mode: str, config: dict[str, Any], run_dir: str):
+        group, name = _hydra_job()
+        wandb_dir = Path(self.dir or os.environ.get("WANDB_DIR") or run_dir)
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(
+            project=self.project, entity=self.entity, group=self.group or group, name=self.name or name,
+            tags=self.tags or None, dir=str(wandb_dir), mode=mode, config={**config, "run_dir": str(run_dir)},
+            reinit="finish_previous",
+            settings=wandb.Settings(console="off", init_timeout=max(15.0, 5 * self.probe_timeout_s), silent=True),
+        )
+
+    def _log_plots(self, run, summary: dict[str, Any], run_dir: str) -> None:
+        """Write the run's figures (``specpolicy.plot``) to ``<run dir>/plots`` and log the PNGs as
+        ``plots/<name>`` images and up to 8 trajectory pages as ``trajectories/<prompt>`` HTML.
+        A plotting failure (e.g. matplotlib missing) warns and leaves the W&B run as it is."""
+        try:
+            import wandb
+
+            from specpolicy.plot import Run, plot_runs, tokenizer_for
+
+            runs = [Run(str(summary.get("method") or "run"), Path(run_dir), list(self._rows), summary)]
+            files = plot_runs(runs, Path(run_dir) / "plots", tokenizer_for(runs), max_pages=8)
+            media = {f"plots/{f.stem}": wandb.Image(str(f)) for f in files if f.suffix == ".png"}
+            media.update({f"trajectories/{f.stem}": wandb.Html(f.read_text(encoding="utf-8"))
+                          for f in files if f.parent.parent.name == "trajectories"})
+        except Exception as exc:  # noqa: BLE001 - figures are a bonus, never a failure
+            self._warn(f"W&B plots skipped ({exc!r})")
+            return
+        self._guard("log", run.log, media)
+
+    # -- lifecycle hooks -------------------------------------------------------------------
+
+    @hookimpl
+    def specpolicy_run_start(self, config: dict[str, Any], run_dir: str) -> None:
+        import wandb
+
+        self._rounds, self._rows, self._prompt_index = [], [], 0
+        mode = resolve_mode(self.mode)
+        if mode == "disabled":
+            return
+        if mode == "online" and not reachable(base_url(), self.probe_timeout_s):
+            self._warn(f"W&B service {base_url()} is unreachable (no answer within {self.probe_timeout_s:g} s); "
+                       "logging offline instead -- upload later with `wandb sync <run dir>/wandb/offline-run-*`")
+            mode = "offline"
+        try:
+            self.run = self._init(wandb, mode, config, run_dir)
+        except Exception as exc:  # noqa: BLE001
+            if mode != "online":
+                self._warn(f"W&B init failed ({exc!r}); W&B logging is off for this run")
+                return
+            self._warn(f"W&B init failed online ({exc!r}); logging offline instead -- "
+                       "upload later with `wandb sync`")
+            try:
+                self.run = self._init(wandb, "offline", config, run_dir)
+            except Exception as exc2:  # noqa: BLE001
+                self._warn(f"W&B offline init failed too ({exc2!r}); W&B logging is off for this run")
+                self.run = None
+
+    @hookimpl
+    def specpolicy_round_end(self, record) -> None:
+        if self.log_rounds and self.run is not None:  # inside the timed loop: append only
+            self._rounds.append(record)
+
+    @hookimpl
+    def specpolicy_prompt_end(self, row: dict[str, Any]) -> None:
+        rounds, self._rounds = self._rounds, []
+        self._rows.append(row)
+        index = self._prompt_index
+        self._prompt_index += 1
+        for record in rounds:
+            if self.run is None:
+                return
+            metrics = {f"round/{f}": getattr(record, f) for f in ROUND_FIELDS}
+            metrics["round/prompt_index"] = index
+            self._guard("log", self.run.log, metrics)
+
+    @hookimpl(trylast=True)  # after the jsonl logger closed results.jsonl
+    def specpolicy_run_end(self, summary: dict[str, Any], run_dir: str) -> None:
+        if self.run is None:
+            return
+        import wandb
+
+        run = self.run
+        table = self._guard("table", wandb.Table, columns=list(TABLE_COLUMNS),
+                            data=[_prompt_row(r) for r in self._rows])
+        if table is not None:
+            self._guard("log", run.log, {"prompts": table})
+        self._guard("summary", run.summary.update, {k: v for k, v in summary.items() if k != "config"})
+        if self.run is not None and self.log_plots:
+            self._log_plots(run, summary, run_dir)
+        if self.run is not None:
+            files_dir = Path(run.dir)
+            results = files_dir / "results.jsonl"
+            with open(results, "w", encoding="utf-8") as f:
+                for row in self._rows:
+                    f.write(json.dumps(row) + "\n")
+            artifact = self._guard("artifact", wandb.Artifact, name=f"results-{run.id}", type="results",
+                                   metadata={k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+            if artifact is not None:
+                self._guard("artifact", artifact.add_file, str(results), name="results.jsonl")
+                summary_file = Path(run_dir) / "summary.json"
+                if summary_file.exists():
+                    self._guard("artifact", artifact.add_file, str(summary_file), name="summary.json")
+                self._guard("artifact", run.log_artifact, artifact)
+        offline_log = getattr(run.settings, "sync_file", None) if run.settings.mode == "offline" else None
+        self._guard("finish", run.finish)
+        self.run = None
+        if offline_log:  # wandb writes the offline log asynchronously: have it on disk when the run ends
+            from specpolicy.loggers.wandb_offline import wait_until_complete
+
+            try:
+                if not wait_until_complete(offline_log, timeout_s=10.0).complete:
+                    self._warn(f"W&B offline run log {offline_log} still incomplete after 10 s")
+            except Exception as exc:  # noqa: BLE001
+                self._warn(f"W&B offline run log {offline_log} unreadable ({exc!r})")
+
+    @hookimpl
+    def specpolicy_run_abort(self) -> None:
+        if self.run is not None:
+            self._guard("finish", self.run.finish, exit_code=1)
+            self.run = None
+
+
+@hookimpl
+def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
+    """Factory for ``logger=wandb``. Config keys: ``project``, ``entity``, ``mode``, ``group``,
+    ``name``, ``tags``, ``dir``, ``log_rounds``, ``probe_timeout_s`` (conf/logger/wandb.yaml).
+
+    Raises:
+        ImportError: when wandb is not installed (``pip install "specpolicy[wandb]"``).
+        ValueError: for an unknown key, an invalid ``mode`` or ``probe_timeout_s``.
+    """
+    if name != NAME:
+        return None
+    try:
+        import wandb  # noqa: F401 - fail before any model is loaded
+    except ImportError as exc:
+        raise ImportError('logger=wandb needs the wandb package: pip install "specpolicy[wandb]"') from exc
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"unknown logger.wandb key(s) {unknown}; known: {', '.join(CONFIG_KEYS)}")
+    return WandbLogger(**config)

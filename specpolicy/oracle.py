@@ -1,0 +1,333 @@
+"""The limit: an oracle (hindsight-optimal) length policy for a given drafter.
+
+Definition. Fix a prompt, the target's greedy output ``y`` (``n`` tokens: every lossless
+method produces it) and a drafter. For every committed prefix ``y[:i]`` (``0 <= i < n``) let
+the *match length* ``M(i)`` be how many leading tokens of the drafter's proposal from ``y[:i]``
+equal ``y[i:]`` (capped at ``max_length`` and at ``n - i - 1``). A round that starts at ``i``
+with speculation length ``l <= M(i)`` is fully accepted and emits ``l + 1`` tokens (draft +
+bonus); proposing more than ``M(i)`` emits ``M(i) + 1`` tokens at a higher cost, so the oracle
+never does. With the measured cost of a round ``c(l) = draft_ms(l) + verify_ms(l)``
+(``CostModel``), the oracle's time from position ``i`` is
+
+    T(i) = min over 0 <= l <= M(i) of [ c(l) + T(i + l + 1) ],      T(i) = 0 for i >= n,
+
+solved right to left by dynamic programming, O(n * max_length). ``l = 0`` is a plain
+decoding round, so the oracle also knows when not to draft. ``T(0)`` is the least time any
+length policy could spend with that drafter (and those costs) on that prompt: a policy only
+chooses lengths, and in hindsight the best length of a round is one that ends exactly at the
+drafter's first wrong token (or earlier, to start a fresh proposal sooner).
+
+Two sources of ``M``:
+
+* ``match_lengths_from_rounds`` -- from a run's recorded rounds alone (``results.jsonl``): a
+  round at position ``s`` that accepted ``a`` of ``k`` tokens gives ``M(s + j) = a - j`` for
+  ``j = 0..a``, assuming the drafter is *self-consistent* (its proposal from a prefix extended
+  by its own accepted tokens is the rest of its earlier proposal: exact for greedy AR drafters,
+  approximate for Fast-dLLM and the suffix drafter). A fully accepted round (``a == k``) only
+  tells ``M(s) >= k`` and is counted as ``k`` (*censored*), so this oracle is a lower bound on
+  the true one. With draft reuse the recorded proposals include the reused tokens.
+* ``replay_match_lengths`` -- exact: re-runs the drafter through the ``Drafter`` interface at
+  every committed prefix (drafting one token at a time until the first mismatch), recording
+  the drafter passes each length needs. Costs about ``sum(M(i) + 1)`` drafter passes per prompt.
+
+Costs (``CostModel.fit``): drafter ms per pass = measured drafting ms / drafter passes;
+verification ms = an affine least-squares fit over the speculation length of the measured
+``verify_ms`` of speculative and vanilla rounds; drafter passes for ``l`` tokens = exact
+(replay) or an affine fit over the recorded rounds. A model-free drafter (no passes) costs its
+measured drafting ms per proposed token. A policy's speedup as a fraction of the oracle's is
+``T_oracle / T_policy`` with the policy's rounds costed by the same model (apples to apples:
+it equals modeled speedup of the policy / modeled speedup of the oracle).
+
+CLI: ``python -m specpolicy.oracle RUN_DIR [--max-length N]`` (rounds source) prints the
+fraction per run and per prompt and writes ``RUN_DIR/oracle.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpolicy.latency import field, fit_affine
+from specpolicy.types import Draft, Verification
+
+DEFINITION = ("oracle: for every committed prefix the drafter's match length M(i); T(i) = min over l <= M(i) of "
+              "draft_ms(l) + verify_ms(l) + T(i+l+1) (measured costs); fraction = T_oracle / T_policy, same cost model")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured cost of a round as a function of its speculation length, in ms.
+
+    Attributes:
+        draft_ms_per_pass: drafting ms per drafter forward pass.
+        draft_ms_per_token: drafting ms per proposed token, for drafters without passes (model-free).
+        passes_base / passes_per_token: drafter passes for ``l >= 1`` drafted tokens ~ base + per_token * l.
+        verify_ms_base / verify_ms_per_token: verification ms ~ base + per_token * l (``l = 0``: vanilla step).
+    """
+
+    draft_ms_per_pass: float
+    draft_ms_per_token: float
+    passes_base: float
+    passes_per_token: float
+    verify_ms_base: float
+    verify_ms_per_token: float
+
+    def passes(self, length: int) -> float:
+        """Modeled drafter passes for ``length`` drafted tokens (0 for 0)."""
+        return 0.0 if length <= 0 else max(self.passes_base + self.passes_per_token * length, 0.0)
+
+    def draft_ms(self, length: int, passes: float | None = None) -> float:
+        """Drafting ms for ``length`` tokens; ``passes`` when known exactly (replay or a recorded round)."""
+        if length <= 0 and not passes:
+            return 0.0
+        p = self.passes(length) if passes is None else passes
+        return p * self.draft_ms_per_pass + length * self.draft_ms_per_token
+
+    def verify_ms(self, length: int) -> float:
+        """Verification ms of a draft of ``length`` tokens (``length + 1`` target positions)."""
+        return self.verify_ms_base + self.verify_ms_per_token * length
+
+    def round_ms(self, length: int, passes: float | None = None) -> float:
+        """``draft_ms + verify_ms`` of one round."""
+        return self.draft_ms(length, passes) + self.verify_ms(length)
+
+    @staticmethod
+    def fit(rounds: Iterable[Any], vanilla_verify_ms: Iterable[float] = ()) -> "CostModel":
+        """Fit from measured rounds (``RoundRecord`` or ``results.jsonl`` dicts; several runs of the
+        same drafter may be pooled) and the measured ``verify_ms`` of vanilla decoding steps.
+
+        Slopes are clamped at >= 0 so costs never decrease with the length.
+        """
+        rounds = list(rounds)
+        drafted = [r for r in rounds if field(r, "speculation_length") > field(r, "reused_tokens")]
+        passes = sum(field(r, "drafter_forward_passes") for r in drafted)
+        draft_ms = sum(field(r, "draft_ms") for r in drafted)
+        tokens = sum(field(r, "speculation_length") - field(r, "reused_tokens") for r in drafted)
+        per_pass = draft_ms / passes if passes else 0.0
+        per_token = 0.0 if passes else (draft_ms / tokens if tokens else 0.0)
+        pb, pt = fit_affine([field(r, "speculation_length") - field(r, "reused_tokens") for r in drafted],
+                            [field(r, "drafter_forward_passes") for r in drafted])
+        van = list(vanilla_verify_ms)
+        xs = [field(r, "speculation_length") for r in rounds] + [0] * len(van)
+        ys = [field(r, "verify_ms") for r in rounds] + van
+        vb, vt = fit_affine(xs, ys)
+        return CostModel(per_pass, per_token, pb, max(pt, 0.0), max(vb, 0.0), max(vt, 0.0))
+
+
+def match_lengths_from_rounds(rounds: Sequence[Any], num_tokens: int) -> tuple[list[int], list[bool]]:
+    """``M(i)`` for ``i`` in ``0..num_tokens-1`` from recorded rounds (self-consistency; see module doc).
+
+    Returns:
+        ``(M, censored)``: match lengths, and whether each comes from a fully accepted round
+        (a lower bound).
+    Raises:
+        ValueError: when the rounds do not cover ``num_tokens`` output tokens.
+    """
+    M, censored = [0] * num_tokens, [False] * num_tokens
+    pos = 0
+    for r in rounds:
+        k, a, e = field(r, "speculation_length"), field(r, "accepted_length"), field(r, "emitted_tokens")
+        full = k > 0 and a == k
+        for j in range(min(a + 1, e)):
+            if pos + j < num_tokens:
+                M[pos + j] = min(a - j, num_tokens - (pos + j) - 1)
+                censored[pos + j] = full
+        pos += e
+    if pos != num_tokens:
+        raise ValueError(f"the rounds emit {pos} tokens but the output has {num_tokens}")
+    return M, censored
+
+
+@torch.no_grad()
+def replay_match_lengths(drafter, prompt_ids: torch.Tensor, output_ids: torch.Tensor,
+                         max_length: int) -> tuple[list[int], list[list[int]]]:
+    """Exact ``M(i)`` by re-running ``drafter`` at every committed prefix of ``output_ids``.
+
+    The drafter is prefilled with ``prompt_ids`` ((P,) int64); at each position it drafts one
+    token at a time (``draft(1)``) until a token differs from ``output_ids`` ((n,) int64) or
+    ``min(max_length, n - i - 1)`` tokens matched; then exactly ``output_ids[i]`` is committed
+    (a verification that accepts nothing and corrects to ``output_ids[i]``).
+
+    Returns:
+        ``(M, passes)``: ``passes[i][l]`` = drafter passes spent to draft ``l`` tokens at
+        position ``i`` (``l = 0..M(i)``; ``passes[i][0]`` holds passes ``commit`` charged to the round).
+    """
+    y = [int(t) for t in output_ids.tolist()]
+    n = len(y)
+    drafter.prefill(prompt_ids)
+    device = prompt_ids.device
+    M, passes = [], []
+    for i in range(n):
+        limit = min(max_length, n - i - 1)
+        draft, m, spent = Draft.empty(device), 0, [0]
+        while m < limit:
+            nxt = drafter.draft(1)
+            if nxt.length <= m:  # nothing more to propose
+                break
+            draft = nxt
+            if int(draft.token_ids[m]) != y[i + m]:
+                break
+            m += 1
+            spent.append(draft.forward_passes)
+        M.append(m)
+        passes.append(spent)
+        target = torch.tensor([y[i]], dtype=torch.long, device=device)
+        drafter.commit(draft, Verification(accepted_length=0, next_token=y[i], target_token_ids=target))
+    return M, passes
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    """The oracle on one prompt.
+
+    Attributes:
+        ms: ``T(0)``, the oracle's modeled time (ms).
+        schedule: ``(position, length)`` of each of the oracle's rounds.
+    """
+
+    ms: float
+    schedule: tuple[tuple[int, int], ...]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.schedule)
+
+    @property
+    def mean_length(self) -> float:
+        return sum(length for _, length in self.schedule) / len(self.schedule) if self.schedule else 0.0
+
+
+def solve(M: Sequence[int], cost: CostModel, max_length: int = 60,
+          passes: Sequence[Sequence[float]] | None = None) -> OracleResult:
+    """The DP of the module docstring over match lengths ``M`` (``passes[i][l]``: exact passes, optional)."""
+    n = len(M)
+    T = [0.0] * (n + 1)
+    choice = [0] * n
+    for i in range(n - 1, -1, -1):
+        best, arg = math.inf, 0
+        top = min(M[i], max_length, n - i - 1)
+        if passes is not None:
+            top = min(top, len(passes[i]) - 1)
+        for length in range(top + 1):
+            p = passes[i][length] if passes is not None else None
+            c = cost.round_ms(length, p) + T[min(n, i + length + 1)]
+            if c < best:
+                best, arg = c, length
+        T[i], choice[i] = best, arg
+    schedule, i = [], 0
+    while i < n:
+        schedule.append((i, choice[i]))
+        i += choice[i] + 1
+    return OracleResult(T[0], tuple(schedule))
+
+
+def policy_ms(rounds: Sequence[Any], cost: CostModel) -> float:
+    """A policy's rounds costed by ``cost`` (its recorded drafter passes, the fitted verification)."""
+    return sum(cost.round_ms(field(r, "speculation_length") - field(r, "reused_tokens"),
+                             field(r, "drafter_forward_passes") if cost.draft_ms_per_pass else None)
+               + (cost.verify_ms_per_token * field(r, "reused_tokens")) for r in rounds)
+
+
+def compare(prompts: Sequence[dict[str, Any]], cost: CostModel, max_length: int = 60,
+            match: Sequence[tuple[list[int], list[list[int]] | None]] | None = None) -> dict[str, Any]:
+    """A policy against the oracle, per prompt and overall.
+
+    Args:
+        prompts: ``results.jsonl`` rows (``prompt_id``, ``rounds``, ``generated_tokens``).
+        cost: the cost model (usually ``CostModel.fit`` on the same drafter's runs).
+        max_length: longest speculation the oracle may choose.
+        match: per prompt ``(M, passes)`` from ``replay_match_lengths``; default: from the rounds.
+    Returns:
+        ``{"definition", "source", "cost_model", "fraction_of_oracle", "policy_ms", "oracle_ms",
+        "vanilla_ms", "policy_speedup_modeled", "oracle_speedup_modeled", "censored_positions",
+        "per_prompt": [...]}``; fractions are ``oracle_ms / policy_ms``.
+    """
+    per, tot_p, tot_o, tot_v, cens = [], 0.0, 0.0, 0.0, 0
+    for idx, row in enumerate(prompts):
+        n = int(row["generated_tokens"])
+        rounds = row["rounds"]
+        if match is None:
+            M, censored = match_lengths_from_rounds(rounds, n)
+            passes = None
+            cens += sum(censored)
+        else:
+            M, passes = match[idx]
+        result = solve(M, cost, max_length, passes)
+        p_ms = policy_ms(rounds, cost)
+        v_ms = n * cost.verify_ms(0)
+        tot_p, tot_o, tot_v = tot_p + p_ms, tot_o + result.ms, tot_v + v_ms
+        per.append({
+            "prompt_id": row.get("prompt_id", str(idx)), "tokens": n, "policy_ms": p_ms, "oracle_ms": result.ms,
+            "vanilla_ms": v_ms, "fraction_of_oracle": result.ms / p_ms if p_ms else 0.0,
+            "policy_rounds": len(rounds), "oracle_rounds": result.rounds,
+            "oracle_mean_length": result.mean_length,
+        })
+    return {
+        "definition": DEFINITION,
+        "source": "rounds (self-consistency, censored at fully accepted rounds)" if match is None else "replay (exact)",
+        "cost_model": asdict(cost),
+        "fraction_of_oracle": tot_o / tot_p if tot_p else 0.0,
+        "policy_ms": tot_p, "oracle_ms": tot_o, "vanilla_ms": tot_v,
+        "policy_speedup_modeled": tot_v / tot_p if tot_p else 0.0,
+        "oracle_speedup_modeled": tot_v / tot_o if tot_o else 0.0,
+        "censored_positions": cens,
+        "per_prompt": per,
+    }
+
+
+def vanilla_verify_ms(summary: dict[str, Any]) -> list[float]:
+    """Mean measured ms per vanilla decoding step from a ``summary.json`` (one value, or none)."""
+    van = (summary.get("methods") or {}).get("vanilla")
+    if not van or not van.get("rounds"):
+        return []
+    return [van["verify_ms"] / van["rounds"]]
+
+
+def analyse_run(run_dir: str | Path, max_length: int = 60) -> dict[str, Any]:
+    """``compare`` on a run directory (``results.jsonl`` + ``summary.json``), rounds source.
+
+    Raises:
+        FileNotFoundError: when ``results.jsonl`` is missing.
+    """
+    run_dir = Path(run_dir)
+    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
+    summary_file = run_dir / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    cost = CostModel.fit([r for row in rows for r in row["rounds"]], vanilla_verify_ms(summary))
+    out = compare(rows, cost, max_length)
+    out["method"] = summary.get("method", rows[0].get("method") if rows else None)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specpolicy.oracle DIR [--max-length N]``: the oracle fraction of every run under
+    DIR (directories holding ``results.jsonl``); writes ``oracle.json`` next to each."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m specpolicy.oracle", description=main.__doc__)
+    parser.add_argument("directory")
+    parser.add_argument("--max-length", type=int, default=60, help="longest speculation the oracle may use")
+    args = parser.parse_args(argv)
+    runs = sorted({f.parent for f in Path(args.directory).rglob("results.jsonl") if "wandb" not in f.parts})
+    if not runs:
+        print(f"error: no results.jsonl under {args.directory}", file=sys.stderr)
+        return 1
+    for run in runs:
+        res = analyse_run(run, args.max_length)
+        (run / "oracle.json").write_text(json.dumps(res, indent=2))
+        fr = sorted(p["fraction_of_oracle"] for p in res["per_prompt"])
+        print(f"{run}: {res['method']}: {res['fraction_of_oracle']:.3f} of the oracle "
+              f"(modeled speedup {res['policy_speedup_modeled']:.2f}x vs oracle {res['oracle_speedup_modeled']:.2f}x; "
+              f"per prompt min {fr[0]:.3f} median {fr[len(fr) // 2]:.3f} max {fr[-1]:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

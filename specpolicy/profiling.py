@@ -1,0 +1,80 @@
+"""Counting and timing model forward passes from outside (forward hooks), for benchmarks.
+
+``ForwardTimer`` registers a forward pre-hook and a forward hook on each named module and
+accumulates, per name, the number of calls and the wall-clock milliseconds spent inside them
+(``time.perf_counter``; on CUDA the hooks synchronise the device first so the time is the
+pass's, which perturbs pipelining: use it for CPU timings or accept the sync). Nested calls of
+the same module count once (the outermost). Used by ``benchmarks/overhead.py`` (time outside
+forward passes) and ``benchmarks/peers.py`` (drafter passes and per-round times of Hugging
+Face assisted generation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class ForwardTimer:
+    """Per-module forward-call counts and milliseconds.
+
+    Args:
+        modules: ``name=module`` pairs to watch (``torch.nn.Module``); the same module under
+            two names is watched once, under the first name.
+        on_call: optional ``f(name)`` called after each completed (outermost) forward call.
+    Usage::
+
+        with ForwardTimer(target=model) as ft:
+            model.generate(...)
+        ft.calls["target"], ft.ms["target"]
+    """
+
+    def __init__(self, on_call: Callable[[str], None] | None = None, **modules: torch.nn.Module) -> None:
+        self.modules: dict[str, torch.nn.Module] = {}
+        for name, module in modules.items():
+            if module is not None and all(module is not m for m in self.modules.values()):
+                self.modules[name] = module
+        self.on_call = on_call
+        self.calls = {name: 0 for name in self.modules}
+        self.ms = {name: 0.0 for name in self.modules}
+        self._depth = {name: 0 for name in self.modules}
+        self._start = {name: 0.0 for name in self.modules}
+        self._handles: list = []
+
+    def _sync(self, module: torch.nn.Module) -> None:
+        p = next(module.parameters(), None)
+        if p is not None and p.device.type == "cuda":
+            torch.cuda.synchronize(p.device)
+
+    def __enter__(self) -> "ForwardTimer":
+        for name, module in self.modules.items():
+            def pre(mod, args, _name=name):
+                if self._depth[_name] == 0:
+                    self._sync(mod)
+                    self._start[_name] = time.perf_counter()
+                self._depth[_name] += 1
+
+            def post(mod, args, output, _name=name):
+                self._depth[_name] -= 1
+                if self._depth[_name] == 0:
+                    self._sync(mod)
+                    self.ms[_name] += (time.perf_counter() - self._start[_name]) * 1e3
+                    self.calls[_name] += 1
+                    if self.on_call is not None:
+                        self.on_call(_name)
+
+            self._handles.append(module.register_forward_pre_hook(pre))
+            self._handles.append(module.register_forward_hook(post))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def reset(self) -> None:
+        """Zero the counts and times (hooks stay registered)."""
+        for name in self.modules:
+            self.calls[name], self.ms[name] = 0, 0.0

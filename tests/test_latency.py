@@ -1,0 +1,119 @@
+"""Modeled latency: the shipped profiles, the pass-count model, measured profiles, summary.json fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from specpolicy.analysis import profile_from
+from specpolicy.experiment import build_summary
+from specpolicy.latency import (
+    BUILTIN_PROFILES,
+    LatencyProfile,
+    fit_affine,
+    load_profile,
+    measure_profile,
+    modeled_ms,
+    modeled_speedup,
+    resolve_profile,
+)
+from specpolicy.metrics import round_to_dict
+from specpolicy.runtime import Runtime
+from specpolicy.types import GenerationResult, RoundRecord
+
+
+def _round(k, a, passes, draft_ms=0.0, verify_ms=0.0, emitted=None, index=0):
+    return RoundRecord(index=index, speculation_length=k, accepted_length=a,
+                       emitted_tokens=a + 1 if emitted is None else emitted, drafter_forward_passes=passes,
+                       reused_tokens=0, draft_ms=draft_ms, verify_ms=verify_ms)
+
+
+def test_the_papers_a6000_profiles_are_shipped():
+    got = {name: load_profile(name) for name in BUILTIN_PROFILES}
+    assert [(p.drafter_pass_ms, p.target_ms_per_token) for n, p in got.items() if n != "measured"] == [
+        (6.1, 13.5), (6.1, 24.7), (6.1, 52.6)]
+    assert all(got[n].verify_ms_per_draft_token == 0.0 for n in BUILTIN_PROFILES if n != "measured")
+    assert not got["measured"].complete
+    with pytest.raises(FileNotFoundError, match="a6000-qwen7b"):
+        load_profile("h100")
+
+
+def test_modeled_time_counts_passes_times_latencies():
+    p = load_profile("a6000-qwen7b")
+    rounds = [_round(4, 4, 4), _round(4, 4, 4)]  # 10 tokens in 2 rounds of 4 drafter passes each
+    assert modeled_ms(rounds, p) == pytest.approx(2 * (4 * 6.1 + 13.5))
+    assert modeled_speedup(rounds, 10, p) == pytest.approx(10 * 13.5 / (2 * (4 * 6.1 + 13.5)))
+    steep = LatencyProfile("x", drafter_pass_ms=1.0, target_ms_per_token=10.0, verify_ms_per_draft_token=0.5)
+    assert modeled_ms([_round(6, 2, 3)], steep) == pytest.approx(3 * 1.0 + 10.0 + 0.5 * 6)
+    assert modeled_speedup([], 0, p) == 0.0
+
+
+def test_fit_affine():
+    assert fit_affine([0, 1, 2, 3], [1, 3, 5, 7]) == pytest.approx((1.0, 2.0))
+    assert fit_affine([4, 4], [1.0, 3.0]) == (2.0, 0.0)
+    assert fit_affine([], []) == (0.0, 0.0)
+
+
+def test_measured_profile_recovers_the_run_timings():
+    spec = [_round(k, 0, k, draft_ms=2.0 * k, verify_ms=5.0 + 0.5 * k) for k in (2, 4, 8, 8)]
+    vanilla = [_round(0, 0, 0, verify_ms=5.0) for _ in range(3)]
+    p = measure_profile(spec, vanilla)
+    assert (p.drafter_pass_ms, p.target_ms_per_token, p.verify_ms_per_draft_token) == pytest.approx((2.0, 5.0, 0.5))
+    as_dicts = measure_profile([round_to_dict(r) for r in spec], [round_to_dict(r) for r in vanilla])
+    assert as_dicts.drafter_pass_ms == pytest.approx(2.0)
+    # pinned values are kept, null ones measured
+    half = resolve_profile(LatencyProfile("m", drafter_pass_ms=9.0, target_ms_per_token=None), spec, vanilla)
+    got = (half.drafter_pass_ms, half.target_ms_per_token, half.verify_ms_per_draft_token)
+    assert got == pytest.approx((9.0, 5.0, 0.0))
+    # a model-free drafter: no passes, no drafter cost
+    assert measure_profile([_round(3, 1, 0, draft_ms=0.2, verify_ms=6.0)]).drafter_pass_ms == 0.0
+
+
+@pytest.mark.parametrize("node,key", [({"name": "x", "target_ms_per_token": 0}, "target_ms_per_token"),
+                                      ({"name": "x", "drafter_pass_ms": -1}, "drafter_pass_ms"),
+                                      ({"name": "x", "drafter_pass_ms": "fast"}, "drafter_pass_ms"),
+                                      ({"name": "x", "gpu": "a100"}, "unknown profile key"),
+                                      ({"drafter_pass_ms": 1.0}, "profile.name")])
+def test_bad_profiles_are_named(node, key):
+    with pytest.raises(ValueError, match=key):
+        LatencyProfile.from_config(node)
+
+
+@pytest.mark.parametrize("choice", BUILTIN_PROFILES)
+def test_profile_config_group(choice):
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"profile={choice}"])
+        default = compose("config")
+    assert profile_from(OmegaConf.to_container(cfg)) == load_profile(choice)
+    assert default.profile.name == "a6000-qwen7b"
+
+
+def _result(rounds, tokens):
+    return GenerationResult(output_ids=torch.arange(tokens), rounds=tuple(rounds), stop_reason="max_new_tokens",
+                            wall_s=1.0, prefill_ms=0.0)
+
+
+def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled():
+    spec = _result([_round(4, 4, 4, draft_ms=8.0, verify_ms=7.0), _round(4, 4, 4, draft_ms=8.0, verify_ms=7.0)], 10)
+    van = _result([_round(0, 0, 0, verify_ms=5.0)] * 10, 10)
+    rows = [{"prompt_id": "p0", "generated_tokens": 10, "rounds": [round_to_dict(r) for r in spec.rounds],
+             "lossless": True, "first_difference": None}]
+    config = {"profile": OmegaConf.to_container(OmegaConf.create(
+        "{name: a6000-qwen14b, description: d, drafter_pass_ms: 6.1, target_ms_per_token: 24.7, "
+        "verify_ms_per_draft_token: 0.0}"))}
+    summary = build_summary("ar+static", [spec], [van], rows, config, Runtime("cpu", "float32"))
+    json.dumps(summary)  # serialisable
+    assert summary["speedup_vs_vanilla"] == pytest.approx(1.0)  # measured: equal wall times here
+    assert summary["modeled_profile"] == "a6000-qwen14b"
+    assert summary["modeled_speedup_vs_vanilla"] == pytest.approx(10 * 24.7 / (2 * (4 * 6.1 + 24.7)))
+    assert "MODELED" in summary["modeled"]["label"] and "not measured" in summary["modeled"]["label"]
+    by = summary["modeled"]["speedup_by_profile"]
+    assert set(by) == set(BUILTIN_PROFILES)
+    assert by["a6000-qwen7b"] < by["a6000-qwen14b"] < by["a6000-qwen32b"]  # a slower target gains more
+    # the measured profile models this machine from the run: 2 rounds of 15 ms vs 10 steps of 5 ms
+    assert by["measured"] == pytest.approx(50.0 / 30.0)
+    assert 0.0 < summary["oracle"]["fraction_of_oracle"] <= 1.0 + 1e-9

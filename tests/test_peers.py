@@ -1,0 +1,79 @@
+"""``benchmarks/peers.py --quick`` on a tiny on-disk family (float64, CPU): every method runs, is
+checked against vanilla greedy, and lands in the JSON, the table and the per-method run dirs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_family import save_tiny_family
+
+PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+FIGURES = ("tokens_per_s", "speedup_vs_vanilla", "speedup_vs_hf_assisted_best", "acceptance_rate",
+           "mean_accepted_length", "mean_speculation_length", "rounds", "drafter_passes_per_round", "lossless",
+           "modeled_speedup_vs_vanilla")
+
+
+def _peers():
+    spec = importlib.util.spec_from_file_location("specpolicy_bench_peers", PEERS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("peers")
+    fam = save_tiny_family(tmp / "family")
+    out = tmp / "out" / "results.json"
+    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
+                             "--dllm-drafter", str(fam["drafter"]), "--device", "cpu", "--dtype", "float64",
+                             "--out", str(out)])
+    return results, out
+
+
+def test_every_method_is_measured_and_lossless(quick_run, capsys):
+    results, out = quick_run
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    methods = results["methods"]
+    expected = {"vanilla", "hf-greedy", "hf-assisted-heuristic", "hf-assisted-confidence", "hf-prompt-lookup",
+                f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast"}
+    for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
+                            ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
+                            ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}")]:
+        expected |= {f"{drafter}+{policy}", f"{drafter}+{policy}+reuse"}
+    assert set(methods) == expected
+    for name, m in methods.items():
+        assert all(k in m for k in FIGURES), name
+        assert m["lossless"] == "2/2", (name, m.get("not_lossless"))  # float64: HF's paths agree with ours too
+        assert m["tokens_per_s"] > 0
+    assert methods["vanilla"]["speedup_vs_vanilla"] == 1.0
+    best = results["hf_assisted_best"]
+    assert best.startswith("hf-assisted") and methods[best]["speedup_vs_hf_assisted_best"] == pytest.approx(1.0)
+    for name, m in methods.items():  # oracle: every method with a drafter, as a fraction in (0, 1]
+        if m["drafter"]:
+            assert 0.0 < m["oracle_fraction"] <= 1.0 + 1e-9, name
+            assert len(m["oracle_fraction_by_prompt"]) == 2
+    assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
+
+
+def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):
+    results, out = quick_run
+    runs = out.parent / "results-runs"
+    assert sorted(p.name for p in runs.iterdir()) == sorted(n for n in results["methods"] if n != "vanilla")
+    for name in ("hf-assisted-heuristic", "hf-prompt-lookup", "hf-greedy", "fastdllm+failfast+reuse"):
+        rows = [json.loads(line) for line in (runs / name / "results.jsonl").read_text().splitlines()]
+        for row in rows:
+            assert sum(r["emitted_tokens"] for r in row["rounds"]) == row["generated_tokens"] == len(row["output_ids"])
+            for r in row["rounds"]:
+                assert len(r["draft_token_ids"]) == r["speculation_length"] >= r["accepted_length"]
+    heur = [json.loads(line) for line in (runs / "hf-assisted-heuristic" / "results.jsonl").read_text().splitlines()]
+    assert all(r["drafter_forward_passes"] >= 1 for row in heur for r in row["rounds"][:-1])
+    from specpolicy.plot import main as plot_main
+
+    assert plot_main([str(runs / "hf-assisted-heuristic"), "--max-pages", "1"]) == 0
+    assert (runs / "hf-assisted-heuristic" / "plots" / "latency_breakdown.png").exists()

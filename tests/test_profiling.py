@@ -1,0 +1,62 @@
+"""``ForwardTimer`` counts every outermost forward pass; ``benchmarks/overhead.py`` accounts for
+every pass of a run (counts only: timings are never asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+from tiny_family import save_tiny_family
+
+from conftest import random_prompts, tiny_lm
+from specpolicy.decoding import generate
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.policies.static import StaticPolicy
+from specpolicy.profiling import ForwardTimer
+from specpolicy.verifiers.hf import HFVerifier
+
+
+def test_forward_timer_counts_outermost_calls_of_each_model(runtime):
+    target, small = tiny_lm(seed=0), tiny_lm(seed=1, layers=1)
+    verifier = HFVerifier(target, runtime, frozenset())
+    prompt = random_prompts(1)[0]
+    seen = []
+    with ForwardTimer(on_call=seen.append, target=target, drafter=small, again=target) as ft:
+        out = generate(prompt, verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime),
+                       policy=StaticPolicy(3))
+    assert set(ft.calls) == {"target", "drafter"}  # the same module twice is watched once
+    assert ft.calls["target"] == len(out.rounds) + 1  # one pass per round + the prompt's prefill
+    assert ft.calls["drafter"] == sum(r.drafter_forward_passes for r in out.rounds)
+    assert seen.count("target") == ft.calls["target"] and ft.ms["target"] > 0
+    calls = dict(ft.calls)
+    target(torch.tensor([[1, 2]]))  # hooks removed on exit
+    assert ft.calls == calls
+    ft.reset()
+    assert ft.calls == {"target": 0, "drafter": 0} and ft.ms == {"target": 0.0, "drafter": 0.0}
+
+
+def test_overhead_benchmark_accounts_for_every_pass(tmp_path):
+    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        spec = importlib.util.spec_from_file_location("specpolicy_bench_overhead", bench_dir / "overhead.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(bench_dir))
+    fam = save_tiny_family(tmp_path)
+    result = module.main(["--num-prompts", "2", "--max-new-tokens", "12", "--target", str(fam["target"]),
+                          "--ar-drafter", str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]),
+                          "--device", "cpu", "--dtype", "float64", "--warmup", "0", "--out", str(tmp_path / "o.json")])
+    rows = result["methods"]
+    assert set(rows) == {m[0] for m in module.METHODS}
+    for name, r in rows.items():
+        assert r["target_forward_calls"] == r["rounds"] + 2, name  # + one prefill per prompt
+        assert 0 < r["forward_ms"] and r["outside_forward_ms"] == r["wall_ms"] - r["forward_ms"]
+        assert r["tokens"] == 24
+    assert rows["vanilla"]["drafter_forward_calls"] == 0 and rows["suffix+failfast"]["drafter_forward_calls"] == 0
+    assert rows["ar+static-k5"]["drafter_forward_calls"] > 0
+    assert (tmp_path / "o.json").exists()

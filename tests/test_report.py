@@ -1,0 +1,84 @@
+"""``python -m specpolicy.report``: one table from every run's summary.json of a sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from specpolicy.report import collect, main, report_rows, to_markdown
+
+
+def _job(root: Path, num: int, overrides: list[str], speedup: float | None, lossless: float = 1.0,
+         van_tokens: int = 100, van_wall: float = 2.0, modeled: float | None = None) -> None:
+    job = root / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    summary = {
+        "method": "fastdllm+failfast", "prompts": 4, "acceptance_rate": 0.5, "mean_accepted_length": 3.0,
+        "mean_speculation_length": 6.0, "tokens_per_s": 10.0 * (speedup or 1.0),
+        "methods": {"fastdllm+failfast": {"drafter_passes_per_round": 1.5}},
+    }
+    if modeled is not None:
+        summary["modeled_speedup_vs_vanilla"] = modeled
+    if speedup is not None:
+        summary.update(speedup_vs_vanilla=speedup, vanilla_tokens_per_s=10.0, lossless_fraction=lossless)
+        summary["methods"]["vanilla"] = {"generated_tokens": van_tokens, "wall_s": van_wall}
+    (job / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    root = tmp_path / "multirun"
+    _job(root, 0, ["policy=failfast", "policy.tau=0.1", "policy.n_max=30"], 1.20)
+    _job(root, 1, ["policy=failfast", "policy.tau=0.1", "policy.n_max=60"], 0.80, lossless=0.75)
+    _job(root, 2, ["policy=failfast", "policy.tau=0.45", "policy.n_max=30"], 2.50, van_tokens=300, van_wall=2.0,
+         modeled=3.1)
+    _job(root, 3, ["policy=failfast", "policy.tau=0.45", "policy.n_max=60"], None)  # no vanilla baseline
+    (root / "4").mkdir()  # a failed job: no summary.json
+    (root / "0" / "wandb" / "offline-run-x" / "files").mkdir(parents=True)
+    (root / "0" / "wandb" / "offline-run-x" / "files" / "summary.json").write_text("{}")  # not a run summary
+    return root
+
+
+def test_collect_sorts_by_speedup_and_reads_overrides(sweep):
+    rows = collect(sweep)
+    assert [r["run"] for r in rows] == ["2", "0", "1", "3"]
+    assert rows[0]["overrides"] == ["policy=failfast", "policy.tau=0.45", "policy.n_max=30"]
+    assert rows[2]["lossless"] == "3/4" and rows[3]["lossless"] == "-"
+    assert rows[0]["drafter_passes_per_round"] == 1.5
+    assert rows[0]["modeled_speedup_vs_vanilla"] == 3.1 and rows[1]["modeled_speedup_vs_vanilla"] is None
+
+
+def test_report_rows_vanilla_reference_and_varying_overrides(sweep):
+    table, common = report_rows(collect(sweep))
+    assert common == ["policy=failfast"]
+    assert [r["run"] for r in table] == ["2", "0", "-", "1", "3"]  # vanilla (1.0x) between 1.2x and 0.8x
+    vanilla = table[2]
+    assert vanilla["method"] == "vanilla" and vanilla["speedup_vs_vanilla"] == 1.0
+    assert vanilla["modeled_speedup_vs_vanilla"] == 1.0
+    assert vanilla["tokens_per_s"] == pytest.approx((100 + 100 + 300) / 6.0)  # pooled over the 3 baselines
+    assert table[0]["overrides"] == ["policy.tau=0.45", "policy.n_max=30"]
+    md = to_markdown(table, common)
+    assert md.splitlines()[2].startswith("| 2 | policy.tau=0.45 policy.n_max=30 | fastdllm+failfast | 4 | 2.500x | 3.100x |")
+    assert md.splitlines()[3].startswith("| 0 | policy.tau=0.1 policy.n_max=30 | fastdllm+failfast | 4 | 1.200x | - |")
+    assert "Common to every run: `policy=failfast`" in md
+
+
+def test_main_prints_and_writes_csv_and_markdown(sweep, capsys):
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "2.500x" in out and "0.800x" in out and "wrote" in out
+    with open(sweep / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == ["2", "0", "-", "1", "3"]
+    assert float(rows[0]["speedup_vs_vanilla"]) == 2.5 and rows[4]["speedup_vs_vanilla"] == ""
+    assert (sweep / "report.md").read_text().count("\n| ") == 5  # 5 data rows after the header rule
+
+
+def test_main_fails_cleanly_without_summaries(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 1
+    assert "no summary.json" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing")]) == 1

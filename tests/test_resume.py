@@ -1,0 +1,258 @@
+"""Resumable runs: every results.jsonl line carries prompt_id and output_ids; a run interrupted at
+any point (SIGINT, SIGTERM, SIGKILL, a half-written line) resumes with the same command, reads the
+finished prompts back instead of recomputing them, and ends with the summary an uninterrupted run
+writes (timings aside). SIGINT / SIGTERM write a partial summary first and exit non-zero."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from tiny_family import overrides, save_tiny_family
+
+import specpolicy.experiment as experiment
+from specpolicy.experiment import run_experiment
+from specpolicy.resume import RunInterrupted, read_results, run_name
+
+PROMPTS = 4
+#: Fields that are timings (or derived from timings): the only ones allowed to differ.
+TIMING_KEYS = {"wall_s", "vanilla_wall_s", "tokens_per_s", "vanilla_tokens_per_s", "speedup_vs_vanilla",
+               "draft_ms", "verify_ms", "prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms", "oracle", "measured"}
+
+
+def without_timings(value):
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    return save_tiny_family(tmp_path_factory.mktemp("family"))
+
+
+def cli_args(family) -> list[str]:
+    base = [o for o in overrides(family, drafter="drafter") if not o.startswith(("dataset.num_prompts",
+                                                                                  "generation.max_new_tokens"))]
+    return [*base, "policy=failfast", "policy.n=3", "policy.n_max=9", f"dataset.num_prompts={PROMPTS}",
+            "generation.max_new_tokens=20"]
+
+
+def compose_cfg(family, *extra: str):
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        return compose("config", overrides=[*cli_args(family), *extra])
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# -- unit: the results file ------------------------------------------------------------------------
+
+
+def test_a_half_written_last_line_is_dropped_and_cut_from_the_file(tmp_path):
+    path = tmp_path / "results.jsonl"
+    full = [{"prompt_id": "a", "output_ids": [1]}, {"prompt_id": "b", "output_ids": [2, 3]}]
+    text = "".join(json.dumps(r) + "\n" for r in full)
+    path.write_text(text + '{"prompt_id": "c", "output_i')
+    assert read_results(path) == full
+    assert path.read_text() == text  # appending continues a clean file
+    path.write_text(text + "not json\n" + json.dumps({"prompt_id": "d"}) + "\n")
+    assert read_results(path) == full  # a damaged line and everything after it are dropped
+    assert path.read_text() == text
+    assert read_results(tmp_path / "missing.jsonl") == []
+
+
+def test_run_directory_names():
+    assert run_name("") == "default"
+    assert run_name("policy.k=8,policy=static") == "policy.k=8,policy=static"
+    name = run_name("verifier.model=/models/Qwen2.5-7B,policy=static")
+    assert "/" not in name and name.startswith("verifier.model=_models_Qwen2.5-7B") and len(name) <= 120
+    assert name != run_name("verifier.model=/models/Qwen2.5_7B,policy=static")
+    assert len(run_name("x=" + "a" * 300)) <= 120
+
+
+# -- in process: an interrupt at every point ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(family, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    summary = run_experiment(compose_cfg(family), run_dir)
+    return summary, lines(run_dir / "results.jsonl")
+
+
+def test_rows_carry_prompt_id_and_output_ids(reference):
+    summary, rows = reference
+    assert [r["prompt_id"] for r in rows] == [f"gsm8k/{i}" for i in range(PROMPTS)]
+    assert all(len(r["output_ids"]) == r["generated_tokens"] > 0 and r["config_hash"] for r in rows)
+    assert summary["partial"] is False and summary["prompts"] == summary["prompts_total"] == PROMPTS
+
+
+POINTS = [("call", n) for n in range(1, 2 * PROMPTS + 1)] + [("between", i) for i in range(1, PROMPTS + 1)]
+
+
+@pytest.mark.parametrize("kind,at", POINTS, ids=[f"{k}-{n}" for k, n in POINTS])
+def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch,
+                                                                 kind, at):
+    """SIGTERM right after the n-th generate() call (during a prompt: its row is not written yet),
+    or between prompts (after prompt i's row was written)."""
+    real, real_tqdm = experiment.generate, experiment.tqdm
+    calls = []
+
+    def interrupting(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        if kind == "call" and len(calls) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    def prompts_then_interrupt(iterable, **kwargs):
+        for i, item in enumerate(iterable):
+            if kind == "between" and i == at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield item
+        if kind == "between" and at == PROMPTS:  # after the last row, before the summary
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(experiment, "generate", interrupting)
+    monkeypatch.setattr(experiment, "tqdm", prompts_then_interrupt)
+    cfg = compose_cfg(family)
+    with pytest.raises(RunInterrupted) as info:
+        run_experiment(cfg, tmp_path)
+    assert info.value.signame == "SIGTERM" and info.value.exit_code == 143
+    done = lines(tmp_path / "results.jsonl")
+    assert len(done) == ((at - 1) // 2 if kind == "call" else at)  # spec + vanilla per prompt
+    partial = json.loads((tmp_path / "summary.json").read_text())
+    assert partial["partial"] is True and partial["interrupted_by"] == "SIGTERM"
+    assert partial["prompts"] == len(done) and partial["prompts_total"] == PROMPTS
+
+    calls.clear()
+    monkeypatch.setattr(experiment, "tqdm", real_tqdm)
+    monkeypatch.setattr(experiment, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    summary = run_experiment(cfg, tmp_path)  # the same command again
+    assert len(calls) == 2 * (PROMPTS - len(done))  # finished prompts are read back, not recomputed
+    rows = lines(tmp_path / "results.jsonl")
+    assert rows[: len(done)] == done  # untouched on disk
+    assert without_timings(rows) == without_timings(reference[1])
+    assert without_timings(summary) == without_timings(reference[0])
+    assert json.loads((tmp_path / "summary.json").read_text())["partial"] is False
+
+
+def test_resume_drops_a_half_written_line_and_refuses_other_settings(family, reference, tmp_path, monkeypatch):
+    cfg = compose_cfg(family)
+    run_experiment(cfg, tmp_path)
+    rows = lines(tmp_path / "results.jsonl")
+    with open(tmp_path / "results.jsonl", "w") as f:  # killed while writing the third line
+        f.write("".join(json.dumps(r) + "\n" for r in rows[:2]) + json.dumps(rows[2])[:37])
+    summary = run_experiment(cfg, tmp_path)
+    assert without_timings(summary) == without_timings(reference[0])
+    assert without_timings(lines(tmp_path / "results.jsonl")) == without_timings(reference[1])
+    with pytest.raises(ValueError, match="run.resume=false"):
+        run_experiment(compose_cfg(family, "policy.n=2"), tmp_path)
+    fresh = run_experiment(compose_cfg(family, "policy.n=2", "run.resume=false"), tmp_path)  # starts over
+    assert fresh["config"]["policy"]["n"] == 2 and len(lines(tmp_path / "results.jsonl")) == PROMPTS
+
+
+# -- the command line: SIGKILL / SIGINT, then the same command -----------------------------------
+
+DRIVER = """
+import os, sys, time
+import specpolicy.experiment as experiment
+real = experiment.generate
+def slow(*args, **kwargs):  # test only: room to interrupt between prompts
+    out = real(*args, **kwargs)
+    time.sleep(float(os.environ.get("SLOW_S", "0")))
+    return out
+experiment.generate = slow
+from specpolicy.cli import main
+sys.argv = ["specpolicy", *sys.argv[1:]]
+main()
+"""
+
+
+def _start(driver: Path, args: list[str], cwd: Path, slow: float) -> subprocess.Popen:
+    env = {**os.environ, "SLOW_S": str(slow), "HYDRA_FULL_ERROR": "1", "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return subprocess.Popen([sys.executable, str(driver), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _run_dir(cwd: Path) -> Path:
+    dirs = [p for p in (cwd / "outputs").iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.fixture(scope="module")
+def cli_reference(family, tmp_path_factory):
+    """An uninterrupted run of the command (in its own working directory)."""
+    cwd = tmp_path_factory.mktemp("cli-reference")
+    driver = cwd / "driver.py"
+    driver.write_text(DRIVER)
+    proc = _start(driver, cli_args(family), cwd, 0.0)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    run_dir = _run_dir(cwd)
+    return json.loads((run_dir / "summary.json").read_text()), lines(run_dir / "results.jsonl")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_or_interrupted_cli_run_resumes_with_the_same_command(family, cli_reference, tmp_path, sig):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    args = cli_args(family)
+    proc = _start(driver, args, tmp_path, 0.4)
+    deadline = time.monotonic() + 300
+    results = None
+    while time.monotonic() < deadline and proc.poll() is None:  # wait for the first finished prompt
+        found = list((tmp_path / "outputs").glob("*/results.jsonl")) if (tmp_path / "outputs").exists() else []
+        if found and found[0].read_text().count("\n") >= 1:
+            results = found[0]
+            break
+        time.sleep(0.02)
+    assert results is not None, proc.communicate()[0]
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    run_dir = _run_dir(tmp_path)
+    done = lines(results)
+    assert 1 <= len(done) < PROMPTS
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+        assert not (run_dir / "summary.json").exists()
+    else:
+        assert proc.returncode == 130, out
+        partial = json.loads((run_dir / "summary.json").read_text())
+        assert partial["partial"] is True and partial["prompts"] == len(done)
+
+    proc = _start(driver, args, tmp_path, 0.0)  # the same command
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "resuming" in out
+    assert _run_dir(tmp_path) == run_dir
+    rows = lines(results)
+    assert rows[: len(done)] == done
+    assert [r["prompt_id"] for r in rows] == [f"gsm8k/{i}" for i in range(PROMPTS)]
+    assert without_timings(rows) == without_timings(cli_reference[1])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"] == cli_reference[0]["config"]
+    assert without_timings(summary) == without_timings(cli_reference[0])
+
+
+def test_the_run_directory_depends_on_the_command_not_on_resume():
+    def run_dir(*extra):
+        with initialize_config_module("specpolicy.conf", version_base="1.3"):
+            return compose("config", overrides=list(extra), return_hydra_config=True).hydra.run.dir
+
+    assert run_dir() == run_dir("run.resume=false") == "outputs/default"
+    assert run_dir("policy=static", "policy.k=8") == run_dir("policy=static", "policy.k=8", "run.resume=true")
+    assert run_dir("policy=static", "policy.k=8") == "outputs/policy.k=8,policy=static"
+    assert run_dir("policy=static", "policy.k=8") != run_dir("policy=static", "policy.k=9")

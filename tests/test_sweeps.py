@@ -1,0 +1,138 @@
+"""Sweeps: Hydra multirun over any key, the report of a sweep, the submitit local launcher,
+the Optuna sweeper (losslessness as a hard constraint) and the paper's study presets."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from tiny_family import overrides, save_tiny_family
+
+from specpolicy.cli import sweep_objective
+from specpolicy.report import collect
+from specpolicy.report import main as report_main
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    return save_tiny_family(tmp_path_factory.mktemp("family"))
+
+
+def _cli(monkeypatch, *args: str) -> None:
+    """``python -m specpolicy ARGS`` in this process."""
+    from specpolicy.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *args])
+    main()
+
+
+def _summaries(sweep_dir: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))}
+
+
+def test_multirun_2x2_over_policy_keys_and_report(family, tmp_path, monkeypatch, capsys):
+    sweep = tmp_path / "sweep"
+    _cli(monkeypatch, "-m", *overrides(family, drafter="drafter"), "policy=failfast", "policy.n=2",
+         "policy.tau=0.0,1.0", "policy.n_max=2,6", f"hydra.sweep.dir={sweep}")
+    summaries = _summaries(sweep)
+    assert len(summaries) == 4
+    grid = {(s["config"]["policy"]["tau"], s["config"]["policy"]["n_max"]): s for s in summaries.values()}
+    assert set(grid) == {(0.0, 2), (0.0, 6), (1.0, 2), (1.0, 6)}
+    assert all(s["lossless_fraction"] == 1.0 for s in summaries.values())
+    # tau = 0 always extends to n_max; tau = 1 never extends past the first chunk of n = 2
+    assert max(r["speculation_length"] for r in _rounds(sweep, grid[(0.0, 6)])) == 6
+    assert max(r["speculation_length"] for r in _rounds(sweep, grid[(1.0, 6)])) == 2
+    capsys.readouterr()
+    assert report_main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "policy.tau=0.0 policy.n_max=6" in out and "common: " in out
+    rows = collect(sweep)
+    speedups = [r["speedup_vs_vanilla"] for r in rows]
+    assert len(rows) == 4 and speedups == sorted(speedups, reverse=True)
+    assert (sweep / "report.csv").exists() and (sweep / "report.md").exists()
+
+
+def _rounds(sweep: Path, summary: dict) -> list[dict]:
+    job = next(p.parent for p in sweep.glob("*/summary.json") if json.loads(p.read_text()) == summary)
+    return [r for line in (job / "results.jsonl").read_text().splitlines() for r in json.loads(line)["rounds"]]
+
+
+def test_submitit_local_launcher_runs_the_sweep_as_separate_jobs(family, tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    _cli(monkeypatch, "-m", *overrides(family), "policy=static", "policy.k=2,4", "hydra/launcher=submitit_local",
+         "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}")
+    summaries = _summaries(sweep)
+    assert sorted(s["config"]["policy"]["k"] for s in summaries.values()) == [2, 4]
+    assert all(s["lossless_fraction"] == 1.0 for s in summaries.values())
+    assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 2  # two submitit jobs
+
+
+@pytest.mark.filterwarnings("ignore:.*declarative_base")  # optuna 2.10 on SQLAlchemy 2
+def test_optuna_sweeper_maximises_lossless_speedup(family, tmp_path, monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='needs pip install "specpolicy[optuna]"')
+    sweep = tmp_path / "sweep"
+    _cli(monkeypatch, "-m", *overrides(family), "hydra/sweeper=failfast_optuna", "hydra.sweeper.n_trials=2",
+         "hydra.sweeper.sampler.seed=1", f"hydra.sweep.dir={sweep}")
+    result = OmegaConf.load(sweep / "optimization_results.yaml")
+    summaries = _summaries(sweep)
+    assert len(summaries) == 2
+    values = [sweep_objective(s) for s in summaries.values()]
+    assert result.best_value == pytest.approx(max(values)) and result.best_value > 0
+    assert 0.05 <= result.best_params["policy.tau"] <= 0.95 and result.best_params["policy.n_max"] % 10 == 0
+
+
+def test_sweep_objective_treats_losslessness_as_a_hard_constraint():
+    assert sweep_objective({"speedup_vs_vanilla": 2.5, "lossless_fraction": 1.0}) == 2.5
+    assert sweep_objective({"speedup_vs_vanilla": 9.0, "lossless_fraction": 0.95}) == 0.0
+    assert sweep_objective({"tokens_per_s": 10.0}) == 0.0  # no vanilla baseline: nothing to maximise
+
+
+def _sweep_values(params: dict, key: str) -> list:
+    (override,) = OverridesParser.create().parse_overrides([f"{key}={params[key]}"])
+    return list(override.sweep_iterator())
+
+
+@pytest.mark.parametrize("preset,drafter,policy,key,expected", [
+    ("tau-sensitivity", "fastdllm", "failfast", "policy.tau", [0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9]),
+    ("nmax-sensitivity", "fastdllm", "failfast", "policy.n_max", [10, 20, 30, 40, 50, 60, 70, 80, 100]),
+    ("static-k-ar", "ar", "static", "policy.k", list(range(3, 21))),
+    ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
+    ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
+    ("paper-main", "fastdllm", "failfast", "method", ["static-ar", "static-fastdllm", "failfast"]),
+])
+def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, key, expected):
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
+    assert (cfg.drafter.name, cfg.policy.name) == (drafter, policy)
+    assert _sweep_values(cfg.hydra.sweeper.params, key) == expected
+    assert preset in cfg.hydra.sweep.dir
+
+
+@pytest.mark.parametrize("method,drafter,policy", [
+    ("static-ar", "ar", "static"), ("static-fastdllm", "fastdllm", "static"), ("failfast", "fastdllm", "failfast"),
+])
+def test_method_presets_pick_drafter_and_policy(method, drafter, policy):
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[f"method={method}"])
+        assert (cfg.drafter.name, cfg.policy.name) == (drafter, policy)
+        cfg = compose("config", overrides=[f"method={method}", "policy=aimd"])  # the command line still wins
+        assert (cfg.drafter.name, cfg.policy.name) == (drafter, "aimd")
+
+
+def test_slurm_launcher_and_optuna_sweeper_configs_compose():
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.timeout_min, launcher.partition) == (1, 240, "gpu")
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='needs pip install "specpolicy[optuna]"')
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/sweeper=failfast_optuna"], return_hydra_config=True)
+    assert cfg.hydra.sweeper.direction == "maximize"
+    assert set(cfg.hydra.sweeper.params) == {"policy.tau", "policy.n_max"}
