@@ -51,7 +51,9 @@ class SuffixDrafter(Drafter):
 
     Only committed tokens are indexed (the draft is never indexed); draft reuse may append
     tokens the drafter did not propose, ``commit`` indexes whatever was committed.
-    ``forward_passes`` is always 0 and ``max_context`` 0 (no limit of its own).
+    ``forward_passes`` is always 0 and ``max_context`` 0 (no limit of its own). With sampling
+    (``generation.temperature`` > 0) the drafted tokens are point masses (``Draft.probs`` None),
+    which speculative sampling accepts with the target's probability of the token.
 
     Args:
         runtime: shared runtime (the device of the returned tensors).
