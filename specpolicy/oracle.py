@@ -283,15 +283,18 @@ def compare(prompts: Sequence[dict[str, Any]], cost: CostModel, max_length: int 
 
 
 def vanilla_verify_ms(summary: dict[str, Any]) -> list[float]:
-    """Mean measured ms per vanilla decoding step from a ``summary.json`` (one value, or none)."""
+    """The vanilla baseline's decoding steps from a ``summary.json``: its mean measured ms per step,
+    once per step (the affine fit then equals a fit on the individual steps); [] without one."""
     van = (summary.get("methods") or {}).get("vanilla")
     if not van or not van.get("rounds"):
         return []
-    return [van["verify_ms"] / van["rounds"]]
+    return [van["verify_ms"] / van["rounds"]] * int(van["rounds"])
 
 
-def analyse_run(run_dir: str | Path, max_length: int = 60) -> dict[str, Any]:
-    """``compare`` on a run directory (``results.jsonl`` + ``summary.json``), rounds source.
+def analyse_run(run_dir: str | Path, max_length: int | None = None) -> dict[str, Any]:
+    """``compare`` on a run directory (``results.jsonl`` + ``summary.json``), rounds source, as
+    ``summary.json``'s ``oracle`` block computes it (``max_length`` None: the longest of 60 and
+    the run's longest speculation).
 
     Raises:
         FileNotFoundError: when ``results.jsonl`` is missing.
@@ -300,7 +303,10 @@ def analyse_run(run_dir: str | Path, max_length: int = 60) -> dict[str, Any]:
     rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    cost = CostModel.fit([r for row in rows for r in row["rounds"]], vanilla_verify_ms(summary))
+    rounds = [r for row in rows for r in row["rounds"]]
+    cost = CostModel.fit(rounds, vanilla_verify_ms(summary))
+    if max_length is None:
+        max_length = max([60] + [field(r, "speculation_length") for r in rounds])
     out = compare(rows, cost, max_length)
     out["method"] = summary.get("method", rows[0].get("method") if rows else None)
     return out
@@ -313,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m specpolicy.oracle", description=main.__doc__)
     parser.add_argument("directory")
-    parser.add_argument("--max-length", type=int, default=60, help="longest speculation the oracle may use")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="longest speculation the oracle may use (default: max(60, the run's longest))")
     args = parser.parse_args(argv)
     runs = sorted({f.parent for f in Path(args.directory).rglob("results.jsonl") if "wandb" not in f.parts})
     if not runs:

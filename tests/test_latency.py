@@ -22,6 +22,7 @@ from specpolicy.latency import (
     resolve_profile,
 )
 from specpolicy.metrics import round_to_dict
+from specpolicy.oracle import analyse_run
 from specpolicy.runtime import Runtime
 from specpolicy.types import GenerationResult, RoundRecord
 
@@ -97,7 +98,7 @@ def _result(rounds, tokens):
                             wall_s=1.0, prefill_ms=0.0)
 
 
-def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled():
+def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled(tmp_path):
     spec = _result([_round(4, 4, 4, draft_ms=8.0, verify_ms=7.0), _round(4, 4, 4, draft_ms=8.0, verify_ms=7.0)], 10)
     van = _result([_round(0, 0, 0, verify_ms=5.0)] * 10, 10)
     rows = [{"prompt_id": "p0", "generated_tokens": 10, "rounds": [round_to_dict(r) for r in spec.rounds],
@@ -117,3 +118,8 @@ def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled():
     # the measured profile models this machine from the run: 2 rounds of 15 ms vs 10 steps of 5 ms
     assert by["measured"] == pytest.approx(50.0 / 30.0)
     assert 0.0 < summary["oracle"]["fraction_of_oracle"] <= 1.0 + 1e-9
+    # python -m specpolicy.oracle on the run directory reproduces the summary's oracle block
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    again = analyse_run(tmp_path)
+    assert again["fraction_of_oracle"] == pytest.approx(summary["oracle"]["fraction_of_oracle"])
