@@ -171,7 +171,7 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     time, in ms per generated token. Returns ``path``."""
     plt = _pyplot()
     data = latency_breakdown(runs)
-    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.38 * max(len(data), 1)))
+    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)))
     ys = list(range(len(data)))[::-1]  # first method at the top
     left = [0.0] * len(data)
     for part, label in (("verify", "verification"), ("draft", "drafting"), ("other", "other (prefill, loop)")):
@@ -185,7 +185,8 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     ax.set_xlabel("ms per generated token (measured)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.12)
     ax.set_title("Latency breakdown: drafting vs verification (cf. FailFast Fig. 6)", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    # below the axes, so it never covers a bar or its total
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
