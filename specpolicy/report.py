@@ -25,8 +25,8 @@ COLUMNS = (
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    """Print one row per method (vanilla first) plus speedup and losslessness."""
-    console = console or Console()
+    """Print one row per method (vanilla first) plus speedup and losslessness; without a
+    ``console``, as wide as the table needs (no cell is cut, even when stdout is a file)."""
     table = Table(title=f"{summary['method']} on {summary['prompts']} prompts")
     table.add_column("method")
     for title, _, _ in COLUMNS:
@@ -44,6 +44,9 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         else:
             lossless = "-"
         table.add_row(name, *(fmt.format(m[key]) for _, key, fmt in COLUMNS), speed, lossless)
+    if console is None:
+        needed = Console(width=10_000).measure(table).maximum
+        console = Console(width=max(needed, Console().width))
     console.print(table)
     modeled = summary.get("modeled")
     if modeled:  # never mistaken for a measurement: its own line, labelled

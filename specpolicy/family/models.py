@@ -20,7 +20,7 @@ SIZES: dict[str, dict] = {
         hidden_size=256, num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768
     ),
     "ar-drafter": dict(
-        hidden_size=192, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1, intermediate_size=512
+        hidden_size=192, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1, intermediate_size=512
     ),
     # A tiny size for tests and smoke runs.
     "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64),

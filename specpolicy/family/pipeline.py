@@ -51,19 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target-lr", type=float, default=1.5e-3)
     ap.add_argument("--target-warmup", type=int, default=100)
     # distillation
-    ap.add_argument("--distill-prompts", type=int, default=4000, help="number of train prompts (0 = all)")
+    ap.add_argument("--distill-prompts", type=int, default=0, help="number of train prompts (0 = all)")
     ap.add_argument("--distill-batch", type=int, default=128)
     ap.add_argument("--distill-max-new", type=int, default=256)
     ap.add_argument("--distill-fp32", action="store_true", help="decode in fp32 (default: bf16 autocast, ~3x faster)")
     # AR drafter
     ap.add_argument("--drafter-size", default="ar-drafter")
-    ap.add_argument("--drafter-epochs", type=int, default=6)
+    ap.add_argument("--drafter-epochs", type=int, default=8)
     ap.add_argument("--drafter-max-steps", type=int, default=None)
     ap.add_argument("--drafter-batch-tokens", type=int, default=8192)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--drafter-warmup", type=int, default=50)
     # dLLM drafter
-    ap.add_argument("--dllm-epochs", type=int, default=1)
+    ap.add_argument("--dllm-epochs", type=int, default=2)
     ap.add_argument("--dllm-max-steps", type=int, default=None)
     ap.add_argument(
         "--dllm-batch-tokens", type=int, default=4096,
