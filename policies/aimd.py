@@ -19,8 +19,9 @@ from specpolicy.types import Draft, RoundRecord
 
 NAME = "aimd"
 MODES = ("aimd", "heuristic")
-#: Weight of the newest round in the speed averages of ``off_when_slower``.
-RATE_EMA = 0.3
+#: Weight of the newest round in the speed averages of ``off_when_slower`` (once an average holds
+#: ``1 / RATE_EMA`` rounds; before that every round weighs the same: a plain running mean).
+RATE_EMA = 0.1
 
 
 class AIMDPolicy(LengthPolicy):
@@ -40,16 +41,18 @@ class AIMDPolicy(LengthPolicy):
     ``keep_across_prompts=True`` carries ``w`` over, as Hugging Face's ``"heuristic"`` does.
 
     **Speculation off when it does not pay** (``off_when_slower=True``), a measured decision:
-    the policy keeps exponential moving averages (weight ``RATE_EMA`` for the newest round) of
-    the measured speed of speculative rounds and of plain-decoding rounds, in emitted tokens
-    per millisecond of ``draft_ms + verify_ms`` (``RoundRecord`` timings; time outside the two
-    timers is left out of both). The first round is plain decoding (length 0: the plain-speed
-    estimate). Whenever the speculative average falls below the plain one, speculation is
-    switched off for ``backoff`` rounds (plain decoding: ``next_length`` answers 0 at once,
-    recorded as ``draft_stop_reason="length_0"``), refreshing the plain estimate; then one
-    probe round speculates again with a fresh speculative average: if it is still slower, the
-    next back-off is twice as long (up to ``backoff_max``), otherwise the back-off returns to
-    ``backoff_rounds``. The speed estimates and the back-off carry across prompts (they
+    the policy measures the speed of speculative rounds and of plain-decoding rounds as emitted
+    tokens per millisecond of ``draft_ms + verify_ms`` (``RoundRecord`` timings; time outside
+    the two timers is left out of both), each as a ratio of averages -- mean tokens over mean
+    ms of the recent rounds (running means, then exponential moving averages with weight
+    ``RATE_EMA`` for the newest round) -- so that one unlucky round (nothing accepted) does not
+    stand for the drafter. The first round is plain decoding (length 0: the plain-speed
+    estimate). Once speculation has run ``probe_rounds`` rounds, whenever its average falls
+    below the plain one it is switched off for ``backoff`` rounds (plain decoding:
+    ``next_length`` answers 0 at once, recorded as ``draft_stop_reason="length_0"``),
+    refreshing the plain estimate; then speculation is probed again for ``probe_rounds``
+    rounds with a fresh average: if it is still slower, the next back-off is twice as long (up
+    to ``backoff_max``), otherwise the back-off returns to ``backoff_rounds``. The speed estimates and the back-off carry across prompts (they
     measure the machine and the drafter, not one prompt); the window follows
     ``keep_across_prompts``. The window is not changed by plain rounds. With
     ``off_when_slower=False`` (the default of the class) the policy is exactly the window rule
@@ -69,6 +72,8 @@ class AIMDPolicy(LengthPolicy):
         backoff_rounds: plain rounds after speculation was found slower, integer >= 1 (default 16).
         backoff_max: longest back-off after repeated failed probes, integer >= ``backoff_rounds``
             (default 256).
+        probe_rounds: speculative rounds measured before speculation may be judged slower, at
+            the start and after every back-off, integer >= 1 (default 8).
     Raises:
         ValueError: naming the offending ``policy.<key>`` and its accepted range.
     """
@@ -87,6 +92,7 @@ class AIMDPolicy(LengthPolicy):
         off_when_slower: bool = False,
         backoff_rounds: int = 16,
         backoff_max: int = 256,
+        probe_rounds: int = 8,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"policy.mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -110,6 +116,8 @@ class AIMDPolicy(LengthPolicy):
             raise ValueError(
                 f"policy.backoff_max must be an integer >= policy.backoff_rounds ({backoff_rounds}), got {backoff_max!r}"
             )
+        if isinstance(probe_rounds, bool) or not isinstance(probe_rounds, int) or probe_rounds < 1:
+            raise ValueError(f"policy.probe_rounds must be an integer >= 1, got {probe_rounds!r}")
         self.mode = mode
         self.w_init = w_init
         self.a = a
@@ -120,11 +128,12 @@ class AIMDPolicy(LengthPolicy):
         self.off_when_slower = off_when_slower
         self.backoff_rounds = backoff_rounds
         self.backoff_max = backoff_max
+        self.probe_rounds = probe_rounds
         self.w = w_init
-        # off_when_slower state (kept across prompts): speed averages in tokens/ms (None = not measured
-        # yet), plain rounds left in the current back-off, the next back-off length, probing flag.
-        self.plain_rate: float | None = None
-        self.spec_rate: float | None = None
+        # off_when_slower state (kept across prompts): speed averages (tokens, ms), plain rounds left in
+        # the current back-off, the next back-off length, probing flag.
+        self.plain = _SpeedAverage()
+        self.spec = _SpeedAverage()
         self.off_left = 0
         self.backoff = backoff_rounds
         self._probing = False
@@ -164,23 +173,22 @@ class AIMDPolicy(LengthPolicy):
         """The measured on/off decision (``off_when_slower``), see the class docstring."""
         plain_round, self._plain_round = self._plain_round, False
         ms = record.draft_ms + record.verify_ms
-        rate = record.emitted_tokens / ms if ms > 0.0 else None  # None: not timed (hand-built records)
         if record.speculation_length == 0:
             if plain_round:  # plain decoding by decision: a clean plain-speed sample
                 self._plain_probed = True
-                if rate is not None:
-                    self.plain_rate = _ema(self.plain_rate, rate)
+                if ms > 0.0:
+                    self.plain.add(record.emitted_tokens, ms)
                 if self.off_left > 0:
                     self.off_left -= 1
-                    if self.off_left == 0:  # back-off over: the next round probes speculation afresh
-                        self._probing, self.spec_rate = True, None
+                    if self.off_left == 0:  # back-off over: speculation is probed afresh
+                        self._probing, self.spec = True, _SpeedAverage()
             return
-        if rate is None:
+        if ms <= 0.0:  # not timed (hand-built records): nothing measured, nothing decided
             return
-        self.spec_rate = _ema(self.spec_rate, rate)
-        if self.plain_rate is None:
+        self.spec.add(record.emitted_tokens, ms)
+        if self.plain.rounds == 0 or self.spec.rounds < self.probe_rounds:
             return
-        if self.spec_rate < self.plain_rate:
+        if self.spec.rate < self.plain.rate:
             if self._probing:  # still slower after a back-off: back off longer
                 self.backoff = min(2 * self.backoff, self.backoff_max)
             self.off_left = self.backoff
@@ -193,19 +201,37 @@ class AIMDPolicy(LengthPolicy):
             f"AIMDPolicy(mode={self.mode!r}, w_init={self.w_init}, a={self.a}, beta={self.beta}, "
             f"w_min={self.w_min}, n_max={self.n_max}, keep_across_prompts={self.keep_across_prompts}, "
             f"off_when_slower={self.off_when_slower}, backoff_rounds={self.backoff_rounds}, "
-            f"backoff_max={self.backoff_max})"
+            f"backoff_max={self.backoff_max}, probe_rounds={self.probe_rounds})"
         )
 
 
-def _ema(average: float | None, value: float) -> float:
-    return value if average is None else (1.0 - RATE_EMA) * average + RATE_EMA * value
+class _SpeedAverage:
+    """Recent speed as a ratio of averages: mean emitted tokens / mean ms per round (running
+    means over the first ``1 / RATE_EMA`` rounds, exponential moving averages after)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.tokens = 0.0
+        self.ms = 0.0
+
+    def add(self, tokens: int, ms: float) -> None:
+        self.rounds += 1
+        weight = max(RATE_EMA, 1.0 / self.rounds)
+        self.tokens += weight * (tokens - self.tokens)
+        self.ms += weight * (ms - self.ms)
+
+    @property
+    def rate(self) -> float:
+        """Tokens per ms (0 before any round)."""
+        return self.tokens / self.ms if self.ms > 0.0 else 0.0
 
 
 @hookimpl
 def specpolicy_make_policy(name: str, config: dict[str, Any]):
     """Factory for ``policy=aimd`` (and ``policy=heuristic``, which is ``aimd`` with
     ``mode: heuristic``). Config keys: ``mode``, ``w_init``, ``a``, ``beta``, ``w_min``,
-    ``n_max``, ``keep_across_prompts``, ``off_when_slower``, ``backoff_rounds``, ``backoff_max``."""
+    ``n_max``, ``keep_across_prompts``, ``off_when_slower``, ``backoff_rounds``, ``backoff_max``,
+    ``probe_rounds``."""
     if name != NAME:
         return None
     return AIMDPolicy(**config)

@@ -654,21 +654,22 @@ FAST = (5, 4.0)  # 6 tokens in 4 ms (when k >= 5) = 1.5 tokens/ms
         ([SLOW] * 5, "P" + "S" + "PPP" + "S" + "P" * 6 + "S" + "P" * 8 + "S" + "P" * 8 + "S" + "P" * 8),
         # speculation faster: on for good after the first plain round
         ([FAST] * 6, "P" + "S" * 6),
-        # slower, then the probe is faster: on again (until the average falls below plain
-        # decoding's after three slow rounds), and the back-off is 3 rounds again, not 6
-        ([SLOW, FAST, FAST, SLOW, SLOW, SLOW], "P" + "S" + "PPP" + "S" + "S" + "SSS" + "PPP"),
+        # slower, then the probe is faster: on again until the average after the back-off
+        # (3 + 5 + 2 + 2 tokens in 4 + 4 + 10 + 10 ms) falls below plain decoding's, after two
+        # slow rounds; the back-off is 3 rounds again, not 6, and the last (slow) probe doubles it
+        ([SLOW, FAST, FAST, SLOW, SLOW, SLOW], "P" + "S" + "PPP" + "S" + "S" + "SS" + "PPP" + "S" + "P" * 6),
         # the speculative speed is an average: one slow round after fast ones keeps it on
         ([FAST, FAST, FAST, SLOW, FAST], "P" + "SSSSS"),
     ],
     ids=["slower", "faster", "probe-succeeds", "averaged"],
 )
 def test_aimd_switches_speculation_off_when_slower(spec_rounds, expected):
-    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=3, backoff_max=8)
+    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=3, backoff_max=8, probe_rounds=1)
     assert drive_switch(policy, spec_rounds) == expected
 
 
 def test_aimd_switch_state_carries_across_prompts_and_plain_rounds_keep_the_window():
-    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=4, backoff_max=8)
+    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=4, backoff_max=8, probe_rounds=1)
     assert policy.next_length(make_draft([])) == 0  # the plain probe
     policy.update(timed(0, 0, 2.0))
     assert policy.next_length(make_draft([])) == 5
@@ -694,7 +695,36 @@ def test_aimd_without_the_switch_or_without_timings_never_stops_speculating():
         untimed.update(rec(untimed.w, 0))
 
 
-@pytest.mark.parametrize("key, value", [("off_when_slower", 1), ("backoff_rounds", 0), ("backoff_max", 2)])
+@pytest.mark.parametrize(
+    "spec_rounds, expected",
+    [
+        # a slow first round alone decides nothing: three speculative rounds are measured first
+        ([SLOW, FAST, FAST, FAST, FAST], "P" + "SSSSS"),
+        # three slow rounds: off for 3 plain rounds, then a fresh probe of three rounds
+        ([SLOW] * 6, "P" + "SSS" + "PPP" + "SSS" + "P" * 6),
+    ],
+    ids=["one-slow-round", "slow-probe"],
+)
+def test_aimd_switch_measures_probe_rounds_before_deciding(spec_rounds, expected):
+    policy = AIMDPolicy(w_init=5, n_max=20, off_when_slower=True, backoff_rounds=3, backoff_max=8, probe_rounds=3)
+    assert drive_switch(policy, spec_rounds) == expected
+
+
+def test_aimd_speed_is_a_ratio_of_averages_not_an_average_of_ratios():
+    """Rounds of 2 tokens in 40 ms and 11 tokens in 60 ms: 13 tokens in 100 ms = 0.13 tokens/ms
+    (the throughput), while the mean of the per-round rates would be (0.05 + 0.183) / 2 = 0.117."""
+    policy = AIMDPolicy(w_init=10, n_max=20, off_when_slower=True, probe_rounds=2)
+    policy.next_length(make_draft([]))
+    policy.update(timed(0, 0, 8.0))  # plain decoding: 1 token in 8 ms = 0.125 tokens/ms
+    assert policy.next_length(make_draft([])) == 10
+    policy.update(timed(10, 1, 40.0))
+    policy.update(timed(10, 10, 60.0, emitted=11))
+    assert policy.spec.rate == pytest.approx(0.13)
+    assert policy.speculating  # 0.13 > 0.125: on (the mean of ratios, 0.117, would switch it off)
+
+
+@pytest.mark.parametrize("key, value", [("off_when_slower", 1), ("backoff_rounds", 0), ("backoff_max", 2),
+                                        ("probe_rounds", 0)])
 def test_aimd_switch_bad_values_name_the_key(key, value):
     kwargs = {"backoff_rounds": 4, key: value}
     with pytest.raises(ValueError, match=f"policy.{key}"):
