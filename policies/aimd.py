@@ -46,14 +46,15 @@ class AIMDPolicy(LengthPolicy):
     the two timers is left out of both), each as a ratio of averages -- mean tokens over mean
     ms of the recent rounds (running means, then exponential moving averages with weight
     ``RATE_EMA`` for the newest round) -- so that one unlucky round (nothing accepted) does not
-    stand for the drafter. The first round is plain decoding (length 0: the plain-speed
-    estimate). Once speculation has run ``probe_rounds`` rounds, whenever its average falls
-    below the plain one it is switched off for ``backoff`` rounds (plain decoding:
-    ``next_length`` answers 0 at once, recorded as ``draft_stop_reason="length_0"``),
+    stand for the drafter. The first ``probe_rounds`` rounds are plain decoding (length 0: the
+    plain-speed estimate). Once speculation has run ``probe_rounds`` rounds, whenever its
+    average falls below the plain one it is switched off for ``backoff`` rounds (plain
+    decoding: ``next_length`` answers 0 at once, recorded as ``draft_stop_reason="length_0"``),
     refreshing the plain estimate; then speculation is probed again for ``probe_rounds``
     rounds with a fresh average: if it is still slower, the next back-off is twice as long (up
-    to ``backoff_max``), otherwise the back-off returns to ``backoff_rounds``. The speed estimates and the back-off carry across prompts (they
-    measure the machine and the drafter, not one prompt); the window follows
+    to ``backoff_max``), otherwise the back-off returns to ``backoff_rounds``. The speed
+    estimates and the back-off carry across prompts (they measure the machine and the
+    drafter, not one prompt); the window follows
     ``keep_across_prompts``. The window is not changed by plain rounds. With
     ``off_when_slower=False`` (the default of the class) the policy is exactly the window rule
     above. Rounds depend on measured time, so two runs may differ in their rounds (never in
@@ -72,8 +73,9 @@ class AIMDPolicy(LengthPolicy):
         backoff_rounds: plain rounds after speculation was found slower, integer >= 1 (default 16).
         backoff_max: longest back-off after repeated failed probes, integer >= ``backoff_rounds``
             (default 256).
-        probe_rounds: speculative rounds measured before speculation may be judged slower, at
-            the start and after every back-off, integer >= 1 (default 8).
+        probe_rounds: plain rounds measured at the start, and speculative rounds measured before
+            speculation may be judged slower (at the start and after every back-off), integer
+            >= 1 (default 8).
     Raises:
         ValueError: naming the offending ``policy.<key>`` and its accepted range.
     """
@@ -137,7 +139,7 @@ class AIMDPolicy(LengthPolicy):
         self.off_left = 0
         self.backoff = backoff_rounds
         self._probing = False
-        self._plain_probed = False  # the first plain-decoding round (the plain estimate) is done
+        self._plain_probe_rounds = 0  # plain rounds of the initial probe done (the plain estimate)
         self._plain_round = False  # this round's first answer was 0 by this switch
 
     def reset(self) -> None:
@@ -147,7 +149,7 @@ class AIMDPolicy(LengthPolicy):
     @property
     def speculating(self) -> bool:
         """False while ``off_when_slower`` keeps speculation off (plain decoding rounds)."""
-        return not (self.off_when_slower and (not self._plain_probed or self.off_left > 0))
+        return not (self.off_when_slower and (self._plain_probe_rounds < self.probe_rounds or self.off_left > 0))
 
     def next_length(self, draft: Draft) -> int:
         if draft.length == 0:
@@ -175,7 +177,7 @@ class AIMDPolicy(LengthPolicy):
         ms = record.draft_ms + record.verify_ms
         if record.speculation_length == 0:
             if plain_round:  # plain decoding by decision: a clean plain-speed sample
-                self._plain_probed = True
+                self._plain_probe_rounds += 1
                 if ms > 0.0:
                     self.plain.add(record.emitted_tokens, ms)
                 if self.off_left > 0:

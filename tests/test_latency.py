@@ -98,7 +98,7 @@ def _result(rounds, tokens):
                             wall_s=1.0, prefill_ms=0.0)
 
 
-def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled(tmp_path):
+def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled():
     spec = _result([_round(4, 4, 4, draft_ms=8.0, verify_ms=7.0), _round(4, 4, 4, draft_ms=8.0, verify_ms=7.0)], 10)
     van = _result([_round(0, 0, 0, verify_ms=5.0)] * 10, 10)
     rows = [{"prompt_id": "p0", "generated_tokens": 10, "rounds": [round_to_dict(r) for r in spec.rounds],
@@ -118,8 +118,26 @@ def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled(tmp_pat
     # the measured profile models this machine from the run: 2 rounds of 15 ms vs 10 steps of 5 ms
     assert by["measured"] == pytest.approx(50.0 / 30.0)
     assert 0.0 < summary["oracle"]["fraction_of_oracle"] <= 1.0 + 1e-9
-    # python -m specpolicy.oracle on the run directory reproduces the summary's oracle block
+
+
+def test_the_oracle_cli_reproduces_the_summarys_oracle_block(tmp_path):
+    """Speculation lengths of 3 to 70 with their own timings and uneven vanilla steps: the affine
+    verification fit depends on how the vanilla steps are weighted, and the oracle's longest
+    length on the run's longest speculation (70 > the default 60)."""
+    spec_rounds = [_round(3, 3, 3, draft_ms=3.0, verify_ms=6.0, index=0),
+                   _round(6, 2, 6, draft_ms=6.5, verify_ms=7.5, index=1),
+                   _round(10, 10, 10, draft_ms=11.0, verify_ms=9.0, index=2),
+                   _round(70, 70, 70, draft_ms=75.0, verify_ms=40.0, index=3),
+                   _round(8, 1, 8, draft_ms=8.0, verify_ms=8.5, index=4)]
+    tokens = sum(r.emitted_tokens for r in spec_rounds)
+    spec = _result(spec_rounds, tokens)
+    van = _result([_round(0, 0, 0, verify_ms=4.0 + (i % 3), index=i) for i in range(tokens)], tokens)
+    rows = [{"prompt_id": "p0", "generated_tokens": tokens, "rounds": [round_to_dict(r) for r in spec.rounds],
+             "lossless": True, "first_difference": None}]
+    summary = build_summary("ar+static", [spec], [van], rows, {}, Runtime("cpu", "float32"))
     (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     again = analyse_run(tmp_path)
     assert again["fraction_of_oracle"] == pytest.approx(summary["oracle"]["fraction_of_oracle"])
+    assert again["oracle_speedup_modeled"] == pytest.approx(summary["oracle"]["oracle_speedup_modeled"])
+    assert summary["oracle"]["max_length"] == 70

@@ -687,7 +687,7 @@ def test_aimd_switch_state_carries_across_prompts_and_plain_rounds_keep_the_wind
 def test_aimd_without_the_switch_or_without_timings_never_stops_speculating():
     plain = AIMDPolicy(w_init=5)
     assert drive_switch(plain, [SLOW] * 5) == "SSSSS"  # the default: the window rule only
-    untimed = AIMDPolicy(w_init=5, off_when_slower=True)
+    untimed = AIMDPolicy(w_init=5, off_when_slower=True, probe_rounds=1)
     assert untimed.next_length(make_draft([])) == 0  # the plain probe round
     untimed.update(rec(0, 0))  # no timings: nothing measured, nothing decided
     for _ in range(5):
@@ -698,10 +698,10 @@ def test_aimd_without_the_switch_or_without_timings_never_stops_speculating():
 @pytest.mark.parametrize(
     "spec_rounds, expected",
     [
-        # a slow first round alone decides nothing: three speculative rounds are measured first
-        ([SLOW, FAST, FAST, FAST, FAST], "P" + "SSSSS"),
+        # three plain rounds first; a slow first speculative round alone decides nothing
+        ([SLOW, FAST, FAST, FAST, FAST], "PPP" + "SSSSS"),
         # three slow rounds: off for 3 plain rounds, then a fresh probe of three rounds
-        ([SLOW] * 6, "P" + "SSS" + "PPP" + "SSS" + "P" * 6),
+        ([SLOW] * 6, "PPP" + "SSS" + "PPP" + "SSS" + "P" * 6),
     ],
     ids=["one-slow-round", "slow-probe"],
 )
@@ -714,8 +714,9 @@ def test_aimd_speed_is_a_ratio_of_averages_not_an_average_of_ratios():
     """Rounds of 2 tokens in 40 ms and 11 tokens in 60 ms: 13 tokens in 100 ms = 0.13 tokens/ms
     (the throughput), while the mean of the per-round rates would be (0.05 + 0.183) / 2 = 0.117."""
     policy = AIMDPolicy(w_init=10, n_max=20, off_when_slower=True, probe_rounds=2)
-    policy.next_length(make_draft([]))
-    policy.update(timed(0, 0, 8.0))  # plain decoding: 1 token in 8 ms = 0.125 tokens/ms
+    for _ in range(2):  # the plain probe: 1 token in 8 ms = 0.125 tokens/ms
+        assert policy.next_length(make_draft([])) == 0
+        policy.update(timed(0, 0, 8.0))
     assert policy.next_length(make_draft([])) == 10
     policy.update(timed(10, 1, 40.0))
     policy.update(timed(10, 10, 60.0, emitted=11))
@@ -733,7 +734,7 @@ def test_aimd_switch_bad_values_name_the_key(key, value):
 
 def test_aimd_off_rounds_are_recorded_as_length_0_and_stay_lossless(models):
     runtime = models["runtime"]
-    policy = AIMDPolicy(off_when_slower=True, backoff_rounds=2, backoff_max=4)
+    policy = AIMDPolicy(off_when_slower=True, backoff_rounds=2, backoff_max=4, probe_rounds=1)
     verifier = HFVerifier(models["target"], runtime, frozenset())
     for prompt, ref in zip(PROMPTS, models["refs"]):
         result = generate(torch.tensor(prompt), verifier, runtime, max_new_tokens=MAX_NEW,

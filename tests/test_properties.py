@@ -51,7 +51,8 @@ def policies(draw):
     n_max = draw(st.integers(w_min, 16))
     return AIMDPolicy(mode=draw(st.sampled_from(["aimd", "heuristic"])), w_init=draw(st.integers(w_min, n_max)),
                       a=draw(st.integers(1, 3)), beta=draw(st.floats(0.1, 0.9)), w_min=w_min, n_max=n_max,
-                      off_when_slower=draw(st.booleans()), backoff_rounds=draw(st.integers(1, 4)), backoff_max=8)
+                      off_when_slower=draw(st.booleans()), backoff_rounds=draw(st.integers(1, 4)), backoff_max=8,
+                      probe_rounds=draw(st.integers(1, 3)))
 
 
 @st.composite

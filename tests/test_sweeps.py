@@ -107,6 +107,7 @@ def _sweep_values(params: dict, key: str) -> list:
     ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
     ("speculation-off", "fastdllm", "aimd", "policy.off_when_slower", [False, True]),
     ("speculation-off", "fastdllm", "aimd", "drafter.threshold", [0.05, 0.95]),
+    ("speculation-off", "fastdllm", "aimd", "dataset", ["humaneval", "math500"]),
     ("failfast-grid", "fastdllm", "failfast", "policy.tau", [0.45, 0.6, 0.7, 0.8]),
 ])
 def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, key, expected):

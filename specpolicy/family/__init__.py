@@ -1,7 +1,7 @@
 """The bundled small model family, trained on GSM8K.
 
 * ``target``: 12-layer Qwen2 (~10.5M params), the model being accelerated;
-* ``ar-drafter``: 2-layer Qwen2 (~1.6M params) distilled from the target's greedy outputs;
+* ``ar-drafter``: 4-layer Qwen2 (~2.4M params) distilled from the target's greedy outputs;
 * ``dllm-drafter``: the AR drafter adapted into a block-diffusion drafter (Fast-dLLM v2
   recipe; conventions in :mod:`specpolicy.family.block_diffusion`).
 

@@ -113,7 +113,7 @@ def distill(
     examples: list[Example],
     tokenizer,
     out_path: str | Path,
-    num_prompts: int | None = 4000,
+    num_prompts: int | None = None,
     max_new_tokens: int = 256,
     batch_size: int = 64,
     seed: int = 0,
