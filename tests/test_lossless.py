@@ -6,7 +6,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -27,6 +26,16 @@ POLICIES = {
     "aimd": {"n_max": 20},
     "heuristic": {"n_max": 20},
 }
+
+
+def assert_lossless(prompt, verifier, runtime, drafter, policy, reuse: bool, max_new_tokens: int = 40) -> None:
+    """Speculative decoding of ``prompt`` equals vanilla greedy decoding, and the rounds account
+    for every output token."""
+    ref = generate(prompt, verifier, runtime, max_new_tokens=max_new_tokens)
+    out = generate(prompt, verifier, runtime, max_new_tokens=max_new_tokens, drafter=drafter, policy=policy,
+                   reuse=DraftReuse(1) if reuse else None)
+    assert out.output_ids.tolist() == ref.output_ids.tolist()
+    assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
 
 
 def _policy(choice: str):
@@ -60,8 +69,4 @@ def test_every_drafter_policy_combination_is_lossless(runtime, target, drafter, 
         d = _drafter(drafter, runtime, confident)
         p = _policy(policy)
         for prompt in random_prompts(4):
-            ref = generate(prompt, verifier, runtime, max_new_tokens=40)
-            out = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=d, policy=p,
-                           reuse=DraftReuse(1) if reuse else None)
-            assert out.output_ids.tolist() == ref.output_ids.tolist()
-            assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
+            assert_lossless(prompt, verifier, runtime, d, p, reuse)

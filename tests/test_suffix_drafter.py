@@ -14,10 +14,9 @@ from specpolicy.drafter import Drafter
 from specpolicy.drafters.suffix import SuffixDrafter
 from specpolicy.plugins import get_plugin_manager, make_drafter, make_policy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.reuse import DraftReuse
 from specpolicy.types import Draft, Verification
 from specpolicy.verifiers.hf import HFVerifier
-from test_lossless import POLICIES, _policy
+from test_lossless import POLICIES, _policy, assert_lossless
 
 
 def _ids(xs):
@@ -158,11 +157,7 @@ def test_suffix_drafter_is_lossless_with_every_policy(runtime, policy, reuse):
     for min_match in (1, 3):
         d = SuffixDrafter(runtime, min_match=min_match, max_match=8)
         for prompt in random_prompts(3):
-            ref = generate(prompt, verifier, runtime, max_new_tokens=40)
-            out = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=d, policy=p,
-                           reuse=DraftReuse(1) if reuse else None)
-            assert out.output_ids.tolist() == ref.output_ids.tolist()
-            assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
+            assert_lossless(prompt, verifier, runtime, d, p, reuse)
 
 
 def test_config_and_plugin(runtime):
