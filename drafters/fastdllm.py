@@ -34,6 +34,7 @@ next round's ``forward_passes``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -55,6 +56,9 @@ MASK_TOKEN = "|<MASK>|"
 #: (the bundled family writes ``bd_block_size``; Fast_dLLM_v2 checkpoints write ``bd_size``).
 BLOCK_SIZE_CONFIG_KEYS = ("bd_block_size", "bd_size")
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
+#: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
+#: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
+CONFIDENCE_DTYPES = ("float32", "model")
 
 
 # -- attention mask ------------------------------------------------------------------------
@@ -148,11 +152,20 @@ class FastDLLMDrafter(Drafter):
     0, S, 2S, ... are decoded left to right; one pass over the whole block (with the cache of
     earlier blocks, which is cropped back afterwards) unmasks every masked position of the
     small block whose confidence (max softmax probability) exceeds ``threshold``, and at least
-    the most confident one; passes repeat until the small block has no masks. A small block
-    is always decoded whole, so tokens past the requested count are kept as look-ahead for a
-    later ``draft`` call of the same round. When the block is full and more tokens are wanted,
-    one pass over the complete block writes its KV (tentatively) and gives the next block's
-    first token.
+    the most confident one; passes repeat until the requested tokens are all unmasked (the
+    leading unmasked run of the block reaches the draft's end) or the small block has no masks,
+    as the official ``generate_draft_tokens`` stops (at threshold 0.05 one pass almost always
+    unmasks the whole small block; at Fast-dLLM's default 0.9 a draft ending inside a small block
+    no longer pays for the rest of it). Positions unmasked past the requested count (a whole
+    small block at low thresholds, any-order picks at high ones) are kept as look-ahead, and the
+    mask state as it stands: a later ``draft`` call of the same round continues from it, with no
+    pass repeated. When the block is full and more tokens are wanted, one pass over the complete
+    block writes its KV (tentatively) and gives the next block's first token.
+
+    Stop tokens (``stop_token_ids``, the verifier's EOS): once the leading unmasked run holds a
+    drafted stop token, drafting stops -- no pass past it in this round -- and the draft ends at
+    it (``Draft.ends_at_stop_token``; the loop then verifies, reason ``stop_token``), as the
+    official code breaks out and truncates its draft at the stop token.
 
     Per drafted token the draft reports its id (``int64``) and confidence (``float32``, the max
     probability at the pass that unmasked it; for a block's first token, at the pass whose last
@@ -160,9 +173,14 @@ class FastDLLMDrafter(Drafter):
     verification: unmasking passes, block-boundary passes, and passes ``commit`` spent rewriting
     newly completed blocks (those are charged to the next round).
 
-    Host syncs: one per unmasking pass when masks may remain (the "masks left?" test of the
-    algorithm); none when the pass had a single masked position or the threshold is 0 (every
-    confidence is > 0, so one pass unmasks the whole small block).
+    ``Draft.small_block_confidences`` records, per unmasking pass, the confidences of the small
+    block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
+    code checks against τ and counts toward N_max (``policy.confidence_scope=small_block``).
+
+    Host syncs: one per unmasking pass (the algorithm's "how far is the draft unmasked, and does
+    it hold a stop token?" test), plus one when a block's first drafted token is read for a stop
+    token; none without stop tokens when the pass had a single masked position or the threshold
+    is 0 (every confidence is > 0, so one pass unmasks the whole small block).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -185,10 +203,16 @@ class FastDLLMDrafter(Drafter):
         tokenizer: gives the mask token (``mask_token_id`` or the token ``|<MASK>|``).
         block_size: B, tokens per block, an int >= 1 (32 in Fast-dLLM v2).
         small_block_size: S, tokens per small block, an int >= 1 dividing ``block_size`` (8).
-        threshold: unmasking confidence threshold, a number in [0, 1] (0.05 in FailFast).
+        threshold: unmasking confidence threshold, a number in [0, 1] (0.05 in FailFast; 0.9 is
+            Fast-dLLM v2's default).
+        stop_token_ids: token ids (ints) that end a draft (the factory passes the verifier's EOS
+            ids); empty: no stop check.
+        confidence_dtype: ``"float32"`` (softmax/argmax in at least float32) or ``"model"``
+            (in the model dtype, as the official code; see ``_greedy``). Greedy drafting only:
+            sampling warps in float32 either way.
     Raises:
-        ValueError: naming the parameter for a bad ``block_size``, ``small_block_size`` or
-            ``threshold``; naming the mask token when the tokenizer has none (or its id is
+        ValueError: naming the parameter for a bad ``block_size``, ``small_block_size``,
+            ``threshold`` or ``confidence_dtype``; naming the mask token when the tokenizer has none (or its id is
             outside the model's vocabulary); for an unsupported attention implementation or a
             model with sliding-window layers.
     """
@@ -203,6 +227,8 @@ class FastDLLMDrafter(Drafter):
         block_size: int = 32,
         small_block_size: int = 8,
         threshold: float = 0.05,
+        stop_token_ids: Iterable[int] = (),
+        confidence_dtype: str = "float32",
     ):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
@@ -218,6 +244,9 @@ class FastDLLMDrafter(Drafter):
             )
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
             raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
+        if confidence_dtype not in CONFIDENCE_DTYPES:
+            raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
+                             f"got {confidence_dtype!r}")
         vocab = int(model.get_output_embeddings().weight.shape[0])
         mask_id = mask_token_id_of(tokenizer)
         if mask_id >= vocab:
@@ -236,6 +265,8 @@ class FastDLLMDrafter(Drafter):
         self.block_size = block_size
         self.small_block_size = small_block_size
         self.threshold = float(threshold)
+        self.confidence_dtype = confidence_dtype
+        self.stop_token_ids = tuple(sorted({int(t) for t in stop_token_ids}))
         self.mask_token_id = mask_id
         self.vocab_size = vocab
         self.max_context = context_length(model)
@@ -245,6 +276,8 @@ class FastDLLMDrafter(Drafter):
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
         self._offsets = torch.arange(block_size, device=dev)  # (B,) block-relative positions
+        self._stop_ids = (torch.tensor(self.stop_token_ids, dtype=torch.long, device=dev)
+                          if self.stop_token_ids else None)  # (s,) int64 or None: no stop check
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
         # of a block is never masked: it is committed or comes from the previous block's pass.
@@ -290,12 +323,14 @@ class FastDLLMDrafter(Drafter):
         )
         return out.logits[0]
 
-    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)``; sampling,
-        ``(a sample of warp(logits), max of warp(logits), warp(logits))`` -- (m,) int64,
-        (m,) float32, (m, V) float32."""
+    def _choose(self, logits: torch.Tensor, block_first: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)`` (see ``_greedy``;
+        ``block_first``: the token comes from the last logit of a block pass, which the official code
+        takes as the argmax of the logits); sampling, ``(a sample of warp(logits), max of
+        warp(logits), warp(logits))`` -- (m,) int64, (m,) float32, (m, V) float32."""
         if self._sampling is None:
-            tok, conf = _greedy(logits)
+            tok, conf = _greedy(logits, self.confidence_dtype == "model", probs_argmax=not block_first)
             return tok, conf, None
         probs = warp(logits, self._sampling)
         return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
@@ -311,7 +346,7 @@ class FastDLLMDrafter(Drafter):
         self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
         mask = block_causal_mask(start, n, start + n, self.block_size, self._device)
         logits = self._forward(ids, start, mask, logits_to_keep=1)  # (1, V)
-        tok, conf, probs = self._choose(logits)
+        tok, conf, probs = self._choose(logits, block_first=True)
         return tok[0], conf[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
@@ -348,12 +383,14 @@ class FastDLLMDrafter(Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
-        self._k = 0  # tokens requested this round
+        self._k = 0  # tokens requested this round (capped at a drafted stop token)
         self._passes = self._carry
         # Drafted part of each finished block: ids, confidences, q rows (sampling) or None.
         self._segments: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self._tentative: list[tuple[int, tuple]] = []  # (block end, next block's ``_first``)
         self._blk_start: int | None = None  # current block (lazily opened by draft)
+        self._stop_len: int | None = None  # draft length ending at the first drafted stop token
+        self._sb_conf: list[torch.Tensor] = []  # per unmasking pass, (m,) float32, NaN = not masked
 
     def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
@@ -365,7 +402,8 @@ class FastDLLMDrafter(Drafter):
         # Sampling: q row of every offset (rows of committed or masked offsets are never read).
         self._blk_probs = (None if self._sampling is None else
                            torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device))
-        if t == 0:
+        drafted_first = t == 0
+        if drafted_first:
             if first is None:  # invariant broken: the pass that wrote the previous block stored it
                 raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
             tok, c, q = first
@@ -380,39 +418,66 @@ class FastDLLMDrafter(Drafter):
         self._blk_ids = ids  # (B,) int64
         self._blk_conf = conf  # (B,) float32
         self._blk_masked = self._offsets >= t  # (B,) bool
-        self._filled = t  # leading offsets without masks
+        self._filled = t  # leading offsets without masks (the draft reaches block offset _filled - 1)
+        self._sb_index, self._sb_left = -1, -1  # small block being decoded, its masks left (-1: none yet)
         self._blk_attn = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=self._device)  # all visible
+        if drafted_first and self._stop_ids is not None:
+            self._scan(0, 0)  # the block's first token may be a stop token
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
         return max(self._L - start, 0)
 
-    def _unmask_small_block(self) -> None:
-        """Decode the small block holding offset ``_filled`` of the current block (whole)."""
+    def _scan(self, lo: int, b: int) -> None:
+        """After a pass: read ``_filled`` (the first masked offset), the masks left in the small
+        block ``[lo, b)`` and the first drafted stop token of the block in one host sync; a stop
+        token inside the leading unmasked run ends the round's draft there (``_stop_len``)."""
+        B = self.block_size
+        masked = self._blk_masked
+        first_masked = torch.where(masked.any(), masked.int().argmax(), B)
+        if self._stop_ids is None:
+            first_stop = torch.tensor(B, device=self._device)
+        else:
+            d0 = self._draft_start(self._blk_start)
+            is_stop = torch.isin(self._blk_ids, self._stop_ids) & ~masked & (self._offsets >= d0)
+            first_stop = torch.where(is_stop.any(), is_stop.int().argmax(), B)
+        filled, stop, left = torch.stack([first_masked, first_stop, masked[lo:b].sum()]).tolist()
+        self._filled, self._sb_left = filled, left
+        if stop < filled:  # the leading run holds a stop token: the draft ends at it
+            self._stop_len = self._blk_start + stop + 1 - self._L
+
+    def _unmask(self, need: int) -> None:
+        """Unmasking passes over the small block holding offset ``_filled`` of the current block
+        until the leading unmasked run reaches block offset ``need`` (at most the small block's end),
+        the small block has no masks, or a drafted stop token ends the draft. Positions of the small
+        block unmasked past ``need`` (any-order rule) are kept as look-ahead; a later ``draft`` call
+        of the same round continues from this state, so no pass is repeated."""
         S = self.small_block_size
         j = self._filled // S
         a, b = j * S, (j + 1) * S
-        lo = max(a, 1)  # maskable offsets [lo, b); the masked ones are [max(lo, filled), b)
-        left = b - max(lo, self._filled)  # masks in the small block, known on the host
+        lo = max(a, 1)  # maskable offsets [lo, b)
+        if self._sb_index != j:  # a fresh small block: masked from _filled on
+            self._sb_index, self._sb_left = j, b - max(lo, self._filled)
         keep = self._keep[j]
         start = self._blk_start
-        while left > 0:
+        while self._filled < need and self._stop_len is None:
             logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
             crop_cache(self.cache, start)  # the pass adds nothing to the cache
             self._passes += 1
             tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
             masked = self._blk_masked[lo:b]
+            self._sb_conf.append(torch.where(masked, conf, torch.nan))
             pick = self._select(conf, masked)
             if probs is not None:
                 self._blk_probs[lo:b] = torch.where(pick[:, None], probs, self._blk_probs[lo:b])
             self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
             self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
             self._blk_masked[lo:b] = masked & ~pick
-            left -= 1
-            if left == 0 or self.threshold == 0.0:  # known without a sync (every confidence is > 0)
-                break
-            left = int(self._blk_masked[lo:b].sum())  # the algorithm's one sync per pass: masks left?
-        self._filled = b
+            if self._stop_ids is None and (self.threshold == 0.0 or self._sb_left == 1):
+                # Known without a sync: the pass unmasked every mask left (every confidence is > 0).
+                self._filled, self._sb_left = b, 0
+            else:
+                self._scan(lo, b)  # the algorithm's one sync per pass: how far is the draft unmasked?
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
@@ -439,7 +504,7 @@ class FastDLLMDrafter(Drafter):
         self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:], probs))
         logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=1)  # KV kept
         self._passes += 1
-        tok, conf, probs = self._choose(logits)
+        tok, conf, probs = self._choose(logits, block_first=True)
         first = (tok[0], conf[0], None if probs is None else probs[0])
         self._tentative.append((start + B, first))
         self._open_block(start + B, self._tail[:0], first)
@@ -447,11 +512,15 @@ class FastDLLMDrafter(Drafter):
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
         """Extend the round's draft by ``num_tokens`` tokens (tokens already decoded in this round,
-        look-ahead included, are reused without new passes).
+        look-ahead included, are reused without new passes). Unmasking stops as soon as the
+        requested tokens are unmasked (as the official ``generate_draft_tokens`` does), and the
+        draft ends at the first drafted stop token (``stop_token_ids``): no pass is spent past it,
+        the draft is then shorter than asked and ``ends_at_stop_token`` is True.
 
         Returns:
             ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences, the passes
-            spent since the previous verification and, when sampling, ``(k, V) float32`` q rows.
+            spent since the previous verification, ``small_block_confidences`` and, when sampling,
+            ``(k, V) float32`` q rows.
         Raises:
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
@@ -464,16 +533,18 @@ class FastDLLMDrafter(Drafter):
         if self._blk_start is None:
             self._open_block(self._base, self._tail, self._first)
         k = self._k + num_tokens
-        end = self._L + k  # the draft covers positions [L, end)
-        self._check_fits(
-            ((end - 1) // B + 1) * B, f"a draft of {k} tokens from committed length {self._L}"
-        )
-        self._k = k
-        while self._blk_start + self._filled < end:
-            if self._filled == B:
-                self._cross_boundary()
-            else:
-                self._unmask_small_block()
+        if self._stop_len is None:
+            end = self._L + k  # the draft covers positions [L, end)
+            self._check_fits(
+                ((end - 1) // B + 1) * B, f"a draft of {k} tokens from committed length {self._L}"
+            )
+            while self._stop_len is None and self._blk_start + self._filled < end:
+                if self._filled == B:
+                    self._cross_boundary()
+                else:
+                    S = self.small_block_size
+                    self._unmask(min(end - self._blk_start, (self._filled // S + 1) * S))
+        self._k = k if self._stop_len is None else min(k, self._stop_len)
         return self._current_draft()
 
     def _current_draft(self) -> Draft:
@@ -483,7 +554,10 @@ class FastDLLMDrafter(Drafter):
         ids = torch.cat([p[0] for p in parts])[: self._k]
         conf = torch.cat([p[1] for p in parts])[: self._k]
         q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
-        return Draft(ids, conf, forward_passes=self._passes, probs=q)  # fresh tensors (torch.cat)
+        sb_conf = (torch.cat(self._sb_conf) if self._sb_conf
+                   else torch.empty(0, dtype=torch.float32, device=self._device))
+        return Draft(ids, conf, forward_passes=self._passes, probs=q,  # fresh tensors (torch.cat)
+                     ends_at_stop_token=self._k == self._stop_len, small_block_confidences=sb_conf)
 
     @torch.no_grad()
     def commit(self, draft: Draft, verification: Verification) -> None:
@@ -534,9 +608,24 @@ class FastDLLMDrafter(Drafter):
         self._new_round()
 
 
-def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Argmax tokens and their softmax probabilities of ``logits`` ((m, V), any float dtype):
-    ``((m,) int64, (m,) float32)``, computed in at least float32 without materialising probabilities."""
+def _greedy(logits: torch.Tensor, in_model_dtype: bool = False,
+            probs_argmax: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy tokens and their softmax probabilities (confidences) of ``logits`` ((m, V), any float
+    dtype): ``((m,) int64, (m,) float32)``.
+
+    ``in_model_dtype=False`` (``confidence_dtype: float32``, the default): argmax of the logits and
+    its probability computed in at least float32, without materialising probabilities.
+    ``in_model_dtype=True`` (``confidence_dtype: model``): as the official Fast-dLLM v2 / FailFast
+    code (``sample_with_top_p`` at temperature 0): softmax in the logits' dtype (e.g. bfloat16),
+    the token = argmax of those rounded probabilities (ties -> the first index) when
+    ``probs_argmax``, else argmax of the logits (the official first token of a block); confidence
+    = its rounded probability, returned as float32. The two differ only where rounding ties the
+    top probabilities (about 1 draft in 90 in bfloat16), never in float32/float64 beyond rounding.
+    """
+    if in_model_dtype:
+        probs = torch.softmax(logits, dim=-1)  # (m, V) in the logits' dtype
+        tok = (probs if probs_argmax else logits).argmax(dim=-1)
+        return tok, probs.gather(-1, tok[:, None])[:, 0].to(torch.float32)
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     top, tok = x.max(dim=-1)
     conf = torch.exp(top - torch.logsumexp(x, dim=-1))
@@ -549,7 +638,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
 
     Config keys: ``model`` (bundled ``dllm-drafter``, a local dir such as a Fast_dLLM_v2_1.5B
     download, or a hub id), ``block_size`` (default: the model's ``bd_block_size``/``bd_size``,
-    else 32), ``small_block_size`` (8), ``threshold`` (0.05), ``attn_implementation`` (sdpa).
+    else 32), ``small_block_size`` (8), ``threshold`` (0.05), ``attn_implementation`` (sdpa),
+    ``confidence_dtype`` (``float32`` | ``model``, see ``_greedy``). Drafting stops at the
+    verifier's EOS tokens (``verifier.eos_token_ids``).
 
     Raises:
         ValueError: on a vocabulary mismatch with ``verifier``, a ``block_size`` different from
@@ -557,6 +648,10 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     """
     if name != NAME:
         return None
+    confidence_dtype = config.get("confidence_dtype", "float32")
+    if confidence_dtype not in CONFIDENCE_DTYPES:  # before the model loads
+        raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
+                         f"got {confidence_dtype!r}")
     model_name = config.get("model", "dllm-drafter")
     model = load_causal_lm(model_name, runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(model_name)
@@ -576,4 +671,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         block_size=block_size,
         small_block_size=config.get("small_block_size", 8),
         threshold=config.get("threshold", 0.05),
+        stop_token_ids=getattr(verifier, "eos_token_ids", ()),
+        confidence_dtype=confidence_dtype,
     )

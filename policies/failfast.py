@@ -4,17 +4,35 @@ Source: "Fail Fast, Win Big: Rethinking the Drafting Strategy in Speculative Dec
 Diffusion LLMs" (FailFast, arXiv 2512.20573), §4.2 and Algorithm 1. Defaults from the official
 script (N = ``incr_len`` 10, τ = ``lowconf_threshold`` 0.45, N_max = ``max_spec_len`` 60) and the
 sensitivity study of App. C (τ ≈ 0.45 best; N_max between 30 and 70 works reliably).
+
+Two confidence scopes (``policy.confidence_scope``):
+
+* ``draft`` (default, the paper's rule, §4.2 and Alg. 1): the confidences of the drafted tokens
+  are checked against τ; N_max bounds the draft length.
+* ``small_block`` (the official code, ``generate_draft_tokens_arbitrary_length``): the list it
+  checks (``conf_of_unmasked_tokens``, marked FIXME by its authors: "might include non-drafted
+  tokens") holds the confidence of every position that was masked at each unmasking pass of every
+  small block decoded in the round -- look-ahead positions past the draft included, a position
+  still masked after a pass counted again -- and N_max bounds the LENGTH OF THAT LIST, not the
+  draft. The first token of a block (from the pass that completed the previous block) is not in
+  it. Checks, in the official order: any listed confidence < τ -> stop; list length >= N_max ->
+  stop; else extend by N (uncapped: the draft may pass N_max by up to N - 1 tokens). Needs a
+  drafter that reports ``Draft.small_block_confidences`` (``fastdllm``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft
 
 NAME = "failfast"
+#: Values of ``policy.confidence_scope`` (see the module docstring).
+CONFIDENCE_SCOPES = ("draft", "small_block")
 
 
 class FailFastPolicy(LengthPolicy):
@@ -26,36 +44,48 @@ class FailFastPolicy(LengthPolicy):
 
     The check covers the whole draft, not only the newest chunk, so the rule is exactly
     "all confidences so far >= τ" however the policy is called; it is one on-device
-    reduction and one host read (``bool``) per extension decision. Confidences are
-    compared with ``tau`` in their own dtype (a float32 confidence equal to float32(τ)
-    passes). Stateless: nothing carries over between rounds or prompts.
+    reduction and one host read per extension decision. Confidences are compared with
+    ``tau`` in their own dtype (a float32 confidence equal to float32(τ) passes). Stateless:
+    nothing carries over between rounds or prompts. With ``confidence_scope="small_block"`` the
+    rule reads ``Draft.small_block_confidences`` as the official code does (module docstring).
 
     Args:
         n: N, tokens per chunk, integer >= 1 (default 10).
         tau: τ, confidence threshold in [0, 1] (default 0.45). τ = 0 always extends to
             ``n_max``; τ = 1 extends only past chunks of confidence exactly 1.
-        n_max: N_max, longest draft in tokens, integer >= ``n`` (default 60).
+        n_max: N_max, longest draft in tokens, integer >= ``n`` (default 60); with
+            ``small_block`` scope, the most small-block confidences before drafting stops.
+        confidence_scope: ``"draft"`` (default, the paper) or ``"small_block"`` (the official code).
     Raises:
-        ValueError: naming ``policy.n``, ``policy.tau`` or ``policy.n_max`` when out of range.
+        ValueError: naming ``policy.n``, ``policy.tau``, ``policy.n_max`` or
+            ``policy.confidence_scope`` when out of range; at a round, naming
+            ``policy.confidence_scope`` when ``small_block`` meets a drafter that does not report
+            small-block confidences.
     """
 
     name = NAME
 
-    def __init__(self, n: int = 10, tau: float = 0.45, n_max: int = 60) -> None:
+    def __init__(self, n: int = 10, tau: float = 0.45, n_max: int = 60, confidence_scope: str = "draft") -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"policy.n must be an integer >= 1, got {n!r}")
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 <= tau <= 1.0:
             raise ValueError(f"policy.tau must be in [0, 1], got {tau!r}")
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < n:
             raise ValueError(f"policy.n_max must be an integer >= policy.n ({n}), got {n_max!r}")
+        if confidence_scope not in CONFIDENCE_SCOPES:
+            raise ValueError(f"policy.confidence_scope must be one of {', '.join(CONFIDENCE_SCOPES)}, "
+                             f"got {confidence_scope!r}")
         self.n = n
         self.tau = float(tau)
         self.n_max = n_max
+        self.confidence_scope = confidence_scope
 
     def next_length(self, draft: Draft) -> int:
         k = draft.length
         if k == 0:
             return self.n
+        if self.confidence_scope == "small_block":
+            return self._official_rule(draft)
         if k >= self.n_max:
             self.stop_reason = "n_max"
             return 0
@@ -64,13 +94,30 @@ class FailFastPolicy(LengthPolicy):
             return 0  # fail fast: verify the draft as it stands
         return min(self.n, self.n_max - k)
 
+    def _official_rule(self, draft: Draft) -> int:
+        """The official code's check on ``Draft.small_block_confidences`` (module docstring)."""
+        conf = draft.small_block_confidences  # (m,) float32, NaN = not masked at that pass
+        if conf is None:
+            raise ValueError("policy.confidence_scope=small_block needs a drafter that reports "
+                             "small-block confidences (drafter=fastdllm); use confidence_scope=draft")
+        low, listed = torch.stack([(conf < self.tau).any().long(),  # NaN < tau is False
+                                   (~torch.isnan(conf)).sum()]).tolist()  # one host sync
+        if low:
+            self.stop_reason = "low_confidence"
+            return 0
+        if listed >= self.n_max:
+            self.stop_reason = "n_max"
+            return 0
+        return self.n
+
     def __repr__(self) -> str:
-        return f"FailFastPolicy(n={self.n}, tau={self.tau}, n_max={self.n_max})"
+        scope = "" if self.confidence_scope == "draft" else f", confidence_scope={self.confidence_scope!r}"
+        return f"FailFastPolicy(n={self.n}, tau={self.tau}, n_max={self.n_max}{scope})"
 
 
 @hookimpl
 def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=failfast``. Config keys: ``n``, ``tau``, ``n_max``."""
+    """Factory for ``policy=failfast``. Config keys: ``n``, ``tau``, ``n_max``, ``confidence_scope``."""
     if name != NAME:
         return None
     return FailFastPolicy(**config)

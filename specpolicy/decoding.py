@@ -117,7 +117,7 @@ def generate(
 
         with runtime.timer() as draft_timer:
             draft, draft_stop = _draft(drafter, policy, room, device)
-            if reuse is not None and drafter is not None:
+            if reuse is not None and drafter is not None and not draft.ends_at_stop_token:
                 draft = reuse.extend(draft, room)
 
         with runtime.timer() as verify_timer:
@@ -205,7 +205,8 @@ def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
            device: torch.device) -> tuple[Draft, str]:
     """Draft, then extend while the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens.
     Stops as well when a ``draft`` call adds no token (a drafter with nothing more to propose,
-    e.g. the model-free ``suffix`` drafter without a matching suffix).
+    e.g. the model-free ``suffix`` drafter without a matching suffix), and when the draft ends at
+    a drafted stop token (``Draft.ends_at_stop_token``: nothing past it can be emitted).
 
     Returns ``(draft, why drafting stopped)`` (``RoundRecord.draft_stop_reason``)."""
     draft = Draft.empty(device)
@@ -222,6 +223,8 @@ def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
             return draft, "room"
         before = draft.length
         draft = drafter.draft(n)
+        if draft.ends_at_stop_token:  # the drafter drafted EOS: no token past it is worth a pass
+            return draft, "stop_token"
         if draft.length <= before:  # the drafter has nothing more to propose this round
             return draft, "no_proposal"
 

@@ -253,7 +253,8 @@ FIELDS: dict[str, str] = {
     "draft_stop_reasons": "rounds by why drafting stopped: low_confidence (a confidence rule), n_max "
                           "(FailFast's N_max), policy_bound (static k / max_length / window), length_0 (the "
                           "policy chose plain decoding for the round), room (max_new_tokens or context room), "
-                          "no_proposal (the drafter had nothing), vanilla (no drafter)",
+                          "no_proposal (the drafter had nothing), stop_token (the draft ends at a drafted EOS), "
+                          "vanilla (no drafter)",
     "finish_reasons": "prompts by why generation ended: eos, stop_string, max_new_tokens, max_context",
     "acceptance_by_position": "per draft position i (1-based): drafted (rounds whose draft reached i), accepted "
                               "(of those, accepted at i), rate = accepted/drafted, reached (drafted to i with "

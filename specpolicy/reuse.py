@@ -15,6 +15,8 @@ a point mass (Leviathan et al. 2023, Alg. 1 with q = δ_x).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specpolicy.sampling import point_mass
@@ -61,10 +63,10 @@ class DraftReuse:
         probs = draft.probs
         if probs is not None:  # sampling: reused tokens are point masses (module docstring)
             probs = torch.cat([probs, point_mass(reused, probs.shape[1]).to(probs.dtype)])
-        return Draft(
+        return replace(  # other fields (e.g. small_block_confidences) stay the drafter's
+            draft,
             token_ids=torch.cat([draft.token_ids, reused]),
             confidences=torch.cat([draft.confidences, self._tail_conf[end + 1 : end + 1 + extra]]),
-            forward_passes=draft.forward_passes,
             reused_tokens=draft.reused_tokens + extra,
             probs=probs,
         )

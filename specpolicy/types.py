@@ -30,6 +30,17 @@ class Draft:
             distribution q_i that token i was sampled from (after ``specpolicy.sampling.warp``);
             a one-hot row is a point mass (reused tokens). None: greedy decoding, or every token
             a point mass (model-free drafters); see ``specpolicy.sampling.speculative_verify``.
+        ends_at_stop_token: True when the draft's last token is a stop token (EOS) the drafter
+            drafted: it proposes nothing past it this round (the loop stops drafting, reason
+            ``stop_token``). Drafters that do not check stop tokens leave it False.
+        small_block_confidences: ``(m,) float32`` or None. Block-diffusion drafters (``fastdllm``):
+            for every unmasking pass of the round, in pass order, the confidence of each position
+            of the small block being decoded, NaN where the position was not masked at that pass.
+            The non-NaN entries are the official FailFast code's ``conf_of_unmasked_tokens``
+            (``generate_draft_tokens_arbitrary_length``): every masked position decoded in each
+            small block, look-ahead positions past the draft included, a position still masked
+            after a pass counted again at the next. Used by ``policy.confidence_scope=small_block``.
+            None: the drafter does not report it.
     """
 
     token_ids: torch.Tensor  # (k,) int64
@@ -37,6 +48,8 @@ class Draft:
     forward_passes: int = 0
     reused_tokens: int = 0
     probs: torch.Tensor | None = None  # (k, V) float32, q of each drafted token; None = greedy or point mass
+    ends_at_stop_token: bool = False
+    small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
 
     @property
     def length(self) -> int:
@@ -79,7 +92,8 @@ class Verification:
 
 
 #: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
-DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "vanilla")
+DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "stop_token",
+                      "vanilla")
 #: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.stop_reason`` (why generation ended).
 FINISH_REASONS = ("eos", "stop_string", "max_new_tokens", "max_context")
 
@@ -106,7 +120,8 @@ class RoundRecord:
             ``"low_confidence"``, ``"n_max"``, ``"policy_bound"`` (the policy's own length bound:
             static k, max_length, window), ``"length_0"`` (the policy answered 0 at once: plain
             decoding this round), ``"room"`` (max_new_tokens / context room), ``"no_proposal"``
-            (the drafter had nothing more), ``"vanilla"`` (no drafter); ``""`` when unknown.
+            (the drafter had nothing more), ``"stop_token"`` (the draft ends at a drafted stop token),
+            ``"vanilla"`` (no drafter); ``""`` when unknown.
         finish_reason: ``""`` unless this round ended generation, then ``"eos"``,
             ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.stop_reason``).
     """

@@ -123,7 +123,8 @@ def full_logits(model, seq: list[int], B: int) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_draft(model, committed: torch.Tensor, n: int, B: int, S: int, thr: float):
-    """Fast-dLLM v2 decoding of ``n`` tokens after ``committed`` recomputing everything each pass.
+    """Fast-dLLM v2 decoding of ``n`` tokens after ``committed`` recomputing everything each pass;
+    a small block is decoded until the requested positions are unmasked (or it has no masks).
     Returns (tokens, confidences, passes) with the drafter's pass accounting."""
     seq, L = committed.tolist(), int(committed.shape[0])
     confs: list[float] = []
@@ -142,7 +143,7 @@ def reference_draft(model, committed: torch.Tensor, n: int, B: int, S: int, thr:
         blk = seq[s:] + [MASK] * (s + B - q)
         masked = [p >= q for p in range(s, s + B)]
         conf_at = [0.0] * B
-        while any(masked[a - s : b - s]):
+        while any(masked[q - s : min(b, L + n) - s]):
             logits = full_logits(model, seq[:s] + blk, B)
             passes += 1
             cand = []
@@ -276,10 +277,13 @@ def test_pass_counts(runtime):
     draft = d.draft(3)
     assert draft.forward_passes == 3
     assert d.draft(8).forward_passes == 3 + 8  # positions 8..15: 8 masks, 8 passes
-    # A draft crossing a boundary: 30, 31 (2 passes), boundary pass, 32 free, 33..34 -> all of [33, 40): 7 passes.
+    # A draft crossing a boundary: 30, 31 (2 passes), boundary pass, 32 free, then passes until 33 and 34
+    # are unmasked (any order, one per pass): 2 to 7 passes, never the whole of [33, 40) unless it must.
     d = drafter(model, runtime, thr=1.0)
     d.prefill(prompt_of(30))
-    assert d.draft(5).forward_passes == 2 + 1 + 7
+    passes = d.draft(5).forward_passes
+    assert passes == reference_draft(model, prompt_of(30), 5, 32, 8, 1.0)[2]
+    assert 2 + 1 + 2 <= passes <= 2 + 1 + 7
 
     # Threshold 0.05 on a sharpened model: fewer passes than tokens, at least one per small block.
     d = drafter(model, runtime, thr=0.05)
@@ -495,6 +499,173 @@ def test_generation_is_lossless_with_long_acceptance(runtime, k):
             assert 0.2 < accepted / proposed < 1.0
         else:
             assert accepted == proposed
+
+
+# -- stopping early: requested tokens unmasked, drafted stop tokens --------------------------------
+
+
+def _cycle_successors(model, start: int, n: int) -> list[int]:
+    """The cycle model's next ``n`` tokens after token ``start`` (its LM-head argmax chain)."""
+    emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+    out, x = [], start
+    for _ in range(n):
+        x = int((head @ emb[x]).argmax())
+        out.append(x)
+    return out
+
+
+def test_threshold_0_9_stops_once_the_requested_tokens_are_unmasked(runtime):
+    """The cycle model decodes left to right at threshold 0.9 (confidence ~1 after a known token,
+    1/64 after a mask), one token per pass: a draft of k tokens costs k passes, not the rest of its
+    small block; an extension continues the partial small block without repeating a pass."""
+    model = cycle_model()
+    prompt = prompt_of(5)  # L = 5: small block [0, 8) has masks at 5, 6, 7
+    d = drafter(model, runtime, thr=0.9)
+    d.prefill(prompt)
+    one = d.draft(1)
+    assert one.forward_passes == 1  # finishing the small block would cost 3
+    assert reference_draft(model, prompt, 1, 32, 8, 0.9)[2] == 1
+    two = d.draft(1)  # continues the same small block: one more pass, position 6
+    assert two.forward_passes == 2 and two.token_ids[:1].tolist() == one.token_ids.tolist()
+    ten = d.draft(8)  # up to position 14: 5..7 (3 passes) + 8..14 (7 of the 8 of [8, 16))
+    assert ten.forward_passes == 10
+    assert ten.token_ids.tolist() == _cycle_successors(model, int(prompt[-1]), 10)
+    # The same draft in one call spends exactly the same passes; a fresh whole-small-block decode
+    # (threshold 0.9 before this change) would spend 3 + 8 = 11.
+    e = drafter(model, runtime, thr=0.9)
+    e.prefill(prompt)
+    whole = e.draft(10)
+    assert whole.forward_passes == 10 < 11
+    assert torch.equal(whole.token_ids, ten.token_ids) and torch.equal(whole.confidences, ten.confidences)
+    # The tokens past the draft are still masked: the look-ahead is only what was decoded.
+    assert bool(e._blk_masked[15]) and not bool(e._blk_masked[14])
+
+
+def test_drafter_stops_at_a_drafted_stop_token(runtime):
+    model = cycle_model()
+    prompt = prompt_of(5)
+    chain = _cycle_successors(model, int(prompt[-1]), 12)
+    stop = chain[3]  # the 4th drafted token is the stop token
+    assert stop not in chain[:3]
+    free = drafter(model, runtime, thr=0.05)
+    free.prefill(prompt)
+    assert free.draft(10).forward_passes == 10  # left to right: one token per pass
+    d = FastDLLMDrafter(model, runtime, TOK, threshold=0.05, stop_token_ids=[stop])
+    d.prefill(prompt)
+    draft = d.draft(10)
+    assert draft.token_ids.tolist() == chain[:4] and draft.ends_at_stop_token
+    assert draft.forward_passes == 4  # no pass past the stop token
+    again = d.draft(6)  # asking for more adds nothing and spends nothing
+    assert again.token_ids.tolist() == chain[:4] and again.forward_passes == 4 and again.ends_at_stop_token
+    # A stop token in the look-ahead does not end a shorter draft, and costs no pass when reached.
+    plain = tiny(2)
+    free = drafter(plain, runtime, thr=0.0)
+    free.prefill(prompt_of(8))  # small block [8, 16); threshold 0: one pass decodes all of it
+    look = free.draft(8).token_ids.tolist()
+    i = next(i for i in range(1, 8) if look[i] not in look[:i])
+    d = FastDLLMDrafter(plain, runtime, TOK, threshold=0.0, stop_token_ids=[look[i]])
+    d.prefill(prompt_of(8))
+    short = d.draft(i)
+    assert short.length == i and not short.ends_at_stop_token and short.forward_passes == 1
+    longer = d.draft(5)
+    assert longer.token_ids.tolist() == look[: i + 1] and longer.ends_at_stop_token and longer.forward_passes == 1
+    # The first token of a block (from the pass that wrote the previous block) may be the stop token.
+    p32 = prompt_of(32)
+    first = _cycle_successors(model, int(p32[-1]), 1)[0]
+    d = FastDLLMDrafter(model, runtime, TOK, threshold=0.05, stop_token_ids=[first])
+    d.prefill(p32)
+    only = d.draft(10)
+    assert only.token_ids.tolist() == [first] and only.ends_at_stop_token and only.forward_passes == 0
+
+
+def test_loop_verifies_a_draft_ending_at_a_stop_token(runtime):
+    """In the loop: drafting stops at the drafted EOS (reason ``stop_token``), the output equals the
+    target's greedy output, which ends at the same EOS."""
+    model = cycle_model()
+    prompt = prompt_of(5)
+    eos = _cycle_successors(model, int(prompt[-1]), 30)[24]
+    verifier = HFVerifier(cycle_model(), runtime, frozenset({eos}))
+    want = generate(prompt, verifier, runtime, max_new_tokens=60).output_ids
+    assert int(want[-1]) == eos and want.shape[0] == 25
+    d = FastDLLMDrafter(model, runtime, TOK, threshold=0.05, stop_token_ids=[eos])
+    got = generate(prompt, verifier, runtime, max_new_tokens=60, drafter=d, policy=StaticPolicy(20),
+                   reuse=DraftReuse())
+    assert torch.equal(got.output_ids, want)
+    last = got.rounds[-1]
+    assert last.draft_stop_reason == "stop_token" and last.finish_reason == "eos"
+    # round 1 drafts 20 + bonus = 21 tokens; round 2 drafts 22..25 (25 = EOS), one pass each, none past it
+    assert len(got.rounds) == 2 and last.speculation_length == 4 and last.drafter_forward_passes == 4
+
+
+def test_confidence_dtype_model_breaks_bfloat16_ties_as_the_official_code():
+    """bfloat16 logits whose top two softmax probabilities round to the same bfloat16 value:
+    ``model`` takes the argmax of the rounded probabilities (the first index, as the official
+    ``sample_with_top_p``), ``float32`` the argmax of the logits (the larger one)."""
+    from specpolicy.drafters.fastdllm import _greedy
+
+    logits = torch.zeros(1, 64, dtype=torch.bfloat16)
+    logits[0, 10], logits[0, 20] = 0.5390625, 0.54296875  # one bfloat16 step apart
+    probs = torch.softmax(logits, dim=-1)
+    assert probs[0, 10] == probs[0, 20]  # the tie the model dtype creates
+    tok32, conf32 = _greedy(logits, in_model_dtype=False)
+    tokm, confm = _greedy(logits, in_model_dtype=True)
+    assert tok32.tolist() == [20] and tokm.tolist() == [10]
+    assert conf32.dtype == confm.dtype == torch.float32
+    assert float(confm) == float(probs[0, 10]) and float(conf32) != float(confm)
+    # The first token of a block: argmax of the logits in both modes (the official code does not softmax it).
+    assert _greedy(logits, in_model_dtype=True, probs_argmax=False)[0].tolist() == [20]
+    # In float64 the two modes agree (no rounding ties).
+    x = torch.randn(5, 64, dtype=torch.float64)
+    a, b = _greedy(x, False), _greedy(x, True)
+    assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
+
+
+def test_confidence_dtype_is_validated_and_plumbed(runtime):
+    model = tiny(1)
+    with pytest.raises(ValueError, match="drafter.confidence_dtype must be one of float32, model, got 'bf16'"):
+        FastDLLMDrafter(model, runtime, TOK, confidence_dtype="bf16")
+    with pytest.raises(ValueError, match="drafter.confidence_dtype"):  # the factory checks before loading
+        specpolicy_make_drafter("fastdllm", {"model": "/nonexistent", "confidence_dtype": "half"}, runtime, None)
+    prompt = prompt_of(20)
+    a, b = drafter(model, runtime), FastDLLMDrafter(model, runtime, TOK, confidence_dtype="model")
+    a.prefill(prompt)
+    b.prefill(prompt)
+    da, db = a.draft(30), b.draft(30)  # float64 model: identical drafts
+    assert torch.equal(da.token_ids, db.token_ids) and da.forward_passes == db.forward_passes
+    torch.testing.assert_close(da.confidences, db.confidences)
+
+
+def test_small_block_confidences_cover_every_masked_position_of_each_pass(runtime):
+    """At threshold 0 each small block costs one pass; its record holds the confidence of every
+    position that was masked (look-ahead past the draft included) and NaN for committed ones."""
+    model = tiny(2)
+    d = drafter(model, runtime, thr=0.0)
+    d.prefill(prompt_of(5))  # small block [0, 8): maskable offsets [1, 8), committed 1..4
+    draft = d.draft(4)  # positions 5..8: small blocks [0, 8) and [8, 16)
+    sb = draft.small_block_confidences
+    assert sb.dtype == torch.float32 and sb.shape == (7 + 8,)
+    assert torch.isnan(sb[:4]).all() and not torch.isnan(sb[4:]).any()
+    torch.testing.assert_close(sb[4:7], draft.confidences[:3])  # positions 5..7
+    assert float(sb[7]) == pytest.approx(float(draft.confidences[3]))  # position 8; 9..15 are look-ahead
+    assert int((~torch.isnan(sb)).sum()) == 3 + 8 > draft.length
+
+
+def test_failfast_small_block_scope_stops_where_the_paper_rule_continues(runtime):
+    """The cycle drafter at threshold 0.05 unmasks left to right, one token per pass: each pass also
+    sees the small block's still-masked positions at confidence 1/64. The paper's rule reads the
+    drafted tokens (confidence ~1) and extends to N_max; the official rule reads every masked
+    position of the pass and stops after the first chunk. Both are lossless."""
+    from specpolicy.policies.failfast import FailFastPolicy
+
+    prompt = prompt_of(5)
+    target = HFVerifier(cycle_model(), runtime, frozenset())
+    want = _greedy(cycle_model(), runtime, prompt, 45)
+    for scope, first_round, reason in (("draft", 20, "n_max"), ("small_block", 4, "low_confidence")):
+        policy = FailFastPolicy(n=4, tau=0.45, n_max=20, confidence_scope=scope)
+        got = generate(prompt, target, runtime, max_new_tokens=45, drafter=drafter(cycle_model(), runtime),
+                       policy=policy)
+        assert torch.equal(got.output_ids, want), scope
+        assert got.rounds[0].speculation_length == first_round and got.rounds[0].draft_stop_reason == reason
 
 
 # -- checkpoints and the factory --------------------------------------------------------------------

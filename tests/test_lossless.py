@@ -51,8 +51,10 @@ def _drafter(kind: str, runtime, confident: bool):
         sharpen(model)
     if kind == "ar":
         return ARDrafter(model, runtime)
+    # As the factory builds it: drafting stops at the verifier's EOS. Threshold 0.9 (Fast-dLLM's
+    # default) stops unmasking mid small block, and extensions continue from there.
     return FastDLLMDrafter(model, runtime, SimpleNamespace(mask_token_id=MASK), block_size=16, small_block_size=4,
-                           threshold=0.05)
+                           threshold=0.9 if kind == "fastdllm-t0.9" else 0.05, stop_token_ids=[VOCAB - 1])
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def target():
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["no-reuse", "reuse"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("drafter", ["ar", "fastdllm"])
+@pytest.mark.parametrize("drafter", ["ar", "fastdllm", "fastdllm-t0.9"])
 def test_every_drafter_policy_combination_is_lossless(runtime, target, drafter, policy, reuse):
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
     for confident in (True, False):

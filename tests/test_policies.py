@@ -155,6 +155,36 @@ def test_failfast_is_stateless_across_rounds():
     assert run_round(policy, [HI] * 60)[1] == 60
 
 
+def _with_small_blocks(confs, small_block) -> Draft:
+    """A draft whose drafter also reports small-block confidences (NaN = not masked at that pass)."""
+    return Draft(torch.arange(len(confs)), torch.tensor(confs, dtype=torch.float32),
+                 small_block_confidences=torch.tensor(small_block, dtype=torch.float32))
+
+
+def test_failfast_small_block_scope_stops_where_the_paper_rule_continues():
+    """The official check also reads look-ahead positions past the draft and counts every listed
+    confidence toward N_max: a low look-ahead confidence, or a long list, stops drafting where
+    the paper's rule (drafted tokens only, N_max on the draft) extends."""
+    nan = float("nan")
+    paper, official = FailFastPolicy(), FailFastPolicy(confidence_scope="small_block")
+    # 10 drafted tokens (first small block: 3 committed positions -> NaN), look-ahead 10..15 with one low.
+    draft = _with_small_blocks([HI] * 10, [nan] * 3 + [HI] * 5 + [HI] * 5 + [HI, LO, HI])
+    assert paper.next_length(draft) == 10
+    assert official.next_length(draft) == 0 and official.stop_reason == "low_confidence"
+    # 50 drafted tokens, 60 listed confidences (look-ahead and repeated passes): N_max reached.
+    draft = _with_small_blocks([HI] * 50, [HI] * 60 + [nan] * 4)
+    assert paper.next_length(draft) == 10
+    assert official.next_length(draft) == 0 and official.stop_reason == "n_max"
+    # Below N_max the official rule extends by N uncapped (the draft may end past N_max).
+    draft = _with_small_blocks([HI] * 55, [HI] * 59)
+    assert paper.next_length(draft) == 5 and official.next_length(draft) == 10
+    # The paper's rule ignores the list; the official one ignores the drafted confidences.
+    draft = _with_small_blocks([HI, LO] + [HI] * 8, [HI] * 12)
+    assert paper.next_length(draft) == 0 and official.next_length(draft) == 10
+    with pytest.raises(ValueError, match="policy.confidence_scope=small_block needs a drafter"):
+        official.next_length(make_draft([HI] * 10))
+
+
 # -- specdecpp -------------------------------------------------------------------------------
 
 
@@ -321,6 +351,8 @@ def test_confidences_on_any_device(device):
         (FailFastPolicy, {"n": 0}, "policy.n must be an integer >= 1"),
         (FailFastPolicy, {"n": 10, "n_max": 5}, "policy.n_max must be an integer >= policy.n (10), got 5"),
         (FailFastPolicy, {"n_max": 60.0}, "policy.n_max"),
+        (FailFastPolicy, {"confidence_scope": "block"},
+         "policy.confidence_scope must be one of draft, small_block, got 'block'"),
         (SpecDecPPPolicy, {"h": 0.0}, "policy.h must be in (0, 1], got 0.0"),
         (SpecDecPPPolicy, {"h": 1.2}, "policy.h must be in (0, 1]"),
         (SpecDecPPPolicy, {"min_length": 0}, "policy.min_length must be an integer >= 1"),
@@ -355,7 +387,8 @@ FACTORIES = {static: StaticPolicy, failfast: FailFastPolicy, specdecpp: SpecDecP
     [
         ("static", {"k": 7}, StaticPolicy, {"k": 7}),
         ("failfast", {"tau": 0.3}, FailFastPolicy, {"tau": 0.3, "n": 10, "n_max": 60}),
-        ("failfast", {}, FailFastPolicy, {"tau": 0.45, "n": 10, "n_max": 60}),
+        ("failfast", {}, FailFastPolicy, {"tau": 0.45, "n": 10, "n_max": 60, "confidence_scope": "draft"}),
+        ("failfast", {"confidence_scope": "small_block"}, FailFastPolicy, {"confidence_scope": "small_block"}),
         ("specdecpp", {"h": 0.5, "max_length": 9}, SpecDecPPPolicy, {"h": 0.5, "min_length": 1, "max_length": 9}),
         ("aimd", {}, AIMDPolicy, {"mode": "aimd", "w_init": 5, "a": 2, "beta": 0.5, "w_min": 1, "n_max": 60}),
         ("aimd", {"mode": "heuristic", "w_init": 3}, AIMDPolicy, {"mode": "heuristic", "w": 3}),

@@ -103,7 +103,8 @@ def _sweep_values(params: dict, key: str) -> list:
     ("static-k-ar", "ar", "static", "policy.k", list(range(3, 21))),
     ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
     ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
-    ("paper-main", "fastdllm", "failfast", "method", ["static-ar", "static-fastdllm", "failfast"]),
+    ("paper-main", "fastdllm", "failfast", "method",
+     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only"]),
     ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
     ("speculation-off", "fastdllm", "aimd", "policy.off_when_slower", [False, True]),
     ("speculation-off", "fastdllm", "aimd", "drafter.threshold", [0.05, 0.95]),
@@ -118,15 +119,26 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
     assert preset in cfg.hydra.sweep.dir
 
 
-@pytest.mark.parametrize("method,drafter,policy", [
-    ("static-ar", "ar", "static"), ("static-fastdllm", "fastdllm", "static"), ("failfast", "fastdllm", "failfast"),
+@pytest.mark.parametrize("method,drafter,threshold,policy,settings", [
+    ("static-ar", "ar", None, "static", {"k": 5}),
+    ("static-fastdllm", "fastdllm", 0.05, "static", {"k": 5}),
+    ("failfast", "fastdllm", 0.05, "failfast", {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"}),
+    # the paper's baselines and ablations (FailFast §5.1, App. D.1)
+    ("fastdllm-default", "fastdllm", 0.9, "static", {"k": 5}),
+    ("fastdllm-plus", "fastdllm", 0.9, "static", {"k": 5}),
+    ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
+    ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
 ])
-def test_method_presets_pick_drafter_and_policy(method, drafter, policy):
+def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"method={method}"])
-        assert (cfg.drafter.name, cfg.policy.name) == (drafter, policy)
+        assert (cfg.drafter.name, cfg.policy.name, cfg.method) == (drafter, policy, method)
+        assert cfg.drafter.get("threshold") == threshold
+        assert {k: cfg.policy[k] for k in settings} == settings
         cfg = compose("config", overrides=[f"method={method}", "policy=aimd"])  # the command line still wins
         assert (cfg.drafter.name, cfg.policy.name) == (drafter, "aimd")
+        if threshold is not None:
+            assert compose("config", overrides=[f"method={method}", "drafter.threshold=0.3"]).drafter.threshold == 0.3
 
 
 def test_slurm_launcher_and_optuna_sweeper_configs_compose():
