@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specpolicy.accounting import with_pass_accounting
 from specpolicy.latency import LatencyProfile, field, load_profile, modeled_summary
 from specpolicy.metrics import prompt_parts
 from specpolicy.oracle import CostModel, compare
@@ -37,7 +38,17 @@ def extend_summary(summary: dict[str, Any], spec_results: Sequence[Any], vanilla
     spec_rounds = [r for _, _, rounds in spec_parts for r in rounds]
     van_rounds = [r for res in vanilla_results for r in prompt_parts(res)[2]]
     tokens = sum(t for t, _, _ in spec_parts)
-    modeled = modeled_summary(spec_rounds, tokens, profile_from(config), van_rounds)
+    profile = profile_from(config)
+    modeled_rounds = spec_rounds
+    if profile.pass_accounting != "project":  # count the passes as the official FailFast harness does
+        drafter = (config or {}).get("drafter") or {}
+        if any("prompt_tokens" not in row for row in rows):
+            raise ValueError(f"profile.pass_accounting={profile.pass_accounting} needs each row's prompt_tokens")
+        modeled_rounds = with_pass_accounting([(rounds, int(row["prompt_tokens"]))
+                                               for (_, _, rounds), row in zip(spec_parts, rows)],
+                                              profile.pass_accounting, str(drafter.get("name", "")),
+                                              drafter.get("block_size"))
+    modeled = modeled_summary(modeled_rounds, tokens, profile, van_rounds)
     summary["modeled_speedup_vs_vanilla"] = modeled["speedup_vs_vanilla"]
     summary["modeled_profile"] = modeled["profile"]["name"]
     summary["modeled"] = modeled

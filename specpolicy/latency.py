@@ -11,7 +11,12 @@ Qwen2.5-7B / 14B / 32B-Instruct on vLLM, one RTX A6000)::
     modeled ms of vanilla  = generated tokens x target_ms_per_token      (one target step per token)
     modeled speedup        = modeled vanilla ms / sum of the rounds' modeled ms
 
-Prefill is left out of both. On a GPU a verification pass over a short draft is memory-bound
+Prefill is left out of both. ``pass_accounting`` says which drafter pass count enters the formula:
+``project`` (default) = the passes this project's drafter actually ran (``drafter_forward_passes``);
+``official`` = the count the official FailFast harness would report for the same rounds (its
+drafter re-prefills committed blocks in most rounds, counts the prompt prefill, and spends one more
+pass when a draft ends on a block's first token; ``specpolicy.accounting``), so a MODELED figure can
+be computed the way the paper computed it. On a GPU a verification pass over a short draft is memory-bound
 and costs about one decoding step, hence ``verify_ms_per_draft_token: 0`` in the A6000
 profiles; the ``measured`` profile fills its null fields from the run's own timings (this
 machine, where verification grows with the draft). Every figure computed here is MODELED,
@@ -25,9 +30,12 @@ from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
+from specpolicy.accounting import PASS_ACCOUNTINGS
+
 #: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
 BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
-PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token")
+PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token",
+                "pass_accounting")
 MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
 
 
@@ -60,6 +68,8 @@ class LatencyProfile:
         drafter_pass_ms: one drafter forward pass, >= 0 (None: measure in the run).
         target_ms_per_token: one target decoding step, > 0 (None: measure in the run).
         verify_ms_per_draft_token: extra verification ms per drafted token, >= 0 (None: measure).
+        pass_accounting: ``"project"`` (the passes this project ran) or ``"official"`` (the official
+            FailFast harness's count of the same rounds; ``specpolicy.accounting``).
     """
 
     name: str
@@ -67,6 +77,7 @@ class LatencyProfile:
     drafter_pass_ms: float | None = None
     target_ms_per_token: float | None = None
     verify_ms_per_draft_token: float | None = 0.0
+    pass_accounting: str = "project"
 
     @property
     def complete(self) -> bool:
@@ -96,6 +107,11 @@ class LatencyProfile:
                                      f"(ms) or null (measured), got {v!r}")
                 v = float(v)
             values[key] = v
+        accounting = config.get("pass_accounting") or "project"
+        if accounting not in PASS_ACCOUNTINGS:
+            raise ValueError(f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, "
+                             f"got {accounting!r}")
+        values["pass_accounting"] = accounting
         return LatencyProfile(name=str(config["name"]), description=str(config.get("description") or ""), **values)
 
 
@@ -170,22 +186,27 @@ def modeled_summary(spec_rounds: Sequence[Any], generated_tokens: int, profile: 
     """The ``modeled`` block of ``summary.json``.
 
     Args:
-        spec_rounds: every round of the speculative method (all prompts).
+        spec_rounds: every round of the speculative method (all prompts), their
+            ``drafter_forward_passes`` counted under ``profile.pass_accounting`` (the caller converts
+            them: ``specpolicy.accounting.with_pass_accounting``); every profile of
+            ``speedup_by_profile`` is modeled on the same counts.
         generated_tokens: tokens the method generated (= vanilla's when lossless).
         profile: the selected profile (``profile=``); null latencies are measured from the rounds.
         vanilla_rounds: the vanilla baseline's rounds (for the ``measured`` profile).
         all_profiles: shipped profiles also modeled, for the ``speedup_by_profile`` table.
     Returns:
-        ``{"label", "profile" (resolved, as a dict), "speedup_vs_vanilla", "ms", "vanilla_ms",
-        "speedup_by_profile": {name: speedup}}``.
+        ``{"label", "pass_accounting", "profile" (resolved, as a dict), "speedup_vs_vanilla", "ms",
+        "vanilla_ms", "speedup_by_profile": {name: speedup}}``.
     """
     resolved = resolve_profile(profile, spec_rounds, vanilla_rounds)
     by_profile = {}
     for name in all_profiles:
         p = resolved if name == resolved.name else resolve_profile(load_profile(name), spec_rounds, vanilla_rounds)
         by_profile[name] = modeled_speedup(spec_rounds, generated_tokens, p)
+    accounting = "" if resolved.pass_accounting == "project" else f"; {resolved.pass_accounting} pass accounting"
     return {
-        "label": f"{MODELED_LABEL}; profile {resolved.name}: {resolved.description}",
+        "label": f"{MODELED_LABEL}; profile {resolved.name}: {resolved.description}{accounting}",
+        "pass_accounting": resolved.pass_accounting,
         "profile": asdict(resolved),
         "speedup_vs_vanilla": modeled_speedup(spec_rounds, generated_tokens, resolved),
         "ms": modeled_ms(spec_rounds, resolved),
