@@ -414,8 +414,11 @@ def print_table(results: dict[str, Any]) -> None:
     Console(width=200).print(table)
 
 
-def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], prompts, args) -> None:
-    """One directory per method (``results.jsonl`` + ``summary.json``) for ``specpolicy.plot``."""
+def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], prompts, args,
+               prompt_tokens: list[int] | None = None, configs: dict[str, dict] | None = None) -> None:
+    """One directory per method (``results.jsonl`` + ``summary.json``) for ``specpolicy.plot``.
+    ``prompt_tokens`` (per prompt) goes into each row; ``configs`` (method name -> config keys,
+    e.g. drafter/policy/dataset) into that method's ``summary.json`` config."""
     vanilla = results["methods"].get("vanilla")
     for m in methods:
         if m.name == "vanilla":
@@ -425,12 +428,14 @@ def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], p
         stats = results["methods"][m.name]
         with open(d / "results.jsonl", "w", encoding="utf-8") as f:
             for i, (p, o) in enumerate(zip(prompts, m.outcomes)):
-                f.write(json.dumps({"prompt_id": p.prompt_id, "generated_tokens": len(o.output_ids),
+                extra = {} if prompt_tokens is None else {"prompt_tokens": prompt_tokens[i]}
+                f.write(json.dumps({"prompt_id": p.prompt_id, **extra, "generated_tokens": len(o.output_ids),
                                     "output_ids": o.output_ids, "wall_s": o.wall_s, "stop_reason": o.stop_reason,
                                     "lossless": str(i) not in stats.get("not_lossless", {}),
                                     "rounds": o.rounds}) + "\n")
         summary = {"method": m.name, "prompts": len(m.outcomes), "methods": {m.name: stats, "vanilla": vanilla},
-                   "config": {"verifier": {"model": args.target}, "benchmark": "benchmarks/peers.py"}}
+                   "config": {"verifier": {"model": args.target}, "benchmark": "benchmarks/peers.py",
+                              **(configs or {}).get(m.name, {})}}
         (d / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -1,0 +1,513 @@
+#!/usr/bin/env python
+"""The paper's comparison for one data set: FailFast (arXiv 2512.20573) Table 1 (speedup over vanilla
+decoding) and App. B (acceptance rate, mean and max accepted / speculated length, rounds, drafter
+passes per round), for its baselines and the two ablations, in one process.
+
+    python benchmarks/paper_table.py --dataset gsm8k --out benchmarks/results/paper-gsm8k
+    python benchmarks/paper_table.py combine benchmarks/results/paper-{math500,aime24,gsm8k,humaneval} \\
+        --out benchmarks/results/paper                  # the four data sets side by side
+    python -m specpolicy.paper_figures reliability benchmarks/results/paper-gsm8k/runs/failfast
+
+Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm-drafter``):
+
+* ``ar`` -- AR drafter, static k = the best of ``--k-grid`` in calibration (§5.1);
+* ``fast-dllm`` -- Fast-dLLM at its default unmask threshold 0.9, static k = the AR drafter's
+  best k ("Our Fast-dLLM baseline adopts the same speculation length as the AR drafter", App. D.1);
+* ``fast-dllm-plus`` -- Fast-dLLM+: the same at its OWN best k of the grid (App. D.1);
+* ``failfast`` -- FailFast: unmask threshold 0.05 (one pass per small block) + the extension rule
+  (N, τ, N_max = 10, 0.45, 60; ``--failfast-*``);
+* ``fail-fast-only`` -- ablation: threshold 0.05, static k = N (no extension);
+* ``win-big-only`` -- ablation: the extension rule at threshold 0.9.
+
+Calibration (the best-k sweeps) runs on a SEPARATE prompt slice (``--calibration-prompts`` prompts
+from ``--calibration-offset``, by default right after the evaluation prompts), before and apart from
+the evaluation prompts, with vanilla decoding and every grid point interleaved per prompt; the best
+k is the one with the highest measured speedup (``--select-by modeled``: modeled with
+``--select-profile``). Both stages reuse ``benchmarks/peers.py``: its model set-up (``Bench``), its
+per-prompt rotation of the method order (``run_interleaved``: machine drift affects all methods
+alike) and its per-method run directories (``write_runs``); figures come from
+``specpolicy.metrics.aggregate``, ``specpolicy.latency`` and ``specpolicy.accounting``.
+
+Speedups: MEASURED = tokens/s over vanilla decoding's tokens/s in the same process (prefill
+included, summed over prompts); MODELED = forward-pass counts x the paper's A6000 latencies
+(``conf/profile/a6000-qwen{32,14,7}b.yaml``), with this project's pass accounting and with the
+official FailFast harness's (``specpolicy.accounting``), labelled. Every method's output is checked
+against vanilla greedy decoding, prompt by prompt.
+
+Output (``--out`` directory): ``table1.md`` / ``table1.csv`` and ``appendix_b.md`` /
+``appendix_b.csv`` in the paper's layout (one column per data set), ``calibration.md``,
+``results.json`` (settings, calibration, every figure), ``runs/<method>/`` and
+``calibration-runs/<method>/`` (``results.jsonl`` + ``summary.json``, for ``specpolicy.plot`` and
+``specpolicy.paper_figures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import Bench, Method, run_interleaved, write_runs  # noqa: E402  (benchmarks/ is not a package)
+
+from specpolicy.accounting import with_pass_accounting  # noqa: E402
+from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
+from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
+from specpolicy.latency import load_profile, modeled_speedup  # noqa: E402
+from specpolicy.metrics import aggregate, first_difference  # noqa: E402
+
+#: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
+PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")
+PROFILE_TITLES = {"a6000-qwen32b": "Qwen2.5-32B-Instruct", "a6000-qwen14b": "Qwen2.5-14B-Instruct",
+                  "a6000-qwen7b": "Qwen2.5-7B-Instruct"}
+ACCOUNTINGS = ("project", "official")
+#: Table rows, in order: method key -> title.
+METHOD_TITLES = {
+    "ar": "AR drafter",
+    "fast-dllm": "Fast-dLLM",
+    "fast-dllm-plus": "Fast-dLLM+",
+    "failfast": "FailFast",
+    "fail-fast-only": "Fail fast only (ablation)",
+    "win-big-only": "Win big only (ablation)",
+}
+DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
+TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
+                 "GSM8K only: MATH-500, AIME 2024 and HumanEval are outside its training domain.")
+MEASURED_NOTE = ("MEASURED: tokens/s over vanilla decoding's, same process, methods interleaved per prompt "
+                 "(benchmarks/peers.py's rotation), prefill included.")
+MODELED_NOTE = ("MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
+                "6.1 ms; target 13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
+                "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
+                "does (specpolicy/accounting.py).")
+
+
+def _k_list(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k-grid must be comma-separated integers >= 1, got {text!r}") from None
+    if not ks or ks[0] < 1:
+        raise argparse.ArgumentTypeError(f"--k-grid must be comma-separated integers >= 1, got {text!r}")
+    return ks
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/paper_table.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="gsm8k", help="bundled prompt set: " + ", ".join(BUNDLED))
+    p.add_argument("--dataset-path", default=None, help="a JSONL file of prompts instead of the bundled set")
+    p.add_argument("--num-prompts", type=int, default=30, help="evaluation prompts (from --offset)")
+    p.add_argument("--offset", type=int, default=0, help="first evaluation prompt")
+    p.add_argument("--calibration-prompts", type=int, default=5, help="prompts of the best-k calibration slice")
+    p.add_argument("--calibration-offset", type=int, default=None,
+                   help="first calibration prompt (default: right after the evaluation prompts)")
+    p.add_argument("--k-grid", type=_k_list, default=_k_list("3,4,5,6,8,10,12,16,20"),
+                   help="static speculation lengths swept in calibration (the paper: 3..20)")
+    p.add_argument("--select-by", choices=("measured", "modeled"), default="measured",
+                   help="best k by measured speedup, or by modeled speedup under --select-profile")
+    p.add_argument("--select-profile", default="a6000-qwen7b", help="profile of --select-by modeled")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--failfast-n", type=int, default=10, help="N")
+    p.add_argument("--failfast-tau", type=float, default=0.45, help="τ")
+    p.add_argument("--failfast-n-max", type=int, default=60, help="N_max")
+    p.add_argument("--fail-fast-only-k", type=int, default=None, help="static k of fail-fast-only (default: N)")
+    p.add_argument("--default-threshold", type=float, default=0.9, help="Fast-dLLM's default unmask threshold")
+    p.add_argument("--failfast-threshold", type=float, default=0.05, help="FailFast's unmask threshold")
+    p.add_argument("--out", default="paper-table", help="output directory")
+    p.add_argument("--target", default="target")
+    p.add_argument("--ar-drafter", default="ar-drafter")
+    p.add_argument("--dllm-drafter", default="dllm-drafter")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
+    args = p.parse_args(argv)
+    for key in ("num_prompts", "calibration_prompts", "max_new_tokens", "failfast_n", "failfast_n_max"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+    if not 0.0 <= args.failfast_tau <= 1.0:
+        p.error(f"--failfast-tau must be in [0, 1], got {args.failfast_tau}")
+    if args.failfast_n_max < args.failfast_n:
+        p.error(f"--failfast-n-max must be >= --failfast-n ({args.failfast_n}), got {args.failfast_n_max}")
+    for key in ("default_threshold", "failfast_threshold"):
+        if not 0.0 <= getattr(args, key) <= 1.0:
+            p.error(f"--{key.replace('_', '-')} must be in [0, 1], got {getattr(args, key)}")
+    if args.calibration_offset is None:
+        args.calibration_offset = args.offset + args.num_prompts
+    if args.fail_fast_only_k is None:
+        args.fail_fast_only_k = args.failfast_n
+    if args.select_profile not in PROFILES and args.select_profile != "measured":
+        p.error(f"--select-profile must be one of {', '.join(PROFILES)}, got {args.select_profile!r}")
+    # The slices must fit the data set and must not overlap (checked before any model loads).
+    if not args.dataset_path and args.dataset not in BUNDLED:
+        p.error(f"--dataset must be one of {', '.join(BUNDLED)} (or give --dataset-path), got {args.dataset!r}")
+    total = len(load_prompts(args.dataset, args.dataset_path))
+    eval_end, cal_end = args.offset + args.num_prompts, args.calibration_offset + args.calibration_prompts
+    if eval_end > total or cal_end > total:
+        p.error(f"--offset/--num-prompts ({args.offset}+{args.num_prompts}) and --calibration-offset/"
+                f"--calibration-prompts ({args.calibration_offset}+{args.calibration_prompts}) must fit the "
+                f"{total} prompts of {args.dataset}")
+    if args.calibration_offset < eval_end and args.offset < cal_end:
+        p.error(f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
+                f"[{args.offset}, {eval_end})")
+    return args
+
+
+# -- methods -----------------------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> Bench:
+    """``peers.Bench`` (target, AR drafter, Fast-dLLM drafter at FailFast's threshold) plus a Fast-dLLM
+    drafter at the default threshold sharing the same model."""
+    bench = Bench(SimpleNamespace(**vars(args), static_k=5, reuse_min_match=2))
+    low = bench.drafters["fastdllm"]
+    low.threshold = float(args.failfast_threshold)
+    bench.drafters["fastdllm-default"] = FastDLLMDrafter(
+        low.model, bench.runtime, SimpleNamespace(mask_token_id=low.mask_token_id), block_size=low.block_size,
+        small_block_size=low.small_block_size, threshold=args.default_threshold,
+        stop_token_ids=bench.verifier.eos_token_ids, confidence_dtype=low.confidence_dtype)
+    return bench
+
+
+def _method(bench: Bench, key: str, drafter: str, choice: str, description: str, **policy) -> Method:
+    m = bench.ours(drafter, choice, False, key, **policy)
+    m.name, m.description = key, description
+    return m
+
+
+def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str, Any]:
+    """The summary config of a method's run directory (for ``specpolicy.paper_figures``)."""
+    d = bench.drafters[drafter]
+    node = {"name": "ar" if drafter == "ar" else "fastdllm"}
+    if drafter != "ar":
+        node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
+    return {"drafter": node, "policy": {"name": choice, **policy},
+            "dataset": {"name": args.dataset, "path": args.dataset_path},
+            "generation": {"max_new_tokens": args.max_new_tokens}}
+
+
+def main_methods(bench: Bench, args, k_ar: int, k_dllm: int) -> tuple[list[Method], dict[str, dict]]:
+    """The evaluated methods (module docstring), vanilla first; Fast-dLLM+ only when its k differs."""
+    ff = {"n": args.failfast_n, "tau": args.failfast_tau, "n_max": args.failfast_n_max}
+    lo, hi = args.failfast_threshold, args.default_threshold
+    spec = [
+        ("ar", "ar", "static", f"AR drafter, static k = {k_ar}", {"k": k_ar}),
+        ("fast-dllm", "fastdllm-default", "static", f"Fast-dLLM, threshold {hi}, static k = {k_ar} (AR's)",
+         {"k": k_ar}),
+        ("fast-dllm-plus", "fastdllm-default", "static", f"Fast-dLLM+, threshold {hi}, static k = {k_dllm} (own best)",
+         {"k": k_dllm}),
+        ("failfast", "fastdllm", "failfast", f"FailFast, threshold {lo}, N = {ff['n']}, tau = {ff['tau']}, "
+         f"N_max = {ff['n_max']}", ff),
+        ("fail-fast-only", "fastdllm", "static", f"threshold {lo}, static k = {args.fail_fast_only_k}",
+         {"k": args.fail_fast_only_k}),
+        ("win-big-only", "fastdllm-default", "failfast", f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, "
+         f"N_max = {ff['n_max']}", ff),
+    ]
+    if k_dllm == k_ar:
+        spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice
+    methods = [bench.vanilla()]
+    configs = {}
+    for key, drafter, choice, description, policy in spec:
+        methods.append(_method(bench, key, drafter, choice, description, **policy))
+        configs[key] = _config(bench, drafter, choice, args, **policy)
+    return methods, configs
+
+
+def calibration_methods(bench: Bench, args) -> tuple[list[Method], dict[str, dict]]:
+    """Vanilla, the AR drafter and Fast-dLLM at the default threshold, static k over ``--k-grid``."""
+    methods, configs = [bench.vanilla()], {}
+    for k in args.k_grid:
+        for key, drafter in ((f"ar-k{k}", "ar"), (f"fast-dllm-k{k}", "fastdllm-default")):
+            methods.append(_method(bench, key, drafter, "static", f"{drafter}, static k = {k}", k=k))
+            configs[key] = _config(bench, drafter, "static", args, k=k)
+    return methods, configs
+
+
+# -- figures -----------------------------------------------------------------------------------------
+
+
+def method_figures(m: Method, reference: list[list[int]] | None, prompt_tokens: list[int],
+                   drafter: str | None, block_size: int) -> dict[str, Any]:
+    """One method's figures over its prompts: ``specpolicy.metrics.aggregate`` (token-weighted), the
+    paper's per-round means, losslessness against ``reference``, and the MODELED speedup under each
+    A6000 profile with both pass accountings."""
+    results = [{"generated_tokens": len(o.output_ids), "wall_s": o.wall_s, "rounds": o.rounds} for o in m.outcomes]
+    agg = aggregate(results)
+    agg.pop("acceptance_by_position", None)
+    drafted = agg["drafted_rounds"]
+    speculated = agg["mean_speculation_length"] * agg["rounds"]
+    out: dict[str, Any] = {**agg, "description": m.description,
+                           "mean_speculation_length_drafted": speculated / drafted if drafted else 0.0,
+                           "rounds_per_prompt": agg["rounds"] / len(results) if results else 0.0}
+    if reference is not None:
+        diffs = {str(i): first_difference(ref, o.output_ids) for i, (ref, o) in enumerate(zip(reference, m.outcomes))}
+        bad = {k: v for k, v in diffs.items() if v is not None}
+        out.update(lossless_prompts=len(results) - len(bad), lossless=f"{len(results) - len(bad)}/{len(results)}",
+                   not_lossless=bad)
+    modeled: dict[str, dict[str, float]] = {}
+    official_passes = agg["drafter_forward_passes"]
+    for accounting in ACCOUNTINGS:
+        rounds = with_pass_accounting([(o.rounds, n) for o, n in zip(m.outcomes, prompt_tokens)], accounting,
+                                      drafter or "", block_size)
+        if accounting == "official":
+            official_passes = sum(r["drafter_forward_passes"] for r in rounds)
+        modeled[accounting] = {p: (modeled_speedup(rounds, agg["generated_tokens"], load_profile(p))
+                                   if drafter else 1.0) for p in PROFILES}
+    out["modeled_speedup"] = modeled
+    out["drafter_passes_per_round_official"] = official_passes / agg["rounds"] if agg["rounds"] else 0.0
+    return out
+
+
+def stage(bench: Bench, methods: list[Method], prompt_ids: list[torch.Tensor], warmup: int, log) -> dict[str, Any]:
+    """Run ``methods`` interleaved on ``prompt_ids`` (vanilla first in the list) and return each
+    method's figures, speedups measured against vanilla's tokens/s."""
+    start = time.perf_counter()
+    run_interleaved(methods, prompt_ids, warmup, log)
+    elapsed = time.perf_counter() - start
+    reference = [o.output_ids for o in methods[0].outcomes]
+    tokens = [int(ids.shape[0]) for ids in prompt_ids]
+    block = bench.drafters["fastdllm"].block_size
+    figures = {}
+    for m in methods:
+        kind = None if m.drafter is None else ("ar" if m.drafter == "ar" else "fastdllm")
+        figures[m.name] = method_figures(m, reference, tokens, kind, block)
+    van = figures["vanilla"]["tokens_per_s"]
+    for f in figures.values():
+        f["speedup_vs_vanilla"] = f["tokens_per_s"] / van if van else 0.0
+    return {"seconds": elapsed, "methods": figures}
+
+
+def best_k(figures: dict[str, Any], prefix: str, grid: list[int], select_by: str, profile: str) -> int:
+    """The k of ``<prefix>-k<k>`` with the highest measured (or modeled, project accounting) speedup."""
+    def score(k):
+        f = figures[f"{prefix}-k{k}"]
+        return f["speedup_vs_vanilla"] if select_by == "measured" else f["modeled_speedup"]["project"][profile]
+    return max(grid, key=score)
+
+
+# -- tables ------------------------------------------------------------------------------------------
+
+
+def _fmt_x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def table1_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str], str]]:
+    """Rows ``(section, method title, one cell per data set, average cell)`` of Table 1."""
+    sections = [("Measured on this machine", lambda f: f["speedup_vs_vanilla"])]
+    for accounting in ACCOUNTINGS:
+        for p in PROFILES:
+            sections.append((f"MODELED, A6000 profile, target {PROFILE_TITLES[p]} ({accounting} pass accounting)",
+                             lambda f, a=accounting, p=p: f["modeled_speedup"][a][p]))
+    rows = []
+    for title, value in sections:
+        for key, method_title in METHOD_TITLES.items():
+            vals = [value(r["methods"][key]) for r in results]
+            rows.append((title, method_title, [_fmt_x(v) for v in vals], _fmt_x(_mean(vals))))
+    return rows
+
+
+APPENDIX_B_METRICS = (
+    ("Acceptance Rate", lambda f: f"{100 * f['acceptance_rate']:.1f}%", lambda fs: f"{100 * _mean([f['acceptance_rate'] for f in fs]):.1f}%"),
+    ("Avg (Acc./Spec.) Len", lambda f: f"{f['mean_accepted_length']:.1f} / {f['mean_speculation_length_drafted']:.1f}",
+     lambda fs: f"{_mean([f['mean_accepted_length'] for f in fs]):.1f} / "
+                f"{_mean([f['mean_speculation_length_drafted'] for f in fs]):.1f}"),
+    ("Max (Acc./Spec.) Len", lambda f: f"{f['max_accepted_length']} / {f['max_speculation_length']}", lambda fs: "-"),
+    ("Num Speculation Rounds (per prompt)", lambda f: f"{f['rounds_per_prompt']:.1f}",
+     lambda fs: f"{_mean([f['rounds_per_prompt'] for f in fs]):.1f}"),
+    ("Avg Drafter Passes / Round", lambda f: f"{f['drafter_passes_per_round']:.1f}",
+     lambda fs: f"{_mean([f['drafter_passes_per_round'] for f in fs]):.1f}"),
+    ("Avg Drafter Passes / Round (official accounting)", lambda f: f"{f['drafter_passes_per_round_official']:.1f}",
+     lambda fs: f"{_mean([f['drafter_passes_per_round_official'] for f in fs]):.1f}"),
+    ("Lossless prompts", lambda f: f["lossless"], lambda fs: "-"),
+)
+
+
+def appendix_b_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str], str]]:
+    """Rows ``(method title, metric, one cell per data set, average cell)`` of App. B."""
+    rows = []
+    for key, method_title in METHOD_TITLES.items():
+        figures = [r["methods"][key] for r in results]
+        for metric, cell, average in APPENDIX_B_METRICS:
+            rows.append((method_title, metric, [cell(f) for f in figures], average(figures)))
+    return rows
+
+
+def _notes(results: list[dict[str, Any]]) -> list[str]:
+    notes = [TRAINING_NOTE]
+    for r in results:
+        s, c = r["settings"], r["calibration"]
+        notes.append(
+            f"{DATASET_TITLES.get(s['dataset'], s['dataset'])}: {s['num_prompts']} prompts (from {s['offset']}) x "
+            f"{s['max_new_tokens']} new tokens, {s['device']} {s['dtype']}; calibration on {s['calibration_prompts']} "
+            f"other prompts (from {s['calibration_offset']}), k grid {','.join(map(str, s['k_grid']))}, best by "
+            f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}; every method "
+            f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts.")
+    return notes
+
+
+def _markdown(title: str, notes: list[str], header: list[str], rows: list[list[str]], align: int,
+              section_col: bool) -> str:
+    """A Markdown table; with ``section_col`` the first cell of each row names its section, written
+    as a bold row where it changes (the paper's "Target Model: ..." rows)."""
+    lines = [f"# {title}", ""] + [f"- {n}" for n in notes] + [""]
+    cols = header
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "|".join(["---"] * align + ["---:"] * (len(cols) - align)) + "|")
+    section = None
+    for row in rows:
+        if section_col:
+            if row[0] != section:
+                section = row[0]
+                lines.append(f"| **{section}** |" + " |" * (len(cols) - 1))
+            row = row[1:]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(results: list[dict[str, Any]], out: Path) -> dict[str, Path]:
+    """``table1.md/csv`` and ``appendix_b.md/csv`` for ``results`` (one per data set, in column order)."""
+    out.mkdir(parents=True, exist_ok=True)
+    datasets = [DATASET_TITLES.get(r["settings"]["dataset"], r["settings"]["dataset"]) for r in results]
+    several = len(results) > 1  # an Average column across data sets, as the paper's
+    notes = _notes(results)
+    t1 = table1_rows(results)
+    files = {"table1.md": out / "table1.md", "table1.csv": out / "table1.csv",
+             "appendix_b.md": out / "appendix_b.md", "appendix_b.csv": out / "appendix_b.csv"}
+    files["table1.md"].write_text(_markdown(
+        "Table 1: speedup over vanilla decoding (FailFast arXiv 2512.20573 layout)",
+        notes + [MEASURED_NOTE, MODELED_NOTE], ["Drafting method", *datasets] + ["Average"] * several,
+        [[s, m, *cells] + [avg] * several for s, m, cells, avg in t1], 1, True))
+    with open(files["table1.csv"], "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["section", "method", *datasets] + ["average"] * several)
+        w.writerows([[s, m, *cells] + [avg] * several for s, m, cells, avg in t1])
+    ab = appendix_b_rows(results)
+    md_rows, last = [], None
+    for method, metric, cells, avg in ab:
+        md_rows.append([method if method != last else "", metric, *cells] + [avg] * several)
+        last = method
+    files["appendix_b.md"].write_text(_markdown(
+        "Appendix B: detailed comparison (FailFast arXiv 2512.20573 layout)",
+        notes + ["Acceptance rate = accepted / drafted tokens (bonus excluded); lengths are means per drafted round "
+                 "(accepted without the bonus token); rounds are per prompt; drafter passes per round with this "
+                 "project's accounting and with the official harness's."],
+        ["Drafting method", "Metric", *datasets] + ["Average"] * several, md_rows, 2, False))
+    with open(files["appendix_b.csv"], "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "metric", *datasets] + ["average"] * several)
+        w.writerows([[m, metric, *cells] + [avg] * several for m, metric, cells, avg in ab])
+    return files
+
+
+def write_calibration(result: dict[str, Any], out: Path) -> Path:
+    """``calibration.md``: every grid point's measured and modeled (7B, project) speedup."""
+    s, figs = result["settings"], result["calibration"]["methods"]
+    lines = ["# Calibration: static k sweeps (best-k selection)", "",
+             f"- {s['calibration_prompts']} prompts of {s['dataset']} from {s['calibration_offset']} (not evaluated), "
+             f"best by {s['select_by']} speedup.", f"- {MEASURED_NOTE}", "",
+             "| k | AR: measured | AR: MODELED 7B | AR: acc. rate | Fast-dLLM (0.9): measured | "
+             "Fast-dLLM: MODELED 7B | Fast-dLLM: acc. rate | Fast-dLLM: passes/round |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in s["k_grid"]:
+        a, d = figs[f"ar-k{k}"], figs[f"fast-dllm-k{k}"]
+        lines.append(f"| {k} | {a['speedup_vs_vanilla']:.2f}x | {a['modeled_speedup']['project']['a6000-qwen7b']:.2f}x"
+                     f" | {a['acceptance_rate']:.3f} | {d['speedup_vs_vanilla']:.2f}x | "
+                     f"{d['modeled_speedup']['project']['a6000-qwen7b']:.2f}x | {d['acceptance_rate']:.3f} | "
+                     f"{d['drafter_passes_per_round']:.2f} |")
+    path = out / "calibration.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    out = Path(args.out)
+    bench = _bench(args)
+    evaluation = load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)
+    calibration = load_prompts(args.dataset, args.dataset_path, args.calibration_prompts, args.calibration_offset)
+    eval_ids = [p.token_ids(bench.tokenizer) for p in evaluation]
+    cal_ids = [p.token_ids(bench.tokenizer) for p in calibration]
+
+    log(f"calibration: {len(args.k_grid)} k x 2 drafters + vanilla on {len(cal_ids)} prompts ...")
+    cal_methods, cal_configs = calibration_methods(bench, args)
+    cal = stage(bench, cal_methods, cal_ids, args.warmup, log)
+    k_ar = best_k(cal["methods"], "ar", args.k_grid, args.select_by, args.select_profile)
+    k_dllm = best_k(cal["methods"], "fast-dllm", args.k_grid, args.select_by, args.select_profile)
+    log(f"  best k: AR drafter (and Fast-dLLM) {k_ar}, Fast-dLLM+ {k_dllm}")
+
+    methods, configs = main_methods(bench, args, k_ar, k_dllm)
+    log(f"evaluation: {len(methods)} methods x {len(eval_ids)} prompts ...")
+    main = stage(bench, methods, eval_ids, args.warmup, log)
+    if "fast-dllm-plus" not in main["methods"]:
+        main["methods"]["fast-dllm-plus"] = {**main["methods"]["fast-dllm"],
+                                             "description": main["methods"]["fast-dllm"]["description"]
+                                             + " (Fast-dLLM+ = Fast-dLLM: same best k)"}
+    settings = {k: v for k, v in vars(args).items()}
+    settings.update(device=str(bench.runtime.torch_device), dtype=str(bench.runtime.torch_dtype).removeprefix("torch."),
+                    torch_threads=torch.get_num_threads(), evaluation_prompt_ids=[p.prompt_id for p in evaluation],
+                    calibration_prompt_ids=[p.prompt_id for p in calibration])
+    result = {"settings": settings,
+              "calibration": {"k_ar": k_ar, "k_dllm": k_dllm, "seconds": cal["seconds"], "methods": cal["methods"]},
+              "seconds": main["seconds"], "methods": main["methods"],
+              "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    files = write_tables([result], out)
+    write_calibration(result, out)
+    write_runs(out / "runs", methods, {"methods": main["methods"]}, evaluation, args,
+               prompt_tokens=[int(x.shape[0]) for x in eval_ids], configs=configs)
+    write_runs(out / "calibration-runs", cal_methods, {"methods": cal["methods"]}, calibration, args,
+               prompt_tokens=[int(x.shape[0]) for x in cal_ids], configs=cal_configs)
+    print(files["table1.md"].read_text())
+    print(files["appendix_b.md"].read_text())
+    log(f"wrote {out}/ (table1, appendix_b, calibration, results.json, runs/, calibration-runs/)")
+    return result
+
+
+def combine(argv: list[str]) -> list[Path]:
+    p = argparse.ArgumentParser(prog="benchmarks/paper_table.py combine",
+                                description="The per-data-set tables side by side (the paper's layout).")
+    p.add_argument("dirs", nargs="+", help="output directories of per-data-set runs, in column order")
+    p.add_argument("--out", required=True, help="directory for table1.md/csv and appendix_b.md/csv")
+    args = p.parse_args(argv)
+    results = []
+    for d in args.dirs:
+        file = Path(d) / "results.json"
+        if not file.is_file():
+            p.error(f"{file} does not exist (run benchmarks/paper_table.py --out {d} first)")
+        results.append(json.loads(file.read_text()))
+    files = write_tables(results, Path(args.out))
+    print(files["table1.md"].read_text())
+    print(files["appendix_b.md"].read_text())
+    return list(files.values())
+
+
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "combine":
+        return combine(argv[1:])
+    return run(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""``benchmarks/paper_table.py`` end to end on a tiny on-disk family (float64, CPU): calibration on a
+separate slice, every paper method lossless, Table 1 / App. B in the paper's layout, run directories
+for the figures, ``combine``, and one-line user errors before any model loads."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_family import save_tiny_family
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_table.py"
+METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("specpolicy_bench_paper_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("paper")
+    fam = save_tiny_family(tmp / "family")
+    out = tmp / "gsm8k"
+    result = _script().main(["--dataset", "gsm8k", "--num-prompts", "2", "--calibration-prompts", "1",
+                             "--k-grid", "2,3", "--max-new-tokens", "16", "--warmup", "0", "--failfast-n", "4",
+                             "--failfast-n-max", "12", "--target", str(fam["target"]), "--ar-drafter",
+                             str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]), "--device", "cpu",
+                             "--dtype", "float64", "--out", str(out)])
+    return result, out
+
+
+def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tiny_run):
+    result, out = tiny_run
+    s, cal = result["settings"], result["calibration"]
+    assert set(result["methods"]) == {"vanilla", *METHODS}
+    assert not set(s["calibration_prompt_ids"]) & set(s["evaluation_prompt_ids"])
+    assert s["calibration_offset"] == 2 and len(s["calibration_prompt_ids"]) == 1
+    assert {cal["k_ar"], cal["k_dllm"]} <= {2, 3}
+    assert set(cal["methods"]) == {"vanilla", "ar-k2", "ar-k3", "fast-dllm-k2", "fast-dllm-k3"}
+    best = max((2, 3), key=lambda k: cal["methods"][f"ar-k{k}"]["speedup_vs_vanilla"])
+    assert cal["k_ar"] == best
+    for name, m in result["methods"].items():
+        assert m["lossless"] == "2/2", (name, m["not_lossless"])
+        assert set(m["modeled_speedup"]) == {"project", "official"}
+        assert set(m["modeled_speedup"]["official"]) == {"a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b"}
+    m = result["methods"]
+    assert m["vanilla"]["speedup_vs_vanilla"] == 1.0
+    # The AR drafter's passes do not change with the accounting; the static k is the calibrated one.
+    assert m["ar"]["drafter_passes_per_round_official"] == m["ar"]["drafter_passes_per_round"]
+    assert m["ar"]["max_speculation_length"] == cal["k_ar"] == m["fast-dllm"]["max_speculation_length"]
+    assert m["fail-fast-only"]["max_speculation_length"] == 4  # static k = N
+    assert m["failfast"]["max_speculation_length"] <= 12
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(result))
+
+
+def test_tables_in_the_paper_layout(tiny_run):
+    result, out = tiny_run
+    table1 = (out / "table1.md").read_text()
+    assert "trained on GSM8K only" in table1 and "MODELED, not measured" in table1
+    assert "| **Measured on this machine** |" in table1
+    assert "| **MODELED, A6000 profile, target Qwen2.5-32B-Instruct (official pass accounting)** |" in table1
+    rows = list(csv.reader((out / "table1.csv").open()))
+    assert rows[0] == ["section", "method", "GSM8K"]  # one data set: no Average column
+    assert len(rows) == 1 + 7 * len(METHODS)
+    measured = {r[1]: r[2] for r in rows[1:] if r[0] == "Measured on this machine"}
+    assert measured["FailFast"] == f"{result['methods']['failfast']['speedup_vs_vanilla']:.2f}x"
+    appendix = list(csv.reader((out / "appendix_b.csv").open()))
+    assert appendix[0] == ["method", "metric", "GSM8K"] and len(appendix) == 1 + 7 * len(METHODS)
+    cell = {(r[0], r[1]): r[2] for r in appendix[1:]}
+    ff = result["methods"]["failfast"]
+    assert cell[("FailFast", "Acceptance Rate")] == f"{100 * ff['acceptance_rate']:.1f}%"
+    assert cell[("FailFast", "Max (Acc./Spec.) Len")] == f"{ff['max_accepted_length']} / {ff['max_speculation_length']}"
+    assert cell[("FailFast", "Lossless prompts")] == "2/2"
+    assert (out / "calibration.md").read_text().count("\n| ") >= 3
+
+
+def test_run_directories_for_the_figures(tiny_run):
+    result, out = tiny_run
+    runs = {p.name for p in (out / "runs").iterdir()}
+    assert runs <= set(METHODS) and {"ar", "fast-dllm", "failfast", "fail-fast-only", "win-big-only"} <= runs
+    summary = json.loads((out / "runs" / "fast-dllm" / "summary.json").read_text())
+    assert summary["config"]["drafter"]["threshold"] == 0.9 and summary["config"]["policy"]["name"] == "static"
+    assert json.loads((out / "runs" / "failfast" / "summary.json").read_text())["config"]["drafter"]["threshold"] == 0.05
+    row = json.loads((out / "runs" / "failfast" / "results.jsonl").read_text().splitlines()[0])
+    assert row["prompt_tokens"] > 0 and row["lossless"] is True
+    assert len(list((out / "calibration-runs").iterdir())) == 4
+
+
+def test_combine_puts_data_sets_side_by_side(tiny_run, tmp_path):
+    result, out = tiny_run
+    other = tmp_path / "second"
+    other.mkdir()
+    second = json.loads(json.dumps(result))
+    second["settings"]["dataset"] = "math500"
+    (other / "results.json").write_text(json.dumps(second))
+    _script().main(["combine", str(out), str(other), "--out", str(tmp_path / "both")])
+    rows = list(csv.reader((tmp_path / "both" / "table1.csv").open()))
+    assert rows[0] == ["section", "method", "GSM8K", "MATH-500", "average"]
+    assert all(r[2] == r[3] == r[4] for r in rows[1:])  # the same figures: the average equals them
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "aime24", "--num-prompts", "28", "--calibration-prompts", "5"], "must fit the 30 prompts of aime24"),
+    (["--num-prompts", "10", "--calibration-offset", "5"], "overlaps the evaluation slice"),
+    (["--k-grid", "3,x"], "--k-grid must be comma-separated integers >= 1"),
+    (["--failfast-n", "10", "--failfast-n-max", "5"], "--failfast-n-max must be >= --failfast-n (10), got 5"),
+    (["--dataset", "mmlu"], "--dataset must be one of"),
+])
+def test_user_errors_are_one_line_before_models_load(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        _script().parse_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in err
