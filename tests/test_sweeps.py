@@ -106,6 +106,8 @@ def _sweep_values(params: dict, key: str) -> list:
     ("paper-main", "fastdllm", "failfast", "method",
      ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only"]),
     ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
+    ("concavity", "fastdllm", "static", "drafter.threshold", [0.05, 0.3, 0.5, 0.7, 0.9, 0.99]),
+    ("concavity", "fastdllm", "static", "policy.k", [2, 4, 8, 16, 32]),
     ("speculation-off", "fastdllm", "aimd", "policy.off_when_slower", [False, True]),
     ("speculation-off", "fastdllm", "aimd", "drafter.threshold", [0.05, 0.95]),
     ("speculation-off", "fastdllm", "aimd", "dataset", ["humaneval", "math500"]),
