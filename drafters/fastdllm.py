@@ -620,7 +620,7 @@ def _greedy(logits: torch.Tensor, in_model_dtype: bool = False,
     the token = argmax of those rounded probabilities (ties -> the first index) when
     ``probs_argmax``, else argmax of the logits (the official first token of a block); confidence
     = its rounded probability, returned as float32. The two differ only where rounding ties the
-    top probabilities (about 1 draft in 90 in bfloat16), never in float32/float64 beyond rounding.
+    top probabilities (rare in bfloat16), and in float32 / float64 only at exact rounding ties.
     """
     if in_model_dtype:
         probs = torch.softmax(logits, dim=-1)  # (m, V) in the logits' dtype
