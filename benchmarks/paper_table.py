@@ -350,7 +350,7 @@ def _notes(results: list[dict[str, Any]]) -> list[str]:
         notes.append(
             f"{DATASET_TITLES.get(s['dataset'], s['dataset'])}: {s['num_prompts']} prompts (from {s['offset']}) x "
             f"{s['max_new_tokens']} new tokens, {s['device']} {s['dtype']}; calibration on {s['calibration_prompts']} "
-            f"other prompts (from {s['calibration_offset']}), k grid {','.join(map(str, s['k_grid']))}, best by "
+            f"other prompt{'s' if s['calibration_prompts'] != 1 else ''} (from {s['calibration_offset']}), k grid {','.join(map(str, s['k_grid']))}, best by "
             f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}; every method "
             f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts.")
     return notes
