@@ -59,6 +59,8 @@ class Drafter(ABC):
             ``forward_passes`` counting every pass spent on it. A drafter that has nothing
             (more) to propose -- a model-free drafter without a match -- may add fewer tokens,
             possibly none; the loop then stops drafting and verifies the draft as it stands.
+            A drafter that drafted a stop token (EOS) may end the draft there and set
+            ``Draft.ends_at_stop_token``: the loop then stops drafting (reason ``stop_token``).
         """
 
     @abstractmethod
