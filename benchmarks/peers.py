@@ -429,7 +429,8 @@ def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], p
         with open(d / "results.jsonl", "w", encoding="utf-8") as f:
             for i, (p, o) in enumerate(zip(prompts, m.outcomes)):
                 extra = {} if prompt_tokens is None else {"prompt_tokens": prompt_tokens[i]}
-                f.write(json.dumps({"prompt_id": p.prompt_id, **extra, "generated_tokens": len(o.output_ids),
+                f.write(json.dumps({"prompt_id": p.prompt_id, "prompt_text": p.text, **extra,
+                                    "generated_tokens": len(o.output_ids),
                                     "output_ids": o.output_ids, "wall_s": o.wall_s, "stop_reason": o.stop_reason,
                                     "lossless": str(i) not in stats.get("not_lossless", {}),
                                     "rounds": o.rounds}) + "\n")

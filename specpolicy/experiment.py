@@ -137,7 +137,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                 spec = speculative(ids, on_round, prompt_id=prompt.prompt_id)
                 if baseline and van is None:
                     van = vanilla(ids, prompt_id=prompt.prompt_id)
-                row = _row(prompt.prompt_id, ids.shape[0], spec, van, tokenizer, sampled=not sampling.is_greedy)
+                row = _row(prompt.prompt_id, ids.shape[0], spec, van, tokenizer, sampled=not sampling.is_greedy,
+                           prompt_text=prompt.text)
                 row["config_hash"] = fingerprint
                 pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=row)
                 rows.append(row)
@@ -150,19 +151,21 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             pm.hook.specpolicy_run_abort(error=error, run_dir=str(run_dir))
             raise
         pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
-    print_summary(summary)
+    print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
     return summary
 
 
 def _row(prompt_id: str, prompt_tokens: int, spec: GenerationResult, van: GenerationResult | None, tokenizer,
-         sampled: bool = False) -> dict:
+         sampled: bool = False, prompt_text: str | None = None) -> dict:
     """One ``results.jsonl`` line. ``lossless``: output equal to vanilla greedy decoding's; with
     ``sampled`` (temperature > 0) the string ``"n/a (sampling)"`` -- two samples differ legitimately,
-    losslessness in distribution is what ``tests/test_sampling.py`` checks."""
+    losslessness in distribution is what ``tests/test_sampling.py`` checks. ``prompt_text``: the
+    prompt's user message (shown on the trajectory pages of ``specpolicy.plot``)."""
     out_ids = spec.output_ids.tolist()
     row = {
         "prompt_id": prompt_id,
         "prompt_tokens": int(prompt_tokens),
+        **({"prompt_text": prompt_text} if prompt_text is not None else {}),
         "output_ids": out_ids,
         "output_text": tokenizer.decode(out_ids, skip_special_tokens=True),
         "generated_tokens": len(out_ids),
