@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -99,21 +100,46 @@ def _slug(text: str) -> str:
 # -- Fig. 8: CDF of accepted / speculated lengths ---------------------------------------------
 
 
+#: Line styles, one per group of 10 methods (each group reuses tab10's hues, lighter from the
+#: second group on): every method gets a colour/line-style pair of its own.
+LINESTYLES = ("-", "--", ":", "-.")
+
+
 def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
-    """A distinct color per method (tab10, tab20 beyond 10) and dashed lines for draft-reuse variants."""
+    """A distinct colour AND line-style pair per method, in run order: methods 1-10 tab10's
+    colours with solid lines, 11-20 tab20's lighter shades of the same hues with dashed lines,
+    then dotted and dash-dotted lines (``LINESTYLES``)."""
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab10" if len(runs) <= 10 else "tab20"]
-    return {r.name: {"color": cmap(i % cmap.N), "linestyle": "--" if "reuse" in r.name else "-"}
-            for i, r in enumerate(runs)}
+    tab20 = matplotlib.colormaps["tab20"]
+    styles = {}
+    for i, run in enumerate(runs):
+        group, hue = divmod(i, 10)
+        shade = 2 * hue + (group % 2)  # tab20: even = tab10's colour, odd = its lighter shade
+        styles[run.name] = {"color": tab20(shade), "linestyle": LINESTYLES[group % len(LINESTYLES)]}
+    return styles
+
+
+def drafts(run: Run) -> bool:
+    """Whether any round of ``run`` had a draft (k > 0); a method that never drafts (vanilla
+    decoding, plain ``generate``) has no acceptance or length figure."""
+    return any(r.get("speculation_length", 0) > 0 for r in run.rounds)
 
 
 def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
     """Empirical CDFs of the accepted length and of the speculation length per round (rounds
-    with a draft), one line per method, two panels, legend on the right. Returns ``path``."""
+    with a draft), one line per method that drafts, two panels, legend right of the panels (off
+    the data). Returns ``path``.
+
+    Raises:
+        ValueError: when no run has a round with a draft (the figure would be empty).
+    """
+    if not any(drafts(run) for run in runs):
+        raise ValueError("no run has a round with a draft: nothing to plot")
     plt = _pyplot()
     style = _style(runs)
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
+    runs = [run for run in runs if drafts(run)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.6, 1.2 + 0.17 * len(runs))), sharey=True)
     for key, ax, title in (("accepted_length", axes[0], "accepted length per round"),
                            ("speculation_length", axes[1], "speculated length per round")):
         for run in runs:
@@ -127,12 +153,11 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
         ax.set_xlabel("tokens")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("CDF (fraction of rounds with a draft)")
-    handles, labels = axes[1].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, fontsize=7, loc="center right", frameon=False)
+    # right of the panels, outside the axes (the saved figure grows to hold it): never on a line
+    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, handlelength=3)
     fig.suptitle("Accepted and speculated lengths per round (cf. FailFast Fig. 8)")
-    fig.tight_layout(rect=(0, 0, 0.78 if handles else 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
@@ -171,7 +196,7 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     time, in ms per generated token. Returns ``path``."""
     plt = _pyplot()
     data = latency_breakdown(runs)
-    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)))
+    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)), layout="constrained")
     ys = list(range(len(data)))[::-1]  # first method at the top
     left = [0.0] * len(data)
     for part, label in (("verify", "verification"), ("draft", "drafting"), ("other", "other (prefill, loop)")):
@@ -185,10 +210,9 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     ax.set_xlabel("ms per generated token (measured)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.12)
     ax.set_title("Latency breakdown: drafting vs verification (cf. FailFast Fig. 6)", fontsize=10)
-    # below the axes, so it never covers a bar or its total
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=3, frameon=False)
+    # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total
+    fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -200,31 +224,45 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
 def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4) -> Path:
     """For the first ``max_prompts`` prompts of ``run``, one panel each: per round, the speculated
     and accepted lengths (bars, left axis) and the acceptance rate a/k (line, right axis; rounds
-    without a draft are skipped). Returns ``path``."""
+    without a draft are skipped). The legend sits above the panels, off the data. Returns ``path``.
+
+    Raises:
+        ValueError: when ``run`` never drafts (``drafts``): the figure would be empty.
+    """
+    if not drafts(run):
+        raise ValueError(f"{run.name} has no round with a draft: no acceptance figure")
     plt = _pyplot()
-    rows = run.rows[:max_prompts] or [{"prompt_id": "-", "rounds": []}]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 2.4 * len(rows)), squeeze=False)
+    rows = [row for row in run.rows if any(r["speculation_length"] > 0 for r in row.get("rounds", []))][:max_prompts]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 0.9 + 2.3 * len(rows)), squeeze=False)
+    twins = []
     for ax, row in zip(axes[:, 0], rows):
         rounds = row.get("rounds", [])
         idx = list(range(len(rounds)))
-        ax.bar(idx, [r["speculation_length"] for r in rounds], color="#c6dbef", label="speculated")
-        ax.bar(idx, [r["accepted_length"] for r in rounds], color="#2171b5", label="accepted")
+        ax.bar(idx, [r["speculation_length"] for r in rounds], color="#c6dbef", label="speculated length k")
+        ax.bar(idx, [r["accepted_length"] for r in rounds], color="#2171b5", label="accepted length a")
         ax.set_ylabel("tokens")
-        ax.set_title(f"{run.name} - prompt {row.get('prompt_id')}", fontsize=9)
+        ax.set_xlim(-0.8, max(len(rounds), 1) - 0.2)
+        ax.set_title(f"prompt {row.get('prompt_id')} ({len(rounds)} rounds)", fontsize=9, loc="left")
         ax2 = ax.twinx()
+        twins.append(ax2)
         pts = [(i, r["accepted_length"] / r["speculation_length"]) for i, r in enumerate(rounds)
                if r["speculation_length"] > 0]
-        if pts:
-            ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="#e6550d", marker=".", lw=1,
-                     label="acceptance rate")
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="#e6550d", marker=".", lw=1,
+                 label="acceptance rate a / k (right axis)")
         ax2.set_ylim(-0.05, 1.05)
         ax2.set_ylabel("acceptance rate")
-        if ax is axes[0, 0]:
-            handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-            ax.legend(handles=handles, fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("round")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes[:, 0]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    handles = axes[0, 0].get_legend_handles_labels()[0] + twins[0].get_legend_handles_labels()[0]
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    top = axes[0, 0].get_position().y1  # above the first panel and its title, off the data
+    fig.text(0.01, 1.0, f"Speculated and accepted length per round: {run.name}", fontsize=11, va="bottom")
+    fig.legend(handles=handles, fontsize=8, ncol=3, frameon=False, loc="lower right", bbox_to_anchor=(0.99, top + 0.02))
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
@@ -232,18 +270,114 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
 # -- Fig. 12: trajectory pages --------------------------------------------------------------------
 
 _CSS = """
-body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.2em; } .stats { color: #555; font-size: 0.9em; margin-bottom: 1em; }
-.legend span { margin-right: 1.2em; }
-.round { font-family: Menlo, Consolas, monospace; font-size: 13px; white-space: pre-wrap; line-height: 1.7;
-         border-bottom: 1px solid #eee; padding: 2px 0; }
-.meta { color: #888; display: inline-block; min-width: 19em; padding-right: 0.8em; }
+body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #1f2328;
+       background: #fff; margin: 0; }
+main { max-width: 1180px; margin: 0 auto; padding: 20px 28px 60px; }
+h1 { font-size: 1.45em; margin: 0 0 2px; }
+h2 { font-size: 1.2em; margin: 34px 0 8px; padding-bottom: 4px; border-bottom: 1px solid #d8dee4; }
+h3 { font-size: 1.03em; margin: 22px 0 6px; }
+p { margin: 6px 0; }
+.muted { color: #59636e; font-size: 0.9em; }
+nav { font-size: 0.9em; margin-bottom: 10px; }
+a { color: #0969da; text-decoration: none; } a:hover { text-decoration: underline; }
+code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.88em; background: #f6f8fa;
+       padding: 1px 4px; border-radius: 4px; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 6px 0 14px; }
+th, td { padding: 4px 10px; border-bottom: 1px solid #e4e7eb; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; font-weight: 600; vertical-align: bottom; }
+th.num { text-align: right; max-width: 8.5em; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+.scroll { overflow-x: auto; }
+tr:hover td { background: #fafbfc; }
+.partial { color: #9a6700; font-weight: 600; }
+.bad { color: #cf222e; font-weight: 600; }
+figure { margin: 14px 0 26px; }
+figure img { display: block; max-width: 100%; height: auto; border: 1px solid #e4e7eb; border-radius: 4px; }
+figcaption { color: #59636e; font-size: 0.88em; margin-top: 4px; max-width: 900px; }
+.prompt { white-space: pre-wrap; background: #f6f8fa; border: 1px solid #e4e7eb; border-radius: 6px;
+          padding: 10px 14px; margin: 6px 0 14px; font-family: ui-monospace, Menlo, Consolas, monospace;
+          font-size: 13px; max-height: 18em; overflow: auto; }
+.legend { color: #59636e; font-size: 0.88em; margin: 8px 0 12px; }
+.legend span { margin-right: 1.4em; }
+.round { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px; white-space: pre-wrap;
+         line-height: 1.7; border-bottom: 1px solid #eef0f2; padding: 2px 0; }
+.meta { color: #6e7781; display: inline-block; min-width: 19em; padding-right: 0.8em; }
 .acc { }
 .rej { text-decoration: line-through; text-decoration-color: #c0392b; color: #c0392b; }
 .tgt { border: 1.5px solid #1e8449; border-radius: 3px; padding: 0 2px; background: #eafaf1; }
 .reused { border-bottom: 2px dotted #7d3c98; }
 .cut { color: #aaa; }
 """
+
+
+def _page(title: str, body: str) -> str:
+    """A complete HTML page: ``title`` (escaped) and ``body`` (HTML), the stylesheet inline --
+    no external resource."""
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>{body}</main></body></html>")
+
+
+def _html_table(header: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> str:
+    """An HTML table: ``header`` = (title, numeric) per column; ``rows`` of cells that are
+    already HTML (escape text first). Numeric columns are right-aligned."""
+    head = "".join(f'<th class="num">{html.escape(t)}</th>' if num else f"<th>{html.escape(t)}</th>"
+                   for t, num in header)
+    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>"
+                                    for c, (_, num) in zip(row, header)) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+#: Per-prompt figures beside each trajectory link and on its page: (title, key of
+#: ``metrics.prompt_values``, format, applies only when the prompt drafted).
+PROMPT_COLUMNS = (
+    ("tokens", "generated_tokens", "{}", False),
+    ("rounds", "rounds", "{}", False),
+    ("acceptance rate (accepted / drafted tokens)", "acceptance_rate", "{:.3f}", True),
+    ("accepted length / drafted round", "mean_accepted_length", "{:.2f}", True),
+    ("speculation length / round (all rounds)", "mean_speculation_length", "{:.2f}", True),
+    ("tokens/s", "tokens_per_s", "{:.1f}", False),
+    ("speedup vs vanilla (measured)", "speedup_vs_vanilla", "{:.2f}x", False),
+)
+
+
+def prompt_cells(row: dict[str, Any]) -> list[str]:
+    """One prompt's figures as text cells (``PROMPT_COLUMNS``, then stop reason and lossless):
+    ``metrics.prompt_values`` of its ``results.jsonl`` row -- the function the summary's
+    ``per_prompt`` comes from -- with ``-`` where a figure does not apply."""
+    from specpolicy.metrics import prompt_values, vanilla_from_row
+
+    values = prompt_values(row, vanilla_from_row(row))
+    drafted = any(r.get("speculation_length", 0) > 0 for r in row.get("rounds", []))
+    cells = ["-" if values.get(key) is None or (only_drafting and not drafted) else fmt.format(values[key])
+             for _, key, fmt, only_drafting in PROMPT_COLUMNS]
+    lossless = row.get("lossless")
+    cells += [str(row.get("stop_reason") or "-"),
+              "-" if lossless is None else ("yes" if lossless is True else ("NO" if lossless is False else str(lossless)))]
+    return cells
+
+
+_PROMPT_HEADER = [(t, True) for t, _, _, _ in PROMPT_COLUMNS] + [("stop", False), ("lossless", False)]
+
+
+def prompt_texts(run: Run) -> dict[str, str]:
+    """``prompt id -> prompt text`` for ``run``: the rows' ``prompt_text``, else read from the
+    run's configured dataset (``config.dataset`` of its summary); prompts found in neither are
+    missing from the result."""
+    texts = {str(row["prompt_id"]): row["prompt_text"] for row in run.rows if row.get("prompt_text")}
+    if len(texts) == len(run.rows):
+        return texts
+    dataset = (run.summary.get("config") or {}).get("dataset") or {}
+    if dataset.get("name"):
+        try:
+            from specpolicy.datasets import load_prompts
+
+            known = {p.prompt_id: p.text for p in load_prompts(str(dataset["name"]), dataset.get("path"), None, 0)}
+        except Exception:  # noqa: BLE001 - the page then says the text is not available
+            known = {}
+        for row in run.rows:
+            texts.setdefault(str(row["prompt_id"]), known.get(str(row["prompt_id"]), ""))
+    return {k: v for k, v in texts.items() if v}
 
 
 def _decoder(tokenizer) -> Any:
@@ -264,8 +398,12 @@ def _tok(text: str, cls: str) -> str:
     return f'<span class="{cls}">{shown}</span>'
 
 
-def trajectory_html(row: dict[str, Any], method: str, tokenizer=None) -> str:
-    """The Fig. 12-style page of one prompt (``row`` = a ``results.jsonl`` line) as an HTML string."""
+def trajectory_html(row: dict[str, Any], method: str, tokenizer=None, prompt_text: str | None = None,
+                    index_href: str | None = None) -> str:
+    """The Fig. 12-style page of one prompt (``row`` = a ``results.jsonl`` line) as an HTML string:
+    the prompt (``prompt_text``, else the row's ``prompt_text``), the prompt's figures
+    (``prompt_cells``), a legend, then one line per round. ``index_href``: a link back to the
+    figures page."""
     decode = _decoder(tokenizer)
     rounds = row.get("rounds", [])
     lines = []
@@ -301,23 +439,26 @@ def trajectory_html(row: dict[str, Any], method: str, tokenizer=None) -> str:
                 + (f" reused={r['reused_tokens']}" if r.get("reused_tokens") else ""))
         lines.append(f'<div class="round"><span class="meta">{html.escape(meta)}</span>{"".join(parts)}</div>')
     flush_plain()
-    drafted = [r for r in rounds if r["speculation_length"] > 0]
-    spec = sum(r["speculation_length"] for r in drafted)
-    acc = sum(r["accepted_length"] for r in drafted)
-    lossless = row.get("lossless")
-    stats = (f"{row.get('generated_tokens', 0)} tokens in {len(rounds)} rounds; acceptance rate "
-             f"{acc / spec if spec else 0.0:.3f}; mean accepted {acc / len(drafted) if drafted else 0.0:.2f} of "
-             f"{spec / len(drafted) if drafted else 0.0:.2f} speculated; stop: {row.get('stop_reason', '-')}; "
-             f"lossless: {'-' if lossless is None else lossless}")
     title = f"{method} - prompt {row.get('prompt_id', '')}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
-            f"<div class='stats'>{html.escape(stats)}</div><div class='legend stats'>"
-            f"<span>accepted draft token: {_tok('plain', 'acc')}</span>"
-            f"<span>rejected draft token: {_tok('struck', 'rej')}</span>"
-            f"<span>target's token (correction / bonus): {_tok('boxed', 'tgt')}</span>"
-            f"<span>reused draft token: {_tok('dotted', 'acc reused')}</span></div>"
-            + "\n".join(lines) + "</body></html>")
+    text = prompt_text if prompt_text is not None else row.get("prompt_text")
+    nav = f'<nav><a href="{html.escape(index_href)}">&larr; all figures</a></nav>' if index_href else ""
+    prompt = (f"<div class='prompt'>{html.escape(text)}</div>" if text else
+              "<p class='muted'>The prompt text is not recorded in this run's results.jsonl and its dataset "
+              "could not be read.</p>")
+    return _page(title, f"{nav}<h1>{html.escape(method)}</h1><p class='muted'>prompt "
+                        f"<code>{html.escape(str(row.get('prompt_id', '')))}</code>"
+                        + (f", {row['prompt_tokens']} prompt tokens" if "prompt_tokens" in row else "")
+                        + f"</p><h2>Prompt</h2>{prompt}"
+                 f"<h2>Figures</h2>{_html_table(_PROMPT_HEADER, [[html.escape(c) for c in prompt_cells(row)]])}"
+                 + (f"<h2>Output</h2><div class='prompt'>{html.escape(row['output_text'])}</div>"
+                    if row.get("output_text") else "")
+                 + f"<h2>Rounds</h2><div class='legend'>"
+                 f"<span>accepted draft token: {_tok('plain', 'acc')}</span>"
+                 f"<span>rejected draft token: {_tok('struck', 'rej')}</span>"
+                 f"<span>target's token (correction / bonus): {_tok('boxed', 'tgt')}</span>"
+                 f"<span>reused draft token: {_tok('dotted', 'acc reused')}</span>"
+                 f"<span>past the stop: {_tok('grey', 'cut')}</span></div>"
+                 + "\n".join(lines))
 
 
 def tokenizer_for(runs: Sequence[Run], name: str | None = None):
@@ -336,31 +477,144 @@ def tokenizer_for(runs: Sequence[Run], name: str | None = None):
     return None
 
 
+#: Titles and captions of the figures on the index page (file name -> (title, caption)).
+FIGURE_TEXT = {
+    "length_cdf.png": ("Accepted and speculated lengths per round",
+                       "Empirical CDF over the rounds with a draft (k > 0), one line per method that drafts "
+                       "(cf. FailFast Fig. 8)."),
+    "latency_breakdown.png": ("Where the time goes",
+                              "Milliseconds per generated token spent verifying, drafting and elsewhere (prefill, "
+                              "the loop), measured; vanilla decoding pooled over the runs that measured it "
+                              "(cf. FailFast Fig. 6)."),
+}
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    """The start of ``text`` on one line, at most ``limit`` characters (an ellipsis when cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def _figure(summary: dict[str, Any], method: str, key: str) -> Any:
+    """A headline figure of a summary: top level, else under ``methods[method]`` (peers runs)."""
+    if summary.get(key) is not None:
+        return summary[key]
+    return ((summary.get("methods") or {}).get(method) or {}).get(key)
+
+
+def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
+    """The cells (HTML) of ``run``'s line in the index's summary table: run directory, method,
+    overrides, prompts (PARTIAL marked), measured and MODELED speedup, acceptance rate, accepted
+    length per drafted round, speculation length per round, lossless. ``common``: overrides
+    shared by every run (shown once above the table, not per run)."""
+    from specpolicy.report import is_partial, job_overrides, lossless_text
+
+    summary, method = run.summary, str(run.summary.get("method") or run.name)
+    drafted = drafts(run)
+
+    def num(key: str, fmt: str, only_drafting: bool = False) -> str:
+        value = _figure(summary, method, key)
+        return "-" if value is None or (only_drafting and not drafted) else fmt.format(value)
+
+    prompts = html.escape(str(summary.get("prompts", len(run.rows))))
+    if summary and is_partial(summary):
+        prompts = (f"<span class='partial'>{prompts} of {summary.get('prompts_total', '?')} "
+                   f"(partial{', ' + html.escape(str(summary['interrupted_by'])) if summary.get('interrupted_by') else ''})"
+                   f"</span>")
+    lossless = html.escape(lossless_text(summary)) if summary else "-"
+    if summary.get("lossless_fraction") is not None and summary["lossless_fraction"] < 1:
+        lossless = f"<span class='bad'>{lossless}</span>"
+    overrides = " ".join(o for o in job_overrides(run.directory) if o not in common)
+    where = run.directory.relative_to(root).as_posix() if run.directory != root else "."
+    return [html.escape(where), html.escape(run.name), f"<code>{html.escape(overrides)}</code>" if overrides else "-",
+            prompts, num("speedup_vs_vanilla", "{:.2f}x"), num("modeled_speedup_vs_vanilla", "{:.2f}x"),
+            num("acceptance_rate", "{:.3f}", True), num("mean_accepted_length", "{:.2f}", True),
+            num("mean_speculation_length", "{:.2f}", True), lossless]
+
+
+_RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompts", True),
+               ("speedup vs vanilla (measured)", True), ("speedup, MODELED", True),
+               ("acceptance rate (accepted / drafted tokens)", True), ("accepted length / drafted round", True),
+               ("speculation length / round (all rounds)", True), ("lossless", True)]
+
+
+def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: dict[str, list[tuple[dict, Path]]],
+               out: Path) -> str:
+    """The figures page: a summary of every run, the figures with titles and captions, and per
+    method a table of its prompts (figures beside each trajectory link)."""
+    body = [f"<h1>specpolicy figures</h1><p class='muted'>{len(runs)} run{'s' if len(runs) != 1 else ''} in "
+            f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
+            f"same run; MODELED ones come from pass counts and a latency profile.</p>",
+            "<h2>Runs</h2>"]
+    from specpolicy.report import job_overrides
+
+    overrides = [job_overrides(run.directory) for run in runs]
+    common = [o for o in overrides[0] if all(o in other for other in overrides[1:])] if len(runs) > 1 else []
+    if common:
+        body.append(f"<p>Common to every run: <code>{html.escape(' '.join(common))}</code></p>")
+    body.append(_html_table(_RUN_HEADER, [run_header(run, root, common) for run in runs]))
+    commons = [p for p in figures if p.name in FIGURE_TEXT]
+    acceptance = [p for p in figures if p.name.startswith("acceptance_")]
+    body.append("<h2>Figures</h2>")
+    for p in commons:
+        title, caption = FIGURE_TEXT[p.name]
+        body.append(f'<figure><h3>{html.escape(title)}</h3><img src="{html.escape(p.name)}" alt="{html.escape(title)}">'
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    if acceptance:
+        body.append("<h2>Acceptance over the rounds of the first prompts</h2><p class='muted'>Per round: speculated "
+                    "length k (light bars), accepted length a (dark bars) and the acceptance rate a / k (line, "
+                    "right axis). Methods that never draft have no such figure.</p>")
+        by_slug = {f"acceptance_{_slug(run.name)}.png": run.name for run in runs}
+        for p in acceptance:
+            name = by_slug.get(p.name, p.stem)
+            body.append(f'<figure><h3>{html.escape(name)}</h3><img src="{html.escape(p.name)}" '
+                        f'alt="acceptance over rounds: {html.escape(name)}"></figure>')
+    if pages:
+        body.append("<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
+                    "tokens plain, rejected ones struck through, the target's token boxed (cf. FailFast Fig. 12).</p>")
+        header = [("prompt", False), ("prompt text", False)] + _PROMPT_HEADER
+        for run in runs:
+            entries = pages.get(run.name, [])
+            if not entries:
+                continue
+            texts = prompt_texts(run)
+            rows = [[f'<a href="{html.escape(page.relative_to(out).as_posix())}">'
+                     f"{html.escape(str(row.get('prompt_id', '')))}</a>",
+                     f"<span class='muted'>{html.escape(_excerpt(texts.get(str(row.get('prompt_id')), '')))}</span>"]
+                    + [html.escape(c) for c in prompt_cells(row)] for row, page in entries]
+            method = run.name
+            body.append(f"<h3>{html.escape(method)}</h3>" + _html_table(header, rows))
+    return _page("specpolicy figures", "".join(body))
+
+
 def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts: int = 4,
-              max_pages: int | None = None) -> list[Path]:
+              max_pages: int | None = None, root: str | Path | None = None) -> list[Path]:
     """Write every figure and page for ``runs`` into ``out``; returns the written files
-    (``index.html`` last). ``max_pages`` limits the trajectory pages per method (None: all)."""
+    (``index.html`` last). No figure is drawn without data: the length CDF only when some run
+    drafts, an acceptance figure only per run that drafts. ``max_pages`` limits the trajectory
+    pages per method (None: all); ``root``: the directory the runs were read from (shown)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    files = [plot_length_cdf(runs, out / "length_cdf.png"), plot_latency_breakdown(runs, out / "latency_breakdown.png")]
-    pages: dict[str, list[Path]] = {}
+    root = Path(root) if root is not None else Path(os.path.commonpath([str(r.directory) for r in runs]))
+    files = []
+    if any(drafts(run) for run in runs):
+        files.append(plot_length_cdf(runs, out / "length_cdf.png"))
+    files.append(plot_latency_breakdown(runs, out / "latency_breakdown.png"))
+    pages: dict[str, list[tuple[dict, Path]]] = {}
     for run in runs:
-        files.append(plot_acceptance_over_rounds(run, out / f"acceptance_{_slug(run.name)}.png", max_prompts))
+        if drafts(run):
+            files.append(plot_acceptance_over_rounds(run, out / f"acceptance_{_slug(run.name)}.png", max_prompts))
         folder = out / "trajectories" / _slug(run.name)
         folder.mkdir(parents=True, exist_ok=True)
+        texts = prompt_texts(run)
         for row in run.rows[:max_pages]:
             page = folder / f"{_slug(str(row.get('prompt_id', 'prompt')))}.html"
-            page.write_text(trajectory_html(row, run.name, tokenizer), encoding="utf-8")
-            pages.setdefault(run.name, []).append(page)
+            page.write_text(trajectory_html(row, run.name, tokenizer, texts.get(str(row.get("prompt_id"))),
+                                            index_href="../../index.html"), encoding="utf-8")
+            pages.setdefault(run.name, []).append((row, page))
             files.append(page)
     index = out / "index.html"
-    items = "".join(f'<h2>{html.escape(p.stem)}</h2><img src="{p.name}" style="max-width:100%">'
-                    for p in files if p.suffix == ".png")
-    links = "".join(f"<h3>{html.escape(m)}</h3>" + " ".join(
-        f'<a href="{p.relative_to(out).as_posix()}">{html.escape(p.stem)}</a>' for p in ps) for m, ps in pages.items())
-    index.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>specpolicy plots</title></head>"
-                     f"<body><h1>specpolicy plots</h1>{items}<h2>trajectories</h2>{links}</body></html>",
-                     encoding="utf-8")
+    index.write_text(index_html(runs, root, files, pages, out), encoding="utf-8")
     files.append(index)
     return files
 
@@ -382,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     files = plot_runs(runs, args.out or Path(args.directory) / "plots", tokenizer_for(runs, args.tokenizer),
-                      args.max_prompts, args.max_pages)
+                      args.max_prompts, args.max_pages, root=args.directory)
     print(f"wrote {len(files)} files for {len(runs)} run(s); open {files[-1]}")
     return 0
 

@@ -238,7 +238,7 @@ _TEXT_KEYS = ("run", "overrides", "method")
 _SKIP_DIRS = {"wandb", ".submitit", ".hydra", "plots"}
 
 
-def _overrides(job_dir: Path) -> list[str]:
+def job_overrides(job_dir: Path) -> list[str]:
     """The job's command-line/sweep overrides from Hydra's ``.hydra/overrides.yaml``."""
     file = job_dir / ".hydra" / "overrides.yaml"
     if not file.exists():
@@ -293,10 +293,11 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
         spec = summary["methods"].get(summary["method"], {})
         van = summary["methods"].get("vanilla")
         prompts, planned, partial = int(summary.get("prompts", 0)), _planned(summary), is_partial(summary)
-        drafted = _drafted(summary["method"], spec or summary)  # figures of drafting: "-" for a run that never drafted
+        # figures of drafting: "-" for a run that never drafted
+        drafted = _drafted(summary["method"], spec if "drafted_rounds" in spec else summary)
         rows.append({
             "run": _relative(file.parent, root),
-            "overrides": _overrides(file.parent),
+            "overrides": job_overrides(file.parent),
             "method": summary["method"],
             "prompts": prompts,
             "prompts_planned": planned,
@@ -343,7 +344,7 @@ def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
         if _SKIP_DIRS & set(job.relative_to(root).parts) or (job / "summary.json").is_file():
             continue
         results = job / "results.jsonl"
-        out.append({"run": _relative(job, root), "overrides": _overrides(job),
+        out.append({"run": _relative(job, root), "overrides": job_overrides(job),
                     "prompts_in_results": len(read_results(results, truncate=False)) if results.is_file() else None})
     return out
 

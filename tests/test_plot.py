@@ -54,7 +54,7 @@ def test_trajectory_page_marks_accepted_rejected_target_reused_and_cut_tokens():
     assert "reused=1" in lines[2]
     assert '<span class="acc">w12 </span><span class="acc">w13 </span><span class="cut">w14 </span>' in lines[3]
     assert "w15" not in lines[3]  # the bonus token was never emitted
-    assert "acceptance rate 0.750" in page  # (1 + 2 + 3) / (3 + 2 + 3)
+    assert '<td class="num">0.750</td>' in page  # acceptance rate (1 + 2 + 3) / (3 + 2 + 3), in the figures table
     ids_only = trajectory_html(row, "ar+static", None)  # no tokenizer: token ids
     assert '<span class="rej">[2]</span>' in ids_only
 
