@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specpolicy.oracle import CostModel, compare, describe_fraction
-from specpolicy.oracle import main as oracle_main
-from specpolicy.report import DEFAULT_WIDTH, collect, print_summary, report_rows, to_markdown
+from specpolicy import oracle, report
+from specpolicy.oracle import CostModel, compare
+from specpolicy.report import collect, print_summary, report_rows, to_markdown
 from specpolicy.report import main as report_main
 
 
@@ -79,7 +79,7 @@ def test_summary_default_width_when_stdout_is_not_a_terminal(capsys, monkeypatch
     monkeypatch.delenv("COLUMNS", raising=False)
     print_summary(_summary())
     out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines()) <= DEFAULT_WIDTH
+    assert max(len(line) for line in out.splitlines()) <= report.DEFAULT_WIDTH
 
 
 def test_summary_wide_on_request_is_one_row_per_method():
@@ -169,7 +169,7 @@ def test_sweep_report_lists_jobs_without_a_summary(sweep, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     assert report_main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote ")) <= DEFAULT_WIDTH
+    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote ")) <= report.DEFAULT_WIDTH
     assert "Partial runs" in out and "1 of 4" in out
     assert "2 jobs without a summary.json" in out
     assert "4 (policy.tau=0.7): results.jsonl holds 2 prompts" in out
@@ -221,19 +221,19 @@ def test_oracle_ratio_above_one_is_labelled_not_a_fraction(tmp_path, capsys):
     row = _beats_its_oracle()
     res = compare([row], CostModel.fit(row["rounds"], [10.0] * 20), 60)
     assert res["fraction_of_oracle"] > 1.0  # the censored estimate bounds nothing here
-    text = describe_fraction(res)
-    assert "no fraction of the oracle" in text and "censored" in text and "peers.py" in text
     run = tmp_path / "run"
     run.mkdir()
     (run / "results.jsonl").write_text(json.dumps(row) + "\n")
     (run / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {
         "vanilla": {"rounds": 20, "verify_ms": 200.0}}}))
-    assert oracle_main([str(tmp_path)]) == 0
+    assert oracle.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for value in re.findall(r"(\d+\.\d+) of the oracle", out):
         assert float(value) <= 1.0, out
     assert "no fraction of the oracle" in out and "above 1" in out
     assert "no fraction of the oracle" in json.loads((run / "oracle.json").read_text())["reading"]
+    text = oracle.describe_fraction(res)
+    assert "no fraction of the oracle" in text and "censored" in text and "peers.py" in text
     # the run's own printout says the same
     printed = _printed(_summary(oracle={**res, "source": res["source"]}), width=100)
     assert "no fraction of the oracle" in printed
@@ -242,12 +242,12 @@ def test_oracle_ratio_above_one_is_labelled_not_a_fraction(tmp_path, capsys):
 
 
 def test_oracle_from_rounds_is_labelled_an_upper_bound():
-    text = describe_fraction({"source": "rounds (self-consistency, censored at fully accepted rounds)",
+    text = oracle.describe_fraction({"source": "rounds (self-consistency, censored at fully accepted rounds)",
                               "fraction_of_oracle": 0.7, "policy_speedup_modeled": 1.4,
                               "oracle_speedup_modeled": 2.0, "censored_positions": 12})
     assert text.startswith("at most 0.700 of the oracle's speedup (an upper bound")
     assert "12 censored positions" in text
-    exact = describe_fraction({"source": "replay (exact)", "fraction_of_oracle": 0.7,
+    exact = oracle.describe_fraction({"source": "replay (exact)", "fraction_of_oracle": 0.7,
                                "policy_speedup_modeled": 1.4, "oracle_speedup_modeled": 2.0})
     assert exact.startswith("0.700 of the oracle's speedup (exact")
 

@@ -50,7 +50,8 @@ def test_multirun_2x2_over_policy_keys_and_report(family, tmp_path, monkeypatch,
     capsys.readouterr()
     assert report_main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert "policy.tau=0.0 policy.n_max=6" in out and "common: " in out
+    assert "policy.tau=0.0" in out and "policy.n_max=6" in out and "common to every run: " in out
+    assert "| policy.tau=0.0 policy.n_max=6 |" in (sweep / "report.md").read_text()
     rows = collect(sweep)
     speedups = [r["speedup_vs_vanilla"] for r in rows]
     assert len(rows) == 4 and speedups == sorted(speedups, reverse=True)
