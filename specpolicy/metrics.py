@@ -282,7 +282,8 @@ FIELDS: dict[str, str] = {
     "modeled_profile": "name of the latency profile of the modeled speedup",
     "modeled": "MODELED latency block: label, resolved profile, modeled ms, speedup_by_profile",
     "oracle": "the oracle length policy: this policy's modeled speedup as a fraction of the oracle's "
-              "(timing-derived cost model)",
+              "(timing-derived cost model); estimated from the run's own rounds (censored), so an upper bound, "
+              "and a fraction_of_oracle above 1 is no fraction of an optimum (specpolicy.oracle.describe_fraction)",
     "sampling": "the sampling settings (temperature, top_k, top_p; temperature 0 = greedy)",
     "runtime": "device, dtype, seed, and the versions of torch and transformers",
     "config": "the resolved run configuration",

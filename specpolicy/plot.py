@@ -285,11 +285,13 @@ code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.88em;
 table { border-collapse: collapse; font-size: 0.88em; margin: 6px 0 14px; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #e4e7eb; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; font-weight: 600; vertical-align: bottom; }
-th.num { text-align: right; max-width: 8.5em; }
+th.num { text-align: right; max-width: 10.5em; }
+h3 .muted { font-weight: normal; margin-left: 0.6em; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 .scroll { overflow-x: auto; }
 tr:hover td { background: #fafbfc; }
 .partial { color: #9a6700; font-weight: 600; }
+.nowrap { white-space: nowrap; }
 .bad { color: #cf222e; font-weight: 600; }
 figure { margin: 14px 0 26px; }
 figure img { display: block; max-width: 100%; height: auto; border: 1px solid #e4e7eb; border-radius: 4px; }
@@ -504,7 +506,8 @@ def _figure(summary: dict[str, Any], method: str, key: str) -> Any:
 
 def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     """The cells (HTML) of ``run``'s line in the index's summary table: run directory, method,
-    overrides, prompts (PARTIAL marked), measured and MODELED speedup, acceptance rate, accepted
+    overrides, prompts ("1 of 4" for a partial run; the run marked under its name, as is a job
+    without a summary), measured and MODELED speedup, acceptance rate, accepted
     length per drafted round, speculation length per round, lossless. ``common``: overrides
     shared by every run (shown once above the table, not per run)."""
     from specpolicy.report import is_partial, job_overrides, lossless_text
@@ -517,16 +520,20 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         return "-" if value is None or (only_drafting and not drafted) else fmt.format(value)
 
     prompts = html.escape(str(summary.get("prompts", len(run.rows))))
-    if summary and is_partial(summary):
-        prompts = (f"<span class='partial'>{prompts} of {summary.get('prompts_total', '?')} "
-                   f"(partial{', ' + html.escape(str(summary['interrupted_by'])) if summary.get('interrupted_by') else ''})"
-                   f"</span>")
+    name = html.escape(run.name)
+    if not summary:
+        name += "<br><span class='partial'>no summary.json: the job died or is still running</span>"
+    elif is_partial(summary):
+        prompts = f"<span class='partial'>{prompts} of {html.escape(str(summary.get('prompts_total', '?')))}</span>"
+        why = f", {summary['interrupted_by']}" if summary.get("interrupted_by") else ""
+        name += f"<br><span class='partial'>partial run{html.escape(why)}</span>"
     lossless = html.escape(lossless_text(summary)) if summary else "-"
     if summary.get("lossless_fraction") is not None and summary["lossless_fraction"] < 1:
         lossless = f"<span class='bad'>{lossless}</span>"
-    overrides = " ".join(o for o in job_overrides(run.directory) if o not in common)
+    overrides = " ".join(f"<code class='nowrap'>{html.escape(o)}</code>"
+                         for o in job_overrides(run.directory) if o not in common)
     where = run.directory.relative_to(root).as_posix() if run.directory != root else "."
-    return [html.escape(where), html.escape(run.name), f"<code>{html.escape(overrides)}</code>" if overrides else "-",
+    return [html.escape(where), name, overrides or "-",
             prompts, num("speedup_vs_vanilla", "{:.2f}x"), num("modeled_speedup_vs_vanilla", "{:.2f}x"),
             num("acceptance_rate", "{:.3f}", True), num("mean_accepted_length", "{:.2f}", True),
             num("mean_speculation_length", "{:.2f}", True), lossless]
@@ -536,6 +543,20 @@ _RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompt
                ("speedup vs vanilla (measured)", True), ("speedup, MODELED", True),
                ("acceptance rate (accepted / drafted tokens)", True), ("accepted length / drafted round", True),
                ("speculation length / round (all rounds)", True), ("lossless", True)]
+
+
+def _run_note(run: Run, common: Sequence[str]) -> str:
+    """HTML after a run's name in headings: its overrides that differ, and whether it is partial
+    or has no summary."""
+    from specpolicy.report import is_partial, job_overrides
+
+    notes = [o for o in job_overrides(run.directory) if o not in common]
+    if not run.summary:
+        notes.append("no summary.json")
+    elif is_partial(run.summary):
+        notes.append(f"partial: {run.summary.get('prompts', len(run.rows))} of "
+                     f"{run.summary.get('prompts_total', '?')} prompts")
+    return f"<span class='muted'>{html.escape(' · '.join(notes))}</span>" if notes else ""
 
 
 def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: dict[str, list[tuple[dict, Path]]],
@@ -564,10 +585,12 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: 
         body.append("<h2>Acceptance over the rounds of the first prompts</h2><p class='muted'>Per round: speculated "
                     "length k (light bars), accepted length a (dark bars) and the acceptance rate a / k (line, "
                     "right axis). Methods that never draft have no such figure.</p>")
-        by_slug = {f"acceptance_{_slug(run.name)}.png": run.name for run in runs}
+        by_slug = {f"acceptance_{_slug(run.name)}.png": run for run in runs}
         for p in acceptance:
-            name = by_slug.get(p.name, p.stem)
-            body.append(f'<figure><h3>{html.escape(name)}</h3><img src="{html.escape(p.name)}" '
+            run = by_slug.get(p.name)
+            name = run.name if run else p.stem
+            note = _run_note(run, common) if run else ""
+            body.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
                         f'alt="acceptance over rounds: {html.escape(name)}"></figure>')
     if pages:
         body.append("<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
@@ -582,8 +605,7 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: 
                      f"{html.escape(str(row.get('prompt_id', '')))}</a>",
                      f"<span class='muted'>{html.escape(_excerpt(texts.get(str(row.get('prompt_id')), '')))}</span>"]
                     + [html.escape(c) for c in prompt_cells(row)] for row, page in entries]
-            method = run.name
-            body.append(f"<h3>{html.escape(method)}</h3>" + _html_table(header, rows))
+            body.append(f"<h3>{html.escape(run.name)}{_run_note(run, common)}</h3>" + _html_table(header, rows))
     return _page("specpolicy figures", "".join(body))
 
 

@@ -349,10 +349,10 @@ def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _describe_dead(job: dict[str, Any]) -> str:
+def _describe_dead(job: dict[str, Any], common: Sequence[str] = ()) -> str:
     held = job["prompts_in_results"]
     what = "no results.jsonl" if held is None else f"results.jsonl holds {held} prompt{'s' if held != 1 else ''}"
-    overrides = " ".join(job["overrides"])
+    overrides = " ".join(o for o in job["overrides"] if o not in common)
     return f"{job['run']}" + (f" ({overrides})" if overrides else "") + f": {what}"
 
 
@@ -423,7 +423,7 @@ def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Se
                       "figures not pooled):", ""] + _markdown_table(partial)
     if dead:
         lines += ["", "Jobs without a summary.json (died before finishing, or still running):", ""]
-        lines += [f"- {_describe_dead(j)}" for j in dead]
+        lines += [f"- {_describe_dead(j, common)}" for j in dead]
     if common:
         lines += ["", "Common to every run: `" + " ".join(common) + "`"]
     return "\n".join(lines) + "\n"
@@ -478,7 +478,7 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
         out.print(f"{len(dead)} job{'s' if len(dead) != 1 else ''} without a summary.json (died before finishing, "
                   "or still running), not in the table:", markup=False)
         for job in dead:
-            out.print(f"  {_describe_dead(job)}", markup=False)
+            out.print(f"  {_describe_dead(job, common)}", markup=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -301,8 +301,8 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
     # the summary header: one line per run with method, overrides, speedup, acceptance, lossless
     runs_table = index.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
     assert "Common to every run: <code>dataset.num_prompts=2</code>" in index.split("<h2>Runs</h2>", 1)[1]
-    for cell in ("ar+static", "<code>method=static-ar</code>", "1.23x", "1.50x", "0.833", "2.50", "2/2",
-                 "fastdllm+failfast", "0.99x", "1 of 2 (partial, SIGINT)"):
+    for cell in ("ar+static", "<code class='nowrap'>method=static-ar</code>", "1.23x", "1.50x", "0.833", "2.50",
+                 "2/2", "fastdllm+failfast", "0.99x", "1 of 2</span>", "partial run, SIGINT"):
         assert cell in runs_table, cell
     # readable titles, not file names
     assert "<h3>Accepted and speculated lengths per round</h3>" in index and "<h2>length_cdf" not in index
