@@ -25,8 +25,9 @@ the evaluation prompts, with vanilla decoding and every grid point interleaved p
 k is the one with the highest measured speedup (``--select-by modeled``: modeled with
 ``--select-profile``). Both stages reuse ``benchmarks/peers.py``: its model set-up (``Bench``), its
 per-prompt rotation of the method order (``run_interleaved``: machine drift affects all methods
-alike) and its per-method run directories (``write_runs``); figures come from
-``specpolicy.metrics.aggregate``, ``specpolicy.latency`` and ``specpolicy.accounting``.
+alike), its summaries (``summarize_method``: ``specpolicy.summary.summarize``, the numbers of a
+run's ``summary.json``) and its per-method run directories (``write_runs``); the MODELED columns
+come from ``specpolicy.latency`` and ``specpolicy.accounting``.
 
 Speedups: MEASURED = tokens/s over vanilla decoding's tokens/s in the same process (prefill
 included, summed over prompts); MODELED = forward-pass counts x the paper's A6000 latencies
@@ -55,13 +56,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, Method, run_interleaved, write_runs  # noqa: E402  (benchmarks/ is not a package)
+from peers import Bench, Method, run_interleaved, summarize_method, write_runs  # noqa: E402  (not a package)
 
 from specpolicy.accounting import with_pass_accounting  # noqa: E402
 from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
 from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
 from specpolicy.latency import load_profile, modeled_speedup  # noqa: E402
-from specpolicy.metrics import aggregate, first_difference  # noqa: E402
+from specpolicy.results import PromptResult  # noqa: E402
+from specpolicy.summary import headline  # noqa: E402
 
 #: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
 PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")
@@ -189,7 +191,7 @@ def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str
         node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
     return {"drafter": node, "policy": {"name": choice, **policy},
             "dataset": {"name": args.dataset, "path": args.dataset_path},
-            "generation": {"max_new_tokens": args.max_new_tokens}}
+            "generation": {"max_new_tokens": args.max_new_tokens}, "benchmark": "benchmarks/paper_table.py"}
 
 
 def main_methods(bench: Bench, args, k_ar: int, k_dllm: int) -> tuple[list[Method], dict[str, dict]]:
@@ -232,31 +234,25 @@ def calibration_methods(bench: Bench, args) -> tuple[list[Method], dict[str, dic
 # -- figures -----------------------------------------------------------------------------------------
 
 
-def method_figures(m: Method, reference: list[list[int]] | None, prompt_tokens: list[int],
-                   drafter: str | None, block_size: int) -> dict[str, Any]:
-    """One method's figures over its prompts: ``specpolicy.metrics.aggregate`` (token-weighted), the
-    paper's per-round means, losslessness against ``reference``, and the MODELED speedup under each
-    A6000 profile with both pass accountings."""
-    results = [{"generated_tokens": len(o.output_ids), "wall_s": o.wall_s, "rounds": o.rounds} for o in m.outcomes]
-    agg = aggregate(results)
-    agg.pop("acceptance_by_position", None)
-    drafted = agg["drafted_rounds"]
-    speculated = agg["mean_speculation_length"] * agg["rounds"]
+def method_figures(m: Method, results: list[PromptResult], summary: dict[str, Any], drafter: str | None,
+                   block_size: int) -> dict[str, Any]:
+    """One method's figures over its prompts: its ``summary.json`` numbers (``summarize``: the
+    token-weighted aggregate, speedup and losslessness against vanilla), rounds per prompt, and the
+    MODELED speedup under each A6000 profile with both pass accountings."""
+    agg = {k: v for k, v in summary["methods"][m.name].items() if k != "acceptance_by_position"}
+    figures = headline(summary)
     out: dict[str, Any] = {**agg, "description": m.description,
-                           "mean_speculation_length_drafted": speculated / drafted if drafted else 0.0,
-                           "rounds_per_prompt": agg["rounds"] / len(results) if results else 0.0}
-    if reference is not None:
-        diffs = {str(i): first_difference(ref, o.output_ids) for i, (ref, o) in enumerate(zip(reference, m.outcomes))}
-        bad = {k: v for k, v in diffs.items() if v is not None}
-        out.update(lossless_prompts=len(results) - len(bad), lossless=f"{len(results) - len(bad)}/{len(results)}",
-                   not_lossless=bad)
+                           "rounds_per_prompt": agg["rounds"] / len(results) if results else 0.0,
+                           "speedup_vs_vanilla": figures["speedup_vs_vanilla"], "lossless": figures["lossless"],
+                           "lossless_prompts": sum(r.lossless is True for r in results),
+                           "not_lossless": summary.get("not_lossless", {})}
     modeled: dict[str, dict[str, float]] = {}
     official_passes = agg["drafter_forward_passes"]
     for accounting in ACCOUNTINGS:
-        rounds = with_pass_accounting([(o.rounds, n) for o, n in zip(m.outcomes, prompt_tokens)], accounting,
+        rounds = with_pass_accounting([(r.speculative.rounds, r.prompt_tokens) for r in results], accounting,
                                       drafter or "", block_size)
         if accounting == "official":
-            official_passes = sum(r["drafter_forward_passes"] for r in rounds)
+            official_passes = sum(r.drafter_forward_passes for r in rounds)
         modeled[accounting] = {p: (modeled_speedup(rounds, agg["generated_tokens"], load_profile(p))
                                    if drafter else 1.0) for p in PROFILES}
     out["modeled_speedup"] = modeled
@@ -264,23 +260,23 @@ def method_figures(m: Method, reference: list[list[int]] | None, prompt_tokens: 
     return out
 
 
-def stage(bench: Bench, methods: list[Method], prompt_ids: list[torch.Tensor], warmup: int, log) -> dict[str, Any]:
+def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.Tensor], configs: dict[str, dict],
+          warmup: int, log) -> dict[str, Any]:
     """Run ``methods`` interleaved on ``prompt_ids`` (vanilla first in the list) and return each
-    method's figures, speedups measured against vanilla's tokens/s."""
+    method's figures (``method_figures``) and its results and summary (``summaries``, for
+    ``write_runs``), speedups measured against vanilla's tokens/s."""
     start = time.perf_counter()
     run_interleaved(methods, prompt_ids, warmup, log)
     elapsed = time.perf_counter() - start
-    reference = [o.output_ids for o in methods[0].outcomes]
-    tokens = [int(ids.shape[0]) for ids in prompt_ids]
     block = bench.drafters["fastdllm"].block_size
-    figures = {}
+    figures, summaries = {}, {}
     for m in methods:
         kind = None if m.drafter is None else ("ar" if m.drafter == "ar" else "fastdllm")
-        figures[m.name] = method_figures(m, reference, tokens, kind, block)
-    van = figures["vanilla"]["tokens_per_s"]
-    for f in figures.values():
-        f["speedup_vs_vanilla"] = f["tokens_per_s"] / van if van else 0.0
-    return {"seconds": elapsed, "methods": figures}
+        config = configs.get(m.name, {"benchmark": "benchmarks/paper_table.py"})
+        results, summary = summarize_method(bench, m, methods[0], prompts, prompt_ids, config, PROFILES[-1])
+        summaries[m.name] = (results, summary)
+        figures[m.name] = method_figures(m, results, summary, kind, block)
+    return {"seconds": elapsed, "methods": figures, "summaries": summaries}
 
 
 def best_k(figures: dict[str, Any], prefix: str, grid: list[int], select_by: str, profile: str) -> int:
@@ -450,14 +446,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
     log(f"calibration: {len(args.k_grid)} k x 2 drafters + vanilla on {len(cal_ids)} prompts ...")
     cal_methods, cal_configs = calibration_methods(bench, args)
-    cal = stage(bench, cal_methods, cal_ids, args.warmup, log)
+    cal = stage(bench, cal_methods, calibration, cal_ids, cal_configs, args.warmup, log)
     k_ar = best_k(cal["methods"], "ar", args.k_grid, args.select_by, args.select_profile)
     k_dllm = best_k(cal["methods"], "fast-dllm", args.k_grid, args.select_by, args.select_profile)
     log(f"  best k: AR drafter (and Fast-dLLM) {k_ar}, Fast-dLLM+ {k_dllm}")
 
     methods, configs = main_methods(bench, args, k_ar, k_dllm)
     log(f"evaluation: {len(methods)} methods x {len(eval_ids)} prompts ...")
-    main = stage(bench, methods, eval_ids, args.warmup, log)
+    main = stage(bench, methods, evaluation, eval_ids, configs, args.warmup, log)
     if "fast-dllm-plus" not in main["methods"]:
         main["methods"]["fast-dllm-plus"] = {**main["methods"]["fast-dllm"],
                                              "description": main["methods"]["fast-dllm"]["description"]
@@ -474,10 +470,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "results.json").write_text(json.dumps(result, indent=2))
     files = write_tables([result], out)
     write_calibration(result, out)
-    write_runs(out / "runs", methods, {"methods": main["methods"]}, evaluation, args,
-               prompt_tokens=[int(x.shape[0]) for x in eval_ids], configs=configs)
-    write_runs(out / "calibration-runs", cal_methods, {"methods": cal["methods"]}, calibration, args,
-               prompt_tokens=[int(x.shape[0]) for x in cal_ids], configs=cal_configs)
+    write_runs(out / "runs", main["summaries"])
+    write_runs(out / "calibration-runs", cal["summaries"])
     print(files["table1.md"].read_text())
     print(files["appendix_b.md"].read_text())
     log(f"wrote {out}/ (table1, appendix_b, calibration, results.json, runs/, calibration-runs/)")

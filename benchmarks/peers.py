@@ -26,18 +26,21 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
 
 Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
 machine drift affects all alike (calibration sweeps likewise). Each output is checked against
-vanilla greedy. Figures per method: tokens/s (generated tokens / wall-clock seconds, prefill
-included, summed over prompts), speedup over vanilla and over HF assisted generation's best,
-acceptance rate, mean accepted / speculated length, rounds, drafter passes per round,
-lossless prompts; for methods with a drafter also the fraction of the oracle length policy's
-speedup (``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run) and the
-MODELED speedup on a GPU profile (``specpolicy.latency``; labelled modeled, not measured).
-HF rounds are recorded by wrapping the candidate generators' ``get_candidates`` /
+vanilla greedy. Every method's figures are ``specpolicy.summary.summarize`` of its results
+against vanilla's (the numbers ``summary.json`` and the sweep report give for the same runs):
+tokens/s (generated tokens / wall-clock seconds, prefill included, summed over prompts),
+speedup over vanilla, acceptance rate, mean accepted / speculated length, rounds, drafter
+passes per round, lossless prompts, the MODELED speedup on a GPU profile (``--profile``;
+labelled modeled, not measured); plus, here only, the speedup over HF assisted generation's
+best and, for methods with a drafter, the fraction of the oracle length policy's speedup
+(``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run). HF rounds are
+recorded by wrapping the candidate generators' ``get_candidates`` /
 ``update_candidate_strategy`` and hooking the models' forward passes (passes, ms).
 
 Output: ``--out`` JSON (one entry per method, plus calibration, oracle costs and settings),
 a printed table, and ``--runs-dir`` (default ``<out stem>-runs``): one directory per method
-with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.plot``.
+with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.plot`` and
+``python -m specpolicy.report``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -57,39 +60,34 @@ import torch
 
 from specpolicy.datasets import load_prompts
 from specpolicy.decoding import generate
-from specpolicy.latency import load_profile, modeled_speedup
-from specpolicy.metrics import first_difference, round_to_dict
-from specpolicy.models import load_tokenizer
-from specpolicy.oracle import CostModel, compare, replay_match_lengths
+from specpolicy.latency import load_profile
+from specpolicy.metrics import aggregate
+from specpolicy.oracle import CostModel, compare, oracle_max_length, replay_match_lengths
 from specpolicy.plugins import get_plugin_manager, make_drafter, make_policy, make_verifier
 from specpolicy.profiling import ForwardTimer
+from specpolicy.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
+from specpolicy.summary import headline, summarize
+from specpolicy.tables import FIGURES, Column, figure_columns, layout
+from specpolicy.tables import print_table as print_rows
+from specpolicy.types import GenerationResult, RoundRecord
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
 
 
 @dataclass
-class Outcome:
-    """One method on one prompt: generated ids, wall-clock seconds, per-round records."""
-
-    output_ids: list[int]
-    wall_s: float
-    rounds: list[dict[str, Any]]
-    stop_reason: str = ""
-
-
-@dataclass
 class Method:
-    """A benchmarked method: ``run(prompt_ids) -> Outcome``."""
+    """A benchmarked method: ``run(prompt_ids) -> GenerationResult`` (output ids on the CPU);
+    ``outcomes`` holds one per prompt, in prompt order."""
 
     name: str
     family: str  # "ours" | "hf"
     drafter: str | None  # "ar" | "fastdllm" | "suffix" | None (no drafter / prompt lookup)
     description: str
-    run: Callable[[torch.Tensor], Outcome]
-    outcomes: list[Outcome] = field(default_factory=list)
+    run: Callable[[torch.Tensor], GenerationResult]
+    outcomes: list[GenerationResult] = field(default_factory=list)
 
 
 # -- models and our methods ------------------------------------------------------------------
@@ -120,7 +118,7 @@ class Bench:
             "suffix": make_drafter(self.pm, _conf("drafter", "suffix"), self.runtime, self.verifier),
         }
         self.assistant = self.drafters["ar"].model
-        self.tokenizer = load_tokenizer(args.target)
+        self.tokenizer = self.verifier.tokenizer
         self.eos = sorted(self.verifier.eos_token_ids)
 
     def policy(self, choice: str, **overrides):
@@ -128,8 +126,7 @@ class Bench:
 
     def vanilla(self) -> Method:
         def run(ids):
-            res = generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens)
-            return Outcome(res.output_ids.tolist(), res.wall_s, [round_to_dict(r) for r in res.rounds], res.stop_reason)
+            return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens)
 
         return Method("vanilla", "ours", None, "our greedy decoding (reference)", run)
 
@@ -139,10 +136,9 @@ class Bench:
         min_match = self.args.reuse_min_match
 
         def run(ids):
-            res = generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
-                           drafter=self.drafters[drafter], policy=policy,
-                           reuse=DraftReuse(min_match) if reuse else None)
-            return Outcome(res.output_ids.tolist(), res.wall_s, [round_to_dict(r) for r in res.rounds], res.stop_reason)
+            return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
+                            drafter=self.drafters[drafter], policy=policy,
+                            reuse=DraftReuse(min_match) if reuse else None)
 
         return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
 
@@ -172,9 +168,10 @@ class Bench:
                 wall = time.perf_counter() - start
             if kind == "assisted":  # HF keeps these per assistant model across calls; we keep them per method
                 state["tokens"], state["threshold"] = gc.num_assistant_tokens, gc.assistant_confidence_threshold
-            new = out[0, ids.shape[0]:].tolist()
-            stop = "eos" if new and new[-1] in self.eos else "max_new_tokens"
-            return Outcome(new, wall, rec.rounds(len(new)), stop)
+            new = out[0, ids.shape[0]:].cpu()
+            finish = "eos" if len(new) and int(new[-1]) in self.eos else "max_new_tokens"
+            return GenerationResult(output_ids=new, rounds=rec.rounds(len(new), finish), finish_reason=finish,
+                                    wall_s=wall, prefill_ms=0.0)
 
         return Method(name, "hf", {"assisted": "ar", "lookup": None, "greedy": None}[kind], description, run)
 
@@ -195,7 +192,7 @@ class HFRecorder:
         self.kind = kind
         self.classes = [cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator]
         self.timer = ForwardTimer(on_call=self._on_call, target=target, assistant=assistant)
-        self._rounds: list[dict[str, Any]] = []
+        self._rounds: list[RoundRecord] = []
         self._candidates: list[int] = []
         self._mark = (0, 0.0, 0.0)  # assistant calls, assistant ms, target ms at the round start
         self._saved: list[tuple[type, str, Any]] = []
@@ -204,12 +201,11 @@ class HFRecorder:
         calls = self.timer.calls.get("assistant", 0)
         a_ms = self.timer.ms.get("assistant", 0.0)
         t_ms = self.timer.ms["target"]
-        self._rounds.append({
-            "speculation_length": len(candidates), "accepted_length": accepted, "emitted_tokens": accepted + 1,
-            "drafter_forward_passes": calls - self._mark[0], "reused_tokens": 0,
-            "draft_ms": round(a_ms - self._mark[1], 3), "verify_ms": round(t_ms - self._mark[2], 3),
-            "confidences": [], "draft_token_ids": candidates, "target_token_ids": target_ids,
-        })
+        self._rounds.append(RoundRecord(
+            index=len(self._rounds), speculation_length=len(candidates), accepted_length=accepted,
+            emitted_tokens=accepted + 1, drafter_forward_passes=calls - self._mark[0], reused_tokens=0,
+            draft_ms=a_ms - self._mark[1], verify_ms=t_ms - self._mark[2], draft_token_ids=tuple(candidates),
+            target_token_ids=tuple(target_ids), draft_stop_reason="vanilla" if self.kind == "greedy" else ""))
         self._mark = (calls, a_ms, t_ms)
 
     def _on_call(self, name: str) -> None:
@@ -243,17 +239,19 @@ class HFRecorder:
             setattr(cls, attr, fn)
         self._saved.clear()
 
-    def rounds(self, generated: int) -> list[dict[str, Any]]:
-        """The rounds, the last one cut so that the rounds emit exactly ``generated`` tokens."""
+    def rounds(self, generated: int, finish_reason: str) -> tuple[RoundRecord, ...]:
+        """The rounds, the last one cut so that the rounds emit exactly ``generated`` tokens and
+        marked with why generation ended (``finish_reason``)."""
         rounds, total = [], 0
         for r in self._rounds:
             if total >= generated:
                 break
-            r = dict(r)
-            r["emitted_tokens"] = min(r["emitted_tokens"], generated - total)
-            total += r["emitted_tokens"]
+            r = replace(r, emitted_tokens=min(r.emitted_tokens, generated - total))
+            total += r.emitted_tokens
             rounds.append(r)
-        return rounds
+        if rounds:
+            rounds[-1] = replace(rounds[-1], finish_reason=finish_reason)
+        return tuple(rounds)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -272,30 +270,21 @@ def run_interleaved(methods: list[Method], prompt_ids: list[torch.Tensor], warmu
         log(f"  prompt {i + 1}/{len(prompt_ids)} done ({len(methods)} methods)")
 
 
-def _stats(m: Method, reference: list[list[int]] | None) -> dict[str, Any]:
-    outs = m.outcomes
-    tokens = sum(len(o.output_ids) for o in outs)
-    wall = sum(o.wall_s for o in outs)
-    rounds = [r for o in outs for r in o.rounds]
-    drafted = [r for r in rounds if r["speculation_length"] > 0]
-    spec = sum(r["speculation_length"] for r in drafted)
-    acc = sum(r["accepted_length"] for r in drafted)
-    passes = sum(r["drafter_forward_passes"] for r in rounds)
-    out = {
-        "family": m.family, "drafter": m.drafter, "description": m.description, "prompts": len(outs),
-        "generated_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-        "acceptance_rate": acc / spec if spec else 0.0, "mean_accepted_length": acc / len(drafted) if drafted else 0.0,
-        "mean_speculation_length": spec / len(rounds) if rounds else 0.0,
-        "mean_speculation_length_drafted": spec / len(drafted) if drafted else 0.0, "rounds": len(rounds),
-        "drafter_forward_passes": passes, "drafter_passes_per_round": passes / len(rounds) if rounds else 0.0,
-        "draft_ms": sum(r["draft_ms"] for r in rounds), "verify_ms": sum(r["verify_ms"] for r in rounds),
-    }
-    if reference is not None:
-        diffs = {str(i): first_difference(ref, o.output_ids) for i, (ref, o) in enumerate(zip(reference, outs))}
-        bad = {k: v for k, v in diffs.items() if v is not None}
-        out.update(lossless_prompts=len(outs) - len(bad), lossless=f"{len(outs) - len(bad)}/{len(outs)}",
-                   lossless_fraction=(len(outs) - len(bad)) / len(outs) if outs else 1.0, not_lossless=bad)
-    return out
+def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_ids: list[torch.Tensor],
+                     config: dict[str, Any] | None = None,
+                     profile: str | None = None) -> tuple[list[PromptResult], dict[str, Any]]:
+    """Method ``m``'s results (its outcomes paired with vanilla's on the same prompts: speedup,
+    losslessness) and their ``summary.json`` (``specpolicy.summary.summarize``, MODELED with
+    ``profile``, default ``--profile``). ``config`` (e.g. drafter / policy / dataset nodes) joins
+    the summary's ``config``."""
+    results = [PromptResult.of(p.prompt_id, len(ids), out, van,
+                               bench.tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
+                               prompt_text=p.text)
+               for p, ids, out, van in zip(prompts, prompt_ids, m.outcomes, vanilla.outcomes)]
+    base = {"verifier": {"model": bench.args.target}, "benchmark": "benchmarks/peers.py", "method": m.name, "description": m.description,
+            "generation": {"max_new_tokens": bench.args.max_new_tokens},
+            "profile": asdict(load_profile(profile or bench.args.profile))}
+    return results, summarize(m.name, results, {**base, **(config or {})}, bench.runtime.describe())
 
 
 def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
@@ -306,7 +295,7 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
           for k in a.hf_k_sweep}
     dl = {k: bench.ours("fastdllm", "static", False, f"static-k{k}", k=k) for k in a.dllm_k_sweep}
     run_interleaved(list(hf.values()) + list(dl.values()), prompt_ids, 0, log)
-    tps = {m.name: _stats(m, None)["tokens_per_s"] for m in list(hf.values()) + list(dl.values())}
+    tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in list(hf.values()) + list(dl.values())}
     return {
         "prompts": len(prompt_ids), "tokens_per_s": tps,
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
@@ -345,12 +334,14 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
     return methods
 
 
-def oracle_fractions(bench: Bench, methods: list[Method], prompt_ids: list[torch.Tensor],
-                     reference: list[list[int]], log=print) -> dict[str, Any]:
+def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.Tensor],
+                     log=print) -> dict[str, Any]:
     """Per drafter: exact replay match lengths on the vanilla outputs, a cost model fitted on this
-    run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle."""
+    run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle
+    (``specpolicy.oracle.compare`` on the prompts where the method is lossless)."""
     vanilla = next(m for m in methods if m.name == "vanilla")
-    van_verify = [r["verify_ms"] for o in vanilla.outcomes for r in o.rounds]
+    reference = [o.output_ids for o in vanilla.outcomes]
+    van_verify = [r.verify_ms for o in vanilla.outcomes for r in o.rounds]
     out: dict[str, Any] = {}
     for drafter in ("ar", "fastdllm", "suffix"):
         users = [m for m in methods if m.drafter == drafter]
@@ -358,19 +349,18 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompt_ids: list[torch
             continue
         ours = [r for m in users if m.family == "ours" for o in m.outcomes for r in o.rounds]
         cost = CostModel.fit(ours, van_verify)
-        max_length = max([60] + [r["speculation_length"] for m in users for o in m.outcomes for r in o.rounds])
+        max_length = oracle_max_length(r for m in users for o in m.outcomes for r in o.rounds)
         start = time.perf_counter()
-        match = [replay_match_lengths(bench.drafters[drafter], ids, torch.tensor(ref, dtype=torch.long), max_length)
+        match = [replay_match_lengths(bench.drafters[drafter], ids, ref, max_length)
                  for ids, ref in zip(prompt_ids, reference)]
         log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
         out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}}
         for m in users:
-            keep = [i for i, (o, ref) in enumerate(zip(m.outcomes, reference)) if o.output_ids == ref]
+            keep = [i for i, (o, ref) in enumerate(zip(m.outcomes, reference)) if torch.equal(o.output_ids, ref)]
             if not keep:
                 continue
-            rows = [{"prompt_id": str(i), "generated_tokens": len(m.outcomes[i].output_ids),
-                     "rounds": m.outcomes[i].rounds} for i in keep]
-            res = compare(rows, cost, max_length, match=[match[i] for i in keep])
+            res = compare({prompts[i].prompt_id: m.outcomes[i] for i in keep}, cost, max_length,
+                          match=[match[i] for i in keep])
             out[drafter]["methods"][m.name] = res
             out[drafter]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
     return out
@@ -378,66 +368,49 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompt_ids: list[torch
 
 # -- output ----------------------------------------------------------------------------------
 
-COLUMNS = (("method", "name", "{}"), ("tokens/s", "tokens_per_s", "{:.1f}"),
-           ("x vanilla", "speedup_vs_vanilla", "{:.2f}"),
-           ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}"), ("acc. rate", "acceptance_rate", "{:.3f}"),
-           ("acc./spec. len*", "_lengths", "{}"), ("rounds", "rounds", "{}"),
-           ("passes/round", "drafter_passes_per_round", "{:.2f}"), ("lossless", "lossless", "{}"),
-           ("oracle frac.", "oracle_fraction", "{:.3f}"), ("MODELED x", "modeled_speedup_vs_vanilla", "{:.2f}"))
+#: The table: the shared figures (``specpolicy.tables.FIGURES``) and this benchmark's own.
+COLUMNS = (("method", "method", "{}"), *figure_columns(("tokens_per_s", "speedup_vs_vanilla")),
+           ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}x"), *figure_columns(("acceptance_rate",)),
+           (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}",
+            "_lengths", "{}"),
+           *figure_columns(("rounds", "drafter_passes_per_round", "lossless")),
+           ("oracle fraction (exact replay)", "oracle_fraction", "{:.3f}"),
+           *figure_columns(("modeled_speedup_vs_vanilla",)))
 
 
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, m in results["methods"].items():
-        m = {**m, "name": name,
+        m = {**m, "method": name,
              "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}"}
         rows.append(["-" if m.get(k) is None else f.format(m[k]) for _, k, f in COLUMNS])
     return rows
 
 
 def print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    """Print the table (every column, ``specpolicy.tables`` layout) and what its columns mean."""
     s = results["settings"]
-    table = Table(title=f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new tokens, "
-                        f"{s['device']} {s['dtype']}",
-                  caption=f"* mean per round with a draft (JSON: mean_accepted_length, "
-                          f"mean_speculation_length_drafted); x HF best = over {results['hf_assisted_best']}; "
-                          f"oracle frac. = modeled speedup / oracle's "
-                          f"(same drafter, measured costs); MODELED x = profile {results['modeled_profile']}, "
-                          f"not measured")
-    for title, key, _ in COLUMNS:
-        table.add_column(title, justify="left" if key == "name" else "right")
-    for row in table_rows(results):
-        table.add_row(*row)
-    Console(width=200).print(table)
+    rows = table_rows(results)
+    cols = [Column(title, [r[i] for r in rows], text=key == "method") for i, (title, key, _) in enumerate(COLUMNS)]
+    kept, widths, _ = layout(cols, None, wide=True)
+    console = print_rows(kept, widths, title=f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
+                                             f"tokens, {s['device']} {s['dtype']}")
+    console.print(f"x HF best: over {results['hf_assisted_best']}; oracle fraction: modeled speedup / the exact "
+                  f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
+                  f"{results['modeled_profile']}, not measured", markup=False)
 
 
-def write_runs(runs_dir: Path, methods: list[Method], results: dict[str, Any], prompts, args,
-               prompt_tokens: list[int] | None = None, configs: dict[str, dict] | None = None) -> None:
-    """One directory per method (``results.jsonl`` + ``summary.json``) for ``specpolicy.plot``.
-    ``prompt_tokens`` (per prompt) goes into each row; ``configs`` (method name -> config keys,
-    e.g. drafter/policy/dataset) into that method's ``summary.json`` config."""
-    vanilla = results["methods"].get("vanilla")
-    for m in methods:
-        if m.name == "vanilla":
+def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]]) -> None:
+    """One directory per method but vanilla (``results.jsonl`` + ``summary.json``, as a run of
+    ``python -m specpolicy`` writes them) for ``specpolicy.plot`` and ``specpolicy.report``."""
+    for name, (results, summary) in summaries.items():
+        if name == "vanilla":
             continue
-        d = runs_dir / re.sub(r"[^A-Za-z0-9_.+-]+", "_", m.name)
+        d = runs_dir / re.sub(r"[^A-Za-z0-9_.+-]+", "_", name)
         d.mkdir(parents=True, exist_ok=True)
-        stats = results["methods"][m.name]
-        with open(d / "results.jsonl", "w", encoding="utf-8") as f:
-            for i, (p, o) in enumerate(zip(prompts, m.outcomes)):
-                extra = {} if prompt_tokens is None else {"prompt_tokens": prompt_tokens[i]}
-                f.write(json.dumps({"prompt_id": p.prompt_id, "prompt_text": p.text, **extra,
-                                    "generated_tokens": len(o.output_ids),
-                                    "output_ids": o.output_ids, "wall_s": o.wall_s, "stop_reason": o.stop_reason,
-                                    "lossless": str(i) not in stats.get("not_lossless", {}),
-                                    "rounds": o.rounds}) + "\n")
-        summary = {"method": m.name, "prompts": len(m.outcomes), "methods": {m.name: stats, "vanilla": vanilla},
-                   "config": {"verifier": {"model": args.target}, "benchmark": "benchmarks/peers.py",
-                              **(configs or {}).get(m.name, {})}}
-        (d / "summary.json").write_text(json.dumps(summary, indent=2))
+        with open(d / RESULTS_FILE, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r.to_row()) + "\n" for r in results)
+        (d / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -494,29 +467,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     run_interleaved(methods, prompt_ids, args.warmup, log)
     elapsed = time.perf_counter() - start
-    reference = next(m for m in methods if m.name == "vanilla").outcomes
-    ref_ids = [o.output_ids for o in reference]
-    stats = {m.name: _stats(m, ref_ids) for m in methods}
-    van_tps = stats["vanilla"]["tokens_per_s"]
+    vanilla = next(m for m in methods if m.name == "vanilla")
+    summaries = {m.name: summarize_method(bench, m, vanilla, prompts, prompt_ids) for m in methods}
+    profile = load_profile(args.profile)
+    stats = {}
+    for m in methods:
+        summary = summaries[m.name][1]
+        own = summary["methods"][m.name]
+        stats[m.name] = {"family": m.family, "drafter": m.drafter, "description": m.description,
+                         **headline(summary), **{k: own[k] for k in ("generated_tokens", "wall_s",
+                                                                     "drafter_forward_passes", "draft_ms",
+                                                                     "verify_ms")},
+                         "not_lossless": summary.get("not_lossless", {})}
     hf_assisted = {n: s["tokens_per_s"] for n, s in stats.items() if n.startswith("hf-assisted")}
     hf_best = max(hf_assisted, key=hf_assisted.get) if hf_assisted else None
-    profile = load_profile(args.profile)
-    for m in methods:
-        s = stats[m.name]
-        s["speedup_vs_vanilla"] = s["tokens_per_s"] / van_tps if van_tps else 0.0
+    for s in stats.values():
         s["speedup_vs_hf_assisted_best"] = s["tokens_per_s"] / hf_assisted[hf_best] if hf_best else None
-        rounds = [r for o in m.outcomes for r in o.rounds]
-        s["modeled_speedup_vs_vanilla"] = (modeled_speedup(rounds, s["generated_tokens"], profile)
-                                           if m.drafter or m.name == "hf-prompt-lookup" else 1.0)
     oracle = {}
     if not args.no_oracle:
         log("oracle ...")
-        oracle = oracle_fractions(bench, methods, prompt_ids, ref_ids, log)
+        oracle = oracle_fractions(bench, methods, prompts, prompt_ids, log)
         for block in oracle.values():
             for name, res in block["methods"].items():
                 stats[name]["oracle_fraction"] = res["fraction_of_oracle"]
-                stats[name]["oracle_fraction_by_prompt"] = {
-                    prompts[int(p["prompt_id"])].prompt_id: p["fraction_of_oracle"] for p in res["per_prompt"]}
+                stats[name]["oracle_fraction_by_prompt"] = {p["prompt_id"]: p["fraction_of_oracle"]
+                                                            for p in res["per_prompt"]}
                 stats[name]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
     results = {
         "settings": {**{k: v for k, v in vars(args).items()}, "device": str(bench.runtime.torch_device),
@@ -533,7 +508,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     runs_dir = Path(args.runs_dir) if args.runs_dir else out.with_name(out.stem + "-runs")
-    write_runs(runs_dir, methods, results, prompts, args)
+    write_runs(runs_dir, summaries)
     print_table(results)
     log(f"wrote {out} and {runs_dir}/ (python -m specpolicy.plot {runs_dir})")
     return results

@@ -87,10 +87,10 @@ class FailFastPolicy(LengthPolicy):
         if self.confidence_scope == "small_block":
             return self._official_rule(draft)
         if k >= self.n_max:
-            self.stop_reason = "n_max"
+            self.draft_stop_reason = "n_max"
             return 0
         if bool((draft.confidences < self.tau).any()):  # the one host sync of this decision
-            self.stop_reason = "low_confidence"
+            self.draft_stop_reason = "low_confidence"
             return 0  # fail fast: verify the draft as it stands
         return min(self.n, self.n_max - k)
 
@@ -103,10 +103,10 @@ class FailFastPolicy(LengthPolicy):
         low, listed = torch.stack([(conf < self.tau).any().long(),  # NaN < tau is False
                                    (~torch.isnan(conf)).sum()]).tolist()  # one host sync
         if low:
-            self.stop_reason = "low_confidence"
+            self.draft_stop_reason = "low_confidence"
             return 0
         if listed >= self.n_max:
-            self.stop_reason = "n_max"
+            self.draft_stop_reason = "n_max"
             return 0
         return self.n
 

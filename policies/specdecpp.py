@@ -61,11 +61,11 @@ class SpecDecPPPolicy(LengthPolicy):
         if k < self.min_length:
             return self.min_length - k
         if k >= self.max_length:
-            self.stop_reason = "policy_bound"
+            self.draft_stop_reason = "policy_bound"
             return 0
         conf = draft.confidences.detach().cpu().double()  # the one host read (float64 after the copy)
         p_reject = 1.0 - float(conf.prod())
-        self.stop_reason = "low_confidence"
+        self.draft_stop_reason = "low_confidence"
         return 0 if p_reject >= self.h else 1
 
     def __repr__(self) -> str:

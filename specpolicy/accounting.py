@@ -34,8 +34,10 @@ official prefill and first-token passes added. Only the Fast-dLLM drafter differ
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
+
+from specpolicy.types import RoundRecord
 
 #: Values of ``profile.pass_accounting``.
 PASS_ACCOUNTINGS = ("project", "official")
@@ -43,16 +45,12 @@ PASS_ACCOUNTINGS = ("project", "official")
 BLOCK_DIFFUSION_DRAFTERS = ("fastdllm",)
 
 
-def _get(record: Any, name: str) -> Any:
-    return record[name] if isinstance(record, Mapping) else getattr(record, name)
-
-
-def _own(record: Any) -> int:
+def _own(record: RoundRecord) -> int:
     """Tokens the drafter itself proposed in the round (draft reuse excluded)."""
-    return int(_get(record, "speculation_length")) - int(_get(record, "reused_tokens"))
+    return record.speculation_length - record.reused_tokens
 
 
-def carried_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int = 32) -> list[int]:
+def carried_passes(rounds: Sequence[RoundRecord], prompt_tokens: int, block_size: int = 32) -> list[int]:
     """Per round, the passes the ``fastdllm`` drafter's ``commit`` spent after the previous round(s)
     and charged to this one (0 or 1 per commit; a plain round with no draft carries them on).
 
@@ -62,7 +60,7 @@ def carried_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int = 
     committed exactly as drafted.
 
     Args:
-        rounds: one prompt's rounds (``RoundRecord`` or ``results.jsonl`` dicts), in order.
+        rounds: one prompt's rounds, in order.
         prompt_tokens: the prompt's length in tokens.
         block_size: B of the drafter (32).
     Returns:
@@ -72,10 +70,10 @@ def carried_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int = 
     out, pending, L = [], 0, int(prompt_tokens)
     for r in rounds:
         own = _own(r)
-        out.append(pending if own > 0 or int(_get(r, "speculation_length")) > 0 else 0)
-        if own > 0 or int(_get(r, "speculation_length")) > 0:
+        out.append(pending if own > 0 or r.speculation_length > 0 else 0)
+        if own > 0 or r.speculation_length > 0:
             pending = 0
-        a = int(_get(r, "accepted_length"))
+        a = r.accepted_length
         L_new = L + a + 1
         base = L // B * B
         matched_end = L + min(a, own)
@@ -90,13 +88,13 @@ def carried_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int = 
     return out
 
 
-def official_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int = 32) -> list[int]:
+def official_passes(rounds: Sequence[RoundRecord], prompt_tokens: int, block_size: int = 32) -> list[int]:
     """Per round, the drafter passes the official FailFast harness counts for the same rounds (see
     the module docstring); 0 for a round without a draft.
 
     Args:
-        rounds: one prompt's rounds of a ``fastdllm`` run (``RoundRecord`` or ``results.jsonl``
-            dicts), in order; ``drafter_forward_passes`` is this project's count.
+        rounds: one prompt's rounds of a ``fastdllm`` run, in order; ``drafter_forward_passes`` is
+            this project's count.
         prompt_tokens: the prompt's length in tokens.
         block_size: B of the drafter (32).
     Returns:
@@ -112,7 +110,7 @@ def official_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int =
     L = int(prompt_tokens)
     for r, carry in zip(rounds, carried):
         own = _own(r)
-        passes = int(_get(r, "drafter_forward_passes"))
+        passes = r.drafter_forward_passes
         if passes < carry:
             raise ValueError(f"round with {passes} drafter passes but {carry} carried into it: not a fastdllm run")
         if own > 0:
@@ -130,13 +128,13 @@ def official_passes(rounds: Sequence[Any], prompt_tokens: int, block_size: int =
             out.append(passes - carry + prefill + first_token)
         else:
             out.append(0)
-        L += int(_get(r, "accepted_length")) + 1
+        L += r.accepted_length + 1
     return out
 
 
-def with_pass_accounting(prompts: Sequence[tuple[Sequence[Any], int]], accounting: str, drafter: str,
-                         block_size: int | None = None) -> list[dict[str, Any]]:
-    """Every round of ``prompts`` (``(rounds, prompt_tokens)`` per prompt) as a dict, its
+def with_pass_accounting(prompts: Sequence[tuple[Sequence[RoundRecord], int]], accounting: str, drafter: str,
+                         block_size: int | None = None) -> list[RoundRecord]:
+    """Every round of ``prompts`` (``(rounds, prompt_tokens)`` per prompt), its
     ``drafter_forward_passes`` counted under ``accounting`` (``project``: unchanged;
     ``official``: ``official_passes`` for block-diffusion drafters, unchanged for others).
 
@@ -145,13 +143,11 @@ def with_pass_accounting(prompts: Sequence[tuple[Sequence[Any], int]], accountin
     """
     if accounting not in PASS_ACCOUNTINGS:
         raise ValueError(f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, got {accounting!r}")
-    out: list[dict[str, Any]] = []
+    out: list[RoundRecord] = []
     for rounds, prompt_tokens in prompts:
-        rows = [dict(r) if isinstance(r, Mapping) else {k: getattr(r, k) for k in (
-            "speculation_length", "accepted_length", "emitted_tokens", "drafter_forward_passes", "reused_tokens",
-            "draft_ms", "verify_ms")} for r in rounds]
         if accounting == "official" and drafter in BLOCK_DIFFUSION_DRAFTERS:
-            for row, passes in zip(rows, official_passes(rows, prompt_tokens, block_size or 32)):
-                row["drafter_forward_passes"] = passes
-        out.extend(rows)
+            passes = official_passes(rounds, prompt_tokens, block_size or 32)
+            out.extend(replace(r, drafter_forward_passes=p) for r, p in zip(rounds, passes))
+        else:
+            out.extend(rounds)
     return out

@@ -100,23 +100,23 @@ def generate(
         stop.reset()
 
     # Positions the drafter can hold (drafters without a limit leave max_context at 0).
-    drafter_context = (getattr(drafter, "max_context", 0) if drafter is not None else 0) or verifier.max_context
+    drafter_context = (drafter.max_context if drafter is not None else 0) or verifier.max_context
     outputs: list[torch.Tensor] = []
     rounds: list[RoundRecord] = []
     generated = 0
-    stop_reason = "max_new_tokens"
+    finish_reason = "max_new_tokens"
     context_limit = min(verifier.max_context, drafter_context) - prompt_len  # generated tokens allowed
     while generated < max_new_tokens:
         # Room for draft tokens: one output slot is kept for the correction/bonus token, and
         # verification feeds positions up to prompt_len + generated + k - 1 < max_context.
         context_room = context_limit - generated
         if context_room < 0:
-            stop_reason = "max_context"
+            finish_reason = "max_context"
             break
         room = min(max_new_tokens - generated - 1, context_room)
 
         with runtime.timer() as draft_timer:
-            draft, draft_stop = _draft(drafter, policy, room, device)
+            draft, draft_stop = draft_round(drafter, policy, room, device)
             if reuse is not None and drafter is not None and not draft.ends_at_stop_token:
                 draft = reuse.extend(draft, room)
 
@@ -164,7 +164,7 @@ def generate(
         if on_round is not None:
             on_round(record)
         if finished:
-            stop_reason = finish
+            finish_reason = finish
             break
         if policy is not None:
             policy.update(record)
@@ -175,7 +175,7 @@ def generate(
     return GenerationResult(
         output_ids=output_ids.cpu(),
         rounds=tuple(rounds),
-        stop_reason=stop_reason,
+        finish_reason=finish_reason,
         wall_s=time.perf_counter() - start,
         prefill_ms=prefill_timer.ms,
     )
@@ -201,14 +201,26 @@ def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: Samp
         model.prefill(prompt_ids)
 
 
-def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
-           device: torch.device) -> tuple[Draft, str]:
-    """Draft, then extend while the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens.
-    Stops as well when a ``draft`` call adds no token (a drafter with nothing more to propose,
-    e.g. the model-free ``suffix`` drafter without a matching suffix), and when the draft ends at
-    a drafted stop token (``Draft.ends_at_stop_token``: nothing past it can be emitted).
+def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
+                device: torch.device | str) -> tuple[Draft, str]:
+    """One round's drafting: ask ``policy.next_length`` for a length, draft it, and extend while
+    the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens. Stops as well when
+    a ``draft`` call adds no token (a drafter with nothing more to propose, e.g. the model-free
+    ``suffix`` drafter without a matching suffix), and when the draft ends at a drafted stop token
+    (``Draft.ends_at_stop_token``: nothing past it can be emitted).
 
-    Returns ``(draft, why drafting stopped)`` (``RoundRecord.draft_stop_reason``)."""
+    Args:
+        drafter / policy: both, or neither (vanilla decoding: the empty draft).
+        room: most draft tokens the round may hold (>= 0; 0: the empty draft).
+        device: device of the empty draft.
+    Returns:
+        ``(draft, why drafting stopped)``: the round's draft (``(k,) int64`` tokens) and its
+        ``RoundRecord.draft_stop_reason`` -- ``"length_0"`` (the first answer was 0), the
+        policy's ``draft_stop_reason`` (a later 0), ``"room"``, ``"no_proposal"``, ``"stop_token"``
+        or ``"vanilla"``.
+    Raises:
+        ValueError: when the policy answers a negative length.
+    """
     draft = Draft.empty(device)
     if drafter is None:
         return draft, "vanilla"
@@ -217,7 +229,7 @@ def _draft(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
         if wanted < 0:
             raise ValueError(f"policy {policy.name!r} returned a negative speculation length ({wanted})")
         if wanted == 0:
-            return draft, ("length_0" if draft.length == 0 else getattr(policy, "stop_reason", "") or "policy_bound")
+            return draft, ("length_0" if draft.length == 0 else policy.draft_stop_reason or "policy_bound")
         n = min(wanted, room - draft.length)
         if n <= 0:
             return draft, "room"

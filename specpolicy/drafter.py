@@ -28,6 +28,10 @@ class Drafter(ABC):
 
     #: Name under which the drafter registers (the Hydra ``drafter=`` choice).
     name: str = ""
+    #: Longest sequence (prompt + generated + draft) the drafter can hold, in tokens; 0 = no
+    #: limit of its own (model-free drafters). The loop ends generation with ``"max_context"``
+    #: before a round would pass ``min(verifier.max_context, drafter.max_context)``.
+    max_context: int = 0
 
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:

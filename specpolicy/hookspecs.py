@@ -11,17 +11,28 @@ entry-point plugin providing a built-in's name takes precedence over the built-i
 
 Lifecycle hooks are called by the run driver (``specpolicy.experiment.run_experiment``) on
 every registered plugin, including the run's loggers (objects returned by
-``specpolicy_make_logger``, registered for the duration of one run):
-``run_start`` -> (``round_end``* -> ``prompt_end``) per prompt -> ``run_end``, or
-``run_abort`` when the run raises. Hook implementations may accept any subset of a hook's
-arguments (pluggy passes them by name).
+``specpolicy_make_logger``, registered for the duration of one run)::
+
+    run_start -> (round_end* -> prompt_end) per computed prompt -> run_end
+                                                  (or run_abort when the run raises)
+
+Hook implementations may accept any subset of a hook's parameters (pluggy passes them by
+name), so a parameter added to a hook later does not break existing implementations.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+
+if TYPE_CHECKING:
+    from specpolicy.drafter import Drafter
+    from specpolicy.policy import LengthPolicy
+    from specpolicy.results import PromptResult
+    from specpolicy.runtime import Runtime
+    from specpolicy.types import RoundRecord
+    from specpolicy.verifier import Verifier
 
 PROJECT_NAME = "specpolicy"
 
@@ -29,36 +40,81 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
-@hookspec(firstresult=True)
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Return a ``LengthPolicy`` for ``name`` built from ``config`` (the ``policy`` config
-    group without its ``name`` key), or ``None`` if ``name`` is not this plugin's."""
+# -- factories (firstresult): one instance per run ---------------------------------------------
 
 
 @hookspec(firstresult=True)
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime, verifier):
-    """Return a ``Drafter`` for ``name`` on ``runtime``, compatible with ``verifier``
-    (same vocabulary), or ``None`` if ``name`` is not this plugin's."""
+def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | None:
+    """Build the length policy selected with ``policy=<name>``.
+
+    :param name: the policy's name (the ``policy.name`` config key).
+    :param config: the resolved ``policy`` config node without its ``name`` key, e.g.
+        ``{"n": 10, "tau": 0.45, "n_max": 60}``.
+    :return: a ``LengthPolicy``, or ``None`` when ``name`` is not this plugin's.
+    :raises ValueError: naming ``policy.<key>``, the value and the accepted range for a bad value.
+
+    Stops at the first non-None result.
+    """
 
 
 @hookspec(firstresult=True)
-def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime):
-    """Return a ``Verifier`` for ``name`` on ``runtime``, or ``None``."""
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
+                            verifier: Verifier) -> Drafter | None:
+    """Build the drafter selected with ``drafter=<name>``.
+
+    :param name: the drafter's name (the ``drafter.name`` config key).
+    :param config: the resolved ``drafter`` config node without its ``name`` key (e.g.
+        ``{"model": "dllm-drafter", "block_size": 32, ...}``).
+    :param runtime: the run's device, dtype and timers; the drafter's model goes on
+        ``runtime.torch_device`` in ``runtime.torch_dtype``.
+    :param verifier: the run's target; a drafter with a model checks that its vocabulary matches
+        ``verifier.tokenizer`` / ``verifier.vocab_size``.
+    :return: a ``Drafter``, or ``None`` when ``name`` is not this plugin's.
+    :raises ValueError: naming ``drafter.<key>`` for a bad value or a vocabulary mismatch.
+
+    Stops at the first non-None result.
+    """
 
 
 @hookspec(firstresult=True)
-def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
-    """Return a run logger for ``name`` (selected by the ``logger`` config group; ``config``
-    is ``logger.<name>``), or ``None``. A logger is an object whose methods carry
-    ``@hookimpl`` and implement lifecycle hooks below; it is registered as a plugin for one
-    run and unregistered after ``run_end``/``run_abort``."""
+def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime) -> Verifier | None:
+    """Build the verifier (the target) selected with ``verifier=<name>``.
+
+    :param name: the verifier's name (the ``verifier.name`` config key).
+    :param config: the resolved ``verifier`` config node without its ``name`` key (e.g.
+        ``{"model": "target", "attn_implementation": "sdpa", "max_context": 0}``).
+    :param runtime: the run's device, dtype and timers.
+    :return: a ``Verifier`` whose ``tokenizer`` is set (the run encodes prompts with it), or
+        ``None`` when ``name`` is not this plugin's.
+
+    Stops at the first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str) -> object | None:
+    """Build a run logger selected by the ``logger`` config group (several may be active).
+
+    :param name: the logger's name (a key of the ``logger`` config node, e.g. ``jsonl``).
+    :param config: the ``logger.<name>`` config node (e.g. ``{"file": "results.jsonl"}``).
+    :param run_dir: the run directory (absolute or relative to the working directory).
+    :return: an object whose methods carry ``@hookimpl`` and implement lifecycle hooks below
+        (registered as a plugin for one run, unregistered after ``run_end`` / ``run_abort``),
+        or ``None`` when ``name`` is not this plugin's.
+    :raises ValueError: naming ``logger.<name>.<key>`` for a bad value.
+
+    Stops at the first non-None result.
+    """
 
 
 @hookspec
 def specpolicy_config_searchpath() -> list[str]:
-    """Extra Hydra config search-path entries (``pkg://my_pkg.conf``, ``file:///abs/dir`` or a
-    plain directory path) so a plugin can ship its own config files (``policy/<name>.yaml``, ``logger/<name>.yaml``,
-    ...) and be selected with ``policy=<name>``. Appended after specpolicy's own configs."""
+    """Extra Hydra config search-path entries, so a plugin can ship its own config files
+    (``policy/<name>.yaml``, ``logger/<name>.yaml``, ...) and be selected with ``policy=<name>``.
+
+    :return: entries ``pkg://my_pkg.conf``, ``file:///abs/dir`` or a plain directory path;
+        appended after specpolicy's own configs.
+    """
 
 
 # -- lifecycle hooks, called by the run driver ---------------------------------------------
@@ -66,25 +122,56 @@ def specpolicy_config_searchpath() -> list[str]:
 
 @hookspec
 def specpolicy_run_start(config: dict[str, Any], run_dir: str) -> None:
-    """Before the first prompt, with the resolved config."""
+    """Before the first prompt (after the untimed warm-up).
+
+    :param config: the resolved run configuration (plain dicts and lists, as in
+        ``summary.json``'s ``config``).
+    :param run_dir: the run directory, where ``results.jsonl`` and ``summary.json`` go.
+    """
 
 
 @hookspec
-def specpolicy_round_end(method: str, prompt_id: str, record) -> None:
-    """After every verified round (``record`` is a ``RoundRecord``)."""
+def specpolicy_round_end(method: str, prompt_id: str, record: RoundRecord) -> None:
+    """After every verified round of the speculative method. Called inside the timed decoding
+    loop: an implementation should only store ``record`` (time spent here counts as the
+    method's wall-clock time).
+
+    :param method: the speculative method's name (``<drafter>+<policy>[-<mode>][+reuse]``).
+    :param prompt_id: the prompt being decoded.
+    :param record: the round (``specpolicy.types.RoundRecord``: lengths, drafter passes, ms,
+        token ids, ``draft_stop_reason``, ``finish_reason``).
+    """
 
 
 @hookspec
-def specpolicy_prompt_end(method: str, prompt_id: str, row: dict[str, Any]) -> None:
-    """After each prompt, with its ``results.jsonl`` row."""
+def specpolicy_prompt_end(method: str, prompt_id: str, row: dict[str, Any], result: PromptResult) -> None:
+    """After each prompt computed in this invocation (prompts read back on resume are not
+    announced again), outside the timed region.
+
+    :param method: the speculative method's name.
+    :param prompt_id: the prompt that finished.
+    :param row: its ``results.jsonl`` line (``result.to_row()``, JSON-serialisable).
+    :param result: the same as objects (``specpolicy.results.PromptResult``: the speculative and
+        vanilla ``GenerationResult``, losslessness, config hash).
+    """
 
 
 @hookspec
 def specpolicy_run_end(summary: dict[str, Any], run_dir: str) -> None:
-    """After the last prompt, with the summary written to ``summary.json``."""
+    """After the last prompt, once ``summary.json`` is written.
+
+    :param summary: the summary written to ``<run_dir>/summary.json``
+        (``specpolicy.summary.summarize``; its ``fields`` describe every key).
+    :param run_dir: the run directory.
+    """
 
 
 @hookspec
 def specpolicy_run_abort(error: BaseException, run_dir: str) -> None:
     """When the run raises after ``run_start`` (instead of ``run_end``); ``error`` is re-raised
-    after the hook. Loggers close their files/runs here."""
+    after the hook. Loggers close their files/runs here.
+
+    :param error: the exception that ends the run (``specpolicy.resume.RunInterrupted`` for
+        SIGINT / SIGTERM, after a partial ``summary.json`` was written).
+    :param run_dir: the run directory.
+    """

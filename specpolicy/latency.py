@@ -31,17 +31,13 @@ from importlib import resources
 from typing import Any
 
 from specpolicy.accounting import PASS_ACCOUNTINGS
+from specpolicy.types import RoundRecord
 
 #: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
 BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
 PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token",
                 "pass_accounting")
 MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
-
-
-def field(record: Any, name: str) -> Any:
-    """``record.name`` for a ``RoundRecord``, ``record[name]`` for a ``results.jsonl`` round dict."""
-    return record[name] if isinstance(record, Mapping) else getattr(record, name)
 
 
 def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -129,9 +125,9 @@ def load_profile(name: str) -> LatencyProfile:
     return LatencyProfile.from_config(OmegaConf.to_container(OmegaConf.create(file.read_text())))
 
 
-def measure_profile(spec_rounds: Iterable[Any], vanilla_rounds: Iterable[Any] = (), name: str = "measured",
-                    description: str = "this machine, measured in the run") -> LatencyProfile:
-    """Latencies measured from a run's rounds (``RoundRecord`` or ``results.jsonl`` dicts).
+def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable[RoundRecord] = (),
+                    name: str = "measured", description: str = "this machine, measured in the run") -> LatencyProfile:
+    """Latencies measured from a run's rounds.
 
     * ``drafter_pass_ms`` = sum of ``draft_ms`` / sum of ``drafter_forward_passes`` over rounds
       with passes (0.0 for a model-free drafter);
@@ -142,18 +138,18 @@ def measure_profile(spec_rounds: Iterable[Any], vanilla_rounds: Iterable[Any] = 
       or the fit's intercept without vanilla rounds.
     """
     spec_rounds, vanilla_rounds = list(spec_rounds), list(vanilla_rounds)
-    passes = sum(field(r, "drafter_forward_passes") for r in spec_rounds)
-    draft_ms = sum(field(r, "draft_ms") for r in spec_rounds if field(r, "drafter_forward_passes") > 0)
-    points = [(field(r, "speculation_length"), field(r, "verify_ms")) for r in spec_rounds + vanilla_rounds]
+    passes = sum(r.drafter_forward_passes for r in spec_rounds)
+    draft_ms = sum(r.draft_ms for r in spec_rounds if r.drafter_forward_passes > 0)
+    points = [(r.speculation_length, r.verify_ms) for r in spec_rounds + vanilla_rounds]
     intercept, slope = fit_affine([p[0] for p in points], [p[1] for p in points])
-    van = [field(r, "verify_ms") for r in vanilla_rounds]
+    van = [r.verify_ms for r in vanilla_rounds]
     target = sum(van) / len(van) if van else intercept
     return LatencyProfile(name=name, description=description, drafter_pass_ms=draft_ms / passes if passes else 0.0,
                           target_ms_per_token=max(target, 1e-9), verify_ms_per_draft_token=max(slope, 0.0))
 
 
-def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[Any],
-                    vanilla_rounds: Iterable[Any] = ()) -> LatencyProfile:
+def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[RoundRecord],
+                    vanilla_rounds: Iterable[RoundRecord] = ()) -> LatencyProfile:
     """``profile`` with its null latencies filled from the run (``measure_profile``)."""
     if profile.complete:
         return profile
@@ -165,23 +161,23 @@ def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[Any],
 
 def modeled_round_ms(record: Any, profile: LatencyProfile) -> float:
     """Modeled ms of one round (see module docstring). ``profile`` must be complete."""
-    return (field(record, "drafter_forward_passes") * profile.drafter_pass_ms + profile.target_ms_per_token
-            + profile.verify_ms_per_draft_token * field(record, "speculation_length"))
+    return (record.drafter_forward_passes * profile.drafter_pass_ms + profile.target_ms_per_token
+            + profile.verify_ms_per_draft_token * record.speculation_length)
 
 
-def modeled_ms(rounds: Iterable[Any], profile: LatencyProfile) -> float:
+def modeled_ms(rounds: Iterable[RoundRecord], profile: LatencyProfile) -> float:
     """Modeled ms of a sequence of rounds (prefill excluded)."""
     return sum(modeled_round_ms(r, profile) for r in rounds)
 
 
-def modeled_speedup(rounds: Sequence[Any], generated_tokens: int, profile: LatencyProfile) -> float:
+def modeled_speedup(rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile) -> float:
     """Modeled vanilla ms (``generated_tokens`` target steps) / modeled ms of ``rounds``; 0.0 without rounds."""
     ms = modeled_ms(rounds, profile)
     return generated_tokens * profile.target_ms_per_token / ms if ms > 0 else 0.0
 
 
-def modeled_summary(spec_rounds: Sequence[Any], generated_tokens: int, profile: LatencyProfile,
-                    vanilla_rounds: Sequence[Any] = (),
+def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile,
+                    vanilla_rounds: Sequence[RoundRecord] = (),
                     all_profiles: Iterable[str] = BUILTIN_PROFILES) -> dict[str, Any]:
     """The ``modeled`` block of ``summary.json``.
 

@@ -1,9 +1,11 @@
 """Per-prompt and aggregate metrics of speculative decoding runs -- the project's metric glossary.
 
-Everything here is computed from per-round records, either ``RoundRecord`` objects or the round
-dicts of ``results.jsonl`` rows (``round_to_dict``), so a summary can be rebuilt from the rows
-on disk alone (resumed runs: ``specpolicy.experiment``). ``FIELDS`` describes every field of
-``summary.json`` (written into it as ``fields``); the README's "Metric glossary" is the same text.
+Everything here is computed from ``GenerationResult`` objects and their ``RoundRecord`` rounds
+(rows of ``results.jsonl`` become such objects in ``specpolicy.results``, once), so a summary
+rebuilt from the rows on disk equals the one computed during the run (resumed runs).
+``specpolicy.summary.summarize`` assembles ``summary.json`` from these functions; ``FIELDS``
+describes every field of ``summary.json`` (written into it as ``fields``); the README's
+"Metric glossary" is the same text.
 
 Definitions:
 * speculation length k: tokens proposed in a round (drafter + reused); accepted length a:
@@ -30,64 +32,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specpolicy.types import DRAFT_STOP_REASONS, FINISH_REASONS, RoundRecord
+from specpolicy.types import DRAFT_STOP_REASONS, FINISH_REASONS, GenerationResult, RoundRecord
 
 
-def first_difference(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
-    """Index of the first position where the two token sequences differ (a length mismatch
-    counts at the shorter length), or None when identical."""
-    for i, (x, y) in enumerate(zip(reference, candidate)):
-        if x != y:
-            return i
-    return None if len(reference) == len(candidate) else min(len(reference), len(candidate))
-
-
-def round_to_dict(record: RoundRecord) -> dict:
-    """A ``results.jsonl`` per-round record (ms rounded to µs)."""
-    return {
-        "speculation_length": record.speculation_length,
-        "accepted_length": record.accepted_length,
-        "emitted_tokens": record.emitted_tokens,
-        "drafter_forward_passes": record.drafter_forward_passes,
-        "reused_tokens": record.reused_tokens,
-        "draft_ms": round(record.draft_ms, 3),
-        "verify_ms": round(record.verify_ms, 3),
-        "confidences": [round(c, 4) for c in record.confidences],
-        "draft_token_ids": list(record.draft_token_ids),
-        "target_token_ids": list(record.target_token_ids),
-        "draft_stop_reason": record.draft_stop_reason,
-        "finish_reason": record.finish_reason,
-    }
-
-
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    """``obj[name]`` for a dict, ``obj.name`` otherwise (``default`` when missing)."""
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-def prompt_parts(result: Any) -> tuple[int, float, list[Any]]:
-    """``(generated tokens, wall-clock seconds, rounds)`` of one prompt's result: a
-    ``GenerationResult`` or a dict with ``generated_tokens``, ``wall_s`` and ``rounds`` (a
-    ``results.jsonl`` row, or ``vanilla_from_row``)."""
-    if isinstance(result, Mapping):
-        return int(result.get("generated_tokens", 0)), float(result.get("wall_s", 0.0)), list(result.get("rounds", ()))
-    return int(result.output_ids.shape[0]), float(result.wall_s), list(result.rounds)
-
-
-def observed(record: Any) -> tuple[int, int]:
+def observed(record: RoundRecord) -> tuple[int, int]:
     """``(drafted, accepted)`` draft positions of a round that count in acceptance metrics: k and
     a, except in the round that ended generation, where positions past the stop are unobserved
-    (``min(k, emitted)``, ``min(a, emitted)``)."""
-    k, a = int(_get(record, "speculation_length")), int(_get(record, "accepted_length"))
-    if _get(record, "finish_reason"):
-        e = int(_get(record, "emitted_tokens"))
+    (``min(k, emitted)``, ``min(a, emitted)``). The one definition of acceptance used everywhere."""
+    k, a = record.speculation_length, record.accepted_length
+    if record.finish_reason:
+        e = record.emitted_tokens
         return min(k, e), min(a, e)
     return k, a
 
 
-def acceptance_by_position(rounds: Sequence[Any]) -> dict[str, list]:
+def acceptance_by_position(rounds: Sequence[RoundRecord]) -> dict[str, list]:
     """Per draft position i = 1..K (K = the longest observed draft):
 
     * ``drafted[i-1]``: rounds whose draft reached position i (k >= i);
@@ -118,28 +77,23 @@ def acceptance_by_position(rounds: Sequence[Any]) -> dict[str, list]:
     }
 
 
-def aggregate(results: Sequence[Any]) -> dict:
-    """Token-weighted aggregate metrics over prompts (see the module docstring).
-
-    Args:
-        results: ``GenerationResult`` objects or dicts with ``generated_tokens``, ``wall_s``
-            and ``rounds`` (round dicts as in ``results.jsonl``, or ``RoundRecord`` objects).
-    """
-    parts = [prompt_parts(res) for res in results]
-    rounds = [r for _, _, rs in parts for r in rs]
-    drafted = [r for r in rounds if _get(r, "speculation_length") > 0]
+def aggregate(results: Sequence[GenerationResult]) -> dict[str, Any]:
+    """Token-weighted aggregate metrics over prompts (see the module docstring): one entry of
+    ``summary.json``'s ``methods``."""
+    rounds = [r for res in results for r in res.rounds]
+    drafted = [r for r in rounds if r.speculation_length > 0]
     seen = [observed(r) for r in drafted]
-    tokens = sum(t for t, _, _ in parts)
-    wall = sum(w for _, w, _ in parts)
+    tokens = sum(res.generated_tokens for res in results)
+    wall = sum(res.wall_s for res in results)
     n_rounds = len(rounds)
-    passes = sum(_get(r, "drafter_forward_passes") for r in rounds)
-    speculated = sum(_get(r, "speculation_length") for r in drafted)
+    passes = sum(r.drafter_forward_passes for r in rounds)
+    speculated = sum(r.speculation_length for r in drafted)
     spec_observed = sum(k for k, _ in seen)
     accepted = sum(a for _, a in seen)
-    stops = Counter(_get(r, "draft_stop_reason", "") or "unknown" for r in rounds)
-    finishes = Counter(_get(r, "finish_reason", "") for r in rounds if _get(r, "finish_reason", ""))
+    stops = Counter(r.draft_stop_reason or "unknown" for r in rounds)
+    finishes = Counter(r.finish_reason for r in rounds if r.finish_reason)
     return {
-        "prompts": len(parts),
+        "prompts": len(results),
         "generated_tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall if wall > 0 else 0.0,
@@ -147,24 +101,25 @@ def aggregate(results: Sequence[Any]) -> dict:
         "drafted_rounds": len(drafted),
         "acceptance_rate": accepted / spec_observed if spec_observed else 0.0,
         "mean_accepted_length": accepted / len(drafted) if drafted else 0.0,
-        "mean_accepted_length_with_bonus": (sum(_get(r, "emitted_tokens") for r in drafted) / len(drafted)
+        "mean_accepted_length_with_bonus": (sum(r.emitted_tokens for r in drafted) / len(drafted)
                                             if drafted else 0.0),
         "tokens_per_round": tokens / n_rounds if n_rounds else 0.0,
         "mean_speculation_length": speculated / n_rounds if n_rounds else 0.0,
-        "max_accepted_length": max((_get(r, "accepted_length") for r in rounds), default=0),
-        "max_speculation_length": max((_get(r, "speculation_length") for r in rounds), default=0),
+        "mean_speculation_length_drafted": speculated / len(drafted) if drafted else 0.0,
+        "max_accepted_length": max((r.accepted_length for r in rounds), default=0),
+        "max_speculation_length": max((r.speculation_length for r in rounds), default=0),
         "drafter_forward_passes": passes,
         "drafter_passes_per_round": passes / n_rounds if n_rounds else 0.0,
-        "reused_tokens": sum(_get(r, "reused_tokens") for r in rounds),
-        "draft_ms": sum(_get(r, "draft_ms") for r in rounds),
-        "verify_ms": sum(_get(r, "verify_ms") for r in rounds),
+        "reused_tokens": sum(r.reused_tokens for r in rounds),
+        "draft_ms": sum(r.draft_ms for r in rounds),
+        "verify_ms": sum(r.verify_ms for r in rounds),
         "draft_stop_reasons": {k: stops[k] for k in (*DRAFT_STOP_REASONS, "unknown") if stops.get(k)},
         "finish_reasons": {k: finishes[k] for k in FINISH_REASONS if finishes.get(k)},
         "acceptance_by_position": acceptance_by_position(rounds),
     }
 
 
-def prompt_values(result: Any, vanilla: Any | None = None) -> dict[str, Any]:
+def prompt_values(result: GenerationResult, vanilla: GenerationResult | None = None) -> dict[str, Any]:
     """One prompt's values (the ``per_prompt`` entries of ``summary.json``): its aggregate
     figures, and with ``vanilla`` (the same prompt's vanilla result) ``vanilla_tokens_per_s``
     and ``speedup_vs_vanilla``."""
@@ -201,27 +156,6 @@ def weighted_aggregates(spec: Mapping[str, Any], per_prompt: Mapping[str, Mappin
         if key in token or xs:
             prompt[key] = sum(xs) / len(xs) if xs else 0.0
     return {"token_weighted": token, "prompt_weighted": prompt}
-
-
-def vanilla_from_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The vanilla baseline of a ``results.jsonl`` row as a result dict for ``aggregate`` (None
-    without a baseline). Rows keep vanilla decoding compactly -- tokens, wall time, and the sums
-    of ``draft_ms`` / ``verify_ms`` over its rounds -- so its rounds come back as one-token
-    plain rounds carrying the mean times (sums, counts and least-squares fits over them are
-    unchanged)."""
-    if "vanilla_generated_tokens" not in row:
-        return None
-    n = int(row["vanilla_generated_tokens"])
-    rounds_n = int(row.get("vanilla_rounds", n))
-    draft_ms = float(row.get("vanilla_draft_ms", 0.0)) / rounds_n if rounds_n else 0.0
-    verify_ms = float(row.get("vanilla_verify_ms", 0.0)) / rounds_n if rounds_n else 0.0
-    one = {"speculation_length": 0, "accepted_length": 0, "emitted_tokens": 1, "drafter_forward_passes": 0,
-           "reused_tokens": 0, "draft_ms": draft_ms, "verify_ms": verify_ms, "draft_stop_reason": "vanilla",
-           "finish_reason": ""}
-    rounds = [one] * rounds_n
-    if rounds:
-        rounds[-1] = {**one, "finish_reason": row.get("vanilla_stop_reason", "") or ""}
-    return {"generated_tokens": n, "wall_s": float(row.get("vanilla_wall_s", 0.0)), "rounds": rounds}
 
 
 #: Descriptions of the fields of ``summary.json`` (written into it as ``fields``). Dotted keys
@@ -268,10 +202,12 @@ FIELDS: dict[str, str] = {
     "per_prompt": "prompt id -> that prompt's values (generated_tokens, wall_s, tokens_per_s, rounds, "
                   "acceptance_rate, mean_accepted_length[_with_bonus], tokens_per_round, "
                   "mean_speculation_length, drafter_passes_per_round, vanilla_tokens_per_s, "
-                  "speedup_vs_vanilla, stop_reason, lossless)",
+                  "speedup_vs_vanilla, finish_reason (why generation ended), lossless)",
     "methods": "method name -> its token-weighted aggregate (the speculative method and vanilla)",
     "methods.*.wall_s": "wall-clock seconds, summed over prompts (a timing)",
     "methods.*.drafted_rounds": "rounds with k > 0",
+    "methods.*.mean_speculation_length_drafted": "drafted tokens per round with k > 0 (the denominator of "
+                                                 "mean_accepted_length)",
     "methods.*.max_accepted_length": "longest accepted length of any round",
     "methods.*.max_speculation_length": "longest draft of any round",
     "methods.*.drafter_passes_per_round": "drafter forward passes / rounds",

@@ -41,11 +41,15 @@ measured drafting ms per proposed token. A policy's speedup as a fraction of the
 ``T_oracle / T_policy`` with the policy's rounds costed by the same model (apples to apples:
 it equals modeled speedup of the policy / modeled speedup of the oracle).
 
+The longest speculation the oracle may choose defaults to ``oracle_max_length``: the longest of
+``DEFAULT_MAX_LENGTH`` (60, FailFast's N_max default) and the policy's own longest draft.
+
 CLI: ``python -m specpolicy.oracle RUN_DIR [--max-length N]`` (rounds source) prints the
-comparison per run and per prompt and writes ``RUN_DIR/oracle.json``. From a run's own rounds the
-oracle is censored, so the printed figure is labelled an upper bound ("at most 0.71 of the
-oracle's speedup"), and a ratio above 1 is never printed as a fraction of an optimum
-(``describe_fraction``); ``benchmarks/peers.py`` replays the drafter for the exact oracle.
+comparison per run and per prompt and writes ``RUN_DIR/oracle.json``; it is the computation of
+``summary.json``'s ``oracle`` block (``analyse``). From a run's own rounds the oracle is censored,
+so the printed figure is labelled an upper bound ("at most 0.71 of the oracle's speedup"), and a
+ratio above 1 is never printed as a fraction of an optimum (``describe_fraction``);
+``benchmarks/peers.py`` replays the drafter for the exact oracle.
 """
 
 from __future__ import annotations
@@ -60,8 +64,12 @@ from typing import Any
 
 import torch
 
-from specpolicy.latency import field, fit_affine
-from specpolicy.types import Draft, Verification
+from specpolicy.latency import fit_affine
+from specpolicy.results import PromptResult, find_runs, read_run
+from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
+
+#: The oracle may always speculate at least this far (FailFast's N_max default, tokens).
+DEFAULT_MAX_LENGTH = 60
 
 DEFINITION = ("oracle: for every committed prefix the drafter's match length M(i); T(i) = min over l <= M(i) of "
               "draft_ms(l) + verify_ms(l) + T(i+l+1) (measured costs); fraction = T_oracle / T_policy, same cost model")
@@ -105,29 +113,36 @@ class CostModel:
         return self.draft_ms(length, passes) + self.verify_ms(length)
 
     @staticmethod
-    def fit(rounds: Iterable[Any], vanilla_verify_ms: Iterable[float] = ()) -> "CostModel":
-        """Fit from measured rounds (``RoundRecord`` or ``results.jsonl`` dicts; several runs of the
-        same drafter may be pooled) and the measured ``verify_ms`` of vanilla decoding steps.
+    def fit(rounds: Iterable[RoundRecord], vanilla_verify_ms: Iterable[float] = ()) -> "CostModel":
+        """Fit from measured rounds (several runs of the same drafter may be pooled) and the
+        measured ``verify_ms`` of vanilla decoding steps.
 
         Slopes are clamped at >= 0 so costs never decrease with the length.
         """
         rounds = list(rounds)
-        drafted = [r for r in rounds if field(r, "speculation_length") > field(r, "reused_tokens")]
-        passes = sum(field(r, "drafter_forward_passes") for r in drafted)
-        draft_ms = sum(field(r, "draft_ms") for r in drafted)
-        tokens = sum(field(r, "speculation_length") - field(r, "reused_tokens") for r in drafted)
+        drafted = [r for r in rounds if r.speculation_length > r.reused_tokens]
+        passes = sum(r.drafter_forward_passes for r in drafted)
+        draft_ms = sum(r.draft_ms for r in drafted)
+        tokens = sum(r.speculation_length - r.reused_tokens for r in drafted)
         per_pass = draft_ms / passes if passes else 0.0
         per_token = 0.0 if passes else (draft_ms / tokens if tokens else 0.0)
-        pb, pt = fit_affine([field(r, "speculation_length") - field(r, "reused_tokens") for r in drafted],
-                            [field(r, "drafter_forward_passes") for r in drafted])
+        pb, pt = fit_affine([r.speculation_length - r.reused_tokens for r in drafted],
+                            [r.drafter_forward_passes for r in drafted])
         van = list(vanilla_verify_ms)
-        xs = [field(r, "speculation_length") for r in rounds] + [0] * len(van)
-        ys = [field(r, "verify_ms") for r in rounds] + van
+        xs = [r.speculation_length for r in rounds] + [0] * len(van)
+        ys = [r.verify_ms for r in rounds] + van
         vb, vt = fit_affine(xs, ys)
         return CostModel(per_pass, per_token, pb, max(pt, 0.0), max(vb, 0.0), max(vt, 0.0))
 
 
-def match_lengths_from_rounds(rounds: Sequence[Any], num_tokens: int) -> tuple[list[int], list[bool]]:
+def oracle_max_length(rounds: Iterable[RoundRecord]) -> int:
+    """The longest speculation the oracle may choose for a policy's ``rounds``: the longest of
+    ``DEFAULT_MAX_LENGTH`` and the policy's longest draft (so the oracle is never shorter-sighted
+    than the policy it bounds)."""
+    return max([DEFAULT_MAX_LENGTH] + [r.speculation_length for r in rounds])
+
+
+def match_lengths_from_rounds(rounds: Sequence[RoundRecord], num_tokens: int) -> tuple[list[int], list[bool]]:
     """``M(i)`` for ``i`` in ``0..num_tokens-1`` from recorded rounds (self-consistency; see module doc).
 
     Returns:
@@ -139,7 +154,7 @@ def match_lengths_from_rounds(rounds: Sequence[Any], num_tokens: int) -> tuple[l
     M, censored = [0] * num_tokens, [False] * num_tokens
     pos = 0
     for r in rounds:
-        k, a, e = field(r, "speculation_length"), field(r, "accepted_length"), field(r, "emitted_tokens")
+        k, a, e = r.speculation_length, r.accepted_length, r.emitted_tokens
         full = k > 0 and a == k
         for j in range(min(a + 1, e)):
             if pos + j < num_tokens:
@@ -210,7 +225,7 @@ class OracleResult:
         return sum(length for _, length in self.schedule) / len(self.schedule) if self.schedule else 0.0
 
 
-def solve(M: Sequence[int], cost: CostModel, max_length: int = 60,
+def solve(M: Sequence[int], cost: CostModel, max_length: int = DEFAULT_MAX_LENGTH,
           passes: Sequence[Sequence[float]] | None = None) -> OracleResult:
     """The DP of the module docstring over match lengths ``M`` (``passes[i][l]``: exact passes, optional)."""
     n = len(M)
@@ -234,19 +249,19 @@ def solve(M: Sequence[int], cost: CostModel, max_length: int = 60,
     return OracleResult(T[0], tuple(schedule))
 
 
-def policy_ms(rounds: Sequence[Any], cost: CostModel) -> float:
+def policy_ms(rounds: Sequence[RoundRecord], cost: CostModel) -> float:
     """A policy's rounds costed by ``cost`` (its recorded drafter passes, the fitted verification)."""
-    return sum(cost.round_ms(field(r, "speculation_length") - field(r, "reused_tokens"),
-                             field(r, "drafter_forward_passes") if cost.draft_ms_per_pass else None)
-               + (cost.verify_ms_per_token * field(r, "reused_tokens")) for r in rounds)
+    return sum(cost.round_ms(r.speculation_length - r.reused_tokens,
+                             r.drafter_forward_passes if cost.draft_ms_per_pass else None)
+               + (cost.verify_ms_per_token * r.reused_tokens) for r in rounds)
 
 
-def compare(prompts: Sequence[dict[str, Any]], cost: CostModel, max_length: int = 60,
+def compare(prompts: Mapping[str, GenerationResult], cost: CostModel, max_length: int = DEFAULT_MAX_LENGTH,
             match: Sequence[tuple[list[int], list[list[int]] | None]] | None = None) -> dict[str, Any]:
     """A policy against the oracle, per prompt and overall.
 
     Args:
-        prompts: ``results.jsonl`` rows (``prompt_id``, ``rounds``, ``generated_tokens``).
+        prompts: prompt id -> the policy's ``GenerationResult`` on it (output and rounds).
         cost: the cost model (usually ``CostModel.fit`` on the same drafter's runs).
         max_length: longest speculation the oracle may choose.
         match: per prompt ``(M, passes)`` from ``replay_match_lengths``; default: from the rounds.
@@ -256,9 +271,9 @@ def compare(prompts: Sequence[dict[str, Any]], cost: CostModel, max_length: int 
         "per_prompt": [...]}``; fractions are ``oracle_ms / policy_ms``.
     """
     per, tot_p, tot_o, tot_v, cens = [], 0.0, 0.0, 0.0, 0
-    for idx, row in enumerate(prompts):
-        n = int(row["generated_tokens"])
-        rounds = row["rounds"]
+    for idx, (prompt_id, result) in enumerate(prompts.items()):
+        n = result.generated_tokens
+        rounds = list(result.rounds)
         if match is None:
             M, censored = match_lengths_from_rounds(rounds, n)
             passes = None
@@ -270,7 +285,7 @@ def compare(prompts: Sequence[dict[str, Any]], cost: CostModel, max_length: int 
         v_ms = n * cost.verify_ms(0)
         tot_p, tot_o, tot_v = tot_p + p_ms, tot_o + result.ms, tot_v + v_ms
         per.append({
-            "prompt_id": row.get("prompt_id", str(idx)), "tokens": n, "policy_ms": p_ms, "oracle_ms": result.ms,
+            "prompt_id": prompt_id, "tokens": n, "policy_ms": p_ms, "oracle_ms": result.ms,
             "vanilla_ms": v_ms, "fraction_of_oracle": result.ms / p_ms if p_ms else 0.0,
             "policy_rounds": len(rounds), "oracle_rounds": result.rounds,
             "oracle_mean_length": result.mean_length,
@@ -341,33 +356,34 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
             f"costed by extrapolation; {speeds}; benchmarks/peers.py replays the drafter for the exact oracle)")
 
 
-def vanilla_verify_ms(summary: dict[str, Any]) -> list[float]:
-    """The vanilla baseline's decoding steps from a ``summary.json``: its mean measured ms per step,
-    once per step (the affine fit then equals a fit on the individual steps); [] without one."""
-    van = (summary.get("methods") or {}).get("vanilla")
-    if not van or not van.get("rounds"):
-        return []
-    return [van["verify_ms"] / van["rounds"]] * int(van["rounds"])
+def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> dict[str, Any] | None:
+    """``compare`` on a run's results, rounds source: a cost model fitted on the speculative rounds
+    and the vanilla baseline's steps, ``max_length`` None = ``oracle_max_length`` of the rounds.
+    ``summary.json``'s ``oracle`` block and ``python -m specpolicy.oracle`` are this computation.
+    Returns ``compare``'s dict plus ``max_length``; None when there are no rounds."""
+    spec_rounds = [r for res in results for r in res.speculative.rounds]
+    if not spec_rounds:
+        return None
+    van_verify = [r.verify_ms for res in results if res.vanilla is not None for r in res.vanilla.rounds]
+    cost = CostModel.fit(spec_rounds, van_verify)
+    max_length = oracle_max_length(spec_rounds) if max_length is None else max_length
+    out = compare({res.prompt_id: res.speculative for res in results}, cost, max_length)
+    out["max_length"] = max_length
+    return out
 
 
 def analyse_run(run_dir: str | Path, max_length: int | None = None) -> dict[str, Any]:
-    """``compare`` on a run directory (``results.jsonl`` + ``summary.json``), rounds source, as
-    ``summary.json``'s ``oracle`` block computes it (``max_length`` None: the longest of 60 and
-    the run's longest speculation).
+    """``analyse`` on a run directory (``results.jsonl``, read with ``specpolicy.results``), plus
+    the run's ``method``.
 
     Raises:
-        FileNotFoundError: when ``results.jsonl`` is missing.
+        FileNotFoundError: when the directory holds no valid row of ``results.jsonl``.
     """
-    run_dir = Path(run_dir)
-    rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines() if line.strip()]
-    summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
-    rounds = [r for row in rows for r in row["rounds"]]
-    cost = CostModel.fit(rounds, vanilla_verify_ms(summary))
-    if max_length is None:
-        max_length = max([60] + [field(r, "speculation_length") for r in rounds])
-    out = compare(rows, cost, max_length)
-    out["method"] = summary.get("method", rows[0].get("method") if rows else None)
+    run = read_run(run_dir)
+    out = analyse(run.results, max_length)
+    if out is None:
+        raise FileNotFoundError(f"no results with rounds in {Path(run_dir) / 'results.jsonl'}")
+    out["method"] = run.summary.get("method") or run.name
     return out
 
 
@@ -379,14 +395,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specpolicy.oracle", description=main.__doc__)
     parser.add_argument("directory")
     parser.add_argument("--max-length", type=int, default=None,
-                        help="longest speculation the oracle may use (default: max(60, the run's longest))")
+                        help=f"longest speculation the oracle may use (default: max({DEFAULT_MAX_LENGTH}, "
+                             f"the run's longest))")
     args = parser.parse_args(argv)
-    runs = sorted({f.parent for f in Path(args.directory).rglob("results.jsonl") if "wandb" not in f.parts})
+    runs = find_runs(args.directory)
     if not runs:
         print(f"error: no results.jsonl under {args.directory}", file=sys.stderr)
         return 1
     for run in runs:
-        res = analyse_run(run, args.max_length)
+        try:
+            res = analyse_run(run, args.max_length)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            continue
         res["reading"] = describe_fraction(res)
         (run / "oracle.json").write_text(json.dumps(res, indent=2))
         fr = sorted(p["fraction_of_oracle"] for p in res["per_prompt"])

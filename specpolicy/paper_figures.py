@@ -6,8 +6,8 @@
     python -m specpolicy.paper_figures sensitivity --tau multirun/tau-sensitivity/<date> \\
         --nmax multirun/nmax-sensitivity/<date>
 
-Each subcommand reads every run under its directories (a directory holding ``results.jsonl`` and
-``summary.json``: a single run, the jobs of a Hydra multirun, or the ``runs/`` of
+Each subcommand reads every run under its directories (``specpolicy.results``: a directory holding
+``results.jsonl`` and ``summary.json``: a single run, the jobs of a Hydra multirun, or the ``runs/`` of
 ``benchmarks/paper_table.py`` / ``benchmarks/peers.py``) and writes a PNG into ``--out`` (default:
 ``<first directory>/plots``):
 
@@ -35,64 +35,33 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specpolicy.latency import load_profile, modeled_speedup
 from specpolicy.metrics import aggregate, observed
+from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run
+from specpolicy.results import Run as RunData
+from specpolicy.types import RoundRecord
 
-_SKIP_DIRS = {"wandb", ".hydra", ".submitit", "plots"}
 #: Draft position groups of the reliability diagram: (first, last) 1-based positions, last None = open.
 POSITION_GROUPS = ((1, 1), (2, 2), (3, 3), (4, 5), (6, 10), (11, None))
 EASY, HARD = "#55a868", "#c44e52"
 
 
-@dataclass
-class RunData:
-    """One run directory: ``rows`` (``results.jsonl`` lines) and ``config`` (from ``summary.json``)."""
-
-    directory: Path
-    rows: list[dict[str, Any]]
-    summary: dict[str, Any]
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.summary.get("config") or {}
-
-    @property
-    def rounds(self) -> list[dict[str, Any]]:
-        return [r for row in self.rows for r in row.get("rounds", [])]
-
-    def setting(self, dotted: str, default: Any = None) -> Any:
-        """A config value by dotted key (``"drafter.threshold"``), ``default`` when absent."""
-        node: Any = self.config
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
-
-
 def load(paths: Sequence[str | Path]) -> list[RunData]:
-    """Every run under ``paths`` (directories holding ``results.jsonl``), in path order.
+    """Every run under ``paths`` (``specpolicy.results.find_runs``: directories holding
+    ``results.jsonl``, read with ``read_run``), in path order.
 
     Raises:
         FileNotFoundError: naming the path when one holds no ``results.jsonl``.
     """
     runs = []
     for path in paths:
-        root = Path(path)
-        dirs = [root] if (root / "results.jsonl").is_file() else sorted(
-            {f.parent for f in root.rglob("results.jsonl") if not _SKIP_DIRS & set(f.relative_to(root).parts[:-1])})
+        dirs = find_runs(path)
         if not dirs:
-            raise FileNotFoundError(f"no results.jsonl under {root}")
-        for d in dirs:
-            rows = [json.loads(line) for line in (d / "results.jsonl").read_text(encoding="utf-8").splitlines()
-                    if line.strip()]
-            summary_file = d / "summary.json"
-            summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.is_file() else {}
-            runs.append(RunData(d, rows, summary))
+            raise FileNotFoundError(f"no {RESULTS_FILE} under {path}")
+        runs.extend(read_run(d) for d in dirs)
     return runs
 
 
@@ -108,9 +77,9 @@ def concavity_points(runs: Sequence[RunData], profile: str = "a6000-qwen7b") -> 
     prof = load_profile(profile)
     points = []
     for run in runs:
-        if run.setting("policy.name") != "static" or not run.rows:
+        if run.setting("policy.name") != "static" or not run.results:
             continue
-        agg = aggregate(run.rows)
+        agg = aggregate([res.speculative for res in run.results])
         rounds = run.rounds
         points.append({
             "drafter": run.setting("drafter.name", "?"),
@@ -124,13 +93,13 @@ def concavity_points(runs: Sequence[RunData], profile: str = "a6000-qwen7b") -> 
     return points
 
 
-def token_classes(row: dict[str, Any]) -> list[bool]:
-    """Per output token of one prompt (``results.jsonl`` row): True = easy (an accepted draft token,
+def token_classes(rounds: Sequence[RoundRecord]) -> list[bool]:
+    """Per output token of one prompt (its rounds, in order): True = easy (an accepted draft token,
     or the bonus token after a fully accepted draft), False = hard (the correction after a
     rejection, or a token of a round without a draft). FailFast §3.2, Fig. 4."""
     out: list[bool] = []
-    for r in row.get("rounds", []):
-        k, a, emitted = int(r["speculation_length"]), int(r["accepted_length"]), int(r["emitted_tokens"])
+    for r in rounds:
+        k, a, emitted = r.speculation_length, r.accepted_length, r.emitted_tokens
         flags = [True] * min(a, emitted)
         if emitted > a:
             flags.append(k > 0 and a == k)  # bonus (easy) or correction / plain decoding (hard)
@@ -155,7 +124,7 @@ def easy_run_fraction(classes: Sequence[Sequence[bool]], ns: Sequence[int]) -> l
     return [sum(x for x in runs if x >= n) / total if total else 0.0 for n in ns]
 
 
-def reliability(rounds: Sequence[dict[str, Any]], groups: Sequence[tuple[int, int | None]] = POSITION_GROUPS,
+def reliability(rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int | None]] = POSITION_GROUPS,
                 bins: int = 10) -> list[dict[str, Any]]:
     """Reliability of drafter confidence per draft-position group.
 
@@ -167,7 +136,7 @@ def reliability(rounds: Sequence[dict[str, Any]], groups: Sequence[tuple[int, in
     The last entry pools every position ("all")."""
     pairs: list[tuple[int, float, bool]] = []  # (position, confidence, accepted)
     for r in rounds:
-        confs = r.get("confidences") or []
+        confs = r.confidences
         k, a = observed(r)
         for i in range(min(k, len(confs), a + 1)):  # positions 1..a+1: reached with all earlier accepted
             pairs.append((i + 1, float(confs[i]), i < a))
@@ -277,21 +246,21 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     top = fig.add_axes((0.08, 0.58, 0.88, 0.34))
     bottom = fig.add_axes((0.08, 0.08, 0.88, 0.38))
     first = runs[0]
-    classes = [token_classes(row) for row in first.rows[:max_prompts]]
+    classes = [token_classes(res.speculative.rounds) for res in first.results[:max_prompts]]
     width = max((len(c) for c in classes), default=1)
     grid = np.full((len(classes), width), np.nan)
     for i, flags in enumerate(classes):
         grid[i, : len(flags)] = [1.0 if f else 0.0 for f in flags]
     top.imshow(grid, aspect="auto", interpolation="nearest", cmap=ListedColormap([HARD, EASY]), vmin=0, vmax=1)
     top.set_yticks(range(len(classes)))
-    top.set_yticklabels([str(row.get("prompt_id", i)) for i, row in enumerate(first.rows[:max_prompts])], fontsize=8)
+    top.set_yticklabels([res.prompt_id for res in first.results[:max_prompts]], fontsize=8)
     top.set_xlabel("output token")
     top.set_title(f"Fig. 4: easy (green: accepted, or the bonus token) and hard (red: corrected) tokens, "
                   f"{_label(first)}", fontsize=10)
     ns = list(range(1, max_n + 1))
     for run in runs:
-        fractions = easy_run_fraction([token_classes(row) for row in run.rows], ns)
-        bottom.plot(ns, fractions, label=f"{_label(run)} ({len(run.rows)} prompts)")
+        fractions = easy_run_fraction([token_classes(res.speculative.rounds) for res in run.results], ns)
+        bottom.plot(ns, fractions, label=f"{_label(run)} ({len(run.results)} prompts)")
     for n in (10, 50):
         if n <= max_n:
             bottom.axvline(n, color="grey", lw=0.8, ls=":")

@@ -1,8 +1,9 @@
 """The paper's figures for any run: ``python -m specpolicy.plot <run dir | multirun dir> [--out DIR]``.
 
-Reads every run under the directory (a directory holding ``results.jsonl``, with its
-``summary.json`` when present: a single run, each job of a Hydra multirun, or each method of
-``benchmarks/peers.py --runs-dir``) and writes, into ``DIR`` (default ``<dir>/plots``):
+Reads every run under the directory (``specpolicy.results.load_runs``: a directory holding
+``results.jsonl``, with its ``summary.json`` when present: a single run, each job of a Hydra
+multirun, or each method of ``benchmarks/peers.py --runs-dir``) and writes, into ``DIR``
+(default ``<dir>/plots``):
 
 * ``length_cdf.png`` -- CDF of accepted and of speculated lengths per round, one line per
   method (FailFast, arXiv 2512.20573, Fig. 8);
@@ -23,65 +24,20 @@ summary, or ``--tokenizer``); without one, token ids are shown. Uses matplotlib'
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_SKIP_DIRS = {"wandb", ".hydra", ".submitit", "plots"}
+from specpolicy.metrics import aggregate, prompt_values
+from specpolicy.results import PromptResult, Run, load_runs
+from specpolicy.tables import FIGURES
+from specpolicy.types import RoundRecord
+
 #: Colors: verification (bottom), drafting, other -- as Fig. 6 stacks them.
 COLORS = {"verify": "#4c72b0", "draft": "#dd8452", "other": "#b0b0b0"}
-
-
-@dataclass
-class Run:
-    """One method's results: ``rows`` (``results.jsonl`` lines) and its ``summary`` (may be empty)."""
-
-    name: str
-    directory: Path
-    rows: list[dict[str, Any]]
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rounds(self) -> list[dict[str, Any]]:
-        return [r for row in self.rows for r in row.get("rounds", [])]
-
-
-def _read_run(directory: Path) -> Run:
-    rows = [json.loads(line) for line in (directory / "results.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    summary_file = directory / "summary.json"
-    summary = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.exists() else {}
-    return Run(str(summary.get("method") or directory.name), directory, rows, summary)
-
-
-def load_runs(path: str | Path) -> list[Run]:
-    """Every run under ``path`` (itself, or its sub-directories holding ``results.jsonl``), in
-    path order. Runs of the same method get their directory appended to the name.
-
-    Raises:
-        FileNotFoundError: when no ``results.jsonl`` is found.
-    """
-    root = Path(path)
-    if (root / "results.jsonl").is_file():
-        dirs = [root]
-    else:
-        dirs = sorted({f.parent for f in root.rglob("results.jsonl")
-                       if not _SKIP_DIRS & set(f.relative_to(root).parts[:-1])})
-    if not dirs:
-        raise FileNotFoundError(f"no results.jsonl under {root}")
-    runs = [_read_run(d) for d in dirs]
-    counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
-    for r in runs:
-        if counts[r.name] > 1:
-            r.name = f"{r.name} ({r.directory.relative_to(root)})"
-    return runs
 
 
 def _pyplot():
@@ -123,7 +79,7 @@ def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
 def drafts(run: Run) -> bool:
     """Whether any round of ``run`` had a draft (k > 0); a method that never drafts (vanilla
     decoding, plain ``generate``) has no acceptance or length figure."""
-    return any(r.get("speculation_length", 0) > 0 for r in run.rounds)
+    return any(r.speculation_length > 0 for r in run.rounds)
 
 
 def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
@@ -143,7 +99,7 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
     for key, ax, title in (("accepted_length", axes[0], "accepted length per round"),
                            ("speculation_length", axes[1], "speculated length per round")):
         for run in runs:
-            values = sorted(r[key] for r in run.rounds if r["speculation_length"] > 0)
+            values = sorted(getattr(r, key) for r in run.rounds if r.speculation_length > 0)
             if not values:
                 continue
             n = len(values)
@@ -169,23 +125,18 @@ def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Per method (vanilla first, pooled over the runs that measured it): ms per generated token
     spent drafting, verifying, and elsewhere (prefill + loop), from the recorded rounds."""
     out = []
-    van_tokens = van_wall = van_verify = 0.0
+    van = aggregate([res.vanilla for run in runs for res in run.results if res.vanilla is not None])
+    if van["generated_tokens"]:
+        tokens, wall_ms = van["generated_tokens"], van["wall_s"] * 1e3
+        out.append({"method": "vanilla", "draft": 0.0, "verify": van["verify_ms"] / tokens,
+                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens})
     for run in runs:
-        van = (run.summary.get("methods") or {}).get("vanilla")
-        if van and van.get("generated_tokens"):
-            van_tokens += van["generated_tokens"]
-            van_wall += van["wall_s"] * 1e3
-            van_verify += van.get("verify_ms", 0.0)
-    if van_tokens:
-        out.append({"method": "vanilla", "draft": 0.0, "verify": van_verify / van_tokens,
-                    "other": max(van_wall - van_verify, 0.0) / van_tokens})
-    for run in runs:
-        tokens = sum(row.get("generated_tokens", 0) for row in run.rows)
+        tokens = sum(res.generated_tokens for res in run.results)
         if not tokens:
             continue
-        draft = sum(r["draft_ms"] for r in run.rounds)
-        verify = sum(r["verify_ms"] for r in run.rounds)
-        wall = sum(row.get("wall_s", 0.0) for row in run.rows) * 1e3
+        draft = sum(r.draft_ms for r in run.rounds)
+        verify = sum(r.verify_ms for r in run.rounds)
+        wall = sum(res.speculative.wall_s for res in run.results) * 1e3
         out.append({"method": run.name, "draft": draft / tokens, "verify": verify / tokens,
                     "other": max(wall - draft - verify, 0.0) / tokens})
     return out
@@ -232,21 +183,21 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
     if not drafts(run):
         raise ValueError(f"{run.name} has no round with a draft: no acceptance figure")
     plt = _pyplot()
-    rows = [row for row in run.rows if any(r["speculation_length"] > 0 for r in row.get("rounds", []))][:max_prompts]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(11, 0.9 + 2.3 * len(rows)), squeeze=False)
+    shown = [res for res in run.results if any(r.speculation_length > 0 for r in res.speculative.rounds)][:max_prompts]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 0.9 + 2.3 * len(shown)), squeeze=False)
     twins = []
-    for ax, row in zip(axes[:, 0], rows):
-        rounds = row.get("rounds", [])
+    for ax, res in zip(axes[:, 0], shown):
+        rounds = res.speculative.rounds
         idx = list(range(len(rounds)))
-        ax.bar(idx, [r["speculation_length"] for r in rounds], color="#c6dbef", label="speculated length k")
-        ax.bar(idx, [r["accepted_length"] for r in rounds], color="#2171b5", label="accepted length a")
+        ax.bar(idx, [r.speculation_length for r in rounds], color="#c6dbef", label="speculated length k")
+        ax.bar(idx, [r.accepted_length for r in rounds], color="#2171b5", label="accepted length a")
         ax.set_ylabel("tokens")
         ax.set_xlim(-0.8, max(len(rounds), 1) - 0.2)
-        ax.set_title(f"prompt {row.get('prompt_id')} ({len(rounds)} rounds)", fontsize=9, loc="left")
+        ax.set_title(f"prompt {res.prompt_id} ({len(rounds)} rounds)", fontsize=9, loc="left")
         ax2 = ax.twinx()
         twins.append(ax2)
-        pts = [(i, r["accepted_length"] / r["speculation_length"]) for i, r in enumerate(rounds)
-               if r["speculation_length"] > 0]
+        pts = [(i, r.accepted_length / r.speculation_length) for i, r in enumerate(rounds)
+               if r.speculation_length > 0]
         ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="#e6550d", marker=".", lw=1,
                  label="acceptance rate a / k (right axis)")
         ax2.set_ylim(-0.05, 1.05)
@@ -332,42 +283,34 @@ def _html_table(header: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]
 
 #: Per-prompt figures beside each trajectory link and on its page: (title, key of
 #: ``metrics.prompt_values``, format, applies only when the prompt drafted).
-PROMPT_COLUMNS = (
-    ("tokens", "generated_tokens", "{}", False),
-    ("rounds", "rounds", "{}", False),
-    ("acceptance rate (accepted / drafted tokens)", "acceptance_rate", "{:.3f}", True),
-    ("accepted length / drafted round", "mean_accepted_length", "{:.2f}", True),
-    ("speculation length / round (all rounds)", "mean_speculation_length", "{:.2f}", True),
-    ("tokens/s", "tokens_per_s", "{:.1f}", False),
-    ("speedup vs vanilla (measured)", "speedup_vs_vanilla", "{:.2f}x", False),
-)
+PROMPT_COLUMNS = tuple((FIGURES[k].short, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in (
+    "generated_tokens", "rounds", "acceptance_rate", "mean_accepted_length", "mean_speculation_length",
+    "tokens_per_s", "speedup_vs_vanilla"))
 
 
-def prompt_cells(row: dict[str, Any]) -> list[str]:
-    """One prompt's figures as text cells (``PROMPT_COLUMNS``, then stop reason and lossless):
-    ``metrics.prompt_values`` of its ``results.jsonl`` row -- the function the summary's
+def prompt_cells(result: PromptResult) -> list[str]:
+    """One prompt's figures as text cells (``PROMPT_COLUMNS``, then why generation ended and
+    lossless): ``metrics.prompt_values`` of its result -- the function the summary's
     ``per_prompt`` comes from -- with ``-`` where a figure does not apply."""
-    from specpolicy.metrics import prompt_values, vanilla_from_row
-
-    values = prompt_values(row, vanilla_from_row(row))
-    drafted = any(r.get("speculation_length", 0) > 0 for r in row.get("rounds", []))
+    values = prompt_values(result.speculative, result.vanilla)
+    drafted = any(r.speculation_length > 0 for r in result.speculative.rounds)
     cells = ["-" if values.get(key) is None or (only_drafting and not drafted) else fmt.format(values[key])
              for _, key, fmt, only_drafting in PROMPT_COLUMNS]
-    lossless = row.get("lossless")
-    cells += [str(row.get("stop_reason") or "-"),
+    lossless = result.lossless
+    cells += [result.speculative.finish_reason or "-",
               "-" if lossless is None else ("yes" if lossless is True else ("NO" if lossless is False else str(lossless)))]
     return cells
 
 
-_PROMPT_HEADER = [(t, True) for t, _, _, _ in PROMPT_COLUMNS] + [("stop", False), ("lossless", False)]
+_PROMPT_HEADER = [(t, True) for t, _, _, _ in PROMPT_COLUMNS] + [("finished by", False), ("lossless", False)]
 
 
 def prompt_texts(run: Run) -> dict[str, str]:
-    """``prompt id -> prompt text`` for ``run``: the rows' ``prompt_text``, else read from the
+    """``prompt id -> prompt text`` for ``run``: the results' ``prompt_text``, else read from the
     run's configured dataset (``config.dataset`` of its summary); prompts found in neither are
     missing from the result."""
-    texts = {str(row["prompt_id"]): row["prompt_text"] for row in run.rows if row.get("prompt_text")}
-    if len(texts) == len(run.rows):
+    texts = {res.prompt_id: res.prompt_text for res in run.results if res.prompt_text}
+    if len(texts) == len(run.results):
         return texts
     dataset = (run.summary.get("config") or {}).get("dataset") or {}
     if dataset.get("name"):
@@ -377,8 +320,8 @@ def prompt_texts(run: Run) -> dict[str, str]:
             known = {p.prompt_id: p.text for p in load_prompts(str(dataset["name"]), dataset.get("path"), None, 0)}
         except Exception:  # noqa: BLE001 - the page then says the text is not available
             known = {}
-        for row in run.rows:
-            texts.setdefault(str(row["prompt_id"]), known.get(str(row["prompt_id"]), ""))
+        for res in run.results:
+            texts.setdefault(res.prompt_id, known.get(res.prompt_id, ""))
     return {k: v for k, v in texts.items() if v}
 
 
@@ -400,14 +343,13 @@ def _tok(text: str, cls: str) -> str:
     return f'<span class="{cls}">{shown}</span>'
 
 
-def trajectory_html(row: dict[str, Any], method: str, tokenizer=None, prompt_text: str | None = None,
+def trajectory_html(result: PromptResult, method: str, tokenizer=None, prompt_text: str | None = None,
                     index_href: str | None = None) -> str:
-    """The Fig. 12-style page of one prompt (``row`` = a ``results.jsonl`` line) as an HTML string:
-    the prompt (``prompt_text``, else the row's ``prompt_text``), the prompt's figures
-    (``prompt_cells``), a legend, then one line per round. ``index_href``: a link back to the
-    figures page."""
+    """The Fig. 12-style page of one prompt as an HTML string: the prompt (``prompt_text``, else
+    the result's ``prompt_text``), the prompt's figures (``prompt_cells``), a legend, then one
+    line per round of the speculative method. ``index_href``: a link back to the figures page."""
     decode = _decoder(tokenizer)
-    rounds = row.get("rounds", [])
+    rounds: Sequence[RoundRecord] = result.speculative.rounds
     lines = []
     plain: list[tuple[int, int]] = []  # consecutive rounds without a draft: (round index, token)
 
@@ -420,13 +362,13 @@ def trajectory_html(row: dict[str, Any], method: str, tokenizer=None, prompt_tex
             plain.clear()
 
     for i, r in enumerate(rounds):
-        k, a, e = r["speculation_length"], r["accepted_length"], r["emitted_tokens"]
-        if k == 0 and r.get("target_token_ids") and e > 0:
-            plain.append((i, r["target_token_ids"][0]))
+        k, a, e = r.speculation_length, r.accepted_length, r.emitted_tokens
+        if k == 0 and r.target_token_ids and e > 0:
+            plain.append((i, r.target_token_ids[0]))
             continue
         flush_plain()
-        draft, target = r.get("draft_token_ids", []), r.get("target_token_ids", [])
-        reused_from = k - r.get("reused_tokens", 0)
+        draft, target = r.draft_token_ids, r.target_token_ids
+        reused_from = k - r.reused_tokens
         parts = []
         for j, t in enumerate(draft):
             cls = "acc" if j < a else "rej"
@@ -437,23 +379,23 @@ def trajectory_html(row: dict[str, Any], method: str, tokenizer=None, prompt_tex
             parts.append(_tok(decode(t), cls))
         if a < len(target) and e > a:
             parts.append(_tok(decode(target[a]), "tgt"))
-        meta = (f"#{i:<3d} k={k:<3d} a={a:<3d} passes={r.get('drafter_forward_passes', 0):<3d}"
-                + (f" reused={r['reused_tokens']}" if r.get("reused_tokens") else ""))
+        meta = (f"#{i:<3d} k={k:<3d} a={a:<3d} passes={r.drafter_forward_passes:<3d}"
+                + (f" reused={r.reused_tokens}" if r.reused_tokens else ""))
         lines.append(f'<div class="round"><span class="meta">{html.escape(meta)}</span>{"".join(parts)}</div>')
     flush_plain()
-    title = f"{method} - prompt {row.get('prompt_id', '')}"
-    text = prompt_text if prompt_text is not None else row.get("prompt_text")
+    title = f"{method} - prompt {result.prompt_id}"
+    text = prompt_text if prompt_text is not None else result.prompt_text
     nav = f'<nav><a href="{html.escape(index_href)}">&larr; all figures</a></nav>' if index_href else ""
     prompt = (f"<div class='prompt'>{html.escape(text)}</div>" if text else
               "<p class='muted'>The prompt text is not recorded in this run's results.jsonl and its dataset "
               "could not be read.</p>")
     return _page(title, f"{nav}<h1>{html.escape(method)}</h1><p class='muted'>prompt "
-                        f"<code>{html.escape(str(row.get('prompt_id', '')))}</code>"
-                        + (f", {row['prompt_tokens']} prompt tokens" if "prompt_tokens" in row else "")
+                        f"<code>{html.escape(result.prompt_id)}</code>"
+                        + (f", {result.prompt_tokens} prompt tokens" if result.prompt_tokens else "")
                         + f"</p><h2>Prompt</h2>{prompt}"
-                 f"<h2>Figures</h2>{_html_table(_PROMPT_HEADER, [[html.escape(c) for c in prompt_cells(row)]])}"
-                 + (f"<h2>Output</h2><div class='prompt'>{html.escape(row['output_text'])}</div>"
-                    if row.get("output_text") else "")
+                 f"<h2>Figures</h2>{_html_table(_PROMPT_HEADER, [[html.escape(c) for c in prompt_cells(result)]])}"
+                 + (f"<h2>Output</h2><div class='prompt'>{html.escape(result.output_text)}</div>"
+                    if result.output_text else "")
                  + f"<h2>Rounds</h2><div class='legend'>"
                  f"<span>accepted draft token: {_tok('plain', 'acc')}</span>"
                  f"<span>rejected draft token: {_tok('struck', 'rej')}</span>"
@@ -510,7 +452,8 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     without a summary), measured and MODELED speedup, acceptance rate, accepted
     length per drafted round, speculation length per round, lossless. ``common``: overrides
     shared by every run (shown once above the table, not per run)."""
-    from specpolicy.report import is_partial, job_overrides, lossless_text
+    from specpolicy.report import is_partial, job_overrides
+    from specpolicy.tables import lossless_text
 
     summary, method = run.summary, str(run.summary.get("method") or run.name)
     drafted = drafts(run)
@@ -519,7 +462,7 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         value = _figure(summary, method, key)
         return "-" if value is None or (only_drafting and not drafted) else fmt.format(value)
 
-    prompts = html.escape(str(summary.get("prompts", len(run.rows))))
+    prompts = html.escape(str(summary.get("prompts", len(run.results))))
     name = html.escape(run.name)
     if not summary:
         name += "<br><span class='partial'>no summary.json: the job died or is still running</span>"
@@ -539,10 +482,9 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
             num("mean_speculation_length", "{:.2f}", True), lossless]
 
 
-_RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompts", True),
-               ("speedup vs vanilla (measured)", True), ("speedup, MODELED", True),
-               ("acceptance rate (accepted / drafted tokens)", True), ("accepted length / drafted round", True),
-               ("speculation length / round (all rounds)", True), ("lossless", True)]
+_RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompts", True)] + [
+    (FIGURES[k].short, True) for k in ("speedup_vs_vanilla", "modeled_speedup_vs_vanilla", "acceptance_rate",
+                                       "mean_accepted_length", "mean_speculation_length", "lossless")]
 
 
 def _run_note(run: Run, common: Sequence[str]) -> str:
@@ -554,12 +496,13 @@ def _run_note(run: Run, common: Sequence[str]) -> str:
     if not run.summary:
         notes.append("no summary.json")
     elif is_partial(run.summary):
-        notes.append(f"partial: {run.summary.get('prompts', len(run.rows))} of "
+        notes.append(f"partial: {run.summary.get('prompts', len(run.results))} of "
                      f"{run.summary.get('prompts_total', '?')} prompts")
     return f"<span class='muted'>{html.escape(' · '.join(notes))}</span>" if notes else ""
 
 
-def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: dict[str, list[tuple[dict, Path]]],
+def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
+               pages: dict[str, list[tuple[PromptResult, Path]]],
                out: Path) -> str:
     """The figures page: a summary of every run, the figures with titles and captions, and per
     method a table of its prompts (figures beside each trajectory link)."""
@@ -601,10 +544,9 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path], pages: 
             if not entries:
                 continue
             texts = prompt_texts(run)
-            rows = [[f'<a href="{html.escape(page.relative_to(out).as_posix())}">'
-                     f"{html.escape(str(row.get('prompt_id', '')))}</a>",
-                     f"<span class='muted'>{html.escape(_excerpt(texts.get(str(row.get('prompt_id')), '')))}</span>"]
-                    + [html.escape(c) for c in prompt_cells(row)] for row, page in entries]
+            rows = [[f'<a href="{html.escape(page.relative_to(out).as_posix())}">{html.escape(res.prompt_id)}</a>',
+                     f"<span class='muted'>{html.escape(_excerpt(texts.get(res.prompt_id, '')))}</span>"]
+                    + [html.escape(c) for c in prompt_cells(res)] for res, page in entries]
             body.append(f"<h3>{html.escape(run.name)}{_run_note(run, common)}</h3>" + _html_table(header, rows))
     return _page("specpolicy figures", "".join(body))
 
@@ -622,18 +564,18 @@ def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts:
     if any(drafts(run) for run in runs):
         files.append(plot_length_cdf(runs, out / "length_cdf.png"))
     files.append(plot_latency_breakdown(runs, out / "latency_breakdown.png"))
-    pages: dict[str, list[tuple[dict, Path]]] = {}
+    pages: dict[str, list[tuple[PromptResult, Path]]] = {}
     for run in runs:
         if drafts(run):
             files.append(plot_acceptance_over_rounds(run, out / f"acceptance_{_slug(run.name)}.png", max_prompts))
         folder = out / "trajectories" / _slug(run.name)
         folder.mkdir(parents=True, exist_ok=True)
         texts = prompt_texts(run)
-        for row in run.rows[:max_pages]:
-            page = folder / f"{_slug(str(row.get('prompt_id', 'prompt')))}.html"
-            page.write_text(trajectory_html(row, run.name, tokenizer, texts.get(str(row.get("prompt_id"))),
+        for res in run.results[:max_pages]:
+            page = folder / f"{_slug(res.prompt_id)}.html"
+            page.write_text(trajectory_html(res, run.name, tokenizer, texts.get(res.prompt_id),
                                             index_href="../../index.html"), encoding="utf-8")
-            pages.setdefault(run.name, []).append((row, page))
+            pages.setdefault(run.name, []).append((res, page))
             files.append(page)
     index = out / "index.html"
     index.write_text(index_html(runs, root, files, pages, out), encoding="utf-8")

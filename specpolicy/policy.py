@@ -16,14 +16,27 @@ class LengthPolicy(ABC):
     A first answer of 0 means no speculation this round (plain decoding).
 
     When ``next_length`` returns 0 for a non-empty draft, the loop records why in the round's
-    ``RoundRecord.draft_stop_reason`` from the policy's ``stop_reason`` attribute: a policy may
-    set it just before returning 0 (``"low_confidence"``, ``"n_max"``, ``"policy_bound"``);
-    the default is ``"policy_bound"``. A first answer of 0 is recorded as ``"length_0"``.
+    ``RoundRecord.draft_stop_reason`` from the policy's ``draft_stop_reason`` attribute: a policy
+    may set it just before returning 0 (``"low_confidence"``, ``"n_max"``, ``"policy_bound"``;
+    see ``specpolicy.types.DRAFT_STOP_REASONS``); the default is ``"policy_bound"``. A first
+    answer of 0 is recorded as ``"length_0"``. (Why *generation* ended is another matter:
+    ``GenerationResult.finish_reason``.)
     """
 
+    #: Name under which the policy registers (the Hydra ``policy=`` choice).
     name: str = ""
     #: Why the last ``next_length`` answer of 0 stopped drafting (see the class docstring).
-    stop_reason: str = "policy_bound"
+    draft_stop_reason: str = "policy_bound"
+
+    @property
+    def stop_reason(self) -> str:
+        """Deprecated spelling of ``draft_stop_reason`` (reads and writes it), kept so that policies
+        written before the rename keep reporting why drafting stopped."""
+        return self.draft_stop_reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str) -> None:
+        self.draft_stop_reason = value
 
     def reset(self) -> None:
         """Forget per-prompt state; called before each prompt. Default: nothing."""

@@ -1,241 +1,41 @@
-"""Printing summaries as tables (rich), and the sweep report:
-``python -m specpolicy.report <multirun dir>`` collects every run's ``summary.json`` into one
-table sorted by speedup, printed and written as ``report.csv`` and ``report.md``."""
+"""The sweep report: ``python -m specpolicy.report <multirun dir>`` collects every run's
+``summary.json`` (read with ``specpolicy.results``) into one table sorted by speedup, printed
+within the terminal's width and written as ``report.csv`` and ``report.md``. A run's figures are
+``specpolicy.summary.headline`` of its summary; the columns are ``specpolicy.tables.FIGURES``
+and the layout is ``specpolicy.tables``'s (the run's own summary table is
+``specpolicy.tables.print_summary``)."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from specpolicy.oracle import describe_fraction
-
-#: Width of printed tables when stdout is not a terminal and ``COLUMNS`` is unset (log files).
-DEFAULT_WIDTH = 100
-#: The ``lossless`` text of sampling runs (``specpolicy.experiment.SAMPLING_LOSSLESS``).
-SAMPLING_LOSSLESS = "n/a (sampling)"
-
-
-def available_width() -> int:
-    """Characters a printed table may use: the terminal's width, ``COLUMNS`` when set, else
-    ``DEFAULT_WIDTH`` (stdout is a file or a pipe)."""
-    probe = Console()
-    if probe.is_terminal or os.environ.get("COLUMNS"):
-        return probe.width
-    return DEFAULT_WIDTH
-
-
-@dataclass
-class Column:
-    """One column of a printed table: its title, its cells (already formatted), whether it holds
-    text (wrapped at spaces; numbers are never wrapped or cut) and its drop order (when the table
-    does not fit, columns with the highest order are left out first; 0: never)."""
-
-    title: str
-    cells: list[str]
-    text: bool = False
-    drop: int = 0
-
-    def floor(self, hard: bool = False) -> int:
-        """The narrowest this column may be: a number's full width, the longest header word, and
-        for text the longest word (at most 30 characters; 8 when ``hard``: words then fold)."""
-        header = max((len(w) for w in self.title.split()), default=1)
-        if not self.text:
-            return max([header] + [len(c) for c in self.cells])
-        words = max([len(w) for c in self.cells for w in c.split()] or [1])
-        return max(min(header, 12), min(words, 8 if hard else 30))
-
-    def natural(self) -> int:
-        """Its comfortable width: the longest cell unwrapped, and the header on one line (a
-        number's header wraps beyond 16 characters)."""
-        header = len(self.title) if self.text else max(min(len(self.title), 16), self.floor())
-        return max([header] + [len(c) for c in self.cells])
-
-
-def table_width(widths: Sequence[int]) -> int:
-    """Characters a rich table (default box) with these column content widths takes: one space
-    of padding on each side of a cell, one border character between and around cells."""
-    return sum(w + 3 for w in widths) + 1
-
-
-def fit_widths(columns: Sequence[Column], width: int, hard: bool = False) -> list[int] | None:
-    """Content widths for ``columns`` within ``width`` characters: every column at least its
-    floor, the room left shared out one character at a time up to each column's natural width.
-    None when even the floors do not fit."""
-    floors = [c.floor(hard) for c in columns]
-    room = width - table_width(floors)
-    if room < 0:
-        return None
-    widths, natural = list(floors), [max(c.natural(), f) for c, f in zip(columns, floors)]
-    while room > 0 and any(w < n for w, n in zip(widths, natural)):
-        for i in range(len(widths)):
-            if room and widths[i] < natural[i]:
-                widths[i] += 1
-                room -= 1
-    return widths
-
-
-def layout(columns: Sequence[Column], width: int | None, wide: bool = False) -> tuple[list[Column], list[int], list[str]]:
-    """Choose the columns and their widths: ``wide`` (or ``width`` None): every column at its
-    natural width; else within ``width``, leaving out columns by drop order while the rest does
-    not fit at comfortable floors, then folding long words. A table that cannot fit even so is
-    laid out at its floors, wider than ``width`` -- never a number cut.
-    Returns ``(columns kept, their content widths, titles of the columns left out)``."""
-    kept = list(columns)
-    if wide or width is None:
-        return kept, [c.natural() for c in kept], []
-    dropped: list[str] = []
-    while (widths := fit_widths(kept, width)) is None and any(c.drop for c in kept):
-        order = max(c.drop for c in kept)
-        victim = next(c for c in reversed(kept) if c.drop == order)
-        kept.remove(victim)
-        dropped.append(victim.title)
-    if widths is None:
-        widths = fit_widths(kept, width, hard=True) or [c.floor(hard=True) for c in kept]
-    return kept, widths, dropped
-
-
-def print_table(columns: Sequence[Column], widths: Sequence[int], title: str | None = None,
-                console: Console | None = None, width: int | None = None) -> Console:
-    """Print ``columns`` at exactly ``widths`` (rich; text columns wrap at spaces, numbers are
-    right-aligned and whole). Returns the console used: ``console``, else one of ``width``
-    characters (default: the terminal's), or as wide as the table when that is wider."""
-    table = Table(title=title or None, title_justify="left")
-    for column, w in zip(columns, widths):
-        table.add_column(column.title, width=w, justify="left" if column.text else "right", overflow="fold")
-    for i in range(len(columns[0].cells) if columns else 0):
-        table.add_row(*(c.cells[i] for c in columns))
-    console = console or Console(width=max(table_width(widths), width or available_width()))
-    console.print(table)
-    return console
-
-
-# -- the summary of one run (printed after every run) -----------------------------------------
-
-#: Rows of the run summary table: (label saying its denominator, key in ``summary["methods"][m]``,
-#: format, applies only to rounds that drafted). Definitions: README "Metric glossary",
-#: ``specpolicy.metrics``.
-SUMMARY_ROWS = (
-    ("tokens/s (generated tokens / wall-clock s)", "tokens_per_s", "{:.1f}", False),
-    ("acceptance rate (accepted / drafted tokens)", "acceptance_rate", "{:.3f}", True),
-    ("accepted length per drafted round (mean, bonus excluded)", "mean_accepted_length", "{:.2f}", True),
-    ("speculation length per round (mean over all rounds)", "mean_speculation_length", "{:.2f}", True),
-    ("tokens per round (all rounds, bonus included)", "tokens_per_round", "{:.2f}", False),
-    ("longest accepted length in a round", "max_accepted_length", "{}", True),
-    ("longest speculation length in a round", "max_speculation_length", "{}", True),
-    ("rounds (one verification each)", "rounds", "{}", False),
-    ("drafted rounds (k > 0)", "drafted_rounds", "{}", True),
-    ("drafter passes per round (all rounds)", "drafter_passes_per_round", "{:.2f}", True),
-)
-
-
-def _drafted(name: str, m: dict[str, Any]) -> bool:
-    """Whether a method drafted at all (rows of drafting figures show ``-`` otherwise)."""
-    if "drafted_rounds" in m:
-        return bool(m["drafted_rounds"])
-    return name != "vanilla" and bool(m.get("mean_speculation_length"))
-
-
-def lossless_text(summary: dict[str, Any]) -> str:
-    """The lossless cell of a run: ``k/n`` prompts equal to vanilla, ``n/a (sampling)`` when
-    sampling (token identity is not expected), ``-`` without a vanilla baseline."""
-    if summary.get("lossless") == SAMPLING_LOSSLESS or (summary.get("sampling") or {}).get("mode") == "sampling":
-        return SAMPLING_LOSSLESS
-    fraction = summary.get("lossless_fraction")
-    if fraction is None:
-        return "-"
-    prompts = int(summary.get("prompts", 0))
-    return f"{round(fraction * prompts)}/{prompts}"
-
-
-def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    """The run summary as ``(methods, [(row label, one cell per method)])``, vanilla first;
-    ``-`` wherever a figure does not apply (a method that did not draft, no vanilla baseline)."""
-    methods = sorted(summary["methods"], key=lambda n: n != "vanilla")
-    van = summary["methods"].get("vanilla")
-    rows: list[tuple[str, list[str]]] = []
-    speed = []
-    for name in methods:
-        m = summary["methods"][name]
-        speed.append(f"{m['tokens_per_s'] / van['tokens_per_s']:.2f}x" if van and van.get("tokens_per_s") else "-")
-    rows.append(("speedup vs vanilla (measured, same run)", speed))
-    modeled = summary.get("modeled")
-    if modeled:
-        rows.append((f"speedup vs vanilla, MODELED ({modeled['profile']['name']} profile, not measured)",
-                     ["1.00x" if name == "vanilla" else f"{modeled['speedup_vs_vanilla']:.2f}x" for name in methods]))
-    for label, key, fmt, drafting in SUMMARY_ROWS:
-        cells = []
-        for name in methods:
-            m = summary["methods"][name]
-            value = m.get(key)
-            cells.append("-" if value is None or (drafting and not _drafted(name, m)) else fmt.format(value))
-        rows.append((label, cells))
-    rows.append(("lossless (prompts equal to vanilla)",
-                 ["reference" if name == "vanilla" else lossless_text(summary) for name in methods]))
-    return methods, rows
-
-
-def print_summary(summary: dict[str, Any], console: Console | None = None, wide: bool = False,
-                  width: int | None = None) -> None:
-    """Print a run's summary: a table of its figures (one row per figure, its denominator in
-    its name; one column per method, vanilla first; ``wide``: one row per method instead), then
-    the modeled speedups by profile, the oracle comparison (labelled: a bound when estimated
-    from the run's own rounds) and any prompt that is not lossless. Fits ``width`` (default:
-    ``console``'s width, else the terminal's, see ``available_width``); no number is ever cut."""
-    methods, rows = summary_cells(summary)
-    prompts = summary.get("prompts", 0)
-    title = f"{summary['method']} on {prompts} prompts"
-    if summary.get("partial"):
-        title += f" (PARTIAL: {prompts} of {summary.get('prompts_total', '?')} planned prompts)"
-    if wide:  # one row per method, the figures as columns
-        columns = [Column("method", list(methods), text=True)] + [
-            Column(label, cells) for label, cells in rows]
-    else:
-        columns = [Column("figure (denominator)", [label for label, _ in rows], text=True)] + [
-            Column(name, [cells[i] for _, cells in rows]) for i, name in enumerate(methods)]
-    width = None if wide else (width or (console.width if console is not None else available_width()))
-    kept, widths, _ = layout(columns, width, wide)
-    out = print_table(kept, widths, title, console, width)
-    modeled = summary.get("modeled")
-    if modeled and modeled.get("speedup_by_profile"):
-        out.print("MODELED speedup by latency profile (pass counts x per-pass latencies; 'measured' = this "
-                  "machine's latencies fitted from the run): "
-                  + ", ".join(f"{k} {v:.2f}x" for k, v in modeled["speedup_by_profile"].items()), markup=False)
-    if summary.get("oracle"):
-        out.print(f"oracle length policy: {describe_fraction(summary['oracle'])}", markup=False)
-    for prompt_id, pos in summary.get("not_lossless", {}).items():
-        out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
-
+from specpolicy.results import RESULTS_FILE, SKIP_DIRS, SUMMARY_FILE, find_runs, read_summary, scan_results
+from specpolicy.summary import headline
+from specpolicy.tables import FIGURES, Column, method_drafted, available_width, layout, lossless_text, print_table
 
 # -- sweep reports: python -m specpolicy.report <multirun dir> --------------------------------
 
 #: Columns of the sweep report: (title, row key, format, drop order). When the table does not
 #: fit the terminal, the columns with the highest drop order go first (0: never dropped); every
-#: column is always in report.md and report.csv, and ``--wide`` prints them all.
+#: column is always in report.md and report.csv, and ``--wide`` prints them all. Titles and
+#: formats are ``FIGURES``' (speedups with one more digit: the report ranks by them).
 REPORT_COLUMNS = (
     ("run", "run", "{}", 0),
     ("overrides", "overrides", "{}", 0),
     ("method", "method", "{}", 0),
     ("prompts", "prompts_cell", "{}", 0),
-    ("speedup (measured)", "speedup_vs_vanilla", "{:.3f}x", 0),
-    ("MODELED speedup", "modeled_speedup_vs_vanilla", "{:.3f}x", 3),
-    ("tokens/s", "tokens_per_s", "{:.1f}", 5),
-    ("vanilla tokens/s", "vanilla_tokens_per_s", "{:.1f}", 6),
-    ("acceptance rate (accepted / drafted tokens)", "acceptance_rate", "{:.3f}", 1),
-    ("accepted length / drafted round", "mean_accepted_length", "{:.2f}", 2),
-    ("speculation length / round (all rounds)", "mean_speculation_length", "{:.2f}", 2),
-    ("drafter passes / round", "drafter_passes_per_round", "{:.2f}", 4),
-    ("lossless", "lossless", "{}", 0),
+    *((FIGURES[key].short, key, fmt or FIGURES[key].fmt, drop) for key, fmt, drop in (
+        ("speedup_vs_vanilla", "{:.3f}x", 0), ("modeled_speedup_vs_vanilla", "{:.3f}x", 3),
+        ("tokens_per_s", None, 5), ("vanilla_tokens_per_s", None, 6), ("acceptance_rate", None, 1),
+        ("mean_accepted_length", None, 2), ("mean_speculation_length", None, 2),
+        ("drafter_passes_per_round", None, 4), ("lossless", None, 0))),
 )
 _TEXT_KEYS = ("run", "overrides", "method")
-_SKIP_DIRS = {"wandb", ".submitit", ".hydra", "plots"}
 
 
 def job_overrides(job_dir: Path) -> list[str]:
@@ -281,37 +81,27 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     rows = []
-    for file in sorted(root.rglob("summary.json")):
-        if _SKIP_DIRS & set(file.relative_to(root).parts[:-1]):
-            continue
-        try:
-            summary = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if not isinstance(summary, dict) or "method" not in summary or "methods" not in summary:
+    for run_dir in find_runs(root, SUMMARY_FILE):
+        summary = read_summary(run_dir / SUMMARY_FILE)
+        if summary is None or "method" not in summary or "methods" not in summary:  # not a run's summary
             continue
         spec = summary["methods"].get(summary["method"], {})
         van = summary["methods"].get("vanilla")
         prompts, planned, partial = int(summary.get("prompts", 0)), _planned(summary), is_partial(summary)
+        figures = headline(summary)
         # figures of drafting: "-" for a run that never drafted
-        drafted = _drafted(summary["method"], spec if "drafted_rounds" in spec else summary)
+        drafted = method_drafted(summary["method"], spec if "drafted_rounds" in spec else summary)
+        for key in ("acceptance_rate", "mean_accepted_length", "mean_speculation_length", "drafter_passes_per_round"):
+            if not drafted:
+                figures[key] = None
         rows.append({
-            "run": _relative(file.parent, root),
-            "overrides": job_overrides(file.parent),
-            "method": summary["method"],
+            "run": _relative(run_dir, root),
+            "overrides": job_overrides(run_dir),
+            **figures,
             "prompts": prompts,
             "prompts_planned": planned,
             "partial": partial,
             "prompts_cell": f"{prompts} of {planned}" if partial else str(prompts),
-            "speedup_vs_vanilla": summary.get("speedup_vs_vanilla"),
-            "modeled_speedup_vs_vanilla": summary.get("modeled_speedup_vs_vanilla"),
-            "tokens_per_s": summary.get("tokens_per_s"),
-            "vanilla_tokens_per_s": summary.get("vanilla_tokens_per_s"),
-            "acceptance_rate": summary.get("acceptance_rate") if drafted else None,
-            "mean_accepted_length": summary.get("mean_accepted_length") if drafted else None,
-            "mean_speculation_length": summary.get("mean_speculation_length") if drafted else None,
-            "drafter_passes_per_round": spec.get("drafter_passes_per_round") if drafted else None,
-            "lossless_fraction": summary.get("lossless_fraction"),
             "lossless": lossless_text(summary),
             "_vanilla": (van or {}).get("generated_tokens", 0), "_vanilla_wall": (van or {}).get("wall_s", 0.0),
         })
@@ -330,22 +120,20 @@ def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
     Raises:
         FileNotFoundError: when ``directory`` does not exist.
     """
-    from specpolicy.resume import read_results
-
     root = Path(directory)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
-    candidates = {root} if (root / ".hydra").is_dir() or (root / "results.jsonl").is_file() else set()
+    candidates = {root} if (root / ".hydra").is_dir() or (root / RESULTS_FILE).is_file() else set()
     candidates |= {d for d in root.iterdir() if d.is_dir() and d.name.isdigit()}
     candidates |= {f.parent for f in root.rglob(".hydra") if f.is_dir()}
-    candidates |= {f.parent for f in root.rglob("results.jsonl")}
+    candidates |= {f.parent for f in root.rglob(RESULTS_FILE)}
     out = []
     for job in sorted(candidates, key=lambda d: [int(p) if p.isdigit() else p for p in d.relative_to(root).parts]):
-        if _SKIP_DIRS & set(job.relative_to(root).parts) or (job / "summary.json").is_file():
+        if SKIP_DIRS & set(job.relative_to(root).parts) or (job / SUMMARY_FILE).is_file():
             continue
-        results = job / "results.jsonl"
+        results = job / RESULTS_FILE
         out.append({"run": _relative(job, root), "overrides": job_overrides(job),
-                    "prompts_in_results": len(read_results(results, truncate=False)) if results.is_file() else None})
+                    "prompts_in_results": len(scan_results(results)[0]) if results.is_file() else None})
     return out
 
 

@@ -7,10 +7,12 @@
 * ``results.jsonl`` (the ``jsonl`` logger) is the run's state: one line per finished prompt,
   carrying ``prompt_id``, ``output_ids``, every round and the vanilla baseline's figures, and
   the ``config_hash`` of the settings that produced it. With ``run.resume: true`` (default) a
-  run reads it back (``read_results``: a half-written last line -- a process killed while
-  writing -- is dropped and the file truncated to its last complete line), skips the prompts
-  already there and appends the others; the summary is rebuilt from all rows, so it equals an
-  uninterrupted run's summary except for timings. ``run.resume: false`` starts over.
+  run reads it back (``load_finished``, through ``specpolicy.results.read_results``: every valid
+  row is kept; a corrupt line anywhere -- e.g. a half-written last line of a killed process --
+  is moved verbatim to ``results.jsonl.corrupt`` with its line number and reported in one line,
+  and its prompt is computed again), skips the prompts already there and appends the others;
+  the summary is built from all results, so it equals an uninterrupted run's summary except for
+  timings. ``run.resume: false`` starts over.
 * SIGINT / SIGTERM (``interruptible``) raise ``RunInterrupted``: the run writes a partial
   ``summary.json`` (``"partial": true``) of the finished prompts and exits non-zero
   (130 / 143). A killed process (SIGKILL, power loss) leaves ``results.jsonl`` to resume from.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import signal
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-log = logging.getLogger(__name__)
+from specpolicy.results import RESULTS_FILE, PromptResult, read_results
 
 #: Config sections that decide a prompt's results (``config_hash``); logging, the latency
 #: profile, the prompt count, warm-up and resume settings do not.
@@ -79,71 +80,32 @@ def results_path(config: Mapping[str, Any], run_dir: str | Path) -> Path | None:
     loggers = config.get("logger")
     if not isinstance(loggers, Mapping) or "jsonl" not in loggers:
         return None
-    file = (loggers.get("jsonl") or {}).get("file") or "results.jsonl"
+    file = (loggers.get("jsonl") or {}).get("file") or RESULTS_FILE
     return Path(run_dir) / str(file)
 
 
-def read_results(path: str | Path, truncate: bool = True) -> list[dict[str, Any]]:
-    """The complete rows of a ``results.jsonl`` file (``[]`` when it does not exist).
-
-    A trailing partial line (no final newline: the process died while writing it) and any
-    line from the first one that is not a JSON object on are dropped; with ``truncate`` the
-    file is cut back to the last good line, so appending continues a clean file.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    rows: list[dict[str, Any]] = []
-    good_end = 0
-    pos = 0
-    while True:
-        nl = data.find(b"\n", pos)
-        if nl < 0:
-            break
-        line = data[pos:nl].strip()
-        if line:
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                row = None
-            if not isinstance(row, dict):
-                log.warning("%s: line %d is not a complete JSON row; it and the rest are dropped",
-                            path, len(rows) + 1)
-                break
-            rows.append(row)
-        pos = good_end = nl + 1
-    if good_end < len(data):
-        if good_end == pos and data.find(b"\n", pos) < 0:
-            log.warning("%s: dropping a half-written last line (%d bytes)", path, len(data) - good_end)
-        if truncate:
-            with open(path, "r+b") as f:
-                f.truncate(good_end)
-    return rows
-
-
-def load_finished(path: Path | None, fingerprint: str, prompt_ids: set[str]) -> dict[str, dict[str, Any]]:
-    """Finished prompts of an earlier run of the same command: ``prompt_id -> row`` for rows of
-    ``path`` whose prompt is in ``prompt_ids`` (the file is repaired as in ``read_results``).
+def load_finished(path: Path | None, fingerprint: str, prompt_ids: set[str]) -> dict[str, PromptResult]:
+    """Finished prompts of an earlier run of the same command: ``prompt_id -> PromptResult`` for the
+    rows of ``path`` whose prompt is in ``prompt_ids``. The file is repaired first
+    (``specpolicy.results.read_results(path, repair=True)``: corrupt lines quarantined, every valid
+    row kept), so appending continues a clean file.
 
     Raises:
         ValueError: when a row was produced by other settings (its ``config_hash`` differs).
     """
     if path is None:
         return {}
-    finished: dict[str, dict[str, Any]] = {}
-    for row in read_results(path):
-        pid = row.get("prompt_id")
-        if pid not in prompt_ids:
+    finished: dict[str, PromptResult] = {}
+    for result in read_results(path, repair=True):
+        if result.prompt_id not in prompt_ids:
             continue
-        if row.get("config_hash", fingerprint) != fingerprint:
+        if result.config_hash and result.config_hash != fingerprint:
             raise ValueError(
-                f"{path} holds results of other settings (config hash {row.get('config_hash')} != {fingerprint}); "
+                f"{path} holds results of other settings (config hash {result.config_hash} != {fingerprint}); "
                 f"resume needs the same settings: pass run.resume=false to start over, or choose another "
                 f"hydra.run.dir"
             )
-        if "output_ids" in row and "rounds" in row:
-            finished[pid] = row
+        finished[result.prompt_id] = result
     return finished
 
 

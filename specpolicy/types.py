@@ -94,7 +94,7 @@ class Verification:
 #: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
 DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "stop_token",
                       "vanilla")
-#: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.stop_reason`` (why generation ended).
+#: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.finish_reason`` (why generation ended).
 FINISH_REASONS = ("eos", "stop_string", "max_new_tokens", "max_context")
 
 
@@ -123,7 +123,7 @@ class RoundRecord:
             (the drafter had nothing more), ``"stop_token"`` (the draft ends at a drafted stop token),
             ``"vanilla"`` (no drafter); ``""`` when unknown.
         finish_reason: ``""`` unless this round ended generation, then ``"eos"``,
-            ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.stop_reason``).
+            ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.finish_reason``).
     """
 
     index: int
@@ -153,14 +153,20 @@ class GenerationResult:
     Attributes:
         output_ids: ``(n,) int64`` generated tokens (prompt excluded), stop token included if hit.
         rounds: the per-round records, in order.
-        stop_reason: ``"eos"``, ``"stop_string"`` (a ``generation.stop`` string completed),
-            ``"max_new_tokens"`` or ``"max_context"`` (the context is full).
+        finish_reason: why generation ended (``FINISH_REASONS``): ``"eos"``, ``"stop_string"``
+            (a ``generation.stop`` string completed), ``"max_new_tokens"`` or ``"max_context"``
+            (the context is full). Not to be confused with a round's ``draft_stop_reason``.
         wall_s: wall-clock seconds for the prompt, prefill included.
         prefill_ms: wall-clock milliseconds of the prefill of both models.
     """
 
     output_ids: torch.Tensor  # (n,) int64
     rounds: tuple[RoundRecord, ...]
-    stop_reason: str
+    finish_reason: str
     wall_s: float
     prefill_ms: float
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated (``len(output_ids)``)."""
+        return int(self.output_ids.shape[0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 
@@ -19,7 +20,12 @@ class Verifier(ABC):
     call with an empty draft.
     """
 
+    #: Name under which the verifier registers (the Hydra ``verifier=`` choice).
     name: str = ""
+    #: The target's tokenizer (a ``transformers`` tokenizer: ``decode``, ``apply_chat_template``).
+    #: The run encodes prompts and decodes outputs with it, and drafter factories check their
+    #: vocabulary against it; None only for a verifier used without a run (e.g. in tests).
+    tokenizer: Any = None
     #: Token ids that end generation (EOS / end-of-turn).
     eos_token_ids: frozenset[int] = frozenset()
     #: Maximum sequence length (prompt + generated + draft) the target supports, in tokens.

@@ -6,22 +6,31 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conftest import VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.accounting import carried_passes, official_passes, with_pass_accounting
-from specpolicy.analysis import extend_summary
 from specpolicy.decoding import generate
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.latency import LatencyProfile, load_profile
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
+from specpolicy.results import PromptResult
 from specpolicy.reuse import DraftReuse
+from specpolicy.summary import summarize
+from specpolicy.types import GenerationResult, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 
-def r(k: int, a: int, passes: int, reused: int = 0) -> dict:
-    return {"speculation_length": k, "accepted_length": a, "emitted_tokens": a + 1, "drafter_forward_passes": passes,
-            "reused_tokens": reused, "draft_ms": 0.0, "verify_ms": 0.0}
+def r(k: int, a: int, passes: int, reused: int = 0) -> RoundRecord:
+    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
+                       drafter_forward_passes=passes, reused_tokens=reused, draft_ms=0.0, verify_ms=0.0)
+
+
+def prompt_result(rounds, prompt_tokens: int) -> PromptResult:
+    tokens = sum(x.emitted_tokens for x in rounds)
+    output = GenerationResult(torch.zeros(tokens, dtype=torch.long), tuple(rounds), "max_new_tokens", 1.0, 0.0)
+    return PromptResult("p", prompt_tokens, output)
 
 
 # A 40-token prompt, B = 32 (small blocks of 8), worked by hand:
@@ -88,28 +97,25 @@ def test_pass_accounting_option_of_the_modeled_latency():
                                            "target_ms_per_token": 13.5, "pass_accounting": "official"})
     with pytest.raises(ValueError, match="profile.pass_accounting must be one of project, official, got 'paper'"):
         LatencyProfile.from_config({"name": "x", "pass_accounting": "paper"})
-    rows = [{"prompt_id": "p", "prompt_tokens": 40, "generated_tokens": 61, "wall_s": 1.0, "rounds": ROUNDS}]
+    results = [prompt_result(ROUNDS, 40)]
     summaries = {}
     for name, prof in (("project", profile), ("official", official)):
-        summary: dict = {}
         config = {"profile": {k: getattr(prof, k) for k in ("name", "drafter_pass_ms", "target_ms_per_token",
                                                                "verify_ms_per_draft_token", "pass_accounting")},
                   "drafter": {"name": "fastdllm", "block_size": 32}}
-        extend_summary(summary, rows, [], rows, config)
-        summaries[name] = summary["modeled"]
+        summaries[name] = summarize("fastdllm+failfast", results, config)["modeled"]
     project, off = summaries["project"], summaries["official"]
     assert off["pass_accounting"] == "official" and "official pass accounting" in off["label"]
-    proj_passes, off_passes = sum(x["drafter_forward_passes"] for x in ROUNDS), sum(official_passes(ROUNDS, 40))
+    proj_passes, off_passes = sum(x.drafter_forward_passes for x in ROUNDS), sum(official_passes(ROUNDS, 40))
     assert (proj_passes, off_passes) == (17, 20)
     assert off["ms"] - project["ms"] == pytest.approx((off_passes - proj_passes) * 6.1)
     # Other drafters keep their counts.
     ar = with_pass_accounting([(ROUNDS, 40)], "official", "ar")
-    assert [x["drafter_forward_passes"] for x in ar] == [x["drafter_forward_passes"] for x in ROUNDS]
+    assert ar == ROUNDS
 
 
 def test_official_accounting_needs_prompt_lengths():
-    rows = [{"prompt_id": "p", "generated_tokens": 5, "wall_s": 1.0, "rounds": ROUNDS[:1]}]
     config = {"profile": {"name": "x", "drafter_pass_ms": 1.0, "target_ms_per_token": 1.0,
                           "pass_accounting": "official"}, "drafter": {"name": "fastdllm"}}
     with pytest.raises(ValueError, match="prompt_tokens"):
-        extend_summary({}, rows, [], rows, config)
+        summarize("fastdllm+failfast", [prompt_result(ROUNDS[:1], 0)], config)

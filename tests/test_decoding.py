@@ -58,7 +58,7 @@ def test_eos_at_every_position_of_a_draft(runtime, eos_position):
     out = generate(prompt, verifier, runtime, max_new_tokens=12, drafter=ARDrafter(target, runtime),
                    policy=FixedLength(6))
     assert out.output_ids.tolist() == expected
-    assert out.stop_reason == "eos"
+    assert out.finish_reason == "eos"
     assert sum(r.emitted_tokens for r in out.rounds) == len(expected)
 
 
@@ -81,7 +81,7 @@ def test_generation_stops_cleanly_when_the_context_is_full(runtime, with_drafter
     verifier = HFVerifier(target, runtime, frozenset(), max_context=20)
     kwargs = {"drafter": ARDrafter(target, runtime), "policy": FixedLength(5)} if with_drafter else {}
     out = generate(prompt, verifier, runtime, max_new_tokens=50, **kwargs)
-    assert out.stop_reason == "max_context"
+    assert out.finish_reason == "max_context"
     assert len(prompt) + len(out.output_ids) == 21  # the last token is emitted, never fed
     ref = generate(prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=15).output_ids
     assert out.output_ids.tolist() == ref.tolist()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_family import overrides, save_tiny_family
+from conftest import overrides
 
 if os.environ.get("CI"):  # .ci/run installs it: missing means a broken install step, not a skip
     import specpolicy_entropy  # noqa: F401
@@ -17,8 +17,8 @@ else:
     pytest.importorskip("specpolicy_entropy", reason="pip install examples/third-party-policy (done by .ci/run)")
 
 
-def test_installed_example_policy_runs_from_the_command_line_losslessly(tmp_path):
-    family = save_tiny_family(tmp_path / "family")
+@pytest.mark.slow  # a subprocess
+def test_installed_example_policy_runs_from_the_command_line_losslessly(family, tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD"}
     proc = subprocess.run(

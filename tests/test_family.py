@@ -267,6 +267,7 @@ def test_ar_loss_is_response_only(tok, rows):
     assert abs(loss.item() - (sum(manual) / n).item()) < 1e-4
 
 
+@pytest.mark.slow  # training
 def test_tiny_training_saves_loadable_models(tok, rows, tmp_path):
     exs = [Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:16]]
     cfg = TrainConfig(epochs=8, batch_tokens=2048, lr=1e-2, warmup_steps=2, seed=0, log_every=1000)

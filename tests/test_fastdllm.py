@@ -13,8 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from conftest import sharpen as scale_head
+from conftest import tiny_lm
 from specpolicy.decoding import generate
 from specpolicy.drafters.fastdllm import (
     MASK_TOKEN,
@@ -35,16 +37,9 @@ TOK = SimpleNamespace(mask_token_id=MASK)  # tokenizer stand-in
 
 
 def tiny(seed: int = 0, attn: str = "sdpa", max_pos: int = 512, sharpen: float = 6.0) -> Qwen2ForCausalLM:
-    """A random tiny Qwen2 in float64, eval mode; ``sharpen`` scales the LM head so confidences spread."""
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=max_pos, eos_token_id=VOCAB - 1, attn_implementation=attn,
-    )
-    model = Qwen2ForCausalLM(cfg).double().eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharpen)
-    return model
+    """``conftest.tiny_lm`` (vocabulary 64) with ``attn`` attention; ``sharpen`` scales the LM head so
+    confidences spread."""
+    return scale_head(tiny_lm(seed, vocab=VOCAB, max_positions=max_pos, eos=VOCAB - 1, attn=attn), sharpen)
 
 
 def cycle_model(skip: tuple[int, ...] = ()) -> Qwen2ForCausalLM:

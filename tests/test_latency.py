@@ -9,8 +9,6 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from specpolicy.analysis import profile_from
-from specpolicy.experiment import build_summary
 from specpolicy.latency import (
     BUILTIN_PROFILES,
     LatencyProfile,
@@ -21,9 +19,10 @@ from specpolicy.latency import (
     modeled_speedup,
     resolve_profile,
 )
-from specpolicy.metrics import round_to_dict
 from specpolicy.oracle import analyse_run
+from specpolicy.results import PromptResult
 from specpolicy.runtime import Runtime
+from specpolicy.summary import profile_from, summarize
 from specpolicy.types import GenerationResult, RoundRecord
 
 
@@ -64,8 +63,6 @@ def test_measured_profile_recovers_the_run_timings():
     vanilla = [_round(0, 0, 0, verify_ms=5.0) for _ in range(3)]
     p = measure_profile(spec, vanilla)
     assert (p.drafter_pass_ms, p.target_ms_per_token, p.verify_ms_per_draft_token) == pytest.approx((2.0, 5.0, 0.5))
-    as_dicts = measure_profile([round_to_dict(r) for r in spec], [round_to_dict(r) for r in vanilla])
-    assert as_dicts.drafter_pass_ms == pytest.approx(2.0)
     # pinned values are kept, null ones measured
     half = resolve_profile(LatencyProfile("m", drafter_pass_ms=9.0, target_ms_per_token=None), spec, vanilla)
     got = (half.drafter_pass_ms, half.target_ms_per_token, half.verify_ms_per_draft_token)
@@ -94,19 +91,17 @@ def test_profile_config_group(choice):
 
 
 def _result(rounds, tokens):
-    return GenerationResult(output_ids=torch.arange(tokens), rounds=tuple(rounds), stop_reason="max_new_tokens",
+    return GenerationResult(output_ids=torch.arange(tokens), rounds=tuple(rounds), finish_reason="max_new_tokens",
                             wall_s=1.0, prefill_ms=0.0)
 
 
 def test_every_summary_has_modeled_speedup_next_to_measured_and_labelled():
     spec = _result([_round(4, 4, 4, draft_ms=8.0, verify_ms=7.0), _round(4, 4, 4, draft_ms=8.0, verify_ms=7.0)], 10)
     van = _result([_round(0, 0, 0, verify_ms=5.0)] * 10, 10)
-    rows = [{"prompt_id": "p0", "generated_tokens": 10, "rounds": [round_to_dict(r) for r in spec.rounds],
-             "lossless": True, "first_difference": None}]
     config = {"profile": OmegaConf.to_container(OmegaConf.create(
         "{name: a6000-qwen14b, description: d, drafter_pass_ms: 6.1, target_ms_per_token: 24.7, "
         "verify_ms_per_draft_token: 0.0}"))}
-    summary = build_summary("ar+static", [spec], [van], rows, config, Runtime("cpu", "float32"))
+    summary = summarize("ar+static", [PromptResult.of("p0", 3, spec, van)], config, Runtime("cpu", "float32").describe())
     json.dumps(summary)  # serialisable
     assert summary["speedup_vs_vanilla"] == pytest.approx(1.0)  # measured: equal wall times here
     assert summary["modeled_profile"] == "a6000-qwen14b"
@@ -132,10 +127,9 @@ def test_the_oracle_cli_reproduces_the_summarys_oracle_block(tmp_path):
     tokens = sum(r.emitted_tokens for r in spec_rounds)
     spec = _result(spec_rounds, tokens)
     van = _result([_round(0, 0, 0, verify_ms=4.0 + (i % 3), index=i) for i in range(tokens)], tokens)
-    rows = [{"prompt_id": "p0", "generated_tokens": tokens, "rounds": [round_to_dict(r) for r in spec.rounds],
-             "lossless": True, "first_difference": None}]
-    summary = build_summary("ar+static", [spec], [van], rows, {}, Runtime("cpu", "float32"))
-    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    result = PromptResult.of("p0", 3, spec, van)
+    summary = summarize("ar+static", [result], {}, Runtime("cpu", "float32").describe())
+    (tmp_path / "results.jsonl").write_text(json.dumps(result.to_row()) + "\n")
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     again = analyse_run(tmp_path)
     assert again["fraction_of_oracle"] == pytest.approx(summary["oracle"]["fraction_of_oracle"])

@@ -13,21 +13,17 @@ import types
 
 import pytest
 from hydra import compose, initialize_config_module
-from tiny_family import overrides, save_tiny_family
 
+from conftest import overrides
 from specpolicy import hookimpl
 from specpolicy.experiment import run_experiment
 from specpolicy.loggers import wandb as wandb_logger
 from specpolicy.loggers.wandb_offline import find_offline_runs, read_offline_run
 from specpolicy.policy import LengthPolicy
+from specpolicy.results import PromptResult
 
 WANDB_ENV = ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_GROUP",
              "WANDB_NAME", "WANDB_RUN_ID", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 @pytest.fixture
@@ -49,6 +45,7 @@ def _scalars(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+@pytest.mark.slow  # a multirun
 def test_multirun_wandb_offline_runs_hold_the_summary_and_share_a_group(family, wandb_offline, tmp_path, monkeypatch):
     sweep_dir = tmp_path / "sweep"
     monkeypatch.setattr(sys, "argv", ["specpolicy", "-m", *overrides(family), "policy=failfast",
@@ -110,7 +107,7 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", server.url if server else _closed_port_url())
     assert wandb_logger.resolve_mode("auto") == "online"
-    logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=0.5)
+    logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=0.5, log_plots=False)  # figures: test_plot.py
     start = time.perf_counter()
     try:
         logger.specpolicy_run_start(config={"policy": {"name": "static"}}, run_dir=str(tmp_path))
@@ -119,8 +116,9 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
             server.close()
     assert time.perf_counter() - start < 15.0  # probe 0.5 s + offline init; never W&B's 90 s init timeout
     assert logger.run is not None and logger.run.settings.mode == "offline"
-    logger.specpolicy_prompt_end(row={"prompt_id": "p", "prompt_tokens": 3, "generated_tokens": 2, "rounds": [],
-                                      "wall_s": 0.5, "stop_reason": "eos", "output_text": "hi"})
+    logger.specpolicy_prompt_end(result=PromptResult.from_row({
+        "prompt_id": "p", "prompt_tokens": 3, "output_ids": [4, 5], "rounds": [], "wall_s": 0.5,
+        "finish_reason": "eos", "output_text": "hi"}))
     logger.specpolicy_run_end(summary={"method": "ar+static", "speedup_vs_vanilla": 1.25}, run_dir=str(tmp_path))
     assert len(logger.warnings) == 1 and "unreachable" in logger.warnings[0]
     assert [r.message for r in caplog.records if r.name == wandb_logger.__name__] == logger.warnings
@@ -234,12 +232,12 @@ def test_wandb_error_mid_run_warns_once_and_never_fails_the_run(wandb_offline, t
     monkeypatch.setattr(run, "log", broken_log)
     record = RoundRecord(index=0, speculation_length=3, accepted_length=2, emitted_tokens=3, drafter_forward_passes=3,
                          reused_tokens=0, draft_ms=1.0, verify_ms=2.0)
-    row = {"prompt_id": "p", "prompt_tokens": 3, "generated_tokens": 3, "rounds": [], "wall_s": 0.1,
-           "stop_reason": "eos", "output_text": "x"}
+    result = PromptResult.from_row({"prompt_id": "p", "prompt_tokens": 3, "output_ids": [1, 2, 3], "rounds": [],
+                                    "wall_s": 0.1, "finish_reason": "eos", "output_text": "x"})
     for _ in range(2):
         logger.specpolicy_round_end(record=record)
         logger.specpolicy_round_end(record=record)
-        logger.specpolicy_prompt_end(row=row)
+        logger.specpolicy_prompt_end(result=result)
     logger.specpolicy_run_end(summary={"method": "m"}, run_dir=str(tmp_path))
     logger.specpolicy_run_abort()
     assert len(logger.warnings) == 1 and "service went away" in logger.warnings[0]

@@ -5,18 +5,25 @@ aggregates, summaries rebuilt from results.jsonl rows, and a description for eve
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
-from tiny_family import overrides, save_tiny_family
 
+from conftest import overrides
 from specpolicy.experiment import run_experiment
-from specpolicy.metrics import (FIELDS, acceptance_by_position, aggregate, describe_fields, observed,
-                                vanilla_from_row, weighted_aggregates)
+from specpolicy.metrics import FIELDS, acceptance_by_position, aggregate, describe_fields, observed, weighted_aggregates
+from specpolicy.results import PromptResult
+from specpolicy.types import GenerationResult, RoundRecord
 
 
 def rnd(k, a, e=None, finish="", stop="policy_bound", ms=1.0):
-    return {"speculation_length": k, "accepted_length": a, "emitted_tokens": a + 1 if e is None else e,
-            "drafter_forward_passes": k, "reused_tokens": 0, "draft_ms": ms, "verify_ms": ms,
-            "draft_stop_reason": stop, "finish_reason": finish}
+    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1 if e is None else e,
+                       drafter_forward_passes=k, reused_tokens=0, draft_ms=ms, verify_ms=ms, draft_stop_reason=stop,
+                       finish_reason=finish)
+
+
+def result(tokens, wall_s, rounds):
+    return GenerationResult(output_ids=torch.zeros(tokens, dtype=torch.long), rounds=tuple(rounds),
+                            finish_reason="", wall_s=wall_s, prefill_ms=0.0)
 
 
 def test_per_position_acceptance_counts_only_rounds_whose_draft_reached_the_position():
@@ -35,14 +42,14 @@ def test_positions_past_the_stop_are_unobserved():
     assert observed(rnd(5, 1, e=2, finish="stop_string")) == (2, 1)  # the stop on the correction token
     assert observed(rnd(5, 5, e=6, finish="max_new_tokens")) == (5, 5)  # on the bonus token
     assert observed(rnd(5, 3)) == (5, 3)  # rounds that did not end generation count whole
-    agg = aggregate([{"generated_tokens": 8, "wall_s": 1.0, "rounds": [rnd(5, 5), rnd(5, 5, e=2, finish="eos")]}])
+    agg = aggregate([result(8, 1.0, [rnd(5, 5), rnd(5, 5, e=2, finish="eos")])])
     assert agg["acceptance_rate"] == pytest.approx(7 / 7)
     assert agg["finish_reasons"] == {"eos": 1}
 
 
 def test_accepted_length_without_and_with_bonus_and_tokens_per_round():
     rounds = [rnd(4, 2), rnd(4, 4), rnd(0, 0, stop="length_0"), rnd(2, 0)]
-    agg = aggregate([{"generated_tokens": 3 + 5 + 1 + 1, "wall_s": 2.0, "rounds": rounds}])
+    agg = aggregate([result(3 + 5 + 1 + 1, 2.0, rounds)])
     assert agg["mean_accepted_length"] == pytest.approx((2 + 4 + 0) / 3)  # drafted rounds, bonus excluded
     assert agg["mean_accepted_length_with_bonus"] == pytest.approx((3 + 5 + 1) / 3)  # bonus included
     assert agg["tokens_per_round"] == pytest.approx(10 / 4)  # every round, the plain one included
@@ -51,8 +58,8 @@ def test_accepted_length_without_and_with_bonus_and_tokens_per_round():
 
 
 def test_token_and_prompt_weighted_aggregates_are_both_reported():
-    big = {"generated_tokens": 30, "wall_s": 1.0, "rounds": [rnd(9, 9)] * 3}  # rate 1.0
-    small = {"generated_tokens": 2, "wall_s": 1.0, "rounds": [rnd(2, 0)] * 2}  # rate 0.0
+    big = result(30, 1.0, [rnd(9, 9)] * 3)  # rate 1.0
+    small = result(2, 1.0, [rnd(2, 0)] * 2)  # rate 0.0
     spec = aggregate([big, small])
     per_prompt = {"a": aggregate([big]), "b": aggregate([small])}
     agg = weighted_aggregates(spec, per_prompt, speedup=None)
@@ -63,18 +70,21 @@ def test_token_and_prompt_weighted_aggregates_are_both_reported():
 
 
 def test_vanilla_rounds_come_back_from_a_row():
-    row = {"vanilla_generated_tokens": 4, "vanilla_wall_s": 0.5, "vanilla_rounds": 4, "vanilla_draft_ms": 0.4,
-           "vanilla_verify_ms": 8.0, "vanilla_stop_reason": "eos"}
-    agg = aggregate([vanilla_from_row(row)])
+    row = {"prompt_id": "p", "output_ids": [5, 6, 7, 8], "wall_s": 0.4, "rounds": [], "lossless": True,
+           "first_difference": None, "vanilla_generated_tokens": 4, "vanilla_wall_s": 0.5, "vanilla_rounds": 4,
+           "vanilla_draft_ms": 0.4, "vanilla_verify_ms": 8.0, "vanilla_stop_reason": "eos"}  # an old row
+    van = PromptResult.from_row(row).vanilla
+    agg = aggregate([van])
     assert (agg["rounds"], agg["generated_tokens"], agg["tokens_per_round"]) == (4, 4, 1.0)
     assert agg["verify_ms"] == pytest.approx(8.0) and agg["draft_ms"] == pytest.approx(0.4)
     assert agg["finish_reasons"] == {"eos": 1} and agg["draft_stop_reasons"] == {"vanilla": 4}
-    assert vanilla_from_row({"prompt_id": "x"}) is None
+    assert van.output_ids.tolist() == [5, 6, 7, 8]  # lossless: vanilla's output is the method's
+    assert [r.target_token_ids for r in van.rounds] == [(5,), (6,), (7,), (8,)]
+    assert PromptResult.from_row({k: row[k] for k in ("prompt_id", "output_ids", "wall_s", "rounds")}).vanilla is None
 
 
 @pytest.fixture(scope="module")
-def summary(tmp_path_factory):
-    family = save_tiny_family(tmp_path_factory.mktemp("family"))
+def summary(family, tmp_path_factory):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[*overrides(family, drafter="drafter"), "policy=failfast", "policy.n=2"])
     return run_experiment(cfg, tmp_path_factory.mktemp("run"))
@@ -95,7 +105,7 @@ def test_summary_holds_per_prompt_values_next_to_labelled_aggregates(summary):
     per = summary["per_prompt"]
     assert list(per) == ["gsm8k/0", "gsm8k/1"]
     assert sum(p["generated_tokens"] for p in per.values()) == summary["generated_tokens"]
-    assert all({"acceptance_rate", "tokens_per_s", "speedup_vs_vanilla", "stop_reason", "lossless"} <= set(p)
+    assert all({"acceptance_rate", "tokens_per_s", "speedup_vs_vanilla", "finish_reason", "lossless"} <= set(p)
                for p in per.values())
     assert sum(summary["draft_stop_reasons"].values()) == summary["rounds"]
     assert sum(summary["finish_reasons"].values()) == summary["prompts"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,6 @@ from specpolicy.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
-from specpolicy.metrics import round_to_dict
 from specpolicy.oracle import (
     CostModel,
     compare,
@@ -28,7 +28,8 @@ from specpolicy.oracle import (
 )
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.types import RoundRecord
+from specpolicy.results import PromptResult
+from specpolicy.types import GenerationResult, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 
@@ -116,24 +117,23 @@ def test_replay_agrees_with_recorded_rounds_and_no_policy_beats_the_oracle(runti
     for name, policy in [("static-2", StaticPolicy(2)), ("static-6", StaticPolicy(6)),
                          ("failfast", FailFastPolicy(n=3, tau=0.3, n_max=12))]:
         out = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=ARDrafter(small, runtime), policy=policy)
-        runs[name] = {"prompt_id": "p", "generated_tokens": len(out.output_ids),
-                      "rounds": [round_to_dict(r) for r in out.rounds]}
+        runs[name] = out
         output_ids = out.output_ids
     M, passes = replay_match_lengths(ARDrafter(small, runtime), prompt, output_ids, max_length=12)
     assert len(M) == len(output_ids) and all(p == list(range(len(p))) for p in passes)  # AR: one pass per token
     assert sum(M) > 0
-    for name, row in runs.items():
-        rec, censored = match_lengths_from_rounds(row["rounds"], row["generated_tokens"])
+    for name, out in runs.items():
+        rec, censored = match_lengths_from_rounds(out.rounds, out.generated_tokens)
         for i, (m, c) in enumerate(zip(rec, censored)):  # AR greedy drafting is self-consistent
             assert (m <= M[i]) if c else (m == M[i]), (name, i)
-    cost = CostModel.fit([r for row in runs.values() for r in row["rounds"]], [1.0])
+    cost = CostModel.fit([r for out in runs.values() for r in out.rounds], [1.0])
     exact = solve(M, cost, 12, passes)
-    for name, row in runs.items():
-        assert exact.ms <= policy_ms(row["rounds"], cost) + 1e-9, name
-        report = compare([row], cost, 12, match=[(M, passes)])
+    for name, out in runs.items():
+        assert exact.ms <= policy_ms(out.rounds, cost) + 1e-9, name
+        report = compare({"p": out}, cost, 12, match=[(M, passes)])
         assert 0.0 < report["fraction_of_oracle"] <= 1.0 + 1e-9
         assert report["per_prompt"][0]["oracle_ms"] == pytest.approx(exact.ms)
-        from_rounds = compare([row], cost, 12)  # censored: never better than the exact oracle
+        from_rounds = compare({"p": out}, cost, 12)  # censored: never better than the exact oracle
         assert from_rounds["oracle_ms"] >= exact.ms - 1e-9
         assert from_rounds["fraction_of_oracle"] <= 1.0 + 1e-9
 
@@ -153,14 +153,20 @@ def test_replay_works_for_every_drafter(runtime, models):
             assert all(x == 0 for p in passes for x in p)
 
 
+def generate_plain(tokens: int, verify_ms: float) -> GenerationResult:
+    """A vanilla result of ``tokens`` plain rounds of ``verify_ms`` each."""
+    rounds = tuple(RoundRecord(i, 0, 0, 1, 0, 0, draft_ms=0.0, verify_ms=verify_ms) for i in range(tokens))
+    return GenerationResult(torch.arange(tokens), rounds, "max_new_tokens", wall_s=0.1, prefill_ms=0.0)
+
+
 def test_cli_writes_oracle_json(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    rounds = [round_to_dict(r) for r in (_rec(5, 2), _rec(3, 3), _rec(4, 1))]
-    row = {"prompt_id": "gsm8k/0", "generated_tokens": 9, "rounds": rounds}
-    (run / "results.jsonl").write_text(json.dumps(row) + "\n")
-    (run / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {
-        "vanilla": {"rounds": 9, "verify_ms": 90.0}}}))
+    rounds = tuple(replace(r, index=i) for i, r in enumerate((_rec(5, 2), _rec(3, 3), _rec(4, 1))))
+    spec = GenerationResult(torch.arange(9), rounds, "max_new_tokens", wall_s=0.1, prefill_ms=0.0)
+    vanilla = generate_plain(9, verify_ms=10.0)
+    (run / "results.jsonl").write_text(json.dumps(PromptResult.of("gsm8k/0", 5, spec, vanilla).to_row()) + "\n")
+    (run / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {}}))
     assert main([str(tmp_path)]) == 0
     res = json.loads((run / "oracle.json").read_text())
     assert res["method"] == "ar+static" and 0 < res["fraction_of_oracle"] <= 1

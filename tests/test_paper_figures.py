@@ -17,6 +17,7 @@ from specpolicy.paper_figures import (
     sensitivity_points,
     token_classes,
 )
+from specpolicy.results import round_from_dict
 
 
 def rnd(k: int, a: int, emitted: int | None = None, confs=None, passes: int | None = None, finish: str = "") -> dict:
@@ -25,11 +26,22 @@ def rnd(k: int, a: int, emitted: int | None = None, confs=None, passes: int | No
             "verify_ms": 1.0, "confidences": list(confs or [0.9] * k), "finish_reason": finish}
 
 
+def rec(*args, **kwargs):
+    """``rnd`` as a ``RoundRecord``."""
+    return round_from_dict(rnd(*args, **kwargs), 0)
+
+
+def row(prompt_id: str, rounds: list[dict]) -> dict:
+    """A ``results.jsonl`` row of ``rounds`` (round dicts)."""
+    return {"prompt_id": prompt_id, "output_ids": list(range(sum(r["emitted_tokens"] for r in rounds))),
+            "wall_s": 1.0, "rounds": rounds}
+
+
 def test_token_classes_and_easy_runs():
-    row = {"rounds": [rnd(3, 3), rnd(3, 1), rnd(0, 0), rnd(4, 4, emitted=2, finish="eos")]}
+    rounds = [rec(3, 3), rec(3, 1), rec(0, 0), rec(4, 4, emitted=2, finish="eos")]
     # 3 accepted + bonus (easy x4) | 1 accepted (easy) + correction (hard) | plain token (hard) | cut at EOS: 2 easy
-    assert token_classes(row) == [True] * 4 + [True, False] + [False] + [True, True]
-    classes = [token_classes(row), [False, True, True, True]]
+    assert token_classes(rounds) == [True] * 4 + [True, False] + [False] + [True, True]
+    classes = [token_classes(rounds), [False, True, True, True]]
     # easy runs: 5, 2 (first prompt, 9 tokens), 3 (second, 4 tokens); 13 tokens in all
     assert easy_run_fraction(classes, [1, 3, 5, 6]) == pytest.approx([10 / 13, 8 / 13, 5 / 13, 0.0])
     assert easy_run_fraction([], [1]) == [0.0]
@@ -37,9 +49,9 @@ def test_token_classes_and_easy_runs():
 
 def test_reliability_counts_reached_positions_and_computes_ece():
     rounds = [
-        rnd(3, 1, confs=[0.95, 0.55, 0.9]),  # position 1 accepted, 2 rejected, 3 not reached
-        rnd(2, 2, confs=[0.95, 0.15]),  # both accepted
-        rnd(2, 0, confs=[0.35, 0.9]),  # position 1 rejected, 2 not reached
+        rec(3, 1, confs=[0.95, 0.55, 0.9]),  # position 1 accepted, 2 rejected, 3 not reached
+        rec(2, 2, confs=[0.95, 0.15]),  # both accepted
+        rec(2, 0, confs=[0.35, 0.9]),  # position 1 rejected, 2 not reached
     ]
     groups = reliability(rounds, groups=((1, 1), (2, 2)), bins=10)
     first, second, pooled = groups
@@ -61,8 +73,7 @@ def _write_run(d: Path, config: dict, rows: list[dict], summary: dict | None = N
 
 
 def test_concavity_and_sensitivity_points(tmp_path):
-    rows = [{"prompt_id": "p", "generated_tokens": 8, "wall_s": 1.0, "rounds": [rnd(4, 3, passes=2), rnd(4, 2, passes=2),
-                                                                              rnd(4, 0, passes=2)]}]
+    rows = [row("p", [rnd(4, 3, passes=2), rnd(4, 2, passes=2), rnd(4, 0, passes=2)])]
     _write_run(tmp_path / "s" / "0", {"drafter": {"name": "fastdllm", "threshold": 0.9},
                                       "policy": {"name": "static", "k": 4}}, rows)
     _write_run(tmp_path / "s" / "1", {"drafter": {"name": "fastdllm"}, "policy": {"name": "failfast", "tau": 0.3}},
@@ -78,8 +89,7 @@ def test_concavity_and_sensitivity_points(tmp_path):
 
 
 def test_every_subcommand_writes_its_png(tmp_path, capsys):
-    rows = [{"prompt_id": f"p{i}", "generated_tokens": 12, "wall_s": 1.0,
-             "rounds": [rnd(4, 4), rnd(4, 1, confs=[0.9, 0.3, 0.8, 0.2]), rnd(4, 4, emitted=2, finish="eos")]}
+    rows = [row(f"p{i}", [rnd(4, 4), rnd(4, 1, confs=[0.9, 0.3, 0.8, 0.2]), rnd(4, 4, emitted=2, finish="eos")])
             for i in range(3)]
     for k in (2, 4):
         _write_run(tmp_path / "ar" / f"k{k}", {"drafter": {"name": "ar"}, "policy": {"name": "static", "k": k},

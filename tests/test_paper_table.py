@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_family import save_tiny_family
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_table.py"
 METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only")
@@ -26,9 +25,9 @@ def _script():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paper")
-    fam = save_tiny_family(tmp / "family")
+    fam = family
     out = tmp / "gsm8k"
     result = _script().main(["--dataset", "gsm8k", "--num-prompts", "2", "--calibration-prompts", "1",
                              "--k-grid", "2,3", "--max-new-tokens", "16", "--warmup", "0", "--failfast-n", "4",
@@ -38,6 +37,7 @@ def tiny_run(tmp_path_factory):
     return result, out
 
 
+@pytest.mark.slow  # a benchmark run
 def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tiny_run):
     result, out = tiny_run
     s, cal = result["settings"], result["calibration"]
@@ -62,6 +62,7 @@ def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tin
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(result))
 
 
+@pytest.mark.slow  # a benchmark run
 def test_tables_in_the_paper_layout(tiny_run):
     result, out = tiny_run
     table1 = (out / "table1.md").read_text()
@@ -83,6 +84,7 @@ def test_tables_in_the_paper_layout(tiny_run):
     assert (out / "calibration.md").read_text().count("\n| ") >= 3
 
 
+@pytest.mark.slow  # a benchmark run
 def test_run_directories_for_the_figures(tiny_run):
     result, out = tiny_run
     runs = {p.name for p in (out / "runs").iterdir()}
@@ -95,6 +97,7 @@ def test_run_directories_for_the_figures(tiny_run):
     assert len(list((out / "calibration-runs").iterdir())) == 4
 
 
+@pytest.mark.slow  # a benchmark run
 def test_combine_puts_data_sets_side_by_side(tiny_run, tmp_path):
     result, out = tiny_run
     other = tmp_path / "second"

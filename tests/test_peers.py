@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_family import save_tiny_family
+
+pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
 
 PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 FIGURES = ("tokens_per_s", "speedup_vs_vanilla", "speedup_vs_hf_assisted_best", "acceptance_rate",
@@ -26,9 +27,9 @@ def _peers():
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("peers")
-    fam = save_tiny_family(tmp / "family")
+    fam = family
     out = tmp / "out" / "results.json"
     results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
                              "--dllm-drafter", str(fam["drafter"]), "--device", "cpu", "--dtype", "float64",

@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import re
 
+import matplotlib.image
 import pytest
 
-pytest.importorskip("matplotlib")
-
-from conftest import random_prompts, sharpen, tiny_lm  # noqa: E402
-from specpolicy.decoding import generate  # noqa: E402
-from specpolicy.drafters.ar import ARDrafter  # noqa: E402
-from specpolicy.drafters.suffix import SuffixDrafter  # noqa: E402
-from specpolicy.metrics import round_to_dict  # noqa: E402
-from specpolicy.plot import latency_breakdown, load_runs, main, trajectory_html  # noqa: E402
-from specpolicy.policies.static import StaticPolicy  # noqa: E402
-from specpolicy.reuse import DraftReuse  # noqa: E402
-from specpolicy.verifiers.hf import HFVerifier  # noqa: E402
+from conftest import random_prompts, sharpen, tiny_lm
+from specpolicy.decoding import generate
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.plot import latency_breakdown, load_runs, main, trajectory_html
+from specpolicy.policies.static import StaticPolicy
+from specpolicy.results import PromptResult
+from specpolicy.reuse import DraftReuse
+from specpolicy.verifiers.hf import HFVerifier
 
 
 class _Words:
@@ -40,8 +39,8 @@ def test_trajectory_page_marks_accepted_rejected_target_reused_and_cut_tokens():
         _round(2, 2, 3, [4, 6], [4, 6, 11], reused=1),  # all accepted (6 reused), bonus 11
         _round(3, 3, 2, [12, 13, 14], [12, 13, 14, 15]),  # cut after 2 tokens (max_new_tokens)
     ]
-    row = {"prompt_id": "gsm8k/3", "generated_tokens": 10, "rounds": rounds, "stop_reason": "max_new_tokens",
-           "lossless": True}
+    row = PromptResult.from_row({"prompt_id": "gsm8k/3", "output_ids": list(range(10)), "wall_s": 0.1,
+                                 "rounds": rounds, "finish_reason": "max_new_tokens", "lossless": True})
     page = trajectory_html(row, "ar+static", _Words())
     lines = re.findall(r'<div class="round">(.*?)</div>', page)
     assert len(lines) == 4
@@ -64,21 +63,24 @@ def test_html_is_escaped():
         def decode(self, ids, skip_special_tokens=False):
             return "<b>&\n"
 
-    page = trajectory_html({"prompt_id": "<p>", "rounds": [_round(1, 0, 1, [1], [2, 3])]}, "m", Tags())
+    row = PromptResult.from_row({"prompt_id": "<p>", "output_ids": [2], "wall_s": 0.1,
+                                 "rounds": [_round(1, 0, 1, [1], [2, 3])]})
+    page = trajectory_html(row, "m", Tags())
     assert "<b>" not in page.split("</style>")[1] and "&lt;b&gt;&amp;⏎</span>" in page
 
 
-def _run_dir(path, method, rows, vanilla=None):
+def _run_dir(path, method, rows):
     path.mkdir(parents=True)
     (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    methods = {"vanilla": vanilla} if vanilla else {}
-    (path / "summary.json").write_text(json.dumps({"method": method, "methods": methods, "config": {}}))
+    (path / "summary.json").write_text(json.dumps({"method": method, "methods": {}, "config": {}}))
 
 
 def test_latency_breakdown_per_generated_token(tmp_path):
-    rows = [{"prompt_id": "a", "generated_tokens": 4, "wall_s": 0.010,
-             "rounds": [_round(3, 3, 4, [1, 2, 3], [1, 2, 3, 4], draft_ms=3.0, verify_ms=5.0)]}]
-    _run_dir(tmp_path / "one", "ar+static", rows, vanilla={"generated_tokens": 4, "wall_s": 0.012, "verify_ms": 8.0})
+    rows = [{"prompt_id": "a", "output_ids": [1, 2, 3, 4], "wall_s": 0.010,
+             "rounds": [_round(3, 3, 4, [1, 2, 3], [1, 2, 3, 4], draft_ms=3.0, verify_ms=5.0)],
+             "lossless": True, "first_difference": None, "vanilla_generated_tokens": 4, "vanilla_wall_s": 0.012,
+             "vanilla_rounds": 4, "vanilla_verify_ms": 8.0, "vanilla_draft_ms": 0.0, "vanilla_finish_reason": ""}]
+    _run_dir(tmp_path / "one", "ar+static", rows)
     data = latency_breakdown(load_runs(tmp_path / "one"))
     assert data[0] == {"method": "vanilla", "draft": 0.0, "verify": 2.0, "other": 1.0}
     assert data[1]["method"] == "ar+static"
@@ -86,22 +88,23 @@ def test_latency_breakdown_per_generated_token(tmp_path):
     assert data[1]["other"] == pytest.approx(0.5)
 
 
-def _real_rows(runtime, drafter, reuse=None):
+def _real_results(runtime, drafter, reuse=None):
     target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset())
-    rows = []
+    results = []
     for i, prompt in enumerate(random_prompts(3)):
         out = generate(prompt, verifier, runtime, max_new_tokens=30, drafter=drafter(target),
                        policy=StaticPolicy(4), reuse=reuse)
-        rows.append({"prompt_id": f"gsm8k/{i}", "generated_tokens": len(out.output_ids), "wall_s": out.wall_s,
-                     "stop_reason": out.stop_reason, "lossless": True,
-                     "rounds": [round_to_dict(r) for r in out.rounds]})
-    return rows
+        van = generate(prompt, verifier, runtime, max_new_tokens=30)
+        results.append(PromptResult.of(f"gsm8k/{i}", len(prompt), out, van))
+    return results
+
+
+def _real_rows(runtime, drafter, reuse=None):
+    return [r.to_row() for r in _real_results(runtime, drafter, reuse)]
 
 
 def _nonblank_png(path):
-    import matplotlib.image
-
     img = matplotlib.image.imread(path)
     assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300
     assert float(img[..., :3].std()) > 0.01  # something was drawn
@@ -109,8 +112,7 @@ def _nonblank_png(path):
 
 def test_cli_on_a_multirun_directory(tmp_path, runtime, capsys):
     sweep = tmp_path / "multirun"
-    _run_dir(sweep / "0", "ar+static", _real_rows(runtime, lambda t: ARDrafter(t, runtime)),
-             vanilla={"generated_tokens": 90, "wall_s": 0.5, "verify_ms": 400.0})
+    _run_dir(sweep / "0", "ar+static", _real_rows(runtime, lambda t: ARDrafter(t, runtime)))
     _run_dir(sweep / "1", "suffix+static+reuse", _real_rows(runtime, lambda t: SuffixDrafter(runtime), DraftReuse(1)))
     _run_dir(sweep / "2", "ar+static", _real_rows(runtime, lambda t: ARDrafter(t, runtime)))
     runs = load_runs(sweep)
@@ -129,8 +131,8 @@ def test_cli_on_a_multirun_directory(tmp_path, runtime, capsys):
     assert main([str(tmp_path / "empty")]) == 1
 
 
+@pytest.mark.slow  # python -m specpolicy.plot in a child process
 def test_wandb_logger_logs_the_figures(tmp_path, runtime, monkeypatch):
-    pytest.importorskip("wandb")
     from specpolicy.loggers.wandb import WandbLogger
 
     logged = {}
@@ -140,7 +142,7 @@ def test_wandb_logger_logs_the_figures(tmp_path, runtime, monkeypatch):
             logged.update(data)
 
     logger = WandbLogger(mode="disabled")
-    logger._rows = _real_rows(runtime, lambda t: ARDrafter(t, runtime))
+    logger._results = _real_results(runtime, lambda t: ARDrafter(t, runtime))
     logger.run = run = FakeRun()
     logger._log_plots(run, {"method": "ar+static", "methods": {}}, str(tmp_path))
     assert {"plots/length_cdf", "plots/latency_breakdown", "plots/acceptance_ar+static"} <= set(logged)

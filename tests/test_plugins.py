@@ -178,7 +178,7 @@ def test_loggers_are_plugins_registered_for_the_run_only(tmp_path):
     with registered(pm, loggers):
         assert pm.get_plugin("logger:jsonl") is loggers["jsonl"]
         pm.hook.specpolicy_run_start(config={}, run_dir=str(tmp_path))
-        pm.hook.specpolicy_prompt_end(method="m", prompt_id="p0", row={"prompt_id": "p0"})
+        pm.hook.specpolicy_prompt_end(method="m", prompt_id="p0", row={"prompt_id": "p0"}, result=None)
         pm.hook.specpolicy_run_end(summary={}, run_dir=str(tmp_path))
     assert pm.get_plugin("logger:jsonl") is None
     assert (tmp_path / "out.jsonl").read_text() == '{"prompt_id": "p0"}\n'

@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-from specpolicy.decoding import generate
+from conftest import sharpen, tiny_lm
+from specpolicy.decoding import draft_round, generate
+from specpolicy.drafter import Drafter
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policies import aimd, failfast, specdecpp, static
 from specpolicy.policies.aimd import AIMDPolicy
@@ -35,20 +37,46 @@ def make_draft(confs, device="cpu") -> Draft:
     )
 
 
-def run_round(policy: LengthPolicy, confs, room: int = BIG_ROOM, device="cpu") -> tuple[list[int], int]:
-    """Drive one round's drafting as ``specpolicy.decoding`` does, drawing the confidences of
-    drafted tokens from ``confs``. Returns ``(answers of next_length, final speculation length)``."""
-    answers: list[int] = []
-    d = make_draft([], device)
-    while True:
-        wanted = policy.next_length(d)
+class TableDrafter(Drafter):
+    """A drafter whose i-th drafted token has confidence ``confs[i]`` (token ids 0, 1, 2, ...)."""
+
+    def __init__(self, confs, device="cpu") -> None:
+        self.confs, self.device, self.length = list(confs), device, 0
+
+    def prefill(self, prompt_ids, sampling=None) -> None:
+        self.length = 0
+
+    def draft(self, num_tokens: int) -> Draft:
+        assert self.length + num_tokens <= len(self.confs), "test asked for more tokens than the table holds"
+        self.length += num_tokens
+        return make_draft(self.confs[: self.length], self.device)
+
+    def commit(self, draft, verification) -> None:
+        self.length = 0
+
+
+class Answers:
+    """Records every ``next_length`` answer of the wrapped policy (and checks it is an int >= 0)."""
+
+    def __init__(self, policy: LengthPolicy) -> None:
+        self.policy, self.answers = policy, []
+
+    def next_length(self, draft: Draft) -> int:
+        wanted = self.policy.next_length(draft)
         assert isinstance(wanted, int) and wanted >= 0
-        answers.append(wanted)
-        n = min(wanted, room - d.length)
-        if n <= 0:
-            return answers, d.length
-        assert d.length + n <= len(confs), "test asked for more tokens than the table holds"
-        d = make_draft(confs[: d.length + n], device)
+        self.answers.append(wanted)
+        return wanted
+
+    def __getattr__(self, name):  # name, draft_stop_reason, ...: the policy's
+        return getattr(self.policy, name)
+
+
+def run_round(policy: LengthPolicy, confs, room: int = BIG_ROOM, device="cpu") -> tuple[list[int], int]:
+    """One round's drafting through the loop's own ``specpolicy.decoding.draft_round``, the drafted
+    tokens' confidences drawn from ``confs``. Returns ``(answers of next_length, final speculation length)``."""
+    recorder = Answers(policy)
+    draft, _ = draft_round(TableDrafter(confs, device), recorder, room, device)
+    return recorder.answers, draft.length
 
 
 def rec(k: int, accepted: int, reused: int = 0, index: int = 0) -> RoundRecord:
@@ -170,11 +198,11 @@ def test_failfast_small_block_scope_stops_where_the_paper_rule_continues():
     # 10 drafted tokens (first small block: 3 committed positions -> NaN), look-ahead 10..15 with one low.
     draft = _with_small_blocks([HI] * 10, [nan] * 3 + [HI] * 5 + [HI] * 5 + [HI, LO, HI])
     assert paper.next_length(draft) == 10
-    assert official.next_length(draft) == 0 and official.stop_reason == "low_confidence"
+    assert official.next_length(draft) == 0 and official.draft_stop_reason == "low_confidence"
     # 50 drafted tokens, 60 listed confidences (look-ahead and repeated passes): N_max reached.
     draft = _with_small_blocks([HI] * 50, [HI] * 60 + [nan] * 4)
     assert paper.next_length(draft) == 10
-    assert official.next_length(draft) == 0 and official.stop_reason == "n_max"
+    assert official.next_length(draft) == 0 and official.draft_stop_reason == "n_max"
     # Below N_max the official rule extends by N uncapped (the draft may end past N_max).
     draft = _with_small_blocks([HI] * 55, [HI] * 59)
     assert paper.next_length(draft) == 5 and official.next_length(draft) == 10
@@ -243,9 +271,9 @@ def drive_aimd(policy: AIMDPolicy, rounds: list[tuple[int, int]]) -> list[int]:
     round and after the last (the length the policy asks for with the empty draft)."""
     windows = []
     for i, (k, a) in enumerate(rounds):
-        windows.append(policy.next_length(make_draft([])))
+        windows.append(run_round(policy, [LO] * BIG_ROOM)[1])
         policy.update(rec(k, a, index=i))
-    windows.append(policy.next_length(make_draft([])))
+    windows.append(run_round(policy, [LO] * BIG_ROOM)[1])
     return windows
 
 
@@ -410,7 +438,7 @@ def test_factory_rejects_bad_values():
 
 def test_shipped_configs_build():
     """Each ``conf/policy/<choice>.yaml`` composes into a config that exactly one factory accepts."""
-    hydra = pytest.importorskip("hydra")
+    import hydra
     from omegaconf import OmegaConf
 
     built = {}
@@ -427,7 +455,6 @@ def test_shipped_configs_build():
 
 
 def test_plugin_manager_makes_policies():
-    pytest.importorskip("specpolicy.drafters.fastdllm")  # listed in BUILTIN_PLUGINS, written separately
     from specpolicy.plugins import get_plugin_manager, make_policy
 
     pm = get_plugin_manager(autoload=False)
@@ -447,17 +474,9 @@ PROMPTS = [[3, 14, 15, 9, 26, 5], [27, 18, 28, 18], [1, 41, 42, 1, 7, 33, 2, 8]]
 
 
 def tiny_qwen2(seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-    )
-    model = Qwen2ForCausalLM(config).double().eval()  # float64: no argmax ties between cached/uncached
-    with torch.no_grad():  # sharper distributions: confidences spread over (0, 1) instead of ~1/50
-        model.lm_head.weight.mul_(20.0)
-    return model
+    """``conftest.tiny_lm`` with 50 tokens (float64: no argmax ties between cached/uncached), its head
+    sharpened: confidences spread over (0, 1) instead of ~1/50."""
+    return sharpen(tiny_lm(seed, vocab=50, max_positions=256, eos=None), 20.0)
 
 
 @torch.no_grad()
@@ -532,7 +551,7 @@ def test_loop_is_lossless(models, policy_name, drafter_kind, use_reuse):
             torch.tensor(prompt), verifier, runtime, max_new_tokens=MAX_NEW, drafter=drafter, policy=policy, reuse=reuse
         )
         assert result.output_ids.tolist() == ref
-        assert result.stop_reason == "max_new_tokens"
+        assert result.finish_reason == "max_new_tokens"
         assert sum(r.emitted_tokens for r in result.rounds) == MAX_NEW
         if not use_reuse:
             assert all(r.reused_tokens == 0 for r in result.rounds)
@@ -587,7 +606,7 @@ def test_loop_stops_at_eos(models, policy_name):
             drafter=ARDrafter(models[kind], runtime), policy=POLICIES[policy_name](), reuse=DraftReuse(),
         )
         assert result.output_ids.tolist() == expected
-        assert result.stop_reason == "eos"
+        assert result.finish_reason == "eos"
 
 
 class _GlitchLM(torch.nn.Module):
@@ -662,7 +681,7 @@ def drive_switch(policy: AIMDPolicy, spec_rounds, plain_ms: float = 2.0) -> str:
     round drafting the policy's answer) is used. Returns "P" / "S" per round."""
     out, spec = [], iter(spec_rounds)
     while True:
-        k = policy.next_length(make_draft([]))
+        k = run_round(policy, [LO] * BIG_ROOM)[1]
         if k == 0:
             out.append("P")
             policy.update(timed(0, 0, plain_ms))
@@ -806,8 +825,8 @@ def test_policies_report_why_drafting_stopped(models, make, allowed):
 
 def test_failfast_stop_reasons_by_rule():
     policy = FailFastPolicy(n=2, tau=0.5, n_max=4)
-    assert policy.next_length(make_draft([HI, LO])) == 0 and policy.stop_reason == "low_confidence"
-    assert policy.next_length(make_draft([HI] * 4)) == 0 and policy.stop_reason == "n_max"
+    assert policy.next_length(make_draft([HI, LO])) == 0 and policy.draft_stop_reason == "low_confidence"
+    assert policy.next_length(make_draft([HI] * 4)) == 0 and policy.draft_stop_reason == "n_max"
     spp = SpecDecPPPolicy(h=0.5, max_length=3)
-    assert spp.next_length(make_draft([LO])) == 0 and spp.stop_reason == "low_confidence"
-    assert spp.next_length(make_draft([HI] * 3)) == 0 and spp.stop_reason == "policy_bound"
+    assert spp.next_length(make_draft([LO])) == 0 and spp.draft_stop_reason == "low_confidence"
+    assert spp.next_length(make_draft([HI] * 3)) == 0 and spp.draft_stop_reason == "policy_bound"

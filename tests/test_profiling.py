@@ -7,8 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from tiny_family import save_tiny_family
 
 from conftest import random_prompts, tiny_lm
 from specpolicy.decoding import generate
@@ -37,7 +37,8 @@ def test_forward_timer_counts_outermost_calls_of_each_model(runtime):
     assert ft.calls == {"target": 0, "drafter": 0} and ft.ms == {"target": 0.0, "drafter": 0.0}
 
 
-def test_overhead_benchmark_accounts_for_every_pass(tmp_path):
+@pytest.mark.slow  # a benchmark run
+def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
     bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
     sys.path.insert(0, str(bench_dir))
     try:
@@ -47,7 +48,7 @@ def test_overhead_benchmark_accounts_for_every_pass(tmp_path):
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(bench_dir))
-    fam = save_tiny_family(tmp_path)
+    fam = family
     result = module.main(["--num-prompts", "2", "--max-new-tokens", "12", "--target", str(fam["target"]),
                           "--ar-drafter", str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]),
                           "--device", "cpu", "--dtype", "float64", "--warmup", "0", "--out", str(tmp_path / "o.json")])

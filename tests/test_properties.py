@@ -166,6 +166,6 @@ def test_greedy_speculative_decoding_equals_plain_decoding_and_caches_match_a_fr
     out = generate(setup.prompt, verifier, RUNTIME, max_new_tokens=setup.max_new_tokens, drafter=setup.drafter,
                    policy=setup.policy, reuse=setup.reuse, on_round=on_round)
     assert out.output_ids.tolist() == plain.output_ids.tolist()
-    assert out.stop_reason == plain.stop_reason
+    assert out.finish_reason == plain.finish_reason
     assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
     assert checked == list(range(len(out.rounds) - 1))  # every round but the last was checked

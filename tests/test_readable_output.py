@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specpolicy import oracle, report
+from specpolicy import oracle, tables
 from specpolicy.oracle import CostModel, compare
-from specpolicy.report import collect, print_summary, report_rows, to_markdown
+from specpolicy.report import collect, report_rows, to_markdown
 from specpolicy.report import main as report_main
+from specpolicy.results import PromptResult
+from specpolicy.tables import print_summary
 
 
 def _method(tokens_per_s, rounds, drafted, acc=0.0, acc_len=0.0, spec_len=0.0, passes=0.0, max_a=0, max_k=0):
@@ -79,7 +81,7 @@ def test_summary_default_width_when_stdout_is_not_a_terminal(capsys, monkeypatch
     monkeypatch.delenv("COLUMNS", raising=False)
     print_summary(_summary())
     out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines()) <= report.DEFAULT_WIDTH
+    assert max(len(line) for line in out.splitlines()) <= tables.DEFAULT_WIDTH
 
 
 def test_summary_wide_on_request_is_one_row_per_method():
@@ -121,7 +123,8 @@ def _job(root: Path, name: str, overrides: list[str], summary: dict | None, rows
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if rows:
-        (job / "results.jsonl").write_text("".join(json.dumps({"prompt_id": f"gsm8k/{i}"}) + "\n" for i in range(rows)))
+        (job / "results.jsonl").write_text("".join(json.dumps({"prompt_id": f"gsm8k/{i}", "output_ids": [], "wall_s": 0.0,
+                                                               "rounds": []}) + "\n" for i in range(rows)))
     if summary is not None:
         (job / "summary.json").write_text(json.dumps(summary))
 
@@ -169,7 +172,7 @@ def test_sweep_report_lists_jobs_without_a_summary(sweep, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     assert report_main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote ")) <= report.DEFAULT_WIDTH
+    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote ")) <= tables.DEFAULT_WIDTH
     assert "Partial runs" in out and "1 of 4" in out
     assert "2 jobs without a summary.json" in out
     assert "4 (policy.tau=0.7): results.jsonl holds 2 prompts" in out
@@ -214,18 +217,22 @@ def _beats_its_oracle():
     oracle considers costs more than the policy's recorded ones did."""
     rounds = [_round(4, 4, 5, 1, 2.0, 12.0)] * 3 + [_round(1, 0, 1, 3, 6.0, 10.5)] + [
         _round(4, 4, 5, 1, 2.0, 12.0, "max_new_tokens")]
-    return {"prompt_id": "gsm8k/0", "generated_tokens": sum(r["emitted_tokens"] for r in rounds), "rounds": rounds}
+    tokens = sum(r["emitted_tokens"] for r in rounds)
+    return PromptResult.from_row({"prompt_id": "gsm8k/0", "output_ids": list(range(tokens)), "wall_s": 0.1,
+                                  "rounds": rounds, "lossless": True, "first_difference": None,
+                                  "vanilla_generated_tokens": tokens, "vanilla_rounds": 20, "vanilla_wall_s": 0.2,
+                                  "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 200.0,
+                                  "vanilla_finish_reason": "max_new_tokens"})
 
 
 def test_oracle_ratio_above_one_is_labelled_not_a_fraction(tmp_path, capsys):
-    row = _beats_its_oracle()
-    res = compare([row], CostModel.fit(row["rounds"], [10.0] * 20), 60)
+    result = _beats_its_oracle()
+    res = compare({result.prompt_id: result.speculative}, CostModel.fit(result.speculative.rounds, [10.0] * 20), 60)
     assert res["fraction_of_oracle"] > 1.0  # the censored estimate bounds nothing here
     run = tmp_path / "run"
     run.mkdir()
-    (run / "results.jsonl").write_text(json.dumps(row) + "\n")
-    (run / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {
-        "vanilla": {"rounds": 20, "verify_ms": 200.0}}}))
+    (run / "results.jsonl").write_text(json.dumps(result.to_row()) + "\n")
+    (run / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {}}))
     assert oracle.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for value in re.findall(r"(\d+\.\d+) of the oracle", out):
@@ -265,7 +272,7 @@ def _rows(prompts=2, drafting=True):
         for r in rounds:
             r.update(draft_token_ids=list(range(r["speculation_length"])),
                      target_token_ids=list(range(r["speculation_length"] + 1)))
-        rows.append({"prompt_id": f"gsm8k/{i}", "prompt_tokens": 11, "generated_tokens": 7, "wall_s": 0.01,
+        rows.append({"prompt_id": f"gsm8k/{i}", "prompt_tokens": 11, "output_ids": list(range(7)), "wall_s": 0.01,
                      "prompt_text": f"Question {i}: Janet's ducks lay 16 eggs per day.", "output_text": "#### 18",
                      "stop_reason": "max_new_tokens", "lossless": True, "rounds": rounds,
                      "vanilla_generated_tokens": 7, "vanilla_wall_s": 0.014, "vanilla_rounds": 7,
@@ -327,7 +334,8 @@ def test_prompt_text_falls_back_to_the_runs_dataset(tmp_path):
     from specpolicy.plot import Run, prompt_texts
 
     rows = [{k: v for k, v in row.items() if k != "prompt_text"} for row in _rows()]
-    run = Run("ar+static", tmp_path, rows, {"config": {"dataset": {"name": "gsm8k", "path": None}}})
+    run = Run("ar+static", tmp_path, [PromptResult.from_row(r) for r in rows],
+              {"config": {"dataset": {"name": "gsm8k", "path": None}}})
     expected = {p.prompt_id: p.text for p in load_prompts("gsm8k", None, 2)}
     assert prompt_texts(run) == expected
 

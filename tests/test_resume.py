@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
-from tiny_family import overrides, save_tiny_family
 
 import specpolicy.experiment as experiment
+from conftest import overrides
 from specpolicy.experiment import run_experiment
-from specpolicy.resume import RunInterrupted, read_results, run_name
+from specpolicy.results import PromptResult, read_results
+from specpolicy.resume import RunInterrupted, run_name
 
 PROMPTS = 4
 #: Fields that are timings (or derived from timings): the only ones allowed to differ.
 TIMING_KEYS = {"wall_s", "vanilla_wall_s", "tokens_per_s", "vanilla_tokens_per_s", "speedup_vs_vanilla",
-               "draft_ms", "verify_ms", "prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms", "oracle", "measured"}
+               "draft_ms", "verify_ms", "prefill_ms", "vanilla_prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms", "oracle", "measured"}
 
 
 def without_timings(value):
@@ -33,11 +34,6 @@ def without_timings(value):
     if isinstance(value, list):
         return [without_timings(v) for v in value]
     return value
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def cli_args(family) -> list[str]:
@@ -59,17 +55,42 @@ def lines(path: Path) -> list[dict]:
 # -- unit: the results file ------------------------------------------------------------------------
 
 
-def test_a_half_written_last_line_is_dropped_and_cut_from_the_file(tmp_path):
+def _row(pid: str, tokens: int) -> dict:
+    return {"prompt_id": pid, "output_ids": list(range(tokens)), "wall_s": 0.1, "finish_reason": "eos",
+            "rounds": [{"speculation_length": 0, "accepted_length": 0, "emitted_tokens": 1, "drafter_forward_passes": 0,
+                        "reused_tokens": 0, "draft_ms": 0.0, "verify_ms": 1.0}] * tokens}
+
+
+def test_corrupt_lines_anywhere_are_quarantined_and_every_valid_row_is_kept(tmp_path, caplog):
     path = tmp_path / "results.jsonl"
-    full = [{"prompt_id": "a", "output_ids": [1]}, {"prompt_id": "b", "output_ids": [2, 3]}]
-    text = "".join(json.dumps(r) + "\n" for r in full)
-    path.write_text(text + '{"prompt_id": "c", "output_i')
-    assert read_results(path) == full
-    assert path.read_text() == text  # appending continues a clean file
-    path.write_text(text + "not json\n" + json.dumps({"prompt_id": "d"}) + "\n")
-    assert read_results(path) == full  # a damaged line and everything after it are dropped
-    assert path.read_text() == text
+    rows = [json.dumps(_row(f"p{i}", i + 1)).encode() for i in range(6)]
+    damaged = [rows[0], b'{"prompt_id": "p1", "output_i\xff', *rows[2:4], b'{"prompt_id": "p4"}', rows[5]]
+    path.write_bytes(b"\n".join(damaged) + b"\n" + rows[0][:25])  # and a half-written last line
+    assert [r.prompt_id for r in read_results(path)] == ["p0", "p2", "p3", "p5"]  # a reader: nothing moved
+    assert path.read_bytes().endswith(rows[0][:25]) and not (tmp_path / "results.jsonl.corrupt").exists()
+
+    caplog.clear()
+    kept = read_results(path, repair=True)  # a resume: quarantine, keep every valid row
+    assert [(r.prompt_id, r.generated_tokens) for r in kept] == [("p0", 1), ("p2", 3), ("p3", 4), ("p5", 6)]
+    assert path.read_bytes() == b"".join(rows[i] + b"\n" for i in (0, 2, 3, 5))  # valid lines, byte for byte
+    side = (tmp_path / "results.jsonl.corrupt").read_bytes().split(b"\n")
+    assert side[0].startswith(b"# line 2: not JSON") and side[1] == damaged[1]  # verbatim, with its line number
+    assert side[2].startswith(b"# line 5: ") and b"output_ids" in side[2] and side[3] == damaged[4]
+    assert side[4] == b"# line 7: half-written last line (no newline)" and side[5] == rows[0][:25]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]  # one line
+    assert "3 corrupt line(s) (line 2, 5, 7)" in warning and "4 valid row(s) kept" in warning
+    assert [r.to_row() for r in read_results(path, repair=True)] == [r.to_row() for r in kept]  # clean: as is
     assert read_results(tmp_path / "missing.jsonl") == []
+
+
+def test_rows_of_runs_written_before_the_finish_reason_rename_are_read(tmp_path):
+    old = {**_row("p0", 2), "stop_reason": "max_new_tokens", "vanilla_generated_tokens": 2, "vanilla_wall_s": 0.2,
+           "vanilla_rounds": 2, "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 2.0, "vanilla_stop_reason": "eos",
+           "lossless": True, "first_difference": None}
+    del old["finish_reason"]
+    result = PromptResult.from_row(old)
+    assert result.speculative.finish_reason == "max_new_tokens" and result.vanilla.finish_reason == "eos"
+    assert result.vanilla.output_ids.tolist() == [0, 1] and result.lossless is True
 
 
 def test_run_directory_names():
@@ -163,6 +184,26 @@ def test_resume_drops_a_half_written_line_and_refuses_other_settings(family, ref
     assert fresh["config"]["policy"]["n"] == 2 and len(lines(tmp_path / "results.jsonl")) == PROMPTS
 
 
+def test_resume_with_a_corrupt_middle_line_recomputes_only_that_prompt(family, reference, tmp_path, monkeypatch):
+    """Line 2 of 4 damaged (e.g. a disk error): the other rows are kept and not recomputed, the
+    damaged line is kept in results.jsonl.corrupt, and the summary equals an uninterrupted run's."""
+    cfg = compose_cfg(family)
+    run_experiment(cfg, tmp_path)
+    path = tmp_path / "results.jsonl"
+    good = path.read_bytes().splitlines(keepends=True)
+    damaged = good[1][:40] + b"\x00garbage\n"
+    path.write_bytes(good[0] + damaged + b"".join(good[2:]))
+    real, calls = experiment.generate, []
+    monkeypatch.setattr(experiment, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    summary = run_experiment(cfg, tmp_path)
+    assert len(calls) == 2  # the damaged prompt only: speculative + vanilla
+    after = path.read_bytes().splitlines(keepends=True)
+    assert after[:3] == [good[0], *good[2:]]  # the valid rows, untouched, then the recomputed one
+    assert sorted(json.loads(line)["prompt_id"] for line in after) == [f"gsm8k/{i}" for i in range(PROMPTS)]
+    assert without_timings(summary) == without_timings(reference[0])
+    assert (tmp_path / "results.jsonl.corrupt").read_bytes() == b"# line 2: not JSON (JSONDecodeError)\n" + damaged
+
+
 # -- the command line: SIGKILL / SIGINT, then the same command -----------------------------------
 
 DRIVER = """
@@ -205,6 +246,7 @@ def cli_reference(family, tmp_path_factory):
     return json.loads((run_dir / "summary.json").read_text()), lines(run_dir / "results.jsonl")
 
 
+@pytest.mark.slow  # subprocesses
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_or_interrupted_cli_run_resumes_with_the_same_command(family, cli_reference, tmp_path, sig):
     driver = tmp_path / "driver.py"

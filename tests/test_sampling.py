@@ -34,8 +34,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from conftest import sharpen, tiny_lm
 from specpolicy.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
@@ -65,13 +66,7 @@ SUFFIX_PROMPT = torch.tensor([5, 9, 14, 3, 5, 9])  # the suffix drafter proposes
 def _lm(seed: int, scale: float = 25.0) -> Qwen2ForCausalLM:
     """A random 1-layer Qwen2 LM, float64, its head scaled by ``scale`` (peaked enough that the
     joint of 3 tokens has ~50 cells of expected count >= 5 at N runs)."""
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    model = Qwen2ForCausalLM(config).double().eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
-    return model
+    return sharpen(tiny_lm(seed, layers=1, vocab=V, max_positions=64, eos=None), scale)
 
 
 @pytest.fixture(scope="module")
@@ -459,13 +454,12 @@ def test_a_verifier_that_cannot_sample_is_refused_and_old_drafters_are_point_mas
     assert len(out.output_ids) == 6
 
 
-def test_experiment_records_sampling_and_does_not_report_false_lossless_failures(tmp_path):
+def test_experiment_records_sampling_and_does_not_report_false_lossless_failures(family, tmp_path):
     from hydra import compose, initialize_config_module
 
+    from conftest import overrides
     from specpolicy.experiment import run_experiment
-    from tiny_family import overrides, save_tiny_family
 
-    family = save_tiny_family(tmp_path / "family")
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[*overrides(family, drafter="drafter"), "policy=static", "policy.k=3",
                                            "generation.temperature=0.9", "generation.top_p=0.95", "logger=[jsonl]"])

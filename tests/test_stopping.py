@@ -13,9 +13,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_family import _tokenizer
 
-from conftest import sharpen, tiny_lm
+from conftest import sharpen, tiny_lm, tiny_tokenizer
 from specpolicy.decoding import generate
 from specpolicy.drafter import Drafter
 from specpolicy.drafters.ar import ARDrafter
@@ -129,7 +128,7 @@ DRAFTERS = {"all-accepted": None, "miss-at-2": 2, "miss-at-0": 0}
 
 def _check(out, policy, expected_len: int, reason: str) -> None:
     assert out.output_ids.tolist() == [target_token(n) for n in range(expected_len)]
-    assert out.stop_reason == reason
+    assert out.finish_reason == reason
     assert sum(r.emitted_tokens for r in out.rounds) == expected_len  # nothing past the stop is emitted
     assert [r.finish_reason for r in out.rounds] == [""] * (len(out.rounds) - 1) + [reason]
     if policy is not None:
@@ -190,7 +189,7 @@ def test_stop_strings_reject_bad_values():
 
 # -- StopStrings against a whole-text reference ---------------------------------------------------
 
-TOKENIZER = _tokenizer()
+TOKENIZER = tiny_tokenizer()
 SPECIAL = set(TOKENIZER.all_special_ids)
 NORMAL_IDS = [i for i in range(len(TOKENIZER)) if i not in SPECIAL]
 
@@ -259,7 +258,7 @@ def test_real_models_stop_strings_inside_drafts(real, drafter_seed):
                         policy=Fixed(6), stop=StopStrings(TOKENIZER, strings))
         assert plain.output_ids.tolist() == free[:expected]
         assert spec.output_ids.tolist() == free[:expected]
-        assert spec.stop_reason == plain.stop_reason == "stop_string"
+        assert spec.finish_reason == plain.finish_reason == "stop_string"
         assert sum(r.emitted_tokens for r in spec.rounds) == expected
         checked += 1
     assert checked >= 8

@@ -7,20 +7,17 @@ import json
 import sys
 from pathlib import Path
 
+import hydra_plugins.hydra_optuna_sweeper  # noqa: F401 - test dependencies: a broken install fails here
+import hydra_plugins.hydra_submitit_launcher  # noqa: F401
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
-from tiny_family import overrides, save_tiny_family
 
+from conftest import overrides
 from specpolicy.cli import sweep_objective
 from specpolicy.report import collect
 from specpolicy.report import main as report_main
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def _cli(monkeypatch, *args: str) -> None:
@@ -35,6 +32,7 @@ def _summaries(sweep_dir: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))}
 
 
+@pytest.mark.slow  # a multirun
 def test_multirun_2x2_over_policy_keys_and_report(family, tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
     _cli(monkeypatch, "-m", *overrides(family, drafter="drafter"), "policy=failfast", "policy.n=2",
@@ -63,6 +61,7 @@ def _rounds(sweep: Path, summary: dict) -> list[dict]:
     return [r for line in (job / "results.jsonl").read_text().splitlines() for r in json.loads(line)["rounds"]]
 
 
+@pytest.mark.slow  # a multirun in subprocesses
 def test_submitit_local_launcher_runs_the_sweep_as_separate_jobs(family, tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
     _cli(monkeypatch, "-m", *overrides(family), "policy=static", "policy.k=2,4", "hydra/launcher=submitit_local",
@@ -73,9 +72,9 @@ def test_submitit_local_launcher_runs_the_sweep_as_separate_jobs(family, tmp_pat
     assert len(list((sweep / ".submitit").glob("*/*_result.pkl"))) == 2  # two submitit jobs
 
 
+@pytest.mark.slow  # an Optuna multirun
 @pytest.mark.filterwarnings("ignore:.*declarative_base")  # optuna 2.10 on SQLAlchemy 2
 def test_optuna_sweeper_maximises_lossless_speedup(family, tmp_path, monkeypatch):
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='needs pip install "specpolicy[optuna]"')
     sweep = tmp_path / "sweep"
     _cli(monkeypatch, "-m", *overrides(family), "hydra/sweeper=failfast_optuna", "hydra.sweeper.n_trials=2",
          "hydra.sweeper.sampler.seed=1", f"hydra.sweep.dir={sweep}")
@@ -151,7 +150,6 @@ def test_slurm_launcher_and_optuna_sweeper_configs_compose():
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.timeout_min, launcher.partition) == (1, 240, "gpu")
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='needs pip install "specpolicy[optuna]"')
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=["hydra/sweeper=failfast_optuna"], return_hydra_config=True)
     assert cfg.hydra.sweeper.direction == "maximize"

@@ -83,7 +83,7 @@ def test_eos_inside_accepted_draft_ends_generation(runtime):
     first = int((greedy == eos).int().argmax())
     v = HFVerifier(model, runtime, frozenset({eos}))
     out = generate(prompt, v, runtime, max_new_tokens=12)
-    assert out.stop_reason == "eos"
+    assert out.finish_reason == "eos"
     assert out.output_ids.tolist() == greedy[: first + 1].tolist()
 
 

@@ -7,17 +7,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from specpolicy.hookspecs import hookimpl
+from specpolicy.results import RESULTS_FILE, read_results
 
 NAME = "jsonl"
 
 
 class JsonlLogger:
-    """Writes each prompt's ``results.jsonl`` row (``specpolicy.experiment`` row format:
-    prompt id, output ids/text, stop reason, wall-clock seconds, per-round records, and the
+    """Writes each prompt's ``results.jsonl`` row (``specpolicy.results.PromptResult.to_row``:
+    prompt id, output ids/text, finish reason, wall-clock seconds, per-round records, and the
     vanilla comparison) as one line, flushed as soon as the prompt finishes, so a crashed or
     running job's finished prompts are on disk. The file is truncated at ``run_start``, unless
-    the run resumes (config ``run.resume: true``): then a half-written last line is dropped and
-    new rows are appended (``specpolicy.resume``).
+    the run resumes (config ``run.resume: true``): then corrupt lines (e.g. a half-written last
+    line) are quarantined and new rows are appended (``specpolicy.resume``).
 
     Args:
         path: the output file.
@@ -32,9 +33,7 @@ class JsonlLogger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         resume = bool(((config or {}).get("run") or {}).get("resume", False))
         if resume:
-            from specpolicy.resume import read_results
-
-            read_results(self.path)  # cut a half-written last line before appending
+            read_results(self.path, repair=True)  # quarantine corrupt lines before appending
         self._file = open(self.path, "a" if resume else "w", encoding="utf-8")
 
     @hookimpl
@@ -69,7 +68,7 @@ def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
     """
     if name != NAME:
         return None
-    file = config.get("file", "results.jsonl")
+    file = config.get("file", RESULTS_FILE)
     if not file:
         raise ValueError("logger.jsonl.file must be a file name, got an empty value")
     return JsonlLogger(Path(run_dir) / str(file))

@@ -3,9 +3,12 @@
 What is logged: the resolved run config; every verified round (``round/speculation_length``,
 ``round/accepted_length``, ``round/emitted_tokens``, ``round/drafter_forward_passes``,
 ``round/reused_tokens``, ``round/draft_ms``, ``round/verify_ms``, with ``round/prompt_index``);
-a per-prompt table (``prompts``); the summary (every ``summary.json`` key but ``config``) as
-the run summary; and ``results.jsonl`` + ``summary.json`` as an artifact of type ``results``.
-Jobs of one Hydra multirun share a W&B group (the sweep directory).
+a per-prompt table (``prompts``, figures from ``specpolicy.metrics.prompt_values``); the summary
+(every ``summary.json`` key but ``config``) as the run summary; ``results.jsonl`` + ``summary.json``
+as an artifact of type ``results``; and, with ``log_plots``, the run's figures and trajectory
+pages, made by ``python -m specpolicy.plot`` in a child process (matplotlib stays out of the run's
+process, and a plotting failure is a warning). Jobs of one Hydra multirun share a W&B group (the
+sweep directory).
 
 Modes: ``mode: auto`` (default) uses ``$WANDB_MODE`` when set, else ``online`` when an API key
 is configured (``$WANDB_API_KEY`` or a ``~/.netrc`` entry for the W&B host), else ``offline``.
@@ -23,12 +26,18 @@ import json
 import logging
 import netrc
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from specpolicy.hookspecs import hookimpl
+from specpolicy.metrics import prompt_values
+from specpolicy.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
+from specpolicy.types import RoundRecord
 
 NAME = "wandb"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
@@ -42,8 +51,10 @@ ROUND_FIELDS = ("speculation_length", "accepted_length", "emitted_tokens", "draf
                 "reused_tokens", "draft_ms", "verify_ms")
 #: Columns of the per-prompt table.
 TABLE_COLUMNS = ("prompt_id", "prompt_tokens", "generated_tokens", "rounds", "acceptance_rate",
-                 "mean_accepted_length", "wall_s", "tokens_per_s", "vanilla_wall_s", "speedup",
-                 "lossless", "first_difference", "stop_reason", "output_text")
+                 "mean_accepted_length", "wall_s", "tokens_per_s", "vanilla_wall_s", "speedup_vs_vanilla",
+                 "lossless", "first_difference", "finish_reason", "output_text")
+#: Seconds the figures (``python -m specpolicy.plot``) may take before they are skipped.
+PLOT_TIMEOUT_S = 300.0
 
 
 def base_url() -> str:
@@ -122,25 +133,14 @@ def _hydra_job() -> tuple[str | None, str | None]:
         return None, None
 
 
-def _prompt_row(row: dict[str, Any]) -> list[Any]:
-    rounds = row.get("rounds", [])
-    drafted = [r for r in rounds if r["speculation_length"] > 0]
-    speculated = sum(r["speculation_length"] for r in drafted)
-    accepted = sum(r["accepted_length"] for r in drafted)
-    tokens, wall = row["generated_tokens"], row["wall_s"]
-    vanilla_wall = row.get("vanilla_wall_s")
-    speedup = None
-    if vanilla_wall and wall > 0 and row.get("vanilla_generated_tokens"):
-        speedup = (tokens / wall) / (row["vanilla_generated_tokens"] / vanilla_wall)
-    values = {
-        "prompt_id": row["prompt_id"], "prompt_tokens": row["prompt_tokens"], "generated_tokens": tokens,
-        "rounds": len(rounds), "acceptance_rate": accepted / speculated if speculated else 0.0,
-        "mean_accepted_length": accepted / len(drafted) if drafted else 0.0, "wall_s": wall,
-        "tokens_per_s": tokens / wall if wall > 0 else 0.0, "vanilla_wall_s": vanilla_wall, "speedup": speedup,
-        "lossless": row.get("lossless"), "first_difference": row.get("first_difference"),
-        "stop_reason": row["stop_reason"], "output_text": row["output_text"],
-    }
-    return [values[c] for c in TABLE_COLUMNS]
+def _prompt_row(result: PromptResult) -> list[Any]:
+    """One row of the per-prompt table (``TABLE_COLUMNS``)."""
+    values = prompt_values(result.speculative, result.vanilla)
+    values.update(prompt_id=result.prompt_id, prompt_tokens=result.prompt_tokens,
+                  vanilla_wall_s=result.vanilla.wall_s if result.vanilla is not None else None,
+                  lossless=result.lossless, first_difference=result.first_difference,
+                  finish_reason=result.speculative.finish_reason, output_text=result.output_text)
+    return [values.get(c) for c in TABLE_COLUMNS]
 
 
 class WandbLogger:
@@ -171,8 +171,8 @@ class WandbLogger:
         self.log_plots = bool(log_plots)
         self.run = None
         self.warnings: list[str] = []
-        self._rounds: list[Any] = []  # RoundRecords of the current prompt
-        self._rows: list[dict[str, Any]] = []
+        self._rounds: list[RoundRecord] = []  # of the current prompt
+        self._results: list[PromptResult] = []
         self._prompt_index = 0
 
     # -- helpers -------------------------------------------------------------------------
@@ -208,19 +208,26 @@ class WandbLogger:
         )
 
     def _log_plots(self, run, summary: dict[str, Any], run_dir: str) -> None:
-        """Write the run's figures (``specpolicy.plot``) to ``<run dir>/plots`` and log the PNGs as
-        ``plots/<name>`` images and up to 8 trajectory pages as ``trajectories/<prompt>`` HTML.
-        A plotting failure (e.g. matplotlib missing) warns and leaves the W&B run as it is."""
+        """Write the run's figures to ``<run dir>/plots`` with ``python -m specpolicy.plot`` (a child
+        process, at most ``PLOT_TIMEOUT_S`` seconds) and log the PNGs as ``plots/<name>`` images and
+        up to 8 trajectory pages as ``trajectories/<prompt>`` HTML. A plotting failure (e.g.
+        matplotlib missing) warns and leaves the W&B run as it is."""
+        out = Path(run_dir) / "plots"
         try:
             import wandb
 
-            from specpolicy.plot import Run, plot_runs, tokenizer_for
-
-            runs = [Run(str(summary.get("method") or "run"), Path(run_dir), list(self._rows), summary)]
-            files = plot_runs(runs, Path(run_dir) / "plots", tokenizer_for(runs), max_pages=8)
-            media = {f"plots/{f.stem}": wandb.Image(str(f)) for f in files if f.suffix == ".png"}
+            with tempfile.TemporaryDirectory(prefix="specpolicy-wandb-plots-") as tmp:
+                with open(Path(tmp) / RESULTS_FILE, "w", encoding="utf-8") as f:
+                    f.writelines(json.dumps(r.to_row()) + "\n" for r in self._results)
+                (Path(tmp) / SUMMARY_FILE).write_text(json.dumps(summary), encoding="utf-8")
+                proc = subprocess.run([sys.executable, "-m", "specpolicy.plot", tmp, "--out", str(out),
+                                       "--max-pages", "8"], capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise RuntimeError(f"python -m specpolicy.plot exited with {proc.returncode}: {last}")
+            media = {f"plots/{f.stem}": wandb.Image(str(f)) for f in sorted(out.glob("*.png"))}
             media.update({f"trajectories/{f.stem}": wandb.Html(f.read_text(encoding="utf-8"))
-                          for f in files if f.parent.parent.name == "trajectories"})
+                          for f in sorted(out.glob("trajectories/*/*.html"))})
         except Exception as exc:  # noqa: BLE001 - figures are a bonus, never a failure
             self._warn(f"W&B plots skipped ({exc!r})")
             return
@@ -232,7 +239,7 @@ class WandbLogger:
     def specpolicy_run_start(self, config: dict[str, Any], run_dir: str) -> None:
         import wandb
 
-        self._rounds, self._rows, self._prompt_index = [], [], 0
+        self._rounds, self._results, self._prompt_index = [], [], 0
         mode = resolve_mode(self.mode)
         if mode == "disabled":
             return
@@ -255,14 +262,14 @@ class WandbLogger:
                 self.run = None
 
     @hookimpl
-    def specpolicy_round_end(self, record) -> None:
+    def specpolicy_round_end(self, record: RoundRecord) -> None:
         if self.log_rounds and self.run is not None:  # inside the timed loop: append only
             self._rounds.append(record)
 
     @hookimpl
-    def specpolicy_prompt_end(self, row: dict[str, Any]) -> None:
+    def specpolicy_prompt_end(self, result: PromptResult) -> None:
         rounds, self._rounds = self._rounds, []
-        self._rows.append(row)
+        self._results.append(result)
         index = self._prompt_index
         self._prompt_index += 1
         for record in rounds:
@@ -280,7 +287,7 @@ class WandbLogger:
 
         run = self.run
         table = self._guard("table", wandb.Table, columns=list(TABLE_COLUMNS),
-                            data=[_prompt_row(r) for r in self._rows])
+                            data=[_prompt_row(r) for r in self._results])
         if table is not None:
             self._guard("log", run.log, {"prompts": table})
         self._guard("summary", run.summary.update, {k: v for k, v in summary.items() if k != "config"})
@@ -288,17 +295,16 @@ class WandbLogger:
             self._log_plots(run, summary, run_dir)
         if self.run is not None:
             files_dir = Path(run.dir)
-            results = files_dir / "results.jsonl"
+            results = files_dir / RESULTS_FILE
             with open(results, "w", encoding="utf-8") as f:
-                for row in self._rows:
-                    f.write(json.dumps(row) + "\n")
+                f.writelines(json.dumps(r.to_row()) + "\n" for r in self._results)
             artifact = self._guard("artifact", wandb.Artifact, name=f"results-{run.id}", type="results",
                                    metadata={k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
             if artifact is not None:
-                self._guard("artifact", artifact.add_file, str(results), name="results.jsonl")
-                summary_file = Path(run_dir) / "summary.json"
+                self._guard("artifact", artifact.add_file, str(results), name=RESULTS_FILE)
+                summary_file = Path(run_dir) / SUMMARY_FILE
                 if summary_file.exists():
-                    self._guard("artifact", artifact.add_file, str(summary_file), name="summary.json")
+                    self._guard("artifact", artifact.add_file, str(summary_file), name=SUMMARY_FILE)
                 self._guard("artifact", run.log_artifact, artifact)
         offline_log = getattr(run.settings, "sync_file", None) if run.settings.mode == "offline" else None
         self._guard("finish", run.finish)
