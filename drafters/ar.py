@@ -10,12 +10,15 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.cache import crop_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
-from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
+from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
+                               load_causal_lm, load_tokenizer)
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, sample, warp
 from specpolicy.types import Draft, Verification
+from specpolicy.validation import check_keys
 
 NAME = "ar"
+CONFIG_KEYS = ("model", "attn_implementation")
 
 
 class ARDrafter(Drafter):
@@ -97,6 +100,17 @@ class ARDrafter(Drafter):
             crop_cache(self.cache, self.cache.get_seq_length() - (drafted - 1) + keep)
             self._unfed = committed[keep:]
         self._new_round()
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``drafter=ar``: known keys, the model's directory and weights (not loaded), the attention."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_keys("drafter", config, CONFIG_KEYS)
+    check_model_source("drafter.model", config.get("model"))
+    check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"))
+    return True
 
 
 @hookimpl

@@ -34,7 +34,10 @@ next round's ``forward_passes``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -43,10 +46,12 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.cache import crop_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
-from specpolicy.models import check_same_vocabulary, context_length, load_causal_lm, load_tokenizer
+from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
+                               load_causal_lm, load_tokenizer, resolve_model_path)
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, sample, warp
 from specpolicy.types import Draft, Verification
+from specpolicy.validation import check_keys
 
 NAME = "fastdllm"
 
@@ -59,6 +64,7 @@ _SUPPORTED_ATTENTION = ("sdpa", "eager")
 #: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
 #: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
 CONFIDENCE_DTYPES = ("float32", "model")
+CONFIG_KEYS = ("model", "block_size", "small_block_size", "threshold", "attn_implementation", "confidence_dtype")
 
 
 # -- attention mask ------------------------------------------------------------------------
@@ -133,6 +139,32 @@ def model_block_size(config: Any) -> int | None:
         if value is not None:
             return int(value)
     return None
+
+
+def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
+    """Check the drafter's settings without a model (``drafter.block_size``, ``drafter.small_block_size``,
+    ``drafter.threshold``, ``drafter.confidence_dtype``).
+
+    Raises:
+        ValueError: naming the key, the value and the accepted range.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
+    if (
+        isinstance(small_block_size, bool)
+        or not isinstance(small_block_size, int)
+        or not 1 <= small_block_size <= block_size
+        or block_size % small_block_size != 0
+    ):
+        raise ValueError(
+            f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
+            f"block_size, got {small_block_size!r}"
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
+    if confidence_dtype not in CONFIDENCE_DTYPES:
+        raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
+                         f"got {confidence_dtype!r}")
 
 
 # -- the drafter ------------------------------------------------------------------------------
@@ -230,23 +262,7 @@ class FastDLLMDrafter(Drafter):
         stop_token_ids: Iterable[int] = (),
         confidence_dtype: str = "float32",
     ):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
-        if (
-            isinstance(small_block_size, bool)
-            or not isinstance(small_block_size, int)
-            or not 1 <= small_block_size <= block_size
-            or block_size % small_block_size != 0
-        ):
-            raise ValueError(
-                f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
-                f"block_size, got {small_block_size!r}"
-            )
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
-        if confidence_dtype not in CONFIDENCE_DTYPES:
-            raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
-                             f"got {confidence_dtype!r}")
+        check_settings(block_size, small_block_size, threshold, confidence_dtype)
         vocab = int(model.get_output_embeddings().weight.shape[0])
         mask_id = mask_token_id_of(tokenizer)
         if mask_id >= vocab:
@@ -630,6 +646,29 @@ def _greedy(logits: torch.Tensor, in_model_dtype: bool = False,
     top, tok = x.max(dim=-1)
     conf = torch.exp(top - torch.logsumexp(x, dim=-1))
     return tok, conf.to(torch.float32)
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
+    ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded)."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_keys("drafter", config, CONFIG_KEYS)
+    model_name = config.get("model", "dllm-drafter")
+    check_model_source("drafter.model", model_name)
+    local = Path(resolve_model_path(model_name)) / "config.json"
+    trained = model_block_size(SimpleNamespace(**json.loads(local.read_text(encoding="utf-8")))) \
+        if local.is_file() else None  # a hub id: checked when the model is built
+    block_size = config.get("block_size")
+    block_size = (trained or 32) if block_size is None else block_size
+    check_settings(block_size, config.get("small_block_size", 8), config.get("threshold", 0.05),
+                   config.get("confidence_dtype", "float32"))
+    if trained is not None and block_size != trained:
+        raise ValueError(f"drafter.block_size={block_size!r} but the model {model_name!r} was trained with block "
+                         f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null")
+    check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
+    return True
 
 
 @hookimpl

@@ -26,6 +26,7 @@ from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.runtime import Runtime
 from specpolicy.types import Draft, Verification
+from specpolicy.validation import check_init
 
 NAME = "suffix"
 CONFIG_KEYS = ("min_match", "max_match", "min_confidence")
@@ -188,6 +189,15 @@ class SuffixDrafter(Drafter):
     def __repr__(self) -> str:
         return (f"SuffixDrafter(min_match={self.min_match}, max_match={self.max_match}, "
                 f"min_confidence={self.min_confidence})")
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``drafter=suffix``: known keys and ranges, checked by building it (no model)."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_init("drafter", SuffixDrafter, config, "runtime")
+    return True
 
 
 @hookimpl

@@ -16,6 +16,7 @@ from typing import Any
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft, RoundRecord
+from specpolicy.validation import check_init
 
 NAME = "aimd"
 MODES = ("aimd", "heuristic")
@@ -226,6 +227,15 @@ class _SpeedAverage:
     def rate(self) -> float:
         """Tokens per ms (0 before any round)."""
         return self.tokens / self.ms if self.ms > 0.0 else 0.0
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=aimd``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", AIMDPolicy, config)
+    return True
 
 
 @hookimpl

@@ -29,6 +29,7 @@ import torch
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft
+from specpolicy.validation import check_init
 
 NAME = "failfast"
 #: Values of ``policy.confidence_scope`` (see the module docstring).
@@ -113,6 +114,15 @@ class FailFastPolicy(LengthPolicy):
     def __repr__(self) -> str:
         scope = "" if self.confidence_scope == "draft" else f", confidence_scope={self.confidence_scope!r}"
         return f"FailFastPolicy(n={self.n}, tau={self.tau}, n_max={self.n_max}{scope})"
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=failfast``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", FailFastPolicy, config)
+    return True
 
 
 @hookimpl

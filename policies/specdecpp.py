@@ -16,6 +16,7 @@ from typing import Any
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft
+from specpolicy.validation import check_init
 
 NAME = "specdecpp"
 
@@ -70,6 +71,15 @@ class SpecDecPPPolicy(LengthPolicy):
 
     def __repr__(self) -> str:
         return f"SpecDecPPPolicy(h={self.h}, min_length={self.min_length}, max_length={self.max_length})"
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=specdecpp``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", SpecDecPPPolicy, config)
+    return True
 
 
 @hookimpl

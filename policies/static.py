@@ -12,6 +12,7 @@ from typing import Any
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft
+from specpolicy.validation import check_init
 
 NAME = "static"
 
@@ -38,6 +39,15 @@ class StaticPolicy(LengthPolicy):
 
     def __repr__(self) -> str:
         return f"StaticPolicy(k={self.k})"
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=static``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", StaticPolicy, config)
+    return True
 
 
 @hookimpl

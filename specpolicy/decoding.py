@@ -23,13 +23,14 @@ is the same loop without drafter. Draws come from ``runtime.generator``: seed it
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from collections.abc import Callable
 
 import torch
 
 from specpolicy.drafter import Drafter
-from specpolicy.policy import LengthPolicy
+from specpolicy.policy import LengthPolicy, PolicyAnswerError
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
@@ -75,8 +76,9 @@ def generate(
         completing the first stop string (included), after ``max_new_tokens`` tokens, or when
         the context is full -- whichever comes first; no token after it is returned.
     Raises:
-        ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse),
-            a negative length from the policy, or a prompt that does not fit the context.
+        ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse), or a
+            prompt that does not fit the context; ``PolicyAnswerError`` (a ValueError) when the
+            policy answers anything but an integer >= 0.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -226,8 +228,12 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
         return draft, "vanilla"
     while True:
         wanted = policy.next_length(draft)
+        try:
+            wanted = operator.index(wanted)  # an integer (int, NumPy or 0-d integer tensor); 2.5 is not
+        except TypeError:
+            raise PolicyAnswerError(policy, wanted) from None
         if wanted < 0:
-            raise ValueError(f"policy {policy.name!r} returned a negative speculation length ({wanted})")
+            raise PolicyAnswerError(policy, wanted)
         if wanted == 0:
             return draft, ("length_0" if draft.length == 0 else policy.draft_stop_reason or "policy_bound")
         n = min(wanted, room - draft.length)

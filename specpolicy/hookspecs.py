@@ -5,8 +5,9 @@ third-party plugins do. A third-party package exposes a module in the entry-poin
 ``specpolicy`` (``[project.entry-points.specpolicy] my_policy = "my_pkg.plugin"``) whose
 functions carry ``@specpolicy.hookimpl``.
 
-Factory hooks are ``firstresult``: each implementation returns an instance when ``name``
-is its own and ``None`` otherwise. Implementations are called last-registered first, so an
+``specpolicy_validate_config`` is called for every plugin-owned config group before any model
+is loaded (``specpolicy.validation``). Factory hooks are ``firstresult``: each implementation
+returns an instance when ``name`` is its own and ``None`` otherwise. Implementations are called last-registered first, so an
 entry-point plugin providing a built-in's name takes precedence over the built-in.
 
 Lifecycle hooks are called by the run driver (``specpolicy.experiment.run_experiment``) on
@@ -38,6 +39,29 @@ PROJECT_NAME = "specpolicy"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# -- checks before anything loads (firstresult) -----------------------------------------------
+
+
+@hookspec(firstresult=True)
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]) -> bool | None:
+    """Check the config of a plugin's choice BEFORE anything is loaded.
+
+    :param group: ``policy``, ``drafter``, ``verifier`` or ``logger``.
+    :param name: the choice (``policy.name``; for a logger, its key under ``logger``).
+    :param config: the group's resolved node without ``name`` (for a logger, ``logger.<name>``).
+    :return: True when ``name`` is this plugin's (after checking), None otherwise.
+    :raises ValueError: (``specpolicy.errors.ConfigError``) naming the key as the user writes it
+        (``policy.tau``), the value and the accepted range -- the CLI prints that one line, no
+        traceback, exit status 2.
+
+    Check every key, unknown ones included (``specpolicy.validation`` has helpers), and anything
+    cheap about files the config names (a model directory's weights:
+    ``specpolicy.models.check_model_source``); never load a model here. A plugin without this
+    hook still works: its policies are checked by building them, its drafters, verifiers and
+    loggers only when they are built. Stops at the first non-None result.
+    """
 
 
 # -- factories (firstresult): one instance per run ---------------------------------------------

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from importlib import resources
 from pathlib import Path
-
-import json
 from typing import Any
 
 from transformers import (
@@ -17,6 +17,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from specpolicy.errors import ConfigError
 from specpolicy.runtime import Runtime
 
 #: Models of the bundled family (``specpolicy/assets/family/<name>``), trained by ``python -m specpolicy.family``.
@@ -43,6 +44,93 @@ def resolve_model_path(name_or_path: str) -> str:
             )
         return str(path)
     return str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().exists() else name_or_path
+
+
+#: A Hugging Face hub repository id: ``name`` or ``org/name`` (letters, digits, ``-_.``).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def check_model_source(key: str, value: Any) -> None:
+    """Check a model setting (``verifier.model``, ``drafter.model``) without loading anything:
+    a bundled name must have its files; a local path (absolute, ``./``, ``~`` or existing) must
+    be a directory with ``config.json`` and complete safetensors weights (``check_weights``);
+    anything else must look like a hub id (``org/name``: it is loaded from the local Hugging
+    Face cache or the hub later).
+
+    Raises:
+        ConfigError: naming ``key``, the value and what was expected or is wrong.
+    """
+    accepted = f"a bundled model ({', '.join(BUNDLED_MODELS)}), a local model directory or a hub id (org/name)"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key} must be {accepted}, got {value!r}")
+    if value in BUNDLED_MODELS:
+        try:
+            directory = Path(resolve_model_path(value))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{key}={value!r}: {exc}") from exc
+    else:
+        directory = Path(value).expanduser()
+        if not (directory.is_absolute() or value.startswith((".", "~")) or directory.exists()):
+            if not HUB_ID.fullmatch(value):
+                raise ConfigError(f"{key}={value!r} is not {accepted}")
+            return
+        if not directory.exists():
+            raise ConfigError(f"{key}={value!r}: no such local directory (expected {accepted})")
+        if not directory.is_dir():
+            raise ConfigError(f"{key}={value!r} is a file; a local model is a directory with config.json and weights")
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"{key}={value!r}: the directory has no config.json (not a Hugging Face model directory)")
+    check_weights(f"{key}={value!r}", directory)
+
+
+def check_attention(key: str, value: Any, supported: tuple[str, ...] | None = None) -> str:
+    """Check an ``attn_implementation`` setting: one of ``supported`` when given, else ``eager``
+    or a name registered in transformers' ``ALL_ATTENTION_FUNCTIONS`` (``sdpa``,
+    ``flash_attention_2``, ...), or a hub kernel (``org/name``).
+
+    Raises:
+        ConfigError: naming ``key``, the value and the choices.
+    """
+    if supported is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        supported = ("eager", *(k for k in ALL_ATTENTION_FUNCTIONS.keys() if "|" not in k))
+        if isinstance(value, str) and HUB_ID.fullmatch(value) and "/" in value:
+            return value
+    if value not in supported:
+        raise ConfigError(f"{key} must be one of {', '.join(supported)}, got {value!r}")
+    return value
+
+
+def check_weights(key: str, directory: Path) -> None:
+    """Open the header of every ``*.safetensors`` file of ``directory`` (the ``safetensors``
+    library checks that the file covers every tensor it declares; no tensor is read) and check
+    that every shard named by ``model.safetensors.index.json`` exists.
+
+    Args:
+        key: how the model was named, for messages (e.g. ``verifier.model='/models/x'``).
+    Raises:
+        ConfigError: naming ``key`` and the truncated, corrupt or missing file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{key}: {index} is not a valid safetensors index ({exc})") from exc
+        for shard in shards:
+            if not (directory / shard).is_file():
+                raise ConfigError(f"{key}: weights file {directory / shard} (named in {index.name}) is missing")
+    for file in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            size = file.stat().st_size
+            raise ConfigError(f"{key}: weights file {file} is truncated or corrupt ({size} bytes; safetensors: "
+                              f"{exc}); re-download or re-save the model") from exc
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pluggy
 
 from specpolicy import hookspecs
+from specpolicy.errors import BLAME_ATTRIBUTE, PluginBlame
 
 #: Modules of the built-in plugins, registered under their own module names.
 BUILTIN_PLUGINS = (
@@ -85,10 +88,102 @@ def get_plugin_manager(block: Iterable[str] = (), autoload: bool | None = None) 
 
 
 def _make(kind: str, hook, name: str, **kwargs: Any):
-    obj = hook(name=name, **kwargs)
-    if obj is None:
-        raise ValueError(f"no registered plugin provides {kind} {name!r}; see `python -m specpolicy --list-plugins`")
-    return obj
+    """The first non-None answer of a ``firstresult`` factory hook, calling the implementations in
+    pluggy's order (last registered first, ``tryfirst``/``trylast`` respected) one by one, so the
+    object can be traced to the plugin that built it (``provider``)."""
+    kwargs["name"] = name
+    for impl in reversed(hook.get_hookimpls()):
+        if impl.hookwrapper or impl.wrapper:  # factories have none; nothing to wrap around
+            continue
+        obj = impl.function(*(kwargs[arg] for arg in impl.argnames))
+        if obj is not None:
+            _remember_provider(obj, PluginBlame(impl.plugin_name, _module_of(impl.plugin), hook.name))
+            return obj
+    raise ValueError(f"no registered plugin provides {kind} {name!r}; see `python -m specpolicy --list-plugins`")
+
+
+#: object -> the plugin whose factory built it (``_make``); weak, so runs do not keep objects alive.
+_PROVIDERS: "weakref.WeakKeyDictionary[Any, PluginBlame]" = weakref.WeakKeyDictionary()
+
+
+def _remember_provider(obj: Any, blame: PluginBlame) -> None:
+    try:
+        _PROVIDERS[obj] = blame
+    except TypeError:  # not weak-referenceable or not hashable: errors in it are blamed by frame only
+        pass
+
+
+def provider(obj: Any) -> PluginBlame | None:
+    """The plugin (name, module, factory hook) that built ``obj`` through a ``make_*`` function, or None."""
+    try:
+        return _PROVIDERS.get(obj)
+    except TypeError:
+        return None
+
+
+def _module_of(plugin: Any) -> str:
+    """The module implementing a registered plugin (a module, or an object such as a run logger)."""
+    return plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
+
+
+def blame(error: BaseException, pm: pluggy.PluginManager, objects: Iterable[Any] = ()) -> PluginBlame | None:
+    """Which plugin ``error`` was raised in, recorded on the error (attribute
+    ``specpolicy.errors.BLAME_ATTRIBUTE``; the CLI prints it in one line), or None.
+
+    The traceback is read from the outermost frame in: the first frame that is a hook
+    implementation of a registered plugin names that plugin and hook; the first frame that is a
+    method of one of ``objects`` (the run's policy, drafter, verifier) names the plugin that built
+    the object (``provider``) and the method (``next_length``, ``draft``, ...). An error the loop
+    raises about a policy's answer (``specpolicy.policy.PolicyAnswerError``) names that policy's
+    plugin and ``next_length``. A blame already recorded is kept."""
+    from specpolicy.policy import PolicyAnswerError
+
+    found = getattr(error, BLAME_ATTRIBUTE, None)
+    if found is not None:
+        return found
+    owned = {id(obj): obj for obj in objects if obj is not None}
+    if isinstance(error, PolicyAnswerError) and provider(error.policy) is not None:
+        p = provider(error.policy)
+        found = PluginBlame(p.name, p.module, "next_length")
+    impls = {}
+    for caller in vars(pm.hook).values():
+        for impl in getattr(caller, "get_hookimpls", lambda: [])():
+            code = getattr(getattr(impl.function, "__func__", impl.function), "__code__", None)
+            if code is not None:
+                impls[code] = (impl, caller.name)
+    tb = error.__traceback__
+    while found is None and tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code in impls:
+            impl, hook_name = impls[frame.f_code]
+            found = PluginBlame(impl.plugin_name, _module_of(impl.plugin), hook_name)
+        else:
+            this = frame.f_locals.get("self")
+            if this is not None and id(this) in owned and provider(this) is not None:
+                p = provider(this)
+                found = PluginBlame(p.name, p.module, frame.f_code.co_name)
+        tb = tb.tb_next
+    if found is not None:
+        try:
+            setattr(error, BLAME_ATTRIBUTE, found)
+        except AttributeError:
+            pass
+    return found
+
+
+def call_each(hook, **kwargs: Any) -> list[tuple[PluginBlame, BaseException]]:
+    """Call every implementation of a lifecycle hook (pluggy's order), each even when an earlier
+    one raised (e.g. on ``specpolicy_run_abort``: every logger gets to close its files); return
+    ``(plugin, error)`` for each implementation that raised ``Exception``."""
+    failures = []
+    for impl in reversed(hook.get_hookimpls()):
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        try:
+            impl.function(*(kwargs[arg] for arg in impl.argnames))
+        except Exception as exc:  # noqa: BLE001 - reported by the caller, never hides the run's error
+            failures.append((PluginBlame(impl.plugin_name, _module_of(impl.plugin), hook.name), exc))
+    return failures
 
 
 def make_policy(pm: pluggy.PluginManager, config: dict[str, Any]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 from specpolicy.types import Draft, RoundRecord
 
@@ -47,3 +48,16 @@ class LengthPolicy(ABC):
 
     def update(self, record: RoundRecord) -> None:
         """Learn from the verified round. Default: nothing (stateless policies)."""
+
+
+class PolicyAnswerError(ValueError):
+    """A policy's ``next_length`` answered something other than an integer >= 0 (e.g. ``2.5`` or
+    ``-1``); raised by the decoding loop before the answer reaches the drafter, so the error is
+    the policy's (``policy``: the policy object, ``answer``: what it returned)."""
+
+    def __init__(self, policy: Any, answer: Any) -> None:
+        self.policy = policy
+        self.answer = answer
+        kind = "a negative speculation length" if isinstance(answer, int) else f"a {type(answer).__name__}"
+        super().__init__(f"policy {getattr(policy, 'name', '') or type(policy).__name__!r} returned {answer!r} from "
+                         f"next_length ({kind}); a speculation length must be an integer >= 0")

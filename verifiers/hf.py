@@ -9,13 +9,16 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.cache import crop_cache
 from specpolicy.hookspecs import hookimpl
-from specpolicy.models import context_length, eos_token_ids, load_causal_lm, load_tokenizer
+from specpolicy.models import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
+                               load_tokenizer)
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.types import Draft, Verification
+from specpolicy.validation import check_keys, integer
 from specpolicy.verifier import Verifier
 
 NAME = "hf"
+CONFIG_KEYS = ("model", "attn_implementation", "max_context")
 
 
 class HFVerifier(Verifier):
@@ -98,6 +101,19 @@ class HFVerifier(Verifier):
         target[accepted] = nxt
         self._pending = target[accepted : accepted + 1]
         return Verification(accepted_length=accepted, next_token=nxt, target_token_ids=target)
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``verifier=hf``: known keys, the model's directory and weights (not loaded), the attention,
+    ``max_context`` (an integer >= 0; 0 = the model's)."""
+    if group != "verifier" or name != NAME:
+        return None
+    check_keys("verifier", config, CONFIG_KEYS)
+    check_model_source("verifier.model", config.get("model"))
+    check_attention("verifier.attn_implementation", config.get("attn_implementation", "sdpa"))
+    integer("verifier.max_context", config.get("max_context", 0), 0, note="tokens; 0 = the model's")
+    return True
 
 
 @hookimpl

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from specpolicy.errors import ConfigError
 from specpolicy.hookspecs import hookimpl
 from specpolicy.results import RESULTS_FILE, read_results
+from specpolicy.validation import check_keys
 
 NAME = "jsonl"
 
@@ -56,6 +58,19 @@ class JsonlLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``logger=jsonl``: the only key, ``file``, must be a non-empty file name."""
+    if group != "logger" or name != NAME:
+        return None
+    check_keys("logger.jsonl", config, ("file",))
+    file = config.get("file", RESULTS_FILE)
+    if not isinstance(file, str) or not file.strip():
+        raise ConfigError(f"logger.jsonl.file must be a file name (relative to the run directory, or absolute), "
+                          f"got {file!r}")
+    return True
 
 
 @hookimpl
