@@ -7,19 +7,33 @@ where each came from, the hooks it implements and the config files plugins add.
 
 Config files shipped by plugins (hook ``specpolicy_config_searchpath``) join Hydra's search
 path through the Hydra plugin ``specpolicy.hydra_searchpath``.
+
+Errors (``specpolicy.errors``): a user error -- a config value out of range, a misspelled key or
+choice, a bad prompt file, a run directory in use -- prints ONE line naming the key, the value
+and the accepted range, and exits with status 2; an error raised inside a plugin prints one line
+naming the plugin and the hook, status 1. ``--debug`` (or ``HYDRA_FULL_ERROR=1``) shows the full
+traceback instead. After a run it prints where the results are and the next commands; after a
+multirun, its sweep directory (``specpolicy.messages``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from specpolicy.errors import EXIT_FAILURE, one_line
 from specpolicy.experiment import run_experiment
 from specpolicy.hydra_searchpath import register as register_searchpath_plugin
+
+
+DEBUG_FLAG = "--debug"
+_debug = False  # set by main(): --debug or HYDRA_FULL_ERROR=1 keep tracebacks
 
 
 def sweep_objective(summary: dict) -> float:
@@ -35,7 +49,20 @@ def sweep_objective(summary: dict) -> float:
 
 @hydra.main(config_path="pkg://specpolicy.conf", config_name="config", version_base="1.3")
 def _hydra_main(cfg: DictConfig) -> float:
-    summary = run_experiment(cfg, HydraConfig.get().runtime.output_dir)
+    from hydra.types import RunMode
+
+    from specpolicy.messages import run_done
+
+    hc = HydraConfig.get()
+    try:
+        summary = run_experiment(cfg, hc.runtime.output_dir)
+    except Exception as error:  # noqa: BLE001
+        report = None if _debug else one_line(error)
+        if report is None or hc.mode == RunMode.MULTIRUN:  # a sweep names the failed job first, then main()
+            raise
+        print(report[0], file=sys.stderr)  # a single run: exactly one line
+        raise SystemExit(report[1]) from None
+    print("\n".join(run_done(hc.runtime.output_dir, in_sweep=hc.mode == RunMode.MULTIRUN)), flush=True)
     return sweep_objective(summary)  # the value Hydra sweepers optimise
 
 
@@ -87,6 +114,10 @@ def main() -> None:
     if "--list-plugins" in sys.argv[1:]:
         list_plugins([a for a in sys.argv[1:] if a != "--list-plugins"])
         return
+    global _debug
+    debug = _debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get("HYDRA_FULL_ERROR", "") == "1"
+    sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises every error; reported below in one line
     register_searchpath_plugin()
     from specpolicy.resume import RunInterrupted
 
@@ -94,3 +125,13 @@ def main() -> None:
         _hydra_main()
     except RunInterrupted as interrupted:  # SIGINT / SIGTERM: partial summary written; resume with the same command
         sys.exit(interrupted.exit_code)
+    except Exception as error:  # noqa: BLE001 - every error is reported, the user's in one line
+        if debug:
+            raise
+        report = one_line(error)
+        if report is None:  # not a user or plugin error: a bug, with its traceback
+            traceback.print_exc()
+            print(f"(unexpected error; rerun with {DEBUG_FLAG} for Hydra's full traceback)", file=sys.stderr)
+            sys.exit(EXIT_FAILURE)
+        print(report[0], file=sys.stderr)
+        sys.exit(report[1])

@@ -12,29 +12,40 @@ Runs are resumable (``specpolicy.resume``): with ``run.resume: true`` (default) 
 already in the run directory's ``results.jsonl`` are read back instead of recomputed, so a
 resumed run's summary equals an uninterrupted run's except for timings. SIGINT / SIGTERM write
 a partial summary (``"partial": true``) and raise ``RunInterrupted``.
+
+Safety: every config value is checked before any model is loaded (``specpolicy.validation``);
+one process per run directory (``specpolicy.runlock``); a prompt too long for the context is
+skipped and recorded, never decoded (``specpolicy.skips``); the summary records what the machine
+was doing (``timing_conditions``, ``specpolicy.machine``) and warns when the speedup cannot be
+trusted.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specpolicy.datasets import load_prompts
 from specpolicy.decoding import generate
-from specpolicy.plugins import get_plugin_manager, make_drafter, make_loggers, make_policy, make_verifier, registered
+from specpolicy.machine import MachineWatch, warning_line
+from specpolicy.plugins import (blame, call_each, get_plugin_manager, make_drafter, make_loggers, make_policy,
+                                make_verifier, registered)
 from specpolicy.results import SUMMARY_FILE, PromptResult
 from specpolicy.resume import RunInterrupted, config_fingerprint, interruptible, load_finished, results_path, shielded
 from specpolicy.reuse import DraftReuse
+from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, prompt_seed
+from specpolicy.skips import over_context, skipped_line
 from specpolicy.stopping import StopStrings
-from specpolicy.summary import profile_from, summarize
+from specpolicy.summary import summarize
 from specpolicy.tables import print_summary
 from specpolicy.types import GenerationResult
+from specpolicy.validation import validate_config
 
 
 def method_name(cfg: DictConfig) -> str:
@@ -45,39 +56,40 @@ def method_name(cfg: DictConfig) -> str:
     return f"{cfg.drafter.name}+{policy}" + ("+reuse" if cfg.reuse.enabled else "")
 
 
-def _check(cfg: DictConfig) -> None:
-    """Validate run-level keys before any model is loaded (ValueError naming the key)."""
-    if int(cfg.generation.max_new_tokens) < 1:
-        raise ValueError(f"generation.max_new_tokens must be >= 1, got {cfg.generation.max_new_tokens}")
-    if int(cfg.run.warmup_prompts) < 0:
-        raise ValueError(f"run.warmup_prompts must be >= 0, got {cfg.run.warmup_prompts}")
-    profile_from(OmegaConf.to_container(cfg, resolve=True))  # a bad `profile` fails now, not after the run
-    SamplingConfig.from_config(cfg.generation)  # generation.temperature / top_k / top_p
-    stop = cfg.generation.get("stop")
-    if stop is not None and (isinstance(stop, str) or len(stop)):
-        StopStrings(None, stop if isinstance(stop, str) else list(stop))  # generation.stop: non-empty strings
-
-
 def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     """Run the configured method (and vanilla) on the configured prompts; return the summary.
 
     Lifecycle hooks (every plugin and the run's loggers): ``specpolicy_run_start`` after the
     warm-up, ``specpolicy_round_end`` per verified round and ``specpolicy_prompt_end`` per
     prompt of the speculative method, ``specpolicy_run_end`` after ``summary.json`` is written,
-    or ``specpolicy_run_abort`` when the run raises (the error is re-raised).
+    or ``specpolicy_run_abort`` when the run raises (every plugin's abort hook is called; one
+    that fails is reported in one line and the run's own error is re-raised).
 
     Raises:
-        ValueError: for invalid configuration values (unknown policy/drafter/verifier/logger
-            names included), before any decoding starts.
+        ConfigError (a ValueError): for any invalid configuration value (unknown
+            policy/drafter/verifier/logger names and bad prompt files included), before any
+            model is loaded.
+        RunLocked: when another live process runs in ``run_dir``.
+    An error raised inside a plugin carries a ``PluginBlame`` naming it (``plugins.blame``).
     """
-    _check(cfg)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     container = OmegaConf.to_container(cfg, resolve=True)
-    runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
     pm = get_plugin_manager(block=list(cfg.plugins.block))
-    policy = make_policy(pm, container["policy"])  # cheap, validates its keys first
-    loggers = make_loggers(pm, container.get("logger"), run_dir)  # validated now, registered for the run below
+    prompts = validate_config(container, pm)  # every value, before any model is loaded (ConfigError)
+    run_dir = Path(run_dir)
+    with RunLock(run_dir) as lock:  # one process per run directory (RunLocked names the holder)
+        if lock.taken_over:
+            print(lock.taken_over)
+        try:
+            return _run(cfg, container, pm, prompts, run_dir)
+        except BaseException as error:
+            blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)
+            raise
+
+
+def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path) -> dict[str, Any]:
+    runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
+    policy = make_policy(pm, container["policy"])
+    loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
@@ -85,8 +97,6 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     if tokenizer is None:
         raise ValueError(f"verifier {container['verifier'].get('name')!r} has no tokenizer: a run needs "
                          f"verifier.tokenizer to encode the prompts")
-    d = cfg.dataset
-    prompts = load_prompts(d.name, d.get("path"), int(d.num_prompts), int(d.get("offset", 0)))
     max_new = int(cfg.generation.max_new_tokens)
     method = method_name(cfg)
     baseline = bool(cfg.run.vanilla_baseline)
@@ -94,6 +104,8 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     seed = int(cfg.seed)
     stop = StopStrings.from_config(tokenizer, cfg.generation.get("stop") and list(cfg.generation.stop))
     fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
+    token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
+    too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
     finished = load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts}) \
         if bool(cfg.run.get("resume", False)) else {}
     if finished:
@@ -110,22 +122,32 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         runtime.seed_everything(prompt_seed(seed, prompt_id))
         return generate(ids, verifier, runtime, max_new_tokens=max_new, sampling=sampling, stop=stop)
 
-    warmup = prompts[: int(cfg.run.warmup_prompts)] if len(finished) < len(prompts) else []
+    decodable = [p for p in prompts if p.prompt_id not in too_long]
+    warmup = decodable[: int(cfg.run.warmup_prompts)] if len(finished) < len(prompts) else []
     for prompt in warmup:  # untimed: first-call overheads
-        ids = prompt.token_ids(tokenizer)
+        ids = token_ids[prompt.prompt_id]
         speculative(ids)
         if baseline:
             vanilla(ids)
 
     results: list[PromptResult] = []  # in prompt order (the summary is computed from them)
+    watch = MachineWatch()  # load and CPU time around the timed prompts (timing_conditions)
     with interruptible(), registered(pm, loggers):
         try:
             pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
+            watch.start()
             for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt")):
                 if prompt.prompt_id in finished:  # resumed: read back, not recomputed
                     results.append(finished[prompt.prompt_id])
                     continue
-                ids = prompt.token_ids(tokenizer)
+                ids = token_ids[prompt.prompt_id]
+                if prompt.prompt_id in too_long:  # recorded, never decoded (a resume reads it back)
+                    result = PromptResult.skip(prompt.prompt_id, ids.shape[0], too_long[prompt.prompt_id],
+                                               config_hash=fingerprint, prompt_text=prompt.text)
+                    pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=result.to_row(),
+                                                  result=result)
+                    results.append(result)
+                    continue
 
                 def on_round(record, _pid=prompt.prompt_id):
                     pm.hook.specpolicy_round_end(method=method, prompt_id=_pid, record=record)
@@ -144,15 +166,23 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
                                               result=result)
                 results.append(result)
 
-            summary = summarize(method, results, container, runtime.describe(), prompts_total=len(prompts))
+            summary = summarize(method, results, container, runtime.describe(), prompts_total=len(prompts),
+                                timing_conditions=watch.stop(results))
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
                 _write_partial_summary(method, results, container, runtime, len(prompts), run_dir, error)
-            pm.hook.specpolicy_run_abort(error=error, run_dir=str(run_dir))
+            # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
+            # never replaces the run's own error, which is re-raised.
+            for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):
+                print(f"warning: {plugin} failed while the run was aborting: {type(hook_error).__name__}: "
+                      f"{hook_error}", file=sys.stderr)
             raise
         pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
     print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
+    for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
+        if line:
+            print(line)
     return summary
 
 

@@ -220,6 +220,23 @@ FIELDS: dict[str, str] = {
     "oracle": "the oracle length policy: this policy's modeled speedup as a fraction of the oracle's "
               "(timing-derived cost model); estimated from the run's own rounds (censored), so an upper bound, "
               "and a fraction_of_oracle above 1 is no fraction of an optimum (specpolicy.oracle.describe_fraction)",
+    "skipped_prompts": "prompt id -> why it was not decoded (a prompt longer than the context); such prompts are "
+                       "in results.jsonl with `skipped` and in no other figure",
+    "timing_conditions": "what the machine was doing while this invocation measured (specpolicy.machine): load "
+                         "average, CPU time, spread of vanilla speed; timing_trusted false = do not trust the "
+                         "measured speedup (re-time with run.resume=false on an idle machine)",
+    "timing_conditions.cpu_count": "CPUs this process may use",
+    "timing_conditions.load_average_start": "os.getloadavg() (1, 5, 15 min) before the first timed prompt",
+    "timing_conditions.load_average_end": "os.getloadavg() (1, 5, 15 min) after the last prompt",
+    "timing_conditions.process_cpu_s": "CPU seconds of this process (all threads) over the timed prompts",
+    "timing_conditions.wall_s": "wall-clock seconds over the same span",
+    "timing_conditions.cpu_per_wall": "process_cpu_s / wall_s: CPUs this process kept busy on average",
+    "timing_conditions.vanilla_tokens_per_s_cv": "std / mean over prompts of vanilla decoding's tokens per "
+                                                 "second of target passes (prefill excluded); null under 3 prompts",
+    "timing_conditions.timing_trusted": "false when other processes' load (1-min load average less this "
+                                        "process's cpu_per_wall) exceeded the CPUs this process left free by "
+                                        "more than 0.5 at the start or end, or vanilla_tokens_per_s_cv > 0.25",
+    "timing_conditions.timing_warnings": "why timing_trusted is false, one phrase per reason",
     "sampling": "the sampling settings (temperature, top_k, top_p; temperature 0 = greedy)",
     "runtime": "device, dtype, seed, and the versions of torch and transformers",
     "config": "the resolved run configuration",

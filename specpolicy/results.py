@@ -16,6 +16,9 @@ Row format (``PromptResult.to_row`` / ``PromptResult.from_row``)::
     vanilla_output_ids                                   # only when they differ from output_ids
                                                          # (an old row, with vanilla_stop_reason,
                                                          # never has them)
+    skipped                                              # only for a prompt that was not decoded
+                                                         # (longer than the context): the reason;
+                                                         # empty output, no rounds
 
 Vanilla decoding is kept compactly: its rounds are plain one-token rounds, so the row holds
 their count and summed times, and they come back as rounds carrying the mean times (sums,
@@ -146,6 +149,9 @@ class PromptResult:
         first_difference: first output position that differs from vanilla's (greedy), else None.
         config_hash: fingerprint of the settings that produced it (``specpolicy.resume``).
         prompt_text: the prompt's user message (shown on the trajectory pages), None when unknown.
+        skipped: why the prompt was not decoded (a prompt longer than the context,
+            ``specpolicy.skips``), else None; a skipped result has an empty output and no rounds,
+            is read back by a resume like any finished prompt, and counts in no figure.
     """
 
     prompt_id: str
@@ -157,6 +163,17 @@ class PromptResult:
     first_difference: int | None = None
     config_hash: str = ""
     prompt_text: str | None = None
+    skipped: str | None = None
+
+    @staticmethod
+    def skip(prompt_id: str, prompt_tokens: int, reason: str, config_hash: str = "",
+             prompt_text: str | None = None) -> "PromptResult":
+        """The result of a prompt that was not decoded, with the ``reason`` (empty output, no rounds,
+        ``finish_reason`` ``"skipped"``)."""
+        nothing = GenerationResult(output_ids=_ids([]), rounds=(), finish_reason="skipped", wall_s=0.0,
+                                   prefill_ms=0.0)
+        return PromptResult(prompt_id, int(prompt_tokens), nothing, config_hash=config_hash,
+                            prompt_text=prompt_text, skipped=reason)
 
     @staticmethod
     def of(prompt_id: str, prompt_tokens: int, speculative: GenerationResult, vanilla: GenerationResult | None,
@@ -208,6 +225,8 @@ class PromptResult:
                 row["vanilla_output_ids"] = van_ids
         if self.config_hash:
             row["config_hash"] = self.config_hash
+        if self.skipped:
+            row["skipped"] = self.skipped
         return row
 
     @staticmethod
@@ -254,7 +273,8 @@ class PromptResult:
                                 speculative=spec, vanilla=vanilla, output_text=str(row.get("output_text") or ""),
                                 lossless=lossless, first_difference=None if diff is None else int(diff),
                                 config_hash=str(row.get("config_hash") or ""),
-                                prompt_text=None if row.get("prompt_text") is None else str(row["prompt_text"]))
+                                prompt_text=None if row.get("prompt_text") is None else str(row["prompt_text"]),
+                                skipped=str(row["skipped"]) if row.get("skipped") else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed row: {exc!r}") from exc
 
@@ -387,10 +407,11 @@ class Run:
 
 
 def read_run(directory: str | Path) -> Run:
-    """``directory``'s results and summary (corrupt lines skipped with a warning, see ``read_results``)."""
+    """``directory``'s results and summary (corrupt lines skipped with a warning, see ``read_results``;
+    prompts that were not decoded, ``PromptResult.skipped``, left out: they are in no figure)."""
     directory = Path(directory)
     summary = read_summary(directory / SUMMARY_FILE) or {}
-    results = read_results(directory / RESULTS_FILE)
+    results = [r for r in read_results(directory / RESULTS_FILE) if not r.skipped]
     return Run(str(summary.get("method") or directory.name), directory, results, summary)
 
 

@@ -38,7 +38,8 @@ def profile_from(config: Mapping[str, Any] | None) -> LatencyProfile:
 
 def summarize(method: str, results: Sequence[PromptResult], config: Mapping[str, Any] | None = None,
               runtime: Mapping[str, Any] | None = None, prompts_total: int | None = None,
-              interrupted_by: str | None = None) -> dict[str, Any]:
+              interrupted_by: str | None = None, timing_conditions: Mapping[str, Any] | None = None
+              ) -> dict[str, Any]:
     """The ``summary.json`` content of ``results`` (one per prompt, in prompt order).
 
     Headline figures (token-weighted) and ``methods`` (the speculative method's and vanilla's
@@ -48,8 +49,10 @@ def summarize(method: str, results: Sequence[PromptResult], config: Mapping[str,
     ``per_prompt``, ``aggregates`` (token- and prompt-weighted), per-position acceptance, stop and
     finish reasons; ``modeled`` (latency profile of ``config``, labelled MODELED) and ``oracle``
     (this policy's modeled speedup as a fraction of the oracle's); ``sampling``, ``runtime``,
-    ``config``, ``prompts_total``, ``partial`` (``interrupted_by``: a signal name) and ``fields``
-    (``metrics.FIELDS``: a description of every field).
+    ``config``, ``prompts_total``, ``partial`` (``interrupted_by``: a signal name), ``skipped_prompts``
+    (results of prompts that were not decoded, ``PromptResult.skipped``: listed, in no figure),
+    ``timing_conditions`` (when given, ``specpolicy.machine``) and ``fields`` (``metrics.FIELDS``: a
+    description of every field).
 
     Args:
         method: the speculative method's name (``<drafter>+<policy>...``).
@@ -58,8 +61,12 @@ def summarize(method: str, results: Sequence[PromptResult], config: Mapping[str,
         runtime: ``Runtime.describe()`` (device, dtype, seed, versions).
         prompts_total: prompts in the configured set (default: ``len(results)``).
         interrupted_by: marks the summary ``"partial": true``.
+        timing_conditions: what the machine was doing while this invocation measured.
     """
     config = dict(config or {})
+    skipped = {r.prompt_id: r.skipped for r in results if r.skipped}
+    prompts_total = len(results) if prompts_total is None else prompts_total
+    results = [r for r in results if not r.skipped]  # prompts over the context: listed, never measured
     sampling = SamplingConfig.from_config(config.get("generation"))
     specs = [r.speculative for r in results]
     vanillas = [r.vanilla for r in results if r.vanilla is not None]
@@ -112,7 +119,11 @@ def summarize(method: str, results: Sequence[PromptResult], config: Mapping[str,
     summary["methods"] = methods
     summary["runtime"] = dict(runtime or {})
     summary["config"] = config
-    summary["prompts_total"] = len(results) if prompts_total is None else prompts_total
+    summary["prompts_total"] = prompts_total
+    if skipped:
+        summary["skipped_prompts"] = skipped
+    if timing_conditions is not None:
+        summary["timing_conditions"] = dict(timing_conditions)
     summary["partial"] = interrupted_by is not None
     if interrupted_by is not None:
         summary["interrupted_by"] = interrupted_by

@@ -25,7 +25,8 @@ from specpolicy.resume import RunInterrupted, run_name
 PROMPTS = 4
 #: Fields that are timings (or derived from timings): the only ones allowed to differ.
 TIMING_KEYS = {"wall_s", "vanilla_wall_s", "tokens_per_s", "vanilla_tokens_per_s", "speedup_vs_vanilla",
-               "draft_ms", "verify_ms", "prefill_ms", "vanilla_prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms", "oracle", "measured"}
+               "draft_ms", "verify_ms", "prefill_ms", "vanilla_prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms",
+               "oracle", "measured", "timing_conditions"}
 
 
 def without_timings(value):

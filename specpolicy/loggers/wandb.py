@@ -12,9 +12,11 @@ sweep directory).
 
 Modes: ``mode: auto`` (default) uses ``$WANDB_MODE`` when set, else ``online`` when an API key
 is configured (``$WANDB_API_KEY`` or a ``~/.netrc`` entry for the W&B host), else ``offline``.
-An online run whose service does not answer within ``probe_timeout_s`` seconds, or whose
-``wandb.init`` fails, falls back to offline with one warning; a W&B error later in the run
-is logged once and disables the logger. The run itself never fails or waits because of W&B.
+An online run falls back to offline with one warning when the service does not answer within
+``probe_timeout_s`` seconds -- one budget for the HTTP probe and the start of the run online
+(``wandb.Settings(init_timeout=...)`` gets what the probe left), so a service that accepts
+connections and never answers, or answers the probe and then hangs, costs at most that -- or
+when ``wandb.init`` fails; a W&B error later in the run is logged once and disables the logger. The run itself never fails or waits because of W&B.
 
 Timing: ``round_end`` is called inside the timed decoding loop, so it only appends the record
 to a list; the W&B calls happen at ``prompt_end``, outside the measured wall-clock time.
@@ -30,18 +32,25 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from specpolicy.errors import ConfigError
 from specpolicy.hookspecs import hookimpl
 from specpolicy.metrics import prompt_values
 from specpolicy.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
 from specpolicy.types import RoundRecord
+from specpolicy.validation import check_init
 
 NAME = "wandb"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 MODES = ("auto", "online", "offline", "disabled")
+#: Least seconds given to ``wandb.init`` online after the probe used most of ``probe_timeout_s``.
+MIN_INIT_S = 0.5
+#: Seconds ``wandb.init`` may take offline (no server involved: starting W&B's local service).
+OFFLINE_INIT_S = 60.0
 CONFIG_KEYS = ("project", "entity", "mode", "group", "name", "tags", "dir", "log_rounds", "probe_timeout_s",
                "log_plots")
 log = logging.getLogger(__name__)
@@ -97,6 +106,12 @@ def reachable(url: str, timeout_s: float) -> bool:
     thread.start()
     thread.join(timeout_s)
     return ok.is_set()
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (W&B errors span several lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def resolve_mode(mode: str) -> str:
@@ -196,7 +211,9 @@ class WandbLogger:
                 pass
             return None
 
-    def _init(self, wandb, mode: str, config: dict[str, Any], run_dir: str):
+    def _init(self, wandb, mode: str, config: dict[str, Any], run_dir: str, init_timeout: float = OFFLINE_INIT_S):
+        """``wandb.init``; ``init_timeout`` bounds the wait for the service to start the run (online:
+        what is left of ``probe_timeout_s`` after the probe)."""
         group, name = _hydra_job()
         wandb_dir = Path(self.dir or os.environ.get("WANDB_DIR") or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +221,7 @@ class WandbLogger:
             project=self.project, entity=self.entity, group=self.group or group, name=self.name or name,
             tags=self.tags or None, dir=str(wandb_dir), mode=mode, config={**config, "run_dir": str(run_dir)},
             reinit="finish_previous",
-            settings=wandb.Settings(console="off", init_timeout=max(15.0, 5 * self.probe_timeout_s), silent=True),
+            settings=wandb.Settings(console="off", init_timeout=init_timeout, silent=True),
         )
 
     def _log_plots(self, run, summary: dict[str, Any], run_dir: str) -> None:
@@ -243,22 +260,29 @@ class WandbLogger:
         mode = resolve_mode(self.mode)
         if mode == "disabled":
             return
+        # One budget, probe_timeout_s, for everything that waits on the service: the probe, then the
+        # start of the run online. A service that accepts connections but never answers, or answers
+        # the probe and then hangs, costs at most that much before the run logs offline.
+        deadline = time.monotonic() + self.probe_timeout_s
         if mode == "online" and not reachable(base_url(), self.probe_timeout_s):
             self._warn(f"W&B service {base_url()} is unreachable (no answer within {self.probe_timeout_s:g} s); "
                        "logging offline instead -- upload later with `wandb sync <run dir>/wandb/offline-run-*`")
             mode = "offline"
         try:
-            self.run = self._init(wandb, mode, config, run_dir)
+            budget = max(deadline - time.monotonic(), MIN_INIT_S) if mode == "online" else OFFLINE_INIT_S
+            self.run = self._init(wandb, mode, config, run_dir, budget)
         except Exception as exc:  # noqa: BLE001
+            reason = _first_line(exc)
             if mode != "online":
-                self._warn(f"W&B init failed ({exc!r}); W&B logging is off for this run")
+                self._warn(f"W&B init failed ({reason}); W&B logging is off for this run")
                 return
-            self._warn(f"W&B init failed online ({exc!r}); logging offline instead -- "
-                       "upload later with `wandb sync`")
+            self._warn(f"W&B service {base_url()} did not start the run within {self.probe_timeout_s:g} s "
+                       f"({reason}); logging offline instead -- upload later with "
+                       "`wandb sync <run dir>/wandb/offline-run-*`")
             try:
                 self.run = self._init(wandb, "offline", config, run_dir)
             except Exception as exc2:  # noqa: BLE001
-                self._warn(f"W&B offline init failed too ({exc2!r}); W&B logging is off for this run")
+                self._warn(f"W&B offline init failed too ({_first_line(exc2)}); W&B logging is off for this run")
                 self.run = None
 
     @hookimpl
@@ -268,6 +292,8 @@ class WandbLogger:
 
     @hookimpl
     def specpolicy_prompt_end(self, result: PromptResult) -> None:
+        if result.skipped:  # a prompt over the context: recorded in results.jsonl, never decoded
+            return
         rounds, self._rounds = self._rounds, []
         self._results.append(result)
         index = self._prompt_index
@@ -323,6 +349,20 @@ class WandbLogger:
         if self.run is not None:
             self._guard("finish", self.run.finish, exit_code=1)
             self.run = None
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``logger=wandb``: wandb installed, known keys, ``mode`` and ``probe_timeout_s`` (by building
+    the logger: nothing is contacted)."""
+    if group != "logger" or name != NAME:
+        return None
+    try:
+        import wandb  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError('logger=wandb needs the wandb package: pip install "specpolicy[wandb]"') from exc
+    check_init("logger.wandb", WandbLogger, config)
+    return True
 
 
 @hookimpl

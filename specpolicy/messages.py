@@ -1,0 +1,63 @@
+"""What a run tells the person at the terminal when it ends: where its results are and the next
+commands (report, plot, oracle); after a multirun, its sweep directory (Hydra callback
+``SweepDone``, configured under ``hydra.callbacks`` in ``conf/config.yaml``)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+
+def shown(path: str | Path) -> str:
+    """``path`` as the user should type it: relative to the working directory when inside it,
+    shell-quoted when needed."""
+    path = Path(path)
+    try:
+        text = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text)
+
+
+def next_commands(directory: str | Path) -> list[str]:
+    """The commands that read a run or sweep directory: the report table, the figures, the oracle."""
+    d = shown(directory)
+    return [f"python -m specpolicy.report {d}", f"python -m specpolicy.plot {d}", f"python -m specpolicy.oracle {d}"]
+
+
+def run_done(run_dir: str | Path, in_sweep: bool = False) -> list[str]:
+    """Lines printed after a run: where its results are, then (outside a sweep, which prints them
+    once at its end) the next commands."""
+    d = Path(run_dir)
+    files = ", ".join(f for f in ("summary.json", "results.jsonl") if (d / f).exists()) or "nothing written"
+    lines = [f"results: {shown(d)}/ ({files})"]
+    if not in_sweep:
+        lines += _next(d)
+    return lines
+
+
+def _next(directory: str | Path) -> list[str]:
+    commands = next_commands(directory)
+    return [f"next:    {commands[0]}", *(f"         {c}" for c in commands[1:])]
+
+
+def sweep_done(sweep_dir: str | Path, jobs: int | None = None) -> list[str]:
+    """Lines printed after a multirun: its sweep directory and the next commands."""
+    count = f"{jobs} jobs, " if jobs is not None else ""
+    return [f"sweep results: {shown(sweep_dir)}/ ({count}one directory per job)", *_next(sweep_dir)]
+
+
+class SweepDone(Callback):
+    """Hydra callback: at the end of a multirun, print its sweep directory and the next commands."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_absolute():
+            sweep_dir = Path(os.getcwd()) / sweep_dir
+        jobs = sum(1 for p in sweep_dir.iterdir() if p.is_dir() and (p / ".hydra").is_dir()) \
+            if sweep_dir.is_dir() else None
+        print("\n".join(sweep_done(sweep_dir, jobs)), flush=True)
