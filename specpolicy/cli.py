@@ -117,10 +117,11 @@ def main() -> None:
     global _debug
     debug = _debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get("HYDRA_FULL_ERROR", "") == "1"
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises every error; reported below in one line
     register_searchpath_plugin()
     from specpolicy.resume import RunInterrupted
 
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises every error; reported below in one line
     try:
         _hydra_main()
     except RunInterrupted as interrupted:  # SIGINT / SIGTERM: partial summary written; resume with the same command
@@ -129,9 +130,13 @@ def main() -> None:
         if debug:
             raise
         report = one_line(error)
-        if report is None:  # not a user or plugin error: a bug, with its traceback
+        if report is None:  # neither the user's nor a plugin's: a bug, reported with its traceback
             traceback.print_exc()
-            print(f"(unexpected error; rerun with {DEBUG_FLAG} for Hydra's full traceback)", file=sys.stderr)
             sys.exit(EXIT_FAILURE)
         print(report[0], file=sys.stderr)
         sys.exit(report[1])
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error

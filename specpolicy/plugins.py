@@ -126,14 +126,14 @@ def _module_of(plugin: Any) -> str:
     return plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
 
 
-def blame(error: BaseException, pm: pluggy.PluginManager, objects: Iterable[Any] = ()) -> PluginBlame | None:
+def blame(error: BaseException, pm: pluggy.PluginManager) -> PluginBlame | None:
     """Which plugin ``error`` was raised in, recorded on the error (attribute
     ``specpolicy.errors.BLAME_ATTRIBUTE``; the CLI prints it in one line), or None.
 
     The traceback is read from the outermost frame in: the first frame that is a hook
     implementation of a registered plugin names that plugin and hook; the first frame that is a
-    method of one of ``objects`` (the run's policy, drafter, verifier) names the plugin that built
-    the object (``provider``) and the method (``next_length``, ``draft``, ...). An error the loop
+    method of an object a plugin built (the run's policy, drafter, verifier: ``provider``) names
+    that plugin and the method (``next_length``, ``draft``, ...). An error the loop
     raises about a policy's answer (``specpolicy.policy.PolicyAnswerError``) names that policy's
     plugin and ``next_length``. A blame already recorded is kept."""
     from specpolicy.policy import PolicyAnswerError
@@ -141,7 +141,6 @@ def blame(error: BaseException, pm: pluggy.PluginManager, objects: Iterable[Any]
     found = getattr(error, BLAME_ATTRIBUTE, None)
     if found is not None:
         return found
-    owned = {id(obj): obj for obj in objects if obj is not None}
     if isinstance(error, PolicyAnswerError) and provider(error.policy) is not None:
         p = provider(error.policy)
         found = PluginBlame(p.name, p.module, "next_length")
@@ -158,10 +157,9 @@ def blame(error: BaseException, pm: pluggy.PluginManager, objects: Iterable[Any]
             impl, hook_name = impls[frame.f_code]
             found = PluginBlame(impl.plugin_name, _module_of(impl.plugin), hook_name)
         else:
-            this = frame.f_locals.get("self")
-            if this is not None and id(this) in owned and provider(this) is not None:
-                p = provider(this)
-                found = PluginBlame(p.name, p.module, frame.f_code.co_name)
+            built = provider(frame.f_locals.get("self"))
+            if built is not None:
+                found = PluginBlame(built.name, built.module, frame.f_code.co_name)
         tb = tb.tb_next
     if found is not None:
         try:

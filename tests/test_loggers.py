@@ -4,10 +4,12 @@ and falls back to offline with one warning when the service does not answer."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.metadata
 import json
 import socket
 import sys
+import threading
 import time
 import types
 
@@ -124,6 +126,84 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
     assert [r.message for r in caplog.records if r.name == wandb_logger.__name__] == logger.warnings
     (run,) = [read_offline_run(p) for p in find_offline_runs(wandb_offline)]
     assert run.complete and run.summary["speedup_vs_vanilla"] == 1.25
+
+
+class _HangingService:
+    """A local W&B look-alike bound to 127.0.0.1: answers the HTTP probe (HEAD), then accepts every
+    other request and never answers it -- until ``close()`` or ``HANG_LIMIT_S`` (it stops itself)."""
+
+    HANG_LIMIT_S = 60.0
+
+    def __init__(self) -> None:
+        stop = self.stop = threading.Event()
+        self.posts: list[str] = []
+        posts = self.posts
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_HEAD(self):  # noqa: N802 - http.server's naming
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self):  # noqa: N802
+                posts.append(self.path)
+                stop.wait(_HangingService.HANG_LIMIT_S)
+
+            do_GET = do_POST  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.timer = threading.Timer(self.HANG_LIMIT_S, self.close)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.timer.cancel()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_service_that_answers_the_probe_then_hangs_costs_at_most_the_probe_timeout(wandb_offline, tmp_path,
+                                                                                      monkeypatch):
+    """The online start of the run gets what the probe left of probe_timeout_s (W&B's own default
+    is 90 s; the old fixed 15 s made this fallback take ~17 s)."""
+    import wandb
+
+    service = _HangingService()
+    monkeypatch.delenv("WANDB_MODE")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", service.url)
+    timeouts = []
+    real_init = wandb.init
+
+    def init(*args, **kwargs):
+        timeouts.append((kwargs["mode"], kwargs["settings"].init_timeout))
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", init)
+    logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=1.0, log_plots=False)
+    start = time.perf_counter()
+    try:
+        logger.specpolicy_run_start(config={"policy": {"name": "static"}}, run_dir=str(tmp_path))
+    finally:
+        service.close()
+    elapsed = time.perf_counter() - start
+    assert service.posts  # the service was really asked to start the run, and hung
+    assert timeouts[0][0] == "online" and 0 < timeouts[0][1] <= 1.0
+    assert timeouts[1][0] == "offline"
+    assert elapsed < 12.0  # 1 s of waiting on the service + W&B's local start-up twice; was ~17 s
+    assert logger.run is not None and logger.run.settings.mode == "offline"
+    (warning,) = logger.warnings
+    assert warning.startswith(f"W&B service {service.url} did not start the run within 1 s (")
+    assert "\n" not in warning and warning.endswith("logging offline instead -- upload later with "
+                                                     "`wandb sync <run dir>/wandb/offline-run-*`")
+    logger.specpolicy_run_end(summary={"method": "ar+static"}, run_dir=str(tmp_path))
 
 
 def test_resolve_mode(monkeypatch, tmp_path):

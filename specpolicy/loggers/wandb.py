@@ -221,7 +221,7 @@ class WandbLogger:
             project=self.project, entity=self.entity, group=self.group or group, name=self.name or name,
             tags=self.tags or None, dir=str(wandb_dir), mode=mode, config={**config, "run_dir": str(run_dir)},
             reinit="finish_previous",
-            settings=wandb.Settings(console="off", init_timeout=init_timeout, silent=True),
+            settings=wandb.Settings(console="off", init_timeout=init_timeout, silent=True, base_url=base_url()),
         )
 
     def _log_plots(self, run, summary: dict[str, Any], run_dir: str) -> None:

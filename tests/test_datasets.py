@@ -1,0 +1,91 @@
+"""Prompt files: every bad row is reported as ``file:line`` (one line, a ConfigError), the text
+field is chosen per row, and ``dataset.num_prompts`` takes an integer >= 1 or ``all``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from specpolicy.datasets import load_prompts, num_prompts_value
+from specpolicy.errors import ConfigError
+
+
+def write(path, lines: list[bytes]) -> str:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(path)
+
+
+def one_line_error(path: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_prompts("mine", path)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_rows_mixing_text_fields_each_use_their_own(tmp_path):
+    path = write(tmp_path / "mixed.jsonl", [b'{"prompt": "first"}', b'{"question": "second"}', b"",
+                                            b'{"problem": "third", "id": "p3"}', b'{"text": "fourth"}'])
+    prompts = load_prompts("mine", path)
+    assert [p.text for p in prompts] == ["first", "second", "third", "fourth"]
+    assert [p.prompt_id for p in prompts] == ["mine/0", "mine/1", "p3", "mine/3"]
+    assert [p.source for p in prompts] == [f"{path}:1", f"{path}:2", f"{path}:4", f"{path}:5"]
+
+
+def test_a_malformed_json_row_is_named_by_file_and_line_with_the_other_bad_lines(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "cut', b'{"prompt": "ok"}', b"[1, 2]"])
+    message = one_line_error(path)
+    assert message.startswith(f"{path}:2: malformed JSON")
+    assert "also bad: line 4" in message
+
+
+def test_a_non_utf8_byte_is_named_by_file_and_line(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "caf\xe9"}'])
+    assert one_line_error(path).startswith(f"{path}:2: not UTF-8 text (byte 0xe9")
+
+
+def test_a_lone_surrogate_is_named_by_file_and_line(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "a \\udc80 b"}'])
+    assert one_line_error(path).startswith(f"{path}:2: the text holds a lone surrogate")
+
+
+def test_a_row_without_a_text_field_is_named_by_file_and_line(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"answer": "42"}'])
+    message = one_line_error(path)
+    assert message.startswith(f"{path}:2: no prompt text")
+    assert "prompt, question, problem, text" in message and "answer" in message
+
+
+def test_an_empty_file_is_named(tmp_path):
+    path = write(tmp_path / "empty.jsonl", [])
+    assert one_line_error(path) == (f"dataset.path={path!r} holds no rows (an empty file); it needs one JSON object "
+                                    "per line")
+
+
+def test_a_gzip_file_reads_and_a_missing_file_is_named(tmp_path):
+    path = tmp_path / "p.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"question": "zipped"}) + "\n")
+    assert [p.text for p in load_prompts("mine", str(path))] == ["zipped"]
+    with pytest.raises(ConfigError, match="dataset.path='nope.jsonl' does not exist"):
+        load_prompts("mine", "nope.jsonl")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 2.5, "some", True])
+def test_num_prompts_out_of_range_is_an_error_stating_the_range(value):
+    with pytest.raises(ConfigError) as info:
+        num_prompts_value(value)
+    assert str(info.value) == (f"dataset.num_prompts must be an integer >= 1, or all (every prompt after "
+                               f"dataset.offset), got {value!r}")
+    with pytest.raises(ConfigError):
+        load_prompts("gsm8k", None, value)
+
+
+def test_num_prompts_all_or_null_means_every_prompt():
+    everything = load_prompts("gsm8k")
+    assert len(everything) > 20
+    assert num_prompts_value("all") is None and num_prompts_value(None) is None
+    assert len(load_prompts("gsm8k", None, num_prompts_value("all"), offset=5)) == len(everything) - 5
+    assert [p.prompt_id for p in load_prompts("gsm8k", None, 3, offset=2)] == ["gsm8k/2", "gsm8k/3", "gsm8k/4"]

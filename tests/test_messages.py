@@ -1,0 +1,44 @@
+"""After every run the CLI says where the results are and what to run next; after a multirun it
+prints the sweep directory (Hydra callback)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from tiny_family import overrides, save_tiny_family
+
+from specpolicy.cli import main
+
+
+@pytest.fixture(scope="module")
+def family(tmp_path_factory):
+    return save_tiny_family(tmp_path_factory.mktemp("family"))
+
+
+def test_a_run_prints_its_directory_and_the_next_commands(family, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "hydra.run.dir=outputs/mine"])
+    main()
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("results: outputs/mine/ (summary.json, results.jsonl)")
+    assert out[start + 1:start + 4] == ["next:    python -m specpolicy.report outputs/mine",
+                                        "         python -m specpolicy.plot outputs/mine",
+                                        "         python -m specpolicy.oracle outputs/mine"]
+    assert (tmp_path / "outputs" / "mine" / "summary.json").is_file()
+
+
+def test_a_multirun_prints_its_sweep_directory(family, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", "-m", *overrides(family), "dataset.num_prompts=1",
+                                      "policy=static", "policy.k=2,3", "hydra.sweep.dir=sweeps/k"])
+    main()
+    out = capsys.readouterr().out.splitlines()
+    assert out.count("results: sweeps/k/0/ (summary.json, results.jsonl)") == 1  # each job: where, no commands
+    assert "results: sweeps/k/1/ (summary.json, results.jsonl)" in out
+    start = out.index("sweep results: sweeps/k/ (2 jobs, one directory per job)")
+    assert out[start + 1:] == ["next:    python -m specpolicy.report sweeps/k",
+                               "         python -m specpolicy.plot sweeps/k",
+                               "         python -m specpolicy.oracle sweeps/k"]
