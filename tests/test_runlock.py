@@ -11,20 +11,27 @@ import sys
 import time
 
 import pytest
-from tiny_family import overrides, save_tiny_family
+
+try:
+    from tiny_family import overrides, save_tiny_family
+except ImportError:  # the tiny family's builders live in conftest.py on newer trees
+    from conftest import overrides, save_tiny_family
 
 from specpolicy.runlock import HOLDER_FILE, RunLock, RunLocked
 
-#: The CLI, each prompt's decoding slowed by $SLOW_S seconds (room for a second process to start).
+#: The CLI; with $GATE_FILE set, each decoding waits (at most 300 s) until that file exists, so a
+#: second process can start while the first holds the run directory.
 DRIVER = """
 import os, sys, time
 import specpolicy.experiment as experiment
 real = experiment.generate
-def slow(*args, **kwargs):
+def gated(*args, **kwargs):
     out = real(*args, **kwargs)
-    time.sleep(float(os.environ.get("SLOW_S", "0")))
+    gate, deadline = os.environ.get("GATE_FILE"), time.monotonic() + 300
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return out
-experiment.generate = slow
+experiment.generate = gated
 from specpolicy.cli import main
 sys.argv = ["specpolicy", *sys.argv[1:]]
 main()
@@ -75,7 +82,8 @@ def test_two_processes_running_the_same_command_never_duplicate_results(family, 
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     args = [*overrides(family), "dataset.num_prompts=3", "generation.max_new_tokens=4"]
-    env = {**os.environ, "SLOW_S": "1.0", "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    gate = tmp_path / "gate"
+    env = {**os.environ, "GATE_FILE": str(gate), "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     first = subprocess.Popen([sys.executable, str(driver), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -86,8 +94,11 @@ def test_two_processes_running_the_same_command_never_duplicate_results(family, 
         time.sleep(0.05)
     assert holders, first.communicate()
     run_dir = holders[0].parent
-    second = subprocess.run([sys.executable, str(driver), *args], cwd=tmp_path, env={**env, "SLOW_S": "0"},
-                            capture_output=True, text=True, timeout=300)
+    try:
+        second = subprocess.run([sys.executable, str(driver), *args], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=300)
+    finally:
+        gate.touch()  # the first process goes on
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
     assert second.returncode == 2
