@@ -147,7 +147,7 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) ->
 
 def _check_core(config: Mapping[str, Any]) -> None:
     """The keys the core owns (``generation``, ``run``, ``reuse``, ``runtime``, ``seed``, ``profile``)."""
-    from specpolicy.analysis import profile_from
+    from specpolicy.summary import profile_from
     from specpolicy.runtime import Runtime
     from specpolicy.sampling import SamplingConfig
     from specpolicy.stopping import StopStrings

@@ -17,6 +17,7 @@ except ImportError:  # the tiny family's builders live in conftest.py on newer t
 
 from specpolicy.experiment import run_experiment
 from specpolicy.machine import judge, vanilla_spread, warning_line
+from specpolicy.results import PromptResult
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +48,24 @@ def test_a_large_spread_of_vanilla_speed_is_not_trusted():
     assert reason == "vanilla decoding speed varied 40% across prompts (coefficient of variation; more than 25%)"
 
 
+def _result(tokens: int, verify_ms: float, wall_s: float = 9.0, baseline: bool = True) -> PromptResult:
+    row = {"prompt_id": "p", "output_ids": [1] * tokens, "rounds": [], "wall_s": 1.0}
+    if baseline:
+        row.update(vanilla_generated_tokens=tokens, vanilla_verify_ms=verify_ms, vanilla_wall_s=wall_s,
+                   vanilla_finish_reason="max_new_tokens")
+    return PromptResult.from_row(row)
+
+
 def test_vanilla_spread_is_the_coefficient_of_variation_of_tokens_per_verify_second():
-    rows = [{"vanilla_generated_tokens": 100, "vanilla_verify_ms": 1000.0, "vanilla_wall_s": 9.0},
-            {"vanilla_generated_tokens": 100, "vanilla_verify_ms": 500.0},
-            {"vanilla_generated_tokens": 50, "vanilla_verify_ms": 0.0, "vanilla_wall_s": 1.0}]  # wall fallback
+    results = [_result(100, 1000.0), _result(100, 500.0), _result(50, 0.0, wall_s=1.0)]  # the last: wall time
     speeds = [100.0, 200.0, 50.0]
     mean = sum(speeds) / 3
     expected = (sum((s - mean) ** 2 for s in speeds) / 3) ** 0.5 / mean
-    assert vanilla_spread(rows) == round(expected, 3)
-    assert vanilla_spread(rows[:2]) is None  # too few prompts to judge
-    assert vanilla_spread([{"prompt_id": "x"}] * 5) is None  # no vanilla baseline
+    assert vanilla_spread(results) == round(expected, 3)
+    assert vanilla_spread(results[:2]) is None  # too few prompts to judge
+    assert vanilla_spread([_result(10, 5.0, baseline=False)] * 5) is None  # no vanilla baseline
+    skipped = PromptResult.skip("long", 9000, "longer than the context")
+    assert vanilla_spread([*results, skipped]) == vanilla_spread(results)
 
 
 def test_a_run_records_the_machine_and_warns_in_one_line_when_busy(family, tmp_path, monkeypatch, capsys):
