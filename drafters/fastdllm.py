@@ -572,8 +572,11 @@ class FastDLLMDrafter(Drafter):
         q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
         sb_conf = (torch.cat(self._sb_conf) if self._sb_conf
                    else torch.empty(0, dtype=torch.float32, device=self._device))
+        # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
+        lookahead = 0 if self._stop_len is not None else max(self._blk_start + self._filled - (self._L + self._k), 0)
         return Draft(ids, conf, forward_passes=self._passes, probs=q,  # fresh tensors (torch.cat)
-                     ends_at_stop_token=self._k == self._stop_len, small_block_confidences=sb_conf)
+                     ends_at_stop_token=self._k == self._stop_len, small_block_confidences=sb_conf,
+                     lookahead=lookahead)
 
     @torch.no_grad()
     def commit(self, draft: Draft, verification: Verification) -> None:

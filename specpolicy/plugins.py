@@ -36,6 +36,7 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",
     "specpolicy.policies.aimd",
+    "specpolicy.policies.goodput",
     "specpolicy.loggers.jsonl",
     "specpolicy.loggers.wandb",
 )

@@ -41,6 +41,12 @@ class Draft:
             small block, look-ahead positions past the draft included, a position still masked
             after a pass counted again at the next. Used by ``policy.confidence_scope=small_block``.
             None: the drafter does not report it.
+        lookahead: tokens the drafter has already decoded PAST this draft in the current round:
+            asking ``draft`` for up to this many more tokens costs no forward pass (Fast-dLLM: the
+            unmasked run past the draft, at its usual threshold the rest of the small block; 0 for
+            drafters that decode only what is asked, such as AR and model-free drafters, and after
+            a stop token). A policy may use it to see where the drafter's passes begin and end
+            (``goodput``).
     """
 
     token_ids: torch.Tensor  # (k,) int64
@@ -50,6 +56,7 @@ class Draft:
     probs: torch.Tensor | None = None  # (k, V) float32, q of each drafted token; None = greedy or point mass
     ends_at_stop_token: bool = False
     small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
+    lookahead: int = 0  # tokens decoded past the draft, free to add this round
 
     @property
     def length(self) -> int:

@@ -25,6 +25,10 @@ POLICIES = {
     "specdecpp": {"h": 0.7, "max_length": 12},
     "aimd": {"n_max": 20},
     "heuristic": {"n_max": 20},
+    # Free drafting and flat verification: every length pays, so drafts run to max_length (with
+    # measured costs the tiny random drafters, which the target hardly ever accepts, get length 0).
+    "goodput": {"max_length": 16, "cost_profile": {"name": "free-drafting", "drafter_pass_ms": 0.0,
+                                                    "target_ms_per_token": 1.0, "verify_ms_per_draft_token": 0.0}},
 }
 
 

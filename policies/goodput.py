@@ -1,0 +1,384 @@
+"""``goodput`` policy: cost-aware speculation length from calibrated acceptance probabilities.
+
+Derivation. Let ``p_i`` be the probability that draft token ``i`` is accepted given that tokens
+``1..i-1`` were (SpecDec++, Huang et al. 2024, arXiv 2405.19715, §3: the acceptance events of a
+draft form a Markov chain and these conditionals drive the optimal stop rule). A round that
+verifies a draft of length ``L`` emits
+
+    E[emitted | L] = 1 + sum_{j<=L} prod_{i<=j} p_i          (accepted tokens + correction/bonus)
+
+tokens and costs ``C(L) = drafter passes(L) x ms per pass + verify_ms(L)``. Decoding is a
+sequence of rounds, so the quantity to maximise is the run's throughput, tokens per ms =
+``sum emitted / sum ms``. By the renewal-reward theorem a length rule maximises it iff it
+maximises ``E[emitted] - lambda* E[ms]`` in every round, where ``lambda*`` is the best throughput
+(Dinkelbach 1967's parametric form of a ratio objective). Hence the decision, taken before the
+first chunk and after every chunk: with the draft at ``k`` tokens (their ``p_i`` known from
+their confidences) and the drafter's decoded frontier at ``F >= k`` tokens, extend to the
+``L > k`` maximising
+
+    gain(L) - lambda * cost(L),    gain(L) = prod_{i<=k} p_i * sum_{j=k+1..L} prod_{i=k+1..j} p_i,
+                                   cost(L) = verify_ms(L) - verify_ms(k) + drafting ms of tokens F+1..L,
+
+and stop when no ``L`` has a positive value. The maximum runs over every length up to
+``max_length``, not just the next chunk: where a chunk's cost is front-loaded (Fast-dLLM spends
+one pass for a whole small block) the first token of a chunk may not pay for its pass while
+the chunk does. Positions not drafted yet take the calibration's estimate for an undrafted
+token at that position; sunk costs (passes already spent) play no part. ``lambda`` is the
+policy's own throughput, an average of emitted tokens over modeled round ms (running mean,
+then an exponential moving average with weight ``rate_ema``), never below plain decoding's
+``1 / verify_ms(0)``: Dinkelbach's iteration, which climbs from plain decoding's rate to
+``lambda*``. Plain decoding (length 0) is one of the choices: at the empty draft, when no
+length has a positive value. The returns of extending are diminishing because acceptance
+probabilities multiply -- the concavity the FailFast paper (Pan et al., arXiv 2512.20573, §3.1
+and §3.2) builds on -- so the best length is where the marginal expected tokens per marginal ms
+falls to ``lambda``. FailFast's fixed rule (extend while every confidence >= tau) is the special
+case of a cost-free drafter and a step acceptance curve; this policy uses the costs instead.
+
+Chunks follow the drafter. The policy asks for one token beyond the drafter's decoded frontier
+(one AR pass, one Fast-dLLM small block, one suffix-index step), then for the tokens the drafter
+decoded ahead (``Draft.lookahead``: Fast-dLLM's rest of the small block, free to add), as many
+as the plan wants, so every pass is decided with every confidence seen so far. Passes per
+chunk and tokens per chunk are learned from ``Draft.forward_passes`` and the frontier's advance
+within rounds (the first chunk of a round apart from later ones: Fast-dLLM's first small block
+is partial and carries block rewrites of the last commit).
+
+Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
+by confidence x position with Beta pseudo-counts; before any data a token's probability is its
+confidence), fed with every verified round. Costs: measured online from ``RoundRecord``
+timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
+drafter without passes) and verification ms = base + per-token slope, an exponentially
+weighted least-squares fit over the speculation length -- or taken from a hardware profile
+(``cost_profile=a6000-qwen32b``: the costs ``specpolicy.latency`` models with, so the MODELED
+figure of a policy tuned to that profile can be computed; null profile fields are measured).
+Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
+
+Host work per decision: one read of the new confidences (one device sync on an accelerator)
+and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from specpolicy.calibration import AcceptanceCalibration
+from specpolicy.hookspecs import hookimpl
+from specpolicy.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
+from specpolicy.policy import LengthPolicy
+from specpolicy.types import Draft, RoundRecord
+
+NAME = "goodput"
+#: Forgetting factor per round of the verification-cost fit (an effective memory of ~200 rounds).
+VERIFY_DECAY = 0.995
+#: Before a drafter pass is measured, a pass is assumed to cost this fraction of a verification
+#: (FailFast's A6000 profile: 6.1 ms per drafter pass / 13.5 ms per target step).
+PRIOR_PASS_RATIO = 0.45
+#: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
+COST_EMA = 0.1
+CHUNK_EMA = 0.2
+
+
+class GoodputPolicy(LengthPolicy):
+    """Extend the draft while it raises the expected tokens per ms (see the module docstring).
+
+    Each decision reads the confidences drafted since the previous one, multiplies their
+    calibrated probabilities into the draft's survival ``prod p_i``, and plans over lengths
+    ``k+1..max_length``; it answers 0 (stop; ``stop_reason`` ``"low_confidence"``, or
+    ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise the
+    tokens decoded ahead that the plan wants (``Draft.lookahead``), or 1 (the next chunk: one
+    token past the drafter's frontier). A first answer of 0 is plain decoding for the round.
+
+    Args:
+        max_length: longest draft in tokens and the planning horizon, integer >= 1 (default 60).
+        cost_profile: None (default: costs measured online from the rounds), the name of a shipped
+            latency profile (``a6000-qwen7b``, ``a6000-qwen14b``, ``a6000-qwen32b``, ``measured``)
+            or a mapping with the ``profile`` keys; its null latencies are measured online.
+        keep_across_prompts: keep calibration, costs and throughput from one prompt to the next
+            (default True); False forgets them in ``reset()``.
+        prior_strength / position_strength / prior_acceptance: the calibration's pseudo-counts and
+            prior (``specpolicy.calibration.AcceptanceCalibration``; defaults 4, 8, 0.5).
+        rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
+        probe_interval: while the policy keeps speculation off, draft again after this many plain
+            rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never).
+    Raises:
+        ValueError: naming ``policy.<key>`` and its accepted range.
+    """
+
+    name = NAME
+
+    def __init__(self, max_length: int = 60, cost_profile: str | Mapping[str, Any] | None = None,
+                 keep_across_prompts: bool = True, prior_strength: float = 4.0, position_strength: float = 8.0,
+                 prior_acceptance: float = 0.5, rate_ema: float = 0.05, probe_interval: int = 16) -> None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
+        if not isinstance(keep_across_prompts, bool):
+            raise ValueError(f"policy.keep_across_prompts must be true or false, got {keep_across_prompts!r}")
+        if isinstance(rate_ema, bool) or not isinstance(rate_ema, (int, float)) or not 0.0 < rate_ema <= 1.0:
+            raise ValueError(f"policy.rate_ema must be in (0, 1], got {rate_ema!r}")
+        if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 0:
+            raise ValueError(f"policy.probe_interval must be an integer >= 0, got {probe_interval!r}")
+        try:
+            self.calibration = AcceptanceCalibration(prior_strength, position_strength, prior_acceptance)
+        except ValueError as exc:
+            raise ValueError(f"policy.{exc}") from None
+        self.max_length = max_length
+        self.profile = _profile(cost_profile)
+        self.keep_across_prompts = keep_across_prompts
+        self.rate_ema = float(rate_ema)
+        self.probe_interval = probe_interval
+        self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
+        self._fresh()
+        self._new_round()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _fresh(self) -> None:
+        """Estimates back to their priors (calibration, costs, throughput, chunk sizes)."""
+        self.calibration.reset()
+        self.costs = OnlineCosts(self.profile)
+        self.throughput = _RatioOfMeans(self.rate_ema)  # emitted tokens / modeled round ms
+        # Chunks (requests past the drafter's decoded frontier): tokens decoded / passes spent, the
+        # round's first chunk apart from later ones. Prior: one token for one pass (an AR drafter).
+        self.first_chunk = _RatioOfMeans(CHUNK_EMA, numerator=1.0, denominator=1.0)
+        self.next_chunk = _RatioOfMeans(CHUNK_EMA, numerator=1.0, denominator=1.0)
+        self._plain_rounds = 0  # consecutive rounds this policy chose plain decoding for
+        self._stale = True  # the per-round tables need recomputing (``_refresh``)
+
+    def _new_round(self) -> None:
+        self._seen = 0  # draft tokens whose p is known
+        self._survival = 1.0  # prod of their p: P(all of them accepted)
+        self._frontier = 0  # tokens the drafter has decoded this round (draft + lookahead)
+        self._passes = 0  # drafter passes of the round so far
+        self._in_chunk = False  # the last answer asked past the frontier (a new chunk)
+        self._chose_plain = False
+
+    def reset(self) -> None:
+        if not self.keep_across_prompts:
+            self._fresh()
+        self._new_round()
+
+    @property
+    def rate(self) -> float:
+        """``lambda``: tokens per ms, the policy's modeled throughput, at least plain decoding's."""
+        plain = 1.0 / self.costs.verify_ms(0)
+        return max(plain, self.throughput.ratio) if self.throughput.samples else plain
+
+    def _refresh(self) -> None:
+        """Per-round tables (estimates change only in ``update``): calibrated p by position and
+        confidence bin; for undrafted positions the survival products and their running sums
+        (``gain`` in closed form); passes needed for ``m`` tokens past the frontier."""
+        H, cal = self.max_length, self.calibration
+        self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
+        unseen = cal.unseen_curve(H)
+        self._unseen_prod = np.concatenate(([1.0], np.cumprod(unseen)))  # (H+1,) prod_{i<=j} u_i
+        self._unseen_sum = np.concatenate(([0.0], np.cumsum(self._unseen_prod[1:])))  # (H+1,) sum_{j<=L} of those
+        first = self.first_chunk
+        later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
+        beyond = np.arange(H + 1)  # tokens past the frontier
+        chunks = np.ceil(beyond / max(later.numerator, 1.0))
+        first_chunks = np.ceil(np.maximum(beyond - max(first.numerator, 1.0), 0.0) / max(later.numerator, 1.0))
+        zeros = np.zeros(H)
+        # Padded by H zeros in front: the passes for added tokens 1..n with r decoded ahead are a slice.
+        self._passes_later = np.concatenate((zeros, later.denominator * chunks[1:]))  # (2H,)
+        self._passes_first = np.where(beyond[1:] > 0, first.denominator, 0.0) + later.denominator * first_chunks[1:]
+        costs = self.costs
+        self._token_ms = costs.verify_slope + costs.draft_ms_per_token  # ms per added token
+        self._pass_ms = costs.pass_ms
+        self._lambda = self.rate
+        self._stale = False
+
+    # -- deciding ----------------------------------------------------------------------------------
+
+    def next_length(self, draft: Draft) -> int:
+        k = draft.length
+        if k == 0:
+            self._new_round()
+            if self._stale:
+                self._refresh()
+        elif k > self._seen:  # the tokens drafted since the last decision: their calibrated p
+            conf = np.asarray(draft.confidences[self._seen:k].tolist())  # the one host read of the decision
+            bins = self.calibration.confidence_bin(conf)
+            self._survival *= float(np.prod(self._p_table[self._positions[self._seen:k] - 1, bins]))
+            self._seen = k
+        frontier = k + draft.lookahead
+        if self._in_chunk:  # what the chunk just drafted cost: learn chunk sizes within rounds
+            chunk = self.next_chunk if self._frontier else self.first_chunk
+            chunk.add(frontier - self._frontier, draft.forward_passes - self._passes)
+        self._frontier, self._passes, self._in_chunk = frontier, draft.forward_passes, False
+        if k >= self.max_length:
+            self.stop_reason = "policy_bound"
+            return 0
+        target = self._plan(k, frontier)
+        if target <= k:
+            if k == 0 and self.probe_interval and self._plain_rounds >= self.probe_interval:
+                target = 1  # a probe: refresh the estimates after a long stretch of plain decoding
+            else:
+                self.stop_reason = "low_confidence"
+                self._chose_plain = k == 0
+                return 0
+        if frontier > k:
+            return min(target, frontier) - k  # decoded ahead: free but for verification
+        self._in_chunk = True
+        return 1  # one token past the frontier: the drafter decodes a whole chunk
+
+    def _plan(self, k: int, frontier: int) -> int:
+        """The length ``L`` in ``k..max_length`` maximising ``gain(L) - lambda * cost(L)`` (module
+        docstring); ``k`` means stop. Undrafted positions take the calibration's estimate ``u``:
+        ``gain(L) = survival * (U[L] - U[k]) / P[k]`` with ``P[j] = prod_{i<=j} u_i`` and
+        ``U[L] = sum_{j<=L} P[j]``."""
+        H = self.max_length
+        if self._unseen_prod[k] <= 0.0:  # an undrafted position with estimate 0: nothing more to gain
+            return k
+        gain = (self._unseen_sum[k + 1:] - self._unseen_sum[k]) * (self._survival / self._unseen_prod[k])  # (H-k,)
+        n = H - k
+        ahead = min(frontier - k, n)
+        passes = self._passes_first[:n] if frontier == 0 else self._passes_later[H - ahead:H - ahead + n]
+        ms = self._positions[:n] * self._token_ms + passes * self._pass_ms
+        value = gain - self._lambda * ms
+        best = int(np.argmax(value))
+        return k + best + 1 if value[best] > 0.0 else k
+
+    # -- learning ----------------------------------------------------------------------------------
+
+    def update(self, record: RoundRecord) -> None:
+        own = record.speculation_length - record.reused_tokens  # the drafter's own tokens
+        self._plain_rounds = self._plain_rounds + 1 if self._chose_plain else 0
+        self._chose_plain = False
+        if 0 < own <= len(record.confidences):
+            self.calibration.observe(record.confidences[:own], min(record.accepted_length, own))
+        self.costs.observe(record)
+        self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
+        self._stale = True
+
+    def __repr__(self) -> str:
+        profile = self.profile.name if self.profile else None
+        return (f"GoodputPolicy(max_length={self.max_length}, cost_profile={profile!r}, "
+                f"keep_across_prompts={self.keep_across_prompts}, prior_strength={self.calibration.prior_strength}, "
+                f"position_strength={self.calibration.position_strength}, "
+                f"prior_acceptance={self.calibration.prior_acceptance}, rate_ema={self.rate_ema}, "
+                f"probe_interval={self.probe_interval})")
+
+
+class OnlineCosts:
+    """Round costs in ms, measured from ``RoundRecord`` timings or pinned by a latency profile.
+
+    * ``pass_ms``: drafting ms per drafter pass, a ratio of averages of ``draft_ms`` and
+      ``drafter_forward_passes`` over rounds with passes (profile: ``drafter_pass_ms``). Before
+      any is measured: ``PRIOR_PASS_RATIO x verify_ms(0)``.
+    * ``draft_ms_per_token``: drafting ms per drafted token of rounds without passes (model-free
+      drafters); 0 with a profile's ``drafter_pass_ms`` (the profile models passes only).
+    * ``verify_ms(k) = verify_base + verify_slope * k``: least squares over every round, each
+      weighted ``VERIFY_DECAY ** age`` (profile: ``target_ms_per_token``,
+      ``verify_ms_per_draft_token``); the slope is clamped at >= 0 and is 0 until two lengths
+      were seen. Before any round: 1 ms and 0.
+
+    Args:
+        profile: the pinned latencies (None: measure everything).
+    """
+
+    def __init__(self, profile: LatencyProfile | None = None) -> None:
+        self._pinned_pass = profile.drafter_pass_ms if profile else None
+        self._pinned_base = profile.target_ms_per_token if profile else None
+        self._pinned_slope = profile.verify_ms_per_draft_token if profile else None
+        self._pass = _RatioOfMeans(COST_EMA)  # draft ms / passes
+        self._token = _RatioOfMeans(COST_EMA)  # draft ms / drafted tokens (rounds without passes)
+        self._sums = np.zeros(5)  # decayed sums of 1, x, y, x^2, x*y (x = length, y = verify ms)
+        self._fitted = (1.0, 0.0)  # (base, slope) of the verification fit
+
+    @property
+    def pass_ms(self) -> float:
+        if self._pinned_pass is not None:
+            return self._pinned_pass
+        return self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * self.verify_ms(0)
+
+    @property
+    def draft_ms_per_token(self) -> float:
+        if self._pinned_pass is not None:
+            return 0.0
+        return self._token.ratio if self._token.samples else 0.0
+
+    @property
+    def verify_base(self) -> float:
+        """ms of a verification of an empty draft (a plain decoding step)."""
+        return self._pinned_base if self._pinned_base is not None else self._fitted[0]
+
+    @property
+    def verify_slope(self) -> float:
+        """Extra verification ms per draft token."""
+        return self._pinned_slope if self._pinned_slope is not None else self._fitted[1]
+
+    def verify_ms(self, length: int) -> float:
+        """Verification ms of a draft of ``length`` tokens (0: a plain decoding step)."""
+        return self.verify_base + self.verify_slope * length
+
+    def round_ms(self, record: RoundRecord) -> float:
+        """The modeled ms of a recorded round (its passes, drafted tokens and length)."""
+        own = record.speculation_length - record.reused_tokens
+        return (record.drafter_forward_passes * self.pass_ms + own * self.draft_ms_per_token
+                + self.verify_ms(record.speculation_length))
+
+    def observe(self, record: RoundRecord) -> None:
+        """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing)."""
+        own = record.speculation_length - record.reused_tokens
+        if record.draft_ms > 0.0:
+            if record.drafter_forward_passes > 0:
+                self._pass.add(record.draft_ms, record.drafter_forward_passes)
+            elif own > 0:
+                self._token.add(record.draft_ms, own)
+        if record.verify_ms > 0.0:
+            x, y = float(record.speculation_length), float(record.verify_ms)
+            self._sums = VERIFY_DECAY * self._sums + np.array([1.0, x, y, x * x, x * y])
+            w, sx, sy, sxx, sxy = self._sums
+            var = w * sxx - sx * sx
+            slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
+            self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
+
+    def __repr__(self) -> str:
+        return (f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
+                f"verify_base={self.verify_base:.3g}, verify_slope={self.verify_slope:.3g})")
+
+
+class _RatioOfMeans:
+    """``numerator / denominator`` as a ratio of averages over recent samples: running means over
+    the first ``1 / weight`` samples, exponential moving averages with ``weight`` after (so one
+    unlucky sample does not stand for the rest). Optional prior values stand until the first sample."""
+
+    def __init__(self, weight: float, numerator: float = 0.0, denominator: float = 0.0) -> None:
+        self.weight, self.samples, self.numerator, self.denominator = weight, 0, numerator, denominator
+
+    def add(self, numerator: float, denominator: float) -> None:
+        self.samples += 1
+        w = max(self.weight, 1.0 / self.samples)
+        self.numerator += w * (numerator - self.numerator)
+        self.denominator += w * (denominator - self.denominator)
+
+    @property
+    def ratio(self) -> float:
+        return self.numerator / self.denominator if self.denominator > 0.0 else 0.0
+
+
+def _profile(cost_profile: str | Mapping[str, Any] | None) -> LatencyProfile | None:
+    if cost_profile is None:
+        return None
+    try:
+        if isinstance(cost_profile, str):
+            return load_profile(cost_profile)
+        if isinstance(cost_profile, Mapping):
+            return LatencyProfile.from_config(dict(cost_profile))
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(f"policy.cost_profile: {exc}") from None
+    raise ValueError(f"policy.cost_profile must be null, a profile name ({', '.join(BUILTIN_PROFILES)}) "
+                     f"or a mapping of profile keys, got {cost_profile!r}")
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=goodput``. Config keys: ``max_length``, ``cost_profile``,
+    ``keep_across_prompts``, ``prior_strength``, ``position_strength``, ``prior_acceptance``,
+    ``rate_ema``, ``probe_interval``."""
+    if name != NAME:
+        return None
+    return GoodputPolicy(**config)
