@@ -71,8 +71,8 @@ from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft, RoundRecord
 
 NAME = "goodput"
-#: Forgetting factor per round of the verification-cost fit (an effective memory of ~200 rounds).
-VERIFY_DECAY = 0.995
+#: Forgetting factor per round of the verification-cost fit (an effective memory of ~50 rounds).
+VERIFY_DECAY = 0.98
 #: Before a drafter pass is measured, a pass is assumed to cost this fraction of a verification
 #: (FailFast's A6000 profile: 6.1 ms per drafter pass / 13.5 ms per target step).
 PRIOR_PASS_RATIO = 0.45

@@ -1,0 +1,354 @@
+"""The ``goodput`` policy and its calibration: decisions driven through the loop's own drafting
+function (``specpolicy.decoding._draft``) with a scripted drafter and known costs, the online
+calibration and cost estimates against known curves, configuration errors, and the Fast-dLLM
+drafter's ``Draft.lookahead`` that tells the policy where passes begin."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from conftest import VOCAB, sharpen, tiny_lm
+from specpolicy.calibration import AcceptanceCalibration, calibration_from_rounds
+from specpolicy.decoding import _draft, generate
+from specpolicy.drafter import Drafter
+from specpolicy.drafters.fastdllm import FastDLLMDrafter
+from specpolicy.plugins import get_plugin_manager, make_policy
+from specpolicy.policies.goodput import GoodputPolicy, OnlineCosts
+from specpolicy.types import Draft, RoundRecord, Verification
+from specpolicy.verifiers.hf import HFVerifier
+
+ROOM = 1_000
+
+
+def profile(pass_ms: float, target_ms: float = 10.0, per_token_ms: float = 0.0) -> dict:
+    """A pinned cost profile (``policy.cost_profile`` as a mapping)."""
+    return {"name": "test", "drafter_pass_ms": pass_ms, "target_ms_per_token": target_ms,
+            "verify_ms_per_draft_token": per_token_ms}
+
+
+class ScriptedDrafter(Drafter):
+    """Proposes tokens with scripted confidences, decoding ``chunk`` tokens per forward pass: a
+    request past the decoded frontier costs one pass per ``chunk`` tokens and the rest of the
+    chunk is reported as ``Draft.lookahead`` (``chunk=1``: an AR drafter; larger: Fast-dLLM-like).
+    ``confidence``: one value for every token, or a seeded generator's draw per token from
+    ``choices``."""
+
+    name = "scripted"
+
+    def __init__(self, confidence: float = 1.0, chunk: int = 1, choices: tuple[float, ...] = (), seed: int = 0):
+        self.confidence, self.chunk, self.choices = confidence, chunk, choices
+        self.rng = np.random.default_rng(seed)
+        self.commit(None, None)
+
+    def prefill(self, prompt_ids, sampling=None) -> None:
+        self.commit(None, None)
+
+    def draft(self, num_tokens: int) -> Draft:
+        self.k += num_tokens
+        while self.decoded < self.k:
+            new = self.rng.choice(self.choices, self.chunk) if self.choices else [self.confidence] * self.chunk
+            self.confs += [float(c) for c in new]
+            self.decoded += self.chunk
+            self.passes += 1
+        return Draft(token_ids=torch.arange(self.k), confidences=torch.tensor(self.confs[:self.k]),
+                     forward_passes=self.passes, lookahead=self.decoded - self.k)
+
+    def commit(self, draft, verification) -> None:
+        self.k = self.decoded = self.passes = 0
+        self.confs: list[float] = []
+
+
+def play(policy: GoodputPolicy, drafter: ScriptedDrafter, accept, pass_ms: float = 0.0, verify_base: float = 0.0,
+         verify_per_token: float = 0.0, room: int = ROOM) -> tuple[Draft, str]:
+    """One round: draft through the loop's ``_draft``, then feed the policy the round's record with
+    ``accept(draft)`` tokens accepted and timings ``passes x pass_ms`` / ``verify_base + per_token x k``
+    (0 = untimed). Returns ``(draft, draft stop reason)``."""
+    draft, reason = _draft(drafter, policy, room, "cpu")
+    k = draft.length
+    a = accept(draft)
+    policy.update(RoundRecord(
+        index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
+        drafter_forward_passes=draft.forward_passes, reused_tokens=0, draft_ms=draft.forward_passes * pass_ms,
+        verify_ms=verify_base + verify_per_token * k if verify_base else 0.0,
+        confidences=tuple(draft.confidences.tolist())))
+    drafter.commit(draft, None)
+    return draft, reason
+
+
+def all_accepted(draft: Draft) -> int:
+    return draft.length
+
+
+def none_accepted(draft: Draft) -> int:
+    return 0
+
+
+def calibrated_acceptance(seed: int = 0):
+    """``accept(draft)``: each token right with probability equal to its confidence, given the
+    earlier ones (a perfectly calibrated drafter)."""
+    rng = np.random.default_rng(seed)
+
+    def accept(draft: Draft) -> int:
+        right = rng.uniform(size=draft.length) < draft.confidences.numpy()
+        return draft.length if right.all() else int(np.argmin(right))
+
+    return accept
+
+
+# -- decisions --------------------------------------------------------------------------------------
+
+
+def test_extends_to_max_length_when_acceptance_is_certain_and_drafting_cheap():
+    policy = GoodputPolicy(max_length=24, cost_profile=profile(pass_ms=0.5))
+    drafter = ScriptedDrafter(confidence=1.0)
+    for _ in range(5):  # a few rounds in which every drafted token is accepted
+        draft, reason = play(policy, drafter, all_accepted)
+    assert draft.length == 24 and reason == "policy_bound"
+    assert policy.calibration.probability([1.0], 1)[0] > 0.9
+
+
+def test_stops_after_the_first_pass_when_acceptance_is_zero():
+    # A fresh policy drafts (its prior gives an undrafted token 0.5); the first token's confidence 0
+    # calibrates to ~0.05, so no further pass pays: it stops at once, with one pass spent.
+    drafter = ScriptedDrafter(confidence=0.0, chunk=1)
+    draft, reason = _draft(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
+    assert (draft.length, draft.forward_passes, reason) == (1, 1, "low_confidence")
+    # A chunked drafter: the chunk's decoded tokens cost nothing to add (flat verification), but no
+    # second pass is spent.
+    drafter = ScriptedDrafter(confidence=0.0, chunk=8)
+    draft, reason = _draft(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
+    assert (draft.forward_passes, reason) == (1, "low_confidence") and draft.length <= 8
+
+
+def test_chooses_length_0_when_no_length_pays():
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=2.0), probe_interval=0)
+    drafter = ScriptedDrafter(confidence=0.9)
+    for _ in range(30):  # the target rejects every draft: acceptance is learned to be ~0
+        play(policy, drafter, none_accepted)
+    draft, reason = _draft(drafter, policy, ROOM, "cpu")
+    assert (draft.length, reason) == (0, "length_0")
+    # Before any data: one pass (30 ms) would have to save three verifications (10 ms each), more
+    # than one drafted token can ever give.
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=30.0), probe_interval=0)
+    assert _draft(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")[1] == "length_0"
+
+
+def test_probes_after_probe_interval_plain_rounds():
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=2.0), probe_interval=4)
+    drafter = ScriptedDrafter(confidence=0.9)
+    for _ in range(30):
+        play(policy, drafter, none_accepted)
+    lengths = [play(policy, drafter, none_accepted)[0].length for _ in range(20)]
+    probes = [i for i, k in enumerate(lengths) if k]
+    assert len(probes) == 4 and np.all(np.diff(probes) == 5)  # 4 plain rounds, then one probe
+    assert {lengths[i] for i in probes} == {1}  # a probe drafts one token and stops (nothing is accepted)
+
+
+def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
+    # Measured costs: drafting 1 ms per pass, verification 10 ms flat -- then 10 ms + 10 ms per draft
+    # token (verifying a token costs a plain decoding step: no draft can pay). The drafter is
+    # calibrated (a token is right with its confidence's probability).
+    policy = GoodputPolicy(max_length=40)
+    drafter = ScriptedDrafter(choices=(0.7, 0.97, 0.995, 0.995))
+    accept = calibrated_acceptance()
+    flat = [play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0)[0].length for _ in range(100)]
+    assert np.mean(flat[-50:]) >= 6 and policy.costs.verify_slope == pytest.approx(0.0, abs=1e-6)
+    rising = [play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0, verify_per_token=10.0)[0].length
+              for _ in range(400)]
+    # The fit follows the rise (once drafts stop, plain rounds only pin the intercept; older rounds
+    # fade at VERIFY_DECAY per round) and the drafts stop: plain decoding but for probes.
+    assert policy.costs.verify_slope > 5.0 and policy.costs.verify_base == pytest.approx(10.0, rel=0.05)
+    assert np.mean(rising[-50:]) <= 1.0 and rising[-50:].count(0) >= 45
+    # Pinned costs, one calibration: the switch decision by decision, as the per-token cost rises.
+    lengths = []
+    for per_token in (0.0, 1.0, 2.0, 4.0, 8.0, 16.0):
+        pinned = GoodputPolicy(max_length=40, cost_profile=profile(pass_ms=1.0, per_token_ms=per_token))
+        pinned.calibration = policy.calibration
+        lengths.append(_draft(ScriptedDrafter(confidence=0.995), pinned, ROOM, "cpu")[0].length)
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] >= 20 and lengths[-1] == 0, lengths
+
+
+def test_plans_past_a_front_loaded_chunk():
+    """One token does not pay for a pass, a whole chunk of 8 does: the policy looks ahead over
+    the chunk (a myopic one-token test would stop)."""
+    pass_ms, verify = 15.0, 10.0  # lambda starts at plain decoding's 1/10 tokens per ms: 1.5 tokens per pass
+    chunked = GoodputPolicy(cost_profile=profile(pass_ms=pass_ms, target_ms=verify), probe_interval=4)
+    lengths = [play(chunked, ScriptedDrafter(confidence=1.0, chunk=8), all_accepted)[0].length for _ in range(8)]
+    # Plain decoding while it believes one token per pass (its prior), a probe, then whole chunks.
+    assert lengths[:4] == [0, 0, 0, 0] and min(lengths[4:]) >= 8
+    assert chunked.first_chunk.numerator == pytest.approx(8.0)  # learned: 8 tokens per pass
+    draft, _ = _draft(ScriptedDrafter(confidence=1.0, chunk=8), chunked, ROOM, "cpu")
+    assert draft.forward_passes >= 2 and draft.length > 8
+    one = GoodputPolicy(cost_profile=profile(pass_ms=pass_ms, target_ms=verify), probe_interval=0)
+    one.calibration.observe([1.0] * 8, 1)  # p(1.0) ~ 0.9 at the first position, ~0.5 for the rest
+    assert _draft(ScriptedDrafter(confidence=1.0, chunk=1), one, ROOM, "cpu")[0].length == 0
+
+
+def test_takes_decoded_lookahead_then_asks_one_token_past_it():
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=0.1))
+    for _ in range(5):
+        play(policy, ScriptedDrafter(confidence=1.0, chunk=8), all_accepted)
+    answers, d = [], Draft.empty()
+    drafter = ScriptedDrafter(confidence=1.0, chunk=8)
+    for _ in range(5):
+        n = policy.next_length(d)
+        answers.append(n)
+        d = drafter.draft(n)
+    assert answers == [1, 7, 1, 7, 1]  # a pass, its 7 decoded tokens, the next pass, ...
+
+
+def test_reset_keeps_estimates_unless_configured_otherwise():
+    for keep in (True, False):
+        policy = GoodputPolicy(keep_across_prompts=keep, cost_profile=profile(pass_ms=1.0))
+        for _ in range(5):
+            play(policy, ScriptedDrafter(confidence=0.5), none_accepted)
+        seen = policy.calibration.observations
+        policy.reset()
+        assert policy.calibration.observations == (seen if keep else 0)
+
+
+def test_measures_costs_from_round_timings():
+    costs = OnlineCosts()
+    for k in range(0, 12):
+        costs.observe(RoundRecord(0, k, 0, 1, 2 * k, 0, draft_ms=3.0 * 2 * k, verify_ms=12.0 + 0.5 * k))
+    assert costs.pass_ms == pytest.approx(3.0)
+    assert (costs.verify_base, costs.verify_slope) == (pytest.approx(12.0), pytest.approx(0.5))
+    assert costs.draft_ms_per_token == 0.0
+    costs.observe(RoundRecord(0, 4, 0, 1, 0, 0, draft_ms=0.2, verify_ms=14.0))  # a model-free drafter's round
+    assert costs.draft_ms_per_token == pytest.approx(0.05)
+    pinned = OnlineCosts(GoodputPolicy(cost_profile="a6000-qwen32b").profile)
+    pinned.observe(RoundRecord(0, 4, 0, 1, 2, 0, draft_ms=100.0, verify_ms=100.0))  # timings are ignored
+    assert (pinned.pass_ms, pinned.verify_base, pinned.verify_slope) == (6.1, 52.6, 0.0)
+
+
+def test_lambda_follows_the_policys_throughput_never_below_plain_decoding():
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=1.0, target_ms=10.0))
+    assert policy.rate == pytest.approx(0.1)  # before any round: plain decoding, 1 token / 10 ms
+    for _ in range(200):
+        play(policy, ScriptedDrafter(confidence=1.0), all_accepted)
+    draft, _ = _draft(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")
+    k = draft.length  # every round: k + 1 tokens in k passes + one verification
+    assert policy.rate == pytest.approx((k + 1) / (k * 1.0 + 10.0), rel=0.05)
+
+
+# -- calibration ------------------------------------------------------------------------------------
+
+
+def true_acceptance(conf: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """A known curve: acceptance rises with confidence and falls with the position in the draft."""
+    return np.clip(0.1 + 0.85 * conf ** 1.5 * 0.97 ** (pos - 1), 0.0, 1.0)
+
+
+def test_calibration_converges_to_a_known_acceptance_curve():
+    rng = np.random.default_rng(0)
+    cal = AcceptanceCalibration()
+    for _ in range(20_000):  # synthetic rounds: draft 12 tokens, accept while the known curve says so
+        conf = rng.uniform(0.0, 1.0, 12)
+        accepted = rng.uniform(size=12) < true_acceptance(conf, np.arange(1, 13))
+        cal.observe(conf, int(np.argmin(accepted)) if not accepted.all() else 12)
+    # Every well-observed cell: the estimate matches the curve averaged over the cell's confidences.
+    mean_conf = cal.confidence_sum / np.maximum(cal.reached, 1)
+    starts = cal.position_starts
+    for q in range(4):  # position bins 1..4 (single positions)
+        for b in range(cal.confidence_edges.size):
+            if cal.reached[q, b] < 400:
+                continue
+            lo, hi = cal.confidence_edges[b], (list(cal.confidence_edges[1:]) + [1.0])[b]
+            grid = np.linspace(lo, hi, 101)
+            expected = true_acceptance(grid, np.full(101, starts[q])).mean()
+            stderr = math.sqrt(expected * (1 - expected) / cal.reached[q, b])
+            assert cal.table()[q, b] == pytest.approx(expected, abs=4.5 * stderr + 0.01), (q, b, mean_conf[q, b])
+    # And the lookup by confidence and position agrees with the curve at bin centres.
+    conf = np.array([0.05, 0.45, 0.85])
+    assert np.allclose(cal.probability(conf, 2), true_acceptance(conf, np.arange(2, 5)), atol=0.05)
+    # An undrafted token at position i: the curve averaged over confidence (uniform here).
+    expect = [true_acceptance(np.linspace(0, 1, 1001), np.full(1001, i)).mean() for i in (1, 2, 3)]
+    assert np.allclose(cal.unseen_curve(3), expect, atol=0.03)
+
+
+def test_calibration_prior_is_the_confidence_and_data_moves_it():
+    cal = AcceptanceCalibration(prior_strength=4.0)
+    assert np.allclose(cal.probability([0.05, 0.55, 0.995], 1), [0.05, 0.55, 0.995])
+    assert np.allclose(cal.unseen_curve(5), 0.5)
+    for _ in range(100):
+        cal.observe([0.995, 0.995], 0)  # confident, always rejected at the first token
+    assert cal.probability([0.995], 1)[0] < 0.1
+    rel = cal.reliability()
+    last = rel["reached"].nonzero()[0]
+    assert rel["observed"][last].tolist() == [0.0] and rel["mean_confidence"][last] == pytest.approx([0.995])
+    with pytest.raises(ValueError, match="accepted_length"):
+        cal.observe([0.5], 2)
+
+
+def test_calibration_from_rounds_counts_only_the_drafters_own_tokens():
+    rounds = [{"speculation_length": 4, "reused_tokens": 2, "accepted_length": 4, "confidences": [0.9, 0.9, 0.1, 0.1]},
+              {"speculation_length": 0, "reused_tokens": 0, "accepted_length": 0, "confidences": []}]
+    cal = calibration_from_rounds(rounds)
+    assert cal.observations == 2 and cal.accepted.sum() == 2
+
+
+# -- configuration ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("max_length", 0, "policy.max_length must be an integer >= 1"),
+    ("cost_profile", "a100-nonexistent", "policy.cost_profile"),
+    ("cost_profile", 3, "policy.cost_profile must be null"),
+    ("cost_profile", {"name": "x", "drafter_pass_ms": -1}, "policy.cost_profile: profile.drafter_pass_ms"),
+    ("rate_ema", 0.0, "policy.rate_ema must be in"),
+    ("prior_strength", 0, "policy.prior_strength must be a number > 0"),
+    ("prior_acceptance", 1.5, "policy.prior_acceptance must be in"),
+    ("probe_interval", -1, "policy.probe_interval must be an integer >= 0"),
+    ("keep_across_prompts", "yes", "policy.keep_across_prompts"),
+])
+def test_bad_settings_name_the_key(key, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        GoodputPolicy(**{key: value})
+
+
+def test_factory_builds_it_from_the_shipped_config():
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["policy=goodput",
+                                                                  "policy.cost_profile=a6000-qwen32b"]).policy)
+    policy = make_policy(get_plugin_manager(autoload=False), cfg)
+    assert isinstance(policy, GoodputPolicy) and policy.profile.name == "a6000-qwen32b"
+    assert "cost_profile='a6000-qwen32b'" in repr(policy)
+
+
+# -- the Fast-dLLM drafter's lookahead --------------------------------------------------------------
+
+
+def test_fastdllm_reports_the_rest_of_its_small_block_as_lookahead(runtime):
+    model = sharpen(tiny_lm(seed=0, layers=1))
+    drafter = FastDLLMDrafter(model, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
+                              small_block_size=4, threshold=0.05)
+    drafter.prefill(torch.arange(1, 6))  # committed length 5: offset 5 of block 0, small block [4, 8)
+    d = drafter.draft(1)
+    assert (d.length, d.lookahead, d.forward_passes) == (1, 2, 1)  # offsets 5 (drafted), 6 and 7 decoded
+    d = drafter.draft(2)
+    assert (d.length, d.lookahead, d.forward_passes) == (3, 0, 1)  # free: no new pass
+    d = drafter.draft(1)
+    assert (d.length, d.lookahead, d.forward_passes) == (4, 3, 2)  # the next small block
+
+
+def test_goodput_is_lossless_and_drafts_whole_small_blocks_with_fastdllm(runtime):
+    target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
+    verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+    drafter = FastDLLMDrafter(target, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
+                              small_block_size=4, threshold=0.05)  # the target's own weights: confident drafts
+    policy = GoodputPolicy(max_length=12, cost_profile=profile(pass_ms=1.0))
+    prompt = torch.arange(1, 10)
+    ref = generate(prompt, verifier, runtime, max_new_tokens=40)
+    out = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=drafter, policy=policy)
+    assert out.output_ids.tolist() == ref.output_ids.tolist()
+    drafted = [r for r in out.rounds if r.speculation_length]
+    assert drafted and policy.first_chunk.samples > 0
+    assert math.isclose(policy.calibration.observations, sum(min(r.accepted_length + 1, r.speculation_length)
+                                                             for r in out.rounds[:-1] if r.speculation_length))
