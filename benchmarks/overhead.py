@@ -48,6 +48,9 @@ METHODS = (
     ("fastdllm+failfast", "fastdllm", "failfast", {}, False),
     ("fastdllm+failfast+reuse", "fastdllm", "failfast", {}, True),
     ("suffix+failfast", "suffix", "failfast", {}, False),
+    ("ar+goodput", "ar", "goodput", {}, False),
+    ("fastdllm+goodput", "fastdllm", "goodput", {}, False),
+    ("suffix+goodput", "suffix", "goodput", {}, False),
 )
 
 

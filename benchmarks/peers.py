@@ -22,7 +22,12 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   ``fastdllm+static-k<K>`` (same K), ``fastdllm+static-k<best>`` (the paper's "Fast-dLLM+": the
   best k of ``--dllm-k-sweep`` on the calibration prompts), ``fastdllm+failfast``,
   ``fastdllm+specdecpp``, ``fastdllm+aimd``, ``ar+failfast`` (FailFast's stop rule on the AR
-  drafter); and the model-free ``suffix+static-k<K>`` and ``suffix+failfast``.
+  drafter), ``fastdllm+goodput`` and ``ar+goodput`` (the cost-aware policy, costs measured in the
+  run); and the model-free ``suffix+static-k<K>``, ``suffix+failfast`` and ``suffix+goodput``;
+* the cost-aware policy given a hardware profile's costs instead (``--tuned-profile``, default
+  ``a6000-qwen32b``): ``fastdllm+goodput-<profile>`` and ``ar+goodput-<profile>``, compared with
+  every method MODELED under that profile (speedup and fraction of the oracle with the profile's
+  costs: what the policy would do on that hardware).
 
 Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
 machine drift affects all alike (calibration sweeps likewise). Each output is checked against
@@ -33,7 +38,10 @@ speedup over vanilla, acceptance rate, mean accepted / speculated length, rounds
 passes per round, lossless prompts, the MODELED speedup on a GPU profile (``--profile``;
 labelled modeled, not measured); plus, here only, the speedup over HF assisted generation's
 best and, for methods with a drafter, the fraction of the oracle length policy's speedup
-(``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run). HF rounds are
+(``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run); and a second
+table, MODELED under ``--tuned-profile``: each drafter method's modeled speedup (the summary's
+``modeled.speedup_by_profile``) and its fraction of the oracle whose costs are that profile's
+(same replayed match lengths). HF rounds are
 recorded by wrapping the candidate generators' ``get_candidates`` /
 ``update_candidate_strategy`` and hooking the models' forward passes (passes, ms).
 
@@ -60,7 +68,7 @@ import torch
 
 from specpolicy.datasets import load_prompts
 from specpolicy.decoding import generate
-from specpolicy.latency import load_profile
+from specpolicy.latency import LatencyProfile, load_profile
 from specpolicy.metrics import aggregate
 from specpolicy.oracle import CostModel, compare, oracle_max_length, replay_match_lengths
 from specpolicy.plugins import get_plugin_manager, make_drafter, make_policy, make_verifier
@@ -323,22 +331,36 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
     if best_dl != K:
         ours.append(("fastdllm", "static", f"static-k{best_dl}", {"k": best_dl}))
     ours += [("fastdllm", "failfast", None, {}), ("fastdllm", "specdecpp", None, {}), ("fastdllm", "aimd", None, {}),
-             ("ar", "failfast", None, {})]
+             ("ar", "failfast", None, {}), ("fastdllm", "goodput", None, {}), ("ar", "goodput", None, {})]
     for drafter, choice, label, over in ours:
         for reuse in (False, True):
             methods.append(bench.ours(drafter, choice, reuse, label, **over))
-    methods += [bench.ours("suffix", "static", False, f"static-k{K}", k=K), bench.ours("suffix", "failfast", False)]
+    methods += [bench.ours("suffix", "static", False, f"static-k{K}", k=K), bench.ours("suffix", "failfast", False),
+                bench.ours("suffix", "goodput", False)]
+    tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
+    methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned) for d in ("fastdllm", "ar")]
     if a.methods:
         pattern = re.compile(a.methods)
         methods = [m for m in methods if m.name == "vanilla" or pattern.search(m.name)]
     return methods
 
 
+def profile_cost_model(profile: LatencyProfile, fitted: CostModel) -> CostModel:
+    """The oracle's cost model with ``profile``'s latencies (as ``specpolicy.latency`` models a round:
+    passes x ``drafter_pass_ms`` + ``target_ms_per_token`` + ``verify_ms_per_draft_token`` x length)
+    and ``fitted``'s passes per drafted token (used only where exact replay passes are missing)."""
+    return CostModel(draft_ms_per_pass=profile.drafter_pass_ms, draft_ms_per_token=0.0,
+                     passes_base=fitted.passes_base, passes_per_token=fitted.passes_per_token,
+                     verify_ms_base=profile.target_ms_per_token, verify_ms_per_token=profile.verify_ms_per_draft_token)
+
+
 def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.Tensor],
-                     log=print) -> dict[str, Any]:
+                     log=print, profile: LatencyProfile | None = None) -> dict[str, Any]:
     """Per drafter: exact replay match lengths on the vanilla outputs, a cost model fitted on this
     run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle
-    (``specpolicy.oracle.compare`` on the prompts where the method is lossless)."""
+    (``specpolicy.oracle.compare`` on the prompts where the method is lossless); with ``profile``
+    (complete), also each method's fraction of the oracle under that profile's costs
+    (``methods_profile``, MODELED)."""
     vanilla = next(m for m in methods if m.name == "vanilla")
     reference = [o.output_ids for o in vanilla.outcomes]
     van_verify = [r.verify_ms for o in vanilla.outcomes for r in o.rounds]
@@ -354,15 +376,20 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
         match = [replay_match_lengths(bench.drafters[drafter], ids, ref, max_length)
                  for ids, ref in zip(prompt_ids, reference)]
         log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
-        out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}}
+        out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}, "methods_profile": {}}
+        pcost = profile_cost_model(profile, cost) if profile is not None else None
         for m in users:
             keep = [i for i, (o, ref) in enumerate(zip(m.outcomes, reference)) if torch.equal(o.output_ids, ref)]
             if not keep:
                 continue
-            res = compare({prompts[i].prompt_id: m.outcomes[i] for i in keep}, cost, max_length,
-                          match=[match[i] for i in keep])
+            outcomes = {prompts[i].prompt_id: m.outcomes[i] for i in keep}
+            res = compare(outcomes, cost, max_length, match=[match[i] for i in keep])
             out[drafter]["methods"][m.name] = res
             out[drafter]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
+            if pcost is not None:
+                res = compare(outcomes, pcost, max_length, match=[match[i] for i in keep])
+                out[drafter]["methods_profile"][m.name] = res
+                out[drafter]["oracle_speedup_profile"] = res["oracle_speedup_modeled"]
     return out
 
 
@@ -398,6 +425,40 @@ def print_table(results: dict[str, Any]) -> None:
     console.print(f"x HF best: over {results['hf_assisted_best']}; oracle fraction: modeled speedup / the exact "
                   f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
                   f"{results['modeled_profile']}, not measured", markup=False)
+
+
+#: The second table: MODELED under ``--tuned-profile``.
+TUNED_COLUMNS = (("method", "method", "{}"), ("MODELED speedup (profile)", "modeled_speedup_tuned_profile", "{:.2f}x"),
+                 ("oracle fraction (profile costs)", "oracle_fraction_tuned_profile", "{:.3f}"),
+                 *figure_columns(("acceptance_rate",)),
+                 (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}",
+                  "_lengths", "{}"), *figure_columns(("drafter_passes_per_round",)))
+
+
+def tuned_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Rows of the MODELED table under the tuned profile: methods with a drafter, best first."""
+    rows = []
+    for name, m in results["methods"].items():
+        if not m.get("drafter"):
+            continue
+        m = {**m, "method": name,
+             "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}"}
+        rows.append((m.get("modeled_speedup_tuned_profile") or 0.0,
+                     ["-" if m.get(k) is None else f.format(m[k]) for _, k, f in TUNED_COLUMNS]))
+    return [row for _, row in sorted(rows, key=lambda r: -r[0])]
+
+
+def print_tuned_table(results: dict[str, Any]) -> None:
+    """Print the MODELED table under the tuned profile and what its columns mean."""
+    profile = results["tuned_profile"]
+    rows = tuned_rows(results)
+    cols = [Column(title, [r[i] for r in rows], text=key == "method") for i, (title, key, _) in enumerate(TUNED_COLUMNS)]
+    kept, widths, _ = layout(cols, None, wide=True)
+    console = print_rows(kept, widths, title=f"MODELED under {profile} (pass counts x the profile's latencies, "
+                                             f"not measured)")
+    console.print(f"goodput-{profile} was given that profile's costs; oracle fraction: the oracle length policy's "
+                  f"modeled time / the method's, both with the profile's costs (same drafter, exact replay)",
+                  markup=False)
 
 
 def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]]) -> None:
@@ -436,6 +497,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     p.add_argument("--profile", default="a6000-qwen7b", help="latency profile of the MODELED column")
+    p.add_argument("--tuned-profile", default="a6000-qwen32b",
+                   help="hardware profile given to goodput-<profile> and of the second, MODELED table")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
     p.add_argument("--methods", default=None, help="regex: run only matching methods (vanilla always runs)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, small sweeps")
@@ -445,6 +508,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
+    try:
+        complete = load_profile(args.tuned_profile).complete
+    except FileNotFoundError as exc:
+        p.error(f"--tuned-profile: {exc}")
+    if not complete:
+        p.error(f"--tuned-profile must set every latency (not {args.tuned_profile!r}, measured in the run)")
     return args
 
 
@@ -470,6 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     vanilla = next(m for m in methods if m.name == "vanilla")
     summaries = {m.name: summarize_method(bench, m, vanilla, prompts, prompt_ids) for m in methods}
     profile = load_profile(args.profile)
+    tuned = load_profile(args.tuned_profile)  # MODELED comparison under the hardware goodput-<profile> was given
     stats = {}
     for m in methods:
         summary = summaries[m.name][1]
@@ -478,7 +548,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          **headline(summary), **{k: own[k] for k in ("generated_tokens", "wall_s",
                                                                      "drafter_forward_passes", "draft_ms",
                                                                      "verify_ms")},
-                         "not_lossless": summary.get("not_lossless", {})}
+                         "not_lossless": summary.get("not_lossless", {}),
+                         "modeled_speedup_tuned_profile": (summary.get("modeled") or {}).get(
+                             "speedup_by_profile", {}).get(tuned.name)}
     hf_assisted = {n: s["tokens_per_s"] for n, s in stats.items() if n.startswith("hf-assisted")}
     hf_best = max(hf_assisted, key=hf_assisted.get) if hf_assisted else None
     for s in stats.values():
@@ -486,13 +558,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     oracle = {}
     if not args.no_oracle:
         log("oracle ...")
-        oracle = oracle_fractions(bench, methods, prompts, prompt_ids, log)
+        oracle = oracle_fractions(bench, methods, prompts, prompt_ids, log, tuned)
         for block in oracle.values():
             for name, res in block["methods"].items():
                 stats[name]["oracle_fraction"] = res["fraction_of_oracle"]
                 stats[name]["oracle_fraction_by_prompt"] = {p["prompt_id"]: p["fraction_of_oracle"]
                                                             for p in res["per_prompt"]}
                 stats[name]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
+            for name, res in block.pop("methods_profile", {}).items():
+                stats[name]["oracle_fraction_tuned_profile"] = res["fraction_of_oracle"]
     results = {
         "settings": {**{k: v for k, v in vars(args).items()}, "device": str(bench.runtime.torch_device),
                      "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
@@ -500,6 +574,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "prompt_ids": [p.prompt_id for p in prompts]},
         "calibration": cal, "hf_assisted_best": hf_best, "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}",
         "modeled_profile": profile.name,
+        "tuned_profile": tuned.name,
         "modeled_label": "MODELED (forward-pass counts x profile latencies), not measured",
         "methods": stats,
         "oracle": {d: {k: v for k, v in b.items() if k != "methods"} for d, b in oracle.items()},
@@ -510,6 +585,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs_dir = Path(args.runs_dir) if args.runs_dir else out.with_name(out.stem + "-runs")
     write_runs(runs_dir, summaries)
     print_table(results)
+    print_tuned_table(results)
     log(f"wrote {out} and {runs_dir}/ (python -m specpolicy.plot {runs_dir})")
     return results
 

@@ -194,14 +194,62 @@ class AcceptanceCalibration:
 
 
 def calibration_from_rounds(rounds: Sequence[Any], **kwargs: Any) -> AcceptanceCalibration:
-    """An ``AcceptanceCalibration`` fed with recorded rounds (``RoundRecord`` or ``results.jsonl``
-    round dicts), the drafter's own tokens only (draft-reuse tokens at the end excluded), as a
-    policy that saw those rounds would hold it. ``kwargs`` go to the constructor."""
-    from specpolicy.latency import field
-
+    """An ``AcceptanceCalibration`` fed with recorded rounds (``RoundRecord``s, e.g. a run's
+    ``specpolicy.results.Run.rounds``), the drafter's own tokens only (draft-reuse tokens at the
+    end excluded), as a policy that saw those rounds would hold it. ``kwargs`` go to the
+    constructor."""
     cal = AcceptanceCalibration(**kwargs)
     for r in rounds:
-        own = field(r, "speculation_length") - field(r, "reused_tokens")
-        if own > 0:
-            cal.observe(list(field(r, "confidences"))[:own], min(field(r, "accepted_length"), own))
+        own = r.speculation_length - r.reused_tokens
+        if 0 < own <= len(r.confidences):
+            cal.observe(r.confidences[:own], min(r.accepted_length, own))
     return cal
+
+
+def online_predictions(rounds: Sequence[Any], **kwargs: Any) -> dict[str, np.ndarray]:
+    """Prequential (predict, then learn) evaluation of the calibration on recorded rounds
+    (``RoundRecord``s), in order: for every reached draft token (the drafter's own tokens, up to and including the first
+    rejected one), the probability an ``AcceptanceCalibration`` fed with the EARLIER rounds gave
+    it -- what the ``goodput`` policy used for its decision -- next to the token's raw confidence
+    and whether it was accepted. ``kwargs`` go to the constructor.
+
+    Returns:
+        ``{"predicted", "confidence", "position", "accepted"}``, each ``(n,)`` (float64, float64,
+        int64, bool), n = reached tokens over all rounds.
+    """
+    cal = AcceptanceCalibration(**kwargs)
+    parts: dict[str, list[np.ndarray]] = {"predicted": [], "confidence": [], "position": [], "accepted": []}
+    for r in rounds:
+        own = r.speculation_length - r.reused_tokens
+        conf = np.asarray(r.confidences[:own], dtype=np.float64)
+        if own <= 0 or conf.size < own:
+            continue
+        a = min(r.accepted_length, own)
+        reached = min(a + 1, own)
+        parts["predicted"].append(cal.probability(conf[:reached], 1))
+        parts["confidence"].append(conf[:reached])
+        parts["position"].append(np.arange(1, reached + 1))
+        parts["accepted"].append(np.arange(reached) < a)
+        cal.observe(conf, a)
+    empty = {"predicted": np.float64, "confidence": np.float64, "position": np.int64, "accepted": bool}
+    return {k: np.concatenate(v) if v else np.zeros(0, dtype=empty[k]) for k, v in parts.items()}
+
+
+def reliability(predicted: np.ndarray, accepted: np.ndarray, bins: int = 10) -> dict[str, np.ndarray | float]:
+    """Reliability diagram data: ``predicted`` probabilities ``(n,)`` in equal-width bins over [0, 1]
+    against the observed frequency of ``accepted`` ``(n,) bool``.
+
+    Returns:
+        ``{"mean_predicted", "observed", "count"}`` per non-empty bin, and ``"ece"``: the expected
+        calibration error, sum over bins of count / n x |observed - mean predicted| (0 for no data).
+    """
+    predicted = np.asarray(predicted, dtype=np.float64)
+    accepted = np.asarray(accepted, dtype=np.float64)
+    idx = np.minimum((predicted * bins).astype(np.int64), bins - 1)
+    count = np.bincount(idx, minlength=bins).astype(np.float64)
+    keep = count > 0
+    mean_pred = np.bincount(idx, weights=predicted, minlength=bins)[keep] / count[keep]
+    observed = np.bincount(idx, weights=accepted, minlength=bins)[keep] / count[keep]
+    n = count.sum()
+    ece = float((count[keep] / n * np.abs(observed - mean_pred)).sum()) if n else 0.0
+    return {"mean_predicted": mean_pred, "observed": observed, "count": count[keep], "ece": ece}

@@ -60,7 +60,9 @@ class Drafter(ABC):
             num_tokens: tokens to add, >= 1.
         Returns:
             The whole draft of the round so far (earlier tokens unchanged), with
-            ``forward_passes`` counting every pass spent on it. A drafter that has nothing
+            ``forward_passes`` counting every pass spent on it and ``lookahead`` the tokens
+            already decoded past it (free to add: a drafter decoding whole chunks, such as
+            Fast-dLLM's small blocks, reports the rest of the chunk; default 0). A drafter that has nothing
             (more) to propose -- a model-free drafter without a match -- may add fewer tokens,
             possibly none; the loop then stops drafting and verifies the draft as it stands.
             A drafter that drafted a stop token (EOS) may end the draft there and set

@@ -11,6 +11,10 @@ multirun, or each method of ``benchmarks/peers.py --runs-dir``) and writes, into
   verification and the rest (prefill, loop), per method, vanilla decoding first (Fig. 6);
 * ``acceptance_<method>.png`` -- per round of the first prompts: speculated and accepted
   lengths (bars) and the acceptance rate of the round (line);
+* ``calibration_<method>.png`` -- (methods with a drafter) how well the drafter's confidence and
+  the online calibration of ``specpolicy.calibration`` (what ``policy=goodput`` uses) predict
+  acceptance: a reliability diagram and the learned calibration curve against the observed
+  acceptance;
 * ``trajectories/<method>/<prompt>.html`` -- one page per prompt in the style of Fig. 12: one
   round per line with its lengths, accepted draft tokens plain, rejected draft tokens struck
   through, the target's token (correction or bonus) boxed; reused draft tokens underlined;
@@ -214,6 +218,78 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
     fig.text(0.01, 1.0, f"Speculated and accepted length per round: {run.name}", fontsize=11, va="bottom")
     fig.legend(handles=handles, fontsize=8, ncol=3, frameon=False, loc="lower right", bbox_to_anchor=(0.99, top + 0.02))
     fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+# -- calibration of acceptance probabilities (the goodput policy) ---------------------------------
+
+#: Position bins shown as separate learned curves (first positions of ``calibration.POSITION_STARTS`` bins).
+CALIBRATION_POSITIONS = (1, 2, 4, 9)
+
+
+def has_confidences(run: Run) -> bool:
+    """True when the run's rounds carry drafted tokens' confidences (a drafter ran)."""
+    return any(r.confidences for r in run.rounds)
+
+
+def plot_calibration(run: Run, path: str | Path) -> Path:
+    """Two panels for the rounds of ``run`` replayed in order (``specpolicy.calibration``):
+
+    * left, a reliability diagram of P(token accepted | earlier tokens accepted): the drafter's raw
+      confidence and the online calibration's prediction (made from the earlier rounds only, as the
+      ``goodput`` policy saw it) against the observed frequency, with the expected calibration error;
+    * right, the calibration curve learned from every round (estimate by confidence, pooled and for
+      a few draft positions) against the observed acceptance per confidence bin.
+
+    Returns ``path``."""
+    import numpy as np
+
+    from specpolicy.calibration import calibration_from_rounds, online_predictions, reliability
+
+    plt = _pyplot()
+    rounds = run.rounds
+    online = online_predictions(rounds)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    n = online["accepted"].size
+    for key, label, color, marker in (("confidence", "drafter confidence", "#969696", "s"),
+                                      ("predicted", "calibrated (online, earlier rounds)", "#2171b5", "o")):
+        rel = reliability(online[key], online["accepted"])
+        sizes = 12 + 250 * np.sqrt(rel["count"] / max(n, 1))
+        left.plot(rel["mean_predicted"], rel["observed"], color=color, lw=1)
+        left.scatter(rel["mean_predicted"], rel["observed"], s=sizes, color=color, marker=marker, zorder=3,
+                     label=f"{label}: ECE {rel['ece']:.3f}")
+    left.plot([0, 1], [0, 1], ls="--", color="#444", lw=0.8, label="perfectly calibrated")
+    left.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="predicted P(accepted | earlier accepted)",
+             ylabel="observed acceptance", title=f"reliability, {n} tokens (marker area ~ tokens)")
+    left.legend(fontsize=8, loc="lower right")
+
+    cal = calibration_from_rounds(rounds)
+    table = cal.reliability()
+    has = table["reached"] > 0
+    edges = np.append(cal.confidence_edges, 1.0)
+    grid = np.linspace(0.0, 1.0, 401)
+    starts = list(cal.position_starts) + [None]
+    for i, position in enumerate(CALIBRATION_POSITIONS):
+        q = int(cal.position_bin(np.array([position]))[0])
+        last = starts[q + 1] - 1 if starts[q + 1] else None
+        span = f"{starts[q]}" if last == starts[q] else f"{starts[q]}-{last or ''}"
+        right.plot(grid, cal.table()[q, cal.confidence_bin(grid)], lw=1.4, label=f"estimate, position {span}",
+                   color=plt.get_cmap("viridis")(i / len(CALIBRATION_POSITIONS)))
+    right.plot(grid, cal.pooled()[cal.confidence_bin(grid)], color="#d62728", lw=1.0, ls=":",
+               label="estimate, all positions")
+    right.scatter(table["mean_confidence"][has], table["observed"][has],
+                  s=12 + 250 * np.sqrt(table["reached"][has] / max(table["reached"].sum(), 1)),
+                  color="#d62728", zorder=3, label="observed, all positions")
+    right.plot([0, 1], [0, 1], ls="--", color="#444", lw=0.8)
+    for x in edges[1:-1]:
+        right.axvline(x, color="#eee", lw=0.6, zorder=0)
+    right.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="drafter confidence (bins: grey lines)",
+              ylabel="P(accepted | earlier accepted)", title="calibration curve learned from all rounds")
+    right.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 
@@ -535,6 +611,20 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
             note = _run_note(run, common) if run else ""
             body.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
                         f'alt="acceptance over rounds: {html.escape(name)}"></figure>')
+    calibration = [p for p in figures if p.name.startswith("calibration_")]
+    if calibration:
+        body.append("<h2>Acceptance calibration</h2><p class='muted'>Left: how well the drafter's confidence and "
+                    "the online calibration of <code>policy=goodput</code> (binned confidence x position, made from "
+                    "the earlier rounds only) predict P(accepted | earlier tokens accepted), with the expected "
+                    "calibration error. Right: the curve learned from every round against the observed acceptance "
+                    "per confidence bin.</p>")
+        by_slug = {f"calibration_{_slug(run.name)}.png": run for run in runs}
+        for p in calibration:
+            run = by_slug.get(p.name)
+            name = run.name if run else p.stem
+            note = _run_note(run, common) if run else ""
+            body.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
+                        f'alt="acceptance calibration: {html.escape(name)}"></figure>')
     if pages:
         body.append("<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
                     "tokens plain, rejected ones struck through, the target's token boxed (cf. FailFast Fig. 12).</p>")
@@ -568,6 +658,8 @@ def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts:
     for run in runs:
         if drafts(run):
             files.append(plot_acceptance_over_rounds(run, out / f"acceptance_{_slug(run.name)}.png", max_prompts))
+        if has_confidences(run):
+            files.append(plot_calibration(run, out / f"calibration_{_slug(run.name)}.png"))
         folder = out / "trajectories" / _slug(run.name)
         folder.mkdir(parents=True, exist_ok=True)
         texts = prompt_texts(run)

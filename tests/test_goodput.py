@@ -288,8 +288,8 @@ def test_calibration_prior_is_the_confidence_and_data_moves_it():
 
 
 def test_calibration_from_rounds_counts_only_the_drafters_own_tokens():
-    rounds = [{"speculation_length": 4, "reused_tokens": 2, "accepted_length": 4, "confidences": [0.9, 0.9, 0.1, 0.1]},
-              {"speculation_length": 0, "reused_tokens": 0, "accepted_length": 0, "confidences": []}]
+    rounds = [RoundRecord(0, 4, 4, 5, 1, 2, 1.0, 1.0, confidences=(0.9, 0.9, 0.1, 0.1)),  # 2 reused tokens
+              RoundRecord(1, 0, 0, 1, 0, 0, 0.0, 1.0)]
     cal = calibration_from_rounds(rounds)
     assert cal.observations == 2 and cal.accepted.sum() == 2
 

@@ -42,10 +42,12 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     methods = results["methods"]
     expected = {"vanilla", "hf-greedy", "hf-assisted-heuristic", "hf-assisted-confidence", "hf-prompt-lookup",
-                f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast"}
+                f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast",
+                "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b"}
     for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
                             ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
-                            ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}")]:
+                            ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
+                            ("fastdllm", "goodput"), ("ar", "goodput")]:
         expected |= {f"{drafter}+{policy}", f"{drafter}+{policy}+reuse"}
     assert set(methods) == expected
     for name, m in methods.items():
@@ -59,6 +61,11 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
         if m["drafter"]:
             assert 0.0 < m["oracle_fraction"] <= 1.0 + 1e-9, name
             assert len(m["oracle_fraction_by_prompt"]) == 2
+            # MODELED under the tuned profile (a6000-qwen32b): speedup and the oracle with its costs
+            assert 0.0 < m["oracle_fraction_tuned_profile"] <= 1.0 + 1e-9, name
+            assert m["modeled_speedup_tuned_profile"] > 0.0, name
+    assert results["tuned_profile"] == "a6000-qwen32b"
+    assert "a6000-qwen32b" in methods["fastdllm+goodput-a6000-qwen32b"]["description"]
     assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
 
 
