@@ -203,8 +203,9 @@ class FastDLLMDrafter(Drafter):
     probability at the pass that unmasked it; for a block's first token, at the pass whose last
     logit predicted it). ``forward_passes`` counts every drafter pass since the previous round's
     verification: unmasking passes, block-boundary passes, and passes ``commit`` spent rewriting
-    newly completed blocks (those are charged to the next round). ``lookahead`` is the number of
-    tokens of the current small block decoded past the draft (asking for them costs no pass).
+    newly completed blocks (those are charged to the next round). ``lookahead`` counts the tokens
+    of the leading unmasked run decoded past the draft (asking for them costs no pass; 0 after a
+    drafted stop token).
 
     ``Draft.small_block_confidences`` records, per unmasking pass, the confidences of the small
     block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
