@@ -34,13 +34,17 @@ and §3.2) builds on -- so the best length is where the marginal expected tokens
 falls to ``lambda``. FailFast's fixed rule (extend while every confidence >= tau) is the special
 case of a cost-free drafter and a step acceptance curve; this policy uses the costs instead.
 
-Chunks follow the drafter. The policy asks for one token beyond the drafter's decoded frontier
-(one AR pass, one Fast-dLLM small block, one suffix-index step), then for the tokens the drafter
-decoded ahead (``Draft.lookahead``: Fast-dLLM's rest of the small block, free to add), as many
-as the plan wants, so every pass is decided with every confidence seen so far. Passes per
-chunk and tokens per chunk are learned from ``Draft.forward_passes`` and the frontier's advance
-within rounds (the first chunk of a round apart from later ones: Fast-dLLM's first small block
-is partial and carries block rewrites of the last commit).
+Chunks follow the drafter, through the ``Draft`` alone: the policy asks for one token past the
+drafter's decoded frontier (one AR pass, one Fast-dLLM small block, one suffix-index step); the
+tokens the drafter decoded ahead (``Draft.lookahead``: Fast-dLLM's rest of the small block) are
+free but for verification, so it takes them as the plan wants -- one at a time while a draft
+token costs verification time (measured, or the profile's ``verify_ms_per_draft_token``), to see
+each confidence before adding the next; all at once when it costs nothing -- and every pass is
+decided with every confidence seen so far. Tokens per chunk and passes per chunk are learned
+from the frontier's advance and ``Draft.forward_passes`` within rounds (the round's first chunk
+apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
+commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
+first round (a probe) to learn from.
 
 Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
@@ -76,6 +80,8 @@ VERIFY_DECAY = 0.98
 #: Before a drafter pass is measured, a pass is assumed to cost this fraction of a verification
 #: (FailFast's A6000 profile: 6.1 ms per drafter pass / 13.5 ms per target step).
 PRIOR_PASS_RATIO = 0.45
+#: Pseudo-rounds of plain decoding in the throughput average (``GoodputPolicy.rate``).
+RATE_PRIOR_ROUNDS = 4
 #: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
 COST_EMA = 0.1
 CHUNK_EMA = 0.2
@@ -87,9 +93,10 @@ class GoodputPolicy(LengthPolicy):
     Each decision reads the confidences drafted since the previous one, multiplies their
     calibrated probabilities into the draft's survival ``prod p_i``, and plans over lengths
     ``k+1..max_length``; it answers 0 (stop; ``stop_reason`` ``"low_confidence"``, or
-    ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise the
-    tokens decoded ahead that the plan wants (``Draft.lookahead``), or 1 (the next chunk: one
-    token past the drafter's frontier). A first answer of 0 is plain decoding for the round.
+    ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise 1 (the
+    next chunk: one token past the drafter's frontier, or the next token decoded ahead while
+    draft tokens cost verification time) or the tokens decoded ahead that the plan wants
+    (``Draft.lookahead``, when they cost nothing). A first answer of 0 is plain decoding.
 
     Args:
         max_length: longest draft in tokens and the planning horizon, integer >= 1 (default 60).
@@ -144,7 +151,9 @@ class GoodputPolicy(LengthPolicy):
         # round's first chunk apart from later ones. Prior: one token for one pass (an AR drafter).
         self.first_chunk = _RatioOfMeans(CHUNK_EMA, numerator=1.0, denominator=1.0)
         self.next_chunk = _RatioOfMeans(CHUNK_EMA, numerator=1.0, denominator=1.0)
-        self._plain_rounds = 0  # consecutive rounds this policy chose plain decoding for
+        # Consecutive rounds this policy chose plain decoding for; a fresh policy starts with a
+        # probe (with no observation at all, one chunk is drafted to learn from).
+        self._plain_rounds = self.probe_interval
         self._stale = True  # the per-round tables need recomputing (``_refresh``)
 
     def _new_round(self) -> None:
@@ -162,9 +171,15 @@ class GoodputPolicy(LengthPolicy):
 
     @property
     def rate(self) -> float:
-        """``lambda``: tokens per ms, the policy's modeled throughput, at least plain decoding's."""
-        plain = 1.0 / self.costs.verify_ms(0)
-        return max(plain, self.throughput.ratio) if self.throughput.samples else plain
+        """``lambda``: tokens per ms, the policy's modeled throughput, at least plain decoding's. The
+        average is shrunk towards plain decoding by ``RATE_PRIOR_ROUNDS`` pseudo-rounds (1 token in
+        ``verify_ms(0)``), so that the first few rounds do not set it alone."""
+        plain_ms = self.costs.verify_ms(0)
+        t = self.throughput
+        n = min(t.samples, 1.0 / t.weight)  # the average's effective number of rounds
+        ms = n * t.denominator + RATE_PRIOR_ROUNDS * plain_ms
+        rate = (n * t.numerator + RATE_PRIOR_ROUNDS) / ms if ms > 0.0 else 0.0
+        return max(rate, 1.0 / plain_ms)
 
     def _refresh(self) -> None:
         """Per-round tables (estimates change only in ``update``): calibrated p by position and
@@ -219,8 +234,9 @@ class GoodputPolicy(LengthPolicy):
                 self.stop_reason = "low_confidence"
                 self._chose_plain = k == 0
                 return 0
-        if frontier > k:
-            return min(target, frontier) - k  # decoded ahead: free but for verification
+        if frontier > k:  # decoded ahead: free but for verification -- one by one when a token costs
+            # verification time, to see each confidence before paying for the next token
+            return 1 if self._token_ms > 0.0 else min(target, frontier) - k
         self._in_chunk = True
         return 1  # one token past the frontier: the drafter decodes a whole chunk
 
