@@ -62,7 +62,6 @@ and a few numpy operations on arrays of at most ``max_length`` floats; no per-to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -187,9 +186,7 @@ class GoodputPolicy(LengthPolicy):
         (``gain`` in closed form); passes needed for ``m`` tokens past the frontier."""
         H, cal = self.max_length, self.calibration
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
-        unseen = cal.unseen_curve(H)
-        self._unseen_prod = np.concatenate(([1.0], np.cumprod(unseen)))  # (H+1,) prod_{i<=j} u_i
-        self._unseen_sum = np.concatenate(([0.0], np.cumsum(self._unseen_prod[1:])))  # (H+1,) sum_{j<=L} of those
+        self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         beyond = np.arange(H + 1)  # tokens past the frontier
@@ -243,12 +240,9 @@ class GoodputPolicy(LengthPolicy):
     def _plan(self, k: int, frontier: int) -> int:
         """The length ``L`` in ``k..max_length`` maximising ``gain(L) - lambda * cost(L)`` (module
         docstring); ``k`` means stop. Undrafted positions take the calibration's estimate ``u``:
-        ``gain(L) = survival * (U[L] - U[k]) / P[k]`` with ``P[j] = prod_{i<=j} u_i`` and
-        ``U[L] = sum_{j<=L} P[j]``."""
+        ``gain(L) = survival * sum_{j=k+1..L} prod_{i=k+1..j} u_i``."""
         H = self.max_length
-        if self._unseen_prod[k] <= 0.0:  # an undrafted position with estimate 0: nothing more to gain
-            return k
-        gain = (self._unseen_sum[k + 1:] - self._unseen_sum[k]) * (self._survival / self._unseen_prod[k])  # (H-k,)
+        gain = np.cumsum(np.cumprod(self._unseen[k:])) * self._survival  # (H-k,) expected extra tokens
         n = H - k
         ahead = min(frontier - k, n)
         passes = self._passes_first[:n] if frontier == 0 else self._passes_later[H - ahead:H - ahead + n]
