@@ -286,7 +286,7 @@ def plot_calibration(run: Run, path: str | Path) -> Path:
         right.axvline(x, color="#eee", lw=0.6, zorder=0)
     right.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="drafter confidence (bins: grey lines)",
               ylabel="P(accepted | earlier accepted)", title="calibration curve learned from all rounds")
-    right.legend(fontsize=8, loc="lower right")
+    right.legend(fontsize=8, loc="upper left")
     fig.suptitle(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
