@@ -81,6 +81,10 @@ VERIFY_DECAY = 0.98
 PRIOR_PASS_RATIO = 0.45
 #: Pseudo-rounds of plain decoding in the throughput average (``GoodputPolicy.rate``).
 RATE_PRIOR_ROUNDS = 4
+#: Measured timings are clipped to within this factor of the current estimate (winsorised) ...
+OUTLIER_FACTOR = 2.0
+#: ... once the estimate rests on this many samples.
+OUTLIER_WARMUP = 5
 #: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
 COST_EMA = 0.1
 CHUNK_EMA = 0.2
@@ -285,6 +289,11 @@ class OnlineCosts:
       ``verify_ms_per_draft_token``); the slope is clamped at >= 0 and is 0 until two lengths
       were seen. Before any round: 1 ms and 0.
 
+    Timings have heavy tails (a scheduler stall, a garbage collection): after ``OUTLIER_WARMUP``
+    samples each new one is clipped to within ``OUTLIER_FACTOR`` times the current estimate
+    (winsorised) before it enters an average or the fit, so one stall does not set the costs of
+    the next rounds.
+
     Args:
         profile: the pinned latencies (None: measure everything).
     """
@@ -334,12 +343,13 @@ class OnlineCosts:
         """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing)."""
         own = record.speculation_length - record.reused_tokens
         if record.draft_ms > 0.0:
-            if record.drafter_forward_passes > 0:
-                self._pass.add(record.draft_ms, record.drafter_forward_passes)
-            elif own > 0:
-                self._token.add(record.draft_ms, own)
+            passes = record.drafter_forward_passes
+            average, units = (self._pass, passes) if passes > 0 else (self._token, own)
+            if units > 0:
+                average.add(_winsorised(record.draft_ms, units * average.ratio, average.samples), units)
         if record.verify_ms > 0.0:
-            x, y = float(record.speculation_length), float(record.verify_ms)
+            x = float(record.speculation_length)
+            y = _winsorised(float(record.verify_ms), self.verify_ms(record.speculation_length), self._sums[0])
             self._sums = VERIFY_DECAY * self._sums + np.array([1.0, x, y, x * x, x * y])
             w, sx, sy, sxx, sxy = self._sums
             var = w * sxx - sx * sx
@@ -349,6 +359,14 @@ class OnlineCosts:
     def __repr__(self) -> str:
         return (f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
                 f"verify_base={self.verify_base:.3g}, verify_slope={self.verify_slope:.3g})")
+
+
+def _winsorised(sample: float, estimate: float, samples: float) -> float:
+    """``sample`` clipped to ``[estimate / OUTLIER_FACTOR, estimate * OUTLIER_FACTOR]`` once the
+    estimate rests on ``OUTLIER_WARMUP`` samples (``samples``: their count or total weight)."""
+    if samples < OUTLIER_WARMUP or estimate <= 0.0:
+        return sample
+    return min(max(sample, estimate / OUTLIER_FACTOR), estimate * OUTLIER_FACTOR)
 
 
 class _RatioOfMeans:

@@ -229,6 +229,10 @@ def test_measures_costs_from_round_timings():
     assert costs.draft_ms_per_token == 0.0
     costs.observe(RoundRecord(0, 4, 0, 1, 0, 0, draft_ms=0.2, verify_ms=14.0))  # a model-free drafter's round
     assert costs.draft_ms_per_token == pytest.approx(0.05)
+    for _ in range(20):  # a steady drafter, then one stall of 100x: the estimate barely moves
+        costs.observe(RoundRecord(0, 2, 0, 1, 1, 0, draft_ms=3.0, verify_ms=13.0))
+    costs.observe(RoundRecord(0, 2, 0, 1, 1, 0, draft_ms=300.0, verify_ms=1300.0))
+    assert costs.pass_ms < 3.0 * 1.25 and costs.verify_ms(2) < 13.0 * 1.1
     pinned = OnlineCosts(GoodputPolicy(cost_profile="a6000-qwen32b").profile)
     pinned.observe(RoundRecord(0, 4, 0, 1, 2, 0, draft_ms=100.0, verify_ms=100.0))  # timings are ignored
     assert (pinned.pass_ms, pinned.verify_base, pinned.verify_slope) == (6.1, 52.6, 0.0)
