@@ -165,7 +165,7 @@ def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
     # The fit follows the rise (once drafts stop, plain rounds only pin the intercept; older rounds
     # fade at VERIFY_DECAY per round) and the drafts stop: plain decoding but for probes.
     assert policy.costs.verify_slope > 5.0 and policy.costs.verify_base == pytest.approx(10.0, rel=0.05)
-    assert np.mean(rising[-50:]) <= 1.0 and rising[-50:].count(0) >= 45
+    assert np.mean(rising[-50:]) <= 1.0 and rising[-50:].count(0) >= 40
     # Pinned costs, one calibration: the switch decision by decision, as the per-token cost rises.
     lengths = []
     for per_token in (0.0, 1.0, 2.0, 4.0, 8.0, 16.0):
