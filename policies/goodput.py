@@ -51,7 +51,8 @@ by confidence x position with Beta pseudo-counts; before any data a token's prob
 confidence), fed with every verified round. Costs: measured online from ``RoundRecord``
 timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
 drafter without passes) and verification ms = base + per-token slope, an exponentially
-weighted least-squares fit over the speculation length -- or taken from a hardware profile
+weighted least-squares fit over the speculation length, timings winsorised against the current
+estimate -- or taken from a hardware profile
 (``cost_profile=a6000-qwen32b``: the costs ``specpolicy.latency`` models with, so the MODELED
 figure of a policy tuned to that profile can be computed; null profile fields are measured).
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
