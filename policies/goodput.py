@@ -73,6 +73,7 @@ from specpolicy.hookspecs import hookimpl
 from specpolicy.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.policy import LengthPolicy
 from specpolicy.types import Draft, RoundRecord
+from specpolicy.validation import check_init
 
 NAME = "goodput"
 #: Forgetting factor per round of the verification-cost fit (an effective memory of ~50 rounds).
@@ -96,7 +97,7 @@ class GoodputPolicy(LengthPolicy):
 
     Each decision reads the confidences drafted since the previous one, multiplies their
     calibrated probabilities into the draft's survival ``prod p_i``, and plans over lengths
-    ``k+1..max_length``; it answers 0 (stop; ``stop_reason`` ``"low_confidence"``, or
+    ``k+1..max_length``; it answers 0 (stop; ``draft_stop_reason`` ``"low_confidence"``, or
     ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise 1 (the
     next chunk: one token past the drafter's frontier, or the next token decoded ahead while
     draft tokens cost verification time) or the tokens decoded ahead that the plan wants
@@ -226,14 +227,14 @@ class GoodputPolicy(LengthPolicy):
             chunk.add(frontier - self._frontier, draft.forward_passes - self._passes)
         self._frontier, self._passes, self._in_chunk = frontier, draft.forward_passes, False
         if k >= self.max_length:
-            self.stop_reason = "policy_bound"
+            self.draft_stop_reason = "policy_bound"
             return 0
         target = self._plan(k, frontier)
         if target <= k:
             if k == 0 and self.probe_interval and self._plain_rounds >= self.probe_interval:
                 target = 1  # a probe: refresh the estimates after a long stretch of plain decoding
             else:
-                self.stop_reason = "low_confidence"
+                self.draft_stop_reason = "low_confidence"
                 self._chose_plain = k == 0
                 return 0
         if frontier > k:  # decoded ahead: free but for verification -- one by one when a token costs
@@ -401,6 +402,16 @@ def _profile(cost_profile: str | Mapping[str, Any] | None) -> LatencyProfile | N
         raise ValueError(f"policy.cost_profile: {exc}") from None
     raise ValueError(f"policy.cost_profile must be null, a profile name ({', '.join(BUILTIN_PROFILES)}) "
                      f"or a mapping of profile keys, got {cost_profile!r}")
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=goodput``: its keys and ranges (a ``cost_profile`` name must be a shipped profile),
+    checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", GoodputPolicy, config)
+    return True
 
 
 @hookimpl

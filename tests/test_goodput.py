@@ -1,5 +1,5 @@
 """The ``goodput`` policy and its calibration: decisions driven through the loop's own drafting
-function (``specpolicy.decoding._draft``) with a scripted drafter and known costs, the online
+function (``specpolicy.decoding.draft_round``) with a scripted drafter and known costs, the online
 calibration and cost estimates against known curves, configuration errors, and the Fast-dLLM
 drafter's ``Draft.lookahead`` that tells the policy where passes begin."""
 
@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from conftest import VOCAB, sharpen, tiny_lm
-from specpolicy.calibration import AcceptanceCalibration, calibration_from_rounds
-from specpolicy.decoding import _draft, generate
+from specpolicy.calibration import AcceptanceCalibration, calibration_from_rounds, online_predictions, reliability
+from specpolicy.decoding import draft_round, generate
 from specpolicy.drafter import Drafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins import get_plugin_manager, make_policy
@@ -67,10 +67,10 @@ class ScriptedDrafter(Drafter):
 
 def play(policy: GoodputPolicy, drafter: ScriptedDrafter, accept, pass_ms: float = 0.0, verify_base: float = 0.0,
          verify_per_token: float = 0.0, room: int = ROOM) -> tuple[Draft, str]:
-    """One round: draft through the loop's ``_draft``, then feed the policy the round's record with
+    """One round: draft through the loop's ``draft_round``, then feed the policy the round's record with
     ``accept(draft)`` tokens accepted and timings ``passes x pass_ms`` / ``verify_base + per_token x k``
     (0 = untimed). Returns ``(draft, draft stop reason)``."""
-    draft, reason = _draft(drafter, policy, room, "cpu")
+    draft, reason = draft_round(drafter, policy, room, "cpu")
     k = draft.length
     a = accept(draft)
     policy.update(RoundRecord(
@@ -118,12 +118,12 @@ def test_stops_after_the_first_pass_when_acceptance_is_zero():
     # A fresh policy drafts (its prior gives an undrafted token 0.5); the first token's confidence 0
     # calibrates to ~0.05, so no further pass pays: it stops at once, with one pass spent.
     drafter = ScriptedDrafter(confidence=0.0, chunk=1)
-    draft, reason = _draft(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
+    draft, reason = draft_round(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
     assert (draft.length, draft.forward_passes, reason) == (1, 1, "low_confidence")
     # A chunked drafter: the chunk's decoded tokens cost nothing to add (flat verification), but no
     # second pass is spent.
     drafter = ScriptedDrafter(confidence=0.0, chunk=8)
-    draft, reason = _draft(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
+    draft, reason = draft_round(drafter, GoodputPolicy(cost_profile=profile(pass_ms=2.0)), ROOM, "cpu")
     assert (draft.forward_passes, reason) == (1, "low_confidence") and draft.length <= 8
 
 
@@ -132,12 +132,12 @@ def test_chooses_length_0_when_no_length_pays():
     drafter = ScriptedDrafter(confidence=0.9)
     for _ in range(30):  # the target rejects every draft: acceptance is learned to be ~0
         play(policy, drafter, none_accepted)
-    draft, reason = _draft(drafter, policy, ROOM, "cpu")
+    draft, reason = draft_round(drafter, policy, ROOM, "cpu")
     assert (draft.length, reason) == (0, "length_0")
     # Before any data: one pass (30 ms) would have to save three verifications (10 ms each), more
     # than one drafted token can ever give.
     policy = GoodputPolicy(cost_profile=profile(pass_ms=30.0), probe_interval=0)
-    assert _draft(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")[1] == "length_0"
+    assert draft_round(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")[1] == "length_0"
 
 
 def test_probes_after_probe_interval_plain_rounds():
@@ -172,7 +172,7 @@ def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
         pinned = GoodputPolicy(max_length=40, cost_profile=profile(pass_ms=1.0, per_token_ms=per_token),
                                probe_interval=0)
         pinned.calibration = policy.calibration
-        lengths.append(_draft(ScriptedDrafter(confidence=0.995), pinned, ROOM, "cpu")[0].length)
+        lengths.append(draft_round(ScriptedDrafter(confidence=0.995), pinned, ROOM, "cpu")[0].length)
     assert lengths == sorted(lengths, reverse=True) and lengths[0] >= 20 and lengths[-1] == 0, lengths
 
 
@@ -185,11 +185,11 @@ def test_plans_past_a_front_loaded_chunk():
     # Its first round is a probe (no data yet); having seen 8 tokens per pass, it drafts whole chunks.
     assert min(lengths) >= 8
     assert chunked.first_chunk.numerator == pytest.approx(8.0)  # learned: 8 tokens per pass
-    draft, _ = _draft(ScriptedDrafter(confidence=1.0, chunk=8), chunked, ROOM, "cpu")
+    draft, _ = draft_round(ScriptedDrafter(confidence=1.0, chunk=8), chunked, ROOM, "cpu")
     assert draft.forward_passes >= 2 and draft.length > 8
     one = GoodputPolicy(cost_profile=profile(pass_ms=pass_ms, target_ms=verify), probe_interval=0)
     one.calibration.observe([1.0] * 8, 1)  # p(1.0) ~ 0.9 at the first position, ~0.5 for the rest
-    assert _draft(ScriptedDrafter(confidence=1.0, chunk=1), one, ROOM, "cpu")[0].length == 0
+    assert draft_round(ScriptedDrafter(confidence=1.0, chunk=1), one, ROOM, "cpu")[0].length == 0
 
 
 @pytest.mark.parametrize("per_token_ms, expected", [
@@ -243,7 +243,7 @@ def test_lambda_follows_the_policys_throughput_never_below_plain_decoding():
     assert policy.rate == pytest.approx(0.1)  # before any round: plain decoding, 1 token / 10 ms
     for _ in range(200):
         play(policy, ScriptedDrafter(confidence=1.0), all_accepted)
-    draft, _ = _draft(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")
+    draft, _ = draft_round(ScriptedDrafter(confidence=1.0), policy, ROOM, "cpu")
     k = draft.length  # every round: k + 1 tokens in k passes + one verification
     assert policy.rate == pytest.approx((k + 1) / (k * 1.0 + 10.0), rel=0.05)
 
@@ -362,3 +362,43 @@ def test_goodput_is_lossless_and_drafts_whole_small_blocks_with_fastdllm(runtime
     assert drafted and policy.first_chunk.samples > 0
     assert math.isclose(policy.calibration.observations, sum(min(r.accepted_length + 1, r.speculation_length)
                                                              for r in out.rounds[:-1] if r.speculation_length))
+
+
+# -- the calibration figure ------------------------------------------------------------------------
+
+
+def test_online_predictions_are_made_before_each_round_is_learned():
+    rounds = [RoundRecord(i, 2, 0, 1, 2, 0, 1.0, 1.0, confidences=(0.995, 0.995)) for i in range(50)]
+    online = online_predictions(rounds)
+    assert online["accepted"].tolist() == [False] * 50  # only the first token is reached, and rejected
+    assert online["predicted"][0] == pytest.approx(0.995)  # the prior: the confidence itself
+    assert online["predicted"][-1] < 0.1  # learned from the 49 rounds before it
+    rel = reliability(online["confidence"], online["accepted"])
+    assert rel["ece"] == pytest.approx(0.995) and rel["count"].tolist() == [50]
+
+
+def test_plot_writes_the_calibration_figure_for_runs_with_a_drafter(tmp_path, runtime):
+    import json
+
+    import matplotlib.image
+
+    from specpolicy.drafters.ar import ARDrafter
+    from specpolicy.plot import main as plot_main
+    from specpolicy.results import PromptResult
+
+    target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
+    verifier = HFVerifier(target, runtime, frozenset())
+    policy = GoodputPolicy(max_length=8, cost_profile=profile(pass_ms=0.0))  # free drafting: drafts every round
+    rows = []
+    for i, prompt in enumerate([torch.arange(1, 9), torch.arange(3, 20)]):
+        out = generate(prompt, verifier, runtime, max_new_tokens=30, drafter=ARDrafter(target, runtime), policy=policy)
+        van = generate(prompt, verifier, runtime, max_new_tokens=30)
+        rows.append(PromptResult.of(f"gsm8k/{i}", len(prompt), out, van).to_row())
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"method": "ar+goodput", "methods": {}, "config": {}}))
+    assert plot_main([str(run), "--max-pages", "1"]) == 0
+    img = matplotlib.image.imread(run / "plots" / "calibration_ar+goodput.png")
+    assert img.shape[0] > 300 and float(img[..., :3].std()) > 0.01  # something was drawn
+    assert 'src="calibration_ar+goodput.png"' in (run / "plots" / "index.html").read_text()
