@@ -25,9 +25,11 @@ one pass for a whole small block) the first token of a chunk may not pay for its
 the chunk does. Positions not drafted yet take the calibration's estimate for an undrafted
 token at that position; sunk costs (passes already spent) play no part. ``lambda`` is the
 policy's own throughput, an average of emitted tokens over modeled round ms (running mean,
-then an exponential moving average with weight ``rate_ema``), never below plain decoding's
-``1 / verify_ms(0)``: Dinkelbach's iteration, which climbs from plain decoding's rate to
-``lambda*``. Plain decoding (length 0) is one of the choices: at the empty draft, when no
+then an exponential moving average with weight ``rate_ema``; shrunk towards plain decoding by
+``RATE_PRIOR_ROUNDS`` pseudo-rounds), never below plain decoding's ``1 / verify_ms(0)``:
+Dinkelbach's iteration, which climbs from plain decoding's rate to ``lambda*``. (Extending
+"while it raises the round's tokens per ms", sunk costs included, is not the same rule: the
+threshold would then move with the round's own luck.) Plain decoding (length 0) is one of the choices: at the empty draft, when no
 length has a positive value. The returns of extending are diminishing because acceptance
 probabilities multiply -- the concavity the FailFast paper (Pan et al., arXiv 2512.20573, §3.1
 and §3.2) builds on -- so the best length is where the marginal expected tokens per marginal ms
