@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, Method, run_interleaved, summarize_method, write_runs  # noqa: E402  (not a package)
+from peers import Bench, Method, run_interleaved, start_benchmark, summarize_method, write_runs  # noqa: E402  (not a package)
 
 from specpolicy.accounting import with_pass_accounting  # noqa: E402
 from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
@@ -431,12 +431,7 @@ def write_calibration(result: dict[str, Any], out: Path) -> Path:
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log = start_benchmark(args.threads)
     out = Path(args.out)
     bench = _bench(args)
     evaluation = load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)

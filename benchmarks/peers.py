@@ -517,14 +517,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def start_benchmark(threads: int) -> Callable[[str], None]:
+    """Set torch's thread count (``threads`` > 0; 0 keeps torch's default), silence transformers'
+    info logging, and return the progress logger (one line to stderr, flushed)."""
+    if threads:
+        torch.set_num_threads(threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    return lambda msg: print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    log = start_benchmark(args.threads)
     bench = Bench(args)
     prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts)
     prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]

@@ -563,6 +563,22 @@ _RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompt
                                        "mean_accepted_length", "mean_speculation_length", "lossless")]
 
 
+def _per_run_figures(paths: list[Path], prefix: str, runs: list[Run], common: Sequence[str], heading: str, intro: str,
+                     alt: str) -> list[str]:
+    """HTML of one figure per run (files ``<prefix><run slug>.png``) under ``heading``; nothing when no file."""
+    if not paths:
+        return []
+    out = [f"<h2>{html.escape(heading)}</h2><p class='muted'>{intro}</p>"]
+    by_slug = {f"{prefix}{_slug(run.name)}.png": run for run in runs}
+    for p in paths:
+        run = by_slug.get(p.name)
+        name = run.name if run else p.stem
+        note = _run_note(run, common) if run else ""
+        out.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
+                   f'alt="{alt}: {html.escape(name)}"></figure>')
+    return out
+
+
 def _run_note(run: Run, common: Sequence[str]) -> str:
     """HTML after a run's name in headings: its overrides that differ, and whether it is partial
     or has no summary."""
@@ -600,31 +616,17 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
         title, caption = FIGURE_TEXT[p.name]
         body.append(f'<figure><h3>{html.escape(title)}</h3><img src="{html.escape(p.name)}" alt="{html.escape(title)}">'
                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-    if acceptance:
-        body.append("<h2>Acceptance over the rounds of the first prompts</h2><p class='muted'>Per round: speculated "
-                    "length k (light bars), accepted length a (dark bars) and the acceptance rate a / k (line, "
-                    "right axis). Methods that never draft have no such figure.</p>")
-        by_slug = {f"acceptance_{_slug(run.name)}.png": run for run in runs}
-        for p in acceptance:
-            run = by_slug.get(p.name)
-            name = run.name if run else p.stem
-            note = _run_note(run, common) if run else ""
-            body.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
-                        f'alt="acceptance over rounds: {html.escape(name)}"></figure>')
+    body += _per_run_figures(
+        acceptance, "acceptance_", runs, common, "Acceptance over the rounds of the first prompts",
+        "Per round: speculated length k (light bars), accepted length a (dark bars) and the acceptance rate "
+        "a / k (line, right axis). Methods that never draft have no such figure.", "acceptance over rounds")
     calibration = [p for p in figures if p.name.startswith("calibration_")]
-    if calibration:
-        body.append("<h2>Acceptance calibration</h2><p class='muted'>Left: how well the drafter's confidence and "
-                    "the online calibration of <code>policy=goodput</code> (binned confidence x position, made from "
-                    "the earlier rounds only) predict P(accepted | earlier tokens accepted), with the expected "
-                    "calibration error. Right: the curve learned from every round against the observed acceptance "
-                    "per confidence bin.</p>")
-        by_slug = {f"calibration_{_slug(run.name)}.png": run for run in runs}
-        for p in calibration:
-            run = by_slug.get(p.name)
-            name = run.name if run else p.stem
-            note = _run_note(run, common) if run else ""
-            body.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
-                        f'alt="acceptance calibration: {html.escape(name)}"></figure>')
+    body += _per_run_figures(
+        calibration, "calibration_", runs, common, "Acceptance calibration",
+        "Left: how well the drafter's confidence and the online calibration of <code>policy=goodput</code> "
+        "(binned confidence x position, made from the earlier rounds only) predict P(accepted | earlier tokens "
+        "accepted), with the expected calibration error. Right: the curve learned from every round against the "
+        "observed acceptance per confidence bin.", "acceptance calibration")
     if pages:
         body.append("<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
                     "tokens plain, rejected ones struck through, the target's token boxed (cf. FailFast Fig. 12).</p>")
