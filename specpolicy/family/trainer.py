@@ -89,7 +89,8 @@ def train(
     Args:
         examples: training examples.
         loss_fn: ``(model, batch, generator) -> (mean loss (0-d float tensor), n_target_tokens)``
-            where ``batch`` is :func:`collate`'s dict.
+            where ``batch`` is :func:`collate`'s dict plus ``index`` ((B,) int64: each row's
+            index into ``examples``).
         pad_id: pad token id for collation.
         name: label used in progress lines.
     Returns:
@@ -119,6 +120,7 @@ def train(
     print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
     for step, idx in enumerate(plan):
         batch = collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple)
+        batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples``
         lr = lr_at(step, total, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
