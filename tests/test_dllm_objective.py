@@ -174,11 +174,14 @@ def test_matched_phase_trains_and_saves(tok, examples, tmp_path):
     save_model(_tiny(tok), tok, tmp_path / "init")
     soft = [(torch.tensor([[t]] * 1, dtype=torch.int16).repeat(len(e.response_ids), 1),
              torch.zeros(len(e.response_ids), 1, dtype=torch.float16)) for e, t in zip(examples, range(10, 16))]
-    cfg = TrainConfig(epochs=2, max_steps=3, batch_tokens=512, lr=1e-3, warmup_steps=1, pad_to_multiple=32)
+    cfg = TrainConfig(epochs=2, max_steps=3, batch_tokens=512, lr=1e-3, warmup_steps=1, pad_to_multiple=32,
+                      log_every=1)
     st = train_dllm_model(tmp_path / "init", examples, tok, cfg, tmp_path / "out", suffix_prob=0.5,
-                          soft_targets=soft, soft_weight=0.5)
+                          soft_targets=soft, soft_weight=0.5, checkpoint_every=2)
     assert st["steps"] == 3 and st["suffix_prob"] == 0.5 and st["soft_weight"] == 0.5
     assert load_model(tmp_path / "out").config.bd_block_size == 32
+    ckpt = load_model(tmp_path / "out.checkpoint").config
+    assert ckpt.train_step == 2 and ckpt.bd_block_size == 32
     with pytest.raises(ValueError, match="soft"):
         train_dllm_model(tmp_path / "init", examples, tok, cfg, tmp_path / "x", soft_weight=0.5)
 

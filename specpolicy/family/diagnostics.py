@@ -210,13 +210,15 @@ def run_in_loop(drafter: str, run_dir: str | Path, num_prompts: int = 10, k: int
 
 def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, num_prompts: dict | int = 50,
              max_new_tokens: int = 256, stride: int = 9, max_distance: int = 64, threshold: float = 0.05,
-             small_block_size: int = 8, log=print) -> dict:
+             small_block_size: int = 8, log=print, on_result=None) -> dict:
     """Every per-data-set diagnostic of the module docstring for one drafter.
 
     Args:
         drafter_path / target_path: bundled names or model dirs.
         num_prompts: prompts per data set (an int for all, or ``{name: n}``).
         stride: start positions ``0, stride, 2 stride, ...`` of each output (>= 1).
+        on_result: called as ``on_result(name, result)`` after each data set (e.g. to save
+            partial results).
     Returns:
         ``{dataset: summarize_drafts(...) + {"n_prompts", "mean_output_tokens", "wall_s"}}``.
     """
@@ -246,6 +248,8 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
         r.update(n_prompts=len(prompts), mean_output_tokens=round(sum(len(o) for o in outs) / max(1, len(outs)), 1),
                  wall_s=round(time.time() - t0, 1))
         res[name] = r
+        if on_result is not None:
+            on_result(name, r)
         log(f"[{name}] {len(prompts)} prompts, {len(drafts)} drafts: agreement d1..5 {r['agreement'][:5]} "
             f"d10 {r['agreement'][9]} d32 {r['agreement'][31] if max_distance >= 32 else None}; "
             f"longest correct prefix {r['longest_correct_prefix']}; ECE {r['ece']}")
@@ -258,10 +262,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--drafter", default="dllm-drafter", help="bundled name or model dir of the dLLM drafter")
     ap.add_argument("--target", default="target", help="bundled name or model dir of the target")
     ap.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=DATASETS)
-    ap.add_argument("--num-prompts", type=int, default=50, help="GSM8K test prompts (held out)")
-    ap.add_argument("--num-prompts-other", type=int, default=20, help="MATH-500 / HumanEval prompts")
+    ap.add_argument("--num-prompts", type=int, default=30, help="GSM8K test prompts (held out)")
+    ap.add_argument("--num-prompts-other", type=int, default=10, help="MATH-500 / HumanEval prompts")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--stride", type=int, default=9, help="tokens between draft start positions")
+    ap.add_argument("--stride", type=int, default=12, help="tokens between draft start positions")
     ap.add_argument("--max-distance", type=int, default=64, help="tokens per one-pass draft (>= 32)")
     ap.add_argument("--in-loop", action="store_true", help="also run the loop measure (static k=16, 10 GSM8K prompts)")
     ap.add_argument("--in-loop-dir", default=None, help="run dir of --in-loop (default: <out>.loop)")
@@ -276,23 +280,37 @@ def main(argv: list[str] | None = None) -> dict:
             ap.exit(2, f"error: {name}={v}; it must be an integer >= {lo}\n")
     if a.threads:
         torch.set_num_threads(a.threads)
+    def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+
     if a.results:
         res = {"in_loop": accepted_length_shares(a.results)}
     else:
         t0 = time.time()
         npr = {d: a.num_prompts if d == "gsm8k" else a.num_prompts_other for d in DATASETS}
         res = {"drafter": a.drafter, "stride": a.stride, "max_distance": a.max_distance, "threshold": 0.05,
-               "small_block_size": 8}
-        res.update(diagnose(a.drafter, a.target, a.datasets, npr, a.max_new_tokens, a.stride, a.max_distance))
+               "small_block_size": 8, "num_prompts": {d: npr[d] for d in a.datasets}}
+        first = [d for d in a.datasets if d == "gsm8k"]  # GSM8K (the bars), then the loop, then the others
+        rest = [d for d in a.datasets if d != "gsm8k"]
+
+        def keep(name, r):
+            res[name] = r
+            save(res)
+
+        diagnose(a.drafter, a.target, first, npr, a.max_new_tokens, a.stride, a.max_distance, on_result=keep)
         if a.in_loop:
             loop_dir = a.in_loop_dir or (str(a.out) + ".loop" if a.out else "outputs/diagnostics-loop")
             res["in_loop"] = run_in_loop(a.drafter, loop_dir)
+            print(f"[in-loop] {res['in_loop']}", flush=True)
+            save(res)
+        if rest:
+            diagnose(a.drafter, a.target, rest, npr, a.max_new_tokens, a.stride, a.max_distance, on_result=keep)
         res["wall_s"] = round(time.time() - t0, 1)
-    if "in_loop" in res:
+    if a.results:
         print(f"[in-loop] {res['in_loop']}")
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    save(res)
     return res
 
 

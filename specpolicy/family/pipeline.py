@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of (sequence, block) pairs with suffix masks in the matched phase, in [0, 1]")
     ap.add_argument("--boundary-prob", type=float, default=0.5,
                     help="share of suffix cuts on small-block boundaries, in [0, 1]")
+    ap.add_argument("--dllm-checkpoint-every", type=int, default=0,
+                    help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)")
     ap.add_argument("--soft-weight", type=float, default=0.5,
                     help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]")
     # eval
@@ -259,7 +261,7 @@ def run(a: argparse.Namespace) -> dict:
             st = train_dllm_model(
                 init, exs, tok, mc, paths["dllm-drafter"], bs, name="dllm-drafter-matched",
                 suffix_prob=a.suffix_prob, boundary_prob=a.boundary_prob, soft_targets=soft,
-                soft_weight=a.soft_weight,
+                soft_weight=a.soft_weight, checkpoint_every=a.dllm_checkpoint_every,
             )
             st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
             update_log(log_path, "dllm-drafter-matched", st)

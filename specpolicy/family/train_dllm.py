@@ -197,6 +197,7 @@ def train_dllm_model(
     small_block_size: int = 8,
     soft_targets: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     soft_weight: float = 0.0,
+    checkpoint_every: int = 0,
 ) -> dict:
     """Load a model from ``init_dir`` (float32: the AR drafter, or a dLLM drafter to train
     further), train it as a block-diffusion drafter, save into ``out_dir`` with
@@ -207,6 +208,9 @@ def train_dllm_model(
         soft_targets: per example (same order as ``examples``) the target's top-k soft targets;
             needed when ``soft_weight > 0``.
         soft_weight: weight of the soft cross-entropy (see :func:`dllm_loss_from_inputs`).
+        checkpoint_every: when > 0, every this many steps (rounded up to a progress line) the
+            model is saved to ``<out_dir>.checkpoint`` (overwritten; its config gets
+            ``train_step``), so a long run leaves a usable drafter at any time.
 
     Returns:
         :func:`specpolicy.family.trainer.train` stats plus ``params``, ``block_size``,
@@ -231,7 +235,15 @@ def train_dllm_model(
         soft = soft_batch(batch, soft_targets) if soft_weight > 0 else None
         return dllm_loss_from_inputs(m, inp, block_size, soft, soft_weight)
 
-    stats = train(model, examples, loss_fn, cfg, tokenizer.pad_token_id, name=name)
+    extra = {"bd_block_size": block_size, "mask_token_id": mask_id}
+    last_ckpt = [0]
+
+    def on_log(step: int, m) -> None:
+        if checkpoint_every > 0 and step - last_ckpt[0] >= checkpoint_every:
+            save_model(m, tokenizer, f"{out_dir}.checkpoint", extra_config={**extra, "train_step": step})
+            last_ckpt[0] = step
+
+    stats = train(model, examples, loss_fn, cfg, tokenizer.pad_token_id, name=name, on_log=on_log)
     save_model(model, tokenizer, out_dir, extra_config={"bd_block_size": block_size, "mask_token_id": mask_id})
     stats.update(params=count_params(model), block_size=block_size, mask_token_id=mask_id, aux_ar_loss=False,
                  init=str(init_dir), suffix_prob=suffix_prob, boundary_prob=boundary_prob,

@@ -83,6 +83,7 @@ def train(
     cfg: TrainConfig,
     pad_id: int,
     name: str = "model",
+    on_log: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> dict:
     """Train ``model`` in place.
 
@@ -93,6 +94,8 @@ def train(
             index into ``examples``).
         pad_id: pad token id for collation.
         name: label used in progress lines.
+        on_log: called as ``on_log(steps_done, model)`` at every progress line (e.g. to save a
+            checkpoint; the model is in train mode and must not be modified).
     Returns:
         stats dict: ``steps``, ``epochs``, ``final_loss`` (token-weighted mean over the last
         ``max(10, 5%)`` steps), ``first_loss``, ``loss_curve`` (list of ``[step, loss, lr]``
@@ -149,6 +152,8 @@ def train(
             )
             sys.stdout.flush()
             win_loss, win_tok = 0.0, 0
+            if on_log is not None:
+                on_log(step + 1, model)
     wall = time.time() - t0
     model.eval()
     n_last = max(10, total // 20)
