@@ -24,7 +24,12 @@ prompt the target's greedy output (fp32, ``max_new_tokens``) is the reference. F
   against correctness: ``ece`` (expected calibration error, 10 equal-width bins, Guo et al.
   2017) over all distances 1..``calibration_distance``, ``ece_by_distance``, and the per-bin
   table ``reliability`` (mean confidence, accuracy, count);
-* ``mean_confidence_by_distance`` beside ``agreement`` (over- or under-confidence per distance).
+* ``mean_confidence_by_distance`` beside ``agreement`` (over- or under-confidence per distance);
+* the same conditioned on an accepted prefix -- ``agreement_given_prefix_correct[d-1]`` and
+  ``ece_given_prefix_correct``: only positions whose draft tokens 1..d-1 all equal the target's,
+  i.e. the positions a greedy verifier actually judges. Past a wrong token the drafter
+  continues its own draft, so its confidence there is about its own continuation, not the
+  target's; the unconditional ECE counts those positions, the conditional one does not.
 
 Data sets: GSM8K test (held out: the family trains on GSM8K train), MATH-500 and HumanEval
 through :func:`specpolicy.datasets.load_prompts` (the prompts the loop sees).
@@ -106,7 +111,8 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     Returns:
         dict: ``n_drafts``, ``agreement`` (list over distance), ``n_by_distance``,
         ``mean_confidence_by_distance``, ``longest_correct_prefix`` ({n: mean}),
-        ``ece``, ``ece_by_distance``, ``reliability``.
+        ``ece``, ``ece_by_distance``, ``reliability``, ``agreement_given_prefix_correct``,
+        ``n_given_prefix_correct``, ``ece_given_prefix_correct``, ``reliability_given_prefix_correct``.
     """
     D = max_distance
     match = torch.zeros(len(drafts), D, dtype=torch.bool)
@@ -128,8 +134,20 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     pooled = scored[:, :cd]
     ece_d = [round(expected_calibration_error(conf[:, d][scored[:, d]], match[:, d][scored[:, d]]), 4)
              for d in range(D)]
+    # positions whose earlier draft tokens are all correct (the ones a greedy verifier judges)
+    reached = torch.zeros_like(scored)
+    reached[:, 0] = scored[:, 0]
+    if D > 1:
+        reached[:, 1:] = (match & scored).int().cumprod(dim=1)[:, :-1].bool() & scored[:, 1:]
+    n_r = reached.sum(0)
+    agree_r = (match & reached).sum(0).double() / n_r.clamp(min=1)
+    pooled_r = reached[:, :cd]
     return {
         "n_drafts": len(drafts),
+        "agreement_given_prefix_correct": [round(float(x), 4) for x in agree_r],
+        "n_given_prefix_correct": [int(x) for x in n_r],
+        "ece_given_prefix_correct": round(expected_calibration_error(conf[:, :cd][pooled_r], match[:, :cd][pooled_r]), 4),
+        "reliability_given_prefix_correct": reliability_table(conf[:, :cd][pooled_r], match[:, :cd][pooled_r]),
         "agreement": [round(float(x), 4) for x in agree],
         "n_by_distance": [int(x) for x in n_d],
         "mean_confidence_by_distance": [round(float(x), 4) for x in mconf],
@@ -252,7 +270,8 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
             on_result(name, r)
         log(f"[{name}] {len(prompts)} prompts, {len(drafts)} drafts: agreement d1..5 {r['agreement'][:5]} "
             f"d10 {r['agreement'][9]} d32 {r['agreement'][31] if max_distance >= 32 else None}; "
-            f"longest correct prefix {r['longest_correct_prefix']}; ECE {r['ece']}")
+            f"longest correct prefix {r['longest_correct_prefix']}; ECE {r['ece']} "
+            f"(given a correct prefix: {r['ece_given_prefix_correct']})")
     return res
 
 
