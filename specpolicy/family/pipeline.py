@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     # eval
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-k", type=int, default=5)
+    ap.add_argument("--eval-diagnostics-n", type=int, default=30,
+                    help="GSM8K test prompts of the dLLM drafter diagnostics in the eval stage (0 = skip)")
     ap.add_argument("--log-every", type=int, default=10)
     return ap
 
@@ -269,6 +271,16 @@ def run(a: argparse.Namespace) -> dict:
     if todo("eval"):
         print("== eval", flush=True)
         evaluate(out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, log_path)
+        if a.eval_diagnostics_n > 0 and is_saved(paths["dllm-drafter"]):
+            from specpolicy.family.diagnostics import diagnose
+
+            t0 = time.time()
+            diag = diagnose(str(paths["dllm-drafter"]), str(paths["target"]), ["gsm8k"], a.eval_diagnostics_n,
+                            a.distill_max_new, stride=12)
+            for r in diag.values():  # the log keeps the curves; the reliability tables stay in the CLI's output
+                r.pop("reliability", None)
+                r.pop("reliability_given_prefix_correct", None)
+            update_log(log_path, "dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
 
     total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter") if paths[m].exists())
     log = update_log(log_path, "weights_total_mb", round(total_mb, 2))
