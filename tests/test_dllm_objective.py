@@ -267,3 +267,30 @@ def test_collect_drafts_runs_the_loop_drafter(tok):
             n_first = 8 - off % 8  # the rest of the current small block: decoded by the first pass
             one = dllm_block_draft(m, prefix, tok.mask_token_id, tok.pad_token_id, 32)
             assert ids[:n_first].tolist() == one[:n_first].tolist()
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_temperature_fit_and_fold(tok, examples, tmp_path):
+    from specpolicy.family.calibrate import calibrate_saved, fit_temperature, fold_temperature
+    from specpolicy.family.models import load_model, save_model
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4000, 6, generator=g) * 2
+    targets = torch.multinomial(z.softmax(-1), 1, generator=g).squeeze(1)  # calibrated at T = 1 on z
+    t, before, after = fit_temperature(z * 1.4, targets)  # logits 1.4x too sharp: over-confident
+    assert 1.3 <= t <= 1.5 and after < before / 3
+    t, _, _ = fit_temperature(z * 0.7, targets)  # under-confident
+    assert 0.6 <= t <= 0.8
+    m = _tiny(tok)
+    x = torch.tensor([examples[0].prompt_ids])
+    with torch.no_grad():
+        ref = m(input_ids=x).logits
+        fold_temperature(m, 1.25)
+        assert torch.allclose(m(input_ids=x).logits, ref / 1.25, atol=1e-4)  # every logit divided by T
+    save_model(_tiny(tok), tok, tmp_path / "d", extra_config={"bd_block_size": 32, "mask_token_id": tok.mask_token_id})
+    cal = calibrate_saved(tmp_path / "d", examples, tok)
+    assert cal["positions"] > 0 and 0.5 <= cal["temperature"] <= 1.5
+    cfg = load_model(tmp_path / "d").config
+    assert cfg.confidence_temperature == pytest.approx(cal["temperature"]) and cfg.bd_block_size == 32

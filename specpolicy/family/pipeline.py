@@ -78,15 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model dir the dLLM drafter starts from (default: <out>/ar-drafter; with --dllm-epochs 0 "
                          "the matched phase starts from it, e.g. an earlier dllm-drafter)")
     # dLLM drafter, phase 2: the objective matched to one-pass drafting
-    ap.add_argument("--dllm-matched-epochs", type=int, default=3, help="0 = no matched phase")
+    ap.add_argument("--dllm-matched-epochs", type=int, default=2, help="0 = no matched phase")
     ap.add_argument("--dllm-matched-max-steps", type=int, default=None)
     ap.add_argument("--dllm-matched-batch-tokens", type=int, default=4096)
     ap.add_argument("--dllm-matched-lr", type=float, default=5e-4)
-    ap.add_argument("--dllm-matched-warmup", type=int, default=30)
-    ap.add_argument("--suffix-prob", type=float, default=0.5,
+    ap.add_argument("--dllm-matched-warmup", type=int, default=20)
+    ap.add_argument("--suffix-prob", type=float, default=0.7,
                     help="share of (sequence, block) pairs with suffix masks in the matched phase, in [0, 1]")
     ap.add_argument("--boundary-prob", type=float, default=0.5,
                     help="share of suffix cuts on small-block boundaries, in [0, 1]")
+    ap.add_argument("--calibrate-examples", type=int, default=200,
+                    help="fit the dLLM drafter's confidence temperature on the last N distilled examples and fold it "
+                         "into its weights (0 = no calibration)")
     ap.add_argument("--dllm-checkpoint-every", type=int, default=0,
                     help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)")
     ap.add_argument("--soft-weight", type=float, default=0.5,
@@ -267,6 +270,14 @@ def run(a: argparse.Namespace) -> dict:
             )
             st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
             update_log(log_path, "dllm-drafter-matched", st)
+        if a.calibrate_examples > 0:  # confidence temperature, folded into the final norm
+            from specpolicy.family.calibrate import calibrate_saved
+
+            t0 = time.time()
+            cal = calibrate_saved(paths["dllm-drafter"], get_distilled()[-a.calibrate_examples:], tok, a.seed)
+            cal["wall_s"] = round(time.time() - t0, 1)
+            print(f"calibration: {cal}", flush=True)
+            update_log(log_path, "dllm-drafter-calibration", cal)
 
     if todo("eval"):
         print("== eval", flush=True)
