@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from drafters.fastdllm import FastDLLMDrafter
+from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.family.block_diffusion import mixed_noise, sample_noise, sample_suffix_noise
 from specpolicy.family.data import Example, collate
 from specpolicy.family.diagnostics import (
@@ -31,7 +31,7 @@ from specpolicy.family.train_dllm import (
 )
 from specpolicy.family.trainer import TrainConfig
 from specpolicy.runtime import Runtime
-from tests.test_family import _rows
+from test_family import _rows
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ Usage::
     python -m specpolicy.family.diagnostics --results outputs/<run>/results.jsonl
 
 The drafter is run exactly as the ``fastdllm`` drafter runs it in the loop
-(:class:`drafters.fastdllm.FastDLLMDrafter`, float32 on CPU, block 32, small block 8,
+(:class:`specpolicy.drafters.fastdllm.FastDLLMDrafter`, float32 on CPU, block 32, small block 8,
 unmask threshold 0.05: one pass per small block, FailFast arXiv 2512.20573 §4.1). For each
 prompt the target's greedy output (fp32, ``max_new_tokens``) is the reference. From every
 ``stride``-th response position ``c`` the drafter is prefilled with ``prompt + output[:c]``
@@ -165,7 +165,7 @@ def collect_drafts(drafter, prompts: list[torch.Tensor], outputs: list[torch.Ten
     """One-pass drafts from every ``stride``-th committed position of each output.
 
     Args:
-        drafter: a :class:`drafters.fastdllm.FastDLLMDrafter` (or any ``Drafter`` with
+        drafter: a :class:`specpolicy.drafters.fastdllm.FastDLLMDrafter` (or any ``Drafter`` with
             ``prefill``/``draft``).
         prompts: ``(P_i,) int64`` prompt ids. outputs: ``(R_i,) int64`` target greedy outputs.
         stride: distance between start positions (>= 1), starting at 0.
@@ -240,7 +240,7 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
     Returns:
         ``{dataset: summarize_drafts(...) + {"n_prompts", "mean_output_tokens", "wall_s"}}``.
     """
-    from drafters.fastdllm import FastDLLMDrafter, model_block_size
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter, model_block_size
     from specpolicy.datasets import load_prompts
     from specpolicy.family.distill import greedy_generate
     from specpolicy.models import load_causal_lm, load_tokenizer
