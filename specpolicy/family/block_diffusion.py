@@ -23,6 +23,10 @@ mask (and cached); the current block holds the committed tokens of the block fol
 mask tokens, attends to all earlier blocks and bidirectionally to itself; the token at
 ``i`` is read from the logits at ``i - 1`` (for ``j == 0``: the last position of the
 previous, clean block). :func:`block_causal_mask` gives that single-stream mask.
+
+Noise: :func:`sample_noise` draws Fast-dLLM v2's complementary random masks;
+:func:`sample_suffix_noise` draws the masks a one-pass drafter meets (a clean prefix of the
+block, masks from a cut to the block's end). :func:`mixed_noise` mixes them per block.
 """
 
 from __future__ import annotations
@@ -122,3 +126,84 @@ def shift_source(length: int, block_size: int = BLOCK_SIZE, device=None) -> torc
     src = torch.where(i % block_size == 0, length + i - 1, i - 1)
     src[0] = 0
     return src
+
+
+def sample_suffix_noise(
+    response: torch.Tensor,
+    gen: torch.Generator,
+    block_size: int = BLOCK_SIZE,
+    small_block_size: int = 8,
+    boundary_prob: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Suffix masks: the situation of a one-pass drafter (FailFast arXiv 2512.20573 §4.1 with
+    threshold 0.05: one pass per small block).
+
+    Per (row, block) a cut offset ``c``: with probability ``boundary_prob`` a small-block
+    boundary ``{0, S, 2S, ...}`` (the pass that decodes a later small block of a draft), else
+    uniform over ``[0, block_size)`` (the first pass of a round, from wherever the committed
+    prefix ends). Response tokens at offsets ``>= c`` are LOSS targets; they are MASKED in the
+    noisy input except offset 0: at inference a block's first token is never a mask (it is
+    committed, or drafted from the last logit of the previous block's pass; here it is
+    predicted from the clean stream, see :func:`shift_source`). Prompt and padding tokens are
+    never masked nor targets.
+
+    Args:
+        response: ``(B, L) bool``, True on response tokens.
+        gen: CPU generator (seeded by the caller).
+        small_block_size: S, dividing ``block_size``.
+        boundary_prob: share of cuts on small-block boundaries, in [0, 1].
+    Returns:
+        ``(masked, targets)``, both ``(B, L) bool``: ``masked`` = ``targets`` minus block
+        offset 0; in every block the targets are a suffix of the block's response tokens.
+    Raises:
+        ValueError: ``small_block_size`` does not divide ``block_size``, or ``boundary_prob``
+            outside [0, 1].
+    """
+    if small_block_size < 1 or block_size % small_block_size:
+        raise ValueError(f"small_block_size {small_block_size} must divide block_size {block_size}")
+    if not 0.0 <= boundary_prob <= 1.0:
+        raise ValueError(f"boundary_prob must be in [0, 1], got {boundary_prob}")
+    B, L = response.shape
+    nblk = -(-L // block_size)
+    uniform = torch.randint(0, block_size, (B, nblk), generator=gen)
+    boundary = torch.randint(0, block_size // small_block_size, (B, nblk), generator=gen) * small_block_size
+    cut = torch.where(torch.rand((B, nblk), generator=gen) < boundary_prob, boundary, uniform)
+    offset = torch.arange(L) % block_size  # (L,)
+    cut_tok = cut.repeat_interleave(block_size, dim=1)[:, :L]
+    targets = response & (offset[None, :] >= cut_tok)
+    return targets & (offset[None, :] > 0), targets
+
+
+def mixed_noise(
+    response: torch.Tensor,
+    gen: torch.Generator,
+    block_size: int = BLOCK_SIZE,
+    suffix_prob: float = 0.0,
+    small_block_size: int = 8,
+    boundary_prob: float = 0.5,
+    eps: float = EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two noisy copies of one training step, per (row, block) either Fast-dLLM v2's
+    complementary random masks (:func:`sample_noise`) or, with probability ``suffix_prob``,
+    two independent suffix masks (:func:`sample_suffix_noise`).
+
+    Returns:
+        ``(masked, targets)``, both ``(2B, L) bool`` (copy A rows, then copy B rows): masked
+        positions of the noisy stream and loss positions. In random-mask blocks they are
+        equal; in suffix blocks ``targets`` adds the block's first token when the cut is 0.
+    Raises:
+        ValueError: ``suffix_prob`` outside [0, 1] (and see :func:`sample_suffix_noise`).
+    """
+    if not 0.0 <= suffix_prob <= 1.0:
+        raise ValueError(f"suffix_prob must be in [0, 1], got {suffix_prob}")
+    ra, rb = sample_noise(response, gen, block_size, eps)
+    random_masks = torch.cat([ra, rb], 0)
+    if suffix_prob == 0.0:
+        return random_masks, random_masks
+    resp2 = response.repeat(2, 1)
+    sm, st = sample_suffix_noise(resp2, gen, block_size, small_block_size, boundary_prob)
+    B2, L = resp2.shape
+    nblk = -(-L // block_size)
+    use = (torch.rand((B2 // 2, nblk), generator=gen) < suffix_prob).repeat(2, 1)  # same mode in both copies
+    use_tok = use.repeat_interleave(block_size, dim=1)[:, :L]
+    return torch.where(use_tok, sm, random_masks), torch.where(use_tok, st, random_masks)

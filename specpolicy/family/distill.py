@@ -31,7 +31,8 @@ def greedy_generate(
     bf16: bool = False,
     log_every: int = 0,
     compact_every: int = 8,
-) -> list[list[int]]:
+    top_k: int = 0,
+) -> list[list[int]] | tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Batched greedy decoding with left padding and a KV cache.
 
     Position ids count real tokens only (so each row is computed as if unpadded).
@@ -46,8 +47,14 @@ def greedy_generate(
         log_every: print progress every this many batches (0 = silent).
         compact_every: finished rows are removed from the batch (and KV cache) once they
             are >= 1/compact_every of the live rows.
+        top_k: when > 0, also keep the model's ``top_k`` most likely next tokens and their
+            log-probabilities at every generated position (the soft targets of distillation,
+            free here: the logits are computed for the greedy choice anyway).
     Returns:
-        one list of generated token ids per prompt.
+        one list of generated token ids per prompt; with ``top_k > 0`` a pair ``(ids, soft)``
+        where ``soft[i] = (token ids (n_i, top_k) int16, log-probabilities (n_i, top_k)
+        float16)`` for the ``n_i`` generated tokens of prompt ``i`` (row ``t`` is the
+        distribution that token ``t`` was chosen from).
     Raises:
         ValueError: an empty prompt.
     """
@@ -55,6 +62,7 @@ def greedy_generate(
         raise ValueError("empty prompt")
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: list[list[int] | None] = [None] * len(prompts)
+    soft: list = [None] * len(prompts)
     t0 = time.time()
     nb = -(-len(order) // batch_size)
     for bi, s in enumerate(range(0, len(order), batch_size)):
@@ -70,6 +78,9 @@ def greedy_generate(
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
         n_gen = torch.zeros(B, dtype=torch.long)
+        if top_k:
+            top_ids = torch.zeros((B, max_new_tokens, top_k), dtype=torch.int16)
+            top_lp = torch.zeros((B, max_new_tokens, top_k), dtype=torch.float16)
         rows = torch.arange(B)  # batch row held by each cache row
         done = torch.zeros(B, dtype=torch.bool)  # per cache row
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -77,9 +88,14 @@ def greedy_generate(
             cache = out.past_key_values
             last_pos = pos[:, -1]
             for t in range(max_new_tokens):
-                nxt = out.logits[:, -1].float().argmax(-1)
+                last = out.logits[:, -1].float()
+                nxt = last.argmax(-1)
                 live = ~done
                 out_tok[rows[live], t] = nxt[live]
+                if top_k:
+                    lp, ti = last.log_softmax(-1).topk(top_k, dim=-1)
+                    top_ids[rows[live], t] = ti[live].to(torch.int16)
+                    top_lp[rows[live], t] = lp[live].to(torch.float16)
                 n_gen[rows[live]] = t + 1
                 done = done | (nxt == eos_id)
                 if bool(done.all()) or t + 1 == max_new_tokens:
@@ -102,9 +118,13 @@ def greedy_generate(
                 cache = out.past_key_values
         for r, i in enumerate(idx):
             results[i] = out_tok[r, : int(n_gen[r])].tolist()
+            if top_k:
+                soft[i] = (top_ids[r, : int(n_gen[r])].clone(), top_lp[r, : int(n_gen[r])].clone())
         if log_every and ((bi + 1) % log_every == 0 or bi + 1 == nb):
             el = time.time() - t0
             print(f"[distill] batch {bi + 1}/{nb} elapsed {el:.0f}s eta {el / (bi + 1) * (nb - bi - 1):.0f}s", flush=True)
+    if top_k:
+        return results, soft  # type: ignore[return-value]
     return results  # type: ignore[return-value]
 
 
@@ -118,6 +138,7 @@ def distill(
     batch_size: int = 64,
     seed: int = 0,
     bf16: bool = True,
+    top_k: int = 0,
 ) -> dict:
     """Generate the target's greedy outputs for (a seeded subset of) the training prompts.
 
@@ -128,6 +149,9 @@ def distill(
         num_prompts: how many prompts (a seeded random subset); None = all.
         bf16: decode under bf16 autocast (~3x faster here than fp32; outputs equal the fp32
             greedy outputs up to rare near-tie flips, which is harmless for training data).
+        top_k: when > 0, also save the target's top-``top_k`` next-token log-probabilities at
+            every response position to :func:`soft_targets_path` ``(out_path)`` (see
+            :func:`save_soft_targets`).
     Returns:
         stats: ``n``, ``n_finished`` (ended with ``<|im_end|>``), ``mean_response_len``,
         ``wall_s``, ``tokens_per_s`` (generated tokens / s).
@@ -141,7 +165,10 @@ def distill(
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     t0 = time.time()
     prompts = [list(examples[i].prompt_ids) for i in idx]
-    outs = greedy_generate(model, prompts, eos, pad, max_new_tokens, batch_size, bf16=bf16, log_every=5)
+    outs = greedy_generate(model, prompts, eos, pad, max_new_tokens, batch_size, bf16=bf16, log_every=5, top_k=top_k)
+    if top_k:
+        outs, soft = outs
+        save_soft_targets(soft, soft_targets_path(out_path))
     wall = time.time() - t0
     exs = [Example(tuple(p), tuple(o)) for p, o in zip(prompts, outs)]
     extra = [{"finished": bool(o and o[-1] == eos), "source_index": i} for o, i in zip(outs, idx)]
@@ -154,6 +181,38 @@ def distill(
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
         bf16=bf16,
+        top_k=top_k,
         wall_s=round(wall, 1),
         tokens_per_s=round(n_tok / max(wall, 1e-9), 1),
     )
+
+
+def soft_targets_path(distill_path: str | Path) -> Path:
+    """Where the soft targets of a distilled jsonl live: ``<stem>.topk.pt`` beside it."""
+    p = Path(distill_path)
+    return p.with_name(p.stem + ".topk.pt")
+
+
+def save_soft_targets(soft: list[tuple[torch.Tensor, torch.Tensor]], path: str | Path) -> None:
+    """Save per-example top-k soft targets (rows in the distilled jsonl's order) as one file:
+    ``{"offsets": (n+1,) int64, "ids": (N, k) int16, "logprobs": (N, k) float16}`` with example
+    ``i``'s response positions at rows ``offsets[i]:offsets[i+1]``."""
+    lens = torch.tensor([0] + [int(a.shape[0]) for a, _ in soft])
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    torch.save({"offsets": lens.cumsum(0), "ids": torch.cat([a for a, _ in soft]),
+                "logprobs": torch.cat([b for _, b in soft])}, tmp)
+    tmp.replace(p)
+
+
+def load_soft_targets(path: str | Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Inverse of :func:`save_soft_targets`: one ``(ids (n_i, k) int16, logprobs (n_i, k)
+    float16)`` pair per example.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    d = torch.load(path)
+    o = d["offsets"].tolist()
+    return [(d["ids"][a:b], d["logprobs"][a:b]) for a, b in zip(o[:-1], o[1:])]

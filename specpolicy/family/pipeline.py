@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--distill-batch", type=int, default=128)
     ap.add_argument("--distill-max-new", type=int, default=256)
     ap.add_argument("--distill-fp32", action="store_true", help="decode in fp32 (default: bf16 autocast, ~3x faster)")
+    ap.add_argument("--distill-top-k", type=int, default=8,
+                    help="also keep the target's top-k next-token log-probs (soft targets of the dLLM drafter; 0 = none)")
     # AR drafter
     ap.add_argument("--drafter-size", default="ar-drafter")
     ap.add_argument("--drafter-epochs", type=int, default=8)
@@ -72,11 +74,51 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dllm-lr", type=float, default=1e-3)
     ap.add_argument("--dllm-warmup", type=int, default=30)
     ap.add_argument("--block-size", type=int, default=32)
+    ap.add_argument("--dllm-init", default=None,
+                    help="model dir the dLLM drafter starts from (default: <out>/ar-drafter; with --dllm-epochs 0 "
+                         "the matched phase starts from it, e.g. an earlier dllm-drafter)")
+    # dLLM drafter, phase 2: the objective matched to one-pass drafting
+    ap.add_argument("--dllm-matched-epochs", type=int, default=2, help="0 = no matched phase")
+    ap.add_argument("--dllm-matched-max-steps", type=int, default=None)
+    ap.add_argument("--dllm-matched-batch-tokens", type=int, default=4096)
+    ap.add_argument("--dllm-matched-lr", type=float, default=5e-4)
+    ap.add_argument("--dllm-matched-warmup", type=int, default=20)
+    ap.add_argument("--suffix-prob", type=float, default=0.7,
+                    help="share of (sequence, block) pairs with suffix masks in the matched phase, in [0, 1]")
+    ap.add_argument("--boundary-prob", type=float, default=0.5,
+                    help="share of suffix cuts on small-block boundaries, in [0, 1]")
+    ap.add_argument("--calibrate-examples", type=int, default=200,
+                    help="fit the dLLM drafter's confidence temperature on the last N distilled examples and fold it "
+                         "into its weights (0 = no calibration)")
+    ap.add_argument("--dllm-checkpoint-every", type=int, default=0,
+                    help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)")
+    ap.add_argument("--soft-weight", type=float, default=0.5,
+                    help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]")
     # eval
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-k", type=int, default=5)
+    ap.add_argument("--eval-diagnostics-n", type=int, default=30,
+                    help="GSM8K test prompts of the dLLM drafter diagnostics in the eval stage (0 = skip)")
     ap.add_argument("--log-every", type=int, default=10)
     return ap
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """One-line errors for out-of-range options (before anything loads).
+
+    Raises:
+        SystemExit: naming the option, the value and the accepted range.
+    """
+    for name in ("suffix_prob", "boundary_prob", "soft_weight"):
+        v = getattr(a, name)
+        if not 0.0 <= v <= 1.0:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be in [0, 1]")
+    for name in ("dllm_epochs", "dllm_matched_epochs"):
+        v = getattr(a, name)
+        if v < 0:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= 0")
+    if a.dllm_epochs == 0 and a.dllm_matched_epochs == 0:
+        raise SystemExit("error: --dllm-epochs=0 and --dllm-matched-epochs=0; at least one must be >= 1")
 
 
 def _dir_mb(p: Path) -> float:
@@ -87,7 +129,7 @@ def run(a: argparse.Namespace) -> dict:
     """Run the requested stages; returns the final training log."""
     from specpolicy.family.block_diffusion import BLOCK_SIZE
     from specpolicy.family.data import fit_length, load_examples, read_examples
-    from specpolicy.family.distill import distill
+    from specpolicy.family.distill import distill, load_soft_targets, soft_targets_path
     from specpolicy.family.evaluate import evaluate
     from specpolicy.family.models import is_saved
     from specpolicy.family.tokenizer import load_tokenizer, train_and_save
@@ -96,6 +138,7 @@ def run(a: argparse.Namespace) -> dict:
     from specpolicy.family.trainer import TrainConfig
     from specpolicy.family.training_log import read_log, update_log
 
+    check_args(a)
     threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
     out = Path(a.out)
@@ -163,11 +206,21 @@ def run(a: argparse.Namespace) -> dict:
         print("== distill", flush=True)
         n = a.distill_prompts or None
         st = distill(paths["target"], get_train(), tok, paths["distill"], n, a.distill_max_new, a.distill_batch, a.seed,
-                     bf16=not a.distill_fp32)
+                     bf16=not a.distill_fp32, top_k=a.distill_top_k)
         print(f"distill: {st}", flush=True)
         update_log(log_path, "distill", st)
 
     drafter_data = None
+
+    def get_distilled_with_soft(soft):
+        """The distilled examples that fit ``--max-len`` and (when given) their soft targets."""
+        exs = read_examples(paths["distill"])
+        keep = [i for i, e in enumerate(exs) if len(e) <= a.max_len]
+        if a.overflow == "truncate":  # truncation keeps every row whose prompt fits; soft rows are cut alike
+            kept, _ = fit_length(exs, a.max_len, a.overflow)
+            keep = [i for i, e in enumerate(exs) if len(e.prompt_ids) < a.max_len]
+            return kept, None if soft is None else [soft[i] for i in keep]
+        return [exs[i] for i in keep], None if soft is None else [soft[i] for i in keep]
 
     def get_distilled():
         nonlocal drafter_data
@@ -188,15 +241,57 @@ def run(a: argparse.Namespace) -> dict:
     if todo("dllm-drafter"):
         print("== dllm-drafter", flush=True)
         bs = a.block_size or BLOCK_SIZE
-        st = train_dllm_model(
-            paths["ar-drafter"], get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs
-        )
-        st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
-        update_log(log_path, "dllm-drafter", st)
+        init = Path(a.dllm_init) if a.dllm_init else paths["ar-drafter"]
+        if a.dllm_epochs > 0:  # phase 1: Fast-dLLM v2 adaptation (random complementary masks, hard targets)
+            st = train_dllm_model(init, get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs)
+            st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
+            update_log(log_path, "dllm-drafter", st)
+            init = paths["dllm-drafter"]
+        if a.dllm_matched_epochs > 0:  # phase 2: the objective matched to one-pass drafting
+            print("== dllm-drafter (matched objective)", flush=True)
+            soft = None
+            if a.soft_weight > 0:
+                soft_path = soft_targets_path(paths["distill"])
+                if not soft_path.exists():
+                    raise SystemExit(f"error: --soft-weight={a.soft_weight} needs {soft_path}; "
+                                     "redo the distill stage with --distill-top-k > 0")
+                soft = load_soft_targets(soft_path)
+            exs, soft = get_distilled_with_soft(soft)
+            mc = TrainConfig(
+                epochs=a.dllm_matched_epochs, max_steps=a.dllm_matched_max_steps,
+                batch_tokens=a.dllm_matched_batch_tokens, lr=a.dllm_matched_lr,
+                warmup_steps=a.dllm_matched_warmup, seed=a.seed, bf16=bf16, log_every=a.log_every,
+                pad_to_multiple=bs,
+            )
+            st = train_dllm_model(
+                init, exs, tok, mc, paths["dllm-drafter"], bs, name="dllm-drafter-matched",
+                suffix_prob=a.suffix_prob, boundary_prob=a.boundary_prob, soft_targets=soft,
+                soft_weight=a.soft_weight, checkpoint_every=a.dllm_checkpoint_every,
+            )
+            st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
+            update_log(log_path, "dllm-drafter-matched", st)
+        if a.calibrate_examples > 0:  # confidence temperature, folded into the final norm
+            from specpolicy.family.calibrate import calibrate_saved
+
+            t0 = time.time()
+            cal = calibrate_saved(paths["dllm-drafter"], get_distilled()[-a.calibrate_examples:], tok, a.seed)
+            cal["wall_s"] = round(time.time() - t0, 1)
+            print(f"calibration: {cal}", flush=True)
+            update_log(log_path, "dllm-drafter-calibration", cal)
 
     if todo("eval"):
         print("== eval", flush=True)
         evaluate(out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, log_path)
+        if a.eval_diagnostics_n > 0 and is_saved(paths["dllm-drafter"]):
+            from specpolicy.family.diagnostics import diagnose
+
+            t0 = time.time()
+            diag = diagnose(str(paths["dllm-drafter"]), str(paths["target"]), ["gsm8k"], a.eval_diagnostics_n,
+                            a.distill_max_new, stride=12)
+            for r in diag.values():  # the log keeps the curves; the reliability tables stay in the CLI's output
+                r.pop("reliability", None)
+                r.pop("reliability_given_prefix_correct", None)
+            update_log(log_path, "dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
 
     total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter") if paths[m].exists())
     log = update_log(log_path, "weights_total_mb", round(total_mb, 2))

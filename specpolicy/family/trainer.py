@@ -83,15 +83,19 @@ def train(
     cfg: TrainConfig,
     pad_id: int,
     name: str = "model",
+    on_log: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> dict:
     """Train ``model`` in place.
 
     Args:
         examples: training examples.
         loss_fn: ``(model, batch, generator) -> (mean loss (0-d float tensor), n_target_tokens)``
-            where ``batch`` is :func:`collate`'s dict.
+            where ``batch`` is :func:`collate`'s dict plus ``index`` ((B,) int64: each row's
+            index into ``examples``).
         pad_id: pad token id for collation.
         name: label used in progress lines.
+        on_log: called as ``on_log(steps_done, model)`` at every progress line (e.g. to save a
+            checkpoint; the model is in train mode and must not be modified).
     Returns:
         stats dict: ``steps``, ``epochs``, ``final_loss`` (token-weighted mean over the last
         ``max(10, 5%)`` steps), ``first_loss``, ``loss_curve`` (list of ``[step, loss, lr]``
@@ -119,6 +123,7 @@ def train(
     print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
     for step, idx in enumerate(plan):
         batch = collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple)
+        batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples``
         lr = lr_at(step, total, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -147,6 +152,8 @@ def train(
             )
             sys.stdout.flush()
             win_loss, win_tok = 0.0, 0
+            if on_log is not None:
+                on_log(step + 1, model)
     wall = time.time() - t0
     model.eval()
     n_last = max(10, total // 20)
