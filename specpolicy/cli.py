@@ -27,6 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from hydra_plugins.specpolicy_launcher import register as register_launcher_plugin
 from specpolicy.errors import EXIT_FAILURE, one_line
 from specpolicy.experiment import run_experiment
 from specpolicy.hydra_searchpath import register as register_searchpath_plugin
@@ -118,6 +119,7 @@ def main() -> None:
     debug = _debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get("HYDRA_FULL_ERROR", "") == "1"
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
     register_searchpath_plugin()
+    register_launcher_plugin()  # hydra/launcher=slurm, slurm_cpu (an editable install hides it from Hydra's scan)
     from specpolicy.resume import RunInterrupted
 
     full_error = os.environ.get("HYDRA_FULL_ERROR")
