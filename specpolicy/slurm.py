@@ -32,6 +32,10 @@ ACTIVE_STATES = frozenset({
 })
 #: The state given to a job that ``squeue`` no longer lists.
 GONE = "ENDED"
+#: Pending reasons that no wait resolves: the request exceeds what the partition offers.
+UNSATISFIABLE = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints"})
+UNSATISFIABLE_HINT = ("the partition cannot run this request: ask for less (hydra.launcher.cpus_per_task, mem_gb, "
+                      "gpus_per_node, timeout_min) or choose another hydra.launcher.partition, and scancel the job")
 
 
 class SqueueWatcher(InfoWatcher):
@@ -114,12 +118,13 @@ class SqueueWatcher(InfoWatcher):
         state, reason = self._info_dict[job_id]["State"], self._info_dict[job_id]["Reason"]
         now = time.time()
         last_state, last_reason, last_time = self._logged.get(job_id, ("", "", 0.0))
-        if (state, reason) == (last_state, last_reason):
-            if state != "PENDING" or now - last_time < self.remind_s:
-                return
-            message = f"still PENDING, reason: {reason}"
-        elif state == "PENDING":
-            message = f"PENDING, reason: {reason}"
+        repeated = (state, reason) == (last_state, last_reason)
+        if repeated and (state != "PENDING" or now - last_time < self.remind_s):
+            return
+        if state == "PENDING":
+            message = f"{'still ' if repeated else ''}PENDING, reason: {reason}"
+            if reason in UNSATISFIABLE:
+                message += f" -- {UNSATISFIABLE_HINT}"
         elif state == GONE:
             message = f"ended ({reason})"
         else:

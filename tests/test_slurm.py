@@ -81,6 +81,9 @@ def test_squeue_watcher_repeats_a_pending_reason_and_keeps_states_when_squeue_fa
     watcher.update()
     assert [r.getMessage() for r in caplog.records][-2:] == ["Slurm job 8 PENDING, reason: Resources",
                                                              "Slurm job 8 still PENDING, reason: Resources"]
+    fake_squeue("8|PENDING|PartitionConfig\n")  # more than the partition offers: it never starts
+    watcher.update()
+    assert "ask for less (hydra.launcher.cpus_per_task" in caplog.records[-1].getMessage()
     fake_squeue("", rc=1, stderr="slurm_load_jobs error: Socket timed out on send/recv operation")
     watcher.update()  # a busy controller: the last known state stands, the job is not taken for ended
     assert watcher.get_state("8", mode="cache") == "PENDING" and "squeue failed" in caplog.records[-1].getMessage()
