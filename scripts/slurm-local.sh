@@ -36,12 +36,16 @@ ns_exists() { ip netns list 2>/dev/null | awk -v ns="$NS" '$1 == ns {found = 1} 
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (slurmd runs jobs as their users; network namespaces)"; }
 
 install_packages() {
-    if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-        && command -v sbatch >/dev/null; then
-        return 0
-    fi
-    command -v apt-get >/dev/null || die "slurm-wlm and munge are not installed and there is no apt-get"
-    say "installing slurm-wlm munge (apt-get)"
+    local packages=""
+    command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+        || packages="slurm-wlm"
+    command -v munged >/dev/null || packages="$packages munge"
+    command -v ip >/dev/null && command -v ss >/dev/null || packages="$packages iproute2"
+    command -v nsenter >/dev/null || packages="$packages util-linux"
+    packages=${packages# }
+    [ -n "$packages" ] || return 0
+    command -v apt-get >/dev/null || die "needs $packages, and there is no apt-get to install them"
+    say "installing $packages (apt-get)"
     # The packages' maintainer scripts must not start system-wide daemons (they would bind
     # every address): policy-rc.d answers 101 ("action not allowed") while they install.
     local guard=""
@@ -50,8 +54,9 @@ install_packages() {
         guard=/usr/sbin/policy-rc.d
     fi
     local rc=0
-    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        slurm-wlm munge; } >"${TMPDIR:-/tmp}/slurm-local-apt.log" 2>&1 || rc=$?
+    # shellcheck disable=SC2086
+    { timeout 600 apt-get update -q && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q \
+        --no-install-recommends $packages; } >"${TMPDIR:-/tmp}/slurm-local-apt.log" 2>&1 || rc=$?
     [ -z "$guard" ] || rm -f "$guard"
     [ "$rc" = 0 ] || { tail -20 "${TMPDIR:-/tmp}/slurm-local-apt.log" >&2; die "apt-get failed (exit $rc)"; }
 }
@@ -162,12 +167,11 @@ up() {
         say "already up ($DIR); source $DIR/env.sh"
         return 0
     fi
-    for cmd in ip nsenter ss; do command -v "$cmd" >/dev/null || die "needs $cmd"; done
     if ns_exists && [ -n "$(ip netns pids "$NS")" ]; then
         die "namespace $NS still has processes: scripts/slurm-local.sh down first"
     fi
     trap 'say "up failed: stopping what it started"; down' EXIT
-    rm -rf "$DIR/state" "$DIR/run" "$DIR/bin" "$DIR/log"
+    rm -rf "${DIR:?}/state" "${DIR:?}/run" "${DIR:?}/bin" "${DIR:?}/log"
     mkdir -p "$DIR/etc" "$DIR/state/slurmctld" "$DIR/state/slurmd" "$DIR/log" "$DIR/run" "$DIR/bin" "$DIR/munge"
     chmod 755 "$DIR"
     chmod 755 "$DIR/munge"   # munged: the socket directory must be searchable by all
@@ -234,7 +238,7 @@ down() {
         for pid in $(ip netns pids "$NS"); do stop_pid "$(cat "/proc/$pid/comm" 2>/dev/null)" "$pid"; done
         ip netns delete "$NS"
     fi
-    rm -rf "$DIR/bin" "$DIR/env.sh"
+    rm -rf "${DIR:?}/bin" "${DIR:?}/env.sh"
     say "down (logs kept in $DIR/log)"
 }
 
@@ -257,6 +261,6 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
-    env) [ -f "$DIR/env.sh" ] && cat "$DIR/env.sh" || die "not up ($DIR/env.sh missing)" ;;
+    env) if [ -f "$DIR/env.sh" ]; then cat "$DIR/env.sh"; else die "not up ($DIR/env.sh missing)"; fi ;;
     *) echo "usage: $0 up|down|status|env   (state in \$SPECPOLICY_SLURM_DIR, default /tmp/specpolicy-slurm)" >&2; exit 2 ;;
 esac

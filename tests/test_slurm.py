@@ -101,7 +101,7 @@ def test_slurm_presets_request_a_gpu_or_none():
     assert gpu._target_ == cpu._target_ == "hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher"
     assert (gpu.gpus_per_node, gpu.cpus_per_task, gpu.mem_gb) == (1, 4, 32)
     assert (cpu.gpus_per_node, cpu.cpus_per_task, cpu.mem_gb) == (0, 2, 2)
-    assert cpu.setup == ["export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK"]
+    assert cpu.setup == ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
     params = {k: v for k, v in cpu.items() if k != "_target_"}
     assert SpecpolicySlurmLauncher(**params).params["gpus_per_node"] is None  # no --gpus-per-node line
     assert SpecpolicySlurmLauncher(**{**params, "gpus_per_node": 2}).params["gpus_per_node"] == 2
@@ -144,12 +144,20 @@ def _launch(command: list[str], env: dict[str, str], log: Path) -> subprocess.Po
         return subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
+def _stop(process: subprocess.Popen, env: dict[str, str], log: Path) -> None:
+    """Stop the launcher and cancel what it submitted (a failed test leaves no job behind)."""
+    process.kill()
+    jobs = sorted({job.split("_")[0] for job in _job_ids(log.read_text())})
+    if jobs:
+        subprocess.run(["scancel", *jobs], env=env, capture_output=True, timeout=60)
+
+
 def _run(command: list[str], env: dict[str, str], log: Path) -> str:
     process = _launch(command, env, log)
     try:
         rc = process.wait(timeout=LAUNCH_TIMEOUT_S)
     finally:
-        process.kill()
+        _stop(process, env, log)
     output = log.read_text()
     assert rc == 0, output[-4000:]
     return output
@@ -231,7 +239,7 @@ def test_slurm_cpu_logs_the_pending_reason_and_a_cancelled_task_ends_the_wait(fa
         subprocess.run(["scancel", task], env=slurm_env, check=True, timeout=60)
         rc = process.wait(timeout=LAUNCH_TIMEOUT_S)  # without the squeue watcher: forever
     finally:
-        process.kill()
+        _stop(process, slurm_env, log)
     output = log.read_text()
     assert rc != 0, output[-4000:]
     # squeue lists the task as CANCELLED, or no longer at all (a pending array task may go at once)
@@ -267,7 +275,7 @@ def test_a_preempted_job_is_requeued_and_resumes_without_recomputing(family, slu
         signal("CONT")  # ... once it runs again
         rc = process.wait(timeout=LAUNCH_TIMEOUT_S)
     finally:
-        process.kill()
+        _stop(process, slurm_env, log)
     output = log.read_text()
     assert rc == 0, output[-4000:]
     job_log = "".join(p.read_text() for p in sorted((sweep / ".submitit" / job).glob("*_log.*")))
