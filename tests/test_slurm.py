@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from tiny_family import overrides, save_tiny_family
 
 from specpolicy.slurm import GONE, SqueueWatcher
@@ -101,7 +102,7 @@ def test_slurm_presets_request_a_gpu_or_none():
     assert gpu._target_ == cpu._target_ == "hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher"
     assert (gpu.gpus_per_node, gpu.cpus_per_task, gpu.mem_gb) == (1, 4, 32)
     assert (cpu.gpus_per_node, cpu.cpus_per_task, cpu.mem_gb) == (0, 2, 2)
-    assert cpu.setup == ["export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
+    assert OmegaConf.to_container(cpu.setup, resolve=True) == ["export OMP_NUM_THREADS=$((SLURM_CPUS_PER_TASK > 0 ? SLURM_CPUS_PER_TASK : 1))"]
     params = {k: v for k, v in cpu.items() if k != "_target_"}
     assert SpecpolicySlurmLauncher(**params).params["gpus_per_node"] is None  # no --gpus-per-node line
     assert SpecpolicySlurmLauncher(**{**params, "gpus_per_node": 2}).params["gpus_per_node"] == 2
