@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
-from tiny_family import overrides, save_tiny_family
 
+from conftest import overrides
 from specpolicy.slurm import GONE, SqueueWatcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,11 +128,6 @@ def slurm_env() -> dict[str, str]:
     if state.returncode != 0 or not {"idle", "mixed", "allocated"} & set(state.stdout.split()):
         pytest.skip(f"the local Slurm cluster has no usable node: {state.stdout.strip()} {state.stderr.strip()}")
     return env
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def _sweep_command(family, sweep: Path, *args: str) -> list[str]:
