@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, Method, run_interleaved, start_benchmark, summarize_method, write_runs  # noqa: E402  (not a package)
+from peers import Bench, Method, add_model_arguments, run_interleaved, start_benchmark, summarize_method, write_runs  # noqa: E402  (not a package)
 
 from specpolicy.accounting import with_pass_accounting  # noqa: E402
 from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
@@ -122,12 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-threshold", type=float, default=0.9, help="Fast-dLLM's default unmask threshold")
     p.add_argument("--failfast-threshold", type=float, default=0.05, help="FailFast's unmask threshold")
     p.add_argument("--out", default="paper-table", help="output directory")
-    p.add_argument("--target", default="target")
-    p.add_argument("--ar-drafter", default="ar-drafter")
-    p.add_argument("--dllm-drafter", default="dllm-drafter")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_model_arguments(p)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     args = p.parse_args(argv)
     for key in ("num_prompts", "calibration_prompts", "max_new_tokens", "failfast_n", "failfast_n_max"):

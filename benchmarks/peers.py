@@ -414,13 +414,19 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _print_columns(columns, rows: list[list[str]], title: str):
+    """Print ``rows`` (formatted cells, one list per method) under ``columns`` ((title, key, format)
+    triples; the ``method`` column left-aligned), every column kept; returns the rich console."""
+    cols = [Column(head, [r[i] for r in rows], text=key == "method") for i, (head, key, _) in enumerate(columns)]
+    kept, widths, _ = layout(cols, None, wide=True)
+    return print_rows(kept, widths, title=title)
+
+
 def print_table(results: dict[str, Any]) -> None:
     """Print the table (every column, ``specpolicy.tables`` layout) and what its columns mean."""
     s = results["settings"]
     rows = table_rows(results)
-    cols = [Column(title, [r[i] for r in rows], text=key == "method") for i, (title, key, _) in enumerate(COLUMNS)]
-    kept, widths, _ = layout(cols, None, wide=True)
-    console = print_rows(kept, widths, title=f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
+    console = _print_columns(COLUMNS, rows, f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
                                              f"tokens, {s['device']} {s['dtype']}")
     console.print(f"x HF best: over {results['hf_assisted_best']}; oracle fraction: modeled speedup / the exact "
                   f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
@@ -452,9 +458,7 @@ def print_tuned_table(results: dict[str, Any]) -> None:
     """Print the MODELED table under the tuned profile and what its columns mean."""
     profile = results["tuned_profile"]
     rows = tuned_rows(results)
-    cols = [Column(title, [r[i] for r in rows], text=key == "method") for i, (title, key, _) in enumerate(TUNED_COLUMNS)]
-    kept, widths, _ = layout(cols, None, wide=True)
-    console = print_rows(kept, widths, title=f"MODELED under {profile} (pass counts x the profile's latencies, "
+    console = _print_columns(TUNED_COLUMNS, rows, f"MODELED under {profile} (pass counts x the profile's latencies, "
                                              f"not measured)")
     console.print(f"goodput-{profile} was given that profile's costs; oracle fraction: the oracle length policy's "
                   f"modeled time / the method's, both with the profile's costs (same drafter, exact replay)",
@@ -483,12 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results.json", help="JSON output, one entry per method")
     p.add_argument("--runs-dir", default=None,
                    help="per-method run dirs for specpolicy.plot (default: <out stem>-runs)")
-    p.add_argument("--target", default="target")
-    p.add_argument("--ar-drafter", default="ar-drafter")
-    p.add_argument("--dllm-drafter", default="dllm-drafter")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_model_arguments(p)
     p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
     p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
     p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
@@ -515,6 +514,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not complete:
         p.error(f"--tuned-profile must set every latency (not {args.tuned_profile!r}, measured in the run)")
     return args
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The models and runtime of a benchmark: ``--target``, ``--ar-drafter``, ``--dllm-drafter``
+    (bundled names or local directories), ``--device``, ``--dtype`` and ``--threads`` (torch
+    threads, 0 = torch's default)."""
+    p.add_argument("--target", default="target")
+    p.add_argument("--ar-drafter", default="ar-drafter")
+    p.add_argument("--dllm-drafter", default="dllm-drafter")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
 
 
 def start_benchmark(threads: int) -> Callable[[str], None]:
