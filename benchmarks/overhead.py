@@ -14,6 +14,8 @@ drafter's model. Reported per method, summed over prompts:
 * ``outside_forward_ms`` = wall - forward, and ``outside_fraction`` (the goal: <= 10%);
 * our loop timers for context: ``prefill_ms``, ``draft_ms``, ``verify_ms`` and ``loop_ms`` =
   wall - prefill - draft - verify (commit, policy update, reuse, bookkeeping);
+* ``policy_ms`` / ``policy_fraction`` -- the length policy's own time (``next_length`` and
+  ``update``, ``specpolicy.profiling.PolicyTimer``), part of ``outside_forward_ms``;
 * ``wall_ms_without_hooks`` -- the same prompts without hooks (the hooks' own cost is the
   difference).
 
@@ -36,7 +38,7 @@ from peers import Bench  # noqa: E402
 
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.decoding import generate  # noqa: E402
-from specpolicy.profiling import ForwardTimer  # noqa: E402
+from specpolicy.profiling import ForwardTimer, PolicyTimer  # noqa: E402
 from specpolicy.reuse import DraftReuse  # noqa: E402
 
 #: (name, drafter, policy config choice, policy overrides, reuse)
@@ -64,7 +66,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
         policy = bench.policy(choice, **over) if choice else None
         model = getattr(drafter, "model", None)
         rows[name] = dict.fromkeys(("wall_ms", "wall_ms_without_hooks", "target_forward_ms", "drafter_forward_ms",
-                                    "prefill_ms", "draft_ms", "verify_ms"), 0.0)
+                                    "prefill_ms", "draft_ms", "verify_ms", "policy_ms"), 0.0)
         rows[name].update(target_forward_calls=0, drafter_forward_calls=0, tokens=0, rounds=0)
 
         def run(ids, hooks, record=True, _name=name, _d=drafter, _p=policy, _m=model, _r=reuse):
@@ -75,7 +77,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
                 if record:
                     rows[_name]["wall_ms_without_hooks"] += res.wall_s * 1e3
                 return
-            with ForwardTimer(target=bench.target, drafter=_m) as ft:
+            with ForwardTimer(target=bench.target, drafter=_m) as ft, PolicyTimer(_p) as pt:
                 res = generate(ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=_d,
                                policy=_p, reuse=reuse_obj)
             r = rows[_name]
@@ -85,6 +87,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
             r["drafter_forward_ms"] += ft.ms.get("drafter", 0.0)
             r["drafter_forward_calls"] += ft.calls.get("drafter", 0)
             r["prefill_ms"] += res.prefill_ms
+            r["policy_ms"] += pt.total_ms
             r["draft_ms"] += sum(x.draft_ms for x in res.rounds)
             r["verify_ms"] += sum(x.verify_ms for x in res.rounds)
             r["tokens"] += int(res.output_ids.shape[0])
@@ -106,6 +109,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
         r["outside_forward_ms"] = r["wall_ms"] - forward
         r["outside_fraction"] = r["outside_forward_ms"] / r["wall_ms"] if r["wall_ms"] else 0.0
         r["loop_ms"] = r["wall_ms"] - r["prefill_ms"] - r["draft_ms"] - r["verify_ms"]
+        r["policy_fraction"] = r["policy_ms"] / r["wall_ms"] if r["wall_ms"] else 0.0
     return rows
 
 
@@ -117,6 +121,7 @@ def print_table(rows: dict[str, dict[str, Any]], title: str) -> None:
             ("drafter fwd ms", "drafter_forward_ms", "{:.0f}"), ("outside fwd ms", "outside_forward_ms", "{:.0f}"),
             ("outside %", "outside_fraction", "{:.1%}"), ("prefill ms", "prefill_ms", "{:.0f}"),
             ("draft ms", "draft_ms", "{:.0f}"), ("verify ms", "verify_ms", "{:.0f}"), ("loop ms", "loop_ms", "{:.0f}"),
+            ("policy %", "policy_fraction", "{:.1%}"),
             ("fwd calls T/D", None, None), ("wall ms no hooks", "wall_ms_without_hooks", "{:.0f}"))
     table = Table(title=title)
     table.add_column("method")

@@ -205,7 +205,7 @@ class FastDLLMDrafter(Drafter):
     verification: unmasking passes, block-boundary passes, and passes ``commit`` spent rewriting
     newly completed blocks (those are charged to the next round). ``lookahead`` counts the tokens
     of the leading unmasked run decoded past the draft (asking for them costs no pass; 0 after a
-    drafted stop token).
+    drafted stop token) and ``lookahead_confidences`` their confidences.
 
     ``Draft.small_block_confidences`` records, per unmasking pass, the confidences of the small
     block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
@@ -576,9 +576,10 @@ class FastDLLMDrafter(Drafter):
                    else torch.empty(0, dtype=torch.float32, device=self._device))
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         lookahead = 0 if self._stop_len is not None else max(self._blk_start + self._filled - (self._L + self._k), 0)
+        ahead_conf = self._blk_conf[self._filled - lookahead : self._filled]  # (lookahead,) a view
         return Draft(ids, conf, forward_passes=self._passes, probs=q,  # fresh tensors (torch.cat)
                      ends_at_stop_token=self._k == self._stop_len, small_block_confidences=sb_conf,
-                     lookahead=lookahead)
+                     lookahead=lookahead, lookahead_confidences=ahead_conf)
 
     @torch.no_grad()
     def commit(self, draft: Draft, verification: Verification) -> None:

@@ -39,10 +39,13 @@ case of a cost-free drafter and a step acceptance curve; this policy uses the co
 Chunks follow the drafter, through the ``Draft`` alone: the policy asks for one token past the
 drafter's decoded frontier (one AR pass, one Fast-dLLM small block, one suffix-index step); the
 tokens the drafter decoded ahead (``Draft.lookahead``: Fast-dLLM's rest of the small block) are
-free but for verification, so it takes them as the plan wants -- one at a time while a draft
-token costs verification time (measured, or the profile's ``verify_ms_per_draft_token``), to see
-each confidence before adding the next; all at once when it costs nothing -- and every pass is
-decided with every confidence seen so far. Tokens per chunk and passes per chunk are learned
+free but for verification, so it takes them as the plan wants. When the drafter reports their
+confidences (``Draft.lookahead_confidences``, as Fast-dLLM does) the plan uses their calibrated
+``p`` and the answer is, in one step, the decoded-ahead tokens up to the best length -- or all of
+them and one token past them (a new chunk) when the best length lies beyond; otherwise it takes
+them one at a time while a draft token costs verification time (measured, or the profile's
+``verify_ms_per_draft_token``), to see each confidence before adding the next, and all at once
+when it costs nothing. Every pass is decided with every confidence seen so far. Tokens per chunk and passes per chunk are learned
 from the frontier's advance and ``Draft.forward_passes`` within rounds (the round's first chunk
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
@@ -59,7 +62,7 @@ estimate -- or taken from a hardware profile
 figure of a policy tuned to that profile can be computed; null profile fields are measured).
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
 
-Host work per decision: one read of the new confidences (one device sync on an accelerator)
+Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop.
 """
 
@@ -69,6 +72,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from specpolicy.calibration import AcceptanceCalibration
 from specpolicy.hookspecs import hookimpl
@@ -92,6 +96,10 @@ OUTLIER_WARMUP = 5
 #: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
 COST_EMA = 0.1
 CHUNK_EMA = 0.2
+#: The decision tables (calibration, costs, throughput) are rebuilt after each of the first
+#: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds.
+REFRESH_WARMUP = 32
+REFRESH_EVERY = 8
 
 
 class GoodputPolicy(LengthPolicy):
@@ -100,10 +108,12 @@ class GoodputPolicy(LengthPolicy):
     Each decision reads the confidences drafted since the previous one, multiplies their
     calibrated probabilities into the draft's survival ``prod p_i``, and plans over lengths
     ``k+1..max_length``; it answers 0 (stop; ``draft_stop_reason`` ``"low_confidence"``, or
-    ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise 1 (the
-    next chunk: one token past the drafter's frontier, or the next token decoded ahead while
-    draft tokens cost verification time) or the tokens decoded ahead that the plan wants
-    (``Draft.lookahead``, when they cost nothing). A first answer of 0 is plain decoding.
+    ``"policy_bound"`` at ``max_length``) when no length has a positive value, otherwise the
+    tokens decoded ahead that the plan wants (``Draft.lookahead``; with their confidences reported,
+    all of those up to the best length, plus one token past them for a new chunk when the best
+    length lies beyond) or 1 (the next chunk: one token past the drafter's frontier, or the next
+    token decoded ahead while draft tokens cost verification time and their confidences are not
+    reported). A first answer of 0 is plain decoding.
 
     Args:
         max_length: longest draft in tokens and the planning horizon, integer >= 1 (default 60).
@@ -161,7 +171,10 @@ class GoodputPolicy(LengthPolicy):
         # Consecutive rounds this policy chose plain decoding for; a fresh policy starts with a
         # probe (with no observation at all, one chunk is drafted to learn from).
         self._plain_rounds = self.probe_interval
-        self._stale = True  # the per-round tables need recomputing (``_refresh``)
+        self._pending: list[tuple[tuple[float, ...], int]] = []  # (confidences, accepted) not yet counted
+        self._rounds = 0  # rounds learned from
+        self._updates = 0  # rounds learned from since the tables were rebuilt
+        self._stale = True  # the decision tables need rebuilding (``_refresh``)
 
     def _new_round(self) -> None:
         self._seen = 0  # draft tokens whose p is known
@@ -170,6 +183,7 @@ class GoodputPolicy(LengthPolicy):
         self._passes = 0  # drafter passes of the round so far
         self._in_chunk = False  # the last answer asked past the frontier (a new chunk)
         self._chose_plain = False
+        self._stop_at = -1  # draft length at which the plan already decided to stop (-1: none)
 
     def reset(self) -> None:
         if not self.keep_across_prompts:
@@ -189,10 +203,14 @@ class GoodputPolicy(LengthPolicy):
         return max(rate, 1.0 / plain_ms)
 
     def _refresh(self) -> None:
-        """Per-round tables (estimates change only in ``update``): calibrated p by position and
-        confidence bin; for undrafted positions the survival products and their running sums
-        (``gain`` in closed form); passes needed for ``m`` tokens past the frontier."""
+        """Tables for the decisions until the next refresh (estimates change only in ``update``):
+        calibrated p by position and confidence bin, the estimate for undrafted positions, and
+        ``lambda x`` the ms of adding ``m`` tokens when ``r`` are decoded ahead (verification of the
+        ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier)."""
         H, cal = self.max_length, self.calibration
+        if self._pending:  # the rounds verified since the last refresh, counted in one batch
+            cal.observe_many(self._pending)
+            self._pending = []
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
         first = self.first_chunk
@@ -200,14 +218,17 @@ class GoodputPolicy(LengthPolicy):
         beyond = np.arange(H + 1)  # tokens past the frontier
         chunks = np.ceil(beyond / max(later.numerator, 1.0))
         first_chunks = np.ceil(np.maximum(beyond - max(first.numerator, 1.0), 0.0) / max(later.numerator, 1.0))
-        zeros = np.zeros(H)
-        # Padded by H zeros in front: the passes for added tokens 1..n with r decoded ahead are a slice.
-        self._passes_later = np.concatenate((zeros, later.denominator * chunks[1:]))  # (2H,)
-        self._passes_first = np.where(beyond[1:] > 0, first.denominator, 0.0) + later.denominator * first_chunks[1:]
+        # passes for m = 1..H added tokens with r = 0..H decoded ahead: those past the frontier, m - r
+        passes_later = later.denominator * chunks[np.maximum(beyond[None, 1:] - beyond[:, None], 0)]  # (H+1, H)
+        passes_first = np.where(beyond[1:] > 0, first.denominator, 0.0) + later.denominator * first_chunks[1:]
         costs = self.costs
         self._token_ms = costs.verify_slope + costs.draft_ms_per_token  # ms per added token
-        self._pass_ms = costs.pass_ms
-        self._lambda = self.rate
+        lam = self.rate
+        verify = self._positions * self._token_ms  # (H,) ms to verify m = 1..H added tokens
+        self._cost_later = lam * (verify[None, :] + passes_later * costs.pass_ms)  # (H+1, H): [r, m - 1]
+        self._cost_first = lam * (verify + passes_first * costs.pass_ms)  # (H,): a round's first chunk
+        self._updates = 0
+        self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
 
     # -- deciding ----------------------------------------------------------------------------------
@@ -218,10 +239,19 @@ class GoodputPolicy(LengthPolicy):
             self._new_round()
             if self._stale:
                 self._refresh()
-        elif k > self._seen:  # the tokens drafted since the last decision: their calibrated p
-            conf = np.asarray(draft.confidences[self._seen:k].tolist())  # the one host read of the decision
-            bins = self.calibration.confidence_bin(conf)
-            self._survival *= float(np.prod(self._p_table[self._positions[self._seen:k] - 1, bins]))
+        elif k == self._stop_at:  # the last answer took the decoded-ahead tokens up to the best length
+            self.draft_stop_reason = "low_confidence"
+            return 0
+        ahead = draft.lookahead_confidences if draft.lookahead else None  # (lookahead,) or None
+        if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
+            # decision and of the tokens decoded ahead, from one host read
+            new = draft.confidences[self._seen:k]
+            conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
+            conf = conf[:self.max_length - self._seen]  # positions past max_length play no part
+            rows = self._p_table[self._seen:self._seen + conf.size]  # (n, bins) positions seen+1.., a view
+            p = rows[self._positions[:conf.size] - 1, self.calibration.confidence_bin(conf)]
+            self._survival *= float(np.prod(p[:k - self._seen]))
+            ahead = None if ahead is None else p[k - self._seen:]  # (lookahead,) p of the decoded-ahead tokens
             self._seen = k
         frontier = k + draft.lookahead
         if self._in_chunk:  # what the chunk just drafted cost: learn chunk sizes within rounds
@@ -231,7 +261,12 @@ class GoodputPolicy(LengthPolicy):
         if k >= self.max_length:
             self.draft_stop_reason = "policy_bound"
             return 0
-        target = self._plan(k, frontier)
+        if k == 0:  # the empty draft's plan depends on the tables alone
+            if self._first_plan is None:
+                self._first_plan = self._plan(0, 0)
+            target = self._first_plan
+        else:
+            target = self._plan(k, frontier, ahead)
         if target <= k:
             if k == 0 and self.probe_interval and self._plain_rounds >= self.probe_interval:
                 target = 1  # a probe: refresh the estimates after a long stretch of plain decoding
@@ -239,37 +274,51 @@ class GoodputPolicy(LengthPolicy):
                 self.draft_stop_reason = "low_confidence"
                 self._chose_plain = k == 0
                 return 0
-        if frontier > k:  # decoded ahead: free but for verification -- one by one when a token costs
-            # verification time, to see each confidence before paying for the next token
+        if frontier > k:  # decoded ahead: free but for verification
+            if ahead is not None:  # their confidences are known: the ones the plan wants, in one answer,
+                if target <= frontier:
+                    self._stop_at = target  # the plan stops there: no new decision needed
+                    return target - k
+                self._in_chunk = True
+                return frontier - k + 1  # or all of them and one token past them (a new chunk)
+            # unknown confidences: one by one when a token costs verification time, to see each
+            # confidence before paying for the next token
             return 1 if self._token_ms > 0.0 else min(target, frontier) - k
         self._in_chunk = True
         return 1  # one token past the frontier: the drafter decodes a whole chunk
 
-    def _plan(self, k: int, frontier: int) -> int:
+    def _plan(self, k: int, frontier: int, ahead: np.ndarray | None = None) -> int:
         """The length ``L`` in ``k..max_length`` maximising ``gain(L) - lambda * cost(L)`` (module
-        docstring); ``k`` means stop. Undrafted positions take the calibration's estimate ``u``:
-        ``gain(L) = survival * sum_{j=k+1..L} prod_{i=k+1..j} u_i``."""
-        H = self.max_length
-        gain = np.cumsum(np.cumprod(self._unseen[k:])) * self._survival  # (H-k,) expected extra tokens
-        n = H - k
-        ahead = min(frontier - k, n)
-        passes = self._passes_first[:n] if frontier == 0 else self._passes_later[H - ahead:H - ahead + n]
-        ms = self._positions[:n] * self._token_ms + passes * self._pass_ms
-        value = gain - self._lambda * ms
-        best = int(np.argmax(value))
+        docstring); ``k`` means stop. Undrafted positions take the calibration's estimate ``u``,
+        decoded-ahead ones their calibrated ``p`` when known (``ahead``, ``(m,) float64``, positions
+        ``k+1..k+m``): ``gain(L) = survival * sum_{j=k+1..L} prod_{i=k+1..j} p_i``."""
+        n = self.max_length - k
+        p = self._unseen[k:]
+        if ahead is not None and ahead.size:
+            p = np.concatenate((ahead, p[ahead.size:]))
+        cost = self._cost_first if frontier == 0 else self._cost_later[min(frontier - k, n), :n]
+        value = np.cumsum(np.cumprod(p)) * self._survival - cost[:n]  # (n,) for L = k+1..max_length
+        best = int(value.argmax())
         return k + best + 1 if value[best] > 0.0 else k
 
     # -- learning ----------------------------------------------------------------------------------
 
     def update(self, record: RoundRecord) -> None:
+        """Learn from a verified round: its drafted tokens' confidences and acceptance (queued for
+        the calibration), its timings (costs) and its emitted tokens (throughput). The decision
+        tables are rebuilt after every round for the first ``REFRESH_WARMUP`` rounds, then every
+        ``REFRESH_EVERY`` rounds (each rebuild is a fixed cost of numpy calls)."""
         own = record.speculation_length - record.reused_tokens  # the drafter's own tokens
         self._plain_rounds = self._plain_rounds + 1 if self._chose_plain else 0
         self._chose_plain = False
         if 0 < own <= len(record.confidences):
-            self.calibration.observe(record.confidences[:own], min(record.accepted_length, own))
+            self._pending.append((record.confidences[:own], min(record.accepted_length, own)))
         self.costs.observe(record)
         self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
-        self._stale = True
+        self._updates += 1
+        self._rounds += 1
+        if self._rounds <= REFRESH_WARMUP or self._updates >= REFRESH_EVERY:
+            self._stale = True
 
     def __repr__(self) -> str:
         profile = self.profile.name if self.profile else None
@@ -308,7 +357,7 @@ class OnlineCosts:
         self._pinned_slope = profile.verify_ms_per_draft_token if profile else None
         self._pass = _RatioOfMeans(COST_EMA)  # draft ms / passes
         self._token = _RatioOfMeans(COST_EMA)  # draft ms / drafted tokens (rounds without passes)
-        self._sums = np.zeros(5)  # decayed sums of 1, x, y, x^2, x*y (x = length, y = verify ms)
+        self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y (x = length, y = verify ms)
         self._fitted = (1.0, 0.0)  # (base, slope) of the verification fit
 
     @property
@@ -354,8 +403,10 @@ class OnlineCosts:
         if record.verify_ms > 0.0:
             x = float(record.speculation_length)
             y = _winsorised(float(record.verify_ms), self.verify_ms(record.speculation_length), self._sums[0])
-            self._sums = VERIFY_DECAY * self._sums + np.array([1.0, x, y, x * x, x * y])
+            d = VERIFY_DECAY  # five scalars: Python floats are cheaper here than a numpy call
             w, sx, sy, sxx, sxy = self._sums
+            w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
+            self._sums = (w, sx, sy, sxx, sxy)
             var = w * sxx - sx * sx
             slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
             self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)

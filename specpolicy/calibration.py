@@ -36,7 +36,8 @@ operations, never a per-token Python loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,7 @@ class AcceptanceCalibration:
 
     def confidence_bin(self, confidences: np.ndarray) -> np.ndarray:
         """Bin index of each confidence (``(n,) float`` -> ``(n,) int64``; below 0 counts as 0, above 1 as 1)."""
-        return np.maximum(np.searchsorted(self.confidence_edges, confidences, side="right") - 1, 0)
+        return np.searchsorted(self.confidence_edges[1:], confidences, side="right")  # edges <= c, past the first
 
     def position_bin(self, positions: np.ndarray) -> np.ndarray:
         """Bin index of each 1-based draft position (``(n,) int`` -> ``(n,) int64``)."""
@@ -112,21 +113,42 @@ class AcceptanceCalibration:
         Raises:
             ValueError: for ``accepted_length`` outside ``[0, k]``.
         """
-        conf = np.asarray(confidences, dtype=np.float64).reshape(-1)
-        k = conf.size
-        if not 0 <= accepted_length <= k:
-            raise ValueError(f"accepted_length must be in [0, {k}] (the draft's length), got {accepted_length}")
-        reached = min(accepted_length + 1, k)
-        if reached > self._cells.size:  # a draft longer than any seen so far: widen the offsets
-            self._cells = self.position_bin(np.arange(1, 2 * reached + 1)) * self.confidence_edges.size
-        if reached == 0:
+        self.observe_many([(confidences, accepted_length)])
+
+    def observe_many(self, drafts: Iterable[tuple[Sequence[float] | np.ndarray, int]]) -> None:
+        """Count several verified drafts at once, each ``(confidences (k,), accepted_length)`` as in
+        ``observe``; one set of vectorised operations for all of them (a policy that batches its
+        rounds pays the fixed cost of the numpy calls once per batch).
+
+        Raises:
+            ValueError: for an ``accepted_length`` outside ``[0, k]`` (nothing is counted then).
+        """
+        confs, reached, accepted = [], [], []
+        for conf, a in drafts:
+            k = len(conf)
+            if not 0 <= a <= k:
+                raise ValueError(f"accepted_length must be in [0, {k}] (the draft's length), got {a}")
+            r = min(a + 1, k)
+            if r:
+                confs.append(conf[:r])
+                reached.append(r)
+                accepted.append(a)
+        if not reached:
             return
-        conf = conf[:reached]
-        cells = self._cells[:reached] + self.confidence_bin(conf)  # flat (position bin, confidence bin) index
-        size = self.reached.size
-        self.reached += np.bincount(cells, minlength=size).reshape(self.reached.shape)
-        self.accepted += np.bincount(cells[:accepted_length], minlength=size).reshape(self.reached.shape)
-        self.confidence_sum += np.bincount(cells, weights=conf, minlength=size).reshape(self.reached.shape)
+        lengths = np.array(reached)
+        total = int(lengths.sum())
+        conf = np.fromiter(chain.from_iterable(confs), dtype=np.float64, count=total)
+        # 1-based position of every reached token in its draft, and whether it was accepted
+        position = np.arange(1, total + 1) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        was_accepted = position <= np.repeat(np.array(accepted), lengths)
+        longest = int(lengths.max())
+        if longest > self._cells.size:  # a draft longer than any seen so far: widen the offsets
+            self._cells = self.position_bin(np.arange(1, 2 * longest + 1)) * self.confidence_edges.size
+        cells = self._cells[position - 1] + self.confidence_bin(conf)  # flat (position bin, confidence bin) index
+        size, shape = self.reached.size, self.reached.shape
+        self.reached += np.bincount(cells, minlength=size).reshape(shape)
+        self.accepted += np.bincount(cells[was_accepted], minlength=size).reshape(shape)
+        self.confidence_sum += np.bincount(cells, weights=conf, minlength=size).reshape(shape)
         self._table = self._unseen = None
 
     def reset(self) -> None:

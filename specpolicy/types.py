@@ -47,6 +47,10 @@ class Draft:
             drafters that decode only what is asked, such as AR and model-free drafters, and after
             a stop token). A policy may use it to see where the drafter's passes begin and end
             (``goodput``).
+        lookahead_confidences: ``(lookahead,) float32`` or None: the confidences of those
+            decoded-ahead tokens, in order, so that a policy can plan over them before it asks for
+            them (``goodput`` takes the ones it wants in one answer instead of one at a time). None:
+            the drafter does not report them (then only ``lookahead`` is known).
     """
 
     token_ids: torch.Tensor  # (k,) int64
@@ -57,6 +61,7 @@ class Draft:
     ends_at_stop_token: bool = False
     small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
     lookahead: int = 0  # tokens decoded past the draft, free to add this round
+    lookahead_confidences: torch.Tensor | None = None  # (lookahead,) float32; None = not reported
 
     @property
     def length(self) -> int:

@@ -42,8 +42,10 @@ class ScriptedDrafter(Drafter):
 
     name = "scripted"
 
-    def __init__(self, confidence: float = 1.0, chunk: int = 1, choices: tuple[float, ...] = (), seed: int = 0):
-        self.confidence, self.chunk, self.choices = confidence, chunk, choices
+    def __init__(self, confidence: float = 1.0, chunk: int = 1, choices: tuple[float, ...] = (), seed: int = 0,
+                 script: tuple[float, ...] = (), report_ahead: bool = False):
+        self.confidence, self.chunk, self.choices, self.script = confidence, chunk, choices, script
+        self.report_ahead = report_ahead  # report ``Draft.lookahead_confidences`` (as Fast-dLLM does)
         self.rng = np.random.default_rng(seed)
         self.commit(None, None)
 
@@ -53,12 +55,18 @@ class ScriptedDrafter(Drafter):
     def draft(self, num_tokens: int) -> Draft:
         self.k += num_tokens
         while self.decoded < self.k:
-            new = self.rng.choice(self.choices, self.chunk) if self.choices else [self.confidence] * self.chunk
+            if self.script:
+                new = self.script[self.decoded:self.decoded + self.chunk]
+            elif self.choices:
+                new = self.rng.choice(self.choices, self.chunk)
+            else:
+                new = [self.confidence] * self.chunk
             self.confs += [float(c) for c in new]
             self.decoded += self.chunk
             self.passes += 1
+        ahead = torch.tensor(self.confs[self.k:self.decoded]) if self.report_ahead else None
         return Draft(token_ids=torch.arange(self.k), confidences=torch.tensor(self.confs[:self.k]),
-                     forward_passes=self.passes, lookahead=self.decoded - self.k)
+                     forward_passes=self.passes, lookahead=self.decoded - self.k, lookahead_confidences=ahead)
 
     def commit(self, draft, verification) -> None:
         self.k = self.decoded = self.passes = 0
@@ -210,6 +218,41 @@ def test_takes_decoded_lookahead_then_asks_one_token_past_it(per_token_ms, expec
     assert passes[-1] == math.ceil(sum(expected) / 8)  # one pass per chunk of 8
 
 
+def test_plans_over_reported_lookahead_confidences_in_one_answer():
+    # Fast-dLLM-like chunks of 8 whose confidences are reported before they are asked for: with a
+    # confident run then a hopeless token at position 6, the policy takes exactly the five
+    # confident tokens in one answer (no per-token round trips) and then stops.
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=0.1, per_token_ms=0.5))
+    for _ in range(20):  # learn that confidence 1.0 is accepted and 0.0 is not
+        play(policy, ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3, report_ahead=True),
+             lambda d: min(d.length, 5))
+    drafter = ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3, report_ahead=True)
+    answers, d = [], Draft.empty()
+    while (n := policy.next_length(d)) > 0:
+        answers.append(n)
+        d = drafter.draft(n)
+    assert answers == [1, 4] and d.length == 5 and d.forward_passes == 1
+    # the same chunks without reported confidences: one token at a time (each seen before the next)
+    blind = ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3)
+    answers, d = [], Draft.empty()
+    while (n := policy.next_length(d)) > 0:
+        answers.append(n)
+        d = blind.draft(n)
+    assert answers == [1] * 6 and d.length == 6
+
+
+def test_takes_reported_lookahead_and_one_token_past_it_when_the_plan_runs_further():
+    policy = GoodputPolicy(max_length=20, cost_profile=profile(pass_ms=0.1, per_token_ms=0.01))
+    for _ in range(5):
+        play(policy, ScriptedDrafter(confidence=1.0, chunk=8, report_ahead=True), all_accepted)
+    drafter = ScriptedDrafter(confidence=1.0, chunk=8, report_ahead=True)
+    answers, d = [], Draft.empty()
+    while (n := policy.next_length(d)) > 0:
+        answers.append(n)
+        d = drafter.draft(n)
+    assert answers == [1, 8, 8, 3] and d.length == 20 and d.forward_passes == 3
+
+
 def test_reset_keeps_estimates_unless_configured_otherwise():
     for keep in (True, False):
         policy = GoodputPolicy(keep_across_prompts=keep, cost_profile=profile(pass_ms=1.0))
@@ -283,6 +326,38 @@ def test_calibration_converges_to_a_known_acceptance_curve():
     assert np.allclose(cal.unseen_curve(3), expect, atol=0.03)
 
 
+def test_calibration_batches_count_as_one_draft_at_a_time():
+    rng = np.random.default_rng(3)
+    drafts = [(tuple(rng.uniform(size=k).tolist()), int(rng.integers(0, k + 1))) for k in rng.integers(1, 70, 40)]
+    drafts.append(((0.5, 0.7), 0))  # rejected at once: only the first token is reached
+    one, batch = AcceptanceCalibration(), AcceptanceCalibration()
+    for conf, a in drafts:
+        one.observe(conf, a)
+    batch.observe_many(drafts[:25])
+    batch.observe_many(drafts[25:])
+    for name in ("reached", "accepted", "confidence_sum"):
+        np.testing.assert_allclose(getattr(batch, name), getattr(one, name))
+    assert one.observations == sum(min(a + 1, len(c)) for c, a in drafts)
+    with pytest.raises(ValueError, match=r"accepted_length must be in \[0, 2\]"):
+        batch.observe_many([((0.1,), 1), ((0.1, 0.2), 3)])
+    np.testing.assert_allclose(batch.reached, one.reached)  # nothing counted from the bad batch
+
+
+def test_decision_tables_are_rebuilt_every_round_then_every_few_rounds():
+    from specpolicy.policies.goodput import REFRESH_EVERY, REFRESH_WARMUP
+
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=0.5))
+    counted = []
+    for _ in range(REFRESH_WARMUP + 3 * REFRESH_EVERY):
+        play(policy, ScriptedDrafter(confidence=0.9), lambda d: d.length // 2)
+        counted.append(policy.calibration.observations)
+    grew = [i for i in range(1, len(counted)) if counted[i] > counted[i - 1]]
+    # the rounds of the warm-up are counted as they come (at the next round's first decision) ...
+    assert grew[:REFRESH_WARMUP - 1] == list(range(1, REFRESH_WARMUP))
+    # ... then in batches, every REFRESH_EVERY rounds, none lost
+    assert np.diff(grew[REFRESH_WARMUP - 1:]).tolist() == [REFRESH_EVERY] * (len(grew) - REFRESH_WARMUP)
+
+
 def test_calibration_prior_is_the_confidence_and_data_moves_it():
     cal = AcceptanceCalibration(prior_strength=4.0)
     assert np.allclose(cal.probability([0.05, 0.55, 0.995], 1), [0.05, 0.55, 0.995])
@@ -346,6 +421,10 @@ def test_fastdllm_reports_the_rest_of_its_small_block_as_lookahead(runtime):
     assert (d.length, d.lookahead, d.forward_passes) == (3, 0, 1)  # free: no new pass
     d = drafter.draft(1)
     assert (d.length, d.lookahead, d.forward_passes) == (4, 3, 2)  # the next small block
+    ahead = d.lookahead_confidences.clone()
+    d = drafter.draft(3)  # the look-ahead's confidences are those the draft then reports for its tokens
+    assert d.forward_passes == 2 and torch.equal(d.confidences[4:7], ahead)
+    assert d.lookahead == 0 and d.lookahead_confidences.numel() == 0
 
 
 def test_goodput_is_lossless_and_drafts_whole_small_blocks_with_fastdllm(runtime):

@@ -14,7 +14,7 @@ from conftest import random_prompts, tiny_lm
 from specpolicy.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.profiling import ForwardTimer
+from specpolicy.profiling import ForwardTimer, PolicyTimer
 from specpolicy.verifiers.hf import HFVerifier
 
 
@@ -35,6 +35,23 @@ def test_forward_timer_counts_outermost_calls_of_each_model(runtime):
     assert ft.calls == calls
     ft.reset()
     assert ft.calls == {"target": 0, "drafter": 0} and ft.ms == {"target": 0.0, "drafter": 0.0}
+
+
+def test_policy_timer_counts_every_decision_and_update_then_unwraps(runtime):
+    target, small = tiny_lm(seed=0), tiny_lm(seed=1, layers=1)
+    verifier = HFVerifier(target, runtime, frozenset())
+    policy = StaticPolicy(3)
+    with PolicyTimer(policy) as pt:
+        out = generate(random_prompts(1)[0], verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime),
+                       policy=policy)
+    drafted = sum(1 for r in out.rounds if r.speculation_length)
+    assert pt.calls["update"] == len(out.rounds) - 1  # every round but the last (generation ended there)
+    assert pt.calls["next_length"] >= 2 * drafted  # static k: ask for k, then stop
+    assert pt.total_ms == pt.ms["next_length"] + pt.ms["update"] > 0
+    assert "next_length" not in vars(policy) and "update" not in vars(policy)  # the class's methods again
+    with PolicyTimer(None) as none:  # vanilla decoding: nothing to time
+        pass
+    assert none.total_ms == 0.0
 
 
 @pytest.mark.slow  # a benchmark run
@@ -58,6 +75,7 @@ def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
         assert r["target_forward_calls"] == r["rounds"] + 2, name  # + one prefill per prompt
         assert 0 < r["forward_ms"] and r["outside_forward_ms"] == r["wall_ms"] - r["forward_ms"]
         assert r["tokens"] == 24
+        assert 0 <= r["policy_ms"] <= r["outside_forward_ms"] and (r["policy_ms"] == 0) == (name == "vanilla")
     assert rows["vanilla"]["drafter_forward_calls"] == 0 and rows["suffix+failfast"]["drafter_forward_calls"] == 0
     assert rows["ar+static-k5"]["drafter_forward_calls"] > 0
     assert (tmp_path / "o.json").exists()
