@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.calibration import AcceptanceCalibration
+from specpolicy.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
 from specpolicy.hookspecs import hookimpl
 from specpolicy.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.policy import LengthPolicy
@@ -97,9 +97,9 @@ OUTLIER_WARMUP = 5
 COST_EMA = 0.1
 CHUNK_EMA = 0.2
 #: The decision tables (calibration, costs, throughput) are rebuilt after each of the first
-#: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds.
-REFRESH_WARMUP = 32
-REFRESH_EVERY = 8
+#: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds: the calibration's batch schedule.
+REFRESH_WARMUP = BATCH_WARMUP
+REFRESH_EVERY = BATCH_ROUNDS
 
 
 class GoodputPolicy(LengthPolicy):

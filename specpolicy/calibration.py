@@ -49,6 +49,11 @@ CONFIDENCE_EDGES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98
 POSITION_STARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 25, 33, 49)
 #: Draft positions whose bins are precomputed (longer drafts widen the table on first sight).
 MAX_POSITION = 256
+#: How the ``goodput`` policy feeds its calibration: each of the first ``BATCH_WARMUP`` verified
+#: rounds at once, then batches of ``BATCH_ROUNDS`` rounds (``observe_many``: the fixed cost of
+#: the numpy calls is paid once per batch; ``online_predictions`` replays the same schedule).
+BATCH_WARMUP = 32
+BATCH_ROUNDS = 8
 
 
 class AcceptanceCalibration:
@@ -228,12 +233,16 @@ def calibration_from_rounds(rounds: Sequence[Any], **kwargs: Any) -> AcceptanceC
     return cal
 
 
-def online_predictions(rounds: Sequence[Any], **kwargs: Any) -> dict[str, np.ndarray]:
+def online_predictions(rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch: int = BATCH_ROUNDS,
+                       **kwargs: Any) -> dict[str, np.ndarray]:
     """Prequential (predict, then learn) evaluation of the calibration on recorded rounds
-    (``RoundRecord``s), in order: for every reached draft token (the drafter's own tokens, up to and including the first
-    rejected one), the probability an ``AcceptanceCalibration`` fed with the EARLIER rounds gave
-    it -- what the ``goodput`` policy used for its decision -- next to the token's raw confidence
-    and whether it was accepted. ``kwargs`` go to the constructor.
+    (``RoundRecord``s), in order: for every reached draft token (the drafter's own tokens, up to
+    and including the first rejected one), the probability an ``AcceptanceCalibration`` gave it
+    when it had counted the EARLIER rounds as the ``goodput`` policy counts them -- each of the
+    first ``warmup`` rounds at once, later ones in batches of ``batch`` rounds, a prompt's final
+    round (``finish_reason`` set: the loop ends before the policy's ``update``) never -- so these
+    are the probabilities the policy decided with; next to each, the token's raw confidence and
+    whether it was accepted. ``kwargs`` go to the constructor.
 
     Returns:
         ``{"predicted", "confidence", "position", "accepted"}``, each ``(n,)`` (float64, float64,
@@ -241,21 +250,30 @@ def online_predictions(rounds: Sequence[Any], **kwargs: Any) -> dict[str, np.nda
     """
     cal = AcceptanceCalibration(**kwargs)
     parts: dict[str, list[np.ndarray]] = {"predicted": [], "confidence": [], "position": [], "accepted": []}
+    pending: list[tuple[np.ndarray, int]] = []
+    learned = since = 0  # rounds learned from, and since the last batch was counted
     for r in rounds:
         own = r.speculation_length - r.reused_tokens
-        conf = np.asarray(r.confidences[:own], dtype=np.float64)
-        if own <= 0 or conf.size < own:
+        conf = np.asarray(r.confidences[:max(own, 0)], dtype=np.float64)
+        final = bool(getattr(r, "finish_reason", ""))
+        if own > 0 and conf.size == own:
+            a = min(r.accepted_length, own)
+            reached = min(a + 1, own)
+            parts["predicted"].append(cal.probability(conf[:reached], 1))
+            parts["confidence"].append(conf[:reached])
+            parts["position"].append(np.arange(1, reached + 1))
+            parts["accepted"].append(np.arange(reached) < a)
+            if not final:
+                pending.append((conf, a))
+        if final:
             continue
-        a = min(r.accepted_length, own)
-        reached = min(a + 1, own)
-        parts["predicted"].append(cal.probability(conf[:reached], 1))
-        parts["confidence"].append(conf[:reached])
-        parts["position"].append(np.arange(1, reached + 1))
-        parts["accepted"].append(np.arange(reached) < a)
-        cal.observe(conf, a)
+        learned += 1
+        since += 1
+        if learned <= warmup or since >= batch:
+            cal.observe_many(pending)
+            pending, since = [], 0
     empty = {"predicted": np.float64, "confidence": np.float64, "position": np.int64, "accepted": bool}
     return {k: np.concatenate(v) if v else np.zeros(0, dtype=empty[k]) for k, v in parts.items()}
-
 
 def reliability(predicted: np.ndarray, accepted: np.ndarray, bins: int = 10) -> dict[str, np.ndarray | float]:
     """Reliability diagram data: ``predicted`` probabilities ``(n,)`` in equal-width bins over [0, 1]

@@ -21,6 +21,7 @@ from specpolicy.drafter import Drafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins import get_plugin_manager, make_policy
 from specpolicy.policies.goodput import GoodputPolicy, OnlineCosts
+from specpolicy.calibration import BATCH_ROUNDS, BATCH_WARMUP
 from specpolicy.types import Draft, RoundRecord, Verification
 from specpolicy.verifiers.hf import HFVerifier
 
@@ -454,6 +455,37 @@ def test_online_predictions_are_made_before_each_round_is_learned():
     assert online["predicted"][-1] < 0.1  # learned from the 49 rounds before it
     rel = reliability(online["confidence"], online["accepted"])
     assert rel["ece"] == pytest.approx(0.995) and rel["count"].tolist() == [50]
+
+
+def test_online_predictions_replay_the_policys_view_of_the_calibration(runtime):
+    # The probabilities the policy decided with (its table at each round's first decision) equal
+    # online_predictions' on its rounds: the batched schedule, two prompts, final rounds unlearned.
+    target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
+    verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+    drafter = FastDLLMDrafter(tiny_lm(seed=1, layers=1), runtime, SimpleNamespace(mask_token_id=VOCAB - 2),
+                              block_size=16, small_block_size=4, threshold=0.05)
+    policy = GoodputPolicy(max_length=12, cost_profile=profile(pass_ms=0.1, per_token_ms=0.05))
+    tables: list[np.ndarray] = []  # the policy's (position, confidence bin) table, one per round
+    decide = policy.next_length
+
+    def next_length(draft):
+        answer = decide(draft)
+        if draft.length == 0:
+            tables.append(policy._p_table.copy())
+        return answer
+
+    policy.next_length = next_length
+    rounds = []
+    for prompt in (torch.arange(1, 10), torch.arange(20, 31)):
+        rounds += generate(prompt, verifier, runtime, max_new_tokens=120, drafter=drafter, policy=policy).rounds
+    assert len(tables) == len(rounds) > BATCH_WARMUP + 2 * BATCH_ROUNDS
+    bins = policy.calibration.confidence_bin
+    expected = [table[np.arange(reached), bins(np.array(r.confidences[:reached]))]
+                for table, r in zip(tables, rounds) if r.speculation_length
+                for reached in [min(r.accepted_length + 1, r.speculation_length)]]
+    online = online_predictions(rounds)
+    np.testing.assert_allclose(online["predicted"], np.concatenate(expected), rtol=0, atol=1e-12)
+    assert sum(r.speculation_length > 0 for r in rounds) > BATCH_WARMUP  # drafted rounds past the warm-up
 
 
 def test_plot_writes_the_calibration_figure_for_runs_with_a_drafter(tmp_path, runtime):
