@@ -10,7 +10,6 @@ import json
 import socket
 import sys
 import threading
-import time
 import types
 
 import pytest
@@ -109,14 +108,24 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_BASE_URL", server.url if server else _closed_port_url())
     assert wandb_logger.resolve_mode("auto") == "online"
+    import wandb
+
+    modes, real_init = [], wandb.init
+
+    def init(*args, **kwargs):
+        modes.append(kwargs["mode"])
+        return real_init(*args, **kwargs)
+
+    monkeypatch.setattr(wandb, "init", init)
     logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=0.5, log_plots=False)  # figures: test_plot.py
-    start = time.perf_counter()
     try:
         logger.specpolicy_run_start(config={"policy": {"name": "static"}}, run_dir=str(tmp_path))
     finally:
         if server:
             server.close()
-    assert time.perf_counter() - start < 15.0  # probe 0.5 s + offline init; never W&B's 90 s init timeout
+    # the probe failed within its 0.5 s, so W&B never tried to start the run online (whose own
+    # init timeout is 90 s): one offline start only
+    assert modes == ["offline"]
     assert logger.run is not None and logger.run.settings.mode == "offline"
     logger.specpolicy_prompt_end(result=PromptResult.from_row({
         "prompt_id": "p", "prompt_tokens": 3, "output_ids": [4, 5], "rounds": [], "wall_s": 0.5,
@@ -188,16 +197,14 @@ def test_a_service_that_answers_the_probe_then_hangs_costs_at_most_the_probe_tim
 
     monkeypatch.setattr(wandb, "init", init)
     logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=1.0, log_plots=False)
-    start = time.perf_counter()
     try:
         logger.specpolicy_run_start(config={"policy": {"name": "static"}}, run_dir=str(tmp_path))
     finally:
         service.close()
-    elapsed = time.perf_counter() - start
     assert service.posts  # the service was really asked to start the run, and hung
+    # the online start got what the probe left of the 1 s budget (not W&B's 90 s), then offline
     assert timeouts[0][0] == "online" and 0 < timeouts[0][1] <= 1.0
-    assert timeouts[1][0] == "offline"
-    assert elapsed < 12.0  # 1 s of waiting on the service + W&B's local start-up twice; was ~17 s
+    assert [mode for mode, _ in timeouts] == ["online", "offline"]
     assert logger.run is not None and logger.run.settings.mode == "offline"
     (warning,) = logger.warnings
     assert warning.startswith(f"W&B service {service.url} did not start the run within 1 s (")
