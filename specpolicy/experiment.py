@@ -171,7 +171,7 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
-                _write_partial_summary(method, results, container, runtime, len(prompts), run_dir, error)
+                _write_partial_summary(method, results, container, runtime, len(prompts), run_dir, error, watch)
             # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
             # never replaces the run's own error, which is re-raised.
             for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):
@@ -187,13 +187,16 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
 
 
 def _write_partial_summary(method: str, results: list[PromptResult], config: dict[str, Any], runtime: Runtime,
-                           prompts_total: int, run_dir: Path, error: BaseException) -> None:
-    """On SIGINT / SIGTERM: ``summary.json`` of the finished prompts, ``"partial": true``."""
+                           prompts_total: int, run_dir: Path, error: BaseException,
+                           watch: MachineWatch | None = None) -> None:
+    """On SIGINT / SIGTERM: ``summary.json`` of the finished prompts, ``"partial": true``, with the
+    ``timing_conditions`` of the span they were timed in (when ``watch`` was started)."""
     signame = error.signame if isinstance(error, RunInterrupted) else "SIGINT"
     try:
         with shielded():  # a second Ctrl-C does not cut the summary short
+            conditions = watch.stop(results) if watch is not None and watch.started else None
             summary = summarize(method, list(results), config, runtime.describe(), prompts_total,
-                                interrupted_by=signame)
+                                interrupted_by=signame, timing_conditions=conditions)
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         print(f"\n{signame}: wrote a partial summary of {len(results)} of {prompts_total} prompts to "
               f"{run_dir / 'summary.json'}; run the same command again to resume")

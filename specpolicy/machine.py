@@ -105,6 +105,11 @@ class MachineWatch:
     def start(self) -> None:
         self._start = (load_average(), time.process_time(), time.perf_counter())
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start()`` was called (``stop`` needs it)."""
+        return self._start is not None
+
     def stop(self, results: Iterable[Any]) -> dict[str, Any]:
         """The ``timing_conditions`` block of ``summary.json`` for the span since ``start()``
         (``results``: the run's ``PromptResult``s, for ``vanilla_spread``)."""

@@ -157,6 +157,8 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
     partial = json.loads((tmp_path / "summary.json").read_text())
     assert partial["partial"] is True and partial["interrupted_by"] == "SIGTERM"
     assert partial["prompts"] == len(done) and partial["prompts_total"] == PROMPTS
+    # how the machine was while the finished prompts were timed, as in a complete summary
+    assert partial["timing_conditions"]["cpu_count"] >= 1 and "timing_trusted" in partial["timing_conditions"]
 
     calls.clear()
     monkeypatch.setattr(experiment, "tqdm", real_tqdm)
