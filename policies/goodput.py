@@ -29,8 +29,8 @@ then an exponential moving average with weight ``rate_ema``; shrunk towards plai
 ``RATE_PRIOR_ROUNDS`` pseudo-rounds), never below plain decoding's ``1 / verify_ms(0)``:
 Dinkelbach's iteration, which climbs from plain decoding's rate to ``lambda*``. (Extending
 "while it raises the round's tokens per ms", sunk costs included, is not the same rule: the
-threshold would then move with the round's own luck.) Plain decoding (length 0) is one of the choices: at the empty draft, when no
-length has a positive value. The returns of extending are diminishing because acceptance
+threshold would then move with the round's own luck.) Plain decoding (length 0) is one of the
+choices: at the empty draft, when no length has a positive value. The returns of extending are diminishing because acceptance
 probabilities multiply -- the concavity the FailFast paper (Pan et al., arXiv 2512.20573, §3.1
 and §3.2) builds on -- so the best length is where the marginal expected tokens per marginal ms
 falls to ``lambda``. FailFast's fixed rule (extend while every confidence >= tau) is the special
@@ -45,15 +45,17 @@ confidences (``Draft.lookahead_confidences``, as Fast-dLLM does) the plan uses t
 them and one token past them (a new chunk) when the best length lies beyond; otherwise it takes
 them one at a time while a draft token costs verification time (measured, or the profile's
 ``verify_ms_per_draft_token``), to see each confidence before adding the next, and all at once
-when it costs nothing. Every pass is decided with every confidence seen so far. Tokens per chunk and passes per chunk are learned
-from the frontier's advance and ``Draft.forward_passes`` within rounds (the round's first chunk
+when it costs nothing. Every pass is decided with every confidence seen so far. Tokens per chunk
+and passes per chunk are learned from the frontier's advance and ``Draft.forward_passes`` within rounds (the round's first chunk
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
 first round (a probe) to learn from.
 
 Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
-confidence), fed with every verified round. Costs: measured online from ``RoundRecord``
+confidence), fed with every verified round: each of the first ``REFRESH_WARMUP`` rounds before
+the next decision, later ones in batches of ``REFRESH_EVERY`` (so ``policy.calibration`` lags
+the rounds by up to that many; ``online_predictions`` replays the schedule). Costs: measured online from ``RoundRecord``
 timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
 drafter without passes) and verification ms = base + per-token slope, an exponentially
 weighted least-squares fit over the speculation length, timings winsorised against the current
@@ -240,7 +242,7 @@ class GoodputPolicy(LengthPolicy):
             if self._stale:
                 self._refresh()
         elif k == self._stop_at:  # the last answer took the decoded-ahead tokens up to the best length
-            self.draft_stop_reason = "low_confidence"
+            self.draft_stop_reason = "policy_bound" if k >= self.max_length else "low_confidence"
             return 0
         ahead = draft.lookahead_confidences if draft.lookahead else None  # (lookahead,) or None
         if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last

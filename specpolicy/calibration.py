@@ -37,7 +37,6 @@ operations, never a per-token Python loop.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -130,7 +129,8 @@ class AcceptanceCalibration:
         """
         confs, reached, accepted = [], [], []
         for conf, a in drafts:
-            k = len(conf)
+            conf = np.asarray(conf, dtype=np.float64).reshape(-1)
+            k = conf.size
             if not 0 <= a <= k:
                 raise ValueError(f"accepted_length must be in [0, {k}] (the draft's length), got {a}")
             r = min(a + 1, k)
@@ -142,7 +142,7 @@ class AcceptanceCalibration:
             return
         lengths = np.array(reached)
         total = int(lengths.sum())
-        conf = np.fromiter(chain.from_iterable(confs), dtype=np.float64, count=total)
+        conf = np.concatenate(confs)
         # 1-based position of every reached token in its draft, and whether it was accepted
         position = np.arange(1, total + 1) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         was_accepted = position <= np.repeat(np.array(accepted), lengths)
@@ -241,8 +241,10 @@ def online_predictions(rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch:
     when it had counted the EARLIER rounds as the ``goodput`` policy counts them -- each of the
     first ``warmup`` rounds at once, later ones in batches of ``batch`` rounds, a prompt's final
     round (``finish_reason`` set: the loop ends before the policy's ``update``) never -- so these
-    are the probabilities the policy decided with; next to each, the token's raw confidence and
-    whether it was accepted. ``kwargs`` go to the constructor.
+    are the probabilities the policy decided with (for a policy that keeps its calibration across
+    prompts, ``keep_across_prompts``, was built with the same ``kwargs`` and saw these rounds in
+    one run, not resumed); next to each, the token's raw confidence and whether it was accepted.
+    ``kwargs`` go to the constructor.
 
     Returns:
         ``{"predicted", "confidence", "position", "accepted"}``, each ``(n,)`` (float64, float64,
@@ -274,6 +276,7 @@ def online_predictions(rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch:
             pending, since = [], 0
     empty = {"predicted": np.float64, "confidence": np.float64, "position": np.int64, "accepted": bool}
     return {k: np.concatenate(v) if v else np.zeros(0, dtype=empty[k]) for k, v in parts.items()}
+
 
 def reliability(predicted: np.ndarray, accepted: np.ndarray, bins: int = 10) -> dict[str, np.ndarray | float]:
     """Reliability diagram data: ``predicted`` probabilities ``(n,)`` in equal-width bins over [0, 1]

@@ -85,7 +85,8 @@ class PolicyTimer:
     (``update``): its own host time inside the loop, for benchmarks.
 
     The two methods are wrapped on the instance (``time.perf_counter`` around each call, about a
-    microsecond of its own) and restored on exit; a ``None`` policy is timed as zero.
+    microsecond of its own) and restored on exit (an instance-level override, or an outer
+    ``PolicyTimer``, is put back); a ``None`` policy is timed as zero.
 
     Args:
         policy: a ``specpolicy.policy.LengthPolicy`` or None.
@@ -110,6 +111,8 @@ class PolicyTimer:
 
     def __enter__(self) -> "PolicyTimer":
         if self.policy is not None:
+            # what the instance itself held (an override, or an outer timer's wrapper), restored on exit
+            self._own = {name: vars(self.policy)[name] for name in self.METHODS if name in vars(self.policy)}
             for name in self.METHODS:
                 setattr(self.policy, name, self._timed(name, getattr(self.policy, name)))
         return self
@@ -128,4 +131,7 @@ class PolicyTimer:
     def __exit__(self, *exc) -> None:
         if self.policy is not None:
             for name in self.METHODS:
-                self.policy.__dict__.pop(name, None)  # the class's method again
+                if name in self._own:
+                    setattr(self.policy, name, self._own[name])
+                else:
+                    vars(self.policy).pop(name, None)  # the class's method again

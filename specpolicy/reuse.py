@@ -69,6 +69,8 @@ class DraftReuse:
             confidences=torch.cat([draft.confidences, self._tail_conf[end + 1 : end + 1 + extra]]),
             reused_tokens=draft.reused_tokens + extra,
             probs=probs,
+            lookahead=0,  # the drafter's look-ahead continued its own draft, not this one
+            lookahead_confidences=None,
         )
 
 

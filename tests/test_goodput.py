@@ -15,13 +15,13 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from conftest import VOCAB, sharpen, tiny_lm
-from specpolicy.calibration import AcceptanceCalibration, calibration_from_rounds, online_predictions, reliability
+from specpolicy.calibration import (BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration, calibration_from_rounds,
+                                    online_predictions, reliability)
 from specpolicy.decoding import draft_round, generate
 from specpolicy.drafter import Drafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins import get_plugin_manager, make_policy
 from specpolicy.policies.goodput import GoodputPolicy, OnlineCosts
-from specpolicy.calibration import BATCH_ROUNDS, BATCH_WARMUP
 from specpolicy.types import Draft, RoundRecord, Verification
 from specpolicy.verifiers.hf import HFVerifier
 
@@ -252,6 +252,9 @@ def test_takes_reported_lookahead_and_one_token_past_it_when_the_plan_runs_furth
         answers.append(n)
         d = drafter.draft(n)
     assert answers == [1, 8, 8, 3] and d.length == 20 and d.forward_passes == 3
+    assert policy.draft_stop_reason == "policy_bound"  # stopped at max_length, not for low confidence
+    _, reason = play(policy, ScriptedDrafter(confidence=1.0, chunk=8, report_ahead=True), all_accepted)
+    assert reason == "policy_bound"  # as the loop records it
 
 
 def test_reset_keeps_estimates_unless_configured_otherwise():
@@ -452,7 +455,7 @@ def test_online_predictions_are_made_before_each_round_is_learned():
     online = online_predictions(rounds)
     assert online["accepted"].tolist() == [False] * 50  # only the first token is reached, and rejected
     assert online["predicted"][0] == pytest.approx(0.995)  # the prior: the confidence itself
-    assert online["predicted"][-1] < 0.1  # learned from the 49 rounds before it
+    assert online["predicted"][-1] < 0.1  # learned from the rounds before it (48 counted)
     rel = reliability(online["confidence"], online["accepted"])
     assert rel["ece"] == pytest.approx(0.995) and rel["count"].tolist() == [50]
 

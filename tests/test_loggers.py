@@ -117,6 +117,13 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
         return real_init(*args, **kwargs)
 
     monkeypatch.setattr(wandb, "init", init)
+    probes, real_reachable = [], wandb_logger.reachable
+
+    def reachable(url, timeout_s):  # the probe's own bound: its thread is joined for timeout_s at most
+        probes.append((timeout_s, real_reachable(url, timeout_s)))
+        return probes[-1][1]
+
+    monkeypatch.setattr(wandb_logger, "reachable", reachable)
     logger = wandb_logger.WandbLogger(mode="auto", probe_timeout_s=0.5, log_plots=False)  # figures: test_plot.py
     try:
         logger.specpolicy_run_start(config={"policy": {"name": "static"}}, run_dir=str(tmp_path))
@@ -125,7 +132,7 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
             server.close()
     # the probe failed within its 0.5 s, so W&B never tried to start the run online (whose own
     # init timeout is 90 s): one offline start only
-    assert modes == ["offline"]
+    assert probes == [(0.5, False)] and modes == ["offline"]
     assert logger.run is not None and logger.run.settings.mode == "offline"
     logger.specpolicy_prompt_end(result=PromptResult.from_row({
         "prompt_id": "p", "prompt_tokens": 3, "output_ids": [4, 5], "rounds": [], "wall_s": 0.5,

@@ -53,6 +53,18 @@ def test_policy_timer_counts_every_decision_and_update_then_unwraps(runtime):
         pass
     assert none.total_ms == 0.0
 
+    def mine(draft):
+        return 0
+
+    policy.next_length = mine  # an instance-level override, and nested timers: each put back on exit
+    with PolicyTimer(policy) as outer:
+        with PolicyTimer(policy) as inner:
+            policy.next_length(None)
+        assert vars(policy)["next_length"] is not mine  # the outer timer's wrapper again
+        policy.next_length(None)
+    assert vars(policy)["next_length"] is mine and "update" not in vars(policy)
+    assert (inner.calls["next_length"], outer.calls["next_length"]) == (1, 2)
+
 
 @pytest.mark.slow  # a benchmark run
 def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
