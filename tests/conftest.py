@@ -5,6 +5,8 @@ flip), and the tiny on-disk model family for runs of the command line. Tests mar
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,21 @@ def overrides(paths: dict[str, Path], drafter: str = "target") -> list[str]:
     return [f"verifier.model={paths['target']}", "drafter=ar", f"drafter.model={paths[drafter]}",
             "runtime=cpu", "runtime.dtype=float64", "dataset.num_prompts=2", "generation.max_new_tokens=16",
             "run.warmup_prompts=0"]
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` loaded as the module ``specpolicy_bench_<name>`` (the benchmarks
+    are scripts, not a package), freshly each call; ``benchmarks/`` is on ``sys.path`` while it
+    loads, for the scripts that import each other (``overhead.py`` imports ``peers``)."""
+    spec = importlib.util.spec_from_file_location(f"specpolicy_bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module

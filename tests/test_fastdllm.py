@@ -25,7 +25,7 @@ from specpolicy.drafters.fastdllm import (
     mask_token_id_of,
     specpolicy_make_drafter,
 )
-from specpolicy.policy import LengthPolicy
+from specpolicy.policies.static import StaticPolicy
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.types import Draft, Verification
@@ -437,20 +437,6 @@ def test_random_rounds_keep_cache_equal_to_fresh_prefill(runtime):
 
 
 # -- losslessness in the loop -------------------------------------------------------------------------
-
-
-try:
-    from specpolicy.policies.static import StaticPolicy
-except ImportError:  # pragma: no cover - fallback while the static policy is not there
-
-    class StaticPolicy(LengthPolicy):
-        name = "static"
-
-        def __init__(self, k: int) -> None:
-            self.k = k
-
-        def next_length(self, draft: Draft) -> int:
-            return max(self.k - draft.length, 0)
 
 
 def _greedy(target, runtime, prompt, n) -> torch.Tensor:

@@ -22,7 +22,7 @@ from specpolicy.drafter import Drafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins import get_plugin_manager, make_policy
 from specpolicy.policies.goodput import GoodputPolicy, OnlineCosts
-from specpolicy.types import Draft, RoundRecord, Verification
+from specpolicy.types import Draft, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 ROOM = 1_000

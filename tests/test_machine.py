@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hydra import compose, initialize_config_module
 
 import specpolicy.machine as machine
-try:
-    from tiny_family import overrides, save_tiny_family
-except ImportError:  # the tiny family's builders live in conftest.py on newer trees
-    from conftest import overrides, save_tiny_family
+from conftest import overrides
 
 from specpolicy.experiment import run_experiment
 from specpolicy.machine import judge, vanilla_spread, warning_line
 from specpolicy.results import PromptResult
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def conditions(load_start, load_end, cv=0.05, cores=2, own=1.9):

@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import sys
 
-import pytest
 
-try:
-    from tiny_family import overrides, save_tiny_family
-except ImportError:  # the tiny family's builders live in conftest.py on newer trees
-    from conftest import overrides, save_tiny_family
+from conftest import overrides
 
 from specpolicy.cli import main
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def test_a_run_prints_its_directory_and_the_next_commands(family, tmp_path, monkeypatch, capsys):

@@ -4,18 +4,15 @@ its per-method run directories), because all of them are ``specpolicy.summary.su
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
 
+from conftest import load_benchmark
 from specpolicy.experiment import run_experiment
 from specpolicy.report import collect
 from specpolicy.results import read_run
 
-PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 #: Figures that do not depend on timings: they must be equal, not close.
 COUNTED = ("acceptance_rate", "mean_accepted_length", "mean_accepted_length_with_bonus", "mean_speculation_length",
            "mean_speculation_length_drafted", "max_accepted_length", "max_speculation_length", "rounds",
@@ -24,11 +21,7 @@ PROMPTS, TOKENS, K = 2, 256, 5  # GSM8K 1 ends with EOS on a draft of 5 that acc
 
 
 def _peers():
-    spec = importlib.util.spec_from_file_location("specpolicy_bench_peers_one_path", PEERS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peers")
 
 
 @pytest.mark.slow  # the bundled family, 256 tokens, a run and a peer benchmark

@@ -5,23 +5,17 @@ for the figures, ``combine``, and one-line user errors before any model loads.""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "paper_table.py"
+from conftest import load_benchmark
+
 METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("specpolicy_bench_paper_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("paper_table")
 
 
 @pytest.fixture(scope="module")

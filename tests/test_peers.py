@@ -3,27 +3,21 @@ checked against vanilla greedy, and lands in the JSON, the table and the per-met
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
+
 pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
 
-PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 FIGURES = ("tokens_per_s", "speedup_vs_vanilla", "speedup_vs_hf_assisted_best", "acceptance_rate",
            "mean_accepted_length", "mean_speculation_length", "rounds", "drafter_passes_per_round", "lossless",
            "modeled_speedup_vs_vanilla")
 
 
 def _peers():
-    spec = importlib.util.spec_from_file_location("specpolicy_bench_peers", PEERS)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peers")
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,7 @@ import types
 import pytest
 from hydra import compose, initialize_config_module
 
-try:
-    from tiny_family import overrides, save_tiny_family
-except ImportError:  # the tiny family's builders live in conftest.py on newer trees
-    from conftest import overrides, save_tiny_family
+from conftest import overrides
 
 from specpolicy import hookimpl
 from specpolicy.cli import main
@@ -62,11 +59,6 @@ def policy_module(**policy_kwargs) -> types.ModuleType:
 
     module.specpolicy_make_policy = specpolicy_make_policy
     return module
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def cfg(family, *extra: str):

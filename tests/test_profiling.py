@@ -3,14 +3,11 @@ every pass of a run (counts only: timings are never asserted)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import random_prompts, tiny_lm
+from conftest import load_benchmark, random_prompts, tiny_lm
 from specpolicy.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policies.static import StaticPolicy
@@ -68,15 +65,7 @@ def test_policy_timer_counts_every_decision_and_update_then_unwraps(runtime):
 
 @pytest.mark.slow  # a benchmark run
 def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
-    bench_dir = Path(__file__).resolve().parents[1] / "benchmarks"
-    sys.path.insert(0, str(bench_dir))
-    try:
-        spec = importlib.util.spec_from_file_location("specpolicy_bench_overhead", bench_dir / "overhead.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(bench_dir))
+    module = load_benchmark("overhead")
     fam = family
     result = module.main(["--num-prompts", "2", "--max-new-tokens", "12", "--target", str(fam["target"]),
                           "--ar-drafter", str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]),

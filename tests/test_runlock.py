@@ -12,10 +12,7 @@ import time
 
 import pytest
 
-try:
-    from tiny_family import overrides, save_tiny_family
-except ImportError:  # the tiny family's builders live in conftest.py on newer trees
-    from conftest import overrides, save_tiny_family
+from conftest import overrides
 
 from specpolicy.runlock import HOLDER_FILE, RunLock, RunLocked
 
@@ -36,11 +33,6 @@ from specpolicy.cli import main
 sys.argv = ["specpolicy", *sys.argv[1:]]
 main()
 """
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def dead_pid() -> int:

@@ -5,20 +5,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from hydra import compose, initialize_config_module
 
-try:
-    from tiny_family import overrides, save_tiny_family
-except ImportError:  # the tiny family's builders live in conftest.py on newer trees
-    from conftest import overrides, save_tiny_family
+from conftest import overrides
 
 from specpolicy.experiment import run_experiment
-
-
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return save_tiny_family(tmp_path_factory.mktemp("family"))
 
 
 def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path, capsys):
