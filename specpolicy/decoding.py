@@ -221,7 +221,7 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
         policy's ``draft_stop_reason`` (a later 0), ``"room"``, ``"no_proposal"``, ``"stop_token"``
         or ``"vanilla"``.
     Raises:
-        ValueError: when the policy answers a negative length.
+        PolicyAnswerError: (a ValueError) when the policy answers anything but an integer >= 0.
     """
     draft = Draft.empty(device)
     if drafter is None:
