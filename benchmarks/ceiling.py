@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""How close to the oracle can a length policy get with a given drafter? MODELED, offline.
+
+    python benchmarks/ceiling.py --num-prompts 30 --max-new-tokens 256 \\
+        --costs benchmarks/results/peers-gsm8k-30x256.json --out benchmarks/results/ceiling-gsm8k-30x256.json
+
+The oracle (``specpolicy.oracle``) knows every round's accepted length before it drafts. A causal
+policy knows what the drafter tells it. This benchmark measures how much of the gap between
+them is the policy's rule and how much is its information, by giving ``goodput`` (the cost-aware
+policy) more and more information and costing every run with ONE cost model:
+
+* ``static-k5`` and ``failfast`` (paper defaults): checks. Their decisions do not depend on timings,
+  so their fractions reproduce the peer run's exactly when ``--costs`` is that run's JSON;
+* ``goodput``: as shipped, calibration learned online; its costs are given (the cost model, as a
+  hardware profile), so its decisions are free of timing noise;
+* ``goodput-hindsight``: its calibration (confidence x position -> P(accepted | earlier accepted))
+  fitted beforehand on every round of the ``goodput`` run itself and frozen: the best-fitted
+  calibration a confidence-driven rule can have (in-sample);
+* ``goodput-verdict``: each drafted token's confidence replaced by its *verdict* -- 1.0 when the
+  target accepts it (it and every earlier draft token equal the target's greedy tokens), 0.0 when
+  not -- as soon as it is drafted, decoded-ahead tokens one at a time; calibration learned online,
+  then ``goodput-verdict-hindsight`` with it fitted on that run and frozen. This policy knows
+  everything about the tokens it has drafted that verification will tell, but not the tokens
+  it has not drafted: it pays for drafting the first wrong token of a round (and, in a hard
+  region, for the pass that finds it), which the oracle never does. No policy that learns a
+  token's fate only by drafting it does better with the same stop rule.
+
+The loop is the real one (``specpolicy.decoding.generate``) with the real drafter, against a
+*reference verifier* that replays the target's greedy output (vanilla decoding, computed once):
+the accepted length is the longest draft prefix equal to it; no target pass runs, so nothing
+here is a measured time. Every run's rounds are costed by the cost model (drafter passes x ms per
+pass + verification base + per-token slope: ``specpolicy.oracle.CostModel``) and compared with the
+exact oracle (drafter replayed at every prefix: ``replay_match_lengths``) by
+``specpolicy.oracle.compare``, as ``benchmarks/peers.py`` does. ``--costs`` takes the cost models a
+peer run fitted (its JSON's ``oracle.<drafter>.cost_model``, and the oracle's ``max_length``);
+without it the costs are measured here from a timed static-k5 run and vanilla steps.
+
+Output: a printed table per drafter and ``--out`` JSON (fractions, modeled speedups, per prompt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specpolicy.datasets import load_prompts
+from specpolicy.decoding import generate
+from specpolicy.drafter import Drafter
+from specpolicy.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, replay_match_lengths
+from specpolicy.types import Draft, GenerationResult, Verification
+from specpolicy.verifier import Verifier
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402  benchmarks/peers.py: the shared model loading and policy configs
+
+DRAFTERS = ("fastdllm", "ar")
+
+
+class ReferenceVerifier(Verifier):
+    """Verifies against a recorded greedy output instead of running the target.
+
+    ``reference`` (``(n,) int64``, the target's greedy output for the prompt being decoded) is
+    set before each ``generate`` call; ``verify`` accepts the longest draft prefix equal to the
+    reference from the committed position and returns the reference's next token as the
+    correction or bonus token. ``target_token_ids`` is the reference's window: up to the correction
+    it is what the target returns; past it, where the target would read the wrong draft token, it
+    is not (the policies here learn from confidences and accepted lengths only). Positions past
+    the end of the reference (after its EOS) match nothing (-1).
+    """
+
+    name = "reference"
+
+    def __init__(self, real: Verifier) -> None:
+        self.tokenizer, self.eos_token_ids = real.tokenizer, real.eos_token_ids
+        self.max_context, self.vocab_size = real.max_context, real.vocab_size
+        self.reference = torch.empty(0, dtype=torch.long)
+        self.committed = 0
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling=None) -> None:
+        self.committed = 0
+
+    def verify(self, draft: Draft) -> Verification:
+        k = draft.length
+        target = torch.full((k + 1,), -1, dtype=torch.long)
+        window = self.reference[self.committed:self.committed + k + 1]
+        target[:window.shape[0]] = window
+        accepted = int((draft.token_ids.cpu() == target[:k]).int().cumprod(0).sum())
+        self.committed += accepted + 1
+        return Verification(accepted_length=accepted, next_token=int(target[accepted]), target_token_ids=target)
+
+
+class VerdictDrafter(Drafter):
+    """Wraps a drafter: every drafted token's confidence becomes its verdict (1.0 accepted by the
+    target given the tokens before it, 0.0 not), known the moment it is drafted; decoded-ahead
+    tokens are not announced (``lookahead_confidences`` None), so a policy takes them one at a time."""
+
+    name = "verdict"
+
+    def __init__(self, inner: Drafter, verifier: ReferenceVerifier) -> None:
+        self.inner, self.verifier = inner, verifier
+        self.max_context = inner.max_context
+
+    def prefill(self, prompt_ids: torch.Tensor, sampling=None) -> None:
+        self.inner.prefill(prompt_ids)
+
+    def draft(self, num_tokens: int) -> Draft:
+        d = self.inner.draft(num_tokens)
+        ids = d.token_ids.cpu()
+        ref = self.verifier.reference[self.verifier.committed:self.verifier.committed + ids.shape[0]]
+        same = torch.zeros(ids.shape[0], dtype=torch.int32)
+        same[:ref.shape[0]] = (ids[:ref.shape[0]] == ref).int()
+        verdict = same.cumprod(0).float().to(d.confidences.device)  # (k,) 1.0 up to the first wrong token
+        return replace(d, confidences=verdict, lookahead_confidences=None)
+
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        self.inner.commit(draft, verification)
+
+
+def run(prompt_ids, references, verifier: ReferenceVerifier, drafter: Drafter, policy, runtime,
+        max_new_tokens: int) -> list[GenerationResult]:
+    """``policy`` with ``drafter`` on every prompt against the reference verifier; each output is
+    checked to equal its reference (the loop is lossless)."""
+    out = []
+    for ids, ref in zip(prompt_ids, references):
+        verifier.reference = ref
+        res = generate(ids, verifier, runtime, max_new_tokens=max_new_tokens, drafter=drafter, policy=policy)
+        if not torch.equal(res.output_ids, ref):
+            raise RuntimeError(f"{policy!r}: output differs from the reference")
+        out.append(res)
+    return out
+
+
+def frozen(policy, rounds) -> Any:
+    """``policy`` (a fresh ``goodput``) with its calibration fitted on ``rounds`` and frozen:
+    verified rounds still teach it costs and throughput, never the calibration."""
+    policy.calibration.observe_many(
+        (r.confidences[:r.speculation_length], min(r.accepted_length, r.speculation_length))
+        for r in rounds if r.speculation_length > 0)
+    learn = policy.update
+
+    def update(record):
+        learn(record)
+        policy._pending.clear()  # the calibration stays as fitted
+
+    policy.update = update
+    return policy
+
+
+def cost_models(args, bench, prompt_ids, references, verifier_real) -> dict[str, tuple[CostModel, int]]:
+    """Per drafter: ``(cost model, oracle max_length)`` from ``--costs`` (a peer run's JSON), or
+    measured here: a timed static-k5 run with the real target and vanilla steps."""
+    if args.costs:
+        data = json.loads(Path(args.costs).read_text())["oracle"]
+        return {d: (CostModel(**data[d]["cost_model"]), int(data[d]["max_length"])) for d in DRAFTERS}
+    van = [r.verify_ms for ids in prompt_ids
+           for r in generate(ids, verifier_real, bench.runtime, max_new_tokens=args.max_new_tokens).rounds]
+    out = {}
+    for d in DRAFTERS:
+        rounds = [r for ids in prompt_ids
+                  for r in generate(ids, verifier_real, bench.runtime, max_new_tokens=args.max_new_tokens,
+                                    drafter=bench.drafters[d], policy=bench.policy("static", k=5)).rounds]
+        out[d] = (CostModel.fit(rounds, van), DEFAULT_MAX_LENGTH)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="benchmarks/ceiling.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--costs", default=None, help="a peer run's JSON: use its fitted cost models")
+    p.add_argument("--out", default="ceiling.json")
+    peers.add_model_arguments(p)
+    args = p.parse_args(argv)
+    if args.num_prompts < 1 or args.max_new_tokens < 1:
+        p.error("--num-prompts and --max-new-tokens must be >= 1")
+    log = peers.start_benchmark(args.threads)
+    bench = peers.Bench(args)
+    prompts = load_prompts(args.dataset, None, args.num_prompts)
+    prompt_ids = [q.token_ids(bench.tokenizer) for q in prompts]
+    start = time.perf_counter()
+    references = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids
+                  for ids in prompt_ids]
+    log(f"references: {len(references)} prompts, {time.perf_counter() - start:.1f} s")
+    costs = cost_models(args, bench, prompt_ids, references, bench.verifier)
+    verifier = ReferenceVerifier(bench.verifier)
+    results: dict[str, Any] = {"settings": vars(args), "drafters": {}}
+    for d in DRAFTERS:
+        cost, max_length = costs[d]
+        profile = {"name": f"cost-model-{d}", "drafter_pass_ms": cost.draft_ms_per_pass,
+                   "target_ms_per_token": cost.verify_ms_base, "verify_ms_per_draft_token": cost.verify_ms_per_token}
+        drafter = bench.drafters[d]
+        verdict = VerdictDrafter(drafter, verifier)
+        start = time.perf_counter()
+        match = [replay_match_lengths(drafter, ids, ref, max_length) for ids, ref in zip(prompt_ids, references)]
+        log(f"{d}: oracle replay {time.perf_counter() - start:.1f} s")
+
+        def goodput():
+            return bench.policy("goodput", cost_profile=profile)
+
+        runs: dict[str, list[GenerationResult]] = {}
+        plans = [("static-k5", drafter, lambda: bench.policy("static", k=5)),
+                 ("failfast", drafter, lambda: bench.policy("failfast")),
+                 ("goodput", drafter, goodput),
+                 ("goodput-hindsight", drafter, lambda: frozen(goodput(), _rounds(runs["goodput"]))),
+                 ("goodput-verdict", verdict, goodput),
+                 ("goodput-verdict-hindsight", verdict, lambda: frozen(goodput(), _rounds(runs["goodput-verdict"])))]
+        rows = {}
+        for name, source, make in plans:
+            start = time.perf_counter()
+            runs[name] = run(prompt_ids, references, verifier, source, make(), bench.runtime, args.max_new_tokens)
+            res = compare({q.prompt_id: r for q, r in zip(prompts, runs[name])}, cost, max_length, match=match)
+            rounds = _rounds(runs[name])
+            rows[name] = {k: res[k] for k in ("fraction_of_oracle", "policy_speedup_modeled", "oracle_speedup_modeled",
+                                              "policy_ms", "oracle_ms")}
+            rows[name]["rounds"] = len(rounds)
+            rows[name]["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / len(rounds)
+            rows[name]["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / len(rounds)
+            rows[name]["drafter_passes"] = sum(r.drafter_forward_passes for r in rounds)
+            rows[name]["fraction_by_prompt"] = [q["fraction_of_oracle"] for q in res["per_prompt"]]
+            log(f"{d}+{name}: {rows[name]['fraction_of_oracle']:.3f} of the oracle "
+                f"({time.perf_counter() - start:.1f} s)")
+        results["drafters"][d] = {"cost_model": asdict(cost), "max_length": max_length, "methods": rows}
+        peers._print_columns(
+            [("method", "method", ""), ("fraction of oracle", "", ""), ("MODELED speedup", "", ""), ("rounds", "", ""),
+             ("mean spec. / acc. length", "", ""), ("drafter passes", "", "")],
+                    [[n, f"{r['fraction_of_oracle']:.3f}", f"{r['policy_speedup_modeled']:.2f}x", str(r["rounds"]),
+                      f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"])]
+                     for n, r in rows.items()],
+            title=f"{d}: fraction of the oracle (MODELED: this cost model, not measured); "
+                  f"oracle {next(iter(rows.values()))['oracle_speedup_modeled']:.2f}x over vanilla")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    log(f"wrote {out}")
+    return results
+
+
+def _rounds(results: list[GenerationResult]):
+    return [r for res in results for r in res.rounds]
+
+
+if __name__ == "__main__":
+    main()
