@@ -35,7 +35,8 @@ exact oracle (drafter replayed at every prefix: ``replay_match_lengths``) by
 peer run fitted (its JSON's ``oracle.<drafter>.cost_model``, and the oracle's ``max_length``);
 without it the costs are measured here from a timed static-k5 run and vanilla steps.
 
-Output: a printed table per drafter and ``--out`` JSON (fractions, modeled speedups, per prompt).
+Output: a printed table per drafter and ``--out`` JSON (fractions, modeled speedups, per prompt,
+and where each run's modeled ms go past the accepted tokens' own: ``waste``).
 """
 
 from __future__ import annotations
@@ -225,14 +226,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows[name]["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / len(rounds)
             rows[name]["drafter_passes"] = sum(r.drafter_forward_passes for r in rounds)
             rows[name]["fraction_by_prompt"] = [q["fraction_of_oracle"] for q in res["per_prompt"]]
+            rows[name].update(waste(runs[name], match, cost))
             log(f"{d}+{name}: {rows[name]['fraction_of_oracle']:.3f} of the oracle "
                 f"({time.perf_counter() - start:.1f} s)")
         results["drafters"][d] = {"cost_model": asdict(cost), "max_length": max_length, "methods": rows}
         peers._print_columns(
             [("method", "method", ""), ("fraction of oracle", "", ""), ("MODELED speedup", "", ""), ("rounds", "", ""),
-             ("mean spec. / acc. length", "", ""), ("drafter passes", "", "")],
+             ("mean spec. / acc. length", "", ""), ("drafter passes", "", ""), ("ms: all / wasted passes", "", ""),
+             ("ms: rejected tokens' verification", "", "")],
                     [[n, f"{r['fraction_of_oracle']:.3f}", f"{r['policy_speedup_modeled']:.2f}x", str(r["rounds"]),
-                      f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"])]
+                      f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"]),
+                      f"{r['policy_ms']:.0f} / {r['wasted_pass_ms']:.0f}", f"{r['wasted_verify_ms']:.0f}"]
                      for n, r in rows.items()],
             title=f"{d}: fraction of the oracle (MODELED: this cost model, not measured); "
                   f"oracle {next(iter(rows.values()))['oracle_speedup_modeled']:.2f}x over vanilla")
@@ -241,6 +245,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.write_text(json.dumps(results, indent=2))
     log(f"wrote {out}")
     return results
+
+
+def waste(results: list[GenerationResult], match, cost: CostModel) -> dict[str, float]:
+    """Where a run's modeled ms go beyond the accepted tokens' own: ``wasted_pass_ms`` -- drafter
+    passes past those that drafting only the accepted tokens takes (the replay's exact passes),
+    i.e. passes that found only rejected tokens; ``zero_accept_pass_ms`` -- the part of them spent
+    in rounds that accepted nothing (``zero_accept_rounds``), where the oracle decodes plainly;
+    ``wasted_verify_ms`` -- verification of rejected draft tokens (per-token slope)."""
+    out = {"wasted_pass_ms": 0.0, "zero_accept_pass_ms": 0.0, "zero_accept_rounds": 0, "wasted_verify_ms": 0.0}
+    for res, (_, passes) in zip(results, match):
+        position = 0
+        for r in res.rounds:
+            a = r.accepted_length
+            needed = passes[position][a] if a < len(passes[position]) else r.drafter_forward_passes
+            out["wasted_pass_ms"] += max(r.drafter_forward_passes - needed, 0) * cost.draft_ms_per_pass
+            out["wasted_verify_ms"] += (r.speculation_length - a) * cost.verify_ms_per_token
+            if r.speculation_length and not a:
+                out["zero_accept_rounds"] += 1
+                out["zero_accept_pass_ms"] += r.drafter_forward_passes * cost.draft_ms_per_pass
+            position += r.emitted_tokens
+    return out
 
 
 def _rounds(results: list[GenerationResult]):
