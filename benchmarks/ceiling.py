@@ -11,19 +11,20 @@ policy) more and more information and costing every run with ONE cost model:
 
 * ``static-k5`` and ``failfast`` (paper defaults): checks. Their decisions do not depend on timings,
   so their fractions reproduce the peer run's exactly when ``--costs`` is that run's JSON;
-* ``goodput``: as shipped, calibration learned online; its costs are given (the cost model, as a
-  hardware profile), so its decisions are free of timing noise;
-* ``goodput-hindsight``: its calibration (confidence x position -> P(accepted | earlier accepted))
-  fitted beforehand on every round of the ``goodput`` run itself and frozen: the best-fitted
-  calibration a confidence-driven rule can have (in-sample);
+* ``goodput``: calibration learned online as shipped, but its costs given (the cost model, as a
+  hardware profile) instead of measured, so its decisions are free of timing noise; its longest
+  draft is the oracle's (``max_length``), as for the variants below;
+* ``goodput-hindsight``: its calibration (confidence x position -> P(accepted | earlier accepted),
+  ``specpolicy.calibration``) fitted beforehand on the rounds of the ``goodput`` run and frozen:
+  what refitting this calibration on one whole run adds;
 * ``goodput-verdict``: each drafted token's confidence replaced by its *verdict* -- 1.0 when the
   target accepts it (it and every earlier draft token equal the target's greedy tokens), 0.0 when
-  not -- as soon as it is drafted, decoded-ahead tokens one at a time; calibration learned online,
-  then ``goodput-verdict-hindsight`` with it fitted on that run and frozen. This policy knows
-  everything about the tokens it has drafted that verification will tell, but not the tokens
-  it has not drafted: it pays for drafting the first wrong token of a round (and, in a hard
-  region, for the pass that finds it), which the oracle never does. No policy that learns a
-  token's fate only by drafting it does better with the same stop rule.
+  not -- as soon as it is drafted (decoded-ahead tokens one at a time, their verdicts not announced
+  before they are taken); calibration learned online, then ``goodput-verdict-hindsight`` with it
+  fitted on that run and frozen. The same rule knows then everything verification will say about
+  the tokens it has drafted, and nothing about those it has not: it still pays for drafting the
+  first wrong token of a round, which the oracle never does. It is one rule given the verdicts,
+  not a bound over all policies.
 
 The loop is the real one (``specpolicy.decoding.generate``) with the real drafter, against a
 *reference verifier* that replays the target's greedy output (vanilla decoding, computed once):
@@ -54,7 +55,7 @@ import torch
 from specpolicy.datasets import load_prompts
 from specpolicy.decoding import generate
 from specpolicy.drafter import Drafter
-from specpolicy.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, replay_match_lengths
+from specpolicy.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, oracle_max_length, replay_match_lengths
 from specpolicy.types import Draft, GenerationResult, Verification
 from specpolicy.verifier import Verifier
 
@@ -81,26 +82,30 @@ class ReferenceVerifier(Verifier):
     def __init__(self, real: Verifier) -> None:
         self.tokenizer, self.eos_token_ids = real.tokenizer, real.eos_token_ids
         self.max_context, self.vocab_size = real.max_context, real.vocab_size
-        self.reference = torch.empty(0, dtype=torch.long)
-        self.committed = 0
+        self.reference = torch.empty(0, dtype=torch.long)  # (n,) int64, CPU
+        self.committed = 0  # output tokens committed so far
 
     def prefill(self, prompt_ids: torch.Tensor, sampling=None) -> None:
         self.committed = 0
 
     def verify(self, draft: Draft) -> Verification:
+        """Greedy only (``draft.probs`` is ignored). ``target_token_ids``: ``(k + 1,) int64`` on the
+        draft's device."""
         k = draft.length
         target = torch.full((k + 1,), -1, dtype=torch.long)
         window = self.reference[self.committed:self.committed + k + 1]
         target[:window.shape[0]] = window
         accepted = int((draft.token_ids.cpu() == target[:k]).int().cumprod(0).sum())
         self.committed += accepted + 1
-        return Verification(accepted_length=accepted, next_token=int(target[accepted]), target_token_ids=target)
+        return Verification(accepted_length=accepted, next_token=int(target[accepted]),
+                            target_token_ids=target.to(draft.token_ids.device))
 
 
 class VerdictDrafter(Drafter):
     """Wraps a drafter: every drafted token's confidence becomes its verdict (1.0 accepted by the
     target given the tokens before it, 0.0 not), known the moment it is drafted; decoded-ahead
-    tokens are not announced (``lookahead_confidences`` None), so a policy takes them one at a time."""
+    tokens are not announced (``lookahead_confidences`` None), so a policy takes them one at a time.
+    ``small_block_confidences`` stay the drafter's own; greedy only (``prefill`` drops ``sampling``)."""
 
     name = "verdict"
 
@@ -126,8 +131,13 @@ class VerdictDrafter(Drafter):
 
 def run(prompt_ids, references, verifier: ReferenceVerifier, drafter: Drafter, policy, runtime,
         max_new_tokens: int) -> list[GenerationResult]:
-    """``policy`` with ``drafter`` on every prompt against the reference verifier; each output is
-    checked to equal its reference (the loop is lossless)."""
+    """``policy`` with ``drafter`` on every prompt (``prompt_ids``: ``(P,) int64`` each) against the
+    reference verifier, ``references[i]`` (``(n,) int64``, CPU) the target's greedy output for
+    prompt i. Returns one ``GenerationResult`` per prompt.
+
+    Raises:
+        RuntimeError: when an output differs from its reference (the loop would not be lossless).
+    """
     out = []
     for ids, ref in zip(prompt_ids, references):
         verifier.reference = ref
@@ -138,34 +148,34 @@ def run(prompt_ids, references, verifier: ReferenceVerifier, drafter: Drafter, p
     return out
 
 
-def frozen(policy, rounds) -> Any:
-    """``policy`` (a fresh ``goodput``) with its calibration fitted on ``rounds`` and frozen:
-    verified rounds still teach it costs and throughput, never the calibration."""
+def frozen(policy, results: list[GenerationResult]) -> Any:
+    """``policy`` (a fresh ``goodput`` that keeps its state across prompts) with its calibration
+    fitted on the rounds of ``results`` that a policy learns from (every round but each prompt's
+    last; the drafter's own tokens, as ``GoodputPolicy.update`` queues them) and frozen: verified
+    rounds still teach it costs, throughput and chunk sizes, never the calibration."""
+    if not policy.keep_across_prompts:
+        raise ValueError("frozen(): the policy must keep its calibration across prompts")
     policy.calibration.observe_many(
-        (r.confidences[:r.speculation_length], min(r.accepted_length, r.speculation_length))
-        for r in rounds if r.speculation_length > 0)
-    learn = policy.update
-
-    def update(record):
-        learn(record)
-        policy._pending.clear()  # the calibration stays as fitted
-
-    policy.update = update
+        (r.confidences[:own], min(r.accepted_length, own))
+        for res in results for r in res.rounds[:-1]
+        if 0 < (own := r.speculation_length - r.reused_tokens) <= len(r.confidences))
+    policy.calibration.observe_many = lambda drafts: None  # the calibration stays as fitted
     return policy
 
 
-def cost_models(args, bench, prompt_ids, references, verifier_real) -> dict[str, tuple[CostModel, int]]:
-    """Per drafter: ``(cost model, oracle max_length)`` from ``--costs`` (a peer run's JSON), or
-    measured here: a timed static-k5 run with the real target and vanilla steps."""
+def cost_models(args, bench, prompt_ids) -> dict[str, tuple[CostModel, int]]:
+    """Per drafter: ``(cost model, longest speculation)`` from ``--costs`` (a peer run's JSON: its
+    fitted cost model and its oracle's ``max_length``), or measured here: a timed static-k5 run with
+    the real target and vanilla steps, and ``DEFAULT_MAX_LENGTH``."""
     if args.costs:
         data = json.loads(Path(args.costs).read_text())["oracle"]
         return {d: (CostModel(**data[d]["cost_model"]), int(data[d]["max_length"])) for d in DRAFTERS}
     van = [r.verify_ms for ids in prompt_ids
-           for r in generate(ids, verifier_real, bench.runtime, max_new_tokens=args.max_new_tokens).rounds]
+           for r in generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).rounds]
     out = {}
     for d in DRAFTERS:
         rounds = [r for ids in prompt_ids
-                  for r in generate(ids, verifier_real, bench.runtime, max_new_tokens=args.max_new_tokens,
+                  for r in generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens,
                                     drafter=bench.drafters[d], policy=bench.policy("static", k=5)).rounds]
         out[d] = (CostModel.fit(rounds, van), DEFAULT_MAX_LENGTH)
     return out
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         p.error("--num-prompts and --max-new-tokens must be >= 1")
     log = peers.start_benchmark(args.threads)
+    began = time.perf_counter()
     bench = peers.Bench(args)
     prompts = load_prompts(args.dataset, None, args.num_prompts)
     prompt_ids = [q.token_ids(bench.tokenizer) for q in prompts]
@@ -190,56 +201,66 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     references = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids
                   for ids in prompt_ids]
     log(f"references: {len(references)} prompts, {time.perf_counter() - start:.1f} s")
-    costs = cost_models(args, bench, prompt_ids, references, bench.verifier)
+    costs = cost_models(args, bench, prompt_ids)
     verifier = ReferenceVerifier(bench.verifier)
-    results: dict[str, Any] = {"settings": vars(args), "drafters": {}}
+    results: dict[str, Any] = {"drafters": {}}
     for d in DRAFTERS:
-        cost, max_length = costs[d]
+        cost, cap = costs[d]
         profile = {"name": f"cost-model-{d}", "drafter_pass_ms": cost.draft_ms_per_pass,
                    "target_ms_per_token": cost.verify_ms_base, "verify_ms_per_draft_token": cost.verify_ms_per_token}
         drafter = bench.drafters[d]
         verdict = VerdictDrafter(drafter, verifier)
-        start = time.perf_counter()
-        match = [replay_match_lengths(drafter, ids, ref, max_length) for ids, ref in zip(prompt_ids, references)]
-        log(f"{d}: oracle replay {time.perf_counter() - start:.1f} s")
 
-        def goodput():
-            return bench.policy("goodput", cost_profile=profile)
+        def goodput():  # costs given, longest draft the oracle's
+            return bench.policy("goodput", cost_profile=profile, max_length=cap)
 
         runs: dict[str, list[GenerationResult]] = {}
         plans = [("static-k5", drafter, lambda: bench.policy("static", k=5)),
                  ("failfast", drafter, lambda: bench.policy("failfast")),
                  ("goodput", drafter, goodput),
-                 ("goodput-hindsight", drafter, lambda: frozen(goodput(), _rounds(runs["goodput"]))),
+                 ("goodput-hindsight", drafter, lambda: frozen(goodput(), runs["goodput"])),
                  ("goodput-verdict", verdict, goodput),
-                 ("goodput-verdict-hindsight", verdict, lambda: frozen(goodput(), _rounds(runs["goodput-verdict"])))]
-        rows = {}
+                 ("goodput-verdict-hindsight", verdict, lambda: frozen(goodput(), runs["goodput-verdict"]))]
         for name, source, make in plans:
             start = time.perf_counter()
             runs[name] = run(prompt_ids, references, verifier, source, make(), bench.runtime, args.max_new_tokens)
-            res = compare({q.prompt_id: r for q, r in zip(prompts, runs[name])}, cost, max_length, match=match)
-            rounds = _rounds(runs[name])
-            rows[name] = {k: res[k] for k in ("fraction_of_oracle", "policy_speedup_modeled", "oracle_speedup_modeled",
-                                              "policy_ms", "oracle_ms")}
-            rows[name]["rounds"] = len(rounds)
-            rows[name]["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / len(rounds)
-            rows[name]["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / len(rounds)
-            rows[name]["drafter_passes"] = sum(r.drafter_forward_passes for r in rounds)
-            rows[name]["fraction_by_prompt"] = [q["fraction_of_oracle"] for q in res["per_prompt"]]
-            rows[name].update(waste(runs[name], match, cost))
-            log(f"{d}+{name}: {rows[name]['fraction_of_oracle']:.3f} of the oracle "
-                f"({time.perf_counter() - start:.1f} s)")
-        results["drafters"][d] = {"cost_model": asdict(cost), "max_length": max_length, "methods": rows}
+            log(f"{d}+{name}: {time.perf_counter() - start:.1f} s")
+        # the oracle may draft as far as any run did (so it is never shorter-sighted than a policy)
+        max_length = max(oracle_max_length(x for r in runs.values() for x in _rounds(r)), cap)
+        start = time.perf_counter()
+        match = [replay_match_lengths(drafter, ids, ref, max_length) for ids, ref in zip(prompt_ids, references)]
+        log(f"{d}: oracle replay {time.perf_counter() - start:.1f} s")
+        rows = {}
+        for name, res_list in runs.items():
+            res = compare({q.prompt_id: r for q, r in zip(prompts, res_list)}, cost, max_length, match=match)
+            rounds = _rounds(res_list)
+            row = {k: res[k] for k in ("fraction_of_oracle", "policy_speedup_modeled", "oracle_speedup_modeled",
+                                       "policy_ms", "oracle_ms")}
+            row["rounds"] = len(rounds)
+            row["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / len(rounds)
+            row["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / len(rounds)
+            row["drafter_passes"] = sum(r.drafter_forward_passes for r in rounds)
+            row["fraction_by_prompt"] = [q["fraction_of_oracle"] for q in res["per_prompt"]]
+            row.update(waste(res_list, match, cost))
+            row["fraction_without_rejected_verification"] = res["oracle_ms"] / (res["policy_ms"] - row["wasted_verify_ms"])
+            rows[name] = row
+            log(f"{d}+{name}: {row['fraction_of_oracle']:.3f} of the oracle")
+        results["drafters"][d] = {"cost_model": asdict(cost), "max_length": max_length,
+                                  "policy_max_length": cap, "methods": rows}
         peers._print_columns(
             [("method", "method", ""), ("fraction of oracle", "", ""), ("MODELED speedup", "", ""), ("rounds", "", ""),
              ("mean spec. / acc. length", "", ""), ("drafter passes", "", ""), ("ms: all / wasted passes", "", ""),
              ("ms: rejected tokens' verification", "", "")],
-                    [[n, f"{r['fraction_of_oracle']:.3f}", f"{r['policy_speedup_modeled']:.2f}x", str(r["rounds"]),
-                      f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"]),
-                      f"{r['policy_ms']:.0f} / {r['wasted_pass_ms']:.0f}", f"{r['wasted_verify_ms']:.0f}"]
-                     for n, r in rows.items()],
+            [[n, f"{r['fraction_of_oracle']:.3f}", f"{r['policy_speedup_modeled']:.2f}x", str(r["rounds"]),
+              f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"]),
+              f"{r['policy_ms']:.0f} / {r['wasted_pass_ms']:.0f}", f"{r['wasted_verify_ms']:.0f}"]
+             for n, r in rows.items()],
             title=f"{d}: fraction of the oracle (MODELED: this cost model, not measured); "
                   f"oracle {next(iter(rows.values()))['oracle_speedup_modeled']:.2f}x over vanilla")
+    results["settings"] = {**vars(args), "device": str(bench.runtime.torch_device),
+                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+                           "torch_threads": torch.get_num_threads(), "benchmark_s": time.perf_counter() - began,
+                           "prompt_ids": [q.prompt_id for q in prompts]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
@@ -247,23 +268,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def waste(results: list[GenerationResult], match, cost: CostModel) -> dict[str, float]:
-    """Where a run's modeled ms go beyond the accepted tokens' own: ``wasted_pass_ms`` -- drafter
-    passes past those that drafting only the accepted tokens takes (the replay's exact passes),
-    i.e. passes that found only rejected tokens; ``zero_accept_pass_ms`` -- the part of them spent
-    in rounds that accepted nothing (``zero_accept_rounds``), where the oracle decodes plainly;
-    ``wasted_verify_ms`` -- verification of rejected draft tokens (per-token slope)."""
-    out = {"wasted_pass_ms": 0.0, "zero_accept_pass_ms": 0.0, "zero_accept_rounds": 0, "wasted_verify_ms": 0.0}
+def waste(results: list[GenerationResult], match, cost: CostModel) -> dict[str, Any]:
+    """Where a run's modeled ms go beyond the accepted tokens' own.
+
+    Args:
+        results: one ``GenerationResult`` per prompt; ``match``: the same prompts' ``(M, passes)``
+            from ``replay_match_lengths`` (``passes[i][l]``: drafter passes to draft ``l`` tokens at
+            output position ``i``); ``cost``: the cost model (ms).
+    Returns:
+        ``wasted_pass_ms`` -- drafter passes past those that drafting only the accepted tokens takes,
+        i.e. passes that found only rejected tokens; ``zero_accept_pass_ms`` -- the part of them
+        spent in rounds that accepted nothing (``zero_accept_rounds``), where the oracle decodes
+        plainly; ``wasted_verify_ms`` -- verification of rejected draft tokens (per-token slope);
+        ``unmatched_rounds`` -- rounds whose accepted length the replay does not reach (a final
+        round accepting a drafted EOS), counted without waste.
+    """
+    out = {"wasted_pass_ms": 0.0, "zero_accept_pass_ms": 0.0, "zero_accept_rounds": 0, "wasted_verify_ms": 0.0,
+           "unmatched_rounds": 0}
     for res, (_, passes) in zip(results, match):
         position = 0
         for r in res.rounds:
             a = r.accepted_length
-            needed = passes[position][a] if a < len(passes[position]) else r.drafter_forward_passes
-            out["wasted_pass_ms"] += max(r.drafter_forward_passes - needed, 0) * cost.draft_ms_per_pass
+            if a < len(passes[position]):
+                wasted = max(r.drafter_forward_passes - passes[position][a], 0) * cost.draft_ms_per_pass
+            else:
+                wasted = 0.0
+                out["unmatched_rounds"] += 1
+            out["wasted_pass_ms"] += wasted
             out["wasted_verify_ms"] += (r.speculation_length - a) * cost.verify_ms_per_token
             if r.speculation_length and not a:
                 out["zero_accept_rounds"] += 1
-                out["zero_accept_pass_ms"] += r.drafter_forward_passes * cost.draft_ms_per_pass
+                out["zero_accept_pass_ms"] += wasted
             position += r.emitted_tokens
     return out
 

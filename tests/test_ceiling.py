@@ -81,3 +81,32 @@ def test_the_benchmark_runs_and_the_checks_are_consistent(ceiling, family, tmp_p
     # against it and none beats it (exact replay, same cost model)
     for row in results["drafters"]["ar"]["methods"].values():
         assert row["fraction_of_oracle"] <= 1.0 + 1e-9
+        # every drafted token is accepted: no pass finds only rejected tokens, none is verified in vain
+        assert row["wasted_pass_ms"] == row["wasted_verify_ms"] == row["zero_accept_rounds"] == 0
+        assert row["drafter_passes"] > 0
+
+
+def test_a_reference_ending_in_eos_ends_the_run_there(ceiling, models):
+    runtime, verifier, drafters, prompts, references, policy = models
+    reference = ceiling.ReferenceVerifier(verifier)
+    eos = min(verifier.eos_token_ids)
+    cut = torch.cat((references[0][:9], torch.tensor([eos])))  # the "target" stops after 10 tokens
+    assert not torch.equal(references[0][:10], cut)  # the drafter (the target's weights) will miss the EOS
+    reference.reference = cut
+    out = generate(prompts[0], reference, runtime, max_new_tokens=24, drafter=drafters["same"],
+                   policy=policy("static", k=4))
+    assert torch.equal(out.output_ids, cut) and out.finish_reason == "eos"
+
+
+def test_frozen_keeps_the_calibration_and_still_learns_its_throughput(ceiling, models):
+    runtime, verifier, drafters, prompts, references, policy = models
+    reference = ceiling.ReferenceVerifier(verifier)
+    profile = {"name": "known", "drafter_pass_ms": 1.0, "target_ms_per_token": 5.0, "verify_ms_per_draft_token": 0.5}
+    learned = ceiling.run(prompts, references, reference, drafters["other"],
+                          policy("goodput", cost_profile=profile), runtime, 24)
+    fresh = ceiling.frozen(policy("goodput", cost_profile=profile), learned)
+    fitted, tokens = fresh.calibration.table().copy(), fresh.calibration.observations
+    assert tokens > 0 and fresh.throughput.samples == 0
+    ceiling.run(prompts, references, reference, drafters["other"], fresh, runtime, 24)
+    assert (fresh.calibration.table() == fitted).all() and fresh.calibration.observations == tokens
+    assert fresh.throughput.samples > 0  # verified rounds still teach it its throughput
