@@ -10,6 +10,8 @@
   and exits with status 1.
 * Hydra's composition errors (a misspelled key or config choice) become one line with the
   keys that exist and the closest match (``difflib``), status 2 (``hydra_error_line``).
+* ``SweepIncomplete``: a sweep's job ended without a result (``scancel``, a node failure); one
+  line naming the job and how to resume the sweep, status 1.
 
 ``--debug`` (or ``HYDRA_FULL_ERROR=1``) keeps the full traceback instead.
 """
@@ -33,6 +35,11 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A config value that cannot run: the message names the key, the value and the accepted
     range (e.g. ``policy.tau must be in [0, 1], got 1.5``). Raised before any model is loaded."""
+
+
+class SweepIncomplete(Exception):
+    """A launched sweep job ended without a result (cancelled, its node failed). Not a bug: the
+    message (the job, and the command that resumes the sweep) is the whole report, status 1."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,12 @@ def hydra_error_line(error: BaseException) -> str | None:
 
 def one_line(error: BaseException) -> tuple[str, int] | None:
     """``(line, exit status)`` for an error that has a one-line report -- a ``UserError``, a
-    Hydra composition error or an error blamed on a plugin -- or None (report the traceback)."""
+    Hydra composition error, an incomplete sweep or an error blamed on a plugin -- or None
+    (report the traceback)."""
     if isinstance(error, UserError):
         return f"error: {_flat(str(error))}", EXIT_USER
+    if isinstance(error, SweepIncomplete):
+        return f"error: {_flat(str(error))}", EXIT_FAILURE
     line = hydra_error_line(error)
     if line is not None:
         return f"error: {_flat(line)}", EXIT_USER

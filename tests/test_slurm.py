@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from conftest import overrides
+from specpolicy.errors import EXIT_FAILURE, one_line
 from specpolicy.slurm import GONE, SqueueWatcher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,6 +242,7 @@ def test_slurm_cpu_logs_the_pending_reason_and_a_cancelled_task_ends_the_wait(fa
     # squeue lists the task as CANCELLED, or no longer at all (a pending array task may go at once)
     assert re.search(rf"Slurm job {task} (CANCELLED|ended)", output) and f"Job {task} (task: 0)" in output
     assert f"hydra.sweep.dir={sweep}" in output  # how to resume the sweep
+    assert "Traceback" not in output and rc == 1  # reported in one line: not a bug
     assert (sweep / "0" / "summary.json").exists() and not (sweep / "1" / "summary.json").exists()
 
 
@@ -285,3 +287,29 @@ def test_a_preempted_job_is_requeued_and_resumes_without_recomputing(family, slu
     assert len(ids) == prompts and len(set(ids)) == prompts  # each prompt once: nothing recomputed
     summary = json.loads((sweep / "0" / "summary.json").read_text())
     assert summary["prompts"] == prompts and not summary["partial"] and summary["lossless_fraction"] == 1.0
+
+
+def test_a_job_without_result_is_reported_in_one_line_and_still_is_submitits_error():
+    submitit_utils = pytest.importorskip("submitit.core.utils")
+    launcher = pytest.importorskip("hydra_plugins.specpolicy_launcher")
+    if launcher._SubmititSlurmLauncher is None:
+        pytest.skip("hydra-submitit-launcher is not installed")
+
+    class Cancelled(launcher.SpecpolicySlurmLauncher):
+        config = None  # no Hydra config: the error names a placeholder sweep dir
+
+    def fail(self, job_overrides, initial_job_idx):
+        raise submitit_utils.UncompletedJobError("Job 7_1 (task: 0) has not produced any output (state: CANCELLED)\n"
+                                                 "Error stream produced:\n----------------------------------------")
+
+    parent = launcher._SubmititSlurmLauncher.launch
+    try:
+        launcher._SubmititSlurmLauncher.launch = fail
+        with pytest.raises(submitit_utils.UncompletedJobError) as info:
+            Cancelled.__new__(Cancelled).launch([["policy.k=2"]], 0)
+    finally:
+        launcher._SubmititSlurmLauncher.launch = parent
+    line, status = one_line(info.value)
+    assert status == EXIT_FAILURE and "\n" not in line
+    assert line.startswith("error: Job 7_1 (task: 0) has not produced any output (state: CANCELLED); ")
+    assert "hydra.sweep.dir=<sweep dir> to resume it" in line and "Error stream" not in line

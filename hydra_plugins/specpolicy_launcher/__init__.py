@@ -7,7 +7,8 @@
   job id is logged at submission, then its state changes and, while it is pending, Slurm's
   reason; a job that ends without a result (``scancel``, a node failure) ends the wait even on
   a cluster without accounting, where submitit would wait forever;
-* such a job's error says how to resume the sweep.
+* such a job's error says how to resume the sweep, and is reported in one line without a
+  traceback (``specpolicy.errors.SweepIncomplete``).
 
 Hydra instantiates launchers only from modules under ``hydra_plugins``, hence this package
 (listed in pyproject.toml). Hydra's plugin scan finds it in a regular install; the CLI also
@@ -38,16 +39,21 @@ if _SubmititSlurmLauncher is not None:
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
             from submitit.core.utils import UncompletedJobError
 
+            from specpolicy.errors import SweepIncomplete
             from specpolicy.slurm import squeue_watching
+
+            class UncompletedSweepError(UncompletedJobError, SweepIncomplete):
+                """submitit's error (for code that catches it), reported by the CLI in one line."""
 
             with squeue_watching():
                 try:
                     return super().launch(job_overrides, initial_job_idx)
                 except UncompletedJobError as error:
                     sweep_dir = self.config.hydra.sweep.dir if self.config is not None else "<sweep dir>"
-                    raise UncompletedJobError(
-                        f"{error}\nThe sweep's run directories keep every prompt finished so far: run the same "
-                        f"command with hydra.sweep.dir={sweep_dir} to resume it.") from None
+                    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                    raise UncompletedSweepError(
+                        f"{first}; the sweep's run directories keep every prompt finished so far: run the same "
+                        f"command with hydra.sweep.dir={sweep_dir} to resume it") from None
 
 
 def register() -> None:
