@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from specpolicy.calibration import calibration_from_rounds
 from specpolicy.datasets import load_prompts
 from specpolicy.decoding import generate
 from specpolicy.drafter import Drafter
@@ -155,10 +156,10 @@ def frozen(policy, results: list[GenerationResult]) -> Any:
     rounds still teach it costs, throughput and chunk sizes, never the calibration."""
     if not policy.keep_across_prompts:
         raise ValueError("frozen(): the policy must keep its calibration across prompts")
-    policy.calibration.observe_many(
-        (r.confidences[:own], min(r.accepted_length, own))
-        for res in results for r in res.rounds[:-1]
-        if 0 < (own := r.speculation_length - r.reused_tokens) <= len(r.confidences))
+    cal = policy.calibration
+    policy.calibration = calibration_from_rounds(
+        [r for res in results for r in res.rounds[:-1]], prior_strength=cal.prior_strength,
+        position_strength=cal.position_strength, prior_acceptance=cal.prior_acceptance)
     policy.calibration.observe_many = lambda drafts: None  # the calibration stays as fitted
     return policy
 
