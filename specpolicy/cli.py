@@ -28,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_plugins.specpolicy_launcher import register as register_launcher_plugin
+from hydra_plugins.specpolicy_sweeper import register as register_sweeper_plugin
 from specpolicy.errors import EXIT_FAILURE, one_line
 from specpolicy.experiment import run_experiment
 from specpolicy.hydra_searchpath import register as register_searchpath_plugin
@@ -120,6 +121,7 @@ def main() -> None:
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
     register_searchpath_plugin()
     register_launcher_plugin()  # hydra/launcher=slurm, slurm_cpu (an editable install hides it from Hydra's scan)
+    register_sweeper_plugin()  # hydra/sweeper=specpolicy, the default (idem)
     from specpolicy.resume import RunInterrupted
 
     full_error = os.environ.get("HYDRA_FULL_ERROR")

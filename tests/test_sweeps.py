@@ -56,6 +56,39 @@ def test_multirun_2x2_over_policy_keys_and_report(family, tmp_path, monkeypatch,
     assert (sweep / "report.csv").exists() and (sweep / "report.md").exists()
 
 
+def test_a_bad_value_in_any_job_stops_the_sweep_before_the_first_job(family, tmp_path, monkeypatch, capsys):
+    """The default sweeper composes and checks every job (all batches) before launching one."""
+    sweep = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as exit_info:
+        _cli(monkeypatch, "-m", *overrides(family), "policy=failfast", "policy.tau=0.2,0.4,2.0",
+             "seed=${hydra:job.num}", "hydra.sweeper.max_batch_size=1", f"hydra.sweep.dir={sweep}")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("error: policy.tau must be in [0, 1], got 2.0 (sweep job #2: ")
+    assert "policy.tau=2.0" in err[0] and err[0].endswith("; no job was launched)")
+    assert not [p for p in sweep.iterdir() if p.is_dir()]  # no job ran, not even the good ones
+
+
+def test_the_sweeper_resolves_each_jobs_hydra_interpolations(family, tmp_path, monkeypatch):
+    """``${hydra:job.num}`` resolves per job in the check as in the job itself (seed = job number)."""
+    from specpolicy.errors import ConfigError
+
+    seen = []
+
+    def record_then_stop(jobs):
+        seen.extend(jobs)
+        raise ConfigError("stop before launching")
+
+    monkeypatch.setattr("specpolicy.validation.validate_sweep", record_then_stop)
+    with pytest.raises(SystemExit):
+        _cli(monkeypatch, "-m", *overrides(family), "policy.tau=0.1,0.3", "seed=${hydra:job.num}",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert [(number, config["seed"], config["policy"]["tau"]) for number, _, config in seen] == [
+        (0, 0, 0.1), (1, 1, 0.3)]
+    assert "hydra" not in seen[0][2] and "policy.tau=0.3" in seen[1][1]
+
+
 def _rounds(sweep: Path, summary: dict) -> list[dict]:
     job = next(p.parent for p in sweep.glob("*/summary.json") if json.loads(p.read_text()) == summary)
     return [r for line in (job / "results.jsonl").read_text().splitlines() for r in json.loads(line)["rounds"]]
