@@ -38,11 +38,24 @@ def test_main_projects_from_what_it_measured(scale, tmp_path, monkeypatch):
     res = json.loads(out.read_text())
     log = json.loads((scale.FAMILY / "training_log.json").read_text())["target"]
     assert res["settings"]["target_stage_tokens"] == pytest.approx(log["wall_s"] * log["tokens_per_s"])
+    assert res["targets"]["small"]["target_stage_h"] == pytest.approx(log["wall_s"] / 3600)
     for row in res["targets"].values():
         assert row["step_ms"] > 0 and row["train_tokens_per_s"] > 0
-        assert row["target_stage_h"] == pytest.approx(res["settings"]["target_stage_tokens"]
-                                                      / row["train_tokens_per_s"] / 3600)
+        assert row["target_stage_h_at_this_rate"] == pytest.approx(res["settings"]["target_stage_tokens"]
+                                                                   / row["train_tokens_per_s"] / 3600)
+        assert row["target_stage_h"] == pytest.approx(  # today's recorded stage, scaled by the measured rates
+            log["wall_s"] / 3600 * res["targets"]["small"]["train_tokens_per_s"] / row["train_tokens_per_s"])
         assert row["vanilla_main_job_s"] == pytest.approx(3 * 7 * row["step_ms"] / 1e3)
         fits = {d: v for d, v in res["drafters"].items() if v["block_pass_ms"] <= 0.5 * row["step_ms"]}
         assert row["largest_drafter"] == (max(fits, key=lambda d: fits[d]["params"]) if fits else None)
     assert res["drafters"]["small"]["params"] > res["drafters"]["tiny"]["params"]
+
+
+def test_every_timed_forward_sees_the_same_cache(scale):
+    """The timed forwards all run on a cache of exactly ``context`` tokens (cropped back after each)."""
+    model = scale.build(TINY)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (kwargs["past_key_values"].get_seq_length(), args[0].shape[1])), with_kwargs=True)
+    scale.forward_ms(model, context=12, new=5, repeats=3)
+    assert seen == [(0, 12)] + [(12, 5)] * 4  # the prefill, then one untimed and three timed forwards
