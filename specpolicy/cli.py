@@ -28,7 +28,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_plugins.specpolicy_launcher import register as register_launcher_plugin
-from hydra_plugins.specpolicy_sweeper import register as register_sweeper_plugin
 from specpolicy.errors import EXIT_FAILURE, one_line
 from specpolicy.experiment import run_experiment
 from specpolicy.hydra_searchpath import register as register_searchpath_plugin
@@ -121,13 +120,18 @@ def main() -> None:
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
     register_searchpath_plugin()
     register_launcher_plugin()  # hydra/launcher=slurm, slurm_cpu (an editable install hides it from Hydra's scan)
-    register_sweeper_plugin()  # hydra/sweeper=specpolicy, the default (idem)
+    from specpolicy.preflight import SweepRejected
     from specpolicy.resume import RunInterrupted
 
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises every error; reported below in one line
     try:
         _hydra_main()
+    except SweepRejected as rejected:  # a sweep job's bad value, found before any job ran
+        if debug:
+            raise rejected.error from None
+        print(one_line(rejected.error)[0], file=sys.stderr)
+        sys.exit(rejected.code)
     except RunInterrupted as interrupted:  # SIGINT / SIGTERM: partial summary written; resume with the same command
         sys.exit(interrupted.exit_code)
     except Exception as error:  # noqa: BLE001 - every error is reported, the user's in one line

@@ -122,8 +122,8 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
 
 
 def validate_sweep(jobs: Iterable[tuple[int, list[str], Mapping[str, Any]]]) -> None:
-    """Check every job of a sweep before any is launched (``hydra/sweeper=specpolicy``, the
-    default): a bad value in the 40th job of a grid is reported before the first one runs.
+    """Check every job of a sweep before any is launched (``specpolicy.preflight``): a bad
+    value in the 40th job of a grid is reported before the first one runs.
 
     Args:
         jobs: ``(job number, the job's overrides, its resolved task config as a plain dict)``
@@ -199,7 +199,8 @@ def _check_core(config: Mapping[str, Any]) -> None:
         Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
         profile_from(dict(config))  # a bad `profile` fails now, not after the run
     except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(str(exc).strip("'\"")) from exc
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
+        raise ConfigError(str(message)) from exc
 
 
 def _check_dataset(dataset: Mapping[str, Any]) -> list:

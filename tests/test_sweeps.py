@@ -67,7 +67,37 @@ def test_a_bad_value_in_any_job_stops_the_sweep_before_the_first_job(family, tmp
     assert len(err) == 1 and "Traceback" not in err[0]
     assert err[0].startswith("error: policy.tau must be in [0, 1], got 2.0 (sweep job #2: ")
     assert "policy.tau=2.0" in err[0] and err[0].endswith("; no job was launched)")
-    assert not [p for p in sweep.iterdir() if p.is_dir()]  # no job ran, not even the good ones
+    assert not sweep.exists()  # no job ran, not even the good ones
+
+
+def test_a_job_that_does_not_compose_is_named(family, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _cli(monkeypatch, "-m", *overrides(family), "policy=failfast,static", "policy.tau=0.3",
+             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown key policy.tau; policy has keys k, name")
+    assert "(sweep job #1: " in err[0] and err[0].endswith("policy=static policy.tau=0.3; no job was launched)")
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("choice", ["hydra/launcher=slurm_cpu", "hydra/sweeper=failfast_optuna", None])
+def test_only_grid_sweeps_that_run_here_are_checked_up_front(monkeypatch, choice):
+    """On a Slurm node the checks (CUDA, files, environment) are the node's: such jobs check
+    themselves there; an Optuna sweep picks values as it goes. The basic grid run here is checked."""
+    from specpolicy import preflight
+
+    def expand(config):
+        raise AssertionError("expanded")
+
+    monkeypatch.setattr(preflight, "sweep_jobs", expand)
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[choice] if choice else [], return_hydra_config=True)
+    if choice:
+        preflight.SweepPreflight().on_multirun_start(config=cfg)
+    else:
+        with pytest.raises(AssertionError, match="expanded"):
+            preflight.SweepPreflight().on_multirun_start(config=cfg)
 
 
 def test_the_sweeper_resolves_each_jobs_hydra_interpolations(family, tmp_path, monkeypatch):
