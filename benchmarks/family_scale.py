@@ -48,32 +48,20 @@ from specpolicy.family.trainer import TrainConfig, make_optimizer
 
 FAMILY = Path(__file__).resolve().parents[1] / "specpolicy" / "assets" / "family"
 
+
+def shape(layers: int, width: int, kv_heads: int) -> dict:
+    """Qwen2Config kwargs of a larger size, shaped like the target: heads of 64 dims, MLP 3x width."""
+    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=width // 64,
+                num_key_value_heads=kv_heads, intermediate_size=3 * width)
+
+
 #: Target sizes (Qwen2Config kwargs): today's first (the reference of ``target_stage_h``), then
 #: wider and deeper.
-TARGETS = {
-    "12x256 (today)": SIZES["target"],
-    "12x384": dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, num_key_value_heads=2,
-                   intermediate_size=1152),
-    "16x512": dict(hidden_size=512, num_hidden_layers=16, num_attention_heads=8, num_key_value_heads=2,
-                   intermediate_size=1536),
-    "24x768": dict(hidden_size=768, num_hidden_layers=24, num_attention_heads=12, num_key_value_heads=4,
-                   intermediate_size=2304),
-    "24x1024": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=4,
-                    intermediate_size=3072),
-}
+TARGETS = {"12x256 (today)": SIZES["target"], "12x384": shape(12, 384, 2), "16x512": shape(16, 512, 2),
+           "24x768": shape(24, 768, 4), "24x1024": shape(24, 1024, 4)}
 #: Drafter sizes: today's, the session-4 capacity probe (the target's shape), and between.
-DRAFTERS = {
-    "4x192 (today)": SIZES["dllm-drafter"],
-    "4x256": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=768),
-    "6x384": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-                  intermediate_size=1152),
-    "12x256 (probe)": SIZES["target"],
-    "8x512": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                  intermediate_size=1536),
-    "12x768": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-                   intermediate_size=2304),
-}
+DRAFTERS = {"4x192 (today)": SIZES["dllm-drafter"], "4x256": shape(4, 256, 2), "6x384": shape(6, 384, 2),
+            "12x256 (probe)": SIZES["target"], "8x512": shape(8, 512, 2), "12x768": shape(12, 768, 4)}
 
 
 def build(kwargs: dict, vocab: int = 4096) -> Qwen2ForCausalLM:
@@ -137,7 +125,6 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     log = json.loads((FAMILY / "training_log.json").read_text())
     stage_tokens = log["target"]["wall_s"] * log["target"]["tokens_per_s"]  # padded tokens of today's stage
 

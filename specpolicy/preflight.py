@@ -3,8 +3,8 @@ configured under ``hydra.callbacks.sweep_preflight`` in ``conf/config.yaml``).
 
 A grid sweep (Hydra's basic sweeper, ``python -m specpolicy -m key=a,b ...``, the
 ``hydra.sweeper.params`` of an experiment preset included) is expanded as the sweeper will
-expand it, every job's config is composed and checked with ``validate_config``
-(``specpolicy.validation.validate_sweep``), and a bad value in any job -- or a job that does not
+expand it, every job's config is composed and checked with
+``specpolicy.validation.validate_config``, and a bad value in any job -- or a job that does not
 compose -- stops the sweep before any job runs: one line naming the key, the value, the accepted
 range and the job (``#N`` as Hydra numbers it), status 2.
 
@@ -96,27 +96,28 @@ class SweepPreflight(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from specpolicy.errors import ConfigError, hydra_error_line
-        from specpolicy.validation import validate_sweep
+        from specpolicy.plugins import get_plugin_manager
+        from specpolicy.validation import validate_config
 
         if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER or \
                 config.hydra.launcher.get("_target_") not in LOCAL_LAUNCHERS:
             return
         try:
             jobs = sweep_jobs(config)
-            composed = []
-            for number, overrides in enumerate(jobs):
-                try:
-                    composed.append((number, overrides, task_config(config, number, overrides)))
-                except Exception as error:  # noqa: BLE001 - a Hydra / OmegaConf error, named with its job
-                    line = hydra_error_line(error)
-                    if line is None:
-                        raise
-                    raise ConfigError(f"{line} (sweep job #{number}: {' '.join(overrides)}; "
-                                      "no job was launched)") from error
-            validate_sweep(composed)
-        except ConfigError as error:
-            raise SweepRejected(error) from error
-        except Exception as error:  # noqa: BLE001 - Hydra's own errors: reported as the sweep would report them
+        except Exception as error:  # noqa: BLE001 - an override Hydra cannot parse: its own one line
             if hydra_error_line(error) is None:
                 raise
             raise SweepRejected(error) from error
+        managers: dict[tuple[str, ...], Any] = {}  # one plugin manager per plugins.block
+        for number, overrides in enumerate(jobs):
+            try:
+                task = task_config(config, number, overrides)
+                block = tuple((task.get("plugins") or {}).get("block") or ())
+                pm = managers.get(block) or managers.setdefault(block, get_plugin_manager(block=list(block)))
+                validate_config(task, pm)
+            except Exception as error:  # noqa: BLE001 - a bad value, or a job that does not compose
+                line = str(error) if isinstance(error, ConfigError) else hydra_error_line(error)
+                if line is None:
+                    raise
+                raise SweepRejected(ConfigError(
+                    f"{line} (sweep job #{number}: {' '.join(overrides)}; no job was launched)")) from error

@@ -12,7 +12,7 @@
   ``profile`` and ``dataset`` (the prompt file is read here: every bad row is reported with
   ``file:line``, ``specpolicy.datasets``).
 
-``validate_sweep`` runs ``validate_config`` on every job of a sweep before the first is launched.
+``specpolicy.preflight`` runs ``validate_config`` on every job of a sweep before the first is launched.
 
 Every failure is a ``ConfigError`` whose message names the key, the value and the accepted
 range. The small checkers below (``integer``, ``number``, ``choice``, ``boolean``,
@@ -119,29 +119,6 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
     for name, node in (config.get("logger") or {}).items():
         validate_plugin_config(pm, "logger", str(name), dict(node or {}))
     return _check_dataset(config.get("dataset") or {})
-
-
-def validate_sweep(jobs: Iterable[tuple[int, list[str], Mapping[str, Any]]]) -> None:
-    """Check every job of a sweep before any is launched (``specpolicy.preflight``): a bad
-    value in the 40th job of a grid is reported before the first one runs.
-
-    Args:
-        jobs: ``(job number, the job's overrides, its resolved task config as a plain dict)``
-            for each job, in launch order (Hydra's ``#N``).
-    Raises:
-        ConfigError: the first job's first bad value, its message followed by the job's number
-            and overrides.
-    """
-    from specpolicy.plugins import get_plugin_manager
-
-    managers: dict[tuple[str, ...], Any] = {}
-    for number, overrides, config in jobs:
-        block = tuple((config.get("plugins") or {}).get("block") or ())
-        pm = managers.get(block) or managers.setdefault(block, get_plugin_manager(block=list(block)))
-        try:
-            validate_config(config, pm)
-        except ConfigError as error:
-            raise ConfigError(f"{error} (sweep job #{number}: {' '.join(overrides)}; no job was launched)") from None
 
 
 def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) -> None:
