@@ -83,12 +83,12 @@ def forward_ms(model: Qwen2ForCausalLM, context: int, new: int, repeats: int) ->
     model.eval()
     prefix = torch.randint(4, 4000, (1, context))
     cache = DynamicCache()
-    model(prefix, past_key_values=cache, use_cache=True)
+    model(prefix, cache=cache, use_cache=True)
     ids = torch.randint(4, 4000, (1, new))
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        model(ids, past_key_values=cache, use_cache=True)
+        model(ids, cache=cache, use_cache=True)
         times.append((time.perf_counter() - t0) * 1e3)
         crop_cache(cache, context)
     return statistics.median(times[1:])

@@ -74,7 +74,7 @@ class ARDrafter(Drafter):
                 inputs = self._tokens[-1]
             else:
                 inputs = self._unfed
-            logits = self.model(input_ids=inputs[None, :], past_key_values=self.cache, use_cache=True,
+            logits = self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True,
                                 logits_to_keep=1).logits[0, -1]
             if self._sampling is None:
                 probs = torch.softmax(logits.float(), dim=-1)

@@ -335,7 +335,7 @@ class FastDLLMDrafter(Drafter):
             input_ids=ids[None],
             attention_mask=_as_model_mask(mask, self._attn, self._dtype),
             position_ids=positions,
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )

@@ -56,6 +56,6 @@ def test_every_timed_forward_sees_the_same_cache(scale):
     model = scale.build(TINY)
     seen = []
     model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
-        (kwargs["past_key_values"].get_seq_length(), args[0].shape[1])), with_kwargs=True)
+        (kwargs["cache"].get_seq_length(), args[0].shape[1])), with_kwargs=True)
     scale.forward_ms(model, context=12, new=5, repeats=3)
     assert seen == [(0, 12)] + [(12, 5)] * 4  # the prefill, then one untimed and three timed forwards

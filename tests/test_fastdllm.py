@@ -189,7 +189,7 @@ def test_cached_block_pass_equals_uncached_block_causal_forward(runtime, attn):
     mask = _as_model_mask(block_causal_mask(64, 16, 80, B), attn, torch.float64)
     with torch.no_grad():
         out = model(input_ids=seq[None, 64:], attention_mask=mask, position_ids=torch.arange(64, 80)[None],
-                    past_key_values=d.cache, use_cache=True).logits[0]
+                    cache=d.cache, use_cache=True).logits[0]
     torch.testing.assert_close(out, ref[64:], rtol=0, atol=1e-10)
 
     # Bidirectional inside a block, blind to later blocks.
@@ -211,7 +211,7 @@ def test_prefill_caches_complete_blocks_only(runtime):
         if base:
             fresh = DynamicCache()
             with torch.no_grad():
-                model(input_ids=seq[None, :base], attention_mask=ref_mask(base, 32), past_key_values=fresh,
+                model(input_ids=seq[None, :base], attention_mask=ref_mask(base, 32), cache=fresh,
                       use_cache=True)
             _assert_cache_equal(d.cache, fresh)
         assert (d._first is not None) == (n == base)

@@ -619,10 +619,10 @@ class _GlitchLM(torch.nn.Module):
         self.target, self.config = target, target.config
         self.pos, self.right, self.wrong = pos, right, wrong
 
-    def forward(self, input_ids, past_key_values=None, **kwargs):
-        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+    def forward(self, input_ids, cache=None, **kwargs):
+        start = cache.get_seq_length() if cache is not None else 0
         ids = torch.where(input_ids == self.wrong, self.right, input_ids)
-        out = self.target(input_ids=ids, past_key_values=past_key_values, **kwargs)
+        out = self.target(input_ids=ids, cache=cache, **kwargs)
         if start + input_ids.shape[1] == self.pos:  # the last logit predicts position start + len
             logits = out.logits.clone()
             logits[0, -1, self.wrong] = logits[0, -1].max() + 1.0

@@ -108,7 +108,7 @@ def check_verifier(verifier: HFVerifier, committed: torch.Tensor) -> None:
     assert verifier.cached_length == len(committed) - 1
     assert int(verifier._pending) == int(committed[-1])
     if len(committed) > 1:
-        fresh = verifier.model(input_ids=committed[None, :-1], use_cache=True).past_key_values
+        fresh = verifier.model(input_ids=committed[None, :-1], use_cache=True).cache
         assert _same_kv(verifier.cache, fresh)
 
 
@@ -119,7 +119,7 @@ def check_ar(drafter: ARDrafter, committed: torch.Tensor) -> None:
     assert len(unfed) >= 1 and cached + len(unfed) == len(committed)
     assert unfed.tolist() == committed[cached:].tolist()
     if cached:
-        fresh = drafter.model(input_ids=committed[None, :cached], use_cache=True).past_key_values
+        fresh = drafter.model(input_ids=committed[None, :cached], use_cache=True).cache
         assert _same_kv(drafter.cache, fresh)
 
 

@@ -14,7 +14,7 @@ from specpolicy.verifiers.hf import HFVerifier
 
 def _fresh_cache(model, ids: torch.Tensor) -> DynamicCache:
     cache = DynamicCache()
-    model(input_ids=ids[None], past_key_values=cache, use_cache=True)
+    model(input_ids=ids[None], cache=cache, use_cache=True)
     return cache
 
 

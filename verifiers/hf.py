@@ -67,7 +67,7 @@ class HFVerifier(Verifier):
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = DynamicCache()
         if n > 1:
-            self.model(input_ids=prompt_ids[None, :-1], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=prompt_ids[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
         self._pending = prompt_ids[-1:]
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
 
@@ -80,7 +80,7 @@ class HFVerifier(Verifier):
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
-        logits = self.model(input_ids=inputs, past_key_values=self.cache, use_cache=True).logits[0]  # (k + 1, V)
+        logits = self.model(input_ids=inputs, cache=self.cache, use_cache=True).logits[0]  # (k + 1, V)
         if self._sampling is not None:
             return self._verify_sampled(draft, logits, start)
         target = logits.argmax(dim=-1)  # (k + 1,) int64

@@ -85,7 +85,7 @@ def greedy_generate(
         done = torch.zeros(B, dtype=torch.bool)  # per cache row
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-            cache = out.past_key_values
+            cache = out.cache
             last_pos = pos[:, -1]
             for t in range(max_new_tokens):
                 last = out.logits[:, -1].float()
@@ -112,10 +112,10 @@ def greedy_generate(
                     input_ids=nxt[:, None],
                     attention_mask=attn,
                     position_ids=last_pos[:, None],
-                    past_key_values=cache,
+                    cache=cache,
                     use_cache=True,
                 )
-                cache = out.past_key_values
+                cache = out.cache
         for r, i in enumerate(idx):
             results[i] = out_tok[r, : int(n_gen[r])].tolist()
             if top_k:
