@@ -89,11 +89,18 @@ def generate(
     prompt_len = int(prompt_ids.shape[0])
     eos_ids = torch.tensor(sorted(verifier.eos_token_ids), dtype=torch.long, device=device)
 
+    # Target features for drafters that read the target (DFlash, EAGLE-3); () switches them off,
+    # so vanilla decoding on the same verifier computes none.
+    feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
+    if feature_layers or hasattr(verifier, "request_features"):
+        verifier.request_features(feature_layers)
+
     start = time.perf_counter()
     with runtime.timer() as prefill_timer:
         _prefill(verifier, prompt_ids, sampling)
         if drafter is not None:
-            _prefill(drafter, prompt_ids, sampling)
+            extra = {"features": verifier.prompt_features} if feature_layers else {}
+            _prefill(drafter, prompt_ids, sampling, **extra)
     if policy is not None:
         policy.reset()
     if reuse is not None:
@@ -183,24 +190,26 @@ def generate(
     )
 
 
-def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None) -> None:
-    """``model.prefill(prompt_ids)``, with ``sampling=`` only when sampling (so drafters and
-    verifiers written before sampling existed keep working for greedy decoding). A drafter
-    without the keyword drafts as before (point masses, lossless); a verifier without it
-    cannot sample: ValueError naming ``generation.temperature``."""
+def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None,
+             **extra: torch.Tensor | None) -> None:
+    """``model.prefill(prompt_ids, **extra)`` (``extra``: the prompt's target ``features`` for a
+    drafter that reads them), with ``sampling=`` only when sampling (so drafters and verifiers
+    written before sampling existed keep working for greedy decoding). A drafter without the
+    keyword drafts as before (point masses, lossless); a verifier without it cannot sample:
+    ValueError naming ``generation.temperature``."""
     if sampling is None or sampling.is_greedy:
-        model.prefill(prompt_ids)
+        model.prefill(prompt_ids, **extra)
         return
     params = inspect.signature(model.prefill).parameters
     if "sampling" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        model.prefill(prompt_ids, sampling=sampling)
+        model.prefill(prompt_ids, sampling=sampling, **extra)
     elif isinstance(model, Verifier):
         raise ValueError(
             f"generation.temperature={sampling.temperature} needs a verifier that samples, but verifier "
             f"{model.name!r} has no prefill(..., sampling=) (use temperature 0 for greedy decoding)"
         )
     else:
-        model.prefill(prompt_ids)
+        model.prefill(prompt_ids, **extra)
 
 
 def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,

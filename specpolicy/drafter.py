@@ -32,6 +32,13 @@ class Drafter(ABC):
     #: limit of its own (model-free drafters). The loop ends generation with ``"max_context"``
     #: before a round would pass ``min(verifier.max_context, drafter.max_context)``.
     max_context: int = 0
+    #: Target hidden states this drafter reads (drafters conditioned on the target: DFlash,
+    #: EAGLE-3), as indices into Hugging Face's ``output_hidden_states`` (0 = the embedding
+    #: output, i = the output of decoder layer i - 1); empty = none (every other drafter). When
+    #: set, the loop asks the verifier for them (``Verifier.request_features``) and passes the
+    #: prompt's to ``prefill(..., features=)``; each round's come with ``commit``'s
+    #: ``verification.features``.
+    target_feature_layers: tuple[int, ...] = ()
 
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -48,6 +55,9 @@ class Drafter(ABC):
                 of token i given the tokens before it). A model-free drafter may ignore it (its
                 tokens are then verified as point masses). The loop passes the keyword only when
                 sampling, so drafters written before it keep working (as point masses).
+            features: (keyword, only for a drafter with ``target_feature_layers``) ``(P - 1, F)``
+                float: the target's requested hidden states at prompt positions ``0 .. P-2``
+                (``Verifier.prompt_features``); the last prompt token is pending and has none yet.
         Raises:
             ValueError: if the prompt is empty or longer than the drafter's context.
         """
@@ -74,5 +84,7 @@ class Drafter(ABC):
         """Take the target's verdict: the committed sequence grows by
         ``verification.committed_tokens(draft)``; discard the rest and start a new round.
 
-        ``draft`` may hold trailing tokens the drafter did not produce (draft reuse).
+        ``draft`` may hold trailing tokens the drafter did not produce (draft reuse). A drafter
+        with ``target_feature_layers`` reads the committed positions' target features from
+        ``verification.features`` (``(accepted_length + 1, F)``).
         """

@@ -45,12 +45,17 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec(firstresult=True)
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]) -> bool | None:
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any],
+                               run_config: dict[str, Any]) -> bool | None:
     """Check the config of a plugin's choice BEFORE anything is loaded.
 
     :param group: ``policy``, ``drafter``, ``verifier`` or ``logger``.
     :param name: the choice (``policy.name``; for a logger, its key under ``logger``).
     :param config: the group's resolved node without ``name`` (for a logger, ``logger.<name>``).
+    :param run_config: the whole resolved run config (plain dicts; read only), for checks across
+        groups -- e.g. a drafter that reads the target's hidden states checks its checkpoint
+        against the target's ``config.json`` (``specpolicy.features.target_config_of``). Empty
+        when a group is checked alone.
     :return: True when ``name`` is this plugin's (after checking), None otherwise.
     :raises ValueError: (``specpolicy.errors.ConfigError``) naming the key as the user writes it
         (``policy.tau``), the value and the accepted range -- the CLI prints that one line, no

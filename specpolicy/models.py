@@ -21,7 +21,7 @@ from specpolicy.errors import ConfigError
 from specpolicy.runtime import Runtime
 
 #: Models of the bundled family (``specpolicy/assets/family/<name>``), trained by ``python -m specpolicy.family``.
-BUNDLED_MODELS = ("target", "ar-drafter", "dllm-drafter")
+BUNDLED_MODELS = ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")
 
 
 def bundled_dir() -> Path:
@@ -30,7 +30,8 @@ def bundled_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map a bundled model name (``target``, ``ar-drafter``, ``dllm-drafter``) to its directory;
+    """Map a bundled model name (``target``, ``ar-drafter``, ``dllm-drafter``, ``dflash-drafter``,
+    ``eagle3-drafter``) to its directory;
     return existing local paths and hub ids (e.g. ``Qwen/Qwen2.5-7B-Instruct``) unchanged.
 
     Raises:

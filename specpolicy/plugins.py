@@ -32,6 +32,8 @@ BUILTIN_PLUGINS = (
     "specpolicy.drafters.ar",
     "specpolicy.drafters.fastdllm",
     "specpolicy.drafters.suffix",
+    "specpolicy.drafters.dflash",
+    "specpolicy.drafters.eagle3",
     "specpolicy.policies.static",
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",

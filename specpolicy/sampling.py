@@ -218,3 +218,26 @@ def speculative_verify(
     nxt = sample(row[None], generator)[0]
     accepted, next_token = torch.stack([a, nxt]).tolist()  # the one host sync
     return int(accepted), int(next_token)
+
+
+def choose(logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A drafter's tokens from its logits, one per row.
+
+    Greedy (``sampling`` None or greedy): the argmax, its softmax probability as the confidence,
+    no distribution. Sampling: a draw from ``warp(logits)`` (q of speculative sampling), the
+    confidence the largest q of the row.
+
+    Args:
+        logits: ``(n, V)`` any float dtype.
+        sampling: the prompt's sampling settings.
+        generator: the random stream (``Runtime.generator``).
+    Returns:
+        ``(tokens (n,) int64, confidences (n,) float32, q (n, V) float32 or None)``.
+    """
+    if sampling is None or sampling.is_greedy:
+        x = logits.float()
+        top, tokens = x.max(dim=-1)
+        return tokens, torch.exp(top - torch.logsumexp(x, dim=-1)), None
+    q = warp(logits, sampling)
+    return sample(q, generator), q.max(dim=-1).values, q

@@ -91,11 +91,19 @@ class Verification:
             Sampling: the accepted draft tokens, then ``next_token`` at ``accepted_length``,
             then the target's most likely token at the later positions (informational only).
             Either way ``target_token_ids[accepted_length] == next_token``.
+        features: ``(accepted_length + 1, F)`` float, or None. Only when the drafter asked for
+            target features (``Drafter.target_feature_layers``; ``Verifier.request_features``):
+            the target's hidden states, from this same verification pass, at the positions the
+            round committed to the target's KV cache -- the previously pending token and the
+            accepted draft tokens, in order -- each row the requested ``hidden_states`` entries
+            concatenated (F = their total width). The correction/bonus token has no row: it
+            becomes the pending token and its features come from the next verification.
     """
 
     accepted_length: int
     next_token: int
     target_token_ids: torch.Tensor  # (k + 1,) int64
+    features: torch.Tensor | None = None  # (accepted_length + 1, F) float; None = not requested
 
     def committed_tokens(self, draft: Draft) -> torch.Tensor:
         """``(accepted_length + 1,) int64``: the accepted draft prefix plus the correction/bonus token."""

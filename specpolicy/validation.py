@@ -115,20 +115,23 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
         node = dict(config.get(group) or {})
         if "name" not in node:
             raise ConfigError(f"{group}.name is missing: choose one with {group}=NAME")
-        validate_plugin_config(pm, group, str(node.pop("name")), node)
+        validate_plugin_config(pm, group, str(node.pop("name")), node, config)
     for name, node in (config.get("logger") or {}).items():
-        validate_plugin_config(pm, "logger", str(name), dict(node or {}))
+        validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
     return _check_dataset(config.get("dataset") or {})
 
 
-def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) -> None:
-    """Have the plugin that owns ``group`` choice ``name`` check ``config`` (see module docstring).
+def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
+                           run_config: Mapping[str, Any] | None = None) -> None:
+    """Have the plugin that owns ``group`` choice ``name`` check ``config`` (see module docstring);
+    ``run_config``: the whole run config, for checks across groups (None: the group alone).
 
     Raises:
         ConfigError: for a bad value, or a name no registered plugin provides.
     """
     try:
-        claimed = pm.hook.specpolicy_validate_config(group=group, name=name, config=dict(config))
+        claimed = pm.hook.specpolicy_validate_config(group=group, name=name, config=dict(config),
+                                                     run_config=dict(run_config or {}))
         if not claimed and group == "policy":  # a policy without the hook: build it (cheap)
             from specpolicy.plugins import make_policy
 

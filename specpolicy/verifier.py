@@ -32,6 +32,28 @@ class Verifier(ABC):
     max_context: int = 0
     #: Vocabulary size of the target (drafters must match it).
     vocab_size: int = 0
+    #: After ``prefill``, when features were requested (``request_features``): ``(P - 1, F)`` float,
+    #: the requested hidden states of the prompt's cached positions ``0 .. P-2`` (the pending last
+    #: prompt token has none yet); None otherwise.
+    prompt_features: torch.Tensor | None = None
+
+    def request_features(self, layers: tuple[int, ...]) -> None:
+        """Ask for the target's hidden states ``layers`` (indices into Hugging Face's
+        ``output_hidden_states``: 0 = the embedding output, i = the output of decoder layer i - 1)
+        from now on: ``prefill`` then sets ``prompt_features`` and every ``verify`` returns
+        ``Verification.features``, both from passes it runs anyway (no extra target pass). An
+        empty tuple stops it. Drafters that read the target (``Drafter.target_feature_layers``:
+        DFlash, EAGLE-3) need it; the decoding loop calls it before each prompt.
+
+        Raises:
+            specpolicy.features.FeaturesUnsupported: (a ValueError) this verifier cannot return
+                hidden states (the default), or a layer index is out of range.
+        """
+        if layers:
+            from specpolicy.features import FeaturesUnsupported
+
+            raise FeaturesUnsupported(f"verifier {self.name or type(self).__name__!r} cannot return the target's "
+                                      f"hidden states (requested hidden_states {list(layers)}); use verifier=hf")
 
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:

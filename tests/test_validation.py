@@ -111,7 +111,8 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
                                                     "(every prompt after dataset.offset), got -1"),
         "missing_model": (["verifier.model=/nonexistent"],
                           "error: verifier.model='/nonexistent': no such local directory (expected a bundled model "
-                          "(target, ar-drafter, dllm-drafter), a local model directory or a hub id (org/name))"),
+                          "(target, ar-drafter, dllm-drafter, dflash-drafter, eagle3-drafter), a local model "
+                          "directory or a hub id (org/name))"),
         "truncated": ([f"drafter.model={truncated}"], f"error: drafter.model='{truncated}': weights file "
                                                       f"{truncated}/model.safetensors is truncated or corrupt"),
         "bad_row": ([f"dataset.path={bad_file}"], f"error: {bad_file}:2: malformed JSON"),

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.cache import crop_cache
+from specpolicy.features import check_feature_layers, select_features
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
                                load_tokenizer)
@@ -50,6 +51,17 @@ class HFVerifier(Verifier):
         self.cache: DynamicCache | None = None
         self._pending: torch.Tensor | None = None  # (1,) int64: last committed token, not yet in the cache
         self._sampling: SamplingConfig | None = None  # None: greedy
+        self._feature_layers: tuple[int, ...] = ()  # hidden_states indices a drafter reads; () = none
+        self.prompt_features: torch.Tensor | None = None
+
+    def request_features(self, layers: tuple[int, ...]) -> None:
+        """Return ``layers`` of ``output_hidden_states`` from the prefill and every verification
+        (see ``Verifier.request_features``); checked against the target's layer count.
+
+        Raises:
+            specpolicy.features.FeaturesUnsupported: for an index outside ``0..num_hidden_layers``.
+        """
+        self._feature_layers = check_feature_layers(layers, int(self.model.config.num_hidden_layers) + 1)
 
     @property
     def cached_length(self) -> int:
@@ -66,8 +78,16 @@ class HFVerifier(Verifier):
             )
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = DynamicCache()
+        features = bool(self._feature_layers)
+        self.prompt_features = None
         if n > 1:
-            self.model(input_ids=prompt_ids[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=prompt_ids[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1,
+                             output_hidden_states=features)
+            if features:
+                self.prompt_features = select_features(out.hidden_states, self._feature_layers)
+        elif features:
+            width = len(self._feature_layers) * int(self.model.config.hidden_size)
+            self.prompt_features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
         self._pending = prompt_ids[-1:]
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
 
@@ -80,27 +100,33 @@ class HFVerifier(Verifier):
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
-        logits = self.model(input_ids=inputs, cache=self.cache, use_cache=True).logits[0]  # (k + 1, V)
+        out = self.model(input_ids=inputs, cache=self.cache, use_cache=True,
+                         output_hidden_states=bool(self._feature_layers))
+        logits = out.logits[0]  # (k + 1, V)
         if self._sampling is not None:
-            return self._verify_sampled(draft, logits, start)
-        target = logits.argmax(dim=-1)  # (k + 1,) int64
-        matches = (target[:k] == draft.token_ids).int()  # (k,)
-        accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
+            accepted, target = self._verify_sampled(draft, logits)
+        else:
+            target = logits.argmax(dim=-1)  # (k + 1,) int64
+            matches = (target[:k] == draft.token_ids).int()  # (k,)
+            accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
         # Keep KV for the pending token and the accepted draft tokens; the correction/bonus is pending.
         crop_cache(self.cache, start + 1 + accepted)
         self._pending = target[accepted : accepted + 1]
-        return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target)
+        features = None
+        if self._feature_layers:  # the committed positions' hidden states, from this same pass
+            features = select_features(out.hidden_states, self._feature_layers, slice(0, accepted + 1))
+        return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target,
+                            features=features)
 
-    def _verify_sampled(self, draft: Draft, logits: torch.Tensor, start: int) -> Verification:
-        """Speculative sampling on the round's logits ((k + 1, V)); one host sync."""
+    def _verify_sampled(self, draft: Draft, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Speculative sampling on the round's logits ((k + 1, V)); one host sync. Returns the
+        accepted length and ``target_token_ids``: the accepted draft tokens, the sampled token,
+        then (informational) the most likely tokens after it."""
         p = warp(logits, self._sampling)  # (k + 1, V) float32
         accepted, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
-        crop_cache(self.cache, start + 1 + accepted)
-        # Accepted draft tokens, the sampled token, then (informational) the most likely tokens after it.
         target = torch.cat([draft.token_ids[:accepted], p[accepted:].argmax(dim=-1)])
         target[accepted] = nxt
-        self._pending = target[accepted : accepted + 1]
-        return Verification(accepted_length=accepted, next_token=nxt, target_token_ids=target)
+        return accepted, target
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""The family training pipeline: tokenizer -> target -> distill -> ar-drafter -> dllm-drafter -> eval.
+"""The family training pipeline: tokenizer -> target -> distill -> ar-drafter -> dllm-drafter -> features ->
+dflash-drafter -> eagle3-drafter -> eval.
 
 Usage::
 
@@ -13,6 +14,10 @@ so a run with the same options and seed is reproducible. Outputs under ``--out``
 * ``target/``, ``ar-drafter/``, ``dllm-drafter/``: ``save_pretrained`` dirs (bf16 weights,
   config, generation config, tokenizer);
 * ``distill/target_greedy.jsonl``: the distilled training data (token ids);
+* ``features/``: the target's hidden states over the distilled data (``feature_store``; GBs, not
+  bundled), read by the ``dflash-drafter`` and ``eagle3-drafter`` stages;
+* ``dflash-drafter/``, ``eagle3-drafter/``: the drafters conditioned on the target, in the official
+  DFlash / EAGLE-3 checkpoint layouts (no embeddings or LM head: the target's are used);
 * ``training_log.json``: per-stage stats (losses, steps, wall time, params) and eval numbers.
 """
 
@@ -25,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "eval"]
+STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "features", "dflash-drafter",
+          "eagle3-drafter", "eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)")
     ap.add_argument("--soft-weight", type=float, default=0.5,
                     help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]")
+    # drafters conditioned on the target (DFlash, EAGLE-3), trained on stored target features
+    ap.add_argument("--feature-batch-tokens", type=int, default=8192, help="padded tokens per target pass (features)")
+    ap.add_argument("--holdout", type=int, default=100,
+                    help="last N distilled examples held out of DFlash / EAGLE-3 training (validation curves)")
+    ap.add_argument("--dflash-epochs", type=int, default=6)
+    ap.add_argument("--dflash-max-steps", type=int, default=None)
+    ap.add_argument("--dflash-batch-tokens", type=int, default=4096, help="padded sequence tokens per batch")
+    ap.add_argument("--dflash-lr", type=float, default=2e-3)
+    ap.add_argument("--dflash-warmup", type=int, default=50)
+    ap.add_argument("--dflash-block-size", type=int, default=16, help="B: one pass drafts B - 1 tokens")
+    ap.add_argument("--dflash-layer-ids", type=int, nargs="+", default=[2, 6, 11],
+                    help="DFlash target_layer_ids (id i = output of target layer i)")
+    ap.add_argument("--dflash-anchors", type=int, default=16, help="training blocks per sequence and step")
+    ap.add_argument("--dflash-gamma", type=float, default=7.0, help="loss decay over block positions (0 = none)")
+    ap.add_argument("--eagle3-epochs", type=int, default=4)
+    ap.add_argument("--eagle3-max-steps", type=int, default=None)
+    ap.add_argument("--eagle3-batch-tokens", type=int, default=4096)
+    ap.add_argument("--eagle3-lr", type=float, default=2e-3)
+    ap.add_argument("--eagle3-warmup", type=int, default=50)
+    ap.add_argument("--eagle3-ttt", type=int, default=7, help="training-time-test unroll steps")
+    ap.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="draft vocabulary size")
     # eval
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-k", type=int, default=5)
@@ -151,6 +178,9 @@ def run(a: argparse.Namespace) -> dict:
         "distill": out / "distill" / "target_greedy.jsonl",
         "ar-drafter": out / "ar-drafter",
         "dllm-drafter": out / "dllm-drafter",
+        "features": out / "features",
+        "dflash-drafter": out / "dflash-drafter",
+        "eagle3-drafter": out / "eagle3-drafter",
     }
 
     def todo(stage: str) -> bool:
@@ -159,7 +189,16 @@ def run(a: argparse.Namespace) -> dict:
         if a.force or stage in a.redo or stage == "eval":
             return True
         p = paths[stage]
-        done = p.exists() if stage == "distill" else (p / "tokenizer.json").exists() if stage == "tokenizer" else is_saved(p)
+        if stage == "distill":
+            done = p.exists()
+        elif stage == "tokenizer":
+            done = (p / "tokenizer.json").exists()
+        elif stage == "features":
+            done = (p / "store.json").exists()
+        elif stage in ("dflash-drafter", "eagle3-drafter"):
+            done = (p / "model.safetensors").exists()
+        else:
+            done = is_saved(p)
         if done:
             print(f"== {stage}: output exists ({p}), skipped (--force / --redo {stage} to redo)", flush=True)
         return not done
@@ -279,6 +318,44 @@ def run(a: argparse.Namespace) -> dict:
             print(f"calibration: {cal}", flush=True)
             update_log(log_path, "dllm-drafter-calibration", cal)
 
+    def conditioned_data():
+        """The distilled examples as the feature store indexes them, and the training / held-out split."""
+        exs = get_distilled()
+        return exs, list(range(len(exs) - a.holdout)), list(range(len(exs) - a.holdout, len(exs)))
+
+    if todo("features"):
+        from specpolicy.family.feature_store import extract_features
+        from specpolicy.family.train_dflash import feature_layers_for
+
+        print("== features", flush=True)
+        st = extract_features(paths["target"], get_distilled(), feature_layers_for(a, paths["target"]),
+                              paths["features"], a.feature_batch_tokens)
+        print(f"features: {st}", flush=True)
+        update_log(log_path, "features", st)
+
+    if todo("dflash-drafter"):
+        from specpolicy.family.feature_store import FeatureStore
+        from specpolicy.family.train_dflash import train_dflash
+
+        print("== dflash-drafter", flush=True)
+        exs, train_idx, held = conditioned_data()
+        st = train_dflash(paths["target"], exs, FeatureStore(paths["features"]), cfg("dflash"), paths["dflash-drafter"],
+                          tok.pad_token_id, tok.convert_tokens_to_ids("|<MASK>|"), a.dflash_block_size,
+                          tuple(a.dflash_layer_ids), a.dflash_anchors, gamma=a.dflash_gamma, train_indices=train_idx,
+                          heldout_indices=held)
+        update_log(log_path, "dflash-drafter", st)
+
+    if todo("eagle3-drafter"):
+        from specpolicy.family.feature_store import FeatureStore
+        from specpolicy.family.train_eagle3 import train_eagle3
+
+        print("== eagle3-drafter", flush=True)
+        exs, train_idx, held = conditioned_data()
+        st = train_eagle3(paths["target"], exs, FeatureStore(paths["features"]), cfg("eagle3"), paths["eagle3-drafter"],
+                          tok.pad_token_id, a.eagle3_draft_vocab, a.eagle3_ttt, train_indices=train_idx,
+                          heldout_indices=held)
+        update_log(log_path, "eagle3-drafter", st)
+
     if todo("eval"):
         print("== eval", flush=True)
         evaluate(out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, log_path)
@@ -293,7 +370,8 @@ def run(a: argparse.Namespace) -> dict:
                 r.pop("reliability_given_prefix_correct", None)
             update_log(log_path, "dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
 
-    total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter") if paths[m].exists())
+    total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter", "dflash-drafter",
+                                               "eagle3-drafter") if paths[m].exists())
     log = update_log(log_path, "weights_total_mb", round(total_mb, 2))
     print(f"== done; weights total {total_mb:.1f} MB; log {log_path}", flush=True)
     return read_log(log_path) if log is None else log

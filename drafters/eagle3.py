@@ -1,0 +1,245 @@
+"""``eagle3`` drafter: EAGLE-3 chain drafting, one token per drafter pass, from the target's fused
+low/mid/high features (Li et al., arXiv 2503.01840; the network is ``specpolicy.draft_models.eagle3``).
+
+Drafter position i pairs the target's feature of position i with the token at i + 1 and predicts
+the token at i + 2. The target's features exist for every committed position but the pending
+(last) token, so the last such pair -- (feature of the position before the pending token, the
+pending token) -- predicts the first draft token. Each further draft token feeds the drafter's own
+output back as the feature with the token just drafted (EAGLE's "feature" recurrence; training-time
+test trains it for exactly this, ``specpolicy.family.train_eagle3``). A draft of k tokens costs k
+passes; the first also writes the newly committed pairs into the cache.
+
+Cache: the layer's KV cache holds the committed pairs (real features) and, during a round, the
+drafted positions; ``commit`` crops it back to the committed pairs and stores the features the
+verification brought (the previously pending token's and the accepted tokens', paired with the
+tokens after them), which the next round's first pass writes. Nothing committed is recomputed.
+
+Draft vocabulary: the head may predict over a smaller vocabulary; draft id d is target id
+``d + d2t[d]``. Sampling draws from ``warp`` of the draft-vocabulary logits and reports q over the
+target vocabulary (zero outside the draft vocabulary), so speculative sampling stays lossless.
+Trees are not drafted here (chains only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specpolicy.draft_models.eagle3 import Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy.draft_models.kv import KVCache
+from specpolicy.drafter import Drafter
+from specpolicy.errors import ConfigError
+from specpolicy.features import check_feature_layers, target_config_of, target_parts
+from specpolicy.hookspecs import hookimpl
+from specpolicy.models import check_model_source, resolve_model_path
+from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, choose
+from specpolicy.types import Draft, Verification
+from specpolicy.validation import check_keys
+
+NAME = "eagle3"
+CONFIG_KEYS = ("model",)
+
+
+class Eagle3Drafter(Drafter):
+    """EAGLE-3 chain drafting.
+
+    Args:
+        model: the EAGLE-3 head, on the runtime device in the runtime dtype, eval mode.
+        embed_tokens: the target's input embedding module.
+        feature_layers: the target ``hidden_states`` indices it reads (three, low -> high).
+        vocab_size: the target's vocabulary size (rows of ``Draft.probs`` when sampling).
+        runtime: the shared runtime.
+        stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+    """
+
+    name = NAME
+
+    def __init__(self, model: Eagle3DraftModel, embed_tokens: torch.nn.Module, feature_layers: tuple[int, ...],
+                 vocab_size: int, runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = ()):
+        self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
+        self.target_feature_layers = tuple(feature_layers)
+        self.vocab_size = vocab_size
+        self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
+        self.cache: KVCache | None = None
+        self._committed_pairs = 0  # pairs with real features in the cache
+        self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
+        self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
+        self._sampling: SamplingConfig | None = None
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
+                features: torch.Tensor | None = None) -> None:
+        """Start a prompt. ``features``: ``(P - 1, 3 H_target)`` the target's features of the prompt
+        but its last token (``Verifier.prompt_features``).
+
+        Raises:
+            ValueError: for an empty prompt or missing / mis-shaped features.
+        """
+        n = int(prompt_ids.shape[0])
+        if n < 1:
+            raise ValueError("prompt_ids is empty; the eagle3 drafter needs at least one token")
+        if features is None or tuple(features.shape[:1]) != (n - 1,):
+            raise ValueError(f"the eagle3 drafter needs the target's features of the prompt's first {n - 1} positions "
+                             f"(got {None if features is None else tuple(features.shape)}); run it through "
+                             "specpolicy.decoding.generate, which asks the verifier for them")
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        self.cache = KVCache(1)
+        self._committed_pairs = 0
+        self._features, self._pair_tokens = features, prompt_ids[1:]
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
+        self._new_round()
+
+    def _new_round(self) -> None:
+        device = self.runtime.torch_device
+        self._tokens = torch.empty(0, dtype=torch.long, device=device)
+        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._probs: list[torch.Tensor] = []
+        self._last_out: torch.Tensor | None = None  # (1, 1, H): the output that predicts the next token
+        self._passes = 0
+        self._ended = False  # a stop token was drafted
+
+    def _step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
+        """One pass over ``n`` new positions (``embeds``, ``hidden`` ``(1, n, H)``): cache their keys and
+        values, draft the token the last one predicts."""
+        start = self.cache.length
+        positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
+        out, k, v = self.model(embeds, hidden, positions, self.cache.layer(0) if start else None)
+        self.cache.keys[0], self.cache.values[0] = k, v
+        self._last_out = out[:, -1:]
+        logits = self.model.logits(self._last_out[0])  # (1, Vd)
+        draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        tokens = self.model.to_target_ids(draft_ids)
+        if q is not None:  # q over the target vocabulary
+            full = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device)
+            q = full.index_add_(1, self.model.to_target_ids(torch.arange(q.shape[1], device=q.device)), q)
+            self._probs.append(q)
+        self._tokens = torch.cat([self._tokens, tokens])
+        self._confs = torch.cat([self._confs, confs])
+        self._passes += 1
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        before = self._tokens.shape[0]
+        for _ in range(num_tokens):
+            if self._ended:
+                break
+            if self._last_out is None:  # the round's first pass: the newly committed pairs
+                if self._features is None or self._features.shape[0] == 0:
+                    break  # a one-token prompt: no feature yet, nothing to draft from
+                hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
+                self._step(self.embed_tokens(self._pair_tokens)[None], hidden)
+                self._committed_pairs = self.cache.length
+                self._features = self._pair_tokens = None
+            else:  # feed the drafter's own output back with the token just drafted
+                self._step(self.embed_tokens(self._tokens[-1:])[None], self._last_out)
+        if self._stop_ids.numel() and self._tokens.shape[0] > before:
+            hit = torch.isin(self._tokens[before:], self._stop_ids)
+            if bool(hit.any()):  # one sync per call: cut the draft at a drafted stop token
+                end = before + int(hit.int().argmax()) + 1
+                self._tokens, self._confs = self._tokens[:end], self._confs[:end]
+                self._probs = self._probs[:end]
+                self._ended = True
+        probs = torch.cat(self._probs) if self._probs else None
+        return Draft(self._tokens, self._confs, forward_passes=self._passes, probs=probs,
+                     ends_at_stop_token=self._ended)
+
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        """Crop the drafted positions and store the committed ones' features with the tokens after
+        them (``(a + 1, 3 H)`` and ``verification.committed_tokens``). Raises ``RuntimeError`` when
+        the verification brought no features."""
+        features = verification.features
+        if features is None:
+            raise RuntimeError("the eagle3 drafter got no target features from the verification; the verifier must "
+                               "honour request_features")
+        self.cache.crop(self._committed_pairs)
+        tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
+        if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
+            features = torch.cat([self._features, features])
+            tokens = torch.cat([self._pair_tokens, tokens])
+        self._features, self._pair_tokens = features, tokens
+        self._new_round()
+
+
+def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str) -> tuple[int, ...]:
+    """Check an EAGLE-3 checkpoint's config.json against the target's (both as dicts); return the
+    feature layers as ``hidden_states`` indices.
+
+    Raises:
+        ConfigError: naming ``key`` and what does not fit: the feature width, the hidden size (the
+            head embeds tokens with the target's embeddings), the vocabulary, or a feature layer
+            beyond the target's layers.
+    """
+    spec = Eagle3Spec.from_config(draft_config, key)
+    layers = int(target_config.get("num_hidden_layers", 0))
+    hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
+    if spec.target_hidden_size != hidden:
+        raise ConfigError(f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden "
+                          f"size {hidden}")
+    if int(draft_config["hidden_size"]) != hidden:
+        raise ConfigError(f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
+                          "(EAGLE-3 embeds tokens with the target's embeddings)")
+    if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
+        raise ConfigError(f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
+                          f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}")
+    ids = spec.feature_layers(layers)
+    bad = [i for i in ids if not 0 <= i <= layers]
+    if bad or len(ids) != 3:
+        raise ConfigError(f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
+                          f"the target's {layers} (0..{layers})")
+    return ids
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+    """``drafter=eagle3``: known keys, the checkpoint's directory, config and weights files (not
+    loaded), and -- when the target is bundled or local -- the checkpoint against the target's
+    config.json (feature width, hidden size, vocabulary, layer ids)."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_keys("drafter", config, CONFIG_KEYS)
+    model = config.get("model", "eagle3-drafter")
+    check_model_source("drafter.model", model)
+    from specpolicy.draft_models.checkpoint import read_config
+
+    key = f"drafter.model={model!r}"
+    try:
+        directory = resolve_model_path(model)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+    draft_config = read_config(directory, key)
+    target = target_config_of(run_config)
+    if target is not None:
+        check_fits_target(draft_config, target, key)
+    else:
+        Eagle3Spec.from_config(draft_config, key)
+    return True
+
+
+@hookimpl
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+    """Factory for ``drafter=eagle3``. Config key: ``model`` (bundled ``eagle3-drafter`` or a local
+    EAGLE-3 / SpecForge checkpoint directory). The embeddings are the target's (``verifier.model``).
+
+    Raises:
+        ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
+            Face model or without hidden states.
+    """
+    if name != NAME:
+        return None
+    model_name = config.get("model", "eagle3-drafter")
+    key = f"drafter.model={model_name!r}"
+    embed, _, target_config = target_parts(verifier, NAME)
+    from specpolicy.draft_models.checkpoint import read_config
+
+    directory = resolve_model_path(model_name)
+    layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key)
+    model = load_eagle3(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
+    check_feature_layers(layers, int(target_config.num_hidden_layers) + 1, NAME)
+    verifier.request_features(layers)  # a verifier without hidden states says so now
+    verifier.request_features(())
+    return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime,
+                         getattr(verifier, "eos_token_ids", ()))

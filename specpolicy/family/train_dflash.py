@@ -1,0 +1,292 @@
+"""Training a DFlash drafter on stored target features (DFlash, arXiv 2602.06036, §3.2; SpecForge's
+``OnlineDFlashModel`` objective, re-derived here for CPU training).
+
+Each training sequence is the target's greedy continuation of a prompt, with the target's hidden
+states at every position (``feature_store``). A training *block* starts at an anchor position a
+in ``[prompt_len - 1, n - 2]`` (the token the next round's draft continues: the last prompt token
+in a generation's first round) and holds
+
+    [x_a, ..., x_{a+j-1} (given), MASK x (B - 1)]       at positions a .. a+j+B-2
+
+with ``j = 1`` for DFlash's one-pass block and ``j = 1 + m(B - 1)`` for the m-th *extension*
+pass (``specpolicy.drafters.dflash``: a draft that goes past B - 1 tokens re-runs the block
+with the tokens drafted so far given). The block sees the context features of positions < a
+(strictly: the anchor's own features come from the verification that has not happened yet), and
+itself bidirectionally; blocks of one sequence do not see each other. The loss is the
+cross-entropy of each mask position against the token at that position, weighted by
+``exp(-(k - 1) / gamma)`` for the k-th mask (DFlash's decay: early tokens decide acceptance).
+Given tokens are the true tokens: a drafted token only matters when every token before it was
+accepted, i.e. equal to them, so this is the distribution that inference conditions on.
+
+The draft model's embeddings and LM head are the target's, frozen (not stored with the drafter).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash
+from specpolicy.family.data import Example
+from specpolicy.family.feature_store import FeatureStore
+from specpolicy.family.trainer import TrainConfig, train
+
+#: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
+DFLASH_SIZE = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   intermediate_size=768)
+
+
+class DFlashTrainee(nn.Module):
+    """The trained draft model with the target's frozen embedding table (also its LM head: the
+    family ties them)."""
+
+    def __init__(self, draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        super().__init__()
+        self.draft = draft
+        self.embed = nn.Parameter(embed.detach().clone(), requires_grad=False)  # (V, H)
+        self.lm_head = nn.Parameter(lm_head.detach().clone(), requires_grad=False)  # (V, H)
+
+
+def new_dflash(target_config, mask_token_id: int, block_size: int, target_layer_ids: list[int], seed: int,
+               size: dict | None = None) -> DFlashDraftModel:
+    """A freshly initialised DFlash draft model for a target (its width, vocabulary, RoPE)."""
+    raw = dict(hidden_size=target_config.hidden_size, vocab_size=target_config.vocab_size,
+               rms_norm_eps=target_config.rms_norm_eps, max_position_embeddings=target_config.max_position_embeddings,
+               rope_theta=float(target_config.rope_parameters["rope_theta"]), hidden_act="silu",
+               block_size=block_size, num_target_layers=target_config.num_hidden_layers,
+               dflash_config=dict(target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id,
+                                  block_size=block_size),
+               **(size or DFLASH_SIZE))
+    torch.manual_seed(seed)
+    model = DFlashDraftModel(qwen3_config(raw), DFlashSpec.from_config(raw))
+    for m in model.modules():  # Qwen3's initialisation: N(0, 0.02) weights, unit norms
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+    return model
+
+
+def init_final_norm(draft: DFlashDraftModel, target) -> None:
+    """Start the drafter's final norm at the target's (its outputs meet the target's LM head at
+    the scale the target's own last hidden states do; a unit norm starts at a loss near 40)."""
+    with torch.no_grad():
+        draft.norm.weight.copy_(target.model.norm.weight.to(draft.norm.weight.dtype))
+
+
+def sample_blocks(prompt_len: torch.Tensor, length: torch.Tensor, block_size: int, anchors: int,
+                  extension_probs: tuple[float, ...], gen: torch.Generator) -> list[list[tuple[int, int]]]:
+    """Training blocks of each row: ``(anchor a, given tokens j)`` pairs.
+
+    Args:
+        prompt_len, length: ``(R,)`` int64, each row's prompt length and real length n.
+        anchors: blocks per row at most (anchors drawn without replacement from
+            ``[prompt_len - 1, n - 2]``).
+        extension_probs: probability of ``m = 0, 1, 2, ...`` extension passes (j = 1 + m(B - 1)),
+            renormalised over the m whose given tokens fit (``a + j - 1 <= n - 2``).
+    Returns:
+        per row, a list of ``(a, j)``.
+    """
+    out = []
+    probs = torch.tensor(extension_probs, dtype=torch.float64)
+    for p, n in zip(prompt_len.tolist(), length.tolist()):
+        lo, hi = p - 1, n - 2
+        if hi < lo:
+            out.append([])
+            continue
+        cand = torch.arange(lo, hi + 1)
+        pick = cand[torch.randperm(len(cand), generator=gen)[:anchors]].tolist()
+        row = []
+        for a in pick:
+            js = [1 + m * (block_size - 1) for m in range(len(probs))]
+            ok = torch.tensor([a + j - 1 <= hi for j in js])
+            w = probs * ok
+            m = int(torch.multinomial(w / w.sum(), 1, generator=gen))
+            row.append((a, js[m]))
+        out.append(row)
+    return out
+
+
+def block_batch(ids: torch.Tensor, valid: torch.Tensor, blocks: list[list[tuple[int, int]]], block_size: int,
+                mask_token_id: int, gamma: float) -> dict[str, torch.Tensor]:
+    """The packed query side of a training batch.
+
+    Every row's blocks are laid one after another on a query axis of length Q (padded); a padded
+    query forms a block of its own (it attends to itself, and carries no loss).
+
+    Args:
+        ids: ``(R, L)`` int64 the sequences. valid: ``(R, L)`` bool.
+        blocks: ``sample_blocks``' output.
+    Returns:
+        ``tokens`` ``(R, Q)`` int64 (given tokens or the mask token), ``positions`` ``(R, Q)``,
+        ``mask`` ``(R, 1, Q, L + Q)`` bool (True = attend), ``labels`` ``(R, Q)`` int64 (-100 = no
+        loss), ``weights`` ``(R, Q)`` float32 (the decay of each mask position).
+    """
+    R, L = ids.shape
+    lens = [sum(j + block_size - 1 for _, j in row) for row in blocks]
+    Q = max(1, max(lens))
+    tokens = torch.full((R, Q), mask_token_id, dtype=torch.long)
+    positions = torch.zeros((R, Q), dtype=torch.long)
+    labels = torch.full((R, Q), -100, dtype=torch.long)
+    weights = torch.zeros((R, Q), dtype=torch.float32)
+    block_of = torch.arange(Q).repeat(R, 1) + 10**6  # padding: a block of its own
+    anchor_of = torch.zeros((R, Q), dtype=torch.long)
+    decay = torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma) if gamma > 0 else \
+        torch.ones(block_size - 1)
+    for r, row in enumerate(blocks):
+        q = 0
+        for b, (a, j) in enumerate(row):
+            span = j + block_size - 1
+            pos = torch.arange(a, a + span)
+            positions[r, q : q + span] = pos
+            tokens[r, q : q + j] = ids[r, a : a + j]
+            inside = pos[j:] < L
+            tgt = torch.full((block_size - 1,), -100, dtype=torch.long)
+            tgt[inside] = torch.where(valid[r, pos[j:][inside]], ids[r, pos[j:][inside]], -100)
+            labels[r, q + j : q + span] = tgt
+            weights[r, q + j : q + span] = decay * (tgt != -100)
+            block_of[r, q : q + span] = b
+            anchor_of[r, q : q + span] = a
+            q += span
+    ctx_ok = (torch.arange(L)[None, None, :] < anchor_of[:, :, None]) & valid[:, None, :]  # (R, Q, L)
+    same = block_of[:, :, None] == block_of[:, None, :]  # (R, Q, Q)
+    mask = torch.cat([ctx_ok, same], dim=2)[:, None]
+    return {"tokens": tokens, "positions": positions, "mask": mask, "labels": labels, "weights": weights}
+
+
+def dflash_loss(trainee: DFlashTrainee, store: FeatureStore, feature_layers: list[int], block_size: int,
+                mask_token_id: int, anchors: int, extension_probs: tuple[float, ...], gamma: float):
+    """The loss function for ``trainer.train``: ``(model, batch, gen) -> (loss, n_label_tokens)``."""
+
+    def loss_fn(model: DFlashTrainee, batch: dict, gen: torch.Generator):
+        ids, valid = batch["input_ids"], batch["valid"]
+        R, L = ids.shape
+        blocks = sample_blocks(batch["prompt_len"], valid.sum(1), block_size, anchors, extension_probs, gen)
+        q = block_batch(ids, valid, blocks, block_size, mask_token_id, gamma)
+        feats = store.batch(batch["index"].tolist(), feature_layers, L)
+        ctx = model.draft.context_keys_values(feats, torch.arange(L).repeat(R, 1))
+        out = model.draft(F.embedding(q["tokens"], model.embed), q["positions"], ctx, q["mask"])  # (R, Q, H)
+        keep = q["labels"] != -100
+        logits = out[keep] @ model.lm_head.T  # (n, V)
+        ce = F.cross_entropy(logits.float(), q["labels"][keep], reduction="none")
+        w = q["weights"][keep]
+        return (ce * w).sum() / w.sum().clamp(min=1e-6), int(keep.sum())
+
+    return loss_fn
+
+
+def feature_layers_for(args, target_dir: str | Path) -> list[int]:
+    """The ``hidden_states`` indices the pipeline stores: the DFlash drafter's (ids + 1) and the
+    EAGLE-3 head's default (``[2, L // 2, L - 3]``) for the target at ``target_dir``."""
+    import json
+
+    from specpolicy.draft_models.eagle3 import default_layer_ids
+
+    layers = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
+    return sorted({i + 1 for i in args.dflash_layer_ids} | set(default_layer_ids(layers)))
+
+
+def train_dflash(target_dir: str | Path, examples: list[Example], store: FeatureStore, cfg: TrainConfig,
+                 out_dir: str | Path, pad_id: int, mask_token_id: int, block_size: int = 16,
+                 target_layer_ids: tuple[int, ...] = (2, 6, 11), anchors: int = 16,
+                 extension_probs: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05), gamma: float = 7.0,
+                 size: dict | None = None, init: str | Path | None = None,
+                 train_indices: list[int] | None = None, heldout_indices: list[int] | None = None,
+                 val_every: int = 200) -> dict:
+    """Train the DFlash drafter of ``target_dir`` and save it in the official layout.
+
+    Args:
+        examples: the target's greedy continuations (their indices are the store's).
+        store: their target features (must hold ``i + 1`` for every id of ``target_layer_ids``).
+        train_indices / heldout_indices: the examples trained on (default all) and held out for the
+            validation curve (default none), measured every ``val_every`` steps and at the end.
+        cfg: optimisation settings (``trainer.TrainConfig``; budgets in epochs/steps).
+        block_size: B (one pass drafts B - 1 tokens).
+        target_layer_ids: DFlash layer ids of the context (id i = output of layer i).
+        anchors: training blocks per sequence and step.
+        extension_probs: share of blocks with 0, 1, 2, ... extension passes' given tokens.
+        gamma: loss decay over mask positions (0 = none).
+        init: a DFlash checkpoint to continue from (default: fresh weights).
+    Returns:
+        the ``trainer.train`` stats plus ``params``, ``block_size``, ``target_layer_ids``, ``anchors``,
+        ``extension_probs``, ``gamma``.
+    """
+    from specpolicy.draft_models.dflash import load_dflash
+    from specpolicy.family.models import load_model
+
+    target = load_model(target_dir)
+    if init:
+        draft = load_dflash(init)
+    else:
+        draft = new_dflash(target.config, mask_token_id, block_size, list(target_layer_ids), cfg.seed, size)
+        init_final_norm(draft, target)
+    trainee = DFlashTrainee(draft, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    del target
+    layers = list(draft.spec.feature_layers)
+    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
+    heldout_indices = list(heldout_indices or [])
+    loss_fn = dflash_loss(trainee, store.select(train_indices), layers, draft.spec.block_size,
+                          draft.spec.mask_token_id, anchors, extension_probs, gamma)
+    curve = []
+
+    def validate(step: int, model=None) -> None:
+        if heldout_indices and (model is None or step % val_every == 0):
+            draft.eval()
+            v = validation_loss(draft, trainee.embed, trainee.lm_head, examples, heldout_indices, store, cfg.seed)
+            draft.train(model is not None)
+            curve.append({"step": step, **v})
+            print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d=1/5/10/15 "
+                  f"{'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in (1, 5, 10, 15) if d < block_size)}",
+                  flush=True)
+
+    t0 = time.time()
+    validate(0)
+    stats = train(trainee, [examples[i] for i in train_indices], loss_fn, cfg, pad_id, name="dflash-drafter",
+                  on_log=validate)
+    validate(stats["steps"])
+    save_dflash(draft, out_dir)
+    stats.update(params=sum(p.numel() for p in draft.parameters()), block_size=draft.spec.block_size,
+                 target_layer_ids=list(draft.spec.target_layer_ids), anchors=anchors,
+                 extension_probs=list(extension_probs), gamma=gamma, heldout=len(heldout_indices),
+                 validation_curve=curve, wall_s=round(time.time() - t0, 1))
+    return stats
+
+
+def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch.Tensor, examples: list[Example],
+                    indices: list[int], store: FeatureStore, seed: int = 0) -> dict:
+    """Mean undecayed cross-entropy and top-1 accuracy per mask index k = 1..B-1 on one-pass blocks
+    (j = 1), 16 anchors per sequence, on ``indices`` (a held-out slice); eval mode, no grad."""
+    from specpolicy.family.data import collate
+
+    B = draft.spec.block_size
+    gen = torch.Generator().manual_seed(seed)
+    trainee = DFlashTrainee(draft, embed, lm_head)
+    hits = torch.zeros(B - 1)
+    count = torch.zeros(B - 1)
+    ce_sum = 0.0
+    with torch.no_grad():
+        for s in range(0, len(indices), 16):
+            idx = indices[s : s + 16]
+            batch = collate([examples[i] for i in idx], 0)
+            ids, valid = batch["input_ids"], batch["valid"]
+            R, L = ids.shape
+            blocks = sample_blocks(batch["prompt_len"], valid.sum(1), B, 16, (1.0,), gen)
+            q = block_batch(ids, valid, blocks, B, draft.spec.mask_token_id, 0.0)
+            ctx = draft.context_keys_values(store.batch(idx, list(draft.spec.feature_layers), L),
+                                            torch.arange(L).repeat(R, 1))
+            out = draft(F.embedding(q["tokens"], trainee.embed), q["positions"], ctx, q["mask"])
+            keep = q["labels"] != -100
+            logits = (out[keep] @ trainee.lm_head.T).float()
+            ce_sum += float(F.cross_entropy(logits, q["labels"][keep], reduction="sum"))
+            k = (torch.cumsum((q["tokens"] == draft.spec.mask_token_id).long(), dim=1) - 1)[keep] % (B - 1)
+            hit = (logits.argmax(-1) == q["labels"][keep]).float()
+            hits.index_add_(0, k, hit)
+            count.index_add_(0, k, torch.ones_like(hit))
+    return {"ce": round(ce_sum / max(1.0, float(count.sum())), 4),
+            "accuracy_by_distance": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, count)],
+            "n_tokens": int(count.sum())}

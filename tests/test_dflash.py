@@ -1,0 +1,213 @@
+"""The ``dflash`` drafter: drafts exactly the official DFlash semantics (checked against a no-cache
+reference on a tiny checkpoint written in the official layout), through the real loop and with
+arbitrary accepted lengths; extension passes; losslessness with every built-in policy, greedy and
+sampling; its checkpoint checks against the target, one line each."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conditioned_reference import dflash_reference, write_dflash_checkpoint
+from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
+from specpolicy.decoding import generate
+from specpolicy.draft_models.dflash import load_dflash
+from specpolicy.drafters.dflash import DFlashDrafter, check_fits_target, specpolicy_make_drafter
+from specpolicy.errors import ConfigError
+from specpolicy.features import FeaturesUnsupported
+from specpolicy.plugins import get_plugin_manager, make_policy
+from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig
+from specpolicy.types import Draft, Verification
+from specpolicy.verifiers.hf import HFVerifier
+
+B, MASK, LAYER_IDS = 8, 5, [0, 2]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(0, layers=4, vocab=VOCAB).float(), 4.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK)
+
+
+def _drafter(checkpoint, target, runtime, stop=()):
+    model = load_dflash(checkpoint).to(runtime.torch_dtype)
+    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime, stop)
+
+
+@pytest.fixture
+def rt():
+    return Runtime(device="cpu", dtype="float32", seed=0)
+
+
+def test_checkpoint_reads_both_config_layouts(tmp_path):
+    old = write_dflash_checkpoint(tmp_path / "old", 32, VOCAB, 4, LAYER_IDS, B, MASK, top_level=True)
+    new = write_dflash_checkpoint(tmp_path / "new", 32, VOCAB, 4, LAYER_IDS, B, MASK)
+    for d in (old, new):
+        spec = load_dflash(d).spec
+        assert (spec.block_size, spec.mask_token_id, spec.target_layer_ids) == (B, MASK, tuple(LAYER_IDS))
+        assert spec.feature_layers == (1, 3)  # DFlash id i = output of layer i = hidden_states[i + 1]
+
+
+def test_drafts_equal_the_official_semantics_through_the_loop(checkpoint, target, rt):
+    """policy=static k=B-1 with the real verifier: every round's draft is what the reference drafts
+    from the committed sequence of that round."""
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter(checkpoint, target, rt)
+    policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": B - 1})
+    for prompt in random_prompts(3):
+        rounds = []
+        generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy, on_round=rounds.append)
+        committed = prompt.clone()
+        for r in rounds:
+            want = dflash_reference(checkpoint, target, committed)
+            assert len(r.draft_token_ids) == B - 1 or r.draft_stop_reason == "room"
+            assert r.draft_token_ids == tuple(want.tolist())[: len(r.draft_token_ids)]
+            committed = torch.cat([committed, torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
+                                   torch.tensor(r.target_token_ids[r.accepted_length: r.accepted_length + 1])])
+
+
+def _features(target, seq, start, stop):
+    hs = target(input_ids=seq[None], output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1][0, start:stop] for i in LAYER_IDS], -1)
+
+
+@torch.no_grad()
+def test_drafts_equal_the_reference_for_any_accepted_lengths(checkpoint, target, rt):
+    """Commits of every accepted length (0 .. B-1, some with the bonus token) and a plain-decoding
+    round in between: the drafter's cache never drifts from a fresh computation."""
+    g = torch.Generator().manual_seed(4)
+    drafter = _drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (9,), generator=g)
+    drafter.prefill(committed, features=_features(target, committed, 0, 8))
+    for accept in (3, 0, 7, 1, None, 5, 7):
+        if accept is None:  # a plain-decoding round: nothing drafted, one token committed
+            draft, a = Draft.empty(), 0
+        else:
+            draft = drafter.draft(B - 1)
+            assert torch.equal(draft.token_ids, dflash_reference(checkpoint, target, committed))
+            a = accept
+        nxt = torch.randint(6, VOCAB - 1, (1,), generator=g)
+        new = torch.cat([committed, draft.token_ids[:a], nxt])
+        verification = Verification(a, int(nxt), torch.cat([draft.token_ids[:a], nxt]),
+                                    features=_features(target, new, committed.shape[0] - 1, committed.shape[0] + a))
+        drafter.commit(draft, verification)
+        committed = new
+        assert drafter.cache.length <= committed.shape[0] - 1
+
+
+@torch.no_grad()
+def test_extension_passes_give_the_drafted_tokens_before_the_masks(checkpoint, target, rt):
+    g = torch.Generator().manual_seed(5)
+    drafter = _drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (12,), generator=g)
+    drafter.prefill(committed, features=_features(target, committed, 0, 11))
+    first = drafter.draft(3)
+    assert first.forward_passes == 1 and first.length == 3 and first.lookahead == B - 1 - 3
+    assert torch.allclose(first.lookahead_confidences, drafter.draft(B - 4).confidences[3:])
+    longer = drafter.draft(B)  # past one block: an extension pass, then another
+    assert longer.length == 2 * (B - 1) + 1 and longer.forward_passes == 3
+    one = dflash_reference(checkpoint, target, committed)
+    two = dflash_reference(checkpoint, target, committed, given=one)
+    three = dflash_reference(checkpoint, target, committed, given=torch.cat([one, two]))
+    assert torch.equal(longer.token_ids, torch.cat([one, two, three])[: longer.length])
+
+
+def test_a_drafted_stop_token_ends_the_draft(checkpoint, target, rt):
+    committed = torch.randint(6, VOCAB - 1, (7,), generator=torch.Generator().manual_seed(6))
+    full = dflash_reference(checkpoint, target, committed)
+    stop = int(full[2])
+    drafter = _drafter(checkpoint, target, rt, stop=frozenset({stop}))
+    drafter.prefill(committed, features=_features(target, committed, 0, 6))
+    draft = drafter.draft(B - 1)
+    first = int((full == stop).int().argmax())
+    assert draft.ends_at_stop_token and draft.length == first + 1 and draft.lookahead == 0
+
+
+@pytest.mark.parametrize("policy", [
+    {"name": "static", "k": 3}, {"name": "static", "k": 20},
+    {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}, {"name": "specdecpp"}, {"name": "aimd"},
+    {"name": "goodput"},
+])
+def test_lossless_with_every_policy(checkpoint, target, rt, policy):
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = _drafter(checkpoint, target, rt, stop=frozenset({EOS}))
+    built = make_policy(get_plugin_manager(autoload=False), policy)
+    for prompt in random_prompts(4):
+        vanilla = generate(prompt, verifier, rt, max_new_tokens=40)
+        spec = generate(prompt, verifier, rt, max_new_tokens=40, drafter=drafter, policy=built)
+        assert torch.equal(spec.output_ids, vanilla.output_ids)
+
+
+def test_sampling_reports_the_distribution_each_token_was_drawn_from(checkpoint, target, rt):
+    sampling = SamplingConfig(temperature=0.8, top_k=0, top_p=1.0)
+    drafter = _drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (10,), generator=torch.Generator().manual_seed(7))
+    drafter.prefill(committed, sampling=sampling, features=_features(target, committed, 0, 9))
+    draft = drafter.draft(2 * B)
+    assert draft.probs.shape == (draft.length, VOCAB)
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(draft.length))
+    assert bool((draft.probs.gather(1, draft.token_ids[:, None]) > 0).all())
+    torch.testing.assert_close(draft.confidences, draft.probs.max(-1).values)
+
+
+def test_speculative_sampling_matches_vanilla_sampling_in_distribution(checkpoint, target):
+    """The first two generated tokens' joint distribution: dflash + speculative sampling vs vanilla
+    sampling from the target (same settings), 1500 draws each, total variation < 0.08."""
+    rt = Runtime(device="cpu", dtype="float32", seed=0)
+    t = tiny_lm(0, layers=4, vocab=VOCAB).float()  # not sharpened: a spread-out distribution
+    verifier = HFVerifier(t, rt, frozenset())
+    drafter = DFlashDrafter(load_dflash(checkpoint), t.get_input_embeddings(), t.get_output_embeddings(), rt)
+    policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
+    sampling = SamplingConfig(temperature=1.0, top_k=4, top_p=1.0)
+    prompt = torch.tensor([7, 9, 11, 13])
+    counts = [dict(), dict()]
+    for which, kwargs in enumerate(({}, {"drafter": drafter, "policy": policy})):
+        rt.generator.manual_seed(which + 11)
+        for _ in range(1500):
+            out = generate(prompt, verifier, rt, max_new_tokens=2, sampling=sampling, **kwargs).output_ids
+            key = tuple(out.tolist())
+            counts[which][key] = counts[which].get(key, 0) + 1
+    keys = set(counts[0]) | set(counts[1])
+    tv = 0.5 * sum(abs(counts[0].get(k, 0) - counts[1].get(k, 0)) for k in keys) / 1500
+    assert tv < 0.08
+
+
+def _target_config(**changes):
+    base = {"num_hidden_layers": 4, "hidden_size": 32, "vocab_size": VOCAB}
+    return {**base, **changes}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_size": 48}, "hidden_size 32 does not match the target's 48"),
+    ({"vocab_size": 100}, "vocab_size 64 does not match the target's 100"),
+    ({"num_hidden_layers": 2}, "target_layer_ids [0, 2] name layers the target does not have ([2]"),
+])
+def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(checkpoint, change, message):
+    draft_config = json.loads((checkpoint / "config.json").read_text())
+    with pytest.raises(ConfigError) as err:
+        check_fits_target(draft_config, _target_config(**change), "drafter.model='x'")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_verifier_without_hidden_states_is_refused_when_built(checkpoint, target, rt):
+    from specpolicy.verifier import Verifier
+
+    class NoFeatures(Verifier):
+        name = "plain"
+        model = target
+
+        def prefill(self, prompt_ids, sampling=None):
+            pass
+
+        def verify(self, draft):
+            pass
+
+    with pytest.raises(FeaturesUnsupported, match="verifier 'plain' cannot return the target's hidden states"):
+        specpolicy_make_drafter("dflash", {"model": str(checkpoint)}, rt, NoFeatures())
