@@ -17,7 +17,9 @@ Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm
 * ``failfast`` -- FailFast: unmask threshold 0.05 (one pass per small block) + the extension rule
   (N, τ, N_max = 10, 0.45, 60; ``--failfast-*``);
 * ``fail-fast-only`` -- ablation: threshold 0.05, static k = N (no extension);
-* ``win-big-only`` -- ablation: the extension rule at threshold 0.9.
+* ``win-big-only`` -- ablation: the extension rule at threshold 0.9;
+* ``eagle3`` -- EAGLE-3 (``drafter=eagle3``, the paper's strongest baseline, App. D.3) as a CHAIN at
+  its own best k of the grid (the paper runs it with a draft tree; trees are not drafted here yet).
 
 Calibration (the best-k sweeps) runs on a SEPARATE prompt slice (``--calibration-prompts`` prompts
 from ``--calibration-offset``, by default right after the evaluation prompts), before and apart from
@@ -78,6 +80,7 @@ METHOD_TITLES = {
     "failfast": "FailFast",
     "fail-fast-only": "Fail fast only (ablation)",
     "win-big-only": "Win big only (ablation)",
+    "eagle3": "EAGLE-3 (chain)",
 }
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
@@ -85,7 +88,8 @@ TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-paramet
 MEASURED_NOTE = ("MEASURED: tokens/s over vanilla decoding's, same process, methods interleaved per prompt "
                  "(benchmarks/peers.py's rotation), prefill included.")
 MODELED_NOTE = ("MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
-                "6.1 ms; target 13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
+                "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/gpu_pass_model.py; target "
+                "13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
                 "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
                 "does (specpolicy/accounting.py).")
 
@@ -181,15 +185,15 @@ def _method(bench: Bench, key: str, drafter: str, choice: str, description: str,
 def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str, Any]:
     """The summary config of a method's run directory (for ``specpolicy.paper_figures``)."""
     d = bench.drafters[drafter]
-    node = {"name": "ar" if drafter == "ar" else "fastdllm"}
-    if drafter != "ar":
+    node = {"name": drafter if drafter in ("ar", "eagle3") else "fastdllm"}
+    if node["name"] == "fastdllm":
         node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
     return {"drafter": node, "policy": {"name": choice, **policy},
             "dataset": {"name": args.dataset, "path": args.dataset_path},
             "generation": {"max_new_tokens": args.max_new_tokens}, "benchmark": "benchmarks/paper_table.py"}
 
 
-def main_methods(bench: Bench, args, k_ar: int, k_dllm: int) -> tuple[list[Method], dict[str, dict]]:
+def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> tuple[list[Method], dict[str, dict]]:
     """The evaluated methods (module docstring), vanilla first; Fast-dLLM+ only when its k differs."""
     ff = {"n": args.failfast_n, "tau": args.failfast_tau, "n_max": args.failfast_n_max}
     lo, hi = args.failfast_threshold, args.default_threshold
@@ -205,6 +209,7 @@ def main_methods(bench: Bench, args, k_ar: int, k_dllm: int) -> tuple[list[Metho
          {"k": args.fail_fast_only_k}),
         ("win-big-only", "fastdllm-default", "failfast", f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, "
          f"N_max = {ff['n_max']}", ff),
+        ("eagle3", "eagle3", "static", f"EAGLE-3 chain, static k = {k_eagle3} (own best)", {"k": k_eagle3}),
     ]
     if k_dllm == k_ar:
         spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice
@@ -217,10 +222,10 @@ def main_methods(bench: Bench, args, k_ar: int, k_dllm: int) -> tuple[list[Metho
 
 
 def calibration_methods(bench: Bench, args) -> tuple[list[Method], dict[str, dict]]:
-    """Vanilla, the AR drafter and Fast-dLLM at the default threshold, static k over ``--k-grid``."""
+    """Vanilla, the AR drafter, Fast-dLLM at the default threshold and EAGLE-3, static k over ``--k-grid``."""
     methods, configs = [bench.vanilla()], {}
     for k in args.k_grid:
-        for key, drafter in ((f"ar-k{k}", "ar"), (f"fast-dllm-k{k}", "fastdllm-default")):
+        for key, drafter in ((f"ar-k{k}", "ar"), (f"fast-dllm-k{k}", "fastdllm-default"), (f"eagle3-k{k}", "eagle3")):
             methods.append(_method(bench, key, drafter, "static", f"{drafter}, static k = {k}", k=k))
             configs[key] = _config(bench, drafter, "static", args, k=k)
     return methods, configs
@@ -248,7 +253,7 @@ def method_figures(m: Method, results: list[PromptResult], summary: dict[str, An
                                       drafter or "", block_size)
         if accounting == "official":
             official_passes = sum(r.drafter_forward_passes for r in rounds)
-        modeled[accounting] = {p: (modeled_speedup(rounds, agg["generated_tokens"], load_profile(p))
+        modeled[accounting] = {p: (modeled_speedup(rounds, agg["generated_tokens"], load_profile(p).for_drafter(drafter))
                                    if drafter else 1.0) for p in PROFILES}
     out["modeled_speedup"] = modeled
     out["drafter_passes_per_round_official"] = official_passes / agg["rounds"] if agg["rounds"] else 0.0
@@ -266,7 +271,7 @@ def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.T
     block = bench.drafters["fastdllm"].block_size
     figures, summaries = {}, {}
     for m in methods:
-        kind = None if m.drafter is None else ("ar" if m.drafter == "ar" else "fastdllm")
+        kind = None if m.drafter is None else (m.drafter if m.drafter in ("ar", "eagle3") else "fastdllm")
         config = configs.get(m.name, {"benchmark": "benchmarks/paper_table.py"})
         results, summary = summarize_method(bench, m, methods[0], prompts, prompt_ids, config, PROFILES[-1])
         summaries[m.name] = (results, summary)
@@ -302,10 +307,16 @@ def table1_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str]
                              lambda f, a=accounting, p=p: f["modeled_speedup"][a][p]))
     rows = []
     for title, value in sections:
-        for key, method_title in METHOD_TITLES.items():
-            vals = [value(r["methods"][key]) for r in results]
-            rows.append((title, method_title, [_fmt_x(v) for v in vals], _fmt_x(_mean(vals))))
+        for key, method_title in _present(results):
+            vals = [value(r["methods"][key]) if key in r["methods"] else None for r in results]
+            rows.append((title, method_title, [_fmt_x(v) for v in vals],
+                         _fmt_x(_mean([v for v in vals if v is not None]))))
     return rows
+
+
+def _present(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(key, title)`` of the rows any of ``results`` has (runs made before a row existed lack it)."""
+    return [(k, t) for k, t in METHOD_TITLES.items() if any(k in r["methods"] for r in results)]
 
 
 APPENDIX_B_METRICS = (
@@ -327,10 +338,11 @@ APPENDIX_B_METRICS = (
 def appendix_b_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str], str]]:
     """Rows ``(method title, metric, one cell per data set, average cell)`` of App. B."""
     rows = []
-    for key, method_title in METHOD_TITLES.items():
-        figures = [r["methods"][key] for r in results]
+    for key, method_title in _present(results):
+        figures = [r["methods"].get(key) for r in results]
+        present = [f for f in figures if f is not None]
         for metric, cell, average in APPENDIX_B_METRICS:
-            rows.append((method_title, metric, [cell(f) for f in figures], average(figures)))
+            rows.append((method_title, metric, ["-" if f is None else cell(f) for f in figures], average(present)))
     return rows
 
 
@@ -342,7 +354,8 @@ def _notes(results: list[dict[str, Any]]) -> list[str]:
             f"{DATASET_TITLES.get(s['dataset'], s['dataset'])}: {s['num_prompts']} prompts (from {s['offset']}) x "
             f"{s['max_new_tokens']} new tokens, {s['device']} {s['dtype']}; calibration on {s['calibration_prompts']} "
             f"other prompt{'s' if s['calibration_prompts'] != 1 else ''} (from {s['calibration_offset']}), k grid {','.join(map(str, s['k_grid']))}, best by "
-            f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}; every method "
+            f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}"
+            + (f", EAGLE-3 k = {c['k_eagle3']}" if "k_eagle3" in c else "") + "; every method "
             f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts.")
     return notes
 
@@ -434,14 +447,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     eval_ids = [p.token_ids(bench.tokenizer) for p in evaluation]
     cal_ids = [p.token_ids(bench.tokenizer) for p in calibration]
 
-    log(f"calibration: {len(args.k_grid)} k x 2 drafters + vanilla on {len(cal_ids)} prompts ...")
+    log(f"calibration: {len(args.k_grid)} k x 3 drafters + vanilla on {len(cal_ids)} prompts ...")
     cal_methods, cal_configs = calibration_methods(bench, args)
     cal = stage(bench, cal_methods, calibration, cal_ids, cal_configs, args.warmup, log)
     k_ar = best_k(cal["methods"], "ar", args.k_grid, args.select_by, args.select_profile)
     k_dllm = best_k(cal["methods"], "fast-dllm", args.k_grid, args.select_by, args.select_profile)
-    log(f"  best k: AR drafter (and Fast-dLLM) {k_ar}, Fast-dLLM+ {k_dllm}")
+    k_eagle3 = best_k(cal["methods"], "eagle3", args.k_grid, args.select_by, args.select_profile)
+    log(f"  best k: AR drafter (and Fast-dLLM) {k_ar}, Fast-dLLM+ {k_dllm}, EAGLE-3 {k_eagle3}")
 
-    methods, configs = main_methods(bench, args, k_ar, k_dllm)
+    methods, configs = main_methods(bench, args, k_ar, k_dllm, k_eagle3)
     log(f"evaluation: {len(methods)} methods x {len(eval_ids)} prompts ...")
     main = stage(bench, methods, evaluation, eval_ids, configs, args.warmup, log)
     if "fast-dllm-plus" not in main["methods"]:
@@ -453,7 +467,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     torch_threads=torch.get_num_threads(), evaluation_prompt_ids=[p.prompt_id for p in evaluation],
                     calibration_prompt_ids=[p.prompt_id for p in calibration])
     result = {"settings": settings,
-              "calibration": {"k_ar": k_ar, "k_dllm": k_dllm, "seconds": cal["seconds"], "methods": cal["methods"]},
+              "calibration": {"k_ar": k_ar, "k_dllm": k_dllm, "k_eagle3": k_eagle3, "seconds": cal["seconds"],
+                              "methods": cal["methods"]},
               "seconds": main["seconds"], "methods": main["methods"],
               "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE}}
     out.mkdir(parents=True, exist_ok=True)

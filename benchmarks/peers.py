@@ -24,8 +24,13 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   ``fastdllm+specdecpp``, ``fastdllm+aimd``, ``ar+failfast`` (FailFast's stop rule on the AR
   drafter), ``fastdllm+goodput`` and ``ar+goodput`` (the cost-aware policy, costs measured in the
   run); and the model-free ``suffix+static-k<K>``, ``suffix+failfast`` and ``suffix+goodput``;
+* the drafters that read the target's hidden states: ``dflash+static-k<best>`` (best k of
+  ``--dflash-k-sweep`` on the calibration prompts), ``dflash+failfast`` (paper defaults),
+  ``dflash+failfast-b<B-1>`` (N = one block: the defaults retuned for a block drafter),
+  ``dflash+specdecpp``, ``dflash+goodput``, ``eagle3+static-k<best>`` (``--eagle3-k-sweep``) and
+  ``eagle3+goodput``;
 * the cost-aware policy given a hardware profile's costs instead (``--tuned-profile``, default
-  ``a6000-qwen32b``): ``fastdllm+goodput-<profile>`` and ``ar+goodput-<profile>``, compared with
+  ``a6000-qwen32b``): ``<drafter>+goodput-<profile>`` for every model drafter, compared with
   every method MODELED under that profile (speedup and fraction of the oracle with the profile's
   costs: what the policy would do on that hardware).
 
@@ -92,7 +97,7 @@ class Method:
 
     name: str
     family: str  # "ours" | "hf"
-    drafter: str | None  # "ar" | "fastdllm" | "suffix" | None (no drafter / prompt lookup)
+    drafter: str | None  # "ar" | "fastdllm" | "suffix" | "dflash" | "eagle3" | None (no drafter / prompt lookup)
     description: str
     run: Callable[[torch.Tensor], GenerationResult]
     outcomes: list[GenerationResult] = field(default_factory=list)
@@ -108,9 +113,22 @@ def _conf(group: str, choice: str) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.create(text))
 
 
+class LazyDrafters(dict):
+    """Drafters built on first use (``bench.drafters[name]``), so a benchmark loads only the
+    drafters its methods use."""
+
+    def __init__(self, factories: dict[str, Callable[[], Any]]) -> None:
+        super().__init__()
+        self._factories = factories
+
+    def __missing__(self, name: str):
+        self[name] = drafter = self._factories[name]()
+        return drafter
+
+
 class Bench:
     """Models shared by every method: the target (our verifier and HF's model), the AR drafter
-    (ours and HF's assistant), the Fast-dLLM drafter and the suffix drafter."""
+    (ours and HF's assistant), the Fast-dLLM, suffix, DFlash and EAGLE-3 drafters."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -118,13 +136,15 @@ class Bench:
         self.pm = get_plugin_manager(autoload=False)
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
         self.target = self.verifier.model
-        self.drafters = {
-            "ar": make_drafter(self.pm, {**_conf("drafter", "ar"), "model": args.ar_drafter}, self.runtime,
-                               self.verifier),
-            "fastdllm": make_drafter(self.pm, {**_conf("drafter", "fastdllm"), "model": args.dllm_drafter},
-                                     self.runtime, self.verifier),
-            "suffix": make_drafter(self.pm, _conf("drafter", "suffix"), self.runtime, self.verifier),
-        }
+        models = {"ar": args.ar_drafter, "fastdllm": args.dllm_drafter,
+                  "dflash": getattr(args, "dflash_drafter", "dflash-drafter"),
+                  "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter")}
+
+        def factory(name: str) -> Callable[[], Any]:
+            extra = {"model": models[name]} if name in models else {}
+            return lambda: make_drafter(self.pm, {**_conf("drafter", name), **extra}, self.runtime, self.verifier)
+
+        self.drafters = LazyDrafters({name: factory(name) for name in ("ar", "fastdllm", "suffix", "dflash", "eagle3")})
         self.assistant = self.drafters["ar"].model
         self.tokenizer = self.verifier.tokenizer
         self.eos = sorted(self.verifier.eos_token_ids)
@@ -142,11 +162,11 @@ class Bench:
         policy = self.policy(choice, **policy_overrides)
         name = f"{drafter}+{label or choice}" + ("+reuse" if reuse else "")
         min_match = self.args.reuse_min_match
+        model = self.drafters[drafter]  # loaded now, outside any timed call
 
         def run(ids):
             return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
-                            drafter=self.drafters[drafter], policy=policy,
-                            reuse=DraftReuse(min_match) if reuse else None)
+                            drafter=model, policy=policy, reuse=DraftReuse(min_match) if reuse else None)
 
         return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
 
@@ -297,17 +317,20 @@ def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_i
 
 def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
     """Best constant ``num_assistant_tokens`` for HF assisted generation and best static k for
-    Fast-dLLM (Fast-dLLM+), by tokens/s on ``prompt_ids``, both sweeps interleaved."""
+    Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
     a = bench.args
     hf = {k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
           for k in a.hf_k_sweep}
-    dl = {k: bench.ours("fastdllm", "static", False, f"static-k{k}", k=k) for k in a.dllm_k_sweep}
-    run_interleaved(list(hf.values()) + list(dl.values()), prompt_ids, 0, log)
-    tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in list(hf.values()) + list(dl.values())}
+    sweeps = {d: {k: bench.ours(d, "static", False, f"static-k{k}", k=k) for k in ks}
+              for d, ks in (("fastdllm", a.dllm_k_sweep), ("dflash", a.dflash_k_sweep), ("eagle3", a.eagle3_k_sweep))}
+    everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
+    run_interleaved(everything, prompt_ids, 0, log)
+    tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
+    best = {d: max(sweep, key=lambda k: tps[sweep[k].name]) for d, sweep in sweeps.items()}
     return {
         "prompts": len(prompt_ids), "tokens_per_s": tps,
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
-        "fastdllm_plus_k": max(dl, key=lambda k: tps[dl[k].name]),
+        "fastdllm_plus_k": best["fastdllm"], "dflash_k": best["dflash"], "eagle3_k": best["eagle3"],
     }
 
 
@@ -337,8 +360,16 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
             methods.append(bench.ours(drafter, choice, reuse, label, **over))
     methods += [bench.ours("suffix", "static", False, f"static-k{K}", k=K), bench.ours("suffix", "failfast", False),
                 bench.ours("suffix", "goodput", False)]
+    block = bench.drafters["dflash"].block_size - 1  # one DFlash pass drafts this many tokens
+    methods += [bench.ours("dflash", "static", False, f"static-k{cal['dflash_k']}", k=cal["dflash_k"]),
+                bench.ours("dflash", "failfast", False),
+                bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
+                bench.ours("dflash", "specdecpp", False), bench.ours("dflash", "goodput", False),
+                bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
+                bench.ours("eagle3", "goodput", False)]
     tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
-    methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned) for d in ("fastdllm", "ar")]
+    methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
+                for d in ("fastdllm", "ar", "dflash", "eagle3")]
     if a.methods:
         pattern = re.compile(a.methods)
         methods = [m for m in methods if m.name == "vanilla" or pattern.search(m.name)]
@@ -365,7 +396,7 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
     reference = [o.output_ids for o in vanilla.outcomes]
     van_verify = [r.verify_ms for o in vanilla.outcomes for r in o.rounds]
     out: dict[str, Any] = {}
-    for drafter in ("ar", "fastdllm", "suffix"):
+    for drafter in ("ar", "fastdllm", "suffix", "dflash", "eagle3"):
         users = [m for m in methods if m.drafter == drafter]
         if not users:
             continue
@@ -373,7 +404,7 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
         cost = CostModel.fit(ours, van_verify)
         max_length = oracle_max_length(r for m in users for o in m.outcomes for r in o.rounds)
         start = time.perf_counter()
-        match = [replay_match_lengths(bench.drafters[drafter], ids, ref, max_length)
+        match = [replay_match_lengths(bench.drafters[drafter], ids, ref, max_length, bench.verifier)
                  for ids, ref in zip(prompt_ids, reference)]
         log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
         out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}, "methods_profile": {}}
@@ -491,6 +522,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
     p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
     p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
+    p.add_argument("--dflash-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[5, 8, 11, 15, 22])
+    p.add_argument("--eagle3-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4, 5, 6, 8])
     p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the two sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
@@ -505,6 +538,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 24)
         args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
+        args.dflash_k_sweep, args.eagle3_k_sweep = [4, 8], [2, 3]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     try:
@@ -517,12 +551,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The models and runtime of a benchmark: ``--target``, ``--ar-drafter``, ``--dllm-drafter``
-    (bundled names or local directories), ``--device``, ``--dtype`` and ``--threads`` (torch
-    threads, 0 = torch's default)."""
+    """The models and runtime of a benchmark: ``--target``, ``--ar-drafter``, ``--dllm-drafter``,
+    ``--dflash-drafter``, ``--eagle3-drafter`` (bundled names or local directories), ``--device``,
+    ``--dtype`` and ``--threads`` (torch threads, 0 = torch's default)."""
     p.add_argument("--target", default="target")
     p.add_argument("--ar-drafter", default="ar-drafter")
     p.add_argument("--dllm-drafter", default="dllm-drafter")
+    p.add_argument("--dflash-drafter", default="dflash-drafter")
+    p.add_argument("--eagle3-drafter", default="eagle3-drafter")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -547,7 +583,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]
     log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
     cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
-    log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}")
+    log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
+        f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}")
     methods = build_methods(bench, cal)
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()

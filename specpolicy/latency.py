@@ -26,7 +26,7 @@ not measured, and is labelled so in ``summary.json`` (``modeled`` block).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -35,8 +35,8 @@ from specpolicy.types import RoundRecord
 
 #: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
 BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
-PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token",
-                "pass_accounting")
+PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "drafter_pass_ms_by_drafter", "target_ms_per_token",
+                "verify_ms_per_draft_token", "pass_accounting")
 MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
 
 
@@ -66,6 +66,9 @@ class LatencyProfile:
         verify_ms_per_draft_token: extra verification ms per drafted token, >= 0 (None: measure).
         pass_accounting: ``"project"`` (the passes this project ran) or ``"official"`` (the official
             FailFast harness's count of the same rounds; ``specpolicy.accounting``).
+        drafter_pass_ms_by_drafter: per drafter name (``drafter=``), a pass cost that replaces
+            ``drafter_pass_ms`` for that drafter (DFlash and EAGLE-3 passes cost far less than a
+            1.5B drafter's: ``specpolicy.gpu_pass_model``); ``for_drafter`` applies it.
     """
 
     name: str
@@ -74,6 +77,13 @@ class LatencyProfile:
     target_ms_per_token: float | None = None
     verify_ms_per_draft_token: float | None = 0.0
     pass_accounting: str = "project"
+    drafter_pass_ms_by_drafter: dict[str, float] = field(default_factory=dict)
+
+    def for_drafter(self, drafter: str | None) -> "LatencyProfile":
+        """This profile with ``drafter``'s own pass cost when it lists one (else unchanged)."""
+        if drafter in self.drafter_pass_ms_by_drafter:
+            return replace(self, drafter_pass_ms=self.drafter_pass_ms_by_drafter[drafter])
+        return self
 
     @property
     def complete(self) -> bool:
@@ -103,6 +113,12 @@ class LatencyProfile:
                                      f"(ms) or null (measured), got {v!r}")
                 v = float(v)
             values[key] = v
+        by_drafter = config.get("drafter_pass_ms_by_drafter") or {}
+        if not isinstance(by_drafter, Mapping) or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in by_drafter.values()):
+            raise ValueError(f"profile.drafter_pass_ms_by_drafter must map drafter names to numbers >= 0 (ms), "
+                             f"got {by_drafter!r}")
+        values["drafter_pass_ms_by_drafter"] = {str(k): float(v) for k, v in by_drafter.items()}
         accounting = config.get("pass_accounting") or "project"
         if accounting not in PASS_ACCOUNTINGS:
             raise ValueError(f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, "
@@ -178,7 +194,7 @@ def modeled_speedup(rounds: Sequence[RoundRecord], generated_tokens: int, profil
 
 def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile,
                     vanilla_rounds: Sequence[RoundRecord] = (),
-                    all_profiles: Iterable[str] = BUILTIN_PROFILES) -> dict[str, Any]:
+                    all_profiles: Iterable[str] = BUILTIN_PROFILES, drafter: str | None = None) -> dict[str, Any]:
     """The ``modeled`` block of ``summary.json``.
 
     Args:
@@ -190,14 +206,16 @@ def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, p
         profile: the selected profile (``profile=``); null latencies are measured from the rounds.
         vanilla_rounds: the vanilla baseline's rounds (for the ``measured`` profile).
         all_profiles: shipped profiles also modeled, for the ``speedup_by_profile`` table.
+        drafter: the run's drafter name: every profile's ``for_drafter`` pass cost applies.
     Returns:
         ``{"label", "pass_accounting", "profile" (resolved, as a dict), "speedup_vs_vanilla", "ms",
         "vanilla_ms", "speedup_by_profile": {name: speedup}}``.
     """
-    resolved = resolve_profile(profile, spec_rounds, vanilla_rounds)
+    resolved = resolve_profile(profile.for_drafter(drafter), spec_rounds, vanilla_rounds)
     by_profile = {}
     for name in all_profiles:
-        p = resolved if name == resolved.name else resolve_profile(load_profile(name), spec_rounds, vanilla_rounds)
+        p = resolved if name == resolved.name else resolve_profile(load_profile(name).for_drafter(drafter),
+                                                                    spec_rounds, vanilla_rounds)
         by_profile[name] = modeled_speedup(spec_rounds, generated_tokens, p)
     accounting = "" if resolved.pass_accounting == "project" else f"; {resolved.pass_accounting} pass accounting"
     return {

@@ -168,22 +168,38 @@ def match_lengths_from_rounds(rounds: Sequence[RoundRecord], num_tokens: int) ->
 
 @torch.no_grad()
 def replay_match_lengths(drafter, prompt_ids: torch.Tensor, output_ids: torch.Tensor,
-                         max_length: int) -> tuple[list[int], list[list[int]]]:
+                         max_length: int, verifier=None) -> tuple[list[int], list[list[int]]]:
     """Exact ``M(i)`` by re-running ``drafter`` at every committed prefix of ``output_ids``.
 
     The drafter is prefilled with ``prompt_ids`` ((P,) int64); at each position it drafts one
     token at a time (``draft(1)``) until a token differs from ``output_ids`` ((n,) int64) or
     ``min(max_length, n - i - 1)`` tokens matched; then exactly ``output_ids[i]`` is committed
-    (a verification that accepts nothing and corrects to ``output_ids[i]``).
+    (a verification that accepts nothing and corrects to ``output_ids[i]``). A drafter that reads
+    the target (``target_feature_layers``) gets the target's features of every position from one
+    pass of ``verifier`` over ``prompt + output`` (its ``request_features`` / ``prompt_features``).
 
     Returns:
         ``(M, passes)``: ``passes[i][l]`` = drafter passes spent to draft ``l`` tokens at
         position ``i`` (``l = 0..M(i)``; ``passes[i][0]`` holds passes ``commit`` charged to the round).
+    Raises:
+        ValueError: a drafter that reads the target, without a ``verifier``.
     """
     y = [int(t) for t in output_ids.tolist()]
     n = len(y)
-    drafter.prefill(prompt_ids)
     device = prompt_ids.device
+    layers = tuple(getattr(drafter, "target_feature_layers", ()) or ())
+    features = None
+    if layers:
+        if verifier is None:
+            raise ValueError(f"replaying drafter {getattr(drafter, 'name', '')!r} needs the verifier (its features)")
+        verifier.request_features(layers)
+        verifier.prefill(torch.cat([prompt_ids, output_ids.to(device)]))  # features of every position but the last
+        features = verifier.prompt_features
+        verifier.request_features(())
+        drafter.prefill(prompt_ids, features=features[: prompt_ids.shape[0] - 1])
+    else:
+        drafter.prefill(prompt_ids)
+    P = int(prompt_ids.shape[0])
     M, passes = [], []
     for i in range(n):
         limit = min(max_length, n - i - 1)
@@ -200,7 +216,8 @@ def replay_match_lengths(drafter, prompt_ids: torch.Tensor, output_ids: torch.Te
         M.append(m)
         passes.append(spent)
         target = torch.tensor([y[i]], dtype=torch.long, device=device)
-        drafter.commit(draft, Verification(accepted_length=0, next_token=y[i], target_token_ids=target))
+        rows = None if features is None else features[P - 1 + i : P + i]  # the previously pending token's
+        drafter.commit(draft, Verification(accepted_length=0, next_token=y[i], target_token_ids=target, features=rows))
     return M, passes
 
 

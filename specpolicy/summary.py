@@ -147,7 +147,8 @@ def _modeled_and_oracle(results: Sequence[PromptResult], config: Mapping[str, An
         modeled_rounds = with_pass_accounting([(res.speculative.rounds, res.prompt_tokens) for res in results],
                                               profile.pass_accounting, str(drafter.get("name", "")),
                                               drafter.get("block_size"))
-    modeled = modeled_summary(modeled_rounds, tokens, profile, van_rounds)
+    drafter_name = str((config.get("drafter") or {}).get("name", "")) or None
+    modeled = modeled_summary(modeled_rounds, tokens, profile, van_rounds, drafter=drafter_name)
     out: dict[str, Any] = {"modeled_speedup_vs_vanilla": modeled["speedup_vs_vanilla"],
                            "modeled_profile": modeled["profile"]["name"], "modeled": modeled}
     oracle = analyse_oracle(results)

@@ -81,7 +81,11 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def save_tiny_family(directory: Path) -> dict[str, Path]:
-    """Save ``target`` and ``drafter`` (float32, each with the tokenizer) under ``directory``."""
+    """Save ``target`` and ``drafter`` (float32, each with the tokenizer) under ``directory``, and
+    random drafters that read the target, in their official layouts: ``dflash`` (block 8, DFlash
+    layer ids 0 and 1) and ``eagle3`` (features ``hidden_states[0, 1, 2]``)."""
+    from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoint
+
     tokenizer = tiny_tokenizer()
     vocab = len(tokenizer)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -91,6 +95,10 @@ def save_tiny_family(directory: Path) -> dict[str, Path]:
         tiny_lm(seed, vocab=vocab, max_positions=2048, eos=eos).float().save_pretrained(path)
         tokenizer.save_pretrained(path)
         paths[name] = path
+    paths["dflash"] = write_dflash_checkpoint(Path(directory) / "dflash", 32, vocab, 2, [0, 1], 8,
+                                              tokenizer.convert_tokens_to_ids("|<MASK>|"), seed=2)
+    paths["eagle3"] = write_eagle3_checkpoint(Path(directory) / "eagle3", 32, vocab, vocab // 2, seed=3,
+                                              layer_ids=[0, 1, 2])
     return paths
 
 

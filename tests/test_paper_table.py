@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_benchmark
 
-METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only")
+METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only", "eagle3")
 
 
 def _script():
@@ -26,7 +26,8 @@ def tiny_run(family, tmp_path_factory):
     result = _script().main(["--dataset", "gsm8k", "--num-prompts", "2", "--calibration-prompts", "1",
                              "--k-grid", "2,3", "--max-new-tokens", "16", "--warmup", "0", "--failfast-n", "4",
                              "--failfast-n-max", "12", "--target", str(fam["target"]), "--ar-drafter",
-                             str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]), "--device", "cpu",
+                             str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
+                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu",
                              "--dtype", "float64", "--out", str(out)])
     return result, out
 
@@ -39,9 +40,10 @@ def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tin
     assert not set(s["calibration_prompt_ids"]) & set(s["evaluation_prompt_ids"])
     assert s["calibration_offset"] == 2 and len(s["calibration_prompt_ids"]) == 1
     assert {cal["k_ar"], cal["k_dllm"]} <= {2, 3}
-    assert set(cal["methods"]) == {"vanilla", "ar-k2", "ar-k3", "fast-dllm-k2", "fast-dllm-k3"}
-    best = max((2, 3), key=lambda k: cal["methods"][f"ar-k{k}"]["speedup_vs_vanilla"])
-    assert cal["k_ar"] == best
+    assert set(cal["methods"]) == {"vanilla", "ar-k2", "ar-k3", "fast-dllm-k2", "fast-dllm-k3", "eagle3-k2",
+                                   "eagle3-k3"}
+    for prefix, chosen in (("ar", cal["k_ar"]), ("eagle3", cal["k_eagle3"])):
+        assert chosen == max((2, 3), key=lambda k: cal["methods"][f"{prefix}-k{k}"]["speedup_vs_vanilla"])
     for name, m in result["methods"].items():
         assert m["lossless"] == "2/2", (name, m["not_lossless"])
         assert set(m["modeled_speedup"]) == {"project", "official"}
@@ -52,6 +54,7 @@ def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tin
     assert m["ar"]["drafter_passes_per_round_official"] == m["ar"]["drafter_passes_per_round"]
     assert m["ar"]["max_speculation_length"] == cal["k_ar"] == m["fast-dllm"]["max_speculation_length"]
     assert m["fail-fast-only"]["max_speculation_length"] == 4  # static k = N
+    assert m["eagle3"]["max_speculation_length"] == cal["k_eagle3"]
     assert m["failfast"]["max_speculation_length"] <= 12
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(result))
 
@@ -88,7 +91,7 @@ def test_run_directories_for_the_figures(tiny_run):
     assert json.loads((out / "runs" / "failfast" / "summary.json").read_text())["config"]["drafter"]["threshold"] == 0.05
     row = json.loads((out / "runs" / "failfast" / "results.jsonl").read_text().splitlines()[0])
     assert row["prompt_tokens"] > 0 and row["lossless"] is True
-    assert len(list((out / "calibration-runs").iterdir())) == 4
+    assert len(list((out / "calibration-runs").iterdir())) == 6  # 2 k x (AR, Fast-dLLM, EAGLE-3)
 
 
 @pytest.mark.slow  # a benchmark run

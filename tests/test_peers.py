@@ -26,7 +26,8 @@ def quick_run(family, tmp_path_factory):
     fam = family
     out = tmp / "out" / "results.json"
     results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
-                             "--dllm-drafter", str(fam["drafter"]), "--device", "cpu", "--dtype", "float64",
+                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
+                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
                              "--out", str(out)])
     return results, out
 
@@ -37,7 +38,10 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     methods = results["methods"]
     expected = {"vanilla", "hf-greedy", "hf-assisted-heuristic", "hf-assisted-confidence", "hf-prompt-lookup",
                 f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast",
-                "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b"}
+                "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b",
+                f"dflash+static-k{results['calibration']['dflash_k']}", "dflash+failfast", "dflash+failfast-b7",
+                "dflash+specdecpp", "dflash+goodput", f"eagle3+static-k{results['calibration']['eagle3_k']}",
+                "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b"}
     for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
                             ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
                             ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
