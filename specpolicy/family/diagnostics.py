@@ -1,10 +1,17 @@
-"""Drafter diagnostics: how far one-pass Fast-dLLM drafts hold, and whether their confidence can be trusted.
+"""Drafter diagnostics: how far one-pass drafts hold, and whether their confidence can be trusted.
 
 Usage::
 
     python -m specpolicy.family.diagnostics --drafter dllm-drafter --out diag.json
+    python -m specpolicy.family.diagnostics --kind dflash --out dflash.json --in-loop
+    python -m specpolicy.family.diagnostics --kind eagle3 --out eagle3.json
     python -m specpolicy.family.diagnostics --drafter /path/to/dllm-drafter --in-loop
     python -m specpolicy.family.diagnostics --results outputs/<run>/results.jsonl
+
+``--kind`` picks the drafter: ``fastdllm`` (the default), or ``dflash`` / ``eagle3``, which read the
+target's hidden states: each start position gets the target's features of its committed prefix, as
+the loop's verifier hands them over. A DFlash draft of 64 tokens is one pass per block of B - 1
+(extension passes past the first); an EAGLE-3 draft is a chain (one pass per token).
 
 The drafter is run exactly as the ``fastdllm`` drafter runs it in the loop
 (:class:`specpolicy.drafters.fastdllm.FastDLLMDrafter`, float32 on CPU, block 32, small block 8,
@@ -20,6 +27,7 @@ prompt the target's greedy output (fp32, ``max_new_tokens``) is the reference. F
   longest prefix of the first n draft tokens that equals the target's tokens -- the accepted
   length of a greedy verification of that draft, bonus token excluded (a draft running past
   the end of the output counts only the positions the output has);
+* ``passes_by_length[n]`` (``dflash`` / ``eagle3``): mean drafter forward passes of an n-token draft;
 * calibration of the confidence (the max probability of the pass that unmasked each token)
   against correctness: ``ece`` (expected calibration error, 10 equal-width bins, Guo et al.
   2017) over all distances 1..``calibration_distance``, ``ece_by_distance``, and the per-bin
@@ -161,7 +169,8 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def collect_drafts(drafter, prompts: list[torch.Tensor], outputs: list[torch.Tensor], stride: int,
-                   max_distance: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                   max_distance: int, verifier=None, passes: dict | None = None
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One-pass drafts from every ``stride``-th committed position of each output.
 
     Args:
@@ -170,15 +179,40 @@ def collect_drafts(drafter, prompts: list[torch.Tensor], outputs: list[torch.Ten
         prompts: ``(P_i,) int64`` prompt ids. outputs: ``(R_i,) int64`` target greedy outputs.
         stride: distance between start positions (>= 1), starting at 0.
         max_distance: tokens drafted from each start.
+        verifier: for a drafter that reads the target (``target_feature_layers``): the target's
+            verifier; its features of ``prompt + output`` (one pass per prompt) feed each prefill,
+            and the draft is extended length by length (``DRAFT_LENGTHS``) with ``passes`` filled
+            as ``{n: [forward passes of each n-token draft]}`` when given.
     Returns:
         ``(draft ids, confidences, reference ids)`` per start (see :func:`summarize_drafts`).
     """
+    layers = tuple(getattr(drafter, "target_feature_layers", ()) or ())
+    marks = [n for n in DRAFT_LENGTHS if n < max_distance] + [max_distance]
     out = []
     for p, r in zip(prompts, outputs):
+        features = None
+        if layers:
+            verifier.request_features(layers)
+            verifier.prefill(torch.cat([p, r]))
+            features = verifier.prompt_features
         for c in range(0, int(r.shape[0]), stride):
-            drafter.prefill(torch.cat([p, r[:c]]))
-            d = drafter.draft(max_distance)
+            prefix = torch.cat([p, r[:c]])
+            if features is None:
+                drafter.prefill(prefix)
+                d = drafter.draft(max_distance)
+            else:
+                drafter.prefill(prefix, features=features[: prefix.shape[0] - 1])
+                done = 0
+                for n in marks:  # the same draft, extended length by length: passes per length
+                    d = drafter.draft(n - done)
+                    done = n
+                    if passes is not None and n in DRAFT_LENGTHS:
+                        passes.setdefault(n, []).append(d.forward_passes)
+                    if d.ends_at_stop_token or d.length < n:
+                        break
             out.append((d.token_ids.cpu(), d.confidences.cpu(), r[c : c + max_distance]))
+    if layers:
+        verifier.request_features(())
     return out
 
 
@@ -207,32 +241,63 @@ def accepted_length_shares(results_path: str | Path, thresholds=SHARE_THRESHOLDS
     }
 
 
+def pass_cost(results_path: str | Path) -> dict:
+    """MEASURED cost of one drafter pass against one target decoding step, from a run with the
+    vanilla baseline: ``draft_ms / drafter passes`` of the speculative rounds over the mean
+    ``verify_ms`` of the vanilla rounds (one target step each). Timings: run alone.
+
+    Returns:
+        ``{"pass_ms", "target_step_ms", "pass_over_target_step"}``.
+    """
+    draft_ms = passes = 0.0
+    steps = []
+    with open(results_path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                for rd in row["rounds"]:
+                    draft_ms += rd["draft_ms"]
+                    passes += rd["drafter_forward_passes"]
+                steps += [rd["verify_ms"] for rd in (row.get("vanilla") or {}).get("rounds", [])]
+    pass_ms = draft_ms / passes if passes else 0.0
+    step = sum(steps) / len(steps) if steps else 0.0
+    return {"pass_ms": round(pass_ms, 3), "target_step_ms": round(step, 3),
+            "pass_over_target_step": round(pass_ms / step, 3) if step else None}
+
+
 def run_in_loop(drafter: str, run_dir: str | Path, num_prompts: int = 10, k: int = 16, max_new_tokens: int = 256,
-                threshold: float = 0.05) -> dict:
-    """Run the loop (static k, fastdllm at ``threshold``, GSM8K test, no vanilla baseline) in a
-    subprocess and summarize its ``results.jsonl`` with :func:`accepted_length_shares`.
+                threshold: float = 0.05, kind: str = "fastdllm", offset: int = 0) -> dict:
+    """Run the loop (static k, GSM8K test from ``offset``; fastdllm at ``threshold`` without the
+    vanilla baseline, dflash / eagle3 with it, for :func:`pass_cost`) in a subprocess and summarize
+    its ``results.jsonl`` with :func:`accepted_length_shares`.
 
     Raises:
         subprocess.CalledProcessError: the run failed.
     """
     run_dir = Path(run_dir)
-    cmd = [sys.executable, "-m", "specpolicy", "drafter=fastdllm", f"drafter.model={drafter}",
-           f"drafter.threshold={threshold}", "policy=static", f"policy.k={k}", f"dataset.num_prompts={num_prompts}",
-           f"generation.max_new_tokens={max_new_tokens}", "run.vanilla_baseline=false", "run.resume=false",
-           "runtime=cpu", f"hydra.run.dir={run_dir}"]
+    extra = [f"drafter.threshold={threshold}", "run.vanilla_baseline=false"] if kind == "fastdllm" else []
+    cmd = [sys.executable, "-m", "specpolicy", f"drafter={kind}", f"drafter.model={drafter}", *extra,
+           "policy=static", f"policy.k={k}", f"dataset.num_prompts={num_prompts}", f"dataset.offset={offset}",
+           f"generation.max_new_tokens={max_new_tokens}", "run.resume=false", "runtime=cpu", f"hydra.run.dir={run_dir}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     res = accepted_length_shares(run_dir / "results.jsonl")
-    res.update(k=k, threshold=threshold, num_prompts=num_prompts, max_new_tokens=max_new_tokens)
+    res.update(k=k, num_prompts=num_prompts, offset=offset, max_new_tokens=max_new_tokens)
+    if kind == "fastdllm":
+        res["threshold"] = threshold
+    else:
+        res.update(pass_cost(run_dir / "results.jsonl"))
     return res
 
 
 def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, num_prompts: dict | int = 50,
              max_new_tokens: int = 256, stride: int = 9, max_distance: int = 64, threshold: float = 0.05,
-             small_block_size: int = 8, log=print, on_result=None) -> dict:
+             small_block_size: int = 8, log=print, on_result=None, kind: str = "fastdllm", offset: int = 0) -> dict:
     """Every per-data-set diagnostic of the module docstring for one drafter.
 
     Args:
         drafter_path / target_path: bundled names or model dirs.
+        kind: ``fastdllm``, ``dflash`` or ``eagle3``.
+        offset: first prompt of each data set.
         num_prompts: prompts per data set (an int for all, or ``{name: n}``).
         stride: start positions ``0, stride, 2 stride, ...`` of each output (>= 1).
         on_result: called as ``on_result(name, result)`` after each data set (e.g. to save
@@ -248,21 +313,35 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
 
     rt = Runtime(device="cpu", dtype="float32", seed=0)
     tok = load_tokenizer(target_path)
-    target = load_causal_lm(target_path, rt)
-    dmodel = load_causal_lm(drafter_path, rt)
-    drafter = FastDLLMDrafter(dmodel, rt, load_tokenizer(drafter_path), block_size=model_block_size(dmodel.config) or 32,
-                              small_block_size=small_block_size, threshold=threshold)
+    verifier = None
+    if kind == "fastdllm":
+        target = load_causal_lm(target_path, rt)
+        dmodel = load_causal_lm(drafter_path, rt)
+        drafter = FastDLLMDrafter(dmodel, rt, load_tokenizer(drafter_path),
+                                  block_size=model_block_size(dmodel.config) or 32,
+                                  small_block_size=small_block_size, threshold=threshold)
+        context = dmodel.config.max_position_embeddings
+    else:
+        from specpolicy.plugins import get_plugin_manager, make_drafter, make_verifier
+
+        pm = get_plugin_manager(autoload=False)
+        verifier = make_verifier(pm, {"name": "hf", "model": target_path}, rt)
+        drafter = make_drafter(pm, {"name": kind, "model": drafter_path}, rt, verifier)
+        target, context = verifier.model, verifier.max_context
     res = {}
     for name in datasets:
         t0 = time.time()
         n = num_prompts[name] if isinstance(num_prompts, dict) else num_prompts
-        prompts = [p.token_ids(tok) for p in load_prompts(name, num_prompts=n)]
-        prompts = [p for p in prompts if p.shape[0] + max_new_tokens + 64 < dmodel.config.max_position_embeddings]
+        prompts = [p.token_ids(tok) for p in load_prompts(name, num_prompts=n, offset=offset)]
+        prompts = [p for p in prompts if p.shape[0] + max_new_tokens + 64 < context]
         outs = greedy_generate(target, [p.tolist() for p in prompts], tok.eos_token_id, tok.pad_token_id,
                                max_new_tokens, batch_size=64)
         outs = [torch.tensor(o, dtype=torch.long) for o in outs]
-        drafts = collect_drafts(drafter, prompts, outs, stride, max_distance)
+        passes: dict = {}
+        drafts = collect_drafts(drafter, prompts, outs, stride, max_distance, verifier, passes)
         r = summarize_drafts(drafts, max_distance)
+        if passes:
+            r["passes_by_length"] = {str(k): round(sum(v) / len(v), 3) for k, v in passes.items()}
         r.update(n_prompts=len(prompts), mean_output_tokens=round(sum(len(o) for o in outs) / max(1, len(outs)), 1),
                  wall_s=round(time.time() - t0, 1))
         res[name] = r
@@ -275,10 +354,25 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
     return res
 
 
+def _block_size(drafter: str) -> int:
+    """A DFlash checkpoint's block size B (from its config.json)."""
+    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.draft_models.dflash import DFlashSpec
+    from specpolicy.models import resolve_model_path
+
+    return DFlashSpec.from_config(read_config(resolve_model_path(drafter), "--drafter")).block_size
+
+
 def main(argv: list[str] | None = None) -> dict:
     """CLI (``python -m specpolicy.family.diagnostics``); writes ``--out`` as JSON."""
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family.diagnostics", description=__doc__.split("\n")[0])
-    ap.add_argument("--drafter", default="dllm-drafter", help="bundled name or model dir of the dLLM drafter")
+    ap.add_argument("--kind", default="fastdllm", choices=("fastdllm", "dflash", "eagle3"), help="the drafter's kind")
+    ap.add_argument("--drafter", default=None,
+                    help="bundled name or checkpoint dir (default: the bundled drafter of --kind)")
+    ap.add_argument("--offset", type=int, default=0, help="first prompt of each data set (GSM8K test rows >= 1000 "
+                                                          "are the held-out check)")
+    ap.add_argument("--in-loop-k", type=int, default=None,
+                    help="static k of --in-loop (default: 16 for fastdllm, B - 1 for dflash, 5 for eagle3)")
     ap.add_argument("--target", default="target", help="bundled name or model dir of the target")
     ap.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--num-prompts", type=int, default=30, help="GSM8K test prompts (held out)")
@@ -297,8 +391,12 @@ def main(argv: list[str] | None = None) -> dict:
                         ("--max-new-tokens", a.max_new_tokens, 1)):
         if v < lo:
             ap.exit(2, f"error: {name}={v}; it must be an integer >= {lo}\n")
+    if a.offset < 0:
+        ap.exit(2, f"error: --offset={a.offset}; it must be an integer >= 0\n")
     if a.threads:
         torch.set_num_threads(a.threads)
+    a.drafter = a.drafter or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter"}[a.kind]
+
     def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -309,8 +407,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         t0 = time.time()
         npr = {d: a.num_prompts if d == "gsm8k" else a.num_prompts_other for d in DATASETS}
-        res = {"drafter": a.drafter, "stride": a.stride, "max_distance": a.max_distance, "threshold": 0.05,
-               "small_block_size": 8, "num_prompts": {d: npr[d] for d in a.datasets}}
+        res = {"kind": a.kind, "drafter": a.drafter, "stride": a.stride, "max_distance": a.max_distance,
+               "offset": a.offset, "num_prompts": {d: npr[d] for d in a.datasets}}
+        if a.kind == "fastdllm":
+            res.update(threshold=0.05, small_block_size=8)
         first = [d for d in a.datasets if d == "gsm8k"]  # GSM8K (the bars), then the loop, then the others
         rest = [d for d in a.datasets if d != "gsm8k"]
 
@@ -318,14 +418,16 @@ def main(argv: list[str] | None = None) -> dict:
             res[name] = r
             save(res)
 
-        diagnose(a.drafter, a.target, first, npr, a.max_new_tokens, a.stride, a.max_distance, on_result=keep)
+        common = dict(on_result=keep, kind=a.kind, offset=a.offset)
+        diagnose(a.drafter, a.target, first, npr, a.max_new_tokens, a.stride, a.max_distance, **common)
         if a.in_loop:
             loop_dir = a.in_loop_dir or (str(a.out) + ".loop" if a.out else "outputs/diagnostics-loop")
-            res["in_loop"] = run_in_loop(a.drafter, loop_dir)
+            k = a.in_loop_k or {"fastdllm": 16, "eagle3": 5}.get(a.kind) or _block_size(a.drafter) - 1
+            res["in_loop"] = run_in_loop(a.drafter, loop_dir, k=k, kind=a.kind, offset=a.offset)
             print(f"[in-loop] {res['in_loop']}", flush=True)
             save(res)
         if rest:
-            diagnose(a.drafter, a.target, rest, npr, a.max_new_tokens, a.stride, a.max_distance, on_result=keep)
+            diagnose(a.drafter, a.target, rest, npr, a.max_new_tokens, a.stride, a.max_distance, **common)
         res["wall_s"] = round(time.time() - t0, 1)
     if a.results:
         print(f"[in-loop] {res['in_loop']}")

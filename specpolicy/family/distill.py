@@ -60,6 +60,7 @@ def greedy_generate(
     """
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt")
+    dev = next(model.parameters()).device  # the model's device (CPU, or CUDA for a user's target)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     results: list[list[int] | None] = [None] * len(prompts)
     soft: list = [None] * len(prompts)
@@ -75,15 +76,16 @@ def greedy_generate(
             p = prompts[i]
             ids[r, P - len(p) :] = torch.tensor(p)
             attn[r, P - len(p) :] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
-        n_gen = torch.zeros(B, dtype=torch.long)
+        out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        n_gen = torch.zeros(B, dtype=torch.long, device=dev)
         if top_k:
-            top_ids = torch.zeros((B, max_new_tokens, top_k), dtype=torch.int16)
-            top_lp = torch.zeros((B, max_new_tokens, top_k), dtype=torch.float16)
-        rows = torch.arange(B)  # batch row held by each cache row
-        done = torch.zeros(B, dtype=torch.bool)  # per cache row
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            top_ids = torch.zeros((B, max_new_tokens, top_k), dtype=torch.int16, device=dev)
+            top_lp = torch.zeros((B, max_new_tokens, top_k), dtype=torch.float16, device=dev)
+        rows = torch.arange(B, device=dev)  # batch row held by each cache row
+        done = torch.zeros(B, dtype=torch.bool, device=dev)  # per cache row
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
             cache = out.cache
             last_pos = pos[:, -1]
@@ -106,7 +108,7 @@ def greedy_generate(
                     cache.batch_select_indices(keep)
                     rows, nxt, attn, last_pos, done = rows[keep], nxt[keep], attn[keep], last_pos[keep], done[keep]
                 nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-                attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype)], 1)
+                attn = torch.cat([attn, torch.ones((attn.shape[0], 1), dtype=attn.dtype, device=dev)], 1)
                 last_pos = last_pos + 1
                 out = model(
                     input_ids=nxt[:, None],
@@ -119,7 +121,7 @@ def greedy_generate(
         for r, i in enumerate(idx):
             results[i] = out_tok[r, : int(n_gen[r])].tolist()
             if top_k:
-                soft[i] = (top_ids[r, : int(n_gen[r])].clone(), top_lp[r, : int(n_gen[r])].clone())
+                soft[i] = (top_ids[r, : int(n_gen[r])].cpu(), top_lp[r, : int(n_gen[r])].cpu())
         if log_every and ((bi + 1) % log_every == 0 or bi + 1 == nb):
             el = time.time() - t0
             print(f"[distill] batch {bi + 1}/{nb} elapsed {el:.0f}s eta {el / (bi + 1) * (nb - bi - 1):.0f}s", flush=True)

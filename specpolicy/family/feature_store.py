@@ -28,7 +28,7 @@ from specpolicy.family.data import Example
 
 
 def extract_features(target_dir: str | Path, examples: Sequence[Example], layers: Sequence[int], out_dir: str | Path,
-                     batch_tokens: int = 8192, log_every: int = 20) -> dict:
+                     batch_tokens: int = 8192, log_every: int = 20, device: str = "cpu") -> dict:
     """Run the target (float32, as inference runs it) over ``prompt + response`` of every example
     and store ``hidden_states[i]`` for each ``i`` in ``layers``.
 
@@ -38,6 +38,7 @@ def extract_features(target_dir: str | Path, examples: Sequence[Example], layers
         layers: ``hidden_states`` indices to keep.
         out_dir: the store directory (created; existing files are overwritten).
         batch_tokens: padded tokens per forward pass.
+        device: where the target runs (``"cpu"``, ``"cuda"``).
     Returns:
         stats: ``n``, ``tokens``, ``layers``, ``wall_s``, ``tokens_per_s``, ``gb``.
     Raises:
@@ -47,7 +48,7 @@ def extract_features(target_dir: str | Path, examples: Sequence[Example], layers
 
     if not examples:
         raise ValueError("no examples to extract features from")
-    model = load_model(target_dir)
+    model = load_model(target_dir).to(device)
     n_states = model.config.num_hidden_layers + 1
     layers = sorted(set(int(i) for i in layers))
     if any(not 0 <= i < n_states for i in layers):
@@ -75,9 +76,10 @@ def extract_features(target_dir: str | Path, examples: Sequence[Example], layers
             ids[r, : len(seq)] = torch.tensor(seq)
             mask[r, : len(seq)] = 1
         with torch.no_grad():
-            states = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, logits_to_keep=1).hidden_states
+            states = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
+                           logits_to_keep=1).hidden_states
         for i in layers:
-            bits = states[i].to(torch.bfloat16).view(torch.int16).numpy()
+            bits = states[i].to(torch.bfloat16).cpu().view(torch.int16).numpy()
             for r, e in enumerate(take):
                 maps[i][offsets[e] : offsets[e] + lengths[e]] = bits[r, : lengths[e]]
         done += sum(lengths[e] for e in take)

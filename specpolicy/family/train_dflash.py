@@ -164,12 +164,13 @@ def dflash_loss(trainee: DFlashTrainee, store: FeatureStore, feature_layers: lis
     """The loss function for ``trainer.train``: ``(model, batch, gen) -> (loss, n_label_tokens)``."""
 
     def loss_fn(model: DFlashTrainee, batch: dict, gen: torch.Generator):
-        ids, valid = batch["input_ids"], batch["valid"]
+        ids, valid = batch["input_ids"].cpu(), batch["valid"].cpu()  # the block layout is built on the CPU
+        dev = model.embed.device
         R, L = ids.shape
-        blocks = sample_blocks(batch["prompt_len"], valid.sum(1), block_size, anchors, extension_probs, gen)
-        q = block_batch(ids, valid, blocks, block_size, mask_token_id, gamma)
-        feats = store.batch(batch["index"].tolist(), feature_layers, L)
-        ctx = model.draft.context_keys_values(feats, torch.arange(L).repeat(R, 1))
+        blocks = sample_blocks(batch["prompt_len"].cpu(), valid.sum(1), block_size, anchors, extension_probs, gen)
+        q = {k: v.to(dev) for k, v in block_batch(ids, valid, blocks, block_size, mask_token_id, gamma).items()}
+        feats = store.batch(batch["index"].tolist(), feature_layers, L).to(dev)
+        ctx = model.draft.context_keys_values(feats, torch.arange(L, device=dev).repeat(R, 1))
         out = model.draft(F.embedding(q["tokens"], model.embed), q["positions"], ctx, q["mask"])  # (R, Q, H)
         keep = q["labels"] != -100
         logits = out[keep] @ model.lm_head.T  # (n, V)
@@ -265,7 +266,7 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
 
     B = draft.spec.block_size
     gen = torch.Generator().manual_seed(seed)
-    trainee = DFlashTrainee(draft, embed, lm_head)
+    dev = embed.device
     hits = torch.zeros(B - 1)
     count = torch.zeros(B - 1)
     ce_sum = 0.0
@@ -276,15 +277,15 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
             ids, valid = batch["input_ids"], batch["valid"]
             R, L = ids.shape
             blocks = sample_blocks(batch["prompt_len"], valid.sum(1), B, 16, (1.0,), gen)
-            q = block_batch(ids, valid, blocks, B, draft.spec.mask_token_id, 0.0)
-            ctx = draft.context_keys_values(store.batch(idx, list(draft.spec.feature_layers), L),
-                                            torch.arange(L).repeat(R, 1))
-            out = draft(F.embedding(q["tokens"], trainee.embed), q["positions"], ctx, q["mask"])
+            q = {k: v.to(dev) for k, v in block_batch(ids, valid, blocks, B, draft.spec.mask_token_id, 0.0).items()}
+            ctx = draft.context_keys_values(store.batch(idx, list(draft.spec.feature_layers), L).to(dev),
+                                            torch.arange(L, device=dev).repeat(R, 1))
+            out = draft(F.embedding(q["tokens"], embed), q["positions"], ctx, q["mask"])
             keep = q["labels"] != -100
-            logits = (out[keep] @ trainee.lm_head.T).float()
+            logits = (out[keep] @ lm_head.T).float()
             ce_sum += float(F.cross_entropy(logits, q["labels"][keep], reduction="sum"))
-            k = (torch.cumsum((q["tokens"] == draft.spec.mask_token_id).long(), dim=1) - 1)[keep] % (B - 1)
-            hit = (logits.argmax(-1) == q["labels"][keep]).float()
+            k = ((torch.cumsum((q["tokens"] == draft.spec.mask_token_id).long(), dim=1) - 1)[keep] % (B - 1)).cpu()
+            hit = (logits.argmax(-1) == q["labels"][keep]).float().cpu()
             hits.index_add_(0, k, hit)
             count.index_add_(0, k, torch.ones_like(hit))
     return {"ce": round(ce_sum / max(1.0, float(count.sum())), 4),

@@ -90,7 +90,7 @@ def ttt_forward(head: Eagle3DraftModel, embed: torch.Tensor, ids: torch.Tensor, 
     attn = head.midlayer.self_attn
     scale = attn.head_dim ** -0.5
     groups = attn.num_heads // attn.num_kv_heads
-    idx = torch.arange(n)
+    idx = torch.arange(n, device=ids.device)
     causal = idx[None, :] <= idx[:, None]  # (n, n) key index <= query index
     hidden = head.fc(features[:, :n])  # (R, n, H)
     diag_k: list[torch.Tensor] = []
@@ -129,11 +129,11 @@ def eagle3_loss(store: FeatureStore, feature_layers: list[int], steps: int, deca
     def loss_fn(model: Eagle3Trainee, batch: dict, gen: torch.Generator):
         ids, valid, plen = batch["input_ids"], batch["valid"], batch["prompt_len"]
         R, L = ids.shape
-        feats = store.batch(batch["index"].tolist(), feature_layers, L)
+        feats = store.batch(batch["index"].tolist(), feature_layers, L).to(ids.device)
         outs = ttt_forward(model.head, model.embed, ids, feats, steps)
         t2d = torch.cumsum(model.head.t2d.long(), 0) - 1  # target id -> draft id (where t2d)
         n = L - 1
-        i = torch.arange(n)[None]
+        i = torch.arange(n, device=ids.device)[None]
         total, weight_sum, count = 0.0, 0.0, 0
         for j, out in enumerate(outs):
             pos = i + j + 2  # (1, n) position each index predicts
@@ -165,11 +165,11 @@ def validation_metrics(head: Eagle3DraftModel, embed: torch.Tensor, examples: li
     with torch.no_grad():
         for s in range(0, len(indices), 16):
             idx = indices[s : s + 16]
-            batch = collate([examples[i] for i in idx], 0)
+            batch = {k: v.to(embed.device) for k, v in collate([examples[i] for i in idx], 0).items()}
             ids, valid, plen = batch["input_ids"], batch["valid"], batch["prompt_len"]
             R, L = ids.shape
-            outs = ttt_forward(head, embed, ids, store.batch(idx, layers, L), steps)
-            i = torch.arange(L - 1)[None]
+            outs = ttt_forward(head, embed, ids, store.batch(idx, layers, L).to(embed.device), steps)
+            i = torch.arange(L - 1, device=embed.device)[None]
             for j, out in enumerate(outs):
                 pos = (i + j + 2).clamp(max=L - 1).expand(R, L - 1)
                 tgt = ids.gather(1, pos)

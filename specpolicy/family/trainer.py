@@ -31,7 +31,8 @@ class TrainConfig:
         weight_decay: AdamW decay on 2-D weights (0 on norms and biases).
         betas: AdamW betas. clip: max global grad norm.
         seed: seeds data order and the loss function's generator.
-        bf16: run forward/backward under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+        bf16: run forward/backward under ``torch.autocast(<device type>, dtype=torch.bfloat16)``.
+        device: where the model and batches live (``"cpu"``, ``"cuda"``, ...).
         pad_to_multiple: batch length rounding (32 for block diffusion).
         log_every: steps between progress lines.
     """
@@ -49,6 +50,7 @@ class TrainConfig:
     bf16: bool = True
     pad_to_multiple: int = 1
     log_every: int = 10
+    device: str = "cpu"
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -115,6 +117,8 @@ def train(
         plan = plan[: cfg.max_steps]
     total = len(plan)
     gen = torch.Generator().manual_seed(cfg.seed + 17)
+    device = torch.device(cfg.device)
+    model.to(device)
     opt = make_optimizer(model, cfg)
     model.train()
     t0 = time.time()
@@ -122,12 +126,12 @@ def train(
     win_loss, win_tok, in_tokens = 0.0, 0, 0
     print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
     for step, idx in enumerate(plan):
-        batch = collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple)
-        batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples``
+        batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple).items()}
+        batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples`` (CPU)
         lr = lr_at(step, total, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, ntok = loss_fn(model, batch, gen)
         if not torch.isfinite(loss):
             raise ValueError(f"[{name}] non-finite loss at step {step}")

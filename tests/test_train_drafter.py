@@ -1,0 +1,73 @@
+"""``python -m specpolicy.train_drafter``: a user's own target and prompt file in, an official-layout
+DFlash / EAGLE-3 checkpoint out, which then drafts losslessly from the command line; bad options
+are one line before the target loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specpolicy import train_drafter
+
+
+def _prompts(tmp_path, n=6):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Natalia sold {i} clips in April."}) + "\n" for i in range(n)))
+    return path
+
+
+@pytest.mark.slow  # generation, features and training of a tiny drafter, then a run of the CLI
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeypatch, capsys):
+    out = tmp_path / kind
+    extra = ["--block-size", "6", "--layer-ids", "0", "1", "--draft-layers", "1"] if kind == "dflash" else \
+        ["--layer-ids", "0", "1", "2", "--draft-vocab", "100", "--ttt", "3"]
+    log = train_drafter.main([kind, "--target", str(family["target"]), "--prompts", str(_prompts(tmp_path)),
+                              "--out", str(out), "--max-new-tokens", "12", "--epochs", "2", "--batch-tokens", "256",
+                              "--holdout", "1", "--warmup", "2", "--device", "cpu", *extra])
+    assert log["device"] == "cpu" and log["continuations"]["n"] == 6
+    assert log[kind]["validation_curve"][-1]["step"] == log[kind]["steps"]
+    assert json.loads((out / "training_log.json").read_text())[kind]["steps"] == log[kind]["steps"]
+    config = json.loads((out / "config.json").read_text())
+    if kind == "dflash":
+        assert config["dflash_config"]["target_layer_ids"] == [0, 1] and config["block_size"] == 6
+    else:
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    # the checkpoint drafts through the command line, lossless
+    import sys
+
+    from specpolicy.cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["specpolicy", f"verifier.model={family['target']}", f"drafter={kind}",
+                                      f"drafter.model={out}", "policy=static", "policy.k=4", "runtime=cpu",
+                                      "runtime.dtype=float64", "dataset.num_prompts=2", "generation.max_new_tokens=16",
+                                      "run.warmup_prompts=0"])
+    try:
+        cli()
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), capsys.readouterr().err
+    summary = json.loads(next(tmp_path.glob("outputs/*/summary.json")).read_text())
+    assert summary["lossless_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["dflash", "--target", "/nonexistent", "--prompts", "x", "--out", "o"],
+     "error: --target='/nonexistent' is not a local Hugging Face model directory (no config.json)"),
+    (["dflash", "--prompts", "{prompts}", "--out", "o", "--block-size", "1"], "error: --block-size=1; it must be an integer >= 2"),
+    (["dflash", "--prompts", "{prompts}", "--out", "o", "--layer-ids", "0", "7"],
+     "error: --layer-ids [0, 7]: the target has 2 layers (ids 0..1)"),
+    (["eagle3", "--prompts", "{prompts}", "--out", "o", "--layer-ids", "0", "1"],
+     "error: --layer-ids [0, 1]: EAGLE-3 fuses exactly three layers"),
+    (["eagle3", "--prompts", "{prompts}", "--out", "o", "--draft-layers", "2"],
+     "error: --draft-layers=2; an EAGLE-3 head has 1 layer"),
+])
+def test_bad_options_are_one_line_before_anything_loads(family, tmp_path, argv, message):
+    prompts = _prompts(tmp_path)
+    argv = [str(prompts) if a == "{prompts}" else a for a in argv]
+    if "--target" not in argv:
+        argv += ["--target", str(family["target"])]
+    with pytest.raises(SystemExit) as err:
+        train_drafter.main(argv)
+    assert str(err.value) == message
