@@ -193,6 +193,10 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
     ("fastdllm-plus", "fastdllm", 0.9, "static", {"k": 5}),
     ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
     ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+    # drafters that read the target (DFlash, EAGLE-3 chain)
+    ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+    ("dflash-static", "dflash", None, "static", {"k": 5}),
+    ("eagle3-static", "eagle3", None, "static", {"k": 5}),
 ])
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
