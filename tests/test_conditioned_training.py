@@ -16,7 +16,7 @@ from specpolicy.draft_models.dflash import load_dflash
 from specpolicy.draft_models.eagle3 import load_eagle3
 from specpolicy.family.data import Example
 from specpolicy.family.feature_store import FeatureStore, extract_features
-from specpolicy.family.train_dflash import block_batch, new_dflash
+from specpolicy.family.train_dflash import block_layout, blocks_output, new_dflash
 from specpolicy.family.train_eagle3 import new_eagle3, ttt_forward
 
 VOCAB = 64
@@ -27,35 +27,39 @@ def _target():
     return tiny_lm(0, layers=4, vocab=VOCAB).double()
 
 
-def test_dflash_training_blocks_equal_inference_passes():
+@pytest.mark.parametrize("given", [1, 6, 11])  # one-pass blocks, one and two extension passes' given tokens
+def test_dflash_training_blocks_equal_inference_passes(given):
     target = _target()
     draft = new_dflash(target.config, MASK, 6, [0, 2], seed=1).double().eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(6, VOCAB - 1, (2, 30), generator=g)
     valid = torch.ones_like(ids, dtype=torch.bool)
     valid[1, 25:] = False
+    prompt_len = torch.tensor([4, 7])
     hs = target(input_ids=ids, output_hidden_states=True).hidden_states
     feats = torch.cat([hs[i + 1] for i in (0, 2)], dim=-1)  # DFlash ids 0, 2
-    blocks = [[(4, 1), (10, 6), (3, 11)], [(7, 1), (12, 6)]]  # (anchor, given tokens): one pass, extensions
-    q = block_batch(ids, valid, blocks, 6, MASK, gamma=0.0)
-    L = ids.shape[1]
+    layout = block_layout(ids, valid, prompt_len, 6, 5, given, MASK, 0.0, g)
     embed = target.get_input_embeddings()
+    span = given + 5
     with torch.no_grad():
-        ctx = draft.context_keys_values(feats, torch.arange(L).repeat(2, 1))
-        packed = draft(embed(q["tokens"]), q["positions"], ctx, q["mask"])
-        for r, row in enumerate(blocks):
-            at = 0
-            for a, j in row:
-                span = j + 5
+        packed = blocks_output(draft, embed.weight, layout, feats)
+        for r in range(2):
+            n = int(valid[r].sum())
+            for b in range(layout["tokens"].shape[1]):
+                a = int(layout["positions"][r, b, 0])
+                if not layout["context_mask"][r, b].any():  # an empty block (no anchor left)
+                    assert (layout["labels"][r, b] == -100).all()
+                    continue
+                assert int(prompt_len[r]) - 1 <= a <= n - 1 - given
                 own = draft.context_keys_values(feats[r : r + 1, :a], torch.arange(a)[None])
-                block = torch.cat([ids[r, a : a + j], torch.full((5,), MASK)])
+                block = torch.cat([ids[r, a : a + given], torch.full((5,), MASK)])
+                assert torch.equal(layout["tokens"][r, b], block)
                 alone = draft(embed(block)[None], torch.arange(a, a + span)[None], own)[0]
-                torch.testing.assert_close(packed[r, at : at + span], alone)
-                labels = q["labels"][r, at + j : at + span]
-                expect = ids[r, a + j : a + span].clone()
-                expect[~valid[r, a + j : a + span]] = -100
-                assert torch.equal(labels, expect)
-                at += span
+                torch.testing.assert_close(packed[r, b], alone)
+                labels = layout["labels"][r, b, given:]
+                want = torch.where(torch.arange(a + given, a + span) < n,
+                                   ids[r, (a + given + torch.arange(5)).clamp(max=29)], -100)
+                assert torch.equal(labels, want)
 
 
 def test_eagle3_training_time_test_equals_the_cached_chain():

@@ -148,6 +148,41 @@ class DFlashAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
 
 
+    def forward_blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context_k: torch.Tensor,
+                       context_v: torch.Tensor, context_mask: torch.Tensor, span: int) -> torch.Tensor:
+        """Training: many blocks of one sequence at once, each attending to the context its mask
+        allows and to itself only (the same as ``forward`` on each block alone).
+
+        Args:
+            x: ``(R, nb * span, H)`` the blocks, laid one after another.
+            cos, sin: ``(R, nb * span, head_dim)`` RoPE of their positions.
+            context_k, context_v: ``(R, kv_heads, L, head_dim)`` the whole sequences' context.
+            context_mask: ``(R, 1, nb * span, L)`` bool, True = the query's block sees that position.
+            span: tokens per block.
+        Returns:
+            ``(R, nb * span, H)``.
+        """
+        R, n, _ = x.shape
+        nb, groups = n // span, self.num_heads // self.num_kv_heads
+        q = _rope(self.q_norm(self.q_proj(x).view(R, n, self.num_heads, self.head_dim)).transpose(1, 2), cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # (R, h, n, d)
+        ck, cv = context_k.repeat_interleave(groups, 1), context_v.repeat_interleave(groups, 1)
+        scale = self.head_dim ** -0.5
+        to_context = (q @ ck.transpose(-1, -2)) * scale  # (R, h, n, L)
+        to_context = to_context.masked_fill(~context_mask, float("-inf"))
+        qb = q.view(R, self.num_heads, nb, span, self.head_dim)
+        kb = k.view(R, self.num_heads, nb, span, self.head_dim)
+        within = ((qb @ kb.transpose(-1, -2)) * scale).reshape(R, self.num_heads, n, span)  # (R, h, n, span)
+        scores = torch.cat([to_context, within], dim=-1)
+        p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        L = ck.shape[2]
+        out = p[..., :L] @ cv + (p[..., L:].reshape(R, self.num_heads, nb, span, span)
+                                 @ v.view(R, self.num_heads, nb, span, self.head_dim)).reshape(R, self.num_heads, n,
+                                                                                            self.head_dim)
+        return self.o_proj(out.transpose(1, 2).reshape(R, n, self.num_heads * self.head_dim))
+
+
 class DFlashLayer(nn.Module):
     """One pre-norm decoder layer: attention over ``[context ; block]``, then the SwiGLU MLP."""
 
@@ -160,6 +195,11 @@ class DFlashLayer(nn.Module):
 
     def forward(self, x, cos, sin, context_k, context_v, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_k, context_v, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_blocks(self, x, cos, sin, context_k, context_v, context_mask, span):
+        x = x + self.self_attn.forward_blocks(self.input_layernorm(x), cos, sin, context_k, context_v, context_mask,
+                                              span)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -218,6 +258,29 @@ class DFlashDraftModel(nn.Module):
             k, v = context[i] if context is not None else (None, None)
             x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)
+
+
+    def forward_blocks(self, block_embeds: torch.Tensor, positions: torch.Tensor,
+                       context: list[tuple[torch.Tensor, torch.Tensor]], context_mask: torch.Tensor) -> torch.Tensor:
+        """Training: ``nb`` blocks of ``span`` tokens per sequence in one pass, each seeing the context
+        ``context_mask`` allows and itself (bidirectionally), never the other blocks -- per block,
+        exactly ``forward`` on that block with its own context (``tests/test_conditioned_training.py``).
+
+        Args:
+            block_embeds: ``(R, nb, span, H)`` the target's embeddings of the blocks' tokens.
+            positions: ``(R, nb, span)`` int64, their absolute positions.
+            context: per layer ``(k, v)`` ``(R, kv_heads, L, head_dim)`` of the whole sequences.
+            context_mask: ``(R, nb, L)`` bool: the context positions each block sees.
+        Returns:
+            ``(R, nb, span, H)`` after the final norm.
+        """
+        R, nb, span, H = block_embeds.shape
+        x = block_embeds.reshape(R, nb * span, H)
+        cos, sin = self.rope(x, positions.reshape(R, nb * span))
+        mask = context_mask.repeat_interleave(span, dim=1)[:, None]  # (R, 1, nb * span, L)
+        for i, layer in enumerate(self.layers):
+            x = layer.forward_blocks(x, cos, sin, context[i][0], context[i][1], mask, span)
+        return self.norm(x).view(R, nb, span, H)
 
 
 def qwen3_config(config: dict[str, Any]) -> Qwen3Config:

@@ -79,103 +79,77 @@ def init_final_norm(draft: DFlashDraftModel, target) -> None:
         draft.norm.weight.copy_(target.model.norm.weight.to(draft.norm.weight.dtype))
 
 
-def sample_blocks(prompt_len: torch.Tensor, length: torch.Tensor, block_size: int, anchors: int,
-                  extension_probs: tuple[float, ...], gen: torch.Generator) -> list[list[tuple[int, int]]]:
-    """Training blocks of each row: ``(anchor a, given tokens j)`` pairs.
+def block_layout(ids: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor, block_size: int, blocks: int,
+                 given: int, mask_token_id: int, gamma: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """The training blocks of a batch: ``blocks`` per sequence, each ``[x_a .. x_{a+j-1} (given),
+    MASK x (B - 1)]`` at positions ``a .. a + j + B - 2`` with ``j = given`` for every block of the
+    batch, anchors ``a`` drawn without replacement from ``[prompt_len - 1, n - 1 - j]`` (n = the
+    sequence's length). A row with fewer anchors than ``blocks`` fills the rest with empty blocks
+    (no context, no loss).
 
     Args:
-        prompt_len, length: ``(R,)`` int64, each row's prompt length and real length n.
-        anchors: blocks per row at most (anchors drawn without replacement from
-            ``[prompt_len - 1, n - 2]``).
-        extension_probs: probability of ``m = 0, 1, 2, ...`` extension passes (j = 1 + m(B - 1)),
-            renormalised over the m whose given tokens fit (``a + j - 1 <= n - 2``).
+        ids: ``(R, L)`` int64 sequences. valid: ``(R, L)`` bool. prompt_len: ``(R,)`` int64.
     Returns:
-        per row, a list of ``(a, j)``.
-    """
-    out = []
-    probs = torch.tensor(extension_probs, dtype=torch.float64)
-    for p, n in zip(prompt_len.tolist(), length.tolist()):
-        lo, hi = p - 1, n - 2
-        if hi < lo:
-            out.append([])
-            continue
-        cand = torch.arange(lo, hi + 1)
-        pick = cand[torch.randperm(len(cand), generator=gen)[:anchors]].tolist()
-        row = []
-        for a in pick:
-            js = [1 + m * (block_size - 1) for m in range(len(probs))]
-            ok = torch.tensor([a + j - 1 <= hi for j in js])
-            w = probs * ok
-            m = int(torch.multinomial(w / w.sum(), 1, generator=gen))
-            row.append((a, js[m]))
-        out.append(row)
-    return out
-
-
-def block_batch(ids: torch.Tensor, valid: torch.Tensor, blocks: list[list[tuple[int, int]]], block_size: int,
-                mask_token_id: int, gamma: float) -> dict[str, torch.Tensor]:
-    """The packed query side of a training batch.
-
-    Every row's blocks are laid one after another on a query axis of length Q (padded); a padded
-    query forms a block of its own (it attends to itself, and carries no loss).
-
-    Args:
-        ids: ``(R, L)`` int64 the sequences. valid: ``(R, L)`` bool.
-        blocks: ``sample_blocks``' output.
-    Returns:
-        ``tokens`` ``(R, Q)`` int64 (given tokens or the mask token), ``positions`` ``(R, Q)``,
-        ``mask`` ``(R, 1, Q, L + Q)`` bool (True = attend), ``labels`` ``(R, Q)`` int64 (-100 = no
-        loss), ``weights`` ``(R, Q)`` float32 (the decay of each mask position).
+        ``tokens``, ``positions``, ``labels`` (-100 = no loss) ``(R, nb, span)`` int64, ``weights``
+        ``(R, nb, span)`` float32 (``exp(-(k - 1) / gamma)`` on the k-th mask), ``context_mask``
+        ``(R, nb, L)`` bool (the positions before the block's anchor).
     """
     R, L = ids.shape
-    lens = [sum(j + block_size - 1 for _, j in row) for row in blocks]
-    Q = max(1, max(lens))
-    tokens = torch.full((R, Q), mask_token_id, dtype=torch.long)
-    positions = torch.zeros((R, Q), dtype=torch.long)
-    labels = torch.full((R, Q), -100, dtype=torch.long)
-    weights = torch.zeros((R, Q), dtype=torch.float32)
-    block_of = torch.arange(Q).repeat(R, 1) + 10**6  # padding: a block of its own
-    anchor_of = torch.zeros((R, Q), dtype=torch.long)
-    decay = torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma) if gamma > 0 else \
-        torch.ones(block_size - 1)
-    for r, row in enumerate(blocks):
-        q = 0
-        for b, (a, j) in enumerate(row):
-            span = j + block_size - 1
-            pos = torch.arange(a, a + span)
-            positions[r, q : q + span] = pos
-            tokens[r, q : q + j] = ids[r, a : a + j]
-            inside = pos[j:] < L
-            tgt = torch.full((block_size - 1,), -100, dtype=torch.long)
-            tgt[inside] = torch.where(valid[r, pos[j:][inside]], ids[r, pos[j:][inside]], -100)
-            labels[r, q + j : q + span] = tgt
-            weights[r, q + j : q + span] = decay * (tgt != -100)
-            block_of[r, q : q + span] = b
-            anchor_of[r, q : q + span] = a
-            q += span
-    ctx_ok = (torch.arange(L)[None, None, :] < anchor_of[:, :, None]) & valid[:, None, :]  # (R, Q, L)
-    same = block_of[:, :, None] == block_of[:, None, :]  # (R, Q, Q)
-    mask = torch.cat([ctx_ok, same], dim=2)[:, None]
-    return {"tokens": tokens, "positions": positions, "mask": mask, "labels": labels, "weights": weights}
+    span = given + block_size - 1
+    n = valid.sum(1)
+    where = torch.arange(L)[None]
+    ok = (where >= (prompt_len - 1)[:, None]) & (where <= (n - 1 - given)[:, None])  # (R, L) possible anchors
+    score = torch.rand(R, L, generator=gen).masked_fill(~ok, 2.0)
+    picked = score.argsort(dim=1)[:, : min(blocks, L)]  # (R, nb): random possible anchors first
+    real = ok.gather(1, picked)
+    anchors = torch.where(real, picked, 0)
+    offsets = torch.arange(span)
+    positions = anchors[:, :, None] + offsets  # (R, nb, span)
+    flat = positions.clamp(max=L - 1).reshape(R, -1)
+    seq = ids.gather(1, flat).view_as(positions)
+    is_mask = offsets >= given
+    labelled = is_mask & (positions < L) & valid.gather(1, flat).view_as(positions) & real[:, :, None]
+    decay = torch.exp(-(offsets - given).clamp(min=0).float() / gamma) if gamma > 0 else torch.ones(span)
+    return {"tokens": torch.where(is_mask, mask_token_id, seq), "positions": positions,
+            "labels": torch.where(labelled, seq, -100), "weights": decay * labelled,
+            "context_mask": (where[:, None, :] < anchors[:, :, None]) & valid[:, None, :] & real[:, :, None]}
 
 
-def dflash_loss(trainee: DFlashTrainee, store: FeatureStore, feature_layers: list[int], block_size: int,
-                mask_token_id: int, anchors: int, extension_probs: tuple[float, ...], gamma: float):
-    """The loss function for ``trainer.train``: ``(model, batch, gen) -> (loss, n_label_tokens)``."""
+def blocks_output(model: DFlashDraftModel, embed: torch.Tensor, layout: dict[str, torch.Tensor],
+                  features: torch.Tensor) -> torch.Tensor:
+    """The drafter's outputs ``(R, nb, span, H)`` on a ``block_layout`` given the sequences' features
+    ``(R, L, F)``."""
+    R, L, _ = features.shape
+    ctx = model.context_keys_values(features, torch.arange(L, device=features.device).repeat(R, 1))
+    return model.forward_blocks(F.embedding(layout["tokens"], embed), layout["positions"], ctx,
+                                layout["context_mask"])
+
+
+def dflash_loss(store: FeatureStore, feature_layers: list[int], block_size: int, mask_token_id: int, anchors: int,
+                extension_probs: tuple[float, ...], gamma: float):
+    """The loss function for ``trainer.train``: ``(model, batch, gen) -> (loss, n_label_tokens)``.
+    Each step draws its number of extension passes m from ``extension_probs`` (its blocks give
+    ``j = 1 + m (B - 1)`` tokens) and lays ``anchors * B / span`` blocks per sequence (about the same
+    tokens whatever m)."""
+    probs = torch.tensor(extension_probs, dtype=torch.float64)
 
     def loss_fn(model: DFlashTrainee, batch: dict, gen: torch.Generator):
-        ids, valid = batch["input_ids"].cpu(), batch["valid"].cpu()  # the block layout is built on the CPU
         dev = model.embed.device
-        R, L = ids.shape
-        blocks = sample_blocks(batch["prompt_len"].cpu(), valid.sum(1), block_size, anchors, extension_probs, gen)
-        q = {k: v.to(dev) for k, v in block_batch(ids, valid, blocks, block_size, mask_token_id, gamma).items()}
-        feats = store.batch(batch["index"].tolist(), feature_layers, L).to(dev)
-        ctx = model.draft.context_keys_values(feats, torch.arange(L, device=dev).repeat(R, 1))
-        out = model.draft(F.embedding(q["tokens"], model.embed), q["positions"], ctx, q["mask"])  # (R, Q, H)
-        keep = q["labels"] != -100
+        m = int(torch.multinomial(probs, 1, generator=gen))
+        given = 1 + m * (block_size - 1)
+        span = given + block_size - 1
+        ids, valid = batch["input_ids"].cpu(), batch["valid"].cpu()  # the layout is built on the CPU
+        layout = {k: v.to(dev) for k, v in block_layout(ids, valid, batch["prompt_len"].cpu(), block_size,
+                                                         max(1, anchors * block_size // span), given, mask_token_id,
+                                                         gamma, gen).items()}
+        feats = store.batch(batch["index"].tolist(), feature_layers, ids.shape[1]).to(dev)
+        out = blocks_output(model.draft, model.embed, layout, feats)
+        keep = layout["labels"] != -100
+        if not bool(keep.any()):
+            return out.sum() * 0.0, 0
         logits = out[keep] @ model.lm_head.T  # (n, V)
-        ce = F.cross_entropy(logits.float(), q["labels"][keep], reduction="none")
-        w = q["weights"][keep]
+        ce = F.cross_entropy(logits.float(), layout["labels"][keep], reduction="none")
+        w = layout["weights"][keep]
         return (ce * w).sum() / w.sum().clamp(min=1e-6), int(keep.sum())
 
     return loss_fn
@@ -231,8 +205,8 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
     layers = list(draft.spec.feature_layers)
     train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
     heldout_indices = list(heldout_indices or [])
-    loss_fn = dflash_loss(trainee, store.select(train_indices), layers, draft.spec.block_size,
-                          draft.spec.mask_token_id, anchors, extension_probs, gamma)
+    loss_fn = dflash_loss(store.select(train_indices), layers, draft.spec.block_size, draft.spec.mask_token_id,
+                          anchors, extension_probs, gamma)
     curve = []
 
     def validate(step: int, model=None) -> None:
@@ -274,18 +248,16 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
         for s in range(0, len(indices), 16):
             idx = indices[s : s + 16]
             batch = collate([examples[i] for i in idx], 0)
-            ids, valid = batch["input_ids"], batch["valid"]
-            R, L = ids.shape
-            blocks = sample_blocks(batch["prompt_len"], valid.sum(1), B, 16, (1.0,), gen)
-            q = {k: v.to(dev) for k, v in block_batch(ids, valid, blocks, B, draft.spec.mask_token_id, 0.0).items()}
-            ctx = draft.context_keys_values(store.batch(idx, list(draft.spec.feature_layers), L).to(dev),
-                                            torch.arange(L, device=dev).repeat(R, 1))
-            out = draft(F.embedding(q["tokens"], embed), q["positions"], ctx, q["mask"])
-            keep = q["labels"] != -100
+            layout = block_layout(batch["input_ids"], batch["valid"], batch["prompt_len"], B, 16, 1,
+                                  draft.spec.mask_token_id, 0.0, gen)
+            layout = {k: v.to(dev) for k, v in layout.items()}
+            feats = store.batch(idx, list(draft.spec.feature_layers), batch["input_ids"].shape[1]).to(dev)
+            out = blocks_output(draft, embed, layout, feats)
+            keep = layout["labels"] != -100
             logits = (out[keep] @ lm_head.T).float()
-            ce_sum += float(F.cross_entropy(logits, q["labels"][keep], reduction="sum"))
-            k = ((torch.cumsum((q["tokens"] == draft.spec.mask_token_id).long(), dim=1) - 1)[keep] % (B - 1)).cpu()
-            hit = (logits.argmax(-1) == q["labels"][keep]).float().cpu()
+            ce_sum += float(F.cross_entropy(logits, layout["labels"][keep], reduction="sum"))
+            k = (torch.arange(B, device=dev) - 1).expand_as(keep)[keep].cpu()  # mask index k - 1 of each label
+            hit = (logits.argmax(-1) == layout["labels"][keep]).float().cpu()
             hits.index_add_(0, k, hit)
             count.index_add_(0, k, torch.ones_like(hit))
     return {"ce": round(ce_sum / max(1.0, float(count.sum())), 4),
