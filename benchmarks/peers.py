@@ -512,6 +512,8 @@ def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], di
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--offset", type=int, default=0,
+                   help="first prompt of the set (GSM8K test rows >= 1000 are this project's held-out check)")
     p.add_argument("--dataset", default="gsm8k", help="bundled prompt set (gsm8k, math500, aime24, humaneval)")
     p.add_argument("--dataset-path", default=None, help="a JSONL file of prompts instead of the bundled set")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -541,6 +543,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.dflash_k_sweep, args.eagle3_k_sweep = [4, 8], [2, 3]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
+    if args.offset < 0:
+        p.error(f"--offset must be >= 0, got {args.offset}")
     try:
         complete = load_profile(args.tuned_profile).complete
     except FileNotFoundError as exc:
@@ -579,7 +583,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     log = start_benchmark(args.threads)
     bench = Bench(args)
-    prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts)
+    prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)
     prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]
     log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
     cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
