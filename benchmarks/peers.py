@@ -513,7 +513,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
     p.add_argument("--offset", type=int, default=0,
-                   help="first prompt of the set (GSM8K test rows >= 1000 are this project's held-out check)")
+                   help="first prompt of the set (skip the rows a calibration or tuning used)")
     p.add_argument("--dataset", default="gsm8k", help="bundled prompt set (gsm8k, math500, aime24, humaneval)")
     p.add_argument("--dataset-path", default=None, help="a JSONL file of prompts instead of the bundled set")
     p.add_argument("--max-new-tokens", type=int, default=256)
