@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="DFlash target_layer_ids (id i = output of target layer i)")
     ap.add_argument("--dflash-anchors", type=int, default=16, help="training blocks per sequence and step")
     ap.add_argument("--dflash-gamma", type=float, default=7.0, help="loss decay over block positions (0 = none)")
+    ap.add_argument("--dflash-extension-probs", type=float, nargs="+", default=[0.6, 0.25, 0.1, 0.05],
+                    help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens")
     ap.add_argument("--dflash-init", default=None,
                     help="a DFlash checkpoint to continue training from (default: fresh weights)")
     ap.add_argument("--eagle3-epochs", type=int, default=4)
@@ -343,7 +345,8 @@ def run(a: argparse.Namespace) -> dict:
         exs, train_idx, held = conditioned_data()
         st = train_dflash(paths["target"], exs, FeatureStore(paths["features"]), cfg("dflash"), paths["dflash-drafter"],
                           tok.pad_token_id, tok.convert_tokens_to_ids("|<MASK>|"), a.dflash_block_size,
-                          tuple(a.dflash_layer_ids), a.dflash_anchors, gamma=a.dflash_gamma, init=a.dflash_init,
+                          tuple(a.dflash_layer_ids), a.dflash_anchors, tuple(a.dflash_extension_probs),
+                          gamma=a.dflash_gamma, init=a.dflash_init,
                           train_indices=train_idx, heldout_indices=held)
         update_log(log_path, "dflash-drafter", st)
 
