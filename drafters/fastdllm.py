@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specpolicy.attention import as_model_mask
 from specpolicy.cache import crop_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
@@ -91,14 +92,6 @@ def block_causal_mask(
     q_block = torch.arange(query_start, query_start + query_length, device=device) // block_size
     k_block = torch.arange(key_length, device=device) // block_size
     return (q_block[:, None] >= k_block[None, :])[None, None]
-
-
-def _as_model_mask(mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
-    """The boolean mask as the attention implementation wants it: bool for sdpa, additive
-    (0 = attend, dtype's min = blocked) for eager."""
-    if attn_implementation == "eager":
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    return mask
 
 
 # -- tokenizer / model loading ------------------------------------------------------------------
@@ -333,7 +326,7 @@ class FastDLLMDrafter(Drafter):
         positions = torch.arange(start, start + n, device=self._device)[None]
         out = self.model(
             input_ids=ids[None],
-            attention_mask=_as_model_mask(mask, self._attn, self._dtype),
+            attention_mask=as_model_mask(mask, self._attn, self._dtype),
             position_ids=positions,
             cache=self.cache,
             use_cache=True,

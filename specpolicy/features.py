@@ -47,14 +47,14 @@ def check_feature_layers(layers: Sequence[int], num_hidden_states: int, who: str
     return tuple(out)
 
 
-def select_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int], rows: slice = slice(None)
-                    ) -> torch.Tensor:
+def select_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int],
+                    rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
     """The requested hidden states of batch row 0, concatenated along the feature axis.
 
     Args:
         hidden_states: Hugging Face's ``output_hidden_states``: L + 1 tensors ``(1, n, H)``.
         layers: indices into it, in the drafter's order.
-        rows: the positions to keep (default all).
+        rows: the positions to keep: a slice (default all) or an ``(m,) int64`` index.
     Returns:
         ``(m, len(layers) * H)`` in the model's dtype (m = positions kept).
     """

@@ -51,6 +51,10 @@ class Draft:
             decoded-ahead tokens, in order, so that a policy can plan over them before it asks for
             them (``goodput`` takes the ones it wants in one answer instead of one at a time). None:
             the drafter does not report them (then only ``lookahead`` is known).
+        parents: ``(k,) int64`` or None. A draft TREE (``specpolicy.tree``): node i hangs under
+            ``parents[i]`` (-1: under the pending token; else an earlier node, topological order),
+            and ``token_ids`` / ``confidences`` / ``probs`` are per node. None: a chain (node i
+            under node i - 1), which is what every drafter produces unless a tree policy asks.
     """
 
     token_ids: torch.Tensor  # (k,) int64
@@ -62,11 +66,17 @@ class Draft:
     small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
     lookahead: int = 0  # tokens decoded past the draft, free to add this round
     lookahead_confidences: torch.Tensor | None = None  # (lookahead,) float32; None = not reported
+    parents: torch.Tensor | None = None  # (k,) int64 tree; None = chain
 
     @property
     def length(self) -> int:
-        """Speculation length k in tokens."""
+        """Speculation length k in tokens (a tree: its nodes, all verified in one pass)."""
         return int(self.token_ids.shape[0])
+
+    @property
+    def is_tree(self) -> bool:
+        """True for a draft tree (``parents`` set)."""
+        return self.parents is not None
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "Draft":
@@ -98,17 +108,28 @@ class Verification:
             accepted draft tokens, in order -- each row the requested ``hidden_states`` entries
             concatenated (F = their total width). The correction/bonus token has no row: it
             becomes the pending token and its features come from the next verification.
+            A tree: the pending token and the accepted path's nodes.
+        path: for a draft tree, the accepted nodes, root's child first (``len(path) ==
+            accepted_length``); None for a chain (the accepted nodes are its first
+            ``accepted_length``). A tree's ``target_token_ids`` hold the target's token at the root
+            (0) and after each node (i + 1), and ``target_token_ids[path[-1] + 1] == next_token``.
     """
 
     accepted_length: int
     next_token: int
     target_token_ids: torch.Tensor  # (k + 1,) int64
     features: torch.Tensor | None = None  # (accepted_length + 1, F) float; None = not requested
+    path: tuple[int, ...] | None = None  # tree drafts: the accepted nodes
 
     def committed_tokens(self, draft: Draft) -> torch.Tensor:
-        """``(accepted_length + 1,) int64``: the accepted draft prefix plus the correction/bonus token."""
-        nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
-        return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+        """``(accepted_length + 1,) int64``: the accepted draft tokens (a chain's prefix, a tree's
+        path) plus the correction/bonus token."""
+        if self.path is None:
+            nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
+            return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+        last = self.path[-1] + 1 if self.path else 0
+        nodes = torch.tensor(self.path, dtype=torch.long, device=draft.token_ids.device)
+        return torch.cat([draft.token_ids[nodes], self.target_token_ids[last : last + 1]])
 
 
 #: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
@@ -144,6 +165,10 @@ class RoundRecord:
             ``"vanilla"`` (no drafter); ``""`` when unknown.
         finish_reason: ``""`` unless this round ended generation, then ``"eos"``,
             ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.finish_reason``).
+        draft_parents: a draft tree's parents (``Draft.parents``; empty for a chain): then
+            ``speculation_length`` counts the tree's nodes (tokens verified), ``accepted_length``
+            the accepted path, and ``draft_token_ids`` / ``confidences`` are per node.
+        accepted_path: a tree's accepted nodes (``Verification.path``; empty for a chain).
     """
 
     index: int
@@ -159,11 +184,29 @@ class RoundRecord:
     target_token_ids: tuple[int, ...] = field(default_factory=tuple)
     draft_stop_reason: str = ""
     finish_reason: str = ""
+    draft_parents: tuple[int, ...] = field(default_factory=tuple)
+    accepted_path: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def is_tree(self) -> bool:
+        """True for a round that verified a draft tree."""
+        return bool(self.draft_parents)
+
+    @property
+    def tree_depth(self) -> int:
+        """Depth of the round's draft: a tree's deepest node, a chain's length."""
+        if not self.draft_parents:
+            return self.speculation_length
+        depth: list[int] = []
+        for parent in self.draft_parents:
+            depth.append(1 + (depth[parent] if parent >= 0 else 0))
+        return max(depth)
 
     @property
     def fully_accepted(self) -> bool:
-        """True when every proposed token was accepted (the round ended with a bonus token)."""
-        return self.accepted_length == self.speculation_length
+        """True when the round ended with a bonus token: every proposed token of a chain accepted,
+        a path to one of a tree's deepest nodes accepted."""
+        return self.accepted_length == self.tree_depth
 
 
 @dataclass(frozen=True)

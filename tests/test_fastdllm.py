@@ -184,9 +184,9 @@ def test_cached_block_pass_equals_uncached_block_causal_forward(runtime, attn):
 
     d.prefill(seq)  # cache: blocks [0, 32) and [32, 64) in one pass
     assert d.cache.get_seq_length() == 64
-    from specpolicy.drafters.fastdllm import _as_model_mask
+    from specpolicy.attention import as_model_mask
 
-    mask = _as_model_mask(block_causal_mask(64, 16, 80, B), attn, torch.float64)
+    mask = as_model_mask(block_causal_mask(64, 16, 80, B), attn, torch.float64)
     with torch.no_grad():
         out = model(input_ids=seq[None, 64:], attention_mask=mask, position_ids=torch.arange(64, 80)[None],
                     cache=d.cache, use_cache=True).logits[0]

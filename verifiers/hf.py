@@ -7,7 +7,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.cache import crop_cache
+from specpolicy import tree
+from specpolicy.attention import as_model_mask
+from specpolicy.cache import crop_cache, keep_positions
 from specpolicy.features import check_feature_layers, select_features
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
@@ -100,6 +102,8 @@ class HFVerifier(Verifier):
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
+        if draft.is_tree:
+            return self._verify_tree(draft, inputs, start)
         out = self.model(input_ids=inputs, cache=self.cache, use_cache=True,
                          output_hidden_states=bool(self._feature_layers))
         logits = out.logits[0]  # (k + 1, V)
@@ -117,6 +121,40 @@ class HFVerifier(Verifier):
             features = select_features(out.hidden_states, self._feature_layers, slice(0, accepted + 1))
         return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target,
                             features=features)
+
+    def _verify_tree(self, draft: Draft, inputs: torch.Tensor, start: int) -> Verification:
+        """A draft tree in one pass (``specpolicy.tree``): positions by depth, each node attending to
+        the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
+        sampling: recursive rejection sampling over siblings; the cache then keeps the committed
+        prefix and the accepted path (gathered, never recomputed). One host sync for the path."""
+        k = draft.length
+        tree.validate(draft.parents, k)
+        device = inputs.device
+        positions = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depths(draft.parents)])
+        mask = torch.cat([torch.ones((k + 1, start), dtype=torch.bool, device=device),
+                          tree.ancestor_mask(draft.parents)], dim=1)[None, None]
+        out = self.model(input_ids=inputs, position_ids=positions[None],
+                         attention_mask=as_model_mask(mask, self.model.config._attn_implementation,
+                                                      self.runtime.torch_dtype),
+                         cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers))
+        logits = out.logits[0]  # (k + 1, V): at the root and after each node
+        if self._sampling is None:
+            target = logits.argmax(dim=-1)
+            path = tree.greedy_path(draft.parents, draft.token_ids, target)
+        else:
+            p = warp(logits, self._sampling)
+            path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
+            target = p.argmax(dim=-1)
+            target[path[-1] + 1 if path else 0] = nxt
+        rows = torch.tensor([0] + [i + 1 for i in path], dtype=torch.long, device=device)  # root + path
+        keep_positions(self.cache, torch.cat([torch.arange(start, device=device), start + rows]))
+        last = path[-1] + 1 if path else 0
+        self._pending = target[last : last + 1]
+        features = None
+        if self._feature_layers:
+            features = select_features(out.hidden_states, self._feature_layers, rows)
+        return Verification(accepted_length=len(path), next_token=int(self._pending), target_token_ids=target,
+                            features=features, path=path)
 
     def _verify_sampled(self, draft: Draft, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Speculative sampling on the round's logits ((k + 1, V)); one host sync. Returns the

@@ -1,0 +1,153 @@
+"""Draft trees: the shape, verifying one in one target pass, and what is accepted.
+
+A tree draft (``Draft.parents`` set) holds k nodes in topological order: node i carries
+``token_ids[i]`` and hangs under ``parents[i]`` (-1: under the pending token, the tree's root;
+else an earlier node). A chain is the tree whose parents are ``i - 1`` (``Draft.parents`` None).
+The target verifies every node at once (SpecInfer, Miao et al. 2024, §4): the input is
+``[pending] + token_ids`` at positions ``start + depth``, and each node attends to the committed
+sequence, the root and its own ancestors only (``ancestor_mask``). Greedy verification accepts
+the longest root-to-node path whose every token equals the target's greedy token at its parent
+(``greedy_path``); speculative sampling walks down from the root trying each node's children in
+order with recursive rejection sampling (``sample_path``). Either way the KV cache then keeps
+exactly the accepted path (gathered, never recomputed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` ``(k,) int64``
+    (topological order: ``parents[i] < i``)."""
+    k = int(parents.shape[0])
+    depth = torch.ones(k, dtype=torch.long, device=parents.device)
+    up = parents.clone()
+    for _ in range(k):  # each step climbs one level for every node at once
+        above = up >= 0
+        if not bool(above.any()):
+            break
+        depth = depth + above.long()
+        up = torch.where(above, parents[up.clamp(min=0)], up)
+    return depth
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
+    entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's)."""
+    k = int(parents.shape[0])
+    mask = torch.eye(k + 1, dtype=torch.bool, device=parents.device)
+    mask[:, 0] = True
+    rows = torch.arange(1, k + 1, device=parents.device)
+    up = parents + 1  # ancestor columns, climbing; 0 = the root
+    for _ in range(k):
+        if not bool((up > 0).any()):
+            break
+        mask[rows, up] = True
+        up = torch.where(up > 0, parents[(up - 1).clamp(min=0)] + 1, up)
+    return mask
+
+
+def validate(parents: torch.Tensor, k: int) -> None:
+    """Check a tree's parents: ``(k,)`` int64, each ``-1 <= parents[i] < i``.
+
+    Raises:
+        ValueError: naming the first bad node.
+    """
+    if tuple(parents.shape) != (k,):
+        raise ValueError(f"parents has shape {tuple(parents.shape)}; a tree of {k} nodes needs ({k},)")
+    bad = (parents < -1) | (parents >= torch.arange(k, device=parents.device))
+    if bool(bad.any()):
+        i = int(bad.int().argmax())
+        raise ValueError(f"node {i} has parent {int(parents[i])}; parents must come earlier (-1 = the root)")
+
+
+def path_to(node: int, parents: list[int]) -> tuple[int, ...]:
+    """The nodes from the root's child down to ``node`` (-1: the empty path)."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return tuple(reversed(out))
+
+
+def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor) -> tuple[int, ...]:
+    """The longest root-to-node path the target agrees with (greedy verification of a tree).
+
+    Args:
+        parents: ``(k,) int64``. token_ids: ``(k,) int64`` the nodes' tokens.
+        target_ids: ``(k + 1,) int64`` the target's greedy token at the root (0) and after each
+            node (i + 1): what it would emit next there.
+    Returns:
+        the accepted nodes, root's child first (empty: nothing accepted); the deepest accepted
+        node wins, the first in order among equally deep ones. One host sync.
+    """
+    k = int(parents.shape[0])
+    if k == 0:
+        return ()
+    edge_ok = token_ids == target_ids[parents + 1]  # (k,) each node equals the target's token at its parent
+    anc = ancestor_mask(parents)[1:, 1:]  # (k, k) node ancestors-or-self
+    ok = ~(anc & ~edge_ok[None, :]).any(dim=1)  # every edge on the way down agrees
+    score = torch.where(ok, depths(parents), 0)
+    best = int(score.argmax())
+    if not bool(ok[best]):
+        return ()
+    return path_to(best, parents.tolist())
+
+
+def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor, q: torch.Tensor | None,
+                generator: torch.Generator | None) -> tuple[tuple[int, ...], int]:
+    """Speculative sampling over a tree: recursive rejection sampling (SpecInfer §4; EAGLE's
+    tree sampling). From the root, try the current node's children in order: child c (token x,
+    drawn from ``q[c]``) is accepted with probability ``min(1, p(x) / q_c(x))`` and becomes the
+    current node; a rejection replaces p by ``norm(max(p - q_c, 0))`` and tries the next sibling.
+    When no child is accepted, the next token is drawn from the (residual) p; after a leaf, from
+    the target's p there. The output is distributed as sampling from the target.
+
+    Args:
+        p: ``(k + 1, V) float32`` the target's (warped) distribution at the root and after each node.
+        parents, token_ids: ``(k,) int64``.
+        q: ``(k, V) float32`` the distribution each node was drawn from (siblings drawn from the
+            same q, or point masses), or None: every node a point mass.
+        generator: the random stream.
+    Returns:
+        ``(accepted path, next token)``.
+    """
+    p, parents_l, tokens = p.cpu(), parents.tolist(), token_ids.tolist()
+    q = None if q is None else q.cpu()
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    uniforms = torch.rand(len(tokens) + 1, generator=generator, device=gen_device).cpu().tolist()
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents_l):
+        children.setdefault(parent, []).append(i)
+    node, path, draw = -1, [], 0
+    dist = p[0].clone()
+    while True:
+        accepted = None
+        for c in children.get(node, []):
+            x = tokens[c]
+            qx = 1.0 if q is None else float(q[c, x])
+            ratio = float(dist[x]) / qx if qx > 0 else 0.0
+            u = uniforms[draw]
+            draw += 1
+            if u < min(1.0, ratio):
+                accepted = c
+                break
+            if q is None:
+                dist[x] = 0.0
+            else:
+                dist = torch.clamp(dist - q[c], min=0.0)
+            total = float(dist.sum())
+            if total <= 0:  # numerically nothing left: the target's own distribution is the residual
+                dist = p[node + 1].clone()
+            else:
+                dist = dist / total
+        if accepted is None:  # inverse CDF with the last uniform (each node is tried at most once)
+            cdf = dist.double().cumsum(0)
+            nxt = int(torch.searchsorted(cdf, uniforms[-1] * cdf[-1], right=True).clamp(max=int(dist.shape[0]) - 1))
+            while float(dist[nxt]) <= 0:  # rounding at the top: the last token of positive weight
+                nxt -= 1
+            return tuple(path), nxt
+        path.append(accepted)
+        node = accepted
+        dist = p[node + 1].clone()

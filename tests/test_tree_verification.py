@@ -1,0 +1,136 @@
+"""Draft trees verified in one target pass (``specpolicy.tree``, the ``hf`` verifier): property tests
+against verifying each root-to-leaf path as a chain, the KV cache after a tree round against a fresh
+prefill of the committed sequence, the target's features of the accepted path, and recursive
+rejection sampling against the target's distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import VOCAB, sharpen, tiny_lm
+from specpolicy import tree
+from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, warp
+from specpolicy.types import Draft
+from specpolicy.verifiers.hf import HFVerifier
+
+RT = Runtime(device="cpu", dtype="float64", seed=0)
+TARGET = sharpen(tiny_lm(0, layers=2), 3.0)
+
+
+@st.composite
+def trees(draw, max_nodes=12):
+    """A random tree: parents (topological), tokens (some equal to the target's greedy tokens so
+    paths get accepted), and a prompt."""
+    k = draw(st.integers(1, max_nodes))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(k)]
+    prompt = draw(st.lists(st.integers(0, VOCAB - 2), min_size=2, max_size=12))
+    guided = draw(st.lists(st.booleans(), min_size=k, max_size=k))
+    noise = draw(st.lists(st.integers(0, VOCAB - 2), min_size=k, max_size=k))
+    return parents, prompt, guided, noise
+
+
+def _greedy_tokens(prompt, parents, guided, noise):
+    """Node tokens: where ``guided``, the target's greedy token after the node's ancestors."""
+    tokens = []
+    for i, parent in enumerate(parents):
+        if guided[i]:
+            path = tree.path_to(parent, parents) if parent >= 0 else ()
+            seq = torch.tensor(prompt + [tokens[j] for j in path])
+            tokens.append(int(TARGET(input_ids=seq[None]).logits[0, -1].argmax()))
+        else:
+            tokens.append(noise[i])
+    return tokens
+
+
+@settings(max_examples=25, deadline=None)
+@given(trees())
+def test_a_tree_round_accepts_the_longest_path_a_chain_round_would(case):
+    parents, prompt, guided, noise = case
+    tokens = _greedy_tokens(prompt, parents, guided, noise)
+    draft = Draft(torch.tensor(tokens), torch.ones(len(tokens)), parents=torch.tensor(parents))
+    verifier = HFVerifier(TARGET, RT, frozenset())
+    verifier.prefill(torch.tensor(prompt))
+    result = verifier.verify(draft)
+    best = 0
+    for leaf in range(len(parents)):  # every root-to-node path verified as a chain
+        path = tree.path_to(leaf, parents)
+        chain = HFVerifier(TARGET, RT, frozenset())
+        chain.prefill(torch.tensor(prompt))
+        v = chain.verify(Draft(torch.tensor([tokens[j] for j in path]), torch.ones(len(path))))
+        best = max(best, v.accepted_length)
+        if v.accepted_length == len(path) and len(path) == result.accepted_length and path == result.path:
+            assert v.next_token == result.next_token  # the bonus token after the same path
+    assert result.accepted_length == best == len(result.path)
+    committed = result.committed_tokens(draft)
+    assert committed.tolist() == [tokens[j] for j in result.path] + [result.next_token]
+    # the cache now equals a fresh prefill of the committed sequence (its last token pending)
+    seq = torch.cat([torch.tensor(prompt), committed])
+    fresh = TARGET(input_ids=seq[None, :-1], use_cache=True).cache
+    assert verifier.cached_length == seq.shape[0] - 1
+    for mine, ref in zip(verifier.cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, ref.keys)
+        torch.testing.assert_close(mine.values, ref.values)
+    # and decoding continues from it exactly as from the fresh cache
+    nxt = verifier.verify(Draft.empty())
+    assert nxt.next_token == int(TARGET(input_ids=seq[None]).logits[0, -1].argmax())
+
+
+def test_features_of_a_tree_round_are_the_accepted_paths():
+    prompt = torch.tensor([3, 9, 14, 2])
+    parents = [-1, -1, 0, 2]
+    tokens = _greedy_tokens(prompt.tolist(), parents, [False, True, True, True], [7, 0, 0, 0])
+    verifier = HFVerifier(TARGET, RT, frozenset())
+    verifier.request_features((1, 2))
+    verifier.prefill(prompt)
+    v = verifier.verify(Draft(torch.tensor(tokens), torch.ones(4), parents=torch.tensor(parents)))
+    assert v.path == (1,)  # node 1 is right (guided); node 0 is noise, so 2 and 3 under it fall
+    seq = torch.cat([prompt, torch.tensor([tokens[1]])])
+    hs = TARGET(input_ids=seq[None], output_hidden_states=True).hidden_states
+    want = torch.cat([hs[1][0, -2:], hs[2][0, -2:]], dim=-1)  # the pending token and node 1
+    torch.testing.assert_close(v.features, want)
+
+
+def test_tree_sampling_is_distributed_as_the_target():
+    """Two-token outputs through a fixed tree (siblings as point masses and as draws from q):
+    recursive rejection sampling against plain sampling from the target, 3000 draws each."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    target = tiny_lm(0, layers=2)
+    sampling = SamplingConfig(temperature=1.0, top_k=5, top_p=1.0)
+    prompt = torch.tensor([5, 8, 13])
+    p_root = warp(target(input_ids=prompt[None]).logits[0, -1], sampling)
+    top = p_root.topk(3).indices.tolist()
+    parents = torch.tensor([-1, -1, 0, 0, 1])
+    q = torch.zeros(5, VOCAB)
+    q[0, top[0]] = q[1, top[1]] = 1.0  # point masses at the root's two most likely tokens
+    rows = torch.softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(3)), 0)  # siblings from one q
+    g = torch.Generator().manual_seed(4)
+    q[2] = q[3] = q[4] = rows
+    counts = [{}, {}]
+    for which in (0, 1):
+        rt.generator.manual_seed(17 + which)
+        for _ in range(3000):
+            v = HFVerifier(target, rt, frozenset())
+            v.prefill(prompt, sampling=sampling)
+            if which == 0:
+                a = v.verify(Draft.empty()).next_token
+                b = v.verify(Draft.empty()).next_token
+                out = (a, b)
+            else:  # the drafter draws the deeper siblings afresh for every round (i.i.d. from q)
+                second = torch.multinomial(rows, 3, replacement=True, generator=g).tolist()
+                draft = Draft(torch.tensor([top[0], top[1], *second]), torch.ones(5), probs=q, parents=parents)
+                r = v.verify(draft)
+                committed = r.committed_tokens(draft).tolist()
+                out = tuple(committed[:2]) if len(committed) >= 2 else (committed[0], v.verify(Draft.empty()).next_token)
+            counts[which][out] = counts[which].get(out, 0) + 1
+    keys = set(counts[0]) | set(counts[1])
+    tv = 0.5 * sum(abs(counts[0].get(k, 0) - counts[1].get(k, 0)) for k in keys) / 3000
+    assert tv < 0.07
+
+
+def test_bad_parents_are_refused():
+    with pytest.raises(ValueError, match="node 1 has parent 1"):
+        tree.validate(torch.tensor([-1, 1]), 2)
