@@ -89,8 +89,76 @@ class ARDrafter(Drafter):
         probs = torch.cat(self._probs) if self._probs else None
         return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
 
+    # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
+
+    @torch.no_grad()
+    def tree_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start the round's draft tree: one pass feeds the committed tokens not yet cached; the
+        root (node 0, the last committed token) predicts its children.
+
+        Returns:
+            the root's ``top_k`` children: ids ``(top_k,) int64`` and log-probabilities ``(top_k,)
+            float32``, best first.
+        """
+        logits = self.model(input_ids=self._unfed[None, :], cache=self.cache, use_cache=True,
+                            logits_to_keep=1).logits[0, -1]
+        self._unfed = self._unfed[:0]
+        self._tree_committed = self.cache.get_seq_length()  # the root is the last of these
+        self._tree_depth = [0]
+        self._tree_ancestors = torch.zeros((0, 0), dtype=torch.bool, device=logits.device)
+        self._passes = 1
+        values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k)
+        return ids, values
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: list[int], top_k: int
+                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Add ``m`` nodes to the round's tree in one pass (a tree attention mask: each sees the
+        committed tokens, its ancestors and itself; positions by depth) and return their children.
+
+        Args:
+            tokens: ``(m,) int64``. parents: their parents' node numbers (0 = the root, else a
+                number ``tree_expand`` returned). top_k: children reported per node.
+        Returns:
+            ``(node numbers, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
+        """
+        from specpolicy.attention import as_model_mask
+
+        m = int(tokens.shape[0])
+        base = len(self._tree_depth) - 1
+        device = tokens.device
+        par = torch.tensor(parents, dtype=torch.long, device=device)
+        anc = torch.zeros((base + m, base + m), dtype=torch.bool, device=device)
+        anc[:base, :base] = self._tree_ancestors
+        has = par > 0
+        if base:
+            anc[base:, :base] = torch.where(has[:, None], self._tree_ancestors[(par - 1).clamp(min=0)], False)
+        anc[base:, base:] = torch.eye(m, dtype=torch.bool, device=device)
+        self._tree_ancestors = anc
+        depth = [self._tree_depth[p] + 1 for p in parents]
+        mask = torch.cat([torch.ones((m, self._tree_committed), dtype=torch.bool, device=device), anc[base:]], 1)
+        positions = torch.tensor([self._tree_committed - 1 + d for d in depth], device=device)[None]
+        logits = self.model(input_ids=tokens[None], position_ids=positions,
+                            attention_mask=as_model_mask(mask[None, None], self.model.config._attn_implementation,
+                                                         self.runtime.torch_dtype),
+                            cache=self.cache, use_cache=True).logits[0]  # (m, V)
+        self._tree_depth += depth
+        self._passes += 1
+        values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+        return list(range(base + 1, base + 1 + m)), ids, values
+
+    @property
+    def tree_passes(self) -> int:
+        """Drafter passes spent on the round's tree so far."""
+        return self._passes
+
     def commit(self, draft: Draft, verification: Verification) -> None:
         committed = verification.committed_tokens(draft)  # (a + 1,)
+        if draft.is_tree:  # drop the tree's nodes; the committed path is fed with the next round's first pass
+            crop_cache(self.cache, self._tree_committed)
+            self._unfed = committed
+            self._new_round()
+            return
         drafted = len(self._tokens)
         if drafted == 0:  # nothing fed this round: everything committed joins the unfed tokens
             self._unfed = torch.cat([self._unfed, committed])

@@ -147,6 +147,83 @@ class Eagle3Drafter(Drafter):
         return Draft(self._tokens, self._confs, forward_passes=self._passes, probs=probs,
                      ends_at_stop_token=self._ended)
 
+    # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
+
+    @torch.no_grad()
+    def tree_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start the round's draft tree: one pass writes the newly committed pairs; the root (node 0,
+        the pending token) predicts its children.
+
+        Returns:
+            the root's ``top_k`` children: target ids ``(top_k,) int64`` and log-probabilities
+            ``(top_k,) float32`` (best first). Empty for a one-token prompt (no feature yet).
+        """
+        empty = (torch.empty(0, dtype=torch.long), torch.empty(0))
+        if self._features is None or self._features.shape[0] == 0:
+            return empty
+        hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
+        start = self.cache.length
+        positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
+        out, k, v = self.model(self.embed_tokens(self._pair_tokens)[None], hidden, positions,
+                               self.cache.layer(0) if start else None)
+        self.cache.keys[0], self.cache.values[0] = k, v
+        self._committed_pairs = self.cache.length
+        self._features = self._pair_tokens = None
+        self._tree_out = [out[0, -1]]  # node 0: the root's output
+        self._tree_depth = [0]
+        self._tree_ancestors = torch.zeros((0, 0), dtype=torch.bool, device=hidden.device)  # expanded nodes
+        self._passes = 1
+        return self._top_children(out[0, -1:], top_k)
+
+    def _top_children(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top ``top_k`` next tokens (target ids) and log-probabilities of outputs ``(m, H)``; squeezed for m = 1."""
+        logp = torch.log_softmax(self.model.logits(out).float(), dim=-1)
+        values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+        ids = self.model.to_target_ids(ids)
+        return (ids[0], values[0]) if out.shape[0] == 1 else (ids, values)
+
+    @torch.no_grad()
+    def tree_expand(self, tokens: torch.Tensor, parents: list[int], top_k: int
+                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Add ``m`` nodes to the round's tree in one pass (tree attention: each sees the committed
+        pairs, its ancestors and itself) and return their children.
+
+        Args:
+            tokens: ``(m,) int64`` the new nodes' tokens. parents: their parents' node numbers
+                (0 = the root, else a number ``tree_expand`` returned).
+            top_k: children reported per node.
+        Returns:
+            ``(node numbers, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
+        """
+        m = int(tokens.shape[0])
+        base = len(self._tree_out) - 1  # expanded nodes so far (their cache slots follow the committed pairs)
+        depth = [self._tree_depth[p] + 1 for p in parents]
+        device = self._tree_ancestors.device
+        par = torch.tensor(parents, dtype=torch.long, device=device)
+        anc = torch.zeros((base + m, base + m), dtype=torch.bool, device=device)
+        anc[:base, :base] = self._tree_ancestors
+        if base:
+            anc[base:, :base] = torch.where((par > 0)[:, None], self._tree_ancestors[(par - 1).clamp(min=0)], False)
+        anc[base:, base:] = torch.eye(m, dtype=torch.bool, device=device)
+        self._tree_ancestors = anc
+        mask = torch.cat([torch.ones((m, self._committed_pairs), dtype=torch.bool, device=device), anc[base:]], dim=1)
+        hidden = torch.stack([self._tree_out[p] for p in parents])[None]
+        positions = torch.tensor([self._committed_pairs - 1 + d for d in depth], device=device)[None]
+        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden, positions, self.cache.layer(0), mask)
+        self.cache.keys[0], self.cache.values[0] = k, v
+        self._tree_out += list(out[0])
+        self._tree_depth += depth
+        self._passes += 1
+        ids, logp = self._top_children(out[0], top_k)
+        if m == 1:
+            ids, logp = ids[None], logp[None]
+        return list(range(base + 1, base + 1 + m)), ids, logp
+
+    @property
+    def tree_passes(self) -> int:
+        """Drafter passes spent on the round's tree so far."""
+        return self._passes
+
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Crop the drafted positions and store the committed ones' features with the tokens after
         them (``(a + 1, 3 H)`` and ``verification.committed_tokens``). Raises ``RuntimeError`` when

@@ -3,8 +3,9 @@
     prefill target and drafter
     repeat until EOS, a stop string, max_new_tokens or a full context:
         draft:   ask the policy for a length, draft it, extend while the policy wants more
+                 (a tree policy drafts the round's whole tree instead: specpolicy.tree)
         reuse:   optionally append tokens from the previous round's rejected tail
-        verify:  one target forward over [pending token] + draft
+        verify:  one target forward over [pending token] + draft (a tree: with a tree mask)
         commit:  accepted prefix + correction/bonus token, cut at the FIRST of EOS, a stop
                  string's completion and max_new_tokens (anywhere in the accepted draft or on
                  the bonus token: exactly where plain decoding would stop)
@@ -30,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from specpolicy.drafter import Drafter
-from specpolicy.policy import LengthPolicy, PolicyAnswerError
+from specpolicy.policy import LengthPolicy, PolicyAnswerError, TreePolicy
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
@@ -101,6 +102,8 @@ def generate(
         if drafter is not None:
             extra = {"features": verifier.prompt_features} if feature_layers else {}
             _prefill(drafter, prompt_ids, sampling, **extra)
+    if isinstance(policy, TreePolicy):
+        policy.check_drafter(drafter)
     if policy is not None:
         policy.reset()
     if reuse is not None:
@@ -125,8 +128,11 @@ def generate(
         room = min(max_new_tokens - generated - 1, context_room)
 
         with runtime.timer() as draft_timer:
-            draft, draft_stop = draft_round(drafter, policy, room, device)
-            if reuse is not None and drafter is not None and not draft.ends_at_stop_token:
+            if isinstance(policy, TreePolicy):  # the policy shapes a draft tree (specpolicy.tree)
+                draft, draft_stop = policy.draft_tree(drafter, room)
+            else:
+                draft, draft_stop = draft_round(drafter, policy, room, device)
+            if reuse is not None and drafter is not None and not draft.ends_at_stop_token and not draft.is_tree:
                 draft = reuse.extend(draft, room)
 
         with runtime.timer() as verify_timer:
@@ -168,6 +174,8 @@ def generate(
             target_token_ids=tuple(verification.target_token_ids.tolist()),
             draft_stop_reason=draft_stop,
             finish_reason=finish,
+            draft_parents=tuple(draft.parents.tolist()) if draft.is_tree else (),
+            accepted_path=tuple(verification.path or ()),
         )
         rounds.append(record)
         if on_round is not None:

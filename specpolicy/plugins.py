@@ -39,6 +39,7 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.specdecpp",
     "specpolicy.policies.aimd",
     "specpolicy.policies.goodput",
+    "specpolicy.policies.eagle2_tree",
     "specpolicy.loggers.jsonl",
     "specpolicy.loggers.wandb",
 )

@@ -50,6 +50,32 @@ class LengthPolicy(ABC):
         """Learn from the verified round. Default: nothing (stateless policies)."""
 
 
+class TreePolicy(LengthPolicy):
+    """Base class of policies that shape a draft TREE (``specpolicy.tree``) instead of a chain's
+    length: the loop hands the whole round's drafting to ``draft_tree`` and verifies the tree in
+    one target pass. A tree policy works with the drafters that offer what it needs (e.g. EAGLE-2's
+    dynamic tree needs ``tree_root`` / ``tree_expand``: ``eagle3``, ``ar``); ``check_drafter``
+    says so, in one line, before the first prompt.
+    """
+
+    def next_length(self, draft: Draft) -> int:  # the loop calls draft_tree instead
+        raise TypeError(f"{type(self).__name__} shapes draft trees: the loop calls draft_tree, not next_length")
+
+    def check_drafter(self, drafter: Any) -> None:
+        """Raise ``ValueError`` naming the policy and the drafter when the drafter cannot draft
+        this policy's trees. Default: accept every drafter."""
+
+    @abstractmethod
+    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+        """Draft the round's tree with ``drafter``: at most ``room`` nodes deep (tokens that can
+        still be emitted after the correction/bonus one).
+
+        Returns:
+            ``(draft, why drafting stopped)``: a tree (``Draft.parents`` set; a chain is fine too)
+            and its ``RoundRecord.draft_stop_reason`` (``"policy_bound"``, ``"room"``, ``"length_0"``, ...).
+        """
+
+
 class PolicyAnswerError(ValueError):
     """A policy's ``next_length`` answered something other than an integer >= 0 (e.g. ``2.5`` or
     ``-1``); raised by the decoding loop before the answer reaches the drafter, so the error is

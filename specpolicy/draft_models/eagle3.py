@@ -154,14 +154,17 @@ class Eagle3DraftModel(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One causal pass over n new drafter positions.
+                past: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pass over n new drafter positions.
 
         Args:
             embeds: ``(1, n, H)`` the target's embeddings of each position's token (position i: token i + 1).
             hidden: ``(1, n, H)`` each position's feature: ``fc`` of the target's, or a fed-back output.
-            positions: ``(1, n)`` int64, consecutive, starting at the cache length.
+            positions: ``(1, n)`` int64 (a chain: consecutive from the cache length; tree nodes: by depth).
             past: the cached keys and values ``(1, kv_heads, p, d)`` of earlier positions, or None.
+            mask: ``(n, p + n)`` bool (True = attend), e.g. tree nodes seeing only their ancestors;
+                None: causal over the new positions, all of the past visible.
         Returns:
             ``(out, k, v)``: the outputs ``(1, n, H)`` (before ``norm``) and the keys/values of the
             whole sequence (past + new), to be cached.
@@ -171,8 +174,7 @@ class Eagle3DraftModel(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         n, total = q.shape[2], k.shape[2]
-        mask = None
-        if n > 1:  # causal over the new positions, all of the past visible
+        if mask is None and n > 1:  # causal over the new positions, all of the past visible
             mask = torch.arange(total, device=q.device)[None, :] <= torch.arange(total - n, total, device=q.device)[:, None]
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                   enable_gqa=self.midlayer.self_attn.num_kv_heads

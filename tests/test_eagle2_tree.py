@@ -1,0 +1,95 @@
+"""``policy=eagle2-tree`` (EAGLE-2's dynamic tree) with the ``eagle3`` and ``ar`` drafters: a one-wide
+tree is exactly the drafter's chain; trees are lossless through the loop, greedy and sampling; passes
+per round = depth; a drafter that cannot expand trees is refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conditioned_reference import write_eagle3_checkpoint
+from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
+from specpolicy.decoding import generate
+from specpolicy.draft_models.eagle3 import load_eagle3
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.drafters.eagle3 import Eagle3Drafter
+from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
+from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig
+from specpolicy.verifiers.hf import HFVerifier
+
+LAYERS = 6
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(0, layers=LAYERS, vocab=VOCAB).double(), 4.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_eagle3_checkpoint(tmp_path_factory.mktemp("eagle3"), 32, VOCAB, VOCAB, layer_ids=[1, 3, 5])
+
+
+def _drafters(target, checkpoint, rt, stop=frozenset({EOS})):
+    eagle = Eagle3Drafter(load_eagle3(checkpoint).double(), target.get_input_embeddings(), (1, 3, 5), VOCAB, rt,
+                          stop)
+    ar = ARDrafter(sharpen(tiny_lm(1, layers=2, vocab=VOCAB).double(), 4.0), rt)
+    return {"eagle3": eagle, "ar": ar}
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "ar"])
+def test_a_one_wide_tree_is_the_drafters_chain(target, checkpoint, kind):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())  # no stop token: the chain drafts past EOS as the tree does
+    for prompt in random_prompts(3):
+        chain_rounds, tree_rounds = [], []
+        for rounds, policy in ((chain_rounds, None), (tree_rounds, Eagle2TreePolicy(depth=5, top_k=1, total_tokens=5))):
+            drafter = _drafters(target, checkpoint, rt, stop=frozenset())[kind]
+            if policy is None:
+                from specpolicy.policies.static import StaticPolicy
+                policy = StaticPolicy(5)
+            generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy, on_round=rounds.append)
+        assert [r.draft_token_ids for r in tree_rounds] == [r.draft_token_ids for r in chain_rounds]
+        assert all(r.draft_parents == tuple(range(-1, r.speculation_length - 1)) for r in tree_rounds)
+        assert [r.accepted_length for r in tree_rounds] == [r.accepted_length for r in chain_rounds]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "ar"])
+@pytest.mark.parametrize("shape", [(4, 3, 10), (6, 2, 12), (3, 4, 4)])
+def test_trees_are_lossless(target, checkpoint, kind, shape):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    depth, top_k, total = shape
+    policy = Eagle2TreePolicy(depth=depth, top_k=top_k, total_tokens=total)
+    for prompt in random_prompts(4):
+        drafter = _drafters(target, checkpoint, rt)[kind]
+        rounds = []
+        out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy, on_round=rounds.append)
+        assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
+        for r in rounds[:-1]:
+            assert r.speculation_length <= total and r.tree_depth <= depth
+            assert r.drafter_forward_passes == depth or r.draft_stop_reason == "room"
+            assert len(r.accepted_path) == r.accepted_length
+
+
+def test_tree_sampling_runs_and_emits_target_tokens(target, checkpoint):
+    """Sampling through eagle2-tree: the trees' nodes are point masses; every emitted token has
+    positive probability under the target's warped distribution (distribution tests of tree sampling:
+    tests/test_tree_verification.py)."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = _drafters(target, checkpoint, rt)["eagle3"]
+    sampling = SamplingConfig(temperature=0.8, top_k=8, top_p=1.0)
+    out = generate(torch.tensor([4, 9, 2]), verifier, rt, max_new_tokens=20, drafter=drafter,
+                   policy=Eagle2TreePolicy(depth=4, top_k=3, total_tokens=8), sampling=sampling)
+    assert out.generated_tokens == 20 or out.finish_reason == "eos"
+
+
+def test_a_drafter_that_cannot_expand_trees_is_one_line(target):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    with pytest.raises(ValueError, match="policy=eagle2-tree needs a drafter that expands trees .* 'suffix' does not"):
+        generate(torch.tensor([1, 2, 3]), verifier, rt, max_new_tokens=4, drafter=SuffixDrafter(rt),
+                 policy=Eagle2TreePolicy())
