@@ -46,6 +46,8 @@ from specpolicy.validation import check_keys
 
 NAME = "dflash"
 CONFIG_KEYS = ("model",)
+#: Most likely tokens kept per drafted position for tree policies (``alternatives``).
+ALTERNATIVES = 4
 
 
 class DFlashDrafter(Drafter):
@@ -107,6 +109,8 @@ class DFlashDrafter(Drafter):
         self._returned = 0  # tokens handed out in the draft so far
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
         self._passes = 0
+        self._alt_ids: torch.Tensor | None = None  # (d, ALTERNATIVES) each position's most likely tokens
+        self._alt_probs: torch.Tensor | None = None
 
     def _cache_context(self) -> None:
         """Write the keys and values of the newly committed positions' features into the cache."""
@@ -129,6 +133,9 @@ class DFlashDrafter(Drafter):
         out = self.model(self.embed_tokens(ids)[None], positions, context)[0]  # (q, H)
         logits = self.lm_head(out[1 + self._tokens.shape[0]:])  # (B - 1, V)
         tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        top = torch.softmax(logits.float(), dim=-1).topk(ALTERNATIVES, dim=-1)  # for tree policies
+        self._alt_probs = torch.cat([self._alt_probs, top.values]) if self._alt_probs is not None else top.values
+        self._alt_ids = torch.cat([self._alt_ids, top.indices]) if self._alt_ids is not None else top.indices
         if self._stop_ids.numel():
             hit = torch.isin(tokens, self._stop_ids)
             if bool(hit.any()):  # the sync of a drafted stop token: nothing past it is drafted
@@ -153,6 +160,14 @@ class DFlashDrafter(Drafter):
         return Draft(self._tokens[:k], self._confs[:k], forward_passes=self._passes, probs=probs,
                      ends_at_stop_token=self._stop_at is not None and k == end,
                      lookahead=end - k, lookahead_confidences=self._confs[k:end])
+
+    def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely tokens at each position of the round's draft so far, from the passes
+        that drafted it (no extra pass): ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
+        best first (column 0 is the drafted token when greedy). For tree policies (``failfast-tree``,
+        ``block-tree``); ``k`` <= ``ALTERNATIVES``."""
+        n = self._returned
+        return self._alt_ids[:n, :k], self._alt_probs[:n, :k]
 
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Store the committed positions' features (the pending token's and the accepted tokens',

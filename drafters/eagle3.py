@@ -40,6 +40,8 @@ from specpolicy.validation import check_keys
 
 NAME = "eagle3"
 CONFIG_KEYS = ("model",)
+#: Most likely tokens kept per drafted position for tree policies (``alternatives``).
+ALTERNATIVES = 4
 
 
 class Eagle3Drafter(Drafter):
@@ -98,6 +100,8 @@ class Eagle3Drafter(Drafter):
         self._probs: list[torch.Tensor] = []
         self._last_out: torch.Tensor | None = None  # (1, 1, H): the output that predicts the next token
         self._passes = 0
+        self._alt_ids: list[torch.Tensor] = []  # (1, ALTERNATIVES) per drafted token
+        self._alt_probs: list[torch.Tensor] = []
         self._ended = False  # a stop token was drafted
 
     def _step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -111,6 +115,9 @@ class Eagle3Drafter(Drafter):
         logits = self.model.logits(self._last_out[0])  # (1, Vd)
         draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
         tokens = self.model.to_target_ids(draft_ids)
+        top = torch.softmax(logits.float(), dim=-1).topk(ALTERNATIVES, dim=-1)  # for tree policies
+        self._alt_ids.append(self.model.to_target_ids(top.indices))
+        self._alt_probs.append(top.values)
         if q is not None:  # q over the target vocabulary
             full = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device)
             q = full.index_add_(1, self.model.to_target_ids(torch.arange(q.shape[1], device=q.device)), q)
@@ -146,6 +153,15 @@ class Eagle3Drafter(Drafter):
         probs = torch.cat(self._probs) if self._probs else None
         return Draft(self._tokens, self._confs, forward_passes=self._passes, probs=probs,
                      ends_at_stop_token=self._ended)
+
+    def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely tokens at each position of the round's chain so far (target ids),
+        from the passes that drafted it: ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
+        best first. For tree policies (``failfast-tree``); ``k`` <= ``ALTERNATIVES``."""
+        n = self._tokens.shape[0]
+        if not n:
+            return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
+        return torch.cat(self._alt_ids)[:n, :k], torch.cat(self._alt_probs)[:n, :k]
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 

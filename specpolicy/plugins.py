@@ -40,6 +40,8 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.aimd",
     "specpolicy.policies.goodput",
     "specpolicy.policies.eagle2_tree",
+    "specpolicy.policies.failfast_tree",
+    "specpolicy.policies.block_tree",
     "specpolicy.loggers.jsonl",
     "specpolicy.loggers.wandb",
 )

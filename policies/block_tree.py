@@ -1,0 +1,101 @@
+"""``block-tree`` policy: a one-pass draft tree for block drafters (DFlash).
+
+One DFlash pass predicts every position of its block in parallel, each with a full distribution
+(``Drafter.alternatives``). Rather than verifying only the most likely chain, the policy grows the
+tree the block's marginals support best (Medusa's tree from per-position heads, Cai et al. 2024;
+DART prunes such trees with n-gram continuity, here the block's own marginals rank the paths):
+best-first from the root, a node at depth d with token ``ids[d - 1, r]`` scores the sum of the
+log-probabilities along its path, its children are the ``top_k`` tokens of position d + 1, and the
+``total_tokens`` best-scoring nodes form the tree (a node never scores above its parent, so they
+do). One drafter pass per round (``depth`` <= B - 1); the target verifies the tree in one pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import torch
+
+from specpolicy.hookspecs import hookimpl
+from specpolicy.policy import TreePolicy
+from specpolicy.types import Draft
+from specpolicy.validation import check_init
+
+NAME = "block-tree"
+
+
+class BlockTreePolicy(TreePolicy):
+    """A best-first tree over one block's per-position top-k.
+
+    Args:
+        depth: positions of the block the tree may use, an integer >= 1 (default 15: a DFlash block
+            of 16 drafts 15; more costs an extension pass).
+        top_k: alternatives per position, an integer in [1, 4] (default 3).
+        total_tokens: nodes verified per round, an integer >= 1 (default 24).
+    Raises:
+        ValueError: naming ``policy.<key>`` for a value out of range.
+    """
+
+    name = NAME
+
+    def __init__(self, depth: int = 15, top_k: int = 3, total_tokens: int = 24) -> None:
+        for key, value, hi in (("depth", depth, None), ("top_k", top_k, 4), ("total_tokens", total_tokens, None)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (hi and value > hi):
+                raise ValueError(f"policy.{key} must be an integer {'in [1, 4]' if hi else '>= 1'}, got {value!r}")
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+
+    def check_drafter(self, drafter: Any) -> None:
+        if not hasattr(drafter, "alternatives"):
+            raise ValueError(f"policy=block-tree needs a drafter that reports alternatives (dflash, eagle3); "
+                             f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not")
+
+    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+        depth = min(self.depth, room)
+        if depth < 1:
+            return Draft.empty(device), "room"
+        chain = drafter.draft(depth)
+        n = chain.length
+        if n == 0:
+            return chain, "no_proposal"
+        ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
+        ids_l, logp = ids[:n].tolist(), probs[:n].clamp(min=1e-30).log().tolist()
+        heap = [(-logp[0][r], 0, r, -1) for r in range(len(ids_l[0]))]  # (-score, position, rank, parent node)
+        heapq.heapify(heap)
+        tokens, parents, scores = [], [], []
+        while heap and len(tokens) < self.total_tokens:
+            neg, pos, r, parent = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(ids_l[pos][r])
+            parents.append(parent)
+            scores.append(-neg)
+            if pos + 1 < n:
+                for c in range(len(ids_l[pos + 1])):
+                    heapq.heappush(heap, (neg - logp[pos + 1][c], pos + 1, c, node))
+        draft = Draft(token_ids=torch.tensor(tokens, dtype=torch.long, device=ids.device),
+                      confidences=torch.tensor([math.exp(s) for s in scores], device=ids.device),
+                      forward_passes=chain.forward_passes,
+                      parents=torch.tensor(parents, dtype=torch.long, device=ids.device))
+        return draft, "room" if depth < self.depth else "policy_bound"
+
+    def __repr__(self) -> str:
+        return f"BlockTreePolicy(depth={self.depth}, top_k={self.top_k}, total_tokens={self.total_tokens})"
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=block-tree``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", BlockTreePolicy, config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=block-tree``. Config keys: ``depth``, ``top_k``, ``total_tokens``."""
+    if name != NAME:
+        return None
+    return BlockTreePolicy(**config)
