@@ -9,7 +9,8 @@ describes every field of ``summary.json`` (written into it as ``fields``); the R
 
 Definitions:
 * speculation length k: tokens proposed in a round (drafter + reused); accepted length a:
-  draft tokens the target accepted, the correction/bonus token excluded.
+  draft tokens the target accepted, the correction/bonus token excluded. A draft tree: k counts
+  its nodes (all verified in one pass), a its accepted path, its depth its deepest node.
 * observed positions: in the round that ends generation, draft positions past the stop (EOS,
   stop string, max_new_tokens) are unobserved -- neither accepted nor rejected -- so that round
   counts ``min(k, emitted)`` drafted and ``min(a, emitted)`` accepted tokens. Every other round
@@ -55,9 +56,11 @@ def acceptance_by_position(rounds: Sequence[RoundRecord]) -> dict[str, list]:
     * ``reached[i-1]``: rounds whose draft reached i with positions 1..i-1 all accepted (a >= i-1);
     * ``conditional_rate[i-1]`` = accepted / reached: P(position i accepted | 1..i-1 accepted).
 
-    Positions beyond a round's draft are unobserved, not rejected (see ``observed``).
+    Positions beyond a round's draft are unobserved, not rejected (see ``observed``). A draft tree
+    counts its depths: position i is drafted when the tree reaches depth i, accepted when the
+    accepted path does.
     """
-    pairs = [observed(r) for r in rounds]
+    pairs = [(min(k, r.tree_depth), a) for r, (k, a) in ((r, observed(r)) for r in rounds)]  # a tree: its depth
     depth = max((k for k, _ in pairs), default=0)
     drafted, accepted, reached = [0] * depth, [0] * depth, [0] * depth
     for k, a in pairs:
@@ -108,6 +111,8 @@ def aggregate(results: Sequence[GenerationResult]) -> dict[str, Any]:
         "mean_speculation_length_drafted": speculated / len(drafted) if drafted else 0.0,
         "max_accepted_length": max((r.accepted_length for r in rounds), default=0),
         "max_speculation_length": max((r.speculation_length for r in rounds), default=0),
+        "tree_rounds": sum(r.is_tree for r in rounds),
+        "mean_draft_depth": sum(r.tree_depth for r in drafted) / len(drafted) if drafted else 0.0,
         "drafter_forward_passes": passes,
         "drafter_passes_per_round": passes / n_rounds if n_rounds else 0.0,
         "reused_tokens": sum(r.reused_tokens for r in rounds),
@@ -209,6 +214,10 @@ FIELDS: dict[str, str] = {
     "methods.*.mean_speculation_length_drafted": "drafted tokens per round with k > 0 (the denominator of "
                                                  "mean_accepted_length)",
     "methods.*.max_accepted_length": "longest accepted length of any round",
+    "methods.*.tree_rounds": "rounds that verified a draft tree (their speculation length counts the tree's "
+                             "nodes, their accepted length the accepted path)",
+    "methods.*.mean_draft_depth": "depth of the draft per round with k > 0: a tree's deepest node, a chain's "
+                                  "length",
     "methods.*.max_speculation_length": "longest draft of any round",
     "methods.*.drafter_passes_per_round": "drafter forward passes / rounds",
     "methods.*.reused_tokens": "draft tokens appended by draft reuse",

@@ -88,6 +88,8 @@ def round_to_dict(record: RoundRecord) -> dict[str, Any]:
         "target_token_ids": list(record.target_token_ids),
         "draft_stop_reason": record.draft_stop_reason,
         "finish_reason": record.finish_reason,
+        **({"draft_parents": list(record.draft_parents), "accepted_path": list(record.accepted_path)}
+           if record.is_tree else {}),
     }
 
 
@@ -111,6 +113,8 @@ def round_from_dict(data: Mapping[str, Any], index: int) -> RoundRecord:
         target_token_ids=tuple(int(t) for t in data.get("target_token_ids") or ()),
         draft_stop_reason=str(data.get("draft_stop_reason") or ""),
         finish_reason=str(data.get("finish_reason") or ""),
+        draft_parents=tuple(int(p) for p in data.get("draft_parents") or ()),
+        accepted_path=tuple(int(p) for p in data.get("accepted_path") or ()),
     )
 
 

@@ -181,7 +181,7 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
                 "mean_speculation_length", "rounds"):
         row[key] = summary.get(key, spec.get(key))
     for key in ("mean_speculation_length_drafted", "max_accepted_length", "max_speculation_length",
-                "drafter_passes_per_round"):
+                "drafter_passes_per_round", "tree_rounds", "mean_draft_depth"):
         row[key] = spec.get(key)
     row.update(lossless=lossless, lossless_fraction=fraction)
     return row

@@ -56,6 +56,9 @@ FIGURES: dict[str, Figure] = {
     "drafted_rounds": Figure("drafted rounds (k > 0)", "drafted rounds (k > 0)", "{}", True),
     "drafter_passes_per_round": Figure("drafter passes per round (all rounds)", "drafter passes / round", "{:.2f}",
                                        True),
+    "tree_rounds": Figure("rounds with a draft tree", "tree rounds", "{}", True),
+    "mean_draft_depth": Figure("draft depth per drafted round (mean; a tree: its deepest node)",
+                               "draft depth / drafted round", "{:.2f}", True),
     "lossless": Figure("lossless (prompts equal to vanilla)", "lossless", "{}"),
 }
 
@@ -184,6 +187,9 @@ SUMMARY_KEYS = ("tokens_per_s", "acceptance_rate", "mean_accepted_length", "mean
 #: Rows of the run summary table: (label, key in ``summary["methods"][m]``, format, applies only
 #: to methods that drafted).
 SUMMARY_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in SUMMARY_KEYS)
+#: Rows added when a method drafted trees (``policy=eagle2-tree`` ...).
+TREE_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in ("tree_rounds",
+                                                                                        "mean_draft_depth"))
 
 
 def method_drafted(name: str, m: Mapping[str, Any]) -> bool:
@@ -208,7 +214,8 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
     if modeled:
         rows.append((f"speedup vs vanilla, MODELED ({modeled['profile']['name']} profile, not measured)",
                      ["1.00x" if name == "vanilla" else f"{modeled['speedup_vs_vanilla']:.2f}x" for name in methods]))
-    for label, key, fmt, drafting in SUMMARY_ROWS:
+    trees = any(m.get("tree_rounds") for m in summary["methods"].values())
+    for label, key, fmt, drafting in SUMMARY_ROWS + (TREE_ROWS if trees else ()):
         cells = []
         for name in methods:
             m = summary["methods"][name]

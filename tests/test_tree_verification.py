@@ -134,3 +134,24 @@ def test_tree_sampling_is_distributed_as_the_target():
 def test_bad_parents_are_refused():
     with pytest.raises(ValueError, match="node 1 has parent 1"):
         tree.validate(torch.tensor([-1, 1]), 2)
+
+
+def test_tree_rounds_count_depths_in_the_metrics_and_survive_results_jsonl():
+    from specpolicy.metrics import acceptance_by_position, aggregate
+    from specpolicy.results import round_from_dict, round_to_dict
+    from specpolicy.types import GenerationResult, RoundRecord
+
+    tree_round = RoundRecord(index=0, speculation_length=6, accepted_length=2, emitted_tokens=3,
+                             drafter_forward_passes=3, reused_tokens=0, draft_ms=1.0, verify_ms=1.0,
+                             draft_parents=(-1, -1, 0, 0, 2, 4), accepted_path=(0, 3))
+    chain_round = RoundRecord(index=1, speculation_length=3, accepted_length=1, emitted_tokens=2,
+                              drafter_forward_passes=3, reused_tokens=0, draft_ms=1.0, verify_ms=1.0)
+    assert tree_round.tree_depth == 4 and chain_round.tree_depth == 3 and not tree_round.fully_accepted
+    by_position = acceptance_by_position([tree_round, chain_round])
+    assert by_position["drafted"] == [2, 2, 2, 1]  # the tree reaches depth 4, the chain position 3
+    assert by_position["accepted"] == [2, 1, 0, 0]
+    agg = aggregate([GenerationResult(torch.arange(5), (tree_round, chain_round), "max_new_tokens", 1.0, 0.0)])
+    assert agg["tree_rounds"] == 1 and agg["mean_draft_depth"] == pytest.approx(3.5)
+    assert agg["acceptance_rate"] == pytest.approx(3 / 9)  # accepted / verified tokens (a tree's nodes)
+    assert round_from_dict(round_to_dict(tree_round), 0) == tree_round
+    assert "draft_parents" not in round_to_dict(chain_round)
