@@ -3,7 +3,8 @@
 
     python benchmarks/overhead.py --num-prompts 5 --max-new-tokens 256 --out overhead.json
 
-For each method (default: vanilla, the static / FailFast / reuse variants of our drafters), the
+For each method (default: vanilla, the static / FailFast / reuse variants of our drafters, and the
+drafters that read the target with chains and trees), the
 prompts are decoded with ``specpolicy.decoding.generate`` while forward hooks
 (``specpolicy.profiling.ForwardTimer``) time every forward pass of the target and of the
 drafter's model. Reported per method, summed over prompts:
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench  # noqa: E402
+from peers import Bench, add_model_arguments  # noqa: E402
 
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.decoding import generate  # noqa: E402
@@ -53,6 +54,11 @@ METHODS = (
     ("ar+goodput", "ar", "goodput", {}, False),
     ("fastdllm+goodput", "fastdllm", "goodput", {}, False),
     ("suffix+goodput", "suffix", "goodput", {}, False),
+    ("dflash+failfast", "dflash", "failfast", {}, False),
+    ("eagle3+static-k5", "eagle3", "static", {"k": 5}, False),
+    ("eagle3+eagle2-tree", "eagle3", "eagle2-tree", {"depth": 6, "top_k": 4, "total_tokens": 16}, False),
+    ("dflash+failfast-tree", "dflash", "failfast-tree", {}, False),
+    ("dflash+block-tree", "dflash", "block-tree", {}, False),
 )
 
 
@@ -64,7 +70,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
     for name, drafter_name, choice, over, reuse in methods:
         drafter = bench.drafters[drafter_name] if drafter_name else None
         policy = bench.policy(choice, **over) if choice else None
-        model = getattr(drafter, "model", None)
+        model = getattr(drafter, "timed_modules", None) or getattr(drafter, "model", None)  # every module a pass calls
         rows[name] = dict.fromkeys(("wall_ms", "wall_ms_without_hooks", "target_forward_ms", "drafter_forward_ms",
                                     "prefill_ms", "draft_ms", "verify_ms", "policy_ms"), 0.0)
         rows[name].update(target_forward_calls=0, drafter_forward_calls=0, tokens=0, rounds=0)
@@ -140,12 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--target", default="target")
-    p.add_argument("--ar-drafter", default="ar-drafter")
-    p.add_argument("--dllm-drafter", default="dllm-drafter")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=0)
+    add_model_arguments(p)
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default=None, help="JSON output")

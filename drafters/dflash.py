@@ -78,6 +78,13 @@ class DFlashDrafter(Drafter):
         self._pending_pos = 0  # its position
         self._sampling: SamplingConfig | None = None
 
+    @property
+    def timed_modules(self) -> tuple[torch.nn.Module, ...]:
+        """Every module a pass calls: the network (its fc, norms and k/v projections too, which the
+        context caching calls directly) and the target's embeddings and LM head. Benchmarks time a
+        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return (self.model, *self.model.modules(), self.embed_tokens, self.lm_head)
+
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
                 features: torch.Tensor | None = None) -> None:

@@ -70,6 +70,13 @@ class Eagle3Drafter(Drafter):
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._sampling: SamplingConfig | None = None
 
+    @property
+    def timed_modules(self) -> tuple[torch.nn.Module, ...]:
+        """Every module a pass calls: the head (fc, norm and lm_head are called directly) and the
+        target's embeddings. Benchmarks time a drafter's forward passes as their outermost calls
+        (``specpolicy.profiling.ForwardTimer``)."""
+        return (self.model, *self.model.modules(), self.embed_tokens)
+
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
                 features: torch.Tensor | None = None) -> None:

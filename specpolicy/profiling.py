@@ -18,11 +18,17 @@ import torch
 
 
 class ForwardTimer:
-    """Per-module forward-call counts and milliseconds.
+    """Per-name forward-call counts and milliseconds of watched modules.
+
+    Only OUTERMOST calls count: a watched module called while another watched call is running
+    (a submodule inside a watched model, the target's embeddings inside the target's forward) adds
+    nothing, so no time is counted twice. A name may watch several modules: a drafter whose pass
+    calls its own network and the target's embeddings and LM head directly (DFlash, EAGLE-3:
+    ``timed_modules``) is timed as the sum of those calls.
 
     Args:
-        modules: ``name=module`` pairs to watch (``torch.nn.Module``); the same module under
-            two names is watched once, under the first name.
+        modules: ``name=module`` (or ``name=[modules]``) pairs to watch (``torch.nn.Module``); a
+            module already watched under an earlier name is not watched again.
         on_call: optional ``f(name)`` called after each completed (outermost) forward call.
     Usage::
 
@@ -31,15 +37,19 @@ class ForwardTimer:
         ft.calls["target"], ft.ms["target"]
     """
 
-    def __init__(self, on_call: Callable[[str], None] | None = None, **modules: torch.nn.Module) -> None:
-        self.modules: dict[str, torch.nn.Module] = {}
-        for name, module in modules.items():
-            if module is not None and all(module is not m for m in self.modules.values()):
-                self.modules[name] = module
+    def __init__(self, on_call: Callable[[str], None] | None = None, **modules) -> None:
+        self.modules: dict[str, list[torch.nn.Module]] = {}
+        seen: list[torch.nn.Module] = []
+        for name, group in modules.items():
+            group = [group] if group is None or isinstance(group, torch.nn.Module) else list(group)
+            members = [m for m in group if m is not None and all(m is not s for s in seen)]
+            seen += members
+            if members:
+                self.modules[name] = members
         self.on_call = on_call
         self.calls = {name: 0 for name in self.modules}
         self.ms = {name: 0.0 for name in self.modules}
-        self._depth = {name: 0 for name in self.modules}
+        self._stack: list[str | None] = []  # running watched calls: the name when it counts, None when nested
         self._start = {name: 0.0 for name in self.modules}
         self._handles: list = []
 
@@ -49,30 +59,33 @@ class ForwardTimer:
             torch.cuda.synchronize(p.device)
 
     def __enter__(self) -> "ForwardTimer":
-        for name, module in self.modules.items():
+        for name, members in self.modules.items():
             def pre(mod, args, _name=name):
-                if self._depth[_name] == 0:
+                outermost = not self._stack
+                self._stack.append(_name if outermost else None)
+                if outermost:
                     self._sync(mod)
                     self._start[_name] = time.perf_counter()
-                self._depth[_name] += 1
 
             def post(mod, args, output, _name=name):
-                self._depth[_name] -= 1
-                if self._depth[_name] == 0:
+                top = self._stack.pop()
+                if top is not None:
                     self._sync(mod)
-                    self.ms[_name] += (time.perf_counter() - self._start[_name]) * 1e3
-                    self.calls[_name] += 1
+                    self.ms[top] += (time.perf_counter() - self._start[top]) * 1e3
+                    self.calls[top] += 1
                     if self.on_call is not None:
-                        self.on_call(_name)
+                        self.on_call(top)
 
-            self._handles.append(module.register_forward_pre_hook(pre))
-            self._handles.append(module.register_forward_hook(post))
+            for module in members:
+                self._handles.append(module.register_forward_pre_hook(pre))
+                self._handles.append(module.register_forward_hook(post))
         return self
 
     def __exit__(self, *exc) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        self._stack.clear()
 
     def reset(self) -> None:
         """Zero the counts and times (hooks stay registered)."""

@@ -69,6 +69,7 @@ def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
     fam = family
     result = module.main(["--num-prompts", "2", "--max-new-tokens", "12", "--target", str(fam["target"]),
                           "--ar-drafter", str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]),
+                          "--dflash-drafter", str(fam["dflash"]), "--eagle3-drafter", str(fam["eagle3"]),
                           "--device", "cpu", "--dtype", "float64", "--warmup", "0", "--out", str(tmp_path / "o.json")])
     rows = result["methods"]
     assert set(rows) == {m[0] for m in module.METHODS}
@@ -79,4 +80,16 @@ def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
         assert 0 <= r["policy_ms"] <= r["outside_forward_ms"] and (r["policy_ms"] == 0) == (name == "vanilla")
     assert rows["vanilla"]["drafter_forward_calls"] == 0 and rows["suffix+failfast"]["drafter_forward_calls"] == 0
     assert rows["ar+static-k5"]["drafter_forward_calls"] > 0
+    for name in ("dflash+failfast", "eagle3+eagle2-tree", "dflash+block-tree"):  # every module a pass calls
+        assert rows[name]["drafter_forward_ms"] > 0 and rows[name]["drafter_forward_calls"] > 0, name
     assert (tmp_path / "o.json").exists()
+
+
+def test_only_outermost_calls_count_and_a_name_may_watch_several_modules():
+    model = tiny_lm(0)
+    head = model.get_output_embeddings()
+    with ForwardTimer(target=model, drafter=[head, model.get_input_embeddings()]) as ft:
+        model(input_ids=torch.tensor([[1, 2, 3]]))  # the head and embeddings run inside: target only
+        head(torch.zeros(1, 32, dtype=torch.float64))  # called directly: the drafter's
+        model.get_input_embeddings()(torch.tensor([4]))
+    assert (ft.calls["target"], ft.calls["drafter"]) == (1, 2)
