@@ -19,7 +19,9 @@ Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm
 * ``fail-fast-only`` -- ablation: threshold 0.05, static k = N (no extension);
 * ``win-big-only`` -- ablation: the extension rule at threshold 0.9;
 * ``eagle3`` -- EAGLE-3 (``drafter=eagle3``, the paper's strongest baseline, App. D.3) as a CHAIN at
-  its own best k of the grid (the paper runs it with a draft tree; trees are not drafted here yet).
+  its own best k of the grid;
+* ``eagle3-tree`` -- EAGLE-3 (w/ draft tree) as the paper ran it: EAGLE-2's dynamic tree
+  (``policy=eagle2-tree``) at SGLang's setting of App. D.3 -- depth 8, 60 tokens, top-k 10.
 
 Calibration (the best-k sweeps) runs on a SEPARATE prompt slice (``--calibration-prompts`` prompts
 from ``--calibration-offset``, by default right after the evaluation prompts), before and apart from
@@ -81,6 +83,7 @@ METHOD_TITLES = {
     "fail-fast-only": "Fail fast only (ablation)",
     "win-big-only": "Win big only (ablation)",
     "eagle3": "EAGLE-3 (chain)",
+    "eagle3-tree": "EAGLE-3 (w/ draft tree)",
 }
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
@@ -210,6 +213,8 @@ def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> t
         ("win-big-only", "fastdllm-default", "failfast", f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, "
          f"N_max = {ff['n_max']}", ff),
         ("eagle3", "eagle3", "static", f"EAGLE-3 chain, static k = {k_eagle3} (own best)", {"k": k_eagle3}),
+        ("eagle3-tree", "eagle3", "eagle2-tree", "EAGLE-3 with EAGLE-2's dynamic tree: depth 8, 60 tokens, top-k 10 "
+         "(the paper's SGLang setting, App. D.3)", {"depth": 8, "top_k": 10, "total_tokens": 60}),
     ]
     if k_dllm == k_ar:
         spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice

@@ -29,6 +29,11 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   ``dflash+failfast-b<B-1>`` (N = one block: the defaults retuned for a block drafter),
   ``dflash+specdecpp``, ``dflash+goodput``, ``eagle3+static-k<best>`` (``--eagle3-k-sweep``) and
   ``eagle3+goodput``;
+* draft trees (one target pass per tree, ``specpolicy.tree``): ``eagle3+eagle2-tree-paper`` (EAGLE-2's
+  dynamic tree at the FailFast paper's EAGLE-3 setting, depth 8, 60 tokens, top-k 10, App. D.3),
+  ``eagle3+eagle2-tree-<best>`` (the best tree budget of ``--tree-sweep`` on the calibration
+  prompts), ``dflash+failfast-tree`` (FailFast's chain with sibling leaves where unsure) and
+  ``dflash+block-tree`` (best-first over one block's marginals);
 * the cost-aware policy given a hardware profile's costs instead (``--tuned-profile``, default
   ``a6000-qwen32b``): ``<drafter>+goodput-<profile>`` for every model drafter, compared with
   every method MODELED under that profile (speedup and fraction of the oracle with the profile's
@@ -323,6 +328,9 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
           for k in a.hf_k_sweep}
     sweeps = {d: {k: bench.ours(d, "static", False, f"static-k{k}", k=k) for k in ks}
               for d, ks in (("fastdllm", a.dllm_k_sweep), ("dflash", a.dflash_k_sweep), ("eagle3", a.eagle3_k_sweep))}
+    sweeps["eagle3-tree"] = {shape: bench.ours("eagle3", "eagle2-tree", False, tree_label(shape),
+                                               **dict(zip(("depth", "top_k", "total_tokens"), shape)))
+                             for shape in a.tree_sweep}
     everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
@@ -331,7 +339,13 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
         "prompts": len(prompt_ids), "tokens_per_s": tps,
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
         "fastdllm_plus_k": best["fastdllm"], "dflash_k": best["dflash"], "eagle3_k": best["eagle3"],
+        "eagle3_tree": list(best["eagle3-tree"]),
     }
+
+
+def tree_label(shape) -> str:
+    """The method label of an EAGLE-2 tree budget ``(depth, top_k, total_tokens)``."""
+    return "eagle2-tree-d{}k{}t{}".format(*shape)
 
 
 def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
@@ -366,7 +380,11 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
                 bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
                 bench.ours("dflash", "specdecpp", False), bench.ours("dflash", "goodput", False),
                 bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
-                bench.ours("eagle3", "goodput", False)]
+                bench.ours("eagle3", "goodput", False),
+                bench.ours("eagle3", "eagle2-tree", False, "eagle2-tree-paper", depth=8, top_k=10, total_tokens=60),
+                bench.ours("eagle3", "eagle2-tree", False, tree_label(cal["eagle3_tree"]),
+                           **dict(zip(("depth", "top_k", "total_tokens"), cal["eagle3_tree"]))),
+                bench.ours("dflash", "failfast-tree", False), bench.ours("dflash", "block-tree", False)]
     tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
     methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
                 for d in ("fastdllm", "ar", "dflash", "eagle3")]
@@ -509,6 +527,17 @@ def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], di
         (d / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
 
 
+def _tree_shapes(text: str) -> list[tuple[int, int, int]]:
+    try:
+        shapes = [tuple(int(x) for x in item.split(":")) for item in text.split(",") if item.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise argparse.ArgumentTypeError(f"--tree-sweep takes depth:top_k:total_tokens,... (integers >= 1), "
+                                         f"got {text!r}")
+    return shapes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
@@ -526,6 +555,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
     p.add_argument("--dflash-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[5, 8, 11, 15, 22])
     p.add_argument("--eagle3-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4, 5, 6, 8])
+    p.add_argument("--tree-sweep", type=_tree_shapes, default=_tree_shapes("4:2:6,5:3:10,6:4:16,8:4:24"),
+                   help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration")
     p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the two sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
@@ -540,7 +571,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 24)
         args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
-        args.dflash_k_sweep, args.eagle3_k_sweep = [4, 8], [2, 3]
+        args.dflash_k_sweep, args.eagle3_k_sweep, args.tree_sweep = [4, 8], [2, 3], [(2, 2, 3), (3, 2, 5)]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     if args.offset < 0:

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_benchmark
 
-METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only", "eagle3")
+METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only", "eagle3", "eagle3-tree")
 
 
 def _script():

@@ -41,7 +41,9 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
                 "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b",
                 f"dflash+static-k{results['calibration']['dflash_k']}", "dflash+failfast", "dflash+failfast-b7",
                 "dflash+specdecpp", "dflash+goodput", f"eagle3+static-k{results['calibration']['eagle3_k']}",
-                "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b"}
+                "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b",
+                "eagle3+eagle2-tree-paper", "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
+                "dflash+failfast-tree", "dflash+block-tree"}
     for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
                             ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
                             ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
