@@ -41,7 +41,7 @@ from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, prompt_seed
 from specpolicy.skips import over_context, skipped_line
-from specpolicy.stopping import StopStrings
+from specpolicy.stopping import StopStrings, config_strings, never_matching
 from specpolicy.summary import summarize
 from specpolicy.tables import print_summary
 from specpolicy.types import GenerationResult
@@ -75,6 +75,9 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     container = OmegaConf.to_container(cfg, resolve=True)
     pm = get_plugin_manager(block=list(cfg.plugins.block))
     prompts = validate_config(container, pm)  # every value, before any model is loaded (ConfigError)
+    generation = container.get("generation") or {}
+    if generation.get("stop"):  # escapes decoded: what is matched, recorded and hashed (\n typed is a newline)
+        generation["stop"] = config_strings(list(generation["stop"]))
     run_dir = Path(run_dir)
     with RunLock(run_dir) as lock:  # one process per run directory (RunLocked names the holder)
         if lock.taken_over:
@@ -102,7 +105,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     baseline = bool(cfg.run.vanilla_baseline)
     sampling = SamplingConfig.from_config(container.get("generation"))
     seed = int(cfg.seed)
-    stop = StopStrings.from_config(tokenizer, cfg.generation.get("stop") and list(cfg.generation.stop))
+    stop_strings = (container.get("generation") or {}).get("stop")  # escapes decoded in run_experiment
+    stop = StopStrings(tokenizer, stop_strings) if stop_strings else None
+    for line in never_matching(tokenizer, stop_strings or []):
+        print(f"warning: {line}", file=sys.stderr)
     fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
     token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
     too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding

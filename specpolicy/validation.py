@@ -152,7 +152,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
     from specpolicy.summary import profile_from
     from specpolicy.runtime import Runtime
     from specpolicy.sampling import SamplingConfig
-    from specpolicy.stopping import StopStrings
+    from specpolicy.stopping import StopStrings, config_strings
 
     integer("seed", config.get("seed", 0))
     generation = config.get("generation") or {}
@@ -161,7 +161,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
         SamplingConfig.from_config(generation)  # temperature, top_k, top_p
         stop = generation.get("stop")
         if stop is not None and (isinstance(stop, str) or len(stop)):
-            StopStrings(None, stop if isinstance(stop, str) else list(stop))  # non-empty strings
+            StopStrings(None, config_strings(stop if isinstance(stop, str) else list(stop)))  # non-empty strings
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     run = config.get("run") or {}
