@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -136,8 +137,8 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) ->
             claimed = True
     except ConfigError:
         raise
-    except (ValueError, TypeError) as exc:  # a plugin's own range check
-        raise ConfigError(str(exc)) from exc
+    except (ValueError, TypeError) as exc:  # a plugin's own range check, or its factory failing on a value
+        raise ConfigError(refusal_message(pm, group, name, config, exc)) from exc
     if claimed:
         return
     factory = PLUGIN_GROUPS[group]
@@ -145,6 +146,32 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) ->
     validators = {impl.plugin_name for impl in pm.hook.specpolicy_validate_config.get_hookimpls()}
     if providers <= validators:  # every plugin that could build it has declined
         raise ConfigError(f"no registered plugin provides {group} {name!r}; see `python -m specpolicy --list-plugins`")
+
+
+def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error: BaseException) -> str:
+    """The one line for a plugin's ``ValueError`` / ``TypeError`` about ``group`` choice ``name``:
+    its own message when it names a key (``policy.n must be ...``); otherwise the key whose value
+    (or name) the message quotes -- ``policy.k='abc'`` for ``invalid literal for int() with base
+    10: 'abc'`` -- or, when none can be told, every setting, then the plugin and hook that raised
+    it (``specpolicy.plugins.blame``) and the plugin's own words."""
+    from specpolicy.plugins import blame
+
+    text = str(error)
+    if any(f"{group}.{key}" in text for key in config):
+        return text
+    where = blame(error, pm)
+    by = f" by {where}" if where is not None else f" by the plugin providing {group} {name!r}"
+    quoted = [key for key, value in config.items()
+              if re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", text)]
+    if len(quoted) != 1:
+        quoted = [key for key in config if re.search(rf"['\"]{re.escape(str(key))}['\"]", text)]
+    if len(quoted) == 1:
+        key = quoted[0]
+        subject = f"{group}.{key}={config[key]!r} was refused"
+    else:
+        settings = ", ".join(f"{group}.{key}={value!r}" for key, value in config.items()) or "no settings"
+        subject = f"{group} {name!r} refused its settings ({settings})"
+    return f"{subject}{by}: {type(error).__name__}: {text}"
 
 
 def _check_core(config: Mapping[str, Any]) -> None:
