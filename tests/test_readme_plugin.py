@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -44,12 +43,14 @@ def installed(tmp_path, monkeypatch):
         (root / name).write_text(body)
     for empty in ("src/my_policy/__init__.py", "src/my_policy/conf/__init__.py"):  # as the layout lists them
         (root / empty).write_text("")
-    project = tomllib.loads(files["pyproject.toml"])["project"]
-    info = root / "src" / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    toml = files["pyproject.toml"]  # read with re: tomllib is Python 3.11+
+    name = re.search(r'^name = "(.+)"$', toml, flags=re.M).group(1)
+    version = re.search(r'^version = "(.+)"$', toml, flags=re.M).group(1)
+    points = re.search(r"^\[project\.entry-points\.specpolicy\]\n((?:.+\n)+)", toml, flags=re.M).group(1)
+    info = root / "src" / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    points = project["entry-points"]["specpolicy"]
-    (info / "entry_points.txt").write_text("[specpolicy]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text("[specpolicy]\n" + points.replace('"', ""))
     monkeypatch.syspath_prepend(str(root / "src"))
     monkeypatch.delenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     monkeypatch.chdir(tmp_path)
