@@ -142,7 +142,8 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
         try:
             pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
             watch.start()
-            for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt")):
+            # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
+            for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt", disable=None)):
                 if prompt.prompt_id in finished:  # resumed: read back, not recomputed
                     results.append(finished[prompt.prompt_id])
                     continue
