@@ -40,7 +40,7 @@ from specpolicy.reuse import DraftReuse
 from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, prompt_seed
-from specpolicy.skips import over_context, skipped_line
+from specpolicy.skips import max_new_tokens_line, over_context, skipped_line
 from specpolicy.stopping import StopStrings, config_strings, never_matching
 from specpolicy.summary import summarize
 from specpolicy.tables import print_summary
@@ -112,6 +112,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
     token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
     too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
+    too_many = max_new_tokens_line(max_new, [int(token_ids[p.prompt_id].shape[0]) for p in prompts
+                                             if p.prompt_id not in too_long], verifier, drafter)
+    if too_many:  # generation ends at the context instead: a warning, nothing is lost
+        print(f"warning: {too_many}", file=sys.stderr)
     finished = load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts}) \
         if bool(cfg.run.get("resume", False)) else {}
     if finished:
