@@ -150,14 +150,16 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any]) ->
 
 def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error: BaseException) -> str:
     """The one line for a plugin's ``ValueError`` / ``TypeError`` about ``group`` choice ``name``:
-    its own message when it names a key (``policy.n must be ...``); otherwise the key whose value
+    its own message when it names a key of the group (``policy.n must be ...``,
+    ``logger.wandb.mode ...``); otherwise the key whose value
     (or name) the message quotes -- ``policy.k='abc'`` for ``invalid literal for int() with base
     10: 'abc'`` -- or, when none can be told, every setting, then the plugin and hook that raised
     it (``specpolicy.plugins.blame``) and the plugin's own words."""
     from specpolicy.plugins import blame
 
     text = str(error)
-    if any(f"{group}.{key}" in text for key in config):
+    prefix = f"logger.{name}." if group == "logger" else f"{group}."  # how the user writes the group's keys
+    if prefix in text:  # the plugin's own message names its key
         return text
     where = blame(error, pm)
     by = f" by {where}" if where is not None else f" by the plugin providing {group} {name!r}"
@@ -167,9 +169,9 @@ def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error:
         quoted = [key for key in config if re.search(rf"['\"]{re.escape(str(key))}['\"]", text)]
     if len(quoted) == 1:
         key = quoted[0]
-        subject = f"{group}.{key}={config[key]!r} was refused"
+        subject = f"{prefix}{key}={config[key]!r} was refused"
     else:
-        settings = ", ".join(f"{group}.{key}={value!r}" for key, value in config.items()) or "no settings"
+        settings = ", ".join(f"{prefix}{key}={value!r}" for key, value in config.items()) or "no settings"
         subject = f"{group} {name!r} refused its settings ({settings})"
     return f"{subject}{by}: {type(error).__name__}: {text}"
 
