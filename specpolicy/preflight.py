@@ -12,9 +12,9 @@ A sweep on Slurm (``hydra/launcher=slurm``, ``slurm_cpu``, ``submitit_slurm``) f
 without Slurm's commands stops here too, with one line pointing to ``scripts/slurm-local.sh``
 (``specpolicy.slurm.no_cluster_line``) -- before Hydra makes the sweep directory.
 
-The values are checked only where the jobs run on this machine (Hydra's basic launcher, ``submitit_local``): the checks
-read CUDA's presence, files and environment variables, which on a Slurm node are the node's, so
-a Slurm job checks itself there. Other sweepers (Optuna) choose values while they run, and each
+The values are checked only where the jobs run on this machine (Hydra's basic launcher,
+``submitit_local``): the checks read CUDA's presence, files and environment variables, which on
+a Slurm node are the node's, so a Slurm job checks itself there. Other sweepers (Optuna) choose values while they run, and each
 job checks itself.
 
 Hydra reports a callback's exception as a warning and goes on, so the rejection is raised as
