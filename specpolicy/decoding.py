@@ -83,6 +83,9 @@ def generate(
         ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse), or a
             prompt that does not fit the context; ``PolicyAnswerError`` (a ValueError) when the
             policy answers anything but an integer >= 0.
+    A policy (not a built-in one) whose drafts keep growing until the room runs out because it
+    never answers 0 gets one warning line on stderr, once per policy object (``RUNAWAY``,
+    ``specpolicy.policy.RunawayDrafts``).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
