@@ -112,12 +112,19 @@ def list_plugins(argv: list[str] | None = None) -> None:
 
 
 def main() -> None:
-    if "--list-plugins" in sys.argv[1:]:
-        list_plugins([a for a in sys.argv[1:] if a != "--list-plugins"])
-        return
     global _debug
     debug = _debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get("HYDRA_FULL_ERROR", "") == "1"
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
+    if "--list-plugins" in sys.argv[1:]:
+        try:
+            list_plugins([a for a in sys.argv[1:] if a != "--list-plugins"])
+        except Exception as error:  # noqa: BLE001 - a broken plugin is named in one line
+            report = None if debug else one_line(error)
+            if report is None:
+                raise
+            print(report[0], file=sys.stderr)
+            sys.exit(report[1])
+        return
     register_searchpath_plugin()
     register_launcher_plugin()  # hydra/launcher=slurm, slurm_cpu (an editable install hides it from Hydra's scan)
     from specpolicy.preflight import SweepRejected

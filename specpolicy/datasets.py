@@ -47,57 +47,112 @@ class Prompt:
         return torch.tensor(ids, dtype=torch.long)
 
 
-def _read_jsonl(path: Path, key: str) -> list[tuple[int, dict]]:
-    """``(line number, row)`` of every non-blank line of a JSONL file (optionally .gz).
+#: Bad lines of a prompt file named in one report; the others are counted ("and N more").
+MAX_REPORTED = 20
+#: What a JSON value is called, by its Python type.
+_JSON_KINDS = {list: "an array ([...])", str: "a string", int: "a number", float: "a number", bool: "true or false",
+               type(None): "null"}
+
+
+def _read_jsonl(path: Path, key: str, fields: tuple[str, ...]) -> list[tuple[int, dict, str]]:
+    """``(line number, row, text field)`` of every non-blank line of a JSONL file (optionally
+    .gz), the text field chosen per row (the first of ``fields`` holding a non-empty string).
 
     Raises:
-        ConfigError: ``<file>:<line>: ...`` for the first line that is not UTF-8, not JSON, not
-            a JSON object, or holds a lone surrogate (``\\udc80``: not encodable text), with the
-            numbers of the other bad lines; naming ``key`` for an unreadable or empty file.
+        ConfigError: one line naming every bad line at once -- not UTF-8, not JSON (said in
+            plain words: a string not closed, a missing comma, ...), not a JSON object, a lone
+            surrogate, no prompt text -- ``<file>:<line>: ...`` for one, ``<file>: N bad lines:
+            line 2: ...; line 4: ...`` for several (the first ``MAX_REPORTED``, then "and N
+            more"); naming ``key`` for an unreadable or empty file.
     """
     opener = gzip.open if path.suffix == ".gz" else open
-    rows: list[tuple[int, dict]] = []
+    rows: list[tuple[int, dict, str]] = []
     problems: list[tuple[int, str]] = []
     try:
         with opener(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 try:
-                    row = _parse_line(raw, key)
+                    row = _parse_line(raw)
+                    if row is not None:
+                        rows.append((number, row, _text_field(row, fields)))
                 except ValueError as exc:
                     problems.append((number, str(exc)))
-                    continue
-                if row is not None:
-                    rows.append((number, row))
     except OSError as exc:  # unreadable, or a .gz file that is not gzip
         raise ConfigError(f"{key}={str(path)!r} cannot be read: {exc}") from exc
     if problems:
-        (number, message), more = problems[0], [str(n) for n, _ in problems[1:]]
-        also = (f" (also bad: line{'s' if len(more) > 1 else ''} {', '.join(more[:10])}"
-                f"{', ...' if len(more) > 10 else ''})" if more else "")
-        raise ConfigError(f"{path}:{number}: {message}{also}")
+        rule = (f"each line of {key} must be one JSON object (UTF-8) with a non-empty string in one of the fields "
+                f"{', '.join(fields)}")
+        if len(problems) == 1:
+            (number, problem), = problems
+            raise ConfigError(f"{path}:{number}: {problem}; {rule}")
+        shown = "; ".join(f"line {number}: {problem}" for number, problem in problems[:MAX_REPORTED])
+        more = len(problems) - MAX_REPORTED
+        more_lines = ", ".join(str(n) for n, _ in problems[MAX_REPORTED:][:10])
+        tail = (f"; and {more} more (line{'s' if more > 1 else ''} {more_lines}{', ...' if more > 10 else ''})"
+                if more > 0 else "")
+        raise ConfigError(f"{path}: {len(problems)} bad lines: {shown}{tail}; {rule}")
     if not rows:
         raise ConfigError(f"{key}={str(path)!r} holds no rows (an empty file); it needs one JSON object per line")
     return rows
 
 
-def _parse_line(raw: bytes, key: str) -> dict | None:
-    """One JSONL line as a dict (None when blank); ValueError saying what is wrong with it."""
+def _parse_line(raw: bytes) -> dict | None:
+    """One JSONL line as a dict (None when blank); ValueError saying in plain words what is wrong."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                         f"{key} must be a UTF-8 JSONL file") from exc
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") from exc
     if not line.strip():
         return None
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"malformed JSON (column {exc.colno}: {exc.msg.removesuffix(' at')}); each line of {key} must be "
-                         f"one JSON object") from exc
+        raise ValueError(f"malformed JSON: {json_problem(exc)}") from exc
     if not isinstance(row, dict):
-        raise ValueError(f"a JSON {type(row).__name__}, not an object; each line of {key} must be one JSON object")
+        raise ValueError(f"{_JSON_KINDS.get(type(row), 'a JSON value')}, not a JSON object ({{...}})")
     _check_encodable(row)
     return row
+
+
+def json_problem(error: json.JSONDecodeError) -> str:
+    """What is wrong with one line of JSON, in plain words, from Python's ``JSONDecodeError``
+    (whose "Invalid control character at" means, on a JSONL line, a string that is not closed
+    before the line ends)."""
+    line = error.doc
+    end = len(line.rstrip("\r\n"))
+    col, at_end = error.colno, error.pos >= end
+    msg = error.msg
+    if msg.startswith("Invalid control character"):
+        char = line[error.pos] if error.pos < len(line) else ""
+        if at_end or char in "\r\n":
+            return 'a string is not closed: the line ends inside it (a closing " is missing)'
+        return (f"a raw control character {char!r} inside a string at column {col}; write it as "
+                f"{json.dumps(char)[1:-1]}")
+    if msg.startswith("Unterminated string"):
+        return f'the string starting at column {col} is not closed (a closing " is missing)'
+    if msg.startswith("Expecting ',' delimiter") or (msg.startswith("Expecting property name") and at_end):
+        if at_end:
+            return "the line ends before the object is closed (a } is missing)"
+        return f"a comma or a closing bracket is missing at column {col}"
+    if msg.startswith("Expecting ':' delimiter"):
+        return f"a colon is missing after the key, at column {col}"
+    if msg.startswith("Expecting property name"):
+        return (f"a key in double quotes is expected at column {col} (JSON has no single quotes and no comma "
+                f"before a closing }})")
+    if msg.startswith("Expecting value"):
+        if at_end:
+            return "the line ends where a value is expected"
+        if col == 1:
+            return "the line is not JSON (a JSON object starts with {)"
+        return (f"no JSON value at column {col} (strings need double quotes; true, false and null are lower case; "
+                f"no comma before a closing bracket)")
+    if msg.startswith("Extra data"):
+        return f"more than one JSON value on the line (extra text from column {col})"
+    if msg.startswith("Invalid \\escape"):
+        return f"a backslash at column {col} starts no JSON escape (write a backslash as \\\\)"
+    if msg.startswith("Invalid \\uXXXX escape"):
+        return f"a \\u escape at column {col} needs 4 hexadecimal digits"
+    return f"not JSON at column {col} ({msg})"
 
 
 def _check_encodable(value: Any) -> None:
@@ -117,14 +172,15 @@ def _check_encodable(value: Any) -> None:
             _check_encodable(item)
 
 
-def _text_field(row: dict, where: str, fields: tuple[str, ...], key: str) -> str:
-    """The first of ``fields`` that ``row`` holds as a non-empty string (chosen per row)."""
+def _text_field(row: dict, fields: tuple[str, ...]) -> str:
+    """The first of ``fields`` that ``row`` holds as a non-empty string (chosen per row);
+    ValueError otherwise."""
     for name in fields:
         if isinstance(row.get(name), str) and row[name].strip():
             return name
     present = ", ".join(sorted(row)) or "none"
-    raise ConfigError(f"{where}: no prompt text: a row of {key} needs a non-empty string in one of the fields "
-                      f"{', '.join(fields)} (its fields: {present})")
+    raise ValueError(f"no prompt text: none of the fields {', '.join(fields)} holds a non-empty string "
+                     f"(its fields: {present})")
 
 
 def _user_text(name: str, text: str) -> str:
@@ -164,24 +220,22 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
     Raises:
         ConfigError (a ValueError): naming ``dataset.name`` for an unknown set, ``dataset.path``
             for a missing or empty file, ``dataset.num_prompts`` / ``dataset.offset`` out of
-            range, and ``<file>:<line>`` for every kind of bad row (not UTF-8, malformed JSON,
-            not an object, a lone surrogate, no text field).
+            range, and ``<file>:<line>`` for every bad row of the file at once (not UTF-8,
+            malformed JSON in plain words, not an object, a lone surrogate, no text field).
     """
     if path:
         file = Path(path).expanduser()
         if not file.is_file():
             raise ConfigError(f"dataset.path={path!r} does not exist" if not file.exists()
                               else f"dataset.path={path!r} is a directory, not a JSONL file")
-        numbered = _read_jsonl(file, "dataset.path")
-        fields = TEXT_FIELDS
+        numbered = _read_jsonl(file, "dataset.path", TEXT_FIELDS)
     else:
         if name not in BUNDLED:
             raise ConfigError(f"dataset.name={name!r} is not bundled; choose one of {', '.join(BUNDLED)} "
                               f"or set dataset.path")
         rel, field = BUNDLED[name]
         file = Path(str(resources.files("specpolicy") / "data" / rel))
-        numbered = _read_jsonl(file, "dataset.name")
-        fields = (field,)
+        numbered = _read_jsonl(file, "dataset.name", (field,))
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ConfigError(f"dataset.offset must be an integer >= 0, got {offset!r}")
     if num_prompts is not None:
@@ -190,9 +244,9 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
     if num_prompts is not None:
         selected = selected[:num_prompts]
     prompts, seen = [], set()
-    for i, (line, row) in selected:
+    for i, (line, row, field) in selected:
         where = f"{file}:{line}"
-        text = row[_text_field(row, where, fields, "dataset.path" if path else "dataset.name")]
+        text = row[field]
         pid = str(row.get("id") or row.get("task_id") or f"{name}/{i}")
         if pid in seen:  # ids key results.jsonl rows (resume): keep them unique, stably
             pid = f"{pid}#{i}"

@@ -25,19 +25,23 @@ from __future__ import annotations
 
 import inspect
 import operator
+import sys
 import time
 from collections.abc import Callable
 
 import torch
 
 from specpolicy.drafter import Drafter
-from specpolicy.policy import LengthPolicy, PolicyAnswerError, TreePolicy
+from specpolicy.policy import LengthPolicy, PolicyAnswerError, RunawayDrafts, TreePolicy
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
 from specpolicy.stopping import StopStrings
 from specpolicy.types import Draft, GenerationResult, RoundRecord
 from specpolicy.verifier import Verifier
+
+#: Policies whose drafts never end until the room runs out (one warning per run, on stderr).
+RUNAWAY = RunawayDrafts()
 
 
 def generate(
@@ -80,6 +84,9 @@ def generate(
         ValueError: for ``max_new_tokens`` < 1, a drafter without a policy (or the reverse), or a
             prompt that does not fit the context; ``PolicyAnswerError`` (a ValueError) when the
             policy answers anything but an integer >= 0.
+    A policy (not a built-in one) whose drafts keep growing until the room runs out because it
+    never answers 0 gets one warning line on stderr, once per policy object (``RUNAWAY``,
+    ``specpolicy.policy.RunawayDrafts``).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -127,11 +134,12 @@ def generate(
             break
         room = min(max_new_tokens - generated - 1, context_room)
 
+        answers: list[int] = []
         with runtime.timer() as draft_timer:
             if isinstance(policy, TreePolicy):  # the policy shapes a draft tree (specpolicy.tree)
                 draft, draft_stop = policy.draft_tree(drafter, room)
             else:
-                draft, draft_stop = draft_round(drafter, policy, room, device)
+                draft, draft_stop = draft_round(drafter, policy, room, device, answers)
             if reuse is not None and drafter is not None and not draft.ends_at_stop_token and not draft.is_tree:
                 draft = reuse.extend(draft, room)
 
@@ -178,6 +186,10 @@ def generate(
             accepted_path=tuple(verification.path or ()),
         )
         rounds.append(record)
+        if policy is not None:
+            warning = RUNAWAY.observe(policy, answers, draft.length, draft_stop)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
         if on_round is not None:
             on_round(record)
         if finished:
@@ -221,7 +233,7 @@ def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: Samp
 
 
 def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
-                device: torch.device | str) -> tuple[Draft, str]:
+                device: torch.device | str, answers: list[int] | None = None) -> tuple[Draft, str]:
     """One round's drafting: ask ``policy.next_length`` for a length, draft it, and extend while
     the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens. Stops as well when
     a ``draft`` call adds no token (a drafter with nothing more to propose, e.g. the model-free
@@ -232,6 +244,7 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
         drafter / policy: both, or neither (vanilla decoding: the empty draft).
         room: most draft tokens the round may hold (>= 0; 0: the empty draft).
         device: device of the empty draft.
+        answers: when given, every valid answer of ``policy.next_length`` is appended to it.
     Returns:
         ``(draft, why drafting stopped)``: the round's draft (``(k,) int64`` tokens) and its
         ``RoundRecord.draft_stop_reason`` -- ``"length_0"`` (the first answer was 0), the
@@ -251,6 +264,8 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
             raise PolicyAnswerError(policy, wanted) from None
         if wanted < 0:
             raise PolicyAnswerError(policy, wanted)
+        if answers is not None:
+            answers.append(wanted)
         if wanted == 0:
             return draft, ("length_0" if draft.length == 0 else policy.draft_stop_reason or "policy_bound")
         n = min(wanted, room - draft.length)

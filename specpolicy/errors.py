@@ -12,6 +12,9 @@
   keys that exist and the closest match (``difflib``), status 2 (``hydra_error_line``).
 * ``SweepIncomplete``: a sweep's job ended without a result (``scancel``, a node failure); one
   line naming the job and how to resume the sweep, status 1.
+* ``PluginError``: an installed plugin that cannot be loaded or answers a hook with something
+  invalid (e.g. a string where a list is due); one line naming the plugin, the hook and the way
+  out, status 1.
 
 ``--debug`` (or ``HYDRA_FULL_ERROR=1``) keeps the full traceback instead.
 """
@@ -40,6 +43,12 @@ class ConfigError(UserError, ValueError):
 class SweepIncomplete(Exception):
     """A launched sweep job ended without a result (cancelled, its node failed). Not a bug: the
     message (the job, and the command that resumes the sweep) is the whole report, status 1."""
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or returned something invalid from a hook. Not the user's
+    doing and not a bug of specpolicy: the message (the plugin, the hook, what was wrong and how
+    to skip the plugin) is the whole report, status 1."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +120,11 @@ def hydra_error_line(error: BaseException) -> str | None:
 
 def one_line(error: BaseException) -> tuple[str, int] | None:
     """``(line, exit status)`` for an error that has a one-line report -- a ``UserError``, a
-    Hydra composition error, an incomplete sweep or an error blamed on a plugin -- or None
-    (report the traceback)."""
+    Hydra composition error, an incomplete sweep, a ``PluginError`` or an error blamed on a
+    plugin -- or None (report the traceback)."""
     if isinstance(error, UserError):
         return f"error: {_flat(str(error))}", EXIT_USER
-    if isinstance(error, SweepIncomplete):
+    if isinstance(error, (SweepIncomplete, PluginError)):
         return f"error: {_flat(str(error))}", EXIT_FAILURE
     line = hydra_error_line(error)
     if line is not None:

@@ -40,8 +40,8 @@ from specpolicy.reuse import DraftReuse
 from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, prompt_seed
-from specpolicy.skips import over_context, skipped_line
-from specpolicy.stopping import StopStrings
+from specpolicy.skips import max_new_tokens_line, over_context, skipped_line
+from specpolicy.stopping import StopStrings, config_strings, never_matching
 from specpolicy.summary import summarize
 from specpolicy.tables import print_summary
 from specpolicy.types import GenerationResult
@@ -75,6 +75,9 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     container = OmegaConf.to_container(cfg, resolve=True)
     pm = get_plugin_manager(block=list(cfg.plugins.block))
     prompts = validate_config(container, pm)  # every value, before any model is loaded (ConfigError)
+    generation = container.get("generation") or {}
+    if generation.get("stop"):  # escapes decoded: what is matched, recorded and hashed (\n typed is a newline)
+        generation["stop"] = config_strings(list(generation["stop"]))
     run_dir = Path(run_dir)
     with RunLock(run_dir) as lock:  # one process per run directory (RunLocked names the holder)
         if lock.taken_over:
@@ -102,10 +105,17 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     baseline = bool(cfg.run.vanilla_baseline)
     sampling = SamplingConfig.from_config(container.get("generation"))
     seed = int(cfg.seed)
-    stop = StopStrings.from_config(tokenizer, cfg.generation.get("stop") and list(cfg.generation.stop))
+    stop_strings = (container.get("generation") or {}).get("stop")  # escapes decoded in run_experiment
+    stop = StopStrings(tokenizer, stop_strings) if stop_strings else None
+    for line in never_matching(tokenizer, stop_strings or []):
+        print(f"warning: {line}", file=sys.stderr)
     fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
     token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
     too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
+    too_many = max_new_tokens_line(max_new, [int(token_ids[p.prompt_id].shape[0]) for p in prompts
+                                             if p.prompt_id not in too_long], verifier, drafter)
+    if too_many:  # generation ends at the context instead: a warning, nothing is lost
+        print(f"warning: {too_many}", file=sys.stderr)
     finished = load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts}) \
         if bool(cfg.run.get("resume", False)) else {}
     if finished:
@@ -136,7 +146,8 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
         try:
             pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
             watch.start()
-            for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt")):
+            # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
+            for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt", disable=None)):
                 if prompt.prompt_id in finished:  # resumed: read back, not recomputed
                     results.append(finished[prompt.prompt_id])
                     continue

@@ -79,8 +79,11 @@ def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | 
     :param name: the policy's name (the ``policy.name`` config key).
     :param config: the resolved ``policy`` config node without its ``name`` key, e.g.
         ``{"n": 10, "tau": 0.45, "n_max": 60}``.
-    :return: a ``LengthPolicy``, or ``None`` when ``name`` is not this plugin's.
-    :raises ValueError: naming ``policy.<key>``, the value and the accepted range for a bad value.
+    :return: a ``LengthPolicy``, or ``None`` when ``name`` is not this plugin's. Its
+        ``next_length(draft)`` is asked again after every extension of the draft, until it
+        answers 0 (k tokens per round: ``max(k - draft.length, 0)``; README "Write a policy plugin").
+    :raises ValueError: naming ``policy.<key>``, the value and the accepted range for a bad value
+        (one that names no key is reported with the key whose value it quotes and the plugin).
 
     Stops at the first non-None result.
     """
@@ -141,8 +144,11 @@ def specpolicy_config_searchpath() -> list[str]:
     """Extra Hydra config search-path entries, so a plugin can ship its own config files
     (``policy/<name>.yaml``, ``logger/<name>.yaml``, ...) and be selected with ``policy=<name>``.
 
-    :return: entries ``pkg://my_pkg.conf``, ``file:///abs/dir`` or a plain directory path;
-        appended after specpolicy's own configs.
+    :return: a LIST of entries -- ``pkg://my_pkg.conf`` (a package holding the files),
+        ``file:///abs/dir`` or a plain directory path -- appended after specpolicy's own configs;
+        ``["pkg://my_pkg.conf"]``, not ``"pkg://my_pkg.conf"``.
+    :raises: nothing; an answer that is not a list of existing packages or directories is a
+        ``specpolicy.errors.PluginError`` naming the plugin (one line on every command).
     """
 
 

@@ -1,9 +1,17 @@
-"""Loading Hugging Face causal LMs and tokenizers: bundled names, local paths or hub ids."""
+"""Loading Hugging Face causal LMs and tokenizers: bundled names, local paths or hub ids.
+
+transformers draws a progress bar per load ("Loading weights", the hub's downloads) on stderr;
+here it does only when stderr is a terminal (``progress_bars_on_terminals``), so a log file
+(``python -m specpolicy > run.log 2>&1``) gets no bar.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sys
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -134,9 +142,29 @@ def check_weights(key: str, directory: Path) -> None:
                               f"{exc}); re-download or re-save the model") from exc
 
 
+@contextlib.contextmanager
+def progress_bars_on_terminals() -> Iterator[None]:
+    """Within the block, transformers' and the Hugging Face hub's progress bars are off unless
+    ``sys.stderr`` (where tqdm draws them) is a terminal; their previous state is restored after."""
+    from transformers.utils import logging as hf_logging
+
+    stream = sys.stderr
+    on_terminal = bool(getattr(stream, "isatty", None)) and stream.isatty()
+    if on_terminal or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """Tokenizer of a bundled model, local directory or hub id (never ``trust_remote_code``)."""
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    """Tokenizer of a bundled model, local directory or hub id (never ``trust_remote_code``);
+    progress bars only on a terminal."""
+    with progress_bars_on_terminals():
+        return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
 
 
 def load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: str = "sdpa") -> PreTrainedModel:
@@ -148,11 +176,17 @@ def load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: str
     which is Qwen-based -- ``Efficient-Large-Model/Fast_dLLM_v2_1.5B`` has ``model_type``
     ``"Fast_dLLM_Qwen"``, architecture ``Fast_dLLM_QwenForCausalLM`` with an ``auto_map`` to
     remote code, and Qwen2 parameter names -- loads as ``Qwen2ForCausalLM`` with a
-    ``Qwen2Config`` built from its ``config.json``.
+    ``Qwen2Config`` built from its ``config.json``. transformers' loading bars are drawn only on a
+    terminal (``progress_bars_on_terminals``).
 
     Raises:
         ValueError: for an unknown ``model_type`` that is not Qwen-based.
     """
+    with progress_bars_on_terminals():
+        return _load_causal_lm(name_or_path, runtime, attn_implementation)
+
+
+def _load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: str) -> PreTrainedModel:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     path = resolve_model_path(name_or_path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import os
 import weakref
@@ -24,7 +25,7 @@ from typing import Any
 import pluggy
 
 from specpolicy import hookspecs
-from specpolicy.errors import BLAME_ATTRIBUTE, PluginBlame
+from specpolicy.errors import BLAME_ATTRIBUTE, PluginBlame, PluginError
 
 #: Modules of the built-in plugins, registered under their own module names.
 BUILTIN_PLUGINS = (
@@ -49,10 +50,6 @@ BUILTIN_PLUGINS = (
 AUTOLOAD_ENV = "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD"
 #: Prefix of the names under which a run's loggers are registered (``logger:<name>``).
 LOGGER_PREFIX = "logger:"
-
-
-class PluginError(RuntimeError):
-    """A plugin could not be loaded or returned something invalid."""
 
 
 def autoload_enabled() -> bool:
@@ -243,27 +240,64 @@ def registered(pm: pluggy.PluginManager, loggers: Mapping[str, Any]) -> Iterator
                 pm.unregister(name=name)
 
 
-def _normalize_searchpath(entry: str, plugin: str) -> str:
+#: How to go on without a broken third-party plugin (appended to a ``PluginError``'s message).
+WAY_OUT = f"fix or uninstall the plugin, or set {AUTOLOAD_ENV}=1 to skip every third-party plugin"
+
+
+def _searchpath_entry(entry: Any, where: PluginBlame) -> str:
+    """A plugin's search-path entry as Hydra takes it (a plain directory becomes
+    ``file://<absolute path>``), after checking that it names an existing package or directory."""
+    if not isinstance(entry, (str, os.PathLike)):
+        raise PluginError(f"{where}: returned a list holding {entry!r} ({type(entry).__name__}); each entry must be a "
+                          f"string such as 'pkg://my_pkg.conf' or a directory; {WAY_OUT}")
     entry = str(entry)
-    if entry.startswith(("pkg://", "file://")):
+    if "://" in entry and not entry.startswith(("pkg://", "file://")):
+        raise PluginError(f"{where}: returned the config search path {entry!r}; use pkg:// or file:// "
+                          f"(or a plain directory); {WAY_OUT}")
+    if not entry.startswith(("pkg://", "file://")):
+        entry = "file://" + str(Path(entry).expanduser().resolve())
+    if entry.startswith("file://"):
+        if not Path(entry[len("file://"):]).is_dir():
+            raise PluginError(f"{where}: returned the config search path {entry!r}, which is not a directory; "
+                              f"{WAY_OUT}")
         return entry
-    if "://" in entry:
-        raise PluginError(f"plugin {plugin!r} returned config search path {entry!r}; use pkg:// or file://")
-    return "file://" + str(Path(entry).expanduser().resolve())
+    package = entry[len("pkg://"):].strip("/").replace("/", ".")
+    try:
+        spec = importlib.util.find_spec(package) if package else None
+    except (ImportError, ValueError):  # a parent that is not a package
+        spec = None
+    if spec is None or spec.submodule_search_locations is None:
+        raise PluginError(f"{where}: returned the config search path {entry!r}, but there is no package "
+                          f"{package!r} to hold config files (is it installed, with its conf/ files?); {WAY_OUT}")
+    return entry
 
 
 def config_searchpath(pm: pluggy.PluginManager) -> list[tuple[str, str]]:
     """``(plugin name, Hydra search-path entry)`` for every entry plugins return from
-    ``specpolicy_config_searchpath``, in registration order. Plain directories become
-    ``file://<absolute path>``.
+    ``specpolicy_config_searchpath`` (a list of entries, or None), in registration order. Plain
+    directories become ``file://<absolute path>``.
 
     Raises:
-        PluginError: for an entry with a scheme other than ``pkg://`` and ``file://``.
+        PluginError: naming the plugin and the hook, for an answer that is not a list (e.g. the
+            string ``"pkg://my_pkg.conf"`` instead of ``["pkg://my_pkg.conf"]``), an entry with a
+            scheme other than ``pkg://`` and ``file://``, an entry naming no package or directory,
+            or a hook that raises.
     """
     out = []
     for impl in pm.hook.specpolicy_config_searchpath.get_hookimpls():  # registration order
-        for entry in impl.function() or ():
-            out.append((impl.plugin_name, _normalize_searchpath(entry, impl.plugin_name)))
+        where = PluginBlame(impl.plugin_name, _module_of(impl.plugin), "specpolicy_config_searchpath")
+        try:
+            result = impl.function()
+        except Exception as exc:  # noqa: BLE001 - a plugin's own failure, named in one line
+            raise PluginError(f"{where}: raised {type(exc).__name__}: {exc}; {WAY_OUT}") from exc
+        if result is None:
+            continue
+        if not isinstance(result, (list, tuple)):
+            example = f"[{result!r}]" if isinstance(result, (str, os.PathLike)) else "['pkg://my_pkg.conf']"
+            raise PluginError(f"{where}: returned {result!r} ({type(result).__name__}), not a list of search-path "
+                              f"entries; return e.g. {example}; {WAY_OUT}")
+        for entry in result:
+            out.append((impl.plugin_name, _searchpath_entry(entry, where)))
     return out
 
 

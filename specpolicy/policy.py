@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -14,7 +15,11 @@ class LengthPolicy(ABC):
     Within a round the loop asks ``next_length(draft)`` first with the empty draft, then
     after each extension, drafting that many more tokens until it returns 0; the draft
     is then verified. After verification the policy is fed the round's ``RoundRecord``.
-    A first answer of 0 means no speculation this round (plain decoding).
+    A first answer of 0 means no speculation this round (plain decoding). The answer is how
+    many tokens to ADD to ``draft`` (not the draft's total length): a policy that wants k tokens
+    answers ``max(k - draft.length, 0)``; one that answers k every time drafts until the round's
+    room runs out (``max_new_tokens`` or the context), which the loop reports once per run
+    (``RunawayDrafts``).
 
     When ``next_length`` returns 0 for a non-empty draft, the loop records why in the round's
     ``RoundRecord.draft_stop_reason`` from the policy's ``draft_stop_reason`` attribute: a policy
@@ -87,3 +92,55 @@ class PolicyAnswerError(ValueError):
         kind = "a negative speculation length" if isinstance(answer, int) else f"a {type(answer).__name__}"
         super().__init__(f"policy {getattr(policy, 'name', '') or type(policy).__name__!r} returned {answer!r} from "
                          f"next_length ({kind}); a speculation length must be an integer >= 0")
+
+
+class RunawayDrafts:
+    """Notices a policy that never ends its drafts itself: one that answers the same non-zero
+    length after every extension (e.g. always 3, meant as "3 tokens per round") drafts until the
+    round's room runs out (``max_new_tokens`` or the context), every round. Evidence: rounds whose
+    draft ended because the room ran out after at least ``min_answers`` identical non-zero
+    answers; ``min_rounds`` of them while the policy has never ended a non-empty draft itself
+    (answered 0) produce one warning line, once per policy object (i.e. once per run).
+
+    The built-in policies (``specpolicy.policies``) are not watched: their answers are tested,
+    and a rule such as FailFast with ``tau=0`` and ``n_max`` above ``max_new_tokens`` fills the
+    room by design. A third-party rule that does so on purpose gets the warning once; it says
+    what to answer *if* a fixed length was meant.
+    """
+
+    def __init__(self, min_answers: int = 3, min_rounds: int = 2) -> None:
+        self.min_answers, self.min_rounds = min_answers, min_rounds
+        #: policy -> [rounds that ran until the room ran out, drafts it ended itself, warned]
+        self._seen: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+
+    def observe(self, policy: LengthPolicy, answers: list[int], draft_length: int, draft_stop: str) -> str | None:
+        """Record one round's drafting.
+
+        Args:
+            policy: the round's policy.
+            answers: every answer of ``policy.next_length`` in the round, in order.
+            draft_length: tokens drafted (k).
+            draft_stop: the round's ``RoundRecord.draft_stop_reason``.
+        Returns:
+            The warning line (without ``warning:``) the first time the policy qualifies, else None.
+        """
+        if draft_length == 0 or type(policy).__module__.startswith("specpolicy.policies."):
+            return None
+        try:
+            state = self._seen.setdefault(policy, [0, 0, False])
+        except TypeError:  # not weak-referenceable: not watched
+            return None
+        if draft_stop == "room":
+            if len(answers) >= self.min_answers and len(set(answers)) == 1 and answers[0] > 0:
+                state[0] += 1
+        elif draft_stop not in ("stop_token", "no_proposal"):  # the policy answered 0 itself
+            state[1] += 1
+        if state[2] or state[1] or state[0] < self.min_rounds:
+            return None
+        state[2] = True
+        name = getattr(policy, "name", "") or type(policy).__name__
+        return (f"policy {name!r} answered next_length with {answers[0]} after every extension and never with 0, so "
+                f"its drafts grew until the room ran out ({draft_length} tokens after {len(answers)} answers; "
+                f"{state[0]} rounds so far): next_length is asked again after each extension and a draft ends only "
+                f"when it answers 0 -- for k tokens per round, answer max(k - draft.length, 0) (README: Write a "
+                f"policy plugin)")

@@ -8,9 +8,13 @@ expand it, every job's config is composed and checked with
 compose -- stops the sweep before any job runs: one line naming the key, the value, the accepted
 range and the job (``#N`` as Hydra numbers it), status 2.
 
-Only where the jobs run on this machine (Hydra's basic launcher, ``submitit_local``): the checks
-read CUDA's presence, files and environment variables, which on a Slurm node are the node's, so
-a Slurm job checks itself there. Other sweepers (Optuna) choose values while they run, and each
+A sweep on Slurm (``hydra/launcher=slurm``, ``slurm_cpu``, ``submitit_slurm``) from a machine
+without Slurm's commands stops here too, with one line pointing to ``scripts/slurm-local.sh``
+(``specpolicy.slurm.no_cluster_line``) -- before Hydra makes the sweep directory.
+
+The values are checked only where the jobs run on this machine (Hydra's basic launcher,
+``submitit_local``): the checks read CUDA's presence, files and environment variables, which on
+a Slurm node are the node's, so a Slurm job checks itself there. Other sweepers (Optuna) choose values while they run, and each
 job checks itself.
 
 Hydra reports a callback's exception as a warning and goes on, so the rejection is raised as
@@ -28,6 +32,9 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 #: Launchers whose jobs run on this machine.
 LOCAL_LAUNCHERS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
                    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
+#: Launchers that submit to Slurm: the ``slurm`` / ``slurm_cpu`` presets and the plugin's ``submitit_slurm``.
+SLURM_LAUNCHERS = ("hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher",
+                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher")
 
 
 class SweepRejected(SystemExit):
@@ -91,7 +98,8 @@ class SweepPreflight(Callback):
     """``on_multirun_start``: check every job of a local grid sweep (see the module docstring).
 
     Raises:
-        SweepRejected: a job with a bad value, or one that does not compose.
+        SweepRejected: a sweep on Slurm without Slurm's commands, a job with a bad value, or one
+            that does not compose.
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -99,8 +107,15 @@ class SweepPreflight(Callback):
         from specpolicy.plugins import get_plugin_manager
         from specpolicy.validation import validate_config
 
-        if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER or \
-                config.hydra.launcher.get("_target_") not in LOCAL_LAUNCHERS:
+        launcher = config.hydra.launcher.get("_target_")
+        if launcher in SLURM_LAUNCHERS:  # any sweeper: no cluster, no sweep (and no sweep directory)
+            from specpolicy.slurm import no_cluster_line
+
+            choice = (config.hydra.runtime.get("choices") or {}).get("hydra/launcher") or launcher
+            line = no_cluster_line(str(choice))
+            if line:
+                raise SweepRejected(ConfigError(line))
+        if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER or launcher not in LOCAL_LAUNCHERS:
             return
         try:
             jobs = sweep_jobs(config)

@@ -10,15 +10,22 @@ after ``MinJobAge`` seconds, and a cancelled pending array task at once) has end
 each job id at submission, every state change, and while a job is pending Slurm's reason
 (``squeue %r``: ``Resources``, ``Priority``, ``JobArrayTaskLimit``, ``ReqNodeNotAvail``, ...)
 -- again every ``remind_s`` seconds while it stays pending.
+
+Before a sweep on Slurm, ``no_cluster_line`` tells whether this machine can reach a cluster at
+all (Slurm's commands on ``PATH``); the sweep preflight (``specpolicy.preflight``) stops a sweep
+that cannot with one line pointing to ``scripts/slurm-local.sh``, before anything is created.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from submitit.core.core import InfoWatcher
 
@@ -34,6 +41,9 @@ ACTIVE_STATES = frozenset({
 GONE = "ENDED"
 #: Pending reasons that no wait resolves: the request exceeds what the partition offers.
 UNSATISFIABLE = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints"})
+#: Slurm's commands a sweep needs on this machine: sbatch submits, srun starts each job's task
+#: (submitit refuses to start without it), squeue follows the jobs.
+SLURM_COMMANDS = ("sbatch", "srun", "squeue")
 UNSATISFIABLE_HINT = ("the partition cannot run this request: ask for less (hydra.launcher.cpus_per_task, mem_gb, "
                       "gpus_per_node, timeout_min) or choose another hydra.launcher.partition, and scancel the job")
 
@@ -148,3 +158,24 @@ def squeue_watching(watcher: SqueueWatcher | None = None) -> Iterator[SqueueWatc
         yield watcher
     finally:
         SlurmJob.watcher = previous
+
+
+def no_cluster_line(launcher: str, path: str | None = None) -> str | None:
+    """One line when ``hydra/launcher=<launcher>`` cannot reach a Slurm cluster from this machine
+    (any of ``SLURM_COMMANDS`` missing on ``path``, default ``$PATH``), saying how to get one --
+    the local cluster of ``scripts/slurm-local.sh`` and the exports it writes (``env.sh`` in
+    ``$SPECPOLICY_SLURM_DIR``, default ``/tmp/specpolicy-slurm``) -- or to run the sweep here;
+    None when every command is there."""
+    missing = [c for c in SLURM_COMMANDS if shutil.which(c, path=path) is None]
+    if not missing:
+        return None
+    env = Path(os.environ.get("SPECPOLICY_SLURM_DIR", "/tmp/specpolicy-slurm")) / "env.sh"
+    if env.is_file():
+        how = (f"a local cluster is up: run `source {env}` (the exports `scripts/slurm-local.sh env` prints) "
+               f"in this shell first")
+    else:
+        how = (f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
+               f"`source {env}` (the exports `scripts/slurm-local.sh env` prints)")
+    return (f"hydra/launcher={launcher} submits the sweep to Slurm, but {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not on PATH (no Slurm cluster here); {how}; or run the "
+            f"sweep on this machine with hydra/launcher=basic. Nothing was launched or created")

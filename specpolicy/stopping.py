@@ -13,12 +13,83 @@ tokens -- never the whole output. A completion is *new* at token ``j`` when a st
 in the window's text ending after the part of the text that was already there before token
 ``j`` (the common prefix of the texts before and after ``j``: a token can change the decoded
 text before it, e.g. the bytes of an incomplete UTF-8 character).
+
+Escapes: a stop string given in a config or on the command line is read with its backslash
+escapes decoded (``config_strings``), since Hydra keeps ``'generation.stop=["\\n\\n"]'`` as a
+backslash and an ``n``: ``\\n``, ``\\t``, ``\\r``, ``\\\\``, ``\\"``, ``\\'``, ``\\xHH``,
+``\\uXXXX`` and ``\\UXXXXXXXX`` become the characters they name; any other backslash stays as
+written (``\\boxed{`` is a backslash and ``boxed{``). ``never_matching`` names stop strings the
+tokenizer's decoded text can never contain (a character it cannot produce, a special token's text).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
+
+#: The backslash escapes ``decode_escapes`` turns into characters (others stay as written).
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|x[0-9a-fA-F]{2}|[ntr\\\"'])")
+_SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
+
+
+def decode_escapes(text: str) -> str:
+    """``text`` with the escapes ``\\n \\t \\r \\\\ \\" \\' \\xHH \\uXXXX \\UXXXXXXXX`` replaced by the
+    characters they name, left to right (``\\\\n`` is a backslash and an ``n``); any other
+    backslash is kept. Raises ValueError naming ``generation.stop`` for an escape naming no
+    character (``\\UFFFFFFFF``)."""
+    def one(match: re.Match) -> str:
+        body = match.group(1)
+        if body in _SIMPLE:
+            return _SIMPLE[body]
+        try:
+            return chr(int(body[1:], 16))
+        except (ValueError, OverflowError):  # beyond U+10FFFF
+            raise ValueError(f"generation.stop: the escape \\{body} names no character (at most \\U0010FFFF), "
+                             f"in {text!r}") from None
+
+    return _ESCAPE.sub(one, text)
+
+
+def config_strings(value: Any) -> Any:
+    """A ``generation.stop`` config value with the escapes of each string decoded
+    (``decode_escapes``); a value that is not a list of strings is returned as it is, for
+    ``StopStrings`` to reject with its message."""
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return [decode_escapes(s) for s in value]
+    return value
+
+
+def never_matching(tokenizer: Any, strings: Sequence[str]) -> list[str]:
+    """One line per stop string that the tokenizer's decoded text can never contain, saying why:
+    a character that encoding and decoding (``skip_special_tokens=True``, as matching decodes)
+    does not give back -- one the vocabulary cannot produce --, or text that does not come back
+    whole, such as a special token's text (special tokens are skipped before matching). Empty for
+    a tokenizer without ``encode`` (nothing can be said).
+
+    Args:
+        tokenizer: with ``encode(text, add_special_tokens=False) -> list[int]`` and ``decode``.
+        strings: the stop strings (escapes already decoded).
+    """
+    if not callable(getattr(tokenizer, "encode", None)):
+        return []
+
+    def round_trip(text: str) -> str:  # between two letters, so no tokenizer strips a leading space
+        ids = tokenizer.encode(f"a{text}a", add_special_tokens=False)
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    lines = []
+    for s in strings:
+        lost = next((c for c in dict.fromkeys(s) if c not in round_trip(c)), None)
+        if lost is not None:
+            lines.append(f"generation.stop string {s!r} can never match: the target's tokenizer cannot produce the "
+                         f"character {lost!r} (U+{ord(lost):04X}), so the decoded output never contains it")
+        elif s not in round_trip(s):
+            back = tokenizer.decode(tokenizer.encode(s, add_special_tokens=False), skip_special_tokens=True)
+            lines.append(f"generation.stop string {s!r} can never match: the target's tokenizer does not give this "
+                         f"text back (encoded and decoded it reads {back!r}; a special token's text is skipped), and "
+                         f"stop strings are matched on the decoded output")
+    return lines
 
 
 class StopStrings:
@@ -53,8 +124,9 @@ class StopStrings:
 
     @staticmethod
     def from_config(tokenizer: Any, strings: Sequence[str] | None) -> StopStrings | None:
-        """``StopStrings`` for a ``generation.stop`` list, or None when it is empty or missing."""
-        return StopStrings(tokenizer, strings) if strings or isinstance(strings, str) else None
+        """``StopStrings`` for a ``generation.stop`` list as a config holds it (escapes decoded here,
+        ``config_strings``), or None when it is empty or missing."""
+        return StopStrings(tokenizer, config_strings(strings)) if strings or isinstance(strings, str) else None
 
     def reset(self) -> None:
         """Start a new prompt (the loop calls it before the first round)."""

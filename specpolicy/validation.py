@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -139,8 +140,8 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
             claimed = True
     except ConfigError:
         raise
-    except (ValueError, TypeError) as exc:  # a plugin's own range check
-        raise ConfigError(str(exc)) from exc
+    except (ValueError, TypeError) as exc:  # a plugin's own range check, or its factory failing on a value
+        raise ConfigError(refusal_message(pm, group, name, config, exc)) from exc
     if claimed:
         return
     factory = PLUGIN_GROUPS[group]
@@ -150,12 +151,40 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
         raise ConfigError(f"no registered plugin provides {group} {name!r}; see `python -m specpolicy --list-plugins`")
 
 
+def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error: BaseException) -> str:
+    """The one line for a plugin's ``ValueError`` / ``TypeError`` about ``group`` choice ``name``:
+    its own message when it names a key of the group (``policy.n must be ...``,
+    ``logger.wandb.mode ...``); otherwise the key whose value
+    (or name) the message quotes -- ``policy.k='abc'`` for ``invalid literal for int() with base
+    10: 'abc'`` -- or, when none can be told, every setting, then the plugin and hook that raised
+    it (``specpolicy.plugins.blame``) and the plugin's own words."""
+    from specpolicy.plugins import blame
+
+    text = str(error)
+    prefix = f"logger.{name}." if group == "logger" else f"{group}."  # how the user writes the group's keys
+    if prefix in text:  # the plugin's own message names its key
+        return text
+    where = blame(error, pm)
+    by = f" by {where}" if where is not None else f" by the plugin providing {group} {name!r}"
+    quoted = [key for key, value in config.items()
+              if re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", text)]
+    if len(quoted) != 1:
+        quoted = [key for key in config if re.search(rf"['\"]{re.escape(str(key))}['\"]", text)]
+    if len(quoted) == 1:
+        key = quoted[0]
+        subject = f"{prefix}{key}={config[key]!r} was refused"
+    else:
+        settings = ", ".join(f"{prefix}{key}={value!r}" for key, value in config.items()) or "no settings"
+        subject = f"{group} {name!r} refused its settings ({settings})"
+    return f"{subject}{by}: {type(error).__name__}: {text}"
+
+
 def _check_core(config: Mapping[str, Any]) -> None:
     """The keys the core owns (``generation``, ``run``, ``reuse``, ``runtime``, ``seed``, ``profile``)."""
     from specpolicy.summary import profile_from
     from specpolicy.runtime import Runtime
     from specpolicy.sampling import SamplingConfig
-    from specpolicy.stopping import StopStrings
+    from specpolicy.stopping import StopStrings, config_strings
 
     integer("seed", config.get("seed", 0))
     generation = config.get("generation") or {}
@@ -164,7 +193,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
         SamplingConfig.from_config(generation)  # temperature, top_k, top_p
         stop = generation.get("stop")
         if stop is not None and (isinstance(stop, str) or len(stop)):
-            StopStrings(None, stop if isinstance(stop, str) else list(stop))  # non-empty strings
+            StopStrings(None, config_strings(stop if isinstance(stop, str) else list(stop)))  # non-empty strings
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     run = config.get("run") or {}

@@ -36,11 +36,61 @@ def test_rows_mixing_text_fields_each_use_their_own(tmp_path):
     assert [p.source for p in prompts] == [f"{path}:1", f"{path}:2", f"{path}:4", f"{path}:5"]
 
 
-def test_a_malformed_json_row_is_named_by_file_and_line_with_the_other_bad_lines(tmp_path):
-    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "cut', b'{"prompt": "ok"}', b"[1, 2]"])
+def test_a_malformed_json_row_is_named_by_file_and_line_in_plain_words(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "cut', b'{"prompt": "ok"}'])
+    assert one_line_error(path) == (f'{path}:2: malformed JSON: a string is not closed: the line ends inside it (a '
+                                    f'closing " is missing); each line of dataset.path must be one JSON object '
+                                    f'(UTF-8) with a non-empty string in one of the fields prompt, question, '
+                                    f'problem, text')
+
+
+def test_every_bad_line_of_every_kind_is_reported_at_once(tmp_path):
+    """The issue's file: bad JSON on line 2, an array on line 4, a row without text on line 5 --
+    all three in the first report (no second round after fixing the first two)."""
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"prompt": "cut', b'{"prompt": "ok"}', b"[1, 2]",
+                                        b'{"answer": "42"}', b'{"question": "fine"}'])
     message = one_line_error(path)
-    assert message.startswith(f"{path}:2: malformed JSON")
-    assert "also bad: line 4" in message
+    assert message == (f'{path}: 3 bad lines: line 2: malformed JSON: a string is not closed: the line ends inside '
+                       f'it (a closing " is missing); line 4: an array ([...]), not a JSON object ({{...}}); line 5: '
+                       f'no prompt text: none of the fields prompt, question, problem, text holds a non-empty string '
+                       f'(its fields: answer); each line of dataset.path must be one JSON object (UTF-8) with a '
+                       f'non-empty string in one of the fields prompt, question, problem, text')
+    assert "Invalid control character" not in message  # Python's words, not the user's
+
+
+def test_a_row_past_num_prompts_is_checked_too(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}', b'{"answer": "42"}'])
+    with pytest.raises(ValueError, match=f"{path}:2: no prompt text"):
+        load_prompts("mine", path, 1)
+
+
+@pytest.mark.parametrize("line, problem", [
+    (b'{"prompt": "a\tb"}', "a raw control character '\\t' inside a string at column 14; write it as \\t"),
+    (b'{"prompt": "x",}', "a key in double quotes is expected at column 16 (JSON has no single quotes and no comma "
+                          "before a closing })"),
+    (b"{'prompt': 'x'}", "a key in double quotes is expected at column 2"),
+    (b'{"prompt" "x"}', "a colon is missing after the key, at column 11"),
+    (b'{"prompt": "x"} {}', "more than one JSON value on the line (extra text from column 17)"),
+    (b'{"prompt": True}', "no JSON value at column 12 (strings need double quotes; true, false and null are lower "
+                          "case"),
+    (b'{"prompt": "x"', "the line ends before the object is closed (a } is missing)"),
+    (b'{"prompt": "a\\qb"}', "a backslash at column 14 starts no JSON escape"),
+    (b"hello", "the line is not JSON (a JSON object starts with {)"),
+    (b'"just text"', "a string, not a JSON object ({...})"),
+])
+def test_json_mistakes_are_said_in_plain_words(tmp_path, line, problem):
+    path = write(tmp_path / "p.jsonl", [line])
+    message = one_line_error(path)
+    assert message.startswith(f"{path}:1: ") and problem in message
+
+
+def test_many_bad_lines_are_reported_up_to_a_limit_then_counted(tmp_path):
+    path = write(tmp_path / "p.jsonl", [b'{"prompt": "ok"}'] + [b"[]"] * 25)
+    message = one_line_error(path)
+    assert message.startswith(f"{path}: 25 bad lines: line 2: an array")
+    assert message.count("not a JSON object") == datasets.MAX_REPORTED == 20
+    assert "line 21: an array" in message and "line 22:" not in message
+    assert "; and 5 more (lines 22, 23, 24, 25, 26); each line of dataset.path" in message
 
 
 def test_a_non_utf8_byte_is_named_by_file_and_line(tmp_path):

@@ -112,3 +112,50 @@ def test_a_failing_abort_hook_is_reported_and_the_original_error_survives(family
     assert ("warning: plugin oddity (oddity_pkg.plugin), in specpolicy_run_abort failed while the run was aborting: "
             "OSError: [Errno 28] No space left on device") in err
     assert (tmp_path / "results.jsonl").exists()  # the jsonl logger's abort hook ran too (file closed)
+
+
+class _Parsing(LengthPolicy):
+    """A plugin policy that parses its own settings (no ``specpolicy_validate_config`` hook)."""
+
+    name = "odd"
+
+    def __init__(self, k=3, window=4) -> None:
+        self.k, self.window = int(k), int(window)
+
+    def next_length(self, draft) -> int:
+        return max(self.k - draft.length, 0)
+
+
+def parsing_module() -> types.ModuleType:
+    module = types.ModuleType("oddity_pkg.parsing")
+
+    @hookimpl
+    def specpolicy_make_policy(name, config):
+        return _Parsing(**config) if name == "odd" else None
+
+    module.specpolicy_make_policy = specpolicy_make_policy
+    return module
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["policy.k=abc"], "error: policy.k='abc' was refused by plugin oddity (oddity_pkg.parsing), in "
+                       "specpolicy_make_policy: ValueError: invalid literal for int() with base 10: 'abc'"),
+    (["+policy.windw=8"], "error: policy.windw=8 was refused by plugin oddity (oddity_pkg.parsing), in "
+                          "specpolicy_make_policy: TypeError: _Parsing.__init__() got an unexpected keyword argument "
+                          "'windw'"),
+    (["policy.k=x", "+policy.window=x"], "error: policy 'odd' refused its settings (policy.k='x', policy.window='x') "
+                                         "by plugin oddity (oddity_pkg.parsing), in specpolicy_make_policy: "
+                                         "ValueError: invalid literal for int() with base 10: 'x'"),
+])
+def test_a_plugin_factory_refusing_a_value_names_the_key_and_the_plugin(family, plugin, tmp_path, monkeypatch,
+                                                                         capsys, extra, line):
+    """A plugin without ``specpolicy_validate_config`` is checked by building its policy; when its
+    factory raises on a value the line names the key (when its value or name is quoted) and the plugin,
+    before any model loads (status 2)."""
+    plugin(parsing_module())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "policy=static", "policy.name=odd", *extra])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line]

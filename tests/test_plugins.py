@@ -36,7 +36,7 @@ class _Fixed(LengthPolicy):
         return max(self.k - draft.length, 0)
 
 
-def _plugin_module(module_name: str, policy_name: str, searchpath: list[str] | None = None) -> types.ModuleType:
+def _plugin_module(module_name: str, policy_name: str, searchpath: object = None) -> types.ModuleType:
     """A module implementing ``specpolicy_make_policy`` for ``policy_name`` (and optionally
     ``specpolicy_config_searchpath``), like a third-party package's plugin module."""
     mod = types.ModuleType(module_name)
@@ -146,9 +146,46 @@ def test_broken_entry_point_names_the_ways_out(fake_dists, monkeypatch):
 
 
 def test_config_searchpath_normalises_entries(fake_dists, tmp_path):
-    fake_dists("specpolicy-a", "a", _plugin_module("fake_a", "a", ["pkg://fake_a.conf", str(tmp_path)]))
+    fake_dists("specpolicy-a", "a", _plugin_module("fake_a", "a", ["pkg://specpolicy.conf", str(tmp_path)]))
     entries = config_searchpath(get_plugin_manager())
-    assert entries == [("a", "pkg://fake_a.conf"), ("a", f"file://{tmp_path.resolve()}")]
+    assert entries == [("a", "pkg://specpolicy.conf"), ("a", f"file://{tmp_path.resolve()}")]
+
+
+WAY_OUT = "fix or uninstall the plugin, or set SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD=1 to skip every third-party plugin"
+
+
+def test_a_searchpath_hook_answering_a_string_is_named_in_one_line_on_every_command(fake_dists, monkeypatch,
+                                                                                   capsys):
+    """The README's search path returned as a string, not a list: ``--list-plugins`` iterated its
+    characters and crashed with a traceback, and ``policy=mine`` said only "no config"."""
+    fake_dists("specpolicy-mine", "mine", _plugin_module("fake_mine", "mine", "pkg://fake_mine.conf"))
+    line = ("error: plugin mine (fake_mine), in specpolicy_config_searchpath: returned 'pkg://fake_mine.conf' (str), "
+            f"not a list of search-path entries; return e.g. ['pkg://fake_mine.conf']; {WAY_OUT}")
+    from specpolicy.cli import main
+
+    for args in (["--list-plugins"], ["policy=mine"]):
+        monkeypatch.setattr(sys, "argv", ["specpolicy", *args])
+        with pytest.raises(SystemExit) as info:
+            main()
+        assert info.value.code == 1
+        assert capsys.readouterr().err.splitlines() == [line]
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (["pkg://fake_bad_nowhere.conf"], "returned the config search path 'pkg://fake_bad_nowhere.conf', but there is "
+                                      "no package 'fake_bad_nowhere.conf' to hold config files (is it installed, with "
+                                      "its conf/ files?)"),
+    (["/no/such/dir"], "returned the config search path 'file:///no/such/dir', which is not a directory"),
+    ([42], "returned a list holding 42 (int); each entry must be a string such as 'pkg://my_pkg.conf' or a "
+           "directory"),
+    ({"policy": "conf"}, "returned {'policy': 'conf'} (dict), not a list of search-path entries; return e.g. "
+                         "['pkg://my_pkg.conf']"),
+])
+def test_a_bad_searchpath_answer_names_the_plugin(fake_dists, answer, problem):
+    fake_dists("specpolicy-bad", "bad", _plugin_module("fake_bad", "bad", answer))
+    with pytest.raises(PluginError) as info:
+        config_searchpath(get_plugin_manager())
+    assert str(info.value) == f"plugin bad (fake_bad), in specpolicy_config_searchpath: {problem}; {WAY_OUT}"
 
 
 def test_config_searchpath_rejects_unknown_scheme(fake_dists):

@@ -830,3 +830,46 @@ def test_failfast_stop_reasons_by_rule():
     spp = SpecDecPPPolicy(h=0.5, max_length=3)
     assert spp.next_length(make_draft([LO])) == 0 and spp.draft_stop_reason == "low_confidence"
     assert spp.next_length(make_draft([HI] * 3)) == 0 and spp.draft_stop_reason == "policy_bound"
+
+
+# -- a policy that never ends its drafts (the protocol misread) -----------------------------------
+
+
+class _AlwaysThree(LengthPolicy):
+    """The README's first attempt: "3 tokens per round", answered after every extension too."""
+
+    name = "always3"
+
+    def next_length(self, draft: Draft) -> int:
+        return 3
+
+
+class _ThreeThenStop(LengthPolicy):
+    """The same intent written as the protocol asks."""
+
+    name = "three"
+
+    def next_length(self, draft: Draft) -> int:
+        return max(3 - draft.length, 0)
+
+
+def test_a_policy_that_never_answers_0_is_warned_about_once_per_run(capsys):
+    runtime = Runtime("cpu", "float64")
+    verifier = HFVerifier(tiny_lm(seed=0), runtime, frozenset())
+    drafter = ARDrafter(tiny_lm(seed=1), runtime)  # another model: drafts are rejected, many rounds
+    prompts = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7])]
+    runaway, fixed = _AlwaysThree(), _ThreeThenStop()
+    for prompt in prompts:
+        out = generate(prompt, verifier, runtime, max_new_tokens=24, drafter=drafter, policy=runaway)
+        assert out.rounds[0].speculation_length == 23  # the whole room, not 3
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["warning: policy 'always3' answered next_length with 3 after every extension and never with 0, "
+                     "so its drafts grew until the room ran out (22 tokens after 9 answers; 2 rounds so far): "
+                     "next_length is asked again after each extension and a draft ends only when it answers 0 -- "
+                     "for k tokens per round, answer max(k - draft.length, 0) (README: Write a policy plugin)"]
+    for prompt in prompts:  # the protocol followed: 3-token drafts, no warning
+        out = generate(prompt, verifier, runtime, max_new_tokens=24, drafter=drafter, policy=fixed)
+        assert {r.speculation_length for r in out.rounds} <= {0, 1, 2, 3}
+    filling = FailFastPolicy(n=3, tau=0.0, n_max=60)  # fills the room by design (n_max > max_new_tokens)
+    generate(prompts[0], verifier, runtime, max_new_tokens=24, drafter=drafter, policy=filling)
+    assert capsys.readouterr().err == ""

@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -375,3 +376,37 @@ def test_a_method_that_never_drafts_gets_no_acceptance_plot(tmp_path):
     assert plot_main([str(solo)]) == 0
     assert not (solo / "plots" / "length_cdf.png").exists()
     assert (solo / "plots" / "latency_breakdown.png").exists()
+
+
+# -- progress bars only on a terminal ----------------------------------------------------------------
+
+
+def test_model_loading_draws_progress_bars_only_on_a_terminal(family, capsys, monkeypatch):
+    """transformers' "Loading weights" bar (on stderr) is drawn on a terminal and nowhere else."""
+    from transformers.utils import logging as hf_logging
+
+    from specpolicy.models import load_causal_lm, load_tokenizer
+    from specpolicy.runtime import Runtime
+
+    runtime = Runtime("cpu", "float32")
+    load_causal_lm(str(family["target"]), runtime)
+    load_tokenizer(str(family["target"]))
+    assert capsys.readouterr().err == ""  # stderr captured: not a terminal
+    assert hf_logging.is_progress_bar_enabled()  # transformers' own setting is left as it was
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the same load, on a terminal
+    load_causal_lm(str(family["target"]), runtime)
+    assert "Loading weights" in capsys.readouterr().err
+
+
+def test_a_run_into_a_file_has_no_progress_bars(family, tmp_path, monkeypatch, capsys):
+    """``python -m specpolicy > run.log 2>&1``: neither the models' loading bars nor the run's
+    per-prompt bar reach the file (stderr is not a terminal)."""
+    from conftest import overrides
+    from specpolicy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "dataset.num_prompts=1"])
+    main()
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err and "prompt/s" not in err and "%|" not in err

@@ -1,15 +1,18 @@
 """A prompt longer than the context is reported before decoding starts, skipped with its reason
-in results.jsonl and the summary, and a resume reads it back instead of failing on it again."""
+in results.jsonl and the summary, and a resume reads it back instead of failing on it again; a
+``generation.max_new_tokens`` the context cannot hold is one warning line once the context is known."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from hydra import compose, initialize_config_module
 
 from conftest import overrides
 
 from specpolicy.experiment import run_experiment
+from specpolicy.skips import max_new_tokens_line
 
 
 def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path, capsys):
@@ -39,3 +42,34 @@ def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path
     assert "resuming" in capsys.readouterr().out
     assert [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()] == written
     assert again["skipped_prompts"] == summary["skipped_prompts"] and again["prompts"] == 2
+
+
+def test_max_new_tokens_beyond_the_context_is_one_warning_line_naming_key_value_and_context():
+    target, drafter = SimpleNamespace(max_context=1024), SimpleNamespace(max_context=0)  # a drafter without a limit
+    assert max_new_tokens_line(256, [100, 180], target, drafter) is None  # every prompt can reach it
+    assert max_new_tokens_line(100_000_000, [100, 180], target, drafter) == (
+        "generation.max_new_tokens=100000000 is more than the context holds: it is 1024 tokens (verifier.max_context, "
+        "or the models' max_position_embeddings), so every prompt (100-180 tokens with the chat template) ends at the "
+        "context after at most 845-925 new tokens (finish_reason max_context)")
+    assert max_new_tokens_line(900, [100, 180], target, SimpleNamespace(max_context=0)) == (
+        "generation.max_new_tokens=900 is more than the context holds: it is 1024 tokens (verifier.max_context, or the "
+        "models' max_position_embeddings), so 1 of 2 prompts (180 tokens with the chat template) end at the context "
+        "after at most 845 new tokens (finish_reason max_context)")
+    assert "it is 512 tokens" in max_new_tokens_line(900, [100], target, SimpleNamespace(max_context=512))
+
+
+def test_a_run_warns_of_max_new_tokens_beyond_the_context_and_loses_nothing(family, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Natalia sold clips."}) + "\n")
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides(family), f"dataset.path={prompts}", "dataset.name=mine",
+                                           "verifier.max_context=48", "generation.max_new_tokens=100000000"])
+    summary = run_experiment(cfg, tmp_path / "run")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "warning: generation.max_new_tokens=100000000 is more than the context holds: it is 48 tokens")
+    row = json.loads((tmp_path / "run" / "results.jsonl").read_text())
+    assert row["finish_reason"] == "max_context"
+    assert len(row["output_ids"]) == 48 - row["prompt_tokens"] + 1  # what the line promised: at most, and reached
+    assert f"after at most {len(row['output_ids'])} new tokens" in warnings[0]
+    assert summary["prompts"] == 1

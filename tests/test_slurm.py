@@ -109,6 +109,40 @@ def test_slurm_presets_request_a_gpu_or_none():
     assert SpecpolicySlurmLauncher(**{**params, "gpus_per_node": 2}).params["gpus_per_node"] == 2
 
 
+@pytest.mark.parametrize("cluster_up", [False, True])  # no cluster at all / the local one up but not sourced
+@pytest.mark.parametrize("launcher", ["slurm_cpu", "submitit_slurm"])
+def test_a_slurm_sweep_without_slurm_is_one_line_before_anything_is_created(launcher, cluster_up, tmp_path,
+                                                                            monkeypatch, capsys):
+    """Without Slurm's commands on PATH (here: a PATH holding none, whatever this machine has),
+    the sweep stops before Hydra makes its sweep directory: one line pointing to
+    ``scripts/slurm-local.sh up`` and the env.sh it writes, status 2, no traceback."""
+    from specpolicy.cli import main
+
+    cluster_dir = tmp_path / "cluster"
+    if cluster_up:
+        cluster_dir.mkdir()
+        (cluster_dir / "env.sh").write_text("export PATH=...\n")
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("SPECPOLICY_SLURM_DIR", str(cluster_dir))
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["specpolicy", "-m", "policy=static", "policy.k=2,4",
+                                      f"hydra/launcher={launcher}", "hydra.sweep.dir=sweep"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    how = (f"a local cluster is up: run `source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` "
+           f"prints) in this shell first" if cluster_up else
+           f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
+           f"`source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` prints)")
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: hydra/launcher={launcher} submits the sweep to Slurm, but sbatch, srun, squeue are not on PATH (no "
+        f"Slurm cluster here); {how}; or run the sweep on this machine with hydra/launcher=basic. Nothing was "
+        f"launched or created"]
+    assert not (tmp_path / "sweep").exists()
+
+
 # -- on the local cluster ------------------------------------------------------------------------------
 
 

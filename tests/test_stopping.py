@@ -5,22 +5,29 @@ exactly where plain decoding stops, the first condition wins, and nothing after 
 The table runs on a scripted target (its greedy token at output position n is ``OFFSET + n``, so
 every token is distinct and each condition can be placed at any position) and scripted drafters
 (all right, or wrong from a given draft position); a second part checks real tiny models with a
-real byte-level BPE tokenizer, and ``StopStrings`` against a whole-text reference (hypothesis)."""
+real byte-level BPE tokenizer, and ``StopStrings`` against a whole-text reference (hypothesis).
+Last, stop strings as users write them: the README's ``'generation.stop=["\\n\\n"]'`` (escapes
+decoded) and a warning for a stop string the tokenizer's text can never contain."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import torch
+from hydra import compose, initialize_config_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import sharpen, tiny_lm, tiny_tokenizer
+from conftest import overrides, sharpen, tiny_lm, tiny_tokenizer
+from specpolicy.cli import main
 from specpolicy.decoding import generate
 from specpolicy.drafter import Drafter
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policy import LengthPolicy
 from specpolicy.runtime import Runtime
-from specpolicy.stopping import StopStrings
+from specpolicy.stopping import StopStrings, decode_escapes, never_matching
 from specpolicy.types import Draft, Verification
 from specpolicy.verifier import Verifier
 from specpolicy.verifiers.hf import HFVerifier
@@ -262,3 +269,74 @@ def test_real_models_stop_strings_inside_drafts(real, drafter_seed):
         assert sum(r.emitted_tokens for r in spec.rounds) == expected
         checked += 1
     assert checked >= 8
+
+
+# -- stop strings as the README writes them: escapes decoded, unmatchable ones named --------------
+
+README_STOP = 'generation.stop=["\\n\\n"]'  # exactly the README's line (in single quotes for bash)
+
+
+def test_stop_string_escapes_are_decoded_and_other_backslashes_kept():
+    assert decode_escapes(r"\n\n") == "\n\n"
+    assert decode_escapes(r"a\tb\r") == "a\tb\r"
+    assert decode_escapes(r"\\n") == "\\n"  # an escaped backslash, then a plain n
+    assert decode_escapes(r"\"q\" \'") == "\"q\" '"
+    assert decode_escapes(r"\x41\u00e9\U0001F600") == "A\u00e9\U0001F600"
+    assert decode_escapes(r"\boxed{ \d \s") == r"\boxed{ \d \s"  # no escape a user would mean: kept as written
+    assert decode_escapes("é\n") == "é\n"  # decoded text and non-ASCII pass through unchanged
+    with pytest.raises(ValueError, match=r"generation.stop: the escape \\UFFFFFFFF names no character"):
+        decode_escapes(r"\UFFFFFFFF")
+
+
+def test_the_readme_stop_line_ends_generation_at_a_blank_line():
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        raw = compose("config", overrides=[README_STOP]).generation.stop
+    assert list(raw) == ["\\n\\n"]  # what Hydra hands over: backslash, n, backslash, n
+    stop = StopStrings.from_config(TOKENIZER, list(raw))
+    assert stop.strings == ("\n\n",)
+    ids = TOKENIZER.encode("Natalia sold clips.\n\nHow many clips?", add_special_tokens=False)
+    stop.reset()
+    cut = stop.check(ids)
+    assert cut is not None and TOKENIZER.decode(ids[:cut]).endswith("\n\n")
+    assert "\n\n" not in TOKENIZER.decode(ids[:cut - 1])
+
+
+class _LettersOnly:
+    """A tokenizer whose vocabulary is the letters a-z and a space (anything else is unknown, dropped)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text if c == " " or "a" <= c <= "z"]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+def test_stop_strings_that_can_never_match_are_named():
+    lines = never_matching(_LettersOnly(), ["the end", "\n\n", "done."])
+    assert lines == [
+        "generation.stop string '\\n\\n' can never match: the target's tokenizer cannot produce the character "
+        "'\\n' (U+000A), so the decoded output never contains it",
+        "generation.stop string 'done.' can never match: the target's tokenizer cannot produce the character '.' "
+        "(U+002E), so the decoded output never contains it",
+    ]
+    # a byte-level tokenizer produces any character, but a special token's text is skipped in the output
+    assert never_matching(TOKENIZER, ["\n\n", "é", "\\n", " clips"]) == []
+    assert never_matching(TOKENIZER, ["<|im_end|>"]) == [
+        "generation.stop string '<|im_end|>' can never match: the target's tokenizer does not give this text back "
+        "(encoded and decoded it reads ''; a special token's text is skipped), and stop strings are matched on the "
+        "decoded output"]
+
+
+def test_a_run_matches_the_readme_stop_line_as_written_and_warns_of_an_unmatchable_one(family, tmp_path,
+                                                                                      monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "dataset.num_prompts=1",
+                                      'generation.stop=["\\n\\n","<|im_end|>"]', "hydra.run.dir=out"])
+    main()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["config"]["generation"]["stop"] == ["\n\n", "<|im_end|>"]  # newlines, as matched
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: generation.stop")]
+    assert warnings == ["warning: generation.stop string '<|im_end|>' can never match: the target's tokenizer does "
+                        "not give this text back (encoded and decoded it reads ''; a special token's text is "
+                        "skipped), and stop strings are matched on the decoded output"]

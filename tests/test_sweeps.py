@@ -4,6 +4,7 @@ the Optuna sweeper (losslessness as a hard constraint) and the paper's study pre
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_a_job_that_does_not_compose_is_named(family, tmp_path, monkeypatch, cap
 
 
 @pytest.mark.parametrize("choice", ["hydra/launcher=slurm_cpu", "hydra/sweeper=failfast_optuna", None])
-def test_only_grid_sweeps_that_run_here_are_checked_up_front(monkeypatch, choice):
+def test_only_grid_sweeps_that_run_here_are_checked_up_front(monkeypatch, tmp_path, choice):
     """On a Slurm node the checks (CUDA, files, environment) are the node's: such jobs check
     themselves there; an Optuna sweep picks values as it goes. The basic grid run here is checked."""
     from specpolicy import preflight
@@ -91,6 +92,10 @@ def test_only_grid_sweeps_that_run_here_are_checked_up_front(monkeypatch, choice
         raise AssertionError("expanded")
 
     monkeypatch.setattr(preflight, "sweep_jobs", expand)
+    for command in ("sbatch", "srun", "squeue"):  # Slurm's commands, so that the Slurm sweep gets past its own check
+        (tmp_path / command).write_text("#!/bin/sh\nexit 0\n")
+        (tmp_path / command).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[choice] if choice else [], return_hydra_config=True)
     if choice:
