@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from specpolicy.latency import fit_affine
+from specpolicy.latency import NotEstimable, fit_affine, step_problem
 from specpolicy.results import PromptResult, find_runs, read_run
 from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
 
@@ -118,8 +118,17 @@ class CostModel:
         measured ``verify_ms`` of vanilla decoding steps.
 
         Slopes are clamped at >= 0 so costs never decrease with the length.
+
+        Raises:
+            NotEstimable: when the verification time of a plain target step (length 0) cannot be
+                estimated: no vanilla step and no round of length 0, and the drafted rounds cannot be
+                extrapolated to length 0 (``specpolicy.latency.step_problem``).
         """
         rounds = list(rounds)
+        van = list(vanilla_verify_ms)
+        problem = step_problem([(r.speculation_length, r.verify_ms) for r in rounds] + [(0, ms) for ms in van])
+        if problem:
+            raise NotEstimable(problem)
         drafted = [r for r in rounds if r.speculation_length > r.reused_tokens]
         passes = sum(r.drafter_forward_passes for r in drafted)
         draft_ms = sum(r.draft_ms for r in drafted)
@@ -128,7 +137,6 @@ class CostModel:
         per_token = 0.0 if passes else (draft_ms / tokens if tokens else 0.0)
         pb, pt = fit_affine([r.speculation_length - r.reused_tokens for r in drafted],
                             [r.drafter_forward_passes for r in drafted])
-        van = list(vanilla_verify_ms)
         xs = [r.speculation_length for r in rounds] + [0] * len(van)
         ys = [r.verify_ms for r in rounds] + van
         vb, vt = fit_affine(xs, ys)
@@ -328,8 +336,12 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
     * Ratio > 1 (the policy's modeled time is below the estimated oracle's): never called a
       fraction of an optimum -- the estimate bounds nothing there; the line says why.
 
+    * Not estimable (``unavailable``): "n/a (<why>)", never a number.
+
     ``brief``: the label without the reason for a bound (``CENSORED_NOTE`` gives it once).
     """
+    if result.get("unavailable") or result.get("fraction_of_oracle") is None:
+        return f"n/a ({result.get('unavailable') or 'no figure'})"
     ratio = float(result.get("fraction_of_oracle", 0.0))
     if brief and is_censored(result):
         speeds = (f"modeled: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
@@ -356,17 +368,32 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
             f"costed by extrapolation; {speeds}; benchmarks/peers.py replays the drafter for the exact oracle)")
 
 
+def unavailable(reason: str, max_length: int) -> dict[str, Any]:
+    """An oracle result whose figures cannot be estimated (``compare``'s keys, figures None, no
+    prompt), with ``unavailable``: the reason."""
+    return {"definition": DEFINITION, "source": "rounds (self-consistency, censored at fully accepted rounds)",
+            "cost_model": None, "fraction_of_oracle": None, "policy_ms": None, "oracle_ms": None, "vanilla_ms": None,
+            "policy_speedup_modeled": None, "oracle_speedup_modeled": None, "censored_positions": 0,
+            "per_prompt": [], "max_length": max_length, "unavailable": reason}
+
+
 def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> dict[str, Any] | None:
     """``compare`` on a run's results, rounds source: a cost model fitted on the speculative rounds
     and the vanilla baseline's steps, ``max_length`` None = ``oracle_max_length`` of the rounds.
     ``summary.json``'s ``oracle`` block and ``python -m specpolicy.oracle`` are this computation.
-    Returns ``compare``'s dict plus ``max_length``; None when there are no rounds."""
+    Returns ``compare``'s dict plus ``max_length``; None when there are no rounds. When the run's
+    timings cannot give a cost model (``CostModel.fit`` raises ``NotEstimable``: e.g. no vanilla
+    baseline and too few rounds), the figures are None and ``unavailable`` says why
+    (``describe_fraction`` prints ``n/a`` with it)."""
     spec_rounds = [r for res in results for r in res.speculative.rounds]
     if not spec_rounds:
         return None
     van_verify = [r.verify_ms for res in results if res.vanilla is not None for r in res.vanilla.rounds]
-    cost = CostModel.fit(spec_rounds, van_verify)
     max_length = oracle_max_length(spec_rounds) if max_length is None else max_length
+    try:
+        cost = CostModel.fit(spec_rounds, van_verify)
+    except NotEstimable as why:
+        return unavailable(str(why), max_length)
     out = compare({res.prompt_id: res.speculative for res in results}, cost, max_length)
     out["max_length"] = max_length
     return out
