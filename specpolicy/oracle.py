@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -65,7 +66,8 @@ from typing import Any
 import torch
 
 from specpolicy.latency import NotEstimable, fit_affine, step_problem
-from specpolicy.results import PromptResult, find_runs, read_run
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, untrusted_reasons
+from specpolicy.results import SUMMARY_FILE, PromptResult, find_runs, read_run, read_summary
 from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
 
 #: The oracle may always speculate at least this far (FailFast's N_max default, tokens).
@@ -414,6 +416,29 @@ def analyse_run(run_dir: str | Path, max_length: int | None = None) -> dict[str,
     return out
 
 
+#: Up to this many prompts, the per-prompt fractions are listed one by one (a min / median / max of
+#: two or three values says less than the values).
+LIST_PROMPTS_UP_TO = 5
+
+
+def per_prompt_text(fractions: Sequence[float]) -> str:
+    """The per-prompt fractions in words: every value for up to ``LIST_PROMPTS_UP_TO`` prompts,
+    else min / median / max; always with n, and how many are above 1 (no fraction of an optimum).
+    Empty without prompts."""
+    if not fractions:
+        return ""
+    values = sorted(float(f) for f in fractions)
+    if len(values) <= LIST_PROMPTS_UP_TO:
+        text = f"policy / oracle per prompt (n = {len(values)}): " + ", ".join(f"{v:.3f}" for v in values)
+    else:
+        text = (f"policy / oracle per prompt (n = {len(values)}): min {values[0]:.3f} median "
+                f"{statistics.median(values):.3f} max {values[-1]:.3f}")
+    above = sum(v > 1.0 + 1e-9 for v in values)
+    if above:
+        text += f" ({above} above 1: no fraction of an optimum there)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m specpolicy.oracle DIR [--max-length N]``: the oracle fraction of every run under
     DIR (directories holding ``results.jsonl``); writes ``oracle.json`` next to each."""
@@ -429,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"error: no results.jsonl under {args.directory}", file=sys.stderr)
         return 1
+    untrusted: list[str] = []
     for run in runs:
         try:
             res = analyse_run(run, args.max_length)
@@ -437,11 +463,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         res["reading"] = describe_fraction(res)
         (run / "oracle.json").write_text(json.dumps(res, indent=2))
-        fr = sorted(p["fraction_of_oracle"] for p in res["per_prompt"])
-        per_prompt = f"policy / oracle per prompt: min {fr[0]:.3f} median {fr[len(fr) // 2]:.3f} max {fr[-1]:.3f}"
-        if fr[-1] > 1.0 + 1e-9:
-            per_prompt += f" ({sum(f > 1.0 + 1e-9 for f in fr)} above 1: no fraction of an optimum there)"
-        print(f"{run}: {res['method'] or run.name}: {describe_fraction(res, brief=True)}; {per_prompt}")
+        line = f"{run}: {res['method'] or run.name}: {describe_fraction(res, brief=True)}"
+        per_prompt = per_prompt_text([p["fraction_of_oracle"] for p in res["per_prompt"]])
+        if per_prompt:
+            line += f"; {per_prompt}"
+        reasons = untrusted_reasons(read_summary(Path(run) / SUMMARY_FILE))
+        if reasons and not res.get("unavailable"):
+            line += f" {UNTRUSTED_MARK}"
+            untrusted.append(f"{UNTRUSTED_MARK} {run}: costs measured while {'; '.join(reasons)}")
+        print(line)
+    if untrusted:
+        print(f"{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; the oracle's costs are that run's measured times:")
+        print("\n".join(untrusted))
     print(CENSORED_NOTE)
     return 0
 

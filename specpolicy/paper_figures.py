@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from specpolicy.latency import load_profile, modeled_speedup
+from specpolicy.machine import UNTRUSTED_MARK, timing_trusted
 from specpolicy.metrics import aggregate, observed
+from specpolicy.plot import UNTRUSTED_COLOR, untrusted_figure_note
 from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run
 from specpolicy.results import Run as RunData
 from specpolicy.types import RoundRecord
@@ -158,8 +160,10 @@ def reliability(rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int |
 
 
 def sensitivity_points(runs: Sequence[RunData], key: str) -> list[dict[str, Any]]:
-    """``{"x", "measured", "modeled", "profile"}`` per run, sorted by x = the config value ``key``
-    (e.g. ``policy.tau``); runs without ``key`` are skipped. Speedups from the run's summary."""
+    """``{"x", "measured", "modeled", "profile", "trusted"}`` per run, sorted by x = the config
+    value ``key`` (e.g. ``policy.tau``); runs without ``key`` are skipped. Speedups from the run's
+    summary; ``trusted`` False when the run recorded that its timings cannot be trusted
+    (``specpolicy.machine.timing_trusted``)."""
     points = []
     for run in runs:
         x = run.setting(key)
@@ -167,7 +171,8 @@ def sensitivity_points(runs: Sequence[RunData], key: str) -> list[dict[str, Any]
             continue
         points.append({"x": float(x), "measured": run.summary.get("speedup_vs_vanilla"),
                        "modeled": run.summary.get("modeled_speedup_vs_vanilla"),
-                       "profile": run.summary.get("modeled_profile", "")})
+                       "profile": run.summary.get("modeled_profile", ""),
+                       "trusted": timing_trusted(run.summary) is not False})
     return sorted(points, key=lambda p: p["x"])
 
 
@@ -330,12 +335,19 @@ def plot_reliability(run: RunData, path: str | Path, tau: float | None = None) -
 
 
 def plot_sensitivity(panels: Sequence[tuple[str, list[dict[str, Any]]]], path: str | Path) -> Path:
-    """App. C: measured and MODELED speedup against each swept parameter (one panel each)."""
+    """App. C: measured and MODELED speedup against each swept parameter (one panel each). A
+    measured point whose timings cannot be trusted is circled and marked, with a note under the
+    figure."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    untrusted = sum(not p.get("trusted", True) for _, points in panels for p in points)
     for ax, (name, points) in zip(axes.flat, panels):
         xs = [p["x"] for p in points]
         ax.plot(xs, [p["measured"] for p in points], "o-", color="#4c72b0", label="measured (this machine)")
+        bad = [p for p in points if not p.get("trusted", True)]
+        if bad:
+            ax.plot([p["x"] for p in bad], [p["measured"] for p in bad], "o", ms=13, mfc="none", mew=1.6,
+                    color=UNTRUSTED_COLOR, label=f"{UNTRUSTED_MARK} measured, timing cannot be trusted")
         if any(p["modeled"] is not None for p in points):
             ax.plot(xs, [p["modeled"] for p in points], "s--", color="#dd8452",
                     label=f"MODELED ({points[0]['profile']})")
@@ -345,7 +357,10 @@ def plot_sensitivity(panels: Sequence[tuple[str, list[dict[str, Any]]]], path: s
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         ax.set_title(f"speedup vs {name} (FailFast App. C)", fontsize=10)
-    fig.tight_layout()
+    note = untrusted_figure_note(untrusted, "points", width=int(14 * 6.2 * len(panels)))
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=8, color=UNTRUSTED_COLOR, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.035 * (note.count("\n") + 1) + 0.01 if note else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, timing_trusted, untrusted_reasons
 from specpolicy.metrics import aggregate, prompt_values
 from specpolicy.results import PromptResult, Run, load_runs
 from specpolicy.tables import FIGURES
@@ -127,13 +128,17 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
 
 def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Per method (vanilla first, pooled over the runs that measured it): ms per generated token
-    spent drafting, verifying, and elsewhere (prefill + loop), from the recorded rounds."""
+    spent drafting, verifying, and elsewhere (prefill + loop), from the recorded rounds; ``trusted``
+    is False when the run (for vanilla: any pooled run) recorded that its timings cannot be trusted
+    (``specpolicy.machine.timing_trusted``)."""
     out = []
     van = aggregate([res.vanilla for run in runs for res in run.results if res.vanilla is not None])
     if van["generated_tokens"]:
         tokens, wall_ms = van["generated_tokens"], van["wall_s"] * 1e3
+        pooled = [run for run in runs if any(res.vanilla is not None for res in run.results)]
         out.append({"method": "vanilla", "draft": 0.0, "verify": van["verify_ms"] / tokens,
-                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens})
+                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens,
+                    "trusted": not any(timing_trusted(run.summary) is False for run in pooled)})
     for run in runs:
         tokens = sum(res.generated_tokens for res in run.results)
         if not tokens:
@@ -142,13 +147,32 @@ def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
         verify = sum(r.verify_ms for r in run.rounds)
         wall = sum(res.speculative.wall_s for res in run.results) * 1e3
         out.append({"method": run.name, "draft": draft / tokens, "verify": verify / tokens,
-                    "other": max(wall - draft - verify, 0.0) / tokens})
+                    "other": max(wall - draft - verify, 0.0) / tokens,
+                    "trusted": timing_trusted(run.summary) is not False})
     return out
+
+
+#: Colour of what is marked untrusted (labels, notes), as the pages' ``.partial`` class.
+UNTRUSTED_COLOR = "#9a6700"
+
+
+def untrusted_figure_note(count: int, what: str, width: int = 130) -> str | None:
+    """The note a figure carries under its axes when ``count`` of its ``what`` (bars, points) show
+    timings that cannot be trusted (marked ``UNTRUSTED_MARK``), in lines of at most ``width``
+    characters (about 14 per inch of figure at 8 points); None when there are none."""
+    if not count:
+        return None
+    import textwrap
+
+    what_is_wrong, what_to_do = UNTRUSTED_NOTE.split("; ", 1)
+    lines = textwrap.wrap(f"{UNTRUSTED_MARK} {count} {what[:-1] if count == 1 else what}: {what_is_wrong};", width)
+    return "\n".join(lines + textwrap.wrap(what_to_do, width))
 
 
 def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     """Stacked horizontal bars, one per method (vanilla on top): verification, drafting and other
-    time, in ms per generated token. Returns ``path``."""
+    time, in ms per generated token. A method whose timings cannot be trusted is marked
+    ``UNTRUSTED_MARK`` and explained in a note under the figure. Returns ``path``."""
     plt = _pyplot()
     data = latency_breakdown(runs)
     fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)), layout="constrained")
@@ -161,12 +185,20 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     for y, total in zip(ys, left):
         ax.text(total, y, f" {total:.2f}", va="center", fontsize=8)
     ax.set_yticks(ys)
-    ax.set_yticklabels([d["method"] for d in data], fontsize=8)
+    ax.set_yticklabels([d["method"] + ("" if d["trusted"] else f" {UNTRUSTED_MARK}") for d in data], fontsize=8)
+    for label, d in zip(ax.get_yticklabels(), data):
+        if not d["trusted"]:
+            label.set_color(UNTRUSTED_COLOR)
     ax.set_xlabel("ms per generated token (measured)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.12)
     ax.set_title("Latency breakdown: drafting vs verification (cf. FailFast Fig. 6)", fontsize=10)
-    # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total
-    fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False)
+    # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total;
+    # the note on timings that cannot be trusted heads it (laid out with it)
+    note = untrusted_figure_note(sum(not d["trusted"] for d in data), "bars")
+    legend = fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False, title=note,
+                        title_fontsize=8)
+    if note:
+        legend.get_title().set_color(UNTRUSTED_COLOR)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -528,7 +560,8 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     without a summary), measured and MODELED speedup, acceptance rate, accepted
     length per drafted round, speculation length per round, lossless. ``common``: overrides
     shared by every run (shown once above the table, not per run)."""
-    from specpolicy.report import is_partial, job_overrides
+    from specpolicy.report import is_partial
+    from specpolicy.results import job_overrides
     from specpolicy.tables import lossless_text
 
     summary, method = run.summary, str(run.summary.get("method") or run.name)
@@ -552,8 +585,12 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     overrides = " ".join(f"<code class='nowrap'>{html.escape(o)}</code>"
                          for o in job_overrides(run.directory) if o not in common)
     where = run.directory.relative_to(root).as_posix() if run.directory != root else "."
+    speedup = num("speedup_vs_vanilla", "{:.2f}x")
+    if speedup != "-" and timing_trusted(summary) is False:
+        why = html.escape("timing cannot be trusted: " + "; ".join(untrusted_reasons(summary)), quote=True)
+        speedup = f"<span class='partial' title=\"{why}\">{speedup}{UNTRUSTED_MARK}</span>"
     return [html.escape(where), name, overrides or "-",
-            prompts, num("speedup_vs_vanilla", "{:.2f}x"), num("modeled_speedup_vs_vanilla", "{:.2f}x"),
+            prompts, speedup, num("modeled_speedup_vs_vanilla", "{:.2f}x"),
             num("acceptance_rate", "{:.3f}", True), num("mean_accepted_length", "{:.2f}", True),
             num("mean_speculation_length", "{:.2f}", True), lossless]
 
@@ -582,9 +619,12 @@ def _per_run_figures(paths: list[Path], prefix: str, runs: list[Run], common: Se
 def _run_note(run: Run, common: Sequence[str]) -> str:
     """HTML after a run's name in headings: its overrides that differ, and whether it is partial
     or has no summary."""
-    from specpolicy.report import is_partial, job_overrides
+    from specpolicy.report import is_partial
+    from specpolicy.results import job_overrides
 
     notes = [o for o in job_overrides(run.directory) if o not in common]
+    if timing_trusted(run.summary) is False:
+        notes.append(f"timing cannot be trusted {UNTRUSTED_MARK}")
     if not run.summary:
         notes.append("no summary.json")
     elif is_partial(run.summary):
@@ -602,13 +642,19 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
             f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
             f"same run; MODELED ones come from pass counts and a latency profile.</p>",
             "<h2>Runs</h2>"]
-    from specpolicy.report import job_overrides
+    from specpolicy.results import job_overrides
 
     overrides = [job_overrides(run.directory) for run in runs]
     common = [o for o in overrides[0] if all(o in other for other in overrides[1:])] if len(runs) > 1 else []
     if common:
         body.append(f"<p>Common to every run: <code>{html.escape(' '.join(common))}</code></p>")
     body.append(_html_table(_RUN_HEADER, [run_header(run, root, common) for run in runs]))
+    marked = [run for run in runs if timing_trusted(run.summary) is False]
+    if marked:
+        body.append(f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured figures of:</p><ul>"
+                    + "".join(f"<li><code>{html.escape(run.name)}</code>: "
+                              f"{html.escape('; '.join(untrusted_reasons(run.summary)))}</li>" for run in marked)
+                    + "</ul>")
     commons = [p for p in figures if p.name in FIGURE_TEXT]
     acceptance = [p for p in figures if p.name.startswith("acceptance_")]
     body.append("<h2>Figures</h2>")

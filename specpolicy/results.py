@@ -415,9 +415,28 @@ def read_run(directory: str | Path) -> Run:
     return Run(str(summary.get("method") or directory.name), directory, results, summary)
 
 
+def job_overrides(job_dir: str | Path) -> list[str]:
+    """The job's command-line / sweep overrides, from Hydra's ``.hydra/overrides.yaml`` (the full
+    overrides, whatever the run directory's name kept of them); empty without that file."""
+    file = Path(job_dir) / ".hydra" / "overrides.yaml"
+    if not file.exists():
+        return []
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(file)]
+
+
+def differing(overrides: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per list of ``overrides``, the overrides that not every list has (what sets the runs apart)."""
+    common = set(overrides[0]).intersection(*map(set, overrides[1:])) if overrides else set()
+    return [[o for o in job if o not in common] for job in overrides]
+
+
 def load_runs(root: str | Path) -> list[Run]:
-    """Every run under ``root`` holding ``results.jsonl`` (``find_runs``), in path order; runs of
-    the same method get their directory appended to the name.
+    """Every run under ``root`` holding ``results.jsonl`` (``find_runs``), in path order. Runs of the
+    same method are told apart in their names (legends, headings) by the overrides that differ
+    between them (``"fastdllm+failfast (policy.tau=0.3)"``, from ``job_overrides``), or by their
+    directory where the overrides do not tell them apart.
 
     Raises:
         FileNotFoundError: when no ``results.jsonl`` is found.
@@ -427,10 +446,15 @@ def load_runs(root: str | Path) -> list[Run]:
     if not dirs:
         raise FileNotFoundError(f"no {RESULTS_FILE} under {root}")
     runs = [read_run(d) for d in dirs]
-    counts: dict[str, int] = {}
+    groups: dict[str, list[Run]] = {}
     for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
-    for r in runs:
-        if counts[r.name] > 1:
-            r.name = f"{r.name} ({r.directory.relative_to(root).as_posix() or '.'})"
+        groups.setdefault(r.name, []).append(r)
+    for name, group in groups.items():
+        if len(group) < 2:
+            continue
+        labels = [" ".join(d) for d in differing([job_overrides(r.directory) for r in group])]
+        if not all(labels) or len(set(labels)) < len(labels):  # the overrides do not tell them apart
+            labels = [r.directory.relative_to(root).as_posix() or "." for r in group]
+        for r, label in zip(group, labels):
+            r.name = f"{name} ({label})"
     return runs

@@ -375,3 +375,31 @@ def test_a_method_that_never_drafts_gets_no_acceptance_plot(tmp_path):
     assert plot_main([str(solo)]) == 0
     assert not (solo / "plots" / "length_cdf.png").exists()
     assert (solo / "plots" / "latency_breakdown.png").exists()
+
+
+BUSY = "other processes kept up to 2.0 of 2 CPUs busy (1-min load average 3.10 at the start; this process used 1.0)"
+
+
+@needs_matplotlib
+def test_figures_mark_runs_whose_timings_cannot_be_trusted(tmp_path):
+    """Issue 22: plots/index.html and the figures never said that a run's timings cannot be trusted."""
+    from specpolicy.plot import latency_breakdown, main as plot_main
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    _plot_job(root, "0", "ar+static", ["policy.k=3"], _rows(), speedup_vs_vanilla=1.234,
+              timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]})
+    _plot_job(root, "1", "ar+static", ["policy.k=5"], _rows(), speedup_vs_vanilla=1.111,
+              timing_conditions={"timing_trusted": True, "timing_warnings": []})
+    assert plot_main([str(root)]) == 0
+    index = (root / "plots" / "index.html").read_text()
+    runs_table = index.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
+    assert re.search(r"<span class='partial' title=\"timing cannot be trusted: other processes[^\"]*\">1\.23x\*</span>",
+                     runs_table)
+    assert "1.11x*" not in runs_table and ">1.11x<" in runs_table
+    after = index.split("</table>", 1)[1]
+    assert "* timing cannot be trusted" in after and f"<code>ar+static (policy.k=3)</code>: {BUSY}" in after
+    assert "timing cannot be trusted *" in index.split("<h2>Trajectories</h2>", 1)[1]  # beside the run's heading
+    # the measured figure: the bar's label marked, vanilla too (pooled over a run that cannot be trusted)
+    data = {d["method"]: d["trusted"] for d in latency_breakdown(load_runs(root))}
+    assert data == {"vanilla": False, "ar+static (policy.k=3)": False, "ar+static (policy.k=5)": True}
