@@ -403,3 +403,57 @@ def test_figures_mark_runs_whose_timings_cannot_be_trusted(tmp_path):
     # the measured figure: the bar's label marked, vanilla too (pooled over a run that cannot be trusted)
     data = {d["method"]: d["trusted"] for d in latency_breakdown(load_runs(root))}
     assert data == {"vanilla": False, "ar+static (policy.k=3)": False, "ar+static (policy.k=5)": True}
+
+
+def _oracle_run(root: Path, prompts: int, **summary) -> Path:
+    """A run directory of ``prompts`` prompts of k = 4 rounds accepting 0..4 tokens (different per
+    prompt: distinct fractions of the oracle, all below 1) for ``python -m specpolicy.oracle``."""
+    root.mkdir(parents=True)
+    rows = []
+    for i in range(prompts):
+        accepted = [(i + j) % 5 for j in range(4)]
+        rounds = [_round(4, a, a + 1, 4, 4.0, 12.0, "max_new_tokens" if j == 3 else "")
+                  for j, a in enumerate(accepted)]
+        tokens = sum(r["emitted_tokens"] for r in rounds)
+        rows.append({"prompt_id": f"gsm8k/{i}", "output_ids": list(range(tokens)), "wall_s": 0.1, "rounds": rounds,
+                     "lossless": True, "vanilla_generated_tokens": tokens, "vanilla_rounds": tokens,
+                     "vanilla_wall_s": 0.2, "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 10.0 * tokens})
+    (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {}, **summary}))
+    return root
+
+
+def test_oracle_per_prompt_lists_the_values_for_few_prompts_and_says_n(tmp_path, capsys):
+    """Issue 22: "min 0.418 median 0.439 max 0.439" for 2 prompts."""
+    assert oracle.main([str(_oracle_run(tmp_path / "two", 2))]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "per prompt" in x)
+    values = re.search(r"policy / oracle per prompt \(n = 2\): (\d\.\d{3}), (\d\.\d{3})$", line)
+    assert values and "min" not in line and "median" not in line
+    assert float(values[1]) < float(values[2])
+    assert oracle.main([str(_oracle_run(tmp_path / "seven", 7))]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "per prompt" in x)
+    assert re.search(r"per prompt \(n = 7\): min \d\.\d{3} median \d\.\d{3} max \d\.\d{3}$", line)
+
+
+def test_oracle_marks_a_run_whose_timings_cannot_be_trusted(tmp_path, capsys):
+    run = _oracle_run(tmp_path / "busy", 2, timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]})
+    assert oracle.main([str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert next(x for x in out if "per prompt" in x).endswith(" *")
+    assert any(x.startswith("* timing cannot be trusted") for x in out)
+    assert f"* {run}: costs measured while {BUSY}" in out
+
+
+def test_runs_of_one_method_are_named_by_the_overrides_that_differ(tmp_path):
+    """Issue 22: sweep legends read "fastdllm+failfast (0)...(3)" instead of the overrides."""
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    for num, tau in enumerate((0.3, 0.6)):
+        _plot_job(root, str(num), "fastdllm+failfast", ["policy=failfast", f"policy.tau={tau}"], _rows())
+    _plot_job(root, "2", "ar+static", ["policy=static"], _rows())
+    _plot_job(root, "3", "ar+goodput", [], _rows())
+    _plot_job(root, "4", "ar+goodput", [], _rows())  # the overrides do not tell these two apart
+    assert [r.name for r in load_runs(root)] == [
+        "fastdllm+failfast (policy.tau=0.3)", "fastdllm+failfast (policy.tau=0.6)", "ar+static", "ar+goodput (3)",
+        "ar+goodput (4)"]
