@@ -10,8 +10,9 @@ Each prompt's outcome is a ``specpolicy.results.PromptResult`` (speculative and 
 results by ``specpolicy.summary.summarize`` (the one place every summary number comes from).
 Runs are resumable (``specpolicy.resume``): with ``run.resume: true`` (default) the prompts
 already in the run directory's ``results.jsonl`` are read back instead of recomputed, so a
-resumed run's summary equals an uninterrupted run's except for timings. SIGINT / SIGTERM write
-a partial summary (``"partial": true``) and raise ``RunInterrupted``.
+resumed run's summary equals an uninterrupted run's except for timings; a run with nothing left to
+compute loads no model (``specpolicy.resume.complete_summary``: it says so and returns the stored
+summary). SIGINT / SIGTERM write a partial summary (``"partial": true``) and raise ``RunInterrupted``.
 
 Safety: every config value is checked before any model is loaded (``specpolicy.validation``);
 one process per run directory (``specpolicy.runlock``); a prompt too long for the context is
@@ -32,10 +33,12 @@ from tqdm import tqdm
 
 from specpolicy.decoding import generate
 from specpolicy.machine import MachineWatch, warning_line
+from specpolicy.messages import shown
 from specpolicy.plugins import (blame, call_each, get_plugin_manager, make_drafter, make_loggers, make_policy,
                                 make_verifier, registered)
 from specpolicy.results import SUMMARY_FILE, PromptResult
-from specpolicy.resume import RunInterrupted, config_fingerprint, interruptible, load_finished, results_path, shielded
+from specpolicy.resume import (RunInterrupted, complete_line, complete_summary, config_fingerprint, interruptible,
+                               load_finished, results_path, shielded)
 from specpolicy.reuse import DraftReuse
 from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
@@ -57,7 +60,10 @@ def method_name(cfg: DictConfig) -> str:
 
 
 def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Run the configured method (and vanilla) on the configured prompts; return the summary.
+    """Run the configured method (and vanilla) on the configured prompts; return the summary. With
+    ``run.resume`` on and every prompt already in the run directory's ``results.jsonl``, nothing
+    is loaded or timed: one line says the run is complete and its summary is returned
+    (``specpolicy.resume.complete_summary``).
 
     Lifecycle hooks (every plugin and the run's loggers): ``specpolicy_run_start`` after the
     warm-up, ``specpolicy_round_end`` per verified round and ``specpolicy_prompt_end`` per
@@ -80,6 +86,12 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         if lock.taken_over:
             print(lock.taken_over)
         try:
+            done = complete_summary(container, [p.prompt_id for p in prompts], method_name(cfg), run_dir,
+                                    lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype,
+                                                    seed=int(cfg.seed)).describe())
+            if done is not None:  # resumed with nothing left to compute: no model is loaded
+                print(complete_line(done, shown(run_dir)))
+                return done
             return _run(cfg, container, pm, prompts, run_dir)
         except BaseException as error:
             blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)

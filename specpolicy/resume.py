@@ -25,7 +25,7 @@ import json
 import re
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,60 @@ def load_finished(path: Path | None, fingerprint: str, prompt_ids: set[str]) -> 
             )
         finished[result.prompt_id] = result
     return finished
+
+
+def complete_summary(config: Mapping[str, Any], prompt_ids: list[str], method: str, run_dir: str | Path,
+                     runtime: Callable[[], Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The summary of a run that has nothing left to compute, or None when it has.
+
+    With ``run.resume`` on and every prompt of ``prompt_ids`` already in ``results.jsonl``
+    (``load_finished``; prompts skipped as too long included), the same command would load the
+    models only to read everything back. Then: the run's ``summary.json`` when it is that run's
+    complete summary (not partial, the same method, settings and prompts); else (killed between
+    its last prompt and its summary, or a partial summary) a summary computed from the rows alone,
+    written to ``summary.json``, whose ``timing_conditions`` are the partial summary's (the last
+    span that was timed; none without one): nothing is timed now.
+    ``runtime``: gives ``Runtime.describe()`` for a computed summary (called only then).
+
+    Raises:
+        ValueError: as ``load_finished``, for rows of other settings.
+    """
+    if not (config.get("run") or {}).get("resume", False):
+        return None
+    fingerprint = config_fingerprint(config)
+    finished = load_finished(results_path(config, run_dir), fingerprint, set(prompt_ids))
+    if len(finished) < len(prompt_ids):
+        return None
+    from specpolicy.results import SUMMARY_FILE, read_summary
+    from specpolicy.summary import summarize
+
+    file = Path(run_dir) / SUMMARY_FILE
+    summary = read_summary(file)
+    if summary is not None and summary.get("partial") is False and summary.get("method") == method \
+            and summary.get("prompts_total") == len(prompt_ids) \
+            and set(summary.get("per_prompt") or {}) | set(summary.get("skipped_prompts") or {}) == set(prompt_ids) \
+            and config_fingerprint(summary.get("config") or {}) == fingerprint:
+        return summary
+    earlier = (summary or {}).get("timing_conditions")  # a partial summary's: the last span that was timed
+    summary = summarize(method, [finished[p] for p in prompt_ids], config, runtime() if runtime else None,
+                        prompts_total=len(prompt_ids), timing_conditions=earlier)
+    file.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def complete_line(summary: Mapping[str, Any], run_dir: str | Path) -> str:
+    """What a run with nothing left to compute prints (``complete_summary``): that it is complete,
+    how to start over, and -- from the summary it wrote when it ran -- whether its timings can be
+    trusted."""
+    from specpolicy.machine import untrusted_reasons
+
+    total = summary.get("prompts_total", summary.get("prompts"))
+    line = (f"run complete: all {total} prompts of {run_dir} are in results.jsonl; nothing to compute, no model "
+            f"loaded (run.resume=false starts over)")
+    reasons = untrusted_reasons(summary)
+    if reasons:
+        line += f"; when it ran, its timings could not be trusted: {'; '.join(reasons)}"
+    return line
 
 
 class RunInterrupted(KeyboardInterrupt):

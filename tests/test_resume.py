@@ -172,6 +172,47 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
     assert json.loads((tmp_path / "summary.json").read_text())["partial"] is False
 
 
+def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(family, reference, tmp_path, monkeypatch,
+                                                                          capsys):
+    """Issue 22: the same command after a finished run loaded both models and printed a fresh timing
+    warning about a run that measured nothing."""
+    import specpolicy.machine as machine
+    from specpolicy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *cli_args(family), "hydra.run.dir=outputs/done"])
+    monkeypatch.setattr(machine, "judge", lambda conditions: [])  # the first run's timings: trusted
+    main()
+    first = json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text())
+    capsys.readouterr()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(experiment, "make_verifier", no_model)
+    monkeypatch.setattr(experiment, "make_drafter", no_model)
+    monkeypatch.setattr(machine, "judge", lambda conditions: ["the machine is busy right now"])  # never asked
+    main()  # the same command again
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"run complete: all {PROMPTS} prompts of outputs/done are in results.jsonl; nothing to "
+                      "compute, no model loaded (run.resume=false starts over)")
+    assert out[1:] == ["results: outputs/done/ (summary.json, results.jsonl)",
+                       "next:    python -m specpolicy.report outputs/done",
+                       "         python -m specpolicy.plot outputs/done",
+                       "         python -m specpolicy.oracle outputs/done"]
+    assert json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text()) == first  # untouched
+    # killed after its last row, before its summary: the summary is computed from the rows, still no model
+    (tmp_path / "outputs" / "done" / "summary.json").unlink()
+    main()
+    assert capsys.readouterr().out.startswith("run complete: all 4 prompts")
+    again = json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text())
+    assert "timing_conditions" not in again  # nothing was timed in this invocation
+    drop = ("fields",)  # the field glossary lists timing_conditions only where the summary has them
+    assert without_timings({k: v for k, v in again.items() if k not in drop}) == \
+        without_timings({k: v for k, v in first.items() if k not in drop})
+
+
 def test_resume_drops_a_half_written_line_and_refuses_other_settings(family, reference, tmp_path, monkeypatch):
     cfg = compose_cfg(family)
     run_experiment(cfg, tmp_path)
