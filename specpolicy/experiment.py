@@ -59,7 +59,7 @@ def method_name(cfg: DictConfig) -> str:
     return f"{cfg.drafter.name}+{policy}" + ("+reuse" if cfg.reuse.enabled else "")
 
 
-def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
+def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | None = None) -> dict[str, Any]:
     """Run the configured method (and vanilla) on the configured prompts; return the summary. With
     ``run.resume`` on and every prompt already in the run directory's ``results.jsonl``, nothing
     is loaded or timed: one line says the run is complete and its summary is returned
@@ -68,8 +68,10 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
     Lifecycle hooks (every plugin and the run's loggers): ``specpolicy_run_start`` after the
     warm-up, ``specpolicy_round_end`` per verified round and ``specpolicy_prompt_end`` per
     prompt of the speculative method, ``specpolicy_run_end`` after ``summary.json`` is written,
-    or ``specpolicy_run_abort`` when the run raises (every plugin's abort hook is called; one
-    that fails is reported in one line and the run's own error is re-raised).
+    then ``specpolicy_run_outputs`` (its lines are appended to ``outputs`` when given: where a
+    logger put the run outside its directory, e.g. the W&B run), or ``specpolicy_run_abort`` when
+    the run raises (every plugin's abort hook is called; one that fails is reported in one line
+    and the run's own error is re-raised).
 
     Raises:
         ConfigError (a ValueError): for any invalid configuration value (unknown
@@ -92,13 +94,14 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
             if done is not None:  # resumed with nothing left to compute: no model is loaded
                 print(complete_line(done, shown(run_dir)))
                 return done
-            return _run(cfg, container, pm, prompts, run_dir)
+            return _run(cfg, container, pm, prompts, run_dir, outputs)
         except BaseException as error:
             blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)
             raise
 
 
-def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path,
+         outputs: list[str] | None = None) -> dict[str, Any]:
     runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
     policy = make_policy(pm, container["policy"])
     loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
@@ -191,6 +194,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                       f"{hook_error}", file=sys.stderr)
             raise
         pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
+        elsewhere = [line for lines in reversed(pm.hook.specpolicy_run_outputs(run_dir=str(run_dir)))
+                     for line in lines or ()]  # pluggy calls the last registered first: back to run order
+        if outputs is not None:
+            outputs.extend(elsewhere)
     print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
     for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
         if line:
