@@ -584,7 +584,7 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         lossless = f"<span class='bad'>{lossless}</span>"
     overrides = " ".join(f"<code class='nowrap'>{html.escape(o)}</code>"
                          for o in job_overrides(run.directory) if o not in common)
-    where = run.directory.relative_to(root).as_posix() if run.directory != root else "."
+    where = run.directory.relative_to(root).as_posix() if run.directory != root else run.directory.resolve().name
     speedup = num("speedup_vs_vanilla", "{:.2f}x")
     if speedup != "-" and timing_trusted(summary) is False:
         why = html.escape("timing cannot be trusted: " + "; ".join(untrusted_reasons(summary)), quote=True)

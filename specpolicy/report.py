@@ -41,7 +41,9 @@ _TEXT_KEYS = ("run", "overrides", "method")
 
 
 def _relative(path: Path, root: Path) -> str:
-    return str(path.relative_to(root)) if path != root else "."
+    """A job directory as the report's ``run`` column shows it: relative to the directory reported
+    on, or its own name when that is the run itself (a single run: its name, never ".")."""
+    return str(path.relative_to(root)) if path != root else path.resolve().name
 
 
 def _planned(summary: dict[str, Any]) -> int:

@@ -40,18 +40,107 @@ RESULT_KEYS = ("verifier", "drafter", "policy", "generation", "reuse", "runtime"
 RESOLVER = "specpolicy_run_name"
 
 
+#: Longest run directory name (characters; file systems allow 255 bytes).
+MAX_NAME = 200
+#: Characters a run directory name keeps as they are; the others are replaced (``_clean_value``).
+SAFE_NAME = re.compile(r"[A-Za-z0-9._=,+@:%~\-]+")
+#: How escapes and invisible characters in override values read in a directory name.
+READABLE = (("\\n", "NL"), ("\\t", "TAB"), ("\\r", "CR"), ("\n", "NL"), ("\t", "TAB"), ("\r", "CR"))
+
+
+def split_overrides(override_dirname: str) -> list[str]:
+    """The overrides joined in Hydra's ``hydra.job.override_dirname`` (``key=value`` items joined
+    by ``,``; commas inside brackets, braces or quotes belong to the value)."""
+    parts, depth, quote, current = [], 0, "", ""
+    for ch in override_dirname:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    parts.append(current)
+    merged: list[str] = []
+    for part in parts:  # a piece without "=" continues the previous value (a bare comma in it)
+        if merged and "=" not in part:
+            merged[-1] += "," + part
+        else:
+            merged.append(part)
+    return merged
+
+
+def _clean_value(value: str) -> str:
+    """An override value as it reads in a directory name: quotes and brackets dropped, a path
+    reduced to its last component (``/models/Qwen2.5-7B-Instruct`` -> ``Qwen2.5-7B-Instruct``),
+    ``\\n`` / ``\\t`` / ``\\r`` written ``NL`` / ``TAB`` / ``CR``, any other character outside
+    ``SAFE_NAME`` an ``_`` (runs of them one); ``empty`` when nothing is left."""
+    value = re.sub(r"[^,\[\]{}()\s\"']*/[^,\[\]{}()\s\"']*",
+                   lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "root", value)
+    for escape, word in READABLE:
+        value = value.replace(escape, word)
+    value = re.sub(r"[\"'\[\]{}()]", "", value)
+    value = re.sub(r"[^A-Za-z0-9._=,+@:%~\-]+", "_", value)
+    return value or "empty"
+
+
+def _fit(items: list[tuple[str, str | None]], budget: int) -> str:
+    """``key=value,...`` within ``budget`` characters: the longest values cut first (to 8
+    characters at least, a ``~`` marking the cut), then the longest dotted keys abbreviated but
+    their last part (``generation.max_new_tokens`` -> ``g.max_new_tokens``), one at a time; when
+    even that is too long, the last overrides give way to ``+N`` (how many are left out). The hash
+    the caller appends keeps the name unambiguous whatever was cut."""
+    items = list(items)
+
+    def joined(shown: list[tuple[str, str | None]]) -> str:
+        return ",".join(f"{k}={v}" if v is not None else k for k, v in shown)
+
+    while len(joined(items)) > budget:
+        i = max(range(len(items)), key=lambda j: len(items[j][1] or ""))
+        key, value = items[i]
+        if value is None or len(value) <= 8:
+            break
+        items[i] = (key, value[: max(8, len(value) - (len(joined(items)) - budget)) - 1] + "~")
+    while len(joined(items)) > budget:
+        long = [j for j, (k, _) in enumerate(items) if any(len(part) > 1 for part in k.split(".")[:-1])]
+        if not long:
+            break
+        i = max(long, key=lambda j: len(items[j][0]))
+        parts = items[i][0].split(".")
+        items[i] = (".".join([part[:1] for part in parts[:-1]] + parts[-1:]), items[i][1])
+    for kept in range(len(items), 0, -1):
+        text = joined(items[:kept]) + (f",+{len(items) - kept}" if kept < len(items) else "")
+        if len(text) <= budget:
+            return text
+    return joined(items)[:budget]
+
+
 def run_name(override_dirname: str) -> str:
     """A directory name for a command's overrides (Hydra's ``hydra.job.override_dirname``):
-    ``default`` when there are none; the overrides themselves when they are a safe name of at
-    most 120 characters; otherwise a cleaned, shortened form plus 8 hex digits of their hash
-    (paths in overrides, e.g. ``verifier.model=/models/x``, contain ``/``)."""
+    ``default`` when there are none; the overrides themselves when they are a safe name
+    (``SAFE_NAME``) of at most ``MAX_NAME`` characters; otherwise every override with its key in
+    full and its value made readable (``_clean_value``: a path's last component, ``NL`` for
+    ``\\n``, ...), shortened -- values first -- to fit, plus ``-`` and 8 hex digits of the
+    overrides' hash, so that different commands never share a directory. The full overrides are in
+    the run's ``.hydra/overrides.yaml`` (the report and the figures page show them)."""
     if not override_dirname:
         return "default"
-    safe = re.sub(r"[^A-Za-z0-9._=,+@:%\-]", "_", override_dirname)
-    if safe != override_dirname or len(safe) > 120 or safe.startswith("."):
-        digest = hashlib.sha1(override_dirname.encode("utf-8")).hexdigest()[:8]
-        safe = f"{safe.lstrip('.')[:100]}-{digest}"
-    return safe
+    if SAFE_NAME.fullmatch(override_dirname) and len(override_dirname) <= MAX_NAME \
+            and not override_dirname.startswith("."):
+        return override_dirname
+    digest = hashlib.sha1(override_dirname.encode("utf-8")).hexdigest()[:8]
+    items = []
+    for override in split_overrides(override_dirname):
+        key, sep, value = override.partition("=")
+        key = re.sub(r"[^A-Za-z0-9._+~\-]+", ".", key.replace("/", ".")).strip(".") or "key"
+        items.append((key, _clean_value(value) if sep else None))
+    return f"{_fit(items, MAX_NAME - len(digest) - 1).lstrip('.')}-{digest}"
 
 
 def register_resolver() -> None:

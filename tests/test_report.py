@@ -113,3 +113,34 @@ def test_untrusted_timings_are_marked_wherever_speedups_are_ranked(tmp_path, cap
     assert (rows["0"]["timing_trusted"], rows["1"]["timing_trusted"], rows["2"]["timing_trusted"]) == \
         ("False", "True", "")
     assert rows["0"]["timing_warnings"] == BUSY and float(rows["0"]["speedup_vs_vanilla"]) == 1.4
+
+
+def test_a_single_run_shows_its_name_and_its_full_overrides(family, tmp_path, monkeypatch, capsys):
+    """Issue 22: the run directory's name is shortened (model paths, cut values), so the report and
+    the figures page show the run's name -- not "." -- and its overrides in full (.hydra)."""
+    import re
+    import sys
+
+    from conftest import overrides
+    from specpolicy.cli import main as cli
+    from specpolicy.plot import main as plot
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    args = [*overrides(family), "dataset.num_prompts=1", "policy=static", "policy.k=3", "reuse.enabled=true"]
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *args])
+    cli()
+    (run,) = (tmp_path / "outputs").iterdir()
+    assert re.search(r"policy\.k=3,policy=static,reuse\.enabled=true,.*model=target-[0-9a-f]{8}$", run.name)
+    capsys.readouterr()
+    assert main([str(run), "--wide"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in (run / "report.md").read_text().splitlines() if "static" in x)
+    assert line.startswith(f"| {run.name} | ")
+    for override in args:  # every override in full, model paths included
+        assert override in line, override
+    assert "│ . " not in out
+    assert plot([str(run)]) == 0
+    index = (run / "plots" / "index.html").read_text()
+    first_row = index.split("<tbody><tr>", 1)[1]
+    assert first_row.startswith(f"<td>{run.name}</td>")
