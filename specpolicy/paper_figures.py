@@ -375,8 +375,22 @@ def _label(run: RunData) -> str:
 # -- CLI -------------------------------------------------------------------------------------------
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` whose user errors are one line, ``error: <prog>: <message>`` (status 2), not
+    the usage block and the message (its subcommands' parsers are of this class too)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specpolicy.paper_figures", description=__doc__.split("\n\n")[0])
+    """``python -m specpolicy.paper_figures FIGURE ...``: write one of the paper's figures (see the
+    module docstring). Returns the exit status: 0, or 2 for a directory without runs.
+
+    Raises:
+        SystemExit: status 2 with one line naming the option, for a command-line error.
+    """
+    p = OneLineParser(prog="python -m specpolicy.paper_figures", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="figure", required=True)
     for name, help_ in (("concavity", "Fig. 2 from static-k runs (AR and Fast-dLLM at several thresholds)"),
                         ("easy-regions", "Fig. 4/5 from AR-drafter runs (one per data set)"),
@@ -386,20 +400,25 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--out", default=None, help="output directory (default: <first dir>/plots)")
         s.add_argument("--profile", default="a6000-qwen7b", help="latency profile of MODELED figures")
     s = sub.add_parser("sensitivity", help="App. C from the tau-sensitivity / nmax-sensitivity presets")
-    s.add_argument("--tau", default=None, help="a tau-sensitivity sweep directory")
-    s.add_argument("--nmax", default=None, help="an nmax-sensitivity sweep directory")
+    s.add_argument("--tau", default=None, metavar="DIR", help="a tau-sensitivity sweep directory")
+    s.add_argument("--nmax", default=None, metavar="DIR", help="an nmax-sensitivity sweep directory")
     s.add_argument("--out", default=None, help="output directory (default: <first dir>/plots)")
+    s.add_argument("bare", nargs="*", help=argparse.SUPPRESS)  # a directory without its option: named below
     args = p.parse_args(argv)
     try:
         if args.figure == "sensitivity":
+            need = "--tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"
+            if args.bare:
+                s.error(f"the sweep directories are given as {need}, got {' '.join(args.bare)} without an option "
+                        f"(e.g. sensitivity --tau {args.bare[0]})")
             if not (args.tau or args.nmax):
-                p.error("sensitivity needs --tau and/or --nmax")
+                s.error(f"needs {need}")
             panels = []
             for key, name, d in (("policy.tau", "τ", args.tau), ("policy.n_max", "N_max", args.nmax)):
                 if d:
                     points = sensitivity_points(load([d]), key)
                     if not points:
-                        p.error(f"no run with {key} and a measured speedup under {d}")
+                        s.error(f"no run with {key} and a measured speedup under {d}")
                     panels.append((name, points))
             out = Path(args.out or Path(args.tau or args.nmax) / "plots")
             out.mkdir(parents=True, exist_ok=True)

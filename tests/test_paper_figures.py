@@ -138,3 +138,20 @@ def test_sensitivity_marks_points_whose_timings_cannot_be_trusted(tmp_path, monk
     assert main(["sensitivity", "--tau", str(tmp_path / "tau"), "--out", str(tmp_path / "figs")]) == 0
     assert "* measured, timing cannot be trusted" in drawn["labels"]
     assert any(t.startswith("* 1 point: timing cannot be trusted") and "run.resume=false" in t for t in drawn["texts"])
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["sensitivity", "sweeps/tau"], "error: python -m specpolicy.paper_figures sensitivity: the sweep directories are "
+     "given as --tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep), got sweeps/tau "
+     "without an option (e.g. sensitivity --tau sweeps/tau)"),
+    (["sensitivity"], "error: python -m specpolicy.paper_figures sensitivity: needs --tau DIR (a tau-sensitivity "
+     "sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"),
+    (["sensitivity", "--tau"], "error: python -m specpolicy.paper_figures sensitivity: argument --tau: expected one "
+     "argument"),
+])
+def test_command_line_errors_are_one_line_naming_the_option(argv, expected, capsys):
+    """Issue 22: `paper_figures sensitivity DIR` without --tau gave argparse's bare usage error."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
