@@ -41,8 +41,8 @@ from typing import Any
 from specpolicy.latency import load_profile, modeled_speedup
 from specpolicy.machine import UNTRUSTED_MARK, timing_trusted
 from specpolicy.metrics import aggregate, observed
-from specpolicy.plot import UNTRUSTED_COLOR, untrusted_figure_note
-from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run
+from specpolicy.plot import UNTRUSTED_COLOR, line_styles, text_width_in, untrusted_figure_note
+from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run, told_apart
 from specpolicy.results import Run as RunData
 from specpolicy.types import RoundRecord
 
@@ -247,9 +247,12 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     import numpy as np
     from matplotlib.colors import ListedColormap
 
-    fig = plt.figure(figsize=(12, 8))
-    top = fig.add_axes((0.08, 0.58, 0.88, 0.34))
-    bottom = fig.add_axes((0.08, 0.08, 0.88, 0.38))
+    labels = [f"{name} ({len(run.results)} prompts)" for name, run in zip(told_apart([_label(r) for r in runs], runs),
+                                                                           runs)]
+    # the panels keep their size; the legend goes below them, in as many columns as fit (many runs)
+    columns = max(1, int(11.5 // (text_width_in(labels) + 0.7)))
+    rows = -(-len(labels) // columns)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7.4 + 0.17 * rows), layout="constrained")
     first = runs[0]
     classes = [token_classes(res.speculative.rounds) for res in first.results[:max_prompts]]
     width = max((len(c) for c in classes), default=1)
@@ -263,9 +266,9 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     top.set_title(f"Fig. 4: easy (green: accepted, or the bonus token) and hard (red: corrected) tokens, "
                   f"{_label(first)}", fontsize=10)
     ns = list(range(1, max_n + 1))
-    for run in runs:
+    for run, label, style in zip(runs, labels, line_styles(len(runs))):
         fractions = easy_run_fraction([token_classes(res.speculative.rounds) for res in run.results], ns)
-        bottom.plot(ns, fractions, label=f"{_label(run)} ({len(run.results)} prompts)")
+        bottom.plot(ns, fractions, label=label, **style)
     for n in (10, 50):
         if n <= max_n:
             bottom.axvline(n, color="grey", lw=0.8, ls=":")
@@ -273,7 +276,8 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     bottom.set_ylabel("fraction of tokens in an easy run of length >= n")
     bottom.set_ylim(0, 1)
     bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=8)
+    fig.legend(*bottom.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=columns,
+               frameon=False)
     bottom.set_title("Fig. 5: easy regions per data set (AR drafter runs)", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -54,31 +54,68 @@ def _pyplot():
     return plt
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "run"
+def text_width_in(texts: Sequence[str], fontsize: float = 8.0) -> float:
+    """The width in inches of the widest of ``texts`` set in matplotlib's default font at
+    ``fontsize`` points (0 for none): figures size themselves by their labels, so that long names
+    (a sweep's runs, named by their overrides) never squeeze the axes."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    prop, measure = FontProperties(size=fontsize), TextToPath()
+    return max((measure.get_text_width_height_descent(t, prop, ismath=False)[0] / 72.0 for t in texts), default=0.0)
+
+
+def wrapped(text: str, width_in: float, fontsize: float = 10.0) -> str:
+    """``text`` in lines that fit ``width_in`` inches at ``fontsize`` points (a title over a run's
+    long name)."""
+    import textwrap
+
+    per_char = max(text_width_in([text], fontsize) / max(len(text), 1), 1e-3)
+    return "\n".join(textwrap.wrap(text, max(int(width_in / per_char), 20))) or text
+
+
+def _slug(text: str, limit: int = 80) -> str:
+    """``text`` as a file name: other characters than ``[A-Za-z0-9_.+-]`` made ``_``; past ``limit``
+    characters cut, with 8 hex digits of ``text``'s hash (distinct names stay distinct files)."""
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "run"
+    if len(slug) <= limit:
+        return slug
+    import hashlib
+
+    return f"{slug[:limit - 9]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
 
 
 # -- Fig. 8: CDF of accepted / speculated lengths ---------------------------------------------
 
+
+#: Width of the two panels of the length CDF (inches), and the widest legend put beside them;
+#: a wider legend goes below them.
+PANELS_IN = 11.0
+LEGEND_BESIDE_IN = 4.0
 
 #: Line styles, one per group of 10 methods (each group reuses tab10's hues, lighter from the
 #: second group on): every method gets a colour/line-style pair of its own.
 LINESTYLES = ("-", "--", ":", "-.")
 
 
-def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
-    """A distinct colour AND line-style pair per method, in run order: methods 1-10 tab10's
-    colours with solid lines, 11-20 tab20's lighter shades of the same hues with dashed lines,
-    then dotted and dash-dotted lines (``LINESTYLES``)."""
+def line_styles(count: int) -> list[dict[str, Any]]:
+    """``count`` distinct colour AND line-style pairs: 1-10 tab10's colours with solid lines, 11-20
+    tab20's lighter shades of the same hues with dashed lines, then dotted and dash-dotted lines
+    (``LINESTYLES``)."""
     import matplotlib
 
     tab20 = matplotlib.colormaps["tab20"]
-    styles = {}
-    for i, run in enumerate(runs):
+    styles = []
+    for i in range(count):
         group, hue = divmod(i, 10)
         shade = 2 * hue + (group % 2)  # tab20: even = tab10's colour, odd = its lighter shade
-        styles[run.name] = {"color": tab20(shade), "linestyle": LINESTYLES[group % len(LINESTYLES)]}
+        styles.append({"color": tab20(shade), "linestyle": LINESTYLES[group % len(LINESTYLES)]})
     return styles
+
+
+def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
+    """A distinct colour and line-style pair per method, in run order (``line_styles``)."""
+    return {run.name: style for run, style in zip(runs, line_styles(len(runs)))}
 
 
 def drafts(run: Run) -> bool:
@@ -100,7 +137,15 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
     plt = _pyplot()
     style = _style(runs)
     runs = [run for run in runs if drafts(run)]
-    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.6, 1.2 + 0.17 * len(runs))), sharey=True)
+    # The panels keep their size whatever the names: a narrow legend sits right of them, a wide one
+    # (long names: a sweep's runs named by their overrides) below them in as many columns as fit.
+    legend_in = text_width_in([run.name for run in runs]) + 0.6  # the line sample and padding
+    beside = legend_in <= LEGEND_BESIDE_IN
+    columns = 1 if beside else max(1, int(PANELS_IN // legend_in))
+    rows = len(runs) if beside else -(-len(runs) // columns)
+    height = max(4.6, 1.2 + 0.17 * rows) if beside else 4.6 + 0.17 * rows
+    fig, axes = plt.subplots(1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), sharey=True,
+                             layout="constrained")
     for key, ax, title in (("accepted_length", axes[0], "accepted length per round"),
                            ("speculation_length", axes[1], "speculated length per round")):
         for run in runs:
@@ -114,11 +159,12 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
         ax.set_xlabel("tokens")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("CDF (fraction of rounds with a draft)")
-    # right of the panels, outside the axes (the saved figure grows to hold it): never on a line
-    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, handlelength=3)
+    # outside the axes (constrained layout makes room): never on a line
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="outside right center" if beside else "outside lower center",
+               ncol=columns, frameon=False, handlelength=3)
     fig.suptitle("Accepted and speculated lengths per round (cf. FailFast Fig. 8)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 
@@ -175,7 +221,10 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     ``UNTRUSTED_MARK`` and explained in a note under the figure. Returns ``path``."""
     plt = _pyplot()
     data = latency_breakdown(runs)
-    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)), layout="constrained")
+    names = [d["method"] + ("" if d["trusted"] else f" {UNTRUSTED_MARK}") for d in data]
+    # the bars keep 6.5 inches whatever the names' width (long names: a sweep's runs by their overrides)
+    fig, ax = plt.subplots(figsize=(6.5 + text_width_in(names) + 0.3, 1.9 + 0.38 * max(len(data), 1)),
+                           layout="constrained")
     ys = list(range(len(data)))[::-1]  # first method at the top
     left = [0.0] * len(data)
     for part, label in (("verify", "verification"), ("draft", "drafting"), ("other", "other (prefill, loop)")):
@@ -185,7 +234,7 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     for y, total in zip(ys, left):
         ax.text(total, y, f" {total:.2f}", va="center", fontsize=8)
     ax.set_yticks(ys)
-    ax.set_yticklabels([d["method"] + ("" if d["trusted"] else f" {UNTRUSTED_MARK}") for d in data], fontsize=8)
+    ax.set_yticklabels(names, fontsize=8)
     for label, d in zip(ax.get_yticklabels(), data):
         if not d["trusted"]:
             label.set_color(UNTRUSTED_COLOR)
@@ -247,7 +296,8 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
     handles = axes[0, 0].get_legend_handles_labels()[0] + twins[0].get_legend_handles_labels()[0]
     fig.tight_layout()
     top = axes[0, 0].get_position().y1  # above the first panel and its title, off the data
-    fig.text(0.01, 1.0, f"Speculated and accepted length per round: {run.name}", fontsize=11, va="bottom")
+    fig.text(0.01, 1.0, wrapped(f"Speculated and accepted length per round: {run.name}", 10.8, 11), fontsize=11,
+             va="bottom")
     fig.legend(handles=handles, fontsize=8, ncol=3, frameon=False, loc="lower right", bbox_to_anchor=(0.99, top + 0.02))
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -319,7 +369,8 @@ def plot_calibration(run: Run, path: str | Path) -> Path:
     right.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="drafter confidence (bins: grey lines)",
               ylabel="P(accepted | earlier accepted)", title="calibration curve learned from all rounds")
     right.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", fontsize=10)
+    fig.suptitle(wrapped(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", 11.5, 10),
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -572,7 +623,7 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         return "-" if value is None or (only_drafting and not drafted) else fmt.format(value)
 
     prompts = html.escape(str(summary.get("prompts", len(run.results))))
-    name = html.escape(run.name)
+    name = html.escape(method)  # the run's own method: the overrides have their column
     if not summary:
         name += "<br><span class='partial'>no summary.json: the job died or is still running</span>"
     elif is_partial(summary):
@@ -622,7 +673,7 @@ def _run_note(run: Run, common: Sequence[str]) -> str:
     from specpolicy.report import is_partial
     from specpolicy.results import job_overrides
 
-    notes = [o for o in job_overrides(run.directory) if o not in common]
+    notes = [o for o in job_overrides(run.directory) if o not in common and o not in run.name]  # not twice
     if timing_trusted(run.summary) is False:
         notes.append(f"timing cannot be trusted {UNTRUSTED_MARK}")
     if not run.summary:

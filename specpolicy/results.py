@@ -370,10 +370,13 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
 
 def find_runs(root: str | Path, marker: str = RESULTS_FILE) -> list[Path]:
     """Run directories under ``root`` (``root`` itself included): those holding a file named
-    ``marker`` (``results.jsonl`` or ``summary.json``), outside ``SKIP_DIRS``, in path order."""
+    ``marker`` (``results.jsonl`` or ``summary.json``), outside ``SKIP_DIRS``, in path order with
+    numbered parts in numeric order (a multirun's jobs 0, 1, 2, ..., 10, not 0, 1, 10, ...)."""
     root = Path(root)
     return sorted({f.parent for f in root.rglob(marker) if f.is_file()
-                   and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])})
+                   and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])},
+                  key=lambda d: [(0, int(part), "") if part.isdigit() else (1, 0, part)
+                                 for part in d.relative_to(root).parts])
 
 
 @dataclass
@@ -446,15 +449,34 @@ def load_runs(root: str | Path) -> list[Run]:
     if not dirs:
         raise FileNotFoundError(f"no {RESULTS_FILE} under {root}")
     runs = [read_run(d) for d in dirs]
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        groups.setdefault(r.name, []).append(r)
-    for name, group in groups.items():
-        if len(group) < 2:
-            continue
-        labels = [" ".join(d) for d in differing([job_overrides(r.directory) for r in group])]
-        if not all(labels) or len(set(labels)) < len(labels):  # the overrides do not tell them apart
-            labels = [r.directory.relative_to(root).as_posix() or "." for r in group]
-        for r, label in zip(group, labels):
-            r.name = f"{name} ({label})"
+    for run, name in zip(runs, told_apart([r.name for r in runs], runs, root)):
+        run.name = name
     return runs
+
+
+def told_apart(labels: Sequence[str], runs: Sequence[Run], root: str | Path | None = None) -> list[str]:
+    """``labels`` (one per run) made distinct: runs that share a label get, in parentheses, the
+    overrides that differ between them (``job_overrides``), or their directory (relative to
+    ``root``, default: the runs' common parent) where the overrides do not tell them apart."""
+    out = list(labels)
+    if root is None:
+        root = Path(os.path.commonpath([str(r.directory) for r in runs])) if runs else Path(".")
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    for label, members in groups.items():
+        if len(members) < 2:
+            continue
+        extra = [" ".join(d) for d in differing([job_overrides(runs[i].directory) for i in members])]
+        if not all(extra) or len(set(extra)) < len(extra):  # the overrides do not tell them apart
+            extra = [_relative_or_name(runs[i].directory, Path(root)) for i in members]
+        for i, e in zip(members, extra):
+            out[i] = f"{label} ({e})"
+    return out
+
+
+def _relative_or_name(directory: Path, root: Path) -> str:
+    try:
+        return directory.relative_to(root).as_posix() or directory.resolve().name
+    except ValueError:
+        return directory.as_posix()

@@ -457,3 +457,55 @@ def test_runs_of_one_method_are_named_by_the_overrides_that_differ(tmp_path):
     assert [r.name for r in load_runs(root)] == [
         "fastdllm+failfast (policy.tau=0.3)", "fastdllm+failfast (policy.tau=0.6)", "ar+static", "ar+goodput (3)",
         "ar+goodput (4)"]
+
+
+@needs_matplotlib
+def test_figures_of_many_long_named_runs_keep_their_panels(tmp_path, monkeypatch):
+    """Issue 22: a folder of 27 runs squeezed the subplots (and their titles) into each other: the
+    legend / tick labels of long names took the width of the panels. The panels keep their size,
+    the figure grows, and matplotlib's layout never gives up."""
+    import warnings
+
+    import matplotlib.figure
+
+    from specpolicy.paper_figures import plot_easy_regions
+    from specpolicy.plot import plot_latency_breakdown, plot_length_cdf
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    models = ("/models/Fast_dLLM_v2_1.5B-instruct-matched-phase-2000", "/models/dllm-drafter-capacity-probe-12x256",
+              "/models/dllm-drafter")
+    for num in range(27):
+        _plot_job(root, str(num), "fastdllm+failfast", ["policy=failfast", f"policy.tau={0.1 * (1 + num // 9)}",
+                                                        f"drafter.model={models[num // 3 % 3]}",
+                                                        f"policy.n_max={(30, 60, 70)[num % 3]}"], _rows())
+    runs = load_runs(root)
+    assert len({r.name for r in runs}) == 27 and runs[10].name.startswith("fastdllm+failfast (policy.tau=0.2")  # 0..26
+    drawn = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def measure(fig, path, *args, **kwargs):  # the figure as saved: panels and titles in inches
+        fig.canvas.draw()
+        dpi = fig.dpi
+        data_axes = [ax for ax in fig.axes if ax.get_title()]
+        drawn[Path(path).name] = {
+            "widths": [ax.get_window_extent().width / dpi for ax in data_axes],
+            "heights": [ax.get_window_extent().height / dpi for ax in data_axes],
+            "titles": [ax.title.get_window_extent() for ax in data_axes],
+            "size": tuple(fig.get_size_inches())}
+        return real(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", measure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied ..." and kin fail the test
+        plot_length_cdf(runs, tmp_path / "length_cdf.png")
+        plot_latency_breakdown(runs, tmp_path / "latency_breakdown.png")
+        plot_easy_regions(runs, tmp_path / "easy_regions.png")
+    cdf = drawn["length_cdf.png"]
+    assert min(cdf["widths"]) > 4.0 and min(cdf["heights"]) > 2.5  # two panels of 13 inches less the legend
+    left, right = cdf["titles"]
+    assert left.x1 < right.x0  # the panels' titles side by side, apart
+    latency = drawn["latency_breakdown.png"]
+    assert latency["widths"][0] > 5.5 and latency["size"][0] > 10  # the bars keep their width, the figure grows
+    easy = drawn["easy_regions.png"]
+    assert min(easy["heights"]) > 2.2 and easy["titles"][0].y0 > easy["titles"][1].y1
