@@ -1,6 +1,7 @@
-"""What a run tells the person at the terminal when it ends: where its results are and the next
-commands (report, plot, oracle); after a multirun, its sweep directory (Hydra callback
-``SweepDone``, configured under ``hydra.callbacks`` in ``conf/config.yaml``)."""
+"""What a run tells the person at the terminal when it ends: where its results are, where plugins
+put it outside its directory (the hook ``specpolicy_run_outputs``: the W&B run and how to upload
+it) and the next commands (report, plot, oracle); after a multirun, its sweep directory (Hydra
+callback ``SweepDone``, configured under ``hydra.callbacks`` in ``conf/config.yaml``)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,8 @@ def _markdown_table(rows: list[dict[str, Any]]) -> list[str]:
 
 def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Sequence[dict[str, Any]] = ()) -> str:
     """GitHub-flavoured Markdown: the ranked table of complete runs, the partial runs in a table
-    of their own (not ranked), the jobs without a summary, and the common overrides."""
+    of their own (not ranked), the note on speedups marked as timings that cannot be trusted
+    (``untrusted``), the jobs without a summary, and the common overrides."""
     complete = [r for r in rows if not r.get("partial")]
     partial = [r for r in rows if r.get("partial")]
     lines = _markdown_table(complete)
@@ -241,7 +242,8 @@ def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Se
 
 def to_csv(rows: list[dict[str, Any]], path: str | Path) -> None:
     """Write ``rows`` as CSV with full-precision numbers (overrides space-separated); partial
-    runs last, marked in the ``partial`` column."""
+    runs last, marked in the ``partial`` column; ``timing_trusted`` (True / False / empty: not
+    judged) and ``timing_warnings`` (``; ``-separated) say whether a run's timings can be trusted."""
     import csv
 
     keys = [k for _, k, _, _ in REPORT_COLUMNS if k != "prompts_cell"]
@@ -259,7 +261,8 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
                  console: Console | None = None, wide: bool = False, width: int | None = None,
                  dead: Sequence[dict[str, Any]] = ()) -> None:
     """Print the sweep report (rich): the ranked table of complete runs, a table of partial runs
-    (not ranked), the common overrides and the jobs without a summary. Fits ``width`` (default:
+    (not ranked), the note on speedups marked as timings that cannot be trusted
+    (``untrusted_notes``), the common overrides and the jobs without a summary. Fits ``width`` (default:
     ``console``'s width, else the terminal's, see ``available_width``) by leaving out the least
     needed columns (named below the table); ``wide`` prints every column however wide. No number
     is ever cut."""
