@@ -55,15 +55,17 @@ def _hydra_main(cfg: DictConfig) -> float:
     from specpolicy.messages import run_done
 
     hc = HydraConfig.get()
+    elsewhere: list[str] = []  # where plugins put the run outside its directory (e.g. the W&B run)
     try:
-        summary = run_experiment(cfg, hc.runtime.output_dir)
+        summary = run_experiment(cfg, hc.runtime.output_dir, outputs=elsewhere)
     except Exception as error:  # noqa: BLE001
         report = None if _debug else one_line(error)
         if report is None or hc.mode == RunMode.MULTIRUN:  # a sweep names the failed job first, then main()
             raise
         print(report[0], file=sys.stderr)  # a single run: exactly one line
         raise SystemExit(report[1]) from None
-    print("\n".join(run_done(hc.runtime.output_dir, in_sweep=hc.mode == RunMode.MULTIRUN)), flush=True)
+    print("\n".join(run_done(hc.runtime.output_dir, in_sweep=hc.mode == RunMode.MULTIRUN, elsewhere=elsewhere)),
+          flush=True)
     return sweep_objective(summary)  # the value Hydra sweepers optimise
 
 

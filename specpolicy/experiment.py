@@ -10,8 +10,9 @@ Each prompt's outcome is a ``specpolicy.results.PromptResult`` (speculative and 
 results by ``specpolicy.summary.summarize`` (the one place every summary number comes from).
 Runs are resumable (``specpolicy.resume``): with ``run.resume: true`` (default) the prompts
 already in the run directory's ``results.jsonl`` are read back instead of recomputed, so a
-resumed run's summary equals an uninterrupted run's except for timings. SIGINT / SIGTERM write
-a partial summary (``"partial": true``) and raise ``RunInterrupted``.
+resumed run's summary equals an uninterrupted run's except for timings; a run with nothing left to
+compute loads no model (``specpolicy.resume.complete_summary``: it says so and returns the stored
+summary). SIGINT / SIGTERM write a partial summary (``"partial": true``) and raise ``RunInterrupted``.
 
 Safety: every config value is checked before any model is loaded (``specpolicy.validation``);
 one process per run directory (``specpolicy.runlock``); a prompt too long for the context is
@@ -32,10 +33,12 @@ from tqdm import tqdm
 
 from specpolicy.decoding import generate
 from specpolicy.machine import MachineWatch, warning_line
+from specpolicy.messages import shown
 from specpolicy.plugins import (blame, call_each, get_plugin_manager, make_drafter, make_loggers, make_policy,
                                 make_verifier, registered)
 from specpolicy.results import SUMMARY_FILE, PromptResult
-from specpolicy.resume import RunInterrupted, config_fingerprint, interruptible, load_finished, results_path, shielded
+from specpolicy.resume import (RunInterrupted, complete_line, complete_summary, config_fingerprint, interruptible,
+                               load_finished, results_path, shielded)
 from specpolicy.reuse import DraftReuse
 from specpolicy.runlock import RunLock
 from specpolicy.runtime import Runtime
@@ -56,14 +59,19 @@ def method_name(cfg: DictConfig) -> str:
     return f"{cfg.drafter.name}+{policy}" + ("+reuse" if cfg.reuse.enabled else "")
 
 
-def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
-    """Run the configured method (and vanilla) on the configured prompts; return the summary.
+def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | None = None) -> dict[str, Any]:
+    """Run the configured method (and vanilla) on the configured prompts; return the summary. With
+    ``run.resume`` on and every prompt already in the run directory's ``results.jsonl``, nothing
+    is loaded or timed: one line says the run is complete and its summary is returned
+    (``specpolicy.resume.complete_summary``).
 
     Lifecycle hooks (every plugin and the run's loggers): ``specpolicy_run_start`` after the
     warm-up, ``specpolicy_round_end`` per verified round and ``specpolicy_prompt_end`` per
     prompt of the speculative method, ``specpolicy_run_end`` after ``summary.json`` is written,
-    or ``specpolicy_run_abort`` when the run raises (every plugin's abort hook is called; one
-    that fails is reported in one line and the run's own error is re-raised).
+    then ``specpolicy_run_outputs`` (its lines are appended to ``outputs`` when given: where a
+    logger put the run outside its directory, e.g. the W&B run), or ``specpolicy_run_abort`` when
+    the run raises (every plugin's abort hook is called; one that fails is reported in one line
+    and the run's own error is re-raised).
 
     Raises:
         ConfigError (a ValueError): for any invalid configuration value (unknown
@@ -83,13 +91,20 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path) -> dict[str, Any]:
         if lock.taken_over:
             print(lock.taken_over)
         try:
-            return _run(cfg, container, pm, prompts, run_dir)
+            done = complete_summary(container, [p.prompt_id for p in prompts], method_name(cfg), run_dir,
+                                    lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype,
+                                                    seed=int(cfg.seed)).describe())
+            if done is not None:  # resumed with nothing left to compute: no model is loaded
+                print(complete_line(done, shown(run_dir)))
+                return done
+            return _run(cfg, container, pm, prompts, run_dir, outputs)
         except BaseException as error:
             blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)
             raise
 
 
-def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path) -> dict[str, Any]:
+def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path,
+         outputs: list[str] | None = None) -> dict[str, Any]:
     runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
     policy = make_policy(pm, container["policy"])
     loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
@@ -190,6 +205,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                       f"{hook_error}", file=sys.stderr)
             raise
         pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
+        elsewhere = [line for lines in reversed(pm.hook.specpolicy_run_outputs(run_dir=str(run_dir)))
+                     for line in lines or ()]  # pluggy calls the last registered first: back to run order
+        if outputs is not None:
+            outputs.extend(elsewhere)
     print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
     for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
         if line:

@@ -14,7 +14,7 @@ Lifecycle hooks are called by the run driver (``specpolicy.experiment.run_experi
 every registered plugin, including the run's loggers (objects returned by
 ``specpolicy_make_logger``, registered for the duration of one run)::
 
-    run_start -> (round_end* -> prompt_end) per computed prompt -> run_end
+    run_start -> (round_end* -> prompt_end) per computed prompt -> run_end -> run_outputs
                                                   (or run_abort when the run raises)
 
 Hook implementations may accept any subset of a hook's parameters (pluggy passes them by
@@ -198,6 +198,18 @@ def specpolicy_run_end(summary: dict[str, Any], run_dir: str) -> None:
     :param summary: the summary written to ``<run_dir>/summary.json``
         (``specpolicy.summary.summarize``; its ``fields`` describe every key).
     :param run_dir: the run directory.
+    """
+
+
+@hookspec
+def specpolicy_run_outputs(run_dir: str) -> list[str] | None:
+    """After ``run_end``: where this plugin put the run's outputs that are not files of the run
+    directory itself, in lines printed under the CLI's ``results:`` line (``specpolicy.messages``),
+    e.g. the W&B run: its offline directory and the ``wandb sync`` command that uploads it, or its
+    URL. The first line starts with a short label and a colon (``"W&B: ..."``).
+
+    :param run_dir: the run directory.
+    :return: the lines, or None when the plugin wrote nothing elsewhere.
     """
 
 

@@ -54,6 +54,40 @@ def fit_affine(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+class NotEstimable(ValueError):
+    """A figure that a run's own measurements cannot estimate; ``str(error)`` says why (shown as
+    ``n/a (<why>)``, never as a number)."""
+
+
+def step_problem(points: Sequence[tuple[float, float]]) -> str | None:
+    """Why ``points`` -- ``(speculation length, verify_ms)`` of a run's rounds -- cannot give the
+    time of a plain target decoding step (length 0), or None when they can.
+
+    They can when a point has length 0 (a vanilla decoding step, or a round the policy decoded
+    plainly). Otherwise the step is the intercept of the affine fit, an extrapolation to length 0,
+    which needs two distinct lengths and must be at least what a verification spent per target
+    position (``sum verify_ms / sum (length + 1)``: one forward pass over ``length + 1`` positions
+    never costs more than ``length + 1`` single steps). Short runs without the vanilla baseline
+    (``run.vanilla_baseline=false``) often fail that: the fit's noise then puts the intercept near
+    or below 0, and every figure that divides by it would read 0.00x."""
+    if any(x == 0 for x, _ in points):
+        return None
+    if not points:
+        return "no round was measured"
+    lengths = sorted({int(x) for x, _ in points})
+    if len(lengths) < 2:
+        return (f"no vanilla decoding step was measured (run.vanilla_baseline=false) and every round has "
+                f"speculation length {lengths[0]}: nothing to extrapolate a plain target step (length 0) from")
+    intercept, _ = fit_affine([x for x, _ in points], [y for _, y in points])
+    floor = sum(y for _, y in points) / sum(x + 1 for x, _ in points)
+    if intercept < floor:
+        return (f"no vanilla decoding step was measured (run.vanilla_baseline=false), and extrapolating the "
+                f"verification times of lengths {lengths[0]}..{lengths[-1]} to length 0 gives a target step of "
+                f"{intercept:.3g} ms, below the {floor:.3g} ms per position a verification took: too few or too "
+                f"noisy rounds to estimate it")
+    return None
+
+
 @dataclass(frozen=True)
 class LatencyProfile:
     """Per-pass latencies of one hardware setting, in milliseconds.
@@ -152,11 +186,18 @@ def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable
       (slope clamped at >= 0);
     * ``target_ms_per_token`` = mean ``verify_ms`` of the vanilla rounds (one target step each),
       or the fit's intercept without vanilla rounds.
+
+    Raises:
+        NotEstimable: without vanilla rounds, when the rounds cannot give a target step
+            (``step_problem``: e.g. ``run.vanilla_baseline=false`` with too few or too noisy rounds).
     """
     spec_rounds, vanilla_rounds = list(spec_rounds), list(vanilla_rounds)
     passes = sum(r.drafter_forward_passes for r in spec_rounds)
     draft_ms = sum(r.draft_ms for r in spec_rounds if r.drafter_forward_passes > 0)
     points = [(r.speculation_length, r.verify_ms) for r in spec_rounds + vanilla_rounds]
+    problem = step_problem(points)
+    if problem:
+        raise NotEstimable(problem)
     intercept, slope = fit_affine([p[0] for p in points], [p[1] for p in points])
     van = [r.verify_ms for r in vanilla_rounds]
     target = sum(van) / len(van) if van else intercept
@@ -166,7 +207,11 @@ def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable
 
 def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[RoundRecord],
                     vanilla_rounds: Iterable[RoundRecord] = ()) -> LatencyProfile:
-    """``profile`` with its null latencies filled from the run (``measure_profile``)."""
+    """``profile`` with its null latencies filled from the run (``measure_profile``).
+
+    Raises:
+        NotEstimable: when a null latency cannot be measured from these rounds.
+    """
     if profile.complete:
         return profile
     measured = measure_profile(spec_rounds, vanilla_rounds)
@@ -209,21 +254,36 @@ def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, p
         drafter: the run's drafter name: every profile's ``for_drafter`` pass cost applies.
     Returns:
         ``{"label", "pass_accounting", "profile" (resolved, as a dict), "speedup_vs_vanilla", "ms",
-        "vanilla_ms", "speedup_by_profile": {name: speedup}}``.
+        "vanilla_ms", "speedup_by_profile": {name: speedup}}``, plus ``"unavailable": {name: why}``
+        for the profiles whose latencies the run cannot measure (``NotEstimable``: their speedup is
+        None -- ``n/a``, never a number; the selected profile's ``speedup_vs_vanilla``, ``ms`` and
+        ``vanilla_ms`` too when it is one of them).
     """
-    resolved = resolve_profile(profile.for_drafter(drafter), spec_rounds, vanilla_rounds)
-    by_profile = {}
+    unavailable: dict[str, str] = {}
+
+    def resolved_or_none(p: LatencyProfile) -> LatencyProfile | None:
+        try:
+            return resolve_profile(p, spec_rounds, vanilla_rounds)
+        except NotEstimable as why:
+            unavailable[p.name] = str(why)
+            return None
+
+    resolved = resolved_or_none(profile.for_drafter(drafter))
+    by_profile: dict[str, float | None] = {}
     for name in all_profiles:
-        p = resolved if name == resolved.name else resolve_profile(load_profile(name).for_drafter(drafter),
-                                                                    spec_rounds, vanilla_rounds)
-        by_profile[name] = modeled_speedup(spec_rounds, generated_tokens, p)
-    accounting = "" if resolved.pass_accounting == "project" else f"; {resolved.pass_accounting} pass accounting"
-    return {
-        "label": f"{MODELED_LABEL}; profile {resolved.name}: {resolved.description}{accounting}",
-        "pass_accounting": resolved.pass_accounting,
-        "profile": asdict(resolved),
-        "speedup_vs_vanilla": modeled_speedup(spec_rounds, generated_tokens, resolved),
-        "ms": modeled_ms(spec_rounds, resolved),
-        "vanilla_ms": generated_tokens * resolved.target_ms_per_token,
+        p = resolved if name == profile.name else resolved_or_none(load_profile(name).for_drafter(drafter))
+        by_profile[name] = None if p is None else modeled_speedup(spec_rounds, generated_tokens, p)
+    shown = resolved or profile.for_drafter(drafter)
+    accounting = "" if shown.pass_accounting == "project" else f"; {shown.pass_accounting} pass accounting"
+    out = {
+        "label": f"{MODELED_LABEL}; profile {shown.name}: {shown.description}{accounting}",
+        "pass_accounting": shown.pass_accounting,
+        "profile": asdict(shown),
+        "speedup_vs_vanilla": None if resolved is None else modeled_speedup(spec_rounds, generated_tokens, resolved),
+        "ms": None if resolved is None else modeled_ms(spec_rounds, resolved),
+        "vanilla_ms": None if resolved is None else generated_tokens * resolved.target_ms_per_token,
         "speedup_by_profile": by_profile,
     }
+    if unavailable:
+        out["unavailable"] = unavailable
+    return out

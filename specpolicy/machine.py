@@ -138,3 +138,29 @@ def warning_line(conditions: Mapping[str, Any] | None) -> str | None:
         return None
     return ("WARNING: the measured speedup cannot be trusted: " + "; ".join(conditions["timing_warnings"])
             + " -- re-time on an idle machine with run.resume=false")
+
+
+#: The mark put next to a measured figure whose timings cannot be trusted (tables, pages, figures),
+#: explained once by ``UNTRUSTED_NOTE`` beside it.
+UNTRUSTED_MARK = "*"
+UNTRUSTED_NOTE = ("timing cannot be trusted: the machine was busy or its speed varied while the run measured "
+                  "(summary.json: timing_conditions.timing_trusted false); re-time on an idle machine with "
+                  "run.resume=false")
+
+
+def timing_trusted(summary: Mapping[str, Any] | None) -> bool | None:
+    """Whether the measured timings of a run (its ``summary.json``) can be trusted: the
+    ``timing_conditions.timing_trusted`` the run recorded; None when it recorded none (a summary
+    written before timing conditions were recorded, or by a benchmark)."""
+    conditions = (summary or {}).get("timing_conditions")
+    if not isinstance(conditions, Mapping) or "timing_trusted" not in conditions:
+        return None
+    return bool(conditions["timing_trusted"])
+
+
+def untrusted_reasons(summary: Mapping[str, Any] | None) -> list[str]:
+    """Why a run's timings cannot be trusted (``timing_conditions.timing_warnings``); empty when
+    they can, or when the run recorded no timing conditions."""
+    if timing_trusted(summary) is not False:
+        return []
+    return [str(w) for w in summary["timing_conditions"].get("timing_warnings") or []] or ["no reason recorded"]

@@ -1,11 +1,13 @@
-"""What a run tells the person at the terminal when it ends: where its results are and the next
-commands (report, plot, oracle); after a multirun, its sweep directory (Hydra callback
-``SweepDone``, configured under ``hydra.callbacks`` in ``conf/config.yaml``)."""
+"""What a run tells the person at the terminal when it ends: where its results are, where plugins
+put it outside its directory (the hook ``specpolicy_run_outputs``: the W&B run and how to upload
+it) and the next commands (report, plot, oracle); after a multirun, its sweep directory (Hydra
+callback ``SweepDone``, configured under ``hydra.callbacks`` in ``conf/config.yaml``)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,24 @@ def next_commands(directory: str | Path) -> list[str]:
     return [f"python -m specpolicy.report {d}", f"python -m specpolicy.plot {d}", f"python -m specpolicy.oracle {d}"]
 
 
-def run_done(run_dir: str | Path, in_sweep: bool = False) -> list[str]:
-    """Lines printed after a run: where its results are, then (outside a sweep, which prints them
-    once at its end) the next commands."""
+#: Width of the labels of ``run_done``'s lines (``results: ``, ``next:    ``): what follows lines up.
+LABEL_WIDTH = 9
+
+
+def run_done(run_dir: str | Path, in_sweep: bool = False, elsewhere: Sequence[str] = ()) -> list[str]:
+    """Lines printed after a run: where its results are; where plugins put its outputs outside the
+    run directory (``elsewhere``: the lines of the hook ``specpolicy_run_outputs``, e.g. the W&B run
+    and how to upload it; a first line's ``label:`` is aligned with ``results:``); then (outside a
+    sweep, which prints them once at its end) the next commands."""
     d = Path(run_dir)
     files = ", ".join(f for f in ("summary.json", "results.jsonl") if (d / f).exists()) or "nothing written"
     lines = [f"results: {shown(d)}/ ({files})"]
+    for line in elsewhere:
+        label, sep, rest = line.partition(": ")
+        if sep and len(label) < LABEL_WIDTH and " " not in label:
+            lines.append(f"{label + ':':{LABEL_WIDTH}s}{rest}")
+        else:
+            lines.append(" " * LABEL_WIDTH + line)
     if not in_sweep:
         lines += _next(d)
     return lines

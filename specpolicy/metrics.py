@@ -225,10 +225,13 @@ FIELDS: dict[str, str] = {
     "methods.*.verify_ms": "milliseconds spent verifying, summed (a timing)",
     "modeled_speedup_vs_vanilla": "MODELED (not measured) speedup with the configured latency profile",
     "modeled_profile": "name of the latency profile of the modeled speedup",
-    "modeled": "MODELED latency block: label, resolved profile, modeled ms, speedup_by_profile",
+    "modeled": "MODELED latency block: label, resolved profile, modeled ms, speedup_by_profile; a profile whose "
+               "latencies the run cannot measure (e.g. `measured` without vanilla steps) has speedup null and "
+               "its reason under `unavailable` (n/a, never 0)",
     "oracle": "the oracle length policy: this policy's modeled speedup as a fraction of the oracle's "
               "(timing-derived cost model); estimated from the run's own rounds (censored), so an upper bound, "
-              "and a fraction_of_oracle above 1 is no fraction of an optimum (specpolicy.oracle.describe_fraction)",
+              "and a fraction_of_oracle above 1 is no fraction of an optimum (specpolicy.oracle.describe_fraction); "
+              "null figures with `unavailable` (the reason) when the run's timings give no cost model",
     "skipped_prompts": "prompt id -> why it was not decoded (a prompt longer than the context); such prompts are "
                        "in results.jsonl with `skipped` and in no other figure",
     "timing_conditions": "what the machine was doing while this invocation measured (specpolicy.machine): load "

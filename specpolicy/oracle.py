@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -64,8 +65,9 @@ from typing import Any
 
 import torch
 
-from specpolicy.latency import fit_affine
-from specpolicy.results import PromptResult, find_runs, read_run
+from specpolicy.latency import NotEstimable, fit_affine, step_problem
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, untrusted_reasons
+from specpolicy.results import SUMMARY_FILE, PromptResult, find_runs, read_run, read_summary
 from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
 
 #: The oracle may always speculate at least this far (FailFast's N_max default, tokens).
@@ -118,8 +120,17 @@ class CostModel:
         measured ``verify_ms`` of vanilla decoding steps.
 
         Slopes are clamped at >= 0 so costs never decrease with the length.
+
+        Raises:
+            NotEstimable: when the verification time of a plain target step (length 0) cannot be
+                estimated: no vanilla step and no round of length 0, and the drafted rounds cannot be
+                extrapolated to length 0 (``specpolicy.latency.step_problem``).
         """
         rounds = list(rounds)
+        van = list(vanilla_verify_ms)
+        problem = step_problem([(r.speculation_length, r.verify_ms) for r in rounds] + [(0, ms) for ms in van])
+        if problem:
+            raise NotEstimable(problem)
         drafted = [r for r in rounds if r.speculation_length > r.reused_tokens]
         passes = sum(r.drafter_forward_passes for r in drafted)
         draft_ms = sum(r.draft_ms for r in drafted)
@@ -128,7 +139,6 @@ class CostModel:
         per_token = 0.0 if passes else (draft_ms / tokens if tokens else 0.0)
         pb, pt = fit_affine([r.speculation_length - r.reused_tokens for r in drafted],
                             [r.drafter_forward_passes for r in drafted])
-        van = list(vanilla_verify_ms)
         xs = [r.speculation_length for r in rounds] + [0] * len(van)
         ys = [r.verify_ms for r in rounds] + van
         vb, vt = fit_affine(xs, ys)
@@ -345,8 +355,12 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
     * Ratio > 1 (the policy's modeled time is below the estimated oracle's): never called a
       fraction of an optimum -- the estimate bounds nothing there; the line says why.
 
+    * Not estimable (``unavailable``): "n/a (<why>)", never a number.
+
     ``brief``: the label without the reason for a bound (``CENSORED_NOTE`` gives it once).
     """
+    if result.get("unavailable") or result.get("fraction_of_oracle") is None:
+        return f"n/a ({result.get('unavailable') or 'no figure'})"
     ratio = float(result.get("fraction_of_oracle", 0.0))
     if brief and is_censored(result):
         speeds = (f"modeled: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
@@ -373,17 +387,32 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
             f"costed by extrapolation; {speeds}; benchmarks/peers.py replays the drafter for the exact oracle)")
 
 
+def unavailable(reason: str, max_length: int) -> dict[str, Any]:
+    """An oracle result whose figures cannot be estimated (``compare``'s keys, figures None, no
+    prompt), with ``unavailable``: the reason."""
+    return {"definition": DEFINITION, "source": "rounds (self-consistency, censored at fully accepted rounds)",
+            "cost_model": None, "fraction_of_oracle": None, "policy_ms": None, "oracle_ms": None, "vanilla_ms": None,
+            "policy_speedup_modeled": None, "oracle_speedup_modeled": None, "censored_positions": 0,
+            "per_prompt": [], "max_length": max_length, "unavailable": reason}
+
+
 def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> dict[str, Any] | None:
     """``compare`` on a run's results, rounds source: a cost model fitted on the speculative rounds
     and the vanilla baseline's steps, ``max_length`` None = ``oracle_max_length`` of the rounds.
     ``summary.json``'s ``oracle`` block and ``python -m specpolicy.oracle`` are this computation.
-    Returns ``compare``'s dict plus ``max_length``; None when there are no rounds."""
+    Returns ``compare``'s dict plus ``max_length``; None when there are no rounds. When the run's
+    timings cannot give a cost model (``CostModel.fit`` raises ``NotEstimable``: e.g. no vanilla
+    baseline and too few rounds), the figures are None and ``unavailable`` says why
+    (``describe_fraction`` prints ``n/a`` with it)."""
     spec_rounds = [r for res in results for r in res.speculative.rounds]
     if not spec_rounds:
         return None
     van_verify = [r.verify_ms for res in results if res.vanilla is not None for r in res.vanilla.rounds]
-    cost = CostModel.fit(spec_rounds, van_verify)
     max_length = oracle_max_length(spec_rounds) if max_length is None else max_length
+    try:
+        cost = CostModel.fit(spec_rounds, van_verify)
+    except NotEstimable as why:
+        return unavailable(str(why), max_length)
     out = compare({res.prompt_id: res.speculative for res in results}, cost, max_length)
     out["max_length"] = max_length
     return out
@@ -404,6 +433,29 @@ def analyse_run(run_dir: str | Path, max_length: int | None = None) -> dict[str,
     return out
 
 
+#: Up to this many prompts, the per-prompt fractions are listed one by one (a min / median / max of
+#: two or three values says less than the values).
+LIST_PROMPTS_UP_TO = 5
+
+
+def per_prompt_text(fractions: Sequence[float]) -> str:
+    """The per-prompt fractions in words: every value for up to ``LIST_PROMPTS_UP_TO`` prompts,
+    else min / median / max; always with n, and how many are above 1 (no fraction of an optimum).
+    Empty without prompts."""
+    if not fractions:
+        return ""
+    values = sorted(float(f) for f in fractions)
+    if len(values) <= LIST_PROMPTS_UP_TO:
+        text = f"policy / oracle per prompt (n = {len(values)}): " + ", ".join(f"{v:.3f}" for v in values)
+    else:
+        text = (f"policy / oracle per prompt (n = {len(values)}): min {values[0]:.3f} median "
+                f"{statistics.median(values):.3f} max {values[-1]:.3f}")
+    above = sum(v > 1.0 + 1e-9 for v in values)
+    if above:
+        text += f" ({above} above 1: no fraction of an optimum there)"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m specpolicy.oracle DIR [--max-length N]``: the oracle fraction of every run under
     DIR (directories holding ``results.jsonl``); writes ``oracle.json`` next to each."""
@@ -419,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"error: no results.jsonl under {args.directory}", file=sys.stderr)
         return 1
+    untrusted: list[str] = []
     for run in runs:
         try:
             res = analyse_run(run, args.max_length)
@@ -427,11 +480,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         res["reading"] = describe_fraction(res)
         (run / "oracle.json").write_text(json.dumps(res, indent=2))
-        fr = sorted(p["fraction_of_oracle"] for p in res["per_prompt"])
-        per_prompt = f"policy / oracle per prompt: min {fr[0]:.3f} median {fr[len(fr) // 2]:.3f} max {fr[-1]:.3f}"
-        if fr[-1] > 1.0 + 1e-9:
-            per_prompt += f" ({sum(f > 1.0 + 1e-9 for f in fr)} above 1: no fraction of an optimum there)"
-        print(f"{run}: {res['method'] or run.name}: {describe_fraction(res, brief=True)}; {per_prompt}")
+        line = f"{run}: {res['method'] or run.name}: {describe_fraction(res, brief=True)}"
+        per_prompt = per_prompt_text([p["fraction_of_oracle"] for p in res["per_prompt"]])
+        if per_prompt:
+            line += f"; {per_prompt}"
+        reasons = untrusted_reasons(read_summary(Path(run) / SUMMARY_FILE))
+        if reasons and not res.get("unavailable"):
+            line += f" {UNTRUSTED_MARK}"
+            untrusted.append(f"{UNTRUSTED_MARK} {run}: costs measured while {'; '.join(reasons)}")
+        print(line)
+    if untrusted:
+        print(f"{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; the oracle's costs are that run's measured times:")
+        print("\n".join(untrusted))
     print(CENSORED_NOTE)
     return 0
 

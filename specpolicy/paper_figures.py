@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from specpolicy.latency import load_profile, modeled_speedup
+from specpolicy.machine import UNTRUSTED_MARK, timing_trusted
 from specpolicy.metrics import aggregate, observed
-from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run
+from specpolicy.plot import UNTRUSTED_COLOR, line_styles, text_width_in, untrusted_figure_note
+from specpolicy.results import RESULTS_FILE, PromptResult, find_runs, read_run, told_apart
 from specpolicy.results import Run as RunData
 from specpolicy.types import RoundRecord
 
@@ -158,8 +160,10 @@ def reliability(rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int |
 
 
 def sensitivity_points(runs: Sequence[RunData], key: str) -> list[dict[str, Any]]:
-    """``{"x", "measured", "modeled", "profile"}`` per run, sorted by x = the config value ``key``
-    (e.g. ``policy.tau``); runs without ``key`` are skipped. Speedups from the run's summary."""
+    """``{"x", "measured", "modeled", "profile", "trusted"}`` per run, sorted by x = the config
+    value ``key`` (e.g. ``policy.tau``); runs without ``key`` are skipped. Speedups from the run's
+    summary; ``trusted`` False when the run recorded that its timings cannot be trusted
+    (``specpolicy.machine.timing_trusted``)."""
     points = []
     for run in runs:
         x = run.setting(key)
@@ -167,7 +171,8 @@ def sensitivity_points(runs: Sequence[RunData], key: str) -> list[dict[str, Any]
             continue
         points.append({"x": float(x), "measured": run.summary.get("speedup_vs_vanilla"),
                        "modeled": run.summary.get("modeled_speedup_vs_vanilla"),
-                       "profile": run.summary.get("modeled_profile", "")})
+                       "profile": run.summary.get("modeled_profile", ""),
+                       "trusted": timing_trusted(run.summary) is not False})
     return sorted(points, key=lambda p: p["x"])
 
 
@@ -242,9 +247,12 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     import numpy as np
     from matplotlib.colors import ListedColormap
 
-    fig = plt.figure(figsize=(12, 8))
-    top = fig.add_axes((0.08, 0.58, 0.88, 0.34))
-    bottom = fig.add_axes((0.08, 0.08, 0.88, 0.38))
+    labels = [f"{name} ({len(run.results)} prompts)" for name, run in zip(told_apart([_label(r) for r in runs], runs),
+                                                                           runs)]
+    # the panels keep their size; the legend goes below them, in as many columns as fit (many runs)
+    columns = max(1, int(11.5 // (text_width_in(labels) + 0.7)))
+    rows = -(-len(labels) // columns)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7.4 + 0.17 * rows), layout="constrained")
     first = runs[0]
     classes = [token_classes(res.speculative.rounds) for res in first.results[:max_prompts]]
     width = max((len(c) for c in classes), default=1)
@@ -258,9 +266,9 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     top.set_title(f"Fig. 4: easy (green: accepted, or the bonus token) and hard (red: corrected) tokens, "
                   f"{_label(first)}", fontsize=10)
     ns = list(range(1, max_n + 1))
-    for run in runs:
+    for run, label, style in zip(runs, labels, line_styles(len(runs))):
         fractions = easy_run_fraction([token_classes(res.speculative.rounds) for res in run.results], ns)
-        bottom.plot(ns, fractions, label=f"{_label(run)} ({len(run.results)} prompts)")
+        bottom.plot(ns, fractions, label=label, **style)
     for n in (10, 50):
         if n <= max_n:
             bottom.axvline(n, color="grey", lw=0.8, ls=":")
@@ -268,7 +276,8 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     bottom.set_ylabel("fraction of tokens in an easy run of length >= n")
     bottom.set_ylim(0, 1)
     bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=8)
+    fig.legend(*bottom.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=columns,
+               frameon=False)
     bottom.set_title("Fig. 5: easy regions per data set (AR drafter runs)", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -330,12 +339,19 @@ def plot_reliability(run: RunData, path: str | Path, tau: float | None = None) -
 
 
 def plot_sensitivity(panels: Sequence[tuple[str, list[dict[str, Any]]]], path: str | Path) -> Path:
-    """App. C: measured and MODELED speedup against each swept parameter (one panel each)."""
+    """App. C: measured and MODELED speedup against each swept parameter (one panel each). A
+    measured point whose timings cannot be trusted is circled and marked, with a note under the
+    figure."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    untrusted = sum(not p.get("trusted", True) for _, points in panels for p in points)
     for ax, (name, points) in zip(axes.flat, panels):
         xs = [p["x"] for p in points]
         ax.plot(xs, [p["measured"] for p in points], "o-", color="#4c72b0", label="measured (this machine)")
+        bad = [p for p in points if not p.get("trusted", True)]
+        if bad:
+            ax.plot([p["x"] for p in bad], [p["measured"] for p in bad], "o", ms=13, mfc="none", mew=1.6,
+                    color=UNTRUSTED_COLOR, label=f"{UNTRUSTED_MARK} measured, timing cannot be trusted")
         if any(p["modeled"] is not None for p in points):
             ax.plot(xs, [p["modeled"] for p in points], "s--", color="#dd8452",
                     label=f"MODELED ({points[0]['profile']})")
@@ -345,7 +361,10 @@ def plot_sensitivity(panels: Sequence[tuple[str, list[dict[str, Any]]]], path: s
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         ax.set_title(f"speedup vs {name} (FailFast App. C)", fontsize=10)
-    fig.tight_layout()
+    note = untrusted_figure_note(untrusted, "points", width=int(14 * 6.2 * len(panels)))
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=8, color=UNTRUSTED_COLOR, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.035 * (note.count("\n") + 1) + 0.01 if note else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
@@ -360,8 +379,22 @@ def _label(run: RunData) -> str:
 # -- CLI -------------------------------------------------------------------------------------------
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse`` whose user errors are one line, ``error: <prog>: <message>`` (status 2), not
+    the usage block and the message (its subcommands' parsers are of this class too)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specpolicy.paper_figures", description=__doc__.split("\n\n")[0])
+    """``python -m specpolicy.paper_figures FIGURE ...``: write one of the paper's figures (see the
+    module docstring). Returns the exit status: 0, or 2 for a directory without runs.
+
+    Raises:
+        SystemExit: status 2 with one line naming the option, for a command-line error.
+    """
+    p = OneLineParser(prog="python -m specpolicy.paper_figures", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="figure", required=True)
     for name, help_ in (("concavity", "Fig. 2 from static-k runs (AR and Fast-dLLM at several thresholds)"),
                         ("easy-regions", "Fig. 4/5 from AR-drafter runs (one per data set)"),
@@ -371,20 +404,25 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--out", default=None, help="output directory (default: <first dir>/plots)")
         s.add_argument("--profile", default="a6000-qwen7b", help="latency profile of MODELED figures")
     s = sub.add_parser("sensitivity", help="App. C from the tau-sensitivity / nmax-sensitivity presets")
-    s.add_argument("--tau", default=None, help="a tau-sensitivity sweep directory")
-    s.add_argument("--nmax", default=None, help="an nmax-sensitivity sweep directory")
+    s.add_argument("--tau", default=None, metavar="DIR", help="a tau-sensitivity sweep directory")
+    s.add_argument("--nmax", default=None, metavar="DIR", help="an nmax-sensitivity sweep directory")
     s.add_argument("--out", default=None, help="output directory (default: <first dir>/plots)")
+    s.add_argument("bare", nargs="*", help=argparse.SUPPRESS)  # a directory without its option: named below
     args = p.parse_args(argv)
     try:
         if args.figure == "sensitivity":
+            need = "--tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"
+            if args.bare:
+                s.error(f"the sweep directories are given as {need}, got {' '.join(args.bare)} without an option "
+                        f"(e.g. sensitivity --tau {args.bare[0]})")
             if not (args.tau or args.nmax):
-                p.error("sensitivity needs --tau and/or --nmax")
+                s.error(f"needs {need}")
             panels = []
             for key, name, d in (("policy.tau", "τ", args.tau), ("policy.n_max", "N_max", args.nmax)):
                 if d:
                     points = sensitivity_points(load([d]), key)
                     if not points:
-                        p.error(f"no run with {key} and a measured speedup under {d}")
+                        s.error(f"no run with {key} and a measured speedup under {d}")
                     panels.append((name, points))
             out = Path(args.out or Path(args.tau or args.nmax) / "plots")
             out.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, timing_trusted, untrusted_reasons
 from specpolicy.metrics import aggregate, prompt_values
 from specpolicy.results import PromptResult, Run, load_runs
 from specpolicy.tables import FIGURES
@@ -53,31 +54,68 @@ def _pyplot():
     return plt
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "run"
+def text_width_in(texts: Sequence[str], fontsize: float = 8.0) -> float:
+    """The width in inches of the widest of ``texts`` set in matplotlib's default font at
+    ``fontsize`` points (0 for none): figures size themselves by their labels, so that long names
+    (a sweep's runs, named by their overrides) never squeeze the axes."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    prop, measure = FontProperties(size=fontsize), TextToPath()
+    return max((measure.get_text_width_height_descent(t, prop, ismath=False)[0] / 72.0 for t in texts), default=0.0)
+
+
+def wrapped(text: str, width_in: float, fontsize: float = 10.0) -> str:
+    """``text`` in lines that fit ``width_in`` inches at ``fontsize`` points (a title over a run's
+    long name)."""
+    import textwrap
+
+    per_char = max(text_width_in([text], fontsize) / max(len(text), 1), 1e-3)
+    return "\n".join(textwrap.wrap(text, max(int(width_in / per_char), 20))) or text
+
+
+def _slug(text: str, limit: int = 80) -> str:
+    """``text`` as a file name: other characters than ``[A-Za-z0-9_.+-]`` made ``_``; past ``limit``
+    characters cut, with 8 hex digits of ``text``'s hash (distinct names stay distinct files)."""
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "run"
+    if len(slug) <= limit:
+        return slug
+    import hashlib
+
+    return f"{slug[:limit - 9]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
 
 
 # -- Fig. 8: CDF of accepted / speculated lengths ---------------------------------------------
 
+
+#: Width of the two panels of the length CDF (inches), and the widest legend put beside them;
+#: a wider legend goes below them.
+PANELS_IN = 11.0
+LEGEND_BESIDE_IN = 4.0
 
 #: Line styles, one per group of 10 methods (each group reuses tab10's hues, lighter from the
 #: second group on): every method gets a colour/line-style pair of its own.
 LINESTYLES = ("-", "--", ":", "-.")
 
 
-def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
-    """A distinct colour AND line-style pair per method, in run order: methods 1-10 tab10's
-    colours with solid lines, 11-20 tab20's lighter shades of the same hues with dashed lines,
-    then dotted and dash-dotted lines (``LINESTYLES``)."""
+def line_styles(count: int) -> list[dict[str, Any]]:
+    """``count`` distinct colour AND line-style pairs: 1-10 tab10's colours with solid lines, 11-20
+    tab20's lighter shades of the same hues with dashed lines, then dotted and dash-dotted lines
+    (``LINESTYLES``)."""
     import matplotlib
 
     tab20 = matplotlib.colormaps["tab20"]
-    styles = {}
-    for i, run in enumerate(runs):
+    styles = []
+    for i in range(count):
         group, hue = divmod(i, 10)
         shade = 2 * hue + (group % 2)  # tab20: even = tab10's colour, odd = its lighter shade
-        styles[run.name] = {"color": tab20(shade), "linestyle": LINESTYLES[group % len(LINESTYLES)]}
+        styles.append({"color": tab20(shade), "linestyle": LINESTYLES[group % len(LINESTYLES)]})
     return styles
+
+
+def _style(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
+    """A distinct colour and line-style pair per method, in run order (``line_styles``)."""
+    return {run.name: style for run, style in zip(runs, line_styles(len(runs)))}
 
 
 def drafts(run: Run) -> bool:
@@ -99,7 +137,15 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
     plt = _pyplot()
     style = _style(runs)
     runs = [run for run in runs if drafts(run)]
-    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.6, 1.2 + 0.17 * len(runs))), sharey=True)
+    # The panels keep their size whatever the names: a narrow legend sits right of them, a wide one
+    # (long names: a sweep's runs named by their overrides) below them in as many columns as fit.
+    legend_in = text_width_in([run.name for run in runs]) + 0.6  # the line sample and padding
+    beside = legend_in <= LEGEND_BESIDE_IN
+    columns = 1 if beside else max(1, int(PANELS_IN // legend_in))
+    rows = len(runs) if beside else -(-len(runs) // columns)
+    height = max(4.6, 1.2 + 0.17 * rows) if beside else 4.6 + 0.17 * rows
+    fig, axes = plt.subplots(1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), sharey=True,
+                             layout="constrained")
     for key, ax, title in (("accepted_length", axes[0], "accepted length per round"),
                            ("speculation_length", axes[1], "speculated length per round")):
         for run in runs:
@@ -113,11 +159,12 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
         ax.set_xlabel("tokens")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("CDF (fraction of rounds with a draft)")
-    # right of the panels, outside the axes (the saved figure grows to hold it): never on a line
-    axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, handlelength=3)
+    # outside the axes (constrained layout makes room): never on a line
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="outside right center" if beside else "outside lower center",
+               ncol=columns, frameon=False, handlelength=3)
     fig.suptitle("Accepted and speculated lengths per round (cf. FailFast Fig. 8)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
 
@@ -127,13 +174,17 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
 
 def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
     """Per method (vanilla first, pooled over the runs that measured it): ms per generated token
-    spent drafting, verifying, and elsewhere (prefill + loop), from the recorded rounds."""
+    spent drafting, verifying, and elsewhere (prefill + loop), from the recorded rounds; ``trusted``
+    is False when the run (for vanilla: any pooled run) recorded that its timings cannot be trusted
+    (``specpolicy.machine.timing_trusted``)."""
     out = []
     van = aggregate([res.vanilla for run in runs for res in run.results if res.vanilla is not None])
     if van["generated_tokens"]:
         tokens, wall_ms = van["generated_tokens"], van["wall_s"] * 1e3
+        pooled = [run for run in runs if any(res.vanilla is not None for res in run.results)]
         out.append({"method": "vanilla", "draft": 0.0, "verify": van["verify_ms"] / tokens,
-                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens})
+                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens,
+                    "trusted": not any(timing_trusted(run.summary) is False for run in pooled)})
     for run in runs:
         tokens = sum(res.generated_tokens for res in run.results)
         if not tokens:
@@ -142,16 +193,38 @@ def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
         verify = sum(r.verify_ms for r in run.rounds)
         wall = sum(res.speculative.wall_s for res in run.results) * 1e3
         out.append({"method": run.name, "draft": draft / tokens, "verify": verify / tokens,
-                    "other": max(wall - draft - verify, 0.0) / tokens})
+                    "other": max(wall - draft - verify, 0.0) / tokens,
+                    "trusted": timing_trusted(run.summary) is not False})
     return out
+
+
+#: Colour of what is marked untrusted (labels, notes), as the pages' ``.partial`` class.
+UNTRUSTED_COLOR = "#9a6700"
+
+
+def untrusted_figure_note(count: int, what: str, width: int = 130) -> str | None:
+    """The note a figure carries under its axes when ``count`` of its ``what`` (bars, points) show
+    timings that cannot be trusted (marked ``UNTRUSTED_MARK``), in lines of at most ``width``
+    characters (about 14 per inch of figure at 8 points); None when there are none."""
+    if not count:
+        return None
+    import textwrap
+
+    what_is_wrong, what_to_do = UNTRUSTED_NOTE.split("; ", 1)
+    lines = textwrap.wrap(f"{UNTRUSTED_MARK} {count} {what[:-1] if count == 1 else what}: {what_is_wrong};", width)
+    return "\n".join(lines + textwrap.wrap(what_to_do, width))
 
 
 def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     """Stacked horizontal bars, one per method (vanilla on top): verification, drafting and other
-    time, in ms per generated token. Returns ``path``."""
+    time, in ms per generated token. A method whose timings cannot be trusted is marked
+    ``UNTRUSTED_MARK`` and explained in a note under the figure. Returns ``path``."""
     plt = _pyplot()
     data = latency_breakdown(runs)
-    fig, ax = plt.subplots(figsize=(9, 1.9 + 0.38 * max(len(data), 1)), layout="constrained")
+    names = [d["method"] + ("" if d["trusted"] else f" {UNTRUSTED_MARK}") for d in data]
+    # the bars keep 6.5 inches whatever the names' width (long names: a sweep's runs by their overrides)
+    fig, ax = plt.subplots(figsize=(6.5 + text_width_in(names) + 0.3, 1.9 + 0.38 * max(len(data), 1)),
+                           layout="constrained")
     ys = list(range(len(data)))[::-1]  # first method at the top
     left = [0.0] * len(data)
     for part, label in (("verify", "verification"), ("draft", "drafting"), ("other", "other (prefill, loop)")):
@@ -161,12 +234,20 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     for y, total in zip(ys, left):
         ax.text(total, y, f" {total:.2f}", va="center", fontsize=8)
     ax.set_yticks(ys)
-    ax.set_yticklabels([d["method"] for d in data], fontsize=8)
+    ax.set_yticklabels(names, fontsize=8)
+    for label, d in zip(ax.get_yticklabels(), data):
+        if not d["trusted"]:
+            label.set_color(UNTRUSTED_COLOR)
     ax.set_xlabel("ms per generated token (measured)")
     ax.set_xlim(0, max(left + [1e-9]) * 1.12)
     ax.set_title("Latency breakdown: drafting vs verification (cf. FailFast Fig. 6)", fontsize=10)
-    # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total
-    fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False)
+    # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total;
+    # the note on timings that cannot be trusted heads it (laid out with it)
+    note = untrusted_figure_note(sum(not d["trusted"] for d in data), "bars")
+    legend = fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False, title=note,
+                        title_fontsize=8)
+    if note:
+        legend.get_title().set_color(UNTRUSTED_COLOR)
     ax.grid(axis="x", alpha=0.3)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -215,7 +296,8 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
     handles = axes[0, 0].get_legend_handles_labels()[0] + twins[0].get_legend_handles_labels()[0]
     fig.tight_layout()
     top = axes[0, 0].get_position().y1  # above the first panel and its title, off the data
-    fig.text(0.01, 1.0, f"Speculated and accepted length per round: {run.name}", fontsize=11, va="bottom")
+    fig.text(0.01, 1.0, wrapped(f"Speculated and accepted length per round: {run.name}", 10.8, 11), fontsize=11,
+             va="bottom")
     fig.legend(handles=handles, fontsize=8, ncol=3, frameon=False, loc="lower right", bbox_to_anchor=(0.99, top + 0.02))
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -287,7 +369,8 @@ def plot_calibration(run: Run, path: str | Path) -> Path:
     right.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="drafter confidence (bins: grey lines)",
               ylabel="P(accepted | earlier accepted)", title="calibration curve learned from all rounds")
     right.legend(fontsize=8, loc="upper left")
-    fig.suptitle(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", fontsize=10)
+    fig.suptitle(wrapped(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", 11.5, 10),
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -528,7 +611,8 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     without a summary), measured and MODELED speedup, acceptance rate, accepted
     length per drafted round, speculation length per round, lossless. ``common``: overrides
     shared by every run (shown once above the table, not per run)."""
-    from specpolicy.report import is_partial, job_overrides
+    from specpolicy.report import is_partial
+    from specpolicy.results import job_overrides
     from specpolicy.tables import lossless_text
 
     summary, method = run.summary, str(run.summary.get("method") or run.name)
@@ -539,7 +623,7 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         return "-" if value is None or (only_drafting and not drafted) else fmt.format(value)
 
     prompts = html.escape(str(summary.get("prompts", len(run.results))))
-    name = html.escape(run.name)
+    name = html.escape(method)  # the run's own method: the overrides have their column
     if not summary:
         name += "<br><span class='partial'>no summary.json: the job died or is still running</span>"
     elif is_partial(summary):
@@ -551,9 +635,13 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         lossless = f"<span class='bad'>{lossless}</span>"
     overrides = " ".join(f"<code class='nowrap'>{html.escape(o)}</code>"
                          for o in job_overrides(run.directory) if o not in common)
-    where = run.directory.relative_to(root).as_posix() if run.directory != root else "."
+    where = run.directory.relative_to(root).as_posix() if run.directory != root else run.directory.resolve().name
+    speedup = num("speedup_vs_vanilla", "{:.2f}x")
+    if speedup != "-" and timing_trusted(summary) is False:
+        why = html.escape("timing cannot be trusted: " + "; ".join(untrusted_reasons(summary)), quote=True)
+        speedup = f"<span class='partial' title=\"{why}\">{speedup}{UNTRUSTED_MARK}</span>"
     return [html.escape(where), name, overrides or "-",
-            prompts, num("speedup_vs_vanilla", "{:.2f}x"), num("modeled_speedup_vs_vanilla", "{:.2f}x"),
+            prompts, speedup, num("modeled_speedup_vs_vanilla", "{:.2f}x"),
             num("acceptance_rate", "{:.3f}", True), num("mean_accepted_length", "{:.2f}", True),
             num("mean_speculation_length", "{:.2f}", True), lossless]
 
@@ -582,9 +670,12 @@ def _per_run_figures(paths: list[Path], prefix: str, runs: list[Run], common: Se
 def _run_note(run: Run, common: Sequence[str]) -> str:
     """HTML after a run's name in headings: its overrides that differ, and whether it is partial
     or has no summary."""
-    from specpolicy.report import is_partial, job_overrides
+    from specpolicy.report import is_partial
+    from specpolicy.results import job_overrides
 
-    notes = [o for o in job_overrides(run.directory) if o not in common]
+    notes = [o for o in job_overrides(run.directory) if o not in common and o not in run.name]  # not twice
+    if timing_trusted(run.summary) is False:
+        notes.append(f"timing cannot be trusted {UNTRUSTED_MARK}")
     if not run.summary:
         notes.append("no summary.json")
     elif is_partial(run.summary):
@@ -602,13 +693,19 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
             f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
             f"same run; MODELED ones come from pass counts and a latency profile.</p>",
             "<h2>Runs</h2>"]
-    from specpolicy.report import job_overrides
+    from specpolicy.results import job_overrides
 
     overrides = [job_overrides(run.directory) for run in runs]
     common = [o for o in overrides[0] if all(o in other for other in overrides[1:])] if len(runs) > 1 else []
     if common:
         body.append(f"<p>Common to every run: <code>{html.escape(' '.join(common))}</code></p>")
     body.append(_html_table(_RUN_HEADER, [run_header(run, root, common) for run in runs]))
+    marked = [run for run in runs if timing_trusted(run.summary) is False]
+    if marked:
+        body.append(f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured figures of:</p><ul>"
+                    + "".join(f"<li><code>{html.escape(run.name)}</code>: "
+                              f"{html.escape('; '.join(untrusted_reasons(run.summary)))}</li>" for run in marked)
+                    + "</ul>")
     commons = [p for p in figures if p.name in FIGURE_TEXT]
     acceptance = [p for p in figures if p.name.startswith("acceptance_")]
     body.append("<h2>Figures</h2>")

@@ -14,7 +14,9 @@ from typing import Any
 
 from rich.console import Console
 
-from specpolicy.results import RESULTS_FILE, SKIP_DIRS, SUMMARY_FILE, find_runs, read_summary, scan_results
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, timing_trusted, untrusted_reasons
+from specpolicy.results import (RESULTS_FILE, SKIP_DIRS, SUMMARY_FILE, find_runs, job_overrides, read_summary,
+                                scan_results)
 from specpolicy.summary import headline
 from specpolicy.tables import FIGURES, Column, method_drafted, available_width, layout, lossless_text, print_table
 
@@ -38,18 +40,10 @@ REPORT_COLUMNS = (
 _TEXT_KEYS = ("run", "overrides", "method")
 
 
-def job_overrides(job_dir: Path) -> list[str]:
-    """The job's command-line/sweep overrides from Hydra's ``.hydra/overrides.yaml``."""
-    file = job_dir / ".hydra" / "overrides.yaml"
-    if not file.exists():
-        return []
-    from omegaconf import OmegaConf
-
-    return [str(o) for o in OmegaConf.load(file)]
-
-
 def _relative(path: Path, root: Path) -> str:
-    return str(path.relative_to(root)) if path != root else "."
+    """A job directory as the report's ``run`` column shows it: relative to the directory reported
+    on, or its own name when that is the run itself (a single run: its name, never ".")."""
+    return str(path.relative_to(root)) if path != root else path.resolve().name
 
 
 def _planned(summary: dict[str, Any]) -> int:
@@ -71,8 +65,10 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
     None when the summary has none), ``drafter_passes_per_round``, ``lossless`` ("k/n" prompts,
     ``n/a (sampling)``, or ``-``), ``lossless_fraction``, ``prompts`` (finished),
     ``prompts_planned``, ``partial`` (``is_partial``) and ``prompts_cell`` (``"4"``, or
-    ``"1 of 4"`` for a partial run); ``speedup_vs_vanilla`` is None for a run without the vanilla
-    baseline. Complete runs come first, sorted by speedup (highest first), then partial runs.
+    ``"1 of 4"`` for a partial run), ``timing_trusted`` (``specpolicy.machine.timing_trusted``:
+    False when the run warned that its timings cannot be trusted, None when it recorded no timing
+    conditions) and ``timing_warnings`` (why); ``speedup_vs_vanilla`` is None for a run without the
+    vanilla baseline. Complete runs come first, sorted by speedup (highest first), then partial runs.
 
     Raises:
         FileNotFoundError: when ``directory`` does not exist.
@@ -103,6 +99,7 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
             "partial": partial,
             "prompts_cell": f"{prompts} of {planned}" if partial else str(prompts),
             "lossless": lossless_text(summary),
+            "timing_trusted": timing_trusted(summary), "timing_warnings": untrusted_reasons(summary),
             "_vanilla": (van or {}).get("generated_tokens", 0), "_vanilla_wall": (van or {}).get("wall_s", 0.0),
         })
     rows.sort(key=lambda r: (r["partial"], r["speedup_vs_vanilla"] is None, -(r["speedup_vs_vanilla"] or 0.0),
@@ -162,7 +159,8 @@ def vanilla_reference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "modeled_speedup_vs_vanilla": 1.0 if any(r["modeled_speedup_vs_vanilla"] is not None for r in complete) else None,
         "tokens_per_s": tokens / wall, "vanilla_tokens_per_s": tokens / wall, "acceptance_rate": None,
         "mean_accepted_length": None, "mean_speculation_length": None, "drafter_passes_per_round": None,
-        "lossless_fraction": None, "lossless": "reference", "_vanilla": 0, "_vanilla_wall": 0.0,
+        "lossless_fraction": None, "lossless": "reference", "timing_trusted": None, "timing_warnings": [],
+        "_vanilla": 0, "_vanilla_wall": 0.0,
     }
 
 
@@ -189,26 +187,51 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
         return "-"
     if key == "overrides":
         return " ".join(value) or "-"
+    if key == "speedup_vs_vanilla" and row.get("timing_trusted") is False:  # ranked by it: marked, explained below
+        return fmt.format(value) + UNTRUSTED_MARK
     return fmt.format(value)
+
+
+def untrusted(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose timings cannot be trusted (``timing_trusted`` False): their measured speedup
+    is marked ``UNTRUSTED_MARK`` and explained by ``untrusted_notes``."""
+    return [r for r in rows if r.get("timing_trusted") is False]
+
+
+def untrusted_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The footnote of the speedups marked ``UNTRUSTED_MARK``: what the mark means, then one line
+    per such run with its reasons; empty when every run's timings can be trusted (or were not
+    judged)."""
+    marked = untrusted(rows)
+    if not marked:
+        return []
+    return [f"{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; measured speedup and tokens/s of:"] + [
+        f"  {r['run']}: {'; '.join(r.get('timing_warnings') or [])}" for r in marked]
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(t for t, _, _, _ in REPORT_COLUMNS) + " |",
              "|" + "|".join("---" if k in _TEXT_KEYS else "---:" for _, k, _, _ in REPORT_COLUMNS) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row, k, f).replace("|", "\\|") for _, k, f, _ in REPORT_COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(row, k, f).replace("|", "\\|").replace("*", "\\*")
+                                       for _, k, f, _ in REPORT_COLUMNS) + " |")
     return lines
 
 
 def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Sequence[dict[str, Any]] = ()) -> str:
     """GitHub-flavoured Markdown: the ranked table of complete runs, the partial runs in a table
-    of their own (not ranked), the jobs without a summary, and the common overrides."""
+    of their own (not ranked), the note on speedups marked as timings that cannot be trusted
+    (``untrusted``), the jobs without a summary, and the common overrides."""
     complete = [r for r in rows if not r.get("partial")]
     partial = [r for r in rows if r.get("partial")]
     lines = _markdown_table(complete)
     if partial:
         lines += ["", "Partial runs (interrupted or short of their planned prompts; not ranked, their vanilla "
                       "figures not pooled):", ""] + _markdown_table(partial)
+    marked = untrusted(rows)
+    if marked:
+        lines += ["", f"\\{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; measured speedup and tokens/s of:", ""]
+        lines += [f"- `{r['run']}`: {'; '.join(r.get('timing_warnings') or [])}" for r in marked]
     if dead:
         lines += ["", "Jobs without a summary.json (died before finishing, or still running):", ""]
         lines += [f"- {_describe_dead(j, common)}" for j in dead]
@@ -219,25 +242,27 @@ def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Se
 
 def to_csv(rows: list[dict[str, Any]], path: str | Path) -> None:
     """Write ``rows`` as CSV with full-precision numbers (overrides space-separated); partial
-    runs last, marked in the ``partial`` column."""
+    runs last, marked in the ``partial`` column; ``timing_trusted`` (True / False / empty: not
+    judged) and ``timing_warnings`` (``; ``-separated) say whether a run's timings can be trusted."""
     import csv
 
     keys = [k for _, k, _, _ in REPORT_COLUMNS if k != "prompts_cell"]
     keys[keys.index("method") + 1:keys.index("method") + 1] = ["prompts", "prompts_planned", "partial"]
-    keys.append("lossless_fraction")
+    keys += ["lossless_fraction", "timing_trusted", "timing_warnings"]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(keys)
         for row in rows:
-            writer.writerow([" ".join(row[k]) if k == "overrides" else ("" if row.get(k) is None else row[k])
-                             for k in keys])
+            writer.writerow([" ".join(row[k]) if k == "overrides" else "; ".join(row.get(k) or [])
+                             if k == "timing_warnings" else ("" if row.get(k) is None else row[k]) for k in keys])
 
 
 def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: str = "",
                  console: Console | None = None, wide: bool = False, width: int | None = None,
                  dead: Sequence[dict[str, Any]] = ()) -> None:
     """Print the sweep report (rich): the ranked table of complete runs, a table of partial runs
-    (not ranked), the common overrides and the jobs without a summary. Fits ``width`` (default:
+    (not ranked), the note on speedups marked as timings that cannot be trusted
+    (``untrusted_notes``), the common overrides and the jobs without a summary. Fits ``width`` (default:
     ``console``'s width, else the terminal's, see ``available_width``) by leaving out the least
     needed columns (named below the table); ``wide`` prints every column however wide. No number
     is ever cut."""
@@ -260,6 +285,8 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
     if dropped:
         out.print(f"left out to fit {width} characters: {'; '.join(dropped)} (--wide prints them; report.md and "
                   "report.csv have every column)", markup=False)
+    for line in untrusted_notes(rows):
+        out.print(line, markup=False)
     if common:
         out.print("common to every run: " + " ".join(common), markup=False)
     if dead:
@@ -299,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or args.directory)
     out.mkdir(parents=True, exist_ok=True)
     ranked = sum(1 for r in rows if not r["partial"])
-    title = f"{ranked} complete run{'s' if ranked != 1 else ''} in {args.directory}, sorted by speedup"
+    title = f"{ranked} complete run{'s' if ranked != 1 else ''} in {args.directory}, sorted by measured speedup"
+    untrusted = sum(1 for r in rows if not r["partial"] and r["timing_trusted"] is False)
+    if untrusted:
+        title += f" ({untrusted} with timings that cannot be trusted: marked {UNTRUSTED_MARK}, see below)"
     print_report(table, common, title=title, wide=args.wide, dead=dead)
     to_csv(table, out / "report.csv")
     (out / "report.md").write_text(to_markdown(table, common, dead), encoding="utf-8")

@@ -374,10 +374,13 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
 
 def find_runs(root: str | Path, marker: str = RESULTS_FILE) -> list[Path]:
     """Run directories under ``root`` (``root`` itself included): those holding a file named
-    ``marker`` (``results.jsonl`` or ``summary.json``), outside ``SKIP_DIRS``, in path order."""
+    ``marker`` (``results.jsonl`` or ``summary.json``), outside ``SKIP_DIRS``, in path order with
+    numbered parts in numeric order (a multirun's jobs 0, 1, 2, ..., 10, not 0, 1, 10, ...)."""
     root = Path(root)
     return sorted({f.parent for f in root.rglob(marker) if f.is_file()
-                   and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])})
+                   and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])},
+                  key=lambda d: [(0, int(part), "") if part.isdigit() else (1, 0, part)
+                                 for part in d.relative_to(root).parts])
 
 
 @dataclass
@@ -419,9 +422,28 @@ def read_run(directory: str | Path) -> Run:
     return Run(str(summary.get("method") or directory.name), directory, results, summary)
 
 
+def job_overrides(job_dir: str | Path) -> list[str]:
+    """The job's command-line / sweep overrides, from Hydra's ``.hydra/overrides.yaml`` (the full
+    overrides, whatever the run directory's name kept of them); empty without that file."""
+    file = Path(job_dir) / ".hydra" / "overrides.yaml"
+    if not file.exists():
+        return []
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(file)]
+
+
+def differing(overrides: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per list of ``overrides``, the overrides that not every list has (what sets the runs apart)."""
+    common = set(overrides[0]).intersection(*map(set, overrides[1:])) if overrides else set()
+    return [[o for o in job if o not in common] for job in overrides]
+
+
 def load_runs(root: str | Path) -> list[Run]:
-    """Every run under ``root`` holding ``results.jsonl`` (``find_runs``), in path order; runs of
-    the same method get their directory appended to the name.
+    """Every run under ``root`` holding ``results.jsonl`` (``find_runs``), in path order. Runs of the
+    same method are told apart in their names (legends, headings) by the overrides that differ
+    between them (``"fastdllm+failfast (policy.tau=0.3)"``, from ``job_overrides``), or by their
+    directory where the overrides do not tell them apart.
 
     Raises:
         FileNotFoundError: when no ``results.jsonl`` is found.
@@ -431,10 +453,34 @@ def load_runs(root: str | Path) -> list[Run]:
     if not dirs:
         raise FileNotFoundError(f"no {RESULTS_FILE} under {root}")
     runs = [read_run(d) for d in dirs]
-    counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
-    for r in runs:
-        if counts[r.name] > 1:
-            r.name = f"{r.name} ({r.directory.relative_to(root).as_posix() or '.'})"
+    for run, name in zip(runs, told_apart([r.name for r in runs], runs, root)):
+        run.name = name
     return runs
+
+
+def told_apart(labels: Sequence[str], runs: Sequence[Run], root: str | Path | None = None) -> list[str]:
+    """``labels`` (one per run) made distinct: runs that share a label get, in parentheses, the
+    overrides that differ between them (``job_overrides``), or their directory (relative to
+    ``root``, default: the runs' common parent) where the overrides do not tell them apart."""
+    out = list(labels)
+    if root is None:
+        root = Path(os.path.commonpath([str(r.directory) for r in runs])) if runs else Path(".")
+    groups: dict[str, list[int]] = {}
+    for i, label in enumerate(labels):
+        groups.setdefault(label, []).append(i)
+    for label, members in groups.items():
+        if len(members) < 2:
+            continue
+        extra = [" ".join(d) for d in differing([job_overrides(runs[i].directory) for i in members])]
+        if not all(extra) or len(set(extra)) < len(extra):  # the overrides do not tell them apart
+            extra = [_relative_or_name(runs[i].directory, Path(root)) for i in members]
+        for i, e in zip(members, extra):
+            out[i] = f"{label} ({e})"
+    return out
+
+
+def _relative_or_name(directory: Path, root: Path) -> str:
+    try:
+        return directory.relative_to(root).as_posix() or directory.resolve().name
+    except ValueError:
+        return directory.as_posix()

@@ -25,7 +25,7 @@ import json
 import re
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,18 +40,107 @@ RESULT_KEYS = ("verifier", "drafter", "policy", "generation", "reuse", "runtime"
 RESOLVER = "specpolicy_run_name"
 
 
+#: Longest run directory name (characters; file systems allow 255 bytes).
+MAX_NAME = 200
+#: Characters a run directory name keeps as they are; the others are replaced (``_clean_value``).
+SAFE_NAME = re.compile(r"[A-Za-z0-9._=,+@:%~\-]+")
+#: How escapes and invisible characters in override values read in a directory name.
+READABLE = (("\\n", "NL"), ("\\t", "TAB"), ("\\r", "CR"), ("\n", "NL"), ("\t", "TAB"), ("\r", "CR"))
+
+
+def split_overrides(override_dirname: str) -> list[str]:
+    """The overrides joined in Hydra's ``hydra.job.override_dirname`` (``key=value`` items joined
+    by ``,``; commas inside brackets, braces or quotes belong to the value)."""
+    parts, depth, quote, current = [], 0, "", ""
+    for ch in override_dirname:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    parts.append(current)
+    merged: list[str] = []
+    for part in parts:  # a piece without "=" continues the previous value (a bare comma in it)
+        if merged and "=" not in part:
+            merged[-1] += "," + part
+        else:
+            merged.append(part)
+    return merged
+
+
+def _clean_value(value: str) -> str:
+    """An override value as it reads in a directory name: quotes and brackets dropped, a path
+    reduced to its last component (``/models/Qwen2.5-7B-Instruct`` -> ``Qwen2.5-7B-Instruct``),
+    ``\\n`` / ``\\t`` / ``\\r`` written ``NL`` / ``TAB`` / ``CR``, any other character outside
+    ``SAFE_NAME`` an ``_`` (runs of them one); ``empty`` when nothing is left."""
+    value = re.sub(r"[^,\[\]{}()\s\"']*/[^,\[\]{}()\s\"']*",
+                   lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "root", value)
+    for escape, word in READABLE:
+        value = value.replace(escape, word)
+    value = re.sub(r"[\"'\[\]{}()]", "", value)
+    value = re.sub(r"[^A-Za-z0-9._=,+@:%~\-]+", "_", value)
+    return value or "empty"
+
+
+def _fit(items: list[tuple[str, str | None]], budget: int) -> str:
+    """``key=value,...`` within ``budget`` characters: the longest values cut first (to 8
+    characters at least, a ``~`` marking the cut), then the longest dotted keys abbreviated but
+    their last part (``generation.max_new_tokens`` -> ``g.max_new_tokens``), one at a time; when
+    even that is too long, the last overrides give way to ``+N`` (how many are left out). The hash
+    the caller appends keeps the name unambiguous whatever was cut."""
+    items = list(items)
+
+    def joined(shown: list[tuple[str, str | None]]) -> str:
+        return ",".join(f"{k}={v}" if v is not None else k for k, v in shown)
+
+    while len(joined(items)) > budget:
+        i = max(range(len(items)), key=lambda j: len(items[j][1] or ""))
+        key, value = items[i]
+        if value is None or len(value) <= 8:
+            break
+        items[i] = (key, value[: max(8, len(value) - (len(joined(items)) - budget)) - 1] + "~")
+    while len(joined(items)) > budget:
+        long = [j for j, (k, _) in enumerate(items) if any(len(part) > 1 for part in k.split(".")[:-1])]
+        if not long:
+            break
+        i = max(long, key=lambda j: len(items[j][0]))
+        parts = items[i][0].split(".")
+        items[i] = (".".join([part[:1] for part in parts[:-1]] + parts[-1:]), items[i][1])
+    for kept in range(len(items), 0, -1):
+        text = joined(items[:kept]) + (f",+{len(items) - kept}" if kept < len(items) else "")
+        if len(text) <= budget:
+            return text
+    return joined(items)[:budget]
+
+
 def run_name(override_dirname: str) -> str:
     """A directory name for a command's overrides (Hydra's ``hydra.job.override_dirname``):
-    ``default`` when there are none; the overrides themselves when they are a safe name of at
-    most 120 characters; otherwise a cleaned, shortened form plus 8 hex digits of their hash
-    (paths in overrides, e.g. ``verifier.model=/models/x``, contain ``/``)."""
+    ``default`` when there are none; the overrides themselves when they are a safe name
+    (``SAFE_NAME``) of at most ``MAX_NAME`` characters; otherwise every override with its key in
+    full and its value made readable (``_clean_value``: a path's last component, ``NL`` for
+    ``\\n``, ...), shortened -- values first -- to fit, plus ``-`` and 8 hex digits of the
+    overrides' hash, so that different commands never share a directory. The full overrides are in
+    the run's ``.hydra/overrides.yaml`` (the report and the figures page show them)."""
     if not override_dirname:
         return "default"
-    safe = re.sub(r"[^A-Za-z0-9._=,+@:%\-]", "_", override_dirname)
-    if safe != override_dirname or len(safe) > 120 or safe.startswith("."):
-        digest = hashlib.sha1(override_dirname.encode("utf-8")).hexdigest()[:8]
-        safe = f"{safe.lstrip('.')[:100]}-{digest}"
-    return safe
+    if SAFE_NAME.fullmatch(override_dirname) and len(override_dirname) <= MAX_NAME \
+            and not override_dirname.startswith("."):
+        return override_dirname
+    digest = hashlib.sha1(override_dirname.encode("utf-8")).hexdigest()[:8]
+    items = []
+    for override in split_overrides(override_dirname):
+        key, sep, value = override.partition("=")
+        key = re.sub(r"[^A-Za-z0-9._+~\-]+", ".", key.replace("/", ".")).strip(".") or "key"
+        items.append((key, _clean_value(value) if sep else None))
+    return f"{_fit(items, MAX_NAME - len(digest) - 1).lstrip('.')}-{digest}"
 
 
 def register_resolver() -> None:
@@ -107,6 +196,60 @@ def load_finished(path: Path | None, fingerprint: str, prompt_ids: set[str]) -> 
             )
         finished[result.prompt_id] = result
     return finished
+
+
+def complete_summary(config: Mapping[str, Any], prompt_ids: list[str], method: str, run_dir: str | Path,
+                     runtime: Callable[[], Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The summary of a run that has nothing left to compute, or None when it has.
+
+    With ``run.resume`` on and every prompt of ``prompt_ids`` already in ``results.jsonl``
+    (``load_finished``; prompts skipped as too long included), the same command would load the
+    models only to read everything back. Then: the run's ``summary.json`` when it is that run's
+    complete summary (not partial, the same method, settings and prompts); else (killed between
+    its last prompt and its summary, or a partial summary) a summary computed from the rows alone,
+    written to ``summary.json``, whose ``timing_conditions`` are the partial summary's (the last
+    span that was timed; none without one): nothing is timed now.
+    ``runtime``: gives ``Runtime.describe()`` for a computed summary (called only then).
+
+    Raises:
+        ValueError: as ``load_finished``, for rows of other settings.
+    """
+    if not (config.get("run") or {}).get("resume", False):
+        return None
+    fingerprint = config_fingerprint(config)
+    finished = load_finished(results_path(config, run_dir), fingerprint, set(prompt_ids))
+    if len(finished) < len(prompt_ids):
+        return None
+    from specpolicy.results import SUMMARY_FILE, read_summary
+    from specpolicy.summary import summarize
+
+    file = Path(run_dir) / SUMMARY_FILE
+    summary = read_summary(file)
+    if summary is not None and summary.get("partial") is False and summary.get("method") == method \
+            and summary.get("prompts_total") == len(prompt_ids) \
+            and set(summary.get("per_prompt") or {}) | set(summary.get("skipped_prompts") or {}) == set(prompt_ids) \
+            and config_fingerprint(summary.get("config") or {}) == fingerprint:
+        return summary
+    earlier = (summary or {}).get("timing_conditions")  # a partial summary's: the last span that was timed
+    summary = summarize(method, [finished[p] for p in prompt_ids], config, runtime() if runtime else None,
+                        prompts_total=len(prompt_ids), timing_conditions=earlier)
+    file.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def complete_line(summary: Mapping[str, Any], run_dir: str | Path) -> str:
+    """What a run with nothing left to compute prints (``complete_summary``): that it is complete,
+    how to start over, and -- from the summary it wrote when it ran -- whether its timings can be
+    trusted."""
+    from specpolicy.machine import untrusted_reasons
+
+    total = summary.get("prompts_total", summary.get("prompts"))
+    line = (f"run complete: all {total} prompts of {run_dir} are in results.jsonl; nothing to compute, no model "
+            f"loaded (run.resume=false starts over)")
+    reasons = untrusted_reasons(summary)
+    if reasons:
+        line += f"; when it ran, its timings could not be trusted: {'; '.join(reasons)}"
+    return line
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -158,6 +158,8 @@ def _modeled_and_oracle(results: Sequence[PromptResult], config: Mapping[str, An
                                       "oracle_speedup_modeled", "censored_positions", "cost_model", "max_length")},
             "fraction_by_prompt": {p["prompt_id"]: p["fraction_of_oracle"] for p in oracle["per_prompt"]},
         }
+        if oracle.get("unavailable"):  # the run's timings cannot give a cost model: n/a, with the reason
+            out["oracle"]["unavailable"] = oracle["unavailable"]
     return out
 
 

@@ -212,8 +212,10 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
     rows.append((FIGURES["speedup_vs_vanilla"].label, speed))
     modeled = summary.get("modeled")
     if modeled:
+        value = modeled.get("speedup_vs_vanilla")
         rows.append((f"speedup vs vanilla, MODELED ({modeled['profile']['name']} profile, not measured)",
-                     ["1.00x" if name == "vanilla" else f"{modeled['speedup_vs_vanilla']:.2f}x" for name in methods]))
+                     ["1.00x" if name == "vanilla" else ("n/a" if value is None else f"{value:.2f}x")
+                      for name in methods]))
     trees = any(m.get("tree_rounds") for m in summary["methods"].values())
     for label, key, fmt, drafting in SUMMARY_ROWS + (TREE_ROWS if trees else ()):
         cells = []
@@ -250,9 +252,11 @@ def print_summary(summary: dict[str, Any], console: Console | None = None, wide:
     out = print_table(kept, widths, title, console, width)
     modeled = summary.get("modeled")
     if modeled and modeled.get("speedup_by_profile"):
+        why = modeled.get("unavailable") or {}
         out.print("MODELED speedup by latency profile (pass counts x per-pass latencies; 'measured' = this "
                   "machine's latencies fitted from the run): "
-                  + ", ".join(f"{k} {v:.2f}x" for k, v in modeled["speedup_by_profile"].items()), markup=False)
+                  + ", ".join(f"{k} {v:.2f}x" if v is not None else f"{k} n/a ({why.get(k, 'not estimable')})"
+                              for k, v in modeled["speedup_by_profile"].items()), markup=False)
     if summary.get("oracle"):
         out.print(f"oracle length policy: {describe_fraction(summary['oracle'])}", markup=False)
     for prompt_id, pos in summary.get("not_lossless", {}).items():

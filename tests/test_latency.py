@@ -68,7 +68,7 @@ def test_measured_profile_recovers_the_run_timings():
     got = (half.drafter_pass_ms, half.target_ms_per_token, half.verify_ms_per_draft_token)
     assert got == pytest.approx((9.0, 5.0, 0.0))
     # a model-free drafter: no passes, no drafter cost
-    assert measure_profile([_round(3, 1, 0, draft_ms=0.2, verify_ms=6.0)]).drafter_pass_ms == 0.0
+    assert measure_profile([_round(3, 1, 0, draft_ms=0.2, verify_ms=6.0)], vanilla).drafter_pass_ms == 0.0
 
 
 @pytest.mark.parametrize("node,key", [({"name": "x", "target_ms_per_token": 0}, "target_ms_per_token"),
@@ -135,3 +135,56 @@ def test_the_oracle_cli_reproduces_the_summarys_oracle_block(tmp_path):
     assert again["fraction_of_oracle"] == pytest.approx(summary["oracle"]["fraction_of_oracle"])
     assert again["oracle_speedup_modeled"] == pytest.approx(summary["oracle"]["oracle_speedup_modeled"])
     assert summary["oracle"]["max_length"] == 70
+
+
+def _no_baseline(verify_ms_by_length):
+    """Two prompts decoded without the vanilla baseline (run.vanilla_baseline=false): rounds of the
+    given speculation lengths, each accepting 2 tokens, with these verification times."""
+    results = []
+    for p in range(2):
+        rounds = [_round(k, 2, 2, draft_ms=1.0, verify_ms=ms, index=i)
+                  for i, (k, ms) in enumerate(verify_ms_by_length)]
+        results.append(PromptResult.of(f"p{p}", 3, _result(rounds, sum(r.emitted_tokens for r in rounds)), None))
+    return results
+
+
+def test_without_vanilla_steps_a_degenerate_step_fit_is_n_a_with_the_reason_never_zero():
+    """Issue 22: run.vanilla_baseline=false, 2 prompts: the verification times of lengths 10 and 20
+    extrapolate to a target step of -0.5 ms (clamped to 0 / 1e-9 before), and every figure dividing
+    by it read 0.00x ("measured 0.00x", "at most 0.000 of the oracle's speedup")."""
+    from specpolicy.oracle import describe_fraction
+    from specpolicy.tables import print_summary
+    from rich.console import Console
+
+    summary = summarize("fastdllm+failfast", _no_baseline([(10, 6.0), (20, 12.5), (10, 6.0), (20, 12.5)]), {},
+                        Runtime("cpu", "float32").describe())
+    json.dumps(summary)
+    assert summary["modeled"]["speedup_by_profile"]["measured"] is None
+    assert "run.vanilla_baseline=false" in summary["modeled"]["unavailable"]["measured"]
+    assert summary["modeled"]["speedup_by_profile"]["a6000-qwen7b"] > 1.0  # pass counts x a full profile: fine
+    assert summary["oracle"]["fraction_of_oracle"] is None
+    assert "extrapolating" in summary["oracle"]["unavailable"]
+    assert describe_fraction(summary["oracle"]).startswith("n/a (no vanilla decoding step was measured")
+    console = Console(width=200, record=True)
+    print_summary(summary, console=console)
+    text = " ".join(console.export_text().split())
+    assert "measured n/a (no vanilla decoding step" in text and "oracle length policy: n/a (" in text
+    assert "0.00x" not in text and "0.000" not in text
+    # one length only: nothing to extrapolate from
+    single = summarize("ar+static", _no_baseline([(5, 6.0), (5, 6.5)]), {"profile": {"name": "measured",
+                       "drafter_pass_ms": None, "target_ms_per_token": None, "verify_ms_per_draft_token": None}})
+    assert single["modeled_speedup_vs_vanilla"] is None and single["modeled"]["ms"] is None
+    assert "every round has speculation length 5" in single["modeled"]["unavailable"]["measured"]
+    console = Console(width=200, record=True)
+    print_summary(single, console=console)
+    assert "n/a" in console.export_text()
+
+
+def test_without_vanilla_steps_a_sound_extrapolation_is_still_used():
+    results = _no_baseline([(10, 9.0), (20, 12.0), (10, 9.0), (20, 12.0)])  # step 6 ms + 0.3 ms per token
+    summary = summarize("fastdllm+failfast", results, {})
+    assert "unavailable" not in summary["modeled"] and "unavailable" not in summary["oracle"]
+    assert measure_profile([r for res in results for r in res.speculative.rounds]).target_ms_per_token == \
+        pytest.approx(6.0)
+    assert 0.0 < summary["oracle"]["fraction_of_oracle"] <= 1.0 + 1e-9
+    assert summary["modeled"]["speedup_by_profile"]["measured"] > 0.5

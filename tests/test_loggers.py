@@ -336,3 +336,32 @@ def test_wandb_error_mid_run_warns_once_and_never_fails_the_run(wandb_offline, t
     logger.specpolicy_run_abort()
     assert len(logger.warnings) == 1 and "service went away" in logger.warnings[0]
     assert logger.run is None
+    where = logger.specpolicy_run_outputs()  # what the CLI prints under results:
+    assert where[0] == "W&B: logging stopped early (log failed: ConnectionError; see the warning above); the run so far:"
+    assert where[1].startswith("W&B: offline run ") and where[2].startswith("upload: wandb sync ")
+
+
+def test_the_cli_says_where_the_wandb_run_went_and_how_to_upload_it(family, wandb_offline, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Issue 22: with +logger=wandb the results: line listed only summary.json and results.jsonl."""
+    from specpolicy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "dataset.num_prompts=1", "+logger=wandb",
+                                      "logger.wandb.log_plots=false", "hydra.run.dir=outputs/w"])
+    main()
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("results: outputs/w/ (summary.json, results.jsonl)")
+    (offline,) = find_offline_runs(wandb_offline)
+    directory = offline.relative_to(tmp_path).as_posix()
+    assert out[start + 1:start + 4] == [f"W&B:     offline run {directory}/ (not uploaded)",
+                                        f"upload:  wandb sync {directory}",
+                                        "next:    python -m specpolicy.report outputs/w"]
+    assert read_offline_run(offline).complete  # what `wandb sync` uploads is there
+    # mode disabled: said so, nothing else
+    monkeypatch.setattr(sys, "argv", [*sys.argv[:-1], "logger.wandb.mode=disabled", "hydra.run.dir=outputs/off"])
+    main()
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("results: outputs/off/ (summary.json, results.jsonl)")
+    assert out[start + 1] == "W&B:     nothing logged (logger.wandb.mode or WANDB_MODE is disabled)"

@@ -37,3 +37,23 @@ def test_a_multirun_prints_its_sweep_directory(family, tmp_path, monkeypatch, ca
     assert out[start + 1:] == ["next:    python -m specpolicy.report sweeps/k",
                                "         python -m specpolicy.plot sweeps/k",
                                "         python -m specpolicy.oracle sweeps/k"]
+
+
+def test_help_says_what_specpolicy_is_and_names_its_flags_and_commands(monkeypatch, capsys):
+    """Issue 22: --help began "cli is powered by Hydra." and named neither --list-plugins, --debug
+    nor the report / plot / oracle / paper_figures commands."""
+    import pytest
+
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", "--help"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert out.startswith("specpolicy: drafting strategies for speculative decoding.")
+    assert "powered by Hydra" not in out
+    for needle in ("--list-plugins", "--debug", "HYDRA_FULL_ERROR=1", "-m key=a,b", "--cfg job",
+                   "python -m specpolicy.report DIR", "python -m specpolicy.plot DIR", "python -m specpolicy.oracle DIR",
+                   "python -m specpolicy.paper_figures FIGURE DIR", "policy: aimd, failfast, goodput", "README.md",
+                   "--hydra-help"):
+        assert needle in out, needle

@@ -93,7 +93,7 @@ def test_cost_model_fit():
     assert (cost.draft_ms_per_pass, cost.passes_base, cost.passes_per_token) == pytest.approx((1.0, 0.0, 1.0))
     assert (cost.verify_ms_base, cost.verify_ms_per_token) == pytest.approx((10.0, 1.0))
     assert cost.round_ms(0) == pytest.approx(10.0) and cost.round_ms(4) == pytest.approx(4 + 14)
-    free = CostModel.fit([RoundRecord(0, 4, 1, 2, 0, 0, draft_ms=0.4, verify_ms=12.0)])  # model-free drafter
+    free = CostModel.fit([RoundRecord(0, 4, 1, 2, 0, 0, draft_ms=0.4, verify_ms=12.0)], [10.0])  # model-free
     assert free.draft_ms_per_pass == 0.0 and free.draft_ms_per_token == pytest.approx(0.1)
 
 

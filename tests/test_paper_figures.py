@@ -85,7 +85,7 @@ def test_concavity_and_sensitivity_points(tmp_path):
     # modeled: 8 tokens x 13.5 ms over 3 rounds x (2 x 6.1 + 13.5) ms
     assert point["modeled_speedup"] == pytest.approx(8 * 13.5 / (3 * (2 * 6.1 + 13.5)))
     (sens,) = sensitivity_points(runs, "policy.tau")
-    assert sens == {"x": 0.3, "measured": 1.2, "modeled": 1.5, "profile": "a6000-qwen7b"}
+    assert sens == {"x": 0.3, "measured": 1.2, "modeled": 1.5, "profile": "a6000-qwen7b", "trusted": True}
 
 
 def test_every_subcommand_writes_its_png(tmp_path, capsys):
@@ -110,3 +110,48 @@ def test_every_subcommand_writes_its_png(tmp_path, capsys):
     assert len(json.loads((out / "concavity.json").read_text())) == 6
     assert main(["reliability", str(tmp_path / "missing")]) == 2
     assert "no results.jsonl" in capsys.readouterr().err
+
+
+def test_sensitivity_marks_points_whose_timings_cannot_be_trusted(tmp_path, monkeypatch):
+    """Issue 22: a job that recorded timing_trusted: false is plotted with its measured speedup: its
+    point is marked, and the figure says why."""
+    rows = [row("p", [rnd(4, 3), rnd(4, 2)])]
+    for tau, trusted in ((0.3, False), (0.45, True), (0.6, None)):
+        summary = {"speedup_vs_vanilla": 1.0 + tau, "modeled_speedup_vs_vanilla": 1.5, "modeled_profile": "x"}
+        if trusted is not None:
+            summary["timing_conditions"] = {"timing_trusted": trusted, "timing_warnings": [] if trusted else ["busy"]}
+        _write_run(tmp_path / "tau" / str(tau), {"policy": {"name": "failfast", "tau": tau}}, rows, summary)
+    points = sensitivity_points(load([tmp_path / "tau"]), "policy.tau")
+    assert [p["trusted"] for p in points] == [False, True, True]  # no timing conditions recorded: not judged
+
+    import matplotlib.figure
+
+    drawn = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def keep(fig, *args, **kwargs):  # the texts and legend labels of the figure as saved
+        drawn["texts"] = [t.get_text() for t in fig.texts]
+        drawn["labels"] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    assert main(["sensitivity", "--tau", str(tmp_path / "tau"), "--out", str(tmp_path / "figs")]) == 0
+    assert "* measured, timing cannot be trusted" in drawn["labels"]
+    assert any(t.startswith("* 1 point: timing cannot be trusted") and "run.resume=false" in t for t in drawn["texts"])
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["sensitivity", "sweeps/tau"], "error: python -m specpolicy.paper_figures sensitivity: the sweep directories are "
+     "given as --tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep), got sweeps/tau "
+     "without an option (e.g. sensitivity --tau sweeps/tau)"),
+    (["sensitivity"], "error: python -m specpolicy.paper_figures sensitivity: needs --tau DIR (a tau-sensitivity "
+     "sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"),
+    (["sensitivity", "--tau"], "error: python -m specpolicy.paper_figures sensitivity: argument --tau: expected one "
+     "argument"),
+])
+def test_command_line_errors_are_one_line_naming_the_option(argv, expected, capsys):
+    """Issue 22: `paper_figures sensitivity DIR` without --tau gave argparse's bare usage error."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [expected]

@@ -82,7 +82,7 @@ def test_latency_breakdown_per_generated_token(tmp_path):
              "vanilla_rounds": 4, "vanilla_verify_ms": 8.0, "vanilla_draft_ms": 0.0, "vanilla_finish_reason": ""}]
     _run_dir(tmp_path / "one", "ar+static", rows)
     data = latency_breakdown(load_runs(tmp_path / "one"))
-    assert data[0] == {"method": "vanilla", "draft": 0.0, "verify": 2.0, "other": 1.0}
+    assert data[0] == {"method": "vanilla", "draft": 0.0, "verify": 2.0, "other": 1.0, "trusted": True}
     assert data[1]["method"] == "ar+static"
     assert data[1]["draft"] == pytest.approx(0.75) and data[1]["verify"] == pytest.approx(1.25)
     assert data[1]["other"] == pytest.approx(0.5)

@@ -410,3 +410,137 @@ def test_a_run_into_a_file_has_no_progress_bars(family, tmp_path, monkeypatch, c
     main()
     err = capsys.readouterr().err
     assert "Loading weights" not in err and "prompt/s" not in err and "%|" not in err
+
+
+BUSY = "other processes kept up to 2.0 of 2 CPUs busy (1-min load average 3.10 at the start; this process used 1.0)"
+
+
+@needs_matplotlib
+def test_figures_mark_runs_whose_timings_cannot_be_trusted(tmp_path):
+    """Issue 22: plots/index.html and the figures never said that a run's timings cannot be trusted."""
+    from specpolicy.plot import latency_breakdown, main as plot_main
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    _plot_job(root, "0", "ar+static", ["policy.k=3"], _rows(), speedup_vs_vanilla=1.234,
+              timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]})
+    _plot_job(root, "1", "ar+static", ["policy.k=5"], _rows(), speedup_vs_vanilla=1.111,
+              timing_conditions={"timing_trusted": True, "timing_warnings": []})
+    assert plot_main([str(root)]) == 0
+    index = (root / "plots" / "index.html").read_text()
+    runs_table = index.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
+    assert re.search(r"<span class='partial' title=\"timing cannot be trusted: other processes[^\"]*\">1\.23x\*</span>",
+                     runs_table)
+    assert "1.11x*" not in runs_table and ">1.11x<" in runs_table
+    after = index.split("</table>", 1)[1]
+    assert "* timing cannot be trusted" in after and f"<code>ar+static (policy.k=3)</code>: {BUSY}" in after
+    assert "timing cannot be trusted *" in index.split("<h2>Trajectories</h2>", 1)[1]  # beside the run's heading
+    # the measured figure: the bar's label marked, vanilla too (pooled over a run that cannot be trusted)
+    data = {d["method"]: d["trusted"] for d in latency_breakdown(load_runs(root))}
+    assert data == {"vanilla": False, "ar+static (policy.k=3)": False, "ar+static (policy.k=5)": True}
+
+
+def _oracle_run(root: Path, prompts: int, **summary) -> Path:
+    """A run directory of ``prompts`` prompts of k = 4 rounds accepting 0..4 tokens (different per
+    prompt: distinct fractions of the oracle, all below 1) for ``python -m specpolicy.oracle``."""
+    root.mkdir(parents=True)
+    rows = []
+    for i in range(prompts):
+        accepted = [(i + j) % 5 for j in range(4)]
+        rounds = [_round(4, a, a + 1, 4, 4.0, 12.0, "max_new_tokens" if j == 3 else "")
+                  for j, a in enumerate(accepted)]
+        tokens = sum(r["emitted_tokens"] for r in rounds)
+        rows.append({"prompt_id": f"gsm8k/{i}", "output_ids": list(range(tokens)), "wall_s": 0.1, "rounds": rounds,
+                     "lossless": True, "vanilla_generated_tokens": tokens, "vanilla_rounds": tokens,
+                     "vanilla_wall_s": 0.2, "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 10.0 * tokens})
+    (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {}, **summary}))
+    return root
+
+
+def test_oracle_per_prompt_lists_the_values_for_few_prompts_and_says_n(tmp_path, capsys):
+    """Issue 22: "min 0.418 median 0.439 max 0.439" for 2 prompts."""
+    assert oracle.main([str(_oracle_run(tmp_path / "two", 2))]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "per prompt" in x)
+    values = re.search(r"policy / oracle per prompt \(n = 2\): (\d\.\d{3}), (\d\.\d{3})$", line)
+    assert values and "min" not in line and "median" not in line
+    assert float(values[1]) < float(values[2])
+    assert oracle.main([str(_oracle_run(tmp_path / "seven", 7))]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "per prompt" in x)
+    assert re.search(r"per prompt \(n = 7\): min \d\.\d{3} median \d\.\d{3} max \d\.\d{3}$", line)
+
+
+def test_oracle_marks_a_run_whose_timings_cannot_be_trusted(tmp_path, capsys):
+    run = _oracle_run(tmp_path / "busy", 2, timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]})
+    assert oracle.main([str(run)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert next(x for x in out if "per prompt" in x).endswith(" *")
+    assert any(x.startswith("* timing cannot be trusted") for x in out)
+    assert f"* {run}: costs measured while {BUSY}" in out
+
+
+def test_runs_of_one_method_are_named_by_the_overrides_that_differ(tmp_path):
+    """Issue 22: sweep legends read "fastdllm+failfast (0)...(3)" instead of the overrides."""
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    for num, tau in enumerate((0.3, 0.6)):
+        _plot_job(root, str(num), "fastdllm+failfast", ["policy=failfast", f"policy.tau={tau}"], _rows())
+    _plot_job(root, "2", "ar+static", ["policy=static"], _rows())
+    _plot_job(root, "3", "ar+goodput", [], _rows())
+    _plot_job(root, "4", "ar+goodput", [], _rows())  # the overrides do not tell these two apart
+    assert [r.name for r in load_runs(root)] == [
+        "fastdllm+failfast (policy.tau=0.3)", "fastdllm+failfast (policy.tau=0.6)", "ar+static", "ar+goodput (3)",
+        "ar+goodput (4)"]
+
+
+@needs_matplotlib
+def test_figures_of_many_long_named_runs_keep_their_panels(tmp_path, monkeypatch):
+    """Issue 22: a folder of 27 runs squeezed the subplots (and their titles) into each other: the
+    legend / tick labels of long names took the width of the panels. The panels keep their size,
+    the figure grows, and matplotlib's layout never gives up."""
+    import warnings
+
+    import matplotlib.figure
+
+    from specpolicy.paper_figures import plot_easy_regions
+    from specpolicy.plot import plot_latency_breakdown, plot_length_cdf
+    from specpolicy.results import load_runs
+
+    root = tmp_path / "multirun"
+    models = ("/models/Fast_dLLM_v2_1.5B-instruct-matched-phase-2000", "/models/dllm-drafter-capacity-probe-12x256",
+              "/models/dllm-drafter")
+    for num in range(27):
+        _plot_job(root, str(num), "fastdllm+failfast", ["policy=failfast", f"policy.tau={0.1 * (1 + num // 9)}",
+                                                        f"drafter.model={models[num // 3 % 3]}",
+                                                        f"policy.n_max={(30, 60, 70)[num % 3]}"], _rows())
+    runs = load_runs(root)
+    assert len({r.name for r in runs}) == 27 and runs[10].name.startswith("fastdllm+failfast (policy.tau=0.2")  # 0..26
+    drawn = {}
+    real = matplotlib.figure.Figure.savefig
+
+    def measure(fig, path, *args, **kwargs):  # the figure as saved: panels and titles in inches
+        fig.canvas.draw()
+        dpi = fig.dpi
+        data_axes = [ax for ax in fig.axes if ax.get_title()]
+        drawn[Path(path).name] = {
+            "widths": [ax.get_window_extent().width / dpi for ax in data_axes],
+            "heights": [ax.get_window_extent().height / dpi for ax in data_axes],
+            "titles": [ax.title.get_window_extent() for ax in data_axes],
+            "size": tuple(fig.get_size_inches())}
+        return real(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", measure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied ..." and kin fail the test
+        plot_length_cdf(runs, tmp_path / "length_cdf.png")
+        plot_latency_breakdown(runs, tmp_path / "latency_breakdown.png")
+        plot_easy_regions(runs, tmp_path / "easy_regions.png")
+    cdf = drawn["length_cdf.png"]
+    assert min(cdf["widths"]) > 4.0 and min(cdf["heights"]) > 2.5  # two panels of 13 inches less the legend
+    left, right = cdf["titles"]
+    assert left.x1 < right.x0  # the panels' titles side by side, apart
+    latency = drawn["latency_breakdown.png"]
+    assert latency["widths"][0] > 5.5 and latency["size"][0] > 10  # the bars keep their width, the figure grows
+    easy = drawn["easy_regions.png"]
+    assert min(easy["heights"]) > 2.2 and easy["titles"][0].y0 > easy["titles"][1].y1

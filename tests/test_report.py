@@ -12,7 +12,8 @@ from specpolicy.report import collect, main, report_rows, to_markdown
 
 
 def _job(root: Path, num: int, overrides: list[str], speedup: float | None, lossless: float = 1.0,
-         van_tokens: int = 100, van_wall: float = 2.0, modeled: float | None = None) -> None:
+         van_tokens: int = 100, van_wall: float = 2.0, modeled: float | None = None,
+         warnings: list[str] | None = None) -> None:
     job = root / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -26,6 +27,8 @@ def _job(root: Path, num: int, overrides: list[str], speedup: float | None, loss
     if speedup is not None:
         summary.update(speedup_vs_vanilla=speedup, vanilla_tokens_per_s=10.0, lossless_fraction=lossless)
         summary["methods"]["vanilla"] = {"generated_tokens": van_tokens, "wall_s": van_wall}
+    if warnings is not None:  # what the run recorded about the machine (specpolicy.machine)
+        summary["timing_conditions"] = {"timing_trusted": not warnings, "timing_warnings": warnings}
     (job / "summary.json").write_text(json.dumps(summary))
 
 
@@ -82,3 +85,62 @@ def test_main_fails_cleanly_without_summaries(tmp_path, capsys):
     assert main([str(tmp_path)]) == 1
     assert "no summary.json" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 1
+
+
+BUSY = "other processes kept up to 2.0 of 2 CPUs busy (1-min load average 3.10 at the start; this process used 1.0)"
+
+
+def test_untrusted_timings_are_marked_wherever_speedups_are_ranked(tmp_path, capsys):
+    """Issue 22: jobs that warned and recorded timing_trusted: false were ranked by measured speedup
+    with no note, and report.md / report.csv never mentioned it."""
+    root = tmp_path / "multirun"
+    _job(root, 0, ["policy.tau=0.1"], 1.40, warnings=[BUSY])
+    _job(root, 1, ["policy.tau=0.3"], 1.30, warnings=[])
+    _job(root, 2, ["policy.tau=0.6"], 1.20)  # recorded no timing conditions: not judged, not marked
+    assert main([str(root), "--wide"]) == 0
+    out = capsys.readouterr().out
+    assert "1.400x*" in out and "1.300x*" not in out and "1.200x*" not in out
+    assert "(1 with timings that cannot be trusted: marked *, see below)" in out
+    note = next(line for line in out.splitlines() if line.startswith("* timing cannot be trusted"))
+    assert "run.resume=false" in note
+    assert f"  0: {BUSY}" in out.splitlines()
+    md = (root / "report.md").read_text()
+    assert "| 0 | policy.tau=0.1 | fastdllm+failfast | 4 | 1.400x\\* |" in md
+    assert "| 1 | policy.tau=0.3 | fastdllm+failfast | 4 | 1.300x |" in md
+    assert "\\* timing cannot be trusted" in md and f"- `0`: {BUSY}" in md
+    with open(root / "report.csv", newline="") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    assert (rows["0"]["timing_trusted"], rows["1"]["timing_trusted"], rows["2"]["timing_trusted"]) == \
+        ("False", "True", "")
+    assert rows["0"]["timing_warnings"] == BUSY and float(rows["0"]["speedup_vs_vanilla"]) == 1.4
+
+
+def test_a_single_run_shows_its_name_and_its_full_overrides(family, tmp_path, monkeypatch, capsys):
+    """Issue 22: the run directory's name is shortened (model paths, cut values), so the report and
+    the figures page show the run's name -- not "." -- and its overrides in full (.hydra)."""
+    import re
+    import sys
+
+    from conftest import overrides
+    from specpolicy.cli import main as cli
+    from specpolicy.plot import main as plot
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    args = [*overrides(family), "dataset.num_prompts=1", "policy=static", "policy.k=3", "reuse.enabled=true"]
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *args])
+    cli()
+    (run,) = (tmp_path / "outputs").iterdir()
+    assert re.search(r"policy\.k=3,policy=static,reuse\.enabled=true,.*model=target-[0-9a-f]{8}$", run.name)
+    capsys.readouterr()
+    assert main([str(run), "--wide"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in (run / "report.md").read_text().splitlines() if "static" in x)
+    assert line.startswith(f"| {run.name} | ")
+    for override in args:  # every override in full, model paths included
+        assert override in line, override
+    assert "│ . " not in out
+    assert plot([str(run)]) == 0
+    index = (run / "plots" / "index.html").read_text()
+    first_row = index.split("<tbody><tr>", 1)[1]
+    assert first_row.startswith(f"<td>{run.name}</td>")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import specpolicy.experiment as experiment
 from conftest import overrides
 from specpolicy.experiment import run_experiment
 from specpolicy.results import PromptResult, read_results
-from specpolicy.resume import RunInterrupted, run_name
+from specpolicy.resume import MAX_NAME, RunInterrupted, run_name
 
 PROMPTS = 4
 #: Fields that are timings (or derived from timings): the only ones allowed to differ.
@@ -96,11 +97,35 @@ def test_rows_of_runs_written_before_the_finish_reason_rename_are_read(tmp_path)
 
 def test_run_directory_names():
     assert run_name("") == "default"
-    assert run_name("policy.k=8,policy=static") == "policy.k=8,policy=static"
-    name = run_name("verifier.model=/models/Qwen2.5-7B,policy=static")
-    assert "/" not in name and name.startswith("verifier.model=_models_Qwen2.5-7B") and len(name) <= 120
-    assert name != run_name("verifier.model=/models/Qwen2.5_7B,policy=static")
-    assert len(run_name("x=" + "a" * 300)) <= 120
+    assert run_name("policy.k=8,policy=static") == "policy.k=8,policy=static"  # safe names stay as they were
+    assert run_name("+logger=wandb,dataset.num_prompts=all") == "+logger=wandb,dataset.num_prompts=all"
+    name = run_name("policy=static,verifier.model=/models/Qwen2.5-7B")
+    assert re.fullmatch(r"policy=static,verifier\.model=Qwen2\.5-7B-[0-9a-f]{8}", name)
+    assert name != run_name("policy=static,verifier.model=/other/Qwen2.5-7B")  # the hash tells them apart
+    assert len(run_name("x=" + "a" * 300)) <= MAX_NAME and not run_name(".x=1").startswith(".")
+
+
+def test_run_directory_names_keep_every_override_readable():
+    """Issue 22: names were cut so that they lost the overrides that matter (policy=failfast and
+    reuse.enabled=true vanished behind two model paths), and generation.stop=["\\n\\n"] became
+    generation.stop=___n_n__-5630006c."""
+    overrides = ("drafter.model=/models/Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
+                 "reuse.enabled=true,verifier.model=/models/Qwen2.5-7B-Instruct")
+    name = run_name(overrides)
+    assert "/" not in name and len(name) <= MAX_NAME
+    assert name.startswith("drafter.model=Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
+                           "reuse.enabled=true,verifier.model=Qwen2.5-7B-Instruct-")
+    assert re.fullmatch(r"generation\.stop=NLNL-[0-9a-f]{8}", run_name('generation.stop=["\\n\\n"]'))
+    assert run_name("dataset.path=../data/my_prompts.jsonl,policy=aimd").startswith(
+        "dataset.path=my_prompts.jsonl,policy=aimd-")
+    # too long even so: values are cut first, every key stays
+    many = ",".join(f"verifier.model=/models/{'x' * 60}" if i == 0 else f"policy.opt{i}={'y' * 20}" for i in range(5))
+    name = run_name(many)
+    assert len(name) <= MAX_NAME and all(f"policy.opt{i}=" in name for i in range(1, 5)) and "verifier.model=" in name
+    # distinct commands never share a directory, whatever the cleaning made of them
+    variants = ['generation.stop=["\\n\\n"]', 'generation.stop=["\\n","\\n"]', "generation.stop=[NLNL]",
+                "verifier.model=/a/m", "verifier.model=/b/m", "verifier.model=m"]
+    assert len({run_name(v) for v in variants}) == len(variants)
 
 
 # -- in process: an interrupt at every point ---------------------------------------------------------
@@ -170,6 +195,47 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
     assert without_timings(rows) == without_timings(reference[1])
     assert without_timings(summary) == without_timings(reference[0])
     assert json.loads((tmp_path / "summary.json").read_text())["partial"] is False
+
+
+def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(family, reference, tmp_path, monkeypatch,
+                                                                          capsys):
+    """Issue 22: the same command after a finished run loaded both models and printed a fresh timing
+    warning about a run that measured nothing."""
+    import specpolicy.machine as machine
+    from specpolicy.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *cli_args(family), "hydra.run.dir=outputs/done"])
+    monkeypatch.setattr(machine, "judge", lambda conditions: [])  # the first run's timings: trusted
+    main()
+    first = json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text())
+    capsys.readouterr()
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(experiment, "make_verifier", no_model)
+    monkeypatch.setattr(experiment, "make_drafter", no_model)
+    monkeypatch.setattr(machine, "judge", lambda conditions: ["the machine is busy right now"])  # never asked
+    main()  # the same command again
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (f"run complete: all {PROMPTS} prompts of outputs/done are in results.jsonl; nothing to "
+                      "compute, no model loaded (run.resume=false starts over)")
+    assert out[1:] == ["results: outputs/done/ (summary.json, results.jsonl)",
+                       "next:    python -m specpolicy.report outputs/done",
+                       "         python -m specpolicy.plot outputs/done",
+                       "         python -m specpolicy.oracle outputs/done"]
+    assert json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text()) == first  # untouched
+    # killed after its last row, before its summary: the summary is computed from the rows, still no model
+    (tmp_path / "outputs" / "done" / "summary.json").unlink()
+    main()
+    assert capsys.readouterr().out.startswith("run complete: all 4 prompts")
+    again = json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text())
+    assert "timing_conditions" not in again  # nothing was timed in this invocation
+    drop = ("fields",)  # the field glossary lists timing_conditions only where the summary has them
+    assert without_timings({k: v for k, v in again.items() if k not in drop}) == \
+        without_timings({k: v for k, v in first.items() if k not in drop})
 
 
 def test_resume_drops_a_half_written_line_and_refuses_other_settings(family, reference, tmp_path, monkeypatch):

@@ -38,8 +38,8 @@ def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path
     assert summary["lossless_fraction"] == 1.0
     assert "skipped 1 of 3 prompts longer than the context" in out
 
-    again = run_experiment(cfg, run_dir)  # the same command: resumes, does not fail on the long prompt
-    assert "resuming" in capsys.readouterr().out
+    again = run_experiment(cfg, run_dir)  # the same command: complete (the skip is read back), no failure
+    assert "run complete: all 3 prompts" in capsys.readouterr().out
     assert [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()] == written
     assert again["skipped_prompts"] == summary["skipped_prompts"] and again["prompts"] == 2
 

@@ -148,6 +148,18 @@ def _hydra_job() -> tuple[str | None, str | None]:
         return None, None
 
 
+def where_lines(run) -> list[str]:
+    """Where a W&B run went, for the lines under the CLI's ``results:`` line: an offline run's
+    directory and the command that uploads it (``wandb sync <dir>``), or an online run's URL."""
+    from specpolicy.messages import shown
+
+    if run.settings.mode == "offline":
+        directory = shown(run.settings.sync_dir)
+        return [f"W&B: offline run {directory}/ (not uploaded)", f"upload: wandb sync {directory}"]
+    url = getattr(run, "url", None)
+    return [f"W&B: {url}" if url else f"W&B: run {run.id} of project {run.project} (online)"]
+
+
 def _prompt_row(result: PromptResult) -> list[Any]:
     """One row of the per-prompt table (``TABLE_COLUMNS``)."""
     values = prompt_values(result.speculative, result.vanilla)
@@ -185,6 +197,10 @@ class WandbLogger:
         self.dir, self.log_rounds, self.probe_timeout_s = dir, bool(log_rounds), float(probe_timeout_s)
         self.log_plots = bool(log_plots)
         self.run = None
+        # what specpolicy_run_outputs says: where the W&B run is, why nothing was logged, why logging stopped
+        self.location: list[str] = []
+        self.off: str | None = None
+        self.stopped: str | None = None
         self.warnings: list[str] = []
         self._rounds: list[RoundRecord] = []  # of the current prompt
         self._results: list[PromptResult] = []
@@ -204,6 +220,7 @@ class WandbLogger:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - W&B must never fail the run
             self._warn(f"W&B {what} failed ({exc!r}); W&B logging is off for the rest of this run")
+            self.stopped = f"{what} failed: {type(exc).__name__}"
             run, self.run = self.run, None
             try:
                 run.finish(exit_code=1)
@@ -257,8 +274,10 @@ class WandbLogger:
         import wandb
 
         self._rounds, self._results, self._prompt_index = [], [], 0
+        self.location, self.off, self.stopped = [], None, None
         mode = resolve_mode(self.mode)
         if mode == "disabled":
+            self.off = "logger.wandb.mode or WANDB_MODE is disabled"
             return
         # One budget, probe_timeout_s, for everything that waits on the service: the probe, then the
         # start of the run online. A service that accepts connections but never answers, or answers
@@ -275,6 +294,7 @@ class WandbLogger:
             reason = _first_line(exc)
             if mode != "online":
                 self._warn(f"W&B init failed ({reason}); W&B logging is off for this run")
+                self.off = f"init failed: {reason}"
                 return
             self._warn(f"W&B service {base_url()} did not start the run within {self.probe_timeout_s:g} s "
                        f"({reason}); logging offline instead -- upload later with "
@@ -283,7 +303,10 @@ class WandbLogger:
                 self.run = self._init(wandb, "offline", config, run_dir)
             except Exception as exc2:  # noqa: BLE001
                 self._warn(f"W&B offline init failed too ({_first_line(exc2)}); W&B logging is off for this run")
+                self.off = f"init failed: {_first_line(exc2)}"
                 self.run = None
+        if self.run is not None:
+            self.location = where_lines(self.run)
 
     @hookimpl
     def specpolicy_round_end(self, record: RoundRecord) -> None:
@@ -343,6 +366,17 @@ class WandbLogger:
                     self._warn(f"W&B offline run log {offline_log} still incomplete after 10 s")
             except Exception as exc:  # noqa: BLE001
                 self._warn(f"W&B offline run log {offline_log} unreadable ({exc!r})")
+
+    @hookimpl
+    def specpolicy_run_outputs(self) -> list[str] | None:
+        """Where the W&B run went (``where_lines``: an offline run's directory and the ``wandb sync``
+        command, or the URL), whether logging stopped early, or why nothing was logged."""
+        if self.off:
+            return [f"W&B: nothing logged ({self.off})"]
+        if self.stopped:
+            return [f"W&B: logging stopped early ({self.stopped}; see the warning above); the run so far:",
+                    *self.location]
+        return self.location or None
 
     @hookimpl
     def specpolicy_run_abort(self) -> None:
