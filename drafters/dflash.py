@@ -42,10 +42,13 @@ from specpolicy.models import check_model_source, resolve_model_path
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, choose
 from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys
+from specpolicy.validation import check_keys, choice
 
 NAME = "dflash"
-CONFIG_KEYS = ("model",)
+CONFIG_KEYS = ("model", "extension")
+#: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
+#: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
+EXTENSIONS = ("given", "none")
 #: Most likely tokens kept per drafted position for tree policies (``alternatives``).
 ALTERNATIVES = 4
 
@@ -59,12 +62,19 @@ class DFlashDrafter(Drafter):
         lm_head: the target's LM head module (``H -> V``).
         runtime: the shared runtime (device, dtype, random stream).
         stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+        extension: ``"given"`` (default: past B - 1 tokens, extension passes with the drafted tokens
+            given) or ``"none"`` (one block per round: a policy asking for more gets no more).
+    Raises:
+        ValueError: for an ``extension`` not in ``EXTENSIONS``.
     """
 
     name = NAME
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
-                 runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = ()):
+                 runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = (), extension: str = "given"):
+        if extension not in EXTENSIONS:
+            raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
+        self.extension = extension
         self.model, self.embed_tokens, self.lm_head, self.runtime = model, embed_tokens, lm_head, runtime
         self.spec: DFlashSpec = model.spec
         self.block_size = model.spec.block_size
@@ -159,6 +169,8 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         want = self._returned + num_tokens
         while self._tokens.shape[0] < want and self._stop_at is None:
+            if self._passes and self.extension == "none":
+                break  # one block per round: nothing more to propose
             self._pass()
         end = self._tokens.shape[0] if self._stop_at is None else self._stop_at + 1
         k = min(want, end)
@@ -224,6 +236,7 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
+    choice("drafter.extension", config.get("extension", "given"), EXTENSIONS)
     model = config.get("model", "dflash-drafter")
     check_model_source("drafter.model", model)
     from specpolicy.draft_models.checkpoint import read_config
@@ -244,9 +257,9 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
 
 @hookimpl
 def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
-    """Factory for ``drafter=dflash``. Config key: ``model`` (bundled ``dflash-drafter`` or a local
-    DFlash checkpoint directory in the official layout). The embeddings and LM head are the
-    target's (``verifier.model``).
+    """Factory for ``drafter=dflash``. Config keys: ``model`` (bundled ``dflash-drafter`` or a local
+    DFlash checkpoint directory in the official layout), ``extension`` (``given`` | ``none``). The
+    embeddings and LM head are the target's (``verifier.model``).
 
     Raises:
         ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
@@ -265,4 +278,5 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     check_feature_layers(model.spec.feature_layers, int(target_config.num_hidden_layers) + 1, NAME)
     verifier.request_features(model.spec.feature_layers)  # a verifier without hidden states says so now
     verifier.request_features(())
-    return DFlashDrafter(model, embed, head, runtime, getattr(verifier, "eos_token_ids", ()))
+    return DFlashDrafter(model, embed, head, runtime, getattr(verifier, "eos_token_ids", ()),
+                         config.get("extension", "given"))

@@ -211,3 +211,16 @@ def test_a_verifier_without_hidden_states_is_refused_when_built(checkpoint, targ
 
     with pytest.raises(FeaturesUnsupported, match="verifier 'plain' cannot return the target's hidden states"):
         specpolicy_make_drafter("dflash", {"model": str(checkpoint)}, rt, NoFeatures())
+
+
+def test_extension_none_keeps_a_draft_to_one_block(checkpoint, target, rt):
+    drafter = _drafter(checkpoint, target, rt)
+    drafter.extension = "none"
+    committed = torch.randint(6, VOCAB - 1, (9,), generator=torch.Generator().manual_seed(8))
+    drafter.prefill(committed, features=_features(target, committed, 0, 8))
+    assert drafter.draft(B - 1).length == B - 1
+    more = drafter.draft(5)  # nothing more: the loop stops drafting ("no_proposal")
+    assert more.length == B - 1 and more.forward_passes == 1
+    with pytest.raises(ValueError, match="drafter.extension must be one of given, none, got 'twice'"):
+        DFlashDrafter(load_dflash(checkpoint), target.get_input_embeddings(), target.get_output_embeddings(), rt,
+                      extension="twice")

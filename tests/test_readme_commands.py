@@ -192,6 +192,10 @@ def world(family, tmp_path_factory) -> World:
     models.mkdir()
     (models / "Qwen2.5-7B-Instruct").symlink_to(family["target"])
     (models / "Fast_dLLM_v2_1.5B").symlink_to(family["drafter"])
+    for name in ("Qwen3-8B", "Llama-3.1-8B-Instruct"):  # targets of the official DFlash / EAGLE-3 examples
+        (models / name).symlink_to(family["target"])
+    (models / "Qwen3-8B-DFlash-b16").symlink_to(family["dflash"])
+    (models / "EAGLE3-LLaMA3.1-8B").symlink_to(family["eagle3"])
     return w
 
 
@@ -348,7 +352,8 @@ def placeholders(w: World) -> dict[str, str]:
 
 def tiny_models(w: World) -> list[str]:
     return ["--target", str(w.family["target"]), "--ar-drafter", str(w.family["drafter"]),
-            "--dllm-drafter", str(w.family["drafter"])]
+            "--dllm-drafter", str(w.family["drafter"]), "--dflash-drafter", str(w.family["dflash"]),
+            "--eagle3-drafter", str(w.family["eagle3"])]
 
 
 # -- rules: each command of the README is handled by the first rule whose pattern matches ------------------
@@ -501,6 +506,19 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
+def _train_drafter(command: Command, h: Harness) -> None:
+    """Generation, features and training take hours for a real target: the options are checked as
+    the command checks them before the target loads, on the tiny target standing in for /models/."""
+    from specpolicy.train_drafter import build_parser, check_args
+
+    _my_prompts(h, bad=False)
+    text = command.text.replace("/models/", f"{h.world.root}/models/")
+    args = build_parser().parse_args(_args(Command(command.kind, text, command.line),
+                                           "python -m specpolicy.train_drafter"))
+    h.mp.chdir(h.cwd)
+    assert check_args(args)["num_hidden_layers"] >= 1
+
+
 def _family(command: Command, h: Harness) -> None:
     """Training takes about two hours on GSM8K train (../shared/data); the arguments are checked by
     the pipeline's parser (tests/test_family.py trains a tiny family)."""
@@ -592,6 +610,12 @@ RULES = [
          "run on the bad file the README describes: its exact error", lambda c, h: (_my_prompts(h, bad=True),
                                                                                    transcript(c, h))),
     Rule(r"transcript: python -m specpolicy .*", "run: its exact error line", transcript),
+    Rule(rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
+         "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
+         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
+    Rule(r"bash: python -m specpolicy\.train_drafter (dflash|eagle3) .*",
+         "options checked before the target would load (tests/test_train_drafter.py trains both, shortened)",
+         _train_drafter),
     Rule(rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
          "dry, the /models/ directories standing in for local model directories",
          lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),

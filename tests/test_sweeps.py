@@ -172,7 +172,7 @@ def _sweep_values(params: dict, key: str) -> list:
     ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
     ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
     ("paper-main", "fastdllm", "failfast", "method",
-     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only"]),
+     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only", "dflash-failfast", "eagle3-static"]),
     ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
     ("concavity", "fastdllm", "static", "drafter.threshold", [0.05, 0.3, 0.5, 0.7, 0.9, 0.99]),
     ("concavity", "fastdllm", "static", "policy.k", [2, 4, 8, 16, 32]),
