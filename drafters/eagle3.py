@@ -30,9 +30,9 @@ from specpolicy.draft_models.eagle3 import Eagle3DraftModel, Eagle3Spec, load_ea
 from specpolicy.draft_models.kv import KVCache
 from specpolicy.drafter import Drafter
 from specpolicy.errors import ConfigError
-from specpolicy.features import check_feature_layers, target_config_of, target_parts
+from specpolicy.features import check_checkpoint, probe_verifier, target_parts
 from specpolicy.hookspecs import hookimpl
-from specpolicy.models import check_model_source, resolve_model_path
+from specpolicy.models import resolve_model_path
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, choose
 from specpolicy.types import Draft, Verification
@@ -301,21 +301,7 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
-    model = config.get("model", "eagle3-drafter")
-    check_model_source("drafter.model", model)
-    from specpolicy.draft_models.checkpoint import read_config
-
-    key = f"drafter.model={model!r}"
-    try:
-        directory = resolve_model_path(model)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{key}: {exc}") from exc
-    draft_config = read_config(directory, key)
-    target = target_config_of(run_config)
-    if target is not None:
-        check_fits_target(draft_config, target, key)
-    else:
-        Eagle3Spec.from_config(draft_config, key)
+    check_checkpoint(config.get("model", "eagle3-drafter"), run_config, check_fits_target, Eagle3Spec.from_config)
     return True
 
 
@@ -338,8 +324,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     directory = resolve_model_path(model_name)
     layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key)
     model = load_eagle3(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
-    check_feature_layers(layers, int(target_config.num_hidden_layers) + 1, NAME)
-    verifier.request_features(layers)  # a verifier without hidden states says so now
-    verifier.request_features(())
+    probe_verifier(verifier, layers, int(target_config.num_hidden_layers) + 1, NAME)
     return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime,
                          getattr(verifier, "eos_token_ids", ()))

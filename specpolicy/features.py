@@ -99,3 +99,45 @@ def target_config_of(run_config: dict | None) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, ValueError):
         return None
+
+
+def check_checkpoint(model: str, run_config: dict | None, fits, spec_of) -> None:
+    """The ``specpolicy_validate_config`` check of a drafter that reads the target, before anything
+    loads: the checkpoint's directory, ``config.json`` and weights files, and -- when the target is
+    bundled or local -- the checkpoint against the target's ``config.json``.
+
+    Args:
+        model: ``drafter.model`` (a bundled name or a checkpoint directory).
+        run_config: the whole run config (``target_config_of`` reads the target from it).
+        fits: ``fits(draft_config, target_config, key)`` raising ``ConfigError`` when they do not fit.
+        spec_of: ``spec_of(draft_config, key)`` raising ``ConfigError`` for a malformed checkpoint.
+    Raises:
+        ConfigError: naming ``drafter.model``, the value and what is wrong.
+    """
+    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.models import check_model_source, resolve_model_path
+
+    check_model_source("drafter.model", model)
+    key = f"drafter.model={model!r}"
+    try:
+        directory = resolve_model_path(model)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+    draft_config = read_config(directory, key)
+    target = target_config_of(run_config)
+    if target is not None:
+        fits(draft_config, target, key)
+    else:
+        spec_of(draft_config, key)
+
+
+def probe_verifier(verifier, layers: Sequence[int], num_hidden_states: int, who: str) -> None:
+    """Check, when a drafter is built, that ``verifier`` can return ``layers`` (one line now rather
+    than at the first prompt), then switch the request off again (the loop asks before each prompt).
+
+    Raises:
+        FeaturesUnsupported: a layer the target does not have, or a verifier without hidden states.
+    """
+    check_feature_layers(layers, num_hidden_states, who)
+    verifier.request_features(tuple(layers))
+    verifier.request_features(())

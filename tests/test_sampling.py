@@ -41,7 +41,9 @@ from specpolicy.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
+from specpolicy.policies.failfast_tree import FailFastTreePolicy
 from specpolicy.policies.static import StaticPolicy
 from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
@@ -55,11 +57,12 @@ MASK = V - 1  # the fastdllm drafter's mask token
 T = 3  # tokens generated per run (drafts of up to T - 1 = 2 tokens, then a bonus / correction)
 N = 1000  # seeded runs per configuration
 FAMILY_ALPHA = 1e-3  # false-alarm probability of the file's distribution tests, all together
-STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "failfast")
+STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "failfast", "dflash", "eagle3", "eagle3-tree", "dflash-failfast-tree")
 ALPHA = FAMILY_ALPHA / len(STAT_TESTS)  # per test (Bonferroni); the power check must fall below it too
 TEMPERATURE = SamplingConfig(temperature=1.0)
 TRUNCATED = SamplingConfig(temperature=0.8, top_k=8, top_p=0.9)
 PROMPT = torch.tensor([3])  # one token: no prefill pass, so N runs stay fast
+FEATURE_PROMPT = torch.tensor([3, 7])  # two tokens: the target's features of the first reach the drafter
 SUFFIX_PROMPT = torch.tensor([5, 9, 14, 3, 5, 9])  # the suffix drafter proposes 14 3 (target: p ~ 0.27, 0.68)
 
 
@@ -155,6 +158,33 @@ def _fastdllm(models, runtime, threshold: float = 0.9, cls=FastDLLMDrafter):
                threshold=threshold)
 
 
+def _dflash(models, runtime):
+    """A random DFlash drafter fitting the 1-layer target (block 3, DFlash layer id 0, the family's
+    initialisation: near-uniform q, so rejections dominate)."""
+    from specpolicy.drafters.dflash import DFlashDrafter
+    from specpolicy.family.train_dflash import new_dflash
+
+    target = models["target"]
+    model = new_dflash(target.config, MASK, 3, [0], seed=3, size=dict(num_hidden_layers=1, num_attention_heads=4,
+                                                                        num_key_value_heads=2, head_dim=8,
+                                                                        intermediate_size=64)).double().eval()
+    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime)
+
+
+def _eagle3(models, runtime):
+    """A random EAGLE-3 head fitting the 1-layer target (features hidden_states 0, 1, 1)."""
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.family.train_eagle3 import new_eagle3
+
+    target = models["target"]
+    head = new_eagle3(target.config, torch.arange(V), seed=4, layer_ids=[0, 1, 1],
+                      size=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                intermediate_size=64)).double().eval()
+    with torch.no_grad():  # a peaked head: its top-k children carry real probability
+        head.lm_head.weight.mul_(40.0)
+    return Eagle3Drafter(head, target.get_input_embeddings(), (0, 1, 1), V, runtime)
+
+
 def _config(name: str, models, runtime):
     """(make, prompt, sampling, tokens generated per run) of a named statistical-test configuration."""
     static = lambda: StaticPolicy(k=T - 1)
@@ -166,6 +196,12 @@ def _config(name: str, models, runtime):
         return (lambda: (_fastdllm(models, runtime), static())), PROMPT, TEMPERATURE, T
     if name == "suffix":  # point masses
         return (lambda: (SuffixDrafter(runtime, min_match=1, max_match=4), static())), SUFFIX_PROMPT, TEMPERATURE, T
+    if name in ("dflash", "dflash-failfast-tree"):  # drafters that read the target: q from its features
+        policy = static if name == "dflash" else (lambda: FailFastTreePolicy(n=1, tau=0.5, n_max=T - 1, branch_k=3))
+        return (lambda: (_dflash(models, runtime), policy())), FEATURE_PROMPT, TEMPERATURE, T
+    if name in ("eagle3", "eagle3-tree"):  # a tree: deterministic top-k children (point masses)
+        policy = static if name == "eagle3" else (lambda: Eagle2TreePolicy(depth=T - 1, top_k=3, total_tokens=5))
+        return (lambda: (_eagle3(models, runtime), policy())), FEATURE_PROMPT, TRUNCATED, T
     if name == "failfast":
         # n = 1, 4 tokens per run (T = 3 compared): the draft grows token by token while every
         # confidence is >= tau; the first token's confidence is fixed by the prompt (0.47, always
@@ -185,7 +221,9 @@ def test_speculative_sampling_matches_target_distribution(models, runtime, name)
     pvalue, df = chi_square_pvalue(counts, exact_joint(models["target"], prompt, sampling))
     if name != "vanilla":  # the test must exercise acceptance AND rejection
         rate = stats["accepted"] / stats["speculated"]
-        assert 0.15 < rate < 0.9, (name, stats)
+        # random heads (dflash, eagle3): mostly rejected; a tree's rate counts all its nodes
+        low = 0.005 if name.endswith("tree") else 0.02 if name.startswith(("dflash", "eagle3")) else 0.15
+        assert low < rate < 0.9, (name, stats)
     if name == "failfast":  # the draft length really depends on the (sampled) confidences
         assert stats["first_round_lengths"] == {2, 3}, stats
     assert df >= 10, df

@@ -1,7 +1,8 @@
 """Draft trees verified in one target pass (``specpolicy.tree``, the ``hf`` verifier): property tests
 against verifying each root-to-leaf path as a chain, the KV cache after a tree round against a fresh
-prefill of the committed sequence, the target's features of the accepted path, and recursive
-rejection sampling against the target's distribution."""
+prefill of the committed sequence, the target's features of the accepted path. Tree sampling's
+distribution is tested with every other sampler's in tests/test_sampling.py (eagle2-tree,
+failfast-tree)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import VOCAB, sharpen, tiny_lm
 from specpolicy import tree
 from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, warp
+
 from specpolicy.types import Draft
 from specpolicy.verifiers.hf import HFVerifier
 
@@ -92,43 +93,6 @@ def test_features_of_a_tree_round_are_the_accepted_paths():
     hs = TARGET(input_ids=seq[None], output_hidden_states=True).hidden_states
     want = torch.cat([hs[1][0, -2:], hs[2][0, -2:]], dim=-1)  # the pending token and node 1
     torch.testing.assert_close(v.features, want)
-
-
-def test_tree_sampling_is_distributed_as_the_target():
-    """Two-token outputs through a fixed tree (siblings as point masses and as draws from q):
-    recursive rejection sampling against plain sampling from the target, 3000 draws each."""
-    rt = Runtime(device="cpu", dtype="float64", seed=0)
-    target = tiny_lm(0, layers=2)
-    sampling = SamplingConfig(temperature=1.0, top_k=5, top_p=1.0)
-    prompt = torch.tensor([5, 8, 13])
-    p_root = warp(target(input_ids=prompt[None]).logits[0, -1], sampling)
-    top = p_root.topk(3).indices.tolist()
-    parents = torch.tensor([-1, -1, 0, 0, 1])
-    q = torch.zeros(5, VOCAB)
-    q[0, top[0]] = q[1, top[1]] = 1.0  # point masses at the root's two most likely tokens
-    rows = torch.softmax(torch.randn(VOCAB, generator=torch.Generator().manual_seed(3)), 0)  # siblings from one q
-    g = torch.Generator().manual_seed(4)
-    q[2] = q[3] = q[4] = rows
-    counts = [{}, {}]
-    for which in (0, 1):
-        rt.generator.manual_seed(17 + which)
-        for _ in range(3000):
-            v = HFVerifier(target, rt, frozenset())
-            v.prefill(prompt, sampling=sampling)
-            if which == 0:
-                a = v.verify(Draft.empty()).next_token
-                b = v.verify(Draft.empty()).next_token
-                out = (a, b)
-            else:  # the drafter draws the deeper siblings afresh for every round (i.i.d. from q)
-                second = torch.multinomial(rows, 3, replacement=True, generator=g).tolist()
-                draft = Draft(torch.tensor([top[0], top[1], *second]), torch.ones(5), probs=q, parents=parents)
-                r = v.verify(draft)
-                committed = r.committed_tokens(draft).tolist()
-                out = tuple(committed[:2]) if len(committed) >= 2 else (committed[0], v.verify(Draft.empty()).next_token)
-            counts[which][out] = counts[which].get(out, 0) + 1
-    keys = set(counts[0]) | set(counts[1])
-    tv = 0.5 * sum(abs(counts[0].get(k, 0) - counts[1].get(k, 0)) for k in keys) / 3000
-    assert tv < 0.07
 
 
 def test_bad_parents_are_refused():
