@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specpolicy import tree
 from specpolicy.cache import crop_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
@@ -127,14 +128,8 @@ class ARDrafter(Drafter):
         m = int(tokens.shape[0])
         base = len(self._tree_depth) - 1
         device = tokens.device
-        par = torch.tensor(parents, dtype=torch.long, device=device)
-        anc = torch.zeros((base + m, base + m), dtype=torch.bool, device=device)
-        anc[:base, :base] = self._tree_ancestors
-        has = par > 0
-        if base:
-            anc[base:, :base] = torch.where(has[:, None], self._tree_ancestors[(par - 1).clamp(min=0)], False)
-        anc[base:, base:] = torch.eye(m, dtype=torch.bool, device=device)
-        self._tree_ancestors = anc
+        anc = self._tree_ancestors = tree.extend_ancestors(self._tree_ancestors,
+                                                             torch.tensor(parents, dtype=torch.long, device=device))
         depth = [self._tree_depth[p] + 1 for p in parents]
         mask = torch.cat([torch.ones((m, self._tree_committed), dtype=torch.bool, device=device), anc[base:]], 1)
         positions = torch.tensor([self._tree_committed - 1 + d for d in depth], device=device)[None]

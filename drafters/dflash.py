@@ -49,8 +49,6 @@ CONFIG_KEYS = ("model", "extension")
 #: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
 #: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
 EXTENSIONS = ("given", "none")
-#: Most likely tokens kept per drafted position for tree policies (``alternatives``).
-ALTERNATIVES = 4
 
 
 class DFlashDrafter(Drafter):
@@ -126,8 +124,7 @@ class DFlashDrafter(Drafter):
         self._returned = 0  # tokens handed out in the draft so far
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
         self._passes = 0
-        self._alt_ids: torch.Tensor | None = None  # (d, ALTERNATIVES) each position's most likely tokens
-        self._alt_probs: torch.Tensor | None = None
+        self._logits: list[torch.Tensor] = []  # (B - 1, V) per pass
 
     def _cache_context(self) -> None:
         """Write the keys and values of the newly committed positions' features into the cache."""
@@ -150,9 +147,7 @@ class DFlashDrafter(Drafter):
         out = self.model(self.embed_tokens(ids)[None], positions, context)[0]  # (q, H)
         logits = self.lm_head(out[1 + self._tokens.shape[0]:])  # (B - 1, V)
         tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
-        top = torch.softmax(logits.float(), dim=-1).topk(ALTERNATIVES, dim=-1)  # for tree policies
-        self._alt_probs = torch.cat([self._alt_probs, top.values]) if self._alt_probs is not None else top.values
-        self._alt_ids = torch.cat([self._alt_ids, top.indices]) if self._alt_ids is not None else top.indices
+        self._logits.append(logits)  # (B - 1, V): tree policies read their top-k (``alternatives``)
         if self._stop_ids.numel():
             hit = torch.isin(tokens, self._stop_ids)
             if bool(hit.any()):  # the sync of a drafted stop token: nothing past it is drafted
@@ -184,9 +179,12 @@ class DFlashDrafter(Drafter):
         """The ``k`` most likely tokens at each position of the round's draft so far, from the passes
         that drafted it (no extra pass): ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
         best first (column 0 is the drafted token when greedy). For tree policies (``failfast-tree``,
-        ``block-tree``); ``k`` <= ``ALTERNATIVES``."""
+        ``block-tree``), computed when asked."""
         n = self._returned
-        return self._alt_ids[:n, :k], self._alt_probs[:n, :k]
+        if not n:
+            return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
+        top = torch.softmax(torch.cat(self._logits)[:n].float(), dim=-1).topk(k, dim=-1)
+        return top.indices, top.values
 
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Store the committed positions' features (the pending token's and the accepted tokens',
@@ -198,7 +196,7 @@ class DFlashDrafter(Drafter):
                                "honour request_features")
         self._context = features if self._context is None else torch.cat([self._context, features])
         self._pending_pos += verification.accepted_length + 1
-        self._pending = verification.target_token_ids[verification.accepted_length:verification.accepted_length + 1]
+        self._pending = verification.committed_tokens(draft)[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 
 

@@ -17,7 +17,8 @@ tokens after them), which the next round's first pass writes. Nothing committed 
 Draft vocabulary: the head may predict over a smaller vocabulary; draft id d is target id
 ``d + d2t[d]``. Sampling draws from ``warp`` of the draft-vocabulary logits and reports q over the
 target vocabulary (zero outside the draft vocabulary), so speculative sampling stays lossless.
-Trees are not drafted here (chains only).
+Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``policy=eagle2-tree``),
+``alternatives`` gives each chain position's next most likely tokens (``policy=failfast-tree``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 
 import torch
 
-from specpolicy.draft_models.eagle3 import Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy.draft_models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy import tree
 from specpolicy.draft_models.kv import KVCache
 from specpolicy.drafter import Drafter
 from specpolicy.errors import ConfigError
@@ -36,12 +38,10 @@ from specpolicy.models import resolve_model_path
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, choose
 from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys
+from specpolicy.validation import check_keys, choice
 
 NAME = "eagle3"
-CONFIG_KEYS = ("model",)
-#: Most likely tokens kept per drafted position for tree policies (``alternatives``).
-ALTERNATIVES = 4
+CONFIG_KEYS = ("model", "layer_id_convention")
 
 
 class Eagle3Drafter(Drafter):
@@ -107,8 +107,7 @@ class Eagle3Drafter(Drafter):
         self._probs: list[torch.Tensor] = []
         self._last_out: torch.Tensor | None = None  # (1, 1, H): the output that predicts the next token
         self._passes = 0
-        self._alt_ids: list[torch.Tensor] = []  # (1, ALTERNATIVES) per drafted token
-        self._alt_probs: list[torch.Tensor] = []
+        self._logits: list[torch.Tensor] = []  # (1, Vd) per drafted token
         self._ended = False  # a stop token was drafted
 
     def _step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -122,9 +121,7 @@ class Eagle3Drafter(Drafter):
         logits = self.model.logits(self._last_out[0])  # (1, Vd)
         draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
         tokens = self.model.to_target_ids(draft_ids)
-        top = torch.softmax(logits.float(), dim=-1).topk(ALTERNATIVES, dim=-1)  # for tree policies
-        self._alt_ids.append(self.model.to_target_ids(top.indices))
-        self._alt_probs.append(top.values)
+        self._logits.append(logits)  # (1, Vd): tree policies read their top-k (``alternatives``)
         if q is not None:  # q over the target vocabulary
             full = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device)
             q = full.index_add_(1, self.model.to_target_ids(torch.arange(q.shape[1], device=q.device)), q)
@@ -164,11 +161,12 @@ class Eagle3Drafter(Drafter):
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),
         from the passes that drafted it: ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
-        best first. For tree policies (``failfast-tree``); ``k`` <= ``ALTERNATIVES``."""
+        best first. For tree policies (``failfast-tree``), computed when asked."""
         n = self._tokens.shape[0]
         if not n:
             return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
-        return torch.cat(self._alt_ids)[:n, :k], torch.cat(self._alt_probs)[:n, :k]
+        top = torch.softmax(torch.cat(self._logits[:n]).float(), dim=-1).topk(k, dim=-1)
+        return self.model.to_target_ids(top.indices), top.values
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 
@@ -222,13 +220,8 @@ class Eagle3Drafter(Drafter):
         base = len(self._tree_out) - 1  # expanded nodes so far (their cache slots follow the committed pairs)
         depth = [self._tree_depth[p] + 1 for p in parents]
         device = self._tree_ancestors.device
-        par = torch.tensor(parents, dtype=torch.long, device=device)
-        anc = torch.zeros((base + m, base + m), dtype=torch.bool, device=device)
-        anc[:base, :base] = self._tree_ancestors
-        if base:
-            anc[base:, :base] = torch.where((par > 0)[:, None], self._tree_ancestors[(par - 1).clamp(min=0)], False)
-        anc[base:, base:] = torch.eye(m, dtype=torch.bool, device=device)
-        self._tree_ancestors = anc
+        anc = self._tree_ancestors = tree.extend_ancestors(self._tree_ancestors,
+                                                             torch.tensor(parents, dtype=torch.long, device=device))
         mask = torch.cat([torch.ones((m, self._committed_pairs), dtype=torch.bool, device=device), anc[base:]], dim=1)
         hidden = torch.stack([self._tree_out[p] for p in parents])[None]
         positions = torch.tensor([self._committed_pairs - 1 + d for d in depth], device=device)[None]
@@ -264,9 +257,11 @@ class Eagle3Drafter(Drafter):
         self._new_round()
 
 
-def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str) -> tuple[int, ...]:
+def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str,
+                      convention: str = "input") -> tuple[int, ...]:
     """Check an EAGLE-3 checkpoint's config.json against the target's (both as dicts); return the
-    feature layers as ``hidden_states`` indices.
+    feature layers as ``hidden_states`` indices (explicit ids read by ``convention``,
+    ``Eagle3Spec.feature_layers``).
 
     Raises:
         ConfigError: naming ``key`` and what does not fit: the feature width, the hidden size (the
@@ -285,7 +280,7 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
         raise ConfigError(f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
                           f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}")
-    ids = spec.feature_layers(layers)
+    ids = spec.feature_layers(layers, convention)
     bad = [i for i in ids if not 0 <= i <= layers]
     if bad or len(ids) != 3:
         raise ConfigError(f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
@@ -301,14 +296,19 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
-    check_checkpoint(config.get("model", "eagle3-drafter"), run_config, check_fits_target, Eagle3Spec.from_config)
+    convention = choice("drafter.layer_id_convention", config.get("layer_id_convention", "input"),
+                        LAYER_ID_CONVENTIONS)
+    check_checkpoint(config.get("model", "eagle3-drafter"), run_config,
+                     lambda d, t, k: check_fits_target(d, t, k, convention), Eagle3Spec.from_config)
     return True
 
 
 @hookimpl
 def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
-    """Factory for ``drafter=eagle3``. Config key: ``model`` (bundled ``eagle3-drafter`` or a local
-    EAGLE-3 / SpecForge checkpoint directory). The embeddings are the target's (``verifier.model``).
+    """Factory for ``drafter=eagle3``. Config keys: ``model`` (bundled ``eagle3-drafter`` or a local
+    EAGLE-3 / SpecForge checkpoint directory), ``layer_id_convention`` (``input``: explicit feature
+    layer ids are inputs of layers, as vLLM reads them; ``output``: outputs, as SGLang / SpecForge
+    do). The embeddings are the target's (``verifier.model``).
 
     Raises:
         ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
@@ -322,7 +322,8 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     from specpolicy.draft_models.checkpoint import read_config
 
     directory = resolve_model_path(model_name)
-    layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key)
+    layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key,
+                               config.get("layer_id_convention", "input"))
     model = load_eagle3(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
     probe_verifier(verifier, layers, int(target_config.num_hidden_layers) + 1, NAME)
     return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime,

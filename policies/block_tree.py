@@ -7,7 +7,9 @@ DART prunes such trees with n-gram continuity, here the block's own marginals ra
 best-first from the root, a node at depth d with token ``ids[d - 1, r]`` scores the sum of the
 log-probabilities along its path, its children are the ``top_k`` tokens of position d + 1, and the
 ``total_tokens`` best-scoring nodes form the tree (a node never scores above its parent, so they
-do). One drafter pass per round (``depth`` <= B - 1); the target verifies the tree in one pass.
+do). One drafter pass per round for ``depth`` <= B - 1 (an extension pass beyond); the target
+verifies the tree in one pass. Block drafters only (``dflash``): a chain drafter's per-position
+alternatives are conditioned on its own chain, not on a sibling.
 """
 
 from __future__ import annotations
@@ -47,11 +49,13 @@ class BlockTreePolicy(TreePolicy):
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
 
     def check_drafter(self, drafter: Any) -> None:
-        if not hasattr(drafter, "alternatives"):
-            raise ValueError(f"policy=block-tree needs a drafter that reports alternatives (dflash, eagle3); "
-                             f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not")
+        # a block's positions are predicted in parallel, so a position's top-k does not depend on the
+        # token chosen before it: a chain drafter's alternatives are conditioned on its own chain
+        if not (hasattr(drafter, "alternatives") and hasattr(drafter, "block_size")):
+            raise ValueError(f"policy=block-tree needs a block drafter that reports alternatives (dflash); "
+                             f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} is not one")
 
-    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
         depth = min(self.depth, room)
         if depth < 1:
@@ -65,7 +69,7 @@ class BlockTreePolicy(TreePolicy):
         heap = [(-logp[0][r], 0, r, -1) for r in range(len(ids_l[0]))]  # (-score, position, rank, parent node)
         heapq.heapify(heap)
         tokens, parents, scores = [], [], []
-        while heap and len(tokens) < self.total_tokens:
+        while heap and len(tokens) < min(self.total_tokens, node_room):
             neg, pos, r, parent = heapq.heappop(heap)
             node = len(tokens)
             tokens.append(ids_l[pos][r])

@@ -50,7 +50,7 @@ class Eagle2TreePolicy(TreePolicy):
             raise ValueError(f"policy=eagle2-tree needs a drafter that expands trees (eagle3, ar); drafter "
                              f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not")
 
-    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
         depth = min(self.depth, room)
         if depth < 1:
@@ -75,7 +75,7 @@ class Eagle2TreePolicy(TreePolicy):
                     tokens.append(t)
                     scores.append(scores[c] + lp)
                     parents.append(c)
-        keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[: self.total_tokens])
+        keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[: min(self.total_tokens, node_room)])
         index = {c: i for i, c in enumerate(keep)}  # candidates are created parents first: topological
         draft = Draft(token_ids=torch.tensor([tokens[c] for c in keep], dtype=torch.long, device=ids.device),
                       confidences=torch.tensor([scores[c] for c in keep], device=ids.device).exp(),

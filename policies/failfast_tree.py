@@ -59,11 +59,12 @@ class FailFastTreePolicy(TreePolicy):
             raise ValueError(f"policy=failfast-tree needs a drafter that reports alternatives (dflash, eagle3); "
                              f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not")
 
-    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         from specpolicy.decoding import draft_round
 
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
-        chain, reason = draft_round(drafter, self.chain, min(room, self.max_nodes), device)
+        nodes = min(self.max_nodes, node_room)
+        chain, reason = draft_round(drafter, self.chain, min(room, nodes), device)
         k = chain.length
         if k == 0 or self.branch_k == 1:
             return chain, reason
@@ -72,7 +73,7 @@ class FailFastTreePolicy(TreePolicy):
         keep = (chain.confidences[:k, None] < self.branch_tau) & (ids != chain.token_ids[:, None])
         position = torch.arange(k, device=ids.device)[:, None].expand_as(ids)
         sib_ids, sib_probs, sib_pos = ids[keep], probs[keep], position[keep]  # position-major order
-        budget = self.max_nodes - k
+        budget = nodes - k
         sib_ids, sib_probs, sib_pos = sib_ids[:budget], sib_probs[:budget], sib_pos[:budget]
         parents = torch.cat([torch.arange(-1, k - 1, device=ids.device), sib_pos - 1])
         probs_rows = None

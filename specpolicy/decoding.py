@@ -137,7 +137,7 @@ def generate(
         answers: list[int] = []
         with runtime.timer() as draft_timer:
             if isinstance(policy, TreePolicy):  # the policy shapes a draft tree (specpolicy.tree)
-                draft, draft_stop = policy.draft_tree(drafter, room)
+                draft, draft_stop = policy.draft_tree(drafter, room, context_room)
             else:
                 draft, draft_stop = draft_round(drafter, policy, room, device, answers)
             if reuse is not None and drafter is not None and not draft.ends_at_stop_token and not draft.is_tree:

@@ -68,12 +68,13 @@ class TreePolicy(LengthPolicy):
 
     def check_drafter(self, drafter: Any) -> None:
         """Raise ``ValueError`` naming the policy and the drafter when the drafter cannot draft
-        this policy's trees. Default: accept every drafter."""
+        this policy's trees (the loop asks before each prompt's first round). Default: accept every drafter."""
 
     @abstractmethod
-    def draft_tree(self, drafter: Any, room: int) -> tuple[Draft, str]:
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         """Draft the round's tree with ``drafter``: at most ``room`` nodes deep (tokens that can
-        still be emitted after the correction/bonus one).
+        still be emitted after the correction/bonus one) and ``node_room`` nodes in all (what the
+        target's context can still hold in one verification; >= ``room``).
 
         Returns:
             ``(draft, why drafting stopped)``: a tree (``Draft.parents`` set; a chain is fine too)

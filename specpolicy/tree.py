@@ -17,35 +17,44 @@ from __future__ import annotations
 import torch
 
 
-def depths(parents: torch.Tensor) -> torch.Tensor:
-    """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` ``(k,) int64``
-    (topological order: ``parents[i] < i``)."""
-    k = int(parents.shape[0])
-    depth = torch.ones(k, dtype=torch.long, device=parents.device)
-    up = parents.clone()
-    for _ in range(k):  # each step climbs one level for every node at once
-        above = up >= 0
-        if not bool(above.any()):
-            break
-        depth = depth + above.long()
-        up = torch.where(above, parents[up.clamp(min=0)], up)
-    return depth
+def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
+    """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` (``(k,)``, topological
+    order: ``parents[i] < i``); on ``parents``' device. Computed on the host: one sync for a tensor."""
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    depth: list[int] = []
+    for parent in plist:
+        depth.append(1 + (depth[parent] if parent >= 0 else 0))
+    device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
+    return torch.tensor(depth, dtype=torch.long, device=device)
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
-    entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's)."""
-    k = int(parents.shape[0])
-    mask = torch.eye(k + 1, dtype=torch.bool, device=parents.device)
+    entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's). Built
+    on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents')."""
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    k = len(plist)
+    mask = torch.eye(k + 1, dtype=torch.bool)
     mask[:, 0] = True
-    rows = torch.arange(1, k + 1, device=parents.device)
-    up = parents + 1  # ancestor columns, climbing; 0 = the root
-    for _ in range(k):
-        if not bool((up > 0).any()):
-            break
-        mask[rows, up] = True
-        up = torch.where(up > 0, parents[(up - 1).clamp(min=0)] + 1, up)
-    return mask
+    for i, parent in enumerate(plist):  # topological: the parent's row is complete
+        if parent >= 0:
+            mask[i + 1] |= mask[parent + 1]
+    if device is None:
+        device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
+    return mask.to(device)
+
+
+def extend_ancestors(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """A drafter's tentative tree (``tree_expand``) growing by m nodes: ``ancestors`` ``(n, n) bool``
+    (node i's ancestors-or-self among the n expanded nodes), ``parents`` ``(m,) int64`` the new nodes'
+    parents as node numbers (0 = the root, i >= 1 = expanded node i - 1's row). Returns ``(n + m, n + m)``."""
+    n, m = int(ancestors.shape[0]), int(parents.shape[0])
+    out = torch.zeros((n + m, n + m), dtype=torch.bool, device=ancestors.device)
+    out[:n, :n] = ancestors
+    if n:
+        out[n:, :n] = torch.where((parents > 0)[:, None], ancestors[(parents - 1).clamp(min=0)], False)
+    out[n:, n:] = torch.eye(m, dtype=torch.bool, device=ancestors.device)
+    return out
 
 
 def validate(parents: torch.Tensor, k: int) -> None:
@@ -71,13 +80,15 @@ def path_to(node: int, parents: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor) -> tuple[int, ...]:
+def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor,
+                shape: tuple[list[int], ...] | None = None) -> tuple[int, ...]:
     """The longest root-to-node path the target agrees with (greedy verification of a tree).
 
     Args:
         parents: ``(k,) int64``. token_ids: ``(k,) int64`` the nodes' tokens.
         target_ids: ``(k + 1,) int64`` the target's greedy token at the root (0) and after each
             node (i + 1): what it would emit next there.
+        shape: optional ``(parents as a list,)`` already on the host (saves a sync).
     Returns:
         the accepted nodes, root's child first (empty: nothing accepted); the deepest accepted
         node wins, the first in order among equally deep ones. One host sync.
@@ -85,14 +96,16 @@ def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torc
     k = int(parents.shape[0])
     if k == 0:
         return ()
-    edge_ok = token_ids == target_ids[parents + 1]  # (k,) each node equals the target's token at its parent
-    anc = ancestor_mask(parents)[1:, 1:]  # (k, k) node ancestors-or-self
-    ok = ~(anc & ~edge_ok[None, :]).any(dim=1)  # every edge on the way down agrees
-    score = torch.where(ok, depths(parents), 0)
-    best = int(score.argmax())
-    if not bool(ok[best]):
-        return ()
-    return path_to(best, parents.tolist())
+    edge_ok = (token_ids == target_ids[parents + 1]).tolist()  # the one sync: each node vs the target at its parent
+    plist = parents.tolist() if shape is None else shape[0]
+    ok: list[bool] = []
+    best, best_depth, depth = -1, 0, []
+    for i, parent in enumerate(plist):  # topological: a node is accepted when its parent is and it agrees
+        ok.append(edge_ok[i] and (parent < 0 or ok[parent]))
+        depth.append(1 + (depth[parent] if parent >= 0 else 0))
+        if ok[i] and depth[i] > best_depth:
+            best, best_depth = i, depth[i]
+    return path_to(best, plist)
 
 
 def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor, q: torch.Tensor | None,
@@ -113,33 +126,34 @@ def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor,
     Returns:
         ``(accepted path, next token)``.
     """
-    p, parents_l, tokens = p.cpu(), parents.tolist(), token_ids.tolist()
-    q = None if q is None else q.cpu()
+    parents_l, tokens = parents.tolist(), token_ids.tolist()
     gen_device = generator.device if generator is not None else torch.device("cpu")
     uniforms = torch.rand(len(tokens) + 1, generator=generator, device=gen_device).cpu().tolist()
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents_l):
         children.setdefault(parent, []).append(i)
     node, path, draw = -1, [], 0
-    dist = p[0].clone()
+    dist = p[0].cpu()  # rows move to the host as the walk reaches them (each step is a decision anyway)
     while True:
         accepted = None
         for c in children.get(node, []):
             x = tokens[c]
-            qx = 1.0 if q is None else float(q[c, x])
+            q_c = None if q is None else q[c].cpu()
+            qx = 1.0 if q_c is None else float(q_c[x])
             ratio = float(dist[x]) / qx if qx > 0 else 0.0
             u = uniforms[draw]
             draw += 1
             if u < min(1.0, ratio):
                 accepted = c
                 break
-            if q is None:
+            if q_c is None:
+                dist = dist.clone()
                 dist[x] = 0.0
             else:
-                dist = torch.clamp(dist - q[c], min=0.0)
+                dist = torch.clamp(dist - q_c, min=0.0)
             total = float(dist.sum())
             if total <= 0:  # numerically nothing left: the target's own distribution is the residual
-                dist = p[node + 1].clone()
+                dist = p[node + 1].cpu()
             else:
                 dist = dist / total
         if accepted is None:  # inverse CDF with the last uniform (each node is tried at most once)
@@ -150,4 +164,4 @@ def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor,
             return tuple(path), nxt
         path.append(accepted)
         node = accepted
-        dist = p[node + 1].clone()
+        dist = p[node + 1].cpu()

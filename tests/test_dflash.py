@@ -202,3 +202,21 @@ def test_extension_none_keeps_a_draft_to_one_block(checkpoint, target, rt):
     with pytest.raises(ValueError, match="drafter.extension must be one of given, none, got 'twice'"):
         DFlashDrafter(load_dflash(checkpoint), target.get_input_embeddings(), target.get_output_embeddings(), rt,
                       extension="twice")
+
+
+@torch.no_grad()
+def test_after_a_tree_round_the_next_block_starts_from_the_bonus_token(checkpoint, target, rt):
+    """A tree whose accepted path is not its first nodes (a sibling won): the drafter continues
+    from the committed sequence -- the path and the token after it -- as the reference does."""
+    g = torch.Generator().manual_seed(9)
+    drafter = _drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (8,), generator=g)
+    drafter.prefill(committed, features=_features(target, committed, 0, 7))
+    chain = drafter.draft(2)
+    tree_draft = Draft(torch.cat([chain.token_ids, torch.tensor([40])]), torch.ones(3),
+                       parents=torch.tensor([-1, 0, -1]))
+    nxt = torch.tensor([33])
+    new = torch.cat([committed, torch.tensor([40]), nxt])  # node 2 (a root child) accepted, then 33
+    targets = torch.tensor([0, 0, 0, 33])  # the target's tokens at the root and after each node
+    drafter.commit(tree_draft, Verification(1, 33, targets, features=_features(target, new, 7, 9), path=(2,)))
+    assert torch.equal(drafter.draft(B - 1).token_ids, dflash_reference(checkpoint, target, new))

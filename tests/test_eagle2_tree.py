@@ -93,3 +93,30 @@ def test_a_drafter_that_cannot_expand_trees_is_one_line(target):
     with pytest.raises(ValueError, match="policy=eagle2-tree needs a drafter that expands trees .* 'suffix' does not"):
         generate(torch.tensor([1, 2, 3]), verifier, rt, max_new_tokens=4, drafter=SuffixDrafter(rt),
                  policy=Eagle2TreePolicy())
+
+
+def test_a_drafter_that_agrees_with_the_target_gets_long_paths_accepted(target):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = ARDrafter(target, rt)  # the target's own weights: its top child is the target's token
+    rounds = []
+    prompt = random_prompts(1)[0]
+    out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter,
+                   policy=Eagle2TreePolicy(depth=4, top_k=2, total_tokens=8), on_round=rounds.append)
+    assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
+    assert sum(r.accepted_length for r in rounds) / len(rounds) > 1.5
+    assert any(r.accepted_path and r.accepted_path != tuple(range(r.accepted_length)) or r.accepted_length > 1
+               for r in rounds)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "ar"])
+def test_trees_stop_at_the_context_limit(target, checkpoint, kind):
+    """Near the end of the target's context, a tree holds no more nodes than one verification can
+    take (a tree of 12 nodes at 6 positions from the end)."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset(), max_context=40)
+    prompt = random_prompts(2)[1][:30]
+    out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=_drafters(target, checkpoint, rt)[kind],
+                   policy=Eagle2TreePolicy(depth=4, top_k=4, total_tokens=12))
+    assert out.finish_reason == "max_context"
+    assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)

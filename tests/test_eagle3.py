@@ -150,3 +150,23 @@ def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(checkpoint, chang
     with pytest.raises(ConfigError) as err:
         check_fits_target(config, target, "drafter.model='x'")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_explicit_layer_ids_are_read_by_the_engines_convention(tmp_path):
+    """Explicit ``eagle_aux_hidden_state_layer_ids`` [1, 3, 4]: vLLM reads inputs of those layers
+    (hidden_states[i]), SGLang / SpecForge outputs (hidden_states[i + 1]); the default ids are the
+    input of [2, L//2, L-3] either way, and a saved checkpoint writes ids only when not the default."""
+    from specpolicy.draft_models.eagle3 import checkpoint_config, save_eagle3
+
+    path = write_eagle3_checkpoint(tmp_path / "ids", 32, VOCAB, VOCAB, layer_ids=[1, 3, 4])
+    config = json.loads((path / "config.json").read_text())
+    target = {"num_hidden_layers": LAYERS, "hidden_size": 32, "vocab_size": VOCAB}
+    assert check_fits_target(config, target, "k") == (1, 3, 4)
+    assert check_fits_target(config, target, "k", "output") == (2, 4, 5)
+    default = load_eagle3(write_eagle3_checkpoint(tmp_path / "default", 32, VOCAB, VOCAB))
+    assert default.spec.feature_layers(LAYERS, "output") == default.spec.feature_layers(LAYERS) == (2, 3, 3)
+    assert "eagle_config" not in checkpoint_config(default, LAYERS)
+    mine = load_eagle3(path)
+    assert checkpoint_config(mine, LAYERS)["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
+    with pytest.raises(ValueError, match="drafter.layer_id_convention must be one of input, output, got 'x'"):
+        mine.spec.feature_layers(LAYERS, "x")

@@ -390,6 +390,14 @@ def _stop(command: Command, h: Harness) -> None:
     assert summary["config"]["generation"]["stop"], summary["config"]["generation"]
 
 
+def _log_without_bars(command: Command, h: Harness) -> None:
+    """The run with stdout and stderr going to a file (here: captured, not a terminal): it
+    completes and the log gets no progress bar -- neither the loading bar nor a prompt's."""
+    result = h.cli([*h.world.tiny(), *SHORT])
+    assert result.code == 0, result.err
+    assert "Loading weights" not in result.err and "%|" not in result.err, result.err
+
+
 def _wandb(command: Command, h: Harness) -> None:
     """Offline, confined to the test's directory (no API key, no network), on the tiny family."""
     for var in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT", "HTTP_PROXY", "HTTPS_PROXY"):
@@ -601,6 +609,8 @@ RULES = [
     Rule(rf"{CLI} run\.resume=false", "run, the same command (complete), then run.resume=false (starts over)",
          _resume),
     Rule(rf"{CLI} .*generation\.stop=.*", "run shortened: stop strings", _stop),
+    Rule(rf"{CLI} > run\.log 2>&1", "run shortened, tiny family: output not a terminal, no progress bars",
+         _log_without_bars),
     Rule(rf"{CLI} \+logger=wandb", "run shortened, W&B offline, tiny family", _wandb),
     Rule(rf"{CLI} --list-plugins", "run", _list_plugins),
     Rule(rf"{CLI} --help", "run", _help),
@@ -624,6 +634,8 @@ RULES = [
     Rule(rf"{CLI} policy=my_policy", "dry, the example plugin's policy=entropy for my_policy",
          lambda c, h: _my_policy(c, h) if importlib.util.find_spec("specpolicy_entropy") else
          pytest.skip("the example plugin is not installed (pip install ./examples/third-party-policy)")),
+    Rule(rf"{CLI} policy=mine policy\.k=\d+", "",
+         skip="the README's plugin package: tests/test_readme_plugin.py installs it and runs this command"),
     Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
     Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
     Rule(r"(bash|inline): python -m specpolicy\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",

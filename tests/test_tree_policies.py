@@ -59,7 +59,7 @@ def test_failfast_tree_is_the_chain_plus_siblings_where_unsure(target, checkpoin
     from specpolicy.decoding import draft_round
 
     chain, _ = draft_round(chain_drafter, FailFastPolicy(n=4, tau=0.5, n_max=12), 100, "cpu")
-    draft, _ = policy.draft_tree(tree_drafter, 100)
+    draft, _ = policy.draft_tree(tree_drafter, 100, 100)
     k = chain.length
     assert torch.equal(draft.token_ids[:k], chain.token_ids)  # the chain first
     assert draft.parents[:k].tolist() == list(range(-1, k - 1))
@@ -79,7 +79,7 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
     verifier.prefill(prompt)
     drafter = _drafter("dflash", checkpoints, target, rt, frozenset())
     drafter.prefill(prompt, features=verifier.prompt_features)
-    draft, _ = BlockTreePolicy(depth=B - 1, top_k=3, total_tokens=12).draft_tree(drafter, 100)
+    draft, _ = BlockTreePolicy(depth=B - 1, top_k=3, total_tokens=12).draft_tree(drafter, 100, 100)
     assert draft.length == 12 and draft.forward_passes == 1
     tree.validate(draft.parents, 12)
     ids, probs = drafter.alternatives(3)
@@ -96,10 +96,11 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
     assert float(probs[0, 0]) >= worst
 
 
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
-@pytest.mark.parametrize("policy", [FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
-                                    FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10),
-                                    BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10)])
+@pytest.mark.parametrize("kind, policy", [
+    (kind, policy) for kind in ("dflash", "eagle3")
+    for policy in (FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
+                   FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10))
+] + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))])
 def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset({EOS}))

@@ -126,13 +126,15 @@ class HFVerifier(Verifier):
         """A draft tree in one pass (``specpolicy.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
-        prefix and the accepted path (gathered, never recomputed). One host sync for the path."""
+        prefix and the accepted path (gathered, never recomputed). Host syncs: the tree's shape
+        (parents) and the greedy path (sampling: one per decision of the walk)."""
         k = draft.length
         tree.validate(draft.parents, k)
         device = inputs.device
-        positions = start + torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depths(draft.parents)])
+        parents = draft.parents.tolist()  # the tree's shape, built on the host once
+        positions = start + torch.cat([torch.zeros(1, dtype=torch.long), tree.depths(parents)]).to(device)
         mask = torch.cat([torch.ones((k + 1, start), dtype=torch.bool, device=device),
-                          tree.ancestor_mask(draft.parents)], dim=1)[None, None]
+                          tree.ancestor_mask(parents, device)], dim=1)[None, None]
         out = self.model(input_ids=inputs, position_ids=positions[None],
                          attention_mask=as_model_mask(mask, self.model.config._attn_implementation,
                                                       self.runtime.torch_dtype),
@@ -140,7 +142,7 @@ class HFVerifier(Verifier):
         logits = out.logits[0]  # (k + 1, V): at the root and after each node
         if self._sampling is None:
             target = logits.argmax(dim=-1)
-            path = tree.greedy_path(draft.parents, draft.token_ids, target)
+            path = tree.greedy_path(draft.parents, draft.token_ids, target, (parents,))
         else:
             p = warp(logits, self._sampling)
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)

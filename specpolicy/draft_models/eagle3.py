@@ -3,8 +3,10 @@
 
 * Feature: the target's hidden states at three layers, taken as the INPUT of layers
   ``[2, L // 2, L - 3]`` by default (Hugging Face ``hidden_states[i]``, no +1; a checkpoint may
-  name its own in ``eagle_config.eagle_aux_hidden_state_layer_ids``), concatenated low -> high
-  and projected by ``fc`` (3 * H_target -> H).
+  name its own in ``eagle_config.eagle_aux_hidden_state_layer_ids``, read as input-of-layer ids as
+  vLLM reads them, or as output-of-layer ids as SGLang and SpecForge do with
+  ``drafter.layer_id_convention=output``), concatenated low -> high and projected by ``fc``
+  (3 * H_target -> H).
 * Drafter position i pairs the feature of position i with the embedding (the target's) of the
   token at i + 1; its output predicts the token at i + 2. The layer (``midlayer``) attends
   causally over earlier drafter positions; its attention input is
@@ -39,6 +41,10 @@ from specpolicy.errors import ConfigError
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
 
+#: How explicit ``eagle_aux_hidden_state_layer_ids`` are read (``Eagle3Spec.feature_layers``).
+LAYER_ID_CONVENTIONS = ("input", "output")
+
+
 def default_layer_ids(num_target_layers: int) -> list[int]:
     """EAGLE-3's default feature layers for a target of L decoder layers: ``[2, L // 2, L - 3]``."""
     return [2, num_target_layers // 2, num_target_layers - 3]
@@ -59,9 +65,24 @@ class Eagle3Spec:
     target_hidden_size: int
     layer_ids: tuple[int, ...] | None
 
-    def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
-        """The features as ``hidden_states`` indices for a target of ``num_target_layers`` layers."""
-        return tuple(self.layer_ids) if self.layer_ids is not None else tuple(default_layer_ids(num_target_layers))
+    def feature_layers(self, num_target_layers: int, convention: str = "input") -> tuple[int, ...]:
+        """The features as ``hidden_states`` indices for a target of ``num_target_layers`` layers.
+
+        Args:
+            convention: how the checkpoint's explicit ``eagle_aux_hidden_state_layer_ids`` count:
+                ``"input"`` (vLLM, and the default ids: id i = the INPUT of layer i =
+                ``hidden_states[i]``) or ``"output"`` (SGLang, SpecForge: id i = the OUTPUT of layer
+                i = ``hidden_states[i + 1]``). The default ids (no explicit ones) are the same layers
+                either way: input of ``[2, L // 2, L - 3]``.
+        Raises:
+            ValueError: for another ``convention``.
+        """
+        if convention not in LAYER_ID_CONVENTIONS:
+            raise ValueError(f"drafter.layer_id_convention must be one of {', '.join(LAYER_ID_CONVENTIONS)}, "
+                             f"got {convention!r}")
+        if self.layer_ids is None:
+            return tuple(default_layer_ids(num_target_layers))
+        return tuple(i + (convention == "output") for i in self.layer_ids)
 
     @staticmethod
     def from_config(config: dict[str, Any], key: str = "drafter.model") -> "Eagle3Spec":
@@ -214,7 +235,8 @@ def load_eagle3(directory: str | Path, key: str = "drafter.model") -> Eagle3Draf
 
 
 def checkpoint_config(model: Eagle3DraftModel, num_target_layers: int | None = None) -> dict[str, Any]:
-    """The EAGLE-3 config.json dict of ``model`` (the feature layers written out when given)."""
+    """The EAGLE-3 config.json dict of ``model``; explicit feature layers are written only when they
+    are not the default of a target of ``num_target_layers`` layers (input-of-layer ids)."""
     c = model.config
     cfg = {
         "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
@@ -225,8 +247,10 @@ def checkpoint_config(model: Eagle3DraftModel, num_target_layers: int | None = N
         "target_hidden_size": model.spec.target_hidden_size, "max_position_embeddings": c.max_position_embeddings,
         "rope_theta": float(c.rope_parameters["rope_theta"]), "tie_word_embeddings": False, "dtype": "bfloat16",
     }
-    if model.spec.layer_ids is not None or num_target_layers is not None:
-        ids = model.spec.layer_ids or default_layer_ids(num_target_layers)
+    ids = model.spec.layer_ids
+    if ids is not None and (num_target_layers is None or list(ids) != default_layer_ids(num_target_layers)):
+        # written only when not the default: engines read explicit ids differently (vLLM: input of
+        # layer i; SGLang / SpecForge: output of layer i), the default they all read alike
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids)}
     return cfg
 
