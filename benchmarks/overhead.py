@@ -69,7 +69,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
     runners = []
     for name, drafter_name, choice, over, reuse in methods:
         drafter = bench.drafters[drafter_name] if drafter_name else None
-        policy = bench.policy(choice, **over) if choice else None
+        policy = bench.policy(choice, drafter_name, **over) if choice else None
         model = getattr(drafter, "timed_modules", None) or getattr(drafter, "model", None)  # every module a pass calls
         rows[name] = dict.fromkeys(("wall_ms", "wall_ms_without_hooks", "target_forward_ms", "drafter_forward_ms",
                                     "prefill_ms", "draft_ms", "verify_ms", "policy_ms"), 0.0)

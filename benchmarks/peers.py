@@ -111,11 +111,15 @@ class Method:
 # -- models and our methods ------------------------------------------------------------------
 
 
-def _conf(group: str, choice: str) -> dict[str, Any]:
+def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]:
+    """The ``group/choice`` config node as the CLI composes it; ``${drafter.name}`` resolves to
+    ``drafter`` (e.g. goodput's ``cost_drafter``)."""
     from omegaconf import OmegaConf
 
     text = (resources.files("specpolicy.conf") / group / f"{choice}.yaml").read_text()
-    return OmegaConf.to_container(OmegaConf.create(text))
+    root = OmegaConf.create({group: OmegaConf.create(text), "drafter": {"name": drafter}} if group != "drafter"
+                            else {group: OmegaConf.create(text)})
+    return OmegaConf.to_container(root[group], resolve=True)
 
 
 class LazyDrafters(dict):
@@ -154,8 +158,9 @@ class Bench:
         self.tokenizer = self.verifier.tokenizer
         self.eos = sorted(self.verifier.eos_token_ids)
 
-    def policy(self, choice: str, **overrides):
-        return make_policy(self.pm, {**_conf("policy", choice), **overrides})
+    def policy(self, choice: str, drafter: str | None = None, **overrides):
+        """Policy ``choice`` as ``policy=<choice>`` composes it with ``drafter=<drafter>``."""
+        return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
 
     def vanilla(self) -> Method:
         def run(ids):
@@ -164,7 +169,7 @@ class Bench:
         return Method("vanilla", "ours", None, "our greedy decoding (reference)", run)
 
     def ours(self, drafter: str, choice: str, reuse: bool, label: str | None = None, **policy_overrides) -> Method:
-        policy = self.policy(choice, **policy_overrides)
+        policy = self.policy(choice, drafter, **policy_overrides)
         name = f"{drafter}+{label or choice}" + ("+reuse" if reuse else "")
         min_match = self.args.reuse_min_match
         model = self.drafters[drafter]  # loaded now, outside any timed call
@@ -314,7 +319,8 @@ def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_i
                                bench.tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
                                prompt_text=p.text)
                for p, ids, out, van in zip(prompts, prompt_ids, m.outcomes, vanilla.outcomes)]
-    base = {"verifier": {"model": bench.args.target}, "benchmark": "benchmarks/peers.py", "method": m.name, "description": m.description,
+    base = {"verifier": {"model": bench.args.target}, "drafter": {"name": m.drafter},  # for_drafter's pass cost
+            "benchmark": "benchmarks/peers.py", "method": m.name, "description": m.description,
             "generation": {"max_new_tokens": bench.args.max_new_tokens},
             "profile": asdict(load_profile(profile or bench.args.profile))}
     return results, summarize(m.name, results, {**base, **(config or {})}, bench.runtime.describe())
@@ -426,7 +432,7 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
                  for ids, ref in zip(prompt_ids, reference)]
         log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
         out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}, "methods_profile": {}}
-        pcost = profile_cost_model(profile, cost) if profile is not None else None
+        pcost = profile_cost_model(profile.for_drafter(drafter), cost) if profile is not None else None
         for m in users:
             keep = [i for i, (o, ref) in enumerate(zip(m.outcomes, reference)) if torch.equal(o.output_ids, ref)]
             if not keep:

@@ -122,6 +122,10 @@ class GoodputPolicy(LengthPolicy):
         cost_profile: None (default: costs measured online from the rounds), the name of a shipped
             latency profile (``a6000-qwen7b``, ``a6000-qwen14b``, ``a6000-qwen32b``, ``measured``)
             or a mapping with the ``profile`` keys; its null latencies are measured online.
+        cost_drafter: the drafter whose own pass cost a profile's ``drafter_pass_ms_by_drafter``
+            supplies (``LatencyProfile.for_drafter``: DFlash and EAGLE-3 passes cost far less than
+            the 1.5B drafter's ``drafter_pass_ms``); the config sets the run's ``drafter.name``. None:
+            the profile's ``drafter_pass_ms``.
         keep_across_prompts: keep calibration, costs and throughput from one prompt to the next
             (default True); False forgets them in ``reset()``.
         prior_strength / position_strength / prior_acceptance: the calibration's pseudo-counts and
@@ -137,7 +141,8 @@ class GoodputPolicy(LengthPolicy):
 
     def __init__(self, max_length: int = 60, cost_profile: str | Mapping[str, Any] | None = None,
                  keep_across_prompts: bool = True, prior_strength: float = 4.0, position_strength: float = 8.0,
-                 prior_acceptance: float = 0.5, rate_ema: float = 0.05, probe_interval: int = 16) -> None:
+                 prior_acceptance: float = 0.5, rate_ema: float = 0.05, probe_interval: int = 16,
+                 cost_drafter: str | None = None) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
         if not isinstance(keep_across_prompts, bool):
@@ -151,7 +156,12 @@ class GoodputPolicy(LengthPolicy):
         except ValueError as exc:
             raise ValueError(f"policy.{exc}") from None
         self.max_length = max_length
+        if cost_drafter is not None and not isinstance(cost_drafter, str):
+            raise ValueError(f"policy.cost_drafter must be a drafter name or null, got {cost_drafter!r}")
         self.profile = _profile(cost_profile)
+        if self.profile is not None:
+            self.profile = self.profile.for_drafter(cost_drafter)
+        self.cost_drafter = cost_drafter
         self.keep_across_prompts = keep_across_prompts
         self.rate_ema = float(rate_ema)
         self.probe_interval = probe_interval
@@ -328,7 +338,7 @@ class GoodputPolicy(LengthPolicy):
                 f"keep_across_prompts={self.keep_across_prompts}, prior_strength={self.calibration.prior_strength}, "
                 f"position_strength={self.calibration.position_strength}, "
                 f"prior_acceptance={self.calibration.prior_acceptance}, rate_ema={self.rate_ema}, "
-                f"probe_interval={self.probe_interval})")
+                f"probe_interval={self.probe_interval}, cost_drafter={self.cost_drafter!r})")
 
 
 class OnlineCosts:
@@ -473,7 +483,7 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
 def specpolicy_make_policy(name: str, config: dict[str, Any]):
     """Factory for ``policy=goodput``. Config keys: ``max_length``, ``cost_profile``,
     ``keep_across_prompts``, ``prior_strength``, ``position_strength``, ``prior_acceptance``,
-    ``rate_ema``, ``probe_interval``."""
+    ``rate_ema``, ``probe_interval``, ``cost_drafter``."""
     if name != NAME:
         return None
     return GoodputPolicy(**config)

@@ -181,7 +181,10 @@ def run(a: argparse.Namespace) -> dict:
         feature_layers = ids or [2, layers // 2, layers - 3]
     store_dir = work / "features"
     store_meta = store_dir / "store.json"
-    if not store_meta.exists() or not set(feature_layers) <= set(json.loads(store_meta.read_text())["layers"]):
+    meta = json.loads(store_meta.read_text()) if store_meta.exists() else None
+    reusable = meta is not None and set(feature_layers) <= set(meta["layers"]) and meta.get("target") == str(
+        a.target) and meta["lengths"] == [len(e) for e in examples]  # the same target and continuations
+    if not reusable:
         print(f"== features: hidden_states {feature_layers} on {device}", flush=True)
         log["features"] = extract_features(a.target, examples, feature_layers, store_dir, device=device)
     store = FeatureStore(store_dir)

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -327,6 +328,18 @@ def transcript(command: Command, h: Harness) -> None:
     assert result.err.splitlines() == list(command.expected)
 
 
+def _no_slurm_transcript(command: Command, h: Harness) -> None:
+    """The README's machine without Slurm: ``PATH`` holds none of Slurm's commands (here they may be
+    installed: CI's local cluster), then its exact error line."""
+    import specpolicy.slurm as slurm
+
+    empty = h.cwd / "no-slurm-bin"
+    empty.mkdir()
+    h.mp.setenv("PATH", str(empty))
+    assert all(shutil.which(c) is None for c in slurm.SLURM_COMMANDS)
+    transcript(command, h)
+
+
 def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> str:
     """``python -m specpolicy.<module> ...`` with the README's placeholders pointing at ``paths``."""
     import importlib
@@ -417,8 +430,9 @@ def _wandb(command: Command, h: Harness) -> None:
 def _my_prompts(h: Harness, bad: bool) -> None:
     rows = ['{"prompt": "Natalia sold clips to 48 of her friends."}', '{"question": "How many clips?"}',
             '{"text": "Janet has 16 ducks."}', '{"problem": "What is 2 + 3?"}']
-    if bad:  # line 2: a tab inside a string (column 14), line 4: not JSON -- the README's error
-        rows[1], rows[3] = '{"prompt": "a\tb"}', "not json"
+    if bad:  # the README's error: line 2 a string not closed, line 4 an array, line 5 no text field
+        rows[1], rows[3] = '{"prompt": "How many clips?}', '["What is 2 + 3?"]'
+        rows.append('{"answer": "72"}')
     (h.cwd / "my_prompts.jsonl").write_text("\n".join(rows) + "\n")
 
 
@@ -619,6 +633,8 @@ RULES = [
     Rule(r"transcript: python -m specpolicy dataset\.path=my_prompts\.jsonl",
          "run on the bad file the README describes: its exact error", lambda c, h: (_my_prompts(h, bad=True),
                                                                                    transcript(c, h))),
+    Rule(r"transcript: python -m specpolicy -m .*hydra/launcher=slurm.*",
+         "run with no Slurm command on PATH: its exact error line", _no_slurm_transcript),
     Rule(r"transcript: python -m specpolicy .*", "run: its exact error line", transcript),
     Rule(rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
          "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
