@@ -60,12 +60,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, Method, add_model_arguments, run_interleaved, start_benchmark, summarize_method, write_runs  # noqa: E402  (not a package)
+from peers import (Bench, Method, add_model_arguments, mark_timing, run_interleaved,  # noqa: E402  (not a package)
+                   start_benchmark, summarize_method, write_runs)
 
 from specpolicy.accounting import with_pass_accounting  # noqa: E402
 from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
 from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
 from specpolicy.latency import load_profile, modeled_speedup  # noqa: E402
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch  # noqa: E402
 from specpolicy.results import PromptResult  # noqa: E402
 from specpolicy.summary import headline  # noqa: E402
 
@@ -271,6 +273,8 @@ def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.T
     method's figures (``method_figures``) and its results and summary (``summaries``, for
     ``write_runs``), speedups measured against vanilla's tokens/s."""
     start = time.perf_counter()
+    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.machine)
+    watch.start()
     run_interleaved(methods, prompt_ids, warmup, log)
     elapsed = time.perf_counter() - start
     block = bench.drafters["fastdllm"].block_size
@@ -281,7 +285,8 @@ def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.T
         results, summary = summarize_method(bench, m, methods[0], prompts, prompt_ids, config, PROFILES[-1])
         summaries[m.name] = (results, summary)
         figures[m.name] = method_figures(m, results, summary, kind, block)
-    return {"seconds": elapsed, "methods": figures, "summaries": summaries}
+    conditions = mark_timing(summaries, watch, log)
+    return {"seconds": elapsed, "methods": figures, "summaries": summaries, "timing_conditions": conditions}
 
 
 def best_k(figures: dict[str, Any], prefix: str, grid: list[int], select_by: str, profile: str) -> int:
@@ -362,6 +367,11 @@ def _notes(results: list[dict[str, Any]]) -> list[str]:
             f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}"
             + (f", EAGLE-3 k = {c['k_eagle3']}" if "k_eagle3" in c else "") + "; every method "
             f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts.")
+        untrusted = [stage for stage, cond in (r.get("timing_conditions") or {}).items()
+                     if not cond.get("timing_trusted", True)]
+        if untrusted:
+            notes.append(f"{UNTRUSTED_MARK} {DATASET_TITLES.get(s['dataset'], s['dataset'])} ({', '.join(untrusted)}): "
+                         f"{UNTRUSTED_NOTE}: {'; '.join(w for st in untrusted for w in r['timing_conditions'][st]['timing_warnings'])}")
     return notes
 
 
@@ -475,6 +485,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
               "calibration": {"k_ar": k_ar, "k_dllm": k_dllm, "k_eagle3": k_eagle3, "seconds": cal["seconds"],
                               "methods": cal["methods"]},
               "seconds": main["seconds"], "methods": main["methods"],
+              "timing_conditions": {"calibration": cal["timing_conditions"], "evaluation": main["timing_conditions"]},
               "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))

@@ -88,6 +88,7 @@ from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.summary import headline, summarize
 from specpolicy.tables import FIGURES, Column, figure_columns, layout
+from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch, warning_line
 from specpolicy.tables import print_table as print_rows
 from specpolicy.types import GenerationResult, RoundRecord
 
@@ -326,6 +327,21 @@ def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_i
     return results, summarize(m.name, results, {**base, **(config or {})}, bench.runtime.describe())
 
 
+def mark_timing(summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]], watch: MachineWatch,
+                log=print) -> dict[str, Any]:
+    """The machine's conditions over the interleaved run (``MachineWatch.stop`` on vanilla's
+    rows), recorded in every method's summary (``timing_conditions``: the report and figures of
+    the written runs mark untrusted timings) and warned about in one line when the measured
+    speedups cannot be trusted."""
+    conditions = watch.stop(summaries["vanilla"][0])
+    for _, summary in summaries.values():
+        summary["timing_conditions"] = conditions
+    line = warning_line(conditions)
+    if line:
+        log(line)
+    return conditions
+
+
 def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
     """Best constant ``num_assistant_tokens`` for HF assisted generation and best static k for
     Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
@@ -481,8 +497,10 @@ def print_table(results: dict[str, Any]) -> None:
     """Print the table (every column, ``specpolicy.tables`` layout) and what its columns mean."""
     s = results["settings"]
     rows = table_rows(results)
+    trusted = (results.get("timing_conditions") or {}).get("timing_trusted", True)
     console = _print_columns(COLUMNS, rows, f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
-                                             f"tokens, {s['device']} {s['dtype']}")
+                                             f"tokens, {s['device']} {s['dtype']}"
+                                             + ("" if trusted else f" {UNTRUSTED_MARK} ({UNTRUSTED_NOTE})"))
     console.print(f"x HF best: over {results['hf_assisted_best']}; oracle fraction: modeled speedup / the exact "
                   f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
                   f"{results['modeled_profile']}, not measured", markup=False)
@@ -629,10 +647,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = build_methods(bench, cal)
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()
+    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.machine)
+    watch.start()
     run_interleaved(methods, prompt_ids, args.warmup, log)
     elapsed = time.perf_counter() - start
     vanilla = next(m for m in methods if m.name == "vanilla")
     summaries = {m.name: summarize_method(bench, m, vanilla, prompts, prompt_ids) for m in methods}
+    conditions = mark_timing(summaries, watch, log)
     profile = load_profile(args.profile)
     tuned = load_profile(args.tuned_profile)  # MODELED comparison under the hardware goodput-<profile> was given
     stats = {}
@@ -667,6 +688,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
                      "torch_threads": torch.get_num_threads(), "benchmark_s": elapsed,
                      "prompt_ids": [p.prompt_id for p in prompts]},
+        "timing_conditions": conditions,
         "calibration": cal, "hf_assisted_best": hf_best, "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}",
         "modeled_profile": profile.name,
         "tuned_profile": tuned.name,

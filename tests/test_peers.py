@@ -85,3 +85,23 @@ def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):
 
     assert plot_main([str(runs / "hf-assisted-heuristic"), "--max-pages", "1"]) == 0
     assert (runs / "hf-assisted-heuristic" / "plots" / "latency_breakdown.png").exists()
+
+
+def test_a_busy_machine_marks_the_measured_speedups_untrusted(family, tmp_path, monkeypatch, capsys):
+    """Issue 22 item 4 for the benchmark: the machine's load while the methods ran is recorded
+    (``timing_conditions``), warned about, and carried into every written run's summary."""
+    import specpolicy.machine as machine
+    from specpolicy.machine import timing_trusted
+
+    monkeypatch.setattr(machine, "load_average", lambda: [40.0, 40.0, 40.0])  # 40 runnable processes
+    fam, out = family, tmp_path / "results.json"
+    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
+                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
+                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
+                             "--methods", r"^ar\+static-k5$", "--no-oracle", "--out", str(out)])
+    assert results["timing_conditions"]["timing_trusted"] is False
+    assert "load" in results["timing_conditions"]["timing_warnings"][0]
+    printed = capsys.readouterr()
+    assert "WARNING: the measured speedup cannot be trusted" in printed.out + printed.err
+    summary = json.loads((tmp_path / "results-runs" / "ar+static-k5" / "summary.json").read_text())
+    assert timing_trusted(summary) is False
