@@ -33,7 +33,8 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   dynamic tree at the FailFast paper's EAGLE-3 setting, depth 8, 60 tokens, top-k 10, App. D.3),
   ``eagle3+eagle2-tree-<best>`` (the best tree budget of ``--tree-sweep`` on the calibration
   prompts), ``dflash+failfast-tree`` (FailFast's chain with sibling leaves where unsure) and
-  ``dflash+block-tree`` (best-first over one block's marginals);
+  ``dflash+block-tree`` (best-first over one block's marginals, the policy's defaults) and
+  ``dflash+block-tree-<best>`` (the best budget of ``--block-tree-sweep`` on the calibration prompts);
 * the cost-aware policy given a hardware profile's costs instead (``--tuned-profile``, default
   ``a6000-qwen32b``): ``<drafter>+goodput-<profile>`` for every model drafter, compared with
   every method MODELED under that profile (speedup and fraction of the oracle with the profile's
@@ -353,6 +354,9 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
     sweeps["eagle3-tree"] = {shape: bench.ours("eagle3", "eagle2-tree", False, tree_label(shape),
                                                **dict(zip(("depth", "top_k", "total_tokens"), shape)))
                              for shape in a.tree_sweep}
+    sweeps["dflash-tree"] = {shape: bench.ours("dflash", "block-tree", False, tree_label(shape, "block-tree"),
+                                               **dict(zip(("depth", "top_k", "total_tokens"), shape)))
+                             for shape in a.block_tree_sweep}
     everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
@@ -361,13 +365,13 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
         "prompts": len(prompt_ids), "tokens_per_s": tps,
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
         "fastdllm_plus_k": best["fastdllm"], "dflash_k": best["dflash"], "eagle3_k": best["eagle3"],
-        "eagle3_tree": list(best["eagle3-tree"]),
+        "eagle3_tree": list(best["eagle3-tree"]), "dflash_block_tree": list(best["dflash-tree"]),
     }
 
 
-def tree_label(shape) -> str:
-    """The method label of an EAGLE-2 tree budget ``(depth, top_k, total_tokens)``."""
-    return "eagle2-tree-d{}k{}t{}".format(*shape)
+def tree_label(shape, policy: str = "eagle2-tree") -> str:
+    """The method label of a tree budget ``(depth, top_k, total_tokens)`` of ``policy``."""
+    return "{}-d{}k{}t{}".format(policy, *shape)
 
 
 def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
@@ -406,7 +410,9 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
                 bench.ours("eagle3", "eagle2-tree", False, "eagle2-tree-paper", depth=8, top_k=10, total_tokens=60),
                 bench.ours("eagle3", "eagle2-tree", False, tree_label(cal["eagle3_tree"]),
                            **dict(zip(("depth", "top_k", "total_tokens"), cal["eagle3_tree"]))),
-                bench.ours("dflash", "failfast-tree", False), bench.ours("dflash", "block-tree", False)]
+                bench.ours("dflash", "failfast-tree", False), bench.ours("dflash", "block-tree", False),
+                bench.ours("dflash", "block-tree", False, tree_label(cal["dflash_block_tree"], "block-tree"),
+                           **dict(zip(("depth", "top_k", "total_tokens"), cal["dflash_block_tree"])))]
     tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
     methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
                 for d in ("fastdllm", "ar", "dflash", "eagle3")]
@@ -579,8 +585,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
     p.add_argument("--dflash-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[5, 8, 11, 15, 22])
     p.add_argument("--eagle3-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4, 5, 6, 8])
-    p.add_argument("--tree-sweep", type=_tree_shapes, default=_tree_shapes("4:2:6,5:3:10,6:4:16,8:4:24"),
+    p.add_argument("--tree-sweep", type=_tree_shapes, default=_tree_shapes("4:2:6,6:2:10,8:2:12,8:3:16,8:4:24"),
                    help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration")
+    p.add_argument("--block-tree-sweep", type=_tree_shapes, default=_tree_shapes("15:2:8,15:2:12,15:3:16,15:3:24"),
+                   help="block-tree budgets depth:top_k:total_tokens swept for dflash in calibration")
     p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the two sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
@@ -596,6 +604,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 24)
         args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
         args.dflash_k_sweep, args.eagle3_k_sweep, args.tree_sweep = [4, 8], [2, 3], [(2, 2, 3), (3, 2, 5)]
+        args.block_tree_sweep = [(7, 2, 4), (7, 2, 6)]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     if args.offset < 0:

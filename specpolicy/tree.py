@@ -14,34 +14,44 @@ exactly the accepted path (gathered, never recomputed).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
     """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` (``(k,)``, topological
     order: ``parents[i] < i``); on ``parents``' device. Computed on the host: one sync for a tensor."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    depth: list[int] = []
-    for parent in plist:
-        depth.append(1 + (depth[parent] if parent >= 0 else 0))
+    depth = _host_depths(parents)
     device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
-    return torch.tensor(depth, dtype=torch.long, device=device)
+    return torch.from_numpy(depth).to(device)
 
 
 def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
     entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's). Built
-    on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents')."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    on the host from the parents (one sync for a tensor; one vectorized step per tree level),
+    placed on ``device`` (default: the parents')."""
+    plist = np.asarray(parents.tolist() if isinstance(parents, torch.Tensor) else list(parents), dtype=np.int64)
     k = len(plist)
-    mask = torch.eye(k + 1, dtype=torch.bool)
+    mask = np.eye(k + 1, dtype=bool)
     mask[:, 0] = True
-    for i, parent in enumerate(plist):  # topological: the parent's row is complete
-        if parent >= 0:
-            mask[i + 1] |= mask[parent + 1]
+    rows = np.arange(1, k + 1)
+    up = plist.copy()  # each node's ancestor at the current step (-1: past the root)
+    while k and (up >= 0).any():
+        live = up >= 0
+        mask[rows[live], up[live] + 1] = True
+        up[live] = plist[up[live]]
     if device is None:
         device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
-    return mask.to(device)
+    return torch.from_numpy(mask).to(device)
+
+
+def _host_depths(parents: torch.Tensor | list[int]) -> np.ndarray:
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    depth: list[int] = []
+    for parent in plist:  # topological: the parent's depth is known
+        depth.append(1 + (depth[parent] if parent >= 0 else 0))
+    return np.asarray(depth, dtype=np.int64)
 
 
 def extend_ancestors(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,8 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
                 "dflash+specdecpp", "dflash+goodput", f"eagle3+static-k{results['calibration']['eagle3_k']}",
                 "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b",
                 "eagle3+eagle2-tree-paper", "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
-                "dflash+failfast-tree", "dflash+block-tree"}
+                "dflash+failfast-tree", "dflash+block-tree",
+                "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"])}
     for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
                             ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
                             ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),

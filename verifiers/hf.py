@@ -9,7 +9,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy import tree
 from specpolicy.attention import as_model_mask
-from specpolicy.cache import crop_cache, keep_positions
+from specpolicy.cache import crop_cache, keep_path
 from specpolicy.features import check_feature_layers, select_features
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
@@ -148,13 +148,14 @@ class HFVerifier(Verifier):
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
             target = p.argmax(dim=-1)
             target[path[-1] + 1 if path else 0] = nxt
-        rows = torch.tensor([0] + [i + 1 for i in path], dtype=torch.long, device=device)  # root + path
-        keep_positions(self.cache, torch.cat([torch.arange(start, device=device), start + rows]))
+        path_rows = [0] + [i + 1 for i in path]  # the pending token (root) and the accepted path
+        keep_path(self.cache, start, path_rows)
         last = path[-1] + 1 if path else 0
         self._pending = target[last : last + 1]
         features = None
         if self._feature_layers:
-            features = select_features(out.hidden_states, self._feature_layers, rows)
+            features = select_features(out.hidden_states, self._feature_layers,
+                                       torch.tensor(path_rows, dtype=torch.long, device=device))
         return Verification(accepted_length=len(path), next_token=int(self._pending), target_token_ids=target,
                             features=features, path=path)
 
