@@ -37,6 +37,13 @@ def read_config(directory: str | Path, key: str) -> dict[str, Any]:
     return config
 
 
+def hf_config(config_class: type, config: dict[str, Any]):
+    """A transformers config of ``config_class`` (``Qwen3Config``, ``LlamaConfig``) from a
+    checkpoint's config.json dict; fields the class does not know are kept as attributes."""
+    return config_class(**{k: v for k, v in config.items()
+                           if k not in ("architectures", "model_type", "transformers_version")})
+
+
 def weight_files(directory: str | Path) -> list[Path]:
     """The weight files of a checkpoint directory: every ``*.safetensors``, else ``pytorch_model*.bin``."""
     d = Path(directory)

@@ -33,7 +33,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
-from specpolicy.draft_models.checkpoint import load_into, load_weights, read_config, save_checkpoint
+from specpolicy.draft_models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
 from specpolicy.errors import ConfigError
 
 #: ``architectures`` of a DFlash checkpoint's config.json.
@@ -285,8 +285,7 @@ class DFlashDraftModel(nn.Module):
 
 def qwen3_config(config: dict[str, Any]) -> Qwen3Config:
     """A ``Qwen3Config`` from a checkpoint's config.json dict (extra fields kept as attributes)."""
-    return Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type",
-                                                                          "transformers_version")})
+    return hf_config(Qwen3Config, config)
 
 
 def load_dflash(directory: str | Path, key: str = "drafter.model") -> DFlashDraftModel:

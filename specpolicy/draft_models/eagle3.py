@@ -34,7 +34,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from specpolicy.draft_models.checkpoint import load_into, load_weights, read_config, save_checkpoint
+from specpolicy.draft_models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
 from specpolicy.errors import ConfigError
 
 #: ``architectures`` written to our EAGLE-3 checkpoints (SGLang / vLLM name).
@@ -213,8 +213,7 @@ class Eagle3DraftModel(nn.Module):
 
 def llama_config(config: dict[str, Any]) -> LlamaConfig:
     """A ``LlamaConfig`` from a checkpoint's config.json dict (extra fields kept as attributes)."""
-    return LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type",
-                                                                         "transformers_version")})
+    return hf_config(LlamaConfig, config)
 
 
 def load_eagle3(directory: str | Path, key: str = "drafter.model") -> Eagle3DraftModel:
