@@ -329,15 +329,21 @@ def transcript(command: Command, h: Harness) -> None:
 
 
 def _no_slurm_transcript(command: Command, h: Harness) -> None:
-    """The README's machine without Slurm: ``PATH`` holds none of Slurm's commands (here they may be
-    installed: CI's local cluster), then its exact error line."""
+    """The README's machine without Slurm: ``PATH`` holds none of Slurm's commands and no local
+    cluster is up (here both may be: CI's local cluster), then its exact error line -- with the
+    local cluster's directory (``$SPECPOLICY_SLURM_DIR``, the README's default
+    ``/tmp/specpolicy-slurm``) moved to an empty one of the test's."""
     import specpolicy.slurm as slurm
 
-    empty = h.cwd / "no-slurm-bin"
+    empty, cluster = h.cwd / "no-slurm-bin", h.cwd / "no-cluster"
     empty.mkdir()
     h.mp.setenv("PATH", str(empty))
+    h.mp.setenv("SPECPOLICY_SLURM_DIR", str(cluster))
     assert all(shutil.which(c) is None for c in slurm.SLURM_COMMANDS)
-    transcript(command, h)
+    result = h.cli(_args(command, "python -m specpolicy"))
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.splitlines() == [line.replace("/tmp/specpolicy-slurm", str(cluster))
+                                       for line in command.expected]
 
 
 def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> str:
