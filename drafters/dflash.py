@@ -74,7 +74,6 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
         self.extension = extension
         self.model, self.embed_tokens, self.lm_head, self.runtime = model, embed_tokens, lm_head, runtime
-        self.spec: DFlashSpec = model.spec
         self.block_size = model.spec.block_size
         self.target_feature_layers = model.spec.feature_layers
         device = runtime.torch_device

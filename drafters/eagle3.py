@@ -63,6 +63,9 @@ class Eagle3Drafter(Drafter):
         self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
         self.target_feature_layers = tuple(feature_layers)
         self.vocab_size = vocab_size
+        # (Vd,) int64: the target id of every draft id, for spreading q over the target vocabulary
+        self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size,
+                                                                 device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self.cache: KVCache | None = None
         self._committed_pairs = 0  # pairs with real features in the cache
@@ -123,8 +126,7 @@ class Eagle3Drafter(Drafter):
         tokens = self.model.to_target_ids(draft_ids)
         self._logits.append(logits)  # (1, Vd): tree policies read their top-k (``alternatives``)
         if q is not None:  # q over the target vocabulary
-            full = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device)
-            q = full.index_add_(1, self.model.to_target_ids(torch.arange(q.shape[1], device=q.device)), q)
+            q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(1, self._target_of_draft, q)
             self._probs.append(q)
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])

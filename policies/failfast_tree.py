@@ -21,6 +21,7 @@ import torch
 from specpolicy.hookspecs import hookimpl
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policy import TreePolicy
+from specpolicy.sampling import point_mass
 from specpolicy.types import Draft
 from specpolicy.validation import check_init
 
@@ -72,14 +73,14 @@ class FailFastTreePolicy(TreePolicy):
         ids, probs = ids[:k, 1:], probs[:k, 1:]  # the alternatives to each chain token
         keep = (chain.confidences[:k, None] < self.branch_tau) & (ids != chain.token_ids[:, None])
         position = torch.arange(k, device=ids.device)[:, None].expand_as(ids)
-        sib_ids, sib_probs, sib_pos = ids[keep], probs[keep], position[keep]  # position-major order
+        where = keep.nonzero(as_tuple=True)  # one sync: position-major order
+        sib_ids, sib_probs, sib_pos = ids[where], probs[where], position[where]
         budget = nodes - k
         sib_ids, sib_probs, sib_pos = sib_ids[:budget], sib_probs[:budget], sib_pos[:budget]
         parents = torch.cat([torch.arange(-1, k - 1, device=ids.device), sib_pos - 1])
         probs_rows = None
         if chain.probs is not None:  # sampling: siblings are point masses
-            points = torch.zeros((sib_ids.shape[0], chain.probs.shape[1]), dtype=chain.probs.dtype, device=ids.device)
-            probs_rows = torch.cat([chain.probs, points.scatter_(1, sib_ids[:, None], 1.0)])
+            probs_rows = torch.cat([chain.probs, point_mass(sib_ids, chain.probs.shape[1]).to(chain.probs.dtype)])
         return Draft(token_ids=torch.cat([chain.token_ids, sib_ids]),
                      confidences=torch.cat([chain.confidences, sib_probs.to(chain.confidences.dtype)]),
                      forward_passes=chain.forward_passes, probs=probs_rows, parents=parents,

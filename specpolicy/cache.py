@@ -34,15 +34,13 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     if not path_rows or path_rows[0] != 0 or any(b <= a for a, b in zip(path_rows, path_rows[1:])):
         raise ValueError(f"path_rows must start at 0 and increase, got {path_rows}")
     n = len(path_rows)
-    moved = path_rows != list(range(n))
-    index = None
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or not layer.keys.numel():
-            continue
-        if moved:
+    if path_rows != list(range(n)):  # move the path's entries down to start, start + 1, ...
+        index = None
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                continue
             if index is None or index.device != layer.keys.device:
                 index = torch.tensor(path_rows, dtype=torch.long, device=layer.keys.device) + start
             layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
-        layer.keys = layer.keys[..., : start + n, :]
-        layer.values = layer.values[..., : start + n, :]
+    crop_cache(cache, start + n)

@@ -25,6 +25,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from specpolicy.draft_models.checkpoint import hf_config
 from specpolicy.errors import ConfigError
 from specpolicy.runtime import Runtime
 
@@ -226,8 +227,7 @@ def qwen2_config_from_fastdllm(config_dict: dict[str, Any]) -> Qwen2Config:
     """A ``Qwen2Config`` from a Fast_dLLM_v2 ``config.json`` dict (``model_type``
     ``"Fast_dLLM_Qwen"``, remote-code ``auto_map``): the same hyper-parameters with the
     remote-code fields dropped; extra fields such as ``bd_size`` are kept as attributes."""
-    drop = {"model_type", "architectures", "auto_map", "transformers_version"}
-    cfg = Qwen2Config(**{k: v for k, v in config_dict.items() if k not in drop})
+    cfg = hf_config(Qwen2Config, {k: v for k, v in config_dict.items() if k != "auto_map"})
     cfg.architectures = ["Qwen2ForCausalLM"]
     return cfg
 

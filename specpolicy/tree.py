@@ -67,18 +67,20 @@ def extend_ancestors(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Te
     return out
 
 
-def validate(parents: torch.Tensor, k: int) -> None:
-    """Check a tree's parents: ``(k,)`` int64, each ``-1 <= parents[i] < i``.
+def validate(parents: torch.Tensor | list[int], k: int) -> None:
+    """Check a tree's parents (``(k,)`` int64, or the same as a list): each ``-1 <= parents[i] < i``.
+    Checked on the host (one sync for a tensor).
 
     Raises:
         ValueError: naming the first bad node.
     """
-    if tuple(parents.shape) != (k,):
-        raise ValueError(f"parents has shape {tuple(parents.shape)}; a tree of {k} nodes needs ({k},)")
-    bad = (parents < -1) | (parents >= torch.arange(k, device=parents.device))
-    if bool(bad.any()):
-        i = int(bad.int().argmax())
-        raise ValueError(f"node {i} has parent {int(parents[i])}; parents must come earlier (-1 = the root)")
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    if isinstance(parents, torch.Tensor) and tuple(parents.shape) != (k,) or len(plist) != k:
+        shape = tuple(parents.shape) if isinstance(parents, torch.Tensor) else (len(plist),)
+        raise ValueError(f"parents has shape {shape}; a tree of {k} nodes needs ({k},)")
+    for i, parent in enumerate(plist):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}; parents must come earlier (-1 = the root)")
 
 
 def path_to(node: int, parents: list[int]) -> tuple[int, ...]:

@@ -414,7 +414,8 @@ def _log_without_bars(command: Command, h: Harness) -> None:
     completes and the log gets no progress bar -- neither the loading bar nor a prompt's."""
     result = h.cli([*h.world.tiny(), *SHORT])
     assert result.code == 0, result.err
-    assert "Loading weights" not in result.err and "%|" not in result.err, result.err
+    printed = result.out + result.err
+    assert "Loading weights" not in printed and "%|" not in printed, printed
 
 
 def _wandb(command: Command, h: Harness) -> None:

@@ -91,9 +91,17 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
         score = sum(float(logp[d, (ids[d] == draft.token_ids[j]).int().argmax()]) for d, j in enumerate(path))
         assert float(draft.confidences[i]) == pytest.approx(torch.tensor(score).exp().item(), rel=1e-6)
         assert int(depth[i]) == len(path)
-    # best-first: no node outside the tree scores above the tree's worst
+    # best-first: no candidate left outside the tree (a top-3 child of the root or of a node not at
+    # the block's end, not already in the tree) scores above the tree's worst node
     worst = float(draft.confidences.min())
-    assert float(probs[0, 0]) >= worst
+    parents, tokens = draft.parents.tolist(), draft.token_ids.tolist()
+    frontier = []
+    for parent, score, d in [(-1, 1.0, 0)] + [(i, float(draft.confidences[i]), int(depth[i])) for i in range(12)]:
+        if d >= B - 1:
+            continue
+        taken = {tokens[j] for j in range(12) if parents[j] == parent}
+        frontier += [score * float(probs[d, r]) for r in range(3) if int(ids[d, r]) not in taken]
+    assert frontier and max(frontier) <= worst * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("kind, policy", [

@@ -126,12 +126,12 @@ class HFVerifier(Verifier):
         """A draft tree in one pass (``specpolicy.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
-        prefix and the accepted path (gathered, never recomputed). Host syncs: the tree's shape
+        prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape
         (parents) and the greedy path (sampling: one per decision of the walk)."""
         k = draft.length
-        tree.validate(draft.parents, k)
+        parents = draft.parents.tolist()  # the tree's shape, on the host once (one sync)
+        tree.validate(parents, k)
         device = inputs.device
-        parents = draft.parents.tolist()  # the tree's shape, built on the host once
         positions = start + torch.cat([torch.zeros(1, dtype=torch.long), tree.depths(parents)]).to(device)
         mask = torch.cat([torch.ones((k + 1, start), dtype=torch.bool, device=device),
                           tree.ancestor_mask(parents, device)], dim=1)[None, None]
