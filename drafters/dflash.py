@@ -82,7 +82,6 @@ class DFlashDrafter(Drafter):
         self.cache: KVCache | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
-        self._pending_pos = 0  # its position
         self._sampling: SamplingConfig | None = None
 
     @property
@@ -111,7 +110,6 @@ class DFlashDrafter(Drafter):
         self.cache = KVCache(len(self.model.layers))
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
-        self._pending_pos = n - 1
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -140,7 +138,7 @@ class DFlashDrafter(Drafter):
         """One forward pass: the block ``[pending, drafted so far, MASK x (B - 1)]`` -> B - 1 more tokens."""
         self._cache_context()
         ids = torch.cat([self._pending, self._tokens, self._masks])
-        start = self._pending_pos
+        start = self.cache.length  # the pending token's position: every committed position before it is cached
         positions = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
         context = [self.cache.layer(i) for i in range(len(self.model.layers))]
         out = self.model(self.embed_tokens(ids)[None], positions, context)[0]  # (q, H)
@@ -194,7 +192,6 @@ class DFlashDrafter(Drafter):
             raise RuntimeError("the dflash drafter got no target features from the verification; the verifier must "
                                "honour request_features")
         self._context = features if self._context is None else torch.cat([self._context, features])
-        self._pending_pos += verification.accepted_length + 1
         self._pending = verification.committed_tokens(draft)[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 
