@@ -93,14 +93,14 @@ def path_to(node: int, parents: list[int]) -> tuple[int, ...]:
 
 
 def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor,
-                shape: tuple[list[int], ...] | None = None) -> tuple[int, ...]:
+                plist: list[int] | None = None) -> tuple[int, ...]:
     """The longest root-to-node path the target agrees with (greedy verification of a tree).
 
     Args:
         parents: ``(k,) int64``. token_ids: ``(k,) int64`` the nodes' tokens.
         target_ids: ``(k + 1,) int64`` the target's greedy token at the root (0) and after each
             node (i + 1): what it would emit next there.
-        shape: optional ``(parents as a list,)`` already on the host (saves a sync).
+        plist: ``parents`` as a list when the caller already has it on the host (saves a sync).
     Returns:
         the accepted nodes, root's child first (empty: nothing accepted); the deepest accepted
         node wins, the first in order among equally deep ones. One host sync.
@@ -109,7 +109,7 @@ def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torc
     if k == 0:
         return ()
     edge_ok = (token_ids == target_ids[parents + 1]).tolist()  # the one sync: each node vs the target at its parent
-    plist = parents.tolist() if shape is None else shape[0]
+    plist = parents.tolist() if plist is None else plist
     ok: list[bool] = []
     best, best_depth, depth = -1, 0, []
     for i, parent in enumerate(plist):  # topological: a node is accepted when its parent is and it agrees

@@ -142,7 +142,7 @@ class HFVerifier(Verifier):
         logits = out.logits[0]  # (k + 1, V): at the root and after each node
         if self._sampling is None:
             target = logits.argmax(dim=-1)
-            path = tree.greedy_path(draft.parents, draft.token_ids, target, (parents,))
+            path = tree.greedy_path(draft.parents, draft.token_ids, target, parents)
         else:
             p = warp(logits, self._sampling)
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
