@@ -100,6 +100,9 @@ def test_drafts_equal_the_reference_for_any_accepted_lengths(checkpoint, target,
         drafter.commit(draft, verification)
         committed = new
         assert drafter.cache.length <= committed.shape[0] - 1
+    # the last commit too: its features enter the cache with the next pass
+    assert torch.equal(drafter.draft(B - 1).token_ids, dflash_reference(checkpoint, target, committed))
+    assert drafter.cache.length == committed.shape[0] - 1  # every committed position but the pending one
 
 
 @torch.no_grad()
