@@ -223,7 +223,7 @@ def test_speculative_sampling_matches_target_distribution(models, runtime, name)
         rate = stats["accepted"] / stats["speculated"]
         # random heads (dflash, eagle3): mostly rejected; a tree's rate counts all its nodes
         low = 0.005 if name.endswith("tree") else 0.02 if name.startswith(("dflash", "eagle3")) else 0.15
-        assert low < rate < 0.9, (name, stats)
+        assert low < rate < 0.9 and stats["accepted"] >= 20, (name, stats)  # acceptance exercised, not once
     if name == "failfast":  # the draft length really depends on the (sampled) confidences
         assert stats["first_round_lengths"] == {2, 3}, stats
     assert df >= 10, df
