@@ -70,7 +70,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
     for name, drafter_name, choice, over, reuse in methods:
         drafter = bench.drafters[drafter_name] if drafter_name else None
         policy = bench.policy(choice, drafter_name, **over) if choice else None
-        model = getattr(drafter, "timed_modules", None) or getattr(drafter, "model", None)  # every module a pass calls
+        model = getattr(drafter, "timed_calls", None) or getattr(drafter, "model", None)  # a pass's entry points
         rows[name] = dict.fromkeys(("wall_ms", "wall_ms_without_hooks", "target_forward_ms", "drafter_forward_ms",
                                     "prefill_ms", "draft_ms", "verify_ms", "policy_ms"), 0.0)
         rows[name].update(target_forward_calls=0, drafter_forward_calls=0, tokens=0, rounds=0)

@@ -85,11 +85,12 @@ class DFlashDrafter(Drafter):
         self._sampling: SamplingConfig | None = None
 
     @property
-    def timed_modules(self) -> tuple[torch.nn.Module, ...]:
-        """Every module a pass calls: the network (its fc, norms and k/v projections too, which the
-        context caching calls directly) and the target's embeddings and LM head. Benchmarks time a
-        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
-        return (self.model, *self.model.modules(), self.embed_tokens, self.lm_head)
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass: the network's forward, its context caching
+        (``context_keys_values``, which calls fc, norms and k/v projections directly) and the
+        target's embeddings and LM head. Benchmarks time a drafter's forward passes as their
+        outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return (self.model, (self.model, "context_keys_values"), self.embed_tokens, self.lm_head)
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,

@@ -74,11 +74,11 @@ class Eagle3Drafter(Drafter):
         self._sampling: SamplingConfig | None = None
 
     @property
-    def timed_modules(self) -> tuple[torch.nn.Module, ...]:
-        """Every module a pass calls: the head (fc, norm and lm_head are called directly) and the
-        target's embeddings. Benchmarks time a drafter's forward passes as their outermost calls
-        (``specpolicy.profiling.ForwardTimer``)."""
-        return (self.model, *self.model.modules(), self.embed_tokens)
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass: the head's forward, its fc (called directly on the target's
+        features), its ``logits`` (norm and LM head) and the target's embeddings. Benchmarks time a
+        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return (self.model, self.model.fc, (self.model, "logits"), self.embed_tokens)
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
@@ -192,50 +192,43 @@ class Eagle3Drafter(Drafter):
         self.cache.keys[0], self.cache.values[0] = k, v
         self._committed_pairs = self.cache.length
         self._features = self._pair_tokens = None
-        self._tree_out = [out[0, -1]]  # node 0: the root's output
-        self._tree_depth = [0]
-        self._tree_ancestors = torch.zeros((0, 0), dtype=torch.bool, device=hidden.device)  # expanded nodes
+        self._tree = tree.GrowingTree(self._committed_pairs, hidden.device)
+        self._tree_out = out[0, -1:]  # (1 + nodes, H): row r = node r's output (row 0: the root's)
         self._passes = 1
         return self._top_children(out[0, -1:], top_k)
 
     def _top_children(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top ``top_k`` next tokens (target ids) and log-probabilities of outputs ``(m, H)``; squeezed for m = 1."""
-        logp = torch.log_softmax(self.model.logits(out).float(), dim=-1)
-        values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+        logits = self.model.logits(out).float()
+        values, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
+        values = values - torch.logsumexp(logits, dim=-1, keepdim=True)  # log-probabilities of the top k
         ids = self.model.to_target_ids(ids)
         return (ids[0], values[0]) if out.shape[0] == 1 else (ids, values)
 
     @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: list[int], top_k: int
-                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes to the round's tree in one pass (tree attention: each sees the committed
         pairs, its ancestors and itself) and return their children.
 
         Args:
-            tokens: ``(m,) int64`` the new nodes' tokens. parents: their parents' node numbers
-                (0 = the root, else a number ``tree_expand`` returned).
+            tokens: ``(m,) int64`` the new nodes' tokens. parents: ``(m,) int64`` (or a list) their
+                parents' node numbers (0 = the root, else a number ``tree_expand`` returned).
             top_k: children reported per node.
         Returns:
-            ``(node numbers, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
+            ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
-        m = int(tokens.shape[0])
-        base = len(self._tree_out) - 1  # expanded nodes so far (their cache slots follow the committed pairs)
-        depth = [self._tree_depth[p] + 1 for p in parents]
-        device = self._tree_ancestors.device
-        anc = self._tree_ancestors = tree.extend_ancestors(self._tree_ancestors,
-                                                             torch.tensor(parents, dtype=torch.long, device=device))
-        mask = torch.cat([torch.ones((m, self._committed_pairs), dtype=torch.bool, device=device), anc[base:]], dim=1)
-        hidden = torch.stack([self._tree_out[p] for p in parents])[None]
-        positions = torch.tensor([self._committed_pairs - 1 + d for d in depth], device=device)[None]
-        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden, positions, self.cache.layer(0), mask)
+        parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
+        nodes, positions, mask = self._tree.add(parents)
+        hidden = self._tree_out.index_select(0, parents)[None]
+        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden, positions[None], self.cache.layer(0), mask)
         self.cache.keys[0], self.cache.values[0] = k, v
-        self._tree_out += list(out[0])
-        self._tree_depth += depth
+        self._tree_out = torch.cat([self._tree_out, out[0]])
         self._passes += 1
         ids, logp = self._top_children(out[0], top_k)
-        if m == 1:
+        if tokens.shape[0] == 1:
             ids, logp = ids[None], logp[None]
-        return list(range(base + 1, base + 1 + m)), ids, logp
+        return nodes, ids, logp
 
     @property
     def tree_passes(self) -> int:

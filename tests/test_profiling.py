@@ -93,3 +93,27 @@ def test_only_outermost_calls_count_and_a_name_may_watch_several_modules():
         head(torch.zeros(1, 32, dtype=torch.float64))  # called directly: the drafter's
         model.get_input_embeddings()(torch.tensor([4]))
     assert (ft.calls["target"], ft.calls["drafter"]) == (1, 2)
+
+
+def test_a_watched_method_is_timed_as_a_pass_and_restored_on_exit():
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.logits(x)
+
+        def logits(self, x):  # a pass that bypasses forward
+            return self.proj(x)
+
+    head = Head()
+    x = torch.zeros(1, 4)
+    with ForwardTimer(drafter=[head, (head, "logits"), (head, "logits")]) as ft:
+        assert "logits" in vars(head)  # wrapped on the instance while entered
+        head.logits(x)  # called directly: one pass
+        head(x)  # forward calls logits inside: still one pass
+    assert ft.calls["drafter"] == 2 and ft.ms["drafter"] > 0
+    assert "logits" not in vars(head)  # the class's method again
+    head.logits(x)
+    assert ft.calls["drafter"] == 2
