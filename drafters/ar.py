@@ -105,42 +105,34 @@ class ARDrafter(Drafter):
                             logits_to_keep=1).logits[0, -1]
         self._unfed = self._unfed[:0]
         self._tree_committed = self.cache.get_seq_length()  # the root is the last of these
-        self._tree_depth = [0]
-        self._tree_ancestors = torch.zeros((0, 0), dtype=torch.bool, device=logits.device)
+        self._tree = tree.GrowingTree(self._tree_committed, logits.device)
         self._passes = 1
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k)
         return ids, values
 
     @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: list[int], top_k: int
-                    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes to the round's tree in one pass (a tree attention mask: each sees the
         committed tokens, its ancestors and itself; positions by depth) and return their children.
 
         Args:
-            tokens: ``(m,) int64``. parents: their parents' node numbers (0 = the root, else a
-                number ``tree_expand`` returned). top_k: children reported per node.
+            tokens: ``(m,) int64``. parents: ``(m,) int64`` (or a list) their parents' node numbers
+                (0 = the root, else a number ``tree_expand`` returned). top_k: children reported per node.
         Returns:
-            ``(node numbers, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
+            ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
         from specpolicy.attention import as_model_mask
 
-        m = int(tokens.shape[0])
-        base = len(self._tree_depth) - 1
-        device = tokens.device
-        anc = self._tree_ancestors = tree.extend_ancestors(self._tree_ancestors,
-                                                             torch.tensor(parents, dtype=torch.long, device=device))
-        depth = [self._tree_depth[p] + 1 for p in parents]
-        mask = torch.cat([torch.ones((m, self._tree_committed), dtype=torch.bool, device=device), anc[base:]], 1)
-        positions = torch.tensor([self._tree_committed - 1 + d for d in depth], device=device)[None]
-        logits = self.model(input_ids=tokens[None], position_ids=positions,
+        parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
+        nodes, positions, mask = self._tree.add(parents)
+        logits = self.model(input_ids=tokens[None], position_ids=positions[None],
                             attention_mask=as_model_mask(mask[None, None], self.model.config._attn_implementation,
                                                          self.runtime.torch_dtype),
                             cache=self.cache, use_cache=True).logits[0]  # (m, V)
-        self._tree_depth += depth
         self._passes += 1
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
-        return list(range(base + 1, base + 1 + m)), ids, values
+        return nodes, ids, values
 
     @property
     def tree_passes(self) -> int:

@@ -58,30 +58,36 @@ class Eagle2TreePolicy(TreePolicy):
         ids, logp = drafter.tree_root(self.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
-        # candidates: token, cumulative log-prob, parent candidate (-1 = root), drafter node once expanded
-        tokens, scores, parents = ids.tolist(), logp.tolist(), [-1] * int(ids.numel())
-        level = list(range(len(tokens)))
-        node_of: dict[int, int] = {}
+        # candidates in creation order (parents first): token, cumulative log-prob, parent candidate
+        # (-1 = the root); node_of[c + 1] is candidate c's drafter node once expanded (node_of[0]: the root, 0)
+        first = int(ids.shape[0])
+        capacity = first + (depth - 1) * self.top_k * self.top_k
+        tokens = ids.new_zeros(capacity)
+        scores = logp.new_zeros(capacity)
+        parents = ids.new_full((capacity,), -1)
+        node_of = ids.new_zeros(capacity + 1)
+        tokens[:first], scores[:first] = ids, logp
+        level, count = slice(0, first), first
         for _ in range(depth - 1):
-            chosen = sorted(level, key=lambda c: -scores[c])[: self.top_k]
-            nodes, child_ids, child_logp = drafter.tree_expand(
-                torch.tensor([tokens[c] for c in chosen], device=ids.device),
-                [node_of.get(parents[c], 0) for c in chosen], self.top_k)
-            level = []
-            for c, node, cid, clp in zip(chosen, nodes, child_ids.tolist(), child_logp.tolist()):
-                node_of[c] = node
-                for t, lp in zip(cid, clp):
-                    level.append(len(tokens))
-                    tokens.append(t)
-                    scores.append(scores[c] + lp)
-                    parents.append(c)
-        keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[: min(self.total_tokens, node_room)])
-        index = {c: i for i, c in enumerate(keep)}  # candidates are created parents first: topological
-        draft = Draft(token_ids=torch.tensor([tokens[c] for c in keep], dtype=torch.long, device=ids.device),
-                      confidences=torch.tensor([scores[c] for c in keep], device=ids.device).exp(),
-                      forward_passes=drafter.tree_passes,
-                      parents=torch.tensor([index[parents[c]] if parents[c] >= 0 else -1 for c in keep],
-                                           dtype=torch.long, device=ids.device))
+            m = min(self.top_k, level.stop - level.start)
+            # the level's best m candidates, best first (ties: the earlier, as a stable sort gives)
+            chosen = torch.sort(scores[level], descending=True, stable=True).indices[:m] + level.start
+            nodes, child_ids, child_logp = drafter.tree_expand(tokens[chosen], node_of[parents[chosen] + 1], self.top_k)
+            node_of[chosen + 1] = nodes
+            width = int(child_ids.shape[1])
+            level = slice(count, count + m * width)
+            tokens[level] = child_ids.flatten()
+            scores[level] = (scores[chosen][:, None] + child_logp).flatten()
+            parents[level] = chosen.repeat_interleave(width)
+            count = level.stop
+        # rerank: the best total_tokens candidates; ties go to the earlier one (a parent before its
+        # child, which scores no higher), so the kept candidates form a tree; kept in creation order
+        order = torch.sort(scores[:count], descending=True, stable=True).indices
+        keep = order[: min(self.total_tokens, node_room)].sort().values
+        index = torch.full((count + 1,), -1, dtype=torch.long, device=ids.device)  # index[c + 1]: c's node in the draft
+        index[keep + 1] = torch.arange(keep.shape[0], device=ids.device)
+        draft = Draft(token_ids=tokens[keep], confidences=scores[keep].exp(), forward_passes=drafter.tree_passes,
+                      parents=index[parents[keep] + 1])
         return draft, "room" if depth < self.depth else "policy_bound"
 
     def __repr__(self) -> str:

@@ -54,17 +54,58 @@ def _host_depths(parents: torch.Tensor | list[int]) -> np.ndarray:
     return np.asarray(depth, dtype=np.int64)
 
 
-def extend_ancestors(ancestors: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """A drafter's tentative tree (``tree_expand``) growing by m nodes: ``ancestors`` ``(n, n) bool``
-    (node i's ancestors-or-self among the n expanded nodes), ``parents`` ``(m,) int64`` the new nodes'
-    parents as node numbers (0 = the root, i >= 1 = expanded node i - 1's row). Returns ``(n + m, n + m)``."""
-    n, m = int(ancestors.shape[0]), int(parents.shape[0])
-    out = torch.zeros((n + m, n + m), dtype=torch.bool, device=ancestors.device)
-    out[:n, :n] = ancestors
-    if n:
-        out[n:, :n] = torch.where((parents > 0)[:, None], ancestors[(parents - 1).clamp(min=0)], False)
-    out[n:, n:] = torch.eye(m, dtype=torch.bool, device=ancestors.device)
-    return out
+class GrowingTree:
+    """A drafter's tentative tree while a dynamic-tree policy expands it (EAGLE-2 §4: each
+    ``tree_expand`` adds one level's nodes in one pass). Node 0 is the root (the last committed
+    position, already cached); nodes 1, 2, ... are added in order. Kept in buffers that grow by
+    doubling, so adding m nodes costs a handful of tensor ops, whatever the tree's size: each new
+    node's mask row is its parent's row plus itself, its depth its parent's plus one. Shared by the
+    ``ar`` and ``eagle3`` drafters.
+
+    Args:
+        committed: positions already in the drafter's cache (the root is the last of them), tokens.
+        device: where the buffers live.
+        capacity: nodes (besides the root) to allocate for at first.
+    """
+
+    def __init__(self, committed: int, device: torch.device | str, capacity: int = 64) -> None:
+        self.committed, self.size = committed, 0  # size: nodes added (the root not counted)
+        self._depth = torch.zeros(capacity + 1, dtype=torch.long, device=device)  # row r: node r's depth
+        # row r: what node r attends to: every committed position, then its ancestors-or-self among nodes 1..
+        self._mask = torch.zeros((capacity + 1, committed + capacity), dtype=torch.bool, device=device)
+        self._mask[:, :committed] = True
+
+    def _grow(self, need: int) -> None:
+        capacity = self._mask.shape[1] - self.committed
+        if need <= capacity:
+            return
+        new = max(need, 2 * capacity)
+        depth = self._depth.new_zeros(new + 1)
+        depth[: self.size + 1] = self._depth[: self.size + 1]
+        mask = self._mask.new_zeros((new + 1, self.committed + new))
+        mask[:, : self.committed] = True
+        mask[: self.size + 1, : self.committed + self.size] = self._mask[: self.size + 1, : self.committed + self.size]
+        self._depth, self._mask = depth, mask
+
+    def add(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Add ``m`` nodes under ``parents`` (``(m,) int64`` node numbers: 0 = the root, else a
+        number an earlier ``add`` returned).
+
+        Returns:
+            ``(nodes, positions, mask)``: the new nodes' numbers ``(m,) int64``, their positions
+            ``(m,) int64`` (the root's position plus depth), and their attention rows
+            ``(m, committed + size) bool`` (True = attend: the committed positions, then their
+            ancestors-or-self among the nodes; a view, valid until the next ``add``).
+        """
+        m, base = int(parents.shape[0]), self.size
+        self._grow(base + m)
+        rows = slice(base + 1, base + 1 + m)
+        self._mask[rows] = self._mask.index_select(0, parents)
+        self._mask[rows, self.committed + base : self.committed + base + m].fill_diagonal_(True)
+        self._depth[rows] = self._depth.index_select(0, parents) + 1
+        self.size = base + m
+        nodes = torch.arange(base + 1, base + 1 + m, device=parents.device)
+        return nodes, self._depth[rows] + (self.committed - 1), self._mask[rows, : self.committed + self.size]
 
 
 def validate(parents: torch.Tensor | list[int], k: int) -> None:

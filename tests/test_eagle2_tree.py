@@ -124,3 +124,63 @@ def test_trees_stop_at_the_context_limit(target, checkpoint, kind):
                    policy=Eagle2TreePolicy(depth=4, top_k=4, total_tokens=12))
     assert out.finish_reason == "max_context"
     assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
+
+
+class _ScriptedTreeDrafter:
+    """Children and log-probabilities drawn at random per expanded node (seeded): the policy's tree
+    against EAGLE-2's expansion written out in plain Python."""
+
+    def __init__(self, seed: int, vocab: int = 50):
+        self.g, self.vocab, self.tree_passes, self.expanded = torch.Generator().manual_seed(seed), vocab, 0, 0
+
+    def _children(self, n: int, top_k: int):
+        logp = torch.log_softmax(torch.randn(n, self.vocab, generator=self.g, dtype=torch.float64), -1)
+        logp = (logp * 4).round() / 4  # exact in float32: ties between candidates, to check how they are broken
+        values, ids = logp.topk(top_k, dim=-1)
+        return ids, values.float()
+
+    def tree_root(self, top_k):
+        self.tree_passes = 1
+        ids, values = self._children(1, top_k)
+        return ids[0], values[0]
+
+    def tree_expand(self, tokens, parents, top_k):
+        self.tree_passes += 1
+        m = int(tokens.shape[0])
+        nodes = torch.arange(self.expanded + 1, self.expanded + 1 + m)
+        self.expanded += m
+        return nodes, *self._children(m, top_k)
+
+
+def _reference_eagle2(drafter, depth, top_k, total):
+    ids, logp = drafter.tree_root(top_k)
+    tokens, scores, parents = ids.tolist(), logp.tolist(), [-1] * len(ids)
+    level, node_of, expanded = list(range(len(tokens))), {}, []
+    for _ in range(depth - 1):
+        chosen = sorted(level, key=lambda c: -scores[c])[:top_k]
+        expanded.append(([tokens[c] for c in chosen], [node_of.get(parents[c], 0) for c in chosen]))
+        nodes, cids, clps = drafter.tree_expand(torch.tensor([tokens[c] for c in chosen]), None, top_k)
+        level = []
+        for c, node, cid, clp in zip(chosen, nodes.tolist(), cids.tolist(), clps.tolist()):
+            node_of[c] = node
+            for t, lp in zip(cid, clp):
+                level.append(len(tokens))
+                tokens.append(t), scores.append(scores[c] + lp), parents.append(c)
+    keep = sorted(sorted(range(len(tokens)), key=lambda c: -scores[c])[:total])
+    index = {c: i for i, c in enumerate(keep)}
+    return [tokens[c] for c in keep], [index[parents[c]] if parents[c] >= 0 else -1 for c in keep], expanded
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("shape", [(4, 3, 10), (6, 2, 12), (5, 4, 60), (3, 5, 1)])
+def test_the_tensor_expansion_is_eagle2s_expansion(seed, shape):
+    depth, top_k, total = shape
+    calls = []
+    policy_drafter = _ScriptedTreeDrafter(seed)
+    expand = policy_drafter.tree_expand
+    policy_drafter.tree_expand = lambda t, p, k: calls.append((t.tolist(), p.tolist())) or expand(t, p, k)
+    draft, _ = Eagle2TreePolicy(depth, top_k, total).draft_tree(policy_drafter, room=100, node_room=100)
+    tokens, parents, expanded = _reference_eagle2(_ScriptedTreeDrafter(seed), depth, top_k, total)
+    assert calls == expanded  # the same nodes expanded under the same drafter nodes, level by level
+    assert draft.token_ids.tolist() == tokens and draft.parents.tolist() == parents
+    assert all(p < i for i, p in enumerate(parents))

@@ -119,3 +119,24 @@ def test_tree_rounds_count_depths_in_the_metrics_and_survive_results_jsonl():
     assert agg["acceptance_rate"] == pytest.approx(3 / 9)  # accepted / verified tokens (a tree's nodes)
     assert round_from_dict(round_to_dict(tree_round), 0) == tree_round
     assert "draft_parents" not in round_to_dict(chain_round)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=6), st.integers(0, 2**31 - 1), st.integers(1, 9))
+def test_a_growing_tree_masks_each_node_to_its_ancestors_and_places_it_by_depth(levels, seed, committed):
+    """``GrowingTree`` (the drafters' tentative tree, grown past its first capacity) against the
+    verifier's ``ancestor_mask`` and ``depths`` of the same tree."""
+    g = torch.Generator().manual_seed(seed)
+    grown = tree.GrowingTree(committed, "cpu", capacity=2)
+    parents: list[int] = []  # node i + 1's parent node number (0 = the root)
+    for m in levels:
+        level_parents = torch.randint(0, len(parents) + 1, (m,), generator=g)
+        nodes, positions, mask = grown.add(level_parents)
+        first = len(parents) + 1
+        parents += level_parents.tolist()
+        assert nodes.tolist() == list(range(first, first + m))
+        as_draft = [p - 1 for p in parents]  # draft convention: -1 = under the root
+        expected = tree.ancestor_mask(as_draft)[first:, 1:]  # rows of the new nodes, columns of the nodes
+        assert mask.shape == (m, committed + len(parents))
+        assert mask[:, :committed].all() and torch.equal(mask[:, committed:], expected)
+        assert positions.tolist() == (tree.depths(as_draft)[first - 1:] + committed - 1).tolist()
