@@ -23,6 +23,7 @@ is the same loop without drafter. Draws come from ``runtime.generator``: seed it
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 import sys
@@ -92,6 +93,20 @@ def generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if (drafter is None) != (policy is None):
         raise ValueError("drafter and policy go together: pass both (speculative) or neither (vanilla)")
+    # Inference mode: no autograd bookkeeping on any op of the loop (cheaper dispatch for the many
+    # small tensor ops of drafting and verification); the output is cloned out of it, so callers
+    # get an ordinary tensor.
+    with torch.inference_mode():
+        result = _generate(prompt_ids, verifier, runtime, max_new_tokens, drafter, policy, reuse, on_round, stop,
+                           sampling)
+    return dataclasses.replace(result, output_ids=result.output_ids.clone())
+
+
+def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, max_new_tokens: int,
+              drafter: Drafter | None, policy: LengthPolicy | None, reuse: DraftReuse | None,
+              on_round: Callable[[RoundRecord], None] | None, stop: StopStrings | None,
+              sampling: SamplingConfig | None) -> GenerationResult:
+    """The loop of ``generate`` (arguments checked there)."""
     device = runtime.torch_device
     prompt_ids = prompt_ids.to(device)
     prompt_len = int(prompt_ids.shape[0])
