@@ -1,0 +1,235 @@
+"""The batched loop: many requests in flight, one target forward pass per round over all of them.
+
+Beside ``specpolicy.decoding.generate`` (the readable batch-1 reference, which it follows step
+for step), for serving studies: up to ``batch_size`` requests in flight with continuous batching
+(a finished request's row is refilled from the queue at once, Orca, Yu et al. OSDI 2022);
+requests arrive all at once or as a Poisson process (``specpolicy.serving``). Each request keeps
+its own committed sequence, KV-cache row, drafter state (a shallow copy of the configured
+drafter: same weights, its own state, which ``prefill`` replaces) and policy (a deep copy of the
+configured one, reset), so it drafts its own speculation length; the target verifies every
+request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
+mask, caches moved per request, never recomputed). Drafting runs request by request.
+
+Greedy only, chains only (tree policies run in the batch-1 loop). A request leaves the batch at
+EOS, ``max_new_tokens`` or the context's end without disturbing the others; a prompt that does
+not fit is skipped and recorded (``BatchResult.skipped``), the batch goes on.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specpolicy.decoding import _cut_at_stop, draft_round
+from specpolicy.drafter import Drafter
+from specpolicy.policy import LengthPolicy, TreePolicy
+from specpolicy.runtime import Runtime
+from specpolicy.serving import RequestTiming, summarize
+from specpolicy.types import GenerationResult, RoundRecord
+from specpolicy.verifiers.hf_batch import BatchedHFVerifier
+
+
+@dataclass
+class _Request:
+    """One request in flight."""
+
+    index: int
+    row_prompt_len: int
+    context_limit: int  # generated tokens the context allows
+    drafter: Drafter | None
+    policy: LengthPolicy | None
+    arrival_s: float
+    admitted_s: float
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    rounds: list[RoundRecord] = field(default_factory=list)
+    generated: int = 0
+    first_token_s: float | None = None
+    finish_reason: str = ""
+    prefill_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What the batched loop produced.
+
+    Attributes:
+        results: request index -> its ``GenerationResult`` (``wall_s``: admission to finish;
+            ``prefill_ms``: its prefill, both models), for every request not skipped.
+        timings: request index -> its ``specpolicy.serving.RequestTiming``.
+        skipped: request index -> the one-line reason it was skipped (e.g. a prompt too long).
+        wall_s: the run's wall-clock seconds, first arrival to last finish.
+        verify_tokens: per round, the tokens the target verified over all rows (sum of ``k_i + 1``).
+        batch_sizes: per round, the requests in flight.
+    """
+
+    results: dict[int, GenerationResult]
+    timings: dict[int, RequestTiming]
+    skipped: dict[int, str]
+    wall_s: float
+    verify_tokens: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+
+    def summary(self) -> dict[str, float]:
+        """Throughput and TTFT / TPOT / latency statistics (``specpolicy.serving.summarize``),
+        plus rounds and the mean requests in flight per round."""
+        out = summarize([self.timings[i] for i in sorted(self.timings)], self.wall_s)
+        out["rounds"] = float(len(self.batch_sizes))
+        out["mean_batch_size"] = sum(self.batch_sizes) / len(self.batch_sizes) if self.batch_sizes else 0.0
+        return out
+
+
+def generate_batch(
+    prompts: list[torch.Tensor],
+    verifier,
+    runtime: Runtime,
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    drafter: Drafter | None = None,
+    policy: LengthPolicy | None = None,
+    arrivals: list[float] | None = None,
+) -> BatchResult:
+    """Decode ``prompts`` with up to ``batch_size`` in flight (see the module docstring).
+
+    Args:
+        prompts: ``(P_i,) int64`` prompt ids per request.
+        verifier: the run's ``hf`` verifier (its model, context and stop tokens serve the batch).
+        runtime: device, dtype.
+        max_new_tokens: per request, >= 1.
+        batch_size: requests in flight at most, >= 1.
+        drafter / policy: both (speculative) or neither (vanilla batched decoding); copied per request.
+        arrivals: seconds from the start at which each request arrives (default: all at 0;
+            ``specpolicy.serving.arrival_times``), non-decreasing.
+    Returns:
+        a ``BatchResult``.
+    Raises:
+        ValueError: for ``max_new_tokens`` or ``batch_size`` < 1, a drafter without a policy (or
+            the reverse), a tree policy, or ``arrivals`` of the wrong length.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"generation.batch_size must be an integer >= 1, got {batch_size!r}")
+    if (drafter is None) != (policy is None):
+        raise ValueError("drafter and policy go together: pass both (speculative) or neither (vanilla)")
+    if isinstance(policy, TreePolicy):
+        raise ValueError(f"policy={policy.name} drafts trees; the batched loop verifies chains (use batch_size=1)")
+    arrivals = [0.0] * len(prompts) if arrivals is None else list(arrivals)
+    if len(arrivals) != len(prompts):
+        raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
+    with torch.inference_mode():
+        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals)
+
+
+def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals) -> BatchResult:
+    device = runtime.torch_device
+    target = BatchedHFVerifier.like(verifier)
+    target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
+    eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
+    drafter_context = (drafter.max_context if drafter is not None else 0) or target.max_context
+    queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
+    active: list[_Request] = []
+    results: dict[int, GenerationResult] = {}
+    timings: dict[int, RequestTiming] = {}
+    skipped: dict[int, str] = {}
+    verify_tokens: list[int] = []
+    batch_sizes: list[int] = []
+    start = time.perf_counter()
+
+    def now() -> float:
+        return time.perf_counter() - start
+
+    def finish(row: int) -> None:
+        r = active.pop(row)
+        target.remove(row)
+        out = torch.cat(r.outputs) if r.outputs else torch.empty(0, dtype=torch.long, device=device)
+        t = now()
+        results[r.index] = GenerationResult(output_ids=out.clone(), rounds=tuple(r.rounds),
+                                            finish_reason=r.finish_reason, wall_s=t - r.admitted_s,
+                                            prefill_ms=r.prefill_ms)
+        timings[r.index] = RequestTiming(r.arrival_s, r.admitted_s, r.first_token_s if r.first_token_s else t, t,
+                                         int(out.shape[0]))
+
+    while queue or active:
+        while queue and len(active) < batch_size and arrivals[queue[0]] <= now():  # admit (continuous batching)
+            i = queue.popleft()
+            admitted = now()
+            prompt = prompts[i].to(device)
+            try:
+                features = target.add(prompt)
+            except ValueError as error:
+                skipped[i] = str(error)
+                continue
+            mine = policy_copy = None
+            if drafter is not None:
+                mine = copy.copy(drafter)  # same weights; prefill gives it its own state
+                mine.prefill(prompt, **({"features": features} if target.feature_layers else {}))
+                policy_copy = copy.deepcopy(policy)
+                policy_copy.reset()
+            limit = min(target.max_context, drafter_context) - int(prompt.shape[0])
+            r = _Request(i, int(prompt.shape[0]), limit, mine, policy_copy, arrivals[i], admitted)
+            r.prefill_ms = (now() - admitted) * 1e3
+            active.append(r)
+        if not active:
+            time.sleep(max(0.0, arrivals[queue[0]] - now()))  # idle until the next arrival
+            continue
+        for row in reversed(range(len(active))):  # a request with no room left ends before its round
+            if active[row].context_limit - active[row].generated < 0:
+                active[row].finish_reason = "max_context"
+                finish(row)
+        if not active:
+            continue
+
+        drafts, stops, draft_ms = [], [], []
+        for r in active:
+            t0 = time.perf_counter()
+            room = min(max_new_tokens - r.generated - 1, r.context_limit - r.generated)
+            draft, why = draft_round(r.drafter, r.policy, room, device)
+            drafts.append(draft)
+            stops.append(why)
+            draft_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        verifications = target.verify(drafts)
+        verify_ms = (time.perf_counter() - t0) * 1e3
+        verify_tokens.append(sum(d.length + 1 for d in drafts))
+        batch_sizes.append(len(active))
+        emitted_at = now()
+
+        done = []
+        for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
+            committed = verification.committed_tokens(draft)
+            keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - r.generated)
+            r.outputs.append(committed[:keep])
+            r.generated += keep
+            if keep and r.first_token_s is None:
+                r.first_token_s = emitted_at
+            reason = "eos" if hit_eos else ""
+            if not reason and r.generated >= max_new_tokens:
+                reason = "max_new_tokens"
+            elif not reason and r.generated > r.context_limit:
+                reason = "max_context"
+            commit_ms = 0.0
+            if r.drafter is not None and not reason:
+                t0 = time.perf_counter()
+                r.drafter.commit(draft, verification)
+                commit_ms = (time.perf_counter() - t0) * 1e3
+            record = RoundRecord(
+                index=len(r.rounds), speculation_length=draft.length, accepted_length=verification.accepted_length,
+                emitted_tokens=keep, drafter_forward_passes=draft.forward_passes, reused_tokens=draft.reused_tokens,
+                draft_ms=draft_ms[row] + commit_ms, verify_ms=verify_ms,
+                confidences=tuple(draft.confidences.tolist()), draft_token_ids=tuple(draft.token_ids.tolist()),
+                target_token_ids=tuple(verification.target_token_ids.tolist()), draft_stop_reason=stops[row],
+                finish_reason=reason)
+            r.rounds.append(record)
+            if reason:
+                r.finish_reason = reason
+                done.append(row)
+            elif r.policy is not None:
+                r.policy.update(record)
+        for row in reversed(done):
+            finish(row)
+    return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes))

@@ -1,0 +1,158 @@
+"""The batched loop (``specpolicy.batching``): every request's output is its batch-1 greedy output
+whatever shares its batch, at batch sizes 1, 4 and 16, for every drafter (tiny float64 models);
+each request drafts and accepts exactly as it does alone (its own drafter state and policy);
+requests leave at EOS / max_new_tokens / the context's end, a bad prompt is skipped and recorded;
+arrivals and the serving statistics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoint
+from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
+from specpolicy.batching import generate_batch
+from specpolicy.decoding import generate
+from specpolicy.draft_models.dflash import load_dflash
+from specpolicy.draft_models.eagle3 import load_eagle3
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.drafters.dflash import DFlashDrafter
+from specpolicy.drafters.eagle3 import Eagle3Drafter
+from specpolicy.drafters.fastdllm import FastDLLMDrafter
+from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.policies.aimd import AIMDPolicy
+from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
+from specpolicy.policies.failfast import FailFastPolicy
+from specpolicy.policies.static import StaticPolicy
+from specpolicy.runtime import Runtime
+from specpolicy.serving import RequestTiming, arrival_times, summarize
+from specpolicy.verifiers.hf import HFVerifier
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return Runtime(device="cpu", dtype="float64", seed=0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(0, layers=LAYERS, vocab=VOCAB), 4.0)
+
+
+@pytest.fixture(scope="module")
+def drafters(target, rt, tmp_path_factory):
+    stop = frozenset({EOS})
+    dflash = write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, LAYERS, [0, 2], 8, 5)
+    eagle3 = write_eagle3_checkpoint(tmp_path_factory.mktemp("eagle3"), 32, VOCAB, VOCAB, layer_ids=[1, 2, 3])
+    return {
+        "ar": lambda: ARDrafter(sharpen(tiny_lm(0, layers=1)), rt),
+        "fastdllm": lambda: FastDLLMDrafter(sharpen(tiny_lm(0, layers=1)), rt, SimpleNamespace(mask_token_id=VOCAB - 2),
+                                            block_size=16, small_block_size=4, threshold=0.05, stop_token_ids=[EOS]),
+        "suffix": lambda: SuffixDrafter(rt),
+        "dflash": lambda: DFlashDrafter(load_dflash(dflash).double(), target.get_input_embeddings(),
+                                        target.get_output_embeddings(), rt, stop),
+        "eagle3": lambda: Eagle3Drafter(load_eagle3(eagle3).double(), target.get_input_embeddings(), (1, 2, 3),
+                                        VOCAB, rt, stop),
+    }
+
+
+def _prompts(n: int) -> list[torch.Tensor]:
+    """Prompts of different lengths (1 to ~20 tokens), some repetitive (the suffix drafter matches)."""
+    out = []
+    for i, p in enumerate(random_prompts(n, seed=3)):
+        p = p[: 1 + (i * 7) % len(p)]
+        out.append(torch.cat([p, p]) if i % 3 == 0 else p)
+    return out
+
+
+POLICIES = {"static": lambda: StaticPolicy(3), "failfast": lambda: FailFastPolicy(n=3, tau=0.3, n_max=12),
+            "aimd": lambda: AIMDPolicy(n_max=12)}
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+@pytest.mark.parametrize("kind", ["vanilla", "ar", "fastdllm", "suffix", "dflash", "eagle3"])
+def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batch_size):
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    prompts = _prompts(20)
+    for choice in (["static"] if kind == "vanilla" else sorted(POLICIES)):
+        make = (lambda: (None, None)) if kind == "vanilla" else (lambda: (drafters[kind](), POLICIES[choice]()))
+        if kind in ("dflash", "eagle3"):
+            verifier.request_features(make()[0].target_feature_layers)
+        alone = []
+        for prompt in prompts:
+            d, p = make()
+            alone.append(generate(prompt, verifier, rt, max_new_tokens=24, drafter=d, policy=p))
+        d, p = make()
+        batched = generate_batch(prompts, verifier, rt, max_new_tokens=24, batch_size=batch_size, drafter=d, policy=p)
+        assert not batched.skipped and sorted(batched.results) == list(range(len(prompts)))
+        for i, ref in enumerate(alone):
+            got = batched.results[i]
+            assert got.output_ids.tolist() == ref.output_ids.tolist(), (kind, choice, i)
+            assert got.finish_reason == ref.finish_reason
+            # its own drafter state and policy: the same drafts and accepted lengths as alone
+            assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == \
+                   [(r.draft_token_ids, r.accepted_length) for r in ref.rounds], (kind, choice, i)
+        assert max(batched.batch_sizes) == min(batch_size, len(prompts))
+        assert sum(batched.verify_tokens) == sum(r.speculation_length + 1 for g in batched.results.values()
+                                                 for r in g.rounds)
+
+
+def test_requests_leave_at_eos_max_new_tokens_and_the_context_and_bad_prompts_are_skipped(target, rt, drafters):
+    verifier = HFVerifier(target, rt, frozenset({EOS}), max_context=64)
+    prompts = _prompts(8)
+    prompts[2] = torch.empty(0, dtype=torch.long)  # empty: skipped
+    prompts[5] = torch.arange(70) % (VOCAB - 3)  # longer than the context: skipped
+    prompts[6] = torch.arange(50) % (VOCAB - 3)  # fits, runs into the context's end
+    out = generate_batch(prompts, verifier, rt, max_new_tokens=30, batch_size=3, drafter=drafters["ar"](),
+                         policy=StaticPolicy(4))
+    assert sorted(out.skipped) == [2, 5] and "max_context=64" in out.skipped[5]
+    for i, got in out.results.items():
+        ref = generate(prompts[i], verifier, rt, max_new_tokens=30)
+        assert got.output_ids.tolist() == ref.output_ids.tolist() and got.finish_reason == ref.finish_reason
+    assert out.results[6].finish_reason == "max_context"
+    assert {r.finish_reason for r in out.results.values()} >= {"max_context", "max_new_tokens"}
+    assert all(r.output_ids[-1] == EOS for r in out.results.values() if r.finish_reason == "eos")
+
+
+def test_the_loop_refuses_what_it_cannot_run(target, rt, drafters):
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    prompts = _prompts(2)
+    with pytest.raises(ValueError, match="generation.batch_size must be an integer >= 1, got 0"):
+        generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=0)
+    with pytest.raises(ValueError, match="trees"):
+        generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=2, drafter=drafters["ar"](),
+                       policy=Eagle2TreePolicy(2, 2, 4))
+    with pytest.raises(ValueError, match="got 1 arrival times for 2 prompts"):
+        generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=2, arrivals=[0.0])
+
+
+def test_poisson_arrivals_are_seeded_and_requests_wait_for_theirs(target, rt):
+    times = arrival_times(6, "poisson", rate=50.0, seed=4)
+    assert times == arrival_times(6, "poisson", rate=50.0, seed=4) != arrival_times(6, "poisson", rate=50.0, seed=5)
+    assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+    assert arrival_times(3) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="generation.arrival_rate must be a number > 0"):
+        arrival_times(3, "poisson", rate=0)
+    with pytest.raises(ValueError, match="generation.arrival must be one of all_at_once, poisson"):
+        arrival_times(3, "burst")
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    out = generate_batch(_prompts(6), verifier, rt, max_new_tokens=6, batch_size=4, arrivals=times)
+    for i, t in out.timings.items():
+        assert t.admitted_s >= t.arrival_s == times[i]
+        assert t.arrival_s <= t.first_token_s <= t.finish_s and t.ttft_ms >= 0
+    assert out.wall_s >= times[-1]
+
+
+def test_serving_statistics():
+    timings = [RequestTiming(0.0, 0.0, 0.1, 0.5, 5), RequestTiming(0.0, 0.2, 0.3, 0.3, 1),
+               RequestTiming(1.0, 1.0, 1.2, 2.2, 11)]
+    s = summarize(timings, wall_s=2.5)
+    assert s["tokens"] == 17 and s["throughput_tokens_per_s"] == pytest.approx(17 / 2.5)
+    assert s["ttft_mean_ms"] == pytest.approx((100 + 300 + 200) / 3)
+    assert s["ttft_p50_ms"] == pytest.approx(200)
+    assert timings[0].tpot_ms == pytest.approx(100) and timings[1].tpot_ms == 0.0
+    assert s["latency_p99_ms"] == pytest.approx(1200, rel=0.02)

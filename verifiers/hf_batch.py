@@ -1,0 +1,204 @@
+"""Batched greedy verification: many requests' chain drafts in ONE target forward pass.
+
+The batched loop (``specpolicy.batching``) keeps one row per request in flight. The rows share one
+Hugging Face ``DynamicCache`` of shape ``(B, kv_heads, C, head_dim)`` per layer, row i holding its
+request's committed sequence in columns ``[0, L_i)`` (``C = max L_i``; columns past ``L_i`` are
+stale and masked out). A round's input is ``(B, q)``: each row ``[pending, draft, pad...]``
+(``q = 1 + max k_i``), at positions ``L_i, L_i + 1, ...``; a 4-D attention mask lets row i see
+its own ``L_i`` committed columns and its own new tokens causally. The new keys and values land
+in columns ``C .. C + q - 1`` of every row; afterwards each row's kept ones (the pending token and
+its accepted draft tokens) move to ``L_i ..`` in one indexed copy per layer -- the accepted
+entries only, never the prefix, nothing recomputed -- and the cache is cropped to the new
+``max L_i``. A request joins with its own prefill (batch 1) appended as a new row and leaves by
+dropping its row (one copy of the cache per join or leave; rounds copy none).
+
+Greedy only (argmax per row, as ``verifiers/hf.py``); the output of every request is the
+target's greedy output, whatever shares its batch, up to the floating-point effects of batched
+matrix products (exact in float64; ``tests/test_batching.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specpolicy.attention import as_model_mask
+from specpolicy.cache import crop_cache
+from specpolicy.features import select_features
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, Verification
+
+
+class BatchedHFVerifier:
+    """The target of the batched loop: one row per request in flight (see the module docstring).
+
+    Args:
+        model: the target (a Hugging Face causal LM, eval mode, on the runtime's device; sdpa or
+            eager attention: both take a boolean 4-D mask here).
+        runtime: the shared runtime.
+        eos_ids: token ids that end generation.
+        max_context: the longest sequence in tokens (prompt + generated).
+        pad_token_id: the id fed in a row's padding positions (never attended, never kept).
+    """
+
+    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int,
+                 pad_token_id: int = 0) -> None:
+        self.model, self.runtime = model, runtime
+        self.eos_token_ids, self.max_context, self.pad_token_id = frozenset(eos_ids), max_context, pad_token_id
+        self.feature_layers: tuple[int, ...] = ()
+        self.cache: DynamicCache | None = None
+        self.lengths: list[int] = []  # per row: committed tokens in the cache (the pending one not yet)
+        self.pending: list[torch.Tensor] = []  # per row: (1,) int64, the last committed token
+
+    @classmethod
+    def like(cls, verifier, pad_token_id: int = 0) -> "BatchedHFVerifier":
+        """The batched verifier of a batch-1 ``hf`` verifier's target (same model, runtime, stop
+        tokens, context and requested features)."""
+        batched = cls(verifier.model, verifier.runtime, verifier.eos_token_ids, verifier.max_context, pad_token_id)
+        batched.feature_layers = tuple(getattr(verifier, "_feature_layers", ()))
+        return batched
+
+    @property
+    def rows(self) -> int:
+        """Requests in flight."""
+        return len(self.lengths)
+
+    def _layers(self):
+        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None]
+
+    @torch.inference_mode()
+    def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
+        """Prefill a request (batch 1) and append it as the last row.
+
+        Args:
+            prompt_ids: ``(P,) int64``, 1 <= P < ``max_context``.
+        Returns:
+            the prompt's target features ``(P - 1, F)`` when features were requested, else None.
+        Raises:
+            ValueError: a prompt that is empty or does not fit the context (nothing is added).
+        """
+        n = int(prompt_ids.shape[0])
+        if n < 1 or n >= self.max_context:
+            raise ValueError(f"prompt_ids has {n} tokens; the target accepts 1..{self.max_context - 1} "
+                             f"(max_context={self.max_context}, one position is kept for generation)")
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        own = DynamicCache()
+        features = None
+        if n > 1:
+            out = self.model(input_ids=prompt_ids[None, :-1], cache=own, use_cache=True, logits_to_keep=1,
+                             output_hidden_states=bool(self.feature_layers))
+            if self.feature_layers:
+                features = select_features(out.hidden_states, self.feature_layers)
+        elif self.feature_layers:
+            width = len(self.feature_layers) * int(self.model.config.hidden_size)
+            features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
+        if n > 1 or self.cache is not None:
+            self._append_row(own, n - 1)
+        self.lengths.append(n - 1)
+        self.pending.append(prompt_ids[-1:])
+        return features
+
+    def _append_row(self, own: DynamicCache, length: int) -> None:
+        if self.cache is None:
+            self.cache = own if length else None
+            return
+        mine = [(layer.keys, layer.values) for layer in own.layers] if length else None
+        for i, layer in enumerate(self._layers()):
+            width = layer.keys.shape[2]
+            if mine is None:
+                k = layer.keys.new_zeros((1, *layer.keys.shape[1:]))
+                v = layer.values.new_zeros((1, *layer.values.shape[1:]))
+            else:
+                k, v = mine[i]
+            if k.shape[2] < width:  # pad the new row's columns (stale, masked)
+                pad = (0, 0, 0, width - k.shape[2])
+                k, v = torch.nn.functional.pad(k, pad), torch.nn.functional.pad(v, pad)
+            elif k.shape[2] > width:  # pad the other rows' columns
+                pad = (0, 0, 0, k.shape[2] - width)
+                layer.keys = torch.nn.functional.pad(layer.keys, pad)
+                layer.values = torch.nn.functional.pad(layer.values, pad)
+            layer.keys, layer.values = torch.cat([layer.keys, k]), torch.cat([layer.values, v])
+
+    @torch.inference_mode()
+    def remove(self, row: int) -> None:
+        """Drop a request's row (it finished); the other rows keep their order."""
+        self.lengths.pop(row)
+        self.pending.pop(row)
+        if self.cache is None:
+            return
+        if not self.lengths:
+            self.cache = None
+            return
+        keep = torch.tensor([r for r in range(self.rows + 1) if r != row], device=self.runtime.torch_device)
+        for layer in self._layers():
+            layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
+        crop_cache(self.cache, max(self.lengths))
+
+    @torch.inference_mode()
+    def verify(self, drafts: list[Draft]) -> list[Verification]:
+        """Verify every row's chain draft in one forward pass (greedy).
+
+        Args:
+            drafts: one ``Draft`` per row, in row order (``(k_i,) int64`` tokens; empty = a
+                vanilla step for that row). Trees are not batched.
+        Returns:
+            one ``Verification`` per row (``target_token_ids`` ``(k_i + 1,)``; ``features`` of the
+            committed positions when requested).
+        Raises:
+            ValueError: a tree draft, a count that is not one per row, or a draft past the context.
+        """
+        if len(drafts) != self.rows:
+            raise ValueError(f"got {len(drafts)} drafts for {self.rows} requests in flight")
+        if any(d.is_tree for d in drafts):
+            raise ValueError("the batched verifier verifies chains; tree drafts run in the batch-1 loop")
+        device = self.runtime.torch_device
+        ks = [d.length for d in drafts]
+        for length, k in zip(self.lengths, ks):
+            if length + k + 1 > self.max_context:
+                raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        b, q = self.rows, 1 + max(ks)
+        width = 0 if self.cache is None else self.cache.get_seq_length()
+        inputs = torch.full((b, q), self.pad_token_id, dtype=torch.long, device=device)
+        for i, (pending, draft) in enumerate(zip(self.pending, drafts)):
+            inputs[i, : 1 + ks[i]] = torch.cat([pending, draft.token_ids])
+        lengths = torch.tensor(self.lengths, device=device)
+        steps = torch.arange(q, device=device)
+        positions = lengths[:, None] + steps  # (b, q)
+        past = torch.arange(width, device=device)[None, :] < lengths[:, None]  # (b, width): own committed columns
+        causal = steps[None, :] <= steps[:, None]  # (q, q)
+        mask = torch.cat([past[:, None, :].expand(b, q, width), causal.expand(b, q, q)], dim=2)[:, None]
+        mask = as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype)
+        out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask, cache=self.cache,
+                         use_cache=True, output_hidden_states=bool(self.feature_layers))
+        if self.cache is None:
+            self.cache = out.past_key_values
+        target = out.logits.argmax(dim=-1)  # (b, q) int64
+        drafted = inputs[:, 1:]
+        valid = steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
+        accepted_t = ((target[:, :-1] == drafted) & valid).int().cumprod(dim=1).sum(dim=1)  # (b,)
+        accepted = accepted_t.tolist()  # the one sync of the round: every row's accepted length
+        self._keep_accepted(width, accepted)
+        results = []
+        for i, a in enumerate(accepted):
+            self.pending[i] = target[i, a : a + 1]
+            features = None
+            if self.feature_layers:
+                features = torch.cat([out.hidden_states[j][i, : a + 1] for j in self.feature_layers], dim=-1)
+            results.append(Verification(accepted_length=a, next_token=int(self.pending[i]),
+                                        target_token_ids=target[i, : ks[i] + 1], features=features))
+        return results
+
+    def _keep_accepted(self, width: int, accepted: list[int]) -> None:
+        """Move each row's kept new entries (columns ``width .. width + a_i``) to ``L_i ..``, crop."""
+        device = self.runtime.torch_device
+        kept = torch.tensor([a + 1 for a in accepted], device=device)
+        rows = torch.repeat_interleave(torch.arange(self.rows, device=device), kept)
+        offset = torch.arange(int(kept.sum()), device=device) - torch.repeat_interleave(kept.cumsum(0) - kept, kept)
+        source = width + offset
+        destination = torch.repeat_interleave(torch.tensor(self.lengths, device=device), kept) + offset
+        if any(length != width for length in self.lengths):  # rows already flush need no move
+            for layer in self._layers():
+                layer.keys[rows, :, destination] = layer.keys[rows, :, source]
+                layer.values[rows, :, destination] = layer.values[rows, :, source]
+        self.lengths = [length + a + 1 for length, a in zip(self.lengths, accepted)]
+        crop_cache(self.cache, max(self.lengths))
