@@ -71,6 +71,7 @@ class Eagle3Drafter(Drafter):
         self._committed_pairs = 0  # pairs with real features in the cache
         self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
+        self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
 
     @property
@@ -100,6 +101,7 @@ class Eagle3Drafter(Drafter):
         self.cache = KVCache(1)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
+        self._waiting = []
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -141,6 +143,7 @@ class Eagle3Drafter(Drafter):
             if self._ended:
                 break
             if self._last_out is None:  # the round's first pass: the newly committed pairs
+                self._join_pairs()
                 if self._features is None or self._features.shape[0] == 0:
                     break  # a one-token prompt: no feature yet, nothing to draft from
                 hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
@@ -182,6 +185,7 @@ class Eagle3Drafter(Drafter):
             ``(top_k,) float32`` (best first). Empty for a one-token prompt (no feature yet).
         """
         empty = (torch.empty(0, dtype=torch.long), torch.empty(0))
+        self._join_pairs()
         if self._features is None or self._features.shape[0] == 0:
             return empty
         hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
@@ -246,10 +250,17 @@ class Eagle3Drafter(Drafter):
         self.cache.crop(self._committed_pairs)
         tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
-            features = torch.cat([self._features, features])
-            tokens = torch.cat([self._pair_tokens, tokens])
-        self._features, self._pair_tokens = features, tokens
+            self._waiting.append((features, tokens))  # joined when drafting resumes (no copy per round)
+        else:
+            self._features, self._pair_tokens = features, tokens
         self._new_round()
+
+    def _join_pairs(self) -> None:
+        """Fold the pairs committed by rounds that drafted nothing into ``_features`` / ``_pair_tokens``."""
+        if self._waiting:
+            self._features = torch.cat([self._features, *(f for f, _ in self._waiting)])
+            self._pair_tokens = torch.cat([self._pair_tokens, *(t for _, t in self._waiting)])
+            self._waiting.clear()
 
 
 def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str,

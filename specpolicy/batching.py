@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specpolicy.batch_context import BatchContext, VerifyCost
 from specpolicy.decoding import _cut_at_stop, draft_round
 from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy, TreePolicy
@@ -138,6 +139,8 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
     skipped: dict[int, str] = {}
     verify_tokens: list[int] = []
     batch_sizes: list[int] = []
+    verify_cost = VerifyCost()  # the batch's measured verification cost, shared by every policy
+    planner = type(policy).plan_round if policy is not None else None
     start = time.perf_counter()
 
     def now() -> float:
@@ -184,6 +187,13 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         if not active:
             continue
 
+        if policy is not None:  # what each policy knows of the batch; a batch-aware class plans the round
+            contexts = [BatchContext(len(active), row, verify_cost) for row in range(len(active))]
+            plan = planner([r.policy for r in active], contexts)
+            for row, r in enumerate(active):
+                r.policy.batch = contexts[row] if plan is None else \
+                    BatchContext(len(active), row, verify_cost, int(plan[row]))
+        round_start = time.perf_counter()
         drafts, stops, draft_ms = [], [], []
         for r in active:
             t0 = time.perf_counter()
@@ -196,10 +206,11 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         verifications = target.verify(drafts)
         verify_ms = (time.perf_counter() - t0) * 1e3
         verify_tokens.append(sum(d.length + 1 for d in drafts))
+        padded = len(drafts) * (1 + max(d.length for d in drafts))
         batch_sizes.append(len(active))
         emitted_at = now()
 
-        done = []
+        done, commit_total = [], 0.0
         for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
             committed = verification.committed_tokens(draft)
             keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - r.generated)
@@ -217,6 +228,7 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
                 t0 = time.perf_counter()
                 r.drafter.commit(draft, verification)
                 commit_ms = (time.perf_counter() - t0) * 1e3
+                commit_total += commit_ms
             record = RoundRecord(
                 index=len(r.rounds), speculation_length=draft.length, accepted_length=verification.accepted_length,
                 emitted_tokens=keep, drafter_forward_passes=draft.forward_passes, reused_tokens=draft.reused_tokens,
@@ -230,6 +242,9 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
                 done.append(row)
             elif r.policy is not None:
                 r.policy.update(record)
+        # the round's cost besides drafting (verification and the loop's work per request), against
+        # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
+        verify_cost.observe(padded, (time.perf_counter() - round_start) * 1e3 - sum(draft_ms) - commit_total)
         for row in reversed(done):
             finish(row)
     return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes))

@@ -61,6 +61,12 @@ def select_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]
     return torch.cat([hidden_states[i][0, rows] for i in layers], dim=-1)
 
 
+def select_features_batch(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
+    """The requested hidden states of every batch row, concatenated along the feature axis:
+    ``(b, n, len(layers) * H)`` from L + 1 tensors ``(b, n, H)`` (the batched verifier's rows)."""
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+
+
 def target_parts(verifier, who: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
     """The target's input embeddings, LM head and config, which DFlash and EAGLE-3 drafters share
     with it (they store neither).

@@ -40,6 +40,8 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.specdecpp",
     "specpolicy.policies.aimd",
     "specpolicy.policies.goodput",
+    "specpolicy.policies.goodput_batch",
+    "specpolicy.policies.batch_schedule",
     "specpolicy.policies.eagle2_tree",
     "specpolicy.policies.failfast_tree",
     "specpolicy.policies.block_tree",

@@ -33,6 +33,19 @@ class LengthPolicy(ABC):
     name: str = ""
     #: Why the last ``next_length`` answer of 0 stopped drafting (see the class docstring).
     draft_stop_reason: str = "policy_bound"
+    #: The batch this request's round runs in (``specpolicy.batch_context.BatchContext``), set by
+    #: the batched loop before each round's drafting; None in the batch-1 loop. Policies that do
+    #: not read it behave as at batch 1.
+    batch: Any = None
+
+    @classmethod
+    def plan_round(cls, policies: list["LengthPolicy"], contexts: list[Any]) -> list[int] | None:
+        """Plan the round's speculation lengths of every request in a batch at once (batch-aware
+        policies). Called by the batched loop before drafting, with the requests' policies (each
+        an instance of ``cls``, in row order) and their ``BatchContext``s (``planned_length``
+        None); the answer (tokens, one per request, each >= 0) reaches each policy as
+        ``batch.planned_length``. Default: None (no joint plan; each request decides alone)."""
+        return None
 
     @property
     def stop_reason(self) -> str:

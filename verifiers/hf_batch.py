@@ -24,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.attention import as_model_mask
 from specpolicy.cache import crop_cache
-from specpolicy.features import select_features
+from specpolicy.features import select_features, select_features_batch
 from specpolicy.runtime import Runtime
 from specpolicy.types import Draft, Verification
 
@@ -158,45 +158,50 @@ class BatchedHFVerifier:
                 raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         b, q = self.rows, 1 + max(ks)
         width = 0 if self.cache is None else self.cache.get_seq_length()
-        inputs = torch.full((b, q), self.pad_token_id, dtype=torch.long, device=device)
-        for i, (pending, draft) in enumerate(zip(self.pending, drafts)):
-            inputs[i, : 1 + ks[i]] = torch.cat([pending, draft.token_ids])
-        lengths = torch.tensor(self.lengths, device=device)
         steps = torch.arange(q, device=device)
-        positions = lengths[:, None] + steps  # (b, q)
-        past = torch.arange(width, device=device)[None, :] < lengths[:, None]  # (b, width): own committed columns
-        causal = steps[None, :] <= steps[:, None]  # (q, q)
-        mask = torch.cat([past[:, None, :].expand(b, q, width), causal.expand(b, q, q)], dim=2)[:, None]
-        mask = as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype)
+        if b == 1:
+            inputs = torch.cat([self.pending[0], drafts[0].token_ids])[None]
+        else:
+            inputs = torch.full((b, q), self.pad_token_id, dtype=torch.long, device=device)
+            for i, (pending, draft) in enumerate(zip(self.pending, drafts)):
+                inputs[i, : 1 + ks[i]] = torch.cat([pending, draft.token_ids])
+        if all(length == width for length in self.lengths):  # every row flush: plain causal attention
+            positions = mask = None
+        else:
+            lengths = torch.tensor(self.lengths, device=device)
+            positions = lengths[:, None] + steps  # (b, q)
+            past = torch.arange(width, device=device)[None, :] < lengths[:, None]  # (b, width): own committed columns
+            causal = steps[None, :] <= steps[:, None]  # (q, q)
+            mask = torch.cat([past[:, None, :].expand(b, q, width), causal.expand(b, q, q)], dim=2)[:, None]
+            mask = as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype)
         out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask, cache=self.cache,
                          use_cache=True, output_hidden_states=bool(self.feature_layers))
         if self.cache is None:
             self.cache = out.past_key_values
         target = out.logits.argmax(dim=-1)  # (b, q) int64
-        drafted = inputs[:, 1:]
-        valid = steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
-        accepted_t = ((target[:, :-1] == drafted) & valid).int().cumprod(dim=1).sum(dim=1)  # (b,)
+        matches = target[:, :-1] == inputs[:, 1:]
+        if b > 1:  # padding never matches
+            matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
+        accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
         accepted = accepted_t.tolist()  # the one sync of the round: every row's accepted length
         self._keep_accepted(width, accepted)
+        features = select_features_batch(out.hidden_states, self.feature_layers) if self.feature_layers else None
         results = []
-        for i, a in enumerate(accepted):
+        for i, (a, nxt) in enumerate(zip(accepted, target.gather(1, accepted_t[:, None]).squeeze(1).tolist())):
             self.pending[i] = target[i, a : a + 1]
-            features = None
-            if self.feature_layers:
-                features = torch.cat([out.hidden_states[j][i, : a + 1] for j in self.feature_layers], dim=-1)
-            results.append(Verification(accepted_length=a, next_token=int(self.pending[i]),
-                                        target_token_ids=target[i, : ks[i] + 1], features=features))
+            results.append(Verification(accepted_length=a, next_token=nxt, target_token_ids=target[i, : ks[i] + 1],
+                                        features=None if features is None else features[i, : a + 1]))
         return results
 
     def _keep_accepted(self, width: int, accepted: list[int]) -> None:
         """Move each row's kept new entries (columns ``width .. width + a_i``) to ``L_i ..``, crop."""
-        device = self.runtime.torch_device
-        kept = torch.tensor([a + 1 for a in accepted], device=device)
-        rows = torch.repeat_interleave(torch.arange(self.rows, device=device), kept)
-        offset = torch.arange(int(kept.sum()), device=device) - torch.repeat_interleave(kept.cumsum(0) - kept, kept)
-        source = width + offset
-        destination = torch.repeat_interleave(torch.tensor(self.lengths, device=device), kept) + offset
         if any(length != width for length in self.lengths):  # rows already flush need no move
+            device = self.runtime.torch_device
+            kept = torch.tensor([a + 1 for a in accepted], device=device)
+            rows = torch.repeat_interleave(torch.arange(self.rows, device=device), kept)
+            offset = torch.arange(int(kept.sum()), device=device) - torch.repeat_interleave(kept.cumsum(0) - kept, kept)
+            source = width + offset
+            destination = torch.repeat_interleave(torch.tensor(self.lengths, device=device), kept) + offset
             for layer in self._layers():
                 layer.keys[rows, :, destination] = layer.keys[rows, :, source]
                 layer.values[rows, :, destination] = layer.values[rows, :, source]

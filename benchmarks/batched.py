@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Batched peer run: speculation-length policies at several batch sizes, side by side in one run.
+
+    python benchmarks/batched.py --num-prompts 30 --max-new-tokens 128 --batch-sizes 1,2,4,8,16 \
+        --out benchmarks/results/batched-gsm8k-30x128.json --figure benchmarks/results/batched-gsm8k-30x128.png
+
+For each batch size B, the prompts go through the batched loop (``specpolicy.batching``) with
+up to B requests in flight (all arriving at once, or ``--arrival poisson --rate R``): vanilla
+batched decoding, every fixed K of ``--ks`` (``policy=static``), vLLM's per-batch-size schedule
+(``policy=batch-schedule``) and the batch-aware cost policy (``policy=goodput-batch``), with
+the drafter ``--drafter``; at B = 1 also today's batch-1 loop (``specpolicy.decoding.generate``,
+"loop-1"), the reference the batched loop is held to. Methods run interleaved (rotating order
+per batch size) after one untimed warm-up, on a quiet machine (``specpolicy.machine``:
+``timing_conditions``). Reported per (B, method): throughput (generated tokens/s over all
+requests), TTFT / TPOT p50 and p99 (ms), mean speculation length and accepted length per round,
+the ratio to vanilla at the same B, and whether every request's output equals its batch-1
+greedy output (``lossless``). Summary per B: the best fixed K, and the batch-aware policy's
+throughput over it (the bar: within 5% at every B) and over vanilla (never below 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
+
+from specpolicy.batching import generate_batch  # noqa: E402
+from specpolicy.datasets import load_prompts  # noqa: E402
+from specpolicy.decoding import generate  # noqa: E402
+from specpolicy.machine import MachineWatch  # noqa: E402
+from specpolicy.serving import RequestTiming, arrival_times, summarize  # noqa: E402
+
+
+def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, Any]]:
+    """``(name, drafter, policy)`` of every method (vanilla has neither)."""
+    out = [("vanilla", None, None)]
+    out += [(f"static-k{k}", bench.drafters[drafter], bench.policy("static", drafter, k=k)) for k in ks]
+    out += [("batch-schedule", bench.drafters[drafter], bench.policy("batch-schedule", drafter)),
+            ("goodput-batch", bench.drafters[drafter], bench.policy("goodput-batch", drafter))]
+    return out
+
+
+def run_method(bench: Bench, prompts: list[torch.Tensor], max_new_tokens: int, batch_size: int, drafter, policy,
+               arrivals: list[float], batch1_loop: bool = False) -> tuple[list[RequestTiming], float, list, list]:
+    """One method over every prompt: the requests' timings, the wall seconds, every round and
+    every request's output ids."""
+    if drafter is not None:
+        bench.verifier.request_features(tuple(drafter.target_feature_layers or ()))
+    if batch1_loop:  # today's loop, one request after another (arrivals all at once)
+        start, timings, outputs, rounds = time.perf_counter(), [], [], []
+        for ids in prompts:
+            t0 = time.perf_counter() - start
+            res = generate(ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=drafter,
+                           policy=policy)
+            t1 = time.perf_counter() - start
+            first = t0 + (res.prefill_ms + (res.rounds[0].draft_ms + res.rounds[0].verify_ms if res.rounds else 0)) / 1e3
+            timings.append(RequestTiming(0.0, t0, first, t1, res.generated_tokens))
+            outputs.append(res.output_ids.tolist())
+            rounds += res.rounds
+        return timings, time.perf_counter() - start, rounds, outputs
+    res = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens,
+                         batch_size=batch_size, drafter=drafter, policy=policy, arrivals=arrivals)
+    outputs = [res.results[i].output_ids.tolist() for i in range(len(prompts))]
+    rounds = [r for g in res.results.values() for r in g.rounds]
+    return [res.timings[i] for i in sorted(res.timings)], res.wall_s, rounds, outputs
+
+
+def measure(bench: Bench, prompts: list[torch.Tensor], args: argparse.Namespace, log) -> dict[str, Any]:
+    ks = [int(k) for k in args.ks.split(",")]
+    table = methods(bench, args.drafter, ks)
+    arrivals = arrival_times(len(prompts), args.arrival, args.rate, args.seed)
+    reference = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
+                 for ids in prompts]  # batch-1 greedy outputs (untimed; also the warm-up)
+    rows: dict[str, dict[str, Any]] = {}
+    for b in [int(x) for x in args.batch_sizes.split(",")]:
+        entries = [(name, d, p, False) for name, d, p in table]
+        if b == 1:  # today's batch-1 loop beside the batched loop at B = 1
+            entries += [(f"{name}:loop-1", d, p, True) for name, d, p in table if name.startswith(("vanilla", "static"))]
+        runs: dict[str, list] = {name: [[], 0.0, [], True] for name, *_ in entries}  # timings, wall, rounds, lossless
+        for rep in range(args.repeats):  # interleaved: every method once per repeat, rotating order
+            shift = (b + rep) % len(entries)
+            for name, d, p, loop1 in entries[shift:] + entries[:shift]:
+                log(f"B={b} repeat {rep + 1}/{args.repeats} {name}")
+                timings, wall, rounds, outputs = run_method(bench, prompts, args.max_new_tokens, b, d, p, arrivals,
+                                                            loop1)
+                run = runs[name]
+                run[0] += timings
+                run[1] += wall
+                run[2] += rounds
+                run[3] = run[3] and outputs == reference
+        row: dict[str, Any] = {}
+        for name, (timings, wall, rounds, lossless) in runs.items():
+            summary = summarize(timings, wall)  # over every repeat: tokens / total wall, latency percentiles
+            n = max(len(rounds), 1)
+            summary["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / n
+            summary["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / n
+            summary["speculation_off_fraction"] = sum(r.speculation_length == 0 for r in rounds) / n
+            summary["lossless"] = lossless
+            row[name] = summary
+        van = row["vanilla"]["throughput_tokens_per_s"]
+        for s in row.values():
+            s["speedup_vs_vanilla"] = s["throughput_tokens_per_s"] / van
+        fixed = {f"static-k{k}": row[f"static-k{k}"]["throughput_tokens_per_s"] for k in ks}
+        best = max(fixed, key=fixed.get)
+        best_any = max(fixed[best], van)  # a fixed K of 0 is vanilla
+        row["_summary"] = {
+            "best_fixed_k": best if fixed[best] >= van else "vanilla (k=0)",
+            "best_fixed_tokens_per_s": best_any,
+            "goodput_batch_over_best_fixed": row["goodput-batch"]["throughput_tokens_per_s"] / best_any,
+            "batch_schedule_over_best_fixed": row["batch-schedule"]["throughput_tokens_per_s"] / best_any,
+            "goodput_batch_over_vanilla": row["goodput-batch"]["speedup_vs_vanilla"],
+        }
+        rows[str(b)] = row
+    return rows
+
+
+def figure(result: dict[str, Any], path: Path) -> None:
+    """Throughput and p99 TPOT against batch size, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["batch_sizes"]
+    sizes = [int(b) for b in rows]
+    names = [n for n in rows[str(sizes[0])] if not n.startswith("_") and ":" not in n]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in names:
+        style = dict(lw=2.5) if name in ("goodput-batch", "vanilla", "batch-schedule") else dict(lw=1, alpha=0.6)
+        ax1.plot(sizes, [rows[str(b)][name]["throughput_tokens_per_s"] for b in sizes], marker="o", label=name, **style)
+        ax2.plot(sizes, [rows[str(b)][name]["tpot_p99_ms"] for b in sizes], marker="o", label=name, **style)
+    s = result["settings"]
+    trusted = "" if result["timing_conditions"].get("timing_trusted", True) else " (timing NOT trusted)"
+    for ax, label in ((ax1, "throughput (tokens/s, all requests)"), (ax2, "TPOT p99 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("batch size (requests in flight)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"batched decoding, drafter={s['drafter']}: {s['num_prompts']} {s['dataset']} prompts x "
+                 f"{s['max_new_tokens']} tokens, {s['arrival']} arrivals, {s['device']} {s['dtype']} "
+                 f"(measured){trusted}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="batched decoding: tokens/s (x vanilla at the same batch size)")
+    sizes = list(result["batch_sizes"])
+    table.add_column("method")
+    for b in sizes:
+        table.add_column(f"B={b}", justify="right")
+    names = [n for n in result["batch_sizes"][sizes[0]] if not n.startswith("_")]
+    for name in names:
+        cells = []
+        for b in sizes:
+            s = result["batch_sizes"][b].get(name)
+            cells.append("" if s is None else f"{s['throughput_tokens_per_s']:.0f} ({s['speedup_vs_vanilla']:.2f}x)"
+                         + ("" if s["lossless"] else " LOSSY"))
+        table.add_row(name, *cells)
+    for key in ("best_fixed_k", "goodput_batch_over_best_fixed", "batch_schedule_over_best_fixed"):
+        table.add_row(key, *[(lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(
+            result["batch_sizes"][b]["_summary"][key]) for b in sizes])
+    Console(width=200).print(table)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="benchmarks/batched.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--dataset-path", default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-sizes", default="1,2,4,8,16")
+    p.add_argument("--drafter", default="eagle3")
+    p.add_argument("--ks", default="1,2,3,4,6", help="the fixed speculation lengths compared")
+    p.add_argument("--arrival", default="all_at_once", choices=("all_at_once", "poisson"))
+    p.add_argument("--rate", type=float, default=0.0, help="requests/s for --arrival poisson")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every method per batch size")
+    add_model_arguments(p)
+    p.add_argument("--reuse-min-match", type=int, default=2)
+    p.add_argument("--out", default=None, help="JSON output")
+    p.add_argument("--figure", default=None, help="PNG output")
+    args = p.parse_args(argv)
+    log = start_benchmark(args.threads)
+    bench = Bench(args)
+    prompts = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, args.dataset_path, args.num_prompts)]
+    watch = MachineWatch()
+    watch.start()
+    rows = measure(bench, prompts, args, log)
+    result = {"settings": {**vars(args), "device": str(bench.runtime.torch_device),
+                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+                           "torch_threads": torch.get_num_threads()},
+              "timing_conditions": watch.stop([]), "batch_sizes": rows}
+    print_table(result)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.figure:
+        figure(result, Path(args.figure))
+    return result
+
+
+if __name__ == "__main__":
+    main()

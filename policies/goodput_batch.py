@@ -1,0 +1,207 @@
+"""``goodput-batch`` policy: the round's speculation lengths that maximise the batch's goodput.
+
+``goodput`` generalised to a batch (SmartSpec, Liu et al. 2024, arXiv 2406.14066, §4: choose the
+lengths that maximise goodput, the expected emitted tokens per unit of time, of the whole batch).
+A round of the batched loop with requests ``i = 1..B`` drafting ``k_i`` tokens emits in
+expectation ``E = sum_i (1 + sum_{j<=k_i} s_ij)`` tokens, where ``s_ij`` is the probability that
+request i's first j draft tokens are all accepted (products of per-position acceptance rates,
+learned per request from its verified rounds, shrunk towards the batch's pooled rates), and
+costs ``T = verify_ms(B x (1 + max_i k_i)) + sum_i draft_ms_i(k_i)``: the batched verification's
+measured cost as a function of the tokens its pass computes (padded rows;
+``specpolicy.batch_context.VerifyCost``) and
+each request's drafting (ms per drafter pass x passes, passes = ceil(k / tokens per pass), both
+measured). The plan (``plan_round``, once per round for the whole batch):
+
+1. the uniform length ``K`` in ``0..max_length`` with the highest ``E / T`` (a fixed K, chosen
+   afresh each round: as the batch grows the slope of ``verify_ms`` weighs more and K falls,
+   to 0 -- speculation off -- when no draft token pays for its verification);
+2. then per request, Dinkelbach's step (as ``goodput``): with ``lambda = E / T`` of that plan,
+   request i keeps its first draft tokens while their expected tokens ``s_ij`` beat what the
+   batch earns in the drafting time a token costs, ``lambda x drafting ms per token`` (their
+   verification is paid by the padded width while another request drafts K); the per-request
+   plan is taken when it raises ``E / T``.
+
+While the cost fit lacks spread (the first rounds) or speculation is off, the plan probes a
+length now and then (``probe_interval``) so acceptance and costs stay measured. In the batch-1
+loop (no batch) the policy plans its own request the same way with its own cost fit.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+
+from specpolicy.batch_context import BatchContext, VerifyCost
+from specpolicy.hookspecs import hookimpl
+from specpolicy.policy import LengthPolicy
+from specpolicy.types import Draft, RoundRecord
+from specpolicy.validation import check_init
+
+NAME = "goodput-batch"
+#: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.
+WARMUP_LENGTHS = (1, 0, 2, 3)
+#: Weight of the newest round in the drafting-cost averages.
+COST_EMA = 0.1
+
+
+class _Shared:
+    """What every request's copy of one configured policy shares: pooled acceptance counts per
+    position, the drafter's costs (one drafter for the whole batch), rounds planned (for the
+    probes) and the batch-1 cost fit."""
+
+    def __init__(self, max_length: int) -> None:
+        self.accepted = np.zeros(max_length)
+        self.tried = np.zeros(max_length)
+        self.pass_ms = math.nan  # drafting ms per drafter pass (EMA over every request's rounds)
+        self.tokens_per_pass = 1.0  # the most draft tokens one pass has given (a block drafter's block)
+        self.rounds = 0
+        self.cost = VerifyCost()
+
+
+class GoodputBatchPolicy(LengthPolicy):
+    """Batch goodput maximisation (see the module docstring).
+
+    Args:
+        max_length: longest draft (tokens), >= 1.
+        prior_acceptance: acceptance rate of a position before any round, in [0, 1].
+        prior_strength: pseudo-rounds of the pooled rate in a request's own estimate (> 0).
+        probe_interval: rounds between probes while the plan is 0 (speculation off), >= 1.
+    Raises:
+        ValueError: naming ``policy.<key>`` for a value out of range.
+    """
+
+    name = NAME
+
+    def __init__(self, max_length: int = 16, prior_acceptance: float = 0.6, prior_strength: float = 4.0,
+                 probe_interval: int = 32) -> None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
+        if not isinstance(prior_acceptance, (int, float)) or not 0.0 <= prior_acceptance <= 1.0:
+            raise ValueError(f"policy.prior_acceptance must be a number in [0, 1], got {prior_acceptance!r}")
+        if not isinstance(prior_strength, (int, float)) or not prior_strength > 0:
+            raise ValueError(f"policy.prior_strength must be a number > 0, got {prior_strength!r}")
+        if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
+            raise ValueError(f"policy.probe_interval must be an integer >= 1, got {probe_interval!r}")
+        self.max_length, self.prior_acceptance = max_length, float(prior_acceptance)
+        self.prior_strength, self.probe_interval = float(prior_strength), probe_interval
+        self._shared = _Shared(max_length)
+        self.reset()
+
+    def __deepcopy__(self, memo: dict) -> "GoodputBatchPolicy":
+        """A request's copy: its own state, the configured policy's shared statistics."""
+        clone = copy.copy(self)
+        for key, value in vars(self).items():
+            if key != "_shared":
+                setattr(clone, key, copy.deepcopy(value, memo))
+        return clone
+
+    def reset(self) -> None:
+        """A new request: its own acceptance counts start empty (the pooled ones carry over)."""
+        self.accepted = np.zeros(self.max_length)
+        self.tried = np.zeros(self.max_length)
+        self._planned = 0
+        self._drafted_last_round = False  # the first round after the prefill, or after plain rounds, catches the drafter up
+
+    # -- estimates -----------------------------------------------------------------------------
+
+    def survival(self) -> np.ndarray:
+        """``(max_length,)`` float: the probability that the first j + 1 draft tokens are all accepted."""
+        s = self._shared
+        pooled = (s.accepted + self.prior_strength * self.prior_acceptance) / (s.tried + self.prior_strength)
+        rate = (self.accepted + self.prior_strength * pooled) / (self.tried + self.prior_strength)
+        return np.cumprod(rate)
+
+    def draft_ms(self, lengths: np.ndarray) -> np.ndarray:
+        """Modeled drafting ms of drafts of ``lengths`` tokens (0 for 0; before any pass is measured: 0)."""
+        s = self._shared
+        pass_ms = 0.0 if math.isnan(s.pass_ms) else s.pass_ms
+        return pass_ms * np.ceil(np.asarray(lengths, dtype=float) / s.tokens_per_pass)
+
+    def draft_ms_per_token(self) -> float:
+        """Drafting ms per draft token, a pass's cost spread over the tokens it drafts."""
+        s = self._shared
+        return 0.0 if math.isnan(s.pass_ms) else s.pass_ms / s.tokens_per_pass
+
+    # -- the plan --------------------------------------------------------------------------------
+
+    @classmethod
+    def plan_round(cls, policies: list["GoodputBatchPolicy"], contexts: list[BatchContext]) -> list[int]:
+        """The lengths (tokens) of every request this round (see the module docstring)."""
+        lead = policies[0]
+        shared, cost = lead._shared, contexts[0].verify_cost
+        shared.rounds += 1
+        b, horizon = len(policies), lead.max_length
+        if cost.samples < len(WARMUP_LENGTHS):  # spread the cost fit's samples first
+            return [WARMUP_LENGTHS[cost.samples]] * b
+        lengths = np.arange(horizon + 1)
+        gain = np.zeros((b, horizon + 1))  # gain[i, K]: expected accepted tokens of request i drafting K
+        gain[:, 1:] = np.cumsum([p.survival() for p in policies], axis=1)
+        drafting = np.array([p.draft_ms(lengths) for p in policies])  # (b, horizon + 1)
+        emitted = b + gain.sum(axis=0)
+        ms = cost.ms(b * (lengths + 1)) + drafting.sum(axis=0)
+        best = int(np.argmax(emitted / ms))
+        plan, rate = np.full(b, best), emitted[best] / ms[best]
+        # Dinkelbach's step per request: below K*, request i keeps draft token j while s_ij beats
+        # what the batch earns in the drafting time the token costs (its verification is paid
+        # for by the padded width as long as another request drafts K*)
+        per_token = np.array([p.draft_ms_per_token() for p in policies])
+        survive = gain[:, 1:best + 1] - gain[:, :best]  # (b, K*): s_ij
+        mine = (survive >= rate * per_token[:, None]).cumprod(axis=1).sum(axis=1).astype(int)
+        rows = np.arange(b)
+        mine_ms = cost.ms(b * (int(mine.max(initial=0)) + 1)) + drafting[rows, mine].sum()
+        if (b + gain[rows, mine].sum()) / mine_ms > rate:
+            plan = mine
+        if not plan.any() and shared.rounds % lead.probe_interval == 0:
+            # speculation is off: one request probes, so acceptance and costs stay measured
+            plan[(shared.rounds // lead.probe_interval) % b] = 1
+        return [int(k) for k in plan]
+
+    def next_length(self, draft: Draft) -> int:
+        if draft.length == 0:
+            if self.batch is not None and self.batch.planned_length is not None:
+                self._planned = self.batch.planned_length
+            else:  # the batch-1 loop: plan this request alone
+                self._planned = self.plan_round([self], [BatchContext(1, 0, self._shared.cost)])[0]
+        return max(self._planned - draft.length, 0)
+
+    def update(self, record: RoundRecord) -> None:
+        k, a = record.speculation_length, record.accepted_length
+        if k:
+            seen = min(a + 1, k, self.max_length)
+            for counts in (self, self._shared):
+                counts.tried[:seen] += 1
+                counts.accepted[: min(a, self.max_length)] += 1
+            # drafting cost per pass, from rounds that follow a drafted one (after plain rounds a
+            # drafter such as EAGLE-3 first catches up on every position committed meanwhile)
+            if record.drafter_forward_passes and self._drafted_last_round:
+                s, pass_ms = self._shared, record.draft_ms / record.drafter_forward_passes
+                s.pass_ms = pass_ms if math.isnan(s.pass_ms) else (1 - COST_EMA) * s.pass_ms + COST_EMA * pass_ms
+                s.tokens_per_pass = max(s.tokens_per_pass, k / record.drafter_forward_passes)
+        self._drafted_last_round = k > 0
+        if self.batch is None:  # the batch-1 loop: this request's verifications are the cost samples
+            self._shared.cost.observe(k + 1, record.verify_ms)
+
+    def __repr__(self) -> str:
+        return (f"GoodputBatchPolicy(max_length={self.max_length}, prior_acceptance={self.prior_acceptance}, "
+                f"prior_strength={self.prior_strength}, probe_interval={self.probe_interval})")
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=goodput-batch``: its keys and ranges, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", GoodputBatchPolicy, config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=goodput-batch``. Config keys: ``max_length``, ``prior_acceptance``,
+    ``prior_strength``, ``probe_interval``."""
+    if name != NAME:
+        return None
+    return GoodputBatchPolicy(**config)

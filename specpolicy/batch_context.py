@@ -1,0 +1,113 @@
+"""What a length policy knows of the batch it runs in (the batched loop, ``specpolicy.batching``).
+
+Verification stops being nearly free once the target is compute-bound: a round's target pass
+costs more the more tokens it verifies over all requests, and that cost, not a request's own
+draft, decides whether one more draft token pays (SmartSpec, Liu et al. 2024, arXiv 2406.14066,
+§4: goodput = expected emitted tokens per unit of batch time; vLLM schedules K by batch size,
+vllm-project/vllm#32374). The loop therefore hands every request's policy a ``BatchContext``
+before the round's drafting (``LengthPolicy.batch``; None in the batch-1 loop), holding the
+measured cost of a batched verification as a function of the tokens verified
+(``VerifyCost``), and lets a policy class plan the whole round's lengths at once
+(``LengthPolicy.plan_round``). Policies that ignore both (every batch-1 policy, third-party
+plugins) run unchanged, each request with its own copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class VerifyCost:
+    """Milliseconds of a round of the batched loop besides drafting -- the batched verification
+    and the loop's work per request -- as a function of the tokens the verification pass computes:
+    ``rows x (1 + longest draft)`` with padded rows (``verifiers/hf_batch.py``). Measured:
+    an exponential moving average of the observed ms per token count (weight ``ema`` for the
+    newest), interpolated linearly between observed counts; outside them, extended with the
+    least-squares slope over the observed counts (``prior_slope_ratio`` of the mean ms per token
+    until two counts are seen). Not linear in general: on this CPU a forward over 8 rows costs 8
+    ms at one token per row and 12 ms at two (``benchmarks/batched.py``), which a straight line
+    through both ends would miss.
+
+    Args:
+        ema: weight of the newest observation of a token count, in (0, 1].
+        prior_slope_ratio: the slope's share of the per-token cost before it can be fitted, [0, 1].
+    """
+
+    def __init__(self, ema: float = 0.2, prior_slope_ratio: float = 0.5) -> None:
+        self.ema, self.prior_slope_ratio = ema, prior_slope_ratio
+        self._ms: dict[int, float] = {}  # tokens -> EMA of the observed ms
+        self._count: dict[int, int] = {}  # tokens -> samples
+        self.samples = 0
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """Add one verification: ``tokens`` computed (>= 1), ``ms`` its wall time."""
+        old = self._ms.get(tokens)
+        self._ms[tokens] = ms if old is None else (1 - self.ema) * old + self.ema * ms
+        self._count[tokens] = self._count.get(tokens, 0) + 1
+        self.samples += 1
+
+    @property
+    def observed(self) -> dict[int, float]:
+        """Token count -> its current ms estimate (non-decreasing in the count), for every count
+        seen, sorted by count."""
+        keys = sorted(self._ms)
+        return dict(zip(keys, _isotonic([self._ms[n] for n in keys],
+                                        [min(self._count[n], MAX_WEIGHT) for n in keys])))
+
+    def slope(self) -> float:
+        """ms per token beyond the observed counts (>= 0): the least-squares slope over them."""
+        if not self._ms:
+            return 0.0
+        points = self.observed
+        n, ms = np.array(list(points.keys()), dtype=float), np.array(list(points.values()))
+        if len(n) < 2:
+            return self.prior_slope_ratio * float(ms[0]) / float(n[0])
+        return max(float(np.polyfit(n, ms, 1)[0]), 0.0)
+
+    def ms(self, tokens: np.ndarray | float) -> np.ndarray | float:
+        """Modeled milliseconds of a verification computing ``tokens`` tokens (any array shape;
+        0 before any observation)."""
+        if not self._ms:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
+        points = self.observed
+        n, ms = np.array(list(points.keys()), dtype=float), np.array(list(points.values()))
+        x, slope = np.asarray(tokens, dtype=float), self.slope()
+        inside = np.interp(x, n, ms)
+        return np.where(x < n[0], ms[0] - slope * (n[0] - x), np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
+
+
+#: The most weight one token count's estimate gets in the isotonic fit (``VerifyCost.observed``).
+MAX_WEIGHT = 8
+
+
+def _isotonic(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares
+    (pool-adjacent-violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for v, w in zip(values, weights):
+        blocks.append([v, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [m for m, _, n in blocks for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """The batch a request's round runs in, set on its policy (``LengthPolicy.batch``) before drafting.
+
+    Attributes:
+        requests: requests in flight this round (rows of the target pass).
+        row: this request's row.
+        verify_cost: the measured cost of a batched verification (``VerifyCost``, shared by the batch).
+        planned_length: the speculation length ``plan_round`` gave this request this round (tokens),
+            or None when the policy class plans nothing.
+    """
+
+    requests: int
+    row: int
+    verify_cost: VerifyCost
+    planned_length: int | None = None

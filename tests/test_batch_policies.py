@@ -1,0 +1,162 @@
+"""Policies that know the batch: the measured verification cost (``VerifyCost``), vLLM's
+per-batch-size schedule (``batch-schedule``), the batch goodput plan (``goodput-batch``), and the
+batched loop handing every request's policy its ``BatchContext`` and the class's joint plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import EOS, random_prompts, sharpen, tiny_lm
+from specpolicy.batch_context import BatchContext, VerifyCost
+from specpolicy.batching import generate_batch
+from specpolicy.decoding import generate
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.plugins import get_plugin_manager, make_policy
+from specpolicy.policies.batch_schedule import BatchSchedulePolicy
+from specpolicy.policies.goodput_batch import WARMUP_LENGTHS, GoodputBatchPolicy
+from specpolicy.policies.static import StaticPolicy
+from specpolicy.runtime import Runtime
+from specpolicy.types import Draft, RoundRecord
+from specpolicy.verifiers.hf import HFVerifier
+
+
+def test_verify_cost_interpolates_is_non_decreasing_and_extends_with_the_slope():
+    cost = VerifyCost(ema=1.0)
+    assert cost.ms(10) == 0.0 and cost.slope() == 0.0
+    cost.observe(8, 8.0)
+    assert cost.slope() == pytest.approx(0.5 * 8.0 / 8)  # prior: half the mean ms per token
+    cost.observe(16, 12.0)
+    cost.observe(24, 14.0)
+    assert cost.ms(12) == pytest.approx(10.0) and cost.ms(20) == pytest.approx(13.0)
+    assert cost.ms(32) == pytest.approx(14.0 + 8 * cost.slope()) and cost.slope() == pytest.approx(0.375)
+    cost.observe(12, 30.0)  # one slow first call of a new shape ...
+    assert list(cost.observed) == [8, 12, 16, 24]
+    values = list(cost.observed.values())
+    assert values == sorted(values) and values[1] < 30.0  # ... pooled with its larger neighbours
+    assert np.allclose(cost.ms(np.array([8, 24])), [8.0, values[-1]])
+
+
+def _record(k: int, a: int, draft_ms: float = 2.0, passes: int | None = None, verify_ms: float = 5.0) -> RoundRecord:
+    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
+                       drafter_forward_passes=k if passes is None else passes, reused_tokens=0, draft_ms=draft_ms,
+                       verify_ms=verify_ms, confidences=(), draft_token_ids=(), target_token_ids=(),
+                       draft_stop_reason="policy_bound", finish_reason="")
+
+
+def test_batch_schedule_drafts_the_length_of_its_band():
+    policy = BatchSchedulePolicy([1, 4, 8], [5, 2, 0])
+    assert policy.next_length(Draft.empty()) == 5  # no batch (the batch-1 loop): batch size 1
+    cost = VerifyCost()
+    for requests, k in ((1, 5), (3, 5), (4, 2), (7, 2), (8, 0), (64, 0)):
+        policy.batch = BatchContext(requests, 0, cost)
+        assert policy.next_length(Draft.empty()) == k, requests
+    policy.batch = BatchContext(2, 0, cost)
+    assert policy.next_length(Draft(torch.arange(3), torch.ones(3))) == 2  # tops the draft up to 5
+    for sizes, lengths, key in (([2, 4], [1, 1], "batch_sizes"), ([1, 4, 4], [1, 1, 1], "batch_sizes"),
+                                ([1, 4], [1], "lengths"), ([1, 4], [1, -1], "lengths")):
+        with pytest.raises(ValueError, match=f"policy.{key} must be"):
+            BatchSchedulePolicy(sizes, lengths)
+
+
+def _goodput_batch(b: int, acceptance: float, cost: VerifyCost, pass_ms: float) -> list[GoodputBatchPolicy]:
+    """``b`` request copies of one configured policy after many rounds at ``acceptance`` per position."""
+    import copy
+
+    configured = GoodputBatchPolicy(max_length=12)
+    policies = [copy.deepcopy(configured) for _ in range(b)]
+    rng = np.random.default_rng(0)
+    for p in policies:
+        p.reset()
+        p._drafted_last_round = True
+        for _ in range(200):
+            a = 0
+            while a < 12 and rng.random() < acceptance:
+                a += 1
+            p.update(_record(12, a, draft_ms=12 * pass_ms))
+    assert cost.samples >= len(WARMUP_LENGTHS)  # past the warm-up
+    return policies
+
+
+def _plan(policies, cost):
+    return GoodputBatchPolicy.plan_round(policies, [BatchContext(len(policies), i, cost) for i in range(len(policies))])
+
+
+def test_goodput_batch_speculates_long_when_verification_is_flat_and_switches_off_when_it_is_not():
+    flat = VerifyCost()
+    for n in (8, 16, 32, 64, 128):
+        flat.observe(n, 10.0)  # verification costs the same whatever it verifies: the GPU's memory-bound regime
+    policies = _goodput_batch(8, 0.9, flat, pass_ms=0.1)
+    assert policies[0]._shared.pass_ms == pytest.approx(0.1)  # one drafter: costs pooled over the copies
+    plan = _plan(policies, flat)
+    assert min(plan) >= 8
+    steep = VerifyCost()
+    for n in (8, 16, 32, 64, 128):
+        steep.observe(n, 1.0 * n)  # every verified token costs as much as a plain step's: compute-bound
+    assert _plan(_goodput_batch(8, 0.9, steep, pass_ms=0.5), steep) == [0] * 8
+    # a batch of one with the same costs: a draft token costs a fraction of a plain step
+    one = VerifyCost()
+    for n in (1, 2, 4, 8, 13):
+        one.observe(n, 10.0 + 0.2 * n)
+    assert _plan(_goodput_batch(1, 0.9, one, pass_ms=0.5), one)[0] >= 4
+
+
+def test_goodput_batch_gives_a_poorly_accepted_request_fewer_tokens():
+    cost = VerifyCost()
+    for n in (8, 16, 32, 64):
+        cost.observe(n, 10.0 + 0.05 * n)
+    good = _goodput_batch(4, 0.95, cost, pass_ms=0.5)
+    bad = _goodput_batch(1, 0.2, cost, pass_ms=0.5)[0]
+    bad._shared = good[0]._shared
+    bad.accepted, bad.tried = np.zeros(12), np.zeros(12)
+    bad.tried[:1], bad.accepted[:1] = 300, 30  # its own first positions: rarely accepted
+    plan = _plan(good + [bad], cost)
+    assert plan[-1] < min(plan[:-1])
+
+
+def test_the_batched_loop_hands_every_policy_its_batch_and_the_class_plans_once_per_round(runtime):
+    class Recorder(StaticPolicy):
+        plans: list[tuple[int, ...]] = []
+        seen: list[tuple[int, int, int | None]] = []
+
+        @classmethod
+        def plan_round(cls, policies, contexts):
+            assert all(isinstance(p, cls) for p in policies) and all(c.planned_length is None for c in contexts)
+            plan = [c.row % 3 for c in contexts]
+            cls.plans.append(tuple(plan))
+            return plan
+
+        def next_length(self, draft):
+            if draft.length == 0:
+                Recorder.seen.append((self.batch.requests, self.batch.row, self.batch.planned_length))
+            return max(self.batch.planned_length - draft.length, 0)
+
+    target = sharpen(tiny_lm(0, layers=2), 4.0)
+    verifier = HFVerifier(target, runtime, frozenset({EOS}))
+    prompts = random_prompts(5)
+    out = generate_batch(prompts, verifier, runtime, max_new_tokens=12, batch_size=3,
+                         drafter=ARDrafter(sharpen(tiny_lm(0, layers=1)), runtime), policy=Recorder(3))
+    assert len(Recorder.plans) == len(out.batch_sizes)  # one plan per round
+    assert [len(p) for p in Recorder.plans] == list(out.batch_sizes)
+    assert all(k == row % 3 and 1 <= b <= 3 for b, row, k in Recorder.seen)
+    for i, prompt in enumerate(prompts):  # whatever lengths were planned, the output is the target's
+        assert out.results[i].output_ids.tolist() == generate(prompt, verifier, runtime, max_new_tokens=12).output_ids.tolist()
+
+
+@pytest.mark.parametrize("choice", ["goodput-batch", "batch-schedule"])
+def test_batch_aware_policies_are_lossless_in_both_loops(choice):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    target = sharpen(tiny_lm(0, layers=2).double(), 4.0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    pm = get_plugin_manager(autoload=False)
+    prompts = random_prompts(10, seed=2)
+    refs = [generate(p, verifier, rt, max_new_tokens=30).output_ids.tolist() for p in prompts]
+    drafter = ARDrafter(sharpen(tiny_lm(0, layers=1).double()), rt)
+    policy = make_policy(pm, {"name": choice})
+    for prompt, ref in zip(prompts, refs):
+        assert generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy).output_ids.tolist() == ref
+    for b in (1, 4, 16):
+        out = generate_batch(prompts, verifier, rt, max_new_tokens=30, batch_size=b, drafter=drafter,
+                             policy=make_policy(pm, {"name": choice}))
+        assert [out.results[i].output_ids.tolist() for i in range(len(prompts))] == refs
