@@ -140,18 +140,28 @@ class Eagle3Drafter(Drafter):
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         before = self._tokens.shape[0]
         for _ in range(num_tokens):
-            if self._ended:
+            if self._ended or not self._advance():
                 break
-            if self._last_out is None:  # the round's first pass: the newly committed pairs
-                self._join_pairs()
-                if self._features is None or self._features.shape[0] == 0:
-                    break  # a one-token prompt: no feature yet, nothing to draft from
-                hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
-                self._step(self.embed_tokens(self._pair_tokens)[None], hidden)
-                self._committed_pairs = self.cache.length
-                self._features = self._pair_tokens = None
-            else:  # feed the drafter's own output back with the token just drafted
-                self._step(self.embed_tokens(self._tokens[-1:])[None], self._last_out)
+        return self._end_call(before)
+
+    def _advance(self) -> bool:
+        """One pass, one more drafted token; False when there is nothing to draft from (a
+        one-token prompt: no feature yet)."""
+        if self._last_out is None:  # the round's first pass: the newly committed pairs
+            self._join_pairs()
+            if self._features is None or self._features.shape[0] == 0:
+                return False
+            hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
+            self._step(self.embed_tokens(self._pair_tokens)[None], hidden)
+            self._committed_pairs = self.cache.length
+            self._features = self._pair_tokens = None
+        else:  # feed the drafter's own output back with the token just drafted
+            self._step(self.embed_tokens(self._tokens[-1:])[None], self._last_out)
+        return True
+
+    def _end_call(self, before: int) -> Draft:
+        """The round's draft after a ``draft`` call that began at ``before`` tokens: cut at the
+        first stop token drafted in the call (one sync per call)."""
         if self._stop_ids.numel() and self._tokens.shape[0] > before:
             hit = torch.isin(self._tokens[before:], self._stop_ids)
             if bool(hit.any()):  # one sync per call: cut the draft at a drafted stop token
@@ -162,6 +172,99 @@ class Eagle3Drafter(Drafter):
         probs = torch.cat(self._probs) if self._probs else None
         return Draft(self._tokens, self._confs, forward_passes=self._passes, probs=probs,
                      ends_at_stop_token=self._ended)
+
+    @classmethod
+    @torch.no_grad()
+    def draft_many(cls, drafters: list["Eagle3Drafter"], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` for many requests with their passes batched: at each step every request still
+        drafting advances by one token in ONE pass of the head over all of them -- a request at
+        the round's first pass with its newly committed pairs, the others with their last
+        drafted token (rows padded to the most positions, caches to the longest, a mask keeping
+        each row to its own cache and its own positions, causally). Returns what the calls one
+        by one return (greedy; requests that sample draft one by one)."""
+        if any(d._sampling is not None for d in drafters) or len(drafters) < 2:
+            return super().draft_many(drafters, num_tokens)
+        before = [d._tokens.shape[0] for d in drafters]
+        left = list(num_tokens)
+        while True:
+            step = []
+            for i, d in enumerate(drafters):
+                if left[i] > 0 and not d._ended:
+                    if d._last_out is None:
+                        d._join_pairs()
+                        if d._features is None or d._features.shape[0] == 0:
+                            left[i] = 0  # a one-token prompt: nothing to draft from
+                            continue
+                    step.append(i)
+            if not step:
+                break
+            if len(step) == 1:
+                drafters[step[0]]._advance()
+            else:
+                cls._pass_together([drafters[i] for i in step])
+            for i in step:
+                left[i] -= 1
+        return [d._end_call(b) for d, b in zip(drafters, before)]
+
+    @staticmethod
+    def _pass_together(drafters: list["Eagle3Drafter"]) -> None:
+        """One pass of the head for several requests, each drafting one more token (see ``draft_many``)."""
+        head, lead = drafters[0].model, drafters[0]
+        device, dtype = lead.runtime.torch_device, lead.runtime.torch_dtype
+        embeds, hidden = [], []
+        for d in drafters:
+            if d._last_out is None:  # the round's first pass: the newly committed pairs
+                embeds.append(d._pair_tokens)
+                hidden.append(head.fc(d._features.to(dtype)))
+            else:  # the last drafted token, with the head's own output
+                embeds.append(d._tokens[-1:])
+                hidden.append(d._last_out[0])
+        counts = [e.shape[0] for e in embeds]
+        lengths = [d.cache.length for d in drafters]
+        b, n, longest = len(drafters), max(counts), max(lengths)
+        token_ids = torch.zeros((b, n), dtype=torch.long, device=device)
+        features = hidden[0].new_zeros((b, n, hidden[0].shape[-1]))
+        keys = drafters[0].cache.keys[0] if lengths[0] else None
+        for i, d in enumerate(drafters):
+            token_ids[i, : counts[i]] = embeds[i]
+            features[i, : counts[i]] = hidden[i]
+            if d.cache.length and keys is None:
+                keys = d.cache.keys[0]
+        past = None
+        if longest:
+            past_k = keys.new_zeros((b, keys.shape[1], longest, keys.shape[3]))
+            past_v = torch.zeros_like(past_k)
+            for i, d in enumerate(drafters):
+                if lengths[i]:
+                    past_k[i, :, : lengths[i]] = d.cache.keys[0][0]
+                    past_v[i, :, : lengths[i]] = d.cache.values[0][0]
+            past = (past_k, past_v)
+        lengths_t = torch.tensor(lengths, device=device)
+        steps = torch.arange(n, device=device)
+        own = torch.arange(longest, device=device)[None] < lengths_t[:, None]  # (b, P)
+        causal = steps[None, :] <= steps[:, None]  # (n, n)
+        mask = torch.cat([own[:, None].expand(b, n, longest), causal.expand(b, n, n)], dim=2)[:, None]
+        out, k, v = head(lead.embed_tokens(token_ids), features, lengths_t[:, None] + steps, past, mask)
+        last = torch.tensor(counts, device=device) - 1
+        rows = torch.arange(b, device=device)
+        logits = head.logits(out[rows, last])  # (b, Vd)
+        draft_ids, confs, _ = choose(logits, None, None)
+        tokens = head.to_target_ids(draft_ids)
+        for i, d in enumerate(drafters):
+            new_k, new_v = k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]]
+            if d.cache.length:
+                d.cache.keys[0] = torch.cat([d.cache.keys[0], new_k], dim=2)
+                d.cache.values[0] = torch.cat([d.cache.values[0], new_v], dim=2)
+            else:
+                d.cache.keys[0], d.cache.values[0] = new_k, new_v
+            if d._last_out is None:
+                d._committed_pairs = d.cache.length
+                d._features = d._pair_tokens = None
+            d._last_out = out[i : i + 1, counts[i] - 1 : counts[i]]
+            d._logits.append(logits[i : i + 1])
+            d._tokens = torch.cat([d._tokens, tokens[i : i + 1]])
+            d._confs = torch.cat([d._confs, confs[i : i + 1]])
+            d._passes += 1
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),

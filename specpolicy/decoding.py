@@ -272,26 +272,50 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
     if drafter is None:
         return draft, "vanilla"
     while True:
-        wanted = policy.next_length(draft)
-        try:
-            wanted = operator.index(wanted)  # an integer (int, NumPy or 0-d integer tensor); 2.5 is not
-        except TypeError:
-            raise PolicyAnswerError(policy, wanted) from None
-        if wanted < 0:
-            raise PolicyAnswerError(policy, wanted)
-        if answers is not None:
-            answers.append(wanted)
-        if wanted == 0:
-            return draft, ("length_0" if draft.length == 0 else policy.draft_stop_reason or "policy_bound")
-        n = min(wanted, room - draft.length)
-        if n <= 0:
-            return draft, "room"
+        n, stop = ask_policy(policy, draft, room, answers)
+        if stop:
+            return draft, stop
         before = draft.length
         draft = drafter.draft(n)
-        if draft.ends_at_stop_token:  # the drafter drafted EOS: no token past it is worth a pass
-            return draft, "stop_token"
-        if draft.length <= before:  # the drafter has nothing more to propose this round
-            return draft, "no_proposal"
+        stop = after_drafting(draft, before)
+        if stop:
+            return draft, stop
+
+
+def ask_policy(policy: LengthPolicy, draft: Draft, room: int, answers: list[int] | None = None) -> tuple[int, str]:
+    """One question of a round's drafting (``draft_round``): how many tokens to add to ``draft``.
+
+    Returns:
+        ``(n, "")`` to draft ``n`` >= 1 more tokens, or ``(0, why drafting stops)``: the policy
+        answered 0 (``"length_0"`` for the empty draft, else its ``draft_stop_reason``) or the
+        room is full (``"room"``).
+    Raises:
+        PolicyAnswerError: for an answer that is not an integer >= 0.
+    """
+    wanted = policy.next_length(draft)
+    try:
+        wanted = operator.index(wanted)  # an integer (int, NumPy or 0-d integer tensor); 2.5 is not
+    except TypeError:
+        raise PolicyAnswerError(policy, wanted) from None
+    if wanted < 0:
+        raise PolicyAnswerError(policy, wanted)
+    if answers is not None:
+        answers.append(wanted)
+    if wanted == 0:
+        return 0, ("length_0" if draft.length == 0 else policy.draft_stop_reason or "policy_bound")
+    n = min(wanted, room - draft.length)
+    return (n, "") if n > 0 else (0, "room")
+
+
+def after_drafting(draft: Draft, before: int) -> str:
+    """Why drafting stops after a ``draft`` call that began at ``before`` tokens, or ``""``: the
+    drafter drafted a stop token (``"stop_token"``: no token past it is worth a pass) or added
+    nothing (``"no_proposal"``)."""
+    if draft.ends_at_stop_token:
+        return "stop_token"
+    if draft.length <= before:
+        return "no_proposal"
+    return ""
 
 
 def _cut_at_stop(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int) -> tuple[int, bool]:

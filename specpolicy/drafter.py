@@ -79,6 +79,19 @@ class Drafter(ABC):
             ``Draft.ends_at_stop_token``: the loop then stops drafting (reason ``stop_token``).
         """
 
+    @classmethod
+    def draft_many(cls, drafters: list["Drafter"], num_tokens: list[int]) -> list[Draft]:
+        """Extend several requests' drafts at once (the batched loop, ``specpolicy.batching``): each
+        drafter (an instance of ``cls``) holds one request and adds ``num_tokens[i]`` tokens, as its
+        ``draft`` would. Default: ``draft`` one request after another. A drafter class that can run
+        its passes for many requests in one forward pass overrides it (``eagle3``) and returns what
+        the calls one by one would.
+
+        Returns:
+            every request's whole draft of the round so far, in order.
+        """
+        return [d.draft(n) for d, n in zip(drafters, num_tokens)]
+
     @abstractmethod
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Take the target's verdict: the committed sequence grows by
