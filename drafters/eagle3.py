@@ -41,6 +41,9 @@ from specpolicy.types import Draft, Verification
 from specpolicy.validation import check_keys, choice
 
 NAME = "eagle3"
+#: A request whose round starts with more newly committed positions than this (a new request's
+#: prompt, a long run of plain rounds) runs that pass alone in ``draft_many``, not padding the batch.
+BATCH_POSITIONS = 16
 CONFIG_KEYS = ("model", "layer_id_convention")
 
 
@@ -195,12 +198,16 @@ class Eagle3Drafter(Drafter):
                         if d._features is None or d._features.shape[0] == 0:
                             left[i] = 0  # a one-token prompt: nothing to draft from
                             continue
+                        if d._features.shape[0] > BATCH_POSITIONS:  # e.g. a new request's prompt: alone,
+                            d._advance()  # not padding every row to its length
+                            left[i] -= 1
+                            continue
                     step.append(i)
-            if not step:
+            if not step and all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
                 break
             if len(step) == 1:
                 drafters[step[0]]._advance()
-            else:
+            elif step:
                 cls._pass_together([drafters[i] for i in step])
             for i in step:
                 left[i] -= 1

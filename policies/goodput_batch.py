@@ -42,9 +42,13 @@ from specpolicy.validation import check_init
 
 NAME = "goodput-batch"
 #: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.
-WARMUP_LENGTHS = (1, 0, 2, 3)
+WARMUP_LENGTHS = (1, 0, 2, 4, 3, 6)
 #: Weight of the newest round in the drafting-cost averages.
 COST_EMA = 0.1
+#: A drafting-cost sample is clipped to within this factor of the estimate (winsorised) ...
+OUTLIER_FACTOR = 3.0
+#: ... once the estimate rests on this many samples.
+OUTLIER_WARMUP = 5
 
 
 class _Shared:
@@ -57,6 +61,7 @@ class _Shared:
         self.tried = np.zeros(max_length)
         self.pass_ms = math.nan  # drafting ms per drafter pass (EMA over every request's rounds)
         self.tokens_per_pass = 1.0  # the most draft tokens one pass has given (a block drafter's block)
+        self.cost_samples = 0
         self.rounds = 0
         self.cost = VerifyCost()
 
@@ -103,7 +108,7 @@ class GoodputBatchPolicy(LengthPolicy):
         self.accepted = np.zeros(self.max_length)
         self.tried = np.zeros(self.max_length)
         self._planned = 0
-        self._drafted_last_round = False  # the first round after the prefill, or after plain rounds, catches the drafter up
+        self._drafted_last_round = False
 
     # -- estimates -----------------------------------------------------------------------------
 
@@ -174,12 +179,16 @@ class GoodputBatchPolicy(LengthPolicy):
             for counts in (self, self._shared):
                 counts.tried[:seen] += 1
                 counts.accepted[: min(a, self.max_length)] += 1
-            # drafting cost per pass, from rounds that follow a drafted one (after plain rounds a
-            # drafter such as EAGLE-3 first catches up on every position committed meanwhile)
+            # drafting cost per pass, from rounds that follow a drafted one (the first drafted round
+            # after the prefill or after plain rounds also catches the drafter up on every position
+            # committed meanwhile, e.g. EAGLE-3's pass over the prompt), clipped to a factor of the estimate
             if record.drafter_forward_passes and self._drafted_last_round:
                 s, pass_ms = self._shared, record.draft_ms / record.drafter_forward_passes
+                if s.cost_samples >= OUTLIER_WARMUP:
+                    pass_ms = min(max(pass_ms, s.pass_ms / OUTLIER_FACTOR), s.pass_ms * OUTLIER_FACTOR)
                 s.pass_ms = pass_ms if math.isnan(s.pass_ms) else (1 - COST_EMA) * s.pass_ms + COST_EMA * pass_ms
                 s.tokens_per_pass = max(s.tokens_per_pass, k / record.drafter_forward_passes)
+                s.cost_samples += 1
         self._drafted_last_round = k > 0
         if self.batch is None:  # the batch-1 loop: this request's verifications are the cost samples
             self._shared.cost.observe(k + 1, record.verify_ms)

@@ -57,14 +57,16 @@ class VerifyCost:
                                         [min(self._count[n], MAX_WEIGHT) for n in keys])))
 
     def slope(self) -> float:
-        """ms per token beyond the observed counts (>= 0): the least-squares slope over them."""
+        """ms per token beyond the observed counts (>= 0): the slope between the two largest
+        observed counts (the local slope: the step from one token per row to two, far steeper, does
+        not count there); before two counts are seen, ``prior_slope_ratio`` of the ms per token."""
         if not self._ms:
             return 0.0
         points = self.observed
-        n, ms = np.array(list(points.keys()), dtype=float), np.array(list(points.values()))
+        n, ms = list(points.keys()), list(points.values())
         if len(n) < 2:
-            return self.prior_slope_ratio * float(ms[0]) / float(n[0])
-        return max(float(np.polyfit(n, ms, 1)[0]), 0.0)
+            return self.prior_slope_ratio * ms[0] / n[0]
+        return max((ms[-1] - ms[-2]) / (n[-1] - n[-2]), 0.0)
 
     def ms(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Modeled milliseconds of a verification computing ``tokens`` tokens (any array shape;

@@ -149,20 +149,31 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
 
     decodable = [p for p in prompts if p.prompt_id not in too_long]
     warmup = decodable[: int(cfg.run.warmup_prompts)] if len(finished) < len(prompts) else []
+    if int(container["generation"].get("batch_size", 1)) > 1:
+        warmup = []  # the batched run warms up its own way
     for prompt in warmup:  # untimed: first-call overheads
         ids = token_ids[prompt.prompt_id]
         speculative(ids)
         if baseline:
             vanilla(ids)
 
+    batch_size = int(container["generation"].get("batch_size", 1))
+    serving: dict[str, Any] | None = None  # the batched loop's throughput and latency (batch_size > 1)
     results: list[PromptResult] = []  # in prompt order (the summary is computed from them)
     watch = MachineWatch()  # load and CPU time around the timed prompts (timing_conditions)
     with interruptible(), registered(pm, loggers):
         try:
             pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
             watch.start()
+            if batch_size > 1:  # many requests at once: specpolicy.batching
+                from specpolicy.batch_experiment import run_batched
+
+                results, serving = run_batched(
+                    prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, container, pm,
+                    method, fingerprint, tokenizer, int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0)
             # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
-            for i, prompt in enumerate(tqdm(prompts, desc=method, unit="prompt", disable=None)):
+            for i, prompt in enumerate(tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt",
+                                            disable=None)):
                 if prompt.prompt_id in finished:  # resumed: read back, not recomputed
                     results.append(finished[prompt.prompt_id])
                     continue
@@ -194,6 +205,8 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
 
             summary = summarize(method, results, container, runtime.describe(), prompts_total=len(prompts),
                                 timing_conditions=watch.stop(results))
+            if serving is not None:
+                summary["serving"] = serving
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
@@ -210,6 +223,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
         if outputs is not None:
             outputs.extend(elsewhere)
     print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
+    if serving is not None:
+        from specpolicy.batch_experiment import print_serving
+
+        print_serving(serving)
     for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
         if line:
             print(line)

@@ -196,6 +196,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
             StopStrings(None, config_strings(stop if isinstance(stop, str) else list(stop)))  # non-empty strings
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    _check_batch(config)
     run = config.get("run") or {}
     boolean("run.vanilla_baseline", run.get("vanilla_baseline", True))
     integer("run.warmup_prompts", run.get("warmup_prompts", 0), 0)
@@ -210,6 +211,33 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
         raise ConfigError(str(message)) from exc
+
+
+def _check_batch(config: Mapping[str, Any]) -> None:
+    """``generation.batch_size`` / ``arrival`` / ``arrival_rate``, and what the batched loop cannot
+    run yet (sampling, stop strings, draft reuse, draft trees, another verifier than ``hf``)."""
+    from specpolicy.serving import ARRIVALS
+
+    generation = config.get("generation") or {}
+    batch = integer("generation.batch_size", generation.get("batch_size", 1), 1)
+    arrival = choice("generation.arrival", generation.get("arrival", "all_at_once"), ARRIVALS)
+    rate = generation.get("arrival_rate", 0.0)
+    if arrival == "poisson":
+        number("generation.arrival_rate", rate, 0.0, low_open=True)
+    if batch == 1:
+        return
+    why = f"generation.batch_size={batch} runs the batched loop, which "
+    if float(generation.get("temperature", 0.0) or 0.0) > 0:
+        raise ConfigError(why + "decodes greedily: set generation.temperature=0 (or generation.batch_size=1 to sample)")
+    if generation.get("stop"):
+        raise ConfigError(why + "does not match stop strings yet: set generation.stop=[] (or generation.batch_size=1)")
+    if (config.get("reuse") or {}).get("enabled"):
+        raise ConfigError(why + "does not reuse drafts yet: set reuse.enabled=false (or generation.batch_size=1)")
+    if (config.get("policy") or {}).get("name") in ("eagle2-tree", "block-tree", "failfast-tree"):
+        raise ConfigError(why + f"verifies chains: policy={config['policy']['name']} drafts trees "
+                          "(use generation.batch_size=1)")
+    if (config.get("verifier") or {}).get("name", "hf") != "hf":
+        raise ConfigError(why + f"verifies with the hf target: verifier={config['verifier']['name']} is not batched")
 
 
 def _check_dataset(dataset: Mapping[str, Any]) -> list:

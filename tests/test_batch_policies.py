@@ -30,7 +30,8 @@ def test_verify_cost_interpolates_is_non_decreasing_and_extends_with_the_slope()
     cost.observe(16, 12.0)
     cost.observe(24, 14.0)
     assert cost.ms(12) == pytest.approx(10.0) and cost.ms(20) == pytest.approx(13.0)
-    assert cost.ms(32) == pytest.approx(14.0 + 8 * cost.slope()) and cost.slope() == pytest.approx(0.375)
+    assert cost.slope() == pytest.approx((14.0 - 12.0) / 8)  # the local slope past the largest count
+    assert cost.ms(32) == pytest.approx(14.0 + 8 * 0.25) and cost.ms(4) == pytest.approx(8.0 - 4 * 0.25)
     cost.observe(12, 30.0)  # one slow first call of a new shape ...
     assert list(cost.observed) == [8, 12, 16, 24]
     values = list(cost.observed.values())
@@ -69,7 +70,6 @@ def _goodput_batch(b: int, acceptance: float, cost: VerifyCost, pass_ms: float) 
     rng = np.random.default_rng(0)
     for p in policies:
         p.reset()
-        p._drafted_last_round = True
         for _ in range(200):
             a = 0
             while a < 12 and rng.random() < acceptance:
@@ -85,26 +85,26 @@ def _plan(policies, cost):
 
 def test_goodput_batch_speculates_long_when_verification_is_flat_and_switches_off_when_it_is_not():
     flat = VerifyCost()
-    for n in (8, 16, 32, 64, 128):
+    for n in (8, 16, 24, 32, 64, 128):
         flat.observe(n, 10.0)  # verification costs the same whatever it verifies: the GPU's memory-bound regime
     policies = _goodput_batch(8, 0.9, flat, pass_ms=0.1)
     assert policies[0]._shared.pass_ms == pytest.approx(0.1)  # one drafter: costs pooled over the copies
     plan = _plan(policies, flat)
     assert min(plan) >= 8
     steep = VerifyCost()
-    for n in (8, 16, 32, 64, 128):
+    for n in (8, 16, 24, 32, 64, 128):
         steep.observe(n, 1.0 * n)  # every verified token costs as much as a plain step's: compute-bound
     assert _plan(_goodput_batch(8, 0.9, steep, pass_ms=0.5), steep) == [0] * 8
     # a batch of one with the same costs: a draft token costs a fraction of a plain step
     one = VerifyCost()
-    for n in (1, 2, 4, 8, 13):
+    for n in (1, 2, 4, 8, 13, 16):
         one.observe(n, 10.0 + 0.2 * n)
     assert _plan(_goodput_batch(1, 0.9, one, pass_ms=0.5), one)[0] >= 4
 
 
 def test_goodput_batch_gives_a_poorly_accepted_request_fewer_tokens():
     cost = VerifyCost()
-    for n in (8, 16, 32, 64):
+    for n in (8, 16, 24, 32, 48, 64):
         cost.observe(n, 10.0 + 0.05 * n)
     good = _goodput_batch(4, 0.95, cost, pass_ms=0.5)
     bad = _goodput_batch(1, 0.2, cost, pass_ms=0.5)[0]

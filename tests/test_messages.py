@@ -54,6 +54,6 @@ def test_help_says_what_specpolicy_is_and_names_its_flags_and_commands(monkeypat
     assert "powered by Hydra" not in out
     for needle in ("--list-plugins", "--debug", "HYDRA_FULL_ERROR=1", "-m key=a,b", "--cfg job",
                    "python -m specpolicy.report DIR", "python -m specpolicy.plot DIR", "python -m specpolicy.oracle DIR",
-                   "python -m specpolicy.paper_figures FIGURE DIR", "policy: aimd, block-tree, eagle2-tree, failfast, failfast-tree, goodput", "README.md",
+                   "python -m specpolicy.paper_figures FIGURE DIR", "policy: aimd, batch-schedule, block-tree, eagle2-tree, failfast, failfast-tree, goodput, goodput-batch", "README.md",
                    "--hydra-help"):
         assert needle in out, needle

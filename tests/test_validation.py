@@ -105,8 +105,9 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
     truncated = _truncated_copy(family["drafter"], tmp_path / "cut")
     cases = {
         "typo": (["policy.tua=0.3"], "error: unknown key policy.tua; policy has keys "),  # + the close match
-        "choice": (["policy=failfst"], "error: no config 'failfst' in group policy; choices: aimd, block-tree, "
-                                       "eagle2-tree, failfast, failfast-tree, goodput, heuristic, specdecpp, static "
+        "choice": (["policy=failfst"], "error: no config 'failfst' in group policy; choices: aimd, batch-schedule, "
+                                       "block-tree, eagle2-tree, failfast, failfast-tree, goodput, goodput-batch, "
+                                       "heuristic, specdecpp, static "
                                        "(did you mean policy=failfast?)"),
         "num_prompts": (["dataset.num_prompts=-1"], "error: dataset.num_prompts must be an integer >= 1, or all "
                                                     "(every prompt after dataset.offset), got -1"),
