@@ -177,7 +177,8 @@ def print_table(result: dict[str, Any]) -> None:
     Console(width=200).print(table)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``benchmarks/batched.py``."""
     p = argparse.ArgumentParser(prog="benchmarks/batched.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
     p.add_argument("--dataset", default="gsm8k")
@@ -194,7 +195,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--out", default=None, help="JSON output")
     p.add_argument("--figure", default=None, help="PNG output")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
     log = start_benchmark(args.threads)
     bench = Bench(args)
     prompts = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, args.dataset_path, args.num_prompts)]

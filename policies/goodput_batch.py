@@ -5,7 +5,8 @@ lengths that maximise goodput, the expected emitted tokens per unit of time, of 
 A round of the batched loop with requests ``i = 1..B`` drafting ``k_i`` tokens emits in
 expectation ``E = sum_i (1 + sum_{j<=k_i} s_ij)`` tokens, where ``s_ij`` is the probability that
 request i's first j draft tokens are all accepted (products of per-position acceptance rates,
-learned per request from its verified rounds, shrunk towards the batch's pooled rates), and
+learned per request from its verified rounds, shrunk towards the batch's pooled rates, each
+pooled position towards the one before it), and
 costs ``T = verify_ms(B x (1 + max_i k_i)) + sum_i draft_ms_i(k_i)``: the batched verification's
 measured cost as a function of the tokens its pass computes (padded rows;
 ``specpolicy.batch_context.VerifyCost``) and
@@ -112,10 +113,21 @@ class GoodputBatchPolicy(LengthPolicy):
 
     # -- estimates -----------------------------------------------------------------------------
 
-    def survival(self) -> np.ndarray:
-        """``(max_length,)`` float: the probability that the first j + 1 draft tokens are all accepted."""
-        s = self._shared
-        pooled = (s.accepted + self.prior_strength * self.prior_acceptance) / (s.tried + self.prior_strength)
+    def pooled_rates(self) -> np.ndarray:
+        """``(max_length,)`` float: the batch's pooled acceptance rate at each position (given the
+        earlier ones accepted), each shrunk towards the position before it (the first towards
+        ``prior_acceptance``): a position seldom drafted takes its neighbour's rate, not a fixed
+        prior that would keep drafts short for want of trying them."""
+        s, rates, prior = self._shared, np.empty(self.max_length), self.prior_acceptance
+        for j in range(self.max_length):
+            prior = rates[j] = (s.accepted[j] + self.prior_strength * prior) / (s.tried[j] + self.prior_strength)
+        return rates
+
+    def survival(self, pooled: np.ndarray | None = None) -> np.ndarray:
+        """``(max_length,)`` float: the probability that the first j + 1 draft tokens are all
+        accepted: this request's rates shrunk towards the pooled ones (``pooled_rates``, computed
+        when not given)."""
+        pooled = self.pooled_rates() if pooled is None else pooled
         rate = (self.accepted + self.prior_strength * pooled) / (self.tried + self.prior_strength)
         return np.cumprod(rate)
 
@@ -143,7 +155,8 @@ class GoodputBatchPolicy(LengthPolicy):
             return [WARMUP_LENGTHS[cost.samples]] * b
         lengths = np.arange(horizon + 1)
         gain = np.zeros((b, horizon + 1))  # gain[i, K]: expected accepted tokens of request i drafting K
-        gain[:, 1:] = np.cumsum([p.survival() for p in policies], axis=1)
+        pooled = lead.pooled_rates()
+        gain[:, 1:] = np.cumsum([p.survival(pooled) for p in policies], axis=1)
         drafting = np.array([p.draft_ms(lengths) for p in policies])  # (b, horizon + 1)
         emitted = b + gain.sum(axis=0)
         ms = cost.ms(b * (lengths + 1)) + drafting.sum(axis=0)

@@ -39,6 +39,7 @@ class VerifyCost:
         self.ema, self.prior_slope_ratio = ema, prior_slope_ratio
         self._ms: dict[int, float] = {}  # tokens -> EMA of the observed ms
         self._count: dict[int, int] = {}  # tokens -> samples
+        self._fit: dict[int, float] | None = None  # ``observed``, until the next observation
         self.samples = 0
 
     def observe(self, tokens: int, ms: float) -> None:
@@ -46,15 +47,18 @@ class VerifyCost:
         old = self._ms.get(tokens)
         self._ms[tokens] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self._count[tokens] = self._count.get(tokens, 0) + 1
+        self._fit = None
         self.samples += 1
 
     @property
     def observed(self) -> dict[int, float]:
         """Token count -> its current ms estimate (non-decreasing in the count), for every count
         seen, sorted by count."""
-        keys = sorted(self._ms)
-        return dict(zip(keys, _isotonic([self._ms[n] for n in keys],
-                                        [min(self._count[n], MAX_WEIGHT) for n in keys])))
+        if self._fit is None:
+            keys = sorted(self._ms)
+            self._fit = dict(zip(keys, _isotonic([self._ms[n] for n in keys],
+                                                 [min(self._count[n], MAX_WEIGHT) for n in keys])))
+        return self._fit
 
     def slope(self) -> float:
         """ms per token beyond the observed counts (>= 0): the slope between the two largest

@@ -14,6 +14,7 @@ from typing import Any
 
 from specpolicy.batching import generate_batch
 from specpolicy.results import PromptResult
+from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import arrival_times
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
@@ -50,12 +51,16 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
         if baseline:
             generate_batch(ids[: batch_size], verifier, runtime, max_new_tokens=min(max_new, 16),
                            batch_size=batch_size)
-    if drafter is not None and drafter.target_feature_layers:
-        verifier.request_features(tuple(drafter.target_feature_layers))
+    sampling = SamplingConfig.from_config(generation)
+    seed = int(config.get("seed", 0))
+    runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch
     spec = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size, drafter=drafter,
-                          policy=policy, arrivals=arrivals)
-    van = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size,
-                         arrivals=arrivals) if baseline else None
+                          policy=policy, arrivals=arrivals, sampling=sampling)
+    van = None
+    if baseline:
+        runtime.seed_everything(seed)
+        van = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size,
+                             arrivals=arrivals, sampling=sampling)
     by_id = {p.prompt_id: i for i, p in enumerate(todo)}
     results = []
     for prompt in prompts:
@@ -74,7 +79,7 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
                 pm.hook.specpolicy_round_end(method=method, prompt_id=pid, record=record)
             result = PromptResult.of(pid, n, out, van.results.get(i) if van is not None else None,
                                      tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
-                                     config_hash=fingerprint, prompt_text=prompt.text)
+                                     sampled=not sampling.is_greedy, config_hash=fingerprint, prompt_text=prompt.text)
         pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
     serving: dict[str, Any] = {"batch_size": batch_size, "arrival": generation.get("arrival", "all_at_once"),

@@ -10,7 +10,8 @@ configured one, reset), so it drafts its own speculation length; the target veri
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting runs request by request.
 
-Greedy only, chains only (tree policies run in the batch-1 loop). A request leaves the batch at
+Greedy or lossless speculative sampling per request; chains only (tree policies run in the
+batch-1 loop). A request leaves the batch at
 EOS, ``max_new_tokens`` or the context's end without disturbing the others; a prompt that does
 not fit is skipped and recorded (``BatchResult.skipped``), the batch goes on.
 """
@@ -25,10 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 from specpolicy.batch_context import BatchContext, VerifyCost
-from specpolicy.decoding import _cut_at_stop, after_drafting, ask_policy
+from specpolicy.decoding import _cut_at_stop, _prefill, after_drafting, ask_policy
 from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy, TreePolicy
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import RequestTiming, summarize
 from specpolicy.types import Draft, GenerationResult, RoundRecord
 from specpolicy.verifiers.hf_batch import BatchedHFVerifier
@@ -122,6 +124,7 @@ def generate_batch(
     drafter: Drafter | None = None,
     policy: LengthPolicy | None = None,
     arrivals: list[float] | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> BatchResult:
     """Decode ``prompts`` with up to ``batch_size`` in flight (see the module docstring).
 
@@ -134,6 +137,9 @@ def generate_batch(
         drafter / policy: both (speculative) or neither (vanilla batched decoding); copied per request.
         arrivals: seconds from the start at which each request arrives (default: all at 0;
             ``specpolicy.serving.arrival_times``), non-decreasing.
+        sampling: None or greedy: every request's output is its greedy output; otherwise lossless
+            speculative sampling per request (the draws from ``runtime.generator``, in round and
+            row order: a request's sample depends on what shares its batch, its distribution does not).
     Returns:
         a ``BatchResult``.
     Raises:
@@ -152,12 +158,14 @@ def generate_batch(
     if len(arrivals) != len(prompts):
         raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
     with torch.inference_mode():
-        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals)
+        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling)
 
 
-def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals) -> BatchResult:
+def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling) -> BatchResult:
     device = runtime.torch_device
+    sampling = None if sampling is None or sampling.is_greedy else sampling
     target = BatchedHFVerifier.like(verifier)
+    target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
     eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
     drafter_context = (drafter.max_context if drafter is not None else 0) or target.max_context
@@ -199,7 +207,7 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             mine = policy_copy = None
             if drafter is not None:
                 mine = copy.copy(drafter)  # same weights; prefill gives it its own state
-                mine.prefill(prompt, **({"features": features} if target.feature_layers else {}))
+                _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
                 policy_copy = copy.deepcopy(policy)
                 policy_copy.reset()
             limit = min(target.max_context, drafter_context) - int(prompt.shape[0])

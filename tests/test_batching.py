@@ -156,3 +156,86 @@ def test_serving_statistics():
     assert s["ttft_p50_ms"] == pytest.approx(200)
     assert timings[0].tpot_ms == pytest.approx(100) and timings[1].tpot_ms == 0.0
     assert s["latency_p99_ms"] == pytest.approx(1200, rel=0.02)
+
+
+def test_the_experiment_runs_the_batched_loop_and_reports_serving_numbers(family, tmp_path, capsys):
+    """``python -m specpolicy generation.batch_size=3 ...`` on the tiny family: every prompt a
+    lossless PromptResult, the serving block in summary.json and printed; a resume reads them back."""
+    import json
+
+    from hydra import compose, initialize_config_module
+
+    from conftest import overrides
+    from specpolicy.experiment import run_experiment
+
+    args = [o for o in overrides(family, drafter="drafter") if not o.startswith("dataset.num_prompts")]
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[*args, "dataset.num_prompts=5", "generation.batch_size=3",
+                                           "policy=goodput-batch", "run.warmup_prompts=1"])
+    summary = run_experiment(cfg, tmp_path)
+    out = capsys.readouterr().out
+    assert summary["prompts"] == 5 and summary["lossless_fraction"] == 1.0
+    serving = summary["serving"]
+    assert serving["batch_size"] == 3 and serving["requests"] == 5
+    for method in ("speculative", "vanilla"):
+        assert serving[method]["tokens"] == 5 * 16 and serving[method]["throughput_tokens_per_s"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["serving"]["requests"] == 5
+    assert "serving: 5 requests, batch size 3, all_at_once" in out and "TPOT p99 (ms)" in out
+    assert "throughput speedup over vanilla batched decoding at batch size 3" in out
+    again = run_experiment(cfg, tmp_path)  # complete: read back, nothing recomputed
+    assert again["prompts"] == 5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("generation.batch_size=0", "generation.batch_size must be an integer >= 1, got 0"),
+    ("generation.arrival=burst", "generation.arrival must be one of"),
+    ("generation.stop=[xyz]", "generation.batch_size=4 runs the batched loop, which does not match stop strings"),
+    ("policy=eagle2-tree", "policy=eagle2-tree drafts trees"),
+    ("reuse.enabled=true", "does not reuse drafts yet"),
+])
+def test_batched_settings_are_checked_before_models_load(family, tmp_path, override, message):
+    from hydra import compose, initialize_config_module
+
+    from conftest import overrides
+    from specpolicy.errors import ConfigError
+    from specpolicy.experiment import run_experiment
+
+    extra = [] if override.startswith("generation.batch_size") else ["generation.batch_size=4"]
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides(family), *extra, override,
+                                           "verifier.model=/nonexistent" if "batch_size" in override else "seed=0"])
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(cfg, tmp_path)
+
+
+from test_sampling import ALPHA as _ALPHA, N as _N, T as _T, _config, chi_square_pvalue, exact_joint, models  # noqa: E402,F401
+
+BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3")
+
+
+@pytest.mark.parametrize("name", BATCH_STAT_TESTS)
+def test_batched_sampling_matches_the_target_distribution_per_request(models, name):  # noqa: F811
+    """N requests of the same prompt, mixed with others, through the batched loop at batch size 8:
+    the joint of each request's first T tokens matches the target's sampling distribution
+    (``tests/test_sampling.py``'s chi-square test, its alpha shared with these tests too)."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    make, prompt, sampling, tokens = _config(name, models, rt)
+    other = torch.tensor([11, 2, 6])
+    prompts = [prompt if i % 4 else other for i in range(_N * 4 // 3)]
+    mine = [i for i in range(len(prompts)) if i % 4]
+    verifier = HFVerifier(models["target"], rt, frozenset())  # no EOS: every request makes its tokens
+    drafter, policy = make()
+    rt.generator.manual_seed(1)
+    out = generate_batch(prompts, verifier, rt, max_new_tokens=tokens, batch_size=8, drafter=drafter,
+                         policy=policy, sampling=sampling)
+    counts = torch.zeros(16, 16, 16, dtype=torch.long)
+    for i in mine[:_N]:
+        y = out.results[i].output_ids.tolist()
+        counts[y[0], y[1], y[2]] += 1
+    pvalue, df = chi_square_pvalue(counts, exact_joint(models["target"], prompt, sampling))
+    if name != "vanilla":
+        rounds = [r for i in mine for r in out.results[i].rounds]
+        accepted, drafted = sum(r.accepted_length for r in rounds), sum(r.speculation_length for r in rounds)
+        assert accepted >= 20 and accepted < drafted, (accepted, drafted)  # acceptance and rejection exercised
+    assert df >= 10 and max(out.batch_sizes) == 8
+    assert pvalue > _ALPHA, f"{name}: chi-square p = {pvalue:.2e} (df {df})"

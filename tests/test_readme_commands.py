@@ -535,6 +535,30 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
+def _batched(command: Command, h: Harness) -> None:
+    """The README's options parse; the run, shortened (2 prompts, batch sizes 1 and 2, K = 1, one
+    repeat) on the tiny family, writes its JSON and figure, every method lossless."""
+    module = load_benchmark("batched")
+    module.parser().parse_args(_args(command, "python benchmarks/batched.py"))
+    out, figure = h.cwd / "batched.json", h.cwd / "batched.png"
+    result = module.main(["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--ks", "1",
+                          "--repeats", "1", "--out", str(out), "--figure", str(figure), "--dtype", "float64",
+                          "--device", "cpu", *tiny_models(h.world)])
+    assert out.is_file() and figure.is_file()
+    assert all(s["lossless"] for row in result["batch_sizes"].values() for name, s in row.items()
+               if not name.startswith("_"))
+
+
+def _batched_lossless(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny family (2 prompts, two drafters and policies, batch sizes 1 and 2)."""
+    out = h.cwd / "lossless.json"
+    result = load_benchmark("batched_lossless").main(
+        ["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--drafters", "ar,eagle3",
+         "--policies", "static,goodput-batch", "--dtype", "float64", "--device", "cpu", "--out", str(out),
+         *tiny_models(h.world)])
+    assert result["all_lossless"] and out.is_file()
+
+
 def _train_drafter(command: Command, h: Harness) -> None:
     """Generation, features and training take hours for a real target: the options are checked as
     the command checks them before the target loads, on the tiny target standing in for /models/."""
@@ -675,6 +699,10 @@ RULES = [
     Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"inline: python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family",
+         _batched_lossless),
+    Rule(r"(bash|inline): python benchmarks/batched\.py .*", "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
+         _batched),
     Rule(r"inline: python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
     Rule(r"(bash|inline): python -m specpolicy\.family .*", "arguments checked", _family),
     Rule(r"inline: python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),

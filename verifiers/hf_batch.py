@@ -12,9 +12,12 @@ entries only, never the prefix, nothing recomputed -- and the cache is cropped t
 ``max L_i``. A request joins with its own prefill (batch 1) appended as a new row and leaves by
 dropping its row (one copy of the cache per join or leave; rounds copy none).
 
-Greedy only (argmax per row, as ``verifiers/hf.py``); the output of every request is the
-target's greedy output, whatever shares its batch, up to the floating-point effects of batched
-matrix products (exact in float64; ``tests/test_batching.py``).
+Greedy (argmax per row, as ``verifiers/hf.py``): the output of every request is the target's
+greedy output, whatever shares its batch, up to the floating-point effects of batched matrix
+products (exact in float64; ``tests/test_batching.py``). Sampling (``sampling`` set): speculative
+sampling row by row on ``warp`` of each row's logits, as ``verifiers/hf.py`` does for one
+request; every request's output is distributed as sampling from the target
+(``tests/test_batching.py``, a chi-square test per request).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from specpolicy.attention import as_model_mask
 from specpolicy.cache import crop_cache
 from specpolicy.features import select_features, select_features_batch
 from specpolicy.runtime import Runtime
+from specpolicy.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.types import Draft, Verification
 
 
@@ -46,6 +50,7 @@ class BatchedHFVerifier:
         self.model, self.runtime = model, runtime
         self.eos_token_ids, self.max_context, self.pad_token_id = frozenset(eos_ids), max_context, pad_token_id
         self.feature_layers: tuple[int, ...] = ()
+        self.sampling: SamplingConfig | None = None  # None: greedy; else speculative sampling per row
         self.cache: DynamicCache | None = None
         self.lengths: list[int] = []  # per row: committed tokens in the cache (the pending one not yet)
         self.pending: list[torch.Tensor] = []  # per row: (1,) int64, the last committed token
@@ -146,6 +151,7 @@ class BatchedHFVerifier:
             committed positions when requested).
         Raises:
             ValueError: a tree draft, a count that is not one per row, or a draft past the context.
+        Greedy: one host sync for every row's accepted length; sampling: one per row (its draws).
         """
         if len(drafts) != self.rows:
             raise ValueError(f"got {len(drafts)} drafts for {self.rows} requests in flight")
@@ -179,11 +185,21 @@ class BatchedHFVerifier:
         if self.cache is None:
             self.cache = out.past_key_values
         target = out.logits.argmax(dim=-1)  # (b, q) int64
-        matches = target[:, :-1] == inputs[:, 1:]
-        if b > 1:  # padding never matches
-            matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
-        accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
-        accepted = accepted_t.tolist()  # the one sync of the round: every row's accepted length
+        if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
+            accepted = []
+            for i, draft in enumerate(drafts):
+                p = warp(out.logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
+                a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
+                target[i, :a] = draft.token_ids[:a]
+                target[i, a] = nxt
+                accepted.append(a)
+            accepted_t = torch.tensor(accepted, device=device)
+        else:
+            matches = target[:, :-1] == inputs[:, 1:]
+            if b > 1:  # padding never matches
+                matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
+            accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
+            accepted = accepted_t.tolist()  # the one sync of the round: every row's accepted length
         self._keep_accepted(width, accepted)
         features = select_features_batch(out.hidden_states, self.feature_layers) if self.feature_layers else None
         results = []
