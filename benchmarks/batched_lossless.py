@@ -27,6 +27,8 @@ from specpolicy.decoding import generate  # noqa: E402
 
 DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 POLICIES = ("static", "failfast", "specdecpp", "aimd", "heuristic", "goodput", "goodput-batch", "batch-schedule")
+#: Policy configs that extend another (``conf/policy/heuristic.yaml``: aimd in a mode), as overrides of it.
+DERIVED = {"heuristic": ("aimd", {"mode": "heuristic", "off_when_slower": False})}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> dict:
         for choice in args.policies.split(","):
             row = {}
             for b in sizes:
+                base, overrides = DERIVED.get(choice, (choice, {}))
                 out = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens,
-                                     batch_size=b, drafter=drafter, policy=bench.policy(choice, drafter_name))
+                                     batch_size=b, drafter=drafter, policy=bench.policy(base, drafter_name, **overrides))
                 row[str(b)] = sum(out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference)
                                   if i in out.results)
             table[f"{drafter_name}+{choice}"] = row
