@@ -40,8 +40,8 @@ from specpolicy.verifiers.hf_batch import BatchedHFVerifier
 class _Request:
     """One request in flight."""
 
-    index: int
-    row_prompt_len: int
+    index: int  # the prompt's index in the run
+    prompt_len: int  # tokens
     context_limit: int  # generated tokens the context allows
     drafter: Drafter | None
     policy: LengthPolicy | None
@@ -199,17 +199,21 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             i = queue.popleft()
             admitted = now()
             prompt = prompts[i].to(device)
+            mine = policy_copy = None
             try:
                 features = target.add(prompt)
+                if drafter is not None:
+                    mine = copy.copy(drafter)  # same weights; prefill gives it its own state
+                    try:
+                        _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
+                    except ValueError:  # e.g. longer than the drafter's context: the target's row goes too
+                        target.remove(target.rows - 1)
+                        raise
+                    policy_copy = copy.deepcopy(policy)
+                    policy_copy.reset()
             except ValueError as error:
                 skipped[i] = str(error)
                 continue
-            mine = policy_copy = None
-            if drafter is not None:
-                mine = copy.copy(drafter)  # same weights; prefill gives it its own state
-                _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
-                policy_copy = copy.deepcopy(policy)
-                policy_copy.reset()
             limit = min(target.max_context, drafter_context) - int(prompt.shape[0])
             r = _Request(i, int(prompt.shape[0]), limit, mine, policy_copy, arrivals[i], admitted)
             r.prefill_ms = (now() - admitted) * 1e3

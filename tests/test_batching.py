@@ -239,3 +239,20 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
         assert accepted >= 20 and accepted < drafted, (accepted, drafted)  # acceptance and rejection exercised
     assert df >= 10 and max(out.batch_sizes) == 8
     assert pvalue > _ALPHA, f"{name}: chi-square p = {pvalue:.2e} (df {df})"
+
+
+def test_a_prompt_the_drafter_refuses_is_skipped_and_the_batch_stays_aligned(target, rt):
+    class Picky(ARDrafter):
+        def prefill(self, prompt_ids, sampling=None):
+            if prompt_ids.shape[0] > 12:
+                raise ValueError(f"prompt_ids has {prompt_ids.shape[0]} tokens; this drafter takes at most 12")
+            super().prefill(prompt_ids, sampling)
+
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    prompts = [torch.arange(5 + 3 * i) % (VOCAB - 3) for i in range(6)]  # 5, 8, 11, 14, 17, 20 tokens
+    out = generate_batch(prompts, verifier, rt, max_new_tokens=10, batch_size=4,
+                         drafter=Picky(sharpen(tiny_lm(0, layers=1)), rt), policy=StaticPolicy(3))
+    assert sorted(out.skipped) == [3, 4, 5] and "at most 12" in out.skipped[3]
+    for i in (0, 1, 2):  # the others, in rows beside refused ones, are their greedy outputs
+        assert out.results[i].output_ids.tolist() == \
+            generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist()
