@@ -23,7 +23,11 @@ measured). The plan (``plan_round``, once per round for the whole batch):
    plan is taken when it raises ``E / T``.
 
 While the cost fit lacks spread (the first rounds) or speculation is off, the plan probes a
-length now and then (``probe_interval``) so acceptance and costs stay measured. In the batch-1
+length now and then (``probe_interval``) so acceptance and costs stay measured. The pooled
+acceptance counts and the drafting cost belong to the configured policy object and carry across
+its runs (as ``goodput``'s ``keep_across_prompts``): every request's copy shares them, and a run
+after a warm-up, or at another batch size, starts from what the earlier ones learned (the cost
+fit is the run's own, ``BatchContext.verify_cost``). In the batch-1
 loop (no batch) the policy plans its own request the same way with its own cost fit.
 """
 

@@ -80,8 +80,8 @@ class VerifyCost:
         points = self.observed
         n, ms = np.array(list(points.keys()), dtype=float), np.array(list(points.values()))
         x, slope = np.asarray(tokens, dtype=float), self.slope()
-        inside = np.interp(x, n, ms)
-        return np.where(x < n[0], ms[0] - slope * (n[0] - x), np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
+        inside = np.interp(x, n, ms)  # below the smallest count: in proportion to it (never 0 or less)
+        return np.where(x < n[0], ms[0] * x / n[0], np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
 
 
 #: The most weight one token count's estimate gets in the isotonic fit (``VerifyCost.observed``).

@@ -87,8 +87,9 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
                                "speculative": spec.summary()}
     if van is not None:
         serving["vanilla"] = van.summary()
-        serving["throughput_speedup"] = (serving["speculative"]["throughput_tokens_per_s"]
-                                         / serving["vanilla"]["throughput_tokens_per_s"])
+        if serving["vanilla"]["tokens"]:  # none when every prompt was finished earlier or refused
+            serving["throughput_speedup"] = (serving["speculative"]["throughput_tokens_per_s"]
+                                             / serving["vanilla"]["throughput_tokens_per_s"])
     return results, serving
 
 

@@ -206,11 +206,11 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
                     mine = copy.copy(drafter)  # same weights; prefill gives it its own state
                     try:
                         _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
+                        policy_copy = copy.deepcopy(policy)
+                        policy_copy.reset()
                     except ValueError:  # e.g. longer than the drafter's context: the target's row goes too
                         target.remove(target.rows - 1)
                         raise
-                    policy_copy = copy.deepcopy(policy)
-                    policy_copy.reset()
             except ValueError as error:
                 skipped[i] = str(error)
                 continue
@@ -219,6 +219,8 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             r.prefill_ms = (now() - admitted) * 1e3
             active.append(r)
         if not active:
+            if not queue:  # the last prompts were refused
+                break
             time.sleep(max(0.0, arrivals[queue[0]] - now()))  # idle until the next arrival
             continue
         for row in reversed(range(len(active))):  # a request with no room left ends before its round

@@ -82,7 +82,7 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict[str, float]:
     p50 and p99 of TTFT, TPOT and latency in ms (NaN without requests)."""
     out: dict[str, float] = {"requests": float(len(timings)), "tokens": float(sum(t.tokens for t in timings)),
                              "wall_s": wall_s}
-    out["throughput_tokens_per_s"] = out["tokens"] / wall_s if wall_s > 0 else float("nan")
+    out["throughput_tokens_per_s"] = out["tokens"] / wall_s if wall_s > 0 and timings else float("nan")
     for name in ("ttft_ms", "tpot_ms", "latency_ms"):
         values = np.array([getattr(t, name) for t in timings], dtype=float)
         stem = name.removesuffix("_ms")

@@ -31,7 +31,7 @@ def test_verify_cost_interpolates_is_non_decreasing_and_extends_with_the_slope()
     cost.observe(24, 14.0)
     assert cost.ms(12) == pytest.approx(10.0) and cost.ms(20) == pytest.approx(13.0)
     assert cost.slope() == pytest.approx((14.0 - 12.0) / 8)  # the local slope past the largest count
-    assert cost.ms(32) == pytest.approx(14.0 + 8 * 0.25) and cost.ms(4) == pytest.approx(8.0 - 4 * 0.25)
+    assert cost.ms(32) == pytest.approx(14.0 + 8 * 0.25) and cost.ms(4) == pytest.approx(8.0 * 4 / 8)
     cost.observe(12, 30.0)  # one slow first call of a new shape ...
     assert list(cost.observed) == [8, 12, 16, 24]
     values = list(cost.observed.values())

@@ -256,3 +256,17 @@ def test_a_prompt_the_drafter_refuses_is_skipped_and_the_batch_stays_aligned(tar
     for i in (0, 1, 2):  # the others, in rows beside refused ones, are their greedy outputs
         assert out.results[i].output_ids.tolist() == \
             generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist()
+
+
+def test_one_token_prompts_first_and_refused_last_prompts_keep_the_batch_whole(target, rt, drafters):
+    verifier = HFVerifier(target, rt, frozenset({EOS}), max_context=64)
+    prompts = [torch.tensor([7]), torch.arange(1, 9), torch.tensor([9]), torch.arange(3, 20), torch.arange(70)]
+    for drafter, policy in ((None, None), (drafters["ar"](), StaticPolicy(3))):
+        for b in (1, 2, 4):
+            out = generate_batch(prompts, verifier, rt, max_new_tokens=10, batch_size=b, drafter=drafter, policy=policy)
+            assert sorted(out.skipped) == [4]  # the last prompt is refused: the loop ends there
+            for i in range(4):
+                assert out.results[i].output_ids.tolist() == \
+                    generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist(), (b, i)
+    nothing = generate_batch([torch.arange(70)], verifier, rt, max_new_tokens=4, batch_size=2)
+    assert list(nothing.skipped) == [0] and not nothing.results and nothing.summary()["tokens"] == 0

@@ -104,8 +104,15 @@ class BatchedHFVerifier:
         return features
 
     def _append_row(self, own: DynamicCache, length: int) -> None:
-        if self.cache is None:
-            self.cache = own if length else None
+        if self.cache is None:  # no row has a cached position yet (the rows so far: one-token prompts)
+            if not length:
+                return
+            for layer in own.layers:  # zero rows for the earlier requests, in front (their columns masked)
+                if getattr(layer, "keys", None) is not None and self.rows:
+                    layer.keys = torch.cat([layer.keys.new_zeros((self.rows, *layer.keys.shape[1:])), layer.keys])
+                    layer.values = torch.cat([layer.values.new_zeros((self.rows, *layer.values.shape[1:])),
+                                              layer.values])
+            self.cache = own
             return
         mine = [(layer.keys, layer.values) for layer in own.layers] if length else None
         for i, layer in enumerate(self._layers()):
