@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpolicy.batch_context import BatchContext, VerifyCost
-from specpolicy.decoding import _cut_at_stop, _prefill, after_drafting, ask_policy
+from specpolicy.decoding import _cut_at_stop, _prefill, after_drafting, ask_policy, limit_reached, round_record
 from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy, TreePolicy
 from specpolicy.runtime import Runtime
@@ -239,7 +239,7 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         round_start = time.perf_counter()
         rooms = [min(max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]
         drafts, stops = draft_rounds(active, rooms, device)
-        draft_ms = [(time.perf_counter() - round_start) * 1e3 / len(active)] * len(active)  # shared: batched passes
+        drafting_ms = (time.perf_counter() - round_start) * 1e3  # shared equally: passes run for many at once
         t0 = time.perf_counter()
         verifications = target.verify(drafts)
         verify_ms = (time.perf_counter() - t0) * 1e3
@@ -256,24 +256,15 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             r.generated += keep
             if keep and r.first_token_s is None:
                 r.first_token_s = emitted_at
-            reason = "eos" if hit_eos else ""
-            if not reason and r.generated >= max_new_tokens:
-                reason = "max_new_tokens"
-            elif not reason and r.generated > r.context_limit:
-                reason = "max_context"
+            reason = "eos" if hit_eos else limit_reached(r.generated, max_new_tokens, r.context_limit)
             commit_ms = 0.0
             if r.drafter is not None and not reason:
                 t0 = time.perf_counter()
                 r.drafter.commit(draft, verification)
                 commit_ms = (time.perf_counter() - t0) * 1e3
                 commit_total += commit_ms
-            record = RoundRecord(
-                index=len(r.rounds), speculation_length=draft.length, accepted_length=verification.accepted_length,
-                emitted_tokens=keep, drafter_forward_passes=draft.forward_passes, reused_tokens=draft.reused_tokens,
-                draft_ms=draft_ms[row] + commit_ms, verify_ms=verify_ms,
-                confidences=tuple(draft.confidences.tolist()), draft_token_ids=tuple(draft.token_ids.tolist()),
-                target_token_ids=tuple(verification.target_token_ids.tolist()), draft_stop_reason=stops[row],
-                finish_reason=reason)
+            record = round_record(len(r.rounds), draft, verification, keep, drafting_ms / len(active) + commit_ms,
+                                  verify_ms, stops[row], reason)
             r.rounds.append(record)
             if reason:
                 r.finish_reason = reason
@@ -282,7 +273,7 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
                 r.policy.update(record)
         # the round's cost besides drafting (verification and the loop's work per request), against
         # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
-        verify_cost.observe(padded, (time.perf_counter() - round_start) * 1e3 - sum(draft_ms) - commit_total)
+        verify_cost.observe(padded, (time.perf_counter() - round_start) * 1e3 - drafting_ms - commit_total)
         for row in reversed(done):
             finish(row)
     return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes))

@@ -38,7 +38,7 @@ from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
 from specpolicy.stopping import StopStrings
-from specpolicy.types import Draft, GenerationResult, RoundRecord
+from specpolicy.types import Draft, GenerationResult, RoundRecord, Verification
 from specpolicy.verifier import Verifier
 
 #: Policies whose drafts never end until the room runs out (one warning per run, on stderr).
@@ -170,10 +170,7 @@ def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, ma
                 keep, finish = cut, "stop_string"
         outputs.append(committed[:keep])
         generated += keep
-        if not finish and generated >= max_new_tokens:
-            finish = "max_new_tokens"
-        elif not finish and generated > context_limit:  # the next round would not fit the context
-            finish = "max_context"
+        finish = finish or limit_reached(generated, max_new_tokens, context_limit)
         finished = bool(finish)
 
         # Roll the drafter back to the committed sequence (timed as drafting: it may spend a pass).
@@ -183,23 +180,8 @@ def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, ma
                 drafter.commit(draft, verification)
             commit_ms = commit_timer.ms
 
-        record = RoundRecord(
-            index=len(rounds),
-            speculation_length=draft.length,
-            accepted_length=verification.accepted_length,
-            emitted_tokens=keep,
-            drafter_forward_passes=draft.forward_passes,
-            reused_tokens=draft.reused_tokens,
-            draft_ms=draft_timer.ms + commit_ms,
-            verify_ms=verify_timer.ms,
-            confidences=tuple(draft.confidences.tolist()),
-            draft_token_ids=tuple(draft.token_ids.tolist()),
-            target_token_ids=tuple(verification.target_token_ids.tolist()),
-            draft_stop_reason=draft_stop,
-            finish_reason=finish,
-            draft_parents=tuple(draft.parents.tolist()) if draft.is_tree else (),
-            accepted_path=tuple(verification.path or ()),
-        )
+        record = round_record(len(rounds), draft, verification, keep, draft_timer.ms + commit_ms, verify_timer.ms,
+                              draft_stop, finish)
         rounds.append(record)
         if policy is not None:
             warning = RUNAWAY.observe(policy, answers, draft.length, draft_stop)
@@ -222,6 +204,39 @@ def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, ma
         finish_reason=finish_reason,
         wall_s=time.perf_counter() - start,
         prefill_ms=prefill_timer.ms,
+    )
+
+
+def limit_reached(generated: int, max_new_tokens: int, context_limit: int) -> str:
+    """Why generation ends after ``generated`` tokens, if a limit ends it: ``"max_new_tokens"``,
+    ``"max_context"`` (the next round would not fit the context: more than ``context_limit``
+    generated), else ``""``."""
+    if generated >= max_new_tokens:
+        return "max_new_tokens"
+    return "max_context" if generated > context_limit else ""
+
+
+def round_record(index: int, draft: Draft, verification: Verification, emitted: int, draft_ms: float,
+                 verify_ms: float, draft_stop: str, finish: str) -> RoundRecord:
+    """The ``RoundRecord`` of a verified round (both loops): ``emitted`` tokens kept after the stop
+    conditions, the drafting (commit included) and verification ms, why drafting stopped and why
+    generation ended (``""``: it goes on)."""
+    return RoundRecord(
+        index=index,
+        speculation_length=draft.length,
+        accepted_length=verification.accepted_length,
+        emitted_tokens=emitted,
+        drafter_forward_passes=draft.forward_passes,
+        reused_tokens=draft.reused_tokens,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        confidences=tuple(draft.confidences.tolist()),
+        draft_token_ids=tuple(draft.token_ids.tolist()),
+        target_token_ids=tuple(verification.target_token_ids.tolist()),
+        draft_stop_reason=draft_stop,
+        finish_reason=finish,
+        draft_parents=tuple(draft.parents.tolist()) if draft.is_tree else (),
+        accepted_path=tuple(verification.path or ()),
     )
 
 

@@ -72,24 +72,9 @@ class HFVerifier(Verifier):
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
-        n = int(prompt_ids.shape[0])
-        if n < 1 or n >= self.max_context:
-            raise ValueError(
-                f"prompt_ids has {n} tokens; the target accepts 1..{self.max_context - 1} "
-                f"(max_context={self.max_context}, one position is kept for generation)"
-            )
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        self.cache = DynamicCache()
-        features = bool(self._feature_layers)
-        self.prompt_features = None
-        if n > 1:
-            out = self.model(input_ids=prompt_ids[None, :-1], cache=self.cache, use_cache=True, logits_to_keep=1,
-                             output_hidden_states=features)
-            if features:
-                self.prompt_features = select_features(out.hidden_states, self._feature_layers)
-        elif features:
-            width = len(self._feature_layers) * int(self.model.config.hidden_size)
-            self.prompt_features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
+        self.cache, self.prompt_features = prefill_prompt(self.model, prompt_ids, self.max_context,
+                                                          self._feature_layers, self.runtime.torch_dtype)
         self._pending = prompt_ids[-1:]
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
 
@@ -168,6 +153,34 @@ class HFVerifier(Verifier):
         target = torch.cat([draft.token_ids[:accepted], p[accepted:].argmax(dim=-1)])
         target[accepted] = nxt
         return accepted, target
+
+
+def prefill_prompt(model: PreTrainedModel, prompt_ids: torch.Tensor, max_context: int,
+                   feature_layers: tuple[int, ...], dtype: torch.dtype) -> tuple[DynamicCache, torch.Tensor | None]:
+    """Prefill a prompt but its last token (which stays pending): one forward pass over
+    ``prompt_ids[:-1]`` (``(P,) int64``) into a new cache, batch 1. Shared by the batch-1 verifier
+    and the batched one (``verifiers/hf_batch.py``).
+
+    Returns:
+        ``(cache, features)``: the cache of the first P - 1 positions, and their target features
+        ``(P - 1, F)`` when ``feature_layers`` are given (else None).
+    Raises:
+        ValueError: a prompt that is empty or does not fit ``max_context``.
+    """
+    n = int(prompt_ids.shape[0])
+    if n < 1 or n >= max_context:
+        raise ValueError(f"prompt_ids has {n} tokens; the target accepts 1..{max_context - 1} "
+                         f"(max_context={max_context}, one position is kept for generation)")
+    cache, features = DynamicCache(), None
+    if n > 1:
+        out = model(input_ids=prompt_ids[None, :-1], cache=cache, use_cache=True, logits_to_keep=1,
+                    output_hidden_states=bool(feature_layers))
+        if feature_layers:
+            features = select_features(out.hidden_states, feature_layers)
+    elif feature_layers:
+        width = len(feature_layers) * int(model.config.hidden_size)
+        features = torch.empty((0, width), dtype=dtype, device=prompt_ids.device)
+    return cache, features
 
 
 @hookimpl

@@ -27,7 +27,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.attention import as_model_mask
 from specpolicy.cache import crop_cache
-from specpolicy.features import select_features, select_features_batch
+from specpolicy.features import select_features_batch
+from specpolicy.verifiers.hf import prefill_prompt
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.types import Draft, Verification
@@ -82,21 +83,10 @@ class BatchedHFVerifier:
         Raises:
             ValueError: a prompt that is empty or does not fit the context (nothing is added).
         """
-        n = int(prompt_ids.shape[0])
-        if n < 1 or n >= self.max_context:
-            raise ValueError(f"prompt_ids has {n} tokens; the target accepts 1..{self.max_context - 1} "
-                             f"(max_context={self.max_context}, one position is kept for generation)")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        own = DynamicCache()
-        features = None
-        if n > 1:
-            out = self.model(input_ids=prompt_ids[None, :-1], cache=own, use_cache=True, logits_to_keep=1,
-                             output_hidden_states=bool(self.feature_layers))
-            if self.feature_layers:
-                features = select_features(out.hidden_states, self.feature_layers)
-        elif self.feature_layers:
-            width = len(self.feature_layers) * int(self.model.config.hidden_size)
-            features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
+        own, features = prefill_prompt(self.model, prompt_ids, self.max_context, self.feature_layers,
+                                       self.runtime.torch_dtype)
+        n = int(prompt_ids.shape[0])
         if n > 1 or self.cache is not None:
             self._append_row(own, n - 1)
         self.lengths.append(n - 1)
@@ -193,24 +183,25 @@ class BatchedHFVerifier:
             self.cache = out.past_key_values
         target = out.logits.argmax(dim=-1)  # (b, q) int64
         if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
-            accepted = []
+            accepted, nexts = [], []
             for i, draft in enumerate(drafts):
                 p = warp(out.logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
                 a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
                 target[i, :a] = draft.token_ids[:a]
                 target[i, a] = nxt
                 accepted.append(a)
-            accepted_t = torch.tensor(accepted, device=device)
+                nexts.append(nxt)
         else:
             matches = target[:, :-1] == inputs[:, 1:]
             if b > 1:  # padding never matches
                 matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
             accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
-            accepted = accepted_t.tolist()  # the one sync of the round: every row's accepted length
+            # the one sync of the round: every row's accepted length and correction / bonus token
+            accepted, nexts = torch.stack([accepted_t, target.gather(1, accepted_t[:, None]).squeeze(1)]).tolist()
         self._keep_accepted(width, accepted)
         features = select_features_batch(out.hidden_states, self.feature_layers) if self.feature_layers else None
         results = []
-        for i, (a, nxt) in enumerate(zip(accepted, target.gather(1, accepted_t[:, None]).squeeze(1).tolist())):
+        for i, (a, nxt) in enumerate(zip(accepted, nexts)):
             self.pending[i] = target[i, a : a + 1]
             results.append(Verification(accepted_length=a, next_token=nxt, target_token_ids=target[i, : ks[i] + 1],
                                         features=None if features is None else features[i, : a + 1]))
