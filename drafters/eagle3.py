@@ -125,11 +125,17 @@ class Eagle3Drafter(Drafter):
         positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
         out, k, v = self.model(embeds, hidden, positions, self.cache.layer(0) if start else None)
         self.cache.keys[0], self.cache.values[0] = k, v
-        self._last_out = out[:, -1:]
-        logits = self.model.logits(self._last_out[0])  # (1, Vd)
+        logits = self.model.logits(out[0, -1:])  # (1, Vd)
         draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
-        tokens = self.model.to_target_ids(draft_ids)
-        self._logits.append(logits)  # (1, Vd): tree policies read their top-k (``alternatives``)
+        self._took(out[:, -1:], logits, self.model.to_target_ids(draft_ids), confs, q)
+
+    def _took(self, last_out: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, confs: torch.Tensor,
+              q: torch.Tensor | None = None) -> None:
+        """Record a pass's drafted token: the output that predicts the next one ``(1, 1, H)``, the
+        logits ``(1, Vd)`` (tree policies read their top-k: ``alternatives``), the token (target id)
+        and its confidence ``(1,)``, and q over the draft vocabulary when sampling."""
+        self._last_out = last_out
+        self._logits.append(logits)
         if q is not None:  # q over the target vocabulary
             q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(1, self._target_of_draft, q)
             self._probs.append(q)
@@ -231,14 +237,12 @@ class Eagle3Drafter(Drafter):
         b, n, longest = len(drafters), max(counts), max(lengths)
         token_ids = torch.zeros((b, n), dtype=torch.long, device=device)
         features = hidden[0].new_zeros((b, n, hidden[0].shape[-1]))
-        keys = drafters[0].cache.keys[0] if lengths[0] else None
-        for i, d in enumerate(drafters):
+        for i in range(b):
             token_ids[i, : counts[i]] = embeds[i]
             features[i, : counts[i]] = hidden[i]
-            if d.cache.length and keys is None:
-                keys = d.cache.keys[0]
         past = None
         if longest:
+            keys = next(d.cache.keys[0] for d in drafters if d.cache.length)  # (1, kv_heads, L, d): the shape
             past_k = keys.new_zeros((b, keys.shape[1], longest, keys.shape[3]))
             past_v = torch.zeros_like(past_k)
             for i, d in enumerate(drafters):
@@ -258,20 +262,11 @@ class Eagle3Drafter(Drafter):
         draft_ids, confs, _ = choose(logits, None, None)
         tokens = head.to_target_ids(draft_ids)
         for i, d in enumerate(drafters):
-            new_k, new_v = k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]]
-            if d.cache.length:
-                d.cache.keys[0] = torch.cat([d.cache.keys[0], new_k], dim=2)
-                d.cache.values[0] = torch.cat([d.cache.values[0], new_v], dim=2)
-            else:
-                d.cache.keys[0], d.cache.values[0] = new_k, new_v
+            d.cache.append(0, k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]])
             if d._last_out is None:
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
-            d._last_out = out[i : i + 1, counts[i] - 1 : counts[i]]
-            d._logits.append(logits[i : i + 1])
-            d._tokens = torch.cat([d._tokens, tokens[i : i + 1]])
-            d._confs = torch.cat([d._confs, confs[i : i + 1]])
-            d._passes += 1
+            d._took(out[i : i + 1, counts[i] - 1 : counts[i]], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),
