@@ -161,19 +161,18 @@ class GoodputBatchPolicy(LengthPolicy):
         gain = np.zeros((b, horizon + 1))  # gain[i, K]: expected accepted tokens of request i drafting K
         pooled = lead.pooled_rates()
         gain[:, 1:] = np.cumsum([p.survival(pooled) for p in policies], axis=1)
-        drafting = np.array([p.draft_ms(lengths) for p in policies])  # (b, horizon + 1)
+        drafting = lead.draft_ms(lengths)  # (horizon + 1,) a request's drafting: one drafter, costs pooled
         emitted = b + gain.sum(axis=0)
-        ms = cost.ms(b * (lengths + 1)) + drafting.sum(axis=0)
+        ms = cost.ms(b * (lengths + 1)) + b * drafting
         best = int(np.argmax(emitted / ms))
         plan, rate = np.full(b, best), emitted[best] / ms[best]
         # Dinkelbach's step per request: below K*, request i keeps draft token j while s_ij beats
         # what the batch earns in the drafting time the token costs (its verification is paid
         # for by the padded width as long as another request drafts K*)
-        per_token = np.array([p.draft_ms_per_token() for p in policies])
         survive = gain[:, 1:best + 1] - gain[:, :best]  # (b, K*): s_ij
-        mine = (survive >= rate * per_token[:, None]).cumprod(axis=1).sum(axis=1).astype(int)
+        mine = (survive >= rate * lead.draft_ms_per_token()).cumprod(axis=1).sum(axis=1).astype(int)
         rows = np.arange(b)
-        mine_ms = cost.ms(b * (int(mine.max(initial=0)) + 1)) + drafting[rows, mine].sum()
+        mine_ms = cost.ms(b * (int(mine.max(initial=0)) + 1)) + drafting[mine].sum()
         if (b + gain[rows, mine].sum()) / mine_ms > rate:
             plan = mine
         if not plan.any() and shared.rounds % lead.probe_interval == 0:
