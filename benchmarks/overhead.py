@@ -11,7 +11,9 @@ drafter's model. Reported per method, summed over prompts:
 
 * ``wall_ms`` -- ``generate`` wall-clock time (prefill included);
 * ``target_forward_ms`` / ``drafter_forward_ms`` -- time inside the models' forward passes
-  (prefill, drafting, verification, Fast-dLLM block rewrites at commit: every pass);
+  (prefill, drafting, verification, Fast-dLLM block rewrites at commit: every pass); a
+  drafter's pass is what its ``timed_calls`` name, its top-k over its own distribution included
+  (EAGLE-3's ``top_tokens``, the block drafters' ``alternatives``): drafting compute, not loop;
 * ``outside_forward_ms`` = wall - forward, and ``outside_fraction`` (the goal: <= 10%);
 * our loop timers for context: ``prefill_ms``, ``draft_ms``, ``verify_ms`` and ``loop_ms`` =
   wall - prefill - draft - verify (commit, policy update, reuse, bookkeeping);

@@ -87,10 +87,12 @@ class DFlashDrafter(Drafter):
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a pass: the network's forward, its context caching
-        (``context_keys_values``, which calls fc, norms and k/v projections directly) and the
-        target's embeddings and LM head. Benchmarks time a drafter's forward passes as their
-        outermost calls (``specpolicy.profiling.ForwardTimer``)."""
-        return (self.model, (self.model, "context_keys_values"), self.embed_tokens, self.lm_head)
+        (``context_keys_values``, which calls fc, norms and k/v projections directly), the
+        target's embeddings and LM head, and the top-k of the drafted positions' distributions
+        (``alternatives``, which tree policies ask for). Benchmarks time a drafter's forward passes
+        as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return (self.model, (self.model, "context_keys_values"), self.embed_tokens, self.lm_head,
+                (self, "alternatives"))
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,

@@ -79,10 +79,13 @@ class Eagle3Drafter(Drafter):
 
     @property
     def timed_calls(self) -> tuple:
-        """The entry points of a pass: the head's forward, its fc (called directly on the target's
-        features), its ``logits`` (norm and LM head) and the target's embeddings. Benchmarks time a
-        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
-        return (self.model, self.model.fc, (self.model, "logits"), self.embed_tokens)
+        """The entry points of a pass: a tree's root and level passes (``_root_pass``,
+        ``_tree_pass``), the head's forward, its fc (called directly on the target's features), its
+        ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
+        ``alternatives``, which tree policies ask for) and the target's embeddings. Benchmarks time
+        a drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return ((self, "_root_pass"), (self, "_tree_pass"), self.model, self.model.fc, (self.model, "logits"),
+                (self.model, "top_tokens"), (self, "alternatives"), self.embed_tokens)
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
@@ -293,26 +296,25 @@ class Eagle3Drafter(Drafter):
         self._join_pairs()
         if self._features is None or self._features.shape[0] == 0:
             return empty
+        self._tree_out, ids, logp = self._root_pass(top_k)  # (1 + nodes, H): row r = node r's output (0: the root's)
+        self._committed_pairs = self.cache.length
+        self._features = self._pair_tokens = None
+        self._tree = tree.GrowingTree(self._committed_pairs, self._tree_out.device)
+        self._passes = 1
+        return ids[0], logp[0]
+
+    def _root_pass(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One drafter pass over the newly committed pairs (their features through fc, their tokens'
+        embeddings; causal, keys and values appended to the cache): the last one's output ``(1, H)``
+        and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities)."""
         hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
         start = self.cache.length
         positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
         out, k, v = self.model(self.embed_tokens(self._pair_tokens)[None], hidden, positions,
                                self.cache.layer(0) if start else None)
         self.cache.keys[0], self.cache.values[0] = k, v
-        self._committed_pairs = self.cache.length
-        self._features = self._pair_tokens = None
-        self._tree = tree.GrowingTree(self._committed_pairs, hidden.device)
-        self._tree_out = out[0, -1:]  # (1 + nodes, H): row r = node r's output (row 0: the root's)
-        self._passes = 1
-        return self._top_children(out[0, -1:], top_k)
-
-    def _top_children(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top ``top_k`` next tokens (target ids) and log-probabilities of outputs ``(m, H)``; squeezed for m = 1."""
-        logits = self.model.logits(out).float()
-        values, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
-        values = values - torch.logsumexp(logits, dim=-1, keepdim=True)  # log-probabilities of the top k
-        ids = self.model.to_target_ids(ids)
-        return (ids[0], values[0]) if out.shape[0] == 1 else (ids, values)
+        ids, logp = self.model.top_tokens(out[0, -1:], top_k)
+        return out[0, -1:], ids, logp
 
     @torch.no_grad()
     def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
@@ -327,17 +329,24 @@ class Eagle3Drafter(Drafter):
         Returns:
             ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
-        parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
+        if not isinstance(parents, torch.Tensor):
+            parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)
-        hidden = self._tree_out.index_select(0, parents)[None]
-        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden, positions[None], self.cache.layer(0), mask)
-        self.cache.keys[0], self.cache.values[0] = k, v
-        self._tree_out = torch.cat([self._tree_out, out[0]])
+        out, ids, logp = self._tree_pass(tokens, self._tree_out.index_select(0, parents), positions, mask, top_k)
+        self._tree_out = torch.cat([self._tree_out, out])
         self._passes += 1
-        ids, logp = self._top_children(out[0], top_k)
-        if tokens.shape[0] == 1:
-            ids, logp = ids[None], logp[None]
         return nodes, ids, logp
+
+    def _tree_pass(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                   top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One drafter pass over ``m`` new tree nodes: their embeddings and their parents' outputs
+        ``hidden`` ``(m, H)`` through the head at ``positions`` ``(m,)`` under ``mask``
+        (``(m, cached + m) bool``), keys and values appended to the cache, then each node's
+        ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
+        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden[None], positions[None], self.cache.layer(0), mask)
+        self.cache.keys[0], self.cache.values[0] = k, v
+        ids, logp = self.model.top_tokens(out[0], top_k)
+        return out[0], ids, logp
 
     @property
     def tree_passes(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.hookspecs import hookimpl
@@ -58,36 +59,39 @@ class Eagle2TreePolicy(TreePolicy):
         ids, logp = drafter.tree_root(self.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
-        # candidates in creation order (parents first): token, cumulative log-prob, parent candidate
-        # (-1 = the root); node_of[c + 1] is candidate c's drafter node once expanded (node_of[0]: the root, 0)
-        first = int(ids.shape[0])
-        capacity = first + (depth - 1) * self.top_k * self.top_k
-        tokens = ids.new_zeros(capacity)
-        scores = logp.new_zeros(capacity)
-        parents = ids.new_full((capacity,), -1)
-        node_of = ids.new_zeros(capacity + 1)
-        tokens[:first], scores[:first] = ids, logp
-        level, count = slice(0, first), first
+        # candidates level by level, in creation order (parents first); of the newest level: tokens,
+        # cumulative log-probs and each one's parent's drafter node (0 = the root); of all levels: the
+        # same tokens and scores, and each one's parent candidate (-1 = the root), for the reranking
+        level_tokens, level_scores = ids, logp
+        level_parent_nodes = ids.new_zeros(ids.shape)
+        all_tokens, all_scores, all_parents = [ids], [logp], [ids.new_full(ids.shape, -1)]
+        offset = 0  # the newest level's first candidate's number
         for _ in range(depth - 1):
-            m = min(self.top_k, level.stop - level.start)
+            n = int(level_tokens.shape[0])
+            m = min(self.top_k, n)
             # the level's best m candidates, best first (ties: the earlier, as a stable sort gives)
-            chosen = torch.sort(scores[level], descending=True, stable=True).indices[:m] + level.start
-            nodes, child_ids, child_logp = drafter.tree_expand(tokens[chosen], node_of[parents[chosen] + 1], self.top_k)
-            node_of[chosen + 1] = nodes
+            best = torch.sort(level_scores, descending=True, stable=True).indices[:m]
+            nodes, child_ids, child_logp = drafter.tree_expand(level_tokens[best], level_parent_nodes[best], self.top_k)
             width = int(child_ids.shape[1])
-            level = slice(count, count + m * width)
-            tokens[level] = child_ids.flatten()
-            scores[level] = (scores[chosen][:, None] + child_logp).flatten()
-            parents[level] = chosen.repeat_interleave(width)
-            count = level.stop
-        # rerank: the best total_tokens candidates; ties go to the earlier one (a parent before its
-        # child, which scores no higher), so the kept candidates form a tree; kept in creation order
-        order = torch.sort(scores[:count], descending=True, stable=True).indices
-        keep = order[: min(self.total_tokens, node_room)].sort().values
-        index = torch.full((count + 1,), -1, dtype=torch.long, device=ids.device)  # index[c + 1]: c's node in the draft
-        index[keep + 1] = torch.arange(keep.shape[0], device=ids.device)
-        draft = Draft(token_ids=tokens[keep], confidences=scores[keep].exp(), forward_passes=drafter.tree_passes,
-                      parents=index[parents[keep] + 1])
+            level_tokens = child_ids.reshape(-1)
+            level_scores = (level_scores[best][:, None] + child_logp).reshape(-1)
+            level_parent_nodes = nodes[:, None].expand(m, width).reshape(-1)
+            all_tokens.append(level_tokens)
+            all_scores.append(level_scores)
+            all_parents.append((best + offset)[:, None].expand(m, width).reshape(-1))
+            offset += n
+        tokens, scores, parents = torch.cat(all_tokens), torch.cat(all_scores), torch.cat(all_parents)
+        # rerank on the host, where the verifier needs the tree's shape anyway (one sync): the best
+        # total_tokens candidates; ties go to the earlier one (a parent before its child, which
+        # scores no higher), so the kept candidates form a tree; kept in creation order
+        host_scores, host_parents = scores.cpu().numpy(), parents.cpu().numpy()
+        keep = np.sort(np.argsort(-host_scores, kind="stable")[: min(self.total_tokens, node_room)])
+        index = np.full(host_scores.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: candidate c's node in the draft
+        index[keep + 1] = np.arange(keep.shape[0])
+        draft = Draft(token_ids=tokens[torch.from_numpy(keep).to(tokens.device)],
+                      confidences=torch.from_numpy(np.exp(host_scores[keep])).to(scores.device),
+                      forward_passes=drafter.tree_passes,
+                      parents=torch.from_numpy(index[host_parents[keep] + 1]).to(parents.device))
         return draft, "room" if depth < self.depth else "policy_bound"
 
     def __repr__(self) -> str:

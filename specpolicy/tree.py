@@ -29,21 +29,44 @@ def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
 def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
     entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's). Built
-    on the host from the parents (one sync for a tensor; one vectorized step per tree level),
-    placed on ``device`` (default: the parents')."""
-    plist = np.asarray(parents.tolist() if isinstance(parents, torch.Tensor) else list(parents), dtype=np.int64)
-    k = len(plist)
-    mask = np.eye(k + 1, dtype=bool)
-    mask[:, 0] = True
-    rows = np.arange(1, k + 1)
-    up = plist.copy()  # each node's ancestor at the current step (-1: past the root)
-    while k and (up >= 0).any():
-        live = up >= 0
-        mask[rows[live], up[live] + 1] = True
-        up[live] = plist[up[live]]
+    on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents')."""
+    mask = _host_ancestors(parents)
     if device is None:
         device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
     return torch.from_numpy(mask).to(device)
+
+
+def verification_layout(parents: list[int], start: int, device: torch.device | str
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the target's one pass over ``[pending] + nodes`` needs (SpecInfer §4), built on the host
+    in one go: position ids ``(k + 1,) int64`` (``start`` + depth; the root at ``start``) and the
+    attention mask ``(k + 1, start + k + 1) bool`` (True = attend: every committed position, then
+    ``ancestor_mask``), both on ``device``.
+
+    Args:
+        parents: the tree's parents as a list (``(k,)``, topological). start: committed positions
+            already cached (tokens).
+    """
+    ancestors = _host_ancestors(parents)
+    k = len(parents)
+    mask = np.ones((k + 1, start + k + 1), dtype=bool)
+    mask[:, start:] = ancestors
+    positions = start - 1 + ancestors.sum(axis=1)  # a row holds the root, its ancestors and itself: depth + 1
+    return torch.from_numpy(positions).to(device), torch.from_numpy(mask).to(device)
+
+
+def _host_ancestors(parents: torch.Tensor | list[int]) -> np.ndarray:
+    """``ancestor_mask`` as a numpy array, on the host: in topological order, each node's row is
+    its parent's row plus itself (a row copy per node)."""
+    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    k = len(plist)
+    mask = np.zeros((k + 1, k + 1), dtype=bool)
+    mask[:, 0] = True
+    for row, parent in enumerate(plist, start=1):
+        if parent >= 0:
+            mask[row] = mask[parent + 1]
+        mask[row, row] = True
+    return mask
 
 
 def _host_depths(parents: torch.Tensor | list[int]) -> np.ndarray:
@@ -70,7 +93,9 @@ class GrowingTree:
 
     def __init__(self, committed: int, device: torch.device | str, capacity: int = 64) -> None:
         self.committed, self.size = committed, 0  # size: nodes added (the root not counted)
-        self._depth = torch.zeros(capacity + 1, dtype=torch.long, device=device)  # row r: node r's depth
+        # row r: node r's position (the root's: committed - 1) and number
+        self._position = torch.full((capacity + 1,), committed - 1, dtype=torch.long, device=device)
+        self._number = torch.arange(capacity + 1, device=device)
         # row r: what node r attends to: every committed position, then its ancestors-or-self among nodes 1..
         self._mask = torch.zeros((capacity + 1, committed + capacity), dtype=torch.bool, device=device)
         self._mask[:, :committed] = True
@@ -80,12 +105,13 @@ class GrowingTree:
         if need <= capacity:
             return
         new = max(need, 2 * capacity)
-        depth = self._depth.new_zeros(new + 1)
-        depth[: self.size + 1] = self._depth[: self.size + 1]
+        position = self._position.new_zeros(new + 1)
+        position[: self.size + 1] = self._position[: self.size + 1]
         mask = self._mask.new_zeros((new + 1, self.committed + new))
         mask[:, : self.committed] = True
         mask[: self.size + 1, : self.committed + self.size] = self._mask[: self.size + 1, : self.committed + self.size]
-        self._depth, self._mask = depth, mask
+        self._position, self._mask = position, mask
+        self._number = torch.arange(new + 1, device=mask.device)
 
     def add(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes under ``parents`` (``(m,) int64`` node numbers: 0 = the root, else a
@@ -95,17 +121,16 @@ class GrowingTree:
             ``(nodes, positions, mask)``: the new nodes' numbers ``(m,) int64``, their positions
             ``(m,) int64`` (the root's position plus depth), and their attention rows
             ``(m, committed + size) bool`` (True = attend: the committed positions, then their
-            ancestors-or-self among the nodes; a view, valid until the next ``add``).
+            ancestors-or-self among the nodes). Views, valid until the next ``add``.
         """
         m, base = int(parents.shape[0]), self.size
         self._grow(base + m)
         rows = slice(base + 1, base + 1 + m)
         self._mask[rows] = self._mask.index_select(0, parents)
         self._mask[rows, self.committed + base : self.committed + base + m].fill_diagonal_(True)
-        self._depth[rows] = self._depth.index_select(0, parents) + 1
+        self._position[rows] = self._position.index_select(0, parents) + 1
         self.size = base + m
-        nodes = torch.arange(base + 1, base + 1 + m, device=parents.device)
-        return nodes, self._depth[rows] + (self.committed - 1), self._mask[rows, : self.committed + self.size]
+        return self._number[rows], self._position[rows], self._mask[rows, : self.committed + self.size]
 
 
 def validate(parents: torch.Tensor | list[int], k: int) -> None:

@@ -140,3 +140,21 @@ def test_a_growing_tree_masks_each_node_to_its_ancestors_and_places_it_by_depth(
         assert mask.shape == (m, committed + len(parents))
         assert mask[:, :committed].all() and torch.equal(mask[:, committed:], expected)
         assert positions.tolist() == (tree.depths(as_draft)[first - 1:] + committed - 1).tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-1, 30), min_size=0, max_size=30), st.integers(0, 50))
+def test_the_verification_layout_places_nodes_by_depth_and_masks_them_to_their_ancestors(raw, start):
+    """``verification_layout`` (the verifier's one host-built layout) against a walk up each node's
+    parents: position = start + depth (the root at start), a row attends to every committed
+    position, the root, its ancestors and itself, and nothing else."""
+    parents = [min(p, i - 1) for i, p in enumerate(raw)]  # topological
+    positions, mask = tree.verification_layout(parents, start, "cpu")
+    k = len(parents)
+    assert positions.dtype == torch.long and mask.dtype == torch.bool and mask.shape == (k + 1, start + k + 1)
+    assert positions[0] == start and mask[0].tolist() == [True] * (start + 1) + [False] * k
+    for i in range(k):
+        seen = tree.path_to(i, parents)  # the root's child ... node i
+        assert positions[i + 1] == start + len(seen)
+        expected = [True] * (start + 1) + [j in seen for j in range(k)]
+        assert mask[i + 1].tolist() == expected

@@ -117,11 +117,9 @@ class HFVerifier(Verifier):
         parents = draft.parents.tolist()  # the tree's shape, on the host once (one sync)
         tree.validate(parents, k)
         device = inputs.device
-        positions = start + torch.cat([torch.zeros(1, dtype=torch.long), tree.depths(parents)]).to(device)
-        mask = torch.cat([torch.ones((k + 1, start), dtype=torch.bool, device=device),
-                          tree.ancestor_mask(parents, device)], dim=1)[None, None]
+        positions, mask = tree.verification_layout(parents, start, device)
         out = self.model(input_ids=inputs, position_ids=positions[None],
-                         attention_mask=as_model_mask(mask, self.model.config._attn_implementation,
+                         attention_mask=as_model_mask(mask[None, None], self.model.config._attn_implementation,
                                                       self.runtime.torch_dtype),
                          cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers))
         logits = out.logits[0]  # (k + 1, V): at the root and after each node

@@ -206,6 +206,14 @@ class Eagle3DraftModel(nn.Module):
         """Draft-vocabulary logits ``(..., draft_vocab_size)`` of outputs ``(..., H)``."""
         return self.lm_head(self.norm(out))
 
+    def top_tokens(self, out: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely next tokens of outputs ``out`` ``(m, H)``: target ids ``(m, k) int64``
+        and log-probabilities ``(m, k) float32``, best first (the head's log-softmax; EAGLE-2's
+        per-node expansion, Li et al. 2024, §4). ``k`` above the draft vocabulary gives all of it."""
+        logp = torch.log_softmax(self.logits(out).float(), dim=-1)
+        values, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        return self.to_target_ids(ids), values
+
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target vocabulary ids of draft ids (any shape, int64): ``d + d2t[d]``."""
         return draft_ids + self.d2t[draft_ids]
