@@ -16,6 +16,7 @@ from specpolicy.batching import generate_batch
 from specpolicy.results import PromptResult
 from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import arrival_times
+from specpolicy.stopping import StopStrings
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
 SERVING_ROWS = (
@@ -29,8 +30,10 @@ SERVING_ROWS = (
 
 
 def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, config: dict[str, Any],
-                pm, method: str, fingerprint: str, tokenizer, warmup: int) -> tuple[list, dict[str, Any]]:
-    """Decode the prompts not finished earlier with up to ``generation.batch_size`` in flight.
+                pm, method: str, fingerprint: str, tokenizer, warmup: int, stop: StopStrings | None = None
+                ) -> tuple[list, dict[str, Any]]:
+    """Decode the prompts not finished earlier with up to ``generation.batch_size`` in flight
+    (``stop``: the run's stop strings, matched per request).
 
     Returns:
         ``(results, serving)``: a ``PromptResult`` per prompt in prompt order (read back when
@@ -55,12 +58,12 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
     seed = int(config.get("seed", 0))
     runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch
     spec = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size, drafter=drafter,
-                          policy=policy, arrivals=arrivals, sampling=sampling)
+                          policy=policy, arrivals=arrivals, sampling=sampling, stop=stop)
     van = None
     if baseline:
         runtime.seed_everything(seed)
         van = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size,
-                             arrivals=arrivals, sampling=sampling)
+                             arrivals=arrivals, sampling=sampling, stop=stop)
     by_id = {p.prompt_id: i for i, p in enumerate(todo)}
     results = []
     for prompt in prompts:

@@ -8,12 +8,13 @@ its own committed sequence, KV-cache row, drafter state (a shallow copy of the c
 drafter: same weights, its own state, which ``prefill`` replaces) and policy (a deep copy of the
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
-mask, caches moved per request, never recomputed). Drafting runs request by request.
+mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
+EAGLE-3 advances every drafting request in one head pass, the other drafters request by request.
 
 Greedy or lossless speculative sampling per request; chains only (tree policies run in the
-batch-1 loop). A request leaves the batch at
-EOS, ``max_new_tokens`` or the context's end without disturbing the others; a prompt that does
-not fit is skipped and recorded (``BatchResult.skipped``), the batch goes on.
+batch-1 loop). A request leaves the batch at EOS, its first stop string, ``max_new_tokens`` or
+the context's end without disturbing the others; a prompt that does not fit is skipped and
+recorded (``BatchResult.skipped``), the batch goes on.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from dataclasses import dataclass, field
 import torch
 
 from specpolicy.batch_context import BatchContext, VerifyCost
-from specpolicy.decoding import _cut_at_stop, _prefill, after_drafting, ask_policy, limit_reached, round_record
+from specpolicy.decoding import _prefill, after_drafting, ask_policy, emitted_of_round, limit_reached, round_record
 from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy, TreePolicy
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import RequestTiming, summarize
+from specpolicy.stopping import StopStrings
 from specpolicy.types import Draft, GenerationResult, RoundRecord
 from specpolicy.verifiers.hf_batch import BatchedHFVerifier
 
@@ -53,6 +55,7 @@ class _Request:
     first_token_s: float | None = None
     finish_reason: str = ""
     prefill_ms: float = 0.0
+    stop: StopStrings | None = None  # its own matching state (a copy of the run's, reset)
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,7 @@ def generate_batch(
     policy: LengthPolicy | None = None,
     arrivals: list[float] | None = None,
     sampling: SamplingConfig | None = None,
+    stop: StopStrings | None = None,
 ) -> BatchResult:
     """Decode ``prompts`` with up to ``batch_size`` in flight (see the module docstring).
 
@@ -140,6 +144,9 @@ def generate_batch(
         sampling: None or greedy: every request's output is its greedy output; otherwise lossless
             speculative sampling per request (the draws from ``runtime.generator``, in round and
             row order: a request's sample depends on what shares its batch, its distribution does not).
+        stop: optional stop strings (``specpolicy.stopping.StopStrings``): each request matches
+            them on its own output (a copy per request) and leaves the batch after the token
+            completing the first one, as it does alone.
     Returns:
         a ``BatchResult``.
     Raises:
@@ -158,10 +165,12 @@ def generate_batch(
     if len(arrivals) != len(prompts):
         raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
     with torch.inference_mode():
-        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling)
+        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
+                    stop)
 
 
-def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling) -> BatchResult:
+def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
+         stop) -> BatchResult:
     device = runtime.torch_device
     sampling = None if sampling is None or sampling.is_greedy else sampling
     target = BatchedHFVerifier.like(verifier)
@@ -217,6 +226,9 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             limit = min(target.max_context, drafter_context) - int(prompt.shape[0])
             r = _Request(i, int(prompt.shape[0]), limit, mine, policy_copy, arrivals[i], admitted)
             r.prefill_ms = (now() - admitted) * 1e3
+            if stop is not None:
+                r.stop = copy.copy(stop)  # the same tokenizer and strings; its own matching state
+                r.stop.reset()
             active.append(r)
         if not active:
             if not queue:  # the last prompts were refused
@@ -251,12 +263,12 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         done, commit_total = [], 0.0
         for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
             committed = verification.committed_tokens(draft)
-            keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - r.generated)
+            keep, reason = emitted_of_round(committed, eos_ids, max_new_tokens - r.generated, r.stop)
             r.outputs.append(committed[:keep])
             r.generated += keep
             if keep and r.first_token_s is None:
                 r.first_token_s = emitted_at
-            reason = "eos" if hit_eos else limit_reached(r.generated, max_new_tokens, r.context_limit)
+            reason = reason or limit_reached(r.generated, max_new_tokens, r.context_limit)
             commit_ms = 0.0
             if r.drafter is not None and not reason:
                 t0 = time.perf_counter()

@@ -162,12 +162,7 @@ def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, ma
             verification = verifier.verify(draft)
 
         committed = verification.committed_tokens(draft)  # (a + 1,)
-        keep, hit_eos = _cut_at_stop(committed, eos_ids, max_new_tokens - generated)
-        finish = "eos" if hit_eos else ""
-        if stop is not None:  # the first completion of a stop string, if it comes first
-            cut = stop.check(committed[:keep].tolist())
-            if cut is not None and (cut < keep or not hit_eos):
-                keep, finish = cut, "stop_string"
+        keep, finish = emitted_of_round(committed, eos_ids, max_new_tokens - generated, stop)
         outputs.append(committed[:keep])
         generated += keep
         finish = finish or limit_reached(generated, max_new_tokens, context_limit)
@@ -331,6 +326,22 @@ def after_drafting(draft: Draft, before: int) -> str:
     if draft.length <= before:
         return "no_proposal"
     return ""
+
+
+def emitted_of_round(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int, stop: StopStrings | None
+                     ) -> tuple[int, str]:
+    """How many of a round's committed tokens (``(a + 1,) int64``) reach the output, and whether a
+    stop condition ends generation there (both loops): up to and including the first EOS, at most
+    ``remaining`` tokens, cut after the token completing the first stop string when that comes
+    first (``stop``, fed the kept tokens). Returns ``(count, "eos" | "stop_string" | "")``; one
+    device sync (the EOS search), plus a host copy of the kept tokens with stop strings."""
+    keep, hit_eos = _cut_at_stop(committed, eos_ids, remaining)
+    finish = "eos" if hit_eos else ""
+    if stop is not None:  # the first completion of a stop string, if it comes first
+        cut = stop.check(committed[:keep].tolist())
+        if cut is not None and (cut < keep or not hit_eos):
+            keep, finish = cut, "stop_string"
+    return keep, finish
 
 
 def _cut_at_stop(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int) -> tuple[int, bool]:

@@ -170,7 +170,8 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
 
                 results, serving = run_batched(
                     prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, container, pm,
-                    method, fingerprint, tokenizer, int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0)
+                    method, fingerprint, tokenizer, int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0,
+                    stop)
             # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
             for i, prompt in enumerate(tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt",
                                             disable=None)):

@@ -118,6 +118,45 @@ def test_requests_leave_at_eos_max_new_tokens_and_the_context_and_bad_prompts_ar
     assert all(r.output_ids[-1] == EOS for r in out.results.values() if r.finish_reason == "eos")
 
 
+class _BracketTokenizer:
+    """Token t decodes to ``[t]`` (stop strings on the tiny models' ids)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"[{int(t)}]" for t in ids)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
+def test_requests_leave_at_their_first_stop_string_as_they_do_alone(target, rt, drafters, kind):
+    """Stop strings taken from two requests' outputs (spanning two tokens): each request stops where
+    it stops alone -- output, finish reason, drafts and accepted lengths --, the others go on."""
+    from specpolicy.stopping import StopStrings
+
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    prompts = _prompts(10)
+
+    def make():
+        return (None, None) if kind == "vanilla" else (drafters[kind](), FailFastPolicy(n=3, tau=0.3, n_max=12))
+
+    if kind == "eagle3":
+        verifier.request_features(make()[0].target_feature_layers)
+    free = [generate(q, verifier, rt, max_new_tokens=24).output_ids.tolist() for q in prompts]
+    long_enough = [out for out in free if len(out) >= 16]
+    stop = StopStrings(_BracketTokenizer(), [f"{a}][{b}" for out in long_enough[:2] for a, b in [out[9:11]]])
+    alone = []
+    for q in prompts:
+        d, p = make()
+        alone.append(generate(q, verifier, rt, max_new_tokens=24, drafter=d, policy=p, stop=stop))
+    reasons = {r.finish_reason for r in alone}
+    assert "stop_string" in reasons and reasons - {"stop_string"}  # some stop there, some do not
+    d, p = make()
+    batched = generate_batch(prompts, verifier, rt, max_new_tokens=24, batch_size=4, drafter=d, policy=p, stop=stop)
+    for i, ref in enumerate(alone):
+        got = batched.results[i]
+        assert got.output_ids.tolist() == ref.output_ids.tolist() and got.finish_reason == ref.finish_reason, i
+        assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == \
+               [(r.draft_token_ids, r.accepted_length) for r in ref.rounds], i
+
+
 def test_the_loop_refuses_what_it_cannot_run(target, rt, drafters):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompts = _prompts(2)
@@ -186,10 +225,31 @@ def test_the_experiment_runs_the_batched_loop_and_reports_serving_numbers(family
     assert again["prompts"] == 5
 
 
+def test_the_batched_experiment_stops_each_request_where_batch_1_does(family, tmp_path):
+    """``generation.stop`` with ``generation.batch_size=3``: every prompt's output and finish reason
+    (and vanilla's) equal the batch-1 run's, and the stop string ends some of them."""
+    from hydra import compose, initialize_config_module
+
+    from conftest import overrides
+    from specpolicy.experiment import run_experiment
+    from specpolicy.results import read_results
+
+    args = [o for o in overrides(family, drafter="drafter") if not o.startswith("dataset.num_prompts")]
+    rows = {}
+    for batch in (1, 3):
+        with initialize_config_module("specpolicy.conf", version_base="1.3"):
+            cfg = compose("config", overrides=[*args, "dataset.num_prompts=5", f"generation.batch_size={batch}",
+                                               "generation.stop=[' ']", "policy=failfast"])
+        run_experiment(cfg, tmp_path / str(batch))
+        rows[batch] = [(r.prompt_id, r.speculative.output_ids.tolist(), r.speculative.finish_reason,
+                        r.vanilla.output_ids.tolist(), r.vanilla.finish_reason) for r in read_results(tmp_path / str(batch) / "results.jsonl")]
+    assert rows[3] == rows[1]
+    assert any(r[2] == "stop_string" for r in rows[1])
+
+
 @pytest.mark.parametrize("override, message", [
     ("generation.batch_size=0", "generation.batch_size must be an integer >= 1, got 0"),
     ("generation.arrival=burst", "generation.arrival must be one of"),
-    ("generation.stop=[xyz]", "generation.batch_size=4 runs the batched loop, which does not match stop strings"),
     ("policy=eagle2-tree", "policy=eagle2-tree drafts trees"),
     ("reuse.enabled=true", "does not reuse drafts yet"),
 ])
