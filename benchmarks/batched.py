@@ -14,8 +14,11 @@ per batch size) after one untimed warm-up, on a quiet machine (``specpolicy.mach
 ``timing_conditions``). Reported per (B, method): throughput (generated tokens/s over all
 requests), TTFT / TPOT p50 and p99 (ms), mean speculation length and accepted length per round,
 the ratio to vanilla at the same B, and whether every request's output equals its batch-1
-greedy output (``lossless``). Summary per B: the best fixed K, and the batch-aware policy's
-throughput over it (the bar: within 5% at every B) and over vanilla (never below 1).
+greedy output (``lossless``); ``modeled``: the MODELED throughput and ratio to vanilla at the same
+B on each GPU profile (``specpolicy.batch_model``: a roofline for the batched target pass, drafter
+passes batched across requests; labelled MODELED, never mixed with the measured figures). Summary
+per B: the best fixed K, and the batch-aware policy's throughput over it (the bar: within 5% at
+every B) and over vanilla (never below 1).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 
+from specpolicy.batch_model import RoundCounts, modeled_batched  # noqa: E402
 from specpolicy.batching import generate_batch  # noqa: E402
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.decoding import generate  # noqa: E402
@@ -49,9 +53,10 @@ def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, A
 
 
 def run_method(bench: Bench, prompts: list[torch.Tensor], max_new_tokens: int, batch_size: int, drafter, policy,
-               arrivals: list[float], batch1_loop: bool = False) -> tuple[list[RequestTiming], float, list, list]:
-    """One method over every prompt: the requests' timings, the wall seconds, every round and
-    every request's output ids."""
+               arrivals: list[float], batch1_loop: bool = False
+               ) -> tuple[list[RequestTiming], float, list, list, RoundCounts]:
+    """One method over every prompt: the requests' timings, the wall seconds, every round, every
+    request's output ids and the counts the MODELED throughput reads (``batch_model.RoundCounts``)."""
     if drafter is not None:
         bench.verifier.request_features(tuple(drafter.target_feature_layers or ()))
     if batch1_loop:  # today's loop, one request after another (arrivals all at once)
@@ -65,12 +70,13 @@ def run_method(bench: Bench, prompts: list[torch.Tensor], max_new_tokens: int, b
             timings.append(RequestTiming(0.0, t0, first, t1, res.generated_tokens))
             outputs.append(res.output_ids.tolist())
             rounds += res.rounds
-        return timings, time.perf_counter() - start, rounds, outputs
+        return (timings, time.perf_counter() - start, rounds, outputs,
+                RoundCounts.of_rounds(rounds, sum(t.tokens for t in timings)))
     res = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens,
                          batch_size=batch_size, drafter=drafter, policy=policy, arrivals=arrivals)
     outputs = [res.results[i].output_ids.tolist() for i in range(len(prompts))]
     rounds = [r for g in res.results.values() for r in g.rounds]
-    return [res.timings[i] for i in sorted(res.timings)], res.wall_s, rounds, outputs
+    return [res.timings[i] for i in sorted(res.timings)], res.wall_s, rounds, outputs, RoundCounts.of(res)
 
 
 def measure(bench: Bench, prompts: list[torch.Tensor], args: argparse.Namespace, log) -> dict[str, Any]:
@@ -84,26 +90,30 @@ def measure(bench: Bench, prompts: list[torch.Tensor], args: argparse.Namespace,
         entries = [(name, d, p, False) for name, d, p in table]
         if b == 1:  # today's batch-1 loop beside the batched loop at B = 1
             entries += [(f"{name}:loop-1", d, p, True) for name, d, p in table if name.startswith(("vanilla", "static"))]
-        runs: dict[str, list] = {name: [[], 0.0, [], True] for name, *_ in entries}  # timings, wall, rounds, lossless
+        runs: dict[str, list] = {name: [[], 0.0, [], True, RoundCounts()]  # timings, wall, rounds, lossless, counts
+                                 for name, *_ in entries}
         for rep in range(args.repeats):  # interleaved: every method once per repeat, rotating order
             shift = (b + rep) % len(entries)
             for name, d, p, loop1 in entries[shift:] + entries[:shift]:
                 log(f"B={b} repeat {rep + 1}/{args.repeats} {name}")
-                timings, wall, rounds, outputs = run_method(bench, prompts, args.max_new_tokens, b, d, p, arrivals,
-                                                            loop1)
+                timings, wall, rounds, outputs, counts = run_method(bench, prompts, args.max_new_tokens, b, d, p,
+                                                                    arrivals, loop1)
                 run = runs[name]
                 run[0] += timings
                 run[1] += wall
                 run[2] += rounds
                 run[3] = run[3] and outputs == reference
+                run[4] += counts
         row: dict[str, Any] = {}
-        for name, (timings, wall, rounds, lossless) in runs.items():
+        for name, (timings, wall, rounds, lossless, counts) in runs.items():
             summary = summarize(timings, wall)  # over every repeat: tokens / total wall, latency percentiles
             n = max(len(rounds), 1)
             summary["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / n
             summary["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / n
             summary["speculation_off_fraction"] = sum(r.speculation_length == 0 for r in rounds) / n
             summary["lossless"] = lossless
+            # MODELED (GPU roofline), against vanilla batched decoding at the same B: never a measured number
+            summary["modeled"] = modeled_batched(counts, runs["vanilla"][4], args.drafter)["by_profile"]
             row[name] = summary
         van = row["vanilla"]["throughput_tokens_per_s"]
         for s in row.values():
@@ -175,6 +185,34 @@ def print_table(result: dict[str, Any]) -> None:
         table.add_row(key, *[(lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(
             result["batch_sizes"][b]["_summary"][key]) for b in sizes])
     Console(width=200).print(table)
+    print_modeled(result)
+
+
+def print_modeled(result: dict[str, Any]) -> None:
+    """One table per GPU profile: MODELED tokens/s (x vanilla at the same batch size) per method."""
+    from rich.console import Console
+    from rich.table import Table
+
+    sizes = list(result["batch_sizes"])
+    names = [n for n in result["batch_sizes"][sizes[0]] if not n.startswith("_")]
+    for profile, knee in result["modeled"]["knee_tokens"].items():
+        table = Table(title=f"MODELED {profile}, knee {knee:.0f} tokens: tokens/s (x vanilla)")
+        table.add_column("method")
+        for b in sizes:
+            table.add_column(f"B={b}", justify="right")
+        for name in names:
+            cells = []
+            for b in sizes:
+                m = result["batch_sizes"][b].get(name, {}).get("modeled", {}).get(profile)
+                if m is None or m["speculative_tokens_per_s"] is None:
+                    cells.append("")
+                    continue
+                ratio = m["throughput_speedup"]
+                cells.append(f"{m['speculative_tokens_per_s']:.0f}" + ("" if ratio is None else f" ({ratio:.2f}x)"))
+            table.add_row(name, *cells)
+        Console(width=200).print(table)
+    print(f"MODELED tables: {result['modeled']['label']}"
+          + "".join(f"; {why}" for why in result["modeled"].get("unavailable", {}).values()))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -210,6 +248,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
                            "torch_threads": torch.get_num_threads()},
               "timing_conditions": watch.stop([]), "batch_sizes": rows}
+    profiles = modeled_batched(RoundCounts(), None, args.drafter)  # what every (B, method)'s "modeled" is under
+    result["modeled"] = {"label": profiles["label"], "drafter": args.drafter,
+                         "knee_tokens": {n: m["knee_tokens"] for n, m in profiles["by_profile"].items()},
+                         **({"unavailable": profiles["unavailable"]} if "unavailable" in profiles else {})}
     print_table(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

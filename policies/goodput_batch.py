@@ -7,34 +7,37 @@ expectation ``E = sum_i (1 + sum_{j<=k_i} s_ij)`` tokens, where ``s_ij`` is the 
 request i's first j draft tokens are all accepted (products of per-position acceptance rates,
 learned per request from its verified rounds, shrunk towards the batch's pooled rates, each
 pooled position towards the one before it), and
-costs ``T = verify_ms(B x (1 + max_i k_i)) + sum_i draft_ms_i(k_i)``: the batched verification's
-measured cost as a function of the tokens its pass computes (padded rows;
-``specpolicy.batch_context.VerifyCost``) and
-each request's drafting (ms per drafter pass x passes, passes = ceil(k / tokens per pass), both
-measured). The plan (``plan_round``, once per round for the whole batch):
+costs ``T = verify_ms(B x (1 + max_i k_i)) + draft_ms(sum_i ceil(k_i / tokens per pass))``: the
+batched verification's measured cost as a function of the tokens its pass computes (padded rows;
+``specpolicy.batch_context.VerifyCost``) and the round's measured drafting cost (every request's
+drafting and commit) as a function of the drafter passes of all requests
+(``BatchContext.draft_cost``, the same kind of measured curve): a fixed part per round -- the
+commits, the first pass's catching up on the committed tokens -- is not charged to each draft
+token, which would make drafts too short.
+The plan (``plan_round``, once per round for the whole batch):
 
 1. the uniform length ``K`` in ``0..max_length`` with the highest ``E / T`` (a fixed K, chosen
    afresh each round: as the batch grows the slope of ``verify_ms`` weighs more and K falls,
    to 0 -- speculation off -- when no draft token pays for its verification);
 2. then per request, Dinkelbach's step (as ``goodput``): with ``lambda = E / T`` of that plan,
    request i keeps its first draft tokens while their expected tokens ``s_ij`` beat what the
-   batch earns in the drafting time a token costs, ``lambda x drafting ms per token`` (their
-   verification is paid by the padded width while another request drafts K); the per-request
-   plan is taken when it raises ``E / T``.
+   batch earns in the drafting time a token costs, ``lambda x`` the drafting curve's step per
+   request at ``K`` (their verification is paid by the padded width while another request
+   drafts K); the per-request plan is taken when it raises ``E / T``.
 
 While the cost fit lacks spread (the first rounds) or speculation is off, the plan probes a
 length now and then (``probe_interval``) so acceptance and costs stay measured. The pooled
-acceptance counts and the drafting cost belong to the configured policy object and carry across
-its runs (as ``goodput``'s ``keep_across_prompts``): every request's copy shares them, and a run
-after a warm-up, or at another batch size, starts from what the earlier ones learned (the cost
-fit is the run's own, ``BatchContext.verify_cost``). In the batch-1
-loop (no batch) the policy plans its own request the same way with its own cost fit.
+acceptance counts belong to the configured policy object and carry across its runs (as
+``goodput``'s ``keep_across_prompts``): every request's copy shares them, and a run after a
+warm-up, or at another batch size, starts from what the earlier ones learned (the cost curves
+are the run's own, ``BatchContext.verify_cost`` and ``draft_cost``). In the batch-1 loop (no
+batch) the policy plans its own request the same way with its own cost curves, measured from
+its rounds.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from typing import Any
 
 import numpy as np
@@ -48,27 +51,20 @@ from specpolicy.validation import check_init
 NAME = "goodput-batch"
 #: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.
 WARMUP_LENGTHS = (1, 0, 2, 4, 3, 6)
-#: Weight of the newest round in the drafting-cost averages.
-COST_EMA = 0.1
-#: A drafting-cost sample is clipped to within this factor of the estimate (winsorised) ...
-OUTLIER_FACTOR = 3.0
-#: ... once the estimate rests on this many samples.
-OUTLIER_WARMUP = 5
 
 
 class _Shared:
     """What every request's copy of one configured policy shares: pooled acceptance counts per
-    position, the drafter's costs (one drafter for the whole batch), rounds planned (for the
-    probes) and the batch-1 cost fit."""
+    position, the drafter's tokens per pass (one drafter for the whole batch), rounds planned (for
+    the probes) and the batch-1 loop's cost curves."""
 
     def __init__(self, max_length: int) -> None:
         self.accepted = np.zeros(max_length)
         self.tried = np.zeros(max_length)
-        self.pass_ms = math.nan  # drafting ms per drafter pass (EMA over every request's rounds)
         self.tokens_per_pass = 1.0  # the most draft tokens one pass has given (a block drafter's block)
-        self.cost_samples = 0
         self.rounds = 0
-        self.cost = VerifyCost()
+        self.cost = VerifyCost()  # the batch-1 loop's: verification ms against tokens verified
+        self.draft_cost = VerifyCost()  # the batch-1 loop's: drafting ms (commit included) against passes
 
 
 class GoodputBatchPolicy(LengthPolicy):
@@ -135,16 +131,9 @@ class GoodputBatchPolicy(LengthPolicy):
         rate = (self.accepted + self.prior_strength * pooled) / (self.tried + self.prior_strength)
         return np.cumprod(rate)
 
-    def draft_ms(self, lengths: np.ndarray) -> np.ndarray:
-        """Modeled drafting ms of drafts of ``lengths`` tokens (0 for 0; before any pass is measured: 0)."""
-        s = self._shared
-        pass_ms = 0.0 if math.isnan(s.pass_ms) else s.pass_ms
-        return pass_ms * np.ceil(np.asarray(lengths, dtype=float) / s.tokens_per_pass)
-
-    def draft_ms_per_token(self) -> float:
-        """Drafting ms per draft token, a pass's cost spread over the tokens it drafts."""
-        s = self._shared
-        return 0.0 if math.isnan(s.pass_ms) else s.pass_ms / s.tokens_per_pass
+    def passes(self, lengths: np.ndarray) -> np.ndarray:
+        """Drafter passes of drafts of ``lengths`` tokens (any shape): ``ceil(length / tokens per pass)``."""
+        return np.ceil(np.asarray(lengths, dtype=float) / self._shared.tokens_per_pass)
 
     # -- the plan --------------------------------------------------------------------------------
 
@@ -153,6 +142,7 @@ class GoodputBatchPolicy(LengthPolicy):
         """The lengths (tokens) of every request this round (see the module docstring)."""
         lead = policies[0]
         shared, cost = lead._shared, contexts[0].verify_cost
+        draft_cost = contexts[0].draft_cost or shared.draft_cost
         shared.rounds += 1
         b, horizon = len(policies), lead.max_length
         if cost.samples < len(WARMUP_LENGTHS):  # spread the cost fit's samples first
@@ -161,20 +151,22 @@ class GoodputBatchPolicy(LengthPolicy):
         gain = np.zeros((b, horizon + 1))  # gain[i, K]: expected accepted tokens of request i drafting K
         pooled = lead.pooled_rates()
         gain[:, 1:] = np.cumsum([p.survival(pooled) for p in policies], axis=1)
-        drafting = lead.draft_ms(lengths)  # (horizon + 1,) a request's drafting: one drafter, costs pooled
+        drafting = np.asarray(draft_cost.ms(b * lead.passes(lengths)))  # (horizon + 1,) the round's, every draft K
         emitted = b + gain.sum(axis=0)
-        ms = cost.ms(b * (lengths + 1)) + b * drafting
+        ms = cost.ms(b * (lengths + 1)) + drafting
         best = int(np.argmax(emitted / ms))
         plan, rate = np.full(b, best), emitted[best] / ms[best]
-        # Dinkelbach's step per request: below K*, request i keeps draft token j while s_ij beats
-        # what the batch earns in the drafting time the token costs (its verification is paid
-        # for by the padded width as long as another request drafts K*)
-        survive = gain[:, 1:best + 1] - gain[:, :best]  # (b, K*): s_ij
-        mine = (survive >= rate * lead.draft_ms_per_token()).cumprod(axis=1).sum(axis=1).astype(int)
-        rows = np.arange(b)
-        mine_ms = cost.ms(b * (int(mine.max(initial=0)) + 1)) + drafting[mine].sum()
-        if (b + gain[rows, mine].sum()) / mine_ms > rate:
-            plan = mine
+        if best:
+            # Dinkelbach's step per request: below K*, request i keeps draft token j while s_ij
+            # beats what the batch earns in the drafting time a token costs (the curve's last
+            # step, per request; its verification is paid for by the padded width as long as
+            # another request drafts K*)
+            per_token_ms = (drafting[best] - drafting[best - 1]) / b
+            survive = gain[:, 1:best + 1] - gain[:, :best]  # (b, K*): s_ij
+            mine = (survive >= rate * per_token_ms).cumprod(axis=1).sum(axis=1).astype(int)
+            mine_ms = cost.ms(b * (int(mine.max(initial=0)) + 1)) + draft_cost.ms(lead.passes(mine).sum())
+            if (b + gain[np.arange(b), mine].sum()) / mine_ms > rate:
+                plan = mine
         if not plan.any() and shared.rounds % lead.probe_interval == 0:
             # speculation is off: one request probes, so acceptance and costs stay measured
             plan[(shared.rounds // lead.probe_interval) % b] = 1
@@ -195,16 +187,15 @@ class GoodputBatchPolicy(LengthPolicy):
             for counts in (self, self._shared):
                 counts.tried[:seen] += 1
                 counts.accepted[: min(a, self.max_length)] += 1
-            # drafting cost per pass, from rounds that follow a drafted one (the first drafted round
-            # after the prefill or after plain rounds also catches the drafter up on every position
-            # committed meanwhile, e.g. EAGLE-3's pass over the prompt), clipped to a factor of the estimate
-            if record.drafter_forward_passes and self._drafted_last_round:
-                s, pass_ms = self._shared, record.draft_ms / record.drafter_forward_passes
-                if s.cost_samples >= OUTLIER_WARMUP:
-                    pass_ms = min(max(pass_ms, s.pass_ms / OUTLIER_FACTOR), s.pass_ms * OUTLIER_FACTOR)
-                s.pass_ms = pass_ms if math.isnan(s.pass_ms) else (1 - COST_EMA) * s.pass_ms + COST_EMA * pass_ms
+            if record.drafter_forward_passes:
+                s = self._shared
                 s.tokens_per_pass = max(s.tokens_per_pass, k / record.drafter_forward_passes)
-                s.cost_samples += 1
+                # the batch-1 loop: this request's drafting is the drafting curve's sample, from rounds
+                # that follow a drafted one (the first drafted round after the prefill or after plain
+                # rounds also catches the drafter up on every position committed meanwhile, e.g.
+                # EAGLE-3's pass over the prompt); the batched loop measures whole rounds itself
+                if self.batch is None and self._drafted_last_round:
+                    s.draft_cost.observe(record.drafter_forward_passes, record.draft_ms)
         self._drafted_last_round = k > 0
         if self.batch is None:  # the batch-1 loop: this request's verifications are the cost samples
             self._shared.cost.observe(k + 1, record.verify_ms)

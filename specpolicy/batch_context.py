@@ -22,7 +22,10 @@ import numpy as np
 class VerifyCost:
     """Milliseconds of a round of the batched loop besides drafting -- the batched verification
     and the loop's work per request -- as a function of the tokens the verification pass computes:
-    ``rows x (1 + longest draft)`` with padded rows (``verifiers/hf_batch.py``). Measured:
+    ``rows x (1 + longest draft)`` with padded rows (``verifiers/hf_batch.py``). The same measured
+    curve serves for a round's drafting as a function of the drafter passes of all its requests
+    (``BatchContext.draft_cost``: a fixed part per round and a part per pass, whatever their
+    shares, with no model of either). Measured:
     an exponential moving average of the observed ms per token count (weight ``ema`` for the
     newest), interpolated linearly between observed counts; outside them, extended with the
     least-squares slope over the observed counts (``prior_slope_ratio`` of the mean ms per token
@@ -111,9 +114,14 @@ class BatchContext:
         verify_cost: the measured cost of a batched verification (``VerifyCost``, shared by the batch).
         planned_length: the speculation length ``plan_round`` gave this request this round (tokens),
             or None when the policy class plans nothing.
+        draft_cost: the measured drafting cost of a round (``VerifyCost`` over drafter passes: ms
+            of every request's drafting and commit against the passes of all requests, a pass
+            over many requests at once counting once per request), shared by the batch; None
+            outside the batched loop.
     """
 
     requests: int
     row: int
     verify_cost: VerifyCost
     planned_length: int | None = None
+    draft_cost: VerifyCost | None = None

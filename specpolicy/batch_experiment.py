@@ -4,7 +4,9 @@ same batch size, with the configured arrivals (``generation.arrival``, ``arrival
 by ``seed``). Each request becomes the usual ``PromptResult`` (its output, rounds and time in
 flight; losslessness against its vanilla output), so ``summary.json``, the loggers' rows and the
 tables are the batch-1 run's; the serving figures -- throughput over all requests, TTFT / TPOT /
-latency mean, p50 and p99 -- go to ``summary.json``'s ``serving`` block and a table of their own.
+latency mean, p50 and p99 -- go to ``summary.json``'s ``serving`` block and a table of their own,
+with the MODELED throughput of both methods on each GPU profile (``specpolicy.batch_model``: a
+roofline for the batched target pass; ``serving.modeled``, MODELED rows in the table).
 A prompt the batched loop refuses (e.g. too long) is skipped and recorded, the batch goes on.
 """
 
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from specpolicy.batch_model import RoundCounts, modeled_batched
 from specpolicy.batching import generate_batch
 from specpolicy.results import PromptResult
 from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import arrival_times
 from specpolicy.stopping import StopStrings
+from specpolicy.summary import profile_from
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
 SERVING_ROWS = (
@@ -39,7 +43,8 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
         ``(results, serving)``: a ``PromptResult`` per prompt in prompt order (read back when
         finished earlier, skipped when too long or refused) and the ``serving`` block of
         ``summary.json`` (the batch size, arrivals, and ``BatchResult.summary`` of the speculative
-        method and of vanilla, with the throughput ratio).
+        method and of vanilla, with the throughput ratio; ``modeled``: ``batch_model.modeled_batched``
+        of both runs under every shipped profile and the run's own, labelled MODELED).
     """
     generation = config["generation"]
     batch_size, max_new = int(generation["batch_size"]), int(generation["max_new_tokens"])
@@ -93,26 +98,45 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
         if serving["vanilla"]["tokens"]:  # none when every prompt was finished earlier or refused
             serving["throughput_speedup"] = (serving["speculative"]["throughput_tokens_per_s"]
                                              / serving["vanilla"]["throughput_tokens_per_s"])
+    serving["modeled"] = modeled_batched(RoundCounts.of(spec), RoundCounts.of(van) if van is not None else None,
+                                         str((config.get("drafter") or {}).get("name", "")) or None,
+                                         selected=profile_from(config))
     return results, serving
 
 
 def print_serving(serving: dict[str, Any]) -> None:
-    """The serving table: one row per figure, a column per method (vanilla first), then the
-    throughput ratio."""
+    """The serving table: one row per measured figure, a column per method (vanilla first), then
+    a MODELED row per GPU profile (``serving["modeled"]``: tokens/s, the speculative cell with its
+    ratio to vanilla), then the measured throughput ratio and the MODELED rows' label."""
     from rich.console import Console
     from rich.table import Table
 
     arrival = serving["arrival"] + (f" at {serving['arrival_rate']} requests/s" if serving["arrival"] == "poisson"
                                     else "")
     table = Table(title=f"serving: {serving['requests']} requests, batch size {serving['batch_size']}, {arrival} "
-                        "(measured, this machine)")
+                        "(measured, this machine; MODELED rows: a GPU roofline, not measured)")
     table.add_column("figure")
     columns = [name for name in ("vanilla", "speculative") if name in serving]
     for name in columns:
         table.add_column(name, justify="right")
     for label, key, fmt in SERVING_ROWS:
         table.add_row(label, *[fmt.format(serving[name][key]) for name in columns])
+    modeled = serving.get("modeled") or {}
+    if modeled.get("by_profile"):
+        table.add_section()
+
+        def rate(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.0f}"
+
+        for profile, m in modeled["by_profile"].items():
+            ratio = "" if m["throughput_speedup"] is None else f" ({m['throughput_speedup']:.2f}x)"
+            cells = {"vanilla": rate(m["vanilla_tokens_per_s"]),
+                     "speculative": rate(m["speculative_tokens_per_s"]) + ratio}
+            table.add_row(f"MODELED {profile} (tokens/s)", *[cells[name] for name in columns])
     Console().print(table)
     if "throughput_speedup" in serving:
         print(f"throughput speedup over vanilla batched decoding at batch size {serving['batch_size']}: "
               f"{serving['throughput_speedup']:.2f}x")
+    if modeled:
+        unavailable = "".join(f"; {why}" for why in modeled.get("unavailable", {}).values())
+        print(f"MODELED rows: {modeled['label']}{unavailable}")

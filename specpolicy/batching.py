@@ -9,7 +9,8 @@ drafter: same weights, its own state, which ``prefill`` replaces) and policy (a 
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
-EAGLE-3 advances every drafting request in one head pass, the other drafters request by request.
+EAGLE-3 advances every drafting request in one head pass, DFlash drafts every drafting request's
+block in one padded pass, the other drafters request by request.
 
 Greedy or lossless speculative sampling per request; chains only (tree policies run in the
 batch-1 loop). A request leaves the batch at EOS, its first stop string, ``max_new_tokens`` or
@@ -70,6 +71,10 @@ class BatchResult:
         wall_s: the run's wall-clock seconds, first arrival to last finish.
         verify_tokens: per round, the tokens the target verified over all rows (sum of ``k_i + 1``).
         batch_sizes: per round, the requests in flight.
+        padded_tokens: per round, the tokens the target pass computed, ``rows x (1 + longest
+            draft)`` (rows padded to the longest draft; ``specpolicy.batch_model`` models its cost).
+        drafter_passes: per round, the most drafter forward passes a request spent drafting (0 for
+            vanilla): the round's drafting steps when the passes of all requests run together.
     """
 
     results: dict[int, GenerationResult]
@@ -78,6 +83,8 @@ class BatchResult:
     wall_s: float
     verify_tokens: tuple[int, ...]
     batch_sizes: tuple[int, ...]
+    padded_tokens: tuple[int, ...] = ()
+    drafter_passes: tuple[int, ...] = ()
 
     def summary(self) -> dict[str, float]:
         """Throughput and TTFT / TPOT / latency statistics (``specpolicy.serving.summarize``),
@@ -185,7 +192,10 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
     skipped: dict[int, str] = {}
     verify_tokens: list[int] = []
     batch_sizes: list[int] = []
+    padded_tokens: list[int] = []  # per round, for the MODELED batched throughput (specpolicy.batch_model)
+    drafter_passes: list[int] = []
     verify_cost = VerifyCost()  # the batch's measured verification cost, shared by every policy
+    draft_cost = VerifyCost()  # the round's measured drafting cost against its drafter passes, shared too
     planner = type(policy).plan_round if policy is not None else None
     start = time.perf_counter()
 
@@ -243,11 +253,12 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             continue
 
         if policy is not None:  # what each policy knows of the batch; a batch-aware class plans the round
-            contexts = [BatchContext(len(active), row, verify_cost) for row in range(len(active))]
+            contexts = [BatchContext(len(active), row, verify_cost, draft_cost=draft_cost)
+                        for row in range(len(active))]
             plan = planner([r.policy for r in active], contexts)
             for row, r in enumerate(active):
                 r.policy.batch = contexts[row] if plan is None else \
-                    BatchContext(len(active), row, verify_cost, int(plan[row]))
+                    BatchContext(len(active), row, verify_cost, int(plan[row]), draft_cost)
         round_start = time.perf_counter()
         rooms = [min(max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]
         drafts, stops = draft_rounds(active, rooms, device)
@@ -257,6 +268,8 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         verify_ms = (time.perf_counter() - t0) * 1e3
         verify_tokens.append(sum(d.length + 1 for d in drafts))
         padded = len(drafts) * (1 + max(d.length for d in drafts))
+        padded_tokens.append(padded)
+        drafter_passes.append(max(d.forward_passes for d in drafts))
         batch_sizes.append(len(active))
         emitted_at = now()
 
@@ -286,6 +299,10 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         # the round's cost besides drafting (verification and the loop's work per request), against
         # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
         verify_cost.observe(padded, (time.perf_counter() - round_start) * 1e3 - drafting_ms - commit_total)
+        passes = sum(d.forward_passes for d in drafts)  # the round's drafter passes over all requests
+        if passes:
+            draft_cost.observe(passes, drafting_ms + commit_total)
         for row in reversed(done):
             finish(row)
-    return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes))
+    return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes),
+                       tuple(padded_tokens), tuple(drafter_passes))

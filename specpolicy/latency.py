@@ -36,7 +36,9 @@ from specpolicy.types import RoundRecord
 #: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
 BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
 PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "drafter_pass_ms_by_drafter", "target_ms_per_token",
-                "verify_ms_per_draft_token", "pass_accounting")
+                "verify_ms_per_draft_token", "pass_accounting", "target_params", "peak_tflops", "compute_efficiency")
+#: The optional keys of the batched-verification roofline (``specpolicy.batch_model``): (key, unit).
+ROOFLINE_KEYS = (("target_params", "parameters"), ("peak_tflops", "TFLOP/s"), ("compute_efficiency", "a fraction"))
 MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
 
 
@@ -103,6 +105,12 @@ class LatencyProfile:
         drafter_pass_ms_by_drafter: per drafter name (``drafter=``), a pass cost that replaces
             ``drafter_pass_ms`` for that drafter (DFlash and EAGLE-3 passes cost far less than a
             1.5B drafter's: ``specpolicy.gpu_pass_model``); ``for_drafter`` applies it.
+        target_params: the target's parameters, > 0 (None: no batched roofline).
+        peak_tflops: the GPU's dense tensor peak in TFLOP/s at the target's dtype, > 0 (None: no
+            batched roofline).
+        compute_efficiency: the fraction of ``peak_tflops`` a batched pass reaches, in (0, 1]
+            (None: ``specpolicy.batch_model.COMPUTE_EFFICIENCY``). These three feed the MODELED
+            throughput of the batched loop (``specpolicy.batch_model``) only.
     """
 
     name: str
@@ -112,6 +120,9 @@ class LatencyProfile:
     verify_ms_per_draft_token: float | None = 0.0
     pass_accounting: str = "project"
     drafter_pass_ms_by_drafter: dict[str, float] = field(default_factory=dict)
+    target_params: float | None = None
+    peak_tflops: float | None = None
+    compute_efficiency: float | None = None
 
     def for_drafter(self, drafter: str | None) -> "LatencyProfile":
         """This profile with ``drafter``'s own pass cost when it lists one (else unchanged)."""
@@ -130,7 +141,8 @@ class LatencyProfile:
 
         Raises:
             ValueError: naming ``profile.<key>`` for an unknown key or a negative / non-numeric value
-                (``target_ms_per_token`` must be > 0).
+                (``target_ms_per_token``, ``target_params`` and ``peak_tflops`` must be > 0,
+                ``compute_efficiency`` in (0, 1]).
         """
         unknown = sorted(set(config) - set(PROFILE_KEYS))
         if unknown:
@@ -158,6 +170,15 @@ class LatencyProfile:
             raise ValueError(f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, "
                              f"got {accounting!r}")
         values["pass_accounting"] = accounting
+        for key, unit in ROOFLINE_KEYS:
+            v = config.get(key)
+            if v is not None:
+                bound = 1.0 if key == "compute_efficiency" else float("inf")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= bound or v == float("inf"):
+                    raise ValueError(f"profile.{key} must be a number {'in (0, 1]' if bound == 1 else '> 0'} "
+                                     f"({unit}) or null, got {v!r}")
+                v = float(v)
+            values[key] = v
         return LatencyProfile(name=str(config["name"]), description=str(config.get("description") or ""), **values)
 
 

@@ -79,8 +79,16 @@ def _goodput_batch(b: int, acceptance: float, cost: VerifyCost, pass_ms: float) 
     return policies
 
 
-def _plan(policies, cost):
-    return GoodputBatchPolicy.plan_round(policies, [BatchContext(len(policies), i, cost) for i in range(len(policies))])
+def _plan(policies, cost, pass_ms=None):
+    """The round's plan; ``pass_ms``: the batched loop's drafting curve of a drafter running request
+    by request (each request's pass costs ``pass_ms``), else the policies' own (batch-1) curve."""
+    draft = None
+    if pass_ms is not None:
+        draft = VerifyCost()
+        for passes in (1, 4, 12):
+            draft.observe(len(policies) * passes, len(policies) * passes * pass_ms)
+    return GoodputBatchPolicy.plan_round(policies, [BatchContext(len(policies), i, cost, draft_cost=draft)
+                                                    for i in range(len(policies))])
 
 
 def test_goodput_batch_speculates_long_when_verification_is_flat_and_switches_off_when_it_is_not():
@@ -88,13 +96,15 @@ def test_goodput_batch_speculates_long_when_verification_is_flat_and_switches_of
     for n in (8, 16, 24, 32, 64, 128):
         flat.observe(n, 10.0)  # verification costs the same whatever it verifies: the GPU's memory-bound regime
     policies = _goodput_batch(8, 0.9, flat, pass_ms=0.1)
-    assert policies[0]._shared.pass_ms == pytest.approx(0.1)  # one drafter: costs pooled over the copies
-    plan = _plan(policies, flat)
+    # one drafter: its drafting curve pooled over the copies (12 passes: 1.2 ms; proportional below)
+    assert policies[0]._shared.draft_cost.ms(12) == pytest.approx(1.2)
+    assert policies[0]._shared.draft_cost.ms(3) == pytest.approx(0.3)
+    plan = _plan(policies, flat, pass_ms=0.1)
     assert min(plan) >= 8
     steep = VerifyCost()
     for n in (8, 16, 24, 32, 64, 128):
         steep.observe(n, 1.0 * n)  # every verified token costs as much as a plain step's: compute-bound
-    assert _plan(_goodput_batch(8, 0.9, steep, pass_ms=0.5), steep) == [0] * 8
+    assert _plan(_goodput_batch(8, 0.9, steep, pass_ms=0.5), steep, pass_ms=0.5) == [0] * 8
     # a batch of one with the same costs: a draft token costs a fraction of a plain step
     one = VerifyCost()
     for n in (1, 2, 4, 8, 13, 16):
@@ -111,7 +121,7 @@ def test_goodput_batch_gives_a_poorly_accepted_request_fewer_tokens():
     bad._shared = good[0]._shared
     bad.accepted, bad.tried = np.zeros(12), np.zeros(12)
     bad.tried[:1], bad.accepted[:1] = 300, 30  # its own first positions: rarely accepted
-    plan = _plan(good + [bad], cost)
+    plan = _plan(good + [bad], cost, pass_ms=0.5)
     assert plan[-1] < min(plan[:-1])
 
 
@@ -160,3 +170,21 @@ def test_batch_aware_policies_are_lossless_in_both_loops(choice):
         out = generate_batch(prompts, verifier, rt, max_new_tokens=30, batch_size=b, drafter=drafter,
                              policy=make_policy(pm, {"name": choice}))
         assert [out.results[i].output_ids.tolist() for i in range(len(prompts))] == refs
+
+
+def test_goodput_batch_does_not_charge_a_rounds_fixed_drafting_cost_to_each_draft_token():
+    """Two drafting curves that cost the same for a 10-pass round: one mostly fixed per round (the
+    commit, the first pass's catching up), one proportional to the passes. A fixed part is paid
+    whatever the length, so the plan drafts longer with it than with per-pass costs."""
+    cost = VerifyCost()
+    for n in (1, 2, 4, 8, 13, 16):
+        cost.observe(n, 10.0 + 0.3 * n)
+
+    def plan(fixed_ms, per_pass_ms):
+        draft = VerifyCost()
+        for passes in (1, 2, 4, 8, 12):
+            draft.observe(passes, fixed_ms + per_pass_ms * passes)
+        policies = _goodput_batch(1, 0.8, cost, pass_ms=0.5)
+        return GoodputBatchPolicy.plan_round(policies, [BatchContext(1, 0, cost, draft_cost=draft)])[0]
+
+    assert plan(4.0, 0.1) > plan(0.0, 0.5)
