@@ -24,6 +24,10 @@ the drafts are exactly the official ``dflash_generate``'s given the same committ
 Sampling: each drafted token is drawn from ``warp`` of its position's logits and reported in
 ``Draft.probs``; its distribution depends on the context and (in an extension pass) on the given
 earlier drafted tokens only, so speculative sampling stays lossless.
+
+Batched (``draft_many``, the batched loop): the requests that take a pass at the same step run it
+together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
+the longest and masked per row; each request records what its own pass would.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, load_dflash
 from specpolicy.draft_models.kv import KVCache
@@ -49,6 +54,9 @@ CONFIG_KEYS = ("model", "extension")
 #: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
 #: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
 EXTENSIONS = ("given", "none")
+#: ``draft_many``: a request with more newly committed positions than this (a new request's prompt)
+#: writes their keys and values alone, not padding every request's to its count.
+BATCH_POSITIONS = 16
 
 
 class DFlashDrafter(Drafter):
@@ -147,26 +155,47 @@ class DFlashDrafter(Drafter):
         out = self.model(self.embed_tokens(ids)[None], positions, context)[0]  # (q, H)
         logits = self.lm_head(out[1 + self._tokens.shape[0]:])  # (B - 1, V)
         tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
-        self._logits.append(logits)  # (B - 1, V): tree policies read their top-k (``alternatives``)
+        stop_at = None
         if self._stop_ids.numel():
             hit = torch.isin(tokens, self._stop_ids)
             if bool(hit.any()):  # the sync of a drafted stop token: nothing past it is drafted
-                self._stop_at = self._tokens.shape[0] + int(hit.int().argmax())
+                stop_at = int(hit.int().argmax())
+        self._took(logits, tokens, confs, q, stop_at)
+
+    def _took(self, logits: torch.Tensor, tokens: torch.Tensor, confs: torch.Tensor, q: torch.Tensor | None,
+              stop_at: int | None) -> None:
+        """Record a pass: its logits ``(B - 1, V)`` (tree policies read their top-k: ``alternatives``),
+        tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q ``(B - 1, V) float32`` when
+        sampling, and the index in the block of the first drafted stop token (None: none)."""
+        self._logits.append(logits)
+        if stop_at is not None:
+            self._stop_at = self._tokens.shape[0] + stop_at
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
         if q is not None:
             self._probs.append(q)
         self._passes += 1
 
-    @torch.no_grad()
-    def draft(self, num_tokens: int) -> Draft:
+    def _wants(self, num_tokens: int) -> int:
+        """The round's draft length after adding ``num_tokens``; ValueError for ``num_tokens < 1``."""
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        want = self._returned + num_tokens
-        while self._tokens.shape[0] < want and self._stop_at is None:
-            if self._passes and self.extension == "none":
-                break  # one block per round: nothing more to propose
+        return self._returned + num_tokens
+
+    def _needs_pass(self, want: int) -> bool:
+        """Whether a draft of ``want`` tokens takes another pass (one block only with ``extension=none``)."""
+        one_block = self._passes and self.extension == "none"
+        return self._tokens.shape[0] < want and self._stop_at is None and not one_block
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        want = self._wants(num_tokens)
+        while self._needs_pass(want):
             self._pass()
+        return self._handed_out(want)
+
+    def _handed_out(self, want: int) -> Draft:
+        """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead."""
         end = self._tokens.shape[0] if self._stop_at is None else self._stop_at + 1
         k = min(want, end)
         self._returned = k
@@ -174,6 +203,123 @@ class DFlashDrafter(Drafter):
         return Draft(self._tokens[:k], self._confs[:k], forward_passes=self._passes, probs=probs,
                      ends_at_stop_token=self._stop_at is not None and k == end,
                      lookahead=end - k, lookahead_confidences=self._confs[k:end])
+
+    @classmethod
+    @torch.no_grad()
+    def draft_many(cls, drafters: list["DFlashDrafter"], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` for many requests with their passes batched: at each step, every request whose
+        draft still takes a pass runs it in ONE pass of the network over all of them (each row its
+        own block -- a first pass's ``B`` tokens or an extension pass's longer one --, the rows and
+        the cached contexts padded to the longest, a mask keeping each row to its own context and
+        its own block, bidirectional inside it). The newly committed positions' keys and values
+        are written for all of them in one ``context_keys_values`` call too (a request with more
+        than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone).
+
+        Args:
+            drafters: one per request, sharing one network, embeddings, LM head and stop tokens
+                (the batched loop's copies of the configured drafter); otherwise, or for one
+                request, each drafts alone (``draft``).
+            num_tokens: tokens to add per request, each >= 1.
+        Returns:
+            every request's whole draft of the round so far, in order: what ``draft`` returns, the
+            same tokens, confidences and ``forward_passes``. Sampling draws each pass's tokens
+            request after request; a request that takes several passes in the call draws its later
+            ones after the others' earlier ones (the same distributions, other draws than alone).
+        Raises:
+            ValueError: for a ``num_tokens`` entry < 1 (before any pass).
+        """
+        lead = drafters[0] if drafters else None
+        if len(drafters) < 2 or any(d.model is not lead.model or d.embed_tokens is not lead.embed_tokens
+                                    or d.lm_head is not lead.lm_head or d._stop_ids is not lead._stop_ids
+                                    for d in drafters):
+            return super().draft_many(drafters, num_tokens)
+        wants = [d._wants(n) for d, n in zip(drafters, num_tokens)]
+        while True:
+            step = [d for d, want in zip(drafters, wants) if d._needs_pass(want)]
+            if not step:
+                return [d._handed_out(want) for d, want in zip(drafters, wants)]
+            if len(step) == 1:
+                step[0]._pass()
+            else:
+                cls._pass_together(step)
+
+    @staticmethod
+    def _cache_contexts(drafters: list["DFlashDrafter"]) -> None:
+        """``_cache_context`` for several requests: the newly committed positions' features of those
+        with at most ``BATCH_POSITIONS`` of them padded into one ``(b, u, F)`` batch and projected in
+        one call (every op is per position: a padded row changes nothing), the others alone."""
+        waiting = [d for d in drafters if d._context is not None and d._context.shape[0]]
+        short = [d for d in waiting if d._context.shape[0] <= BATCH_POSITIONS]
+        together = short if len(short) > 1 else []
+        for d in waiting:
+            if d not in together:  # many new positions (a new prompt's), or the only request with new ones
+                d._cache_context()
+        if not together:
+            return
+        lead = together[0]
+        device = lead.runtime.torch_device
+        counts = [d._context.shape[0] for d in together]
+        features = pad_sequence([d._context for d in together], batch_first=True).to(lead.runtime.torch_dtype)
+        starts = torch.tensor([d.cache.length for d in together], device=device)
+        positions = starts[:, None] + torch.arange(max(counts), device=device)  # (b, u)
+        for i, (k, v) in enumerate(lead.model.context_keys_values(features, positions)):
+            for j, d in enumerate(together):
+                d.cache.append(i, k[j : j + 1, :, : counts[j]], v[j : j + 1, :, : counts[j]])
+        for d in together:
+            d._context = None
+
+    @staticmethod
+    def _pass_together(drafters: list["DFlashDrafter"]) -> None:
+        """One pass of the network for several requests, each drafting B - 1 more tokens and recording
+        them as its ``_pass`` would (see ``draft_many``)."""
+        lead = drafters[0]
+        model, device = lead.model, lead.runtime.torch_device
+        DFlashDrafter._cache_contexts(drafters)
+        blocks = [torch.cat([d._pending, d._tokens, d._masks]) for d in drafters]  # (q_i,): 1 + drafted + B - 1
+        sizes = [x.shape[0] for x in blocks]
+        lengths = [d.cache.length for d in drafters]  # cached context positions per request
+        b, q, c, new = len(drafters), max(sizes), max(lengths), lead.block_size - 1
+        ids = pad_sequence(blocks, batch_first=True, padding_value=model.spec.mask_token_id)  # (b, q)
+        lengths_t, sizes_t = torch.tensor([lengths, sizes], device=device)  # (b,) each
+        positions = lengths_t[:, None] + torch.arange(q, device=device)  # (b, q): each row continues its context
+        sees = torch.cat([torch.arange(c, device=device) < lengths_t[:, None],  # its own context ...
+                          torch.arange(q, device=device) < sizes_t[:, None]], dim=1)  # ... and its own block
+        mask = sees[:, None, None].expand(b, 1, q, c + q)
+        context = DFlashDrafter._padded_context(drafters, c) if c else None
+        out = model(lead.embed_tokens(ids), positions, context, mask)  # (b, q, H)
+        drafted = (sizes_t - new)[:, None] + torch.arange(new, device=device)  # (b, B - 1): the masks' rows
+        logits = lead.lm_head(out[torch.arange(b, device=device)[:, None], drafted])  # (b, B - 1, V)
+        if all(d._sampling is None for d in drafters):
+            tokens, confs, _ = choose(logits.flatten(0, 1), None, None)
+            chosen = [(row, conf, None) for row, conf in zip(tokens.view(b, new), confs.view(b, new))]
+        else:  # each request's draws in request order, from its own settings
+            chosen = [choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
+        stops = [None] * b
+        if lead._stop_ids.numel():  # one sync for every row: where its first drafted stop token is, if any
+            hit = torch.isin(torch.stack([t for t, _, _ in chosen]), lead._stop_ids)  # (b, B - 1)
+            stops = [None if s < 0 else s for s in
+                     torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
+        for j, d in enumerate(drafters):
+            d._took(logits[j], *chosen[j], stops[j])
+
+    @staticmethod
+    def _padded_context(drafters: list["DFlashDrafter"], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every request's cached context as one batch: per layer, keys and values
+        ``(b, kv_heads, longest, head_dim)``, request j's in row j's first ``cache.length`` positions,
+        zeros after (masked). Per layer and tensor one concatenation and one indexed copy."""
+        lengths = torch.tensor([d.cache.length for d in drafters])
+        b = len(drafters)
+        rows = torch.arange(b * longest).view(b, longest)[torch.arange(longest) < lengths[:, None]]  # host: no sync
+        rows = rows.to(drafters[0].runtime.torch_device)  # (sum of lengths,): each cached position's padded row
+        context = []
+        for i in range(len(drafters[0].model.layers)):
+            pair = []
+            for cached in ([d.cache.keys[i] for d in drafters], [d.cache.values[i] for d in drafters]):
+                flat = torch.cat([t[0] for t in cached if t is not None], dim=1)  # (kv_heads, sum of lengths, d)
+                padded = flat.new_zeros((flat.shape[0], b * longest, flat.shape[2])).index_copy_(1, rows, flat)
+                pair.append(padded.view(flat.shape[0], b, longest, flat.shape[2]).transpose(0, 1))
+            context.append(tuple(pair))
+        return context
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's draft so far, from the passes
