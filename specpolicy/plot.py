@@ -9,6 +9,9 @@ multirun, or each method of ``benchmarks/peers.py --runs-dir``) and writes, into
   method (FailFast, arXiv 2512.20573, Fig. 8);
 * ``latency_breakdown.png`` -- milliseconds per generated token split into drafting,
   verification and the rest (prefill, loop), per method, vanilla decoding first (Fig. 6);
+* ``serving.png`` -- (when runs are batched: ``generation.batch_size`` sweeps) throughput and
+  p99 latency against batch size, one line per method, vanilla decoding its own line
+  (``specpolicy.report.serving_rows``, the report's serving table, also on ``index.html``);
 * ``acceptance_<method>.png`` -- per round of the first prompts: speculated and accepted
   lengths (bars) and the acceptance rate of the round (line);
 * ``calibration_<method>.png`` -- (methods with a drafter) how well the drafter's confidence and
@@ -249,6 +252,107 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     if note:
         legend.get_title().set_color(UNTRUSTED_COLOR)
     ax.grid(axis="x", alpha=0.3)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+# -- serving: throughput and p99 latency against batch size (generation.batch_size sweeps) -----------
+
+#: Style of the vanilla line in the serving figure (the reference: black, drawn first).
+VANILLA_STYLE = {"color": "#000000", "linestyle": "-"}
+
+
+def serving_lines(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The serving figure's lines: ``rows`` (``specpolicy.report.serving_rows``) by ``series``, in
+    the rows' order (vanilla first), each line's points (rows) in batch-size order."""
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        lines.setdefault(row["series"], []).append(row)
+    return {name: sorted(points, key=lambda r: r["batch_size"]) for name, points in lines.items()}
+
+
+def draw_serving(rows: Sequence[dict[str, Any]]):
+    """The serving figure of ``rows`` (``specpolicy.report.serving_rows``) as a matplotlib figure:
+    two panels against the batch size (log2 axis, the batch sizes as ticks) -- throughput (generated
+    tokens/s over all requests) and p99 latency (ms, arrival to last token) -- one line per
+    ``series`` (vanilla decoding black), points where the figure is known. Points of the batch-1
+    loop (``specpolicy.report.BATCH1_LOOP``: replayed from per-prompt times) are hollow; a line
+    with a run whose timings cannot be trusted is marked ``UNTRUSTED_MARK`` in the legend and
+    explained under it. The legend sits outside the panels. The caller saves and closes it.
+
+    Raises:
+        ValueError: when ``rows`` is empty (nothing to plot).
+    """
+    from matplotlib.lines import Line2D
+
+    from specpolicy.report import BATCH1_LOOP, VANILLA_SERIES
+
+    if not rows:
+        raise ValueError("no run with serving figures: nothing to plot")
+    plt = _pyplot()
+    lines = serving_lines(rows)
+    others = iter(line_styles(sum(name != VANILLA_SERIES for name in lines)))
+    styles = {name: VANILLA_STYLE if name == VANILLA_SERIES else next(others) for name in lines}
+    untrusted = {name: any(p.get("timing_trusted") is False for p in points) for name, points in lines.items()}
+    labels = {name: name + (f" {UNTRUSTED_MARK}" if untrusted[name] else "") for name in lines}
+    replayed = any(r["loop"] == BATCH1_LOOP for r in rows)
+    hollow_label = "hollow: batch size 1 by the batch-1 loop (replayed)"
+    legend_in = text_width_in(list(labels.values()) + ([hollow_label] if replayed else [])) + 0.6
+    beside = legend_in <= LEGEND_BESIDE_IN
+    entries = len(lines) + replayed
+    columns = 1 if beside else max(1, int(PANELS_IN // legend_in))
+    height = max(4.6, 1.2 + 0.17 * entries) if beside else 4.6 + 0.17 * -(-entries // columns)
+    fig, axes = plt.subplots(1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), layout="constrained")
+    batch_sizes = sorted({r["batch_size"] for r in rows})
+    for ax, key, ylabel, title in (
+            (axes[0], "throughput_tokens_per_s", "tokens/s (generated, all requests)", "throughput"),
+            (axes[1], "latency_p99_ms", "p99 latency (ms, arrival to last token)", "p99 latency")):
+        for name, points in lines.items():
+            shown = [p for p in points if p[key] is not None]
+            ax.plot([p["batch_size"] for p in shown], [p[key] for p in shown], marker="o", ms=5, lw=1.6,
+                    label=labels[name], **styles[name])
+            loop1 = [p for p in shown if p["loop"] == BATCH1_LOOP]
+            if loop1:
+                ax.plot([p["batch_size"] for p in loop1], [p[key] for p in loop1], ls="none", marker="o", ms=5,
+                        mfc="white", mec=styles[name]["color"], zorder=3)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
+        ax.minorticks_off()
+        ax.set_xlim(batch_sizes[0] / 1.35, batch_sizes[-1] * 1.35)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("batch size (requests in flight at most)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    handles, _ = axes[0].get_legend_handles_labels()
+    if replayed:
+        handles.append(Line2D([], [], ls="none", marker="o", ms=5, mfc="white", mec="#444444", label=hollow_label))
+    legend = fig.legend(handles=handles, fontsize=8, loc="outside right center" if beside else "outside lower center",
+                        ncol=columns, frameon=False, handlelength=3)
+    # the note on timings that cannot be trusted: under the panels (laid out with them), never on a line
+    note = untrusted_figure_note(sum(untrusted.values()), "lines", width=100)
+    if note:
+        below = legend if not beside else fig.legend(handles=[], loc="outside lower center", frameon=False)
+        below.set_title(note, prop={"size": 8})
+        below.get_title().set_color(UNTRUSTED_COLOR)
+    for text, name in zip(legend.get_texts(), lines):
+        if untrusted[name]:
+            text.set_color(UNTRUSTED_COLOR)
+    arrivals = sorted({r["arrival_cell"] for r in rows})
+    fig.suptitle(wrapped(f"Throughput and p99 latency against batch size (measured; arrival: {' / '.join(arrivals)})",
+                         PANELS_IN))
+    return fig
+
+
+def plot_serving(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Write ``draw_serving(rows)`` to ``path`` (PNG). Returns ``path``.
+
+    Raises:
+        ValueError: when ``rows`` is empty.
+    """
+    plt = _pyplot()
+    fig = draw_serving(rows)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
@@ -589,6 +693,12 @@ FIGURE_TEXT = {
                               "Milliseconds per generated token spent verifying, drafting and elsewhere (prefill, "
                               "the loop), measured; vanilla decoding pooled over the runs that measured it "
                               "(cf. FailFast Fig. 6)."),
+    "serving.png": ("Throughput and p99 latency against batch size",
+                    "Runs of a generation.batch_size sweep: generated tokens/s over all requests and p99 latency "
+                    "(arrival to last token), measured, one line per method; vanilla decoding (black) from the "
+                    "runs that measured it at each batch size (tokens/s pooled, p99 their mean). Hollow markers: "
+                    "batch size 1 by the batch-1 loop, its requests replayed one after another from their measured "
+                    "times. The numbers: the serving table above (python -m specpolicy.report)."),
 }
 
 
@@ -684,11 +794,36 @@ def _run_note(run: Run, common: Sequence[str]) -> str:
     return f"<span class='muted'>{html.escape(' · '.join(notes))}</span>" if notes else ""
 
 
+def serving_html(rows: Sequence[dict[str, Any]]) -> str:
+    """The serving table of the figures page (HTML): ``specpolicy.report.SERVING_COLUMNS`` of
+    ``rows`` (``serving_rows``), cells as the report prints them (``serving_cell``), with the note
+    on the batch-1 loop and on tokens/s marked ``UNTRUSTED_MARK``; empty without rows."""
+    from specpolicy.report import (BATCH1_LOOP, SERVING_COLUMNS, SERVING_DETAIL, SERVING_HEADING, SERVING_NOTE,
+                                   _SERVING_TEXT_KEYS, serving_cell)
+
+    if not rows:
+        return ""
+    header = [(title, key not in _SERVING_TEXT_KEYS) for title, key, _, _ in SERVING_COLUMNS]
+    cells = [[f"<span class='nowrap'>{html.escape(serving_cell(r, key, fmt))}</span>" if key == "series"
+              else html.escape(serving_cell(r, key, fmt)) for _, key, fmt, _ in SERVING_COLUMNS] for r in rows]
+    out = (f"<h2>{html.escape(SERVING_HEADING)}</h2><p class='muted'>{html.escape(SERVING_DETAIL)}.</p>"
+           + _html_table(header, cells))
+    if any(r["loop"] == BATCH1_LOOP for r in rows):
+        out += f"<p class='muted'>{html.escape(SERVING_NOTE)}</p>"
+    marked = [r for r in rows if r.get("timing_trusted") is False]
+    if marked:
+        out += (f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured tokens/s of:</p><ul>"
+                + "".join(f"<li><code>{html.escape(r['run'])}</code>: "
+                          f"{html.escape('; '.join(r.get('timing_warnings') or []))}</li>" for r in marked) + "</ul>")
+    return out
+
+
 def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
                pages: dict[str, list[tuple[PromptResult, Path]]],
-               out: Path) -> str:
-    """The figures page: a summary of every run, the figures with titles and captions, and per
-    method a table of its prompts (figures beside each trajectory link)."""
+               out: Path, serving: Sequence[dict[str, Any]] = ()) -> str:
+    """The figures page: a summary of every run, the serving table when runs are batched
+    (``serving``: ``specpolicy.report.serving_rows``), the figures with titles and captions, and
+    per method a table of its prompts (figures beside each trajectory link)."""
     body = [f"<h1>specpolicy figures</h1><p class='muted'>{len(runs)} run{'s' if len(runs) != 1 else ''} in "
             f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
             f"same run; MODELED ones come from pass counts and a latency profile.</p>",
@@ -706,6 +841,7 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
                     + "".join(f"<li><code>{html.escape(run.name)}</code>: "
                               f"{html.escape('; '.join(untrusted_reasons(run.summary)))}</li>" for run in marked)
                     + "</ul>")
+    body.append(serving_html(serving))
     commons = [p for p in figures if p.name in FIGURE_TEXT]
     acceptance = [p for p in figures if p.name.startswith("acceptance_")]
     body.append("<h2>Figures</h2>")
@@ -753,6 +889,11 @@ def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts:
     if any(drafts(run) for run in runs):
         files.append(plot_length_cdf(runs, out / "length_cdf.png"))
     files.append(plot_latency_breakdown(runs, out / "latency_breakdown.png"))
+    from specpolicy.report import serving_rows
+
+    serving = serving_rows(runs, root)  # empty unless some run is batched (generation.batch_size > 1)
+    if serving:
+        files.append(plot_serving(serving, out / "serving.png"))
     pages: dict[str, list[tuple[PromptResult, Path]]] = {}
     for run in runs:
         if drafts(run):
@@ -769,7 +910,7 @@ def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts:
             pages.setdefault(run.name, []).append((res, page))
             files.append(page)
     index = out / "index.html"
-    index.write_text(index_html(runs, root, files, pages, out), encoding="utf-8")
+    index.write_text(index_html(runs, root, files, pages, out, serving), encoding="utf-8")
     files.append(index)
     return files
 

@@ -91,3 +91,33 @@ def summarize(timings: list[RequestTiming], wall_s: float) -> dict[str, float]:
                              ("p99", np.percentile(values, 99) if values.size else float("nan"))):
             out[f"{stem}_{label}_ms"] = float(value)
     return out
+
+
+def first_token_s(result) -> float:
+    """Seconds from a batch-1 loop's start on a prompt to its first emitted token: the prefill and
+    the first round's drafting and verification (``result``: a ``GenerationResult``; a vanilla
+    baseline read back from ``results.jsonl`` carries its mean step time in every round), at most
+    the prompt's ``wall_s``."""
+    first = result.rounds[0].draft_ms + result.rounds[0].verify_ms if result.rounds else 0.0
+    return min((result.prefill_ms + first) / 1e3, result.wall_s)
+
+
+def one_after_another(service: list[tuple[float, float, int]], arrivals: list[float]
+                      ) -> tuple[list[RequestTiming], float]:
+    """The timings of requests served one at a time in order (first come, first served), each
+    taking its measured time: what the batch-1 loop's requests see when they arrive at ``arrivals``.
+
+    Args:
+        service: per request, ``(seconds from admission to its last token, seconds from admission
+            to its first token, tokens generated)``.
+        arrivals: per request, seconds from the start (``arrival_times``), as many as ``service``.
+    Returns:
+        ``(timings, wall_s)``: a ``RequestTiming`` per request, and the seconds from the start to
+        the last finish (``summarize``'s ``wall_s``, as the batched loop's).
+    """
+    timings, free_s = [], 0.0  # when the single server is next free
+    for (busy_s, first_s, tokens), arrival in zip(service, arrivals, strict=True):
+        admitted = max(free_s, arrival)
+        timings.append(RequestTiming(arrival, admitted, admitted + first_s, admitted + busy_s, tokens))
+        free_s = admitted + busy_s
+    return timings, free_s
