@@ -549,6 +549,15 @@ def _batched(command: Command, h: Harness) -> None:
                if not name.startswith("_"))
 
 
+def _packing(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny target (batch sizes 2 and 3, one repeat): both layouts give every
+    request the same logits (the script checks), the JSON is written."""
+    out = h.cwd / "packing.json"
+    result = load_benchmark("packing").main(["--target", str(h.world.family["target"]), "--batch-sizes", "2,3",
+                                             "--context", "3,9", "--k", "3", "--repeats", "1", "--out", str(out)])
+    assert out.is_file() and len(result["passes"]) == 4
+
+
 def _batched_lossless(command: Command, h: Harness) -> None:
     """Run shortened on the tiny family (2 prompts, two drafters and policies, batch sizes 1 and 2)."""
     out = h.cwd / "lossless.json"
@@ -699,6 +708,7 @@ RULES = [
     Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"inline: python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"(bash|inline): python benchmarks/packing\.py .*", "run shortened, tiny target", _packing),
     Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family",
          _batched_lossless),
     Rule(r"(bash|inline): python benchmarks/batched\.py .*", "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
