@@ -43,6 +43,7 @@ class VerifyCost:
         self._ms: dict[int, float] = {}  # tokens -> EMA of the observed ms
         self._count: dict[int, int] = {}  # tokens -> samples
         self._fit: dict[int, float] | None = None  # ``observed``, until the next observation
+        self._arrays: tuple[np.ndarray, np.ndarray, float] | None = None  # counts, ms, slope of ``_fit``
         self.samples = 0
 
     def observe(self, tokens: int, ms: float) -> None:
@@ -50,7 +51,7 @@ class VerifyCost:
         old = self._ms.get(tokens)
         self._ms[tokens] = ms if old is None else (1 - self.ema) * old + self.ema * ms
         self._count[tokens] = self._count.get(tokens, 0) + 1
-        self._fit = None
+        self._fit = self._arrays = None
         self.samples += 1
 
     @property
@@ -62,6 +63,21 @@ class VerifyCost:
             self._fit = dict(zip(keys, _isotonic([self._ms[n] for n in keys],
                                                  [min(self._count[n], MAX_WEIGHT) for n in keys])))
         return self._fit
+
+    def seed(self, other: "VerifyCost") -> None:
+        """Start from ``other``'s estimates (an earlier run's curve of the same batch), each count's
+        weight capped at ``MAX_WEIGHT``; this curve's own observations then move them."""
+        for tokens, ms in other._ms.items():
+            if tokens not in self._ms:
+                self._ms[tokens] = ms
+                self._count[tokens] = min(other._count[tokens], MAX_WEIGHT)
+        self._fit = self._arrays = None
+        self.samples += other.samples
+
+    @property
+    def largest(self) -> int:
+        """The largest token count observed (0 before any)."""
+        return max(self._ms, default=0)
 
     def slope(self) -> float:
         """ms per token beyond the observed counts (>= 0): the slope between the two largest
@@ -80,9 +96,12 @@ class VerifyCost:
         0 before any observation)."""
         if not self._ms:
             return np.zeros_like(np.asarray(tokens, dtype=float))
-        points = self.observed
-        n, ms = np.array(list(points.keys()), dtype=float), np.array(list(points.values()))
-        x, slope = np.asarray(tokens, dtype=float), self.slope()
+        if self._arrays is None:  # once per observation, not per call (a plan calls this a few times)
+            points = self.observed
+            self._arrays = (np.array(list(points.keys()), dtype=float), np.array(list(points.values())),
+                            self.slope())
+        n, ms, slope = self._arrays
+        x = np.asarray(tokens, dtype=float)
         inside = np.interp(x, n, ms)  # below the smallest count: in proportion to it (never 0 or less)
         return np.where(x < n[0], ms[0] * x / n[0], np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
 

@@ -118,6 +118,8 @@ def test_goodput_batch_gives_a_poorly_accepted_request_fewer_tokens():
         cost.observe(n, 10.0 + 0.05 * n)
     good = _goodput_batch(4, 0.95, cost, pass_ms=0.5)
     bad = _goodput_batch(1, 0.2, cost, pass_ms=0.5)[0]
+    for p in good + [bad]:
+        p.per_request = True
     bad._shared = good[0]._shared
     bad.accepted, bad.tried = np.zeros(12), np.zeros(12)
     bad.tried[:1], bad.accepted[:1] = 300, 30  # its own first positions: rarely accepted
@@ -188,3 +190,64 @@ def test_goodput_batch_does_not_charge_a_rounds_fixed_drafting_cost_to_each_draf
         return GoodputBatchPolicy.plan_round(policies, [BatchContext(1, 0, cost, draft_cost=draft)])[0]
 
     assert plan(4.0, 0.1) > plan(0.0, 0.5)
+
+
+def _linear(ms_at_zero: float, ms_per_token: float, counts=(8, 16, 32, 64, 104, 136)) -> VerifyCost:
+    cost = VerifyCost()
+    for n in counts:
+        cost.observe(n, ms_at_zero + ms_per_token * n)
+    return cost
+
+
+def test_goodput_batch_holds_a_measured_k_for_replan_interval_rounds_and_replans_when_the_batch_changes():
+    """A uniform K stands ``replan_interval`` rounds while the batch size stays; a new batch size,
+    or the interval's end, plans afresh (here after verification turned steep meanwhile)."""
+    flat, steep = _linear(10.0, 0.001), _linear(0.0, 1.0)  # steep: a draft token costs a plain step
+    policies = _goodput_batch(8, 0.9, flat, pass_ms=0.01)
+    for p in policies:
+        p.replan_interval = 3
+    drafting = VerifyCost()
+    for passes in (8, 32, 64, 128):
+        drafting.observe(passes, 0.01 * passes)
+    ctx = lambda cost, b: [BatchContext(b, i, cost, draft_cost=drafting) for i in range(b)]  # noqa: E731
+    first = GoodputBatchPolicy.plan_round(policies, ctx(flat, 8))
+    assert 8 <= first[0] and len(set(first)) == 1 and 8 * (first[0] + 1) <= flat.largest
+    flat._ms = dict(steep._ms)  # the same run's curve, now steep: the held K stands ...
+    flat._fit = flat._arrays = None
+    assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first
+    assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first
+    assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == [0] * 8  # ... until the interval ends
+    policies[0]._shared.uniform = None
+    assert GoodputBatchPolicy.plan_round(policies, ctx(_linear(10.0, 0.001), 8)) == first  # held again
+    assert GoodputBatchPolicy.plan_round(policies[:7], ctx(steep, 7)) == [0] * 7  # another batch size: replanned
+
+
+def test_goodput_batch_starts_a_batched_runs_curves_from_the_last_run_at_that_batch_size():
+    """The first run at a batch size spends its first rounds on the warm-up lengths; a later run
+    starting with as many requests starts from that run's curves and plans at once."""
+    policies = _goodput_batch(4, 0.9, _linear(10.0, 0.05), pass_ms=0.5)
+    run1, draft1 = VerifyCost(), VerifyCost()
+    for length in WARMUP_LENGTHS:
+        plan = GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, run1, draft_cost=draft1) for i in range(4)])
+        assert plan == [length] * 4  # the warm-up
+        run1.observe(4 * (length + 1), 10.0 + 0.05 * 4 * (length + 1))
+        if length:
+            draft1.observe(4 * length, 0.5 * 4 * length)
+    planned = GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, run1, draft_cost=draft1) for i in range(4)])
+    assert planned[0] >= 3 and planned[0] != WARMUP_LENGTHS[0]  # cheap verification, high acceptance
+    run2, draft2 = VerifyCost(), VerifyCost()
+    again = GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, run2, draft_cost=draft2) for i in range(4)])
+    assert again == planned and run2.observed == run1.observed and draft2.observed == draft1.observed
+    run3 = VerifyCost()  # a run starting with 2 requests: nothing measured at that size yet
+    assert GoodputBatchPolicy.plan_round(policies[:2], [BatchContext(2, i, run3, draft_cost=VerifyCost())
+                                                        for i in range(2)]) == [WARMUP_LENGTHS[0]] * 2
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("replan_interval", 0, "policy.replan_interval must be an integer >= 1"),
+    ("per_request", "yes", "policy.per_request must be true or false"),
+    ("max_length", 0, "policy.max_length must be an integer >= 1"),
+])
+def test_goodput_batch_names_a_bad_key_and_its_range(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        GoodputBatchPolicy(**{key: value})
