@@ -3,6 +3,7 @@
 at several batch sizes, each request's output against its batch-1 greedy output.
 
     python benchmarks/batched_lossless.py --num-prompts 30 --max-new-tokens 64 --batch-sizes 1,4,16
+    python benchmarks/batched_lossless.py ... --reuse   # with draft reuse in every run
 
 Not a timing: it prints, per drafter and policy, how many requests decoded exactly their
 batch-1 greedy output at each batch size (the issue-21 bar: all of them), and exits with status 1
@@ -24,6 +25,7 @@ from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 from specpolicy.batching import generate_batch  # noqa: E402
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.decoding import generate  # noqa: E402
+from specpolicy.reuse import DraftReuse  # noqa: E402
 
 DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 POLICIES = ("static", "failfast", "specdecpp", "aimd", "heuristic", "goodput", "goodput-batch", "batch-schedule")
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--policies", default=",".join(POLICIES))
     add_model_arguments(p)
     p.add_argument("--reuse-min-match", type=int, default=2)
+    p.add_argument("--reuse", action="store_true", help="with draft reuse (reuse.enabled=true) in every run")
     p.add_argument("--out", default=None, help="JSON output")
     args = p.parse_args(argv)
     log = start_benchmark(args.threads)
@@ -58,11 +61,13 @@ def main(argv: list[str] | None = None) -> dict:
             for b in sizes:
                 base, overrides = DERIVED.get(choice, (choice, {}))
                 out = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens,
-                                     batch_size=b, drafter=drafter, policy=bench.policy(base, drafter_name, **overrides))
+                                     batch_size=b, drafter=drafter, policy=bench.policy(base, drafter_name, **overrides),
+                                     reuse=DraftReuse(args.reuse_min_match) if args.reuse else None)
                 row[str(b)] = sum(out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference)
                                   if i in out.results)
-            table[f"{drafter_name}+{choice}"] = row
-            log(f"{drafter_name}+{choice}: " + ", ".join(f"B={b} {row[str(b)]}/{len(prompts)}" for b in sizes))
+            label = f"{drafter_name}+{choice}" + ("+reuse" if args.reuse else "")
+            table[label] = row
+            log(f"{label}: " + ", ".join(f"B={b} {row[str(b)]}/{len(prompts)}" for b in sizes))
     every = all(v == len(prompts) for row in table.values() for v in row.values())
     result = {"settings": vars(args), "identical": table, "all_lossless": every}
     print(f"{'all' if every else 'NOT all'} {len(table) * len(sizes)} drafter x policy x batch-size runs lossless "

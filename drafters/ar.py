@@ -20,6 +20,9 @@ from specpolicy.validation import check_keys
 
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
+#: Most positions a request may feed in the round's first pass of ``draft_many`` (its committed
+#: tokens not yet cached) and still join the padded batch; one with more (e.g. a new prompt) drafts alone.
+BATCH_POSITIONS = 16
 
 
 class ARDrafter(Drafter):
@@ -89,6 +92,108 @@ class ARDrafter(Drafter):
             self._passes += 1
         probs = torch.cat(self._probs) if self._probs else None
         return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
+
+    @classmethod
+    @torch.no_grad()
+    def draft_many(cls, drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` for many requests with their passes batched: the requests' caches are copied
+        once into one padded ``(b, kv_heads, W, head_dim)`` cache per layer (``W`` = the longest),
+        then each step runs ONE pass of the model over every request still drafting -- at the first
+        step each row's tokens not yet cached (or, when the round's draft is being extended, its
+        last drafted token), padded to the most, at later steps each row's last drafted token --
+        with a 4-D mask keeping every row to its own cached columns and its own new ones, causally,
+        at its own positions. The new keys and values then join each request's own cache (what its
+        ``draft`` calls would have fed: never its last drafted token), the padded copy is dropped.
+
+        Args:
+            drafters: one ``ARDrafter`` per request (copies sharing the model).
+            num_tokens: tokens each adds (>= 1).
+        Returns:
+            what the calls one by one return (the same tokens and confidences, up to the
+            floating-point effects of batched matrix products; exact in float64). Sampling, a
+            single request, and requests with more than ``BATCH_POSITIONS`` uncached tokens or an
+            empty cache draft one by one.
+        Raises:
+            ValueError: a count < 1 (before any pass).
+        """
+        for n in num_tokens:
+            if n < 1:
+                raise ValueError(f"num_tokens must be >= 1, got {n}")
+        together = [i for i, d in enumerate(drafters) if d._sampling is None and d.cache.get_seq_length()
+                    and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)]
+        if len(together) < 2:
+            return super().draft_many(drafters, num_tokens)
+        out: list[Draft | None] = [None] * len(drafters)
+        for i, d in enumerate(drafters):
+            if i not in together:
+                out[i] = d.draft(num_tokens[i])
+        drafted = cls._draft_together([drafters[i] for i in together], [num_tokens[i] for i in together])
+        for i, draft in zip(together, drafted):
+            out[i] = draft
+        return out
+
+    @staticmethod
+    def _draft_together(drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
+        """The padded passes of ``draft_many`` (greedy; every drafter's cache non-empty)."""
+        from specpolicy.attention import as_model_mask
+
+        lead = drafters[0]
+        model, device = lead.model, lead.runtime.torch_device
+        b, steps = len(drafters), max(num_tokens)
+        first = [d._tokens[-1] if d._tokens else d._unfed for d in drafters]  # each row's first-step input
+        counts = [int(x.shape[0]) for x in first]
+        lengths = [d.cache.get_seq_length() for d in drafters]
+        n, width = max(counts), max(lengths)
+        layers = [[layer for layer in d.cache.layers if getattr(layer, "keys", None) is not None] for d in drafters]
+        cache = DynamicCache()
+        for j in range(len(layers[0])):  # the padded copy: row i's columns [0, L_i), the rest masked
+            keys = [torch.nn.functional.pad(rows[j].keys, (0, 0, 0, width - lengths[i])) for i, rows in enumerate(layers)]
+            values = [torch.nn.functional.pad(rows[j].values, (0, 0, 0, width - lengths[i]))
+                      for i, rows in enumerate(layers)]
+            cache.update(torch.cat(keys), torch.cat(values), j)
+        inputs = torch.zeros((b, n), dtype=torch.long, device=device)
+        for i, x in enumerate(first):
+            inputs[i, : counts[i]] = x
+        lengths_t, counts_t = torch.tensor(lengths, device=device), torch.tensor(counts, device=device)
+        seen = torch.arange(width + n, device=device)[None] < (lengths_t[:, None])  # (b, W + n) visible columns
+        seen[:, width:] = torch.arange(n, device=device)[None] < counts_t[:, None]
+        rows = torch.arange(b, device=device)
+        tokens, confs = [], []
+        attn, dtype = model.config._attn_implementation, lead.runtime.torch_dtype
+        for step in range(steps):
+            if step == 0:
+                causal = torch.ones((b, n, width + n), dtype=torch.bool, device=device)
+                causal[:, :, width:] = torch.tril(causal[:, :, width:])
+                mask = seen[:, None, :] & causal
+                positions = lengths_t[:, None] + torch.arange(n, device=device)
+                last = counts_t - 1
+            else:
+                seen = torch.cat([seen, torch.ones((b, 1), dtype=torch.bool, device=device)], dim=1)
+                mask = seen[:, None, :]
+                positions = (lengths_t + counts_t + step - 1)[:, None]
+                last = torch.zeros_like(counts_t)
+            logits = model(input_ids=inputs, position_ids=positions, cache=cache, use_cache=True,
+                           attention_mask=as_model_mask(mask[:, None], attn, dtype)).logits[rows, last]  # (b, V)
+            conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            tokens.append(token)
+            confs.append(conf)
+            inputs = token[:, None]
+        passes_tokens, passes_confs = torch.stack(tokens, 1), torch.stack(confs, 1)  # (b, steps)
+        new = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+        results = []
+        for i, d in enumerate(drafters):
+            k = num_tokens[i]
+            # fed this call: the first-step tokens, then the drafted tokens but the last (never fed)
+            columns = torch.cat([torch.arange(width, width + counts[i], device=device),
+                                 torch.arange(width + n, width + n + k - 1, device=device)])
+            for mine, padded in zip(layers[i], new):
+                mine.keys = torch.cat([mine.keys, padded.keys[i : i + 1, :, columns]], dim=2)
+                mine.values = torch.cat([mine.values, padded.values[i : i + 1, :, columns]], dim=2)
+            d._tokens.extend(passes_tokens[i, :k, None].unbind(0))
+            d._confs.extend(passes_confs[i, :k, None].unbind(0))
+            d._passes += k
+            results.append(Draft(torch.cat(d._tokens), torch.cat(d._confs), forward_passes=d._passes))
+        return results
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 

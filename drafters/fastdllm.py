@@ -463,32 +463,44 @@ class FastDLLMDrafter(Drafter):
         the small block has no masks, or a drafted stop token ends the draft. Positions of the small
         block unmasked past ``need`` (any-order rule) are kept as look-ahead; a later ``draft`` call
         of the same round continues from this state, so no pass is repeated."""
+        start = self._blk_start
+        while self._filled < need and self._stop_len is None:
+            keep = self._unmask_keep()
+            logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
+            crop_cache(self.cache, start)  # the pass adds nothing to the cache
+            self._unmask_apply(logits)
+
+    def _unmask_keep(self) -> torch.Tensor:
+        """Before an unmasking pass: the small block holding offset ``_filled`` becomes current (its
+        masks counted when fresh); returns the block offsets whose logits the pass keeps, ``(m,) int64``."""
         S = self.small_block_size
         j = self._filled // S
         a, b = j * S, (j + 1) * S
         lo = max(a, 1)  # maskable offsets [lo, b)
         if self._sb_index != j:  # a fresh small block: masked from _filled on
             self._sb_index, self._sb_left = j, b - max(lo, self._filled)
-        keep = self._keep[j]
-        start = self._blk_start
-        while self._filled < need and self._stop_len is None:
-            logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
-            crop_cache(self.cache, start)  # the pass adds nothing to the cache
-            self._passes += 1
-            tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
-            masked = self._blk_masked[lo:b]
-            self._sb_conf.append(torch.where(masked, conf, torch.nan))
-            pick = self._select(conf, masked)
-            if probs is not None:
-                self._blk_probs[lo:b] = torch.where(pick[:, None], probs, self._blk_probs[lo:b])
-            self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
-            self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
-            self._blk_masked[lo:b] = masked & ~pick
-            if self._stop_ids is None and (self.threshold == 0.0 or self._sb_left == 1):
-                # Known without a sync: the pass unmasked every mask left (every confidence is > 0).
-                self._filled, self._sb_left = b, 0
-            else:
-                self._scan(lo, b)  # the algorithm's one sync per pass: how far is the draft unmasked?
+        return self._keep[j]
+
+    def _unmask_apply(self, logits: torch.Tensor) -> None:
+        """After an unmasking pass: unmask the small block's positions its logits ``(b - lo, V)`` pick."""
+        S, j = self.small_block_size, self._sb_index
+        a, b = j * S, (j + 1) * S
+        lo = max(a, 1)
+        self._passes += 1
+        tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
+        masked = self._blk_masked[lo:b]
+        self._sb_conf.append(torch.where(masked, conf, torch.nan))
+        pick = self._select(conf, masked)
+        if probs is not None:
+            self._blk_probs[lo:b] = torch.where(pick[:, None], probs, self._blk_probs[lo:b])
+        self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
+        self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
+        self._blk_masked[lo:b] = masked & ~pick
+        if self._stop_ids is None and (self.threshold == 0.0 or self._sb_left == 1):
+            # Known without a sync: the pass unmasked every mask left (every confidence is > 0).
+            self._filled, self._sb_left = b, 0
+        else:
+            self._scan(lo, b)  # the algorithm's one sync per pass: how far is the draft unmasked?
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
@@ -509,16 +521,24 @@ class FastDLLMDrafter(Drafter):
     def _cross_boundary(self) -> None:
         """The current block is full: one pass over it writes its KV (tentative) and gives the next
         block's first token; the next block becomes current."""
-        start, B = self._blk_start, self.block_size
-        d0 = self._draft_start(start)
+        self._cross_keep()
+        logits = self._forward(self._blk_ids, self._blk_start, self._blk_attn, logits_to_keep=1)  # KV kept
+        self._cross_apply(logits)
+
+    def _cross_keep(self) -> None:
+        """Before a boundary pass: the full block's drafted part joins the round's segments."""
+        d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0:]
         self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:], probs))
-        logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=1)  # KV kept
+
+    def _cross_apply(self, logits: torch.Tensor) -> None:
+        """After a boundary pass (its KV in the cache): the block's last logit ``(1, V)`` gives the
+        next block's first token; the next block becomes current."""
         self._passes += 1
         tok, conf, probs = self._choose(logits, block_first=True)
         first = (tok[0], conf[0], None if probs is None else probs[0])
-        self._tentative.append((start + B, first))
-        self._open_block(start + B, self._tail[:0], first)
+        self._tentative.append((self._blk_start + self.block_size, first))
+        self._open_block(self._blk_start + self.block_size, self._tail[:0], first)
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
@@ -536,6 +556,18 @@ class FastDLLMDrafter(Drafter):
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
         """
+        end = self._begin(num_tokens)
+        while (kind := self._next_pass(end)) is not None:
+            if kind == "cross":
+                self._cross_boundary()
+            else:
+                S = self.small_block_size
+                self._unmask(min(end - self._blk_start, (self._filled // S + 1) * S))
+        return self._finish(num_tokens)
+
+    def _begin(self, num_tokens: int) -> int:
+        """Check ``num_tokens`` and the context, open the round's block; returns the absolute
+        position the draft must reach (exclusive). Raises as ``draft``."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
         if self.cache is None:
@@ -543,20 +575,125 @@ class FastDLLMDrafter(Drafter):
         B = self.block_size
         if self._blk_start is None:
             self._open_block(self._base, self._tail, self._first)
-        k = self._k + num_tokens
+        end = self._L + self._k + num_tokens  # the draft covers positions [L, end)
         if self._stop_len is None:
-            end = self._L + k  # the draft covers positions [L, end)
-            self._check_fits(
-                ((end - 1) // B + 1) * B, f"a draft of {k} tokens from committed length {self._L}"
-            )
-            while self._stop_len is None and self._blk_start + self._filled < end:
-                if self._filled == B:
-                    self._cross_boundary()
-                else:
-                    S = self.small_block_size
-                    self._unmask(min(end - self._blk_start, (self._filled // S + 1) * S))
+            self._check_fits(((end - 1) // B + 1) * B,
+                             f"a draft of {self._k + num_tokens} tokens from committed length {self._L}")
+        return end
+
+    def _next_pass(self, end: int) -> str | None:
+        """The pass the draft reaching ``end`` takes next: ``"cross"`` (the block is full: write its
+        KV, open the next), ``"unmask"`` (an unmasking pass over the current small block), or None
+        (the draft is there, or ended at a stop token)."""
+        if self._stop_len is not None or self._blk_start + self._filled >= end:
+            return None
+        return "cross" if self._filled == self.block_size else "unmask"
+
+    def _finish(self, num_tokens: int) -> Draft:
+        k = self._k + num_tokens
         self._k = k if self._stop_len is None else min(k, self._stop_len)
         return self._current_draft()
+
+    @classmethod
+    @torch.no_grad()
+    def draft_many(cls, drafters: list["FastDLLMDrafter"], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` for many requests with their passes batched: at each step every request whose
+        draft still takes a pass -- an unmasking pass over its current small block or a boundary
+        pass writing its full block's KV -- runs it in ONE pass of the model over all of them:
+        each row its current block of ``block_size`` tokens at its own absolute positions, on top
+        of its own cached blocks (the rows' caches copied into one padded cache, rebuilt only when
+        the rows or their cached lengths change), a 4-D mask keeping each row to its own cached
+        columns and its own block (bidirectional inside it). The rows' last hidden states at the
+        offsets each needs go through the LM head together; a boundary row's new keys and values
+        join its own cache. Returns what the calls one by one return (up to the floating-point
+        effects of batched matrix products; exact in float64). Sampling and a single request draft
+        one by one.
+
+        Raises:
+            ValueError: a count < 1 or a draft past the context (before any pass).
+        """
+        if len(drafters) < 2 or any(d._sampling is not None for d in drafters):
+            return super().draft_many(drafters, num_tokens)
+        ends = [d._begin(n) for d, n in zip(drafters, num_tokens)]
+        lead = drafters[0]
+        model, device = lead.model, lead._device
+        padded: tuple | None = None  # (rows, cached lengths, the padded cache)
+        while True:
+            kinds = [d._next_pass(end) for d, end in zip(drafters, ends)]
+            rows = [i for i, kind in enumerate(kinds) if kind is not None]
+            if not rows:
+                break
+            step = [drafters[i] for i in rows]
+            lengths = [d._blk_start for d in step]
+            for d in step:
+                assert d.cache.get_seq_length() == d._blk_start, (d.cache.get_seq_length(), d._blk_start)
+            if padded is None or padded[0] != rows or padded[1] != lengths:
+                padded = (rows, lengths, cls._padded_cache(step, lengths))
+            cache, width = padded[2], max(lengths)
+            b, B = len(step), lead.block_size
+            keeps = []
+            for d, i in zip(step, rows):
+                if kinds[i] == "cross":
+                    d._cross_keep()
+                    keeps.append(torch.tensor([B - 1], device=device))
+                else:
+                    keeps.append(d._unmask_keep())
+            ids = torch.stack([d._blk_ids for d in step])  # (b, B)
+            starts = torch.tensor(lengths, device=device)
+            positions = starts[:, None] + lead._offsets
+            past = torch.arange(width, device=device)[None] < starts[:, None]  # (b, W): own cached columns
+            mask = torch.cat([past[:, None, :].expand(b, B, width),
+                              torch.ones((b, B, B), dtype=torch.bool, device=device)], dim=2)[:, None]
+            hidden = model.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
+                                 attention_mask=as_model_mask(mask, lead._attn, lead._dtype)).last_hidden_state
+            counts = [int(k.shape[0]) for k in keeps]
+            picked = hidden[torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device)),
+                            torch.cat(keeps)]  # (sum m_i, H): every row's kept offsets
+            logits = model.lm_head(picked).split(counts)
+            layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+            crossed = False
+            for r, (d, i) in enumerate(zip(step, rows)):
+                if kinds[i] == "cross":  # the block's keys and values join the row's own cache
+                    own = [layer for layer in d.cache.layers if getattr(layer, "keys", None) is not None]
+                    if not own:  # an empty cache: give it its layers first
+                        for j, layer in enumerate(layers):
+                            d.cache.update(layer.keys[r : r + 1, :, width:], layer.values[r : r + 1, :, width:], j)
+                    else:
+                        for mine, layer in zip(own, layers):
+                            mine.keys = torch.cat([mine.keys, layer.keys[r : r + 1, :, width:]], dim=2)
+                            mine.values = torch.cat([mine.values, layer.values[r : r + 1, :, width:]], dim=2)
+                    d._cross_apply(logits[r])
+                    crossed = True
+                else:
+                    d._unmask_apply(logits[r])
+            crop_cache(cache, width)  # the padded copy drops this step's columns
+            if crossed:
+                padded = None
+        return [d._finish(n) for d, n in zip(drafters, num_tokens)]
+
+    @staticmethod
+    def _padded_cache(drafters: list["FastDLLMDrafter"], lengths: list[int]) -> DynamicCache:
+        """The drafters' caches in one ``(b, kv_heads, max length, head_dim)`` cache per layer, row i's
+        columns ``[0, lengths[i])`` its own, the rest zeros (masked)."""
+        width = max(lengths)
+        cache = DynamicCache()
+        if not width:
+            return cache
+        shaped = next(d for d, n in zip(drafters, lengths) if n)
+        template = [layer for layer in shaped.cache.layers if getattr(layer, "keys", None) is not None]
+        for j, t in enumerate(template):
+            keys, values = [], []
+            for d, n in zip(drafters, lengths):
+                if n:
+                    layer = [x for x in d.cache.layers if getattr(x, "keys", None) is not None][j]
+                    pad = (0, 0, 0, width - n)
+                    keys.append(torch.nn.functional.pad(layer.keys, pad))
+                    values.append(torch.nn.functional.pad(layer.values, pad))
+                else:
+                    keys.append(t.keys.new_zeros((1, t.keys.shape[1], width, t.keys.shape[3])))
+                    values.append(t.values.new_zeros((1, t.values.shape[1], width, t.values.shape[3])))
+            cache.update(torch.cat(keys), torch.cat(values), j)
+        return cache
 
     def _current_draft(self) -> Draft:
         d0 = self._draft_start(self._blk_start)

@@ -84,6 +84,10 @@ class GoodputBatchPolicy(LengthPolicy):
         prior_acceptance: acceptance rate of a position before any round, in [0, 1].
         prior_strength: pseudo-rounds of the pooled rate in a request's own estimate (> 0).
         probe_interval: rounds between probes while the plan is 0 (speculation off), >= 1.
+        flat_tolerance: the uniform K is the SHORTEST whose ``E / T`` is within this share of the
+            best, in [0, 1). Near its best ``E / T`` is flat in K (at batch 1 here, K = 5..13
+            within 2%), so estimation noise would otherwise move K far; a draft token's cost is
+            certain, its gain an estimate.
         replan_interval: rounds a uniform K stands while the batch size stays, >= 1 (1: every
             round). Its estimates move slowly and ``E / T`` is flat near its best, so replanning
             every round buys nothing but the plan's cost (~0.1-0.2 ms, 1-2% of a round at batch 1).
@@ -96,7 +100,8 @@ class GoodputBatchPolicy(LengthPolicy):
     name = NAME
 
     def __init__(self, max_length: int = 16, prior_acceptance: float = 0.6, prior_strength: float = 4.0,
-                 probe_interval: int = 32, replan_interval: int = 8, per_request: bool = False) -> None:
+                 probe_interval: int = 32, flat_tolerance: float = 0.01, replan_interval: int = 8,
+                 per_request: bool = False) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
         if not isinstance(prior_acceptance, (int, float)) or not 0.0 <= prior_acceptance <= 1.0:
@@ -105,12 +110,16 @@ class GoodputBatchPolicy(LengthPolicy):
             raise ValueError(f"policy.prior_strength must be a number > 0, got {prior_strength!r}")
         if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
             raise ValueError(f"policy.probe_interval must be an integer >= 1, got {probe_interval!r}")
+        if isinstance(flat_tolerance, bool) or not isinstance(flat_tolerance, (int, float)) \
+                or not 0.0 <= flat_tolerance < 1.0:
+            raise ValueError(f"policy.flat_tolerance must be a number in [0, 1), got {flat_tolerance!r}")
         if isinstance(replan_interval, bool) or not isinstance(replan_interval, int) or replan_interval < 1:
             raise ValueError(f"policy.replan_interval must be an integer >= 1, got {replan_interval!r}")
         if not isinstance(per_request, bool):
             raise ValueError(f"policy.per_request must be true or false, got {per_request!r}")
         self.max_length, self.prior_acceptance = max_length, float(prior_acceptance)
         self.per_request, self.replan_interval = per_request, replan_interval
+        self.flat_tolerance = float(flat_tolerance)
         self.prior_strength, self.probe_interval = float(prior_strength), probe_interval
         self._shared = _Shared(max_length)
         self.reset()
@@ -185,8 +194,9 @@ class GoodputBatchPolicy(LengthPolicy):
             drafting = np.asarray(draft_cost.ms(b * lead.passes(lengths)))  # (horizon + 1,) the round's, every K
             emitted = b * (1 + pooled_gain)
             ms = cost.ms(b * (lengths + 1)) + drafting
-            best = int(np.argmax(emitted / ms))
-            rate = float(emitted[best] / ms[best])
+            goodput = emitted / ms
+            best = int(np.argmax(goodput >= (1.0 - lead.flat_tolerance) * goodput.max()))  # the shortest near the best
+            rate = float(goodput[best])
             # a K stands only where the curves were measured: one read off an extrapolation (e.g.
             # beyond the longest drafts of the warm-up) or speculation switched off is checked again
             # next round, by the round it runs or the probe
@@ -244,7 +254,8 @@ class GoodputBatchPolicy(LengthPolicy):
     def __repr__(self) -> str:
         return (f"GoodputBatchPolicy(max_length={self.max_length}, prior_acceptance={self.prior_acceptance}, "
                 f"prior_strength={self.prior_strength}, probe_interval={self.probe_interval}, "
-                f"replan_interval={self.replan_interval}, per_request={self.per_request})")
+                f"flat_tolerance={self.flat_tolerance}, replan_interval={self.replan_interval}, "
+                f"per_request={self.per_request})")
 
 
 @hookimpl
@@ -259,7 +270,7 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
 @hookimpl
 def specpolicy_make_policy(name: str, config: dict[str, Any]):
     """Factory for ``policy=goodput-batch``. Config keys: ``max_length``, ``prior_acceptance``,
-    ``prior_strength``, ``probe_interval``, ``replan_interval``, ``per_request``."""
+    ``prior_strength``, ``probe_interval``, ``flat_tolerance``, ``replan_interval``, ``per_request``."""
     if name != NAME:
         return None
     return GoodputBatchPolicy(**config)

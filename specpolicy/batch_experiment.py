@@ -17,6 +17,7 @@ from typing import Any
 from specpolicy.batch_model import RoundCounts, modeled_batched
 from specpolicy.batching import generate_batch
 from specpolicy.results import PromptResult
+from specpolicy.reuse import DraftReuse
 from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import arrival_times
 from specpolicy.stopping import StopStrings
@@ -62,8 +63,10 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
     sampling = SamplingConfig.from_config(generation)
     seed = int(config.get("seed", 0))
     runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch
+    reuse = config.get("reuse") or {}
     spec = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size, drafter=drafter,
-                          policy=policy, arrivals=arrivals, sampling=sampling, stop=stop)
+                          policy=policy, arrivals=arrivals, sampling=sampling, stop=stop,
+                          reuse=DraftReuse(int(reuse.get("min_match", 2))) if reuse.get("enabled") else None)
     van = None
     if baseline:
         runtime.seed_everything(seed)

@@ -9,8 +9,9 @@ drafter: same weights, its own state, which ``prefill`` replaces) and policy (a 
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
-EAGLE-3 advances every drafting request in one head pass, DFlash drafts every drafting request's
-block in one padded pass, the other drafters request by request.
+EAGLE-3 and the AR drafter advance every drafting request by a token in one pass, DFlash drafts
+every drafting request's block in one padded pass, the other drafters request by request. Draft
+reuse (``reuse``) extends each request's draft from its own previous rejected tail, as alone.
 
 Greedy or lossless speculative sampling per request; chains only (tree policies run in the
 batch-1 loop). A request leaves the batch at EOS, its first stop string, ``max_new_tokens`` or
@@ -31,6 +32,7 @@ from specpolicy.batch_context import BatchContext, VerifyCost
 from specpolicy.decoding import _prefill, after_drafting, ask_policy, emitted_of_round, limit_reached, round_record
 from specpolicy.drafter import Drafter
 from specpolicy.policy import LengthPolicy, TreePolicy
+from specpolicy.reuse import DraftReuse
 from specpolicy.runtime import Runtime
 from specpolicy.sampling import SamplingConfig
 from specpolicy.serving import RequestTiming, summarize
@@ -57,6 +59,7 @@ class _Request:
     finish_reason: str = ""
     prefill_ms: float = 0.0
     stop: StopStrings | None = None  # its own matching state (a copy of the run's, reset)
+    reuse: DraftReuse | None = None  # its own rejected tail (a copy of the run's, reset)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,7 @@ def generate_batch(
     arrivals: list[float] | None = None,
     sampling: SamplingConfig | None = None,
     stop: StopStrings | None = None,
+    reuse: DraftReuse | None = None,
 ) -> BatchResult:
     """Decode ``prompts`` with up to ``batch_size`` in flight (see the module docstring).
 
@@ -154,6 +158,9 @@ def generate_batch(
         stop: optional stop strings (``specpolicy.stopping.StopStrings``): each request matches
             them on its own output (a copy per request) and leaves the batch after the token
             completing the first one, as it does alone.
+        reuse: optional draft reuse by suffix matching (FailFast App. E, ``specpolicy.reuse``):
+            each request extends its chain draft from its own previous round's rejected tail (a
+            copy per request), after the round's drafting and timed with it, as alone.
     Returns:
         a ``BatchResult``.
     Raises:
@@ -173,11 +180,11 @@ def generate_batch(
         raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
     with torch.inference_mode():
         return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
-                    stop)
+                    stop, reuse if drafter is not None else None)
 
 
 def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
-         stop) -> BatchResult:
+         stop, reuse) -> BatchResult:
     device = runtime.torch_device
     sampling = None if sampling is None or sampling.is_greedy else sampling
     target = BatchedHFVerifier.like(verifier)
@@ -239,6 +246,8 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             if stop is not None:
                 r.stop = copy.copy(stop)  # the same tokenizer and strings; its own matching state
                 r.stop.reset()
+            if reuse is not None:
+                r.reuse = DraftReuse(reuse.min_match)
             active.append(r)
         if not active:
             if not queue:  # the last prompts were refused
@@ -262,6 +271,9 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         round_start = time.perf_counter()
         rooms = [min(max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]
         drafts, stops = draft_rounds(active, rooms, device)
+        if reuse is not None:  # as the batch-1 loop: after drafting, never past a drafted stop token
+            drafts = [d if d.ends_at_stop_token or r.reuse is None else r.reuse.extend(d, room)
+                      for r, d, room in zip(active, drafts, rooms)]
         drafting_ms = (time.perf_counter() - round_start) * 1e3  # shared equally: passes run for many at once
         t0 = time.perf_counter()
         verifications = target.verify(drafts)
@@ -294,8 +306,11 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             if reason:
                 r.finish_reason = reason
                 done.append(row)
-            elif r.policy is not None:
-                r.policy.update(record)
+            else:
+                if r.policy is not None:
+                    r.policy.update(record)
+                if r.reuse is not None:
+                    r.reuse.observe(draft, verification)
         # the round's cost besides drafting (verification and the loop's work per request), against
         # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
         verify_cost.observe(padded, (time.perf_counter() - round_start) * 1e3 - drafting_ms - commit_total)

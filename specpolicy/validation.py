@@ -215,7 +215,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
 
 def _check_batch(config: Mapping[str, Any]) -> None:
     """``generation.batch_size`` / ``arrival`` / ``arrival_rate``, and what the batched loop cannot
-    run yet (draft reuse, draft trees, another verifier than ``hf``)."""
+    run yet (draft trees, another verifier than ``hf``)."""
     from specpolicy.serving import ARRIVALS
 
     generation = config.get("generation") or {}
@@ -227,8 +227,6 @@ def _check_batch(config: Mapping[str, Any]) -> None:
     if batch == 1:
         return
     why = f"generation.batch_size={batch} runs the batched loop, which "
-    if (config.get("reuse") or {}).get("enabled"):
-        raise ConfigError(why + "does not reuse drafts yet: set reuse.enabled=false (or generation.batch_size=1)")
     if (config.get("policy") or {}).get("name") in ("eagle2-tree", "block-tree", "failfast-tree"):
         raise ConfigError(why + f"verifies chains: policy={config['policy']['name']} drafts trees "
                           "(use generation.batch_size=1)")

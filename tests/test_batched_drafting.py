@@ -196,3 +196,140 @@ def test_one_request_takes_the_plain_path_and_bad_counts_are_refused(network, ta
     with pytest.raises(ValueError, match="num_tokens must be >= 1, got 0"):
         DFlashDrafter.draft_many(together, [3, 0])
     assert together[1]._passes == 0  # refused before any pass
+
+
+# -- the AR drafter (``drafters/ar.py``): one padded pass per drafted position ------------------
+
+def _ar_requests(model, rt, prompts, sampling=None):
+    """One AR drafter per prompt, prefilled and through one round (so each has a cache), as copies."""
+    from specpolicy.drafters.ar import ARDrafter
+
+    base = ARDrafter(model, rt)
+    out = []
+    for p in prompts:
+        d = copy.copy(base)
+        d.prefill(p, sampling=sampling)
+        out.append(d)
+    return out
+
+
+def _commit_random(drafters, drafts, g):
+    for d, draft in zip(drafters, drafts):
+        a = int(torch.randint(0, draft.length + 1, (1,), generator=g))
+        nxt = torch.randint(6, VOCAB - 1, (1,), generator=g)
+        d.commit(draft, Verification(a, int(nxt), torch.cat([draft.token_ids[:a], nxt])))
+
+
+@torch.no_grad()
+def test_ar_draft_many_drafts_what_each_request_drafts_alone_in_one_pass_per_position(rt):
+    """Requests with caches of different lengths and different numbers of uncached tokens (one past
+    ``BATCH_POSITIONS``: alone), a round extended by a second call, commits of random accepted
+    lengths: every draft, confidence, pass count and cache equals the request's own, and a step
+    costs one model pass for all batched requests."""
+    from specpolicy.drafters.ar import ARDrafter
+
+    model = sharpen(tiny_lm(5, layers=2, vocab=VOCAB), 3.0)
+    prompts = _prompts()
+    alone, together = _ar_requests(model, rt, prompts), _ar_requests(model, rt, prompts)
+    g, g2 = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    first = [d.draft(2) for d in alone]  # the first round drafts alone (empty caches)
+    _commit_random(alone, first, g)
+    _commit_random(together, [d.draft(2) for d in together], g2)
+    counter = _CountPasses(model)
+    try:
+        for calls in ([[3, 5, 1, 4, 2]], [[1, 2, 3, 1, 6], [2, 1, 4, 3, 1]], [[6] * len(prompts)]):
+            for asks in calls:
+                want = [d.draft(n) for d, n in zip(alone, asks)]
+                counter.calls = 0
+                got = ARDrafter.draft_many(together, asks)
+                for a, b in zip(got, want):
+                    _same(a, b)
+                assert counter.calls == max(asks)  # one pass per step for all of them
+            _commit_random(alone, want, g)
+            _commit_random(together, got, g2)
+            for x, y in zip(alone, together):
+                assert x.cache.get_seq_length() == y.cache.get_seq_length()
+                torch.testing.assert_close(x._unfed, y._unfed)
+                for la, lb in zip(x.cache.layers, y.cache.layers):
+                    torch.testing.assert_close(la.keys, lb.keys)
+    finally:
+        counter.close()
+    with pytest.raises(ValueError, match="num_tokens must be >= 1, got 0"):
+        ARDrafter.draft_many(together, [1, 0, 1, 1, 1])
+    # new requests (empty caches, a 30-token prompt) beside ones with short uncached tails: the new
+    # ones draft alone, the rest together, all as alone
+    fresh_alone, fresh_together = _ar_requests(model, rt, prompts[3:]), _ar_requests(model, rt, prompts[3:])
+    asks = [4, 2, 3, 5, 1, 3, 2]
+    want = [d.draft(n) for d, n in zip(alone + fresh_alone, asks)]
+    for a, b in zip(ARDrafter.draft_many(together + fresh_together, asks), want):
+        _same(a, b)
+
+
+# -- the Fast-dLLM drafter (``drafters/fastdllm.py``): one padded pass per unmasking / boundary step --
+
+def _fastdllm_requests(model, rt, prompts, threshold, stop=()):
+    from types import SimpleNamespace
+
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter
+
+    base = FastDLLMDrafter(model, rt, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16, small_block_size=4,
+                           threshold=threshold, stop_token_ids=stop)
+    out = []
+    for p in prompts:
+        d = copy.copy(base)
+        d.prefill(p)
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.9])
+@torch.no_grad()
+def test_fastdllm_draft_many_drafts_what_each_request_drafts_alone(rt, threshold):
+    """Prompts of 1..30 tokens (cached blocks of 0, 16), drafts crossing block boundaries, a round
+    extended by a second call, commits of random accepted lengths (blocks rewritten by commit),
+    threshold 0.9 (several passes per small block): every draft, confidence, pass count, look-ahead
+    and cache equals the request's own, with one model pass per step for all requests."""
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter
+
+    model = sharpen(tiny_lm(7, layers=2, vocab=VOCAB), 2.0)
+    prompts = _prompts()
+    alone = _fastdllm_requests(model, rt, prompts, threshold)
+    together = _fastdllm_requests(model, rt, prompts, threshold)
+    g, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    counter = _CountPasses(model.model)  # the decoder: the padded passes skip the LM head's wrapper
+    try:
+        for calls in ([[3, 20, 1, 9, 4]], [[2, 5, 13, 1, 6], [4, 1, 18, 3, 2]], [[8] * len(prompts)]):
+            for asks in calls:
+                counter.calls = 0
+                want = [d.draft(n) for d, n in zip(alone, asks)]
+                single, counter.calls = counter.calls, 0
+                got = FastDLLMDrafter.draft_many(together, asks)
+                for a, b in zip(got, want):
+                    _same(a, b)
+                    torch.testing.assert_close(a.small_block_confidences, b.small_block_confidences, equal_nan=True)
+                assert 0 < counter.calls < single  # passes of many requests run together
+            _commit_random(alone, want, g)
+            _commit_random(together, got, g2)
+            for x, y in zip(alone, together):
+                assert x.cache.get_seq_length() == y.cache.get_seq_length()
+                for la, lb in zip(x.cache.layers, y.cache.layers):
+                    torch.testing.assert_close(la.keys, lb.keys)
+    finally:
+        counter.close()
+
+
+@torch.no_grad()
+def test_fastdllm_draft_many_ends_each_request_at_its_own_stop_token(rt):
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter
+
+    model = sharpen(tiny_lm(7, layers=2, vocab=VOCAB), 2.0)
+    prompts = _prompts()
+    free = FastDLLMDrafter.draft_many(_fastdllm_requests(model, rt, prompts, 0.05), [12] * len(prompts))
+    stop = int(free[2].token_ids[5])
+    alone = _fastdllm_requests(model, rt, prompts, 0.05, stop=[stop])
+    together = _fastdllm_requests(model, rt, prompts, 0.05, stop=[stop])
+    want = [d.draft(12) for d in alone]
+    got = FastDLLMDrafter.draft_many(together, [12] * len(prompts))
+    for a, b in zip(got, want):
+        _same(a, b)
+    assert got[2].ends_at_stop_token and got[2].length <= 6

@@ -101,6 +101,29 @@ def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batc
                                                  for r in g.rounds)
 
 
+@pytest.mark.parametrize("kind", ["ar", "fastdllm", "eagle3"])
+def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind):
+    """``reuse``: every request's rounds -- drafts with the reused tokens, accepted lengths -- and
+    output equal its batch-1 run with reuse, and reuse happened (static drafts of 6 tokens from
+    tiny random drafters: long rejected tails)."""
+    from specpolicy.reuse import DraftReuse
+
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    if kind == "eagle3":
+        verifier.request_features(drafters[kind]().target_feature_layers)
+    prompts = _prompts(12)
+    alone = [generate(p, verifier, rt, max_new_tokens=32, drafter=drafters[kind](), policy=StaticPolicy(6),
+                      reuse=DraftReuse(1)) for p in prompts]
+    batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
+                             policy=StaticPolicy(6), reuse=DraftReuse(1))
+    for i, ref in enumerate(alone):
+        got = batched.results[i]
+        assert got.output_ids.tolist() == ref.output_ids.tolist()
+        assert [(r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in got.rounds] == \
+               [(r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in ref.rounds], (kind, i)
+    assert sum(r.reused_tokens for g in batched.results.values() for r in g.rounds) > 0
+
+
 def test_requests_leave_at_eos_max_new_tokens_and_the_context_and_bad_prompts_are_skipped(target, rt, drafters):
     verifier = HFVerifier(target, rt, frozenset({EOS}), max_context=64)
     prompts = _prompts(8)
@@ -251,7 +274,6 @@ def test_the_batched_experiment_stops_each_request_where_batch_1_does(family, tm
     ("generation.batch_size=0", "generation.batch_size must be an integer >= 1, got 0"),
     ("generation.arrival=burst", "generation.arrival must be one of"),
     ("policy=eagle2-tree", "policy=eagle2-tree drafts trees"),
-    ("reuse.enabled=true", "does not reuse drafts yet"),
 ])
 def test_batched_settings_are_checked_before_models_load(family, tmp_path, override, message):
     from hydra import compose, initialize_config_module
