@@ -28,15 +28,16 @@ The plan (``plan_round``, once per round for the whole batch):
    another request drafts K); the per-request plan is taken when it raises ``E / T`` under the
    requests' own rates.
 
-While the cost fit lacks spread (the first rounds) or speculation is off, the plan probes a
-length now and then (``probe_interval``) so acceptance and costs stay measured. The pooled
+While the cost fit lacks spread (the first rounds) it tries a spread of lengths
+(``WARMUP_LENGTHS``); while speculation is off, every ``probe_interval`` rounds the batch probes
+the best speculative length, so acceptance and costs there stay measured. The pooled
 acceptance counts belong to the configured policy object and carry across its runs (as
 ``goodput``'s ``keep_across_prompts``): every request's copy shares them, and a run after a
 warm-up, or at another batch size, starts from what the earlier ones learned. The cost curves
 are the run's (``BatchContext.verify_cost`` and ``draft_cost``), seeded from the last batched run
 of the same policy object that began with as many requests (``VerifyCost.seed``), so only the
-first run at a batch size spends rounds on the warm-up lengths (at batch 16, 30 requests of 128
-tokens, those rounds were 7% of all and cost ~3%). In the batch-1 loop (no batch) the policy
+first run at a batch size spends rounds on the warm-up lengths (``WARMUP_LENGTHS``; at batch 16,
+30 requests of 128 tokens, unseeded warm-up rounds were 7% of all and cost ~3%). In the batch-1 loop (no batch) the policy
 plans its own request the same way with its own cost curves, measured from its rounds and kept
 across its runs. A uniform K stands ``replan_interval`` rounds while the batch size stays and
 its verification and drafting were measured (not extrapolated), then is planned afresh.
@@ -83,7 +84,7 @@ class GoodputBatchPolicy(LengthPolicy):
         max_length: longest draft (tokens), >= 1.
         prior_acceptance: acceptance rate of a position before any round, in [0, 1].
         prior_strength: pseudo-rounds of the pooled rate in a request's own estimate (> 0).
-        probe_interval: rounds between probes while the plan is 0 (speculation off), >= 1.
+        probe_interval: rounds between probes (a round at the best K >= 1) while speculation is off, >= 1.
         flat_tolerance: the uniform K is the SHORTEST whose ``E / T`` is within this share of the
             best, in [0, 1). Near its best ``E / T`` is flat in K (at batch 1 here, K = 5..13
             within 2%), so estimation noise would otherwise move K far; a draft token's cost is
@@ -218,9 +219,11 @@ class GoodputBatchPolicy(LengthPolicy):
             uniform_ms = cost.ms(b * (best + 1)) + step_ms[1]
             if (b + gain[np.arange(b), mine].sum()) / mine_ms > (b + gain[:, best].sum()) / uniform_ms:
                 plan = mine
-        if not plan.any() and shared.rounds % lead.probe_interval == 0:
-            # speculation is off: one request probes, so acceptance and costs stay measured
-            plan[(shared.rounds // lead.probe_interval) % b] = 1
+        if not best and shared.rounds % lead.probe_interval == 0:
+            # speculation is off (a plan of 0 is never held: ``goodput`` is this round's): the batch
+            # probes the best speculative length, so acceptance and the costs there stay measured
+            # and an estimate a slow pass inflated gets a fresh sample
+            plan[:] = 1 + int(np.argmax(goodput[1:]))
         return [int(k) for k in plan]
 
     def next_length(self, draft: Draft) -> int:

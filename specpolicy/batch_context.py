@@ -14,6 +14,7 @@ plugins) run unchanged, each request with its own copy.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,30 +27,39 @@ class VerifyCost:
     curve serves for a round's drafting as a function of the drafter passes of all its requests
     (``BatchContext.draft_cost``: a fixed part per round and a part per pass, whatever their
     shares, with no model of either). Measured:
-    an exponential moving average of the observed ms per token count (weight ``ema`` for the
-    newest), interpolated linearly between observed counts; outside them, extended with the
-    least-squares slope over the observed counts (``prior_slope_ratio`` of the mean ms per token
-    until two counts are seen). Not linear in general: on this CPU a forward over 8 rows costs 8
-    ms at one token per row and 12 ms at two (``benchmarks/batched.py``), which a straight line
-    through both ends would miss.
+    per token count, the least of its last ``window`` observed ms (robust to the one-sided noise
+    of a shared CPU: a pass is never faster than its cost, often slower -- first calls of a shape,
+    allocator growth, other work; measured at batch 16, passes of 84-103 ms among 20-25 ms ones
+    early in a process, which as averages kept speculation off for most of a run), made
+    non-decreasing (isotonic), interpolated linearly between observed counts;
+    outside them, extended with the local slope (``prior_slope_ratio`` of the mean ms per token
+    until two counts are seen). Once three or more counts above the smallest are seen, the curve
+    from the second smallest count on is their weighted least-squares line (``affine_from``), not
+    an interpolation: one sample per count is noisy, and the isotonic fit turns that noise into
+    flat steps that make a longer draft look free (measured at batch 1: mean K swinging between 4
+    and 10 over runs). Not one line over every count: on this CPU a forward over 8 rows costs 8 ms
+    at one token per row and 12 ms at two (``benchmarks/batched.py``), which a straight line
+    through both ends would miss; the smallest count (no draft, or one pass) keeps its own value.
 
     Args:
-        ema: weight of the newest observation of a token count, in (0, 1].
+        window: observations per token count the estimate is the least of, >= 1.
         prior_slope_ratio: the slope's share of the per-token cost before it can be fitted, [0, 1].
     """
 
-    def __init__(self, ema: float = 0.2, prior_slope_ratio: float = 0.5) -> None:
-        self.ema, self.prior_slope_ratio = ema, prior_slope_ratio
-        self._ms: dict[int, float] = {}  # tokens -> EMA of the observed ms
+    def __init__(self, window: int = 3, prior_slope_ratio: float = 0.5) -> None:
+        self.window, self.prior_slope_ratio = window, prior_slope_ratio
+        self._ms: dict[int, float] = {}  # tokens -> the least of its last ``window`` observed ms
+        self._recent: dict[int, deque] = {}  # tokens -> its last ``window`` observed ms
         self._count: dict[int, int] = {}  # tokens -> samples
         self._fit: dict[int, float] | None = None  # ``observed``, until the next observation
-        self._arrays: tuple[np.ndarray, np.ndarray, float] | None = None  # counts, ms, slope of ``_fit``
+        self._arrays: tuple | None = None  # counts, ms, slope, line of ``_fit`` (``ms``'s, once per observation)
         self.samples = 0
 
     def observe(self, tokens: int, ms: float) -> None:
         """Add one verification: ``tokens`` computed (>= 1), ``ms`` its wall time."""
-        old = self._ms.get(tokens)
-        self._ms[tokens] = ms if old is None else (1 - self.ema) * old + self.ema * ms
+        recent = self._recent.setdefault(tokens, deque(maxlen=self.window))
+        recent.append(ms)
+        self._ms[tokens] = min(recent)
         self._count[tokens] = self._count.get(tokens, 0) + 1
         self._fit = self._arrays = None
         self.samples += 1
@@ -70,6 +80,7 @@ class VerifyCost:
         for tokens, ms in other._ms.items():
             if tokens not in self._ms:
                 self._ms[tokens] = ms
+                self._recent[tokens] = deque([ms], maxlen=self.window)
                 self._count[tokens] = min(other._count[tokens], MAX_WEIGHT)
         self._fit = self._arrays = None
         self.samples += other.samples
@@ -99,11 +110,31 @@ class VerifyCost:
         if self._arrays is None:  # once per observation, not per call (a plan calls this a few times)
             points = self.observed
             self._arrays = (np.array(list(points.keys()), dtype=float), np.array(list(points.values())),
-                            self.slope())
-        n, ms, slope = self._arrays
+                            self.slope(), self.affine_from())
+        n, ms, slope, line = self._arrays
         x = np.asarray(tokens, dtype=float)
+        if line is not None:  # from the second smallest count on: the fitted line
+            start, at_start, per_token = line
+            above = at_start + per_token * (x - start)
+            return np.where(x < n[0], ms[0] * x / n[0],
+                            np.where(x < start, ms[0] + (at_start - ms[0]) * (x - n[0]) / (start - n[0]), above))
         inside = np.interp(x, n, ms)  # below the smallest count: in proportion to it (never 0 or less)
         return np.where(x < n[0], ms[0] * x / n[0], np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
+
+    def affine_from(self) -> tuple[float, float, float] | None:
+        """``(second smallest count, the line's ms there, its ms per token >= 0)``: the weighted
+        least-squares line (weights: samples per count, at most ``MAX_WEIGHT``) through the
+        isotonic estimates of every count from the second smallest on; None with fewer than three
+        such counts."""
+        points = self.observed
+        n = np.array(list(points.keys())[1:], dtype=float)
+        if n.shape[0] < 3:
+            return None
+        ms = np.array(list(points.values())[1:])
+        w = np.array([min(self._count[int(c)], MAX_WEIGHT) for c in n], dtype=float)
+        mean_n, mean_ms = np.average(n, weights=w), np.average(ms, weights=w)
+        per_token = max(float(np.sum(w * (n - mean_n) * (ms - mean_ms)) / np.sum(w * (n - mean_n) ** 2)), 0.0)
+        return float(n[0]), float(mean_ms + per_token * (n[0] - mean_n)), per_token
 
 
 #: The most weight one token count's estimate gets in the isotonic fit (``VerifyCost.observed``).

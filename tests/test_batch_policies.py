@@ -23,7 +23,7 @@ from specpolicy.verifiers.hf import HFVerifier
 
 
 def test_verify_cost_interpolates_is_non_decreasing_and_extends_with_the_slope():
-    cost = VerifyCost(ema=1.0)
+    cost = VerifyCost(window=1)
     assert cost.ms(10) == 0.0 and cost.slope() == 0.0
     cost.observe(8, 8.0)
     assert cost.slope() == pytest.approx(0.5 * 8.0 / 8)  # prior: half the mean ms per token
@@ -251,3 +251,37 @@ def test_goodput_batch_starts_a_batched_runs_curves_from_the_last_run_at_that_ba
 def test_goodput_batch_names_a_bad_key_and_its_range(key, value, message):
     with pytest.raises(ValueError, match=message):
         GoodputBatchPolicy(**{key: value})
+
+
+def test_verify_cost_ignores_slow_passes_and_fits_a_line_above_the_smallest_count():
+    """A count's estimate is the least of its last ``window`` samples (a slow pass -- first call,
+    other work -- does not inflate it); from the second smallest count on, with three or more
+    counts there, the curve is their least-squares line (noise does not make flat steps)."""
+    cost = VerifyCost(window=3)
+    cost.observe(8, 8.0)
+    cost.observe(16, 12.0)
+    cost.observe(16, 40.0)  # a slow pass
+    assert cost.ms(16) == pytest.approx(12.0) and cost.affine_from() is None
+    for n, ms in ((24, 14.5), (32, 15.5), (40, 18.0)):  # roughly 12 + 0.25 per token past 16, noisy
+        cost.observe(n, ms)
+    start, at_start, per_token = cost.affine_from()
+    slope, intercept = np.polyfit([16, 24, 32, 40], [12.0, 14.5, 15.5, 18.0], 1, w=np.sqrt([2, 1, 1, 1]))  # 16: 2 samples
+    assert start == 16 and per_token == pytest.approx(slope) and at_start == pytest.approx(intercept + 16 * slope)
+    # the line, not the samples: 32 and 40 on it; 8 keeps its own value; between 8 and 16, linear
+    assert cost.ms(40) == pytest.approx(at_start + 24 * per_token)
+    assert cost.ms(8) == pytest.approx(8.0) and cost.ms(12) == pytest.approx((8.0 + at_start) / 2)
+    for _ in range(3):
+        cost.observe(16, 30.0)  # three slow passes in a row: the window's least is slow now
+    assert cost.ms(8) == pytest.approx(8.0) and cost.observed[16] > 12.0
+
+
+def test_goodput_batch_probes_the_best_speculative_length_while_speculation_is_off():
+    steep = _linear(0.0, 1.0)
+    policies = _goodput_batch(4, 0.9, steep, pass_ms=0.5)
+    drafting = VerifyCost()
+    for passes in (4, 16, 48):
+        drafting.observe(passes, 0.5 * passes)
+    plans = [GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, steep, draft_cost=drafting)
+                                                      for i in range(4)]) for _ in range(64)]
+    probes = [p for p in plans if any(p)]
+    assert len(probes) == 2 and all(len(set(p)) == 1 and p[0] >= 1 for p in probes)  # every 32 rounds
