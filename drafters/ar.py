@@ -21,8 +21,11 @@ from specpolicy.validation import check_keys
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
 #: Most positions a request may feed in the round's first pass of ``draft_many`` (its committed
-#: tokens not yet cached) and still join the padded batch; one with more (e.g. a new prompt) drafts alone.
+#: tokens not yet cached, e.g. after many rounds without a draft) and still join the padded batch;
+#: one with more drafts alone, not padding every row to its length.
 BATCH_POSITIONS = 16
+#: Attention implementations that take the custom 4-D mask of ``draft_many``'s padded passes.
+BATCHED_ATTENTION = ("sdpa", "eager")
 
 
 class ARDrafter(Drafter):
@@ -98,7 +101,9 @@ class ARDrafter(Drafter):
     def draft_many(cls, drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: the requests' caches are copied
         once into one padded ``(b, kv_heads, W, head_dim)`` cache per layer (``W`` = the longest),
-        then each step runs ONE pass of the model over every request still drafting -- at the first
+        then each of ``max(num_tokens)`` steps runs ONE pass of the model over all of them (a row
+        that has its tokens is fed on, its output unused: the batched loop's policies mostly ask
+        every request the same length) -- at the first
         step each row's tokens not yet cached (or, when the round's draft is being extended, its
         last drafted token), padded to the most, at later steps each row's last drafted token --
         with a 4-D mask keeping every row to its own cached columns and its own new ones, causally,
@@ -111,8 +116,9 @@ class ARDrafter(Drafter):
         Returns:
             what the calls one by one return (the same tokens and confidences, up to the
             floating-point effects of batched matrix products; exact in float64). Sampling, a
-            single request, and requests with more than ``BATCH_POSITIONS`` uncached tokens or an
-            empty cache draft one by one.
+            single request, an attention implementation other than ``BATCHED_ATTENTION`` (e.g.
+            flash attention, which takes no 4-D mask), and requests with more than
+            ``BATCH_POSITIONS`` uncached tokens or an empty cache (a new prompt) draft one by one.
         Raises:
             ValueError: a count < 1 (before any pass).
         """
@@ -121,7 +127,7 @@ class ARDrafter(Drafter):
                 raise ValueError(f"num_tokens must be >= 1, got {n}")
         together = [i for i, d in enumerate(drafters) if d._sampling is None and d.cache.get_seq_length()
                     and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)]
-        if len(together) < 2:
+        if len(together) < 2 or drafters[0].model.config._attn_implementation not in BATCHED_ATTENTION:
             return super().draft_many(drafters, num_tokens)
         out: list[Draft | None] = [None] * len(drafters)
         for i, d in enumerate(drafters):

@@ -606,13 +606,17 @@ class FastDLLMDrafter(Drafter):
         columns and its own block (bidirectional inside it). The rows' last hidden states at the
         offsets each needs go through the LM head together; a boundary row's new keys and values
         join its own cache. Returns what the calls one by one return (up to the floating-point
-        effects of batched matrix products; exact in float64). Sampling and a single request draft
-        one by one.
+        effects of batched matrix products; exact in float64). Sampling, a single request and a
+        model other than a plain ``Qwen2ForCausalLM`` (whose logits are its LM head over the decoder's
+        output, which the padded path computes itself) draft one by one.
 
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
-        if len(drafters) < 2 or any(d._sampling is not None for d in drafters):
+        from transformers import Qwen2ForCausalLM
+
+        if len(drafters) < 2 or any(d._sampling is not None for d in drafters) \
+                or type(drafters[0].model) is not Qwen2ForCausalLM:  # logits = lm_head(decoder output), nothing after
             return super().draft_many(drafters, num_tokens)
         ends = [d._begin(n) for d, n in zip(drafters, num_tokens)]
         lead = drafters[0]

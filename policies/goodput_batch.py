@@ -183,7 +183,7 @@ class GoodputBatchPolicy(LengthPolicy):
             return [WARMUP_LENGTHS[cost.samples]] * b
         lengths = np.arange(horizon + 1)
         pooled = lead.pooled_rates() if lead.per_request else None
-        last = shared.uniform
+        last, goodput = shared.uniform, None
         if last is not None and last[0] is cost and last[1] == b and shared.rounds - last[2] < lead.replan_interval:
             best, rate = last[3], last[4]
         else:
@@ -220,10 +220,10 @@ class GoodputBatchPolicy(LengthPolicy):
             if (b + gain[np.arange(b), mine].sum()) / mine_ms > (b + gain[:, best].sum()) / uniform_ms:
                 plan = mine
         if not best and shared.rounds % lead.probe_interval == 0:
-            # speculation is off (a plan of 0 is never held: ``goodput`` is this round's): the batch
+            # speculation is off (a plan of 0 is never held, so ``goodput`` is this round's): the batch
             # probes the best speculative length, so acceptance and the costs there stay measured
             # and an estimate a slow pass inflated gets a fresh sample
-            plan[:] = 1 + int(np.argmax(goodput[1:]))
+            plan[:] = 1 + int(np.argmax(goodput[1:])) if goodput is not None else 1
         return [int(k) for k in plan]
 
     def next_length(self, draft: Draft) -> int:

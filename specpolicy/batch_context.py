@@ -82,8 +82,8 @@ class VerifyCost:
                 self._ms[tokens] = ms
                 self._recent[tokens] = deque([ms], maxlen=self.window)
                 self._count[tokens] = min(other._count[tokens], MAX_WEIGHT)
+                self.samples += other._count[tokens]
         self._fit = self._arrays = None
-        self.samples += other.samples
 
     @property
     def largest(self) -> int:
@@ -125,7 +125,8 @@ class VerifyCost:
         """``(second smallest count, the line's ms there, its ms per token >= 0)``: the weighted
         least-squares line (weights: samples per count, at most ``MAX_WEIGHT``) through the
         isotonic estimates of every count from the second smallest on; None with fewer than three
-        such counts."""
+        such counts. The line's value there is at least the smallest count's (a line through costs
+        that turn steeply up, past the compute-bound knee, would dip below it)."""
         points = self.observed
         n = np.array(list(points.keys())[1:], dtype=float)
         if n.shape[0] < 3:
@@ -134,7 +135,8 @@ class VerifyCost:
         w = np.array([min(self._count[int(c)], MAX_WEIGHT) for c in n], dtype=float)
         mean_n, mean_ms = np.average(n, weights=w), np.average(ms, weights=w)
         per_token = max(float(np.sum(w * (n - mean_n) * (ms - mean_ms)) / np.sum(w * (n - mean_n) ** 2)), 0.0)
-        return float(n[0]), float(mean_ms + per_token * (n[0] - mean_n)), per_token
+        smallest = list(points.values())[0]  # never below the smallest count's cost (a convex knee would)
+        return float(n[0]), max(float(mean_ms + per_token * (n[0] - mean_n)), smallest), per_token
 
 
 #: The most weight one token count's estimate gets in the isotonic fit (``VerifyCost.observed``).

@@ -9,8 +9,9 @@ drafter: same weights, its own state, which ``prefill`` replaces) and policy (a 
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
-EAGLE-3 and the AR drafter advance every drafting request by a token in one pass, DFlash drafts
-every drafting request's block in one padded pass, the other drafters request by request. Draft
+EAGLE-3 and the AR drafter advance every drafting request by a token in one pass, Fast-dLLM runs
+every drafting request's unmasking or block-boundary pass in one padded pass, DFlash drafts every
+drafting request's block in one padded pass, the suffix drafter (no model) request by request. Draft
 reuse (``reuse``) extends each request's draft from its own previous rejected tail, as alone.
 
 Greedy or lossless speculative sampling per request; chains only (tree policies run in the

@@ -84,8 +84,8 @@ class Drafter(ABC):
         """Extend several requests' drafts at once (the batched loop, ``specpolicy.batching``): each
         drafter (an instance of ``cls``) holds one request and adds ``num_tokens[i]`` tokens, as its
         ``draft`` would. Default: ``draft`` one request after another. A drafter class that can run
-        its passes for many requests in one forward pass overrides it (``eagle3``, ``dflash``) and returns what
-        the calls one by one would.
+        its passes for many requests in one forward pass overrides it (``ar``, ``fastdllm``, ``eagle3``,
+        ``dflash``) and returns what the calls one by one would.
 
         Returns:
             every request's whole draft of the round so far, in order.

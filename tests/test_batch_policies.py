@@ -285,3 +285,13 @@ def test_goodput_batch_probes_the_best_speculative_length_while_speculation_is_o
                                                       for i in range(4)]) for _ in range(64)]
     probes = [p for p in plans if any(p)]
     assert len(probes) == 2 and all(len(set(p)) == 1 and p[0] >= 1 for p in probes)  # every 32 rounds
+
+
+def test_verify_cost_line_never_dips_below_the_smallest_count():
+    """Costs turning steeply up past a knee: the line through them would give the second count
+    less than the first (a draft token cheaper than none); it starts at the smallest count's cost."""
+    cost = VerifyCost()
+    for n, ms in ((8, 11.9), (16, 12.0), (24, 12.0), (32, 30.0)):
+        cost.observe(n, ms)
+    values = cost.ms(np.array([8, 12, 16, 24, 32, 40]))
+    assert values[0] == pytest.approx(11.9) and (np.diff(values) >= 0).all() and values[2] >= 11.9

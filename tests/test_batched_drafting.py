@@ -226,7 +226,7 @@ def test_ar_draft_many_drafts_what_each_request_drafts_alone_in_one_pass_per_pos
     ``BATCH_POSITIONS``: alone), a round extended by a second call, commits of random accepted
     lengths: every draft, confidence, pass count and cache equals the request's own, and a step
     costs one model pass for all batched requests."""
-    from specpolicy.drafters.ar import ARDrafter
+    from specpolicy.drafters.ar import BATCH_POSITIONS, ARDrafter
 
     model = sharpen(tiny_lm(5, layers=2, vocab=VOCAB), 3.0)
     prompts = _prompts()
@@ -252,6 +252,19 @@ def test_ar_draft_many_drafts_what_each_request_drafts_alone_in_one_pass_per_pos
                 torch.testing.assert_close(x._unfed, y._unfed)
                 for la, lb in zip(x.cache.layers, y.cache.layers):
                     torch.testing.assert_close(la.keys, lb.keys)
+                    torch.testing.assert_close(la.values, lb.values)
+        # request 0 goes 17 rounds without a draft: 18 uncached tokens, past BATCH_POSITIONS -> alone
+        for _ in range(17):
+            nxt = torch.randint(6, VOCAB - 1, (1,), generator=g)
+            for d in (alone[0], together[0]):
+                d.commit(Draft.empty(), Verification(0, int(nxt), nxt))
+        assert together[0]._unfed.shape[0] > BATCH_POSITIONS
+        asks = [3, 2, 4, 1, 2]
+        want = [d.draft(n) for d, n in zip(alone, asks)]
+        counter.calls = 0
+        for a, b in zip(ARDrafter.draft_many(together, asks), want):
+            _same(a, b)
+        assert counter.calls == asks[0] + max(asks[1:])  # its passes alone, then the others' together
     finally:
         counter.close()
     with pytest.raises(ValueError, match="num_tokens must be >= 1, got 0"):
@@ -314,6 +327,7 @@ def test_fastdllm_draft_many_drafts_what_each_request_drafts_alone(rt, threshold
                 assert x.cache.get_seq_length() == y.cache.get_seq_length()
                 for la, lb in zip(x.cache.layers, y.cache.layers):
                     torch.testing.assert_close(la.keys, lb.keys)
+                    torch.testing.assert_close(la.values, lb.values)
     finally:
         counter.close()
 

@@ -114,8 +114,22 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
     prompts = _prompts(12)
     alone = [generate(p, verifier, rt, max_new_tokens=32, drafter=drafters[kind](), policy=StaticPolicy(6),
                       reuse=DraftReuse(1)) for p in prompts]
-    batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
-                             policy=StaticPolicy(6), reuse=DraftReuse(1))
+    padded = []  # the drafter class's padded passes ran (``draft_many`` for many requests at once)
+    together = {"ar": (ARDrafter, "_draft_together"), "fastdllm": (FastDLLMDrafter, "_padded_cache"),
+                "eagle3": (Eagle3Drafter, "_pass_together")}[kind]
+    original = getattr(together[0], together[1])
+
+    def spy(*args, **kwargs):
+        padded.append(1)
+        return original(*args, **kwargs)
+
+    setattr(together[0], together[1], staticmethod(spy))
+    try:
+        batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
+                                 policy=StaticPolicy(6), reuse=DraftReuse(1))
+    finally:
+        setattr(together[0], together[1], staticmethod(original))
+    assert padded
     for i, ref in enumerate(alone):
         got = batched.results[i]
         assert got.output_ids.tolist() == ref.output_ids.tolist()
