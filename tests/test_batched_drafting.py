@@ -87,6 +87,19 @@ class _CountPasses:
         self._handle.remove()
 
 
+
+def _both_ways(cls, alone, together, asks, counter):
+    """Each request's own ``draft`` calls (``alone``), then ``cls.draft_many`` (``together``): both
+    drafts must be the same (``_same``). Returns ``(drafts, network passes alone, passes together)``."""
+    counter.calls = 0
+    want = [d.draft(n) for d, n in zip(alone, asks)]
+    single, counter.calls = counter.calls, 0
+    got = cls.draft_many(together, asks)
+    for a, b in zip(got, want):
+        _same(a, b)
+    return got, want, single, counter.calls
+
+
 @torch.no_grad()
 def test_draft_many_drafts_what_each_request_drafts_alone(network, target, rt):
     """Rounds of one and two calls, a request asking two blocks' worth of tokens (an extension pass),
@@ -106,15 +119,10 @@ def test_draft_many_drafts_what_each_request_drafts_alone(network, target, rt):
         for calls in rounds:
             before = [0] * len(prompts)  # passes spent on each request's round so far
             for asks in calls:
-                counter.calls = 0
-                want = [d.draft(n) for d, n in zip(alone, asks)]
-                single, counter.calls = counter.calls, 0
-                got = DFlashDrafter.draft_many(together, asks)
-                for a, b in zip(got, want):
-                    _same(a, b)
+                got, want, single, batched = _both_ways(DFlashDrafter, alone, together, asks, counter)
                 passes = [b.forward_passes - n for b, n in zip(want, before)]
                 # one network pass per drafting step: as many as the most passes one request took
-                assert single == sum(passes) and counter.calls == max(passes) and sum(passes) > max(passes)
+                assert single == sum(passes) and batched == max(passes) and sum(passes) > max(passes)
                 before = [b.forward_passes for b in want]
             for d_alone, d_together in zip(alone, together):
                 for k in (1, 3):
@@ -239,12 +247,8 @@ def test_ar_draft_many_drafts_what_each_request_drafts_alone_in_one_pass_per_pos
     try:
         for calls in ([[3, 5, 1, 4, 2]], [[1, 2, 3, 1, 6], [2, 1, 4, 3, 1]], [[6] * len(prompts)]):
             for asks in calls:
-                want = [d.draft(n) for d, n in zip(alone, asks)]
-                counter.calls = 0
-                got = ARDrafter.draft_many(together, asks)
-                for a, b in zip(got, want):
-                    _same(a, b)
-                assert counter.calls == max(asks)  # one pass per step for all of them
+                got, want, _, batched = _both_ways(ARDrafter, alone, together, asks, counter)
+                assert batched == max(asks)  # one pass per step for all of them
             _commit_random(alone, want, g)
             _commit_random(together, got, g2)
             for x, y in zip(alone, together):
@@ -313,14 +317,10 @@ def test_fastdllm_draft_many_drafts_what_each_request_drafts_alone(rt, threshold
     try:
         for calls in ([[3, 20, 1, 9, 4]], [[2, 5, 13, 1, 6], [4, 1, 18, 3, 2]], [[8] * len(prompts)]):
             for asks in calls:
-                counter.calls = 0
-                want = [d.draft(n) for d, n in zip(alone, asks)]
-                single, counter.calls = counter.calls, 0
-                got = FastDLLMDrafter.draft_many(together, asks)
+                got, want, single, batched = _both_ways(FastDLLMDrafter, alone, together, asks, counter)
                 for a, b in zip(got, want):
-                    _same(a, b)
                     torch.testing.assert_close(a.small_block_confidences, b.small_block_confidences, equal_nan=True)
-                assert 0 < counter.calls < single  # passes of many requests run together
+                assert 0 < batched < single  # passes of many requests run together
             _commit_random(alone, want, g)
             _commit_random(together, got, g2)
             for x, y in zip(alone, together):
