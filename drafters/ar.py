@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy import tree
-from specpolicy.cache import crop_cache
+from specpolicy.cache import append_columns, crop_cache, padded_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
@@ -148,15 +148,8 @@ class ARDrafter(Drafter):
         b, steps = len(drafters), max(num_tokens)
         first = [d._tokens[-1] if d._tokens else d._unfed for d in drafters]  # each row's first-step input
         counts = [int(x.shape[0]) for x in first]
-        lengths = [d.cache.get_seq_length() for d in drafters]
+        cache, lengths = padded_cache([d.cache for d in drafters])  # row i's columns [0, L_i), the rest masked
         n, width = max(counts), max(lengths)
-        layers = [[layer for layer in d.cache.layers if getattr(layer, "keys", None) is not None] for d in drafters]
-        cache = DynamicCache()
-        for j in range(len(layers[0])):  # the padded copy: row i's columns [0, L_i), the rest masked
-            keys = [torch.nn.functional.pad(rows[j].keys, (0, 0, 0, width - lengths[i])) for i, rows in enumerate(layers)]
-            values = [torch.nn.functional.pad(rows[j].values, (0, 0, 0, width - lengths[i]))
-                      for i, rows in enumerate(layers)]
-            cache.update(torch.cat(keys), torch.cat(values), j)
         inputs = torch.zeros((b, n), dtype=torch.long, device=device)
         for i, x in enumerate(first):
             inputs[i, : counts[i]] = x
@@ -185,16 +178,13 @@ class ARDrafter(Drafter):
             confs.append(conf)
             inputs = token[:, None]
         passes_tokens, passes_confs = torch.stack(tokens, 1), torch.stack(confs, 1)  # (b, steps)
-        new = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
         results = []
         for i, d in enumerate(drafters):
             k = num_tokens[i]
             # fed this call: the first-step tokens, then the drafted tokens but the last (never fed)
             columns = torch.cat([torch.arange(width, width + counts[i], device=device),
                                  torch.arange(width + n, width + n + k - 1, device=device)])
-            for mine, padded in zip(layers[i], new):
-                mine.keys = torch.cat([mine.keys, padded.keys[i : i + 1, :, columns]], dim=2)
-                mine.values = torch.cat([mine.values, padded.values[i : i + 1, :, columns]], dim=2)
+            append_columns(d.cache, cache, i, columns)
             d._tokens.extend(passes_tokens[i, :k, None].unbind(0))
             d._confs.extend(passes_confs[i, :k, None].unbind(0))
             d._passes += k

@@ -44,7 +44,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.attention import as_model_mask
-from specpolicy.cache import crop_cache
+from specpolicy.cache import append_columns, crop_cache, padded_cache
 from specpolicy.drafter import Drafter
 from specpolicy.hookspecs import hookimpl
 from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
@@ -632,7 +632,7 @@ class FastDLLMDrafter(Drafter):
             for d in step:
                 assert d.cache.get_seq_length() == d._blk_start, (d.cache.get_seq_length(), d._blk_start)
             if padded is None or padded[0] != rows or padded[1] != lengths:
-                padded = (rows, lengths, cls._padded_cache(step, lengths))
+                padded = (rows, lengths, padded_cache([d.cache for d in step])[0])
             cache, width = padded[2], max(lengths)
             b, B = len(step), lead.block_size
             keeps = []
@@ -651,21 +651,13 @@ class FastDLLMDrafter(Drafter):
             hidden = model.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
                                  attention_mask=as_model_mask(mask, lead._attn, lead._dtype)).last_hidden_state
             counts = [int(k.shape[0]) for k in keeps]
-            picked = hidden[torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device)),
-                            torch.cat(keeps)]  # (sum m_i, H): every row's kept offsets
+            owners = torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device))
+            picked = hidden[owners, torch.cat(keeps)]  # (sum m_i, H): every row's kept offsets
             logits = model.lm_head(picked).split(counts)
-            layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
             crossed = False
             for r, (d, i) in enumerate(zip(step, rows)):
                 if kinds[i] == "cross":  # the block's keys and values join the row's own cache
-                    own = [layer for layer in d.cache.layers if getattr(layer, "keys", None) is not None]
-                    if not own:  # an empty cache: give it its layers first
-                        for j, layer in enumerate(layers):
-                            d.cache.update(layer.keys[r : r + 1, :, width:], layer.values[r : r + 1, :, width:], j)
-                    else:
-                        for mine, layer in zip(own, layers):
-                            mine.keys = torch.cat([mine.keys, layer.keys[r : r + 1, :, width:]], dim=2)
-                            mine.values = torch.cat([mine.values, layer.values[r : r + 1, :, width:]], dim=2)
+                    append_columns(d.cache, cache, r, slice(width, None))
                     d._cross_apply(logits[r])
                     crossed = True
                 else:
@@ -674,30 +666,6 @@ class FastDLLMDrafter(Drafter):
             if crossed:
                 padded = None
         return [d._finish(n) for d, n in zip(drafters, num_tokens)]
-
-    @staticmethod
-    def _padded_cache(drafters: list["FastDLLMDrafter"], lengths: list[int]) -> DynamicCache:
-        """The drafters' caches in one ``(b, kv_heads, max length, head_dim)`` cache per layer, row i's
-        columns ``[0, lengths[i])`` its own, the rest zeros (masked)."""
-        width = max(lengths)
-        cache = DynamicCache()
-        if not width:
-            return cache
-        shaped = next(d for d, n in zip(drafters, lengths) if n)
-        template = [layer for layer in shaped.cache.layers if getattr(layer, "keys", None) is not None]
-        for j, t in enumerate(template):
-            keys, values = [], []
-            for d, n in zip(drafters, lengths):
-                if n:
-                    layer = [x for x in d.cache.layers if getattr(x, "keys", None) is not None][j]
-                    pad = (0, 0, 0, width - n)
-                    keys.append(torch.nn.functional.pad(layer.keys, pad))
-                    values.append(torch.nn.functional.pad(layer.values, pad))
-                else:
-                    keys.append(t.keys.new_zeros((1, t.keys.shape[1], width, t.keys.shape[3])))
-                    values.append(t.values.new_zeros((1, t.values.shape[1], width, t.values.shape[3])))
-            cache.update(torch.cat(keys), torch.cat(values), j)
-        return cache
 
     def _current_draft(self) -> Draft:
         d0 = self._draft_start(self._blk_start)

@@ -17,7 +17,8 @@ token, which would make drafts too short.
 The plan (``plan_round``, once per round for the whole batch):
 
 1. the uniform length ``K`` in ``0..max_length`` with the highest ``E / T`` under the batch's
-   pooled rates (a fixed K, chosen afresh each round: as the batch grows the slope of
+   pooled rates -- the shortest within ``flat_tolerance`` of it -- (a fixed K, chosen afresh
+   every ``replan_interval`` rounds: as the batch grows the slope of
    ``verify_ms`` weighs more and K falls, to 0 -- speculation off -- when no draft token pays
    for its verification). Pooled, not per request: a request's own rates, a few rounds old, are
    noisy, and through the argmax over a flat ``E / T`` their noise pulls K below the optimum;
@@ -36,16 +37,18 @@ acceptance counts belong to the configured policy object and carry across its ru
 warm-up, or at another batch size, starts from what the earlier ones learned. The cost curves
 are the run's (``BatchContext.verify_cost`` and ``draft_cost``), seeded from the last batched run
 of the same policy object that began with as many requests (``VerifyCost.seed``), so only the
-first run at a batch size spends rounds on the warm-up lengths (``WARMUP_LENGTHS``; at batch 16,
-30 requests of 128 tokens, unseeded warm-up rounds were 7% of all and cost ~3%). In the batch-1 loop (no batch) the policy
-plans its own request the same way with its own cost curves, measured from its rounds and kept
-across its runs. A uniform K stands ``replan_interval`` rounds while the batch size stays and
-its verification and drafting were measured (not extrapolated), then is planned afresh.
+first run at a batch size spends rounds on the warm-up lengths (``WARMUP_LENGTHS``; at batch
+16, 30 requests of 128 tokens, unseeded warm-up rounds were 7% of all and cost ~3%). In the
+batch-1 loop (no batch) the policy plans its own request the same way with its own cost curves,
+measured from its rounds and kept across its runs. A uniform K stands ``replan_interval``
+rounds while the batch size stays and its verification and drafting were measured (not
+extrapolated), then is planned afresh.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,6 +64,18 @@ NAME = "goodput-batch"
 WARMUP_LENGTHS = (1, 0, 2, 4, 3, 6)
 
 
+@dataclass(frozen=True)
+class _HeldK:
+    """A uniform K that stands while the run (its verification curve) and the batch size stay,
+    for ``replan_interval`` rounds from ``planned_round``; ``rate``: its ``E / T`` (tokens / ms)."""
+
+    cost: VerifyCost
+    batch: int
+    planned_round: int
+    k: int
+    rate: float
+
+
 class _Shared:
     """What every request's copy of one configured policy shares: pooled acceptance counts per
     position, the drafter's tokens per pass (one drafter for the whole batch), rounds planned (for
@@ -73,7 +88,7 @@ class _Shared:
         self.rounds = 0
         self.cost = VerifyCost()  # the batch-1 loop's: verification ms against tokens verified
         self.draft_cost = VerifyCost()  # the batch-1 loop's: drafting ms (commit included) against passes
-        self.uniform: tuple | None = None  # (verify cost curve, batch size, round planned, K, E / T) of step 1
+        self.held: _HeldK | None = None  # step 1's K while it stands
         self.curves: dict[int, tuple[VerifyCost, VerifyCost]] = {}  # batch size -> the last batched run's curves
 
 
@@ -182,15 +197,15 @@ class GoodputBatchPolicy(LengthPolicy):
         if cost.samples < len(WARMUP_LENGTHS):  # spread the cost fit's samples first
             return [WARMUP_LENGTHS[cost.samples]] * b
         lengths = np.arange(horizon + 1)
-        pooled = lead.pooled_rates() if lead.per_request else None
-        last, goodput = shared.uniform, None
-        if last is not None and last[0] is cost and last[1] == b and shared.rounds - last[2] < lead.replan_interval:
-            best, rate = last[3], last[4]
+        pooled, goodput, held = None, None, shared.held
+        if held is not None and held.cost is cost and held.batch == b \
+                and shared.rounds - held.planned_round < lead.replan_interval:
+            best, rate = held.k, held.rate
         else:
             # the uniform K from the batch's pooled rates: a request's own estimate, a few rounds old,
             # is noisy, and through the argmax over a flat E / T its noise pulls K below the optimum
             # (measured at batch 1: mean K 5.8, 3.40 accepted a round vs K = 6's 3.52)
-            pooled = lead.pooled_rates() if pooled is None else pooled
+            pooled = lead.pooled_rates()
             pooled_gain = np.concatenate(([0.0], np.cumsum(np.cumprod(pooled))))  # (horizon + 1,)
             drafting = np.asarray(draft_cost.ms(b * lead.passes(lengths)))  # (horizon + 1,) the round's, every K
             emitted = b * (1 + pooled_gain)
@@ -202,13 +217,14 @@ class GoodputBatchPolicy(LengthPolicy):
             # beyond the longest drafts of the warm-up) or speculation switched off is checked again
             # next round, by the round it runs or the probe
             measured = best > 0 and b * (best + 1) <= cost.largest and b * lead.passes(best) <= draft_cost.largest
-            shared.uniform = (cost, b, shared.rounds, best, rate) if measured else None
+            shared.held = _HeldK(cost, b, shared.rounds, best, rate) if measured else None
         plan = np.full(b, best)
         if best and lead.per_request:
             # Dinkelbach's step per request, on its own rates: below K*, request i keeps draft
             # token j while s_ij beats what the batch earns in the drafting time a token costs (the
             # curve's last step, per request; its verification is paid for by the padded width as
             # long as another request drafts K*)
+            pooled = lead.pooled_rates() if pooled is None else pooled
             gain = np.zeros((b, best + 1))  # gain[i, K]: expected accepted tokens of request i drafting K
             gain[:, 1:] = np.cumsum([p.survival(pooled)[:best] for p in policies], axis=1)
             step_ms = draft_cost.ms(b * lead.passes(np.array([best - 1, best])))

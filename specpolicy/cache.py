@@ -44,3 +44,50 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
             layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
     crop_cache(cache, start + n)
+
+
+def cache_layers(cache: DynamicCache) -> list:
+    """The cache's layers that hold keys and values (transformers 5 may list empty ones)."""
+    return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+
+
+def padded_cache(caches: list[DynamicCache]) -> tuple[DynamicCache, list[int]]:
+    """Several requests' batch-1 caches as one batch (the drafters' ``draft_many``): per layer one
+    ``(b, kv_heads, W, head_dim)`` tensor, ``W`` the longest cache, row i's columns ``[0, L_i)``
+    its own cache and the rest zeros (to be masked out). A copy: the requests' caches are left as
+    they are.
+
+    Returns:
+        ``(the padded cache, [L_i] in tokens)``; an empty cache when every ``L_i`` is 0.
+    """
+    lengths = [c.get_seq_length() for c in caches]
+    width, out = max(lengths), DynamicCache()
+    if not width:
+        return out, lengths
+    template = cache_layers(caches[lengths.index(width)])
+    per_request = [cache_layers(c) if n else None for c, n in zip(caches, lengths)]
+    for j, t in enumerate(template):
+        keys, values = [], []
+        for layers, n in zip(per_request, lengths):
+            if layers is None:  # an empty cache: a row of zeros
+                keys.append(t.keys.new_zeros((1, *t.keys.shape[1:])))
+                values.append(t.values.new_zeros((1, *t.values.shape[1:])))
+            else:
+                pad = (0, 0, 0, width - n)
+                keys.append(torch.nn.functional.pad(layers[j].keys, pad))
+                values.append(torch.nn.functional.pad(layers[j].values, pad))
+        out.update(torch.cat(keys), torch.cat(values), j)
+    return out, lengths
+
+
+def append_columns(cache: DynamicCache, batch: DynamicCache, row: int, columns: torch.Tensor | slice) -> None:
+    """Append row ``row``'s entries at ``columns`` of a padded ``batch`` cache (``padded_cache``
+    after a pass over it) to a request's own batch-1 ``cache``, in place, every layer."""
+    mine = cache_layers(cache)
+    for j, layer in enumerate(cache_layers(batch)):
+        k, v = layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns]
+        if mine:
+            mine[j].keys = torch.cat([mine[j].keys, k], dim=2)
+            mine[j].values = torch.cat([mine[j].values, v], dim=2)
+        else:  # an empty cache gets its layers
+            cache.update(k, v, j)

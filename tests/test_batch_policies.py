@@ -217,7 +217,7 @@ def test_goodput_batch_holds_a_measured_k_for_replan_interval_rounds_and_replans
     assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first
     assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first
     assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == [0] * 8  # ... until the interval ends
-    policies[0]._shared.uniform = None
+    policies[0]._shared.held = None
     assert GoodputBatchPolicy.plan_round(policies, ctx(_linear(10.0, 0.001), 8)) == first  # held again
     assert GoodputBatchPolicy.plan_round(policies[:7], ctx(steep, 7)) == [0] * 7  # another batch size: replanned
 
@@ -265,7 +265,8 @@ def test_verify_cost_ignores_slow_passes_and_fits_a_line_above_the_smallest_coun
     for n, ms in ((24, 14.5), (32, 15.5), (40, 18.0)):  # roughly 12 + 0.25 per token past 16, noisy
         cost.observe(n, ms)
     start, at_start, per_token = cost.affine_from()
-    slope, intercept = np.polyfit([16, 24, 32, 40], [12.0, 14.5, 15.5, 18.0], 1, w=np.sqrt([2, 1, 1, 1]))  # 16: 2 samples
+    # weights: samples per count (16 has 2); polyfit weighs residuals, so their square roots
+    slope, intercept = np.polyfit([16, 24, 32, 40], [12.0, 14.5, 15.5, 18.0], 1, w=np.sqrt([2, 1, 1, 1]))
     assert start == 16 and per_token == pytest.approx(slope) and at_start == pytest.approx(intercept + 16 * slope)
     # the line, not the samples: 32 and 40 on it; 8 keeps its own value; between 8 and 16, linear
     assert cost.ms(40) == pytest.approx(at_start + 24 * per_token)

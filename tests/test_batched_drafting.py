@@ -87,7 +87,6 @@ class _CountPasses:
         self._handle.remove()
 
 
-
 def _both_ways(cls, alone, together, asks, counter):
     """Each request's own ``draft`` calls (``alone``), then ``cls.draft_many`` (``together``): both
     drafts must be the same (``_same``). Returns ``(drafts, network passes alone, passes together)``."""
@@ -209,7 +208,8 @@ def test_one_request_takes_the_plain_path_and_bad_counts_are_refused(network, ta
 # -- the AR drafter (``drafters/ar.py``): one padded pass per drafted position ------------------
 
 def _ar_requests(model, rt, prompts, sampling=None):
-    """One AR drafter per prompt, prefilled and through one round (so each has a cache), as copies."""
+    """One AR drafter per prompt, prefilled (its cache still empty: the prompt is fed by the first
+    pass), as copies of one drafter."""
     from specpolicy.drafters.ar import ARDrafter
 
     base = ARDrafter(model, rt)

@@ -102,7 +102,8 @@ def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batc
 
 
 @pytest.mark.parametrize("kind", ["ar", "fastdllm", "eagle3"])
-def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind):
+def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind,
+                                                                              monkeypatch):
     """``reuse``: every request's rounds -- drafts with the reused tokens, accepted lengths -- and
     output equal its batch-1 run with reuse, and reuse happened (static drafts of 6 tokens from
     tiny random drafters: long rejected tails)."""
@@ -115,20 +116,20 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
     alone = [generate(p, verifier, rt, max_new_tokens=32, drafter=drafters[kind](), policy=StaticPolicy(6),
                       reuse=DraftReuse(1)) for p in prompts]
     padded = []  # the drafter class's padded passes ran (``draft_many`` for many requests at once)
-    together = {"ar": (ARDrafter, "_draft_together"), "fastdllm": (FastDLLMDrafter, "_padded_cache"),
-                "eagle3": (Eagle3Drafter, "_pass_together")}[kind]
-    original = getattr(together[0], together[1])
+    import specpolicy.drafters.fastdllm as fastdllm_module
+
+    owner, name = {"ar": (ARDrafter, "_draft_together"), "fastdllm": (fastdllm_module, "padded_cache"),
+                   "eagle3": (Eagle3Drafter, "_pass_together")}[kind]
+    original = getattr(owner, name)
 
     def spy(*args, **kwargs):
         padded.append(1)
         return original(*args, **kwargs)
 
-    setattr(together[0], together[1], staticmethod(spy))
-    try:
-        batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
-                                 policy=StaticPolicy(6), reuse=DraftReuse(1))
-    finally:
-        setattr(together[0], together[1], staticmethod(original))
+    monkeypatch.setattr(owner, name, spy if owner is fastdllm_module else staticmethod(spy))
+    batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
+                             policy=StaticPolicy(6), reuse=DraftReuse(1))
+    monkeypatch.undo()
     assert padded
     for i, ref in enumerate(alone):
         got = batched.results[i]

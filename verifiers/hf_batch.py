@@ -26,7 +26,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.attention import as_model_mask
-from specpolicy.cache import crop_cache
+from specpolicy.cache import cache_layers, crop_cache
 from specpolicy.features import select_features_batch
 from specpolicy.verifiers.hf import prefill_prompt
 from specpolicy.runtime import Runtime
@@ -70,7 +70,7 @@ class BatchedHFVerifier:
         return len(self.lengths)
 
     def _layers(self):
-        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None]
+        return cache_layers(self.cache)
 
     @torch.inference_mode()
     def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
