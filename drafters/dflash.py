@@ -15,15 +15,22 @@ the tokens drafted so far given, proposes B - 1 more. The bundled drafter is tra
 checkpoint runs it as it is. Each pass costs one drafter forward (``Draft.forward_passes``).
 
 Cache: the drafter's KV cache holds only the context -- the keys and values of the committed
-positions' features, written by the first pass after they arrive (``commit`` only stores the
-features ``Verification.features`` brought) and never recomputed; the block's own keys and values
+positions' features, written by the first pass after they arrive, in that pass's own projections
+(``DFlashDraftModel.draft_pass``; ``commit`` only stores the features ``Verification.features``
+brought) and never recomputed; the block's own keys and values
 are never cached, so nothing needs cropping on rejection. With ``policy=static policy.k=B-1``
 the drafts are exactly the official ``dflash_generate``'s given the same committed sequence
 (``tests/test_dflash.py`` checks it on an official-layout checkpoint).
 
+Draft vocabulary (opt-in, a checkpoint with ``draft_vocab_size`` and ``d2t``): a pass runs only
+the LM-head rows of those target ids (a copy of them made at load, ``(Vd, H)``) and maps each
+drafted id back to the target's; the bundled drafter's 1024 ids cover every token of the target's
+training responses. Official checkpoints run the target's whole LM head.
+
 Sampling: each drafted token is drawn from ``warp`` of its position's logits and reported in
-``Draft.probs``; its distribution depends on the context and (in an extension pass) on the given
-earlier drafted tokens only, so speculative sampling stays lossless.
+``Draft.probs`` (over the target vocabulary, zero outside a draft vocabulary); its distribution
+depends on the context and (in an extension pass) on the given earlier drafted tokens only, so
+speculative sampling stays lossless.
 
 Batched (``draft_many``, the batched loop): the requests that take a pass at the same step run it
 together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
@@ -82,6 +89,12 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
         self.extension = extension
         self.model, self.embed_tokens, self.lm_head, self.runtime = model, embed_tokens, lm_head, runtime
+        model.fuse()  # the stacked projections and RoPE table of its one-request pass (``draft_pass``)
+        self.vocab_size = int(lm_head.weight.shape[0])
+        #: (Vd,) int64 target id of every draft id, or None (the whole vocabulary)
+        self._target_of_draft = model.draft_to_target()
+        #: what a pass runs: the target's LM head, or its rows of the draft vocabulary
+        self.head = lm_head if self._target_of_draft is None else head_rows(lm_head, self._target_of_draft)
         self.block_size = model.spec.block_size
         self.target_feature_layers = model.spec.feature_layers
         device = runtime.torch_device
@@ -94,13 +107,13 @@ class DFlashDrafter(Drafter):
 
     @property
     def timed_calls(self) -> tuple:
-        """The entry points of a pass: the network's forward, its context caching
-        (``context_keys_values``, which calls fc, norms and k/v projections directly), the
-        target's embeddings and LM head, and the top-k of the drafted positions' distributions
-        (``alternatives``, which tree policies ask for). Benchmarks time a drafter's forward passes
-        as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
-        return (self.model, (self.model, "context_keys_values"), self.embed_tokens, self.lm_head,
-                (self, "alternatives"))
+        """The entry points of a pass: the network's one-request pass (``draft_pass``) and its
+        forward and context caching (``context_keys_values``; the batched passes), the target's
+        embeddings, the LM head (or its draft-vocabulary rows), and the top-k of the drafted
+        positions' distributions (``alternatives``, which tree policies ask for). Benchmarks time a
+        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        return ((self.model, "draft_pass"), self.model, (self.model, "context_keys_values"), self.embed_tokens,
+                self.head, (self, "alternatives"))
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
@@ -146,15 +159,16 @@ class DFlashDrafter(Drafter):
         self._context = None
 
     def _pass(self) -> None:
-        """One forward pass: the block ``[pending, drafted so far, MASK x (B - 1)]`` -> B - 1 more tokens."""
-        self._cache_context()
+        """One forward pass: the block ``[pending, drafted so far, MASK x (B - 1)]`` -> B - 1 more tokens,
+        the newly committed positions' keys and values written into the cache by the same pass."""
         ids = torch.cat([self._pending, self._tokens, self._masks])
-        start = self.cache.length  # the pending token's position: every committed position before it is cached
-        positions = torch.arange(start, start + ids.shape[0], device=ids.device)[None]
-        context = [self.cache.layer(i) for i in range(len(self.model.layers))]
-        out = self.model(self.embed_tokens(ids)[None], positions, context)[0]  # (q, H)
-        logits = self.lm_head(out[1 + self._tokens.shape[0]:])  # (B - 1, V)
-        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        new = None
+        if self._context is not None and self._context.shape[0]:
+            new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
+        out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
+        self._context = None
+        logits = self.head(out[1 + self._tokens.shape[0]:])  # (B - 1, V or Vd)
+        tokens, confs, q = self._choose(logits, self._sampling, self.runtime.generator)
         stop_at = None
         if self._stop_ids.numel():
             hit = torch.isin(tokens, self._stop_ids)
@@ -162,9 +176,20 @@ class DFlashDrafter(Drafter):
                 stop_at = int(hit.int().argmax())
         self._took(logits, tokens, confs, q, stop_at)
 
+    def _choose(self, logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``sampling.choose`` on a pass's logits ``(n, V or Vd)``, the tokens as target ids ``(n,)
+        int64`` and q ``(n, V) float32`` over the target vocabulary (zero outside a draft vocabulary)."""
+        tokens, confs, q = choose(logits, sampling, generator)
+        if self._target_of_draft is None:
+            return tokens, confs, q
+        if q is not None:
+            q = q.new_zeros((q.shape[0], self.vocab_size)).index_copy_(1, self._target_of_draft, q)
+        return self._target_of_draft[tokens], confs, q
+
     def _took(self, logits: torch.Tensor, tokens: torch.Tensor, confs: torch.Tensor, q: torch.Tensor | None,
               stop_at: int | None) -> None:
-        """Record a pass: its logits ``(B - 1, V)`` (tree policies read their top-k: ``alternatives``),
+        """Record a pass: its logits ``(B - 1, V or Vd)`` (tree policies read their top-k: ``alternatives``),
         tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q ``(B - 1, V) float32`` when
         sampling, and the index in the block of the first drafted stop token (None: none)."""
         self._logits.append(logits)
@@ -216,7 +241,7 @@ class DFlashDrafter(Drafter):
         than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone).
 
         Args:
-            drafters: one per request, sharing one network, embeddings, LM head and stop tokens
+            drafters: one per request, sharing one network, embeddings, head and stop tokens
                 (the batched loop's copies of the configured drafter); otherwise, or for one
                 request, each drafts alone (``draft``).
             num_tokens: tokens to add per request, each >= 1.
@@ -230,7 +255,7 @@ class DFlashDrafter(Drafter):
         """
         lead = drafters[0] if drafters else None
         if len(drafters) < 2 or any(d.model is not lead.model or d.embed_tokens is not lead.embed_tokens
-                                    or d.lm_head is not lead.lm_head or d._stop_ids is not lead._stop_ids
+                                    or d.head is not lead.head or d._stop_ids is not lead._stop_ids
                                     for d in drafters):
             return super().draft_many(drafters, num_tokens)
         wants = [d._wants(n) for d, n in zip(drafters, num_tokens)]
@@ -288,12 +313,12 @@ class DFlashDrafter(Drafter):
         context = DFlashDrafter._padded_context(drafters, c) if c else None
         out = model(lead.embed_tokens(ids), positions, context, mask)  # (b, q, H)
         drafted = (sizes_t - new)[:, None] + torch.arange(new, device=device)  # (b, B - 1): the masks' rows
-        logits = lead.lm_head(out[torch.arange(b, device=device)[:, None], drafted])  # (b, B - 1, V)
+        logits = lead.head(out[torch.arange(b, device=device)[:, None], drafted])  # (b, B - 1, V or Vd)
         if all(d._sampling is None for d in drafters):
-            tokens, confs, _ = choose(logits.flatten(0, 1), None, None)
+            tokens, confs, _ = lead._choose(logits.flatten(0, 1), None, None)
             chosen = [(row, conf, None) for row, conf in zip(tokens.view(b, new), confs.view(b, new))]
         else:  # each request's draws in request order, from its own settings
-            chosen = [choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
+            chosen = [d._choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
         stops = [None] * b
         if lead._stop_ids.numel():  # one sync for every row: where its first drafted stop token is, if any
             hit = torch.isin(torch.stack([t for t, _, _ in chosen]), lead._stop_ids)  # (b, B - 1)
@@ -330,7 +355,9 @@ class DFlashDrafter(Drafter):
         if not n:
             return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
         top = torch.softmax(torch.cat(self._logits)[:n].float(), dim=-1).topk(k, dim=-1)
-        return top.indices, top.values
+        if self._target_of_draft is None:
+            return top.indices, top.values
+        return self._target_of_draft[top.indices], top.values
 
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Store the committed positions' features (the pending token's and the accepted tokens',
@@ -343,6 +370,21 @@ class DFlashDrafter(Drafter):
         self._context = features if self._context is None else torch.cat([self._context, features])
         self._pending = verification.committed_tokens(draft)[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
+
+
+def head_rows(lm_head: torch.nn.Module, target_ids: torch.Tensor) -> torch.nn.Linear:
+    """A linear layer with the rows ``target_ids`` ``(Vd,) int64`` of ``lm_head`` (an ``H -> V``
+    linear): logits over a draft vocabulary, ``(..., H) -> (..., Vd)``. A copy (``Vd x H`` of the
+    head's dtype), made once at load; the target's head is frozen."""
+    weight = lm_head.weight.detach()
+    bias = getattr(lm_head, "bias", None)
+    rows = torch.nn.Linear(weight.shape[1], target_ids.numel(), bias=bias is not None, device=weight.device,
+                           dtype=weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(weight[target_ids])
+        if bias is not None:
+            rows.bias.copy_(bias.detach()[target_ids])
+    return rows.requires_grad_(False).eval()
 
 
 def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str) -> DFlashSpec:
@@ -364,6 +406,9 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     if not 0 <= spec.mask_token_id < vocab:
         raise ConfigError(f"{key}: dflash_config.mask_token_id {spec.mask_token_id} is outside the target's vocabulary "
                           f"(0..{vocab - 1})")
+    if spec.draft_vocab_size is not None and spec.draft_vocab_size > vocab:
+        raise ConfigError(f"{key}: dflash_config.draft_vocab_size {spec.draft_vocab_size} exceeds the target's "
+                          f"vocabulary of {vocab}")
     bad = [i for i in spec.target_layer_ids if not 0 <= i < layers]
     if bad:
         raise ConfigError(f"{key}: dflash_config.target_layer_ids {list(spec.target_layer_ids)} name layers the target "
@@ -404,6 +449,12 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     directory = resolve_model_path(model_name)
     check_fits_target(read_config(directory, key), target_config.to_dict(), key)
     model = load_dflash(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
+    target_ids = model.draft_to_target()
+    vocab = int(target_config.vocab_size)
+    if target_ids is not None and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab
+                                   or target_ids.unique().numel() != target_ids.numel()):
+        raise ConfigError(f"{key}: d2t maps the draft vocabulary outside the target's vocabulary of {vocab} or onto "
+                          f"one target id twice (draft id d is target id d + d2t[d], each in 0..{vocab - 1}, distinct)")
     probe_verifier(verifier, model.spec.feature_layers, int(target_config.num_hidden_layers) + 1, NAME)
     return DFlashDrafter(model, embed, head, runtime, getattr(verifier, "eos_token_ids", ()),
                          config.get("extension", "given"))

@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="dflash: the mask token (default: the tokenizer's mask token, else the first embedding row "
                          "no token uses)")
     ap.add_argument("--anchors", type=int, default=16, help="dflash: training blocks per sequence and step")
-    ap.add_argument("--draft-vocab", type=int, default=32000, help="eagle3: draft vocabulary size")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="draft vocabulary size: eagle3 32000 by default; dflash none by default (the official "
+                         "layout), else a pass runs only these most frequent answer tokens' LM-head rows")
     ap.add_argument("--ttt", type=int, default=7, help="eagle3: training-time-test unroll steps")
     return ap
 
@@ -82,6 +84,8 @@ def check_args(a: argparse.Namespace) -> dict:
     for name in ("max_new_tokens", "epochs", "batch_tokens", "block_size", "anchors", "draft_vocab", "ttt",
                  "generate_batch", "max_len"):
         v = getattr(a, name)
+        if v is None:  # --draft-vocab left to the drafter's default
+            continue
         if v < 1 or (name == "block_size" and v < 2):
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= "
                              f"{2 if name == 'block_size' else 1}")
@@ -207,6 +211,10 @@ def run(a: argparse.Namespace) -> dict:
         stats = train_dflash(a.target, examples, store, cfg, out, pad, mask_token(tokenizer, vocab, a.mask_token_id),
                              a.block_size, tuple(ids), a.anchors, size=size, train_indices=train_idx,
                              heldout_indices=held)
+        if a.draft_vocab is not None:
+            from specpolicy.family.train_dflash import add_draft_vocabulary
+
+            stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab))
     else:
         from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
 
@@ -215,7 +223,7 @@ def run(a: argparse.Namespace) -> dict:
                 "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
                 "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
                 "intermediate_size": int(target_config["intermediate_size"])}
-        stats = train_eagle3(a.target, examples, store, cfg, out, pad, a.draft_vocab, a.ttt, layer_ids=ids,
+        stats = train_eagle3(a.target, examples, store, cfg, out, pad, a.draft_vocab or 32000, a.ttt, layer_ids=ids,
                              size=size, train_indices=train_idx, heldout_indices=held)
     log[a.drafter] = stats
     (out / "training_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")

@@ -48,9 +48,11 @@ def mlp(x, sd, prefix):
 
 def write_dflash_checkpoint(directory: Path, hidden: int, vocab: int, num_target_layers: int, layer_ids: list[int],
                             block_size: int, mask_id: int, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                            head_dim: int = 8, inter: int = 64, seed: int = 0, top_level: bool = False) -> Path:
+                            head_dim: int = 8, inter: int = 64, seed: int = 0, top_level: bool = False,
+                            draft_vocab: list[int] | None = None) -> Path:
     """A random DFlash checkpoint in the official layout; ``top_level``: block_size / mask_token_id
-    at the top level of config.json as older checkpoints have them."""
+    at the top level of config.json as older checkpoints have them; ``draft_vocab``: target ids of
+    a draft vocabulary (``draft_vocab_size`` and ``d2t``, the opt-in extension)."""
     g = torch.Generator().manual_seed(seed)
     sd = {}
     for i in range(layers):
@@ -67,6 +69,8 @@ def write_dflash_checkpoint(directory: Path, hidden: int, vocab: int, num_target
     sd["fc.weight"] = torch.randn(hidden, len(layer_ids) * hidden, generator=g) * 0.1
     sd["hidden_norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
     sd["norm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
+    if draft_vocab is not None:
+        sd["d2t"] = torch.tensor(draft_vocab, dtype=torch.long) - torch.arange(len(draft_vocab))
     directory.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(directory / "model.safetensors"))
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
@@ -75,6 +79,8 @@ def write_dflash_checkpoint(directory: Path, hidden: int, vocab: int, num_target
               "vocab_size": vocab, "max_position_embeddings": 4096, "hidden_act": "silu", "attention_bias": False,
               "num_target_layers": num_target_layers, "block_size": block_size,
               "dflash_config": {"target_layer_ids": layer_ids, "mask_token_id": mask_id}}
+    if draft_vocab is not None:
+        config["dflash_config"]["draft_vocab_size"] = len(draft_vocab)
     if top_level:
         config["mask_token_id"] = config["dflash_config"].pop("mask_token_id")
     else:
@@ -87,7 +93,8 @@ def dflash_reference(directory: Path, target, committed: torch.Tensor, given: to
                      ) -> torch.Tensor:
     """The B - 1 tokens DFlash drafts after ``committed`` ((c,) int64; the last token is the block's
     first), recomputing the target's features of ``committed[:-1]``; ``given``: drafted tokens placed
-    before the masks (an extension pass). Returns (B - 1,) int64 greedy tokens."""
+    before the masks (an extension pass). Returns (B - 1,) int64 greedy tokens (target ids; with a
+    draft vocabulary, the argmax over its ids' logits)."""
     from safetensors.torch import load_file
 
     cfg = json.loads((directory / "config.json").read_text())
@@ -126,6 +133,9 @@ def dflash_reference(directory: Path, target, committed: torch.Tensor, given: to
             x = x + mlp(rms(x, sd[p + "post_attention_layernorm.weight"], eps), sd, p + "mlp.")
         out = rms(x, sd["norm.weight"], eps)
         logits = target.get_output_embeddings()(out[1 + given.shape[0]:].to(target.dtype))
+    if "d2t" in sd:
+        ids = torch.arange(sd["d2t"].shape[0]) + sd["d2t"].long()
+        return ids[logits[:, ids].argmax(-1)]
     return logits.argmax(-1)
 
 

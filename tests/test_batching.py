@@ -47,6 +47,8 @@ def target():
 def drafters(target, rt, tmp_path_factory):
     stop = frozenset({EOS})
     dflash = write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, LAYERS, [0, 2], 8, 5)
+    dflash_vocab = write_dflash_checkpoint(tmp_path_factory.mktemp("dflash-vocab"), 32, VOCAB, LAYERS, [0, 2], 8, 5,
+                                           draft_vocab=sorted(set(range(0, VOCAB, 2)) | {EOS}))
     eagle3 = write_eagle3_checkpoint(tmp_path_factory.mktemp("eagle3"), 32, VOCAB, VOCAB, layer_ids=[1, 2, 3])
     return {
         "ar": lambda: ARDrafter(sharpen(tiny_lm(0, layers=1)), rt),
@@ -55,6 +57,8 @@ def drafters(target, rt, tmp_path_factory):
         "suffix": lambda: SuffixDrafter(rt),
         "dflash": lambda: DFlashDrafter(load_dflash(dflash).double(), target.get_input_embeddings(),
                                         target.get_output_embeddings(), rt, stop),
+        "dflash-vocab": lambda: DFlashDrafter(load_dflash(dflash_vocab).double(), target.get_input_embeddings(),
+                                              target.get_output_embeddings(), rt, stop),
         "eagle3": lambda: Eagle3Drafter(load_eagle3(eagle3).double(), target.get_input_embeddings(), (1, 2, 3),
                                         VOCAB, rt, stop),
     }
@@ -74,13 +78,13 @@ POLICIES = {"static": lambda: StaticPolicy(3), "failfast": lambda: FailFastPolic
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
-@pytest.mark.parametrize("kind", ["vanilla", "ar", "fastdllm", "suffix", "dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["vanilla", "ar", "fastdllm", "suffix", "dflash", "dflash-vocab", "eagle3"])
 def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batch_size):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompts = _prompts(20)
     for choice in (["static"] if kind == "vanilla" else sorted(POLICIES)):
         make = (lambda: (None, None)) if kind == "vanilla" else (lambda: (drafters[kind](), POLICIES[choice]()))
-        if kind in ("dflash", "eagle3"):
+        if kind in ("dflash", "dflash-vocab", "eagle3"):
             verifier.request_features(make()[0].target_feature_layers)
         alone = []
         for prompt in prompts:

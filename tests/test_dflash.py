@@ -31,9 +31,15 @@ def target():
     return sharpen(tiny_lm(0, layers=4, vocab=VOCAB).float(), 4.0)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK)
+#: a draft vocabulary (the opt-in extension): every other target id, and the stop token
+DRAFT_VOCAB = sorted(set(range(0, VOCAB, 2)) | {EOS})
+
+
+@pytest.fixture(scope="module", params=["official", "draft-vocab"])
+def checkpoint(tmp_path_factory, request):
+    """A tiny checkpoint in the official layout, and one with a draft vocabulary: every test runs on both."""
+    return write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK,
+                                   draft_vocab=DRAFT_VOCAB if request.param == "draft-vocab" else None)
 
 
 def _drafter(checkpoint, target, runtime, stop=()):
@@ -158,6 +164,51 @@ def test_sampling_reports_the_distribution_each_token_was_drawn_from(checkpoint,
     torch.testing.assert_close(draft.probs.sum(-1), torch.ones(draft.length))
     assert bool((draft.probs.gather(1, draft.token_ids[:, None]) > 0).all())
     torch.testing.assert_close(draft.confidences, draft.probs.max(-1).values)
+    d2t = load_dflash(checkpoint).state_dict().get("d2t")
+    if d2t is not None:  # q lives on the draft vocabulary: zero on every other target id
+        outside = torch.ones(VOCAB, dtype=torch.bool)
+        outside[torch.arange(d2t.shape[0]) + d2t] = False
+        assert float(draft.probs[:, outside].abs().sum()) == 0.0
+
+
+def test_alternatives_are_target_ids_led_by_the_drafted_token(checkpoint, target, rt):
+    """Tree policies read ``alternatives``: target ids (a draft vocabulary's mapped back), best
+    first, column 0 the greedy drafted token."""
+    drafter = _drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (9,), generator=torch.Generator().manual_seed(11))
+    drafter.prefill(committed, features=_features(target, committed, 0, 8))
+    draft = drafter.draft(B - 1)
+    ids, probs = drafter.alternatives(3)
+    assert torch.equal(ids[:, 0], draft.token_ids)
+    assert bool((probs[:, :-1] >= probs[:, 1:]).all())
+    allowed = DRAFT_VOCAB if "d2t" in load_dflash(checkpoint).state_dict() else range(VOCAB)
+    assert set(ids.flatten().tolist()) <= set(allowed)
+
+
+@torch.no_grad()
+def test_the_one_request_pass_equals_caching_then_forward(checkpoint, target):
+    """``draft_pass`` (new context joined to the block's projections, stacked weights) gives what
+    ``context_keys_values`` then ``forward`` give: the same output and the same cached keys/values."""
+    from specpolicy.draft_models.kv import KVCache
+
+    model = load_dflash(checkpoint)
+    model.fuse()
+    g = torch.Generator().manual_seed(12)
+    old, new = torch.randn(1, 6, 64, generator=g), torch.randn(1, 3, 64, generator=g)
+    block = torch.randn(1, B, 32, generator=g)
+    slow, fast = KVCache(2), KVCache(2)
+    for cache in (slow, fast):
+        for i, (k, v) in enumerate(model.context_keys_values(old, torch.arange(6)[None])):
+            cache.append(i, k, v)
+    for i, (k, v) in enumerate(model.context_keys_values(new, torch.arange(6, 9)[None])):
+        slow.append(i, k, v)
+    want = model(block, torch.arange(9, 9 + B)[None], [slow.layer(i) for i in range(2)])
+    got = model.draft_pass(block, fast, new)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert fast.length == slow.length == 9
+    for i in range(2):
+        torch.testing.assert_close(fast.keys[i], slow.keys[i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fast.values[i], slow.values[i], atol=1e-5, rtol=1e-5)
 
 
 def _target_config(**changes):
@@ -175,6 +226,24 @@ def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(checkpoint, chang
     with pytest.raises(ConfigError) as err:
         check_fits_target(draft_config, _target_config(**change), "drafter.model='x'")
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_draft_vocabulary_that_does_not_fit_is_one_line(tmp_path, target, rt):
+    """``draft_vocab_size`` beyond the target's vocabulary (from config.json, before loading), and a
+    ``d2t`` mapping outside it or onto one id twice (once loaded): one line each."""
+    big = write_dflash_checkpoint(tmp_path / "big", 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=list(range(VOCAB)))
+    config = json.loads((big / "config.json").read_text())
+    config["dflash_config"]["draft_vocab_size"] = VOCAB + 1
+    with pytest.raises(ConfigError) as err:
+        check_fits_target(config, _target_config(), "drafter.model='x'")
+    assert "draft_vocab_size 65 exceeds the target's vocabulary of 64" in str(err.value)
+    verifier = HFVerifier(target, rt, frozenset())
+    for name, ids in (("outside", [1, 2, VOCAB + 3]), ("twice", [1, 2, 2])):
+        ckpt = write_dflash_checkpoint(tmp_path / name, 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=ids)
+        with pytest.raises(ConfigError) as err:
+            specpolicy_make_drafter("dflash", {"model": str(ckpt)}, rt, verifier)
+        assert "d2t maps the draft vocabulary outside the target's vocabulary of 64" in str(err.value)
+        assert "\n" not in str(err.value)
 
 
 def test_a_verifier_without_hidden_states_is_refused_when_built(checkpoint, target, rt):

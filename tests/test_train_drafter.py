@@ -21,7 +21,8 @@ def _prompts(tmp_path, n=6):
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])
 def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeypatch, capsys):
     out = tmp_path / kind
-    extra = ["--block-size", "6", "--layer-ids", "0", "1", "--draft-layers", "1"] if kind == "dflash" else \
+    extra = ["--block-size", "6", "--layer-ids", "0", "1", "--draft-layers", "1", "--draft-vocab", "50"] \
+        if kind == "dflash" else \
         ["--layer-ids", "0", "1", "2", "--draft-vocab", "100", "--ttt", "3"]
     log = train_drafter.main([kind, "--target", str(family["target"]), "--prompts", str(_prompts(tmp_path)),
                               "--out", str(out), "--max-new-tokens", "12", "--epochs", "2", "--batch-tokens", "256",
@@ -32,6 +33,7 @@ def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeyp
     config = json.loads((out / "config.json").read_text())
     if kind == "dflash":
         assert config["dflash_config"]["target_layer_ids"] == [0, 1] and config["block_size"] == 6
+        assert config["dflash_config"]["draft_vocab_size"] == 50 and 0 < log[kind]["draft_vocab_coverage"] <= 1
     else:
         assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     # the checkpoint drafts through the command line, lossless

@@ -19,11 +19,16 @@ is a Qwen3 config (``model_type`` qwen3, ``architectures`` ``["DFlashDraftModel"
 ``num_target_layers``; weights ``layers.N.{self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm,
 mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm}``, ``fc``, ``hidden_norm``,
 ``norm``; no embeddings and no LM head (the target's are used).
+
+Draft vocabulary (this project's opt-in extension, EAGLE-3's convention): a checkpoint may add
+``draft_vocab_size`` (in ``dflash_config`` or at the top level) and an int64 ``d2t`` tensor; the
+drafter then runs the rows of the target's LM head for those target ids only (``d + d2t[d]``),
+not the whole vocabulary. Without them the checkpoint is the official layout, unchanged.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +64,17 @@ class DFlashSpec:
         mask_token_id: the mask token (a target vocabulary id).
         target_layer_ids: DFlash layer ids of the context (id i = output of target layer i).
         num_target_layers: decoder layers of the target it was trained on.
+        draft_vocab_size: rows of the LM head a pass runs, when a draft vocabulary is given
+            (``draft_vocab_size`` and a ``d2t`` tensor, EAGLE-3's convention: draft id d is target
+            id ``d + d2t[d]``; an extension of this project, opt-in); None (official checkpoints):
+            the target's whole vocabulary.
     """
 
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int
+    draft_vocab_size: int | None = None
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -91,18 +101,27 @@ class DFlashSpec:
         if ids is None:
             ids = default_target_layer_ids(int(num_target_layers), int(config.get("num_hidden_layers", 1)))
         try:
+            draft_vocab = nested.get("draft_vocab_size", config.get("draft_vocab_size"))
             spec = DFlashSpec(int(field("block_size")), int(field("mask_token_id")), tuple(int(i) for i in ids),
-                              int(num_target_layers))
+                              int(num_target_layers), None if draft_vocab is None else int(draft_vocab))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{key}: config.json's DFlash fields must be integers ({exc})") from exc
         if spec.block_size < 2:
             raise ConfigError(f"{key}: dflash_config.block_size must be >= 2, got {spec.block_size}")
+        if spec.draft_vocab_size is not None and spec.draft_vocab_size < 1:
+            raise ConfigError(f"{key}: dflash_config.draft_vocab_size must be >= 1, got {spec.draft_vocab_size}")
         return spec
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE of ``x`` ``(b, heads, n, d)`` with ``cos``/``sin`` ``(b, n, d)``."""
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def _rope_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """``_rope`` in two fewer ops, the same values: ``rotate_half(x) * sin`` is
+    ``roll(x, d / 2) * signed_sin`` with ``signed_sin`` = sin negated in its first half."""
+    return x * cos[:, None] + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
 
 
 class DFlashAttention(nn.Module):
@@ -197,6 +216,56 @@ class DFlashLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_k, context_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def fuse(self) -> None:
+        """Inference: stack the q/k/v and the gate/up projections' weights for ``draft_pass`` (one
+        matrix multiply each instead of three and two). A copy: call again after changing weights."""
+        a = self.self_attn
+        self.qkv_weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+        biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+        self.qkv_bias = None if biases[0] is None else torch.cat(biases).detach()
+        self.gate_up_weight = torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]).detach()
+
+    def draft_pass(self, x: torch.Tensor, context: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   cache, index: int) -> torch.Tensor:
+        """``forward`` for one request, with the new context's keys and values made in the same
+        projections as the block's and written into ``cache`` (layer ``index``).
+
+        Args:
+            x: ``(1, q, H)`` the block's hidden states.
+            context: ``(1, u, H)`` the fused features of the committed positions not yet cached
+                (their keys and values are projected from them without this layer's input norm,
+                as ``context_keys_values`` does), or None.
+            cos, sin: ``(1, u + q, head_dim)`` RoPE of the new context's and the block's positions,
+                ``sin`` signed for ``_rope_rolled``.
+            cache: the drafter's ``KVCache`` (the context before ``context``).
+        Returns:
+            ``(1, q, H)``.
+        """
+        a = self.self_attn
+        n, d = x.shape[1], a.head_dim
+        h = F.rms_norm(x, (x.shape[-1],), self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
+        rows = h if context is None else torch.cat([context, h], dim=1)  # (1, u + q, H)
+        u = rows.shape[1] - n
+        qkv = F.linear(rows, self.qkv_weight, self.qkv_bias)
+        nq, nkv = a.num_heads * d, a.num_kv_heads * d
+        q = qkv[:, u:, :nq].view(1, n, a.num_heads, d)
+        k = qkv[:, :, nq:nq + nkv].view(1, u + n, a.num_kv_heads, d)
+        v = qkv[:, :, nq + nkv:].view(1, u + n, a.num_kv_heads, d).transpose(1, 2)
+        q = F.rms_norm(q, (d,), a.q_norm.weight, a.q_norm.variance_epsilon).transpose(1, 2)
+        k = F.rms_norm(k, (d,), a.k_norm.weight, a.k_norm.variance_epsilon).transpose(1, 2)
+        q, k = _rope_rolled(q, cos[:, u:], sin[:, u:]), _rope_rolled(k, cos, sin)
+        if u:
+            cache.append(index, k[:, :, :u], v[:, :, :u])
+        cached_k, cached_v = cache.layer(index)
+        if cached_k is not None:
+            k, v = torch.cat([cached_k, k[:, :, u:]], dim=2), torch.cat([cached_v, v[:, :, u:]], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, enable_gqa=a.num_kv_heads != a.num_heads)
+        x = x + a.o_proj(out.transpose(1, 2).reshape(1, n, nq))
+        h = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm.weight,
+                       self.post_attention_layernorm.variance_epsilon)
+        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
+
     def forward_blocks(self, x, cos, sin, context_k, context_v, context_mask, span):
         x = x + self.self_attn.forward_blocks(self.input_layernorm(x), cos, sin, context_k, context_v, context_mask,
                                               span)
@@ -219,10 +288,68 @@ class DFlashDraftModel(nn.Module):
         self.fc = nn.Linear(len(spec.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        if spec.draft_vocab_size is not None:  # draft id d is target id d + d2t[d]
+            self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+
+    def draft_to_target(self) -> torch.Tensor | None:
+        """The target id of every draft id, ``(draft_vocab_size,) int64`` (``d + d2t[d]``), or None
+        without a draft vocabulary."""
+        if self.spec.draft_vocab_size is None:
+            return None
+        return torch.arange(self.spec.draft_vocab_size, device=self.d2t.device) + self.d2t
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin)`` ``(b, n, head_dim)`` for ``positions`` ``(b, n)`` int64, in ``x``'s dtype."""
         return self.rotary_emb(x, positions)
+
+    def fuse(self) -> None:
+        """Inference (the drafter calls it once, after moving the model to its device and dtype):
+        each layer's stacked projections (``DFlashLayer.fuse``) and a RoPE table of every position up
+        to ``max_position_embeddings``, for ``draft_pass``."""
+        for layer in self.layers:
+            layer.fuse()
+        weight = self.fc.weight
+        positions = torch.arange(int(self.config.max_position_embeddings), device=weight.device)[None]
+        cos, sin = self.rope(weight, positions)
+        half = cos.shape[-1] // 2
+        self._rope_table = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
+
+    def _rope_at(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, signed sin)`` ``(1, stop - start, head_dim)`` of positions ``start .. stop - 1``
+        (from the table, computed past its end)."""
+        cos, sin = self._rope_table
+        if stop > cos.shape[0]:
+            positions = torch.arange(start, stop, device=cos.device)[None]
+            cos, sin = self.rope(cos, positions)
+            half = cos.shape[-1] // 2
+            return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return cos[None, start:stop], sin[None, start:stop]
+
+    def draft_pass(self, block_embeds: torch.Tensor, cache, new_features: torch.Tensor | None) -> torch.Tensor:
+        """One request's pass (the drafter's ``_pass``): ``forward`` over the block with the cached
+        context, the newly committed positions' keys and values computed in the same pass (joined to
+        the block's projections) and appended to ``cache`` -- the same values as
+        ``context_keys_values`` then ``forward``, in fewer, larger operations. Needs ``fuse``.
+
+        Args:
+            block_embeds: ``(1, q, H)`` the target's embeddings of the block tokens.
+            cache: the drafter's ``KVCache``: the context up to the newly committed positions, which
+                follow it; the block follows them.
+            new_features: ``(1, u, n_layers * H)`` those positions' target features, or None.
+        Returns:
+            ``(1, q, H)`` after the final norm.
+        """
+        start = cache.length
+        u = 0 if new_features is None else new_features.shape[1]
+        cos, sin = self._rope_at(start, start + u + block_embeds.shape[1])
+        context = None
+        if u:
+            context = F.rms_norm(self.fc(new_features), (self.fc.out_features,),
+                                 self.hidden_norm.weight, self.hidden_norm.variance_epsilon)
+        x = block_embeds
+        for i, layer in enumerate(self.layers):
+            x = layer.draft_pass(x, context, cos, sin, cache, i)
+        return F.rms_norm(x, (x.shape[-1],), self.norm.weight, self.norm.variance_epsilon)
 
     def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor
                             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -283,6 +410,24 @@ class DFlashDraftModel(nn.Module):
         return self.norm(x).view(R, nb, span, H)
 
 
+def with_draft_vocabulary(model: DFlashDraftModel, target_ids: torch.Tensor) -> DFlashDraftModel:
+    """Give ``model`` a draft vocabulary (in place): the target ids ``(Vd,) int64`` its passes run
+    the LM head for (``d2t`` = ``target_ids - arange(Vd)``; the opt-in extension of the module
+    docstring). Returns ``model``.
+
+    Raises:
+        ValueError: for ids that are not distinct or not all in ``0 .. vocab_size - 1``.
+    """
+    ids = target_ids.to(torch.long).flatten()
+    vocab = int(model.config.vocab_size)
+    if ids.numel() < 1 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"target_ids must be distinct ids in 0..{vocab - 1}, got {ids.numel()} ids "
+                         f"in {int(ids.min()) if ids.numel() else '-'}..{int(ids.max()) if ids.numel() else '-'}")
+    model.spec = replace(model.spec, draft_vocab_size=int(ids.numel()))
+    model.register_buffer("d2t", (ids - torch.arange(ids.numel())).to(model.fc.weight.device))
+    return model
+
+
 def qwen3_config(config: dict[str, Any]) -> Qwen3Config:
     """A ``Qwen3Config`` from a checkpoint's config.json dict (extra fields kept as attributes)."""
     return hf_config(Qwen3Config, config)
@@ -313,7 +458,9 @@ def checkpoint_config(model: DFlashDraftModel) -> dict[str, Any]:
         "attention_bias": bool(getattr(c, "attention_bias", False)), "tie_word_embeddings": False,
         "block_size": model.spec.block_size, "num_target_layers": model.spec.num_target_layers,
         "dflash_config": {"target_layer_ids": list(model.spec.target_layer_ids),
-                          "mask_token_id": model.spec.mask_token_id, "block_size": model.spec.block_size},
+                          "mask_token_id": model.spec.mask_token_id, "block_size": model.spec.block_size,
+                          **({} if model.spec.draft_vocab_size is None
+                             else {"draft_vocab_size": model.spec.draft_vocab_size})},
         "dtype": "bfloat16",
     }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,3 +180,17 @@ def collate(examples: list[Example], pad_id: int, pad_to_multiple: int = 1) -> d
         resp[b, p:n] = True
         plen[b] = p
     return {"input_ids": ids, "valid": valid, "response": resp, "prompt_len": plen}
+
+
+def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
+    """A drafter's draft vocabulary (EAGLE-3's ``d2t``; DFlash's opt-in one): the ``size`` most
+    frequent response tokens of ``examples`` (ties: smaller id first), sorted by id: ``(size,) int64``."""
+    counts = Counter(t for e in examples for t in e.response_ids)
+    ranked = sorted(range(vocab_size), key=lambda t: (-counts.get(t, 0), t))[:size]
+    return torch.tensor(sorted(ranked), dtype=torch.long)
+
+
+def vocabulary_coverage(examples: list[Example], ids: torch.Tensor) -> float:
+    """Share of the response tokens of ``examples`` that are among ``ids`` (target ids)."""
+    counts = Counter(t for e in examples for t in e.response_ids)
+    return sum(counts[int(t)] for t in ids) / max(1, sum(counts.values()))

@@ -1,5 +1,5 @@
 """The family training pipeline: tokenizer -> target -> distill -> ar-drafter -> dllm-drafter -> features ->
-dflash-drafter -> eagle3-drafter -> eval.
+dflash-drafter -> dflash-vocabulary -> eagle3-drafter -> eval.
 
 Usage::
 
@@ -17,7 +17,9 @@ so a run with the same options and seed is reproducible. Outputs under ``--out``
 * ``features/``: the target's hidden states over the distilled data (``feature_store``; GBs, not
   bundled), read by the ``dflash-drafter`` and ``eagle3-drafter`` stages;
 * ``dflash-drafter/``, ``eagle3-drafter/``: the drafters conditioned on the target, in the official
-  DFlash / EAGLE-3 checkpoint layouts (no embeddings or LM head: the target's are used);
+  DFlash / EAGLE-3 checkpoint layouts (no embeddings or LM head: the target's are used); the
+  ``dflash-vocabulary`` stage gives the DFlash drafter a draft vocabulary (its passes run the
+  LM-head rows of the distilled responses' most frequent tokens only; seconds, no training);
 * ``training_log.json``: per-stage stats (losses, steps, wall time, params) and eval numbers.
 """
 
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 
 STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "features", "dflash-drafter",
-          "eagle3-drafter", "eval"]
+          "dflash-vocabulary", "eagle3-drafter", "eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens")
     ap.add_argument("--dflash-init", default=None,
                     help="a DFlash checkpoint to continue training from (default: fresh weights)")
+    ap.add_argument("--dflash-draft-vocab", type=int, default=1024,
+                    help="dflash-vocabulary: most frequent response tokens whose LM-head rows a DFlash pass runs")
     ap.add_argument("--eagle3-epochs", type=int, default=4)
     ap.add_argument("--eagle3-max-steps", type=int, default=None)
     ap.add_argument("--eagle3-batch-tokens", type=int, default=4096)
@@ -184,6 +188,7 @@ def run(a: argparse.Namespace) -> dict:
         "dllm-drafter": out / "dllm-drafter",
         "features": out / "features",
         "dflash-drafter": out / "dflash-drafter",
+        "dflash-vocabulary": out / "dflash-drafter",
         "eagle3-drafter": out / "eagle3-drafter",
     }
 
@@ -201,6 +206,8 @@ def run(a: argparse.Namespace) -> dict:
             done = (p / "store.json").exists()
         elif stage in ("dflash-drafter", "eagle3-drafter"):
             done = (p / "model.safetensors").exists()
+        elif stage == "dflash-vocabulary":
+            done = "draft_vocab_size" in (p / "config.json").read_text() if (p / "config.json").exists() else False
         else:
             done = is_saved(p)
         if done:
@@ -349,6 +356,16 @@ def run(a: argparse.Namespace) -> dict:
                           gamma=a.dflash_gamma, init=a.dflash_init,
                           train_indices=train_idx, heldout_indices=held)
         update_log(log_path, "dflash-drafter", st)
+
+    if todo("dflash-vocabulary"):
+        from specpolicy.family.train_dflash import add_draft_vocabulary
+
+        print("== dflash-vocabulary", flush=True)
+        exs, train_idx, _ = conditioned_data()
+        st = add_draft_vocabulary(paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab)
+        print(f"dflash-vocabulary: {st}", flush=True)
+        update_log(log_path, "dflash-vocabulary", {**st, "command": "python -m specpolicy.family --stages "
+                                                   f"dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}"})
 
     if todo("eagle3-drafter"):
         from specpolicy.family.feature_store import FeatureStore

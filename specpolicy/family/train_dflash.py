@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash
-from specpolicy.family.data import Example
+from specpolicy.draft_models.dflash import (DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash,
+                                            with_draft_vocabulary)
+from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.trainer import TrainConfig, train
 
@@ -230,6 +231,27 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
                  extension_probs=list(extension_probs), gamma=gamma, heldout=len(heldout_indices),
                  validation_curve=curve, wall_s=round(time.time() - t0, 1))
     return stats
+
+
+def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: int) -> dict:
+    """Give the DFlash checkpoint in ``directory`` a draft vocabulary (rewritten in place): the
+    ``size`` most frequent response tokens of ``examples`` (``family.data.draft_vocabulary``), so a
+    pass runs those rows of the target's LM head only (the drafter's pass cost; drafts whose tokens
+    lie outside it are lost, hence the coverage reported). Training is unchanged: the loss stays
+    over the whole vocabulary.
+
+    Returns:
+        ``{"draft_vocab_size", "draft_vocab_coverage"}`` (share of the examples' response tokens).
+    Raises:
+        ConfigError: the directory holds no DFlash checkpoint.
+    """
+    from specpolicy.draft_models.dflash import load_dflash
+
+    model = load_dflash(directory)
+    vocab = int(model.config.vocab_size)
+    ids = draft_vocabulary(examples, min(size, vocab), vocab)
+    save_dflash(with_draft_vocabulary(model, ids), directory)
+    return {"draft_vocab_size": int(ids.numel()), "draft_vocab_coverage": round(vocabulary_coverage(examples, ids), 5)}
 
 
 def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch.Tensor, examples: list[Example],

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specpolicy.draft_models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, save_eagle3
-from specpolicy.family.data import Example
+from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.trainer import TrainConfig, train
 
@@ -43,13 +42,6 @@ class Eagle3Trainee(nn.Module):
         super().__init__()
         self.head = head
         self.embed = nn.Parameter(embed.detach().clone(), requires_grad=False)  # (V, H)
-
-
-def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
-    """The ``size`` most frequent response tokens (ties: smaller id first), sorted by id: ``(size,) int64``."""
-    counts = Counter(t for e in examples for t in e.response_ids)
-    ranked = sorted(range(vocab_size), key=lambda t: (-counts.get(t, 0), t))[:size]
-    return torch.tensor(sorted(ranked), dtype=torch.long)
 
 
 def new_eagle3(target_config, draft_ids: torch.Tensor, seed: int, layer_ids: list[int] | None = None,
@@ -219,8 +211,7 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
     layers = list(head.spec.feature_layers(num_layers))
     trainee = Eagle3Trainee(head, target.get_input_embeddings().weight)
     del target
-    counts = Counter(t for e in trained for t in e.response_ids)
-    coverage = sum(counts[int(t)] for t in draft_ids) / max(1, sum(counts.values()))
+    coverage = vocabulary_coverage(trained, draft_ids)
     curve = []
 
     def validate(step: int, model=None) -> None:
