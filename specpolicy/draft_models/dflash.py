@@ -119,9 +119,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _rope_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """``_rope`` in two fewer ops, the same values: ``rotate_half(x) * sin`` is
-    ``roll(x, d / 2) * signed_sin`` with ``signed_sin`` = sin negated in its first half."""
-    return x * cos[:, None] + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin[:, None]
+    """``_rope`` of ``x`` ``(b, n, heads, d)`` (positions before heads) in two fewer ops, the same
+    values: ``rotate_half(x) * sin`` is ``roll(x, d / 2) * signed_sin`` with ``signed_sin`` = sin
+    negated in its first half; ``cos`` / ``signed_sin`` ``(b, n, d)``."""
+    return x * cos[:, :, None] + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin[:, :, None]
 
 
 class DFlashAttention(nn.Module):
@@ -217,13 +218,17 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def fuse(self) -> None:
-        """Inference: stack the q/k/v and the gate/up projections' weights for ``draft_pass`` (one
-        matrix multiply each instead of three and two). A copy: call again after changing weights."""
+        """Inference: stack the q/k/v and the gate/up projections' weights and the q/k norms' weights
+        for ``draft_pass`` (one operation each instead of three, two and two). A copy: call again
+        after changing weights."""
         a = self.self_attn
         self.qkv_weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
         biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
         self.qkv_bias = None if biases[0] is None else torch.cat(biases).detach()
         self.gate_up_weight = torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]).detach()
+        # q-norm's weight for each q head, then k-norm's for each kv head: ``(heads + kv_heads, head_dim)``
+        self.qk_norm_weight = torch.cat([a.q_norm.weight.expand(a.num_heads, -1),
+                                         a.k_norm.weight.expand(a.num_kv_heads, -1)]).detach()
 
     def draft_pass(self, x: torch.Tensor, context: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
                    cache, index: int) -> torch.Tensor:
@@ -247,18 +252,19 @@ class DFlashLayer(nn.Module):
         rows = h if context is None else torch.cat([context, h], dim=1)  # (1, u + q, H)
         u = rows.shape[1] - n
         qkv = F.linear(rows, self.qkv_weight, self.qkv_bias)
-        nq, nkv = a.num_heads * d, a.num_kv_heads * d
-        q = qkv[:, u:, :nq].view(1, n, a.num_heads, d)
-        k = qkv[:, :, nq:nq + nkv].view(1, u + n, a.num_kv_heads, d)
+        nq, nkv, heads = a.num_heads * d, a.num_kv_heads * d, a.num_heads
+        # q and k heads side by side, each row at its own position: one norm and one RoPE for both
+        # (the new context's q rows are computed and dropped: u rows, cheaper than separate calls)
+        qk = qkv[:, :, :nq + nkv].view(1, u + n, heads + a.num_kv_heads, d)
+        qk = F.rms_norm(qk, (d,), None, a.q_norm.variance_epsilon) * self.qk_norm_weight
+        qk = _rope_rolled(qk, cos, sin)
+        q, k = qk[:, u:, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
         v = qkv[:, :, nq + nkv:].view(1, u + n, a.num_kv_heads, d).transpose(1, 2)
-        q = F.rms_norm(q, (d,), a.q_norm.weight, a.q_norm.variance_epsilon).transpose(1, 2)
-        k = F.rms_norm(k, (d,), a.k_norm.weight, a.k_norm.variance_epsilon).transpose(1, 2)
-        q, k = _rope_rolled(q, cos[:, u:], sin[:, u:]), _rope_rolled(k, cos, sin)
-        if u:
-            cache.append(index, k[:, :, :u], v[:, :, :u])
         cached_k, cached_v = cache.layer(index)
-        if cached_k is not None:
-            k, v = torch.cat([cached_k, k[:, :, u:]], dim=2), torch.cat([cached_v, v[:, :, u:]], dim=2)
+        if cached_k is not None:  # [cached context ; new context ; block]
+            k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+        if u:  # the cache keeps the context part: a view, no copy
+            cache.keys[index], cache.values[index] = k[:, :, : k.shape[2] - n], v[:, :, : v.shape[2] - n]
         out = F.scaled_dot_product_attention(q, k, v, enable_gqa=a.num_kv_heads != a.num_heads)
         x = x + a.o_proj(out.transpose(1, 2).reshape(1, n, nq))
         h = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm.weight,
