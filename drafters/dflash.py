@@ -15,9 +15,9 @@ the tokens drafted so far given, proposes B - 1 more. The bundled drafter is tra
 checkpoint runs it as it is. Each pass costs one drafter forward (``Draft.forward_passes``).
 
 Cache: the drafter's KV cache holds only the context -- the keys and values of the committed
-positions' features, written by the first pass after they arrive, in that pass's own projections
-(``DFlashDraftModel.draft_pass``; ``commit`` only stores the features ``Verification.features``
-brought) and never recomputed; the block's own keys and values
+positions' features, written by the first pass after they arrive (alone: in that pass's own
+projections, ``DFlashDraftModel.draft_pass``; batched: ``context_keys_values`` before the padded
+pass; ``commit`` only stores the features ``Verification.features`` brought) and never recomputed; the block's own keys and values
 are never cached, so nothing needs cropping on rejection. With ``policy=static policy.k=B-1``
 the drafts are exactly the official ``dflash_generate``'s given the same committed sequence
 (``tests/test_dflash.py`` checks it on an official-layout checkpoint).
@@ -145,7 +145,7 @@ class DFlashDrafter(Drafter):
         self._returned = 0  # tokens handed out in the draft so far
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
         self._passes = 0
-        self._logits: list[torch.Tensor] = []  # (B - 1, V) per pass
+        self._logits: list[torch.Tensor] = []  # (B - 1, V or Vd) per pass
 
     def _cache_context(self) -> None:
         """Write the keys and values of the newly committed positions' features into the cache."""

@@ -214,7 +214,8 @@ def run(a: argparse.Namespace) -> dict:
         if a.draft_vocab is not None:
             from specpolicy.family.train_dflash import add_draft_vocabulary
 
-            stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab))
+            stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+            stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab, stops))
     else:
         from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
 

@@ -39,6 +39,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from specpolicy.draft_models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
+from specpolicy.draft_models.kv import KVCache
 from specpolicy.errors import ConfigError
 
 #: ``architectures`` of a DFlash checkpoint's config.json.
@@ -116,6 +117,21 @@ class DFlashSpec:
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE of ``x`` ``(b, heads, n, d)`` with ``cos``/``sin`` ``(b, n, d)``."""
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def _norm(x: torch.Tensor, norm: Qwen3RMSNorm) -> torch.Tensor:
+    """``norm(x)`` in fewer ops, the same values in any dtype: ``Qwen3RMSNorm`` normalises in float32,
+    casts back, then multiplies by its weight -- in float32 that is one fused ``rms_norm`` with the
+    weight; in a lower precision the weight multiplies after the cast, as there."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return F.rms_norm(x, (x.shape[-1],), None, norm.variance_epsilon) * norm.weight
+
+
+def _signed(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` with sin negated in its first half, for ``_rope_rolled``."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
 
 def _rope_rolled(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -219,21 +235,26 @@ class DFlashLayer(nn.Module):
 
     def fuse(self) -> None:
         """Inference: stack the q/k/v and the gate/up projections' weights and the q/k norms' weights
-        for ``draft_pass`` (one operation each instead of three, two and two). A copy: call again
-        after changing weights."""
+        for ``draft_pass`` (one operation each instead of three, two and two). Non-persistent
+        buffers (not in the checkpoint; ``.to()`` moves them), COPIES of the weights -- the q/k/v
+        and gate/up weights' memory again -- so call it again after changing weights."""
         a = self.self_attn
-        self.qkv_weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
-        biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
-        self.qkv_bias = None if biases[0] is None else torch.cat(biases).detach()
-        self.gate_up_weight = torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]).detach()
-        # q-norm's weight for each q head, then k-norm's for each kv head: ``(heads + kv_heads, head_dim)``
-        self.qk_norm_weight = torch.cat([a.q_norm.weight.expand(a.num_heads, -1),
-                                         a.k_norm.weight.expand(a.num_kv_heads, -1)]).detach()
+        with torch.no_grad():
+            self.register_buffer("qkv_weight", torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                                 persistent=False)
+            biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            self.register_buffer("qkv_bias", None if biases[0] is None else torch.cat(biases), persistent=False)
+            self.register_buffer("gate_up_weight", torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]),
+                                 persistent=False)
+            # q-norm's weight for each q head, then k-norm's for each kv head: (heads + kv_heads, head_dim)
+            self.register_buffer("qk_norm_weight", torch.cat([a.q_norm.weight.expand(a.num_heads, -1),
+                                                              a.k_norm.weight.expand(a.num_kv_heads, -1)]),
+                                 persistent=False)
 
     def draft_pass(self, x: torch.Tensor, context: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                   cache, index: int) -> torch.Tensor:
+                   cache: KVCache, index: int) -> torch.Tensor:
         """``forward`` for one request, with the new context's keys and values made in the same
-        projections as the block's and written into ``cache`` (layer ``index``).
+        projections as the block's; the cache's layer ``index`` then holds the context with them.
 
         Args:
             x: ``(1, q, H)`` the block's hidden states.
@@ -242,13 +263,18 @@ class DFlashLayer(nn.Module):
                 as ``context_keys_values`` does), or None.
             cos, sin: ``(1, u + q, head_dim)`` RoPE of the new context's and the block's positions,
                 ``sin`` signed for ``_rope_rolled``.
-            cache: the drafter's ``KVCache`` (the context before ``context``).
+            cache: the drafter's cache (the context before ``context``); layer ``index``'s entry is
+                replaced by the context with the new positions (a view of this pass's keys and
+                values when there was a cached context, a compact copy when there was none).
+            index: this layer's index in the model (and the cache).
         Returns:
             ``(1, q, H)``.
+        Raises:
+            AttributeError: before ``fuse``.
         """
         a = self.self_attn
         n, d = x.shape[1], a.head_dim
-        h = F.rms_norm(x, (x.shape[-1],), self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
+        h = _norm(x, self.input_layernorm)
         rows = h if context is None else torch.cat([context, h], dim=1)  # (1, u + q, H)
         u = rows.shape[1] - n
         qkv = F.linear(rows, self.qkv_weight, self.qkv_bias)
@@ -263,14 +289,14 @@ class DFlashLayer(nn.Module):
         cached_k, cached_v = cache.layer(index)
         if cached_k is not None:  # [cached context ; new context ; block]
             k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
-        if u:  # the cache keeps the context part: a view, no copy
-            cache.keys[index], cache.values[index] = k[:, :, : k.shape[2] - n], v[:, :, : v.shape[2] - n]
+            if u:  # the cache keeps the context part: a view of the new tensors, no copy
+                cache.keys[index], cache.values[index] = k[:, :, : k.shape[2] - n], v[:, :, : v.shape[2] - n]
+        elif u:  # the first context: a compact copy (a view would keep every q head of this pass alive)
+            cache.keys[index], cache.values[index] = k[:, :, :u].contiguous(), v[:, :, :u].contiguous()
         out = F.scaled_dot_product_attention(q, k, v, enable_gqa=a.num_kv_heads != a.num_heads)
         x = x + a.o_proj(out.transpose(1, 2).reshape(1, n, nq))
-        h = F.rms_norm(x, (x.shape[-1],), self.post_attention_layernorm.weight,
-                       self.post_attention_layernorm.variance_epsilon)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)
-        return x + self.mlp.down_proj(F.silu(gate) * up)
+        gate, up = F.linear(_norm(x, self.post_attention_layernorm), self.gate_up_weight).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
 
     def forward_blocks(self, x, cos, sin, context_k, context_v, context_mask, span):
         x = x + self.self_attn.forward_blocks(self.input_layernorm(x), cos, sin, context_k, context_v, context_mask,
@@ -309,33 +335,37 @@ class DFlashDraftModel(nn.Module):
         return self.rotary_emb(x, positions)
 
     def fuse(self) -> None:
-        """Inference (the drafter calls it once, after moving the model to its device and dtype):
-        each layer's stacked projections (``DFlashLayer.fuse``) and a RoPE table of every position up
-        to ``max_position_embeddings``, for ``draft_pass``."""
+        """Inference (the drafter calls it once): each layer's stacked projections
+        (``DFlashLayer.fuse``) and, for the default RoPE, a table of every position up to
+        ``max_position_embeddings`` (``rope_cos`` / ``rope_signed_sin``, non-persistent buffers that
+        ``.to()`` moves; other RoPE types -- dynamic scaling updates its state per call -- are
+        computed per pass), for ``draft_pass``. Call it again after changing weights."""
         for layer in self.layers:
             layer.fuse()
-        weight = self.fc.weight
-        positions = torch.arange(int(self.config.max_position_embeddings), device=weight.device)[None]
-        cos, sin = self.rope(weight, positions)
-        half = cos.shape[-1] // 2
-        self._rope_table = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
+        cos = sin = None
+        if getattr(self.rotary_emb, "rope_type", "default") == "default":
+            weight = self.fc.weight
+            positions = torch.arange(int(self.config.max_position_embeddings), device=weight.device)[None]
+            cos, sin = _signed(*self.rope(weight, positions))
+            cos, sin = cos[0], sin[0]
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_signed_sin", sin, persistent=False)
 
     def _rope_at(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, signed sin)`` ``(1, stop - start, head_dim)`` of positions ``start .. stop - 1``
-        (from the table, computed past its end)."""
-        cos, sin = self._rope_table
-        if stop > cos.shape[0]:
-            positions = torch.arange(start, stop, device=cos.device)[None]
-            cos, sin = self.rope(cos, positions)
-            half = cos.shape[-1] // 2
-            return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        return cos[None, start:stop], sin[None, start:stop]
+        """``(cos, signed sin)`` ``(1, stop - start, head_dim)`` of positions ``start .. stop - 1``:
+        from the table, computed where there is none or past its end."""
+        if self.rope_cos is None or stop > self.rope_cos.shape[0]:
+            positions = torch.arange(start, stop, device=self.fc.weight.device)[None]
+            return _signed(*self.rope(self.fc.weight, positions))
+        return self.rope_cos[None, start:stop], self.rope_signed_sin[None, start:stop]
 
-    def draft_pass(self, block_embeds: torch.Tensor, cache, new_features: torch.Tensor | None) -> torch.Tensor:
+    def draft_pass(self, block_embeds: torch.Tensor, cache: KVCache, new_features: torch.Tensor | None
+                   ) -> torch.Tensor:
         """One request's pass (the drafter's ``_pass``): ``forward`` over the block with the cached
         context, the newly committed positions' keys and values computed in the same pass (joined to
-        the block's projections) and appended to ``cache`` -- the same values as
-        ``context_keys_values`` then ``forward``, in fewer, larger operations. Needs ``fuse``.
+        the block's projections) and appended to ``cache`` -- the values ``context_keys_values`` then
+        ``forward`` give (up to the summation order of the stacked matrix multiplies), in fewer,
+        larger operations. Needs ``fuse``.
 
         Args:
             block_embeds: ``(1, q, H)`` the target's embeddings of the block tokens.
@@ -344,18 +374,21 @@ class DFlashDraftModel(nn.Module):
             new_features: ``(1, u, n_layers * H)`` those positions' target features, or None.
         Returns:
             ``(1, q, H)`` after the final norm.
+        Raises:
+            RuntimeError: before ``fuse``.
         """
+        if not hasattr(self, "rope_cos"):
+            raise RuntimeError("DFlashDraftModel.draft_pass needs fuse() first (the DFlash drafter calls it)")
         start = cache.length
         u = 0 if new_features is None else new_features.shape[1]
         cos, sin = self._rope_at(start, start + u + block_embeds.shape[1])
         context = None
         if u:
-            context = F.rms_norm(self.fc(new_features), (self.fc.out_features,),
-                                 self.hidden_norm.weight, self.hidden_norm.variance_epsilon)
+            context = _norm(self.fc(new_features), self.hidden_norm)
         x = block_embeds
         for i, layer in enumerate(self.layers):
             x = layer.draft_pass(x, context, cos, sin, cache, i)
-        return F.rms_norm(x, (x.shape[-1],), self.norm.weight, self.norm.variance_epsilon)
+        return _norm(x, self.norm)
 
     def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor
                             ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -182,11 +182,15 @@ def collate(examples: list[Example], pad_id: int, pad_to_multiple: int = 1) -> d
     return {"input_ids": ids, "valid": valid, "response": resp, "prompt_len": plen}
 
 
-def draft_vocabulary(examples: list[Example], size: int, vocab_size: int) -> torch.Tensor:
+def draft_vocabulary(examples: list[Example], size: int, vocab_size: int, always: tuple[int, ...] = ()
+                     ) -> torch.Tensor:
     """A drafter's draft vocabulary (EAGLE-3's ``d2t``; DFlash's opt-in one): the ``size`` most
-    frequent response tokens of ``examples`` (ties: smaller id first), sorted by id: ``(size,) int64``."""
+    frequent response tokens of ``examples`` (ties: smaller id first), the ids in ``always`` (stop
+    tokens: a drafter that cannot draft one drafts past every end) first, sorted by id:
+    ``(size,) int64``."""
     counts = Counter(t for e in examples for t in e.response_ids)
-    ranked = sorted(range(vocab_size), key=lambda t: (-counts.get(t, 0), t))[:size]
+    first = set(always)
+    ranked = sorted(range(vocab_size), key=lambda t: (t not in first, -counts.get(t, 0), t))[:size]
     return torch.tensor(sorted(ranked), dtype=torch.long)
 
 

@@ -36,6 +36,14 @@ STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "featu
           "dflash-vocabulary", "eagle3-drafter", "eval"]
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: it must be an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family", description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
@@ -120,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens")
     ap.add_argument("--dflash-init", default=None,
                     help="a DFlash checkpoint to continue training from (default: fresh weights)")
-    ap.add_argument("--dflash-draft-vocab", type=int, default=1024,
+    ap.add_argument("--dflash-draft-vocab", type=_at_least_one, default=1024,
                     help="dflash-vocabulary: most frequent response tokens whose LM-head rows a DFlash pass runs")
     ap.add_argument("--eagle3-epochs", type=int, default=4)
     ap.add_argument("--eagle3-max-steps", type=int, default=None)
@@ -362,7 +370,8 @@ def run(a: argparse.Namespace) -> dict:
 
         print("== dflash-vocabulary", flush=True)
         exs, train_idx, _ = conditioned_data()
-        st = add_draft_vocabulary(paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab)
+        st = add_draft_vocabulary(paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab,
+                                  (tok.eos_token_id,))
         print(f"dflash-vocabulary: {st}", flush=True)
         update_log(log_path, "dflash-vocabulary", {**st, "command": "python -m specpolicy.family --stages "
                                                    f"dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}"})

@@ -233,9 +233,11 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
     return stats
 
 
-def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: int) -> dict:
+def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: int,
+                         always: tuple[int, ...] = ()) -> dict:
     """Give the DFlash checkpoint in ``directory`` a draft vocabulary (rewritten in place): the
-    ``size`` most frequent response tokens of ``examples`` (``family.data.draft_vocabulary``), so a
+    ``size`` most frequent response tokens of ``examples``, the ids in ``always`` (stop tokens)
+    included (``family.data.draft_vocabulary``), so a
     pass runs those rows of the target's LM head only (the drafter's pass cost; drafts whose tokens
     lie outside it are lost, hence the coverage reported). Training is unchanged: the loss stays
     over the whole vocabulary.
@@ -244,12 +246,16 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
         ``{"draft_vocab_size", "draft_vocab_coverage"}`` (share of the examples' response tokens).
     Raises:
         ConfigError: the directory holds no DFlash checkpoint.
+        ValueError: ``size`` < 1.
     """
     from specpolicy.draft_models.dflash import load_dflash
 
+    if size < 1:
+        raise ValueError(f"size must be >= 1 (draft vocabulary tokens), got {size}")
+
     model = load_dflash(directory)
     vocab = int(model.config.vocab_size)
-    ids = draft_vocabulary(examples, min(size, vocab), vocab)
+    ids = draft_vocabulary(examples, min(size, vocab), vocab, always)
     save_dflash(with_draft_vocabulary(model, ids), directory)
     return {"draft_vocab_size": int(ids.numel()), "draft_vocab_coverage": round(vocabulary_coverage(examples, ids), 5)}
 
