@@ -64,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "no token uses)")
     ap.add_argument("--anchors", type=int, default=16, help="dflash: training blocks per sequence and step")
     ap.add_argument("--draft-vocab", type=int, default=None,
-                    help="draft vocabulary size: eagle3 32000 by default; dflash none by default (the official "
-                         "layout), else a pass runs only these most frequent answer tokens' LM-head rows")
+                    help="draft vocabulary size, at most the target's vocabulary: eagle3 32000 (or the whole "
+                         "vocabulary) by default; dflash none by default (the official layout), else a pass runs "
+                         "only the LM-head rows of the answers' N most frequent tokens (and the stop token): "
+                         "no other token can be drafted")
     ap.add_argument("--ttt", type=int, default=7, help="eagle3: training-time-test unroll steps")
     return ap
 
@@ -107,6 +109,10 @@ def check_args(a: argparse.Namespace) -> dict:
         raise SystemExit(f"error: --layer-ids {ids}: the target has {layers} layers (ids 0..{top})")
     if a.drafter == "eagle3" and a.layer_ids is not None and len(ids) != 3:
         raise SystemExit(f"error: --layer-ids {ids}: EAGLE-3 fuses exactly three layers")
+    vocab = int(config.get("vocab_size", 0))
+    if a.draft_vocab is not None and vocab and a.draft_vocab > vocab:
+        raise SystemExit(f"error: --draft-vocab={a.draft_vocab}; it must be at most the target's vocabulary size "
+                         f"({vocab})")
     if a.device != "auto":
         try:
             dev = torch.device(a.device)

@@ -269,6 +269,20 @@ def test_a_draft_vocabulary_that_does_not_fit_is_one_line(tmp_path, target, rt):
             specpolicy_make_drafter("dflash", {"model": str(ckpt)}, rt, verifier)
         assert "d2t maps the draft vocabulary outside the target's vocabulary of 64" in str(err.value)
         assert "\n" not in str(err.value)
+    # half a draft vocabulary: d2t without draft_vocab_size in config.json, and the other way round
+    half = write_dflash_checkpoint(tmp_path / "half", 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=[1, 2, 5])
+    config = json.loads((half / "config.json").read_text())
+    del config["dflash_config"]["draft_vocab_size"]
+    (half / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"the weights have d2t but config.json has no draft_vocab_size "
+                                          r"\(set it to d2t's length, 3\)"):
+        load_dflash(half)
+    config["dflash_config"]["draft_vocab_size"] = 3
+    (half / "config.json").write_text(json.dumps(config))
+    plain = write_dflash_checkpoint(tmp_path / "plain", 32, VOCAB, 4, LAYER_IDS, B, MASK)
+    (plain / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="config.json has draft_vocab_size 3 but the weights have no d2t"):
+        load_dflash(plain)
 
 
 def test_a_verifier_without_hidden_states_is_refused_when_built(checkpoint, target, rt):

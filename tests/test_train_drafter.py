@@ -54,6 +54,14 @@ def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeyp
     assert summary["lossless_fraction"] == 1.0
 
 
+def test_a_draft_vocabulary_larger_than_the_targets_is_one_line(family, tmp_path):
+    vocab = json.loads((family["target"] / "config.json").read_text())["vocab_size"]
+    with pytest.raises(SystemExit) as err:
+        train_drafter.main(["dflash", "--target", str(family["target"]), "--prompts", str(_prompts(tmp_path)),
+                            "--out", "o", "--draft-vocab", str(vocab + 1)])
+    assert str(err.value) == f"error: --draft-vocab={vocab + 1}; it must be at most the target's vocabulary size ({vocab})"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["dflash", "--target", "/nonexistent", "--prompts", "x", "--out", "o"],
      "error: --target='/nonexistent' is not a local Hugging Face model directory (no config.json)"),

@@ -479,8 +479,15 @@ def load_dflash(directory: str | Path, key: str = "drafter.model") -> DFlashDraf
         ConfigError: naming ``key`` for a missing/invalid config or weights that do not fit it.
     """
     raw = read_config(directory, key)
-    model = DFlashDraftModel(qwen3_config(raw), DFlashSpec.from_config(raw, key))
-    load_into(model, load_weights(directory, key), key, ignore=("embed_tokens.", "lm_head."))
+    spec = DFlashSpec.from_config(raw, key)
+    model = DFlashDraftModel(qwen3_config(raw), spec)
+    state = load_weights(directory, key)
+    if ("d2t" in state) != (spec.draft_vocab_size is not None):
+        raise ConfigError(f"{key}: a draft vocabulary needs both dflash_config.draft_vocab_size and a d2t tensor; "
+                          + ("the weights have d2t but config.json has no draft_vocab_size (set it to d2t's length, "
+                             f"{state['d2t'].shape[0]})" if "d2t" in state else
+                             f"config.json has draft_vocab_size {spec.draft_vocab_size} but the weights have no d2t"))
+    load_into(model, state, key, ignore=("embed_tokens.", "lm_head."))
     return model.eval()
 
 

@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--stride", type=int, default=12, help="tokens between draft start positions")
     ap.add_argument("--max-distance", type=int, default=64, help="tokens per one-pass draft (>= 32)")
-    ap.add_argument("--in-loop", action="store_true", help="also run the loop measure (static k=16, 10 GSM8K prompts)")
+    ap.add_argument("--in-loop", action="store_true",
+                    help="also run the loop measure (static k = --in-loop-k, 10 GSM8K test prompts from --offset)")
     ap.add_argument("--in-loop-dir", default=None, help="run dir of --in-loop (default: <out>.loop)")
     ap.add_argument("--results", default=None, help="only summarize this results.jsonl (accepted-length shares)")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")

@@ -216,8 +216,9 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
             v = validation_loss(draft, trainee.embed, trainee.lm_head, examples, heldout_indices, store, cfg.seed)
             draft.train(model is not None)
             curve.append({"step": step, **v})
-            print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d=1/5/10/15 "
-                  f"{'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in (1, 5, 10, 15) if d < block_size)}",
+            shown = [d for d in (1, 5, 10, 15) if d < block_size]
+            print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d="
+                  f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}",
                   flush=True)
 
     t0 = time.time()
