@@ -17,8 +17,9 @@ checkpoint runs it as it is. Each pass costs one drafter forward (``Draft.forwar
 Cache: the drafter's KV cache holds only the context -- the keys and values of the committed
 positions' features, written by the first pass after they arrive (alone: in that pass's own
 projections, ``DFlashDraftModel.draft_pass``; batched: ``context_keys_values`` before the padded
-pass; ``commit`` only stores the features ``Verification.features`` brought) and never recomputed; the block's own keys and values
-are never cached, so nothing needs cropping on rejection. With ``policy=static policy.k=B-1``
+pass; ``commit`` only stores the features ``Verification.features`` brought) and never
+recomputed; the block's own keys and values are never cached, so nothing needs cropping on
+rejection. With ``policy=static policy.k=B-1``
 the drafts are exactly the official ``dflash_generate``'s given the same committed sequence
 (``tests/test_dflash.py`` checks it on an official-layout checkpoint).
 
@@ -44,7 +45,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, load_dflash
+from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
 from specpolicy.draft_models.kv import KVCache
 from specpolicy.drafter import Drafter
 from specpolicy.errors import ConfigError
@@ -450,11 +451,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     check_fits_target(read_config(directory, key), target_config.to_dict(), key)
     model = load_dflash(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
     target_ids = model.draft_to_target()
-    vocab = int(target_config.vocab_size)
-    if target_ids is not None and (int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab
-                                   or target_ids.unique().numel() != target_ids.numel()):
-        raise ConfigError(f"{key}: d2t maps the draft vocabulary outside the target's vocabulary of {vocab} or onto "
-                          f"one target id twice (draft id d is target id d + d2t[d], each in 0..{vocab - 1}, distinct)")
+    error = None if target_ids is None else draft_vocabulary_error(target_ids, int(target_config.vocab_size))
+    if error:
+        raise ConfigError(f"{key}: {error}")
     probe_verifier(verifier, model.spec.feature_layers, int(target_config.num_hidden_layers) + 1, NAME)
     return DFlashDrafter(model, embed, head, runtime, getattr(verifier, "eos_token_ids", ()),
                          config.get("extension", "given"))

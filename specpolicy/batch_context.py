@@ -48,8 +48,7 @@ class VerifyCost:
 
     def __init__(self, window: int = 3, prior_slope_ratio: float = 0.5) -> None:
         self.window, self.prior_slope_ratio = window, prior_slope_ratio
-        self._ms: dict[int, float] = {}  # tokens -> the least of its last ``window`` observed ms
-        self._recent: dict[int, deque] = {}  # tokens -> its last ``window`` observed ms
+        self._recent: dict[int, deque] = {}  # tokens -> its last ``window`` observed ms (the estimate: their least)
         self._count: dict[int, int] = {}  # tokens -> samples
         self._fit: dict[int, float] | None = None  # ``observed``, until the next observation
         self._arrays: tuple | None = None  # counts, ms, slope, line of ``_fit`` (``ms``'s, once per observation)
@@ -57,9 +56,7 @@ class VerifyCost:
 
     def observe(self, tokens: int, ms: float) -> None:
         """Add one verification: ``tokens`` computed (>= 1), ``ms`` its wall time."""
-        recent = self._recent.setdefault(tokens, deque(maxlen=self.window))
-        recent.append(ms)
-        self._ms[tokens] = min(recent)
+        self._recent.setdefault(tokens, deque(maxlen=self.window)).append(ms)
         self._count[tokens] = self._count.get(tokens, 0) + 1
         self._fit = self._arrays = None
         self.samples += 1
@@ -69,18 +66,17 @@ class VerifyCost:
         """Token count -> its current ms estimate (non-decreasing in the count), for every count
         seen, sorted by count."""
         if self._fit is None:
-            keys = sorted(self._ms)
-            self._fit = dict(zip(keys, _isotonic([self._ms[n] for n in keys],
+            keys = sorted(self._recent)
+            self._fit = dict(zip(keys, _isotonic([min(self._recent[n]) for n in keys],
                                                  [min(self._count[n], MAX_WEIGHT) for n in keys])))
         return self._fit
 
     def seed(self, other: "VerifyCost") -> None:
         """Start from ``other``'s estimates (an earlier run's curve of the same batch), each count's
         weight capped at ``MAX_WEIGHT``; this curve's own observations then move them."""
-        for tokens, ms in other._ms.items():
-            if tokens not in self._ms:
-                self._ms[tokens] = ms
-                self._recent[tokens] = deque([ms], maxlen=self.window)
+        for tokens, recent in other._recent.items():
+            if tokens not in self._recent:
+                self._recent[tokens] = deque([min(recent)], maxlen=self.window)
                 self._count[tokens] = min(other._count[tokens], MAX_WEIGHT)
                 self.samples += other._count[tokens]
         self._fit = self._arrays = None
@@ -88,13 +84,13 @@ class VerifyCost:
     @property
     def largest(self) -> int:
         """The largest token count observed (0 before any)."""
-        return max(self._ms, default=0)
+        return max(self._recent, default=0)
 
     def slope(self) -> float:
         """ms per token beyond the observed counts (>= 0): the slope between the two largest
         observed counts (the local slope: the step from one token per row to two, far steeper, does
         not count there); before two counts are seen, ``prior_slope_ratio`` of the ms per token."""
-        if not self._ms:
+        if not self._recent:
             return 0.0
         points = self.observed
         n, ms = list(points.keys()), list(points.values())
@@ -105,7 +101,7 @@ class VerifyCost:
     def ms(self, tokens: np.ndarray | float) -> np.ndarray | float:
         """Modeled milliseconds of a verification computing ``tokens`` tokens (any array shape;
         0 before any observation)."""
-        if not self._ms:
+        if not self._recent:
             return np.zeros_like(np.asarray(tokens, dtype=float))
         if self._arrays is None:  # once per observation, not per call (a plan calls this a few times)
             points = self.observed

@@ -4,6 +4,8 @@ batched loop handing every request's policy its ``BatchContext`` and the class's
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -212,7 +214,7 @@ def test_goodput_batch_holds_a_measured_k_for_replan_interval_rounds_and_replans
     ctx = lambda cost, b: [BatchContext(b, i, cost, draft_cost=drafting) for i in range(b)]  # noqa: E731
     first = GoodputBatchPolicy.plan_round(policies, ctx(flat, 8))
     assert 8 <= first[0] and len(set(first)) == 1 and 8 * (first[0] + 1) <= flat.largest
-    flat._ms = dict(steep._ms)  # the same run's curve, now steep: the held K stands ...
+    flat._recent = copy.deepcopy(steep._recent)  # the same run's curve, now steep: the held K stands ...
     flat._fit = flat._arrays = None
     assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first
     assert GoodputBatchPolicy.plan_round(policies, ctx(flat, 8)) == first

@@ -449,19 +449,30 @@ class DFlashDraftModel(nn.Module):
         return self.norm(x).view(R, nb, span, H)
 
 
+def draft_vocabulary_error(target_ids: torch.Tensor, vocab_size: int) -> str | None:
+    """What is wrong with a draft vocabulary's target ids ``(Vd,) int64`` for a vocabulary of
+    ``vocab_size`` (none, out of range, or one id twice), or None when nothing is."""
+    if target_ids.numel() and int(target_ids.min()) >= 0 and int(target_ids.max()) < vocab_size \
+            and target_ids.unique().numel() == target_ids.numel():
+        return None
+    return (f"d2t maps the draft vocabulary outside the target's vocabulary of {vocab_size} or onto one target id "
+            f"twice (draft id d is target id d + d2t[d], each in 0..{vocab_size - 1}, distinct; "
+            f"{target_ids.numel()} draft ids)")
+
+
 def with_draft_vocabulary(model: DFlashDraftModel, target_ids: torch.Tensor) -> DFlashDraftModel:
     """Give ``model`` a draft vocabulary (in place): the target ids ``(Vd,) int64`` its passes run
     the LM head for (``d2t`` = ``target_ids - arange(Vd)``; the opt-in extension of the module
     docstring). Returns ``model``.
 
     Raises:
-        ValueError: for ids that are not distinct or not all in ``0 .. vocab_size - 1``.
+        ValueError: for no ids, or ids not distinct or not all in ``0 .. vocab_size - 1``
+            (``draft_vocabulary_error``).
     """
     ids = target_ids.to(torch.long).flatten()
-    vocab = int(model.config.vocab_size)
-    if ids.numel() < 1 or ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(f"target_ids must be distinct ids in 0..{vocab - 1}, got {ids.numel()} ids "
-                         f"in {int(ids.min()) if ids.numel() else '-'}..{int(ids.max()) if ids.numel() else '-'}")
+    error = draft_vocabulary_error(ids, int(model.config.vocab_size))
+    if error:
+        raise ValueError(error)
     model.spec = replace(model.spec, draft_vocab_size=int(ids.numel()))
     model.register_buffer("d2t", (ids - torch.arange(ids.numel())).to(model.fc.weight.device))
     return model

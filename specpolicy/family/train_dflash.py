@@ -238,10 +238,9 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
                          always: tuple[int, ...] = ()) -> dict:
     """Give the DFlash checkpoint in ``directory`` a draft vocabulary (rewritten in place): the
     ``size`` most frequent response tokens of ``examples``, the ids in ``always`` (stop tokens)
-    included (``family.data.draft_vocabulary``), so a
-    pass runs those rows of the target's LM head only (the drafter's pass cost; drafts whose tokens
-    lie outside it are lost, hence the coverage reported). Training is unchanged: the loss stays
-    over the whole vocabulary.
+    included (``family.data.draft_vocabulary``), so a pass runs those rows of the target's LM head
+    only (the drafter's pass cost; drafts whose tokens lie outside it are lost, hence the coverage
+    reported). Training is unchanged: the loss stays over the whole vocabulary.
 
     Returns:
         ``{"draft_vocab_size", "draft_vocab_coverage"}`` (share of the examples' response tokens).
@@ -253,7 +252,6 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
 
     if size < 1:
         raise ValueError(f"size must be >= 1 (draft vocabulary tokens), got {size}")
-
     model = load_dflash(directory)
     vocab = int(model.config.vocab_size)
     ids = draft_vocabulary(examples, min(size, vocab), vocab, always)
