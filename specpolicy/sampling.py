@@ -236,8 +236,8 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig | None, generator: tor
         ``(tokens (n,) int64, confidences (n,) float32, q (n, V) float32 or None)``.
     """
     if sampling is None or sampling.is_greedy:
-        x = logits.float()
-        top, tokens = x.max(dim=-1)
-        return tokens, torch.exp(top - torch.logsumexp(x, dim=-1)), None
+        tokens = logits.argmax(dim=-1)  # the logits' argmax (a softmax could round two tokens equal)
+        # its softmax probability: fewer, cheaper ops than exp(max - logsumexp) on CPU
+        return tokens, torch.softmax(logits, dim=-1, dtype=torch.float32).gather(-1, tokens[..., None])[..., 0], None
     q = warp(logits, sampling)
     return sample(q, generator), q.max(dim=-1).values, q

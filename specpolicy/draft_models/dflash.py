@@ -128,6 +128,13 @@ def _norm(x: torch.Tensor, norm: Qwen3RMSNorm) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), None, norm.variance_epsilon) * norm.weight
 
 
+def _times(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight_t.T, bias)`` with the weight stored transposed, ``(in, out)``: ``x``
+    ``(..., in)`` -> ``(..., out)`` (see ``DFlashLayer.fuse``)."""
+    y = x @ weight_t
+    return y if bias is None else y + bias
+
+
 def _signed(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` with sin negated in its first half, for ``_rope_rolled``."""
     half = sin.shape[-1] // 2
@@ -235,17 +242,22 @@ class DFlashLayer(nn.Module):
 
     def fuse(self) -> None:
         """Inference: stack the q/k/v and the gate/up projections' weights and the q/k norms' weights
-        for ``draft_pass`` (one operation each instead of three, two and two). Non-persistent
-        buffers (not in the checkpoint; ``.to()`` moves them), COPIES of the weights -- the q/k/v
-        and gate/up weights' memory again -- so call it again after changing weights."""
+        for ``draft_pass`` (one operation each instead of three, two and two), and lay every
+        projection ``draft_pass`` multiplies by out TRANSPOSED, ``(in, out)`` contiguous: a block's
+        few rows times an ``(in, out)`` matrix runs 20-40% faster on CPU than ``F.linear``'s
+        ``(out, in)`` layout (oneDNN/MKL, 15-20 rows of width 256; the down projection, whose rows
+        are wider than its output, gains nothing and keeps its module). Non-persistent buffers (not
+        in the checkpoint; ``.to()`` moves them), COPIES of the weights -- their memory again -- so
+        call it again after changing weights."""
         a = self.self_attn
         with torch.no_grad():
-            self.register_buffer("qkv_weight", torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                                 persistent=False)
+            qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            self.register_buffer("qkv_weight_t", qkv.t().contiguous(), persistent=False)  # (H, (h + 2 kv) d)
             biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
             self.register_buffer("qkv_bias", None if biases[0] is None else torch.cat(biases), persistent=False)
-            self.register_buffer("gate_up_weight", torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]),
-                                 persistent=False)
+            self.register_buffer("o_weight_t", a.o_proj.weight.t().contiguous(), persistent=False)  # (h d, H)
+            gate_up = torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight])
+            self.register_buffer("gate_up_weight_t", gate_up.t().contiguous(), persistent=False)  # (H, 2 I)
             # q-norm's weight for each q head, then k-norm's for each kv head: (heads + kv_heads, head_dim)
             self.register_buffer("qk_norm_weight", torch.cat([a.q_norm.weight.expand(a.num_heads, -1),
                                                               a.k_norm.weight.expand(a.num_kv_heads, -1)]),
@@ -277,7 +289,7 @@ class DFlashLayer(nn.Module):
         h = _norm(x, self.input_layernorm)
         rows = h if context is None else torch.cat([context, h], dim=1)  # (1, u + q, H)
         u = rows.shape[1] - n
-        qkv = F.linear(rows, self.qkv_weight, self.qkv_bias)
+        qkv = _times(rows, self.qkv_weight_t, self.qkv_bias)
         nq, nkv, heads = a.num_heads * d, a.num_kv_heads * d, a.num_heads
         # q and k heads side by side, each row at its own position: one norm and one RoPE for both
         # (the new context's q rows are computed and dropped: u rows, cheaper than separate calls)
@@ -294,8 +306,8 @@ class DFlashLayer(nn.Module):
         elif u:  # the first context: a compact copy (a view would keep every q head of this pass alive)
             cache.keys[index], cache.values[index] = k[:, :, :u].contiguous(), v[:, :, :u].contiguous()
         out = F.scaled_dot_product_attention(q, k, v, enable_gqa=a.num_kv_heads != a.num_heads)
-        x = x + a.o_proj(out.transpose(1, 2).reshape(1, n, nq))
-        gate, up = F.linear(_norm(x, self.post_attention_layernorm), self.gate_up_weight).chunk(2, dim=-1)
+        x = x + _times(out.transpose(1, 2).reshape(1, n, nq), self.o_weight_t, a.o_proj.bias)
+        gate, up = (_norm(x, self.post_attention_layernorm) @ self.gate_up_weight_t).chunk(2, dim=-1)
         return x + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
 
     def forward_blocks(self, x, cos, sin, context_k, context_v, context_mask, span):
