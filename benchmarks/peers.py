@@ -26,7 +26,8 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   run); and the model-free ``suffix+static-k<K>``, ``suffix+failfast`` and ``suffix+goodput``;
 * the drafters that read the target's hidden states: ``dflash+static-k<best>`` (best k of
   ``--dflash-k-sweep`` on the calibration prompts), ``dflash+failfast`` (paper defaults),
-  ``dflash+failfast-b<B-1>`` (N = one block: the defaults retuned for a block drafter),
+  ``dflash+failfast-b<B-1>`` (N = one block), ``dflash+failfast-n<N>-t<τ>`` (FailFast retuned
+  for DFlash: the best (N, τ) of ``--dflash-failfast-sweep`` on the calibration prompts, N_max 60),
   ``dflash+specdecpp``, ``dflash+goodput``, ``eagle3+static-k<best>`` (``--eagle3-k-sweep``) and
   ``eagle3+goodput``;
 * draft trees (one target pass per tree, ``specpolicy.tree``): ``eagle3+eagle2-tree-paper`` (EAGLE-2's
@@ -344,8 +345,9 @@ def mark_timing(summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]],
 
 
 def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
-    """Best constant ``num_assistant_tokens`` for HF assisted generation and best static k for
-    Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
+    """Best constant ``num_assistant_tokens`` for HF assisted generation, best static k for
+    Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, best tree budgets, and FailFast's best (N, τ) on
+    DFlash, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
     a = bench.args
     hf = {k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
           for k in a.hf_k_sweep}
@@ -357,6 +359,9 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
     sweeps["dflash-tree"] = {shape: bench.ours("dflash", "block-tree", False, tree_label(shape, "block-tree"),
                                                **dict(zip(("depth", "top_k", "total_tokens"), shape)))
                              for shape in a.block_tree_sweep}
+    sweeps["dflash-failfast"] = {pair: bench.ours("dflash", "failfast", False, failfast_label(pair),
+                                                  n=pair[0], tau=pair[1])
+                                 for pair in a.dflash_failfast_sweep}
     everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
@@ -366,12 +371,18 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
         "fastdllm_plus_k": best["fastdllm"], "dflash_k": best["dflash"], "eagle3_k": best["eagle3"],
         "eagle3_tree": list(best["eagle3-tree"]), "dflash_block_tree": list(best["dflash-tree"]),
+        "dflash_failfast": list(best["dflash-failfast"]),
     }
 
 
 def tree_label(shape, policy: str = "eagle2-tree") -> str:
     """The method label of a tree budget ``(depth, top_k, total_tokens)`` of ``policy``."""
     return "{}-d{}k{}t{}".format(policy, *shape)
+
+
+def failfast_label(pair) -> str:
+    """The method label of FailFast's ``(N, τ)``."""
+    return "failfast-n{}-t{:g}".format(*pair)
 
 
 def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
@@ -404,6 +415,8 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
     methods += [bench.ours("dflash", "static", False, f"static-k{cal['dflash_k']}", k=cal["dflash_k"]),
                 bench.ours("dflash", "failfast", False),
                 bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
+                bench.ours("dflash", "failfast", False, failfast_label(cal["dflash_failfast"]),
+                           **dict(zip(("n", "tau"), cal["dflash_failfast"]))),
                 bench.ours("dflash", "specdecpp", False), bench.ours("dflash", "goodput", False),
                 bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
                 bench.ours("eagle3", "goodput", False),
@@ -568,6 +581,17 @@ def _tree_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
+def _failfast_pairs(text: str) -> list[tuple[int, float]]:
+    try:
+        pairs = [(int(n), float(t)) for n, t in (item.split(":") for item in text.split(",") if item.strip())]
+    except ValueError:
+        pairs = []
+    if not pairs or any(n < 1 or not 0.0 <= t <= 1.0 for n, t in pairs):
+        raise argparse.ArgumentTypeError(f"--dflash-failfast-sweep takes N:tau,... (N an integer >= 1, tau in "
+                                         f"[0, 1]), got {text!r}")
+    return pairs
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
@@ -589,7 +613,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration")
     p.add_argument("--block-tree-sweep", type=_tree_shapes, default=_tree_shapes("15:2:8,15:2:12,15:3:16,15:3:24"),
                    help="block-tree budgets depth:top_k:total_tokens swept for dflash in calibration")
-    p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the two sweeps")
+    p.add_argument("--dflash-failfast-sweep", type=_failfast_pairs, default=_failfast_pairs(
+                   "3:0.5,3:0.6,3:0.7,4:0.5,4:0.6,4:0.7,5:0.5,5:0.6,5:0.7"),
+                   help="FailFast N:tau pairs swept for dflash in calibration (N_max stays 60)")
+    p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
@@ -605,6 +632,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
         args.dflash_k_sweep, args.eagle3_k_sweep, args.tree_sweep = [4, 8], [2, 3], [(2, 2, 3), (3, 2, 5)]
         args.block_tree_sweep = [(7, 2, 4), (7, 2, 6)]
+        args.dflash_failfast_sweep = [(3, 0.6), (5, 0.5)]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     if args.offset < 0:

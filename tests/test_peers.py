@@ -44,7 +44,8 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
                 "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b",
                 "eagle3+eagle2-tree-paper", "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
                 "dflash+failfast-tree", "dflash+block-tree",
-                "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"])}
+                "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"]),
+                "dflash+failfast-n{}-t{:g}".format(*results["calibration"]["dflash_failfast"])}
     for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
                             ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
                             ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
@@ -68,6 +69,13 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     assert results["tuned_profile"] == "a6000-qwen32b"
     assert "a6000-qwen32b" in methods["fastdllm+goodput-a6000-qwen32b"]["description"]
     assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
+    # FailFast retuned for DFlash: the (N, tau) of the sweep that was fastest on the calibration prompts
+    sweep = {"failfast-n{}-t{:g}".format(n, t): (n, t) for n, t in ((3, 0.6), (5, 0.5))}
+    calibration = results["calibration"]
+    fastest = max(sweep, key=lambda name: calibration["tokens_per_s"][f"dflash+{name}"])
+    assert tuple(calibration["dflash_failfast"]) == sweep[fastest]
+    n, tau = sweep[fastest]
+    assert methods[f"dflash+{fastest}"]["description"].startswith(f"FailFastPolicy(n={n}, tau={tau}, n_max=60")
 
 
 def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):
@@ -106,3 +114,28 @@ def test_a_busy_machine_marks_the_measured_speedups_untrusted(family, tmp_path, 
     assert "WARNING: the measured speedup cannot be trusted" in printed.out + printed.err
     summary = json.loads((tmp_path / "results-runs" / "ar+static-k5" / "summary.json").read_text())
     assert timing_trusted(summary) is False
+
+
+def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, tmp_path):
+    """``benchmarks/tune_failfast.py``: every (N, tau) of the grid, FailFast's defaults and static k
+    run on the same prompts, each checked against vanilla; ``best`` is the fastest grid point;
+    a grid N above ``--n-max`` is refused before any model loads."""
+    tune = load_benchmark("tune_failfast")
+    out = tmp_path / "tune.json"
+    result = tune.main(["--target", str(family["target"]), "--ar-drafter", str(family["drafter"]),
+                        "--dllm-drafter", str(family["drafter"]), "--dflash-drafter", str(family["dflash"]),
+                        "--eagle3-drafter", str(family["eagle3"]),
+                        "--device", "cpu", "--dtype", "float64", "--num-prompts", "2", "--max-new-tokens", "12",
+                        "--warmup", "0", "--n-grid", "2,3", "--tau-grid", "0.5,0.9", "--static-k", "4",
+                        "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"vanilla", "dflash+failfast", "dflash+static-k4", "dflash+failfast-n2-t0.5",
+                         "dflash+failfast-n2-t0.9", "dflash+failfast-n3-t0.5", "dflash+failfast-n3-t0.9"}
+    assert all(r["lossless"] == 2 and r["tokens_per_s"] > 0 for r in rows.values())
+    grid = [r for name, r in rows.items() if name.startswith("dflash+failfast-n")]
+    fastest = max(grid, key=lambda r: r["tokens_per_s"])
+    assert (result["best"]["n"], result["best"]["tau"]) == tuple(fastest["n_tau"])
+    assert rows["dflash+failfast-n3-t0.9"]["policy"].startswith("FailFastPolicy(n=3, tau=0.9, n_max=60")
+    with pytest.raises(SystemExit):
+        tune.main(["--n-grid", "70", "--num-prompts", "1"])

@@ -172,7 +172,8 @@ def _sweep_values(params: dict, key: str) -> list:
     ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
     ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
     ("paper-main", "fastdllm", "failfast", "method",
-     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only", "dflash-failfast", "eagle3-static"]),
+     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only", "dflash-failfast",
+      "dflash-failfast-tuned", "eagle3-static"]),
     ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
     ("concavity", "fastdllm", "static", "drafter.threshold", [0.05, 0.3, 0.5, 0.7, 0.9, 0.99]),
     ("concavity", "fastdllm", "static", "policy.k", [2, 4, 8, 16, 32]),
@@ -200,6 +201,7 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
     ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
     # drafters that read the target (DFlash, EAGLE-3 chain)
     ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+    ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 4, "tau": 0.6, "n_max": 60}),
     ("dflash-static", "dflash", None, "static", {"k": 5}),
     ("eagle3-static", "eagle3", None, "static", {"k": 5}),
 ])
