@@ -49,7 +49,9 @@ when it costs nothing. Every pass is decided with every confidence seen so far. 
 and passes per chunk are learned from the frontier's advance and ``Draft.forward_passes`` within rounds (the round's first chunk
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
-first round (a probe) to learn from.
+first round (a probe) to learn from; while it keeps speculation off it probes every
+``probe_interval`` plain rounds, each probe planned without the verification's cost so that it
+measures verifying a draft of the length acceptance and drafting costs alone would pick.
 
 Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
@@ -133,6 +135,8 @@ class GoodputPolicy(LengthPolicy):
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never).
+            A probe round plans without the verification's cost (what it measures): it drafts as
+            long as acceptance and drafting costs alone make worth it, at least one token.
     Raises:
         ValueError: naming ``policy.<key>`` and its accepted range.
     """
@@ -195,6 +199,7 @@ class GoodputPolicy(LengthPolicy):
         self._passes = 0  # drafter passes of the round so far
         self._in_chunk = False  # the last answer asked past the frontier (a new chunk)
         self._chose_plain = False
+        self._probing = False  # this round is a probe: its plan leaves out the verification's cost
         self._stop_at = -1  # draft length at which the plan already decided to stop (-1: none)
 
     def reset(self) -> None:
@@ -238,7 +243,12 @@ class GoodputPolicy(LengthPolicy):
         lam = self.rate
         verify = self._positions * self._token_ms  # (H,) ms to verify m = 1..H added tokens
         self._cost_later = lam * (verify[None, :] + passes_later * costs.pass_ms)  # (H+1, H): [r, m - 1]
-        self._cost_first = lam * (verify + passes_first * costs.pass_ms)  # (H,): a round's first chunk
+        # a round's first chunk; a draft of any length also pays the verification's step
+        self._cost_first = lam * (verify + costs.verify_step + passes_first * costs.pass_ms)  # (H,)
+        # a probe round's: drafting alone (its verification is what the probe measures)
+        self._probe_cost_later = lam * (self._positions[None, :] * costs.draft_ms_per_token
+                                        + passes_later * costs.pass_ms)
+        self._probe_cost_first = lam * (self._positions * costs.draft_ms_per_token + passes_first * costs.pass_ms)
         self._updates = 0
         self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
@@ -281,7 +291,11 @@ class GoodputPolicy(LengthPolicy):
             target = self._plan(k, frontier, ahead)
         if target <= k:
             if k == 0 and self.probe_interval and self._plain_rounds >= self.probe_interval:
-                target = 1  # a probe: refresh the estimates after a long stretch of plain decoding
+                # a probe: refresh the estimates after a long stretch of plain decoding, with a draft
+                # as long as acceptance and drafting costs alone make worth it (at least one token),
+                # so that it also measures what verifying longer drafts costs
+                self._probing = True
+                target = max(self._plan(0, 0), 1)
             else:
                 self.draft_stop_reason = "low_confidence"
                 self._chose_plain = k == 0
@@ -308,7 +322,9 @@ class GoodputPolicy(LengthPolicy):
         p = self._unseen[k:]
         if ahead is not None and ahead.size:
             p = np.concatenate((ahead, p[ahead.size:]))
-        cost = self._cost_first if frontier == 0 else self._cost_later[min(frontier - k, n), :n]
+        first, later = ((self._probe_cost_first, self._probe_cost_later) if self._probing
+                        else (self._cost_first, self._cost_later))
+        cost = first if frontier == 0 else later[min(frontier - k, n), :n]
         value = np.cumsum(np.cumprod(p)) * self._survival - cost[:n]  # (n,) for L = k+1..max_length
         best = int(value.argmax())
         return k + best + 1 if value[best] > 0.0 else k
@@ -349,10 +365,19 @@ class OnlineCosts:
       any is measured: ``PRIOR_PASS_RATIO x verify_ms(0)``.
     * ``draft_ms_per_token``: drafting ms per drafted token of rounds without passes (model-free
       drafters); 0 with a profile's ``drafter_pass_ms`` (the profile models passes only).
-    * ``verify_ms(k) = verify_base + verify_slope * k``: least squares over every round, each
-      weighted ``VERIFY_DECAY ** age`` (profile: ``target_ms_per_token``,
-      ``verify_ms_per_draft_token``); the slope is clamped at >= 0 and is 0 until two lengths
-      were seen. Before any round: 1 ms and 0.
+    * ``verify_ms(0) = verify_base``: a plain decoding step, the mean ms of the rounds without a
+      draft, each weighted ``VERIFY_DECAY ** age`` (profile: ``target_ms_per_token``); before any
+      such round, the drafted rounds' fit at 0.
+    * ``verify_ms(k > 0) = verify_base + verify_step + verify_slope * k``: least squares over the
+      rounds WITH a draft, each weighted ``VERIFY_DECAY ** age`` (profile:
+      ``verify_ms_per_draft_token``, no step); the slope is clamped at >= 0 and is 0 until two
+      draft lengths were seen; ``verify_step`` >= 0 is what the fit's intercept lies above the
+      plain step (0 with a profile, or until both kinds of round were seen). The plain step
+      stands apart because on a CPU a forward over 2 positions costs far more than over 1 (the
+      bundled target: about 4 ms against 5.5-6 ms, then about 0.25 ms per further position): one
+      line through both kinds of round reads that jump as a steep per-token slope, and with a
+      few short drafts among many plain rounds it kept a cheap AR drafter's speculation off for
+      whole runs. Before any round: 1 ms, no step, no slope.
 
     Timings have heavy tails (a scheduler stall, a garbage collection): after ``OUTLIER_WARMUP``
     samples each new one is clipped to within ``OUTLIER_FACTOR`` times the current estimate
@@ -369,8 +394,9 @@ class OnlineCosts:
         self._pinned_slope = profile.verify_ms_per_draft_token if profile else None
         self._pass = _RatioOfMeans(COST_EMA)  # draft ms / passes
         self._token = _RatioOfMeans(COST_EMA)  # draft ms / drafted tokens (rounds without passes)
-        self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y (x = length, y = verify ms)
-        self._fitted = (1.0, 0.0)  # (base, slope) of the verification fit
+        self._plain = (0.0, 0.0)  # decayed sums of 1, y over the rounds without a draft (y = verify ms)
+        self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y over drafted rounds (x = length)
+        self._fitted = (1.0, 0.0)  # (intercept, slope) of the drafted rounds' verification fit
 
     @property
     def pass_ms(self) -> float:
@@ -387,7 +413,17 @@ class OnlineCosts:
     @property
     def verify_base(self) -> float:
         """ms of a verification of an empty draft (a plain decoding step)."""
-        return self._pinned_base if self._pinned_base is not None else self._fitted[0]
+        if self._pinned_base is not None:
+            return self._pinned_base
+        w, sy = self._plain
+        return sy / w if w > 0.0 else self._fitted[0]
+
+    @property
+    def verify_step(self) -> float:
+        """Extra verification ms of any draft, beyond ``verify_slope`` per token (>= 0)."""
+        if self._pinned_slope is not None or self._plain[0] == 0.0 or self._sums[0] == 0.0:
+            return 0.0
+        return max(self._fitted[0] - self.verify_base, 0.0)
 
     @property
     def verify_slope(self) -> float:
@@ -396,7 +432,9 @@ class OnlineCosts:
 
     def verify_ms(self, length: int) -> float:
         """Verification ms of a draft of ``length`` tokens (0: a plain decoding step)."""
-        return self.verify_base + self.verify_slope * length
+        if length == 0:
+            return self.verify_base
+        return self.verify_base + self.verify_step + self.verify_slope * length
 
     def round_ms(self, record: RoundRecord) -> float:
         """The modeled ms of a recorded round (its passes, drafted tokens and length)."""
@@ -413,9 +451,15 @@ class OnlineCosts:
             if units > 0:
                 average.add(_winsorised(record.draft_ms, units * average.ratio, average.samples), units)
         if record.verify_ms > 0.0:
-            x = float(record.speculation_length)
-            y = _winsorised(float(record.verify_ms), self.verify_ms(record.speculation_length), self._sums[0])
-            d = VERIFY_DECAY  # five scalars: Python floats are cheaper here than a numpy call
+            k = record.speculation_length
+            d = VERIFY_DECAY  # a few scalars: Python floats are cheaper here than a numpy call
+            if k == 0:
+                w, sy = self._plain
+                y = _winsorised(float(record.verify_ms), self.verify_ms(0), w)
+                self._plain = (d * w + 1.0, d * sy + y)
+                return
+            x = float(k)
+            y = _winsorised(float(record.verify_ms), self.verify_ms(k), self._sums[0])
             w, sx, sy, sxx, sxy = self._sums
             w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
             self._sums = (w, sx, sy, sxx, sxy)
@@ -425,7 +469,8 @@ class OnlineCosts:
 
     def __repr__(self) -> str:
         return (f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
-                f"verify_base={self.verify_base:.3g}, verify_slope={self.verify_slope:.3g})")
+                f"verify_base={self.verify_base:.3g}, verify_step={self.verify_step:.3g}, "
+                f"verify_slope={self.verify_slope:.3g})")
 
 
 def _winsorised(sample: float, estimate: float, samples: float) -> float:

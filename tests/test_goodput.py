@@ -285,6 +285,36 @@ def test_measures_costs_from_round_timings():
     assert (pinned.pass_ms, pinned.verify_base, pinned.verify_slope) == (6.1, 52.6, 0.0)
 
 
+def test_the_plain_step_stands_apart_from_the_drafted_rounds_fit():
+    """A forward over 2 positions costing far more than over 1 (CPU) is a step, not a slope: plain
+    rounds give ``verify_base``, drafted rounds their own line, the gap ``verify_step``."""
+    costs = OnlineCosts()
+    for _ in range(3):
+        costs.observe(RoundRecord(0, 1, 0, 1, 1, 0, draft_ms=2.0, verify_ms=5.75))
+    assert (costs.verify_base, costs.verify_step, costs.verify_slope) == (pytest.approx(5.75), 0.0, 0.0)
+    for _ in range(40):  # many plain rounds: they set the plain step and leave the drafted fit alone
+        costs.observe(RoundRecord(0, 0, 0, 1, 0, 0, draft_ms=0.0, verify_ms=4.0))
+    assert costs.verify_ms(0) == pytest.approx(4.0) and costs.verify_ms(1) == pytest.approx(5.75)
+    assert costs.verify_ms(6) == pytest.approx(5.75)  # one draft length seen: no slope yet
+    for k in range(1, 7):
+        costs.observe(RoundRecord(0, k, 0, 1, k, 0, draft_ms=2.0 * k, verify_ms=5.5 + 0.25 * k))
+    assert costs.verify_base == pytest.approx(4.0)
+    assert costs.verify_slope == pytest.approx(0.25, abs=0.02) and costs.verify_step == pytest.approx(1.5, abs=0.1)
+    assert costs.verify_ms(6) == pytest.approx(7.0, abs=0.05)
+
+
+def test_a_probe_measures_a_draft_as_long_as_drafting_costs_allow():
+    """Verification priced out of reach (every draft token costs a plain step): plain decoding but
+    for probes, and a probe, planned without the verification's cost, drafts the several tokens a
+    cheap, always-right drafter makes worth it -- not one token that measures nothing of the slope."""
+    policy = GoodputPolicy(cost_profile=profile(pass_ms=0.5, target_ms=10.0, per_token_ms=10.0), probe_interval=3)
+    drafter = ScriptedDrafter(confidence=0.99)
+    lengths = [play(policy, drafter, all_accepted)[0].length for _ in range(40)]
+    probes = [k for k in lengths if k]
+    assert lengths.count(0) >= 25 and len(probes) >= 8
+    assert min(probes) >= 5  # each probe drafts several tokens
+
+
 def test_lambda_follows_the_policys_throughput_never_below_plain_decoding():
     policy = GoodputPolicy(cost_profile=profile(pass_ms=1.0, target_ms=10.0))
     assert policy.rate == pytest.approx(0.1)  # before any round: plain decoding, 1 token / 10 ms
