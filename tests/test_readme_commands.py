@@ -535,6 +535,16 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
+def _tune_failfast(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny family (2 prompts, a 2-point grid), its JSON to a scratch path."""
+    out = h.cwd / "tune.json"
+    result = load_benchmark("tune_failfast").main([*_args(command, "python benchmarks/tune_failfast.py"),
+                                                   "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
+                                                   "--n-grid", "2,4", "--tau-grid", "0.6", "--static-k", "4",
+                                                   "--out", str(out), *tiny_models(h.world)])
+    assert out.is_file() and all(row["lossless"] == 2 for row in result["rows"])
+
+
 def _batched(command: Command, h: Harness) -> None:
     """The README's options parse; the run, shortened (2 prompts, batch sizes 1 and 2, K = 1, one
     repeat) on the tiny family, writes its JSON and figure, every method lossless."""
@@ -708,6 +718,8 @@ RULES = [
     Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"inline: python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"bash: python benchmarks/tune_failfast\.py .*", "run shortened: 2 prompts, 2 grid points, tiny family",
+         _tune_failfast),
     Rule(r"(bash|inline): python benchmarks/packing\.py .*", "run shortened, tiny target", _packing),
     Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family",
          _batched_lossless),
