@@ -96,6 +96,7 @@ from specpolicy.types import GenerationResult, RoundRecord
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
+FAILFAST_N_MAX = 60  # FailFast's N_max, kept by the (N, tau) sweep of --dflash-failfast-sweep
 
 
 @dataclass
@@ -586,9 +587,9 @@ def _failfast_pairs(text: str) -> list[tuple[int, float]]:
         pairs = [(int(n), float(t)) for n, t in (item.split(":") for item in text.split(",") if item.strip())]
     except ValueError:
         pairs = []
-    if not pairs or any(n < 1 or not 0.0 <= t <= 1.0 for n, t in pairs):
-        raise argparse.ArgumentTypeError(f"--dflash-failfast-sweep takes N:tau,... (N an integer >= 1, tau in "
-                                         f"[0, 1]), got {text!r}")
+    if not pairs or any(not 1 <= n <= FAILFAST_N_MAX or not 0.0 <= t <= 1.0 for n, t in pairs):
+        raise argparse.ArgumentTypeError(f"--dflash-failfast-sweep takes N:tau,... (N an integer in 1..{FAILFAST_N_MAX}, "
+                                         f"N_max; tau in [0, 1]), got {text!r}")
     return pairs
 
 
@@ -680,7 +681,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
     cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
     log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
-        f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}")
+        f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}; "
+        "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"]))
     methods = build_methods(bench, cal)
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()

@@ -8,11 +8,12 @@ FailFast's defaults (N = 10, τ = 0.45, N_max = 60; arXiv 2512.20573 §4.2 and A
 for a Fast-dLLM v2 drafter on 7B-32B targets. Another drafter -- a different calibration of its
 confidences, a different cost per pass -- may want others, and the issue that added the drafters
 that read the target allows "defaults retuned for this drafter and stated". This runs every
-``(N, τ)`` of the grid (N_max stays ``--n-max``), FailFast's defaults, and static k of
+``(N, τ)`` of the grid (each with N_max = ``--n-max``), FailFast's defaults (the policy's own, N_max
+included), and static k of
 ``--static-k`` on the same prompts with the same drafter, interleaved per prompt (rotating order,
 one untimed warm-up prompt: ``peers.run_interleaved``), and reports tokens/s, the speedup over
-vanilla greedy decoding in the same run, the mean accepted length and whether the output equals
-vanilla's on every prompt. Tune on rows that the comparison you report does not use
+vanilla greedy decoding in the same run, the mean accepted length and the number of prompts whose
+output equals vanilla's. Tune on rows that the comparison you report does not use
 (``--offset``): ``benchmarks/peers.py`` measures on GSM8K test rows 0-29 by default, and rows after
 1000 are held out for checking.
 
@@ -37,6 +38,7 @@ from peers import Bench, add_model_arguments, failfast_label, run_interleaved, s
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.machine import MachineWatch, warning_line  # noqa: E402
 from specpolicy.metrics import aggregate  # noqa: E402
+from specpolicy.policies.failfast import FailFastPolicy  # noqa: E402
 from specpolicy.results import PromptResult  # noqa: E402
 
 
@@ -99,7 +101,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              zip(prompts, ids, vanilla.outcomes)])
     base = aggregate(vanilla.outcomes)["tokens_per_s"]
     rows = []
-    for m, pair in zip(methods, [None, (10, 0.45)] + [None] * len(args.static_k) + grid):
+    defaults = FailFastPolicy()
+    for m, pair in zip(methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid):
         agg = aggregate(m.outcomes)
         rounds = [r for o in m.outcomes for r in o.rounds]
         rows.append({"method": m.name, "policy": m.description, "n_tau": pair,

@@ -386,8 +386,10 @@ class HeadRows(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach()[target_ids].clone())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = hidden @ self.weight_t
-        return logits if self.bias is None else logits + self.bias
+        if self.bias is None:
+            return hidden @ self.weight_t
+        flat = torch.addmm(self.bias, hidden.reshape(-1, hidden.shape[-1]), self.weight_t)  # as F.linear
+        return flat.view(*hidden.shape[:-1], self.weight_t.shape[1])
 
 
 def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str) -> DFlashSpec:

@@ -50,8 +50,9 @@ and passes per chunk are learned from the frontier's advance and ``Draft.forward
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
 first round (a probe) to learn from; while it keeps speculation off it probes every
-``probe_interval`` plain rounds, each probe planned without the verification's cost so that it
-measures verifying a draft of the length acceptance and drafting costs alone would pick.
+``probe_interval`` plain rounds, each probe planned without the measured verification cost so
+that it measures verifying a draft of the length acceptance and drafting costs alone would pick
+(1 to ``PROBE_MAX_LENGTH`` tokens).
 
 Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
@@ -59,9 +60,10 @@ confidence), fed with every verified round: each of the first ``REFRESH_WARMUP``
 the next decision, later ones in batches of ``REFRESH_EVERY`` (so ``policy.calibration`` lags
 the rounds by up to that many; ``online_predictions`` replays the schedule). Costs: measured online from ``RoundRecord``
 timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
-drafter without passes) and verification ms = base + per-token slope, an exponentially
-weighted least-squares fit over the speculation length, timings winsorised against the current
-estimate -- or taken from a hardware profile
+drafter without passes) and verification ms: a plain decoding step (the mean of the rounds
+without a draft) and, for a draft of k tokens, that step + a step for any draft + a per-token
+slope (an exponentially weighted least-squares fit over the rounds with a draft; ``OnlineCosts``
+says why the plain step stands apart), timings winsorised against the current estimates -- or taken from a hardware profile
 (``cost_profile=a6000-qwen32b``: the costs ``specpolicy.latency`` models with, so the MODELED
 figure of a policy tuned to that profile can be computed; null profile fields are measured).
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
@@ -86,7 +88,9 @@ from specpolicy.types import Draft, RoundRecord
 from specpolicy.validation import check_init
 
 NAME = "goodput"
-#: Forgetting factor per round of the verification-cost fit (an effective memory of ~50 rounds).
+#: Forgetting factor of the verification costs (an effective memory of ~50 rounds), applied per
+#: round of its own kind: the plain step ages with plain rounds, the drafted rounds' fit with
+#: drafted rounds (a long stretch of plain decoding keeps what drafts cost).
 VERIFY_DECAY = 0.98
 #: Before a drafter pass is measured, a pass is assumed to cost this fraction of a verification
 #: (FailFast's A6000 profile: 6.1 ms per drafter pass / 13.5 ms per target step).
@@ -97,6 +101,9 @@ RATE_PRIOR_ROUNDS = 4
 OUTLIER_FACTOR = 2.0
 #: ... once the estimate rests on this many samples.
 OUTLIER_WARMUP = 5
+#: A probe (a round drafted while the policy keeps speculation off) drafts at most this many
+#: tokens: enough lengths to measure the verification's slope, a bounded cost on any hardware.
+PROBE_MAX_LENGTH = 8
 #: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
 COST_EMA = 0.1
 CHUNK_EMA = 0.2
@@ -135,8 +142,10 @@ class GoodputPolicy(LengthPolicy):
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never).
-            A probe round plans without the verification's cost (what it measures): it drafts as
-            long as acceptance and drafting costs alone make worth it, at least one token.
+            A probe round plans without the measured verification cost (what it measures): it
+            drafts as long as acceptance and drafting costs alone make worth it, at least one
+            token and at most ``PROBE_MAX_LENGTH`` (8); with a profile's pinned verification
+            cost it plans as any round.
     Raises:
         ValueError: naming ``policy.<key>`` and its accepted range.
     """
@@ -223,7 +232,9 @@ class GoodputPolicy(LengthPolicy):
         """Tables for the decisions until the next refresh (estimates change only in ``update``):
         calibrated p by position and confidence bin, the estimate for undrafted positions, and
         ``lambda x`` the ms of adding ``m`` tokens when ``r`` are decoded ahead (verification of the
-        ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier)."""
+        ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier; a round's first
+        chunk also pays ``verify_step``). A probe round's tables leave the measured verification
+        cost out (what the probe measures); a pinned one stays in."""
         H, cal = self.max_length, self.calibration
         if self._pending:  # the rounds verified since the last refresh, counted in one batch
             cal.observe_many(self._pending)
@@ -245,10 +256,14 @@ class GoodputPolicy(LengthPolicy):
         self._cost_later = lam * (verify[None, :] + passes_later * costs.pass_ms)  # (H+1, H): [r, m - 1]
         # a round's first chunk; a draft of any length also pays the verification's step
         self._cost_first = lam * (verify + costs.verify_step + passes_first * costs.pass_ms)  # (H,)
-        # a probe round's: drafting alone (its verification is what the probe measures)
-        self._probe_cost_later = lam * (self._positions[None, :] * costs.draft_ms_per_token
-                                        + passes_later * costs.pass_ms)
-        self._probe_cost_first = lam * (self._positions * costs.draft_ms_per_token + passes_first * costs.pass_ms)
+        # a probe round's: without the verification's cost when it is measured (what the probe
+        # measures); a profile's pinned cost is known, so a probe plans with it like any round
+        if costs.verify_pinned:
+            self._probe_cost_later, self._probe_cost_first = self._cost_later, self._cost_first
+        else:
+            drafting = self._positions * costs.draft_ms_per_token  # (H,)
+            self._probe_cost_later = lam * (drafting[None, :] + passes_later * costs.pass_ms)
+            self._probe_cost_first = lam * (drafting + passes_first * costs.pass_ms)
         self._updates = 0
         self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
@@ -295,7 +310,7 @@ class GoodputPolicy(LengthPolicy):
                 # as long as acceptance and drafting costs alone make worth it (at least one token),
                 # so that it also measures what verifying longer drafts costs
                 self._probing = True
-                target = max(self._plan(0, 0), 1)
+                target = min(max(self._plan(0, 0), 1), PROBE_MAX_LENGTH)
             else:
                 self.draft_stop_reason = "low_confidence"
                 self._chose_plain = k == 0
@@ -326,6 +341,10 @@ class GoodputPolicy(LengthPolicy):
                         else (self._cost_first, self._cost_later))
         cost = first if frontier == 0 else later[min(frontier - k, n), :n]
         value = np.cumsum(np.cumprod(p)) * self._survival - cost[:n]  # (n,) for L = k+1..max_length
+        if self._probing:  # a probe drafts at most PROBE_MAX_LENGTH tokens
+            value = value[:max(PROBE_MAX_LENGTH - k, 0)]
+            if not value.size:
+                return k
         best = int(value.argmax())
         return k + best + 1 if value[best] > 0.0 else k
 
@@ -411,19 +430,33 @@ class OnlineCosts:
         return self._token.ratio if self._token.samples else 0.0
 
     @property
+    def verify_pinned(self) -> bool:
+        """Whether a profile pins the verification's per-token cost (then no step is measured)."""
+        return self._pinned_slope is not None
+
+    @property
+    def _plain_ms(self) -> float | None:
+        """The measured plain step's ms, or None before any round without a draft."""
+        w, sy = self._plain
+        return sy / w if w > 0.0 else None
+
+    @property
     def verify_base(self) -> float:
         """ms of a verification of an empty draft (a plain decoding step)."""
         if self._pinned_base is not None:
             return self._pinned_base
-        w, sy = self._plain
-        return sy / w if w > 0.0 else self._fitted[0]
+        plain = self._plain_ms
+        return plain if plain is not None else self._fitted[0]
 
     @property
     def verify_step(self) -> float:
-        """Extra verification ms of any draft, beyond ``verify_slope`` per token (>= 0)."""
-        if self._pinned_slope is not None or self._plain[0] == 0.0 or self._sums[0] == 0.0:
+        """Extra verification ms of any draft, beyond ``verify_slope`` per token (>= 0): what the
+        drafted rounds' fit lies above the MEASURED plain step (0 with a pinned slope, or until
+        both kinds of round were seen)."""
+        plain = self._plain_ms
+        if self.verify_pinned or plain is None or self._sums[0] == 0.0:
             return 0.0
-        return max(self._fitted[0] - self.verify_base, 0.0)
+        return max(self._fitted[0] - plain, 0.0)
 
     @property
     def verify_slope(self) -> float:
@@ -453,13 +486,14 @@ class OnlineCosts:
         if record.verify_ms > 0.0:
             k = record.speculation_length
             d = VERIFY_DECAY  # a few scalars: Python floats are cheaper here than a numpy call
-            if k == 0:
+            if k == 0:  # winsorised against the measured plain step (not a pinned one)
                 w, sy = self._plain
-                y = _winsorised(float(record.verify_ms), self.verify_ms(0), w)
+                y = _winsorised(float(record.verify_ms), sy / w if w > 0.0 else 0.0, w)
                 self._plain = (d * w + 1.0, d * sy + y)
                 return
-            x = float(k)
-            y = _winsorised(float(record.verify_ms), self.verify_ms(k), self._sums[0])
+            x = float(k)  # winsorised against the drafted rounds' own line
+            intercept, slope = self._fitted
+            y = _winsorised(float(record.verify_ms), intercept + slope * x, self._sums[0])
             w, sx, sy, sxx, sxy = self._sums
             w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
             self._sums = (w, sx, sy, sxx, sxy)

@@ -193,9 +193,27 @@ def test_the_one_request_pass_equals_caching_then_forward(checkpoint, dtype, cac
     ``context_keys_values`` then ``forward`` give, bit for bit in float32 and bfloat16 alike: the
     output and the cache afterwards; with and without a cached context, with and without new
     positions, and for an extension pass's longer block."""
+    _check_pass_equals_forward(load_dflash(checkpoint).to(dtype), dtype, cached, new, block)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_one_request_pass_equals_caching_then_forward_with_biases(checkpoint, dtype):
+    """The same with ``attention_bias`` (q/k/v and o biases, added inside the transposed
+    projections' multiply as ``F.linear`` adds them)."""
+    from specpolicy.draft_models.dflash import DFlashDraftModel, qwen3_config
+
+    reference = load_dflash(checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    torch.manual_seed(3)
+    biased = DFlashDraftModel(qwen3_config({**config, "attention_bias": True}), reference.spec)
+    assert biased.layers[0].self_attn.o_proj.bias is not None
+    _check_pass_equals_forward(biased.to(dtype), dtype, 6, 3, B)
+
+
+def _check_pass_equals_forward(model, dtype, cached, new, block):
     from specpolicy.draft_models.kv import KVCache
 
-    model = load_dflash(checkpoint).to(dtype)
     model.fuse()
     g = torch.Generator().manual_seed(12)
     old, fresh = torch.randn(1, cached, 64, generator=g).to(dtype), torch.randn(1, new, 64, generator=g).to(dtype)

@@ -304,15 +304,23 @@ def test_the_plain_step_stands_apart_from_the_drafted_rounds_fit():
 
 
 def test_a_probe_measures_a_draft_as_long_as_drafting_costs_allow():
-    """Verification priced out of reach (every draft token costs a plain step): plain decoding but
-    for probes, and a probe, planned without the verification's cost, drafts the several tokens a
-    cheap, always-right drafter makes worth it -- not one token that measures nothing of the slope."""
-    policy = GoodputPolicy(cost_profile=profile(pass_ms=0.5, target_ms=10.0, per_token_ms=10.0), probe_interval=3)
+    """Verification measured out of reach (every draft token costs a plain step): plain decoding
+    but for probes, and a probe, planned without the measured verification cost, drafts the
+    several tokens (at most PROBE_MAX_LENGTH) a cheap, always-right drafter makes worth it -- not
+    one token that measures nothing of the slope. With the same cost pinned by a profile (known,
+    nothing to measure) a probe plans as any round: one token, then stop."""
+    from specpolicy.policies.goodput import PROBE_MAX_LENGTH
+
+    policy = GoodputPolicy(probe_interval=3)
     drafter = ScriptedDrafter(confidence=0.99)
-    lengths = [play(policy, drafter, all_accepted)[0].length for _ in range(40)]
-    probes = [k for k in lengths if k]
-    assert lengths.count(0) >= 25 and len(probes) >= 8
-    assert min(probes) >= 5  # each probe drafts several tokens
+    lengths = [play(policy, drafter, all_accepted, pass_ms=0.5, verify_base=10.0, verify_per_token=10.0)[0].length
+               for _ in range(80)]
+    probes = [k for k in lengths[40:] if k]
+    assert lengths[40:].count(0) >= 25 and len(probes) >= 8
+    assert min(probes) >= 5 and max(probes) <= PROBE_MAX_LENGTH  # each probe drafts several tokens, bounded
+    pinned = GoodputPolicy(cost_profile=profile(pass_ms=0.5, target_ms=10.0, per_token_ms=10.0), probe_interval=3)
+    lengths = [play(pinned, drafter, all_accepted)[0].length for _ in range(40)]
+    assert {k for k in lengths if k} == {1}
 
 
 def test_lambda_follows_the_policys_throughput_never_below_plain_decoding():

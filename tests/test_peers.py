@@ -116,7 +116,7 @@ def test_a_busy_machine_marks_the_measured_speedups_untrusted(family, tmp_path, 
     assert timing_trusted(summary) is False
 
 
-def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, tmp_path):
+def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, tmp_path, capsys):
     """``benchmarks/tune_failfast.py``: every (N, tau) of the grid, FailFast's defaults and static k
     run on the same prompts, each checked against vanilla; ``best`` is the fastest grid point;
     a grid N above ``--n-max`` is refused before any model loads."""
@@ -137,5 +137,7 @@ def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, t
     fastest = max(grid, key=lambda r: r["tokens_per_s"])
     assert (result["best"]["n"], result["best"]["tau"]) == tuple(fastest["n_tau"])
     assert rows["dflash+failfast-n3-t0.9"]["policy"].startswith("FailFastPolicy(n=3, tau=0.9, n_max=60")
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         tune.main(["--n-grid", "70", "--num-prompts", "1"])
+    assert "--n-max must be >= the largest N of --n-grid (70), got 60" in capsys.readouterr().err

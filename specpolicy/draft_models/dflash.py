@@ -131,8 +131,10 @@ def _norm(x: torch.Tensor, norm: Qwen3RMSNorm) -> torch.Tensor:
 def _times(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight_t.T, bias)`` with the weight stored transposed, ``(in, out)``: ``x``
     ``(..., in)`` -> ``(..., out)`` (see ``DFlashLayer.fuse``)."""
-    y = x @ weight_t
-    return y if bias is None else y + bias
+    if bias is None:
+        return x @ weight_t
+    # the bias inside one addmm, as F.linear adds it (one rounding in a low precision)
+    return torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight_t).view(*x.shape[:-1], weight_t.shape[1])
 
 
 def _signed(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
