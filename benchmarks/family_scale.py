@@ -10,9 +10,10 @@ on the values), measured on this CPU with the family's settings:
   tokens, float32, as in the loop (median of ``--repeats``);
 * ``block_pass_ms`` -- one dLLM drafter pass as FailFast runs it: a 32-token block on the same
   cache (median);
-* ``train_tokens_per_s`` -- forward + backward + AdamW step under bfloat16 autocast, the
-  family trainer's settings (``specpolicy/family/trainer.py``), on batches of ``--train-tokens``
-  (2048) padded tokens, after one untimed step.
+* ``train_tokens_per_s`` -- forward + backward + AdamW step in the family trainer's precision
+  (bfloat16 autocast where the CPU runs it natively, float32 elsewhere) and settings
+  (``specpolicy/family/trainer.py``), on batches of ``--train-tokens`` (2048) padded tokens,
+  after one untimed step.
 
 From them, with today's recipe held fixed (a lower bound: a larger model wants more epochs):
 
@@ -44,7 +45,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specpolicy.cache import crop_cache
 from specpolicy.family.models import SIZES
-from specpolicy.family.trainer import TrainConfig, make_optimizer
+from specpolicy.family.trainer import TrainConfig, make_optimizer, uses_bf16
 
 FAMILY = Path(__file__).resolve().parents[1] / "specpolicy" / "assets" / "family"
 
@@ -95,7 +96,7 @@ def forward_ms(model: Qwen2ForCausalLM, context: int, new: int, repeats: int) ->
 
 
 def train_tokens_per_s(model: Qwen2ForCausalLM, tokens: int, steps: int) -> float:
-    """Padded tokens/s of forward + backward + AdamW under bf16 autocast (the family trainer's way)."""
+    """Padded tokens/s of forward + backward + AdamW in the family trainer's precision (``uses_bf16``)."""
     model.train()
     cfg = TrainConfig()
     opt = make_optimizer(model, cfg)
@@ -104,7 +105,7 @@ def train_tokens_per_s(model: Qwen2ForCausalLM, tokens: int, steps: int) -> floa
     elapsed = 0.0
     for step in range(steps + 1):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=uses_bf16(cfg)):
             loss = model(ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -152,7 +152,7 @@ def run(a: argparse.Namespace) -> dict:
     from specpolicy.family.distill import greedy_generate
     from specpolicy.family.feature_store import FeatureStore, extract_features
     from specpolicy.family.models import load_model
-    from specpolicy.family.trainer import TrainConfig
+    from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
 
     target_config = check_args(a)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
@@ -171,7 +171,8 @@ def run(a: argparse.Namespace) -> dict:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         t0 = time.time()
-        outs = greedy_generate(model, prompts, eos, pad, a.max_new_tokens, a.generate_batch, bf16=device != "cpu",
+        outs = greedy_generate(model, prompts, eos, pad, a.max_new_tokens, a.generate_batch,
+                               bf16=bf16_autocast_pays(device),
                                log_every=5)
         save_examples([Example(tuple(p), tuple(o)) for p, o in zip(prompts, outs)], data)
         log["continuations"] = {"n": len(prompts), "wall_s": round(time.time() - t0, 1)}
@@ -201,7 +202,7 @@ def run(a: argparse.Namespace) -> dict:
     train_idx = list(range(len(examples) - a.holdout))
     held = list(range(len(examples) - a.holdout, len(examples)))
     cfg = TrainConfig(epochs=a.epochs, max_steps=a.max_steps, batch_tokens=a.batch_tokens, lr=a.lr,
-                      warmup_steps=a.warmup, seed=a.seed, bf16=True, log_every=10, device=device)
+                      warmup_steps=a.warmup, seed=a.seed, log_every=10, device=device)  # bf16 where it pays
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
     if a.drafter == "dflash":

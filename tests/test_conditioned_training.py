@@ -132,8 +132,12 @@ def test_a_short_training_run_lowers_the_loss_and_saves_the_official_layout(tmp_
     if kind == "dflash":
         stats = train_dflash(path, examples, store, cfg, tmp_path / "out", 0, MASK, block_size=6,
                              target_layer_ids=(0, 2), anchors=4, size={**small, "num_hidden_layers": 1},
-                             train_indices=list(range(36)), heldout_indices=list(range(36, 40)), val_every=10)
+                             train_indices=list(range(36)), heldout_indices=list(range(36, 40)), val_every=10,
+                             checkpoint_every=15)
         model = load_dflash(tmp_path / "out")
+        saved = json.loads((tmp_path / "out.checkpoint" / "config.json").read_text())
+        assert 15 <= saved["train_step"] <= stats["steps"]  # the last save, at a progress line
+        load_dflash(tmp_path / "out.checkpoint")
         config = json.loads((tmp_path / "out" / "config.json").read_text())
         assert config["dflash_config"] == {"target_layer_ids": [0, 2], "mask_token_id": MASK, "block_size": 6}
         assert model.spec.block_size == 6
@@ -156,3 +160,48 @@ def test_a_short_training_run_lowers_the_loss_and_saves_the_official_layout(tmp_
         assert not any(n.startswith("lm_head") for n in names)  # ... nor its LM head
     else:
         assert {"lm_head.weight", "d2t"} <= names  # EAGLE-3's own head over the draft vocabulary
+
+
+def test_dflash_validation_counts_blocks_by_their_correct_prefix(tmp_path):
+    """``validation_loss``'s ``prefix_share_ge`` (the in-loop bar's measure, teacher-forced) equals a
+    block-by-block count: the longest run of right tokens from the block's first mask, over the
+    blocks whose masks all lie inside their sequence."""
+    from specpolicy.family.data import collate
+    from specpolicy.family.train_dflash import validation_loss
+
+    target = _target().float()
+    path = tmp_path / "target"
+    target.save_pretrained(path)
+    g = torch.Generator().manual_seed(4)
+    # responses of tokens 6 and 7 only, and a head whose argmax is always 6 or 7 (row 7 = -row 6): about
+    # half the drafted tokens are right, so every threshold counts some blocks
+    examples = [Example(tuple(torch.randint(6, 60, (4,), generator=g).tolist()),
+                        tuple(torch.randint(6, 8, (m,), generator=g).tolist())) for m in (9, 30, 3, 22, 14)]
+    extract_features(path, examples, [1, 3], tmp_path / "store", log_every=0)
+    store = FeatureStore(tmp_path / "store")
+    draft = new_dflash(target.config, MASK, 4, [0, 2], seed=5).eval()
+    embed = target.get_input_embeddings().weight.detach()
+    head = torch.zeros_like(embed)
+    head[6] = torch.randn(embed.shape[1], generator=g)
+    head[7] = -head[6]
+    got = validation_loss(draft, embed, head, examples, list(range(5)), store, seed=7, prefix_thresholds=(1, 2, 3))
+    gen = torch.Generator().manual_seed(7)
+    batch = collate(examples, 0)
+    layout = block_layout(batch["input_ids"], batch["valid"], batch["prompt_len"], 4, 16, 1, MASK, 0.0, gen)
+    with torch.no_grad():
+        out = blocks_output(draft, embed, layout, store.batch(list(range(5)), [1, 3], batch["input_ids"].shape[1]))
+        predicted = (out @ head.T).argmax(-1)
+    lengths = []
+    for r in range(5):
+        for b in range(layout["labels"].shape[1]):
+            labels = layout["labels"][r, b, 1:].tolist()
+            if -100 in labels:
+                continue
+            run = 0
+            while run < 3 and int(predicted[r, b, 1 + run]) == labels[run]:
+                run += 1
+            lengths.append(run)
+    assert got["n_blocks"] == len(lengths) > 20
+    for t in (1, 2, 3):
+        assert got["prefix_share_ge"][str(t)] == round(sum(x >= t for x in lengths) / len(lengths), 4)
+    assert 1 > got["prefix_share_ge"]["1"] > got["prefix_share_ge"]["2"] > got["prefix_share_ge"]["3"] > 0

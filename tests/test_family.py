@@ -31,7 +31,7 @@ from specpolicy.family.tokenizer import (
 )
 from specpolicy.family.train_ar import ar_loss, train_ar_model
 from specpolicy.family.train_dllm import dllm_loss_from_inputs, make_dllm_inputs, train_dllm_model
-from specpolicy.family.trainer import TrainConfig
+from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
 
 
 def _rows(n: int = 120, seed: int = 0) -> list[dict]:
@@ -273,6 +273,7 @@ def test_tiny_training_saves_loadable_models(tok, rows, tmp_path):
     cfg = TrainConfig(epochs=8, batch_tokens=2048, lr=1e-2, warmup_steps=2, seed=0, log_every=1000)
     st = train_ar_model("tiny", exs, tok, cfg, tmp_path / "ar", vocab_size=len(tok))
     assert st["steps"] >= 8 and st["final_loss"] < st["first_loss"] - 0.5
+    assert st["config"]["bf16"] is bf16_autocast_pays("cpu")  # the default: bf16 autocast only where it is native
     assert st["params"] == count_params(load_model(tmp_path / "ar"))
     m = AutoModelForCausalLM.from_pretrained(tmp_path / "ar")
     t = AutoTokenizer.from_pretrained(tmp_path / "ar")
@@ -288,6 +289,18 @@ def test_tiny_training_saves_loadable_models(tok, rows, tmp_path):
     d = load_model(tmp_path / "dllm")
     assert d.config.bd_block_size == 32 and d.config.mask_token_id == tok.mask_token_id
     assert type(d).__name__ == "Qwen2ForCausalLM"
+
+
+def test_bf16_autocast_only_where_the_device_runs_it_natively(monkeypatch):
+    from specpolicy.family import trainer
+
+    assert trainer.uses_bf16(TrainConfig(bf16=True)) and not trainer.uses_bf16(TrainConfig(bf16=False))
+    for native in (True, False):  # the default follows oneDNN's native bf16 kernels on a CPU
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native)
+        assert trainer.bf16_autocast_pays("cpu") is native
+        assert trainer.uses_bf16(TrainConfig()) is native
+        assert trainer.uses_bf16(TrainConfig(bf16=False)) is False
+    assert trainer.bf16_autocast_pays("meta") is False
 
 
 def test_greedy_generate_batched_equals_single(tok, rows):

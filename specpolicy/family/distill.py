@@ -149,8 +149,9 @@ def distill(
         examples: training examples (their prompts are used; responses ignored).
         out_path: jsonl to write (see module docstring).
         num_prompts: how many prompts (a seeded random subset); None = all.
-        bf16: decode under bf16 autocast (~3x faster here than fp32; outputs equal the fp32
-            greedy outputs up to rare near-tie flips, which is harmless for training data).
+        bf16: decode under bf16 autocast (~3x faster than fp32 on a CPU with native bf16 kernels,
+            far slower where they are emulated: see ``trainer.bf16_autocast_pays``; outputs equal
+            the fp32 greedy outputs up to rare near-tie flips, which is harmless for training data).
         top_k: when > 0, also save the target's top-``top_k`` next-token log-probabilities at
             every response position to :func:`soft_targets_path` ``(out_path)`` (see
             :func:`save_soft_targets`).

@@ -58,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--max-len", type=int, default=384, help="max prompt+response tokens")
     ap.add_argument("--overflow", choices=["drop", "truncate"], default="drop")
-    ap.add_argument("--no-bf16", action="store_true", help="train in fp32 instead of bf16 autocast")
+    precision = ap.add_mutually_exclusive_group()
+    precision.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=None,
+                           help="train under bf16 autocast (default: where the device runs it natively -- CUDA, "
+                                "a CPU with AVX512-BF16/AMX --, float32 elsewhere, where it is emulated and far slower)")
+    precision.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="train in float32")
     # target
     ap.add_argument("--target-size", default="target")
     ap.add_argument("--target-epochs", type=int, default=4)
@@ -70,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--distill-prompts", type=int, default=0, help="number of train prompts (0 = all)")
     ap.add_argument("--distill-batch", type=int, default=128)
     ap.add_argument("--distill-max-new", type=int, default=256)
-    ap.add_argument("--distill-fp32", action="store_true", help="decode in fp32 (default: bf16 autocast, ~3x faster)")
+    ap.add_argument("--distill-fp32", action="store_true",
+                    help="decode in fp32 (default: bf16 autocast where the device runs it natively, ~3x faster there; "
+                         "fp32 elsewhere)")
     ap.add_argument("--distill-top-k", type=int, default=8,
                     help="also keep the target's top-k next-token log-probs (soft targets of the dLLM drafter; 0 = none)")
     # AR drafter
@@ -128,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens")
     ap.add_argument("--dflash-init", default=None,
                     help="a DFlash checkpoint to continue training from (default: fresh weights)")
+    ap.add_argument("--dflash-checkpoint-every", type=int, default=0,
+                    help="save the DFlash drafter to <out>/dflash-drafter.checkpoint every N steps (0 = never)")
     ap.add_argument("--dflash-draft-vocab", type=_at_least_one, default=1024,
                     help="dflash-vocabulary: most frequent response tokens whose LM-head rows a DFlash pass runs")
     ap.add_argument("--eagle3-epochs", type=int, default=4)
@@ -178,7 +186,7 @@ def run(a: argparse.Namespace) -> dict:
     from specpolicy.family.tokenizer import load_tokenizer, train_and_save
     from specpolicy.family.train_ar import train_ar_model
     from specpolicy.family.train_dllm import train_dllm_model
-    from specpolicy.family.trainer import TrainConfig
+    from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
     from specpolicy.family.training_log import read_log, update_log
 
     check_args(a)
@@ -187,7 +195,7 @@ def run(a: argparse.Namespace) -> dict:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "training_log.json"
-    bf16 = not a.no_bf16
+    bf16 = a.bf16  # None: where it runs natively (trainer.bf16_autocast_pays)
     paths = {
         "tokenizer": out / "tokenizer",
         "target": out / "target",
@@ -264,7 +272,7 @@ def run(a: argparse.Namespace) -> dict:
         print("== distill", flush=True)
         n = a.distill_prompts or None
         st = distill(paths["target"], get_train(), tok, paths["distill"], n, a.distill_max_new, a.distill_batch, a.seed,
-                     bf16=not a.distill_fp32, top_k=a.distill_top_k)
+                     bf16=not a.distill_fp32 and bf16_autocast_pays("cpu"), top_k=a.distill_top_k)
         print(f"distill: {st}", flush=True)
         update_log(log_path, "distill", st)
 
@@ -362,7 +370,7 @@ def run(a: argparse.Namespace) -> dict:
                           tok.pad_token_id, tok.convert_tokens_to_ids("|<MASK>|"), a.dflash_block_size,
                           tuple(a.dflash_layer_ids), a.dflash_anchors, tuple(a.dflash_extension_probs),
                           gamma=a.dflash_gamma, init=a.dflash_init,
-                          train_indices=train_idx, heldout_indices=held)
+                          train_indices=train_idx, heldout_indices=held, checkpoint_every=a.dflash_checkpoint_every)
         update_log(log_path, "dflash-drafter", st)
 
     if todo("dflash-vocabulary"):

@@ -173,7 +173,7 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
                  extension_probs: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05), gamma: float = 7.0,
                  size: dict | None = None, init: str | Path | None = None,
                  train_indices: list[int] | None = None, heldout_indices: list[int] | None = None,
-                 val_every: int = 200) -> dict:
+                 val_every: int = 200, checkpoint_every: int = 0) -> dict:
     """Train the DFlash drafter of ``target_dir`` and save it in the official layout.
 
     Args:
@@ -188,6 +188,9 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
         extension_probs: share of blocks with 0, 1, 2, ... extension passes' given tokens.
         gamma: loss decay over mask positions (0 = none).
         init: a DFlash checkpoint to continue from (default: fresh weights).
+        checkpoint_every: when > 0, every this many steps (rounded up to a progress line) the
+            drafter is saved to ``<out_dir>.checkpoint`` (overwritten; its config gets
+            ``train_step``), so a long run leaves a usable drafter at any time.
     Returns:
         the ``trainer.train`` stats plus ``params``, ``block_size``, ``target_layer_ids``, ``anchors``,
         ``extension_probs``, ``gamma``.
@@ -218,13 +221,22 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
             curve.append({"step": step, **v})
             shown = [d for d in (1, 5, 10, 15) if d < block_size]
             print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d="
-                  f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}",
+                  f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}; "
+                  f"blocks with a correct prefix >= 5/10: {v['prefix_share_ge']['5']}/{v['prefix_share_ge']['10']}",
                   flush=True)
+
+    last_checkpoint = [0]
+
+    def on_log(step: int, model) -> None:
+        validate(step, model)
+        if checkpoint_every > 0 and step - last_checkpoint[0] >= checkpoint_every:
+            save_dflash(draft, f"{out_dir}.checkpoint", extra={"train_step": step})
+            last_checkpoint[0] = step
 
     t0 = time.time()
     validate(0)
     stats = train(trainee, [examples[i] for i in train_indices], loss_fn, cfg, pad_id, name="dflash-drafter",
-                  on_log=validate)
+                  on_log=on_log)
     validate(stats["steps"])
     save_dflash(draft, out_dir)
     stats.update(params=sum(p.numel() for p in draft.parameters()), block_size=draft.spec.block_size,
@@ -260,9 +272,20 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
 
 
 def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch.Tensor, examples: list[Example],
-                    indices: list[int], store: FeatureStore, seed: int = 0) -> dict:
+                    indices: list[int], store: FeatureStore, seed: int = 0,
+                    prefix_thresholds: tuple[int, ...] = (5, 10)) -> dict:
     """Mean undecayed cross-entropy and top-1 accuracy per mask index k = 1..B-1 on one-pass blocks
-    (j = 1), 16 anchors per sequence, on ``indices`` (a held-out slice); eval mode, no grad."""
+    (j = 1), 16 anchors per sequence, on ``indices`` (a held-out slice); eval mode, no grad.
+
+    Also the share of blocks whose longest correct prefix (the accepted length of a greedy
+    verification of the whole block, bonus token excluded) reaches each of ``prefix_thresholds``
+    tokens, over the blocks with all B - 1 positions inside their sequence: issue 19's in-loop bar
+    (accepted >= 5 / >= 10 in a share of static k = B - 1 rounds), teacher-forced at random anchors.
+
+    Returns:
+        ``{"ce", "accuracy_by_distance" (B - 1 floats), "prefix_share_ge" ({str(t): share}),
+        "n_tokens", "n_blocks"}``.
+    """
     from specpolicy.family.data import collate
 
     B = draft.spec.block_size
@@ -271,6 +294,7 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
     hits = torch.zeros(B - 1)
     count = torch.zeros(B - 1)
     ce_sum = 0.0
+    prefix_lengths = []
     with torch.no_grad():
         for s in range(0, len(indices), 16):
             idx = indices[s : s + 16]
@@ -287,6 +311,13 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
             hit = (logits.argmax(-1) == layout["labels"][keep]).float().cpu()
             hits.index_add_(0, k, hit)
             count.index_add_(0, k, torch.ones_like(hit))
+            right = torch.zeros(keep.shape, dtype=torch.bool, device=dev)
+            right[keep] = hit.bool().to(dev)  # (R, nb, B): label position drafted right
+            whole = keep[..., 1:].all(-1)  # blocks with all B - 1 positions in their sequence
+            prefix_lengths.append(right[..., 1:].int().cumprod(-1).sum(-1)[whole].cpu())
+    prefix = torch.cat(prefix_lengths) if prefix_lengths else torch.zeros(0, dtype=torch.long)
     return {"ce": round(ce_sum / max(1.0, float(count.sum())), 4),
             "accuracy_by_distance": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, count)],
-            "n_tokens": int(count.sum())}
+            "prefix_share_ge": {str(t): round(float((prefix >= t).float().mean()) if prefix.numel() else 0.0, 4)
+                                for t in prefix_thresholds},
+            "n_tokens": int(count.sum()), "n_blocks": int(prefix.numel())}
