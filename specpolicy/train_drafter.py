@@ -16,8 +16,12 @@ Three steps, each resumable (a step whose output exists in ``--work`` is skipped
    ``model.safetensors``, loadable by ``drafter=dflash`` / ``drafter=eagle3`` and by the official
    code and the engines), with ``training_log.json`` (loss and held-out validation curves).
 
-Runs on CUDA when present (``--device auto``), else on the CPU. Every option is checked before
-the target loads; a bad one is one line naming it, its value and what it takes.
+Runs on CUDA when present (``--device auto``), else on the CPU, in bfloat16 autocast where the
+device runs it natively (float32 elsewhere). A long run can save its drafter as it goes
+(``--checkpoint-every``, to ``<out>.checkpoint``) and a later run can continue any checkpoint of
+the same kind (``--init``: its shape, feature layers, block size and draft vocabulary). Every
+option is checked before the target loads; a bad one is one line naming it, its value and what
+it takes.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--draft-layers", type=int, default=None,
                     help="decoder layers (dflash: 5 by default, the released drafters' depth; eagle3: 1)")
-    ap.add_argument("--block-size", type=int, default=16, help="dflash: B, tokens per block")
+    ap.add_argument("--block-size", type=int, default=None, help="dflash: B, tokens per block (default 16)")
     ap.add_argument("--layer-ids", type=int, nargs="+", default=None,
                     help="feature layers: dflash target_layer_ids (default evenly spaced over [1, L-3]); "
                          "eagle3 aux layer ids (default [2, L//2, L-3])")
@@ -69,7 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "only the LM-head rows of the answers' N most frequent tokens (and the stop token): "
                          "no other token can be drafted")
     ap.add_argument("--ttt", type=int, default=7, help="eagle3: training-time-test unroll steps")
+    ap.add_argument("--init", default=None,
+                    help="continue training this checkpoint of the same kind (a local directory): its shape, feature "
+                         "layers, block size, mask token and draft vocabulary, so the options that set those are "
+                         "refused beside it")
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="save the drafter to <out>.checkpoint every N optimizer steps (0 = never)")
     return ap
+
+
+#: the options that set a drafter's shape, refused beside ``--init`` (the checkpoint has its own)
+SHAPE_OPTIONS = ("draft_layers", "block_size", "layer_ids", "mask_token_id", "draft_vocab")
 
 
 def check_args(a: argparse.Namespace) -> dict:
@@ -91,8 +105,8 @@ def check_args(a: argparse.Namespace) -> dict:
         if v < 1 or (name == "block_size" and v < 2):
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= "
                              f"{2 if name == 'block_size' else 1}")
-    if a.holdout < 0 or a.warmup < 0:
-        raise SystemExit("error: --holdout and --warmup must be integers >= 0")
+    if a.holdout < 0 or a.warmup < 0 or a.checkpoint_every < 0:
+        raise SystemExit("error: --holdout, --warmup and --checkpoint-every must be integers >= 0")
     if not a.lr > 0:
         raise SystemExit(f"error: --lr={a.lr}; it must be > 0")
     if a.draft_layers is not None and a.draft_layers < 1:
@@ -113,6 +127,8 @@ def check_args(a: argparse.Namespace) -> dict:
     if a.draft_vocab is not None and vocab and a.draft_vocab > vocab:
         raise SystemExit(f"error: --draft-vocab={a.draft_vocab}; it must be at most the target's vocabulary size "
                          f"({vocab})")
+    if a.init is not None:
+        check_init(a, config)
     if a.device != "auto":
         try:
             dev = torch.device(a.device)
@@ -121,6 +137,33 @@ def check_args(a: argparse.Namespace) -> dict:
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise SystemExit(f"error: --device={a.device!r} but CUDA is not available here; use cpu or auto")
     return config
+
+
+def check_init(a: argparse.Namespace, target_config: dict) -> None:
+    """``--init``: a local checkpoint of ``a.drafter``'s kind that fits the target, and none of
+    ``SHAPE_OPTIONS`` beside it.
+
+    Raises:
+        SystemExit: one line naming the option and what is wrong.
+    """
+    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.errors import ConfigError
+
+    given = [f"--{n.replace('_', '-')}" for n in SHAPE_OPTIONS if getattr(a, n) is not None]
+    if given:
+        raise SystemExit(f"error: --init={a.init!r} continues a checkpoint with its own shape; drop {', '.join(given)}")
+    key = f"--init={a.init!r}"
+    try:
+        raw = read_config(Path(a.init).expanduser(), key)
+        if a.drafter == "dflash":
+            from specpolicy.drafters.dflash import check_fits_target
+        else:
+            from specpolicy.drafters.eagle3 import check_fits_target
+        check_fits_target(raw, target_config, key)
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:  # a config of another kind
+        raise SystemExit(f"error: {key} is not a {a.drafter} checkpoint ({exc!r} in its config.json)") from None
 
 
 def mask_token(tokenizer, vocab_size: int, given: int | None) -> int:
@@ -183,7 +226,20 @@ def run(a: argparse.Namespace) -> dict:
                          f"--holdout={a.holdout}; give more prompts or a smaller --holdout")
     log["data"] = fit
 
-    if a.drafter == "dflash":
+    if a.init is not None:  # the checkpoint's feature layers (check_init: it fits the target)
+        from specpolicy.draft_models.checkpoint import read_config
+
+        raw = read_config(Path(a.init).expanduser(), "--init")
+        if a.drafter == "dflash":
+            from specpolicy.draft_models.dflash import DFlashSpec
+
+            ids = list(DFlashSpec.from_config(raw, "--init").target_layer_ids)
+            feature_layers = [i + 1 for i in ids]
+        else:
+            from specpolicy.drafters.eagle3 import check_fits_target
+
+            ids, feature_layers = None, list(check_fits_target(raw, target_config, "--init"))
+    elif a.drafter == "dflash":
         draft_layers = a.draft_layers or 5
         ids = a.layer_ids or default_target_layer_ids(layers, draft_layers)
         feature_layers = [i + 1 for i in ids]
@@ -210,14 +266,17 @@ def run(a: argparse.Namespace) -> dict:
         from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
 
         vocab = int(target_config["vocab_size"])
-        heads = int(target_config["num_attention_heads"])
-        size = {**DFLASH_SIZE, "num_hidden_layers": draft_layers, "num_attention_heads": heads,
-                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
-                "intermediate_size": int(target_config["intermediate_size"])}
-        stats = train_dflash(a.target, examples, store, cfg, out, pad, mask_token(tokenizer, vocab, a.mask_token_id),
-                             a.block_size, tuple(ids), a.anchors, size=size, train_indices=train_idx,
-                             heldout_indices=held)
+        size = mask = None
+        if a.init is None:
+            heads = int(target_config["num_attention_heads"])
+            size = {**DFLASH_SIZE, "num_hidden_layers": draft_layers, "num_attention_heads": heads,
+                    "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+                    "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                    "intermediate_size": int(target_config["intermediate_size"])}
+            mask = mask_token(tokenizer, vocab, a.mask_token_id)
+        stats = train_dflash(a.target, examples, store, cfg, out, pad, mask, a.block_size or 16, tuple(ids), a.anchors,
+                             size=size, init=a.init, train_indices=train_idx, heldout_indices=held,
+                             checkpoint_every=a.checkpoint_every)
         if a.draft_vocab is not None:
             from specpolicy.family.train_dflash import add_draft_vocabulary
 
@@ -232,7 +291,8 @@ def run(a: argparse.Namespace) -> dict:
                 "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
                 "intermediate_size": int(target_config["intermediate_size"])}
         stats = train_eagle3(a.target, examples, store, cfg, out, pad, a.draft_vocab or 32000, a.ttt, layer_ids=ids,
-                             size=size, train_indices=train_idx, heldout_indices=held)
+                             size=size, train_indices=train_idx, heldout_indices=held, init=a.init,
+                             checkpoint_every=a.checkpoint_every)
     log[a.drafter] = stats
     (out / "training_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
     print(f"== done: {out} (python -m specpolicy drafter={a.drafter} drafter.model={out} verifier.model={a.target})",

@@ -196,6 +196,7 @@ def world(family, tmp_path_factory) -> World:
     for name in ("Qwen3-8B", "Llama-3.1-8B-Instruct"):  # targets of the official DFlash / EAGLE-3 examples
         (models / name).symlink_to(family["target"])
     (models / "Qwen3-8B-DFlash-b16").symlink_to(family["dflash"])
+    (models / "qwen7b-dflash").symlink_to(family["dflash"])  # a train_drafter --init checkpoint of the 7B stand-in
     (models / "EAGLE3-LLaMA3.1-8B").symlink_to(family["eagle3"])
     return w
 

@@ -36,6 +36,17 @@ def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeyp
         assert config["dflash_config"]["draft_vocab_size"] == 50 and 0 < log[kind]["draft_vocab_coverage"] <= 1
     else:
         assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    # a second run continues that checkpoint (--init: its shape and vocabulary), saving as it goes
+    more = tmp_path / f"{kind}-more"
+    log2 = train_drafter.main([kind, "--target", str(family["target"]), "--prompts", str(_prompts(tmp_path)),
+                               "--out", str(more), "--work", f"{out}.work", "--max-new-tokens", "12", "--epochs", "1",
+                               "--batch-tokens", "256", "--holdout", "1", "--warmup", "2", "--device", "cpu",
+                               "--init", str(out), "--checkpoint-every", "1", *(["--ttt", "3"] * (kind == "eagle3"))])
+    ce = "ce" if kind == "dflash" else "ce_step0"
+    first, second = log[kind]["validation_curve"], log2[kind]["validation_curve"]
+    assert abs(second[0][ce] - first[-1][ce]) < 0.05 * first[-1][ce] < first[0][ce]  # where the first run ended
+    assert json.loads((more / "config.json").read_text()) == config  # the same layout, vocabulary included
+    assert json.loads((tmp_path / f"{kind}-more.checkpoint" / "config.json").read_text())["train_step"] >= 1
     # the checkpoint drafts through the command line, lossless
     import sys
 
@@ -52,6 +63,24 @@ def test_a_users_target_gets_a_drafter_that_runs(family, tmp_path, kind, monkeyp
         assert exit_.code in (0, None), capsys.readouterr().err
     summary = json.loads(next(tmp_path.glob("outputs/*/summary.json")).read_text())
     assert summary["lossless_fraction"] == 1.0
+
+
+def test_init_is_checked_before_anything_loads(family, tmp_path):
+    prompts = str(_prompts(tmp_path))
+    base = ["--target", str(family["target"]), "--prompts", prompts, "--out", "o"]
+    with pytest.raises(SystemExit) as err:
+        train_drafter.main(["dflash", *base, "--init", str(tmp_path / "nowhere")])
+    assert str(err.value).startswith(f"error: --init={str(tmp_path / 'nowhere')!r}") and "\n" not in str(err.value)
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 8}))
+    with pytest.raises(SystemExit) as err:  # an EAGLE-3 config where a DFlash one is needed
+        train_drafter.main(["dflash", *base, "--init", str(eagle)])
+    assert str(err.value).startswith(f"error: --init={str(eagle)!r}") and "\n" not in str(err.value)
+    with pytest.raises(SystemExit) as err:
+        train_drafter.main(["dflash", *base, "--init", str(eagle), "--block-size", "8", "--draft-layers", "2"])
+    assert str(err.value) == (f"error: --init={str(eagle)!r} continues a checkpoint with its own shape; drop "
+                              "--draft-layers, --block-size")
 
 
 def test_a_draft_vocabulary_larger_than_the_targets_is_one_line(family, tmp_path):

@@ -168,7 +168,7 @@ def feature_layers_for(args, target_dir: str | Path) -> list[int]:
 
 
 def train_dflash(target_dir: str | Path, examples: list[Example], store: FeatureStore, cfg: TrainConfig,
-                 out_dir: str | Path, pad_id: int, mask_token_id: int, block_size: int = 16,
+                 out_dir: str | Path, pad_id: int, mask_token_id: int | None, block_size: int = 16,
                  target_layer_ids: tuple[int, ...] = (2, 6, 11), anchors: int = 16,
                  extension_probs: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05), gamma: float = 7.0,
                  size: dict | None = None, init: str | Path | None = None,
@@ -187,7 +187,9 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
         anchors: training blocks per sequence and step.
         extension_probs: share of blocks with 0, 1, 2, ... extension passes' given tokens.
         gamma: loss decay over mask positions (0 = none).
-        init: a DFlash checkpoint to continue from (default: fresh weights).
+        init: a DFlash checkpoint to continue from (its shape, mask token, block size, layer ids and
+            draft vocabulary; ``mask_token_id``, ``block_size``, ``target_layer_ids`` and ``size`` are
+            then unused). Default: fresh weights.
         checkpoint_every: when > 0, every this many steps (rounded up to a progress line) the
             drafter is saved to ``<out_dir>.checkpoint`` (overwritten; its config gets
             ``train_step``), so a long run leaves a usable drafter at any time.
@@ -219,7 +221,7 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
             v = validation_loss(draft, trainee.embed, trainee.lm_head, examples, heldout_indices, store, cfg.seed)
             draft.train(model is not None)
             curve.append({"step": step, **v})
-            shown = [d for d in (1, 5, 10, 15) if d < block_size]
+            shown = [d for d in (1, 5, 10, 15) if d < draft.spec.block_size]
             print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d="
                   f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}; "
                   f"blocks with a correct prefix >= 5/10: {v['prefix_share_ge']['5']}/{v['prefix_share_ge']['10']}",

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.draft_models.eagle3 import Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, save_eagle3
+from specpolicy.draft_models.eagle3 import (Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, load_eagle3,
+                                            save_eagle3)
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.trainer import TrainConfig, train
@@ -182,7 +183,7 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
                  out_dir: str | Path, pad_id: int, draft_vocab_size: int = 2048, steps: int = 7, decay: float = 0.8,
                  layer_ids: list[int] | None = None, size: dict | None = None,
                  train_indices: list[int] | None = None, heldout_indices: list[int] | None = None,
-                 val_every: int = 200) -> dict:
+                 val_every: int = 200, init: str | Path | None = None, checkpoint_every: int = 0) -> dict:
     """Train the EAGLE-3 head of ``target_dir`` and save it in the EAGLE-3 layout.
 
     Args:
@@ -194,6 +195,11 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
         draft_vocab_size: rows of the head's LM head (the most frequent response tokens).
         steps: training-time-test unroll length T. decay: loss weight ``decay ** j`` of step j.
         layer_ids: the feature layers (INPUT of layer i); None = the default, not written out.
+        init: an EAGLE-3 checkpoint to continue from (its shape, feature layers and draft
+            vocabulary; ``draft_vocab_size``, ``layer_ids`` and ``size`` are then unused). Default:
+            fresh weights.
+        checkpoint_every: when > 0, every this many steps (rounded up to a progress line) the head
+            is saved to ``<out_dir>.checkpoint`` (overwritten; its config gets ``train_step``).
     Returns:
         the ``trainer.train`` stats plus ``params``, ``draft_vocab_size``, ``draft_vocab_coverage``
         (share of response tokens in the draft vocabulary), ``steps``, ``decay``, ``feature_layers``.
@@ -205,8 +211,15 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
     train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
     heldout_indices = list(heldout_indices or [])
     trained = [examples[i] for i in train_indices]
-    draft_ids = draft_vocabulary(trained, min(draft_vocab_size, vocab), vocab)
-    head = new_eagle3(target.config, draft_ids, cfg.seed, layer_ids, size)
+    if init:
+        head = load_eagle3(init, "init")
+        draft_ids = head.to_target_ids(torch.arange(head.spec.draft_vocab_size))
+        with torch.no_grad():  # the loss reads t2d; some exports leave it out (load_eagle3 then zeroes it)
+            head.t2d.zero_()
+            head.t2d[draft_ids] = True
+    else:
+        draft_ids = draft_vocabulary(trained, min(draft_vocab_size, vocab), vocab)
+        head = new_eagle3(target.config, draft_ids, cfg.seed, layer_ids, size)
     num_layers = int(target.config.num_hidden_layers)
     layers = list(head.spec.feature_layers(num_layers))
     trainee = Eagle3Trainee(head, target.get_input_embeddings().weight)
@@ -223,10 +236,18 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
             print(f"[eagle3-drafter] step {step} held-out ce {v['ce_step0']:.4f} accuracy by step "
                   f"{' '.join(str(x) for x in v['accuracy_by_step'])}", flush=True)
 
+    last_checkpoint = [0]
+
+    def on_log(step: int, model) -> None:
+        validate(step, model)
+        if checkpoint_every > 0 and step - last_checkpoint[0] >= checkpoint_every:
+            save_eagle3(head, f"{out_dir}.checkpoint", num_layers, extra={"train_step": step})
+            last_checkpoint[0] = step
+
     t0 = time.time()
     validate(0)
     stats = train(trainee, trained, eagle3_loss(store.select(train_indices), layers, steps, decay, vocab), cfg,
-                  pad_id, name="eagle3-drafter", on_log=validate)
+                  pad_id, name="eagle3-drafter", on_log=on_log)
     validate(stats["steps"])
     save_eagle3(head, out_dir, num_layers)
     stats.update(params=sum(p.numel() for p in head.parameters()), draft_vocab_size=int(draft_ids.numel()),
