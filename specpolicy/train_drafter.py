@@ -75,14 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ttt", type=int, default=7, help="eagle3: training-time-test unroll steps")
     ap.add_argument("--init", default=None,
                     help="continue training this checkpoint of the same kind (a local directory): its shape, feature "
-                         "layers, block size, mask token and draft vocabulary, so the options that set those are "
-                         "refused beside it")
+                         "layers (an EAGLE-3 checkpoint's explicit ids read as layer inputs), block size, mask token "
+                         "and draft vocabulary, so the options that set those are refused beside it (but dflash "
+                         "--draft-vocab, which is derived after training)")
     ap.add_argument("--checkpoint-every", type=int, default=0,
-                    help="save the drafter to <out>.checkpoint every N optimizer steps (0 = never)")
+                    help="save the drafter to <out>.checkpoint at the first progress line (every 10 optimizer steps) "
+                         "N or more steps after the last save (0 = never); a dflash --draft-vocab is added to the "
+                         "final checkpoint only")
     return ap
 
 
-#: the options that set a drafter's shape, refused beside ``--init`` (the checkpoint has its own)
+#: the options that set a drafter's shape, refused beside ``--init`` (the checkpoint has its own); a
+#: DFlash draft vocabulary is derived after training, so ``--draft-vocab`` stays open to dflash
 SHAPE_OPTIONS = ("draft_layers", "block_size", "layer_ids", "mask_token_id", "draft_vocab")
 
 
@@ -105,8 +109,9 @@ def check_args(a: argparse.Namespace) -> dict:
         if v < 1 or (name == "block_size" and v < 2):
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= "
                              f"{2 if name == 'block_size' else 1}")
-    if a.holdout < 0 or a.warmup < 0 or a.checkpoint_every < 0:
-        raise SystemExit("error: --holdout, --warmup and --checkpoint-every must be integers >= 0")
+    for name in ("holdout", "warmup", "checkpoint_every"):
+        if getattr(a, name) < 0:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(a, name)}; it must be an integer >= 0")
     if not a.lr > 0:
         raise SystemExit(f"error: --lr={a.lr}; it must be > 0")
     if a.draft_layers is not None and a.draft_layers < 1:
@@ -140,21 +145,34 @@ def check_args(a: argparse.Namespace) -> dict:
 
 
 def check_init(a: argparse.Namespace, target_config: dict) -> None:
-    """``--init``: a local checkpoint of ``a.drafter``'s kind that fits the target, and none of
-    ``SHAPE_OPTIONS`` beside it.
+    """``--init``: a local checkpoint of ``a.drafter``'s kind, with weights, that fits the target,
+    and none of ``SHAPE_OPTIONS`` beside it (a dflash ``--draft-vocab`` excepted). Sets ``a.init``
+    to the directory with ``~`` expanded.
 
     Raises:
         SystemExit: one line naming the option and what is wrong.
     """
-    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.draft_models import dflash, eagle3
+    from specpolicy.draft_models.checkpoint import read_config, weight_files
     from specpolicy.errors import ConfigError
 
-    given = [f"--{n.replace('_', '-')}" for n in SHAPE_OPTIONS if getattr(a, n) is not None]
+    shape = [n for n in SHAPE_OPTIONS if not (n == "draft_vocab" and a.drafter == "dflash")]
+    given = [f"--{n.replace('_', '-')}" for n in shape if getattr(a, n) is not None]
     if given:
         raise SystemExit(f"error: --init={a.init!r} continues a checkpoint with its own shape; drop {', '.join(given)}")
     key = f"--init={a.init!r}"
+    directory = Path(a.init).expanduser()
     try:
-        raw = read_config(Path(a.init).expanduser(), key)
+        raw = read_config(directory, key)
+        architectures = raw.get("architectures") or []
+        kind = "dflash" if dflash.ARCHITECTURE in architectures or "dflash_config" in raw else \
+            "eagle3" if eagle3.ARCHITECTURE in architectures else None  # None: say nothing yet
+        if kind not in (None, a.drafter):
+            names = {"dflash": "DFlash", "eagle3": "EAGLE-3"}
+            raise ConfigError(f"{key}: the checkpoint is {names[kind]} (architectures {architectures}), not "
+                              f"{names[a.drafter]}")
+        if not weight_files(directory):
+            raise ConfigError(f"{key} has no weights (no *.safetensors nor pytorch_model*.bin)")
         if a.drafter == "dflash":
             from specpolicy.drafters.dflash import check_fits_target
         else:
@@ -164,6 +182,7 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
         raise SystemExit(f"error: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:  # a config of another kind
         raise SystemExit(f"error: {key} is not a {a.drafter} checkpoint ({exc!r} in its config.json)") from None
+    a.init = str(directory)
 
 
 def mask_token(tokenizer, vocab_size: int, given: int | None) -> int:

@@ -295,11 +295,16 @@ def test_bf16_autocast_only_where_the_device_runs_it_natively(monkeypatch):
     from specpolicy.family import trainer
 
     assert trainer.uses_bf16(TrainConfig(bf16=True)) and not trainer.uses_bf16(TrainConfig(bf16=False))
-    for native in (True, False):  # the default follows oneDNN's native bf16 kernels on a CPU
-        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native)
-        assert trainer.bf16_autocast_pays("cpu") is native
-        assert trainer.uses_bf16(TrainConfig()) is native
+    for avx512_bf16, amx in ((True, False), (False, True), (False, False)):  # a CPU: native bf16 arithmetic only
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert trainer.bf16_autocast_pays("cpu") is (avx512_bf16 or amx)
+        assert trainer.uses_bf16(TrainConfig()) is (avx512_bf16 or amx)
         assert trainer.uses_bf16(TrainConfig(bf16=False)) is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for major, native in ((7, False), (8, True), (9, True)):  # CUDA: Ampere on (a V100/T4 emulates it)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
+        assert trainer.bf16_autocast_pays("cuda:1") is native
     assert trainer.bf16_autocast_pays("meta") is False
 
 

@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overflow", choices=["drop", "truncate"], default="drop")
     precision = ap.add_mutually_exclusive_group()
     precision.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=None,
-                           help="train under bf16 autocast (default: where the device runs it natively -- CUDA, "
-                                "a CPU with AVX512-BF16/AMX --, float32 elsewhere, where it is emulated and far slower)")
+                           help="train and distill under bf16 autocast (default: where the CPU has native bf16 "
+                                "arithmetic, AVX512-BF16 or AMX; float32 elsewhere, where bf16 is emulated and slower)")
     precision.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="train in float32")
     # target
     ap.add_argument("--target-size", default="target")
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--distill-batch", type=int, default=128)
     ap.add_argument("--distill-max-new", type=int, default=256)
     ap.add_argument("--distill-fp32", action="store_true",
-                    help="decode in fp32 (default: bf16 autocast where the device runs it natively, ~3x faster there; "
-                         "fp32 elsewhere)")
+                    help="decode in fp32 (default: as --bf16 / --no-bf16 say, else bf16 autocast where the CPU has "
+                         "native bf16 arithmetic, ~3x faster there, and fp32 elsewhere)")
     ap.add_argument("--distill-top-k", type=int, default=8,
                     help="also keep the target's top-k next-token log-probs (soft targets of the dLLM drafter; 0 = none)")
     # AR drafter
@@ -164,7 +164,7 @@ def check_args(a: argparse.Namespace) -> None:
         v = getattr(a, name)
         if not 0.0 <= v <= 1.0:
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be in [0, 1]")
-    for name in ("dllm_epochs", "dllm_matched_epochs"):
+    for name in ("dllm_epochs", "dllm_matched_epochs", "dllm_checkpoint_every", "dflash_checkpoint_every"):
         v = getattr(a, name)
         if v < 0:
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= 0")
@@ -272,7 +272,8 @@ def run(a: argparse.Namespace) -> dict:
         print("== distill", flush=True)
         n = a.distill_prompts or None
         st = distill(paths["target"], get_train(), tok, paths["distill"], n, a.distill_max_new, a.distill_batch, a.seed,
-                     bf16=not a.distill_fp32 and bf16_autocast_pays("cpu"), top_k=a.distill_top_k)
+                     bf16=not a.distill_fp32 and (bf16_autocast_pays("cpu") if bf16 is None else bf16),
+                     top_k=a.distill_top_k)
         print(f"distill: {st}", flush=True)
         update_log(log_path, "distill", st)
 

@@ -212,7 +212,7 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
     heldout_indices = list(heldout_indices or [])
     trained = [examples[i] for i in train_indices]
     if init:
-        head = load_eagle3(init, "init")
+        head = load_eagle3(init, f"init={str(init)!r}")
         draft_ids = head.to_target_ids(torch.arange(head.spec.draft_vocab_size))
         with torch.no_grad():  # the loss reads t2d; some exports leave it out (load_eagle3 then zeroes it)
             head.t2d.zero_()

@@ -57,18 +57,19 @@ class TrainConfig:
 
 
 def bf16_autocast_pays(device: str | torch.device) -> bool:
-    """Whether bfloat16 autocast runs on native kernels on ``device``: a CUDA device with bf16
-    support, or a CPU whose oneDNN has bf16 kernels (AVX512-BF16 or AMX). Elsewhere (an AVX2 CPU)
-    autocast emulates bf16 and is far slower than float32: a DFlash training step of the bundled
-    family took 19 s under it against 0.9 s in float32 on such a 2-core host."""
+    """Whether bfloat16 autocast runs on native bf16 arithmetic on ``device``: a CUDA device of
+    compute capability 8.0 or newer (Ampere on), or a CPU with AVX512-BF16 or AMX. Elsewhere it is
+    emulated: on an AVX2 CPU far slower than float32 (a DFlash training step of the bundled family
+    took 19 s under it against 0.9 s in float32 on a 2-core AVX2 host), on AVX512 without BF16 no
+    faster. Raises nothing: an unknown device type gets False."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8
     if device.type != "cpu":
         return False
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a build without oneDNN: no native bf16 kernels
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # a torch without these probes: assume emulation
         return False
 
 
