@@ -190,9 +190,11 @@ def test_alternatives_are_target_ids_led_by_the_drafted_token(checkpoint, target
 @pytest.mark.parametrize("cached, new, block", [(6, 3, B), (0, 4, B), (6, 0, B), (0, 0, B), (5, 2, 3 * B - 2)])
 def test_the_one_request_pass_equals_caching_then_forward(checkpoint, dtype, cached, new, block):
     """``draft_pass`` (new context joined to the block's projections, stacked weights) gives what
-    ``context_keys_values`` then ``forward`` give, bit for bit in float32 and bfloat16 alike: the
-    output and the cache afterwards; with and without a cached context, with and without new
-    positions, and for an extension pass's longer block."""
+    ``context_keys_values`` then ``forward`` give, to float rounding in float32 and bfloat16 alike:
+    the output and the cache afterwards; with and without a cached context, with and without new
+    positions, and for an extension pass's longer block. Not bit for bit: one joint multiply and two
+    separate ones may be blocked differently by the BLAS (it picks kernels by shape and CPU; exact on
+    an AVX2 host, a few ulp apart on an AVX-512 one)."""
     _check_pass_equals_forward(load_dflash(checkpoint).to(dtype), dtype, cached, new, block)
 
 
@@ -229,11 +231,11 @@ def _check_pass_equals_forward(model, dtype, cached, new, block):
     context = [slow.layer(i) for i in range(2)] if slow.length else None
     want = model(block_embeds, torch.arange(cached + new, cached + new + block)[None], context)
     got = model.draft_pass(block_embeds, fast, fresh if new else None)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(got, want)  # the dtype's default tolerances: float rounding, no more
     assert fast.length == slow.length == cached + new
     for i in range(2 if fast.length else 0):
-        torch.testing.assert_close(fast.keys[i], slow.keys[i], atol=0, rtol=0)
-        torch.testing.assert_close(fast.values[i], slow.values[i], atol=0, rtol=0)
+        torch.testing.assert_close(fast.keys[i], slow.keys[i])
+        torch.testing.assert_close(fast.values[i], slow.values[i])
 
 
 def test_rope_past_the_table_and_before_fuse(checkpoint):
