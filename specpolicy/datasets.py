@@ -216,7 +216,8 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
             used, row by row) and may carry ``id``.
         num_prompts: keep the first ``num_prompts`` rows after ``offset`` (an integer >= 1), or
             None for all of them.
-        offset: rows to skip first (>= 0).
+        offset: rows to skip first (>= 0, before the last row: an offset past it is an error, not
+            an empty run).
     Raises:
         ConfigError (a ValueError): naming ``dataset.name`` for an unknown set, ``dataset.path``
             for a missing or empty file, ``dataset.num_prompts`` / ``dataset.offset`` out of
@@ -240,6 +241,10 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
         raise ConfigError(f"dataset.offset must be an integer >= 0, got {offset!r}")
     if num_prompts is not None:
         num_prompts = num_prompts_value(num_prompts)
+    if offset >= len(numbered):
+        source = f"dataset.path={path!r}" if path else f"dataset.name={name!r}"
+        raise ConfigError(f"dataset.offset={offset} is past the last prompt of {source} ({len(numbered)} rows; "
+                          f"accepted 0..{len(numbered) - 1})")
     selected = list(enumerate(numbered))[offset:]
     if num_prompts is not None:
         selected = selected[:num_prompts]

@@ -139,3 +139,12 @@ def test_num_prompts_all_or_null_means_every_prompt():
     assert datasets.num_prompts_value("all") is None and datasets.num_prompts_value(None) is None
     assert len(load_prompts("gsm8k", None, datasets.num_prompts_value("all"), offset=5)) == len(everything) - 5
     assert [p.prompt_id for p in load_prompts("gsm8k", None, 3, offset=2)] == ["gsm8k/2", "gsm8k/3", "gsm8k/4"]
+    assert [p.prompt_id for p in load_prompts("gsm8k", None, 5, offset=len(everything) - 1)] == [everything[-1].prompt_id]
+
+
+def test_an_offset_past_the_last_prompt_is_an_error_not_an_empty_run():
+    rows = len(load_prompts("gsm8k"))
+    with pytest.raises(ValueError) as info:
+        load_prompts("gsm8k", None, 10, offset=rows)
+    assert str(info.value) == (f"dataset.offset={rows} is past the last prompt of dataset.name='gsm8k' "
+                               f"({rows} rows; accepted 0..{rows - 1})")
