@@ -638,6 +638,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     if args.offset < 0:
         p.error(f"--offset must be >= 0, got {args.offset}")
+    check_prompt_slice(p, args)
     try:
         complete = load_profile(args.tuned_profile).complete
     except FileNotFoundError as exc:
@@ -645,6 +646,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not complete:
         p.error(f"--tuned-profile must set every latency (not {args.tuned_profile!r}, measured in the run)")
     return args
+
+
+#: The run's dataset keys as a benchmark's options name them.
+OPTION_NAMES = {"dataset.offset": "--offset", "dataset.num_prompts": "--num-prompts",
+                "dataset.path": "--dataset-path", "dataset.name": "--dataset"}
+
+
+def check_prompt_slice(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Read the prompt slice (``--dataset`` / ``--dataset-path``, ``--num-prompts`` from
+    ``--offset``) before any model loads; a bad one ends the program with one parser error line
+    naming the option (an unknown set, a missing file, an offset past the last prompt)."""
+    try:
+        load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)
+    except ValueError as exc:
+        message = str(exc)
+        for key, option in OPTION_NAMES.items():
+            message = message.replace(key, option)
+        p.error(message)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

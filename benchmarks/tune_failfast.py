@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, add_model_arguments, failfast_label, run_interleaved, start_benchmark  # noqa: E402
+from peers import (Bench, add_model_arguments, check_prompt_slice, failfast_label, run_interleaved,  # noqa: E402
+                   start_benchmark)
 
 from specpolicy.datasets import load_prompts  # noqa: E402
 from specpolicy.machine import MachineWatch, warning_line  # noqa: E402
@@ -75,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.n_max < max(args.n_grid):
         p.error(f"--n-max must be >= the largest N of --n-grid ({max(args.n_grid)}), got {args.n_max}")
+    check_prompt_slice(p, args)
     return args
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import load_benchmark
+from specpolicy.datasets import load_prompts
 
 pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
 
@@ -141,3 +142,19 @@ def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, t
     with pytest.raises(SystemExit):
         tune.main(["--n-grid", "70", "--num-prompts", "1"])
     assert "--n-max must be >= the largest N of --n-grid (70), got 60" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["peers", "tune_failfast"])
+def test_a_prompt_slice_past_the_data_is_refused_before_any_model_loads(script, capsys, monkeypatch):
+    """``--offset`` past the last prompt (or an unknown ``--dataset``) is one parser error line
+    naming the option, raised before ``Bench`` loads a model."""
+    module = load_benchmark(script)
+    monkeypatch.setattr(module, "Bench", lambda *a, **k: pytest.fail("a model loaded"))
+    rows = len(load_prompts("gsm8k"))
+    with pytest.raises(SystemExit):
+        module.main(["--offset", str(rows), "--num-prompts", "1"])
+    assert (f"error: --offset={rows} is past the last prompt of --dataset='gsm8k' ({rows} rows; "
+            f"accepted 0..{rows - 1})") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        module.main(["--dataset", "nope", "--num-prompts", "1"])
+    assert "error: --dataset='nope' is not bundled" in capsys.readouterr().err
