@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,3 +339,15 @@ def test_eval_helpers():
     d, a, n = simulate_rounds(lambda c, k: match[c : c + k], len(match), 3)
     # rounds: c=0 [T,T,F] acc 2 -> c=3 [T,T,T] acc 3 -> c=7 [T,F,T] acc 1 -> c=9 [T] acc 1 -> c=11
     assert (d, a, n) == (10, 7, 4)
+
+
+def test_what_is_not_bundled_goes_to_a_work_dir_outside_the_package(tmp_path):
+    """distill/ and features/ (GBs) never land in the bundle: beside ``--out`` as ``<out>.work``,
+    or ``./family-work`` when ``--out`` is inside the package (``specpolicy/assets/family``)."""
+    import specpolicy
+    from specpolicy.family.pipeline import default_work_dir
+
+    assert default_work_dir(tmp_path / "fam") == tmp_path / "fam.work"
+    bundle = Path(specpolicy.__file__).parent / "assets" / "family"
+    assert default_work_dir(bundle) == Path("family-work")
+    assert not default_work_dir(bundle).resolve().is_relative_to(Path(specpolicy.__file__).parent)

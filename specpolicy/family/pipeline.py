@@ -8,14 +8,15 @@ Usage::
 
 Each stage is skipped when its output already exists (``--force`` redoes every stage,
 ``--redo STAGE ...`` only the named ones). Budgets are epochs / steps (never wall-clock),
-so a run with the same options and seed is reproducible. Outputs under ``--out``:
+so a run with the same options and seed is reproducible. Outputs under ``--out`` (the bundle: weights
+and the log only) and ``--work`` (what is not bundled; :func:`default_work_dir`):
 
 * ``tokenizer/``: the tokenizer alone;
 * ``target/``, ``ar-drafter/``, ``dllm-drafter/``: ``save_pretrained`` dirs (bf16 weights,
   config, generation config, tokenizer);
-* ``distill/target_greedy.jsonl``: the distilled training data (token ids);
-* ``features/``: the target's hidden states over the distilled data (``feature_store``; GBs, not
-  bundled), read by the ``dflash-drafter`` and ``eagle3-drafter`` stages;
+* ``<work>/distill/target_greedy.jsonl``: the distilled training data (token ids);
+* ``<work>/features/``: the target's hidden states over the distilled data (``feature_store``;
+  GBs), read by the ``dflash-drafter`` and ``eagle3-drafter`` stages;
 * ``dflash-drafter/``, ``eagle3-drafter/``: the drafters conditioned on the target, in the official
   DFlash / EAGLE-3 checkpoint layouts (no embeddings or LM head: the target's are used); the
   ``dflash-vocabulary`` stage gives the DFlash drafter a draft vocabulary (its passes run the
@@ -44,11 +45,24 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def default_work_dir(out: Path) -> Path:
+    """Where the pipeline keeps what it does not bundle (``distill/``, ``features/``: GBs):
+    ``<out>.work``, or ``./family-work`` when ``out`` lies inside the specpolicy package, whose
+    assets hold the bundled weights only (``<out>.work`` would land beside them)."""
+    package = Path(__file__).resolve().parents[1]
+    if out.resolve().is_relative_to(package):
+        return Path("family-work")
+    return out.with_name(out.name + ".work")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family", description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
     ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl", help="GSM8K test jsonl (eval)")
     ap.add_argument("--out", default="specpolicy/assets/family", help="output dir")
+    ap.add_argument("--work", default=None,
+                    help="distill/ and features/, not bundled (default: <out>.work, or ./family-work when "
+                         "--out lies inside the specpolicy package)")
     ap.add_argument("--force", action="store_true", help="redo every stage even if its output exists")
     ap.add_argument("--redo", nargs="*", default=[], choices=STAGES, help="redo these stages")
     ap.add_argument("--stages", nargs="*", default=STAGES, choices=STAGES, help="stages to run (default all)")
@@ -194,15 +208,16 @@ def run(a: argparse.Namespace) -> dict:
     torch.set_num_threads(threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work) if a.work else default_work_dir(out)
     log_path = out / "training_log.json"
     bf16 = a.bf16  # None: where it runs natively (trainer.bf16_autocast_pays)
     paths = {
         "tokenizer": out / "tokenizer",
         "target": out / "target",
-        "distill": out / "distill" / "target_greedy.jsonl",
+        "distill": work / "distill" / "target_greedy.jsonl",
         "ar-drafter": out / "ar-drafter",
         "dllm-drafter": out / "dllm-drafter",
-        "features": out / "features",
+        "features": work / "features",
         "dflash-drafter": out / "dflash-drafter",
         "dflash-vocabulary": out / "dflash-drafter",
         "eagle3-drafter": out / "eagle3-drafter",
