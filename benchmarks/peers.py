@@ -636,9 +636,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.dflash_failfast_sweep = [(3, 0.6), (5, 0.5)]
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
-    if args.offset < 0:
-        p.error(f"--offset must be >= 0, got {args.offset}")
-    check_prompt_slice(p, args)
+    check_prompt_slice(p, args)  # --offset >= 0 and before the last prompt, a known --dataset
     try:
         complete = load_profile(args.tuned_profile).complete
     except FileNotFoundError as exc:
