@@ -4,18 +4,18 @@
     python benchmarks/batched.py --num-prompts 30 --max-new-tokens 128 --batch-sizes 1,2,4,8,16 \
         --out benchmarks/results/batched-gsm8k-30x128.json --figure benchmarks/results/batched-gsm8k-30x128.png
 
-For each batch size B, the prompts go through the batched loop (``specpolicy.batching``) with
+For each batch size B, the prompts go through the batched loop (``specpolicy.core.batching``) with
 up to B requests in flight (all arriving at once, or ``--arrival poisson --rate R``): vanilla
 batched decoding, every fixed K of ``--ks`` (``policy=static``), vLLM's per-batch-size schedule
 (``policy=batch-schedule``) and the batch-aware cost policy (``policy=goodput-batch``), with
-the drafter ``--drafter``; at B = 1 also today's batch-1 loop (``specpolicy.decoding.generate``,
+the drafter ``--drafter``; at B = 1 also today's batch-1 loop (``specpolicy.core.decoding.generate``,
 "loop-1"), the reference the batched loop is held to. Methods run interleaved (rotating order
-per batch size) after one untimed warm-up, on a quiet machine (``specpolicy.machine``:
+per batch size) after one untimed warm-up, on a quiet machine (``specpolicy.analysis.machine``:
 ``timing_conditions``). Reported per (B, method): throughput (generated tokens/s over all
 requests), TTFT / TPOT p50 and p99 (ms), mean speculation length and accepted length per round,
 the ratio to vanilla at the same B, and whether every request's output equals its batch-1
 greedy output (``lossless``); ``modeled``: the MODELED throughput and ratio to vanilla at the same
-B on each GPU profile (``specpolicy.batch_model``: a roofline for the batched target pass, drafter
+B on each GPU profile (``specpolicy.analysis.batch_model``: a roofline for the batched target pass, drafter
 passes batched across requests; labelled MODELED, never mixed with the measured figures). Summary
 per B: the best fixed K, and the batch-aware policy's throughput over it (the bar: within 5% at
 every B) and over vanilla (never below 1).
@@ -35,12 +35,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 
-from specpolicy.batch_model import RoundCounts, modeled_batched  # noqa: E402
-from specpolicy.batching import generate_batch  # noqa: E402
-from specpolicy.datasets import load_prompts  # noqa: E402
-from specpolicy.decoding import generate  # noqa: E402
-from specpolicy.machine import MachineWatch  # noqa: E402
-from specpolicy.serving import RequestTiming, arrival_times, summarize  # noqa: E402
+from specpolicy.analysis.batch_model import RoundCounts, modeled_batched  # noqa: E402
+from specpolicy.core.batching import generate_batch  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.analysis.machine import MachineWatch  # noqa: E402
+from specpolicy.core.serving import RequestTiming, arrival_times, summarize  # noqa: E402
 
 
 def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, Any]]:

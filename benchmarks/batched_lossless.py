@@ -9,7 +9,7 @@ Not a timing: it prints, per drafter and policy, how many requests decoded exact
 batch-1 greedy output at each batch size (the issue-21 bar: all of them), and exits with status 1
 when any did not. The float32 target computes a row slightly differently in a batch than alone
 (batched matrix products), so a near-tie of the target's own argmax could in principle flip; the
-tests run the same check in float64 (``tests/test_batching.py``).
+tests run the same check in float64 (``tests/core/test_batching.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 
-from specpolicy.batching import generate_batch  # noqa: E402
-from specpolicy.datasets import load_prompts  # noqa: E402
-from specpolicy.decoding import generate  # noqa: E402
-from specpolicy.reuse import DraftReuse  # noqa: E402
+from specpolicy.core.batching import generate_batch  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.core.reuse import DraftReuse  # noqa: E402
 
 DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 POLICIES = ("static", "failfast", "specdecpp", "aimd", "heuristic", "goodput", "goodput-batch", "batch-schedule")

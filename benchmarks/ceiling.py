@@ -4,7 +4,7 @@
     python benchmarks/ceiling.py --num-prompts 30 --max-new-tokens 256 \\
         --costs benchmarks/results/peers-gsm8k-30x256.json --out benchmarks/results/ceiling-gsm8k-30x256.json
 
-The oracle (``specpolicy.oracle``) knows every round's accepted length before it drafts. A causal
+The oracle (``specpolicy.analysis.oracle``) knows every round's accepted length before it drafts. A causal
 policy knows what the drafter tells it. This benchmark measures how much of the gap between
 them is the policy's rule and how much is its information, by giving ``goodput`` (the cost-aware
 policy) more and more information and costing every run with ONE cost model:
@@ -15,7 +15,7 @@ policy) more and more information and costing every run with ONE cost model:
   hardware profile) instead of measured, so its decisions are free of timing noise; its longest
   draft is the oracle's (``max_length``), as for the variants below;
 * ``goodput-hindsight``: its calibration (confidence x position -> P(accepted | earlier accepted),
-  ``specpolicy.calibration``) fitted beforehand on the rounds of the ``goodput`` run and frozen:
+  ``specpolicy.core.calibration``) fitted beforehand on the rounds of the ``goodput`` run and frozen:
   what refitting this calibration on one whole run adds;
 * ``goodput-verdict``: each drafted token's confidence replaced by its *verdict* -- 1.0 when the
   target accepts it (it and every earlier draft token equal the target's greedy tokens), 0.0 when
@@ -26,13 +26,13 @@ policy) more and more information and costing every run with ONE cost model:
   first wrong token of a round, which the oracle never does. It is one rule given the verdicts,
   not a bound over all policies.
 
-The loop is the real one (``specpolicy.decoding.generate``) with the real drafter, against a
+The loop is the real one (``specpolicy.core.decoding.generate``) with the real drafter, against a
 *reference verifier* that replays the target's greedy output (vanilla decoding, computed once):
 the accepted length is the longest draft prefix equal to it; no target pass runs, so nothing
 here is a measured time. Every run's rounds are costed by the cost model (drafter passes x ms per
-pass + verification base + per-token slope: ``specpolicy.oracle.CostModel``) and compared with the
+pass + verification base + per-token slope: ``specpolicy.analysis.oracle.CostModel``) and compared with the
 exact oracle (drafter replayed at every prefix: ``replay_match_lengths``) by
-``specpolicy.oracle.compare``, as ``benchmarks/peers.py`` does. ``--costs`` takes the cost models a
+``specpolicy.analysis.oracle.compare``, as ``benchmarks/peers.py`` does. ``--costs`` takes the cost models a
 peer run fitted (its JSON's ``oracle.<drafter>.cost_model``, and the oracle's ``max_length``);
 without it the costs are measured here from a timed static-k5 run and vanilla steps.
 
@@ -52,13 +52,13 @@ from typing import Any
 
 import torch
 
-from specpolicy.calibration import calibration_from_rounds
-from specpolicy.datasets import load_prompts
-from specpolicy.decoding import generate
-from specpolicy.drafter import Drafter
-from specpolicy.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, oracle_max_length, replay_match_lengths
-from specpolicy.types import Draft, GenerationResult, Verification
-from specpolicy.verifier import Verifier
+from specpolicy.core.calibration import calibration_from_rounds
+from specpolicy.data.datasets import load_prompts
+from specpolicy.core.decoding import generate
+from specpolicy.core.drafter import Drafter
+from specpolicy.analysis.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, oracle_max_length, replay_match_lengths
+from specpolicy.core.types import Draft, GenerationResult, Verification
+from specpolicy.core.verifier import Verifier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  benchmarks/peers.py: the shared model loading and policy configs

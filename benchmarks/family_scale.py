@@ -43,11 +43,11 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from specpolicy.cache import crop_cache
+from specpolicy.core.cache import crop_cache
 from specpolicy.family.models import SIZES
 from specpolicy.family.trainer import TrainConfig, make_optimizer, uses_bf16
 
-FAMILY = Path(__file__).resolve().parents[1] / "specpolicy" / "assets" / "family"
+FAMILY = Path(__file__).resolve().parents[1] / "specpolicy" / "family" / "bundle"
 
 
 def shape(layers: int, width: int, kv_heads: int) -> dict:

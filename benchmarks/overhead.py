@@ -5,8 +5,8 @@
 
 For each method (default: vanilla, the static / FailFast / reuse variants of our drafters, and the
 drafters that read the target with chains and trees), the
-prompts are decoded with ``specpolicy.decoding.generate`` while forward hooks
-(``specpolicy.profiling.ForwardTimer``) time every forward pass of the target and of the
+prompts are decoded with ``specpolicy.core.decoding.generate`` while forward hooks
+(``specpolicy.analysis.profiling.ForwardTimer``) time every forward pass of the target and of the
 drafter's model. Reported per method, summed over prompts:
 
 * ``wall_ms`` -- ``generate`` wall-clock time (prefill included);
@@ -18,7 +18,7 @@ drafter's model. Reported per method, summed over prompts:
 * our loop timers for context: ``prefill_ms``, ``draft_ms``, ``verify_ms`` and ``loop_ms`` =
   wall - prefill - draft - verify (commit, policy update, reuse, bookkeeping);
 * ``policy_ms`` / ``policy_fraction`` -- the length policy's own time (``next_length`` and
-  ``update``, ``specpolicy.profiling.PolicyTimer``), part of ``outside_forward_ms``;
+  ``update``, ``specpolicy.analysis.profiling.PolicyTimer``), part of ``outside_forward_ms``;
 * ``wall_ms_without_hooks`` -- the same prompts without hooks (the hooks' own cost is the
   difference).
 
@@ -39,10 +39,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments  # noqa: E402
 
-from specpolicy.datasets import load_prompts  # noqa: E402
-from specpolicy.decoding import generate  # noqa: E402
-from specpolicy.profiling import ForwardTimer, PolicyTimer  # noqa: E402
-from specpolicy.reuse import DraftReuse  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer  # noqa: E402
+from specpolicy.core.reuse import DraftReuse  # noqa: E402
 
 #: (name, drafter, policy config choice, policy overrides, reuse)
 METHODS = (

@@ -6,7 +6,7 @@ passes per round), for its baselines and the two ablations, in one process.
     python benchmarks/paper_table.py --dataset gsm8k --out benchmarks/results/paper-gsm8k
     python benchmarks/paper_table.py combine benchmarks/results/paper-{math500,aime24,gsm8k,humaneval} \\
         --out benchmarks/results/paper                  # the four data sets side by side
-    python -m specpolicy.paper_figures reliability benchmarks/results/paper-gsm8k/runs/failfast
+    python -m specpolicy.analysis.paper_figures reliability benchmarks/results/paper-gsm8k/runs/failfast
 
 Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm-drafter``):
 
@@ -29,21 +29,21 @@ the evaluation prompts, with vanilla decoding and every grid point interleaved p
 k is the one with the highest measured speedup (``--select-by modeled``: modeled with
 ``--select-profile``). Both stages reuse ``benchmarks/peers.py``: its model set-up (``Bench``), its
 per-prompt rotation of the method order (``run_interleaved``: machine drift affects all methods
-alike), its summaries (``summarize_method``: ``specpolicy.summary.summarize``, the numbers of a
+alike), its summaries (``summarize_method``: ``specpolicy.analysis.summary.summarize``, the numbers of a
 run's ``summary.json``) and its per-method run directories (``write_runs``); the MODELED columns
-come from ``specpolicy.latency`` and ``specpolicy.accounting``.
+come from ``specpolicy.core.latency`` and ``specpolicy.core.accounting``.
 
 Speedups: MEASURED = tokens/s over vanilla decoding's tokens/s in the same process (prefill
 included, summed over prompts); MODELED = forward-pass counts x the paper's A6000 latencies
 (``conf/profile/a6000-qwen{32,14,7}b.yaml``), with this project's pass accounting and with the
-official FailFast harness's (``specpolicy.accounting``), labelled. Every method's output is checked
+official FailFast harness's (``specpolicy.core.accounting``), labelled. Every method's output is checked
 against vanilla greedy decoding, prompt by prompt.
 
 Output (``--out`` directory): ``table1.md`` / ``table1.csv`` and ``appendix_b.md`` /
 ``appendix_b.csv`` in the paper's layout (one column per data set), ``calibration.md``,
 ``results.json`` (settings, calibration, every figure), ``runs/<method>/`` and
-``calibration-runs/<method>/`` (``results.jsonl`` + ``summary.json``, for ``specpolicy.plot`` and
-``specpolicy.paper_figures``).
+``calibration-runs/<method>/`` (``results.jsonl`` + ``summary.json``, for ``specpolicy.analysis.plot`` and
+``specpolicy.analysis.paper_figures``).
 """
 
 from __future__ import annotations
@@ -63,13 +63,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import (Bench, Method, add_model_arguments, mark_timing, run_interleaved,  # noqa: E402  (not a package)
                    start_benchmark, summarize_method, write_runs)
 
-from specpolicy.accounting import with_pass_accounting  # noqa: E402
-from specpolicy.datasets import BUNDLED, load_prompts  # noqa: E402
+from specpolicy.core.accounting import with_pass_accounting  # noqa: E402
+from specpolicy.data.datasets import BUNDLED, load_prompts  # noqa: E402
 from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
-from specpolicy.latency import load_profile, modeled_speedup  # noqa: E402
-from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch  # noqa: E402
-from specpolicy.results import PromptResult  # noqa: E402
-from specpolicy.summary import headline  # noqa: E402
+from specpolicy.core.latency import load_profile, modeled_speedup  # noqa: E402
+from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch  # noqa: E402
+from specpolicy.analysis.results import PromptResult  # noqa: E402
+from specpolicy.analysis.summary import headline  # noqa: E402
 
 #: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
 PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")
@@ -93,10 +93,10 @@ TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-paramet
 MEASURED_NOTE = ("MEASURED: tokens/s over vanilla decoding's, same process, methods interleaved per prompt "
                  "(benchmarks/peers.py's rotation), prefill included.")
 MODELED_NOTE = ("MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
-                "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/gpu_pass_model.py; target "
+                "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/analysis/gpu_pass_model.py; target "
                 "13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
                 "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
-                "does (specpolicy/accounting.py).")
+                "does (specpolicy/core/accounting.py).")
 
 
 def _k_list(text: str) -> list[int]:
@@ -188,7 +188,7 @@ def _method(bench: Bench, key: str, drafter: str, choice: str, description: str,
 
 
 def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str, Any]:
-    """The summary config of a method's run directory (for ``specpolicy.paper_figures``)."""
+    """The summary config of a method's run directory (for ``specpolicy.analysis.paper_figures``)."""
     d = bench.drafters[drafter]
     node = {"name": drafter if drafter in ("ar", "eagle3") else "fastdllm"}
     if node["name"] == "fastdllm":
@@ -273,7 +273,7 @@ def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.T
     method's figures (``method_figures``) and its results and summary (``summaries``, for
     ``write_runs``), speedups measured against vanilla's tokens/s."""
     start = time.perf_counter()
-    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.machine)
+    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.analysis.machine)
     watch.start()
     run_interleaved(methods, prompt_ids, warmup, log)
     elapsed = time.perf_counter() - start

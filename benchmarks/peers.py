@@ -4,7 +4,7 @@ same target, drafters and prompts.
 
     python benchmarks/peers.py --num-prompts 30 --max-new-tokens 256 --out results.json
     python benchmarks/peers.py --quick --out /tmp/peers.json          # a smoke run (2 prompts)
-    python -m specpolicy.plot peers-runs                              # the paper's figures for it
+    python -m specpolicy.analysis.plot peers-runs                              # the paper's figures for it
 
 Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-drafter``):
 
@@ -30,7 +30,7 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   for DFlash: the best (N, τ) of ``--dflash-failfast-sweep`` on the calibration prompts, N_max 60),
   ``dflash+specdecpp``, ``dflash+goodput``, ``eagle3+static-k<best>`` (``--eagle3-k-sweep``) and
   ``eagle3+goodput``;
-* draft trees (one target pass per tree, ``specpolicy.tree``): ``eagle3+eagle2-tree-paper`` (EAGLE-2's
+* draft trees (one target pass per tree, ``specpolicy.core.tree``): ``eagle3+eagle2-tree-paper`` (EAGLE-2's
   dynamic tree at the FailFast paper's EAGLE-3 setting, depth 8, 60 tokens, top-k 10, App. D.3),
   ``eagle3+eagle2-tree-<best>`` (the best tree budget of ``--tree-sweep`` on the calibration
   prompts), ``dflash+failfast-tree`` (FailFast's chain with sibling leaves where unsure) and
@@ -43,14 +43,14 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
 
 Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
 machine drift affects all alike (calibration sweeps likewise). Each output is checked against
-vanilla greedy. Every method's figures are ``specpolicy.summary.summarize`` of its results
+vanilla greedy. Every method's figures are ``specpolicy.analysis.summary.summarize`` of its results
 against vanilla's (the numbers ``summary.json`` and the sweep report give for the same runs):
 tokens/s (generated tokens / wall-clock seconds, prefill included, summed over prompts),
 speedup over vanilla, acceptance rate, mean accepted / speculated length, rounds, drafter
 passes per round, lossless prompts, the MODELED speedup on a GPU profile (``--profile``;
 labelled modeled, not measured); plus, here only, the speedup over HF assisted generation's
 best and, for methods with a drafter, the fraction of the oracle length policy's speedup
-(``specpolicy.oracle``, exact replay of the drafter, costs fitted on this run); and a second
+(``specpolicy.analysis.oracle``, exact replay of the drafter, costs fitted on this run); and a second
 table, MODELED under ``--tuned-profile``: each drafter method's modeled speedup (the summary's
 ``modeled.speedup_by_profile``) and its fraction of the oracle whose costs are that profile's
 (same replayed match lengths). HF rounds are
@@ -59,8 +59,8 @@ recorded by wrapping the candidate generators' ``get_candidates`` /
 
 Output: ``--out`` JSON (one entry per method, plus calibration, oracle costs and settings),
 a printed table, and ``--runs-dir`` (default ``<out stem>-runs``): one directory per method
-with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.plot`` and
-``python -m specpolicy.report``.
+with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.analysis.plot`` and
+``python -m specpolicy.analysis.report``.
 """
 
 from __future__ import annotations
@@ -78,21 +78,21 @@ from typing import Any
 
 import torch
 
-from specpolicy.datasets import load_prompts
-from specpolicy.decoding import generate
-from specpolicy.latency import LatencyProfile, load_profile
-from specpolicy.metrics import aggregate
-from specpolicy.oracle import CostModel, compare, oracle_max_length, replay_match_lengths
-from specpolicy.plugins import get_plugin_manager, make_drafter, make_policy, make_verifier
-from specpolicy.profiling import ForwardTimer
-from specpolicy.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
-from specpolicy.reuse import DraftReuse
-from specpolicy.runtime import Runtime
-from specpolicy.summary import headline, summarize
-from specpolicy.tables import FIGURES, Column, figure_columns, layout
-from specpolicy.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch, warning_line
-from specpolicy.tables import print_table as print_rows
-from specpolicy.types import GenerationResult, RoundRecord
+from specpolicy.data.datasets import load_prompts
+from specpolicy.core.decoding import generate
+from specpolicy.core.latency import LatencyProfile, load_profile
+from specpolicy.analysis.metrics import aggregate
+from specpolicy.analysis.oracle import CostModel, compare, oracle_max_length, replay_match_lengths
+from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
+from specpolicy.analysis.profiling import ForwardTimer
+from specpolicy.analysis.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
+from specpolicy.analysis.summary import headline, summarize
+from specpolicy.analysis.tables import FIGURES, Column, figure_columns, layout
+from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch, warning_line
+from specpolicy.analysis.tables import print_table as print_rows
+from specpolicy.core.types import GenerationResult, RoundRecord
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
@@ -316,7 +316,7 @@ def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_i
                      config: dict[str, Any] | None = None,
                      profile: str | None = None) -> tuple[list[PromptResult], dict[str, Any]]:
     """Method ``m``'s results (its outcomes paired with vanilla's on the same prompts: speedup,
-    losslessness) and their ``summary.json`` (``specpolicy.summary.summarize``, MODELED with
+    losslessness) and their ``summary.json`` (``specpolicy.analysis.summary.summarize``, MODELED with
     ``profile``, default ``--profile``). ``config`` (e.g. drafter / policy / dataset nodes) joins
     the summary's ``config``."""
     results = [PromptResult.of(p.prompt_id, len(ids), out, van,
@@ -437,7 +437,7 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
 
 
 def profile_cost_model(profile: LatencyProfile, fitted: CostModel) -> CostModel:
-    """The oracle's cost model with ``profile``'s latencies (as ``specpolicy.latency`` models a round:
+    """The oracle's cost model with ``profile``'s latencies (as ``specpolicy.core.latency`` models a round:
     passes x ``drafter_pass_ms`` + ``target_ms_per_token`` + ``verify_ms_per_draft_token`` x length)
     and ``fitted``'s passes per drafted token (used only where exact replay passes are missing)."""
     return CostModel(draft_ms_per_pass=profile.drafter_pass_ms, draft_ms_per_token=0.0,
@@ -449,7 +449,7 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
                      log=print, profile: LatencyProfile | None = None) -> dict[str, Any]:
     """Per drafter: exact replay match lengths on the vanilla outputs, a cost model fitted on this
     run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle
-    (``specpolicy.oracle.compare`` on the prompts where the method is lossless); with ``profile``
+    (``specpolicy.analysis.oracle.compare`` on the prompts where the method is lossless); with ``profile``
     (complete), also each method's fraction of the oracle under that profile's costs
     (``methods_profile``, MODELED)."""
     vanilla = next(m for m in methods if m.name == "vanilla")
@@ -486,7 +486,7 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
 
 # -- output ----------------------------------------------------------------------------------
 
-#: The table: the shared figures (``specpolicy.tables.FIGURES``) and this benchmark's own.
+#: The table: the shared figures (``specpolicy.analysis.tables.FIGURES``) and this benchmark's own.
 COLUMNS = (("method", "method", "{}"), *figure_columns(("tokens_per_s", "speedup_vs_vanilla")),
            ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}x"), *figure_columns(("acceptance_rate",)),
            (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}",
@@ -514,7 +514,7 @@ def _print_columns(columns, rows: list[list[str]], title: str):
 
 
 def print_table(results: dict[str, Any]) -> None:
-    """Print the table (every column, ``specpolicy.tables`` layout) and what its columns mean."""
+    """Print the table (every column, ``specpolicy.analysis.tables`` layout) and what its columns mean."""
     s = results["settings"]
     rows = table_rows(results)
     trusted = (results.get("timing_conditions") or {}).get("timing_trusted", True)
@@ -560,7 +560,7 @@ def print_tuned_table(results: dict[str, Any]) -> None:
 
 def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]]) -> None:
     """One directory per method but vanilla (``results.jsonl`` + ``summary.json``, as a run of
-    ``python -m specpolicy`` writes them) for ``specpolicy.plot`` and ``specpolicy.report``."""
+    ``python -m specpolicy`` writes them) for ``specpolicy.analysis.plot`` and ``specpolicy.analysis.report``."""
     for name, (results, summary) in summaries.items():
         if name == "vanilla":
             continue
@@ -603,7 +603,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--out", default="results.json", help="JSON output, one entry per method")
     p.add_argument("--runs-dir", default=None,
-                   help="per-method run dirs for specpolicy.plot (default: <out stem>-runs)")
+                   help="per-method run dirs for specpolicy.analysis.plot (default: <out stem>-runs)")
     add_model_arguments(p)
     p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
     p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = build_methods(bench, cal)
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()
-    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.machine)
+    watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.analysis.machine)
     watch.start()
     run_interleaved(methods, prompt_ids, args.warmup, log)
     elapsed = time.perf_counter() - start
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     write_runs(runs_dir, summaries)
     print_table(results)
     print_tuned_table(results)
-    log(f"wrote {out} and {runs_dir}/ (python -m specpolicy.plot {runs_dir})")
+    log(f"wrote {out} and {runs_dir}/ (python -m specpolicy.analysis.plot {runs_dir})")
     return results
 
 

@@ -18,7 +18,7 @@ output equals vanilla's. Tune on rows that the comparison you report does not us
 1000 are held out for checking.
 
 Output: a printed table, best first, and ``--out`` JSON (settings, the machine's conditions from
-``specpolicy.machine.MachineWatch``, every row, and ``best``: the fastest grid point).
+``specpolicy.analysis.machine.MachineWatch``, every row, and ``best``: the fastest grid point).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import (Bench, add_model_arguments, check_prompt_slice, failfast_label, run_interleaved,  # noqa: E402
                    start_benchmark)
 
-from specpolicy.datasets import load_prompts  # noqa: E402
-from specpolicy.machine import MachineWatch, warning_line  # noqa: E402
-from specpolicy.metrics import aggregate  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.analysis.machine import MachineWatch, warning_line  # noqa: E402
+from specpolicy.analysis.metrics import aggregate  # noqa: E402
 from specpolicy.policies.failfast import FailFastPolicy  # noqa: E402
-from specpolicy.results import PromptResult  # noqa: E402
+from specpolicy.analysis.results import PromptResult  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:

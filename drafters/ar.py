@@ -7,16 +7,16 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy import tree
-from specpolicy.cache import append_columns, crop_cache, padded_cache
-from specpolicy.drafter import Drafter
-from specpolicy.hookspecs import hookimpl
-from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
+from specpolicy.core import tree
+from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.drafter import Drafter
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.models.loading import (check_attention, check_model_source, check_same_vocabulary, context_length,
                                load_causal_lm, load_tokenizer)
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, sample, warp
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, sample, warp
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_keys
 
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
@@ -141,7 +141,7 @@ class ARDrafter(Drafter):
     @staticmethod
     def _draft_together(drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
         """The padded passes of ``draft_many`` (greedy; every drafter's cache non-empty)."""
-        from specpolicy.attention import as_model_mask
+        from specpolicy.core.attention import as_model_mask
 
         lead = drafters[0]
         model, device = lead.model, lead.runtime.torch_device
@@ -223,7 +223,7 @@ class ARDrafter(Drafter):
         Returns:
             ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
-        from specpolicy.attention import as_model_mask
+        from specpolicy.core.attention import as_model_mask
 
         parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)

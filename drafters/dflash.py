@@ -1,5 +1,5 @@
 """``dflash`` drafter: DFlash block-diffusion drafting conditioned on the target's hidden states
-(Chen, Liang, Liu, arXiv 2602.06036; the network is ``specpolicy.draft_models.dflash``).
+(Chen, Liang, Liu, arXiv 2602.06036; the network is ``specpolicy.models.dflash``).
 
 One forward pass drafts a whole block: ``[last committed token, MASK x (B - 1)]``, with the
 target's features of every committed position injected as keys and values in each drafter layer,
@@ -21,7 +21,7 @@ pass; ``commit`` only stores the features ``Verification.features`` brought) and
 recomputed; the block's own keys and values are never cached, so nothing needs cropping on
 rejection. With ``policy=static policy.k=B-1``
 the drafts are exactly the official ``dflash_generate``'s given the same committed sequence
-(``tests/test_dflash.py`` checks it on an official-layout checkpoint).
+(``tests/models/test_dflash.py`` checks it on an official-layout checkpoint).
 
 Draft vocabulary (opt-in, a checkpoint with ``draft_vocab_size`` and ``d2t``): a pass runs only
 the LM-head rows of those target ids (a copy of them made at load, ``(Vd, H)``) and maps each
@@ -45,17 +45,18 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from specpolicy.draft_models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
-from specpolicy.draft_models.kv import KVCache
-from specpolicy.drafter import Drafter
-from specpolicy.errors import ConfigError
-from specpolicy.features import check_checkpoint, probe_verifier, target_parts
-from specpolicy.hookspecs import hookimpl
-from specpolicy.models import resolve_model_path
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, choose
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys, choice
+from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
+from specpolicy.models.kv import KVCache
+from specpolicy.core.drafter import Drafter
+from specpolicy.core.errors import ConfigError
+from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_keys, choice
 
 NAME = "dflash"
 CONFIG_KEYS = ("model", "extension")
@@ -112,7 +113,7 @@ class DFlashDrafter(Drafter):
         forward and context caching (``context_keys_values``; the batched passes), the target's
         embeddings, the LM head (or its draft-vocabulary rows), and the top-k of the drafted
         positions' distributions (``alternatives``, which tree policies ask for). Benchmarks time a
-        drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return ((self.model, "draft_pass"), self.model, (self.model, "context_keys_values"), self.embed_tokens,
                 self.head, (self, "alternatives"))
 
@@ -131,7 +132,7 @@ class DFlashDrafter(Drafter):
         if features is None or tuple(features.shape[:1]) != (n - 1,):
             raise ValueError(f"the dflash drafter needs the target's features of the prompt's first {n - 1} positions "
                              f"(got {None if features is None else tuple(features.shape)}); run it through "
-                             "specpolicy.decoding.generate, which asks the verifier for them")
+                             "specpolicy.core.decoding.generate, which asks the verifier for them")
         self.cache = KVCache(len(self.model.layers))
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
@@ -449,7 +450,7 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     model_name = config.get("model", "dflash-drafter")
     key = f"drafter.model={model_name!r}"
     embed, head, target_config = target_parts(verifier, NAME)
-    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.models.checkpoint import read_config
 
     directory = resolve_model_path(model_name)
     check_fits_target(read_config(directory, key), target_config.to_dict(), key)

@@ -1,5 +1,5 @@
 """``eagle3`` drafter: EAGLE-3 chain drafting, one token per drafter pass, from the target's fused
-low/mid/high features (Li et al., arXiv 2503.01840; the network is ``specpolicy.draft_models.eagle3``).
+low/mid/high features (Li et al., arXiv 2503.01840; the network is ``specpolicy.models.eagle3``).
 
 Drafter position i pairs the target's feature of position i with the token at i + 1 and predicts
 the token at i + 2. The target's features exist for every committed position but the pending
@@ -27,18 +27,19 @@ from typing import Any
 
 import torch
 
-from specpolicy.draft_models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
-from specpolicy import tree
-from specpolicy.draft_models.kv import KVCache
-from specpolicy.drafter import Drafter
-from specpolicy.errors import ConfigError
-from specpolicy.features import check_checkpoint, probe_verifier, target_parts
-from specpolicy.hookspecs import hookimpl
-from specpolicy.models import resolve_model_path
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, choose
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys, choice
+from specpolicy.models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy.core import tree
+from specpolicy.models.kv import KVCache
+from specpolicy.core.drafter import Drafter
+from specpolicy.core.errors import ConfigError
+from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_keys, choice
 
 NAME = "eagle3"
 #: A request whose round starts with more newly committed positions than this (a new request's
@@ -83,7 +84,7 @@ class Eagle3Drafter(Drafter):
         ``_tree_pass``), the head's forward, its fc (called directly on the target's features), its
         ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
         ``alternatives``, which tree policies ask for) and the target's embeddings. Benchmarks time
-        a drafter's forward passes as their outermost calls (``specpolicy.profiling.ForwardTimer``)."""
+        a drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return ((self, "_root_pass"), (self, "_tree_pass"), self.model, self.model.fc, (self.model, "logits"),
                 (self.model, "top_tokens"), (self, "alternatives"), self.embed_tokens)
 
@@ -102,7 +103,7 @@ class Eagle3Drafter(Drafter):
         if features is None or tuple(features.shape[:1]) != (n - 1,):
             raise ValueError(f"the eagle3 drafter needs the target's features of the prompt's first {n - 1} positions "
                              f"(got {None if features is None else tuple(features.shape)}); run it through "
-                             "specpolicy.decoding.generate, which asks the verifier for them")
+                             "specpolicy.core.decoding.generate, which asks the verifier for them")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = KVCache(1)
         self._committed_pairs = 0
@@ -439,7 +440,7 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     model_name = config.get("model", "eagle3-drafter")
     key = f"drafter.model={model_name!r}"
     embed, _, target_config = target_parts(verifier, NAME)
-    from specpolicy.draft_models.checkpoint import read_config
+    from specpolicy.models.checkpoint import read_config
 
     directory = resolve_model_path(model_name)
     layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key,

@@ -43,16 +43,16 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.attention import as_model_mask
-from specpolicy.cache import append_columns, crop_cache, padded_cache
-from specpolicy.drafter import Drafter
-from specpolicy.hookspecs import hookimpl
-from specpolicy.models import (check_attention, check_model_source, check_same_vocabulary, context_length,
+from specpolicy.core.attention import as_model_mask
+from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.drafter import Drafter
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.models.loading import (check_attention, check_model_source, check_same_vocabulary, context_length,
                                load_causal_lm, load_tokenizer, resolve_model_path)
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, sample, warp
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, sample, warp
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_keys
 
 NAME = "fastdllm"
 
@@ -219,7 +219,7 @@ class FastDLLMDrafter(Drafter):
     one. Speculative sampling needs q_i to be the distribution of token i given the tokens
     before it; with Fast-dLLM's any-order unmasking a token unmasked after a later one has a q
     that depends on that later token, so the acceptance of the earlier token would bias the
-    later one's distribution (``tests/test_sampling.py`` shows the bias exactly on a toy and checks
+    later one's distribution (``tests/core/test_sampling.py`` shows the bias exactly on a toy and checks
     the order).
     Greedy drafting keeps the any-order rule above (argmax tokens are verified by equality).
 

@@ -5,7 +5,7 @@ Emerging AI Applications", arXiv 2411.04975, §3-4): the text seen so far is ind
 suffixes; a draft is the continuation of the longest suffix of the current sequence that
 occurred before, chosen by frequency; no model, no forward pass. FailFast (arXiv 2512.20573,
 §5 and App. E) compares against it as a model-free baseline and borrows its suffix matching
-for draft reuse (``specpolicy.reuse``).
+for draft reuse (``specpolicy.core.reuse``).
 
 The index here is bounded-depth: for every context length ``n`` in ``[min_match, max_match]``
 and every position ``p`` of the committed sequence ``x``, the context ``x[p-n:p]`` (a tuple of
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from specpolicy.drafter import Drafter
-from specpolicy.hookspecs import hookimpl
-from specpolicy.runtime import Runtime
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_init
+from specpolicy.core.drafter import Drafter
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_init
 
 NAME = "suffix"
 CONFIG_KEYS = ("min_match", "max_match", "min_confidence")

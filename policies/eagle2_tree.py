@@ -7,7 +7,7 @@ probabilities along the path: the drafter's estimate of the chance the whole pat
 expanded in ONE drafter pass each, every one proposing its ``top_k`` children. Reranking: of all
 nodes proposed, the ``total_tokens`` with the highest cumulative log-probability form the tree (a
 node scores no higher than its parent, so the kept nodes are a tree). The target verifies it in one
-pass (``specpolicy.tree``). Drafter passes per round: ``depth`` (the root's and one per expanded
+pass (``specpolicy.core.tree``). Drafter passes per round: ``depth`` (the root's and one per expanded
 level). Works with drafters that offer ``tree_root`` / ``tree_expand`` (``eagle3``, ``ar``).
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.hookspecs import hookimpl
-from specpolicy.policy import TreePolicy
-from specpolicy.types import Draft
-from specpolicy.validation import check_init
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.policy import TreePolicy
+from specpolicy.core.types import Draft
+from specpolicy.core.checks import check_init
 
 NAME = "eagle2-tree"
 

@@ -7,7 +7,7 @@ regions), then spends a small budget where the chain is unsure: at every drafted
 confidence is below ``branch_tau``, the drafter's next most likely tokens at that position
 (``Drafter.alternatives``: free, the pass that drafted the position computed them) hang as sibling
 leaves beside it, up to ``branch_k - 1`` per position and ``max_nodes`` in all. The target verifies
-chain and leaves in one pass (``specpolicy.tree``): where the chain's token is wrong, a sibling may
+chain and leaves in one pass (``specpolicy.core.tree``): where the chain's token is wrong, a sibling may
 still be right, and the round emits one token more. Drafter passes: the chain's, nothing more.
 Works with drafters that report ``alternatives`` (``dflash``, ``eagle3``).
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from specpolicy.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import hookimpl
 from specpolicy.policies.failfast import FailFastPolicy
-from specpolicy.policy import TreePolicy
-from specpolicy.sampling import point_mass
-from specpolicy.types import Draft
-from specpolicy.validation import check_init
+from specpolicy.core.policy import TreePolicy
+from specpolicy.core.sampling import point_mass
+from specpolicy.core.types import Draft
+from specpolicy.core.checks import check_init
 
 NAME = "failfast-tree"
 
@@ -61,7 +61,7 @@ class FailFastTreePolicy(TreePolicy):
                              f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not")
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
-        from specpolicy.decoding import draft_round
+        from specpolicy.core.decoding import draft_round
 
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
         nodes = min(self.max_nodes, node_room)

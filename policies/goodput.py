@@ -54,7 +54,7 @@ first round (a probe) to learn from; while it keeps speculation off it probes ev
 that it measures verifying a draft of the length acceptance and drafting costs alone would pick
 (1 to ``PROBE_MAX_LENGTH`` tokens).
 
-Acceptance probabilities: ``specpolicy.calibration.AcceptanceCalibration`` (histogram binning
+Acceptance probabilities: ``specpolicy.core.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
 confidence), fed with every verified round: each of the first ``REFRESH_WARMUP`` rounds before
 the next decision, later ones in batches of ``REFRESH_EVERY`` (so ``policy.calibration`` lags
@@ -64,7 +64,7 @@ drafter without passes) and verification ms: a plain decoding step (the mean of 
 without a draft) and, for a draft of k tokens, that step + a step for any draft + a per-token
 slope (an exponentially weighted least-squares fit over the rounds with a draft; ``OnlineCosts``
 says why the plain step stands apart), timings winsorised against the current estimates -- or taken from a hardware profile
-(``cost_profile=a6000-qwen32b``: the costs ``specpolicy.latency`` models with, so the MODELED
+(``cost_profile=a6000-qwen32b``: the costs ``specpolicy.core.latency`` models with, so the MODELED
 figure of a policy tuned to that profile can be computed; null profile fields are measured).
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
 
@@ -80,12 +80,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
-from specpolicy.hookspecs import hookimpl
-from specpolicy.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
-from specpolicy.policy import LengthPolicy
-from specpolicy.types import Draft, RoundRecord
-from specpolicy.validation import check_init
+from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
+from specpolicy.core.policy import LengthPolicy
+from specpolicy.core.types import Draft, RoundRecord
+from specpolicy.core.checks import check_init
 
 NAME = "goodput"
 #: Forgetting factor of the verification costs (an effective memory of ~50 rounds), applied per
@@ -138,7 +138,7 @@ class GoodputPolicy(LengthPolicy):
         keep_across_prompts: keep calibration, costs and throughput from one prompt to the next
             (default True); False forgets them in ``reset()``.
         prior_strength / position_strength / prior_acceptance: the calibration's pseudo-counts and
-            prior (``specpolicy.calibration.AcceptanceCalibration``; defaults 4, 8, 0.5).
+            prior (``specpolicy.core.calibration.AcceptanceCalibration``; defaults 4, 8, 0.5).
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never).

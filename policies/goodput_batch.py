@@ -9,7 +9,7 @@ learned per request from its verified rounds, shrunk towards the batch's pooled 
 pooled position towards the one before it), and
 costs ``T = verify_ms(B x (1 + max_i k_i)) + draft_ms(sum_i ceil(k_i / tokens per pass))``: the
 batched verification's measured cost as a function of the tokens its pass computes (padded rows;
-``specpolicy.batch_context.VerifyCost``) and the round's measured drafting cost (every request's
+``specpolicy.core.batch_context.VerifyCost``) and the round's measured drafting cost (every request's
 drafting and commit) as a function of the drafter passes of all requests
 (``BatchContext.draft_cost``, the same kind of measured curve): a fixed part per round -- the
 commits, the first pass's catching up on the committed tokens -- is not charged to each draft
@@ -53,11 +53,11 @@ from typing import Any
 
 import numpy as np
 
-from specpolicy.batch_context import BatchContext, VerifyCost
-from specpolicy.hookspecs import hookimpl
-from specpolicy.policy import LengthPolicy
-from specpolicy.types import Draft, RoundRecord
-from specpolicy.validation import check_init
+from specpolicy.core.batch_context import BatchContext, VerifyCost
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.policy import LengthPolicy
+from specpolicy.core.types import Draft, RoundRecord
+from specpolicy.core.checks import check_init
 
 NAME = "goodput-batch"
 #: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.

@@ -1,3 +1,3 @@
-from specpolicy.cli import main
+from specpolicy.run.cli import main
 
 main()

@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specpolicy.runtime import Runtime
+from specpolicy.core.runtime import Runtime
 
 # Tiny models: one thread is faster than two (no sync overhead) and leaves a core to other work.
 torch.set_num_threads(1)

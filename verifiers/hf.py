@@ -7,18 +7,18 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy import tree
-from specpolicy.attention import as_model_mask
-from specpolicy.cache import crop_cache, keep_path
-from specpolicy.features import check_feature_layers, select_features
-from specpolicy.hookspecs import hookimpl
-from specpolicy.models import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
+from specpolicy.core import tree
+from specpolicy.core.attention import as_model_mask
+from specpolicy.core.cache import crop_cache, keep_path
+from specpolicy.core.features import check_feature_layers, select_features
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.models.loading import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
                                load_tokenizer)
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, speculative_verify, warp
-from specpolicy.types import Draft, Verification
-from specpolicy.validation import check_keys, integer
-from specpolicy.verifier import Verifier
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
+from specpolicy.core.types import Draft, Verification
+from specpolicy.core.checks import check_keys, integer
+from specpolicy.core.verifier import Verifier
 
 NAME = "hf"
 CONFIG_KEYS = ("model", "attn_implementation", "max_context")
@@ -29,7 +29,7 @@ class HFVerifier(Verifier):
     ``[pending] + draft``. Greedy (the default) keeps the draft prefix equal to the target's argmax
     (Leviathan et al. 2023, §2.3, greedy case); with non-greedy ``sampling`` given to ``prefill``,
     speculative sampling (Leviathan et al. 2023, Alg. 1) on ``warp`` of the logits, the draws
-    from ``runtime.generator`` (``specpolicy.sampling.speculative_verify``).
+    from ``runtime.generator`` (``specpolicy.core.sampling.speculative_verify``).
 
     Args:
         model: the target, in eval mode on the runtime device.
@@ -61,9 +61,17 @@ class HFVerifier(Verifier):
         (see ``Verifier.request_features``); checked against the target's layer count.
 
         Raises:
-            specpolicy.features.FeaturesUnsupported: for an index outside ``0..num_hidden_layers``.
+            specpolicy.core.features.FeaturesUnsupported: for an index outside ``0..num_hidden_layers``.
         """
         self._feature_layers = check_feature_layers(layers, int(self.model.config.num_hidden_layers) + 1)
+
+    def batched(self, pad_token_id: int = 0):
+        """The batched loop's verifier of this target (``verifiers/hf_batch.py``: same model,
+        runtime, stop tokens, context and requested features; one row per request in flight).
+        Called by ``specpolicy.core.batching.generate_batch``."""
+        from specpolicy.verifiers.hf_batch import BatchedHFVerifier
+
+        return BatchedHFVerifier.like(self, pad_token_id)
 
     @property
     def cached_length(self) -> int:
@@ -108,7 +116,7 @@ class HFVerifier(Verifier):
                             features=features)
 
     def _verify_tree(self, draft: Draft, inputs: torch.Tensor, start: int) -> Verification:
-        """A draft tree in one pass (``specpolicy.tree``): positions by depth, each node attending to
+        """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
         prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape

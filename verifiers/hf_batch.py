@@ -1,6 +1,6 @@
 """Batched greedy verification: many requests' chain drafts in ONE target forward pass.
 
-The batched loop (``specpolicy.batching``) keeps one row per request in flight. The rows share one
+The batched loop (``specpolicy.core.batching``) keeps one row per request in flight. The rows share one
 Hugging Face ``DynamicCache`` of shape ``(B, kv_heads, C, head_dim)`` per layer, row i holding its
 request's committed sequence in columns ``[0, L_i)`` (``C = max L_i``; columns past ``L_i`` are
 stale and masked out). A round's input is ``(B, q)``: each row ``[pending, draft, pad...]``
@@ -14,10 +14,10 @@ dropping its row (one copy of the cache per join or leave; rounds copy none).
 
 Greedy (argmax per row, as ``verifiers/hf.py``): the output of every request is the target's
 greedy output, whatever shares its batch, up to the floating-point effects of batched matrix
-products (exact in float64; ``tests/test_batching.py``). Sampling (``sampling`` set): speculative
+products (exact in float64; ``tests/core/test_batching.py``). Sampling (``sampling`` set): speculative
 sampling row by row on ``warp`` of each row's logits, as ``verifiers/hf.py`` does for one
 request; every request's output is distributed as sampling from the target
-(``tests/test_batching.py``, a chi-square test per request).
+(``tests/core/test_batching.py``, a chi-square test per request).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.attention import as_model_mask
-from specpolicy.cache import cache_layers, crop_cache
-from specpolicy.features import select_features_batch
+from specpolicy.core.attention import as_model_mask
+from specpolicy.core.cache import cache_layers, crop_cache
+from specpolicy.core.features import select_features_batch
 from specpolicy.verifiers.hf import prefill_prompt
-from specpolicy.runtime import Runtime
-from specpolicy.sampling import SamplingConfig, speculative_verify, warp
-from specpolicy.types import Draft, Verification
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
+from specpolicy.core.types import Draft, Verification
 
 
 class BatchedHFVerifier:

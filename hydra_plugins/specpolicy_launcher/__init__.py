@@ -3,17 +3,17 @@
 
 * ``gpus_per_node: 0`` (or null) requests no GPU at all (the plugin would write
   ``--gpus-per-node=0``, which clusters without GPUs may refuse);
-* the jobs are watched with ``squeue`` (``specpolicy.slurm.SqueueWatcher``), not ``sacct``: each
+* the jobs are watched with ``squeue`` (``specpolicy.run.slurm.SqueueWatcher``), not ``sacct``: each
   job id is logged at submission, then its state changes and, while it is pending, Slurm's
   reason; a job that ends without a result (``scancel``, a node failure) ends the wait even on
   a cluster without accounting, where submitit would wait forever;
 * such a job's error says how to resume the sweep, and is reported in one line without a
-  traceback (``specpolicy.errors.SweepIncomplete``).
+  traceback (``specpolicy.core.errors.SweepIncomplete``).
 
 Hydra instantiates launchers only from modules under ``hydra_plugins``, hence this package
 (listed in pyproject.toml). Hydra's plugin scan finds it in a regular install; the CLI also
 registers it (``register()``), since the scan cannot see packages of an editable install (see
-``specpolicy.hydra_searchpath``). Without hydra-submitit-launcher (``pip install
+``specpolicy.run.hydra_searchpath``). Without hydra-submitit-launcher (``pip install
 "specpolicy[slurm]"``) it defines no launcher."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ if _SubmititSlurmLauncher is not None:
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int):
             from submitit.core.utils import UncompletedJobError
 
-            from specpolicy.errors import SweepIncomplete
-            from specpolicy.slurm import squeue_watching
+            from specpolicy.core.errors import SweepIncomplete
+            from specpolicy.run.slurm import squeue_watching
 
             class UncompletedSweepError(UncompletedJobError, SweepIncomplete):
                 """submitit's error (for code that catches it), reported by the CLI in one line."""

@@ -16,7 +16,7 @@ Modules: ``tokenizer`` (BPE + chat template), ``data`` (examples, batches), ``mo
 
 from specpolicy.family.block_diffusion import BLOCK_SIZE
 
-DEFAULT_DIR = "specpolicy/assets/family"
+DEFAULT_DIR = "specpolicy/family/bundle"
 MODEL_NAMES = ("target", "ar-drafter", "dllm-drafter")
 
 __all__ = ["BLOCK_SIZE", "DEFAULT_DIR", "MODEL_NAMES"]

@@ -40,7 +40,7 @@ prompt the target's greedy output (fp32, ``max_new_tokens``) is the reference. F
   target's; the unconditional ECE counts those positions, the conditional one does not.
 
 Data sets: GSM8K test (held out: the family trains on GSM8K train), MATH-500 and HumanEval
-through :func:`specpolicy.datasets.load_prompts` (the prompts the loop sees).
+through :func:`specpolicy.data.datasets.load_prompts` (the prompts the loop sees).
 
 The in-loop measure (``--in-loop``, or ``--results`` of an existing run): a normal run
 ``python -m specpolicy drafter=fastdllm drafter.model=... policy=static policy.k=16
@@ -306,10 +306,10 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
         ``{dataset: summarize_drafts(...) + {"n_prompts", "mean_output_tokens", "wall_s"}}``.
     """
     from specpolicy.drafters.fastdllm import FastDLLMDrafter, model_block_size
-    from specpolicy.datasets import load_prompts
+    from specpolicy.data.datasets import load_prompts
     from specpolicy.family.distill import greedy_generate
-    from specpolicy.models import load_causal_lm, load_tokenizer
-    from specpolicy.runtime import Runtime
+    from specpolicy.models.loading import load_causal_lm, load_tokenizer
+    from specpolicy.core.runtime import Runtime
 
     rt = Runtime(device="cpu", dtype="float32", seed=0)
     tok = load_tokenizer(target_path)
@@ -322,7 +322,7 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
                                   small_block_size=small_block_size, threshold=threshold)
         context = dmodel.config.max_position_embeddings
     else:
-        from specpolicy.plugins import get_plugin_manager, make_drafter, make_verifier
+        from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_verifier
 
         pm = get_plugin_manager(autoload=False)
         verifier = make_verifier(pm, {"name": "hf", "model": target_path}, rt)
@@ -356,9 +356,9 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
 
 def _block_size(drafter: str) -> int:
     """A DFlash checkpoint's block size B (from its config.json)."""
-    from specpolicy.draft_models.checkpoint import read_config
-    from specpolicy.draft_models.dflash import DFlashSpec
-    from specpolicy.models import resolve_model_path
+    from specpolicy.models.checkpoint import read_config
+    from specpolicy.models.dflash import DFlashSpec
+    from specpolicy.models.loading import resolve_model_path
 
     return DFlashSpec.from_config(read_config(resolve_model_path(drafter), "--drafter")).block_size
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m specpolicy.family.evaluate --out specpolicy/assets/family \\
+    python -m specpolicy.family.evaluate --out specpolicy/family/bundle \\
         --test-data /work/shared/data/gsm8k/test.jsonl --n 50
 
 All models are loaded as inference loads them (bf16 weights upcast to float32, fp32 compute).
@@ -268,7 +268,7 @@ def evaluate(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="specpolicy/assets/family", help="family dir")
+    ap.add_argument("--out", default="specpolicy/family/bundle", help="family dir")
     ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--max-new-tokens", type=int, default=256)

@@ -4,7 +4,7 @@ dflash-drafter -> dflash-vocabulary -> eagle3-drafter -> eval.
 Usage::
 
     OMP_NUM_THREADS=2 python -m specpolicy.family \\
-        --data /work/shared/data/gsm8k/train.jsonl --out specpolicy/assets/family
+        --data /work/shared/data/gsm8k/train.jsonl --out specpolicy/family/bundle
 
 Each stage is skipped when its output already exists (``--force`` redoes every stage,
 ``--redo STAGE ...`` only the named ones). Budgets are epochs / steps (never wall-clock),
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family", description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
     ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl", help="GSM8K test jsonl (eval)")
-    ap.add_argument("--out", default="specpolicy/assets/family", help="output dir")
+    ap.add_argument("--out", default="specpolicy/family/bundle", help="output dir")
     ap.add_argument("--work", default=None,
                     help="distill/ and features/, not bundled (default: <out>.work, or ./family-work when "
                          "--out lies inside the specpolicy package)")

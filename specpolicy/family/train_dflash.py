@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.draft_models.dflash import (DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash,
+from specpolicy.models.dflash import (DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash,
                                             with_draft_vocabulary)
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
@@ -161,7 +161,7 @@ def feature_layers_for(args, target_dir: str | Path) -> list[int]:
     EAGLE-3 head's default (``[2, L // 2, L - 3]``) for the target at ``target_dir``."""
     import json
 
-    from specpolicy.draft_models.eagle3 import default_layer_ids
+    from specpolicy.models.eagle3 import default_layer_ids
 
     layers = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
     return sorted({i + 1 for i in args.dflash_layer_ids} | set(default_layer_ids(layers)))
@@ -197,7 +197,7 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
         the ``trainer.train`` stats plus ``params``, ``block_size``, ``target_layer_ids``, ``anchors``,
         ``extension_probs``, ``gamma``.
     """
-    from specpolicy.draft_models.dflash import load_dflash
+    from specpolicy.models.dflash import load_dflash
     from specpolicy.family.models import load_model
 
     target = load_model(target_dir)
@@ -263,7 +263,7 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
         ConfigError: the directory holds no DFlash checkpoint.
         ValueError: ``size`` < 1.
     """
-    from specpolicy.draft_models.dflash import load_dflash
+    from specpolicy.models.dflash import load_dflash
 
     if size < 1:
         raise ValueError(f"size must be >= 1 (draft vocabulary tokens), got {size}")

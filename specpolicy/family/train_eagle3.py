@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.draft_models.eagle3 import (Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, load_eagle3,
+from specpolicy.models.eagle3 import (Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, load_eagle3,
                                             save_eagle3)
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore

@@ -1,0 +1,111 @@
+"""The shared runtime handed to drafter and verifier: device, dtype, seed, timers."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Timer:
+    """Wall-clock timer of one region. On CUDA it records events and only synchronises when
+    ``ms`` is read (so timing adds no device sync to the hot loop); on CPU it uses
+    ``time.perf_counter``."""
+
+    def __init__(self, cuda: bool) -> None:
+        self._cuda = cuda
+        self._start = self._end = None
+
+    def __enter__(self) -> "Timer":
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._cuda:
+            self._end.record()
+        else:
+            self._end = time.perf_counter()
+
+    @property
+    def ms(self) -> float:
+        """Elapsed milliseconds (synchronises the CUDA event on first read)."""
+        if self._end is None:
+            raise RuntimeError("Timer.ms read before the timed region ended")
+        if self._cuda:
+            self._end.synchronize()
+            return float(self._start.elapsed_time(self._end))
+        return (self._end - self._start) * 1e3
+
+
+@dataclass
+class Runtime:
+    """Device, dtype and seed shared by every model of a run.
+
+    Args:
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU) or one of float32, float64,
+            bfloat16, float16.
+        seed: seeds Python, and torch (CPU and CUDA), and ``generator``.
+    Attributes:
+        generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
+            run uses (drafters' samples, speculative sampling's acceptance and residual draws;
+            ``specpolicy.core.sampling``), reseeded by ``seed_everything``: same seed, same output.
+    Raises:
+        ValueError: for an unknown ``dtype`` or a CUDA ``device`` on a machine without CUDA.
+    """
+
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    torch_device: torch.device = field(init=False)
+    torch_dtype: torch.dtype = field(init=False)
+    generator: torch.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        dev = self.device
+        if dev == "auto":
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"runtime.device={self.device!r} but CUDA is not available; use 'auto' or 'cpu'")
+        self.torch_device = torch.device(dev)
+        dt = self.dtype
+        if dt == "auto":
+            dt = "bfloat16" if self.torch_device.type == "cuda" else "float32"
+        if dt not in _DTYPES:
+            raise ValueError(f"runtime.dtype={self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
+        self.torch_dtype = _DTYPES[dt]
+        self.seed_everything()
+
+    def seed_everything(self, seed: int | None = None) -> None:
+        """Seed Python's and torch's generators and ``self.generator`` with ``seed`` (default:
+        ``self.seed``)."""
+        s = self.seed if seed is None else seed
+        random.seed(s)
+        torch.manual_seed(s)
+        self.generator = torch.Generator(device=self.torch_device)
+        self.generator.manual_seed(s)
+
+    def timer(self) -> Timer:
+        """A new ``Timer`` (CUDA events on CUDA, perf_counter on CPU)."""
+        return Timer(self.torch_device.type == "cuda")
+
+    def describe(self) -> dict:
+        """Device, dtype and library versions, for summaries."""
+        import transformers
+
+        return {
+            "device": str(self.torch_device),
+            "dtype": str(self.torch_dtype).removeprefix("torch."),
+            "seed": self.seed,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        }

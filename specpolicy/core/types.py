@@ -1,0 +1,235 @@
+"""Frozen records exchanged by drafters, verifiers, length policies and the decoding loop.
+
+Conventions (batch size 1 throughout):
+* token ids are ``torch.int64`` 1-D tensors on the runtime device;
+* confidences are ``torch.float32`` 1-D tensors: the drafter's max probability at the
+  forward pass that produced each token (FailFast paper, §3 "confidence");
+* lengths are counts of tokens, times are milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The draft of one round, as it stands (it may be extended within the round).
+
+    Attributes:
+        token_ids: ``(k,) int64`` proposed tokens, continuing the committed sequence.
+        confidences: ``(k,) float32`` max probability of each proposed token, in [0, 1].
+            Tokens not produced by a model (draft reuse, model-free drafters) carry the
+            drafter's own notion of confidence (see each drafter).
+        forward_passes: drafter forward passes spent on this draft so far (extensions included).
+        reused_tokens: how many trailing tokens were appended by draft reuse (FailFast App. E),
+            not by the drafter.
+        probs: ``(k, V) float32`` when sampling (``generation.temperature`` > 0): row i is the
+            distribution q_i that token i was sampled from (after ``specpolicy.core.sampling.warp``);
+            a one-hot row is a point mass (reused tokens). None: greedy decoding, or every token
+            a point mass (model-free drafters); see ``specpolicy.core.sampling.speculative_verify``.
+        ends_at_stop_token: True when the draft's last token is a stop token (EOS) the drafter
+            drafted: it proposes nothing past it this round (the loop stops drafting, reason
+            ``stop_token``). Drafters that do not check stop tokens leave it False.
+        small_block_confidences: ``(m,) float32`` or None. Block-diffusion drafters (``fastdllm``):
+            for every unmasking pass of the round, in pass order, the confidence of each position
+            of the small block being decoded, NaN where the position was not masked at that pass.
+            The non-NaN entries are the official FailFast code's ``conf_of_unmasked_tokens``
+            (``generate_draft_tokens_arbitrary_length``): every masked position decoded in each
+            small block, look-ahead positions past the draft included, a position still masked
+            after a pass counted again at the next. Used by ``policy.confidence_scope=small_block``.
+            None: the drafter does not report it.
+        lookahead: tokens the drafter has already decoded PAST this draft in the current round:
+            asking ``draft`` for up to this many more tokens costs no forward pass (Fast-dLLM: the
+            unmasked run past the draft, at its usual threshold the rest of the small block; 0 for
+            drafters that decode only what is asked, such as AR and model-free drafters, and after
+            a stop token). A policy may use it to see where the drafter's passes begin and end
+            (``goodput``).
+        lookahead_confidences: ``(lookahead,) float32`` or None: the confidences of those
+            decoded-ahead tokens, in order, so that a policy can plan over them before it asks for
+            them (``goodput`` takes the ones it wants in one answer instead of one at a time). None:
+            the drafter does not report them (then only ``lookahead`` is known).
+        parents: ``(k,) int64`` or None. A draft TREE (``specpolicy.core.tree``): node i hangs under
+            ``parents[i]`` (-1: under the pending token; else an earlier node, topological order),
+            and ``token_ids`` / ``confidences`` / ``probs`` are per node. None: a chain (node i
+            under node i - 1), which is what every drafter produces unless a tree policy asks.
+    """
+
+    token_ids: torch.Tensor  # (k,) int64
+    confidences: torch.Tensor  # (k,) float32
+    forward_passes: int = 0
+    reused_tokens: int = 0
+    probs: torch.Tensor | None = None  # (k, V) float32, q of each drafted token; None = greedy or point mass
+    ends_at_stop_token: bool = False
+    small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
+    lookahead: int = 0  # tokens decoded past the draft, free to add this round
+    lookahead_confidences: torch.Tensor | None = None  # (lookahead,) float32; None = not reported
+    parents: torch.Tensor | None = None  # (k,) int64 tree; None = chain
+
+    @property
+    def length(self) -> int:
+        """Speculation length k in tokens (a tree: its nodes, all verified in one pass)."""
+        return int(self.token_ids.shape[0])
+
+    @property
+    def is_tree(self) -> bool:
+        """True for a draft tree (``parents`` set)."""
+        return self.parents is not None
+
+    @staticmethod
+    def empty(device: torch.device | str = "cpu") -> "Draft":
+        """A zero-length draft (plain decoding for the round)."""
+        return Draft(
+            token_ids=torch.empty(0, dtype=torch.long, device=device),
+            confidences=torch.empty(0, dtype=torch.float32, device=device),
+        )
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The target's verdict on one draft (one forward pass).
+
+    Attributes:
+        accepted_length: number of leading draft tokens accepted: greedy, those equal to the
+            target's greedy tokens; sampling, those accepted by speculative sampling's rule.
+        next_token: the correction token (at the first mismatch / rejection) or the bonus token
+            (when every draft token was accepted), as a Python int.
+        target_token_ids: ``(k + 1,) int64`` greedy: the target's greedy token at every draft
+            position and one past the draft (kept for analyses such as the oracle policy).
+            Sampling: the accepted draft tokens, then ``next_token`` at ``accepted_length``,
+            then the target's most likely token at the later positions (informational only).
+            Either way ``target_token_ids[accepted_length] == next_token``.
+        features: ``(accepted_length + 1, F)`` float, or None. Only when the drafter asked for
+            target features (``Drafter.target_feature_layers``; ``Verifier.request_features``):
+            the target's hidden states, from this same verification pass, at the positions the
+            round committed to the target's KV cache -- the previously pending token and the
+            accepted draft tokens, in order -- each row the requested ``hidden_states`` entries
+            concatenated (F = their total width). The correction/bonus token has no row: it
+            becomes the pending token and its features come from the next verification.
+            A tree: the pending token and the accepted path's nodes.
+        path: for a draft tree, the accepted nodes, root's child first (``len(path) ==
+            accepted_length``); None for a chain (the accepted nodes are its first
+            ``accepted_length``). A tree's ``target_token_ids`` hold the target's token at the root
+            (0) and after each node (i + 1), and ``target_token_ids[path[-1] + 1] == next_token``.
+    """
+
+    accepted_length: int
+    next_token: int
+    target_token_ids: torch.Tensor  # (k + 1,) int64
+    features: torch.Tensor | None = None  # (accepted_length + 1, F) float; None = not requested
+    path: tuple[int, ...] | None = None  # tree drafts: the accepted nodes
+
+    def committed_tokens(self, draft: Draft) -> torch.Tensor:
+        """``(accepted_length + 1,) int64``: the accepted draft tokens (a chain's prefix, a tree's
+        path) plus the correction/bonus token."""
+        if self.path is None:
+            nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
+            return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+        last = self.path[-1] + 1 if self.path else 0
+        nodes = torch.tensor(self.path, dtype=torch.long, device=draft.token_ids.device)
+        return torch.cat([draft.token_ids[nodes], self.target_token_ids[last : last + 1]])
+
+
+#: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
+DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "stop_token",
+                      "vanilla")
+#: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.finish_reason`` (why generation ended).
+FINISH_REASONS = ("eos", "stop_string", "max_new_tokens", "max_context")
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Everything measured in one round (draft + verify), fed to ``LengthPolicy.update``.
+
+    Attributes:
+        index: 0-based round number within the prompt.
+        speculation_length: tokens proposed for verification (drafter + reused), k.
+        accepted_length: draft tokens accepted (bonus/correction excluded).
+        emitted_tokens: tokens added to the output this round after stop conditions
+            (normally ``accepted_length + 1``; fewer when EOS or ``max_new_tokens`` cut the round).
+        drafter_forward_passes: drafter forward passes spent this round.
+        reused_tokens: tokens appended by draft reuse.
+        draft_ms / verify_ms: wall-clock milliseconds spent drafting (the drafter's roll-back after
+            verification included) / verifying.
+        confidences: per drafted token, as floats.
+        draft_token_ids / target_token_ids: the proposal and the target's greedy tokens (k + 1).
+            They record the verification: in the round that ends generation they may run past
+            the stop (``emitted_tokens`` says how many tokens reached the output).
+        draft_stop_reason: why drafting stopped this round (see ``DRAFT_STOP_REASONS``):
+            ``"low_confidence"``, ``"n_max"``, ``"policy_bound"`` (the policy's own length bound:
+            static k, max_length, window), ``"length_0"`` (the policy answered 0 at once: plain
+            decoding this round), ``"room"`` (max_new_tokens / context room), ``"no_proposal"``
+            (the drafter had nothing more), ``"stop_token"`` (the draft ends at a drafted stop token),
+            ``"vanilla"`` (no drafter); ``""`` when unknown.
+        finish_reason: ``""`` unless this round ended generation, then ``"eos"``,
+            ``"stop_string"``, ``"max_new_tokens"`` or ``"max_context"`` (as ``GenerationResult.finish_reason``).
+        draft_parents: a draft tree's parents (``Draft.parents``; empty for a chain): then
+            ``speculation_length`` counts the tree's nodes (tokens verified), ``accepted_length``
+            the accepted path, and ``draft_token_ids`` / ``confidences`` are per node.
+        accepted_path: a tree's accepted nodes (``Verification.path``; empty for a chain).
+    """
+
+    index: int
+    speculation_length: int
+    accepted_length: int
+    emitted_tokens: int
+    drafter_forward_passes: int
+    reused_tokens: int
+    draft_ms: float
+    verify_ms: float
+    confidences: tuple[float, ...] = field(default_factory=tuple)
+    draft_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    target_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    draft_stop_reason: str = ""
+    finish_reason: str = ""
+    draft_parents: tuple[int, ...] = field(default_factory=tuple)
+    accepted_path: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def is_tree(self) -> bool:
+        """True for a round that verified a draft tree."""
+        return bool(self.draft_parents)
+
+    @property
+    def tree_depth(self) -> int:
+        """Depth of the round's draft: a tree's deepest node, a chain's length."""
+        if not self.draft_parents:
+            return self.speculation_length
+        depth: list[int] = []
+        for parent in self.draft_parents:
+            depth.append(1 + (depth[parent] if parent >= 0 else 0))
+        return max(depth)
+
+    @property
+    def fully_accepted(self) -> bool:
+        """True when the round ended with a bonus token: every proposed token of a chain accepted,
+        a path to one of a tree's deepest nodes accepted."""
+        return self.accepted_length == self.tree_depth
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Output of one prompt through the decoding loop.
+
+    Attributes:
+        output_ids: ``(n,) int64`` generated tokens (prompt excluded), stop token included if hit.
+        rounds: the per-round records, in order.
+        finish_reason: why generation ended (``FINISH_REASONS``): ``"eos"``, ``"stop_string"``
+            (a ``generation.stop`` string completed), ``"max_new_tokens"`` or ``"max_context"``
+            (the context is full). Not to be confused with a round's ``draft_stop_reason``.
+        wall_s: wall-clock seconds for the prompt, prefill included.
+        prefill_ms: wall-clock milliseconds of the prefill of both models.
+    """
+
+    output_ids: torch.Tensor  # (n,) int64
+    rounds: tuple[RoundRecord, ...]
+    finish_reason: str
+    wall_s: float
+    prefill_ms: float
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated (``len(output_ids)``)."""
+        return int(self.output_ids.shape[0])

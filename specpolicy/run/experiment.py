@@ -1,0 +1,254 @@
+"""One experiment: a drafter + policy (and the vanilla baseline) over a prompt set.
+
+Writes ``summary.json`` in the run directory and prints a table per method; the run's
+loggers (plugins selected by the ``logger`` config group) receive the lifecycle hooks: the
+default ``jsonl`` logger writes ``results.jsonl`` (one line per prompt, appended as each
+prompt finishes), ``wandb`` tracks the run in Weights & Biases.
+
+Each prompt's outcome is a ``specpolicy.analysis.results.PromptResult`` (speculative and vanilla
+``GenerationResult``); its row goes to the loggers, and the summary is computed from the
+results by ``specpolicy.analysis.summary.summarize`` (the one place every summary number comes from).
+Runs are resumable (``specpolicy.run.resume``): with ``run.resume: true`` (default) the prompts
+already in the run directory's ``results.jsonl`` are read back instead of recomputed, so a
+resumed run's summary equals an uninterrupted run's except for timings; a run with nothing left to
+compute loads no model (``specpolicy.run.resume.complete_summary``: it says so and returns the stored
+summary). SIGINT / SIGTERM write a partial summary (``"partial": true``) and raise ``RunInterrupted``.
+
+Safety: every config value is checked before any model is loaded (``specpolicy.run.validation``);
+one process per run directory (``specpolicy.run.runlock``); a prompt too long for the context is
+skipped and recorded, never decoded (``specpolicy.run.skips``); the summary records what the machine
+was doing (``timing_conditions``, ``specpolicy.analysis.machine``) and warns when the speedup cannot be
+trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from specpolicy.core.decoding import generate
+from specpolicy.analysis.machine import MachineWatch, warning_line
+from specpolicy.run.messages import shown
+from specpolicy.plugins.manager import (blame, call_each, get_plugin_manager, make_drafter, make_loggers, make_policy,
+                                make_verifier, registered)
+from specpolicy.analysis.results import SUMMARY_FILE, PromptResult
+from specpolicy.run.resume import (RunInterrupted, complete_line, complete_summary, config_fingerprint, interruptible,
+                               load_finished, results_path, shielded)
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.run.runlock import RunLock
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, prompt_seed
+from specpolicy.run.skips import max_new_tokens_line, over_context, skipped_line
+from specpolicy.core.stopping import StopStrings, config_strings, never_matching
+from specpolicy.analysis.summary import summarize
+from specpolicy.analysis.tables import print_summary
+from specpolicy.core.types import GenerationResult
+from specpolicy.run.validation import validate_config
+
+
+def method_name(cfg: DictConfig) -> str:
+    """``<drafter>+<policy>[-<mode>][+reuse]``, the label of the speculative method in tables
+    (a policy ``mode`` other than the policy's name is shown, e.g. ``ar+aimd-heuristic``)."""
+    mode = cfg.policy.get("mode")
+    policy = cfg.policy.name + (f"-{mode}" if mode and mode != cfg.policy.name else "")
+    return f"{cfg.drafter.name}+{policy}" + ("+reuse" if cfg.reuse.enabled else "")
+
+
+def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | None = None) -> dict[str, Any]:
+    """Run the configured method (and vanilla) on the configured prompts; return the summary. With
+    ``run.resume`` on and every prompt already in the run directory's ``results.jsonl``, nothing
+    is loaded or timed: one line says the run is complete and its summary is returned
+    (``specpolicy.run.resume.complete_summary``).
+
+    Lifecycle hooks (every plugin and the run's loggers): ``specpolicy_run_start`` after the
+    warm-up, ``specpolicy_round_end`` per verified round and ``specpolicy_prompt_end`` per
+    prompt of the speculative method, ``specpolicy_run_end`` after ``summary.json`` is written,
+    then ``specpolicy_run_outputs`` (its lines are appended to ``outputs`` when given: where a
+    logger put the run outside its directory, e.g. the W&B run), or ``specpolicy_run_abort`` when
+    the run raises (every plugin's abort hook is called; one that fails is reported in one line
+    and the run's own error is re-raised).
+
+    Raises:
+        ConfigError (a ValueError): for any invalid configuration value (unknown
+            policy/drafter/verifier/logger names and bad prompt files included), before any
+            model is loaded.
+        RunLocked: when another live process runs in ``run_dir``.
+    An error raised inside a plugin carries a ``PluginBlame`` naming it (``plugins.blame``).
+    """
+    container = OmegaConf.to_container(cfg, resolve=True)
+    pm = get_plugin_manager(block=list(cfg.plugins.block))
+    prompts = validate_config(container, pm)  # every value, before any model is loaded (ConfigError)
+    generation = container.get("generation") or {}
+    if generation.get("stop"):  # escapes decoded: what is matched, recorded and hashed (\n typed is a newline)
+        generation["stop"] = config_strings(list(generation["stop"]))
+    run_dir = Path(run_dir)
+    with RunLock(run_dir) as lock:  # one process per run directory (RunLocked names the holder)
+        if lock.taken_over:
+            print(lock.taken_over)
+        try:
+            done = complete_summary(container, [p.prompt_id for p in prompts], method_name(cfg), run_dir,
+                                    lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype,
+                                                    seed=int(cfg.seed)).describe())
+            if done is not None:  # resumed with nothing left to compute: no model is loaded
+                print(complete_line(done, shown(run_dir)))
+                return done
+            return _run(cfg, container, pm, prompts, run_dir, outputs)
+        except BaseException as error:
+            blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)
+            raise
+
+
+def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path,
+         outputs: list[str] | None = None) -> dict[str, Any]:
+    runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
+    policy = make_policy(pm, container["policy"])
+    loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
+    reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
+    verifier = make_verifier(pm, container["verifier"], runtime)
+    drafter = make_drafter(pm, container["drafter"], runtime, verifier)
+    tokenizer = verifier.tokenizer  # the target's: prompts are encoded and outputs decoded with it
+    if tokenizer is None:
+        raise ValueError(f"verifier {container['verifier'].get('name')!r} has no tokenizer: a run needs "
+                         f"verifier.tokenizer to encode the prompts")
+    max_new = int(cfg.generation.max_new_tokens)
+    method = method_name(cfg)
+    baseline = bool(cfg.run.vanilla_baseline)
+    sampling = SamplingConfig.from_config(container.get("generation"))
+    seed = int(cfg.seed)
+    stop_strings = (container.get("generation") or {}).get("stop")  # escapes decoded in run_experiment
+    stop = StopStrings(tokenizer, stop_strings) if stop_strings else None
+    for line in never_matching(tokenizer, stop_strings or []):
+        print(f"warning: {line}", file=sys.stderr)
+    fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
+    token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
+    too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
+    too_many = max_new_tokens_line(max_new, [int(token_ids[p.prompt_id].shape[0]) for p in prompts
+                                             if p.prompt_id not in too_long], verifier, drafter)
+    if too_many:  # generation ends at the context instead: a warning, nothing is lost
+        print(f"warning: {too_many}", file=sys.stderr)
+    finished = load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts}) \
+        if bool(cfg.run.get("resume", False)) else {}
+    if finished:
+        print(f"resuming {run_dir}: {len(finished)} of {len(prompts)} prompts finished earlier (results.jsonl)")
+
+    # Each call is seeded from (seed, prompt id): sampled outputs do not depend on the prompt
+    # order, on which method ran first, or on resuming (specpolicy.core.sampling.prompt_seed).
+    def speculative(ids, on_round=None, prompt_id="") -> GenerationResult:
+        runtime.seed_everything(prompt_seed(seed, prompt_id))
+        return generate(ids, verifier, runtime, max_new_tokens=max_new, drafter=drafter, policy=policy,
+                        reuse=reuse, on_round=on_round, sampling=sampling, stop=stop)
+
+    def vanilla(ids, prompt_id="") -> GenerationResult:
+        runtime.seed_everything(prompt_seed(seed, prompt_id))
+        return generate(ids, verifier, runtime, max_new_tokens=max_new, sampling=sampling, stop=stop)
+
+    decodable = [p for p in prompts if p.prompt_id not in too_long]
+    warmup = decodable[: int(cfg.run.warmup_prompts)] if len(finished) < len(prompts) else []
+    if int(container["generation"].get("batch_size", 1)) > 1:
+        warmup = []  # the batched run warms up its own way
+    for prompt in warmup:  # untimed: first-call overheads
+        ids = token_ids[prompt.prompt_id]
+        speculative(ids)
+        if baseline:
+            vanilla(ids)
+
+    batch_size = int(container["generation"].get("batch_size", 1))
+    serving: dict[str, Any] | None = None  # the batched loop's throughput and latency (batch_size > 1)
+    results: list[PromptResult] = []  # in prompt order (the summary is computed from them)
+    watch = MachineWatch()  # load and CPU time around the timed prompts (timing_conditions)
+    with interruptible(), registered(pm, loggers):
+        try:
+            pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
+            watch.start()
+            if batch_size > 1:  # many requests at once: specpolicy.core.batching
+                from specpolicy.run.batch_experiment import run_batched
+
+                results, serving = run_batched(
+                    prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, container, pm,
+                    method, fingerprint, tokenizer, int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0,
+                    stop)
+            # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
+            for i, prompt in enumerate(tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt",
+                                            disable=None)):
+                if prompt.prompt_id in finished:  # resumed: read back, not recomputed
+                    results.append(finished[prompt.prompt_id])
+                    continue
+                ids = token_ids[prompt.prompt_id]
+                if prompt.prompt_id in too_long:  # recorded, never decoded (a resume reads it back)
+                    result = PromptResult.skip(prompt.prompt_id, ids.shape[0], too_long[prompt.prompt_id],
+                                               config_hash=fingerprint, prompt_text=prompt.text)
+                    pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=result.to_row(),
+                                                  result=result)
+                    results.append(result)
+                    continue
+
+                def on_round(record, _pid=prompt.prompt_id):
+                    pm.hook.specpolicy_round_end(method=method, prompt_id=_pid, record=record)
+
+                van = None
+                if baseline and i % 2 == 1:  # alternate the order so drift affects both methods alike
+                    van = vanilla(ids, prompt_id=prompt.prompt_id)
+                spec = speculative(ids, on_round, prompt_id=prompt.prompt_id)
+                if baseline and van is None:
+                    van = vanilla(ids, prompt_id=prompt.prompt_id)
+                result = PromptResult.of(prompt.prompt_id, ids.shape[0], spec, van,
+                                         tokenizer.decode(spec.output_ids.tolist(), skip_special_tokens=True),
+                                         sampled=not sampling.is_greedy, config_hash=fingerprint,
+                                         prompt_text=prompt.text)
+                pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=result.to_row(),
+                                              result=result)
+                results.append(result)
+
+            summary = summarize(method, results, container, runtime.describe(), prompts_total=len(prompts),
+                                timing_conditions=watch.stop(results))
+            if serving is not None:
+                summary["serving"] = serving
+            (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        except BaseException as error:
+            if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
+                _write_partial_summary(method, results, container, runtime, len(prompts), run_dir, error, watch)
+            # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
+            # never replaces the run's own error, which is re-raised.
+            for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):
+                print(f"warning: {plugin} failed while the run was aborting: {type(hook_error).__name__}: "
+                      f"{hook_error}", file=sys.stderr)
+            raise
+        pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
+        elsewhere = [line for lines in reversed(pm.hook.specpolicy_run_outputs(run_dir=str(run_dir)))
+                     for line in lines or ()]  # pluggy calls the last registered first: back to run order
+        if outputs is not None:
+            outputs.extend(elsewhere)
+    print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
+    if serving is not None:
+        from specpolicy.run.batch_experiment import print_serving
+
+        print_serving(serving)
+    for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
+        if line:
+            print(line)
+    return summary
+
+
+def _write_partial_summary(method: str, results: list[PromptResult], config: dict[str, Any], runtime: Runtime,
+                           prompts_total: int, run_dir: Path, error: BaseException,
+                           watch: MachineWatch | None = None) -> None:
+    """On SIGINT / SIGTERM: ``summary.json`` of the finished prompts, ``"partial": true``, with the
+    ``timing_conditions`` of the span they were timed in (when ``watch`` was started)."""
+    signame = error.signame if isinstance(error, RunInterrupted) else "SIGINT"
+    try:
+        with shielded():  # a second Ctrl-C does not cut the summary short
+            conditions = watch.stop(results) if watch is not None and watch.started else None
+            summary = summarize(method, list(results), config, runtime.describe(), prompts_total,
+                                interrupted_by=signame, timing_conditions=conditions)
+            (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        print(f"\n{signame}: wrote a partial summary of {len(results)} of {prompts_total} prompts to "
+              f"{run_dir / 'summary.json'}; run the same command again to resume")
+    except Exception as exc:  # never hide the interrupt behind a summary error
+        print(f"\n{signame}: could not write a partial summary: {exc!r}")
+
+

@@ -1,0 +1,186 @@
+"""Validate before loading: every config value is checked before any model is loaded.
+
+``validate_config(cfg, pm)`` runs first in ``specpolicy.run.experiment.run_experiment``:
+
+* the groups that plugins own -- ``policy``, ``drafter``, ``verifier`` and each ``logger`` --
+  through the hook ``specpolicy_validate_config(group, name, config)`` (``firstresult``: the
+  plugin that owns ``name`` checks its keys and answers True; built-ins implement it like any
+  third-party plugin). A policy whose plugin does not implement the hook is checked by building
+  it (policies are cheap); a drafter, verifier or logger whose name no plugin claims is an
+  error when every plugin providing that kind implements the hook (nobody else could build it);
+* the groups the core owns: ``generation``, ``run``, ``reuse``, ``runtime``, ``seed``,
+  ``profile`` and ``dataset`` (the prompt file is read here: every bad row is reported with
+  ``file:line``, ``specpolicy.data.datasets``).
+
+``specpolicy.run.preflight`` runs ``validate_config`` on every job of a sweep before the first is launched.
+
+Every failure is a ``ConfigError`` whose message names the key, the value and the accepted
+range. The small checkers (``integer``, ``number``, ``choice``, ``boolean``, ``check_keys``,
+``check_init``) that plugins use in their own validate hooks live in ``specpolicy.core.checks``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from specpolicy.core.errors import ConfigError, unknown_key_message
+
+#: Groups whose choices plugins provide, and the factory hook of each.
+PLUGIN_GROUPS = {
+    "policy": "specpolicy_make_policy",
+    "drafter": "specpolicy_make_drafter",
+    "verifier": "specpolicy_make_verifier",
+    "logger": "specpolicy_make_logger",
+}
+
+
+# the checkers plugins use (re-exported here for the core's own groups)
+from specpolicy.core.checks import boolean, check_init, check_keys, choice, integer, number  # noqa: E402,F401
+
+
+# -- the whole config --------------------------------------------------------------------------
+
+
+def validate_config(config: Mapping[str, Any], pm) -> list:
+    """Check every value of the resolved ``config`` (a plain dict) before anything is loaded;
+    return the prompts (``specpolicy.data.datasets.Prompt``), read while checking ``dataset``.
+
+    Raises:
+        ConfigError: naming the first bad key, its value and the accepted range.
+    """
+    _check_core(config)
+    for group in ("policy", "drafter", "verifier"):
+        node = dict(config.get(group) or {})
+        if "name" not in node:
+            raise ConfigError(f"{group}.name is missing: choose one with {group}=NAME")
+        validate_plugin_config(pm, group, str(node.pop("name")), node, config)
+    for name, node in (config.get("logger") or {}).items():
+        validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
+    return _check_dataset(config.get("dataset") or {})
+
+
+def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
+                           run_config: Mapping[str, Any] | None = None) -> None:
+    """Have the plugin that owns ``group`` choice ``name`` check ``config`` (see module docstring);
+    ``run_config``: the whole run config, for checks across groups (None: the group alone).
+
+    Raises:
+        ConfigError: for a bad value, or a name no registered plugin provides.
+    """
+    try:
+        claimed = pm.hook.specpolicy_validate_config(group=group, name=name, config=dict(config),
+                                                     run_config=dict(run_config or {}))
+        if not claimed and group == "policy":  # a policy without the hook: build it (cheap)
+            from specpolicy.plugins.manager import make_policy
+
+            make_policy(pm, {"name": name, **config})
+            claimed = True
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:  # a plugin's own range check, or its factory failing on a value
+        raise ConfigError(refusal_message(pm, group, name, config, exc)) from exc
+    if claimed:
+        return
+    factory = PLUGIN_GROUPS[group]
+    providers = {impl.plugin_name for impl in getattr(pm.hook, factory).get_hookimpls()}
+    validators = {impl.plugin_name for impl in pm.hook.specpolicy_validate_config.get_hookimpls()}
+    if providers <= validators:  # every plugin that could build it has declined
+        raise ConfigError(f"no registered plugin provides {group} {name!r}; see `python -m specpolicy --list-plugins`")
+
+
+def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error: BaseException) -> str:
+    """The one line for a plugin's ``ValueError`` / ``TypeError`` about ``group`` choice ``name``:
+    its own message when it names a key of the group (``policy.n must be ...``,
+    ``logger.wandb.mode ...``); otherwise the key whose value
+    (or name) the message quotes -- ``policy.k='abc'`` for ``invalid literal for int() with base
+    10: 'abc'`` -- or, when none can be told, every setting, then the plugin and hook that raised
+    it (``specpolicy.plugins.manager.blame``) and the plugin's own words."""
+    from specpolicy.plugins.manager import blame
+
+    text = str(error)
+    prefix = f"logger.{name}." if group == "logger" else f"{group}."  # how the user writes the group's keys
+    if prefix in text:  # the plugin's own message names its key
+        return text
+    where = blame(error, pm)
+    by = f" by {where}" if where is not None else f" by the plugin providing {group} {name!r}"
+    quoted = [key for key, value in config.items()
+              if re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", text)]
+    if len(quoted) != 1:
+        quoted = [key for key in config if re.search(rf"['\"]{re.escape(str(key))}['\"]", text)]
+    if len(quoted) == 1:
+        key = quoted[0]
+        subject = f"{prefix}{key}={config[key]!r} was refused"
+    else:
+        settings = ", ".join(f"{prefix}{key}={value!r}" for key, value in config.items()) or "no settings"
+        subject = f"{group} {name!r} refused its settings ({settings})"
+    return f"{subject}{by}: {type(error).__name__}: {text}"
+
+
+def _check_core(config: Mapping[str, Any]) -> None:
+    """The keys the core owns (``generation``, ``run``, ``reuse``, ``runtime``, ``seed``, ``profile``)."""
+    from specpolicy.analysis.summary import profile_from
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.core.sampling import SamplingConfig
+    from specpolicy.core.stopping import StopStrings, config_strings
+
+    integer("seed", config.get("seed", 0))
+    generation = config.get("generation") or {}
+    integer("generation.max_new_tokens", generation.get("max_new_tokens"), 1)
+    try:
+        SamplingConfig.from_config(generation)  # temperature, top_k, top_p
+        stop = generation.get("stop")
+        if stop is not None and (isinstance(stop, str) or len(stop)):
+            StopStrings(None, config_strings(stop if isinstance(stop, str) else list(stop)))  # non-empty strings
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    _check_batch(config)
+    run = config.get("run") or {}
+    boolean("run.vanilla_baseline", run.get("vanilla_baseline", True))
+    integer("run.warmup_prompts", run.get("warmup_prompts", 0), 0)
+    boolean("run.resume", run.get("resume", False))
+    reuse = config.get("reuse") or {}
+    boolean("reuse.enabled", reuse.get("enabled", False))
+    integer("reuse.min_match", reuse.get("min_match", 2), 1)
+    runtime = config.get("runtime") or {}
+    try:
+        Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
+        profile_from(dict(config))  # a bad `profile` fails now, not after the run
+    except (ValueError, TypeError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
+        raise ConfigError(str(message)) from exc
+
+
+def _check_batch(config: Mapping[str, Any]) -> None:
+    """``generation.batch_size`` / ``arrival`` / ``arrival_rate``, and what the batched loop cannot
+    run yet (draft trees, another verifier than ``hf``)."""
+    from specpolicy.core.serving import ARRIVALS
+
+    generation = config.get("generation") or {}
+    batch = integer("generation.batch_size", generation.get("batch_size", 1), 1)
+    arrival = choice("generation.arrival", generation.get("arrival", "all_at_once"), ARRIVALS)
+    rate = generation.get("arrival_rate", 0.0)
+    if arrival == "poisson":
+        number("generation.arrival_rate", rate, 0.0, low_open=True)
+    if batch == 1:
+        return
+    why = f"generation.batch_size={batch} runs the batched loop, which "
+    if (config.get("policy") or {}).get("name") in ("eagle2-tree", "block-tree", "failfast-tree"):
+        raise ConfigError(why + f"verifies chains: policy={config['policy']['name']} drafts trees "
+                          "(use generation.batch_size=1)")
+    if (config.get("verifier") or {}).get("name", "hf") != "hf":
+        raise ConfigError(why + f"verifies with the hf target: verifier={config['verifier']['name']} is not batched")
+
+
+def _check_dataset(dataset: Mapping[str, Any]) -> list:
+    from specpolicy.data.datasets import load_prompts, num_prompts_value
+
+    offset = integer("dataset.offset", dataset.get("offset", 0), 0)
+    count = num_prompts_value(dataset.get("num_prompts"))
+    name = dataset.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"dataset.name must be a name, got {name!r}")
+    return load_prompts(name, dataset.get("path"), count, offset)

@@ -1,0 +1,160 @@
+"""``benchmarks/peers.py --quick`` on a tiny on-disk family (float64, CPU): every method runs, is
+checked against vanilla greedy, and lands in the JSON, the table and the per-method run dirs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load_benchmark
+from specpolicy.data.datasets import load_prompts
+
+pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
+
+FIGURES = ("tokens_per_s", "speedup_vs_vanilla", "speedup_vs_hf_assisted_best", "acceptance_rate",
+           "mean_accepted_length", "mean_speculation_length", "rounds", "drafter_passes_per_round", "lossless",
+           "modeled_speedup_vs_vanilla")
+
+
+def _peers():
+    return load_benchmark("peers")
+
+
+@pytest.fixture(scope="module")
+def quick_run(family, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("peers")
+    fam = family
+    out = tmp / "out" / "results.json"
+    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
+                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
+                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
+                             "--out", str(out)])
+    return results, out
+
+
+def test_every_method_is_measured_and_lossless(quick_run, capsys):
+    results, out = quick_run
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    methods = results["methods"]
+    expected = {"vanilla", "hf-greedy", "hf-assisted-heuristic", "hf-assisted-confidence", "hf-prompt-lookup",
+                f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast",
+                "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b",
+                f"dflash+static-k{results['calibration']['dflash_k']}", "dflash+failfast", "dflash+failfast-b7",
+                "dflash+specdecpp", "dflash+goodput", f"eagle3+static-k{results['calibration']['eagle3_k']}",
+                "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b",
+                "eagle3+eagle2-tree-paper", "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
+                "dflash+failfast-tree", "dflash+block-tree",
+                "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"]),
+                "dflash+failfast-n{}-t{:g}".format(*results["calibration"]["dflash_failfast"])}
+    for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
+                            ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
+                            ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
+                            ("fastdllm", "goodput"), ("ar", "goodput")]:
+        expected |= {f"{drafter}+{policy}", f"{drafter}+{policy}+reuse"}
+    assert set(methods) == expected
+    for name, m in methods.items():
+        assert all(k in m for k in FIGURES), name
+        assert m["lossless"] == "2/2", (name, m.get("not_lossless"))  # float64: HF's paths agree with ours too
+        assert m["tokens_per_s"] > 0
+    assert methods["vanilla"]["speedup_vs_vanilla"] == 1.0
+    best = results["hf_assisted_best"]
+    assert best.startswith("hf-assisted") and methods[best]["speedup_vs_hf_assisted_best"] == pytest.approx(1.0)
+    for name, m in methods.items():  # oracle: every method with a drafter, as a fraction in (0, 1]
+        if m["drafter"]:
+            assert 0.0 < m["oracle_fraction"] <= 1.0 + 1e-9, name
+            assert len(m["oracle_fraction_by_prompt"]) == 2
+            # MODELED under the tuned profile (a6000-qwen32b): speedup and the oracle with its costs
+            assert 0.0 < m["oracle_fraction_tuned_profile"] <= 1.0 + 1e-9, name
+            assert m["modeled_speedup_tuned_profile"] > 0.0, name
+    assert results["tuned_profile"] == "a6000-qwen32b"
+    assert "a6000-qwen32b" in methods["fastdllm+goodput-a6000-qwen32b"]["description"]
+    assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
+    # FailFast retuned for DFlash: the (N, tau) of the sweep that was fastest on the calibration prompts
+    sweep = {"failfast-n{}-t{:g}".format(n, t): (n, t) for n, t in ((3, 0.6), (5, 0.5))}
+    calibration = results["calibration"]
+    fastest = max(sweep, key=lambda name: calibration["tokens_per_s"][f"dflash+{name}"])
+    assert tuple(calibration["dflash_failfast"]) == sweep[fastest]
+    n, tau = sweep[fastest]
+    assert methods[f"dflash+{fastest}"]["description"].startswith(f"FailFastPolicy(n={n}, tau={tau}, n_max=60")
+
+
+def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):
+    results, out = quick_run
+    runs = out.parent / "results-runs"
+    assert sorted(p.name for p in runs.iterdir()) == sorted(n for n in results["methods"] if n != "vanilla")
+    for name in ("hf-assisted-heuristic", "hf-prompt-lookup", "hf-greedy", "fastdllm+failfast+reuse"):
+        rows = [json.loads(line) for line in (runs / name / "results.jsonl").read_text().splitlines()]
+        for row in rows:
+            assert sum(r["emitted_tokens"] for r in row["rounds"]) == row["generated_tokens"] == len(row["output_ids"])
+            for r in row["rounds"]:
+                assert len(r["draft_token_ids"]) == r["speculation_length"] >= r["accepted_length"]
+    heur = [json.loads(line) for line in (runs / "hf-assisted-heuristic" / "results.jsonl").read_text().splitlines()]
+    assert all(r["drafter_forward_passes"] >= 1 for row in heur for r in row["rounds"][:-1])
+    from specpolicy.analysis.plot import main as plot_main
+
+    assert plot_main([str(runs / "hf-assisted-heuristic"), "--max-pages", "1"]) == 0
+    assert (runs / "hf-assisted-heuristic" / "plots" / "latency_breakdown.png").exists()
+
+
+def test_a_busy_machine_marks_the_measured_speedups_untrusted(family, tmp_path, monkeypatch, capsys):
+    """Issue 22 item 4 for the benchmark: the machine's load while the methods ran is recorded
+    (``timing_conditions``), warned about, and carried into every written run's summary."""
+    import specpolicy.analysis.machine as machine
+    from specpolicy.analysis.machine import timing_trusted
+
+    monkeypatch.setattr(machine, "load_average", lambda: [40.0, 40.0, 40.0])  # 40 runnable processes
+    fam, out = family, tmp_path / "results.json"
+    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
+                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
+                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
+                             "--methods", r"^ar\+static-k5$", "--no-oracle", "--out", str(out)])
+    assert results["timing_conditions"]["timing_trusted"] is False
+    assert "load" in results["timing_conditions"]["timing_warnings"][0]
+    printed = capsys.readouterr()
+    assert "WARNING: the measured speedup cannot be trusted" in printed.out + printed.err
+    summary = json.loads((tmp_path / "results-runs" / "ar+static-k5" / "summary.json").read_text())
+    assert timing_trusted(summary) is False
+
+
+def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, tmp_path, capsys):
+    """``benchmarks/tune_failfast.py``: every (N, tau) of the grid, FailFast's defaults and static k
+    run on the same prompts, each checked against vanilla; ``best`` is the fastest grid point;
+    a grid N above ``--n-max`` is refused before any model loads."""
+    tune = load_benchmark("tune_failfast")
+    out = tmp_path / "tune.json"
+    result = tune.main(["--target", str(family["target"]), "--ar-drafter", str(family["drafter"]),
+                        "--dllm-drafter", str(family["drafter"]), "--dflash-drafter", str(family["dflash"]),
+                        "--eagle3-drafter", str(family["eagle3"]),
+                        "--device", "cpu", "--dtype", "float64", "--num-prompts", "2", "--max-new-tokens", "12",
+                        "--warmup", "0", "--n-grid", "2,3", "--tau-grid", "0.5,0.9", "--static-k", "4",
+                        "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"vanilla", "dflash+failfast", "dflash+static-k4", "dflash+failfast-n2-t0.5",
+                         "dflash+failfast-n2-t0.9", "dflash+failfast-n3-t0.5", "dflash+failfast-n3-t0.9"}
+    assert all(r["lossless"] == 2 and r["tokens_per_s"] > 0 for r in rows.values())
+    grid = [r for name, r in rows.items() if name.startswith("dflash+failfast-n")]
+    fastest = max(grid, key=lambda r: r["tokens_per_s"])
+    assert (result["best"]["n"], result["best"]["tau"]) == tuple(fastest["n_tau"])
+    assert rows["dflash+failfast-n3-t0.9"]["policy"].startswith("FailFastPolicy(n=3, tau=0.9, n_max=60")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        tune.main(["--n-grid", "70", "--num-prompts", "1"])
+    assert "--n-max must be >= the largest N of --n-grid (70), got 60" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["peers", "tune_failfast"])
+def test_a_prompt_slice_past_the_data_is_refused_before_any_model_loads(script, capsys, monkeypatch):
+    """``--offset`` past the last prompt (or an unknown ``--dataset``) is one parser error line
+    naming the option, raised before ``Bench`` loads a model."""
+    module = load_benchmark(script)
+    monkeypatch.setattr(module, "Bench", lambda *a, **k: pytest.fail("a model loaded"))
+    rows = len(load_prompts("gsm8k"))
+    with pytest.raises(SystemExit):
+        module.main(["--offset", str(rows), "--num-prompts", "1"])
+    assert (f"error: --offset={rows} is past the last prompt of --dataset='gsm8k' ({rows} rows; "
+            f"accepted 0..{rows - 1})") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        module.main(["--dataset", "nope", "--num-prompts", "1"])
+    assert "error: --dataset='nope' is not bundled" in capsys.readouterr().err

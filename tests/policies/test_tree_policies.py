@@ -1,0 +1,139 @@
+"""``policy=failfast-tree`` and ``policy=block-tree`` with the ``dflash`` (and ``eagle3``) drafters:
+the tree's shape (FailFast's chain plus sibling leaves at unsure positions; best-first over one
+block's marginals), one drafter pass per block, lossless through the loop greedy and sampling;
+branching off is exactly the chain policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoint
+from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
+from specpolicy.core import tree
+from specpolicy.core.decoding import generate
+from specpolicy.models.dflash import load_dflash
+from specpolicy.models.eagle3 import load_eagle3
+from specpolicy.drafters.dflash import DFlashDrafter
+from specpolicy.drafters.eagle3 import Eagle3Drafter
+from specpolicy.policies.block_tree import BlockTreePolicy
+from specpolicy.policies.failfast import FailFastPolicy
+from specpolicy.policies.failfast_tree import FailFastTreePolicy
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig
+from specpolicy.verifiers.hf import HFVerifier
+
+B = 8
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(0, layers=4, vocab=VOCAB).double(), 4.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    return (write_dflash_checkpoint(d / "dflash", 32, VOCAB, 4, [0, 2], B, 5),
+            write_eagle3_checkpoint(d / "eagle3", 32, VOCAB, VOCAB, layer_ids=[1, 2, 3]))
+
+
+def _drafter(kind, checkpoints, target, rt, stop=frozenset({EOS})):
+    if kind == "dflash":
+        return DFlashDrafter(load_dflash(checkpoints[0]).double(), target.get_input_embeddings(),
+                             target.get_output_embeddings(), rt, stop)
+    return Eagle3Drafter(load_eagle3(checkpoints[1]).double(), target.get_input_embeddings(), (1, 2, 3), VOCAB, rt,
+                         stop)
+
+
+def test_failfast_tree_is_the_chain_plus_siblings_where_unsure(target, checkpoints):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    prompt = torch.tensor([3, 17, 9, 22, 41])
+    verifier.request_features((1, 3))
+    verifier.prefill(prompt)
+    policy = FailFastTreePolicy(n=4, tau=0.5, n_max=12, branch_k=3, max_nodes=20)
+    chain_drafter, tree_drafter = (_drafter("dflash", checkpoints, target, rt, frozenset()) for _ in range(2))
+    for d in (chain_drafter, tree_drafter):
+        d.prefill(prompt, features=verifier.prompt_features)
+    from specpolicy.core.decoding import draft_round
+
+    chain, _ = draft_round(chain_drafter, FailFastPolicy(n=4, tau=0.5, n_max=12), 100, "cpu")
+    draft, _ = policy.draft_tree(tree_drafter, 100, 100)
+    k = chain.length
+    assert torch.equal(draft.token_ids[:k], chain.token_ids)  # the chain first
+    assert draft.parents[:k].tolist() == list(range(-1, k - 1))
+    ids, probs = chain_drafter.alternatives(3)
+    unsure = [j for j in range(k) if float(chain.confidences[j]) < 0.5]
+    want = [(j - 1, int(ids[j, r])) for j in unsure for r in (1, 2) if int(ids[j, r]) != int(chain.token_ids[j])]
+    got = list(zip(draft.parents[k:].tolist(), draft.token_ids[k:].tolist()))
+    assert got == want[: 20 - k] and draft.length <= 20
+    assert draft.forward_passes == chain.forward_passes
+
+
+def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    prompt = torch.tensor([3, 17, 9, 22, 41])
+    verifier.request_features((1, 3))
+    verifier.prefill(prompt)
+    drafter = _drafter("dflash", checkpoints, target, rt, frozenset())
+    drafter.prefill(prompt, features=verifier.prompt_features)
+    draft, _ = BlockTreePolicy(depth=B - 1, top_k=3, total_tokens=12).draft_tree(drafter, 100, 100)
+    assert draft.length == 12 and draft.forward_passes == 1
+    tree.validate(draft.parents, 12)
+    ids, probs = drafter.alternatives(3)
+    depth = tree.depths(draft.parents)
+    logp = probs.log()
+    # a node's confidence is its path's probability: the product of the marginals along it
+    for i in range(12):
+        path = tree.path_to(i, draft.parents.tolist())
+        score = sum(float(logp[d, (ids[d] == draft.token_ids[j]).int().argmax()]) for d, j in enumerate(path))
+        assert float(draft.confidences[i]) == pytest.approx(torch.tensor(score).exp().item(), rel=1e-6)
+        assert int(depth[i]) == len(path)
+    # best-first: no candidate left outside the tree (a top-3 child of the root or of a node not at
+    # the block's end, not already in the tree) scores above the tree's worst node
+    worst = float(draft.confidences.min())
+    parents, tokens = draft.parents.tolist(), draft.token_ids.tolist()
+    frontier = []
+    for parent, score, d in [(-1, 1.0, 0)] + [(i, float(draft.confidences[i]), int(depth[i])) for i in range(12)]:
+        if d >= B - 1:
+            continue
+        taken = {tokens[j] for j in range(12) if parents[j] == parent}
+        frontier += [score * float(probs[d, r]) for r in range(3) if int(ids[d, r]) not in taken]
+    assert frontier and max(frontier) <= worst * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("kind, policy", [
+    (kind, policy) for kind in ("dflash", "eagle3")
+    for policy in (FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
+                   FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10))
+] + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))])
+def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    for prompt in random_prompts(4):
+        drafter = _drafter(kind, checkpoints, target, rt)
+        out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy)
+        assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
+
+
+def test_failfast_tree_with_sampling_runs(target, checkpoints):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = _drafter("dflash", checkpoints, target, rt)
+    out = generate(torch.tensor([4, 9, 2, 30]), verifier, rt, max_new_tokens=20, drafter=drafter,
+                   policy=FailFastTreePolicy(n=3, tau=0.9, n_max=9), sampling=SamplingConfig(0.9, 8, 1.0))
+    assert out.generated_tokens == 20 or out.finish_reason == "eos"
+
+
+def test_branch_k_one_is_failfast(target, checkpoints):
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    prompt = random_prompts(1)[0]
+    rounds = [[], []]
+    for i, policy in enumerate((FailFastPolicy(n=3, tau=0.4, n_max=9),
+                                FailFastTreePolicy(n=3, tau=0.4, n_max=9, branch_k=1))):
+        generate(prompt, verifier, rt, max_new_tokens=24, drafter=_drafter("dflash", checkpoints, target, rt),
+                 policy=policy, on_round=rounds[i].append)
+    assert [r.draft_token_ids for r in rounds[0]] == [r.draft_token_ids for r in rounds[1]]
