@@ -354,7 +354,7 @@ def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> 
     text = command.text
     for placeholder, path in paths.items():
         text = text.replace(placeholder, path)
-    code, out = h.main(importlib.import_module(f"specpolicy.{module}").main,
+    code, out = h.main(importlib.import_module(f"specpolicy.analysis.{module}").main,
                        shlex.split(text)[3:])
     assert code == 0, out
     return out
@@ -690,7 +690,7 @@ RULES = [
     Rule(rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
          "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
          lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
-    Rule(r"bash: python -m specpolicy\.train_drafter (dflash|eagle3) .*",
+    Rule(r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",
          "options checked before the target would load (tests/family/test_train_drafter.py trains both, shortened)",
          _train_drafter),
     Rule(rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
@@ -705,11 +705,11 @@ RULES = [
          skip="the README's plugin package: tests/docs/test_readme_plugin.py installs it and runs this command"),
     Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
     Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
-    Rule(r"(bash|inline): python -m specpolicy\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
-         "run on a sweep / run made here", lambda c, h: _reader(c.text.split()[2].split(".")[1])(c, h)),
-    Rule(r"inline: python -m specpolicy\.(report|plot|oracle)( RUN| <run>)?", "its --help", _module_help),
-    Rule(r"bash: python -m specpolicy\.paper_figures .*", "run on sweeps / runs made here", _reader("paper_figures")),
-    Rule(r"inline: python -m specpolicy\.paper_figures FIGURE DIR\.\.\.", "its --help lists the four figures",
+    Rule(r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
+         "run on a sweep / run made here", lambda c, h: _reader(c.text.split()[2].split(".")[-1])(c, h)),
+    Rule(r"inline: python -m specpolicy\.analysis\.(report|plot|oracle)( RUN| <run>)?", "its --help", _module_help),
+    Rule(r"bash: python -m specpolicy\.analysis\.paper_figures .*", "run on sweeps / runs made here", _reader("paper_figures")),
+    Rule(r"inline: python -m specpolicy\.analysis\.paper_figures FIGURE DIR\.\.\.", "its --help lists the four figures",
          _paper_figures_synopsis),
     Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family",
          _peers),
