@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
 
-from specpolicy.analysis.oracle import describe_fraction
+from specpolicy.analysis.oracle import is_censored
 from specpolicy.analysis.summary import headline
 
 
@@ -229,16 +230,72 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
     return methods, rows
 
 
+def run_header(summary: Mapping[str, Any]) -> str:
+    """What a run ran, in one line (the run summary table's title): the method, the data set (its
+    name, or the file of ``dataset.path``), prompts x ``generation.max_new_tokens``, the device and
+    dtype it ran on, greedy or sampling (temperature, and top_p / top_k when set), the batch size
+    when above 1 and the stop strings when any, e.g. ``fastdllm+failfast on gsm8k, 20 prompts x 256
+    new tokens, cpu float32, greedy``. Parts the summary does not record are left out."""
+    config = summary.get("config") or {}
+    dataset = config.get("dataset") or {}
+    generation = config.get("generation") or {}
+    runtime = summary.get("runtime") or {}
+    prompts = summary.get("prompts", 0)
+    what = f"{prompts} prompts"
+    if generation.get("max_new_tokens") is not None:
+        what += f" x {generation['max_new_tokens']} new tokens"
+    name = Path(str(dataset["path"])).name if dataset.get("path") else dataset.get("name")
+    parts = [f"{name}, {what}" if name else what]
+    if runtime.get("device") or runtime.get("dtype"):
+        parts.append(" ".join(str(runtime[k]) for k in ("device", "dtype") if runtime.get(k)))
+    sampling = summary.get("sampling") or {}
+    if sampling.get("mode") == "sampling":
+        knobs = [f"temperature {sampling.get('temperature')}"]
+        if sampling.get("top_p") not in (None, 1.0):
+            knobs.append(f"top_p {sampling['top_p']}")
+        if sampling.get("top_k"):
+            knobs.append(f"top_k {sampling['top_k']}")
+        parts.append(f"sampling ({', '.join(knobs)})")
+    elif sampling.get("mode"):
+        parts.append(str(sampling["mode"]))
+    if int(generation.get("batch_size") or 1) > 1:
+        parts.append(f"batch size {generation['batch_size']}")
+    if generation.get("stop"):
+        parts.append("stop " + " ".join(repr(s) for s in generation["stop"]))
+    return f"{summary.get('method', '?')} on " + ", ".join(parts)
+
+
+#: How to see the oracle comparison in full (the run summary's oracle line ends with it).
+ORACLE_COMMAND = "python -m specpolicy.analysis.oracle"
+
+
+def oracle_sentence(oracle: Mapping[str, Any], run_dir: str | None = None) -> str:
+    """The oracle comparison of a run summary in one plain sentence, ending with the command that
+    explains it in full (``ORACLE_COMMAND``: the replayed or censored source, the costs, the
+    per-prompt fractions; ``specpolicy.analysis.oracle.describe_fraction``). ``run_dir`` as the
+    user types it (default ``DIR``)."""
+    see = f"see {ORACLE_COMMAND} {run_dir or 'DIR'}"
+    if oracle.get("unavailable") or oracle.get("fraction_of_oracle") is None:
+        return f"oracle: n/a ({oracle.get('unavailable') or 'no figure'}); {see}"
+    ratio = float(oracle["fraction_of_oracle"])
+    if ratio > 1.0 + 1e-9:
+        return (f"oracle: no fraction of the oracle's speedup (this policy's modeled time is below that of the "
+                f"oracle length policy estimated from this run, so the estimate bounds nothing); {see}")
+    bound = "at most " if is_censored(oracle) else ""
+    return f"oracle: this policy reaches {bound}{ratio:.2f} of an oracle length policy's speedup; {see}"
+
+
 def print_summary(summary: dict[str, Any], console: Console | None = None, wide: bool = False,
-                  width: int | None = None) -> None:
+                  width: int | None = None, run_dir: str | None = None) -> None:
     """Print a run's summary: a table of its figures (one row per figure, its denominator in
-    its name; one column per method, vanilla first; ``wide``: one row per method instead), then
-    the modeled speedups by profile, the oracle comparison (labelled: a bound when estimated
-    from the run's own rounds) and any prompt that is not lossless. Fits ``width`` (default:
-    ``console``'s width, else the terminal's, see ``available_width``); no number is ever cut."""
+    its name; one column per method, vanilla first; ``wide``: one row per method instead) under a
+    title saying what ran (``run_header``), then the modeled speedups by profile, the oracle
+    comparison in one sentence (``oracle_sentence``; ``run_dir``: the directory its command names)
+    and any prompt that is not lossless. Fits ``width`` (default: ``console``'s width, else the
+    terminal's, see ``available_width``); no number is ever cut."""
     methods, rows = summary_cells(summary)
     prompts = summary.get("prompts", 0)
-    title = f"{summary['method']} on {prompts} prompts"
+    title = run_header(summary)
     if summary.get("partial"):
         title += f" (PARTIAL: {prompts} of {summary.get('prompts_total', '?')} planned prompts)"
     if wide:  # one row per method, the figures as columns
@@ -258,7 +315,13 @@ def print_summary(summary: dict[str, Any], console: Console | None = None, wide:
                   + ", ".join(f"{k} {v:.2f}x" if v is not None else f"{k} n/a ({why.get(k, 'not estimable')})"
                               for k, v in modeled["speedup_by_profile"].items()), markup=False)
     if summary.get("oracle"):
-        out.print(f"oracle length policy: {describe_fraction(summary['oracle'])}", markup=False)
+        sentence = oracle_sentence(summary["oracle"], run_dir)
+        head, sep, see = sentence.rpartition("; see ")
+        if len(sentence) <= out.width or not sep:
+            out.print(sentence, markup=False, soft_wrap=True)
+        else:  # too long for one line: the command on a line of its own, whole (never broken at a space)
+            out.print(head + ";", markup=False)
+            out.print("  see " + see, markup=False, soft_wrap=True)
     for prompt_id, pos in summary.get("not_lossless", {}).items():
         out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
 

@@ -31,23 +31,39 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from specpolicy.core.decoding import generate
 from specpolicy.analysis.machine import MachineWatch, warning_line
-from specpolicy.run.messages import shown
-from specpolicy.plugins.manager import (blame, call_each, get_plugin_manager, make_drafter, make_loggers, make_policy,
-                                make_verifier, registered)
 from specpolicy.analysis.results import SUMMARY_FILE, PromptResult
-from specpolicy.run.resume import (RunInterrupted, complete_line, complete_summary, config_fingerprint, interruptible,
-                               load_finished, results_path, shielded)
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.run.runlock import RunLock
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, prompt_seed
-from specpolicy.run.skips import max_new_tokens_line, over_context, skipped_line
-from specpolicy.core.stopping import StopStrings, config_strings, never_matching
 from specpolicy.analysis.summary import summarize
 from specpolicy.analysis.tables import print_summary
+from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, prompt_seed
+from specpolicy.core.stopping import StopStrings, config_strings, never_matching
 from specpolicy.core.types import GenerationResult
+from specpolicy.plugins.manager import (
+    blame,
+    call_each,
+    get_plugin_manager,
+    make_drafter,
+    make_loggers,
+    make_policy,
+    make_verifier,
+    registered,
+)
+from specpolicy.run.messages import shown
+from specpolicy.run.resume import (
+    RunInterrupted,
+    complete_line,
+    complete_summary,
+    config_fingerprint,
+    interruptible,
+    load_finished,
+    results_path,
+    shielded,
+)
+from specpolicy.run.runlock import RunLock
+from specpolicy.run.skips import max_new_tokens_line, over_context, skipped_line
 from specpolicy.run.validation import validate_config
 
 
@@ -223,7 +239,7 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                      for line in lines or ()]  # pluggy calls the last registered first: back to run order
         if outputs is not None:
             outputs.extend(elsewhere)
-    print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)))
+    print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)), run_dir=shown(run_dir))
     if serving is not None:
         from specpolicy.run.batch_experiment import print_serving
 

@@ -9,6 +9,9 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
+from specpolicy.analysis.oracle import analyse_run
+from specpolicy.analysis.results import PromptResult
+from specpolicy.analysis.summary import profile_from, summarize
 from specpolicy.core.latency import (
     BUILTIN_PROFILES,
     LatencyProfile,
@@ -19,10 +22,7 @@ from specpolicy.core.latency import (
     modeled_speedup,
     resolve_profile,
 )
-from specpolicy.analysis.oracle import analyse_run
-from specpolicy.analysis.results import PromptResult
 from specpolicy.core.runtime import Runtime
-from specpolicy.analysis.summary import profile_from, summarize
 from specpolicy.core.types import GenerationResult, RoundRecord
 
 
@@ -152,9 +152,10 @@ def test_without_vanilla_steps_a_degenerate_step_fit_is_n_a_with_the_reason_neve
     """Issue 22: run.vanilla_baseline=false, 2 prompts: the verification times of lengths 10 and 20
     extrapolate to a target step of -0.5 ms (clamped to 0 / 1e-9 before), and every figure dividing
     by it read 0.00x ("measured 0.00x", "at most 0.000 of the oracle's speedup")."""
+    from rich.console import Console
+
     from specpolicy.analysis.oracle import describe_fraction
     from specpolicy.analysis.tables import print_summary
-    from rich.console import Console
 
     summary = summarize("fastdllm+failfast", _no_baseline([(10, 6.0), (20, 12.5), (10, 6.0), (20, 12.5)]), {},
                         Runtime("cpu", "float32").describe())
@@ -168,7 +169,7 @@ def test_without_vanilla_steps_a_degenerate_step_fit_is_n_a_with_the_reason_neve
     console = Console(width=200, record=True)
     print_summary(summary, console=console)
     text = " ".join(console.export_text().split())
-    assert "measured n/a (no vanilla decoding step" in text and "oracle length policy: n/a (" in text
+    assert "measured n/a (no vanilla decoding step" in text and "oracle: n/a (" in text
     assert "0.00x" not in text and "0.000" not in text
     # one length only: nothing to extrapolate from
     single = summarize("ar+static", _no_baseline([(5, 6.0), (5, 6.5)]), {"profile": {"name": "measured",
