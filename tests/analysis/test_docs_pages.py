@@ -1,0 +1,84 @@
+"""The results pages are rendered from benchmarks/results/ by one script
+(``python -m specpolicy.analysis.docs``): the committed pages equal its render, and ``--check``
+names a page that was edited by hand or left behind by a new result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specpolicy.analysis import docs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_pages_equal_the_render(capsys):
+    rendered, _ = docs.render(ROOT)
+    assert docs.PAGES / "peers.md" in rendered and docs.HEADLINE_PNG in rendered
+    assert docs.stale(ROOT, rendered) == [], "run `python -m specpolicy.analysis.docs` and commit the pages"
+    assert docs.main(["--root", str(ROOT), "--check"]) == 0
+
+
+@pytest.fixture()
+def copy(tmp_path: Path) -> Path:
+    """The results, the pages, the assets and the README, copied: the tree is never written."""
+    shutil.copytree(ROOT / docs.RESULTS, tmp_path / docs.RESULTS)
+    shutil.copytree(ROOT / docs.PAGES, tmp_path / docs.PAGES)
+    shutil.copytree(ROOT / docs.ASSETS, tmp_path / docs.ASSETS)
+    shutil.copy(ROOT / docs.README, tmp_path / docs.README)
+    return tmp_path
+
+
+def test_check_names_a_page_edited_by_hand(copy: Path, capsys):
+    page = copy / docs.PAGES / "batched.md"
+    page.write_text(page.read_text(encoding="utf-8").replace("(1.00x)", "(1.01x)", 1), encoding="utf-8")
+    assert docs.main(["--root", str(copy), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "docs/results/batched.md" in err and "peers.md" not in err
+    assert docs.main(["--root", str(copy)]) == 0  # re-rendering restores it
+    assert docs.main(["--root", str(copy), "--check"]) == 0
+    assert page.read_text(encoding="utf-8") == (ROOT / docs.PAGES / "batched.md").read_text(encoding="utf-8")
+
+
+def test_a_new_result_makes_its_page_and_the_headline_figure_stale(copy: Path, capsys):
+    path = copy / docs.RESULTS / "peers-gsm8k-30x256.json"
+    results = json.loads(path.read_text(encoding="utf-8"))
+    results["methods"]["eagle3+static-k8"]["speedup_vs_vanilla"] = 9.87
+    path.write_text(json.dumps(results), encoding="utf-8")
+    assert docs.main(["--root", str(copy), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "docs/results/peers.md" in err and "docs/assets/headline.png" in err and "batched.md" not in err
+    assert docs.main(["--root", str(copy)]) == 0
+    assert "| eagle3+static-k8 | 206.6 | 9.87x |" in (copy / docs.PAGES / "peers.md").read_text(encoding="utf-8")
+    assert docs.main(["--root", str(copy), "--check"]) == 0
+
+
+def test_readme_headline_block_is_filled_between_the_markers(copy: Path):
+    readme = copy / docs.README
+    readme.write_text(f"# specpolicy\n\nintro\n\n{docs.BEGIN}\nold table\n{docs.END}\n\nrest\n", encoding="utf-8")
+    assert docs.main(["--root", str(copy), "--check"]) == 1
+    assert docs.main(["--root", str(copy)]) == 0
+    text = readme.read_text(encoding="utf-8")
+    assert "old table" not in text and text.startswith("# specpolicy\n\nintro\n\n") and text.endswith("\n\nrest\n")
+    block = text[text.index(docs.BEGIN):text.index(docs.END)]
+    assert "| eagle3+static-k8 | 206.6 | 2.39x |" in block and "MODELED speedup, a6000-qwen7b" in block
+    assert docs.main(["--root", str(copy), "--check"]) == 0
+
+
+def test_pages_say_what_is_modeled_and_what_tree_rows_count():
+    rendered, _ = docs.render(ROOT)
+    peers = rendered[docs.PAGES / "peers.md"]
+    assert "| eagle3+eagle2-tree-paper (tree) |" in peers and "count tree NODES" in peers
+    assert "MODELED speedup, a6000-qwen32b" in peers and "python benchmarks/peers.py --num-prompts 30" in peers
+    for page in ("batched.md", "drafters.md", "paper.md"):
+        assert "MODELED" in rendered[docs.PAGES / page] and "```bash" in rendered[docs.PAGES / page]
+
+
+def test_missing_results_directory_is_one_line(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        docs.main(["--root", str(tmp_path), "--check"])
+    assert exc.value.code == 2
+    assert "--root" in capsys.readouterr().err
