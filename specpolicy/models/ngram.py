@@ -1,0 +1,351 @@
+"""A token n-gram language model: the causal scorer of DiffuSpec's path search and of DART's tree
+pruning, built once from a corpus file and loaded from a local file.
+
+Two rules read the same counts:
+
+* ``trie_probs`` -- DART's lookup (arXiv 2601.19278; official code ``fvliang/DART``,
+  ``cpplib/.../trie_ngram.cpp::get_probability``): from the longest suffix of the context (order - 1
+  tokens, then fewer) that has the token as a child, ``p = count(context suffix + token) /
+  count(context suffix)``; no smoothing, no unigram fall-back: a token never seen after any suffix
+  gets 0 (the search then takes ``log(p + 1e-10)``). A node's count in DART's trie is the number of
+  order-token windows passing through it, which is the raw n-gram count used here.
+* ``log_probs`` -- an interpolated Kneser-Ney model (Chen & Goodman 1998, §3.5; one discount per
+  order, ``D = n1 / (n1 + 2 n2)``), the smoothed back-off model DiffuSpec (arXiv 2510.02358, §3.2)
+  scores paths with (the paper uses KenLM's modified Kneser-Ney). Every context gives a proper
+  distribution over the vocabulary (it sums to 1), unseen tokens included.
+
+Why not a library: KenLM needs a C++ build and answers one string at a time; ``nltk.lm`` is pure
+Python per query. Both searches score a whole lattice or beam front at once, so the counts live
+here as sorted int64 codes and every lookup is one ``torch.searchsorted`` over a tensor of
+n-grams: a ``(B, C)`` candidate block costs a few tensor ops, not ``B x C`` Python calls.
+
+Documents are padded on the left with ``order - 1`` start symbols (id ``vocab_size``), so the first
+tokens of a document have a full context; a query's positions before the start are the same
+symbol (``pad_context``). The file (``.npz``, numpy's zip of arrays, compressed: about 0.7 MB for
+GSM8K's training answers) holds the sorted n-gram codes delta-encoded, their counts, and a JSON
+header naming the tokenizer's vocabulary (size and SHA-256) so a file built for another tokenizer
+is refused. Build one with::
+
+    python -m specpolicy.models.ngram --corpus train.jsonl --field answer --tokenizer DIR --out lm.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import sys
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specpolicy.core.errors import ConfigError
+
+FORMAT = "specpolicy-ngram/1"
+
+
+def vocabulary_sha256(vocab: dict[str, int]) -> str:
+    """SHA-256 of a tokenizer's vocabulary (``tokenizer.get_vocab()``: token -> id), as hex."""
+    return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def _codes(windows: torch.Tensor, base: int) -> torch.Tensor:
+    """``(..., n)`` int64 token windows -> ``(...)`` int64 codes (base-``base`` digits, first token first)."""
+    code = torch.zeros(windows.shape[:-1], dtype=torch.long, device=windows.device)
+    for i in range(windows.shape[-1]):
+        code = code * base + windows[..., i]
+    return code
+
+
+def _lookup(keys: torch.Tensor, values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """``values`` at ``codes`` in the sorted ``keys``; 0 where a code is absent (same shape as ``codes``)."""
+    if keys.numel() == 0:
+        return torch.zeros(codes.shape, dtype=values.dtype)
+    codes = codes.contiguous()
+    at = torch.searchsorted(keys, codes).clamp_(max=keys.numel() - 1)
+    return torch.where(keys[at] == codes, values[at], torch.zeros((), dtype=values.dtype))
+
+
+def _group(codes: torch.Tensor, counts: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Group n-gram codes by their (n-1)-token prefix: (prefix codes, count sums, distinct continuations)."""
+    prefixes, inverse = torch.unique_consecutive(torch.div(codes, base, rounding_mode="floor"), return_inverse=True)
+    totals = torch.zeros(prefixes.numel(), dtype=torch.long).index_add_(0, inverse, counts)
+    types = torch.bincount(inverse, minlength=prefixes.numel())
+    return prefixes, totals, types
+
+
+def _discount(counts: torch.Tensor) -> float:
+    """Ney's absolute discount ``n1 / (n1 + 2 n2)`` from the count-of-counts (0.5 when undefined)."""
+    n1, n2 = int((counts == 1).sum()), int((counts == 2).sum())
+    return n1 / (n1 + 2 * n2) if n1 + n2 > 0 and n1 > 0 else 0.5
+
+
+@dataclass
+class NGramModel:
+    """Counts of every n-gram of orders 1..``order`` in a corpus (see the module docstring).
+
+    Attributes:
+        order: the longest n-gram (3 for both DiffuSpec and DART).
+        vocab_size: the tokenizer's vocabulary size; token ids are ``0..vocab_size - 1``, and
+            ``vocab_size`` itself is the start symbol.
+        keys: ``keys[n - 1]``: the sorted int64 codes of the n-grams seen, n = 1..order.
+        counts: ``counts[n - 1]``: int64 occurrences of each (aligned with ``keys``).
+        header: what was built from what (format, order, vocab_size, tokenizer_sha256, corpus,
+            documents, tokens).
+    """
+
+    order: int
+    vocab_size: int
+    keys: list[torch.Tensor]
+    counts: list[torch.Tensor]
+    header: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.base = self.vocab_size + 1
+        self._kn = self._kneser_ney_tables()
+
+    # -- building -------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, documents: Iterable[Sequence[int]], vocab_size: int, order: int = 3,
+              header: dict | None = None) -> NGramModel:
+        """Count the n-grams of ``documents`` (token id sequences, each ``0 <= id < vocab_size``).
+
+        Raises:
+            ValueError: ``order`` < 1, an id outside the vocabulary, or no tokens at all.
+        """
+        if order < 1:
+            raise ValueError(f"order must be >= 1, got {order}")
+        base, start = vocab_size + 1, vocab_size
+        per_order: list[list[torch.Tensor]] = [[] for _ in range(order)]
+        documents_seen = tokens = 0
+        for doc in documents:
+            ids = torch.as_tensor(list(doc), dtype=torch.long)
+            if ids.numel() == 0:
+                continue
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+                raise ValueError(f"a token id outside 0..{vocab_size - 1} in document {documents_seen}")
+            documents_seen, tokens = documents_seen + 1, tokens + ids.numel()
+            padded = torch.cat([torch.full((order - 1,), start, dtype=torch.long), ids])
+            for n in range(1, order + 1):
+                # every window of n tokens ending at a real token (the start symbols only as context)
+                windows = padded[order - n:].unfold(0, n, 1) if n > 1 else ids[:, None]
+                per_order[n - 1].append(_codes(windows, base))
+        if tokens == 0:
+            raise ValueError("the corpus holds no tokens")
+        keys, counts = [], []
+        for chunks in per_order:
+            unique, count = torch.unique(torch.cat(chunks), return_counts=True)
+            keys.append(unique)
+            counts.append(count.long())
+        header = {"format": FORMAT, "order": order, "vocab_size": vocab_size, "documents": documents_seen,
+                  "tokens": tokens, **(header or {})}
+        return cls(order, vocab_size, keys, counts, header)
+
+    # -- DART's trie rule -----------------------------------------------------------------------
+
+    def pad_context(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The last ``order - 1`` tokens of ``tokens`` (prompt + path), start symbols in front when
+        shorter: ``(order - 1,)`` int64."""
+        t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)[-(self.order - 1):] if self.order > 1 else \
+            torch.zeros(0, dtype=torch.long)
+        pad = torch.full((self.order - 1 - t.numel(),), self.vocab_size, dtype=torch.long)
+        return torch.cat([pad, t])
+
+    def count(self, ngrams: torch.Tensor) -> torch.Tensor:
+        """Occurrences of each n-gram: ``ngrams`` ``(..., n)`` int64 with ``1 <= n <= order`` -> ``(...)`` int64."""
+        n = ngrams.shape[-1]
+        return _lookup(self.keys[n - 1], self.counts[n - 1], _codes(ngrams, self.base))
+
+    def trie_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """DART's n-gram probability of each candidate (``trie_ngram.cpp::get_probability``).
+
+        Args:
+            context: ``(B, order - 1)`` int64, the tokens before the candidates (``pad_context``).
+            tokens: ``(B, C)`` int64 candidates.
+        Returns:
+            ``(B, C)`` float32: ``count(s + token) / count(s)`` for the longest context suffix ``s``
+            (``order - 1`` tokens down to 1) after which the token was seen; 0 if after none.
+        """
+        probs = torch.zeros(tokens.shape, dtype=torch.float32)
+        found = torch.zeros(tokens.shape, dtype=torch.bool)
+        for j in range(self.order - 1, 0, -1):
+            suffix = context[:, -j:]                                            # (B, j)
+            parent = self.count(suffix).to(torch.float32)                       # (B,)
+            grams = torch.cat([suffix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], dim=-1)
+            child = self.count(grams).to(torch.float32)                         # (B, C)
+            take = ~found & (child > 0)
+            probs = torch.where(take, child / parent.clamp(min=1)[:, None], probs)
+            found |= take
+        return probs
+
+    # -- interpolated Kneser-Ney ----------------------------------------------------------------
+
+    def _kneser_ney_tables(self) -> list[dict[str, torch.Tensor | float]]:
+        """Per order n (index n - 1): the counts the interpolated Kneser-Ney estimate reads. The
+        highest order uses raw counts; lower orders continuation counts N1+(. w) (distinct left
+        neighbours of the n-gram among the (n+1)-grams)."""
+        tables: list[dict] = [{} for _ in range(self.order)]
+        for n in range(self.order, 0, -1):
+            if n == self.order:
+                keys, counts = self.keys[n - 1], self.counts[n - 1]
+            else:  # continuation counts: distinct tokens seen before the n-gram
+                higher = self.keys[n]
+                keys, counts = torch.unique(higher % self.base ** n, return_counts=True)
+                counts = counts.long()
+            prefixes, totals, types = _group(keys, counts, self.base)
+            tables[n - 1] = {"keys": keys, "counts": counts, "prefixes": prefixes, "totals": totals,
+                             "types": types, "discount": _discount(counts)}
+        return tables
+
+    def log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Interpolated Kneser-Ney log-probability of each candidate after its context.
+
+        Args:
+            context: ``(B, order - 1)`` int64 (``pad_context``).
+            tokens: ``(B, C)`` int64 candidates, each in ``0..vocab_size - 1``.
+        Returns:
+            ``(B, C)`` float32 natural-log probabilities; for any context they sum (in probability)
+            to 1 over the vocabulary.
+        """
+        t = self._kn[0]
+        uni = _lookup(t["keys"], t["counts"], tokens).to(torch.float64)
+        total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
+        probs = ((uni - d).clamp(min=0) + d * types / self.vocab_size) / total   # (B, C)
+        for n in range(2, self.order + 1):
+            t, d = self._kn[n - 1], float(self._kn[n - 1]["discount"])
+            prefix = context[:, -(n - 1):]                                          # (B, n - 1)
+            prefix_code = _codes(prefix, self.base)                                 # (B,)
+            total = _lookup(t["prefixes"], t["totals"], prefix_code).to(torch.float64)[:, None]
+            types = _lookup(t["prefixes"], t["types"], prefix_code).to(torch.float64)[:, None]
+            gram = _codes(torch.cat([prefix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], -1),
+                          self.base)
+            count = _lookup(t["keys"], t["counts"], gram).to(torch.float64)
+            mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
+            probs = torch.where(total > 0, mixed, probs)
+        return probs.log().to(torch.float32)
+
+    # -- the file -------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as a compressed ``.npz`` (see the module docstring); returns the path."""
+        arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(self.header).encode(), dtype=np.uint8)}
+        for n in range(1, self.order + 1):
+            keys = self.keys[n - 1]
+            arrays[f"delta{n}"] = torch.diff(keys, prepend=keys.new_zeros(1)).numpy().astype(np.uint64)
+            arrays[f"count{n}"] = self.counts[n - 1].numpy().astype(np.uint32)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        return path
+
+
+def load_ngram(path: str | Path, key: str = "ngram", vocab: dict[str, int] | None = None) -> NGramModel:
+    """Read an n-gram model file written by ``NGramModel.save`` (or this module's command).
+
+    Args:
+        path: the ``.npz`` file.
+        key: how the user named it, for messages (e.g. ``policy.ngram``).
+        vocab: the run's tokenizer vocabulary (``tokenizer.get_vocab()``); when given, the file
+            must have been built for the same one.
+    Raises:
+        ConfigError: one line naming ``key`` -- the file is missing, empty, not an n-gram file or
+            corrupt, or built for another tokenizer.
+    """
+    path = Path(path).expanduser()
+    build = "build one with: python -m specpolicy.models.ngram --corpus FILE --tokenizer DIR --out FILE"
+    if not path.is_file():
+        raise ConfigError(f"{key}={str(path)!r}: no such file ({build})")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"{key}={str(path)!r}: the file is empty ({build})")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            header = json.loads(bytes(data["header"]).decode("utf-8"))
+            if header.get("format") != FORMAT:
+                raise ValueError(f"format {header.get('format')!r}, expected {FORMAT!r}")
+            order, vocab_size = int(header["order"]), int(header["vocab_size"])
+            keys, counts = [], []
+            for n in range(1, order + 1):
+                k = torch.from_numpy(np.cumsum(data[f"delta{n}"].astype(np.uint64)).astype(np.int64))
+                c = torch.from_numpy(data[f"count{n}"].astype(np.int64))
+                if k.numel() != c.numel() or (k.numel() > 1 and not bool((k[1:] > k[:-1]).all())):
+                    raise ValueError(f"the {n}-gram table is inconsistent")
+                keys.append(k)
+                counts.append(c)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key}={str(path)!r}: not a readable n-gram model file ({exc}); {build}") from None
+    if vocab is not None:
+        want, got = vocabulary_sha256(vocab), header.get("tokenizer_sha256")
+        if len(vocab) != vocab_size or (got is not None and got != want):
+            raise ConfigError(f"{key}={str(path)!r}: built for another tokenizer (vocabulary of {vocab_size} tokens, "
+                              f"sha256 {str(got)[:12]}); the run's has {len(vocab)} tokens, sha256 {want[:12]}")
+    return NGramModel(order, vocab_size, keys, counts, header)
+
+
+# -- the command ------------------------------------------------------------------------------------
+
+
+def read_corpus(path: Path, field: str) -> list[str]:
+    """Texts of a corpus file: ``.jsonl`` (the string at ``field`` of each row) or plain text (one
+    document per non-empty line).
+
+    Raises:
+        ConfigError: naming ``--corpus`` / ``--field`` when the file is missing or a row lacks the field.
+    """
+    if not path.is_file():
+        raise ConfigError(f"--corpus={str(path)!r}: no such file")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix != ".jsonl":
+        return lines
+    texts = []
+    for i, line in enumerate(lines, 1):
+        row = json.loads(line)
+        if not isinstance(row.get(field), str):
+            raise ConfigError(f"--field={field!r}: {path}:{i} has no string {field!r} (keys: {', '.join(row)})")
+        texts.append(row[field])
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specpolicy.models.ngram``: build an n-gram model file from a corpus."""
+    from specpolicy.models.loading import load_tokenizer, resolve_model_path
+
+    ap = argparse.ArgumentParser(prog="python -m specpolicy.models.ngram", description=main.__doc__)
+    ap.add_argument("--corpus", type=Path, required=True, help="a .jsonl (see --field) or a text file, one document a line")
+    ap.add_argument("--field", default="text", help="the .jsonl field holding each document's text (GSM8K: answer)")
+    ap.add_argument("--tokenizer", default="target",
+                    help="a bundled model name (target) or a local Hugging Face model/tokenizer directory")
+    ap.add_argument("--order", type=int, default=3, help="the longest n-gram (>= 1; DiffuSpec and DART: 3)")
+    ap.add_argument("--no-eos", action="store_true", help="do not end each document with the tokenizer's EOS token")
+    ap.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    args = ap.parse_args(argv)
+    if args.order < 1:
+        ap.error(f"--order must be >= 1, got {args.order}")
+    try:
+        texts = read_corpus(args.corpus, args.field)
+        if not Path(resolve_model_path(args.tokenizer)).is_dir():
+            raise ConfigError(f"--tokenizer={args.tokenizer!r}: neither a bundled model nor a local directory")
+        tokenizer = load_tokenizer(resolve_model_path(args.tokenizer))
+    except ConfigError as exc:
+        ap.error(str(exc))
+    eos = [] if args.no_eos or tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    documents = (tokenizer.encode(text, add_special_tokens=False) + eos for text in texts)
+    vocab = tokenizer.get_vocab()
+    model = NGramModel.build(documents, len(vocab), args.order,
+                             {"tokenizer_sha256": vocabulary_sha256(vocab), "corpus": args.corpus.name,
+                              "field": args.field, "eos": bool(eos)})
+    out = model.save(args.out)
+    sizes = ", ".join(f"{n}-grams {k.numel()}" for n, k in enumerate(model.keys, 1))
+    print(f"{out}: {model.header['documents']} documents, {model.header['tokens']} tokens; {sizes}; "
+          f"{out.stat().st_size / 1e6:.2f} MB")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
