@@ -18,10 +18,25 @@ from typing import Any
 from rich.console import Console
 
 from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, timing_trusted, untrusted_reasons
-from specpolicy.analysis.results import (RESULTS_FILE, SKIP_DIRS, SUMMARY_FILE, find_runs, job_overrides, read_summary,
-                                scan_results)
+from specpolicy.analysis.results import (
+    RESULTS_FILE,
+    SKIP_DIRS,
+    SUMMARY_FILE,
+    find_runs,
+    job_overrides,
+    read_summary,
+    scan_results,
+)
 from specpolicy.analysis.summary import headline
-from specpolicy.analysis.tables import FIGURES, Column, method_drafted, available_width, layout, lossless_text, print_table
+from specpolicy.analysis.tables import (
+    FIGURES,
+    Column,
+    available_width,
+    layout,
+    lossless_text,
+    method_drafted,
+    print_table,
+)
 
 # -- sweep reports: python -m specpolicy.analysis.report <multirun dir> --------------------------------
 
@@ -110,12 +125,25 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+#: The run lock a run takes after validation, before any model loads (``specpolicy.run.runlock.LOCK_FILE``;
+#: analysis does not import run): a job directory without it never started.
+LOCK_FILE = "run.lock"
+
+
+def never_started(job: Path) -> bool:
+    """Whether a job directory holds Hydra's ``.hydra/`` but no ``results.jsonl``, no
+    ``summary.json`` and no ``run.lock``: its command failed validation before the run started
+    (nothing died; the command printed why)."""
+    return (job / ".hydra").is_dir() and not any((job / f).exists() for f in (RESULTS_FILE, SUMMARY_FILE, LOCK_FILE))
+
+
 def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
     """Jobs under ``directory`` without a ``summary.json``: they died before finishing (killed,
     cancelled by the cluster, an error) or are still running. A job directory is one holding
     Hydra's ``.hydra/`` or a ``results.jsonl``, or a numbered sub-directory of a multirun
-    (``hydra.sweep.subdir``). Each entry: ``run``, ``overrides`` and ``prompts_in_results``
-    (rows in its ``results.jsonl``, None without one).
+    (``hydra.sweep.subdir``); one whose command failed validation (``never_started``: no run lock,
+    no results) is not a job that died. Each entry: ``run``, ``overrides`` and
+    ``prompts_in_results`` (rows in its ``results.jsonl``, None without one).
 
     Raises:
         FileNotFoundError: when ``directory`` does not exist.
@@ -129,7 +157,7 @@ def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
     candidates |= {f.parent for f in root.rglob(RESULTS_FILE)}
     out = []
     for job in sorted(candidates, key=lambda d: [int(p) if p.isdigit() else p for p in d.relative_to(root).parts]):
-        if SKIP_DIRS & set(job.relative_to(root).parts) or (job / SUMMARY_FILE).is_file():
+        if SKIP_DIRS & set(job.relative_to(root).parts) or (job / SUMMARY_FILE).is_file() or never_started(job):
             continue
         results = job / RESULTS_FILE
         out.append({"run": _relative(job, root), "overrides": job_overrides(job),

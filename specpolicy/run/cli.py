@@ -32,7 +32,6 @@ from specpolicy.core.errors import EXIT_FAILURE, one_line
 from specpolicy.run.experiment import run_experiment
 from specpolicy.run.hydra_searchpath import register as register_searchpath_plugin
 
-
 DEBUG_FLAG = "--debug"
 _debug = False  # set by main(): --debug or HYDRA_FULL_ERROR=1 keep tracebacks
 
@@ -59,6 +58,10 @@ def _hydra_main(cfg: DictConfig) -> float:
     try:
         summary = run_experiment(cfg, hc.runtime.output_dir, outputs=elsewhere)
     except Exception as error:  # noqa: BLE001
+        if hc.mode != RunMode.MULTIRUN:  # failed before it started (validation): no empty run directory left
+            from specpolicy.run.resume import discard_unstarted
+
+            discard_unstarted(hc.runtime.output_dir)
         report = None if _debug else one_line(error)
         if report is None or hc.mode == RunMode.MULTIRUN:  # a sweep names the failed job first, then main()
             raise
@@ -93,7 +96,13 @@ def list_plugins(argv: list[str] | None = None) -> None:
     ``argv`` may hold ``plugins.block=[NAME,...]`` to show the effect of blocking."""
     from omegaconf import OmegaConf
 
-    from specpolicy.plugins.manager import AUTOLOAD_ENV, autoload_enabled, config_searchpath, get_plugin_manager, plugin_infos
+    from specpolicy.plugins.manager import (
+        AUTOLOAD_ENV,
+        autoload_enabled,
+        config_searchpath,
+        get_plugin_manager,
+        plugin_infos,
+    )
 
     dotlist = [a for a in (argv or []) if a.startswith("plugins.block=")]
     block = list(OmegaConf.from_dotlist(dotlist).get("plugins", {}).get("block", []) or [])

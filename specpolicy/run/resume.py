@@ -237,6 +237,30 @@ def complete_summary(config: Mapping[str, Any], prompt_ids: list[str], method: s
     return summary
 
 
+def discard_unstarted(run_dir: str | Path) -> bool:
+    """Remove a run directory the run never started in: one holding only what Hydra writes before
+    the run (``.hydra/`` and the job's ``*.log``) -- a command that failed validation, before any
+    model loaded or the run lock was taken. Never the working directory (``hydra.run.dir=.``) or
+    one above it. A directory holding anything else (a ``run.lock``,
+    ``results.jsonl``, ``summary.json``, a file of the user's) is left as it is. Returns whether it
+    was removed."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not (run_dir / ".hydra").is_dir():
+        return False
+    here = Path.cwd().resolve()
+    if run_dir.resolve() == here or run_dir.resolve() in here.parents:  # never the working directory
+        return False
+    for entry in run_dir.iterdir():
+        hydra_dir = entry.name == ".hydra" and entry.is_dir() and not entry.is_symlink()
+        log = entry.suffix == ".log" and entry.is_file() and not entry.is_symlink()
+        if not (hydra_dir or log):
+            return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
+
+
 def complete_line(summary: Mapping[str, Any], run_dir: str | Path) -> str:
     """What a run with nothing left to compute prints (``complete_summary``): that it is complete,
     how to start over, and -- from the summary it wrote when it ran -- whether its timings can be

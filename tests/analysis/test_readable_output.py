@@ -16,8 +16,7 @@ from rich.console import Console
 
 from specpolicy.analysis import oracle, tables
 from specpolicy.analysis.oracle import CostModel, compare
-from specpolicy.analysis.report import collect, report_rows, to_markdown
-from specpolicy.analysis.report import main as report_main
+from specpolicy.analysis.report import collect, main as report_main, report_rows, to_markdown
 from specpolicy.analysis.results import PromptResult
 from specpolicy.analysis.tables import print_summary
 
@@ -60,7 +59,7 @@ def _printed(summary, width=None, **kwargs) -> str:
 
 def _row_cells(text: str, label_start: str) -> list[str]:
     """The cells of the table line that starts with ``label_start`` (split at the │ borders)."""
-    line = next(l for l in text.splitlines() if l.startswith("│ " + label_start))
+    line = next(ln for ln in text.splitlines() if ln.startswith("│ " + label_start))
     return [c.strip() for c in line.strip("│").split("│")]
 
 
@@ -94,7 +93,7 @@ def test_summary_wide_on_request_is_one_row_per_method():
 
 def test_summary_shows_a_dash_where_nothing_applies_and_names_denominators():
     text = _printed(_summary(), width=120)
-    header = next(l for l in text.splitlines() if "vanilla" in l and "fastdllm+aimd" in l)
+    header = next(ln for ln in text.splitlines() if "vanilla" in ln and "fastdllm+aimd" in ln)
     assert header.index("vanilla") < header.index("fastdllm+aimd")
     for label in ("acceptance rate (accepted / drafted tokens)", "accepted length per drafted round",
                   "speculation length per round (mean over all rounds)", "drafter passes per round"):
@@ -151,7 +150,8 @@ def sweep(tmp_path) -> Path:
                                                          interrupted_by="SIGTERM"), rows=1)
     _job(root, "3", ["policy.tau=0.6"], _sweep_summary(2.0, 100, 2.0, prompts=3), rows=3)  # 3 of 4, not flagged
     _job(root, "4", ["policy.tau=0.7"], None, rows=2)  # died: results but no summary
-    _job(root, "5", ["policy.tau=0.9"], None)  # died before its first prompt
+    _job(root, "5", ["policy.tau=0.9"], None)  # died before its first prompt (it had taken its run lock)
+    (root / "5" / "run.lock").touch()
     return root
 
 
@@ -331,8 +331,8 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
 
 @needs_matplotlib
 def test_prompt_text_falls_back_to_the_runs_dataset(tmp_path):
-    from specpolicy.data.datasets import load_prompts
     from specpolicy.analysis.plot import Run, prompt_texts
+    from specpolicy.data.datasets import load_prompts
 
     rows = [{k: v for k, v in row.items() if k != "prompt_text"} for row in _rows()]
     run = Run("ar+static", tmp_path, [PromptResult.from_row(r) for r in rows],
@@ -385,8 +385,8 @@ def test_model_loading_draws_progress_bars_only_on_a_terminal(family, capsys, mo
     """transformers' "Loading weights" bar (on stderr) is drawn on a terminal and nowhere else."""
     from transformers.utils import logging as hf_logging
 
-    from specpolicy.models.loading import load_causal_lm, load_tokenizer
     from specpolicy.core.runtime import Runtime
+    from specpolicy.models.loading import load_causal_lm, load_tokenizer
 
     runtime = Runtime("cpu", "float32")
     load_causal_lm(str(family["target"]), runtime)
