@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched  # noqa: E402
-from specpolicy.core.batching import generate_batch  # noqa: E402
-from specpolicy.data.datasets import load_prompts  # noqa: E402
-from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.analysis.machine import MachineWatch  # noqa: E402
+from specpolicy.core.batching import generate_batch  # noqa: E402
+from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.serving import RequestTiming, arrival_times, summarize  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
 
 
 def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, Any]]:

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
 
 from specpolicy.core.batching import generate_batch  # noqa: E402
-from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
 
 DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 POLICIES = ("static", "failfast", "specdecpp", "aimd", "heuristic", "goodput", "goodput-batch", "batch-schedule")

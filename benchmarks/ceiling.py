@@ -52,13 +52,13 @@ from typing import Any
 
 import torch
 
+from specpolicy.analysis.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, oracle_max_length, replay_match_lengths
 from specpolicy.core.calibration import calibration_from_rounds
-from specpolicy.data.datasets import load_prompts
 from specpolicy.core.decoding import generate
 from specpolicy.core.drafter import Drafter
-from specpolicy.analysis.oracle import DEFAULT_MAX_LENGTH, CostModel, compare, oracle_max_length, replay_match_lengths
 from specpolicy.core.types import Draft, GenerationResult, Verification
 from specpolicy.core.verifier import Verifier
+from specpolicy.data.datasets import load_prompts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  benchmarks/peers.py: the shared model loading and policy configs

@@ -39,10 +39,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import Bench, add_model_arguments  # noqa: E402
 
-from specpolicy.data.datasets import load_prompts  # noqa: E402
-from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer  # noqa: E402
+from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
 
 #: (name, drafter, policy config choice, policy overrides, reuse)
 METHODS = (

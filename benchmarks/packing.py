@@ -35,11 +35,11 @@ from transformers import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import start_benchmark  # noqa: E402
 
+from specpolicy.analysis.machine import MachineWatch  # noqa: E402
 from specpolicy.core.attention import as_model_mask  # noqa: E402
 from specpolicy.core.cache import crop_cache  # noqa: E402
-from specpolicy.analysis.machine import MachineWatch  # noqa: E402
-from specpolicy.models.loading import load_causal_lm  # noqa: E402
 from specpolicy.core.runtime import Runtime  # noqa: E402
+from specpolicy.models.loading import load_causal_lm  # noqa: E402
 
 
 def padded_pass(model, contexts: list[torch.Tensor], drafts: list[torch.Tensor]):

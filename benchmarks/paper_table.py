@@ -60,16 +60,24 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import (Bench, Method, add_model_arguments, mark_timing, run_interleaved,  # noqa: E402  (not a package)
-                   start_benchmark, summarize_method, write_runs)
+from peers import (  # noqa: E402  (not a package)
+    Bench,
+    Method,
+    add_model_arguments,
+    mark_timing,
+    run_interleaved,
+    start_benchmark,
+    summarize_method,
+    write_runs,
+)
 
-from specpolicy.core.accounting import with_pass_accounting  # noqa: E402
-from specpolicy.data.datasets import BUNDLED, load_prompts  # noqa: E402
-from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
-from specpolicy.core.latency import load_profile, modeled_speedup  # noqa: E402
 from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch  # noqa: E402
 from specpolicy.analysis.results import PromptResult  # noqa: E402
 from specpolicy.analysis.summary import headline  # noqa: E402
+from specpolicy.core.accounting import with_pass_accounting  # noqa: E402
+from specpolicy.core.latency import load_profile, modeled_speedup  # noqa: E402
+from specpolicy.data.datasets import BUNDLED, load_prompts  # noqa: E402
+from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
 
 #: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
 PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")

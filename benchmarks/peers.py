@@ -78,21 +78,20 @@ from typing import Any
 
 import torch
 
-from specpolicy.data.datasets import load_prompts
-from specpolicy.core.decoding import generate
-from specpolicy.core.latency import LatencyProfile, load_profile
+from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch, warning_line
 from specpolicy.analysis.metrics import aggregate
 from specpolicy.analysis.oracle import CostModel, compare, oracle_max_length, replay_match_lengths
-from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 from specpolicy.analysis.profiling import ForwardTimer
 from specpolicy.analysis.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
+from specpolicy.analysis.summary import headline, summarize
+from specpolicy.analysis.tables import FIGURES, Column, figure_columns, layout, print_table as print_rows
+from specpolicy.core.decoding import generate
+from specpolicy.core.latency import LatencyProfile, load_profile
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
-from specpolicy.analysis.summary import headline, summarize
-from specpolicy.analysis.tables import FIGURES, Column, figure_columns, layout
-from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, MachineWatch, warning_line
-from specpolicy.analysis.tables import print_table as print_rows
 from specpolicy.core.types import GenerationResult, RoundRecord
+from specpolicy.data.datasets import load_prompts
+from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
@@ -254,7 +253,7 @@ class HFRecorder:
         if self.kind == "greedy" and name == "target":
             self._close([], [], 0)
 
-    def __enter__(self) -> "HFRecorder":
+    def __enter__(self) -> HFRecorder:
         rec = self
         for cls in self.classes:
             get, upd = cls.get_candidates, cls.update_candidate_strategy

@@ -33,14 +33,13 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import (Bench, add_model_arguments, check_prompt_slice, failfast_label, run_interleaved,  # noqa: E402
-                   start_benchmark)
+from peers import Bench, add_model_arguments, check_prompt_slice, failfast_label, run_interleaved, start_benchmark  # noqa: E402
 
-from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.analysis.machine import MachineWatch, warning_line  # noqa: E402
 from specpolicy.analysis.metrics import aggregate  # noqa: E402
-from specpolicy.policies.failfast import FailFastPolicy  # noqa: E402
 from specpolicy.analysis.results import PromptResult  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.policies.failfast import FailFastPolicy  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:

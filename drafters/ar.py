@@ -9,14 +9,20 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core import tree
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.models.loading import (check_attention, check_model_source, check_same_vocabulary, context_length,
-                               load_causal_lm, load_tokenizer)
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, sample, warp
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_keys
+from specpolicy.models.loading import (
+    check_attention,
+    check_model_source,
+    check_same_vocabulary,
+    context_length,
+    load_causal_lm,
+    load_tokenizer,
+)
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
@@ -98,7 +104,7 @@ class ARDrafter(Drafter):
 
     @classmethod
     @torch.no_grad()
-    def draft_many(cls, drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
+    def draft_many(cls, drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: the requests' caches are copied
         once into one padded ``(b, kv_heads, W, head_dim)`` cache per layer (``W`` = the longest),
         then each of ``max(num_tokens)`` steps runs ONE pass of the model over all of them (a row
@@ -139,7 +145,7 @@ class ARDrafter(Drafter):
         return out
 
     @staticmethod
-    def _draft_together(drafters: list["ARDrafter"], num_tokens: list[int]) -> list[Draft]:
+    def _draft_together(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
         """The padded passes of ``draft_many`` (greedy; every drafter's cache non-empty)."""
         from specpolicy.core.attention import as_model_mask
 

@@ -45,18 +45,18 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
-from specpolicy.models.kv import KVCache
+from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
-from specpolicy.models.checkpoint import check_checkpoint
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.models.loading import resolve_model_path
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_keys, choice
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
+from specpolicy.models.kv import KVCache
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "dflash"
 CONFIG_KEYS = ("model", "extension")
@@ -233,7 +233,7 @@ class DFlashDrafter(Drafter):
 
     @classmethod
     @torch.no_grad()
-    def draft_many(cls, drafters: list["DFlashDrafter"], num_tokens: list[int]) -> list[Draft]:
+    def draft_many(cls, drafters: list[DFlashDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: at each step, every request whose
         draft still takes a pass runs it in ONE pass of the network over all of them (each row its
         own block -- a first pass's ``B`` tokens or an extension pass's longer one --, the rows and
@@ -271,7 +271,7 @@ class DFlashDrafter(Drafter):
                 cls._pass_together(step)
 
     @staticmethod
-    def _cache_contexts(drafters: list["DFlashDrafter"]) -> None:
+    def _cache_contexts(drafters: list[DFlashDrafter]) -> None:
         """``_cache_context`` for several requests: the newly committed positions' features of those
         with at most ``BATCH_POSITIONS`` of them padded into one ``(b, u, F)`` batch and projected in
         one call (every op is per position: a padded row changes nothing), the others alone."""
@@ -296,7 +296,7 @@ class DFlashDrafter(Drafter):
             d._context = None
 
     @staticmethod
-    def _pass_together(drafters: list["DFlashDrafter"]) -> None:
+    def _pass_together(drafters: list[DFlashDrafter]) -> None:
         """One pass of the network for several requests, each drafting B - 1 more tokens and recording
         them as its ``_pass`` would (see ``draft_many``)."""
         lead = drafters[0]
@@ -330,7 +330,7 @@ class DFlashDrafter(Drafter):
             d._took(logits[j], *chosen[j], stops[j])
 
     @staticmethod
-    def _padded_context(drafters: list["DFlashDrafter"], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _padded_context(drafters: list[DFlashDrafter], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every request's cached context as one batch: per layer, keys and values
         ``(b, kv_heads, longest, head_dim)``, request j's in row j's first ``cache.length`` positions,
         zeros after (masked). Per layer and tensor one concatenation and one indexed copy."""

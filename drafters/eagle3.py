@@ -27,19 +27,19 @@ from typing import Any
 
 import torch
 
-from specpolicy.models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
 from specpolicy.core import tree
-from specpolicy.models.kv import KVCache
+from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
-from specpolicy.models.checkpoint import check_checkpoint
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.models.loading import resolve_model_path
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_keys, choice
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy.models.kv import KVCache
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "eagle3"
 #: A request whose round starts with more newly committed positions than this (a new request's
@@ -188,7 +188,7 @@ class Eagle3Drafter(Drafter):
 
     @classmethod
     @torch.no_grad()
-    def draft_many(cls, drafters: list["Eagle3Drafter"], num_tokens: list[int]) -> list[Draft]:
+    def draft_many(cls, drafters: list[Eagle3Drafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: at each step every request still
         drafting advances by one token in ONE pass of the head over all of them -- a request at
         the round's first pass with its newly committed pairs, the others with their last
@@ -224,7 +224,7 @@ class Eagle3Drafter(Drafter):
         return [d._end_call(b) for d, b in zip(drafters, before)]
 
     @staticmethod
-    def _pass_together(drafters: list["Eagle3Drafter"]) -> None:
+    def _pass_together(drafters: list[Eagle3Drafter]) -> None:
         """One pass of the head for several requests, each drafting one more token (see ``draft_many``)."""
         head, lead = drafters[0].model, drafters[0]
         device, dtype = lead.runtime.torch_device, lead.runtime.torch_dtype

@@ -45,14 +45,21 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.models.loading import (check_attention, check_model_source, check_same_vocabulary, context_length,
-                               load_causal_lm, load_tokenizer, resolve_model_path)
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, sample, warp
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_keys
+from specpolicy.models.loading import (
+    check_attention,
+    check_model_source,
+    check_same_vocabulary,
+    context_length,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+)
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "fastdllm"
 
@@ -596,7 +603,7 @@ class FastDLLMDrafter(Drafter):
 
     @classmethod
     @torch.no_grad()
-    def draft_many(cls, drafters: list["FastDLLMDrafter"], num_tokens: list[int]) -> list[Draft]:
+    def draft_many(cls, drafters: list[FastDLLMDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: at each step every request whose
         draft still takes a pass -- an unmasking pass over its current small block or a boundary
         pass writing its full block's KV -- runs it in ONE pass of the model over all of them:

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from specpolicy.core.checks import check_init
 from specpolicy.core.drafter import Drafter
-from specpolicy.plugins.hookspecs import hookimpl
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "suffix"
 CONFIG_KEYS = ("min_match", "max_match", "min_confidence")

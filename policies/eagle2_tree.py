@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.types import Draft
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "eagle2-tree"
 

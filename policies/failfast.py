@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "failfast"
 #: Values of ``policy.confidence_scope`` (see the module docstring).

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.policies.failfast import FailFastPolicy
+from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.sampling import point_mass
 from specpolicy.core.types import Draft
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.policies.failfast import FailFastPolicy
 
 NAME = "failfast-tree"
 

@@ -81,11 +81,11 @@ import numpy as np
 import torch
 
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.checks import check_init
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "goodput"
 #: Forgetting factor of the verification costs (an effective memory of ~50 rounds), applied per

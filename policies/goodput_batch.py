@@ -54,10 +54,10 @@ from typing import Any
 import numpy as np
 
 from specpolicy.core.batch_context import BatchContext, VerifyCost
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "goodput-batch"
 #: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.
@@ -140,7 +140,7 @@ class GoodputBatchPolicy(LengthPolicy):
         self._shared = _Shared(max_length)
         self.reset()
 
-    def __deepcopy__(self, memo: dict) -> "GoodputBatchPolicy":
+    def __deepcopy__(self, memo: dict) -> GoodputBatchPolicy:
         """A request's copy: its own state, the configured policy's shared statistics."""
         clone = copy.copy(self)
         for key, value in vars(self).items():
@@ -182,7 +182,7 @@ class GoodputBatchPolicy(LengthPolicy):
     # -- the plan --------------------------------------------------------------------------------
 
     @classmethod
-    def plan_round(cls, policies: list["GoodputBatchPolicy"], contexts: list[BatchContext]) -> list[int]:
+    def plan_round(cls, policies: list[GoodputBatchPolicy], contexts: list[BatchContext]) -> list[int]:
         """The lengths (tokens) of every request this round (see the module docstring)."""
         lead = policies[0]
         shared, cost = lead._shared, contexts[0].verify_cost

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.core.checks import check_init
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "static"
 

@@ -192,7 +192,6 @@ def eagle3_reference(directory: Path, target, committed: torch.Tensor, k: int, l
     hidden = cfg["hidden_size"]
     hd = hidden // heads
     embed = target.get_input_embeddings()
-    c = committed.shape[0]
     with torch.no_grad():
         hs = target(input_ids=committed[None, :-1], output_hidden_states=True).hidden_states
         feats = torch.cat([hs[i][0] for i in layer_ids], -1).float() @ sd["fc.weight"].T  # (c - 1, H)

@@ -10,15 +10,21 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.core import tree
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import crop_cache, keep_path
+from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.features import check_feature_layers, select_features
-from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.models.loading import (check_attention, check_model_source, context_length, eos_token_ids, load_causal_lm,
-                               load_tokenizer)
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.core.types import Draft, Verification
-from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.verifier import Verifier
+from specpolicy.models.loading import (
+    check_attention,
+    check_model_source,
+    context_length,
+    eos_token_ids,
+    load_causal_lm,
+    load_tokenizer,
+)
+from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "hf"
 CONFIG_KEYS = ("model", "attn_implementation", "max_context")

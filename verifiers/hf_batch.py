@@ -28,10 +28,10 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import cache_layers, crop_cache
 from specpolicy.core.features import select_features_batch
-from specpolicy.verifiers.hf import prefill_prompt
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.core.types import Draft, Verification
+from specpolicy.verifiers.hf import prefill_prompt
 
 
 class BatchedHFVerifier:
@@ -57,7 +57,7 @@ class BatchedHFVerifier:
         self.pending: list[torch.Tensor] = []  # per row: (1,) int64, the last committed token
 
     @classmethod
-    def like(cls, verifier, pad_token_id: int = 0) -> "BatchedHFVerifier":
+    def like(cls, verifier, pad_token_id: int = 0) -> BatchedHFVerifier:
         """The batched verifier of a batch-1 ``hf`` verifier's target (same model, runtime, stop
         tokens, context and requested features)."""
         batched = cls(verifier.model, verifier.runtime, verifier.eos_token_ids, verifier.max_context, pad_token_id)

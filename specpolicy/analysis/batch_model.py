@@ -85,20 +85,20 @@ class RoundCounts:
     tokens: int = 0
 
     @staticmethod
-    def of(result: Any) -> "RoundCounts":
+    def of(result: Any) -> RoundCounts:
         """The counts of a ``specpolicy.core.batching.BatchResult``."""
         return RoundCounts(tuple(result.padded_tokens), tuple(result.drafter_passes),
                            sum(t.tokens for t in result.timings.values()))
 
     @staticmethod
-    def of_rounds(rounds: Iterable[Any], tokens: int) -> "RoundCounts":
+    def of_rounds(rounds: Iterable[Any], tokens: int) -> RoundCounts:
         """The counts of batch-1 chain rounds (``RoundRecord``s of ``specpolicy.core.decoding.generate``):
         one row of ``1 + speculation length`` tokens per target pass."""
         rounds = list(rounds)
         return RoundCounts(tuple(1 + r.speculation_length for r in rounds),
                            tuple(r.drafter_forward_passes for r in rounds), tokens)
 
-    def __add__(self, other: "RoundCounts") -> "RoundCounts":
+    def __add__(self, other: RoundCounts) -> RoundCounts:
         return RoundCounts(self.padded_tokens + other.padded_tokens, self.drafter_passes + other.drafter_passes,
                            self.tokens + other.tokens)
 

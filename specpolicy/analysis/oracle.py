@@ -65,9 +65,9 @@ from typing import Any
 
 import torch
 
-from specpolicy.core.latency import NotEstimable, fit_affine, step_problem
 from specpolicy.analysis.machine import UNTRUSTED_MARK, UNTRUSTED_NOTE, untrusted_reasons
 from specpolicy.analysis.results import SUMMARY_FILE, PromptResult, find_runs, read_run, read_summary
+from specpolicy.core.latency import NotEstimable, fit_affine, step_problem
 from specpolicy.core.types import Draft, GenerationResult, RoundRecord, Verification
 
 #: The oracle may always speculate at least this far (FailFast's N_max default, tokens).
@@ -115,7 +115,7 @@ class CostModel:
         return self.draft_ms(length, passes) + self.verify_ms(length)
 
     @staticmethod
-    def fit(rounds: Iterable[RoundRecord], vanilla_verify_ms: Iterable[float] = ()) -> "CostModel":
+    def fit(rounds: Iterable[RoundRecord], vanilla_verify_ms: Iterable[float] = ()) -> CostModel:
         """Fit from measured rounds (several runs of the same drafter may be pooled) and the
         measured ``verify_ms`` of vanilla decoding steps.
 

@@ -38,12 +38,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specpolicy.core.latency import load_profile, modeled_speedup
 from specpolicy.analysis.machine import UNTRUSTED_MARK, timing_trusted
 from specpolicy.analysis.metrics import aggregate, observed
 from specpolicy.analysis.plot import UNTRUSTED_COLOR, line_styles, text_width_in, untrusted_figure_note
-from specpolicy.analysis.results import RESULTS_FILE, PromptResult, find_runs, read_run, told_apart
-from specpolicy.analysis.results import Run as RunData
+from specpolicy.analysis.results import RESULTS_FILE, Run as RunData, find_runs, read_run, told_apart
+from specpolicy.core.latency import load_profile, modeled_speedup
 from specpolicy.core.types import RoundRecord
 
 #: Draft position groups of the reliability diagram: (first, last) 1-based positions, last None = open.

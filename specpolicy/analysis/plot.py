@@ -798,8 +798,15 @@ def serving_html(rows: Sequence[dict[str, Any]]) -> str:
     """The serving table of the figures page (HTML): ``specpolicy.analysis.report.SERVING_COLUMNS`` of
     ``rows`` (``serving_rows``), cells as the report prints them (``serving_cell``), with the note
     on the batch-1 loop and on tokens/s marked ``UNTRUSTED_MARK``; empty without rows."""
-    from specpolicy.analysis.report import (BATCH1_LOOP, SERVING_COLUMNS, SERVING_DETAIL, SERVING_HEADING, SERVING_NOTE,
-                                   _SERVING_TEXT_KEYS, serving_cell)
+    from specpolicy.analysis.report import (
+        _SERVING_TEXT_KEYS,
+        BATCH1_LOOP,
+        SERVING_COLUMNS,
+        SERVING_DETAIL,
+        SERVING_HEADING,
+        SERVING_NOTE,
+        serving_cell,
+    )
 
     if not rows:
         return ""

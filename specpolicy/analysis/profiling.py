@@ -86,7 +86,7 @@ class ForwardTimer:
             if self.on_call is not None:
                 self.on_call(top)
 
-    def __enter__(self) -> "ForwardTimer":
+    def __enter__(self) -> ForwardTimer:
         # looked up once: a hook's own cost lands outside the timed windows, in the caller's time
         self._devices = {id(m): self._cuda_device(m) for members in self.modules.values() for m in members}
         for name, members in self.modules.items():
@@ -174,7 +174,7 @@ class PolicyTimer:
         """Milliseconds in ``next_length`` and ``update`` together."""
         return sum(self.ms.values())
 
-    def __enter__(self) -> "PolicyTimer":
+    def __enter__(self) -> PolicyTimer:
         if self.policy is not None:
             # what the instance itself held (an override, or an outer timer's wrapper), restored on exit
             self._own = {name: vars(self.policy)[name] for name in self.METHODS if name in vars(self.policy)}

@@ -171,7 +171,7 @@ class PromptResult:
 
     @staticmethod
     def skip(prompt_id: str, prompt_tokens: int, reason: str, config_hash: str = "",
-             prompt_text: str | None = None) -> "PromptResult":
+             prompt_text: str | None = None) -> PromptResult:
         """The result of a prompt that was not decoded, with the ``reason`` (empty output, no rounds,
         ``finish_reason`` ``"skipped"``)."""
         nothing = GenerationResult(output_ids=_ids([]), rounds=(), finish_reason="skipped", wall_s=0.0,
@@ -182,7 +182,7 @@ class PromptResult:
     @staticmethod
     def of(prompt_id: str, prompt_tokens: int, speculative: GenerationResult, vanilla: GenerationResult | None,
            output_text: str = "", sampled: bool = False, config_hash: str = "",
-           prompt_text: str | None = None) -> "PromptResult":
+           prompt_text: str | None = None) -> PromptResult:
         """A prompt's result with ``lossless`` / ``first_difference`` computed against ``vanilla``.
         With ``sampled`` (temperature > 0) ``lossless`` is ``"n/a (sampling)"``: two samples differ
         legitimately; losslessness in distribution is what ``tests/core/test_sampling.py`` checks."""
@@ -234,7 +234,7 @@ class PromptResult:
         return row
 
     @staticmethod
-    def from_row(row: Mapping[str, Any]) -> "PromptResult":
+    def from_row(row: Mapping[str, Any]) -> PromptResult:
         """The object of a ``results.jsonl`` row (also rows written before the ``finish_reason``
         rename, whose field was ``stop_reason``). The vanilla output of an old row that kept no
         ``vanilla_output_ids`` is the method's output when the row is lossless, else unknown

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specpolicy.core.accounting import with_pass_accounting
-from specpolicy.core.latency import LatencyProfile, load_profile, modeled_summary
 from specpolicy.analysis.metrics import aggregate, describe_fields, prompt_values, weighted_aggregates
 from specpolicy.analysis.oracle import analyse as analyse_oracle
 from specpolicy.analysis.results import SAMPLING_LOSSLESS, PromptResult
+from specpolicy.core.accounting import with_pass_accounting
+from specpolicy.core.latency import LatencyProfile, load_profile, modeled_summary
 from specpolicy.core.sampling import SamplingConfig
 
 #: Profile used when the config has no ``profile`` node (e.g. summaries built outside the CLI).

@@ -71,7 +71,7 @@ class VerifyCost:
                                                  [min(self._count[n], MAX_WEIGHT) for n in keys])))
         return self._fit
 
-    def seed(self, other: "VerifyCost") -> None:
+    def seed(self, other: VerifyCost) -> None:
         """Start from ``other``'s estimates (an earlier run's curve of the same batch), each count's
         weight capped at ``MAX_WEIGHT``; this curve's own observations then move them."""
         for tokens, recent in other._recent.items():

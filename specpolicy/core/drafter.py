@@ -80,7 +80,7 @@ class Drafter(ABC):
         """
 
     @classmethod
-    def draft_many(cls, drafters: list["Drafter"], num_tokens: list[int]) -> list[Draft]:
+    def draft_many(cls, drafters: list[Drafter], num_tokens: list[int]) -> list[Draft]:
         """Extend several requests' drafts at once (the batched loop, ``specpolicy.core.batching``): each
         drafter (an instance of ``cls``) holds one request and adds ``num_tokens[i]`` tokens, as its
         ``draft`` would. Default: ``draft`` one request after another. A drafter class that can run

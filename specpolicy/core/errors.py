@@ -22,8 +22,9 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 #: Exit status of a user error (as argparse uses for usage errors).
 EXIT_USER = 2

@@ -124,7 +124,7 @@ class LatencyProfile:
     peak_tflops: float | None = None
     compute_efficiency: float | None = None
 
-    def for_drafter(self, drafter: str | None) -> "LatencyProfile":
+    def for_drafter(self, drafter: str | None) -> LatencyProfile:
         """This profile with ``drafter``'s own pass cost when it lists one (else unchanged)."""
         if drafter in self.drafter_pass_ms_by_drafter:
             return replace(self, drafter_pass_ms=self.drafter_pass_ms_by_drafter[drafter])
@@ -136,7 +136,7 @@ class LatencyProfile:
         return None not in (self.drafter_pass_ms, self.target_ms_per_token, self.verify_ms_per_draft_token)
 
     @staticmethod
-    def from_config(config: Mapping[str, Any]) -> "LatencyProfile":
+    def from_config(config: Mapping[str, Any]) -> LatencyProfile:
         """A profile from a ``profile`` config node.
 
         Raises:

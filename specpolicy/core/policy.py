@@ -39,7 +39,7 @@ class LengthPolicy(ABC):
     batch: Any = None
 
     @classmethod
-    def plan_round(cls, policies: list["LengthPolicy"], contexts: list[Any]) -> list[int] | None:
+    def plan_round(cls, policies: list[LengthPolicy], contexts: list[Any]) -> list[int] | None:
         """Plan the round's speculation lengths of every request in a batch at once (batch-aware
         policies). Called by the batched loop before drafting, with the requests' policies (each
         an instance of ``cls``, in row order) and their ``BatchContext``s (``planned_length``
@@ -125,7 +125,7 @@ class RunawayDrafts:
     def __init__(self, min_answers: int = 3, min_rounds: int = 2) -> None:
         self.min_answers, self.min_rounds = min_answers, min_rounds
         #: policy -> [rounds that ran until the room ran out, drafts it ended itself, warned]
-        self._seen: "weakref.WeakKeyDictionary[Any, list]" = weakref.WeakKeyDictionary()
+        self._seen: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
 
     def observe(self, policy: LengthPolicy, answers: list[int], draft_length: int, draft_stop: str) -> str | None:
         """Record one round's drafting.

@@ -20,7 +20,7 @@ class Timer:
         self._cuda = cuda
         self._start = self._end = None
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         if self._cuda:
             self._start = torch.cuda.Event(enable_timing=True)
             self._end = torch.cuda.Event(enable_timing=True)

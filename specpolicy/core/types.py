@@ -79,7 +79,7 @@ class Draft:
         return self.parents is not None
 
     @staticmethod
-    def empty(device: torch.device | str = "cpu") -> "Draft":
+    def empty(device: torch.device | str = "cpu") -> Draft:
         """A zero-length draft (plain decoding for the round)."""
         return Draft(
             token_ids=torch.empty(0, dtype=torch.long, device=device),

@@ -305,11 +305,11 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
     Returns:
         ``{dataset: summarize_drafts(...) + {"n_prompts", "mean_output_tokens", "wall_s"}}``.
     """
-    from specpolicy.drafters.fastdllm import FastDLLMDrafter, model_block_size
+    from specpolicy.core.runtime import Runtime
     from specpolicy.data.datasets import load_prompts
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter, model_block_size
     from specpolicy.family.distill import greedy_generate
     from specpolicy.models.loading import load_causal_lm, load_tokenizer
-    from specpolicy.core.runtime import Runtime
 
     rt = Runtime(device="cpu", dtype="float32", seed=0)
     tok = load_tokenizer(target_path)

@@ -110,7 +110,7 @@ def ar_agreement(model, sequences: list[tuple[list[int], list[int]]], k: int = 5
         match = (pred == torch.tensor(r)).tolist()
         agree += sum(match)
         total += len(r)
-        d, a, n = simulate_rounds(lambda c, dd: match[c : c + dd], len(r), k)
+        d, a, n = simulate_rounds(lambda c, dd: match[c : c + dd], len(r), k)  # noqa: B023 - called within this iteration
         drafted, accepted, rounds = drafted + d, accepted + a, rounds + n
     return {
         "top1": round(agree / max(1, total), 4),

@@ -120,7 +120,7 @@ class FeatureStore:
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def select(self, indices: Sequence[int]) -> "FeatureStore":
+    def select(self, indices: Sequence[int]) -> FeatureStore:
         """A view of examples ``indices`` (its example i is this store's ``indices[i]``), sharing the files."""
         view = object.__new__(FeatureStore)
         view.directory, view.layers, view.hidden_size, view._maps = self.directory, self.layers, self.hidden_size, \

@@ -23,7 +23,6 @@ The draft model's embeddings and LM head are the target's, frozen (not stored wi
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -31,11 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.models.dflash import (DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash,
-                                            with_draft_vocabulary)
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
 DFLASH_SIZE = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -197,8 +195,8 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
         the ``trainer.train`` stats plus ``params``, ``block_size``, ``target_layer_ids``, ``anchors``,
         ``extension_probs``, ``gamma``.
     """
-    from specpolicy.models.dflash import load_dflash
     from specpolicy.family.models import load_model
+    from specpolicy.models.dflash import load_dflash
 
     target = load_model(target_dir)
     if init:

@@ -152,9 +152,9 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
     Raises:
         SystemExit: one line naming the option and what is wrong.
     """
+    from specpolicy.core.errors import ConfigError
     from specpolicy.models import dflash, eagle3
     from specpolicy.models.checkpoint import read_config, weight_files
-    from specpolicy.core.errors import ConfigError
 
     shape = [n for n in SHAPE_OPTIONS if not (n == "draft_vocab" and a.drafter == "dflash")]
     given = [f"--{n.replace('_', '-')}" for n in shape if getattr(a, n) is not None]
@@ -209,12 +209,12 @@ def run(a: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
     from specpolicy.data.datasets import load_prompts
-    from specpolicy.models.dflash import default_target_layer_ids
     from specpolicy.family.data import Example, fit_length, read_examples, save_examples
     from specpolicy.family.distill import greedy_generate
     from specpolicy.family.feature_store import FeatureStore, extract_features
     from specpolicy.family.models import load_model
     from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
+    from specpolicy.models.dflash import default_target_layer_ids
 
     target_config = check_args(a)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
@@ -281,8 +281,8 @@ def run(a: argparse.Namespace) -> dict:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
     if a.drafter == "dflash":
-        from specpolicy.models.dflash import DFlashSpec  # noqa: F401  (the layout written)
         from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
+        from specpolicy.models.dflash import DFlashSpec  # noqa: F401  (the layout written)
 
         vocab = int(target_config["vocab_size"])
         size = mask = None

@@ -18,7 +18,6 @@ responses (``d2t``: draft id -> target id offset); labels outside it carry no lo
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -26,11 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specpolicy.models.eagle3 import (Eagle3DraftModel, Eagle3Spec, default_layer_ids, llama_config, load_eagle3,
-                                            save_eagle3)
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.models.eagle3 import (
+    Eagle3DraftModel,
+    Eagle3Spec,
+    llama_config,
+    load_eagle3,
+    save_eagle3,
+)
 
 #: The bundled EAGLE-3 head's architecture (the target's width: it embeds with the target's embeddings).
 EAGLE3_SIZE = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=768)

@@ -38,9 +38,9 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from specpolicy.core.errors import ConfigError
 from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
 from specpolicy.models.kv import KVCache
-from specpolicy.core.errors import ConfigError
 
 #: ``architectures`` of a DFlash checkpoint's config.json.
 ARCHITECTURE = "DFlashDraftModel"
@@ -83,7 +83,7 @@ class DFlashSpec:
         return tuple(i + 1 for i in self.target_layer_ids)
 
     @staticmethod
-    def from_config(config: dict[str, Any], key: str = "drafter.model") -> "DFlashSpec":
+    def from_config(config: dict[str, Any], key: str = "drafter.model") -> DFlashSpec:
         """Read a checkpoint's ``config.json`` dict (``dflash_config`` first, then the top level).
 
         Raises:

@@ -34,8 +34,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
-from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
 from specpolicy.core.errors import ConfigError
+from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
 
 #: ``architectures`` written to our EAGLE-3 checkpoints (SGLang / vLLM name).
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -85,7 +85,7 @@ class Eagle3Spec:
         return tuple(i + (convention == "output") for i in self.layer_ids)
 
     @staticmethod
-    def from_config(config: dict[str, Any], key: str = "drafter.model") -> "Eagle3Spec":
+    def from_config(config: dict[str, Any], key: str = "drafter.model") -> Eagle3Spec:
         """Read a checkpoint's ``config.json`` dict.
 
         Raises:

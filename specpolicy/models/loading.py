@@ -25,9 +25,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from specpolicy.models.checkpoint import hf_config
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.runtime import Runtime
+from specpolicy.models.checkpoint import hf_config
 
 #: Models of the bundled family (``specpolicy/family/bundle/<name>``), trained by ``python -m specpolicy.family``.
 BUNDLED_MODELS = ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")

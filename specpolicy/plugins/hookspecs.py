@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from specpolicy.analysis.results import PromptResult
     from specpolicy.core.drafter import Drafter
     from specpolicy.core.policy import LengthPolicy
-    from specpolicy.analysis.results import PromptResult
     from specpolicy.core.runtime import Runtime
     from specpolicy.core.types import RoundRecord
     from specpolicy.core.verifier import Verifier

@@ -24,8 +24,8 @@ from typing import Any
 
 import pluggy
 
-from specpolicy.plugins import hookspecs
 from specpolicy.core.errors import BLAME_ATTRIBUTE, PluginBlame, PluginError
+from specpolicy.plugins import hookspecs
 
 #: Modules of the built-in plugins, registered under their own module names.
 BUILTIN_PLUGINS = (
@@ -108,7 +108,7 @@ def _make(kind: str, hook, name: str, **kwargs: Any):
 
 
 #: object -> the plugin whose factory built it (``_make``); weak, so runs do not keep objects alive.
-_PROVIDERS: "weakref.WeakKeyDictionary[Any, PluginBlame]" = weakref.WeakKeyDictionary()
+_PROVIDERS: weakref.WeakKeyDictionary[Any, PluginBlame] = weakref.WeakKeyDictionary()
 
 
 def _remember_provider(obj: Any, blame: PluginBlame) -> None:

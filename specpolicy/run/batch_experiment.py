@@ -15,13 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched
-from specpolicy.core.batching import generate_batch
 from specpolicy.analysis.results import PromptResult
+from specpolicy.analysis.summary import profile_from
+from specpolicy.core.batching import generate_batch
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.serving import arrival_times
 from specpolicy.core.stopping import StopStrings
-from specpolicy.analysis.summary import profile_from
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
 SERVING_ROWS = (

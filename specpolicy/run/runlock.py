@@ -82,7 +82,7 @@ class RunLock:
             return None
         return holder if isinstance(holder, dict) else None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.lock_path), timeout=0)
         try:
@@ -119,7 +119,7 @@ class RunLock:
             self._lock.release()
             self._lock = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,13 +21,11 @@ range. The small checkers (``integer``, ``number``, ``choice``, ``boolean``, ``c
 
 from __future__ import annotations
 
-import inspect
-import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from specpolicy.core.errors import ConfigError, unknown_key_message
+from specpolicy.core.errors import ConfigError
 
 #: Groups whose choices plugins provide, and the factory hook of each.
 PLUGIN_GROUPS = {
@@ -40,7 +38,6 @@ PLUGIN_GROUPS = {
 
 # the checkers plugins use (re-exported here for the core's own groups)
 from specpolicy.core.checks import boolean, check_init, check_keys, choice, integer, number  # noqa: E402,F401
-
 
 # -- the whole config --------------------------------------------------------------------------
 

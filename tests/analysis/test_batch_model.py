@@ -10,7 +10,6 @@ import math
 from dataclasses import replace
 
 import pytest
-import torch
 
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.analysis.batch_model import (
@@ -24,12 +23,11 @@ from specpolicy.analysis.batch_model import (
     target_pass_ms,
 )
 from specpolicy.core.batching import generate_batch
+from specpolicy.core.latency import LatencyProfile, load_profile, modeled_ms as batch1_modeled_ms
+from specpolicy.core.runtime import Runtime
 from specpolicy.drafters.ar import ARDrafter
-from specpolicy.core.latency import LatencyProfile, load_profile
-from specpolicy.core.latency import modeled_ms as batch1_modeled_ms
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.runtime import Runtime
 from specpolicy.verifiers.hf import HFVerifier
 
 GPU_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b")

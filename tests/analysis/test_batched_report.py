@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 
 from specpolicy.analysis.machine import UNTRUSTED_MARK
-from specpolicy.analysis.plot import draw_serving, plot_serving
-from specpolicy.analysis.plot import main as plot_main
-from specpolicy.analysis.report import (BATCH1_LOOP, VANILLA_SERIES, collect_serving, main, serving_of, serving_rows)
+from specpolicy.analysis.plot import draw_serving, main as plot_main, plot_serving
+from specpolicy.analysis.report import BATCH1_LOOP, VANILLA_SERIES, collect_serving, main, serving_of, serving_rows
 from specpolicy.analysis.results import read_results, read_run
 from specpolicy.core.serving import RequestTiming, one_after_another
 

@@ -10,10 +10,9 @@ from hydra import compose, initialize_config_module
 
 import specpolicy.analysis.machine as machine
 from conftest import overrides
-
-from specpolicy.run.experiment import run_experiment
 from specpolicy.analysis.machine import judge, vanilla_spread, warning_line
 from specpolicy.analysis.results import PromptResult
+from specpolicy.run.experiment import run_experiment
 
 
 def conditions(load_start, load_end, cv=0.05, cores=2, own=1.9):

@@ -9,10 +9,17 @@ import torch
 from hydra import compose, initialize_config_module
 
 from conftest import overrides
-from specpolicy.run.experiment import run_experiment
-from specpolicy.analysis.metrics import FIELDS, acceptance_by_position, aggregate, describe_fields, observed, weighted_aggregates
+from specpolicy.analysis.metrics import (
+    FIELDS,
+    acceptance_by_position,
+    aggregate,
+    describe_fields,
+    observed,
+    weighted_aggregates,
+)
 from specpolicy.analysis.results import PromptResult
 from specpolicy.core.types import GenerationResult, RoundRecord
+from specpolicy.run.experiment import run_experiment
 
 
 def rnd(k, a, e=None, finish="", stop="policy_bound", ms=1.0):

@@ -4,14 +4,13 @@ its per-method run directories), because all of them are ``specpolicy.analysis.s
 
 from __future__ import annotations
 
-
 import pytest
 from hydra import compose, initialize_config_module
 
 from conftest import load_benchmark
-from specpolicy.run.experiment import run_experiment
 from specpolicy.analysis.report import collect
 from specpolicy.analysis.results import read_run
+from specpolicy.run.experiment import run_experiment
 
 #: Figures that do not depend on timings: they must be equal, not close.
 COUNTED = ("acceptance_rate", "mean_accepted_length", "mean_accepted_length_with_bonus", "mean_speculation_length",

@@ -13,10 +13,6 @@ import pytest
 import torch
 
 from conftest import VOCAB, random_prompts, sharpen, tiny_lm
-from specpolicy.core.decoding import generate
-from specpolicy.drafters.ar import ARDrafter
-from specpolicy.drafters.fastdllm import FastDLLMDrafter
-from specpolicy.drafters.suffix import SuffixDrafter
 from specpolicy.analysis.oracle import (
     CostModel,
     compare,
@@ -26,10 +22,14 @@ from specpolicy.analysis.oracle import (
     replay_match_lengths,
     solve,
 )
+from specpolicy.analysis.results import PromptResult
+from specpolicy.core.decoding import generate
+from specpolicy.core.types import GenerationResult, RoundRecord
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.drafters.fastdllm import FastDLLMDrafter
+from specpolicy.drafters.suffix import SuffixDrafter
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.analysis.results import PromptResult
-from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 

@@ -9,13 +9,13 @@ import matplotlib.image
 import pytest
 
 from conftest import random_prompts, sharpen, tiny_lm
+from specpolicy.analysis.plot import latency_breakdown, load_runs, main, trajectory_html
+from specpolicy.analysis.results import PromptResult
 from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
-from specpolicy.analysis.plot import latency_breakdown, load_runs, main, trajectory_html
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.analysis.results import PromptResult
-from specpolicy.core.reuse import DraftReuse
 from specpolicy.verifiers.hf import HFVerifier
 
 

@@ -3,15 +3,14 @@ every pass of a run (counts only: timings are never asserted)."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from conftest import load_benchmark, random_prompts, tiny_lm
+from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer
 from specpolicy.core.decoding import generate
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer
 from specpolicy.verifiers.hf import HFVerifier
 
 

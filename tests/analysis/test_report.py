@@ -122,8 +122,8 @@ def test_a_single_run_shows_its_name_and_its_full_overrides(family, tmp_path, mo
     import sys
 
     from conftest import overrides
-    from specpolicy.run.cli import main as cli
     from specpolicy.analysis.plot import main as plot
+    from specpolicy.run.cli import main as cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")

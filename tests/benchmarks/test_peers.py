@@ -71,7 +71,7 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     assert "a6000-qwen32b" in methods["fastdllm+goodput-a6000-qwen32b"]["description"]
     assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
     # FailFast retuned for DFlash: the (N, tau) of the sweep that was fastest on the calibration prompts
-    sweep = {"failfast-n{}-t{:g}".format(n, t): (n, t) for n, t in ((3, 0.6), (5, 0.5))}
+    sweep = {f"failfast-n{n}-t{t:g}": (n, t) for n, t in ((3, 0.6), (5, 0.5))}
     calibration = results["calibration"]
     fastest = max(sweep, key=lambda name: calibration["tokens_per_s"][f"dflash+{name}"])
     assert tuple(calibration["dflash_failfast"]) == sweep[fastest]

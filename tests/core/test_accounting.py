@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from conftest import VOCAB, random_prompts, sharpen, tiny_lm
+from specpolicy.analysis.results import PromptResult
+from specpolicy.analysis.summary import summarize
 from specpolicy.core.accounting import carried_passes, official_passes, with_pass_accounting
 from specpolicy.core.decoding import generate
-from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.core.latency import LatencyProfile, load_profile
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.types import GenerationResult, RoundRecord
+from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.analysis.results import PromptResult
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.analysis.summary import summarize
-from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 

@@ -15,19 +15,19 @@ from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoi
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.batching import generate_batch
 from specpolicy.core.decoding import generate
-from specpolicy.models.dflash import load_dflash
-from specpolicy.models.eagle3 import load_eagle3
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.serving import RequestTiming, arrival_times, summarize
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.dflash import DFlashDrafter
 from specpolicy.drafters.eagle3 import Eagle3Drafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.models.dflash import load_dflash
+from specpolicy.models.eagle3 import load_eagle3
 from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.serving import RequestTiming, arrival_times, summarize
 from specpolicy.verifiers.hf import HFVerifier
 
 LAYERS = 4
@@ -273,8 +273,8 @@ def test_the_batched_experiment_stops_each_request_where_batch_1_does(family, tm
     from hydra import compose, initialize_config_module
 
     from conftest import overrides
-    from specpolicy.run.experiment import run_experiment
     from specpolicy.analysis.results import read_results
+    from specpolicy.run.experiment import run_experiment
 
     args = [o for o in overrides(family, drafter="drafter") if not o.startswith("dataset.num_prompts")]
     rows = {}

@@ -7,8 +7,8 @@ import torch
 
 from conftest import random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
-from specpolicy.drafters.ar import ARDrafter
 from specpolicy.core.policy import LengthPolicy
+from specpolicy.drafters.ar import ARDrafter
 from specpolicy.verifiers.hf import HFVerifier
 
 

@@ -34,8 +34,8 @@ def test_a_short_run_emits_no_future_or_deprecation_warning(family, tmp_path, mo
 
 def test_the_check_sees_transformers_deprecations(family):
     """The test above can fail: the deprecated keyword, called as before 5.24, is caught."""
-    from specpolicy.models.loading import load_causal_lm
     from specpolicy.core.runtime import Runtime
+    from specpolicy.models.loading import load_causal_lm
 
     model = load_causal_lm(str(family["target"]), Runtime("cpu", "float32"))
     with warnings.catch_warnings(record=True) as caught:

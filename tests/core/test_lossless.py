@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from conftest import VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins.manager import get_plugin_manager, make_policy
-from specpolicy.core.reuse import DraftReuse
 from specpolicy.verifiers.hf import HFVerifier
 
 MASK = VOCAB - 2

@@ -16,11 +16,12 @@ import copy
 from types import SimpleNamespace
 
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import tiny_lm
 from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
@@ -28,8 +29,6 @@ from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.specdecpp import SpecDecPPPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.core.runtime import Runtime
 from specpolicy.verifiers.hf import HFVerifier
 
 RUNTIME = Runtime(device="cpu", dtype="float64", seed=0)

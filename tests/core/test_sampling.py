@@ -38,6 +38,10 @@ from transformers import Qwen2ForCausalLM
 
 from conftest import sharpen, tiny_lm
 from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, point_mass, prompt_seed, sample, speculative_verify, warp
+from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
@@ -45,10 +49,6 @@ from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.failfast_tree import FailFastTreePolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, point_mass, prompt_seed, sample, speculative_verify, warp
-from specpolicy.core.types import Draft, Verification
 from specpolicy.verifiers import hf as hf_module
 from specpolicy.verifiers.hf import HFVerifier
 

@@ -17,19 +17,18 @@ import sys
 import pytest
 import torch
 from hydra import compose, initialize_config_module
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from conftest import overrides, sharpen, tiny_lm, tiny_tokenizer
-from specpolicy.run.cli import main
 from specpolicy.core.decoding import generate
 from specpolicy.core.drafter import Drafter
-from specpolicy.drafters.ar import ARDrafter
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.stopping import StopStrings, decode_escapes, never_matching
 from specpolicy.core.types import Draft, Verification
 from specpolicy.core.verifier import Verifier
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.run.cli import main
 from specpolicy.verifiers.hf import HFVerifier
 
 OFFSET = 10

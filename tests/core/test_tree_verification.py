@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from conftest import VOCAB, sharpen, tiny_lm
 from specpolicy.core import tree
 from specpolicy.core.runtime import Runtime
-
 from specpolicy.core.types import Draft
 from specpolicy.verifiers.hf import HFVerifier
 

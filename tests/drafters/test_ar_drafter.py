@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import random_prompts, tiny_lm
-from specpolicy.drafters.ar import ARDrafter
 from specpolicy.core.types import Draft, Verification
+from specpolicy.drafters.ar import ARDrafter
 from test_verifier import _assert_cache_equal, _fresh_cache
 
 

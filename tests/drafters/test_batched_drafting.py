@@ -13,11 +13,11 @@ import torch
 
 from conditioned_reference import write_dflash_checkpoint
 from conftest import VOCAB, sharpen, tiny_lm
-from specpolicy.models.dflash import load_dflash
-from specpolicy.drafters.dflash import DFlashDrafter
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, Verification
+from specpolicy.drafters.dflash import DFlashDrafter
+from specpolicy.models.dflash import load_dflash
 
 B, MASK, LAYER_IDS = 8, 5, [0, 2]
 #: prompt lengths: one token (no context yet), short ones, one past ``BATCH_POSITIONS`` (cached alone)

@@ -15,9 +15,11 @@ import pytest
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-from conftest import sharpen as scale_head
-from conftest import tiny_lm
+from conftest import sharpen as scale_head, tiny_lm
 from specpolicy.core.decoding import generate
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.fastdllm import (
     MASK_TOKEN,
     FastDLLMDrafter,
@@ -26,9 +28,6 @@ from specpolicy.drafters.fastdllm import (
     specpolicy_make_drafter,
 )
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.types import Draft, Verification
 from specpolicy.verifiers.hf import HFVerifier
 
 VOCAB = 64
@@ -100,7 +99,7 @@ def drafter(model, runtime, B=32, S=8, thr=0.05) -> FastDLLMDrafter:
 # -- an uncached reference Fast-dLLM v2 decoder -----------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_mask(n: int, B: int) -> torch.Tensor:
     """Block-causal mask built element by element (independent of the module's helper)."""
     return torch.tensor([[i // B >= j // B for j in range(n)] for i in range(n)])[None, None]

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from conftest import VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.suffix import SuffixDrafter
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.types import Draft, Verification
 from specpolicy.verifiers.hf import HFVerifier
 from test_lossless import POLICIES, _policy, assert_lossless
 

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_lm
-from specpolicy.models.dflash import load_dflash
-from specpolicy.models.eagle3 import load_eagle3
 from specpolicy.family.data import Example
 from specpolicy.family.feature_store import FeatureStore, extract_features
 from specpolicy.family.train_dflash import block_layout, blocks_output, new_dflash
 from specpolicy.family.train_eagle3 import new_eagle3, ttt_forward
+from specpolicy.models.dflash import load_dflash
+from specpolicy.models.eagle3 import load_eagle3
 
 VOCAB = 64
 MASK = 5

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specpolicy.core.runtime import Runtime
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.family.block_diffusion import mixed_noise, sample_noise, sample_suffix_noise
 from specpolicy.family.data import Example, collate
@@ -30,7 +31,6 @@ from specpolicy.family.train_dllm import (
     train_dllm_model,
 )
 from specpolicy.family.trainer import TrainConfig
-from specpolicy.core.runtime import Runtime
 from test_family import _rows
 
 

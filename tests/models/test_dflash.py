@@ -13,14 +13,14 @@ import torch
 from conditioned_reference import dflash_reference, write_dflash_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
-from specpolicy.models.dflash import load_dflash
-from specpolicy.drafters.dflash import DFlashDrafter, check_fits_target, specpolicy_make_drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import FeaturesUnsupported
-from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, Verification
+from specpolicy.drafters.dflash import DFlashDrafter, check_fits_target, specpolicy_make_drafter
+from specpolicy.models.dflash import load_dflash
+from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.verifiers.hf import HFVerifier
 
 B, MASK, LAYER_IDS = 8, 5, [0, 2]

@@ -13,13 +13,13 @@ import torch
 from conditioned_reference import eagle3_reference, write_eagle3_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
-from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
-from specpolicy.drafters.eagle3 import Eagle3Drafter, check_fits_target
 from specpolicy.core.errors import ConfigError
-from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, Verification
+from specpolicy.drafters.eagle3 import Eagle3Drafter, check_fits_target
+from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.verifiers.hf import HFVerifier
 
 LAYERS = 6  # target depth: default feature layers [2, 3, 3]
@@ -161,7 +161,7 @@ def test_explicit_layer_ids_are_read_by_the_engines_convention(tmp_path):
     """Explicit ``eagle_aux_hidden_state_layer_ids`` [1, 3, 4]: vLLM reads inputs of those layers
     (hidden_states[i]), SGLang / SpecForge outputs (hidden_states[i + 1]); the default ids are the
     input of [2, L//2, L-3] either way, and a saved checkpoint writes ids only when not the default."""
-    from specpolicy.models.eagle3 import checkpoint_config, save_eagle3
+    from specpolicy.models.eagle3 import checkpoint_config
 
     path = write_eagle3_checkpoint(tmp_path / "ids", 32, VOCAB, VOCAB, layer_ids=[1, 3, 4])
     config = json.loads((path / "config.json").read_text())

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import overrides
 
 if os.environ.get("CI"):  # .ci/run installs it: missing means a broken install step, not a skip

@@ -11,13 +11,12 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from conftest import overrides
-
 from specpolicy import hookimpl
-from specpolicy.run.cli import main
 from specpolicy.core.errors import BLAME_ATTRIBUTE, PluginBlame, one_line
-from specpolicy.run.experiment import run_experiment
-from specpolicy.plugins.manager import AUTOLOAD_ENV
 from specpolicy.core.policy import LengthPolicy, PolicyAnswerError
+from specpolicy.plugins.manager import AUTOLOAD_ENV
+from specpolicy.run.cli import main
+from specpolicy.run.experiment import run_experiment
 
 
 class _Answer(LengthPolicy):

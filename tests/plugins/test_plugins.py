@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from specpolicy import hookimpl
+from specpolicy.core.policy import LengthPolicy
 from specpolicy.plugins.manager import (
     AUTOLOAD_ENV,
     BUILTIN_PLUGINS,
@@ -25,7 +26,6 @@ from specpolicy.plugins.manager import (
     plugin_infos,
     registered,
 )
-from specpolicy.core.policy import LengthPolicy
 
 
 class _Fixed(LengthPolicy):

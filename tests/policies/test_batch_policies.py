@@ -14,13 +14,13 @@ from conftest import EOS, random_prompts, sharpen, tiny_lm
 from specpolicy.core.batch_context import BatchContext, VerifyCost
 from specpolicy.core.batching import generate_batch
 from specpolicy.core.decoding import generate
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.policies.batch_schedule import BatchSchedulePolicy
 from specpolicy.policies.goodput_batch import WARMUP_LENGTHS, GoodputBatchPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 

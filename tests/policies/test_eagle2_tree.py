@@ -10,13 +10,13 @@ import torch
 from conditioned_reference import write_eagle3_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
-from specpolicy.models.eagle3 import load_eagle3
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, warp
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.eagle3 import Eagle3Drafter
 from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.models.eagle3 import load_eagle3
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, warp
 from specpolicy.verifiers.hf import HFVerifier
 
 LAYERS = 6

@@ -15,14 +15,20 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from conftest import VOCAB, sharpen, tiny_lm
-from specpolicy.core.calibration import (BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration, calibration_from_rounds,
-                                    online_predictions, reliability)
+from specpolicy.core.calibration import (
+    BATCH_ROUNDS,
+    BATCH_WARMUP,
+    AcceptanceCalibration,
+    calibration_from_rounds,
+    online_predictions,
+    reliability,
+)
 from specpolicy.core.decoding import draft_round, generate
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.policies.goodput import GoodputPolicy, OnlineCosts
-from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 ROOM = 1_000
@@ -534,9 +540,9 @@ def test_plot_writes_the_calibration_figure_for_runs_with_a_drafter(tmp_path, ru
 
     import matplotlib.image
 
-    from specpolicy.drafters.ar import ARDrafter
     from specpolicy.analysis.plot import main as plot_main
     from specpolicy.analysis.results import PromptResult
+    from specpolicy.drafters.ar import ARDrafter
 
     target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset())

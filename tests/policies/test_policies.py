@@ -12,16 +12,16 @@ import torch
 from conftest import sharpen, tiny_lm
 from specpolicy.core.decoding import draft_round, generate
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.policy import LengthPolicy
+from specpolicy.core.reuse import DraftReuse
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.policies import aimd, failfast, specdecpp, static
 from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.specdecpp import SpecDecPPPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.core.policy import LengthPolicy
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.verifiers.hf import HFVerifier
 
 BIG_ROOM = 10_000

@@ -12,15 +12,15 @@ from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoi
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core import tree
 from specpolicy.core.decoding import generate
-from specpolicy.models.dflash import load_dflash
-from specpolicy.models.eagle3 import load_eagle3
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig
 from specpolicy.drafters.dflash import DFlashDrafter
 from specpolicy.drafters.eagle3 import Eagle3Drafter
+from specpolicy.models.dflash import load_dflash
+from specpolicy.models.eagle3 import load_eagle3
 from specpolicy.policies.block_tree import BlockTreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.failfast_tree import FailFastTreePolicy
-from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig
 from specpolicy.verifiers.hf import HFVerifier
 
 B = 8

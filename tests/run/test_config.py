@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 from specpolicy.core.runtime import Runtime
+from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 
 CONF = Path(str(resources.files("specpolicy.conf")))
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and not p.name.startswith("_"))

@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_module
 
 from conftest import overrides
 from specpolicy import hookimpl
+from specpolicy.analysis.results import PromptResult
+from specpolicy.core.policy import LengthPolicy
 from specpolicy.run.experiment import run_experiment
 from specpolicy.run.loggers import wandb as wandb_logger
 from specpolicy.run.loggers.wandb_offline import find_offline_runs, read_offline_run
-from specpolicy.core.policy import LengthPolicy
-from specpolicy.analysis.results import PromptResult
 
 WANDB_ENV = ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_GROUP",
              "WANDB_NAME", "WANDB_RUN_ID", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import sys
 
-
 from conftest import overrides
-
 from specpolicy.run.cli import main
 
 

@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_module
 
 import specpolicy.run.experiment as experiment
 from conftest import overrides
-from specpolicy.run.experiment import run_experiment
 from specpolicy.analysis.results import PromptResult, read_results
+from specpolicy.run.experiment import run_experiment
 from specpolicy.run.resume import MAX_NAME, RunInterrupted, run_name
 
 PROMPTS = 4

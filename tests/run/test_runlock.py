@@ -13,7 +13,6 @@ import time
 import pytest
 
 from conftest import overrides
-
 from specpolicy.run.runlock import HOLDER_FILE, RunLock, RunLocked
 
 #: The CLI; with $GATE_FILE set, each decoding waits (at most 300 s) until that file exists, so a

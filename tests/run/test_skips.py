@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from hydra import compose, initialize_config_module
 
 from conftest import overrides
-
 from specpolicy.run.experiment import run_experiment
 from specpolicy.run.skips import max_new_tokens_line
 

@@ -16,9 +16,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from conftest import overrides
+from specpolicy.analysis.report import collect, main as report_main
 from specpolicy.run.cli import sweep_objective
-from specpolicy.analysis.report import collect
-from specpolicy.analysis.report import main as report_main
 
 
 def _cli(monkeypatch, *args: str) -> None:

@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from conftest import overrides
-
 from specpolicy.run.cli import main
 
 #: Runs the CLI with every model and tokenizer load replaced by a marker (exit 99).

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
+from specpolicy.analysis.results import RESULTS_FILE, read_results
 from specpolicy.core.errors import ConfigError
 from specpolicy.plugins.hookspecs import hookimpl
-from specpolicy.analysis.results import RESULTS_FILE, read_results
 from specpolicy.run.validation import check_keys
 
 NAME = "jsonl"

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from specpolicy.core.errors import ConfigError
-from specpolicy.plugins.hookspecs import hookimpl
 from specpolicy.analysis.metrics import prompt_values
 from specpolicy.analysis.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
+from specpolicy.core.errors import ConfigError
 from specpolicy.core.types import RoundRecord
+from specpolicy.plugins.hookspecs import hookimpl
 from specpolicy.run.validation import check_init
 
 NAME = "wandb"

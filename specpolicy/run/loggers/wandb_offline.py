@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 _BLOCK = 32 * 1024
 _HEADER = 7

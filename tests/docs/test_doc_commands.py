@@ -1,0 +1,786 @@
+"""Every command line of README.md is run (issue 22: "a documented command cannot silently stop
+working again").
+
+The commands are read from the README itself: every line of its fenced ``bash`` blocks (continued
+lines joined, ``a && b`` as two commands, comments dropped), every ``$ command`` of its ``text``
+blocks with the output printed under it, and every inline code span that starts with
+``python -m specpolicy`` or ``python benchmarks/``. Each command is handled by the first rule of
+``RULES`` whose pattern matches ``"<kind>: <command>"``:
+
+* a run, shortened (``SHORT``: 1 prompt, 8 new tokens, no warm-up), of the real command line in
+  this process (``specpolicy.run.cli.main``), where the run itself is what is documented (the main
+  job, stop strings, resuming, W&B);
+* a dry run: the same command line through the CLI -- Hydra's composition, every job of a sweep
+  expanded and checked by the sweep preflight -- with ``run_experiment`` replaced by the check
+  every run does before it loads a model (``specpolicy.run.validation.validate_config``), where a
+  full run adds nothing to composing the command;
+* a transcript: the command is run and must print exactly the lines the README shows;
+* the readers (``report``, ``plot``, ``oracle``, ``paper_figures``) on real run and sweep
+  directories made here by the tiny family (placeholders such as ``outputs/<run>`` and
+  ``multirun/<date>/<time>`` point at them);
+* benchmarks shortened (1 prompt, 8 tokens, the tiny family), or their arguments parsed by the
+  script's own parser where a run takes hours (training) and another test runs it shortened;
+* skipped, with the reason, where the command needs a cluster or would run this suite itself.
+
+``test_every_readme_command_has_a_rule`` fails when a README command matches no rule (a new
+documented command cannot go untested) and when a rule matches no command (a stale rule).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import load_benchmark, overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+#: Appended to a command that is run: 1 prompt, 8 new tokens, no untimed warm-up prompt.
+SHORT = ["dataset.num_prompts=1", "generation.max_new_tokens=8", "run.warmup_prompts=0"]
+#: What inline code spans are commands (the others name keys, files, ...).
+INLINE = re.compile(r"^(python -m specpolicy|python benchmarks/)")
+
+
+# -- the commands of the README -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of README.md: ``kind`` (``bash``: a fenced bash block's line; ``transcript``:
+    a ``$ ...`` line of a text block, ``expected`` the lines printed under it; ``inline``: a code
+    span in the prose), the command as written (one line) and its README line."""
+
+    kind: str
+    text: str
+    line: int
+    expected: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}: {self.text}"
+
+
+def _strip_comment(line: str) -> str:
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _split_and(line: str) -> list[str]:
+    parts, quote, current, i = [], "", "", 0
+    while i < len(line):
+        ch = line[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif line.startswith("&&", i):
+            parts.append(current)
+            current, i = "", i + 2
+            continue
+        current += ch
+        i += 1
+    return [p.strip() for p in [*parts, current] if p.strip()]
+
+
+def readme_commands(text: str) -> list[Command]:
+    """Every command of the README text (see the module docstring), in README order; an inline
+    span that repeats a fenced command is that command."""
+    lines = text.splitlines()
+    found: list[Command] = []
+    prose: list[str] = []
+    fence: str | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            fence = line[3:].strip() if fence is None else None
+            prose.append("")
+            i += 1
+            continue
+        if fence is None:
+            prose.append(line)
+            i += 1
+            continue
+        prose.append("")
+        if fence == "bash":
+            first = i
+            while line.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                prose.append("")
+                line = line[:-1] + " " + lines[i].strip()
+            for part in _split_and(_strip_comment(line.strip())):
+                found.append(Command("bash", " ".join(part.split()), first + 1))
+        elif fence == "text" and line.startswith("$ "):
+            expected, j = [], i + 1
+            while j < len(lines) and not lines[j].startswith(("$ ", "```")):
+                expected.append(lines[j])
+                j += 1
+            found.append(Command("transcript", line[2:].strip(), i + 1, tuple(expected)))
+        i += 1
+    fenced = {c.text for c in found}
+    body = "\n".join(prose)
+    for match in re.finditer(r"`([^`]+)`", body):
+        span = " ".join(match.group(1).split())
+        if INLINE.match(span) and span not in fenced:
+            found.append(Command("inline", span, body.count("\n", 0, match.start()) + 1))
+    unique: dict[tuple[str, tuple[str, ...]], Command] = {}
+    for command in found:
+        unique.setdefault((command.key, command.expected), command)
+    return list(unique.values())
+
+
+COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+
+
+# -- what the commands run on ------------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """Directories the commands read: the tiny model family, a sweep of static-k AR runs and a sweep
+    of FailFast runs over τ (made by the CLI, shortened), stand-ins for model directories."""
+
+    root: Path
+    family: dict[str, Path]
+    static: Path = field(init=False)
+    tau: Path = field(init=False)
+
+    @property
+    def run(self) -> Path:
+        """A run directory (``outputs/<run>``, ``DIR``)."""
+        return self.static / "0"
+
+    def tiny(self, drafter: str = "drafter") -> list[str]:
+        """Overrides running on the tiny family (float64 on CPU, the AR drafter), shortened."""
+        return [o for o in overrides(self.family, drafter) if not o.startswith("dataset.num_prompts")] + [
+            "dataset.num_prompts=1"]
+
+
+@pytest.fixture(scope="module")
+def world(family, tmp_path_factory) -> World:
+    from specpolicy.run.cli import main
+
+    w = World(tmp_path_factory.mktemp("readme"), family)
+    w.static, w.tau = w.root / "sweeps" / "static-k-ar", w.root / "sweeps" / "tau"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(w.root)
+        mp.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+        for directory, sweep in ((w.static, ["policy=static", "policy.k=2,4"]),
+                                 (w.tau, ["policy=failfast", "policy.n=2", "policy.tau=0.3,0.6"])):
+            mp.setattr(sys, "argv", ["specpolicy", "-m", *w.tiny(), *sweep, f"hydra.sweep.dir={directory}"])
+            main()
+    models = w.root / "models"  # the README's /models/... stand in for local model directories
+    models.mkdir()
+    (models / "Qwen2.5-7B-Instruct").symlink_to(family["target"])
+    (models / "Fast_dLLM_v2_1.5B").symlink_to(family["drafter"])
+    for name in ("Qwen3-8B", "Llama-3.1-8B-Instruct"):  # targets of the official DFlash / EAGLE-3 examples
+        (models / name).symlink_to(family["target"])
+    (models / "Qwen3-8B-DFlash-b16").symlink_to(family["dflash"])
+    (models / "qwen7b-dflash").symlink_to(family["dflash"])  # a train_drafter --init checkpoint of the 7B stand-in
+    (models / "EAGLE3-LLaMA3.1-8B").symlink_to(family["eagle3"])
+    return w
+
+
+class SweepChecked(SystemExit):
+    """A dry sweep's every job was composed and checked: stop before launching (Hydra turns other
+    exceptions of a callback into warnings and goes on)."""
+
+    def __init__(self, jobs: int) -> None:
+        super().__init__(0)
+        self.jobs = jobs
+
+
+@dataclass
+class Outcome:
+    code: int
+    out: str
+    err: str
+    checked: list[dict]  # the configs a dry run validated, one per job
+
+
+class Harness:
+    """Runs command lines in this process, in a fresh working directory."""
+
+    def __init__(self, world: World, monkeypatch, capsys, tmp_path: Path) -> None:
+        self.world, self.mp, self.capsys, self.cwd = world, monkeypatch, capsys, tmp_path
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+    def cli(self, args: list[str], dry: bool = False) -> Outcome:
+        """``python -m specpolicy ARGS``. ``dry``: a run's config is checked as every run checks it
+        before loading a model (``validate_config``) and nothing is run; a sweep stops once the sweep
+        preflight has composed and checked every job, before the first is launched."""
+        from omegaconf import OmegaConf
+
+        import specpolicy.run.cli as cli
+        import specpolicy.run.validation as validation
+        from specpolicy.plugins.manager import get_plugin_manager
+        from specpolicy.run.preflight import SweepPreflight
+
+        checked: list[dict] = []
+        validate = validation.validate_config
+
+        def recorded(container, pm):  # what the run, or the sweep preflight for each job, checks
+            checked.append(container)
+            return validate(container, pm)
+
+        def validate_only(cfg, run_dir, outputs=None):
+            recorded(OmegaConf.to_container(cfg, resolve=True), get_plugin_manager(block=list(cfg.plugins.block)))
+            return {"speedup_vs_vanilla": 1.0, "lossless_fraction": 1.0}
+
+        preflight = SweepPreflight.on_multirun_start
+
+        def check_every_job_then_stop(callback, config, **kwargs):
+            preflight(callback, config, **kwargs)  # SweepRejected for a bad job, as in a real sweep
+            raise SweepChecked(len(checked))
+
+        self.capsys.readouterr()
+        self.mp.setattr(sys, "argv", ["specpolicy", *args])
+        code = 0
+        with pytest.MonkeyPatch.context() as local:
+            if dry:
+                local.setattr(validation, "validate_config", recorded)
+                local.setattr(cli, "run_experiment", validate_only)
+                local.setattr(SweepPreflight, "on_multirun_start", check_every_job_then_stop)
+            try:
+                cli.main()
+            except SweepChecked:
+                code = 0
+            except SystemExit as done:
+                code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        captured = self.capsys.readouterr()
+        return Outcome(code, captured.out, captured.err, checked)
+
+    def main(self, module_main: Callable, args: list[str]) -> tuple[int, str]:
+        """A reader's ``main(argv)``; its status and what it printed."""
+        self.capsys.readouterr()
+        try:
+            code = module_main(args)
+        except SystemExit as done:
+            code = done.code
+        return int(code or 0), self.capsys.readouterr().out
+
+
+@pytest.fixture
+def harness(world, monkeypatch, capsys, tmp_path) -> Harness:
+    return Harness(world, monkeypatch, capsys, tmp_path)
+
+
+def _args(command: Command, prefix: str) -> list[str]:
+    """The arguments after ``prefix`` (``python -m specpolicy``, ``python benchmarks/x.py``)."""
+    assert command.text.startswith(prefix), command.text
+    return shlex.split(command.text[len(prefix):])
+
+
+def _results_dir(out: str) -> Path:
+    match = re.search(r"^results: (.+)/ \(", out, re.M)
+    assert match, out
+    return Path(shlex.split(match.group(1))[0])
+
+
+# -- actions -----------------------------------------------------------------------------------------------
+
+
+def run_shortened(command: Command, h: Harness, extra: tuple[str, ...] = ()) -> Outcome:
+    """The command, run for real on 1 prompt of 8 tokens; it must write its summary and be lossless."""
+    result = h.cli([*_args(command, "python -m specpolicy"), *SHORT, *extra])
+    assert result.code == 0, result.err
+    summary = json.loads((_results_dir(result.out) / "summary.json").read_text())
+    assert summary["prompts"] == 1 and summary.get("lossless_fraction", 1.0) == 1.0
+    return result
+
+
+def dry(command: Command, h: Harness, replace: dict[str, str] | None = None) -> Outcome:
+    """The command through the CLI with every job checked and none run (see the module docstring)."""
+    args = _args(command, "python -m specpolicy")
+    for old, new in (replace or {}).items():
+        args = [a.replace(old, new) for a in args]
+    result = h.cli(args, dry=True)
+    assert result.code == 0 and result.checked, result.err
+    if "-m" in args:
+        assert len(result.checked) > 1  # every job of the sweep
+    return result
+
+
+def transcript(command: Command, h: Harness) -> None:
+    """The command prints exactly the README's lines (on stderr: user errors), status 2."""
+    result = h.cli(_args(command, "python -m specpolicy"))
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.splitlines() == list(command.expected)
+
+
+def _no_slurm_transcript(command: Command, h: Harness) -> None:
+    """The README's machine without Slurm: ``PATH`` holds none of Slurm's commands and no local
+    cluster is up (here both may be: CI's local cluster), then its exact error line -- with the
+    local cluster's directory (``$SPECPOLICY_SLURM_DIR``, the README's default
+    ``/tmp/specpolicy-slurm``) moved to an empty one of the test's."""
+    import specpolicy.run.slurm as slurm
+
+    empty, cluster = h.cwd / "no-slurm-bin", h.cwd / "no-cluster"
+    empty.mkdir()
+    h.mp.setenv("PATH", str(empty))
+    h.mp.setenv("SPECPOLICY_SLURM_DIR", str(cluster))
+    assert all(shutil.which(c) is None for c in slurm.SLURM_COMMANDS)
+    result = h.cli(_args(command, "python -m specpolicy"))
+    assert result.code == 2, (result.out, result.err)
+    assert result.err.splitlines() == [line.replace("/tmp/specpolicy-slurm", str(cluster))
+                                       for line in command.expected]
+
+
+def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> str:
+    """``python -m specpolicy.<module> ...`` with the README's placeholders pointing at ``paths``."""
+    import importlib
+
+    text = command.text
+    for placeholder, path in paths.items():
+        text = text.replace(placeholder, path)
+    code, out = h.main(importlib.import_module(f"specpolicy.analysis.{module}").main,
+                       shlex.split(text)[3:])
+    assert code == 0, out
+    return out
+
+
+def placeholders(w: World) -> dict[str, str]:
+    runs = " ".join(str(w.static / n) for n in ("0", "1", "0", "1"))
+    return {"outputs/<run>": str(w.run), "multirun/<date>/<time>": str(w.static),
+            "multirun/paper-main/<date>": str(w.static), "multirun/failfast-grid/<date>": str(w.static),
+            "multirun/concavity/<date>": str(w.static), "multirun/static-k-ar/<date>": str(w.static),
+            "multirun/tau-sensitivity/<date>": str(w.tau), "multirun/nmax-sensitivity/<date>": str(w.tau),
+            "benchmarks/results/paper-{gsm8k,math500,aime24,humaneval}/runs/ar": runs,
+            "benchmarks/results/paper-gsm8k/runs/failfast": str(w.tau / "0"), "DIR": str(w.run)}
+
+
+def tiny_models(w: World) -> list[str]:
+    return ["--target", str(w.family["target"]), "--ar-drafter", str(w.family["drafter"]),
+            "--dllm-drafter", str(w.family["drafter"]), "--dflash-drafter", str(w.family["dflash"]),
+            "--eagle3-drafter", str(w.family["eagle3"])]
+
+
+# -- rules: each command of the README is handled by the first rule whose pattern matches ------------------
+
+
+def _pip_install(command: Command, h: Harness) -> None:
+    """``pip install torch==X -e ".[test]"``: this environment is that install -- the pinned torch
+    and every requirement of the ``test`` extra are installed."""
+    args = shlex.split(command.text)[2:]
+    pins = [a for a in args if "==" in a]
+    assert pins == ["torch==2.13.0"]
+    assert importlib.metadata.version("torch").split("+")[0] == pins[0].split("==")[1]
+    (extra,) = re.findall(r"\[(\w+)\]", args[args.index("-e") + 1])
+    needed = [r for r in importlib.metadata.requires("specpolicy") if f'extra == "{extra}"' in r]
+    assert needed, f"no extra {extra!r} in pyproject.toml"
+    for requirement in needed:  # PackageNotFoundError for one that is not installed
+        importlib.metadata.version(re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0])
+
+
+def _resume(command: Command, h: Harness) -> None:
+    """The run, then the same command (complete: nothing loaded), then run.resume=false (starts over)."""
+    base = [a for a in _args(command, "python -m specpolicy") if a != "run.resume=false"]
+    first = h.cli([*base, *SHORT])
+    assert first.code == 0, first.err
+    again = h.cli([*base, *SHORT])
+    assert again.out.startswith("run complete:"), again.out
+    over = h.cli([*base, "run.resume=false", *SHORT])
+    assert over.code == 0 and "run complete" not in over.out and "on 1 prompts" in over.out
+
+
+def _stop(command: Command, h: Harness) -> None:
+    result = run_shortened(command, h)
+    summary = json.loads((_results_dir(result.out) / "summary.json").read_text())
+    assert summary["config"]["generation"]["stop"], summary["config"]["generation"]
+
+
+def _log_without_bars(command: Command, h: Harness) -> None:
+    """The run with stdout and stderr going to a file (here: captured, not a terminal): it
+    completes and the log gets no progress bar -- neither the loading bar nor a prompt's."""
+    result = h.cli([*h.world.tiny(), *SHORT])
+    assert result.code == 0, result.err
+    printed = result.out + result.err
+    assert "Loading weights" not in printed and "%|" not in printed, printed
+
+
+def _wandb(command: Command, h: Harness) -> None:
+    """Offline, confined to the test's directory (no API key, no network), on the tiny family."""
+    for var in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_ENTITY", "WANDB_PROJECT", "HTTP_PROXY", "HTTPS_PROXY"):
+        h.mp.delenv(var, raising=False)
+    h.mp.setenv("WANDB_MODE", "offline")
+    h.mp.setenv("WANDB_SILENT", "true")
+    h.mp.setenv("NETRC", str(h.cwd / "no-netrc"))
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        (h.cwd / var.lower()).mkdir()
+        h.mp.setenv(var, str(h.cwd / var.lower()))
+    result = h.cli([*_args(command, "python -m specpolicy"), *h.world.tiny(), "logger.wandb.log_plots=false"])
+    assert result.code == 0, result.err
+    assert re.search(r"^W&B: +offline run .+/ \(not uploaded\)$", result.out, re.M), result.out
+    assert re.search(r"^upload: +wandb sync ", result.out, re.M)
+
+
+def _my_prompts(h: Harness, bad: bool) -> None:
+    rows = ['{"prompt": "Natalia sold clips to 48 of her friends."}', '{"question": "How many clips?"}',
+            '{"text": "Janet has 16 ducks."}', '{"problem": "What is 2 + 3?"}']
+    if bad:  # the README's error: line 2 a string not closed, line 4 an array, line 5 no text field
+        rows[1], rows[3] = '{"prompt": "How many clips?}', '["What is 2 + 3?"]'
+        rows.append('{"answer": "72"}')
+    (h.cwd / "my_prompts.jsonl").write_text("\n".join(rows) + "\n")
+
+
+def _slurm(command: Command, h: Harness) -> None:
+    """The sweep's jobs checked with the basic launcher, and the Slurm launcher's config composed
+    (submitting needs a cluster: tests/run/test_slurm.py runs sweeps on a local one)."""
+    from hydra import compose, initialize_config_module
+
+    args = _args(command, "python -m specpolicy")
+    launcher = [a for a in args if a.startswith(("hydra/launcher=", "hydra.launcher."))]
+    dry(command, h, {a: "hydra/launcher=basic" if a.startswith("hydra/launcher=") else "hydra.verbose=false"
+                     for a in launcher})
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=launcher, return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
+    for override in launcher[1:]:
+        key, value = override.split("=", 1)
+        assert str(cfg.hydra.launcher[key.split(".")[-1]]) == value
+
+
+def _slurm_local(command: Command, h: Harness) -> None:
+    script = ROOT / shlex.split(command.text)[0]
+    subprocess.run(["bash", "-n", str(script)], check=True)  # it parses
+    assert re.search(rf"^\s+{shlex.split(command.text)[1]}\)", script.read_text(), re.M)  # a subcommand
+
+
+def _help(command: Command, h: Harness) -> None:
+    result = h.cli(_args(command, "python -m specpolicy"))
+    assert result.code == 0 and result.out.startswith("specpolicy:"), result.out[:200]
+
+
+def _list_plugins(command: Command, h: Harness) -> None:
+    result = h.cli(_args(command, "python -m specpolicy"))
+    assert result.code == 0 and result.out.startswith("plugins (entry-point group 'specpolicy'")
+    assert re.search(r"^  specpolicy\.policies\.failfast ", result.out, re.M), result.out
+
+
+def _my_policy(command: Command, h: Harness) -> None:
+    """A third-party plugin's policy: the example package's ``policy=entropy`` stands for
+    ``my_policy`` (its configs found through the plugin's search path)."""
+    h.mp.delenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD")
+    result = h.cli([*_args(command, "python -m specpolicy")[:-1], "policy=entropy"], dry=True)
+    assert result.code == 0 and result.checked[0]["policy"]["name"] == "entropy", result.err
+
+
+def _peers(command: Command, h: Harness) -> None:
+    out = h.cwd / "peers.json"
+    load_benchmark("peers").main([*_args(command, "python benchmarks/peers.py"), "--num-prompts", "1",
+                                  "--max-new-tokens", "8", "--methods", r"^ar\+static-k5$", "--no-oracle",
+                                  "--sweep-prompts", "1", "--warmup", "0", "--out", str(out), *tiny_models(h.world)])
+    assert {"vanilla", "ar+static-k5"} <= set(json.loads(out.read_text())["methods"])
+
+
+def _paper_table_run(command: Command, h: Harness) -> None:
+    out = h.cwd / "paper"
+    load_benchmark("paper_table").main([*_args(command, "python benchmarks/paper_table.py"), "--num-prompts", "1",
+                                        "--calibration-prompts", "1", "--k-grid", "3", "--max-new-tokens", "8",
+                                        "--warmup", "0", "--out", str(out), *tiny_models(h.world)])
+    assert (out / "table1.md").is_file() and (out / "appendix_b.md").is_file()
+
+
+def _paper_table_args(command: Command, h: Harness) -> None:
+    """The gsm8k line runs shortened; the other data sets' lines are the same script: their
+    arguments are checked (the evaluation and calibration slices fit the data set)."""
+    args = load_benchmark("paper_table").parse_args(_args(command, "python benchmarks/paper_table.py"))
+    assert args.dataset in command.text
+
+
+def _paper_table_combine(command: Command, h: Harness) -> None:
+    """On the committed per-data-set results, written to a scratch directory."""
+    args = _args(command, "python benchmarks/paper_table.py")
+    (braced,) = [a for a in args if "{" in a]
+    head, names, tail = re.fullmatch(r"(.*)\{(.*)\}(.*)", braced).groups()
+    dirs = [str(ROOT / f"{head}{name}{tail}") for name in names.split(",")]
+    load_benchmark("paper_table").main(["combine", *dirs, "--out", str(h.cwd / "paper")])
+    assert (h.cwd / "paper" / "table1.md").is_file()
+
+
+def _ceiling(command: Command, h: Harness) -> None:
+    args = [str(ROOT / a) if a.startswith("benchmarks/results/peers") else a
+            for a in _args(command, "python benchmarks/ceiling.py")]
+    out = h.cwd / "ceiling.json"
+    load_benchmark("ceiling").main([*args, "--num-prompts", "1", "--max-new-tokens", "8", "--out", str(out),
+                                    *tiny_models(h.world)])
+    assert out.is_file()
+
+
+def _overhead(command: Command, h: Harness) -> None:
+    out = h.cwd / "overhead.json"
+    load_benchmark("overhead").main([*_args(command, "python benchmarks/overhead.py"), "--num-prompts", "1",
+                                     "--max-new-tokens", "8", "--warmup", "0", "--out", str(out),
+                                     *tiny_models(h.world)])
+    assert out.is_file()
+
+
+def _tune_failfast(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny family (2 prompts, a 2-point grid), its JSON to a scratch path."""
+    out = h.cwd / "tune.json"
+    result = load_benchmark("tune_failfast").main([*_args(command, "python benchmarks/tune_failfast.py"),
+                                                   "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
+                                                   "--n-grid", "2,4", "--tau-grid", "0.6", "--static-k", "4",
+                                                   "--out", str(out), *tiny_models(h.world)])
+    assert out.is_file() and all(row["lossless"] == 2 for row in result["rows"])
+
+
+def _batched(command: Command, h: Harness) -> None:
+    """The README's options parse; the run, shortened (2 prompts, batch sizes 1 and 2, K = 1, one
+    repeat) on the tiny family, writes its JSON and figure, every method lossless."""
+    module = load_benchmark("batched")
+    module.parser().parse_args(_args(command, "python benchmarks/batched.py"))
+    out, figure = h.cwd / "batched.json", h.cwd / "batched.png"
+    result = module.main(["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--ks", "1",
+                          "--repeats", "1", "--out", str(out), "--figure", str(figure), "--dtype", "float64",
+                          "--device", "cpu", *tiny_models(h.world)])
+    assert out.is_file() and figure.is_file()
+    assert all(s["lossless"] for row in result["batch_sizes"].values() for name, s in row.items()
+               if not name.startswith("_"))
+
+
+def _packing(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny target (batch sizes 2 and 3, one repeat): both layouts give every
+    request the same logits (the script checks), the JSON is written."""
+    out = h.cwd / "packing.json"
+    result = load_benchmark("packing").main(["--target", str(h.world.family["target"]), "--batch-sizes", "2,3",
+                                             "--context", "3,9", "--k", "3", "--repeats", "1", "--out", str(out)])
+    assert out.is_file() and len(result["passes"]) == 4
+
+
+def _batched_lossless(command: Command, h: Harness) -> None:
+    """Run shortened on the tiny family (2 prompts, two drafters and policies, batch sizes 1 and 2)."""
+    out = h.cwd / "lossless.json"
+    result = load_benchmark("batched_lossless").main(
+        ["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--drafters", "ar,eagle3",
+         "--policies", "static,goodput-batch", "--dtype", "float64", "--device", "cpu", "--out", str(out),
+         *tiny_models(h.world)])
+    assert result["all_lossless"] and out.is_file()
+
+
+def _train_drafter(command: Command, h: Harness) -> None:
+    """Generation, features and training take hours for a real target: the options are checked as
+    the command checks them before the target loads, on the tiny target standing in for /models/."""
+    from specpolicy.family.train_drafter import build_parser, check_args
+
+    _my_prompts(h, bad=False)
+    text = command.text.replace("/models/", f"{h.world.root}/models/")
+    args = build_parser().parse_args(_args(Command(command.kind, text, command.line),
+                                           "python -m specpolicy.family.train_drafter"))
+    h.mp.chdir(h.cwd)
+    assert check_args(args)["num_hidden_layers"] >= 1
+
+
+def _family(command: Command, h: Harness) -> None:
+    """Training takes about two hours on GSM8K train (../shared/data); the arguments are checked by
+    the pipeline's parser (tests/family/test_family.py trains a tiny family)."""
+    from specpolicy.family.pipeline import build_parser
+
+    text = re.sub(r"<[^>]+>", "some-model-dir", command.text)  # <today's dllm-drafter>, <target>
+    build_parser().parse_args(_args(Command(command.kind, text, command.line), "python -m specpolicy.family"))
+
+
+def _help_lists(options: list[str], run_help: Callable[[], None], h: Harness) -> None:
+    h.capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run_help()
+    assert done.value.code in (0, None)
+    text = h.capsys.readouterr().out
+    for option in options:
+        assert option in text, option
+
+
+def _diagnostics(command: Command, h: Harness) -> None:
+    """It drafts 64 tokens from every 12th position of 50 prompts (minutes): its help must list every
+    option the README names."""
+    from specpolicy.family.diagnostics import main
+
+    _help_lists(re.findall(r"--[a-z-]+", command.text), lambda: main(["--help"]), h)
+
+
+def _family_scale(command: Command, h: Harness) -> None:
+    """It times forward passes and training steps of five model sizes (a timing job, 71 s alone):
+    tests/benchmarks/test_family_scale.py runs it shortened; here its help must list the options the README
+    names."""
+    module = load_benchmark("family_scale")
+    h.mp.setattr(sys, "argv", ["family_scale.py", "--help"])
+    _help_lists(re.findall(r"--[a-z-]+", command.text), module.main, h)
+
+
+def _paper_figures_synopsis(command: Command, h: Harness) -> None:
+    """The synopsis of the four commands of the Analysis figures block (each run by its own rule)."""
+    from specpolicy.analysis.paper_figures import main
+
+    _help_lists(["concavity", "easy-regions", "reliability", "sensitivity"], lambda: main(["--help"]), h)
+
+
+def _module_help(command: Command, h: Harness) -> None:
+    """Prose naming a reader (``python -m specpolicy.analysis.report``): it runs (its ``--help``); the same
+    module on a directory is run by another rule."""
+    import importlib
+
+    module = importlib.import_module(command.text.split()[2])
+    _help_lists(["usage:"], lambda: module.main(["--help"]), h)
+
+
+def _alternatives(command: Command, h: Harness) -> None:
+    """``drafter=<fastdllm|suffix>``: each alternative, dry."""
+    (choices,) = re.findall(r"<([\w|]+)>", command.text)
+    for choice in choices.split("|"):
+        dry(Command(command.kind, re.sub(r"<[\w|]+>", choice, command.text), command.line), h)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Commands whose ``"<kind>: <command>"`` fully matches ``pattern`` are ``run`` (or skipped,
+    ``skip`` saying why); ``how`` says what is done, in words."""
+
+    pattern: str
+    how: str
+    run: Callable[[Command, Harness], None] | None = None
+    skip: str | None = None
+
+
+def _reader(module: str) -> Callable[[Command, Harness], None]:
+    return lambda c, h: reader(module, c, h, placeholders(h.world))
+
+
+CLI = r"(bash|inline): python -m specpolicy"
+RULES = [
+    Rule(r"bash: pip install torch==\S+ -e \"\.\[test\]\"", "the environment is that install", _pip_install),
+    Rule(r"bash: python -m pytest -q", "", skip="the test suite itself: run from inside the suite it would recurse"),
+    Rule(rf"{CLI} policy=failfast drafter=fastdllm", "the main job, shortened (bundled family)", run_shortened),
+    Rule(rf"{CLI} run\.resume=false", "run, the same command (complete), then run.resume=false (starts over)",
+         _resume),
+    Rule(rf"{CLI} .*generation\.stop=.*", "run shortened: stop strings", _stop),
+    Rule(rf"{CLI} > run\.log 2>&1", "run shortened, tiny family: output not a terminal, no progress bars",
+         _log_without_bars),
+    Rule(rf"{CLI} \+logger=wandb", "run shortened, W&B offline, tiny family", _wandb),
+    Rule(rf"{CLI} --list-plugins", "run", _list_plugins),
+    Rule(rf"{CLI} --help", "run", _help),
+    Rule(rf"{CLI} dataset\.path=my_prompts\.jsonl", "dry, on a prompt file of mixed rows",
+         lambda c, h: (_my_prompts(h, bad=False), dry(c, h))),
+    Rule(r"transcript: python -m specpolicy dataset\.path=my_prompts\.jsonl",
+         "run on the bad file the README describes: its exact error", lambda c, h: (_my_prompts(h, bad=True),
+                                                                                   transcript(c, h))),
+    Rule(r"transcript: python -m specpolicy -m .*hydra/launcher=slurm.*",
+         "run with no Slurm command on PATH: its exact error line", _no_slurm_transcript),
+    Rule(r"transcript: python -m specpolicy .*", "run: its exact error line", transcript),
+    Rule(rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
+         "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
+         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
+    Rule(r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",
+         "options checked before the target would load (tests/family/test_train_drafter.py trains both, shortened)",
+         _train_drafter),
+    Rule(rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
+         "dry, the /models/ directories standing in for local model directories",
+         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
+    Rule(rf"{CLI} .*hydra/launcher=slurm.*", "jobs checked with the basic launcher; the Slurm launcher composed",
+         _slurm),
+    Rule(rf"{CLI} policy=my_policy", "dry, the example plugin's policy=entropy for my_policy",
+         lambda c, h: _my_policy(c, h) if importlib.util.find_spec("specpolicy_entropy") else
+         pytest.skip("the example plugin is not installed (pip install ./examples/third-party-policy)")),
+    Rule(rf"{CLI} policy=mine policy\.k=\d+", "",
+         skip="the README's plugin package: tests/docs/test_readme_plugin.py installs it and runs this command"),
+    Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
+    Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
+    Rule(r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
+         "run on a sweep / run made here", lambda c, h: _reader(c.text.split()[2].split(".")[-1])(c, h)),
+    Rule(r"inline: python -m specpolicy\.analysis\.(report|plot|oracle)( RUN| <run>)?", "its --help", _module_help),
+    Rule(r"bash: python -m specpolicy\.analysis\.paper_figures .*", "run on sweeps / runs made here", _reader("paper_figures")),
+    Rule(r"inline: python -m specpolicy\.analysis\.paper_figures FIGURE DIR\.\.\.", "its --help lists the four figures",
+         _paper_figures_synopsis),
+    Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family",
+         _peers),
+    Rule(r"bash: python benchmarks/paper_table\.py --dataset gsm8k .*", "run shortened, tiny family",
+         _paper_table_run),
+    Rule(r"bash: python benchmarks/paper_table\.py combine .*", "run on the committed results", _paper_table_combine),
+    Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
+    Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
+    Rule(r"inline: python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"bash: python benchmarks/tune_failfast\.py .*", "run shortened: 2 prompts, 2 grid points, tiny family",
+         _tune_failfast),
+    Rule(r"(bash|inline): python benchmarks/packing\.py .*", "run shortened, tiny target", _packing),
+    Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family",
+         _batched_lossless),
+    Rule(r"(bash|inline): python benchmarks/batched\.py .*", "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
+         _batched),
+    Rule(r"inline: python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
+    Rule(r"(bash|inline): python -m specpolicy\.family .*", "arguments checked", _family),
+    Rule(r"inline: python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),
+    Rule(r"bash: scripts/slurm-local\.sh up", "syntax checked; the subcommand exists", _slurm_local),
+]
+
+
+def rule_for(command: Command) -> Rule | None:
+    return next((rule for rule in RULES if re.fullmatch(rule.pattern, command.key)), None)
+
+
+def uncovered(commands: list[Command]) -> list[str]:
+    """The commands no rule covers, as ``README line N: <kind>: <command>``."""
+    return [f"README line {c.line}: {c.key}" for c in commands if rule_for(c) is None]
+
+
+def test_every_readme_command_has_a_rule():
+    """A README command that no rule covers fails here (name it in RULES); so does a rule that no
+    longer matches any command."""
+    assert len(COMMANDS) > 40  # the extraction finds the README's commands
+    missing = uncovered(COMMANDS)
+    assert not missing, "README commands without a rule in tests/docs/test_readme_commands.py:\n" + "\n".join(missing)
+    used = {id(rule_for(c)) for c in COMMANDS}
+    stale = [rule.pattern for rule in RULES if id(rule) not in used]
+    assert not stale, f"rules that match no README command: {stale}"
+
+
+def test_a_new_kind_of_documented_command_is_uncovered_until_a_rule_names_it():
+    new = readme_commands("\n".join([
+        "```bash", "python -m specpolicy.newtool outputs/<run>", "python benchmarks/new_benchmark.py --x 1",
+        "python -m specpolicy policy=static policy.k=3", "./run-me.sh", "```",
+        "```text", "$ python -m specpolicy.analysis.report --bad", "error: ...", "```"]))
+    assert uncovered(new) == ["README line 2: bash: python -m specpolicy.newtool outputs/<run>",
+                              "README line 3: bash: python benchmarks/new_benchmark.py --x 1",
+                              "README line 5: bash: ./run-me.sh",
+                              "README line 8: transcript: python -m specpolicy.analysis.report --bad"]
+
+
+def test_the_extraction_reads_every_form_of_command():
+    commands = readme_commands("\n".join([
+        "Run `python -m specpolicy policy=static` or `python -m specpolicy.analysis.report DIR`; not `policy.k`.",
+        "```bash", "pip install x && python -m specpolicy a=1   # a comment", "python benchmarks/x.py --a 1 \\",
+        "    --b 2", "```", "```text", "$ python -m specpolicy bad=1", "error: bad", "```",
+        "`python -m specpolicy a=1` again"]))
+    assert [(c.kind, c.text, c.expected) for c in commands] == [
+        ("bash", "pip install x", ()), ("bash", "python -m specpolicy a=1", ()),
+        ("bash", "python benchmarks/x.py --a 1 --b 2", ()), ("transcript", "python -m specpolicy bad=1", ("error: bad",)),
+        ("inline", "python -m specpolicy policy=static", ()), ("inline", "python -m specpolicy.analysis.report DIR", ())]
+    assert commands[2].line == 4
+
+
+@pytest.mark.slow  # runs the README's commands (in this process), a few minutes on 2 cores
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"L{c.line}-{c.kind}" for c in COMMANDS])
+def test_readme_command_runs(command: Command, harness: Harness):
+    rule = rule_for(command)
+    assert rule is not None, f"no rule for README line {command.line}: {command.key}"
+    if rule.skip:
+        pytest.skip(rule.skip)
+    rule.run(command, harness)
