@@ -145,11 +145,14 @@ def generate_batch(
 
     Args:
         prompts: ``(P_i,) int64`` prompt ids per request.
-        verifier: the run's ``hf`` verifier (its model, context and stop tokens serve the batch).
+        verifier (specpolicy.core.verifier.Verifier): the run's ``hf`` verifier (its model, context
+            and stop tokens serve the batch).
         runtime: device, dtype.
         max_new_tokens: per request, >= 1.
         batch_size: requests in flight at most, >= 1.
-        drafter / policy: both (speculative) or neither (vanilla batched decoding); copied per request.
+        drafter: the drafter, with ``policy`` (both: speculative; neither: vanilla batched decoding);
+            copied per request.
+        policy: the length policy, copied per request.
         arrivals: seconds from the start at which each request arrives (default: all at 0;
             ``specpolicy.core.serving.arrival_times``), non-decreasing.
         sampling: None or greedy: every request's output is its greedy output; otherwise lossless

@@ -67,7 +67,8 @@ def generate(
         verifier: the target.
         runtime: device, dtype and timers.
         max_new_tokens: maximum generated tokens, >= 1.
-        drafter / policy: both or neither; the policy sets the speculation length.
+        drafter: the drafter, with ``policy`` (both or neither: neither = vanilla decoding).
+        policy: the length policy: sets each round's speculation length.
         reuse: optional draft reuse by suffix matching (FailFast App. E).
         on_round: called with each round's record (loggers, progress).
         stop: optional stop strings (``specpolicy.core.stopping.StopStrings``), matched on the

@@ -44,6 +44,10 @@ class Drafter(ABC):
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Start a new prompt.
 
+        A drafter with ``target_feature_layers`` is also given the keyword ``features``: ``(P - 1, F)``
+        float, the target's requested hidden states at prompt positions ``0 .. P-2``
+        (``Verifier.prompt_features``); the last prompt token is pending and has none yet.
+
         Args:
             prompt_ids: ``(P,) int64`` the prompt, P >= 1. Its last token is the first
                 token the drafter continues from.
@@ -55,9 +59,6 @@ class Drafter(ABC):
                 of token i given the tokens before it). A model-free drafter may ignore it (its
                 tokens are then verified as point masses). The loop passes the keyword only when
                 sampling, so drafters written before it keep working (as point masses).
-            features: (keyword, only for a drafter with ``target_feature_layers``) ``(P - 1, F)``
-                float: the target's requested hidden states at prompt positions ``0 .. P-2``
-                (``Verifier.prompt_features``); the last prompt token is pending and has none yet.
         Raises:
             ValueError: if the prompt is empty or longer than the drafter's context.
         """
