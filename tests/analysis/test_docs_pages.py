@@ -77,6 +77,17 @@ def test_pages_say_what_is_modeled_and_what_tree_rows_count():
         assert "MODELED" in rendered[docs.PAGES / page] and "```bash" in rendered[docs.PAGES / page]
 
 
+def test_metric_glossary_is_rendered_from_the_figures_and_fields():
+    from specpolicy.analysis.metrics import FIELDS
+    from specpolicy.analysis.tables import FIGURES
+
+    page = docs.render(ROOT)[0][docs.METRICS_PAGE]
+    for key, figure in FIGURES.items():  # every column of the run's table, with its printed titles
+        assert f"| `{key}` | {figure.label} | {figure.short} |" in page
+    assert all(f"| `{key}` |" in page for key in FIELDS)
+    assert "counts tree NODES" in page and "speculation length is the number of nodes verified" in page
+
+
 def test_missing_results_directory_is_one_line(tmp_path: Path, capsys):
     with pytest.raises(SystemExit) as exc:
         docs.main(["--root", str(tmp_path), "--check"])
