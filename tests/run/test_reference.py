@@ -56,7 +56,9 @@ def test_ranges_come_from_the_validation_rules(config_page: str):
     assert tau[3].startswith("τ: confidence threshold")
     assert _row(config_page, "generation.max_new_tokens")[2] == "an integer >= 1"
     assert _row(config_page, "generation.arrival")[2] == "one of all_at_once, poisson"
-    assert "one of float32" in _row(config_page, "runtime.dtype")[2] or "float32" in _row(config_page, "runtime.dtype")[2]
+    assert (
+        "one of float32" in _row(config_page, "runtime.dtype")[2] or "float32" in _row(config_page, "runtime.dtype")[2]
+    )
     # a continuation comment line belongs to its key
     assert "counted toward N_max" in _row(config_page, "policy.confidence_scope")[3]
 
@@ -77,9 +79,11 @@ def test_probe_reads_the_range_of_the_refusal_and_falls_back_to_none():
 
 def test_read_config_keeps_comments_nested_keys_and_continuations(tmp_path: Path):
     path = tmp_path / "x.yaml"
-    path.write_text("# What x is.\nname: x\nouter:\n  inner: 3        # three, >= 1\n"
-                    "                    # and more about it\n# a section\nplain: 'a # b'  # quoted hash kept\n",
-                    encoding="utf-8")
+    path.write_text(
+        "# What x is.\nname: x\nouter:\n  inner: 3        # three, >= 1\n"
+        "                    # and more about it\n# a section\nplain: 'a # b'  # quoted hash kept\n",
+        encoding="utf-8",
+    )
     cf = reference.read_config(path)
     assert cf.header == ["What x is."]
     keys = {k.path: k for k in cf.keys}
@@ -93,8 +97,9 @@ def test_check_names_a_stale_page_in_a_copy(tmp_path: Path, capsys):
     shutil.copytree(ROOT / reference.REFERENCE, tmp_path / reference.REFERENCE)
     assert reference.main(["--root", str(tmp_path), "--check", "--page", "config.md"]) == 0
     failfast = tmp_path / "conf/policy/failfast.yaml"
-    failfast.write_text(failfast.read_text(encoding="utf-8").replace("τ: confidence threshold", "τ: the threshold"),
-                        encoding="utf-8")
+    failfast.write_text(
+        failfast.read_text(encoding="utf-8").replace("τ: confidence threshold", "τ: the threshold"), encoding="utf-8"
+    )
     assert reference.main(["--root", str(tmp_path), "--check", "--page", "config.md"]) == 1
     assert "docs/reference/config.md" in capsys.readouterr().err
     assert reference.main(["--root", str(tmp_path), "--page", "config.md"]) == 0
