@@ -1,11 +1,13 @@
-"""Every command line of README.md is run (issue 22: "a documented command cannot silently stop
-working again").
+"""Every command shown in the documentation is run (issue 22: "a documented command cannot
+silently stop working again"; issue 30: the rule moved with the README's guides into ``docs/``).
 
-The commands are read from the README itself: every line of its fenced ``bash`` blocks (continued
-lines joined, ``a && b`` as two commands, comments dropped), every ``$ command`` of its ``text``
-blocks with the output printed under it, and every inline code span that starts with
-``python -m specpolicy`` or ``python benchmarks/``. Each command is handled by the first rule of
-``RULES`` whose pattern matches ``"<kind>: <command>"``:
+The commands are read from ``README.md`` and every page under ``docs/`` (``DOCUMENTS``): every line
+of their fenced ``bash`` blocks (continued lines joined, ``a && b`` as two commands, comments
+dropped), every ``$ command`` of their ``text`` blocks with the output printed under it, and every
+inline code span that starts with ``python -m specpolicy`` or ``python benchmarks/`` (HTML comments
+are not shown, so not read). A command shown on several pages is run once, where it is first shown.
+Each command is handled by the first rule of ``RULES`` whose pattern matches
+``"<kind>: <command>"``:
 
 * a run, shortened (``SHORT``: 1 prompt, 8 new tokens, no warm-up), of the real command line in
   this process (``specpolicy.run.cli.main``), where the run itself is what is documented (the main
@@ -14,16 +16,18 @@ blocks with the output printed under it, and every inline code span that starts 
   expanded and checked by the sweep preflight -- with ``run_experiment`` replaced by the check
   every run does before it loads a model (``specpolicy.run.validation.validate_config``), where a
   full run adds nothing to composing the command;
-* a transcript: the command is run and must print exactly the lines the README shows;
+* a transcript: the command is run and must print exactly the lines the page shows;
 * the readers (``report``, ``plot``, ``oracle``, ``paper_figures``) on real run and sweep
   directories made here by the tiny family (placeholders such as ``outputs/<run>`` and
   ``multirun/<date>/<time>`` point at them);
 * benchmarks shortened (1 prompt, 8 tokens, the tiny family), or their arguments parsed by the
   script's own parser where a run takes hours (training) and another test runs it shortened;
-* skipped, with the reason, where the command needs a cluster or would run this suite itself.
+* skipped, with the reason, where the command needs a cluster, would run this suite itself, or is
+  run by another test.
 
-``test_every_readme_command_has_a_rule`` fails when a README command matches no rule (a new
-documented command cannot go untested) and when a rule matches no command (a stale rule).
+``test_every_documented_command_has_a_rule`` fails when a documented command matches no rule (a new
+documented command cannot go untested), naming its file and line, and when a rule matches no
+command (a stale rule).
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ import pytest
 from conftest import load_benchmark, overrides
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+#: The documents whose commands are run: the README, then every page of the docs site.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: Appended to a command that is run: 1 prompt, 8 new tokens, no untimed warm-up prompt.
 SHORT = ["dataset.num_prompts=1", "generation.max_new_tokens=8", "run.warmup_prompts=0"]
@@ -53,23 +58,29 @@ SHORT = ["dataset.num_prompts=1", "generation.max_new_tokens=8", "run.warmup_pro
 INLINE = re.compile(r"^(python -m specpolicy|python benchmarks/)")
 
 
-# -- the commands of the README -----------------------------------------------------------------------
+# -- the commands of the documents ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Command:
-    """One command of README.md: ``kind`` (``bash``: a fenced bash block's line; ``transcript``:
-    a ``$ ...`` line of a text block, ``expected`` the lines printed under it; ``inline``: a code
-    span in the prose), the command as written (one line) and its README line."""
+    """One documented command: ``kind`` (``bash``: a fenced bash block's line; ``transcript``: a
+    ``$ ...`` line of a text block, ``expected`` the lines printed under it; ``inline``: a code span
+    in the prose), the command as written (one line), the document it is shown in (``source``, a
+    path relative to the repository) and its line there."""
 
     kind: str
     text: str
     line: int
     expected: tuple[str, ...] = ()
+    source: str = "README.md"
 
     @property
     def key(self) -> str:
         return f"{self.kind}: {self.text}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} line {self.line}"
 
 
 def _strip_comment(line: str) -> str:
@@ -101,18 +112,23 @@ def _split_and(line: str) -> list[str]:
     return [p.strip() for p in [*parts, current] if p.strip()]
 
 
-def readme_commands(text: str) -> list[Command]:
-    """Every command of the README text (see the module docstring), in README order; an inline
-    span that repeats a fenced command is that command."""
-    lines = text.splitlines()
+def _hide_html_comments(text: str) -> str:
+    """``<!-- ... -->`` blanked out (line breaks kept, so line numbers hold): not shown to a reader."""
+    return re.sub(r"<!--.*?-->", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+
+
+def doc_commands(text: str, source: str = "README.md") -> list[Command]:
+    """Every command of one document's text (see the module docstring), in document order; an
+    inline span that repeats a fenced command is that command."""
+    lines = _hide_html_comments(text).splitlines()
     found: list[Command] = []
     prose: list[str] = []
     fence: str | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
-        if line.startswith("```"):
-            fence = line[3:].strip() if fence is None else None
+        if line.lstrip().startswith("```"):
+            fence = line.lstrip()[3:].strip() if fence is None else None
             prose.append("")
             i += 1
             continue
@@ -121,34 +137,45 @@ def readme_commands(text: str) -> list[Command]:
             i += 1
             continue
         prose.append("")
+        line = line.strip()
         if fence == "bash":
             first = i
             while line.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 prose.append("")
                 line = line[:-1] + " " + lines[i].strip()
-            for part in _split_and(_strip_comment(line.strip())):
-                found.append(Command("bash", " ".join(part.split()), first + 1))
+            for part in _split_and(_strip_comment(line)):
+                found.append(Command("bash", " ".join(part.split()), first + 1, source=source))
         elif fence == "text" and line.startswith("$ "):
             expected, j = [], i + 1
-            while j < len(lines) and not lines[j].startswith(("$ ", "```")):
+            while j < len(lines) and not lines[j].strip().startswith(("$ ", "```")):
                 expected.append(lines[j])
                 j += 1
-            found.append(Command("transcript", line[2:].strip(), i + 1, tuple(expected)))
+            found.append(Command("transcript", line[2:].strip(), i + 1, tuple(expected), source))
         i += 1
     fenced = {c.text for c in found}
     body = "\n".join(prose)
     for match in re.finditer(r"`([^`]+)`", body):
         span = " ".join(match.group(1).split())
         if INLINE.match(span) and span not in fenced:
-            found.append(Command("inline", span, body.count("\n", 0, match.start()) + 1))
+            found.append(Command("inline", span, body.count("\n", 0, match.start()) + 1, source=source))
     unique: dict[tuple[str, tuple[str, ...]], Command] = {}
     for command in found:
         unique.setdefault((command.key, command.expected), command)
     return list(unique.values())
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+def documented_commands(documents: list[Path]) -> list[Command]:
+    """The commands of every document, each once: where it is first shown (README first), in
+    whichever form (a fenced line there, a code span on a later page)."""
+    unique: dict[tuple[str, tuple[str, ...]], Command] = {}
+    for path in documents:
+        for command in doc_commands(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()):
+            unique.setdefault((command.text, command.expected), command)
+    return list(unique.values())
+
+
+COMMANDS = documented_commands(DOCUMENTS)
 
 
 # -- what the commands run on ------------------------------------------------------------------------------
@@ -379,17 +406,42 @@ def tiny_models(w: World) -> list[str]:
 
 
 def _pip_install(command: Command, h: Harness) -> None:
-    """``pip install torch==X -e ".[test]"``: this environment is that install -- the pinned torch
-    and every requirement of the ``test`` extra are installed."""
+    """``pip install [torch==X] -e .`` or ``-e ".[extra]"``: this environment is that install -- the
+    pinned torch, this project (editable) and every requirement of the extra that ``pyproject.toml``
+    declares (read from the file, so an extra the page names but the project lacks fails here)."""
     args = shlex.split(command.text)[2:]
     pins = [a for a in args if "==" in a]
-    assert pins == ["torch==2.13.0"]
-    assert importlib.metadata.version("torch").split("+")[0] == pins[0].split("==")[1]
-    (extra,) = re.findall(r"\[(\w+)\]", args[args.index("-e") + 1])
-    needed = [r for r in importlib.metadata.requires("specpolicy") if f'extra == "{extra}"' in r]
-    assert needed, f"no extra {extra!r} in pyproject.toml"
-    for requirement in needed:  # PackageNotFoundError for one that is not installed
-        importlib.metadata.version(re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0])
+    assert pins in ([], ["torch==2.13.0"]), pins
+    if pins:
+        assert importlib.metadata.version("torch").split("+")[0] == pins[0].split("==")[1]
+    target = args[args.index("-e") + 1]
+    assert re.fullmatch(r"\.(\[\w+\])?", target), target
+    assert importlib.metadata.version("specpolicy")
+    extras = re.findall(r"\[(\w+)\]", target)
+    for extra in extras:
+        needed = _extra(extra)
+        assert needed, f"{command.where}: no extra {extra!r} in pyproject.toml"
+        for requirement in needed:  # PackageNotFoundError for one that is not installed
+            importlib.metadata.version(re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0])
+
+
+def _extra(name: str) -> list[str]:
+    """The requirements of ``[project.optional-dependencies]``'s ``name`` in pyproject.toml (read
+    with re: tomllib is Python 3.11+, the project runs on 3.10)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = text[text.index("[project.optional-dependencies]"):]
+    section = section[:section.find("\n[", 1)] if "\n[" in section[1:] else section
+    match = re.search(rf"^{re.escape(name)} = \[(.*?)\]\s*(#.*)?$", section, flags=re.M | re.S)
+    return re.findall(r'"([^"]+)"', re.sub(r"#[^\n]*", "", match.group(1))) if match else []
+
+
+def _mkdocs_build(command: Command, h: Harness) -> None:
+    """The docs build as the README says, strict (no broken link, no unresolved API page), into a
+    scratch site directory."""
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(h.cwd / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (h.cwd / "site" / "index.html").is_file()
 
 
 def _resume(command: Command, h: Harness) -> None:
@@ -404,9 +456,19 @@ def _resume(command: Command, h: Harness) -> None:
 
 
 def _stop(command: Command, h: Harness) -> None:
-    result = run_shortened(command, h)
-    summary = json.loads((_results_dir(result.out) / "summary.json").read_text())
+    """The documented stop string, on 1 prompt of 64 new tokens: it cuts the bundled GSM8K answer
+    (``finish_reason`` ``stop_string``, as vanilla decoding's), lossless. An example that visibly
+    does nothing -- every prompt ending at EOS or ``max_new_tokens`` -- fails here."""
+    result = h.cli([*_args(command, "python -m specpolicy"), "dataset.num_prompts=1", "generation.max_new_tokens=64",
+                    "run.warmup_prompts=0"])
+    assert result.code == 0, result.err
+    run = _results_dir(result.out)
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["generation"]["stop"], summary["config"]["generation"]
+    (row,) = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert row["finish_reason"] == row["vanilla_finish_reason"] == "stop_string", (row["finish_reason"],
+                                                                                   row["output_text"])
+    assert row["lossless"] and row["generated_tokens"] < 64
 
 
 def _log_without_bars(command: Command, h: Harness) -> None:
@@ -667,8 +729,13 @@ def _reader(module: str) -> Callable[[Command, Harness], None]:
 
 CLI = r"(bash|inline): python -m specpolicy"
 RULES = [
-    Rule(r"bash: pip install torch==\S+ -e \"\.\[test\]\"", "the environment is that install", _pip_install),
-    Rule(r"bash: python -m pytest -q", "", skip="the test suite itself: run from inside the suite it would recurse"),
+    Rule(r"bash: pip install (torch==\S+ -e (\.|\"\.\[\w+\]\")|-e \"\.\[\w+\]\")", "the environment is that install",
+         _pip_install),
+    Rule(r"bash: pip install -e \.", "", skip="a plugin package's own install, in its directory: "
+                                             "tests/docs/test_plugin_howto.py installs the how-to pages' packages"),
+    Rule(r"bash: mkdocs build --strict", "the docs build, strict, to a scratch directory", _mkdocs_build),
+    Rule(r"bash: python -m pytest -q( -m \"not slow\")?", "",
+         skip="the test suite itself: run from inside the suite it would recurse"),
     Rule(rf"{CLI} policy=failfast drafter=fastdllm", "the main job, shortened (bundled family)", run_shortened),
     Rule(rf"{CLI} run\.resume=false", "run, the same command (complete), then run.resume=false (starts over)",
          _resume),
@@ -700,15 +767,15 @@ RULES = [
     Rule(rf"{CLI} policy=my_policy", "dry, the example plugin's policy=entropy for my_policy",
          lambda c, h: _my_policy(c, h) if importlib.util.find_spec("specpolicy_entropy") else
          pytest.skip("the example plugin is not installed (pip install ./examples/third-party-policy)")),
-    Rule(rf"{CLI} policy=mine policy\.k=\d+", "",
-         skip="the README's plugin package: tests/docs/test_readme_plugin.py installs it and runs this command"),
+    Rule(rf"{CLI} (policy=mine policy\.k=\d+|drafter=lookup .*)", "",
+         skip="a how-to page's plugin package: tests/docs/test_plugin_howto.py installs it and runs this command"),
     Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
     Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
     Rule(r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
          "run on a sweep / run made here", lambda c, h: _reader(c.text.split()[2].split(".")[-1])(c, h)),
     Rule(r"inline: python -m specpolicy\.analysis\.(report|plot|oracle)( RUN| <run>)?", "its --help", _module_help),
     Rule(r"bash: python -m specpolicy\.analysis\.paper_figures .*", "run on sweeps / runs made here", _reader("paper_figures")),
-    Rule(r"inline: python -m specpolicy\.analysis\.paper_figures FIGURE DIR\.\.\.", "its --help lists the four figures",
+    Rule(r"inline: python -m specpolicy\.analysis\.paper_figures (FIGURE DIR\.\.\.|--out \S+)", "its --help lists the four figures",
          _paper_figures_synopsis),
     Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family",
          _peers),
@@ -717,7 +784,7 @@ RULES = [
     Rule(r"bash: python benchmarks/paper_table\.py combine .*", "run on the committed results", _paper_table_combine),
     Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
-    Rule(r"inline: python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"(bash|inline): python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
     Rule(r"bash: python benchmarks/tune_failfast\.py .*", "run shortened: 2 prompts, 2 grid points, tiny family",
          _tune_failfast),
     Rule(r"(bash|inline): python benchmarks/packing\.py .*", "run shortened, tiny target", _packing),
@@ -725,7 +792,15 @@ RULES = [
          _batched_lossless),
     Rule(r"(bash|inline): python benchmarks/batched\.py .*", "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
          _batched),
-    Rule(r"inline: python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
+    Rule(r"(bash|inline): python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
+    Rule(r"(bash|inline): python -m specpolicy\.analysis\.docs( --check)?", "",
+         skip="the results pages' generator: tests/analysis/test_docs_pages.py runs it (the committed pages equal "
+              "what it renders)"),
+    Rule(r"(bash|inline): python -m specpolicy\.run\.reference( --check)?", "",
+         skip="the reference pages' generator: tests/run/test_reference.py runs it (the committed pages equal "
+              "what it renders)"),
+    Rule(r"bash: mv results\.json benchmarks/results/\S+\.json", "",
+         skip="moves a benchmark's output into benchmarks/results/ (the benchmark before it is run shortened)"),
     Rule(r"(bash|inline): python -m specpolicy\.family .*", "arguments checked", _family),
     Rule(r"inline: python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),
     Rule(r"bash: scripts/slurm-local\.sh up", "syntax checked; the subcommand exists", _slurm_local),
@@ -737,50 +812,69 @@ def rule_for(command: Command) -> Rule | None:
 
 
 def uncovered(commands: list[Command]) -> list[str]:
-    """The commands no rule covers, as ``README line N: <kind>: <command>``."""
-    return [f"README line {c.line}: {c.key}" for c in commands if rule_for(c) is None]
+    """The commands no rule covers, as ``<file> line N: <kind>: <command>``."""
+    return [f"{c.where}: {c.key}" for c in commands if rule_for(c) is None]
 
 
-def test_every_readme_command_has_a_rule():
-    """A README command that no rule covers fails here (name it in RULES); so does a rule that no
-    longer matches any command."""
-    assert len(COMMANDS) > 40  # the extraction finds the README's commands
+def test_every_documented_command_has_a_rule():
+    """A documented command that no rule covers fails here, naming its file and line (name it in
+    RULES); so does a rule that no longer matches any command."""
+    sources = {c.source for c in COMMANDS}
+    assert len(COMMANDS) > 40 and "README.md" in sources and "docs/getting-started.md" in sources
     missing = uncovered(COMMANDS)
-    assert not missing, "README commands without a rule in tests/docs/test_readme_commands.py:\n" + "\n".join(missing)
+    assert not missing, "documented commands without a rule in tests/docs/test_doc_commands.py:\n" + "\n".join(missing)
     used = {id(rule_for(c)) for c in COMMANDS}
     stale = [rule.pattern for rule in RULES if id(rule) not in used]
-    assert not stale, f"rules that match no README command: {stale}"
+    assert not stale, f"rules that match no documented command: {stale}"
+
+
+def test_every_page_of_the_docs_is_read():
+    """A page added under docs/ is read without a change here (README first, then every page)."""
+    assert DOCUMENTS[0].name == "README.md"
+    for page in ("index.md", "getting-started.md", "concepts.md", "how-to/own-checkpoints.md",
+                 "how-to/write-a-policy.md"):
+        assert ROOT / "docs" / page in DOCUMENTS, page
 
 
 def test_a_new_kind_of_documented_command_is_uncovered_until_a_rule_names_it():
-    new = readme_commands("\n".join([
+    new = doc_commands("\n".join([
         "```bash", "python -m specpolicy.newtool outputs/<run>", "python benchmarks/new_benchmark.py --x 1",
         "python -m specpolicy policy=static policy.k=3", "./run-me.sh", "```",
-        "```text", "$ python -m specpolicy.analysis.report --bad", "error: ...", "```"]))
-    assert uncovered(new) == ["README line 2: bash: python -m specpolicy.newtool outputs/<run>",
-                              "README line 3: bash: python benchmarks/new_benchmark.py --x 1",
-                              "README line 5: bash: ./run-me.sh",
-                              "README line 8: transcript: python -m specpolicy.analysis.report --bad"]
+        "```text", "$ python -m specpolicy.analysis.report --bad", "error: ...", "```"]), "docs/how-to/new.md")
+    assert uncovered(new) == ["docs/how-to/new.md line 2: bash: python -m specpolicy.newtool outputs/<run>",
+                              "docs/how-to/new.md line 3: bash: python benchmarks/new_benchmark.py --x 1",
+                              "docs/how-to/new.md line 5: bash: ./run-me.sh",
+                              "docs/how-to/new.md line 8: transcript: python -m specpolicy.analysis.report --bad"]
 
 
 def test_the_extraction_reads_every_form_of_command():
-    commands = readme_commands("\n".join([
+    commands = doc_commands("\n".join([
         "Run `python -m specpolicy policy=static` or `python -m specpolicy.analysis.report DIR`; not `policy.k`.",
         "```bash", "pip install x && python -m specpolicy a=1   # a comment", "python benchmarks/x.py --a 1 \\",
         "    --b 2", "```", "```text", "$ python -m specpolicy bad=1", "error: bad", "```",
-        "`python -m specpolicy a=1` again"]))
+        "`python -m specpolicy a=1` again", "<!-- made by `python -m specpolicy.hidden` -->"]))
     assert [(c.kind, c.text, c.expected) for c in commands] == [
         ("bash", "pip install x", ()), ("bash", "python -m specpolicy a=1", ()),
         ("bash", "python benchmarks/x.py --a 1 --b 2", ()), ("transcript", "python -m specpolicy bad=1", ("error: bad",)),
         ("inline", "python -m specpolicy policy=static", ()), ("inline", "python -m specpolicy.analysis.report DIR", ())]
-    assert commands[2].line == 4
+    assert commands[2].line == 4 and commands[2].where == "README.md line 4"
 
 
-@pytest.mark.slow  # runs the README's commands (in this process), a few minutes on 2 cores
-@pytest.mark.parametrize("command", COMMANDS, ids=[f"L{c.line}-{c.kind}" for c in COMMANDS])
-def test_readme_command_runs(command: Command, harness: Harness):
+def test_a_command_shown_on_several_pages_is_run_once_where_it_is_first_shown(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```bash\npython -m specpolicy a=1\n```\n")
+    (tmp_path / "docs" / "page.md").write_text("Run `python -m specpolicy a=1` or `python -m specpolicy b=2`.\n")
+    commands = documented_commands([tmp_path / "README.md", tmp_path / "docs" / "page.md"])
+    assert [(c.where, c.key) for c in commands] == [("README.md line 2", "bash: python -m specpolicy a=1"),
+                                                    ("docs/page.md line 1", "inline: python -m specpolicy b=2")]
+
+
+@pytest.mark.slow  # runs the documented commands (in this process), a few minutes on 2 cores
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.source}:L{c.line}-{c.kind}" for c in COMMANDS])
+def test_documented_command_runs(command: Command, harness: Harness):
     rule = rule_for(command)
-    assert rule is not None, f"no rule for README line {command.line}: {command.key}"
+    assert rule is not None, f"no rule for {command.where}: {command.key}"
     if rule.skip:
         pytest.skip(rule.skip)
     rule.run(command, harness)
