@@ -28,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_plugins.specpolicy_launcher import register as register_launcher_plugin
-from specpolicy.core.errors import EXIT_FAILURE, one_line
+from specpolicy.core.errors import EXIT_FAILURE, EXIT_USER, one_line
 from specpolicy.run.experiment import run_experiment
 from specpolicy.run.hydra_searchpath import register as register_searchpath_plugin
 
@@ -155,7 +155,10 @@ def main() -> None:
     except Exception as error:  # noqa: BLE001 - every error is reported, the user's in one line
         if debug:
             raise
-        report = one_line(error)
+        from specpolicy.run.validation import composition_key_line
+
+        plugin_line = composition_key_line(error, sys.argv[1:])  # a key the plugin does not take: its own line
+        report = (f"error: {plugin_line}", EXIT_USER) if plugin_line else one_line(error)
         if report is None:  # neither the user's nor a plugin's: a bug, reported with its traceback
             traceback.print_exc()
             sys.exit(EXIT_FAILURE)

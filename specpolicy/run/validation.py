@@ -89,6 +89,71 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
         raise ConfigError(f"no registered plugin provides {group} {name!r}; see `python -m specpolicy --list-plugins`")
 
 
+def composition_key_line(error: BaseException, argv: list[str]) -> str | None:
+    """The one line for Hydra's "key not in the config" error when the key belongs to a plugin's
+    group (``policy.tau=0.3`` with ``policy=static``): the plugin's own validation message for the
+    group with that key set (``unknown key policy.tau; policy has keys k``) -- exactly what
+    ``+policy.tau=0.3`` would print -- so the hint never suggests adding a key no plugin accepts.
+    None when the error is not such an error, the key is not in a plugin's group, or the plugin
+    accepts the key (then adding it with ``+`` is the way, as Hydra says). ``argv``: the command's
+    arguments (the override's value and ``plugins.block`` are read from them)."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = error.__cause__ if isinstance(error, HydraException) else error
+    full_key = str(getattr(cause, "full_key", "") or "")
+    parent = getattr(cause, "parent_node", None)
+    if not isinstance(cause, (ConfigKeyError, ConfigAttributeError)) or not full_key or parent is None:
+        return None
+    parts = full_key.split(".")
+    group = parts[0]
+    if group not in PLUGIN_GROUPS or len(parts) < (3 if group == "logger" else 2):
+        return None
+    try:
+        node = OmegaConf.to_container(parent, resolve=True)
+        overrides = _parsed_overrides(argv)
+        name = parts[1] if group == "logger" else str(node.pop("name", ""))
+        if not name:
+            return None
+        key = parts[2] if group == "logger" else parts[1]
+        value: Any = None
+        for dotted, given in overrides.items():
+            if dotted == full_key:
+                value = given
+            elif dotted.startswith(full_key + "."):  # policy.foo.bar=1 with no policy.foo: {bar: 1}
+                value = given
+                for part in reversed(dotted[len(full_key) + 1:].split(".")):
+                    value = {part: value}
+        node[key] = value
+        from specpolicy.plugins.manager import get_plugin_manager
+
+        block = overrides.get("plugins.block") or []
+        validate_plugin_config(get_plugin_manager(block=list(block)), group, name, node)
+    except ConfigError as refused:
+        return str(refused) if full_key in str(refused) else None
+    except Exception:  # noqa: BLE001 - anything else: Hydra's own line is reported instead
+        return None
+    return None
+
+
+def _parsed_overrides(argv: list[str]) -> dict[str, Any]:
+    """``key -> value`` of the command's ``key=value`` overrides (``+`` / ``++`` prefixes dropped),
+    parsed as Hydra parses them; arguments Hydra cannot parse are left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, out = OverridesParser.create(), {}
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        try:
+            override = parser.parse_overrides([arg])[0]
+            out[override.key_or_group] = override.value()
+        except Exception:  # noqa: BLE001
+            continue
+    return out
+
+
 def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error: BaseException) -> str:
     """The one line for a plugin's ``ValueError`` / ``TypeError`` about ``group`` choice ``name``:
     its own message when it names a key of the group (``policy.n must be ...``,

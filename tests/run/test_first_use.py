@@ -71,3 +71,38 @@ def test_the_report_does_not_count_a_run_that_never_started_as_died(family, here
     # a job that took its run lock and then died is still listed
     (left[0] / "run.lock").touch()
     assert [job["run"] for job in dead_jobs(here / "outputs")] == [left[0].name]
+
+
+# -- c. a key the policy does not take: the plugin's own line, no "+key=VALUE" hint -------------
+
+
+@pytest.mark.parametrize("args, line", [
+    (["policy=static", "policy.tau=0.3"], "error: unknown key policy.tau; policy has keys k"),
+    (["policy=static", "policy.tau.x=1"], "error: unknown key policy.tau; policy has keys k"),
+    (["logger.jsonl.fil=x.jsonl"], "error: unknown key logger.jsonl.fil; logger.jsonl has keys file "
+                                   "(did you mean logger.jsonl.file?)"),
+])
+def test_a_key_no_plugin_accepts_is_named_with_the_keys_the_plugin_takes(args, line, here, monkeypatch, capsys):
+    assert cli(monkeypatch, *args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [line] and "+" not in err[0]
+    # the same line as adding the key on purpose, which the plugin's validation refuses
+    added = [a if a.split("=", 1)[0] in ("policy", "drafter") else "+" + a for a in args]
+    assert cli(monkeypatch, *added) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_a_key_outside_the_plugin_groups_keeps_hydras_hint(here, monkeypatch, capsys):
+    assert cli(monkeypatch, "generation.max_new_token=3") == 2  # a close match: named, no "+"
+    assert capsys.readouterr().err.splitlines()[0].endswith("(did you mean generation.max_new_tokens?)")
+
+
+def test_a_key_the_plugin_accepts_keeps_the_plus_hint(here, monkeypatch, capsys):
+    """A plugin may take keys its config file does not set: when its validation accepts the key
+    (here: any key), adding it with ``+`` works, so Hydra's hint stays."""
+    import specpolicy.run.validation as validation
+
+    monkeypatch.setattr(validation, "validate_plugin_config", lambda *args, **kwargs: None)
+    assert cli(monkeypatch, "policy=static", "policy.tau=0.3") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: unknown key policy.tau; policy has keys k, name; to add a new key on purpose: +policy.tau=VALUE"]
