@@ -199,7 +199,8 @@ class World:
     def tiny(self, drafter: str = "drafter") -> list[str]:
         """Overrides running on the tiny family (float64 on CPU, the AR drafter), shortened."""
         return [o for o in overrides(self.family, drafter) if not o.startswith("dataset.num_prompts")] + [
-            "dataset.num_prompts=1"]
+            "dataset.num_prompts=1"
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +212,10 @@ def world(family, tmp_path_factory) -> World:
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(w.root)
         mp.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
-        for directory, sweep in ((w.static, ["policy=static", "policy.k=2,4"]),
-                                 (w.tau, ["policy=failfast", "policy.n=2", "policy.tau=0.3,0.6"])):
+        for directory, sweep in (
+            (w.static, ["policy=static", "policy.k=2,4"]),
+            (w.tau, ["policy=failfast", "policy.n=2", "policy.tau=0.3,0.6"]),
+        ):
             mp.setattr(sys, "argv", ["specpolicy", "-m", *w.tiny(), *sweep, f"hydra.sweep.dir={directory}"])
             main()
     models = w.root / "models"  # the README's /models/... stand in for local model directories
@@ -315,7 +318,7 @@ def harness(world, monkeypatch, capsys, tmp_path) -> Harness:
 def _args(command: Command, prefix: str) -> list[str]:
     """The arguments after ``prefix`` (``python -m specpolicy``, ``python benchmarks/x.py``)."""
     assert command.text.startswith(prefix), command.text
-    return shlex.split(command.text[len(prefix):])
+    return shlex.split(command.text[len(prefix) :])
 
 
 def _results_dir(out: str) -> Path:
@@ -369,8 +372,7 @@ def _no_slurm_transcript(command: Command, h: Harness) -> None:
     assert all(shutil.which(c) is None for c in slurm.SLURM_COMMANDS)
     result = h.cli(_args(command, "python -m specpolicy"))
     assert result.code == 2, (result.out, result.err)
-    assert result.err.splitlines() == [line.replace("/tmp/specpolicy-slurm", str(cluster))
-                                       for line in command.expected]
+    assert result.err.splitlines() == [line.replace("/tmp/specpolicy-slurm", str(cluster)) for line in command.expected]
 
 
 def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> str:
@@ -380,26 +382,41 @@ def reader(module: str, command: Command, h: Harness, paths: dict[str, str]) -> 
     text = command.text
     for placeholder, path in paths.items():
         text = text.replace(placeholder, path)
-    code, out = h.main(importlib.import_module(f"specpolicy.analysis.{module}").main,
-                       shlex.split(text)[3:])
+    code, out = h.main(importlib.import_module(f"specpolicy.analysis.{module}").main, shlex.split(text)[3:])
     assert code == 0, out
     return out
 
 
 def placeholders(w: World) -> dict[str, str]:
     runs = " ".join(str(w.static / n) for n in ("0", "1", "0", "1"))
-    return {"outputs/<run>": str(w.run), "multirun/<date>/<time>": str(w.static),
-            "multirun/paper-main/<date>": str(w.static), "multirun/failfast-grid/<date>": str(w.static),
-            "multirun/concavity/<date>": str(w.static), "multirun/static-k-ar/<date>": str(w.static),
-            "multirun/tau-sensitivity/<date>": str(w.tau), "multirun/nmax-sensitivity/<date>": str(w.tau),
-            "benchmarks/results/paper-{gsm8k,math500,aime24,humaneval}/runs/ar": runs,
-            "benchmarks/results/paper-gsm8k/runs/failfast": str(w.tau / "0"), "DIR": str(w.run)}
+    return {
+        "outputs/<run>": str(w.run),
+        "multirun/<date>/<time>": str(w.static),
+        "multirun/paper-main/<date>": str(w.static),
+        "multirun/failfast-grid/<date>": str(w.static),
+        "multirun/concavity/<date>": str(w.static),
+        "multirun/static-k-ar/<date>": str(w.static),
+        "multirun/tau-sensitivity/<date>": str(w.tau),
+        "multirun/nmax-sensitivity/<date>": str(w.tau),
+        "benchmarks/results/paper-{gsm8k,math500,aime24,humaneval}/runs/ar": runs,
+        "benchmarks/results/paper-gsm8k/runs/failfast": str(w.tau / "0"),
+        "DIR": str(w.run),
+    }
 
 
 def tiny_models(w: World) -> list[str]:
-    return ["--target", str(w.family["target"]), "--ar-drafter", str(w.family["drafter"]),
-            "--dllm-drafter", str(w.family["drafter"]), "--dflash-drafter", str(w.family["dflash"]),
-            "--eagle3-drafter", str(w.family["eagle3"])]
+    return [
+        "--target",
+        str(w.family["target"]),
+        "--ar-drafter",
+        str(w.family["drafter"]),
+        "--dllm-drafter",
+        str(w.family["drafter"]),
+        "--dflash-drafter",
+        str(w.family["dflash"]),
+        "--eagle3-drafter",
+        str(w.family["eagle3"]),
+    ]
 
 
 # -- rules: each command of the README is handled by the first rule whose pattern matches ------------------
@@ -429,8 +446,8 @@ def _extra(name: str) -> list[str]:
     """The requirements of ``[project.optional-dependencies]``'s ``name`` in pyproject.toml (read
     with re: tomllib is Python 3.11+, the project runs on 3.10)."""
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    section = text[text.index("[project.optional-dependencies]"):]
-    section = section[:section.find("\n[", 1)] if "\n[" in section[1:] else section
+    section = text[text.index("[project.optional-dependencies]") :]
+    section = section[: section.find("\n[", 1)] if "\n[" in section[1:] else section
     match = re.search(rf"^{re.escape(name)} = \[(.*?)\]\s*(#.*)?$", section, flags=re.M | re.S)
     return re.findall(r'"([^"]+)"', re.sub(r"#[^\n]*", "", match.group(1))) if match else []
 
@@ -438,8 +455,13 @@ def _extra(name: str) -> list[str]:
 def _mkdocs_build(command: Command, h: Harness) -> None:
     """The docs build as the README says, strict (no broken link, no unresolved API page), into a
     scratch site directory."""
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(h.cwd / "site")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(h.cwd / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (h.cwd / "site" / "index.html").is_file()
 
@@ -459,15 +481,23 @@ def _stop(command: Command, h: Harness) -> None:
     """The documented stop string, on 1 prompt of 64 new tokens: it cuts the bundled GSM8K answer
     (``finish_reason`` ``stop_string``, as vanilla decoding's), lossless. An example that visibly
     does nothing -- every prompt ending at EOS or ``max_new_tokens`` -- fails here."""
-    result = h.cli([*_args(command, "python -m specpolicy"), "dataset.num_prompts=1", "generation.max_new_tokens=64",
-                    "run.warmup_prompts=0"])
+    result = h.cli(
+        [
+            *_args(command, "python -m specpolicy"),
+            "dataset.num_prompts=1",
+            "generation.max_new_tokens=64",
+            "run.warmup_prompts=0",
+        ]
+    )
     assert result.code == 0, result.err
     run = _results_dir(result.out)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["generation"]["stop"], summary["config"]["generation"]
     (row,) = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
-    assert row["finish_reason"] == row["vanilla_finish_reason"] == "stop_string", (row["finish_reason"],
-                                                                                   row["output_text"])
+    assert row["finish_reason"] == row["vanilla_finish_reason"] == "stop_string", (
+        row["finish_reason"],
+        row["output_text"],
+    )
     assert row["lossless"] and row["generated_tokens"] < 64
 
 
@@ -497,8 +527,12 @@ def _wandb(command: Command, h: Harness) -> None:
 
 
 def _my_prompts(h: Harness, bad: bool) -> None:
-    rows = ['{"prompt": "Natalia sold clips to 48 of her friends."}', '{"question": "How many clips?"}',
-            '{"text": "Janet has 16 ducks."}', '{"problem": "What is 2 + 3?"}']
+    rows = [
+        '{"prompt": "Natalia sold clips to 48 of her friends."}',
+        '{"question": "How many clips?"}',
+        '{"text": "Janet has 16 ducks."}',
+        '{"problem": "What is 2 + 3?"}',
+    ]
     if bad:  # the README's error: line 2 a string not closed, line 4 an array, line 5 no text field
         rows[1], rows[3] = '{"prompt": "How many clips?}', '["What is 2 + 3?"]'
         rows.append('{"answer": "72"}')
@@ -512,8 +546,11 @@ def _slurm(command: Command, h: Harness) -> None:
 
     args = _args(command, "python -m specpolicy")
     launcher = [a for a in args if a.startswith(("hydra/launcher=", "hydra.launcher."))]
-    dry(command, h, {a: "hydra/launcher=basic" if a.startswith("hydra/launcher=") else "hydra.verbose=false"
-                     for a in launcher})
+    dry(
+        command,
+        h,
+        {a: "hydra/launcher=basic" if a.startswith("hydra/launcher=") else "hydra.verbose=false" for a in launcher},
+    )
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=launcher, return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("SlurmLauncher")
@@ -549,17 +586,48 @@ def _my_policy(command: Command, h: Harness) -> None:
 
 def _peers(command: Command, h: Harness) -> None:
     out = h.cwd / "peers.json"
-    load_benchmark("peers").main([*_args(command, "python benchmarks/peers.py"), "--num-prompts", "1",
-                                  "--max-new-tokens", "8", "--methods", r"^ar\+static-k5$", "--no-oracle",
-                                  "--sweep-prompts", "1", "--warmup", "0", "--out", str(out), *tiny_models(h.world)])
+    load_benchmark("peers").main(
+        [
+            *_args(command, "python benchmarks/peers.py"),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--methods",
+            r"^ar\+static-k5$",
+            "--no-oracle",
+            "--sweep-prompts",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     assert {"vanilla", "ar+static-k5"} <= set(json.loads(out.read_text())["methods"])
 
 
 def _paper_table_run(command: Command, h: Harness) -> None:
     out = h.cwd / "paper"
-    load_benchmark("paper_table").main([*_args(command, "python benchmarks/paper_table.py"), "--num-prompts", "1",
-                                        "--calibration-prompts", "1", "--k-grid", "3", "--max-new-tokens", "8",
-                                        "--warmup", "0", "--out", str(out), *tiny_models(h.world)])
+    load_benchmark("paper_table").main(
+        [
+            *_args(command, "python benchmarks/paper_table.py"),
+            "--num-prompts",
+            "1",
+            "--calibration-prompts",
+            "1",
+            "--k-grid",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     assert (out / "table1.md").is_file() and (out / "appendix_b.md").is_file()
 
 
@@ -581,29 +649,59 @@ def _paper_table_combine(command: Command, h: Harness) -> None:
 
 
 def _ceiling(command: Command, h: Harness) -> None:
-    args = [str(ROOT / a) if a.startswith("benchmarks/results/peers") else a
-            for a in _args(command, "python benchmarks/ceiling.py")]
+    args = [
+        str(ROOT / a) if a.startswith("benchmarks/results/peers") else a
+        for a in _args(command, "python benchmarks/ceiling.py")
+    ]
     out = h.cwd / "ceiling.json"
-    load_benchmark("ceiling").main([*args, "--num-prompts", "1", "--max-new-tokens", "8", "--out", str(out),
-                                    *tiny_models(h.world)])
+    load_benchmark("ceiling").main(
+        [*args, "--num-prompts", "1", "--max-new-tokens", "8", "--out", str(out), *tiny_models(h.world)]
+    )
     assert out.is_file()
 
 
 def _overhead(command: Command, h: Harness) -> None:
     out = h.cwd / "overhead.json"
-    load_benchmark("overhead").main([*_args(command, "python benchmarks/overhead.py"), "--num-prompts", "1",
-                                     "--max-new-tokens", "8", "--warmup", "0", "--out", str(out),
-                                     *tiny_models(h.world)])
+    load_benchmark("overhead").main(
+        [
+            *_args(command, "python benchmarks/overhead.py"),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     assert out.is_file()
 
 
 def _tune_failfast(command: Command, h: Harness) -> None:
     """Run shortened on the tiny family (2 prompts, a 2-point grid), its JSON to a scratch path."""
     out = h.cwd / "tune.json"
-    result = load_benchmark("tune_failfast").main([*_args(command, "python benchmarks/tune_failfast.py"),
-                                                   "--num-prompts", "2", "--max-new-tokens", "8", "--warmup", "0",
-                                                   "--n-grid", "2,4", "--tau-grid", "0.6", "--static-k", "4",
-                                                   "--out", str(out), *tiny_models(h.world)])
+    result = load_benchmark("tune_failfast").main(
+        [
+            *_args(command, "python benchmarks/tune_failfast.py"),
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--warmup",
+            "0",
+            "--n-grid",
+            "2,4",
+            "--tau-grid",
+            "0.6",
+            "--static-k",
+            "4",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     assert out.is_file() and all(row["lossless"] == 2 for row in result["rows"])
 
 
@@ -613,20 +711,55 @@ def _batched(command: Command, h: Harness) -> None:
     module = load_benchmark("batched")
     module.parser().parse_args(_args(command, "python benchmarks/batched.py"))
     out, figure = h.cwd / "batched.json", h.cwd / "batched.png"
-    result = module.main(["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--ks", "1",
-                          "--repeats", "1", "--out", str(out), "--figure", str(figure), "--dtype", "float64",
-                          "--device", "cpu", *tiny_models(h.world)])
+    result = module.main(
+        [
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch-sizes",
+            "1,2",
+            "--ks",
+            "1",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            "--figure",
+            str(figure),
+            "--dtype",
+            "float64",
+            "--device",
+            "cpu",
+            *tiny_models(h.world),
+        ]
+    )
     assert out.is_file() and figure.is_file()
-    assert all(s["lossless"] for row in result["batch_sizes"].values() for name, s in row.items()
-               if not name.startswith("_"))
+    assert all(
+        s["lossless"] for row in result["batch_sizes"].values() for name, s in row.items() if not name.startswith("_")
+    )
 
 
 def _packing(command: Command, h: Harness) -> None:
     """Run shortened on the tiny target (batch sizes 2 and 3, one repeat): both layouts give every
     request the same logits (the script checks), the JSON is written."""
     out = h.cwd / "packing.json"
-    result = load_benchmark("packing").main(["--target", str(h.world.family["target"]), "--batch-sizes", "2,3",
-                                             "--context", "3,9", "--k", "3", "--repeats", "1", "--out", str(out)])
+    result = load_benchmark("packing").main(
+        [
+            "--target",
+            str(h.world.family["target"]),
+            "--batch-sizes",
+            "2,3",
+            "--context",
+            "3,9",
+            "--k",
+            "3",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert out.is_file() and len(result["passes"]) == 4
 
 
@@ -634,9 +767,26 @@ def _batched_lossless(command: Command, h: Harness) -> None:
     """Run shortened on the tiny family (2 prompts, two drafters and policies, batch sizes 1 and 2)."""
     out = h.cwd / "lossless.json"
     result = load_benchmark("batched_lossless").main(
-        ["--num-prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "1,2", "--drafters", "ar,eagle3",
-         "--policies", "static,goodput-batch", "--dtype", "float64", "--device", "cpu", "--out", str(out),
-         *tiny_models(h.world)])
+        [
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch-sizes",
+            "1,2",
+            "--drafters",
+            "ar,eagle3",
+            "--policies",
+            "static,goodput-batch",
+            "--dtype",
+            "float64",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     assert result["all_lossless"] and out.is_file()
 
 
@@ -647,8 +797,9 @@ def _train_drafter(command: Command, h: Harness) -> None:
 
     _my_prompts(h, bad=False)
     text = command.text.replace("/models/", f"{h.world.root}/models/")
-    args = build_parser().parse_args(_args(Command(command.kind, text, command.line),
-                                           "python -m specpolicy.family.train_drafter"))
+    args = build_parser().parse_args(
+        _args(Command(command.kind, text, command.line), "python -m specpolicy.family.train_drafter")
+    )
     h.mp.chdir(h.cwd)
     assert check_args(args)["num_hidden_layers"] >= 1
 
@@ -729,78 +880,136 @@ def _reader(module: str) -> Callable[[Command, Harness], None]:
 
 CLI = r"(bash|inline): python -m specpolicy"
 RULES = [
-    Rule(r"bash: pip install (torch==\S+ -e (\.|\"\.\[\w+\]\")|-e \"\.\[\w+\]\")", "the environment is that install",
-         _pip_install),
-    Rule(r"bash: pip install -e \.", "", skip="a plugin package's own install, in its directory: "
-                                             "tests/docs/test_plugin_howto.py installs the how-to pages' packages"),
+    Rule(
+        r"bash: pip install (torch==\S+ -e (\.|\"\.\[\w+\]\")|-e \"\.\[\w+\]\")",
+        "the environment is that install",
+        _pip_install,
+    ),
+    Rule(
+        r"bash: pip install -e \.",
+        "",
+        skip="a plugin package's own install, in its directory: "
+        "tests/docs/test_plugin_howto.py installs the how-to pages' packages",
+    ),
     Rule(r"bash: mkdocs build --strict", "the docs build, strict, to a scratch directory", _mkdocs_build),
-    Rule(r"bash: python -m pytest -q( -m \"not slow\")?", "",
-         skip="the test suite itself: run from inside the suite it would recurse"),
+    Rule(
+        r"bash: python -m pytest -q( -m \"not slow\")?",
+        "",
+        skip="the test suite itself: run from inside the suite it would recurse",
+    ),
     Rule(rf"{CLI} policy=failfast drafter=fastdllm", "the main job, shortened (bundled family)", run_shortened),
-    Rule(rf"{CLI} run\.resume=false", "run, the same command (complete), then run.resume=false (starts over)",
-         _resume),
+    Rule(rf"{CLI} run\.resume=false", "run, the same command (complete), then run.resume=false (starts over)", _resume),
     Rule(rf"{CLI} .*generation\.stop=.*", "run shortened: stop strings", _stop),
-    Rule(rf"{CLI} > run\.log 2>&1", "run shortened, tiny family: output not a terminal, no progress bars",
-         _log_without_bars),
+    Rule(
+        rf"{CLI} > run\.log 2>&1",
+        "run shortened, tiny family: output not a terminal, no progress bars",
+        _log_without_bars,
+    ),
     Rule(rf"{CLI} \+logger=wandb", "run shortened, W&B offline, tiny family", _wandb),
     Rule(rf"{CLI} --list-plugins", "run", _list_plugins),
     Rule(rf"{CLI} --help", "run", _help),
-    Rule(rf"{CLI} dataset\.path=my_prompts\.jsonl", "dry, on a prompt file of mixed rows",
-         lambda c, h: (_my_prompts(h, bad=False), dry(c, h))),
-    Rule(r"transcript: python -m specpolicy dataset\.path=my_prompts\.jsonl",
-         "run on the bad file the README describes: its exact error", lambda c, h: (_my_prompts(h, bad=True),
-                                                                                   transcript(c, h))),
-    Rule(r"transcript: python -m specpolicy -m .*hydra/launcher=slurm.*",
-         "run with no Slurm command on PATH: its exact error line", _no_slurm_transcript),
+    Rule(
+        rf"{CLI} dataset\.path=my_prompts\.jsonl",
+        "dry, on a prompt file of mixed rows",
+        lambda c, h: (_my_prompts(h, bad=False), dry(c, h)),
+    ),
+    Rule(
+        r"transcript: python -m specpolicy dataset\.path=my_prompts\.jsonl",
+        "run on the bad file the README describes: its exact error",
+        lambda c, h: (_my_prompts(h, bad=True), transcript(c, h)),
+    ),
+    Rule(
+        r"transcript: python -m specpolicy -m .*hydra/launcher=slurm.*",
+        "run with no Slurm command on PATH: its exact error line",
+        _no_slurm_transcript,
+    ),
     Rule(r"transcript: python -m specpolicy .*", "run: its exact error line", transcript),
-    Rule(rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
-         "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
-         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
-    Rule(r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",
-         "options checked before the target would load (tests/family/test_train_drafter.py trains both, shortened)",
-         _train_drafter),
-    Rule(rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
-         "dry, the /models/ directories standing in for local model directories",
-         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"})),
-    Rule(rf"{CLI} .*hydra/launcher=slurm.*", "jobs checked with the basic launcher; the Slurm launcher composed",
-         _slurm),
-    Rule(rf"{CLI} policy=my_policy", "dry, the example plugin's policy=entropy for my_policy",
-         lambda c, h: _my_policy(c, h) if importlib.util.find_spec("specpolicy_entropy") else
-         pytest.skip("the example plugin is not installed (pip install ./examples/third-party-policy)")),
-    Rule(rf"{CLI} (policy=mine policy\.k=\d+|drafter=lookup .*)", "",
-         skip="a how-to page's plugin package: tests/docs/test_plugin_howto.py installs it and runs this command"),
+    Rule(
+        rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
+        "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
+        lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"}),
+    ),
+    Rule(
+        r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",
+        "options checked before the target would load (tests/family/test_train_drafter.py trains both, shortened)",
+        _train_drafter,
+    ),
+    Rule(
+        rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
+        "dry, the /models/ directories standing in for local model directories",
+        lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"}),
+    ),
+    Rule(
+        rf"{CLI} .*hydra/launcher=slurm.*", "jobs checked with the basic launcher; the Slurm launcher composed", _slurm
+    ),
+    Rule(
+        rf"{CLI} policy=my_policy",
+        "dry, the example plugin's policy=entropy for my_policy",
+        lambda c, h: (
+            _my_policy(c, h)
+            if importlib.util.find_spec("specpolicy_entropy")
+            else pytest.skip("the example plugin is not installed (pip install ./examples/third-party-policy)")
+        ),
+    ),
+    Rule(
+        rf"{CLI} (policy=mine policy\.k=\d+|drafter=lookup .*)",
+        "",
+        skip="a how-to page's plugin package: tests/docs/test_plugin_howto.py installs it and runs this command",
+    ),
     Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
     Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
-    Rule(r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
-         "run on a sweep / run made here", lambda c, h: _reader(c.text.split()[2].split(".")[-1])(c, h)),
+    Rule(
+        r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
+        "run on a sweep / run made here",
+        lambda c, h: _reader(c.text.split()[2].split(".")[-1])(c, h),
+    ),
     Rule(r"inline: python -m specpolicy\.analysis\.(report|plot|oracle)( RUN| <run>)?", "its --help", _module_help),
-    Rule(r"bash: python -m specpolicy\.analysis\.paper_figures .*", "run on sweeps / runs made here", _reader("paper_figures")),
-    Rule(r"inline: python -m specpolicy\.analysis\.paper_figures (FIGURE DIR\.\.\.|--out \S+)", "its --help lists the four figures",
-         _paper_figures_synopsis),
-    Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family",
-         _peers),
-    Rule(r"bash: python benchmarks/paper_table\.py --dataset gsm8k .*", "run shortened, tiny family",
-         _paper_table_run),
+    Rule(
+        r"bash: python -m specpolicy\.analysis\.paper_figures .*",
+        "run on sweeps / runs made here",
+        _reader("paper_figures"),
+    ),
+    Rule(
+        r"inline: python -m specpolicy\.analysis\.paper_figures (FIGURE DIR\.\.\.|--out \S+)",
+        "its --help lists the four figures",
+        _paper_figures_synopsis,
+    ),
+    Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family", _peers),
+    Rule(r"bash: python benchmarks/paper_table\.py --dataset gsm8k .*", "run shortened, tiny family", _paper_table_run),
     Rule(r"bash: python benchmarks/paper_table\.py combine .*", "run on the committed results", _paper_table_combine),
     Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"(bash|inline): python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
-    Rule(r"bash: python benchmarks/tune_failfast\.py .*", "run shortened: 2 prompts, 2 grid points, tiny family",
-         _tune_failfast),
+    Rule(
+        r"bash: python benchmarks/tune_failfast\.py .*",
+        "run shortened: 2 prompts, 2 grid points, tiny family",
+        _tune_failfast,
+    ),
     Rule(r"(bash|inline): python benchmarks/packing\.py .*", "run shortened, tiny target", _packing),
-    Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family",
-         _batched_lossless),
-    Rule(r"(bash|inline): python benchmarks/batched\.py .*", "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
-         _batched),
+    Rule(r"(bash|inline): python benchmarks/batched_lossless\.py .*", "run shortened, tiny family", _batched_lossless),
+    Rule(
+        r"(bash|inline): python benchmarks/batched\.py .*",
+        "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
+        _batched,
+    ),
     Rule(r"(bash|inline): python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
-    Rule(r"(bash|inline): python -m specpolicy\.analysis\.docs( --check)?", "",
-         skip="the results pages' generator: tests/analysis/test_docs_pages.py runs it (the committed pages equal "
-              "what it renders)"),
-    Rule(r"(bash|inline): python -m specpolicy\.run\.reference( --check)?", "",
-         skip="the reference pages' generator: tests/run/test_reference.py runs it (the committed pages equal "
-              "what it renders)"),
-    Rule(r"bash: mv results\.json benchmarks/results/\S+\.json", "",
-         skip="moves a benchmark's output into benchmarks/results/ (the benchmark before it is run shortened)"),
+    Rule(
+        r"(bash|inline): python -m specpolicy\.analysis\.docs( --check)?",
+        "",
+        skip="the results pages' generator: tests/analysis/test_docs_pages.py runs it (the committed pages equal "
+        "what it renders)",
+    ),
+    Rule(
+        r"(bash|inline): python -m specpolicy\.run\.reference( --check)?",
+        "",
+        skip="the reference pages' generator: tests/run/test_reference.py runs it (the committed pages equal "
+        "what it renders)",
+    ),
+    Rule(
+        r"bash: mv results\.json benchmarks/results/\S+\.json",
+        "",
+        skip="moves a benchmark's output into benchmarks/results/ (the benchmark before it is run shortened)",
+    ),
     Rule(r"(bash|inline): python -m specpolicy\.family .*", "arguments checked", _family),
     Rule(r"inline: python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),
     Rule(r"bash: scripts/slurm-local\.sh up", "syntax checked; the subcommand exists", _slurm_local),
@@ -831,32 +1040,69 @@ def test_every_documented_command_has_a_rule():
 def test_every_page_of_the_docs_is_read():
     """A page added under docs/ is read without a change here (README first, then every page)."""
     assert DOCUMENTS[0].name == "README.md"
-    for page in ("index.md", "getting-started.md", "concepts.md", "how-to/own-checkpoints.md",
-                 "how-to/write-a-policy.md"):
+    for page in (
+        "index.md",
+        "getting-started.md",
+        "concepts.md",
+        "how-to/own-checkpoints.md",
+        "how-to/write-a-policy.md",
+    ):
         assert ROOT / "docs" / page in DOCUMENTS, page
 
 
 def test_a_new_kind_of_documented_command_is_uncovered_until_a_rule_names_it():
-    new = doc_commands("\n".join([
-        "```bash", "python -m specpolicy.newtool outputs/<run>", "python benchmarks/new_benchmark.py --x 1",
-        "python -m specpolicy policy=static policy.k=3", "./run-me.sh", "```",
-        "```text", "$ python -m specpolicy.analysis.report --bad", "error: ...", "```"]), "docs/how-to/new.md")
-    assert uncovered(new) == ["docs/how-to/new.md line 2: bash: python -m specpolicy.newtool outputs/<run>",
-                              "docs/how-to/new.md line 3: bash: python benchmarks/new_benchmark.py --x 1",
-                              "docs/how-to/new.md line 5: bash: ./run-me.sh",
-                              "docs/how-to/new.md line 8: transcript: python -m specpolicy.analysis.report --bad"]
+    new = doc_commands(
+        "\n".join(
+            [
+                "```bash",
+                "python -m specpolicy.newtool outputs/<run>",
+                "python benchmarks/new_benchmark.py --x 1",
+                "python -m specpolicy policy=static policy.k=3",
+                "./run-me.sh",
+                "```",
+                "```text",
+                "$ python -m specpolicy.analysis.report --bad",
+                "error: ...",
+                "```",
+            ]
+        ),
+        "docs/how-to/new.md",
+    )
+    assert uncovered(new) == [
+        "docs/how-to/new.md line 2: bash: python -m specpolicy.newtool outputs/<run>",
+        "docs/how-to/new.md line 3: bash: python benchmarks/new_benchmark.py --x 1",
+        "docs/how-to/new.md line 5: bash: ./run-me.sh",
+        "docs/how-to/new.md line 8: transcript: python -m specpolicy.analysis.report --bad",
+    ]
 
 
 def test_the_extraction_reads_every_form_of_command():
-    commands = doc_commands("\n".join([
-        "Run `python -m specpolicy policy=static` or `python -m specpolicy.analysis.report DIR`; not `policy.k`.",
-        "```bash", "pip install x && python -m specpolicy a=1   # a comment", "python benchmarks/x.py --a 1 \\",
-        "    --b 2", "```", "```text", "$ python -m specpolicy bad=1", "error: bad", "```",
-        "`python -m specpolicy a=1` again", "<!-- made by `python -m specpolicy.hidden` -->"]))
+    commands = doc_commands(
+        "\n".join(
+            [
+                "Run `python -m specpolicy policy=static` or `python -m specpolicy.analysis.report DIR`; not `policy.k`.",
+                "```bash",
+                "pip install x && python -m specpolicy a=1   # a comment",
+                "python benchmarks/x.py --a 1 \\",
+                "    --b 2",
+                "```",
+                "```text",
+                "$ python -m specpolicy bad=1",
+                "error: bad",
+                "```",
+                "`python -m specpolicy a=1` again",
+                "<!-- made by `python -m specpolicy.hidden` -->",
+            ]
+        )
+    )
     assert [(c.kind, c.text, c.expected) for c in commands] == [
-        ("bash", "pip install x", ()), ("bash", "python -m specpolicy a=1", ()),
-        ("bash", "python benchmarks/x.py --a 1 --b 2", ()), ("transcript", "python -m specpolicy bad=1", ("error: bad",)),
-        ("inline", "python -m specpolicy policy=static", ()), ("inline", "python -m specpolicy.analysis.report DIR", ())]
+        ("bash", "pip install x", ()),
+        ("bash", "python -m specpolicy a=1", ()),
+        ("bash", "python benchmarks/x.py --a 1 --b 2", ()),
+        ("transcript", "python -m specpolicy bad=1", ("error: bad",)),
+        ("inline", "python -m specpolicy policy=static", ()),
+        ("inline", "python -m specpolicy.analysis.report DIR", ()),
+    ]
     assert commands[2].line == 4 and commands[2].where == "README.md line 4"
 
 
@@ -866,8 +1112,10 @@ def test_a_command_shown_on_several_pages_is_run_once_where_it_is_first_shown(tm
     (tmp_path / "README.md").write_text("```bash\npython -m specpolicy a=1\n```\n")
     (tmp_path / "docs" / "page.md").write_text("Run `python -m specpolicy a=1` or `python -m specpolicy b=2`.\n")
     commands = documented_commands([tmp_path / "README.md", tmp_path / "docs" / "page.md"])
-    assert [(c.where, c.key) for c in commands] == [("README.md line 2", "bash: python -m specpolicy a=1"),
-                                                    ("docs/page.md line 1", "inline: python -m specpolicy b=2")]
+    assert [(c.where, c.key) for c in commands] == [
+        ("README.md line 2", "bash: python -m specpolicy a=1"),
+        ("docs/page.md line 1", "inline: python -m specpolicy b=2"),
+    ]
 
 
 @pytest.mark.slow  # runs the documented commands (in this process), a few minutes on 2 cores

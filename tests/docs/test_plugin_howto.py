@@ -28,13 +28,15 @@ def page_package(page: Path, heading: str) -> dict[str, str]:
     (up to the next ``## `` heading), each of which must start with ``# <path>``."""
     text = page.read_text(encoding="utf-8")
     assert heading in text, f"{page.name}: no section {heading!r}"
-    section = text[text.index(heading):]
+    section = text[text.index(heading) :]
     end = section.find("\n## ", len(heading))
     section = section if end < 0 else section[:end]
     files = {}
     for block in re.findall(r"```(?:python|yaml|toml)\n(.*?)```", section, flags=re.S):
         first, _, _ = block.partition("\n")
-        assert first.startswith("# "), f"{page.name}: a code block of {heading!r} does not start with its path: {first!r}"
+        assert first.startswith("# "), (
+            f"{page.name}: a code block of {heading!r} does not start with its path: {first!r}"
+        )
         files[first[2:].strip()] = block
     return files
 
@@ -43,7 +45,8 @@ def install(page: Path, heading: str, package: str, root: Path, monkeypatch) -> 
     """The page's package under ``root`` on ``sys.path`` with its entry point declared."""
     files = page_package(page, heading)
     assert set(files) == {f"src/{package}/plugin.py", "pyproject.toml"} | {
-        name for name in files if name.startswith(f"src/{package}/conf/") and name.endswith(".yaml")}
+        name for name in files if name.startswith(f"src/{package}/conf/") and name.endswith(".yaml")
+    }
     assert any(name.endswith(".yaml") for name in files), "the package ships its config file"
     for name, body in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -66,9 +69,10 @@ def install(page: Path, heading: str, package: str, root: Path, monkeypatch) -> 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """Both pages' packages installed (``my_policy``, ``my_drafter``); cwd a scratch directory."""
-    roots = {"my_policy": install(POLICY_PAGE, POLICY_SECTION, "my_policy", tmp_path / "my-policy", monkeypatch),
-             "my_drafter": install(DRAFTER_PAGE, DRAFTER_SECTION, "my_drafter", tmp_path / "my-drafter",
-                                   monkeypatch)}
+    roots = {
+        "my_policy": install(POLICY_PAGE, POLICY_SECTION, "my_policy", tmp_path / "my-policy", monkeypatch),
+        "my_drafter": install(DRAFTER_PAGE, DRAFTER_SECTION, "my_drafter", tmp_path / "my-drafter", monkeypatch),
+    }
     monkeypatch.chdir(tmp_path)
     yield roots
     for module in [m for m in sys.modules if m.split(".")[0] in roots]:
@@ -80,8 +84,9 @@ def cli(monkeypatch, *args: str) -> None:
     main()
 
 
-def test_the_policy_page_plugin_is_listed_runs_k_tokens_per_round_and_refuses_bad_values(installed, family,
-                                                                                        monkeypatch, capsys, tmp_path):
+def test_the_policy_page_plugin_is_listed_runs_k_tokens_per_round_and_refuses_bad_values(
+    installed, family, monkeypatch, capsys, tmp_path
+):
     cli(monkeypatch, "--list-plugins")
     out = capsys.readouterr().out
     assert re.search(r"^  mine +my-policy 0\.1\.0 \(entry point\) +config_searchpath, make_policy$", out, flags=re.M)
@@ -100,12 +105,14 @@ def test_the_policy_page_plugin_is_listed_runs_k_tokens_per_round_and_refuses_ba
 
 
 @pytest.mark.parametrize("policy", [["policy=static", "policy.k=4"], ["policy=failfast", "policy.n=2"]])
-def test_the_drafter_page_plugin_is_listed_drafts_and_is_lossless(installed, family, monkeypatch, capsys, tmp_path,
-                                                                  policy):
+def test_the_drafter_page_plugin_is_listed_drafts_and_is_lossless(
+    installed, family, monkeypatch, capsys, tmp_path, policy
+):
     cli(monkeypatch, "--list-plugins")
     out = capsys.readouterr().out
-    assert re.search(r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, make_drafter$", out,
-                     flags=re.M), out
+    assert re.search(
+        r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, make_drafter$", out, flags=re.M
+    ), out
     assert "  lookup: pkg://my_drafter.conf  drafter/lookup" in out
 
     tiny = [o for o in overrides(family) if not o.startswith(("drafter=", "drafter."))]
