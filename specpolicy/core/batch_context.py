@@ -149,7 +149,7 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
             m2, w2, n2 = blocks.pop()
             m1, w1, n1 = blocks.pop()
             blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return [m for m, _, n in blocks for _ in range(n)]
+    return [m for m, _, n in blocks for _ in range(int(n))]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -112,17 +113,17 @@ def draft_rounds(active: list[_Request], rooms: list[int], device) -> tuple[list
     while True:
         asks = {}
         for i, r in enumerate(active):
-            if not stops[i]:
-                n, stops[i] = ask_policy(r.policy, drafts[i], rooms[i])
+            if not stops[i]:  # a request that drafts (a drafter, so a policy)
+                n, stops[i] = ask_policy(cast(LengthPolicy, r.policy), drafts[i], rooms[i])
                 if n:
                     asks[i] = n
         if not asks:
             return drafts, stops
         rows = list(asks)
         before = [drafts[i].length for i in rows]
-        drafter_class = type(active[rows[0]].drafter)
-        for i, b, draft in zip(rows, before, drafter_class.draft_many([active[i].drafter for i in rows],
-                                                                      [asks[i] for i in rows])):
+        drafting = [cast(Drafter, active[i].drafter) for i in rows]
+        drafter_class = type(drafting[0])
+        for i, b, draft in zip(rows, before, drafter_class.draft_many(drafting, [asks[i] for i in rows])):
             drafts[i] = draft
             stops[i] = after_drafting(draft, b)
 
@@ -267,12 +268,13 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         if not active:
             continue
 
-        if policy is not None:  # what each policy knows of the batch; a batch-aware class plans the round
+        if planner is not None:  # what each policy knows of the batch; a batch-aware class plans the round
             contexts = [BatchContext(len(active), row, verify_cost, draft_cost=draft_cost)
                         for row in range(len(active))]
-            plan = planner([r.policy for r in active], contexts)
-            for row, r in enumerate(active):
-                r.policy.batch = contexts[row] if plan is None else \
+            policies = [cast(LengthPolicy, r.policy) for r in active]
+            plan = planner(policies, contexts)
+            for row, row_policy in enumerate(policies):
+                row_policy.batch = contexts[row] if plan is None else \
                     BatchContext(len(active), row, verify_cost, int(plan[row]), draft_cost)
         round_start = time.perf_counter()
         rooms = [min(max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 
@@ -36,6 +38,7 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     n = len(path_rows)
     if path_rows != list(range(n)):  # move the path's entries down to start, start + 1, ...
         index = None
+        layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or not layer.keys.numel():
                 continue

@@ -29,6 +29,7 @@ import operator
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -231,13 +232,13 @@ def round_record(index: int, draft: Draft, verification: Verification, emitted: 
         target_token_ids=tuple(verification.target_token_ids.tolist()),
         draft_stop_reason=draft_stop,
         finish_reason=finish,
-        draft_parents=tuple(draft.parents.tolist()) if draft.is_tree else (),
+        draft_parents=tuple(draft.parents.tolist()) if draft.parents is not None else (),  # a tree
         accepted_path=tuple(verification.path or ()),
     )
 
 
 def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None,
-             **extra: torch.Tensor | None) -> None:
+             **extra: Any) -> None:
     """``model.prefill(prompt_ids, **extra)`` (``extra``: the prompt's target ``features`` for a
     drafter that reads them), with ``sampling=`` only when sampling (so drafters and verifiers
     written before sampling existed keep working for greedy decoding). A drafter without the
@@ -282,6 +283,7 @@ def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
     draft = Draft.empty(device)
     if drafter is None:
         return draft, "vanilla"
+    assert policy is not None, "a drafter drafts with a length policy"
     while True:
         n, stop = ask_policy(policy, draft, room, answers)
         if stop:
@@ -350,8 +352,7 @@ def _cut_at_stop(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int)
     and at most ``remaining``. Returns ``(count, hit_eos)``; one device sync."""
     m = int(committed.shape[0])
     is_eos = torch.isin(committed, eos_ids)
-    first_eos = torch.where(is_eos.any(), is_eos.int().argmax(), m)
-    first_eos = int(first_eos)  # the sync the algorithm needs: where generation stops
+    first_eos = int(torch.where(is_eos.any(), is_eos.int().argmax(), m))  # the sync needed: where generation stops
     if first_eos < min(m, remaining):
         return first_eos + 1, True
     return min(m, remaining), False

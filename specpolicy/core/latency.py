@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from specpolicy.core.accounting import PASS_ACCOUNTINGS
 from specpolicy.core.types import RoundRecord
@@ -149,7 +149,7 @@ class LatencyProfile:
             raise ValueError(f"unknown profile key(s) {unknown}; known: {', '.join(PROFILE_KEYS)}")
         if not config.get("name"):
             raise ValueError("profile.name is required")
-        values = {}
+        values: dict[str, Any] = {}
         for key in ("drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token"):
             v = config.get(key)
             if v is not None:
@@ -193,7 +193,7 @@ def load_profile(name: str) -> LatencyProfile:
     file = resources.files("specpolicy.conf") / "profile" / f"{name}.yaml"
     if not file.is_file():
         raise FileNotFoundError(f"no latency profile {name!r}; shipped: {', '.join(BUILTIN_PROFILES)}")
-    return LatencyProfile.from_config(OmegaConf.to_container(OmegaConf.create(file.read_text())))
+    return LatencyProfile.from_config(cast(Mapping[str, Any], OmegaConf.to_container(OmegaConf.create(file.read_text()))))
 
 
 def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable[RoundRecord] = (),
@@ -254,8 +254,8 @@ def modeled_ms(rounds: Iterable[RoundRecord], profile: LatencyProfile) -> float:
 
 def modeled_speedup(rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile) -> float:
     """Modeled vanilla ms (``generated_tokens`` target steps) / modeled ms of ``rounds``; 0.0 without rounds."""
-    ms = modeled_ms(rounds, profile)
-    return generated_tokens * profile.target_ms_per_token / ms if ms > 0 else 0.0
+    ms = modeled_ms(rounds, profile)  # a complete profile (modeled_round_ms): target_ms_per_token is set
+    return generated_tokens * cast(float, profile.target_ms_per_token) / ms if ms > 0 else 0.0
 
 
 def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile,
@@ -302,7 +302,7 @@ def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, p
         "profile": asdict(shown),
         "speedup_vs_vanilla": None if resolved is None else modeled_speedup(spec_rounds, generated_tokens, resolved),
         "ms": None if resolved is None else modeled_ms(spec_rounds, resolved),
-        "vanilla_ms": None if resolved is None else generated_tokens * resolved.target_ms_per_token,
+        "vanilla_ms": None if resolved is None else generated_tokens * cast(float, resolved.target_ms_per_token),
         "speedup_by_profile": by_profile,
     }
     if unavailable:

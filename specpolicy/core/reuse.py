@@ -52,8 +52,8 @@ class DraftReuse:
     def extend(self, draft: Draft, room: int) -> Draft:
         """``draft`` with the continuation of its longest suffix found in the rejected tail
         appended (at most ``room - draft.length`` tokens); unchanged when nothing matches."""
-        tail = self._tail_ids
-        if tail is None or draft.length < self.min_match or tail.shape[0] < 2 or room <= draft.length:
+        tail, tail_conf = self._tail_ids, self._tail_conf
+        if tail is None or tail_conf is None or draft.length < self.min_match or tail.shape[0] < 2 or room <= draft.length:
             return draft
         end, match_len = _longest_suffix_match(draft.token_ids, tail)
         if match_len < self.min_match or end + 1 >= tail.shape[0]:
@@ -66,7 +66,7 @@ class DraftReuse:
         return replace(  # other fields (e.g. small_block_confidences) stay the drafter's
             draft,
             token_ids=torch.cat([draft.token_ids, reused]),
-            confidences=torch.cat([draft.confidences, self._tail_conf[end + 1 : end + 1 + extra]]),
+            confidences=torch.cat([draft.confidences, tail_conf[end + 1 : end + 1 + extra]]),
             reused_tokens=draft.reused_tokens + extra,
             probs=probs,
             lookahead=0,  # the drafter's look-ahead continued its own draft, not this one

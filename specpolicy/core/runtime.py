@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -18,7 +19,8 @@ class Timer:
 
     def __init__(self, cuda: bool) -> None:
         self._cuda = cuda
-        self._start = self._end = None
+        self._start: Any = None  # torch.cuda.Event on CUDA, else time.perf_counter() s
+        self._end: Any = None
 
     def __enter__(self) -> Timer:
         if self._cuda:

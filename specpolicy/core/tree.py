@@ -177,7 +177,8 @@ def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torc
     edge_ok = (token_ids == target_ids[parents + 1]).tolist()  # the one sync: each node vs the target at its parent
     plist = parents.tolist() if plist is None else plist
     ok: list[bool] = []
-    best, best_depth, depth = -1, 0, []
+    best, best_depth = -1, 0
+    depth: list[int] = []
     for i, parent in enumerate(plist):  # topological: a node is accepted when its parent is and it agrees
         ok.append(edge_ok[i] and (parent < 0 or ok[parent]))
         depth.append(1 + (depth[parent] if parent >= 0 else 0))
@@ -210,7 +211,8 @@ def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor,
     children: dict[int, list[int]] = {}
     for i, parent in enumerate(parents_l):
         children.setdefault(parent, []).append(i)
-    node, path, draw = -1, [], 0
+    node, draw = -1, 0
+    path: list[int] = []
     dist = p[0].cpu()  # rows move to the host as the walk reaches them (each step is a decision anyway)
     while True:
         accepted = None
