@@ -219,6 +219,8 @@ def headline_rows(results: Mapping[str, Any]) -> list[str]:
     return sorted(seen, key=lambda n: methods[n].get("speedup_vs_vanilla") or 0.0)
 
 
+#: Shorter titles for the headline's narrow table (the full titles: the peers page, the glossary).
+HEADLINE_TITLES = {"acceptance rate (accepted / drafted tokens)": "acceptance rate"}
 HEADLINE_COLUMNS = (
     "method",
     "tokens/s",
@@ -241,7 +243,7 @@ def headline_markdown(results: Mapping[str, Any], name: str) -> list[str]:
         f"interleaved per prompt; `benchmarks/results/{name}`). Each drafter's fastest row, Hugging Face's best "
         "assisted generation and FailFast on the dLLM drafter:",
         "",
-        *markdown_table(header, rows),
+        *markdown_table([HEADLINE_TITLES.get(h, h) for h in header], rows),
         "",
         f"{timing_line(conditions, 'Spread')} Measured ratios move from run to run with the machine's speed; "
         "the MODELED column is forward-pass counts x the A6000 profile's latencies, not measured. "

@@ -1,6 +1,7 @@
 """Frozen records exchanged by drafters, verifiers, length policies and the decoding loop.
 
 Conventions (batch size 1 throughout):
+
 * token ids are ``torch.int64`` 1-D tensors on the runtime device;
 * confidences are ``torch.float32`` 1-D tensors: the drafter's max probability at the
   forward pass that produced each token (FailFast paper, §3 "confidence");

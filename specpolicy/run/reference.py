@@ -350,7 +350,7 @@ def config_page(root: Path) -> str:
             "|---|---|---|---|",
         ]
         for group, value, comment in top.defaults:
-            if group.startswith("hydra/") or group == "_self_":
+            if not group or group.startswith("hydra/"):  # `_self_` and Hydra's own groups
                 continue
             choices = ", ".join(_choices(conf, group))
             lines.append(

@@ -65,6 +65,7 @@ def test_readme_headline_block_is_filled_between_the_markers(copy: Path):
     assert "old table" not in text and text.startswith("# specpolicy\n\nintro\n\n") and text.endswith("\n\nrest\n")
     block = text[text.index(docs.BEGIN) : text.index(docs.END)]
     assert "| eagle3+static-k8 | 206.6 | 2.39x |" in block and "MODELED speedup, a6000-qwen7b" in block
+    assert "| acceptance rate |" in block
     assert docs.main(["--root", str(copy), "--check"]) == 0
 
 
