@@ -241,7 +241,7 @@ def run_header(summary: Mapping[str, Any]) -> str:
     generation = config.get("generation") or {}
     runtime = summary.get("runtime") or {}
     prompts = summary.get("prompts", 0)
-    what = f"{prompts} prompts"
+    what = f"{prompts} prompt{'' if prompts == 1 else 's'}"
     if generation.get("max_new_tokens") is not None:
         what += f" x {generation['max_new_tokens']} new tokens"
     name = Path(str(dataset["path"])).name if dataset.get("path") else dataset.get("name")

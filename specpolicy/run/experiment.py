@@ -112,6 +112,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
                                                     seed=int(cfg.seed)).describe())
             if done is not None:  # resumed with nothing left to compute: no model is loaded
                 print(complete_line(done, shown(run_dir)))
+                print_results(done, run_dir, wide=bool(cfg.run.get("wide_tables", False)), warn=False)  # as stored
                 return done
             return _run(cfg, container, pm, prompts, run_dir, outputs)
         except BaseException as error:
@@ -239,15 +240,24 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                      for line in lines or ()]  # pluggy calls the last registered first: back to run order
         if outputs is not None:
             outputs.extend(elsewhere)
-    print_summary(summary, wide=bool(cfg.run.get("wide_tables", False)), run_dir=shown(run_dir))
-    if serving is not None:
+    print_results(summary, run_dir, wide=bool(cfg.run.get("wide_tables", False)))
+    return summary
+
+
+def print_results(summary: dict[str, Any], run_dir: str | Path, wide: bool = False, warn: bool = True) -> None:
+    """What a run prints at its end, from its summary: the summary table
+    (``specpolicy.analysis.tables.print_summary``), the serving table of a batched run, the
+    skipped prompts and (``warn``) a warning when its timings cannot be trusted. A run with
+    nothing left to compute prints the same from the summary it stored (its ``complete_line``
+    already says whether its timings could be trusted)."""
+    print_summary(summary, wide=wide, run_dir=shown(run_dir))
+    if summary.get("serving") is not None:
         from specpolicy.run.batch_experiment import print_serving
 
-        print_serving(serving)
-    for line in (skipped_line(summary), warning_line(summary.get("timing_conditions"))):
+        print_serving(summary["serving"])
+    for line in (skipped_line(summary), warning_line(summary.get("timing_conditions")) if warn else None):
         if line:
             print(line)
-    return summary
 
 
 def _write_partial_summary(method: str, results: list[PromptResult], config: dict[str, Any], runtime: Runtime,

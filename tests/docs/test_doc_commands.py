@@ -474,7 +474,7 @@ def _resume(command: Command, h: Harness) -> None:
     again = h.cli([*base, *SHORT])
     assert again.out.startswith("run complete:"), again.out
     over = h.cli([*base, "run.resume=false", *SHORT])
-    assert over.code == 0 and "run complete" not in over.out and "on 1 prompts" in over.out
+    assert over.code == 0 and "run complete" not in over.out and " 1 prompt x " in over.out
 
 
 def _stop(command: Command, h: Harness) -> None:

@@ -106,3 +106,24 @@ def test_a_key_the_plugin_accepts_keeps_the_plus_hint(here, monkeypatch, capsys)
     assert cli(monkeypatch, "policy=static", "policy.tau=0.3") == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: unknown key policy.tau; policy has keys k, name; to add a new key on purpose: +policy.tau=VALUE"]
+
+
+# -- d. the same command again: it is complete, and prints its table --------------------------
+
+
+def _table(lines: list[str]) -> list[str]:
+    """The run summary: from its title (``<method> on ...``) to its oracle sentence."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("ar+static on gsm8k, 2 prompts x 16 new tokens"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("oracle: "))
+    return lines[start:end + 1]
+
+
+def test_the_same_command_again_prints_the_stored_table(family, here, monkeypatch, capsys):
+    args = [*overrides(family), "policy=static", "policy.k=3"]
+    assert cli(monkeypatch, *args) == 0
+    first = capsys.readouterr().out.splitlines()
+    assert cli(monkeypatch, *args) == 0
+    again = capsys.readouterr().out.splitlines()
+    assert again[0].startswith("run complete: all 2 prompts of outputs/") and "run.resume=false starts over" in again[0]
+    assert _table(again) == _table(first)  # the same table, read back from summary.json
+    assert again[-4].startswith("results: outputs/")

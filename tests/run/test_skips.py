@@ -26,7 +26,7 @@ def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path
     summary = run_experiment(cfg, run_dir)
     out = capsys.readouterr().out
     assert f"skipping prompt huge ({prompts}:2): " in out and "over the context limit of 599" in out
-    assert out.index("skipping prompt huge") < out.index("on 2 prompts")  # reported before the table
+    assert out.index("skipping prompt huge") < out.index("prompts.jsonl, 2 prompts x 16 new tokens")  # reported before the table
     written = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert [r["prompt_id"] for r in written] == ["mine/0", "huge", "mine/2"]
     assert written[1]["skipped"].startswith("prompt of ") and "longer than the 599 tokens" in written[1]["skipped"]
