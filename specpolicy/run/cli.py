@@ -4,6 +4,8 @@
 or ``submitit_slurm``/``slurm`` fans the jobs out, ``hydra/sweeper=failfast_optuna`` searches).
 ``python -m specpolicy --list-plugins [plugins.block=[NAME,...]]`` prints the registered plugins,
 where each came from, the hooks it implements and the config files plugins add.
+``python -m specpolicy --version`` (or ``specpolicy --version``) prints ``specpolicy <version>``
+and exits 0 before Hydra starts.
 
 Config files shipped by plugins (hook ``specpolicy_config_searchpath``) join Hydra's search
 path through the Hydra plugin ``specpolicy.run.hydra_searchpath``.
@@ -33,6 +35,7 @@ from specpolicy.run.experiment import run_experiment
 from specpolicy.run.hydra_searchpath import register as register_searchpath_plugin
 
 DEBUG_FLAG = "--debug"
+VERSION_FLAG = "--version"
 _debug = False  # set by main(): --debug or HYDRA_FULL_ERROR=1 keep tracebacks
 
 
@@ -122,7 +125,24 @@ def list_plugins(argv: list[str] | None = None) -> None:
         print(f"  {plugin}: {entry}  {' '.join(_config_files(entry))}")
 
 
+def version() -> str:
+    """The installed distribution's version (``importlib.metadata``), else ``specpolicy.__version__``
+    (a source tree on ``sys.path`` without an install). pyproject.toml reads the version from
+    ``specpolicy.__version__``: one source of truth."""
+    from importlib.metadata import PackageNotFoundError, version as distribution_version
+
+    try:
+        return distribution_version("specpolicy")
+    except PackageNotFoundError:
+        import specpolicy
+
+        return specpolicy.__version__
+
+
 def main() -> None:
+    if VERSION_FLAG in sys.argv[1:]:  # before Hydra, which has a --version of its own
+        print(f"specpolicy {version()}")
+        return
     global _debug
     debug = _debug = DEBUG_FLAG in sys.argv[1:] or os.environ.get("HYDRA_FULL_ERROR", "") == "1"
     sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != DEBUG_FLAG)]
