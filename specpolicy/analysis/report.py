@@ -30,6 +30,7 @@ from specpolicy.analysis.results import (
 from specpolicy.analysis.summary import headline
 from specpolicy.analysis.tables import (
     FIGURES,
+    TREE_NOTE,
     Column,
     available_width,
     layout,
@@ -264,6 +265,8 @@ def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Se
     if marked:
         lines += ["", f"\\{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; measured speedup and tokens/s of:", ""]
         lines += [f"- `{r['run']}`: {'; '.join(r.get('timing_warnings') or [])}" for r in marked]
+    if any(r.get("tree_rounds") for r in rows):
+        lines += ["", TREE_NOTE[:1].upper() + TREE_NOTE[1:] + "."]
     if dead:
         lines += ["", "Jobs without a summary.json (died before finishing, or still running):", ""]
         lines += [f"- {_describe_dead(j, common)}" for j in dead]
@@ -319,6 +322,8 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
                   "report.csv have every column)", markup=False)
     for line in untrusted_notes(rows):
         out.print(line, markup=False)
+    if any(r.get("tree_rounds") for r in rows):  # their acceptance rate and speculation length count nodes
+        out.print(TREE_NOTE, markup=False)
     if common:
         out.print("common to every run: " + " ".join(common), markup=False)
     if dead:

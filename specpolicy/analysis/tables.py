@@ -191,6 +191,17 @@ SUMMARY_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) 
 #: Rows added when a method drafted trees (``policy=eagle2-tree`` ...).
 TREE_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in ("tree_rounds",
                                                                                         "mean_draft_depth"))
+#: Labels of the figures that count tree NODES when a method drafted trees (a round drafts a tree
+#: of that many nodes and accepts one path of it): they replace the ``FIGURES`` labels in the run
+#: summary of such a run.
+TREE_LABELS = {
+    "acceptance_rate": "acceptance rate (accepted tokens / drafted tree NODES)",
+    "mean_speculation_length": "speculation length per round (tree NODES drafted; mean over all rounds)",
+    "max_speculation_length": "longest speculation length in a round (tree NODES)",
+}
+#: The footnote under a table with rows of runs that drafted trees.
+TREE_NOTE = ("draft trees: acceptance rate = accepted tokens / drafted tree NODES; speculation length = tree "
+             "NODES drafted per round (one path of each tree is accepted; draft depth: its deepest node)")
 
 
 def method_drafted(name: str, m: Mapping[str, Any]) -> bool:
@@ -219,6 +230,7 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
                       for name in methods]))
     trees = any(m.get("tree_rounds") for m in summary["methods"].values())
     for label, key, fmt, drafting in SUMMARY_ROWS + (TREE_ROWS if trees else ()):
+        label = TREE_LABELS.get(key, label) if trees else label  # a tree's figures count nodes, and say so
         cells = []
         for name in methods:
             m = summary["methods"][name]
