@@ -977,11 +977,11 @@ RULES = [
     Rule(r"(bash|inline): python benchmarks/peers\.py .*", "run shortened: 1 prompt, one method, tiny family", _peers),
     Rule(r"bash: python benchmarks/paper_table\.py --dataset gsm8k .*", "run shortened, tiny family", _paper_table_run),
     Rule(r"bash: python benchmarks/paper_table\.py combine .*", "run on the committed results", _paper_table_combine),
-    Rule(r"bash: python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
+    Rule(r"(bash|inline): python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"(bash|inline): python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
     Rule(
-        r"bash: python benchmarks/tune_failfast\.py .*",
+        r"(bash|inline): python benchmarks/tune_failfast\.py .*",
         "run shortened: 2 prompts, 2 grid points, tiny family",
         _tune_failfast,
     ),
