@@ -335,7 +335,7 @@ def config_page(root: Path) -> str:
             "# Configuration keys",
             "",
             "Every key a run reads, with its default, its accepted range and what it means. Set any of them "
-            "on the command line: `python -m specpolicy group=choice key=value` (e.g. `policy=static "
+            "on the command line, after `python -m specpolicy`, as `group=choice` and `key=value` (e.g. `policy=static "
             "policy.k=8`). Defaults and meanings come from the YAML files under `conf/` (the comment after "
             "each key); the accepted range is what the validation rule says when it refuses a value -- every "
             "value is checked before any model loads, and a bad one is one line naming the key, the value and "
