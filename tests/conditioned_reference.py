@@ -216,4 +216,3 @@ def eagle3_reference(directory: Path, target, committed: torch.Tensor, k: int, l
             tokens = torch.cat([tokens, torch.tensor([tok])])
             hidden_in.append(out[-1])  # the drafter's own output is the next position's feature
     return torch.tensor(drafted)
-

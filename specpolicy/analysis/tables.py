@@ -336,5 +336,3 @@ def print_summary(summary: dict[str, Any], console: Console | None = None, wide:
             out.print("  see " + see, markup=False, soft_wrap=True)
     for prompt_id, pos in summary.get("not_lossless", {}).items():
         out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
-
-

@@ -276,5 +276,3 @@ def _write_partial_summary(method: str, results: list[PromptResult], config: dic
               f"{run_dir / 'summary.json'}; run the same command again to resume")
     except Exception as exc:  # never hide the interrupt behind a summary error
         print(f"\n{signame}: could not write a partial summary: {exc!r}")
-
-

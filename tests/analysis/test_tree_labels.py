@@ -9,8 +9,7 @@ import json
 
 from rich.console import Console
 
-from specpolicy.analysis.report import collect, report_rows, to_markdown
-from specpolicy.analysis.report import main as report_main
+from specpolicy.analysis.report import collect, main as report_main, report_rows, to_markdown
 from specpolicy.analysis.tables import TREE_NOTE, print_summary
 
 

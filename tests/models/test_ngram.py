@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 
 import numpy as np
 import pytest

@@ -10,8 +10,7 @@ import pytest
 
 import specpolicy.run.resume as resume
 from conftest import overrides
-from specpolicy.analysis.report import dead_jobs
-from specpolicy.analysis.report import main as report_main
+from specpolicy.analysis.report import dead_jobs, main as report_main
 from specpolicy.run.cli import main
 
 
