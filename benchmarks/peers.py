@@ -41,6 +41,17 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   every method MODELED under that profile (speedup and fraction of the oracle with the profile's
   costs: what the policy would do on that hardware).
 
+Methods by config (``--method NAME=OVERRIDES``, repeated): any installed policy -- a plugin's
+included -- on one of the drafters above, composed and validated as ``python -m specpolicy``
+composes them (``drafter=<d>,policy=<p>,policy.<key>=<value>,reuse.enabled=true``; the models,
+prompts and generation settings are the benchmark's own), e.g.
+
+    python benchmarks/peers.py --method ff=drafter=dflash,policy=failfast \
+        --method mine=drafter=dflash,policy=entropy,policy.n=4 --out compare.json
+
+With ``--method``, only vanilla and those methods run (no calibration sweeps); ``--builtins``
+adds them to the built-in methods above.
+
 Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
 machine drift affects all alike (calibration sweeps likewise). Each output is checked against
 vanilla greedy. Every method's figures are ``specpolicy.analysis.summary.summarize`` of its results
@@ -84,7 +95,7 @@ from specpolicy.analysis.oracle import CostModel, compare, oracle_max_length, re
 from specpolicy.analysis.profiling import ForwardTimer
 from specpolicy.analysis.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
 from specpolicy.analysis.summary import headline, summarize
-from specpolicy.analysis.tables import FIGURES, Column, figure_columns, layout, print_table as print_rows
+from specpolicy.analysis.tables import FIGURES, TREE_NOTE, Column, figure_columns, layout, print_table as print_rows
 from specpolicy.core.decoding import generate
 from specpolicy.core.latency import LatencyProfile, load_profile
 from specpolicy.core.reuse import DraftReuse
@@ -123,6 +134,74 @@ def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]
     root = OmegaConf.create({group: OmegaConf.create(text), "drafter": {"name": drafter}} if group != "drafter"
                             else {group: OmegaConf.create(text)})
     return OmegaConf.to_container(root[group], resolve=True)
+
+
+#: The drafters a ``--method`` may name (the bench's models: ``--ar-drafter`` ...).
+BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
+
+
+@dataclass
+class MethodSpec:
+    """A method added with ``--method NAME=OVERRIDES``: its ``name``, the bench ``drafter`` it
+    runs on, its composed ``policy`` node (``name`` included, as ``make_policy`` takes it),
+    whether draft ``reuse`` is on, the ``overrides`` as given and the ``plugins.block`` list."""
+
+    name: str
+    drafter: str
+    policy: dict[str, Any]
+    reuse: bool
+    overrides: list[str]
+    block: list[str] = field(default_factory=list)
+
+
+def parse_method(text: str) -> MethodSpec:
+    """``NAME=drafter=D,policy=P[,policy.KEY=VALUE ...][,reuse.enabled=true]`` as a ``MethodSpec``:
+    the overrides composed with the run's configs (Hydra, plugin config directories included) and
+    the policy validated by its plugin (``specpolicy.run.validation``), before any model loads.
+
+    Raises:
+        argparse.ArgumentTypeError: one line naming what is wrong (a bad override, a key or value
+            the policy refuses, a drafter the benchmark does not load).
+    """
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from specpolicy.core.errors import one_line
+    from specpolicy.run.hydra_searchpath import register
+    from specpolicy.run.resume import split_overrides
+    from specpolicy.run.validation import composition_key_line, validate_plugin_config
+
+    name, sep, rest = text.partition("=")
+    overrides = [o.strip() for o in split_overrides(rest) if o.strip()] if sep else []
+    if not name or name == "vanilla" or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name) or not overrides:
+        raise argparse.ArgumentTypeError(f"takes NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, digits, "
+                                         f"_ . + -, not vanilla), got {text!r}")
+    allowed = re.compile(r"^(drafter|policy|\+?\+?policy\.[\w.]+|reuse\.enabled|plugins\.block)=")
+    for override in overrides:
+        if not allowed.match(override):
+            raise argparse.ArgumentTypeError(
+                f"{name}: {override!r}: a method sets drafter=, policy=, policy.KEY= and reuse.enabled= only (the "
+                f"models, prompts and generation settings are the benchmark's options)")
+    register()  # plugins' config directories (policy=<a plugin's policy>)
+    try:
+        with initialize_config_module("specpolicy.conf", version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, in one line
+        line = composition_key_line(exc, overrides) or (one_line(exc) or (str(exc), 2))[0].removeprefix("error: ")
+        raise argparse.ArgumentTypeError(f"{name}: {line}") from None
+    config = OmegaConf.to_container(cfg, resolve=True)
+    drafter = str(config["drafter"]["name"])
+    if drafter not in BENCH_DRAFTERS:
+        raise argparse.ArgumentTypeError(f"{name}: drafter={drafter}: the benchmark runs drafters "
+                                         f"{', '.join(BENCH_DRAFTERS)}")
+    policy = dict(config["policy"])
+    block = list((config.get("plugins") or {}).get("block") or [])
+    try:
+        validate_plugin_config(get_plugin_manager(block=block), "policy", str(policy["name"]),
+                               {k: v for k, v in policy.items() if k != "name"}, config)
+    except ValueError as exc:  # ConfigError: the key, the value, the accepted range
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+    return MethodSpec(name, drafter, policy, bool(config["reuse"]["enabled"]), overrides, block)
 
 
 class LazyDrafters(dict):
@@ -164,6 +243,23 @@ class Bench:
     def policy(self, choice: str, drafter: str | None = None, **overrides):
         """Policy ``choice`` as ``policy=<choice>`` composes it with ``drafter=<drafter>``."""
         return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
+
+    def added(self, spec: MethodSpec) -> Method:
+        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
+        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
+        pm = get_plugin_manager(block=spec.block)
+        policy = make_policy(pm, spec.policy)
+        min_match = self.args.reuse_min_match
+        model = self.drafters[spec.drafter]  # loaded now, outside any timed call
+
+        def run(ids):
+            return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
+                            drafter=model, policy=policy, reuse=DraftReuse(min_match) if spec.reuse else None)
+
+        shown = repr(policy) if type(policy).__repr__ is not object.__repr__ else "{}({})".format(
+            type(policy).__name__, ", ".join(f"{k}={v!r}" for k, v in spec.policy.items() if k != "name"))
+        return Method(spec.name, "ours", spec.drafter, f"{shown}" + (" + draft reuse" if spec.reuse else "")
+                      + f" (--method {','.join(spec.overrides)})", run)
 
     def vanilla(self) -> Method:
         def run(ids):
@@ -520,9 +616,12 @@ def print_table(results: dict[str, Any]) -> None:
     console = _print_columns(COLUMNS, rows, f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
                                              f"tokens, {s['device']} {s['dtype']}"
                                              + ("" if trusted else f" {UNTRUSTED_MARK} ({UNTRUSTED_NOTE})"))
-    console.print(f"x HF best: over {results['hf_assisted_best']}; oracle fraction: modeled speedup / the exact "
+    hf_best = f"over {results['hf_assisted_best']}" if results.get("hf_assisted_best") else "- (no HF method ran)"
+    console.print(f"x HF best: {hf_best}; oracle fraction: modeled speedup / the exact "
                   f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
                   f"{results['modeled_profile']}, not measured", markup=False)
+    if any(m.get("tree_rounds") for m in results["methods"].values()):  # their figures count tree nodes
+        console.print(TREE_NOTE, markup=False)
 
 
 #: The second table: MODELED under ``--tuned-profile``.
@@ -625,6 +724,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="hardware profile given to goodput-<profile> and of the second, MODELED table")
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
     p.add_argument("--methods", default=None, help="regex: run only matching methods (vanilla always runs)")
+    p.add_argument("--method", action="append", type=parse_method, default=[], metavar="NAME=OVERRIDES",
+                   help="add a method by config, e.g. mine=drafter=dflash,policy=entropy,policy.n=4 (any installed "
+                        "policy; repeat to compare several); with it only vanilla and these run unless --builtins")
+    p.add_argument("--builtins", action="store_true",
+                   help="with --method: run the built-in methods (and their calibration sweeps) too")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, small sweeps")
     args = p.parse_args(argv)
     if args.quick:
@@ -636,6 +740,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
         p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
     check_prompt_slice(p, args)  # --offset >= 0 and before the last prompt, a known --dataset
+    names = [spec.name for spec in args.method]
+    if len(set(names)) < len(names):
+        p.error(f"--method: each method needs its own NAME, got {', '.join(names)}")
     try:
         complete = load_profile(args.tuned_profile).complete
     except FileNotFoundError as exc:
@@ -694,12 +801,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bench = Bench(args)
     prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)
     prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]
-    log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
-    cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
-    log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
-        f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}; "
-        "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"]))
-    methods = build_methods(bench, cal)
+    cal: dict[str, Any] | None = None
+    methods = [bench.vanilla()]
+    if args.builtins or not args.method:  # the built-in methods (with --method alone: only the added ones)
+        log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
+        cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
+        log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
+            f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}; "
+            "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"]))
+        methods = build_methods(bench, cal)
+    methods += [bench.added(spec) for spec in args.method]
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()
     watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.analysis.machine)
@@ -739,12 +850,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for name, res in block.pop("methods_profile", {}).items():
                 stats[name]["oracle_fraction_tuned_profile"] = res["fraction_of_oracle"]
     results = {
-        "settings": {**{k: v for k, v in vars(args).items()}, "device": str(bench.runtime.torch_device),
+        "settings": {**{k: v for k, v in vars(args).items() if k != "method"},
+                     **({"method": [f"{m.name}={','.join(m.overrides)}" for m in args.method]} if args.method else {}),
+                     "device": str(bench.runtime.torch_device),
                      "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
                      "torch_threads": torch.get_num_threads(), "benchmark_s": elapsed,
                      "prompt_ids": [p.prompt_id for p in prompts]},
         "timing_conditions": conditions,
-        "calibration": cal, "hf_assisted_best": hf_best, "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}",
+        "calibration": cal, "hf_assisted_best": hf_best,
+        "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}" if cal else None,
         "modeled_profile": profile.name,
         "tuned_profile": tuned.name,
         "modeled_label": "MODELED (forward-pass counts x profile latencies), not measured",
