@@ -14,19 +14,40 @@ from specpolicy.analysis.tables import TREE_NOTE, print_summary
 
 
 def _method(tree_rounds: int, drafted: int = 40):
-    return {"tokens_per_s": 120.0, "rounds": 50, "drafted_rounds": drafted, "acceptance_rate": 0.094,
-            "mean_accepted_length": 5.6, "mean_speculation_length": 60.0, "tokens_per_round": 6.6,
-            "max_accepted_length": 9, "max_speculation_length": 60, "drafter_passes_per_round": 6.0,
-            "generated_tokens": 330, "tree_rounds": tree_rounds, "mean_draft_depth": 6.0}
+    return {
+        "tokens_per_s": 120.0,
+        "rounds": 50,
+        "drafted_rounds": drafted,
+        "acceptance_rate": 0.094,
+        "mean_accepted_length": 5.6,
+        "mean_speculation_length": 60.0,
+        "tokens_per_round": 6.6,
+        "max_accepted_length": 9,
+        "max_speculation_length": 60,
+        "drafter_passes_per_round": 6.0,
+        "generated_tokens": 330,
+        "tree_rounds": tree_rounds,
+        "mean_draft_depth": 6.0,
+    }
 
 
 def _summary(tree_rounds: int) -> dict:
     method = "eagle3+eagle2-tree" if tree_rounds else "eagle3+static"
     vanilla = {**_method(0, 0), "tree_rounds": 0, "drafted_rounds": 0}
-    return {"method": method, "prompts": 2, "prompts_total": 2, "partial": False, "lossless_fraction": 1.0,
-            "speedup_vs_vanilla": 1.3, "tokens_per_s": 120.0, "acceptance_rate": 0.094,
-            "mean_accepted_length": 5.6, "mean_speculation_length": 60.0, "rounds": 50,
-            "methods": {method: _method(tree_rounds), "vanilla": vanilla}}
+    return {
+        "method": method,
+        "prompts": 2,
+        "prompts_total": 2,
+        "partial": False,
+        "lossless_fraction": 1.0,
+        "speedup_vs_vanilla": 1.3,
+        "tokens_per_s": 120.0,
+        "acceptance_rate": 0.094,
+        "mean_accepted_length": 5.6,
+        "mean_speculation_length": 60.0,
+        "rounds": 50,
+        "methods": {method: _method(tree_rounds), "vanilla": vanilla},
+    }
 
 
 def _rows(summary: dict) -> dict[str, list[str]]:

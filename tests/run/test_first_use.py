@@ -75,12 +75,17 @@ def test_the_report_does_not_count_a_run_that_never_started_as_died(family, here
 # -- c. a key the policy does not take: the plugin's own line, no "+key=VALUE" hint -------------
 
 
-@pytest.mark.parametrize("args, line", [
-    (["policy=static", "policy.tau=0.3"], "error: unknown key policy.tau; policy has keys k"),
-    (["policy=static", "policy.tau.x=1"], "error: unknown key policy.tau; policy has keys k"),
-    (["logger.jsonl.fil=x.jsonl"], "error: unknown key logger.jsonl.fil; logger.jsonl has keys file "
-                                   "(did you mean logger.jsonl.file?)"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["policy=static", "policy.tau=0.3"], "error: unknown key policy.tau; policy has keys k"),
+        (["policy=static", "policy.tau.x=1"], "error: unknown key policy.tau; policy has keys k"),
+        (
+            ["logger.jsonl.fil=x.jsonl"],
+            "error: unknown key logger.jsonl.fil; logger.jsonl has keys file (did you mean logger.jsonl.file?)",
+        ),
+    ],
+)
 def test_a_key_no_plugin_accepts_is_named_with_the_keys_the_plugin_takes(args, line, here, monkeypatch, capsys):
     assert cli(monkeypatch, *args) == 2
     err = capsys.readouterr().err.splitlines()
@@ -104,7 +109,8 @@ def test_a_key_the_plugin_accepts_keeps_the_plus_hint(here, monkeypatch, capsys)
     monkeypatch.setattr(validation, "validate_plugin_config", lambda *args, **kwargs: None)
     assert cli(monkeypatch, "policy=static", "policy.tau=0.3") == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: unknown key policy.tau; policy has keys k, name; to add a new key on purpose: +policy.tau=VALUE"]
+        "error: unknown key policy.tau; policy has keys k, name; to add a new key on purpose: +policy.tau=VALUE"
+    ]
 
 
 # -- d. the same command again: it is complete, and prints its table --------------------------
@@ -114,7 +120,7 @@ def _table(lines: list[str]) -> list[str]:
     """The run summary: from its title (``<method> on ...``) to its oracle sentence."""
     start = next(i for i, line in enumerate(lines) if line.startswith("ar+static on gsm8k, 2 prompts x 16 new tokens"))
     end = next(i for i, line in enumerate(lines) if line.startswith("oracle: "))
-    return lines[start:end + 1]
+    return lines[start : end + 1]
 
 
 def test_the_same_command_again_prints_the_stored_table(family, here, monkeypatch, capsys):
