@@ -95,6 +95,7 @@ def test_read_config_keeps_comments_nested_keys_and_continuations(tmp_path: Path
 def test_check_names_a_stale_page_in_a_copy(tmp_path: Path, capsys):
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     shutil.copytree(ROOT / reference.REFERENCE, tmp_path / reference.REFERENCE)
+    assert reference.main(["--root", str(tmp_path), "--page", "config.md"]) == 0  # the copy's conf, rendered
     assert reference.main(["--root", str(tmp_path), "--check", "--page", "config.md"]) == 0
     failfast = tmp_path / "conf/policy/failfast.yaml"
     failfast.write_text(
