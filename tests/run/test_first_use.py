@@ -116,9 +116,13 @@ def test_a_key_the_plugin_accepts_keeps_the_plus_hint(here, monkeypatch, capsys)
 # -- d. the same command again: it is complete, and prints its table --------------------------
 
 
+#: The summary's title: what the run ran (issue 30, 6a).
+TITLE = "ar+static on gsm8k, 2 prompts x 16 new tokens, cpu float64, greedy"
+
+
 def _table(lines: list[str]) -> list[str]:
     """The run summary: from its title (``<method> on ...``) to its oracle sentence."""
-    start = next(i for i, line in enumerate(lines) if line.startswith("ar+static on gsm8k, 2 prompts x 16 new tokens"))
+    start = next(i for i, line in enumerate(lines) if line.rstrip() == TITLE)
     end = next(i for i, line in enumerate(lines) if line.startswith("oracle: "))
     return lines[start : end + 1]
 
