@@ -33,6 +33,15 @@ Sampling: each drafted token is drawn from ``warp`` of its position's logits and
 depends on the context and (in an extension pass) on the given earlier drafted tokens only, so
 speculative sampling stays lossless.
 
+Path search (``drafter.path_search=cps``; DiffuSpec, arXiv 2510.02358, §4.2): each pass's
+distributions become a lattice and the drafted tokens are the best path of a beam search scored by
+the drafter and an n-gram model (``specpolicy.core.path_search``; ``drafter.ngram``, the bundled
+model of GSM8K's training answers by default); the confidences are the drafter's probabilities
+of the path's tokens, so any length policy (FailFast's too) reads them as usual. A draft ends
+where the lattice ends (a stop token among a position's likely candidates). Under sampling the
+path's tokens are verified as point masses (lossless). Batched drafting runs such passes one
+request after another.
+
 Batched (``draft_many``, the batched loop): the requests that take a pass at the same step run it
 together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
 the longest and masked per row; each request records what its own pass would.
@@ -49,17 +58,19 @@ from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.sampling import SamplingConfig, choose, point_mass
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
+from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, target_vocabulary
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "dflash"
-CONFIG_KEYS = ("model", "extension")
+CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
 #: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
 #: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
 EXTENSIONS = ("given", "none")
@@ -79,6 +90,8 @@ class DFlashDrafter(Drafter):
         stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
         extension: ``"given"`` (default: past B - 1 tokens, extension passes with the drafted tokens
             given) or ``"none"`` (one block per round: a policy asking for more gets no more).
+        path_search: DiffuSpec's causal-consistency path search over each pass's lattice (None: the
+            drafter's own tokens, the argmax or a sample).
     Raises:
         ValueError: for an ``extension`` not in ``EXTENSIONS``.
     """
@@ -86,7 +99,8 @@ class DFlashDrafter(Drafter):
     name = NAME
 
     def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
-                 runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = (), extension: str = "given"):
+                 runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = (), extension: str = "given",
+                 path_search: PathSearch | None = None):
         if extension not in EXTENSIONS:
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
         self.extension = extension
@@ -102,6 +116,9 @@ class DFlashDrafter(Drafter):
         device = runtime.torch_device
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
         self._masks = torch.full((self.block_size - 1,), model.spec.mask_token_id, dtype=torch.long, device=device)
+        self.path_search = path_search
+        #: (order - 1,) int64: the last committed tokens, the n-gram context of the path search
+        self._recent = torch.empty(0, dtype=torch.long, device=device)
         self.cache: KVCache | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
@@ -136,6 +153,8 @@ class DFlashDrafter(Drafter):
         self.cache = KVCache(len(self.model.layers))
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
+        self._recent = self._recent[:0]
+        self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -148,6 +167,14 @@ class DFlashDrafter(Drafter):
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
         self._passes = 0
         self._logits: list[torch.Tensor] = []  # (B - 1, V or Vd) per pass
+        self._path_ended = False  # the path search ended the round's draft (its lattice or path stopped)
+
+    def _remember(self, committed: torch.Tensor) -> None:
+        """Keep the last committed tokens before the pending one that the path search's n-gram reads
+        (``order - 1``)."""
+        if self.path_search is not None:
+            keep = max(self.path_search.scorer.order - 1, 1)
+            self._recent = torch.cat([self._recent, committed])[-keep:]
 
     def _cache_context(self) -> None:
         """Write the keys and values of the newly committed positions' features into the cache."""
@@ -170,6 +197,9 @@ class DFlashDrafter(Drafter):
         out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
         self._context = None
         logits = self.head(out[1 + self._tokens.shape[0]:])  # (B - 1, V or Vd)
+        if self.path_search is not None:
+            self._took(logits, *self._search(logits))
+            return
         tokens, confs, q = self._choose(logits, self._sampling, self.runtime.generator)
         stop_at = None
         if self._stop_ids.numel():
@@ -177,6 +207,23 @@ class DFlashDrafter(Drafter):
             if bool(hit.any()):  # the sync of a drafted stop token: nothing past it is drafted
                 stop_at = int(hit.int().argmax())
         self._took(logits, tokens, confs, q, stop_at)
+
+    def _search(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
+        """CPS on a pass's logits ``(B - 1, V or Vd)``: the path's tokens ``(m,) int64`` (target ids),
+        their drafter probabilities ``(m,) float32``, point-mass q rows when sampling, and the index
+        of a stop token ending the path (None: none). Marks the round's draft ended when the path is
+        shorter than the block (its lattice ended) or ends at a stop token."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        context = torch.cat([self._recent, self._pending, self._tokens])[-(self.path_search.scorer.order - 1):]
+        pad = torch.full((self.path_search.scorer.order - 1 - context.numel(),), self.path_search.scorer.vocab_size,
+                         dtype=torch.long, device=context.device)
+        tokens, confs, ended = self.path_search.search(probs, torch.cat([pad, context]), self._target_of_draft)
+        self._path_ended = ended
+        stop_at = None
+        if tokens.numel() and bool(torch.isin(tokens[-1:], self._stop_ids).any()):
+            stop_at = tokens.numel() - 1
+        q = point_mass(tokens, self.vocab_size) if self._sampling is not None else None
+        return tokens, confs, q, stop_at
 
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -212,7 +259,7 @@ class DFlashDrafter(Drafter):
     def _needs_pass(self, want: int) -> bool:
         """Whether a draft of ``want`` tokens takes another pass (one block only with ``extension=none``)."""
         one_block = self._passes and self.extension == "none"
-        return self._tokens.shape[0] < want and self._stop_at is None and not one_block
+        return self._tokens.shape[0] < want and self._stop_at is None and not one_block and not self._path_ended
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
@@ -256,7 +303,7 @@ class DFlashDrafter(Drafter):
             ValueError: for a ``num_tokens`` entry < 1 (before any pass).
         """
         lead = drafters[0] if drafters else None
-        if len(drafters) < 2 or any(d.model is not lead.model or d.embed_tokens is not lead.embed_tokens
+        if len(drafters) < 2 or lead.path_search is not None or any(d.model is not lead.model or d.embed_tokens is not lead.embed_tokens
                                     or d.head is not lead.head or d._stop_ids is not lead._stop_ids
                                     for d in drafters):
             return super().draft_many(drafters, num_tokens)
@@ -370,7 +417,9 @@ class DFlashDrafter(Drafter):
             raise RuntimeError("the dflash drafter got no target features from the verification; the verifier must "
                                "honour request_features")
         self._context = features if self._context is None else torch.cat([self._context, features])
-        self._pending = verification.committed_tokens(draft)[-1:]  # the correction / bonus token (chain or tree)
+        committed = verification.committed_tokens(draft)
+        self._remember(torch.cat([self._pending, committed[:-1]]))
+        self._pending = committed[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 
 
@@ -432,13 +481,17 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     check_keys("drafter", config, CONFIG_KEYS)
     choice("drafter.extension", config.get("extension", "given"), EXTENSIONS)
     check_checkpoint(config.get("model", "dflash-drafter"), run_config, check_fits_target, DFlashSpec.from_config)
+    if config.get("path_search", "none") != "none":
+        check_path_search(config, target_vocabulary(run_config))
     return True
 
 
 @hookimpl
 def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
     """Factory for ``drafter=dflash``. Config keys: ``model`` (bundled ``dflash-drafter`` or a local
-    DFlash checkpoint directory in the official layout), ``extension`` (``given`` | ``none``). The
+    DFlash checkpoint directory in the official layout), ``extension`` (``given`` | ``none``), and the
+    path search's (``path_search``: ``none`` | ``cps``; ``ngram``, ``cps_mass``, ``cps_candidates``,
+    ``cps_width``, ``cps_lambda``: ``specpolicy.models.ngram.PATH_SEARCH_DEFAULTS``). The
     embeddings and LM head are the target's (``verifier.model``).
 
     Raises:
@@ -460,5 +513,13 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     if error:
         raise ConfigError(f"{key}: {error}")
     probe_verifier(verifier, model.spec.feature_layers, int(target_config.num_hidden_layers) + 1, NAME)
-    return DFlashDrafter(model, embed, head, runtime, getattr(verifier, "eos_token_ids", ()),
-                         config.get("extension", "given"))
+    stop_ids = getattr(verifier, "eos_token_ids", ())
+    tokenizer = getattr(verifier, "tokenizer", None)
+    ngram = check_path_search(config, tokenizer.get_vocab() if tokenizer is not None else None)
+    search = None
+    if ngram is not None:
+        get = {key: config.get(key, default) for key, default in PATH_SEARCH_DEFAULTS.items()}
+        search = PathSearch(ngram, torch.tensor(sorted(stop_ids), dtype=torch.long, device=runtime.torch_device),
+                            float(get["cps_mass"]), int(get["cps_candidates"]), int(get["cps_width"]),
+                            float(get["cps_lambda"]))
+    return DFlashDrafter(model, embed, head, runtime, stop_ids, config.get("extension", "given"), search)

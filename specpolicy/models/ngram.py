@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import sys
 import zipfile
@@ -286,6 +285,74 @@ def load_ngram(path: str | Path, key: str = "ngram", vocab: dict[str, int] | Non
             raise ConfigError(f"{key}={str(path)!r}: built for another tokenizer (vocabulary of {vocab_size} tokens, "
                               f"sha256 {str(got)[:12]}); the run's has {len(vocab)} tokens, sha256 {want[:12]}")
     return NGramModel(order, vocab_size, keys, counts, header)
+
+
+# -- the drafters' path-search settings ------------------------------------------------------------
+
+#: ``drafter.path_search``: ``none`` (the drafter's own tokens) or ``cps`` (DiffuSpec's path search).
+PATH_SEARCHES = ("none", "cps")
+#: The path-search keys a block drafter accepts, with DiffuSpec's defaults (arXiv 2510.02358, App. A:
+#: mass 0.8, 15 candidates, beam width 3, lambda 0.5, a 3-gram model of the task's training split).
+PATH_SEARCH_DEFAULTS = {"path_search": "none", "ngram": "gsm8k-train", "cps_mass": 0.8, "cps_candidates": 15,
+                        "cps_width": 3, "cps_lambda": 0.5}
+#: n-gram models bundled with the family (``specpolicy/family/bundle/ngram/<name>.npz``): ``gsm8k-train``,
+#: a 3-gram model of GSM8K's 7,473 training answers in the family's tokenizer, EOS-terminated.
+BUNDLED_NGRAMS = ("gsm8k-train",)
+
+
+def resolve_ngram_path(value: str) -> Path:
+    """A bundled n-gram name's file, or ``value`` as a path."""
+    if value in BUNDLED_NGRAMS:
+        from specpolicy.models.loading import bundled_dir
+
+        return bundled_dir() / "ngram" / f"{value}.npz"
+    return Path(value).expanduser()
+
+
+def check_path_search(config: dict, vocab: dict[str, int] | None = None) -> NGramModel | None:
+    """Check a drafter's path-search keys (``PATH_SEARCH_DEFAULTS``) and, with ``path_search=cps``,
+    read its n-gram file (checked against ``vocab``, the target tokenizer's, when given).
+
+    Returns:
+        the n-gram model with ``cps``, else None.
+    Raises:
+        ConfigError: one line naming the key, the value and the accepted range.
+    """
+    from specpolicy.core.checks import choice, integer, number
+
+    get = {key: config.get(key, default) for key, default in PATH_SEARCH_DEFAULTS.items()}
+    if choice("drafter.path_search", get["path_search"], PATH_SEARCHES) == "none":
+        return None
+    number("drafter.cps_mass", get["cps_mass"], 0.0, 1.0, low_open=True)
+    integer("drafter.cps_candidates", get["cps_candidates"], 1)
+    integer("drafter.cps_width", get["cps_width"], 1)
+    number("drafter.cps_lambda", get["cps_lambda"], 0.0, 1.0)
+    if not isinstance(get["ngram"], str) or not get["ngram"]:
+        raise ConfigError(f"drafter.ngram must be a bundled n-gram ({', '.join(BUNDLED_NGRAMS)}) or an .npz file "
+                          f"(python -m specpolicy.models.ngram builds one), got {get['ngram']!r}")
+    model = load_ngram(resolve_ngram_path(get["ngram"]), "drafter.ngram", vocab)
+    if model.order < 2:
+        raise ConfigError(f"drafter.ngram={get['ngram']!r}: order {model.order}; the path search needs order >= 2")
+    return model
+
+
+def target_vocabulary(run_config: dict | None) -> dict[str, int] | None:
+    """The run's target tokenizer's vocabulary, read without loading the model, when ``verifier.model``
+    is bundled or a local directory with a tokenizer; None otherwise."""
+    from specpolicy.models.loading import resolve_model_path
+
+    model = ((run_config or {}).get("verifier") or {}).get("model")
+    if not isinstance(model, str) or not model:
+        return None
+    try:
+        directory = Path(resolve_model_path(model))
+        if not (directory / "tokenizer.json").is_file():
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(directory)).get_vocab()
+    except (OSError, ValueError):
+        return None
 
 
 # -- the command ------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ MASK = V - 1  # the fastdllm drafter's mask token
 T = 3  # tokens generated per run (drafts of up to T - 1 = 2 tokens, then a bonus / correction)
 N = 1000  # seeded runs per configuration
 FAMILY_ALPHA = 1e-3  # false-alarm probability of the file's distribution tests, all together
-STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "failfast", "dflash", "eagle3", "eagle3-tree", "dflash-failfast-tree")
+STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "failfast", "dflash", "eagle3", "eagle3-tree", "dflash-failfast-tree",
+              "dflash-cps")
 ALPHA = FAMILY_ALPHA / len(STAT_TESTS)  # per test (Bonferroni); the power check must fall below it too
 TEMPERATURE = SamplingConfig(temperature=1.0)
 TRUNCATED = SamplingConfig(temperature=0.8, top_k=8, top_p=0.9)
@@ -158,9 +159,9 @@ def _fastdllm(models, runtime, threshold: float = 0.9, cls=FastDLLMDrafter):
                threshold=threshold)
 
 
-def _dflash(models, runtime):
+def _dflash(models, runtime, path_search=None):
     """A random DFlash drafter fitting the 1-layer target (block 3, DFlash layer id 0, the family's
-    initialisation: near-uniform q, so rejections dominate)."""
+    initialisation: near-uniform q, so rejections dominate); ``path_search``: DiffuSpec's CPS on it."""
     from specpolicy.drafters.dflash import DFlashDrafter
     from specpolicy.family.train_dflash import new_dflash
 
@@ -168,7 +169,26 @@ def _dflash(models, runtime):
     model = new_dflash(target.config, MASK, 3, [0], seed=3, size=dict(num_hidden_layers=1, num_attention_heads=4,
                                                                         num_key_value_heads=2, head_dim=8,
                                                                         intermediate_size=64)).double().eval()
-    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime)
+    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime,
+                         path_search=path_search)
+
+
+def _cps(target, seed: int = 5):
+    """DiffuSpec's path search with a 2-gram model of the target's own samples (so its paths are
+    often accepted, and sometimes not), n-gram-led (lambda 0.2)."""
+    from specpolicy.core.path_search import PathSearch
+    from specpolicy.models.ngram import NGramModel
+
+    rng = torch.Generator().manual_seed(seed)
+    corpus = []
+    with torch.no_grad():
+        for _ in range(30):
+            seq = FEATURE_PROMPT.clone()
+            for _ in range(6):
+                p = torch.softmax(target(seq[None]).logits[0, -1].double(), -1)
+                seq = torch.cat([seq, torch.multinomial(p, 1, generator=rng)])
+            corpus.append(seq.tolist())
+    return PathSearch(NGramModel.build(corpus, V, 2), torch.empty(0, dtype=torch.long), mass=0.9, width=2, lam=0.2)
 
 
 def _eagle3(models, runtime):
@@ -199,6 +219,8 @@ def _config(name: str, models, runtime):
     if name in ("dflash", "dflash-failfast-tree"):  # drafters that read the target: q from its features
         policy = static if name == "dflash" else (lambda: FailFastTreePolicy(n=1, tau=0.5, n_max=T - 1, branch_k=3))
         return (lambda: (_dflash(models, runtime), policy())), FEATURE_PROMPT, TEMPERATURE, T
+    if name == "dflash-cps":  # the path search's tokens: point masses
+        return (lambda: (_dflash(models, runtime, _cps(models["target"])), static())), FEATURE_PROMPT, TEMPERATURE, T
     if name in ("eagle3", "eagle3-tree"):  # a tree: deterministic top-k children (point masses)
         policy = static if name == "eagle3" else (lambda: Eagle2TreePolicy(depth=T - 1, top_k=3, total_tokens=5))
         return (lambda: (_eagle3(models, runtime), policy())), FEATURE_PROMPT, TRUNCATED, T

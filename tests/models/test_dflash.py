@@ -351,3 +351,59 @@ def test_after_a_tree_round_the_next_block_starts_from_the_bonus_token(checkpoin
     targets = torch.tensor([0, 0, 0, 33])  # the target's tokens at the root and after each node
     drafter.commit(tree_draft, Verification(1, 33, targets, features=_features(target, new, 7, 9), path=(2,)))
     assert torch.equal(drafter.draft(B - 1).token_ids, dflash_reference(checkpoint, target, new))
+
+
+def _cps_drafter(checkpoint, target, runtime, lam=0.5, mass=0.8, stop=True):
+    """The drafter with DiffuSpec's path search over a 3-gram model of random token sequences."""
+    from specpolicy.core.path_search import PathSearch
+    from specpolicy.models.ngram import NGramModel
+
+    rng = torch.Generator().manual_seed(3)
+    corpus = [torch.randint(6, VOCAB - 1, (30,), generator=rng).tolist() + [EOS] for _ in range(40)]
+    stops = [EOS] if stop else []
+    search = PathSearch(NGramModel.build(corpus, VOCAB, 3), torch.tensor(stops, dtype=torch.long), mass=mass, lam=lam)
+    model = load_dflash(checkpoint).to(runtime.torch_dtype)
+    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime,
+                         frozenset(stops), path_search=search)
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "k": 3}, {"name": "static", "k": 20},
+                                    {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}])
+def test_path_search_drafts_are_lossless(checkpoint, target, rt, policy):
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = _cps_drafter(checkpoint, target, rt)
+    built = make_policy(get_plugin_manager(autoload=False), policy)
+    for prompt in random_prompts(4):
+        vanilla = generate(prompt, verifier, rt, max_new_tokens=40)
+        spec = generate(prompt, verifier, rt, max_new_tokens=40, drafter=drafter, policy=built)
+        assert torch.equal(spec.output_ids, vanilla.output_ids)
+
+
+def test_path_search_reranks_the_pass_and_is_the_argmax_without_the_ngram(checkpoint, target, rt):
+    """lambda 1 with one candidate a position (no stop token, which is always a candidate): the plain
+    drafter's tokens; lambda 0.3: the n-gram moves some tokens off the argmax, and each token's
+    confidence is the drafter's probability of it."""
+    committed = torch.randint(6, VOCAB - 1, (10,), generator=torch.Generator().manual_seed(7))
+    drafts = {}
+    for name, drafter in [("plain", _drafter(checkpoint, target, rt)),
+                          ("argmax", _cps_drafter(checkpoint, target, rt, lam=1.0, mass=1e-6, stop=False)),
+                          ("cps", _cps_drafter(checkpoint, target, rt, lam=0.3))]:
+        drafter.prefill(committed, features=_features(target, committed, 0, 9))
+        drafts[name] = drafter.draft(2 * B)
+    plain, argmax, cps = drafts["plain"], drafts["argmax"], drafts["cps"]
+    assert torch.equal(argmax.token_ids, plain.token_ids)
+    torch.testing.assert_close(argmax.confidences, plain.confidences)
+    m = min(plain.length, cps.length)
+    assert not torch.equal(cps.token_ids[:m], plain.token_ids[:m])
+    assert bool((cps.confidences > 0).all()) and bool((cps.confidences <= plain.confidences.max() + 1e-6).all())
+
+
+def test_path_search_tokens_are_point_masses_when_sampling(checkpoint, target, rt):
+    drafter = _cps_drafter(checkpoint, target, rt)
+    committed = torch.randint(6, VOCAB - 1, (10,), generator=torch.Generator().manual_seed(7))
+    drafter.prefill(committed, sampling=SamplingConfig(temperature=0.8, top_k=0, top_p=1.0),
+                    features=_features(target, committed, 0, 9))
+    draft = drafter.draft(B - 1)
+    assert draft.probs.shape == (draft.length, VOCAB)
+    assert torch.equal(draft.probs.argmax(-1), draft.token_ids) and torch.equal(draft.probs.sum(-1),
+                                                                                 torch.ones(draft.length))

@@ -1,0 +1,150 @@
+"""DiffuSpec's causal-consistency path search (CPS; Li et al., arXiv 2510.02358, §4.2, Eqs. 7-8).
+
+A block drafter's ONE pass gives a distribution per drafted position; the tokens that maximise
+each position alone need not read as a sentence (the positions were decoded in parallel). CPS
+turns the pass into a *lattice* and searches it left to right for a path that is likely under the
+drafter AND fluent under a causal scorer (an n-gram language model):
+
+1. Lattice (Eq. 7): per position, the smallest set of top tokens whose probability mass reaches
+   ``mass`` (0.8), at most ``max_candidates`` (15); a stop token (EOS) is always a candidate. The
+   lattice ends at the first position whose pruned top set holds a stop token on its own merit
+   (a stop token only added by the always-keep rule does not end it; the reading of the
+   third-party reproduction ``pluto0x0/DiffuSpec``, ``diffuspec/search/cps.py``).
+2. Beam search (Eq. 8): ``width`` (3) paths, each step adding
+   ``lam * log q_drafter(token) + (1 - lam) * log p_ngram(token | the path's last order - 1 tokens)``
+   (``lam`` 0.5; natural logs for both); a path that placed a stop token is finished and competes
+   with its score as it stands. The best path is the draft, verified as one chain.
+
+The drafters (``drafters/dflash.py``, ``drafter.path_search=cps``) call ``PathSearch.search`` on
+each pass's probabilities; the scorer is duck-typed (``specpolicy.models.ngram.NGramModel``), so the
+core imports no model. Lossless whatever the path: greedy verification accepts any chain's
+matching prefix, and under sampling the path's tokens are verified as point masses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class CausalScorer(Protocol):
+    """What CPS reads from its causal scorer (``specpolicy.models.ngram.NGramModel``)."""
+
+    order: int
+
+    def log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``context`` ``(B, order - 1)`` int64, ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float32 log p."""
+        ...
+
+
+def candidate_lattice(probs: torch.Tensor, mass: float, max_candidates: int, stop_cols: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pruned lattice of one pass (Eq. 7), in the columns of ``probs``.
+
+    Args:
+        probs: ``(n, V)`` float32, the drafter's distribution at each drafted position.
+        mass: cumulative probability a position's top set must reach, in (0, 1].
+        max_candidates: most candidates a position keeps before the stop tokens (>= 1).
+        stop_cols: ``(s,)`` int64 columns of ``probs`` that are stop tokens (always candidates).
+    Returns:
+        ``columns`` ``(m, M)`` int64, ``log_q`` ``(m, M)`` float32 and ``valid`` ``(m, M)`` bool
+        (``M = min(max_candidates, V) + s``; a slot not in the set is invalid), for the lattice's
+        ``m <= n`` positions.
+    """
+    n, vocab = probs.shape
+    values, cols = probs.topk(min(max_candidates, vocab), dim=-1)             # (n, top), best first
+    keep = values.cumsum(-1) - values < mass                                  # the smallest set reaching `mass`
+    m = n
+    if stop_cols.numel():
+        is_stop = cols[:, :, None] == stop_cols                               # (n, top, s)
+        natural = (is_stop.any(-1) & keep).any(-1)                            # (n,) a stop token on its own merit
+        ends = natural.nonzero()
+        m = int(ends[0, 0]) + 1 if ends.numel() else n                        # one sync: where the lattice ends
+        kept = (is_stop & keep[:, :, None]).any(1)                            # (n, s) already in the set
+        extra = stop_cols.expand(n, -1)
+        cols = torch.cat([cols, extra], dim=1)
+        keep = torch.cat([keep, ~kept], dim=1)                                # the others added, once
+        values = torch.cat([values, probs.gather(1, extra)], dim=1)
+    return cols[:m], values[:m].clamp(min=1e-30).log(), keep[:m]
+
+
+@dataclass
+class PathSearch:
+    """CPS with its settings (paper defaults: mass 0.8, 15 candidates, width 3, lambda 0.5).
+
+    Args:
+        scorer: the causal scorer (an n-gram model of ``order`` >= 1).
+        stop_ids: ``(s,)`` int64 stop token ids (EOS), on the drafter's device.
+        mass: lattice mass per position, in (0, 1].
+        max_candidates: lattice candidates per position (>= 1; the stop tokens come on top).
+        width: beam width (>= 1).
+        lam: weight of the drafter's log-probability (the n-gram's is ``1 - lam``), in [0, 1].
+    """
+
+    scorer: CausalScorer
+    stop_ids: torch.Tensor
+    mass: float = 0.8
+    max_candidates: int = 15
+    width: int = 3
+    lam: float = 0.5
+
+    @torch.no_grad()
+    def search(self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """The best path through one pass's lattice.
+
+        Args:
+            probs: ``(n, V)`` float32, the drafter's distribution at each drafted position.
+            context: ``(order - 1,)`` int64, the tokens before the first drafted position
+                (committed tokens, then any drafted earlier this round; ``NGramModel.pad_context``).
+            token_ids: ``(V,)`` int64, the token id of each column of ``probs`` (a draft vocabulary's
+                ``d2t``); None: column i is token i.
+        Returns:
+            ``path`` ``(m,)`` int64 (``m <= n``; shorter when the lattice or the path ended at a stop
+            token), ``q`` ``(m,)`` float32 the drafter's probability of each path token (its
+            confidence), and whether the lattice ended early (a stop token, or the path's end).
+        """
+        stop_cols = self.stop_ids if token_ids is None else torch.isin(token_ids, self.stop_ids).nonzero().flatten()
+        cols, log_q, valid = candidate_lattice(probs, self.mass, self.max_candidates, stop_cols)
+        tokens = cols if token_ids is None else token_ids[cols]
+        m, width = tokens.shape[0], self.width
+        order = self.scorer.order
+        device = probs.device
+        paths = torch.empty((1, 0), dtype=torch.long)                          # (w, t) on the host: the scorer's
+        history = context.reshape(1, -1).cpu()                                 # (w, order - 1)
+        scores = torch.zeros(1, dtype=torch.float64)
+        done = torch.zeros(1, dtype=torch.bool)
+        tokens_h, log_q_h, valid_h = tokens.cpu(), log_q.cpu().double(), valid.cpu()
+        stop_h = self.stop_ids.cpu()
+        for i in range(m):
+            cand, cand_lq, ok = tokens_h[i], log_q_h[i], valid_h[i]            # (M,)
+            live = ~done
+            step = torch.full((paths.shape[0], cand.numel()), -torch.inf, dtype=torch.float64)
+            if bool(live.any()):
+                ctx = history[live][:, history.shape[1] - (order - 1):] if order > 1 else history[live][:, :0]
+                lp = self.scorer.log_probs(ctx, cand.expand(int(live.sum()), -1)).double()  # (l, M)
+                step[live] = scores[live, None] + self.lam * cand_lq + (1 - self.lam) * lp
+                step[:, ~ok] = -torch.inf
+            # finished paths compete as they stand; live ones with every candidate
+            flat = torch.cat([step.flatten(), torch.where(done, scores, -torch.inf)])
+            best = flat.topk(min(width, int(torch.isfinite(flat).sum()))).indices
+            extend, carry = best[best < step.numel()], best[best >= step.numel()] - step.numel()
+            rows, cols = extend // cand.numel(), extend % cand.numel()
+            new_tok = cand[cols]
+            paths = torch.cat([torch.cat([paths[rows], new_tok[:, None]], 1),
+                               torch.cat([paths[carry], torch.full((carry.numel(), 1), -1)], 1)])
+            history = torch.cat([torch.cat([history[rows], new_tok[:, None]], 1),
+                                 torch.cat([history[carry], history[carry][:, -1:]], 1)])
+            scores = torch.cat([step.flatten()[extend], scores[carry]])
+            done = torch.cat([torch.isin(new_tok, stop_h), torch.ones(carry.numel(), dtype=torch.bool)])
+            if bool(done.all()):
+                break
+        best_path = paths[int(scores.argmax())]
+        path = best_path[best_path >= 0]
+        # each path token's drafter probability: the lattice slot it was taken from
+        picked = (tokens_h[: path.numel()] == path[:, None]) & valid_h[: path.numel()]
+        q = torch.where(picked, log_q_h[: path.numel()].exp(), 0).sum(-1).float()
+        ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stop_h).any()))
+        return path.to(device), q.to(device), ended
