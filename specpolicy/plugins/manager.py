@@ -39,6 +39,7 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",
     "specpolicy.policies.aimd",
+    "specpolicy.policies.adl",
     "specpolicy.policies.goodput",
     "specpolicy.policies.goodput_batch",
     "specpolicy.policies.batch_schedule",

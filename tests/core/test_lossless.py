@@ -24,6 +24,7 @@ POLICIES = {
     "failfast": {"n": 4, "tau": 0.3, "n_max": 40},
     "specdecpp": {"h": 0.7, "max_length": 12},
     "aimd": {"n_max": 20},
+    "adl": {"k_min": 2, "k_max": 12, "delta": 4},
     "heuristic": {"n_max": 20},
     # Free drafting and flat verification: every length pays, so drafts run to max_length (with
     # measured costs the tiny random drafters, which the target hardly ever accepts, get length 0).
