@@ -47,14 +47,23 @@ def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, A
     """``(name, drafter, policy)`` of every method (vanilla has neither)."""
     out = [("vanilla", None, None)]
     out += [(f"static-k{k}", bench.drafters[drafter], bench.policy("static", drafter, k=k)) for k in ks]
-    out += [("batch-schedule", bench.drafters[drafter], bench.policy("batch-schedule", drafter)),
-            ("goodput-batch", bench.drafters[drafter], bench.policy("goodput-batch", drafter))]
+    out += [
+        ("batch-schedule", bench.drafters[drafter], bench.policy("batch-schedule", drafter)),
+        ("goodput-batch", bench.drafters[drafter], bench.policy("goodput-batch", drafter)),
+    ]
     return out
 
 
-def run_method(bench: Bench, prompts: list[torch.Tensor], max_new_tokens: int, batch_size: int, drafter, policy,
-               arrivals: list[float], batch1_loop: bool = False
-               ) -> tuple[list[RequestTiming], float, list, list, RoundCounts]:
+def run_method(
+    bench: Bench,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    batch_size: int,
+    drafter,
+    policy,
+    arrivals: list[float],
+    batch1_loop: bool = False,
+) -> tuple[list[RequestTiming], float, list, list, RoundCounts]:
     """One method over every prompt: the requests' timings, the wall seconds, every round, every
     request's output ids and the counts the MODELED throughput reads (``batch_model.RoundCounts``)."""
     if drafter is not None:
@@ -63,17 +72,33 @@ def run_method(bench: Bench, prompts: list[torch.Tensor], max_new_tokens: int, b
         start, timings, outputs, rounds = time.perf_counter(), [], [], []
         for ids in prompts:
             t0 = time.perf_counter() - start
-            res = generate(ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=drafter,
-                           policy=policy)
+            res = generate(
+                ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=drafter, policy=policy
+            )
             t1 = time.perf_counter() - start
-            first = t0 + (res.prefill_ms + (res.rounds[0].draft_ms + res.rounds[0].verify_ms if res.rounds else 0)) / 1e3
+            first = (
+                t0 + (res.prefill_ms + (res.rounds[0].draft_ms + res.rounds[0].verify_ms if res.rounds else 0)) / 1e3
+            )
             timings.append(RequestTiming(0.0, t0, first, t1, res.generated_tokens))
             outputs.append(res.output_ids.tolist())
             rounds += res.rounds
-        return (timings, time.perf_counter() - start, rounds, outputs,
-                RoundCounts.of_rounds(rounds, sum(t.tokens for t in timings)))
-    res = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens,
-                         batch_size=batch_size, drafter=drafter, policy=policy, arrivals=arrivals)
+        return (
+            timings,
+            time.perf_counter() - start,
+            rounds,
+            outputs,
+            RoundCounts.of_rounds(rounds, sum(t.tokens for t in timings)),
+        )
+    res = generate_batch(
+        prompts,
+        bench.verifier,
+        bench.runtime,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        drafter=drafter,
+        policy=policy,
+        arrivals=arrivals,
+    )
     outputs = [res.results[i].output_ids.tolist() for i in range(len(prompts))]
     rounds = [r for g in res.results.values() for r in g.rounds]
     return [res.timings[i] for i in sorted(res.timings)], res.wall_s, rounds, outputs, RoundCounts.of(res)
@@ -83,21 +108,28 @@ def measure(bench: Bench, prompts: list[torch.Tensor], args: argparse.Namespace,
     ks = [int(k) for k in args.ks.split(",")]
     table = methods(bench, args.drafter, ks)
     arrivals = arrival_times(len(prompts), args.arrival, args.rate, args.seed)
-    reference = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
-                 for ids in prompts]  # batch-1 greedy outputs (untimed; also the warm-up)
+    reference = [
+        generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
+        for ids in prompts
+    ]  # batch-1 greedy outputs (untimed; also the warm-up)
     rows: dict[str, dict[str, Any]] = {}
     for b in [int(x) for x in args.batch_sizes.split(",")]:
         entries = [(name, d, p, False) for name, d, p in table]
         if b == 1:  # today's batch-1 loop beside the batched loop at B = 1
-            entries += [(f"{name}:loop-1", d, p, True) for name, d, p in table if name.startswith(("vanilla", "static"))]
-        runs: dict[str, list] = {name: [[], 0.0, [], True, RoundCounts()]  # timings, wall, rounds, lossless, counts
-                                 for name, *_ in entries}
+            entries += [
+                (f"{name}:loop-1", d, p, True) for name, d, p in table if name.startswith(("vanilla", "static"))
+            ]
+        runs: dict[str, list] = {
+            name: [[], 0.0, [], True, RoundCounts()]  # timings, wall, rounds, lossless, counts
+            for name, *_ in entries
+        }
         for rep in range(args.repeats):  # interleaved: every method once per repeat, rotating order
             shift = (b + rep) % len(entries)
             for name, d, p, loop1 in entries[shift:] + entries[:shift]:
                 log(f"B={b} repeat {rep + 1}/{args.repeats} {name}")
-                timings, wall, rounds, outputs, counts = run_method(bench, prompts, args.max_new_tokens, b, d, p,
-                                                                    arrivals, loop1)
+                timings, wall, rounds, outputs, counts = run_method(
+                    bench, prompts, args.max_new_tokens, b, d, p, arrivals, loop1
+                )
                 run = runs[name]
                 run[0] += timings
                 run[1] += wall
@@ -156,9 +188,12 @@ def figure(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8)
-    fig.suptitle(f"batched decoding, drafter={s['drafter']}: {s['num_prompts']} {s['dataset']} prompts x "
-                 f"{s['max_new_tokens']} tokens, {s['arrival']} arrivals, {s['device']} {s['dtype']} "
-                 f"(measured){trusted}", fontsize=10)
+    fig.suptitle(
+        f"batched decoding, drafter={s['drafter']}: {s['num_prompts']} {s['dataset']} prompts x "
+        f"{s['max_new_tokens']} tokens, {s['arrival']} arrivals, {s['device']} {s['dtype']} "
+        f"(measured){trusted}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -178,12 +213,21 @@ def print_table(result: dict[str, Any]) -> None:
         cells = []
         for b in sizes:
             s = result["batch_sizes"][b].get(name)
-            cells.append("" if s is None else f"{s['throughput_tokens_per_s']:.0f} ({s['speedup_vs_vanilla']:.2f}x)"
-                         + ("" if s["lossless"] else " LOSSY"))
+            cells.append(
+                ""
+                if s is None
+                else f"{s['throughput_tokens_per_s']:.0f} ({s['speedup_vs_vanilla']:.2f}x)"
+                + ("" if s["lossless"] else " LOSSY")
+            )
         table.add_row(name, *cells)
     for key in ("best_fixed_k", "goodput_batch_over_best_fixed", "batch_schedule_over_best_fixed"):
-        table.add_row(key, *[(lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(
-            result["batch_sizes"][b]["_summary"][key]) for b in sizes])
+        table.add_row(
+            key,
+            *[
+                (lambda v: f"{v:.3f}" if isinstance(v, float) else str(v))(result["batch_sizes"][b]["_summary"][key])
+                for b in sizes
+            ],
+        )
     Console(width=200).print(table)
     print_modeled(result)
 
@@ -211,8 +255,10 @@ def print_modeled(result: dict[str, Any]) -> None:
                 cells.append(f"{m['speculative_tokens_per_s']:.0f}" + ("" if ratio is None else f" ({ratio:.2f}x)"))
             table.add_row(name, *cells)
         Console(width=200).print(table)
-    print(f"MODELED tables: {result['modeled']['label']}"
-          + "".join(f"; {why}" for why in result["modeled"].get("unavailable", {}).values()))
+    print(
+        f"MODELED tables: {result['modeled']['label']}"
+        + "".join(f"; {why}" for why in result["modeled"].get("unavailable", {}).values())
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -244,14 +290,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     watch = MachineWatch()
     watch.start()
     rows = measure(bench, prompts, args, log)
-    result = {"settings": {**vars(args), "device": str(bench.runtime.torch_device),
-                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
-                           "torch_threads": torch.get_num_threads()},
-              "timing_conditions": watch.stop([]), "batch_sizes": rows}
+    result = {
+        "settings": {
+            **vars(args),
+            "device": str(bench.runtime.torch_device),
+            "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "timing_conditions": watch.stop([]),
+        "batch_sizes": rows,
+    }
     profiles = modeled_batched(RoundCounts(), None, args.drafter)  # what every (B, method)'s "modeled" is under
-    result["modeled"] = {"label": profiles["label"], "drafter": args.drafter,
-                         "knee_tokens": {n: m["knee_tokens"] for n, m in profiles["by_profile"].items()},
-                         **({"unavailable": profiles["unavailable"]} if "unavailable" in profiles else {})}
+    result["modeled"] = {
+        "label": profiles["label"],
+        "drafter": args.drafter,
+        "knee_tokens": {n: m["knee_tokens"] for n, m in profiles["by_profile"].items()},
+        **({"unavailable": profiles["unavailable"]} if "unavailable" in profiles else {}),
+    }
     print_table(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

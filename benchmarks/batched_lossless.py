@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
     bench = Bench(args)
     prompts = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
     bench.verifier.request_features(())
-    reference = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
-                 for ids in prompts]
+    reference = [
+        generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
+        for ids in prompts
+    ]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     table: dict[str, dict[str, int]] = {}
     for drafter_name in args.drafters.split(","):
@@ -60,18 +62,28 @@ def main(argv: list[str] | None = None) -> dict:
             row = {}
             for b in sizes:
                 base, overrides = DERIVED.get(choice, (choice, {}))
-                out = generate_batch(prompts, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens,
-                                     batch_size=b, drafter=drafter, policy=bench.policy(base, drafter_name, **overrides),
-                                     reuse=DraftReuse(args.reuse_min_match) if args.reuse else None)
-                row[str(b)] = sum(out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference)
-                                  if i in out.results)
+                out = generate_batch(
+                    prompts,
+                    bench.verifier,
+                    bench.runtime,
+                    max_new_tokens=args.max_new_tokens,
+                    batch_size=b,
+                    drafter=drafter,
+                    policy=bench.policy(base, drafter_name, **overrides),
+                    reuse=DraftReuse(args.reuse_min_match) if args.reuse else None,
+                )
+                row[str(b)] = sum(
+                    out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference) if i in out.results
+                )
             label = f"{drafter_name}+{choice}" + ("+reuse" if args.reuse else "")
             table[label] = row
             log(f"{label}: " + ", ".join(f"B={b} {row[str(b)]}/{len(prompts)}" for b in sizes))
     every = all(v == len(prompts) for row in table.values() for v in row.values())
     result = {"settings": vars(args), "identical": table, "all_lossless": every}
-    print(f"{'all' if every else 'NOT all'} {len(table) * len(sizes)} drafter x policy x batch-size runs lossless "
-          f"on {len(prompts)} prompts")
+    print(
+        f"{'all' if every else 'NOT all'} {len(table) * len(sizes)} drafter x policy x batch-size runs lossless "
+        f"on {len(prompts)} prompts"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     if not every:

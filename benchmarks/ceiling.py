@@ -94,12 +94,15 @@ class ReferenceVerifier(Verifier):
         draft's device."""
         k = draft.length
         target = torch.full((k + 1,), -1, dtype=torch.long)
-        window = self.reference[self.committed:self.committed + k + 1]
-        target[:window.shape[0]] = window
+        window = self.reference[self.committed : self.committed + k + 1]
+        target[: window.shape[0]] = window
         accepted = int((draft.token_ids.cpu() == target[:k]).int().cumprod(0).sum())
         self.committed += accepted + 1
-        return Verification(accepted_length=accepted, next_token=int(target[accepted]),
-                            target_token_ids=target.to(draft.token_ids.device))
+        return Verification(
+            accepted_length=accepted,
+            next_token=int(target[accepted]),
+            target_token_ids=target.to(draft.token_ids.device),
+        )
 
 
 class VerdictDrafter(Drafter):
@@ -120,9 +123,9 @@ class VerdictDrafter(Drafter):
     def draft(self, num_tokens: int) -> Draft:
         d = self.inner.draft(num_tokens)
         ids = d.token_ids.cpu()
-        ref = self.verifier.reference[self.verifier.committed:self.verifier.committed + ids.shape[0]]
+        ref = self.verifier.reference[self.verifier.committed : self.verifier.committed + ids.shape[0]]
         same = torch.zeros(ids.shape[0], dtype=torch.int32)
-        same[:ref.shape[0]] = (ids[:ref.shape[0]] == ref).int()
+        same[: ref.shape[0]] = (ids[: ref.shape[0]] == ref).int()
         verdict = same.cumprod(0).float().to(d.confidences.device)  # (k,) 1.0 up to the first wrong token
         return replace(d, confidences=verdict, lookahead_confidences=None)
 
@@ -130,8 +133,9 @@ class VerdictDrafter(Drafter):
         self.inner.commit(draft, verification)
 
 
-def run(prompt_ids, references, verifier: ReferenceVerifier, drafter: Drafter, policy, runtime,
-        max_new_tokens: int) -> list[GenerationResult]:
+def run(
+    prompt_ids, references, verifier: ReferenceVerifier, drafter: Drafter, policy, runtime, max_new_tokens: int
+) -> list[GenerationResult]:
     """``policy`` with ``drafter`` on every prompt (``prompt_ids``: ``(P,) int64`` each) against the
     reference verifier, ``references[i]`` (``(n,) int64``, CPU) the target's greedy output for
     prompt i. Returns one ``GenerationResult`` per prompt.
@@ -158,8 +162,11 @@ def frozen(policy, results: list[GenerationResult]) -> Any:
         raise ValueError("frozen(): the policy must keep its calibration across prompts")
     cal = policy.calibration
     policy.calibration = calibration_from_rounds(
-        [r for res in results for r in res.rounds[:-1]], prior_strength=cal.prior_strength,
-        position_strength=cal.position_strength, prior_acceptance=cal.prior_acceptance)
+        [r for res in results for r in res.rounds[:-1]],
+        prior_strength=cal.prior_strength,
+        position_strength=cal.position_strength,
+        prior_acceptance=cal.prior_acceptance,
+    )
     policy.calibration.observe_many = lambda drafts: None  # the calibration stays as fitted
     return policy
 
@@ -171,13 +178,25 @@ def cost_models(args, bench, prompt_ids) -> dict[str, tuple[CostModel, int]]:
     if args.costs:
         data = json.loads(Path(args.costs).read_text())["oracle"]
         return {d: (CostModel(**data[d]["cost_model"]), int(data[d]["max_length"])) for d in DRAFTERS}
-    van = [r.verify_ms for ids in prompt_ids
-           for r in generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).rounds]
+    van = [
+        r.verify_ms
+        for ids in prompt_ids
+        for r in generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).rounds
+    ]
     out = {}
     for d in DRAFTERS:
-        rounds = [r for ids in prompt_ids
-                  for r in generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens,
-                                    drafter=bench.drafters[d], policy=bench.policy("static", k=5)).rounds]
+        rounds = [
+            r
+            for ids in prompt_ids
+            for r in generate(
+                ids,
+                bench.verifier,
+                bench.runtime,
+                max_new_tokens=args.max_new_tokens,
+                drafter=bench.drafters[d],
+                policy=bench.policy("static", k=5),
+            ).rounds
+        ]
         out[d] = (CostModel.fit(rounds, van), DEFAULT_MAX_LENGTH)
     return out
 
@@ -199,16 +218,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = load_prompts(args.dataset, None, args.num_prompts)
     prompt_ids = [q.token_ids(bench.tokenizer) for q in prompts]
     start = time.perf_counter()
-    references = [generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids
-                  for ids in prompt_ids]
+    references = [
+        generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids
+        for ids in prompt_ids
+    ]
     log(f"references: {len(references)} prompts, {time.perf_counter() - start:.1f} s")
     costs = cost_models(args, bench, prompt_ids)
     verifier = ReferenceVerifier(bench.verifier)
     results: dict[str, Any] = {"drafters": {}}
     for d in DRAFTERS:
         cost, cap = costs[d]
-        profile = {"name": f"cost-model-{d}", "drafter_pass_ms": cost.draft_ms_per_pass,
-                   "target_ms_per_token": cost.verify_ms_base, "verify_ms_per_draft_token": cost.verify_ms_per_token}
+        profile = {
+            "name": f"cost-model-{d}",
+            "drafter_pass_ms": cost.draft_ms_per_pass,
+            "target_ms_per_token": cost.verify_ms_base,
+            "verify_ms_per_draft_token": cost.verify_ms_per_token,
+        }
         drafter = bench.drafters[d]
         verdict = VerdictDrafter(drafter, verifier)
 
@@ -216,12 +241,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return bench.policy("goodput", cost_profile=profile, max_length=cap)
 
         runs: dict[str, list[GenerationResult]] = {}
-        plans = [("static-k5", drafter, lambda: bench.policy("static", k=5)),
-                 ("failfast", drafter, lambda: bench.policy("failfast")),
-                 ("goodput", drafter, goodput),
-                 ("goodput-hindsight", drafter, lambda: frozen(goodput(), runs["goodput"])),
-                 ("goodput-verdict", verdict, goodput),
-                 ("goodput-verdict-hindsight", verdict, lambda: frozen(goodput(), runs["goodput-verdict"]))]
+        plans = [
+            ("static-k5", drafter, lambda: bench.policy("static", k=5)),
+            ("failfast", drafter, lambda: bench.policy("failfast")),
+            ("goodput", drafter, goodput),
+            ("goodput-hindsight", drafter, lambda: frozen(goodput(), runs["goodput"])),
+            ("goodput-verdict", verdict, goodput),
+            ("goodput-verdict-hindsight", verdict, lambda: frozen(goodput(), runs["goodput-verdict"])),
+        ]
         for name, source, make in plans:
             start = time.perf_counter()
             runs[name] = run(prompt_ids, references, verifier, source, make(), bench.runtime, args.max_new_tokens)
@@ -235,33 +262,68 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name, res_list in runs.items():
             res = compare({q.prompt_id: r for q, r in zip(prompts, res_list)}, cost, max_length, match=match)
             rounds = _rounds(res_list)
-            row = {k: res[k] for k in ("fraction_of_oracle", "policy_speedup_modeled", "oracle_speedup_modeled",
-                                       "policy_ms", "oracle_ms")}
+            row = {
+                k: res[k]
+                for k in (
+                    "fraction_of_oracle",
+                    "policy_speedup_modeled",
+                    "oracle_speedup_modeled",
+                    "policy_ms",
+                    "oracle_ms",
+                )
+            }
             row["rounds"] = len(rounds)
             row["mean_speculation_length"] = sum(r.speculation_length for r in rounds) / len(rounds)
             row["mean_accepted_length"] = sum(r.accepted_length for r in rounds) / len(rounds)
             row["drafter_passes"] = sum(r.drafter_forward_passes for r in rounds)
             row["fraction_by_prompt"] = [q["fraction_of_oracle"] for q in res["per_prompt"]]
             row.update(waste(res_list, match, cost))
-            row["fraction_without_rejected_verification"] = res["oracle_ms"] / (res["policy_ms"] - row["wasted_verify_ms"])
+            row["fraction_without_rejected_verification"] = res["oracle_ms"] / (
+                res["policy_ms"] - row["wasted_verify_ms"]
+            )
             rows[name] = row
             log(f"{d}+{name}: {row['fraction_of_oracle']:.3f} of the oracle")
-        results["drafters"][d] = {"cost_model": asdict(cost), "max_length": max_length,
-                                  "policy_max_length": cap, "methods": rows}
+        results["drafters"][d] = {
+            "cost_model": asdict(cost),
+            "max_length": max_length,
+            "policy_max_length": cap,
+            "methods": rows,
+        }
         peers._print_columns(
-            [("method", "method", ""), ("fraction of oracle", "", ""), ("MODELED speedup", "", ""), ("rounds", "", ""),
-             ("mean spec. / acc. length", "", ""), ("drafter passes", "", ""), ("ms: all / wasted passes", "", ""),
-             ("ms: rejected tokens' verification", "", "")],
-            [[n, f"{r['fraction_of_oracle']:.3f}", f"{r['policy_speedup_modeled']:.2f}x", str(r["rounds"]),
-              f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}", str(r["drafter_passes"]),
-              f"{r['policy_ms']:.0f} / {r['wasted_pass_ms']:.0f}", f"{r['wasted_verify_ms']:.0f}"]
-             for n, r in rows.items()],
+            [
+                ("method", "method", ""),
+                ("fraction of oracle", "", ""),
+                ("MODELED speedup", "", ""),
+                ("rounds", "", ""),
+                ("mean spec. / acc. length", "", ""),
+                ("drafter passes", "", ""),
+                ("ms: all / wasted passes", "", ""),
+                ("ms: rejected tokens' verification", "", ""),
+            ],
+            [
+                [
+                    n,
+                    f"{r['fraction_of_oracle']:.3f}",
+                    f"{r['policy_speedup_modeled']:.2f}x",
+                    str(r["rounds"]),
+                    f"{r['mean_speculation_length']:.2f} / {r['mean_accepted_length']:.2f}",
+                    str(r["drafter_passes"]),
+                    f"{r['policy_ms']:.0f} / {r['wasted_pass_ms']:.0f}",
+                    f"{r['wasted_verify_ms']:.0f}",
+                ]
+                for n, r in rows.items()
+            ],
             title=f"{d}: fraction of the oracle (MODELED: this cost model, not measured); "
-                  f"oracle {next(iter(rows.values()))['oracle_speedup_modeled']:.2f}x over vanilla")
-    results["settings"] = {**vars(args), "device": str(bench.runtime.torch_device),
-                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
-                           "torch_threads": torch.get_num_threads(), "benchmark_s": time.perf_counter() - began,
-                           "prompt_ids": [q.prompt_id for q in prompts]}
+            f"oracle {next(iter(rows.values()))['oracle_speedup_modeled']:.2f}x over vanilla",
+        )
+    results["settings"] = {
+        **vars(args),
+        "device": str(bench.runtime.torch_device),
+        "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+        "torch_threads": torch.get_num_threads(),
+        "benchmark_s": time.perf_counter() - began,
+        "prompt_ids": [q.prompt_id for q in prompts],
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
@@ -284,8 +346,13 @@ def waste(results: list[GenerationResult], match, cost: CostModel) -> dict[str, 
         ``unmatched_rounds`` -- rounds whose accepted length the replay does not reach (a final
         round accepting a drafted EOS), counted without waste.
     """
-    out = {"wasted_pass_ms": 0.0, "zero_accept_pass_ms": 0.0, "zero_accept_rounds": 0, "wasted_verify_ms": 0.0,
-           "unmatched_rounds": 0}
+    out = {
+        "wasted_pass_ms": 0.0,
+        "zero_accept_pass_ms": 0.0,
+        "zero_accept_rounds": 0,
+        "wasted_verify_ms": 0.0,
+        "unmatched_rounds": 0,
+    }
     for res, (_, passes) in zip(results, match):
         position = 0
         for r in res.rounds:

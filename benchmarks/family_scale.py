@@ -52,24 +52,41 @@ FAMILY = Path(__file__).resolve().parents[1] / "specpolicy" / "family" / "bundle
 
 def shape(layers: int, width: int, kv_heads: int) -> dict:
     """Qwen2Config kwargs of a larger size, shaped like the target: heads of 64 dims, MLP 3x width."""
-    return dict(hidden_size=width, num_hidden_layers=layers, num_attention_heads=width // 64,
-                num_key_value_heads=kv_heads, intermediate_size=3 * width)
+    return dict(
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 64,
+        num_key_value_heads=kv_heads,
+        intermediate_size=3 * width,
+    )
 
 
 #: Target sizes (Qwen2Config kwargs): today's first (the reference of ``target_stage_h``), then
 #: wider and deeper.
-TARGETS = {"12x256 (today)": SIZES["target"], "12x384": shape(12, 384, 2), "16x512": shape(16, 512, 2),
-           "24x768": shape(24, 768, 4), "24x1024": shape(24, 1024, 4)}
+TARGETS = {
+    "12x256 (today)": SIZES["target"],
+    "12x384": shape(12, 384, 2),
+    "16x512": shape(16, 512, 2),
+    "24x768": shape(24, 768, 4),
+    "24x1024": shape(24, 1024, 4),
+}
 #: Drafter sizes: today's, the session-4 capacity probe (the target's shape), and between.
-DRAFTERS = {"4x192 (today)": SIZES["dllm-drafter"], "4x256": shape(4, 256, 2), "6x384": shape(6, 384, 2),
-            "12x256 (probe)": SIZES["target"], "8x512": shape(8, 512, 2), "12x768": shape(12, 768, 4)}
+DRAFTERS = {
+    "4x192 (today)": SIZES["dllm-drafter"],
+    "4x256": shape(4, 256, 2),
+    "6x384": shape(6, 384, 2),
+    "12x256 (probe)": SIZES["target"],
+    "8x512": shape(8, 512, 2),
+    "12x768": shape(12, 768, 4),
+}
 
 
 def build(kwargs: dict, vocab: int = 4096) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 of the family's shape (tied embeddings, vocab 4096)."""
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=vocab, max_position_embeddings=1024, tie_word_embeddings=True,
-                      use_sliding_window=False, **kwargs)
+    cfg = Qwen2Config(
+        vocab_size=vocab, max_position_embeddings=1024, tie_word_embeddings=True, use_sliding_window=False, **kwargs
+    )
     return Qwen2ForCausalLM(cfg)
 
 
@@ -133,15 +150,20 @@ def main() -> None:
     for name, kw in DRAFTERS.items():
         m = build(kw)
         drafters[name] = {"params": params(m), "block_pass_ms": forward_ms(m, a.context, 32, a.repeats)}
-        print(f"drafter {name:16s} {drafters[name]['params'] / 1e6:7.1f}M  block pass {drafters[name]['block_pass_ms']:7.1f} ms",
-              flush=True)
+        print(
+            f"drafter {name:16s} {drafters[name]['params'] / 1e6:7.1f}M  block pass {drafters[name]['block_pass_ms']:7.1f} ms",
+            flush=True,
+        )
         del m
 
     targets, today_tokens_per_s = {}, None
     for name, kw in TARGETS.items():
         m = build(kw)
-        row = {"params": params(m), "step_ms": forward_ms(m, a.context, 1, a.repeats),
-               "train_tokens_per_s": train_tokens_per_s(m, a.train_tokens, a.train_steps)}
+        row = {
+            "params": params(m),
+            "step_ms": forward_ms(m, a.context, 1, a.repeats),
+            "train_tokens_per_s": train_tokens_per_s(m, a.train_tokens, a.train_steps),
+        }
         row["vanilla_main_job_s"] = a.prompts * a.max_new_tokens * row["step_ms"] / 1e3
         today_tokens_per_s = today_tokens_per_s or row["train_tokens_per_s"]  # TARGETS' first: today's size
         row["target_stage_h"] = log["target"]["wall_s"] * today_tokens_per_s / row["train_tokens_per_s"] / 3600
@@ -149,16 +171,26 @@ def main() -> None:
         fits = [d for d, v in drafters.items() if v["block_pass_ms"] <= 0.5 * row["step_ms"]]
         row["largest_drafter"] = max(fits, key=lambda d: drafters[d]["params"]) if fits else None
         targets[name] = row
-        print(f"target  {name:16s} {row['params'] / 1e6:7.1f}M  step {row['step_ms']:7.1f} ms  "
-              f"train {row['train_tokens_per_s']:7.0f} tok/s  vanilla main job {row['vanilla_main_job_s']:6.0f} s  "
-              f"target stage {row['target_stage_h_at_this_rate']:4.1f}-{row['target_stage_h']:4.1f} h  largest drafter <= 0.5 step: {row['largest_drafter']}",
-              flush=True)
+        print(
+            f"target  {name:16s} {row['params'] / 1e6:7.1f}M  step {row['step_ms']:7.1f} ms  "
+            f"train {row['train_tokens_per_s']:7.0f} tok/s  vanilla main job {row['vanilla_main_job_s']:6.0f} s  "
+            f"target stage {row['target_stage_h_at_this_rate']:4.1f}-{row['target_stage_h']:4.1f} h  largest drafter <= 0.5 step: {row['largest_drafter']}",
+            flush=True,
+        )
         del m
 
-    out = {"settings": vars(a) | {"out": str(a.out) if a.out else None, "threads": torch.get_num_threads(),
-                                   "torch": torch.__version__, "target_stage_tokens": stage_tokens,
-                                   "target_stage_s": log["target"]["wall_s"]},
-           "drafters": drafters, "targets": targets}
+    out = {
+        "settings": vars(a)
+        | {
+            "out": str(a.out) if a.out else None,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "target_stage_tokens": stage_tokens,
+            "target_stage_s": log["target"]["wall_s"],
+        },
+        "drafters": drafters,
+        "targets": targets,
+    }
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -64,8 +64,9 @@ METHODS = (
 )
 
 
-def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, warmup: int = 1,
-            methods=METHODS) -> dict[str, dict[str, Any]]:
+def measure(
+    bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, warmup: int = 1, methods=METHODS
+) -> dict[str, dict[str, Any]]:
     """The overhead figures of every method (see the module docstring)."""
     rows: dict[str, dict[str, Any]] = {}
     runners = []
@@ -73,21 +74,46 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
         drafter = bench.drafters[drafter_name] if drafter_name else None
         policy = bench.policy(choice, drafter_name, **over) if choice else None
         model = getattr(drafter, "timed_calls", None) or getattr(drafter, "model", None)  # a pass's entry points
-        rows[name] = dict.fromkeys(("wall_ms", "wall_ms_without_hooks", "target_forward_ms", "drafter_forward_ms",
-                                    "prefill_ms", "draft_ms", "verify_ms", "policy_ms"), 0.0)
+        rows[name] = dict.fromkeys(
+            (
+                "wall_ms",
+                "wall_ms_without_hooks",
+                "target_forward_ms",
+                "drafter_forward_ms",
+                "prefill_ms",
+                "draft_ms",
+                "verify_ms",
+                "policy_ms",
+            ),
+            0.0,
+        )
         rows[name].update(target_forward_calls=0, drafter_forward_calls=0, tokens=0, rounds=0)
 
         def run(ids, hooks, record=True, _name=name, _d=drafter, _p=policy, _m=model, _r=reuse):
             reuse_obj = DraftReuse(bench.args.reuse_min_match) if _r else None
             if not hooks:
-                res = generate(ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=_d,
-                               policy=_p, reuse=reuse_obj)
+                res = generate(
+                    ids,
+                    bench.verifier,
+                    bench.runtime,
+                    max_new_tokens=max_new_tokens,
+                    drafter=_d,
+                    policy=_p,
+                    reuse=reuse_obj,
+                )
                 if record:
                     rows[_name]["wall_ms_without_hooks"] += res.wall_s * 1e3
                 return
             with ForwardTimer(target=bench.target, drafter=_m) as ft, PolicyTimer(_p) as pt:
-                res = generate(ids, bench.verifier, bench.runtime, max_new_tokens=max_new_tokens, drafter=_d,
-                               policy=_p, reuse=reuse_obj)
+                res = generate(
+                    ids,
+                    bench.verifier,
+                    bench.runtime,
+                    max_new_tokens=max_new_tokens,
+                    drafter=_d,
+                    policy=_p,
+                    reuse=reuse_obj,
+                )
             r = rows[_name]
             r["wall_ms"] += res.wall_s * 1e3
             r["target_forward_ms"] += ft.ms["target"]
@@ -106,7 +132,7 @@ def measure(bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, w
         for _, run in runners:
             run(prompt_ids[i % len(prompt_ids)], hooks=False, record=False)
     for i, ids in enumerate(prompt_ids):
-        order = runners[i % len(runners):] + runners[: i % len(runners)]
+        order = runners[i % len(runners) :] + runners[: i % len(runners)]
         for _, run in order:
             run(ids, hooks=True)
         for _, run in order:
@@ -125,19 +151,29 @@ def print_table(rows: dict[str, dict[str, Any]], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    cols = (("wall ms", "wall_ms", "{:.0f}"), ("target fwd ms", "target_forward_ms", "{:.0f}"),
-            ("drafter fwd ms", "drafter_forward_ms", "{:.0f}"), ("outside fwd ms", "outside_forward_ms", "{:.0f}"),
-            ("outside %", "outside_fraction", "{:.1%}"), ("prefill ms", "prefill_ms", "{:.0f}"),
-            ("draft ms", "draft_ms", "{:.0f}"), ("verify ms", "verify_ms", "{:.0f}"), ("loop ms", "loop_ms", "{:.0f}"),
-            ("policy %", "policy_fraction", "{:.1%}"),
-            ("fwd calls T/D", None, None), ("wall ms no hooks", "wall_ms_without_hooks", "{:.0f}"))
+    cols = (
+        ("wall ms", "wall_ms", "{:.0f}"),
+        ("target fwd ms", "target_forward_ms", "{:.0f}"),
+        ("drafter fwd ms", "drafter_forward_ms", "{:.0f}"),
+        ("outside fwd ms", "outside_forward_ms", "{:.0f}"),
+        ("outside %", "outside_fraction", "{:.1%}"),
+        ("prefill ms", "prefill_ms", "{:.0f}"),
+        ("draft ms", "draft_ms", "{:.0f}"),
+        ("verify ms", "verify_ms", "{:.0f}"),
+        ("loop ms", "loop_ms", "{:.0f}"),
+        ("policy %", "policy_fraction", "{:.1%}"),
+        ("fwd calls T/D", None, None),
+        ("wall ms no hooks", "wall_ms_without_hooks", "{:.0f}"),
+    )
     table = Table(title=title)
     table.add_column("method")
     for c in cols:
         table.add_column(c[0], justify="right")
     for name, r in rows.items():
-        cells = [f"{r['target_forward_calls']}/{r['drafter_forward_calls']}" if k is None else f.format(r[k])
-                 for _, k, f in cols]
+        cells = [
+            f"{r['target_forward_calls']}/{r['drafter_forward_calls']}" if k is None else f.format(r[k])
+            for _, k, f in cols
+        ]
         table.add_row(name, *cells)
     Console(width=200).print(table)
 
@@ -160,12 +196,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids = [q.token_ids(bench.tokenizer) for q in prompts]
     start = time.perf_counter()
     rows = measure(bench, ids, args.max_new_tokens, args.warmup)
-    result = {"settings": {**vars(args), "device": str(bench.runtime.torch_device),
-                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
-                           "torch_threads": torch.get_num_threads(), "benchmark_s": time.perf_counter() - start},
-              "methods": rows}
-    print_table(rows, f"time outside model forward passes: {len(ids)} prompts x {args.max_new_tokens} tokens, "
-                      f"{result['settings']['device']} {result['settings']['dtype']}")
+    result = {
+        "settings": {
+            **vars(args),
+            "device": str(bench.runtime.torch_device),
+            "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+            "benchmark_s": time.perf_counter() - start,
+        },
+        "methods": rows,
+    }
+    print_table(
+        rows,
+        f"time outside model forward passes: {len(ids)} prompts x {args.max_new_tokens} tokens, "
+        f"{result['settings']['device']} {result['settings']['dtype']}",
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

@@ -64,8 +64,9 @@ def padded_pass(model, contexts: list[torch.Tensor], drafts: list[torch.Tensor])
     attention = as_model_mask(mask[:, None], model.config._attn_implementation, model.dtype)
 
     def run() -> list[torch.Tensor]:
-        logits = model(input_ids=new_ids, position_ids=positions, attention_mask=attention, cache=cache,
-                       use_cache=True).logits
+        logits = model(
+            input_ids=new_ids, position_ids=positions, attention_mask=attention, cache=cache, use_cache=True
+        ).logits
         crop_cache(cache, longest_ctx)
         return [logits[i, : int(w)] for i, w in enumerate(widths)]
 
@@ -81,9 +82,14 @@ def packed_pass(model, contexts: list[torch.Tensor], drafts: list[torch.Tensor])
     ctx_positions = torch.cat([torch.arange(n) for n in lengths])
     ctx_mask = (owner_ctx[:, None] == owner_ctx[None, :]) & (ctx_positions[:, None] >= ctx_positions[None, :])
     cache = DynamicCache()
-    model(input_ids=torch.cat(contexts)[None], position_ids=ctx_positions[None], cache=cache, use_cache=True,
-          logits_to_keep=1,
-          attention_mask=as_model_mask(ctx_mask[None, None], model.config._attn_implementation, model.dtype))
+    model(
+        input_ids=torch.cat(contexts)[None],
+        position_ids=ctx_positions[None],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        attention_mask=as_model_mask(ctx_mask[None, None], model.config._attn_implementation, model.dtype),
+    )
     owner_new = torch.repeat_interleave(torch.arange(len(drafts)), torch.tensor(widths))  # (sum (1 + k),)
     offset = torch.cat([torch.arange(w) for w in widths])  # each new token's place in its request's draft
     sees_ctx = owner_new[:, None] == owner_ctx[None, :]
@@ -94,16 +100,18 @@ def packed_pass(model, contexts: list[torch.Tensor], drafts: list[torch.Tensor])
     new_ids, total_ctx = torch.cat(drafts)[None], sum(lengths)
 
     def run() -> list[torch.Tensor]:
-        logits = model(input_ids=new_ids, position_ids=positions, attention_mask=attention, cache=cache,
-                       use_cache=True).logits[0]
+        logits = model(
+            input_ids=new_ids, position_ids=positions, attention_mask=attention, cache=cache, use_cache=True
+        ).logits[0]
         crop_cache(cache, total_ctx)
         return list(logits.split(widths))
 
     return run, int(owner_new.shape[0])
 
 
-def measure(model, batch_sizes: list[int], k: int, context: tuple[int, int], repeats: int, seed: int
-            ) -> list[dict[str, Any]]:
+def measure(
+    model, batch_sizes: list[int], k: int, context: tuple[int, int], repeats: int, seed: int
+) -> list[dict[str, Any]]:
     """Padded vs packed ms per pass for each batch size and draft shape (uniform K, spread 0..K),
     after checking that both passes give every request the same logits."""
     rows = []
@@ -112,14 +120,19 @@ def measure(model, batch_sizes: list[int], k: int, context: tuple[int, int], rep
     for b in batch_sizes:
         lengths = torch.randint(context[0], context[1] + 1, (b,), generator=generator).tolist()
         contexts = [torch.randint(0, vocab, (n,), generator=generator) for n in lengths]
-        for shape, ks in (("uniform", [k] * b), ("spread", torch.randint(0, k + 1, (b,), generator=generator).tolist())):
+        for shape, ks in (
+            ("uniform", [k] * b),
+            ("spread", torch.randint(0, k + 1, (b,), generator=generator).tolist()),
+        ):
             drafts = [torch.randint(0, vocab, (1 + n,), generator=generator) for n in ks]
             padded, padded_tokens = padded_pass(model, contexts, drafts)
             packed, packed_tokens = packed_pass(model, contexts, drafts)
             for x, y in zip(padded(), packed()):  # the same pass, two layouts
                 if not torch.allclose(x, y, atol=1e-3, rtol=1e-3):
-                    raise RuntimeError(f"padded and packed logits differ at batch size {b} ({shape}) by "
-                                       f"{float((x - y).abs().max()):.3g}")
+                    raise RuntimeError(
+                        f"padded and packed logits differ at batch size {b} ({shape}) by "
+                        f"{float((x - y).abs().max()):.3g}"
+                    )
             times: dict[str, list[float]] = {"padded": [], "packed": []}
             for r in range(repeats + 1):  # the first round is a warm-up; the order alternates
                 order = (("padded", padded), ("packed", packed))
@@ -129,9 +142,19 @@ def measure(model, batch_sizes: list[int], k: int, context: tuple[int, int], rep
                     if r:
                         times[name].append((time.perf_counter() - start) * 1e3)
             padded_ms, packed_ms = statistics.median(times["padded"]), statistics.median(times["packed"])
-            rows.append({"batch_size": b, "drafts": shape, "draft_lengths": ks, "context_lengths": lengths,
-                         "padded_tokens": padded_tokens, "packed_tokens": packed_tokens,
-                         "padded_ms": padded_ms, "packed_ms": packed_ms, "packed_over_padded": packed_ms / padded_ms})
+            rows.append(
+                {
+                    "batch_size": b,
+                    "drafts": shape,
+                    "draft_lengths": ks,
+                    "context_lengths": lengths,
+                    "padded_tokens": padded_tokens,
+                    "packed_tokens": packed_tokens,
+                    "padded_ms": padded_ms,
+                    "packed_ms": packed_ms,
+                    "packed_over_padded": packed_ms / padded_ms,
+                }
+            )
     return rows
 
 
@@ -153,15 +176,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     watch = MachineWatch()
     watch.start()
     with torch.inference_mode():
-        rows = measure(model, [int(b) for b in args.batch_sizes.split(",")], args.k, (low, high), args.repeats,
-                       args.seed)
-    result = {"settings": {**vars(args), "torch_threads": torch.get_num_threads()},
-              "timing_conditions": watch.stop([]), "passes": rows}
-    print(f"{'B':>3} {'drafts':>8} {'padded tok':>10} {'packed tok':>10} {'padded ms':>9} {'packed ms':>9} "
-          f"{'packed/padded':>13}")
+        rows = measure(
+            model, [int(b) for b in args.batch_sizes.split(",")], args.k, (low, high), args.repeats, args.seed
+        )
+    result = {
+        "settings": {**vars(args), "torch_threads": torch.get_num_threads()},
+        "timing_conditions": watch.stop([]),
+        "passes": rows,
+    }
+    print(
+        f"{'B':>3} {'drafts':>8} {'padded tok':>10} {'packed tok':>10} {'padded ms':>9} {'packed ms':>9} "
+        f"{'packed/padded':>13}"
+    )
     for r in rows:
-        print(f"{r['batch_size']:>3} {r['drafts']:>8} {r['padded_tokens']:>10} {r['packed_tokens']:>10} "
-              f"{r['padded_ms']:>9.2f} {r['packed_ms']:>9.2f} {r['packed_over_padded']:>13.2f}")
+        print(
+            f"{r['batch_size']:>3} {r['drafts']:>8} {r['padded_tokens']:>10} {r['packed_tokens']:>10} "
+            f"{r['padded_ms']:>9.2f} {r['packed_ms']:>9.2f} {r['packed_over_padded']:>13.2f}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

@@ -81,8 +81,11 @@ from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
 
 #: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
 PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")
-PROFILE_TITLES = {"a6000-qwen32b": "Qwen2.5-32B-Instruct", "a6000-qwen14b": "Qwen2.5-14B-Instruct",
-                  "a6000-qwen7b": "Qwen2.5-7B-Instruct"}
+PROFILE_TITLES = {
+    "a6000-qwen32b": "Qwen2.5-32B-Instruct",
+    "a6000-qwen14b": "Qwen2.5-14B-Instruct",
+    "a6000-qwen7b": "Qwen2.5-7B-Instruct",
+}
 ACCOUNTINGS = ("project", "official")
 #: Table rows, in order: method key -> title.
 METHOD_TITLES = {
@@ -96,15 +99,21 @@ METHOD_TITLES = {
     "eagle3-tree": "EAGLE-3 (w/ draft tree)",
 }
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
-TRAINING_NOTE = ("The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
-                 "GSM8K only: MATH-500, AIME 2024 and HumanEval are outside its training domain.")
-MEASURED_NOTE = ("MEASURED: tokens/s over vanilla decoding's, same process, methods interleaved per prompt "
-                 "(benchmarks/peers.py's rotation), prefill included.")
-MODELED_NOTE = ("MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
-                "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/analysis/gpu_pass_model.py; target "
-                "13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
-                "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
-                "does (specpolicy/core/accounting.py).")
+TRAINING_NOTE = (
+    "The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
+    "GSM8K only: MATH-500, AIME 2024 and HumanEval are outside its training domain."
+)
+MEASURED_NOTE = (
+    "MEASURED: tokens/s over vanilla decoding's, same process, methods interleaved per prompt "
+    "(benchmarks/peers.py's rotation), prefill included."
+)
+MODELED_NOTE = (
+    "MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
+    "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/analysis/gpu_pass_model.py; target "
+    "13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
+    "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
+    "does (specpolicy/core/accounting.py)."
+)
 
 
 def _k_list(text: str) -> list[int]:
@@ -124,12 +133,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=30, help="evaluation prompts (from --offset)")
     p.add_argument("--offset", type=int, default=0, help="first evaluation prompt")
     p.add_argument("--calibration-prompts", type=int, default=5, help="prompts of the best-k calibration slice")
-    p.add_argument("--calibration-offset", type=int, default=None,
-                   help="first calibration prompt (default: right after the evaluation prompts)")
-    p.add_argument("--k-grid", type=_k_list, default=_k_list("3,4,5,6,8,10,12,16,20"),
-                   help="static speculation lengths swept in calibration (the paper: 3..20)")
-    p.add_argument("--select-by", choices=("measured", "modeled"), default="measured",
-                   help="best k by measured speedup, or by modeled speedup under --select-profile")
+    p.add_argument(
+        "--calibration-offset",
+        type=int,
+        default=None,
+        help="first calibration prompt (default: right after the evaluation prompts)",
+    )
+    p.add_argument(
+        "--k-grid",
+        type=_k_list,
+        default=_k_list("3,4,5,6,8,10,12,16,20"),
+        help="static speculation lengths swept in calibration (the paper: 3..20)",
+    )
+    p.add_argument(
+        "--select-by",
+        choices=("measured", "modeled"),
+        default="measured",
+        help="best k by measured speedup, or by modeled speedup under --select-profile",
+    )
     p.add_argument("--select-profile", default="a6000-qwen7b", help="profile of --select-by modeled")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--failfast-n", type=int, default=10, help="N")
@@ -164,12 +185,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     total = len(load_prompts(args.dataset, args.dataset_path))
     eval_end, cal_end = args.offset + args.num_prompts, args.calibration_offset + args.calibration_prompts
     if eval_end > total or cal_end > total:
-        p.error(f"--offset/--num-prompts ({args.offset}+{args.num_prompts}) and --calibration-offset/"
-                f"--calibration-prompts ({args.calibration_offset}+{args.calibration_prompts}) must fit the "
-                f"{total} prompts of {args.dataset}")
+        p.error(
+            f"--offset/--num-prompts ({args.offset}+{args.num_prompts}) and --calibration-offset/"
+            f"--calibration-prompts ({args.calibration_offset}+{args.calibration_prompts}) must fit the "
+            f"{total} prompts of {args.dataset}"
+        )
     if args.calibration_offset < eval_end and args.offset < cal_end:
-        p.error(f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
-                f"[{args.offset}, {eval_end})")
+        p.error(
+            f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
+            f"[{args.offset}, {eval_end})"
+        )
     return args
 
 
@@ -183,9 +208,15 @@ def _bench(args: argparse.Namespace) -> Bench:
     low = bench.drafters["fastdllm"]
     low.threshold = float(args.failfast_threshold)
     bench.drafters["fastdllm-default"] = FastDLLMDrafter(
-        low.model, bench.runtime, SimpleNamespace(mask_token_id=low.mask_token_id), block_size=low.block_size,
-        small_block_size=low.small_block_size, threshold=args.default_threshold,
-        stop_token_ids=bench.verifier.eos_token_ids, confidence_dtype=low.confidence_dtype)
+        low.model,
+        bench.runtime,
+        SimpleNamespace(mask_token_id=low.mask_token_id),
+        block_size=low.block_size,
+        small_block_size=low.small_block_size,
+        threshold=args.default_threshold,
+        stop_token_ids=bench.verifier.eos_token_ids,
+        confidence_dtype=low.confidence_dtype,
+    )
     return bench
 
 
@@ -201,9 +232,13 @@ def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str
     node = {"name": drafter if drafter in ("ar", "eagle3") else "fastdllm"}
     if node["name"] == "fastdllm":
         node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
-    return {"drafter": node, "policy": {"name": choice, **policy},
-            "dataset": {"name": args.dataset, "path": args.dataset_path},
-            "generation": {"max_new_tokens": args.max_new_tokens}, "benchmark": "benchmarks/paper_table.py"}
+    return {
+        "drafter": node,
+        "policy": {"name": choice, **policy},
+        "dataset": {"name": args.dataset, "path": args.dataset_path},
+        "generation": {"max_new_tokens": args.max_new_tokens},
+        "benchmark": "benchmarks/paper_table.py",
+    }
 
 
 def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> tuple[list[Method], dict[str, dict]]:
@@ -212,19 +247,49 @@ def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> t
     lo, hi = args.failfast_threshold, args.default_threshold
     spec = [
         ("ar", "ar", "static", f"AR drafter, static k = {k_ar}", {"k": k_ar}),
-        ("fast-dllm", "fastdllm-default", "static", f"Fast-dLLM, threshold {hi}, static k = {k_ar} (AR's)",
-         {"k": k_ar}),
-        ("fast-dllm-plus", "fastdllm-default", "static", f"Fast-dLLM+, threshold {hi}, static k = {k_dllm} (own best)",
-         {"k": k_dllm}),
-        ("failfast", "fastdllm", "failfast", f"FailFast, threshold {lo}, N = {ff['n']}, tau = {ff['tau']}, "
-         f"N_max = {ff['n_max']}", ff),
-        ("fail-fast-only", "fastdllm", "static", f"threshold {lo}, static k = {args.fail_fast_only_k}",
-         {"k": args.fail_fast_only_k}),
-        ("win-big-only", "fastdllm-default", "failfast", f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, "
-         f"N_max = {ff['n_max']}", ff),
+        (
+            "fast-dllm",
+            "fastdllm-default",
+            "static",
+            f"Fast-dLLM, threshold {hi}, static k = {k_ar} (AR's)",
+            {"k": k_ar},
+        ),
+        (
+            "fast-dllm-plus",
+            "fastdllm-default",
+            "static",
+            f"Fast-dLLM+, threshold {hi}, static k = {k_dllm} (own best)",
+            {"k": k_dllm},
+        ),
+        (
+            "failfast",
+            "fastdllm",
+            "failfast",
+            f"FailFast, threshold {lo}, N = {ff['n']}, tau = {ff['tau']}, N_max = {ff['n_max']}",
+            ff,
+        ),
+        (
+            "fail-fast-only",
+            "fastdllm",
+            "static",
+            f"threshold {lo}, static k = {args.fail_fast_only_k}",
+            {"k": args.fail_fast_only_k},
+        ),
+        (
+            "win-big-only",
+            "fastdllm-default",
+            "failfast",
+            f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, N_max = {ff['n_max']}",
+            ff,
+        ),
         ("eagle3", "eagle3", "static", f"EAGLE-3 chain, static k = {k_eagle3} (own best)", {"k": k_eagle3}),
-        ("eagle3-tree", "eagle3", "eagle2-tree", "EAGLE-3 with EAGLE-2's dynamic tree: depth 8, 60 tokens, top-k 10 "
-         "(the paper's SGLang setting, App. D.3)", {"depth": 8, "top_k": 10, "total_tokens": 60}),
+        (
+            "eagle3-tree",
+            "eagle3",
+            "eagle2-tree",
+            "EAGLE-3 with EAGLE-2's dynamic tree: depth 8, 60 tokens, top-k 10 (the paper's SGLang setting, App. D.3)",
+            {"depth": 8, "top_k": 10, "total_tokens": 60},
+        ),
     ]
     if k_dllm == k_ar:
         spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice
@@ -249,34 +314,53 @@ def calibration_methods(bench: Bench, args) -> tuple[list[Method], dict[str, dic
 # -- figures -----------------------------------------------------------------------------------------
 
 
-def method_figures(m: Method, results: list[PromptResult], summary: dict[str, Any], drafter: str | None,
-                   block_size: int) -> dict[str, Any]:
+def method_figures(
+    m: Method, results: list[PromptResult], summary: dict[str, Any], drafter: str | None, block_size: int
+) -> dict[str, Any]:
     """One method's figures over its prompts: its ``summary.json`` numbers (``summarize``: the
     token-weighted aggregate, speedup and losslessness against vanilla), rounds per prompt, and the
     MODELED speedup under each A6000 profile with both pass accountings."""
     agg = {k: v for k, v in summary["methods"][m.name].items() if k != "acceptance_by_position"}
     figures = headline(summary)
-    out: dict[str, Any] = {**agg, "description": m.description,
-                           "rounds_per_prompt": agg["rounds"] / len(results) if results else 0.0,
-                           "speedup_vs_vanilla": figures["speedup_vs_vanilla"], "lossless": figures["lossless"],
-                           "lossless_prompts": sum(r.lossless is True for r in results),
-                           "not_lossless": summary.get("not_lossless", {})}
+    out: dict[str, Any] = {
+        **agg,
+        "description": m.description,
+        "rounds_per_prompt": agg["rounds"] / len(results) if results else 0.0,
+        "speedup_vs_vanilla": figures["speedup_vs_vanilla"],
+        "lossless": figures["lossless"],
+        "lossless_prompts": sum(r.lossless is True for r in results),
+        "not_lossless": summary.get("not_lossless", {}),
+    }
     modeled: dict[str, dict[str, float]] = {}
     official_passes = agg["drafter_forward_passes"]
     for accounting in ACCOUNTINGS:
-        rounds = with_pass_accounting([(r.speculative.rounds, r.prompt_tokens) for r in results], accounting,
-                                      drafter or "", block_size)
+        rounds = with_pass_accounting(
+            [(r.speculative.rounds, r.prompt_tokens) for r in results], accounting, drafter or "", block_size
+        )
         if accounting == "official":
             official_passes = sum(r.drafter_forward_passes for r in rounds)
-        modeled[accounting] = {p: (modeled_speedup(rounds, agg["generated_tokens"], load_profile(p).for_drafter(drafter))
-                                   if drafter else 1.0) for p in PROFILES}
+        modeled[accounting] = {
+            p: (
+                modeled_speedup(rounds, agg["generated_tokens"], load_profile(p).for_drafter(drafter))
+                if drafter
+                else 1.0
+            )
+            for p in PROFILES
+        }
     out["modeled_speedup"] = modeled
     out["drafter_passes_per_round_official"] = official_passes / agg["rounds"] if agg["rounds"] else 0.0
     return out
 
 
-def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.Tensor], configs: dict[str, dict],
-          warmup: int, log) -> dict[str, Any]:
+def stage(
+    bench: Bench,
+    methods: list[Method],
+    prompts,
+    prompt_ids: list[torch.Tensor],
+    configs: dict[str, dict],
+    warmup: int,
+    log,
+) -> dict[str, Any]:
     """Run ``methods`` interleaved on ``prompt_ids`` (vanilla first in the list) and return each
     method's figures (``method_figures``) and its results and summary (``summaries``, for
     ``write_runs``), speedups measured against vanilla's tokens/s."""
@@ -299,9 +383,11 @@ def stage(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.T
 
 def best_k(figures: dict[str, Any], prefix: str, grid: list[int], select_by: str, profile: str) -> int:
     """The k of ``<prefix>-k<k>`` with the highest measured (or modeled, project accounting) speedup."""
+
     def score(k):
         f = figures[f"{prefix}-k{k}"]
         return f["speedup_vs_vanilla"] if select_by == "measured" else f["modeled_speedup"]["project"][profile]
+
     return max(grid, key=score)
 
 
@@ -321,14 +407,19 @@ def table1_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str]
     sections = [("Measured on this machine", lambda f: f["speedup_vs_vanilla"])]
     for accounting in ACCOUNTINGS:
         for p in PROFILES:
-            sections.append((f"MODELED, A6000 profile, target {PROFILE_TITLES[p]} ({accounting} pass accounting)",
-                             lambda f, a=accounting, p=p: f["modeled_speedup"][a][p]))
+            sections.append(
+                (
+                    f"MODELED, A6000 profile, target {PROFILE_TITLES[p]} ({accounting} pass accounting)",
+                    lambda f, a=accounting, p=p: f["modeled_speedup"][a][p],
+                )
+            )
     rows = []
     for title, value in sections:
         for key, method_title in _present(results):
             vals = [value(r["methods"][key]) if key in r["methods"] else None for r in results]
-            rows.append((title, method_title, [_fmt_x(v) for v in vals],
-                         _fmt_x(_mean([v for v in vals if v is not None]))))
+            rows.append(
+                (title, method_title, [_fmt_x(v) for v in vals], _fmt_x(_mean([v for v in vals if v is not None])))
+            )
     return rows
 
 
@@ -338,17 +429,35 @@ def _present(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 
 APPENDIX_B_METRICS = (
-    ("Acceptance Rate", lambda f: f"{100 * f['acceptance_rate']:.1f}%", lambda fs: f"{100 * _mean([f['acceptance_rate'] for f in fs]):.1f}%"),
-    ("Avg (Acc./Spec.) Len", lambda f: f"{f['mean_accepted_length']:.1f} / {f['mean_speculation_length_drafted']:.1f}",
-     lambda fs: f"{_mean([f['mean_accepted_length'] for f in fs]):.1f} / "
-                f"{_mean([f['mean_speculation_length_drafted'] for f in fs]):.1f}"),
+    (
+        "Acceptance Rate",
+        lambda f: f"{100 * f['acceptance_rate']:.1f}%",
+        lambda fs: f"{100 * _mean([f['acceptance_rate'] for f in fs]):.1f}%",
+    ),
+    (
+        "Avg (Acc./Spec.) Len",
+        lambda f: f"{f['mean_accepted_length']:.1f} / {f['mean_speculation_length_drafted']:.1f}",
+        lambda fs: (
+            f"{_mean([f['mean_accepted_length'] for f in fs]):.1f} / "
+            f"{_mean([f['mean_speculation_length_drafted'] for f in fs]):.1f}"
+        ),
+    ),
     ("Max (Acc./Spec.) Len", lambda f: f"{f['max_accepted_length']} / {f['max_speculation_length']}", lambda fs: "-"),
-    ("Num Speculation Rounds (per prompt)", lambda f: f"{f['rounds_per_prompt']:.1f}",
-     lambda fs: f"{_mean([f['rounds_per_prompt'] for f in fs]):.1f}"),
-    ("Avg Drafter Passes / Round", lambda f: f"{f['drafter_passes_per_round']:.1f}",
-     lambda fs: f"{_mean([f['drafter_passes_per_round'] for f in fs]):.1f}"),
-    ("Avg Drafter Passes / Round (official accounting)", lambda f: f"{f['drafter_passes_per_round_official']:.1f}",
-     lambda fs: f"{_mean([f['drafter_passes_per_round_official'] for f in fs]):.1f}"),
+    (
+        "Num Speculation Rounds (per prompt)",
+        lambda f: f"{f['rounds_per_prompt']:.1f}",
+        lambda fs: f"{_mean([f['rounds_per_prompt'] for f in fs]):.1f}",
+    ),
+    (
+        "Avg Drafter Passes / Round",
+        lambda f: f"{f['drafter_passes_per_round']:.1f}",
+        lambda fs: f"{_mean([f['drafter_passes_per_round'] for f in fs]):.1f}",
+    ),
+    (
+        "Avg Drafter Passes / Round (official accounting)",
+        lambda f: f"{f['drafter_passes_per_round_official']:.1f}",
+        lambda fs: f"{_mean([f['drafter_passes_per_round_official'] for f in fs]):.1f}",
+    ),
     ("Lossless prompts", lambda f: f["lossless"], lambda fs: "-"),
 )
 
@@ -373,18 +482,24 @@ def _notes(results: list[dict[str, Any]]) -> list[str]:
             f"{s['max_new_tokens']} new tokens, {s['device']} {s['dtype']}; calibration on {s['calibration_prompts']} "
             f"other prompt{'s' if s['calibration_prompts'] != 1 else ''} (from {s['calibration_offset']}), k grid {','.join(map(str, s['k_grid']))}, best by "
             f"{s['select_by']} speedup: AR / Fast-dLLM k = {c['k_ar']}, Fast-dLLM+ k = {c['k_dllm']}"
-            + (f", EAGLE-3 k = {c['k_eagle3']}" if "k_eagle3" in c else "") + "; every method "
-            f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts.")
-        untrusted = [stage for stage, cond in (r.get("timing_conditions") or {}).items()
-                     if not cond.get("timing_trusted", True)]
+            + (f", EAGLE-3 k = {c['k_eagle3']}" if "k_eagle3" in c else "")
+            + "; every method "
+            f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts."
+        )
+        untrusted = [
+            stage for stage, cond in (r.get("timing_conditions") or {}).items() if not cond.get("timing_trusted", True)
+        ]
         if untrusted:
-            notes.append(f"{UNTRUSTED_MARK} {DATASET_TITLES.get(s['dataset'], s['dataset'])} ({', '.join(untrusted)}): "
-                         f"{UNTRUSTED_NOTE}: {'; '.join(w for st in untrusted for w in r['timing_conditions'][st]['timing_warnings'])}")
+            notes.append(
+                f"{UNTRUSTED_MARK} {DATASET_TITLES.get(s['dataset'], s['dataset'])} ({', '.join(untrusted)}): "
+                f"{UNTRUSTED_NOTE}: {'; '.join(w for st in untrusted for w in r['timing_conditions'][st]['timing_warnings'])}"
+            )
     return notes
 
 
-def _markdown(title: str, notes: list[str], header: list[str], rows: list[list[str]], align: int,
-              section_col: bool) -> str:
+def _markdown(
+    title: str, notes: list[str], header: list[str], rows: list[list[str]], align: int, section_col: bool
+) -> str:
     """A Markdown table; with ``section_col`` the first cell of each row names its section, written
     as a bold row where it changes (the paper's "Target Model: ..." rows)."""
     lines = [f"# {title}", ""] + [f"- {n}" for n in notes] + [""]
@@ -409,12 +524,22 @@ def write_tables(results: list[dict[str, Any]], out: Path) -> dict[str, Path]:
     several = len(results) > 1  # an Average column across data sets, as the paper's
     notes = _notes(results)
     t1 = table1_rows(results)
-    files = {"table1.md": out / "table1.md", "table1.csv": out / "table1.csv",
-             "appendix_b.md": out / "appendix_b.md", "appendix_b.csv": out / "appendix_b.csv"}
-    files["table1.md"].write_text(_markdown(
-        "Table 1: speedup over vanilla decoding (FailFast arXiv 2512.20573 layout)",
-        notes + [MEASURED_NOTE, MODELED_NOTE], ["Drafting method", *datasets] + ["Average"] * several,
-        [[s, m, *cells] + [avg] * several for s, m, cells, avg in t1], 1, True))
+    files = {
+        "table1.md": out / "table1.md",
+        "table1.csv": out / "table1.csv",
+        "appendix_b.md": out / "appendix_b.md",
+        "appendix_b.csv": out / "appendix_b.csv",
+    }
+    files["table1.md"].write_text(
+        _markdown(
+            "Table 1: speedup over vanilla decoding (FailFast arXiv 2512.20573 layout)",
+            notes + [MEASURED_NOTE, MODELED_NOTE],
+            ["Drafting method", *datasets] + ["Average"] * several,
+            [[s, m, *cells] + [avg] * several for s, m, cells, avg in t1],
+            1,
+            True,
+        )
+    )
     with open(files["table1.csv"], "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["section", "method", *datasets] + ["average"] * several)
@@ -424,12 +549,21 @@ def write_tables(results: list[dict[str, Any]], out: Path) -> dict[str, Path]:
     for method, metric, cells, avg in ab:
         md_rows.append([method if method != last else "", metric, *cells] + [avg] * several)
         last = method
-    files["appendix_b.md"].write_text(_markdown(
-        "Appendix B: detailed comparison (FailFast arXiv 2512.20573 layout)",
-        notes + ["Acceptance rate = accepted / drafted tokens (bonus excluded); lengths are means per drafted round "
-                 "(accepted without the bonus token); rounds are per prompt; drafter passes per round with this "
-                 "project's accounting and with the official harness's."],
-        ["Drafting method", "Metric", *datasets] + ["Average"] * several, md_rows, 2, False))
+    files["appendix_b.md"].write_text(
+        _markdown(
+            "Appendix B: detailed comparison (FailFast arXiv 2512.20573 layout)",
+            notes
+            + [
+                "Acceptance rate = accepted / drafted tokens (bonus excluded); lengths are means per drafted round "
+                "(accepted without the bonus token); rounds are per prompt; drafter passes per round with this "
+                "project's accounting and with the official harness's."
+            ],
+            ["Drafting method", "Metric", *datasets] + ["Average"] * several,
+            md_rows,
+            2,
+            False,
+        )
+    )
     with open(files["appendix_b.csv"], "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["method", "metric", *datasets] + ["average"] * several)
@@ -440,18 +574,25 @@ def write_tables(results: list[dict[str, Any]], out: Path) -> dict[str, Path]:
 def write_calibration(result: dict[str, Any], out: Path) -> Path:
     """``calibration.md``: every grid point's measured and modeled (7B, project) speedup."""
     s, figs = result["settings"], result["calibration"]["methods"]
-    lines = ["# Calibration: static k sweeps (best-k selection)", "",
-             f"- {s['calibration_prompts']} prompts of {s['dataset']} from {s['calibration_offset']} (not evaluated), "
-             f"best by {s['select_by']} speedup.", f"- {MEASURED_NOTE}", "",
-             "| k | AR: measured | AR: MODELED 7B | AR: acc. rate | Fast-dLLM (0.9): measured | "
-             "Fast-dLLM: MODELED 7B | Fast-dLLM: acc. rate | Fast-dLLM: passes/round |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Calibration: static k sweeps (best-k selection)",
+        "",
+        f"- {s['calibration_prompts']} prompts of {s['dataset']} from {s['calibration_offset']} (not evaluated), "
+        f"best by {s['select_by']} speedup.",
+        f"- {MEASURED_NOTE}",
+        "",
+        "| k | AR: measured | AR: MODELED 7B | AR: acc. rate | Fast-dLLM (0.9): measured | "
+        "Fast-dLLM: MODELED 7B | Fast-dLLM: acc. rate | Fast-dLLM: passes/round |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for k in s["k_grid"]:
         a, d = figs[f"ar-k{k}"], figs[f"fast-dllm-k{k}"]
-        lines.append(f"| {k} | {a['speedup_vs_vanilla']:.2f}x | {a['modeled_speedup']['project']['a6000-qwen7b']:.2f}x"
-                     f" | {a['acceptance_rate']:.3f} | {d['speedup_vs_vanilla']:.2f}x | "
-                     f"{d['modeled_speedup']['project']['a6000-qwen7b']:.2f}x | {d['acceptance_rate']:.3f} | "
-                     f"{d['drafter_passes_per_round']:.2f} |")
+        lines.append(
+            f"| {k} | {a['speedup_vs_vanilla']:.2f}x | {a['modeled_speedup']['project']['a6000-qwen7b']:.2f}x"
+            f" | {a['acceptance_rate']:.3f} | {d['speedup_vs_vanilla']:.2f}x | "
+            f"{d['modeled_speedup']['project']['a6000-qwen7b']:.2f}x | {d['acceptance_rate']:.3f} | "
+            f"{d['drafter_passes_per_round']:.2f} |"
+        )
     path = out / "calibration.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -482,19 +623,32 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     log(f"evaluation: {len(methods)} methods x {len(eval_ids)} prompts ...")
     main = stage(bench, methods, evaluation, eval_ids, configs, args.warmup, log)
     if "fast-dllm-plus" not in main["methods"]:
-        main["methods"]["fast-dllm-plus"] = {**main["methods"]["fast-dllm"],
-                                             "description": main["methods"]["fast-dllm"]["description"]
-                                             + " (Fast-dLLM+ = Fast-dLLM: same best k)"}
+        main["methods"]["fast-dllm-plus"] = {
+            **main["methods"]["fast-dllm"],
+            "description": main["methods"]["fast-dllm"]["description"] + " (Fast-dLLM+ = Fast-dLLM: same best k)",
+        }
     settings = {k: v for k, v in vars(args).items()}
-    settings.update(device=str(bench.runtime.torch_device), dtype=str(bench.runtime.torch_dtype).removeprefix("torch."),
-                    torch_threads=torch.get_num_threads(), evaluation_prompt_ids=[p.prompt_id for p in evaluation],
-                    calibration_prompt_ids=[p.prompt_id for p in calibration])
-    result = {"settings": settings,
-              "calibration": {"k_ar": k_ar, "k_dllm": k_dllm, "k_eagle3": k_eagle3, "seconds": cal["seconds"],
-                              "methods": cal["methods"]},
-              "seconds": main["seconds"], "methods": main["methods"],
-              "timing_conditions": {"calibration": cal["timing_conditions"], "evaluation": main["timing_conditions"]},
-              "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE}}
+    settings.update(
+        device=str(bench.runtime.torch_device),
+        dtype=str(bench.runtime.torch_dtype).removeprefix("torch."),
+        torch_threads=torch.get_num_threads(),
+        evaluation_prompt_ids=[p.prompt_id for p in evaluation],
+        calibration_prompt_ids=[p.prompt_id for p in calibration],
+    )
+    result = {
+        "settings": settings,
+        "calibration": {
+            "k_ar": k_ar,
+            "k_dllm": k_dllm,
+            "k_eagle3": k_eagle3,
+            "seconds": cal["seconds"],
+            "methods": cal["methods"],
+        },
+        "seconds": main["seconds"],
+        "methods": main["methods"],
+        "timing_conditions": {"calibration": cal["timing_conditions"], "evaluation": main["timing_conditions"]},
+        "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE},
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))
     files = write_tables([result], out)
@@ -508,8 +662,10 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def combine(argv: list[str]) -> list[Path]:
-    p = argparse.ArgumentParser(prog="benchmarks/paper_table.py combine",
-                                description="The per-data-set tables side by side (the paper's layout).")
+    p = argparse.ArgumentParser(
+        prog="benchmarks/paper_table.py combine",
+        description="The per-data-set tables side by side (the paper's layout).",
+    )
     p.add_argument("dirs", nargs="+", help="output directories of per-data-set runs, in column order")
     p.add_argument("--out", required=True, help="directory for table1.md/csv and appendix_b.md/csv")
     args = p.parse_args(argv)

@@ -131,8 +131,11 @@ def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]
     from omegaconf import OmegaConf
 
     text = (resources.files("specpolicy.conf") / group / f"{choice}.yaml").read_text()
-    root = OmegaConf.create({group: OmegaConf.create(text), "drafter": {"name": drafter}} if group != "drafter"
-                            else {group: OmegaConf.create(text)})
+    root = OmegaConf.create(
+        {group: OmegaConf.create(text), "drafter": {"name": drafter}}
+        if group != "drafter"
+        else {group: OmegaConf.create(text)}
+    )
     return OmegaConf.to_container(root[group], resolve=True)
 
 
@@ -174,14 +177,17 @@ def parse_method(text: str) -> MethodSpec:
     name, sep, rest = text.partition("=")
     overrides = [o.strip() for o in split_overrides(rest) if o.strip()] if sep else []
     if not name or name == "vanilla" or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name) or not overrides:
-        raise argparse.ArgumentTypeError(f"takes NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, digits, "
-                                         f"_ . + -, not vanilla), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"takes NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, digits, "
+            f"_ . + -, not vanilla), got {text!r}"
+        )
     allowed = re.compile(r"^(drafter|policy|\+?\+?policy\.[\w.]+|reuse\.enabled|plugins\.block)=")
     for override in overrides:
         if not allowed.match(override):
             raise argparse.ArgumentTypeError(
                 f"{name}: {override!r}: a method sets drafter=, policy=, policy.KEY= and reuse.enabled= only (the "
-                f"models, prompts and generation settings are the benchmark's options)")
+                f"models, prompts and generation settings are the benchmark's options)"
+            )
     register()  # plugins' config directories (policy=<a plugin's policy>)
     try:
         with initialize_config_module("specpolicy.conf", version_base="1.3"):
@@ -192,13 +198,19 @@ def parse_method(text: str) -> MethodSpec:
     config = OmegaConf.to_container(cfg, resolve=True)
     drafter = str(config["drafter"]["name"])
     if drafter not in BENCH_DRAFTERS:
-        raise argparse.ArgumentTypeError(f"{name}: drafter={drafter}: the benchmark runs drafters "
-                                         f"{', '.join(BENCH_DRAFTERS)}")
+        raise argparse.ArgumentTypeError(
+            f"{name}: drafter={drafter}: the benchmark runs drafters {', '.join(BENCH_DRAFTERS)}"
+        )
     policy = dict(config["policy"])
     block = list((config.get("plugins") or {}).get("block") or [])
     try:
-        validate_plugin_config(get_plugin_manager(block=block), "policy", str(policy["name"]),
-                               {k: v for k, v in policy.items() if k != "name"}, config)
+        validate_plugin_config(
+            get_plugin_manager(block=block),
+            "policy",
+            str(policy["name"]),
+            {k: v for k, v in policy.items() if k != "name"},
+            config,
+        )
     except ValueError as exc:  # ConfigError: the key, the value, the accepted range
         raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
     return MethodSpec(name, drafter, policy, bool(config["reuse"]["enabled"]), overrides, block)
@@ -227,9 +239,12 @@ class Bench:
         self.pm = get_plugin_manager(autoload=False)
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
         self.target = self.verifier.model
-        models = {"ar": args.ar_drafter, "fastdllm": args.dllm_drafter,
-                  "dflash": getattr(args, "dflash_drafter", "dflash-drafter"),
-                  "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter")}
+        models = {
+            "ar": args.ar_drafter,
+            "fastdllm": args.dllm_drafter,
+            "dflash": getattr(args, "dflash_drafter", "dflash-drafter"),
+            "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter"),
+        }
 
         def factory(name: str) -> Callable[[], Any]:
             extra = {"model": models[name]} if name in models else {}
@@ -253,13 +268,30 @@ class Bench:
         model = self.drafters[spec.drafter]  # loaded now, outside any timed call
 
         def run(ids):
-            return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
-                            drafter=model, policy=policy, reuse=DraftReuse(min_match) if spec.reuse else None)
+            return generate(
+                ids,
+                self.verifier,
+                self.runtime,
+                max_new_tokens=self.args.max_new_tokens,
+                drafter=model,
+                policy=policy,
+                reuse=DraftReuse(min_match) if spec.reuse else None,
+            )
 
-        shown = repr(policy) if type(policy).__repr__ is not object.__repr__ else "{}({})".format(
-            type(policy).__name__, ", ".join(f"{k}={v!r}" for k, v in spec.policy.items() if k != "name"))
-        return Method(spec.name, "ours", spec.drafter, f"{shown}" + (" + draft reuse" if spec.reuse else "")
-                      + f" (--method {','.join(spec.overrides)})", run)
+        shown = (
+            repr(policy)
+            if type(policy).__repr__ is not object.__repr__
+            else "{}({})".format(
+                type(policy).__name__, ", ".join(f"{k}={v!r}" for k, v in spec.policy.items() if k != "name")
+            )
+        )
+        return Method(
+            spec.name,
+            "ours",
+            spec.drafter,
+            f"{shown}" + (" + draft reuse" if spec.reuse else "") + f" (--method {','.join(spec.overrides)})",
+            run,
+        )
 
     def vanilla(self) -> Method:
         def run(ids):
@@ -274,8 +306,15 @@ class Bench:
         model = self.drafters[drafter]  # loaded now, outside any timed call
 
         def run(ids):
-            return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens,
-                            drafter=model, policy=policy, reuse=DraftReuse(min_match) if reuse else None)
+            return generate(
+                ids,
+                self.verifier,
+                self.runtime,
+                max_new_tokens=self.args.max_new_tokens,
+                drafter=model,
+                policy=policy,
+                reuse=DraftReuse(min_match) if reuse else None,
+            )
 
         return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
 
@@ -287,10 +326,16 @@ class Bench:
         gc = self.assistant.generation_config
 
         def run(ids):
-            kwargs: dict[str, Any] = dict(max_new_tokens=self.args.max_new_tokens, do_sample=False, temperature=None,
-                                          top_p=None, top_k=None, eos_token_id=self.eos, pad_token_id=self.eos[0],
-                                          attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long,
-                                                                    device=self.runtime.torch_device))
+            kwargs: dict[str, Any] = dict(
+                max_new_tokens=self.args.max_new_tokens,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                eos_token_id=self.eos,
+                pad_token_id=self.eos[0],
+                attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long, device=self.runtime.torch_device),
+            )
             if kind == "assisted":
                 gc.num_assistant_tokens_schedule = settings["schedule"]
                 gc.num_assistant_tokens = state["tokens"]
@@ -305,10 +350,11 @@ class Bench:
                 wall = time.perf_counter() - start
             if kind == "assisted":  # HF keeps these per assistant model across calls; we keep them per method
                 state["tokens"], state["threshold"] = gc.num_assistant_tokens, gc.assistant_confidence_threshold
-            new = out[0, ids.shape[0]:].cpu()
+            new = out[0, ids.shape[0] :].cpu()
             finish = "eos" if len(new) and int(new[-1]) in self.eos else "max_new_tokens"
-            return GenerationResult(output_ids=new, rounds=rec.rounds(len(new), finish), finish_reason=finish,
-                                    wall_s=wall, prefill_ms=0.0)
+            return GenerationResult(
+                output_ids=new, rounds=rec.rounds(len(new), finish), finish_reason=finish, wall_s=wall, prefill_ms=0.0
+            )
 
         return Method(name, "hf", {"assisted": "ar", "lookup": None, "greedy": None}[kind], description, run)
 
@@ -338,11 +384,21 @@ class HFRecorder:
         calls = self.timer.calls.get("assistant", 0)
         a_ms = self.timer.ms.get("assistant", 0.0)
         t_ms = self.timer.ms["target"]
-        self._rounds.append(RoundRecord(
-            index=len(self._rounds), speculation_length=len(candidates), accepted_length=accepted,
-            emitted_tokens=accepted + 1, drafter_forward_passes=calls - self._mark[0], reused_tokens=0,
-            draft_ms=a_ms - self._mark[1], verify_ms=t_ms - self._mark[2], draft_token_ids=tuple(candidates),
-            target_token_ids=tuple(target_ids), draft_stop_reason="vanilla" if self.kind == "greedy" else ""))
+        self._rounds.append(
+            RoundRecord(
+                index=len(self._rounds),
+                speculation_length=len(candidates),
+                accepted_length=accepted,
+                emitted_tokens=accepted + 1,
+                drafter_forward_passes=calls - self._mark[0],
+                reused_tokens=0,
+                draft_ms=a_ms - self._mark[1],
+                verify_ms=t_ms - self._mark[2],
+                draft_token_ids=tuple(candidates),
+                target_token_ids=tuple(target_ids),
+                draft_stop_reason="vanilla" if self.kind == "greedy" else "",
+            )
+        )
         self._mark = (calls, a_ms, t_ms)
 
     def _on_call(self, name: str) -> None:
@@ -356,7 +412,7 @@ class HFRecorder:
 
             def get_candidates(gen, input_ids, *args, _get=get, **kwargs):
                 out = _get(gen, input_ids, *args, **kwargs)
-                rec._candidates = out[0][0, input_ids.shape[1]:].tolist()
+                rec._candidates = out[0][0, input_ids.shape[1] :].tolist()
                 return out
 
             def update(gen, input_ids, scores, num_matches, _upd=upd):
@@ -401,32 +457,51 @@ def run_interleaved(methods: list[Method], prompt_ids: list[torch.Tensor], warmu
         for m in methods:
             m.run(prompt_ids[i % len(prompt_ids)])
     for i, ids in enumerate(prompt_ids):
-        order = methods[i % len(methods):] + methods[: i % len(methods)]
+        order = methods[i % len(methods) :] + methods[: i % len(methods)]
         for m in order:
             m.outcomes.append(m.run(ids))
         log(f"  prompt {i + 1}/{len(prompt_ids)} done ({len(methods)} methods)")
 
 
-def summarize_method(bench: Bench, m: Method, vanilla: Method, prompts, prompt_ids: list[torch.Tensor],
-                     config: dict[str, Any] | None = None,
-                     profile: str | None = None) -> tuple[list[PromptResult], dict[str, Any]]:
+def summarize_method(
+    bench: Bench,
+    m: Method,
+    vanilla: Method,
+    prompts,
+    prompt_ids: list[torch.Tensor],
+    config: dict[str, Any] | None = None,
+    profile: str | None = None,
+) -> tuple[list[PromptResult], dict[str, Any]]:
     """Method ``m``'s results (its outcomes paired with vanilla's on the same prompts: speedup,
     losslessness) and their ``summary.json`` (``specpolicy.analysis.summary.summarize``, MODELED with
     ``profile``, default ``--profile``). ``config`` (e.g. drafter / policy / dataset nodes) joins
     the summary's ``config``."""
-    results = [PromptResult.of(p.prompt_id, len(ids), out, van,
-                               bench.tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
-                               prompt_text=p.text)
-               for p, ids, out, van in zip(prompts, prompt_ids, m.outcomes, vanilla.outcomes)]
-    base = {"verifier": {"model": bench.args.target}, "drafter": {"name": m.drafter},  # for_drafter's pass cost
-            "benchmark": "benchmarks/peers.py", "method": m.name, "description": m.description,
-            "generation": {"max_new_tokens": bench.args.max_new_tokens},
-            "profile": asdict(load_profile(profile or bench.args.profile))}
+    results = [
+        PromptResult.of(
+            p.prompt_id,
+            len(ids),
+            out,
+            van,
+            bench.tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
+            prompt_text=p.text,
+        )
+        for p, ids, out, van in zip(prompts, prompt_ids, m.outcomes, vanilla.outcomes)
+    ]
+    base = {
+        "verifier": {"model": bench.args.target},
+        "drafter": {"name": m.drafter},  # for_drafter's pass cost
+        "benchmark": "benchmarks/peers.py",
+        "method": m.name,
+        "description": m.description,
+        "generation": {"max_new_tokens": bench.args.max_new_tokens},
+        "profile": asdict(load_profile(profile or bench.args.profile)),
+    }
     return results, summarize(m.name, results, {**base, **(config or {})}, bench.runtime.describe())
 
 
-def mark_timing(summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]], watch: MachineWatch,
-                log=print) -> dict[str, Any]:
+def mark_timing(
+    summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]], watch: MachineWatch, log=print
+) -> dict[str, Any]:
     """The machine's conditions over the interleaved run (``MachineWatch.stop`` on vanilla's
     rows), recorded in every method's summary (``timing_conditions``: the report and figures of
     the written runs mark untrusted timings) and warned about in one line when the measured
@@ -445,28 +520,47 @@ def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[s
     Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, best tree budgets, and FailFast's best (N, τ) on
     DFlash, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
     a = bench.args
-    hf = {k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
-          for k in a.hf_k_sweep}
-    sweeps = {d: {k: bench.ours(d, "static", False, f"static-k{k}", k=k) for k in ks}
-              for d, ks in (("fastdllm", a.dllm_k_sweep), ("dflash", a.dflash_k_sweep), ("eagle3", a.eagle3_k_sweep))}
-    sweeps["eagle3-tree"] = {shape: bench.ours("eagle3", "eagle2-tree", False, tree_label(shape),
-                                               **dict(zip(("depth", "top_k", "total_tokens"), shape)))
-                             for shape in a.tree_sweep}
-    sweeps["dflash-tree"] = {shape: bench.ours("dflash", "block-tree", False, tree_label(shape, "block-tree"),
-                                               **dict(zip(("depth", "top_k", "total_tokens"), shape)))
-                             for shape in a.block_tree_sweep}
-    sweeps["dflash-failfast"] = {pair: bench.ours("dflash", "failfast", False, failfast_label(pair),
-                                                  n=pair[0], tau=pair[1])
-                                 for pair in a.dflash_failfast_sweep}
+    hf = {
+        k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
+        for k in a.hf_k_sweep
+    }
+    sweeps = {
+        d: {k: bench.ours(d, "static", False, f"static-k{k}", k=k) for k in ks}
+        for d, ks in (("fastdllm", a.dllm_k_sweep), ("dflash", a.dflash_k_sweep), ("eagle3", a.eagle3_k_sweep))
+    }
+    sweeps["eagle3-tree"] = {
+        shape: bench.ours(
+            "eagle3", "eagle2-tree", False, tree_label(shape), **dict(zip(("depth", "top_k", "total_tokens"), shape))
+        )
+        for shape in a.tree_sweep
+    }
+    sweeps["dflash-tree"] = {
+        shape: bench.ours(
+            "dflash",
+            "block-tree",
+            False,
+            tree_label(shape, "block-tree"),
+            **dict(zip(("depth", "top_k", "total_tokens"), shape)),
+        )
+        for shape in a.block_tree_sweep
+    }
+    sweeps["dflash-failfast"] = {
+        pair: bench.ours("dflash", "failfast", False, failfast_label(pair), n=pair[0], tau=pair[1])
+        for pair in a.dflash_failfast_sweep
+    }
     everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
     best = {d: max(sweep, key=lambda k: tps[sweep[k].name]) for d, sweep in sweeps.items()}
     return {
-        "prompts": len(prompt_ids), "tokens_per_s": tps,
+        "prompts": len(prompt_ids),
+        "tokens_per_s": tps,
         "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
-        "fastdllm_plus_k": best["fastdllm"], "dflash_k": best["dflash"], "eagle3_k": best["eagle3"],
-        "eagle3_tree": list(best["eagle3-tree"]), "dflash_block_tree": list(best["dflash-tree"]),
+        "fastdllm_plus_k": best["fastdllm"],
+        "dflash_k": best["dflash"],
+        "eagle3_k": best["eagle3"],
+        "eagle3_tree": list(best["eagle3-tree"]),
+        "dflash_block_tree": list(best["dflash-tree"]),
         "dflash_failfast": list(best["dflash-failfast"]),
     }
 
@@ -488,43 +582,92 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
     methods = [
         bench.vanilla(),
         bench.hf("hf-greedy", "greedy", "HF generate, do_sample=False"),
-        bench.hf(f"hf-assisted-k{best_hf}", "assisted", f"HF assisted, constant {best_hf} tokens (best of sweep)",
-                 schedule="constant", tokens=best_hf, threshold=0.0),
-        bench.hf("hf-assisted-heuristic", "assisted", "HF assisted, heuristic schedule from 20",
-                 schedule="heuristic", tokens=HF_DEFAULT_ASSISTANT_TOKENS, threshold=0.0),
-        bench.hf("hf-assisted-confidence", "assisted", "HF assisted defaults: 20 tokens, confidence stop 0.4",
-                 schedule="constant", tokens=HF_DEFAULT_ASSISTANT_TOKENS, threshold=HF_DEFAULT_CONFIDENCE),
-        bench.hf("hf-prompt-lookup", "lookup", f"HF prompt lookup decoding, {a.lookup_tokens} tokens",
-                 tokens=a.lookup_tokens),
+        bench.hf(
+            f"hf-assisted-k{best_hf}",
+            "assisted",
+            f"HF assisted, constant {best_hf} tokens (best of sweep)",
+            schedule="constant",
+            tokens=best_hf,
+            threshold=0.0,
+        ),
+        bench.hf(
+            "hf-assisted-heuristic",
+            "assisted",
+            "HF assisted, heuristic schedule from 20",
+            schedule="heuristic",
+            tokens=HF_DEFAULT_ASSISTANT_TOKENS,
+            threshold=0.0,
+        ),
+        bench.hf(
+            "hf-assisted-confidence",
+            "assisted",
+            "HF assisted defaults: 20 tokens, confidence stop 0.4",
+            schedule="constant",
+            tokens=HF_DEFAULT_ASSISTANT_TOKENS,
+            threshold=HF_DEFAULT_CONFIDENCE,
+        ),
+        bench.hf(
+            "hf-prompt-lookup", "lookup", f"HF prompt lookup decoding, {a.lookup_tokens} tokens", tokens=a.lookup_tokens
+        ),
     ]
     ours = [("ar", "static", f"static-k{K}", {"k": K}), ("fastdllm", "static", f"static-k{K}", {"k": K})]
     if best_dl != K:
         ours.append(("fastdllm", "static", f"static-k{best_dl}", {"k": best_dl}))
-    ours += [("fastdllm", "failfast", None, {}), ("fastdllm", "specdecpp", None, {}), ("fastdllm", "aimd", None, {}),
-             ("ar", "failfast", None, {}), ("fastdllm", "goodput", None, {}), ("ar", "goodput", None, {})]
+    ours += [
+        ("fastdllm", "failfast", None, {}),
+        ("fastdllm", "specdecpp", None, {}),
+        ("fastdllm", "aimd", None, {}),
+        ("ar", "failfast", None, {}),
+        ("fastdllm", "goodput", None, {}),
+        ("ar", "goodput", None, {}),
+    ]
     for drafter, choice, label, over in ours:
         for reuse in (False, True):
             methods.append(bench.ours(drafter, choice, reuse, label, **over))
-    methods += [bench.ours("suffix", "static", False, f"static-k{K}", k=K), bench.ours("suffix", "failfast", False),
-                bench.ours("suffix", "goodput", False)]
+    methods += [
+        bench.ours("suffix", "static", False, f"static-k{K}", k=K),
+        bench.ours("suffix", "failfast", False),
+        bench.ours("suffix", "goodput", False),
+    ]
     block = bench.drafters["dflash"].block_size - 1  # one DFlash pass drafts this many tokens
-    methods += [bench.ours("dflash", "static", False, f"static-k{cal['dflash_k']}", k=cal["dflash_k"]),
-                bench.ours("dflash", "failfast", False),
-                bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
-                bench.ours("dflash", "failfast", False, failfast_label(cal["dflash_failfast"]),
-                           **dict(zip(("n", "tau"), cal["dflash_failfast"]))),
-                bench.ours("dflash", "specdecpp", False), bench.ours("dflash", "goodput", False),
-                bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
-                bench.ours("eagle3", "goodput", False),
-                bench.ours("eagle3", "eagle2-tree", False, "eagle2-tree-paper", depth=8, top_k=10, total_tokens=60),
-                bench.ours("eagle3", "eagle2-tree", False, tree_label(cal["eagle3_tree"]),
-                           **dict(zip(("depth", "top_k", "total_tokens"), cal["eagle3_tree"]))),
-                bench.ours("dflash", "failfast-tree", False), bench.ours("dflash", "block-tree", False),
-                bench.ours("dflash", "block-tree", False, tree_label(cal["dflash_block_tree"], "block-tree"),
-                           **dict(zip(("depth", "top_k", "total_tokens"), cal["dflash_block_tree"])))]
+    methods += [
+        bench.ours("dflash", "static", False, f"static-k{cal['dflash_k']}", k=cal["dflash_k"]),
+        bench.ours("dflash", "failfast", False),
+        bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
+        bench.ours(
+            "dflash",
+            "failfast",
+            False,
+            failfast_label(cal["dflash_failfast"]),
+            **dict(zip(("n", "tau"), cal["dflash_failfast"])),
+        ),
+        bench.ours("dflash", "specdecpp", False),
+        bench.ours("dflash", "goodput", False),
+        bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
+        bench.ours("eagle3", "goodput", False),
+        bench.ours("eagle3", "eagle2-tree", False, "eagle2-tree-paper", depth=8, top_k=10, total_tokens=60),
+        bench.ours(
+            "eagle3",
+            "eagle2-tree",
+            False,
+            tree_label(cal["eagle3_tree"]),
+            **dict(zip(("depth", "top_k", "total_tokens"), cal["eagle3_tree"])),
+        ),
+        bench.ours("dflash", "failfast-tree", False),
+        bench.ours("dflash", "block-tree", False),
+        bench.ours(
+            "dflash",
+            "block-tree",
+            False,
+            tree_label(cal["dflash_block_tree"], "block-tree"),
+            **dict(zip(("depth", "top_k", "total_tokens"), cal["dflash_block_tree"])),
+        ),
+    ]
     tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
-    methods += [bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
-                for d in ("fastdllm", "ar", "dflash", "eagle3")]
+    methods += [
+        bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
+        for d in ("fastdllm", "ar", "dflash", "eagle3")
+    ]
     if a.methods:
         pattern = re.compile(a.methods)
         methods = [m for m in methods if m.name == "vanilla" or pattern.search(m.name)]
@@ -535,13 +678,24 @@ def profile_cost_model(profile: LatencyProfile, fitted: CostModel) -> CostModel:
     """The oracle's cost model with ``profile``'s latencies (as ``specpolicy.core.latency`` models a round:
     passes x ``drafter_pass_ms`` + ``target_ms_per_token`` + ``verify_ms_per_draft_token`` x length)
     and ``fitted``'s passes per drafted token (used only where exact replay passes are missing)."""
-    return CostModel(draft_ms_per_pass=profile.drafter_pass_ms, draft_ms_per_token=0.0,
-                     passes_base=fitted.passes_base, passes_per_token=fitted.passes_per_token,
-                     verify_ms_base=profile.target_ms_per_token, verify_ms_per_token=profile.verify_ms_per_draft_token)
+    return CostModel(
+        draft_ms_per_pass=profile.drafter_pass_ms,
+        draft_ms_per_token=0.0,
+        passes_base=fitted.passes_base,
+        passes_per_token=fitted.passes_per_token,
+        verify_ms_base=profile.target_ms_per_token,
+        verify_ms_per_token=profile.verify_ms_per_draft_token,
+    )
 
 
-def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: list[torch.Tensor],
-                     log=print, profile: LatencyProfile | None = None) -> dict[str, Any]:
+def oracle_fractions(
+    bench: Bench,
+    methods: list[Method],
+    prompts,
+    prompt_ids: list[torch.Tensor],
+    log=print,
+    profile: LatencyProfile | None = None,
+) -> dict[str, Any]:
     """Per drafter: exact replay match lengths on the vanilla outputs, a cost model fitted on this
     run's rounds of that drafter (ours) + vanilla steps, and each method's fraction of the oracle
     (``specpolicy.analysis.oracle.compare`` on the prompts where the method is lossless); with ``profile``
@@ -559,8 +713,10 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
         cost = CostModel.fit(ours, van_verify)
         max_length = oracle_max_length(r for m in users for o in m.outcomes for r in o.rounds)
         start = time.perf_counter()
-        match = [replay_match_lengths(bench.drafters[drafter], ids, ref, max_length, bench.verifier)
-                 for ids, ref in zip(prompt_ids, reference)]
+        match = [
+            replay_match_lengths(bench.drafters[drafter], ids, ref, max_length, bench.verifier)
+            for ids, ref in zip(prompt_ids, reference)
+        ]
         log(f"  oracle replay of {drafter}: {time.perf_counter() - start:.1f} s")
         out[drafter] = {"cost_model": cost.__dict__, "max_length": max_length, "methods": {}, "methods_profile": {}}
         pcost = profile_cost_model(profile.for_drafter(drafter), cost) if profile is not None else None
@@ -582,20 +738,26 @@ def oracle_fractions(bench: Bench, methods: list[Method], prompts, prompt_ids: l
 # -- output ----------------------------------------------------------------------------------
 
 #: The table: the shared figures (``specpolicy.analysis.tables.FIGURES``) and this benchmark's own.
-COLUMNS = (("method", "method", "{}"), *figure_columns(("tokens_per_s", "speedup_vs_vanilla")),
-           ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}x"), *figure_columns(("acceptance_rate",)),
-           (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}",
-            "_lengths", "{}"),
-           *figure_columns(("rounds", "drafter_passes_per_round", "lossless")),
-           ("oracle fraction (exact replay)", "oracle_fraction", "{:.3f}"),
-           *figure_columns(("modeled_speedup_vs_vanilla",)))
+COLUMNS = (
+    ("method", "method", "{}"),
+    *figure_columns(("tokens_per_s", "speedup_vs_vanilla")),
+    ("x HF best", "speedup_vs_hf_assisted_best", "{:.2f}x"),
+    *figure_columns(("acceptance_rate",)),
+    (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}", "_lengths", "{}"),
+    *figure_columns(("rounds", "drafter_passes_per_round", "lossless")),
+    ("oracle fraction (exact replay)", "oracle_fraction", "{:.3f}"),
+    *figure_columns(("modeled_speedup_vs_vanilla",)),
+)
 
 
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, m in results["methods"].items():
-        m = {**m, "method": name,
-             "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}"}
+        m = {
+            **m,
+            "method": name,
+            "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}",
+        }
         rows.append(["-" if m.get(k) is None else f.format(m[k]) for _, k, f in COLUMNS])
     return rows
 
@@ -613,23 +775,32 @@ def print_table(results: dict[str, Any]) -> None:
     s = results["settings"]
     rows = table_rows(results)
     trusted = (results.get("timing_conditions") or {}).get("timing_trusted", True)
-    console = _print_columns(COLUMNS, rows, f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
-                                             f"tokens, {s['device']} {s['dtype']}"
-                                             + ("" if trusted else f" {UNTRUSTED_MARK} ({UNTRUSTED_NOTE})"))
+    console = _print_columns(
+        COLUMNS,
+        rows,
+        f"peers: {s['num_prompts']} prompts x {s['max_new_tokens']} new "
+        f"tokens, {s['device']} {s['dtype']}" + ("" if trusted else f" {UNTRUSTED_MARK} ({UNTRUSTED_NOTE})"),
+    )
     hf_best = f"over {results['hf_assisted_best']}" if results.get("hf_assisted_best") else "- (no HF method ran)"
-    console.print(f"x HF best: {hf_best}; oracle fraction: modeled speedup / the exact "
-                  f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
-                  f"{results['modeled_profile']}, not measured", markup=False)
+    console.print(
+        f"x HF best: {hf_best}; oracle fraction: modeled speedup / the exact "
+        f"oracle's (drafter replayed, same drafter, measured costs); MODELED: profile "
+        f"{results['modeled_profile']}, not measured",
+        markup=False,
+    )
     if any(m.get("tree_rounds") for m in results["methods"].values()):  # their figures count tree nodes
         console.print(TREE_NOTE, markup=False)
 
 
 #: The second table: MODELED under ``--tuned-profile``.
-TUNED_COLUMNS = (("method", "method", "{}"), ("MODELED speedup (profile)", "modeled_speedup_tuned_profile", "{:.2f}x"),
-                 ("oracle fraction (profile costs)", "oracle_fraction_tuned_profile", "{:.3f}"),
-                 *figure_columns(("acceptance_rate",)),
-                 (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}",
-                  "_lengths", "{}"), *figure_columns(("drafter_passes_per_round",)))
+TUNED_COLUMNS = (
+    ("method", "method", "{}"),
+    ("MODELED speedup (profile)", "modeled_speedup_tuned_profile", "{:.2f}x"),
+    ("oracle fraction (profile costs)", "oracle_fraction_tuned_profile", "{:.3f}"),
+    *figure_columns(("acceptance_rate",)),
+    (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}", "_lengths", "{}"),
+    *figure_columns(("drafter_passes_per_round",)),
+)
 
 
 def tuned_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -638,10 +809,17 @@ def tuned_rows(results: dict[str, Any]) -> list[list[str]]:
     for name, m in results["methods"].items():
         if not m.get("drafter"):
             continue
-        m = {**m, "method": name,
-             "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}"}
-        rows.append((m.get("modeled_speedup_tuned_profile") or 0.0,
-                     ["-" if m.get(k) is None else f.format(m[k]) for _, k, f in TUNED_COLUMNS]))
+        m = {
+            **m,
+            "method": name,
+            "_lengths": f"{m['mean_accepted_length']:.2f} / {m['mean_speculation_length_drafted']:.2f}",
+        }
+        rows.append(
+            (
+                m.get("modeled_speedup_tuned_profile") or 0.0,
+                ["-" if m.get(k) is None else f.format(m[k]) for _, k, f in TUNED_COLUMNS],
+            )
+        )
     return [row for _, row in sorted(rows, key=lambda r: -r[0])]
 
 
@@ -649,11 +827,14 @@ def print_tuned_table(results: dict[str, Any]) -> None:
     """Print the MODELED table under the tuned profile and what its columns mean."""
     profile = results["tuned_profile"]
     rows = tuned_rows(results)
-    console = _print_columns(TUNED_COLUMNS, rows, f"MODELED under {profile} (pass counts x the profile's latencies, "
-                                             f"not measured)")
-    console.print(f"goodput-{profile} was given that profile's costs; oracle fraction: the oracle length policy's "
-                  f"modeled time / the method's, both with the profile's costs (same drafter, exact replay)",
-                  markup=False)
+    console = _print_columns(
+        TUNED_COLUMNS, rows, f"MODELED under {profile} (pass counts x the profile's latencies, not measured)"
+    )
+    console.print(
+        f"goodput-{profile} was given that profile's costs; oracle fraction: the oracle length policy's "
+        f"modeled time / the method's, both with the profile's costs (same drafter, exact replay)",
+        markup=False,
+    )
 
 
 def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], dict[str, Any]]]) -> None:
@@ -675,8 +856,9 @@ def _tree_shapes(text: str) -> list[tuple[int, int, int]]:
     except ValueError:
         shapes = []
     if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(f"--tree-sweep takes depth:top_k:total_tokens,... (integers >= 1), "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--tree-sweep takes depth:top_k:total_tokens,... (integers >= 1), got {text!r}"
+        )
     return shapes
 
 
@@ -686,49 +868,76 @@ def _failfast_pairs(text: str) -> list[tuple[int, float]]:
     except ValueError:
         pairs = []
     if not pairs or any(not 1 <= n <= FAILFAST_N_MAX or not 0.0 <= t <= 1.0 for n, t in pairs):
-        raise argparse.ArgumentTypeError(f"--dflash-failfast-sweep takes N:tau,... (N an integer in 1..{FAILFAST_N_MAX}, "
-                                         f"N_max; tau in [0, 1]), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--dflash-failfast-sweep takes N:tau,... (N an integer in 1..{FAILFAST_N_MAX}, "
+            f"N_max; tau in [0, 1]), got {text!r}"
+        )
     return pairs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
-    p.add_argument("--offset", type=int, default=0,
-                   help="first prompt of the set (skip the rows a calibration or tuning used)")
+    p.add_argument(
+        "--offset", type=int, default=0, help="first prompt of the set (skip the rows a calibration or tuning used)"
+    )
     p.add_argument("--dataset", default="gsm8k", help="bundled prompt set (gsm8k, math500, aime24, humaneval)")
     p.add_argument("--dataset-path", default=None, help="a JSONL file of prompts instead of the bundled set")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--out", default="results.json", help="JSON output, one entry per method")
-    p.add_argument("--runs-dir", default=None,
-                   help="per-method run dirs for specpolicy.analysis.plot (default: <out stem>-runs)")
+    p.add_argument(
+        "--runs-dir", default=None, help="per-method run dirs for specpolicy.analysis.plot (default: <out stem>-runs)"
+    )
     add_model_arguments(p)
     p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
     p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
     p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
     p.add_argument("--dflash-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[5, 8, 11, 15, 22])
     p.add_argument("--eagle3-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4, 5, 6, 8])
-    p.add_argument("--tree-sweep", type=_tree_shapes, default=_tree_shapes("4:2:6,6:2:10,8:2:12,8:3:16,8:4:24"),
-                   help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration")
-    p.add_argument("--block-tree-sweep", type=_tree_shapes, default=_tree_shapes("15:2:8,15:2:12,15:3:16,15:3:24"),
-                   help="block-tree budgets depth:top_k:total_tokens swept for dflash in calibration")
-    p.add_argument("--dflash-failfast-sweep", type=_failfast_pairs, default=_failfast_pairs(
-                   "3:0.5,3:0.6,3:0.7,4:0.5,4:0.6,4:0.7,5:0.5,5:0.6,5:0.7"),
-                   help="FailFast N:tau pairs swept for dflash in calibration (N_max stays 60)")
+    p.add_argument(
+        "--tree-sweep",
+        type=_tree_shapes,
+        default=_tree_shapes("4:2:6,6:2:10,8:2:12,8:3:16,8:4:24"),
+        help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration",
+    )
+    p.add_argument(
+        "--block-tree-sweep",
+        type=_tree_shapes,
+        default=_tree_shapes("15:2:8,15:2:12,15:3:16,15:3:24"),
+        help="block-tree budgets depth:top_k:total_tokens swept for dflash in calibration",
+    )
+    p.add_argument(
+        "--dflash-failfast-sweep",
+        type=_failfast_pairs,
+        default=_failfast_pairs("3:0.5,3:0.6,3:0.7,4:0.5,4:0.6,4:0.7,5:0.5,5:0.6,5:0.7"),
+        help="FailFast N:tau pairs swept for dflash in calibration (N_max stays 60)",
+    )
     p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     p.add_argument("--profile", default="a6000-qwen7b", help="latency profile of the MODELED column")
-    p.add_argument("--tuned-profile", default="a6000-qwen32b",
-                   help="hardware profile given to goodput-<profile> and of the second, MODELED table")
+    p.add_argument(
+        "--tuned-profile",
+        default="a6000-qwen32b",
+        help="hardware profile given to goodput-<profile> and of the second, MODELED table",
+    )
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
     p.add_argument("--methods", default=None, help="regex: run only matching methods (vanilla always runs)")
-    p.add_argument("--method", action="append", type=parse_method, default=[], metavar="NAME=OVERRIDES",
-                   help="add a method by config, e.g. mine=drafter=dflash,policy=entropy,policy.n=4 (any installed "
-                        "policy; repeat to compare several); with it only vanilla and these run unless --builtins")
-    p.add_argument("--builtins", action="store_true",
-                   help="with --method: run the built-in methods (and their calibration sweeps) too")
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME=OVERRIDES",
+        help="add a method by config, e.g. mine=drafter=dflash,policy=entropy,policy.n=4 (any installed "
+        "policy; repeat to compare several); with it only vanilla and these run unless --builtins",
+    )
+    p.add_argument(
+        "--builtins",
+        action="store_true",
+        help="with --method: run the built-in methods (and their calibration sweeps) too",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, small sweeps")
     args = p.parse_args(argv)
     if args.quick:
@@ -753,8 +962,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 #: The run's dataset keys as a benchmark's options name them.
-OPTION_NAMES = {"dataset.offset": "--offset", "dataset.num_prompts": "--num-prompts",
-                "dataset.path": "--dataset-path", "dataset.name": "--dataset"}
+OPTION_NAMES = {
+    "dataset.offset": "--offset",
+    "dataset.num_prompts": "--num-prompts",
+    "dataset.path": "--dataset-path",
+    "dataset.name": "--dataset",
+}
 
 
 def check_prompt_slice(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -806,9 +1019,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.builtins or not args.method:  # the built-in methods (with --method alone: only the added ones)
         log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
         cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
-        log(f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
+        log(
+            f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
             f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}; "
-            "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"]))
+            "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"])
+        )
         methods = build_methods(bench, cal)
     methods += [bench.added(spec) for spec in args.method]
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
@@ -826,13 +1041,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for m in methods:
         summary = summaries[m.name][1]
         own = summary["methods"][m.name]
-        stats[m.name] = {"family": m.family, "drafter": m.drafter, "description": m.description,
-                         **headline(summary), **{k: own[k] for k in ("generated_tokens", "wall_s",
-                                                                     "drafter_forward_passes", "draft_ms",
-                                                                     "verify_ms")},
-                         "not_lossless": summary.get("not_lossless", {}),
-                         "modeled_speedup_tuned_profile": (summary.get("modeled") or {}).get(
-                             "speedup_by_profile", {}).get(tuned.name)}
+        stats[m.name] = {
+            "family": m.family,
+            "drafter": m.drafter,
+            "description": m.description,
+            **headline(summary),
+            **{k: own[k] for k in ("generated_tokens", "wall_s", "drafter_forward_passes", "draft_ms", "verify_ms")},
+            "not_lossless": summary.get("not_lossless", {}),
+            "modeled_speedup_tuned_profile": (summary.get("modeled") or {})
+            .get("speedup_by_profile", {})
+            .get(tuned.name),
+        }
     hf_assisted = {n: s["tokens_per_s"] for n, s in stats.items() if n.startswith("hf-assisted")}
     hf_best = max(hf_assisted, key=hf_assisted.get) if hf_assisted else None
     for s in stats.values():
@@ -844,20 +1063,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for block in oracle.values():
             for name, res in block["methods"].items():
                 stats[name]["oracle_fraction"] = res["fraction_of_oracle"]
-                stats[name]["oracle_fraction_by_prompt"] = {p["prompt_id"]: p["fraction_of_oracle"]
-                                                            for p in res["per_prompt"]}
+                stats[name]["oracle_fraction_by_prompt"] = {
+                    p["prompt_id"]: p["fraction_of_oracle"] for p in res["per_prompt"]
+                }
                 stats[name]["oracle_speedup_modeled"] = res["oracle_speedup_modeled"]
             for name, res in block.pop("methods_profile", {}).items():
                 stats[name]["oracle_fraction_tuned_profile"] = res["fraction_of_oracle"]
     results = {
-        "settings": {**{k: v for k, v in vars(args).items() if k != "method"},
-                     **({"method": [f"{m.name}={','.join(m.overrides)}" for m in args.method]} if args.method else {}),
-                     "device": str(bench.runtime.torch_device),
-                     "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
-                     "torch_threads": torch.get_num_threads(), "benchmark_s": elapsed,
-                     "prompt_ids": [p.prompt_id for p in prompts]},
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k != "method"},
+            **({"method": [f"{m.name}={','.join(m.overrides)}" for m in args.method]} if args.method else {}),
+            "device": str(bench.runtime.torch_device),
+            "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+            "benchmark_s": elapsed,
+            "prompt_ids": [p.prompt_id for p in prompts],
+        },
         "timing_conditions": conditions,
-        "calibration": cal, "hf_assisted_best": hf_best,
+        "calibration": cal,
+        "hf_assisted_best": hf_best,
         "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}" if cal else None,
         "modeled_profile": profile.name,
         "tuned_profile": tuned.name,

@@ -87,10 +87,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids = [q.token_ids(bench.tokenizer) for q in prompts]
     d = args.drafter
     grid = [(n, tau) for n in args.n_grid for tau in args.tau_grid]
-    methods = ([bench.vanilla(), bench.ours(d, "failfast", False)]
-               + [bench.ours(d, "static", False, f"static-k{k}", k=k) for k in args.static_k]
-               + [bench.ours(d, "failfast", False, failfast_label(pair), n=pair[0], tau=pair[1], n_max=args.n_max)
-                  for pair in grid])
+    methods = (
+        [bench.vanilla(), bench.ours(d, "failfast", False)]
+        + [bench.ours(d, "static", False, f"static-k{k}", k=k) for k in args.static_k]
+        + [
+            bench.ours(d, "failfast", False, failfast_label(pair), n=pair[0], tau=pair[1], n_max=args.n_max)
+            for pair in grid
+        ]
+    )
     log(f"{len(methods)} methods x {len(ids)} prompts ...")
     watch = MachineWatch()
     watch.start()
@@ -98,36 +102,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_interleaved(methods, ids, args.warmup, log)
     elapsed = time.perf_counter() - start
     vanilla = methods[0]
-    conditions = watch.stop([PromptResult.of(q.prompt_id, len(x), o, o, "") for q, x, o in
-                             zip(prompts, ids, vanilla.outcomes)])
+    conditions = watch.stop(
+        [PromptResult.of(q.prompt_id, len(x), o, o, "") for q, x, o in zip(prompts, ids, vanilla.outcomes)]
+    )
     base = aggregate(vanilla.outcomes)["tokens_per_s"]
     rows = []
     defaults = FailFastPolicy()
     for m, pair in zip(methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid):
         agg = aggregate(m.outcomes)
         rounds = [r for o in m.outcomes for r in o.rounds]
-        rows.append({"method": m.name, "policy": m.description, "n_tau": pair,
-                     "tokens_per_s": agg["tokens_per_s"], "speedup": agg["tokens_per_s"] / base,
-                     "mean_accepted_length": (sum(r.accepted_length for r in rounds) / len(rounds))
-                     if rounds and m.drafter else None,
-                     "lossless": sum(torch.equal(o.output_ids, v.output_ids)
-                                     for o, v in zip(m.outcomes, vanilla.outcomes))})
+        rows.append(
+            {
+                "method": m.name,
+                "policy": m.description,
+                "n_tau": pair,
+                "tokens_per_s": agg["tokens_per_s"],
+                "speedup": agg["tokens_per_s"] / base,
+                "mean_accepted_length": (sum(r.accepted_length for r in rounds) / len(rounds))
+                if rounds and m.drafter
+                else None,
+                "lossless": sum(torch.equal(o.output_ids, v.output_ids) for o, v in zip(m.outcomes, vanilla.outcomes)),
+            }
+        )
     tuned = [r for r in rows if r["method"].startswith(f"{d}+failfast-n")]
     best = max(tuned, key=lambda r: r["tokens_per_s"])
-    result = {"settings": {**vars(args), "device": str(bench.runtime.torch_device),
-                           "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
-                           "torch_threads": torch.get_num_threads(), "benchmark_s": elapsed,
-                           "prompt_ids": [q.prompt_id for q in prompts]},
-              "timing_conditions": conditions, "rows": rows,
-              "best": {"n": best["n_tau"][0], "tau": best["n_tau"][1], "n_max": args.n_max,
-                       "speedup": best["speedup"]}}
-    print(f"FailFast (N, τ) on {d}: {len(ids)} prompts from row {args.offset} x {args.max_new_tokens} tokens, "
-          f"{result['settings']['device']} {result['settings']['dtype']}")
+    result = {
+        "settings": {
+            **vars(args),
+            "device": str(bench.runtime.torch_device),
+            "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
+            "torch_threads": torch.get_num_threads(),
+            "benchmark_s": elapsed,
+            "prompt_ids": [q.prompt_id for q in prompts],
+        },
+        "timing_conditions": conditions,
+        "rows": rows,
+        "best": {"n": best["n_tau"][0], "tau": best["n_tau"][1], "n_max": args.n_max, "speedup": best["speedup"]},
+    }
+    print(
+        f"FailFast (N, τ) on {d}: {len(ids)} prompts from row {args.offset} x {args.max_new_tokens} tokens, "
+        f"{result['settings']['device']} {result['settings']['dtype']}"
+    )
     print(f"{'method':32s} {'tok/s':>8s} {'x vanilla':>9s} {'accepted':>8s} {'lossless':>9s}")
     for r in sorted(rows, key=lambda r: -r["tokens_per_s"]):
         acc = "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}"
-        print(f"{r['method']:32s} {r['tokens_per_s']:8.1f} {r['speedup']:9.2f} {acc:>8s} "
-              f"{r['lossless']:>5d}/{len(ids)}")
+        print(
+            f"{r['method']:32s} {r['tokens_per_s']:8.1f} {r['speedup']:9.2f} {acc:>8s} {r['lossless']:>5d}/{len(ids)}"
+        )
     print(f"best: N = {best['n_tau'][0]}, τ = {best['n_tau'][1]:g} ({best['speedup']:.2f}x vanilla)")
     line = warning_line(conditions)
     if line:

@@ -87,8 +87,9 @@ class ARDrafter(Drafter):
                 inputs = self._tokens[-1]
             else:
                 inputs = self._unfed
-            logits = self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True,
-                                logits_to_keep=1).logits[0, -1]
+            logits = self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[
+                0, -1
+            ]
             if self._sampling is None:
                 probs = torch.softmax(logits.float(), dim=-1)
                 conf, token = probs.max(dim=-1)
@@ -131,8 +132,11 @@ class ARDrafter(Drafter):
         for n in num_tokens:
             if n < 1:
                 raise ValueError(f"num_tokens must be >= 1, got {n}")
-        together = [i for i, d in enumerate(drafters) if d._sampling is None and d.cache.get_seq_length()
-                    and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)]
+        together = [
+            i
+            for i, d in enumerate(drafters)
+            if d._sampling is None and d.cache.get_seq_length() and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
+        ]
         if len(together) < 2 or drafters[0].model.config._attn_implementation not in BATCHED_ATTENTION:
             return super().draft_many(drafters, num_tokens)
         out: list[Draft | None] = [None] * len(drafters)
@@ -177,8 +181,13 @@ class ARDrafter(Drafter):
                 mask = seen[:, None, :]
                 positions = (lengths_t + counts_t + step - 1)[:, None]
                 last = torch.zeros_like(counts_t)
-            logits = model(input_ids=inputs, position_ids=positions, cache=cache, use_cache=True,
-                           attention_mask=as_model_mask(mask[:, None], attn, dtype)).logits[rows, last]  # (b, V)
+            logits = model(
+                input_ids=inputs,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                attention_mask=as_model_mask(mask[:, None], attn, dtype),
+            ).logits[rows, last]  # (b, V)
             conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
             tokens.append(token)
             confs.append(conf)
@@ -188,8 +197,12 @@ class ARDrafter(Drafter):
         for i, d in enumerate(drafters):
             k = num_tokens[i]
             # fed this call: the first-step tokens, then the drafted tokens but the last (never fed)
-            columns = torch.cat([torch.arange(width, width + counts[i], device=device),
-                                 torch.arange(width + n, width + n + k - 1, device=device)])
+            columns = torch.cat(
+                [
+                    torch.arange(width, width + counts[i], device=device),
+                    torch.arange(width + n, width + n + k - 1, device=device),
+                ]
+            )
             append_columns(d.cache, cache, i, columns)
             d._tokens.extend(passes_tokens[i, :k, None].unbind(0))
             d._confs.extend(passes_confs[i, :k, None].unbind(0))
@@ -208,8 +221,9 @@ class ARDrafter(Drafter):
             the root's ``top_k`` children: ids ``(top_k,) int64`` and log-probabilities ``(top_k,)
             float32``, best first.
         """
-        logits = self.model(input_ids=self._unfed[None, :], cache=self.cache, use_cache=True,
-                            logits_to_keep=1).logits[0, -1]
+        logits = self.model(input_ids=self._unfed[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[
+            0, -1
+        ]
         self._unfed = self._unfed[:0]
         self._tree_committed = self.cache.get_seq_length()  # the root is the last of these
         self._tree = tree.GrowingTree(self._tree_committed, logits.device)
@@ -218,8 +232,9 @@ class ARDrafter(Drafter):
         return ids, values
 
     @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tree_expand(
+        self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes to the round's tree in one pass (a tree attention mask: each sees the
         committed tokens, its ancestors and itself; positions by depth) and return their children.
 
@@ -233,10 +248,15 @@ class ARDrafter(Drafter):
 
         parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)
-        logits = self.model(input_ids=tokens[None], position_ids=positions[None],
-                            attention_mask=as_model_mask(mask[None, None], self.model.config._attn_implementation,
-                                                         self.runtime.torch_dtype),
-                            cache=self.cache, use_cache=True).logits[0]  # (m, V)
+        logits = self.model(
+            input_ids=tokens[None],
+            position_ids=positions[None],
+            attention_mask=as_model_mask(
+                mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
+            ),
+            cache=self.cache,
+            use_cache=True,
+        ).logits[0]  # (m, V)
         self._passes += 1
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
         return nodes, ids, values

@@ -98,9 +98,16 @@ class DFlashDrafter(Drafter):
 
     name = NAME
 
-    def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
-                 runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = (), extension: str = "given",
-                 path_search: PathSearch | None = None):
+    def __init__(
+        self,
+        model: DFlashDraftModel,
+        embed_tokens: torch.nn.Module,
+        lm_head: torch.nn.Module,
+        runtime: Runtime,
+        stop_token_ids: frozenset[int] | tuple[int, ...] = (),
+        extension: str = "given",
+        path_search: PathSearch | None = None,
+    ):
         if extension not in EXTENSIONS:
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
         self.extension = extension
@@ -131,12 +138,19 @@ class DFlashDrafter(Drafter):
         embeddings, the LM head (or its draft-vocabulary rows), and the top-k of the drafted
         positions' distributions (``alternatives``, which tree policies ask for). Benchmarks time a
         drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
-        return ((self.model, "draft_pass"), self.model, (self.model, "context_keys_values"), self.embed_tokens,
-                self.head, (self, "alternatives"))
+        return (
+            (self.model, "draft_pass"),
+            self.model,
+            (self.model, "context_keys_values"),
+            self.embed_tokens,
+            self.head,
+            (self, "alternatives"),
+        )
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
-                features: torch.Tensor | None = None) -> None:
+    def prefill(
+        self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
+    ) -> None:
         """Start a prompt. ``features``: ``(P - 1, F)`` the target's features of the prompt but its
         last token (``Verifier.prompt_features``).
 
@@ -147,9 +161,11 @@ class DFlashDrafter(Drafter):
         if n < 1:
             raise ValueError("prompt_ids is empty; the dflash drafter needs at least one token")
         if features is None or tuple(features.shape[:1]) != (n - 1,):
-            raise ValueError(f"the dflash drafter needs the target's features of the prompt's first {n - 1} positions "
-                             f"(got {None if features is None else tuple(features.shape)}); run it through "
-                             "specpolicy.core.decoding.generate, which asks the verifier for them")
+            raise ValueError(
+                f"the dflash drafter needs the target's features of the prompt's first {n - 1} positions "
+                f"(got {None if features is None else tuple(features.shape)}); run it through "
+                "specpolicy.core.decoding.generate, which asks the verifier for them"
+            )
         self.cache = KVCache(len(self.model.layers))
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
@@ -196,7 +212,7 @@ class DFlashDrafter(Drafter):
             new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
         out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
         self._context = None
-        logits = self.head(out[1 + self._tokens.shape[0]:])  # (B - 1, V or Vd)
+        logits = self.head(out[1 + self._tokens.shape[0] :])  # (B - 1, V or Vd)
         if self.path_search is not None:
             self._took(logits, *self._search(logits))
             return
@@ -214,9 +230,13 @@ class DFlashDrafter(Drafter):
         of a stop token ending the path (None: none). Marks the round's draft ended when the path is
         shorter than the block (its lattice ended) or ends at a stop token."""
         probs = torch.softmax(logits.float(), dim=-1)
-        context = torch.cat([self._recent, self._pending, self._tokens])[-(self.path_search.scorer.order - 1):]
-        pad = torch.full((self.path_search.scorer.order - 1 - context.numel(),), self.path_search.scorer.vocab_size,
-                         dtype=torch.long, device=context.device)
+        context = torch.cat([self._recent, self._pending, self._tokens])[-(self.path_search.scorer.order - 1) :]
+        pad = torch.full(
+            (self.path_search.scorer.order - 1 - context.numel(),),
+            self.path_search.scorer.vocab_size,
+            dtype=torch.long,
+            device=context.device,
+        )
         tokens, confs, ended = self.path_search.search(probs, torch.cat([pad, context]), self._target_of_draft)
         self._path_ended = ended
         stop_at = None
@@ -225,8 +245,9 @@ class DFlashDrafter(Drafter):
         q = point_mass(tokens, self.vocab_size) if self._sampling is not None else None
         return tokens, confs, q, stop_at
 
-    def _choose(self, logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _choose(
+        self, logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``sampling.choose`` on a pass's logits ``(n, V or Vd)``, the tokens as target ids ``(n,)
         int64`` and q ``(n, V) float32`` over the target vocabulary (zero outside a draft vocabulary)."""
         tokens, confs, q = choose(logits, sampling, generator)
@@ -236,8 +257,14 @@ class DFlashDrafter(Drafter):
             q = q.new_zeros((q.shape[0], self.vocab_size)).index_copy_(1, self._target_of_draft, q)
         return self._target_of_draft[tokens], confs, q
 
-    def _took(self, logits: torch.Tensor, tokens: torch.Tensor, confs: torch.Tensor, q: torch.Tensor | None,
-              stop_at: int | None) -> None:
+    def _took(
+        self,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        confs: torch.Tensor,
+        q: torch.Tensor | None,
+        stop_at: int | None,
+    ) -> None:
         """Record a pass: its logits ``(B - 1, V or Vd)`` (tree policies read their top-k: ``alternatives``),
         tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q ``(B - 1, V) float32`` when
         sampling, and the index in the block of the first drafted stop token (None: none)."""
@@ -274,9 +301,15 @@ class DFlashDrafter(Drafter):
         k = min(want, end)
         self._returned = k
         probs = torch.cat(self._probs)[:k] if self._probs else None
-        return Draft(self._tokens[:k], self._confs[:k], forward_passes=self._passes, probs=probs,
-                     ends_at_stop_token=self._stop_at is not None and k == end,
-                     lookahead=end - k, lookahead_confidences=self._confs[k:end])
+        return Draft(
+            self._tokens[:k],
+            self._confs[:k],
+            forward_passes=self._passes,
+            probs=probs,
+            ends_at_stop_token=self._stop_at is not None and k == end,
+            lookahead=end - k,
+            lookahead_confidences=self._confs[k:end],
+        )
 
     @classmethod
     @torch.no_grad()
@@ -303,9 +336,17 @@ class DFlashDrafter(Drafter):
             ValueError: for a ``num_tokens`` entry < 1 (before any pass).
         """
         lead = drafters[0] if drafters else None
-        if len(drafters) < 2 or lead.path_search is not None or any(d.model is not lead.model or d.embed_tokens is not lead.embed_tokens
-                                    or d.head is not lead.head or d._stop_ids is not lead._stop_ids
-                                    for d in drafters):
+        if (
+            len(drafters) < 2
+            or lead.path_search is not None
+            or any(
+                d.model is not lead.model
+                or d.embed_tokens is not lead.embed_tokens
+                or d.head is not lead.head
+                or d._stop_ids is not lead._stop_ids
+                for d in drafters
+            )
+        ):
             return super().draft_many(drafters, num_tokens)
         wants = [d._wants(n) for d, n in zip(drafters, num_tokens)]
         while True:
@@ -356,8 +397,13 @@ class DFlashDrafter(Drafter):
         ids = pad_sequence(blocks, batch_first=True, padding_value=model.spec.mask_token_id)  # (b, q)
         lengths_t, sizes_t = torch.tensor([lengths, sizes], device=device)  # (b,) each
         positions = lengths_t[:, None] + torch.arange(q, device=device)  # (b, q): each row continues its context
-        sees = torch.cat([torch.arange(c, device=device) < lengths_t[:, None],  # its own context ...
-                          torch.arange(q, device=device) < sizes_t[:, None]], dim=1)  # ... and its own block
+        sees = torch.cat(
+            [
+                torch.arange(c, device=device) < lengths_t[:, None],  # its own context ...
+                torch.arange(q, device=device) < sizes_t[:, None],
+            ],
+            dim=1,
+        )  # ... and its own block
         mask = sees[:, None, None].expand(b, 1, q, c + q)
         context = DFlashDrafter._padded_context(drafters, c) if c else None
         out = model(lead.embed_tokens(ids), positions, context, mask)  # (b, q, H)
@@ -371,8 +417,7 @@ class DFlashDrafter(Drafter):
         stops = [None] * b
         if lead._stop_ids.numel():  # one sync for every row: where its first drafted stop token is, if any
             hit = torch.isin(torch.stack([t for t, _, _ in chosen]), lead._stop_ids)  # (b, B - 1)
-            stops = [None if s < 0 else s for s in
-                     torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
+            stops = [None if s < 0 else s for s in torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
         for j, d in enumerate(drafters):
             d._took(logits[j], *chosen[j], stops[j])
 
@@ -414,8 +459,10 @@ class DFlashDrafter(Drafter):
         verification brought none (a verifier that ignored ``request_features``)."""
         features = verification.features
         if features is None:
-            raise RuntimeError("the dflash drafter got no target features from the verification; the verifier must "
-                               "honour request_features")
+            raise RuntimeError(
+                "the dflash drafter got no target features from the verification; the verifier must "
+                "honour request_features"
+            )
         self._context = features if self._context is None else torch.cat([self._context, features])
         committed = verification.committed_tokens(draft)
         self._remember(torch.cat([self._pending, committed[:-1]]))
@@ -454,20 +501,27 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     layers = int(target_config.get("num_hidden_layers", 0))
     hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
     if int(draft_config.get("hidden_size", -1)) != hidden:
-        raise ConfigError(f"{key}: hidden_size {draft_config.get('hidden_size')} does not match the target's {hidden} "
-                          "(DFlash embeds its block with the target's embeddings)")
+        raise ConfigError(
+            f"{key}: hidden_size {draft_config.get('hidden_size')} does not match the target's {hidden} "
+            "(DFlash embeds its block with the target's embeddings)"
+        )
     if "vocab_size" in draft_config and int(draft_config["vocab_size"]) != vocab:
         raise ConfigError(f"{key}: vocab_size {draft_config['vocab_size']} does not match the target's {vocab}")
     if not 0 <= spec.mask_token_id < vocab:
-        raise ConfigError(f"{key}: dflash_config.mask_token_id {spec.mask_token_id} is outside the target's vocabulary "
-                          f"(0..{vocab - 1})")
+        raise ConfigError(
+            f"{key}: dflash_config.mask_token_id {spec.mask_token_id} is outside the target's vocabulary "
+            f"(0..{vocab - 1})"
+        )
     if spec.draft_vocab_size is not None and spec.draft_vocab_size > vocab:
-        raise ConfigError(f"{key}: dflash_config.draft_vocab_size {spec.draft_vocab_size} exceeds the target's "
-                          f"vocabulary of {vocab}")
+        raise ConfigError(
+            f"{key}: dflash_config.draft_vocab_size {spec.draft_vocab_size} exceeds the target's vocabulary of {vocab}"
+        )
     bad = [i for i in spec.target_layer_ids if not 0 <= i < layers]
     if bad:
-        raise ConfigError(f"{key}: dflash_config.target_layer_ids {list(spec.target_layer_ids)} name layers the target "
-                          f"does not have ({bad}; the target has {layers} layers, ids 0..{layers - 1})")
+        raise ConfigError(
+            f"{key}: dflash_config.target_layer_ids {list(spec.target_layer_ids)} name layers the target "
+            f"does not have ({bad}; the target has {layers} layers, ids 0..{layers - 1})"
+        )
     return spec
 
 
@@ -519,7 +573,12 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     search = None
     if ngram is not None:
         get = {key: config.get(key, default) for key, default in PATH_SEARCH_DEFAULTS.items()}
-        search = PathSearch(ngram, torch.tensor(sorted(stop_ids), dtype=torch.long, device=runtime.torch_device),
-                            float(get["cps_mass"]), int(get["cps_candidates"]), int(get["cps_width"]),
-                            float(get["cps_lambda"]))
+        search = PathSearch(
+            ngram,
+            torch.tensor(sorted(stop_ids), dtype=torch.long, device=runtime.torch_device),
+            float(get["cps_mass"]),
+            int(get["cps_candidates"]),
+            int(get["cps_width"]),
+            float(get["cps_lambda"]),
+        )
     return DFlashDrafter(model, embed, head, runtime, stop_ids, config.get("extension", "given"), search)

@@ -62,14 +62,20 @@ class Eagle3Drafter(Drafter):
 
     name = NAME
 
-    def __init__(self, model: Eagle3DraftModel, embed_tokens: torch.nn.Module, feature_layers: tuple[int, ...],
-                 vocab_size: int, runtime: Runtime, stop_token_ids: frozenset[int] | tuple[int, ...] = ()):
+    def __init__(
+        self,
+        model: Eagle3DraftModel,
+        embed_tokens: torch.nn.Module,
+        feature_layers: tuple[int, ...],
+        vocab_size: int,
+        runtime: Runtime,
+        stop_token_ids: frozenset[int] | tuple[int, ...] = (),
+    ):
         self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
         self.target_feature_layers = tuple(feature_layers)
         self.vocab_size = vocab_size
         # (Vd,) int64: the target id of every draft id, for spreading q over the target vocabulary
-        self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size,
-                                                                 device=model.d2t.device))
+        self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self.cache: KVCache | None = None
         self._committed_pairs = 0  # pairs with real features in the cache
@@ -85,12 +91,21 @@ class Eagle3Drafter(Drafter):
         ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
         ``alternatives``, which tree policies ask for) and the target's embeddings. Benchmarks time
         a drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
-        return ((self, "_root_pass"), (self, "_tree_pass"), self.model, self.model.fc, (self.model, "logits"),
-                (self.model, "top_tokens"), (self, "alternatives"), self.embed_tokens)
+        return (
+            (self, "_root_pass"),
+            (self, "_tree_pass"),
+            self.model,
+            self.model.fc,
+            (self.model, "logits"),
+            (self.model, "top_tokens"),
+            (self, "alternatives"),
+            self.embed_tokens,
+        )
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None,
-                features: torch.Tensor | None = None) -> None:
+    def prefill(
+        self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
+    ) -> None:
         """Start a prompt. ``features``: ``(P - 1, 3 H_target)`` the target's features of the prompt
         but its last token (``Verifier.prompt_features``).
 
@@ -101,9 +116,11 @@ class Eagle3Drafter(Drafter):
         if n < 1:
             raise ValueError("prompt_ids is empty; the eagle3 drafter needs at least one token")
         if features is None or tuple(features.shape[:1]) != (n - 1,):
-            raise ValueError(f"the eagle3 drafter needs the target's features of the prompt's first {n - 1} positions "
-                             f"(got {None if features is None else tuple(features.shape)}); run it through "
-                             "specpolicy.core.decoding.generate, which asks the verifier for them")
+            raise ValueError(
+                f"the eagle3 drafter needs the target's features of the prompt's first {n - 1} positions "
+                f"(got {None if features is None else tuple(features.shape)}); run it through "
+                "specpolicy.core.decoding.generate, which asks the verifier for them"
+            )
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = KVCache(1)
         self._committed_pairs = 0
@@ -133,15 +150,23 @@ class Eagle3Drafter(Drafter):
         draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
         self._took(out[:, -1:], logits, self.model.to_target_ids(draft_ids), confs, q)
 
-    def _took(self, last_out: torch.Tensor, logits: torch.Tensor, tokens: torch.Tensor, confs: torch.Tensor,
-              q: torch.Tensor | None = None) -> None:
+    def _took(
+        self,
+        last_out: torch.Tensor,
+        logits: torch.Tensor,
+        tokens: torch.Tensor,
+        confs: torch.Tensor,
+        q: torch.Tensor | None = None,
+    ) -> None:
         """Record a pass's drafted token: the output that predicts the next one ``(1, 1, H)``, the
         logits ``(1, Vd)`` (tree policies read their top-k: ``alternatives``), the token (target id)
         and its confidence ``(1,)``, and q over the draft vocabulary when sampling."""
         self._last_out = last_out
         self._logits.append(logits)
         if q is not None:  # q over the target vocabulary
-            q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(1, self._target_of_draft, q)
+            q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(
+                1, self._target_of_draft, q
+            )
             self._probs.append(q)
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
@@ -183,8 +208,9 @@ class Eagle3Drafter(Drafter):
                 self._probs = self._probs[:end]
                 self._ended = True
         probs = torch.cat(self._probs) if self._probs else None
-        return Draft(self._tokens, self._confs, forward_passes=self._passes, probs=probs,
-                     ends_at_stop_token=self._ended)
+        return Draft(
+            self._tokens, self._confs, forward_passes=self._passes, probs=probs, ends_at_stop_token=self._ended
+        )
 
     @classmethod
     @torch.no_grad()
@@ -266,7 +292,9 @@ class Eagle3Drafter(Drafter):
         draft_ids, confs, _ = choose(logits, None, None)
         tokens = head.to_target_ids(draft_ids)
         for i, d in enumerate(drafters):
-            d.cache.append(0, k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]])
+            d.cache.append(
+                0, k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]]
+            )
             if d._last_out is None:
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
@@ -311,15 +339,17 @@ class Eagle3Drafter(Drafter):
         hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
         start = self.cache.length
         positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
-        out, k, v = self.model(self.embed_tokens(self._pair_tokens)[None], hidden, positions,
-                               self.cache.layer(0) if start else None)
+        out, k, v = self.model(
+            self.embed_tokens(self._pair_tokens)[None], hidden, positions, self.cache.layer(0) if start else None
+        )
         self.cache.keys[0], self.cache.values[0] = k, v
         ids, logp = self.model.top_tokens(out[0, -1:], top_k)
         return out[0, -1:], ids, logp
 
     @torch.no_grad()
-    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tree_expand(
+        self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes to the round's tree in one pass (tree attention: each sees the committed
         pairs, its ancestors and itself) and return their children.
 
@@ -338,13 +368,16 @@ class Eagle3Drafter(Drafter):
         self._passes += 1
         return nodes, ids, logp
 
-    def _tree_pass(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                   top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _tree_pass(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One drafter pass over ``m`` new tree nodes: their embeddings and their parents' outputs
         ``hidden`` ``(m, H)`` through the head at ``positions`` ``(m,)`` under ``mask``
         (``(m, cached + m) bool``), keys and values appended to the cache, then each node's
         ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
-        out, k, v = self.model(self.embed_tokens(tokens)[None], hidden[None], positions[None], self.cache.layer(0), mask)
+        out, k, v = self.model(
+            self.embed_tokens(tokens)[None], hidden[None], positions[None], self.cache.layer(0), mask
+        )
         self.cache.keys[0], self.cache.values[0] = k, v
         ids, logp = self.model.top_tokens(out[0], top_k)
         return out[0], ids, logp
@@ -360,8 +393,10 @@ class Eagle3Drafter(Drafter):
         the verification brought no features."""
         features = verification.features
         if features is None:
-            raise RuntimeError("the eagle3 drafter got no target features from the verification; the verifier must "
-                               "honour request_features")
+            raise RuntimeError(
+                "the eagle3 drafter got no target features from the verification; the verifier must "
+                "honour request_features"
+            )
         self.cache.crop(self._committed_pairs)
         tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
@@ -378,8 +413,9 @@ class Eagle3Drafter(Drafter):
             self._waiting.clear()
 
 
-def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str,
-                      convention: str = "input") -> tuple[int, ...]:
+def check_fits_target(
+    draft_config: dict[str, Any], target_config: dict[str, Any], key: str, convention: str = "input"
+) -> tuple[int, ...]:
     """Check an EAGLE-3 checkpoint's config.json against the target's (both as dicts); return the
     feature layers as ``hidden_states`` indices (explicit ids read by ``convention``,
     ``Eagle3Spec.feature_layers``).
@@ -393,19 +429,26 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     layers = int(target_config.get("num_hidden_layers", 0))
     hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
     if spec.target_hidden_size != hidden:
-        raise ConfigError(f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden "
-                          f"size {hidden}")
+        raise ConfigError(
+            f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden size {hidden}"
+        )
     if int(draft_config["hidden_size"]) != hidden:
-        raise ConfigError(f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
-                          "(EAGLE-3 embeds tokens with the target's embeddings)")
+        raise ConfigError(
+            f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
+            "(EAGLE-3 embeds tokens with the target's embeddings)"
+        )
     if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
-        raise ConfigError(f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
-                          f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}")
+        raise ConfigError(
+            f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
+            f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}"
+        )
     ids = spec.feature_layers(layers, convention)
     bad = [i for i in ids if not 0 <= i <= layers]
     if bad or len(ids) != 3:
-        raise ConfigError(f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
-                          f"the target's {layers} (0..{layers})")
+        raise ConfigError(
+            f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
+            f"the target's {layers} (0..{layers})"
+        )
     return ids
 
 
@@ -417,10 +460,13 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
-    convention = choice("drafter.layer_id_convention", config.get("layer_id_convention", "input"),
-                        LAYER_ID_CONVENTIONS)
-    check_checkpoint(config.get("model", "eagle3-drafter"), run_config,
-                     lambda d, t, k: check_fits_target(d, t, k, convention), Eagle3Spec.from_config)
+    convention = choice("drafter.layer_id_convention", config.get("layer_id_convention", "input"), LAYER_ID_CONVENTIONS)
+    check_checkpoint(
+        config.get("model", "eagle3-drafter"),
+        run_config,
+        lambda d, t, k: check_fits_target(d, t, k, convention),
+        Eagle3Spec.from_config,
+    )
     return True
 
 
@@ -443,9 +489,11 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     from specpolicy.models.checkpoint import read_config
 
     directory = resolve_model_path(model_name)
-    layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key,
-                               config.get("layer_id_convention", "input"))
+    layers = check_fits_target(
+        read_config(directory, key), target_config.to_dict(), key, config.get("layer_id_convention", "input")
+    )
     model = load_eagle3(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
     probe_verifier(verifier, layers, int(target_config.num_hidden_layers) + 1, NAME)
-    return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime,
-                         getattr(verifier, "eos_token_ids", ()))
+    return Eagle3Drafter(
+        model, embed, layers, int(target_config.vocab_size), runtime, getattr(verifier, "eos_token_ids", ())
+    )

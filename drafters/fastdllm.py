@@ -163,8 +163,9 @@ def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confi
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
     if confidence_dtype not in CONFIDENCE_DTYPES:
-        raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
-                         f"got {confidence_dtype!r}")
+        raise ValueError(
+            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
+        )
 
 
 # -- the drafter ------------------------------------------------------------------------------
@@ -294,8 +295,9 @@ class FastDLLMDrafter(Drafter):
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
         self._offsets = torch.arange(block_size, device=dev)  # (B,) block-relative positions
-        self._stop_ids = (torch.tensor(self.stop_token_ids, dtype=torch.long, device=dev)
-                          if self.stop_token_ids else None)  # (s,) int64 or None: no stop check
+        self._stop_ids = (
+            torch.tensor(self.stop_token_ids, dtype=torch.long, device=dev) if self.stop_token_ids else None
+        )  # (s,) int64 or None: no stop check
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
         # of a block is never masked: it is committed or comes from the previous block's pass.
@@ -341,8 +343,9 @@ class FastDLLMDrafter(Drafter):
         )
         return out.logits[0]
 
-    def _choose(self, logits: torch.Tensor, block_first: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _choose(
+        self, logits: torch.Tensor, block_first: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)`` (see ``_greedy``;
         ``block_first``: the token comes from the last logit of a block pass, which the official code
         takes as the argmax of the logits); sampling, ``(a sample of warp(logits), max of
@@ -353,9 +356,7 @@ class FastDLLMDrafter(Drafter):
         probs = warp(logits, self._sampling)
         return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
 
-    def _write_blocks(
-        self, ids: torch.Tensor, start: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Write the KV of complete blocks ``ids`` ((n,) int64, n a multiple of B, starting at block
         boundary ``start``) into the cache in one block-causal pass; return the next block's first
         token, confidence and (sampling) q row from the last logit (0-d int64, 0-d float32,
@@ -418,8 +419,11 @@ class FastDLLMDrafter(Drafter):
         t = int(prefix.shape[0])
         conf = torch.zeros(B, dtype=torch.float32, device=self._device)
         # Sampling: q row of every offset (rows of committed or masked offsets are never read).
-        self._blk_probs = (None if self._sampling is None else
-                           torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device))
+        self._blk_probs = (
+            None
+            if self._sampling is None
+            else torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device)
+        )
         drafted_first = t == 0
         if drafted_first:
             if first is None:  # invariant broken: the pass that wrote the previous block stored it
@@ -584,8 +588,9 @@ class FastDLLMDrafter(Drafter):
             self._open_block(self._base, self._tail, self._first)
         end = self._L + self._k + num_tokens  # the draft covers positions [L, end)
         if self._stop_len is None:
-            self._check_fits(((end - 1) // B + 1) * B,
-                             f"a draft of {self._k + num_tokens} tokens from committed length {self._L}")
+            self._check_fits(
+                ((end - 1) // B + 1) * B, f"a draft of {self._k + num_tokens} tokens from committed length {self._L}"
+            )
         return end
 
     def _next_pass(self, end: int) -> str | None:
@@ -622,8 +627,11 @@ class FastDLLMDrafter(Drafter):
         """
         from transformers import Qwen2ForCausalLM
 
-        if len(drafters) < 2 or any(d._sampling is not None for d in drafters) \
-                or type(drafters[0].model) is not Qwen2ForCausalLM:  # logits = lm_head(decoder output), nothing after
+        if (
+            len(drafters) < 2
+            or any(d._sampling is not None for d in drafters)
+            or type(drafters[0].model) is not Qwen2ForCausalLM
+        ):  # logits = lm_head(decoder output), nothing after
             return super().draft_many(drafters, num_tokens)
         ends = [d._begin(n) for d, n in zip(drafters, num_tokens)]
         lead = drafters[0]
@@ -653,10 +661,16 @@ class FastDLLMDrafter(Drafter):
             starts = torch.tensor(lengths, device=device)
             positions = starts[:, None] + lead._offsets
             past = torch.arange(width, device=device)[None] < starts[:, None]  # (b, W): own cached columns
-            mask = torch.cat([past[:, None, :].expand(b, B, width),
-                              torch.ones((b, B, B), dtype=torch.bool, device=device)], dim=2)[:, None]
-            hidden = model.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True,
-                                 attention_mask=as_model_mask(mask, lead._attn, lead._dtype)).last_hidden_state
+            mask = torch.cat(
+                [past[:, None, :].expand(b, B, width), torch.ones((b, B, B), dtype=torch.bool, device=device)], dim=2
+            )[:, None]
+            hidden = model.model(
+                input_ids=ids,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                attention_mask=as_model_mask(mask, lead._attn, lead._dtype),
+            ).last_hidden_state
             counts = [int(k.shape[0]) for k in keeps]
             owners = torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device))
             picked = hidden[owners, torch.cat(keeps)]  # (sum m_i, H): every row's kept offsets
@@ -681,14 +695,22 @@ class FastDLLMDrafter(Drafter):
         ids = torch.cat([p[0] for p in parts])[: self._k]
         conf = torch.cat([p[1] for p in parts])[: self._k]
         q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
-        sb_conf = (torch.cat(self._sb_conf) if self._sb_conf
-                   else torch.empty(0, dtype=torch.float32, device=self._device))
+        sb_conf = (
+            torch.cat(self._sb_conf) if self._sb_conf else torch.empty(0, dtype=torch.float32, device=self._device)
+        )
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         lookahead = 0 if self._stop_len is not None else max(self._blk_start + self._filled - (self._L + self._k), 0)
         ahead_conf = self._blk_conf[self._filled - lookahead : self._filled]  # (lookahead,) a view
-        return Draft(ids, conf, forward_passes=self._passes, probs=q,  # fresh tensors (torch.cat)
-                     ends_at_stop_token=self._k == self._stop_len, small_block_confidences=sb_conf,
-                     lookahead=lookahead, lookahead_confidences=ahead_conf)
+        return Draft(
+            ids,
+            conf,
+            forward_passes=self._passes,
+            probs=q,  # fresh tensors (torch.cat)
+            ends_at_stop_token=self._k == self._stop_len,
+            small_block_confidences=sb_conf,
+            lookahead=lookahead,
+            lookahead_confidences=ahead_conf,
+        )
 
     @torch.no_grad()
     def commit(self, draft: Draft, verification: Verification) -> None:
@@ -739,8 +761,9 @@ class FastDLLMDrafter(Drafter):
         self._new_round()
 
 
-def _greedy(logits: torch.Tensor, in_model_dtype: bool = False,
-            probs_argmax: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _greedy(
+    logits: torch.Tensor, in_model_dtype: bool = False, probs_argmax: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy tokens and their softmax probabilities (confidences) of ``logits`` ((m, V), any float
     dtype): ``((m,) int64, (m,) float32)``.
 
@@ -773,15 +796,22 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
     model_name = config.get("model", "dllm-drafter")
     check_model_source("drafter.model", model_name)
     local = Path(resolve_model_path(model_name)) / "config.json"
-    trained = model_block_size(SimpleNamespace(**json.loads(local.read_text(encoding="utf-8")))) \
-        if local.is_file() else None  # a hub id: checked when the model is built
+    trained = (
+        model_block_size(SimpleNamespace(**json.loads(local.read_text(encoding="utf-8")))) if local.is_file() else None
+    )  # a hub id: checked when the model is built
     block_size = config.get("block_size")
     block_size = (trained or 32) if block_size is None else block_size
-    check_settings(block_size, config.get("small_block_size", 8), config.get("threshold", 0.05),
-                   config.get("confidence_dtype", "float32"))
+    check_settings(
+        block_size,
+        config.get("small_block_size", 8),
+        config.get("threshold", 0.05),
+        config.get("confidence_dtype", "float32"),
+    )
     if trained is not None and block_size != trained:
-        raise ValueError(f"drafter.block_size={block_size!r} but the model {model_name!r} was trained with block "
-                         f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null")
+        raise ValueError(
+            f"drafter.block_size={block_size!r} but the model {model_name!r} was trained with block "
+            f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null"
+        )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
     return True
 
@@ -804,8 +834,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         return None
     confidence_dtype = config.get("confidence_dtype", "float32")
     if confidence_dtype not in CONFIDENCE_DTYPES:  # before the model loads
-        raise ValueError(f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, "
-                         f"got {confidence_dtype!r}")
+        raise ValueError(
+            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
+        )
     model_name = config.get("model", "dllm-drafter")
     model = load_causal_lm(model_name, runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(model_name)

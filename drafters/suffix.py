@@ -75,9 +75,13 @@ class SuffixDrafter(Drafter):
             raise ValueError(f"drafter.min_match must be an integer >= 1, got {min_match!r}")
         if isinstance(max_match, bool) or not isinstance(max_match, int) or max_match < min_match:
             raise ValueError(
-                f"drafter.max_match must be an integer >= drafter.min_match ({min_match}), got {max_match!r}")
-        if (isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float))
-                or not 0.0 <= min_confidence <= 1.0):
+                f"drafter.max_match must be an integer >= drafter.min_match ({min_match}), got {max_match!r}"
+            )
+        if (
+            isinstance(min_confidence, bool)
+            or not isinstance(min_confidence, (int, float))
+            or not 0.0 <= min_confidence <= 1.0
+        ):
             raise ValueError(f"drafter.min_confidence must be a number in [0, 1], got {min_confidence!r}")
         self.runtime = runtime
         self.min_match = min_match
@@ -187,8 +191,10 @@ class SuffixDrafter(Drafter):
         self._new_round()
 
     def __repr__(self) -> str:
-        return (f"SuffixDrafter(min_match={self.min_match}, max_match={self.max_match}, "
-                f"min_confidence={self.min_confidence})")
+        return (
+            f"SuffixDrafter(min_match={self.min_match}, max_match={self.max_match}, "
+            f"min_confidence={self.min_confidence})"
+        )
 
 
 @hookimpl

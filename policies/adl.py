@@ -49,8 +49,9 @@ class AdaptiveDraftLength(LengthPolicy):
 
     name = NAME
 
-    def __init__(self, k_min: int = 20, k_max: int = 30, delta: int = 10, rho: float = 0.5,
-                 keep_across_prompts: bool = False) -> None:
+    def __init__(
+        self, k_min: int = 20, k_max: int = 30, delta: int = 10, rho: float = 0.5, keep_across_prompts: bool = False
+    ) -> None:
         def integer(key: str, value: Any, low: int) -> int:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"policy.{key} must be an integer >= {low}, got {value!r}")
@@ -89,8 +90,10 @@ class AdaptiveDraftLength(LengthPolicy):
         self.k = min(self.k_max, max(self.k_min, math.floor(self.gen_ema + 1e-9) + grow))
 
     def __repr__(self) -> str:
-        return (f"AdaptiveDraftLength(k_min={self.k_min}, k_max={self.k_max}, delta={self.delta}, rho={self.rho}, "
-                f"keep_across_prompts={self.keep_across_prompts})")
+        return (
+            f"AdaptiveDraftLength(k_min={self.k_min}, k_max={self.k_max}, delta={self.delta}, rho={self.rho}, "
+            f"keep_across_prompts={self.keep_across_prompts})"
+        )
 
 
 @hookimpl

@@ -38,8 +38,12 @@ class BatchSchedulePolicy(LengthPolicy):
 
     def __init__(self, batch_sizes: list[int] = (1, 2, 4, 8, 16), lengths: list[int] = (6, 5, 4, 4, 3)) -> None:
         sizes, lengths = list(batch_sizes), list(lengths)
-        if (not sizes or any(isinstance(b, bool) or not isinstance(b, int) for b in sizes) or sizes[0] != 1
-                or any(b >= c for b, c in zip(sizes, sizes[1:]))):
+        if (
+            not sizes
+            or any(isinstance(b, bool) or not isinstance(b, int) for b in sizes)
+            or sizes[0] != 1
+            or any(b >= c for b, c in zip(sizes, sizes[1:]))
+        ):
             raise ValueError(f"policy.batch_sizes must be increasing integers starting at 1, got {sizes!r}")
         if len(lengths) != len(sizes) or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in lengths):
             raise ValueError(f"policy.lengths must be one integer >= 0 per batch size ({len(sizes)}), got {lengths!r}")

@@ -52,8 +52,10 @@ class BlockTreePolicy(TreePolicy):
         # a block's positions are predicted in parallel, so a position's top-k does not depend on the
         # token chosen before it: a chain drafter's alternatives are conditioned on its own chain
         if not (hasattr(drafter, "alternatives") and hasattr(drafter, "block_size")):
-            raise ValueError(f"policy=block-tree needs a block drafter that reports alternatives (dflash); "
-                             f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} is not one")
+            raise ValueError(
+                f"policy=block-tree needs a block drafter that reports alternatives (dflash); "
+                f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} is not one"
+            )
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
@@ -78,10 +80,12 @@ class BlockTreePolicy(TreePolicy):
             if pos + 1 < n:
                 for c in range(len(ids_l[pos + 1])):
                     heapq.heappush(heap, (neg - logp[pos + 1][c], pos + 1, c, node))
-        draft = Draft(token_ids=torch.tensor(tokens, dtype=torch.long, device=ids.device),
-                      confidences=torch.tensor([math.exp(s) for s in scores], device=ids.device),
-                      forward_passes=chain.forward_passes,
-                      parents=torch.tensor(parents, dtype=torch.long, device=ids.device))
+        draft = Draft(
+            token_ids=torch.tensor(tokens, dtype=torch.long, device=ids.device),
+            confidences=torch.tensor([math.exp(s) for s in scores], device=ids.device),
+            forward_passes=chain.forward_passes,
+            parents=torch.tensor(parents, dtype=torch.long, device=ids.device),
+        )
         return draft, "room" if depth < self.depth else "policy_bound"
 
     def __repr__(self) -> str:

@@ -48,8 +48,10 @@ class Eagle2TreePolicy(TreePolicy):
 
     def check_drafter(self, drafter: Any) -> None:
         if not (hasattr(drafter, "tree_root") and hasattr(drafter, "tree_expand")):
-            raise ValueError(f"policy=eagle2-tree needs a drafter that expands trees (eagle3, ar); drafter "
-                             f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not")
+            raise ValueError(
+                f"policy=eagle2-tree needs a drafter that expands trees (eagle3, ar); drafter "
+                f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
+            )
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
@@ -88,10 +90,12 @@ class Eagle2TreePolicy(TreePolicy):
         keep = np.sort(np.argsort(-host_scores, kind="stable")[: min(self.total_tokens, node_room)])
         index = np.full(host_scores.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: candidate c's node in the draft
         index[keep + 1] = np.arange(keep.shape[0])
-        draft = Draft(token_ids=tokens[torch.from_numpy(keep).to(tokens.device)],
-                      confidences=torch.from_numpy(np.exp(host_scores[keep])).to(scores.device),
-                      forward_passes=drafter.tree_passes,
-                      parents=torch.from_numpy(index[host_parents[keep] + 1]).to(parents.device))
+        draft = Draft(
+            token_ids=tokens[torch.from_numpy(keep).to(tokens.device)],
+            confidences=torch.from_numpy(np.exp(host_scores[keep])).to(scores.device),
+            forward_passes=drafter.tree_passes,
+            parents=torch.from_numpy(index[host_parents[keep] + 1]).to(parents.device),
+        )
         return draft, "room" if depth < self.depth else "policy_bound"
 
     def __repr__(self) -> str:

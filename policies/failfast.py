@@ -74,8 +74,9 @@ class FailFastPolicy(LengthPolicy):
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < n:
             raise ValueError(f"policy.n_max must be an integer >= policy.n ({n}), got {n_max!r}")
         if confidence_scope not in CONFIDENCE_SCOPES:
-            raise ValueError(f"policy.confidence_scope must be one of {', '.join(CONFIDENCE_SCOPES)}, "
-                             f"got {confidence_scope!r}")
+            raise ValueError(
+                f"policy.confidence_scope must be one of {', '.join(CONFIDENCE_SCOPES)}, got {confidence_scope!r}"
+            )
         self.n = n
         self.tau = float(tau)
         self.n_max = n_max
@@ -99,10 +100,16 @@ class FailFastPolicy(LengthPolicy):
         """The official code's check on ``Draft.small_block_confidences`` (module docstring)."""
         conf = draft.small_block_confidences  # (m,) float32, NaN = not masked at that pass
         if conf is None:
-            raise ValueError("policy.confidence_scope=small_block needs a drafter that reports "
-                             "small-block confidences (drafter=fastdllm); use confidence_scope=draft")
-        low, listed = torch.stack([(conf < self.tau).any().long(),  # NaN < tau is False
-                                   (~torch.isnan(conf)).sum()]).tolist()  # one host sync
+            raise ValueError(
+                "policy.confidence_scope=small_block needs a drafter that reports "
+                "small-block confidences (drafter=fastdllm); use confidence_scope=draft"
+            )
+        low, listed = torch.stack(
+            [
+                (conf < self.tau).any().long(),  # NaN < tau is False
+                (~torch.isnan(conf)).sum(),
+            ]
+        ).tolist()  # one host sync
         if low:
             self.draft_stop_reason = "low_confidence"
             return 0

@@ -43,8 +43,15 @@ class FailFastTreePolicy(TreePolicy):
 
     name = NAME
 
-    def __init__(self, n: int = 10, tau: float = 0.45, n_max: int = 60, branch_tau: float | None = None,
-                 branch_k: int = 2, max_nodes: int = 64) -> None:
+    def __init__(
+        self,
+        n: int = 10,
+        tau: float = 0.45,
+        n_max: int = 60,
+        branch_tau: float | None = None,
+        branch_k: int = 2,
+        max_nodes: int = 64,
+    ) -> None:
         self.chain = FailFastPolicy(n=n, tau=tau, n_max=n_max)
         branch_tau = tau if branch_tau is None else branch_tau
         if isinstance(branch_tau, bool) or not isinstance(branch_tau, (int, float)) or not 0.0 <= branch_tau <= 1.0:
@@ -57,8 +64,10 @@ class FailFastTreePolicy(TreePolicy):
 
     def check_drafter(self, drafter: Any) -> None:
         if not hasattr(drafter, "alternatives"):
-            raise ValueError(f"policy=failfast-tree needs a drafter that reports alternatives (dflash, eagle3); "
-                             f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not")
+            raise ValueError(
+                f"policy=failfast-tree needs a drafter that reports alternatives (dflash, eagle3); "
+                f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not"
+            )
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         from specpolicy.core.decoding import draft_round
@@ -81,15 +90,21 @@ class FailFastTreePolicy(TreePolicy):
         probs_rows = None
         if chain.probs is not None:  # sampling: siblings are point masses
             probs_rows = torch.cat([chain.probs, point_mass(sib_ids, chain.probs.shape[1]).to(chain.probs.dtype)])
-        return Draft(token_ids=torch.cat([chain.token_ids, sib_ids]),
-                     confidences=torch.cat([chain.confidences, sib_probs.to(chain.confidences.dtype)]),
-                     forward_passes=chain.forward_passes, probs=probs_rows, parents=parents,
-                     ends_at_stop_token=chain.ends_at_stop_token), reason
+        return Draft(
+            token_ids=torch.cat([chain.token_ids, sib_ids]),
+            confidences=torch.cat([chain.confidences, sib_probs.to(chain.confidences.dtype)]),
+            forward_passes=chain.forward_passes,
+            probs=probs_rows,
+            parents=parents,
+            ends_at_stop_token=chain.ends_at_stop_token,
+        ), reason
 
     def __repr__(self) -> str:
         c = self.chain
-        return (f"FailFastTreePolicy(n={c.n}, tau={c.tau}, n_max={c.n_max}, branch_tau={self.branch_tau}, "
-                f"branch_k={self.branch_k}, max_nodes={self.max_nodes})")
+        return (
+            f"FailFastTreePolicy(n={c.n}, tau={c.tau}, n_max={c.n_max}, branch_tau={self.branch_tau}, "
+            f"branch_k={self.branch_k}, max_nodes={self.max_nodes})"
+        )
 
 
 @hookimpl

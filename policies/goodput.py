@@ -152,10 +152,18 @@ class GoodputPolicy(LengthPolicy):
 
     name = NAME
 
-    def __init__(self, max_length: int = 60, cost_profile: str | Mapping[str, Any] | None = None,
-                 keep_across_prompts: bool = True, prior_strength: float = 4.0, position_strength: float = 8.0,
-                 prior_acceptance: float = 0.5, rate_ema: float = 0.05, probe_interval: int = 16,
-                 cost_drafter: str | None = None) -> None:
+    def __init__(
+        self,
+        max_length: int = 60,
+        cost_profile: str | Mapping[str, Any] | None = None,
+        keep_across_prompts: bool = True,
+        prior_strength: float = 4.0,
+        position_strength: float = 8.0,
+        prior_acceptance: float = 0.5,
+        rate_ema: float = 0.05,
+        probe_interval: int = 16,
+        cost_drafter: str | None = None,
+    ) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
         if not isinstance(keep_across_prompts, bool):
@@ -282,13 +290,13 @@ class GoodputPolicy(LengthPolicy):
         ahead = draft.lookahead_confidences if draft.lookahead else None  # (lookahead,) or None
         if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
             # decision and of the tokens decoded ahead, from one host read
-            new = draft.confidences[self._seen:k]
+            new = draft.confidences[self._seen : k]
             conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
-            conf = conf[:self.max_length - self._seen]  # positions past max_length play no part
-            rows = self._p_table[self._seen:self._seen + conf.size]  # (n, bins) positions seen+1.., a view
-            p = rows[self._positions[:conf.size] - 1, self.calibration.confidence_bin(conf)]
-            self._survival *= float(np.prod(p[:k - self._seen]))
-            ahead = None if ahead is None else p[k - self._seen:]  # (lookahead,) p of the decoded-ahead tokens
+            conf = conf[: self.max_length - self._seen]  # positions past max_length play no part
+            rows = self._p_table[self._seen : self._seen + conf.size]  # (n, bins) positions seen+1.., a view
+            p = rows[self._positions[: conf.size] - 1, self.calibration.confidence_bin(conf)]
+            self._survival *= float(np.prod(p[: k - self._seen]))
+            ahead = None if ahead is None else p[k - self._seen :]  # (lookahead,) p of the decoded-ahead tokens
             self._seen = k
         frontier = k + draft.lookahead
         if self._in_chunk:  # what the chunk just drafted cost: learn chunk sizes within rounds
@@ -336,13 +344,14 @@ class GoodputPolicy(LengthPolicy):
         n = self.max_length - k
         p = self._unseen[k:]
         if ahead is not None and ahead.size:
-            p = np.concatenate((ahead, p[ahead.size:]))
-        first, later = ((self._probe_cost_first, self._probe_cost_later) if self._probing
-                        else (self._cost_first, self._cost_later))
+            p = np.concatenate((ahead, p[ahead.size :]))
+        first, later = (
+            (self._probe_cost_first, self._probe_cost_later) if self._probing else (self._cost_first, self._cost_later)
+        )
         cost = first if frontier == 0 else later[min(frontier - k, n), :n]
         value = np.cumsum(np.cumprod(p)) * self._survival - cost[:n]  # (n,) for L = k+1..max_length
         if self._probing:  # a probe drafts at most PROBE_MAX_LENGTH tokens
-            value = value[:max(PROBE_MAX_LENGTH - k, 0)]
+            value = value[: max(PROBE_MAX_LENGTH - k, 0)]
             if not value.size:
                 return k
         best = int(value.argmax())
@@ -369,11 +378,13 @@ class GoodputPolicy(LengthPolicy):
 
     def __repr__(self) -> str:
         profile = self.profile.name if self.profile else None
-        return (f"GoodputPolicy(max_length={self.max_length}, cost_profile={profile!r}, "
-                f"keep_across_prompts={self.keep_across_prompts}, prior_strength={self.calibration.prior_strength}, "
-                f"position_strength={self.calibration.position_strength}, "
-                f"prior_acceptance={self.calibration.prior_acceptance}, rate_ema={self.rate_ema}, "
-                f"probe_interval={self.probe_interval}, cost_drafter={self.cost_drafter!r})")
+        return (
+            f"GoodputPolicy(max_length={self.max_length}, cost_profile={profile!r}, "
+            f"keep_across_prompts={self.keep_across_prompts}, prior_strength={self.calibration.prior_strength}, "
+            f"position_strength={self.calibration.position_strength}, "
+            f"prior_acceptance={self.calibration.prior_acceptance}, rate_ema={self.rate_ema}, "
+            f"probe_interval={self.probe_interval}, cost_drafter={self.cost_drafter!r})"
+        )
 
 
 class OnlineCosts:
@@ -472,8 +483,11 @@ class OnlineCosts:
     def round_ms(self, record: RoundRecord) -> float:
         """The modeled ms of a recorded round (its passes, drafted tokens and length)."""
         own = record.speculation_length - record.reused_tokens
-        return (record.drafter_forward_passes * self.pass_ms + own * self.draft_ms_per_token
-                + self.verify_ms(record.speculation_length))
+        return (
+            record.drafter_forward_passes * self.pass_ms
+            + own * self.draft_ms_per_token
+            + self.verify_ms(record.speculation_length)
+        )
 
     def observe(self, record: RoundRecord) -> None:
         """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing)."""
@@ -502,9 +516,11 @@ class OnlineCosts:
             self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
 
     def __repr__(self) -> str:
-        return (f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
-                f"verify_base={self.verify_base:.3g}, verify_step={self.verify_step:.3g}, "
-                f"verify_slope={self.verify_slope:.3g})")
+        return (
+            f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
+            f"verify_base={self.verify_base:.3g}, verify_step={self.verify_step:.3g}, "
+            f"verify_slope={self.verify_slope:.3g})"
+        )
 
 
 def _winsorised(sample: float, estimate: float, samples: float) -> float:
@@ -544,8 +560,10 @@ def _profile(cost_profile: str | Mapping[str, Any] | None) -> LatencyProfile | N
             return LatencyProfile.from_config(dict(cost_profile))
     except (FileNotFoundError, ValueError) as exc:
         raise ValueError(f"policy.cost_profile: {exc}") from None
-    raise ValueError(f"policy.cost_profile must be null, a profile name ({', '.join(BUILTIN_PROFILES)}) "
-                     f"or a mapping of profile keys, got {cost_profile!r}")
+    raise ValueError(
+        f"policy.cost_profile must be null, a profile name ({', '.join(BUILTIN_PROFILES)}) "
+        f"or a mapping of profile keys, got {cost_profile!r}"
+    )
 
 
 @hookimpl

@@ -115,9 +115,16 @@ class GoodputBatchPolicy(LengthPolicy):
 
     name = NAME
 
-    def __init__(self, max_length: int = 16, prior_acceptance: float = 0.6, prior_strength: float = 4.0,
-                 probe_interval: int = 32, flat_tolerance: float = 0.01, replan_interval: int = 8,
-                 per_request: bool = False) -> None:
+    def __init__(
+        self,
+        max_length: int = 16,
+        prior_acceptance: float = 0.6,
+        prior_strength: float = 4.0,
+        probe_interval: int = 32,
+        flat_tolerance: float = 0.01,
+        replan_interval: int = 8,
+        per_request: bool = False,
+    ) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
         if not isinstance(prior_acceptance, (int, float)) or not 0.0 <= prior_acceptance <= 1.0:
@@ -126,8 +133,11 @@ class GoodputBatchPolicy(LengthPolicy):
             raise ValueError(f"policy.prior_strength must be a number > 0, got {prior_strength!r}")
         if isinstance(probe_interval, bool) or not isinstance(probe_interval, int) or probe_interval < 1:
             raise ValueError(f"policy.probe_interval must be an integer >= 1, got {probe_interval!r}")
-        if isinstance(flat_tolerance, bool) or not isinstance(flat_tolerance, (int, float)) \
-                or not 0.0 <= flat_tolerance < 1.0:
+        if (
+            isinstance(flat_tolerance, bool)
+            or not isinstance(flat_tolerance, (int, float))
+            or not 0.0 <= flat_tolerance < 1.0
+        ):
             raise ValueError(f"policy.flat_tolerance must be a number in [0, 1), got {flat_tolerance!r}")
         if isinstance(replan_interval, bool) or not isinstance(replan_interval, int) or replan_interval < 1:
             raise ValueError(f"policy.replan_interval must be an integer >= 1, got {replan_interval!r}")
@@ -198,8 +208,12 @@ class GoodputBatchPolicy(LengthPolicy):
             return [WARMUP_LENGTHS[cost.samples]] * b
         lengths = np.arange(horizon + 1)
         pooled, goodput, held = None, None, shared.held
-        if held is not None and held.cost is cost and held.batch == b \
-                and shared.rounds - held.planned_round < lead.replan_interval:
+        if (
+            held is not None
+            and held.cost is cost
+            and held.batch == b
+            and shared.rounds - held.planned_round < lead.replan_interval
+        ):
             best, rate = held.k, held.rate
         else:
             # the uniform K from the batch's pooled rates: a request's own estimate, a few rounds old,
@@ -271,10 +285,12 @@ class GoodputBatchPolicy(LengthPolicy):
             self._shared.cost.observe(k + 1, record.verify_ms)
 
     def __repr__(self) -> str:
-        return (f"GoodputBatchPolicy(max_length={self.max_length}, prior_acceptance={self.prior_acceptance}, "
-                f"prior_strength={self.prior_strength}, probe_interval={self.probe_interval}, "
-                f"flat_tolerance={self.flat_tolerance}, replan_interval={self.replan_interval}, "
-                f"per_request={self.per_request})")
+        return (
+            f"GoodputBatchPolicy(max_length={self.max_length}, prior_acceptance={self.prior_acceptance}, "
+            f"prior_strength={self.prior_strength}, probe_interval={self.probe_interval}, "
+            f"flat_tolerance={self.flat_tolerance}, replan_interval={self.replan_interval}, "
+            f"per_request={self.per_request})"
+        )
 
 
 @hookimpl

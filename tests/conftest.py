@@ -23,15 +23,28 @@ VOCAB = 64
 EOS = VOCAB - 1
 
 
-def tiny_lm(seed: int = 0, layers: int = 2, vocab: int = VOCAB, hidden: int = 32, max_positions: int = 512,
-            eos: int | None = EOS, attn: str | None = None) -> Qwen2ForCausalLM:
+def tiny_lm(
+    seed: int = 0,
+    layers: int = 2,
+    vocab: int = VOCAB,
+    hidden: int = 32,
+    max_positions: int = 512,
+    eos: int | None = EOS,
+    attn: str | None = None,
+) -> Qwen2ForCausalLM:
     """A random tiny Qwen2 causal LM in float64, eval mode (the same weights for the same seed,
     layers, vocab and hidden size, whatever the other settings)."""
     torch.manual_seed(seed)
     extra = {"attn_implementation": attn} if attn else {}
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions, eos_token_id=eos,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        eos_token_id=eos,
         **extra,
     )
     return Qwen2ForCausalLM(config).double().eval()
@@ -52,7 +65,9 @@ def runtime() -> Runtime:
 def random_prompts(n: int, seed: int = 1, vocab: int = VOCAB) -> list[torch.Tensor]:
     """``n`` random prompts ((P,) int64, lengths 3..40, no EOS) for losslessness checks."""
     g = torch.Generator().manual_seed(seed)
-    lengths = [3, 31, 32, 33, 17, 40, 8, 64][:n] if n <= 8 else [int(x) for x in torch.randint(3, 40, (n,), generator=g)]
+    lengths = (
+        [3, 31, 32, 33, 17, 40, 8, 64][:n] if n <= 8 else [int(x) for x in torch.randint(3, 40, (n,), generator=g)]
+    )
     return [torch.randint(0, vocab - 1, (length,), generator=g) for length in lengths]
 
 
@@ -64,8 +79,10 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-CORPUS = ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-          "How many clips did Natalia sell altogether in April and May? Let's think step by step."] * 4
+CORPUS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "How many clips did Natalia sell altogether in April and May? Let's think step by step.",
+] * 4
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -73,11 +90,20 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   mask_token="|<MASK>|", chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        mask_token="|<MASK>|",
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
 def save_tiny_family(directory: Path) -> dict[str, Path]:
@@ -95,10 +121,12 @@ def save_tiny_family(directory: Path) -> dict[str, Path]:
         tiny_lm(seed, vocab=vocab, max_positions=2048, eos=eos).float().save_pretrained(path)
         tokenizer.save_pretrained(path)
         paths[name] = path
-    paths["dflash"] = write_dflash_checkpoint(Path(directory) / "dflash", 32, vocab, 2, [0, 1], 8,
-                                              tokenizer.convert_tokens_to_ids("|<MASK>|"), seed=2)
-    paths["eagle3"] = write_eagle3_checkpoint(Path(directory) / "eagle3", 32, vocab, vocab // 2, seed=3,
-                                              layer_ids=[0, 1, 2])
+    paths["dflash"] = write_dflash_checkpoint(
+        Path(directory) / "dflash", 32, vocab, 2, [0, 1], 8, tokenizer.convert_tokens_to_ids("|<MASK>|"), seed=2
+    )
+    paths["eagle3"] = write_eagle3_checkpoint(
+        Path(directory) / "eagle3", 32, vocab, vocab // 2, seed=3, layer_ids=[0, 1, 2]
+    )
     return paths
 
 
@@ -112,9 +140,16 @@ def overrides(paths: dict[str, Path], drafter: str = "target") -> list[str]:
     """CLI overrides running on the tiny family: float64 on CPU (no argmax near-ties), 2 GSM8K
     prompts, 16 new tokens, no warm-up, the AR drafter (``drafter="target"`` drafts with the
     target's own weights: every draft token is accepted)."""
-    return [f"verifier.model={paths['target']}", "drafter=ar", f"drafter.model={paths[drafter]}",
-            "runtime=cpu", "runtime.dtype=float64", "dataset.num_prompts=2", "generation.max_new_tokens=16",
-            "run.warmup_prompts=0"]
+    return [
+        f"verifier.model={paths['target']}",
+        "drafter=ar",
+        f"drafter.model={paths[drafter]}",
+        "runtime=cpu",
+        "runtime.dtype=float64",
+        "dataset.num_prompts=2",
+        "generation.max_new_tokens=16",
+        "run.warmup_prompts=0",
+    ]
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -48,8 +48,9 @@ class HFVerifier(Verifier):
 
     name = NAME
 
-    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int = 0,
-                 tokenizer=None):
+    def __init__(
+        self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int = 0, tokenizer=None
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.runtime = runtime
@@ -87,8 +88,9 @@ class HFVerifier(Verifier):
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        self.cache, self.prompt_features = prefill_prompt(self.model, prompt_ids, self.max_context,
-                                                          self._feature_layers, self.runtime.torch_dtype)
+        self.cache, self.prompt_features = prefill_prompt(
+            self.model, prompt_ids, self.max_context, self._feature_layers, self.runtime.torch_dtype
+        )
         self._pending = prompt_ids[-1:]
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
 
@@ -103,8 +105,9 @@ class HFVerifier(Verifier):
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         if draft.is_tree:
             return self._verify_tree(draft, inputs, start)
-        out = self.model(input_ids=inputs, cache=self.cache, use_cache=True,
-                         output_hidden_states=bool(self._feature_layers))
+        out = self.model(
+            input_ids=inputs, cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers)
+        )
         logits = out.logits[0]  # (k + 1, V)
         if self._sampling is not None:
             accepted, target = self._verify_sampled(draft, logits)
@@ -118,8 +121,9 @@ class HFVerifier(Verifier):
         features = None
         if self._feature_layers:  # the committed positions' hidden states, from this same pass
             features = select_features(out.hidden_states, self._feature_layers, slice(0, accepted + 1))
-        return Verification(accepted_length=accepted, next_token=int(self._pending), target_token_ids=target,
-                            features=features)
+        return Verification(
+            accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
+        )
 
     def _verify_tree(self, draft: Draft, inputs: torch.Tensor, start: int) -> Verification:
         """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to
@@ -132,10 +136,16 @@ class HFVerifier(Verifier):
         tree.validate(parents, k)
         device = inputs.device
         positions, mask = tree.verification_layout(parents, start, device)
-        out = self.model(input_ids=inputs, position_ids=positions[None],
-                         attention_mask=as_model_mask(mask[None, None], self.model.config._attn_implementation,
-                                                      self.runtime.torch_dtype),
-                         cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers))
+        out = self.model(
+            input_ids=inputs,
+            position_ids=positions[None],
+            attention_mask=as_model_mask(
+                mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
+            ),
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self._feature_layers),
+        )
         logits = out.logits[0]  # (k + 1, V): at the root and after each node
         if self._sampling is None:
             target = logits.argmax(dim=-1)
@@ -151,10 +161,16 @@ class HFVerifier(Verifier):
         self._pending = target[last : last + 1]
         features = None
         if self._feature_layers:
-            features = select_features(out.hidden_states, self._feature_layers,
-                                       torch.tensor(path_rows, dtype=torch.long, device=device))
-        return Verification(accepted_length=len(path), next_token=int(self._pending), target_token_ids=target,
-                            features=features, path=path)
+            features = select_features(
+                out.hidden_states, self._feature_layers, torch.tensor(path_rows, dtype=torch.long, device=device)
+            )
+        return Verification(
+            accepted_length=len(path),
+            next_token=int(self._pending),
+            target_token_ids=target,
+            features=features,
+            path=path,
+        )
 
     def _verify_sampled(self, draft: Draft, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Speculative sampling on the round's logits ((k + 1, V)); one host sync. Returns the
@@ -167,8 +183,13 @@ class HFVerifier(Verifier):
         return accepted, target
 
 
-def prefill_prompt(model: PreTrainedModel, prompt_ids: torch.Tensor, max_context: int,
-                   feature_layers: tuple[int, ...], dtype: torch.dtype) -> tuple[DynamicCache, torch.Tensor | None]:
+def prefill_prompt(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    max_context: int,
+    feature_layers: tuple[int, ...],
+    dtype: torch.dtype,
+) -> tuple[DynamicCache, torch.Tensor | None]:
     """Prefill a prompt but its last token (which stays pending): one forward pass over
     ``prompt_ids[:-1]`` (``(P,) int64``) into a new cache, batch 1. Shared by the batch-1 verifier
     and the batched one (``verifiers/hf_batch.py``).
@@ -181,12 +202,19 @@ def prefill_prompt(model: PreTrainedModel, prompt_ids: torch.Tensor, max_context
     """
     n = int(prompt_ids.shape[0])
     if n < 1 or n >= max_context:
-        raise ValueError(f"prompt_ids has {n} tokens; the target accepts 1..{max_context - 1} "
-                         f"(max_context={max_context}, one position is kept for generation)")
+        raise ValueError(
+            f"prompt_ids has {n} tokens; the target accepts 1..{max_context - 1} "
+            f"(max_context={max_context}, one position is kept for generation)"
+        )
     cache, features = DynamicCache(), None
     if n > 1:
-        out = model(input_ids=prompt_ids[None, :-1], cache=cache, use_cache=True, logits_to_keep=1,
-                    output_hidden_states=bool(feature_layers))
+        out = model(
+            input_ids=prompt_ids[None, :-1],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=bool(feature_layers),
+        )
         if feature_layers:
             features = select_features(out.hidden_states, feature_layers)
     elif feature_layers:
@@ -216,5 +244,6 @@ def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime
         return None
     model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(config["model"])
-    return HFVerifier(model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0),
-                      tokenizer=tokenizer)
+    return HFVerifier(
+        model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0), tokenizer=tokenizer
+    )

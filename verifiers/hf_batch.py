@@ -46,8 +46,9 @@ class BatchedHFVerifier:
         pad_token_id: the id fed in a row's padding positions (never attended, never kept).
     """
 
-    def __init__(self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int,
-                 pad_token_id: int = 0) -> None:
+    def __init__(
+        self, model: PreTrainedModel, runtime: Runtime, eos_ids: frozenset[int], max_context: int, pad_token_id: int = 0
+    ) -> None:
         self.model, self.runtime = model, runtime
         self.eos_token_ids, self.max_context, self.pad_token_id = frozenset(eos_ids), max_context, pad_token_id
         self.feature_layers: tuple[int, ...] = ()
@@ -84,8 +85,9 @@ class BatchedHFVerifier:
             ValueError: a prompt that is empty or does not fit the context (nothing is added).
         """
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        own, features = prefill_prompt(self.model, prompt_ids, self.max_context, self.feature_layers,
-                                       self.runtime.torch_dtype)
+        own, features = prefill_prompt(
+            self.model, prompt_ids, self.max_context, self.feature_layers, self.runtime.torch_dtype
+        )
         n = int(prompt_ids.shape[0])
         if n > 1 or self.cache is not None:
             self._append_row(own, n - 1)
@@ -100,8 +102,9 @@ class BatchedHFVerifier:
             for layer in own.layers:  # zero rows for the earlier requests, in front (their columns masked)
                 if getattr(layer, "keys", None) is not None and self.rows:
                     layer.keys = torch.cat([layer.keys.new_zeros((self.rows, *layer.keys.shape[1:])), layer.keys])
-                    layer.values = torch.cat([layer.values.new_zeros((self.rows, *layer.values.shape[1:])),
-                                              layer.values])
+                    layer.values = torch.cat(
+                        [layer.values.new_zeros((self.rows, *layer.values.shape[1:])), layer.values]
+                    )
             self.cache = own
             return
         mine = [(layer.keys, layer.values) for layer in own.layers] if length else None
@@ -177,8 +180,14 @@ class BatchedHFVerifier:
             causal = steps[None, :] <= steps[:, None]  # (q, q)
             mask = torch.cat([past[:, None, :].expand(b, q, width), causal.expand(b, q, q)], dim=2)[:, None]
             mask = as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype)
-        out = self.model(input_ids=inputs, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, output_hidden_states=bool(self.feature_layers))
+        out = self.model(
+            input_ids=inputs,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.feature_layers),
+        )
         if self.cache is None:
             self.cache = out.past_key_values
         target = out.logits.argmax(dim=-1)  # (b, q) int64
@@ -203,8 +212,14 @@ class BatchedHFVerifier:
         results = []
         for i, (a, nxt) in enumerate(zip(accepted, nexts)):
             self.pending[i] = target[i, a : a + 1]
-            results.append(Verification(accepted_length=a, next_token=nxt, target_token_ids=target[i, : ks[i] + 1],
-                                        features=None if features is None else features[i, : a + 1]))
+            results.append(
+                Verification(
+                    accepted_length=a,
+                    next_token=nxt,
+                    target_token_ids=target[i, : ks[i] + 1],
+                    features=None if features is None else features[i, : a + 1],
+                )
+            )
         return results
 
     def _keep_accepted(self, width: int, accepted: list[int]) -> None:

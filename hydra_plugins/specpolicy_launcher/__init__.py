@@ -53,7 +53,8 @@ if _SubmititSlurmLauncher is not None:
                     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
                     raise UncompletedSweepError(
                         f"{first}; the sweep's run directories keep every prompt finished so far: run the same "
-                        f"command with hydra.sweep.dir={sweep_dir} to resume it") from None
+                        f"command with hydra.sweep.dir={sweep_dir} to resume it"
+                    ) from None
 
 
 def register() -> None:

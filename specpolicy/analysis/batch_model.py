@@ -65,9 +65,11 @@ from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profi
 #: Fraction of the GPU's tensor peak a batched target pass reaches when a profile gives no
 #: ``compute_efficiency`` (an assumption; see the module docstring).
 COMPUTE_EFFICIENCY = 0.6
-BATCH_MODELED_LABEL = ("MODELED (roofline: a target pass over T tokens costs max(one decoding step, "
-                       "T x 2 x target params / (peak FLOP/s x efficiency)); drafter passes batched across "
-                       "requests, x the profile's pass ms), not measured")
+BATCH_MODELED_LABEL = (
+    "MODELED (roofline: a target pass over T tokens costs max(one decoding step, "
+    "T x 2 x target params / (peak FLOP/s x efficiency)); drafter passes batched across "
+    "requests, x the profile's pass ms), not measured"
+)
 
 
 @dataclass(frozen=True)
@@ -87,32 +89,41 @@ class RoundCounts:
     @staticmethod
     def of(result: Any) -> RoundCounts:
         """The counts of a ``specpolicy.core.batching.BatchResult``."""
-        return RoundCounts(tuple(result.padded_tokens), tuple(result.drafter_passes),
-                           sum(t.tokens for t in result.timings.values()))
+        return RoundCounts(
+            tuple(result.padded_tokens), tuple(result.drafter_passes), sum(t.tokens for t in result.timings.values())
+        )
 
     @staticmethod
     def of_rounds(rounds: Iterable[Any], tokens: int) -> RoundCounts:
         """The counts of batch-1 chain rounds (``RoundRecord``s of ``specpolicy.core.decoding.generate``):
         one row of ``1 + speculation length`` tokens per target pass."""
         rounds = list(rounds)
-        return RoundCounts(tuple(1 + r.speculation_length for r in rounds),
-                           tuple(r.drafter_forward_passes for r in rounds), tokens)
+        return RoundCounts(
+            tuple(1 + r.speculation_length for r in rounds), tuple(r.drafter_forward_passes for r in rounds), tokens
+        )
 
     def __add__(self, other: RoundCounts) -> RoundCounts:
-        return RoundCounts(self.padded_tokens + other.padded_tokens, self.drafter_passes + other.drafter_passes,
-                           self.tokens + other.tokens)
+        return RoundCounts(
+            self.padded_tokens + other.padded_tokens,
+            self.drafter_passes + other.drafter_passes,
+            self.tokens + other.tokens,
+        )
 
 
 def why_not_modeled(profile: LatencyProfile) -> str | None:
     """Why the roofline does not apply to ``profile`` (a sentence), or None when it does."""
     missing = [k for k in ("target_params", "peak_tflops") if getattr(profile, k) is None]
     if missing:
-        return (f"profile {profile.name} gives no {' or '.join(missing)}: the batched roofline does not apply "
-                f"(no figure rather than an invented one)")
+        return (
+            f"profile {profile.name} gives no {' or '.join(missing)}: the batched roofline does not apply "
+            f"(no figure rather than an invented one)"
+        )
     missing = [k for k in ("target_ms_per_token", "drafter_pass_ms") if getattr(profile, k) is None]
     if missing:
-        return (f"profile {profile.name} leaves {' and '.join(missing)} to be measured in the run: the batched "
-                f"roofline needs the GPU's own latencies")
+        return (
+            f"profile {profile.name} leaves {' and '.join(missing)} to be measured in the run: the batched "
+            f"roofline needs the GPU's own latencies"
+        )
     return None
 
 
@@ -147,17 +158,23 @@ def modeled_ms(counts: RoundCounts, profile: LatencyProfile, drafter: str | None
     profile's pass ms for ``drafter`` plus its target pass. Raises ValueError as
     ``ms_per_token_compute``."""
     pass_ms = profile.for_drafter(drafter).drafter_pass_ms
-    return sum(passes * pass_ms + target_pass_ms(tokens, profile)
-               for tokens, passes in zip(counts.padded_tokens, counts.drafter_passes, strict=True))
+    return sum(
+        passes * pass_ms + target_pass_ms(tokens, profile)
+        for tokens, passes in zip(counts.padded_tokens, counts.drafter_passes, strict=True)
+    )
 
 
 def _rate(tokens: int, ms: float) -> float | None:
     return tokens / ms * 1e3 if ms > 0 and tokens else None
 
 
-def modeled_batched(speculative: RoundCounts, vanilla: RoundCounts | None = None, drafter: str | None = None,
-                    profiles: Sequence[LatencyProfile] | None = None,
-                    selected: LatencyProfile | None = None) -> dict[str, Any]:
+def modeled_batched(
+    speculative: RoundCounts,
+    vanilla: RoundCounts | None = None,
+    drafter: str | None = None,
+    profiles: Sequence[LatencyProfile] | None = None,
+    selected: LatencyProfile | None = None,
+) -> dict[str, Any]:
     """The MODELED throughput of a batched run under every profile: the one function behind every
     reported batched MODELED figure (``summary.json``'s ``serving.modeled``, the serving table,
     ``benchmarks/batched.py``).
@@ -181,7 +198,8 @@ def modeled_batched(speculative: RoundCounts, vanilla: RoundCounts | None = None
     if selected is not None:
         names = [p.name for p in profiles]
         profiles = [selected if p.name == selected.name else p for p in profiles] + (
-            [] if selected.name in names else [selected])
+            [] if selected.name in names else [selected]
+        )
     by_profile: dict[str, dict[str, float | None]] = {}
     unavailable: dict[str, str] = {}
     for profile in profiles:
@@ -194,10 +212,13 @@ def modeled_batched(speculative: RoundCounts, vanilla: RoundCounts | None = None
         spec_rate = _rate(speculative.tokens, spec_ms)
         van_rate = _rate(vanilla.tokens, van_ms) if vanilla is not None else None
         by_profile[profile.name] = {
-            "knee_tokens": knee_tokens(profile), "ms_per_token_compute": ms_per_token_compute(profile),
+            "knee_tokens": knee_tokens(profile),
+            "ms_per_token_compute": ms_per_token_compute(profile),
             "drafter_pass_ms": profile.for_drafter(drafter).drafter_pass_ms,
-            "speculative_ms": spec_ms, "speculative_tokens_per_s": spec_rate,
-            "vanilla_ms": van_ms, "vanilla_tokens_per_s": van_rate,
+            "speculative_ms": spec_ms,
+            "speculative_tokens_per_s": spec_rate,
+            "vanilla_ms": van_ms,
+            "vanilla_tokens_per_s": van_rate,
             "throughput_speedup": spec_rate / van_rate if spec_rate is not None and van_rate else None,
         }
     out: dict[str, Any] = {"label": BATCH_MODELED_LABEL, "drafter": drafter, "by_profile": by_profile}

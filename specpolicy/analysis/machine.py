@@ -86,13 +86,17 @@ def judge(conditions: Mapping[str, Any]) -> list[str]:
     loads = {when: load[0] for when, load in loads.items() if load}
     if any(load - own > cores - own + LOAD_TOLERANCE for load in loads.values()):
         busiest = max(loads.values()) - own
-        reasons.append(f"other processes kept up to {busiest:.1f} of {cores} CPUs busy (1-min load average "
-                       + ", ".join(f"{load:.2f} at the {when}" for when, load in loads.items())
-                       + f"; this process used {own:.1f})")
+        reasons.append(
+            f"other processes kept up to {busiest:.1f} of {cores} CPUs busy (1-min load average "
+            + ", ".join(f"{load:.2f} at the {when}" for when, load in loads.items())
+            + f"; this process used {own:.1f})"
+        )
     cv = conditions.get("vanilla_tokens_per_s_cv")
     if cv is not None and cv > MAX_VANILLA_CV:
-        reasons.append(f"vanilla decoding speed varied {cv:.0%} across prompts (coefficient of variation; "
-                       f"more than {MAX_VANILLA_CV:.0%})")
+        reasons.append(
+            f"vanilla decoding speed varied {cv:.0%} across prompts (coefficient of variation; "
+            f"more than {MAX_VANILLA_CV:.0%})"
+        )
     return reasons
 
 
@@ -136,16 +140,21 @@ def warning_line(conditions: Mapping[str, Any] | None) -> str | None:
     """The one line printed under the summary when the speedup cannot be trusted, else None."""
     if not conditions or conditions.get("timing_trusted", True):
         return None
-    return ("WARNING: the measured speedup cannot be trusted: " + "; ".join(conditions["timing_warnings"])
-            + " -- re-time on an idle machine with run.resume=false")
+    return (
+        "WARNING: the measured speedup cannot be trusted: "
+        + "; ".join(conditions["timing_warnings"])
+        + " -- re-time on an idle machine with run.resume=false"
+    )
 
 
 #: The mark put next to a measured figure whose timings cannot be trusted (tables, pages, figures),
 #: explained once by ``UNTRUSTED_NOTE`` beside it.
 UNTRUSTED_MARK = "*"
-UNTRUSTED_NOTE = ("timing cannot be trusted: the machine was busy or its speed varied while the run measured "
-                  "(summary.json: timing_conditions.timing_trusted false); re-time on an idle machine with "
-                  "run.resume=false")
+UNTRUSTED_NOTE = (
+    "timing cannot be trusted: the machine was busy or its speed varied while the run measured "
+    "(summary.json: timing_conditions.timing_trusted false); re-time on an idle machine with "
+    "run.resume=false"
+)
 
 
 def timing_trusted(summary: Mapping[str, Any] | None) -> bool | None:

@@ -73,8 +73,10 @@ from specpolicy.core.types import Draft, GenerationResult, RoundRecord, Verifica
 #: The oracle may always speculate at least this far (FailFast's N_max default, tokens).
 DEFAULT_MAX_LENGTH = 60
 
-DEFINITION = ("oracle: for every committed prefix the drafter's match length M(i); T(i) = min over l <= M(i) of "
-              "draft_ms(l) + verify_ms(l) + T(i+l+1) (measured costs); fraction = T_oracle / T_policy, same cost model")
+DEFINITION = (
+    "oracle: for every committed prefix the drafter's match length M(i); T(i) = min over l <= M(i) of "
+    "draft_ms(l) + verify_ms(l) + T(i+l+1) (measured costs); fraction = T_oracle / T_policy, same cost model"
+)
 
 
 @dataclass(frozen=True)
@@ -137,8 +139,9 @@ class CostModel:
         tokens = sum(r.speculation_length - r.reused_tokens for r in drafted)
         per_pass = draft_ms / passes if passes else 0.0
         per_token = 0.0 if passes else (draft_ms / tokens if tokens else 0.0)
-        pb, pt = fit_affine([r.speculation_length - r.reused_tokens for r in drafted],
-                            [r.drafter_forward_passes for r in drafted])
+        pb, pt = fit_affine(
+            [r.speculation_length - r.reused_tokens for r in drafted], [r.drafter_forward_passes for r in drafted]
+        )
         xs = [r.speculation_length for r in rounds] + [0] * len(van)
         ys = [r.verify_ms for r in rounds] + van
         vb, vt = fit_affine(xs, ys)
@@ -177,8 +180,9 @@ def match_lengths_from_rounds(rounds: Sequence[RoundRecord], num_tokens: int) ->
 
 
 @torch.no_grad()
-def replay_match_lengths(drafter, prompt_ids: torch.Tensor, output_ids: torch.Tensor,
-                         max_length: int, verifier=None) -> tuple[list[int], list[list[int]]]:
+def replay_match_lengths(
+    drafter, prompt_ids: torch.Tensor, output_ids: torch.Tensor, max_length: int, verifier=None
+) -> tuple[list[int], list[list[int]]]:
     """Exact ``M(i)`` by re-running ``drafter`` at every committed prefix of ``output_ids``.
 
     The drafter is prefilled with ``prompt_ids`` ((P,) int64); at each position it drafts one
@@ -252,8 +256,12 @@ class OracleResult:
         return sum(length for _, length in self.schedule) / len(self.schedule) if self.schedule else 0.0
 
 
-def solve(M: Sequence[int], cost: CostModel, max_length: int = DEFAULT_MAX_LENGTH,
-          passes: Sequence[Sequence[float]] | None = None) -> OracleResult:
+def solve(
+    M: Sequence[int],
+    cost: CostModel,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    passes: Sequence[Sequence[float]] | None = None,
+) -> OracleResult:
     """The DP of the module docstring over match lengths ``M`` (``passes[i][l]``: exact passes, optional)."""
     n = len(M)
     T = [0.0] * (n + 1)
@@ -278,13 +286,21 @@ def solve(M: Sequence[int], cost: CostModel, max_length: int = DEFAULT_MAX_LENGT
 
 def policy_ms(rounds: Sequence[RoundRecord], cost: CostModel) -> float:
     """A policy's rounds costed by ``cost`` (its recorded drafter passes, the fitted verification)."""
-    return sum(cost.round_ms(r.speculation_length - r.reused_tokens,
-                             r.drafter_forward_passes if cost.draft_ms_per_pass else None)
-               + (cost.verify_ms_per_token * r.reused_tokens) for r in rounds)
+    return sum(
+        cost.round_ms(
+            r.speculation_length - r.reused_tokens, r.drafter_forward_passes if cost.draft_ms_per_pass else None
+        )
+        + (cost.verify_ms_per_token * r.reused_tokens)
+        for r in rounds
+    )
 
 
-def compare(prompts: Mapping[str, GenerationResult], cost: CostModel, max_length: int = DEFAULT_MAX_LENGTH,
-            match: Sequence[tuple[list[int], list[list[int]] | None]] | None = None) -> dict[str, Any]:
+def compare(
+    prompts: Mapping[str, GenerationResult],
+    cost: CostModel,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    match: Sequence[tuple[list[int], list[list[int]] | None]] | None = None,
+) -> dict[str, Any]:
     """A policy against the oracle, per prompt and overall.
 
     Args:
@@ -311,18 +327,27 @@ def compare(prompts: Mapping[str, GenerationResult], cost: CostModel, max_length
         p_ms = policy_ms(rounds, cost)
         v_ms = n * cost.verify_ms(0)
         tot_p, tot_o, tot_v = tot_p + p_ms, tot_o + result.ms, tot_v + v_ms
-        per.append({
-            "prompt_id": prompt_id, "tokens": n, "policy_ms": p_ms, "oracle_ms": result.ms,
-            "vanilla_ms": v_ms, "fraction_of_oracle": result.ms / p_ms if p_ms else 0.0,
-            "policy_rounds": len(rounds), "oracle_rounds": result.rounds,
-            "oracle_mean_length": result.mean_length,
-        })
+        per.append(
+            {
+                "prompt_id": prompt_id,
+                "tokens": n,
+                "policy_ms": p_ms,
+                "oracle_ms": result.ms,
+                "vanilla_ms": v_ms,
+                "fraction_of_oracle": result.ms / p_ms if p_ms else 0.0,
+                "policy_rounds": len(rounds),
+                "oracle_rounds": result.rounds,
+                "oracle_mean_length": result.mean_length,
+            }
+        )
     return {
         "definition": DEFINITION,
         "source": "rounds (self-consistency, censored at fully accepted rounds)" if match is None else "replay (exact)",
         "cost_model": asdict(cost),
         "fraction_of_oracle": tot_o / tot_p if tot_p else 0.0,
-        "policy_ms": tot_p, "oracle_ms": tot_o, "vanilla_ms": tot_v,
+        "policy_ms": tot_p,
+        "oracle_ms": tot_o,
+        "vanilla_ms": tot_v,
         "policy_speedup_modeled": tot_v / tot_p if tot_p else 0.0,
         "oracle_speedup_modeled": tot_v / tot_o if tot_o else 0.0,
         "censored_positions": cens,
@@ -337,10 +362,12 @@ def is_censored(result: Mapping[str, Any]) -> bool:
 
 
 #: Why an oracle estimated from a run's own rounds gives a bound (printed once by the CLI).
-CENSORED_NOTE = ("From a run's own rounds the oracle sees the drafter's match length only up to each round's "
-                 "speculation length (censored), so it is at best as fast as the true oracle: a figure <= 1 is an "
-                 "upper bound on the policy's fraction; above 1 it bounds nothing (lengths the run never drafted are "
-                 "costed by extrapolation). benchmarks/peers.py replays the drafter for the exact oracle.")
+CENSORED_NOTE = (
+    "From a run's own rounds the oracle sees the drafter's match length only up to each round's "
+    "speculation length (censored), so it is at best as fast as the true oracle: a figure <= 1 is an "
+    "upper bound on the policy's fraction; above 1 it bounds nothing (lengths the run never drafted are "
+    "costed by extrapolation). benchmarks/peers.py replays the drafter for the exact oracle."
+)
 
 
 def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
@@ -363,37 +390,62 @@ def describe_fraction(result: Mapping[str, Any], brief: bool = False) -> str:
         return f"n/a ({result.get('unavailable') or 'no figure'})"
     ratio = float(result.get("fraction_of_oracle", 0.0))
     if brief and is_censored(result):
-        speeds = (f"modeled: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
-                  f"oracle {result.get('oracle_speedup_modeled', 0.0):.2f}x")
+        speeds = (
+            f"modeled: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
+            f"oracle {result.get('oracle_speedup_modeled', 0.0):.2f}x"
+        )
         if ratio <= 1.0 + 1e-9:
             return f"at most {ratio:.3f} of the oracle's speedup (upper bound from censored rounds; {speeds})"
-        return (f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the oracle "
-                f"estimated from its censored rounds, which bounds nothing here ({speeds})")
-    speeds = (f"modeled with measured costs: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
-              f"oracle {result.get('oracle_speedup_modeled', 0.0):.2f}x")
+        return (
+            f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the oracle "
+            f"estimated from its censored rounds, which bounds nothing here ({speeds})"
+        )
+    speeds = (
+        f"modeled with measured costs: policy {result.get('policy_speedup_modeled', 0.0):.2f}x, "
+        f"oracle {result.get('oracle_speedup_modeled', 0.0):.2f}x"
+    )
     if not is_censored(result):
         if ratio <= 1.0 + 1e-9:
             return f"{ratio:.3f} of the oracle's speedup (exact: the drafter replayed at every prefix; {speeds})"
-        return (f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the "
-                f"replayed oracle's, i.e. the fitted cost model favours the policy's recorded rounds ({speeds})")
+        return (
+            f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the "
+            f"replayed oracle's, i.e. the fitted cost model favours the policy's recorded rounds ({speeds})"
+        )
     censored = int(result.get("censored_positions", 0))
-    why = (f"the oracle is estimated from this run's own rounds, which show the drafter's match length only "
-           f"up to each round's speculation length ({censored} censored positions)")
+    why = (
+        f"the oracle is estimated from this run's own rounds, which show the drafter's match length only "
+        f"up to each round's speculation length ({censored} censored positions)"
+    )
     if ratio <= 1.0 + 1e-9:
-        return (f"at most {ratio:.3f} of the oracle's speedup (an upper bound: {why}, so the true oracle is "
-                f"faster; {speeds}; benchmarks/peers.py replays the drafter for the exact figure)")
-    return (f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the estimated "
-            f"oracle's, so that estimate bounds nothing here ({why}, and lengths the run never drafted are "
-            f"costed by extrapolation; {speeds}; benchmarks/peers.py replays the drafter for the exact oracle)")
+        return (
+            f"at most {ratio:.3f} of the oracle's speedup (an upper bound: {why}, so the true oracle is "
+            f"faster; {speeds}; benchmarks/peers.py replays the drafter for the exact figure)"
+        )
+    return (
+        f"no fraction of the oracle: the policy's modeled time is {ratio:.3f}x shorter than the estimated "
+        f"oracle's, so that estimate bounds nothing here ({why}, and lengths the run never drafted are "
+        f"costed by extrapolation; {speeds}; benchmarks/peers.py replays the drafter for the exact oracle)"
+    )
 
 
 def unavailable(reason: str, max_length: int) -> dict[str, Any]:
     """An oracle result whose figures cannot be estimated (``compare``'s keys, figures None, no
     prompt), with ``unavailable``: the reason."""
-    return {"definition": DEFINITION, "source": "rounds (self-consistency, censored at fully accepted rounds)",
-            "cost_model": None, "fraction_of_oracle": None, "policy_ms": None, "oracle_ms": None, "vanilla_ms": None,
-            "policy_speedup_modeled": None, "oracle_speedup_modeled": None, "censored_positions": 0,
-            "per_prompt": [], "max_length": max_length, "unavailable": reason}
+    return {
+        "definition": DEFINITION,
+        "source": "rounds (self-consistency, censored at fully accepted rounds)",
+        "cost_model": None,
+        "fraction_of_oracle": None,
+        "policy_ms": None,
+        "oracle_ms": None,
+        "vanilla_ms": None,
+        "policy_speedup_modeled": None,
+        "oracle_speedup_modeled": None,
+        "censored_positions": 0,
+        "per_prompt": [],
+        "max_length": max_length,
+        "unavailable": reason,
+    }
 
 
 def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> dict[str, Any] | None:
@@ -448,8 +500,10 @@ def per_prompt_text(fractions: Sequence[float]) -> str:
     if len(values) <= LIST_PROMPTS_UP_TO:
         text = f"policy / oracle per prompt (n = {len(values)}): " + ", ".join(f"{v:.3f}" for v in values)
     else:
-        text = (f"policy / oracle per prompt (n = {len(values)}): min {values[0]:.3f} median "
-                f"{statistics.median(values):.3f} max {values[-1]:.3f}")
+        text = (
+            f"policy / oracle per prompt (n = {len(values)}): min {values[0]:.3f} median "
+            f"{statistics.median(values):.3f} max {values[-1]:.3f}"
+        )
     above = sum(v > 1.0 + 1e-9 for v in values)
     if above:
         text += f" ({above} above 1: no fraction of an optimum there)"
@@ -463,9 +517,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m specpolicy.analysis.oracle", description=main.__doc__)
     parser.add_argument("directory")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help=f"longest speculation the oracle may use (default: max({DEFAULT_MAX_LENGTH}, "
-                             f"the run's longest))")
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help=f"longest speculation the oracle may use (default: max({DEFAULT_MAX_LENGTH}, the run's longest))",
+    )
     args = parser.parse_args(argv)
     runs = find_runs(args.directory)
     if not runs:

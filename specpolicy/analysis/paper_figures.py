@@ -82,15 +82,19 @@ def concavity_points(runs: Sequence[RunData], profile: str = "a6000-qwen7b") -> 
             continue
         agg = aggregate([res.speculative for res in run.results])
         rounds = run.rounds
-        points.append({
-            "drafter": run.setting("drafter.name", "?"),
-            "threshold": run.setting("drafter.threshold"),
-            "k": int(run.setting("policy.k", 0)),
-            "passes_per_draft": agg["drafter_forward_passes"] / agg["drafted_rounds"] if agg["drafted_rounds"] else 0.0,
-            "acceptance_rate": agg["acceptance_rate"],
-            "modeled_speedup": modeled_speedup(rounds, agg["generated_tokens"], prof),
-            "run": str(run.directory),
-        })
+        points.append(
+            {
+                "drafter": run.setting("drafter.name", "?"),
+                "threshold": run.setting("drafter.threshold"),
+                "k": int(run.setting("policy.k", 0)),
+                "passes_per_draft": agg["drafter_forward_passes"] / agg["drafted_rounds"]
+                if agg["drafted_rounds"]
+                else 0.0,
+                "acceptance_rate": agg["acceptance_rate"],
+                "modeled_speedup": modeled_speedup(rounds, agg["generated_tokens"], prof),
+                "run": str(run.directory),
+            }
+        )
     return points
 
 
@@ -125,8 +129,9 @@ def easy_run_fraction(classes: Sequence[Sequence[bool]], ns: Sequence[int]) -> l
     return [sum(x for x in runs if x >= n) / total if total else 0.0 for n in ns]
 
 
-def reliability(rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int | None]] = POSITION_GROUPS,
-                bins: int = 10) -> list[dict[str, Any]]:
+def reliability(
+    rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int | None]] = POSITION_GROUPS, bins: int = 10
+) -> list[dict[str, Any]]:
     """Reliability of drafter confidence per draft-position group.
 
     A draft token at position i (1-based) counts when every earlier token of its draft was
@@ -142,17 +147,25 @@ def reliability(rounds: Sequence[RoundRecord], groups: Sequence[tuple[int, int |
         for i in range(min(k, len(confs), a + 1)):  # positions 1..a+1: reached with all earlier accepted
             pairs.append((i + 1, float(confs[i]), i < a))
     out = []
-    labelled = [(f"position {lo}" if lo == hi else f"positions {lo}-{hi}" if hi else f"positions {lo}+", lo, hi)
-                for lo, hi in groups] + [("all positions", 1, None)]
+    labelled = [
+        (f"position {lo}" if lo == hi else f"positions {lo}-{hi}" if hi else f"positions {lo}+", lo, hi)
+        for lo, hi in groups
+    ] + [("all positions", 1, None)]
     for label, lo, hi in labelled:
         sel = [(c, ok) for p, c, ok in pairs if p >= lo and (hi is None or p <= hi)]
         cells = []
         for b in range(bins):
             left, right = b / bins, (b + 1) / bins
             inside = [(c, ok) for c, ok in sel if left <= c < right or (b == bins - 1 and c == 1.0)]
-            cells.append({"lo": left, "hi": right, "n": len(inside),
-                          "confidence": sum(c for c, _ in inside) / len(inside) if inside else None,
-                          "accuracy": sum(ok for _, ok in inside) / len(inside) if inside else None})
+            cells.append(
+                {
+                    "lo": left,
+                    "hi": right,
+                    "n": len(inside),
+                    "confidence": sum(c for c, _ in inside) / len(inside) if inside else None,
+                    "accuracy": sum(ok for _, ok in inside) / len(inside) if inside else None,
+                }
+            )
         ece = sum(c["n"] / len(sel) * abs(c["accuracy"] - c["confidence"]) for c in cells if c["n"]) if sel else 0.0
         out.append({"label": label, "n": len(sel), "ece": ece, "bins": cells})
     return out
@@ -168,10 +181,15 @@ def sensitivity_points(runs: Sequence[RunData], key: str) -> list[dict[str, Any]
         x = run.setting(key)
         if x is None or "speedup_vs_vanilla" not in run.summary:
             continue
-        points.append({"x": float(x), "measured": run.summary.get("speedup_vs_vanilla"),
-                       "modeled": run.summary.get("modeled_speedup_vs_vanilla"),
-                       "profile": run.summary.get("modeled_profile", ""),
-                       "trusted": timing_trusted(run.summary) is not False})
+        points.append(
+            {
+                "x": float(x),
+                "measured": run.summary.get("speedup_vs_vanilla"),
+                "modeled": run.summary.get("modeled_speedup_vs_vanilla"),
+                "profile": run.summary.get("modeled_profile", ""),
+                "trusted": timing_trusted(run.summary) is not False,
+            }
+        )
     return sorted(points, key=lambda p: p["x"])
 
 
@@ -200,19 +218,38 @@ def plot_concavity(points: Sequence[dict[str, Any]], path: str | Path, profile: 
     thresholds = sorted({p["threshold"] for p in dl if p["threshold"] is not None})
     colors = matplotlib.colormaps["viridis"]
     markers = "os^Dv<>ph*"
-    for ax, metric, title in ((axes[0], "acceptance_rate", "acceptance rate"),
-                              (axes[1], "modeled_speedup", f"MODELED speedup over vanilla ({profile})")):
+    for ax, metric, title in (
+        (axes[0], "acceptance_rate", "acceptance rate"),
+        (axes[1], "modeled_speedup", f"MODELED speedup over vanilla ({profile})"),
+    ):
         if ar:
-            ax.plot([p["passes_per_draft"] for p in ar], [p[metric] for p in ar], "-", color="black", marker="x",
-                    label="AR drafter (one pass per token; points: k)")
+            ax.plot(
+                [p["passes_per_draft"] for p in ar],
+                [p[metric] for p in ar],
+                "-",
+                color="black",
+                marker="x",
+                label="AR drafter (one pass per token; points: k)",
+            )
             for p in ar:
-                ax.annotate(f"k={p['k']}", (p["passes_per_draft"], p[metric]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=8)
+                ax.annotate(
+                    f"k={p['k']}",
+                    (p["passes_per_draft"], p[metric]),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=8,
+                )
         for i, k in enumerate(ks):
             line = sorted((p for p in dl if p["k"] == k), key=lambda p: p["passes_per_draft"])
             color = colors(i / max(len(ks) - 1, 1) * 0.85)
-            ax.plot([p["passes_per_draft"] for p in line], [p[metric] for p in line], "-", color=color, alpha=0.8,
-                    label=f"Fast-dLLM drafter, k = {k}")
+            ax.plot(
+                [p["passes_per_draft"] for p in line],
+                [p[metric] for p in line],
+                "-",
+                color=color,
+                alpha=0.8,
+                label=f"Fast-dLLM drafter, k = {k}",
+            )
             for p in line:
                 m = markers[thresholds.index(p["threshold"]) % len(markers)] if p["threshold"] in thresholds else "o"
                 ax.plot(p["passes_per_draft"], p[metric], m, color=color, markersize=7)
@@ -246,8 +283,9 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     import numpy as np
     from matplotlib.colors import ListedColormap
 
-    labels = [f"{name} ({len(run.results)} prompts)" for name, run in zip(told_apart([_label(r) for r in runs], runs),
-                                                                           runs)]
+    labels = [
+        f"{name} ({len(run.results)} prompts)" for name, run in zip(told_apart([_label(r) for r in runs], runs), runs)
+    ]
     # the panels keep their size; the legend goes below them, in as many columns as fit (many runs)
     columns = max(1, int(11.5 // (text_width_in(labels) + 0.7)))
     rows = -(-len(labels) // columns)
@@ -262,8 +300,10 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     top.set_yticks(range(len(classes)))
     top.set_yticklabels([res.prompt_id for res in first.results[:max_prompts]], fontsize=8)
     top.set_xlabel("output token")
-    top.set_title(f"Fig. 4: easy (green: accepted, or the bonus token) and hard (red: corrected) tokens, "
-                  f"{_label(first)}", fontsize=10)
+    top.set_title(
+        f"Fig. 4: easy (green: accepted, or the bonus token) and hard (red: corrected) tokens, {_label(first)}",
+        fontsize=10,
+    )
     ns = list(range(1, max_n + 1))
     for run, label, style in zip(runs, labels, line_styles(len(runs))):
         fractions = easy_run_fraction([token_classes(res.speculative.rounds) for res in run.results], ns)
@@ -275,8 +315,7 @@ def plot_easy_regions(runs: Sequence[RunData], path: str | Path, max_prompts: in
     bottom.set_ylabel("fraction of tokens in an easy run of length >= n")
     bottom.set_ylim(0, 1)
     bottom.grid(alpha=0.3)
-    fig.legend(*bottom.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=columns,
-               frameon=False)
+    fig.legend(*bottom.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=columns, frameon=False)
     bottom.set_title("Fig. 5: easy regions per data set (AR drafter runs)", fontsize=10)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -295,13 +334,32 @@ def plot_reliability(run: RunData, path: str | Path, tau: float | None = None) -
     tau = tau if tau is not None else run.setting("policy.tau")
     for ax, g in zip(axes.flat, groups):
         filled = [b for b in g["bins"] if b["n"]]
-        ax.bar([(b["lo"] + b["hi"]) / 2 for b in filled], [b["accuracy"] for b in filled], width=0.095,
-               color="#4c72b0", alpha=0.75, label="acceptance rate in the bin")
-        ax.plot([b["confidence"] for b in filled], [b["accuracy"] for b in filled], "o", color="#dd8452",
-                markersize=4, label="(mean confidence, acceptance rate)")
+        ax.bar(
+            [(b["lo"] + b["hi"]) / 2 for b in filled],
+            [b["accuracy"] for b in filled],
+            width=0.095,
+            color="#4c72b0",
+            alpha=0.75,
+            label="acceptance rate in the bin",
+        )
+        ax.plot(
+            [b["confidence"] for b in filled],
+            [b["accuracy"] for b in filled],
+            "o",
+            color="#dd8452",
+            markersize=4,
+            label="(mean confidence, acceptance rate)",
+        )
         for b in filled:  # tokens per bin, small, along the bottom
-            ax.text((b["lo"] + b["hi"]) / 2, 0.015, str(b["n"]), ha="center", va="bottom", fontsize=6, color="white"
-                    if b["accuracy"] > 0.06 else "black")
+            ax.text(
+                (b["lo"] + b["hi"]) / 2,
+                0.015,
+                str(b["n"]),
+                ha="center",
+                va="bottom",
+                fontsize=6,
+                color="white" if b["accuracy"] > 0.06 else "black",
+            )
         ax.plot([0, 1], [0, 1], "--", color="grey", lw=0.8, label="perfect calibration")
         if tau is not None:
             ax.axvline(float(tau), color="#c44e52", lw=0.9, ls=":", label=f"τ = {tau}")
@@ -315,22 +373,35 @@ def plot_reliability(run: RunData, path: str | Path, tau: float | None = None) -
     seen = [g for g in per_position if g["n"] >= 10]  # sparse positions say nothing
     xs = [int(g["label"].split()[-1]) for g in seen]
     ax.plot(xs, [g["ece"] for g in seen], "o-", color="#c44e52", label="ECE")
-    ax.plot(xs, [sum(b["n"] * b["accuracy"] for b in g["bins"] if b["n"]) / g["n"] for g in seen], "s-",
-            color="#4c72b0", label="acceptance rate")
-    ax.plot(xs, [sum(b["n"] * b["confidence"] for b in g["bins"] if b["n"]) / g["n"] for g in seen], "^-",
-            color="#dd8452", label="mean confidence")
+    ax.plot(
+        xs,
+        [sum(b["n"] * b["accuracy"] for b in g["bins"] if b["n"]) / g["n"] for g in seen],
+        "s-",
+        color="#4c72b0",
+        label="acceptance rate",
+    )
+    ax.plot(
+        xs,
+        [sum(b["n"] * b["confidence"] for b in g["bins"] if b["n"]) / g["n"] for g in seen],
+        "^-",
+        color="#dd8452",
+        label="mean confidence",
+    )
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("draft position", fontsize=8)
     ax.set_title("by draft position (positions with >= 10 tokens)", fontsize=9)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(groups) + 1:]:
+    for ax in list(axes.flat)[len(groups) + 1 :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(f"Confidence as a signal: P(draft token accepted | earlier tokens accepted, confidence), "
-                 f"{_label(run)}; numbers: tokens per bin", fontsize=11)
+    fig.suptitle(
+        f"Confidence as a signal: P(draft token accepted | earlier tokens accepted, confidence), "
+        f"{_label(run)}; numbers: tokens per bin",
+        fontsize=11,
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -349,11 +420,20 @@ def plot_sensitivity(panels: Sequence[tuple[str, list[dict[str, Any]]]], path: s
         ax.plot(xs, [p["measured"] for p in points], "o-", color="#4c72b0", label="measured (this machine)")
         bad = [p for p in points if not p.get("trusted", True)]
         if bad:
-            ax.plot([p["x"] for p in bad], [p["measured"] for p in bad], "o", ms=13, mfc="none", mew=1.6,
-                    color=UNTRUSTED_COLOR, label=f"{UNTRUSTED_MARK} measured, timing cannot be trusted")
+            ax.plot(
+                [p["x"] for p in bad],
+                [p["measured"] for p in bad],
+                "o",
+                ms=13,
+                mfc="none",
+                mew=1.6,
+                color=UNTRUSTED_COLOR,
+                label=f"{UNTRUSTED_MARK} measured, timing cannot be trusted",
+            )
         if any(p["modeled"] is not None for p in points):
-            ax.plot(xs, [p["modeled"] for p in points], "s--", color="#dd8452",
-                    label=f"MODELED ({points[0]['profile']})")
+            ax.plot(
+                xs, [p["modeled"] for p in points], "s--", color="#dd8452", label=f"MODELED ({points[0]['profile']})"
+            )
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_xlabel(name)
         ax.set_ylabel("speedup over vanilla")
@@ -395,9 +475,11 @@ def main(argv: list[str] | None = None) -> int:
     """
     p = OneLineParser(prog="python -m specpolicy.analysis.paper_figures", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="figure", required=True)
-    for name, help_ in (("concavity", "Fig. 2 from static-k runs (AR and Fast-dLLM at several thresholds)"),
-                        ("easy-regions", "Fig. 4/5 from AR-drafter runs (one per data set)"),
-                        ("reliability", "confidence reliability diagram of one run")):
+    for name, help_ in (
+        ("concavity", "Fig. 2 from static-k runs (AR and Fast-dLLM at several thresholds)"),
+        ("easy-regions", "Fig. 4/5 from AR-drafter runs (one per data set)"),
+        ("reliability", "confidence reliability diagram of one run"),
+    ):
         s = sub.add_parser(name, help=help_)
         s.add_argument("dirs", nargs="+", help="run or sweep directories")
         s.add_argument("--out", default=None, help="output directory (default: <first dir>/plots)")
@@ -412,8 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.figure == "sensitivity":
             need = "--tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"
             if args.bare:
-                s.error(f"the sweep directories are given as {need}, got {' '.join(args.bare)} without an option "
-                        f"(e.g. sensitivity --tau {args.bare[0]})")
+                s.error(
+                    f"the sweep directories are given as {need}, got {' '.join(args.bare)} without an option "
+                    f"(e.g. sensitivity --tau {args.bare[0]})"
+                )
             if not (args.tau or args.nmax):
                 s.error(f"needs {need}")
             panels = []

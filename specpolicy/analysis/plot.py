@@ -85,7 +85,7 @@ def _slug(text: str, limit: int = 80) -> str:
         return slug
     import hashlib
 
-    return f"{slug[:limit - 9]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
+    return f"{slug[: limit - 9]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
 
 
 # -- Fig. 8: CDF of accepted / speculated lengths ---------------------------------------------
@@ -147,25 +147,41 @@ def plot_length_cdf(runs: Sequence[Run], path: str | Path) -> Path:
     columns = 1 if beside else max(1, int(PANELS_IN // legend_in))
     rows = len(runs) if beside else -(-len(runs) // columns)
     height = max(4.6, 1.2 + 0.17 * rows) if beside else 4.6 + 0.17 * rows
-    fig, axes = plt.subplots(1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), sharey=True,
-                             layout="constrained")
-    for key, ax, title in (("accepted_length", axes[0], "accepted length per round"),
-                           ("speculation_length", axes[1], "speculated length per round")):
+    fig, axes = plt.subplots(
+        1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), sharey=True, layout="constrained"
+    )
+    for key, ax, title in (
+        ("accepted_length", axes[0], "accepted length per round"),
+        ("speculation_length", axes[1], "speculated length per round"),
+    ):
         for run in runs:
             values = sorted(getattr(r, key) for r in run.rounds if r.speculation_length > 0)
             if not values:
                 continue
             n = len(values)
-            ax.step([values[0]] + values, [0.0] + [(i + 1) / n for i in range(n)], where="post", label=run.name,
-                    lw=1.4, **style[run.name])
+            ax.step(
+                [values[0]] + values,
+                [0.0] + [(i + 1) / n for i in range(n)],
+                where="post",
+                label=run.name,
+                lw=1.4,
+                **style[run.name],
+            )
         ax.set_title(title)
         ax.set_xlabel("tokens")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("CDF (fraction of rounds with a draft)")
     # outside the axes (constrained layout makes room): never on a line
     handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="outside right center" if beside else "outside lower center",
-               ncol=columns, frameon=False, handlelength=3)
+    fig.legend(
+        handles,
+        labels,
+        fontsize=8,
+        loc="outside right center" if beside else "outside lower center",
+        ncol=columns,
+        frameon=False,
+        handlelength=3,
+    )
     fig.suptitle("Accepted and speculated lengths per round (cf. FailFast Fig. 8)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -185,9 +201,15 @@ def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
     if van["generated_tokens"]:
         tokens, wall_ms = van["generated_tokens"], van["wall_s"] * 1e3
         pooled = [run for run in runs if any(res.vanilla is not None for res in run.results)]
-        out.append({"method": "vanilla", "draft": 0.0, "verify": van["verify_ms"] / tokens,
-                    "other": max(wall_ms - van["verify_ms"], 0.0) / tokens,
-                    "trusted": not any(timing_trusted(run.summary) is False for run in pooled)})
+        out.append(
+            {
+                "method": "vanilla",
+                "draft": 0.0,
+                "verify": van["verify_ms"] / tokens,
+                "other": max(wall_ms - van["verify_ms"], 0.0) / tokens,
+                "trusted": not any(timing_trusted(run.summary) is False for run in pooled),
+            }
+        )
     for run in runs:
         tokens = sum(res.generated_tokens for res in run.results)
         if not tokens:
@@ -195,9 +217,15 @@ def latency_breakdown(runs: Sequence[Run]) -> list[dict[str, Any]]:
         draft = sum(r.draft_ms for r in run.rounds)
         verify = sum(r.verify_ms for r in run.rounds)
         wall = sum(res.speculative.wall_s for res in run.results) * 1e3
-        out.append({"method": run.name, "draft": draft / tokens, "verify": verify / tokens,
-                    "other": max(wall - draft - verify, 0.0) / tokens,
-                    "trusted": timing_trusted(run.summary) is not False})
+        out.append(
+            {
+                "method": run.name,
+                "draft": draft / tokens,
+                "verify": verify / tokens,
+                "other": max(wall - draft - verify, 0.0) / tokens,
+                "trusted": timing_trusted(run.summary) is not False,
+            }
+        )
     return out
 
 
@@ -226,8 +254,9 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     data = latency_breakdown(runs)
     names = [d["method"] + ("" if d["trusted"] else f" {UNTRUSTED_MARK}") for d in data]
     # the bars keep 6.5 inches whatever the names' width (long names: a sweep's runs by their overrides)
-    fig, ax = plt.subplots(figsize=(6.5 + text_width_in(names) + 0.3, 1.9 + 0.38 * max(len(data), 1)),
-                           layout="constrained")
+    fig, ax = plt.subplots(
+        figsize=(6.5 + text_width_in(names) + 0.3, 1.9 + 0.38 * max(len(data), 1)), layout="constrained"
+    )
     ys = list(range(len(data)))[::-1]  # first method at the top
     left = [0.0] * len(data)
     for part, label in (("verify", "verification"), ("draft", "drafting"), ("other", "other (prefill, loop)")):
@@ -247,8 +276,7 @@ def plot_latency_breakdown(runs: Sequence[Run], path: str | Path) -> Path:
     # below the axes, outside them (constrained layout makes room), so it never covers a bar or its total;
     # the note on timings that cannot be trusted heads it (laid out with it)
     note = untrusted_figure_note(sum(not d["trusted"] for d in data), "bars")
-    legend = fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False, title=note,
-                        title_fontsize=8)
+    legend = fig.legend(fontsize=8, loc="outside lower center", ncol=3, frameon=False, title=note, title_fontsize=8)
     if note:
         legend.get_title().set_color(UNTRUSTED_COLOR)
     ax.grid(axis="x", alpha=0.3)
@@ -306,16 +334,32 @@ def draw_serving(rows: Sequence[dict[str, Any]]):
     fig, axes = plt.subplots(1, 2, figsize=(PANELS_IN + (legend_in if beside else 0.0), height), layout="constrained")
     batch_sizes = sorted({r["batch_size"] for r in rows})
     for ax, key, ylabel, title in (
-            (axes[0], "throughput_tokens_per_s", "tokens/s (generated, all requests)", "throughput"),
-            (axes[1], "latency_p99_ms", "p99 latency (ms, arrival to last token)", "p99 latency")):
+        (axes[0], "throughput_tokens_per_s", "tokens/s (generated, all requests)", "throughput"),
+        (axes[1], "latency_p99_ms", "p99 latency (ms, arrival to last token)", "p99 latency"),
+    ):
         for name, points in lines.items():
             shown = [p for p in points if p[key] is not None]
-            ax.plot([p["batch_size"] for p in shown], [p[key] for p in shown], marker="o", ms=5, lw=1.6,
-                    label=labels[name], **styles[name])
+            ax.plot(
+                [p["batch_size"] for p in shown],
+                [p[key] for p in shown],
+                marker="o",
+                ms=5,
+                lw=1.6,
+                label=labels[name],
+                **styles[name],
+            )
             loop1 = [p for p in shown if p["loop"] == BATCH1_LOOP]
             if loop1:
-                ax.plot([p["batch_size"] for p in loop1], [p[key] for p in loop1], ls="none", marker="o", ms=5,
-                        mfc="white", mec=styles[name]["color"], zorder=3)
+                ax.plot(
+                    [p["batch_size"] for p in loop1],
+                    [p[key] for p in loop1],
+                    ls="none",
+                    marker="o",
+                    ms=5,
+                    mfc="white",
+                    mec=styles[name]["color"],
+                    zorder=3,
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
         ax.minorticks_off()
@@ -328,8 +372,14 @@ def draw_serving(rows: Sequence[dict[str, Any]]):
     handles, _ = axes[0].get_legend_handles_labels()
     if replayed:
         handles.append(Line2D([], [], ls="none", marker="o", ms=5, mfc="white", mec="#444444", label=hollow_label))
-    legend = fig.legend(handles=handles, fontsize=8, loc="outside right center" if beside else "outside lower center",
-                        ncol=columns, frameon=False, handlelength=3)
+    legend = fig.legend(
+        handles=handles,
+        fontsize=8,
+        loc="outside right center" if beside else "outside lower center",
+        ncol=columns,
+        frameon=False,
+        handlelength=3,
+    )
     # the note on timings that cannot be trusted: under the panels (laid out with them), never on a line
     note = untrusted_figure_note(sum(untrusted.values()), "lines", width=100)
     if note:
@@ -340,8 +390,9 @@ def draw_serving(rows: Sequence[dict[str, Any]]):
         if untrusted[name]:
             text.set_color(UNTRUSTED_COLOR)
     arrivals = sorted({r["arrival_cell"] for r in rows})
-    fig.suptitle(wrapped(f"Throughput and p99 latency against batch size (measured; arrival: {' / '.join(arrivals)})",
-                         PANELS_IN))
+    fig.suptitle(
+        wrapped(f"Throughput and p99 latency against batch size (measured; arrival: {' / '.join(arrivals)})", PANELS_IN)
+    )
     return fig
 
 
@@ -385,10 +436,15 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
         ax.set_title(f"prompt {res.prompt_id} ({len(rounds)} rounds)", fontsize=9, loc="left")
         ax2 = ax.twinx()
         twins.append(ax2)
-        pts = [(i, r.accepted_length / r.speculation_length) for i, r in enumerate(rounds)
-               if r.speculation_length > 0]
-        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="#e6550d", marker=".", lw=1,
-                 label="acceptance rate a / k (right axis)")
+        pts = [(i, r.accepted_length / r.speculation_length) for i, r in enumerate(rounds) if r.speculation_length > 0]
+        ax2.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            color="#e6550d",
+            marker=".",
+            lw=1,
+            label="acceptance rate a / k (right axis)",
+        )
         ax2.set_ylim(-0.05, 1.05)
         ax2.set_ylabel("acceptance rate")
     axes[-1, 0].set_xlabel("round")
@@ -400,8 +456,9 @@ def plot_acceptance_over_rounds(run: Run, path: str | Path, max_prompts: int = 4
     handles = axes[0, 0].get_legend_handles_labels()[0] + twins[0].get_legend_handles_labels()[0]
     fig.tight_layout()
     top = axes[0, 0].get_position().y1  # above the first panel and its title, off the data
-    fig.text(0.01, 1.0, wrapped(f"Speculated and accepted length per round: {run.name}", 10.8, 11), fontsize=11,
-             va="bottom")
+    fig.text(
+        0.01, 1.0, wrapped(f"Speculated and accepted length per round: {run.name}", 10.8, 11), fontsize=11, va="bottom"
+    )
     fig.legend(handles=handles, fontsize=8, ncol=3, frameon=False, loc="lower right", bbox_to_anchor=(0.99, top + 0.02))
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -438,16 +495,30 @@ def plot_calibration(run: Run, path: str | Path) -> Path:
     online = online_predictions(rounds)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     n = online["accepted"].size
-    for key, label, color, marker in (("confidence", "drafter confidence", "#969696", "s"),
-                                      ("predicted", "calibrated (online, earlier rounds)", "#2171b5", "o")):
+    for key, label, color, marker in (
+        ("confidence", "drafter confidence", "#969696", "s"),
+        ("predicted", "calibrated (online, earlier rounds)", "#2171b5", "o"),
+    ):
         rel = reliability(online[key], online["accepted"])
         sizes = 12 + 250 * np.sqrt(rel["count"] / max(n, 1))
         left.plot(rel["mean_predicted"], rel["observed"], color=color, lw=1)
-        left.scatter(rel["mean_predicted"], rel["observed"], s=sizes, color=color, marker=marker, zorder=3,
-                     label=f"{label}: ECE {rel['ece']:.3f}")
+        left.scatter(
+            rel["mean_predicted"],
+            rel["observed"],
+            s=sizes,
+            color=color,
+            marker=marker,
+            zorder=3,
+            label=f"{label}: ECE {rel['ece']:.3f}",
+        )
     left.plot([0, 1], [0, 1], ls="--", color="#444", lw=0.8, label="perfectly calibrated")
-    left.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="predicted P(accepted | earlier accepted)",
-             ylabel="observed acceptance", title=f"reliability, {n} tokens (marker area ~ tokens)")
+    left.set(
+        xlim=(0, 1.02),
+        ylim=(0, 1.02),
+        xlabel="predicted P(accepted | earlier accepted)",
+        ylabel="observed acceptance",
+        title=f"reliability, {n} tokens (marker area ~ tokens)",
+    )
     left.legend(fontsize=8, loc="lower right")
 
     cal = calibration_from_rounds(rounds)
@@ -460,21 +531,38 @@ def plot_calibration(run: Run, path: str | Path) -> Path:
         q = int(cal.position_bin(np.array([position]))[0])
         last = starts[q + 1] - 1 if starts[q + 1] else None
         span = f"{starts[q]}" if last == starts[q] else f"{starts[q]}-{last or ''}"
-        right.plot(grid, cal.table()[q, cal.confidence_bin(grid)], lw=1.4, label=f"estimate, position {span}",
-                   color=plt.get_cmap("viridis")(i / len(CALIBRATION_POSITIONS)))
-    right.plot(grid, cal.pooled()[cal.confidence_bin(grid)], color="#d62728", lw=1.0, ls=":",
-               label="estimate, all positions")
-    right.scatter(table["mean_confidence"][has], table["observed"][has],
-                  s=12 + 250 * np.sqrt(table["reached"][has] / max(table["reached"].sum(), 1)),
-                  color="#d62728", zorder=3, label="observed, all positions")
+        right.plot(
+            grid,
+            cal.table()[q, cal.confidence_bin(grid)],
+            lw=1.4,
+            label=f"estimate, position {span}",
+            color=plt.get_cmap("viridis")(i / len(CALIBRATION_POSITIONS)),
+        )
+    right.plot(
+        grid, cal.pooled()[cal.confidence_bin(grid)], color="#d62728", lw=1.0, ls=":", label="estimate, all positions"
+    )
+    right.scatter(
+        table["mean_confidence"][has],
+        table["observed"][has],
+        s=12 + 250 * np.sqrt(table["reached"][has] / max(table["reached"].sum(), 1)),
+        color="#d62728",
+        zorder=3,
+        label="observed, all positions",
+    )
     right.plot([0, 1], [0, 1], ls="--", color="#444", lw=0.8)
     for x in edges[1:-1]:
         right.axvline(x, color="#eee", lw=0.6, zorder=0)
-    right.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="drafter confidence (bins: grey lines)",
-              ylabel="P(accepted | earlier accepted)", title="calibration curve learned from all rounds")
+    right.set(
+        xlim=(0, 1.02),
+        ylim=(0, 1.02),
+        xlabel="drafter confidence (bins: grey lines)",
+        ylabel="P(accepted | earlier accepted)",
+        title="calibration curve learned from all rounds",
+    )
     right.legend(fontsize=8, loc="upper left")
-    fig.suptitle(wrapped(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", 11.5, 10),
-                 fontsize=10)
+    fig.suptitle(
+        wrapped(f"{run.name}: acceptance calibration (binned confidence x position, Beta prior)", 11.5, 10), fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -529,26 +617,42 @@ figcaption { color: #59636e; font-size: 0.88em; margin-top: 4px; max-width: 900p
 def _page(title: str, body: str) -> str:
     """A complete HTML page: ``title`` (escaped) and ``body`` (HTML), the stylesheet inline --
     no external resource."""
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>{body}</main></body></html>")
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>{body}</main></body></html>"
+    )
 
 
 def _html_table(header: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> str:
     """An HTML table: ``header`` = (title, numeric) per column; ``rows`` of cells that are
     already HTML (escape text first). Numeric columns are right-aligned."""
-    head = "".join(f'<th class="num">{html.escape(t)}</th>' if num else f"<th>{html.escape(t)}</th>"
-                   for t, num in header)
-    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>"
-                                    for c, (_, num) in zip(row, header)) + "</tr>" for row in rows)
+    head = "".join(
+        f'<th class="num">{html.escape(t)}</th>' if num else f"<th>{html.escape(t)}</th>" for t, num in header
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, (_, num) in zip(row, header))
+        + "</tr>"
+        for row in rows
+    )
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 #: Per-prompt figures beside each trajectory link and on its page: (title, key of
 #: ``metrics.prompt_values``, format, applies only when the prompt drafted).
-PROMPT_COLUMNS = tuple((FIGURES[k].short, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in (
-    "generated_tokens", "rounds", "acceptance_rate", "mean_accepted_length", "mean_speculation_length",
-    "tokens_per_s", "speedup_vs_vanilla"))
+PROMPT_COLUMNS = tuple(
+    (FIGURES[k].short, k, FIGURES[k].fmt, FIGURES[k].drafting)
+    for k in (
+        "generated_tokens",
+        "rounds",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "mean_speculation_length",
+        "tokens_per_s",
+        "speedup_vs_vanilla",
+    )
+)
 
 
 def prompt_cells(result: PromptResult) -> list[str]:
@@ -557,11 +661,15 @@ def prompt_cells(result: PromptResult) -> list[str]:
     ``per_prompt`` comes from -- with ``-`` where a figure does not apply."""
     values = prompt_values(result.speculative, result.vanilla)
     drafted = any(r.speculation_length > 0 for r in result.speculative.rounds)
-    cells = ["-" if values.get(key) is None or (only_drafting and not drafted) else fmt.format(values[key])
-             for _, key, fmt, only_drafting in PROMPT_COLUMNS]
+    cells = [
+        "-" if values.get(key) is None or (only_drafting and not drafted) else fmt.format(values[key])
+        for _, key, fmt, only_drafting in PROMPT_COLUMNS
+    ]
     lossless = result.lossless
-    cells += [result.speculative.finish_reason or "-",
-              "-" if lossless is None else ("yes" if lossless is True else ("NO" if lossless is False else str(lossless)))]
+    cells += [
+        result.speculative.finish_reason or "-",
+        "-" if lossless is None else ("yes" if lossless is True else ("NO" if lossless is False else str(lossless))),
+    ]
     return cells
 
 
@@ -606,8 +714,9 @@ def _tok(text: str, cls: str) -> str:
     return f'<span class="{cls}">{shown}</span>'
 
 
-def trajectory_html(result: PromptResult, method: str, tokenizer=None, prompt_text: str | None = None,
-                    index_href: str | None = None) -> str:
+def trajectory_html(
+    result: PromptResult, method: str, tokenizer=None, prompt_text: str | None = None, index_href: str | None = None
+) -> str:
     """The Fig. 12-style page of one prompt as an HTML string: the prompt (``prompt_text``, else
     the result's ``prompt_text``), the prompt's figures (``prompt_cells``), a legend, then one
     line per round of the speculative method. ``index_href``: a link back to the figures page."""
@@ -642,38 +751,44 @@ def trajectory_html(result: PromptResult, method: str, tokenizer=None, prompt_te
             parts.append(_tok(decode(t), cls))
         if a < len(target) and e > a:
             parts.append(_tok(decode(target[a]), "tgt"))
-        meta = (f"#{i:<3d} k={k:<3d} a={a:<3d} passes={r.drafter_forward_passes:<3d}"
-                + (f" reused={r.reused_tokens}" if r.reused_tokens else ""))
+        meta = f"#{i:<3d} k={k:<3d} a={a:<3d} passes={r.drafter_forward_passes:<3d}" + (
+            f" reused={r.reused_tokens}" if r.reused_tokens else ""
+        )
         lines.append(f'<div class="round"><span class="meta">{html.escape(meta)}</span>{"".join(parts)}</div>')
     flush_plain()
     title = f"{method} - prompt {result.prompt_id}"
     text = prompt_text if prompt_text is not None else result.prompt_text
     nav = f'<nav><a href="{html.escape(index_href)}">&larr; all figures</a></nav>' if index_href else ""
-    prompt = (f"<div class='prompt'>{html.escape(text)}</div>" if text else
-              "<p class='muted'>The prompt text is not recorded in this run's results.jsonl and its dataset "
-              "could not be read.</p>")
-    return _page(title, f"{nav}<h1>{html.escape(method)}</h1><p class='muted'>prompt "
-                        f"<code>{html.escape(result.prompt_id)}</code>"
-                        + (f", {result.prompt_tokens} prompt tokens" if result.prompt_tokens else "")
-                        + f"</p><h2>Prompt</h2>{prompt}"
-                 f"<h2>Figures</h2>{_html_table(_PROMPT_HEADER, [[html.escape(c) for c in prompt_cells(result)]])}"
-                 + (f"<h2>Output</h2><div class='prompt'>{html.escape(result.output_text)}</div>"
-                    if result.output_text else "")
-                 + f"<h2>Rounds</h2><div class='legend'>"
-                 f"<span>accepted draft token: {_tok('plain', 'acc')}</span>"
-                 f"<span>rejected draft token: {_tok('struck', 'rej')}</span>"
-                 f"<span>target's token (correction / bonus): {_tok('boxed', 'tgt')}</span>"
-                 f"<span>reused draft token: {_tok('dotted', 'acc reused')}</span>"
-                 f"<span>past the stop: {_tok('grey', 'cut')}</span></div>"
-                 + "\n".join(lines))
+    prompt = (
+        f"<div class='prompt'>{html.escape(text)}</div>"
+        if text
+        else "<p class='muted'>The prompt text is not recorded in this run's results.jsonl and its dataset "
+        "could not be read.</p>"
+    )
+    return _page(
+        title,
+        f"{nav}<h1>{html.escape(method)}</h1><p class='muted'>prompt "
+        f"<code>{html.escape(result.prompt_id)}</code>"
+        + (f", {result.prompt_tokens} prompt tokens" if result.prompt_tokens else "")
+        + f"</p><h2>Prompt</h2>{prompt}"
+        f"<h2>Figures</h2>{_html_table(_PROMPT_HEADER, [[html.escape(c) for c in prompt_cells(result)]])}"
+        + (f"<h2>Output</h2><div class='prompt'>{html.escape(result.output_text)}</div>" if result.output_text else "")
+        + f"<h2>Rounds</h2><div class='legend'>"
+        f"<span>accepted draft token: {_tok('plain', 'acc')}</span>"
+        f"<span>rejected draft token: {_tok('struck', 'rej')}</span>"
+        f"<span>target's token (correction / bonus): {_tok('boxed', 'tgt')}</span>"
+        f"<span>reused draft token: {_tok('dotted', 'acc reused')}</span>"
+        f"<span>past the stop: {_tok('grey', 'cut')}</span></div>" + "\n".join(lines),
+    )
 
 
 def tokenizer_for(runs: Sequence[Run], name: str | None = None):
     """The tokenizer named ``name``, else the first run's target (``config.verifier.model``); None if none loads."""
     from specpolicy.models.loading import load_tokenizer
 
-    candidates = [name] if name else [((r.summary.get("config") or {}).get("verifier") or {}).get("model")
-                                      for r in runs]
+    candidates = (
+        [name] if name else [((r.summary.get("config") or {}).get("verifier") or {}).get("model") for r in runs]
+    )
     for cand in candidates:
         if not cand:
             continue
@@ -686,19 +801,24 @@ def tokenizer_for(runs: Sequence[Run], name: str | None = None):
 
 #: Titles and captions of the figures on the index page (file name -> (title, caption)).
 FIGURE_TEXT = {
-    "length_cdf.png": ("Accepted and speculated lengths per round",
-                       "Empirical CDF over the rounds with a draft (k > 0), one line per method that drafts "
-                       "(cf. FailFast Fig. 8)."),
-    "latency_breakdown.png": ("Where the time goes",
-                              "Milliseconds per generated token spent verifying, drafting and elsewhere (prefill, "
-                              "the loop), measured; vanilla decoding pooled over the runs that measured it "
-                              "(cf. FailFast Fig. 6)."),
-    "serving.png": ("Throughput and p99 latency against batch size",
-                    "Runs of a generation.batch_size sweep: generated tokens/s over all requests and p99 latency "
-                    "(arrival to last token), measured, one line per method; vanilla decoding (black) from the "
-                    "runs that measured it at each batch size (tokens/s pooled, p99 their mean). Hollow markers: "
-                    "batch size 1 by the batch-1 loop, its requests replayed one after another from their measured "
-                    "times. The numbers: the serving table above (python -m specpolicy.analysis.report)."),
+    "length_cdf.png": (
+        "Accepted and speculated lengths per round",
+        "Empirical CDF over the rounds with a draft (k > 0), one line per method that drafts (cf. FailFast Fig. 8).",
+    ),
+    "latency_breakdown.png": (
+        "Where the time goes",
+        "Milliseconds per generated token spent verifying, drafting and elsewhere (prefill, "
+        "the loop), measured; vanilla decoding pooled over the runs that measured it "
+        "(cf. FailFast Fig. 6).",
+    ),
+    "serving.png": (
+        "Throughput and p99 latency against batch size",
+        "Runs of a generation.batch_size sweep: generated tokens/s over all requests and p99 latency "
+        "(arrival to last token), measured, one line per method; vanilla decoding (black) from the "
+        "runs that measured it at each batch size (tokens/s pooled, p99 their mean). Hollow markers: "
+        "batch size 1 by the batch-1 loop, its requests replayed one after another from their measured "
+        "times. The numbers: the serving table above (python -m specpolicy.analysis.report).",
+    ),
 }
 
 
@@ -743,26 +863,44 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
     lossless = html.escape(lossless_text(summary)) if summary else "-"
     if summary.get("lossless_fraction") is not None and summary["lossless_fraction"] < 1:
         lossless = f"<span class='bad'>{lossless}</span>"
-    overrides = " ".join(f"<code class='nowrap'>{html.escape(o)}</code>"
-                         for o in job_overrides(run.directory) if o not in common)
+    overrides = " ".join(
+        f"<code class='nowrap'>{html.escape(o)}</code>" for o in job_overrides(run.directory) if o not in common
+    )
     where = run.directory.relative_to(root).as_posix() if run.directory != root else run.directory.resolve().name
     speedup = num("speedup_vs_vanilla", "{:.2f}x")
     if speedup != "-" and timing_trusted(summary) is False:
         why = html.escape("timing cannot be trusted: " + "; ".join(untrusted_reasons(summary)), quote=True)
         speedup = f"<span class='partial' title=\"{why}\">{speedup}{UNTRUSTED_MARK}</span>"
-    return [html.escape(where), name, overrides or "-",
-            prompts, speedup, num("modeled_speedup_vs_vanilla", "{:.2f}x"),
-            num("acceptance_rate", "{:.3f}", True), num("mean_accepted_length", "{:.2f}", True),
-            num("mean_speculation_length", "{:.2f}", True), lossless]
+    return [
+        html.escape(where),
+        name,
+        overrides or "-",
+        prompts,
+        speedup,
+        num("modeled_speedup_vs_vanilla", "{:.2f}x"),
+        num("acceptance_rate", "{:.3f}", True),
+        num("mean_accepted_length", "{:.2f}", True),
+        num("mean_speculation_length", "{:.2f}", True),
+        lossless,
+    ]
 
 
 _RUN_HEADER = [("run", False), ("method", False), ("overrides", False), ("prompts", True)] + [
-    (FIGURES[k].short, True) for k in ("speedup_vs_vanilla", "modeled_speedup_vs_vanilla", "acceptance_rate",
-                                       "mean_accepted_length", "mean_speculation_length", "lossless")]
+    (FIGURES[k].short, True)
+    for k in (
+        "speedup_vs_vanilla",
+        "modeled_speedup_vs_vanilla",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "mean_speculation_length",
+        "lossless",
+    )
+]
 
 
-def _per_run_figures(paths: list[Path], prefix: str, runs: list[Run], common: Sequence[str], heading: str, intro: str,
-                     alt: str) -> list[str]:
+def _per_run_figures(
+    paths: list[Path], prefix: str, runs: list[Run], common: Sequence[str], heading: str, intro: str, alt: str
+) -> list[str]:
     """HTML of one figure per run (files ``<prefix><run slug>.png``) under ``heading``; nothing when no file."""
     if not paths:
         return []
@@ -772,8 +910,10 @@ def _per_run_figures(paths: list[Path], prefix: str, runs: list[Run], common: Se
         run = by_slug.get(p.name)
         name = run.name if run else p.stem
         note = _run_note(run, common) if run else ""
-        out.append(f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
-                   f'alt="{alt}: {html.escape(name)}"></figure>')
+        out.append(
+            f'<figure><h3>{html.escape(name)}{note}</h3><img src="{html.escape(p.name)}" '
+            f'alt="{alt}: {html.escape(name)}"></figure>'
+        )
     return out
 
 
@@ -789,8 +929,10 @@ def _run_note(run: Run, common: Sequence[str]) -> str:
     if not run.summary:
         notes.append("no summary.json")
     elif is_partial(run.summary):
-        notes.append(f"partial: {run.summary.get('prompts', len(run.results))} of "
-                     f"{run.summary.get('prompts_total', '?')} prompts")
+        notes.append(
+            f"partial: {run.summary.get('prompts', len(run.results))} of "
+            f"{run.summary.get('prompts_total', '?')} prompts"
+        )
     return f"<span class='muted'>{html.escape(' · '.join(notes))}</span>" if notes else ""
 
 
@@ -811,30 +953,51 @@ def serving_html(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return ""
     header = [(title, key not in _SERVING_TEXT_KEYS) for title, key, _, _ in SERVING_COLUMNS]
-    cells = [[f"<span class='nowrap'>{html.escape(serving_cell(r, key, fmt))}</span>" if key == "series"
-              else html.escape(serving_cell(r, key, fmt)) for _, key, fmt, _ in SERVING_COLUMNS] for r in rows]
-    out = (f"<h2>{html.escape(SERVING_HEADING)}</h2><p class='muted'>{html.escape(SERVING_DETAIL)}.</p>"
-           + _html_table(header, cells))
+    cells = [
+        [
+            f"<span class='nowrap'>{html.escape(serving_cell(r, key, fmt))}</span>"
+            if key == "series"
+            else html.escape(serving_cell(r, key, fmt))
+            for _, key, fmt, _ in SERVING_COLUMNS
+        ]
+        for r in rows
+    ]
+    out = f"<h2>{html.escape(SERVING_HEADING)}</h2><p class='muted'>{html.escape(SERVING_DETAIL)}.</p>" + _html_table(
+        header, cells
+    )
     if any(r["loop"] == BATCH1_LOOP for r in rows):
         out += f"<p class='muted'>{html.escape(SERVING_NOTE)}</p>"
     marked = [r for r in rows if r.get("timing_trusted") is False]
     if marked:
-        out += (f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured tokens/s of:</p><ul>"
-                + "".join(f"<li><code>{html.escape(r['run'])}</code>: "
-                          f"{html.escape('; '.join(r.get('timing_warnings') or []))}</li>" for r in marked) + "</ul>")
+        out += (
+            f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured tokens/s of:</p><ul>"
+            + "".join(
+                f"<li><code>{html.escape(r['run'])}</code>: "
+                f"{html.escape('; '.join(r.get('timing_warnings') or []))}</li>"
+                for r in marked
+            )
+            + "</ul>"
+        )
     return out
 
 
-def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
-               pages: dict[str, list[tuple[PromptResult, Path]]],
-               out: Path, serving: Sequence[dict[str, Any]] = ()) -> str:
+def index_html(
+    runs: Sequence[Run],
+    root: Path,
+    figures: Sequence[Path],
+    pages: dict[str, list[tuple[PromptResult, Path]]],
+    out: Path,
+    serving: Sequence[dict[str, Any]] = (),
+) -> str:
     """The figures page: a summary of every run, the serving table when runs are batched
     (``serving``: ``specpolicy.analysis.report.serving_rows``), the figures with titles and captions, and
     per method a table of its prompts (figures beside each trajectory link)."""
-    body = [f"<h1>specpolicy figures</h1><p class='muted'>{len(runs)} run{'s' if len(runs) != 1 else ''} in "
-            f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
-            f"same run; MODELED ones come from pass counts and a latency profile.</p>",
-            "<h2>Runs</h2>"]
+    body = [
+        f"<h1>specpolicy figures</h1><p class='muted'>{len(runs)} run{'s' if len(runs) != 1 else ''} in "
+        f"<code>{html.escape(str(root))}</code>. Speedups are measured against vanilla decoding in the "
+        f"same run; MODELED ones come from pass counts and a latency profile.</p>",
+        "<h2>Runs</h2>",
+    ]
     from specpolicy.analysis.results import job_overrides
 
     overrides = [job_overrides(run.directory) for run in runs]
@@ -844,47 +1007,79 @@ def index_html(runs: Sequence[Run], root: Path, figures: Sequence[Path],
     body.append(_html_table(_RUN_HEADER, [run_header(run, root, common) for run in runs]))
     marked = [run for run in runs if timing_trusted(run.summary) is False]
     if marked:
-        body.append(f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured figures of:</p><ul>"
-                    + "".join(f"<li><code>{html.escape(run.name)}</code>: "
-                              f"{html.escape('; '.join(untrusted_reasons(run.summary)))}</li>" for run in marked)
-                    + "</ul>")
+        body.append(
+            f"<p class='partial'>{UNTRUSTED_MARK} {html.escape(UNTRUSTED_NOTE)}; measured figures of:</p><ul>"
+            + "".join(
+                f"<li><code>{html.escape(run.name)}</code>: "
+                f"{html.escape('; '.join(untrusted_reasons(run.summary)))}</li>"
+                for run in marked
+            )
+            + "</ul>"
+        )
     body.append(serving_html(serving))
     commons = [p for p in figures if p.name in FIGURE_TEXT]
     acceptance = [p for p in figures if p.name.startswith("acceptance_")]
     body.append("<h2>Figures</h2>")
     for p in commons:
         title, caption = FIGURE_TEXT[p.name]
-        body.append(f'<figure><h3>{html.escape(title)}</h3><img src="{html.escape(p.name)}" alt="{html.escape(title)}">'
-                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        body.append(
+            f'<figure><h3>{html.escape(title)}</h3><img src="{html.escape(p.name)}" alt="{html.escape(title)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
     body += _per_run_figures(
-        acceptance, "acceptance_", runs, common, "Acceptance over the rounds of the first prompts",
+        acceptance,
+        "acceptance_",
+        runs,
+        common,
+        "Acceptance over the rounds of the first prompts",
         "Per round: speculated length k (light bars), accepted length a (dark bars) and the acceptance rate "
-        "a / k (line, right axis). Methods that never draft have no such figure.", "acceptance over rounds")
+        "a / k (line, right axis). Methods that never draft have no such figure.",
+        "acceptance over rounds",
+    )
     calibration = [p for p in figures if p.name.startswith("calibration_")]
     body += _per_run_figures(
-        calibration, "calibration_", runs, common, "Acceptance calibration",
+        calibration,
+        "calibration_",
+        runs,
+        common,
+        "Acceptance calibration",
         "Left: how well the drafter's confidence and the online calibration of <code>policy=goodput</code> "
         "(binned confidence x position, made from the earlier rounds only) predict P(accepted | earlier tokens "
         "accepted), with the expected calibration error. Right: the curve learned from every round against the "
-        "observed acceptance per confidence bin.", "acceptance calibration")
+        "observed acceptance per confidence bin.",
+        "acceptance calibration",
+    )
     if pages:
-        body.append("<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
-                    "tokens plain, rejected ones struck through, the target's token boxed (cf. FailFast Fig. 12).</p>")
+        body.append(
+            "<h2>Trajectories</h2><p class='muted'>One page per prompt: every round's draft, accepted "
+            "tokens plain, rejected ones struck through, the target's token boxed (cf. FailFast Fig. 12).</p>"
+        )
         header = [("prompt", False), ("prompt text", False)] + _PROMPT_HEADER
         for run in runs:
             entries = pages.get(run.name, [])
             if not entries:
                 continue
             texts = prompt_texts(run)
-            rows = [[f'<a href="{html.escape(page.relative_to(out).as_posix())}">{html.escape(res.prompt_id)}</a>',
-                     f"<span class='muted'>{html.escape(_excerpt(texts.get(res.prompt_id, '')))}</span>"]
-                    + [html.escape(c) for c in prompt_cells(res)] for res, page in entries]
+            rows = [
+                [
+                    f'<a href="{html.escape(page.relative_to(out).as_posix())}">{html.escape(res.prompt_id)}</a>',
+                    f"<span class='muted'>{html.escape(_excerpt(texts.get(res.prompt_id, '')))}</span>",
+                ]
+                + [html.escape(c) for c in prompt_cells(res)]
+                for res, page in entries
+            ]
             body.append(f"<h3>{html.escape(run.name)}{_run_note(run, common)}</h3>" + _html_table(header, rows))
     return _page("specpolicy figures", "".join(body))
 
 
-def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts: int = 4,
-              max_pages: int | None = None, root: str | Path | None = None) -> list[Path]:
+def plot_runs(
+    runs: Sequence[Run],
+    out: str | Path,
+    tokenizer=None,
+    max_prompts: int = 4,
+    max_pages: int | None = None,
+    root: str | Path | None = None,
+) -> list[Path]:
     """Write every figure and page for ``runs`` into ``out``; returns the written files
     (``index.html`` last). No figure is drawn without data: the length CDF only when some run
     drafts, an acceptance figure only per run that drafts. ``max_pages`` limits the trajectory
@@ -912,8 +1107,10 @@ def plot_runs(runs: Sequence[Run], out: str | Path, tokenizer=None, max_prompts:
         texts = prompt_texts(run)
         for res in run.results[:max_pages]:
             page = folder / f"{_slug(res.prompt_id)}.html"
-            page.write_text(trajectory_html(res, run.name, tokenizer, texts.get(res.prompt_id),
-                                            index_href="../../index.html"), encoding="utf-8")
+            page.write_text(
+                trajectory_html(res, run.name, tokenizer, texts.get(res.prompt_id), index_href="../../index.html"),
+                encoding="utf-8",
+            )
             pages.setdefault(run.name, []).append((res, page))
             files.append(page)
     index = out / "index.html"
@@ -938,8 +1135,14 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    files = plot_runs(runs, args.out or Path(args.directory) / "plots", tokenizer_for(runs, args.tokenizer),
-                      args.max_prompts, args.max_pages, root=args.directory)
+    files = plot_runs(
+        runs,
+        args.out or Path(args.directory) / "plots",
+        tokenizer_for(runs, args.tokenizer),
+        args.max_prompts,
+        args.max_pages,
+        root=args.directory,
+    )
     print(f"wrote {len(files)} files for {len(runs)} run(s); open {files[-1]}")
     return 0
 

@@ -92,10 +92,10 @@ class ForwardTimer:
         for name, members in self.modules.items():
             for member in members:
                 if not _is_method(member):
-                    self._handles.append(member.register_forward_pre_hook(
-                        lambda mod, args, _n=name, _m=member: self._enter(_n, _m)))
-                    self._handles.append(member.register_forward_hook(
-                        lambda mod, args, out, _m=member: self._exit(_m)))
+                    self._handles.append(
+                        member.register_forward_pre_hook(lambda mod, args, _n=name, _m=member: self._enter(_n, _m))
+                    )
+                    self._handles.append(member.register_forward_hook(lambda mod, args, out, _m=member: self._exit(_m)))
                 else:
                     obj, method = member
                     self._wrapped.append((obj, method, vars(obj).get(method, _NONE)))

@@ -50,11 +50,20 @@ REPORT_COLUMNS = (
     ("overrides", "overrides", "{}", 0),
     ("method", "method", "{}", 0),
     ("prompts", "prompts_cell", "{}", 0),
-    *((FIGURES[key].short, key, fmt or FIGURES[key].fmt, drop) for key, fmt, drop in (
-        ("speedup_vs_vanilla", "{:.3f}x", 0), ("modeled_speedup_vs_vanilla", "{:.3f}x", 3),
-        ("tokens_per_s", None, 5), ("vanilla_tokens_per_s", None, 6), ("acceptance_rate", None, 1),
-        ("mean_accepted_length", None, 2), ("mean_speculation_length", None, 2),
-        ("drafter_passes_per_round", None, 4), ("lossless", None, 0))),
+    *(
+        (FIGURES[key].short, key, fmt or FIGURES[key].fmt, drop)
+        for key, fmt, drop in (
+            ("speedup_vs_vanilla", "{:.3f}x", 0),
+            ("modeled_speedup_vs_vanilla", "{:.3f}x", 3),
+            ("tokens_per_s", None, 5),
+            ("vanilla_tokens_per_s", None, 6),
+            ("acceptance_rate", None, 1),
+            ("mean_accepted_length", None, 2),
+            ("mean_speculation_length", None, 2),
+            ("drafter_passes_per_round", None, 4),
+            ("lossless", None, 0),
+        )
+    ),
 )
 _TEXT_KEYS = ("run", "overrides", "method")
 
@@ -109,20 +118,25 @@ def collect(directory: str | Path) -> list[dict[str, Any]]:
         for key in ("acceptance_rate", "mean_accepted_length", "mean_speculation_length", "drafter_passes_per_round"):
             if not drafted:
                 figures[key] = None
-        rows.append({
-            "run": _relative(run_dir, root),
-            "overrides": job_overrides(run_dir),
-            **figures,
-            "prompts": prompts,
-            "prompts_planned": planned,
-            "partial": partial,
-            "prompts_cell": f"{prompts} of {planned}" if partial else str(prompts),
-            "lossless": lossless_text(summary),
-            "timing_trusted": timing_trusted(summary), "timing_warnings": untrusted_reasons(summary),
-            "_vanilla": (van or {}).get("generated_tokens", 0), "_vanilla_wall": (van or {}).get("wall_s", 0.0),
-        })
-    rows.sort(key=lambda r: (r["partial"], r["speedup_vs_vanilla"] is None, -(r["speedup_vs_vanilla"] or 0.0),
-                             r["run"]))
+        rows.append(
+            {
+                "run": _relative(run_dir, root),
+                "overrides": job_overrides(run_dir),
+                **figures,
+                "prompts": prompts,
+                "prompts_planned": planned,
+                "partial": partial,
+                "prompts_cell": f"{prompts} of {planned}" if partial else str(prompts),
+                "lossless": lossless_text(summary),
+                "timing_trusted": timing_trusted(summary),
+                "timing_warnings": untrusted_reasons(summary),
+                "_vanilla": (van or {}).get("generated_tokens", 0),
+                "_vanilla_wall": (van or {}).get("wall_s", 0.0),
+            }
+        )
+    rows.sort(
+        key=lambda r: (r["partial"], r["speedup_vs_vanilla"] is None, -(r["speedup_vs_vanilla"] or 0.0), r["run"])
+    )
     return rows
 
 
@@ -161,8 +175,13 @@ def dead_jobs(directory: str | Path) -> list[dict[str, Any]]:
         if SKIP_DIRS & set(job.relative_to(root).parts) or (job / SUMMARY_FILE).is_file() or never_started(job):
             continue
         results = job / RESULTS_FILE
-        out.append({"run": _relative(job, root), "overrides": job_overrides(job),
-                    "prompts_in_results": len(scan_results(results)[0]) if results.is_file() else None})
+        out.append(
+            {
+                "run": _relative(job, root),
+                "overrides": job_overrides(job),
+                "prompts_in_results": len(scan_results(results)[0]) if results.is_file() else None,
+            }
+        )
     return out
 
 
@@ -185,14 +204,29 @@ def vanilla_reference(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     runs = sum(1 for r in complete if r["_vanilla"])
     prompts = sum(r["prompts"] for r in complete if r["_vanilla"])
     return {
-        "run": "-", "overrides": [f"(vanilla decoding, pooled over {runs} complete runs)"], "method": "vanilla",
-        "prompts": prompts, "prompts_planned": prompts, "partial": False, "prompts_cell": str(prompts),
+        "run": "-",
+        "overrides": [f"(vanilla decoding, pooled over {runs} complete runs)"],
+        "method": "vanilla",
+        "prompts": prompts,
+        "prompts_planned": prompts,
+        "partial": False,
+        "prompts_cell": str(prompts),
         "speedup_vs_vanilla": 1.0,
-        "modeled_speedup_vs_vanilla": 1.0 if any(r["modeled_speedup_vs_vanilla"] is not None for r in complete) else None,
-        "tokens_per_s": tokens / wall, "vanilla_tokens_per_s": tokens / wall, "acceptance_rate": None,
-        "mean_accepted_length": None, "mean_speculation_length": None, "drafter_passes_per_round": None,
-        "lossless_fraction": None, "lossless": "reference", "timing_trusted": None, "timing_warnings": [],
-        "_vanilla": 0, "_vanilla_wall": 0.0,
+        "modeled_speedup_vs_vanilla": 1.0
+        if any(r["modeled_speedup_vs_vanilla"] is not None for r in complete)
+        else None,
+        "tokens_per_s": tokens / wall,
+        "vanilla_tokens_per_s": tokens / wall,
+        "acceptance_rate": None,
+        "mean_accepted_length": None,
+        "mean_speculation_length": None,
+        "drafter_passes_per_round": None,
+        "lossless_fraction": None,
+        "lossless": "reference",
+        "timing_trusted": None,
+        "timing_warnings": [],
+        "_vanilla": 0,
+        "_vanilla_wall": 0.0,
     }
 
 
@@ -205,8 +239,9 @@ def report_rows(rows: list[dict[str, Any]], with_vanilla: bool = True) -> tuple[
     out = [{**r, "overrides": [o for o in r["overrides"] if o not in common]} for r in rows]
     reference = vanilla_reference(rows) if with_vanilla else None
     if reference is not None:
-        at = next((i for i, r in enumerate(out) if r.get("partial") or (r["speedup_vs_vanilla"] or 0.0) < 1.0),
-                  len(out))
+        at = next(
+            (i for i, r in enumerate(out) if r.get("partial") or (r["speedup_vs_vanilla"] or 0.0) < 1.0), len(out)
+        )
         out.insert(at, reference)
     return out, common
 
@@ -230,8 +265,7 @@ def untrusted(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("timing_trusted") is False]
 
 
-def untrusted_notes(rows: Sequence[dict[str, Any]], marked_figures: str = "measured speedup and tokens/s"
-                    ) -> list[str]:
+def untrusted_notes(rows: Sequence[dict[str, Any]], marked_figures: str = "measured speedup and tokens/s") -> list[str]:
     """The footnote of the figures marked ``UNTRUSTED_MARK`` (``marked_figures``, e.g. the
     speedups): what the mark means, then one line per such run with its reasons; empty when every
     run's timings can be trusted (or were not judged)."""
@@ -239,15 +273,21 @@ def untrusted_notes(rows: Sequence[dict[str, Any]], marked_figures: str = "measu
     if not marked:
         return []
     return [f"{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; {marked_figures} of:"] + [
-        f"  {r['run']}: {'; '.join(r.get('timing_warnings') or [])}" for r in marked]
+        f"  {r['run']}: {'; '.join(r.get('timing_warnings') or [])}" for r in marked
+    ]
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| " + " | ".join(t for t, _, _, _ in REPORT_COLUMNS) + " |",
-             "|" + "|".join("---" if k in _TEXT_KEYS else "---:" for _, k, _, _ in REPORT_COLUMNS) + "|"]
+    lines = [
+        "| " + " | ".join(t for t, _, _, _ in REPORT_COLUMNS) + " |",
+        "|" + "|".join("---" if k in _TEXT_KEYS else "---:" for _, k, _, _ in REPORT_COLUMNS) + "|",
+    ]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row, k, f).replace("|", "\\|").replace("*", "\\*")
-                                       for _, k, f, _ in REPORT_COLUMNS) + " |")
+        lines.append(
+            "| "
+            + " | ".join(_cell(row, k, f).replace("|", "\\|").replace("*", "\\*") for _, k, f, _ in REPORT_COLUMNS)
+            + " |"
+        )
     return lines
 
 
@@ -259,8 +299,12 @@ def to_markdown(rows: list[dict[str, Any]], common: Sequence[str] = (), dead: Se
     partial = [r for r in rows if r.get("partial")]
     lines = _markdown_table(complete)
     if partial:
-        lines += ["", "Partial runs (interrupted or short of their planned prompts; not ranked, their vanilla "
-                      "figures not pooled):", ""] + _markdown_table(partial)
+        lines += [
+            "",
+            "Partial runs (interrupted or short of their planned prompts; not ranked, their vanilla "
+            "figures not pooled):",
+            "",
+        ] + _markdown_table(partial)
     marked = untrusted(rows)
     if marked:
         lines += ["", f"\\{UNTRUSTED_MARK} {UNTRUSTED_NOTE}; measured speedup and tokens/s of:", ""]
@@ -282,19 +326,33 @@ def to_csv(rows: list[dict[str, Any]], path: str | Path) -> None:
     import csv
 
     keys = [k for _, k, _, _ in REPORT_COLUMNS if k != "prompts_cell"]
-    keys[keys.index("method") + 1:keys.index("method") + 1] = ["prompts", "prompts_planned", "partial"]
+    keys[keys.index("method") + 1 : keys.index("method") + 1] = ["prompts", "prompts_planned", "partial"]
     keys += ["lossless_fraction", "timing_trusted", "timing_warnings"]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(keys)
         for row in rows:
-            writer.writerow([" ".join(row[k]) if k == "overrides" else "; ".join(row.get(k) or [])
-                             if k == "timing_warnings" else ("" if row.get(k) is None else row[k]) for k in keys])
+            writer.writerow(
+                [
+                    " ".join(row[k])
+                    if k == "overrides"
+                    else "; ".join(row.get(k) or [])
+                    if k == "timing_warnings"
+                    else ("" if row.get(k) is None else row[k])
+                    for k in keys
+                ]
+            )
 
 
-def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: str = "",
-                 console: Console | None = None, wide: bool = False, width: int | None = None,
-                 dead: Sequence[dict[str, Any]] = ()) -> None:
+def print_report(
+    rows: list[dict[str, Any]],
+    common: Sequence[str] = (),
+    title: str = "",
+    console: Console | None = None,
+    wide: bool = False,
+    width: int | None = None,
+    dead: Sequence[dict[str, Any]] = (),
+) -> None:
     """Print the sweep report (rich): the ranked table of complete runs, a table of partial runs
     (not ranked), the note on speedups marked as timings that cannot be trusted
     (``untrusted_notes``), the common overrides and the jobs without a summary. Fits ``width`` (default:
@@ -307,19 +365,29 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
     partial = [r for r in rows if r.get("partial")]
     out = console
     dropped: list[str] = []
-    for group, heading in ((complete, title), (partial, "Partial runs (interrupted or short of their planned "
-                                                         "prompts): not ranked, their vanilla figures not pooled")):
+    for group, heading in (
+        (complete, title),
+        (
+            partial,
+            "Partial runs (interrupted or short of their planned "
+            "prompts): not ranked, their vanilla figures not pooled",
+        ),
+    ):
         if not group:
             continue
-        columns = [Column(t, [_cell(r, k, f) for r in group], text=k in _TEXT_KEYS, drop=d)
-                   for t, k, f, d in REPORT_COLUMNS]
+        columns = [
+            Column(t, [_cell(r, k, f) for r in group], text=k in _TEXT_KEYS, drop=d) for t, k, f, d in REPORT_COLUMNS
+        ]
         kept, widths, gone = layout(columns, None if wide else width, wide)
         dropped += [t for t in gone if t not in dropped]
         out = print_table(kept, widths, heading, out, width)
     out = out or Console(width=width or available_width())
     if dropped:
-        out.print(f"left out to fit {width} characters: {'; '.join(dropped)} (--wide prints them; report.md and "
-                  "report.csv have every column)", markup=False)
+        out.print(
+            f"left out to fit {width} characters: {'; '.join(dropped)} (--wide prints them; report.md and "
+            "report.csv have every column)",
+            markup=False,
+        )
     for line in untrusted_notes(rows):
         out.print(line, markup=False)
     if any(r.get("tree_rounds") for r in rows):  # their acceptance rate and speculation length count nodes
@@ -327,8 +395,11 @@ def print_report(rows: list[dict[str, Any]], common: Sequence[str] = (), title: 
     if common:
         out.print("common to every run: " + " ".join(common), markup=False)
     if dead:
-        out.print(f"{len(dead)} job{'s' if len(dead) != 1 else ''} without a summary.json (died before finishing, "
-                  "or still running), not in the table:", markup=False)
+        out.print(
+            f"{len(dead)} job{'s' if len(dead) != 1 else ''} without a summary.json (died before finishing, "
+            "or still running), not in the table:",
+            markup=False,
+        )
         for job in dead:
             out.print(f"  {_describe_dead(job, common)}", markup=False)
 
@@ -353,10 +424,17 @@ def _figure_column(key: str, drop: int) -> tuple[str, str, str, int]:
 
 #: Columns of the serving table: (title, row key, format, drop order; see ``REPORT_COLUMNS``).
 SERVING_COLUMNS = (
-    ("method", "series", "{}", 0), ("run", "run", "{}", 4), ("loop", "loop", "{}", 3),
-    ("batch size", "batch_size", "{}", 0), ("arrival", "arrival_cell", "{}", 2), ("requests", "requests", "{}", 5),
-    _figure_column("throughput_tokens_per_s", 0), ("x vanilla (same batch size)", "throughput_speedup", "{:.2f}x", 0),
-    _figure_column("ttft_p99_ms", 1), _figure_column("tpot_p99_ms", 1), _figure_column("latency_p99_ms", 0),
+    ("method", "series", "{}", 0),
+    ("run", "run", "{}", 4),
+    ("loop", "loop", "{}", 3),
+    ("batch size", "batch_size", "{}", 0),
+    ("arrival", "arrival_cell", "{}", 2),
+    ("requests", "requests", "{}", 5),
+    _figure_column("throughput_tokens_per_s", 0),
+    ("x vanilla (same batch size)", "throughput_speedup", "{:.2f}x", 0),
+    _figure_column("ttft_p99_ms", 1),
+    _figure_column("tpot_p99_ms", 1),
+    _figure_column("latency_p99_ms", 0),
 )
 _SERVING_TEXT_KEYS = ("series", "run", "loop", "arrival_cell")
 #: The ``loop`` of a batch-1 run's row: the batch-1 loop (``specpolicy.core.decoding``), its serving
@@ -401,17 +479,25 @@ def serving_of(summary: dict[str, Any], results: Sequence[Any]) -> dict[str, Any
     arrivals = arrival_times(len(decoded), arrival, rate, int(config.get("seed", 0) or 0))
 
     def replay(outputs: list[Any]) -> dict[str, float]:
-        timings, wall_s = one_after_another([(g.wall_s, first_token_s(g), g.generated_tokens) for g in outputs],
-                                            arrivals)
+        timings, wall_s = one_after_another(
+            [(g.wall_s, first_token_s(g), g.generated_tokens) for g in outputs], arrivals
+        )
         return summarize(timings, wall_s)
 
-    block: dict[str, Any] = {"batch_size": 1, "arrival": arrival, "arrival_rate": rate, "requests": len(decoded),
-                             "loop": BATCH1_LOOP, "speculative": replay([r.speculative for r in decoded])}
+    block: dict[str, Any] = {
+        "batch_size": 1,
+        "arrival": arrival,
+        "arrival_rate": rate,
+        "requests": len(decoded),
+        "loop": BATCH1_LOOP,
+        "speculative": replay([r.speculative for r in decoded]),
+    }
     if all(r.vanilla is not None for r in decoded):
         block["vanilla"] = replay([r.vanilla for r in decoded])
         if block["vanilla"]["tokens"]:
-            block["throughput_speedup"] = (block["speculative"]["throughput_tokens_per_s"]
-                                           / block["vanilla"]["throughput_tokens_per_s"])
+            block["throughput_speedup"] = (
+                block["speculative"]["throughput_tokens_per_s"] / block["vanilla"]["throughput_tokens_per_s"]
+            )
     return block
 
 
@@ -432,17 +518,32 @@ def _pooled_vanilla(rows: list[dict[str, Any]]) -> dict[str, Any]:
     marked = [r["run"] for r in measured if r["timing_trusted"] is False]
     first = measured[0]
     return {
-        "run": "-", "series": VANILLA_SERIES,
-        "method": "vanilla", "overrides": [], "loop": first["loop"], "batch_size": first["batch_size"],
-        "arrival": first["arrival"], "arrival_rate": first["arrival_rate"], "arrival_cell": first["arrival_cell"],
+        "run": "-",
+        "series": VANILLA_SERIES,
+        "method": "vanilla",
+        "overrides": [],
+        "loop": first["loop"],
+        "batch_size": first["batch_size"],
+        "arrival": first["arrival"],
+        "arrival_rate": first["arrival_rate"],
+        "arrival_cell": first["arrival_cell"],
         "requests": requests[0] if len(requests) == 1 else f"{requests[0]}-{requests[-1]}",
         "throughput_tokens_per_s": sum(r["vanilla"]["tokens"] for r in measured) / wall_s if wall_s > 0 else None,
-        **{k: _mean([_number(r["vanilla"].get(k)) for r in measured]) for k in SERVING_FIGURES
-           if k != "throughput_tokens_per_s"},
-        "throughput_speedup": 1.0, "vanilla": None, "pooled_runs": [r["run"] for r in measured],
+        **{
+            k: _mean([_number(r["vanilla"].get(k)) for r in measured])
+            for k in SERVING_FIGURES
+            if k != "throughput_tokens_per_s"
+        },
+        "throughput_speedup": 1.0,
+        "vanilla": None,
+        "pooled_runs": [r["run"] for r in measured],
         "timing_trusted": False if marked else None,
-        "timing_warnings": [f"vanilla at batch size {first['batch_size']} pools the baselines of runs whose timings "
-                            f"cannot be trusted: {', '.join(marked)}"] if marked else [],
+        "timing_warnings": [
+            f"vanilla at batch size {first['batch_size']} pools the baselines of runs whose timings "
+            f"cannot be trusted: {', '.join(marked)}"
+        ]
+        if marked
+        else [],
     }
 
 
@@ -464,8 +565,11 @@ def serving_rows(runs: Sequence[Any], root: str | Path) -> list[dict[str, Any]]:
     root = Path(root)
     if not any("serving" in run.summary for run in runs):
         return []
-    placed = [(run, block) for run in runs if run.summary and not is_partial(run.summary)
-              and (block := serving_of(run.summary, run.results)) is not None]
+    placed = [
+        (run, block)
+        for run in runs
+        if run.summary and not is_partial(run.summary) and (block := serving_of(run.summary, run.results)) is not None
+    ]
     lists = [job_overrides(run.directory) for run, _ in placed]
     common = [o for o in lists[0] if all(o in other for other in lists[1:])] if len(lists) > 1 else []
     rows = []
@@ -474,15 +578,25 @@ def serving_rows(runs: Sequence[Any], root: str | Path) -> list[dict[str, Any]]:
         naming = [o for o in differing if o.split("=", 1)[0].lstrip("+~") not in _PLACING_KEYS]
         method = str(run.summary["method"])
         spec, van = block["speculative"], block.get("vanilla")
-        rows.append({
-            "run": _relative(run.directory, root), "method": method, "overrides": differing,
-            "series": method + (f" ({' '.join(naming)})" if naming else ""), "loop": block["loop"],
-            "batch_size": int(block["batch_size"]), "arrival": block["arrival"], "arrival_rate": block["arrival_rate"],
-            "arrival_cell": arrival_text(block["arrival"], block["arrival_rate"]), "requests": int(block["requests"]),
-            **{k: _number(spec.get(k)) for k in SERVING_FIGURES},
-            "throughput_speedup": _number(block.get("throughput_speedup")), "vanilla": van,
-            "timing_trusted": timing_trusted(run.summary), "timing_warnings": untrusted_reasons(run.summary),
-        })
+        rows.append(
+            {
+                "run": _relative(run.directory, root),
+                "method": method,
+                "overrides": differing,
+                "series": method + (f" ({' '.join(naming)})" if naming else ""),
+                "loop": block["loop"],
+                "batch_size": int(block["batch_size"]),
+                "arrival": block["arrival"],
+                "arrival_rate": block["arrival_rate"],
+                "arrival_cell": arrival_text(block["arrival"], block["arrival_rate"]),
+                "requests": int(block["requests"]),
+                **{k: _number(spec.get(k)) for k in SERVING_FIGURES},
+                "throughput_speedup": _number(block.get("throughput_speedup")),
+                "vanilla": van,
+                "timing_trusted": timing_trusted(run.summary),
+                "timing_warnings": untrusted_reasons(run.summary),
+            }
+        )
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r["vanilla"]:
@@ -533,12 +647,16 @@ def serving_cell(row: dict[str, Any], key: str, fmt: str) -> str:
 
 #: Heading of the serving table, and what its numbers are (printed after it).
 SERVING_HEADING = "Serving: throughput and p99 latency by batch size"
-SERVING_DETAIL = ("measured; x vanilla: over vanilla decoding at the same batch size in the same run; vanilla rows: "
-                  "tokens/s pooled over the runs at that batch size, p99s their mean")
+SERVING_DETAIL = (
+    "measured; x vanilla: over vanilla decoding at the same batch size in the same run; vanilla rows: "
+    "tokens/s pooled over the runs at that batch size, p99s their mean"
+)
 SERVING_TITLE = f"{SERVING_HEADING} ({SERVING_DETAIL})"
-SERVING_NOTE = (f"loop {BATCH1_LOOP}: a generation.batch_size=1 run takes the batch-1 loop, which records no serving "
-                "figures; they are replayed: its requests queued one after another at the run's arrivals, each "
-                "taking its measured time (results.jsonl).")
+SERVING_NOTE = (
+    f"loop {BATCH1_LOOP}: a generation.batch_size=1 run takes the batch-1 loop, which records no serving "
+    "figures; they are replayed: its requests queued one after another at the run's arrivals, each "
+    "taking its measured time (results.jsonl)."
+)
 
 
 def serving_markdown(rows: list[dict[str, Any]]) -> str:
@@ -546,11 +664,18 @@ def serving_markdown(rows: list[dict[str, Any]]) -> str:
     batch-1 loop (when a row has it) and on tokens/s marked ``UNTRUSTED_MARK``; empty without rows."""
     if not rows:
         return ""
-    lines = [f"## {SERVING_TITLE}", "",
-             "| " + " | ".join(t for t, _, _, _ in SERVING_COLUMNS) + " |",
-             "|" + "|".join("---" if k in _SERVING_TEXT_KEYS else "---:" for _, k, _, _ in SERVING_COLUMNS) + "|"]
-    lines += ["| " + " | ".join(serving_cell(r, k, f).replace("|", "\\|").replace("*", "\\*")
-                                for _, k, f, _ in SERVING_COLUMNS) + " |" for r in rows]
+    lines = [
+        f"## {SERVING_TITLE}",
+        "",
+        "| " + " | ".join(t for t, _, _, _ in SERVING_COLUMNS) + " |",
+        "|" + "|".join("---" if k in _SERVING_TEXT_KEYS else "---:" for _, k, _, _ in SERVING_COLUMNS) + "|",
+    ]
+    lines += [
+        "| "
+        + " | ".join(serving_cell(r, k, f).replace("|", "\\|").replace("*", "\\*") for _, k, f, _ in SERVING_COLUMNS)
+        + " |"
+        for r in rows
+    ]
     if any(r["loop"] == BATCH1_LOOP for r in rows):
         lines += ["", SERVING_NOTE]
     marked = untrusted(rows)
@@ -567,33 +692,56 @@ def serving_csv(rows: list[dict[str, Any]], path: str | Path) -> None:
     without one), ``timing_trusted`` and ``timing_warnings``."""
     import csv
 
-    keys = ["series", "method", "run", "overrides", "pooled_runs", "loop", "batch_size", "arrival", "arrival_rate",
-            "requests", *SERVING_FIGURES, "throughput_speedup"]
+    keys = [
+        "series",
+        "method",
+        "run",
+        "overrides",
+        "pooled_runs",
+        "loop",
+        "batch_size",
+        "arrival",
+        "arrival_rate",
+        "requests",
+        *SERVING_FIGURES,
+        "throughput_speedup",
+    ]
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(keys + [f"vanilla_{k}" for k in SERVING_FIGURES] + ["timing_trusted", "timing_warnings"])
         for r in rows:
-            cells = [" ".join(r.get(k) or []) if k in ("overrides", "pooled_runs")
-                     else ("" if r.get(k) is None else r[k]) for k in keys]
-            cells += ["" if not r["vanilla"] or _number(r["vanilla"].get(k)) is None else r["vanilla"][k]
-                      for k in SERVING_FIGURES]
-            writer.writerow(cells + ["" if r["timing_trusted"] is None else r["timing_trusted"],
-                                     "; ".join(r["timing_warnings"])])
+            cells = [
+                " ".join(r.get(k) or []) if k in ("overrides", "pooled_runs") else ("" if r.get(k) is None else r[k])
+                for k in keys
+            ]
+            cells += [
+                "" if not r["vanilla"] or _number(r["vanilla"].get(k)) is None else r["vanilla"][k]
+                for k in SERVING_FIGURES
+            ]
+            writer.writerow(
+                cells + ["" if r["timing_trusted"] is None else r["timing_trusted"], "; ".join(r["timing_warnings"])]
+            )
 
 
-def print_serving_table(rows: list[dict[str, Any]], console: Console | None = None, wide: bool = False,
-                        width: int | None = None) -> None:
+def print_serving_table(
+    rows: list[dict[str, Any]], console: Console | None = None, wide: bool = False, width: int | None = None
+) -> None:
     """Print the serving table (rich) within ``width`` (default: the terminal's; ``wide``: every
     column), the columns left out named below it, then the notes of ``serving_markdown``."""
     if not wide:
         width = width or (console.width if console is not None else available_width())
-    columns = [Column(t, [serving_cell(r, k, f) for r in rows], text=k in _SERVING_TEXT_KEYS, drop=d)
-               for t, k, f, d in SERVING_COLUMNS]
+    columns = [
+        Column(t, [serving_cell(r, k, f) for r in rows], text=k in _SERVING_TEXT_KEYS, drop=d)
+        for t, k, f, d in SERVING_COLUMNS
+    ]
     kept, widths, dropped = layout(columns, None if wide else width, wide)
     out = print_table(kept, widths, SERVING_TITLE, console, width)
     if dropped:
-        out.print(f"left out to fit {width} characters: {'; '.join(dropped)} (--wide prints them; report.md and "
-                  "report_serving.csv have every column)", markup=False)
+        out.print(
+            f"left out to fit {width} characters: {'; '.join(dropped)} (--wide prints them; report.md and "
+            "report_serving.csv have every column)",
+            markup=False,
+        )
     if any(r["loop"] == BATCH1_LOOP for r in rows):
         out.print(SERVING_NOTE, markup=False)
     for line in untrusted_notes(rows, "measured tokens/s"):
@@ -615,8 +763,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="a Hydra multirun directory (or a single run directory)")
     parser.add_argument("--out", help="where to write report.csv and report.md (default: DIRECTORY)")
     parser.add_argument("--no-vanilla", action="store_true", help="leave out the vanilla reference row")
-    parser.add_argument("--wide", action="store_true",
-                        help="print every column, however wide (default: fit the terminal)")
+    parser.add_argument(
+        "--wide", action="store_true", help="print every column, however wide (default: fit the terminal)"
+    )
     args = parser.parse_args(argv)
     try:
         rows = collect(args.directory)
@@ -647,11 +796,16 @@ def main(argv: list[str] | None = None) -> int:
         serving_csv(serving, out / "report_serving.csv")
         markdown += "\n" + serving_markdown(serving)
     (out / "report.md").write_text(markdown, encoding="utf-8")
-    print(f"wrote {out / 'report.csv'}" + (f", {out / 'report_serving.csv'}" if serving else "")
-          + f" and {out / 'report.md'}")
+    print(
+        f"wrote {out / 'report.csv'}"
+        + (f", {out / 'report_serving.csv'}" if serving else "")
+        + f" and {out / 'report.md'}"
+    )
     if serving:
-        print(f"figure of throughput and p99 latency against batch size: python -m specpolicy.analysis.plot {args.directory}"
-              " (plots/serving.png)")
+        print(
+            f"figure of throughput and p99 latency against batch size: python -m specpolicy.analysis.plot {args.directory}"
+            " (plots/serving.png)"
+        )
     return 0
 
 

@@ -59,8 +59,15 @@ SKIP_DIRS = frozenset({"wandb", ".hydra", ".submitit", "plots"})
 SAMPLING_LOSSLESS = "n/a (sampling)"
 
 #: Keys every round dict must hold (``round_to_dict``).
-_ROUND_KEYS = ("speculation_length", "accepted_length", "emitted_tokens", "drafter_forward_passes",
-               "reused_tokens", "draft_ms", "verify_ms")
+_ROUND_KEYS = (
+    "speculation_length",
+    "accepted_length",
+    "emitted_tokens",
+    "drafter_forward_passes",
+    "reused_tokens",
+    "draft_ms",
+    "verify_ms",
+)
 
 
 def first_difference(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
@@ -88,8 +95,11 @@ def round_to_dict(record: RoundRecord) -> dict[str, Any]:
         "target_token_ids": list(record.target_token_ids),
         "draft_stop_reason": record.draft_stop_reason,
         "finish_reason": record.finish_reason,
-        **({"draft_parents": list(record.draft_parents), "accepted_path": list(record.accepted_path)}
-           if record.is_tree else {}),
+        **(
+            {"draft_parents": list(record.draft_parents), "accepted_path": list(record.accepted_path)}
+            if record.is_tree
+            else {}
+        ),
     }
 
 
@@ -122,18 +132,30 @@ def _ids(values: Sequence[int]) -> torch.Tensor:
     return torch.tensor([int(t) for t in values], dtype=torch.long)
 
 
-def _plain_rounds(output_ids: Sequence[int], draft_ms: float, verify_ms: float, count: int,
-                  finish_reason: str) -> tuple[RoundRecord, ...]:
+def _plain_rounds(
+    output_ids: Sequence[int], draft_ms: float, verify_ms: float, count: int, finish_reason: str
+) -> tuple[RoundRecord, ...]:
     """``count`` plain one-token rounds carrying the mean times (the compact vanilla baseline)."""
     mean_draft = draft_ms / count if count else 0.0
     mean_verify = verify_ms / count if count else 0.0
     rounds = []
     for i in range(count):
         token = (int(output_ids[i]),) if i < len(output_ids) else ()
-        rounds.append(RoundRecord(index=i, speculation_length=0, accepted_length=0, emitted_tokens=1,
-                                  drafter_forward_passes=0, reused_tokens=0, draft_ms=mean_draft,
-                                  verify_ms=mean_verify, target_token_ids=token, draft_stop_reason="vanilla",
-                                  finish_reason=finish_reason if i == count - 1 else ""))
+        rounds.append(
+            RoundRecord(
+                index=i,
+                speculation_length=0,
+                accepted_length=0,
+                emitted_tokens=1,
+                drafter_forward_passes=0,
+                reused_tokens=0,
+                draft_ms=mean_draft,
+                verify_ms=mean_verify,
+                target_token_ids=token,
+                draft_stop_reason="vanilla",
+                finish_reason=finish_reason if i == count - 1 else "",
+            )
+        )
     return tuple(rounds)
 
 
@@ -170,19 +192,27 @@ class PromptResult:
     skipped: str | None = None
 
     @staticmethod
-    def skip(prompt_id: str, prompt_tokens: int, reason: str, config_hash: str = "",
-             prompt_text: str | None = None) -> PromptResult:
+    def skip(
+        prompt_id: str, prompt_tokens: int, reason: str, config_hash: str = "", prompt_text: str | None = None
+    ) -> PromptResult:
         """The result of a prompt that was not decoded, with the ``reason`` (empty output, no rounds,
         ``finish_reason`` ``"skipped"``)."""
-        nothing = GenerationResult(output_ids=_ids([]), rounds=(), finish_reason="skipped", wall_s=0.0,
-                                   prefill_ms=0.0)
-        return PromptResult(prompt_id, int(prompt_tokens), nothing, config_hash=config_hash,
-                            prompt_text=prompt_text, skipped=reason)
+        nothing = GenerationResult(output_ids=_ids([]), rounds=(), finish_reason="skipped", wall_s=0.0, prefill_ms=0.0)
+        return PromptResult(
+            prompt_id, int(prompt_tokens), nothing, config_hash=config_hash, prompt_text=prompt_text, skipped=reason
+        )
 
     @staticmethod
-    def of(prompt_id: str, prompt_tokens: int, speculative: GenerationResult, vanilla: GenerationResult | None,
-           output_text: str = "", sampled: bool = False, config_hash: str = "",
-           prompt_text: str | None = None) -> PromptResult:
+    def of(
+        prompt_id: str,
+        prompt_tokens: int,
+        speculative: GenerationResult,
+        vanilla: GenerationResult | None,
+        output_text: str = "",
+        sampled: bool = False,
+        config_hash: str = "",
+        prompt_text: str | None = None,
+    ) -> PromptResult:
         """A prompt's result with ``lossless`` / ``first_difference`` computed against ``vanilla``.
         With ``sampled`` (temperature > 0) ``lossless`` is ``"n/a (sampling)"``: two samples differ
         legitimately; losslessness in distribution is what ``tests/core/test_sampling.py`` checks."""
@@ -193,8 +223,9 @@ class PromptResult:
             else:
                 diff = first_difference(vanilla.output_ids.tolist(), speculative.output_ids.tolist())
                 lossless = diff is None
-        return PromptResult(prompt_id, int(prompt_tokens), speculative, vanilla, output_text, lossless, diff,
-                            config_hash, prompt_text)
+        return PromptResult(
+            prompt_id, int(prompt_tokens), speculative, vanilla, output_text, lossless, diff, config_hash, prompt_text
+        )
 
     @property
     def generated_tokens(self) -> int:
@@ -219,11 +250,17 @@ class PromptResult:
         }
         van = self.vanilla
         if van is not None:
-            row.update(lossless=self.lossless, first_difference=self.first_difference,
-                       vanilla_generated_tokens=van.generated_tokens, vanilla_wall_s=van.wall_s,
-                       vanilla_prefill_ms=van.prefill_ms, vanilla_finish_reason=van.finish_reason,
-                       vanilla_rounds=len(van.rounds), vanilla_draft_ms=sum(r.draft_ms for r in van.rounds),
-                       vanilla_verify_ms=sum(r.verify_ms for r in van.rounds))
+            row.update(
+                lossless=self.lossless,
+                first_difference=self.first_difference,
+                vanilla_generated_tokens=van.generated_tokens,
+                vanilla_wall_s=van.wall_s,
+                vanilla_prefill_ms=van.prefill_ms,
+                vanilla_finish_reason=van.finish_reason,
+                vanilla_rounds=len(van.rounds),
+                vanilla_draft_ms=sum(r.draft_ms for r in van.rounds),
+                vanilla_verify_ms=sum(r.verify_ms for r in van.rounds),
+            )
             van_ids = van.output_ids.tolist()
             if van_ids != out_ids:
                 row["vanilla_output_ids"] = van_ids
@@ -251,9 +288,13 @@ class PromptResult:
         try:
             out_ids = [int(t) for t in row["output_ids"]]
             rounds = tuple(round_from_dict(r, i) for i, r in enumerate(row["rounds"]))
-            spec = GenerationResult(output_ids=_ids(out_ids), rounds=rounds,
-                                    finish_reason=str(row.get("finish_reason", row.get("stop_reason")) or ""),
-                                    wall_s=float(row["wall_s"]), prefill_ms=float(row.get("prefill_ms", 0.0)))
+            spec = GenerationResult(
+                output_ids=_ids(out_ids),
+                rounds=rounds,
+                finish_reason=str(row.get("finish_reason", row.get("stop_reason")) or ""),
+                wall_s=float(row["wall_s"]),
+                prefill_ms=float(row.get("prefill_ms", 0.0)),
+            )
             vanilla = None
             lossless = row.get("lossless")
             if "vanilla_generated_tokens" in row:
@@ -268,17 +309,30 @@ class PromptResult:
                 finish = str(row.get("vanilla_finish_reason", row.get("vanilla_stop_reason")) or "")
                 vanilla = GenerationResult(
                     output_ids=_ids(van_ids),
-                    rounds=_plain_rounds(van_ids, float(row.get("vanilla_draft_ms", 0.0)),
-                                         float(row.get("vanilla_verify_ms", 0.0)), count, finish),
-                    finish_reason=finish, wall_s=float(row.get("vanilla_wall_s", 0.0)),
-                    prefill_ms=float(row.get("vanilla_prefill_ms", 0.0)))
+                    rounds=_plain_rounds(
+                        van_ids,
+                        float(row.get("vanilla_draft_ms", 0.0)),
+                        float(row.get("vanilla_verify_ms", 0.0)),
+                        count,
+                        finish,
+                    ),
+                    finish_reason=finish,
+                    wall_s=float(row.get("vanilla_wall_s", 0.0)),
+                    prefill_ms=float(row.get("vanilla_prefill_ms", 0.0)),
+                )
             diff = row.get("first_difference")
-            return PromptResult(prompt_id=str(row["prompt_id"]), prompt_tokens=int(row.get("prompt_tokens", 0)),
-                                speculative=spec, vanilla=vanilla, output_text=str(row.get("output_text") or ""),
-                                lossless=lossless, first_difference=None if diff is None else int(diff),
-                                config_hash=str(row.get("config_hash") or ""),
-                                prompt_text=None if row.get("prompt_text") is None else str(row["prompt_text"]),
-                                skipped=str(row["skipped"]) if row.get("skipped") else None)
+            return PromptResult(
+                prompt_id=str(row["prompt_id"]),
+                prompt_tokens=int(row.get("prompt_tokens", 0)),
+                speculative=spec,
+                vanilla=vanilla,
+                output_text=str(row.get("output_text") or ""),
+                lossless=lossless,
+                first_difference=None if diff is None else int(diff),
+                config_hash=str(row.get("config_hash") or ""),
+                prompt_text=None if row.get("prompt_text") is None else str(row["prompt_text"]),
+                skipped=str(row["skipped"]) if row.get("skipped") else None,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed row: {exc!r}") from exc
 
@@ -377,10 +431,10 @@ def find_runs(root: str | Path, marker: str = RESULTS_FILE) -> list[Path]:
     ``marker`` (``results.jsonl`` or ``summary.json``), outside ``SKIP_DIRS``, in path order with
     numbered parts in numeric order (a multirun's jobs 0, 1, 2, ..., 10, not 0, 1, 10, ...)."""
     root = Path(root)
-    return sorted({f.parent for f in root.rglob(marker) if f.is_file()
-                   and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])},
-                  key=lambda d: [(0, int(part), "") if part.isdigit() else (1, 0, part)
-                                 for part in d.relative_to(root).parts])
+    return sorted(
+        {f.parent for f in root.rglob(marker) if f.is_file() and not SKIP_DIRS & set(f.relative_to(root).parts[:-1])},
+        key=lambda d: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in d.relative_to(root).parts],
+    )
 
 
 @dataclass

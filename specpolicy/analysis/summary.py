@@ -36,10 +36,15 @@ def profile_from(config: Mapping[str, Any] | None) -> LatencyProfile:
     return LatencyProfile.from_config(node) if node else load_profile(DEFAULT_PROFILE)
 
 
-def summarize(method: str, results: Sequence[PromptResult], config: Mapping[str, Any] | None = None,
-              runtime: Mapping[str, Any] | None = None, prompts_total: int | None = None,
-              interrupted_by: str | None = None, timing_conditions: Mapping[str, Any] | None = None
-              ) -> dict[str, Any]:
+def summarize(
+    method: str,
+    results: Sequence[PromptResult],
+    config: Mapping[str, Any] | None = None,
+    runtime: Mapping[str, Any] | None = None,
+    prompts_total: int | None = None,
+    interrupted_by: str | None = None,
+    timing_conditions: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``summary.json`` content of ``results`` (one per prompt, in prompt order).
 
     Headline figures (token-weighted) and ``methods`` (the speculative method's and vanilla's
@@ -144,18 +149,35 @@ def _modeled_and_oracle(results: Sequence[PromptResult], config: Mapping[str, An
         drafter = config.get("drafter") or {}
         if any(res.prompt_tokens < 1 for res in results):
             raise ValueError(f"profile.pass_accounting={profile.pass_accounting} needs each result's prompt_tokens")
-        modeled_rounds = with_pass_accounting([(res.speculative.rounds, res.prompt_tokens) for res in results],
-                                              profile.pass_accounting, str(drafter.get("name", "")),
-                                              drafter.get("block_size"))
+        modeled_rounds = with_pass_accounting(
+            [(res.speculative.rounds, res.prompt_tokens) for res in results],
+            profile.pass_accounting,
+            str(drafter.get("name", "")),
+            drafter.get("block_size"),
+        )
     drafter_name = str((config.get("drafter") or {}).get("name", "")) or None
     modeled = modeled_summary(modeled_rounds, tokens, profile, van_rounds, drafter=drafter_name)
-    out: dict[str, Any] = {"modeled_speedup_vs_vanilla": modeled["speedup_vs_vanilla"],
-                           "modeled_profile": modeled["profile"]["name"], "modeled": modeled}
+    out: dict[str, Any] = {
+        "modeled_speedup_vs_vanilla": modeled["speedup_vs_vanilla"],
+        "modeled_profile": modeled["profile"]["name"],
+        "modeled": modeled,
+    }
     oracle = analyse_oracle(results)
     if oracle is not None:
         out["oracle"] = {
-            **{k: oracle[k] for k in ("definition", "source", "fraction_of_oracle", "policy_speedup_modeled",
-                                      "oracle_speedup_modeled", "censored_positions", "cost_model", "max_length")},
+            **{
+                k: oracle[k]
+                for k in (
+                    "definition",
+                    "source",
+                    "fraction_of_oracle",
+                    "policy_speedup_modeled",
+                    "oracle_speedup_modeled",
+                    "censored_positions",
+                    "cost_model",
+                    "max_length",
+                )
+            },
             "fraction_by_prompt": {p["prompt_id"]: p["fraction_of_oracle"] for p in oracle["per_prompt"]},
         }
         if oracle.get("unavailable"):  # the run's timings cannot give a cost model: n/a, with the reason
@@ -178,12 +200,26 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     else:
         lossless = summary.get("lossless")
     row = {"method": summary.get("method"), "prompts": prompts}
-    for key in ("speedup_vs_vanilla", "modeled_speedup_vs_vanilla", "tokens_per_s", "vanilla_tokens_per_s",
-                "acceptance_rate", "mean_accepted_length", "mean_accepted_length_with_bonus",
-                "mean_speculation_length", "rounds"):
+    for key in (
+        "speedup_vs_vanilla",
+        "modeled_speedup_vs_vanilla",
+        "tokens_per_s",
+        "vanilla_tokens_per_s",
+        "acceptance_rate",
+        "mean_accepted_length",
+        "mean_accepted_length_with_bonus",
+        "mean_speculation_length",
+        "rounds",
+    ):
         row[key] = summary.get(key, spec.get(key))
-    for key in ("mean_speculation_length_drafted", "max_accepted_length", "max_speculation_length",
-                "drafter_passes_per_round", "tree_rounds", "mean_draft_depth"):
+    for key in (
+        "mean_speculation_length_drafted",
+        "max_accepted_length",
+        "max_speculation_length",
+        "drafter_passes_per_round",
+        "tree_rounds",
+        "mean_draft_depth",
+    ):
         row[key] = spec.get(key)
     row.update(lossless=lossless, lossless_fraction=fraction)
     return row

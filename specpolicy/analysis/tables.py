@@ -35,31 +35,35 @@ class Figure(NamedTuple):
 #: Every figure printed anywhere, by its key in ``summary.json`` (``headline`` / ``methods.*`` /
 #: ``per_prompt.*``). Definitions: README "Metric glossary", ``specpolicy.analysis.metrics``.
 FIGURES: dict[str, Figure] = {
-    "speedup_vs_vanilla": Figure("speedup vs vanilla (measured, same run)", "speedup vs vanilla (measured)",
-                                 "{:.2f}x"),
+    "speedup_vs_vanilla": Figure("speedup vs vanilla (measured, same run)", "speedup vs vanilla (measured)", "{:.2f}x"),
     "modeled_speedup_vs_vanilla": Figure("speedup vs vanilla, MODELED (not measured)", "MODELED speedup", "{:.2f}x"),
     "tokens_per_s": Figure("tokens/s (generated tokens / wall-clock s)", "tokens/s", "{:.1f}"),
     "vanilla_tokens_per_s": Figure("vanilla tokens/s (same prompts, same run)", "vanilla tokens/s", "{:.1f}"),
     "generated_tokens": Figure("generated tokens", "tokens", "{}"),
-    "acceptance_rate": Figure("acceptance rate (accepted / drafted tokens)",
-                              "acceptance rate (accepted / drafted tokens)", "{:.3f}", True),
-    "mean_accepted_length": Figure("accepted length per drafted round (mean, bonus excluded)",
-                                   "accepted length / drafted round", "{:.2f}", True),
-    "mean_speculation_length": Figure("speculation length per round (mean over all rounds)",
-                                      "speculation length / round (all rounds)", "{:.2f}", True),
-    "mean_speculation_length_drafted": Figure("speculation length per drafted round (mean)",
-                                              "speculation length / drafted round", "{:.2f}", True),
+    "acceptance_rate": Figure(
+        "acceptance rate (accepted / drafted tokens)", "acceptance rate (accepted / drafted tokens)", "{:.3f}", True
+    ),
+    "mean_accepted_length": Figure(
+        "accepted length per drafted round (mean, bonus excluded)", "accepted length / drafted round", "{:.2f}", True
+    ),
+    "mean_speculation_length": Figure(
+        "speculation length per round (mean over all rounds)", "speculation length / round (all rounds)", "{:.2f}", True
+    ),
+    "mean_speculation_length_drafted": Figure(
+        "speculation length per drafted round (mean)", "speculation length / drafted round", "{:.2f}", True
+    ),
     "tokens_per_round": Figure("tokens per round (all rounds, bonus included)", "tokens / round", "{:.2f}"),
     "max_accepted_length": Figure("longest accepted length in a round", "max accepted length", "{}", True),
-    "max_speculation_length": Figure("longest speculation length in a round", "max speculation length", "{}",
-                                     True),
+    "max_speculation_length": Figure("longest speculation length in a round", "max speculation length", "{}", True),
     "rounds": Figure("rounds (one verification each)", "rounds", "{}"),
     "drafted_rounds": Figure("drafted rounds (k > 0)", "drafted rounds (k > 0)", "{}", True),
-    "drafter_passes_per_round": Figure("drafter passes per round (all rounds)", "drafter passes / round", "{:.2f}",
-                                       True),
+    "drafter_passes_per_round": Figure(
+        "drafter passes per round (all rounds)", "drafter passes / round", "{:.2f}", True
+    ),
     "tree_rounds": Figure("rounds with a draft tree", "tree rounds", "{}", True),
-    "mean_draft_depth": Figure("draft depth per drafted round (mean; a tree: its deepest node)",
-                               "draft depth / drafted round", "{:.2f}", True),
+    "mean_draft_depth": Figure(
+        "draft depth per drafted round (mean; a tree: its deepest node)", "draft depth / drafted round", "{:.2f}", True
+    ),
     "lossless": Figure("lossless (prompts equal to vanilla)", "lossless", "{}"),
 }
 
@@ -142,7 +146,9 @@ def fit_widths(columns: Sequence[Column], width: int, hard: bool = False) -> lis
     return widths
 
 
-def layout(columns: Sequence[Column], width: int | None, wide: bool = False) -> tuple[list[Column], list[int], list[str]]:
+def layout(
+    columns: Sequence[Column], width: int | None, wide: bool = False
+) -> tuple[list[Column], list[int], list[str]]:
     """Choose the columns and their widths: ``wide`` (or ``width`` None): every column at its
     natural width; else within ``width``, leaving out columns by drop order while the rest does
     not fit at comfortable floors, then folding long words. A table that cannot fit even so is
@@ -162,8 +168,13 @@ def layout(columns: Sequence[Column], width: int | None, wide: bool = False) -> 
     return kept, widths, dropped
 
 
-def print_table(columns: Sequence[Column], widths: Sequence[int], title: str | None = None,
-                console: Console | None = None, width: int | None = None) -> Console:
+def print_table(
+    columns: Sequence[Column],
+    widths: Sequence[int],
+    title: str | None = None,
+    console: Console | None = None,
+    width: int | None = None,
+) -> Console:
     """Print ``columns`` at exactly ``widths`` (rich; text columns wrap at spaces, numbers are
     right-aligned and whole). Returns the console used: ``console``, else one of ``width``
     characters (default: the terminal's), or as wide as the table when that is wider."""
@@ -177,20 +188,29 @@ def print_table(columns: Sequence[Column], widths: Sequence[int], title: str | N
     return console
 
 
-
 # -- the summary of one run (printed after every run) -----------------------------------------
 
 #: Figures of the run summary table, one row each (``FIGURES`` labels: each names its
 #: denominator), after the measured and MODELED speedups.
-SUMMARY_KEYS = ("tokens_per_s", "acceptance_rate", "mean_accepted_length", "mean_speculation_length",
-                "tokens_per_round", "max_accepted_length", "max_speculation_length", "rounds", "drafted_rounds",
-                "drafter_passes_per_round")
+SUMMARY_KEYS = (
+    "tokens_per_s",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "mean_speculation_length",
+    "tokens_per_round",
+    "max_accepted_length",
+    "max_speculation_length",
+    "rounds",
+    "drafted_rounds",
+    "drafter_passes_per_round",
+)
 #: Rows of the run summary table: (label, key in ``summary["methods"][m]``, format, applies only
 #: to methods that drafted).
 SUMMARY_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in SUMMARY_KEYS)
 #: Rows added when a method drafted trees (``policy=eagle2-tree`` ...).
-TREE_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in ("tree_rounds",
-                                                                                        "mean_draft_depth"))
+TREE_ROWS = tuple(
+    (FIGURES[k].label, k, FIGURES[k].fmt, FIGURES[k].drafting) for k in ("tree_rounds", "mean_draft_depth")
+)
 #: Labels of the figures that count tree NODES when a method drafted trees (a round drafts a tree
 #: of that many nodes and accepts one path of it): they replace the ``FIGURES`` labels in the run
 #: summary of such a run.
@@ -200,8 +220,10 @@ TREE_LABELS = {
     "max_speculation_length": "longest speculation length in a round (tree NODES)",
 }
 #: The footnote under a table with rows of runs that drafted trees.
-TREE_NOTE = ("draft trees: acceptance rate = accepted tokens / drafted tree NODES; speculation length = tree "
-             "NODES drafted per round (one path of each tree is accepted; draft depth: its deepest node)")
+TREE_NOTE = (
+    "draft trees: acceptance rate = accepted tokens / drafted tree NODES; speculation length = tree "
+    "NODES drafted per round (one path of each tree is accepted; draft depth: its deepest node)"
+)
 
 
 def method_drafted(name: str, m: Mapping[str, Any]) -> bool:
@@ -225,9 +247,12 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
     modeled = summary.get("modeled")
     if modeled:
         value = modeled.get("speedup_vs_vanilla")
-        rows.append((f"speedup vs vanilla, MODELED ({modeled['profile']['name']} profile, not measured)",
-                     ["1.00x" if name == "vanilla" else ("n/a" if value is None else f"{value:.2f}x")
-                      for name in methods]))
+        rows.append(
+            (
+                f"speedup vs vanilla, MODELED ({modeled['profile']['name']} profile, not measured)",
+                ["1.00x" if name == "vanilla" else ("n/a" if value is None else f"{value:.2f}x") for name in methods],
+            )
+        )
     trees = any(m.get("tree_rounds") for m in summary["methods"].values())
     for label, key, fmt, drafting in SUMMARY_ROWS + (TREE_ROWS if trees else ()):
         label = TREE_LABELS.get(key, label) if trees else label  # a tree's figures count nodes, and say so
@@ -237,8 +262,9 @@ def summary_cells(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, l
             value = m.get(key)
             cells.append("-" if value is None or (drafting and not method_drafted(name, m)) else fmt.format(value))
         rows.append((label, cells))
-    rows.append((FIGURES["lossless"].label,
-                 ["reference" if name == "vanilla" else lossless_text(summary) for name in methods]))
+    rows.append(
+        (FIGURES["lossless"].label, ["reference" if name == "vanilla" else lossless_text(summary) for name in methods])
+    )
     return methods, rows
 
 
@@ -291,14 +317,21 @@ def oracle_sentence(oracle: Mapping[str, Any], run_dir: str | None = None) -> st
         return f"oracle: n/a ({oracle.get('unavailable') or 'no figure'}); {see}"
     ratio = float(oracle["fraction_of_oracle"])
     if ratio > 1.0 + 1e-9:
-        return (f"oracle: no fraction of the oracle's speedup (this policy's modeled time is below that of the "
-                f"oracle length policy estimated from this run, so the estimate bounds nothing); {see}")
+        return (
+            f"oracle: no fraction of the oracle's speedup (this policy's modeled time is below that of the "
+            f"oracle length policy estimated from this run, so the estimate bounds nothing); {see}"
+        )
     bound = "at most " if is_censored(oracle) else ""
     return f"oracle: this policy reaches {bound}{ratio:.2f} of an oracle length policy's speedup; {see}"
 
 
-def print_summary(summary: dict[str, Any], console: Console | None = None, wide: bool = False,
-                  width: int | None = None, run_dir: str | None = None) -> None:
+def print_summary(
+    summary: dict[str, Any],
+    console: Console | None = None,
+    wide: bool = False,
+    width: int | None = None,
+    run_dir: str | None = None,
+) -> None:
     """Print a run's summary: a table of its figures (one row per figure, its denominator in
     its name; one column per method, vanilla first; ``wide``: one row per method instead) under a
     title saying what ran (``run_header``), then the modeled speedups by profile, the oracle
@@ -311,21 +344,26 @@ def print_summary(summary: dict[str, Any], console: Console | None = None, wide:
     if summary.get("partial"):
         title += f" (PARTIAL: {prompts} of {summary.get('prompts_total', '?')} planned prompts)"
     if wide:  # one row per method, the figures as columns
-        columns = [Column("method", list(methods), text=True)] + [
-            Column(label, cells) for label, cells in rows]
+        columns = [Column("method", list(methods), text=True)] + [Column(label, cells) for label, cells in rows]
     else:
         columns = [Column("figure (denominator)", [label for label, _ in rows], text=True)] + [
-            Column(name, [cells[i] for _, cells in rows]) for i, name in enumerate(methods)]
+            Column(name, [cells[i] for _, cells in rows]) for i, name in enumerate(methods)
+        ]
     width = None if wide else (width or (console.width if console is not None else available_width()))
     kept, widths, _ = layout(columns, width, wide)
     out = print_table(kept, widths, title, console, width)
     modeled = summary.get("modeled")
     if modeled and modeled.get("speedup_by_profile"):
         why = modeled.get("unavailable") or {}
-        out.print("MODELED speedup by latency profile (pass counts x per-pass latencies; 'measured' = this "
-                  "machine's latencies fitted from the run): "
-                  + ", ".join(f"{k} {v:.2f}x" if v is not None else f"{k} n/a ({why.get(k, 'not estimable')})"
-                              for k, v in modeled["speedup_by_profile"].items()), markup=False)
+        out.print(
+            "MODELED speedup by latency profile (pass counts x per-pass latencies; 'measured' = this "
+            "machine's latencies fitted from the run): "
+            + ", ".join(
+                f"{k} {v:.2f}x" if v is not None else f"{k} n/a ({why.get(k, 'not estimable')})"
+                for k, v in modeled["speedup_by_profile"].items()
+            ),
+            markup=False,
+        )
     if summary.get("oracle"):
         sentence = oracle_sentence(summary["oracle"], run_dir)
         head, sep, see = sentence.rpartition("; see ")

@@ -132,8 +132,9 @@ def official_passes(rounds: Sequence[RoundRecord], prompt_tokens: int, block_siz
     return out
 
 
-def with_pass_accounting(prompts: Sequence[tuple[Sequence[RoundRecord], int]], accounting: str, drafter: str,
-                         block_size: int | None = None) -> list[RoundRecord]:
+def with_pass_accounting(
+    prompts: Sequence[tuple[Sequence[RoundRecord], int]], accounting: str, drafter: str, block_size: int | None = None
+) -> list[RoundRecord]:
     """Every round of ``prompts`` (``(rounds, prompt_tokens)`` per prompt), its
     ``drafter_forward_passes`` counted under ``accounting`` (``project``: unchanged;
     ``official``: ``official_passes`` for block-diffusion drafters, unchanged for others).

@@ -67,8 +67,12 @@ class VerifyCost:
         seen, sorted by count."""
         if self._fit is None:
             keys = sorted(self._recent)
-            self._fit = dict(zip(keys, _isotonic([min(self._recent[n]) for n in keys],
-                                                 [min(self._count[n], MAX_WEIGHT) for n in keys])))
+            self._fit = dict(
+                zip(
+                    keys,
+                    _isotonic([min(self._recent[n]) for n in keys], [min(self._count[n], MAX_WEIGHT) for n in keys]),
+                )
+            )
         return self._fit
 
     def seed(self, other: VerifyCost) -> None:
@@ -105,15 +109,22 @@ class VerifyCost:
             return np.zeros_like(np.asarray(tokens, dtype=float))
         if self._arrays is None:  # once per observation, not per call (a plan calls this a few times)
             points = self.observed
-            self._arrays = (np.array(list(points.keys()), dtype=float), np.array(list(points.values())),
-                            self.slope(), self.affine_from())
+            self._arrays = (
+                np.array(list(points.keys()), dtype=float),
+                np.array(list(points.values())),
+                self.slope(),
+                self.affine_from(),
+            )
         n, ms, slope, line = self._arrays
         x = np.asarray(tokens, dtype=float)
         if line is not None:  # from the second smallest count on: the fitted line
             start, at_start, per_token = line
             above = at_start + per_token * (x - start)
-            return np.where(x < n[0], ms[0] * x / n[0],
-                            np.where(x < start, ms[0] + (at_start - ms[0]) * (x - n[0]) / (start - n[0]), above))
+            return np.where(
+                x < n[0],
+                ms[0] * x / n[0],
+                np.where(x < start, ms[0] + (at_start - ms[0]) * (x - n[0]) / (start - n[0]), above),
+            )
         inside = np.interp(x, n, ms)  # below the smallest count: in proportion to it (never 0 or less)
         return np.where(x < n[0], ms[0] * x / n[0], np.where(x > n[-1], ms[-1] + slope * (x - n[-1]), inside))
 

@@ -183,17 +183,31 @@ def generate_batch(
     if len(arrivals) != len(prompts):
         raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
     with torch.inference_mode():
-        return _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
-                    stop, reuse if drafter is not None else None)
+        return _run(
+            prompts,
+            verifier,
+            runtime,
+            max_new_tokens,
+            batch_size,
+            drafter,
+            policy,
+            arrivals,
+            sampling,
+            stop,
+            reuse if drafter is not None else None,
+        )
 
 
-def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling,
-         stop, reuse) -> BatchResult:
+def _run(
+    prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy, arrivals, sampling, stop, reuse
+) -> BatchResult:
     device = runtime.torch_device
     sampling = None if sampling is None or sampling.is_greedy else sampling
     if not callable(getattr(verifier, "batched", None)):
-        raise ValueError(f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} has no batched form "
-                         "(Verifier.batched()); the batched loop needs one (verifier=hf has it)")
+        raise ValueError(
+            f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} has no batched form "
+            "(Verifier.batched()); the batched loop needs one (verifier=hf has it)"
+        )
     target = verifier.batched()
     target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
@@ -221,11 +235,16 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
         target.remove(row)
         out = torch.cat(r.outputs) if r.outputs else torch.empty(0, dtype=torch.long, device=device)
         t = now()
-        results[r.index] = GenerationResult(output_ids=out.clone(), rounds=tuple(r.rounds),
-                                            finish_reason=r.finish_reason, wall_s=t - r.admitted_s,
-                                            prefill_ms=r.prefill_ms)
-        timings[r.index] = RequestTiming(r.arrival_s, r.admitted_s, r.first_token_s if r.first_token_s else t, t,
-                                         int(out.shape[0]))
+        results[r.index] = GenerationResult(
+            output_ids=out.clone(),
+            rounds=tuple(r.rounds),
+            finish_reason=r.finish_reason,
+            wall_s=t - r.admitted_s,
+            prefill_ms=r.prefill_ms,
+        )
+        timings[r.index] = RequestTiming(
+            r.arrival_s, r.admitted_s, r.first_token_s if r.first_token_s else t, t, int(out.shape[0])
+        )
 
     while queue or active:
         while queue and len(active) < batch_size and arrivals[queue[0]] <= now():  # admit (continuous batching)
@@ -269,19 +288,25 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             continue
 
         if planner is not None:  # what each policy knows of the batch; a batch-aware class plans the round
-            contexts = [BatchContext(len(active), row, verify_cost, draft_cost=draft_cost)
-                        for row in range(len(active))]
+            contexts = [
+                BatchContext(len(active), row, verify_cost, draft_cost=draft_cost) for row in range(len(active))
+            ]
             policies = [cast(LengthPolicy, r.policy) for r in active]
             plan = planner(policies, contexts)
             for row, row_policy in enumerate(policies):
-                row_policy.batch = contexts[row] if plan is None else \
-                    BatchContext(len(active), row, verify_cost, int(plan[row]), draft_cost)
+                row_policy.batch = (
+                    contexts[row]
+                    if plan is None
+                    else BatchContext(len(active), row, verify_cost, int(plan[row]), draft_cost)
+                )
         round_start = time.perf_counter()
         rooms = [min(max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]
         drafts, stops = draft_rounds(active, rooms, device)
         if reuse is not None:  # as the batch-1 loop: after drafting, never past a drafted stop token
-            drafts = [d if d.ends_at_stop_token or r.reuse is None else r.reuse.extend(d, room)
-                      for r, d, room in zip(active, drafts, rooms)]
+            drafts = [
+                d if d.ends_at_stop_token or r.reuse is None else r.reuse.extend(d, room)
+                for r, d, room in zip(active, drafts, rooms)
+            ]
         drafting_ms = (time.perf_counter() - round_start) * 1e3  # shared equally: passes run for many at once
         t0 = time.perf_counter()
         verifications = target.verify(drafts)
@@ -308,8 +333,16 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
                 r.drafter.commit(draft, verification)
                 commit_ms = (time.perf_counter() - t0) * 1e3
                 commit_total += commit_ms
-            record = round_record(len(r.rounds), draft, verification, keep, drafting_ms / len(active) + commit_ms,
-                                  verify_ms, stops[row], reason)
+            record = round_record(
+                len(r.rounds),
+                draft,
+                verification,
+                keep,
+                drafting_ms / len(active) + commit_ms,
+                verify_ms,
+                stops[row],
+                reason,
+            )
             r.rounds.append(record)
             if reason:
                 r.finish_reason = reason
@@ -327,5 +360,13 @@ def _run(prompts, verifier, runtime, max_new_tokens, batch_size, drafter, policy
             draft_cost.observe(passes, drafting_ms + commit_total)
         for row in reversed(done):
             finish(row)
-    return BatchResult(results, timings, skipped, now(), tuple(verify_tokens), tuple(batch_sizes),
-                       tuple(padded_tokens), tuple(drafter_passes))
+    return BatchResult(
+        results,
+        timings,
+        skipped,
+        now(),
+        tuple(verify_tokens),
+        tuple(batch_sizes),
+        tuple(padded_tokens),
+        tuple(drafter_passes),
+    )

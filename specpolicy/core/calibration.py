@@ -69,14 +69,22 @@ class AcceptanceCalibration:
         ValueError: naming the argument when out of range.
     """
 
-    def __init__(self, prior_strength: float = 4.0, position_strength: float = 8.0, prior_acceptance: float = 0.5,
-                 confidence_edges: Sequence[float] = CONFIDENCE_EDGES,
-                 position_starts: Sequence[int] = POSITION_STARTS) -> None:
+    def __init__(
+        self,
+        prior_strength: float = 4.0,
+        position_strength: float = 8.0,
+        prior_acceptance: float = 0.5,
+        confidence_edges: Sequence[float] = CONFIDENCE_EDGES,
+        position_starts: Sequence[int] = POSITION_STARTS,
+    ) -> None:
         for key, value in (("prior_strength", prior_strength), ("position_strength", position_strength)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{key} must be a number > 0, got {value!r}")
-        if isinstance(prior_acceptance, bool) or not isinstance(prior_acceptance, (int, float)) \
-                or not 0.0 <= prior_acceptance <= 1.0:
+        if (
+            isinstance(prior_acceptance, bool)
+            or not isinstance(prior_acceptance, (int, float))
+            or not 0.0 <= prior_acceptance <= 1.0
+        ):
             raise ValueError(f"prior_acceptance must be in [0, 1], got {prior_acceptance!r}")
         edges = np.asarray(confidence_edges, dtype=np.float64)
         if edges.ndim != 1 or edges.size < 1 or edges[0] != 0.0 or np.any(np.diff(edges) <= 0) or edges[-1] >= 1.0:
@@ -211,13 +219,21 @@ class AcceptanceCalibration:
         with np.errstate(invalid="ignore", divide="ignore"):
             observed = np.where(reached > 0, accepted / reached, np.nan)
             mean_conf = np.where(reached > 0, self.confidence_sum.sum(axis=0) / reached, np.nan)
-        return {"left": self.confidence_edges.copy(), "mean_confidence": mean_conf, "reached": reached,
-                "accepted": accepted, "observed": observed, "estimate": self.pooled()}
+        return {
+            "left": self.confidence_edges.copy(),
+            "mean_confidence": mean_conf,
+            "reached": reached,
+            "accepted": accepted,
+            "observed": observed,
+            "estimate": self.pooled(),
+        }
 
     def __repr__(self) -> str:
-        return (f"AcceptanceCalibration(prior_strength={self.prior_strength}, position_strength="
-                f"{self.position_strength}, prior_acceptance={self.prior_acceptance}, "
-                f"observations={self.observations})")
+        return (
+            f"AcceptanceCalibration(prior_strength={self.prior_strength}, position_strength="
+            f"{self.position_strength}, prior_acceptance={self.prior_acceptance}, "
+            f"observations={self.observations})"
+        )
 
 
 def calibration_from_rounds(rounds: Sequence[Any], **kwargs: Any) -> AcceptanceCalibration:
@@ -233,8 +249,9 @@ def calibration_from_rounds(rounds: Sequence[Any], **kwargs: Any) -> AcceptanceC
     return cal
 
 
-def online_predictions(rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch: int = BATCH_ROUNDS,
-                       **kwargs: Any) -> dict[str, np.ndarray]:
+def online_predictions(
+    rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch: int = BATCH_ROUNDS, **kwargs: Any
+) -> dict[str, np.ndarray]:
     """Prequential (predict, then learn) evaluation of the calibration on recorded rounds
     (``RoundRecord``s), in order: for every reached draft token (the drafter's own tokens, up to
     and including the first rejected one), the probability an ``AcceptanceCalibration`` gave it
@@ -256,7 +273,7 @@ def online_predictions(rounds: Sequence[Any], warmup: int = BATCH_WARMUP, batch:
     learned = since = 0  # rounds learned from, and since the last batch was counted
     for r in rounds:
         own = r.speculation_length - r.reused_tokens
-        conf = np.asarray(r.confidences[:max(own, 0)], dtype=np.float64)
+        conf = np.asarray(r.confidences[: max(own, 0)], dtype=np.float64)
         final = bool(getattr(r, "finish_reason", ""))
         if own > 0 and conf.size == own:
             a = min(r.accepted_length, own)

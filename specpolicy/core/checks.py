@@ -30,28 +30,35 @@ def check_init(group: str, cls: type, config: Mapping[str, Any], *skip: str) -> 
     their own arguments and are cheap to build (policies, the suffix drafter, loggers). Returns
     the instance."""
     # the class's own __init__ is what the config fills (a subclass's, unsound in general, is the point here)
-    params = [p for p in inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
-              if p.name != "self" and p.name not in skip and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    params = [
+        p
+        for p in inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
+        if p.name != "self" and p.name not in skip and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     check_keys(group, config, [p.name for p in params])
     return cls(**dict.fromkeys(skip), **config)
 
 
-def integer(key: str, value: Any, minimum: int | None = None, maximum: int | None = None,
-            note: str = "") -> int:
+def integer(key: str, value: Any, minimum: int | None = None, maximum: int | None = None, note: str = "") -> int:
     """``value`` as an int when it is an integer (not a bool) in ``[minimum, maximum]``;
     otherwise ConfigError ``<key> must be an integer >= minimum[ and <= maximum][ (note)], got <value>``."""
     ok = isinstance(value, int) and not isinstance(value, bool)
     ok = ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
     if not ok:
-        bounds = " and ".join(b for b in (f">= {minimum}" if minimum is not None else "",
-                                          f"<= {maximum}" if maximum is not None else "") if b)
-        raise ConfigError(f"{key} must be an integer{' ' + bounds if bounds else ''}"
-                          f"{f' ({note})' if note else ''}, got {value!r}")
+        bounds = " and ".join(
+            b
+            for b in (f">= {minimum}" if minimum is not None else "", f"<= {maximum}" if maximum is not None else "")
+            if b
+        )
+        raise ConfigError(
+            f"{key} must be an integer{' ' + bounds if bounds else ''}{f' ({note})' if note else ''}, got {value!r}"
+        )
     return int(value)
 
 
-def number(key: str, value: Any, low: float, high: float = math.inf, low_open: bool = False,
-           high_open: bool = False) -> float:
+def number(
+    key: str, value: Any, low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False
+) -> float:
     """``value`` as a float when it is a finite number in the interval (``[low, high]``, ends
     open as asked); otherwise ConfigError ``<key> must be a number in [low, high], got <value>``."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -99,15 +99,24 @@ def generate(
     # small tensor ops of drafting and verification); the output is cloned out of it, so callers
     # get an ordinary tensor.
     with torch.inference_mode():
-        result = _generate(prompt_ids, verifier, runtime, max_new_tokens, drafter, policy, reuse, on_round, stop,
-                           sampling)
+        result = _generate(
+            prompt_ids, verifier, runtime, max_new_tokens, drafter, policy, reuse, on_round, stop, sampling
+        )
     return dataclasses.replace(result, output_ids=result.output_ids.clone())
 
 
-def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, max_new_tokens: int,
-              drafter: Drafter | None, policy: LengthPolicy | None, reuse: DraftReuse | None,
-              on_round: Callable[[RoundRecord], None] | None, stop: StopStrings | None,
-              sampling: SamplingConfig | None) -> GenerationResult:
+def _generate(
+    prompt_ids: torch.Tensor,
+    verifier: Verifier,
+    runtime: Runtime,
+    max_new_tokens: int,
+    drafter: Drafter | None,
+    policy: LengthPolicy | None,
+    reuse: DraftReuse | None,
+    on_round: Callable[[RoundRecord], None] | None,
+    stop: StopStrings | None,
+    sampling: SamplingConfig | None,
+) -> GenerationResult:
     """The loop of ``generate`` (arguments checked there)."""
     device = runtime.torch_device
     prompt_ids = prompt_ids.to(device)
@@ -177,8 +186,9 @@ def _generate(prompt_ids: torch.Tensor, verifier: Verifier, runtime: Runtime, ma
                 drafter.commit(draft, verification)
             commit_ms = commit_timer.ms
 
-        record = round_record(len(rounds), draft, verification, keep, draft_timer.ms + commit_ms, verify_timer.ms,
-                              draft_stop, finish)
+        record = round_record(
+            len(rounds), draft, verification, keep, draft_timer.ms + commit_ms, verify_timer.ms, draft_stop, finish
+        )
         rounds.append(record)
         if policy is not None:
             warning = RUNAWAY.observe(policy, answers, draft.length, draft_stop)
@@ -213,8 +223,16 @@ def limit_reached(generated: int, max_new_tokens: int, context_limit: int) -> st
     return "max_context" if generated > context_limit else ""
 
 
-def round_record(index: int, draft: Draft, verification: Verification, emitted: int, draft_ms: float,
-                 verify_ms: float, draft_stop: str, finish: str) -> RoundRecord:
+def round_record(
+    index: int,
+    draft: Draft,
+    verification: Verification,
+    emitted: int,
+    draft_ms: float,
+    verify_ms: float,
+    draft_stop: str,
+    finish: str,
+) -> RoundRecord:
     """The ``RoundRecord`` of a verified round (both loops): ``emitted`` tokens kept after the stop
     conditions, the drafting (commit included) and verification ms, why drafting stopped and why
     generation ended (``""``: it goes on)."""
@@ -237,8 +255,9 @@ def round_record(index: int, draft: Draft, verification: Verification, emitted: 
     )
 
 
-def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None,
-             **extra: Any) -> None:
+def _prefill(
+    model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: SamplingConfig | None, **extra: Any
+) -> None:
     """``model.prefill(prompt_ids, **extra)`` (``extra``: the prompt's target ``features`` for a
     drafter that reads them), with ``sampling=`` only when sampling (so drafters and verifiers
     written before sampling existed keep working for greedy decoding). A drafter without the
@@ -259,8 +278,13 @@ def _prefill(model: Verifier | Drafter, prompt_ids: torch.Tensor, sampling: Samp
         model.prefill(prompt_ids, **extra)
 
 
-def draft_round(drafter: Drafter | None, policy: LengthPolicy | None, room: int,
-                device: torch.device | str, answers: list[int] | None = None) -> tuple[Draft, str]:
+def draft_round(
+    drafter: Drafter | None,
+    policy: LengthPolicy | None,
+    room: int,
+    device: torch.device | str,
+    answers: list[int] | None = None,
+) -> tuple[Draft, str]:
     """One round's drafting: ask ``policy.next_length`` for a length, draft it, and extend while
     the policy asks for more (FailFast Alg. 1 shape), within ``room`` tokens. Stops as well when
     a ``draft`` call adds no token (a drafter with nothing more to propose, e.g. the model-free
@@ -331,8 +355,9 @@ def after_drafting(draft: Draft, before: int) -> str:
     return ""
 
 
-def emitted_of_round(committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int, stop: StopStrings | None
-                     ) -> tuple[int, str]:
+def emitted_of_round(
+    committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int, stop: StopStrings | None
+) -> tuple[int, str]:
     """How many of a round's committed tokens (``(a + 1,) int64``) reach the output, and whether a
     stop condition ends generation there (both loops): up to and including the first EOS, at most
     ``remaining`` tokens, cut after the token completing the first stop string when that comes

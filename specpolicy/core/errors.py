@@ -101,8 +101,9 @@ def hydra_error_line(error: BaseException) -> str | None:
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, choice = str(error.missing_cfg_file).rpartition("/")
         near = closest(choice, error.options)
-        return (f"no config {choice!r} in group {group or 'config'}; choices: {', '.join(error.options)}"
-                + (f" (did you mean {group}={near}?)" if near else ""))
+        return f"no config {choice!r} in group {group or 'config'}; choices: {', '.join(error.options)}" + (
+            f" (did you mean {group}={near}?)" if near else ""
+        )
     cause = error.__cause__ if isinstance(error, HydraException) else error
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
         parent = getattr(cause, "parent_node", None)
@@ -132,8 +133,10 @@ def one_line(error: BaseException) -> tuple[str, int] | None:
         return f"error: {_flat(line)}", EXIT_USER
     blame = getattr(error, BLAME_ATTRIBUTE, None)
     if blame is not None:
-        return (f"error in {blame}: {type(error).__name__}: {_flat(str(error))} "
-                f"(--debug shows the traceback)", EXIT_FAILURE)
+        return (
+            f"error in {blame}: {type(error).__name__}: {_flat(str(error))} (--debug shows the traceback)",
+            EXIT_FAILURE,
+        )
     return None
 
 

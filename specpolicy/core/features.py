@@ -42,13 +42,15 @@ def check_feature_layers(layers: Sequence[int], num_hidden_states: int, who: str
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_hidden_states:
             raise FeaturesUnsupported(
                 f"{who} reads the target's hidden_states[{i!r}], but the target has {num_hidden_states - 1} decoder "
-                f"layers (hidden_states indices 0..{num_hidden_states - 1})")
+                f"layers (hidden_states indices 0..{num_hidden_states - 1})"
+            )
         out.append(int(i))
     return tuple(out)
 
 
-def select_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int],
-                    rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+def select_features(
+    hidden_states: Sequence[torch.Tensor], layers: Sequence[int], rows: slice | torch.Tensor = slice(None)
+) -> torch.Tensor:
     """The requested hidden states of batch row 0, concatenated along the feature axis.
 
     Args:
@@ -81,9 +83,11 @@ def target_parts(verifier, who: str) -> tuple[torch.nn.Module, torch.nn.Module, 
     """
     model = getattr(verifier, "model", None)
     if model is None or not hasattr(model, "get_input_embeddings"):
-        raise FeaturesUnsupported(f"drafter {who!r} uses the target's embeddings and LM head, but verifier "
-                                  f"{getattr(verifier, 'name', '') or type(verifier).__name__!r} holds no Hugging Face "
-                                  "model (verifier.model); use verifier=hf")
+        raise FeaturesUnsupported(
+            f"drafter {who!r} uses the target's embeddings and LM head, but verifier "
+            f"{getattr(verifier, 'name', '') or type(verifier).__name__!r} holds no Hugging Face "
+            "model (verifier.model); use verifier=hf"
+        )
     return model.get_input_embeddings(), model.get_output_embeddings(), model.config
 
 

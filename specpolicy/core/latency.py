@@ -35,8 +35,18 @@ from specpolicy.core.types import RoundRecord
 
 #: Profiles shipped in ``conf/profile/`` (the built-in ones, modeled in every summary).
 BUILTIN_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b", "measured")
-PROFILE_KEYS = ("name", "description", "drafter_pass_ms", "drafter_pass_ms_by_drafter", "target_ms_per_token",
-                "verify_ms_per_draft_token", "pass_accounting", "target_params", "peak_tflops", "compute_efficiency")
+PROFILE_KEYS = (
+    "name",
+    "description",
+    "drafter_pass_ms",
+    "drafter_pass_ms_by_drafter",
+    "target_ms_per_token",
+    "verify_ms_per_draft_token",
+    "pass_accounting",
+    "target_params",
+    "peak_tflops",
+    "compute_efficiency",
+)
 #: The optional keys of the batched-verification roofline (``specpolicy.analysis.batch_model``): (key, unit).
 ROOFLINE_KEYS = (("target_params", "parameters"), ("peak_tflops", "TFLOP/s"), ("compute_efficiency", "a fraction"))
 MODELED_LABEL = "MODELED (forward-pass counts x the profile's latencies), not measured"
@@ -78,15 +88,19 @@ def step_problem(points: Sequence[tuple[float, float]]) -> str | None:
         return "no round was measured"
     lengths = sorted({int(x) for x, _ in points})
     if len(lengths) < 2:
-        return (f"no vanilla decoding step was measured (run.vanilla_baseline=false) and every round has "
-                f"speculation length {lengths[0]}: nothing to extrapolate a plain target step (length 0) from")
+        return (
+            f"no vanilla decoding step was measured (run.vanilla_baseline=false) and every round has "
+            f"speculation length {lengths[0]}: nothing to extrapolate a plain target step (length 0) from"
+        )
     intercept, _ = fit_affine([x for x, _ in points], [y for _, y in points])
     floor = sum(y for _, y in points) / sum(x + 1 for x, _ in points)
     if intercept < floor:
-        return (f"no vanilla decoding step was measured (run.vanilla_baseline=false), and extrapolating the "
-                f"verification times of lengths {lengths[0]}..{lengths[-1]} to length 0 gives a target step of "
-                f"{intercept:.3g} ms, below the {floor:.3g} ms per position a verification took: too few or too "
-                f"noisy rounds to estimate it")
+        return (
+            f"no vanilla decoding step was measured (run.vanilla_baseline=false), and extrapolating the "
+            f"verification times of lengths {lengths[0]}..{lengths[-1]} to length 0 gives a target step of "
+            f"{intercept:.3g} ms, below the {floor:.3g} ms per position a verification took: too few or too "
+            f"noisy rounds to estimate it"
+        )
     return None
 
 
@@ -155,28 +169,35 @@ class LatencyProfile:
             if v is not None:
                 positive = key == "target_ms_per_token"
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (positive and v == 0):
-                    raise ValueError(f"profile.{key} must be a number {'> 0' if positive else '>= 0'} "
-                                     f"(ms) or null (measured), got {v!r}")
+                    raise ValueError(
+                        f"profile.{key} must be a number {'> 0' if positive else '>= 0'} "
+                        f"(ms) or null (measured), got {v!r}"
+                    )
                 v = float(v)
             values[key] = v
         by_drafter = config.get("drafter_pass_ms_by_drafter") or {}
         if not isinstance(by_drafter, Mapping) or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in by_drafter.values()):
-            raise ValueError(f"profile.drafter_pass_ms_by_drafter must map drafter names to numbers >= 0 (ms), "
-                             f"got {by_drafter!r}")
+            isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in by_drafter.values()
+        ):
+            raise ValueError(
+                f"profile.drafter_pass_ms_by_drafter must map drafter names to numbers >= 0 (ms), got {by_drafter!r}"
+            )
         values["drafter_pass_ms_by_drafter"] = {str(k): float(v) for k, v in by_drafter.items()}
         accounting = config.get("pass_accounting") or "project"
         if accounting not in PASS_ACCOUNTINGS:
-            raise ValueError(f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, "
-                             f"got {accounting!r}")
+            raise ValueError(
+                f"profile.pass_accounting must be one of {', '.join(PASS_ACCOUNTINGS)}, got {accounting!r}"
+            )
         values["pass_accounting"] = accounting
         for key, unit in ROOFLINE_KEYS:
             v = config.get(key)
             if v is not None:
                 bound = 1.0 if key == "compute_efficiency" else float("inf")
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= bound or v == float("inf"):
-                    raise ValueError(f"profile.{key} must be a number {'in (0, 1]' if bound == 1 else '> 0'} "
-                                     f"({unit}) or null, got {v!r}")
+                    raise ValueError(
+                        f"profile.{key} must be a number {'in (0, 1]' if bound == 1 else '> 0'} "
+                        f"({unit}) or null, got {v!r}"
+                    )
                 v = float(v)
             values[key] = v
         return LatencyProfile(name=str(config["name"]), description=str(config.get("description") or ""), **values)
@@ -193,11 +214,17 @@ def load_profile(name: str) -> LatencyProfile:
     file = resources.files("specpolicy.conf") / "profile" / f"{name}.yaml"
     if not file.is_file():
         raise FileNotFoundError(f"no latency profile {name!r}; shipped: {', '.join(BUILTIN_PROFILES)}")
-    return LatencyProfile.from_config(cast(Mapping[str, Any], OmegaConf.to_container(OmegaConf.create(file.read_text()))))
+    return LatencyProfile.from_config(
+        cast(Mapping[str, Any], OmegaConf.to_container(OmegaConf.create(file.read_text())))
+    )
 
 
-def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable[RoundRecord] = (),
-                    name: str = "measured", description: str = "this machine, measured in the run") -> LatencyProfile:
+def measure_profile(
+    spec_rounds: Iterable[RoundRecord],
+    vanilla_rounds: Iterable[RoundRecord] = (),
+    name: str = "measured",
+    description: str = "this machine, measured in the run",
+) -> LatencyProfile:
     """Latencies measured from a run's rounds.
 
     * ``drafter_pass_ms`` = sum of ``draft_ms`` / sum of ``drafter_forward_passes`` over rounds
@@ -222,12 +249,18 @@ def measure_profile(spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable
     intercept, slope = fit_affine([p[0] for p in points], [p[1] for p in points])
     van = [r.verify_ms for r in vanilla_rounds]
     target = sum(van) / len(van) if van else intercept
-    return LatencyProfile(name=name, description=description, drafter_pass_ms=draft_ms / passes if passes else 0.0,
-                          target_ms_per_token=max(target, 1e-9), verify_ms_per_draft_token=max(slope, 0.0))
+    return LatencyProfile(
+        name=name,
+        description=description,
+        drafter_pass_ms=draft_ms / passes if passes else 0.0,
+        target_ms_per_token=max(target, 1e-9),
+        verify_ms_per_draft_token=max(slope, 0.0),
+    )
 
 
-def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[RoundRecord],
-                    vanilla_rounds: Iterable[RoundRecord] = ()) -> LatencyProfile:
+def resolve_profile(
+    profile: LatencyProfile, spec_rounds: Iterable[RoundRecord], vanilla_rounds: Iterable[RoundRecord] = ()
+) -> LatencyProfile:
     """``profile`` with its null latencies filled from the run (``measure_profile``).
 
     Raises:
@@ -236,15 +269,23 @@ def resolve_profile(profile: LatencyProfile, spec_rounds: Iterable[RoundRecord],
     if profile.complete:
         return profile
     measured = measure_profile(spec_rounds, vanilla_rounds)
-    return replace(profile, **{k: getattr(measured, k) for k in ("drafter_pass_ms", "target_ms_per_token",
-                                                                  "verify_ms_per_draft_token")
-                               if getattr(profile, k) is None})
+    return replace(
+        profile,
+        **{
+            k: getattr(measured, k)
+            for k in ("drafter_pass_ms", "target_ms_per_token", "verify_ms_per_draft_token")
+            if getattr(profile, k) is None
+        },
+    )
 
 
 def modeled_round_ms(record: Any, profile: LatencyProfile) -> float:
     """Modeled ms of one round (see module docstring). ``profile`` must be complete."""
-    return (record.drafter_forward_passes * profile.drafter_pass_ms + profile.target_ms_per_token
-            + profile.verify_ms_per_draft_token * record.speculation_length)
+    return (
+        record.drafter_forward_passes * profile.drafter_pass_ms
+        + profile.target_ms_per_token
+        + profile.verify_ms_per_draft_token * record.speculation_length
+    )
 
 
 def modeled_ms(rounds: Iterable[RoundRecord], profile: LatencyProfile) -> float:
@@ -258,9 +299,14 @@ def modeled_speedup(rounds: Sequence[RoundRecord], generated_tokens: int, profil
     return generated_tokens * cast(float, profile.target_ms_per_token) / ms if ms > 0 else 0.0
 
 
-def modeled_summary(spec_rounds: Sequence[RoundRecord], generated_tokens: int, profile: LatencyProfile,
-                    vanilla_rounds: Sequence[RoundRecord] = (),
-                    all_profiles: Iterable[str] = BUILTIN_PROFILES, drafter: str | None = None) -> dict[str, Any]:
+def modeled_summary(
+    spec_rounds: Sequence[RoundRecord],
+    generated_tokens: int,
+    profile: LatencyProfile,
+    vanilla_rounds: Sequence[RoundRecord] = (),
+    all_profiles: Iterable[str] = BUILTIN_PROFILES,
+    drafter: str | None = None,
+) -> dict[str, Any]:
     """The ``modeled`` block of ``summary.json``.
 
     Args:

@@ -39,8 +39,9 @@ class CausalScorer(Protocol):
         ...
 
 
-def candidate_lattice(probs: torch.Tensor, mass: float, max_candidates: int, stop_cols: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def candidate_lattice(
+    probs: torch.Tensor, mass: float, max_candidates: int, stop_cols: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pruned lattice of one pass (Eq. 7), in the columns of ``probs``.
 
     Args:
@@ -54,18 +55,18 @@ def candidate_lattice(probs: torch.Tensor, mass: float, max_candidates: int, sto
         ``m <= n`` positions.
     """
     n, vocab = probs.shape
-    values, cols = probs.topk(min(max_candidates, vocab), dim=-1)             # (n, top), best first
-    keep = values.cumsum(-1) - values < mass                                  # the smallest set reaching `mass`
+    values, cols = probs.topk(min(max_candidates, vocab), dim=-1)  # (n, top), best first
+    keep = values.cumsum(-1) - values < mass  # the smallest set reaching `mass`
     m = n
     if stop_cols.numel():
-        is_stop = cols[:, :, None] == stop_cols                               # (n, top, s)
-        natural = (is_stop.any(-1) & keep).any(-1)                            # (n,) a stop token on its own merit
+        is_stop = cols[:, :, None] == stop_cols  # (n, top, s)
+        natural = (is_stop.any(-1) & keep).any(-1)  # (n,) a stop token on its own merit
         ends = natural.nonzero()
-        m = int(ends[0, 0]) + 1 if ends.numel() else n                        # one sync: where the lattice ends
-        kept = (is_stop & keep[:, :, None]).any(1)                            # (n, s) already in the set
+        m = int(ends[0, 0]) + 1 if ends.numel() else n  # one sync: where the lattice ends
+        kept = (is_stop & keep[:, :, None]).any(1)  # (n, s) already in the set
         extra = stop_cols.expand(n, -1)
         cols = torch.cat([cols, extra], dim=1)
-        keep = torch.cat([keep, ~kept], dim=1)                                # the others added, once
+        keep = torch.cat([keep, ~kept], dim=1)  # the others added, once
         values = torch.cat([values, probs.gather(1, extra)], dim=1)
     return cols[:m], values[:m].clamp(min=1e-30).log(), keep[:m]
 
@@ -91,8 +92,9 @@ class PathSearch:
     lam: float = 0.5
 
     @torch.no_grad()
-    def search(self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    def search(
+        self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The best path through one pass's lattice.
 
         Args:
@@ -112,18 +114,18 @@ class PathSearch:
         m, width = tokens.shape[0], self.width
         order = self.scorer.order
         device = probs.device
-        paths = torch.empty((1, 0), dtype=torch.long)                          # (w, t) on the host: the scorer's
-        history = context.reshape(1, -1).cpu()                                 # (w, order - 1)
+        paths = torch.empty((1, 0), dtype=torch.long)  # (w, t) on the host: the scorer's
+        history = context.reshape(1, -1).cpu()  # (w, order - 1)
         scores = torch.zeros(1, dtype=torch.float64)
         done = torch.zeros(1, dtype=torch.bool)
         tokens_h, log_q_h, valid_h = tokens.cpu(), log_q.cpu().double(), valid.cpu()
         stop_h = self.stop_ids.cpu()
         for i in range(m):
-            cand, cand_lq, ok = tokens_h[i], log_q_h[i], valid_h[i]            # (M,)
+            cand, cand_lq, ok = tokens_h[i], log_q_h[i], valid_h[i]  # (M,)
             live = ~done
             step = torch.full((paths.shape[0], cand.numel()), -torch.inf, dtype=torch.float64)
             if bool(live.any()):
-                ctx = history[live][:, history.shape[1] - (order - 1):] if order > 1 else history[live][:, :0]
+                ctx = history[live][:, history.shape[1] - (order - 1) :] if order > 1 else history[live][:, :0]
                 lp = self.scorer.log_probs(ctx, cand.expand(int(live.sum()), -1)).double()  # (l, M)
                 step[live] = scores[live, None] + self.lam * cand_lq + (1 - self.lam) * lp
                 step[:, ~ok] = -torch.inf
@@ -133,10 +135,18 @@ class PathSearch:
             extend, carry = best[best < step.numel()], best[best >= step.numel()] - step.numel()
             rows, cols = extend // cand.numel(), extend % cand.numel()
             new_tok = cand[cols]
-            paths = torch.cat([torch.cat([paths[rows], new_tok[:, None]], 1),
-                               torch.cat([paths[carry], torch.full((carry.numel(), 1), -1)], 1)])
-            history = torch.cat([torch.cat([history[rows], new_tok[:, None]], 1),
-                                 torch.cat([history[carry], history[carry][:, -1:]], 1)])
+            paths = torch.cat(
+                [
+                    torch.cat([paths[rows], new_tok[:, None]], 1),
+                    torch.cat([paths[carry], torch.full((carry.numel(), 1), -1)], 1),
+                ]
+            )
+            history = torch.cat(
+                [
+                    torch.cat([history[rows], new_tok[:, None]], 1),
+                    torch.cat([history[carry], history[carry][:, -1:]], 1),
+                ]
+            )
             scores = torch.cat([step.flatten()[extend], scores[carry]])
             done = torch.cat([torch.isin(new_tok, stop_h), torch.ones(carry.numel(), dtype=torch.bool)])
             if bool(done.all()):

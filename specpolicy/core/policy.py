@@ -104,8 +104,10 @@ class PolicyAnswerError(ValueError):
         self.policy = policy
         self.answer = answer
         kind = "a negative speculation length" if isinstance(answer, int) else f"a {type(answer).__name__}"
-        super().__init__(f"policy {getattr(policy, 'name', '') or type(policy).__name__!r} returned {answer!r} from "
-                         f"next_length ({kind}); a speculation length must be an integer >= 0")
+        super().__init__(
+            f"policy {getattr(policy, 'name', '') or type(policy).__name__!r} returned {answer!r} from "
+            f"next_length ({kind}); a speculation length must be an integer >= 0"
+        )
 
 
 class RunawayDrafts:
@@ -153,8 +155,10 @@ class RunawayDrafts:
             return None
         state[2] = True
         name = getattr(policy, "name", "") or type(policy).__name__
-        return (f"policy {name!r} answered next_length with {answers[0]} after every extension and never with 0, so "
-                f"its drafts grew until the room ran out ({draft_length} tokens after {len(answers)} answers; "
-                f"{state[0]} rounds so far): next_length is asked again after each extension and a draft ends only "
-                f"when it answers 0 -- for k tokens per round, answer max(k - draft.length, 0) (README: Write a "
-                f"policy plugin)")
+        return (
+            f"policy {name!r} answered next_length with {answers[0]} after every extension and never with 0, so "
+            f"its drafts grew until the room ran out ({draft_length} tokens after {len(answers)} answers; "
+            f"{state[0]} rounds so far): next_length is asked again after each extension and a draft ends only "
+            f"when it answers 0 -- for k tokens per round, answer max(k - draft.length, 0) (README: Write a "
+            f"policy plugin)"
+        )

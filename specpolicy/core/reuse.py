@@ -53,7 +53,13 @@ class DraftReuse:
         """``draft`` with the continuation of its longest suffix found in the rejected tail
         appended (at most ``room - draft.length`` tokens); unchanged when nothing matches."""
         tail, tail_conf = self._tail_ids, self._tail_conf
-        if tail is None or tail_conf is None or draft.length < self.min_match or tail.shape[0] < 2 or room <= draft.length:
+        if (
+            tail is None
+            or tail_conf is None
+            or draft.length < self.min_match
+            or tail.shape[0] < 2
+            or room <= draft.length
+        ):
             return draft
         end, match_len = _longest_suffix_match(draft.token_ids, tail)
         if match_len < self.min_match or end + 1 >= tail.shape[0]:

@@ -87,8 +87,12 @@ class SamplingConfig:
 
     def describe(self) -> dict[str, Any]:
         """The settings as a plain dict (``summary.json``'s ``sampling``), with the mode."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                "mode": "greedy" if self.is_greedy else "sampling"}
+        return {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "mode": "greedy" if self.is_greedy else "sampling",
+        }
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:
@@ -220,8 +224,9 @@ def speculative_verify(
     return int(accepted), int(next_token)
 
 
-def choose(logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def choose(
+    logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A drafter's tokens from its logits, one per row.
 
     Greedy (``sampling`` None or greedy): the argmax, its softmax probability as the confidence,

@@ -35,7 +35,9 @@ def arrival_times(num_requests: int, process: str = "all_at_once", rate: float =
     if process == "all_at_once":
         return [0.0] * num_requests
     if not (isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"generation.arrival_rate must be a number > 0 (requests/s) for poisson arrivals, got {rate!r}")
+        raise ValueError(
+            f"generation.arrival_rate must be a number > 0 (requests/s) for poisson arrivals, got {rate!r}"
+        )
     rng = random.Random(seed)
     times, now = [], 0.0
     for i in range(num_requests):
@@ -80,15 +82,20 @@ class RequestTiming:
 def summarize(timings: list[RequestTiming], wall_s: float) -> dict[str, float]:
     """Throughput (generated tokens/s over all requests and the run's wall time) and the mean,
     p50 and p99 of TTFT, TPOT and latency in ms (NaN without requests)."""
-    out: dict[str, float] = {"requests": float(len(timings)), "tokens": float(sum(t.tokens for t in timings)),
-                             "wall_s": wall_s}
+    out: dict[str, float] = {
+        "requests": float(len(timings)),
+        "tokens": float(sum(t.tokens for t in timings)),
+        "wall_s": wall_s,
+    }
     out["throughput_tokens_per_s"] = out["tokens"] / wall_s if wall_s > 0 and timings else float("nan")
     for name in ("ttft_ms", "tpot_ms", "latency_ms"):
         values = np.array([getattr(t, name) for t in timings], dtype=float)
         stem = name.removesuffix("_ms")
-        for label, value in (("mean", values.mean() if values.size else float("nan")),
-                             ("p50", np.percentile(values, 50) if values.size else float("nan")),
-                             ("p99", np.percentile(values, 99) if values.size else float("nan"))):
+        for label, value in (
+            ("mean", values.mean() if values.size else float("nan")),
+            ("p50", np.percentile(values, 50) if values.size else float("nan")),
+            ("p99", np.percentile(values, 99) if values.size else float("nan")),
+        ):
             out[f"{stem}_{label}_ms"] = float(value)
     return out
 
@@ -102,8 +109,9 @@ def first_token_s(result) -> float:
     return min((result.prefill_ms + first) / 1e3, result.wall_s)
 
 
-def one_after_another(service: list[tuple[float, float, int]], arrivals: list[float]
-                      ) -> tuple[list[RequestTiming], float]:
+def one_after_another(
+    service: list[tuple[float, float, int]], arrivals: list[float]
+) -> tuple[list[RequestTiming], float]:
     """The timings of requests served one at a time in order (first come, first served), each
     taking its measured time: what the batch-1 loop's requests see when they arrive at ``arrivals``.
 

@@ -38,6 +38,7 @@ def decode_escapes(text: str) -> str:
     characters they name, left to right (``\\\\n`` is a backslash and an ``n``); any other
     backslash is kept. Raises ValueError naming ``generation.stop`` for an escape naming no
     character (``\\UFFFFFFFF``)."""
+
     def one(match: re.Match) -> str:
         body = match.group(1)
         if body in _SIMPLE:
@@ -45,8 +46,9 @@ def decode_escapes(text: str) -> str:
         try:
             return chr(int(body[1:], 16))
         except (ValueError, OverflowError):  # beyond U+10FFFF
-            raise ValueError(f"generation.stop: the escape \\{body} names no character (at most \\U0010FFFF), "
-                             f"in {text!r}") from None
+            raise ValueError(
+                f"generation.stop: the escape \\{body} names no character (at most \\U0010FFFF), in {text!r}"
+            ) from None
 
     return _ESCAPE.sub(one, text)
 
@@ -82,13 +84,17 @@ def never_matching(tokenizer: Any, strings: Sequence[str]) -> list[str]:
     for s in strings:
         lost = next((c for c in dict.fromkeys(s) if c not in round_trip(c)), None)
         if lost is not None:
-            lines.append(f"generation.stop string {s!r} can never match: the target's tokenizer cannot produce the "
-                         f"character {lost!r} (U+{ord(lost):04X}), so the decoded output never contains it")
+            lines.append(
+                f"generation.stop string {s!r} can never match: the target's tokenizer cannot produce the "
+                f"character {lost!r} (U+{ord(lost):04X}), so the decoded output never contains it"
+            )
         elif s not in round_trip(s):
             back = tokenizer.decode(tokenizer.encode(s, add_special_tokens=False), skip_special_tokens=True)
-            lines.append(f"generation.stop string {s!r} can never match: the target's tokenizer does not give this "
-                         f"text back (encoded and decoded it reads {back!r}; a special token's text is skipped), and "
-                         f"stop strings are matched on the decoded output")
+            lines.append(
+                f"generation.stop string {s!r} can never match: the target's tokenizer does not give this "
+                f"text back (encoded and decoded it reads {back!r}; a special token's text is skipped), and "
+                f"stop strings are matched on the decoded output"
+            )
     return lines
 
 
@@ -108,8 +114,10 @@ class StopStrings:
 
     def __init__(self, tokenizer: Any, strings: Sequence[str], lookback: int | None = None) -> None:
         if isinstance(strings, str):
-            raise ValueError(f"generation.stop must be a list of strings (e.g. generation.stop=[{strings!r}]), "
-                             f"got the string {strings!r}")
+            raise ValueError(
+                f"generation.stop must be a list of strings (e.g. generation.stop=[{strings!r}]), "
+                f"got the string {strings!r}"
+            )
         strings = list(strings)
         if not strings:
             raise ValueError("generation.stop: at least one stop string is needed (or pass no StopStrings)")
@@ -161,17 +169,17 @@ class StopStrings:
         before = self._decode(base)
         after = self._decode(base + new)
         if not self._new_match(before, after):  # the common case: one decode of the window
-            self._tail = (base + new)[-self.lookback:]
+            self._tail = (base + new)[-self.lookback :]
             return None
         prev = before
         for j in range(1, len(new) + 1):
             text = after if j == len(new) else self._decode(base + new[:j])
             if self._new_match(prev, text):
-                self._tail = (base + new[:j])[-self.lookback:]
+                self._tail = (base + new[:j])[-self.lookback :]
                 return j
             prev = text
         # The whole window matched but no single step did (decoding not monotone): stop at the end.
-        self._tail = (base + new)[-self.lookback:]
+        self._tail = (base + new)[-self.lookback :]
         return len(new)
 
     def __repr__(self) -> str:

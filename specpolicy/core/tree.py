@@ -36,8 +36,9 @@ def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str 
     return torch.from_numpy(mask).to(device)
 
 
-def verification_layout(parents: list[int], start: int, device: torch.device | str
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def verification_layout(
+    parents: list[int], start: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What the target's one pass over ``[pending] + nodes`` needs (SpecInfer §4), built on the host
     in one go: position ids ``(k + 1,) int64`` (``start`` + depth; the root at ``start``) and the
     attention mask ``(k + 1, start + k + 1) bool`` (True = attend: every committed position, then
@@ -158,8 +159,9 @@ def path_to(node: int, parents: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor,
-                plist: list[int] | None = None) -> tuple[int, ...]:
+def greedy_path(
+    parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor, plist: list[int] | None = None
+) -> tuple[int, ...]:
     """The longest root-to-node path the target agrees with (greedy verification of a tree).
 
     Args:
@@ -187,8 +189,13 @@ def greedy_path(parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torc
     return path_to(best, plist)
 
 
-def sample_path(p: torch.Tensor, parents: torch.Tensor, token_ids: torch.Tensor, q: torch.Tensor | None,
-                generator: torch.Generator | None) -> tuple[tuple[int, ...], int]:
+def sample_path(
+    p: torch.Tensor,
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> tuple[tuple[int, ...], int]:
     """Speculative sampling over a tree: recursive rejection sampling (SpecInfer §4; EAGLE's
     tree sampling). From the root, try the current node's children in order: child c (token x,
     drawn from ``q[c]``) is accepted with probability ``min(1, p(x) / q_c(x))`` and becomes the

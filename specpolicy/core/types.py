@@ -134,8 +134,16 @@ class Verification:
 
 
 #: Values of ``RoundRecord.draft_stop_reason`` (why drafting stopped in a round).
-DRAFT_STOP_REASONS = ("low_confidence", "n_max", "policy_bound", "length_0", "room", "no_proposal", "stop_token",
-                      "vanilla")
+DRAFT_STOP_REASONS = (
+    "low_confidence",
+    "n_max",
+    "policy_bound",
+    "length_0",
+    "room",
+    "no_proposal",
+    "stop_token",
+    "vanilla",
+)
 #: Values of ``RoundRecord.finish_reason`` / ``GenerationResult.finish_reason`` (why generation ended).
 FINISH_REASONS = ("eos", "stop_string", "max_new_tokens", "max_context")
 

@@ -52,8 +52,10 @@ class Verifier(ABC):
         if layers:
             from specpolicy.core.features import FeaturesUnsupported
 
-            raise FeaturesUnsupported(f"verifier {self.name or type(self).__name__!r} cannot return the target's "
-                                      f"hidden states (requested hidden_states {list(layers)}); use verifier=hf")
+            raise FeaturesUnsupported(
+                f"verifier {self.name or type(self).__name__!r} cannot return the target's "
+                f"hidden states (requested hidden_states {list(layers)}); use verifier=hf"
+            )
 
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:

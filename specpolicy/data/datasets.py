@@ -50,8 +50,14 @@ class Prompt:
 #: Bad lines of a prompt file named in one report; the others are counted ("and N more").
 MAX_REPORTED = 20
 #: What a JSON value is called, by its Python type.
-_JSON_KINDS = {list: "an array ([...])", str: "a string", int: "a number", float: "a number", bool: "true or false",
-               type(None): "null"}
+_JSON_KINDS = {
+    list: "an array ([...])",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 def _read_jsonl(path: Path, key: str, fields: tuple[str, ...]) -> list[tuple[int, dict, str]]:
@@ -80,16 +86,21 @@ def _read_jsonl(path: Path, key: str, fields: tuple[str, ...]) -> list[tuple[int
     except OSError as exc:  # unreadable, or a .gz file that is not gzip
         raise ConfigError(f"{key}={str(path)!r} cannot be read: {exc}") from exc
     if problems:
-        rule = (f"each line of {key} must be one JSON object (UTF-8) with a non-empty string in one of the fields "
-                f"{', '.join(fields)}")
+        rule = (
+            f"each line of {key} must be one JSON object (UTF-8) with a non-empty string in one of the fields "
+            f"{', '.join(fields)}"
+        )
         if len(problems) == 1:
-            (number, problem), = problems
+            ((number, problem),) = problems
             raise ConfigError(f"{path}:{number}: {problem}; {rule}")
         shown = "; ".join(f"line {number}: {problem}" for number, problem in problems[:MAX_REPORTED])
         more = len(problems) - MAX_REPORTED
         more_lines = ", ".join(str(n) for n, _ in problems[MAX_REPORTED:][:10])
-        tail = (f"; and {more} more (line{'s' if more > 1 else ''} {more_lines}{', ...' if more > 10 else ''})"
-                if more > 0 else "")
+        tail = (
+            f"; and {more} more (line{'s' if more > 1 else ''} {more_lines}{', ...' if more > 10 else ''})"
+            if more > 0
+            else ""
+        )
         raise ConfigError(f"{path}: {len(problems)} bad lines: {shown}{tail}; {rule}")
     if not rows:
         raise ConfigError(f"{key}={str(path)!r} holds no rows (an empty file); it needs one JSON object per line")
@@ -126,8 +137,7 @@ def json_problem(error: json.JSONDecodeError) -> str:
         char = line[error.pos] if error.pos < len(line) else ""
         if at_end or char in "\r\n":
             return 'a string is not closed: the line ends inside it (a closing " is missing)'
-        return (f"a raw control character {char!r} inside a string at column {col}; write it as "
-                f"{json.dumps(char)[1:-1]}")
+        return f"a raw control character {char!r} inside a string at column {col}; write it as {json.dumps(char)[1:-1]}"
     if msg.startswith("Unterminated string"):
         return f'the string starting at column {col} is not closed (a closing " is missing)'
     if msg.startswith("Expecting ',' delimiter") or (msg.startswith("Expecting property name") and at_end):
@@ -137,15 +147,19 @@ def json_problem(error: json.JSONDecodeError) -> str:
     if msg.startswith("Expecting ':' delimiter"):
         return f"a colon is missing after the key, at column {col}"
     if msg.startswith("Expecting property name"):
-        return (f"a key in double quotes is expected at column {col} (JSON has no single quotes and no comma "
-                f"before a closing }})")
+        return (
+            f"a key in double quotes is expected at column {col} (JSON has no single quotes and no comma "
+            f"before a closing }})"
+        )
     if msg.startswith("Expecting value"):
         if at_end:
             return "the line ends where a value is expected"
         if col == 1:
             return "the line is not JSON (a JSON object starts with {)"
-        return (f"no JSON value at column {col} (strings need double quotes; true, false and null are lower case; "
-                f"no comma before a closing bracket)")
+        return (
+            f"no JSON value at column {col} (strings need double quotes; true, false and null are lower case; "
+            f"no comma before a closing bracket)"
+        )
     if msg.startswith("Extra data"):
         return f"more than one JSON value on the line (extra text from column {col})"
     if msg.startswith("Invalid \\escape"):
@@ -162,8 +176,10 @@ def _check_encodable(value: Any) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValueError(f"the text holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
-                             f"which is not valid Unicode text") from exc
+            raise ValueError(
+                f"the text holds a lone surrogate ({value[exc.start]!r} at character {exc.start}), "
+                f"which is not valid Unicode text"
+            ) from exc
     elif isinstance(value, dict):
         for item in value.values():
             _check_encodable(item)
@@ -179,8 +195,9 @@ def _text_field(row: dict, fields: tuple[str, ...]) -> str:
         if isinstance(row.get(name), str) and row[name].strip():
             return name
     present = ", ".join(sorted(row)) or "none"
-    raise ValueError(f"no prompt text: none of the fields {', '.join(fields)} holds a non-empty string "
-                     f"(its fields: {present})")
+    raise ValueError(
+        f"no prompt text: none of the fields {', '.join(fields)} holds a non-empty string (its fields: {present})"
+    )
 
 
 def _user_text(name: str, text: str) -> str:
@@ -201,8 +218,9 @@ def num_prompts_value(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"dataset.num_prompts must be an integer >= 1, or all (every prompt after "
-                          f"dataset.offset), got {value!r}")
+        raise ConfigError(
+            f"dataset.num_prompts must be an integer >= 1, or all (every prompt after dataset.offset), got {value!r}"
+        )
     return value
 
 
@@ -227,13 +245,17 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
     if path:
         file = Path(path).expanduser()
         if not file.is_file():
-            raise ConfigError(f"dataset.path={path!r} does not exist" if not file.exists()
-                              else f"dataset.path={path!r} is a directory, not a JSONL file")
+            raise ConfigError(
+                f"dataset.path={path!r} does not exist"
+                if not file.exists()
+                else f"dataset.path={path!r} is a directory, not a JSONL file"
+            )
         numbered = _read_jsonl(file, "dataset.path", TEXT_FIELDS)
     else:
         if name not in BUNDLED:
-            raise ConfigError(f"dataset.name={name!r} is not bundled; choose one of {', '.join(BUNDLED)} "
-                              f"or set dataset.path")
+            raise ConfigError(
+                f"dataset.name={name!r} is not bundled; choose one of {', '.join(BUNDLED)} or set dataset.path"
+            )
         rel, field = BUNDLED[name]
         file = Path(str(resources.files("specpolicy.data") / rel))
         numbered = _read_jsonl(file, "dataset.name", (field,))
@@ -243,8 +265,10 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
         num_prompts = num_prompts_value(num_prompts)
     if offset >= len(numbered):
         source = f"dataset.path={path!r}" if path else f"dataset.name={name!r}"
-        raise ConfigError(f"dataset.offset={offset} is past the last prompt of {source} ({len(numbered)} rows; "
-                          f"accepted 0..{len(numbered) - 1})")
+        raise ConfigError(
+            f"dataset.offset={offset} is past the last prompt of {source} ({len(numbered)} rows; "
+            f"accepted 0..{len(numbered) - 1})"
+        )
     selected = list(enumerate(numbered))[offset:]
     if num_prompts is not None:
         selected = selected[:num_prompts]

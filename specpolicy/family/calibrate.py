@@ -28,9 +28,16 @@ T_GRID = tuple(round(0.5 + 0.02 * i, 2) for i in range(51))  # 0.50 .. 1.50
 
 
 @torch.no_grad()
-def one_pass_logits(model, examples: list[Example], mask_id: int, pad_id: int, seed: int = 0,
-                    block_size: int = BLOCK_SIZE, small_block_size: int = 8, batch_size: int = 16
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def one_pass_logits(
+    model,
+    examples: list[Example],
+    mask_id: int,
+    pad_id: int,
+    seed: int = 0,
+    block_size: int = BLOCK_SIZE,
+    small_block_size: int = 8,
+    batch_size: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and targets at the positions a one-pass pass decodes, from suffix masks.
 
     Returns:
@@ -41,7 +48,7 @@ def one_pass_logits(model, examples: list[Example], mask_id: int, pad_id: int, s
     gen = torch.Generator().manual_seed(seed)
     out_l, out_t = [], []
     for s in range(0, len(examples), batch_size):
-        batch = collate(examples[s: s + batch_size], pad_id, block_size)
+        batch = collate(examples[s : s + batch_size], pad_id, block_size)
         ids, valid, resp = batch["input_ids"], batch["valid"], batch["response"]
         B, L = ids.shape
         masked, targets = sample_suffix_noise(resp, gen, block_size, small_block_size)
@@ -57,8 +64,11 @@ def one_pass_logits(model, examples: list[Example], mask_id: int, pad_id: int, s
         used = targets & (off[None] < end_tok)
         noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
         attn = to_attention_mask(dual_stream_mask(valid, block_size), model.config._attn_implementation)
-        hidden = model.model(input_ids=torch.cat([noisy, ids], 1), position_ids=torch.arange(L).repeat(2)[None].expand(B, -1),
-                             attention_mask=attn).last_hidden_state
+        hidden = model.model(
+            input_ids=torch.cat([noisy, ids], 1),
+            position_ids=torch.arange(L).repeat(2)[None].expand(B, -1),
+            attention_mask=attn,
+        ).last_hidden_state
         rows, cols = used.nonzero(as_tuple=True)
         out_l.append(model.lm_head(hidden[rows, shift_source(L, block_size)[cols]]).float())
         out_t.append(ids[rows, cols])
@@ -107,5 +117,10 @@ def calibrate_saved(model_dir, examples: list[Example], tokenizer, seed: int = 0
     fold_temperature(model, t)
     prev = float(getattr(model.config, "confidence_temperature", 1.0) or 1.0)
     save_model(model, tokenizer, model_dir, extra_config={"confidence_temperature": round(prev * t, 4)})
-    return {"temperature": t, "ece_before": round(before, 4), "ece_after": round(after, 4),
-            "positions": int(targets.numel()), "examples": len(examples)}
+    return {
+        "temperature": t,
+        "ece_before": round(before, 4),
+        "ece_after": round(after, 4),
+        "positions": int(targets.numel()),
+        "examples": len(examples),
+    }

@@ -111,9 +111,7 @@ def read_examples(path: str | Path) -> list[Example]:
         FileNotFoundError: missing file. KeyError: a row lacks ``prompt_ids``/``response_ids``.
     """
     with open(path) as f:
-        return [
-            Example(tuple(r["prompt_ids"]), tuple(r["response_ids"])) for r in map(json.loads, f) if r
-        ]
+        return [Example(tuple(r["prompt_ids"]), tuple(r["response_ids"])) for r in map(json.loads, f) if r]
 
 
 def batch_plan(
@@ -182,8 +180,7 @@ def collate(examples: list[Example], pad_id: int, pad_to_multiple: int = 1) -> d
     return {"input_ids": ids, "valid": valid, "response": resp, "prompt_len": plen}
 
 
-def draft_vocabulary(examples: list[Example], size: int, vocab_size: int, always: tuple[int, ...] = ()
-                     ) -> torch.Tensor:
+def draft_vocabulary(examples: list[Example], size: int, vocab_size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
     """A drafter's draft vocabulary (EAGLE-3's ``d2t``; DFlash's opt-in one): the ``size`` most
     frequent response tokens of ``examples`` (ties: smaller id first), the ids in ``always`` (stop
     tokens: a drafter that cannot draft one drafts past every end) first, sorted by id:

@@ -96,16 +96,24 @@ def reliability_table(confidence: torch.Tensor, correct: torch.Tensor, n_bins: i
     for b in range(n_bins):
         sel = bins == b
         m = int(sel.sum())
-        out.append({
-            "lo": b / n_bins, "hi": (b + 1) / n_bins, "n": m,
-            "mean_confidence": round(float(conf[sel].mean()), 4) if m else None,
-            "accuracy": round(float(correct[sel].double().mean()), 4) if m else None,
-        })
+        out.append(
+            {
+                "lo": b / n_bins,
+                "hi": (b + 1) / n_bins,
+                "n": m,
+                "mean_confidence": round(float(conf[sel].mean()), 4) if m else None,
+                "accuracy": round(float(correct[sel].double().mean()), 4) if m else None,
+            }
+        )
     return out
 
 
-def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], max_distance: int,
-                     draft_lengths=DRAFT_LENGTHS, calibration_distance: int = 32) -> dict:
+def summarize_drafts(
+    drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    max_distance: int,
+    draft_lengths=DRAFT_LENGTHS,
+    calibration_distance: int = 32,
+) -> dict:
     """The diagnostics of a set of drafts.
 
     Args:
@@ -136,12 +144,16 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
     mconf = (conf * scored).sum(0).double() / n_d.clamp(min=1)
     # longest correct prefix: leading run of matches among scored positions
     run = (match & scored).int().cumprod(dim=1).sum(1)  # (N,)
-    lcp = {str(n): round(float(run.clamp(max=n).double().mean()), 3) if len(drafts) else 0.0
-           for n in draft_lengths if n <= D}
+    lcp = {
+        str(n): round(float(run.clamp(max=n).double().mean()), 3) if len(drafts) else 0.0
+        for n in draft_lengths
+        if n <= D
+    }
     cd = min(calibration_distance, D)
     pooled = scored[:, :cd]
-    ece_d = [round(expected_calibration_error(conf[:, d][scored[:, d]], match[:, d][scored[:, d]]), 4)
-             for d in range(D)]
+    ece_d = [
+        round(expected_calibration_error(conf[:, d][scored[:, d]], match[:, d][scored[:, d]]), 4) for d in range(D)
+    ]
     # positions whose earlier draft tokens are all correct (the ones a greedy verifier judges)
     reached = torch.zeros_like(scored)
     reached[:, 0] = scored[:, 0]
@@ -154,7 +166,9 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
         "n_drafts": len(drafts),
         "agreement_given_prefix_correct": [round(float(x), 4) for x in agree_r],
         "n_given_prefix_correct": [int(x) for x in n_r],
-        "ece_given_prefix_correct": round(expected_calibration_error(conf[:, :cd][pooled_r], match[:, :cd][pooled_r]), 4),
+        "ece_given_prefix_correct": round(
+            expected_calibration_error(conf[:, :cd][pooled_r], match[:, :cd][pooled_r]), 4
+        ),
         "reliability_given_prefix_correct": reliability_table(conf[:, :cd][pooled_r], match[:, :cd][pooled_r]),
         "agreement": [round(float(x), 4) for x in agree],
         "n_by_distance": [int(x) for x in n_d],
@@ -168,9 +182,15 @@ def summarize_drafts(drafts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 @torch.no_grad()
-def collect_drafts(drafter, prompts: list[torch.Tensor], outputs: list[torch.Tensor], stride: int,
-                   max_distance: int, verifier=None, passes: dict | None = None
-                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def collect_drafts(
+    drafter,
+    prompts: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    stride: int,
+    max_distance: int,
+    verifier=None,
+    passes: dict | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One-pass drafts from every ``stride``-th committed position of each output.
 
     Args:
@@ -261,12 +281,23 @@ def pass_cost(results_path: str | Path) -> dict:
                 vanilla_rounds += row.get("vanilla_rounds") or 0
     pass_ms = draft_ms / passes if passes else 0.0
     step = vanilla_ms / vanilla_rounds if vanilla_rounds else 0.0
-    return {"pass_ms": round(pass_ms, 3), "target_step_ms": round(step, 3),
-            "pass_over_target_step": round(pass_ms / step, 3) if step else None}
+    return {
+        "pass_ms": round(pass_ms, 3),
+        "target_step_ms": round(step, 3),
+        "pass_over_target_step": round(pass_ms / step, 3) if step else None,
+    }
 
 
-def run_in_loop(drafter: str, run_dir: str | Path, num_prompts: int = 10, k: int = 16, max_new_tokens: int = 256,
-                threshold: float = 0.05, kind: str = "fastdllm", offset: int = 0) -> dict:
+def run_in_loop(
+    drafter: str,
+    run_dir: str | Path,
+    num_prompts: int = 10,
+    k: int = 16,
+    max_new_tokens: int = 256,
+    threshold: float = 0.05,
+    kind: str = "fastdllm",
+    offset: int = 0,
+) -> dict:
     """Run the loop (static k, GSM8K test from ``offset``; fastdllm at ``threshold`` without the
     vanilla baseline, dflash / eagle3 with it, for :func:`pass_cost`) in a subprocess and summarize
     its ``results.jsonl`` with :func:`accepted_length_shares`.
@@ -276,9 +307,22 @@ def run_in_loop(drafter: str, run_dir: str | Path, num_prompts: int = 10, k: int
     """
     run_dir = Path(run_dir)
     extra = [f"drafter.threshold={threshold}", "run.vanilla_baseline=false"] if kind == "fastdllm" else []
-    cmd = [sys.executable, "-m", "specpolicy", f"drafter={kind}", f"drafter.model={drafter}", *extra,
-           "policy=static", f"policy.k={k}", f"dataset.num_prompts={num_prompts}", f"dataset.offset={offset}",
-           f"generation.max_new_tokens={max_new_tokens}", "run.resume=false", "runtime=cpu", f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specpolicy",
+        f"drafter={kind}",
+        f"drafter.model={drafter}",
+        *extra,
+        "policy=static",
+        f"policy.k={k}",
+        f"dataset.num_prompts={num_prompts}",
+        f"dataset.offset={offset}",
+        f"generation.max_new_tokens={max_new_tokens}",
+        "run.resume=false",
+        "runtime=cpu",
+        f"hydra.run.dir={run_dir}",
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     res = accepted_length_shares(run_dir / "results.jsonl")
     res.update(k=k, num_prompts=num_prompts, offset=offset, max_new_tokens=max_new_tokens)
@@ -289,9 +333,21 @@ def run_in_loop(drafter: str, run_dir: str | Path, num_prompts: int = 10, k: int
     return res
 
 
-def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, num_prompts: dict | int = 50,
-             max_new_tokens: int = 256, stride: int = 9, max_distance: int = 64, threshold: float = 0.05,
-             small_block_size: int = 8, log=print, on_result=None, kind: str = "fastdllm", offset: int = 0) -> dict:
+def diagnose(
+    drafter_path: str,
+    target_path: str = "target",
+    datasets=DATASETS,
+    num_prompts: dict | int = 50,
+    max_new_tokens: int = 256,
+    stride: int = 9,
+    max_distance: int = 64,
+    threshold: float = 0.05,
+    small_block_size: int = 8,
+    log=print,
+    on_result=None,
+    kind: str = "fastdllm",
+    offset: int = 0,
+) -> dict:
     """Every per-data-set diagnostic of the module docstring for one drafter.
 
     Args:
@@ -317,9 +373,14 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
     if kind == "fastdllm":
         target = load_causal_lm(target_path, rt)
         dmodel = load_causal_lm(drafter_path, rt)
-        drafter = FastDLLMDrafter(dmodel, rt, load_tokenizer(drafter_path),
-                                  block_size=model_block_size(dmodel.config) or 32,
-                                  small_block_size=small_block_size, threshold=threshold)
+        drafter = FastDLLMDrafter(
+            dmodel,
+            rt,
+            load_tokenizer(drafter_path),
+            block_size=model_block_size(dmodel.config) or 32,
+            small_block_size=small_block_size,
+            threshold=threshold,
+        )
         context = dmodel.config.max_position_embeddings
     else:
         from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_verifier
@@ -334,23 +395,29 @@ def diagnose(drafter_path: str, target_path: str = "target", datasets=DATASETS, 
         n = num_prompts[name] if isinstance(num_prompts, dict) else num_prompts
         prompts = [p.token_ids(tok) for p in load_prompts(name, num_prompts=n, offset=offset)]
         prompts = [p for p in prompts if p.shape[0] + max_new_tokens + 64 < context]
-        outs = greedy_generate(target, [p.tolist() for p in prompts], tok.eos_token_id, tok.pad_token_id,
-                               max_new_tokens, batch_size=64)
+        outs = greedy_generate(
+            target, [p.tolist() for p in prompts], tok.eos_token_id, tok.pad_token_id, max_new_tokens, batch_size=64
+        )
         outs = [torch.tensor(o, dtype=torch.long) for o in outs]
         passes: dict = {}
         drafts = collect_drafts(drafter, prompts, outs, stride, max_distance, verifier, passes)
         r = summarize_drafts(drafts, max_distance)
         if passes:
             r["passes_by_length"] = {str(k): round(sum(v) / len(v), 3) for k, v in passes.items()}
-        r.update(n_prompts=len(prompts), mean_output_tokens=round(sum(len(o) for o in outs) / max(1, len(outs)), 1),
-                 wall_s=round(time.time() - t0, 1))
+        r.update(
+            n_prompts=len(prompts),
+            mean_output_tokens=round(sum(len(o) for o in outs) / max(1, len(outs)), 1),
+            wall_s=round(time.time() - t0, 1),
+        )
         res[name] = r
         if on_result is not None:
             on_result(name, r)
-        log(f"[{name}] {len(prompts)} prompts, {len(drafts)} drafts: agreement d1..5 {r['agreement'][:5]} "
+        log(
+            f"[{name}] {len(prompts)} prompts, {len(drafts)} drafts: agreement d1..5 {r['agreement'][:5]} "
             f"d10 {r['agreement'][9]} d32 {r['agreement'][31] if max_distance >= 32 else None}; "
             f"longest correct prefix {r['longest_correct_prefix']}; ECE {r['ece']} "
-            f"(given a correct prefix: {r['ece_given_prefix_correct']})")
+            f"(given a correct prefix: {r['ece_given_prefix_correct']})"
+        )
     return res
 
 
@@ -367,11 +434,16 @@ def main(argv: list[str] | None = None) -> dict:
     """CLI (``python -m specpolicy.family.diagnostics``); writes ``--out`` as JSON."""
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family.diagnostics", description=__doc__.split("\n")[0])
     ap.add_argument("--kind", default="fastdllm", choices=("fastdllm", "dflash", "eagle3"), help="the drafter's kind")
-    ap.add_argument("--drafter", default=None,
-                    help="bundled name or checkpoint dir (default: the bundled drafter of --kind)")
+    ap.add_argument(
+        "--drafter", default=None, help="bundled name or checkpoint dir (default: the bundled drafter of --kind)"
+    )
     ap.add_argument("--offset", type=int, default=0, help="first prompt of each data set")
-    ap.add_argument("--in-loop-k", type=int, default=None,
-                    help="static k of --in-loop (default: 16 for fastdllm, B - 1 for dflash, 5 for eagle3)")
+    ap.add_argument(
+        "--in-loop-k",
+        type=int,
+        default=None,
+        help="static k of --in-loop (default: 16 for fastdllm, B - 1 for dflash, 5 for eagle3)",
+    )
     ap.add_argument("--target", default="target", help="bundled name or model dir of the target")
     ap.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=DATASETS)
     ap.add_argument("--num-prompts", type=int, default=30, help="GSM8K test prompts (held out)")
@@ -379,23 +451,32 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--stride", type=int, default=12, help="tokens between draft start positions")
     ap.add_argument("--max-distance", type=int, default=64, help="tokens per one-pass draft (>= 32)")
-    ap.add_argument("--in-loop", action="store_true",
-                    help="also run the loop measure (static k = --in-loop-k, 10 GSM8K test prompts from --offset)")
+    ap.add_argument(
+        "--in-loop",
+        action="store_true",
+        help="also run the loop measure (static k = --in-loop-k, 10 GSM8K test prompts from --offset)",
+    )
     ap.add_argument("--in-loop-dir", default=None, help="run dir of --in-loop (default: <out>.loop)")
     ap.add_argument("--results", default=None, help="only summarize this results.jsonl (accepted-length shares)")
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
     ap.add_argument("--threads", type=int, default=None)
     a = ap.parse_args(argv)
-    for name, v, lo in (("--num-prompts", a.num_prompts, 1), ("--num-prompts-other", a.num_prompts_other, 1),
-                        ("--stride", a.stride, 1), ("--max-distance", a.max_distance, 32),
-                        ("--max-new-tokens", a.max_new_tokens, 1)):
+    for name, v, lo in (
+        ("--num-prompts", a.num_prompts, 1),
+        ("--num-prompts-other", a.num_prompts_other, 1),
+        ("--stride", a.stride, 1),
+        ("--max-distance", a.max_distance, 32),
+        ("--max-new-tokens", a.max_new_tokens, 1),
+    ):
         if v < lo:
             ap.exit(2, f"error: {name}={v}; it must be an integer >= {lo}\n")
     if a.offset < 0:
         ap.exit(2, f"error: --offset={a.offset}; it must be an integer >= 0\n")
     if a.threads:
         torch.set_num_threads(a.threads)
-    a.drafter = a.drafter or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter"}[a.kind]
+    a.drafter = (
+        a.drafter or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter"}[a.kind]
+    )
 
     def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured
         if a.out:
@@ -407,8 +488,14 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         t0 = time.time()
         npr = {d: a.num_prompts if d == "gsm8k" else a.num_prompts_other for d in DATASETS}
-        res = {"kind": a.kind, "drafter": a.drafter, "stride": a.stride, "max_distance": a.max_distance,
-               "offset": a.offset, "num_prompts": {d: npr[d] for d in a.datasets}}
+        res = {
+            "kind": a.kind,
+            "drafter": a.drafter,
+            "stride": a.stride,
+            "max_distance": a.max_distance,
+            "offset": a.offset,
+            "num_prompts": {d: npr[d] for d in a.datasets},
+        }
         if a.kind == "fastdllm":
             res.update(threshold=0.05, small_block_size=8)
         first = [d for d in a.datasets if d == "gsm8k"]  # GSM8K (the bars), then the loop, then the others

@@ -124,7 +124,9 @@ def greedy_generate(
                 soft[i] = (top_ids[r, : int(n_gen[r])].cpu(), top_lp[r, : int(n_gen[r])].cpu())
         if log_every and ((bi + 1) % log_every == 0 or bi + 1 == nb):
             el = time.time() - t0
-            print(f"[distill] batch {bi + 1}/{nb} elapsed {el:.0f}s eta {el / (bi + 1) * (nb - bi - 1):.0f}s", flush=True)
+            print(
+                f"[distill] batch {bi + 1}/{nb} elapsed {el:.0f}s eta {el / (bi + 1) * (nb - bi - 1):.0f}s", flush=True
+            )
     if top_k:
         return results, soft  # type: ignore[return-value]
     return results  # type: ignore[return-value]
@@ -204,8 +206,14 @@ def save_soft_targets(soft: list[tuple[torch.Tensor, torch.Tensor]], path: str |
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
-    torch.save({"offsets": lens.cumsum(0), "ids": torch.cat([a for a, _ in soft]),
-                "logprobs": torch.cat([b for _, b in soft])}, tmp)
+    torch.save(
+        {
+            "offsets": lens.cumsum(0),
+            "ids": torch.cat([a for a, _ in soft]),
+            "logprobs": torch.cat([b for _, b in soft]),
+        },
+        tmp,
+    )
     tmp.replace(p)
 
 

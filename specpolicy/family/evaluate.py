@@ -136,7 +136,9 @@ def dllm_block_draft(model, prefix: list[int], mask_id: int, pad_id: int, block_
 
 
 @torch.no_grad()
-def dllm_block_draft_batch(model, prefixes: list[list[int]], mask_id: int, pad_id: int, block_size: int = BLOCK_SIZE) -> list[torch.Tensor]:
+def dllm_block_draft_batch(
+    model, prefixes: list[list[int]], mask_id: int, pad_id: int, block_size: int = BLOCK_SIZE
+) -> list[torch.Tensor]:
     """Batched :func:`dllm_block_draft` (right padding)."""
     ends = [(len(p) // block_size + 1) * block_size for p in prefixes]
     L = max(ends)
@@ -154,7 +156,12 @@ def dllm_block_draft_batch(model, prefixes: list[list[int]], mask_id: int, pad_i
 
 @torch.no_grad()
 def dllm_agreement(
-    model, sequences: list[tuple[list[int], list[int]]], mask_id: int, pad_id: int, k: int = 5, block_size: int = BLOCK_SIZE
+    model,
+    sequences: list[tuple[list[int], list[int]]],
+    mask_id: int,
+    pad_id: int,
+    k: int = 5,
+    block_size: int = BLOCK_SIZE,
 ) -> dict:
     """Speculative-decoding simulation with the one-pass block drafter (drafts never cross
     the current block's end), all sequences advanced in lockstep and batched.

@@ -27,8 +27,15 @@ import torch
 from specpolicy.family.data import Example
 
 
-def extract_features(target_dir: str | Path, examples: Sequence[Example], layers: Sequence[int], out_dir: str | Path,
-                     batch_tokens: int = 8192, log_every: int = 20, device: str = "cpu") -> dict:
+def extract_features(
+    target_dir: str | Path,
+    examples: Sequence[Example],
+    layers: Sequence[int],
+    out_dir: str | Path,
+    batch_tokens: int = 8192,
+    log_every: int = 20,
+    device: str = "cpu",
+) -> dict:
     """Run the target (float32, as inference runs it) over ``prompt + response`` of every example
     and store ``hidden_states[i]`` for each ``i`` in ``layers``.
 
@@ -76,8 +83,9 @@ def extract_features(target_dir: str | Path, examples: Sequence[Example], layers
             ids[r, : len(seq)] = torch.tensor(seq)
             mask[r, : len(seq)] = 1
         with torch.no_grad():
-            states = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True,
-                           logits_to_keep=1).hidden_states
+            states = model(
+                input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True, logits_to_keep=1
+            ).hidden_states
         for i in layers:
             bits = states[i].to(torch.bfloat16).cpu().view(torch.int16).numpy()
             for r, e in enumerate(take):
@@ -85,16 +93,30 @@ def extract_features(target_dir: str | Path, examples: Sequence[Example], layers
         done += sum(lengths[e] for e in take)
         if log_every and batch_no % log_every == 0:
             el = time.time() - t0
-            print(f"[features] {done}/{total} tokens, {done / el:.0f} tok/s, eta {el / done * (total - done):.0f}s",
-                  flush=True)
+            print(
+                f"[features] {done}/{total} tokens, {done / el:.0f} tok/s, eta {el / done * (total - done):.0f}s",
+                flush=True,
+            )
     for m in maps.values():
         m.flush()
-    meta = {"target": str(target_dir), "layers": layers, "hidden_size": hidden, "dtype": "bfloat16",
-            "offsets": offsets.tolist(), "lengths": lengths}
+    meta = {
+        "target": str(target_dir),
+        "layers": layers,
+        "hidden_size": hidden,
+        "dtype": "bfloat16",
+        "offsets": offsets.tolist(),
+        "lengths": lengths,
+    }
     (out / "store.json").write_text(json.dumps(meta), encoding="utf-8")
     wall = time.time() - t0
-    return {"n": len(examples), "tokens": total, "layers": layers, "wall_s": round(wall, 1),
-            "tokens_per_s": round(total / max(wall, 1e-9), 1), "gb": round(total * hidden * 2 * len(layers) / 1e9, 2)}
+    return {
+        "n": len(examples),
+        "tokens": total,
+        "layers": layers,
+        "wall_s": round(wall, 1),
+        "tokens_per_s": round(total / max(wall, 1e-9), 1),
+        "gb": round(total * hidden * 2 * len(layers) / 1e9, 2),
+    }
 
 
 class FeatureStore:
@@ -114,8 +136,10 @@ class FeatureStore:
         self.offsets = np.asarray(meta["offsets"], dtype=np.int64)
         self.lengths = np.asarray(meta["lengths"], dtype=np.int64)
         total = int(self.lengths.sum())
-        self._maps = {i: np.memmap(self.directory / f"hs{i}.bin", dtype=np.int16, mode="r",
-                                   shape=(total, self.hidden_size)) for i in self.layers}
+        self._maps = {
+            i: np.memmap(self.directory / f"hs{i}.bin", dtype=np.int16, mode="r", shape=(total, self.hidden_size))
+            for i in self.layers
+        }
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -123,8 +147,12 @@ class FeatureStore:
     def select(self, indices: Sequence[int]) -> FeatureStore:
         """A view of examples ``indices`` (its example i is this store's ``indices[i]``), sharing the files."""
         view = object.__new__(FeatureStore)
-        view.directory, view.layers, view.hidden_size, view._maps = self.directory, self.layers, self.hidden_size, \
-            self._maps
+        view.directory, view.layers, view.hidden_size, view._maps = (
+            self.directory,
+            self.layers,
+            self.hidden_size,
+            self._maps,
+        )
         view.offsets, view.lengths = self.offsets[list(indices)], self.lengths[list(indices)]
         return view
 

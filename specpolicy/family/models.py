@@ -23,7 +23,9 @@ SIZES: dict[str, dict] = {
         hidden_size=192, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1, intermediate_size=512
     ),
     # A tiny size for tests and smoke runs.
-    "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64),
+    "tiny": dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64
+    ),
 }
 #: The dLLM drafter shares the AR drafter's architecture (it starts from its weights).
 SIZES["dllm-drafter"] = SIZES["ar-drafter"]
@@ -63,7 +65,9 @@ def make_config(size: str, tokenizer: PreTrainedTokenizerBase, vocab_size: int |
     return cfg
 
 
-def new_model(size: str, tokenizer: PreTrainedTokenizerBase, seed: int, vocab_size: int | None = None) -> Qwen2ForCausalLM:
+def new_model(
+    size: str, tokenizer: PreTrainedTokenizerBase, seed: int, vocab_size: int | None = None
+) -> Qwen2ForCausalLM:
     """A freshly initialised float32 model (seeded with ``torch.manual_seed(seed)``)."""
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(make_config(size, tokenizer, vocab_size))
@@ -116,7 +120,9 @@ def save_model(
     return out
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> Qwen2ForCausalLM:
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa"
+) -> Qwen2ForCausalLM:
     """Load a family model dir (weights stored bf16) as ``dtype``, in eval mode."""
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
     return model.eval()

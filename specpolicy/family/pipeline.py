@@ -33,8 +33,18 @@ from pathlib import Path
 
 import torch
 
-STAGES = ["tokenizer", "target", "distill", "ar-drafter", "dllm-drafter", "features", "dflash-drafter",
-          "dflash-vocabulary", "eagle3-drafter", "eval"]
+STAGES = [
+    "tokenizer",
+    "target",
+    "distill",
+    "ar-drafter",
+    "dllm-drafter",
+    "features",
+    "dflash-drafter",
+    "dflash-vocabulary",
+    "eagle3-drafter",
+    "eval",
+]
 
 
 def _at_least_one(text: str) -> int:
@@ -60,9 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
     ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl", help="GSM8K test jsonl (eval)")
     ap.add_argument("--out", default="specpolicy/family/bundle", help="output dir")
-    ap.add_argument("--work", default=None,
-                    help="distill/ and features/, not bundled (default: <out>.work, or ./family-work when "
-                         "--out lies inside the specpolicy package)")
+    ap.add_argument(
+        "--work",
+        default=None,
+        help="distill/ and features/, not bundled (default: <out>.work, or ./family-work when "
+        "--out lies inside the specpolicy package)",
+    )
     ap.add_argument("--force", action="store_true", help="redo every stage even if its output exists")
     ap.add_argument("--redo", nargs="*", default=[], choices=STAGES, help="redo these stages")
     ap.add_argument("--stages", nargs="*", default=STAGES, choices=STAGES, help="stages to run (default all)")
@@ -73,9 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-len", type=int, default=384, help="max prompt+response tokens")
     ap.add_argument("--overflow", choices=["drop", "truncate"], default="drop")
     precision = ap.add_mutually_exclusive_group()
-    precision.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=None,
-                           help="train and distill under bf16 autocast (default: where the CPU has native bf16 "
-                                "arithmetic, AVX512-BF16 or AMX; float32 elsewhere, where bf16 is emulated and slower)")
+    precision.add_argument(
+        "--bf16",
+        dest="bf16",
+        action="store_const",
+        const=True,
+        default=None,
+        help="train and distill under bf16 autocast (default: where the CPU has native bf16 "
+        "arithmetic, AVX512-BF16 or AMX; float32 elsewhere, where bf16 is emulated and slower)",
+    )
     precision.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="train in float32")
     # target
     ap.add_argument("--target-size", default="target")
@@ -88,11 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--distill-prompts", type=int, default=0, help="number of train prompts (0 = all)")
     ap.add_argument("--distill-batch", type=int, default=128)
     ap.add_argument("--distill-max-new", type=int, default=256)
-    ap.add_argument("--distill-fp32", action="store_true",
-                    help="decode in fp32 (default: as --bf16 / --no-bf16 say, else bf16 autocast where the CPU has "
-                         "native bf16 arithmetic, ~3x faster there, and fp32 elsewhere)")
-    ap.add_argument("--distill-top-k", type=int, default=8,
-                    help="also keep the target's top-k next-token log-probs (soft targets of the dLLM drafter; 0 = none)")
+    ap.add_argument(
+        "--distill-fp32",
+        action="store_true",
+        help="decode in fp32 (default: as --bf16 / --no-bf16 say, else bf16 autocast where the CPU has "
+        "native bf16 arithmetic, ~3x faster there, and fp32 elsewhere)",
+    )
+    ap.add_argument(
+        "--distill-top-k",
+        type=int,
+        default=8,
+        help="also keep the target's top-k next-token log-probs (soft targets of the dLLM drafter; 0 = none)",
+    )
     # AR drafter
     ap.add_argument("--drafter-size", default="ar-drafter")
     ap.add_argument("--drafter-epochs", type=int, default=8)
@@ -104,54 +130,99 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dllm-epochs", type=int, default=2)
     ap.add_argument("--dllm-max-steps", type=int, default=None)
     ap.add_argument(
-        "--dllm-batch-tokens", type=int, default=4096,
+        "--dllm-batch-tokens",
+        type=int,
+        default=4096,
         help="padded sequence tokens per batch (compute is ~4x: two noisy copies x [noisy;clean])",
     )
     ap.add_argument("--dllm-lr", type=float, default=1e-3)
     ap.add_argument("--dllm-warmup", type=int, default=30)
     ap.add_argument("--block-size", type=int, default=32)
-    ap.add_argument("--dllm-init", default=None,
-                    help="model dir the dLLM drafter starts from (default: <out>/ar-drafter; with --dllm-epochs 0 "
-                         "the matched phase starts from it, e.g. an earlier dllm-drafter)")
+    ap.add_argument(
+        "--dllm-init",
+        default=None,
+        help="model dir the dLLM drafter starts from (default: <out>/ar-drafter; with --dllm-epochs 0 "
+        "the matched phase starts from it, e.g. an earlier dllm-drafter)",
+    )
     # dLLM drafter, phase 2: the objective matched to one-pass drafting
     ap.add_argument("--dllm-matched-epochs", type=int, default=2, help="0 = no matched phase")
     ap.add_argument("--dllm-matched-max-steps", type=int, default=None)
     ap.add_argument("--dllm-matched-batch-tokens", type=int, default=4096)
     ap.add_argument("--dllm-matched-lr", type=float, default=5e-4)
     ap.add_argument("--dllm-matched-warmup", type=int, default=20)
-    ap.add_argument("--suffix-prob", type=float, default=0.7,
-                    help="share of (sequence, block) pairs with suffix masks in the matched phase, in [0, 1]")
-    ap.add_argument("--boundary-prob", type=float, default=0.5,
-                    help="share of suffix cuts on small-block boundaries, in [0, 1]")
-    ap.add_argument("--calibrate-examples", type=int, default=200,
-                    help="fit the dLLM drafter's confidence temperature on the last N distilled examples and fold it "
-                         "into its weights (0 = no calibration)")
-    ap.add_argument("--dllm-checkpoint-every", type=int, default=0,
-                    help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)")
-    ap.add_argument("--soft-weight", type=float, default=0.5,
-                    help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]")
+    ap.add_argument(
+        "--suffix-prob",
+        type=float,
+        default=0.7,
+        help="share of (sequence, block) pairs with suffix masks in the matched phase, in [0, 1]",
+    )
+    ap.add_argument(
+        "--boundary-prob", type=float, default=0.5, help="share of suffix cuts on small-block boundaries, in [0, 1]"
+    )
+    ap.add_argument(
+        "--calibrate-examples",
+        type=int,
+        default=200,
+        help="fit the dLLM drafter's confidence temperature on the last N distilled examples and fold it "
+        "into its weights (0 = no calibration)",
+    )
+    ap.add_argument(
+        "--dllm-checkpoint-every",
+        type=int,
+        default=0,
+        help="save the matched phase's model to <out>/dllm-drafter.checkpoint every N steps (0 = never)",
+    )
+    ap.add_argument(
+        "--soft-weight",
+        type=float,
+        default=0.5,
+        help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]",
+    )
     # drafters conditioned on the target (DFlash, EAGLE-3), trained on stored target features
     ap.add_argument("--feature-batch-tokens", type=int, default=8192, help="padded tokens per target pass (features)")
-    ap.add_argument("--holdout", type=int, default=100,
-                    help="last N distilled examples held out of DFlash / EAGLE-3 training (validation curves)")
+    ap.add_argument(
+        "--holdout",
+        type=int,
+        default=100,
+        help="last N distilled examples held out of DFlash / EAGLE-3 training (validation curves)",
+    )
     ap.add_argument("--dflash-epochs", type=int, default=6)
     ap.add_argument("--dflash-max-steps", type=int, default=None)
     ap.add_argument("--dflash-batch-tokens", type=int, default=4096, help="padded sequence tokens per batch")
     ap.add_argument("--dflash-lr", type=float, default=2e-3)
     ap.add_argument("--dflash-warmup", type=int, default=50)
     ap.add_argument("--dflash-block-size", type=int, default=16, help="B: one pass drafts B - 1 tokens")
-    ap.add_argument("--dflash-layer-ids", type=int, nargs="+", default=[2, 6, 11],
-                    help="DFlash target_layer_ids (id i = output of target layer i)")
+    ap.add_argument(
+        "--dflash-layer-ids",
+        type=int,
+        nargs="+",
+        default=[2, 6, 11],
+        help="DFlash target_layer_ids (id i = output of target layer i)",
+    )
     ap.add_argument("--dflash-anchors", type=int, default=16, help="training blocks per sequence and step")
     ap.add_argument("--dflash-gamma", type=float, default=7.0, help="loss decay over block positions (0 = none)")
-    ap.add_argument("--dflash-extension-probs", type=float, nargs="+", default=[0.6, 0.25, 0.1, 0.05],
-                    help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens")
-    ap.add_argument("--dflash-init", default=None,
-                    help="a DFlash checkpoint to continue training from (default: fresh weights)")
-    ap.add_argument("--dflash-checkpoint-every", type=int, default=0,
-                    help="save the DFlash drafter to <out>/dflash-drafter.checkpoint every N steps (0 = never)")
-    ap.add_argument("--dflash-draft-vocab", type=_at_least_one, default=1024,
-                    help="dflash-vocabulary: most frequent response tokens whose LM-head rows a DFlash pass runs")
+    ap.add_argument(
+        "--dflash-extension-probs",
+        type=float,
+        nargs="+",
+        default=[0.6, 0.25, 0.1, 0.05],
+        help="share of training steps whose blocks carry 0, 1, 2, ... extension passes' given tokens",
+    )
+    ap.add_argument(
+        "--dflash-init", default=None, help="a DFlash checkpoint to continue training from (default: fresh weights)"
+    )
+    ap.add_argument(
+        "--dflash-checkpoint-every",
+        type=int,
+        default=0,
+        help="save the DFlash drafter to <out>/dflash-drafter.checkpoint every N steps (0 = never)",
+    )
+    ap.add_argument(
+        "--dflash-draft-vocab",
+        type=_at_least_one,
+        default=1024,
+        help="dflash-vocabulary: most frequent response tokens whose LM-head rows a DFlash pass runs",
+    )
     ap.add_argument("--eagle3-epochs", type=int, default=4)
     ap.add_argument("--eagle3-max-steps", type=int, default=None)
     ap.add_argument("--eagle3-batch-tokens", type=int, default=4096)
@@ -162,8 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     # eval
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-k", type=int, default=5)
-    ap.add_argument("--eval-diagnostics-n", type=int, default=30,
-                    help="GSM8K test prompts of the dLLM drafter diagnostics in the eval stage (0 = skip)")
+    ap.add_argument(
+        "--eval-diagnostics-n",
+        type=int,
+        default=30,
+        help="GSM8K test prompts of the dLLM drafter diagnostics in the eval stage (0 = skip)",
+    )
     ap.add_argument("--log-every", type=int, default=10)
     return ap
 
@@ -245,13 +320,17 @@ def run(a: argparse.Namespace) -> dict:
             print(f"== {stage}: output exists ({p}), skipped (--force / --redo {stage} to redo)", flush=True)
         return not done
 
-    update_log(log_path, "run", {"args": vars(a), "threads": threads, "torch": torch.__version__, "started": time.ctime()})
+    update_log(
+        log_path, "run", {"args": vars(a), "threads": threads, "torch": torch.__version__, "started": time.ctime()}
+    )
 
     if todo("tokenizer"):
         print("== tokenizer", flush=True)
         t0 = time.time()
         tok = train_and_save(a.data, paths["tokenizer"], a.vocab_size)
-        update_log(log_path, "tokenizer", {"vocab_size": len(tok), "wall_s": round(time.time() - t0, 1), "data": a.data})
+        update_log(
+            log_path, "tokenizer", {"vocab_size": len(tok), "wall_s": round(time.time() - t0, 1), "data": a.data}
+        )
     tok = load_tokenizer(paths["tokenizer"])
 
     train_examples = None
@@ -286,9 +365,18 @@ def run(a: argparse.Namespace) -> dict:
     if todo("distill"):
         print("== distill", flush=True)
         n = a.distill_prompts or None
-        st = distill(paths["target"], get_train(), tok, paths["distill"], n, a.distill_max_new, a.distill_batch, a.seed,
-                     bf16=not a.distill_fp32 and (bf16_autocast_pays("cpu") if bf16 is None else bf16),
-                     top_k=a.distill_top_k)
+        st = distill(
+            paths["target"],
+            get_train(),
+            tok,
+            paths["distill"],
+            n,
+            a.distill_max_new,
+            a.distill_batch,
+            a.seed,
+            bf16=not a.distill_fp32 and (bf16_autocast_pays("cpu") if bf16 is None else bf16),
+            top_k=a.distill_top_k,
+        )
         print(f"distill: {st}", flush=True)
         update_log(log_path, "distill", st)
 
@@ -325,7 +413,9 @@ def run(a: argparse.Namespace) -> dict:
         bs = a.block_size or BLOCK_SIZE
         init = Path(a.dllm_init) if a.dllm_init else paths["ar-drafter"]
         if a.dllm_epochs > 0:  # phase 1: Fast-dLLM v2 adaptation (random complementary masks, hard targets)
-            st = train_dllm_model(init, get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs)
+            st = train_dllm_model(
+                init, get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs
+            )
             st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
             update_log(log_path, "dllm-drafter", st)
             init = paths["dllm-drafter"]
@@ -335,20 +425,36 @@ def run(a: argparse.Namespace) -> dict:
             if a.soft_weight > 0:
                 soft_path = soft_targets_path(paths["distill"])
                 if not soft_path.exists():
-                    raise SystemExit(f"error: --soft-weight={a.soft_weight} needs {soft_path}; "
-                                     "redo the distill stage with --distill-top-k > 0")
+                    raise SystemExit(
+                        f"error: --soft-weight={a.soft_weight} needs {soft_path}; "
+                        "redo the distill stage with --distill-top-k > 0"
+                    )
                 soft = load_soft_targets(soft_path)
             exs, soft = get_distilled_with_soft(soft)
             mc = TrainConfig(
-                epochs=a.dllm_matched_epochs, max_steps=a.dllm_matched_max_steps,
-                batch_tokens=a.dllm_matched_batch_tokens, lr=a.dllm_matched_lr,
-                warmup_steps=a.dllm_matched_warmup, seed=a.seed, bf16=bf16, log_every=a.log_every,
+                epochs=a.dllm_matched_epochs,
+                max_steps=a.dllm_matched_max_steps,
+                batch_tokens=a.dllm_matched_batch_tokens,
+                lr=a.dllm_matched_lr,
+                warmup_steps=a.dllm_matched_warmup,
+                seed=a.seed,
+                bf16=bf16,
+                log_every=a.log_every,
                 pad_to_multiple=bs,
             )
             st = train_dllm_model(
-                init, exs, tok, mc, paths["dllm-drafter"], bs, name="dllm-drafter-matched",
-                suffix_prob=a.suffix_prob, boundary_prob=a.boundary_prob, soft_targets=soft,
-                soft_weight=a.soft_weight, checkpoint_every=a.dllm_checkpoint_every,
+                init,
+                exs,
+                tok,
+                mc,
+                paths["dllm-drafter"],
+                bs,
+                name="dllm-drafter-matched",
+                suffix_prob=a.suffix_prob,
+                boundary_prob=a.boundary_prob,
+                soft_targets=soft,
+                soft_weight=a.soft_weight,
+                checkpoint_every=a.dllm_checkpoint_every,
             )
             st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
             update_log(log_path, "dllm-drafter-matched", st)
@@ -356,7 +462,7 @@ def run(a: argparse.Namespace) -> dict:
             from specpolicy.family.calibrate import calibrate_saved
 
             t0 = time.time()
-            cal = calibrate_saved(paths["dllm-drafter"], get_distilled()[-a.calibrate_examples:], tok, a.seed)
+            cal = calibrate_saved(paths["dllm-drafter"], get_distilled()[-a.calibrate_examples :], tok, a.seed)
             cal["wall_s"] = round(time.time() - t0, 1)
             print(f"calibration: {cal}", flush=True)
             update_log(log_path, "dllm-drafter-calibration", cal)
@@ -371,8 +477,13 @@ def run(a: argparse.Namespace) -> dict:
         from specpolicy.family.train_dflash import feature_layers_for
 
         print("== features", flush=True)
-        st = extract_features(paths["target"], get_distilled(), feature_layers_for(a, paths["target"]),
-                              paths["features"], a.feature_batch_tokens)
+        st = extract_features(
+            paths["target"],
+            get_distilled(),
+            feature_layers_for(a, paths["target"]),
+            paths["features"],
+            a.feature_batch_tokens,
+        )
         print(f"features: {st}", flush=True)
         update_log(log_path, "features", st)
 
@@ -382,11 +493,24 @@ def run(a: argparse.Namespace) -> dict:
 
         print("== dflash-drafter", flush=True)
         exs, train_idx, held = conditioned_data()
-        st = train_dflash(paths["target"], exs, FeatureStore(paths["features"]), cfg("dflash"), paths["dflash-drafter"],
-                          tok.pad_token_id, tok.convert_tokens_to_ids("|<MASK>|"), a.dflash_block_size,
-                          tuple(a.dflash_layer_ids), a.dflash_anchors, tuple(a.dflash_extension_probs),
-                          gamma=a.dflash_gamma, init=a.dflash_init,
-                          train_indices=train_idx, heldout_indices=held, checkpoint_every=a.dflash_checkpoint_every)
+        st = train_dflash(
+            paths["target"],
+            exs,
+            FeatureStore(paths["features"]),
+            cfg("dflash"),
+            paths["dflash-drafter"],
+            tok.pad_token_id,
+            tok.convert_tokens_to_ids("|<MASK>|"),
+            a.dflash_block_size,
+            tuple(a.dflash_layer_ids),
+            a.dflash_anchors,
+            tuple(a.dflash_extension_probs),
+            gamma=a.dflash_gamma,
+            init=a.dflash_init,
+            train_indices=train_idx,
+            heldout_indices=held,
+            checkpoint_every=a.dflash_checkpoint_every,
+        )
         update_log(log_path, "dflash-drafter", st)
 
     if todo("dflash-vocabulary"):
@@ -394,11 +518,19 @@ def run(a: argparse.Namespace) -> dict:
 
         print("== dflash-vocabulary", flush=True)
         exs, train_idx, _ = conditioned_data()
-        st = add_draft_vocabulary(paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab,
-                                  (tok.eos_token_id,))
+        st = add_draft_vocabulary(
+            paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab, (tok.eos_token_id,)
+        )
         print(f"dflash-vocabulary: {st}", flush=True)
-        update_log(log_path, "dflash-vocabulary", {**st, "command": "python -m specpolicy.family --stages "
-                                                   f"dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}"})
+        update_log(
+            log_path,
+            "dflash-vocabulary",
+            {
+                **st,
+                "command": "python -m specpolicy.family --stages "
+                f"dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}",
+            },
+        )
 
     if todo("eagle3-drafter"):
         from specpolicy.family.feature_store import FeatureStore
@@ -406,9 +538,18 @@ def run(a: argparse.Namespace) -> dict:
 
         print("== eagle3-drafter", flush=True)
         exs, train_idx, held = conditioned_data()
-        st = train_eagle3(paths["target"], exs, FeatureStore(paths["features"]), cfg("eagle3"), paths["eagle3-drafter"],
-                          tok.pad_token_id, a.eagle3_draft_vocab, a.eagle3_ttt, train_indices=train_idx,
-                          heldout_indices=held)
+        st = train_eagle3(
+            paths["target"],
+            exs,
+            FeatureStore(paths["features"]),
+            cfg("eagle3"),
+            paths["eagle3-drafter"],
+            tok.pad_token_id,
+            a.eagle3_draft_vocab,
+            a.eagle3_ttt,
+            train_indices=train_idx,
+            heldout_indices=held,
+        )
         update_log(log_path, "eagle3-drafter", st)
 
     if todo("eval"):
@@ -418,15 +559,24 @@ def run(a: argparse.Namespace) -> dict:
             from specpolicy.family.diagnostics import diagnose
 
             t0 = time.time()
-            diag = diagnose(str(paths["dllm-drafter"]), str(paths["target"]), ["gsm8k"], a.eval_diagnostics_n,
-                            a.distill_max_new, stride=12)
+            diag = diagnose(
+                str(paths["dllm-drafter"]),
+                str(paths["target"]),
+                ["gsm8k"],
+                a.eval_diagnostics_n,
+                a.distill_max_new,
+                stride=12,
+            )
             for r in diag.values():  # the log keeps the curves; the reliability tables stay in the CLI's output
                 r.pop("reliability", None)
                 r.pop("reliability_given_prefix_correct", None)
             update_log(log_path, "dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
 
-    total_mb = sum(_dir_mb(paths[m]) for m in ("target", "ar-drafter", "dllm-drafter", "dflash-drafter",
-                                               "eagle3-drafter") if paths[m].exists())
+    total_mb = sum(
+        _dir_mb(paths[m])
+        for m in ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")
+        if paths[m].exists()
+    )
     log = update_log(log_path, "weights_total_mb", round(total_mb, 2))
     print(f"== done; weights total {total_mb:.1f} MB; log {log_path}", flush=True)
     return read_log(log_path) if log is None else log

@@ -154,7 +154,9 @@ def encode_response(tokenizer: PreTrainedTokenizerFast, answer: str) -> list[int
     return tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def train_and_save(data_path: str | Path, out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE) -> PreTrainedTokenizerFast:
+def train_and_save(
+    data_path: str | Path, out_dir: str | Path, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> PreTrainedTokenizerFast:
     """Train the tokenizer on ``data_path`` and ``save_pretrained`` it into ``out_dir``.
 
     Raises:

@@ -36,8 +36,9 @@ from specpolicy.family.trainer import TrainConfig, train
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
-DFLASH_SIZE = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                   intermediate_size=768)
+DFLASH_SIZE = dict(
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=768
+)
 
 
 class DFlashTrainee(nn.Module):
@@ -51,16 +52,22 @@ class DFlashTrainee(nn.Module):
         self.lm_head = nn.Parameter(lm_head.detach().clone(), requires_grad=False)  # (V, H)
 
 
-def new_dflash(target_config, mask_token_id: int, block_size: int, target_layer_ids: list[int], seed: int,
-               size: dict | None = None) -> DFlashDraftModel:
+def new_dflash(
+    target_config, mask_token_id: int, block_size: int, target_layer_ids: list[int], seed: int, size: dict | None = None
+) -> DFlashDraftModel:
     """A freshly initialised DFlash draft model for a target (its width, vocabulary, RoPE)."""
-    raw = dict(hidden_size=target_config.hidden_size, vocab_size=target_config.vocab_size,
-               rms_norm_eps=target_config.rms_norm_eps, max_position_embeddings=target_config.max_position_embeddings,
-               rope_theta=float(target_config.rope_parameters["rope_theta"]), hidden_act="silu",
-               block_size=block_size, num_target_layers=target_config.num_hidden_layers,
-               dflash_config=dict(target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id,
-                                  block_size=block_size),
-               **(size or DFLASH_SIZE))
+    raw = dict(
+        hidden_size=target_config.hidden_size,
+        vocab_size=target_config.vocab_size,
+        rms_norm_eps=target_config.rms_norm_eps,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rope_theta=float(target_config.rope_parameters["rope_theta"]),
+        hidden_act="silu",
+        block_size=block_size,
+        num_target_layers=target_config.num_hidden_layers,
+        dflash_config=dict(target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id, block_size=block_size),
+        **(size or DFLASH_SIZE),
+    )
     torch.manual_seed(seed)
     model = DFlashDraftModel(qwen3_config(raw), DFlashSpec.from_config(raw))
     for m in model.modules():  # Qwen3's initialisation: N(0, 0.02) weights, unit norms
@@ -78,8 +85,17 @@ def init_final_norm(draft: DFlashDraftModel, target) -> None:
         draft.norm.weight.copy_(target.model.norm.weight.to(draft.norm.weight.dtype))
 
 
-def block_layout(ids: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tensor, block_size: int, blocks: int,
-                 given: int, mask_token_id: int, gamma: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def block_layout(
+    ids: torch.Tensor,
+    valid: torch.Tensor,
+    prompt_len: torch.Tensor,
+    block_size: int,
+    blocks: int,
+    given: int,
+    mask_token_id: int,
+    gamma: float,
+    gen: torch.Generator,
+) -> dict[str, torch.Tensor]:
     """The training blocks of a batch: ``blocks`` per sequence, each ``[x_a .. x_{a+j-1} (given),
     MASK x (B - 1)]`` at positions ``a .. a + j + B - 2`` with ``j = given`` for every block of the
     batch, anchors ``a`` drawn without replacement from ``[prompt_len - 1, n - 1 - j]`` (n = the
@@ -109,23 +125,34 @@ def block_layout(ids: torch.Tensor, valid: torch.Tensor, prompt_len: torch.Tenso
     is_mask = offsets >= given
     labelled = is_mask & (positions < L) & valid.gather(1, flat).view_as(positions) & real[:, :, None]
     decay = torch.exp(-(offsets - given).clamp(min=0).float() / gamma) if gamma > 0 else torch.ones(span)
-    return {"tokens": torch.where(is_mask, mask_token_id, seq), "positions": positions,
-            "labels": torch.where(labelled, seq, -100), "weights": decay * labelled,
-            "context_mask": (where[:, None, :] < anchors[:, :, None]) & valid[:, None, :] & real[:, :, None]}
+    return {
+        "tokens": torch.where(is_mask, mask_token_id, seq),
+        "positions": positions,
+        "labels": torch.where(labelled, seq, -100),
+        "weights": decay * labelled,
+        "context_mask": (where[:, None, :] < anchors[:, :, None]) & valid[:, None, :] & real[:, :, None],
+    }
 
 
-def blocks_output(model: DFlashDraftModel, embed: torch.Tensor, layout: dict[str, torch.Tensor],
-                  features: torch.Tensor) -> torch.Tensor:
+def blocks_output(
+    model: DFlashDraftModel, embed: torch.Tensor, layout: dict[str, torch.Tensor], features: torch.Tensor
+) -> torch.Tensor:
     """The drafter's outputs ``(R, nb, span, H)`` on a ``block_layout`` given the sequences' features
     ``(R, L, F)``."""
     R, L, _ = features.shape
     ctx = model.context_keys_values(features, torch.arange(L, device=features.device).repeat(R, 1))
-    return model.forward_blocks(F.embedding(layout["tokens"], embed), layout["positions"], ctx,
-                                layout["context_mask"])
+    return model.forward_blocks(F.embedding(layout["tokens"], embed), layout["positions"], ctx, layout["context_mask"])
 
 
-def dflash_loss(store: FeatureStore, feature_layers: list[int], block_size: int, mask_token_id: int, anchors: int,
-                extension_probs: tuple[float, ...], gamma: float):
+def dflash_loss(
+    store: FeatureStore,
+    feature_layers: list[int],
+    block_size: int,
+    mask_token_id: int,
+    anchors: int,
+    extension_probs: tuple[float, ...],
+    gamma: float,
+):
     """The loss function for ``trainer.train``: ``(model, batch, gen) -> (loss, n_label_tokens)``.
     Each step draws its number of extension passes m from ``extension_probs`` (its blocks give
     ``j = 1 + m (B - 1)`` tokens) and lays ``anchors * B / span`` blocks per sequence (about the same
@@ -138,9 +165,20 @@ def dflash_loss(store: FeatureStore, feature_layers: list[int], block_size: int,
         given = 1 + m * (block_size - 1)
         span = given + block_size - 1
         ids, valid = batch["input_ids"].cpu(), batch["valid"].cpu()  # the layout is built on the CPU
-        layout = {k: v.to(dev) for k, v in block_layout(ids, valid, batch["prompt_len"].cpu(), block_size,
-                                                         max(1, anchors * block_size // span), given, mask_token_id,
-                                                         gamma, gen).items()}
+        layout = {
+            k: v.to(dev)
+            for k, v in block_layout(
+                ids,
+                valid,
+                batch["prompt_len"].cpu(),
+                block_size,
+                max(1, anchors * block_size // span),
+                given,
+                mask_token_id,
+                gamma,
+                gen,
+            ).items()
+        }
         feats = store.batch(batch["index"].tolist(), feature_layers, ids.shape[1]).to(dev)
         out = blocks_output(model.draft, model.embed, layout, feats)
         keep = layout["labels"] != -100
@@ -165,13 +203,26 @@ def feature_layers_for(args, target_dir: str | Path) -> list[int]:
     return sorted({i + 1 for i in args.dflash_layer_ids} | set(default_layer_ids(layers)))
 
 
-def train_dflash(target_dir: str | Path, examples: list[Example], store: FeatureStore, cfg: TrainConfig,
-                 out_dir: str | Path, pad_id: int, mask_token_id: int | None, block_size: int = 16,
-                 target_layer_ids: tuple[int, ...] = (2, 6, 11), anchors: int = 16,
-                 extension_probs: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05), gamma: float = 7.0,
-                 size: dict | None = None, init: str | Path | None = None,
-                 train_indices: list[int] | None = None, heldout_indices: list[int] | None = None,
-                 val_every: int = 200, checkpoint_every: int = 0) -> dict:
+def train_dflash(
+    target_dir: str | Path,
+    examples: list[Example],
+    store: FeatureStore,
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    pad_id: int,
+    mask_token_id: int | None,
+    block_size: int = 16,
+    target_layer_ids: tuple[int, ...] = (2, 6, 11),
+    anchors: int = 16,
+    extension_probs: tuple[float, ...] = (0.6, 0.25, 0.1, 0.05),
+    gamma: float = 7.0,
+    size: dict | None = None,
+    init: str | Path | None = None,
+    train_indices: list[int] | None = None,
+    heldout_indices: list[int] | None = None,
+    val_every: int = 200,
+    checkpoint_every: int = 0,
+) -> dict:
     """Train the DFlash drafter of ``target_dir`` and save it in the official layout.
 
     Args:
@@ -209,8 +260,15 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
     layers = list(draft.spec.feature_layers)
     train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
     heldout_indices = list(heldout_indices or [])
-    loss_fn = dflash_loss(store.select(train_indices), layers, draft.spec.block_size, draft.spec.mask_token_id,
-                          anchors, extension_probs, gamma)
+    loss_fn = dflash_loss(
+        store.select(train_indices),
+        layers,
+        draft.spec.block_size,
+        draft.spec.mask_token_id,
+        anchors,
+        extension_probs,
+        gamma,
+    )
     curve = []
 
     def validate(step: int, model=None) -> None:
@@ -221,10 +279,13 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
             curve.append({"step": step, **v})
             shown = [d for d in (1, 5, 10, 15) if d < draft.spec.block_size]
             shares = v["prefix_share_ge"]
-            print(f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d="
-                  f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}; "
-                  f"of {v['n_blocks']} whole blocks, a correct prefix >= {'/'.join(shares)}: "
-                  f"{'/'.join(str(x) for x in shares.values())}", flush=True)
+            print(
+                f"[dflash-drafter] step {step} held-out ce {v['ce']:.4f} accuracy at d="
+                f"{'/'.join(map(str, shown))} {'/'.join(str(v['accuracy_by_distance'][d - 1]) for d in shown)}; "
+                f"of {v['n_blocks']} whole blocks, a correct prefix >= {'/'.join(shares)}: "
+                f"{'/'.join(str(x) for x in shares.values())}",
+                flush=True,
+            )
 
     last_checkpoint = [0]
 
@@ -236,19 +297,28 @@ def train_dflash(target_dir: str | Path, examples: list[Example], store: Feature
 
     t0 = time.time()
     validate(0)
-    stats = train(trainee, [examples[i] for i in train_indices], loss_fn, cfg, pad_id, name="dflash-drafter",
-                  on_log=on_log)
+    stats = train(
+        trainee, [examples[i] for i in train_indices], loss_fn, cfg, pad_id, name="dflash-drafter", on_log=on_log
+    )
     validate(stats["steps"])
     save_dflash(draft, out_dir)
-    stats.update(params=sum(p.numel() for p in draft.parameters()), block_size=draft.spec.block_size,
-                 target_layer_ids=list(draft.spec.target_layer_ids), anchors=anchors,
-                 extension_probs=list(extension_probs), gamma=gamma, heldout=len(heldout_indices),
-                 validation_curve=curve, wall_s=round(time.time() - t0, 1))
+    stats.update(
+        params=sum(p.numel() for p in draft.parameters()),
+        block_size=draft.spec.block_size,
+        target_layer_ids=list(draft.spec.target_layer_ids),
+        anchors=anchors,
+        extension_probs=list(extension_probs),
+        gamma=gamma,
+        heldout=len(heldout_indices),
+        validation_curve=curve,
+        wall_s=round(time.time() - t0, 1),
+    )
     return stats
 
 
-def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: int,
-                         always: tuple[int, ...] = ()) -> dict:
+def add_draft_vocabulary(
+    directory: str | Path, examples: list[Example], size: int, always: tuple[int, ...] = ()
+) -> dict:
     """Give the DFlash checkpoint in ``directory`` a draft vocabulary (rewritten in place): the
     ``size`` most frequent response tokens of ``examples``, the ids in ``always`` (stop tokens)
     included (``family.data.draft_vocabulary``), so a pass runs those rows of the target's LM head
@@ -272,9 +342,16 @@ def add_draft_vocabulary(directory: str | Path, examples: list[Example], size: i
     return {"draft_vocab_size": int(ids.numel()), "draft_vocab_coverage": round(vocabulary_coverage(examples, ids), 5)}
 
 
-def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch.Tensor, examples: list[Example],
-                    indices: list[int], store: FeatureStore, seed: int = 0,
-                    prefix_thresholds: tuple[int, ...] = (5, 10)) -> dict:
+def validation_loss(
+    draft: DFlashDraftModel,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    examples: list[Example],
+    indices: list[int],
+    store: FeatureStore,
+    seed: int = 0,
+    prefix_thresholds: tuple[int, ...] = (5, 10),
+) -> dict:
     """Mean undecayed cross-entropy and top-1 accuracy per mask index k = 1..B-1 on one-pass blocks
     (j = 1), 16 anchors per sequence, on ``indices`` (a held-out slice); eval mode, no grad.
 
@@ -303,8 +380,9 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
         for s in range(0, len(indices), 16):
             idx = indices[s : s + 16]
             batch = collate([examples[i] for i in idx], 0)
-            layout = block_layout(batch["input_ids"], batch["valid"], batch["prompt_len"], B, 16, 1,
-                                  draft.spec.mask_token_id, 0.0, gen)
+            layout = block_layout(
+                batch["input_ids"], batch["valid"], batch["prompt_len"], B, 16, 1, draft.spec.mask_token_id, 0.0, gen
+            )
             layout = {k: v.to(dev) for k, v in layout.items()}
             feats = store.batch(idx, list(draft.spec.feature_layers), batch["input_ids"].shape[1]).to(dev)
             out = blocks_output(draft, embed, layout, feats)
@@ -320,8 +398,14 @@ def validation_loss(draft: DFlashDraftModel, embed: torch.Tensor, lm_head: torch
             whole = keep[..., 1:].all(-1)  # blocks with all B - 1 positions in their sequence
             prefix_lengths.append(right[..., 1:].int().cumprod(-1).sum(-1)[whole].cpu())
     prefix = torch.cat(prefix_lengths) if prefix_lengths else torch.zeros(0, dtype=torch.long)
-    return {"ce": round(ce_sum / max(1.0, float(count.sum())), 4),
-            "accuracy_by_distance": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, count)],
-            "prefix_share_ge": {str(t): round(float((prefix >= t).float().mean()), 4) if prefix.numel() else None
-                                for t in prefix_thresholds if t <= B - 1},
-            "n_tokens": int(count.sum()), "n_blocks": int(prefix.numel())}
+    return {
+        "ce": round(ce_sum / max(1.0, float(count.sum())), 4),
+        "accuracy_by_distance": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, count)],
+        "prefix_share_ge": {
+            str(t): round(float((prefix >= t).float().mean()), 4) if prefix.numel() else None
+            for t in prefix_thresholds
+            if t <= B - 1
+        },
+        "n_tokens": int(count.sum()),
+        "n_blocks": int(prefix.numel()),
+    }

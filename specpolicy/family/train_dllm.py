@@ -245,7 +245,15 @@ def train_dllm_model(
 
     stats = train(model, examples, loss_fn, cfg, tokenizer.pad_token_id, name=name, on_log=on_log)
     save_model(model, tokenizer, out_dir, extra_config={"bd_block_size": block_size, "mask_token_id": mask_id})
-    stats.update(params=count_params(model), block_size=block_size, mask_token_id=mask_id, aux_ar_loss=False,
-                 init=str(init_dir), suffix_prob=suffix_prob, boundary_prob=boundary_prob,
-                 small_block_size=small_block_size, soft_weight=soft_weight)
+    stats.update(
+        params=count_params(model),
+        block_size=block_size,
+        mask_token_id=mask_id,
+        aux_ar_loss=False,
+        init=str(init_dir),
+        suffix_prob=suffix_prob,
+        boundary_prob=boundary_prob,
+        small_block_size=small_block_size,
+        soft_weight=soft_weight,
+    )
     return stats

@@ -38,12 +38,15 @@ KINDS = ("dflash", "eagle3")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specpolicy.family.train_drafter",
-                                 description="Train a DFlash or EAGLE-3 drafter for a local Hugging Face target.")
+    ap = argparse.ArgumentParser(
+        prog="python -m specpolicy.family.train_drafter",
+        description="Train a DFlash or EAGLE-3 drafter for a local Hugging Face target.",
+    )
     ap.add_argument("drafter", choices=KINDS, help="which drafter to train")
     ap.add_argument("--target", required=True, help="local Hugging Face model directory of the target")
-    ap.add_argument("--prompts", required=True,
-                    help="JSONL prompt file (a 'prompt', 'question', 'problem' or 'text' field per row)")
+    ap.add_argument(
+        "--prompts", required=True, help="JSONL prompt file (a 'prompt', 'question', 'problem' or 'text' field per row)"
+    )
     ap.add_argument("--out", required=True, help="output checkpoint directory (official layout)")
     ap.add_argument("--work", default=None, help="continuations and features (default: <out>.work)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
@@ -57,31 +60,54 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-tokens", type=int, default=8192, help="padded sequence tokens per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
-    ap.add_argument("--draft-layers", type=int, default=None,
-                    help="decoder layers (dflash: 5 by default, the released drafters' depth; eagle3: 1)")
+    ap.add_argument(
+        "--draft-layers",
+        type=int,
+        default=None,
+        help="decoder layers (dflash: 5 by default, the released drafters' depth; eagle3: 1)",
+    )
     ap.add_argument("--block-size", type=int, default=None, help="dflash: B, tokens per block (default 16)")
-    ap.add_argument("--layer-ids", type=int, nargs="+", default=None,
-                    help="feature layers: dflash target_layer_ids (default evenly spaced over [1, L-3]); "
-                         "eagle3 aux layer ids (default [2, L//2, L-3])")
-    ap.add_argument("--mask-token-id", type=int, default=None,
-                    help="dflash: the mask token (default: the tokenizer's mask token, else the first embedding row "
-                         "no token uses)")
+    ap.add_argument(
+        "--layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="feature layers: dflash target_layer_ids (default evenly spaced over [1, L-3]); "
+        "eagle3 aux layer ids (default [2, L//2, L-3])",
+    )
+    ap.add_argument(
+        "--mask-token-id",
+        type=int,
+        default=None,
+        help="dflash: the mask token (default: the tokenizer's mask token, else the first embedding row no token uses)",
+    )
     ap.add_argument("--anchors", type=int, default=16, help="dflash: training blocks per sequence and step")
-    ap.add_argument("--draft-vocab", type=int, default=None,
-                    help="draft vocabulary size, at most the target's vocabulary: eagle3 32000 (or the whole "
-                         "vocabulary) by default; dflash none by default (the official layout), else a pass runs "
-                         "only the LM-head rows of the answers' N most frequent tokens (and the stop token): "
-                         "no other token can be drafted")
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        help="draft vocabulary size, at most the target's vocabulary: eagle3 32000 (or the whole "
+        "vocabulary) by default; dflash none by default (the official layout), else a pass runs "
+        "only the LM-head rows of the answers' N most frequent tokens (and the stop token): "
+        "no other token can be drafted",
+    )
     ap.add_argument("--ttt", type=int, default=7, help="eagle3: training-time-test unroll steps")
-    ap.add_argument("--init", default=None,
-                    help="continue training this checkpoint of the same kind (a local directory): its shape, feature "
-                         "layers (an EAGLE-3 checkpoint's explicit ids read as layer inputs), block size, mask token "
-                         "and draft vocabulary, so the options that set those are refused beside it (but dflash "
-                         "--draft-vocab, which is derived after training)")
-    ap.add_argument("--checkpoint-every", type=int, default=0,
-                    help="save the drafter to <out>.checkpoint at the first progress line (every 10 optimizer steps) "
-                         "N or more steps after the last save (0 = never); a dflash --draft-vocab is added to the "
-                         "final checkpoint only")
+    ap.add_argument(
+        "--init",
+        default=None,
+        help="continue training this checkpoint of the same kind (a local directory): its shape, feature "
+        "layers (an EAGLE-3 checkpoint's explicit ids read as layer inputs), block size, mask token "
+        "and draft vocabulary, so the options that set those are refused beside it (but dflash "
+        "--draft-vocab, which is derived after training)",
+    )
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save the drafter to <out>.checkpoint at the first progress line (every 10 optimizer steps) "
+        "N or more steps after the last save (0 = never); a dflash --draft-vocab is added to the "
+        "final checkpoint only",
+    )
     return ap
 
 
@@ -101,14 +127,24 @@ def check_args(a: argparse.Namespace) -> dict:
         raise SystemExit(f"error: --target={a.target!r} is not a local Hugging Face model directory (no config.json)")
     if not Path(a.prompts).expanduser().is_file():
         raise SystemExit(f"error: --prompts={a.prompts!r}: no such file")
-    for name in ("max_new_tokens", "epochs", "batch_tokens", "block_size", "anchors", "draft_vocab", "ttt",
-                 "generate_batch", "max_len"):
+    for name in (
+        "max_new_tokens",
+        "epochs",
+        "batch_tokens",
+        "block_size",
+        "anchors",
+        "draft_vocab",
+        "ttt",
+        "generate_batch",
+        "max_len",
+    ):
         v = getattr(a, name)
         if v is None:  # --draft-vocab left to the drafter's default
             continue
         if v < 1 or (name == "block_size" and v < 2):
-            raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= "
-                             f"{2 if name == 'block_size' else 1}")
+            raise SystemExit(
+                f"error: --{name.replace('_', '-')}={v}; it must be an integer >= {2 if name == 'block_size' else 1}"
+            )
     for name in ("holdout", "warmup", "checkpoint_every"):
         if getattr(a, name) < 0:
             raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(a, name)}; it must be an integer >= 0")
@@ -130,8 +166,9 @@ def check_args(a: argparse.Namespace) -> dict:
         raise SystemExit(f"error: --layer-ids {ids}: EAGLE-3 fuses exactly three layers")
     vocab = int(config.get("vocab_size", 0))
     if a.draft_vocab is not None and vocab and a.draft_vocab > vocab:
-        raise SystemExit(f"error: --draft-vocab={a.draft_vocab}; it must be at most the target's vocabulary size "
-                         f"({vocab})")
+        raise SystemExit(
+            f"error: --draft-vocab={a.draft_vocab}; it must be at most the target's vocabulary size ({vocab})"
+        )
     if a.init is not None:
         check_init(a, config)
     if a.device != "auto":
@@ -165,12 +202,18 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
     try:
         raw = read_config(directory, key)
         architectures = raw.get("architectures") or []
-        kind = "dflash" if dflash.ARCHITECTURE in architectures or "dflash_config" in raw else \
-            "eagle3" if eagle3.ARCHITECTURE in architectures else None  # None: say nothing yet
+        kind = (
+            "dflash"
+            if dflash.ARCHITECTURE in architectures or "dflash_config" in raw
+            else "eagle3"
+            if eagle3.ARCHITECTURE in architectures
+            else None
+        )  # None: say nothing yet
         if kind not in (None, a.drafter):
             names = {"dflash": "DFlash", "eagle3": "EAGLE-3"}
-            raise ConfigError(f"{key}: the checkpoint is {names[kind]} (architectures {architectures}), not "
-                              f"{names[a.drafter]}")
+            raise ConfigError(
+                f"{key}: the checkpoint is {names[kind]} (architectures {architectures}), not {names[a.drafter]}"
+            )
         if not weight_files(directory):
             raise ConfigError(f"{key} has no weights (no *.safetensors nor pytorch_model*.bin)")
         if a.drafter == "dflash":
@@ -200,8 +243,10 @@ def mask_token(tokenizer, vocab_size: int, given: int | None) -> int:
         return int(tokenizer.mask_token_id)
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
-    raise SystemExit("error: the target's tokenizer has no mask token and no unused embedding row; pass "
-                     "--mask-token-id with a token id the target never produces")
+    raise SystemExit(
+        "error: the target's tokenizer has no mask token and no unused embedding row; pass "
+        "--mask-token-id with a token id the target never produces"
+    )
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -233,16 +278,18 @@ def run(a: argparse.Namespace) -> dict:
         eos = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         t0 = time.time()
-        outs = greedy_generate(model, prompts, eos, pad, a.max_new_tokens, a.generate_batch,
-                               bf16=bf16_autocast_pays(device),
-                               log_every=5)
+        outs = greedy_generate(
+            model, prompts, eos, pad, a.max_new_tokens, a.generate_batch, bf16=bf16_autocast_pays(device), log_every=5
+        )
         save_examples([Example(tuple(p), tuple(o)) for p, o in zip(prompts, outs)], data)
         log["continuations"] = {"n": len(prompts), "wall_s": round(time.time() - t0, 1)}
         del model
     examples, fit = fit_length(read_examples(data), a.max_len, "drop")
     if len(examples) <= a.holdout:
-        raise SystemExit(f"error: {len(examples)} continuations fit --max-len={a.max_len}, not more than "
-                         f"--holdout={a.holdout}; give more prompts or a smaller --holdout")
+        raise SystemExit(
+            f"error: {len(examples)} continuations fit --max-len={a.max_len}, not more than "
+            f"--holdout={a.holdout}; give more prompts or a smaller --holdout"
+        )
     log["data"] = fit
 
     if a.init is not None:  # the checkpoint's feature layers (check_init: it fits the target)
@@ -268,16 +315,28 @@ def run(a: argparse.Namespace) -> dict:
     store_dir = work / "features"
     store_meta = store_dir / "store.json"
     meta = json.loads(store_meta.read_text()) if store_meta.exists() else None
-    reusable = meta is not None and set(feature_layers) <= set(meta["layers"]) and meta.get("target") == str(
-        a.target) and meta["lengths"] == [len(e) for e in examples]  # the same target and continuations
+    reusable = (
+        meta is not None
+        and set(feature_layers) <= set(meta["layers"])
+        and meta.get("target") == str(a.target)
+        and meta["lengths"] == [len(e) for e in examples]
+    )  # the same target and continuations
     if not reusable:
         print(f"== features: hidden_states {feature_layers} on {device}", flush=True)
         log["features"] = extract_features(a.target, examples, feature_layers, store_dir, device=device)
     store = FeatureStore(store_dir)
     train_idx = list(range(len(examples) - a.holdout))
     held = list(range(len(examples) - a.holdout, len(examples)))
-    cfg = TrainConfig(epochs=a.epochs, max_steps=a.max_steps, batch_tokens=a.batch_tokens, lr=a.lr,
-                      warmup_steps=a.warmup, seed=a.seed, log_every=10, device=device)  # bf16 where it pays
+    cfg = TrainConfig(
+        epochs=a.epochs,
+        max_steps=a.max_steps,
+        batch_tokens=a.batch_tokens,
+        lr=a.lr,
+        warmup_steps=a.warmup,
+        seed=a.seed,
+        log_every=10,
+        device=device,
+    )  # bf16 where it pays
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
     if a.drafter == "dflash":
@@ -288,14 +347,32 @@ def run(a: argparse.Namespace) -> dict:
         size = mask = None
         if a.init is None:
             heads = int(target_config["num_attention_heads"])
-            size = {**DFLASH_SIZE, "num_hidden_layers": draft_layers, "num_attention_heads": heads,
-                    "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                    "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
-                    "intermediate_size": int(target_config["intermediate_size"])}
+            size = {
+                **DFLASH_SIZE,
+                "num_hidden_layers": draft_layers,
+                "num_attention_heads": heads,
+                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                "intermediate_size": int(target_config["intermediate_size"]),
+            }
             mask = mask_token(tokenizer, vocab, a.mask_token_id)
-        stats = train_dflash(a.target, examples, store, cfg, out, pad, mask, a.block_size or 16, tuple(ids), a.anchors,
-                             size=size, init=a.init, train_indices=train_idx, heldout_indices=held,
-                             checkpoint_every=a.checkpoint_every)
+        stats = train_dflash(
+            a.target,
+            examples,
+            store,
+            cfg,
+            out,
+            pad,
+            mask,
+            a.block_size or 16,
+            tuple(ids),
+            a.anchors,
+            size=size,
+            init=a.init,
+            train_indices=train_idx,
+            heldout_indices=held,
+            checkpoint_every=a.checkpoint_every,
+        )
         if a.draft_vocab is not None:
             from specpolicy.family.train_dflash import add_draft_vocabulary
 
@@ -305,17 +382,35 @@ def run(a: argparse.Namespace) -> dict:
         from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
 
         heads = int(target_config["num_attention_heads"])
-        size = {**EAGLE3_SIZE, "num_attention_heads": heads,
-                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
-                "intermediate_size": int(target_config["intermediate_size"])}
-        stats = train_eagle3(a.target, examples, store, cfg, out, pad, a.draft_vocab or 32000, a.ttt, layer_ids=ids,
-                             size=size, train_indices=train_idx, heldout_indices=held, init=a.init,
-                             checkpoint_every=a.checkpoint_every)
+        size = {
+            **EAGLE3_SIZE,
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+            "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+            "intermediate_size": int(target_config["intermediate_size"]),
+        }
+        stats = train_eagle3(
+            a.target,
+            examples,
+            store,
+            cfg,
+            out,
+            pad,
+            a.draft_vocab or 32000,
+            a.ttt,
+            layer_ids=ids,
+            size=size,
+            train_indices=train_idx,
+            heldout_indices=held,
+            init=a.init,
+            checkpoint_every=a.checkpoint_every,
+        )
     log[a.drafter] = stats
     (out / "training_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
-    print(f"== done: {out} (python -m specpolicy drafter={a.drafter} drafter.model={out} verifier.model={a.target})",
-          flush=True)
+    print(
+        f"== done: {out} (python -m specpolicy drafter={a.drafter} drafter.model={out} verifier.model={a.target})",
+        flush=True,
+    )
     return log
 
 

@@ -49,15 +49,23 @@ class Eagle3Trainee(nn.Module):
         self.embed = nn.Parameter(embed.detach().clone(), requires_grad=False)  # (V, H)
 
 
-def new_eagle3(target_config, draft_ids: torch.Tensor, seed: int, layer_ids: list[int] | None = None,
-               size: dict | None = None) -> Eagle3DraftModel:
+def new_eagle3(
+    target_config, draft_ids: torch.Tensor, seed: int, layer_ids: list[int] | None = None, size: dict | None = None
+) -> Eagle3DraftModel:
     """A freshly initialised EAGLE-3 head for a target, over the draft vocabulary ``draft_ids``
     (target ids, sorted)."""
-    raw = dict(hidden_size=target_config.hidden_size, vocab_size=target_config.vocab_size,
-               draft_vocab_size=int(draft_ids.numel()), target_hidden_size=target_config.hidden_size,
-               rms_norm_eps=target_config.rms_norm_eps, max_position_embeddings=target_config.max_position_embeddings,
-               rope_theta=float(target_config.rope_parameters["rope_theta"]), hidden_act="silu", num_hidden_layers=1,
-               **(size or EAGLE3_SIZE))
+    raw = dict(
+        hidden_size=target_config.hidden_size,
+        vocab_size=target_config.vocab_size,
+        draft_vocab_size=int(draft_ids.numel()),
+        target_hidden_size=target_config.hidden_size,
+        rms_norm_eps=target_config.rms_norm_eps,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rope_theta=float(target_config.rope_parameters["rope_theta"]),
+        hidden_act="silu",
+        num_hidden_layers=1,
+        **(size or EAGLE3_SIZE),
+    )
     if layer_ids is not None:
         raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     torch.manual_seed(seed)
@@ -72,8 +80,9 @@ def new_eagle3(target_config, draft_ids: torch.Tensor, seed: int, layer_ids: lis
     return model
 
 
-def ttt_forward(head: Eagle3DraftModel, embed: torch.Tensor, ids: torch.Tensor, features: torch.Tensor,
-                steps: int) -> list[torch.Tensor]:
+def ttt_forward(
+    head: Eagle3DraftModel, embed: torch.Tensor, ids: torch.Tensor, features: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """Unroll the head ``steps`` times over whole sequences (training-time test).
 
     Args:
@@ -85,7 +94,7 @@ def ttt_forward(head: Eagle3DraftModel, embed: torch.Tensor, ids: torch.Tensor, 
     R, L = ids.shape
     n = L - 1
     attn = head.midlayer.self_attn
-    scale = attn.head_dim ** -0.5
+    scale = attn.head_dim**-0.5
     groups = attn.num_heads // attn.num_kv_heads
     idx = torch.arange(n, device=ids.device)
     causal = idx[None, :] <= idx[:, None]  # (n, n) key index <= query index
@@ -95,7 +104,7 @@ def ttt_forward(head: Eagle3DraftModel, embed: torch.Tensor, ids: torch.Tensor, 
     k0 = v0 = None
     outs = []
     for j in range(steps):
-        tok = F.pad(ids[:, j + 1:], (0, j))[:, :n]  # index i: x_{i+j+1} (zeros past the end)
+        tok = F.pad(ids[:, j + 1 :], (0, j))[:, :n]  # index i: x_{i+j+1} (zeros past the end)
         embeds = F.embedding(tok, embed)
         positions = (idx + j)[None].expand(R, n)
         cos, sin = head.rotary_emb(embeds, positions)
@@ -136,13 +145,17 @@ def eagle3_loss(store: FeatureStore, feature_layers: list[int], steps: int, deca
             pos = i + j + 2  # (1, n) position each index predicts
             inside = pos < L
             tgt = ids.gather(1, pos.clamp(max=L - 1).expand(R, n))
-            ok = inside & valid.gather(1, pos.clamp(max=L - 1).expand(R, n)) & (i >= plen[:, None] - 2) \
+            ok = (
+                inside
+                & valid.gather(1, pos.clamp(max=L - 1).expand(R, n))
+                & (i >= plen[:, None] - 2)
                 & model.head.t2d[tgt]
+            )
             if not bool(ok.any()):
                 continue
             logits = model.head.logits(out[ok]).float()
             ce = F.cross_entropy(logits, t2d[tgt[ok]])
-            w = decay ** j
+            w = decay**j
             total = total + w * ce
             weight_sum += w
             count += int(ok.sum())
@@ -151,8 +164,15 @@ def eagle3_loss(store: FeatureStore, feature_layers: list[int], steps: int, deca
     return loss_fn
 
 
-def validation_metrics(head: Eagle3DraftModel, embed: torch.Tensor, examples: list[Example], indices: list[int],
-                       store: FeatureStore, layers: list[int], steps: int) -> dict:
+def validation_metrics(
+    head: Eagle3DraftModel,
+    embed: torch.Tensor,
+    examples: list[Example],
+    indices: list[int],
+    store: FeatureStore,
+    layers: list[int],
+    steps: int,
+) -> dict:
     """Top-1 accuracy of each unrolled step j (the (j+1)-th draft token given the earlier ones
     right) and the step-0 cross-entropy on held-out ``indices``; eval mode, no grad."""
     from specpolicy.family.data import collate
@@ -179,15 +199,30 @@ def validation_metrics(head: Eagle3DraftModel, embed: torch.Tensor, examples: li
                     known = head.t2d[tgt[ok]]
                     ce += float(F.cross_entropy(logits[known], t2d[tgt[ok][known]], reduction="sum"))
                     n0 += int(known.sum())
-    return {"ce_step0": round(ce / max(n0, 1), 4), "accuracy_by_step": [round(float(h / max(c, 1)), 4)
-                                                                         for h, c in zip(hits, counts)]}
+    return {
+        "ce_step0": round(ce / max(n0, 1), 4),
+        "accuracy_by_step": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, counts)],
+    }
 
 
-def train_eagle3(target_dir: str | Path, examples: list[Example], store: FeatureStore, cfg: TrainConfig,
-                 out_dir: str | Path, pad_id: int, draft_vocab_size: int = 2048, steps: int = 7, decay: float = 0.8,
-                 layer_ids: list[int] | None = None, size: dict | None = None,
-                 train_indices: list[int] | None = None, heldout_indices: list[int] | None = None,
-                 val_every: int = 200, init: str | Path | None = None, checkpoint_every: int = 0) -> dict:
+def train_eagle3(
+    target_dir: str | Path,
+    examples: list[Example],
+    store: FeatureStore,
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    pad_id: int,
+    draft_vocab_size: int = 2048,
+    steps: int = 7,
+    decay: float = 0.8,
+    layer_ids: list[int] | None = None,
+    size: dict | None = None,
+    train_indices: list[int] | None = None,
+    heldout_indices: list[int] | None = None,
+    val_every: int = 200,
+    init: str | Path | None = None,
+    checkpoint_every: int = 0,
+) -> dict:
     """Train the EAGLE-3 head of ``target_dir`` and save it in the EAGLE-3 layout.
 
     Args:
@@ -237,8 +272,11 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
             v = validation_metrics(head, trainee.embed, examples, heldout_indices, store, layers, steps)
             head.train(model is not None)
             curve.append({"step": step, **v})
-            print(f"[eagle3-drafter] step {step} held-out ce {v['ce_step0']:.4f} accuracy by step "
-                  f"{' '.join(str(x) for x in v['accuracy_by_step'])}", flush=True)
+            print(
+                f"[eagle3-drafter] step {step} held-out ce {v['ce_step0']:.4f} accuracy by step "
+                f"{' '.join(str(x) for x in v['accuracy_by_step'])}",
+                flush=True,
+            )
 
     last_checkpoint = [0]
 
@@ -250,11 +288,26 @@ def train_eagle3(target_dir: str | Path, examples: list[Example], store: Feature
 
     t0 = time.time()
     validate(0)
-    stats = train(trainee, trained, eagle3_loss(store.select(train_indices), layers, steps, decay, vocab), cfg,
-                  pad_id, name="eagle3-drafter", on_log=on_log)
+    stats = train(
+        trainee,
+        trained,
+        eagle3_loss(store.select(train_indices), layers, steps, decay, vocab),
+        cfg,
+        pad_id,
+        name="eagle3-drafter",
+        on_log=on_log,
+    )
     validate(stats["steps"])
     save_eagle3(head, out_dir, num_layers)
-    stats.update(params=sum(p.numel() for p in head.parameters()), draft_vocab_size=int(draft_ids.numel()),
-                 draft_vocab_coverage=round(coverage, 5), ttt_steps=steps, decay=decay, feature_layers=layers,
-                 heldout=len(heldout_indices), validation_curve=curve, wall_s=round(time.time() - t0, 1))
+    stats.update(
+        params=sum(p.numel() for p in head.parameters()),
+        draft_vocab_size=int(draft_ids.numel()),
+        draft_vocab_coverage=round(coverage, 5),
+        ttt_steps=steps,
+        decay=decay,
+        feature_layers=layers,
+        heldout=len(heldout_indices),
+        validation_curve=curve,
+        wall_s=round(time.time() - t0, 1),
+    )
     return stats

@@ -40,8 +40,9 @@ def read_config(directory: str | Path, key: str) -> dict[str, Any]:
 def hf_config(config_class: type, config: dict[str, Any]):
     """A transformers config of ``config_class`` (``Qwen3Config``, ``LlamaConfig``) from a
     checkpoint's config.json dict; fields the class does not know are kept as attributes."""
-    return config_class(**{k: v for k, v in config.items()
-                           if k not in ("architectures", "model_type", "transformers_version")})
+    return config_class(
+        **{k: v for k, v in config.items() if k not in ("architectures", "model_type", "transformers_version")}
+    )
 
 
 def weight_files(directory: str | Path) -> list[Path]:
@@ -63,13 +64,13 @@ def load_weights(directory: str | Path, key: str) -> dict[str, torch.Tensor]:
         raise ConfigError(f"{key}: {Path(directory)} has no model.safetensors or pytorch_model.bin")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
-                                                                                    weights_only=True))
+        state.update(
+            load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
+        )
     return state
 
 
-def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], key: str,
-              ignore: tuple[str, ...] = ()) -> None:
+def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], key: str, ignore: tuple[str, ...] = ()) -> None:
     """Copy ``state`` into ``module``'s parameters and persistent buffers (shapes checked).
 
     Args:
@@ -84,18 +85,24 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], key: str,
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        raise ConfigError(f"{key}: the checkpoint does not fit the model: missing {missing[:6]}"
-                          f"{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
-                          f"{' ...' if len(unexpected) > 6 else ''}")
-    bad = [f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})" for k, v in own.items()
-           if tuple(state[k].shape) != tuple(v.shape)]
+        raise ConfigError(
+            f"{key}: the checkpoint does not fit the model: missing {missing[:6]}"
+            f"{' ...' if len(missing) > 6 else ''}, unexpected {unexpected[:6]}"
+            f"{' ...' if len(unexpected) > 6 else ''}"
+        )
+    bad = [
+        f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
+        for k, v in own.items()
+        if tuple(state[k].shape) != tuple(v.shape)
+    ]
     if bad:
         raise ConfigError(f"{key}: tensor shapes do not fit the config: {', '.join(bad[:4])}")
     module.load_state_dict({k: state[k].to(own[k].dtype) for k in own})
 
 
-def save_checkpoint(directory: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor],
-                    dtype: torch.dtype = torch.bfloat16) -> Path:
+def save_checkpoint(
+    directory: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (floating tensors cast to ``dtype``).
 
     Returns:
@@ -105,8 +112,9 @@ def save_checkpoint(directory: str | Path, config: dict[str, Any], state: dict[s
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
-               for k, v in state.items()}
+    tensors = {
+        k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu() for k, v in state.items()
+    }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out

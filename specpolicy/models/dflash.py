@@ -103,8 +103,13 @@ class DFlashSpec:
             ids = default_target_layer_ids(int(num_target_layers), int(config.get("num_hidden_layers", 1)))
         try:
             draft_vocab = nested.get("draft_vocab_size", config.get("draft_vocab_size"))
-            spec = DFlashSpec(int(field("block_size")), int(field("mask_token_id")), tuple(int(i) for i in ids),
-                              int(num_target_layers), None if draft_vocab is None else int(draft_vocab))
+            spec = DFlashSpec(
+                int(field("block_size")),
+                int(field("mask_token_id")),
+                tuple(int(i) for i in ids),
+                int(num_target_layers),
+                None if draft_vocab is None else int(draft_vocab),
+            )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{key}: config.json's DFlash fields must be integers ({exc})") from exc
         if spec.block_size < 2:
@@ -172,8 +177,15 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return _rope(k, cos, sin), v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context_k: torch.Tensor | None,
-                context_v: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context_k: torch.Tensor | None,
+        context_v: torch.Tensor | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Attention of the block ``x`` ``(b, q, H)`` over ``[context ; block]``.
 
         Args:
@@ -192,9 +204,16 @@ class DFlashAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.num_heads * self.head_dim))
 
-
-    def forward_blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, context_k: torch.Tensor,
-                       context_v: torch.Tensor, context_mask: torch.Tensor, span: int) -> torch.Tensor:
+    def forward_blocks(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        context_k: torch.Tensor,
+        context_v: torch.Tensor,
+        context_mask: torch.Tensor,
+        span: int,
+    ) -> torch.Tensor:
         """Training: many blocks of one sequence at once, each attending to the context its mask
         allows and to itself only (the same as ``forward`` on each block alone).
 
@@ -213,7 +232,7 @@ class DFlashAttention(nn.Module):
         k, v = self.keys_values(x, cos, sin)
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)  # (R, h, n, d)
         ck, cv = context_k.repeat_interleave(groups, 1), context_v.repeat_interleave(groups, 1)
-        scale = self.head_dim ** -0.5
+        scale = self.head_dim**-0.5
         to_context = (q @ ck.transpose(-1, -2)) * scale  # (R, h, n, L)
         to_context = to_context.masked_fill(~context_mask, float("-inf"))
         qb = q.view(R, self.num_heads, nb, span, self.head_dim)
@@ -222,9 +241,9 @@ class DFlashAttention(nn.Module):
         scores = torch.cat([to_context, within], dim=-1)
         p = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         L = ck.shape[2]
-        out = p[..., :L] @ cv + (p[..., L:].reshape(R, self.num_heads, nb, span, span)
-                                 @ v.view(R, self.num_heads, nb, span, self.head_dim)).reshape(R, self.num_heads, n,
-                                                                                            self.head_dim)
+        out = p[..., :L] @ cv + (
+            p[..., L:].reshape(R, self.num_heads, nb, span, span) @ v.view(R, self.num_heads, nb, span, self.head_dim)
+        ).reshape(R, self.num_heads, n, self.head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(R, n, self.num_heads * self.head_dim))
 
 
@@ -261,12 +280,21 @@ class DFlashLayer(nn.Module):
             gate_up = torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight])
             self.register_buffer("gate_up_weight_t", gate_up.t().contiguous(), persistent=False)  # (H, 2 I)
             # q-norm's weight for each q head, then k-norm's for each kv head: (heads + kv_heads, head_dim)
-            self.register_buffer("qk_norm_weight", torch.cat([a.q_norm.weight.expand(a.num_heads, -1),
-                                                              a.k_norm.weight.expand(a.num_kv_heads, -1)]),
-                                 persistent=False)
+            self.register_buffer(
+                "qk_norm_weight",
+                torch.cat([a.q_norm.weight.expand(a.num_heads, -1), a.k_norm.weight.expand(a.num_kv_heads, -1)]),
+                persistent=False,
+            )
 
-    def draft_pass(self, x: torch.Tensor, context: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-                   cache: KVCache, index: int) -> torch.Tensor:
+    def draft_pass(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        index: int,
+    ) -> torch.Tensor:
         """``forward`` for one request, with the new context's keys and values made in the same
         projections as the block's; the cache's layer ``index`` then holds the context with them.
 
@@ -295,11 +323,11 @@ class DFlashLayer(nn.Module):
         nq, nkv, heads = a.num_heads * d, a.num_kv_heads * d, a.num_heads
         # q and k heads side by side, each row at its own position: one norm and one RoPE for both
         # (the new context's q rows are computed and dropped: u rows, cheaper than separate calls)
-        qk = qkv[:, :, :nq + nkv].view(1, u + n, heads + a.num_kv_heads, d)
+        qk = qkv[:, :, : nq + nkv].view(1, u + n, heads + a.num_kv_heads, d)
         qk = F.rms_norm(qk, (d,), None, a.q_norm.variance_epsilon) * self.qk_norm_weight
         qk = _rope_rolled(qk, cos, sin)
         q, k = qk[:, u:, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
-        v = qkv[:, :, nq + nkv:].view(1, u + n, a.num_kv_heads, d).transpose(1, 2)
+        v = qkv[:, :, nq + nkv :].view(1, u + n, a.num_kv_heads, d).transpose(1, 2)
         cached_k, cached_v = cache.layer(index)
         if cached_k is not None:  # [cached context ; new context ; block]
             k, v = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
@@ -313,8 +341,9 @@ class DFlashLayer(nn.Module):
         return x + self.mlp.down_proj(self.mlp.act_fn(gate) * up)
 
     def forward_blocks(self, x, cos, sin, context_k, context_v, context_mask, span):
-        x = x + self.self_attn.forward_blocks(self.input_layernorm(x), cos, sin, context_k, context_v, context_mask,
-                                              span)
+        x = x + self.self_attn.forward_blocks(
+            self.input_layernorm(x), cos, sin, context_k, context_v, context_mask, span
+        )
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -373,8 +402,7 @@ class DFlashDraftModel(nn.Module):
             return _signed(*self.rope(self.fc.weight, positions))
         return self.rope_cos[None, start:stop], self.rope_signed_sin[None, start:stop]
 
-    def draft_pass(self, block_embeds: torch.Tensor, cache: KVCache, new_features: torch.Tensor | None
-                   ) -> torch.Tensor:
+    def draft_pass(self, block_embeds: torch.Tensor, cache: KVCache, new_features: torch.Tensor | None) -> torch.Tensor:
         """One request's pass (the drafter's ``_pass``): ``forward`` over the block with the cached
         context, the newly committed positions' keys and values computed in the same pass (joined to
         the block's projections) and appended to ``cache`` -- the values ``context_keys_values`` then
@@ -404,8 +432,9 @@ class DFlashDraftModel(nn.Module):
             x = layer.draft_pass(x, context, cos, sin, cache, i)
         return _norm(x, self.norm)
 
-    def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor
-                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_keys_values(
+        self, features: torch.Tensor, positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's keys and values of the context.
 
         Args:
@@ -418,9 +447,13 @@ class DFlashDraftModel(nn.Module):
         cos, sin = self.rope(ctx, positions)
         return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
 
-    def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor,
-                context: list[tuple[torch.Tensor, torch.Tensor]] | None, mask: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One pass over the block(s).
 
         Args:
@@ -439,9 +472,13 @@ class DFlashDraftModel(nn.Module):
             x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)
 
-
-    def forward_blocks(self, block_embeds: torch.Tensor, positions: torch.Tensor,
-                       context: list[tuple[torch.Tensor, torch.Tensor]], context_mask: torch.Tensor) -> torch.Tensor:
+    def forward_blocks(
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        context_mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Training: ``nb`` blocks of ``span`` tokens per sequence in one pass, each seeing the context
         ``context_mask`` allows and itself (bidirectionally), never the other blocks -- per block,
         exactly ``forward`` on that block with its own context (``tests/family/test_conditioned_training.py``).
@@ -466,12 +503,18 @@ class DFlashDraftModel(nn.Module):
 def draft_vocabulary_error(target_ids: torch.Tensor, vocab_size: int) -> str | None:
     """What is wrong with a draft vocabulary's target ids ``(Vd,) int64`` for a vocabulary of
     ``vocab_size`` (none, out of range, or one id twice), or None when nothing is."""
-    if target_ids.numel() and int(target_ids.min()) >= 0 and int(target_ids.max()) < vocab_size \
-            and target_ids.unique().numel() == target_ids.numel():
+    if (
+        target_ids.numel()
+        and int(target_ids.min()) >= 0
+        and int(target_ids.max()) < vocab_size
+        and target_ids.unique().numel() == target_ids.numel()
+    ):
         return None
-    return (f"d2t maps the draft vocabulary outside the target's vocabulary of {vocab_size} or onto one target id "
-            f"twice (draft id d is target id d + d2t[d], each in 0..{vocab_size - 1}, distinct; "
-            f"{target_ids.numel()} draft ids)")
+    return (
+        f"d2t maps the draft vocabulary outside the target's vocabulary of {vocab_size} or onto one target id "
+        f"twice (draft id d is target id d + d2t[d], each in 0..{vocab_size - 1}, distinct; "
+        f"{target_ids.numel()} draft ids)"
+    )
 
 
 def with_draft_vocabulary(model: DFlashDraftModel, target_ids: torch.Tensor) -> DFlashDraftModel:
@@ -508,10 +551,15 @@ def load_dflash(directory: str | Path, key: str = "drafter.model") -> DFlashDraf
     model = DFlashDraftModel(qwen3_config(raw), spec)
     state = load_weights(directory, key)
     if ("d2t" in state) != (spec.draft_vocab_size is not None):
-        raise ConfigError(f"{key}: a draft vocabulary needs both dflash_config.draft_vocab_size and a d2t tensor; "
-                          + ("the weights have d2t but config.json has no draft_vocab_size (set it to d2t's length, "
-                             f"{state['d2t'].shape[0]})" if "d2t" in state else
-                             f"config.json has draft_vocab_size {spec.draft_vocab_size} but the weights have no d2t"))
+        raise ConfigError(
+            f"{key}: a draft vocabulary needs both dflash_config.draft_vocab_size and a d2t tensor; "
+            + (
+                "the weights have d2t but config.json has no draft_vocab_size (set it to d2t's length, "
+                f"{state['d2t'].shape[0]})"
+                if "d2t" in state
+                else f"config.json has draft_vocab_size {spec.draft_vocab_size} but the weights have no d2t"
+            )
+        )
     load_into(model, state, key, ignore=("embed_tokens.", "lm_head."))
     return model.eval()
 
@@ -520,18 +568,29 @@ def checkpoint_config(model: DFlashDraftModel) -> dict[str, Any]:
     """The official config.json dict of ``model``."""
     c = model.config
     return {
-        "architectures": [ARCHITECTURE], "model_type": "qwen3",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": model.layers[0].self_attn.head_dim,
-        "hidden_act": c.hidden_act, "rms_norm_eps": c.rms_norm_eps, "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings, "rope_theta": float(c.rope_parameters["rope_theta"]),
-        "attention_bias": bool(getattr(c, "attention_bias", False)), "tie_word_embeddings": False,
-        "block_size": model.spec.block_size, "num_target_layers": model.spec.num_target_layers,
-        "dflash_config": {"target_layer_ids": list(model.spec.target_layer_ids),
-                          "mask_token_id": model.spec.mask_token_id, "block_size": model.spec.block_size,
-                          **({} if model.spec.draft_vocab_size is None
-                             else {"draft_vocab_size": model.spec.draft_vocab_size})},
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": model.layers[0].self_attn.head_dim,
+        "hidden_act": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": float(c.rope_parameters["rope_theta"]),
+        "attention_bias": bool(getattr(c, "attention_bias", False)),
+        "tie_word_embeddings": False,
+        "block_size": model.spec.block_size,
+        "num_target_layers": model.spec.num_target_layers,
+        "dflash_config": {
+            "target_layer_ids": list(model.spec.target_layer_ids),
+            "mask_token_id": model.spec.mask_token_id,
+            "block_size": model.spec.block_size,
+            **({} if model.spec.draft_vocab_size is None else {"draft_vocab_size": model.spec.draft_vocab_size}),
+        },
         "dtype": "bfloat16",
     }
 

@@ -78,8 +78,9 @@ class Eagle3Spec:
             ValueError: for another ``convention``.
         """
         if convention not in LAYER_ID_CONVENTIONS:
-            raise ValueError(f"drafter.layer_id_convention must be one of {', '.join(LAYER_ID_CONVENTIONS)}, "
-                             f"got {convention!r}")
+            raise ValueError(
+                f"drafter.layer_id_convention must be one of {', '.join(LAYER_ID_CONVENTIONS)}, got {convention!r}"
+            )
         if self.layer_ids is None:
             return tuple(default_layer_ids(num_target_layers))
         return tuple(i + (convention == "output") for i in self.layer_ids)
@@ -98,9 +99,11 @@ class Eagle3Spec:
             raise ConfigError(f"{key}: an EAGLE-3 head has num_hidden_layers 1, got {config['num_hidden_layers']}")
         ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         try:
-            return Eagle3Spec(int(config.get("draft_vocab_size") or config["vocab_size"]),
-                              int(config.get("target_hidden_size") or config["hidden_size"]),
-                              None if ids is None else tuple(int(i) for i in ids))
+            return Eagle3Spec(
+                int(config.get("draft_vocab_size") or config["vocab_size"]),
+                int(config.get("target_hidden_size") or config["hidden_size"]),
+                None if ids is None else tuple(int(i) for i in ids),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{key}: config.json's EAGLE-3 fields are missing or not integers ({exc!r})") from exc
 
@@ -117,8 +120,9 @@ class Eagle3Attention(nn.Module):
         self.v_proj = nn.Linear(2 * config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``(b, heads, n, d)``, keys and values ``(b, kv_heads, n, d)`` of ``x`` ``(b, n, 2H)``,
         RoPE applied with ``cos``/``sin`` ``(b, n, d)``."""
         b, n, _ = x.shape
@@ -174,9 +178,14 @@ class Eagle3DraftModel(nn.Module):
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One pass over n new drafter positions.
 
         Args:
@@ -196,10 +205,17 @@ class Eagle3DraftModel(nn.Module):
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         n, total = q.shape[2], k.shape[2]
         if mask is None and n > 1:  # causal over the new positions, all of the past visible
-            mask = torch.arange(total, device=q.device)[None, :] <= torch.arange(total - n, total, device=q.device)[:, None]
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                  enable_gqa=self.midlayer.self_attn.num_kv_heads
-                                                  != self.midlayer.self_attn.num_heads)
+            mask = (
+                torch.arange(total, device=q.device)[None, :]
+                <= torch.arange(total - n, total, device=q.device)[:, None]
+            )
+        attended = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            enable_gqa=self.midlayer.self_attn.num_kv_heads != self.midlayer.self_attn.num_heads,
+        )
         return self.midlayer.finish(hidden, attended), k, v
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -246,13 +262,23 @@ def checkpoint_config(model: Eagle3DraftModel, num_target_layers: int | None = N
     are not the default of a target of ``num_target_layers`` layers (input-of-layer ids)."""
     c = model.config
     cfg = {
-        "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": model.midlayer.self_attn.head_dim, "hidden_act": c.hidden_act, "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size, "draft_vocab_size": model.spec.draft_vocab_size,
-        "target_hidden_size": model.spec.target_hidden_size, "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": float(c.rope_parameters["rope_theta"]), "tie_word_embeddings": False, "dtype": "bfloat16",
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": model.midlayer.self_attn.head_dim,
+        "hidden_act": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": model.spec.draft_vocab_size,
+        "target_hidden_size": model.spec.target_hidden_size,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": float(c.rope_parameters["rope_theta"]),
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
     }
     ids = model.spec.layer_ids
     if ids is not None and (num_target_layers is None or list(ids) != default_layer_ids(num_target_layers)):
@@ -262,8 +288,12 @@ def checkpoint_config(model: Eagle3DraftModel, num_target_layers: int | None = N
     return cfg
 
 
-def save_eagle3(model: Eagle3DraftModel, directory: str | Path, num_target_layers: int | None = None,
-                extra: dict[str, Any] | None = None) -> Path:
+def save_eagle3(
+    model: Eagle3DraftModel,
+    directory: str | Path,
+    num_target_layers: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write ``model`` in the EAGLE-3 layout (bfloat16 weights, int64 ``d2t``, bool ``t2d``)."""
     state = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
     return save_checkpoint(directory, {**checkpoint_config(model, num_target_layers), **(extra or {})}, state)

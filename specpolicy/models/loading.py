@@ -139,8 +139,10 @@ def check_weights(key: str, directory: Path) -> None:
                 pass
         except (SafetensorError, OSError) as exc:
             size = file.stat().st_size
-            raise ConfigError(f"{key}: weights file {file} is truncated or corrupt ({size} bytes; safetensors: "
-                              f"{exc}); re-download or re-save the model") from exc
+            raise ConfigError(
+                f"{key}: weights file {file} is truncated or corrupt ({size} bytes; safetensors: "
+                f"{exc}); re-download or re-save the model"
+            ) from exc
 
 
 @contextlib.contextmanager
@@ -194,7 +196,9 @@ def _load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: st
     config_dict = _read_config_dict(path)
     model_type = None if config_dict is None else config_dict.get("model_type")
     if config_dict is None or model_type in CONFIG_MAPPING:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=runtime.torch_dtype, attn_implementation=attn_implementation)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=runtime.torch_dtype, attn_implementation=attn_implementation
+        )
     else:
         archs = " ".join(config_dict.get("architectures") or [])
         if "qwen" not in f"{model_type} {archs}".lower():
@@ -203,7 +207,9 @@ def _load_causal_lm(name_or_path: str, runtime: Runtime, attn_implementation: st
                 "only Qwen-based custom checkpoints (e.g. Fast_dLLM_v2) load without remote code"
             )
         model = Qwen2ForCausalLM.from_pretrained(
-            path, config=qwen2_config_from_fastdllm(config_dict), dtype=runtime.torch_dtype,
+            path,
+            config=qwen2_config_from_fastdllm(config_dict),
+            dtype=runtime.torch_dtype,
             attn_implementation=attn_implementation,
         )
     return model.to(runtime.torch_device).eval()
@@ -250,8 +256,9 @@ def context_length(model: PreTrainedModel) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 0)
 
 
-def check_same_vocabulary(target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase,
-                          drafter: str) -> None:
+def check_same_vocabulary(
+    target_tokenizer: PreTrainedTokenizerBase, drafter_tokenizer: PreTrainedTokenizerBase, drafter: str
+) -> None:
     """Raise ``ValueError`` naming ``drafter`` when its tokenizer differs from the target's.
 
     Tokenizers are compared, not embedding sizes: Qwen2.5 models pad their embedding matrices

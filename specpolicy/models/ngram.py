@@ -111,8 +111,9 @@ class NGramModel:
     # -- building -------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, documents: Iterable[Sequence[int]], vocab_size: int, order: int = 3,
-              header: dict | None = None) -> NGramModel:
+    def build(
+        cls, documents: Iterable[Sequence[int]], vocab_size: int, order: int = 3, header: dict | None = None
+    ) -> NGramModel:
         """Count the n-grams of ``documents`` (token id sequences, each ``0 <= id < vocab_size``).
 
         Raises:
@@ -133,7 +134,7 @@ class NGramModel:
             padded = torch.cat([torch.full((order - 1,), start, dtype=torch.long), ids])
             for n in range(1, order + 1):
                 # every window of n tokens ending at a real token (the start symbols only as context)
-                windows = padded[order - n:].unfold(0, n, 1) if n > 1 else ids[:, None]
+                windows = padded[order - n :].unfold(0, n, 1) if n > 1 else ids[:, None]
                 per_order[n - 1].append(_codes(windows, base))
         if tokens == 0:
             raise ValueError("the corpus holds no tokens")
@@ -142,8 +143,14 @@ class NGramModel:
             unique, count = torch.unique(torch.cat(chunks), return_counts=True)
             keys.append(unique)
             counts.append(count.long())
-        header = {"format": FORMAT, "order": order, "vocab_size": vocab_size, "documents": documents_seen,
-                  "tokens": tokens, **(header or {})}
+        header = {
+            "format": FORMAT,
+            "order": order,
+            "vocab_size": vocab_size,
+            "documents": documents_seen,
+            "tokens": tokens,
+            **(header or {}),
+        }
         return cls(order, vocab_size, keys, counts, header)
 
     # -- DART's trie rule -----------------------------------------------------------------------
@@ -151,8 +158,11 @@ class NGramModel:
     def pad_context(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The last ``order - 1`` tokens of ``tokens`` (prompt + path), start symbols in front when
         shorter: ``(order - 1,)`` int64."""
-        t = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)[-(self.order - 1):] if self.order > 1 else \
-            torch.zeros(0, dtype=torch.long)
+        t = (
+            torch.as_tensor(tokens, dtype=torch.long).reshape(-1)[-(self.order - 1) :]
+            if self.order > 1
+            else torch.zeros(0, dtype=torch.long)
+        )
         pad = torch.full((self.order - 1 - t.numel(),), self.vocab_size, dtype=torch.long)
         return torch.cat([pad, t])
 
@@ -174,10 +184,10 @@ class NGramModel:
         probs = torch.zeros(tokens.shape, dtype=torch.float32)
         found = torch.zeros(tokens.shape, dtype=torch.bool)
         for j in range(self.order - 1, 0, -1):
-            suffix = context[:, -j:]                                            # (B, j)
-            parent = self.count(suffix).to(torch.float32)                       # (B,)
+            suffix = context[:, -j:]  # (B, j)
+            parent = self.count(suffix).to(torch.float32)  # (B,)
             grams = torch.cat([suffix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], dim=-1)
-            child = self.count(grams).to(torch.float32)                         # (B, C)
+            child = self.count(grams).to(torch.float32)  # (B, C)
             take = ~found & (child > 0)
             probs = torch.where(take, child / parent.clamp(min=1)[:, None], probs)
             found |= take
@@ -195,11 +205,17 @@ class NGramModel:
                 keys, counts = self.keys[n - 1], self.counts[n - 1]
             else:  # continuation counts: distinct tokens seen before the n-gram
                 higher = self.keys[n]
-                keys, counts = torch.unique(higher % self.base ** n, return_counts=True)
+                keys, counts = torch.unique(higher % self.base**n, return_counts=True)
                 counts = counts.long()
             prefixes, totals, types = _group(keys, counts, self.base)
-            tables[n - 1] = {"keys": keys, "counts": counts, "prefixes": prefixes, "totals": totals,
-                             "types": types, "discount": _discount(counts)}
+            tables[n - 1] = {
+                "keys": keys,
+                "counts": counts,
+                "prefixes": prefixes,
+                "totals": totals,
+                "types": types,
+                "discount": _discount(counts),
+            }
         return tables
 
     def log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -215,15 +231,16 @@ class NGramModel:
         t = self._kn[0]
         uni = _lookup(t["keys"], t["counts"], tokens).to(torch.float64)
         total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
-        probs = ((uni - d).clamp(min=0) + d * types / self.vocab_size) / total   # (B, C)
+        probs = ((uni - d).clamp(min=0) + d * types / self.vocab_size) / total  # (B, C)
         for n in range(2, self.order + 1):
             t, d = self._kn[n - 1], float(self._kn[n - 1]["discount"])
-            prefix = context[:, -(n - 1):]                                          # (B, n - 1)
-            prefix_code = _codes(prefix, self.base)                                 # (B,)
+            prefix = context[:, -(n - 1) :]  # (B, n - 1)
+            prefix_code = _codes(prefix, self.base)  # (B,)
             total = _lookup(t["prefixes"], t["totals"], prefix_code).to(torch.float64)[:, None]
             types = _lookup(t["prefixes"], t["types"], prefix_code).to(torch.float64)[:, None]
-            gram = _codes(torch.cat([prefix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], -1),
-                          self.base)
+            gram = _codes(
+                torch.cat([prefix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], -1), self.base
+            )
             count = _lookup(t["keys"], t["counts"], gram).to(torch.float64)
             mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
             probs = torch.where(total > 0, mixed, probs)
@@ -282,8 +299,10 @@ def load_ngram(path: str | Path, key: str = "ngram", vocab: dict[str, int] | Non
     if vocab is not None:
         want, got = vocabulary_sha256(vocab), header.get("tokenizer_sha256")
         if len(vocab) != vocab_size or (got is not None and got != want):
-            raise ConfigError(f"{key}={str(path)!r}: built for another tokenizer (vocabulary of {vocab_size} tokens, "
-                              f"sha256 {str(got)[:12]}); the run's has {len(vocab)} tokens, sha256 {want[:12]}")
+            raise ConfigError(
+                f"{key}={str(path)!r}: built for another tokenizer (vocabulary of {vocab_size} tokens, "
+                f"sha256 {str(got)[:12]}); the run's has {len(vocab)} tokens, sha256 {want[:12]}"
+            )
     return NGramModel(order, vocab_size, keys, counts, header)
 
 
@@ -293,8 +312,14 @@ def load_ngram(path: str | Path, key: str = "ngram", vocab: dict[str, int] | Non
 PATH_SEARCHES = ("none", "cps")
 #: The path-search keys a block drafter accepts, with DiffuSpec's defaults (arXiv 2510.02358, App. A:
 #: mass 0.8, 15 candidates, beam width 3, lambda 0.5, a 3-gram model of the task's training split).
-PATH_SEARCH_DEFAULTS = {"path_search": "none", "ngram": "gsm8k-train", "cps_mass": 0.8, "cps_candidates": 15,
-                        "cps_width": 3, "cps_lambda": 0.5}
+PATH_SEARCH_DEFAULTS = {
+    "path_search": "none",
+    "ngram": "gsm8k-train",
+    "cps_mass": 0.8,
+    "cps_candidates": 15,
+    "cps_width": 3,
+    "cps_lambda": 0.5,
+}
 #: n-gram models bundled with the family (``specpolicy/family/bundle/ngram/<name>.npz``): ``gsm8k-train``,
 #: a 3-gram model of GSM8K's 7,473 training answers in the family's tokenizer, EOS-terminated.
 BUNDLED_NGRAMS = ("gsm8k-train",)
@@ -328,8 +353,10 @@ def check_path_search(config: dict, vocab: dict[str, int] | None = None) -> NGra
     integer("drafter.cps_width", get["cps_width"], 1)
     number("drafter.cps_lambda", get["cps_lambda"], 0.0, 1.0)
     if not isinstance(get["ngram"], str) or not get["ngram"]:
-        raise ConfigError(f"drafter.ngram must be a bundled n-gram ({', '.join(BUNDLED_NGRAMS)}) or an .npz file "
-                          f"(python -m specpolicy.models.ngram builds one), got {get['ngram']!r}")
+        raise ConfigError(
+            f"drafter.ngram must be a bundled n-gram ({', '.join(BUNDLED_NGRAMS)}) or an .npz file "
+            f"(python -m specpolicy.models.ngram builds one), got {get['ngram']!r}"
+        )
     model = load_ngram(resolve_ngram_path(get["ngram"]), "drafter.ngram", vocab)
     if model.order < 2:
         raise ConfigError(f"drafter.ngram={get['ngram']!r}: order {model.order}; the path search needs order >= 2")
@@ -384,10 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     from specpolicy.models.loading import load_tokenizer, resolve_model_path
 
     ap = argparse.ArgumentParser(prog="python -m specpolicy.models.ngram", description=main.__doc__)
-    ap.add_argument("--corpus", type=Path, required=True, help="a .jsonl (see --field) or a text file, one document a line")
+    ap.add_argument(
+        "--corpus", type=Path, required=True, help="a .jsonl (see --field) or a text file, one document a line"
+    )
     ap.add_argument("--field", default="text", help="the .jsonl field holding each document's text (GSM8K: answer)")
-    ap.add_argument("--tokenizer", default="target",
-                    help="a bundled model name (target) or a local Hugging Face model/tokenizer directory")
+    ap.add_argument(
+        "--tokenizer",
+        default="target",
+        help="a bundled model name (target) or a local Hugging Face model/tokenizer directory",
+    )
     ap.add_argument("--order", type=int, default=3, help="the longest n-gram (>= 1; DiffuSpec and DART: 3)")
     ap.add_argument("--no-eos", action="store_true", help="do not end each document with the tokenizer's EOS token")
     ap.add_argument("--out", type=Path, required=True, help="the .npz file to write")
@@ -404,13 +436,23 @@ def main(argv: list[str] | None = None) -> int:
     eos = [] if args.no_eos or tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     documents = (tokenizer.encode(text, add_special_tokens=False) + eos for text in texts)
     vocab = tokenizer.get_vocab()
-    model = NGramModel.build(documents, len(vocab), args.order,
-                             {"tokenizer_sha256": vocabulary_sha256(vocab), "corpus": args.corpus.name,
-                              "field": args.field, "eos": bool(eos)})
+    model = NGramModel.build(
+        documents,
+        len(vocab),
+        args.order,
+        {
+            "tokenizer_sha256": vocabulary_sha256(vocab),
+            "corpus": args.corpus.name,
+            "field": args.field,
+            "eos": bool(eos),
+        },
+    )
     out = model.save(args.out)
     sizes = ", ".join(f"{n}-grams {k.numel()}" for n, k in enumerate(model.keys, 1))
-    print(f"{out}: {model.header['documents']} documents, {model.header['tokens']} tokens; {sizes}; "
-          f"{out.stat().st_size / 1e6:.2f} MB")
+    print(
+        f"{out}: {model.header['documents']} documents, {model.header['tokens']} tokens; {sizes}; "
+        f"{out.stat().st_size / 1e6:.2f} MB"
+    )
     return 0
 
 

@@ -45,8 +45,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec(firstresult=True)
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any],
-                               run_config: dict[str, Any]) -> bool | None:
+def specpolicy_validate_config(
+    group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]
+) -> bool | None:
     """Check the config of a plugin's choice BEFORE anything is loaded.
 
     :param group: ``policy``, ``drafter``, ``verifier`` or ``logger``.
@@ -90,8 +91,7 @@ def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | 
 
 
 @hookspec(firstresult=True)
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
-                            verifier: Verifier) -> Drafter | None:
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier: Verifier) -> Drafter | None:
     """Build the drafter selected with ``drafter=<name>``.
 
     :param name: the drafter's name (the ``drafter.name`` config key).

@@ -251,27 +251,34 @@ def _searchpath_entry(entry: Any, where: PluginBlame) -> str:
     """A plugin's search-path entry as Hydra takes it (a plain directory becomes
     ``file://<absolute path>``), after checking that it names an existing package or directory."""
     if not isinstance(entry, (str, os.PathLike)):
-        raise PluginError(f"{where}: returned a list holding {entry!r} ({type(entry).__name__}); each entry must be a "
-                          f"string such as 'pkg://my_pkg.conf' or a directory; {WAY_OUT}")
+        raise PluginError(
+            f"{where}: returned a list holding {entry!r} ({type(entry).__name__}); each entry must be a "
+            f"string such as 'pkg://my_pkg.conf' or a directory; {WAY_OUT}"
+        )
     entry = str(entry)
     if "://" in entry and not entry.startswith(("pkg://", "file://")):
-        raise PluginError(f"{where}: returned the config search path {entry!r}; use pkg:// or file:// "
-                          f"(or a plain directory); {WAY_OUT}")
+        raise PluginError(
+            f"{where}: returned the config search path {entry!r}; use pkg:// or file:// "
+            f"(or a plain directory); {WAY_OUT}"
+        )
     if not entry.startswith(("pkg://", "file://")):
         entry = "file://" + str(Path(entry).expanduser().resolve())
     if entry.startswith("file://"):
-        if not Path(entry[len("file://"):]).is_dir():
-            raise PluginError(f"{where}: returned the config search path {entry!r}, which is not a directory; "
-                              f"{WAY_OUT}")
+        if not Path(entry[len("file://") :]).is_dir():
+            raise PluginError(
+                f"{where}: returned the config search path {entry!r}, which is not a directory; {WAY_OUT}"
+            )
         return entry
-    package = entry[len("pkg://"):].strip("/").replace("/", ".")
+    package = entry[len("pkg://") :].strip("/").replace("/", ".")
     try:
         spec = importlib.util.find_spec(package) if package else None
     except (ImportError, ValueError):  # a parent that is not a package
         spec = None
     if spec is None or spec.submodule_search_locations is None:
-        raise PluginError(f"{where}: returned the config search path {entry!r}, but there is no package "
-                          f"{package!r} to hold config files (is it installed, with its conf/ files?); {WAY_OUT}")
+        raise PluginError(
+            f"{where}: returned the config search path {entry!r}, but there is no package "
+            f"{package!r} to hold config files (is it installed, with its conf/ files?); {WAY_OUT}"
+        )
     return entry
 
 
@@ -297,8 +304,10 @@ def config_searchpath(pm: pluggy.PluginManager) -> list[tuple[str, str]]:
             continue
         if not isinstance(result, (list, tuple)):
             example = f"[{result!r}]" if isinstance(result, (str, os.PathLike)) else "['pkg://my_pkg.conf']"
-            raise PluginError(f"{where}: returned {result!r} ({type(result).__name__}), not a list of search-path "
-                              f"entries; return e.g. {example}; {WAY_OUT}")
+            raise PluginError(
+                f"{where}: returned {result!r} ({type(result).__name__}), not a list of search-path "
+                f"entries; return e.g. {example}; {WAY_OUT}"
+            )
         for entry in result:
             out.append((impl.plugin_name, _searchpath_entry(entry, where)))
     return out
@@ -317,7 +326,9 @@ class PluginInfo:
 
 def plugin_infos(pm: pluggy.PluginManager) -> list[PluginInfo]:
     """Every registered plugin (see ``PluginInfo``), built-ins first."""
-    dists = {id(plugin): f"{dist.project_name} {dist.version} (entry point)" for plugin, dist in pm.list_plugin_distinfo()}
+    dists = {
+        id(plugin): f"{dist.project_name} {dist.version} (entry point)" for plugin, dist in pm.list_plugin_distinfo()
+    }
     prefix = hookspecs.PROJECT_NAME + "_"
     infos = []
     for name, plugin in pm.list_name_plugin():

@@ -26,17 +26,35 @@ from specpolicy.core.stopping import StopStrings
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
 SERVING_ROWS = (
     ("throughput (tokens/s, all requests)", "throughput_tokens_per_s", "{:.1f}"),
-    ("TTFT p50 (ms)", "ttft_p50_ms", "{:.1f}"), ("TTFT p99 (ms)", "ttft_p99_ms", "{:.1f}"),
-    ("TPOT mean (ms)", "tpot_mean_ms", "{:.2f}"), ("TPOT p50 (ms)", "tpot_p50_ms", "{:.2f}"),
-    ("TPOT p99 (ms)", "tpot_p99_ms", "{:.2f}"), ("latency p99 (ms)", "latency_p99_ms", "{:.0f}"),
-    ("rounds", "rounds", "{:.0f}"), ("mean requests in flight", "mean_batch_size", "{:.2f}"),
+    ("TTFT p50 (ms)", "ttft_p50_ms", "{:.1f}"),
+    ("TTFT p99 (ms)", "ttft_p99_ms", "{:.1f}"),
+    ("TPOT mean (ms)", "tpot_mean_ms", "{:.2f}"),
+    ("TPOT p50 (ms)", "tpot_p50_ms", "{:.2f}"),
+    ("TPOT p99 (ms)", "tpot_p99_ms", "{:.2f}"),
+    ("latency p99 (ms)", "latency_p99_ms", "{:.0f}"),
+    ("rounds", "rounds", "{:.0f}"),
+    ("mean requests in flight", "mean_batch_size", "{:.2f}"),
     ("wall (s)", "wall_s", "{:.2f}"),
 )
 
 
-def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, config: dict[str, Any],
-                pm, method: str, fingerprint: str, tokenizer, warmup: int, stop: StopStrings | None = None
-                ) -> tuple[list, dict[str, Any]]:
+def run_batched(
+    prompts,
+    token_ids,
+    finished,
+    too_long,
+    verifier,
+    drafter,
+    policy,
+    runtime,
+    config: dict[str, Any],
+    pm,
+    method: str,
+    fingerprint: str,
+    tokenizer,
+    warmup: int,
+    stop: StopStrings | None = None,
+) -> tuple[list, dict[str, Any]]:
     """Decode the prompts not finished earlier with up to ``generation.batch_size`` in flight
     (``stop``: the run's stop strings, matched per request).
 
@@ -52,26 +70,54 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
     baseline = bool(config["run"]["vanilla_baseline"])
     todo = [p for p in prompts if p.prompt_id not in finished and p.prompt_id not in too_long]
     ids = [token_ids[p.prompt_id] for p in todo]
-    arrivals = arrival_times(len(todo), generation.get("arrival", "all_at_once"),
-                             float(generation.get("arrival_rate", 0.0) or 0.0), int(config.get("seed", 0)))
+    arrivals = arrival_times(
+        len(todo),
+        generation.get("arrival", "all_at_once"),
+        float(generation.get("arrival_rate", 0.0) or 0.0),
+        int(config.get("seed", 0)),
+    )
     if warmup and ids:  # untimed: first-call overheads of every shape the batch will see
-        generate_batch(ids[: batch_size], verifier, runtime, max_new_tokens=min(max_new, 16), batch_size=batch_size,
-                       drafter=drafter, policy=policy)
+        generate_batch(
+            ids[:batch_size],
+            verifier,
+            runtime,
+            max_new_tokens=min(max_new, 16),
+            batch_size=batch_size,
+            drafter=drafter,
+            policy=policy,
+        )
         if baseline:
-            generate_batch(ids[: batch_size], verifier, runtime, max_new_tokens=min(max_new, 16),
-                           batch_size=batch_size)
+            generate_batch(ids[:batch_size], verifier, runtime, max_new_tokens=min(max_new, 16), batch_size=batch_size)
     sampling = SamplingConfig.from_config(generation)
     seed = int(config.get("seed", 0))
     runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch
     reuse = config.get("reuse") or {}
-    spec = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size, drafter=drafter,
-                          policy=policy, arrivals=arrivals, sampling=sampling, stop=stop,
-                          reuse=DraftReuse(int(reuse.get("min_match", 2))) if reuse.get("enabled") else None)
+    spec = generate_batch(
+        ids,
+        verifier,
+        runtime,
+        max_new_tokens=max_new,
+        batch_size=batch_size,
+        drafter=drafter,
+        policy=policy,
+        arrivals=arrivals,
+        sampling=sampling,
+        stop=stop,
+        reuse=DraftReuse(int(reuse.get("min_match", 2))) if reuse.get("enabled") else None,
+    )
     van = None
     if baseline:
         runtime.seed_everything(seed)
-        van = generate_batch(ids, verifier, runtime, max_new_tokens=max_new, batch_size=batch_size,
-                             arrivals=arrivals, sampling=sampling, stop=stop)
+        van = generate_batch(
+            ids,
+            verifier,
+            runtime,
+            max_new_tokens=max_new,
+            batch_size=batch_size,
+            arrivals=arrivals,
+            sampling=sampling,
+            stop=stop,
+        )
     by_id = {p.prompt_id: i for i, p in enumerate(todo)}
     results = []
     for prompt in prompts:
@@ -88,22 +134,37 @@ def run_batched(prompts, token_ids, finished, too_long, verifier, drafter, polic
             out = spec.results[i]
             for record in out.rounds:
                 pm.hook.specpolicy_round_end(method=method, prompt_id=pid, record=record)
-            result = PromptResult.of(pid, n, out, van.results.get(i) if van is not None else None,
-                                     tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
-                                     sampled=not sampling.is_greedy, config_hash=fingerprint, prompt_text=prompt.text)
+            result = PromptResult.of(
+                pid,
+                n,
+                out,
+                van.results.get(i) if van is not None else None,
+                tokenizer.decode(out.output_ids.tolist(), skip_special_tokens=True),
+                sampled=not sampling.is_greedy,
+                config_hash=fingerprint,
+                prompt_text=prompt.text,
+            )
         pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
-    serving: dict[str, Any] = {"batch_size": batch_size, "arrival": generation.get("arrival", "all_at_once"),
-                               "arrival_rate": generation.get("arrival_rate", 0.0), "requests": len(ids),
-                               "speculative": spec.summary()}
+    serving: dict[str, Any] = {
+        "batch_size": batch_size,
+        "arrival": generation.get("arrival", "all_at_once"),
+        "arrival_rate": generation.get("arrival_rate", 0.0),
+        "requests": len(ids),
+        "speculative": spec.summary(),
+    }
     if van is not None:
         serving["vanilla"] = van.summary()
         if serving["vanilla"]["tokens"]:  # none when every prompt was finished earlier or refused
-            serving["throughput_speedup"] = (serving["speculative"]["throughput_tokens_per_s"]
-                                             / serving["vanilla"]["throughput_tokens_per_s"])
-    serving["modeled"] = modeled_batched(RoundCounts.of(spec), RoundCounts.of(van) if van is not None else None,
-                                         str((config.get("drafter") or {}).get("name", "")) or None,
-                                         selected=profile_from(config))
+            serving["throughput_speedup"] = (
+                serving["speculative"]["throughput_tokens_per_s"] / serving["vanilla"]["throughput_tokens_per_s"]
+            )
+    serving["modeled"] = modeled_batched(
+        RoundCounts.of(spec),
+        RoundCounts.of(van) if van is not None else None,
+        str((config.get("drafter") or {}).get("name", "")) or None,
+        selected=profile_from(config),
+    )
     return results, serving
 
 
@@ -114,10 +175,13 @@ def print_serving(serving: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    arrival = serving["arrival"] + (f" at {serving['arrival_rate']} requests/s" if serving["arrival"] == "poisson"
-                                    else "")
-    table = Table(title=f"serving: {serving['requests']} requests, batch size {serving['batch_size']}, {arrival} "
-                        "(measured, this machine; MODELED rows: a GPU roofline, not measured)")
+    arrival = serving["arrival"] + (
+        f" at {serving['arrival_rate']} requests/s" if serving["arrival"] == "poisson" else ""
+    )
+    table = Table(
+        title=f"serving: {serving['requests']} requests, batch size {serving['batch_size']}, {arrival} "
+        "(measured, this machine; MODELED rows: a GPU roofline, not measured)"
+    )
     table.add_column("figure")
     columns = [name for name in ("vanilla", "speculative") if name in serving]
     for name in columns:
@@ -133,13 +197,17 @@ def print_serving(serving: dict[str, Any]) -> None:
 
         for profile, m in modeled["by_profile"].items():
             ratio = "" if m["throughput_speedup"] is None else f" ({m['throughput_speedup']:.2f}x)"
-            cells = {"vanilla": rate(m["vanilla_tokens_per_s"]),
-                     "speculative": rate(m["speculative_tokens_per_s"]) + ratio}
+            cells = {
+                "vanilla": rate(m["vanilla_tokens_per_s"]),
+                "speculative": rate(m["speculative_tokens_per_s"]) + ratio,
+            }
             table.add_row(f"MODELED {profile} (tokens/s)", *[cells[name] for name in columns])
     Console().print(table)
     if "throughput_speedup" in serving:
-        print(f"throughput speedup over vanilla batched decoding at batch size {serving['batch_size']}: "
-              f"{serving['throughput_speedup']:.2f}x")
+        print(
+            f"throughput speedup over vanilla batched decoding at batch size {serving['batch_size']}: "
+            f"{serving['throughput_speedup']:.2f}x"
+        )
     if modeled:
         unavailable = "".join(f"; {why}" for why in modeled.get("unavailable", {}).values())
         print(f"MODELED rows: {modeled['label']}{unavailable}")

@@ -70,8 +70,10 @@ def _hydra_main(cfg: DictConfig) -> float:
             raise
         print(report[0], file=sys.stderr)  # a single run: exactly one line
         raise SystemExit(report[1]) from None
-    print("\n".join(run_done(hc.runtime.output_dir, in_sweep=hc.mode == RunMode.MULTIRUN, elsewhere=elsewhere)),
-          flush=True)
+    print(
+        "\n".join(run_done(hc.runtime.output_dir, in_sweep=hc.mode == RunMode.MULTIRUN, elsewhere=elsewhere)),
+        flush=True,
+    )
     return sweep_objective(summary)  # the value Hydra sweepers optimise
 
 
@@ -80,9 +82,9 @@ def _config_files(entry: str) -> list[str]:
     from importlib import resources
 
     if entry.startswith("pkg://"):
-        root = resources.files(entry[len("pkg://"):].replace("/", "."))
+        root = resources.files(entry[len("pkg://") :].replace("/", "."))
     else:
-        root = Path(entry[len("file://"):])
+        root = Path(entry[len("file://") :])
     out, stack = [], [(root, "")]
     while stack:
         node, prefix = stack.pop()

@@ -107,9 +107,13 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
         if lock.taken_over:
             print(lock.taken_over)
         try:
-            done = complete_summary(container, [p.prompt_id for p in prompts], method_name(cfg), run_dir,
-                                    lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype,
-                                                    seed=int(cfg.seed)).describe())
+            done = complete_summary(
+                container,
+                [p.prompt_id for p in prompts],
+                method_name(cfg),
+                run_dir,
+                lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed)).describe(),
+            )
             if done is not None:  # resumed with nothing left to compute: no model is loaded
                 print(complete_line(done, shown(run_dir)))
                 print_results(done, run_dir, wide=bool(cfg.run.get("wide_tables", False)), warn=False)  # as stored
@@ -120,8 +124,9 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
             raise
 
 
-def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path,
-         outputs: list[str] | None = None) -> dict[str, Any]:
+def _run(
+    cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path, outputs: list[str] | None = None
+) -> dict[str, Any]:
     runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
     policy = make_policy(pm, container["policy"])
     loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
@@ -130,8 +135,10 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
     tokenizer = verifier.tokenizer  # the target's: prompts are encoded and outputs decoded with it
     if tokenizer is None:
-        raise ValueError(f"verifier {container['verifier'].get('name')!r} has no tokenizer: a run needs "
-                         f"verifier.tokenizer to encode the prompts")
+        raise ValueError(
+            f"verifier {container['verifier'].get('name')!r} has no tokenizer: a run needs "
+            f"verifier.tokenizer to encode the prompts"
+        )
     max_new = int(cfg.generation.max_new_tokens)
     method = method_name(cfg)
     baseline = bool(cfg.run.vanilla_baseline)
@@ -144,12 +151,19 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
     token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
     too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
-    too_many = max_new_tokens_line(max_new, [int(token_ids[p.prompt_id].shape[0]) for p in prompts
-                                             if p.prompt_id not in too_long], verifier, drafter)
+    too_many = max_new_tokens_line(
+        max_new,
+        [int(token_ids[p.prompt_id].shape[0]) for p in prompts if p.prompt_id not in too_long],
+        verifier,
+        drafter,
+    )
     if too_many:  # generation ends at the context instead: a warning, nothing is lost
         print(f"warning: {too_many}", file=sys.stderr)
-    finished = load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts}) \
-        if bool(cfg.run.get("resume", False)) else {}
+    finished = (
+        load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts})
+        if bool(cfg.run.get("resume", False))
+        else {}
+    )
     if finished:
         print(f"resuming {run_dir}: {len(finished)} of {len(prompts)} prompts finished earlier (results.jsonl)")
 
@@ -157,8 +171,18 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
     # order, on which method ran first, or on resuming (specpolicy.core.sampling.prompt_seed).
     def speculative(ids, on_round=None, prompt_id="") -> GenerationResult:
         runtime.seed_everything(prompt_seed(seed, prompt_id))
-        return generate(ids, verifier, runtime, max_new_tokens=max_new, drafter=drafter, policy=policy,
-                        reuse=reuse, on_round=on_round, sampling=sampling, stop=stop)
+        return generate(
+            ids,
+            verifier,
+            runtime,
+            max_new_tokens=max_new,
+            drafter=drafter,
+            policy=policy,
+            reuse=reuse,
+            on_round=on_round,
+            sampling=sampling,
+            stop=stop,
+        )
 
     def vanilla(ids, prompt_id="") -> GenerationResult:
         runtime.seed_everything(prompt_seed(seed, prompt_id))
@@ -186,21 +210,41 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                 from specpolicy.run.batch_experiment import run_batched
 
                 results, serving = run_batched(
-                    prompts, token_ids, finished, too_long, verifier, drafter, policy, runtime, container, pm,
-                    method, fingerprint, tokenizer, int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0,
-                    stop)
+                    prompts,
+                    token_ids,
+                    finished,
+                    too_long,
+                    verifier,
+                    drafter,
+                    policy,
+                    runtime,
+                    container,
+                    pm,
+                    method,
+                    fingerprint,
+                    tokenizer,
+                    int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0,
+                    stop,
+                )
             # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
-            for i, prompt in enumerate(tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt",
-                                            disable=None)):
+            for i, prompt in enumerate(
+                tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt", disable=None)
+            ):
                 if prompt.prompt_id in finished:  # resumed: read back, not recomputed
                     results.append(finished[prompt.prompt_id])
                     continue
                 ids = token_ids[prompt.prompt_id]
                 if prompt.prompt_id in too_long:  # recorded, never decoded (a resume reads it back)
-                    result = PromptResult.skip(prompt.prompt_id, ids.shape[0], too_long[prompt.prompt_id],
-                                               config_hash=fingerprint, prompt_text=prompt.text)
-                    pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=result.to_row(),
-                                                  result=result)
+                    result = PromptResult.skip(
+                        prompt.prompt_id,
+                        ids.shape[0],
+                        too_long[prompt.prompt_id],
+                        config_hash=fingerprint,
+                        prompt_text=prompt.text,
+                    )
+                    pm.hook.specpolicy_prompt_end(
+                        method=method, prompt_id=prompt.prompt_id, row=result.to_row(), result=result
+                    )
                     results.append(result)
                     continue
 
@@ -213,16 +257,29 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
                 spec = speculative(ids, on_round, prompt_id=prompt.prompt_id)
                 if baseline and van is None:
                     van = vanilla(ids, prompt_id=prompt.prompt_id)
-                result = PromptResult.of(prompt.prompt_id, ids.shape[0], spec, van,
-                                         tokenizer.decode(spec.output_ids.tolist(), skip_special_tokens=True),
-                                         sampled=not sampling.is_greedy, config_hash=fingerprint,
-                                         prompt_text=prompt.text)
-                pm.hook.specpolicy_prompt_end(method=method, prompt_id=prompt.prompt_id, row=result.to_row(),
-                                              result=result)
+                result = PromptResult.of(
+                    prompt.prompt_id,
+                    ids.shape[0],
+                    spec,
+                    van,
+                    tokenizer.decode(spec.output_ids.tolist(), skip_special_tokens=True),
+                    sampled=not sampling.is_greedy,
+                    config_hash=fingerprint,
+                    prompt_text=prompt.text,
+                )
+                pm.hook.specpolicy_prompt_end(
+                    method=method, prompt_id=prompt.prompt_id, row=result.to_row(), result=result
+                )
                 results.append(result)
 
-            summary = summarize(method, results, container, runtime.describe(), prompts_total=len(prompts),
-                                timing_conditions=watch.stop(results))
+            summary = summarize(
+                method,
+                results,
+                container,
+                runtime.describe(),
+                prompts_total=len(prompts),
+                timing_conditions=watch.stop(results),
+            )
             if serving is not None:
                 summary["serving"] = serving
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
@@ -232,12 +289,15 @@ def _run(cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir:
             # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
             # never replaces the run's own error, which is re-raised.
             for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):
-                print(f"warning: {plugin} failed while the run was aborting: {type(hook_error).__name__}: "
-                      f"{hook_error}", file=sys.stderr)
+                print(
+                    f"warning: {plugin} failed while the run was aborting: {type(hook_error).__name__}: {hook_error}",
+                    file=sys.stderr,
+                )
             raise
         pm.hook.specpolicy_run_end(summary=summary, run_dir=str(run_dir))
-        elsewhere = [line for lines in reversed(pm.hook.specpolicy_run_outputs(run_dir=str(run_dir)))
-                     for line in lines or ()]  # pluggy calls the last registered first: back to run order
+        elsewhere = [
+            line for lines in reversed(pm.hook.specpolicy_run_outputs(run_dir=str(run_dir))) for line in lines or ()
+        ]  # pluggy calls the last registered first: back to run order
         if outputs is not None:
             outputs.extend(elsewhere)
     print_results(summary, run_dir, wide=bool(cfg.run.get("wide_tables", False)))
@@ -260,19 +320,35 @@ def print_results(summary: dict[str, Any], run_dir: str | Path, wide: bool = Fal
             print(line)
 
 
-def _write_partial_summary(method: str, results: list[PromptResult], config: dict[str, Any], runtime: Runtime,
-                           prompts_total: int, run_dir: Path, error: BaseException,
-                           watch: MachineWatch | None = None) -> None:
+def _write_partial_summary(
+    method: str,
+    results: list[PromptResult],
+    config: dict[str, Any],
+    runtime: Runtime,
+    prompts_total: int,
+    run_dir: Path,
+    error: BaseException,
+    watch: MachineWatch | None = None,
+) -> None:
     """On SIGINT / SIGTERM: ``summary.json`` of the finished prompts, ``"partial": true``, with the
     ``timing_conditions`` of the span they were timed in (when ``watch`` was started)."""
     signame = error.signame if isinstance(error, RunInterrupted) else "SIGINT"
     try:
         with shielded():  # a second Ctrl-C does not cut the summary short
             conditions = watch.stop(results) if watch is not None and watch.started else None
-            summary = summarize(method, list(results), config, runtime.describe(), prompts_total,
-                                interrupted_by=signame, timing_conditions=conditions)
+            summary = summarize(
+                method,
+                list(results),
+                config,
+                runtime.describe(),
+                prompts_total,
+                interrupted_by=signame,
+                timing_conditions=conditions,
+            )
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-        print(f"\n{signame}: wrote a partial summary of {len(results)} of {prompts_total} prompts to "
-              f"{run_dir / 'summary.json'}; run the same command again to resume")
+        print(
+            f"\n{signame}: wrote a partial summary of {len(results)} of {prompts_total} prompts to "
+            f"{run_dir / 'summary.json'}; run the same command again to resume"
+        )
     except Exception as exc:  # never hide the interrupt behind a summary error
         print(f"\n{signame}: could not write a partial summary: {exc!r}")

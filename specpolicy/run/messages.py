@@ -28,7 +28,11 @@ def shown(path: str | Path) -> str:
 def next_commands(directory: str | Path) -> list[str]:
     """The commands that read a run or sweep directory: the report table, the figures, the oracle."""
     d = shown(directory)
-    return [f"python -m specpolicy.analysis.report {d}", f"python -m specpolicy.analysis.plot {d}", f"python -m specpolicy.analysis.oracle {d}"]
+    return [
+        f"python -m specpolicy.analysis.report {d}",
+        f"python -m specpolicy.analysis.plot {d}",
+        f"python -m specpolicy.analysis.oracle {d}",
+    ]
 
 
 #: Width of the labels of ``run_done``'s lines (``results: ``, ``next:    ``): what follows lines up.
@@ -72,6 +76,9 @@ class SweepDone(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_absolute():
             sweep_dir = Path(os.getcwd()) / sweep_dir
-        jobs = sum(1 for p in sweep_dir.iterdir() if p.is_dir() and (p / ".hydra").is_dir()) \
-            if sweep_dir.is_dir() else None
+        jobs = (
+            sum(1 for p in sweep_dir.iterdir() if p.is_dir() and (p / ".hydra").is_dir())
+            if sweep_dir.is_dir()
+            else None
+        )
         print("\n".join(sweep_done(sweep_dir, jobs)), flush=True)

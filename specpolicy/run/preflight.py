@@ -30,11 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 #: Launchers whose jobs run on this machine.
-LOCAL_LAUNCHERS = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
+LOCAL_LAUNCHERS = (
+    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+)
 #: Launchers that submit to Slurm: the ``slurm`` / ``slurm_cpu`` presets and the plugin's ``submitit_slurm``.
-SLURM_LAUNCHERS = ("hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher",
-                   "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher")
+SLURM_LAUNCHERS = (
+    "hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+)
 
 
 class SweepRejected(SystemExit):
@@ -134,5 +138,6 @@ class SweepPreflight(Callback):
                 line = str(error) if isinstance(error, ConfigError) else hydra_error_line(error)
                 if line is None:
                     raise
-                raise SweepRejected(ConfigError(
-                    f"{line} (sweep job #{number}: {' '.join(overrides)}; no job was launched)")) from error
+                raise SweepRejected(
+                    ConfigError(f"{line} (sweep job #{number}: {' '.join(overrides)}; no job was launched)")
+                ) from error

@@ -81,8 +81,9 @@ def _clean_value(value: str) -> str:
     reduced to its last component (``/models/Qwen2.5-7B-Instruct`` -> ``Qwen2.5-7B-Instruct``),
     ``\\n`` / ``\\t`` / ``\\r`` written ``NL`` / ``TAB`` / ``CR``, any other character outside
     ``SAFE_NAME`` an ``_`` (runs of them one); ``empty`` when nothing is left."""
-    value = re.sub(r"[^,\[\]{}()\s\"']*/[^,\[\]{}()\s\"']*",
-                   lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "root", value)
+    value = re.sub(
+        r"[^,\[\]{}()\s\"']*/[^,\[\]{}()\s\"']*", lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "root", value
+    )
     for escape, word in READABLE:
         value = value.replace(escape, word)
     value = re.sub(r"[\"'\[\]{}()]", "", value)
@@ -131,8 +132,11 @@ def run_name(override_dirname: str) -> str:
     the run's ``.hydra/overrides.yaml`` (the report and the figures page show them)."""
     if not override_dirname:
         return "default"
-    if SAFE_NAME.fullmatch(override_dirname) and len(override_dirname) <= MAX_NAME \
-            and not override_dirname.startswith("."):
+    if (
+        SAFE_NAME.fullmatch(override_dirname)
+        and len(override_dirname) <= MAX_NAME
+        and not override_dirname.startswith(".")
+    ):
         return override_dirname
     digest = hashlib.sha1(override_dirname.encode("utf-8")).hexdigest()[:8]
     items = []
@@ -198,8 +202,13 @@ def load_finished(path: Path | None, fingerprint: str, prompt_ids: set[str]) -> 
     return finished
 
 
-def complete_summary(config: Mapping[str, Any], prompt_ids: list[str], method: str, run_dir: str | Path,
-                     runtime: Callable[[], Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+def complete_summary(
+    config: Mapping[str, Any],
+    prompt_ids: list[str],
+    method: str,
+    run_dir: str | Path,
+    runtime: Callable[[], Mapping[str, Any]] | None = None,
+) -> dict[str, Any] | None:
     """The summary of a run that has nothing left to compute, or None when it has.
 
     With ``run.resume`` on and every prompt of ``prompt_ids`` already in ``results.jsonl``
@@ -225,14 +234,24 @@ def complete_summary(config: Mapping[str, Any], prompt_ids: list[str], method: s
 
     file = Path(run_dir) / SUMMARY_FILE
     summary = read_summary(file)
-    if summary is not None and summary.get("partial") is False and summary.get("method") == method \
-            and summary.get("prompts_total") == len(prompt_ids) \
-            and set(summary.get("per_prompt") or {}) | set(summary.get("skipped_prompts") or {}) == set(prompt_ids) \
-            and config_fingerprint(summary.get("config") or {}) == fingerprint:
+    if (
+        summary is not None
+        and summary.get("partial") is False
+        and summary.get("method") == method
+        and summary.get("prompts_total") == len(prompt_ids)
+        and set(summary.get("per_prompt") or {}) | set(summary.get("skipped_prompts") or {}) == set(prompt_ids)
+        and config_fingerprint(summary.get("config") or {}) == fingerprint
+    ):
         return summary
     earlier = (summary or {}).get("timing_conditions")  # a partial summary's: the last span that was timed
-    summary = summarize(method, [finished[p] for p in prompt_ids], config, runtime() if runtime else None,
-                        prompts_total=len(prompt_ids), timing_conditions=earlier)
+    summary = summarize(
+        method,
+        [finished[p] for p in prompt_ids],
+        config,
+        runtime() if runtime else None,
+        prompts_total=len(prompt_ids),
+        timing_conditions=earlier,
+    )
     file.write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -268,8 +287,10 @@ def complete_line(summary: Mapping[str, Any], run_dir: str | Path) -> str:
     from specpolicy.analysis.machine import untrusted_reasons
 
     total = summary.get("prompts_total", summary.get("prompts"))
-    line = (f"run complete: all {total} prompts of {run_dir} are in results.jsonl; nothing to compute, no model "
-            f"loaded (run.resume=false starts over)")
+    line = (
+        f"run complete: all {total} prompts of {run_dir} are in results.jsonl; nothing to compute, no model "
+        f"loaded (run.resume=false starts over)"
+    )
     reasons = untrusted_reasons(summary)
     if reasons:
         line += f"; when it ran, its timings could not be trusted: {'; '.join(reasons)}"

@@ -51,7 +51,9 @@ def pid_alive(pid: int) -> bool:
 
 def _describe(holder: dict[str, Any]) -> str:
     started = holder.get("started")
-    since = time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else ""
+    since = (
+        time.strftime(" since %Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else ""
+    )
     return f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}{since}"
 
 
@@ -90,18 +92,29 @@ class RunLock:
         except Timeout:
             holder = self.read_holder()
             who = _describe(holder) if holder else "another process (it has not recorded itself yet)"
-            raise RunLocked(f"run directory {self.run_dir} is in use by {who}: one process per run directory; "
-                            f"wait for it to finish, or choose another directory with hydra.run.dir=DIR") from None
+            raise RunLocked(
+                f"run directory {self.run_dir} is in use by {who}: one process per run directory; "
+                f"wait for it to finish, or choose another directory with hydra.run.dir=DIR"
+            ) from None
         self._lock = lock
         previous = self.read_holder()
         if previous is not None:  # the previous holder died without releasing: its lock is stale
             here = previous.get("host") == socket.gethostname()
             pid = previous.get("pid")
-            state = ("its process is gone" if here and isinstance(pid, int) and not pid_alive(pid)
-                     else "its lock was free" if here else "on another host; its lock was free")
+            state = (
+                "its process is gone"
+                if here and isinstance(pid, int) and not pid_alive(pid)
+                else "its lock was free"
+                if here
+                else "on another host; its lock was free"
+            )
             self.taken_over = f"taking over the stale lock of {_describe(previous)} in {self.run_dir} ({state})"
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                  "command": " ".join(sys.argv)}
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "command": " ".join(sys.argv),
+        }
         tmp = self.holder_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(holder), encoding="utf-8")
         os.replace(tmp, self.holder_path)

@@ -24,8 +24,9 @@ def context_limit(verifier: Any, drafter: Any = None) -> int:
     return min(limits) - 1 if limits else 1 << 62
 
 
-def over_context(prompts: Sequence[Any], token_ids: Mapping[str, Any], verifier: Any,
-                 drafter: Any = None) -> dict[str, str]:
+def over_context(
+    prompts: Sequence[Any], token_ids: Mapping[str, Any], verifier: Any, drafter: Any = None
+) -> dict[str, str]:
     """``prompt id -> reason`` for every prompt whose token count exceeds ``context_limit``;
     prints one line per such prompt (id, ``file:line``, length, limit)."""
     limit = context_limit(verifier, drafter)
@@ -33,12 +34,16 @@ def over_context(prompts: Sequence[Any], token_ids: Mapping[str, Any], verifier:
     for prompt in prompts:
         n = int(token_ids[prompt.prompt_id].shape[0])
         if n > limit:
-            reasons[prompt.prompt_id] = (f"prompt of {n} tokens (chat template included) is longer than the "
-                                         f"{limit} tokens the context allows (verifier.max_context or the models' "
-                                         f"max_position_embeddings, less one position to generate)")
+            reasons[prompt.prompt_id] = (
+                f"prompt of {n} tokens (chat template included) is longer than the "
+                f"{limit} tokens the context allows (verifier.max_context or the models' "
+                f"max_position_embeddings, less one position to generate)"
+            )
             where = f" ({prompt.source})" if getattr(prompt, "source", "") else ""
-            print(f"skipping prompt {prompt.prompt_id}{where}: {n} tokens, over the context limit of {limit}; "
-                  f"recorded in results.jsonl as skipped")
+            print(
+                f"skipping prompt {prompt.prompt_id}{where}: {n} tokens, over the context limit of {limit}; "
+                f"recorded in results.jsonl as skipped"
+            )
     return reasons
 
 
@@ -66,13 +71,18 @@ def max_new_tokens_line(max_new_tokens: int, lengths: Sequence[int], verifier: A
     short = [(n, m) for n, m in zip(lengths, most) if m < max_new_tokens]
     if not short:
         return None
-    which = (("the prompt" if len(lengths) == 1 else "every prompt") if len(short) == len(lengths)
-             else f"{len(short)} of {len(lengths)} prompts")
-    return (f"generation.max_new_tokens={max_new_tokens} is more than the context holds: it is {context} tokens "
-            f"(verifier.max_context, or the models' max_position_embeddings), so {which} "
-            f"({_span([n for n, _ in short])} tokens with the chat template) "
-            f"end{'s' if which in ('the prompt', 'every prompt') else ''} at the context after at most "
-            f"{_span([m for _, m in short])} new tokens (finish_reason max_context)")
+    which = (
+        ("the prompt" if len(lengths) == 1 else "every prompt")
+        if len(short) == len(lengths)
+        else f"{len(short)} of {len(lengths)} prompts"
+    )
+    return (
+        f"generation.max_new_tokens={max_new_tokens} is more than the context holds: it is {context} tokens "
+        f"(verifier.max_context, or the models' max_position_embeddings), so {which} "
+        f"({_span([n for n, _ in short])} tokens with the chat template) "
+        f"end{'s' if which in ('the prompt', 'every prompt') else ''} at the context after at most "
+        f"{_span([m for _, m in short])} new tokens (finish_reason max_context)"
+    )
 
 
 def skipped_line(summary: Mapping[str, Any]) -> str | None:
@@ -81,5 +91,7 @@ def skipped_line(summary: Mapping[str, Any]) -> str | None:
     if not skipped:
         return None
     ids = ", ".join(list(skipped)[:5]) + (", ..." if len(skipped) > 5 else "")
-    return (f"skipped {len(skipped)} of {summary.get('prompts_total', '?')} prompts longer than the context "
-            f"(not decoded, not in the figures above): {ids}")
+    return (
+        f"skipped {len(skipped)} of {summary.get('prompts_total', '?')} prompts longer than the context "
+        f"(not decoded, not in the figures above): {ids}"
+    )

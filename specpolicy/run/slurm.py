@@ -32,11 +32,25 @@ from submitit.core.core import InfoWatcher
 log = logging.getLogger(__name__)
 
 #: Slurm job states (``squeue %T``) of a job that has not ended: it may still write a result.
-ACTIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "PREEMPTED",
-    "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESIZING", "SIGNALING",
-    "STAGE_OUT", "RESV_DEL_HOLD",
-})
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "STOPPED",
+        "PREEMPTED",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "SPECIAL_EXIT",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "RESV_DEL_HOLD",
+    }
+)
 #: The state given to a job that ``squeue`` no longer lists.
 GONE = "ENDED"
 #: Pending reasons that no wait resolves: the request exceeds what the partition offers.
@@ -44,8 +58,10 @@ UNSATISFIABLE = frozenset({"PartitionConfig", "PartitionNodeLimit", "PartitionTi
 #: Slurm's commands a sweep needs on this machine: sbatch submits, srun starts each job's task
 #: (submitit refuses to start without it), squeue follows the jobs.
 SLURM_COMMANDS = ("sbatch", "srun", "squeue")
-UNSATISFIABLE_HINT = ("the partition cannot run this request: ask for less (hydra.launcher.cpus_per_task, mem_gb, "
-                      "gpus_per_node, timeout_min) or choose another hydra.launcher.partition, and scancel the job")
+UNSATISFIABLE_HINT = (
+    "the partition cannot run this request: ask for less (hydra.launcher.cpus_per_task, mem_gb, "
+    "gpus_per_node, timeout_min) or choose another hydra.launcher.partition, and scancel the job"
+)
 
 
 class SqueueWatcher(InfoWatcher):
@@ -171,11 +187,17 @@ def no_cluster_line(launcher: str, path: str | None = None) -> str | None:
         return None
     env = Path(os.environ.get("SPECPOLICY_SLURM_DIR", "/tmp/specpolicy-slurm")) / "env.sh"
     if env.is_file():
-        how = (f"a local cluster is up: run `source {env}` (the exports `scripts/slurm-local.sh env` prints) "
-               f"in this shell first")
+        how = (
+            f"a local cluster is up: run `source {env}` (the exports `scripts/slurm-local.sh env` prints) "
+            f"in this shell first"
+        )
     else:
-        how = (f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
-               f"`source {env}` (the exports `scripts/slurm-local.sh env` prints)")
-    return (f"hydra/launcher={launcher} submits the sweep to Slurm, but {', '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not on PATH (no Slurm cluster here); {how}; or run the "
-            f"sweep on this machine with hydra/launcher=basic. Nothing was launched or created")
+        how = (
+            f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
+            f"`source {env}` (the exports `scripts/slurm-local.sh env` prints)"
+        )
+    return (
+        f"hydra/launcher={launcher} submits the sweep to Slurm, but {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not on PATH (no Slurm cluster here); {how}; or run the "
+        f"sweep on this machine with hydra/launcher=basic. Nothing was launched or created"
+    )

@@ -60,8 +60,9 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
     return _check_dataset(config.get("dataset") or {})
 
 
-def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
-                           run_config: Mapping[str, Any] | None = None) -> None:
+def validate_plugin_config(
+    pm, group: str, name: str, config: dict[str, Any], run_config: Mapping[str, Any] | None = None
+) -> None:
     """Have the plugin that owns ``group`` choice ``name`` check ``config`` (see module docstring);
     ``run_config``: the whole run config, for checks across groups (None: the group alone).
 
@@ -69,8 +70,9 @@ def validate_plugin_config(pm, group: str, name: str, config: dict[str, Any],
         ConfigError: for a bad value, or a name no registered plugin provides.
     """
     try:
-        claimed = pm.hook.specpolicy_validate_config(group=group, name=name, config=dict(config),
-                                                     run_config=dict(run_config or {}))
+        claimed = pm.hook.specpolicy_validate_config(
+            group=group, name=name, config=dict(config), run_config=dict(run_config or {})
+        )
         if not claimed and group == "policy":  # a policy without the hook: build it (cheap)
             from specpolicy.plugins.manager import make_policy
 
@@ -123,7 +125,7 @@ def composition_key_line(error: BaseException, argv: list[str]) -> str | None:
                 value = given
             elif dotted.startswith(full_key + "."):  # policy.foo.bar=1 with no policy.foo: {bar: 1}
                 value = given
-                for part in reversed(dotted[len(full_key) + 1:].split(".")):
+                for part in reversed(dotted[len(full_key) + 1 :].split(".")):
                     value = {part: value}
         node[key] = value
         from specpolicy.plugins.manager import get_plugin_manager
@@ -169,8 +171,7 @@ def refusal_message(pm, group: str, name: str, config: Mapping[str, Any], error:
         return text
     where = blame(error, pm)
     by = f" by {where}" if where is not None else f" by the plugin providing {group} {name!r}"
-    quoted = [key for key, value in config.items()
-              if re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", text)]
+    quoted = [key for key, value in config.items() if re.search(rf"(?<![\w.]){re.escape(repr(value))}(?![\w.])", text)]
     if len(quoted) != 1:
         quoted = [key for key in config if re.search(rf"['\"]{re.escape(str(key))}['\"]", text)]
     if len(quoted) == 1:
@@ -231,8 +232,9 @@ def _check_batch(config: Mapping[str, Any]) -> None:
         return
     why = f"generation.batch_size={batch} runs the batched loop, which "
     if (config.get("policy") or {}).get("name") in ("eagle2-tree", "block-tree", "failfast-tree"):
-        raise ConfigError(why + f"verifies chains: policy={config['policy']['name']} drafts trees "
-                          "(use generation.batch_size=1)")
+        raise ConfigError(
+            why + f"verifies chains: policy={config['policy']['name']} drafts trees (use generation.batch_size=1)"
+        )
     if (config.get("verifier") or {}).get("name", "hf") != "hf":
         raise ConfigError(why + f"verifies with the hf target: verifier={config['verifier']['name']} is not batched")
 

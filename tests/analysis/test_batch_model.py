@@ -32,8 +32,15 @@ from specpolicy.verifiers.hf import HFVerifier
 
 GPU_PROFILES = ("a6000-qwen7b", "a6000-qwen14b", "a6000-qwen32b")
 # 2 x 12.5e9 FLOP per token at 100 TFLOP/s x 0.5 = 0.5 ms per token; a 10 ms step: the knee at 20 tokens
-TOY = LatencyProfile("toy", drafter_pass_ms=2.0, target_ms_per_token=10.0, target_params=12.5e9, peak_tflops=100.0,
-                     compute_efficiency=0.5, drafter_pass_ms_by_drafter={"eagle3": 0.5})
+TOY = LatencyProfile(
+    "toy",
+    drafter_pass_ms=2.0,
+    target_ms_per_token=10.0,
+    target_params=12.5e9,
+    peak_tflops=100.0,
+    compute_efficiency=0.5,
+    drafter_pass_ms_by_drafter={"eagle3": 0.5},
+)
 
 
 def test_the_roofline_is_flat_below_the_knee_and_linear_above():
@@ -79,10 +86,20 @@ def test_measured_gets_no_batched_figure_and_the_runs_profile_replaces_its_names
     assert modeled_batched(van, van, selected=TOY)["by_profile"].keys() == {*GPU_PROFILES, "toy"}
 
 
-@pytest.mark.parametrize("key,value", [("target_params", 0), ("target_params", -7e9), ("target_params", "7B"),
-                                       ("target_params", True), ("peak_tflops", 0.0), ("peak_tflops", math.inf),
-                                       ("compute_efficiency", 0), ("compute_efficiency", 1.5),
-                                       ("compute_efficiency", math.nan)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("target_params", 0),
+        ("target_params", -7e9),
+        ("target_params", "7B"),
+        ("target_params", True),
+        ("peak_tflops", 0.0),
+        ("peak_tflops", math.inf),
+        ("compute_efficiency", 0),
+        ("compute_efficiency", 1.5),
+        ("compute_efficiency", math.nan),
+    ],
+)
 def test_bad_roofline_keys_are_named(key, value):
     with pytest.raises(ValueError, match=rf"^profile\.{key} must be a number"):
         LatencyProfile.from_config({"name": "x", key: value})
@@ -105,8 +122,15 @@ def target():
 
 
 def _run(target, rt, batch_size, drafter=None, policy=None, n=4, max_new_tokens=12):
-    return generate_batch(random_prompts(n, seed=5), HFVerifier(target, rt, frozenset({EOS})), rt,
-                          max_new_tokens=max_new_tokens, batch_size=batch_size, drafter=drafter, policy=policy)
+    return generate_batch(
+        random_prompts(n, seed=5),
+        HFVerifier(target, rt, frozenset({EOS})),
+        rt,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        drafter=drafter,
+        policy=policy,
+    )
 
 
 def test_the_batched_loop_records_each_rounds_padded_tokens_and_drafter_passes(target, rt):
@@ -168,8 +192,16 @@ def test_the_experiment_reports_modeled_batched_throughput(family, tmp_path, cap
 
     args = [o for o in overrides(family, drafter="drafter") if not o.startswith("dataset.num_prompts")]
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*args, "dataset.num_prompts=3", "generation.batch_size=3",
-                                           "policy=static", "profile=a6000-qwen32b"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *args,
+                "dataset.num_prompts=3",
+                "generation.batch_size=3",
+                "policy=static",
+                "profile=a6000-qwen32b",
+            ],
+        )
     run_experiment(cfg, tmp_path)
     out = capsys.readouterr().out
     modeled = json.loads((tmp_path / "summary.json").read_text())["serving"]["modeled"]

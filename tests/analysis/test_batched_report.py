@@ -37,8 +37,10 @@ def real_runs(family, tmp_path_factory) -> dict[int, Path]:
     for batch in (1, 3):
         run_dir = tmp_path_factory.mktemp(f"batch{batch}")
         with initialize_config_module("specpolicy.conf", version_base="1.3"):
-            cfg = compose("config", overrides=[*args, "dataset.num_prompts=4", f"generation.batch_size={batch}",
-                                               "policy=goodput-batch"])
+            cfg = compose(
+                "config",
+                overrides=[*args, "dataset.num_prompts=4", f"generation.batch_size={batch}", "policy=goodput-batch"],
+            )
         run_experiment(cfg, run_dir)
         out[batch] = run_dir
     return out
@@ -62,27 +64,45 @@ def _job(root: Path, num: int, source: Path, overrides: list[str], edit) -> Path
     return job
 
 
-def _batched(method: str, batch: int, tokens_per_s: float, latency_p99_ms: float, vanilla_tokens_per_s: float,
-             vanilla_wall_s: float = 1.0):
+def _batched(
+    method: str,
+    batch: int,
+    tokens_per_s: float,
+    latency_p99_ms: float,
+    vanilla_tokens_per_s: float,
+    vanilla_wall_s: float = 1.0,
+):
     """An edit of the real batched summary: another method and batch size, known serving figures."""
+
     def edit(summary: dict) -> None:
         summary["method"] = method
         summary["config"]["generation"]["batch_size"] = batch
         serving = summary["serving"]
         serving["batch_size"] = batch
         spec, van = serving["speculative"], serving["vanilla"]
-        spec.update(throughput_tokens_per_s=tokens_per_s, latency_p99_ms=latency_p99_ms,
-                    ttft_p99_ms=latency_p99_ms / 4, tpot_p99_ms=latency_p99_ms / 100)
-        van.update(throughput_tokens_per_s=vanilla_tokens_per_s, wall_s=vanilla_wall_s,
-                   tokens=vanilla_tokens_per_s * vanilla_wall_s, latency_p99_ms=latency_p99_ms / 2,
-                   ttft_p99_ms=latency_p99_ms / 8, tpot_p99_ms=latency_p99_ms / 200)
+        spec.update(
+            throughput_tokens_per_s=tokens_per_s,
+            latency_p99_ms=latency_p99_ms,
+            ttft_p99_ms=latency_p99_ms / 4,
+            tpot_p99_ms=latency_p99_ms / 100,
+        )
+        van.update(
+            throughput_tokens_per_s=vanilla_tokens_per_s,
+            wall_s=vanilla_wall_s,
+            tokens=vanilla_tokens_per_s * vanilla_wall_s,
+            latency_p99_ms=latency_p99_ms / 2,
+            ttft_p99_ms=latency_p99_ms / 8,
+            tpot_p99_ms=latency_p99_ms / 200,
+        )
         serving["throughput_speedup"] = tokens_per_s / vanilla_tokens_per_s
+
     return edit
 
 
 def _batch1(method: str):
     def edit(summary: dict) -> None:
         summary["method"] = method
+
     return edit
 
 
@@ -96,17 +116,30 @@ def sweep(real_runs, tmp_path) -> Path:
     root = tmp_path / "multirun"
     one, batched = real_runs[1], real_runs[3]
     jobs = [  # (batch size, policy, tokens/s, latency p99 ms, vanilla tokens/s)
-        (8, "static", 800.0, 400.0, 1000.0), (2, "goodput-batch", 330.0, 900.0, 300.0),
-        (4, "static", 520.0, 600.0, 500.0), (8, "goodput-batch", 1100.0, 380.0, 1000.0),
-        (2, "static", 360.0, 950.0, 300.0), (4, "goodput-batch", 610.0, 560.0, 520.0),
+        (8, "static", 800.0, 400.0, 1000.0),
+        (2, "goodput-batch", 330.0, 900.0, 300.0),
+        (4, "static", 520.0, 600.0, 500.0),
+        (8, "goodput-batch", 1100.0, 380.0, 1000.0),
+        (2, "static", 360.0, 950.0, 300.0),
+        (4, "goodput-batch", 610.0, 560.0, 520.0),
     ]
     for num, (batch, policy, tps, p99, van) in enumerate(jobs):
-        _job(root, num, batched, [*COMMON, f"generation.batch_size={batch}", f"policy={policy}"],
-             _batched(f"ar+{policy}", batch, tps, p99, van, vanilla_wall_s=1.0 + batch / 8))
+        _job(
+            root,
+            num,
+            batched,
+            [*COMMON, f"generation.batch_size={batch}", f"policy={policy}"],
+            _batched(f"ar+{policy}", batch, tps, p99, van, vanilla_wall_s=1.0 + batch / 8),
+        )
     _job(root, 6, one, [*COMMON, "generation.batch_size=1", "policy=static"], _batch1("ar+static"))
     _job(root, 7, one, [*COMMON, "generation.batch_size=1", "policy=goodput-batch"], _batch1("ar+goodput-batch"))
-    partial = _job(root, 8, batched, [*COMMON, "generation.batch_size=16", "policy=static"],
-                   _batched("ar+static", 16, 1.0, 1.0, 1.0))
+    partial = _job(
+        root,
+        8,
+        batched,
+        [*COMMON, "generation.batch_size=16", "policy=static"],
+        _batched("ar+static", 16, 1.0, 1.0, 1.0),
+    )
     summary = _summary(partial)
     summary["partial"] = True
     (partial / "summary.json").write_text(json.dumps(summary))
@@ -122,11 +155,13 @@ def _replayed(results_file: Path) -> dict:
     tokens = sum(r["generated_tokens"] for r in rows)
     van_walls = np.array([r["vanilla_wall_s"] for r in rows])
     van_tokens = sum(r["vanilla_generated_tokens"] for r in rows)
-    return {"throughput": tokens / walls.sum(), "latency_p99_ms": float(np.percentile(finish_ms, 99)),
-            "first_token_ms": rows[0]["prefill_ms"] + rows[0]["rounds"][0]["draft_ms"]
-            + rows[0]["rounds"][0]["verify_ms"],
-            "vanilla_throughput": van_tokens / van_walls.sum(),
-            "vanilla_latency_p99_ms": float(np.percentile(np.cumsum(van_walls) * 1e3, 99))}
+    return {
+        "throughput": tokens / walls.sum(),
+        "latency_p99_ms": float(np.percentile(finish_ms, 99)),
+        "first_token_ms": rows[0]["prefill_ms"] + rows[0]["rounds"][0]["draft_ms"] + rows[0]["rounds"][0]["verify_ms"],
+        "vanilla_throughput": van_tokens / van_walls.sum(),
+        "vanilla_latency_p99_ms": float(np.percentile(np.cumsum(van_walls) * 1e3, 99)),
+    }
 
 
 def test_a_batch_1_run_has_no_serving_block_and_the_report_replays_its_requests(real_runs):
@@ -155,18 +190,30 @@ def test_a_batch_1_run_has_no_serving_block_and_the_report_replays_its_requests(
 
 def test_requests_served_one_after_another_wait_for_the_server_or_for_their_arrival():
     timings, wall_s = one_after_another([(1.0, 0.25, 10), (2.0, 0.5, 20), (0.5, 0.1, 5)], [0.0, 0.5, 4.0])
-    assert timings == [RequestTiming(0.0, 0.0, 0.25, 1.0, 10),  # served at once
-                       RequestTiming(0.5, 1.0, 1.5, 3.0, 20),  # waits for the first
-                       RequestTiming(4.0, 4.0, 4.1, 4.5, 5)]  # the server idles until it arrives
+    assert timings == [
+        RequestTiming(0.0, 0.0, 0.25, 1.0, 10),  # served at once
+        RequestTiming(0.5, 1.0, 1.5, 3.0, 20),  # waits for the first
+        RequestTiming(4.0, 4.0, 4.1, 4.5, 5),
+    ]  # the server idles until it arrives
     assert wall_s == 4.5
 
 
 def test_serving_rows_come_from_the_summaries_grouped_by_method_in_batch_size_order(sweep):
     rows = collect_serving(sweep)
     assert [(r["series"], r["batch_size"]) for r in rows] == [
-        (VANILLA_SERIES, 1), (VANILLA_SERIES, 2), (VANILLA_SERIES, 4), (VANILLA_SERIES, 8),
-        ("ar+goodput-batch", 1), ("ar+goodput-batch", 2), ("ar+goodput-batch", 4), ("ar+goodput-batch", 8),
-        ("ar+static", 1), ("ar+static", 2), ("ar+static", 4), ("ar+static", 8)]  # the partial job 8 left out
+        (VANILLA_SERIES, 1),
+        (VANILLA_SERIES, 2),
+        (VANILLA_SERIES, 4),
+        (VANILLA_SERIES, 8),
+        ("ar+goodput-batch", 1),
+        ("ar+goodput-batch", 2),
+        ("ar+goodput-batch", 4),
+        ("ar+goodput-batch", 8),
+        ("ar+static", 1),
+        ("ar+static", 2),
+        ("ar+static", 4),
+        ("ar+static", 8),
+    ]  # the partial job 8 left out
     by_run = {r["run"]: r for r in rows}
     for num in range(6):  # every batched figure is the summary's
         serving = _summary(sweep / str(num))["serving"]
@@ -206,9 +253,13 @@ def test_lines_are_told_apart_by_the_overrides_that_do_not_place_them(real_runs,
     _job(root, 1, batched, ["generation.batch_size=2", "policy.k=4"], poisson)
     rows = collect_serving(root)
     assert sorted(r["series"] for r in rows if r["method"] != "vanilla") == [
-        "ar+static (policy.k=2) [all_at_once]", "ar+static (policy.k=4) [poisson 20/s]"]
+        "ar+static (policy.k=2) [all_at_once]",
+        "ar+static (policy.k=4) [poisson 20/s]",
+    ]
     assert sorted(r["series"] for r in rows if r["method"] == "vanilla") == [
-        "vanilla [all_at_once]", "vanilla [poisson 20/s]"]  # not pooled across arrivals
+        "vanilla [all_at_once]",
+        "vanilla [poisson 20/s]",
+    ]  # not pooled across arrivals
 
 
 def test_no_serving_table_without_a_batched_run(real_runs, tmp_path, capsys):
@@ -243,7 +294,8 @@ def test_the_report_prints_and_writes_the_serving_table(sweep, capsys):
     with open(sweep / "report_serving.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert [(r["series"], int(r["batch_size"])) for r in table] == [
-        (r["series"], r["batch_size"]) for r in collect_serving(sweep)]
+        (r["series"], r["batch_size"]) for r in collect_serving(sweep)
+    ]
     row = next(r for r in table if r["run"] == "3")
     assert float(row["throughput_tokens_per_s"]) == 1100.0 and float(row["vanilla_throughput_tokens_per_s"]) == 1000.0
     assert float(row["throughput_speedup"]) == pytest.approx(1.1) and row["loop"] == "batched"
@@ -255,8 +307,11 @@ def test_the_report_prints_and_writes_the_serving_table(sweep, capsys):
 
 
 def _lines(ax) -> dict[str, tuple[list, list]]:
-    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
-            if not line.get_label().startswith("_")}
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
 
 
 def test_the_figure_draws_throughput_and_p99_latency_against_batch_size(sweep, tmp_path):
@@ -275,8 +330,10 @@ def test_the_figure_draws_throughput_and_p99_latency_against_batch_size(sweep, t
         assert list(lines) == [VANILLA_SERIES, "ar+goodput-batch", "ar+static"]
         by_run = {r["run"]: r for r in rows}
         assert lines["ar+static"] == ([1, 2, 4, 8], [by_run["6"]["throughput_tokens_per_s"], 360.0, 520.0, 800.0])
-        assert _lines(latency)["ar+goodput-batch"] == ([1, 2, 4, 8], [by_run["7"]["latency_p99_ms"], 900.0, 560.0,
-                                                                       380.0])
+        assert _lines(latency)["ar+goodput-batch"] == (
+            [1, 2, 4, 8],
+            [by_run["7"]["latency_p99_ms"], 900.0, 560.0, 380.0],
+        )
         assert lines[VANILLA_SERIES][0] == [1, 2, 4, 8]
         hollow = [line for line in throughput.get_lines() if line.get_markerfacecolor() == "white"]
         assert len(hollow) == 3 and all(list(line.get_xdata()) == [1] for line in hollow)  # the batch-1 loop

@@ -11,12 +11,15 @@ from specpolicy.core.latency import LatencyProfile, load_profile, modeled_summar
 from specpolicy.core.types import RoundRecord
 
 
-@pytest.mark.parametrize("profile, target", [("a6000-qwen7b", "7b"), ("a6000-qwen14b", "14b"),
-                                             ("a6000-qwen32b", "32b")])
+@pytest.mark.parametrize(
+    "profile, target", [("a6000-qwen7b", "7b"), ("a6000-qwen14b", "14b"), ("a6000-qwen32b", "32b")]
+)
 def test_profiles_carry_the_models_pass_costs(profile, target):
     p = load_profile(profile)
-    assert p.drafter_pass_ms_by_drafter == {"dflash": round(dflash_pass_ms(target), 2),
-                                            "eagle3": round(eagle3_pass_ms(target), 2)}
+    assert p.drafter_pass_ms_by_drafter == {
+        "dflash": round(dflash_pass_ms(target), 2),
+        "eagle3": round(eagle3_pass_ms(target), 2),
+    }
     assert p.for_drafter("eagle3").drafter_pass_ms == p.drafter_pass_ms_by_drafter["eagle3"]
     assert p.for_drafter("fastdllm") == p
 
@@ -28,10 +31,22 @@ def test_the_fit_predicts_the_targets_it_was_not_fitted_on():
 
 
 def test_modeled_figures_use_the_drafters_own_pass_cost():
-    rounds = [RoundRecord(index=i, speculation_length=4, accepted_length=3, emitted_tokens=4,
-                          drafter_forward_passes=4, reused_tokens=0, draft_ms=1.0, verify_ms=1.0) for i in range(5)]
-    profile = LatencyProfile(name="p", drafter_pass_ms=6.0, target_ms_per_token=50.0,
-                             drafter_pass_ms_by_drafter={"eagle3": 1.0})
+    rounds = [
+        RoundRecord(
+            index=i,
+            speculation_length=4,
+            accepted_length=3,
+            emitted_tokens=4,
+            drafter_forward_passes=4,
+            reused_tokens=0,
+            draft_ms=1.0,
+            verify_ms=1.0,
+        )
+        for i in range(5)
+    ]
+    profile = LatencyProfile(
+        name="p", drafter_pass_ms=6.0, target_ms_per_token=50.0, drafter_pass_ms_by_drafter={"eagle3": 1.0}
+    )
     default = modeled_summary(rounds, 20, profile, all_profiles=())
     eagle = modeled_summary(rounds, 20, profile, all_profiles=(), drafter="eagle3")
     assert default["ms"] == pytest.approx(5 * (4 * 6.0 + 50.0))

@@ -16,8 +16,13 @@ from specpolicy.run.experiment import run_experiment
 
 
 def conditions(load_start, load_end, cv=0.05, cores=2, own=1.9):
-    return {"cpu_count": cores, "load_average_start": [load_start, 0, 0], "load_average_end": [load_end, 0, 0],
-            "cpu_per_wall": own, "vanilla_tokens_per_s_cv": cv}
+    return {
+        "cpu_count": cores,
+        "load_average_start": [load_start, 0, 0],
+        "load_average_end": [load_end, 0, 0],
+        "cpu_per_wall": own,
+        "vanilla_tokens_per_s_cv": cv,
+    }
 
 
 def test_a_quiet_machine_is_trusted():
@@ -27,8 +32,10 @@ def test_a_quiet_machine_is_trusted():
 
 def test_load_from_other_processes_beyond_the_free_cpus_is_not_trusted():
     (reason,) = judge(conditions(2.0, 9.6))
-    assert reason == ("other processes kept up to 7.7 of 2 CPUs busy (1-min load average 2.00 at the start, "
-                      "9.60 at the end; this process used 1.9)")
+    assert reason == (
+        "other processes kept up to 7.7 of 2 CPUs busy (1-min load average 2.00 at the start, "
+        "9.60 at the end; this process used 1.9)"
+    )
     assert judge(conditions(6.0, 2.0, cores=8, own=1.0)) == []  # 5 others on 7 free CPUs
     assert len(judge(conditions(9.0, 2.0, cores=8, own=1.0))) == 1  # 8 others on 7 free CPUs
 
@@ -41,8 +48,12 @@ def test_a_large_spread_of_vanilla_speed_is_not_trusted():
 def _result(tokens: int, verify_ms: float, wall_s: float = 9.0, baseline: bool = True) -> PromptResult:
     row = {"prompt_id": "p", "output_ids": [1] * tokens, "rounds": [], "wall_s": 1.0}
     if baseline:
-        row.update(vanilla_generated_tokens=tokens, vanilla_verify_ms=verify_ms, vanilla_wall_s=wall_s,
-                   vanilla_finish_reason="max_new_tokens")
+        row.update(
+            vanilla_generated_tokens=tokens,
+            vanilla_verify_ms=verify_ms,
+            vanilla_wall_s=wall_s,
+            vanilla_finish_reason="max_new_tokens",
+        )
     return PromptResult.from_row(row)
 
 
@@ -65,8 +76,17 @@ def test_a_run_records_the_machine_and_warns_in_one_line_when_busy(family, tmp_p
     summary = run_experiment(cfg, tmp_path)
     timing = json.loads((tmp_path / "summary.json").read_text())["timing_conditions"]
     assert timing == summary["timing_conditions"]
-    assert set(timing) == {"cpu_count", "load_average_start", "load_average_end", "process_cpu_s", "wall_s",
-                           "cpu_per_wall", "vanilla_tokens_per_s_cv", "timing_trusted", "timing_warnings"}
+    assert set(timing) == {
+        "cpu_count",
+        "load_average_start",
+        "load_average_end",
+        "process_cpu_s",
+        "wall_s",
+        "cpu_per_wall",
+        "vanilla_tokens_per_s_cv",
+        "timing_trusted",
+        "timing_warnings",
+    }
     assert timing["load_average_start"] == timing["load_average_end"] == [40.0, 30.0, 20.0]
     assert timing["wall_s"] > 0 and timing["process_cpu_s"] > 0 and timing["cpu_count"] >= 1
     assert timing["vanilla_tokens_per_s_cv"] is not None

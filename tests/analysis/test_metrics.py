@@ -23,14 +23,28 @@ from specpolicy.run.experiment import run_experiment
 
 
 def rnd(k, a, e=None, finish="", stop="policy_bound", ms=1.0):
-    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1 if e is None else e,
-                       drafter_forward_passes=k, reused_tokens=0, draft_ms=ms, verify_ms=ms, draft_stop_reason=stop,
-                       finish_reason=finish)
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=a,
+        emitted_tokens=a + 1 if e is None else e,
+        drafter_forward_passes=k,
+        reused_tokens=0,
+        draft_ms=ms,
+        verify_ms=ms,
+        draft_stop_reason=stop,
+        finish_reason=finish,
+    )
 
 
 def result(tokens, wall_s, rounds):
-    return GenerationResult(output_ids=torch.zeros(tokens, dtype=torch.long), rounds=tuple(rounds),
-                            finish_reason="", wall_s=wall_s, prefill_ms=0.0)
+    return GenerationResult(
+        output_ids=torch.zeros(tokens, dtype=torch.long),
+        rounds=tuple(rounds),
+        finish_reason="",
+        wall_s=wall_s,
+        prefill_ms=0.0,
+    )
 
 
 def test_per_position_acceptance_counts_only_rounds_whose_draft_reached_the_position():
@@ -77,9 +91,20 @@ def test_token_and_prompt_weighted_aggregates_are_both_reported():
 
 
 def test_vanilla_rounds_come_back_from_a_row():
-    row = {"prompt_id": "p", "output_ids": [5, 6, 7, 8], "wall_s": 0.4, "rounds": [], "lossless": True,
-           "first_difference": None, "vanilla_generated_tokens": 4, "vanilla_wall_s": 0.5, "vanilla_rounds": 4,
-           "vanilla_draft_ms": 0.4, "vanilla_verify_ms": 8.0, "vanilla_stop_reason": "eos"}  # an old row
+    row = {
+        "prompt_id": "p",
+        "output_ids": [5, 6, 7, 8],
+        "wall_s": 0.4,
+        "rounds": [],
+        "lossless": True,
+        "first_difference": None,
+        "vanilla_generated_tokens": 4,
+        "vanilla_wall_s": 0.5,
+        "vanilla_rounds": 4,
+        "vanilla_draft_ms": 0.4,
+        "vanilla_verify_ms": 8.0,
+        "vanilla_stop_reason": "eos",
+    }  # an old row
     van = PromptResult.from_row(row).vanilla
     agg = aggregate([van])
     assert (agg["rounds"], agg["generated_tokens"], agg["tokens_per_round"]) == (4, 4, 1.0)
@@ -112,8 +137,10 @@ def test_summary_holds_per_prompt_values_next_to_labelled_aggregates(summary):
     per = summary["per_prompt"]
     assert list(per) == ["gsm8k/0", "gsm8k/1"]
     assert sum(p["generated_tokens"] for p in per.values()) == summary["generated_tokens"]
-    assert all({"acceptance_rate", "tokens_per_s", "speedup_vs_vanilla", "finish_reason", "lossless"} <= set(p)
-               for p in per.values())
+    assert all(
+        {"acceptance_rate", "tokens_per_s", "speedup_vs_vanilla", "finish_reason", "lossless"} <= set(p)
+        for p in per.values()
+    )
     assert sum(summary["draft_stop_reasons"].values()) == summary["rounds"]
     assert sum(summary["finish_reasons"].values()) == summary["prompts"]
     assert summary["acceptance_by_position"]["position"][:2] == [1, 2]

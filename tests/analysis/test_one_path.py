@@ -13,9 +13,21 @@ from specpolicy.analysis.results import read_run
 from specpolicy.run.experiment import run_experiment
 
 #: Figures that do not depend on timings: they must be equal, not close.
-COUNTED = ("acceptance_rate", "mean_accepted_length", "mean_accepted_length_with_bonus", "mean_speculation_length",
-           "mean_speculation_length_drafted", "max_accepted_length", "max_speculation_length", "rounds",
-           "drafter_passes_per_round", "lossless", "lossless_fraction", "prompts", "modeled_speedup_vs_vanilla")
+COUNTED = (
+    "acceptance_rate",
+    "mean_accepted_length",
+    "mean_accepted_length_with_bonus",
+    "mean_speculation_length",
+    "mean_speculation_length_drafted",
+    "max_accepted_length",
+    "max_speculation_length",
+    "rounds",
+    "drafter_passes_per_round",
+    "lossless",
+    "lossless_fraction",
+    "prompts",
+    "modeled_speedup_vs_vanilla",
+)
 PROMPTS, TOKENS, K = 2, 256, 5  # GSM8K 1 ends with EOS on a draft of 5 that accepted 4
 
 
@@ -28,14 +40,46 @@ def test_run_report_and_peer_table_give_the_same_numbers(tmp_path, capsys):
     # The bundled family writes GSM8K answers that end with EOS inside a round: draft positions
     # past the stop are unobserved (metrics.observed), the case where counting differs.
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=["drafter=ar", "policy=static", f"policy.k={K}", "runtime=cpu",
-                                           f"dataset.num_prompts={PROMPTS}", f"generation.max_new_tokens={TOKENS}",
-                                           "run.warmup_prompts=0"])
+        cfg = compose(
+            "config",
+            overrides=[
+                "drafter=ar",
+                "policy=static",
+                f"policy.k={K}",
+                "runtime=cpu",
+                f"dataset.num_prompts={PROMPTS}",
+                f"generation.max_new_tokens={TOKENS}",
+                "run.warmup_prompts=0",
+            ],
+        )
     run = run_experiment(cfg, tmp_path / "run")
-    peers = _peers().main(["--num-prompts", str(PROMPTS), "--max-new-tokens", str(TOKENS), "--static-k", str(K),
-                           "--methods", rf"^ar\+static-k{K}$", "--hf-k-sweep", "2", "--dllm-k-sweep", "3",
-                           "--sweep-prompts", "1", "--warmup", "0", "--no-oracle", "--device", "cpu",
-                           "--dtype", "float32", "--out", str(tmp_path / "peers" / "results.json")])
+    peers = _peers().main(
+        [
+            "--num-prompts",
+            str(PROMPTS),
+            "--max-new-tokens",
+            str(TOKENS),
+            "--static-k",
+            str(K),
+            "--methods",
+            rf"^ar\+static-k{K}$",
+            "--hf-k-sweep",
+            "2",
+            "--dllm-k-sweep",
+            "3",
+            "--sweep-prompts",
+            "1",
+            "--warmup",
+            "0",
+            "--no-oracle",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path / "peers" / "results.json"),
+        ]
+    )
     table = capsys.readouterr().out
 
     (reported,) = collect(tmp_path / "run")

@@ -34,8 +34,14 @@ from specpolicy.verifiers.hf import HFVerifier
 
 
 def _cost(pass_ms=1.0, verify_base=10.0, verify_slope=0.0, per_token=0.0):
-    return CostModel(draft_ms_per_pass=pass_ms, draft_ms_per_token=per_token, passes_base=0.0, passes_per_token=1.0,
-                     verify_ms_base=verify_base, verify_ms_per_token=verify_slope)
+    return CostModel(
+        draft_ms_per_pass=pass_ms,
+        draft_ms_per_token=per_token,
+        passes_base=0.0,
+        passes_per_token=1.0,
+        verify_ms_base=verify_base,
+        verify_ms_per_token=verify_slope,
+    )
 
 
 def test_cheap_drafting_takes_every_matched_token_and_expensive_drafting_none():
@@ -74,8 +80,16 @@ def test_dynamic_program_equals_brute_force(seed):
 
 
 def _rec(k, a, e=None):
-    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1 if e is None else e,
-                       drafter_forward_passes=k, reused_tokens=0, draft_ms=float(k), verify_ms=10.0 + k)
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=a,
+        emitted_tokens=a + 1 if e is None else e,
+        drafter_forward_passes=k,
+        reused_tokens=0,
+        draft_ms=float(k),
+        verify_ms=10.0 + k,
+    )
 
 
 def test_match_lengths_from_rounds():
@@ -114,8 +128,11 @@ def test_replay_agrees_with_recorded_rounds_and_no_policy_beats_the_oracle(runti
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
     prompt = random_prompts(3)[0]
     runs = {}
-    for name, policy in [("static-2", StaticPolicy(2)), ("static-6", StaticPolicy(6)),
-                         ("failfast", FailFastPolicy(n=3, tau=0.3, n_max=12))]:
+    for name, policy in [
+        ("static-2", StaticPolicy(2)),
+        ("static-6", StaticPolicy(6)),
+        ("failfast", FailFastPolicy(n=3, tau=0.3, n_max=12)),
+    ]:
         out = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=ARDrafter(small, runtime), policy=policy)
         runs[name] = out
         output_ids = out.output_ids
@@ -143,8 +160,9 @@ def test_replay_works_for_every_drafter(runtime, models):
     verifier = HFVerifier(target, runtime, frozenset())
     prompt = random_prompts(1)[0]
     output = generate(prompt, verifier, runtime, max_new_tokens=30).output_ids
-    dllm = FastDLLMDrafter(small, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
-                           small_block_size=4, threshold=0.05)
+    dllm = FastDLLMDrafter(
+        small, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16, small_block_size=4, threshold=0.05
+    )
     for drafter in (dllm, SuffixDrafter(runtime, min_match=1)):
         M, passes = replay_match_lengths(drafter, prompt, output, max_length=10)
         assert len(M) == 30 and all(0 <= m <= min(10, 30 - i - 1) for i, m in enumerate(M))

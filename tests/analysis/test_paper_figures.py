@@ -21,9 +21,17 @@ from specpolicy.analysis.results import round_from_dict
 
 
 def rnd(k: int, a: int, emitted: int | None = None, confs=None, passes: int | None = None, finish: str = "") -> dict:
-    return {"speculation_length": k, "accepted_length": a, "emitted_tokens": a + 1 if emitted is None else emitted,
-            "drafter_forward_passes": k if passes is None else passes, "reused_tokens": 0, "draft_ms": 1.0,
-            "verify_ms": 1.0, "confidences": list(confs or [0.9] * k), "finish_reason": finish}
+    return {
+        "speculation_length": k,
+        "accepted_length": a,
+        "emitted_tokens": a + 1 if emitted is None else emitted,
+        "drafter_forward_passes": k if passes is None else passes,
+        "reused_tokens": 0,
+        "draft_ms": 1.0,
+        "verify_ms": 1.0,
+        "confidences": list(confs or [0.9] * k),
+        "finish_reason": finish,
+    }
 
 
 def rec(*args, **kwargs):
@@ -33,8 +41,12 @@ def rec(*args, **kwargs):
 
 def row(prompt_id: str, rounds: list[dict]) -> dict:
     """A ``results.jsonl`` row of ``rounds`` (round dicts)."""
-    return {"prompt_id": prompt_id, "output_ids": list(range(sum(r["emitted_tokens"] for r in rounds))),
-            "wall_s": 1.0, "rounds": rounds}
+    return {
+        "prompt_id": prompt_id,
+        "output_ids": list(range(sum(r["emitted_tokens"] for r in rounds))),
+        "wall_s": 1.0,
+        "rounds": rounds,
+    }
 
 
 def test_token_classes_and_easy_runs():
@@ -74,10 +86,17 @@ def _write_run(d: Path, config: dict, rows: list[dict], summary: dict | None = N
 
 def test_concavity_and_sensitivity_points(tmp_path):
     rows = [row("p", [rnd(4, 3, passes=2), rnd(4, 2, passes=2), rnd(4, 0, passes=2)])]
-    _write_run(tmp_path / "s" / "0", {"drafter": {"name": "fastdllm", "threshold": 0.9},
-                                      "policy": {"name": "static", "k": 4}}, rows)
-    _write_run(tmp_path / "s" / "1", {"drafter": {"name": "fastdllm"}, "policy": {"name": "failfast", "tau": 0.3}},
-               rows, {"speedup_vs_vanilla": 1.2, "modeled_speedup_vs_vanilla": 1.5, "modeled_profile": "a6000-qwen7b"})
+    _write_run(
+        tmp_path / "s" / "0",
+        {"drafter": {"name": "fastdllm", "threshold": 0.9}, "policy": {"name": "static", "k": 4}},
+        rows,
+    )
+    _write_run(
+        tmp_path / "s" / "1",
+        {"drafter": {"name": "fastdllm"}, "policy": {"name": "failfast", "tau": 0.3}},
+        rows,
+        {"speedup_vs_vanilla": 1.2, "modeled_speedup_vs_vanilla": 1.5, "modeled_profile": "a6000-qwen7b"},
+    )
     runs = load([tmp_path / "s"])
     (point,) = concavity_points(runs)  # the failfast run is not a static-length point
     assert point["k"] == 4 and point["threshold"] == 0.9 and point["passes_per_draft"] == 2.0
@@ -89,17 +108,29 @@ def test_concavity_and_sensitivity_points(tmp_path):
 
 
 def test_every_subcommand_writes_its_png(tmp_path, capsys):
-    rows = [row(f"p{i}", [rnd(4, 4), rnd(4, 1, confs=[0.9, 0.3, 0.8, 0.2]), rnd(4, 4, emitted=2, finish="eos")])
-            for i in range(3)]
+    rows = [
+        row(f"p{i}", [rnd(4, 4), rnd(4, 1, confs=[0.9, 0.3, 0.8, 0.2]), rnd(4, 4, emitted=2, finish="eos")])
+        for i in range(3)
+    ]
     for k in (2, 4):
-        _write_run(tmp_path / "ar" / f"k{k}", {"drafter": {"name": "ar"}, "policy": {"name": "static", "k": k},
-                                               "dataset": {"name": "gsm8k"}}, rows)
+        _write_run(
+            tmp_path / "ar" / f"k{k}",
+            {"drafter": {"name": "ar"}, "policy": {"name": "static", "k": k}, "dataset": {"name": "gsm8k"}},
+            rows,
+        )
         for t in (0.05, 0.9):
-            _write_run(tmp_path / "dl" / f"k{k}-t{t}", {"drafter": {"name": "fastdllm", "threshold": t},
-                                                        "policy": {"name": "static", "k": k}}, rows)
+            _write_run(
+                tmp_path / "dl" / f"k{k}-t{t}",
+                {"drafter": {"name": "fastdllm", "threshold": t}, "policy": {"name": "static", "k": k}},
+                rows,
+            )
     for tau in (0.3, 0.45):
-        _write_run(tmp_path / "tau" / str(tau), {"policy": {"name": "failfast", "tau": tau, "n_max": 60}}, rows,
-                   {"speedup_vs_vanilla": 1.0 + tau, "modeled_speedup_vs_vanilla": 1.5, "modeled_profile": "x"})
+        _write_run(
+            tmp_path / "tau" / str(tau),
+            {"policy": {"name": "failfast", "tau": tau, "n_max": 60}},
+            rows,
+            {"speedup_vs_vanilla": 1.0 + tau, "modeled_speedup_vs_vanilla": 1.5, "modeled_profile": "x"},
+        )
     out = tmp_path / "figs"
     assert main(["concavity", str(tmp_path / "dl"), str(tmp_path / "ar"), "--out", str(out)]) == 0
     assert main(["easy-regions", str(tmp_path / "ar" / "k2"), str(tmp_path / "ar" / "k4"), "--out", str(out)]) == 0
@@ -140,15 +171,26 @@ def test_sensitivity_marks_points_whose_timings_cannot_be_trusted(tmp_path, monk
     assert any(t.startswith("* 1 point: timing cannot be trusted") and "run.resume=false" in t for t in drawn["texts"])
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["sensitivity", "sweeps/tau"], "error: python -m specpolicy.analysis.paper_figures sensitivity: the sweep directories are "
-     "given as --tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep), got sweeps/tau "
-     "without an option (e.g. sensitivity --tau sweeps/tau)"),
-    (["sensitivity"], "error: python -m specpolicy.analysis.paper_figures sensitivity: needs --tau DIR (a tau-sensitivity "
-     "sweep) and/or --nmax DIR (an nmax-sensitivity sweep)"),
-    (["sensitivity", "--tau"], "error: python -m specpolicy.analysis.paper_figures sensitivity: argument --tau: expected one "
-     "argument"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["sensitivity", "sweeps/tau"],
+            "error: python -m specpolicy.analysis.paper_figures sensitivity: the sweep directories are "
+            "given as --tau DIR (a tau-sensitivity sweep) and/or --nmax DIR (an nmax-sensitivity sweep), got sweeps/tau "
+            "without an option (e.g. sensitivity --tau sweeps/tau)",
+        ),
+        (
+            ["sensitivity"],
+            "error: python -m specpolicy.analysis.paper_figures sensitivity: needs --tau DIR (a tau-sensitivity "
+            "sweep) and/or --nmax DIR (an nmax-sensitivity sweep)",
+        ),
+        (
+            ["sensitivity", "--tau"],
+            "error: python -m specpolicy.analysis.paper_figures sensitivity: argument --tau: expected one argument",
+        ),
+    ],
+)
 def test_command_line_errors_are_one_line_naming_the_option(argv, expected, capsys):
     """Issue 22: `paper_figures sensitivity DIR` without --tau gave argparse's bare usage error."""
     with pytest.raises(SystemExit) as info:

@@ -20,8 +20,9 @@ def test_forward_timer_counts_outermost_calls_of_each_model(runtime):
     prompt = random_prompts(1)[0]
     seen = []
     with ForwardTimer(on_call=seen.append, target=target, drafter=small, again=target) as ft:
-        out = generate(prompt, verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime),
-                       policy=StaticPolicy(3))
+        out = generate(
+            prompt, verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime), policy=StaticPolicy(3)
+        )
     assert set(ft.calls) == {"target", "drafter"}  # the same module twice is watched once
     assert ft.calls["target"] == len(out.rounds) + 1  # one pass per round + the prompt's prefill
     assert ft.calls["drafter"] == sum(r.drafter_forward_passes for r in out.rounds)
@@ -38,8 +39,9 @@ def test_policy_timer_counts_every_decision_and_update_then_unwraps(runtime):
     verifier = HFVerifier(target, runtime, frozenset())
     policy = StaticPolicy(3)
     with PolicyTimer(policy) as pt:
-        out = generate(random_prompts(1)[0], verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime),
-                       policy=policy)
+        out = generate(
+            random_prompts(1)[0], verifier, runtime, max_new_tokens=20, drafter=ARDrafter(small, runtime), policy=policy
+        )
     drafted = sum(1 for r in out.rounds if r.speculation_length)
     assert pt.calls["update"] == len(out.rounds) - 1  # every round but the last (generation ended there)
     assert pt.calls["next_length"] >= 2 * drafted  # static k: ask for k, then stop
@@ -66,10 +68,32 @@ def test_policy_timer_counts_every_decision_and_update_then_unwraps(runtime):
 def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
     module = load_benchmark("overhead")
     fam = family
-    result = module.main(["--num-prompts", "2", "--max-new-tokens", "12", "--target", str(fam["target"]),
-                          "--ar-drafter", str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]),
-                          "--dflash-drafter", str(fam["dflash"]), "--eagle3-drafter", str(fam["eagle3"]),
-                          "--device", "cpu", "--dtype", "float64", "--warmup", "0", "--out", str(tmp_path / "o.json")])
+    result = module.main(
+        [
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--target",
+            str(fam["target"]),
+            "--ar-drafter",
+            str(fam["drafter"]),
+            "--dllm-drafter",
+            str(fam["drafter"]),
+            "--dflash-drafter",
+            str(fam["dflash"]),
+            "--eagle3-drafter",
+            str(fam["eagle3"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--warmup",
+            "0",
+            "--out",
+            str(tmp_path / "o.json"),
+        ]
+    )
     rows = result["methods"]
     assert set(rows) == {m[0] for m in module.METHODS}
     for name, r in rows.items():

@@ -22,10 +22,20 @@ from specpolicy.analysis.tables import print_summary
 
 
 def _method(tokens_per_s, rounds, drafted, acc=0.0, acc_len=0.0, spec_len=0.0, passes=0.0, max_a=0, max_k=0):
-    return {"tokens_per_s": tokens_per_s, "rounds": rounds, "drafted_rounds": drafted, "acceptance_rate": acc,
-            "mean_accepted_length": acc_len, "mean_speculation_length": spec_len, "tokens_per_round": 1.0,
-            "max_accepted_length": max_a, "max_speculation_length": max_k, "drafter_passes_per_round": passes,
-            "generated_tokens": 192, "wall_s": 1.2}
+    return {
+        "tokens_per_s": tokens_per_s,
+        "rounds": rounds,
+        "drafted_rounds": drafted,
+        "acceptance_rate": acc,
+        "mean_accepted_length": acc_len,
+        "mean_speculation_length": spec_len,
+        "tokens_per_round": 1.0,
+        "max_accepted_length": max_a,
+        "max_speculation_length": max_k,
+        "drafter_passes_per_round": passes,
+        "generated_tokens": 192,
+        "wall_s": 1.2,
+    }
 
 
 def _summary(**extra):
@@ -33,18 +43,35 @@ def _summary(**extra):
     AIMD-like method whose plain rounds pull the mean speculation length per round (0.46) below
     the mean accepted length per drafted round (2.11)."""
     summary = {
-        "method": "fastdllm+aimd", "prompts": 3, "prompts_total": 3, "partial": False,
-        "acceptance_rate": 0.617, "mean_accepted_length": 2.11, "mean_speculation_length": 0.46,
-        "tokens_per_s": 188.2, "vanilla_tokens_per_s": 158.8, "speedup_vs_vanilla": 1.185,
-        "lossless_fraction": 1.0, "not_lossless": {},
-        "methods": {"fastdllm+aimd": _method(188.2, 120, 26, 0.617, 2.11, 0.46, 0.52, 10, 40),
-                    "vanilla": _method(158.8, 192, 0)},
+        "method": "fastdllm+aimd",
+        "prompts": 3,
+        "prompts_total": 3,
+        "partial": False,
+        "acceptance_rate": 0.617,
+        "mean_accepted_length": 2.11,
+        "mean_speculation_length": 0.46,
+        "tokens_per_s": 188.2,
+        "vanilla_tokens_per_s": 158.8,
+        "speedup_vs_vanilla": 1.185,
+        "lossless_fraction": 1.0,
+        "not_lossless": {},
+        "methods": {
+            "fastdllm+aimd": _method(188.2, 120, 26, 0.617, 2.11, 0.46, 0.52, 10, 40),
+            "vanilla": _method(158.8, 192, 0),
+        },
         "modeled_speedup_vs_vanilla": 1.495,
-        "modeled": {"speedup_vs_vanilla": 1.495, "profile": {"name": "a6000-qwen7b"},
-                    "speedup_by_profile": {"a6000-qwen7b": 1.495, "a6000-qwen14b": 1.95}},
-        "oracle": {"source": "rounds (self-consistency, censored at fully accepted rounds)",
-                   "fraction_of_oracle": 0.611, "policy_speedup_modeled": 1.22, "oracle_speedup_modeled": 2.0,
-                   "censored_positions": 17},
+        "modeled": {
+            "speedup_vs_vanilla": 1.495,
+            "profile": {"name": "a6000-qwen7b"},
+            "speedup_by_profile": {"a6000-qwen7b": 1.495, "a6000-qwen14b": 1.95},
+        },
+        "oracle": {
+            "source": "rounds (self-consistency, censored at fully accepted rounds)",
+            "fraction_of_oracle": 0.611,
+            "policy_speedup_modeled": 1.22,
+            "oracle_speedup_modeled": 2.0,
+            "censored_positions": 17,
+        },
     }
     summary.update(extra)
     return summary
@@ -95,8 +122,12 @@ def test_summary_shows_a_dash_where_nothing_applies_and_names_denominators():
     text = _printed(_summary(), width=120)
     header = next(ln for ln in text.splitlines() if "vanilla" in ln and "fastdllm+aimd" in ln)
     assert header.index("vanilla") < header.index("fastdllm+aimd")
-    for label in ("acceptance rate (accepted / drafted tokens)", "accepted length per drafted round",
-                  "speculation length per round (mean over all rounds)", "drafter passes per round"):
+    for label in (
+        "acceptance rate (accepted / drafted tokens)",
+        "accepted length per drafted round",
+        "speculation length per round (mean over all rounds)",
+        "drafter passes per round",
+    ):
         vanilla, method = _row_cells(text, label)[1:]
         assert vanilla == "-", label
         assert method not in ("-", "0.000", "0.00")
@@ -123,19 +154,34 @@ def _job(root: Path, name: str, overrides: list[str], summary: dict | None, rows
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     if rows:
-        (job / "results.jsonl").write_text("".join(json.dumps({"prompt_id": f"gsm8k/{i}", "output_ids": [], "wall_s": 0.0,
-                                                               "rounds": []}) + "\n" for i in range(rows)))
+        (job / "results.jsonl").write_text(
+            "".join(
+                json.dumps({"prompt_id": f"gsm8k/{i}", "output_ids": [], "wall_s": 0.0, "rounds": []}) + "\n"
+                for i in range(rows)
+            )
+        )
     if summary is not None:
         (job / "summary.json").write_text(json.dumps(summary))
 
 
 def _sweep_summary(speedup: float, van_tokens: int, van_wall: float, prompts: int = 4, **extra) -> dict:
-    summary = {"method": "fastdllm+failfast", "prompts": prompts, "prompts_total": 4, "partial": False,
-               "acceptance_rate": 0.5, "mean_accepted_length": 3.0, "mean_speculation_length": 6.0,
-               "tokens_per_s": 10.0 * speedup, "vanilla_tokens_per_s": 10.0, "speedup_vs_vanilla": speedup,
-               "lossless_fraction": 1.0,
-               "methods": {"fastdllm+failfast": {"drafter_passes_per_round": 1.5, "drafted_rounds": 9},
-                           "vanilla": {"generated_tokens": van_tokens, "wall_s": van_wall}}}
+    summary = {
+        "method": "fastdllm+failfast",
+        "prompts": prompts,
+        "prompts_total": 4,
+        "partial": False,
+        "acceptance_rate": 0.5,
+        "mean_accepted_length": 3.0,
+        "mean_speculation_length": 6.0,
+        "tokens_per_s": 10.0 * speedup,
+        "vanilla_tokens_per_s": 10.0,
+        "speedup_vs_vanilla": speedup,
+        "lossless_fraction": 1.0,
+        "methods": {
+            "fastdllm+failfast": {"drafter_passes_per_round": 1.5, "drafted_rounds": 9},
+            "vanilla": {"generated_tokens": van_tokens, "wall_s": van_wall},
+        },
+    }
     summary.update(extra)
     return summary
 
@@ -146,8 +192,13 @@ def sweep(tmp_path) -> Path:
     _job(root, "0", ["policy.tau=0.1"], _sweep_summary(1.2, 100, 2.0), rows=4)
     _job(root, "1", ["policy.tau=0.3"], _sweep_summary(0.8, 100, 2.0), rows=4)
     # interrupted after 1 of 4 prompts, with the best speedup and a fast vanilla baseline
-    _job(root, "2", ["policy.tau=0.45"], _sweep_summary(3.0, 1000, 1.0, prompts=1, partial=True,
-                                                         interrupted_by="SIGTERM"), rows=1)
+    _job(
+        root,
+        "2",
+        ["policy.tau=0.45"],
+        _sweep_summary(3.0, 1000, 1.0, prompts=1, partial=True, interrupted_by="SIGTERM"),
+        rows=1,
+    )
     _job(root, "3", ["policy.tau=0.6"], _sweep_summary(2.0, 100, 2.0, prompts=3), rows=3)  # 3 of 4, not flagged
     _job(root, "4", ["policy.tau=0.7"], None, rows=2)  # died: results but no summary
     _job(root, "5", ["policy.tau=0.9"], None)  # died before its first prompt (it had taken its run lock)
@@ -206,9 +257,20 @@ def test_sweep_report_sampling_runs_read_n_a_sampling(tmp_path):
 
 
 def _round(k, a, e, passes, draft_ms, verify_ms, finish=""):
-    return {"speculation_length": k, "accepted_length": a, "emitted_tokens": e, "drafter_forward_passes": passes,
-            "reused_tokens": 0, "draft_ms": draft_ms, "verify_ms": verify_ms, "finish_reason": finish,
-            "draft_stop_reason": "policy_bound", "confidences": [], "draft_token_ids": [], "target_token_ids": []}
+    return {
+        "speculation_length": k,
+        "accepted_length": a,
+        "emitted_tokens": e,
+        "drafter_forward_passes": passes,
+        "reused_tokens": 0,
+        "draft_ms": draft_ms,
+        "verify_ms": verify_ms,
+        "finish_reason": finish,
+        "draft_stop_reason": "policy_bound",
+        "confidences": [],
+        "draft_token_ids": [],
+        "target_token_ids": [],
+    }
 
 
 def _beats_its_oracle():
@@ -216,14 +278,28 @@ def _beats_its_oracle():
     one short draft cost 3 passes and the long ones 1, so the fitted passes-per-length line has
     a negative slope, clamped to 0 at the intercept (3.7 passes per draft) -- every draft the
     oracle considers costs more than the policy's recorded ones did."""
-    rounds = [_round(4, 4, 5, 1, 2.0, 12.0)] * 3 + [_round(1, 0, 1, 3, 6.0, 10.5)] + [
-        _round(4, 4, 5, 1, 2.0, 12.0, "max_new_tokens")]
+    rounds = (
+        [_round(4, 4, 5, 1, 2.0, 12.0)] * 3
+        + [_round(1, 0, 1, 3, 6.0, 10.5)]
+        + [_round(4, 4, 5, 1, 2.0, 12.0, "max_new_tokens")]
+    )
     tokens = sum(r["emitted_tokens"] for r in rounds)
-    return PromptResult.from_row({"prompt_id": "gsm8k/0", "output_ids": list(range(tokens)), "wall_s": 0.1,
-                                  "rounds": rounds, "lossless": True, "first_difference": None,
-                                  "vanilla_generated_tokens": tokens, "vanilla_rounds": 20, "vanilla_wall_s": 0.2,
-                                  "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 200.0,
-                                  "vanilla_finish_reason": "max_new_tokens"})
+    return PromptResult.from_row(
+        {
+            "prompt_id": "gsm8k/0",
+            "output_ids": list(range(tokens)),
+            "wall_s": 0.1,
+            "rounds": rounds,
+            "lossless": True,
+            "first_difference": None,
+            "vanilla_generated_tokens": tokens,
+            "vanilla_rounds": 20,
+            "vanilla_wall_s": 0.2,
+            "vanilla_draft_ms": 0.0,
+            "vanilla_verify_ms": 200.0,
+            "vanilla_finish_reason": "max_new_tokens",
+        }
+    )
 
 
 def test_oracle_ratio_above_one_is_labelled_not_a_fraction(tmp_path, capsys):
@@ -250,13 +326,25 @@ def test_oracle_ratio_above_one_is_labelled_not_a_fraction(tmp_path, capsys):
 
 
 def test_oracle_from_rounds_is_labelled_an_upper_bound():
-    text = oracle.describe_fraction({"source": "rounds (self-consistency, censored at fully accepted rounds)",
-                              "fraction_of_oracle": 0.7, "policy_speedup_modeled": 1.4,
-                              "oracle_speedup_modeled": 2.0, "censored_positions": 12})
+    text = oracle.describe_fraction(
+        {
+            "source": "rounds (self-consistency, censored at fully accepted rounds)",
+            "fraction_of_oracle": 0.7,
+            "policy_speedup_modeled": 1.4,
+            "oracle_speedup_modeled": 2.0,
+            "censored_positions": 12,
+        }
+    )
     assert text.startswith("at most 0.700 of the oracle's speedup (an upper bound")
     assert "12 censored positions" in text
-    exact = oracle.describe_fraction({"source": "replay (exact)", "fraction_of_oracle": 0.7,
-                               "policy_speedup_modeled": 1.4, "oracle_speedup_modeled": 2.0})
+    exact = oracle.describe_fraction(
+        {
+            "source": "replay (exact)",
+            "fraction_of_oracle": 0.7,
+            "policy_speedup_modeled": 1.4,
+            "oracle_speedup_modeled": 2.0,
+        }
+    )
     assert exact.startswith("0.700 of the oracle's speedup (exact")
 
 
@@ -268,16 +356,34 @@ needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is 
 def _rows(prompts=2, drafting=True):
     rows = []
     for i in range(prompts):
-        rounds = ([_round(3, 2, 3, 3, 1.0, 2.0), _round(3, 3, 4, 3, 1.0, 2.0)] if drafting else
-                  [_round(0, 0, 1, 0, 0.0, 2.0)] * 7)
+        rounds = (
+            [_round(3, 2, 3, 3, 1.0, 2.0), _round(3, 3, 4, 3, 1.0, 2.0)]
+            if drafting
+            else [_round(0, 0, 1, 0, 0.0, 2.0)] * 7
+        )
         for r in rounds:
-            r.update(draft_token_ids=list(range(r["speculation_length"])),
-                     target_token_ids=list(range(r["speculation_length"] + 1)))
-        rows.append({"prompt_id": f"gsm8k/{i}", "prompt_tokens": 11, "output_ids": list(range(7)), "wall_s": 0.01,
-                     "prompt_text": f"Question {i}: Janet's ducks lay 16 eggs per day.", "output_text": "#### 18",
-                     "stop_reason": "max_new_tokens", "lossless": True, "rounds": rounds,
-                     "vanilla_generated_tokens": 7, "vanilla_wall_s": 0.014, "vanilla_rounds": 7,
-                     "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 14.0})
+            r.update(
+                draft_token_ids=list(range(r["speculation_length"])),
+                target_token_ids=list(range(r["speculation_length"] + 1)),
+            )
+        rows.append(
+            {
+                "prompt_id": f"gsm8k/{i}",
+                "prompt_tokens": 11,
+                "output_ids": list(range(7)),
+                "wall_s": 0.01,
+                "prompt_text": f"Question {i}: Janet's ducks lay 16 eggs per day.",
+                "output_text": "#### 18",
+                "stop_reason": "max_new_tokens",
+                "lossless": True,
+                "rounds": rounds,
+                "vanilla_generated_tokens": 7,
+                "vanilla_wall_s": 0.014,
+                "vanilla_rounds": 7,
+                "vanilla_draft_ms": 0.0,
+                "vanilla_verify_ms": 14.0,
+            }
+        )
     return rows
 
 
@@ -286,10 +392,21 @@ def _plot_job(root: Path, name: str, method: str, overrides: list[str], rows: li
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (job / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (job / "summary.json").write_text(json.dumps({
-        "method": method, "prompts": len(rows), "prompts_total": len(rows), "config": {}, **summary,
-        "methods": {method: {"drafted_rounds": 2 * len(rows)}, "vanilla": {"generated_tokens": 14, "wall_s": 0.028,
-                                                                            "verify_ms": 28.0}}}))
+    (job / "summary.json").write_text(
+        json.dumps(
+            {
+                "method": method,
+                "prompts": len(rows),
+                "prompts_total": len(rows),
+                "config": {},
+                **summary,
+                "methods": {
+                    method: {"drafted_rounds": 2 * len(rows)},
+                    "vanilla": {"generated_tokens": 14, "wall_s": 0.028, "verify_ms": 28.0},
+                },
+            }
+        )
+    )
 
 
 @needs_matplotlib
@@ -297,20 +414,53 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
     from specpolicy.analysis.plot import main as plot_main
 
     root = tmp_path / "multirun"
-    _plot_job(root, "0", "ar+static", ["method=static-ar", "dataset.num_prompts=2"], _rows(),
-              speedup_vs_vanilla=1.234, modeled_speedup_vs_vanilla=1.5, acceptance_rate=0.833,
-              mean_accepted_length=2.5, mean_speculation_length=3.0, lossless_fraction=1.0)
-    _plot_job(root, "1", "fastdllm+failfast", ["method=failfast", "dataset.num_prompts=2"], _rows()[:1],
-              speedup_vs_vanilla=0.987, acceptance_rate=0.4, mean_accepted_length=1.2, mean_speculation_length=3.0,
-              lossless_fraction=1.0, partial=True, prompts_total=2, interrupted_by="SIGINT")
+    _plot_job(
+        root,
+        "0",
+        "ar+static",
+        ["method=static-ar", "dataset.num_prompts=2"],
+        _rows(),
+        speedup_vs_vanilla=1.234,
+        modeled_speedup_vs_vanilla=1.5,
+        acceptance_rate=0.833,
+        mean_accepted_length=2.5,
+        mean_speculation_length=3.0,
+        lossless_fraction=1.0,
+    )
+    _plot_job(
+        root,
+        "1",
+        "fastdllm+failfast",
+        ["method=failfast", "dataset.num_prompts=2"],
+        _rows()[:1],
+        speedup_vs_vanilla=0.987,
+        acceptance_rate=0.4,
+        mean_accepted_length=1.2,
+        mean_speculation_length=3.0,
+        lossless_fraction=1.0,
+        partial=True,
+        prompts_total=2,
+        interrupted_by="SIGINT",
+    )
     assert plot_main([str(root)]) == 0
     out = root / "plots"
     index = (out / "index.html").read_text()
     # the summary header: one line per run with method, overrides, speedup, acceptance, lossless
     runs_table = index.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
     assert "Common to every run: <code>dataset.num_prompts=2</code>" in index.split("<h2>Runs</h2>", 1)[1]
-    for cell in ("ar+static", "<code class='nowrap'>method=static-ar</code>", "1.23x", "1.50x", "0.833", "2.50",
-                 "2/2", "fastdllm+failfast", "0.99x", "1 of 2</span>", "partial run, SIGINT"):
+    for cell in (
+        "ar+static",
+        "<code class='nowrap'>method=static-ar</code>",
+        "1.23x",
+        "1.50x",
+        "0.833",
+        "2.50",
+        "2/2",
+        "fastdllm+failfast",
+        "0.99x",
+        "1 of 2</span>",
+        "partial run, SIGINT",
+    ):
         assert cell in runs_table, cell
     # readable titles, not file names
     assert "<h3>Accepted and speculated lengths per round</h3>" in index and "<h2>length_cdf" not in index
@@ -335,8 +485,12 @@ def test_prompt_text_falls_back_to_the_runs_dataset(tmp_path):
     from specpolicy.data.datasets import load_prompts
 
     rows = [{k: v for k, v in row.items() if k != "prompt_text"} for row in _rows()]
-    run = Run("ar+static", tmp_path, [PromptResult.from_row(r) for r in rows],
-              {"config": {"dataset": {"name": "gsm8k", "path": None}}})
+    run = Run(
+        "ar+static",
+        tmp_path,
+        [PromptResult.from_row(r) for r in rows],
+        {"config": {"dataset": {"name": "gsm8k", "path": None}}},
+    )
     expected = {p.prompt_id: p.text for p in load_prompts("gsm8k", None, 2)}
     assert prompt_texts(run) == expected
 
@@ -422,15 +576,30 @@ def test_figures_mark_runs_whose_timings_cannot_be_trusted(tmp_path):
     from specpolicy.analysis.results import load_runs
 
     root = tmp_path / "multirun"
-    _plot_job(root, "0", "ar+static", ["policy.k=3"], _rows(), speedup_vs_vanilla=1.234,
-              timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]})
-    _plot_job(root, "1", "ar+static", ["policy.k=5"], _rows(), speedup_vs_vanilla=1.111,
-              timing_conditions={"timing_trusted": True, "timing_warnings": []})
+    _plot_job(
+        root,
+        "0",
+        "ar+static",
+        ["policy.k=3"],
+        _rows(),
+        speedup_vs_vanilla=1.234,
+        timing_conditions={"timing_trusted": False, "timing_warnings": [BUSY]},
+    )
+    _plot_job(
+        root,
+        "1",
+        "ar+static",
+        ["policy.k=5"],
+        _rows(),
+        speedup_vs_vanilla=1.111,
+        timing_conditions={"timing_trusted": True, "timing_warnings": []},
+    )
     assert plot_main([str(root)]) == 0
     index = (root / "plots" / "index.html").read_text()
     runs_table = index.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
-    assert re.search(r"<span class='partial' title=\"timing cannot be trusted: other processes[^\"]*\">1\.23x\*</span>",
-                     runs_table)
+    assert re.search(
+        r"<span class='partial' title=\"timing cannot be trusted: other processes[^\"]*\">1\.23x\*</span>", runs_table
+    )
     assert "1.11x*" not in runs_table and ">1.11x<" in runs_table
     after = index.split("</table>", 1)[1]
     assert "* timing cannot be trusted" in after and f"<code>ar+static (policy.k=3)</code>: {BUSY}" in after
@@ -447,12 +616,22 @@ def _oracle_run(root: Path, prompts: int, **summary) -> Path:
     rows = []
     for i in range(prompts):
         accepted = [(i + j) % 5 for j in range(4)]
-        rounds = [_round(4, a, a + 1, 4, 4.0, 12.0, "max_new_tokens" if j == 3 else "")
-                  for j, a in enumerate(accepted)]
+        rounds = [_round(4, a, a + 1, 4, 4.0, 12.0, "max_new_tokens" if j == 3 else "") for j, a in enumerate(accepted)]
         tokens = sum(r["emitted_tokens"] for r in rounds)
-        rows.append({"prompt_id": f"gsm8k/{i}", "output_ids": list(range(tokens)), "wall_s": 0.1, "rounds": rounds,
-                     "lossless": True, "vanilla_generated_tokens": tokens, "vanilla_rounds": tokens,
-                     "vanilla_wall_s": 0.2, "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 10.0 * tokens})
+        rows.append(
+            {
+                "prompt_id": f"gsm8k/{i}",
+                "output_ids": list(range(tokens)),
+                "wall_s": 0.1,
+                "rounds": rounds,
+                "lossless": True,
+                "vanilla_generated_tokens": tokens,
+                "vanilla_rounds": tokens,
+                "vanilla_wall_s": 0.2,
+                "vanilla_draft_ms": 0.0,
+                "vanilla_verify_ms": 10.0 * tokens,
+            }
+        )
     (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "summary.json").write_text(json.dumps({"method": "ar+static", "methods": {}, **summary}))
     return root
@@ -490,8 +669,12 @@ def test_runs_of_one_method_are_named_by_the_overrides_that_differ(tmp_path):
     _plot_job(root, "3", "ar+goodput", [], _rows())
     _plot_job(root, "4", "ar+goodput", [], _rows())  # the overrides do not tell these two apart
     assert [r.name for r in load_runs(root)] == [
-        "fastdllm+failfast (policy.tau=0.3)", "fastdllm+failfast (policy.tau=0.6)", "ar+static", "ar+goodput (3)",
-        "ar+goodput (4)"]
+        "fastdllm+failfast (policy.tau=0.3)",
+        "fastdllm+failfast (policy.tau=0.6)",
+        "ar+static",
+        "ar+goodput (3)",
+        "ar+goodput (4)",
+    ]
 
 
 @needs_matplotlib
@@ -508,12 +691,24 @@ def test_figures_of_many_long_named_runs_keep_their_panels(tmp_path, monkeypatch
     from specpolicy.analysis.results import load_runs
 
     root = tmp_path / "multirun"
-    models = ("/models/Fast_dLLM_v2_1.5B-instruct-matched-phase-2000", "/models/dllm-drafter-capacity-probe-12x256",
-              "/models/dllm-drafter")
+    models = (
+        "/models/Fast_dLLM_v2_1.5B-instruct-matched-phase-2000",
+        "/models/dllm-drafter-capacity-probe-12x256",
+        "/models/dllm-drafter",
+    )
     for num in range(27):
-        _plot_job(root, str(num), "fastdllm+failfast", ["policy=failfast", f"policy.tau={0.1 * (1 + num // 9)}",
-                                                        f"drafter.model={models[num // 3 % 3]}",
-                                                        f"policy.n_max={(30, 60, 70)[num % 3]}"], _rows())
+        _plot_job(
+            root,
+            str(num),
+            "fastdllm+failfast",
+            [
+                "policy=failfast",
+                f"policy.tau={0.1 * (1 + num // 9)}",
+                f"drafter.model={models[num // 3 % 3]}",
+                f"policy.n_max={(30, 60, 70)[num % 3]}",
+            ],
+            _rows(),
+        )
     runs = load_runs(root)
     assert len({r.name for r in runs}) == 27 and runs[10].name.startswith("fastdllm+failfast (policy.tau=0.2")  # 0..26
     drawn = {}
@@ -527,7 +722,8 @@ def test_figures_of_many_long_named_runs_keep_their_panels(tmp_path, monkeypatch
             "widths": [ax.get_window_extent().width / dpi for ax in data_axes],
             "heights": [ax.get_window_extent().height / dpi for ax in data_axes],
             "titles": [ax.title.get_window_extent() for ax in data_axes],
-            "size": tuple(fig.get_size_inches())}
+            "size": tuple(fig.get_size_inches()),
+        }
         return real(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", measure)

@@ -11,15 +11,27 @@ import pytest
 from specpolicy.analysis.report import collect, main, report_rows, to_markdown
 
 
-def _job(root: Path, num: int, overrides: list[str], speedup: float | None, lossless: float = 1.0,
-         van_tokens: int = 100, van_wall: float = 2.0, modeled: float | None = None,
-         warnings: list[str] | None = None) -> None:
+def _job(
+    root: Path,
+    num: int,
+    overrides: list[str],
+    speedup: float | None,
+    lossless: float = 1.0,
+    van_tokens: int = 100,
+    van_wall: float = 2.0,
+    modeled: float | None = None,
+    warnings: list[str] | None = None,
+) -> None:
     job = root / str(num)
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     summary = {
-        "method": "fastdllm+failfast", "prompts": 4, "acceptance_rate": 0.5, "mean_accepted_length": 3.0,
-        "mean_speculation_length": 6.0, "tokens_per_s": 10.0 * (speedup or 1.0),
+        "method": "fastdllm+failfast",
+        "prompts": 4,
+        "acceptance_rate": 0.5,
+        "mean_accepted_length": 3.0,
+        "mean_speculation_length": 6.0,
+        "tokens_per_s": 10.0 * (speedup or 1.0),
         "methods": {"fastdllm+failfast": {"drafter_passes_per_round": 1.5}},
     }
     if modeled is not None:
@@ -37,8 +49,15 @@ def sweep(tmp_path) -> Path:
     root = tmp_path / "multirun"
     _job(root, 0, ["policy=failfast", "policy.tau=0.1", "policy.n_max=30"], 1.20)
     _job(root, 1, ["policy=failfast", "policy.tau=0.1", "policy.n_max=60"], 0.80, lossless=0.75)
-    _job(root, 2, ["policy=failfast", "policy.tau=0.45", "policy.n_max=30"], 2.50, van_tokens=300, van_wall=2.0,
-         modeled=3.1)
+    _job(
+        root,
+        2,
+        ["policy=failfast", "policy.tau=0.45", "policy.n_max=30"],
+        2.50,
+        van_tokens=300,
+        van_wall=2.0,
+        modeled=3.1,
+    )
     _job(root, 3, ["policy=failfast", "policy.tau=0.45", "policy.n_max=60"], None)  # no vanilla baseline
     (root / "4").mkdir()  # a failed job: no summary.json
     (root / "0" / "wandb" / "offline-run-x" / "files").mkdir(parents=True)
@@ -65,7 +84,9 @@ def test_report_rows_vanilla_reference_and_varying_overrides(sweep):
     assert vanilla["tokens_per_s"] == pytest.approx((100 + 100 + 300) / 6.0)  # pooled over the 3 baselines
     assert table[0]["overrides"] == ["policy.tau=0.45", "policy.n_max=30"]
     md = to_markdown(table, common)
-    assert md.splitlines()[2].startswith("| 2 | policy.tau=0.45 policy.n_max=30 | fastdllm+failfast | 4 | 2.500x | 3.100x |")
+    assert md.splitlines()[2].startswith(
+        "| 2 | policy.tau=0.45 policy.n_max=30 | fastdllm+failfast | 4 | 2.500x | 3.100x |"
+    )
     assert md.splitlines()[3].startswith("| 0 | policy.tau=0.1 policy.n_max=30 | fastdllm+failfast | 4 | 1.200x | - |")
     assert "Common to every run: `policy=failfast`" in md
 
@@ -110,8 +131,11 @@ def test_untrusted_timings_are_marked_wherever_speedups_are_ranked(tmp_path, cap
     assert "\\* timing cannot be trusted" in md and f"- `0`: {BUSY}" in md
     with open(root / "report.csv", newline="") as f:
         rows = {r["run"]: r for r in csv.DictReader(f)}
-    assert (rows["0"]["timing_trusted"], rows["1"]["timing_trusted"], rows["2"]["timing_trusted"]) == \
-        ("False", "True", "")
+    assert (rows["0"]["timing_trusted"], rows["1"]["timing_trusted"], rows["2"]["timing_trusted"]) == (
+        "False",
+        "True",
+        "",
+    )
     assert rows["0"]["timing_warnings"] == BUSY and float(rows["0"]["speedup_vs_vanilla"]) == 1.4
 
 

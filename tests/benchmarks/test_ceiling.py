@@ -22,8 +22,15 @@ def ceiling():
 @pytest.fixture(scope="module")
 def models(ceiling, family):
     def bench(ar_drafter):
-        return ceiling.peers.Bench(argparse.Namespace(device="cpu", dtype="float64", target=str(family["target"]),
-                                                      ar_drafter=str(ar_drafter), dllm_drafter=str(family["drafter"])))
+        return ceiling.peers.Bench(
+            argparse.Namespace(
+                device="cpu",
+                dtype="float64",
+                target=str(family["target"]),
+                ar_drafter=str(ar_drafter),
+                dllm_drafter=str(family["drafter"]),
+            )
+        )
 
     same = bench(family["target"])  # drafts with the target's own weights: long accepted runs
     other = bench(family["drafter"])  # another model: early rejections
@@ -41,12 +48,15 @@ def test_reference_verifier_reproduces_the_targets_rounds(ceiling, models, which
     for p, ref in zip(prompts, references):
         real = generate(p, verifier, runtime, max_new_tokens=24, drafter=drafters[which], policy=policy("static", k=3))
         reference.reference = ref
-        replayed = generate(p, reference, runtime, max_new_tokens=24, drafter=drafters[which], policy=policy("static", k=3))
+        replayed = generate(
+            p, reference, runtime, max_new_tokens=24, drafter=drafters[which], policy=policy("static", k=3)
+        )
         assert torch.equal(replayed.output_ids, ref) and torch.equal(real.output_ids, ref)
         assert [r.accepted_length for r in replayed.rounds] == [r.accepted_length for r in real.rounds]
         # the target's tokens up to the correction / bonus (past it the target reads the wrong draft)
-        assert ([r.target_token_ids[:r.accepted_length + 1] for r in replayed.rounds]
-                == [r.target_token_ids[:r.accepted_length + 1] for r in real.rounds])
+        assert [r.target_token_ids[: r.accepted_length + 1] for r in replayed.rounds] == [
+            r.target_token_ids[: r.accepted_length + 1] for r in real.rounds
+        ]
 
 
 def test_verdict_confidences_are_the_verification_outcome(ceiling, models):
@@ -67,14 +77,37 @@ def test_verdict_confidences_are_the_verification_outcome(ceiling, models):
 
 def test_the_benchmark_runs_and_the_checks_are_consistent(ceiling, family, tmp_path):
     out = tmp_path / "ceiling.json"
-    results = ceiling.main(["--num-prompts", "1", "--max-new-tokens", "16", "--target", str(family["target"]),
-                            "--ar-drafter", str(family["target"]), "--dllm-drafter", str(family["drafter"]),
-                            "--device", "cpu", "--dtype", "float64", "--out", str(out)])
+    results = ceiling.main(
+        [
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--target",
+            str(family["target"]),
+            "--ar-drafter",
+            str(family["target"]),
+            "--dllm-drafter",
+            str(family["drafter"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     for drafter in ("fastdllm", "ar"):
         rows = results["drafters"][drafter]["methods"]
-        assert list(rows) == ["static-k5", "failfast", "goodput", "goodput-hindsight", "goodput-verdict",
-                              "goodput-verdict-hindsight"]
+        assert list(rows) == [
+            "static-k5",
+            "failfast",
+            "goodput",
+            "goodput-hindsight",
+            "goodput-verdict",
+            "goodput-verdict-hindsight",
+        ]
         for row in rows.values():
             assert row["oracle_ms"] > 0 and row["policy_ms"] > 0
     # the AR drafter is the target itself: the oracle drafts to the end, every policy is costed
@@ -93,8 +126,9 @@ def test_a_reference_ending_in_eos_ends_the_run_there(ceiling, models):
     cut = torch.cat((references[0][:9], torch.tensor([eos])))  # the "target" stops after 10 tokens
     assert not torch.equal(references[0][:10], cut)  # the drafter (the target's weights) will miss the EOS
     reference.reference = cut
-    out = generate(prompts[0], reference, runtime, max_new_tokens=24, drafter=drafters["same"],
-                   policy=policy("static", k=4))
+    out = generate(
+        prompts[0], reference, runtime, max_new_tokens=24, drafter=drafters["same"], policy=policy("static", k=4)
+    )
     assert torch.equal(out.output_ids, cut) and out.finish_reason == "eos"
 
 
@@ -102,8 +136,9 @@ def test_frozen_keeps_the_calibration_and_still_learns_its_throughput(ceiling, m
     runtime, verifier, drafters, prompts, references, policy = models
     reference = ceiling.ReferenceVerifier(verifier)
     profile = {"name": "known", "drafter_pass_ms": 1.0, "target_ms_per_token": 5.0, "verify_ms_per_draft_token": 0.5}
-    learned = ceiling.run(prompts, references, reference, drafters["other"],
-                          policy("goodput", cost_profile=profile), runtime, 24)
+    learned = ceiling.run(
+        prompts, references, reference, drafters["other"], policy("goodput", cost_profile=profile), runtime, 24
+    )
     fresh = ceiling.frozen(policy("goodput", cost_profile=profile), learned)
     fitted, tokens = fresh.calibration.table().copy(), fresh.calibration.observations
     assert tokens > 0 and fresh.throughput.samples == 0

@@ -23,12 +23,42 @@ def tiny_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paper")
     fam = family
     out = tmp / "gsm8k"
-    result = _script().main(["--dataset", "gsm8k", "--num-prompts", "2", "--calibration-prompts", "1",
-                             "--k-grid", "2,3", "--max-new-tokens", "16", "--warmup", "0", "--failfast-n", "4",
-                             "--failfast-n-max", "12", "--target", str(fam["target"]), "--ar-drafter",
-                             str(fam["drafter"]), "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
-                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu",
-                             "--dtype", "float64", "--out", str(out)])
+    result = _script().main(
+        [
+            "--dataset",
+            "gsm8k",
+            "--num-prompts",
+            "2",
+            "--calibration-prompts",
+            "1",
+            "--k-grid",
+            "2,3",
+            "--max-new-tokens",
+            "16",
+            "--warmup",
+            "0",
+            "--failfast-n",
+            "4",
+            "--failfast-n-max",
+            "12",
+            "--target",
+            str(fam["target"]),
+            "--ar-drafter",
+            str(fam["drafter"]),
+            "--dllm-drafter",
+            str(fam["drafter"]),
+            "--dflash-drafter",
+            str(fam["dflash"]),
+            "--eagle3-drafter",
+            str(fam["eagle3"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--out",
+            str(out),
+        ]
+    )
     return result, out
 
 
@@ -40,8 +70,15 @@ def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tin
     assert not set(s["calibration_prompt_ids"]) & set(s["evaluation_prompt_ids"])
     assert s["calibration_offset"] == 2 and len(s["calibration_prompt_ids"]) == 1
     assert {cal["k_ar"], cal["k_dllm"]} <= {2, 3}
-    assert set(cal["methods"]) == {"vanilla", "ar-k2", "ar-k3", "fast-dllm-k2", "fast-dllm-k3", "eagle3-k2",
-                                   "eagle3-k3"}
+    assert set(cal["methods"]) == {
+        "vanilla",
+        "ar-k2",
+        "ar-k3",
+        "fast-dllm-k2",
+        "fast-dllm-k3",
+        "eagle3-k2",
+        "eagle3-k3",
+    }
     for prefix, chosen in (("ar", cal["k_ar"]), ("eagle3", cal["k_eagle3"])):
         assert chosen == max((2, 3), key=lambda k: cal["methods"][f"{prefix}-k{k}"]["speedup_vs_vanilla"])
     for name, m in result["methods"].items():
@@ -88,7 +125,9 @@ def test_run_directories_for_the_figures(tiny_run):
     assert runs <= set(METHODS) and {"ar", "fast-dllm", "failfast", "fail-fast-only", "win-big-only"} <= runs
     summary = json.loads((out / "runs" / "fast-dllm" / "summary.json").read_text())
     assert summary["config"]["drafter"]["threshold"] == 0.9 and summary["config"]["policy"]["name"] == "static"
-    assert json.loads((out / "runs" / "failfast" / "summary.json").read_text())["config"]["drafter"]["threshold"] == 0.05
+    assert (
+        json.loads((out / "runs" / "failfast" / "summary.json").read_text())["config"]["drafter"]["threshold"] == 0.05
+    )
     row = json.loads((out / "runs" / "failfast" / "results.jsonl").read_text().splitlines()[0])
     assert row["prompt_tokens"] > 0 and row["lossless"] is True
     assert len(list((out / "calibration-runs").iterdir())) == 6  # 2 k x (AR, Fast-dLLM, EAGLE-3)
@@ -108,13 +147,19 @@ def test_combine_puts_data_sets_side_by_side(tiny_run, tmp_path):
     assert all(r[2] == r[3] == r[4] for r in rows[1:])  # the same figures: the average equals them
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--dataset", "aime24", "--num-prompts", "28", "--calibration-prompts", "5"], "must fit the 30 prompts of aime24"),
-    (["--num-prompts", "10", "--calibration-offset", "5"], "overlaps the evaluation slice"),
-    (["--k-grid", "3,x"], "--k-grid must be comma-separated integers >= 1"),
-    (["--failfast-n", "10", "--failfast-n-max", "5"], "--failfast-n-max must be >= --failfast-n (10), got 5"),
-    (["--dataset", "mmlu"], "--dataset must be one of"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--dataset", "aime24", "--num-prompts", "28", "--calibration-prompts", "5"],
+            "must fit the 30 prompts of aime24",
+        ),
+        (["--num-prompts", "10", "--calibration-offset", "5"], "overlaps the evaluation slice"),
+        (["--k-grid", "3,x"], "--k-grid must be comma-separated integers >= 1"),
+        (["--failfast-n", "10", "--failfast-n-max", "5"], "--failfast-n-max must be >= --failfast-n (10), got 5"),
+        (["--dataset", "mmlu"], "--dataset must be one of"),
+    ],
+)
 def test_user_errors_are_one_line_before_models_load(argv, message, capsys):
     with pytest.raises(SystemExit):
         _script().parse_args(argv)

@@ -12,9 +12,18 @@ from specpolicy.data.datasets import load_prompts
 
 pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
 
-FIGURES = ("tokens_per_s", "speedup_vs_vanilla", "speedup_vs_hf_assisted_best", "acceptance_rate",
-           "mean_accepted_length", "mean_speculation_length", "rounds", "drafter_passes_per_round", "lossless",
-           "modeled_speedup_vs_vanilla")
+FIGURES = (
+    "tokens_per_s",
+    "speedup_vs_vanilla",
+    "speedup_vs_hf_assisted_best",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "mean_speculation_length",
+    "rounds",
+    "drafter_passes_per_round",
+    "lossless",
+    "modeled_speedup_vs_vanilla",
+)
 
 
 def _peers():
@@ -26,10 +35,27 @@ def quick_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("peers")
     fam = family
     out = tmp / "out" / "results.json"
-    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
-                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
-                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
-                             "--out", str(out)])
+    results = _peers().main(
+        [
+            "--quick",
+            "--target",
+            str(fam["target"]),
+            "--ar-drafter",
+            str(fam["drafter"]),
+            "--dllm-drafter",
+            str(fam["drafter"]),
+            "--dflash-drafter",
+            str(fam["dflash"]),
+            "--eagle3-drafter",
+            str(fam["eagle3"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--out",
+            str(out),
+        ]
+    )
     return results, out
 
 
@@ -37,20 +63,45 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     results, out = quick_run
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     methods = results["methods"]
-    expected = {"vanilla", "hf-greedy", "hf-assisted-heuristic", "hf-assisted-confidence", "hf-prompt-lookup",
-                f"hf-assisted-k{results['calibration']['hf_assisted_k']}", "suffix+static-k5", "suffix+failfast",
-                "suffix+goodput", "fastdllm+goodput-a6000-qwen32b", "ar+goodput-a6000-qwen32b",
-                f"dflash+static-k{results['calibration']['dflash_k']}", "dflash+failfast", "dflash+failfast-b7",
-                "dflash+specdecpp", "dflash+goodput", f"eagle3+static-k{results['calibration']['eagle3_k']}",
-                "eagle3+goodput", "dflash+goodput-a6000-qwen32b", "eagle3+goodput-a6000-qwen32b",
-                "eagle3+eagle2-tree-paper", "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
-                "dflash+failfast-tree", "dflash+block-tree",
-                "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"]),
-                "dflash+failfast-n{}-t{:g}".format(*results["calibration"]["dflash_failfast"])}
-    for drafter, policy in [("ar", "static-k5"), ("fastdllm", "static-k5"), ("fastdllm", "failfast"),
-                            ("fastdllm", "specdecpp"), ("fastdllm", "aimd"), ("ar", "failfast"),
-                            ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
-                            ("fastdllm", "goodput"), ("ar", "goodput")]:
+    expected = {
+        "vanilla",
+        "hf-greedy",
+        "hf-assisted-heuristic",
+        "hf-assisted-confidence",
+        "hf-prompt-lookup",
+        f"hf-assisted-k{results['calibration']['hf_assisted_k']}",
+        "suffix+static-k5",
+        "suffix+failfast",
+        "suffix+goodput",
+        "fastdllm+goodput-a6000-qwen32b",
+        "ar+goodput-a6000-qwen32b",
+        f"dflash+static-k{results['calibration']['dflash_k']}",
+        "dflash+failfast",
+        "dflash+failfast-b7",
+        "dflash+specdecpp",
+        "dflash+goodput",
+        f"eagle3+static-k{results['calibration']['eagle3_k']}",
+        "eagle3+goodput",
+        "dflash+goodput-a6000-qwen32b",
+        "eagle3+goodput-a6000-qwen32b",
+        "eagle3+eagle2-tree-paper",
+        "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
+        "dflash+failfast-tree",
+        "dflash+block-tree",
+        "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"]),
+        "dflash+failfast-n{}-t{:g}".format(*results["calibration"]["dflash_failfast"]),
+    }
+    for drafter, policy in [
+        ("ar", "static-k5"),
+        ("fastdllm", "static-k5"),
+        ("fastdllm", "failfast"),
+        ("fastdllm", "specdecpp"),
+        ("fastdllm", "aimd"),
+        ("ar", "failfast"),
+        ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
+        ("fastdllm", "goodput"),
+        ("ar", "goodput"),
+    ]:
         expected |= {f"{drafter}+{policy}", f"{drafter}+{policy}+reuse"}
     assert set(methods) == expected
     for name, m in methods.items():
@@ -105,10 +156,30 @@ def test_a_busy_machine_marks_the_measured_speedups_untrusted(family, tmp_path, 
 
     monkeypatch.setattr(machine, "load_average", lambda: [40.0, 40.0, 40.0])  # 40 runnable processes
     fam, out = family, tmp_path / "results.json"
-    results = _peers().main(["--quick", "--target", str(fam["target"]), "--ar-drafter", str(fam["drafter"]),
-                             "--dllm-drafter", str(fam["drafter"]), "--dflash-drafter", str(fam["dflash"]),
-                             "--eagle3-drafter", str(fam["eagle3"]), "--device", "cpu", "--dtype", "float64",
-                             "--methods", r"^ar\+static-k5$", "--no-oracle", "--out", str(out)])
+    results = _peers().main(
+        [
+            "--quick",
+            "--target",
+            str(fam["target"]),
+            "--ar-drafter",
+            str(fam["drafter"]),
+            "--dllm-drafter",
+            str(fam["drafter"]),
+            "--dflash-drafter",
+            str(fam["dflash"]),
+            "--eagle3-drafter",
+            str(fam["eagle3"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--methods",
+            r"^ar\+static-k5$",
+            "--no-oracle",
+            "--out",
+            str(out),
+        ]
+    )
     assert results["timing_conditions"]["timing_trusted"] is False
     assert "load" in results["timing_conditions"]["timing_warnings"][0]
     printed = capsys.readouterr()
@@ -123,16 +194,49 @@ def test_failfast_tuning_measures_the_grid_and_names_its_fastest_point(family, t
     a grid N above ``--n-max`` is refused before any model loads."""
     tune = load_benchmark("tune_failfast")
     out = tmp_path / "tune.json"
-    result = tune.main(["--target", str(family["target"]), "--ar-drafter", str(family["drafter"]),
-                        "--dllm-drafter", str(family["drafter"]), "--dflash-drafter", str(family["dflash"]),
-                        "--eagle3-drafter", str(family["eagle3"]),
-                        "--device", "cpu", "--dtype", "float64", "--num-prompts", "2", "--max-new-tokens", "12",
-                        "--warmup", "0", "--n-grid", "2,3", "--tau-grid", "0.5,0.9", "--static-k", "4",
-                        "--out", str(out)])
+    result = tune.main(
+        [
+            "--target",
+            str(family["target"]),
+            "--ar-drafter",
+            str(family["drafter"]),
+            "--dllm-drafter",
+            str(family["drafter"]),
+            "--dflash-drafter",
+            str(family["dflash"]),
+            "--eagle3-drafter",
+            str(family["eagle3"]),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float64",
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--warmup",
+            "0",
+            "--n-grid",
+            "2,3",
+            "--tau-grid",
+            "0.5,0.9",
+            "--static-k",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     rows = {r["method"]: r for r in result["rows"]}
-    assert set(rows) == {"vanilla", "dflash+failfast", "dflash+static-k4", "dflash+failfast-n2-t0.5",
-                         "dflash+failfast-n2-t0.9", "dflash+failfast-n3-t0.5", "dflash+failfast-n3-t0.9"}
+    assert set(rows) == {
+        "vanilla",
+        "dflash+failfast",
+        "dflash+static-k4",
+        "dflash+failfast-n2-t0.5",
+        "dflash+failfast-n2-t0.9",
+        "dflash+failfast-n3-t0.5",
+        "dflash+failfast-n3-t0.9",
+    }
     assert all(r["lossless"] == 2 and r["tokens_per_s"] > 0 for r in rows.values())
     grid = [r for name, r in rows.items() if name.startswith("dflash+failfast-n")]
     fastest = max(grid, key=lambda r: r["tokens_per_s"])
@@ -153,8 +257,9 @@ def test_a_prompt_slice_past_the_data_is_refused_before_any_model_loads(script, 
     rows = len(load_prompts("gsm8k"))
     with pytest.raises(SystemExit):
         module.main(["--offset", str(rows), "--num-prompts", "1"])
-    assert (f"error: --offset={rows} is past the last prompt of --dataset='gsm8k' ({rows} rows; "
-            f"accepted 0..{rows - 1})") in capsys.readouterr().err
+    assert (
+        f"error: --offset={rows} is past the last prompt of --dataset='gsm8k' ({rows} rows; accepted 0..{rows - 1})"
+    ) in capsys.readouterr().err
     with pytest.raises(SystemExit):
         module.main(["--dataset", "nope", "--num-prompts", "1"])
     assert "error: --dataset='nope' is not bundled" in capsys.readouterr().err

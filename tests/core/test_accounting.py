@@ -23,8 +23,16 @@ from specpolicy.verifiers.hf import HFVerifier
 
 
 def r(k: int, a: int, passes: int, reused: int = 0) -> RoundRecord:
-    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
-                       drafter_forward_passes=passes, reused_tokens=reused, draft_ms=0.0, verify_ms=0.0)
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=a,
+        emitted_tokens=a + 1,
+        drafter_forward_passes=passes,
+        reused_tokens=reused,
+        draft_ms=0.0,
+        verify_ms=0.0,
+    )
 
 
 def prompt_result(rounds, prompt_tokens: int) -> PromptResult:
@@ -68,8 +76,15 @@ def test_carried_passes_match_the_drafter(runtime):
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
     seen = 0
     for prompt in random_prompts(6):
-        d = FastDLLMDrafter(model, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
-                            small_block_size=4, threshold=0.05, stop_token_ids=[VOCAB - 1])
+        d = FastDLLMDrafter(
+            model,
+            runtime,
+            SimpleNamespace(mask_token_id=VOCAB - 2),
+            block_size=16,
+            small_block_size=4,
+            threshold=0.05,
+            stop_token_ids=[VOCAB - 1],
+        )
         carries = []
         commit = d.commit
 
@@ -78,8 +93,11 @@ def test_carried_passes_match_the_drafter(runtime):
             carries.append(_d._carry)
 
         d.commit = recording_commit
-        for policy, reuse in ((StaticPolicy(7), None), (FailFastPolicy(n=4, tau=0.3, n_max=40), None),
-                              (FailFastPolicy(n=4, tau=0.3, n_max=40), DraftReuse(1))):
+        for policy, reuse in (
+            (StaticPolicy(7), None),
+            (FailFastPolicy(n=4, tau=0.3, n_max=40), None),
+            (FailFastPolicy(n=4, tau=0.3, n_max=40), DraftReuse(1)),
+        ):
             carries.clear()
             out = generate(prompt, verifier, runtime, max_new_tokens=60, drafter=d, policy=policy, reuse=reuse)
             want = [0] + carries[: len(out.rounds) - 1]
@@ -93,16 +111,27 @@ def test_carried_passes_match_the_drafter(runtime):
 def test_pass_accounting_option_of_the_modeled_latency():
     profile = load_profile("a6000-qwen7b")
     assert profile.pass_accounting == "project"
-    official = LatencyProfile.from_config({"name": "a6000-qwen7b", "drafter_pass_ms": 6.1,
-                                           "target_ms_per_token": 13.5, "pass_accounting": "official"})
+    official = LatencyProfile.from_config(
+        {"name": "a6000-qwen7b", "drafter_pass_ms": 6.1, "target_ms_per_token": 13.5, "pass_accounting": "official"}
+    )
     with pytest.raises(ValueError, match="profile.pass_accounting must be one of project, official, got 'paper'"):
         LatencyProfile.from_config({"name": "x", "pass_accounting": "paper"})
     results = [prompt_result(ROUNDS, 40)]
     summaries = {}
     for name, prof in (("project", profile), ("official", official)):
-        config = {"profile": {k: getattr(prof, k) for k in ("name", "drafter_pass_ms", "target_ms_per_token",
-                                                               "verify_ms_per_draft_token", "pass_accounting")},
-                  "drafter": {"name": "fastdllm", "block_size": 32}}
+        config = {
+            "profile": {
+                k: getattr(prof, k)
+                for k in (
+                    "name",
+                    "drafter_pass_ms",
+                    "target_ms_per_token",
+                    "verify_ms_per_draft_token",
+                    "pass_accounting",
+                )
+            },
+            "drafter": {"name": "fastdllm", "block_size": 32},
+        }
         summaries[name] = summarize("fastdllm+failfast", results, config)["modeled"]
     project, off = summaries["project"], summaries["official"]
     assert off["pass_accounting"] == "official" and "official pass accounting" in off["label"]
@@ -115,7 +144,9 @@ def test_pass_accounting_option_of_the_modeled_latency():
 
 
 def test_official_accounting_needs_prompt_lengths():
-    config = {"profile": {"name": "x", "drafter_pass_ms": 1.0, "target_ms_per_token": 1.0,
-                          "pass_accounting": "official"}, "drafter": {"name": "fastdllm"}}
+    config = {
+        "profile": {"name": "x", "drafter_pass_ms": 1.0, "target_ms_per_token": 1.0, "pass_accounting": "official"},
+        "drafter": {"name": "fastdllm"},
+    }
     with pytest.raises(ValueError, match="prompt_tokens"):
         summarize("fastdllm+failfast", [prompt_result(ROUNDS[:1], 0)], config)

@@ -47,20 +47,38 @@ def target():
 def drafters(target, rt, tmp_path_factory):
     stop = frozenset({EOS})
     dflash = write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, LAYERS, [0, 2], 8, 5)
-    dflash_vocab = write_dflash_checkpoint(tmp_path_factory.mktemp("dflash-vocab"), 32, VOCAB, LAYERS, [0, 2], 8, 5,
-                                           draft_vocab=sorted(set(range(0, VOCAB, 2)) | {EOS}))
+    dflash_vocab = write_dflash_checkpoint(
+        tmp_path_factory.mktemp("dflash-vocab"),
+        32,
+        VOCAB,
+        LAYERS,
+        [0, 2],
+        8,
+        5,
+        draft_vocab=sorted(set(range(0, VOCAB, 2)) | {EOS}),
+    )
     eagle3 = write_eagle3_checkpoint(tmp_path_factory.mktemp("eagle3"), 32, VOCAB, VOCAB, layer_ids=[1, 2, 3])
     return {
         "ar": lambda: ARDrafter(sharpen(tiny_lm(0, layers=1)), rt),
-        "fastdllm": lambda: FastDLLMDrafter(sharpen(tiny_lm(0, layers=1)), rt, SimpleNamespace(mask_token_id=VOCAB - 2),
-                                            block_size=16, small_block_size=4, threshold=0.05, stop_token_ids=[EOS]),
+        "fastdllm": lambda: FastDLLMDrafter(
+            sharpen(tiny_lm(0, layers=1)),
+            rt,
+            SimpleNamespace(mask_token_id=VOCAB - 2),
+            block_size=16,
+            small_block_size=4,
+            threshold=0.05,
+            stop_token_ids=[EOS],
+        ),
         "suffix": lambda: SuffixDrafter(rt),
-        "dflash": lambda: DFlashDrafter(load_dflash(dflash).double(), target.get_input_embeddings(),
-                                        target.get_output_embeddings(), rt, stop),
-        "dflash-vocab": lambda: DFlashDrafter(load_dflash(dflash_vocab).double(), target.get_input_embeddings(),
-                                              target.get_output_embeddings(), rt, stop),
-        "eagle3": lambda: Eagle3Drafter(load_eagle3(eagle3).double(), target.get_input_embeddings(), (1, 2, 3),
-                                        VOCAB, rt, stop),
+        "dflash": lambda: DFlashDrafter(
+            load_dflash(dflash).double(), target.get_input_embeddings(), target.get_output_embeddings(), rt, stop
+        ),
+        "dflash-vocab": lambda: DFlashDrafter(
+            load_dflash(dflash_vocab).double(), target.get_input_embeddings(), target.get_output_embeddings(), rt, stop
+        ),
+        "eagle3": lambda: Eagle3Drafter(
+            load_eagle3(eagle3).double(), target.get_input_embeddings(), (1, 2, 3), VOCAB, rt, stop
+        ),
     }
 
 
@@ -73,8 +91,11 @@ def _prompts(n: int) -> list[torch.Tensor]:
     return out
 
 
-POLICIES = {"static": lambda: StaticPolicy(3), "failfast": lambda: FailFastPolicy(n=3, tau=0.3, n_max=12),
-            "aimd": lambda: AIMDPolicy(n_max=12)}
+POLICIES = {
+    "static": lambda: StaticPolicy(3),
+    "failfast": lambda: FailFastPolicy(n=3, tau=0.3, n_max=12),
+    "aimd": lambda: AIMDPolicy(n_max=12),
+}
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
@@ -82,7 +103,7 @@ POLICIES = {"static": lambda: StaticPolicy(3), "failfast": lambda: FailFastPolic
 def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batch_size):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompts = _prompts(20)
-    for choice in (["static"] if kind == "vanilla" else sorted(POLICIES)):
+    for choice in ["static"] if kind == "vanilla" else sorted(POLICIES):
         make = (lambda: (None, None)) if kind == "vanilla" else (lambda: (drafters[kind](), POLICIES[choice]()))
         if kind in ("dflash", "dflash-vocab", "eagle3"):
             verifier.request_features(make()[0].target_feature_layers)
@@ -98,16 +119,17 @@ def test_every_request_decodes_as_it_does_alone(target, rt, drafters, kind, batc
             assert got.output_ids.tolist() == ref.output_ids.tolist(), (kind, choice, i)
             assert got.finish_reason == ref.finish_reason
             # its own drafter state and policy: the same drafts and accepted lengths as alone
-            assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == \
-                   [(r.draft_token_ids, r.accepted_length) for r in ref.rounds], (kind, choice, i)
+            assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
+                (r.draft_token_ids, r.accepted_length) for r in ref.rounds
+            ], (kind, choice, i)
         assert max(batched.batch_sizes) == min(batch_size, len(prompts))
-        assert sum(batched.verify_tokens) == sum(r.speculation_length + 1 for g in batched.results.values()
-                                                 for r in g.rounds)
+        assert sum(batched.verify_tokens) == sum(
+            r.speculation_length + 1 for g in batched.results.values() for r in g.rounds
+        )
 
 
 @pytest.mark.parametrize("kind", ["ar", "fastdllm", "eagle3"])
-def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind,
-                                                                              monkeypatch):
+def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind, monkeypatch):
     """``reuse``: every request's rounds -- drafts with the reused tokens, accepted lengths -- and
     output equal its batch-1 run with reuse, and reuse happened (static drafts of 6 tokens from
     tiny random drafters: long rejected tails)."""
@@ -117,13 +139,20 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
     if kind == "eagle3":
         verifier.request_features(drafters[kind]().target_feature_layers)
     prompts = _prompts(12)
-    alone = [generate(p, verifier, rt, max_new_tokens=32, drafter=drafters[kind](), policy=StaticPolicy(6),
-                      reuse=DraftReuse(1)) for p in prompts]
+    alone = [
+        generate(
+            p, verifier, rt, max_new_tokens=32, drafter=drafters[kind](), policy=StaticPolicy(6), reuse=DraftReuse(1)
+        )
+        for p in prompts
+    ]
     padded = []  # the drafter class's padded passes ran (``draft_many`` for many requests at once)
     import specpolicy.drafters.fastdllm as fastdllm_module
 
-    owner, name = {"ar": (ARDrafter, "_draft_together"), "fastdllm": (fastdllm_module, "padded_cache"),
-                   "eagle3": (Eagle3Drafter, "_pass_together")}[kind]
+    owner, name = {
+        "ar": (ARDrafter, "_draft_together"),
+        "fastdllm": (fastdllm_module, "padded_cache"),
+        "eagle3": (Eagle3Drafter, "_pass_together"),
+    }[kind]
     original = getattr(owner, name)
 
     def spy(*args, **kwargs):
@@ -131,15 +160,24 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
         return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, spy if owner is fastdllm_module else staticmethod(spy))
-    batched = generate_batch(prompts, verifier, rt, max_new_tokens=32, batch_size=4, drafter=drafters[kind](),
-                             policy=StaticPolicy(6), reuse=DraftReuse(1))
+    batched = generate_batch(
+        prompts,
+        verifier,
+        rt,
+        max_new_tokens=32,
+        batch_size=4,
+        drafter=drafters[kind](),
+        policy=StaticPolicy(6),
+        reuse=DraftReuse(1),
+    )
     monkeypatch.undo()
     assert padded
     for i, ref in enumerate(alone):
         got = batched.results[i]
         assert got.output_ids.tolist() == ref.output_ids.tolist()
-        assert [(r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in got.rounds] == \
-               [(r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in ref.rounds], (kind, i)
+        assert [(r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in got.rounds] == [
+            (r.draft_token_ids, r.accepted_length, r.reused_tokens) for r in ref.rounds
+        ], (kind, i)
     assert sum(r.reused_tokens for g in batched.results.values() for r in g.rounds) > 0
 
 
@@ -149,8 +187,9 @@ def test_requests_leave_at_eos_max_new_tokens_and_the_context_and_bad_prompts_ar
     prompts[2] = torch.empty(0, dtype=torch.long)  # empty: skipped
     prompts[5] = torch.arange(70) % (VOCAB - 3)  # longer than the context: skipped
     prompts[6] = torch.arange(50) % (VOCAB - 3)  # fits, runs into the context's end
-    out = generate_batch(prompts, verifier, rt, max_new_tokens=30, batch_size=3, drafter=drafters["ar"](),
-                         policy=StaticPolicy(4))
+    out = generate_batch(
+        prompts, verifier, rt, max_new_tokens=30, batch_size=3, drafter=drafters["ar"](), policy=StaticPolicy(4)
+    )
     assert sorted(out.skipped) == [2, 5] and "max_context=64" in out.skipped[5]
     for i, got in out.results.items():
         ref = generate(prompts[i], verifier, rt, max_new_tokens=30)
@@ -195,8 +234,9 @@ def test_requests_leave_at_their_first_stop_string_as_they_do_alone(target, rt, 
     for i, ref in enumerate(alone):
         got = batched.results[i]
         assert got.output_ids.tolist() == ref.output_ids.tolist() and got.finish_reason == ref.finish_reason, i
-        assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == \
-               [(r.draft_token_ids, r.accepted_length) for r in ref.rounds], i
+        assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
+            (r.draft_token_ids, r.accepted_length) for r in ref.rounds
+        ], i
 
 
 def test_the_loop_refuses_what_it_cannot_run(target, rt, drafters):
@@ -205,8 +245,15 @@ def test_the_loop_refuses_what_it_cannot_run(target, rt, drafters):
     with pytest.raises(ValueError, match="generation.batch_size must be an integer >= 1, got 0"):
         generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=0)
     with pytest.raises(ValueError, match="trees"):
-        generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=2, drafter=drafters["ar"](),
-                       policy=Eagle2TreePolicy(2, 2, 4))
+        generate_batch(
+            prompts,
+            verifier,
+            rt,
+            max_new_tokens=4,
+            batch_size=2,
+            drafter=drafters["ar"](),
+            policy=Eagle2TreePolicy(2, 2, 4),
+        )
     with pytest.raises(ValueError, match="got 1 arrival times for 2 prompts"):
         generate_batch(prompts, verifier, rt, max_new_tokens=4, batch_size=2, arrivals=[0.0])
 
@@ -229,8 +276,11 @@ def test_poisson_arrivals_are_seeded_and_requests_wait_for_theirs(target, rt):
 
 
 def test_serving_statistics():
-    timings = [RequestTiming(0.0, 0.0, 0.1, 0.5, 5), RequestTiming(0.0, 0.2, 0.3, 0.3, 1),
-               RequestTiming(1.0, 1.0, 1.2, 2.2, 11)]
+    timings = [
+        RequestTiming(0.0, 0.0, 0.1, 0.5, 5),
+        RequestTiming(0.0, 0.2, 0.3, 0.3, 1),
+        RequestTiming(1.0, 1.0, 1.2, 2.2, 11),
+    ]
     s = summarize(timings, wall_s=2.5)
     assert s["tokens"] == 17 and s["throughput_tokens_per_s"] == pytest.approx(17 / 2.5)
     assert s["ttft_mean_ms"] == pytest.approx((100 + 300 + 200) / 3)
@@ -251,8 +301,16 @@ def test_the_experiment_runs_the_batched_loop_and_reports_serving_numbers(family
 
     args = [o for o in overrides(family, drafter="drafter") if not o.startswith("dataset.num_prompts")]
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*args, "dataset.num_prompts=5", "generation.batch_size=3",
-                                           "policy=goodput-batch", "run.warmup_prompts=1"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *args,
+                "dataset.num_prompts=5",
+                "generation.batch_size=3",
+                "policy=goodput-batch",
+                "run.warmup_prompts=1",
+            ],
+        )
     summary = run_experiment(cfg, tmp_path)
     out = capsys.readouterr().out
     assert summary["prompts"] == 5 and summary["lossless_fraction"] == 1.0
@@ -280,20 +338,39 @@ def test_the_batched_experiment_stops_each_request_where_batch_1_does(family, tm
     rows = {}
     for batch in (1, 3):
         with initialize_config_module("specpolicy.conf", version_base="1.3"):
-            cfg = compose("config", overrides=[*args, "dataset.num_prompts=5", f"generation.batch_size={batch}",
-                                               "generation.stop=[' ']", "policy=failfast"])
+            cfg = compose(
+                "config",
+                overrides=[
+                    *args,
+                    "dataset.num_prompts=5",
+                    f"generation.batch_size={batch}",
+                    "generation.stop=[' ']",
+                    "policy=failfast",
+                ],
+            )
         run_experiment(cfg, tmp_path / str(batch))
-        rows[batch] = [(r.prompt_id, r.speculative.output_ids.tolist(), r.speculative.finish_reason,
-                        r.vanilla.output_ids.tolist(), r.vanilla.finish_reason) for r in read_results(tmp_path / str(batch) / "results.jsonl")]
+        rows[batch] = [
+            (
+                r.prompt_id,
+                r.speculative.output_ids.tolist(),
+                r.speculative.finish_reason,
+                r.vanilla.output_ids.tolist(),
+                r.vanilla.finish_reason,
+            )
+            for r in read_results(tmp_path / str(batch) / "results.jsonl")
+        ]
     assert rows[3] == rows[1]
     assert any(r[2] == "stop_string" for r in rows[1])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("generation.batch_size=0", "generation.batch_size must be an integer >= 1, got 0"),
-    ("generation.arrival=burst", "generation.arrival must be one of"),
-    ("policy=eagle2-tree", "policy=eagle2-tree drafts trees"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("generation.batch_size=0", "generation.batch_size must be an integer >= 1, got 0"),
+        ("generation.arrival=burst", "generation.arrival must be one of"),
+        ("policy=eagle2-tree", "policy=eagle2-tree drafts trees"),
+    ],
+)
 def test_batched_settings_are_checked_before_models_load(family, tmp_path, override, message):
     from hydra import compose, initialize_config_module
 
@@ -303,8 +380,15 @@ def test_batched_settings_are_checked_before_models_load(family, tmp_path, overr
 
     extra = [] if override.startswith("generation.batch_size") else ["generation.batch_size=4"]
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides(family), *extra, override,
-                                           "verifier.model=/nonexistent" if "batch_size" in override else "seed=0"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *overrides(family),
+                *extra,
+                override,
+                "verifier.model=/nonexistent" if "batch_size" in override else "seed=0",
+            ],
+        )
     with pytest.raises(ConfigError, match=message):
         run_experiment(cfg, tmp_path)
 
@@ -327,8 +411,9 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
     verifier = HFVerifier(models["target"], rt, frozenset())  # no EOS: every request makes its tokens
     drafter, policy = make()
     rt.generator.manual_seed(1)
-    out = generate_batch(prompts, verifier, rt, max_new_tokens=tokens, batch_size=8, drafter=drafter,
-                         policy=policy, sampling=sampling)
+    out = generate_batch(
+        prompts, verifier, rt, max_new_tokens=tokens, batch_size=8, drafter=drafter, policy=policy, sampling=sampling
+    )
     counts = torch.zeros(16, 16, 16, dtype=torch.long)
     for i in mine[:_N]:
         y = out.results[i].output_ids.tolist()
@@ -351,12 +436,21 @@ def test_a_prompt_the_drafter_refuses_is_skipped_and_the_batch_stays_aligned(tar
 
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompts = [torch.arange(5 + 3 * i) % (VOCAB - 3) for i in range(6)]  # 5, 8, 11, 14, 17, 20 tokens
-    out = generate_batch(prompts, verifier, rt, max_new_tokens=10, batch_size=4,
-                         drafter=Picky(sharpen(tiny_lm(0, layers=1)), rt), policy=StaticPolicy(3))
+    out = generate_batch(
+        prompts,
+        verifier,
+        rt,
+        max_new_tokens=10,
+        batch_size=4,
+        drafter=Picky(sharpen(tiny_lm(0, layers=1)), rt),
+        policy=StaticPolicy(3),
+    )
     assert sorted(out.skipped) == [3, 4, 5] and "at most 12" in out.skipped[3]
     for i in (0, 1, 2):  # the others, in rows beside refused ones, are their greedy outputs
-        assert out.results[i].output_ids.tolist() == \
-            generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist()
+        assert (
+            out.results[i].output_ids.tolist()
+            == generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist()
+        )
 
 
 def test_one_token_prompts_first_and_refused_last_prompts_keep_the_batch_whole(target, rt, drafters):
@@ -367,7 +461,9 @@ def test_one_token_prompts_first_and_refused_last_prompts_keep_the_batch_whole(t
             out = generate_batch(prompts, verifier, rt, max_new_tokens=10, batch_size=b, drafter=drafter, policy=policy)
             assert sorted(out.skipped) == [4]  # the last prompt is refused: the loop ends there
             for i in range(4):
-                assert out.results[i].output_ids.tolist() == \
-                    generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist(), (b, i)
+                assert (
+                    out.results[i].output_ids.tolist()
+                    == generate(prompts[i], verifier, rt, max_new_tokens=10).output_ids.tolist()
+                ), (b, i)
     nothing = generate_batch([torch.arange(70)], verifier, rt, max_new_tokens=4, batch_size=2)
     assert list(nothing.skipped) == [0] and not nothing.results and nothing.summary()["tokens"] == 0

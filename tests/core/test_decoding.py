@@ -30,7 +30,7 @@ def test_vanilla_matches_uncached_greedy(runtime):
     seq = prompt.clone()
     for _ in range(10):
         seq = torch.cat([seq, model(seq[None]).logits[0, -1].argmax()[None]])
-    assert out.tolist() == seq[prompt.shape[0]:].tolist()
+    assert out.tolist() == seq[prompt.shape[0] :].tolist()
 
 
 @pytest.mark.parametrize("max_new_tokens", list(range(1, 14)))
@@ -55,8 +55,9 @@ def test_eos_at_every_position_of_a_draft(runtime, eos_position):
     eos = int(greedy[eos_position])
     expected = greedy[: int((greedy == eos).int().argmax()) + 1].tolist()
     verifier = HFVerifier(target, runtime, frozenset({eos}))
-    out = generate(prompt, verifier, runtime, max_new_tokens=12, drafter=ARDrafter(target, runtime),
-                   policy=FixedLength(6))
+    out = generate(
+        prompt, verifier, runtime, max_new_tokens=12, drafter=ARDrafter(target, runtime), policy=FixedLength(6)
+    )
     assert out.output_ids.tolist() == expected
     assert out.finish_reason == "eos"
     assert sum(r.emitted_tokens for r in out.rounds) == len(expected)

@@ -22,13 +22,17 @@ def test_a_short_run_emits_no_future_or_deprecation_warning(family, tmp_path, mo
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
     extra = [] if drafter == "ar" else ["drafter=fastdllm", f"drafter.model={family['drafter']}"]
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides(family), *extra, "dataset.num_prompts=1",
-                                           "generation.max_new_tokens=8"])
+        cfg = compose(
+            "config", overrides=[*overrides(family), *extra, "dataset.num_prompts=1", "generation.max_new_tokens=8"]
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_experiment(cfg, tmp_path)
-    deprecated = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught
-                  if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    deprecated = [
+        f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
+        for w in caught
+        if issubclass(w.category, (FutureWarning, DeprecationWarning))
+    ]
     assert deprecated == []
 
 

@@ -28,8 +28,15 @@ POLICIES = {
     "heuristic": {"n_max": 20},
     # Free drafting and flat verification: every length pays, so drafts run to max_length (with
     # measured costs the tiny random drafters, which the target hardly ever accepts, get length 0).
-    "goodput": {"max_length": 16, "cost_profile": {"name": "free-drafting", "drafter_pass_ms": 0.0,
-                                                    "target_ms_per_token": 1.0, "verify_ms_per_draft_token": 0.0}},
+    "goodput": {
+        "max_length": 16,
+        "cost_profile": {
+            "name": "free-drafting",
+            "drafter_pass_ms": 0.0,
+            "target_ms_per_token": 1.0,
+            "verify_ms_per_draft_token": 0.0,
+        },
+    },
 }
 
 
@@ -37,8 +44,15 @@ def assert_lossless(prompt, verifier, runtime, drafter, policy, reuse: bool, max
     """Speculative decoding of ``prompt`` equals vanilla greedy decoding, and the rounds account
     for every output token."""
     ref = generate(prompt, verifier, runtime, max_new_tokens=max_new_tokens)
-    out = generate(prompt, verifier, runtime, max_new_tokens=max_new_tokens, drafter=drafter, policy=policy,
-                   reuse=DraftReuse(1) if reuse else None)
+    out = generate(
+        prompt,
+        verifier,
+        runtime,
+        max_new_tokens=max_new_tokens,
+        drafter=drafter,
+        policy=policy,
+        reuse=DraftReuse(1) if reuse else None,
+    )
     assert out.output_ids.tolist() == ref.output_ids.tolist()
     assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
 
@@ -58,8 +72,15 @@ def _drafter(kind: str, runtime, confident: bool):
         return ARDrafter(model, runtime)
     # As the factory builds it: drafting stops at the verifier's EOS. Threshold 0.9 (Fast-dLLM's
     # default) stops unmasking mid small block, and extensions continue from there.
-    return FastDLLMDrafter(model, runtime, SimpleNamespace(mask_token_id=MASK), block_size=16, small_block_size=4,
-                           threshold=0.9 if kind == "fastdllm-t0.9" else 0.05, stop_token_ids=[VOCAB - 1])
+    return FastDLLMDrafter(
+        model,
+        runtime,
+        SimpleNamespace(mask_token_id=MASK),
+        block_size=16,
+        small_block_size=4,
+        threshold=0.9 if kind == "fastdllm-t0.9" else 0.05,
+        stop_token_ids=[VOCAB - 1],
+    )
 
 
 @pytest.fixture(scope="module")

@@ -72,10 +72,15 @@ def test_the_search_equals_the_reference_rule(seed):
     probs = torch.softmax(logits, -1)
     table = torch.log_softmax(torch.randn(vocab + 1, vocab, generator=rng) * 2.0, -1)
     scorer = TableScorer(table)
-    settings = dict(mass=random.Random(seed).choice([0.5, 0.8, 0.95]), max_candidates=random.Random(seed).choice([2, 4, 15]),
-                    width=random.Random(seed).choice([1, 3, 5]), lam=random.Random(seed).choice([0.0, 0.5, 0.8]))
-    search = PathSearch(scorer, torch.tensor([stop]), settings["mass"], settings["max_candidates"], settings["width"],
-                        settings["lam"])
+    settings = dict(
+        mass=random.Random(seed).choice([0.5, 0.8, 0.95]),
+        max_candidates=random.Random(seed).choice([2, 4, 15]),
+        width=random.Random(seed).choice([1, 3, 5]),
+        lam=random.Random(seed).choice([0.0, 0.5, 0.8]),
+    )
+    search = PathSearch(
+        scorer, torch.tensor([stop]), settings["mass"], settings["max_candidates"], settings["width"], settings["lam"]
+    )
     path, q, ended = search.search(probs, torch.tensor([2]))
     want = reference_cps(probs, 2, scorer, stop, **settings)
     assert path.tolist() == want
@@ -99,9 +104,13 @@ def test_a_hand_worked_example():
 
 
 def test_the_lattice_mass_cap_and_stop_tokens():
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0],    # mass 0.8 reached by {0, 1}; EOS 4 added (prob 0)
-                          [0.1, 0.1, 0.1, 0.1, 0.6],      # EOS ranks first on its own: the lattice ends here
-                          [0.9, 0.1, 0.0, 0.0, 0.0]])
+    probs = torch.tensor(
+        [
+            [0.5, 0.3, 0.15, 0.05, 0.0],  # mass 0.8 reached by {0, 1}; EOS 4 added (prob 0)
+            [0.1, 0.1, 0.1, 0.1, 0.6],  # EOS ranks first on its own: the lattice ends here
+            [0.9, 0.1, 0.0, 0.0, 0.0],
+        ]
+    )
     cols, log_q, valid = candidate_lattice(probs, 0.8, 3, torch.tensor([4]))
     assert cols.shape[0] == 2  # ended at position 1
     assert {int(c) for c, v in zip(cols[0], valid[0]) if v} == {0, 1, 4}

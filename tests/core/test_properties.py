@@ -48,10 +48,18 @@ def policies(draw):
         return SpecDecPPPolicy(h=draw(st.floats(0.05, 1.0)), min_length=lo, max_length=draw(st.integers(lo, 16)))
     w_min = draw(st.integers(1, 3))
     n_max = draw(st.integers(w_min, 16))
-    return AIMDPolicy(mode=draw(st.sampled_from(["aimd", "heuristic"])), w_init=draw(st.integers(w_min, n_max)),
-                      a=draw(st.integers(1, 3)), beta=draw(st.floats(0.1, 0.9)), w_min=w_min, n_max=n_max,
-                      off_when_slower=draw(st.booleans()), backoff_rounds=draw(st.integers(1, 4)), backoff_max=8,
-                      probe_rounds=draw(st.integers(1, 3)))
+    return AIMDPolicy(
+        mode=draw(st.sampled_from(["aimd", "heuristic"])),
+        w_init=draw(st.integers(w_min, n_max)),
+        a=draw(st.integers(1, 3)),
+        beta=draw(st.floats(0.1, 0.9)),
+        w_min=w_min,
+        n_max=n_max,
+        off_when_slower=draw(st.booleans()),
+        backoff_rounds=draw(st.integers(1, 4)),
+        backoff_max=8,
+        probe_rounds=draw(st.integers(1, 3)),
+    )
 
 
 @st.composite
@@ -79,15 +87,29 @@ def setups(draw):
     elif kind == "fastdllm":
         block = draw(st.sampled_from([4, 8, 16]))
         small = draw(st.sampled_from([s for s in (1, 2, 4, 8) if block % s == 0]))
-        drafter = FastDLLMDrafter(drafter_model, RUNTIME, SimpleNamespace(mask_token_id=vocab - 2), block_size=block,
-                                  small_block_size=small, threshold=draw(st.sampled_from([0.0, 0.05, 0.5, 0.9])))
+        drafter = FastDLLMDrafter(
+            drafter_model,
+            RUNTIME,
+            SimpleNamespace(mask_token_id=vocab - 2),
+            block_size=block,
+            small_block_size=small,
+            threshold=draw(st.sampled_from([0.0, 0.05, 0.5, 0.9])),
+        )
     else:
         drafter = SuffixDrafter(RUNTIME, min_match=draw(st.integers(1, 3)), max_match=8)
     eos = frozenset({vocab - 1}) if draw(st.booleans()) else frozenset()
     prompt = torch.tensor(draw(st.lists(st.integers(0, vocab - 3), min_size=1, max_size=40)), dtype=torch.long)
     reuse = DraftReuse(draw(st.integers(1, 3))) if draw(st.booleans()) else None
-    return SimpleNamespace(target=target, drafter=drafter, kind=kind, policy=draw(policies()), eos=eos,
-                           prompt=prompt, reuse=reuse, max_new_tokens=draw(st.integers(1, 32)))
+    return SimpleNamespace(
+        target=target,
+        drafter=drafter,
+        kind=kind,
+        policy=draw(policies()),
+        eos=eos,
+        prompt=prompt,
+        reuse=reuse,
+        max_new_tokens=draw(st.integers(1, 32)),
+    )
 
 
 def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -125,14 +147,19 @@ def check_ar(drafter: ARDrafter, committed: torch.Tensor) -> None:
 @torch.no_grad()
 def check_fastdllm(drafter: FastDLLMDrafter, committed: torch.Tensor) -> None:
     """The state a fresh ``prefill`` of the committed sequence builds: complete blocks cached."""
-    fresh = FastDLLMDrafter(drafter.model, RUNTIME, SimpleNamespace(mask_token_id=drafter.mask_token_id),
-                            block_size=drafter.block_size, small_block_size=drafter.small_block_size,
-                            threshold=drafter.threshold)
+    fresh = FastDLLMDrafter(
+        drafter.model,
+        RUNTIME,
+        SimpleNamespace(mask_token_id=drafter.mask_token_id),
+        block_size=drafter.block_size,
+        small_block_size=drafter.small_block_size,
+        threshold=drafter.threshold,
+    )
     fresh.prefill(committed)
     L = len(committed)
     assert (drafter._L, drafter._base) == (L, (L // drafter.block_size) * drafter.block_size) == (fresh._L, fresh._base)
     assert drafter.cache.get_seq_length() == drafter._base
-    assert drafter._tail.tolist() == fresh._tail.tolist() == committed[drafter._base:].tolist()
+    assert drafter._tail.tolist() == fresh._tail.tolist() == committed[drafter._base :].tolist()
     if drafter._base:
         assert _same_kv(drafter.cache, fresh.cache)
     if fresh._first is not None:  # on a block boundary: the next block's first token, as from scratch
@@ -162,8 +189,16 @@ def test_greedy_speculative_decoding_equals_plain_decoding_and_caches_match_a_fr
             check_fastdllm(setup.drafter, seq)
         checked.append(record.index)
 
-    out = generate(setup.prompt, verifier, RUNTIME, max_new_tokens=setup.max_new_tokens, drafter=setup.drafter,
-                   policy=setup.policy, reuse=setup.reuse, on_round=on_round)
+    out = generate(
+        setup.prompt,
+        verifier,
+        RUNTIME,
+        max_new_tokens=setup.max_new_tokens,
+        drafter=setup.drafter,
+        policy=setup.policy,
+        reuse=setup.reuse,
+        on_round=on_round,
+    )
     assert out.output_ids.tolist() == plain.output_ids.tolist()
     assert out.finish_reason == plain.finish_reason
     assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)

@@ -57,8 +57,18 @@ MASK = V - 1  # the fastdllm drafter's mask token
 T = 3  # tokens generated per run (drafts of up to T - 1 = 2 tokens, then a bonus / correction)
 N = 1000  # seeded runs per configuration
 FAMILY_ALPHA = 1e-3  # false-alarm probability of the file's distribution tests, all together
-STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "failfast", "dflash", "eagle3", "eagle3-tree", "dflash-failfast-tree",
-              "dflash-cps")
+STAT_TESTS = (
+    "vanilla",
+    "ar",
+    "fastdllm",
+    "suffix",
+    "failfast",
+    "dflash",
+    "eagle3",
+    "eagle3-tree",
+    "dflash-failfast-tree",
+    "dflash-cps",
+)
 ALPHA = FAMILY_ALPHA / len(STAT_TESTS)  # per test (Bonferroni); the power check must fall below it too
 TEMPERATURE = SamplingConfig(temperature=1.0)
 TRUNCATED = SamplingConfig(temperature=0.8, top_k=8, top_p=0.9)
@@ -124,12 +134,15 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: f
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = int(obs.shape[0]) - 1
     assert df >= 1, "no cell has enough expected count: raise N or sharpen the target"
-    pvalue = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    pvalue = torch.special.gammaincc(
+        torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+    )
     return float(pvalue), df
 
 
-def run_counts(make, prompt: torch.Tensor, sampling: SamplingConfig, runtime: Runtime, target,
-               tokens: int = T) -> tuple[torch.Tensor, dict]:
+def run_counts(
+    make, prompt: torch.Tensor, sampling: SamplingConfig, runtime: Runtime, target, tokens: int = T
+) -> tuple[torch.Tensor, dict]:
     """``(V, V, V) int64`` counts of the first T tokens over N runs of ``generate`` (``tokens`` >= T
     new tokens) seeded 0..N-1; ``make()`` returns ``(drafter, policy)`` or ``(None, None)``. Also
     round statistics."""
@@ -139,8 +152,9 @@ def run_counts(make, prompt: torch.Tensor, sampling: SamplingConfig, runtime: Ru
     stats = {"rounds": 0, "speculated": 0, "accepted": 0, "passes": 0, "first_round_lengths": set()}
     for seed in range(N):
         runtime.generator.manual_seed(seed)  # (seed_everything also seeds torch's global RNG: slower)
-        out = generate(prompt, verifier, runtime, max_new_tokens=tokens, drafter=drafter, policy=policy,
-                       sampling=sampling)
+        out = generate(
+            prompt, verifier, runtime, max_new_tokens=tokens, drafter=drafter, policy=policy, sampling=sampling
+        )
         y = out.output_ids.tolist()
         assert len(y) == tokens
         counts[y[0], y[1], y[2]] += 1
@@ -155,8 +169,14 @@ def run_counts(make, prompt: torch.Tensor, sampling: SamplingConfig, runtime: Ru
 
 def _fastdllm(models, runtime, threshold: float = 0.9, cls=FastDLLMDrafter):
     # threshold 0.9: usually one token per pass, so a small block takes several left-to-right passes
-    return cls(models["dllm"], runtime, SimpleNamespace(mask_token_id=MASK), block_size=8, small_block_size=4,
-               threshold=threshold)
+    return cls(
+        models["dllm"],
+        runtime,
+        SimpleNamespace(mask_token_id=MASK),
+        block_size=8,
+        small_block_size=4,
+        threshold=threshold,
+    )
 
 
 def _dflash(models, runtime, path_search=None):
@@ -166,11 +186,23 @@ def _dflash(models, runtime, path_search=None):
     from specpolicy.family.train_dflash import new_dflash
 
     target = models["target"]
-    model = new_dflash(target.config, MASK, 3, [0], seed=3, size=dict(num_hidden_layers=1, num_attention_heads=4,
-                                                                        num_key_value_heads=2, head_dim=8,
-                                                                        intermediate_size=64)).double().eval()
-    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime,
-                         path_search=path_search)
+    model = (
+        new_dflash(
+            target.config,
+            MASK,
+            3,
+            [0],
+            seed=3,
+            size=dict(
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64
+            ),
+        )
+        .double()
+        .eval()
+    )
+    return DFlashDrafter(
+        model, target.get_input_embeddings(), target.get_output_embeddings(), runtime, path_search=path_search
+    )
 
 
 def _cps(target, seed: int = 5):
@@ -197,9 +229,17 @@ def _eagle3(models, runtime):
     from specpolicy.family.train_eagle3 import new_eagle3
 
     target = models["target"]
-    head = new_eagle3(target.config, torch.arange(V), seed=4, layer_ids=[0, 1, 1],
-                      size=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                intermediate_size=64)).double().eval()
+    head = (
+        new_eagle3(
+            target.config,
+            torch.arange(V),
+            seed=4,
+            layer_ids=[0, 1, 1],
+            size=dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64),
+        )
+        .double()
+        .eval()
+    )
     with torch.no_grad():  # a peaked head: its top-k children carry real probability
         head.lm_head.weight.mul_(40.0)
     return Eagle3Drafter(head, target.get_input_embeddings(), (0, 1, 1), V, runtime)
@@ -229,7 +269,12 @@ def _config(name: str, models, runtime):
         # confidence is >= tau; the first token's confidence is fixed by the prompt (0.47, always
         # extended), the second's depends on the sampled first token (about half extend), and so
         # do the confidences of the rounds after a rejection.
-        return (lambda: (_fastdllm(models, runtime), FailFastPolicy(n=1, tau=0.35, n_max=T))), PROMPT, TEMPERATURE, T + 1
+        return (
+            (lambda: (_fastdllm(models, runtime), FailFastPolicy(n=1, tau=0.35, n_max=T))),
+            PROMPT,
+            TEMPERATURE,
+            T + 1,
+        )
     raise KeyError(name)
 
 
@@ -301,10 +346,13 @@ def test_left_to_right_unmasking_is_what_makes_the_dllm_q_valid():
     p1, p2 = rand(), rand(n)
     q1, q2_given_x1 = rand(), rand(n)  # left to right
     ones = torch.ones(n, n, dtype=torch.float64)
-    l2r = _two_token_output(p1, p2, q1[:, None] * ones, q2_given_x1, q1.expand(n, n, n), q2_given_x1[:, None].expand(n, n, n))
+    l2r = _two_token_output(
+        p1, p2, q1[:, None] * ones, q2_given_x1, q1.expand(n, n, n), q2_given_x1[:, None].expand(n, n, n)
+    )
     q2, q1_given_x2 = rand(), rand(n)  # any order: q1_given_x2[x2] is x1's row
-    any_order = _two_token_output(p1, p2, q1_given_x2.T, q2[None, :] * ones,
-                                  q1_given_x2[None].expand(n, n, n), q2.expand(n, n, n))
+    any_order = _two_token_output(
+        p1, p2, q1_given_x2.T, q2[None, :] * ones, q1_given_x2[None].expand(n, n, n), q2.expand(n, n, n)
+    )
     target = p1[:, None] * p2
     assert (l2r - target).abs().sum() / 2 < 1e-12
     assert (any_order - target).abs().sum() / 2 > 1e-3
@@ -323,8 +371,14 @@ def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime):
             seen.append((masked.clone(), pick.clone()))
             return pick
 
-    drafter = Recording(models["dllm"], runtime, SimpleNamespace(mask_token_id=MASK), block_size=16,
-                        small_block_size=8, threshold=threshold)
+    drafter = Recording(
+        models["dllm"],
+        runtime,
+        SimpleNamespace(mask_token_id=MASK),
+        block_size=16,
+        small_block_size=8,
+        threshold=threshold,
+    )
     for seed in range(20):
         runtime.seed_everything(seed)
         drafter.prefill(torch.tensor([3, 1, 4]), sampling=TEMPERATURE)
@@ -348,11 +402,17 @@ def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime):
 # -- unit tests: settings, warp, sample, speculative_verify ------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"temperature": -0.1}, "generation.temperature"), ({"temperature": float("nan")}, "generation.temperature"),
-    ({"top_k": -1}, "generation.top_k"), ({"top_k": 2.5}, "generation.top_k"),
-    ({"top_p": 0.0}, "generation.top_p"), ({"top_p": 1.5}, "generation.top_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"temperature": -0.1}, "generation.temperature"),
+        ({"temperature": float("nan")}, "generation.temperature"),
+        ({"top_k": -1}, "generation.top_k"),
+        ({"top_k": 2.5}, "generation.top_k"),
+        ({"top_p": 0.0}, "generation.top_p"),
+        ({"top_p": 1.5}, "generation.top_p"),
+    ],
+)
 def test_sampling_config_validation_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         SamplingConfig(**kwargs)
@@ -361,8 +421,9 @@ def test_sampling_config_validation_names_the_key(kwargs, key):
 def test_sampling_config_defaults_and_from_config():
     assert SamplingConfig().is_greedy and not SamplingConfig(temperature=0.5).is_greedy
     assert SamplingConfig.from_config(None) == SamplingConfig()
-    assert SamplingConfig.from_config({"max_new_tokens": 8, "temperature": 1, "top_k": 5.0, "top_p": 1}) == \
-        SamplingConfig(temperature=1.0, top_k=5, top_p=1.0)
+    assert SamplingConfig.from_config(
+        {"max_new_tokens": 8, "temperature": 1, "top_k": 5.0, "top_p": 1}
+    ) == SamplingConfig(temperature=1.0, top_k=5, top_p=1.0)
     assert SamplingConfig(temperature=0.7).describe()["mode"] == "sampling"
     with pytest.raises(ValueError, match="temperature > 0"):
         warp(torch.zeros(1, 4), SamplingConfig())
@@ -440,8 +501,9 @@ def test_speculative_verify_point_mass_and_edge_cases():
     assert speculative_verify(torch.tensor([[0.0, 1.0]]), None, torch.empty(0, dtype=torch.long), g) == (0, 1)
     zero = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     assert speculative_verify(zero, torch.tensor([[0.0, 1.0]]), torch.tensor([1]), g) == (0, 0)  # p(x) = 0
-    narrow = speculative_verify(torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0]]),
-                                torch.tensor([1]), g)
+    narrow = speculative_verify(
+        torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0]]), torch.tensor([1]), g
+    )
     assert narrow == (0, 2)  # a narrower q is padded with zeros
     with pytest.raises(ValueError, match="p must be"):
         speculative_verify(torch.ones(2, 3) / 3, None, torch.tensor([0, 1]), g)
@@ -485,8 +547,16 @@ def test_sampling_is_seeded_and_greedy_config_is_plain_greedy(models, runtime):
     def run(seed, sampling, drafter=True):
         runtime.seed_everything(seed)
         d, p = (_fastdllm(models, runtime), FailFastPolicy(n=2, tau=0.3, n_max=8)) if drafter else (None, None)
-        return generate(prompt, verifier, runtime, max_new_tokens=24, drafter=d, policy=p,
-                        reuse=DraftReuse(1) if drafter else None, sampling=sampling).output_ids.tolist()
+        return generate(
+            prompt,
+            verifier,
+            runtime,
+            max_new_tokens=24,
+            drafter=d,
+            policy=p,
+            reuse=DraftReuse(1) if drafter else None,
+            sampling=sampling,
+        ).output_ids.tolist()
 
     assert run(1, TEMPERATURE) == run(1, TEMPERATURE)
     assert len({tuple(run(s, TEMPERATURE)) for s in range(4)}) > 1
@@ -502,15 +572,23 @@ def test_a_verifier_that_cannot_sample_is_refused_and_old_drafters_are_point_mas
             super().prefill(prompt_ids)
 
     with pytest.raises(ValueError, match="generation.temperature"):
-        generate(PROMPT, OldVerifier(models["target"], runtime, frozenset()), runtime, max_new_tokens=2,
-                 sampling=TEMPERATURE)
+        generate(
+            PROMPT, OldVerifier(models["target"], runtime, frozenset()), runtime, max_new_tokens=2, sampling=TEMPERATURE
+        )
 
     class OldDrafter(ARDrafter):
         def prefill(self, prompt_ids):
             super().prefill(prompt_ids)  # greedy drafts, no probs: verified as point masses
 
-    out = generate(PROMPT, HFVerifier(models["target"], runtime, frozenset()), runtime, max_new_tokens=6,
-                   drafter=OldDrafter(models["ar"], runtime), policy=StaticPolicy(k=2), sampling=TEMPERATURE)
+    out = generate(
+        PROMPT,
+        HFVerifier(models["target"], runtime, frozenset()),
+        runtime,
+        max_new_tokens=6,
+        drafter=OldDrafter(models["ar"], runtime),
+        policy=StaticPolicy(k=2),
+        sampling=TEMPERATURE,
+    )
     assert len(out.output_ids) == 6
 
 
@@ -521,8 +599,17 @@ def test_experiment_records_sampling_and_does_not_report_false_lossless_failures
     from specpolicy.run.experiment import run_experiment
 
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides(family, drafter="drafter"), "policy=static", "policy.k=3",
-                                           "generation.temperature=0.9", "generation.top_p=0.95", "logger=[jsonl]"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *overrides(family, drafter="drafter"),
+                "policy=static",
+                "policy.k=3",
+                "generation.temperature=0.9",
+                "generation.top_p=0.95",
+                "logger=[jsonl]",
+            ],
+        )
     first = run_experiment(cfg, tmp_path / "a")
     assert first["sampling"] == {"temperature": 0.9, "top_k": 0, "top_p": 0.95, "mode": "sampling"}
     assert "lossless_fraction" not in first and first["lossless"] == "n/a (sampling)"

@@ -117,8 +117,15 @@ def _run(condition: dict, drafter: Drafter | None):
     verifier = ScriptedVerifier(condition.get("eos", ()))
     stop = StopStrings(BracketTokenizer(), condition["stop"]) if condition.get("stop") else None
     policy = Fixed(K) if drafter is not None else None
-    out = generate(torch.tensor([1, 2, 3]), verifier, runtime, max_new_tokens=condition.get("max_new_tokens", 100),
-                   drafter=drafter, policy=policy, stop=stop)
+    out = generate(
+        torch.tensor([1, 2, 3]),
+        verifier,
+        runtime,
+        max_new_tokens=condition.get("max_new_tokens", 100),
+        drafter=drafter,
+        policy=policy,
+        stop=stop,
+    )
     return out, policy
 
 
@@ -260,8 +267,15 @@ def test_real_models_stop_strings_inside_drafts(real, drafter_seed):
             continue
         expected = reference_cut(free, strings)
         plain = generate(prompt, verifier, runtime, max_new_tokens=40, stop=StopStrings(TOKENIZER, strings))
-        spec = generate(prompt, verifier, runtime, max_new_tokens=40, drafter=ARDrafter(drafter_model, runtime),
-                        policy=Fixed(6), stop=StopStrings(TOKENIZER, strings))
+        spec = generate(
+            prompt,
+            verifier,
+            runtime,
+            max_new_tokens=40,
+            drafter=ARDrafter(drafter_model, runtime),
+            policy=Fixed(6),
+            stop=StopStrings(TOKENIZER, strings),
+        )
         assert plain.output_ids.tolist() == free[:expected]
         assert spec.output_ids.tolist() == free[:expected]
         assert spec.finish_reason == plain.finish_reason == "stop_string"
@@ -279,8 +293,8 @@ def test_stop_string_escapes_are_decoded_and_other_backslashes_kept():
     assert decode_escapes(r"\n\n") == "\n\n"
     assert decode_escapes(r"a\tb\r") == "a\tb\r"
     assert decode_escapes(r"\\n") == "\\n"  # an escaped backslash, then a plain n
-    assert decode_escapes(r"\"q\" \'") == "\"q\" '"
-    assert decode_escapes(r"\x41\u00e9\U0001F600") == "A\u00e9\U0001F600"
+    assert decode_escapes(r"\"q\" \'") == '"q" \''
+    assert decode_escapes(r"\x41\u00e9\U0001F600") == "A\u00e9\U0001f600"
     assert decode_escapes(r"\boxed{ \d \s") == r"\boxed{ \d \s"  # no escape a user would mean: kept as written
     assert decode_escapes("é\n") == "é\n"  # decoded text and non-ASCII pass through unchanged
     with pytest.raises(ValueError, match=r"generation.stop: the escape \\UFFFFFFFF names no character"):
@@ -297,7 +311,7 @@ def test_the_readme_stop_line_ends_generation_at_a_blank_line():
     stop.reset()
     cut = stop.check(ids)
     assert cut is not None and TOKENIZER.decode(ids[:cut]).endswith("\n\n")
-    assert "\n\n" not in TOKENIZER.decode(ids[:cut - 1])
+    assert "\n\n" not in TOKENIZER.decode(ids[: cut - 1])
 
 
 class _LettersOnly:
@@ -323,19 +337,32 @@ def test_stop_strings_that_can_never_match_are_named():
     assert never_matching(TOKENIZER, ["<|im_end|>"]) == [
         "generation.stop string '<|im_end|>' can never match: the target's tokenizer does not give this text back "
         "(encoded and decoded it reads ''; a special token's text is skipped), and stop strings are matched on the "
-        "decoded output"]
+        "decoded output"
+    ]
 
 
-def test_a_run_matches_the_readme_stop_line_as_written_and_warns_of_an_unmatchable_one(family, tmp_path,
-                                                                                      monkeypatch, capsys):
+def test_a_run_matches_the_readme_stop_line_as_written_and_warns_of_an_unmatchable_one(
+    family, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "dataset.num_prompts=1",
-                                      'generation.stop=["\\n\\n","<|im_end|>"]', "hydra.run.dir=out"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "specpolicy",
+            *overrides(family),
+            "dataset.num_prompts=1",
+            'generation.stop=["\\n\\n","<|im_end|>"]',
+            "hydra.run.dir=out",
+        ],
+    )
     main()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["config"]["generation"]["stop"] == ["\n\n", "<|im_end|>"]  # newlines, as matched
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: generation.stop")]
-    assert warnings == ["warning: generation.stop string '<|im_end|>' can never match: the target's tokenizer does "
-                        "not give this text back (encoded and decoded it reads ''; a special token's text is "
-                        "skipped), and stop strings are matched on the decoded output"]
+    assert warnings == [
+        "warning: generation.stop string '<|im_end|>' can never match: the target's tokenizer does "
+        "not give this text back (encoded and decoded it reads ''; a special token's text is "
+        "skipped), and stop strings are matched on the decoded output"
+    ]

@@ -103,11 +103,28 @@ def test_tree_rounds_count_depths_in_the_metrics_and_survive_results_jsonl():
     from specpolicy.analysis.results import round_from_dict, round_to_dict
     from specpolicy.core.types import GenerationResult, RoundRecord
 
-    tree_round = RoundRecord(index=0, speculation_length=6, accepted_length=2, emitted_tokens=3,
-                             drafter_forward_passes=3, reused_tokens=0, draft_ms=1.0, verify_ms=1.0,
-                             draft_parents=(-1, -1, 0, 0, 2, 4), accepted_path=(0, 3))
-    chain_round = RoundRecord(index=1, speculation_length=3, accepted_length=1, emitted_tokens=2,
-                              drafter_forward_passes=3, reused_tokens=0, draft_ms=1.0, verify_ms=1.0)
+    tree_round = RoundRecord(
+        index=0,
+        speculation_length=6,
+        accepted_length=2,
+        emitted_tokens=3,
+        drafter_forward_passes=3,
+        reused_tokens=0,
+        draft_ms=1.0,
+        verify_ms=1.0,
+        draft_parents=(-1, -1, 0, 0, 2, 4),
+        accepted_path=(0, 3),
+    )
+    chain_round = RoundRecord(
+        index=1,
+        speculation_length=3,
+        accepted_length=1,
+        emitted_tokens=2,
+        drafter_forward_passes=3,
+        reused_tokens=0,
+        draft_ms=1.0,
+        verify_ms=1.0,
+    )
     assert tree_round.tree_depth == 4 and chain_round.tree_depth == 3 and not tree_round.fully_accepted
     by_position = acceptance_by_position([tree_round, chain_round])
     assert by_position["drafted"] == [2, 2, 2, 1]  # the tree reaches depth 4, the chain position 3
@@ -137,7 +154,7 @@ def test_a_growing_tree_masks_each_node_to_its_ancestors_and_places_it_by_depth(
         expected = tree.ancestor_mask(as_draft)[first:, 1:]  # rows of the new nodes, columns of the nodes
         assert mask.shape == (m, committed + len(parents))
         assert mask[:, :committed].all() and torch.equal(mask[:, committed:], expected)
-        assert positions.tolist() == (tree.depths(as_draft)[first - 1:] + committed - 1).tolist()
+        assert positions.tolist() == (tree.depths(as_draft)[first - 1 :] + committed - 1).tolist()
 
 
 @settings(max_examples=40, deadline=None)

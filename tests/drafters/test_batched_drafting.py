@@ -39,8 +39,9 @@ def network(tmp_path_factory, request):
     """The DFlash network of an official-layout checkpoint, and of one with a draft vocabulary (every
     other target id): every test runs on both."""
     vocab = list(range(0, VOCAB, 2)) if request.param == "draft-vocab" else None
-    return load_dflash(write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B,
-                                               MASK, draft_vocab=vocab)).double()
+    return load_dflash(
+        write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=vocab)
+    ).double()
 
 
 def _features(target, seq, start, stop):
@@ -68,8 +69,11 @@ def _requests(network, target, rt, prompts, stop=(), sampling=None):
 def _same(got: Draft, want: Draft) -> None:
     assert got.token_ids.tolist() == want.token_ids.tolist()
     torch.testing.assert_close(got.confidences, want.confidences)
-    assert (got.forward_passes, got.lookahead, got.ends_at_stop_token) == \
-           (want.forward_passes, want.lookahead, want.ends_at_stop_token)
+    assert (got.forward_passes, got.lookahead, got.ends_at_stop_token) == (
+        want.forward_passes,
+        want.lookahead,
+        want.ends_at_stop_token,
+    )
     torch.testing.assert_close(got.lookahead_confidences, want.lookahead_confidences)
     assert (got.probs is None) == (want.probs is None)
     if want.probs is not None:
@@ -86,6 +90,7 @@ class _CountPasses:
         self._handle = network.register_forward_hook(self._hook)
         one = getattr(network, "draft_pass", None)
         if one is not None:
+
             def counted(*args, **kwargs):
                 self.calls += 1
                 return one(*args, **kwargs)
@@ -123,11 +128,13 @@ def test_draft_many_drafts_what_each_request_drafts_alone(network, target, rt):
     g = torch.Generator().manual_seed(3)
     counter = _CountPasses(network)
     try:
-        rounds = [[[3, 2 * (B - 1), 1, B - 1, 4]],  # one call: request 1 takes two passes
-                  # two calls: then blocks of different lengths in one pass (request 1's third block beside
-                  # the others' second)
-                  [[1, 2 * (B - 1), 3, 4, 5], [2, B, 1, B, 2 * B]],
-                  [[B - 1] * len(prompts)]]
+        rounds = [
+            [[3, 2 * (B - 1), 1, B - 1, 4]],  # one call: request 1 takes two passes
+            # two calls: then blocks of different lengths in one pass (request 1's third block beside
+            # the others' second)
+            [[1, 2 * (B - 1), 3, 4, 5], [2, B, 1, B, 2 * B]],
+            [[B - 1] * len(prompts)],
+        ]
         for calls in rounds:
             before = [0] * len(prompts)  # passes spent on each request's round so far
             for asks in calls:
@@ -162,8 +169,10 @@ def test_a_drafted_stop_token_ends_that_request_only(network, target, rt):
     two passes, request 3 drafts it in its first block and ends there, the others go on, as alone;
     ``extension=none`` keeps request 1 to one block; asking more of an ended draft runs no pass."""
     if hasattr(network, "d2t"):
-        pytest.skip("the scenario is built on the official checkpoint's drafts (request 4's first extension token "
-                    "absent from its first block); the draft-vocabulary network drafts other tokens")
+        pytest.skip(
+            "the scenario is built on the official checkpoint's drafts (request 4's first extension token "
+            "absent from its first block); the draft-vocabulary network drafts other tokens"
+        )
     prompts = _prompts()
     free = DFlashDrafter.draft_many(_requests(network, target, rt, prompts), [2 * (B - 1)] * len(prompts))
     stop = int(free[4].token_ids[B - 1])
@@ -222,6 +231,7 @@ def test_one_request_takes_the_plain_path_and_bad_counts_are_refused(network, ta
 
 
 # -- the AR drafter (``drafters/ar.py``): one padded pass per drafted position ------------------
+
 
 def _ar_requests(model, rt, prompts, sampling=None):
     """One AR drafter per prompt, prefilled (its cache still empty: the prompt is fed by the first
@@ -300,13 +310,21 @@ def test_ar_draft_many_drafts_what_each_request_drafts_alone_in_one_pass_per_pos
 
 # -- the Fast-dLLM drafter (``drafters/fastdllm.py``): one padded pass per unmasking / boundary step --
 
+
 def _fastdllm_requests(model, rt, prompts, threshold, stop=()):
     from types import SimpleNamespace
 
     from specpolicy.drafters.fastdllm import FastDLLMDrafter
 
-    base = FastDLLMDrafter(model, rt, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16, small_block_size=4,
-                           threshold=threshold, stop_token_ids=stop)
+    base = FastDLLMDrafter(
+        model,
+        rt,
+        SimpleNamespace(mask_token_id=VOCAB - 2),
+        block_size=16,
+        small_block_size=4,
+        threshold=threshold,
+        stop_token_ids=stop,
+    )
     out = []
     for p in prompts:
         d = copy.copy(base)

@@ -187,8 +187,13 @@ def test_cached_block_pass_equals_uncached_block_causal_forward(runtime, attn):
 
     mask = as_model_mask(block_causal_mask(64, 16, 80, B), attn, torch.float64)
     with torch.no_grad():
-        out = model(input_ids=seq[None, 64:], attention_mask=mask, position_ids=torch.arange(64, 80)[None],
-                    cache=d.cache, use_cache=True).logits[0]
+        out = model(
+            input_ids=seq[None, 64:],
+            attention_mask=mask,
+            position_ids=torch.arange(64, 80)[None],
+            cache=d.cache,
+            use_cache=True,
+        ).logits[0]
     torch.testing.assert_close(out, ref[64:], rtol=0, atol=1e-10)
 
     # Bidirectional inside a block, blind to later blocks.
@@ -210,8 +215,7 @@ def test_prefill_caches_complete_blocks_only(runtime):
         if base:
             fresh = DynamicCache()
             with torch.no_grad():
-                model(input_ids=seq[None, :base], attention_mask=ref_mask(base, 32), cache=fresh,
-                      use_cache=True)
+                model(input_ids=seq[None, :base], attention_mask=ref_mask(base, 32), cache=fresh, use_cache=True)
             _assert_cache_equal(d.cache, fresh)
         assert (d._first is not None) == (n == base)
 
@@ -450,8 +454,13 @@ def test_generation_is_lossless(runtime, k, reuse):
         prompt = prompt_of(plen, seed=plen)
         want = _greedy(target, runtime, prompt, 40)
         got = generate(
-            prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=40,
-            drafter=drafter(model, runtime), policy=StaticPolicy(k), reuse=DraftReuse() if reuse else None,
+            prompt,
+            HFVerifier(target, runtime, frozenset()),
+            runtime,
+            max_new_tokens=40,
+            drafter=drafter(model, runtime),
+            policy=StaticPolicy(k),
+            reuse=DraftReuse() if reuse else None,
         )
         assert torch.equal(got.output_ids, want), plen
 
@@ -469,8 +478,13 @@ def test_generation_is_lossless_with_long_acceptance(runtime, k):
             prompt = prompt_of(plen, seed=plen)
             want = _greedy(target, runtime, prompt, 100)
             got = generate(
-                prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=100,
-                drafter=drafter(dmodel, runtime), policy=StaticPolicy(k), reuse=DraftReuse(),
+                prompt,
+                HFVerifier(target, runtime, frozenset()),
+                runtime,
+                max_new_tokens=100,
+                drafter=drafter(dmodel, runtime),
+                policy=StaticPolicy(k),
+                reuse=DraftReuse(),
             )
             assert torch.equal(got.output_ids, want), plen
             accepted += sum(r.accepted_length for r in got.rounds)
@@ -568,8 +582,7 @@ def test_loop_verifies_a_draft_ending_at_a_stop_token(runtime):
     want = generate(prompt, verifier, runtime, max_new_tokens=60).output_ids
     assert int(want[-1]) == eos and want.shape[0] == 25
     d = FastDLLMDrafter(model, runtime, TOK, threshold=0.05, stop_token_ids=[eos])
-    got = generate(prompt, verifier, runtime, max_new_tokens=60, drafter=d, policy=StaticPolicy(20),
-                   reuse=DraftReuse())
+    got = generate(prompt, verifier, runtime, max_new_tokens=60, drafter=d, policy=StaticPolicy(20), reuse=DraftReuse())
     assert torch.equal(got.output_ids, want)
     last = got.rounds[-1]
     assert last.draft_stop_reason == "stop_token" and last.finish_reason == "eos"
@@ -642,8 +655,9 @@ def test_failfast_small_block_scope_stops_where_the_paper_rule_continues(runtime
     want = _greedy(cycle_model(), runtime, prompt, 45)
     for scope, first_round, reason in (("draft", 20, "n_max"), ("small_block", 4, "low_confidence")):
         policy = FailFastPolicy(n=4, tau=0.45, n_max=20, confidence_scope=scope)
-        got = generate(prompt, target, runtime, max_new_tokens=45, drafter=drafter(cycle_model(), runtime),
-                       policy=policy)
+        got = generate(
+            prompt, target, runtime, max_new_tokens=45, drafter=drafter(cycle_model(), runtime), policy=policy
+        )
         assert torch.equal(got.output_ids, want), scope
         assert got.rounds[0].speculation_length == first_round and got.rounds[0].draft_stop_reason == reason
 
@@ -671,8 +685,10 @@ def _save_fast_dllm_layout(model, path, bd_size=32) -> None:
     cfg.update(
         model_type="Fast_dLLM_Qwen",
         architectures=["Fast_dLLM_QwenForCausalLM"],
-        auto_map={"AutoConfig": "configuration.Fast_dLLM_QwenConfig",
-                  "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM"},
+        auto_map={
+            "AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+            "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM",
+        },
         bd_size=bd_size,
     )
     (path / "config.json").write_text(json.dumps(cfg))
@@ -682,8 +698,9 @@ def test_fast_dllm_v2_checkpoint_loads_as_qwen2(runtime, tmp_path):
     model = tiny(14)
     _save_fast_dllm_layout(model, tmp_path)
     verifier = SimpleNamespace(tokenizer=_tokenizer(declare_mask=False))
-    d = specpolicy_make_drafter(name="fastdllm", config={"model": str(tmp_path), "small_block_size": 8},
-                                runtime=runtime, verifier=verifier)
+    d = specpolicy_make_drafter(
+        name="fastdllm", config={"model": str(tmp_path), "small_block_size": 8}, runtime=runtime, verifier=verifier
+    )
     assert isinstance(d, FastDLLMDrafter) and d.block_size == 32 and d.mask_token_id == MASK
     assert type(d.model).__name__ == "Qwen2ForCausalLM"
     loaded, orig = d.model.state_dict(), model.state_dict()
@@ -697,13 +714,15 @@ def test_fast_dllm_v2_checkpoint_loads_as_qwen2(runtime, tmp_path):
     assert torch.equal(d.draft(15).token_ids, ref.draft(15).token_ids)
     assert specpolicy_make_drafter(name="ar", config={}, runtime=runtime, verifier=verifier) is None
     with pytest.raises(ValueError, match="block_size"):
-        specpolicy_make_drafter(name="fastdllm", config={"model": str(tmp_path), "block_size": 16},
-                                runtime=runtime, verifier=verifier)
+        specpolicy_make_drafter(
+            name="fastdllm", config={"model": str(tmp_path), "block_size": 16}, runtime=runtime, verifier=verifier
+        )
     other = _tokenizer(declare_mask=False)
     other.add_tokens(["an-extra-token"])
     with pytest.raises(ValueError, match="vocabulary"):
-        specpolicy_make_drafter(name="fastdllm", config={"model": str(tmp_path)}, runtime=runtime,
-                                verifier=SimpleNamespace(tokenizer=other))
+        specpolicy_make_drafter(
+            name="fastdllm", config={"model": str(tmp_path)}, runtime=runtime, verifier=SimpleNamespace(tokenizer=other)
+        )
 
 
 def test_mask_token_lookup():
@@ -713,8 +732,9 @@ def test_mask_token_lookup():
         mask_token_id_of(SimpleNamespace(mask_token_id=None))
     from tokenizers import Tokenizer, models
 
-    bare = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")),
-                                   unk_token="a")
+    bare = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a")), unk_token="a"
+    )
     with pytest.raises(ValueError, match="mask"):
         mask_token_id_of(bare)
 

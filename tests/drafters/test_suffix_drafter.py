@@ -84,8 +84,9 @@ def test_commit_indexes_incrementally_like_a_fresh_prefill(runtime):
         draft = live.draft(4)
         truth = seq[pos:].tolist()
         accepted = 0
-        while (accepted < draft.length and accepted < len(truth) - 1
-               and int(draft.token_ids[accepted]) == truth[accepted]):
+        while (
+            accepted < draft.length and accepted < len(truth) - 1 and int(draft.token_ids[accepted]) == truth[accepted]
+        ):
             accepted += 1
         _commit(live, draft, accepted, truth[accepted])
         pos += accepted + 1
@@ -172,8 +173,10 @@ def test_config_and_plugin(runtime):
         make_drafter(pm, {"name": "suffix", "min_len": 3}, runtime, verifier=None)
 
 
-@pytest.mark.parametrize("kwargs,key", [({"min_match": 0}, "min_match"), ({"max_match": 1}, "max_match"),
-                                        ({"min_confidence": 1.5}, "min_confidence")])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [({"min_match": 0}, "min_match"), ({"max_match": 1}, "max_match"), ({"min_confidence": 1.5}, "min_confidence")],
+)
 def test_bad_values_name_the_key(runtime, kwargs, key):
     with pytest.raises(ValueError, match=f"drafter.{key}"):
         SuffixDrafter(runtime, **kwargs)

@@ -57,8 +57,9 @@ def test_dflash_training_blocks_equal_inference_passes(given):
                 alone = draft(embed(block)[None], torch.arange(a, a + span)[None], own)[0]
                 torch.testing.assert_close(packed[r, b], alone)
                 labels = layout["labels"][r, b, given:]
-                want = torch.where(torch.arange(a + given, a + span) < n,
-                                   ids[r, (a + given + torch.arange(5)).clamp(max=29)], -100)
+                want = torch.where(
+                    torch.arange(a + given, a + span) < n, ids[r, (a + given + torch.arange(5)).clamp(max=29)], -100
+                )
                 assert torch.equal(labels, want)
 
 
@@ -75,15 +76,17 @@ def test_eagle3_training_time_test_equals_the_cached_chain():
     with torch.no_grad():
         outs = ttt_forward(head, embed, ids, feats, steps)
         for i in (0, 5, 12):  # committed through x_{i+1}: pairs 0..i real, then the chain of true tokens
-            out, k, v = head(F.embedding(ids[:, 1 : i + 2], embed), head.fc(feats[:, : i + 1]),
-                             torch.arange(i + 1)[None], None)
+            out, k, v = head(
+                F.embedding(ids[:, 1 : i + 2], embed), head.fc(feats[:, : i + 1]), torch.arange(i + 1)[None], None
+            )
             torch.testing.assert_close(out[0, -1], outs[0][0, i])
             last = out[:, -1:]
             for j in range(1, steps):
                 if i + j + 1 >= ids.shape[1]:
                     break
-                last, k, v = head(F.embedding(ids[:, i + j + 1 : i + j + 2], embed), last,
-                                  torch.tensor([[i + j]]), (k, v))
+                last, k, v = head(
+                    F.embedding(ids[:, i + j + 1 : i + j + 2], embed), last, torch.tensor([[i + j]]), (k, v)
+                )
                 torch.testing.assert_close(last[0, -1], outs[j][0, i])
 
 
@@ -92,8 +95,13 @@ def test_feature_store_returns_the_targets_hidden_states(tmp_path):
     path = tmp_path / "target"
     target.float().save_pretrained(path)
     g = torch.Generator().manual_seed(2)
-    examples = [Example(tuple(torch.randint(0, 60, (n,), generator=g).tolist()),
-                        tuple(torch.randint(0, 60, (m,), generator=g).tolist())) for n, m in ((3, 9), (5, 2), (4, 20))]
+    examples = [
+        Example(
+            tuple(torch.randint(0, 60, (n,), generator=g).tolist()),
+            tuple(torch.randint(0, 60, (m,), generator=g).tolist()),
+        )
+        for n, m in ((3, 9), (5, 2), (4, 20))
+    ]
     stats = extract_features(path, examples, [1, 3], tmp_path / "store", batch_tokens=40, log_every=0)
     assert stats["tokens"] == sum(len(e) for e in examples)
     store = FeatureStore(tmp_path / "store")
@@ -104,7 +112,7 @@ def test_feature_store_returns_the_targets_hidden_states(tmp_path):
         hs = model(input_ids=ids, output_hidden_states=True).hidden_states
         want = torch.cat([hs[3][0], hs[1][0]], -1).to(torch.bfloat16).float()
         torch.testing.assert_close(batch[row, : len(e)], want)
-        assert not batch[row, len(e):].any()
+        assert not batch[row, len(e) :].any()
     view = store.select([2])
     torch.testing.assert_close(view.batch([0], [1], 24), store.batch([2], [1], 24))
 
@@ -130,10 +138,23 @@ def test_a_short_training_run_lowers_the_loss_and_saves_the_official_layout(tmp_
     cfg = TrainConfig(epochs=20, batch_tokens=256, lr=1e-2, warmup_steps=5, log_every=5, bf16=False)
     small = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64)
     if kind == "dflash":
-        stats = train_dflash(path, examples, store, cfg, tmp_path / "out", 0, MASK, block_size=6,
-                             target_layer_ids=(0, 2), anchors=4, size={**small, "num_hidden_layers": 1},
-                             train_indices=list(range(36)), heldout_indices=list(range(36, 40)), val_every=10,
-                             checkpoint_every=15)
+        stats = train_dflash(
+            path,
+            examples,
+            store,
+            cfg,
+            tmp_path / "out",
+            0,
+            MASK,
+            block_size=6,
+            target_layer_ids=(0, 2),
+            anchors=4,
+            size={**small, "num_hidden_layers": 1},
+            train_indices=list(range(36)),
+            heldout_indices=list(range(36, 40)),
+            val_every=10,
+            checkpoint_every=15,
+        )
         model = load_dflash(tmp_path / "out")
         saved = json.loads((tmp_path / "out.checkpoint" / "config.json").read_text())
         assert 15 <= saved["train_step"] <= stats["steps"]  # the last save, at a progress line
@@ -142,9 +163,20 @@ def test_a_short_training_run_lowers_the_loss_and_saves_the_official_layout(tmp_
         assert config["dflash_config"] == {"target_layer_ids": [0, 2], "mask_token_id": MASK, "block_size": 6}
         assert model.spec.block_size == 6
     else:
-        stats = train_eagle3(path, examples, store, cfg, tmp_path / "out", 0, draft_vocab_size=40, steps=3,
-                             size=small, train_indices=list(range(36)), heldout_indices=list(range(36, 40)),
-                             val_every=10)
+        stats = train_eagle3(
+            path,
+            examples,
+            store,
+            cfg,
+            tmp_path / "out",
+            0,
+            draft_vocab_size=40,
+            steps=3,
+            size=small,
+            train_indices=list(range(36)),
+            heldout_indices=list(range(36, 40)),
+            val_every=10,
+        )
         model = load_eagle3(tmp_path / "out")
         assert model.spec.draft_vocab_size == 40
         assert 0.9 < stats["draft_vocab_coverage"] < 1.0  # 44 distinct response tokens, 40 in the draft vocabulary
@@ -153,8 +185,9 @@ def test_a_short_training_run_lowers_the_loss_and_saves_the_official_layout(tmp_
     accuracy = "accuracy_by_distance" if kind == "dflash" else "accuracy_by_step"
     assert curve[-1][accuracy][0] > curve[0][accuracy][0] + 0.3  # held out: it learnt to count
     assert stats["final_loss"] < stats["first_loss"]
-    names = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(
-        str(tmp_path / "out" / "model.safetensors")))
+    names = set(
+        __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "out" / "model.safetensors"))
+    )
     assert not any(n.startswith("embed_tokens") for n in names)  # the target's embeddings, not stored again
     if kind == "dflash":
         assert not any(n.startswith("lm_head") for n in names)  # ... nor its LM head
@@ -175,8 +208,13 @@ def test_dflash_validation_counts_blocks_by_their_correct_prefix(tmp_path):
     g = torch.Generator().manual_seed(4)
     # responses of tokens 6 and 7 only, and a head whose argmax is always 6 or 7 (row 7 = -row 6): about
     # half the drafted tokens are right, so every threshold counts some blocks
-    examples = [Example(tuple(torch.randint(6, 60, (4,), generator=g).tolist()),
-                        tuple(torch.randint(6, 8, (m,), generator=g).tolist())) for m in (9, 30, 3, 22, 14)]
+    examples = [
+        Example(
+            tuple(torch.randint(6, 60, (4,), generator=g).tolist()),
+            tuple(torch.randint(6, 8, (m,), generator=g).tolist()),
+        )
+        for m in (9, 30, 3, 22, 14)
+    ]
     extract_features(path, examples, [1, 3], tmp_path / "store", log_every=0)
     store = FeatureStore(tmp_path / "store")
     draft = new_dflash(target.config, MASK, 4, [0, 2], seed=5).eval()

@@ -41,8 +41,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def examples(tok):
-    return [Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"])))
-            for r in _rows(6)]
+    return [
+        Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in _rows(6)
+    ]
 
 
 def _tiny(tok, seed=0, dtype=torch.float32):
@@ -67,11 +68,11 @@ def test_suffix_masks_are_block_suffixes():
     assert torch.equal(masked, targets & (off > 0))  # offset 0 is a target but never a mask
     cuts = []
     for b in range(3):
-        blk_t, blk_r = targets[:, 32 * b: 32 * b + 32], resp[:, 32 * b: 32 * b + 32]
+        blk_t, blk_r = targets[:, 32 * b : 32 * b + 32], resp[:, 32 * b : 32 * b + 32]
         for r in range(64):
             idx = blk_t[r].nonzero().flatten().tolist()
             if idx:  # a suffix: every response token from the first target on is a target
-                assert blk_t[r, idx[0]:].tolist() == blk_r[r, idx[0]:].tolist()
+                assert blk_t[r, idx[0] :].tolist() == blk_r[r, idx[0] :].tolist()
                 if b == 1:
                     cuts.append(idx[0])
     assert len(set(cuts)) > 8  # uniform cuts occur ...
@@ -94,10 +95,10 @@ def test_mixed_noise_keeps_the_original_recipe_and_mixes_per_block():
     r2 = resp.repeat(2, 1)
     for r in range(16):
         for blk in range(4):
-            t = t1[r, 32 * blk: 32 * blk + 32]
+            t = t1[r, 32 * blk : 32 * blk + 32]
             if t.any():
                 first = int(t.nonzero()[0])
-                assert torch.equal(t[first:], r2[r, 32 * blk + first: 32 * blk + 32])
+                assert torch.equal(t[first:], r2[r, 32 * blk + first : 32 * blk + 32])
     mh, th = mixed_noise(resp, torch.Generator().manual_seed(3), 32, suffix_prob=0.5)
     # per block either complementary random masks (copies disjoint, union = response) or suffixes
     B = 8
@@ -132,8 +133,9 @@ def test_matched_loss_uses_the_token_shift_and_soft_targets(tok, examples):
     batch = collate(examples, tok.pad_token_id, 32)
     batch["index"] = torch.arange(len(examples))
     B, L = batch["input_ids"].shape
-    inp = make_dllm_inputs(batch, tok.mask_token_id, torch.Generator().manual_seed(5), 32, suffix_prob=1.0,
-                           boundary_prob=1.0)
+    inp = make_dllm_inputs(
+        batch, tok.mask_token_id, torch.Generator().manual_seed(5), 32, suffix_prob=1.0, boundary_prob=1.0
+    )
     noisy = inp["input_ids"][:, :L]
     assert torch.equal(noisy == tok.mask_token_id, inp["masked"])
     first = inp["targets"] & ~inp["masked"]  # targets kept visible: block offset 0 only
@@ -172,12 +174,25 @@ def test_matched_phase_trains_and_saves(tok, examples, tmp_path):
     from specpolicy.family.models import load_model, save_model
 
     save_model(_tiny(tok), tok, tmp_path / "init")
-    soft = [(torch.tensor([[t]] * 1, dtype=torch.int16).repeat(len(e.response_ids), 1),
-             torch.zeros(len(e.response_ids), 1, dtype=torch.float16)) for e, t in zip(examples, range(10, 16))]
-    cfg = TrainConfig(epochs=2, max_steps=3, batch_tokens=512, lr=1e-3, warmup_steps=1, pad_to_multiple=32,
-                      log_every=1)
-    st = train_dllm_model(tmp_path / "init", examples, tok, cfg, tmp_path / "out", suffix_prob=0.5,
-                          soft_targets=soft, soft_weight=0.5, checkpoint_every=2)
+    soft = [
+        (
+            torch.tensor([[t]] * 1, dtype=torch.int16).repeat(len(e.response_ids), 1),
+            torch.zeros(len(e.response_ids), 1, dtype=torch.float16),
+        )
+        for e, t in zip(examples, range(10, 16))
+    ]
+    cfg = TrainConfig(epochs=2, max_steps=3, batch_tokens=512, lr=1e-3, warmup_steps=1, pad_to_multiple=32, log_every=1)
+    st = train_dllm_model(
+        tmp_path / "init",
+        examples,
+        tok,
+        cfg,
+        tmp_path / "out",
+        suffix_prob=0.5,
+        soft_targets=soft,
+        soft_weight=0.5,
+        checkpoint_every=2,
+    )
     assert st["steps"] == 3 and st["suffix_prob"] == 0.5 and st["soft_weight"] == 0.5
     assert load_model(tmp_path / "out").config.bd_block_size == 32
     ckpt = load_model(tmp_path / "out.checkpoint").config
@@ -224,21 +239,34 @@ def test_ece_and_summary_on_known_drafts():
     d2 = ref.clone()  # all correct
     d3 = ref.clone()
     d3[0] = 0  # wrong first, right later
-    drafts = [(d1, torch.full((40,), 0.9), ref), (d2, torch.full((40,), 0.9), ref),
-              (d3, torch.full((40,), 0.9), ref[:10])]  # the third reference ends after 10 tokens
+    drafts = [
+        (d1, torch.full((40,), 0.9), ref),
+        (d2, torch.full((40,), 0.9), ref),
+        (d3, torch.full((40,), 0.9), ref[:10]),
+    ]  # the third reference ends after 10 tokens
     s = summarize_drafts(drafts, 40, draft_lengths=(8, 16, 32), calibration_distance=32)
     assert s["agreement"][0] == pytest.approx(2 / 3, abs=1e-3) and s["agreement"][3] == pytest.approx(2 / 3, abs=1e-3)
     assert s["agreement"][1] == 1.0 and s["n_by_distance"][9] == 3 and s["n_by_distance"][10] == 2
     assert s["agreement"][20] == 1.0  # only d1, d2 reach distance 21; d1 matches there again
-    assert s["longest_correct_prefix"] == {"8": pytest.approx((3 + 8 + 0) / 3, abs=1e-3), "16": pytest.approx((3 + 16) / 3, abs=1e-3),
-                                           "32": pytest.approx((3 + 32) / 3, abs=1e-3)}
+    assert s["longest_correct_prefix"] == {
+        "8": pytest.approx((3 + 8 + 0) / 3, abs=1e-3),
+        "16": pytest.approx((3 + 16) / 3, abs=1e-3),
+        "32": pytest.approx((3 + 32) / 3, abs=1e-3),
+    }
     assert s["mean_confidence_by_distance"][0] == pytest.approx(0.9, abs=1e-3)
     assert s["ece_by_distance"][0] == pytest.approx(abs(2 / 3 - 0.9), abs=1e-4)
 
 
 def test_accepted_length_shares(tmp_path):
-    rows = [{"rounds": [{"speculation_length": 16, "accepted_length": a} for a in (0, 2, 5, 12)]},
-            {"rounds": [{"speculation_length": 16, "accepted_length": 16}, {"speculation_length": 0, "accepted_length": 0}]}]
+    rows = [
+        {"rounds": [{"speculation_length": 16, "accepted_length": a} for a in (0, 2, 5, 12)]},
+        {
+            "rounds": [
+                {"speculation_length": 16, "accepted_length": 16},
+                {"speculation_length": 0, "accepted_length": 0},
+            ]
+        },
+    ]
     p = tmp_path / "results.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = accepted_length_shares(p)
@@ -259,7 +287,7 @@ def test_collect_drafts_runs_the_loop_drafter(tok):
     drafts = collect_drafts(drafter, [prompt], [out], stride=7, max_distance=40)
     assert len(drafts) == len(range(0, 40, 7))
     for (ids, conf, ref), c in zip(drafts, range(0, 40, 7)):
-        assert ids.shape == conf.shape == (40,) and torch.equal(ref, out[c: c + 40])
+        assert ids.shape == conf.shape == (40,) and torch.equal(ref, out[c : c + 40])
         assert ((conf > 0) & (conf <= 1)).all()
         prefix = torch.cat([prompt, out[:c]]).tolist()
         off = len(prefix) % 32

@@ -93,7 +93,9 @@ def test_tokenizer_special_tokens_and_roundtrip(tok, rows, tmp_path):
 
 
 def test_chat_template(tok):
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=False
+    )
     assert text == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
     ids = encode_prompt(tok, "What is 2+3?")
     assert ids[0] == 1 and tok.decode(ids) == text
@@ -122,7 +124,7 @@ def test_data_examples_and_batches(tok, data_file):
         p = len(e.prompt_ids)
         assert b["response"][i].nonzero().flatten().tolist() == list(range(p, len(e)))
         assert b["valid"][i].sum() == len(e)
-        assert (b["input_ids"][i, len(e):] == tok.pad_token_id).all()
+        assert (b["input_ids"][i, len(e) :] == tok.pad_token_id).all()
     lens = [len(e) for e in exs]
     plan = batch_plan(lens, 500, seed=1, epoch=0)
     assert sorted(i for bb in plan for i in bb) == list(range(120))
@@ -208,7 +210,9 @@ def test_transformers_uses_custom_4d_mask(tok, impl):
     x = torch.cat([noisy, ids], 1)
     pos = torch.arange(L).repeat(2)[None].expand(2, -1)
     with torch.no_grad():
-        out = m(input_ids=x, position_ids=pos, attention_mask=to_attention_mask(dual_stream_mask(valid, bs), impl)).logits
+        out = m(
+            input_ids=x, position_ids=pos, attention_mask=to_attention_mask(dual_stream_mask(valid, bs), impl)
+        ).logits
         # reference: clean stream alone under the block-causal mask
         ref = m(input_ids=ids, attention_mask=to_attention_mask(block_causal_mask(valid, bs), impl)).logits
         plain = m(input_ids=ids).logits
@@ -223,7 +227,9 @@ def test_transformers_uses_custom_4d_mask(tok, impl):
 
 def test_dllm_loss_matches_manual(tok, rows):
     m = _tiny(tok)
-    exs = [Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:3]]
+    exs = [
+        Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:3]
+    ]
     batch = collate(exs, tok.pad_token_id, 32)
     g = torch.Generator().manual_seed(3)
     inp = make_dllm_inputs(batch, tok.mask_token_id, g, 32)
@@ -237,9 +243,7 @@ def test_dllm_loss_matches_manual(tok, rows):
     assert torch.equal(noisy == tok.mask_token_id, inp["masked"])
     with torch.no_grad():
         loss, n = dllm_loss_from_inputs(m, inp, 32)
-        logits = m(
-            input_ids=inp["input_ids"], position_ids=inp["position_ids"], attention_mask=inp["mask"]
-        ).logits
+        logits = m(input_ids=inp["input_ids"], position_ids=inp["position_ids"], attention_mask=inp["mask"]).logits
     manual, cnt = 0.0, 0
     for r in range(2 * B):
         for i in inp["masked"][r].nonzero().flatten().tolist():
@@ -255,7 +259,9 @@ def test_dllm_loss_matches_manual(tok, rows):
 
 def test_ar_loss_is_response_only(tok, rows):
     m = _tiny(tok)
-    exs = [Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:3]]
+    exs = [
+        Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:3]
+    ]
     batch = collate(exs, tok.pad_token_id)
     with torch.no_grad():
         loss, n = ar_loss(m, batch)
@@ -263,14 +269,20 @@ def test_ar_loss_is_response_only(tok, rows):
         for e in exs:  # unpadded forward per example, loss on response tokens only
             logits = m(input_ids=torch.tensor([e.prompt_ids + e.response_ids])).logits[0]
             p = len(e.prompt_ids)
-            manual.append(torch.nn.functional.cross_entropy(logits[p - 1 : len(e) - 1], torch.tensor(e.response_ids), reduction="sum"))
+            manual.append(
+                torch.nn.functional.cross_entropy(
+                    logits[p - 1 : len(e) - 1], torch.tensor(e.response_ids), reduction="sum"
+                )
+            )
     assert n == sum(len(e.response_ids) for e in exs)
     assert abs(loss.item() - (sum(manual) / n).item()) < 1e-4
 
 
 @pytest.mark.slow  # training
 def test_tiny_training_saves_loadable_models(tok, rows, tmp_path):
-    exs = [Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:16]]
+    exs = [
+        Example(tuple(encode_prompt(tok, r["question"])), tuple(encode_response(tok, r["answer"]))) for r in rows[:16]
+    ]
     cfg = TrainConfig(epochs=8, batch_tokens=2048, lr=1e-2, warmup_steps=2, seed=0, log_every=1000)
     st = train_ar_model("tiny", exs, tok, cfg, tmp_path / "ar", vocab_size=len(tok))
     assert st["steps"] >= 8 and st["final_loss"] < st["first_loss"] - 0.5
@@ -331,9 +343,17 @@ def test_greedy_generate_batched_equals_single(tok, rows):
 def test_eval_helpers():
     q = "Natalia sold 48 clips in April and half as many in May. How many in total?"
     good = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n48+24 = <<48+24=72>>72\n#### 72"
-    assert answer_metrics(q, good, "...\n#### 72") == {"ends_with_answer": True, "uses_question_number": True, "correct": True}
+    assert answer_metrics(q, good, "...\n#### 72") == {
+        "ends_with_answer": True,
+        "uses_question_number": True,
+        "correct": True,
+    }
     bad = "She sold 5 clips.\n#### 1,000"
-    assert answer_metrics(q, bad, "#### 72") == {"ends_with_answer": True, "uses_question_number": False, "correct": False}
+    assert answer_metrics(q, bad, "#### 72") == {
+        "ends_with_answer": True,
+        "uses_question_number": False,
+        "correct": False,
+    }
     assert not answer_metrics(q, "48 and more", None)["ends_with_answer"]
     match = [True, True, False, True, True, True, True, True, False, True]
     d, a, n = simulate_rounds(lambda c, k: match[c : c + k], len(match), 3)

@@ -38,8 +38,16 @@ DRAFT_VOCAB = sorted(set(range(0, VOCAB, 2)) | {EOS})
 @pytest.fixture(scope="module", params=["official", "draft-vocab"])
 def checkpoint(tmp_path_factory, request):
     """A tiny checkpoint in the official layout, and one with a draft vocabulary: every test runs on both."""
-    return write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK,
-                                   draft_vocab=DRAFT_VOCAB if request.param == "draft-vocab" else None)
+    return write_dflash_checkpoint(
+        tmp_path_factory.mktemp("dflash"),
+        32,
+        VOCAB,
+        4,
+        LAYER_IDS,
+        B,
+        MASK,
+        draft_vocab=DRAFT_VOCAB if request.param == "draft-vocab" else None,
+    )
 
 
 def _drafter(checkpoint, target, runtime, stop=()):
@@ -75,8 +83,13 @@ def test_drafts_equal_the_official_semantics_through_the_loop(checkpoint, target
             want = dflash_reference(checkpoint, target, committed)
             assert len(r.draft_token_ids) == B - 1 or r.draft_stop_reason == "room"
             assert r.draft_token_ids == tuple(want.tolist())[: len(r.draft_token_ids)]
-            committed = torch.cat([committed, torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                                   torch.tensor(r.target_token_ids[r.accepted_length: r.accepted_length + 1])])
+            committed = torch.cat(
+                [
+                    committed,
+                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
+                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
+                ]
+            )
 
 
 def _features(target, seq, start, stop):
@@ -101,8 +114,12 @@ def test_drafts_equal_the_reference_for_any_accepted_lengths(checkpoint, target,
             a = accept
         nxt = torch.randint(6, VOCAB - 1, (1,), generator=g)
         new = torch.cat([committed, draft.token_ids[:a], nxt])
-        verification = Verification(a, int(nxt), torch.cat([draft.token_ids[:a], nxt]),
-                                    features=_features(target, new, committed.shape[0] - 1, committed.shape[0] + a))
+        verification = Verification(
+            a,
+            int(nxt),
+            torch.cat([draft.token_ids[:a], nxt]),
+            features=_features(target, new, committed.shape[0] - 1, committed.shape[0] + a),
+        )
         drafter.commit(draft, verification)
         committed = new
         assert drafter.cache.length <= committed.shape[0] - 1
@@ -139,11 +156,17 @@ def test_a_drafted_stop_token_ends_the_draft(checkpoint, target, rt):
     assert draft.ends_at_stop_token and draft.length == first + 1 and draft.lookahead == 0
 
 
-@pytest.mark.parametrize("policy", [
-    {"name": "static", "k": 3}, {"name": "static", "k": 20},
-    {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}, {"name": "specdecpp"}, {"name": "aimd"},
-    {"name": "goodput"},
-])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"name": "static", "k": 3},
+        {"name": "static", "k": 20},
+        {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30},
+        {"name": "specdecpp"},
+        {"name": "aimd"},
+        {"name": "goodput"},
+    ],
+)
 def test_lossless_with_every_policy(checkpoint, target, rt, policy):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     drafter = _drafter(checkpoint, target, rt, stop=frozenset({EOS}))
@@ -261,11 +284,14 @@ def _target_config(**changes):
     return {**base, **changes}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_size": 48}, "hidden_size 32 does not match the target's 48"),
-    ({"vocab_size": 100}, "vocab_size 64 does not match the target's 100"),
-    ({"num_hidden_layers": 2}, "target_layer_ids [0, 2] name layers the target does not have ([2]"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_size": 48}, "hidden_size 32 does not match the target's 48"),
+        ({"vocab_size": 100}, "vocab_size 64 does not match the target's 100"),
+        ({"num_hidden_layers": 2}, "target_layer_ids [0, 2] name layers the target does not have ([2]"),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(checkpoint, change, message):
     draft_config = json.loads((checkpoint / "config.json").read_text())
     with pytest.raises(ConfigError) as err:
@@ -294,8 +320,11 @@ def test_a_draft_vocabulary_that_does_not_fit_is_one_line(tmp_path, target, rt):
     config = json.loads((half / "config.json").read_text())
     del config["dflash_config"]["draft_vocab_size"]
     (half / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"the weights have d2t but config.json has no draft_vocab_size "
-                                          r"\(set it to d2t's length, 3\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the weights have d2t but config.json has no draft_vocab_size "
+        r"\(set it to d2t's length, 3\)",
+    ):
         load_dflash(half)
     config["dflash_config"]["draft_vocab_size"] = 3
     (half / "config.json").write_text(json.dumps(config))
@@ -331,8 +360,13 @@ def test_extension_none_keeps_a_draft_to_one_block(checkpoint, target, rt):
     more = drafter.draft(5)  # nothing more: the loop stops drafting ("no_proposal")
     assert more.length == B - 1 and more.forward_passes == 1
     with pytest.raises(ValueError, match="drafter.extension must be one of given, none, got 'twice'"):
-        DFlashDrafter(load_dflash(checkpoint), target.get_input_embeddings(), target.get_output_embeddings(), rt,
-                      extension="twice")
+        DFlashDrafter(
+            load_dflash(checkpoint),
+            target.get_input_embeddings(),
+            target.get_output_embeddings(),
+            rt,
+            extension="twice",
+        )
 
 
 @torch.no_grad()
@@ -344,8 +378,9 @@ def test_after_a_tree_round_the_next_block_starts_from_the_bonus_token(checkpoin
     committed = torch.randint(6, VOCAB - 1, (8,), generator=g)
     drafter.prefill(committed, features=_features(target, committed, 0, 7))
     chain = drafter.draft(2)
-    tree_draft = Draft(torch.cat([chain.token_ids, torch.tensor([40])]), torch.ones(3),
-                       parents=torch.tensor([-1, 0, -1]))
+    tree_draft = Draft(
+        torch.cat([chain.token_ids, torch.tensor([40])]), torch.ones(3), parents=torch.tensor([-1, 0, -1])
+    )
     nxt = torch.tensor([33])
     new = torch.cat([committed, torch.tensor([40]), nxt])  # node 2 (a root child) accepted, then 33
     targets = torch.tensor([0, 0, 0, 33])  # the target's tokens at the root and after each node
@@ -363,12 +398,20 @@ def _cps_drafter(checkpoint, target, runtime, lam=0.5, mass=0.8, stop=True):
     stops = [EOS] if stop else []
     search = PathSearch(NGramModel.build(corpus, VOCAB, 3), torch.tensor(stops, dtype=torch.long), mass=mass, lam=lam)
     model = load_dflash(checkpoint).to(runtime.torch_dtype)
-    return DFlashDrafter(model, target.get_input_embeddings(), target.get_output_embeddings(), runtime,
-                         frozenset(stops), path_search=search)
+    return DFlashDrafter(
+        model,
+        target.get_input_embeddings(),
+        target.get_output_embeddings(),
+        runtime,
+        frozenset(stops),
+        path_search=search,
+    )
 
 
-@pytest.mark.parametrize("policy", [{"name": "static", "k": 3}, {"name": "static", "k": 20},
-                                    {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}])
+@pytest.mark.parametrize(
+    "policy",
+    [{"name": "static", "k": 3}, {"name": "static", "k": 20}, {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}],
+)
 def test_path_search_drafts_are_lossless(checkpoint, target, rt, policy):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     drafter = _cps_drafter(checkpoint, target, rt)
@@ -385,9 +428,11 @@ def test_path_search_reranks_the_pass_and_is_the_argmax_without_the_ngram(checkp
     confidence is the drafter's probability of it."""
     committed = torch.randint(6, VOCAB - 1, (10,), generator=torch.Generator().manual_seed(7))
     drafts = {}
-    for name, drafter in [("plain", _drafter(checkpoint, target, rt)),
-                          ("argmax", _cps_drafter(checkpoint, target, rt, lam=1.0, mass=1e-6, stop=False)),
-                          ("cps", _cps_drafter(checkpoint, target, rt, lam=0.3))]:
+    for name, drafter in [
+        ("plain", _drafter(checkpoint, target, rt)),
+        ("argmax", _cps_drafter(checkpoint, target, rt, lam=1.0, mass=1e-6, stop=False)),
+        ("cps", _cps_drafter(checkpoint, target, rt, lam=0.3)),
+    ]:
         drafter.prefill(committed, features=_features(target, committed, 0, 9))
         drafts[name] = drafter.draft(2 * B)
     plain, argmax, cps = drafts["plain"], drafts["argmax"], drafts["cps"]
@@ -401,9 +446,13 @@ def test_path_search_reranks_the_pass_and_is_the_argmax_without_the_ngram(checkp
 def test_path_search_tokens_are_point_masses_when_sampling(checkpoint, target, rt):
     drafter = _cps_drafter(checkpoint, target, rt)
     committed = torch.randint(6, VOCAB - 1, (10,), generator=torch.Generator().manual_seed(7))
-    drafter.prefill(committed, sampling=SamplingConfig(temperature=0.8, top_k=0, top_p=1.0),
-                    features=_features(target, committed, 0, 9))
+    drafter.prefill(
+        committed,
+        sampling=SamplingConfig(temperature=0.8, top_k=0, top_p=1.0),
+        features=_features(target, committed, 0, 9),
+    )
     draft = drafter.draft(B - 1)
     assert draft.probs.shape == (draft.length, VOCAB)
-    assert torch.equal(draft.probs.argmax(-1), draft.token_ids) and torch.equal(draft.probs.sum(-1),
-                                                                                 torch.ones(draft.length))
+    assert torch.equal(draft.probs.argmax(-1), draft.token_ids) and torch.equal(
+        draft.probs.sum(-1), torch.ones(draft.length)
+    )

@@ -70,8 +70,13 @@ def test_chain_drafts_equal_the_reference_through_the_loop(checkpoint, target, r
             want = eagle3_reference(checkpoint, target, committed, len(r.draft_token_ids), default_layer_ids(LAYERS))
             assert r.draft_token_ids == tuple(want.tolist())
             assert r.drafter_forward_passes == len(r.draft_token_ids)
-            committed = torch.cat([committed, torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                                   torch.tensor(r.target_token_ids[r.accepted_length: r.accepted_length + 1])])
+            committed = torch.cat(
+                [
+                    committed,
+                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
+                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
+                ]
+            )
 
 
 @torch.no_grad()
@@ -86,36 +91,52 @@ def test_chain_drafts_equal_the_reference_for_any_accepted_lengths(checkpoint, t
         else:
             draft = drafter.draft(2)
             draft = drafter.draft(3)  # extended within the round
-            assert torch.equal(draft.token_ids, eagle3_reference(checkpoint, target, committed, 5,
-                                                                 default_layer_ids(LAYERS)))
+            assert torch.equal(
+                draft.token_ids, eagle3_reference(checkpoint, target, committed, 5, default_layer_ids(LAYERS))
+            )
             a = accept
         nxt = torch.randint(0, VOCAB - 1, (1,), generator=g)
         new = torch.cat([committed, draft.token_ids[:a], nxt])
-        drafter.commit(draft, Verification(a, int(nxt), torch.cat([draft.token_ids[:a], nxt]),
-                                           features=_features(target, new, committed.shape[0] - 1,
-                                                              committed.shape[0] + a)))
+        drafter.commit(
+            draft,
+            Verification(
+                a,
+                int(nxt),
+                torch.cat([draft.token_ids[:a], nxt]),
+                features=_features(target, new, committed.shape[0] - 1, committed.shape[0] + a),
+            ),
+        )
         committed = new
         # committed pairs only: cached, or waiting for the next round's first pass
         waiting = drafter._features.shape[0] + sum(f.shape[0] for f, _ in drafter._waiting)
         assert drafter.cache.length + waiting == committed.shape[0] - 1
     # the last commit too
     drafter.draft(2)
-    assert torch.equal(drafter.draft(3).token_ids, eagle3_reference(checkpoint, target, committed, 5,
-                                                                    default_layer_ids(LAYERS)))
+    assert torch.equal(
+        drafter.draft(3).token_ids, eagle3_reference(checkpoint, target, committed, 5, default_layer_ids(LAYERS))
+    )
 
 
-@pytest.mark.parametrize("policy", [
-    {"name": "static", "k": 3}, {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12}, {"name": "specdecpp"},
-    {"name": "aimd"}, {"name": "goodput"},
-])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"name": "static", "k": 3},
+        {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12},
+        {"name": "specdecpp"},
+        {"name": "aimd"},
+        {"name": "goodput"},
+    ],
+)
 def test_lossless_with_every_policy(checkpoint, target, rt, policy):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     drafter = _drafter(checkpoint, target, rt, stop=frozenset({EOS}))
     built = make_policy(get_plugin_manager(autoload=False), policy)
     for prompt in random_prompts(4):
         vanilla = generate(prompt, verifier, rt, max_new_tokens=30)
-        assert torch.equal(generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter,
-                                    policy=built).output_ids, vanilla.output_ids)
+        assert torch.equal(
+            generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=built).output_ids,
+            vanilla.output_ids,
+        )
 
 
 def test_a_one_token_prompt_drafts_nothing_then_continues(checkpoint, target, rt):
@@ -123,8 +144,9 @@ def test_a_one_token_prompt_drafts_nothing_then_continues(checkpoint, target, rt
     drafter = _drafter(checkpoint, target, rt)
     policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
     rounds = []
-    out = generate(torch.tensor([9]), verifier, rt, max_new_tokens=8, drafter=drafter, policy=policy,
-                   on_round=rounds.append)
+    out = generate(
+        torch.tensor([9]), verifier, rt, max_new_tokens=8, drafter=drafter, policy=policy, on_round=rounds.append
+    )
     assert rounds[0].speculation_length == 0 and rounds[0].draft_stop_reason == "no_proposal"
     assert rounds[1].speculation_length == 3
     assert torch.equal(out.output_ids, generate(torch.tensor([9]), verifier, rt, max_new_tokens=8).output_ids)
@@ -133,8 +155,11 @@ def test_a_one_token_prompt_drafts_nothing_then_continues(checkpoint, target, rt
 def test_sampling_q_lives_on_the_draft_vocabulary(checkpoint, target, rt):
     drafter = _drafter(checkpoint, target, rt)
     committed = torch.randint(0, VOCAB - 1, (6,), generator=torch.Generator().manual_seed(5))
-    drafter.prefill(committed, sampling=SamplingConfig(temperature=1.0, top_k=0, top_p=1.0),
-                    features=_features(target, committed, 0, 5))
+    drafter.prefill(
+        committed,
+        sampling=SamplingConfig(temperature=1.0, top_k=0, top_p=1.0),
+        features=_features(target, committed, 0, 5),
+    )
     draft = drafter.draft(4)
     assert draft.probs.shape == (4, VOCAB)
     torch.testing.assert_close(draft.probs.sum(-1), torch.ones(4))
@@ -142,11 +167,14 @@ def test_sampling_q_lives_on_the_draft_vocabulary(checkpoint, target, rt):
     assert bool((draft.probs.gather(1, draft.token_ids[:, None]) > 0).all())
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"hidden_size": 48}, "target_hidden_size 32 does not match the target's hidden size 48"),
-    ({"vocab_size": 100}, "do not fit the target's vocabulary of 100"),
-    ({"num_hidden_layers": 2}, "must be three layers of the target's 2"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"hidden_size": 48}, "target_hidden_size 32 does not match the target's hidden size 48"),
+        ({"vocab_size": 100}, "do not fit the target's vocabulary of 100"),
+        ({"num_hidden_layers": 2}, "must be three layers of the target's 2"),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_the_target_is_one_line(checkpoint, change, message):
     config = json.loads((checkpoint / "config.json").read_text())
     if change.get("num_hidden_layers"):

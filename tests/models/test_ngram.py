@@ -24,7 +24,7 @@ def reference_trie(documents, order):
     counts = Counter()
     for doc in documents:
         for start in range(len(doc)):
-            window = tuple(doc[start:start + order])
+            window = tuple(doc[start : start + order])
             for depth in range(1, len(window) + 1):
                 counts[window[:depth]] += 1
     return counts
@@ -56,8 +56,9 @@ def test_the_trie_rule_equals_the_reference_trie(seed):
     contexts = torch.tensor([[rng.randrange(vocab) for _ in range(order - 1)] for _ in range(20)])
     tokens = torch.tensor([rng.sample(range(vocab), 5) for _ in range(20)])
     got = model.trie_probs(contexts, tokens)
-    want = [[reference_probability(trie, c.tolist(), t, order) for t in row.tolist()]
-            for c, row in zip(contexts, tokens)]
+    want = [
+        [reference_probability(trie, c.tolist(), t, order) for t in row.tolist()] for c, row in zip(contexts, tokens)
+    ]
     assert torch.allclose(got, torch.tensor(want), atol=1e-6)
 
 
@@ -68,7 +69,7 @@ def naive_kneser_ney(documents, vocab, order, start):
         padded = [start] * (order - 1) + list(doc)
         for i in range(order - 1, len(padded)):
             for n in range(1, order + 1):
-                grams[n][tuple(padded[i - n + 1:i + 1])] += 1
+                grams[n][tuple(padded[i - n + 1 : i + 1])] += 1
     tables = {order: grams[order]}
     for n in range(order - 1, 0, -1):
         tables[n] = Counter(g[1:] for g in grams[n + 1])
@@ -82,7 +83,7 @@ def naive_kneser_ney(documents, vocab, order, start):
         if n == 1:
             total = sum(t.values())
             return (max(t.get((w,), 0) - d, 0) + d * len(t) / vocab) / total
-        prefix = tuple(context[-(n - 1):])
+        prefix = tuple(context[-(n - 1) :])
         follows = {g: c for g, c in t.items() if g[:-1] == prefix}
         total = sum(follows.values())
         lower = p(n - 1, context, w)
@@ -110,7 +111,9 @@ def test_kneser_ney_equals_the_formula_and_sums_to_one():
 
 def test_the_file_round_trip_and_the_bad_files(tmp_path):
     vocab = {f"t{i}": i for i in range(9)}
-    model = NGramModel.build([[1, 2, 3, 1, 2, 4], [2, 3]], len(vocab), 3, {"tokenizer_sha256": vocabulary_sha256(vocab)})
+    model = NGramModel.build(
+        [[1, 2, 3, 1, 2, 4], [2, 3]], len(vocab), 3, {"tokenizer_sha256": vocabulary_sha256(vocab)}
+    )
     path = model.save(tmp_path / "lm.npz")
     again = load_ngram(path, "policy.ngram", vocab)
     for a, b in zip(model.keys + model.counts, again.keys + again.counts):
@@ -139,8 +142,12 @@ def test_the_file_round_trip_and_the_bad_files(tmp_path):
 
 def test_the_command_builds_a_model_for_the_bundled_tokenizer(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps({"answer": f"She has {i} apples and {i + 2} pears.\n#### {2 * i + 2}"})
-                                for i in range(30)), encoding="utf-8")
+    corpus.write_text(
+        "\n".join(
+            json.dumps({"answer": f"She has {i} apples and {i + 2} pears.\n#### {2 * i + 2}"}) for i in range(30)
+        ),
+        encoding="utf-8",
+    )
     assert main(["--corpus", str(corpus), "--field", "answer", "--out", str(tmp_path / "lm.npz")]) == 0
     assert "30 documents" in capsys.readouterr().out
     from specpolicy.models.loading import load_tokenizer, resolve_model_path
@@ -150,8 +157,11 @@ def test_the_command_builds_a_model_for_the_bundled_tokenizer(tmp_path, capsys):
     ids = tokenizer.encode(" and", add_special_tokens=False)
     context = model.pad_context(tokenizer.encode("She has 3 apples", add_special_tokens=False))
     assert model.trie_probs(context[None], torch.tensor([ids[:1]])).item() == 1.0  # " and" always follows "apples"
-    assert math.isclose(model.log_probs(context[None], torch.arange(len(tokenizer.get_vocab()))[None]).exp().sum().item(),
-                        1.0, rel_tol=1e-4)
+    assert math.isclose(
+        model.log_probs(context[None], torch.arange(len(tokenizer.get_vocab()))[None]).exp().sum().item(),
+        1.0,
+        rel_tol=1e-4,
+    )
     with pytest.raises(SystemExit):
         main(["--corpus", str(corpus), "--field", "question", "--out", str(tmp_path / "x.npz")])
     assert "--field='question'" in capsys.readouterr().err

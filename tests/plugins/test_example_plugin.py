@@ -23,9 +23,20 @@ def test_installed_example_policy_runs_from_the_command_line_losslessly(family, 
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k != "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD"}
     proc = subprocess.run(
-        [sys.executable, "-m", "specpolicy", *overrides(family, drafter="drafter"), "policy=entropy",
-         "policy.max_bits=12", f"hydra.run.dir={run_dir}"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "specpolicy",
+            *overrides(family, drafter="drafter"),
+            "policy=entropy",
+            "policy.max_bits=12",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

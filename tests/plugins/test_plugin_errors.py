@@ -41,11 +41,13 @@ class _Dist:
 @pytest.fixture
 def plugin(monkeypatch):
     """``plugin(module)``: install ``module`` as the entry point ``oddity`` of a fake distribution."""
+
     def install(module: types.ModuleType) -> None:
         monkeypatch.setitem(sys.modules, module.__name__, module)
         ep = importlib.metadata.EntryPoint("oddity", module.__name__, "specpolicy")
         monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: [_Dist("oddity-dist", [ep])])
         monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+
     return install
 
 
@@ -72,13 +74,16 @@ def test_a_policy_answering_a_fraction_is_the_policys_error_not_the_drafters(fam
     assert getattr(info.value, BLAME_ATTRIBUTE) == PluginBlame("oddity", "oddity_pkg.plugin", "next_length")
     line, status = one_line(info.value)
     assert status == 1
-    assert line == ("error in plugin oddity (oddity_pkg.plugin), in next_length: PolicyAnswerError: policy 'odd' "
-                    "returned 2.5 from next_length (a float); a speculation length must be an integer >= 0 "
-                    "(--debug shows the traceback)")
+    assert line == (
+        "error in plugin oddity (oddity_pkg.plugin), in next_length: PolicyAnswerError: policy 'odd' "
+        "returned 2.5 from next_length (a float); a speculation length must be an integer >= 0 "
+        "(--debug shows the traceback)"
+    )
 
 
-def test_a_policy_raising_inside_next_length_is_named_on_the_command_line(family, plugin, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_a_policy_raising_inside_next_length_is_named_on_the_command_line(
+    family, plugin, tmp_path, monkeypatch, capsys
+):
     plugin(policy_module(error=RuntimeError("window state lost")))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "policy=static", "policy.name=odd"])
@@ -86,8 +91,10 @@ def test_a_policy_raising_inside_next_length_is_named_on_the_command_line(family
         main()
     assert info.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()  # progress bars of model loading, then the error
-    assert err[-1] == ("error in plugin oddity (oddity_pkg.plugin), in next_length: RuntimeError: window state lost "
-                       "(--debug shows the traceback)")
+    assert err[-1] == (
+        "error in plugin oddity (oddity_pkg.plugin), in next_length: RuntimeError: window state lost "
+        "(--debug shows the traceback)"
+    )
     assert not any("Traceback" in line for line in err)
 
 
@@ -108,8 +115,10 @@ def test_a_failing_abort_hook_is_reported_and_the_original_error_survives(family
         run_experiment(cfg(family), tmp_path)
     assert getattr(info.value, BLAME_ATTRIBUTE) == PluginBlame("oddity", "oddity_pkg.plugin", "specpolicy_prompt_end")
     err = capsys.readouterr().err.splitlines()
-    assert ("warning: plugin oddity (oddity_pkg.plugin), in specpolicy_run_abort failed while the run was aborting: "
-            "OSError: [Errno 28] No space left on device") in err
+    assert (
+        "warning: plugin oddity (oddity_pkg.plugin), in specpolicy_run_abort failed while the run was aborting: "
+        "OSError: [Errno 28] No space left on device"
+    ) in err
     assert (tmp_path / "results.jsonl").exists()  # the jsonl logger's abort hook ran too (file closed)
 
 
@@ -136,18 +145,31 @@ def parsing_module() -> types.ModuleType:
     return module
 
 
-@pytest.mark.parametrize("extra, line", [
-    (["policy.k=abc"], "error: policy.k='abc' was refused by plugin oddity (oddity_pkg.parsing), in "
-                       "specpolicy_make_policy: ValueError: invalid literal for int() with base 10: 'abc'"),
-    (["+policy.windw=8"], "error: policy.windw=8 was refused by plugin oddity (oddity_pkg.parsing), in "
-                          "specpolicy_make_policy: TypeError: _Parsing.__init__() got an unexpected keyword argument "
-                          "'windw'"),
-    (["policy.k=x", "+policy.window=x"], "error: policy 'odd' refused its settings (policy.k='x', policy.window='x') "
-                                         "by plugin oddity (oddity_pkg.parsing), in specpolicy_make_policy: "
-                                         "ValueError: invalid literal for int() with base 10: 'x'"),
-])
-def test_a_plugin_factory_refusing_a_value_names_the_key_and_the_plugin(family, plugin, tmp_path, monkeypatch,
-                                                                         capsys, extra, line):
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (
+            ["policy.k=abc"],
+            "error: policy.k='abc' was refused by plugin oddity (oddity_pkg.parsing), in "
+            "specpolicy_make_policy: ValueError: invalid literal for int() with base 10: 'abc'",
+        ),
+        (
+            ["+policy.windw=8"],
+            "error: policy.windw=8 was refused by plugin oddity (oddity_pkg.parsing), in "
+            "specpolicy_make_policy: TypeError: _Parsing.__init__() got an unexpected keyword argument "
+            "'windw'",
+        ),
+        (
+            ["policy.k=x", "+policy.window=x"],
+            "error: policy 'odd' refused its settings (policy.k='x', policy.window='x') "
+            "by plugin oddity (oddity_pkg.parsing), in specpolicy_make_policy: "
+            "ValueError: invalid literal for int() with base 10: 'x'",
+        ),
+    ],
+)
+def test_a_plugin_factory_refusing_a_value_names_the_key_and_the_plugin(
+    family, plugin, tmp_path, monkeypatch, capsys, extra, line
+):
     """A plugin without ``specpolicy_validate_config`` is checked by building its policy; when its
     factory raises on a value the line names the key (when its value or name is quoted) and the plugin,
     before any model loads (status 2)."""

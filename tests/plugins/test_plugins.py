@@ -75,8 +75,10 @@ def fake_dists(monkeypatch):
 
     def add(dist_name: str, ep_name: str, module: types.ModuleType) -> None:
         monkeypatch.setitem(sys.modules, module.__name__, module)
-        eps = [importlib.metadata.EntryPoint(ep_name, module.__name__, "specpolicy"),
-               importlib.metadata.EntryPoint("other", "does.not.exist", "console_scripts")]
+        eps = [
+            importlib.metadata.EntryPoint(ep_name, module.__name__, "specpolicy"),
+            importlib.metadata.EntryPoint("other", "does.not.exist", "console_scripts"),
+        ]
         dists.append(_FakeDist(dist_name, "1.2.3", eps))
 
     return add
@@ -139,7 +141,9 @@ def test_misspelled_hook_is_rejected_at_startup(fake_dists):
 def test_broken_entry_point_names_the_ways_out(fake_dists, monkeypatch):
     dists = []
     monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: dists)
-    dists.append(_FakeDist("broken", "0.1", [importlib.metadata.EntryPoint("broken", "no_such_module_xyz", "specpolicy")]))
+    dists.append(
+        _FakeDist("broken", "0.1", [importlib.metadata.EntryPoint("broken", "no_such_module_xyz", "specpolicy")])
+    )
     with pytest.raises(PluginError, match=r"plugins.block=\[NAME\].*SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD"):
         get_plugin_manager()
     assert get_plugin_manager(block=["broken"]).get_plugin("broken") is None
@@ -154,13 +158,14 @@ def test_config_searchpath_normalises_entries(fake_dists, tmp_path):
 WAY_OUT = "fix or uninstall the plugin, or set SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD=1 to skip every third-party plugin"
 
 
-def test_a_searchpath_hook_answering_a_string_is_named_in_one_line_on_every_command(fake_dists, monkeypatch,
-                                                                                   capsys):
+def test_a_searchpath_hook_answering_a_string_is_named_in_one_line_on_every_command(fake_dists, monkeypatch, capsys):
     """The README's search path returned as a string, not a list: ``--list-plugins`` iterated its
     characters and crashed with a traceback, and ``policy=mine`` said only "no config"."""
     fake_dists("specpolicy-mine", "mine", _plugin_module("fake_mine", "mine", "pkg://fake_mine.conf"))
-    line = ("error: plugin mine (fake_mine), in specpolicy_config_searchpath: returned 'pkg://fake_mine.conf' (str), "
-            f"not a list of search-path entries; return e.g. ['pkg://fake_mine.conf']; {WAY_OUT}")
+    line = (
+        "error: plugin mine (fake_mine), in specpolicy_config_searchpath: returned 'pkg://fake_mine.conf' (str), "
+        f"not a list of search-path entries; return e.g. ['pkg://fake_mine.conf']; {WAY_OUT}"
+    )
     from specpolicy.run.cli import main
 
     for args in (["--list-plugins"], ["policy=mine"]):
@@ -171,16 +176,26 @@ def test_a_searchpath_hook_answering_a_string_is_named_in_one_line_on_every_comm
         assert capsys.readouterr().err.splitlines() == [line]
 
 
-@pytest.mark.parametrize("answer, problem", [
-    (["pkg://fake_bad_nowhere.conf"], "returned the config search path 'pkg://fake_bad_nowhere.conf', but there is "
-                                      "no package 'fake_bad_nowhere.conf' to hold config files (is it installed, with "
-                                      "its conf/ files?)"),
-    (["/no/such/dir"], "returned the config search path 'file:///no/such/dir', which is not a directory"),
-    ([42], "returned a list holding 42 (int); each entry must be a string such as 'pkg://my_pkg.conf' or a "
-           "directory"),
-    ({"policy": "conf"}, "returned {'policy': 'conf'} (dict), not a list of search-path entries; return e.g. "
-                         "['pkg://my_pkg.conf']"),
-])
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        (
+            ["pkg://fake_bad_nowhere.conf"],
+            "returned the config search path 'pkg://fake_bad_nowhere.conf', but there is "
+            "no package 'fake_bad_nowhere.conf' to hold config files (is it installed, with "
+            "its conf/ files?)",
+        ),
+        (["/no/such/dir"], "returned the config search path 'file:///no/such/dir', which is not a directory"),
+        (
+            [42],
+            "returned a list holding 42 (int); each entry must be a string such as 'pkg://my_pkg.conf' or a directory",
+        ),
+        (
+            {"policy": "conf"},
+            "returned {'policy': 'conf'} (dict), not a list of search-path entries; return e.g. ['pkg://my_pkg.conf']",
+        ),
+    ],
+)
 def test_a_bad_searchpath_answer_names_the_plugin(fake_dists, answer, problem):
     fake_dists("specpolicy-bad", "bad", _plugin_module("fake_bad", "bad", answer))
     with pytest.raises(PluginError) as info:

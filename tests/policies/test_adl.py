@@ -12,9 +12,17 @@ from specpolicy.policies.adl import AdaptiveDraftLength
 
 
 def _record(k, accepted, stop=False, reused=0):
-    return RoundRecord(index=0, speculation_length=k, accepted_length=accepted, emitted_tokens=accepted + 1,
-                       drafter_forward_passes=1, reused_tokens=reused, draft_ms=0.0, verify_ms=0.0,
-                       draft_stop_reason="stop_token" if stop else "policy_bound")
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=accepted,
+        emitted_tokens=accepted + 1,
+        drafter_forward_passes=1,
+        reused_tokens=reused,
+        draft_ms=0.0,
+        verify_ms=0.0,
+        draft_stop_reason="stop_token" if stop else "policy_bound",
+    )
 
 
 def test_a_worked_example_of_the_rule():
@@ -45,8 +53,16 @@ def test_reused_tokens_are_not_generated_and_a_prompt_starts_afresh():
     assert (policy.k, policy.gen_ema, policy.acc_ema) == (30, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("kwargs, key", [({"k_min": 0}, "k_min"), ({"k_min": 5, "k_max": 4}, "k_max"),
-                                         ({"delta": -1}, "delta"), ({"rho": 0.0}, "rho"), ({"rho": True}, "rho")])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"k_min": 0}, "k_min"),
+        ({"k_min": 5, "k_max": 4}, "k_max"),
+        ({"delta": -1}, "delta"),
+        ({"rho": 0.0}, "rho"),
+        ({"rho": True}, "rho"),
+    ],
+)
 def test_bad_values_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=rf"policy\.{key} "):
         AdaptiveDraftLength(**kwargs)

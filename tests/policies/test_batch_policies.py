@@ -42,10 +42,21 @@ def test_verify_cost_interpolates_is_non_decreasing_and_extends_with_the_slope()
 
 
 def _record(k: int, a: int, draft_ms: float = 2.0, passes: int | None = None, verify_ms: float = 5.0) -> RoundRecord:
-    return RoundRecord(index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
-                       drafter_forward_passes=k if passes is None else passes, reused_tokens=0, draft_ms=draft_ms,
-                       verify_ms=verify_ms, confidences=(), draft_token_ids=(), target_token_ids=(),
-                       draft_stop_reason="policy_bound", finish_reason="")
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=a,
+        emitted_tokens=a + 1,
+        drafter_forward_passes=k if passes is None else passes,
+        reused_tokens=0,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        confidences=(),
+        draft_token_ids=(),
+        target_token_ids=(),
+        draft_stop_reason="policy_bound",
+        finish_reason="",
+    )
 
 
 def test_batch_schedule_drafts_the_length_of_its_band():
@@ -57,8 +68,12 @@ def test_batch_schedule_drafts_the_length_of_its_band():
         assert policy.next_length(Draft.empty()) == k, requests
     policy.batch = BatchContext(2, 0, cost)
     assert policy.next_length(Draft(torch.arange(3), torch.ones(3))) == 2  # tops the draft up to 5
-    for sizes, lengths, key in (([2, 4], [1, 1], "batch_sizes"), ([1, 4, 4], [1, 1, 1], "batch_sizes"),
-                                ([1, 4], [1], "lengths"), ([1, 4], [1, -1], "lengths")):
+    for sizes, lengths, key in (
+        ([2, 4], [1, 1], "batch_sizes"),
+        ([1, 4, 4], [1, 1, 1], "batch_sizes"),
+        ([1, 4], [1], "lengths"),
+        ([1, 4], [1, -1], "lengths"),
+    ):
         with pytest.raises(ValueError, match=f"policy.{key} must be"):
             BatchSchedulePolicy(sizes, lengths)
 
@@ -89,8 +104,9 @@ def _plan(policies, cost, pass_ms=None):
         draft = VerifyCost()
         for passes in (1, 4, 12):
             draft.observe(len(policies) * passes, len(policies) * passes * pass_ms)
-    return GoodputBatchPolicy.plan_round(policies, [BatchContext(len(policies), i, cost, draft_cost=draft)
-                                                    for i in range(len(policies))])
+    return GoodputBatchPolicy.plan_round(
+        policies, [BatchContext(len(policies), i, cost, draft_cost=draft) for i in range(len(policies))]
+    )
 
 
 def test_goodput_batch_speculates_long_when_verification_is_flat_and_switches_off_when_it_is_not():
@@ -149,13 +165,23 @@ def test_the_batched_loop_hands_every_policy_its_batch_and_the_class_plans_once_
     target = sharpen(tiny_lm(0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset({EOS}))
     prompts = random_prompts(5)
-    out = generate_batch(prompts, verifier, runtime, max_new_tokens=12, batch_size=3,
-                         drafter=ARDrafter(sharpen(tiny_lm(0, layers=1)), runtime), policy=Recorder(3))
+    out = generate_batch(
+        prompts,
+        verifier,
+        runtime,
+        max_new_tokens=12,
+        batch_size=3,
+        drafter=ARDrafter(sharpen(tiny_lm(0, layers=1)), runtime),
+        policy=Recorder(3),
+    )
     assert len(Recorder.plans) == len(out.batch_sizes)  # one plan per round
     assert [len(p) for p in Recorder.plans] == list(out.batch_sizes)
     assert all(k == row % 3 and 1 <= b <= 3 for b, row, k in Recorder.seen)
     for i, prompt in enumerate(prompts):  # whatever lengths were planned, the output is the target's
-        assert out.results[i].output_ids.tolist() == generate(prompt, verifier, runtime, max_new_tokens=12).output_ids.tolist()
+        assert (
+            out.results[i].output_ids.tolist()
+            == generate(prompt, verifier, runtime, max_new_tokens=12).output_ids.tolist()
+        )
 
 
 @pytest.mark.parametrize("choice", ["goodput-batch", "batch-schedule"])
@@ -169,10 +195,19 @@ def test_batch_aware_policies_are_lossless_in_both_loops(choice):
     drafter = ARDrafter(sharpen(tiny_lm(0, layers=1).double()), rt)
     policy = make_policy(pm, {"name": choice})
     for prompt, ref in zip(prompts, refs):
-        assert generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy).output_ids.tolist() == ref
+        assert (
+            generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy).output_ids.tolist() == ref
+        )
     for b in (1, 4, 16):
-        out = generate_batch(prompts, verifier, rt, max_new_tokens=30, batch_size=b, drafter=drafter,
-                             policy=make_policy(pm, {"name": choice}))
+        out = generate_batch(
+            prompts,
+            verifier,
+            rt,
+            max_new_tokens=30,
+            batch_size=b,
+            drafter=drafter,
+            policy=make_policy(pm, {"name": choice}),
+        )
         assert [out.results[i].output_ids.tolist() for i in range(len(prompts))] == refs
 
 
@@ -241,15 +276,22 @@ def test_goodput_batch_starts_a_batched_runs_curves_from_the_last_run_at_that_ba
     again = GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, run2, draft_cost=draft2) for i in range(4)])
     assert again == planned and run2.observed == run1.observed and draft2.observed == draft1.observed
     run3 = VerifyCost()  # a run starting with 2 requests: nothing measured at that size yet
-    assert GoodputBatchPolicy.plan_round(policies[:2], [BatchContext(2, i, run3, draft_cost=VerifyCost())
-                                                        for i in range(2)]) == [WARMUP_LENGTHS[0]] * 2
+    assert (
+        GoodputBatchPolicy.plan_round(
+            policies[:2], [BatchContext(2, i, run3, draft_cost=VerifyCost()) for i in range(2)]
+        )
+        == [WARMUP_LENGTHS[0]] * 2
+    )
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("replan_interval", 0, "policy.replan_interval must be an integer >= 1"),
-    ("per_request", "yes", "policy.per_request must be true or false"),
-    ("max_length", 0, "policy.max_length must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("replan_interval", 0, "policy.replan_interval must be an integer >= 1"),
+        ("per_request", "yes", "policy.per_request must be true or false"),
+        ("max_length", 0, "policy.max_length must be an integer >= 1"),
+    ],
+)
 def test_goodput_batch_names_a_bad_key_and_its_range(key, value, message):
     with pytest.raises(ValueError, match=message):
         GoodputBatchPolicy(**{key: value})
@@ -284,8 +326,10 @@ def test_goodput_batch_probes_the_best_speculative_length_while_speculation_is_o
     drafting = VerifyCost()
     for passes in (4, 16, 48):
         drafting.observe(passes, 0.5 * passes)
-    plans = [GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, steep, draft_cost=drafting)
-                                                      for i in range(4)]) for _ in range(64)]
+    plans = [
+        GoodputBatchPolicy.plan_round(policies, [BatchContext(4, i, steep, draft_cost=drafting) for i in range(4)])
+        for _ in range(64)
+    ]
     probes = [p for p in plans if any(p)]
     assert len(probes) == 2 and all(len(set(p)) == 1 and p[0] >= 1 for p in probes)  # every 32 rounds
 

@@ -33,8 +33,7 @@ def checkpoint(tmp_path_factory):
 
 
 def _drafters(target, checkpoint, rt, stop=frozenset({EOS})):
-    eagle = Eagle3Drafter(load_eagle3(checkpoint).double(), target.get_input_embeddings(), (1, 3, 5), VOCAB, rt,
-                          stop)
+    eagle = Eagle3Drafter(load_eagle3(checkpoint).double(), target.get_input_embeddings(), (1, 3, 5), VOCAB, rt, stop)
     ar = ARDrafter(sharpen(tiny_lm(1, layers=2, vocab=VOCAB).double(), 4.0), rt)
     return {"eagle3": eagle, "ar": ar}
 
@@ -49,6 +48,7 @@ def test_a_one_wide_tree_is_the_drafters_chain(target, checkpoint, kind):
             drafter = _drafters(target, checkpoint, rt, stop=frozenset())[kind]
             if policy is None:
                 from specpolicy.policies.static import StaticPolicy
+
                 policy = StaticPolicy(5)
             generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy, on_round=rounds.append)
         assert [r.draft_token_ids for r in tree_rounds] == [r.draft_token_ids for r in chain_rounds]
@@ -83,8 +83,15 @@ def test_tree_sampling_runs_and_emits_target_tokens(target, checkpoint):
     drafter = _drafters(target, checkpoint, rt)["eagle3"]
     sampling = SamplingConfig(temperature=0.8, top_k=8, top_p=1.0)
     prompt = torch.tensor([4, 9, 2])
-    out = generate(prompt, verifier, rt, max_new_tokens=20, drafter=drafter,
-                   policy=Eagle2TreePolicy(depth=4, top_k=3, total_tokens=8), sampling=sampling)
+    out = generate(
+        prompt,
+        verifier,
+        rt,
+        max_new_tokens=20,
+        drafter=drafter,
+        policy=Eagle2TreePolicy(depth=4, top_k=3, total_tokens=8),
+        sampling=sampling,
+    )
     assert out.generated_tokens == 20 or out.finish_reason == "eos"
     full = torch.cat([prompt, out.output_ids])
     with torch.no_grad():
@@ -96,8 +103,14 @@ def test_a_drafter_that_cannot_expand_trees_is_one_line(target):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     with pytest.raises(ValueError, match="policy=eagle2-tree needs a drafter that expands trees .* 'suffix' does not"):
-        generate(torch.tensor([1, 2, 3]), verifier, rt, max_new_tokens=4, drafter=SuffixDrafter(rt),
-                 policy=Eagle2TreePolicy())
+        generate(
+            torch.tensor([1, 2, 3]),
+            verifier,
+            rt,
+            max_new_tokens=4,
+            drafter=SuffixDrafter(rt),
+            policy=Eagle2TreePolicy(),
+        )
 
 
 def test_a_drafter_that_agrees_with_the_target_gets_long_paths_accepted(target):
@@ -106,8 +119,15 @@ def test_a_drafter_that_agrees_with_the_target_gets_long_paths_accepted(target):
     drafter = ARDrafter(target, rt)  # the target's own weights: its top child is the target's token
     rounds = []
     prompt = random_prompts(1)[0]
-    out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter,
-                   policy=Eagle2TreePolicy(depth=4, top_k=2, total_tokens=8), on_round=rounds.append)
+    out = generate(
+        prompt,
+        verifier,
+        rt,
+        max_new_tokens=30,
+        drafter=drafter,
+        policy=Eagle2TreePolicy(depth=4, top_k=2, total_tokens=8),
+        on_round=rounds.append,
+    )
     assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
     assert sum(r.accepted_length for r in rounds) / len(rounds) > 1.5
     assert max(r.accepted_length for r in rounds) >= 3  # paths deeper than the first branch point accepted
@@ -120,8 +140,14 @@ def test_trees_stop_at_the_context_limit(target, checkpoint, kind):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset(), max_context=40)
     prompt = random_prompts(2)[1][:30]
-    out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=_drafters(target, checkpoint, rt)[kind],
-                   policy=Eagle2TreePolicy(depth=4, top_k=4, total_tokens=12))
+    out = generate(
+        prompt,
+        verifier,
+        rt,
+        max_new_tokens=30,
+        drafter=_drafters(target, checkpoint, rt)[kind],
+        policy=Eagle2TreePolicy(depth=4, top_k=4, total_tokens=12),
+    )
     assert out.finish_reason == "max_context"
     assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
 

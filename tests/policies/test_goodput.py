@@ -36,8 +36,12 @@ ROOM = 1_000
 
 def profile(pass_ms: float, target_ms: float = 10.0, per_token_ms: float = 0.0) -> dict:
     """A pinned cost profile (``policy.cost_profile`` as a mapping)."""
-    return {"name": "test", "drafter_pass_ms": pass_ms, "target_ms_per_token": target_ms,
-            "verify_ms_per_draft_token": per_token_ms}
+    return {
+        "name": "test",
+        "drafter_pass_ms": pass_ms,
+        "target_ms_per_token": target_ms,
+        "verify_ms_per_draft_token": per_token_ms,
+    }
 
 
 class ScriptedDrafter(Drafter):
@@ -49,8 +53,15 @@ class ScriptedDrafter(Drafter):
 
     name = "scripted"
 
-    def __init__(self, confidence: float = 1.0, chunk: int = 1, choices: tuple[float, ...] = (), seed: int = 0,
-                 script: tuple[float, ...] = (), report_ahead: bool = False):
+    def __init__(
+        self,
+        confidence: float = 1.0,
+        chunk: int = 1,
+        choices: tuple[float, ...] = (),
+        seed: int = 0,
+        script: tuple[float, ...] = (),
+        report_ahead: bool = False,
+    ):
         self.confidence, self.chunk, self.choices, self.script = confidence, chunk, choices, script
         self.report_ahead = report_ahead  # report ``Draft.lookahead_confidences`` (as Fast-dLLM does)
         self.rng = np.random.default_rng(seed)
@@ -63,7 +74,7 @@ class ScriptedDrafter(Drafter):
         self.k += num_tokens
         while self.decoded < self.k:
             if self.script:
-                new = self.script[self.decoded:self.decoded + self.chunk]
+                new = self.script[self.decoded : self.decoded + self.chunk]
             elif self.choices:
                 new = self.rng.choice(self.choices, self.chunk)
             else:
@@ -71,28 +82,48 @@ class ScriptedDrafter(Drafter):
             self.confs += [float(c) for c in new]
             self.decoded += self.chunk
             self.passes += 1
-        ahead = torch.tensor(self.confs[self.k:self.decoded]) if self.report_ahead else None
-        return Draft(token_ids=torch.arange(self.k), confidences=torch.tensor(self.confs[:self.k]),
-                     forward_passes=self.passes, lookahead=self.decoded - self.k, lookahead_confidences=ahead)
+        ahead = torch.tensor(self.confs[self.k : self.decoded]) if self.report_ahead else None
+        return Draft(
+            token_ids=torch.arange(self.k),
+            confidences=torch.tensor(self.confs[: self.k]),
+            forward_passes=self.passes,
+            lookahead=self.decoded - self.k,
+            lookahead_confidences=ahead,
+        )
 
     def commit(self, draft, verification) -> None:
         self.k = self.decoded = self.passes = 0
         self.confs: list[float] = []
 
 
-def play(policy: GoodputPolicy, drafter: ScriptedDrafter, accept, pass_ms: float = 0.0, verify_base: float = 0.0,
-         verify_per_token: float = 0.0, room: int = ROOM) -> tuple[Draft, str]:
+def play(
+    policy: GoodputPolicy,
+    drafter: ScriptedDrafter,
+    accept,
+    pass_ms: float = 0.0,
+    verify_base: float = 0.0,
+    verify_per_token: float = 0.0,
+    room: int = ROOM,
+) -> tuple[Draft, str]:
     """One round: draft through the loop's ``draft_round``, then feed the policy the round's record with
     ``accept(draft)`` tokens accepted and timings ``passes x pass_ms`` / ``verify_base + per_token x k``
     (0 = untimed). Returns ``(draft, draft stop reason)``."""
     draft, reason = draft_round(drafter, policy, room, "cpu")
     k = draft.length
     a = accept(draft)
-    policy.update(RoundRecord(
-        index=0, speculation_length=k, accepted_length=a, emitted_tokens=a + 1,
-        drafter_forward_passes=draft.forward_passes, reused_tokens=0, draft_ms=draft.forward_passes * pass_ms,
-        verify_ms=verify_base + verify_per_token * k if verify_base else 0.0,
-        confidences=tuple(draft.confidences.tolist())))
+    policy.update(
+        RoundRecord(
+            index=0,
+            speculation_length=k,
+            accepted_length=a,
+            emitted_tokens=a + 1,
+            drafter_forward_passes=draft.forward_passes,
+            reused_tokens=0,
+            draft_ms=draft.forward_passes * pass_ms,
+            verify_ms=verify_base + verify_per_token * k if verify_base else 0.0,
+            confidences=tuple(draft.confidences.tolist()),
+        )
+    )
     drafter.commit(draft, None)
     return draft, reason
 
@@ -175,8 +206,10 @@ def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
     accept = calibrated_acceptance()
     flat = [play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0)[0].length for _ in range(100)]
     assert np.mean(flat[-50:]) >= 6 and policy.costs.verify_slope == pytest.approx(0.0, abs=1e-6)
-    rising = [play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0, verify_per_token=10.0)[0].length
-              for _ in range(400)]
+    rising = [
+        play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0, verify_per_token=10.0)[0].length
+        for _ in range(400)
+    ]
     # The fit follows the rise (once drafts stop, plain rounds only pin the intercept; older rounds
     # fade at VERIFY_DECAY per round) and the drafts stop: plain decoding but for probes.
     assert policy.costs.verify_slope > 5.0 and policy.costs.verify_base == pytest.approx(10.0, rel=0.05)
@@ -184,8 +217,9 @@ def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
     # Pinned costs, one calibration: the switch decision by decision, as the per-token cost rises.
     lengths = []
     for per_token in (0.0, 1.0, 2.0, 4.0, 8.0, 16.0):
-        pinned = GoodputPolicy(max_length=40, cost_profile=profile(pass_ms=1.0, per_token_ms=per_token),
-                               probe_interval=0)
+        pinned = GoodputPolicy(
+            max_length=40, cost_profile=profile(pass_ms=1.0, per_token_ms=per_token), probe_interval=0
+        )
         pinned.calibration = policy.calibration
         lengths.append(draft_round(ScriptedDrafter(confidence=0.995), pinned, ROOM, "cpu")[0].length)
     assert lengths == sorted(lengths, reverse=True) and lengths[0] >= 20 and lengths[-1] == 0, lengths
@@ -207,10 +241,13 @@ def test_plans_past_a_front_loaded_chunk():
     assert draft_round(ScriptedDrafter(confidence=1.0, chunk=1), one, ROOM, "cpu")[0].length == 0
 
 
-@pytest.mark.parametrize("per_token_ms, expected", [
-    (0.0, [1, 7, 1, 7, 1]),  # a pass, its 7 decoded tokens at once (free), the next pass, ...
-    (0.01, [1, 1, 1, 1, 1, 1, 1, 1, 1]),  # decoded tokens cost verification: one by one, each seen
-])
+@pytest.mark.parametrize(
+    "per_token_ms, expected",
+    [
+        (0.0, [1, 7, 1, 7, 1]),  # a pass, its 7 decoded tokens at once (free), the next pass, ...
+        (0.01, [1, 1, 1, 1, 1, 1, 1, 1, 1]),  # decoded tokens cost verification: one by one, each seen
+    ],
+)
 def test_takes_decoded_lookahead_then_asks_one_token_past_it(per_token_ms, expected):
     policy = GoodputPolicy(cost_profile=profile(pass_ms=0.1, per_token_ms=per_token_ms))
     for _ in range(5):
@@ -231,8 +268,11 @@ def test_plans_over_reported_lookahead_confidences_in_one_answer():
     # confident tokens in one answer (no per-token round trips) and then stops.
     policy = GoodputPolicy(cost_profile=profile(pass_ms=0.1, per_token_ms=0.5))
     for _ in range(20):  # learn that confidence 1.0 is accepted and 0.0 is not
-        play(policy, ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3, report_ahead=True),
-             lambda d: min(d.length, 5))
+        play(
+            policy,
+            ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3, report_ahead=True),
+            lambda d: min(d.length, 5),
+        )
     drafter = ScriptedDrafter(chunk=8, script=(1.0,) * 5 + (0.0,) * 3, report_ahead=True)
     answers, d = [], Draft.empty()
     while (n := policy.next_length(d)) > 0:
@@ -319,8 +359,10 @@ def test_a_probe_measures_a_draft_as_long_as_drafting_costs_allow():
 
     policy = GoodputPolicy(probe_interval=3)
     drafter = ScriptedDrafter(confidence=0.99)
-    lengths = [play(policy, drafter, all_accepted, pass_ms=0.5, verify_base=10.0, verify_per_token=10.0)[0].length
-               for _ in range(80)]
+    lengths = [
+        play(policy, drafter, all_accepted, pass_ms=0.5, verify_base=10.0, verify_per_token=10.0)[0].length
+        for _ in range(80)
+    ]
     probes = [k for k in lengths[40:] if k]
     assert lengths[40:].count(0) >= 25 and len(probes) >= 8
     assert min(probes) >= 5 and max(probes) <= PROBE_MAX_LENGTH  # each probe drafts several tokens, bounded
@@ -344,7 +386,7 @@ def test_lambda_follows_the_policys_throughput_never_below_plain_decoding():
 
 def true_acceptance(conf: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """A known curve: acceptance rises with confidence and falls with the position in the draft."""
-    return np.clip(0.1 + 0.85 * conf ** 1.5 * 0.97 ** (pos - 1), 0.0, 1.0)
+    return np.clip(0.1 + 0.85 * conf**1.5 * 0.97 ** (pos - 1), 0.0, 1.0)
 
 
 def test_calibration_converges_to_a_known_acceptance_curve():
@@ -401,9 +443,9 @@ def test_decision_tables_are_rebuilt_every_round_then_every_few_rounds():
         counted.append(policy.calibration.observations)
     grew = [i for i in range(1, len(counted)) if counted[i] > counted[i - 1]]
     # the rounds of the warm-up are counted as they come (at the next round's first decision) ...
-    assert grew[:REFRESH_WARMUP - 1] == list(range(1, REFRESH_WARMUP))
+    assert grew[: REFRESH_WARMUP - 1] == list(range(1, REFRESH_WARMUP))
     # ... then in batches, every REFRESH_EVERY rounds, none lost
-    assert np.diff(grew[REFRESH_WARMUP - 1:]).tolist() == [REFRESH_EVERY] * (len(grew) - REFRESH_WARMUP)
+    assert np.diff(grew[REFRESH_WARMUP - 1 :]).tolist() == [REFRESH_EVERY] * (len(grew) - REFRESH_WARMUP)
 
 
 def test_calibration_prior_is_the_confidence_and_data_moves_it():
@@ -421,8 +463,10 @@ def test_calibration_prior_is_the_confidence_and_data_moves_it():
 
 
 def test_calibration_from_rounds_counts_only_the_drafters_own_tokens():
-    rounds = [RoundRecord(0, 4, 4, 5, 1, 2, 1.0, 1.0, confidences=(0.9, 0.9, 0.1, 0.1)),  # 2 reused tokens
-              RoundRecord(1, 0, 0, 1, 0, 0, 0.0, 1.0)]
+    rounds = [
+        RoundRecord(0, 4, 4, 5, 1, 2, 1.0, 1.0, confidences=(0.9, 0.9, 0.1, 0.1)),  # 2 reused tokens
+        RoundRecord(1, 0, 0, 1, 0, 0, 0.0, 1.0),
+    ]
     cal = calibration_from_rounds(rounds)
     assert cal.observations == 2 and cal.accepted.sum() == 2
 
@@ -430,17 +474,20 @@ def test_calibration_from_rounds_counts_only_the_drafters_own_tokens():
 # -- configuration ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("max_length", 0, "policy.max_length must be an integer >= 1"),
-    ("cost_profile", "a100-nonexistent", "policy.cost_profile"),
-    ("cost_profile", 3, "policy.cost_profile must be null"),
-    ("cost_profile", {"name": "x", "drafter_pass_ms": -1}, "policy.cost_profile: profile.drafter_pass_ms"),
-    ("rate_ema", 0.0, "policy.rate_ema must be in"),
-    ("prior_strength", 0, "policy.prior_strength must be a number > 0"),
-    ("prior_acceptance", 1.5, "policy.prior_acceptance must be in"),
-    ("probe_interval", -1, "policy.probe_interval must be an integer >= 0"),
-    ("keep_across_prompts", "yes", "policy.keep_across_prompts"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("max_length", 0, "policy.max_length must be an integer >= 1"),
+        ("cost_profile", "a100-nonexistent", "policy.cost_profile"),
+        ("cost_profile", 3, "policy.cost_profile must be null"),
+        ("cost_profile", {"name": "x", "drafter_pass_ms": -1}, "policy.cost_profile: profile.drafter_pass_ms"),
+        ("rate_ema", 0.0, "policy.rate_ema must be in"),
+        ("prior_strength", 0, "policy.prior_strength must be a number > 0"),
+        ("prior_acceptance", 1.5, "policy.prior_acceptance must be in"),
+        ("probe_interval", -1, "policy.probe_interval must be an integer >= 0"),
+        ("keep_across_prompts", "yes", "policy.keep_across_prompts"),
+    ],
+)
 def test_bad_settings_name_the_key(key, value, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
         GoodputPolicy(**{key: value})
@@ -448,8 +495,9 @@ def test_bad_settings_name_the_key(key, value, message):
 
 def test_factory_builds_it_from_the_shipped_config():
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=["policy=goodput",
-                                                                  "policy.cost_profile=a6000-qwen32b"]).policy)
+        cfg = OmegaConf.to_container(
+            compose("config", overrides=["policy=goodput", "policy.cost_profile=a6000-qwen32b"]).policy
+        )
     policy = make_policy(get_plugin_manager(autoload=False), cfg)
     assert isinstance(policy, GoodputPolicy) and policy.profile.name == "a6000-qwen32b"
     assert "cost_profile='a6000-qwen32b'" in repr(policy)
@@ -460,8 +508,9 @@ def test_factory_builds_it_from_the_shipped_config():
 
 def test_fastdllm_reports_the_rest_of_its_small_block_as_lookahead(runtime):
     model = sharpen(tiny_lm(seed=0, layers=1))
-    drafter = FastDLLMDrafter(model, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
-                              small_block_size=4, threshold=0.05)
+    drafter = FastDLLMDrafter(
+        model, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16, small_block_size=4, threshold=0.05
+    )
     drafter.prefill(torch.arange(1, 6))  # committed length 5: offset 5 of block 0, small block [4, 8)
     d = drafter.draft(1)
     assert (d.length, d.lookahead, d.forward_passes) == (1, 2, 1)  # offsets 5 (drafted), 6 and 7 decoded
@@ -478,8 +527,9 @@ def test_fastdllm_reports_the_rest_of_its_small_block_as_lookahead(runtime):
 def test_goodput_is_lossless_and_drafts_whole_small_blocks_with_fastdllm(runtime):
     target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
-    drafter = FastDLLMDrafter(target, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16,
-                              small_block_size=4, threshold=0.05)  # the target's own weights: confident drafts
+    drafter = FastDLLMDrafter(
+        target, runtime, SimpleNamespace(mask_token_id=VOCAB - 2), block_size=16, small_block_size=4, threshold=0.05
+    )  # the target's own weights: confident drafts
     policy = GoodputPolicy(max_length=12, cost_profile=profile(pass_ms=1.0))
     prompt = torch.arange(1, 10)
     ref = generate(prompt, verifier, runtime, max_new_tokens=40)
@@ -487,8 +537,10 @@ def test_goodput_is_lossless_and_drafts_whole_small_blocks_with_fastdllm(runtime
     assert out.output_ids.tolist() == ref.output_ids.tolist()
     drafted = [r for r in out.rounds if r.speculation_length]
     assert drafted and policy.first_chunk.samples > 0
-    assert math.isclose(policy.calibration.observations, sum(min(r.accepted_length + 1, r.speculation_length)
-                                                             for r in out.rounds[:-1] if r.speculation_length))
+    assert math.isclose(
+        policy.calibration.observations,
+        sum(min(r.accepted_length + 1, r.speculation_length) for r in out.rounds[:-1] if r.speculation_length),
+    )
 
 
 # -- the calibration figure ------------------------------------------------------------------------
@@ -509,8 +561,14 @@ def test_online_predictions_replay_the_policys_view_of_the_calibration(runtime):
     # online_predictions' on its rounds: the batched schedule, two prompts, final rounds unlearned.
     target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
-    drafter = FastDLLMDrafter(tiny_lm(seed=1, layers=1), runtime, SimpleNamespace(mask_token_id=VOCAB - 2),
-                              block_size=16, small_block_size=4, threshold=0.05)
+    drafter = FastDLLMDrafter(
+        tiny_lm(seed=1, layers=1),
+        runtime,
+        SimpleNamespace(mask_token_id=VOCAB - 2),
+        block_size=16,
+        small_block_size=4,
+        threshold=0.05,
+    )
     policy = GoodputPolicy(max_length=12, cost_profile=profile(pass_ms=0.1, per_token_ms=0.05))
     tables: list[np.ndarray] = []  # the policy's (position, confidence bin) table, one per round
     decide = policy.next_length
@@ -527,9 +585,12 @@ def test_online_predictions_replay_the_policys_view_of_the_calibration(runtime):
         rounds += generate(prompt, verifier, runtime, max_new_tokens=120, drafter=drafter, policy=policy).rounds
     assert len(tables) == len(rounds) > BATCH_WARMUP + 2 * BATCH_ROUNDS
     bins = policy.calibration.confidence_bin
-    expected = [table[np.arange(reached), bins(np.array(r.confidences[:reached]))]
-                for table, r in zip(tables, rounds) if r.speculation_length
-                for reached in [min(r.accepted_length + 1, r.speculation_length)]]
+    expected = [
+        table[np.arange(reached), bins(np.array(r.confidences[:reached]))]
+        for table, r in zip(tables, rounds)
+        if r.speculation_length
+        for reached in [min(r.accepted_length + 1, r.speculation_length)]
+    ]
     online = online_predictions(rounds)
     np.testing.assert_allclose(online["predicted"], np.concatenate(expected), rtol=0, atol=1e-12)
     assert sum(r.speculation_length > 0 for r in rounds) > BATCH_WARMUP  # drafted rounds past the warm-up

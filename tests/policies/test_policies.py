@@ -185,8 +185,11 @@ def test_failfast_is_stateless_across_rounds():
 
 def _with_small_blocks(confs, small_block) -> Draft:
     """A draft whose drafter also reports small-block confidences (NaN = not masked at that pass)."""
-    return Draft(torch.arange(len(confs)), torch.tensor(confs, dtype=torch.float32),
-                 small_block_confidences=torch.tensor(small_block, dtype=torch.float32))
+    return Draft(
+        torch.arange(len(confs)),
+        torch.tensor(confs, dtype=torch.float32),
+        small_block_confidences=torch.tensor(small_block, dtype=torch.float32),
+    )
 
 
 def test_failfast_small_block_scope_stops_where_the_paper_rule_continues():
@@ -379,8 +382,11 @@ def test_confidences_on_any_device(device):
         (FailFastPolicy, {"n": 0}, "policy.n must be an integer >= 1"),
         (FailFastPolicy, {"n": 10, "n_max": 5}, "policy.n_max must be an integer >= policy.n (10), got 5"),
         (FailFastPolicy, {"n_max": 60.0}, "policy.n_max"),
-        (FailFastPolicy, {"confidence_scope": "block"},
-         "policy.confidence_scope must be one of draft, small_block, got 'block'"),
+        (
+            FailFastPolicy,
+            {"confidence_scope": "block"},
+            "policy.confidence_scope must be one of draft, small_block, got 'block'",
+        ),
         (SpecDecPPPolicy, {"h": 0.0}, "policy.h must be in (0, 1], got 0.0"),
         (SpecDecPPPolicy, {"h": 1.2}, "policy.h must be in (0, 1]"),
         (SpecDecPPPolicy, {"min_length": 0}, "policy.min_length must be an integer >= 1"),
@@ -536,7 +542,9 @@ def replay(make_policy, result, max_new_tokens: int) -> None:
 
 # Reuse needs rejected tails, which the target drafting for itself never leaves.
 @pytest.mark.parametrize(
-    "drafter_kind, use_reuse", [("same", False), ("noisy", False), ("noisy", True)], ids=["same", "noisy", "noisy-reuse"]
+    "drafter_kind, use_reuse",
+    [("same", False), ("noisy", False), ("noisy", True)],
+    ids=["same", "noisy", "noisy-reuse"],
 )
 @pytest.mark.parametrize("policy_name", list(POLICIES))
 def test_loop_is_lossless(models, policy_name, drafter_kind, use_reuse):
@@ -567,7 +575,11 @@ def test_loop_long_drafts_and_bonus_tokens(models):
     verifier = HFVerifier(models["target"], runtime, frozenset())
     drafter = ARDrafter(models["same"], runtime)
     result = generate(
-        torch.tensor(PROMPTS[0]), verifier, runtime, max_new_tokens=MAX_NEW, drafter=drafter,
+        torch.tensor(PROMPTS[0]),
+        verifier,
+        runtime,
+        max_new_tokens=MAX_NEW,
+        drafter=drafter,
         policy=FailFastPolicy(n=4, tau=0.0, n_max=10),
     )
     assert result.output_ids.tolist() == models["refs"][0]
@@ -584,8 +596,13 @@ def test_loop_reuse_happens_and_stays_lossless(models):
     reused = 0
     for prompt, ref in zip(PROMPTS[:2], models["refs"]):
         result = generate(
-            torch.tensor(prompt), verifier, runtime, max_new_tokens=MAX_NEW, drafter=drafter,
-            policy=FailFastPolicy(n=6, tau=0.0, n_max=12), reuse=DraftReuse(min_match=1),
+            torch.tensor(prompt),
+            verifier,
+            runtime,
+            max_new_tokens=MAX_NEW,
+            drafter=drafter,
+            policy=FailFastPolicy(n=6, tau=0.0, n_max=12),
+            reuse=DraftReuse(min_match=1),
         )
         assert result.output_ids.tolist() == ref
         reused += sum(r.reused_tokens for r in result.rounds)
@@ -602,8 +619,13 @@ def test_loop_stops_at_eos(models, policy_name):
     verifier = HFVerifier(models["target"], runtime, frozenset({eos}))
     for kind in ("same", "noisy"):
         result = generate(
-            torch.tensor(PROMPTS[0]), verifier, runtime, max_new_tokens=MAX_NEW,
-            drafter=ARDrafter(models[kind], runtime), policy=POLICIES[policy_name](), reuse=DraftReuse(),
+            torch.tensor(PROMPTS[0]),
+            verifier,
+            runtime,
+            max_new_tokens=MAX_NEW,
+            drafter=ARDrafter(models[kind], runtime),
+            policy=POLICIES[policy_name](),
+            reuse=DraftReuse(),
         )
         assert result.output_ids.tolist() == expected
         assert result.finish_reason == "eos"
@@ -655,8 +677,13 @@ def test_loop_accepts_reused_tokens(models):
     wrong = next(t for t in range(50) if t not in ref and t not in prompt)
     glitch = _GlitchLM(models["target"], pos=len(prompt) + 3, right=ref[3], wrong=wrong)
     result = generate(
-        torch.tensor(prompt), HFVerifier(models["target"], runtime, frozenset()), runtime, max_new_tokens=MAX_NEW,
-        drafter=ARDrafter(glitch, runtime), policy=_ScriptedPolicy([12, 3, 4]), reuse=DraftReuse(min_match=3),
+        torch.tensor(prompt),
+        HFVerifier(models["target"], runtime, frozenset()),
+        runtime,
+        max_new_tokens=MAX_NEW,
+        drafter=ARDrafter(glitch, runtime),
+        policy=_ScriptedPolicy([12, 3, 4]),
+        reuse=DraftReuse(min_match=3),
     )
     assert result.output_ids.tolist() == ref
     first, second = result.rounds[:2]
@@ -670,9 +697,16 @@ def test_loop_accepts_reused_tokens(models):
 
 def timed(k: int, accepted: int, ms: float, emitted: int | None = None) -> RoundRecord:
     """A round that took ``ms`` milliseconds (40% drafting, 60% verification)."""
-    return RoundRecord(index=0, speculation_length=k, accepted_length=accepted,
-                       emitted_tokens=accepted + 1 if emitted is None else emitted,
-                       drafter_forward_passes=k, reused_tokens=0, draft_ms=0.4 * ms, verify_ms=0.6 * ms)
+    return RoundRecord(
+        index=0,
+        speculation_length=k,
+        accepted_length=accepted,
+        emitted_tokens=accepted + 1 if emitted is None else emitted,
+        drafter_forward_passes=k,
+        reused_tokens=0,
+        draft_ms=0.4 * ms,
+        verify_ms=0.6 * ms,
+    )
 
 
 def drive_switch(policy: AIMDPolicy, spec_rounds, plain_ms: float = 2.0) -> str:
@@ -776,8 +810,9 @@ def test_aimd_speed_is_a_ratio_of_averages_not_an_average_of_ratios():
     assert policy.speculating  # 0.13 > 0.125: on (the mean of ratios, 0.117, would switch it off)
 
 
-@pytest.mark.parametrize("key, value", [("off_when_slower", 1), ("backoff_rounds", 0), ("backoff_max", 2),
-                                        ("probe_rounds", 0)])
+@pytest.mark.parametrize(
+    "key, value", [("off_when_slower", 1), ("backoff_rounds", 0), ("backoff_max", 2), ("probe_rounds", 0)]
+)
 def test_aimd_switch_bad_values_name_the_key(key, value):
     kwargs = {"backoff_rounds": 4, key: value}
     with pytest.raises(ValueError, match=f"policy.{key}"):
@@ -789,8 +824,14 @@ def test_aimd_off_rounds_are_recorded_as_length_0_and_stay_lossless(models):
     policy = AIMDPolicy(off_when_slower=True, backoff_rounds=2, backoff_max=4, probe_rounds=1)
     verifier = HFVerifier(models["target"], runtime, frozenset())
     for prompt, ref in zip(PROMPTS, models["refs"]):
-        result = generate(torch.tensor(prompt), verifier, runtime, max_new_tokens=MAX_NEW,
-                          drafter=ARDrafter(models["noisy"], runtime), policy=policy)
+        result = generate(
+            torch.tensor(prompt),
+            verifier,
+            runtime,
+            max_new_tokens=MAX_NEW,
+            drafter=ARDrafter(models["noisy"], runtime),
+            policy=policy,
+        )
         assert result.output_ids.tolist() == ref
         for r in result.rounds:
             if r.speculation_length == 0:
@@ -798,8 +839,14 @@ def test_aimd_off_rounds_are_recorded_as_length_0_and_stay_lossless(models):
             assert r.draft_stop_reason != "length_0" or r.speculation_length == 0
     # the very first round of the policy's life is the plain probe
     fresh = AIMDPolicy(off_when_slower=True)
-    first = generate(torch.tensor(PROMPTS[0]), verifier, runtime, max_new_tokens=MAX_NEW,
-                     drafter=ARDrafter(models["noisy"], runtime), policy=fresh).rounds[0]
+    first = generate(
+        torch.tensor(PROMPTS[0]),
+        verifier,
+        runtime,
+        max_new_tokens=MAX_NEW,
+        drafter=ARDrafter(models["noisy"], runtime),
+        policy=fresh,
+    ).rounds[0]
     assert (first.speculation_length, first.draft_stop_reason) == (0, "length_0")
 
 
@@ -815,8 +862,14 @@ def test_policies_report_why_drafting_stopped(models, make, allowed):
     runtime = models["runtime"]
     seen = set()
     for prompt in PROMPTS:
-        result = generate(torch.tensor(prompt), HFVerifier(models["target"], runtime, frozenset()), runtime,
-                          max_new_tokens=MAX_NEW, drafter=ARDrafter(models["noisy"], runtime), policy=make())
+        result = generate(
+            torch.tensor(prompt),
+            HFVerifier(models["target"], runtime, frozenset()),
+            runtime,
+            max_new_tokens=MAX_NEW,
+            drafter=ARDrafter(models["noisy"], runtime),
+            policy=make(),
+        )
         seen |= {r.draft_stop_reason for r in result.rounds}
         last = result.rounds[-1]
         assert last.speculation_length == 0 or last.draft_stop_reason == "room" or last.draft_stop_reason in allowed
@@ -863,10 +916,12 @@ def test_a_policy_that_never_answers_0_is_warned_about_once_per_run(capsys):
         out = generate(prompt, verifier, runtime, max_new_tokens=24, drafter=drafter, policy=runaway)
         assert out.rounds[0].speculation_length == 23  # the whole room, not 3
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["warning: policy 'always3' answered next_length with 3 after every extension and never with 0, "
-                     "so its drafts grew until the room ran out (22 tokens after 9 answers; 2 rounds so far): "
-                     "next_length is asked again after each extension and a draft ends only when it answers 0 -- "
-                     "for k tokens per round, answer max(k - draft.length, 0) (README: Write a policy plugin)"]
+    assert lines == [
+        "warning: policy 'always3' answered next_length with 3 after every extension and never with 0, "
+        "so its drafts grew until the room ran out (22 tokens after 9 answers; 2 rounds so far): "
+        "next_length is asked again after each extension and a draft ends only when it answers 0 -- "
+        "for k tokens per round, answer max(k - draft.length, 0) (README: Write a policy plugin)"
+    ]
     for prompt in prompts:  # the protocol followed: 3-token drafts, no warning
         out = generate(prompt, verifier, runtime, max_new_tokens=24, drafter=drafter, policy=fixed)
         assert {r.speculation_length for r in out.rounds} <= {0, 1, 2, 3}

@@ -34,16 +34,24 @@ def target():
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpt")
-    return (write_dflash_checkpoint(d / "dflash", 32, VOCAB, 4, [0, 2], B, 5),
-            write_eagle3_checkpoint(d / "eagle3", 32, VOCAB, VOCAB, layer_ids=[1, 2, 3]))
+    return (
+        write_dflash_checkpoint(d / "dflash", 32, VOCAB, 4, [0, 2], B, 5),
+        write_eagle3_checkpoint(d / "eagle3", 32, VOCAB, VOCAB, layer_ids=[1, 2, 3]),
+    )
 
 
 def _drafter(kind, checkpoints, target, rt, stop=frozenset({EOS})):
     if kind == "dflash":
-        return DFlashDrafter(load_dflash(checkpoints[0]).double(), target.get_input_embeddings(),
-                             target.get_output_embeddings(), rt, stop)
-    return Eagle3Drafter(load_eagle3(checkpoints[1]).double(), target.get_input_embeddings(), (1, 2, 3), VOCAB, rt,
-                         stop)
+        return DFlashDrafter(
+            load_dflash(checkpoints[0]).double(),
+            target.get_input_embeddings(),
+            target.get_output_embeddings(),
+            rt,
+            stop,
+        )
+    return Eagle3Drafter(
+        load_eagle3(checkpoints[1]).double(), target.get_input_embeddings(), (1, 2, 3), VOCAB, rt, stop
+    )
 
 
 def test_failfast_tree_is_the_chain_plus_siblings_where_unsure(target, checkpoints):
@@ -104,11 +112,18 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
     assert frontier and max(frontier) <= worst * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("kind, policy", [
-    (kind, policy) for kind in ("dflash", "eagle3")
-    for policy in (FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
-                   FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10))
-] + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))])
+@pytest.mark.parametrize(
+    "kind, policy",
+    [
+        (kind, policy)
+        for kind in ("dflash", "eagle3")
+        for policy in (
+            FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
+            FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10),
+        )
+    ]
+    + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))],
+)
 def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset({EOS}))
@@ -122,8 +137,15 @@ def test_failfast_tree_with_sampling_runs(target, checkpoints):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     drafter = _drafter("dflash", checkpoints, target, rt)
-    out = generate(torch.tensor([4, 9, 2, 30]), verifier, rt, max_new_tokens=20, drafter=drafter,
-                   policy=FailFastTreePolicy(n=3, tau=0.9, n_max=9), sampling=SamplingConfig(0.9, 8, 1.0))
+    out = generate(
+        torch.tensor([4, 9, 2, 30]),
+        verifier,
+        rt,
+        max_new_tokens=20,
+        drafter=drafter,
+        policy=FailFastTreePolicy(n=3, tau=0.9, n_max=9),
+        sampling=SamplingConfig(0.9, 8, 1.0),
+    )
     assert out.generated_tokens == 20 or out.finish_reason == "eos"
 
 
@@ -132,8 +154,16 @@ def test_branch_k_one_is_failfast(target, checkpoints):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompt = random_prompts(1)[0]
     rounds = [[], []]
-    for i, policy in enumerate((FailFastPolicy(n=3, tau=0.4, n_max=9),
-                                FailFastTreePolicy(n=3, tau=0.4, n_max=9, branch_k=1))):
-        generate(prompt, verifier, rt, max_new_tokens=24, drafter=_drafter("dflash", checkpoints, target, rt),
-                 policy=policy, on_round=rounds[i].append)
+    for i, policy in enumerate(
+        (FailFastPolicy(n=3, tau=0.4, n_max=9), FailFastTreePolicy(n=3, tau=0.4, n_max=9, branch_k=1))
+    ):
+        generate(
+            prompt,
+            verifier,
+            rt,
+            max_new_tokens=24,
+            drafter=_drafter("dflash", checkpoints, target, rt),
+            policy=policy,
+            on_round=rounds[i].append,
+        )
     assert [r.draft_token_ids for r in rounds[0]] == [r.draft_token_ids for r in rounds[1]]

@@ -23,8 +23,21 @@ from specpolicy.run.experiment import run_experiment
 from specpolicy.run.loggers import wandb as wandb_logger
 from specpolicy.run.loggers.wandb_offline import find_offline_runs, read_offline_run
 
-WANDB_ENV = ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_MODE", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_GROUP",
-             "WANDB_NAME", "WANDB_RUN_ID", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")
+WANDB_ENV = (
+    "WANDB_API_KEY",
+    "WANDB_BASE_URL",
+    "WANDB_MODE",
+    "WANDB_ENTITY",
+    "WANDB_PROJECT",
+    "WANDB_RUN_GROUP",
+    "WANDB_NAME",
+    "WANDB_RUN_ID",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "ALL_PROXY",
+)
 
 
 @pytest.fixture
@@ -35,8 +48,13 @@ def wandb_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for var, sub in (("WANDB_DIR", "wandb-runs"), ("WANDB_CACHE_DIR", "wandb-cache"), ("WANDB_DATA_DIR", "wandb-data"),
-                     ("WANDB_CONFIG_DIR", "wandb-config"), ("WANDB_ARTIFACT_DIR", "wandb-artifacts")):
+    for var, sub in (
+        ("WANDB_DIR", "wandb-runs"),
+        ("WANDB_CACHE_DIR", "wandb-cache"),
+        ("WANDB_DATA_DIR", "wandb-data"),
+        ("WANDB_CONFIG_DIR", "wandb-config"),
+        ("WANDB_ARTIFACT_DIR", "wandb-artifacts"),
+    ):
         (tmp_path / sub).mkdir()
         monkeypatch.setenv(var, str(tmp_path / sub))
     return tmp_path / "wandb-runs"
@@ -49,8 +67,19 @@ def _scalars(summary: dict) -> dict:
 @pytest.mark.slow  # a multirun
 def test_multirun_wandb_offline_runs_hold_the_summary_and_share_a_group(family, wandb_offline, tmp_path, monkeypatch):
     sweep_dir = tmp_path / "sweep"
-    monkeypatch.setattr(sys, "argv", ["specpolicy", "-m", *overrides(family), "policy=failfast",
-                                      "policy.tau=0.1,0.9", "+logger=wandb", f"hydra.sweep.dir={sweep_dir}"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "specpolicy",
+            "-m",
+            *overrides(family),
+            "policy=failfast",
+            "policy.tau=0.1,0.9",
+            "+logger=wandb",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+    )
     from specpolicy.run.cli import main
 
     main()
@@ -101,8 +130,9 @@ def _closed_port_url() -> str:
 
 
 @pytest.mark.parametrize("service", ["refused", "hung"])
-def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wandb_offline, tmp_path, monkeypatch,
-                                                                     caplog):
+def test_unreachable_service_falls_back_to_offline_with_one_warning(
+    service, wandb_offline, tmp_path, monkeypatch, caplog
+):
     server = _Server() if service == "hung" else None
     monkeypatch.delenv("WANDB_MODE")  # auto: an API key is configured, so W&B would go online
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
@@ -134,9 +164,19 @@ def test_unreachable_service_falls_back_to_offline_with_one_warning(service, wan
     # init timeout is 90 s): one offline start only
     assert probes == [(0.5, False)] and modes == ["offline"]
     assert logger.run is not None and logger.run.settings.mode == "offline"
-    logger.specpolicy_prompt_end(result=PromptResult.from_row({
-        "prompt_id": "p", "prompt_tokens": 3, "output_ids": [4, 5], "rounds": [], "wall_s": 0.5,
-        "finish_reason": "eos", "output_text": "hi"}))
+    logger.specpolicy_prompt_end(
+        result=PromptResult.from_row(
+            {
+                "prompt_id": "p",
+                "prompt_tokens": 3,
+                "output_ids": [4, 5],
+                "rounds": [],
+                "wall_s": 0.5,
+                "finish_reason": "eos",
+                "output_text": "hi",
+            }
+        )
+    )
     logger.specpolicy_run_end(summary={"method": "ar+static", "speedup_vs_vanilla": 1.25}, run_dir=str(tmp_path))
     assert len(logger.warnings) == 1 and "unreachable" in logger.warnings[0]
     assert [r.message for r in caplog.records if r.name == wandb_logger.__name__] == logger.warnings
@@ -185,8 +225,9 @@ class _HangingService:
         self.server.server_close()
 
 
-def test_a_service_that_answers_the_probe_then_hangs_costs_at_most_the_probe_timeout(wandb_offline, tmp_path,
-                                                                                      monkeypatch):
+def test_a_service_that_answers_the_probe_then_hangs_costs_at_most_the_probe_timeout(
+    wandb_offline, tmp_path, monkeypatch
+):
     """The online start of the run gets what the probe left of probe_timeout_s (W&B's own default
     is 90 s; the old fixed 15 s made this fallback take ~17 s)."""
     import wandb
@@ -215,8 +256,9 @@ def test_a_service_that_answers_the_probe_then_hangs_costs_at_most_the_probe_tim
     assert logger.run is not None and logger.run.settings.mode == "offline"
     (warning,) = logger.warnings
     assert warning.startswith(f"W&B service {service.url} did not start the run within 1 s (")
-    assert "\n" not in warning and warning.endswith("logging offline instead -- upload later with "
-                                                     "`wandb sync <run dir>/wandb/offline-run-*`")
+    assert "\n" not in warning and warning.endswith(
+        "logging offline instead -- upload later with `wandb sync <run dir>/wandb/offline-run-*`"
+    )
     logger.specpolicy_run_end(summary={"method": "ar+static"}, run_dir=str(tmp_path))
 
 
@@ -279,12 +321,20 @@ def test_lifecycle_hooks_in_order_and_abort_closes_the_loggers(family, tmp_path,
     def specpolicy_run_abort(error, run_dir):
         events.append(("run_abort", str(error)))
 
-    for fn in (specpolicy_make_policy, specpolicy_run_start, specpolicy_round_end, specpolicy_prompt_end,
-               specpolicy_run_abort):
+    for fn in (
+        specpolicy_make_policy,
+        specpolicy_run_start,
+        specpolicy_round_end,
+        specpolicy_prompt_end,
+        specpolicy_run_abort,
+    ):
         setattr(mod, fn.__name__, fn)
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    dist = types.SimpleNamespace(metadata={"name": "lifecycle"}, version="0",
-                                 entry_points=[importlib.metadata.EntryPoint("lifecycle", mod.__name__, "specpolicy")])
+    dist = types.SimpleNamespace(
+        metadata={"name": "lifecycle"},
+        version="0",
+        entry_points=[importlib.metadata.EntryPoint("lifecycle", mod.__name__, "specpolicy")],
+    )
     monkeypatch.setattr(importlib.metadata, "distributions", lambda **kw: [dist])
     monkeypatch.delenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", raising=False)
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
@@ -324,10 +374,27 @@ def test_wandb_error_mid_run_warns_once_and_never_fails_the_run(wandb_offline, t
         raise ConnectionError("service went away")
 
     monkeypatch.setattr(run, "log", broken_log)
-    record = RoundRecord(index=0, speculation_length=3, accepted_length=2, emitted_tokens=3, drafter_forward_passes=3,
-                         reused_tokens=0, draft_ms=1.0, verify_ms=2.0)
-    result = PromptResult.from_row({"prompt_id": "p", "prompt_tokens": 3, "output_ids": [1, 2, 3], "rounds": [],
-                                    "wall_s": 0.1, "finish_reason": "eos", "output_text": "x"})
+    record = RoundRecord(
+        index=0,
+        speculation_length=3,
+        accepted_length=2,
+        emitted_tokens=3,
+        drafter_forward_passes=3,
+        reused_tokens=0,
+        draft_ms=1.0,
+        verify_ms=2.0,
+    )
+    result = PromptResult.from_row(
+        {
+            "prompt_id": "p",
+            "prompt_tokens": 3,
+            "output_ids": [1, 2, 3],
+            "rounds": [],
+            "wall_s": 0.1,
+            "finish_reason": "eos",
+            "output_text": "x",
+        }
+    )
     for _ in range(2):
         logger.specpolicy_round_end(record=record)
         logger.specpolicy_round_end(record=record)
@@ -337,27 +404,42 @@ def test_wandb_error_mid_run_warns_once_and_never_fails_the_run(wandb_offline, t
     assert len(logger.warnings) == 1 and "service went away" in logger.warnings[0]
     assert logger.run is None
     where = logger.specpolicy_run_outputs()  # what the CLI prints under results:
-    assert where[0] == "W&B: logging stopped early (log failed: ConnectionError; see the warning above); the run so far:"
+    assert (
+        where[0] == "W&B: logging stopped early (log failed: ConnectionError; see the warning above); the run so far:"
+    )
     assert where[1].startswith("W&B: offline run ") and where[2].startswith("upload: wandb sync ")
 
 
-def test_the_cli_says_where_the_wandb_run_went_and_how_to_upload_it(family, wandb_offline, tmp_path, monkeypatch,
-                                                                   capsys):
+def test_the_cli_says_where_the_wandb_run_went_and_how_to_upload_it(
+    family, wandb_offline, tmp_path, monkeypatch, capsys
+):
     """Issue 22: with +logger=wandb the results: line listed only summary.json and results.jsonl."""
     from specpolicy.run.cli import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
-    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "dataset.num_prompts=1", "+logger=wandb",
-                                      "logger.wandb.log_plots=false", "hydra.run.dir=outputs/w"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "specpolicy",
+            *overrides(family),
+            "dataset.num_prompts=1",
+            "+logger=wandb",
+            "logger.wandb.log_plots=false",
+            "hydra.run.dir=outputs/w",
+        ],
+    )
     main()
     out = capsys.readouterr().out.splitlines()
     start = out.index("results: outputs/w/ (summary.json, results.jsonl)")
     (offline,) = find_offline_runs(wandb_offline)
     directory = offline.relative_to(tmp_path).as_posix()
-    assert out[start + 1:start + 4] == [f"W&B:     offline run {directory}/ (not uploaded)",
-                                        f"upload:  wandb sync {directory}",
-                                        "next:    python -m specpolicy.analysis.report outputs/w"]
+    assert out[start + 1 : start + 4] == [
+        f"W&B:     offline run {directory}/ (not uploaded)",
+        f"upload:  wandb sync {directory}",
+        "next:    python -m specpolicy.analysis.report outputs/w",
+    ]
     assert read_offline_run(offline).complete  # what `wandb sync` uploads is there
     # mode disabled: said so, nothing else
     monkeypatch.setattr(sys, "argv", [*sys.argv[:-1], "logger.wandb.mode=disabled", "hydra.run.dir=outputs/off"])

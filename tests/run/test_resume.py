@@ -25,9 +25,22 @@ from specpolicy.run.resume import MAX_NAME, RunInterrupted, run_name
 
 PROMPTS = 4
 #: Fields that are timings (or derived from timings): the only ones allowed to differ.
-TIMING_KEYS = {"wall_s", "vanilla_wall_s", "tokens_per_s", "vanilla_tokens_per_s", "speedup_vs_vanilla",
-               "draft_ms", "verify_ms", "prefill_ms", "vanilla_prefill_ms", "vanilla_draft_ms", "vanilla_verify_ms",
-               "oracle", "measured", "timing_conditions"}
+TIMING_KEYS = {
+    "wall_s",
+    "vanilla_wall_s",
+    "tokens_per_s",
+    "vanilla_tokens_per_s",
+    "speedup_vs_vanilla",
+    "draft_ms",
+    "verify_ms",
+    "prefill_ms",
+    "vanilla_prefill_ms",
+    "vanilla_draft_ms",
+    "vanilla_verify_ms",
+    "oracle",
+    "measured",
+    "timing_conditions",
+}
 
 
 def without_timings(value):
@@ -39,10 +52,19 @@ def without_timings(value):
 
 
 def cli_args(family) -> list[str]:
-    base = [o for o in overrides(family, drafter="drafter") if not o.startswith(("dataset.num_prompts",
-                                                                                  "generation.max_new_tokens"))]
-    return [*base, "policy=failfast", "policy.n=3", "policy.n_max=9", f"dataset.num_prompts={PROMPTS}",
-            "generation.max_new_tokens=20"]
+    base = [
+        o
+        for o in overrides(family, drafter="drafter")
+        if not o.startswith(("dataset.num_prompts", "generation.max_new_tokens"))
+    ]
+    return [
+        *base,
+        "policy=failfast",
+        "policy.n=3",
+        "policy.n_max=9",
+        f"dataset.num_prompts={PROMPTS}",
+        "generation.max_new_tokens=20",
+    ]
 
 
 def compose_cfg(family, *extra: str):
@@ -58,9 +80,24 @@ def lines(path: Path) -> list[dict]:
 
 
 def _row(pid: str, tokens: int) -> dict:
-    return {"prompt_id": pid, "output_ids": list(range(tokens)), "wall_s": 0.1, "finish_reason": "eos",
-            "rounds": [{"speculation_length": 0, "accepted_length": 0, "emitted_tokens": 1, "drafter_forward_passes": 0,
-                        "reused_tokens": 0, "draft_ms": 0.0, "verify_ms": 1.0}] * tokens}
+    return {
+        "prompt_id": pid,
+        "output_ids": list(range(tokens)),
+        "wall_s": 0.1,
+        "finish_reason": "eos",
+        "rounds": [
+            {
+                "speculation_length": 0,
+                "accepted_length": 0,
+                "emitted_tokens": 1,
+                "drafter_forward_passes": 0,
+                "reused_tokens": 0,
+                "draft_ms": 0.0,
+                "verify_ms": 1.0,
+            }
+        ]
+        * tokens,
+    }
 
 
 def test_corrupt_lines_anywhere_are_quarantined_and_every_valid_row_is_kept(tmp_path, caplog):
@@ -86,9 +123,18 @@ def test_corrupt_lines_anywhere_are_quarantined_and_every_valid_row_is_kept(tmp_
 
 
 def test_rows_of_runs_written_before_the_finish_reason_rename_are_read(tmp_path):
-    old = {**_row("p0", 2), "stop_reason": "max_new_tokens", "vanilla_generated_tokens": 2, "vanilla_wall_s": 0.2,
-           "vanilla_rounds": 2, "vanilla_draft_ms": 0.0, "vanilla_verify_ms": 2.0, "vanilla_stop_reason": "eos",
-           "lossless": True, "first_difference": None}
+    old = {
+        **_row("p0", 2),
+        "stop_reason": "max_new_tokens",
+        "vanilla_generated_tokens": 2,
+        "vanilla_wall_s": 0.2,
+        "vanilla_rounds": 2,
+        "vanilla_draft_ms": 0.0,
+        "vanilla_verify_ms": 2.0,
+        "vanilla_stop_reason": "eos",
+        "lossless": True,
+        "first_difference": None,
+    }
     del old["finish_reason"]
     result = PromptResult.from_row(old)
     assert result.speculative.finish_reason == "max_new_tokens" and result.vanilla.finish_reason == "eos"
@@ -109,22 +155,33 @@ def test_run_directory_names_keep_every_override_readable():
     """Issue 22: names were cut so that they lost the overrides that matter (policy=failfast and
     reuse.enabled=true vanished behind two model paths), and generation.stop=["\\n\\n"] became
     generation.stop=___n_n__-5630006c."""
-    overrides = ("drafter.model=/models/Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
-                 "reuse.enabled=true,verifier.model=/models/Qwen2.5-7B-Instruct")
+    overrides = (
+        "drafter.model=/models/Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
+        "reuse.enabled=true,verifier.model=/models/Qwen2.5-7B-Instruct"
+    )
     name = run_name(overrides)
     assert "/" not in name and len(name) <= MAX_NAME
-    assert name.startswith("drafter.model=Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
-                           "reuse.enabled=true,verifier.model=Qwen2.5-7B-Instruct-")
+    assert name.startswith(
+        "drafter.model=Fast_dLLM_v2_1.5B,policy.n_max=70,policy.tau=0.3,policy=failfast,"
+        "reuse.enabled=true,verifier.model=Qwen2.5-7B-Instruct-"
+    )
     assert re.fullmatch(r"generation\.stop=NLNL-[0-9a-f]{8}", run_name('generation.stop=["\\n\\n"]'))
     assert run_name("dataset.path=../data/my_prompts.jsonl,policy=aimd").startswith(
-        "dataset.path=my_prompts.jsonl,policy=aimd-")
+        "dataset.path=my_prompts.jsonl,policy=aimd-"
+    )
     # too long even so: values are cut first, every key stays
     many = ",".join(f"verifier.model=/models/{'x' * 60}" if i == 0 else f"policy.opt{i}={'y' * 20}" for i in range(5))
     name = run_name(many)
     assert len(name) <= MAX_NAME and all(f"policy.opt{i}=" in name for i in range(1, 5)) and "verifier.model=" in name
     # distinct commands never share a directory, whatever the cleaning made of them
-    variants = ['generation.stop=["\\n\\n"]', 'generation.stop=["\\n","\\n"]', "generation.stop=[NLNL]",
-                "verifier.model=/a/m", "verifier.model=/b/m", "verifier.model=m"]
+    variants = [
+        'generation.stop=["\\n\\n"]',
+        'generation.stop=["\\n","\\n"]',
+        "generation.stop=[NLNL]",
+        "verifier.model=/a/m",
+        "verifier.model=/b/m",
+        "verifier.model=m",
+    ]
     assert len({run_name(v) for v in variants}) == len(variants)
 
 
@@ -149,8 +206,7 @@ POINTS = [("call", n) for n in range(1, 2 * PROMPTS + 1)] + [("between", i) for 
 
 
 @pytest.mark.parametrize("kind,at", POINTS, ids=[f"{k}-{n}" for k, n in POINTS])
-def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch,
-                                                                 kind, at):
+def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch, kind, at):
     """SIGTERM right after the n-th generate() call (during a prompt: its row is not written yet),
     or between prompts (after prompt i's row was written)."""
     real, real_tqdm = experiment.generate, experiment.tqdm
@@ -197,8 +253,9 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
     assert json.loads((tmp_path / "summary.json").read_text())["partial"] is False
 
 
-def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(family, reference, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(
+    family, reference, tmp_path, monkeypatch, capsys
+):
     """Issue 22: the same command after a finished run loaded both models and printed a fresh timing
     warning about a run that measured nothing."""
     import specpolicy.analysis.machine as machine
@@ -220,13 +277,17 @@ def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(family, 
     monkeypatch.setattr(machine, "judge", lambda conditions: ["the machine is busy right now"])  # never asked
     main()  # the same command again
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == (f"run complete: all {PROMPTS} prompts of outputs/done are in results.jsonl; nothing to "
-                      "compute, no model loaded (run.resume=false starts over)")
+    assert out[0] == (
+        f"run complete: all {PROMPTS} prompts of outputs/done are in results.jsonl; nothing to "
+        "compute, no model loaded (run.resume=false starts over)"
+    )
     assert out[1].startswith(f"ar+failfast on gsm8k, {PROMPTS} prompts x 20 new tokens, cpu float64, greedy")
-    assert out[-4:] == ["results: outputs/done/ (summary.json, results.jsonl)",
-                       "next:    python -m specpolicy.analysis.report outputs/done",
-                       "         python -m specpolicy.analysis.plot outputs/done",
-                       "         python -m specpolicy.analysis.oracle outputs/done"]
+    assert out[-4:] == [
+        "results: outputs/done/ (summary.json, results.jsonl)",
+        "next:    python -m specpolicy.analysis.report outputs/done",
+        "         python -m specpolicy.analysis.plot outputs/done",
+        "         python -m specpolicy.analysis.oracle outputs/done",
+    ]
     assert json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text()) == first  # untouched
     # killed after its last row, before its summary: the summary is computed from the rows, still no model
     (tmp_path / "outputs" / "done" / "summary.json").unlink()
@@ -235,8 +296,9 @@ def test_resuming_a_complete_run_loads_no_model_and_says_it_is_complete(family, 
     again = json.loads((tmp_path / "outputs" / "done" / "summary.json").read_text())
     assert "timing_conditions" not in again  # nothing was timed in this invocation
     drop = ("fields",)  # the field glossary lists timing_conditions only where the summary has them
-    assert without_timings({k: v for k, v in again.items() if k not in drop}) == \
-        without_timings({k: v for k, v in first.items() if k not in drop})
+    assert without_timings({k: v for k, v in again.items() if k not in drop}) == without_timings(
+        {k: v for k, v in first.items() if k not in drop}
+    )
 
 
 def test_resume_drops_a_half_written_line_and_refuses_other_settings(family, reference, tmp_path, monkeypatch):
@@ -293,8 +355,14 @@ main()
 
 def _start(driver: Path, args: list[str], cwd: Path, slow: float) -> subprocess.Popen:
     env = {**os.environ, "SLOW_S": str(slow), "HYDRA_FULL_ERROR": "1", "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return subprocess.Popen([sys.executable, str(driver), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(driver), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _run_dir(cwd: Path) -> Path:

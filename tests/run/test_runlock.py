@@ -49,8 +49,9 @@ def test_a_second_holder_is_refused_with_the_holders_pid_and_host(tmp_path):
             RunLock(tmp_path).acquire()
         message = str(info.value)
         assert "\n" not in message
-        assert message.startswith(f"run directory {tmp_path} is in use by PID {os.getpid()} on host "
-                                  f"{socket.gethostname()} since ")
+        assert message.startswith(
+            f"run directory {tmp_path} is in use by PID {os.getpid()} on host {socket.gethostname()} since "
+        )
         assert message.endswith("choose another directory with hydra.run.dir=DIR")
     assert not (tmp_path / HOLDER_FILE).exists()  # released: the next run starts clean
     with RunLock(tmp_path) as again:
@@ -61,9 +62,11 @@ def test_the_stale_lock_of_a_dead_process_is_taken_over_with_a_message(tmp_path)
     pid = dead_pid()
     (tmp_path / HOLDER_FILE).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "started": 0}))
     with RunLock(tmp_path) as lock:
-        assert lock.taken_over == (f"taking over the stale lock of PID {pid} on host {socket.gethostname()} since "
-                                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(0))} in {tmp_path} "
-                                   f"(its process is gone)")
+        assert lock.taken_over == (
+            f"taking over the stale lock of PID {pid} on host {socket.gethostname()} since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(0))} in {tmp_path} "
+            f"(its process is gone)"
+        )
         assert json.loads((tmp_path / HOLDER_FILE).read_text())["pid"] == os.getpid()
 
 
@@ -76,8 +79,14 @@ def test_two_processes_running_the_same_command_never_duplicate_results(family, 
     gate = tmp_path / "gate"
     env = {**os.environ, "GATE_FILE": str(gate), "SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    first = subprocess.Popen([sys.executable, str(driver), *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, str(driver), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     holders = []
     while time.monotonic() < deadline and first.poll() is None and not holders:
@@ -86,18 +95,21 @@ def test_two_processes_running_the_same_command_never_duplicate_results(family, 
     assert holders, first.communicate()
     run_dir = holders[0].parent
     try:
-        second = subprocess.run([sys.executable, str(driver), *args], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, str(driver), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
     finally:
         gate.touch()  # the first process goes on
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
     assert second.returncode == 2
     (line,) = second.stderr.splitlines()
-    assert line.startswith(f"error: run directory {run_dir.resolve()} is in use by PID {first.pid} on host "
-                           f"{socket.gethostname()} since ")
-    assert line.endswith(": one process per run directory; wait for it to finish, or choose another directory with "
-                         "hydra.run.dir=DIR")
+    assert line.startswith(
+        f"error: run directory {run_dir.resolve()} is in use by PID {first.pid} on host {socket.gethostname()} since "
+    )
+    assert line.endswith(
+        ": one process per run directory; wait for it to finish, or choose another directory with hydra.run.dir=DIR"
+    )
     rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert [r["prompt_id"] for r in rows] == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
     assert json.loads((run_dir / "summary.json").read_text())["prompts"] == 3

@@ -16,17 +16,30 @@ from specpolicy.run.skips import max_new_tokens_line
 
 def test_an_over_context_prompt_is_skipped_recorded_and_resumed(family, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": "Natalia sold clips."}, {"question": "clips " * 2500, "id": "huge"},
-            {"prompt": "How many clips?"}]
+    rows = [
+        {"prompt": "Natalia sold clips."},
+        {"question": "clips " * 2500, "id": "huge"},
+        {"prompt": "How many clips?"},
+    ]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides(family), f"dataset.path={prompts}", "dataset.name=mine",
-                                           "dataset.num_prompts=all", "verifier.max_context=600"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *overrides(family),
+                f"dataset.path={prompts}",
+                "dataset.name=mine",
+                "dataset.num_prompts=all",
+                "verifier.max_context=600",
+            ],
+        )
     run_dir = tmp_path / "run"
     summary = run_experiment(cfg, run_dir)
     out = capsys.readouterr().out
     assert f"skipping prompt huge ({prompts}:2): " in out and "over the context limit of 599" in out
-    assert out.index("skipping prompt huge") < out.index("prompts.jsonl, 2 prompts x 16 new tokens")  # reported before the table
+    assert out.index("skipping prompt huge") < out.index(
+        "prompts.jsonl, 2 prompts x 16 new tokens"
+    )  # reported before the table
     written = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert [r["prompt_id"] for r in written] == ["mine/0", "huge", "mine/2"]
     assert written[1]["skipped"].startswith("prompt of ") and "longer than the 599 tokens" in written[1]["skipped"]
@@ -49,11 +62,13 @@ def test_max_new_tokens_beyond_the_context_is_one_warning_line_naming_key_value_
     assert max_new_tokens_line(100_000_000, [100, 180], target, drafter) == (
         "generation.max_new_tokens=100000000 is more than the context holds: it is 1024 tokens (verifier.max_context, "
         "or the models' max_position_embeddings), so every prompt (100-180 tokens with the chat template) ends at the "
-        "context after at most 845-925 new tokens (finish_reason max_context)")
+        "context after at most 845-925 new tokens (finish_reason max_context)"
+    )
     assert max_new_tokens_line(900, [100, 180], target, SimpleNamespace(max_context=0)) == (
         "generation.max_new_tokens=900 is more than the context holds: it is 1024 tokens (verifier.max_context, or the "
         "models' max_position_embeddings), so 1 of 2 prompts (180 tokens with the chat template) end at the context "
-        "after at most 845 new tokens (finish_reason max_context)")
+        "after at most 845 new tokens (finish_reason max_context)"
+    )
     assert "it is 512 tokens" in max_new_tokens_line(900, [100], target, SimpleNamespace(max_context=512))
 
 
@@ -61,12 +76,21 @@ def test_a_run_warns_of_max_new_tokens_beyond_the_context_and_loses_nothing(fami
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Natalia sold clips."}) + "\n")
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides(family), f"dataset.path={prompts}", "dataset.name=mine",
-                                           "verifier.max_context=48", "generation.max_new_tokens=100000000"])
+        cfg = compose(
+            "config",
+            overrides=[
+                *overrides(family),
+                f"dataset.path={prompts}",
+                "dataset.name=mine",
+                "verifier.max_context=48",
+                "generation.max_new_tokens=100000000",
+            ],
+        )
     summary = run_experiment(cfg, tmp_path / "run")
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith(
-        "warning: generation.max_new_tokens=100000000 is more than the context holds: it is 48 tokens")
+        "warning: generation.max_new_tokens=100000000 is more than the context holds: it is 48 tokens"
+    )
     row = json.loads((tmp_path / "run" / "results.jsonl").read_text())
     assert row["finish_reason"] == "max_context"
     assert len(row["output_ids"]) == 48 - row["prompt_tokens"] + 1  # what the line promised: at most, and reached

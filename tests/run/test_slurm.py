@@ -81,8 +81,10 @@ def test_squeue_watcher_repeats_a_pending_reason_and_keeps_states_when_squeue_fa
     fake_squeue("8|PENDING|Resources\n")
     watcher.update()
     watcher.update()
-    assert [r.getMessage() for r in caplog.records][-2:] == ["Slurm job 8 PENDING, reason: Resources",
-                                                             "Slurm job 8 still PENDING, reason: Resources"]
+    assert [r.getMessage() for r in caplog.records][-2:] == [
+        "Slurm job 8 PENDING, reason: Resources",
+        "Slurm job 8 still PENDING, reason: Resources",
+    ]
     fake_squeue("8|PENDING|PartitionConfig\n")  # more than the partition offers: it never starts
     watcher.update()
     assert "ask for less (hydra.launcher.cpus_per_task" in caplog.records[-1].getMessage()
@@ -103,7 +105,9 @@ def test_slurm_presets_request_a_gpu_or_none():
     assert gpu._target_ == cpu._target_ == "hydra_plugins.specpolicy_launcher.SpecpolicySlurmLauncher"
     assert (gpu.gpus_per_node, gpu.cpus_per_task, gpu.mem_gb) == (1, 4, 32)
     assert (cpu.gpus_per_node, cpu.cpus_per_task, cpu.mem_gb) == (0, 2, 2)
-    assert OmegaConf.to_container(cpu.setup, resolve=True) == ["export OMP_NUM_THREADS=$((SLURM_CPUS_PER_TASK > 0 ? SLURM_CPUS_PER_TASK : 1))"]
+    assert OmegaConf.to_container(cpu.setup, resolve=True) == [
+        "export OMP_NUM_THREADS=$((SLURM_CPUS_PER_TASK > 0 ? SLURM_CPUS_PER_TASK : 1))"
+    ]
     params = {k: v for k, v in cpu.items() if k != "_target_"}
     assert SpecpolicySlurmLauncher(**params).params["gpus_per_node"] is None  # no --gpus-per-node line
     assert SpecpolicySlurmLauncher(**{**params, "gpus_per_node": 2}).params["gpus_per_node"] == 2
@@ -111,8 +115,9 @@ def test_slurm_presets_request_a_gpu_or_none():
 
 @pytest.mark.parametrize("cluster_up", [False, True])  # no cluster at all / the local one up but not sourced
 @pytest.mark.parametrize("launcher", ["slurm_cpu", "submitit_slurm"])
-def test_a_slurm_sweep_without_slurm_is_one_line_before_anything_is_created(launcher, cluster_up, tmp_path,
-                                                                            monkeypatch, capsys):
+def test_a_slurm_sweep_without_slurm_is_one_line_before_anything_is_created(
+    launcher, cluster_up, tmp_path, monkeypatch, capsys
+):
     """Without Slurm's commands on PATH (here: a PATH holding none, whatever this machine has),
     the sweep stops before Hydra makes its sweep directory: one line pointing to
     ``scripts/slurm-local.sh up`` and the env.sh it writes, status 2, no traceback."""
@@ -127,19 +132,26 @@ def test_a_slurm_sweep_without_slurm_is_one_line_before_anything_is_created(laun
     monkeypatch.setenv("SPECPOLICY_SLURM_DIR", str(cluster_dir))
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["specpolicy", "-m", "policy=static", "policy.k=2,4",
-                                      f"hydra/launcher={launcher}", "hydra.sweep.dir=sweep"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["specpolicy", "-m", "policy=static", "policy.k=2,4", f"hydra/launcher={launcher}", "hydra.sweep.dir=sweep"],
+    )
     with pytest.raises(SystemExit) as info:
         main()
     assert info.value.code == 2
-    how = (f"a local cluster is up: run `source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` "
-           f"prints) in this shell first" if cluster_up else
-           f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
-           f"`source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` prints)")
+    how = (
+        f"a local cluster is up: run `source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` "
+        f"prints) in this shell first"
+        if cluster_up
+        else f"to try it on this machine, start a local cluster with `scripts/slurm-local.sh up` (root) and run "
+        f"`source {cluster_dir}/env.sh` (the exports `scripts/slurm-local.sh env` prints)"
+    )
     assert capsys.readouterr().err.splitlines() == [
         f"error: hydra/launcher={launcher} submits the sweep to Slurm, but sbatch, srun, squeue are not on PATH (no "
         f"Slurm cluster here); {how}; or run the sweep on this machine with hydra/launcher=basic. Nothing was "
-        f"launched or created"]
+        f"launched or created"
+    ]
     assert not (tmp_path / "sweep").exists()
 
 
@@ -151,13 +163,16 @@ def slurm_env() -> dict[str, str]:
     """The environment that points Slurm's commands at the local cluster (its ``env.sh``)."""
     env_file = CLUSTER_DIR / "env.sh"
     if not env_file.exists():
-        pytest.skip(f"no local Slurm cluster ({env_file} missing): run `scripts/slurm-local.sh up` "
-                    "(root; installs slurm-wlm and munge)")
+        pytest.skip(
+            f"no local Slurm cluster ({env_file} missing): run `scripts/slurm-local.sh up` "
+            "(root; installs slurm-wlm and munge)"
+        )
     out = subprocess.run(["bash", "-c", f'source "{env_file}" && env -0'], capture_output=True, check=True)
     env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
     try:
-        state = subprocess.run(["sinfo", "--noheader", "--format=%T"], env=env, capture_output=True, text=True,
-                               timeout=30)
+        state = subprocess.run(
+            ["sinfo", "--noheader", "--format=%T"], env=env, capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as error:
         pytest.skip(f"the local Slurm cluster does not answer: {error!r}")
     if state.returncode != 0 or not {"idle", "mixed", "allocated"} & set(state.stdout.split()):
@@ -194,8 +209,14 @@ def _run(command: list[str], env: dict[str, str], log: Path) -> str:
     return output
 
 
-def _wait_for(predicate, what: str, timeout_s: float = LAUNCH_TIMEOUT_S, process: subprocess.Popen | None = None,
-              log: Path | None = None, every_s: float = 0.5):
+def _wait_for(
+    predicate,
+    what: str,
+    timeout_s: float = LAUNCH_TIMEOUT_S,
+    process: subprocess.Popen | None = None,
+    log: Path | None = None,
+    every_s: float = 0.5,
+):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         value = predicate()
@@ -213,8 +234,14 @@ def _summaries(sweep: Path) -> dict[str, dict]:
 
 def _assert_report_lists_both_jobs_lossless(sweep: Path, env: dict[str, str]) -> None:
     """``python -m specpolicy.analysis.report SWEEP``: one row per job (its override), every one lossless."""
-    out = subprocess.run([sys.executable, "-m", "specpolicy.analysis.report", str(sweep)], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "specpolicy.analysis.report", str(sweep)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "policy.k=2" in out.stdout and "policy.k=4" in out.stdout, out.stdout
     assert out.stdout.count("2/2") == 2, out.stdout  # lossless: 2 of 2 prompts, in each job's row
@@ -231,8 +258,18 @@ def _job_ids(output: str) -> list[str]:
 @pytest.mark.slow
 def test_submitit_slurm_runs_the_sweep_and_the_report_lists_it(family, slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
-    _run(_sweep_command(family, sweep, "policy=static", "policy.k=2,4", "hydra/launcher=submitit_slurm",
-                        "hydra.launcher.timeout_min=10"), slurm_env, tmp_path / "launcher.log")
+    _run(
+        _sweep_command(
+            family,
+            sweep,
+            "policy=static",
+            "policy.k=2,4",
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.timeout_min=10",
+        ),
+        slurm_env,
+        tmp_path / "launcher.log",
+    )
     assert len(list((sweep / ".submitit").glob("*_*/*_result.pkl"))) == 2  # a 2-task job array
     _assert_report_lists_both_jobs_lossless(sweep, slurm_env)
 
@@ -240,10 +277,21 @@ def test_submitit_slurm_runs_the_sweep_and_the_report_lists_it(family, slurm_env
 @pytest.mark.slow
 def test_slurm_preset_without_gpu_requests_what_it_is_told_and_logs_the_jobs(family, slurm_env, tmp_path):
     sweep = tmp_path / "sweep"
-    output = _run(_sweep_command(family, sweep, "policy=static", "policy.k=2,4", "hydra/launcher=slurm",
-                                 "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-                                 "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10"),
-                  slurm_env, tmp_path / "launcher.log")
+    output = _run(
+        _sweep_command(
+            family,
+            sweep,
+            "policy=static",
+            "policy.k=2,4",
+            "hydra/launcher=slurm",
+            "hydra.launcher.gpus_per_node=0",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.mem_gb=1",
+            "hydra.launcher.timeout_min=10",
+        ),
+        slurm_env,
+        tmp_path / "launcher.log",
+    )
     (script,) = (sweep / ".submitit").glob("*/*_submission.sh")
     sbatch = script.read_text()
     assert "gpus" not in sbatch and "gres" not in sbatch  # gpus_per_node=0: no GPU request at all
@@ -259,13 +307,27 @@ def test_slurm_preset_without_gpu_requests_what_it_is_told_and_logs_the_jobs(fam
 def test_slurm_cpu_logs_the_pending_reason_and_a_cancelled_task_ends_the_wait(family, slurm_env, tmp_path):
     sweep, log = tmp_path / "sweep", tmp_path / "launcher.log"
     # one task at a time: task 1 waits with Slurm's reason JobArrayTaskLimit while task 0 runs
-    process = _launch(_sweep_command(family, sweep, "policy=static", "policy.k=2,4", "hydra/launcher=slurm_cpu",
-                                     "hydra.launcher.array_parallelism=1", "hydra.launcher.cpus_per_task=1",
-                                     "hydra.launcher.timeout_min=10"), slurm_env, log)
+    process = _launch(
+        _sweep_command(
+            family,
+            sweep,
+            "policy=static",
+            "policy.k=2,4",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.array_parallelism=1",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.timeout_min=10",
+        ),
+        slurm_env,
+        log,
+    )
     try:
         task, reason = _wait_for(
             lambda: re.search(r"Slurm job (\d+_1) PENDING, reason: (?!None)(\w+)", log.read_text()),
-            "task 1's pending reason", process=process, log=log).groups()
+            "task 1's pending reason",
+            process=process,
+            log=log,
+        ).groups()
         assert reason == "JobArrayTaskLimit"
         subprocess.run(["scancel", task], env=slurm_env, check=True, timeout=60)
         rc = process.wait(timeout=LAUNCH_TIMEOUT_S)  # without the squeue watcher: forever
@@ -288,10 +350,20 @@ def _lines(path: Path) -> int:
 def test_a_preempted_job_is_requeued_and_resumes_without_recomputing(family, slurm_env, tmp_path):
     sweep, log = tmp_path / "sweep", tmp_path / "launcher.log"
     prompts = 30
-    process = _launch(_sweep_command(family, sweep, f"dataset.num_prompts={prompts}", "generation.max_new_tokens=32",
-                                     "hydra/launcher=slurm_cpu", "hydra.launcher.cpus_per_task=1",
-                                     # submitit takes a signal after min(80%, limit - 10 min) of the limit for a timeout
-                                     "hydra.launcher.timeout_min=30"), slurm_env, log)
+    process = _launch(
+        _sweep_command(
+            family,
+            sweep,
+            f"dataset.num_prompts={prompts}",
+            "generation.max_new_tokens=32",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.cpus_per_task=1",
+            # submitit takes a signal after min(80%, limit - 10 min) of the limit for a timeout
+            "hydra.launcher.timeout_min=30",
+        ),
+        slurm_env,
+        log,
+    )
     results = sweep / "0" / "results.jsonl"
 
     def signal(name: str) -> None:
@@ -333,8 +405,10 @@ def test_a_job_without_result_is_reported_in_one_line_and_still_is_submitits_err
         config = None  # no Hydra config: the error names a placeholder sweep dir
 
     def fail(self, job_overrides, initial_job_idx):
-        raise submitit_utils.UncompletedJobError("Job 7_1 (task: 0) has not produced any output (state: CANCELLED)\n"
-                                                 "Error stream produced:\n----------------------------------------")
+        raise submitit_utils.UncompletedJobError(
+            "Job 7_1 (task: 0) has not produced any output (state: CANCELLED)\n"
+            "Error stream produced:\n----------------------------------------"
+        )
 
     parent = launcher._SubmititSlurmLauncher.launch
     try:

@@ -35,8 +35,16 @@ def _summaries(sweep_dir: Path) -> dict[str, dict]:
 @pytest.mark.slow  # a multirun
 def test_multirun_2x2_over_policy_keys_and_report(family, tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "sweep"
-    _cli(monkeypatch, "-m", *overrides(family, drafter="drafter"), "policy=failfast", "policy.n=2",
-         "policy.tau=0.0,1.0", "policy.n_max=2,6", f"hydra.sweep.dir={sweep}")
+    _cli(
+        monkeypatch,
+        "-m",
+        *overrides(family, drafter="drafter"),
+        "policy=failfast",
+        "policy.n=2",
+        "policy.tau=0.0,1.0",
+        "policy.n_max=2,6",
+        f"hydra.sweep.dir={sweep}",
+    )
     summaries = _summaries(sweep)
     assert len(summaries) == 4
     grid = {(s["config"]["policy"]["tau"], s["config"]["policy"]["n_max"]): s for s in summaries.values()}
@@ -60,8 +68,16 @@ def test_a_bad_value_in_any_job_stops_the_sweep_before_the_first_job(family, tmp
     """The default sweeper composes and checks every job (all batches) before launching one."""
     sweep = tmp_path / "sweep"
     with pytest.raises(SystemExit) as exit_info:
-        _cli(monkeypatch, "-m", *overrides(family), "policy=failfast", "policy.tau=0.2,0.4,2.0",
-             "seed=${hydra:job.num}", "hydra.sweeper.max_batch_size=1", f"hydra.sweep.dir={sweep}")
+        _cli(
+            monkeypatch,
+            "-m",
+            *overrides(family),
+            "policy=failfast",
+            "policy.tau=0.2,0.4,2.0",
+            "seed=${hydra:job.num}",
+            "hydra.sweeper.max_batch_size=1",
+            f"hydra.sweep.dir={sweep}",
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0]
@@ -72,8 +88,14 @@ def test_a_bad_value_in_any_job_stops_the_sweep_before_the_first_job(family, tmp
 
 def test_a_job_that_does_not_compose_is_named(family, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        _cli(monkeypatch, "-m", *overrides(family), "policy=failfast,static", "policy.tau=0.3",
-             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+        _cli(
+            monkeypatch,
+            "-m",
+            *overrides(family),
+            "policy=failfast,static",
+            "policy.tau=0.3",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: unknown key policy.tau; policy has keys k, name")
@@ -117,8 +139,14 @@ def test_the_sweeper_resolves_each_jobs_hydra_interpolations(family, tmp_path, m
 
     monkeypatch.setattr("specpolicy.run.validation.validate_config", record_then_stop)
     with pytest.raises(SystemExit):
-        _cli(monkeypatch, "-m", *overrides(family), "policy.tau=0.1,0.3", "seed=${hydra:job.num}",
-             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+        _cli(
+            monkeypatch,
+            "-m",
+            *overrides(family),
+            "policy.tau=0.1,0.3",
+            "seed=${hydra:job.num}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        )
     assert [(config["seed"], config["policy"]["tau"]) for config in seen] == [(0, 0.1), (1, 0.3)]
     assert "hydra" not in seen[0]
 
@@ -131,8 +159,16 @@ def _rounds(sweep: Path, summary: dict) -> list[dict]:
 @pytest.mark.slow  # a multirun in subprocesses
 def test_submitit_local_launcher_runs_the_sweep_as_separate_jobs(family, tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
-    _cli(monkeypatch, "-m", *overrides(family), "policy=static", "policy.k=2,4", "hydra/launcher=submitit_local",
-         "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}")
+    _cli(
+        monkeypatch,
+        "-m",
+        *overrides(family),
+        "policy=static",
+        "policy.k=2,4",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.sweep.dir={sweep}",
+    )
     summaries = _summaries(sweep)
     assert sorted(s["config"]["policy"]["k"] for s in summaries.values()) == [2, 4]
     assert all(s["lossless_fraction"] == 1.0 for s in summaries.values())
@@ -143,8 +179,15 @@ def test_submitit_local_launcher_runs_the_sweep_as_separate_jobs(family, tmp_pat
 @pytest.mark.filterwarnings("ignore:.*declarative_base")  # optuna 2.10 on SQLAlchemy 2
 def test_optuna_sweeper_maximises_lossless_speedup(family, tmp_path, monkeypatch):
     sweep = tmp_path / "sweep"
-    _cli(monkeypatch, "-m", *overrides(family), "hydra/sweeper=failfast_optuna", "hydra.sweeper.n_trials=2",
-         "hydra.sweeper.sampler.seed=1", f"hydra.sweep.dir={sweep}")
+    _cli(
+        monkeypatch,
+        "-m",
+        *overrides(family),
+        "hydra/sweeper=failfast_optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.seed=1",
+        f"hydra.sweep.dir={sweep}",
+    )
     result = OmegaConf.load(sweep / "optimization_results.yaml")
     summaries = _summaries(sweep)
     assert len(summaries) == 2
@@ -164,23 +207,45 @@ def _sweep_values(params: dict, key: str) -> list:
     return list(override.sweep_iterator())
 
 
-@pytest.mark.parametrize("preset,drafter,policy,key,expected", [
-    ("tau-sensitivity", "fastdllm", "failfast", "policy.tau", [0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9]),
-    ("nmax-sensitivity", "fastdllm", "failfast", "policy.n_max", [10, 20, 30, 40, 50, 60, 70, 80, 100]),
-    ("static-k-ar", "ar", "static", "policy.k", list(range(3, 21))),
-    ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
-    ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
-    ("paper-main", "fastdllm", "failfast", "method",
-     ["static-ar", "fastdllm-default", "failfast", "fail-fast-only", "win-big-only", "dflash-failfast",
-      "dflash-failfast-tuned", "eagle3-static"]),
-    ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
-    ("concavity", "fastdllm", "static", "drafter.threshold", [0.05, 0.3, 0.5, 0.7, 0.9, 0.99]),
-    ("concavity", "fastdllm", "static", "policy.k", [2, 4, 8, 16, 32]),
-    ("speculation-off", "fastdllm", "aimd", "policy.off_when_slower", [False, True]),
-    ("speculation-off", "fastdllm", "aimd", "drafter.threshold", [0.05, 0.95]),
-    ("speculation-off", "fastdllm", "aimd", "dataset", ["humaneval", "math500"]),
-    ("failfast-grid", "fastdllm", "failfast", "policy.tau", [0.45, 0.6, 0.7, 0.8]),
-])
+@pytest.mark.parametrize(
+    "preset,drafter,policy,key,expected",
+    [
+        (
+            "tau-sensitivity",
+            "fastdllm",
+            "failfast",
+            "policy.tau",
+            [0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9],
+        ),
+        ("nmax-sensitivity", "fastdllm", "failfast", "policy.n_max", [10, 20, 30, 40, 50, 60, 70, 80, 100]),
+        ("static-k-ar", "ar", "static", "policy.k", list(range(3, 21))),
+        ("static-k-fastdllm", "fastdllm", "static", "policy.k", list(range(3, 21))),
+        ("drafter-threshold", "fastdllm", "failfast", "drafter.threshold", [0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9]),
+        (
+            "paper-main",
+            "fastdllm",
+            "failfast",
+            "method",
+            [
+                "static-ar",
+                "fastdllm-default",
+                "failfast",
+                "fail-fast-only",
+                "win-big-only",
+                "dflash-failfast",
+                "dflash-failfast-tuned",
+                "eagle3-static",
+            ],
+        ),
+        ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
+        ("concavity", "fastdllm", "static", "drafter.threshold", [0.05, 0.3, 0.5, 0.7, 0.9, 0.99]),
+        ("concavity", "fastdllm", "static", "policy.k", [2, 4, 8, 16, 32]),
+        ("speculation-off", "fastdllm", "aimd", "policy.off_when_slower", [False, True]),
+        ("speculation-off", "fastdllm", "aimd", "drafter.threshold", [0.05, 0.95]),
+        ("speculation-off", "fastdllm", "aimd", "dataset", ["humaneval", "math500"]),
+        ("failfast-grid", "fastdllm", "failfast", "policy.tau", [0.45, 0.6, 0.7, 0.8]),
+    ],
+)
 def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, key, expected):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=True)
@@ -189,21 +254,24 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
     assert preset in cfg.hydra.sweep.dir
 
 
-@pytest.mark.parametrize("method,drafter,threshold,policy,settings", [
-    ("static-ar", "ar", None, "static", {"k": 5}),
-    ("static-fastdllm", "fastdllm", 0.05, "static", {"k": 5}),
-    ("failfast", "fastdllm", 0.05, "failfast", {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"}),
-    # the paper's baselines and ablations (FailFast §5.1, App. D.1)
-    ("fastdllm-default", "fastdllm", 0.9, "static", {"k": 5}),
-    ("fastdllm-plus", "fastdllm", 0.9, "static", {"k": 5}),
-    ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
-    ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
-    # drafters that read the target (DFlash, EAGLE-3 chain)
-    ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
-    ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 4, "tau": 0.6, "n_max": 60}),
-    ("dflash-static", "dflash", None, "static", {"k": 5}),
-    ("eagle3-static", "eagle3", None, "static", {"k": 5}),
-])
+@pytest.mark.parametrize(
+    "method,drafter,threshold,policy,settings",
+    [
+        ("static-ar", "ar", None, "static", {"k": 5}),
+        ("static-fastdllm", "fastdllm", 0.05, "static", {"k": 5}),
+        ("failfast", "fastdllm", 0.05, "failfast", {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"}),
+        # the paper's baselines and ablations (FailFast §5.1, App. D.1)
+        ("fastdllm-default", "fastdllm", 0.9, "static", {"k": 5}),
+        ("fastdllm-plus", "fastdllm", 0.9, "static", {"k": 5}),
+        ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
+        ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+        # drafters that read the target (DFlash, EAGLE-3 chain)
+        ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+        ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 4, "tau": 0.6, "n_max": 60}),
+        ("dflash-static", "dflash", None, "static", {"k": 5}),
+        ("eagle3-static", "eagle3", None, "static", {"k": 5}),
+    ],
+)
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"method={method}"])
@@ -218,8 +286,9 @@ def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, poli
 
 def test_slurm_launcher_and_optuna_sweeper_configs_compose():
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True
+        )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.timeout_min, launcher.partition) == (1, 240, "gpu")

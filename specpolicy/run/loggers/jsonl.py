@@ -68,8 +68,9 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
     check_keys("logger.jsonl", config, ("file",))
     file = config.get("file", RESULTS_FILE)
     if not isinstance(file, str) or not file.strip():
-        raise ConfigError(f"logger.jsonl.file must be a file name (relative to the run directory, or absolute), "
-                          f"got {file!r}")
+        raise ConfigError(
+            f"logger.jsonl.file must be a file name (relative to the run directory, or absolute), got {file!r}"
+        )
     return True
 
 

@@ -51,17 +51,47 @@ MODES = ("auto", "online", "offline", "disabled")
 MIN_INIT_S = 0.5
 #: Seconds ``wandb.init`` may take offline (no server involved: starting W&B's local service).
 OFFLINE_INIT_S = 60.0
-CONFIG_KEYS = ("project", "entity", "mode", "group", "name", "tags", "dir", "log_rounds", "probe_timeout_s",
-               "log_plots")
+CONFIG_KEYS = (
+    "project",
+    "entity",
+    "mode",
+    "group",
+    "name",
+    "tags",
+    "dir",
+    "log_rounds",
+    "probe_timeout_s",
+    "log_plots",
+)
 log = logging.getLogger(__name__)
 
 #: ``RoundRecord`` fields logged per round (``round/<field>``).
-ROUND_FIELDS = ("speculation_length", "accepted_length", "emitted_tokens", "drafter_forward_passes",
-                "reused_tokens", "draft_ms", "verify_ms")
+ROUND_FIELDS = (
+    "speculation_length",
+    "accepted_length",
+    "emitted_tokens",
+    "drafter_forward_passes",
+    "reused_tokens",
+    "draft_ms",
+    "verify_ms",
+)
 #: Columns of the per-prompt table.
-TABLE_COLUMNS = ("prompt_id", "prompt_tokens", "generated_tokens", "rounds", "acceptance_rate",
-                 "mean_accepted_length", "wall_s", "tokens_per_s", "vanilla_wall_s", "speedup_vs_vanilla",
-                 "lossless", "first_difference", "finish_reason", "output_text")
+TABLE_COLUMNS = (
+    "prompt_id",
+    "prompt_tokens",
+    "generated_tokens",
+    "rounds",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "wall_s",
+    "tokens_per_s",
+    "vanilla_wall_s",
+    "speedup_vs_vanilla",
+    "lossless",
+    "first_difference",
+    "finish_reason",
+    "output_text",
+)
 #: Seconds the figures (``python -m specpolicy.analysis.plot``) may take before they are skipped.
 PLOT_TIMEOUT_S = 300.0
 
@@ -163,10 +193,15 @@ def where_lines(run) -> list[str]:
 def _prompt_row(result: PromptResult) -> list[Any]:
     """One row of the per-prompt table (``TABLE_COLUMNS``)."""
     values = prompt_values(result.speculative, result.vanilla)
-    values.update(prompt_id=result.prompt_id, prompt_tokens=result.prompt_tokens,
-                  vanilla_wall_s=result.vanilla.wall_s if result.vanilla is not None else None,
-                  lossless=result.lossless, first_difference=result.first_difference,
-                  finish_reason=result.speculative.finish_reason, output_text=result.output_text)
+    values.update(
+        prompt_id=result.prompt_id,
+        prompt_tokens=result.prompt_tokens,
+        vanilla_wall_s=result.vanilla.wall_s if result.vanilla is not None else None,
+        lossless=result.lossless,
+        first_difference=result.first_difference,
+        finish_reason=result.speculative.finish_reason,
+        output_text=result.output_text,
+    )
     return [values.get(c) for c in TABLE_COLUMNS]
 
 
@@ -184,10 +219,20 @@ class WandbLogger:
         probe_timeout_s: seconds to wait for the service before falling back to offline.
     """
 
-    def __init__(self, *, project: str = "specpolicy", entity: str | None = None, mode: str = "auto",
-                 group: str | None = None, name: str | None = None, tags: list[str] | tuple[str, ...] = (),
-                 dir: str | None = None, log_rounds: bool = True, probe_timeout_s: float = 3.0,
-                 log_plots: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        project: str = "specpolicy",
+        entity: str | None = None,
+        mode: str = "auto",
+        group: str | None = None,
+        name: str | None = None,
+        tags: list[str] | tuple[str, ...] = (),
+        dir: str | None = None,
+        log_rounds: bool = True,
+        probe_timeout_s: float = 3.0,
+        log_plots: bool = True,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"logger.wandb.mode must be one of {', '.join(MODES)}, got {mode!r}")
         if not probe_timeout_s > 0:
@@ -235,8 +280,14 @@ class WandbLogger:
         wandb_dir = Path(self.dir or os.environ.get("WANDB_DIR") or run_dir)
         wandb_dir.mkdir(parents=True, exist_ok=True)
         return wandb.init(
-            project=self.project, entity=self.entity, group=self.group or group, name=self.name or name,
-            tags=self.tags or None, dir=str(wandb_dir), mode=mode, config={**config, "run_dir": str(run_dir)},
+            project=self.project,
+            entity=self.entity,
+            group=self.group or group,
+            name=self.name or name,
+            tags=self.tags or None,
+            dir=str(wandb_dir),
+            mode=mode,
+            config={**config, "run_dir": str(run_dir)},
             reinit="finish_previous",
             settings=wandb.Settings(console="off", init_timeout=init_timeout, silent=True, base_url=base_url()),
         )
@@ -254,14 +305,22 @@ class WandbLogger:
                 with open(Path(tmp) / RESULTS_FILE, "w", encoding="utf-8") as f:
                     f.writelines(json.dumps(r.to_row()) + "\n" for r in self._results)
                 (Path(tmp) / SUMMARY_FILE).write_text(json.dumps(summary), encoding="utf-8")
-                proc = subprocess.run([sys.executable, "-m", "specpolicy.analysis.plot", tmp, "--out", str(out),
-                                       "--max-pages", "8"], capture_output=True, text=True, timeout=PLOT_TIMEOUT_S)
+                proc = subprocess.run(
+                    [sys.executable, "-m", "specpolicy.analysis.plot", tmp, "--out", str(out), "--max-pages", "8"],
+                    capture_output=True,
+                    text=True,
+                    timeout=PLOT_TIMEOUT_S,
+                )
             if proc.returncode != 0:
                 last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 raise RuntimeError(f"python -m specpolicy.analysis.plot exited with {proc.returncode}: {last}")
             media = {f"plots/{f.stem}": wandb.Image(str(f)) for f in sorted(out.glob("*.png"))}
-            media.update({f"trajectories/{f.stem}": wandb.Html(f.read_text(encoding="utf-8"))
-                          for f in sorted(out.glob("trajectories/*/*.html"))})
+            media.update(
+                {
+                    f"trajectories/{f.stem}": wandb.Html(f.read_text(encoding="utf-8"))
+                    for f in sorted(out.glob("trajectories/*/*.html"))
+                }
+            )
         except Exception as exc:  # noqa: BLE001 - figures are a bonus, never a failure
             self._warn(f"W&B plots skipped ({exc!r})")
             return
@@ -284,8 +343,10 @@ class WandbLogger:
         # the probe and then hangs, costs at most that much before the run logs offline.
         deadline = time.monotonic() + self.probe_timeout_s
         if mode == "online" and not reachable(base_url(), self.probe_timeout_s):
-            self._warn(f"W&B service {base_url()} is unreachable (no answer within {self.probe_timeout_s:g} s); "
-                       "logging offline instead -- upload later with `wandb sync <run dir>/wandb/offline-run-*`")
+            self._warn(
+                f"W&B service {base_url()} is unreachable (no answer within {self.probe_timeout_s:g} s); "
+                "logging offline instead -- upload later with `wandb sync <run dir>/wandb/offline-run-*`"
+            )
             mode = "offline"
         try:
             budget = max(deadline - time.monotonic(), MIN_INIT_S) if mode == "online" else OFFLINE_INIT_S
@@ -296,9 +357,11 @@ class WandbLogger:
                 self._warn(f"W&B init failed ({reason}); W&B logging is off for this run")
                 self.off = f"init failed: {reason}"
                 return
-            self._warn(f"W&B service {base_url()} did not start the run within {self.probe_timeout_s:g} s "
-                       f"({reason}); logging offline instead -- upload later with "
-                       "`wandb sync <run dir>/wandb/offline-run-*`")
+            self._warn(
+                f"W&B service {base_url()} did not start the run within {self.probe_timeout_s:g} s "
+                f"({reason}); logging offline instead -- upload later with "
+                "`wandb sync <run dir>/wandb/offline-run-*`"
+            )
             try:
                 self.run = self._init(wandb, "offline", config, run_dir)
             except Exception as exc2:  # noqa: BLE001
@@ -335,8 +398,9 @@ class WandbLogger:
         import wandb
 
         run = self.run
-        table = self._guard("table", wandb.Table, columns=list(TABLE_COLUMNS),
-                            data=[_prompt_row(r) for r in self._results])
+        table = self._guard(
+            "table", wandb.Table, columns=list(TABLE_COLUMNS), data=[_prompt_row(r) for r in self._results]
+        )
         if table is not None:
             self._guard("log", run.log, {"prompts": table})
         self._guard("summary", run.summary.update, {k: v for k, v in summary.items() if k != "config"})
@@ -347,8 +411,13 @@ class WandbLogger:
             results = files_dir / RESULTS_FILE
             with open(results, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r.to_row()) + "\n" for r in self._results)
-            artifact = self._guard("artifact", wandb.Artifact, name=f"results-{run.id}", type="results",
-                                   metadata={k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
+            artifact = self._guard(
+                "artifact",
+                wandb.Artifact,
+                name=f"results-{run.id}",
+                type="results",
+                metadata={k: v for k, v in summary.items() if isinstance(v, (int, float, str))},
+            )
             if artifact is not None:
                 self._guard("artifact", artifact.add_file, str(results), name=RESULTS_FILE)
                 summary_file = Path(run_dir) / SUMMARY_FILE
@@ -374,8 +443,10 @@ class WandbLogger:
         if self.off:
             return [f"W&B: nothing logged ({self.off})"]
         if self.stopped:
-            return [f"W&B: logging stopped early ({self.stopped}; see the warning above); the run so far:",
-                    *self.location]
+            return [
+                f"W&B: logging stopped early ({self.stopped}; see the warning above); the run so far:",
+                *self.location,
+            ]
         return self.location or None
 
     @hookimpl

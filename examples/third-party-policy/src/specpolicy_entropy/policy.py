@@ -25,7 +25,7 @@ class EntropyPolicy(LengthPolicy):
         k = draft.length
         if k == 0:
             return self.n
-        chunk = draft.confidences[-min(self.n, k):].double().clamp_min(1e-12)
+        chunk = draft.confidences[-min(self.n, k) :].double().clamp_min(1e-12)
         bits = float(-torch.log2(chunk).mean())  # one host sync per extension decision
         return min(self.n, self.n_max - k) if bits <= self.max_bits and k < self.n_max else 0
 
