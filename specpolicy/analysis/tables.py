@@ -33,7 +33,7 @@ class Figure(NamedTuple):
 
 
 #: Every figure printed anywhere, by its key in ``summary.json`` (``headline`` / ``methods.*`` /
-#: ``per_prompt.*``). Definitions: README "Metric glossary", ``specpolicy.analysis.metrics``.
+#: ``per_prompt.*``). Definitions: docs/reference/metrics.md, ``specpolicy.analysis.metrics``.
 FIGURES: dict[str, Figure] = {
     "speedup_vs_vanilla": Figure("speedup vs vanilla (measured, same run)", "speedup vs vanilla (measured)", "{:.2f}x"),
     "modeled_speedup_vs_vanilla": Figure("speedup vs vanilla, MODELED (not measured)", "MODELED speedup", "{:.2f}x"),

@@ -159,6 +159,6 @@ class RunawayDrafts:
             f"policy {name!r} answered next_length with {answers[0]} after every extension and never with 0, so "
             f"its drafts grew until the room ran out ({draft_length} tokens after {len(answers)} answers; "
             f"{state[0]} rounds so far): next_length is asked again after each extension and a draft ends only "
-            f"when it answers 0 -- for k tokens per round, answer max(k - draft.length, 0) (README: Write a "
-            f"policy plugin)"
+            f"when it answers 0 -- for k tokens per round, answer max(k - draft.length, 0) (docs: How-to, "
+            f"Write a policy plugin)"
         )

@@ -62,7 +62,8 @@ class Runtime:
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;
             ``specpolicy.core.sampling``), reseeded by ``seed_everything``: same seed, same output.
     Raises:
-        ValueError: for an unknown ``dtype`` or a CUDA ``device`` on a machine without CUDA.
+        ValueError: for an unknown ``dtype``, a ``device`` torch does not know, or a CUDA ``device`` on
+            a machine without CUDA.
     """
 
     device: str = "auto"
@@ -78,7 +79,10 @@ class Runtime:
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"runtime.device={self.device!r} but CUDA is not available; use 'auto' or 'cpu'")
-        self.torch_device = torch.device(dev)
+        try:
+            self.torch_device = torch.device(dev)
+        except RuntimeError:  # torch's own message lists every device type it knows
+            raise ValueError(f"runtime.device={self.device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
         dt = self.dtype
         if dt == "auto":
             dt = "bfloat16" if self.torch_device.type == "cuda" else "float32"

@@ -82,7 +82,7 @@ def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | 
         ``{"n": 10, "tau": 0.45, "n_max": 60}``.
     :return: a ``LengthPolicy``, or ``None`` when ``name`` is not this plugin's. Its
         ``next_length(draft)`` is asked again after every extension of the draft, until it
-        answers 0 (k tokens per round: ``max(k - draft.length, 0)``; README "Write a policy plugin").
+        answers 0 (k tokens per round: ``max(k - draft.length, 0)``; docs/how-to/write-a-policy.md).
     :raises ValueError: naming ``policy.<key>``, the value and the accepted range for a bad value
         (one that names no key is reported with the key whose value it quotes and the plugin).
 

@@ -920,7 +920,7 @@ def test_a_policy_that_never_answers_0_is_warned_about_once_per_run(capsys):
         "warning: policy 'always3' answered next_length with 3 after every extension and never with 0, "
         "so its drafts grew until the room ran out (22 tokens after 9 answers; 2 rounds so far): "
         "next_length is asked again after each extension and a draft ends only when it answers 0 -- "
-        "for k tokens per round, answer max(k - draft.length, 0) (README: Write a policy plugin)"
+        "for k tokens per round, answer max(k - draft.length, 0) (docs: How-to, Write a policy plugin)"
     ]
     for prompt in prompts:  # the protocol followed: 3-token drafts, no warning
         out = generate(prompt, verifier, runtime, max_new_tokens=24, drafter=drafter, policy=fixed)

@@ -125,6 +125,7 @@ def _truncated_copy(source, destination):
         "wandb_mode",
         "top_p",
         "device",
+        "device_name",
     ],
 )
 def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypatch, capsys, no_loads):
@@ -138,8 +139,8 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
         "typo": (["policy.tua=0.3"], "error: unknown key policy.tua; policy has keys "),  # + the close match
         "choice": (
             ["policy=failfst"],
-            "error: no config 'failfst' in group policy; choices: aimd, batch-schedule, "
-            "block-tree, eagle2-tree, failfast, failfast-tree, goodput, goodput-batch, "
+            "error: no config 'failfst' in group policy; choices: adl, aimd, batch-schedule, "
+            "block-tree, diffuspec, eagle2-tree, failfast, failfast-tree, goodput, goodput-batch, "
             "heuristic, specdecpp, static "
             "(did you mean policy=failfast?)",
         ),
@@ -188,6 +189,10 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
         "device": (
             ["runtime.dtype=int8"],
             "error: runtime.dtype='int8' is not one of auto, float32, float64, bfloat16, float16",
+        ),
+        "device_name": (
+            ["runtime.device=bogus"],
+            "error: runtime.device='bogus' is not a device; use auto, cpu, cuda or cuda:N",
         ),
     }
     extra, expected = cases[case]
