@@ -66,7 +66,7 @@ from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
-from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, target_vocabulary
+from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "dflash"
@@ -569,16 +569,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     probe_verifier(verifier, model.spec.feature_layers, int(target_config.num_hidden_layers) + 1, NAME)
     stop_ids = getattr(verifier, "eos_token_ids", ())
     tokenizer = getattr(verifier, "tokenizer", None)
-    ngram = check_path_search(config, tokenizer.get_vocab() if tokenizer is not None else None)
-    search = None
-    if ngram is not None:
-        get = {key: config.get(key, default) for key, default in PATH_SEARCH_DEFAULTS.items()}
-        search = PathSearch(
-            ngram,
-            torch.tensor(sorted(stop_ids), dtype=torch.long, device=runtime.torch_device),
-            float(get["cps_mass"]),
-            int(get["cps_candidates"]),
-            int(get["cps_width"]),
-            float(get["cps_lambda"]),
-        )
+    vocab = tokenizer.get_vocab() if tokenizer is not None else None
+    search = path_search_of(config, vocab, stop_ids, runtime.torch_device)
     return DFlashDrafter(model, embed, head, runtime, stop_ids, config.get("extension", "given"), search)

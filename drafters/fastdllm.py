@@ -23,6 +23,15 @@ to the attention kernel unchanged (``masking_utils._preprocess_mask_arguments``:
 already 4D, simply return as-is"). Supported attention implementations: ``sdpa`` (boolean mask,
 True = attend) and ``eager`` (additive float mask).
 
+Path search (``drafter.path_search=cps``; DiffuSpec, arXiv 2510.02358, §4.2, whose drafter is a
+standalone dLLM run for ONE refinement step over the whole masked block: ``small_block_size`` =
+``block_size`` and one pass per block): an unmasking pass unmasks its small block's masked
+positions as the best path of a beam search over their lattice, scored by the drafter and an
+n-gram model (``specpolicy.core.path_search``), instead of by the confidence threshold; the draft
+ends where the lattice ends. A block's first token (from the previous block's full pass) is the
+argmax as before. Sampled rounds verify the path's tokens as point masses. Batched drafting runs
+such passes one request after another.
+
 KV-cache invariant (between rounds): the cache holds exactly the KV of the complete committed
 blocks, ``floor(L / B) * B`` positions for a committed length L -- what a fresh ``prefill`` of
 the committed sequence would compute. During a round, a draft crossing a block boundary writes
@@ -47,8 +56,9 @@ from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, sample, warp
+from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.loading import (
     check_attention,
@@ -59,6 +69,7 @@ from specpolicy.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
+from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "fastdllm"
@@ -72,7 +83,15 @@ _SUPPORTED_ATTENTION = ("sdpa", "eager")
 #: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
 #: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
 CONFIDENCE_DTYPES = ("float32", "model")
-CONFIG_KEYS = ("model", "block_size", "small_block_size", "threshold", "attn_implementation", "confidence_dtype")
+CONFIG_KEYS = (
+    "model",
+    "block_size",
+    "small_block_size",
+    "threshold",
+    "attn_implementation",
+    "confidence_dtype",
+    *PATH_SEARCH_DEFAULTS,
+)
 
 
 # -- attention mask ------------------------------------------------------------------------
@@ -264,6 +283,7 @@ class FastDLLMDrafter(Drafter):
         threshold: float = 0.05,
         stop_token_ids: Iterable[int] = (),
         confidence_dtype: str = "float32",
+        path_search: PathSearch | None = None,
     ):
         check_settings(block_size, small_block_size, threshold, confidence_dtype)
         vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -288,6 +308,9 @@ class FastDLLMDrafter(Drafter):
         self.stop_token_ids = tuple(sorted({int(t) for t in stop_token_ids}))
         self.mask_token_id = mask_id
         self.vocab_size = vocab
+        self.path_search = path_search
+        #: (order - 1,) int64: the last committed tokens, the path search's n-gram context
+        self._recent = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
         self.max_context = context_length(model)
         self._attn = attn
         self._dtype = next(model.parameters()).dtype
@@ -398,6 +421,8 @@ class FastDLLMDrafter(Drafter):
         if base != n:
             self._first = None  # not needed: the partial block starts with committed tokens
         self._L, self._base, self._tail = n, base, prompt_ids[base:]
+        self._recent = self._recent[:0]
+        self._remember(prompt_ids)
         self._carry = 0
         self._new_round()
 
@@ -410,6 +435,13 @@ class FastDLLMDrafter(Drafter):
         self._blk_start: int | None = None  # current block (lazily opened by draft)
         self._stop_len: int | None = None  # draft length ending at the first drafted stop token
         self._sb_conf: list[torch.Tensor] = []  # per unmasking pass, (m,) float32, NaN = not masked
+        self._path_len: int | None = None  # draft length where the path search ended the draft (no stop token)
+
+    def _remember(self, committed: torch.Tensor) -> None:
+        """Keep the last committed tokens the path search's n-gram reads (``order - 1``)."""
+        if self.path_search is not None:
+            keep = max(self.path_search.scorer.order - 1, 1)
+            self._recent = torch.cat([self._recent, committed])[-keep:]
 
     def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
@@ -475,7 +507,7 @@ class FastDLLMDrafter(Drafter):
         block unmasked past ``need`` (any-order rule) are kept as look-ahead; a later ``draft`` call
         of the same round continues from this state, so no pass is repeated."""
         start = self._blk_start
-        while self._filled < need and self._stop_len is None:
+        while self._filled < need and self._stop_len is None and self._path_len is None:
             keep = self._unmask_keep()
             logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
             crop_cache(self.cache, start)  # the pass adds nothing to the cache
@@ -498,6 +530,9 @@ class FastDLLMDrafter(Drafter):
         a, b = j * S, (j + 1) * S
         lo = max(a, 1)
         self._passes += 1
+        if self.path_search is not None:
+            self._search_apply(logits, lo, b)
+            return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
         masked = self._blk_masked[lo:b]
         self._sb_conf.append(torch.where(masked, conf, torch.nan))
@@ -512,6 +547,32 @@ class FastDLLMDrafter(Drafter):
             self._filled, self._sb_left = b, 0
         else:
             self._scan(lo, b)  # the algorithm's one sync per pass: how far is the draft unmasked?
+
+    def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
+        """After an unmasking pass with the path search: the small block's masked positions (offsets
+        ``[_filled, b)``) unmasked as the best path through their lattice, from the pass's logits
+        ``(b - lo, V)`` (the mask token never a candidate); the draft ends where the path does when
+        that is before the small block's end."""
+        first = max(lo, self._filled)
+        rows = logits[first - lo :].float()
+        rows[:, self.mask_token_id] = -torch.inf
+        order = self.path_search.scorer.order
+        d0 = self._draft_start(self._blk_start)
+        drafted = [seg[0] for seg in self._segments] + [self._blk_ids[d0:first]]
+        context = torch.cat([self._recent, *drafted])[-(order - 1) :]
+        pad = torch.full((order - 1 - context.numel(),), self.path_search.scorer.vocab_size, dtype=torch.long)
+        path, conf, ended = self.path_search.search(torch.softmax(rows, -1), torch.cat([pad.to(context), context]))
+        m = path.numel()
+        taken = slice(first, first + m)
+        self._blk_ids[taken], self._blk_conf[taken], self._blk_masked[taken] = path, conf, False
+        if self._blk_probs is not None:
+            self._blk_probs[taken] = point_mass(path, self.vocab_size)
+        row = torch.full((b - lo,), torch.nan, dtype=torch.float32, device=self._device)
+        row[first - lo : first - lo + m] = conf
+        self._sb_conf.append(row)
+        self._scan(lo, b)
+        if ended and self._stop_len is None:
+            self._path_len = self._blk_start + first + m - self._L
 
     def _select(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
         """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
@@ -597,13 +658,15 @@ class FastDLLMDrafter(Drafter):
         """The pass the draft reaching ``end`` takes next: ``"cross"`` (the block is full: write its
         KV, open the next), ``"unmask"`` (an unmasking pass over the current small block), or None
         (the draft is there, or ended at a stop token)."""
-        if self._stop_len is not None or self._blk_start + self._filled >= end:
+        if self._stop_len is not None or self._path_len is not None or self._blk_start + self._filled >= end:
             return None
         return "cross" if self._filled == self.block_size else "unmask"
 
     def _finish(self, num_tokens: int) -> Draft:
         k = self._k + num_tokens
         self._k = k if self._stop_len is None else min(k, self._stop_len)
+        if self._path_len is not None:
+            self._k = min(self._k, self._path_len)
         return self._current_draft()
 
     @classmethod
@@ -629,7 +692,7 @@ class FastDLLMDrafter(Drafter):
 
         if (
             len(drafters) < 2
-            or any(d._sampling is not None for d in drafters)
+            or any(d._sampling is not None or d.path_search is not None for d in drafters)
             or type(drafters[0].model) is not Qwen2ForCausalLM
         ):  # logits = lm_head(decoder output), nothing after
             return super().draft_many(drafters, num_tokens)
@@ -699,7 +762,8 @@ class FastDLLMDrafter(Drafter):
             torch.cat(self._sb_conf) if self._sb_conf else torch.empty(0, dtype=torch.float32, device=self._device)
         )
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
-        lookahead = 0 if self._stop_len is not None else max(self._blk_start + self._filled - (self._L + self._k), 0)
+        ended = self._stop_len is not None or self._path_len is not None
+        lookahead = 0 if ended else max(self._blk_start + self._filled - (self._L + self._k), 0)
         ahead_conf = self._blk_conf[self._filled - lookahead : self._filled]  # (lookahead,) a view
         return Draft(
             ids,
@@ -737,6 +801,7 @@ class FastDLLMDrafter(Drafter):
         B = self.block_size
         a = int(verification.accepted_length)
         committed = verification.committed_tokens(draft).to(self._device)  # (a + 1,)
+        self._remember(committed)
         L, base = self._L, self._base
         L_new = L + a + 1
         matched_end = L + min(a, own)  # drafted positions [L, matched_end) are committed as drafted
@@ -787,9 +852,10 @@ def _greedy(
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
     """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
-    ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded)."""
+    ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded),
+    and with ``path_search=cps`` its settings and n-gram file (against the target's tokenizer)."""
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
@@ -813,6 +879,8 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
             f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null"
         )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
+    if config.get("path_search", "none") != "none":
+        check_path_search(config, target_vocabulary(run_config))
     return True
 
 
@@ -849,6 +917,7 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
             f"drafter.block_size={block_size!r} but the model {model_name!r} was trained with block size "
             f"{trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)})"
         )
+    stop_ids = getattr(verifier, "eos_token_ids", ())
     return FastDLLMDrafter(
         model,
         runtime,
@@ -856,6 +925,7 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         block_size=block_size,
         small_block_size=config.get("small_block_size", 8),
         threshold=config.get("threshold", 0.05),
-        stop_token_ids=getattr(verifier, "eos_token_ids", ()),
+        stop_token_ids=stop_ids,
         confidence_dtype=confidence_dtype,
+        path_search=path_search_of(config, tokenizer.get_vocab(), stop_ids, runtime.torch_device),
     )

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from specpolicy.core.errors import ConfigError
+from specpolicy.core.path_search import PathSearch
 
 FORMAT = "specpolicy-ngram/1"
 
@@ -361,6 +362,28 @@ def check_path_search(config: dict, vocab: dict[str, int] | None = None) -> NGra
     if model.order < 2:
         raise ConfigError(f"drafter.ngram={get['ngram']!r}: order {model.order}; the path search needs order >= 2")
     return model
+
+
+def path_search_of(config: dict, vocab: dict[str, int] | None, stop_ids, device) -> PathSearch | None:
+    """The ``PathSearch`` a block drafter's config asks for (``path_search=cps``), else None: its
+    n-gram model read and checked (``check_path_search``), the stop tokens on ``device``.
+
+    Raises:
+        ConfigError: as ``check_path_search``.
+    """
+    ngram = check_path_search(config, vocab)
+    if ngram is None:
+        return None
+    get = {key: config.get(key, default) for key, default in PATH_SEARCH_DEFAULTS.items()}
+    stops = torch.tensor(sorted(int(t) for t in stop_ids), dtype=torch.long, device=device)
+    return PathSearch(
+        ngram,
+        stops,
+        float(get["cps_mass"]),
+        int(get["cps_candidates"]),
+        int(get["cps_width"]),
+        float(get["cps_lambda"]),
+    )
 
 
 def target_vocabulary(run_config: dict | None) -> dict[str, int] | None:

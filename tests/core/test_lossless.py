@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -64,12 +65,32 @@ def _policy(choice: str):
     return make_policy(get_plugin_manager(autoload=False), cfg)
 
 
+def _path_search(seed: int):
+    """DiffuSpec's path search with a 3-gram model of random sequences (EOS-terminated)."""
+    from specpolicy.core.path_search import PathSearch
+    from specpolicy.models.ngram import NGramModel
+
+    rng = torch.Generator().manual_seed(int(seed))
+    corpus = [torch.randint(0, VOCAB - 2, (24,), generator=rng).tolist() + [VOCAB - 1] for _ in range(30)]
+    return PathSearch(NGramModel.build(corpus, VOCAB, 3), torch.tensor([VOCAB - 1]), lam=0.5)
+
+
 def _drafter(kind: str, runtime, confident: bool):
     model = tiny_lm(seed=0 if confident else 5, layers=1)  # seed 0 shares the target's embeddings
     if confident:
         sharpen(model)
     if kind == "ar":
         return ARDrafter(model, runtime)
+    if kind == "fastdllm-cps":  # DiffuSpec's setting: one pass over the whole block, path search on its lattice
+        return FastDLLMDrafter(
+            model,
+            runtime,
+            SimpleNamespace(mask_token_id=MASK),
+            block_size=16,
+            small_block_size=16,
+            stop_token_ids=[VOCAB - 1],
+            path_search=_path_search(confident),
+        )
     # As the factory builds it: drafting stops at the verifier's EOS. Threshold 0.9 (Fast-dLLM's
     # default) stops unmasking mid small block, and extensions continue from there.
     return FastDLLMDrafter(
@@ -90,7 +111,7 @@ def target():
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["no-reuse", "reuse"])
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-@pytest.mark.parametrize("drafter", ["ar", "fastdllm", "fastdllm-t0.9"])
+@pytest.mark.parametrize("drafter", ["ar", "fastdllm", "fastdllm-t0.9", "fastdllm-cps"])
 def test_every_drafter_policy_combination_is_lossless(runtime, target, drafter, policy, reuse):
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
     for confident in (True, False):

@@ -68,6 +68,7 @@ STAT_TESTS = (
     "eagle3-tree",
     "dflash-failfast-tree",
     "dflash-cps",
+    "fastdllm-cps",
 )
 ALPHA = FAMILY_ALPHA / len(STAT_TESTS)  # per test (Bonferroni); the power check must fall below it too
 TEMPERATURE = SamplingConfig(temperature=1.0)
@@ -259,6 +260,20 @@ def _config(name: str, models, runtime):
     if name in ("dflash", "dflash-failfast-tree"):  # drafters that read the target: q from its features
         policy = static if name == "dflash" else (lambda: FailFastTreePolicy(n=1, tau=0.5, n_max=T - 1, branch_k=3))
         return (lambda: (_dflash(models, runtime), policy())), FEATURE_PROMPT, TEMPERATURE, T
+    if name == "fastdllm-cps":  # one pass over the block, the path search's tokens: point masses
+
+        def make():
+            drafter = FastDLLMDrafter(
+                models["dllm"],
+                runtime,
+                SimpleNamespace(mask_token_id=MASK),
+                block_size=8,
+                small_block_size=8,
+                path_search=_cps(models["target"]),
+            )
+            return drafter, static()
+
+        return make, PROMPT, TEMPERATURE, T
     if name == "dflash-cps":  # the path search's tokens: point masses
         return (lambda: (_dflash(models, runtime, _cps(models["target"])), static())), FEATURE_PROMPT, TEMPERATURE, T
     if name in ("eagle3", "eagle3-tree"):  # a tree: deterministic top-k children (point masses)
