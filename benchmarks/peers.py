@@ -147,7 +147,9 @@ BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 class MethodSpec:
     """A method added with ``--method NAME=OVERRIDES``: its ``name``, the bench ``drafter`` it
     runs on, its composed ``policy`` node (``name`` included, as ``make_policy`` takes it),
-    whether draft ``reuse`` is on, the ``overrides`` as given and the ``plugins.block`` list."""
+    whether draft ``reuse`` is on, the ``overrides`` as given, the ``plugins.block`` list and the
+    ``drafter.KEY=`` settings that differ from the drafter's config (``drafter_settings``: the method
+    runs a drafter of its own with them, e.g. ``drafter.path_search=cps``)."""
 
     name: str
     drafter: str
@@ -155,10 +157,12 @@ class MethodSpec:
     reuse: bool
     overrides: list[str]
     block: list[str] = field(default_factory=list)
+    drafter_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_method(text: str) -> MethodSpec:
-    """``NAME=drafter=D,policy=P[,policy.KEY=VALUE ...][,reuse.enabled=true]`` as a ``MethodSpec``:
+    """``NAME=drafter=D[,drafter.KEY=VALUE ...],policy=P[,policy.KEY=VALUE ...][,reuse.enabled=true]`` as a
+    ``MethodSpec``:
     the overrides composed with the run's configs (Hydra, plugin config directories included) and
     the policy validated by its plugin (``specpolicy.run.validation``), before any model loads.
 
@@ -181,12 +185,12 @@ def parse_method(text: str) -> MethodSpec:
             f"takes NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, digits, "
             f"_ . + -, not vanilla), got {text!r}"
         )
-    allowed = re.compile(r"^(drafter|policy|\+?\+?policy\.[\w.]+|reuse\.enabled|plugins\.block)=")
+    allowed = re.compile(r"^(drafter|policy|\+?\+?(policy|drafter)\.[\w.]+|reuse\.enabled|plugins\.block)=")
     for override in overrides:
         if not allowed.match(override):
             raise argparse.ArgumentTypeError(
-                f"{name}: {override!r}: a method sets drafter=, policy=, policy.KEY= and reuse.enabled= only (the "
-                f"models, prompts and generation settings are the benchmark's options)"
+                f"{name}: {override!r}: a method sets drafter=, drafter.KEY=, policy=, policy.KEY= and reuse.enabled= "
+                f"only (the models, prompts and generation settings are the benchmark's options)"
             )
     register()  # plugins' config directories (policy=<a plugin's policy>)
     try:
@@ -211,9 +215,19 @@ def parse_method(text: str) -> MethodSpec:
             {k: v for k, v in policy.items() if k != "name"},
             config,
         )
+        settings = {k: v for k, v in config["drafter"].items() if _conf("drafter", drafter).get(k) != v}
+        settings.pop("model", None)  # the bench's --<drafter>-drafter option names the model
+        if settings:  # the drafter's own check (its n-gram file, ...), before any model loads
+            validate_plugin_config(
+                get_plugin_manager(block=block),
+                "drafter",
+                drafter,
+                {k: v for k, v in config["drafter"].items() if k != "name"},
+                config,
+            )
     except ValueError as exc:  # ConfigError: the key, the value, the accepted range
         raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
-    return MethodSpec(name, drafter, policy, bool(config["reuse"]["enabled"]), overrides, block)
+    return MethodSpec(name, drafter, policy, bool(config["reuse"]["enabled"]), overrides, block, settings)
 
 
 class LazyDrafters(dict):
@@ -246,10 +260,12 @@ class Bench:
             "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter"),
         }
 
-        def factory(name: str) -> Callable[[], Any]:
+        def factory(name: str, settings: dict[str, Any] | None = None) -> Callable[[], Any]:
             extra = {"model": models[name]} if name in models else {}
-            return lambda: make_drafter(self.pm, {**_conf("drafter", name), **extra}, self.runtime, self.verifier)
+            config = {**_conf("drafter", name), **(settings or {}), **extra}
+            return lambda: make_drafter(self.pm, config, self.runtime, self.verifier)
 
+        self._drafter_factory = factory
         self.drafters = LazyDrafters({name: factory(name) for name in ("ar", "fastdllm", "suffix", "dflash", "eagle3")})
         self.assistant = self.drafters["ar"].model
         self.tokenizer = self.verifier.tokenizer
@@ -265,7 +281,12 @@ class Bench:
         pm = get_plugin_manager(block=spec.block)
         policy = make_policy(pm, spec.policy)
         min_match = self.args.reuse_min_match
-        model = self.drafters[spec.drafter]  # loaded now, outside any timed call
+        key = spec.drafter
+        if spec.drafter_settings:  # a drafter of its own settings, shared by the methods with the same ones
+            key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
+            if key not in self.drafters._factories:
+                self.drafters._factories[key] = self._drafter_factory(spec.drafter, spec.drafter_settings)
+        model = self.drafters[key]  # loaded now, outside any timed call
 
         def run(ids):
             return generate(

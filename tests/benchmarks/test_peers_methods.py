@@ -92,7 +92,12 @@ def test_a_plugin_policy_and_a_builtin_one_are_compared_by_config(family, tmp_pa
         ("x=drafter=ar,policy=nosuch", "x: no config 'nosuch' in group policy; choices: "),
         (
             "x=drafter=ar,generation.max_new_tokens=3",
-            "x: 'generation.max_new_tokens=3': a method sets drafter=, policy=, policy.KEY= and reuse.enabled= only",
+            "x: 'generation.max_new_tokens=3': a method sets drafter=, drafter.KEY=, policy=, policy.KEY= and "
+            "reuse.enabled= only",
+        ),
+        (
+            "x=drafter=dflash,drafter.path_search=cps,drafter.cps_lambda=2,policy=static",
+            "x: drafter.cps_lambda must be a number in [0, 1], got 2",
         ),
         ("vanilla=drafter=ar,policy=static", "takes NAME=drafter=D,policy=P"),
     ],
@@ -115,3 +120,12 @@ def test_a_plugin_policy_is_found_and_validated_like_the_cli_finds_it():
     assert spec.policy == {"name": "entropy", "n": 4, "max_bits": 0.5, "n_max": 32}  # the plugin's own config file
     with pytest.raises(Exception, match=r"policy.n must be in \[1, policy.n_max=32\], got 0"):
         peers.parse_method("mine=drafter=dflash,policy=entropy,policy.n=0")
+
+
+def test_a_method_sets_the_drafter_s_own_settings():
+    """``drafter.KEY=`` runs a drafter of its own (e.g. DiffuSpec's path search); the settings that
+    equal the drafter's config are not its own."""
+    peers = load_benchmark("peers")
+    spec = peers.parse_method("cps=drafter=dflash,drafter.path_search=cps,drafter.extension=given,policy=adl")
+    assert spec.drafter_settings == {"path_search": "cps"} and spec.policy["name"] == "adl"
+    assert peers.parse_method("plain=drafter=dflash,policy=static").drafter_settings == {}
