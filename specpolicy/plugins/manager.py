@@ -35,6 +35,7 @@ BUILTIN_PLUGINS = (
     "specpolicy.drafters.suffix",
     "specpolicy.drafters.dflash",
     "specpolicy.drafters.eagle3",
+    "specpolicy.drafters.easyspec",
     "specpolicy.policies.static",
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",
