@@ -140,7 +140,7 @@ def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]
 
 
 #: The drafters a ``--method`` may name (the bench's models: ``--ar-drafter`` ...).
-BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
+BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3", "easyspec")
 
 
 @dataclass
@@ -258,6 +258,7 @@ class Bench:
             "fastdllm": args.dllm_drafter,
             "dflash": getattr(args, "dflash_drafter", "dflash-drafter"),
             "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter"),
+            "easyspec": args.ar_drafter,  # EasySpec's layer-parallel drafting runs the AR drafter
         }
 
         def factory(name: str, settings: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -266,7 +267,7 @@ class Bench:
             return lambda: make_drafter(self.pm, config, self.runtime, self.verifier)
 
         self._drafter_factory = factory
-        self.drafters = LazyDrafters({name: factory(name) for name in ("ar", "fastdllm", "suffix", "dflash", "eagle3")})
+        self.drafters = LazyDrafters({name: factory(name) for name in BENCH_DRAFTERS})
         self.assistant = self.drafters["ar"].model
         self.tokenizer = self.verifier.tokenizer
         self.eos = sorted(self.verifier.eos_token_ids)

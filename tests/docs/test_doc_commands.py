@@ -585,16 +585,20 @@ def _my_policy(command: Command, h: Harness) -> None:
 
 
 def _peers(command: Command, h: Harness) -> None:
+    """The built-in AR static row, or -- a command adding methods with ``--method`` -- its first one."""
     out = h.cwd / "peers.json"
+    args = _args(command, "python benchmarks/peers.py")
+    added = [args[i + 1].partition("=")[0] for i, a in enumerate(args[:-1]) if a == "--method"]
+    method = added[0] if added else "ar+static-k5"
     load_benchmark("peers").main(
         [
-            *_args(command, "python benchmarks/peers.py"),
+            *args,
             "--num-prompts",
             "1",
             "--max-new-tokens",
             "8",
             "--methods",
-            r"^ar\+static-k5$",
+            "^" + re.escape(method) + "$",
             "--no-oracle",
             "--sweep-prompts",
             "1",
@@ -605,7 +609,7 @@ def _peers(command: Command, h: Harness) -> None:
             *tiny_models(h.world),
         ]
     )
-    assert {"vanilla", "ar+static-k5"} <= set(json.loads(out.read_text())["methods"])
+    assert {"vanilla", method} <= set(json.loads(out.read_text())["methods"])
 
 
 def _paper_table_run(command: Command, h: Harness) -> None:
