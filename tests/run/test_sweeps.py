@@ -270,6 +270,10 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
         ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 4, "tau": 0.6, "n_max": 60}),
         ("dflash-static", "dflash", None, "static", {"k": 5}),
         ("eagle3-static", "eagle3", None, "static", {"k": 5}),
+        # FailFast's neighbours in their own settings (DiffuSpec, EasySpec)
+        ("diffuspec-fastdllm", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
+        ("diffuspec-dflash", "dflash", None, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
+        ("easyspec-ar", "easyspec", None, "static", {"k": 5}),
     ],
 )
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
@@ -282,6 +286,10 @@ def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, poli
         assert (cfg.drafter.name, cfg.policy.name) == (drafter, "aimd")
         if threshold is not None:
             assert compose("config", overrides=[f"method={method}", "drafter.threshold=0.3"]).drafter.threshold == 0.3
+        if method.startswith("diffuspec"):  # the path search on, one refinement pass over fastdllm's block
+            cfg = compose("config", overrides=[f"method={method}"])
+            assert cfg.drafter.path_search == "cps"
+            assert drafter != "fastdllm" or cfg.drafter.small_block_size == cfg.drafter.block_size == 32
 
 
 def test_slurm_launcher_and_optuna_sweeper_configs_compose():
