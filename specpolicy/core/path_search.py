@@ -110,51 +110,35 @@ class PathSearch:
         """
         stop_cols = self.stop_ids if token_ids is None else torch.isin(token_ids, self.stop_ids).nonzero().flatten()
         cols, log_q, valid = candidate_lattice(probs, self.mass, self.max_candidates, stop_cols)
-        tokens = cols if token_ids is None else token_ids[cols]
-        m, width = tokens.shape[0], self.width
-        order = self.scorer.order
-        device = probs.device
-        paths = torch.empty((1, 0), dtype=torch.long)  # (w, t) on the host: the scorer's
-        history = context.reshape(1, -1).cpu()  # (w, order - 1)
-        scores = torch.zeros(1, dtype=torch.float64)
-        done = torch.zeros(1, dtype=torch.bool)
-        tokens_h, log_q_h, valid_h = tokens.cpu(), log_q.cpu().double(), valid.cpu()
-        stop_h = self.stop_ids.cpu()
+        tokens = (cols if token_ids is None else token_ids[cols]).cpu()  # the search runs on the host
+        m, width, order = tokens.shape[0], self.width, self.scorer.order
+        log_q, valid, stops = log_q.cpu().double(), valid.cpu(), self.stop_ids.cpu()
+        drafter_term = torch.where(valid, self.lam * log_q, -torch.inf)  # (m, M): invalid slots never chosen
+        # W beam slots from the start; the empty ones score -inf and are never preferred
+        scores = torch.full((width,), -torch.inf, dtype=torch.float64)
+        scores[0] = 0.0
+        done = torch.zeros(width, dtype=torch.bool)
+        paths = torch.full((width, m), -1, dtype=torch.long)
+        history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :].expand(width, -1)
         for i in range(m):
-            cand, cand_lq, ok = tokens_h[i], log_q_h[i], valid_h[i]  # (M,)
-            live = ~done
-            step = torch.full((paths.shape[0], cand.numel()), -torch.inf, dtype=torch.float64)
-            if bool(live.any()):
-                ctx = history[live][:, history.shape[1] - (order - 1) :] if order > 1 else history[live][:, :0]
-                lp = self.scorer.log_probs(ctx, cand.expand(int(live.sum()), -1)).double()  # (l, M)
-                step[live] = scores[live, None] + self.lam * cand_lq + (1 - self.lam) * lp
-                step[:, ~ok] = -torch.inf
-            # finished paths compete as they stand; live ones with every candidate
-            flat = torch.cat([step.flatten(), torch.where(done, scores, -torch.inf)])
-            best = flat.topk(min(width, int(torch.isfinite(flat).sum()))).indices
-            extend, carry = best[best < step.numel()], best[best >= step.numel()] - step.numel()
-            rows, cols = extend // cand.numel(), extend % cand.numel()
-            new_tok = cand[cols]
-            paths = torch.cat(
-                [
-                    torch.cat([paths[rows], new_tok[:, None]], 1),
-                    torch.cat([paths[carry], torch.full((carry.numel(), 1), -1)], 1),
-                ]
-            )
-            history = torch.cat(
-                [
-                    torch.cat([history[rows], new_tok[:, None]], 1),
-                    torch.cat([history[carry], history[carry][:, -1:]], 1),
-                ]
-            )
-            scores = torch.cat([step.flatten()[extend], scores[carry]])
-            done = torch.cat([torch.isin(new_tok, stop_h), torch.ones(carry.numel(), dtype=torch.bool)])
+            cand = tokens[i]  # (M,)
+            lp = self.scorer.log_probs(history, cand.expand(width, -1)).double()  # (W, M)
+            step = torch.where(done[:, None], -torch.inf, scores[:, None] + drafter_term[i] + (1 - self.lam) * lp)
+            top = torch.cat([step.flatten(), torch.where(done, scores, -torch.inf)]).topk(width)
+            extended = top.indices < step.numel()  # else a finished path carried as it stands
+            rows = torch.where(extended, top.indices // cand.numel(), top.indices - step.numel())
+            new = torch.where(extended, cand[top.indices % cand.numel()], -1)
+            paths = paths[rows]
+            paths[:, i] = new
+            last = torch.where(extended, new, history[rows, -1])
+            history = torch.cat([history[rows, 1:], last[:, None]], dim=1)
+            scores, done = top.values, torch.where(extended, torch.isin(new, stops), True)
             if bool(done.all()):
                 break
-        best_path = paths[int(scores.argmax())]
-        path = best_path[best_path >= 0]
+        best = paths[int(scores.argmax())]
+        path = best[best >= 0]
         # each path token's drafter probability: the lattice slot it was taken from
-        picked = (tokens_h[: path.numel()] == path[:, None]) & valid_h[: path.numel()]
-        q = torch.where(picked, log_q_h[: path.numel()].exp(), 0).sum(-1).float()
-        ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stop_h).any()))
-        return path.to(device), q.to(device), ended
+        picked = (tokens[: path.numel()] == path[:, None]) & valid[: path.numel()]
+        q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
+        ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
+        return path.to(probs.device), q.to(probs.device), ended

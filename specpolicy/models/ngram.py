@@ -219,8 +219,25 @@ class NGramModel:
             }
         return tables
 
+    def _fused_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every table ``log_probs`` reads as ONE sorted key array with its values (float64): table
+        ``3 (n - 1)`` the order-n counts, ``+1`` / ``+2`` the order-n prefixes' totals / types; a key is
+        ``table * base**order + code``. One ``searchsorted`` then answers a whole call's lookups."""
+        offset = self.base**self.order
+        keys, values = [], []
+        for n, t in enumerate(self._kn, 1):
+            for j, (k, v) in enumerate(
+                ((t["keys"], t["counts"]), (t["prefixes"], t["totals"]), (t["prefixes"], t["types"]))
+            ):
+                keys.append(k + (3 * (n - 1) + j) * offset)
+                values.append(v.to(torch.float64))
+        return torch.cat(keys), torch.cat(values)
+
     def log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Interpolated Kneser-Ney log-probability of each candidate after its context.
+
+        Every count the estimate reads (the candidates' n-grams and their prefixes' totals and
+        types, all orders) is looked up in one ``searchsorted`` over ``_fused_tables``.
 
         Args:
             context: ``(B, order - 1)`` int64 (``pad_context``).
@@ -229,20 +246,32 @@ class NGramModel:
             ``(B, C)`` float32 natural-log probabilities; for any context they sum (in probability)
             to 1 over the vocabulary.
         """
-        t = self._kn[0]
-        uni = _lookup(t["keys"], t["counts"], tokens).to(torch.float64)
-        total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
-        probs = ((uni - d).clamp(min=0) + d * types / self.vocab_size) / total  # (B, C)
+        if not hasattr(self, "_fused"):
+            self._fused = self._fused_tables()
+        batch, width = tokens.shape
+        offset, base = self.base**self.order, self.base
+        queries, prefix = [tokens.reshape(-1)], torch.zeros(batch, dtype=torch.long)
         for n in range(2, self.order + 1):
-            t, d = self._kn[n - 1], float(self._kn[n - 1]["discount"])
-            prefix = context[:, -(n - 1) :]  # (B, n - 1)
-            prefix_code = _codes(prefix, self.base)  # (B,)
-            total = _lookup(t["prefixes"], t["totals"], prefix_code).to(torch.float64)[:, None]
-            types = _lookup(t["prefixes"], t["types"], prefix_code).to(torch.float64)[:, None]
-            gram = _codes(
-                torch.cat([prefix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], -1), self.base
+            prefix = context[:, -(n - 1)] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
+            table = 3 * (n - 1) * offset
+            queries += [
+                ((prefix[:, None] * base + tokens) + table).reshape(-1),
+                prefix + table + offset,
+                prefix + table + 2 * offset,
+            ]
+        values = _lookup(*self._fused, torch.cat(queries).contiguous())
+        t = self._kn[0]
+        total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
+        probs = ((values[: batch * width].view(batch, width) - d).clamp(min=0) + d * types / self.vocab_size) / total
+        at = batch * width
+        for n in range(2, self.order + 1):
+            d = float(self._kn[n - 1]["discount"])
+            count = values[at : at + batch * width].view(batch, width)
+            total, types = (
+                values[at + batch * width : at + batch * width + batch, None],
+                values[at + batch * width + batch : at + batch * width + 2 * batch, None],
             )
-            count = _lookup(t["keys"], t["counts"], gram).to(torch.float64)
+            at += batch * width + 2 * batch
             mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
             probs = torch.where(total > 0, mixed, probs)
         return probs.log().to(torch.float32)
