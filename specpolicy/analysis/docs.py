@@ -331,7 +331,7 @@ def paper_page(root: Path) -> str | None:
         body += [
             "## Analysis figures",
             "",
-            "`python -m specpolicy.analysis.paper_figures FIGURE DIR... --out benchmarks/results/paper/figures` "
+            "`python -m specpolicy.analysis.paper_figures FIGURE DIR...` with `--out benchmarks/results/paper/figures` "
             "(FIGURE: concavity, easy-regions, reliability, sensitivity; from the runs' rounds, see the how-to on "
             "reproducing the paper for each figure's directories):",
             "",
@@ -745,7 +745,7 @@ NEIGHBOUR_CLAIMS = [
     ),
     (
         "DEER",
-        "arXiv 2512.15176, Table 2",
+        "arXiv 2512.15176",
         "Qwen3 targets, 0.5B dLLM drafter, one denoising step per 32-token block",
         "GSM8K at T = 0.6: 2.23x (tau 2.70); HumanEval 5.54x (tau 6.58)",
         "1.92x (tau 2.43) on GSM8K",
@@ -813,7 +813,8 @@ def neighbours_page(results: Mapping[str, Any] | None) -> str:
     s, methods = results["settings"], results["methods"]
     command = [
         f"python benchmarks/peers.py --num-prompts {s['num_prompts']} --offset {s.get('offset', 0)} "
-        f"--max-new-tokens {s['max_new_tokens']} --out benchmarks/results/{NEIGHBOURS_NAME} \\",
+        f"--max-new-tokens {s['max_new_tokens']}{' --no-oracle' if s.get('no_oracle') else ''} "
+        f"--out benchmarks/results/{NEIGHBOURS_NAME} \\",
         *[f"    --method {m} \\" for m in s.get("method") or []],
     ]
     command[-1] = command[-1].removesuffix(" \\")
@@ -840,8 +841,8 @@ def neighbours_page(results: Mapping[str, Any] | None) -> str:
     body = [
         f"## Measured here: {peers_settings(results)}",
         "",
-        "Every row lossless on every prompt or not is in the lossless column; methods interleaved per prompt in one "
-        "process, so ratios within this table are comparable. "
+        "Whether each row is lossless on every prompt is in the lossless column; methods interleaved per prompt in "
+        "one process, so ratios within this table are comparable. "
         f"{timing_line(results.get('timing_conditions'), 'Spread')}",
         "",
         *command_block(*command),

@@ -588,8 +588,10 @@ def _peers(command: Command, h: Harness) -> None:
     """The built-in AR static row, or -- a command adding methods with ``--method`` -- its first one."""
     out = h.cwd / "peers.json"
     args = _args(command, "python benchmarks/peers.py")
-    added = [args[i + 1].partition("=")[0] for i, a in enumerate(args[:-1]) if a == "--method"]
-    method = added[0] if added else "ar+static-k5"
+    added = [i for i, a in enumerate(args[:-1]) if a == "--method"]
+    method = args[added[0] + 1].partition("=")[0] if added else "ar+static-k5"
+    for i in reversed(added[1:]):  # the first added method only: each one builds its drafter
+        del args[i : i + 2]
     load_benchmark("peers").main(
         [
             *args,
