@@ -83,13 +83,7 @@ class ARDrafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         for _ in range(num_tokens):  # autoregressive: one pass per token, no host sync
-            if self._tokens:
-                inputs = self._tokens[-1]
-            else:
-                inputs = self._unfed
-            logits = self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[
-                0, -1
-            ]
+            logits = self._next_logits()
             if self._sampling is None:
                 probs = torch.softmax(logits.float(), dim=-1)
                 conf, token = probs.max(dim=-1)
@@ -102,6 +96,12 @@ class ARDrafter(Drafter):
             self._passes += 1
         probs = torch.cat(self._probs) if self._probs else None
         return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
+
+    def _next_logits(self) -> torch.Tensor:
+        """One drafting pass: the round's first feeds the committed tokens not yet cached, each later
+        one the last drafted token; returns the next token's ``(V,)`` logits."""
+        inputs = self._tokens[-1] if self._tokens else self._unfed
+        return self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @classmethod
     @torch.no_grad()

@@ -38,7 +38,6 @@ from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import sample, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.models.loading import (
@@ -127,29 +126,15 @@ class EasySpecDrafter(ARDrafter):
         self._heads, self._head_dim = model.config.num_attention_heads, attn.head_dim
         self._exact_length = 0  # cache length after the round's exact first pass
 
-    @torch.no_grad()
-    def draft(self, num_tokens: int) -> Draft:
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        for _ in range(num_tokens):
-            if not self._tokens:  # the round's first pass: exact, over the committed tokens not yet fed
-                out = self.model(input_ids=self._unfed[None, :], cache=self.cache, use_cache=True, logits_to_keep=1)
-                logits = out.logits[0, -1]
-                self._unfed = self._unfed[:0]
-                self._exact_length = self.cache.get_seq_length()
-            else:
-                logits = self._parallel_pass(self._tokens[-1], self.cache.get_seq_length())
-            if self._sampling is None:
-                conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            else:
-                probs = warp(logits[None], self._sampling)  # (1, V) float32
-                conf, token = probs[0].max(), sample(probs, self.runtime.generator)[0]
-                self._probs.append(probs)
-            self._tokens.append(token[None])
-            self._confs.append(conf[None])
-            self._passes += 1
-        probs = torch.cat(self._probs) if self._probs else None
-        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
+    def _next_logits(self) -> torch.Tensor:
+        """The round's first pass exact (over the committed tokens not yet fed: bonus calibration),
+        every later one layer-parallel; returns the next token's ``(V,)`` logits."""
+        if self._tokens:
+            return self._parallel_pass(self._tokens[-1], self.cache.get_seq_length())
+        logits = super()._next_logits()
+        self._unfed = self._unfed[:0]
+        self._exact_length = self.cache.get_seq_length()
+        return logits
 
     def _parallel_pass(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """One drafted token's pass with the middle layers grouped: ``token`` ``(1,) int64`` at
