@@ -437,9 +437,9 @@ def target_vocabulary(run_config: dict | None) -> dict[str, int] | None:
 # -- the command ------------------------------------------------------------------------------------
 
 
-def read_corpus(path: Path, field: str) -> list[str]:
-    """Texts of a corpus file: ``.jsonl`` (the string at ``field`` of each row) or plain text (one
-    document per non-empty line).
+def read_corpus(path: Path, field: str) -> list[str | list[int]]:
+    """Documents of a corpus file: ``.jsonl`` (at ``field`` of each row, a text or a list of token ids
+    -- e.g. the family's distilled ``response_ids``) or plain text (one document per non-empty line).
 
     Raises:
         ConfigError: naming ``--corpus`` / ``--field`` when the file is missing or a row lacks the field.
@@ -448,14 +448,17 @@ def read_corpus(path: Path, field: str) -> list[str]:
         raise ConfigError(f"--corpus={str(path)!r}: no such file")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if path.suffix != ".jsonl":
-        return lines
-    texts = []
+        return list(lines)
+    documents: list[str | list[int]] = []
     for i, line in enumerate(lines, 1):
-        row = json.loads(line)
-        if not isinstance(row.get(field), str):
-            raise ConfigError(f"--field={field!r}: {path}:{i} has no string {field!r} (keys: {', '.join(row)})")
-        texts.append(row[field])
-    return texts
+        value = json.loads(line).get(field)
+        ids = isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+        if not isinstance(value, str) and not ids:
+            raise ConfigError(
+                f"--field={field!r}: {path}:{i} has no text or token-id list {field!r} (keys: {', '.join(json.loads(line))})"
+            )
+        documents.append(value)
+    return documents
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,7 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--corpus", type=Path, required=True, help="a .jsonl (see --field) or a text file, one document a line"
     )
-    ap.add_argument("--field", default="text", help="the .jsonl field holding each document's text (GSM8K: answer)")
+    ap.add_argument(
+        "--field", default="text", help="the .jsonl field holding each document: a text (GSM8K: answer) or token ids"
+    )
     ap.add_argument(
         "--tokenizer",
         default="target",
@@ -486,7 +491,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         ap.error(str(exc))
     eos = [] if args.no_eos or tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
-    documents = (tokenizer.encode(text, add_special_tokens=False) + eos for text in texts)
+
+    def tokens(document: str | list[int]) -> list[int]:  # token ids are taken as they are (their EOS included)
+        return (
+            list(document) if isinstance(document, list) else tokenizer.encode(document, add_special_tokens=False) + eos
+        )
+
+    documents = (tokens(d) for d in texts)
     vocab = tokenizer.get_vocab()
     model = NGramModel.build(
         documents,

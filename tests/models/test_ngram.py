@@ -165,3 +165,18 @@ def test_the_command_builds_a_model_for_the_bundled_tokenizer(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--corpus", str(corpus), "--field", "question", "--out", str(tmp_path / "x.npz")])
     assert "--field='question'" in capsys.readouterr().err
+
+
+def test_the_command_takes_token_ids_as_they_are(tmp_path):
+    """A .jsonl field of token ids (the family's distilled ``response_ids``) is counted as it is: the
+    same model as building from the lists, no tokenizer round trip, no EOS added."""
+    rows = [[5, 6, 7, 2], [5, 6, 9, 9, 2], [8]]
+    corpus = tmp_path / "distill.jsonl"
+    corpus.write_text("\n".join(json.dumps({"response_ids": r, "prompt_ids": [1]}) for r in rows), encoding="utf-8")
+    assert main(["--corpus", str(corpus), "--field", "response_ids", "--out", str(tmp_path / "lm.npz")]) == 0
+    from specpolicy.models.loading import load_tokenizer, resolve_model_path
+
+    got = load_ngram(tmp_path / "lm.npz", "ngram", load_tokenizer(resolve_model_path("target")).get_vocab())
+    want = NGramModel.build(rows, got.vocab_size, 3)
+    for a, b in zip(got.keys + got.counts, want.keys + want.counts):
+        assert torch.equal(a, b)
