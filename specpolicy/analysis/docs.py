@@ -853,10 +853,12 @@ def neighbours_page(results: Mapping[str, Any] | None) -> str:
             lifts,
         ),
         "",
-        "Paper defaults: lattice mass 0.8, 15 candidates, beam 3, lambda 0.5; the n-gram is a 3-gram model of "
-        "GSM8K's 7,473 training answers (`drafter.ngram=gsm8k-train`, `specpolicy/family/bundle/ngram/`). "
-        "lambda 0.8 is this testbed's value: here the drafters read or were trained on the target, and the "
-        "human-written answers the n-gram counts are further from the target's own text than the drafter is.",
+        "Paper defaults: lattice mass 0.8, 15 candidates, beam 3, lambda 0.5. The n-gram is the bundled 3-gram model "
+        "of the target's own greedy continuations of GSM8K's training questions (`drafter.ngram=gsm8k-target`, the "
+        "default; `gsm8k-train`, the human-written answers DiffuSpec's choice of corpus would give, is bundled too). "
+        "lambda 0.8 is this testbed's value, picked on GSM8K test rows 100-129 (128 tokens; +12.8% on dflash there): "
+        "here the drafters read or were trained on the target, so their own probabilities deserve more weight than "
+        "a 3-gram's.",
         "",
     ]
     if eagle and diffuspec:

@@ -344,15 +344,19 @@ PATH_SEARCHES = ("none", "cps")
 #: mass 0.8, 15 candidates, beam width 3, lambda 0.5, a 3-gram model of the task's training split).
 PATH_SEARCH_DEFAULTS = {
     "path_search": "none",
-    "ngram": "gsm8k-train",
+    "ngram": "gsm8k-target",
     "cps_mass": 0.8,
     "cps_candidates": 15,
     "cps_width": 3,
     "cps_lambda": 0.5,
 }
-#: n-gram models bundled with the family (``specpolicy/family/bundle/ngram/<name>.npz``): ``gsm8k-train``,
-#: a 3-gram model of GSM8K's 7,473 training answers in the family's tokenizer, EOS-terminated.
-BUNDLED_NGRAMS = ("gsm8k-train",)
+#: n-gram models bundled with the family (``specpolicy/family/bundle/ngram/<name>.npz``), both 3-gram models in
+#: the family's tokenizer: ``gsm8k-target`` (the default), the target's own greedy continuations of GSM8K's
+#: training questions (7,313 of them, the family pipeline's distilled data: ``python -m specpolicy.family
+#: --stages distill --work W``, then ``python -m specpolicy.models.ngram --corpus W/distill/target_greedy.jsonl
+#: --field response_ids``); ``gsm8k-train``, GSM8K's 7,473 human-written training answers, EOS-terminated
+#: (DiffuSpec's choice: the task's training split).
+BUNDLED_NGRAMS = ("gsm8k-target", "gsm8k-train")
 
 
 def resolve_ngram_path(value: str) -> Path:

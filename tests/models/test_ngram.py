@@ -180,3 +180,14 @@ def test_the_command_takes_token_ids_as_they_are(tmp_path):
     want = NGramModel.build(rows, got.vocab_size, 3)
     for a, b in zip(got.keys + got.counts, want.keys + want.counts):
         assert torch.equal(a, b)
+
+
+def test_the_bundled_ngram_models_fit_the_bundled_tokenizer():
+    from specpolicy.models.loading import load_tokenizer, resolve_model_path
+    from specpolicy.models.ngram import BUNDLED_NGRAMS, PATH_SEARCH_DEFAULTS, resolve_ngram_path
+
+    vocab = load_tokenizer(resolve_model_path("target")).get_vocab()
+    assert PATH_SEARCH_DEFAULTS["ngram"] in BUNDLED_NGRAMS
+    for name in BUNDLED_NGRAMS:
+        model = load_ngram(resolve_ngram_path(name), "drafter.ngram", vocab)  # refused if built for another one
+        assert model.order == 3 and model.header["documents"] > 7000
