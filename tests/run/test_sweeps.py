@@ -274,6 +274,8 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
         ("diffuspec-fastdllm", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
         ("diffuspec-dflash", "dflash", None, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
         ("easyspec-ar", "easyspec", None, "static", {"k": 5}),
+        ("diffuspec-fastdllm-tuned", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30}),
+        ("diffuspec-dflash-tuned", "dflash", None, "adl", {"k_min": 20, "k_max": 30}),
     ],
 )
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
@@ -289,6 +291,7 @@ def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, poli
         if method.startswith("diffuspec"):  # the path search on, one refinement pass over fastdllm's block
             cfg = compose("config", overrides=[f"method={method}"])
             assert cfg.drafter.path_search == "cps"
+            assert cfg.drafter.cps_lambda == (0.8 if method.endswith("-tuned") else 0.5)
             assert drafter != "fastdllm" or cfg.drafter.small_block_size == cfg.drafter.block_size == 32
 
 
