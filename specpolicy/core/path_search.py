@@ -33,6 +33,7 @@ class CausalScorer(Protocol):
     """What CPS reads from its causal scorer (``specpolicy.models.ngram.NGramModel``)."""
 
     order: int
+    vocab_size: int  # the start symbol's id (contexts shorter than order - 1 are padded with it)
 
     def log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``context`` ``(B, order - 1)`` int64, ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float32 log p."""
@@ -76,7 +77,7 @@ class PathSearch:
     """CPS with its settings (paper defaults: mass 0.8, 15 candidates, width 3, lambda 0.5).
 
     Args:
-        scorer: the causal scorer (an n-gram model of ``order`` >= 1).
+        scorer: the causal scorer (an n-gram model of ``order`` >= 2).
         stop_ids: ``(s,)`` int64 stop token ids (EOS), on the drafter's device.
         mass: lattice mass per position, in (0, 1].
         max_candidates: lattice candidates per position (>= 1; the stop tokens come on top).
@@ -90,6 +91,12 @@ class PathSearch:
     max_candidates: int = 15
     width: int = 3
     lam: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.scorer.order < 2:
+            raise ValueError(
+                f"the path search needs a scorer of order >= 2 (a context to score), got {self.scorer.order}"
+            )
 
     @torch.no_grad()
     def search(
@@ -119,7 +126,11 @@ class PathSearch:
         scores[0] = 0.0
         done = torch.zeros(width, dtype=torch.bool)
         paths = torch.full((width, m), -1, dtype=torch.long)
-        history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :].expand(width, -1)
+        history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :]
+        if history.shape[1] < order - 1:  # a short context: start symbols in front (``NGramModel.pad_context``)
+            pad = torch.full((1, order - 1 - history.shape[1]), self.scorer.vocab_size, dtype=torch.long)
+            history = torch.cat([pad, history], dim=1)
+        history = history.expand(width, -1)
         for i in range(m):
             cand = tokens[i]  # (M,)
             lp = self.scorer.log_probs(history, cand.expand(width, -1)).double()  # (W, M)

@@ -118,10 +118,17 @@ class NGramModel:
         """Count the n-grams of ``documents`` (token id sequences, each ``0 <= id < vocab_size``).
 
         Raises:
-            ValueError: ``order`` < 1, an id outside the vocabulary, or no tokens at all.
+            ValueError: ``order`` < 1, an order whose codes overflow int64 for this vocabulary, an
+                id outside the vocabulary, or no tokens at all.
         """
         if order < 1:
             raise ValueError(f"order must be >= 1, got {order}")
+        if 3 * order * (vocab_size + 1) ** order >= 2**63:  # the fused tables' keys (``_fused_tables``)
+            largest = max(n for n in range(1, order) if 3 * n * (vocab_size + 1) ** n < 2**63) if order > 1 else 0
+            raise ValueError(
+                f"order {order} is too large for a vocabulary of {vocab_size} tokens (n-gram codes overflow "
+                f"int64; at most {largest})"
+            )
         base, start = vocab_size + 1, vocab_size
         per_order: list[list[torch.Tensor]] = [[] for _ in range(order)]
         documents_seen = tokens = 0
@@ -186,13 +193,26 @@ class NGramModel:
         found = torch.zeros(tokens.shape, dtype=torch.bool)
         for j in range(self.order - 1, 0, -1):
             suffix = context[:, -j:]  # (B, j)
+            # a context of start symbols was never counted on its own: its count is what followed it
             parent = self.count(suffix).to(torch.float32)  # (B,)
+            parent = torch.where(parent > 0, parent, self._followed(suffix))
             grams = torch.cat([suffix[:, None, :].expand(-1, tokens.shape[1], -1), tokens[..., None]], dim=-1)
             child = self.count(grams).to(torch.float32)  # (B, C)
             take = ~found & (child > 0)
             probs = torch.where(take, child / parent.clamp(min=1)[:, None], probs)
             found |= take
         return probs
+
+    def _followed(self, suffix: torch.Tensor) -> torch.Tensor:
+        """How often each ``(B, j)`` context was followed by a token: the sum of its ``(j + 1)``-gram
+        counts, ``(B,)`` float32 (the trie count of a context the raw counts hold no entry for)."""
+        j = suffix.shape[1]
+        if not hasattr(self, "_prefix_totals"):
+            self._prefix_totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if j not in self._prefix_totals:
+            prefixes, totals, _ = _group(self.keys[j], self.counts[j], self.base)
+            self._prefix_totals[j] = (prefixes, totals)
+        return _lookup(*self._prefix_totals[j], _codes(suffix, self.base)).to(torch.float32)
 
     # -- interpolated Kneser-Ney ----------------------------------------------------------------
 
@@ -503,17 +523,20 @@ def main(argv: list[str] | None = None) -> int:
 
     documents = (tokens(d) for d in texts)
     vocab = tokenizer.get_vocab()
-    model = NGramModel.build(
-        documents,
-        len(vocab),
-        args.order,
-        {
-            "tokenizer_sha256": vocabulary_sha256(vocab),
-            "corpus": args.corpus.name,
-            "field": args.field,
-            "eos": bool(eos),
-        },
-    )
+    try:
+        model = NGramModel.build(
+            documents,
+            len(vocab),
+            args.order,
+            {
+                "tokenizer_sha256": vocabulary_sha256(vocab),
+                "corpus": args.corpus.name,
+                "field": args.field,
+                "eos": bool(eos),
+            },
+        )
+    except ValueError as exc:  # an order too large for the vocabulary, an id outside it
+        ap.error(str(exc))
     out = model.save(args.out)
     sizes = ", ".join(f"{n}-grams {k.numel()}" for n, k in enumerate(model.keys, 1))
     print(

@@ -119,3 +119,20 @@ def test_the_lattice_mass_cap_and_stop_tokens():
     assert torch.allclose(log_q[0, :2].exp(), torch.tensor([0.5, 0.3]))
     cols, _, valid = candidate_lattice(probs, 0.8, 1, torch.empty(0, dtype=torch.long))
     assert cols.shape == (3, 1) and valid.all()  # no stop tokens: every position, top-1 only
+
+
+def test_a_short_context_is_padded_with_start_symbols_and_order_1_is_refused():
+    rng = torch.Generator().manual_seed(1)
+    vocab = 9
+    table = torch.log_softmax(torch.randn(vocab + 1, vocab, generator=rng) * 2.0, -1)
+    probs = torch.softmax(torch.randn(4, vocab, generator=rng), -1)
+    search = PathSearch(TableScorer(table), torch.tensor([8]), lam=0.3)
+    empty = search.search(probs, torch.empty(0, dtype=torch.long))
+    padded = search.search(probs, torch.tensor([vocab]))  # the start symbol, given
+    assert torch.equal(empty[0], padded[0])
+
+    class Unigram(TableScorer):
+        order = 1
+
+    with pytest.raises(ValueError, match="order >= 2"):
+        PathSearch(Unigram(table), torch.tensor([8]))

@@ -191,3 +191,18 @@ def test_the_bundled_ngram_models_fit_the_bundled_tokenizer():
     for name in BUNDLED_NGRAMS:
         model = load_ngram(resolve_ngram_path(name), "drafter.ngram", vocab)  # refused if built for another one
         assert model.order == 3 and model.header["documents"] > 7000
+
+
+def test_an_order_whose_codes_overflow_is_refused():
+    with pytest.raises(ValueError, match=r"order 4 is too large for a vocabulary of 151936 tokens .* at most 3"):
+        NGramModel.build([[1, 2, 3]], 151936, 4)
+    NGramModel.build([[1, 2, 3]], 151936, 3)  # fits
+
+
+def test_the_trie_rule_at_a_document_start():
+    """A context of start symbols was never counted on its own: its count is what followed it (the
+    documents' first tokens: 1 three times, 2 once; after (S, 1): 2 twice, 3 once)."""
+    model = NGramModel.build([[1, 2, 3], [1, 2, 4], [1, 3], [2, 2]], 5, 3)
+    assert model.trie_probs(model.pad_context([])[None], torch.arange(5)[None]).tolist() == [[0, 0.75, 0.25, 0, 0]]
+    two = model.trie_probs(model.pad_context([1])[None], torch.arange(5)[None])
+    assert two.tolist() == [[0, 0, pytest.approx(2 / 3), pytest.approx(1 / 3), 0]]
