@@ -186,11 +186,9 @@ class DFlashDrafter(Drafter):
         self._path_ended = False  # the path search ended the round's draft (its lattice or path stopped)
 
     def _remember(self, committed: torch.Tensor) -> None:
-        """Keep the last committed tokens before the pending one that the path search's n-gram reads
-        (``order - 1``)."""
+        """Keep the last committed tokens before the pending one that the path search's n-gram reads."""
         if self.path_search is not None:
-            keep = max(self.path_search.scorer.order - 1, 1)
-            self._recent = torch.cat([self._recent, committed])[-keep:]
+            self._recent = self.path_search.tail(self._recent, committed)
 
     def _cache_context(self) -> None:
         """Write the keys and values of the newly committed positions' features into the cache."""
@@ -230,14 +228,8 @@ class DFlashDrafter(Drafter):
         of a stop token ending the path (None: none). Marks the round's draft ended when the path is
         shorter than the block (its lattice ended) or ends at a stop token."""
         probs = torch.softmax(logits.float(), dim=-1)
-        context = torch.cat([self._recent, self._pending, self._tokens])[-(self.path_search.scorer.order - 1) :]
-        pad = torch.full(
-            (self.path_search.scorer.order - 1 - context.numel(),),
-            self.path_search.scorer.vocab_size,
-            dtype=torch.long,
-            device=context.device,
-        )
-        tokens, confs, ended = self.path_search.search(probs, torch.cat([pad, context]), self._target_of_draft)
+        context = self.path_search.tail(self._recent, self._pending, self._tokens)  # padded by the search if short
+        tokens, confs, ended = self.path_search.search(probs, context, self._target_of_draft)
         self._path_ended = ended
         stop_at = None
         if tokens.numel() and bool(torch.isin(tokens[-1:], self._stop_ids).any()):

@@ -438,10 +438,9 @@ class FastDLLMDrafter(Drafter):
         self._path_len: int | None = None  # draft length where the path search ended the draft (no stop token)
 
     def _remember(self, committed: torch.Tensor) -> None:
-        """Keep the last committed tokens the path search's n-gram reads (``order - 1``)."""
+        """Keep the last committed tokens the path search's n-gram reads."""
         if self.path_search is not None:
-            keep = max(self.path_search.scorer.order - 1, 1)
-            self._recent = torch.cat([self._recent, committed])[-keep:]
+            self._recent = self.path_search.tail(self._recent, committed)
 
     def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
@@ -554,14 +553,11 @@ class FastDLLMDrafter(Drafter):
         ``(b - lo, V)`` (the mask token never a candidate); the draft ends where the path does when
         that is before the small block's end."""
         first = max(lo, self._filled)
-        rows = logits[first - lo :].float()
-        rows[:, self.mask_token_id] = -torch.inf
-        order = self.path_search.scorer.order
+        rows = logits[first - lo :].float().index_fill(1, self._mask_row[:1], -torch.inf)  # never the mask token
         d0 = self._draft_start(self._blk_start)
         drafted = [seg[0] for seg in self._segments] + [self._blk_ids[d0:first]]
-        context = torch.cat([self._recent, *drafted])[-(order - 1) :]
-        pad = torch.full((order - 1 - context.numel(),), self.path_search.scorer.vocab_size, dtype=torch.long)
-        path, conf, ended = self.path_search.search(torch.softmax(rows, -1), torch.cat([pad.to(context), context]))
+        context = self.path_search.tail(self._recent, *drafted)  # padded by the search if short
+        path, conf, ended = self.path_search.search(torch.softmax(rows, -1), context)
         m = path.numel()
         taken = slice(first, first + m)
         self._blk_ids[taken], self._blk_conf[taken], self._blk_masked[taken] = path, conf, False

@@ -1142,22 +1142,43 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
     return out, notes
 
 
+def unchanged(path: Path, content: str | bytes) -> bool:
+    """Whether the committed ``path`` already holds ``content`` (the drawn PNG: the same data digest,
+    so another matplotlib's pixels are not a change)."""
+    if not path.is_file():
+        return False
+    if path.name == HEADLINE_PNG.name and isinstance(content, bytes):
+        return png_digest(path.read_bytes()) == png_digest(content)
+    if isinstance(content, bytes):
+        return path.read_bytes() == content
+    return path.read_text(encoding="utf-8") == content
+
+
 def stale(root: Path, rendered: Mapping[Path, str | bytes]) -> list[Path]:
-    """The rendered files whose committed copy differs (the drawn PNG: by its data digest)."""
-    found = []
-    for rel, content in rendered.items():
-        path = root / rel
-        if not path.is_file():
-            found.append(rel)
-        elif rel == HEADLINE_PNG:
-            if png_digest(path.read_bytes()) != png_digest(content):  # type: ignore[arg-type]
-                found.append(rel)
-        elif isinstance(content, bytes):
-            if path.read_bytes() != content:
-                found.append(rel)
-        elif path.read_text(encoding="utf-8") != content:
-            found.append(rel)
-    return found
+    """The rendered files whose committed copy differs."""
+    return [rel for rel, content in rendered.items() if not unchanged(root / rel, content)]
+
+
+def sync(root: Path, rendered: Mapping[Path, str | bytes], check: bool, command: str) -> int:
+    """Write the rendered files that differ from the committed ones; with ``check``, write nothing and
+    return 1 naming them (``command`` regenerates them). Shared by this module and
+    ``specpolicy.run.reference``."""
+    found = stale(root, rendered)
+    if check:
+        if found:
+            print(f"stale: {', '.join(map(str, found))} -- run `{command}`", file=sys.stderr)
+            return 1
+        print(f"up to date: {', '.join(map(str, rendered))}")
+        return 0
+    for rel in found:
+        path, content = root / rel, rendered[rel]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    print(f"wrote {len(found)} of {len(rendered)} files under {root}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1184,27 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
     rendered, notes = render(root)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    if args.check:
-        found = stale(root, rendered)
-        if found:
-            print(
-                "stale: " + ", ".join(map(str, found)) + " -- run `python -m specpolicy.analysis.docs`", file=sys.stderr
-            )
-            return 1
-        print(f"up to date: {len(rendered)} files")
-        return 0
-    for rel, content in rendered.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if rel == HEADLINE_PNG and path.is_file() and png_digest(path.read_bytes()) == png_digest(content):  # type: ignore[arg-type]
-            continue  # same data: keep the committed pixels
-        if isinstance(content, bytes):
-            if not path.is_file() or path.read_bytes() != content:
-                path.write_bytes(content)
-        elif not path.is_file() or path.read_text(encoding="utf-8") != content:
-            path.write_text(content, encoding="utf-8")
-    print(f"wrote {len(rendered)} files under {root}")
-    return 0
+    return sync(root, rendered, args.check, "python -m specpolicy.analysis.docs")
 
 
 if __name__ == "__main__":

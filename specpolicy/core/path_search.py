@@ -98,6 +98,11 @@ class PathSearch:
                 f"the path search needs a scorer of order >= 2 (a context to score), got {self.scorer.order}"
             )
 
+    def tail(self, *parts: torch.Tensor) -> torch.Tensor:
+        """The last ``order - 1`` tokens of ``parts`` (1-D int64, concatenated): what the scorer reads
+        as a context, and what a drafter keeps of its committed tokens for the next one."""
+        return torch.cat(parts)[-(self.scorer.order - 1) :]
+
     @torch.no_grad()
     def search(
         self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None

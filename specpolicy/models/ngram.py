@@ -108,6 +108,9 @@ class NGramModel:
     def __post_init__(self) -> None:
         self.base = self.vocab_size + 1
         self._kn = self._kneser_ney_tables()
+        self._fused = self._fused_tables()
+        #: per context length j < order: the j-token prefixes of the (j + 1)-grams and how often each was followed
+        self._followers = [_group(self.keys[j], self.counts[j], self.base)[:2] for j in range(1, self.order)]
 
     # -- building -------------------------------------------------------------------------------
 
@@ -206,13 +209,7 @@ class NGramModel:
     def _followed(self, suffix: torch.Tensor) -> torch.Tensor:
         """How often each ``(B, j)`` context was followed by a token: the sum of its ``(j + 1)``-gram
         counts, ``(B,)`` float32 (the trie count of a context the raw counts hold no entry for)."""
-        j = suffix.shape[1]
-        if not hasattr(self, "_prefix_totals"):
-            self._prefix_totals: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        if j not in self._prefix_totals:
-            prefixes, totals, _ = _group(self.keys[j], self.counts[j], self.base)
-            self._prefix_totals[j] = (prefixes, totals)
-        return _lookup(*self._prefix_totals[j], _codes(suffix, self.base)).to(torch.float32)
+        return _lookup(*self._followers[suffix.shape[1] - 1], _codes(suffix, self.base)).to(torch.float32)
 
     # -- interpolated Kneser-Ney ----------------------------------------------------------------
 
@@ -266,8 +263,6 @@ class NGramModel:
             ``(B, C)`` float32 natural-log probabilities; for any context they sum (in probability)
             to 1 over the vocabulary.
         """
-        if not hasattr(self, "_fused"):
-            self._fused = self._fused_tables()
         batch, width = tokens.shape
         offset, base = self.base**self.order, self.base
         queries, prefix = [tokens.reshape(-1)], torch.zeros(batch, dtype=torch.long)
@@ -279,19 +274,17 @@ class NGramModel:
                 prefix + table + offset,
                 prefix + table + 2 * offset,
             ]
-        values = _lookup(*self._fused, torch.cat(queries).contiguous())
+        values = _lookup(*self._fused, torch.cat(queries).contiguous()).split([len(q) for q in queries])
         t = self._kn[0]
         total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
-        probs = ((values[: batch * width].view(batch, width) - d).clamp(min=0) + d * types / self.vocab_size) / total
-        at = batch * width
-        for n in range(2, self.order + 1):
-            d = float(self._kn[n - 1]["discount"])
-            count = values[at : at + batch * width].view(batch, width)
-            total, types = (
-                values[at + batch * width : at + batch * width + batch, None],
-                values[at + batch * width + batch : at + batch * width + 2 * batch, None],
+        probs = ((values[0].view(batch, width) - d).clamp(min=0) + d * types / self.vocab_size) / total
+        for n in range(2, self.order + 1):  # each order's counts, its prefixes' totals and types
+            count, total, types = (
+                values[3 * n - 5].view(batch, width),
+                values[3 * n - 4][:, None],
+                values[3 * n - 3][:, None],
             )
-            at += batch * width + 2 * batch
+            d = float(self._kn[n - 1]["discount"])
             mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
             probs = torch.where(total > 0, mixed, probs)
         return probs.log().to(torch.float32)
