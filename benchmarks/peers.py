@@ -242,6 +242,10 @@ class LazyDrafters(dict):
         self[name] = drafter = self._factories[name]()
         return drafter
 
+    def register(self, name: str, factory: Callable[[], Any]) -> None:
+        """Add a drafter under ``name``, built on first use (kept if ``name`` is already known)."""
+        self._factories.setdefault(name, factory)
+
 
 class Bench:
     """Models shared by every method: the target (our verifier and HF's model), the AR drafter
@@ -285,8 +289,7 @@ class Bench:
         key = spec.drafter
         if spec.drafter_settings:  # a drafter of its own settings, shared by the methods with the same ones
             key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
-            if key not in self.drafters._factories:
-                self.drafters._factories[key] = self._drafter_factory(spec.drafter, spec.drafter_settings)
+            self.drafters.register(key, self._drafter_factory(spec.drafter, spec.drafter_settings))
         model = self.drafters[key]  # loaded now, outside any timed call
 
         def run(ids):

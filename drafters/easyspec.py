@@ -123,7 +123,7 @@ class EasySpecDrafter(ARDrafter):
         self.groups = layer_groups(len(inner.layers), layer_parallel)
         self._fused = {tuple(g): _Group([inner.layers[i] for i in g]) for g in self.groups if len(g) > 1}
         attn = inner.layers[0].self_attn
-        self._heads, self._head_dim = model.config.num_attention_heads, attn.head_dim
+        self._head_dim = attn.head_dim
         self._exact_length = 0  # cache length after the round's exact first pass
 
     def _next_logits(self) -> torch.Tensor:
@@ -152,10 +152,10 @@ class EasySpecDrafter(ARDrafter):
             qkv = torch.addmm(fused.qkv_bias, x[0], fused.qkv_t).view(len(group), -1)  # (n, q + 2 kv): one multiply
             outs = []
             for j, index in enumerate(group):
-                q, k, v = qkv[j].split([fused.q, fused.kv, fused.kv])
-                q = q.view(1, 1, -1, self._head_dim).transpose(1, 2)  # (1, heads, 1, d)
-                k = k.view(1, 1, -1, self._head_dim).transpose(1, 2)
-                v = v.view(1, 1, -1, self._head_dim).transpose(1, 2)
+                q, k, v = (  # (1, heads, 1, d) each
+                    t.view(1, 1, -1, self._head_dim).transpose(1, 2)
+                    for t in qkv[j].split([fused.q, fused.kv, fused.kv])
+                )
                 q, k = _rotate(q, k, cos, sin)
                 keys, values = self.cache.update(k, v, index)
                 outs.append(F.scaled_dot_product_attention(q, keys, values, enable_gqa=True).reshape(1, -1))
