@@ -67,7 +67,46 @@ def load_weights(directory: str | Path, key: str) -> dict[str, torch.Tensor]:
         state.update(
             load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu", weights_only=True)
         )
-    return state
+    return dequantize_int8(state)
+
+
+#: Suffix of the per-row scale that marks a weight stored as int8 (``save_checkpoint(..., int8=True)``).
+INT8_SCALE = ".int8_scale"
+
+
+def quantize_int8(state: dict[str, torch.Tensor], min_numel: int = 4096) -> dict[str, torch.Tensor]:
+    """Row-wise symmetric int8 storage of the 2-D floating tensors of ``state`` with at least
+    ``min_numel`` elements: ``w`` (rows, cols) becomes ``round(w / s)`` as int8 plus ``s`` (rows,)
+    float32 stored under ``<name>.int8_scale``, ``s = max|w_row| / 127``; other tensors unchanged.
+
+    One byte a weight instead of two (bfloat16): used for the bundled drafters that share the
+    family's 40 MB; the round trip error is at most ``s / 2`` per weight. Read back by
+    :func:`dequantize_int8` (``load_weights`` does it), so loaders never see the format.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, w in state.items():
+        if w.is_floating_point() and w.dim() == 2 and w.numel() >= min_numel:
+            w32 = w.detach().float()
+            scale = (w32.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
+            out[name] = torch.round(w32 / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+            out[name + INT8_SCALE] = scale
+        else:
+            out[name] = w
+    return out
+
+
+def dequantize_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`quantize_int8`: every int8 tensor with a ``<name>.int8_scale`` companion
+    becomes ``int8 * scale`` in float32 (shape (rows, cols)); a state without such pairs is
+    returned as it is."""
+    scales = {k.removesuffix(INT8_SCALE): v for k, v in state.items() if k.endswith(INT8_SCALE)}
+    if not scales:
+        return state
+    return {
+        k: (v.float() * scales[k][:, None].float() if k in scales else v)
+        for k, v in state.items()
+        if not k.endswith(INT8_SCALE)
+    }
 
 
 def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], key: str, ignore: tuple[str, ...] = ()) -> None:
@@ -101,10 +140,17 @@ def load_into(module: torch.nn.Module, state: dict[str, torch.Tensor], key: str,
 
 
 def save_checkpoint(
-    directory: str | Path, config: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16
+    directory: str | Path,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype = torch.bfloat16,
+    int8: bool = False,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (floating tensors cast to ``dtype``).
 
+    Args:
+        int8: store the large 2-D weights row-wise as int8 (:func:`quantize_int8`, one byte a
+            weight; the official loaders do not read this form, ours do through ``load_weights``).
     Returns:
         ``Path(directory)``.
     """
@@ -112,8 +158,12 @@ def save_checkpoint(
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    state = quantize_int8(state) if int8 else state
     tensors = {
-        k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu() for k, v in state.items()
+        k: (v.detach().to(dtype) if v.is_floating_point() and not k.endswith(INT8_SCALE) else v.detach())
+        .contiguous()
+        .cpu()
+        for k, v in state.items()
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
