@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from specpolicy.analysis.gpu_pass_model import QWEN25, dflash_pass_ms, eagle3_pass_ms, pass_ms
+from specpolicy.analysis.gpu_pass_model import (
+    QWEN25,
+    dart_pass_ms,
+    deer_pass_ms,
+    dflash_pass_ms,
+    eagle3_pass_ms,
+    easyspec_pass_ms,
+    falcon_pass_ms,
+    neighbour_pass_ms,
+    pass_ms,
+)
 from specpolicy.core.latency import LatencyProfile, load_profile, modeled_summary
 from specpolicy.core.types import RoundRecord
 
@@ -16,10 +26,9 @@ from specpolicy.core.types import RoundRecord
 )
 def test_profiles_carry_the_models_pass_costs(profile, target):
     p = load_profile(profile)
-    assert p.drafter_pass_ms_by_drafter == {
-        "dflash": round(dflash_pass_ms(target), 2),
-        "eagle3": round(eagle3_pass_ms(target), 2),
-    }
+    assert p.drafter_pass_ms_by_drafter == neighbour_pass_ms(target)
+    assert p.drafter_pass_ms_by_drafter["dflash"] == round(dflash_pass_ms(target), 2)
+    assert p.drafter_pass_ms_by_drafter["eagle3"] == round(eagle3_pass_ms(target), 2)
     assert p.for_drafter("eagle3").drafter_pass_ms == p.drafter_pass_ms_by_drafter["eagle3"]
     assert p.for_drafter("fastdllm") == p
 
@@ -57,3 +66,18 @@ def test_modeled_figures_use_the_drafters_own_pass_cost():
 def test_a_bad_per_drafter_cost_is_one_line():
     with pytest.raises(ValueError, match="profile.drafter_pass_ms_by_drafter must map drafter names to numbers"):
         LatencyProfile.from_config({"name": "x", "drafter_pass_ms_by_drafter": {"dflash": -1}})
+
+
+def test_the_neighbours_costs_follow_their_shapes():
+    one_five = QWEN25["1.5b"]
+    sequential = pass_ms(one_five.layers, one_five.params())
+    assert sequential == pytest.approx(6.1, abs=0.01)  # the fit reproduces the drafter it was fitted on
+    # EasySpec: grouping the middle attention shortens the critical path, more with larger groups
+    assert easyspec_pass_ms(group=1) == pytest.approx(sequential)
+    assert sequential > easyspec_pass_ms(group=2) > easyspec_pass_ms(group=4)
+    # DART's 8 positions read EAGLE-3's weights once; Falcon reads the target's LM head (full vocab)
+    for target in ("7b", "32b"):
+        assert dart_pass_ms(target) == eagle3_pass_ms(target)
+        assert eagle3_pass_ms(target) < falcon_pass_ms(target) < dflash_pass_ms(target)
+    # DEER's 0.5B dLLM is cheaper than the 1.5B drafter and does not depend on the target
+    assert deer_pass_ms() < sequential
