@@ -371,3 +371,30 @@ def test_what_is_not_bundled_goes_to_a_work_dir_outside_the_package(tmp_path):
     bundle = Path(specpolicy.__file__).parent / "family" / "bundle"
     assert default_work_dir(bundle) == Path("family-work")
     assert not default_work_dir(bundle).resolve().is_relative_to(Path(specpolicy.__file__).parent)
+
+
+def test_saved_models_share_the_familys_tokenizer_through_a_link(tok, tmp_path):
+    from specpolicy.family.models import save_model, share_tokenizer
+
+    tok.save_pretrained(str(tmp_path / "tokenizer"))
+    out = save_model(new_model("tiny", tok, seed=0), tok, tmp_path / "target")
+    link = out / "tokenizer.json"
+    assert link.is_symlink() and link.resolve() == (tmp_path / "tokenizer" / "tokenizer.json").resolve()
+    loaded = AutoTokenizer.from_pretrained(out)  # still a complete Hugging Face directory
+    assert loaded("48 clips")["input_ids"] == tok("48 clips")["input_ids"]
+    assert share_tokenizer(out)  # idempotent
+    # a model saved with another tokenizer keeps its own file
+    other = tmp_path / "other"
+    save_model(new_model("tiny", tok, seed=0), tok, other)
+    assert (other / "tokenizer.json").is_symlink()
+    (other / "tokenizer.json").unlink()
+    (other / "tokenizer.json").write_text("{}")
+    assert not share_tokenizer(other) and not (other / "tokenizer.json").is_symlink()
+
+
+def test_the_bundled_models_tokenizers_are_the_shared_one():
+    from specpolicy.models.loading import bundled_dir
+
+    shared = (bundled_dir() / "tokenizer" / "tokenizer.json").read_bytes()
+    for name in ("target", "ar-drafter", "dllm-drafter"):
+        assert (bundled_dir() / name / "tokenizer.json").read_bytes() == shared
