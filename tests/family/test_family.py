@@ -398,3 +398,13 @@ def test_the_bundled_models_tokenizers_are_the_shared_one():
     shared = (bundled_dir() / "tokenizer" / "tokenizer.json").read_bytes()
     for name in ("target", "ar-drafter", "dllm-drafter"):
         assert (bundled_dir() / name / "tokenizer.json").read_bytes() == shared
+
+
+def test_the_bundled_family_stays_within_40_mb():
+    """The brief's limit for ``specpolicy/family`` (code, weights, tokenizer, n-grams, log):
+    40,000,000 bytes, a link counted as the link (``lstat``), caches left out."""
+    from specpolicy.models.loading import bundled_dir
+
+    family = bundled_dir().parent
+    files = [p for p in family.rglob("*") if "__pycache__" not in p.parts and (p.is_symlink() or p.is_file())]
+    assert sum(p.lstat().st_size for p in files) <= 40_000_000
