@@ -46,6 +46,11 @@ class ARDrafter(Drafter):
     no prefix is ever recomputed. Confidence of a token = max probability of the
     distribution it was taken from (sampling: of the warped q, not the sampled token's probability).
 
+    On the compiled runtime (``runtime.compile``) the passes run through a static KV cache compiled
+    per shape bucket (``specpolicy.models.static_qwen.StaticQwen``; its compile seconds are added to
+    ``runtime.warmup_s``): ``commit`` moves the cache's length. ``draft_many`` (the batched loop)
+    stays eager there: it drafts one by one.
+
     Args:
         model: the drafter LM, on the runtime device.
         runtime: shared runtime.
@@ -58,6 +63,12 @@ class ARDrafter(Drafter):
         self.runtime = runtime
         self.max_context = context_length(model)
         self.cache: DynamicCache | None = None
+        self.static = None  # the compiled runtime's StaticQwen, else None
+        if runtime.compile:
+            from specpolicy.models.static_qwen import StaticQwen
+
+            self.static = StaticQwen(model, self.max_context, compile=True)
+            runtime.warmup_s += self.static.warmup()
         self._unfed: torch.Tensor | None = None  # (u,) committed tokens not in the cache yet
         self._tokens: list[torch.Tensor] = []  # this round's drafted tokens, (1,) each
         self._confs: list[torch.Tensor] = []
@@ -70,7 +81,7 @@ class ARDrafter(Drafter):
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
-        self.cache = DynamicCache()
+        self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
         self._unfed = prompt_ids.to(self.runtime.torch_device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
@@ -101,6 +112,8 @@ class ARDrafter(Drafter):
         """One drafting pass: the round's first feeds the committed tokens not yet cached, each later
         one the last drafted token; returns the next token's ``(V,)`` logits."""
         inputs = self._tokens[-1] if self._tokens else self._unfed
+        if self.static is not None:
+            return self.static.run(inputs)[0][-1]
         return self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @classmethod
@@ -135,7 +148,10 @@ class ARDrafter(Drafter):
         together = [
             i
             for i, d in enumerate(drafters)
-            if d._sampling is None and d.cache.get_seq_length() and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
+            if d._sampling is None
+            and d.static is None
+            and d.cache.get_seq_length()
+            and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
         ]
         if len(together) < 2 or drafters[0].model.config._attn_implementation not in BATCHED_ATTENTION:
             return super().draft_many(drafters, num_tokens)
@@ -221,9 +237,12 @@ class ARDrafter(Drafter):
             the root's ``top_k`` children: ids ``(top_k,) int64`` and log-probabilities ``(top_k,)
             float32``, best first.
         """
-        logits = self.model(input_ids=self._unfed[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[
-            0, -1
-        ]
+        if self.static is not None:
+            logits = self.static.run(self._unfed)[0][-1]
+        else:
+            logits = self.model(
+                input_ids=self._unfed[None, :], cache=self.cache, use_cache=True, logits_to_keep=1
+            ).logits[0, -1]
         self._unfed = self._unfed[:0]
         self._tree_committed = self.cache.get_seq_length()  # the root is the last of these
         self._tree = tree.GrowingTree(self._tree_committed, logits.device)
@@ -248,6 +267,11 @@ class ARDrafter(Drafter):
 
         parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)
+        if self.static is not None:
+            logits = self.static.run(tokens, positions, mask)[0]
+            self._passes += 1
+            values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+            return nodes, ids, values
         logits = self.model(
             input_ids=tokens[None],
             position_ids=positions[None],
@@ -282,6 +306,21 @@ class ARDrafter(Drafter):
             crop_cache(self.cache, self.cache.get_seq_length() - (drafted - 1) + keep)
             self._unfed = committed[keep:]
         self._new_round()
+
+
+class _StaticLength:
+    """The two cache calls ``ARDrafter`` makes (``get_seq_length``, and ``crop`` through
+    ``specpolicy.core.cache.crop_cache``) on a ``StaticQwen``'s cache: its length."""
+
+    def __init__(self, static) -> None:
+        self.static = static
+        static.reset()
+
+    def get_seq_length(self) -> int:
+        return self.static.length
+
+    def crop(self, count: int) -> None:  # crop_cache passes minus the positions to drop
+        self.static.length = self.static.length + count if count < 0 else count
 
 
 @hookimpl

@@ -44,6 +44,12 @@ class HFVerifier(Verifier):
         max_context: maximum sequence length in tokens (default: the model's
             ``max_position_embeddings``).
         tokenizer: the target's tokenizer (drafter factories check theirs against it).
+
+    On the compiled runtime (``runtime.compile``) the same passes run through a static KV cache
+    compiled per shape bucket (``specpolicy.models.static_qwen.StaticQwen``, built and warmed up
+    here, its compile seconds added to ``runtime.warmup_s``): cropping moves a length, a tree's
+    accepted path is moved inside the cache; greedy output token-identical to the eager runtime.
+    Raises ``ValueError`` there for a target that is not Qwen2/Qwen3.
     """
 
     name = NAME
@@ -62,6 +68,12 @@ class HFVerifier(Verifier):
         self._sampling: SamplingConfig | None = None  # None: greedy
         self._feature_layers: tuple[int, ...] = ()  # hidden_states indices a drafter reads; () = none
         self.prompt_features: torch.Tensor | None = None
+        self.static = None  # the compiled runtime's StaticQwen, else None
+        if runtime.compile:
+            from specpolicy.models.static_qwen import StaticQwen
+
+            self.static = StaticQwen(model, self.max_context, compile=True)
+            runtime.warmup_s += self.static.warmup()
 
     def request_features(self, layers: tuple[int, ...]) -> None:
         """Return ``layers`` of ``output_hidden_states`` from the prefill and every verification
@@ -83,16 +95,41 @@ class HFVerifier(Verifier):
     @property
     def cached_length(self) -> int:
         """Tokens held in the KV cache (the committed sequence minus the pending token)."""
+        if self.static is not None:
+            return self.static.length
         return 0 if self.cache is None else self.cache.get_seq_length()
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
+        if self.static is not None:
+            self._prefill_static(prompt_ids)
+            return
         self.cache, self.prompt_features = prefill_prompt(
             self.model, prompt_ids, self.max_context, self._feature_layers, self.runtime.torch_dtype
         )
         self._pending = prompt_ids[-1:]
-        self._sampling = None if sampling is None or sampling.is_greedy else sampling
+
+    def _prefill_static(self, prompt_ids: torch.Tensor) -> None:
+        """``prefill`` on the compiled runtime: the prompt but its last token into the static cache
+        (in chunks of the largest bucket), the features from the same passes."""
+        n = int(prompt_ids.shape[0])
+        if n < 1 or n >= self.max_context:
+            raise ValueError(
+                f"prompt_ids has {n} tokens; the target accepts 1..{self.max_context - 1} "
+                f"(max_context={self.max_context}, one position is kept for generation)"
+            )
+        self.static.reset()
+        self.prompt_features = None
+        if n > 1:
+            _, states = self.static.run(prompt_ids[:-1])
+            if self._feature_layers:
+                self.prompt_features = _static_features(states, self._feature_layers)
+        elif self._feature_layers:
+            width = len(self._feature_layers) * int(self.model.config.hidden_size)
+            self.prompt_features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
+        self._pending = prompt_ids[-1:]
 
     @torch.no_grad()
     def verify(self, draft: Draft) -> Verification:
@@ -105,10 +142,13 @@ class HFVerifier(Verifier):
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         if draft.is_tree:
             return self._verify_tree(draft, inputs, start)
-        out = self.model(
-            input_ids=inputs, cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers)
-        )
-        logits = out.logits[0]  # (k + 1, V)
+        if self.static is not None:  # compiled: one bucketed pass, same logits
+            logits, states = self.static.run(inputs[0])
+        else:
+            out = self.model(
+                input_ids=inputs, cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers)
+            )
+            logits = out.logits[0]  # (k + 1, V)
         if self._sampling is not None:
             accepted, target = self._verify_sampled(draft, logits)
         else:
@@ -116,10 +156,15 @@ class HFVerifier(Verifier):
             matches = (target[:k] == draft.token_ids).int()  # (k,)
             accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
         # Keep KV for the pending token and the accepted draft tokens; the correction/bonus is pending.
-        crop_cache(self.cache, start + 1 + accepted)
+        if self.static is not None:
+            self.static.length = start + 1 + accepted  # a rollback is a length
+        else:
+            crop_cache(self.cache, start + 1 + accepted)
         self._pending = target[accepted : accepted + 1]
         features = None
-        if self._feature_layers:  # the committed positions' hidden states, from this same pass
+        if self._feature_layers and self.static is not None:
+            features = _static_features(states, self._feature_layers, slice(0, accepted + 1))
+        elif self._feature_layers:  # the committed positions' hidden states, from this same pass
             features = select_features(out.hidden_states, self._feature_layers, slice(0, accepted + 1))
         return Verification(
             accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
@@ -136,17 +181,21 @@ class HFVerifier(Verifier):
         tree.validate(parents, k)
         device = inputs.device
         positions, mask = tree.verification_layout(parents, start, device)
-        out = self.model(
-            input_ids=inputs,
-            position_ids=positions[None],
-            attention_mask=as_model_mask(
-                mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
-            ),
-            cache=self.cache,
-            use_cache=True,
-            output_hidden_states=bool(self._feature_layers),
-        )
-        logits = out.logits[0]  # (k + 1, V): at the root and after each node
+        if self.static is not None:  # compiled: the tree mask over the static cache
+            logits, states = self.static.run(inputs[0], positions, mask)
+            hidden_states = states[:, None]  # (L + 1, 1, k + 1, H): HF's layout
+        else:
+            out = self.model(
+                input_ids=inputs,
+                position_ids=positions[None],
+                attention_mask=as_model_mask(
+                    mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
+                ),
+                cache=self.cache,
+                use_cache=True,
+                output_hidden_states=bool(self._feature_layers),
+            )
+            logits, hidden_states = out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
         if self._sampling is None:
             target = logits.argmax(dim=-1)
             path = tree.greedy_path(draft.parents, draft.token_ids, target, parents)
@@ -156,13 +205,16 @@ class HFVerifier(Verifier):
             target = p.argmax(dim=-1)
             target[path[-1] + 1 if path else 0] = nxt
         path_rows = [0] + [i + 1 for i in path]  # the pending token (root) and the accepted path
-        keep_path(self.cache, start, path_rows)
+        if self.static is not None:
+            self.static.keep_rows(start, path_rows)
+        else:
+            keep_path(self.cache, start, path_rows)
         last = path[-1] + 1 if path else 0
         self._pending = target[last : last + 1]
         features = None
         if self._feature_layers:
             features = select_features(
-                out.hidden_states, self._feature_layers, torch.tensor(path_rows, dtype=torch.long, device=device)
+                hidden_states, self._feature_layers, torch.tensor(path_rows, dtype=torch.long, device=device)
             )
         return Verification(
             accepted_length=len(path),
@@ -181,6 +233,11 @@ class HFVerifier(Verifier):
         target = torch.cat([draft.token_ids[:accepted], p[accepted:].argmax(dim=-1)])
         target[accepted] = nxt
         return accepted, target
+
+
+def _static_features(states: torch.Tensor, layers: tuple[int, ...], rows: slice = slice(None)) -> torch.Tensor:
+    """``select_features`` of a static pass's hidden states ``(L + 1, n, H)``: ``(m, len(layers) * H)``."""
+    return torch.cat([states[i, rows] for i in layers], dim=-1)
 
 
 def prefill_prompt(

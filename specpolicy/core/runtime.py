@@ -57,10 +57,18 @@ class Runtime:
         dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU) or one of float32, float64,
             bfloat16, float16.
         seed: seeds Python, and torch (CPU and CUDA), and ``generator``.
+        compile: the compiled runtime (``runtime.compile=true``): the hf target and the ar drafter
+            run a static KV cache compiled with ``torch.compile`` per shape bucket (CUDA graphs on
+            CUDA; ``specpolicy.models.static_qwen``); greedy output token-identical to the eager
+            runtime. Default False: the measured default on this testbed's CPU is eager for short
+            runs (compilation costs more than it saves below a few hundred tokens; see
+            ``docs/how-to/compiled-runtime.md``).
     Attributes:
         generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;
             ``specpolicy.core.sampling``), reseeded by ``seed_everything``: same seed, same output.
+        warmup_s: seconds the models of the run spent compiling (0 on the eager runtime), added by
+            each compiled model when it is built; reported apart from tokens/s (``describe``).
     Raises:
         ValueError: for an unknown ``dtype``, a ``device`` torch does not know, or a CUDA ``device`` on
             a machine without CUDA.
@@ -69,11 +77,15 @@ class Runtime:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    compile: bool = False
+    warmup_s: float = field(default=0.0, init=False)
     torch_device: torch.device = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"runtime.compile must be true or false, got {self.compile!r}")
         dev = self.device
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,6 +124,8 @@ class Runtime:
             "device": str(self.torch_device),
             "dtype": str(self.torch_dtype).removeprefix("torch."),
             "seed": self.seed,
+            "compile": self.compile,
+            "warmup_s": round(self.warmup_s, 3),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
         }

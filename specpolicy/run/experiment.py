@@ -127,7 +127,12 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
 def _run(
     cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path, outputs: list[str] | None = None
 ) -> dict[str, Any]:
-    runtime = Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed))
+    runtime = Runtime(
+        device=cfg.runtime.device,
+        dtype=cfg.runtime.dtype,
+        seed=int(cfg.seed),
+        compile=bool(cfg.runtime.get("compile", False)),
+    )
     policy = make_policy(pm, container["policy"])
     loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None

@@ -209,6 +209,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
     boolean("reuse.enabled", reuse.get("enabled", False))
     integer("reuse.min_match", reuse.get("min_match", 2), 1)
     runtime = config.get("runtime") or {}
+    boolean("runtime.compile", runtime.get("compile", False))
     try:
         Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
         profile_from(dict(config))  # a bad `profile` fails now, not after the run

@@ -1,0 +1,266 @@
+"""A static-cache Qwen2 / Qwen3 forward for the compiled runtime (``runtime.compile=true``).
+
+gpt-fast's recipe (static KV cache + ``torch.compile``; pytorch-labs/gpt-fast ``model.py``) on a
+Hugging Face checkpoint: the same weights (the HF modules' parameters, shared, never copied), one
+preallocated key and value tensor per layer ``(1, kv_heads, capacity + pad, head_dim)``, RoPE from
+the model's own rotary module, grouped-query attention with SDPA under an explicit boolean mask
+built from the cache slots, so that
+
+- rolling back is moving a length (``StaticQwen.length``), never copying or freeing;
+- every pass has one of a few fixed shapes: ``n`` new positions are padded up to a bucket
+  (``BUCKETS``: 1, 2, 4, ..., 64; more than the largest bucket runs in chunks), the padded rows write
+  scratch slots no real row ever sees, so the real rows' outputs are those of the unpadded pass;
+- each bucket is compiled once per process (``torch.compile(fullgraph=True, dynamic=False)``; on
+  CUDA ``mode="reduce-overhead"``: CUDA graphs), with inductor's on-disk cache between processes.
+
+It returns what the Hugging Face model returns -- logits and ``output_hidden_states`` (index 0 the
+embeddings, i the output of layer i - 1, the last the final norm's output) -- up to floating-point
+reassociation (``tests/models/test_static_qwen.py`` checks logits to 1e-4 and greedy tokens).
+Trees: ``run`` takes a tree mask ``(n, length + n)`` (``specpolicy.core.tree``) and positions by depth.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+#: Padded widths of a pass (new positions): each compiles once; more positions run in chunks.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
+SUPPORTED = ("qwen2", "qwen3")
+
+
+def bucket_of(n: int, buckets: Sequence[int] = BUCKETS) -> int:
+    """The smallest bucket >= ``n`` (``n`` in ``1..max(buckets)``).
+
+    Raises:
+        ValueError: for ``n`` < 1 or above the largest bucket.
+    """
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"a pass of {n} positions exceeds the largest bucket {max(buckets)}; run it in chunks")
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen2RMSNorm exactly as transformers computes it (float32 statistics, cast back, then scale)."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class StaticQwen(torch.nn.Module):
+    """A Hugging Face Qwen2/Qwen3 causal LM behind a static KV cache, batch 1.
+
+    Args:
+        model: the HF model (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``), eval mode; its modules are
+            used as they are (weights shared).
+        capacity: most cached positions (tokens), e.g. the verifier's ``max_context``.
+        compile: compile each bucket's pass with ``torch.compile`` (else the same code runs eagerly:
+            the static cache alone).
+        buckets: padded pass widths (default: the module's ``BUCKETS`` when built).
+    Attributes:
+        length: cached positions (tokens); the next pass writes from here. Set it lower to roll back.
+        warmup_s: seconds spent compiling (``warmup``), 0 when not compiled.
+    Raises:
+        ValueError: a model type other than ``SUPPORTED`` or a capacity < 1.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, compile: bool = False, buckets: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        config = model.config
+        if config.model_type not in SUPPORTED:
+            raise ValueError(
+                f"the static runtime runs {', '.join(SUPPORTED)} models, got model_type={config.model_type!r}"
+            )
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 token, got {capacity}")
+        self.hf = model
+        self.buckets = tuple(sorted(BUCKETS if buckets is None else buckets))
+        self.capacity = int(capacity)
+        self.num_layers = int(config.num_hidden_layers)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.qk_norm = config.model_type == "qwen3"
+        weight = model.get_output_embeddings().weight
+        device, dtype = weight.device, weight.dtype
+        width = self.capacity + max(self.buckets)  # scratch slots for padded rows past the capacity
+        self.width = width
+        shape = (1, self.kv_heads, width, self.head_dim)
+        # one buffer per layer (a static address each: written in place, never reallocated)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        for i in range(self.num_layers):
+            self.register_buffer(f"k{i}", self.keys[i], persistent=False)
+            self.register_buffer(f"v{i}", self.values[i], persistent=False)
+        positions = torch.arange(width, device=device)[None]
+        with torch.no_grad():
+            cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=device), positions)
+        self.register_buffer("cos", cos[0].to(dtype), persistent=False)  # (width, head_dim)
+        self.register_buffer("sin", sin[0].to(dtype), persistent=False)
+        self.register_buffer("columns", torch.arange(width, device=device), persistent=False)
+        self.length = 0
+        self.warmup_s = 0.0
+        self.compiled = bool(compile)
+        self._pass = self._forward
+        if compile:
+            import torch._dynamo as dynamo
+
+            # one graph per bucket: room for every bucket (and a few dtypes/devices) without falling back
+            dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 4 * len(self.buckets))
+            dynamo.config.accumulated_recompile_limit = max(dynamo.config.accumulated_recompile_limit, 1024)
+            mode = "reduce-overhead" if device.type == "cuda" else None
+            # Guards on the input tensors only (the bucket's shapes pick the graph): this module's
+            # weights and Python attributes do not change after construction, and guarding them costs
+            # ~1 ms a call. That is sound per instance only, so each instance compiles its own copy
+            # of the pass's code (dynamo caches graphs per code object): no graph is shared between
+            # two models, whatever their shapes.
+            forward = types.FunctionType(StaticQwen._forward.__code__.replace(), globals(), "_forward")
+            options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+            self._pass = torch.compile(
+                types.MethodType(forward, self), fullgraph=True, dynamic=False, mode=mode, options=options
+            )
+
+    # -- the pass ---------------------------------------------------------------------------------
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One padded pass: ``input_ids`` ``(1, B) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
+        ``slots`` ``(B,)``, row i attending to the columns ``mask[i]`` (``(B, width) bool``). Returns the
+        logits ``(B, V)`` and every hidden state ``(L + 1, B, H)`` (HF's ``output_hidden_states``)."""
+        hf = self.hf.model
+        x = hf.embed_tokens(input_ids)  # (1, B, H)
+        b = input_ids.shape[1]
+        cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]  # (1, 1, B, d)
+        groups = self.heads // self.kv_heads
+        # grouped-query attention without repeating the cache: a kv head's query heads become rows
+        attn_mask = mask.repeat(groups, 1)[None, None] if groups > 1 else mask[None, None]
+        states = [x[0]]
+        for i, layer in enumerate(hf.layers):
+            att = layer.self_attn
+            h = _rms(x, layer.input_layernorm.weight, self.eps)
+            q = att.q_proj(h).view(1, b, self.heads, self.head_dim)
+            k = att.k_proj(h).view(1, b, self.kv_heads, self.head_dim)
+            v = att.v_proj(h).view(1, b, self.kv_heads, self.head_dim)
+            if self.qk_norm:
+                q = _rms(q, att.q_norm.weight, self.eps)
+                k = _rms(k, att.k_norm.weight, self.eps)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.keys[i].index_copy_(2, slots, k)
+            self.values[i].index_copy_(2, slots, v)
+            q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
+            o = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=attn_mask)
+            o = o.view(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
+            x = x + att.o_proj(o)
+            h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
+            x = x + layer.mlp(h)
+            states.append(x[0])
+        x = _rms(x, hf.norm.weight, self.eps)
+        states[-1] = x[0]
+        logits = self.hf.lm_head(x[0])
+        return logits, torch.stack(states)
+
+    # -- the public passes ------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the cache (a new prompt): the length only."""
+        self.length = 0
+
+    @torch.no_grad()
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed ``n`` new tokens after the cached ones (cache slots ``length .. length + n - 1``); the
+        length grows by ``n``.
+
+        Args:
+            input_ids: ``(n,) int64``.
+            positions: ``(n,) int64`` RoPE positions (default: the slots: a chain); a tree's by depth.
+            attend: ``(n, length + n) bool``, True where new row i sees cache column j (a tree mask,
+                ``specpolicy.core.tree``); default causal over the slots.
+        Returns:
+            ``(logits (n, V), hidden states (L + 1, n, H))`` in the model dtype, fresh tensors.
+        Raises:
+            ValueError: if the cache cannot hold ``n`` more positions (``capacity``) or ``n`` < 1.
+        """
+        n, start = int(input_ids.shape[0]), self.length
+        if n < 1 or start + n > self.capacity:
+            raise ValueError(f"{n} new positions after {start} cached do not fit the static cache of {self.capacity}")
+        device = input_ids.device
+        if positions is None:
+            positions = self.columns[start : start + n]
+        full = None
+        if attend is not None:  # (n, width): the caller's pattern, nothing past the new positions
+            full = torch.zeros((n, self.width), dtype=torch.bool, device=device)
+            full[:, : start + n] = attend
+        top = self.buckets[-1]
+        logits, states = [], []
+        for a in range(0, n, top):  # chunks of at most the largest bucket
+            m = min(top, n - a)
+            b = bucket_of(m, self.buckets)
+            ids, pos = input_ids[a : a + m], positions[a : a + m]
+            slots = self.columns[start + a : start + a + b]
+            if b > m:  # pad: token 0 at the scratch slots' own positions (no real row sees them)
+                ids = torch.cat([ids, ids.new_zeros(b - m)])
+                pos = torch.cat([pos, slots[m:]])
+            mask = self.columns[None, :] <= slots[:, None]  # causal over the slots
+            if full is not None:
+                mask = torch.cat([full[a : a + m], mask[m:]]) if b > m else full[a : a + m]
+            out_logits, out_states = self._pass(ids[None], pos, slots, mask)
+            # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
+            logits.append(out_logits[:m].clone() if self.compiled else out_logits[:m])
+            states.append(out_states[:, :m].clone() if self.compiled else out_states[:, :m])
+        self.length = start + n
+        if len(logits) == 1:
+            return logits[0], states[0]
+        return torch.cat(logits), torch.cat(states, dim=1)
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After a tree pass from ``start``: keep the new rows ``rows`` (increasing, row 0 first) at
+        ``start, start + 1, ...`` -- their keys and values moved (only when the path is not the tree's
+        first rows), the rest dropped by the length."""
+        n = len(rows)
+        if rows != list(range(n)):
+            index = torch.tensor(rows, dtype=torch.long, device=self.columns.device) + start
+            for k, v in zip(self.keys, self.values):
+                k[:, :, start : start + n] = k.index_select(2, index)
+                v[:, :, start : start + n] = v.index_select(2, index)
+        self.length = start + n
+
+    @torch.no_grad()
+    def warmup(self) -> float:
+        """Compile every bucket now (dummy passes; the cache is emptied after). Returns the seconds
+        spent and adds them to ``warmup_s``; a no-op (0) when not compiled."""
+        if not self.compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        device = self.columns.device
+        for b in self.buckets:
+            if b > self.capacity:
+                break
+            self.length = 0
+            for _ in range(2 if device.type == "cuda" else 1):  # CUDA graphs record on the second call
+                self.length = 0
+                self.run(torch.zeros(b, dtype=torch.long, device=device))
+        self.length = 0
+        spent = time.perf_counter() - t0
+        self.warmup_s += spent
+        return spent

@@ -1,0 +1,189 @@
+"""The compiled runtime (``runtime.compile=true``, ``specpolicy.models.static_qwen``): the static-cache
+forward returns the Hugging Face model's logits and hidden states (chains, chunks, trees), rolls
+back by its length, and decoding through it -- eager (the static cache alone) and compiled with
+``torch.compile`` -- is token-identical to the eager runtime for every drafter x policy of the
+losslessness tests. The compiled cases use tiny float64 models and two buckets (cheap to compile)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import VOCAB, overrides, random_prompts, sharpen, tiny_lm
+from specpolicy.core import tree
+from specpolicy.core.decoding import generate
+from specpolicy.core.runtime import Runtime
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.models import static_qwen
+from specpolicy.models.static_qwen import StaticQwen, bucket_of
+from specpolicy.verifiers.hf import HFVerifier
+from test_lossless import POLICIES, _drafter, _policy, assert_lossless
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(seed=0, layers=2), 4.0)
+
+
+def _hf(model, ids, **kw):
+    with torch.no_grad():
+        return model(ids[None], output_hidden_states=True, **kw)
+
+
+def test_logits_and_hidden_states_equal_hf_in_one_pass_and_in_chunks(target):
+    ids = random_prompts(8)[5]  # 40 tokens
+    ref = _hf(target, ids)
+    for buckets in ((1, 2, 4, 8, 16, 32, 64), (1, 4)):  # (1, 4): ten chunks of 4
+        s = StaticQwen(target, 128, buckets=buckets)
+        logits, states = s.run(ids)
+        assert s.length == 40
+        torch.testing.assert_close(logits, ref.logits[0], rtol=0, atol=1e-10)
+        assert states.shape == (3, 40, 32)
+        for i, h in enumerate(ref.hidden_states):  # embeddings, layer outputs, final norm
+            torch.testing.assert_close(states[i], h[0], rtol=0, atol=1e-10)
+
+
+def test_continuing_and_rolling_back_is_a_length(target):
+    ids = random_prompts(8)[5]
+    ref = _hf(target, ids).logits[0]
+    s = StaticQwen(target, 128, buckets=(1, 2, 4))
+    s.run(ids[:30])
+    wrong, _ = s.run(torch.flip(ids[30:], [0]))  # a rejected draft
+    assert not torch.allclose(wrong, ref[30:])
+    s.length = 30  # roll back: nothing copied
+    logits, _ = s.run(ids[30:33])  # a padded bucket (3 -> 4)
+    torch.testing.assert_close(logits, ref[30:33], rtol=0, atol=1e-10)
+    one, _ = s.run(ids[33:34])
+    torch.testing.assert_close(one, ref[33:34], rtol=0, atol=1e-10)
+
+
+def test_tree_pass_equals_hf_tree_pass_and_keep_rows_equals_the_path_fed_alone(target):
+    prompt = random_prompts(8)[1]  # 31 tokens
+    parents = [-1, -1, 0, 1, 1]  # draft node i's parent (-1: the root, the pending token)
+    start = 30
+    positions, mask = tree.verification_layout(parents, start, "cpu")
+    inputs = torch.cat([prompt[-1:], torch.tensor([11, 13, 17, 19, 23])])
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        target(prompt[None, :-1], cache=cache, use_cache=True)
+        ref = target(inputs[None], position_ids=positions[None], attention_mask=mask[None, None], cache=cache)
+    s = StaticQwen(target, 128, buckets=(1, 2, 4, 8))
+    s.run(prompt[:-1])
+    logits, _ = s.run(inputs, positions, mask)
+    torch.testing.assert_close(logits, ref.logits[0], rtol=0, atol=1e-10)
+    # keep the path root -> node 1 -> node 3 (rows 0, 2, 4): then one more token equals feeding the path as a chain
+    path_rows = [0, 2, 4]
+    s.keep_rows(start, path_rows)
+    assert s.length == start + 3
+    nxt, _ = s.run(torch.tensor([5]))
+    chain = torch.cat([prompt, inputs[path_rows[1:]], torch.tensor([5])])
+    torch.testing.assert_close(nxt, _hf(target, chain).logits[0, -1:], rtol=0, atol=1e-10)
+
+
+def test_bad_inputs_raise_one_line():
+    s = StaticQwen(tiny_lm(seed=0, layers=1), 16, buckets=(1, 4))
+    with pytest.raises(ValueError, match="do not fit the static cache of 16"):
+        s.run(torch.zeros(17, dtype=torch.long))
+    s.run(torch.zeros(10, dtype=torch.long))
+    with pytest.raises(ValueError, match="7 new positions after 10 cached"):
+        s.run(torch.zeros(7, dtype=torch.long))
+    with pytest.raises(ValueError, match="exceeds the largest bucket 4"):
+        bucket_of(5, (1, 4))
+    assert [bucket_of(n) for n in (1, 2, 3, 5, 9, 17, 33, 64)] == [1, 2, 4, 8, 16, 32, 64, 64]
+    llama = LlamaForCausalLM(
+        LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    )
+    with pytest.raises(ValueError, match="runs qwen2, qwen3 models, got model_type='llama'"):
+        StaticQwen(llama, 16)
+    with pytest.raises(ValueError, match="runtime.compile must be true or false, got 'yes'"):
+        Runtime("cpu", "float32", compile="yes")
+
+
+def test_a_bad_runtime_compile_value_is_one_line_before_any_model_loads(family, tmp_path, monkeypatch, capsys):
+    import sys
+
+    from specpolicy.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr("specpolicy.models.loading.load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "runtime.compile=yes"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: runtime.compile must be true or false, got 'yes'"]
+
+
+def _static(verifier_or_drafter, model, compile=False):
+    """Put a model on the static runtime after building it (eager static cache: no compilation)."""
+    verifier_or_drafter.static = StaticQwen(model, 512, compile=compile)
+    return verifier_or_drafter
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("drafter", ["ar", "fastdllm"])
+def test_static_runtime_is_token_identical_to_the_eager_runtime(runtime, target, drafter, policy):
+    """Every policy, on the static cache (uncompiled: the same code as compiled, cheap)."""
+    eager = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+    static = _static(HFVerifier(target, runtime, frozenset({VOCAB - 1})), target)
+    for confident in (True, False):
+        d = _drafter(drafter, runtime, confident)
+        if drafter == "ar":
+            d = _static(d, d.model)
+            d.max_context = 512
+        for prompt in random_prompts(3):
+            assert_lossless(prompt, static, runtime, d, _policy(policy), False)
+            ref = generate(prompt, eager, runtime, max_new_tokens=40)
+            out = generate(prompt, static, runtime, max_new_tokens=40, drafter=d, policy=_policy(policy))
+            assert out.output_ids.tolist() == ref.output_ids.tolist()
+
+
+def test_tree_policy_on_the_static_runtime_is_lossless(runtime, target):
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    policy = make_policy(
+        get_plugin_manager(autoload=False), {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10}
+    )
+    static = _static(HFVerifier(target, runtime, frozenset({VOCAB - 1})), target)
+    eager = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+    d = _drafter("ar", runtime, True)
+    d = _static(d, d.model)
+    for prompt in random_prompts(4):
+        ref = generate(prompt, eager, runtime, max_new_tokens=40)
+        out = generate(prompt, static, runtime, max_new_tokens=40, drafter=d, policy=policy)
+        assert out.output_ids.tolist() == ref.output_ids.tolist()
+        assert any(r.draft_parents for r in out.rounds)  # trees were verified
+
+
+@pytest.fixture
+def two_buckets(monkeypatch):
+    monkeypatch.setattr(static_qwen, "BUCKETS", (1, 8))
+
+
+@pytest.mark.slow
+def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets, target):
+    """``runtime.compile=true`` end to end: verifier and ar drafter built compiled (two buckets,
+    tiny float64 models), warm-up counted, the output of vanilla, static, failfast and a tree
+    policy identical to the eager runtime's."""
+    eager_rt = Runtime("cpu", "float64", seed=0)
+    rt = Runtime("cpu", "float64", seed=0, compile=True)
+    compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
+    assert compiled.static is not None and compiled.static.compiled and compiled.static.buckets == (1, 8)
+    draft_model = sharpen(tiny_lm(seed=0, layers=1))
+    d = ARDrafter(draft_model, rt)
+    assert d.static is not None and rt.warmup_s > 0 and rt.describe()["compile"] is True
+    eager = HFVerifier(target, eager_rt, frozenset({VOCAB - 1}))
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    tree_policy = make_policy(
+        get_plugin_manager(autoload=False), {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10}
+    )
+    for prompt in random_prompts(3):
+        ref = generate(prompt, eager, eager_rt, max_new_tokens=30)
+        assert generate(prompt, compiled, rt, max_new_tokens=30).output_ids.tolist() == ref.output_ids.tolist()
+        for policy in (_policy("static"), _policy("failfast"), tree_policy):
+            out = generate(prompt, compiled, rt, max_new_tokens=30, drafter=d, policy=policy)
+            assert out.output_ids.tolist() == ref.output_ids.tolist()
