@@ -1,0 +1,256 @@
+"""``dart-tree`` policy: DART's n-gram-pruned draft tree from ONE drafter pass (Liang et al., arXiv
+2601.19278, §3.4; fvliang/DART ``tree_search/tree_search.py`` -> ``cpplib/cpp_search/searcher.cpp``,
+``Searcher::search``, config ``tree_search_config.py``).
+
+The rule, as the code runs it:
+
+* per depth l = 0 .. d - 1 of the pass, the top ``top_k`` (25) draft tokens, their probabilities the
+  softmax over those 25 logits;
+* a beam search from the empty path: every beam is extended by every candidate of the depth, the
+  child scoring ``parent + (l + 1)^-0.7 * [0.9^l * log(p + 1e-10) + 0.5 * log(p_ngram + 1e-10)]``
+  (``level_weights_func``, ``logit_weights_func``, ``ngram_weights``); the built extension defines
+  ``NO_NGRAM_ON_FIRST_TOKEN``, so depth 0 is scored by the drafter alone;
+* the children are sorted with those ending in EOS last, then by score, and the best ``beam_width``
+  (20) are the next depth's beams (a beam ending in EOS is still extended);
+* EVERY child of every depth goes into one pool; the best ``total_tokens`` (theta; paper 59, code
+  60) by score form the tree -- a tree, since a child never scores above its parent (ties kept in
+  creation order: a parent before its children);
+* ``p_ngram`` is DART's trie probability of the token after the last ``order - 1`` tokens of
+  committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
+  continuations, ``bundle/ngram/gsm8k-target.npz``).
+
+The search is vectorised: one depth is a handful of tensor ops over (beams x candidates), one
+batched n-gram lookup. The target verifies the tree in one pass (``specpolicy.core.tree``); its
+nodes are verified as point masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram
+term off (the paper's ablation); ``use_ngram: false`` does the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specpolicy.core.checks import check_init
+from specpolicy.core.errors import ConfigError
+from specpolicy.core.policy import TreePolicy
+from specpolicy.core.types import Draft
+from specpolicy.plugins.hookspecs import hookimpl
+
+NAME = "dart-tree"
+#: log(p + EPS): the code's guard against log 0.
+EPS = 1e-10
+
+
+def dart_tree_search(
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    context: torch.Tensor,
+    ngram: Any | None,
+    stop_ids: torch.Tensor,
+    beam_width: int = 20,
+    total_tokens: int = 60,
+    level_power: float = -0.7,
+    logit_decay: float = 0.9,
+    ngram_weight: float = 0.5,
+    ngram_on_first: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DART's tree search over one pass's per-depth candidates (module docstring).
+
+    Args:
+        ids: ``(D, K) int64`` each depth's candidate tokens (target ids), best first.
+        probs: ``(D, K) float32`` their probabilities (the softmax over the K candidates).
+        context: ``(c,) int64`` the committed tokens before the path, the pending one last.
+        ngram: an ``NGramModel`` (``trie_probs``) or None (no n-gram term).
+        stop_ids: ``(s,) int64`` tokens whose paths sort last among the beams.
+        ngram_on_first: score depth 0 with the n-gram too (the code's build does not).
+    Returns:
+        ``(tokens (n,) int64, parents (n,) int64 (-1: the root), scores (n,) float32, draft log-probs
+        (n,) float32)`` of the kept nodes in creation order (topological), n <= ``total_tokens``.
+    """
+    D, K = ids.shape
+    logp = torch.log(probs.float() + EPS)  # (D, K)
+    order = ngram.order if ngram is not None else 1
+    beams = torch.empty((1, 0), dtype=torch.long)  # (B, l) the beams' paths
+    beam_scores = torch.zeros(1)
+    beam_drafter = torch.zeros(1)  # the path's drafter log-probability (the nodes' confidence)
+    beam_nodes = torch.full((1,), -1, dtype=torch.long)  # each beam's number in the pool (-1: the root)
+    pool_tokens, pool_parents, pool_scores, pool_drafter = [], [], [], []
+    pooled = 0
+    for level in range(D):
+        B = beams.shape[0]
+        term = logit_decay**level * logp[level][None].expand(B, K)
+        if ngram is not None and ngram_weight != 0 and (level > 0 or ngram_on_first):
+            if order > 1:
+                full = torch.cat([context[None].expand(B, -1), beams], dim=1)[:, -(order - 1) :]
+                pad = full.new_full((B, order - 1 - full.shape[1]), ngram.vocab_size)
+                ctx = torch.cat([pad, full], dim=1)  # start symbols in front of a short context
+            else:
+                ctx = torch.empty((B, 0), dtype=torch.long)
+            p_ngram = ngram.trie_probs(ctx, ids[level][None].expand(B, K))
+            term = term + ngram_weight * torch.log(p_ngram + EPS)
+        scores = (beam_scores[:, None] + (level + 1) ** level_power * term).reshape(-1)  # (B K,)
+        drafter = (beam_drafter[:, None] + logp[level][None]).reshape(-1)
+        tokens = ids[level][None].expand(B, K).reshape(-1)
+        parent_rows = torch.arange(B)[:, None].expand(B, K).reshape(-1)
+        pool_tokens.append(tokens)
+        pool_parents.append(beam_nodes[parent_rows])
+        pool_scores.append(scores)
+        pool_drafter.append(drafter)
+        numbers = pooled + torch.arange(B * K)
+        pooled += B * K
+        # beams: EOS-ending last, then by score (stable: ties in creation order)
+        by_score = torch.sort(scores, descending=True, stable=True).indices
+        ends = torch.isin(tokens[by_score], stop_ids)
+        keep = by_score[torch.sort(ends.int(), stable=True).indices][:beam_width]
+        beams = torch.cat([beams[parent_rows[keep]], tokens[keep, None]], dim=1)
+        beam_scores, beam_drafter, beam_nodes = scores[keep], drafter[keep], numbers[keep]
+    tokens, parents = torch.cat(pool_tokens), torch.cat(pool_parents)
+    scores, drafter = torch.cat(pool_scores), torch.cat(pool_drafter)
+    kept = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:total_tokens]).values
+    index = torch.full((tokens.shape[0] + 1,), -1, dtype=torch.long)  # index[c + 1]: pool entry c's node
+    index[kept + 1] = torch.arange(kept.shape[0])
+    return tokens[kept], index[parents[kept] + 1], scores[kept], drafter[kept]
+
+
+class DartTreePolicy(TreePolicy):
+    """DART's tree over one pass of a ``dart`` drafter.
+
+    Args:
+        top_k: candidates per depth (the code's ``topk_func``: 25), >= 1.
+        beam_width: beams kept per depth (20), >= 1.
+        total_tokens: theta, nodes kept (paper 59, code 60; ``conf/policy/dart-tree.yaml`` states the
+            value sized for this CPU), >= 1.
+        depth: depths searched, >= 1 (default: the drafter's block, d = 8; more costs later passes).
+        level_power, logit_decay, ngram_weight: the step score's (l + 1)^level_power,
+            logit_decay^l and n-gram weight (-0.7, 0.9, 0.5).
+        ngram: a bundled n-gram name (``gsm8k-target``, ``gsm8k-train``) or an ``.npz`` file.
+        use_ngram: False drops the n-gram term (the ablation; same as ``ngram_weight=0``).
+        ngram_on_first: score depth 0 with the n-gram too (the released build does not).
+    Raises:
+        ValueError: naming ``policy.<key>`` for a value out of range.
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        top_k: int = 25,
+        beam_width: int = 20,
+        total_tokens: int = 60,
+        depth: int | None = None,
+        level_power: float = -0.7,
+        logit_decay: float = 0.9,
+        ngram_weight: float = 0.5,
+        ngram: str = "gsm8k-target",
+        use_ngram: bool = True,
+        ngram_on_first: bool = False,
+        ngram_model: Any | None = None,
+    ) -> None:
+        for key, value in (("top_k", top_k), ("beam_width", beam_width), ("total_tokens", total_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"policy.{key} must be an integer >= 1, got {value!r}")
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
+            raise ValueError(f"policy.depth must be an integer >= 1 or null (the drafter's block), got {depth!r}")
+        for key, value in (("level_power", level_power), ("logit_decay", logit_decay), ("ngram_weight", ngram_weight)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"policy.{key} must be a number, got {value!r}")
+        if not 0 < logit_decay <= 1 or ngram_weight < 0:
+            raise ValueError(
+                f"policy.logit_decay must be in (0, 1] and policy.ngram_weight >= 0, got {logit_decay!r}, {ngram_weight!r}"
+            )
+        self.top_k, self.beam_width, self.total_tokens, self.depth = top_k, beam_width, total_tokens, depth
+        self.level_power, self.logit_decay = float(level_power), float(logit_decay)
+        self.ngram_weight = float(ngram_weight) if use_ngram else 0.0
+        self.ngram_on_first = bool(ngram_on_first)
+        self.ngram_name = ngram
+        self.ngram = ngram_model
+        if self.ngram is None and self.ngram_weight > 0:
+            from specpolicy.models.ngram import load_ngram, resolve_ngram_path
+
+            if not isinstance(ngram, str) or not ngram:
+                raise ConfigError(f"policy.ngram must be a bundled n-gram name or an .npz file, got {ngram!r}")
+            self.ngram = load_ngram(resolve_ngram_path(ngram), "policy.ngram")
+
+    def check_drafter(self, drafter: Any) -> None:
+        if not (hasattr(drafter, "alternatives") and hasattr(drafter, "ngram_context")):
+            raise ValueError(
+                f"policy=dart-tree needs a drafter that drafts a block in one pass and reports its "
+                f"alternatives and n-gram context (dart); drafter "
+                f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
+            )
+
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
+        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+        want = self.depth or drafter.block_size
+        depth = min(want, room)
+        if depth < 1:
+            return Draft.empty(device), "room"
+        chain = drafter.draft(depth)
+        n = chain.length
+        if n == 0:
+            return chain, "no_proposal"
+        ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
+        probs = probs[:n] / probs[:n].sum(-1, keepdim=True)  # the softmax over the top K logits
+        stops = torch.tensor(getattr(drafter, "stop_token_ids", ()), dtype=torch.long)
+        tokens, parents, _, logp = dart_tree_search(
+            ids[:n].cpu(),
+            probs.cpu(),
+            drafter.ngram_context.cpu(),
+            self.ngram if self.ngram_weight > 0 else None,
+            stops,
+            self.beam_width,
+            min(self.total_tokens, node_room),
+            self.level_power,
+            self.logit_decay,
+            self.ngram_weight,
+            self.ngram_on_first,
+        )
+        draft = Draft(
+            token_ids=tokens.to(device),
+            confidences=logp.exp().to(device),
+            forward_passes=chain.forward_passes,
+            parents=parents.to(device),
+        )
+        return draft, "room" if depth < want else "policy_bound"
+
+    def __repr__(self) -> str:
+        return (
+            f"DartTreePolicy(top_k={self.top_k}, beam_width={self.beam_width}, total_tokens={self.total_tokens}, "
+            f"ngram_weight={self.ngram_weight}, ngram={self.ngram_name!r})"
+        )
+
+
+#: The config keys (the n-gram model object is for tests and callers, not configs).
+CONFIG_KEYS = (
+    "top_k",
+    "beam_width",
+    "total_tokens",
+    "depth",
+    "level_power",
+    "logit_decay",
+    "ngram_weight",
+    "ngram",
+    "use_ngram",
+    "ngram_on_first",
+)
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=dart-tree``: its keys and ranges and the n-gram file, checked by building it (no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    from specpolicy.core.checks import check_keys
+
+    check_keys("policy", config, CONFIG_KEYS)
+    check_init("policy", DartTreePolicy, config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=dart-tree``. Config keys: ``CONFIG_KEYS``."""
+    if name != NAME:
+        return None
+    return DartTreePolicy(**config)
