@@ -1,0 +1,305 @@
+"""``dart`` drafter: DART's one-pass drafting of d = 8 tokens from the target's fused features
+(Liang et al., arXiv 2601.19278, §3; fvliang/DART ``dart/model/dart_utils.py``; the network is
+``specpolicy.models.dart``).
+
+One pass over the newly committed pairs (EAGLE-3's pairing: the target's feature of position i
+with the token at i + 1) followed by ``draft_length`` (7) mask positions gives a distribution for
+each of the next 8 tokens; the chain drafted is each position's most likely token (greedy) or a
+draw from it (sampling; position j's distribution depends on the committed sequence only, so
+speculative sampling stays lossless). Everything the pass decoded past what a policy asked for is
+look-ahead (``Draft.lookahead``): taking it costs nothing.
+
+Past d tokens (a static k above 8, FailFast's extension) a LATER pass is conditioned on the drafted
+tokens: the previous pass's d tokens enter as pairs whose features are that pass's own outputs
+(the output at the position that predicted token j stands in for the target's feature there, as
+EAGLE's feature recurrence does), again followed by the masks. DART's paper drafts one pass per
+round and its training never sees such pairs, so the later passes are this testbed's extension
+(stated; the tree policy ``dart-tree`` uses one pass, as the paper does).
+
+Cache: the committed pairs' keys and values; the masks' are dropped after every pass (the code's
+``dart_current_length_data.fill_(prev_input_len)``), an extension pass's drafted pairs at ``commit``.
+
+Trees: ``alternatives`` (each drafted position's top-k) and ``ngram_context`` (the committed
+tokens the n-gram model reads) are what ``policy=dart-tree`` (DART's tree search) and
+``policy=block-tree`` need; ``block_size`` is d.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specpolicy.core.checks import check_keys
+from specpolicy.core.drafter import Drafter
+from specpolicy.core.errors import ConfigError
+from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.types import Draft, Verification
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.models.dart import DartDraftModel, DartSpec, load_dart
+from specpolicy.models.kv import KVCache
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.plugins.hookspecs import hookimpl
+
+NAME = "dart"
+CONFIG_KEYS = ("model",)
+#: Committed tokens kept for the n-gram context (a 3-gram model reads 2; longer orders up to this).
+HISTORY = 8
+
+
+class DartDrafter(Drafter):
+    """DART drafting: d tokens per pass.
+
+    Args:
+        model: the DART head, on the runtime device in the runtime dtype, eval mode.
+        embed_tokens: the target's input embedding module.
+        feature_layers: the target ``hidden_states`` indices it reads (three, low -> high).
+        vocab_size: the target's vocabulary size (rows of ``Draft.probs`` when sampling).
+        runtime: the shared runtime.
+        stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        model: DartDraftModel,
+        embed_tokens: torch.nn.Module,
+        feature_layers: tuple[int, ...],
+        vocab_size: int,
+        runtime: Runtime,
+        stop_token_ids: frozenset[int] | tuple[int, ...] = (),
+    ):
+        self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
+        self.target_feature_layers = tuple(feature_layers)
+        self.vocab_size = vocab_size
+        self.block_size = model.block_size
+        device = runtime.torch_device
+        self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
+        self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
+        self.stop_token_ids = tuple(sorted(int(t) for t in stop_token_ids))
+        self.cache: KVCache | None = None
+        self._committed_pairs = 0
+        self._features: torch.Tensor | None = None  # (u, 3H) committed pairs' features not yet cached
+        self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
+        self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._history = torch.empty(0, dtype=torch.long, device=device)
+        self._sampling: SamplingConfig | None = None
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass: ``_pass`` (the head's forward, its logits and the choice),
+        and ``alternatives`` (the top-k tree policies read)."""
+        return ((self, "_pass"), (self, "alternatives"))
+
+    @property
+    def ngram_context(self) -> torch.Tensor:
+        """The last committed tokens, the pending one last: ``(<= HISTORY,) int64`` (the n-gram
+        context of a tree search's depth-0 candidates)."""
+        return self._history
+
+    @torch.no_grad()
+    def prefill(
+        self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
+    ) -> None:
+        """Start a prompt. ``features``: ``(P - 1, 3 H_target)`` the target's features of the prompt
+        but its last token (``Verifier.prompt_features``).
+
+        Raises:
+            ValueError: for an empty prompt or missing / mis-shaped features.
+        """
+        n = int(prompt_ids.shape[0])
+        if n < 1:
+            raise ValueError("prompt_ids is empty; the dart drafter needs at least one token")
+        if features is None or tuple(features.shape[:1]) != (n - 1,):
+            raise ValueError(
+                f"the dart drafter needs the target's features of the prompt's first {n - 1} positions "
+                f"(got {None if features is None else tuple(features.shape)}); run it through "
+                "specpolicy.core.decoding.generate, which asks the verifier for them"
+            )
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        self.cache = KVCache(1)
+        self._committed_pairs = 0
+        self._features, self._pair_tokens = features, prompt_ids[1:]
+        self._waiting = []
+        self._history = prompt_ids[-HISTORY:]
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
+        self._new_round()
+
+    def _new_round(self) -> None:
+        device = self.runtime.torch_device
+        self._tokens = torch.empty(0, dtype=torch.long, device=device)
+        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._probs: list[torch.Tensor] = []
+        self._logits: list[torch.Tensor] = []  # (d, Vd) per pass
+        self._last_out: torch.Tensor | None = None  # (1, d, H): the last pass's outputs
+        self._passes = 0
+        self._returned = 0
+        self._stop_at: int | None = None  # index of the first drafted stop token
+
+    def _pass(self) -> bool:
+        """One pass: the newly committed pairs (the round's first) or the previous pass's drafted
+        tokens with its outputs as features (a later one), then the masks -> d more tokens. False
+        when there is nothing to draft from (a one-token prompt: no feature yet)."""
+        start = self.cache.length
+        if self._last_out is None:
+            self._join_pairs()
+            if self._features is None or self._features.shape[0] == 0:
+                return False
+            hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
+            embeds = self.embed_tokens(self._pair_tokens)[None]
+            self._features = self._pair_tokens = None
+        else:
+            hidden, embeds = self._last_out, self.embed_tokens(self._tokens[-self.block_size :])[None]
+        n = embeds.shape[1]
+        out, k, v = self.model(embeds, hidden, start, self.cache.layer(0) if start else None)
+        self.cache.keys[0], self.cache.values[0] = k[:, :, : start + n], v[:, :, : start + n]  # masks dropped
+        if self._passes == 0:
+            self._committed_pairs = start + n
+        self._last_out = out
+        logits = self.model.logits(out[0])  # (d, Vd)
+        draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        tokens = self._target_of_draft[draft_ids]
+        if q is not None:
+            q = q.new_zeros((q.shape[0], self.vocab_size)).index_copy_(1, self._target_of_draft, q)
+            self._probs.append(q)
+        if self._stop_ids.numel():
+            hit = torch.isin(tokens, self._stop_ids)
+            if bool(hit.any()):  # the sync of a drafted stop token: the round's draft ends there
+                self._stop_at = self._tokens.shape[0] + int(hit.int().argmax())
+        self._logits.append(logits)
+        self._tokens = torch.cat([self._tokens, tokens])
+        self._confs = torch.cat([self._confs, confs])
+        self._passes += 1
+        return True
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        want = self._returned + num_tokens
+        while self._tokens.shape[0] < want and self._stop_at is None:
+            if not self._pass():
+                break
+        end = self._tokens.shape[0] if self._stop_at is None else self._stop_at + 1
+        k = min(want, end)
+        self._returned = k
+        probs = torch.cat(self._probs)[:k] if self._probs else None
+        return Draft(
+            self._tokens[:k],
+            self._confs[:k],
+            forward_passes=self._passes,
+            probs=probs,
+            ends_at_stop_token=self._stop_at is not None and k == end,
+            lookahead=end - k,
+            lookahead_confidences=self._confs[k:end],
+        )
+
+    def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely tokens at each position of the round's draft so far (target ids),
+        from the passes that drafted it (no extra pass): ids ``(n, k) int64`` and probabilities
+        ``(n, k) float32`` (the head's softmax over its draft vocabulary), best first."""
+        n = self._returned
+        if not n:
+            return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
+        top = torch.softmax(torch.cat(self._logits)[:n].float(), dim=-1).topk(min(k, self._logits[0].shape[-1]), dim=-1)
+        return self._target_of_draft[top.indices], top.values
+
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        """Crop the drafted pairs and store the committed positions' features with the tokens after
+        them (``(a + 1, 3 H)`` and ``verification.committed_tokens``). Raises ``RuntimeError`` when
+        the verification brought no features."""
+        features = verification.features
+        if features is None:
+            raise RuntimeError(
+                "the dart drafter got no target features from the verification; the verifier must "
+                "honour request_features"
+            )
+        self.cache.crop(self._committed_pairs)
+        tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
+        if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
+            self._waiting.append((features, tokens))
+        else:
+            self._features, self._pair_tokens = features, tokens
+        self._history = torch.cat([self._history, tokens])[-HISTORY:]
+        self._new_round()
+
+    def _join_pairs(self) -> None:
+        """Fold the pairs committed by rounds that drafted nothing into ``_features`` / ``_pair_tokens``."""
+        if self._waiting:
+            self._features = torch.cat([self._features, *(f for f, _ in self._waiting)])
+            self._pair_tokens = torch.cat([self._pair_tokens, *(t for _, t in self._waiting)])
+            self._waiting.clear()
+
+
+def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any], key: str) -> tuple[int, ...]:
+    """Check a DART checkpoint's config.json against the target's (both as dicts); return the feature
+    layers as ``hidden_states`` indices.
+
+    Raises:
+        ConfigError: naming ``key`` and what does not fit: the feature width, the hidden size (the
+            head embeds tokens with the target's embeddings), the vocabulary, or a feature layer
+            beyond the target's layers.
+    """
+    spec = DartSpec.from_config(draft_config, key)
+    layers = int(target_config.get("num_hidden_layers", 0))
+    hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
+    if spec.target_hidden_size != hidden:
+        raise ConfigError(
+            f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden size {hidden}"
+        )
+    if int(draft_config["hidden_size"]) != hidden:
+        raise ConfigError(
+            f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
+            "(DART embeds tokens with the target's embeddings)"
+        )
+    if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
+        raise ConfigError(
+            f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
+            f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}"
+        )
+    ids = spec.feature_layers(layers)
+    if len(ids) != 3 or any(not 0 <= i <= layers for i in ids):
+        raise ConfigError(
+            f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
+            f"the target's {layers} (0..{layers})"
+        )
+    return ids
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+    """``drafter=dart``: known keys, the checkpoint's directory, config and weights files (not
+    loaded), and -- when the target is bundled or local -- the checkpoint against the target's."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_keys("drafter", config, CONFIG_KEYS)
+    check_checkpoint(config.get("model", "dart-drafter"), run_config, check_fits_target, DartSpec.from_config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+    """Factory for ``drafter=dart``. Config key: ``model`` (bundled ``dart-drafter`` or a local DART
+    checkpoint directory). The embeddings are the target's (``verifier.model``).
+
+    Raises:
+        ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
+            Face model or without hidden states.
+    """
+    if name != NAME:
+        return None
+    model_name = config.get("model", "dart-drafter")
+    key = f"drafter.model={model_name!r}"
+    embed, _, target_config = target_parts(verifier, NAME)
+    from specpolicy.models.checkpoint import read_config
+
+    directory = resolve_model_path(model_name)
+    layers = check_fits_target(read_config(directory, key), target_config.to_dict(), key)
+    model = load_dart(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
+    probe_verifier(verifier, layers, int(target_config.num_hidden_layers) + 1, NAME)
+    return DartDrafter(
+        model, embed, layers, int(target_config.vocab_size), runtime, getattr(verifier, "eos_token_ids", ())
+    )
