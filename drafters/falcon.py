@@ -1,0 +1,367 @@
+"""``falcon`` drafter: Falcon's semi-autoregressive drafting, k = 2 tokens per drafter pass (Gao et
+al., arXiv 2412.12639, §3; the network is ``specpolicy.models.falcon``; Bestpay-inc/Falcon
+``models/cnets.py``, ``topK_genrate``).
+
+Drafter position i pairs the target's top-layer feature f_i with the token x_{i+1}; its output is a
+predicted f_{i+k}, read by the target's LM head as x_{i+k+1}. Under the relaxed causal mask the
+last committed block -- the pairs of the k positions before the pending token x_n -- drafts
+x_{n+1} .. x_{n+k} in ONE pass; each further pass feeds the previous block's k predicted features
+with its k drafted tokens (and continues its LSTM state) and drafts the next k.
+
+Cache: the decoder's KV cache holds the committed pairs but the last k - 1 and the LSTM state
+after them; each round's first pass runs those k - 1 held-back pairs again with the newly
+committed ones (the target's features from the verification), so the last block sees itself
+whole (the released code drops and recomputes them likewise when fewer than k were accepted).
+Drafted blocks are appended during the round and cropped at ``commit``. A prompt of fewer than
+k + 1 tokens drafts nothing until k pairs exist.
+
+Chains (``draft``): passes of k tokens; a request for an odd number of tokens runs whole passes
+and reports the rest of the last pass as ``Draft.lookahead`` (the next call takes it first, no
+pass). Sampling draws each token from the head's (warped) distribution at its position and
+reports those rows as q. ``alternatives`` gives each chain position's top tokens
+(``policy=failfast-tree``). Trees (``tree_block_root`` / ``tree_block_expand``): Falcon's static
+decoding tree (``policy=falcon-tree``): blocks of k nodes, each block's pass conditioned on its
+parent block's predicted features, tokens and LSTM state, under tree attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specpolicy.core import tree
+from specpolicy.core.checks import check_keys
+from specpolicy.core.drafter import Drafter
+from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.types import Draft, Verification
+from specpolicy.models.checkpoint import check_checkpoint
+from specpolicy.models.falcon import FalconDraftModel, FalconSpec, check_fits_target, load_falcon
+from specpolicy.models.kv import KVCache
+from specpolicy.models.loading import resolve_model_path
+from specpolicy.plugins.hookspecs import hookimpl
+
+NAME = "falcon"
+CONFIG_KEYS = ("model",)
+
+
+class FalconDrafter(Drafter):
+    """Falcon's semi-autoregressive drafting (chains and static trees).
+
+    Args:
+        model: the Falcon head, on the runtime device in the runtime dtype, eval mode.
+        embed_tokens: the target's input embedding module. lm_head: the target's LM head module.
+        feature_layer: the target ``hidden_states`` index it reads (the last: the LM head's input).
+        runtime: the shared runtime.
+        stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+    """
+
+    name = NAME
+
+    def __init__(
+        self,
+        model: FalconDraftModel,
+        embed_tokens: torch.nn.Module,
+        lm_head: torch.nn.Module,
+        feature_layer: int,
+        runtime: Runtime,
+        stop_token_ids: frozenset[int] | tuple[int, ...] = (),
+    ):
+        self.model, self.embed_tokens, self.lm_head, self.runtime = model, embed_tokens, lm_head, runtime
+        self.k = model.k
+        self.target_feature_layers = (int(feature_layer),)
+        self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
+        self.cache: KVCache | None = None
+        self._sampling: SamplingConfig | None = None
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass (``_pass``: chains and tree blocks alike), the LM head on its
+        outputs, ``alternatives`` and the target's embeddings (``ForwardTimer``)."""
+        return ((self, "_pass"), self.lm_head, (self, "alternatives"), self.embed_tokens)
+
+    # -- committed state --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def prefill(
+        self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
+    ) -> None:
+        """Start a prompt. ``features``: ``(P - 1, H)`` the target's top-layer features of the prompt
+        but its last token (``Verifier.prompt_features``).
+
+        Raises:
+            ValueError: for an empty prompt or missing / mis-shaped features.
+        """
+        n = int(prompt_ids.shape[0])
+        if n < 1:
+            raise ValueError("prompt_ids is empty; the falcon drafter needs at least one token")
+        if features is None or tuple(features.shape[:1]) != (n - 1,):
+            raise ValueError(
+                f"the falcon drafter needs the target's features of the prompt's first {n - 1} positions "
+                f"(got {None if features is None else tuple(features.shape)}); run it through "
+                "specpolicy.core.decoding.generate, which asks the verifier for them"
+            )
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        self.cache = KVCache(len(self.model.layers))
+        self._cached = 0  # committed pairs whose keys/values stay cached (all but the last k - 1)
+        self._state = None  # the LSTM state after them
+        self._features, self._pair_tokens = features, prompt_ids[1:]  # pairs not cached yet
+        self._sampling = None if sampling is None or sampling.is_greedy else sampling
+        self._new_round()
+
+    def _new_round(self) -> None:
+        device = self.runtime.torch_device
+        self._tokens = torch.empty(0, dtype=torch.long, device=device)  # drafted, shown or not
+        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._logits: list[torch.Tensor] = []  # (k, V) per pass
+        self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
+        self._shown = 0  # tokens returned by ``draft`` so far
+        self._block: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # (out (k, H), state)
+        self._passes = 0
+        self._ended = False
+
+    def commit(self, draft: Draft, verification: Verification) -> None:
+        """Crop the drafted positions and the held-back pairs; queue the committed pairs
+        (``verification.features`` ``(a + 1, H)`` with ``verification.committed_tokens``) for the
+        next round's first pass. Raises ``RuntimeError`` when the verification brought no features."""
+        if verification.features is None:
+            raise RuntimeError(
+                "the falcon drafter got no target features from the verification; the verifier must "
+                "honour request_features"
+            )
+        self.cache.crop(self._cached)
+        tokens = verification.committed_tokens(draft)
+        self._features = torch.cat([self._features, verification.features.to(self._features.dtype)])
+        self._pair_tokens = torch.cat([self._pair_tokens, tokens])
+        self._new_round()
+
+    # -- passes ----------------------------------------------------------------------------
+
+    def _pass(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        state,
+        mask: torch.Tensor,
+        split: int | None = None,
+    ):
+        """One drafter pass over b rows of n positions (``embeds``, ``hidden`` ``(b, n, H)``,
+        ``positions`` ``(1, b * n)``, ``mask`` ``(b * n, cached + b * n)``): the LSTM per row from
+        ``state``, the decoder over all rows' positions in one sequence (keys/values appended to the
+        cache). ``split``: run the LSTM in two pieces and also return the state after the first
+        ``split`` positions (the committed pairs that stay cached). Returns ``(out (b, n, H),
+        state after each row, state after split or None)``."""
+        mid = None
+        if split is not None:
+            x1, mid = self.model.encode(embeds[:, :split], hidden[:, :split], state)
+            x2, state = self.model.encode(embeds[:, split:], hidden[:, split:], mid)
+            x = torch.cat([x1, x2], dim=1)
+        else:
+            x, state = self.model.encode(embeds, hidden, state)
+        b, n, h = x.shape
+        past = None if self.cache.length == 0 else [self.cache.layer(i) for i in range(len(self.model.layers))]
+        out, kv = self.model.decode(x.reshape(1, b * n, h), positions, past, mask)
+        for i, (k, v) in enumerate(kv):
+            self.cache.keys[i], self.cache.values[i] = k, v
+        return out.view(b, n, h), state, mid
+
+    def _root(self) -> torch.Tensor | None:
+        """The round's first pass: the held-back and newly committed pairs; the last k of them form
+        the block that drafts the first k tokens. Returns its outputs ``(k, H)`` (also kept with its
+        LSTM state as ``_block``), or None when fewer than k pairs exist."""
+        u = int(self._features.shape[0])
+        if self._cached + u < self.k or u == 0:
+            return None
+        dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
+        start = self.cache.length
+        positions = torch.arange(start, start + u, device=device)[None]
+        i = torch.arange(u, device=device)
+        block = i >= u - self.k
+        mask = (i[None, :] <= i[:, None]) | (block[None, :] & block[:, None])  # causal; the last block whole
+        mask = torch.cat([torch.ones((u, start), dtype=torch.bool, device=device), mask], dim=1)
+        keep = u - (self.k - 1)  # pairs that stay cached
+        out, state, mid = self._pass(
+            self.embed_tokens(self._pair_tokens)[None],
+            self._features.to(dtype)[None],
+            positions,
+            self._state,
+            mask,
+            split=keep if keep > 0 else None,
+        )
+        if keep > 0:
+            self._state, self._cached = mid, self._cached + keep
+            self._features, self._pair_tokens = self._features[keep:], self._pair_tokens[keep:]
+        self._passes = 1
+        self._block = (out[0, -self.k :], state)
+        return out[0, -self.k :]
+
+    # -- chains ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        want = self._shown + num_tokens
+        while self._tokens.shape[0] < want and not self._ended:
+            if not self._advance():
+                break
+        self._shown = min(want, int(self._tokens.shape[0]))
+        return self._current()
+
+    def _advance(self) -> bool:
+        """One pass, k more drafted tokens; False when there is nothing to draft from."""
+        if self._block is None:
+            out = self._root()
+            if out is None:
+                return False
+        else:
+            parent_out, state = self._block
+            start = self.cache.length
+            positions = torch.arange(start, start + self.k, device=parent_out.device)[None]
+            mask = torch.ones((self.k, start + self.k), dtype=torch.bool, device=parent_out.device)
+            out, state, _ = self._pass(
+                self.embed_tokens(self._tokens[-self.k :])[None], parent_out[None], positions, state, mask
+            )
+            out = out[0]
+            self._block = (out, state)
+            self._passes += 1
+        logits = self.lm_head(out)  # (k, V)
+        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        self._logits.append(logits)
+        if q is not None:
+            self._probs.append(q)
+        if self._stop_ids.numel():
+            hit = torch.isin(tokens, self._stop_ids)
+            if bool(hit.any()):  # one sync per pass: the draft ends at a drafted stop token
+                end = int(hit.int().argmax()) + 1
+                tokens, confs = tokens[:end], confs[:end]
+                self._ended = True
+        self._tokens = torch.cat([self._tokens, tokens])
+        self._confs = torch.cat([self._confs, confs.to(self._confs.dtype)])
+        return True
+
+    def _current(self) -> Draft:
+        n = self._shown
+        probs = torch.cat(self._probs)[:n] if self._probs else None
+        return Draft(
+            self._tokens[:n],
+            self._confs[:n],
+            forward_passes=self._passes,
+            probs=probs,
+            lookahead=int(self._tokens.shape[0]) - n,
+            lookahead_confidences=self._confs[n:],
+            ends_at_stop_token=self._ended and n == int(self._tokens.shape[0]),
+        )
+
+    def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` most likely tokens at each position of the round's chain so far, from the passes
+        that drafted it: ids ``(n, k) int64`` and probabilities ``(n, k) float32``, best first."""
+        n = self._shown
+        if not n:
+            return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
+        top = torch.softmax(torch.cat(self._logits)[:n].float(), dim=-1).topk(k, dim=-1)
+        return top.indices, top.values
+
+    # -- static trees (``policies/falcon_tree.py``) -------------------------------------------
+
+    @torch.no_grad()
+    def tree_block_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start the round's tree: the round's first pass (block 0, the root).
+
+        Returns:
+            the ``top_k`` tokens at each of the next k positions: ids ``(k, top_k) int64`` and
+            log-probabilities ``(k, top_k) float32``, best first; empty when fewer than k pairs exist.
+        """
+        out = self._root()
+        if out is None:
+            return torch.empty((0, top_k), dtype=torch.long), torch.empty((0, top_k))
+        _, state = self._block
+        self._tree_out = out[None]  # (blocks, k, H)
+        self._tree_h, self._tree_c = state  # (layers, blocks, H)
+        self._tree = tree.GrowingTree(self.cache.length, out.device)
+        return self._top(out, top_k)
+
+    def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(self.lm_head(out).float(), dim=-1)
+        values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+        return ids, values
+
+    @torch.no_grad()
+    def tree_block_expand(
+        self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Add ``m`` blocks to the round's tree in ONE pass: block j holds the k tokens
+        ``tokens[j]`` (the nodes at the k depths below its parent block) and is fed the parent
+        block's k predicted features and its LSTM state; each of its positions sees the committed
+        pairs, its ancestor blocks and its whole block.
+
+        Args:
+            tokens: ``(m, k) int64``. parents: ``(m,)`` block numbers (0 = the root block, else a
+                number this method returned).
+            top_k: tokens reported per position.
+        Returns:
+            ``(block numbers (m,) int64, ids (m, k, top_k) int64, log-probabilities (m, k, top_k) float32)``.
+        """
+        if not isinstance(parents, torch.Tensor):
+            parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
+        m, k = tokens.shape
+        committed = self._tree.committed
+        nodes, depth_pos, block_mask = self._tree.add(parents)
+        cols = torch.cat([block_mask[:, :committed], block_mask[:, committed:].repeat_interleave(k, dim=1)], dim=1)
+        mask = cols.repeat_interleave(k, dim=0)  # (m k, committed + blocks k)
+        first = committed + (depth_pos - committed) * k  # (m,) each block's first position
+        positions = (first[:, None] + torch.arange(k, device=first.device)).reshape(1, m * k)
+        state = (self._tree_h.index_select(1, parents), self._tree_c.index_select(1, parents))
+        out, (h, c), _ = self._pass(
+            self.embed_tokens(tokens), self._tree_out.index_select(0, parents), positions, state, mask
+        )
+        self._tree_out = torch.cat([self._tree_out, out])
+        self._tree_h, self._tree_c = torch.cat([self._tree_h, h], dim=1), torch.cat([self._tree_c, c], dim=1)
+        self._passes += 1
+        ids, logp = self._top(out, top_k)
+        return nodes, ids, logp
+
+    @property
+    def tree_passes(self) -> int:
+        """Drafter passes spent on the round's tree so far."""
+        return self._passes
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+    """``drafter=falcon``: known keys, the checkpoint's directory, config and weights files (not
+    loaded), and -- when the target is bundled or local -- the checkpoint against the target's
+    config.json (hidden size, vocabulary)."""
+    if group != "drafter" or name != NAME:
+        return None
+    check_keys("drafter", config, CONFIG_KEYS)
+    check_checkpoint(config.get("model", "falcon-drafter"), run_config, check_fits_target, FalconSpec.from_config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+    """Factory for ``drafter=falcon``. Config key: ``model`` (a Falcon checkpoint directory in the
+    released layout, or the bundled name ``falcon-drafter`` once bundled). The embeddings and LM head
+    are the target's (``verifier.model``); the feature is its last ``hidden_states`` entry.
+
+    Raises:
+        ConfigError: a checkpoint that does not fit the target.
+        FeaturesUnsupported: a verifier without a Hugging Face model or without hidden states.
+    """
+    if name != NAME:
+        return None
+    model_name = config.get("model", "falcon-drafter")
+    key = f"drafter.model={model_name!r}"
+    embed, lm_head, target_config = target_parts(verifier, NAME)
+    from specpolicy.models.checkpoint import read_config
+
+    directory = resolve_model_path(model_name)
+    check_fits_target(read_config(directory, key), target_config.to_dict(), key)
+    model = load_falcon(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
+    top = int(target_config.num_hidden_layers)
+    probe_verifier(verifier, (top,), top + 1, NAME)
+    return FalconDrafter(model, embed, lm_head, top, runtime, getattr(verifier, "eos_token_ids", ()))

@@ -1,0 +1,207 @@
+"""``falcon-tree`` policy: Falcon's custom-designed static decoding tree (Gao et al., arXiv 2412.12639,
+§3.4; Bestpay-inc/Falcon ``models/choices.py`` and ``generate_tree_buffers`` in ``models/utils_c.py``).
+
+The tree is a list of choices: a node at depth d is a path ``(i_1, .., i_d)`` of ranks; its token is
+the ``i_d``-th most likely token of the distribution that the drafter's block pass gives for depth d.
+The drafter drafts k tokens per pass (``drafter=falcon``, k = 2), so depths come in blocks: the
+round's first pass gives the distributions of depths 1..k (the k outputs of one pass, each
+independent of the token chosen at the others), and every node at a depth that is a multiple of k
+with descendants in the tree starts a block: ONE pass over all such nodes of that depth (each fed
+its parent block's predicted features, the k tokens of its path since its parent block and that
+block's LSTM state) gives the distributions of the next k depths below it. So a node at depth d
+takes its token from the block of its ancestor at depth ``k * floor((d - 1) / k)`` (the root for
+d <= k), at offset ``(d - 1) % k``. Drafter passes per round: 1 + (deepest depth - 1) // k.
+
+Trees: ``paper`` is the released default ``kmask2_8layer_tree`` (depth 8 = 4 passes of 2 tokens;
+165 distinct nodes -- the released list holds one path twice, kept once here), top-20 at depth 1,
+a main chain with 8-10 children at each depth and short side branches; ``cpu`` (default here) is a
+27-node tree of the same depth sized for this testbed's CPU, where a target pass over 166 nodes
+costs several plain steps: top-4 at depth 1, the main chain with 2-3 children per depth and one
+side branch under each of the top three paths. ``choices`` gives any other list. The target
+verifies the tree in one pass (``specpolicy.core.tree``); nodes are point masses when sampling
+(each node's token is a deterministic top-k choice, siblings distinct).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from specpolicy.core.checks import check_init
+from specpolicy.core.policy import TreePolicy
+from specpolicy.core.types import Draft
+from specpolicy.plugins.hookspecs import hookimpl
+
+NAME = "falcon-tree"
+
+
+def _paths(spec: str) -> list[tuple[int, ...]]:
+    """Paths written as space-separated digit strings (each digit one rank < 10)."""
+    return [tuple(int(c) for c in word) for word in spec.split()]
+
+
+#: The released default tree, ``kmask2_8layer_tree`` (depth 8), by depth (ranks as digits).
+PAPER_TREE: list[tuple[int, ...]] = [(i,) for i in range(20)] + _paths(
+    "00 01 02 03 04 05 06 07 08 09 10 11 20 21 30 "
+    "000 001 002 003 004 005 006 007 008 009 010 011 020 021 030 100 101 200 300 "
+    "0000 0001 0002 0003 0004 0005 0006 0007 0008 0009 0010 0011 0020 0100 0101 0110 0200 0210 0300 "
+    "1000 1001 2000 3000 "
+    "00000 00001 00002 00003 00004 00005 00006 00007 00008 00009 00010 00011 00020 00100 00200 01000 "
+    "02000 03000 10000 20000 30000 "
+    "000000 000001 000002 000003 000004 000005 000006 000007 000008 000010 000011 000020 000100 000110 "
+    "000200 001000 002000 010000 020000 030000 100000 200000 300000 "
+    "0000000 0000001 0000002 0000003 0000004 0000005 0000006 0000007 0000008 0000010 0000011 0000020 "
+    "0000100 0001000 0010000 0020000 0100000 0200000 0300000 1000000 2000000 "
+    "00000000 00000001 00000002 00000003 00000004 00000005 00000006 00000007 00000010 00000011 00000020 "
+    "00000100 00000110 00000200 00001000 00010000 00100000 00200000 01000000 02000000 03000000 10000000 "
+    "20000000"
+)
+
+#: A 27-node tree of depth 8 for this testbed's CPU (see the module docstring).
+CPU_TREE: list[tuple[int, ...]] = _paths(
+    "0 1 2 3 00 01 02 10 000 001 002 010 100 0000 0001 0010 0100 00000 00001 00010 "
+    "000000 000001 000010 0000000 0000001 00000000 00000001"
+)
+
+TREES = {"cpu": CPU_TREE, "paper": PAPER_TREE}
+
+
+class StaticTree:
+    """A choices list laid out for block drafting with k tokens per pass.
+
+    Args:
+        choices: paths of ranks (any order; duplicates dropped); every path's prefixes must be in it.
+        k: tokens per drafter pass.
+    Raises:
+        ValueError: an empty list, a rank < 0, or a path whose parent path is missing.
+    """
+
+    def __init__(self, choices: list[tuple[int, ...]] | list[list[int]], k: int) -> None:
+        paths = sorted({tuple(int(i) for i in c) for c in choices}, key=lambda p: (len(p), p))
+        if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+            raise ValueError("policy.choices must be a non-empty list of non-empty paths of ranks >= 0")
+        index = {p: i for i, p in enumerate(paths)}
+        for p in paths:
+            if len(p) > 1 and p[:-1] not in index:
+                raise ValueError(f"policy.choices: path {list(p)} has no parent path {list(p[:-1])} in the tree")
+        self.paths, self.k, self.index = paths, k, index
+        self.top_k = 1 + max(max(p) for p in paths)
+        self.depth = max(len(p) for p in paths)
+        self.parents = [index[p[:-1]] if len(p) > 1 else -1 for p in paths]
+        has_child = {p[:-1] for p in paths}
+        #: passes per round (the root's included)
+        self.passes = -(-self.depth // k)
+        #: per pass b >= 1: the nodes at depth k * b with descendants (each starts a block)
+        self.block_nodes = {
+            b: [i for i, p in enumerate(paths) if len(p) == k * b and p in has_child] for b in range(1, self.passes)
+        }
+
+    def owner(self, path: tuple[int, ...]) -> tuple[int, ...]:
+        """The path of the block node whose pass gives this node's distribution (() = the root)."""
+        return path[: self.k * ((len(path) - 1) // self.k)]
+
+    def truncated(self, depth: int, nodes: int) -> StaticTree | None:
+        """The tree cut to ``depth`` levels and its first ``nodes`` nodes (length order keeps it a
+        tree); None when nothing is left."""
+        kept = [p for p in self.paths if len(p) <= depth][: max(nodes, 0)]
+        if not kept:
+            return None
+        return StaticTree(kept, self.k) if len(kept) < len(self.paths) else self
+
+
+class FalconTreePolicy(TreePolicy):
+    """Falcon's static decoding tree.
+
+    Args:
+        tree: ``"cpu"`` (default, 27 nodes, depth 8) or ``"paper"`` (the released default, 165 nodes,
+            depth 8), used when ``choices`` is None.
+        choices: a list of rank paths (e.g. ``[[0], [1], [0, 0]]``), overriding ``tree``.
+    Raises:
+        ValueError: naming ``policy.tree`` / ``policy.choices`` for a bad value.
+    """
+
+    name = NAME
+
+    def __init__(self, tree: str = "cpu", choices: list[list[int]] | None = None) -> None:
+        if choices is None and tree not in TREES:
+            raise ValueError(f"policy.tree must be one of {', '.join(TREES)}, got {tree!r}")
+        if choices is not None and not isinstance(choices, (list, tuple)):
+            raise ValueError(f"policy.choices must be a list of rank paths, got {choices!r}")
+        self.tree_name = tree if choices is None else "custom"
+        self.choices = [tuple(p) for p in (TREES[tree] if choices is None else choices)]
+        StaticTree(self.choices, 2)  # checks the list now, before any model loads
+        self._layouts: dict[int, StaticTree] = {}
+
+    def check_drafter(self, drafter: Any) -> None:
+        if not (hasattr(drafter, "tree_block_root") and hasattr(drafter, "tree_block_expand")):
+            raise ValueError(
+                f"policy=falcon-tree needs a drafter that drafts blocks of tokens per pass (falcon); drafter "
+                f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
+            )
+
+    def layout(self, k: int) -> StaticTree:
+        """The tree laid out for k tokens per pass (cached)."""
+        if k not in self._layouts:
+            self._layouts[k] = StaticTree(self.choices, k)
+        return self._layouts[k]
+
+    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
+        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+        full = self.layout(drafter.k)
+        t = full.truncated(min(room, full.depth), node_room)
+        if t is None:
+            return Draft.empty(device), "room"
+        ids, logp = drafter.tree_block_root(t.top_k)
+        if ids.numel() == 0:
+            return Draft.empty(device), "no_proposal"
+        k = drafter.k
+        blocks = {(): (ids, logp)}  # per block-starting path (() = the root): (k, top_k) ids and log-probs
+        numbers = {(): 0}  # its drafter block number
+        tokens = torch.empty(len(t.paths), dtype=torch.long, device=ids.device)
+        scores = torch.empty(len(t.paths), dtype=logp.dtype, device=ids.device)
+        done = 0
+        for b in range(t.passes):
+            if b > 0:  # ONE pass for every block-starting node at depth k * b
+                rows = [t.paths[i] for i in t.block_nodes[b]]
+                parent = torch.tensor([numbers[t.owner(p)] for p in rows], dtype=torch.long, device=ids.device)
+                take = torch.tensor([[t.index[p[:j]] for j in range(len(p) - k + 1, len(p) + 1)] for p in rows])
+                new, bids, blogp = drafter.tree_block_expand(tokens[take.to(ids.device)], parent, t.top_k)
+                for j, p in enumerate(rows):
+                    blocks[p], numbers[p] = (bids[j], blogp[j]), int(new[j])
+            while done < len(t.paths) and len(t.paths[done]) <= k * (b + 1):  # the depths this pass drafted
+                p = t.paths[done]
+                bids, blogp = blocks[t.owner(p)]
+                off = (len(p) - 1) % k
+                tokens[done] = bids[off, p[-1]]
+                above = scores[t.parents[done]] if t.parents[done] >= 0 else 0.0
+                scores[done] = blogp[off, p[-1]] + above  # the path's cumulative log-probability
+                done += 1
+        draft = Draft(
+            token_ids=tokens,
+            confidences=scores.exp().float(),
+            forward_passes=drafter.tree_passes,
+            parents=torch.from_numpy(np.asarray(t.parents, dtype=np.int64)).to(ids.device),
+        )
+        return draft, "room" if t.depth < full.depth else "policy_bound"
+
+    def __repr__(self) -> str:
+        return f"FalconTreePolicy(tree={self.tree_name!r}, nodes={len(set(self.choices))})"
+
+
+@hookimpl
+def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+    """``policy=falcon-tree``: its keys and values, checked by building it (cheap, no model)."""
+    if group != "policy" or name != NAME:
+        return None
+    check_init("policy", FalconTreePolicy, config)
+    return True
+
+
+@hookimpl
+def specpolicy_make_policy(name: str, config: dict[str, Any]):
+    """Factory for ``policy=falcon-tree``. Config keys: ``tree`` (``cpu`` / ``paper``), ``choices``."""
+    if name != NAME:
+        return None
+    return FalconTreePolicy(**config)

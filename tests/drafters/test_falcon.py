@@ -1,0 +1,229 @@
+"""The ``falcon`` drafter: chain drafts equal a from-scratch (no cache) re-statement of Falcon's
+semi-autoregressive rule, through the loop and for arbitrary accepted lengths; k tokens per pass
+(an odd request reports the rest of the pass as look-ahead); greedy output identical to vanilla
+decoding with static, FailFast (its rule on Falcon's passes) and FailFast-tree; speculative sampling
+keeps the target's distribution (chi-square); the factory's one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import EOS, random_prompts, sharpen, tiny_lm
+from specpolicy.core.decoding import generate
+from specpolicy.core.runtime import Runtime
+from specpolicy.core.sampling import SamplingConfig
+from specpolicy.core.types import Draft, Verification
+from specpolicy.drafters.falcon import FalconDrafter
+from specpolicy.family.train_falcon import new_falcon
+from specpolicy.plugins.manager import get_plugin_manager, make_policy
+from specpolicy.verifiers.hf import HFVerifier
+
+LAYERS = 2
+SIZE = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return sharpen(tiny_lm(0, layers=LAYERS), 4.0)
+
+
+@pytest.fixture(scope="module")
+def head(target):
+    head = new_falcon(target.config, 3, size=SIZE).double().eval()
+    with torch.no_grad():  # larger weights than the training init: varied drafts, some accepted
+        for p in head.parameters():
+            p.mul_(8.0)
+    return head
+
+
+@pytest.fixture
+def rt():
+    return Runtime(device="cpu", dtype="float64", seed=0)
+
+
+def _drafter(head, target, rt, stop=()):
+    return FalconDrafter(head, target.get_input_embeddings(), target.get_output_embeddings(), LAYERS, rt, stop)
+
+
+def _features(target, seq, start, stop):
+    """The target's top-layer features (what its LM head reads) of ``seq[start:stop]``."""
+    return target(input_ids=seq[None], output_hidden_states=True).hidden_states[LAYERS][0, start:stop]
+
+
+@torch.no_grad()
+def falcon_reference(head, target, committed: torch.Tensor, passes: int) -> torch.Tensor:
+    """Falcon's chain rule from scratch, no cache: the committed pairs (f_i, x_{i+1}), i < n, then
+    each drafted block's pairs (its predicted features, its tokens), the whole sequence run from
+    position 0 for every pass; a position sees every earlier one and its whole block (the last k
+    committed pairs form one block, each drafted block one); the last block's outputs through the
+    target's LM head give the next k tokens (argmax)."""
+    k = head.k
+    n = committed.shape[0] - 1
+    feats = _features(target, committed, 0, n)
+    hidden, tokens = [feats], [committed[1:]]
+    block = list(range(n - k)) + [n - k] * k  # block id per position
+    drafted = []
+    for _ in range(passes):
+        h, t = torch.cat(hidden)[None], torch.cat(tokens)
+        N = t.shape[0]
+        b = torch.tensor(block)
+        i = torch.arange(N)
+        mask = (i[None, :] <= i[:, None]) | (b[None, :] == b[:, None])
+        out, _, _ = head(target.get_input_embeddings()(t)[None], h, i[None], mask=mask)
+        last = out[0, -k:]
+        new = target.get_output_embeddings()(last).argmax(-1)
+        drafted.append(new)
+        hidden.append(last)
+        tokens.append(new)
+        block += [N + 10**6] * k  # a fresh id for the new block
+    return torch.cat(drafted)
+
+
+def test_chain_drafts_equal_the_reference_through_the_loop(head, target, rt):
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter(head, target, rt)
+    policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 4})
+    for prompt in random_prompts(3):
+        rounds = []
+        generate(prompt, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy, on_round=rounds.append)
+        committed = prompt.clone()
+        for r in rounds:
+            want = falcon_reference(head, target, committed, 2).tolist()
+            assert r.draft_token_ids == tuple(want[: r.speculation_length])  # shorter at the end: room
+            assert r.drafter_forward_passes == -(-r.speculation_length // 2)  # 2 tokens per pass
+            committed = torch.cat(
+                [
+                    committed,
+                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
+                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
+                ]
+            )
+
+
+@torch.no_grad()
+def test_chain_drafts_equal_the_reference_for_any_accepted_lengths(head, target, rt):
+    g = torch.Generator().manual_seed(3)
+    drafter = _drafter(head, target, rt)
+    committed = torch.randint(0, EOS, (8,), generator=g)
+    drafter.prefill(committed, features=_features(target, committed, 0, 7))
+    for accept in (2, 0, None, 5, 1, 3, 6):
+        if accept is None:  # a round that drafts nothing
+            draft, a = Draft.empty(), 0
+        else:
+            first = drafter.draft(3)  # 2 passes: 4 tokens, the 4th as look-ahead
+            assert (first.length, first.lookahead, first.forward_passes) == (3, 1, 2)
+            assert drafter.draft(1).forward_passes == 2  # the look-ahead token: no pass
+            draft = drafter.draft(2)  # one more pass
+            assert (draft.length, draft.forward_passes) == (6, 3)
+            assert torch.equal(draft.token_ids, falcon_reference(head, target, committed, 3))
+            a = accept
+        nxt = torch.randint(0, EOS, (1,), generator=g)
+        new = torch.cat([committed, draft.token_ids[:a], nxt])
+        drafter.commit(
+            draft,
+            Verification(
+                a,
+                int(nxt),
+                torch.cat([draft.token_ids[:a], nxt]),
+                features=_features(target, new, committed.shape[0] - 1, committed.shape[0] + a),
+            ),
+        )
+        committed = new
+        # the cache holds the committed pairs but the last k - 1, which wait with the new ones
+        assert drafter.cache.length + drafter._features.shape[0] == committed.shape[0] - 1
+    assert torch.equal(drafter.draft(4).token_ids, falcon_reference(head, target, committed, 2))
+
+
+def test_a_short_prompt_drafts_nothing_until_k_pairs_exist(head, target, rt):
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter(head, target, rt)
+    policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 2})
+    rounds = []
+    out = generate(
+        torch.tensor([9]), verifier, rt, max_new_tokens=8, drafter=drafter, policy=policy, on_round=rounds.append
+    )
+    assert [r.speculation_length for r in rounds[:3]] == [0, 0, 2]  # 0, 1, then 2 pairs
+    assert rounds[0].draft_stop_reason == "no_proposal"
+    assert torch.equal(out.output_ids, generate(torch.tensor([9]), verifier, rt, max_new_tokens=8).output_ids)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"name": "static", "k": 3},
+        {"name": "failfast", "n": 2, "tau": 0.3, "n_max": 12},
+        {"name": "failfast", "n": 2, "tau": 0.0, "n_max": 12},
+        {"name": "failfast-tree", "n": 2, "tau": 0.3, "n_max": 12, "branch_k": 3},
+    ],
+)
+def test_lossless_with_chain_policies(head, target, rt, policy):
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter = _drafter(head, target, rt, stop=frozenset({EOS}))
+    built = make_policy(get_plugin_manager(autoload=False), policy)
+    lengths = set()
+    for prompt in random_prompts(4):
+        vanilla = generate(prompt, verifier, rt, max_new_tokens=30)
+        out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=built)
+        assert torch.equal(out.output_ids, vanilla.output_ids)
+        lengths |= {r.speculation_length for r in out.rounds}
+    if policy["name"] == "failfast" and policy["tau"] == 0.0:
+        assert 12 in lengths  # tau 0: FailFast extends pass by pass up to N_max
+
+
+def test_failfast_extends_by_passes_while_every_confidence_clears_tau(head, target, rt):
+    """FailFast's rule on Falcon's passes: a round's draft grows by one pass (n = 2) while every
+    drafted token's confidence >= tau, and stops at the first pass holding one below it."""
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter(head, target, rt)
+    tau = 0.2
+    built = make_policy(get_plugin_manager(autoload=False), {"name": "failfast", "n": 2, "tau": tau, "n_max": 10})
+    seen = 0
+    for prompt in random_prompts(3):
+        for r in generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=built).rounds:
+            conf = torch.tensor(r.confidences)
+            if r.speculation_length == 0 or r.draft_stop_reason == "room":
+                continue
+            seen += 1
+            low = (conf < tau).nonzero()
+            if len(low):  # stopped at the pass holding the first low confidence
+                assert r.speculation_length == 2 * (int(low[0]) // 2 + 1)
+            else:
+                assert r.speculation_length == 10
+    assert seen > 5
+
+
+def _sampling_helpers():
+    """tests/core/test_sampling.py's chi-square machinery (loaded by path: tests are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "core" / "test_sampling.py"
+    spec = importlib.util.spec_from_file_location("specpolicy_test_sampling_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_speculative_sampling_keeps_the_target_distribution():
+    """Chi-square of the first 3 sampled tokens over 1000 seeded runs against the exact joint
+    (``tests/core/test_sampling.py``), drafts of 2 tokens (one pass) with q the head's rows."""
+    h = _sampling_helpers()
+    target = h._lm(0)
+    runtime = Runtime(device="cpu", dtype="float64", seed=0)
+    size = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=32)
+    falcon = new_falcon(target.config, 4, size=size).double().eval()
+    with torch.no_grad():  # predicted features near the target's: real acceptance
+        falcon.layers[0].mlp.down_proj.weight.mul_(20.0)
+    prompt = torch.tensor([3, 7, 5])  # two pairs: the first round drafts
+
+    def make():
+        drafter = FalconDrafter(falcon, target.get_input_embeddings(), target.get_output_embeddings(), 1, runtime)
+        return drafter, make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": h.T - 1})
+
+    sampling = SamplingConfig(temperature=1.0)
+    counts, stats = h.run_counts(make, prompt, sampling, runtime, target, h.T)
+    pvalue, df = h.chi_square_pvalue(counts, h.exact_joint(target, prompt, sampling))
+    assert 0.02 < stats["accepted"] / stats["speculated"] < 0.95 and stats["accepted"] >= 20, stats
+    assert df >= 10 and pvalue > h.ALPHA, (pvalue, df, stats)

@@ -1,0 +1,171 @@
+"""Coupled Sequential Glancing Distillation (``specpolicy.family.train_falcon``): lambda's schedules,
+the glancing selection on a worked example, the second pass's inputs (predicted k positions earlier,
+the drawn blocks true), the training pass equal to the drafter's first pass, and a short training
+run that lowers the loss and writes the released layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_lm
+from specpolicy.family.data import Example
+from specpolicy.family.feature_store import FeatureStore, extract_features
+from specpolicy.family.train_falcon import (
+    FalconTrainee,
+    falcon_loss,
+    glancing_lambda,
+    loss_positions,
+    new_falcon,
+    run_head,
+    select_glanced,
+)
+from specpolicy.models.falcon import load_falcon
+
+VOCAB = 64
+SIZE = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64)
+
+
+def test_lambda_schedules():
+    assert [glancing_lambda(e, 4) for e in range(4)] == pytest.approx([0.4, 0.3, 0.2, 0.1])  # paper
+    assert [glancing_lambda(e, 4, "code") for e in range(4)] == pytest.approx([0.45, 0.3625, 0.275, 0.1875])
+    with pytest.raises(ValueError, match="lambda_schedule must be one of paper, code, got 'x'"):
+        glancing_lambda(0, 4, "x")
+
+
+def test_glancing_selection_worked_example():
+    # loss positions 2..8 of 10 (blocks of 2: {0,1} none, {2,3}..{8,9} four with a loss position, {8,9} half)
+    mask = torch.zeros(1, 10, dtype=torch.bool)
+    mask[0, 2:9] = True
+    # 5 mismatches, lambda 0.4: N = floor(2.0) = 2 whole blocks among the 4 eligible
+    chosen = select_glanced(mask, torch.tensor([5]), 0.4, 2, torch.Generator().manual_seed(0))
+    blocks = chosen.view(1, 5, 2)
+    assert (blocks[..., 0] == blocks[..., 1]).all()  # whole blocks
+    assert int(blocks[0, :, 0].sum()) == 2 and not blocks[0, 0, 0]  # two blocks, never the prompt block
+    # N capped at the eligible blocks; lambda 0 glances nothing; rows independent
+    many = select_glanced(mask.expand(2, 10), torch.tensor([100, 3]), 0.5, 2, torch.Generator().manual_seed(1))
+    assert torch.equal(many[0], torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], dtype=torch.bool))
+    assert int(many[1].sum()) == 2  # floor(1.5) = 1 block
+    assert not select_glanced(mask, torch.tensor([7]), 0.0, 2, None).any()
+    # every draw is uniform over the eligible blocks: each of the 4 drawn about half the time
+    counts = torch.zeros(5)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(400):
+        counts += select_glanced(mask, torch.tensor([5]), 0.4, 2, g).view(5, 2)[:, 0].float()
+    assert counts[0] == 0 and ((counts[1:] - 200).abs() < 45).all(), counts
+
+
+def test_loss_positions_predict_response_tokens():
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, 7:] = False
+    # position i predicts x_{i+3} (k = 2): a response token (index >= prompt length) inside the sequence
+    got = loss_positions(ids, valid, torch.tensor([4, 2]), 2)
+    assert got[0].tolist() == [False, True, True, True, True, True, False]
+    assert got[1].tolist() == [True, True, True, True, False, False, False]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_lm(0, layers=2, vocab=VOCAB).double()
+
+
+@torch.no_grad()
+def test_the_second_pass_takes_predictions_k_back_and_true_inputs_in_glanced_blocks(target, monkeypatch):
+    head = new_falcon(target.config, 2, size=SIZE).double().eval()
+    model = FalconTrainee(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB - 1, (1, 14), generator=g)
+    feats = target(input_ids=ids, output_hidden_states=True).hidden_states[2]
+
+    class Store:
+        def batch(self, idx, layers, L):
+            return feats
+
+    batch = {
+        "input_ids": ids,
+        "valid": torch.ones_like(ids, dtype=torch.bool),
+        "prompt_len": torch.tensor([4]),
+        "index": torch.tensor([0]),
+    }
+    seen = []
+    real = run_head
+
+    def spy(m, hidden, tokens):
+        seen.append((hidden.clone(), tokens.clone()))
+        return real(m, hidden, tokens)
+
+    monkeypatch.setattr("specpolicy.family.train_falcon.run_head", spy)
+    monkeypatch.setattr(
+        "specpolicy.family.train_falcon.select_glanced",
+        lambda mask, mism, lam, k, gen: torch.arange(mask.shape[1])[None] // 2 == 4,  # block {8, 9} glanced
+    )
+    falcon_loss(Store(), 2, 2, lambda s: 0.4, [0])(model, batch, g)
+    (h1, t1), (h2, t2) = seen
+    assert torch.equal(h1, feats[:, :12]) and torch.equal(t1, ids[:, 1:13])  # pass 1: the true inputs
+    first = real(model, h1, t1)
+    pred = (first @ model.lm_head.T).argmax(-1)
+    for j in range(12):
+        if j in (8, 9) or j - 2 < 1:  # glanced, or position j - 2 predicts no response token (prompt 4)
+            assert torch.equal(h2[0, j], h1[0, j]) and t2[0, j] == t1[0, j], j
+        else:  # position j - k's prediction: its feature and its token
+            assert torch.equal(h2[0, j], first[0, j - 2]) and t2[0, j] == pred[0, j - 2], j
+
+
+@torch.no_grad()
+def test_the_training_pass_is_the_drafters_first_pass(target):
+    """The training pass over a whole sequence (blocks from position 0) gives at the block ending at
+    position n - 1 what the drafter's first pass gives with committed x_0..x_n."""
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.drafters.falcon import FalconDrafter
+
+    head = new_falcon(target.config, 5, size=SIZE).double().eval()
+    model = FalconTrainee(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    ids = torch.randint(0, VOCAB - 1, (1, 13), generator=torch.Generator().manual_seed(4))
+    feats = target(input_ids=ids, output_hidden_states=True).hidden_states[2]
+    out = run_head(model, feats[:, :12], ids[:, 1:13])
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    for n in (2, 6, 10):  # blocks {n-2, n-1} aligned with the training's
+        drafter = FalconDrafter(head, target.get_input_embeddings(), target.get_output_embeddings(), 2, rt)
+        drafter.prefill(ids[0, : n + 1], features=feats[0, :n])
+        want = target.get_output_embeddings()(out[0, n - 2 : n]).argmax(-1)
+        assert torch.equal(drafter.draft(2).token_ids, want)
+
+
+@pytest.mark.slow
+def test_a_short_training_run_lowers_the_loss_and_saves_the_released_layout(tmp_path):
+    from specpolicy.family.train_falcon import train_falcon
+    from specpolicy.family.trainer import TrainConfig
+
+    target = tiny_lm(0, layers=4, vocab=VOCAB).float()
+    path = tmp_path / "target"
+    target.save_pretrained(path)
+    g = torch.Generator().manual_seed(3)  # a learnable language: the count continues from the prompt
+    examples = []
+    for _ in range(40):
+        start = int(torch.randint(6, 30, (1,), generator=g))
+        examples.append(Example(tuple(range(start - 3, start)), tuple(range(start, start + 20))))
+    extract_features(path, examples, [4], tmp_path / "store", log_every=0)
+    cfg = TrainConfig(epochs=15, batch_tokens=256, lr=1e-2, warmup_steps=5, log_every=5, bf16=False)
+    stats = train_falcon(
+        path,
+        examples,
+        FeatureStore(tmp_path / "store"),
+        cfg,
+        tmp_path / "out",
+        0,
+        size=SIZE,
+        train_indices=list(range(36)),
+        heldout_indices=list(range(36, 40)),
+        val_every=10,
+        checkpoint_every=15,
+    )
+    load_falcon(tmp_path / "out")
+    load_falcon(tmp_path / "out.checkpoint")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["k_mask"] == 2
+    curve = stats["validation_curve"]
+    assert curve[0]["lambda"] == pytest.approx(0.4) and curve[-1]["lambda"] < 0.1
+    assert curve[-1]["accuracy_true_inputs"][0] > curve[0]["accuracy_true_inputs"][0] + 0.3
+    assert stats["final_loss"] < stats["first_loss"] and stats["lambda_schedule"] == "paper"
