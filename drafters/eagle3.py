@@ -58,6 +58,12 @@ class Eagle3Drafter(Drafter):
         vocab_size: the target's vocabulary size (rows of ``Draft.probs`` when sampling).
         runtime: the shared runtime.
         stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+
+    On the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a tree's root
+    and levels -- run through a static KV cache compiled per shape bucket
+    (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
+    ``runtime.warmup_s``; capacity: the head's ``max_position_embeddings`` + 128 tree nodes);
+    ``commit`` moves its length. ``draft_many`` drafts one by one there.
     """
 
     name = NAME
@@ -83,6 +89,13 @@ class Eagle3Drafter(Drafter):
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
+        self.static = None  # the compiled runtime's StaticEagle3, else None
+        if runtime.compile:
+            from specpolicy.models.static_qwen import StaticEagle3
+
+            capacity = int(getattr(model.config, "max_position_embeddings", 0) or 4096) + 128
+            self.static = StaticEagle3(model, embed_tokens, capacity, compile=True)
+            runtime.warmup_s += self.static.warmup()
 
     @property
     def timed_calls(self) -> tuple:
@@ -122,7 +135,7 @@ class Eagle3Drafter(Drafter):
                 "specpolicy.core.decoding.generate, which asks the verifier for them"
             )
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        self.cache = KVCache(1)
+        self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._waiting = []
@@ -139,9 +152,16 @@ class Eagle3Drafter(Drafter):
         self._logits: list[torch.Tensor] = []  # (1, Vd) per drafted token
         self._ended = False  # a stop token was drafted
 
-    def _step(self, embeds: torch.Tensor, hidden: torch.Tensor) -> None:
-        """One pass over ``n`` new positions (``embeds``, ``hidden`` ``(1, n, H)``): cache their keys and
-        values, draft the token the last one predicts."""
+    def _step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
+        """One pass over ``n`` new positions (their tokens ``(n,)``, features ``hidden`` ``(1, n, H)``):
+        cache their keys and values, draft the token the last one predicts."""
+        if self.static is not None:  # compiled: the same pass on the static cache
+            out, logits = self.static.passes([tokens, hidden[0]])
+            logits = logits[-1:]
+            draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
+            self._took(out[None, -1:], logits, self.model.to_target_ids(draft_ids), confs, q)
+            return
+        embeds = self.embed_tokens(tokens)[None]
         start = self.cache.length
         positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
         out, k, v = self.model(embeds, hidden, positions, self.cache.layer(0) if start else None)
@@ -190,11 +210,11 @@ class Eagle3Drafter(Drafter):
             if self._features is None or self._features.shape[0] == 0:
                 return False
             hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
-            self._step(self.embed_tokens(self._pair_tokens)[None], hidden)
+            self._step(self._pair_tokens, hidden)
             self._committed_pairs = self.cache.length
             self._features = self._pair_tokens = None
         else:  # feed the drafter's own output back with the token just drafted
-            self._step(self.embed_tokens(self._tokens[-1:])[None], self._last_out)
+            self._step(self._tokens[-1:], self._last_out)
         return True
 
     def _end_call(self, before: int) -> Draft:
@@ -221,7 +241,7 @@ class Eagle3Drafter(Drafter):
         drafted token (rows padded to the most positions, caches to the longest, a mask keeping
         each row to its own cache and its own positions, causally). Returns what the calls one
         by one return (greedy; requests that sample draft one by one)."""
-        if any(d._sampling is not None for d in drafters) or len(drafters) < 2:
+        if any(d._sampling is not None or d.static is not None for d in drafters) or len(drafters) < 2:
             return super().draft_many(drafters, num_tokens)
         before = [d._tokens.shape[0] for d in drafters]
         left = list(num_tokens)
@@ -337,6 +357,10 @@ class Eagle3Drafter(Drafter):
         embeddings; causal, keys and values appended to the cache): the last one's output ``(1, H)``
         and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities)."""
         hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
+        if self.static is not None:
+            out, _ = self.static.passes([self._pair_tokens, hidden[0]])
+            ids, logp = self.model.top_tokens(out[-1:], top_k)
+            return out[-1:], ids, logp
         start = self.cache.length
         positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
         out, k, v = self.model(
@@ -375,6 +399,10 @@ class Eagle3Drafter(Drafter):
         ``hidden`` ``(m, H)`` through the head at ``positions`` ``(m,)`` under ``mask``
         (``(m, cached + m) bool``), keys and values appended to the cache, then each node's
         ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
+        if self.static is not None:
+            out, _ = self.static.passes([tokens, hidden], positions, mask)
+            ids, logp = self.model.top_tokens(out, top_k)
+            return out, ids, logp
         out, k, v = self.model(
             self.embed_tokens(tokens)[None], hidden[None], positions[None], self.cache.layer(0), mask
         )
@@ -411,6 +439,21 @@ class Eagle3Drafter(Drafter):
             self._features = torch.cat([self._features, *(f for f, _ in self._waiting)])
             self._pair_tokens = torch.cat([self._pair_tokens, *(t for _, t in self._waiting)])
             self._waiting.clear()
+
+
+class _StaticLength:
+    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on a ``StaticEagle3``: its length."""
+
+    def __init__(self, static) -> None:
+        self.static = static
+        static.reset()
+
+    @property
+    def length(self) -> int:
+        return self.static.length
+
+    def crop(self, length: int) -> None:
+        self.static.length = min(self.static.length, length)
 
 
 def check_fits_target(

@@ -183,7 +183,7 @@ class HFVerifier(Verifier):
         positions, mask = tree.verification_layout(parents, start, device)
         if self.static is not None:  # compiled: the tree mask over the static cache
             logits, states = self.static.run(inputs[0], positions, mask)
-            hidden_states = states[:, None]  # (L + 1, 1, k + 1, H): HF's layout
+            hidden_states = states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
         else:
             out = self.model(
                 input_ids=inputs,
@@ -236,8 +236,8 @@ class HFVerifier(Verifier):
 
 
 def _static_features(states: torch.Tensor, layers: tuple[int, ...], rows: slice = slice(None)) -> torch.Tensor:
-    """``select_features`` of a static pass's hidden states ``(L + 1, n, H)``: ``(m, len(layers) * H)``."""
-    return torch.cat([states[i, rows] for i in layers], dim=-1)
+    """``select_features`` of a static pass's hidden states ``(n, L + 1, H)``: ``(m, len(layers) * H)``."""
+    return torch.cat([states[rows, i] for i in layers], dim=-1)
 
 
 def prefill_prompt(

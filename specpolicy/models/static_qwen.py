@@ -60,60 +60,45 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class StaticQwen(torch.nn.Module):
-    """A Hugging Face Qwen2/Qwen3 causal LM behind a static KV cache, batch 1.
+class StaticPasses(torch.nn.Module):
+    """A model's passes behind a static KV cache, batch 1: what every static model shares -- the
+    per-layer key/value buffers, the length, the buckets, padding and chunking, the mask, and the
+    compilation (one graph per bucket). A subclass sets up its model and ``_forward``.
 
-    Args:
-        model: the HF model (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``), eval mode; its modules are
-            used as they are (weights shared).
-        capacity: most cached positions (tokens), e.g. the verifier's ``max_context``.
-        compile: compile each bucket's pass with ``torch.compile`` (else the same code runs eagerly:
-            the static cache alone).
-        buckets: padded pass widths (default: the module's ``BUCKETS`` when built).
+    ``_forward(*row_inputs, positions, slots, mask)`` takes each per-row input padded to the bucket
+    ``B`` (first dimension), positions ``(B,)``, cache slots ``(B,)`` and ``mask`` ``(B, width) bool``;
+    it writes the keys and values of its rows at ``slots`` and returns row-first outputs (first
+    dimension ``B``).
+
     Attributes:
         length: cached positions (tokens); the next pass writes from here. Set it lower to roll back.
         warmup_s: seconds spent compiling (``warmup``), 0 when not compiled.
-    Raises:
-        ValueError: a model type other than ``SUPPORTED`` or a capacity < 1.
     """
 
-    def __init__(
-        self, model: PreTrainedModel, capacity: int, compile: bool = False, buckets: Sequence[int] | None = None
+    def _setup(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        compile: bool,
+        buckets: Sequence[int] | None,
     ) -> None:
-        super().__init__()
-        config = model.config
-        if config.model_type not in SUPPORTED:
-            raise ValueError(
-                f"the static runtime runs {', '.join(SUPPORTED)} models, got model_type={config.model_type!r}"
-            )
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 token, got {capacity}")
-        self.hf = model
         self.buckets = tuple(sorted(BUCKETS if buckets is None else buckets))
         self.capacity = int(capacity)
-        self.num_layers = int(config.num_hidden_layers)
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(config.num_key_value_heads)
-        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.eps = float(config.rms_norm_eps)
-        self.qk_norm = config.model_type == "qwen3"
-        weight = model.get_output_embeddings().weight
-        device, dtype = weight.device, weight.dtype
-        width = self.capacity + max(self.buckets)  # scratch slots for padded rows past the capacity
-        self.width = width
-        shape = (1, self.kv_heads, width, self.head_dim)
+        self.width = self.capacity + max(self.buckets)  # scratch slots for padded rows past the capacity
+        shape = (1, kv_heads, self.width, head_dim)
         # one buffer per layer (a static address each: written in place, never reallocated)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
-        for i in range(self.num_layers):
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        for i in range(layers):
             self.register_buffer(f"k{i}", self.keys[i], persistent=False)
             self.register_buffer(f"v{i}", self.values[i], persistent=False)
-        positions = torch.arange(width, device=device)[None]
-        with torch.no_grad():
-            cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=device), positions)
-        self.register_buffer("cos", cos[0].to(dtype), persistent=False)  # (width, head_dim)
-        self.register_buffer("sin", sin[0].to(dtype), persistent=False)
-        self.register_buffer("columns", torch.arange(width, device=device), persistent=False)
+        self.register_buffer("columns", torch.arange(self.width, device=device), persistent=False)
         self.length = 0
         self.warmup_s = 0.0
         self.compiled = bool(compile)
@@ -130,23 +115,151 @@ class StaticQwen(torch.nn.Module):
             # ~1 ms a call. That is sound per instance only, so each instance compiles its own copy
             # of the pass's code (dynamo caches graphs per code object): no graph is shared between
             # two models, whatever their shapes.
-            forward = types.FunctionType(StaticQwen._forward.__code__.replace(), globals(), "_forward")
+            code = type(self)._forward.__code__.replace()
+            forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
             options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
             self._pass = torch.compile(
                 types.MethodType(forward, self), fullgraph=True, dynamic=False, mode=mode, options=options
             )
 
-    # -- the pass ---------------------------------------------------------------------------------
+    def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Empty the cache (a new prompt): the length only."""
+        self.length = 0
+
+    @torch.no_grad()
+    def passes(
+        self, rows: Sequence[torch.Tensor], positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Feed ``n`` new positions after the cached ones (cache slots ``length .. length + n - 1``);
+        the length grows by ``n``.
+
+        Args:
+            rows: the per-row inputs, each ``(n, ...)``.
+            positions: ``(n,) int64`` RoPE positions (default: the slots: a chain); a tree's by depth.
+            attend: ``(n, length + n) bool``, True where new row i sees cache column j (a tree mask,
+                ``specpolicy.core.tree``); default causal over the slots.
+        Returns:
+            the pass's outputs, each ``(n, ...)``: fresh tensors.
+        Raises:
+            ValueError: if the cache cannot hold ``n`` more positions (``capacity``) or ``n`` < 1.
+        """
+        n, start = int(rows[0].shape[0]), self.length
+        if n < 1 or start + n > self.capacity:
+            raise ValueError(f"{n} new positions after {start} cached do not fit the static cache of {self.capacity}")
+        device = rows[0].device
+        if positions is None:
+            positions = self.columns[start : start + n]
+        full = None
+        if attend is not None:  # (n, width): the caller's pattern, nothing past the new positions
+            full = torch.zeros((n, self.width), dtype=torch.bool, device=device)
+            full[:, : start + n] = attend
+        top = self.buckets[-1]
+        chunks = []
+        for a in range(0, n, top):  # chunks of at most the largest bucket
+            m = min(top, n - a)
+            b = bucket_of(m, self.buckets)
+            inputs, pos = [x[a : a + m] for x in rows], positions[a : a + m]
+            slots = self.columns[start + a : start + a + b]
+            if b > m:  # pad: zeros at the scratch slots' own positions (no real row sees them)
+                inputs = [torch.cat([x, x.new_zeros((b - m, *x.shape[1:]))]) for x in inputs]
+                pos = torch.cat([pos, slots[m:]])
+            mask = self.columns[None, :] <= slots[:, None]  # causal over the slots
+            if full is not None:
+                mask = torch.cat([full[a : a + m], mask[m:]]) if b > m else full[a : a + m]
+            outputs = self._pass(*inputs, pos, slots, mask)
+            # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
+            chunks.append([y[:m].clone() if self.compiled else y[:m] for y in outputs])
+        self.length = start + n
+        if len(chunks) == 1:
+            return tuple(chunks[0])
+        return tuple(torch.cat(ys) for ys in zip(*chunks))
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """After a tree pass from ``start``: keep the new rows ``rows`` (increasing, row 0 first) at
+        ``start, start + 1, ...`` -- their keys and values moved (only when the path is not the tree's
+        first rows), the rest dropped by the length."""
+        n = len(rows)
+        if rows != list(range(n)):
+            index = torch.tensor(rows, dtype=torch.long, device=self.columns.device) + start
+            for k, v in zip(self.keys, self.values):
+                k[:, :, start : start + n] = k.index_select(2, index)
+                v[:, :, start : start + n] = v.index_select(2, index)
+        self.length = start + n
+
+    def _dummy_rows(self, b: int) -> list[torch.Tensor]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def warmup(self) -> float:
+        """Compile every bucket now (dummy passes; the cache is emptied after). Returns the seconds
+        spent and adds them to ``warmup_s``; a no-op (0) when not compiled."""
+        if not self.compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        for b in self.buckets:
+            if b > self.capacity:
+                break
+            for _ in range(2 if self.columns.device.type == "cuda" else 1):  # CUDA graphs record on the 2nd call
+                self.length = 0
+                self.passes(self._dummy_rows(b))
+        self.length = 0
+        spent = time.perf_counter() - t0
+        self.warmup_s += spent
+        return spent
+
+
+class StaticQwen(StaticPasses):
+    """A Hugging Face Qwen2/Qwen3 causal LM behind a static KV cache, batch 1.
+
+    Args:
+        model: the HF model (``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``), eval mode; its modules are
+            used as they are (weights shared).
+        capacity: most cached positions (tokens), e.g. the verifier's ``max_context``.
+        compile: compile each bucket's pass with ``torch.compile`` (else the same code runs eagerly:
+            the static cache alone).
+        buckets: padded pass widths (default: the module's ``BUCKETS`` when built).
+    Raises:
+        ValueError: a model type other than ``SUPPORTED`` or a capacity < 1.
+    """
+
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, compile: bool = False, buckets: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        config = model.config
+        if config.model_type not in SUPPORTED:
+            raise ValueError(
+                f"the static runtime runs {', '.join(SUPPORTED)} models, got model_type={config.model_type!r}"
+            )
+        self.hf = model
+        self.num_layers = int(config.num_hidden_layers)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.eps = float(config.rms_norm_eps)
+        self.qk_norm = config.model_type == "qwen3"
+        weight = model.get_output_embeddings().weight
+        device, dtype = weight.device, weight.dtype
+        cap = max(int(capacity), 1)
+        with torch.no_grad():  # RoPE tables for every slot, from the model's own rotary module
+            positions = torch.arange(cap + max(BUCKETS if buckets is None else buckets), device=device)[None]
+            cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=device), positions)
+        self.register_buffer("cos", cos[0].to(dtype), persistent=False)  # (width, head_dim)
+        self.register_buffer("sin", sin[0].to(dtype), persistent=False)
+        self._setup(self.num_layers, self.kv_heads, self.head_dim, capacity, device, dtype, compile, buckets)
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One padded pass: ``input_ids`` ``(1, B) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
+        """One padded pass: ``input_ids`` ``(B,) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
         ``slots`` ``(B,)``, row i attending to the columns ``mask[i]`` (``(B, width) bool``). Returns the
-        logits ``(B, V)`` and every hidden state ``(L + 1, B, H)`` (HF's ``output_hidden_states``)."""
+        logits ``(B, V)`` and every hidden state ``(B, L + 1, H)`` (HF's ``output_hidden_states``)."""
         hf = self.hf.model
-        x = hf.embed_tokens(input_ids)  # (1, B, H)
-        b = input_ids.shape[1]
+        x = hf.embed_tokens(input_ids[None])  # (1, B, H)
+        b = input_ids.shape[0]
         cos, sin = self.cos[positions][None, None], self.sin[positions][None, None]  # (1, 1, B, d)
         groups = self.heads // self.kv_heads
         # grouped-query attention without repeating the cache: a kv head's query heads become rows
@@ -176,91 +289,75 @@ class StaticQwen(torch.nn.Module):
         x = _rms(x, hf.norm.weight, self.eps)
         states[-1] = x[0]
         logits = self.hf.lm_head(x[0])
-        return logits, torch.stack(states)
+        return logits, torch.stack(states, dim=1)
 
-    # -- the public passes ------------------------------------------------------------------------
+    def _dummy_rows(self, b: int) -> list[torch.Tensor]:
+        return [torch.zeros(b, dtype=torch.long, device=self.columns.device)]
 
-    def reset(self) -> None:
-        """Empty the cache (a new prompt): the length only."""
-        self.length = 0
-
-    @torch.no_grad()
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feed ``n`` new tokens after the cached ones (cache slots ``length .. length + n - 1``); the
-        length grows by ``n``.
+        """Feed ``input_ids`` ``(n,) int64`` after the cached positions (``StaticPasses.passes``: positions,
+        tree mask ``attend``). Returns ``(logits (n, V), hidden states (n, L + 1, H))`` in the model's dtype.
 
-        Args:
-            input_ids: ``(n,) int64``.
-            positions: ``(n,) int64`` RoPE positions (default: the slots: a chain); a tree's by depth.
-            attend: ``(n, length + n) bool``, True where new row i sees cache column j (a tree mask,
-                ``specpolicy.core.tree``); default causal over the slots.
-        Returns:
-            ``(logits (n, V), hidden states (L + 1, n, H))`` in the model dtype, fresh tensors.
         Raises:
-            ValueError: if the cache cannot hold ``n`` more positions (``capacity``) or ``n`` < 1.
+            ValueError: if the cache cannot hold ``n`` more positions or ``n`` < 1.
         """
-        n, start = int(input_ids.shape[0]), self.length
-        if n < 1 or start + n > self.capacity:
-            raise ValueError(f"{n} new positions after {start} cached do not fit the static cache of {self.capacity}")
-        device = input_ids.device
-        if positions is None:
-            positions = self.columns[start : start + n]
-        full = None
-        if attend is not None:  # (n, width): the caller's pattern, nothing past the new positions
-            full = torch.zeros((n, self.width), dtype=torch.bool, device=device)
-            full[:, : start + n] = attend
-        top = self.buckets[-1]
-        logits, states = [], []
-        for a in range(0, n, top):  # chunks of at most the largest bucket
-            m = min(top, n - a)
-            b = bucket_of(m, self.buckets)
-            ids, pos = input_ids[a : a + m], positions[a : a + m]
-            slots = self.columns[start + a : start + a + b]
-            if b > m:  # pad: token 0 at the scratch slots' own positions (no real row sees them)
-                ids = torch.cat([ids, ids.new_zeros(b - m)])
-                pos = torch.cat([pos, slots[m:]])
-            mask = self.columns[None, :] <= slots[:, None]  # causal over the slots
-            if full is not None:
-                mask = torch.cat([full[a : a + m], mask[m:]]) if b > m else full[a : a + m]
-            out_logits, out_states = self._pass(ids[None], pos, slots, mask)
-            # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
-            logits.append(out_logits[:m].clone() if self.compiled else out_logits[:m])
-            states.append(out_states[:, :m].clone() if self.compiled else out_states[:, :m])
-        self.length = start + n
-        if len(logits) == 1:
-            return logits[0], states[0]
-        return torch.cat(logits), torch.cat(states, dim=1)
+        logits, states = self.passes([input_ids], positions, attend)
+        return logits, states
 
-    def keep_rows(self, start: int, rows: list[int]) -> None:
-        """After a tree pass from ``start``: keep the new rows ``rows`` (increasing, row 0 first) at
-        ``start, start + 1, ...`` -- their keys and values moved (only when the path is not the tree's
-        first rows), the rest dropped by the length."""
-        n = len(rows)
-        if rows != list(range(n)):
-            index = torch.tensor(rows, dtype=torch.long, device=self.columns.device) + start
-            for k, v in zip(self.keys, self.values):
-                k[:, :, start : start + n] = k.index_select(2, index)
-                v[:, :, start : start + n] = v.index_select(2, index)
-        self.length = start + n
 
-    @torch.no_grad()
-    def warmup(self) -> float:
-        """Compile every bucket now (dummy passes; the cache is emptied after). Returns the seconds
-        spent and adds them to ``warmup_s``; a no-op (0) when not compiled."""
-        if not self.compiled:
-            return 0.0
-        t0 = time.perf_counter()
-        device = self.columns.device
-        for b in self.buckets:
-            if b > self.capacity:
-                break
-            self.length = 0
-            for _ in range(2 if device.type == "cuda" else 1):  # CUDA graphs record on the second call
-                self.length = 0
-                self.run(torch.zeros(b, dtype=torch.long, device=device))
-        self.length = 0
-        spent = time.perf_counter() - t0
-        self.warmup_s += spent
-        return spent
+class StaticEagle3(StaticPasses):
+    """The EAGLE-3 head (``specpolicy.models.eagle3.Eagle3DraftModel``) behind a static KV cache,
+    batch 1: one pass over ``n`` positions -- the target's embeddings of their tokens and their
+    features (``fc`` of the target's, or the head's fed-back outputs) -- returns the head's outputs
+    and its draft-vocabulary logits, exactly as ``Eagle3DraftModel.forward`` then ``logits``.
+
+    Args:
+        model: the head, eval mode. embed_tokens: the target's input embeddings.
+        capacity / compile / buckets: as ``StaticQwen``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        embed_tokens: torch.nn.Module,
+        capacity: int,
+        compile: bool = False,
+        buckets: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.head, self.embed_tokens = model, embed_tokens
+        att = model.midlayer.self_attn
+        self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
+        weight = model.lm_head.weight
+        self.hidden_size = int(model.fc.weight.shape[0])
+        self._setup(1, self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets)
+
+    def _forward(
+        self,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One padded pass: tokens ``(B,)``, features ``(B, H)``; returns outputs ``(B, H)`` and logits ``(B, Vd)``."""
+        head = self.head
+        embeds, hidden = self.embed_tokens(token_ids)[None], hidden[None]
+        cos, sin = head.rotary_emb(embeds, positions[None])
+        q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attention_input(embeds, hidden), cos, sin)
+        self.keys[0].index_copy_(2, slots, k)
+        self.values[0].index_copy_(2, slots, v)
+        attended = F.scaled_dot_product_attention(
+            q, self.keys[0], self.values[0], attn_mask=mask[None, None], enable_gqa=self.kv_heads != self.heads
+        )
+        out = head.midlayer.finish(hidden, attended)[0]
+        return out, head.logits(out)
+
+    def _dummy_rows(self, b: int) -> list[torch.Tensor]:
+        device, dtype = self.columns.device, self.keys[0].dtype
+        return [
+            torch.zeros(b, dtype=torch.long, device=device),
+            torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
+        ]

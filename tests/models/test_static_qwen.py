@@ -39,9 +39,9 @@ def test_logits_and_hidden_states_equal_hf_in_one_pass_and_in_chunks(target):
         logits, states = s.run(ids)
         assert s.length == 40
         torch.testing.assert_close(logits, ref.logits[0], rtol=0, atol=1e-10)
-        assert states.shape == (3, 40, 32)
+        assert states.shape == (40, 3, 32)
         for i, h in enumerate(ref.hidden_states):  # embeddings, layer outputs, final norm
-            torch.testing.assert_close(states[i], h[0], rtol=0, atol=1e-10)
+            torch.testing.assert_close(states[:, i], h[0], rtol=0, atol=1e-10)
 
 
 def test_continuing_and_rolling_back_is_a_length(target):
@@ -187,3 +187,81 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
         for policy in (_policy("static"), _policy("failfast"), tree_policy):
             out = generate(prompt, compiled, rt, max_new_tokens=30, drafter=d, policy=policy)
             assert out.output_ids.tolist() == ref.output_ids.tolist()
+
+
+@pytest.fixture(scope="module")
+def eagle3_checkpoint(tmp_path_factory):
+    from conditioned_reference import write_eagle3_checkpoint
+
+    return write_eagle3_checkpoint(tmp_path_factory.mktemp("eagle3"), 32, VOCAB, 30, with_embeddings=True)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"name": "static", "k": 3},
+        {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12},
+        {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10},
+    ],
+    ids=["static", "failfast", "eagle2-tree"],
+)
+def test_eagle3_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(eagle3_checkpoint, runtime, policy):
+    """The EAGLE-3 head's chain steps, tree root and tree levels on the static cache (StaticEagle3):
+    the same drafts, round for round, and the same output as the eager runtime (float64)."""
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.models.static_qwen import StaticEagle3
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    target = sharpen(tiny_lm(0, layers=6), 4.0)
+    layers = tuple(default_layer_ids(6))
+    head = load_eagle3(eagle3_checkpoint).double()
+    embed = target.get_input_embeddings()
+    runs = []
+    for static in (False, True):
+        verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+        drafter = Eagle3Drafter(head, embed, layers, VOCAB, runtime, frozenset({VOCAB - 1}))
+        if static:
+            verifier.static = StaticQwen(target, 512)
+            drafter.static = StaticEagle3(head, embed, 600)
+        built = make_policy(get_plugin_manager(autoload=False), policy)
+        runs.append(
+            [
+                generate(prompt, verifier, runtime, max_new_tokens=30, drafter=drafter, policy=built)
+                for prompt in random_prompts(3)
+            ]
+        )
+    for eager, static in zip(*runs):
+        assert static.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in static.rounds] == [r.draft_token_ids for r in eager.rounds]
+        assert [r.draft_parents for r in static.rounds] == [r.draft_parents for r in eager.rounds]
+
+
+@pytest.mark.slow
+def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpoint):
+    """``runtime.compile=true`` with EAGLE-3: target and head compiled (two buckets, float64), a chain
+    and a tree policy, the same drafts and output as the eager runtime."""
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    target = sharpen(tiny_lm(0, layers=6), 4.0)
+    layers = tuple(default_layer_ids(6))
+    head = load_eagle3(eagle3_checkpoint).double()
+    runs = []
+    for compile in (False, True):
+        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        verifier = HFVerifier(target, rt, frozenset({VOCAB - 1}))
+        drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, frozenset({VOCAB - 1}))
+        assert (drafter.static is not None) == compile and (rt.warmup_s > 0) == compile
+        out = []
+        for policy in ({"name": "static", "k": 3}, {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10}):
+            built = make_policy(get_plugin_manager(autoload=False), policy)
+            out += [
+                generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=built)
+                for prompt in random_prompts(2)
+            ]
+        runs.append(out)
+    for eager, compiled in zip(*runs):
+        assert compiled.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
