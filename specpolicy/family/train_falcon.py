@@ -259,7 +259,8 @@ def train_falcon(
     Args:
         examples: the target's greedy continuations (their indices are the store's).
         store: their target features; must hold ``hidden_states[L]`` (L = the target's layers).
-        cfg: optimisation settings; lambda decays over ``cfg.epochs``.
+        cfg: optimisation settings; lambda decays over ``cfg.epochs`` (when ``cfg.max_steps`` cuts the
+            plan short, its E "epochs" are spread over the steps planned: a short run still decays).
         k: tokens per pass. size: the head's architecture (default ``FALCON_SIZE``).
         lambda_schedule: ``"paper"`` (0.4 (E - e) / E, default) or ``"code"`` (0.35 (E - e) / E + 0.1).
         train_indices / heldout_indices: trained on (default all) / held out for the validation
@@ -289,10 +290,11 @@ def train_falcon(
     trainee = FalconTrainee(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
     del target
     per_epoch = max(1, len(batch_plan([len(e) for e in trained], cfg.batch_tokens, cfg.seed, 0, cfg.pad_to_multiple)))
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(per_epoch * cfg.epochs, cfg.max_steps)
     calls = [0]
 
-    def lam_of_step(step: int) -> float:
-        return glancing_lambda(min(step // per_epoch, cfg.epochs - 1), cfg.epochs, lambda_schedule)
+    def lam_of_step(step: int) -> float:  # epoch e of E, the E epochs spread over the steps planned
+        return glancing_lambda(min(step * cfg.epochs // total, cfg.epochs - 1), cfg.epochs, lambda_schedule)
 
     curve = []
 
