@@ -21,6 +21,7 @@ range. The small checkers (``integer``, ``number``, ``choice``, ``boolean``, ``c
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -209,13 +210,37 @@ def _check_core(config: Mapping[str, Any]) -> None:
     boolean("reuse.enabled", reuse.get("enabled", False))
     integer("reuse.min_match", reuse.get("min_match", 2), 1)
     runtime = config.get("runtime") or {}
-    boolean("runtime.compile", runtime.get("compile", False))
+    if boolean("runtime.compile", runtime.get("compile", False)):
+        _check_compiled_target(config.get("verifier") or {})
     try:
         Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
         profile_from(dict(config))  # a bad `profile` fails now, not after the run
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
         raise ConfigError(str(message)) from exc
+
+
+def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
+    """``runtime.compile=true`` compiles the ``hf`` target's Qwen2 / Qwen3 forward
+    (``specpolicy.models.static_qwen``): a local or bundled target of another model type is refused
+    here, from its config.json (a hub id is checked when it loads)."""
+    from pathlib import Path
+
+    from specpolicy.models.loading import resolve_model_path
+    from specpolicy.models.static_qwen import SUPPORTED
+
+    if verifier.get("name", "hf") != "hf" or not isinstance(verifier.get("model"), str):
+        return
+    try:
+        path = Path(resolve_model_path(verifier["model"])) / "config.json"
+        model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
+    except (OSError, ValueError):
+        return  # the model's own check names what is wrong with it
+    if model_type is not None and model_type not in SUPPORTED:
+        raise ConfigError(
+            f"runtime.compile=true runs {' or '.join(SUPPORTED)} targets, but verifier.model={verifier['model']!r} "
+            f"is model_type {model_type!r} (use runtime.compile=false)"
+        )
 
 
 def _check_batch(config: Mapping[str, Any]) -> None:

@@ -117,6 +117,33 @@ def test_a_bad_runtime_compile_value_is_one_line_before_any_model_loads(family, 
     assert capsys.readouterr().err.strip().splitlines() == ["error: runtime.compile must be true or false, got 'yes'"]
 
 
+def test_a_target_the_compiled_runtime_cannot_run_is_one_line_before_any_model_loads(
+    family, tmp_path, monkeypatch, capsys
+):
+    import json
+    import shutil
+    import sys
+
+    from specpolicy.run.cli import main
+
+    llama = tmp_path / "llama-target"
+    shutil.copytree(family["target"], llama)
+    config = json.loads((llama / "config.json").read_text())
+    (llama / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr("specpolicy.models.loading.load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    args = [a for a in overrides(family) if not a.startswith("verifier.model=")]
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *args, f"verifier.model={llama}", "runtime.compile=true"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: runtime.compile=true runs qwen2 or qwen3 targets, but verifier.model='{llama}' is model_type "
+        "'llama' (use runtime.compile=false)"
+    ]
+
+
 def _static(verifier_or_drafter, model, compile=False):
     """Put a model on the static runtime after building it (eager static cache: no compilation)."""
     verifier_or_drafter.static = StaticQwen(model, 512, compile=compile)

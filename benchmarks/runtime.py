@@ -1,0 +1,329 @@
+#!/usr/bin/env python
+"""Eager vs compiled runtime, side by side in one process, beside Hugging Face's own fastest plain
+generation and its assisted generation, and this machine's floor.
+
+    python benchmarks/runtime.py --num-prompts 30 --max-new-tokens 256 \
+        --out benchmarks/results/runtime-gsm8k-30x256.json
+    python benchmarks/runtime.py --quick --out /tmp/runtime.json        # a smoke run (2 prompts)
+
+Rows (the bundled family; every row's output checked against eager vanilla greedy):
+
+* ``<method>@eager`` / ``<method>@compiled`` for ``vanilla``, ``ar+static-k<K>`` (the AR drafter,
+  compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain) and ``dflash+failfast`` (DFlash +
+  FailFast): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
+  (``runtime.compile``: the target and the AR drafter on a static KV cache compiled per shape
+  bucket, ``specpolicy.models.static_qwen``; the EAGLE-3 and DFlash drafters run eagerly on both);
+* ``hf-greedy`` -- ``generate(do_sample=False)`` (DynamicCache, eager); ``hf-static-compiled`` --
+  ``generate(cache_implementation="static")`` with transformers' own compilation of the decoding
+  forward (``CompileConfig(fullgraph=True)``, on every device); ``hf-assisted-k<K>`` (constant
+  schedule) and ``hf-assisted-heuristic`` with the AR drafter.
+
+Reported per row: tokens/s (generated tokens / wall seconds, prefill included, summed over the
+prompts), ms per token, the ratio to the floor, speedup over eager vanilla, mean accepted length,
+and whether every output equals eager vanilla's. Warm-up is reported apart: the compiled runtime's
+compilation (``Runtime.warmup_s``, the target's and the AR drafter's buckets) and each row's first
+(untimed) prompt. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the
+system's temp directory) makes a second process's warm-up much shorter: both are worth quoting.
+
+The floor of one decoding step on this machine: max(the target's weight bytes / the measured
+read bandwidth, 2 x its parameters / the measured float matmul rate), measured here (a 256 MB
+reduction; 512 x 512 matmuls). Methods run interleaved per prompt (rotating order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import _conf  # noqa: E402
+
+from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.core.runtime import Runtime  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier  # noqa: E402
+
+
+def measure_floor(device: torch.device, dtype: torch.dtype, reps: int = 5) -> dict[str, float]:
+    """This machine's read bandwidth (GB/s: a reduction over 256 MB, best of ``reps``) and matmul
+    rate (GFLOP/s: 512 x 512 in ``dtype``, best of ``reps`` runs of 20)."""
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    x = torch.ones(64 * 2**20, dtype=torch.float32, device=device)  # 256 MB
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        x.sum()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    bandwidth = x.numel() * 4 / best / 1e9
+    del x
+    a = torch.randn(512, 512, dtype=dtype, device=device)
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return {"bandwidth_GBps": bandwidth, "matmul_GFLOPs": 20 * 2 * 512**3 / best / 1e9}
+
+
+def step_floor_ms(model: torch.nn.Module, machine: dict[str, float]) -> dict[str, float]:
+    """The floor of one decoding step of ``model`` (ms): its weights read once, its 2 x parameters
+    FLOPs done once; the larger of the two."""
+    params = {id(p): p for p in model.parameters()}.values()  # tied embeddings counted once
+    numel = sum(p.numel() for p in params)
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    read_ms = nbytes / (machine["bandwidth_GBps"] * 1e9) * 1e3
+    flops_ms = 2 * numel / (machine["matmul_GFLOPs"] * 1e9) * 1e3
+    return {"weights_bytes": nbytes, "read_ms": read_ms, "flops_ms": flops_ms, "floor_ms": max(read_ms, flops_ms)}
+
+
+class Side:
+    """One runtime's verifier and drafters (eager or compiled), built once; the compiled side's
+    build time is its warm-up."""
+
+    def __init__(self, args: argparse.Namespace, compile: bool) -> None:
+        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0, compile=compile)
+        self.pm = get_plugin_manager(autoload=False)
+        start = time.perf_counter()
+        self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
+        self.drafters = {
+            name: make_drafter(self.pm, {**_conf("drafter", name), "model": model}, self.runtime, self.verifier)
+            for name, model in (
+                ("ar", args.ar_drafter),
+                ("eagle3", args.eagle3_drafter),
+                ("dflash", args.dflash_drafter),
+            )
+        }
+        self.build_s = time.perf_counter() - start
+
+    def policy(self, choice: str, drafter: str, **overrides):
+        return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
+
+
+def our_rows(side: Side, label: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``name -> run(ids)`` for our methods on one side."""
+    rows = {
+        f"vanilla@{label}": lambda ids: generate(ids, side.verifier, side.runtime, max_new_tokens=args.max_new_tokens)
+    }
+    for name, drafter, choice, over in (
+        (f"ar+static-k{args.static_k}", "ar", "static", {"k": args.static_k}),
+        (f"eagle3+static-k{args.eagle3_k}", "eagle3", "static", {"k": args.eagle3_k}),
+        ("dflash+failfast", "dflash", "failfast", {}),
+    ):
+        policy = side.policy(choice, drafter, **over)
+        rows[f"{name}@{label}"] = lambda ids, _d=side.drafters[drafter], _p=policy: generate(
+            ids, side.verifier, side.runtime, max_new_tokens=args.max_new_tokens, drafter=_d, policy=_p
+        )
+    return rows
+
+
+def hf_rows(side: Side, args: argparse.Namespace, longest: int) -> tuple[dict[str, Any], float]:
+    """HF's rows on the eager side's models, and the seconds HF's static-cache compilation took
+    (a first call with the longest prompt, so the static cache is never rebuilt)."""
+    from transformers import CompileConfig
+
+    target, assistant = side.verifier.model, side.drafters["ar"].model
+    eos = sorted(side.verifier.eos_token_ids)
+    device = side.runtime.torch_device
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    compile_config = CompileConfig(fullgraph=True, dynamic=False, mode=mode)
+    compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless asked
+    gc = assistant.generation_config
+
+    def call(ids, **extra):
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=args.max_new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            attention_mask=torch.ones(1, ids.shape[0], dtype=torch.long, device=device),
+        )
+        kwargs.update(extra)
+        start = time.perf_counter()
+        out = target.generate(ids.to(device)[None], **kwargs)
+        return out[0, ids.shape[0] :].cpu(), time.perf_counter() - start
+
+    def assisted(schedule: str, tokens: int):
+        def run(ids):
+            gc.num_assistant_tokens_schedule, gc.num_assistant_tokens = schedule, tokens
+            gc.assistant_confidence_threshold = 0.0
+            return call(ids, assistant_model=assistant)
+
+        return run
+
+    static = dict(cache_implementation="static", compile_config=compile_config)
+    start = time.perf_counter()
+    call(torch.full((longest,), 5, dtype=torch.long), **static)  # compile, and size the static cache once
+    warm = time.perf_counter() - start
+    rows = {
+        "hf-greedy": lambda ids: call(ids),
+        "hf-static-compiled": lambda ids: call(ids, **static),
+        f"hf-assisted-k{args.static_k}": assisted("constant", args.static_k),
+        "hf-assisted-heuristic": assisted("heuristic", 20),
+    }
+    return rows, warm
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.buckets:  # fewer buckets: a shorter warm-up, more padding
+        from specpolicy.models import static_qwen
+
+        static_qwen.BUCKETS = args.buckets
+    prompts = load_prompts(args.dataset, None, args.num_prompts)
+    eager = Side(args, compile=False)
+    compiled = Side(args, compile=True)
+    print(
+        f"compiled runtime built in {compiled.build_s:.1f} s (compilation {compiled.runtime.warmup_s:.1f} s); "
+        f"eager in {eager.build_s:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    ids = [p.token_ids(eager.verifier.tokenizer) for p in prompts]
+    runners = {**our_rows(eager, "eager", args), **our_rows(compiled, "compiled", args)}
+    hf, hf_warm = hf_rows(eager, args, max(int(x.shape[0]) for x in ids))
+    runners.update(hf)
+    first_s: dict[str, float] = {}
+    for name, fn in runners.items():  # untimed first prompt: first-call costs (and any late compilation)
+        t = time.perf_counter()
+        fn(ids[0])
+        first_s[name] = time.perf_counter() - t
+    stats = {name: {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": True} for name in runners}
+    reference: list[list[int]] = []
+    names = list(runners)
+    for i, prompt in enumerate(ids):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        outputs = {}
+        for name in order:
+            result = runners[name](prompt)
+            s = stats[name]
+            if isinstance(result, tuple):  # HF: (new tokens, wall s)
+                out, wall = result
+            else:
+                out, wall = result.output_ids, result.wall_s
+                s["rounds"] += len(result.rounds)
+                s["accepted"] += sum(r.accepted_length for r in result.rounds)
+            s["tokens"] += int(out.shape[0])
+            s["wall_s"] += wall
+            outputs[name] = out.tolist()
+        reference.append(outputs["vanilla@eager"])
+        for name in names:
+            stats[name]["identical"] &= outputs[name] == reference[-1]
+        print(f"prompt {i + 1}/{len(ids)}", file=sys.stderr, flush=True)
+    machine = measure_floor(eager.runtime.torch_device, eager.runtime.torch_dtype)
+    floor = step_floor_ms(eager.verifier.model, machine)
+    base = stats["vanilla@eager"]["tokens"] / stats["vanilla@eager"]["wall_s"]
+    rows = {}
+    for name, s in stats.items():
+        tps = s["tokens"] / s["wall_s"] if s["wall_s"] else 0.0
+        rows[name] = {
+            **s,
+            "tokens_per_s": tps,
+            "ms_per_token": 1e3 / tps if tps else None,
+            "x_floor": (1e3 / tps) / floor["floor_ms"] if tps else None,
+            "speedup_vs_eager_vanilla": tps / base if base else None,
+            "mean_accepted_length": s["accepted"] / s["rounds"] if s["rounds"] else None,
+            "first_prompt_s": first_s[name],
+        }
+    return {
+        "settings": {
+            **vars(args),
+            **eager.runtime.describe(),
+            "torch_threads": torch.get_num_threads(),
+            "buckets": compiled.verifier.static.buckets,
+            "busy_machine_note": args.note,
+        },
+        "warmup": {
+            "compiled_runtime_s": compiled.runtime.warmup_s,
+            "compiled_side_build_s": compiled.build_s,
+            "eager_side_build_s": eager.build_s,
+            "hf_static_compile_s": hf_warm,
+        },
+        "machine": machine,
+        "floor": floor,
+        "rows": rows,
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    f, w = result["floor"], result["warmup"]
+    print(
+        f"floor: {f['floor_ms']:.3f} ms/token (weights {f['weights_bytes'] / 1e6:.1f} MB read: {f['read_ms']:.3f} ms at "
+        f"{result['machine']['bandwidth_GBps']:.1f} GB/s; FLOPs {f['flops_ms']:.3f} ms at "
+        f"{result['machine']['matmul_GFLOPs']:.0f} GFLOP/s)"
+    )
+    print(
+        f"warm-up: compiled runtime {w['compiled_runtime_s']:.1f} s (its models built in "
+        f"{w['compiled_side_build_s']:.1f} s), HF static-cache compile {w['hf_static_compile_s']:.1f} s"
+    )
+    print(
+        f"{'method':34s} {'tok/s':>8s} {'ms/tok':>8s} {'x floor':>8s} {'speedup':>8s} {'acc len':>8s} {'first s':>8s}  lossless"
+    )
+    for name, r in result["rows"].items():
+        acc = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
+        print(
+            f"{name:34s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.2f} {r['x_floor']:8.1f} "
+            f"{r['speedup_vs_eager_vanilla']:8.2f} {acc:>8s} {r['first_prompt_s']:8.1f}  {r['identical']}"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="benchmarks/runtime.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=30)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--static-k", type=int, default=5, help="k of ar+static and of HF's constant assisted schedule")
+    p.add_argument("--eagle3-k", type=int, default=4, help="k of the EAGLE-3 chain")
+    p.add_argument("--target", default="target")
+    p.add_argument("--ar-drafter", default="ar-drafter")
+    p.add_argument("--eagle3-drafter", default="eagle3-drafter")
+    p.add_argument("--dflash-drafter", default="dflash-drafter")
+    p.add_argument("--dllm-drafter", default="dllm-drafter", help="accepted like the other benchmarks; unused here")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--buckets",
+        type=lambda text: tuple(int(x) for x in text.split(",")),
+        default=None,
+        help="the compiled runtime's pass widths, e.g. 1,8 (default: specpolicy.models.static_qwen.BUCKETS)",
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens")
+    p.add_argument("--out", default=None, help="JSON output")
+    p.add_argument("--note", default="", help="a note stored with the results (e.g. how busy the machine was)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.max_new_tokens = 2, 24
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    result = run(args)
+    print_table(result)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
