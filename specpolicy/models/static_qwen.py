@@ -7,15 +7,19 @@ the model's own rotary module, grouped-query attention with SDPA under an explic
 built from the cache slots, so that
 
 - rolling back is moving a length (``StaticQwen.length``), never copying or freeing;
-- every pass has one of a few fixed shapes: ``n`` new positions are padded up to a bucket
-  (``BUCKETS``: 1, 2, 4, ..., 64; more than the largest bucket runs in chunks), the padded rows write
-  scratch slots no real row ever sees, so the real rows' outputs are those of the unpadded pass;
-- each bucket is compiled once per process (``torch.compile(fullgraph=True, dynamic=False)``; on
-  CUDA ``mode="reduce-overhead"``: CUDA graphs), with inductor's on-disk cache between processes.
+- every pass has one of a few shapes: ``n`` new positions are padded up to a bucket (``BUCKETS``:
+  1, 2, 4, ..., 64; more than the largest bucket runs in chunks), the padded rows write scratch
+  slots no real row ever sees, so the real rows' outputs are those of the unpadded pass;
+- the passes are compiled once per process, when the model is built (``warmup``), with inductor's
+  on-disk cache between processes: on CUDA one graph per bucket (``torch.compile(fullgraph=True,
+  dynamic=False, mode="reduce-overhead")``: CUDA graphs), attention over the whole cache; on CPU
+  two graphs with dynamic sizes (the decoding step, and every other bucket), attention over a
+  window of the cache (``WINDOW``) -- on CPU every graph costs tens of seconds to compile.
 
 It returns what the Hugging Face model returns -- logits and ``output_hidden_states`` (index 0 the
 embeddings, i the output of layer i - 1, the last the final norm's output) -- up to floating-point
-reassociation (``tests/models/test_static_qwen.py`` checks logits to 1e-4 and greedy tokens).
+reassociation (``tests/models/test_static_qwen.py``: float64 logits and hidden states to 1e-10, and
+greedy tokens through the decoding loop).
 Trees: ``run`` takes a tree mask ``(n, length + n)`` (``specpolicy.core.tree``) and positions by depth.
 """
 
@@ -31,6 +35,10 @@ from transformers import PreTrainedModel
 
 #: Padded widths of a pass (new positions): each compiles once; more positions run in chunks.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: On CPU, attention reads the cache up to the next multiple of this many columns past the last
+#: slot written, not the whole capacity (at batch 1 reading 1,088 columns of every layer cost
+#: about as much as the weights); the compiled graph takes the window's size as a dynamic size.
+WINDOW = 128
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -99,6 +107,7 @@ class StaticPasses(torch.nn.Module):
             self.register_buffer(f"k{i}", self.keys[i], persistent=False)
             self.register_buffer(f"v{i}", self.values[i], persistent=False)
         self.register_buffer("columns", torch.arange(self.width, device=device), persistent=False)
+        self.window = WINDOW if device.type != "cuda" else self.width
         self.length = 0
         self.warmup_s = 0.0
         self.compiled = bool(compile)
@@ -109,7 +118,11 @@ class StaticPasses(torch.nn.Module):
             # one graph per bucket: room for every bucket (and a few dtypes/devices) without falling back
             dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 4 * len(self.buckets))
             dynamo.config.accumulated_recompile_limit = max(dynamo.config.accumulated_recompile_limit, 1024)
+            # CUDA: one static graph per bucket, CUDA graphs, attention over the whole cache (cheap
+            # there). CPU: dynamic sizes -- one graph for the decoding step (1 row) and one for the
+            # other buckets and every attention window -- fewer graphs to compile, less to read.
             mode = "reduce-overhead" if device.type == "cuda" else None
+            dynamic = device.type != "cuda"
             # Guards on the input tensors only (the bucket's shapes pick the graph): this module's
             # weights and Python attributes do not change after construction, and guarding them costs
             # ~1 ms a call. That is sound per instance only, so each instance compiles its own copy
@@ -119,7 +132,7 @@ class StaticPasses(torch.nn.Module):
             forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
             options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
             self._pass = torch.compile(
-                types.MethodType(forward, self), fullgraph=True, dynamic=False, mode=mode, options=options
+                types.MethodType(forward, self), fullgraph=True, dynamic=dynamic, mode=mode, options=options
             )
 
     def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - abstract
@@ -129,7 +142,7 @@ class StaticPasses(torch.nn.Module):
         """Empty the cache (a new prompt): the length only."""
         self.length = 0
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def passes(
         self, rows: Sequence[torch.Tensor], positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
@@ -142,7 +155,11 @@ class StaticPasses(torch.nn.Module):
             attend: ``(n, length + n) bool``, True where new row i sees cache column j (a tree mask,
                 ``specpolicy.core.tree``); default causal over the slots.
         Returns:
-            the pass's outputs, each ``(n, ...)``: fresh tensors.
+            the pass's outputs, each ``(n, ...)``: fresh (inference-mode) tensors.
+
+        Every input of the compiled pass is a fresh inference-mode tensor (as in the decoding loop,
+        which runs under ``torch.inference_mode``), whoever calls: a view of a buffer or a tensor made
+        outside inference mode would not match the compiled graph's guards and compile it again.
         Raises:
             ValueError: if the cache cannot hold ``n`` more positions (``capacity``) or ``n`` < 1.
         """
@@ -150,8 +167,6 @@ class StaticPasses(torch.nn.Module):
         if n < 1 or start + n > self.capacity:
             raise ValueError(f"{n} new positions after {start} cached do not fit the static cache of {self.capacity}")
         device = rows[0].device
-        if positions is None:
-            positions = self.columns[start : start + n]
         full = None
         if attend is not None:  # (n, width): the caller's pattern, nothing past the new positions
             full = torch.zeros((n, self.width), dtype=torch.bool, device=device)
@@ -161,14 +176,17 @@ class StaticPasses(torch.nn.Module):
         for a in range(0, n, top):  # chunks of at most the largest bucket
             m = min(top, n - a)
             b = bucket_of(m, self.buckets)
-            inputs, pos = [x[a : a + m] for x in rows], positions[a : a + m]
-            slots = self.columns[start + a : start + a + b]
-            if b > m:  # pad: zeros at the scratch slots' own positions (no real row sees them)
-                inputs = [torch.cat([x, x.new_zeros((b - m, *x.shape[1:]))]) for x in inputs]
-                pos = torch.cat([pos, slots[m:]])
-            mask = self.columns[None, :] <= slots[:, None]  # causal over the slots
+            slots = torch.arange(start + a, start + a + b, device=device)
+            # pad: zeros at the scratch slots' own positions (no real row sees them); always a copy
+            inputs = [torch.cat([x[a : a + m], x.new_zeros((b - m, *x.shape[1:]))]) for x in rows]
+            if positions is None:  # a chain: positions are the slots
+                pos = torch.arange(start + a, start + a + b, device=device)
+            else:
+                pos = torch.cat([positions[a : a + m], slots[m:]])
+            window = min(self.width, -(-(start + a + b) // self.window) * self.window)  # columns attention reads
+            mask = self.columns[None, :window] <= slots[:, None]  # causal over the slots
             if full is not None:
-                mask = torch.cat([full[a : a + m], mask[m:]]) if b > m else full[a : a + m]
+                mask = torch.cat([full[a : a + m, :window], mask[m:]])
             outputs = self._pass(*inputs, pos, slots, mask)
             # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
             chunks.append([y[:m].clone() if self.compiled else y[:m] for y in outputs])
@@ -280,7 +298,8 @@ class StaticQwen(StaticPasses):
             self.keys[i].index_copy_(2, slots, k)
             self.values[i].index_copy_(2, slots, v)
             q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
-            o = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=attn_mask)
+            w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
+            o = F.scaled_dot_product_attention(q, self.keys[i][:, :, :w], self.values[i][:, :, :w], attn_mask=attn_mask)
             o = o.view(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
             x = x + att.o_proj(o)
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
@@ -349,8 +368,13 @@ class StaticEagle3(StaticPasses):
         q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attention_input(embeds, hidden), cos, sin)
         self.keys[0].index_copy_(2, slots, k)
         self.values[0].index_copy_(2, slots, v)
+        w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
         attended = F.scaled_dot_product_attention(
-            q, self.keys[0], self.values[0], attn_mask=mask[None, None], enable_gqa=self.kv_heads != self.heads
+            q,
+            self.keys[0][:, :, :w],
+            self.values[0][:, :, :w],
+            attn_mask=mask[None, None],
+            enable_gqa=self.kv_heads != self.heads,
         )
         out = head.midlayer.finish(hidden, attended)[0]
         return out, head.logits(out)

@@ -44,6 +44,18 @@ def test_logits_and_hidden_states_equal_hf_in_one_pass_and_in_chunks(target):
             torch.testing.assert_close(states[:, i], h[0], rtol=0, atol=1e-10)
 
 
+def test_windows_of_the_cache_past_128_columns_give_the_same_logits(target):
+    """Attention reads the cache up to the next multiple of ``WINDOW`` past the last slot written:
+    a 300-token sequence fed in chunks that cross 128 and 256 equals the HF pass."""
+    ids = torch.randint(0, VOCAB - 1, (300,), generator=torch.Generator().manual_seed(3))
+    ref = _hf(target, ids).logits[0]
+    s = StaticQwen(target, 400, buckets=(1, 2, 4, 8, 16, 32, 64))
+    got = [s.run(ids[:120])[0]]
+    for a, b in ((120, 127), (127, 129), (129, 250), (250, 257), (257, 299), (299, 300)):
+        got.append(s.run(ids[a:b])[0])
+    torch.testing.assert_close(torch.cat(got), ref, rtol=0, atol=1e-10)
+
+
 def test_continuing_and_rolling_back_is_a_length(target):
     ids = random_prompts(8)[5]
     ref = _hf(target, ids).logits[0]
@@ -166,6 +178,32 @@ def test_static_runtime_is_token_identical_to_the_eager_runtime(runtime, target,
             ref = generate(prompt, eager, runtime, max_new_tokens=40)
             out = generate(prompt, static, runtime, max_new_tokens=40, drafter=d, policy=_policy(policy))
             assert out.output_ids.tolist() == ref.output_ids.tolist()
+
+
+@pytest.mark.parametrize("drafter", [None, "ar"], ids=["vanilla", "ar"])
+def test_sampling_on_the_static_runtime_draws_what_the_eager_runtime_draws(runtime, target, drafter):
+    """Speculative sampling reads the same logits (float64, equal to 1e-10): with the same seed the
+    static runtime draws the same tokens as the eager one, so its output is distributed as before."""
+    from specpolicy.core.sampling import SamplingConfig
+
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95)
+    outputs = []
+    for static in (False, True):
+        verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+        d = _drafter("ar", runtime, True) if drafter else None
+        if static:
+            _static(verifier, target)
+            if d is not None:
+                _static(d, d.model)
+        runs = []
+        for prompt in random_prompts(3):
+            runtime.seed_everything(7)
+            kw = {"drafter": d, "policy": _policy("static")} if d is not None else {}
+            runs.append(
+                generate(prompt, verifier, runtime, max_new_tokens=30, sampling=sampling, **kw).output_ids.tolist()
+            )
+        outputs.append(runs)
+    assert outputs[0] == outputs[1]
 
 
 def test_tree_policy_on_the_static_runtime_is_lossless(runtime, target):
