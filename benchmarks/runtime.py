@@ -11,8 +11,8 @@ Rows (the bundled family; every row's output checked against eager vanilla greed
 * ``<method>@eager`` / ``<method>@compiled`` for ``vanilla``, ``ar+static-k<K>`` (the AR drafter,
   compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain) and ``dflash+failfast`` (DFlash +
   FailFast): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
-  (``runtime.compile``: the target and the AR drafter on a static KV cache compiled per shape
-  bucket, ``specpolicy.models.static_qwen``; the EAGLE-3 and DFlash drafters run eagerly on both);
+  (``runtime.compile``: the target and the AR, EAGLE-3 and DFlash drafters on static KV caches
+  compiled per shape bucket, ``specpolicy.models.static_qwen``);
 * ``hf-greedy`` -- ``generate(do_sample=False)`` (DynamicCache, eager); ``hf-static-compiled`` --
   ``generate(cache_implementation="static")`` with transformers' own compilation of the decoding
   forward (``CompileConfig(fullgraph=True)``, on every device); ``hf-assisted-k<K>`` (constant
@@ -21,7 +21,7 @@ Rows (the bundled family; every row's output checked against eager vanilla greed
 Reported per row: tokens/s (generated tokens / wall seconds, prefill included, summed over the
 prompts), ms per token, the ratio to the floor, speedup over eager vanilla, mean accepted length,
 and whether every output equals eager vanilla's. Warm-up is reported apart: the compiled runtime's
-compilation (``Runtime.warmup_s``, the target's and the AR drafter's buckets) and each row's first
+compilation (``Runtime.warmup_s``: the target's and the drafters' graphs) and each row's first
 (untimed) prompt. Inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default under the
 system's temp directory) makes a second process's warm-up much shorter: both are worth quoting.
 

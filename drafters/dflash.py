@@ -94,6 +94,11 @@ class DFlashDrafter(Drafter):
             drafter's own tokens, the argmax or a sample).
     Raises:
         ValueError: for an ``extension`` not in ``EXTENSIONS``.
+
+    On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
+    context compiled per shape bucket (``specpolicy.models.static_qwen.StaticDFlash``: the newly
+    committed positions' keys and values and the block in one pass; compile seconds added to
+    ``runtime.warmup_s``); ``draft_many`` drafts one by one there.
     """
 
     name = NAME
@@ -130,6 +135,13 @@ class DFlashDrafter(Drafter):
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
         self._sampling: SamplingConfig | None = None
+        self.static = None  # the compiled runtime's StaticDFlash, else None
+        if runtime.compile:
+            from specpolicy.models.static_qwen import StaticDFlash
+
+            capacity = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+            self.static = StaticDFlash(model, capacity, compile=True)
+            runtime.warmup_s += self.static.warmup()
 
     @property
     def timed_calls(self) -> tuple:
@@ -167,6 +179,8 @@ class DFlashDrafter(Drafter):
                 "specpolicy.core.decoding.generate, which asks the verifier for them"
             )
         self.cache = KVCache(len(self.model.layers))
+        if self.static is not None:
+            self.static.reset()
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
         self._recent = self._recent[:0]
@@ -208,7 +222,10 @@ class DFlashDrafter(Drafter):
         new = None
         if self._context is not None and self._context.shape[0]:
             new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
-        out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
+        if self.static is not None:  # compiled: the same pass over the static context cache
+            out = self.static.block(self.embed_tokens(ids), None if new is None else new[0])
+        else:
+            out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
         self._context = None
         logits = self.head(out[1 + self._tokens.shape[0] :])  # (B - 1, V or Vd)
         if self.path_search is not None:
@@ -331,6 +348,7 @@ class DFlashDrafter(Drafter):
         if (
             len(drafters) < 2
             or lead.path_search is not None
+            or lead.static is not None
             or any(
                 d.model is not lead.model
                 or d.embed_tokens is not lead.embed_tokens

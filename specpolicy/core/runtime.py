@@ -57,12 +57,12 @@ class Runtime:
         dtype: ``"auto"`` (bfloat16 on CUDA, float32 on CPU) or one of float32, float64,
             bfloat16, float16.
         seed: seeds Python, and torch (CPU and CUDA), and ``generator``.
-        compile: the compiled runtime (``runtime.compile=true``): the hf target and the ar drafter
-            run a static KV cache compiled with ``torch.compile`` per shape bucket (CUDA graphs on
+        compile: the compiled runtime (``runtime.compile=true``): the hf target and the ar, eagle3
+            and dflash drafters run static KV caches compiled with ``torch.compile`` (CUDA graphs on
             CUDA; ``specpolicy.models.static_qwen``); greedy output token-identical to the eager
-            runtime. Default False: the measured default on this testbed's CPU is eager for short
-            runs (compilation costs more than it saves below a few hundred tokens; see
-            ``docs/how-to/compiled-runtime.md``).
+            runtime. Default False: on CPU compilation takes tens of seconds per model (the
+            warm-up, ``warmup_s``), more than it saves on runs of a few thousand tokens, the test
+            suite's and most exploratory runs (``docs/how-to/compiled-runtime.md``).
     Attributes:
         generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;

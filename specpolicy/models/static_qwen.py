@@ -385,3 +385,108 @@ class StaticEagle3(StaticPasses):
             torch.zeros(b, dtype=torch.long, device=device),
             torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
         ]
+
+
+class StaticDFlash(StaticPasses):
+    """The DFlash drafter (``specpolicy.models.dflash.DFlashDraftModel``) behind a static KV cache of
+    its context, batch 1. A pass (``block``) feeds the newly committed positions' target features
+    (their keys and values only: ``fc``, ``hidden_norm``, each layer's k/v projections, as
+    ``context_keys_values``) followed by the block, the block attending to the whole context and to
+    itself (bidirectional), as ``DFlashDraftModel.forward`` over the cached context. Only the context
+    stays cached: the block's keys and values sit in slots past the length, overwritten by the next
+    pass. Buckets: ``BUCKETS`` and 128 (a block with up to 112 drafted tokens given).
+
+    Args:
+        model: the DFlash model, eval mode. capacity / compile / buckets: as ``StaticQwen``.
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, capacity: int, compile: bool = False, buckets: Sequence[int] | None = None
+    ) -> None:
+        super().__init__()
+        self.dflash = model
+        att = model.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
+        weight = model.fc.weight
+        self.features, self.hidden_size = int(weight.shape[1]), int(weight.shape[0])
+        buckets = tuple(sorted(set(BUCKETS if buckets is None else buckets) | {128}))
+        self._setup(
+            len(model.layers), self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets
+        )
+
+    def _forward(
+        self,
+        block: torch.Tensor,
+        context: torch.Tensor,
+        is_context: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor]:
+        """One padded pass: block embeddings ``(B, H)`` (zeros on context rows), context features
+        ``(B, F)`` (zeros on block rows), ``is_context`` ``(B,) bool``; returns ``(B, H)`` after the
+        final norm (meaningful on the block rows)."""
+        m = self.dflash
+        ctx = m.hidden_norm(m.fc(context))[None]  # (1, B, H)
+        x = block[None]
+        cos, sin = m.rope(x, positions[None])
+        w = mask.shape[1]
+        attn_mask = mask[None, None]
+        for i, layer in enumerate(m.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            k, v = a.keys_values(torch.where(is_context[None, :, None], ctx, h), cos, sin)
+            self.keys[i].index_copy_(2, slots, k)
+            self.values[i].index_copy_(2, slots, v)
+            b = h.shape[1]
+            q = a.q_norm(a.q_proj(h).view(1, b, a.num_heads, a.head_dim)).transpose(1, 2)
+            q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
+            out = F.scaled_dot_product_attention(
+                q,
+                self.keys[i][:, :, :w],
+                self.values[i][:, :, :w],
+                attn_mask=attn_mask,
+                enable_gqa=a.num_kv_heads != a.num_heads,
+            )
+            x = x + a.o_proj(out.transpose(1, 2).reshape(1, b, a.num_heads * a.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return (m.norm(x)[0],)
+
+    def _dummy_rows(self, b: int) -> list[torch.Tensor]:
+        device, dtype = self.columns.device, self.keys[0].dtype
+        return [
+            torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
+            torch.zeros((b, self.features), dtype=dtype, device=device),
+            torch.zeros(b, dtype=torch.bool, device=device),
+        ]
+
+    @torch.inference_mode()
+    def block(self, block_embeds: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        """One drafting pass: the newly committed positions' ``features`` ``(u, F)`` (or None) join the
+        cached context, then the block ``block_embeds`` ``(q, H)`` attends to the whole context and
+        to itself. Returns the block's outputs ``(q, H)`` after the final norm; the length grows by u.
+
+        Raises:
+            ValueError: a block longer than the largest bucket, or a context past the capacity.
+        """
+        q, u = int(block_embeds.shape[0]), 0 if features is None else int(features.shape[0])
+        if q > self.buckets[-1]:
+            raise ValueError(f"a DFlash block of {q} positions exceeds the largest bucket {self.buckets[-1]}")
+        dtype, device = self.keys[0].dtype, block_embeds.device
+        if u and u + q > self.buckets[-1]:  # the context alone first (its keys and values need no block)
+            self.passes(
+                [features.new_zeros((u, self.hidden_size)), features, torch.ones(u, dtype=torch.bool, device=device)]
+            )
+            u, features = 0, None
+        start = self.length
+        n = u + q
+        attend = torch.ones((n, start + n), dtype=torch.bool, device=device)  # context rows: causal
+        attend[:u, start:] = torch.ones((u, n), dtype=torch.bool, device=device).tril()
+        rows_block = torch.cat([block_embeds.new_zeros((u, self.hidden_size)), block_embeds.to(dtype)])
+        rows_ctx = block_embeds.new_zeros((n, self.features))
+        if u:
+            rows_ctx[:u] = features
+        is_context = torch.arange(n, device=device) < u
+        (out,) = self.passes([rows_block, rows_ctx, is_context], attend=attend)
+        self.length = start + u  # the block's keys and values are not kept
+        return out[u:]

@@ -330,3 +330,70 @@ def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpo
     for eager, compiled in zip(*runs):
         assert compiled.output_ids.tolist() == eager.output_ids.tolist()
         assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"name": "static", "k": 5}, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 40}],
+    ids=["static", "failfast"],
+)
+def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(family, runtime, policy):
+    """DFlash's passes -- the first block, extension passes with drafted tokens given (FailFast up
+    to 40), the context written by the same pass -- on the static cache (StaticDFlash): the same
+    drafts round for round and the same output as the eager runtime (float64)."""
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+    from specpolicy.verifiers.hf import specpolicy_make_verifier
+
+    pm = get_plugin_manager(autoload=False)
+    runs = []
+    for static in (False, True):
+        verifier = specpolicy_make_verifier("hf", {"model": str(family["target"])}, runtime)
+        drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, runtime, verifier)
+        if static:
+            from specpolicy.models.static_qwen import StaticDFlash
+
+            verifier.static = StaticQwen(verifier.model, verifier.max_context)
+            drafter.static = StaticDFlash(drafter.model, 600)
+        built = make_policy(pm, policy)
+        runs.append(
+            [
+                generate(prompt, verifier, runtime, max_new_tokens=40, drafter=drafter, policy=built)
+                for prompt in random_prompts(3)
+            ]
+        )
+    for eager, static in zip(*runs):
+        assert static.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in static.rounds] == [r.draft_token_ids for r in eager.rounds]
+    if policy["name"] == "failfast":  # tau 0: every draft extends to 40, past the block of 8: extension passes
+        assert max(r.speculation_length for run in runs[1] for r in run.rounds) > 8
+
+
+@pytest.mark.slow
+def test_dflash_compiled_is_token_identical_to_eager(two_buckets, family):
+    """``runtime.compile=true`` with DFlash + FailFast: target and DFlash compiled (float64), extension
+    passes included; the same drafts and output as the eager runtime."""
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+
+    pm = get_plugin_manager(autoload=False)
+    runs = []
+    for compile in (False, True):
+        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        verifier = make_verifier_hf(family, rt)
+        drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
+        assert (drafter.static is not None) == compile
+        policy = make_policy(pm, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20})
+        runs.append(
+            [
+                generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy)
+                for prompt in random_prompts(2)
+            ]
+        )
+    for eager, compiled in zip(*runs):
+        assert compiled.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
+
+
+def make_verifier_hf(family, rt):
+    from specpolicy.verifiers.hf import specpolicy_make_verifier
+
+    return specpolicy_make_verifier("hf", {"model": str(family["target"])}, rt)
