@@ -9,16 +9,15 @@ Positions form blocks of k under the relaxed causal mask, aligned at the sequenc
 One training step (per batch):
 
 1. A no-grad pass over the true inputs predicts every position's feature and token (argmax of the
-   target's LM head on it): position j - k's prediction is the inference-time input of position j
-   (the drafted block feeds the next pass).
-2. Glancing: ``mismatches`` = loss positions whose predicted token differs from the target's
-   (argmax of the LM head on f_{i+k}); per row, N = floor(lambda * mismatches) blocks, drawn
-   uniformly (seeded) among the blocks holding a loss position, keep the TRUE features and tokens
-   at all k of their positions (coupled: feature and token together); the other response positions
-   take the PREDICTED feature and token of position j - k. The prompt stays true (it is at
-   inference). The released code (``glance.py``) instead writes the true values k positions ahead
-   into the otherwise-true inputs at the drawn block starts; we follow the paper's description
-   (predicted inputs, the drawn blocks corrected), as the brief's notes put it.
+   target's LM head on it).
+2. Glancing (``glance.py``): ``mismatches`` = loss positions whose predicted token differs from the
+   target's (argmax of the LM head on f_{i+k}); per row, N = floor(lambda * mismatches) block
+   starts (aligned at position 0, as the relaxed mask's blocks), drawn uniformly (seeded) among
+   those that are loss positions, are fed their TARGETS -- the true feature f_{i+k} with the true
+   token x_{i+k+1}, coupled -- in place of (f_i, x_{i+1}); every other position keeps its true
+   input (teacher forcing, as the drafter's first pass sees). As released for k = 2, only the
+   block's start glances. The released code also adds uniform noise to the input features
+   (EAGLE-1's augmentation); we add none.
 3. A second pass with gradients over those inputs; loss, on every loss position (as released)::
 
        SmoothL1(out, f_{i+k}) + 0.1 * [0.9 * KL_T(p_target || p_draft) + 0.1 * CE(p_draft, argmax p_target)]
@@ -101,26 +100,25 @@ def new_falcon(target_config, seed: int, k: int = DEFAULT_K, size: dict | None =
 def select_glanced(
     loss_mask: torch.Tensor, mismatches: torch.Tensor, lam: float, k: int, gen: torch.Generator | None
 ) -> torch.Tensor:
-    """Which positions keep their true inputs: per row, ``floor(lam * mismatches)`` blocks of ``k``
-    (aligned at position 0) drawn uniformly without replacement among the blocks holding a loss
-    position; all ``k`` positions of a drawn block are marked (capped at every eligible block).
+    """Which positions glance: per row, ``floor(lam * mismatches)`` block starts (positions ``i % k == 0``,
+    blocks aligned at position 0 as the relaxed mask's) drawn uniformly without replacement among
+    the block starts that are loss positions (capped at all of them).
 
     Args:
         loss_mask: ``(R, n) bool`` loss positions. mismatches: ``(R,) int64`` per row.
         lam: lambda. k: block size. gen: the random stream (on the CPU).
     Returns:
-        ``(R, n) bool``.
+        ``(R, n) bool``, True at the drawn block starts.
     """
     R, n = loss_mask.shape
-    blocks = -(-n // k)
-    padded = F.pad(loss_mask, (0, blocks * k - n))
-    eligible = padded.view(R, blocks, k).any(-1)  # (R, blocks)
+    eligible = loss_mask[:, ::k]  # (R, blocks): each block's start
     want = torch.minimum((lam * mismatches.double()).floor().long(), eligible.sum(-1))
-    scores = torch.rand((R, blocks), generator=gen).to(loss_mask.device)
-    scores = scores.masked_fill(~eligible, 2.0)  # ineligible blocks sort last
-    rank = scores.argsort(-1).argsort(-1)  # each block's rank in a random order
-    chosen = rank < want[:, None]
-    return chosen[:, :, None].expand(R, blocks, k).reshape(R, blocks * k)[:, :n]
+    scores = torch.rand(eligible.shape, generator=gen).to(loss_mask.device)
+    scores = scores.masked_fill(~eligible, 2.0)  # ineligible starts sort last
+    rank = scores.argsort(-1).argsort(-1)  # each start's rank in a random order
+    chosen = torch.zeros_like(loss_mask)
+    chosen[:, ::k] = rank < want[:, None]
+    return chosen
 
 
 def falcon_inputs(model: FalconTrainee, ids: torch.Tensor, feats: torch.Tensor, k: int):
@@ -175,11 +173,11 @@ def falcon_loss(store: FeatureStore, top_layer: int, k: int, lam_of_step, schedu
             wrong = torch.zeros_like(mask)
             wrong[mask] = pred_token[mask] != target_token
             glanced = select_glanced(mask, wrong.sum(-1), lam, k, gen)
-            # position j's inference-time input is position j - k's prediction; the prompt stays true
-            shifted = F.pad(mask, (k, 0))[:, : mask.shape[1]]  # j - k is a loss position
-            use_pred = shifted & ~glanced
-            new_hidden = torch.where(use_pred[..., None], F.pad(predicted, (0, 0, k, 0))[:, : hidden.shape[1]], hidden)
-            new_tokens = torch.where(use_pred, F.pad(pred_token, (k, 0))[:, : tokens.shape[1]], tokens)
+            # glancing: a drawn block start is fed its target -- f_{i+k} with x_{i+k+1} -- the rest
+            # keeps the true inputs
+            target_ids = F.pad(ids[:, k + 1 :], (0, 1))[:, : tokens.shape[1]]  # x_{i+k+1}
+            new_hidden = torch.where(glanced[..., None], target, hidden)
+            new_tokens = torch.where(glanced, target_ids, tokens)
         out = run_head(model, new_hidden.to(hidden.dtype), new_tokens)[mask]  # (m, H)
         count = max(int(mask.sum()), 1)
         feature = F.smooth_l1_loss(out.float(), target[mask].float(), reduction="none").mean(-1).sum() / count

@@ -36,25 +36,22 @@ def test_lambda_schedules():
 
 
 def test_glancing_selection_worked_example():
-    # loss positions 2..8 of 10 (blocks of 2: {0,1} none, {2,3}..{8,9} four with a loss position, {8,9} half)
+    # loss positions 3..8 of 10; block starts (k = 2) 0, 2, 4, 6, 8 -- of them 4, 6, 8 are loss positions
     mask = torch.zeros(1, 10, dtype=torch.bool)
-    mask[0, 2:9] = True
-    # 5 mismatches, lambda 0.4: N = floor(2.0) = 2 whole blocks among the 4 eligible
+    mask[0, 3:9] = True
+    # 5 mismatches, lambda 0.4: N = floor(2.0) = 2 of the 3 eligible starts
     chosen = select_glanced(mask, torch.tensor([5]), 0.4, 2, torch.Generator().manual_seed(0))
-    blocks = chosen.view(1, 5, 2)
-    assert (blocks[..., 0] == blocks[..., 1]).all()  # whole blocks
-    assert int(blocks[0, :, 0].sum()) == 2 and not blocks[0, 0, 0]  # two blocks, never the prompt block
-    # N capped at the eligible blocks; lambda 0 glances nothing; rows independent
+    assert int(chosen.sum()) == 2 and set(chosen[0].nonzero()[:, 0].tolist()) <= {4, 6, 8}
+    # N capped at the eligible starts; rows independent; lambda 0 glances nothing
     many = select_glanced(mask.expand(2, 10), torch.tensor([100, 3]), 0.5, 2, torch.Generator().manual_seed(1))
-    assert torch.equal(many[0], torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], dtype=torch.bool))
-    assert int(many[1].sum()) == 2  # floor(1.5) = 1 block
+    assert many[0].nonzero()[:, 0].tolist() == [4, 6, 8] and int(many[1].sum()) == 1  # floor(1.5) = 1
     assert not select_glanced(mask, torch.tensor([7]), 0.0, 2, None).any()
-    # every draw is uniform over the eligible blocks: each of the 4 drawn about half the time
-    counts = torch.zeros(5)
+    # each draw is uniform over the eligible starts: each drawn 2/3 of the time
+    counts = torch.zeros(10)
     g = torch.Generator().manual_seed(2)
-    for _ in range(400):
-        counts += select_glanced(mask, torch.tensor([5]), 0.4, 2, g).view(5, 2)[:, 0].float()
-    assert counts[0] == 0 and ((counts[1:] - 200).abs() < 45).all(), counts
+    for _ in range(600):
+        counts += select_glanced(mask, torch.tensor([5]), 0.4, 2, g)[0].float()
+    assert counts[[0, 1, 2, 3, 5, 7, 9]].sum() == 0 and ((counts[[4, 6, 8]] - 400).abs() < 45).all(), counts
 
 
 def test_loss_positions_predict_response_tokens():
@@ -73,7 +70,7 @@ def target():
 
 
 @torch.no_grad()
-def test_the_second_pass_takes_predictions_k_back_and_true_inputs_in_glanced_blocks(target, monkeypatch):
+def test_the_second_pass_feeds_the_drawn_block_starts_their_targets(target, monkeypatch):
     head = new_falcon(target.config, 2, size=SIZE).double().eval()
     model = FalconTrainee(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
     g = torch.Generator().manual_seed(0)
@@ -90,28 +87,32 @@ def test_the_second_pass_takes_predictions_k_back_and_true_inputs_in_glanced_blo
         "prompt_len": torch.tensor([4]),
         "index": torch.tensor([0]),
     }
-    seen = []
-    real = run_head
+    seen, drawn = [], {}
+    real_head, real_select = run_head, select_glanced
 
     def spy(m, hidden, tokens):
         seen.append((hidden.clone(), tokens.clone()))
-        return real(m, hidden, tokens)
+        return real_head(m, hidden, tokens)
+
+    def select(mask, mism, lam, k, gen):
+        drawn["mism"], drawn["lam"] = int(mism), lam
+        return real_select(mask, torch.tensor([100]), 1.0, k, gen)  # every eligible start
 
     monkeypatch.setattr("specpolicy.family.train_falcon.run_head", spy)
-    monkeypatch.setattr(
-        "specpolicy.family.train_falcon.select_glanced",
-        lambda mask, mism, lam, k, gen: torch.arange(mask.shape[1])[None] // 2 == 4,  # block {8, 9} glanced
-    )
+    monkeypatch.setattr("specpolicy.family.train_falcon.select_glanced", select)
     falcon_loss(Store(), 2, 2, lambda s: 0.4, [0])(model, batch, g)
     (h1, t1), (h2, t2) = seen
     assert torch.equal(h1, feats[:, :12]) and torch.equal(t1, ids[:, 1:13])  # pass 1: the true inputs
-    first = real(model, h1, t1)
+    first = real_head(model, h1, t1)
     pred = (first @ model.lm_head.T).argmax(-1)
+    want = (feats[:, 2:14] @ model.lm_head.T).argmax(-1)
+    mask = loss_positions(ids, batch["valid"], batch["prompt_len"], 2)
+    assert drawn == {"mism": int(((pred != want) & mask).sum()), "lam": 0.4}
     for j in range(12):
-        if j in (8, 9) or j - 2 < 1:  # glanced, or position j - 2 predicts no response token (prompt 4)
+        if j % 2 == 0 and mask[0, j]:  # a drawn block start: its target, f_{j+2} with x_{j+3}
+            assert torch.equal(h2[0, j], feats[0, j + 2]) and t2[0, j] == ids[0, j + 3], j
+        else:  # the true input
             assert torch.equal(h2[0, j], h1[0, j]) and t2[0, j] == t1[0, j], j
-        else:  # position j - k's prediction: its feature and its token
-            assert torch.equal(h2[0, j], first[0, j - 2]) and t2[0, j] == pred[0, j - 2], j
 
 
 @torch.no_grad()
