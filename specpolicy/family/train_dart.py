@@ -283,7 +283,8 @@ def train_dart(
         name="dart-drafter",
         on_log=on_log,
     )
-    validate(stats["steps"], False)
+    if not curve or curve[-1]["step"] != stats["steps"]:  # the last progress line may have measured it
+        validate(stats["steps"], False)
     save_dart(head, out_dir, num_layers)
     stats.update(
         params=sum(p.numel() for p in head.parameters()),
