@@ -187,7 +187,8 @@ def save_adapter(peft_model, out: str | Path, base: str, meta: dict) -> int:
     cfg.base_model_name_or_path = base
     cfg.save_pretrained(str(out))
     state = {
-        k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in get_peft_model_state_dict(peft_model).items()
+        k: v.detach().to(torch.bfloat16).contiguous().cpu()
+        for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()
     }
     save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     (out / DEER_META).write_text(json.dumps({**meta, "base": base, "kind": "lora"}, indent=1) + "\n")
