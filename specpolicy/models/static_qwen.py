@@ -106,6 +106,11 @@ class StaticPasses(torch.nn.Module):
         for i in range(layers):
             self.register_buffer(f"k{i}", self.keys[i], persistent=False)
             self.register_buffer(f"v{i}", self.values[i], persistent=False)
+            if compile and device.type == "cuda":  # CUDA graphs: written in place at a fixed address
+                from torch._dynamo import mark_static_address
+
+                mark_static_address(self.keys[i])
+                mark_static_address(self.values[i])
         self.register_buffer("columns", torch.arange(self.width, device=device), persistent=False)
         self.window = WINDOW if device.type != "cuda" else self.width
         self.length = 0
@@ -134,6 +139,11 @@ class StaticPasses(torch.nn.Module):
             self._pass = torch.compile(
                 types.MethodType(forward, self), fullgraph=True, dynamic=dynamic, mode=mode, options=options
             )
+
+    def layer_cache(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s key and value buffers, by their registered names: a compiled pass then sees
+        module buffers (static addresses, which CUDA graphs keep in place), not list elements."""
+        return getattr(self, f"k{i}"), getattr(self, f"v{i}")
 
     def _forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -295,11 +305,12 @@ class StaticQwen(StaticPasses):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            self.keys[i].index_copy_(2, slots, k)
-            self.values[i].index_copy_(2, slots, v)
+            cache_k, cache_v = self.layer_cache(i)
+            cache_k.index_copy_(2, slots, k)
+            cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
-            o = F.scaled_dot_product_attention(q, self.keys[i][:, :, :w], self.values[i][:, :, :w], attn_mask=attn_mask)
+            o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
             o = o.view(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
             x = x + att.o_proj(o)
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
@@ -366,13 +377,14 @@ class StaticEagle3(StaticPasses):
         embeds, hidden = self.embed_tokens(token_ids)[None], hidden[None]
         cos, sin = head.rotary_emb(embeds, positions[None])
         q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attention_input(embeds, hidden), cos, sin)
-        self.keys[0].index_copy_(2, slots, k)
-        self.values[0].index_copy_(2, slots, v)
+        cache_k, cache_v = self.layer_cache(0)
+        cache_k.index_copy_(2, slots, k)
+        cache_v.index_copy_(2, slots, v)
         w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
         attended = F.scaled_dot_product_attention(
             q,
-            self.keys[0][:, :, :w],
-            self.values[0][:, :, :w],
+            cache_k[:, :, :w],
+            cache_v[:, :, :w],
             attn_mask=mask[None, None],
             enable_gqa=self.kv_heads != self.heads,
         )
@@ -436,15 +448,16 @@ class StaticDFlash(StaticPasses):
             a = layer.self_attn
             h = layer.input_layernorm(x)
             k, v = a.keys_values(torch.where(is_context[None, :, None], ctx, h), cos, sin)
-            self.keys[i].index_copy_(2, slots, k)
-            self.values[i].index_copy_(2, slots, v)
+            cache_k, cache_v = self.layer_cache(i)
+            cache_k.index_copy_(2, slots, k)
+            cache_v.index_copy_(2, slots, v)
             b = h.shape[1]
             q = a.q_norm(a.q_proj(h).view(1, b, a.num_heads, a.head_dim)).transpose(1, 2)
             q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
             out = F.scaled_dot_product_attention(
                 q,
-                self.keys[i][:, :, :w],
-                self.values[i][:, :, :w],
+                cache_k[:, :, :w],
+                cache_v[:, :, :w],
                 attn_mask=attn_mask,
                 enable_gqa=a.num_kv_heads != a.num_heads,
             )
