@@ -30,7 +30,7 @@ from specpolicy.core.runtime import Runtime
 from specpolicy.models.checkpoint import hf_config
 
 #: Models of the bundled family (``specpolicy/family/bundle/<name>``), trained by ``python -m specpolicy.family``.
-BUNDLED_MODELS = ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")
+BUNDLED_MODELS = ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter", "dart-drafter")
 
 
 def bundled_dir() -> Path:
