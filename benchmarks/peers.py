@@ -140,7 +140,7 @@ def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]
 
 
 #: The drafters a ``--method`` may name (the bench's models: ``--ar-drafter`` ...).
-BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3", "easyspec")
+BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3", "easyspec", "dart", "falcon", "deer")
 
 
 @dataclass
@@ -253,7 +253,8 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0)
+        compiled = getattr(args, "runtime", "eager") == "compiled"  # runtime.compile (benchmarks/runtime.py)
+        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0, compile=compiled)
         self.pm = get_plugin_manager(autoload=False)
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
         self.target = self.verifier.model
@@ -263,6 +264,9 @@ class Bench:
             "dflash": getattr(args, "dflash_drafter", "dflash-drafter"),
             "eagle3": getattr(args, "eagle3_drafter", "eagle3-drafter"),
             "easyspec": args.ar_drafter,  # EasySpec's layer-parallel drafting runs the AR drafter
+            "dart": getattr(args, "dart_drafter", "dart-drafter"),
+            "falcon": getattr(args, "falcon_drafter", "falcon-drafter"),
+            "deer": getattr(args, "deer_drafter", "deer-drafter"),
         }
 
         def factory(name: str, settings: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -1017,9 +1021,18 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dllm-drafter", default="dllm-drafter")
     p.add_argument("--dflash-drafter", default="dflash-drafter")
     p.add_argument("--eagle3-drafter", default="eagle3-drafter")
+    p.add_argument("--dart-drafter", default="dart-drafter", help="the DART drafter (bundled or a local directory)")
+    p.add_argument("--falcon-drafter", default="falcon-drafter", help="the Falcon drafter (bundled or local)")
+    p.add_argument("--deer-drafter", default="deer-drafter", help="the DEER drafter (bundled or a checkpoint dir)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--runtime",
+        choices=("eager", "compiled"),
+        default="eager",
+        help="compiled: runtime.compile=true (static KV caches compiled per shape bucket; warm-up before timing)",
+    )
 
 
 def start_benchmark(threads: int) -> Callable[[str], None]:

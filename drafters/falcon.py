@@ -33,6 +33,7 @@ import torch
 from specpolicy.core import tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
@@ -338,8 +339,30 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     if group != "drafter" or name != NAME:
         return None
     check_keys("drafter", config, CONFIG_KEYS)
+    check_bundled(config.get("model", "falcon-drafter"))
     check_checkpoint(config.get("model", "falcon-drafter"), run_config, check_fits_target, FalconSpec.from_config)
     return True
+
+
+#: Where a clone of the repository keeps the trained Falcon drafter (not in the 40 MB bundle).
+CLONE_WEIGHTS = "benchmarks/weights/falcon-drafter"
+
+
+def check_bundled(model: str) -> None:
+    """``falcon-drafter`` names a bundled drafter only when the bundle holds one; it does not (the
+    family's 40 MB are taken by the drafters the FailFast study needs).
+
+    Raises:
+        ConfigError: one line naming ``drafter.model`` and what to pass instead.
+    """
+    from specpolicy.models.loading import bundled_dir
+
+    if model == "falcon-drafter" and not (bundled_dir() / model / "config.json").is_file():
+        raise ConfigError(
+            f"drafter.model='falcon-drafter': the Falcon drafter is not bundled; pass a Falcon checkpoint "
+            f"directory (in a clone: drafter.model={CLONE_WEIGHTS}; or train one with "
+            f"python -m specpolicy.family.train_drafter falcon)"
+        )
 
 
 @hookimpl
@@ -355,6 +378,7 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     if name != NAME:
         return None
     model_name = config.get("model", "falcon-drafter")
+    check_bundled(model_name)
     key = f"drafter.model={model_name!r}"
     embed, lm_head, target_config = target_parts(verifier, NAME)
     from specpolicy.models.checkpoint import read_config

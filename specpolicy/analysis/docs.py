@@ -749,7 +749,7 @@ NEIGHBOUR_CLAIMS = [
         "Qwen3 targets, 0.5B dLLM drafter, one denoising step per 32-token block",
         "GSM8K at T = 0.6: 2.23x (tau 2.70); HumanEval 5.54x (tau 6.58)",
         "1.92x (tau 2.43) on GSM8K",
-        "not yet here",
+        "here: `drafter=deer` (a LoRA on the bundled dLLM drafter), `method=deer`, `method=deer-failfast`",
     ),
     (
         "EasySpec",
@@ -759,8 +759,22 @@ NEIGHBOUR_CLAIMS = [
         "-",
         "here: `drafter=easyspec` (`layer_parallel`), `method=easyspec-ar`",
     ),
-    ("DART", "arXiv 2601.19278", "Qwen3-8B, H20, draft length 8", "2.71x, tau 3.61", "2.20x, tau 3.72", "not yet here"),
-    ("Falcon", "arXiv 2412.12639", "Vicuna / LLaMA2 targets", "2.9-3.5x", "-", "not yet here"),
+    (
+        "DART",
+        "arXiv 2601.19278",
+        "Qwen3-8B, H20, draft length 8",
+        "2.71x, tau 3.61",
+        "2.20x, tau 3.72",
+        "here: `drafter=dart`, `policy=dart-tree`, `method=dart-tree` / `dart-failfast` / `dart-static`",
+    ),
+    (
+        "Falcon",
+        "arXiv 2412.12639",
+        "Vicuna-7B, H800, greedy",
+        "MT-Bench / HumanEval / GSM8K 3.10x / 3.21x / 2.92x",
+        "-",
+        "here: `drafter=falcon`, `policy=falcon-tree` (weights not bundled: `train_drafter falcon`)",
+    ),
 ]
 NEIGHBOURS_NAME = "neighbours-gsm8k-30x256.json"
 #: EasySpec's rows: the sequential AR drafter, the lean pass alone, the lean pass grouped.
@@ -933,6 +947,11 @@ def neighbours_page(results: Mapping[str, Any] | None, depth: Mapping[str, Any] 
         f"python benchmarks/peers.py --num-prompts {s['num_prompts']} --offset {s.get('offset', 0)} "
         f"--max-new-tokens {s['max_new_tokens']}{' --no-oracle' if s.get('no_oracle') else ''} "
         f"--out benchmarks/results/{NEIGHBOURS_NAME} \\",
+        *[
+            f"    --{key.replace('_', '-')} {s[key]} \\"
+            for key in ("dart_drafter", "falcon_drafter", "deer_drafter")
+            if s.get(key) not in (None, key.replace("_", "-"))
+        ],
         *[f"    --method {m} \\" for m in s.get("method") or []],
     ]
     command[-1] = command[-1].removesuffix(" \\")

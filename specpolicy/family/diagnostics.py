@@ -433,7 +433,9 @@ def _block_size(drafter: str) -> int:
 def main(argv: list[str] | None = None) -> dict:
     """CLI (``python -m specpolicy.family.diagnostics``); writes ``--out`` as JSON."""
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family.diagnostics", description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", default="fastdllm", choices=("fastdllm", "dflash", "eagle3"), help="the drafter's kind")
+    ap.add_argument(
+        "--kind", default="fastdllm", choices=("fastdllm", "dflash", "eagle3", "deer"), help="the drafter's kind"
+    )
     ap.add_argument(
         "--drafter", default=None, help="bundled name or checkpoint dir (default: the bundled drafter of --kind)"
     )
@@ -475,7 +477,10 @@ def main(argv: list[str] | None = None) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     a.drafter = (
-        a.drafter or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter"}[a.kind]
+        a.drafter
+        or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter", "deer": "deer-drafter"}[
+            a.kind
+        ]
     )
 
     def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured
@@ -509,7 +514,7 @@ def main(argv: list[str] | None = None) -> dict:
         diagnose(a.drafter, a.target, first, npr, a.max_new_tokens, a.stride, a.max_distance, **common)
         if a.in_loop:
             loop_dir = a.in_loop_dir or (str(a.out) + ".loop" if a.out else "outputs/diagnostics-loop")
-            k = a.in_loop_k or {"fastdllm": 16, "eagle3": 5}.get(a.kind) or _block_size(a.drafter) - 1
+            k = a.in_loop_k or {"fastdllm": 16, "eagle3": 5, "deer": 32}.get(a.kind) or _block_size(a.drafter) - 1
             res["in_loop"] = run_in_loop(a.drafter, loop_dir, k=k, kind=a.kind, offset=a.offset)
             print(f"[in-loop] {res['in_loop']}", flush=True)
             save(res)

@@ -39,10 +39,13 @@ STAGES = [
     "distill",
     "ar-drafter",
     "dllm-drafter",
+    "deer-drafter",
     "features",
     "dflash-drafter",
     "dflash-vocabulary",
     "eagle3-drafter",
+    "dart-drafter",
+    "falcon-drafter",
     "eval",
 ]
 
@@ -230,6 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eagle3-warmup", type=int, default=50)
     ap.add_argument("--eagle3-ttt", type=int, default=7, help="training-time-test unroll steps")
     ap.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="draft vocabulary size")
+    ap.add_argument("--dart-epochs", type=int, default=1)
+    ap.add_argument("--dart-max-steps", type=int, default=300)
+    ap.add_argument("--dart-batch-tokens", type=int, default=4096)
+    ap.add_argument("--dart-lr", type=float, default=2e-3)
+    ap.add_argument("--dart-warmup", type=int, default=30)
+    ap.add_argument("--dart-draft-vocab", type=int, default=1024, help="DART's draft vocabulary size")
+    ap.add_argument("--dart-init", default=None, help="continue training this DART checkpoint")
+    ap.add_argument("--falcon-epochs", type=int, default=2, help="Falcon: epochs (lambda decays over them)")
+    ap.add_argument("--falcon-max-steps", type=int, default=None)
+    ap.add_argument("--falcon-batch-tokens", type=int, default=4096)
+    ap.add_argument("--falcon-lr", type=float, default=2e-3)
+    ap.add_argument("--falcon-warmup", type=int, default=50)
+    ap.add_argument("--falcon-init", default=None, help="continue training this Falcon checkpoint")
     # eval
     ap.add_argument("--eval-n", type=int, default=50)
     ap.add_argument("--eval-k", type=int, default=5)
@@ -292,10 +308,13 @@ def run(a: argparse.Namespace) -> dict:
         "distill": work / "distill" / "target_greedy.jsonl",
         "ar-drafter": out / "ar-drafter",
         "dllm-drafter": out / "dllm-drafter",
+        "deer-drafter": out / "deer-drafter",
         "features": work / "features",
         "dflash-drafter": out / "dflash-drafter",
         "dflash-vocabulary": out / "dflash-drafter",
         "eagle3-drafter": out / "eagle3-drafter",
+        "dart-drafter": out / "dart-drafter",
+        "falcon-drafter": out / "falcon-drafter",
     }
 
     def todo(stage: str) -> bool:
@@ -310,7 +329,7 @@ def run(a: argparse.Namespace) -> dict:
             done = (p / "tokenizer.json").exists()
         elif stage == "features":
             done = (p / "store.json").exists()
-        elif stage in ("dflash-drafter", "eagle3-drafter"):
+        elif stage in ("dflash-drafter", "eagle3-drafter", "dart-drafter", "falcon-drafter"):
             done = (p / "model.safetensors").exists()
         elif stage == "dflash-vocabulary":
             done = "draft_vocab_size" in (p / "config.json").read_text() if (p / "config.json").exists() else False
@@ -467,6 +486,20 @@ def run(a: argparse.Namespace) -> dict:
             print(f"calibration: {cal}", flush=True)
             update_log(log_path, "dllm-drafter-calibration", cal)
 
+    if todo("deer-drafter"):  # DEER (arXiv 2512.15176): a LoRA on the dLLM drafter, two stages (train_deer)
+        print("== deer-drafter", flush=True)
+        from specpolicy.family.train_deer import build_parser as deer_parser, run as train_deer
+        from specpolicy.models.loading import bundled_dir
+
+        bundled = paths["dllm-drafter"].resolve() == (bundled_dir() / "dllm-drafter").resolve()
+        train_deer(
+            deer_parser().parse_args(
+                ["--distill", str(paths["distill"]), "--out", str(paths["deer-drafter"]), "--log", str(log_path)]
+                + ["--base", "dllm-drafter" if bundled else str(paths["dllm-drafter"]), "--seed", str(a.seed)]
+                + ["--max-len", str(a.max_len), "--threads", str(threads)]
+            )
+        )
+
     def conditioned_data():
         """The distilled examples as the feature store indexes them, and the training / held-out split."""
         exs = get_distilled()
@@ -551,6 +584,48 @@ def run(a: argparse.Namespace) -> dict:
             heldout_indices=held,
         )
         update_log(log_path, "eagle3-drafter", st)
+
+    if todo("dart-drafter"):
+        from specpolicy.family.feature_store import FeatureStore
+        from specpolicy.family.train_dart import train_dart
+
+        print("== dart-drafter", flush=True)
+        exs, train_idx, held = conditioned_data()
+        st = train_dart(
+            paths["target"],
+            exs,
+            FeatureStore(paths["features"]),
+            cfg("dart"),
+            paths["dart-drafter"],
+            tok.pad_token_id,
+            a.dart_draft_vocab,
+            train_indices=train_idx,
+            heldout_indices=held,
+            init=a.dart_init,
+            checkpoint_every=50,
+            stop_ids=(tok.eos_token_id,),
+        )
+        update_log(log_path, "dart-drafter", st)
+
+    if todo("falcon-drafter"):  # Falcon (arXiv 2412.12639): CSGD on the target's top-layer features
+        from specpolicy.family.feature_store import FeatureStore
+        from specpolicy.family.train_falcon import train_falcon
+
+        print("== falcon-drafter", flush=True)
+        exs, train_idx, held = conditioned_data()
+        st = train_falcon(
+            paths["target"],
+            exs,
+            FeatureStore(paths["features"]),
+            cfg("falcon"),
+            paths["falcon-drafter"],
+            tok.pad_token_id,
+            train_indices=train_idx,
+            heldout_indices=held,
+            init=a.falcon_init,
+            checkpoint_every=50,
+        )
+        update_log(log_path, "falcon-drafter", st)
 
     if todo("eval"):
         print("== eval", flush=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-KINDS = ("dflash", "eagle3")
+KINDS = ("dflash", "eagle3", "dart", "falcon")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,8 +152,10 @@ def check_args(a: argparse.Namespace) -> dict:
         raise SystemExit(f"error: --lr={a.lr}; it must be > 0")
     if a.draft_layers is not None and a.draft_layers < 1:
         raise SystemExit(f"error: --draft-layers={a.draft_layers}; it must be an integer >= 1")
-    if a.drafter == "eagle3" and a.draft_layers not in (None, 1):
-        raise SystemExit(f"error: --draft-layers={a.draft_layers}; an EAGLE-3 head has 1 layer")
+    if a.drafter == "falcon" and a.layer_ids is not None:
+        raise SystemExit(f"error: --layer-ids {a.layer_ids}: Falcon reads the target's last hidden state only")
+    if a.drafter in ("eagle3", "dart") and a.draft_layers not in (None, 1):
+        raise SystemExit(f"error: --draft-layers={a.draft_layers}; an EAGLE-3 or DART head has 1 layer")
     config = json.loads((target / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
     layers = int(config.get("num_hidden_layers", 0))
@@ -162,8 +164,10 @@ def check_args(a: argparse.Namespace) -> dict:
     bad = [i for i in ids if not 0 <= i <= top]
     if bad:
         raise SystemExit(f"error: --layer-ids {ids}: the target has {layers} layers (ids 0..{top})")
-    if a.drafter == "eagle3" and a.layer_ids is not None and len(ids) != 3:
-        raise SystemExit(f"error: --layer-ids {ids}: EAGLE-3 fuses exactly three layers")
+    if a.drafter in ("eagle3", "dart") and a.layer_ids is not None and len(ids) != 3:
+        raise SystemExit(f"error: --layer-ids {ids}: EAGLE-3 and DART fuse exactly three layers")
+    if a.drafter == "dart" and a.layer_ids is not None:
+        raise SystemExit(f"error: --layer-ids {ids}: the DART head reads the default layers [2, L//2, L-3]")
     vocab = int(config.get("vocab_size", 0))
     if a.draft_vocab is not None and vocab and a.draft_vocab > vocab:
         raise SystemExit(
@@ -190,7 +194,7 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
         SystemExit: one line naming the option and what is wrong.
     """
     from specpolicy.core.errors import ConfigError
-    from specpolicy.models import dflash, eagle3
+    from specpolicy.models import dart, dflash, eagle3, falcon
     from specpolicy.models.checkpoint import read_config, weight_files
 
     shape = [n for n in SHAPE_OPTIONS if not (n == "draft_vocab" and a.drafter == "dflash")]
@@ -207,10 +211,14 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
             if dflash.ARCHITECTURE in architectures or "dflash_config" in raw
             else "eagle3"
             if eagle3.ARCHITECTURE in architectures
+            else "dart"
+            if dart.ARCHITECTURE in architectures
+            else "falcon"
+            if falcon.ARCHITECTURE in architectures
             else None
         )  # None: say nothing yet
         if kind not in (None, a.drafter):
-            names = {"dflash": "DFlash", "eagle3": "EAGLE-3"}
+            names = {"dflash": "DFlash", "eagle3": "EAGLE-3", "dart": "DART", "falcon": "Falcon"}
             raise ConfigError(
                 f"{key}: the checkpoint is {names[kind]} (architectures {architectures}), not {names[a.drafter]}"
             )
@@ -218,6 +226,10 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
             raise ConfigError(f"{key} has no weights (no *.safetensors nor pytorch_model*.bin)")
         if a.drafter == "dflash":
             from specpolicy.drafters.dflash import check_fits_target
+        elif a.drafter == "dart":
+            from specpolicy.drafters.dart import check_fits_target
+        elif a.drafter == "falcon":
+            from specpolicy.models.falcon import check_fits_target
         else:
             from specpolicy.drafters.eagle3 import check_fits_target
         check_fits_target(raw, target_config, key)
@@ -301,6 +313,12 @@ def run(a: argparse.Namespace) -> dict:
 
             ids = list(DFlashSpec.from_config(raw, "--init").target_layer_ids)
             feature_layers = [i + 1 for i in ids]
+        elif a.drafter == "dart":  # its three layers and the last hidden state (the loss's target distribution)
+            from specpolicy.drafters.dart import check_fits_target
+
+            ids, feature_layers = None, [*check_fits_target(raw, target_config, "--init"), layers]
+        elif a.drafter == "falcon":
+            ids, feature_layers = None, [layers]
         else:
             from specpolicy.drafters.eagle3 import check_fits_target
 
@@ -309,6 +327,10 @@ def run(a: argparse.Namespace) -> dict:
         draft_layers = a.draft_layers or 5
         ids = a.layer_ids or default_target_layer_ids(layers, draft_layers)
         feature_layers = [i + 1 for i in ids]
+    elif a.drafter == "dart":
+        ids, feature_layers = None, [2, layers // 2, layers - 3, layers]
+    elif a.drafter == "falcon":  # the top layer, as the LM head reads it (the head's own width)
+        ids, feature_layers = None, [layers]
     else:
         ids = a.layer_ids
         feature_layers = ids or [2, layers // 2, layers - 3]
@@ -378,6 +400,54 @@ def run(a: argparse.Namespace) -> dict:
 
             stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
             stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab, stops))
+    elif a.drafter == "dart":
+        from specpolicy.family.train_dart import DART_SIZE, train_dart
+
+        heads = int(target_config["num_attention_heads"])
+        stats = train_dart(
+            a.target,
+            examples,
+            store,
+            cfg,
+            out,
+            pad,
+            a.draft_vocab or 32000,
+            size={
+                **DART_SIZE,
+                "num_attention_heads": heads,
+                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                "intermediate_size": int(target_config["intermediate_size"]),
+            },
+            train_indices=train_idx,
+            heldout_indices=held,
+            init=a.init,
+            checkpoint_every=a.checkpoint_every,
+            stop_ids=() if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),),
+        )
+    elif a.drafter == "falcon":
+        from specpolicy.family.train_falcon import FALCON_SIZE, train_falcon
+
+        heads = int(target_config["num_attention_heads"])
+        stats = train_falcon(
+            a.target,
+            examples,
+            store,
+            cfg,
+            out,
+            pad,
+            size={
+                **FALCON_SIZE,
+                "num_hidden_layers": a.draft_layers or 1,
+                "num_attention_heads": heads,
+                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+            },
+            train_indices=train_idx,
+            heldout_indices=held,
+            init=a.init,
+            checkpoint_every=a.checkpoint_every,
+        )
     else:
         from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
 

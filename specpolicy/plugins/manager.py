@@ -36,6 +36,9 @@ BUILTIN_PLUGINS = (
     "specpolicy.drafters.dflash",
     "specpolicy.drafters.eagle3",
     "specpolicy.drafters.easyspec",
+    "specpolicy.drafters.dart",
+    "specpolicy.drafters.deer",
+    "specpolicy.drafters.falcon",
     "specpolicy.policies.static",
     "specpolicy.policies.failfast",
     "specpolicy.policies.specdecpp",
@@ -47,6 +50,8 @@ BUILTIN_PLUGINS = (
     "specpolicy.policies.eagle2_tree",
     "specpolicy.policies.failfast_tree",
     "specpolicy.policies.block_tree",
+    "specpolicy.policies.dart_tree",
+    "specpolicy.policies.falcon_tree",
     "specpolicy.run.loggers.jsonl",
     "specpolicy.run.loggers.wandb",
 )

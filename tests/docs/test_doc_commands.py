@@ -685,6 +685,30 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
+def _runtime_bench(command: Command, h: Harness) -> None:
+    """``benchmarks/runtime.py`` shortened: 1 prompt, 8 tokens, two buckets, the tiny family."""
+    out = h.cwd / "runtime.json"
+    args = _args(command, "python benchmarks/runtime.py")
+    if "--out" in args:  # the page's own output path, replaced by a scratch one
+        i = args.index("--out")
+        del args[i : i + 2]
+    load_benchmark("runtime").main(
+        [
+            *args,
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--buckets",
+            "1,8",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
+    assert json.loads(out.read_text())["rows"]["vanilla@compiled"]["identical"]
+
+
 def _tune_failfast(command: Command, h: Harness) -> None:
     """Run shortened on the tiny family (2 prompts, a 2-point grid), its JSON to a scratch path."""
     out = h.cwd / "tune.json"
@@ -846,6 +870,15 @@ def _family_scale(command: Command, h: Harness) -> None:
     _help_lists(re.findall(r"--[a-z-]+", command.text), module.main, h)
 
 
+def _easyspec_depth(command: Command, h: Harness) -> None:
+    """It runs the 12-layer target as its own drafter four times (minutes):
+    tests/benchmarks/test_easyspec_depth.py runs it shortened; here its help must list the options the
+    page names."""
+    module = load_benchmark("easyspec_depth")
+    h.mp.setattr(sys, "argv", ["easyspec_depth.py", "--help"])
+    _help_lists(re.findall(r"--[a-z-]+", command.text), module.main, h)
+
+
 def _paper_figures_synopsis(command: Command, h: Harness) -> None:
     """The synopsis of the four commands of the Analysis figures block (each run by its own rule)."""
     from specpolicy.analysis.paper_figures import main
@@ -986,6 +1019,7 @@ RULES = [
     Rule(r"(bash|inline): python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"(bash|inline): python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"(bash|inline): python benchmarks/runtime\.py .*", "run shortened: 2 buckets, tiny family", _runtime_bench),
     Rule(
         r"(bash|inline): python benchmarks/tune_failfast\.py .*",
         "run shortened: 2 prompts, 2 grid points, tiny family",
@@ -999,6 +1033,7 @@ RULES = [
         _batched,
     ),
     Rule(r"(bash|inline): python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
+    Rule(r"(bash|inline): python benchmarks/easyspec_depth\.py .*", "its --help lists the options", _easyspec_depth),
     Rule(
         r"(bash|inline): python -m specpolicy\.analysis\.docs( --check)?",
         "",

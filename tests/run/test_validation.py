@@ -140,8 +140,8 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
         "choice": (
             ["policy=failfst"],
             "error: no config 'failfst' in group policy; choices: adl, aimd, batch-schedule, "
-            "block-tree, diffuspec, eagle2-tree, failfast, failfast-tree, goodput, goodput-batch, "
-            "heuristic, specdecpp, static "
+            "block-tree, dart-tree, diffuspec, eagle2-tree, failfast, failfast-tree, falcon-tree, goodput, "
+            "goodput-batch, heuristic, specdecpp, static "
             "(did you mean policy=failfast?)",
         ),
         "num_prompts": (
@@ -151,7 +151,7 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
         "missing_model": (
             ["verifier.model=/nonexistent"],
             "error: verifier.model='/nonexistent': no such local directory (expected a bundled model "
-            "(target, ar-drafter, dllm-drafter, dflash-drafter, eagle3-drafter), a local model "
+            "(target, ar-drafter, dllm-drafter, dflash-drafter, eagle3-drafter, dart-drafter), a local model "
             "directory or a hub id (org/name))",
         ),
         "truncated": (
