@@ -1095,7 +1095,8 @@ def runtime_page(results: Mapping[str, Any] | None) -> str | None:
     s, rows, floor = results["settings"], results["rows"], results["floor"]
     table = [
         [
-            f"`{name}`",
+            name.partition("@")[0],
+            name.partition("@")[2] or "Hugging Face",
             f"{r['tokens_per_s']:.1f}",
             f"{r['ms_per_token']:.2f}",
             f"{r['x_floor']:.1f}",
@@ -1144,8 +1145,18 @@ def runtime_page(results: Mapping[str, Any] | None) -> str | None:
             f"--out benchmarks/results/{RUNTIME_NAME}"
         ),
         *markdown_table(
-            ["row", "tokens/s", "ms / token", "x floor", "speedup vs eager vanilla", "accepted length", "= vanilla"],
+            [
+                "method",
+                "runtime",
+                "tokens/s",
+                "ms / token",
+                "x floor",
+                "speedup vs eager vanilla",
+                "accepted length",
+                "= vanilla",
+            ],
             table,
+            text_columns=2,
         ),
         "",
         f"Floor: {floor['floor_ms']:.3f} ms a token -- the target's {floor['weights_bytes'] / 1e6:.1f} MB of weights at "
