@@ -32,13 +32,13 @@ import torch
 
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
-from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.dart import DartDraftModel, DartSpec, load_dart
+from specpolicy.models.eagle3 import check_head_fits_target
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.plugins.hookspecs import hookimpl
@@ -243,30 +243,7 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
             head embeds tokens with the target's embeddings), the vocabulary, or a feature layer
             beyond the target's layers.
     """
-    spec = DartSpec.from_config(draft_config, key)
-    layers = int(target_config.get("num_hidden_layers", 0))
-    hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
-    if spec.target_hidden_size != hidden:
-        raise ConfigError(
-            f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden size {hidden}"
-        )
-    if int(draft_config["hidden_size"]) != hidden:
-        raise ConfigError(
-            f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
-            "(DART embeds tokens with the target's embeddings)"
-        )
-    if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
-        raise ConfigError(
-            f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
-            f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}"
-        )
-    ids = spec.feature_layers(layers)
-    if len(ids) != 3 or any(not 0 <= i <= layers for i in ids):
-        raise ConfigError(
-            f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
-            f"the target's {layers} (0..{layers})"
-        )
-    return ids
+    return check_head_fits_target(DartSpec.from_config(draft_config, key), draft_config, target_config, key, "DART")
 
 
 @hookimpl

@@ -30,13 +30,18 @@ import torch
 from specpolicy.core import tree
 from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
-from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
-from specpolicy.models.eagle3 import LAYER_ID_CONVENTIONS, Eagle3DraftModel, Eagle3Spec, load_eagle3
+from specpolicy.models.eagle3 import (
+    LAYER_ID_CONVENTIONS,
+    Eagle3DraftModel,
+    Eagle3Spec,
+    check_head_fits_target,
+    load_eagle3,
+)
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.plugins.hookspecs import hookimpl
@@ -468,31 +473,9 @@ def check_fits_target(
             head embeds tokens with the target's embeddings), the vocabulary, or a feature layer
             beyond the target's layers.
     """
-    spec = Eagle3Spec.from_config(draft_config, key)
-    layers = int(target_config.get("num_hidden_layers", 0))
-    hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
-    if spec.target_hidden_size != hidden:
-        raise ConfigError(
-            f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden size {hidden}"
-        )
-    if int(draft_config["hidden_size"]) != hidden:
-        raise ConfigError(
-            f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
-            "(EAGLE-3 embeds tokens with the target's embeddings)"
-        )
-    if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
-        raise ConfigError(
-            f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
-            f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}"
-        )
-    ids = spec.feature_layers(layers, convention)
-    bad = [i for i in ids if not 0 <= i <= layers]
-    if bad or len(ids) != 3:
-        raise ConfigError(
-            f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
-            f"the target's {layers} (0..{layers})"
-        )
-    return ids
+    return check_head_fits_target(
+        Eagle3Spec.from_config(draft_config, key), draft_config, target_config, key, "EAGLE-3", convention
+    )
 
 
 @hookimpl

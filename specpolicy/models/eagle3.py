@@ -108,6 +108,49 @@ class Eagle3Spec:
             raise ConfigError(f"{key}: config.json's EAGLE-3 fields are missing or not integers ({exc!r})") from exc
 
 
+def check_head_fits_target(
+    spec: Eagle3Spec,
+    draft_config: dict[str, Any],
+    target_config: dict[str, Any],
+    key: str,
+    head: str = "EAGLE-3",
+    convention: str = "input",
+) -> tuple[int, ...]:
+    """Check an EAGLE-3-style head's config.json (read into ``spec``: EAGLE-3's or DART's) against
+    the target's (both as dicts); return the feature layers as ``hidden_states`` indices (explicit
+    ids read by ``convention``, ``Eagle3Spec.feature_layers``). ``head`` names the head in the
+    hidden-size message (``"EAGLE-3"``, ``"DART"``).
+
+    Raises:
+        ConfigError: naming ``key`` and what does not fit: the feature width, the hidden size (the
+            head embeds tokens with the target's embeddings), the vocabulary, or a feature layer
+            beyond the target's layers.
+    """
+    layers = int(target_config.get("num_hidden_layers", 0))
+    hidden, vocab = int(target_config.get("hidden_size", 0)), int(target_config.get("vocab_size", 0))
+    if spec.target_hidden_size != hidden:
+        raise ConfigError(
+            f"{key}: target_hidden_size {spec.target_hidden_size} does not match the target's hidden size {hidden}"
+        )
+    if int(draft_config["hidden_size"]) != hidden:
+        raise ConfigError(
+            f"{key}: hidden_size {draft_config['hidden_size']} does not match the target's {hidden} "
+            f"({head} embeds tokens with the target's embeddings)"
+        )
+    if int(draft_config.get("vocab_size", vocab)) != vocab or spec.draft_vocab_size > vocab:
+        raise ConfigError(
+            f"{key}: vocab_size {draft_config.get('vocab_size')} / draft_vocab_size "
+            f"{spec.draft_vocab_size} do not fit the target's vocabulary of {vocab}"
+        )
+    ids = spec.feature_layers(layers, convention)
+    if len(ids) != 3 or any(not 0 <= i <= layers for i in ids):
+        raise ConfigError(
+            f"{key}: eagle_config.eagle_aux_hidden_state_layer_ids {list(ids)} must be three layers of "
+            f"the target's {layers} (0..{layers})"
+        )
+    return ids
+
+
 class Eagle3Attention(nn.Module):
     """Llama attention whose q/k/v read the 2H-wide ``[embedding ; feature]``."""
 
