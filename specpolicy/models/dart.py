@@ -35,8 +35,13 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specpolicy.core.errors import ConfigError
-from specpolicy.models.checkpoint import load_into, load_weights, read_config, save_checkpoint
-from specpolicy.models.eagle3 import Eagle3Midlayer, Eagle3Spec, default_layer_ids, llama_config
+from specpolicy.models.eagle3 import (
+    Eagle3Midlayer,
+    Eagle3Spec,
+    checkpoint_config as eagle3_checkpoint_config,
+    load_head,
+    save_eagle3,
+)
 
 #: ``architectures`` of the released DART heads.
 ARCHITECTURE = "LlamaForCausalLMDart"
@@ -157,48 +162,21 @@ def load_dart(directory: str | Path, key: str = "drafter.model") -> DartDraftMod
     Raises:
         ConfigError: naming ``key`` for a missing/invalid config or weights that do not fit it.
     """
-    raw = read_config(directory, key)
-    model = DartDraftModel(llama_config(raw), DartSpec.from_config(raw, key))
-    state = load_weights(directory, key)
-    state.setdefault("t2d", model.t2d)
-    state.setdefault("d2t", model.d2t)
-    load_into(model, state, key, ignore=("embed_tokens.",))
-    return model.eval()
+    return load_head(directory, key, DartDraftModel, DartSpec)
 
 
 def checkpoint_config(model: DartDraftModel, num_target_layers: int | None = None) -> dict[str, Any]:
-    """The DART config.json dict of ``model`` (explicit feature layers only when not the default of
-    a target of ``num_target_layers`` layers; input-of-layer ids)."""
-    c = model.config
-    cfg = {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "draft_length": model.spec.draft_length,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": model.midlayer.self_attn.head_dim,
-        "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
-        "draft_vocab_size": model.spec.draft_vocab_size,
-        "target_hidden_size": model.spec.target_hidden_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": float(c.rope_parameters["rope_theta"]),
-        "tie_word_embeddings": False,
-        "dtype": "bfloat16",
-    }
-    ids = model.spec.layer_ids
-    if ids is not None and (num_target_layers is None or list(ids) != default_layer_ids(num_target_layers)):
-        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids)}
-    return cfg
+    """The DART config.json dict of ``model``: EAGLE-3's (``specpolicy.models.eagle3.checkpoint_config``:
+    explicit feature layers only when not the default of a target of ``num_target_layers`` layers;
+    input-of-layer ids) with DART's ``architectures`` and ``draft_length``."""
+    cfg = eagle3_checkpoint_config(model, num_target_layers)
+    return {**cfg, "architectures": [ARCHITECTURE], "draft_length": model.spec.draft_length}
 
 
 def save_dart(
     model: DartDraftModel, directory: str | Path, num_target_layers: int | None = None, extra: dict | None = None
 ) -> Path:
     """Write ``model`` in the DART layout (``save_checkpoint``: bfloat16 weights, int64 ``d2t``, bool ``t2d``)."""
-    state = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    return save_checkpoint(directory, {**checkpoint_config(model, num_target_layers), **(extra or {})}, state)
+    return save_eagle3(
+        model, directory, num_target_layers, {**checkpoint_config(model, num_target_layers), **(extra or {})}
+    )

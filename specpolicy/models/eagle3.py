@@ -289,8 +289,19 @@ def load_eagle3(directory: str | Path, key: str = "drafter.model") -> Eagle3Draf
     Raises:
         ConfigError: naming ``key`` for a missing/invalid config or weights that do not fit it.
     """
+    return load_head(directory, key, Eagle3DraftModel, Eagle3Spec)
+
+
+def load_head(directory: str | Path, key: str, model_type: type[nn.Module], spec_type: type[Eagle3Spec]) -> nn.Module:
+    """An EAGLE-3-style head's checkpoint directory (``load_eagle3``, ``specpolicy.models.dart.load_dart``)
+    as a float32 ``model_type(llama_config, spec_type.from_config(...))`` in eval mode, on the CPU;
+    a missing ``d2t`` / ``t2d`` keeps the model's identity maps, embeddings are ignored.
+
+    Raises:
+        ConfigError: naming ``key`` for a missing/invalid config or weights that do not fit it.
+    """
     raw = read_config(directory, key)
-    model = Eagle3DraftModel(llama_config(raw), Eagle3Spec.from_config(raw, key))
+    model = model_type(llama_config(raw), spec_type.from_config(raw, key))
     state = load_weights(directory, key)
     if "t2d" not in state:  # some exports drop the unused reverse map
         state["t2d"] = model.t2d
