@@ -57,7 +57,7 @@ from torch.nn.utils.rnn import pad_sequence
 from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
-from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose, point_mass
@@ -169,15 +169,7 @@ class DFlashDrafter(Drafter):
         Raises:
             ValueError: for an empty prompt, missing features, or features of the wrong shape.
         """
-        n = int(prompt_ids.shape[0])
-        if n < 1:
-            raise ValueError("prompt_ids is empty; the dflash drafter needs at least one token")
-        if features is None or tuple(features.shape[:1]) != (n - 1,):
-            raise ValueError(
-                f"the dflash drafter needs the target's features of the prompt's first {n - 1} positions "
-                f"(got {None if features is None else tuple(features.shape)}); run it through "
-                "specpolicy.core.decoding.generate, which asks the verifier for them"
-            )
+        check_prompt_features(prompt_ids, features, "the dflash drafter")
         self.cache = KVCache(len(self.model.layers))
         if self.static is not None:
             self.static.reset()

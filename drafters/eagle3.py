@@ -30,7 +30,7 @@ import torch
 from specpolicy.core import tree
 from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
-from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
@@ -130,15 +130,7 @@ class Eagle3Drafter(Drafter):
         Raises:
             ValueError: for an empty prompt or missing / mis-shaped features.
         """
-        n = int(prompt_ids.shape[0])
-        if n < 1:
-            raise ValueError("prompt_ids is empty; the eagle3 drafter needs at least one token")
-        if features is None or tuple(features.shape[:1]) != (n - 1,):
-            raise ValueError(
-                f"the eagle3 drafter needs the target's features of the prompt's first {n - 1} positions "
-                f"(got {None if features is None else tuple(features.shape)}); run it through "
-                "specpolicy.core.decoding.generate, which asks the verifier for them"
-            )
+        check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
         self._committed_pairs = 0

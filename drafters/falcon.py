@@ -34,7 +34,7 @@ from specpolicy.core import tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
-from specpolicy.core.features import probe_verifier, target_parts
+from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
@@ -95,15 +95,7 @@ class FalconDrafter(Drafter):
         Raises:
             ValueError: for an empty prompt or missing / mis-shaped features.
         """
-        n = int(prompt_ids.shape[0])
-        if n < 1:
-            raise ValueError("prompt_ids is empty; the falcon drafter needs at least one token")
-        if features is None or tuple(features.shape[:1]) != (n - 1,):
-            raise ValueError(
-                f"the falcon drafter needs the target's features of the prompt's first {n - 1} positions "
-                f"(got {None if features is None else tuple(features.shape)}); run it through "
-                "specpolicy.core.decoding.generate, which asks the verifier for them"
-            )
+        check_prompt_features(prompt_ids, features, "the falcon drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self.cache = KVCache(len(self.model.layers))
         self._cached = 0  # committed pairs whose keys/values stay cached (all but the last k - 1)

@@ -48,6 +48,26 @@ def check_feature_layers(layers: Sequence[int], num_hidden_states: int, who: str
     return tuple(out)
 
 
+def check_prompt_features(prompt_ids: torch.Tensor, features: torch.Tensor | None, who: str) -> None:
+    """Check what a feature-reading drafter's ``prefill`` got: a prompt ``(P,) int64`` of at least one
+    token and ``features`` whose first dimension is ``P - 1`` (the target's features of the prompt
+    but its last token, ``Verifier.prompt_features``).
+
+    Raises:
+        ValueError: naming ``who`` (``"the eagle3 drafter"``) for an empty prompt or missing /
+            mis-shaped features.
+    """
+    n = int(prompt_ids.shape[0])
+    if n < 1:
+        raise ValueError(f"prompt_ids is empty; {who} needs at least one token")
+    if features is None or tuple(features.shape[:1]) != (n - 1,):
+        raise ValueError(
+            f"{who} needs the target's features of the prompt's first {n - 1} positions "
+            f"(got {None if features is None else tuple(features.shape)}); run it through "
+            "specpolicy.core.decoding.generate, which asks the verifier for them"
+        )
+
+
 def select_features(
     hidden_states: Sequence[torch.Tensor], layers: Sequence[int], rows: slice | torch.Tensor = slice(None)
 ) -> torch.Tensor:
