@@ -32,7 +32,8 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from specpolicy.family.data import Example, collate, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.family.train_eagle3 import adopt_draft_vocabulary
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
 from specpolicy.models.dart import DRAFT_LENGTH, DartDraftModel, DartSpec, load_dart, save_dart
 from specpolicy.models.eagle3 import llama_config
 
@@ -234,15 +235,10 @@ def train_dart(
     target = load_model(target_dir)
     vocab = int(target.config.vocab_size)
     num_layers = int(target.config.num_hidden_layers)
-    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
-    heldout_indices = list(heldout_indices or [])
-    trained = [examples[i] for i in train_indices]
+    train_indices, heldout_indices, trained = split_examples(examples, train_indices, heldout_indices)
     if init:
         head = load_dart(init, f"init={str(init)!r}")
-        draft_ids = head.to_target_ids(torch.arange(head.spec.draft_vocab_size))
-        with torch.no_grad():
-            head.t2d.zero_()
-            head.t2d[draft_ids] = True
+        draft_ids = adopt_draft_vocabulary(head)
     else:
         draft_ids = draft_vocabulary(trained, min(draft_vocab_size, vocab), vocab, stop_ids)
         head = new_dart(target.config, draft_ids, cfg.seed, size)
@@ -263,14 +259,12 @@ def train_dart(
             curve.append({"step": step, **v})
             print(f"[dart-drafter] step {step} held-out accuracy by step {v['accuracy_by_step']}", flush=True)
 
-    last = [0]
+    checkpoint = checkpoint_hook(lambda d, extra: save_dart(head, d, num_layers, extra), out_dir, checkpoint_every)
 
     def on_log(step: int, model) -> None:
         if step % val_every == 0:
             validate(step, True)
-        if checkpoint_every > 0 and step - last[0] >= checkpoint_every:
-            save_dart(head, f"{out_dir}.checkpoint", num_layers, extra={"train_step": step})
-            last[0] = step
+        checkpoint(step)
 
     t0 = time.time()
     validate(0, False)

@@ -32,7 +32,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
@@ -258,8 +258,7 @@ def train_dflash(
     trainee = DFlashTrainee(draft, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
     del target
     layers = list(draft.spec.feature_layers)
-    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
-    heldout_indices = list(heldout_indices or [])
+    train_indices, heldout_indices, trained = split_examples(examples, train_indices, heldout_indices)
     loss_fn = dflash_loss(
         store.select(train_indices),
         layers,
@@ -287,19 +286,15 @@ def train_dflash(
                 flush=True,
             )
 
-    last_checkpoint = [0]
+    checkpoint = checkpoint_hook(lambda d, extra: save_dflash(draft, d, extra), out_dir, checkpoint_every)
 
     def on_log(step: int, model) -> None:
         validate(step, model)
-        if checkpoint_every > 0 and step - last_checkpoint[0] >= checkpoint_every:
-            save_dflash(draft, f"{out_dir}.checkpoint", extra={"train_step": step})
-            last_checkpoint[0] = step
+        checkpoint(step)
 
     t0 = time.time()
     validate(0)
-    stats = train(
-        trainee, [examples[i] for i in train_indices], loss_fn, cfg, pad_id, name="dflash-drafter", on_log=on_log
-    )
+    stats = train(trainee, trained, loss_fn, cfg, pad_id, name="dflash-drafter", on_log=on_log)
     validate(stats["steps"])
     save_dflash(draft, out_dir)
     stats.update(

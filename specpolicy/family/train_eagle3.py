@@ -27,7 +27,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
 from specpolicy.models.eagle3 import (
     Eagle3DraftModel,
     Eagle3Spec,
@@ -205,6 +205,17 @@ def validation_metrics(
     }
 
 
+def adopt_draft_vocabulary(head: torch.nn.Module) -> torch.Tensor:
+    """The draft vocabulary of a loaded EAGLE-3-style head (``--init``), ``(Vd,) int64`` target ids;
+    its ``t2d`` is rebuilt from ``d2t`` (the loss reads t2d; some exports leave it out and the
+    loaders then zero it)."""
+    draft_ids = head.to_target_ids(torch.arange(head.spec.draft_vocab_size))
+    with torch.no_grad():
+        head.t2d.zero_()
+        head.t2d[draft_ids] = True
+    return draft_ids
+
+
 def train_eagle3(
     target_dir: str | Path,
     examples: list[Example],
@@ -247,15 +258,10 @@ def train_eagle3(
 
     target = load_model(target_dir)
     vocab = int(target.config.vocab_size)
-    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
-    heldout_indices = list(heldout_indices or [])
-    trained = [examples[i] for i in train_indices]
+    train_indices, heldout_indices, trained = split_examples(examples, train_indices, heldout_indices)
     if init:
         head = load_eagle3(init, f"init={str(init)!r}")
-        draft_ids = head.to_target_ids(torch.arange(head.spec.draft_vocab_size))
-        with torch.no_grad():  # the loss reads t2d; some exports leave it out (load_eagle3 then zeroes it)
-            head.t2d.zero_()
-            head.t2d[draft_ids] = True
+        draft_ids = adopt_draft_vocabulary(head)
     else:
         draft_ids = draft_vocabulary(trained, min(draft_vocab_size, vocab), vocab)
         head = new_eagle3(target.config, draft_ids, cfg.seed, layer_ids, size)
@@ -278,13 +284,11 @@ def train_eagle3(
                 flush=True,
             )
 
-    last_checkpoint = [0]
+    checkpoint = checkpoint_hook(lambda d, extra: save_eagle3(head, d, num_layers, extra), out_dir, checkpoint_every)
 
     def on_log(step: int, model) -> None:
         validate(step, model)
-        if checkpoint_every > 0 and step - last_checkpoint[0] >= checkpoint_every:
-            save_eagle3(head, f"{out_dir}.checkpoint", num_layers, extra={"train_step": step})
-            last_checkpoint[0] = step
+        checkpoint(step)
 
     t0 = time.time()
     validate(0)

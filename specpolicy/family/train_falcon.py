@@ -41,7 +41,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, batch_plan, collate
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
 from specpolicy.models.falcon import DEFAULT_K, FalconDraftModel, FalconSpec, llama_config, load_falcon, save_falcon
 
 #: The bundled-target Falcon head: the target's width, ONE decoder layer with a small MLP
@@ -280,9 +280,7 @@ def train_falcon(
     top = int(target.config.num_hidden_layers)
     if top not in store.layers:
         raise KeyError(f"the feature store holds hidden_states {store.layers}, not the top layer {top}")
-    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
-    heldout_indices = list(heldout_indices or [])
-    trained = [examples[i] for i in train_indices]
+    train_indices, heldout_indices, trained = split_examples(examples, train_indices, heldout_indices)
     head = load_falcon(init, f"init={str(init)!r}") if init else new_falcon(target.config, cfg.seed, k, size)
     k = head.k
     trainee = FalconTrainee(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight)
@@ -304,13 +302,11 @@ def train_falcon(
             curve.append({"step": step, "lambda": round(lam_of_step(step), 4), **v})
             print(f"[falcon-drafter] step {step} held-out {v}", flush=True)
 
-    last_checkpoint = [0]
+    checkpoint = checkpoint_hook(lambda d, extra: save_falcon(head, d, extra), out_dir, checkpoint_every)
 
     def on_log(step: int, model) -> None:
         validate(step, model)
-        if checkpoint_every > 0 and step - last_checkpoint[0] >= checkpoint_every:
-            save_falcon(head, f"{out_dir}.checkpoint", extra={"train_step": step})
-            last_checkpoint[0] = step
+        checkpoint(step)
 
     t0 = time.time()
     validate(0)

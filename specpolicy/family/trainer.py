@@ -100,6 +100,30 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
 
 
+def split_examples(
+    examples: list[Example], train_indices: list[int] | None, heldout_indices: list[int] | None
+) -> tuple[list[int], list[int], list[Example]]:
+    """The drafter trainers' split: ``(train indices (default all), held-out indices (default
+    none), the trained examples)``."""
+    train_indices = list(range(len(examples))) if train_indices is None else list(train_indices)
+    heldout_indices = list(heldout_indices or [])
+    return train_indices, heldout_indices, [examples[i] for i in train_indices]
+
+
+def checkpoint_hook(save: Callable[[str, dict], object], out_dir: str, every: int) -> Callable[[int], None]:
+    """``on_step(step)`` for a ``train`` progress line: when ``every`` > 0 and ``every`` steps have
+    passed since the last save, ``save(f"{out_dir}.checkpoint", {"train_step": step})`` (the model
+    saved with ``train_step`` in its config, overwritten each time)."""
+    last = [0]
+
+    def on_step(step: int) -> None:
+        if every > 0 and step - last[0] >= every:
+            save(f"{out_dir}.checkpoint", {"train_step": step})
+            last[0] = step
+
+    return on_step
+
+
 LossFn = Callable[[torch.nn.Module, dict, torch.Generator], tuple[torch.Tensor, int]]
 
 
