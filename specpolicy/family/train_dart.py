@@ -33,7 +33,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 from specpolicy.family.data import Example, collate, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
 from specpolicy.family.train_eagle3 import adopt_draft_vocabulary
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
 from specpolicy.models.dart import DRAFT_LENGTH, DartDraftModel, DartSpec, load_dart, save_dart
 from specpolicy.models.eagle3 import llama_config
 
@@ -252,7 +252,7 @@ def train_dart(
     curve = []
 
     def validate(step: int, training: bool) -> None:
-        if heldout_indices:
+        if heldout_indices and not (curve and curve[-1]["step"] == step):  # a progress line may have measured it
             head.eval()
             v = validation_metrics(trainee, examples, heldout_indices, store, layers, num_layers)
             head.train(training)
@@ -261,24 +261,18 @@ def train_dart(
 
     checkpoint = checkpoint_hook(lambda d, extra: save_dart(head, d, num_layers, extra), out_dir, checkpoint_every)
 
-    def on_log(step: int, model) -> None:
-        if step % val_every == 0:
-            validate(step, True)
-        checkpoint(step)
-
     t0 = time.time()
-    validate(0, False)
-    stats = train(
+    stats = train_validated(
         trainee,
         trained,
         dart_loss(store.select(train_indices), layers, num_layers, gamma),
         cfg,
         pad_id,
-        name="dart-drafter",
-        on_log=on_log,
+        "dart-drafter",
+        validate,
+        val_every,
+        checkpoint,
     )
-    if not curve or curve[-1]["step"] != stats["steps"]:  # the last progress line may have measured it
-        validate(stats["steps"], False)
     save_dart(head, out_dir, num_layers)
     stats.update(
         params=sum(p.numel() for p in head.parameters()),

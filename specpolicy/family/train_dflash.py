@@ -32,7 +32,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
@@ -270,11 +270,11 @@ def train_dflash(
     )
     curve = []
 
-    def validate(step: int, model=None) -> None:
-        if heldout_indices and (model is None or step % val_every == 0):
+    def validate(step: int, training: bool) -> None:
+        if heldout_indices:
             draft.eval()
             v = validation_loss(draft, trainee.embed, trainee.lm_head, examples, heldout_indices, store, cfg.seed)
-            draft.train(model is not None)
+            draft.train(training)
             curve.append({"step": step, **v})
             shown = [d for d in (1, 5, 10, 15) if d < draft.spec.block_size]
             shares = v["prefix_share_ge"]
@@ -288,14 +288,8 @@ def train_dflash(
 
     checkpoint = checkpoint_hook(lambda d, extra: save_dflash(draft, d, extra), out_dir, checkpoint_every)
 
-    def on_log(step: int, model) -> None:
-        validate(step, model)
-        checkpoint(step)
-
     t0 = time.time()
-    validate(0)
-    stats = train(trainee, trained, loss_fn, cfg, pad_id, name="dflash-drafter", on_log=on_log)
-    validate(stats["steps"])
+    stats = train_validated(trainee, trained, loss_fn, cfg, pad_id, "dflash-drafter", validate, val_every, checkpoint)
     save_dflash(draft, out_dir)
     stats.update(
         params=sum(p.numel() for p in draft.parameters()),

@@ -27,7 +27,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
 from specpolicy.models.eagle3 import (
     Eagle3DraftModel,
     Eagle3Spec,
@@ -272,11 +272,11 @@ def train_eagle3(
     coverage = vocabulary_coverage(trained, draft_ids)
     curve = []
 
-    def validate(step: int, model=None) -> None:
-        if heldout_indices and (model is None or step % val_every == 0):
+    def validate(step: int, training: bool) -> None:
+        if heldout_indices:
             head.eval()
             v = validation_metrics(head, trainee.embed, examples, heldout_indices, store, layers, steps)
-            head.train(model is not None)
+            head.train(training)
             curve.append({"step": step, **v})
             print(
                 f"[eagle3-drafter] step {step} held-out ce {v['ce_step0']:.4f} accuracy by step "
@@ -286,22 +286,18 @@ def train_eagle3(
 
     checkpoint = checkpoint_hook(lambda d, extra: save_eagle3(head, d, num_layers, extra), out_dir, checkpoint_every)
 
-    def on_log(step: int, model) -> None:
-        validate(step, model)
-        checkpoint(step)
-
     t0 = time.time()
-    validate(0)
-    stats = train(
+    stats = train_validated(
         trainee,
         trained,
         eagle3_loss(store.select(train_indices), layers, steps, decay, vocab),
         cfg,
         pad_id,
-        name="eagle3-drafter",
-        on_log=on_log,
+        "eagle3-drafter",
+        validate,
+        val_every,
+        checkpoint,
     )
-    validate(stats["steps"])
     save_eagle3(head, out_dir, num_layers)
     stats.update(
         params=sum(p.numel() for p in head.parameters()),

@@ -41,7 +41,7 @@ from torch import nn
 
 from specpolicy.family.data import Example, batch_plan, collate
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train
+from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
 from specpolicy.models.falcon import DEFAULT_K, FalconDraftModel, FalconSpec, llama_config, load_falcon, save_falcon
 
 #: The bundled-target Falcon head: the target's width, ONE decoder layer with a small MLP
@@ -294,32 +294,28 @@ def train_falcon(
 
     curve = []
 
-    def validate(step: int, model=None) -> None:
-        if heldout_indices and (model is None or step % val_every == 0):
+    def validate(step: int, training: bool) -> None:
+        if heldout_indices:
             head.eval()
             v = validation_metrics(trainee, examples, heldout_indices, store, top, k)
-            head.train(model is not None)
+            head.train(training)
             curve.append({"step": step, "lambda": round(lam_of_step(step), 4), **v})
             print(f"[falcon-drafter] step {step} held-out {v}", flush=True)
 
     checkpoint = checkpoint_hook(lambda d, extra: save_falcon(head, d, extra), out_dir, checkpoint_every)
 
-    def on_log(step: int, model) -> None:
-        validate(step, model)
-        checkpoint(step)
-
     t0 = time.time()
-    validate(0)
-    stats = train(
+    stats = train_validated(
         trainee,
         trained,
         falcon_loss(store.select(train_indices), top, k, lam_of_step, calls),
         cfg,
         pad_id,
-        name="falcon-drafter",
-        on_log=on_log,
+        "falcon-drafter",
+        validate,
+        val_every,
+        checkpoint,
     )
-    validate(stats["steps"])
     save_falcon(head, out_dir)
     stats.update(
         params=sum(p.numel() for p in head.parameters()),

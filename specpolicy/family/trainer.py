@@ -127,6 +127,37 @@ def checkpoint_hook(save: Callable[[str, dict], object], out_dir: str, every: in
 LossFn = Callable[[torch.nn.Module, dict, torch.Generator], tuple[torch.Tensor, int]]
 
 
+def train_validated(
+    model: torch.nn.Module,
+    examples: list[Example],
+    loss_fn: LossFn,
+    cfg: TrainConfig,
+    pad_id: int,
+    name: str,
+    validate: Callable[[int, bool], None],
+    val_every: int,
+    checkpoint: Callable[[int], None],
+) -> dict:
+    """``train`` with a held-out validation curve, as the drafter trainers run it:
+    ``validate(step, training)`` before the first step (step 0), at every progress line whose step
+    is a multiple of ``val_every`` and after the last step (``training``: the mode to leave the model
+    in), and ``checkpoint(step)`` (``checkpoint_hook``) at every progress line.
+
+    Returns:
+        ``train``'s stats.
+    """
+
+    def on_log(step: int, _model: torch.nn.Module) -> None:
+        if step % val_every == 0:
+            validate(step, True)
+        checkpoint(step)
+
+    validate(0, False)
+    stats = train(model, examples, loss_fn, cfg, pad_id, name=name, on_log=on_log)
+    validate(stats["steps"], False)
+    return stats
+
+
 def train(
     model: torch.nn.Module,
     examples: list[Example],
