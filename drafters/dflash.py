@@ -298,19 +298,10 @@ class DFlashDrafter(Drafter):
 
     def _handed_out(self, want: int) -> Draft:
         """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead."""
-        end = self._tokens.shape[0] if self._stop_at is None else self._stop_at + 1
-        k = min(want, end)
-        self._returned = k
-        probs = torch.cat(self._probs)[:k] if self._probs else None
-        return Draft(
-            self._tokens[:k],
-            self._confs[:k],
-            forward_passes=self._passes,
-            probs=probs,
-            ends_at_stop_token=self._stop_at is not None and k == end,
-            lookahead=end - k,
-            lookahead_confidences=self._confs[k:end],
-        )
+        probs = torch.cat(self._probs) if self._probs else None
+        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes)
+        self._returned = draft.length
+        return draft
 
     @classmethod
     @torch.no_grad()

@@ -87,6 +87,40 @@ class Draft:
             confidences=torch.empty(0, dtype=torch.float32, device=device),
         )
 
+    @staticmethod
+    def with_lookahead(
+        token_ids: torch.Tensor,
+        confidences: torch.Tensor,
+        probs: torch.Tensor | None,
+        want: int,
+        stop_at: int | None,
+        forward_passes: int,
+    ) -> Draft:
+        """The first ``want`` tokens a round has decoded as its draft, the rest as look-ahead (the
+        ``dart`` and ``dflash`` drafters' hand-out).
+
+        Args:
+            token_ids / confidences: ``(n,) int64`` / ``(n,) float32``, everything decoded this round.
+            probs: ``(n, V) float32`` their distributions when sampling, else None.
+            want: the draft length asked for (>= 1).
+            stop_at: index of the first drafted stop token, or None: the draft ends there at the
+                latest (``ends_at_stop_token`` when it does) and nothing past it is look-ahead.
+            forward_passes: the round's drafter passes so far.
+        Returns:
+            a draft of ``min(want, end)`` tokens, ``end`` = n or ``stop_at + 1``.
+        """
+        end = int(token_ids.shape[0]) if stop_at is None else stop_at + 1
+        k = min(want, end)
+        return Draft(
+            token_ids[:k],
+            confidences[:k],
+            forward_passes=forward_passes,
+            probs=None if probs is None else probs[:k],
+            ends_at_stop_token=stop_at is not None and k == end,
+            lookahead=end - k,
+            lookahead_confidences=confidences[k:end],
+        )
+
 
 @dataclass(frozen=True)
 class Verification:
