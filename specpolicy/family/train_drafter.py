@@ -155,7 +155,8 @@ def check_args(a: argparse.Namespace) -> dict:
     if a.drafter == "falcon" and a.layer_ids is not None:
         raise SystemExit(f"error: --layer-ids {a.layer_ids}: Falcon reads the target's last hidden state only")
     if a.drafter in ("eagle3", "dart") and a.draft_layers not in (None, 1):
-        raise SystemExit(f"error: --draft-layers={a.draft_layers}; an EAGLE-3 or DART head has 1 layer")
+        head = "an EAGLE-3" if a.drafter == "eagle3" else "a DART"
+        raise SystemExit(f"error: --draft-layers={a.draft_layers}; {head} head has 1 layer")
     config = json.loads((target / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
     layers = int(config.get("num_hidden_layers", 0))
@@ -165,7 +166,9 @@ def check_args(a: argparse.Namespace) -> dict:
     if bad:
         raise SystemExit(f"error: --layer-ids {ids}: the target has {layers} layers (ids 0..{top})")
     if a.drafter in ("eagle3", "dart") and a.layer_ids is not None and len(ids) != 3:
-        raise SystemExit(f"error: --layer-ids {ids}: EAGLE-3 and DART fuse exactly three layers")
+        raise SystemExit(
+            f"error: --layer-ids {ids}: {'EAGLE-3' if a.drafter == 'eagle3' else 'DART'} fuses exactly three layers"
+        )
     if a.drafter == "dart" and a.layer_ids is not None:
         raise SystemExit(f"error: --layer-ids {ids}: the DART head reads the default layers [2, L//2, L-3]")
     vocab = int(config.get("vocab_size", 0))

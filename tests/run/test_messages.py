@@ -75,7 +75,7 @@ def test_help_says_what_specpolicy_is_and_names_its_flags_and_commands(monkeypat
         "python -m specpolicy.analysis.plot DIR",
         "python -m specpolicy.analysis.oracle DIR",
         "python -m specpolicy.analysis.paper_figures FIGURE DIR",
-        "policy: adl, aimd, batch-schedule, block-tree, diffuspec, eagle2-tree",
+        "policy: adl, aimd, batch-schedule, block-tree, dart-tree, diffuspec, eagle2-tree",
         "docs/reference/config.md",
         "--hydra-help",
     ):
