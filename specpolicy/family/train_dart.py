@@ -32,8 +32,15 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from specpolicy.family.data import Example, collate, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.train_eagle3 import adopt_draft_vocabulary
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
+from specpolicy.family.train_eagle3 import adopt_draft_vocabulary, set_draft_vocabulary
+from specpolicy.family.trainer import (
+    TrainConfig,
+    checkpoint_hook,
+    init_linear,
+    split_examples,
+    target_fields,
+    train_validated,
+)
 from specpolicy.models.dart import DRAFT_LENGTH, DartDraftModel, DartSpec, load_dart, save_dart
 from specpolicy.models.eagle3 import llama_config
 
@@ -57,28 +64,19 @@ class DartTrainee(nn.Module):
 def new_dart(target_config, draft_ids: torch.Tensor, seed: int, size: dict | None = None) -> DartDraftModel:
     """A freshly initialised DART head for a target over the draft vocabulary ``draft_ids`` (target ids, sorted)."""
     raw = dict(
-        hidden_size=target_config.hidden_size,
-        vocab_size=target_config.vocab_size,
+        **target_fields(target_config),
         draft_vocab_size=int(draft_ids.numel()),
         target_hidden_size=target_config.hidden_size,
-        rms_norm_eps=target_config.rms_norm_eps,
-        max_position_embeddings=target_config.max_position_embeddings,
-        rope_theta=float(target_config.rope_parameters["rope_theta"]),
-        hidden_act="silu",
         num_hidden_layers=1,
         draft_length=DRAFT_LENGTH,
         **(size or DART_SIZE),
     )
     torch.manual_seed(seed)
     model = DartDraftModel(llama_config(raw), DartSpec.from_config(raw))
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
+    init_linear(model)
     with torch.no_grad():
         model.midlayer.mask_rep.normal_(std=1.0)
-        model.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
-        model.t2d.zero_()
-        model.t2d[draft_ids] = True
+    set_draft_vocabulary(model, draft_ids)
     return model
 
 

@@ -32,7 +32,14 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
+from specpolicy.family.trainer import (
+    TrainConfig,
+    checkpoint_hook,
+    init_linear,
+    split_examples,
+    target_fields,
+    train_validated,
+)
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
@@ -57,25 +64,15 @@ def new_dflash(
 ) -> DFlashDraftModel:
     """A freshly initialised DFlash draft model for a target (its width, vocabulary, RoPE)."""
     raw = dict(
-        hidden_size=target_config.hidden_size,
-        vocab_size=target_config.vocab_size,
-        rms_norm_eps=target_config.rms_norm_eps,
-        max_position_embeddings=target_config.max_position_embeddings,
-        rope_theta=float(target_config.rope_parameters["rope_theta"]),
-        hidden_act="silu",
+        **target_fields(target_config),
         block_size=block_size,
         num_target_layers=target_config.num_hidden_layers,
         dflash_config=dict(target_layer_ids=list(target_layer_ids), mask_token_id=mask_token_id, block_size=block_size),
         **(size or DFLASH_SIZE),
     )
     torch.manual_seed(seed)
-    model = DFlashDraftModel(qwen3_config(raw), DFlashSpec.from_config(raw))
-    for m in model.modules():  # Qwen3's initialisation: N(0, 0.02) weights, unit norms
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-    return model
+    # Qwen3's initialisation: N(0, 0.02) weights, zero biases, unit norms
+    return init_linear(DFlashDraftModel(qwen3_config(raw), DFlashSpec.from_config(raw)), zero_bias=True)
 
 
 def init_final_norm(draft: DFlashDraftModel, target) -> None:

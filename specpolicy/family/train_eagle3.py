@@ -27,7 +27,14 @@ from torch import nn
 
 from specpolicy.family.data import Example, draft_vocabulary, vocabulary_coverage
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
+from specpolicy.family.trainer import (
+    TrainConfig,
+    checkpoint_hook,
+    init_linear,
+    split_examples,
+    target_fields,
+    train_validated,
+)
 from specpolicy.models.eagle3 import (
     Eagle3DraftModel,
     Eagle3Spec,
@@ -55,14 +62,9 @@ def new_eagle3(
     """A freshly initialised EAGLE-3 head for a target, over the draft vocabulary ``draft_ids``
     (target ids, sorted)."""
     raw = dict(
-        hidden_size=target_config.hidden_size,
-        vocab_size=target_config.vocab_size,
+        **target_fields(target_config),
         draft_vocab_size=int(draft_ids.numel()),
         target_hidden_size=target_config.hidden_size,
-        rms_norm_eps=target_config.rms_norm_eps,
-        max_position_embeddings=target_config.max_position_embeddings,
-        rope_theta=float(target_config.rope_parameters["rope_theta"]),
-        hidden_act="silu",
         num_hidden_layers=1,
         **(size or EAGLE3_SIZE),
     )
@@ -70,13 +72,8 @@ def new_eagle3(
         raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     torch.manual_seed(seed)
     model = Eagle3DraftModel(llama_config(raw), Eagle3Spec.from_config(raw))
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-    with torch.no_grad():
-        model.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
-        model.t2d.zero_()
-        model.t2d[draft_ids] = True
+    init_linear(model)
+    set_draft_vocabulary(model, draft_ids)
     return model
 
 
@@ -203,6 +200,15 @@ def validation_metrics(
         "ce_step0": round(ce / max(n0, 1), 4),
         "accuracy_by_step": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, counts)],
     }
+
+
+def set_draft_vocabulary(head: torch.nn.Module, draft_ids: torch.Tensor) -> None:
+    """Make ``draft_ids`` (``(Vd,) int64`` target ids, sorted) the draft vocabulary of a fresh
+    EAGLE-3-style head: ``d2t[d] = draft_ids[d] - d``, ``t2d`` true on them."""
+    with torch.no_grad():
+        head.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
+        head.t2d.zero_()
+        head.t2d[draft_ids] = True
 
 
 def adopt_draft_vocabulary(head: torch.nn.Module) -> torch.Tensor:

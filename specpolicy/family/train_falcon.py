@@ -41,7 +41,14 @@ from torch import nn
 
 from specpolicy.family.data import Example, batch_plan, collate
 from specpolicy.family.feature_store import FeatureStore
-from specpolicy.family.trainer import TrainConfig, checkpoint_hook, split_examples, train_validated
+from specpolicy.family.trainer import (
+    TrainConfig,
+    checkpoint_hook,
+    init_linear,
+    split_examples,
+    target_fields,
+    train_validated,
+)
 from specpolicy.models.falcon import DEFAULT_K, FalconDraftModel, FalconSpec, llama_config, load_falcon, save_falcon
 
 #: The bundled-target Falcon head: the target's width, ONE decoder layer with a small MLP
@@ -80,21 +87,12 @@ class FalconTrainee(nn.Module):
 def new_falcon(target_config, seed: int, k: int = DEFAULT_K, size: dict | None = None) -> FalconDraftModel:
     """A freshly initialised Falcon head for a target (its width and vocabulary)."""
     raw = dict(
-        hidden_size=target_config.hidden_size,
-        vocab_size=target_config.vocab_size,
-        rms_norm_eps=target_config.rms_norm_eps,
-        max_position_embeddings=target_config.max_position_embeddings,
-        rope_theta=float(target_config.rope_parameters["rope_theta"]),
-        hidden_act="silu",
+        **target_fields(target_config),
         k_mask=k,
         **(size or FALCON_SIZE),
     )
     torch.manual_seed(seed)
-    model = FalconDraftModel(llama_config(raw), FalconSpec.from_config(raw))
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-    return model
+    return init_linear(FalconDraftModel(llama_config(raw), FalconSpec.from_config(raw)))
 
 
 def select_glanced(

@@ -100,6 +100,31 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
 
 
+def target_fields(target_config) -> dict:
+    """The config.json fields a fresh draft head takes from its target's config: width,
+    vocabulary, norm epsilon, positions, ``rope_theta``, and ``hidden_act`` ``"silu"``."""
+    return dict(
+        hidden_size=target_config.hidden_size,
+        vocab_size=target_config.vocab_size,
+        rms_norm_eps=target_config.rms_norm_eps,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rope_theta=float(target_config.rope_parameters["rope_theta"]),
+        hidden_act="silu",
+    )
+
+
+def init_linear(model: torch.nn.Module, zero_bias: bool = False) -> torch.nn.Module:
+    """Draw every ``nn.Linear`` weight of ``model`` from N(0, 0.02) (in module order, from torch's
+    global generator: seed it first); ``zero_bias``: their biases to 0 (Qwen3's initialisation).
+    Returns ``model``."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+            if zero_bias and m.bias is not None:
+                torch.nn.init.zeros_(m.bias)
+    return model
+
+
 def split_examples(
     examples: list[Example], train_indices: list[int] | None, heldout_indices: list[int] | None
 ) -> tuple[list[int], list[int], list[Example]]:
