@@ -45,6 +45,25 @@ def hf_config(config_class: type, config: dict[str, Any]):
     )
 
 
+def decoder_fields(config, head_dim: int) -> dict[str, Any]:
+    """The config.json fields of a transformers decoder config (``LlamaConfig``, ``Qwen3Config``)
+    that the draft heads' checkpoints write alike (``hf_config`` reads them back): sizes, heads,
+    ``head_dim`` (the attention module's), activation, norm epsilon, vocabulary, positions and
+    ``rope_theta``; ``num_hidden_layers`` and the head's own fields are the caller's."""
+    return {
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": head_dim,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_theta": float(config.rope_parameters["rope_theta"]),
+    }
+
+
 def weight_files(directory: str | Path) -> list[Path]:
     """The weight files of a checkpoint directory: every ``*.safetensors``, else ``pytorch_model*.bin``."""
     d = Path(directory)

@@ -39,7 +39,14 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from specpolicy.core.errors import ConfigError
-from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
+from specpolicy.models.checkpoint import (
+    decoder_fields,
+    hf_config,
+    load_into,
+    load_weights,
+    read_config,
+    save_checkpoint,
+)
 from specpolicy.models.kv import KVCache
 
 #: ``architectures`` of a DFlash checkpoint's config.json.
@@ -570,17 +577,8 @@ def checkpoint_config(model: DFlashDraftModel) -> dict[str, Any]:
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "qwen3",
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
         "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": model.layers[0].self_attn.head_dim,
-        "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": float(c.rope_parameters["rope_theta"]),
+        **decoder_fields(c, model.layers[0].self_attn.head_dim),
         "attention_bias": bool(getattr(c, "attention_bias", False)),
         "tie_word_embeddings": False,
         "block_size": model.spec.block_size,

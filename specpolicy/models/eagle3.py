@@ -35,7 +35,14 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specpolicy.core.errors import ConfigError
-from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
+from specpolicy.models.checkpoint import (
+    decoder_fields,
+    hf_config,
+    load_into,
+    load_weights,
+    read_config,
+    save_checkpoint,
+)
 
 #: ``architectures`` written to our EAGLE-3 checkpoints (SGLang / vLLM name).
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -319,18 +326,9 @@ def checkpoint_config(model: Eagle3DraftModel, num_target_layers: int | None = N
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "num_hidden_layers": 1,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": model.midlayer.self_attn.head_dim,
-        "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
+        **decoder_fields(c, model.midlayer.self_attn.head_dim),
         "draft_vocab_size": model.spec.draft_vocab_size,
         "target_hidden_size": model.spec.target_hidden_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": float(c.rope_parameters["rope_theta"]),
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
     }

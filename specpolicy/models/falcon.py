@@ -38,7 +38,14 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specpolicy.core.errors import ConfigError
-from specpolicy.models.checkpoint import hf_config, load_into, load_weights, read_config, save_checkpoint
+from specpolicy.models.checkpoint import (
+    decoder_fields,
+    hf_config,
+    load_into,
+    load_weights,
+    read_config,
+    save_checkpoint,
+)
 
 #: ``architectures`` written to our Falcon checkpoints.
 ARCHITECTURE = "FalconModel"
@@ -267,16 +274,7 @@ def checkpoint_config(model: FalconDraftModel) -> dict[str, Any]:
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
         "num_hidden_layers": c.num_hidden_layers,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": model.layers[0].self_attn.head_dim,
-        "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps,
-        "vocab_size": c.vocab_size,
-        "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": float(c.rope_parameters["rope_theta"]),
+        **decoder_fields(c, model.layers[0].self_attn.head_dim),
         "k_mask": model.spec.k,
         "lstm_bias": model.spec.lstm_bias,
         "tie_word_embeddings": False,
