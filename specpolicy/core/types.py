@@ -100,7 +100,8 @@ class Draft:
         ``dart`` and ``dflash`` drafters' hand-out).
 
         Args:
-            token_ids / confidences: ``(n,) int64`` / ``(n,) float32``, everything decoded this round.
+            token_ids: ``(n,) int64``, everything decoded this round.
+            confidences: ``(n,) float32``, their confidences.
             probs: ``(n, V) float32`` their distributions when sampling, else None.
             want: the draft length asked for (>= 1).
             stop_at: index of the first drafted stop token, or None: the draft ends there at the
