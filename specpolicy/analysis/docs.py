@@ -1087,7 +1087,78 @@ def neighbours_page(results: Mapping[str, Any] | None, depth: Mapping[str, Any] 
 RUNTIME_NAME = "runtime-gsm8k-30x256.json"
 
 
-def runtime_page(results: Mapping[str, Any] | None) -> str | None:
+RUNTIME_PEERS_NAME = "peers-compiled-gsm8k-30x256.json"
+
+
+def compiled_peers_section(compiled: Mapping[str, Any] | None, eager: Mapping[str, Any] | None) -> list[str]:
+    """The peers table's main methods on the compiled runtime (``peers.py --runtime compiled``),
+    their rank beside the same methods' rank in the eager neighbours run (each run's ratios are its
+    own: speedups over that run's vanilla)."""
+    if not compiled:
+        return []
+    s, methods = compiled["settings"], compiled["methods"]
+    eager_methods = (eager or {}).get("methods", {})
+    ranked = sorted((n for n in methods if n != "vanilla"), key=lambda n: -methods[n]["speedup_vs_vanilla"])
+    eager_rank = {
+        n: i + 1
+        for i, n in enumerate(
+            sorted((n for n in ranked if n in eager_methods), key=lambda n: -eager_methods[n]["speedup_vs_vanilla"])
+        )
+    }
+    rows = [
+        [
+            f"`{n}`",
+            f"{methods[n]['speedup_vs_vanilla']:.2f}x",
+            str(i + 1),
+            f"{eager_methods[n]['speedup_vs_vanilla']:.2f}x" if n in eager_methods else "-",
+            str(eager_rank.get(n, "-")),
+            f"{methods[n]['mean_accepted_length']:.2f}",
+            f"{methods[n]['lossless_fraction'] * methods[n]['prompts']:.0f}/{methods[n]['prompts']}",
+        ]
+        for i, n in enumerate(ranked)
+    ]
+    drops = sorted(((i + 1) - eager_rank[n], n) for i, n in enumerate(ranked) if n in eager_rank)
+    moved = (
+        f"The largest move: `{drops[-1][1]}`, {eager_rank[drops[-1][1]]} eager -> {ranked.index(drops[-1][1]) + 1} "
+        "compiled (with dispatch gone, verifying its wide draft costs relatively more)."
+        if drops and drops[-1][0] > 0
+        else "No method loses its place."
+    )
+    command = (
+        f"python benchmarks/peers.py --runtime compiled --num-prompts {s['num_prompts']} --offset {s.get('offset', 0)} "
+        f"--max-new-tokens {s['max_new_tokens']} --no-oracle --out benchmarks/results/{RUNTIME_PEERS_NAME} \\"
+    )
+    lines = [command, *[f"    --method {m} \\" for m in s.get("method") or []]]
+    lines[-1] = lines[-1].removesuffix(" \\")
+    return [
+        "## The peers table on the compiled runtime",
+        "",
+        *command_block(*lines),
+        *markdown_table(
+            [
+                "method",
+                "compiled: speedup",
+                "rank",
+                "eager: speedup (neighbours run)",
+                "rank",
+                "accepted length",
+                "lossless",
+            ],
+            rows,
+        ),
+        "",
+        f"Compiled vanilla here: {methods['vanilla']['tokens_per_s']:.0f} tokens/s. Each speedup is over its own run's "
+        "vanilla (compiled here; eager in the neighbours run, which ran alone too); ranks within each run. "
+        f"{moved}",
+        "",
+    ]
+
+
+def runtime_page(
+    results: Mapping[str, Any] | None,
+    compiled_peers: Mapping[str, Any] | None = None,
+    eager_peers: Mapping[str, Any] | None = None,
+) -> str | None:
     """Eager vs compiled in one process, HF's own generation as peers, this machine's floor, and
     the issue's bars read off the same run."""
     if not results:
@@ -1173,6 +1244,7 @@ def runtime_page(results: Mapping[str, Any] | None) -> str | None:
         "kernels per layer (a decoding step is about a hundred matrix-vector products of a 256-wide model), each "
         f"far from the floor's granularity. {ranking}",
     ]
+    body += ["", *compiled_peers_section(compiled_peers, eager_peers)]
     return _page("The compiled runtime", intro, body)
 
 
@@ -1380,7 +1452,9 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
         "overhead.md": overhead_page(root),
         "family.md": family_page(root),
         "neighbours.md": neighbours_page(_load(root, NEIGHBOURS_NAME), _load(root, EASYSPEC_DEPTH_NAME)),
-        "runtime.md": runtime_page(_load(root, RUNTIME_NAME)),
+        "runtime.md": runtime_page(
+            _load(root, RUNTIME_NAME), _load(root, RUNTIME_PEERS_NAME), _load(root, NEIGHBOURS_NAME)
+        ),
     }
     for page, text in pages.items():
         if text is None:
