@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from specpolicy.core.checks import check_init
@@ -97,6 +96,27 @@ class StaticTree:
         self.block_nodes = {
             b: [i for i, p in enumerate(paths) if len(p) == k * b and p in has_child] for b in range(1, self.passes)
         }
+        # Gather indices, so a round reads the nodes off the passes' outputs level by level (tensor
+        # ops, no per-node loop). Blocks are numbered root 0, then pass by pass in block_nodes order.
+        block_of = {(): 0}
+        for b in range(1, self.passes):
+            block_of.update({paths[i]: len(block_of) + j for j, i in enumerate(self.block_nodes[b])})
+        #: per node: the block whose pass gives its distribution, its offset in that block, its rank
+        self.node_block = torch.tensor([block_of[self.owner(p)] for p in paths], dtype=torch.long)
+        self.node_offset = torch.tensor([(len(p) - 1) % k for p in paths], dtype=torch.long)
+        self.node_rank = torch.tensor([p[-1] for p in paths], dtype=torch.long)
+        self.node_parent = torch.tensor(self.parents, dtype=torch.long)
+        #: per depth d: the nodes at that depth are the slice level_start[d - 1] .. level_start[d]
+        self.level_start = [sum(1 for p in paths if len(p) <= d) for d in range(self.depth + 1)]
+        #: per pass b >= 1: each new block's parent block, and the nodes holding its k tokens
+        self.block_parent = {b: self.node_block[self.block_nodes[b]] for b in range(1, self.passes)}
+        self.block_tokens = {
+            b: torch.tensor(
+                [[index[paths[i][:j]] for j in range(k * b - k + 1, k * b + 1)] for i in self.block_nodes[b]],
+                dtype=torch.long,
+            ).reshape(len(self.block_nodes[b]), k)
+            for b in range(1, self.passes)
+        }
 
     def owner(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """The path of the block node whose pass gives this node's distribution (() = the root)."""
@@ -156,33 +176,32 @@ class FalconTreePolicy(TreePolicy):
         ids, logp = drafter.tree_block_root(t.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
-        k = drafter.k
-        blocks = {(): (ids, logp)}  # per block-starting path (() = the root): (k, top_k) ids and log-probs
-        numbers = {(): 0}  # its drafter block number
-        tokens = torch.empty(len(t.paths), dtype=torch.long, device=ids.device)
-        scores = torch.empty(len(t.paths), dtype=logp.dtype, device=ids.device)
-        done = 0
+        dev = ids.device
+        block_ids, block_logp = [ids[None]], [logp[None]]  # per block: (k, top_k) ids / log-probs
+        numbers = [torch.zeros(1, dtype=torch.long, device=dev)]  # per block: its drafter block number
+        tokens = torch.empty(len(t.paths), dtype=torch.long, device=dev)
+        scores = torch.empty(len(t.paths), dtype=logp.dtype, device=dev)
+        node_block, node_offset, node_rank = (x.to(dev) for x in (t.node_block, t.node_offset, t.node_rank))
+        node_parent = t.node_parent.to(dev)
         for b in range(t.passes):
             if b > 0:  # ONE pass for every block-starting node at depth k * b
-                rows = [t.paths[i] for i in t.block_nodes[b]]
-                parent = torch.tensor([numbers[t.owner(p)] for p in rows], dtype=torch.long, device=ids.device)
-                take = torch.tensor([[t.index[p[:j]] for j in range(len(p) - k + 1, len(p) + 1)] for p in rows])
-                new, bids, blogp = drafter.tree_block_expand(tokens[take.to(ids.device)], parent, t.top_k)
-                for j, p in enumerate(rows):
-                    blocks[p], numbers[p] = (bids[j], blogp[j]), int(new[j])
-            while done < len(t.paths) and len(t.paths[done]) <= k * (b + 1):  # the depths this pass drafted
-                p = t.paths[done]
-                bids, blogp = blocks[t.owner(p)]
-                off = (len(p) - 1) % k
-                tokens[done] = bids[off, p[-1]]
-                above = scores[t.parents[done]] if t.parents[done] >= 0 else 0.0
-                scores[done] = blogp[off, p[-1]] + above  # the path's cumulative log-probability
-                done += 1
+                parent = torch.cat(numbers)[t.block_parent[b].to(dev)]
+                new, bids, blogp = drafter.tree_block_expand(tokens[t.block_tokens[b].to(dev)], parent, t.top_k)
+                block_ids.append(bids)
+                block_logp.append(blogp)
+                numbers.append(new.to(dev))
+            all_ids, all_logp = torch.cat(block_ids), torch.cat(block_logp)
+            for d in range(t.k * b + 1, min(t.k * (b + 1), t.depth) + 1):  # the depths this pass drafted
+                sl = slice(t.level_start[d - 1], t.level_start[d])
+                at = (node_block[sl], node_offset[sl], node_rank[sl])
+                tokens[sl] = all_ids[at]
+                above = scores[node_parent[sl]] if d > 1 else 0.0
+                scores[sl] = all_logp[at] + above  # the paths' cumulative log-probabilities
         draft = Draft(
             token_ids=tokens,
             confidences=scores.exp().float(),
             forward_passes=drafter.tree_passes,
-            parents=torch.from_numpy(np.asarray(t.parents, dtype=np.int64)).to(ids.device),
+            parents=node_parent,
         )
         return draft, "room" if t.depth < full.depth else "policy_bound"
 
