@@ -118,10 +118,13 @@ def greedy_generate(
                     use_cache=True,
                 )
                 cache = out.cache
+        out_tok, n_gen = out_tok.cpu(), n_gen.tolist()  # one copy to the host per batch, not one per row
+        if top_k:
+            top_ids, top_lp = top_ids.cpu(), top_lp.cpu()
         for r, i in enumerate(idx):
-            results[i] = out_tok[r, : int(n_gen[r])].tolist()
+            results[i] = out_tok[r, : n_gen[r]].tolist()
             if top_k:
-                soft[i] = (top_ids[r, : int(n_gen[r])].cpu(), top_lp[r, : int(n_gen[r])].cpu())
+                soft[i] = (top_ids[r, : n_gen[r]].clone(), top_lp[r, : n_gen[r]].clone())
         if log_every and ((bi + 1) % log_every == 0 or bi + 1 == nb):
             el = time.time() - t0
             print(
@@ -143,6 +146,7 @@ def distill(
     seed: int = 0,
     bf16: bool = True,
     top_k: int = 0,
+    device: str = "cpu",
 ) -> dict:
     """Generate the target's greedy outputs for (a seeded subset of) the training prompts.
 
@@ -157,6 +161,7 @@ def distill(
         top_k: when > 0, also save the target's top-``top_k`` next-token log-probabilities at
             every response position to :func:`soft_targets_path` ``(out_path)`` (see
             :func:`save_soft_targets`).
+        device: where the target decodes (``"cpu"``, ``"cuda"``); outputs are saved from the CPU.
     Returns:
         stats: ``n``, ``n_finished`` (ended with ``<|im_end|>``), ``mean_response_len``,
         ``wall_s``, ``tokens_per_s`` (generated tokens / s).
@@ -166,7 +171,7 @@ def distill(
     idx = list(range(len(examples)))
     if num_prompts is not None and num_prompts < len(idx):
         idx = sorted(random.Random(seed).sample(idx, num_prompts))
-    model = load_model(target_dir, torch.float32, "sdpa")
+    model = load_model(target_dir, torch.float32, "sdpa").to(device)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     t0 = time.time()
     prompts = [list(examples[i].prompt_ids) for i in idx]
@@ -187,6 +192,7 @@ def distill(
         batch_size=batch_size,
         bf16=bf16,
         top_k=top_k,
+        device=str(device),
         wall_s=round(wall, 1),
         tokens_per_s=round(n_tok / max(wall, 1e-9), 1),
     )

@@ -156,15 +156,19 @@ class FeatureStore:
         view.offsets, view.lengths = self.offsets[list(indices)], self.lengths[list(indices)]
         return view
 
-    def batch(self, indices: Sequence[int], layers: Sequence[int], length: int) -> torch.Tensor:
+    def batch(
+        self, indices: Sequence[int], layers: Sequence[int], length: int, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """Features of examples ``indices``, right-padded with zeros to ``length`` positions.
 
         Args:
             indices: example indices (rows of the batch).
             layers: stored ``hidden_states`` indices, concatenated in this order.
             length: padded length L (>= every example's length).
+            dtype: of the result: float32 (default), or bfloat16 as stored (no conversion: half the
+                bytes to move to a device, widened there).
         Returns:
-            ``(len(indices), L, len(layers) * hidden_size)`` float32.
+            ``(len(indices), L, len(layers) * hidden_size)`` ``dtype``, on the CPU.
         Raises:
             KeyError: a layer that is not stored.
         """
@@ -174,4 +178,4 @@ class FeatureStore:
             o, n = int(self.offsets[e]), int(self.lengths[e])
             for j, i in enumerate(layers):
                 out[r, :n, j * H : (j + 1) * H] = self._maps[i][o : o + n]
-        return torch.from_numpy(out).view(torch.bfloat16).float()
+        return torch.from_numpy(out).view(torch.bfloat16).to(dtype)

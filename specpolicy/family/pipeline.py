@@ -7,9 +7,14 @@ Usage::
         --data /work/shared/data/gsm8k/train.jsonl --out specpolicy/family/bundle
 
 Each stage is skipped when its output already exists (``--force`` redoes every stage,
-``--redo STAGE ...`` only the named ones). Budgets are epochs / steps (never wall-clock),
-so a run with the same options and seed is reproducible. Outputs under ``--out`` (the bundle: weights
-and the log only) and ``--work`` (what is not bundled; :func:`default_work_dir`):
+``--redo STAGE ...`` only the named ones). Budgets are epochs / steps by default, so a run with
+the same options and seed is reproducible; ``--max-seconds-per-stage`` adds a wall-clock budget per
+training stage (``trainer.TrainConfig.max_seconds``: the steps run depend on the machine, and each
+stage's log entry says ``steps`` to rerun it with). ``--device cuda`` (or ``auto``) runs distill,
+the features and the training stages on a CUDA device (``benchmarks/gpu_train.sh``).
+
+Outputs under ``--out`` (the bundle: weights and the log only) and ``--work`` (what is not bundled;
+:func:`default_work_dir`):
 
 * ``tokenizer/``: the tokenizer alone;
 * ``target/``, ``ar-drafter/``, ``dllm-drafter/``: ``save_pretrained`` dirs (bf16 weights,
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -85,6 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS or 2)")
     ap.add_argument("--limit-rows", type=int, default=None, help="use only the first N train rows (smoke runs)")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda", "auto"],
+        default="cpu",
+        help="where distill, features and every training stage run (auto: cuda when available, else cpu)",
+    )
+    ap.add_argument(
+        "--max-seconds-per-stage",
+        type=float,
+        default=None,
+        help="wall-clock budget of each training stage's loop (trainer.TrainConfig.max_seconds: the step plan "
+        "is cut to what fits after 20 timed steps, the LR schedule recomputed; deer-drafter splits it "
+        "between its two stages in proportion to their step counts). Default: none, budgets in steps only",
+    )
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--max-len", type=int, default=384, help="max prompt+response tokens")
     ap.add_argument("--overflow", choices=["drop", "truncate"], default="drop")
@@ -240,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dart-warmup", type=int, default=30)
     ap.add_argument("--dart-draft-vocab", type=int, default=1024, help="DART's draft vocabulary size")
     ap.add_argument("--dart-init", default=None, help="continue training this DART checkpoint")
+    ap.add_argument(
+        "--deer-args",
+        default="",
+        help="extra options of the deer-drafter stage, one string in train_deer's syntax (later options win), "
+        "e.g. --deer-args='--stage1-steps 600 --batch-tokens 16384 --base dllm-drafter'",
+    )
     ap.add_argument("--falcon-epochs", type=int, default=2, help="Falcon: epochs (lambda decays over them)")
     ap.add_argument("--falcon-max-steps", type=int, default=None)
     ap.add_argument("--falcon-batch-tokens", type=int, default=4096)
@@ -275,6 +301,22 @@ def check_args(a: argparse.Namespace) -> None:
             raise SystemExit(f"error: --{name.replace('_', '-')}={v}; it must be an integer >= 0")
     if a.dllm_epochs == 0 and a.dllm_matched_epochs == 0:
         raise SystemExit("error: --dllm-epochs=0 and --dllm-matched-epochs=0; at least one must be >= 1")
+    if a.max_seconds_per_stage is not None and not a.max_seconds_per_stage > 0:
+        raise SystemExit(f"error: --max-seconds-per-stage={a.max_seconds_per_stage}; it must be > 0 (seconds)")
+    resolve_device(a.device)
+
+
+def resolve_device(device: str) -> str:
+    """The torch device of ``--device``: ``auto`` is ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
+
+    Raises:
+        SystemExit: ``--device cuda`` on a machine without a usable CUDA device (one line, before anything loads).
+    """
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device=cuda but torch.cuda.is_available() is False here; use --device cpu or auto")
+    return device
 
 
 def _dir_mb(p: Path) -> float:
@@ -295,6 +337,7 @@ def run(a: argparse.Namespace) -> dict:
     from specpolicy.family.training_log import read_log, update_log
 
     check_args(a)
+    device = resolve_device(a.device)
     threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
     out = Path(a.out)
@@ -372,6 +415,8 @@ def run(a: argparse.Namespace) -> dict:
             seed=a.seed,
             bf16=bf16,
             log_every=a.log_every,
+            device=device,
+            max_seconds=a.max_seconds_per_stage,
             **kw,
         )
 
@@ -393,8 +438,9 @@ def run(a: argparse.Namespace) -> dict:
             a.distill_max_new,
             a.distill_batch,
             a.seed,
-            bf16=not a.distill_fp32 and (bf16_autocast_pays("cpu") if bf16 is None else bf16),
+            bf16=not a.distill_fp32 and (bf16_autocast_pays(device) if bf16 is None else bf16),
             top_k=a.distill_top_k,
+            device=device,
         )
         print(f"distill: {st}", flush=True)
         update_log(log_path, "distill", st)
@@ -460,6 +506,8 @@ def run(a: argparse.Namespace) -> dict:
                 bf16=bf16,
                 log_every=a.log_every,
                 pad_to_multiple=bs,
+                device=device,
+                max_seconds=a.max_seconds_per_stage,
             )
             st = train_dllm_model(
                 init,
@@ -496,7 +544,9 @@ def run(a: argparse.Namespace) -> dict:
             deer_parser().parse_args(
                 ["--distill", str(paths["distill"]), "--out", str(paths["deer-drafter"]), "--log", str(log_path)]
                 + ["--base", "dllm-drafter" if bundled else str(paths["dllm-drafter"]), "--seed", str(a.seed)]
-                + ["--max-len", str(a.max_len), "--threads", str(threads)]
+                + ["--max-len", str(a.max_len), "--threads", str(threads), "--device", device]
+                + ([] if a.max_seconds_per_stage is None else ["--max-seconds", str(a.max_seconds_per_stage)])
+                + shlex.split(a.deer_args)
             )
         )
 
@@ -516,6 +566,7 @@ def run(a: argparse.Namespace) -> dict:
             feature_layers_for(a, paths["target"]),
             paths["features"],
             a.feature_batch_tokens,
+            device=device,
         )
         print(f"features: {st}", flush=True)
         update_log(log_path, "features", st)

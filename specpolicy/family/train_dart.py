@@ -154,8 +154,9 @@ def dart_loss(store: FeatureStore, feature_layers: list[int], last_layer: int, g
         ids, valid, plen = batch["input_ids"], batch["valid"], batch["prompt_len"]
         L = ids.shape[1]
         idx = batch["index"].tolist()
-        feats = store.batch(idx, feature_layers, L).to(ids.device)
-        hs_last = store.batch(idx, [last_layer], L).to(ids.device)
+        # bf16 as stored, moved, then widened on the device (half the copy, no CPU float pass)
+        feats = store.batch(idx, feature_layers, L, torch.bfloat16).to(ids.device).float()
+        hs_last = store.batch(idx, [last_layer], L, torch.bfloat16).to(ids.device).float()
         out = prefix_shared_forward(model.head, model.embed, ids, feats)
         rows, q, step, _ = _targets(out, ids, valid, plen, hs_last, model.target_head)
         if rows.shape[0] == 0:
@@ -175,20 +176,23 @@ def validation_metrics(model: DartTrainee, examples, indices, store, layers, las
     token) and the mean KL, on held-out ``indices``; eval mode, no grad."""
     head = model.head
     d = head.block_size
+    dev = model.embed.device  # batches move to the model; the sums come back to the CPU
     hits, counts, kls = torch.zeros(d), torch.zeros(d), torch.zeros(d)
     with torch.no_grad():
         for s in range(0, len(indices), 16):
             idx = indices[s : s + 16]
             batch = collate([examples[i] for i in idx], 0)
-            ids, valid, plen = batch["input_ids"], batch["valid"], batch["prompt_len"]
+            ids, valid, plen = (batch[k].to(dev) for k in ("input_ids", "valid", "prompt_len"))
             L = ids.shape[1]
-            out = prefix_shared_forward(head, model.embed, ids, store.batch(idx, layers, L))
-            rows, q, step, tgt = _targets(out, ids, valid, plen, store.batch(idx, [last_layer], L), model.target_head)
+            feats = store.batch(idx, layers, L, torch.bfloat16).to(dev).float()
+            hs_last = store.batch(idx, [last_layer], L, torch.bfloat16).to(dev).float()
+            out = prefix_shared_forward(head, model.embed, ids, feats)
+            rows, q, step, tgt = _targets(out, ids, valid, plen, hs_last, model.target_head)
             logp = torch.log_softmax(head.logits(rows).float(), dim=-1)
             hit = head.to_target_ids(logp.argmax(-1)) == tgt
-            hits += torch.bincount(step, weights=hit.float(), minlength=d)
-            counts += torch.bincount(step, minlength=d)
-            kls += torch.bincount(step, weights=(q.exp() * (q - logp)).sum(-1), minlength=d)
+            hits += torch.bincount(step, weights=hit.float(), minlength=d).cpu()
+            counts += torch.bincount(step, minlength=d).cpu()
+            kls += torch.bincount(step, weights=(q.exp() * (q - logp)).sum(-1), minlength=d).cpu()
     return {
         "kl_by_step": [round(float(k / max(c, 1)), 4) for k, c in zip(kls, counts)],
         "accuracy_by_step": [round(float(h / max(c, 1)), 4) for h, c in zip(hits, counts)],

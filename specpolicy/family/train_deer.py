@@ -220,14 +220,15 @@ def heldout_losses(
     """Both stages' objectives on held-out examples (fixed masks from ``seed``): ``{"stage1": .., "stage2": ..}``."""
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device  # the masks are drawn on the CPU (a CPU generator), then moved
     res = {}
     for name, fn in (("stage1", stage1_targets), ("stage2", stage2_targets)):
         gen = torch.Generator().manual_seed(seed)
         tot, n = 0.0, 0.0
         for i in range(0, len(examples), batch):
             b = collate(examples[i : i + batch], pad_id, BLOCK_SIZE)
-            masked, targets, weights = fn(b["response"], gen)
-            loss, _ = deer_loss(model, b, masked, targets, weights, mask_id)
+            masked, targets, weights = (t.to(dev) for t in fn(b["response"], gen))
+            loss, _ = deer_loss(model, {k: v.to(dev) for k, v in b.items()}, masked, targets, weights, mask_id)
             w = float(weights.sum())
             tot += float(loss) * w
             n += w
@@ -263,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="where the drafter trains (cpu, cuda)")
+    ap.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="wall-clock budget of both stages together (trainer.TrainConfig.max_seconds), split in proportion "
+        "to --stage1-steps / --stage2-steps (default: none, budgets in steps only)",
+    )
     return ap
 
 
@@ -310,6 +319,7 @@ def run(a: argparse.Namespace) -> dict:
 
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     entries = {}
+    total_steps = max(1, max(0, a.stage1_steps) + max(0, a.stage2_steps))
     for stage, steps, lr, fn in (
         ("stage1", a.stage1_steps, a.stage1_lr, stage1_targets),
         ("stage2", a.stage2_steps, a.stage2_lr, lambda r, g: stage2_targets(r, g, BLOCK_SIZE, a.r_max, a.alpha)),
@@ -323,15 +333,18 @@ def run(a: argparse.Namespace) -> dict:
             lr=lr,
             warmup_steps=min(20, steps // 5 + 1),
             seed=a.seed + (0 if stage == "stage1" else 1),
-            bf16=False,
+            bf16=False if a.device == "cpu" else None,  # float32 on the CPU; bf16 autocast where it pays
             pad_to_multiple=BLOCK_SIZE,
             log_every=a.log_every,
+            device=a.device,
+            max_seconds=None if a.max_seconds is None else a.max_seconds * steps / total_steps,
         )
         heldout_curve = [[0, heldout_losses(model, held, mask_id, tok.pad_token_id)]]
         last = [0]
 
-        def loss_fn(m, batch, gen, fn=fn):
-            masked, targets, weights = fn(batch["response"], gen)
+        def loss_fn(m, batch, gen, fn=fn):  # the masks from the CPU generator, moved to the batch's device
+            dev = batch["input_ids"].device
+            masked, targets, weights = (t.to(dev) for t in fn(batch["response"].cpu(), gen))
             return deer_loss(m, batch, masked, targets, weights, mask_id)
 
         def on_log(step, m, stage=stage, steps=steps, last=last, heldout_curve=heldout_curve):
@@ -343,6 +356,8 @@ def run(a: argparse.Namespace) -> dict:
 
         t0 = time.time()
         st = train(model, train_exs, loss_fn, cfg, tok.pad_token_id, name=f"deer-{stage}", on_log=on_log)
+        if heldout_curve[-1][0] != st["steps"]:  # a time budget cut the plan: measure where it ended
+            heldout_curve.append([st["steps"], heldout_losses(model, held, mask_id, tok.pad_token_id)])
         st.update(
             heldout_curve=heldout_curve,
             trainable_params=trainable,

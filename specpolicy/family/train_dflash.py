@@ -176,7 +176,7 @@ def dflash_loss(
                 gen,
             ).items()
         }
-        feats = store.batch(batch["index"].tolist(), feature_layers, ids.shape[1]).to(dev)
+        feats = store.batch(batch["index"].tolist(), feature_layers, ids.shape[1], torch.bfloat16).to(dev).float()
         out = blocks_output(model.draft, model.embed, layout, feats)
         keep = layout["labels"] != -100
         if not bool(keep.any()):
@@ -370,7 +370,8 @@ def validation_loss(
                 batch["input_ids"], batch["valid"], batch["prompt_len"], B, 16, 1, draft.spec.mask_token_id, 0.0, gen
             )
             layout = {k: v.to(dev) for k, v in layout.items()}
-            feats = store.batch(idx, list(draft.spec.feature_layers), batch["input_ids"].shape[1]).to(dev)
+            length = batch["input_ids"].shape[1]
+            feats = store.batch(idx, list(draft.spec.feature_layers), length, torch.bfloat16).to(dev).float()
             out = blocks_output(draft, embed, layout, feats)
             keep = layout["labels"] != -100
             logits = (out[keep] @ lm_head.T).float()

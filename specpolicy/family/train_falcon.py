@@ -197,12 +197,13 @@ def validation_metrics(
     """Held-out accuracy with true inputs (the first drafted block, by offset in the block) and with
     the inputs predicted k positions earlier (the second block), and the first block's cross-entropy."""
     hits, counts, ce, n_ce = torch.zeros(2, k), torch.zeros(2, k), 0.0, 0
+    dev = model.lm_head.device  # batches move to the model; the counts stay on the CPU
     for s in range(0, len(indices), 16):
         idx = indices[s : s + 16]
         batch = collate([examples[i] for i in idx], 0)
-        ids, valid, plen = batch["input_ids"], batch["valid"], batch["prompt_len"]
+        ids, valid, plen = (batch[k_].to(dev) for k_ in ("input_ids", "valid", "prompt_len"))
         L = ids.shape[1]
-        feats = store.batch(idx, [top_layer], L)
+        feats = store.batch(idx, [top_layer], L, torch.bfloat16).to(dev).float()
         hidden, tokens, target = falcon_inputs(model, ids, feats, k)
         mask = loss_positions(ids, valid, plen, k)
         target_token = (target @ model.lm_head.T).argmax(-1)
@@ -216,7 +217,7 @@ def validation_metrics(
             torch.where(shifted, F.pad(pred, (k, 0))[:, : tokens.shape[1]], tokens),
         )
         pred2 = (second @ model.lm_head.T).argmax(-1)
-        offset = torch.arange(mask.shape[1]) % k
+        offset = torch.arange(mask.shape[1], device=dev) % k
         for j in range(k):
             sel = mask & (offset[None] == j)
             hits[0, j] += float(((pred == target_token) & sel).sum())

@@ -1,9 +1,11 @@
 """The shared training loop: AdamW, linear warmup + cosine decay, grad clipping, bf16 autocast
 where the device runs it natively.
 
-Budgets are counted in epochs and optimizer steps (never wall-clock), so a seeded run is
-reproducible: the batch plan is a pure function of (example lengths, batch budget, seed,
-epoch) and every random draw of a loss function comes from a seeded ``torch.Generator``.
+Budgets are counted in epochs and optimizer steps by default, so a seeded run is reproducible:
+the batch plan is a pure function of (example lengths, batch budget, seed, epoch) and every
+random draw of a loss function comes from a seeded ``torch.Generator``. An optional wall-clock
+budget (``TrainConfig.max_seconds``) cuts the plan to what fits; the steps it ran are reported
+(``steps``), and a rerun with ``max_steps=steps`` (no time budget) reproduces it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -38,6 +40,19 @@ class TrainConfig:
         device: where the model and batches live (``"cpu"``, ``"cuda"``, ...).
         pad_to_multiple: batch length rounding (32 for block diffusion).
         log_every: steps between progress lines.
+        max_seconds: optional wall-clock budget of the loop (seconds; None = none, the default).
+            After the first :data:`BUDGET_WARMUP_STEPS` optimizer steps the step time is measured
+            (the first step, with its one-off costs, left out) and the plan is cut to the steps
+            whose projected time fits the budget; the LR schedule (warmup + cosine) is recomputed
+            over that shorter total, so the run still ends at the min LR. A hard stop ends the loop
+            when the wall time exceeds the budget by 10% anyway (validation or a slow machine).
+            Reproducibility caveat: the steps run depend on the machine's speed and load, so the
+            same seed and budget need not give the same run; ``train`` reports ``steps_planned``
+            and ``steps``, and a rerun with ``max_steps=steps`` and no time budget reproduces the
+            schedule and the data order (exactly when ``warmup_steps >= 20``: the first 20 steps'
+            LR is then warmup, which does not depend on the total; a hard-stopped run's schedule is
+            that of its cut plan: rerun it with ``max_steps=steps_cut``, stopped at ``steps``).
+            A warmup as long as the cut plan is shortened to half of it (at least the steps run).
     """
 
     epochs: int = 1
@@ -54,6 +69,23 @@ class TrainConfig:
     pad_to_multiple: int = 1
     log_every: int = 10
     device: str = "cpu"
+    max_seconds: float | None = None
+
+
+#: Optimizer steps timed before a ``max_seconds`` budget cuts the plan.
+BUDGET_WARMUP_STEPS = 20
+#: A budgeted loop stops once its wall time exceeds the budget by this factor.
+BUDGET_HARD_STOP = 1.1
+#: Share of the budget the cut plan is projected to use (room for validation and saving).
+BUDGET_FILL = 0.95
+
+
+def budget_steps(total: int, done: int, elapsed: float, step_s: float, budget_s: float) -> int:
+    """The steps of a plan of ``total`` that fit ``budget_s`` seconds: the ``done`` already run in
+    ``elapsed`` s plus as many more of ``step_s`` s each as fit ``BUDGET_FILL * budget_s`` (never
+    fewer than ``done``, never more than ``total``)."""
+    more = int(max(0.0, BUDGET_FILL * budget_s - elapsed) / max(step_s, 1e-9))
+    return max(done, min(total, done + more))
 
 
 def bf16_autocast_pays(device: str | torch.device) -> bool:
@@ -207,9 +239,12 @@ def train(
         stats dict: ``steps``, ``epochs``, ``final_loss`` (token-weighted mean over the last
         ``max(10, 5%)`` steps), ``first_loss``, ``loss_curve`` (list of ``[step, loss, lr]``
         averaged per ``log_every`` steps), ``wall_s``, ``tokens_per_s`` (padded input tokens),
-        ``target_tokens``, ``config`` (``bf16`` as run).
+        ``target_tokens``, ``config`` (``bf16`` as run); with ``cfg.max_seconds`` also
+        ``time_budget_s``, ``steps_planned`` (the plan before the cut), ``steps_cut`` (the plan
+        after it, the LR schedule's total), ``step_s`` (the measured seconds per step) and
+        ``hard_stop`` (whether the 10% hard stop ended the loop).
     Raises:
-        ValueError: empty ``examples`` or a non-finite loss.
+        ValueError: empty ``examples``, a non-finite loss or a ``max_seconds`` that is not > 0.
     """
     if not examples:
         raise ValueError("no training examples")
@@ -220,8 +255,12 @@ def train(
     steps_per_epoch = len(plan) / max(1, cfg.epochs)
     if cfg.max_steps is not None:
         plan = plan[: cfg.max_steps]
-    total = len(plan)
-    gen = torch.Generator().manual_seed(cfg.seed + 17)
+    total = planned = len(plan)
+    budget = cfg.max_seconds
+    if budget is not None and not budget > 0:
+        raise ValueError(f"[{name}] max_seconds={budget}; it must be > 0 (seconds) or None")
+    hard_stop, step_s, first_step_s, sched = False, None, 0.0, cfg  # sched: the LR schedule's settings
+    gen = torch.Generator().manual_seed(cfg.seed + 17)  # CPU: loss functions draw on the CPU and move
     device = torch.device(cfg.device)
     model.to(device)
     opt = make_optimizer(model, cfg)
@@ -232,9 +271,15 @@ def train(
     win_loss, win_tok, in_tokens = 0.0, 0, 0
     print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
     for step, idx in enumerate(plan):
+        if step >= total:
+            break
+        if budget is not None and time.time() - t0 > BUDGET_HARD_STOP * budget:
+            hard_stop = True
+            print(f"[{name}] hard stop at step {step}: {time.time() - t0:.0f}s > 1.1 x {budget:.0f}s", flush=True)
+            break
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple).items()}
         batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples`` (CPU)
-        lr = lr_at(step, total, cfg)
+        lr = lr_at(step, total, sched)
         for g in opt.param_groups:
             g["lr"] = lr
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -251,6 +296,19 @@ def train(
         win_loss += lv * ntok
         win_tok += ntok
         in_tokens += batch["input_ids"].numel()
+        if budget is not None and step == 0:
+            first_step_s = time.time() - t0  # CUDA / allocator warm-up: not a step's cost
+        if budget is not None and step + 1 == min(BUDGET_WARMUP_STEPS, total) and total > step + 1:
+            el = time.time() - t0
+            step_s = (el - first_step_s) / max(1, step)
+            total = budget_steps(total, step + 1, el, step_s, budget)
+            if sched.warmup_steps >= total:  # a warmup the cut plan would never leave: half of it
+                sched = replace(sched, warmup_steps=max(step + 1, total // 2))
+            print(
+                f"[{name}] time budget {budget:.0f}s: {step_s:.3f}s/step over steps 2-{step + 1}, "
+                f"plan cut to {total} of {planned} steps (LR schedule recomputed)",
+                flush=True,
+            )
         if (step + 1) % cfg.log_every == 0 or step + 1 == total:
             el = time.time() - t0
             curve.append([step + 1, round(win_loss / max(1, win_tok), 4), lr])
@@ -266,12 +324,24 @@ def train(
                 on_log(step + 1, model)
     wall = time.time() - t0
     model.eval()
+    cut = total
+    total = len(hist_loss)  # the steps run
     n_last = max(10, total // 20)
     tl, tt = hist_loss[-n_last:], hist_tok[-n_last:]
     cfgd = asdict(cfg)
     cfgd["betas"] = list(cfg.betas)
     cfgd["bf16"] = bf16  # as run
+    budget_stats = {}
+    if budget is not None:
+        budget_stats = dict(
+            time_budget_s=budget,
+            steps_planned=planned,
+            steps_cut=cut,
+            step_s=None if step_s is None else round(step_s, 4),
+            hard_stop=hard_stop,
+        )
     return dict(
+        **budget_stats,
         steps=total,
         epochs=round(total / steps_per_epoch, 3),
         first_loss=round(hist_loss[0], 4),

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The family drafters retrained on one CUDA device within a wall-clock budget:
+# distill (the target's greedy continuations of GSM8K train) + features (the target's hidden
+# states) on the device, then three trainings in parallel, each a separate process with its own
+# --out (so their training_log.json files do not collide) and OMP_NUM_THREADS=4 (TRAIN_THREADS):
+#   * dflash-drafter, continued from the bundled one (--dflash-init; it keeps its draft vocabulary),
+#   * dart-drafter, continued from the bundled one (--dart-init; the int8 weights are dequantised on load),
+#   * deer-drafter, a fresh LoRA on the bundled dllm-drafter (two stages; the budget split 2:1 as their steps).
+# Each training's loop gets BUDGET_S seconds (TrainConfig.max_seconds: the step plan is cut after 20
+# timed steps, the LR schedule recomputed over the cut plan). Step plans are set far beyond what
+# fits, so the budget decides; the steps run are in each training_log.json (rerun with
+# --*-max-steps = steps to reproduce).
+#
+# Usage:  bash benchmarks/gpu_train.sh OUT [BUDGET_S=240]
+# Env:    DEVICE (cuda; cpu for a dry run), DATA (GSM8K train jsonl; it must be on the machine:
+#         carry it in an ignored folder of the checkout), SCRATCH (work dir, default a mktemp dir),
+#         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS.
+# Output: OUT/gpu-weights.tar (dflash-drafter/, dart-drafter/, deer-drafter/ and their
+#         training_log.json files), OUT/{prepare,dflash,dart,deer}.log, OUT/prepare_training_log.json.
+set -euo pipefail
+
+OUT=$(realpath -m "${1:?usage: gpu_train.sh OUT [BUDGET_S]}")
+BUDGET=${2:-240}
+DEVICE=${DEVICE:-cuda}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -z "${DATA:-}" ]]; then
+  for d in .gpu/train.jsonl /work/shared/data/gsm8k/train.jsonl; do
+    [[ -f $d ]] && DATA=$d && break
+  done
+fi
+[[ -f "${DATA:-}" ]] || { echo "error: DATA=${DATA:-} (GSM8K train jsonl) not found" >&2; exit 2; }
+DATA=$(realpath "$DATA")
+S=${SCRATCH:-$(mktemp -d /tmp/gpu-train.XXXXXX)}
+mkdir -p "$OUT" "$S"
+echo "gpu_train: OUT=$OUT budget=${BUDGET}s device=$DEVICE data=$DATA scratch=$S"
+
+if [[ "${TINY:-0}" == 1 ]]; then  # the CPU dry run: same paths, tiny sizes
+  PREP=(--limit-rows "${LIMIT_ROWS:-40}" --distill-prompts "${LIMIT_ROWS:-40}" --distill-max-new 32
+    --distill-batch 16 --feature-batch-tokens 4096)
+  COMMON=(--limit-rows "${LIMIT_ROWS:-40}" --holdout 8 --log-every 5)
+  DFLASH=(--dflash-batch-tokens 2048 --dflash-epochs 50)
+  DART=(--dart-batch-tokens 1024 --dart-epochs 50 --dart-max-steps 100000)
+  DEER="--heldout 8 --batch-tokens 2048 --stage1-steps 2000 --stage2-steps 1000 --checkpoint-every 10"
+else  # the GPU run: every GSM8K train prompt x 256 new tokens; 4x the CPU batches, the CPU learning rates
+  PREP=(--distill-batch 1024 --distill-max-new 256 --feature-batch-tokens 65536)
+  COMMON=(--log-every 20)
+  DFLASH=(--dflash-batch-tokens 16384 --dflash-epochs 100)
+  DART=(--dart-batch-tokens 16384 --dart-epochs 100 --dart-max-steps 1000000)
+  DEER="--batch-tokens 16384 --stage1-steps 100000 --stage2-steps 50000 --checkpoint-every 200"
+fi
+# the bundled drafters' own recipes (training_log.json of the bundle), kept for the continuation:
+# DFlash lr 1e-3 (pipeline default 2e-3), warmup 100, gamma 5, extension probs 0.8/0.12/0.05/0.03;
+# DART lr 2e-3, warmup 30 (the defaults); DEER lr 2e-3 / 1e-3 (the defaults), stage II alpha 1.03
+DFLASH+=(--dflash-lr 1e-3 --dflash-warmup 100 --dflash-gamma 5 --dflash-extension-probs 0.8 0.12 0.05 0.03)
+DEER="$DEER --alpha 1.03"
+
+# the bundle, symlinks resolved (a device run starts from a bare copy of the checkout)
+rm -rf "$S/bundle" && cp -rL specpolicy/family/bundle "$S/bundle"
+prep_out() {  # a pipeline --out holding the bundle's tokenizer, target and dllm-drafter
+  mkdir -p "$1"
+  for m in tokenizer target dllm-drafter; do rm -rf "${1:?}/$m" && cp -r "$S/bundle/$m" "$1/$m"; done
+}
+prep_out "$S/prep"
+t0=$(date +%s)
+OMP_NUM_THREADS=${PREP_THREADS:-8} python -m specpolicy.family --device "$DEVICE" --data "$DATA" \
+  --out "$S/prep" --work "$S/work" --stages distill features --distill-top-k 0 "${PREP[@]}" \
+  "${COMMON[@]}" >"$OUT/prepare.log" 2>&1 || { tail -30 "$OUT/prepare.log" >&2; exit 1; }
+echo "gpu_train: distill + features $(($(date +%s) - t0))s"
+cp "$S/prep/training_log.json" "$OUT/prepare_training_log.json"
+
+for job in dflash dart deer; do prep_out "$S/$job"; done
+t1=$(date +%s)
+run_stage() {  # job stage extra-args...
+  local job=$1 stage=$2
+  shift 2
+  OMP_NUM_THREADS=${TRAIN_THREADS:-4} python -m specpolicy.family --device "$DEVICE" --data "$DATA" --out "$S/$job" \
+    --work "$S/work" --stages "$stage" --max-seconds-per-stage "$BUDGET" "${COMMON[@]}" "$@" \
+    >"$OUT/$job.log" 2>&1
+}
+run_stage dflash dflash-drafter "${DFLASH[@]}" --dflash-init "$S/bundle/dflash-drafter" &
+p1=$!
+run_stage dart dart-drafter "${DART[@]}" --dart-init "$S/bundle/dart-drafter" &
+p2=$!
+run_stage deer deer-drafter --deer-args "--base dllm-drafter $DEER" &
+p3=$!
+rc=0
+for p in $p1 $p2 $p3; do wait "$p" || rc=1; done
+echo "gpu_train: trainings $(($(date +%s) - t1))s (rc $rc)"
+
+mkdir -p "$S/tar"
+for job in dflash dart deer; do
+  [[ -d "$S/$job/$job-drafter" ]] && cp -r "$S/$job/$job-drafter" "$S/tar/"
+  [[ -f "$S/$job/training_log.json" ]] && cp "$S/$job/training_log.json" "$S/tar/$job-training_log.json"
+  tail -5 "$OUT/$job.log" || true
+done
+tar -cf "$OUT/gpu-weights.tar" -C "$S/tar" .
+ls -la "$OUT"
+exit $rc
