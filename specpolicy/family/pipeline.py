@@ -263,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--deer-args",
         default="",
-        help="extra options of the deer-drafter stage, one string in train_deer's syntax (later options win), "
-        "e.g. --deer-args='--stage1-steps 600 --batch-tokens 16384 --base dllm-drafter'",
+        help="extra options of the deer-drafter stage, one string in train_deer's syntax (later options win; "
+        "write it with '=': --deer-args='--stage1-steps 600 --base dllm-drafter')",
     )
     ap.add_argument("--falcon-epochs", type=int, default=2, help="Falcon: epochs (lambda decays over them)")
     ap.add_argument("--falcon-max-steps", type=int, default=None)
