@@ -12,7 +12,8 @@
 # --*-max-steps = steps to reproduce).
 #
 # Usage:  bash benchmarks/gpu_train.sh OUT [BUDGET_S=240]
-# Env:    DEVICE (cuda; cpu for a dry run), DATA (GSM8K train jsonl; it must be on the machine:
+# Env:    DEVICE (cuda; cpu for a dry run), DEADLINE (epoch seconds by which the weights must be
+#         saved: the budget shrinks to fit after distill + features), DATA (GSM8K train jsonl; it must be on the machine:
 #         carry it in an ignored folder of the checkout), SCRATCH (work dir, default a mktemp dir),
 #         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS.
 # Output: OUT/gpu-weights.tar (dflash-drafter/, dart-drafter/, deer-drafter/ and their
@@ -71,6 +72,11 @@ echo "gpu_train: distill + features $(($(date +%s) - t0))s"
 cp "$S/prep/training_log.json" "$OUT/prepare_training_log.json"
 
 for job in dflash dart deer; do prep_out "$S/$job"; done
+if [[ -n "${DEADLINE:-}" ]]; then  # an epoch second by which the weights must be saved: shrink the budget
+  left=$(( (DEADLINE - $(date +%s) - 20) * 10 / 11 ))  # the trainer's hard stop is 1.1 x the budget
+  (( left < BUDGET )) && BUDGET=$left && echo "gpu_train: budget cut to ${BUDGET}s by DEADLINE"
+  (( BUDGET < 30 )) && { echo "error: DEADLINE leaves ${BUDGET}s of training" >&2; exit 3; }
+fi
 t1=$(date +%s)
 run_stage() {  # job stage extra-args...
   local job=$1 stage=$2

@@ -95,11 +95,15 @@ class Side:
     """One runtime's verifier and drafters (eager or compiled), built once; the compiled side's
     build time is its warm-up."""
 
-    def __init__(self, args: argparse.Namespace, compile: bool) -> None:
+    def __init__(self, args: argparse.Namespace, compile: bool, cuda_mode: str = "reduce-overhead") -> None:
+        from specpolicy.models import static_qwen
+
+        static_qwen.CUDA_MODE = cuda_mode  # read as each model is built (CUDA only)
         self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0, compile=compile)
         self.pm = get_plugin_manager(autoload=False)
         start = time.perf_counter()
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
+        wanted = set(args.methods) | ({"ar"} if not compile else set())  # HF's assisted rows use the eager AR drafter
         self.drafters = {
             name: make_drafter(self.pm, {**_conf("drafter", name), "model": model}, self.runtime, self.verifier)
             for name, model in (
@@ -107,11 +111,16 @@ class Side:
                 ("eagle3", args.eagle3_drafter),
                 ("dflash", args.dflash_drafter),
             )
+            if name in wanted
         }
         self.build_s = time.perf_counter() - start
 
     def policy(self, choice: str, drafter: str, **overrides):
         return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
+
+
+#: Row labels of each compiled side (``--cuda-modes``): ``@compiled`` is ``runtime.compile=true``.
+SIDE_LABELS = {"reduce-overhead": "compiled", "default": "inductor", "cudagraphs": "cudagraphs"}
 
 
 def our_rows(side: Side, label: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -124,6 +133,8 @@ def our_rows(side: Side, label: str, args: argparse.Namespace) -> dict[str, Any]
         (f"eagle3+static-k{args.eagle3_k}", "eagle3", "static", {"k": args.eagle3_k}),
         ("dflash+failfast", "dflash", "failfast", {}),
     ):
+        if drafter not in args.methods:
+            continue
         policy = side.policy(choice, drafter, **over)
         rows[f"{name}@{label}"] = lambda ids, _d=side.drafters[drafter], _p=policy: generate(
             ids, side.verifier, side.runtime, max_new_tokens=args.max_new_tokens, drafter=_d, policy=_p
@@ -190,30 +201,67 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         static_qwen.BUCKETS = args.buckets
     prompts = load_prompts(args.dataset, None, args.num_prompts)
     eager = Side(args, compile=False)
-    compiled = Side(args, compile=True)
-    print(
-        f"compiled runtime built in {compiled.build_s:.1f} s (compilation {compiled.runtime.warmup_s:.1f} s); "
-        f"eager in {eager.build_s:.1f} s",
-        file=sys.stderr,
-        flush=True,
-    )
+    cuda = eager.runtime.torch_device.type == "cuda"
+    compiled_sides: dict[str, Side] = {}
+    errors: dict[str, str] = {}
+    for mode in args.cuda_modes if cuda else ["reduce-overhead"]:  # CPU: one compiled side
+        label = SIDE_LABELS[mode]
+        try:
+            side = Side(args, compile=True, cuda_mode=mode)
+        except Exception as e:  # noqa: BLE001 -- a mode that fails to build is reported, the others run
+            errors[label] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"{label} runtime failed to build: {errors[label]}", file=sys.stderr, flush=True)
+            continue
+        compiled_sides[label] = side
+        print(
+            f"{label} runtime built in {side.build_s:.1f} s (compilation {side.runtime.warmup_s:.1f} s); "
+            f"eager in {eager.build_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     ids = [p.token_ids(eager.verifier.tokenizer) for p in prompts]
-    runners = {**our_rows(eager, "eager", args), **our_rows(compiled, "compiled", args)}
-    hf, hf_warm = hf_rows(eager, args, max(int(x.shape[0]) for x in ids))
-    runners.update(hf)
+    runners = our_rows(eager, "eager", args)
+    for label, side in compiled_sides.items():
+        runners.update(our_rows(side, label, args))
+    hf_warm = None
+    try:
+        hf, hf_warm = hf_rows(eager, args, max(int(x.shape[0]) for x in ids))
+        runners.update(hf)
+    except Exception as e:  # noqa: BLE001 -- HF's compiled generation failing leaves our rows
+        errors["hf"] = f"{type(e).__name__}: {e}"[:2000]
+        print(f"HF rows failed: {errors['hf']}", file=sys.stderr, flush=True)
     first_s: dict[str, float] = {}
-    for name, fn in runners.items():  # untimed first prompt: first-call costs (and any late compilation)
+    for name, fn in list(runners.items()):  # untimed first prompt: first-call costs (and any late compilation)
         t = time.perf_counter()
-        fn(ids[0])
+        try:
+            fn(ids[0])
+        except Exception as e:  # noqa: BLE001 -- a row that fails is reported, the others run
+            errors[name] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"{name} failed: {errors[name]}", file=sys.stderr, flush=True)
+            del runners[name]
+            continue
         first_s[name] = time.perf_counter() - t
     stats = {name: {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": True} for name in runners}
     reference: list[list[int]] = []
     names = list(runners)
+    loop_start = time.perf_counter()
+    prompts_done = 0
     for i, prompt in enumerate(ids):
+        if args.deadline_s and time.perf_counter() - loop_start > args.deadline_s:
+            print(f"--deadline-s {args.deadline_s} reached after {i} prompts", file=sys.stderr, flush=True)
+            break
+        prompts_done = i + 1
         order = names[i % len(names) :] + names[: i % len(names)]
         outputs = {}
         for name in order:
-            result = runners[name](prompt)
+            if name in errors:
+                continue
+            try:
+                result = runners[name](prompt)
+            except Exception as e:  # noqa: BLE001 -- the row is dropped and reported, the others go on
+                errors[name] = f"prompt {i + 1}: {type(e).__name__}: {e}"[:2000]
+                print(f"{name} failed: {errors[name]}", file=sys.stderr, flush=True)
+                continue
             s = stats[name]
             if isinstance(result, tuple):  # HF: (new tokens, wall s)
                 out, wall = result
@@ -225,14 +273,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             s["wall_s"] += wall
             outputs[name] = out.tolist()
         reference.append(outputs["vanilla@eager"])
-        for name in names:
+        for name in outputs:
             stats[name]["identical"] &= outputs[name] == reference[-1]
         print(f"prompt {i + 1}/{len(ids)}", file=sys.stderr, flush=True)
+    if not compiled_sides:
+        raise RuntimeError(f"no compiled runtime could be built: {errors}")
+    compiled = next(iter(compiled_sides.values()))
     machine = measure_floor(eager.runtime.torch_device, eager.runtime.torch_dtype)
     floor = step_floor_ms(eager.verifier.model, machine)
     base = stats["vanilla@eager"]["tokens"] / stats["vanilla@eager"]["wall_s"]
     rows = {}
     for name, s in stats.items():
+        if name in errors:
+            continue
         tps = s["tokens"] / s["wall_s"] if s["wall_s"] else 0.0
         rows[name] = {
             **s,
@@ -250,13 +303,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(),
             "buckets": compiled.verifier.static.buckets,
             "busy_machine_note": args.note,
+            "device_name": torch.cuda.get_device_name() if cuda else None,
+            "prompts_timed": prompts_done,
         },
         "warmup": {
             "compiled_runtime_s": compiled.runtime.warmup_s,
             "compiled_side_build_s": compiled.build_s,
             "eager_side_build_s": eager.build_s,
             "hf_static_compile_s": hf_warm,
+            **{f"{label}_runtime_s": side.runtime.warmup_s for label, side in compiled_sides.items()},
         },
+        "errors": errors,
         "machine": machine,
         "floor": floor,
         "rows": rows,
@@ -272,7 +329,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(
         f"warm-up: compiled runtime {w['compiled_runtime_s']:.1f} s (its models built in "
-        f"{w['compiled_side_build_s']:.1f} s), HF static-cache compile {w['hf_static_compile_s']:.1f} s"
+        f"{w['compiled_side_build_s']:.1f} s), HF static-cache compile {w['hf_static_compile_s'] or 0:.1f} s"
     )
     print(
         f"{'method':34s} {'tok/s':>8s} {'ms/tok':>8s} {'x floor':>8s} {'speedup':>8s} {'acc len':>8s} {'first s':>8s}  lossless"
@@ -306,10 +363,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the compiled runtime's pass widths, e.g. 1,8 (default: specpolicy.models.static_qwen.BUCKETS)",
     )
+    p.add_argument(
+        "--cuda-modes",
+        type=lambda text: text.split(","),
+        default=["reduce-overhead"],
+        help="on CUDA, one compiled side per static_qwen.CUDA_MODE, comma-separated: reduce-overhead "
+        "(rows @compiled: inductor + CUDA graphs), default (@inductor: no CUDA graphs), cudagraphs "
+        "(@cudagraphs: eager kernels as CUDA graphs, no inductor); CPU builds one compiled side",
+    )
+    p.add_argument(
+        "--methods",
+        type=lambda text: text.split(","),
+        default=["ar", "eagle3", "dflash"],
+        help="the speculative rows to run, by drafter (comma-separated subset of ar,eagle3,dflash); "
+        "vanilla and HF's rows always run",
+    )
+    p.add_argument(
+        "--deadline-s", type=float, default=0.0, help="stop timing new prompts after this many seconds (0: never)"
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens")
     p.add_argument("--out", default=None, help="JSON output")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. how busy the machine was)")
     args = p.parse_args(argv)
+    bad_methods = [m for m in args.methods if m not in ("ar", "eagle3", "dflash")]
+    if bad_methods:
+        p.error(f"--methods={','.join(args.methods)}: {bad_methods[0]!r} is not one of ar, eagle3, dflash")
+    bad = [m for m in args.cuda_modes if m not in SIDE_LABELS]
+    if bad:
+        p.error(f"--cuda-modes={','.join(args.cuda_modes)}: {bad[0]!r} is not one of {', '.join(SIDE_LABELS)}")
     if args.quick:
         args.num_prompts, args.max_new_tokens = 2, 24
     return args

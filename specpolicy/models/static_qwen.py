@@ -12,7 +12,7 @@ built from the cache slots, so that
   slots no real row ever sees, so the real rows' outputs are those of the unpadded pass;
 - the passes are compiled once per process, when the model is built (``warmup``), with inductor's
   on-disk cache between processes: on CUDA one graph per bucket (``torch.compile(fullgraph=True,
-  dynamic=False, mode="reduce-overhead")``: CUDA graphs), attention over the whole cache; on CPU
+  dynamic=False)``, replayed as CUDA graphs: ``CUDA_MODE``), attention over the whole cache; on CPU
   two graphs with dynamic sizes (the decoding step, and every other bucket), attention over a
   window of the cache (``WINDOW``) -- on CPU every graph costs tens of seconds to compile.
 
@@ -39,6 +39,14 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: slot written, not the whole capacity (at batch 1 reading 1,088 columns of every layer cost
 #: about as much as the weights); the compiled graph takes the window's size as a dynamic size.
 WINDOW = 128
+#: How the passes compile on CUDA (read when a model is built): ``"reduce-overhead"`` (inductor's
+#: kernels replayed as CUDA graphs, gpt-fast's setting; the default), ``"default"`` (inductor's
+#: kernels, launched one by one) or ``"cudagraphs"`` (the eager kernels captured as CUDA graphs by
+#: dynamo's ``cudagraphs`` backend: no inductor, seconds to build). CPU ignores it.
+CUDA_MODE = "reduce-overhead"
+CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
+#: Inductor options of the CPU graphs (read when a model is built).
+CPU_OPTIONS: dict = {}
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -123,11 +131,13 @@ class StaticPasses(torch.nn.Module):
             # one graph per bucket: room for every bucket (and a few dtypes/devices) without falling back
             dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 4 * len(self.buckets))
             dynamo.config.accumulated_recompile_limit = max(dynamo.config.accumulated_recompile_limit, 1024)
-            # CUDA: one static graph per bucket, CUDA graphs, attention over the whole cache (cheap
-            # there). CPU: dynamic sizes -- one graph for the decoding step (1 row) and one for the
-            # other buckets and every attention window -- fewer graphs to compile, less to read.
-            mode = "reduce-overhead" if device.type == "cuda" else None
-            dynamic = device.type != "cuda"
+            # CUDA: one static graph per bucket, CUDA graphs (CUDA_MODE), attention over the whole
+            # cache (cheap there). CPU: dynamic sizes -- one graph for the decoding step (1 row) and
+            # one for the other buckets and every attention window -- fewer graphs to compile, less to read.
+            cuda = device.type == "cuda"
+            if cuda and CUDA_MODE not in CUDA_MODES:
+                raise ValueError(f"static_qwen.CUDA_MODE={CUDA_MODE!r}; it must be one of {CUDA_MODES}")
+            dynamic = not cuda
             # Guards on the input tensors only (the bucket's shapes pick the graph): this module's
             # weights and Python attributes do not change after construction, and guarding them costs
             # ~1 ms a call. That is sound per instance only, so each instance compiles its own copy
@@ -135,9 +145,18 @@ class StaticPasses(torch.nn.Module):
             # two models, whatever their shapes.
             code = type(self)._forward.__code__.replace()
             forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
-            options = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+            # mode= and options= exclude each other in torch.compile: "reduce-overhead" is spelled
+            # as its inductor option (triton.cudagraphs), beside the guard filter
+            options: dict = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+            backend = "inductor"
+            if cuda and CUDA_MODE == "cudagraphs":  # dynamo's graph, replayed as a CUDA graph, no inductor
+                backend = "cudagraphs"
+            elif cuda:
+                options["triton.cudagraphs"] = CUDA_MODE == "reduce-overhead"
+            else:
+                options.update(CPU_OPTIONS)
             self._pass = torch.compile(
-                types.MethodType(forward, self), fullgraph=True, dynamic=dynamic, mode=mode, options=options
+                types.MethodType(forward, self), fullgraph=True, dynamic=dynamic, backend=backend, options=options
             )
 
     def layer_cache(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +249,8 @@ class StaticPasses(torch.nn.Module):
         for b in self.buckets:
             if b > self.capacity:
                 break
-            for _ in range(2 if self.columns.device.type == "cuda" else 1):  # CUDA graphs record on the 2nd call
+            # CUDA graph trees run a warm-up call, record on the next and replay from the third
+            for _ in range(3 if self.columns.device.type == "cuda" else 1):
                 self.length = 0
                 self.passes(self._dummy_rows(b))
         self.length = 0

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One run on a lent CUDA machine (about 9 minutes), results under $OUT:
+#   1. the runtime on CUDA (issue 33): eager vs the static cache as CUDA graphs (no inductor) vs
+#      the compiled runtime (inductor + CUDA graphs, runtime.compile=true) for vanilla, an EAGLE-3
+#      chain and DFlash + FailFast, beside HF's rows -- benchmarks/runtime.py -> runtime-cuda.json;
+#   2. the family's drafters trained there (issues 31, 32): benchmarks/gpu_train.sh -> gpu-weights.tar.
+# Each part has its own time limit, so one that overruns leaves the other's results.
+#
+# Usage, from the repository root on the CUDA machine:
+#   OUT=/tmp/gpu-out bash benchmarks/gpu_session.sh [bench_s=230] [train_s=280]
+# What the machine lacks travels in ignored folders of the checkout: Python wheels in .whl/
+# (installed to /tmp/site), GSM8K train as .gpu/train.jsonl.gz (or set DATA).
+# Float32 on CUDA: the greedy outputs are then compared token for token with eager vanilla's.
+# A CPU dry run: DEVICE=cpu QUICK=1 TINY=1 NO_WHEELS=1 bash benchmarks/gpu_session.sh 600 300
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+BENCH_S=${1:-230}
+TRAIN_S=${2:-280}
+DEVICE=${DEVICE:-cuda}
+export DEVICE
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+start=$(date +%s)
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch, transformers, specpolicy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+if [ -z "${DATA:-}" ] && [ -f .gpu/train.jsonl.gz ]; then
+    gunzip -c .gpu/train.jsonl.gz >/tmp/gsm8k-train.jsonl && export DATA=/tmp/gsm8k-train.jsonl
+fi
+echo "== setup done after $(($(date +%s) - start)) s"
+
+echo "== runtime (limit ${BENCH_S} s)"
+timeout "$BENCH_S" python3 benchmarks/runtime.py --device "$DEVICE" --num-prompts 10 --max-new-tokens 256 ${QUICK:+--quick} \
+    --dtype float32 --buckets 1,8,16 --methods eagle3,dflash --cuda-modes cudagraphs,reduce-overhead --deadline-s 40 \
+    --note "one H200-class GPU, alone" --out "$OUT/runtime-cuda.json"
+echo "== runtime exit $? after $(($(date +%s) - start)) s"
+
+echo "== training (limit ${TRAIN_S} s)"
+DEADLINE=$(($(date +%s) + TRAIN_S - 15)) timeout "$TRAIN_S" bash benchmarks/gpu_train.sh "$OUT" "$((TRAIN_S - 90))"
+echo "== training exit $? after $(($(date +%s) - start)) s"
+ls -la "$OUT"
