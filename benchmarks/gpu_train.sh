@@ -17,7 +17,7 @@
 #         carry it in an ignored folder of the checkout), SCRATCH (work dir, default a mktemp dir),
 #         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS.
 # Output: OUT/gpu-weights.tar (dflash-drafter/, dart-drafter/, deer-drafter/ and their
-#         training_log.json files), OUT/{prepare,dflash,dart,deer}.log, OUT/prepare_training_log.json.
+#         training_log.json files), OUT/{prepare,dflash,dart,deer}.log (the distill + features log in the tar).
 set -euo pipefail
 
 OUT=$(realpath -m "${1:?usage: gpu_train.sh OUT [BUDGET_S]}")
@@ -69,7 +69,7 @@ OMP_NUM_THREADS=${PREP_THREADS:-8} python -m specpolicy.family --device "$DEVICE
   --out "$S/prep" --work "$S/work" --stages distill features --distill-top-k 0 "${PREP[@]}" \
   "${COMMON[@]}" >"$OUT/prepare.log" 2>&1 || { tail -30 "$OUT/prepare.log" >&2; exit 1; }
 echo "gpu_train: distill + features $(($(date +%s) - t0))s"
-cp "$S/prep/training_log.json" "$OUT/prepare_training_log.json"
+mkdir -p "$S/tar" && cp "$S/prep/training_log.json" "$S/tar/prepare-training_log.json"
 
 for job in dflash dart deer; do prep_out "$S/$job"; done
 if [[ -n "${DEADLINE:-}" ]]; then  # an epoch second by which the weights must be saved: shrink the budget

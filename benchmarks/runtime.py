@@ -224,12 +224,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for label, side in compiled_sides.items():
         runners.update(our_rows(side, label, args))
     hf_warm = None
-    try:
-        hf, hf_warm = hf_rows(eager, args, max(int(x.shape[0]) for x in ids))
-        runners.update(hf)
-    except Exception as e:  # noqa: BLE001 -- HF's compiled generation failing leaves our rows
-        errors["hf"] = f"{type(e).__name__}: {e}"[:2000]
-        print(f"HF rows failed: {errors['hf']}", file=sys.stderr, flush=True)
+    if not args.no_hf:
+        try:
+            hf, hf_warm = hf_rows(eager, args, max(int(x.shape[0]) for x in ids))
+            runners.update(hf)
+        except Exception as e:  # noqa: BLE001 -- HF's compiled generation failing leaves our rows
+            errors["hf"] = f"{type(e).__name__}: {e}"[:2000]
+            print(f"HF rows failed: {errors['hf']}", file=sys.stderr, flush=True)
     first_s: dict[str, float] = {}
     for name, fn in list(runners.items()):  # untimed first prompt: first-call costs (and any late compilation)
         t = time.perf_counter()
@@ -381,6 +382,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--deadline-s", type=float, default=0.0, help="stop timing new prompts after this many seconds (0: never)"
     )
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face's rows (and their compilation)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens")
     p.add_argument("--out", default=None, help="JSON output")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. how busy the machine was)")
