@@ -65,7 +65,7 @@ prep_out() {  # a pipeline --out holding the bundle's tokenizer, target and dllm
 }
 prep_out "$S/prep"
 t0=$(date +%s)
-OMP_NUM_THREADS=${PREP_THREADS:-8} python -m specpolicy.family --device "$DEVICE" --data "$DATA" \
+OMP_NUM_THREADS=${PREP_THREADS:-8} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" \
   --out "$S/prep" --work "$S/work" --stages distill features --distill-top-k 0 "${PREP[@]}" \
   "${COMMON[@]}" >"$OUT/prepare.log" 2>&1 || { tail -30 "$OUT/prepare.log" >&2; exit 1; }
 echo "gpu_train: distill + features $(($(date +%s) - t0))s"
@@ -81,7 +81,7 @@ t1=$(date +%s)
 run_stage() {  # job stage extra-args...
   local job=$1 stage=$2
   shift 2
-  OMP_NUM_THREADS=${TRAIN_THREADS:-4} python -m specpolicy.family --device "$DEVICE" --data "$DATA" --out "$S/$job" \
+  OMP_NUM_THREADS=${TRAIN_THREADS:-4} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" --out "$S/$job" \
     --work "$S/work" --stages "$stage" --max-seconds-per-stage "$BUDGET" "${COMMON[@]}" "$@" \
     >"$OUT/$job.log" 2>&1
 }
