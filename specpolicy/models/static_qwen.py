@@ -331,7 +331,7 @@ class StaticQwen(StaticPasses):
             q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
             o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
-            o = o.view(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
+            o = o.reshape(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
             x = x + att.o_proj(o)
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
             x = x + layer.mlp(h)

@@ -78,8 +78,8 @@ def test_the_second_pass_feeds_the_drawn_block_starts_their_targets(target, monk
     feats = target(input_ids=ids, output_hidden_states=True).hidden_states[2]
 
     class Store:
-        def batch(self, idx, layers, L):
-            return feats
+        def batch(self, idx, layers, L, dtype=torch.float32):  # FeatureStore.batch
+            return feats  # float64, as the test model is
 
     batch = {
         "input_ids": ids,

@@ -107,10 +107,11 @@ def test_the_loss_is_the_gamma_weighted_kl():
     target_head = torch.randn(25, H, generator=g)
     ids = torch.randint(0, V, (1, 14), generator=g)
     feats, last = torch.randn(1, 14, 3 * H, generator=g), torch.randn(1, 14, H, generator=g)
+    feats, last = feats.bfloat16().float(), last.bfloat16().float()  # bf16, as the feature store holds them
 
     class Store:
-        def batch(self, idx, layers, L):
-            return feats if len(layers) == 3 else last
+        def batch(self, idx, layers, L, dtype=torch.float32):  # FeatureStore.batch
+            return (feats if len(layers) == 3 else last).to(dtype)
 
     batch = {
         "input_ids": ids,
