@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import load_benchmark, overrides
 
@@ -697,6 +698,8 @@ def _runtime_bench(command: Command, h: Harness) -> None:
     if "--out" in args:  # the page's own output path, replaced by a scratch one
         i = args.index("--out")
         del args[i : i + 2]
+    if "--device" in args and not torch.cuda.is_available():  # a GPU row's command, its flags checked on the CPU
+        args[args.index("--device") + 1] = "cpu"
     load_benchmark("runtime").main(
         [
             *args,
