@@ -5,13 +5,22 @@ Usage::
     python -m specpolicy.family.diagnostics --drafter dllm-drafter --out diag.json
     python -m specpolicy.family.diagnostics --kind dflash --out dflash.json --in-loop
     python -m specpolicy.family.diagnostics --kind eagle3 --out eagle3.json
+    python -m specpolicy.family.diagnostics --kind dart --in-loop --out dart.json
+    python -m specpolicy.family.diagnostics --kind falcon --drafter benchmarks/weights/falcon-drafter --in-loop
+    python -m specpolicy.family.diagnostics --kind deer --in-loop --out deer.json
     python -m specpolicy.family.diagnostics --drafter /path/to/dllm-drafter --in-loop
     python -m specpolicy.family.diagnostics --results outputs/<run>/results.jsonl
 
-``--kind`` picks the drafter: ``fastdllm`` (the default), or ``dflash`` / ``eagle3``, which read the
-target's hidden states: each start position gets the target's features of its committed prefix, as
-the loop's verifier hands them over. A DFlash draft of 64 tokens is one pass per block of B - 1
-(extension passes past the first); an EAGLE-3 draft is a chain (one pass per token).
+``--kind`` picks the drafter: ``fastdllm`` (the default), ``deer`` (DEER's one-step dLLM drafter,
+threshold 0, one pass per block of 32), or ``dflash`` / ``eagle3`` / ``dart`` / ``falcon``, which read
+the target's hidden states: each start position gets the target's features of its committed prefix,
+as the loop's verifier hands them over. A DFlash draft of 64 tokens is one pass per block of B - 1
+(extension passes past the first); an EAGLE-3 draft is a chain (one pass per token); a DART draft
+is one pass per d = 8 tokens (past 8, later passes conditioned on the drafted tokens, as in a
+``policy=static`` chain: ``drafters/dart.py``); a Falcon draft one pass per k = 2 tokens
+(semi-autoregressive, ``drafters/falcon.py``; its weights are not bundled: ``--drafter`` defaults to
+a clone's ``benchmarks/weights/falcon-drafter``). Every kind but ``fastdllm`` is drafted as a chain
+policy asks for it, length by length (8, 16, 32, ``max_distance``), which gives ``passes_by_length``.
 
 The drafter is run exactly as the ``fastdllm`` drafter runs it in the loop
 (:class:`specpolicy.drafters.fastdllm.FastDLLMDrafter`, float32 on CPU, block 32, small block 8,
@@ -27,7 +36,7 @@ prompt the target's greedy output (fp32, ``max_new_tokens``) is the reference. F
   longest prefix of the first n draft tokens that equals the target's tokens -- the accepted
   length of a greedy verification of that draft, bonus token excluded (a draft running past
   the end of the output counts only the positions the output has);
-* ``passes_by_length[n]`` (``dflash`` / ``eagle3``): mean drafter forward passes of an n-token draft;
+* ``passes_by_length[n]`` (every kind but ``fastdllm``): mean drafter forward passes of an n-token draft;
 * calibration of the confidence (the max probability of the pass that unmasked each token)
   against correctness: ``ece`` (expected calibration error, 10 equal-width bins, Guo et al.
   2017) over all distances 1..``calibration_distance``, ``ece_by_distance``, and the per-bin
@@ -46,6 +55,9 @@ The in-loop measure (``--in-loop``, or ``--results`` of an existing run): a norm
 ``python -m specpolicy drafter=fastdllm drafter.model=... policy=static policy.k=16
 dataset.num_prompts=10 run.vanilla_baseline=false``; from its ``results.jsonl``, the share of
 drafted rounds whose accepted length reaches d >= 1, 3, 5, 10 (:func:`accepted_length_shares`).
+Every kind but ``fastdllm`` runs it with the vanilla baseline, for the measured cost of one drafter
+pass against one target step (:func:`pass_cost`; the MODELED A6000 pass costs are
+``specpolicy/analysis/gpu_pass_model.py``'s). Static k (``--in-loop-k``): :data:`IN_LOOP_K`.
 """
 
 from __future__ import annotations
@@ -63,6 +75,21 @@ DATASETS = ("gsm8k", "math500", "humaneval")
 DRAFT_LENGTHS = (8, 16, 32, 64)
 SHARE_THRESHOLDS = (1, 3, 5, 10)
 N_BINS = 10
+#: ``--kind`` choices: the drafters the diagnostics run (``drafter=<kind>`` in the loop).
+KINDS = ("fastdllm", "dflash", "eagle3", "dart", "falcon", "deer")
+#: Default ``--drafter`` per kind (bundled names; Falcon's weights are not bundled: :func:`falcon_weights`).
+DEFAULT_DRAFTERS = {
+    "fastdllm": "dllm-drafter",
+    "dflash": "dflash-drafter",
+    "eagle3": "eagle3-drafter",
+    "dart": "dart-drafter",
+    "deer": "deer-drafter",
+}
+#: Static k of ``--in-loop`` per kind (dflash: B - 1 of its checkpoint): EAGLE-3's chain of 5, one DART
+#: pass (d = 8), three Falcon passes (k = 2 each), DEER's paper setting (32).
+IN_LOOP_K = {"fastdllm": 16, "eagle3": 5, "dart": 8, "falcon": 6, "deer": 32}
+#: Where a clone keeps the trained Falcon drafter (``drafters.falcon.CLONE_WEIGHTS``).
+FALCON_WEIGHTS = "benchmarks/weights/falcon-drafter"
 
 
 def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, n_bins: int = N_BINS) -> float:
@@ -200,9 +227,10 @@ def collect_drafts(
         stride: distance between start positions (>= 1), starting at 0.
         max_distance: tokens drafted from each start.
         verifier: for a drafter that reads the target (``target_feature_layers``): the target's
-            verifier; its features of ``prompt + output`` (one pass per prompt) feed each prefill,
-            and the draft is extended length by length (``DRAFT_LENGTHS``) with ``passes`` filled
-            as ``{n: [forward passes of each n-token draft]}`` when given.
+            verifier; its features of ``prompt + output`` (one pass per prompt) feed each prefill.
+        passes: when given, the draft is extended length by length (``DRAFT_LENGTHS``, as a chain
+            policy asks for more) and ``passes`` is filled as ``{n: [forward passes of each n-token
+            draft]}``; None: one ``draft(max_distance)`` call.
     Returns:
         ``(draft ids, confidences, reference ids)`` per start (see :func:`summarize_drafts`).
     """
@@ -219,9 +247,11 @@ def collect_drafts(
             prefix = torch.cat([p, r[:c]])
             if features is None:
                 drafter.prefill(prefix)
-                d = drafter.draft(max_distance)
             else:
                 drafter.prefill(prefix, features=features[: prefix.shape[0] - 1])
+            if passes is None:
+                d = drafter.draft(max_distance)
+            else:
                 done = 0
                 for n in marks:  # the same draft, extended length by length: passes per length
                     d = drafter.draft(n - done)
@@ -299,13 +329,15 @@ def run_in_loop(
     offset: int = 0,
 ) -> dict:
     """Run the loop (static k, GSM8K test from ``offset``; fastdllm at ``threshold`` without the
-    vanilla baseline, dflash / eagle3 with it, for :func:`pass_cost`) in a subprocess and summarize
+    vanilla baseline, every other kind with it, for :func:`pass_cost`) in a subprocess and summarize
     its ``results.jsonl`` with :func:`accepted_length_shares`.
 
     Raises:
         subprocess.CalledProcessError: the run failed.
     """
     run_dir = Path(run_dir)
+    if Path(drafter).is_dir():  # a local checkpoint: the run's working directory may differ
+        drafter = str(Path(drafter).resolve())
     extra = [f"drafter.threshold={threshold}", "run.vanilla_baseline=false"] if kind == "fastdllm" else []
     cmd = [
         sys.executable,
@@ -352,7 +384,7 @@ def diagnose(
 
     Args:
         drafter_path / target_path: bundled names or model dirs.
-        kind: ``fastdllm``, ``dflash`` or ``eagle3``.
+        kind: one of :data:`KINDS` (``drafter=<kind>``).
         offset: first prompt of each data set.
         num_prompts: prompts per data set (an int for all, or ``{name: n}``).
         stride: start positions ``0, stride, 2 stride, ...`` of each output (>= 1).
@@ -399,7 +431,7 @@ def diagnose(
             target, [p.tolist() for p in prompts], tok.eos_token_id, tok.pad_token_id, max_new_tokens, batch_size=64
         )
         outs = [torch.tensor(o, dtype=torch.long) for o in outs]
-        passes: dict = {}
+        passes: dict | None = None if kind == "fastdllm" else {}  # fastdllm: one call, as measured before
         drafts = collect_drafts(drafter, prompts, outs, stride, max_distance, verifier, passes)
         r = summarize_drafts(drafts, max_distance)
         if passes:
@@ -421,6 +453,15 @@ def diagnose(
     return res
 
 
+def falcon_weights() -> str | None:
+    """The Falcon drafter of a clone: :data:`FALCON_WEIGHTS` under the working directory or the
+    repository root, as an absolute path; None when neither holds a ``config.json``."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / FALCON_WEIGHTS / "config.json").is_file():
+            return str(root / FALCON_WEIGHTS)
+    return None
+
+
 def _block_size(drafter: str) -> int:
     """A DFlash checkpoint's block size B (from its config.json)."""
     from specpolicy.models.checkpoint import read_config
@@ -433,18 +474,19 @@ def _block_size(drafter: str) -> int:
 def main(argv: list[str] | None = None) -> dict:
     """CLI (``python -m specpolicy.family.diagnostics``); writes ``--out`` as JSON."""
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family.diagnostics", description=__doc__.split("\n")[0])
+    ap.add_argument("--kind", default="fastdllm", choices=KINDS, help="the drafter's kind")
     ap.add_argument(
-        "--kind", default="fastdllm", choices=("fastdllm", "dflash", "eagle3", "deer"), help="the drafter's kind"
-    )
-    ap.add_argument(
-        "--drafter", default=None, help="bundled name or checkpoint dir (default: the bundled drafter of --kind)"
+        "--drafter",
+        default=None,
+        help=f"bundled name or checkpoint dir (default: the bundled drafter of --kind; falcon: {FALCON_WEIGHTS})",
     )
     ap.add_argument("--offset", type=int, default=0, help="first prompt of each data set")
     ap.add_argument(
         "--in-loop-k",
         type=int,
         default=None,
-        help="static k of --in-loop (default: 16 for fastdllm, B - 1 for dflash, 5 for eagle3)",
+        help="static k of --in-loop (default: 16 for fastdllm, B - 1 for dflash, 5 for eagle3, 8 for dart, "
+        "6 for falcon, 32 for deer)",
     )
     ap.add_argument("--target", default="target", help="bundled name or model dir of the target")
     ap.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=DATASETS)
@@ -476,12 +518,14 @@ def main(argv: list[str] | None = None) -> dict:
         ap.exit(2, f"error: --offset={a.offset}; it must be an integer >= 0\n")
     if a.threads:
         torch.set_num_threads(a.threads)
-    a.drafter = (
-        a.drafter
-        or {"fastdllm": "dllm-drafter", "dflash": "dflash-drafter", "eagle3": "eagle3-drafter", "deer": "deer-drafter"}[
-            a.kind
-        ]
-    )
+    if a.drafter is None and a.kind == "falcon":
+        a.drafter = falcon_weights()
+        if a.drafter is None:
+            ap.exit(
+                2,
+                f"error: --kind falcon: the Falcon drafter is not bundled and {FALCON_WEIGHTS} is absent; pass --drafter DIR\n",
+            )
+    a.drafter = a.drafter or DEFAULT_DRAFTERS[a.kind]
 
     def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured
         if a.out:
@@ -514,7 +558,7 @@ def main(argv: list[str] | None = None) -> dict:
         diagnose(a.drafter, a.target, first, npr, a.max_new_tokens, a.stride, a.max_distance, **common)
         if a.in_loop:
             loop_dir = a.in_loop_dir or (str(a.out) + ".loop" if a.out else "outputs/diagnostics-loop")
-            k = a.in_loop_k or {"fastdllm": 16, "eagle3": 5, "deer": 32}.get(a.kind) or _block_size(a.drafter) - 1
+            k = a.in_loop_k or IN_LOOP_K.get(a.kind) or _block_size(a.drafter) - 1
             res["in_loop"] = run_in_loop(a.drafter, loop_dir, k=k, kind=a.kind, offset=a.offset)
             print(f"[in-loop] {res['in_loop']}", flush=True)
             save(res)

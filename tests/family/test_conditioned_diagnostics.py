@@ -1,6 +1,8 @@
-"""``python -m specpolicy.family.diagnostics --kind dflash|eagle3``: one-pass drafts from the target's
-features of each committed prefix, passes per draft length (DFlash: one per block; EAGLE-3: one per
-token), and the measured pass cost from a run's rounds."""
+"""``python -m specpolicy.family.diagnostics --kind dflash|eagle3|dart|falcon|deer``: one-pass drafts
+from the target's features of each committed prefix (DEER: from the prefix alone), passes per draft
+length (DFlash: one per block; EAGLE-3: one per token; DART: one per 8 tokens; Falcon: one per 2;
+DEER: one per absolute block of 32 crossed), Falcon's default weights, and the measured pass cost
+from a run's rounds."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ import json
 
 import pytest
 
+from specpolicy.family import diagnostics
 from specpolicy.family.diagnostics import main, pass_cost
+from tiny_other_drafters import save_tiny_other_drafters
+
+
+@pytest.fixture(scope="module")
+def drafters(family, tmp_path_factory):
+    return {**family, **save_tiny_other_drafters(family, tmp_path_factory.mktemp("drafters"))}
 
 
 @pytest.mark.slow  # target generation and drafts on the tiny family
@@ -17,9 +26,13 @@ from specpolicy.family.diagnostics import main, pass_cost
     [
         ("dflash", {"8": 2, "16": 3, "32": 5}),  # block 8: 7 tokens per pass
         ("eagle3", {"8": 8, "16": 16, "32": 32}),
+        ("dart", {"8": 1, "16": 2, "32": 4}),  # d = 8 per pass, later passes on the drafted tokens
+        ("falcon", {"8": 4, "16": 8, "32": 16}),  # k = 2 per pass
+        ("deer", None),  # one pass per absolute block of 32 the draft reaches (+ the boundary pass)
     ],
 )
-def test_feature_drafters_are_diagnosed(family, tmp_path, kind, passes):
+def test_feature_drafters_are_diagnosed(drafters, tmp_path, kind, passes):
+    family = drafters
     out = tmp_path / "d.json"
     res = main(
         [
@@ -46,8 +59,25 @@ def test_feature_drafters_are_diagnosed(family, tmp_path, kind, passes):
     g = res["gsm8k"]
     assert res["kind"] == kind and json.loads(out.read_text())["gsm8k"]["n_drafts"] == g["n_drafts"] > 0
     assert len(g["agreement"]) == 32 and set(g["longest_correct_prefix"]) == {"8", "16", "32"}
-    assert g["passes_by_length"] == pytest.approx(passes)
+    if passes is None:
+        p = g["passes_by_length"]
+        assert 1.0 <= p["8"] <= p["16"] <= p["32"] <= 3.0  # a 32-token draft crosses one boundary at most
+    else:
+        assert g["passes_by_length"] == pytest.approx(passes)
     assert 0.0 <= g["ece"] <= 1.0
+
+
+def test_falcon_defaults_to_the_clones_weights_or_names_drafter(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(diagnostics, "FALCON_WEIGHTS", "absent/falcon-drafter")
+    with pytest.raises(SystemExit):
+        main(["--kind", "falcon"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--drafter" in err[0] and "absent/falcon-drafter" in err[0]
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "config.json").write_text("{}")
+    monkeypatch.setattr(diagnostics, "FALCON_WEIGHTS", "w")
+    assert diagnostics.falcon_weights() == str(tmp_path / "w")
 
 
 def test_pass_cost_is_draft_ms_per_pass_over_a_vanilla_step(tmp_path):
