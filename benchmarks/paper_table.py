@@ -21,7 +21,19 @@ Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm
 * ``eagle3`` -- EAGLE-3 (``drafter=eagle3``, the paper's strongest baseline, App. D.3) as a CHAIN at
   its own best k of the grid;
 * ``eagle3-tree`` -- EAGLE-3 (w/ draft tree) as the paper ran it: EAGLE-2's dynamic tree
-  (``policy=eagle2-tree``) at SGLang's setting of App. D.3 -- depth 8, 60 tokens, top-k 10.
+  (``policy=eagle2-tree``) at SGLang's setting of App. D.3 -- depth 8, 60 tokens, top-k 10;
+* ``dart-tree`` -- DART (arXiv 2601.19278) as its paper runs it: one pass of d = 8 positions and its
+  n-gram-scored tree search (``drafter=dart,policy=dart-tree``: top-25, beam 20, 60 nodes);
+* ``dart-failfast`` -- FailFast's length rule on DART's drafts (``drafter=dart,policy=failfast,policy.n=8``:
+  one pass per chunk of 8; τ and N_max as ``failfast``'s, N_max at least 8);
+* ``falcon-tree`` -- Falcon (arXiv 2412.12639) with its static decoding tree (``drafter=falcon,
+  policy=falcon-tree``); its weights are not bundled: the row runs when ``--falcon-drafter`` names a
+  checkpoint or a clone holds ``benchmarks/weights/falcon-drafter``, else it is skipped with a note;
+* ``deer`` -- DEER (arXiv 2512.15176) in its own setting: one denoising step fills k = 32 masks,
+  verified as a chain (``drafter=deer,policy=static,policy.k=32``).
+
+(``--dart-drafter``, ``--falcon-drafter``, ``--deer-drafter``: their checkpoints; MODELED with each
+drafter's own A6000 pass cost, ``drafter_pass_ms_by_drafter`` of ``conf/profile/a6000-*.yaml``.)
 
 Calibration (the best-k sweeps) runs on a SEPARATE prompt slice (``--calibration-prompts`` prompts
 from ``--calibration-offset``, by default right after the evaluation prompts), before and apart from
@@ -97,7 +109,13 @@ METHOD_TITLES = {
     "win-big-only": "Win big only (ablation)",
     "eagle3": "EAGLE-3 (chain)",
     "eagle3-tree": "EAGLE-3 (w/ draft tree)",
+    "dart-tree": "DART (w/ draft tree)",
+    "dart-failfast": "DART + FailFast",
+    "falcon-tree": "Falcon (w/ draft tree)",
+    "deer": "DEER (static k = 32)",
 }
+#: Where a clone keeps the Falcon drafter (not bundled; ``drafters.falcon.CLONE_WEIGHTS``).
+FALCON_WEIGHTS = Path(__file__).resolve().parents[1] / "benchmarks" / "weights" / "falcon-drafter"
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 TRAINING_NOTE = (
     "The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
@@ -109,7 +127,8 @@ MEASURED_NOTE = (
 )
 MODELED_NOTE = (
     "MODELED, not measured: forward-pass counts x the paper's vLLM A6000 latencies (drafter pass "
-    "6.1 ms, an EAGLE-3 head pass 0.68 / 0.89 / 1.17 ms by specpolicy/analysis/gpu_pass_model.py; target "
+    "6.1 ms; by specpolicy/analysis/gpu_pass_model.py an EAGLE-3 or DART head pass 0.68 / 0.89 / 1.17 ms, "
+    "a Falcon pass 1.82 / 2.55 / 2.83 ms, a DEER pass 4.12 ms; target "
     "13.5 / 24.7 / 52.6 ms per token for Qwen2.5-7B / 14B / 32B); 'project' counts "
     "the drafter passes this project ran, 'official' counts them as the official FailFast harness "
     "does (specpolicy/core/accounting.py)."
@@ -173,6 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in ("default_threshold", "failfast_threshold"):
         if not 0.0 <= getattr(args, key) <= 1.0:
             p.error(f"--{key.replace('_', '-')} must be in [0, 1], got {getattr(args, key)}")
+    args.falcon_skipped = resolve_falcon(args)
     if args.calibration_offset is None:
         args.calibration_offset = args.offset + args.num_prompts
     if args.fail_fast_only_k is None:
@@ -196,6 +216,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"[{args.offset}, {eval_end})"
         )
     return args
+
+
+def resolve_falcon(args: argparse.Namespace) -> str | None:
+    """Point ``args.falcon_drafter`` at the Falcon weights, or say why ``falcon-tree`` is skipped.
+
+    ``--falcon-drafter`` given (anything but the default ``falcon-drafter``): used as given. Left at the
+    default: the bundled drafter when the bundle holds one, else :data:`FALCON_WEIGHTS` when a clone
+    holds it. Returns None when the row runs, else the one-line note of the skipped row."""
+    from specpolicy.models.loading import bundled_dir
+
+    if args.falcon_drafter != "falcon-drafter" or (bundled_dir() / "falcon-drafter" / "config.json").is_file():
+        return None
+    if (FALCON_WEIGHTS / "config.json").is_file():
+        args.falcon_drafter = str(FALCON_WEIGHTS)
+        return None
+    return (
+        "falcon-tree skipped: the Falcon drafter is not bundled and benchmarks/weights/falcon-drafter is absent "
+        "(pass --falcon-drafter DIR)"
+    )
 
 
 # -- methods -----------------------------------------------------------------------------------------
@@ -226,11 +265,17 @@ def _method(bench: Bench, key: str, drafter: str, choice: str, description: str,
     return m
 
 
+def drafter_kind(drafter: str | None) -> str | None:
+    """The drafter's name in ``drafter=<name>`` (the profiles' ``drafter_pass_ms_by_drafter`` key):
+    the bench's two Fast-dLLM drafters are both ``fastdllm``."""
+    return None if drafter is None else ("fastdllm" if drafter.startswith("fastdllm") else drafter)
+
+
 def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str, Any]:
     """The summary config of a method's run directory (for ``specpolicy.analysis.paper_figures``)."""
     d = bench.drafters[drafter]
-    node = {"name": drafter if drafter in ("ar", "eagle3") else "fastdllm"}
-    if node["name"] == "fastdllm":
+    node = {"name": drafter_kind(drafter)}
+    if isinstance(d, FastDLLMDrafter):  # fastdllm and deer
         node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
     return {
         "drafter": node,
@@ -290,7 +335,25 @@ def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> t
             "EAGLE-3 with EAGLE-2's dynamic tree: depth 8, 60 tokens, top-k 10 (the paper's SGLang setting, App. D.3)",
             {"depth": 8, "top_k": 10, "total_tokens": 60},
         ),
+        (
+            "dart-tree",
+            "dart",
+            "dart-tree",
+            "DART, one pass of 8 + its n-gram tree search (top-25, beam 20, 60 nodes)",
+            {},
+        ),
+        (
+            "dart-failfast",
+            "dart",
+            "failfast",
+            f"DART + FailFast, N = 8 (one pass), tau = {ff['tau']}, N_max = {max(ff['n_max'], 8)}",
+            {**ff, "n": 8, "n_max": max(ff["n_max"], 8)},
+        ),
+        ("falcon-tree", "falcon", "falcon-tree", "Falcon, k = 2 per pass, its static tree (policy falcon-tree)", {}),
+        ("deer", "deer", "static", "DEER, one denoising step, static k = 32 (the paper's setting)", {"k": 32}),
     ]
+    if getattr(args, "falcon_skipped", None):
+        spec = [s for s in spec if s[0] != "falcon-tree"]
     if k_dllm == k_ar:
         spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice
     methods = [bench.vanilla()]
@@ -372,7 +435,7 @@ def stage(
     block = bench.drafters["fastdllm"].block_size
     figures, summaries = {}, {}
     for m in methods:
-        kind = None if m.drafter is None else (m.drafter if m.drafter in ("ar", "eagle3") else "fastdllm")
+        kind = drafter_kind(m.drafter)
         config = configs.get(m.name, {"benchmark": "benchmarks/paper_table.py"})
         results, summary = summarize_method(bench, m, methods[0], prompts, prompt_ids, config, PROFILES[-1])
         summaries[m.name] = (results, summary)
@@ -486,6 +549,7 @@ def _notes(results: list[dict[str, Any]]) -> list[str]:
             + "; every method "
             f"lossless on {min(f['lossless_prompts'] for f in r['methods'].values())}/{s['num_prompts']} prompts."
         )
+        notes.extend(r.get("skipped", {}).values())
         untrusted = [
             stage for stage, cond in (r.get("timing_conditions") or {}).items() if not cond.get("timing_trusted", True)
         ]
@@ -648,6 +712,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "methods": main["methods"],
         "timing_conditions": {"calibration": cal["timing_conditions"], "evaluation": main["timing_conditions"]},
         "labels": {"measured": MEASURED_NOTE, "modeled": MODELED_NOTE, "training": TRAINING_NOTE},
+        "skipped": {"falcon-tree": args.falcon_skipped} if args.falcon_skipped else {},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))

@@ -10,8 +10,22 @@ import json
 import pytest
 
 from conftest import load_benchmark
+from tiny_other_drafters import save_tiny_other_drafters
 
-METHODS = ("ar", "fast-dllm", "fast-dllm-plus", "failfast", "fail-fast-only", "win-big-only", "eagle3", "eagle3-tree")
+METHODS = (
+    "ar",
+    "fast-dllm",
+    "fast-dllm-plus",
+    "failfast",
+    "fail-fast-only",
+    "win-big-only",
+    "eagle3",
+    "eagle3-tree",
+    "dart-tree",
+    "dart-failfast",
+    "falcon-tree",
+    "deer",
+)
 
 
 def _script():
@@ -21,7 +35,7 @@ def _script():
 @pytest.fixture(scope="module")
 def tiny_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paper")
-    fam = family
+    fam = {**family, **save_tiny_other_drafters(family, tmp)}
     out = tmp / "gsm8k"
     result = _script().main(
         [
@@ -51,6 +65,12 @@ def tiny_run(family, tmp_path_factory):
             str(fam["dflash"]),
             "--eagle3-drafter",
             str(fam["eagle3"]),
+            "--dart-drafter",
+            str(fam["dart"]),
+            "--falcon-drafter",
+            str(fam["falcon"]),
+            "--deer-drafter",
+            str(fam["deer"]),
             "--device",
             "cpu",
             "--dtype",
@@ -93,6 +113,22 @@ def test_every_paper_method_runs_lossless_after_calibration_on_other_prompts(tin
     assert m["fail-fast-only"]["max_speculation_length"] == 4  # static k = N
     assert m["eagle3"]["max_speculation_length"] == cal["k_eagle3"]
     assert m["failfast"]["max_speculation_length"] <= 12
+    assert result["skipped"] == {}  # --falcon-drafter given: falcon-tree runs
+    # DEER's static k = 32 and DART + FailFast's chunks of 8 (one pass each) up to N_max = 12.
+    assert m["deer"]["max_speculation_length"] <= 32 and m["dart-failfast"]["max_speculation_length"] <= 12
+    assert m["dart-failfast"]["drafter_passes_per_round"] <= 2.0
+    # MODELED with each drafter's own A6000 pass cost (the profiles' key is the drafter's name).
+    kind = _script().drafter_kind
+    assert [kind(d) for d in ("fastdllm-default", "fastdllm", "dart", "falcon", "deer", None)] == [
+        "fastdllm",
+        "fastdllm",
+        "dart",
+        "falcon",
+        "deer",
+        None,
+    ]
+    for key, name in (("dart-tree", "dart"), ("falcon-tree", "falcon"), ("deer", "deer")):
+        assert json.loads((out / "runs" / key / "summary.json").read_text())["config"]["drafter"]["name"] == name
     assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(result))
 
 
@@ -116,6 +152,8 @@ def test_tables_in_the_paper_layout(tiny_run):
     assert cell[("FailFast", "Max (Acc./Spec.) Len")] == f"{ff['max_accepted_length']} / {ff['max_speculation_length']}"
     assert cell[("FailFast", "Lossless prompts")] == "2/2"
     assert (out / "calibration.md").read_text().count("\n| ") >= 3
+    skipped = {**result, "skipped": {"falcon-tree": "falcon-tree skipped: no weights"}}
+    assert "falcon-tree skipped: no weights" in _script()._notes([skipped])  # the tables' notes say so
 
 
 @pytest.mark.slow  # a benchmark run
@@ -145,6 +183,20 @@ def test_combine_puts_data_sets_side_by_side(tiny_run, tmp_path):
     rows = list(csv.reader((tmp_path / "both" / "table1.csv").open()))
     assert rows[0] == ["section", "method", "GSM8K", "MATH-500", "average"]
     assert all(r[2] == r[3] == r[4] for r in rows[1:])  # the same figures: the average equals them
+
+
+def test_falcon_tree_is_skipped_with_a_note_without_weights(monkeypatch, tmp_path):
+    script = _script()
+    monkeypatch.setattr(script, "FALCON_WEIGHTS", tmp_path / "absent")
+    args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
+    assert args.falcon_skipped.startswith("falcon-tree skipped") and "--falcon-drafter" in args.falcon_skipped
+    assert "\n" not in args.falcon_skipped
+    monkeypatch.setattr(script, "FALCON_WEIGHTS", tmp_path)  # a clone's weights: used by default
+    (tmp_path / "config.json").write_text("{}")
+    args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
+    assert args.falcon_skipped is None and args.falcon_drafter == str(tmp_path)
+    args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1", "--falcon-drafter", "x"])
+    assert args.falcon_skipped is None and args.falcon_drafter == "x"  # given: as given
 
 
 @pytest.mark.parametrize(
