@@ -621,7 +621,10 @@ def _peers(command: Command, h: Harness) -> None:
 
 
 def _paper_table_run(command: Command, h: Harness) -> None:
+    from tiny_other_drafters import save_tiny_other_drafters
+
     out = h.cwd / "paper"
+    other = save_tiny_other_drafters(h.world.family, h.cwd / "drafters")  # the DART, Falcon and DEER rows
     load_benchmark("paper_table").main(
         [
             *_args(command, "python benchmarks/paper_table.py"),
@@ -638,6 +641,7 @@ def _paper_table_run(command: Command, h: Harness) -> None:
             "--out",
             str(out),
             *tiny_models(h.world),
+            *(a for name in ("dart", "falcon", "deer") for a in (f"--{name}-drafter", str(other[name]))),
         ]
     )
     assert (out / "table1.md").is_file() and (out / "appendix_b.md").is_file()
