@@ -1,7 +1,8 @@
 """A static-cache Qwen2 / Qwen3 forward for the compiled runtime (``runtime.compile=true``).
 
 gpt-fast's recipe (static KV cache + ``torch.compile``; pytorch-labs/gpt-fast ``model.py``) on a
-Hugging Face checkpoint: the same weights (the HF modules' parameters, shared, never copied), one
+Hugging Face checkpoint: the same weights (the HF modules' parameters, shared; on CPU the target's
+projections also packed once into fused, transposed copies: ``PACK_CPU``), one
 preallocated key and value tensor per layer ``(1, kv_heads, capacity + pad, head_dim)``, RoPE from
 the model's own rotary module, grouped-query attention with SDPA under an explicit boolean mask
 built from the cache slots, so that
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,9 @@ WINDOW = 128
 #: dynamo's ``cudagraphs`` backend: no inductor, seconds to build). CPU ignores it.
 CUDA_MODE = "reduce-overhead"
 CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
+#: On CPU, run the target's projections from packed copies of its weights (``StaticQwen._pack``:
+#: fused and transposed; one more copy of the weights in memory) -- read when a model is built.
+PACK_CPU = True
 #: Inductor options of the CPU graphs (read when a model is built).
 CPU_OPTIONS: dict = {}
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
@@ -124,7 +128,7 @@ class StaticPasses(torch.nn.Module):
         self.length = 0
         self.warmup_s = 0.0
         self.compiled = bool(compile)
-        self._pass = self._forward
+        self._pass = self._pass_one = self._forward
         if compile:
             import torch._dynamo as dynamo
 
@@ -143,8 +147,6 @@ class StaticPasses(torch.nn.Module):
             # ~1 ms a call. That is sound per instance only, so each instance compiles its own copy
             # of the pass's code (dynamo caches graphs per code object): no graph is shared between
             # two models, whatever their shapes.
-            code = type(self)._forward.__code__.replace()
-            forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
             # mode= and options= exclude each other in torch.compile: "reduce-overhead" is spelled
             # as its inductor option (triton.cudagraphs), beside the guard filter
             options: dict = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
@@ -155,9 +157,18 @@ class StaticPasses(torch.nn.Module):
                 options["triton.cudagraphs"] = CUDA_MODE == "reduce-overhead"
             else:
                 options.update(CPU_OPTIONS)
-            self._pass = torch.compile(
-                types.MethodType(forward, self), fullgraph=True, dynamic=dynamic, backend=backend, options=options
-            )
+
+            def compiled() -> Callable:
+                code = type(self)._forward.__code__.replace()
+                forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
+                method = types.MethodType(forward, self)
+                return torch.compile(method, fullgraph=True, dynamic=dynamic, backend=backend, options=options)
+
+            self._pass = compiled()
+            # CPU: the one-row pass (the decoding step) is a code object of its own, so the graph
+            # traced for one row (its size 1 specialised) is the only one a one-row pass can meet and
+            # never the graph of the other buckets (the guard filter keeps tensor guards only)
+            self._pass_one = compiled() if not cuda else self._pass
 
     def layer_cache(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``i``'s key and value buffers, by their registered names: a compiled pass then sees
@@ -216,7 +227,7 @@ class StaticPasses(torch.nn.Module):
             mask = self.columns[None, :window] <= slots[:, None]  # causal over the slots
             if full is not None:
                 mask = torch.cat([full[a : a + m, :window], mask[m:]])
-            outputs = self._pass(*inputs, pos, slots, mask)
+            outputs = (self._pass_one if b == 1 else self._pass)(*inputs, pos, slots, mask)
             # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
             chunks.append([y[:m].clone() if self.compiled else y[:m] for y in outputs])
         self.length = start + n
@@ -297,7 +308,41 @@ class StaticQwen(StaticPasses):
             cos, sin = model.model.rotary_emb(torch.zeros((), dtype=dtype, device=device), positions)
         self.register_buffer("cos", cos[0].to(dtype), persistent=False)  # (width, head_dim)
         self.register_buffer("sin", sin[0].to(dtype), persistent=False)
+        self.packed = device.type == "cpu" and PACK_CPU
+        if self.packed:
+            self._pack(model)
         self._setup(self.num_layers, self.kv_heads, self.head_dim, capacity, device, dtype, compile, buckets)
+
+    @torch.no_grad()
+    def _pack(self, model: PreTrainedModel) -> None:
+        """CPU: each layer's projections as a few ``(in, out)`` matrices -- q, k and v fused, gate and
+        up fused, o and down transposed -- and the LM head transposed: a batch-1 pass is then 4
+        matrix products a layer, each reading its weights row after row (``x @ W``), where
+        ``nn.Linear``'s ``(out, in)`` layout costs MKL about 1.4x as long here (``PACK_CPU``)."""
+
+        def packed(name: str, tensor: torch.Tensor | None) -> None:
+            self.register_buffer(name, None if tensor is None else tensor.detach().contiguous(), persistent=False)
+
+        for i, layer in enumerate(model.model.layers):
+            att, mlp = layer.self_attn, layer.mlp
+            projections = (att.q_proj, att.k_proj, att.v_proj)
+            packed(f"qkv_w{i}", torch.cat([m.weight for m in projections]).t())
+            biases = [m.bias for m in projections]
+            packed(f"qkv_b{i}", torch.cat(biases) if all(b is not None for b in biases) else None)
+            packed(f"o_w{i}", att.o_proj.weight.t())
+            packed(f"o_b{i}", att.o_proj.bias)
+            packed(f"gu_w{i}", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t())
+            packed(f"down_w{i}", mlp.down_proj.weight.t())
+        packed("head_w", model.get_output_embeddings().weight.t())
+
+    def _linear(self, x: torch.Tensor, weight: str, bias: str | None = None) -> torch.Tensor:
+        """``x @ W (+ b)`` with a packed ``(in, out)`` weight buffer (``_pack``); ``x`` ``(..., in)``.
+        (A one-row pass written as a threaded sum over the rows of ``W`` instead, which inductor
+        does not turn back into a matrix product, was 6% faster on 2 threads here and 45% slower
+        on one: not kept.)"""
+        y = x @ getattr(self, weight)
+        b = getattr(self, bias) if bias else None
+        return y if b is None else y + b
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
@@ -316,9 +361,15 @@ class StaticQwen(StaticPasses):
         for i, layer in enumerate(hf.layers):
             att = layer.self_attn
             h = _rms(x, layer.input_layernorm.weight, self.eps)
-            q = att.q_proj(h).view(1, b, self.heads, self.head_dim)
-            k = att.k_proj(h).view(1, b, self.kv_heads, self.head_dim)
-            v = att.v_proj(h).view(1, b, self.kv_heads, self.head_dim)
+            if self.packed:
+                q, k, v = self._linear(h, f"qkv_w{i}", f"qkv_b{i}").split(
+                    [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
+                )
+            else:
+                q, k, v = att.q_proj(h), att.k_proj(h), att.v_proj(h)
+            q = q.reshape(1, b, self.heads, self.head_dim)
+            k = k.reshape(1, b, self.kv_heads, self.head_dim)
+            v = v.reshape(1, b, self.kv_heads, self.head_dim)
             if self.qk_norm:
                 q = _rms(q, att.q_norm.weight, self.eps)
                 k = _rms(k, att.k_norm.weight, self.eps)
@@ -332,13 +383,18 @@ class StaticQwen(StaticPasses):
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
             o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
             o = o.reshape(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
-            x = x + att.o_proj(o)
+            h_attn = self._linear(o, f"o_w{i}", f"o_b{i}") if self.packed else att.o_proj(o)
+            x = x + h_attn
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            x = x + layer.mlp(h)
+            if self.packed:
+                gate, up = self._linear(h, f"gu_w{i}").chunk(2, -1)
+                x = x + self._linear(layer.mlp.act_fn(gate) * up, f"down_w{i}")
+            else:
+                x = x + layer.mlp(h)
             states.append(x[0])
         x = _rms(x, hf.norm.weight, self.eps)
         states[-1] = x[0]
-        logits = self.hf.lm_head(x[0])
+        logits = self._linear(x[0], "head_w") if self.packed else self.hf.lm_head(x[0])
         return logits, torch.stack(states, dim=1)
 
     def _dummy_rows(self, b: int) -> list[torch.Tensor]:
