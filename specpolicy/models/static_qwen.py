@@ -49,10 +49,8 @@ CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
 #: On CPU, run the target's projections from packed copies of its weights (``StaticQwen._pack``:
 #: fused and transposed; one more copy of the weights in memory) -- read when a model is built.
 PACK_CPU = True
-#: Inductor options of the CPU graphs (read when a model is built). Freezing: the weights become
-#: constants of the graph, and its linears oneDNN products on prepacked copies (one per graph) --
-#: at 5-16 rows 2-5x faster here than MKL's small products, which a verification pass is made of.
-CPU_OPTIONS: dict = {"freezing": True}
+#: Inductor options of the CPU graphs (read when a model is built).
+CPU_OPTIONS: dict = {}
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -318,10 +316,9 @@ class StaticQwen(StaticPasses):
     @torch.no_grad()
     def _pack(self, model: PreTrainedModel) -> None:
         """CPU: each layer's projections as a few ``(in, out)`` matrices -- q, k and v fused, gate and
-        up fused, o and down transposed -- and the LM head transposed: a one-row pass (a decoding
-        step) is then 4 matrix-vector products a layer, each reading its weights row after row
-        (``x @ W``), where ``nn.Linear``'s ``(out, in)`` layout costs MKL about 1.4x as long here
-        (``PACK_CPU``). Passes of more rows use the model's own linears (``CPU_OPTIONS``)."""
+        up fused, o and down transposed -- and the LM head transposed: a batch-1 pass is then 4
+        matrix products a layer, each reading its weights row after row (``x @ W``), where
+        ``nn.Linear``'s ``(out, in)`` layout costs MKL about 1.4x as long here (``PACK_CPU``)."""
 
         def packed(name: str, tensor: torch.Tensor | None) -> None:
             self.register_buffer(name, None if tensor is None else tensor.detach().contiguous(), persistent=False)
@@ -361,14 +358,10 @@ class StaticQwen(StaticPasses):
         # grouped-query attention without repeating the cache: a kv head's query heads become rows
         attn_mask = mask.repeat(groups, 1)[None, None] if groups > 1 else mask[None, None]
         states = [x[0]]
-        # one row (a decoding step): the packed (in, out) copies through MKL's matrix-vector product;
-        # more rows (a verification, a prompt chunk): the model's own linears, which inductor's
-        # freezing (CPU_OPTIONS) turns into oneDNN products on prepacked weights
-        packed = self.packed and b == 1
         for i, layer in enumerate(hf.layers):
             att = layer.self_attn
             h = _rms(x, layer.input_layernorm.weight, self.eps)
-            if packed:
+            if self.packed:
                 q, k, v = self._linear(h, f"qkv_w{i}", f"qkv_b{i}").split(
                     [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1
                 )
@@ -390,10 +383,10 @@ class StaticQwen(StaticPasses):
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
             o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
             o = o.reshape(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
-            h_attn = self._linear(o, f"o_w{i}", f"o_b{i}") if packed else att.o_proj(o)
+            h_attn = self._linear(o, f"o_w{i}", f"o_b{i}") if self.packed else att.o_proj(o)
             x = x + h_attn
             h = _rms(x, layer.post_attention_layernorm.weight, self.eps)
-            if packed:
+            if self.packed:
                 gate, up = self._linear(h, f"gu_w{i}").chunk(2, -1)
                 x = x + self._linear(layer.mlp.act_fn(gate) * up, f"down_w{i}")
             else:
@@ -401,7 +394,7 @@ class StaticQwen(StaticPasses):
             states.append(x[0])
         x = _rms(x, hf.norm.weight, self.eps)
         states[-1] = x[0]
-        logits = self._linear(x[0], "head_w") if packed else self.hf.lm_head(x[0])
+        logits = self._linear(x[0], "head_w") if self.packed else self.hf.lm_head(x[0])
         return logits, torch.stack(states, dim=1)
 
     def _dummy_rows(self, b: int) -> list[torch.Tensor]:
