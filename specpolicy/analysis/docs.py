@@ -1172,6 +1172,22 @@ def compiled_peers_section(compiled: Mapping[str, Any] | None, eager: Mapping[st
 RUNTIME_CUDA_NAMES = ("runtime-cuda-graphs.json", "runtime-cuda-compiled.json")
 
 
+def runtime_row(name: str, row: Mapping[str, Any], with_floor: bool = True) -> list[str]:
+    """One row of a ``benchmarks/runtime.py`` table: method, runtime (the part of ``name`` after
+    ``@``; HF's rows have none), tokens/s, ms per token, x floor (``with_floor``), speedup over eager
+    vanilla, mean accepted length, and whether the output equals eager vanilla's."""
+    return [
+        name.partition("@")[0],
+        name.partition("@")[2] or "Hugging Face",
+        f"{row['tokens_per_s']:.1f}",
+        f"{row['ms_per_token']:.2f}",
+        *([f"{row['x_floor']:.1f}"] if with_floor else []),
+        f"{row['speedup_vs_eager_vanilla']:.2f}x",
+        f"{row['mean_accepted_length']:.2f}" if row.get("mean_accepted_length") is not None else "-",
+        "yes" if row["identical"] else "NO",
+    ]
+
+
 def gpu_runtime_section(runs: Sequence[Mapping[str, Any] | None]) -> list[str]:
     """The runtime measured on a lent GPU (``benchmarks/gpu_session.sh``): one table per process
     (each with its own eager baseline), the card's name, and the bars read off each run."""
@@ -1199,18 +1215,7 @@ def gpu_runtime_section(runs: Sequence[Mapping[str, Any] | None]) -> list[str]:
             f"--methods {','.join(s['methods'])} --cuda-modes {','.join(s['cuda_modes'])} --deadline-s "
             f"{s['deadline_s']:g}{' --no-hf' if s.get('no_hf') else ''}"
         )
-        table = [
-            [
-                name.partition("@")[0],
-                name.partition("@")[2] or "Hugging Face",
-                f"{x['tokens_per_s']:.1f}",
-                f"{x['ms_per_token']:.2f}",
-                f"{x['speedup_vs_eager_vanilla']:.2f}x",
-                f"{x['mean_accepted_length']:.2f}" if x.get("mean_accepted_length") is not None else "-",
-                "yes" if x["identical"] else "NO",
-            ]
-            for name, x in rows.items()
-        ]
+        table = [runtime_row(name, x, with_floor=False) for name, x in rows.items()]
         tps = {n: x["tokens_per_s"] for n, x in rows.items()}
         eager_spec = max((v, n) for n, v in tps.items() if n.endswith("@eager") and not n.startswith("vanilla"))
         warm = {k.removesuffix("_runtime_s"): v for k, v in r["warmup"].items() if k.endswith("_runtime_s")}
@@ -1263,19 +1268,7 @@ def runtime_page(
     if not results:
         return None
     s, rows, floor = results["settings"], results["rows"], results["floor"]
-    table = [
-        [
-            name.partition("@")[0],
-            name.partition("@")[2] or "Hugging Face",
-            f"{r['tokens_per_s']:.1f}",
-            f"{r['ms_per_token']:.2f}",
-            f"{r['x_floor']:.1f}",
-            f"{r['speedup_vs_eager_vanilla']:.2f}x",
-            f"{r['mean_accepted_length']:.2f}" if r.get("mean_accepted_length") is not None else "-",
-            "yes" if r["identical"] else "NO",
-        ]
-        for name, r in rows.items()
-    ]
+    table = [runtime_row(name, r) for name, r in rows.items()]
     tps = {name: r["tokens_per_s"] for name, r in rows.items()}
     spec = lambda side: max((v, n) for n, v in tps.items() if n.endswith(side) and not n.startswith("vanilla"))  # noqa: E731
     fast_eager, fast_compiled = spec("@eager"), spec("@compiled")
