@@ -13,6 +13,13 @@ import torch
 from safetensors.torch import save_file
 
 
+def committed_after(committed: torch.Tensor, r) -> torch.Tensor:
+    """``committed`` ``(n,) int64`` followed by round ``r``'s accepted draft tokens and its correction
+    or bonus token: what the loop has committed after that round."""
+    accepted = torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long)
+    return torch.cat([committed, accepted, torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1])])
+
+
 def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     return (w.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)

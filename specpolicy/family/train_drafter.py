@@ -243,6 +243,17 @@ def check_init(a: argparse.Namespace, target_config: dict) -> None:
     a.init = str(directory)
 
 
+def attention_fields(target_config: dict) -> dict[str, int]:
+    """A draft head's attention shape, the target's (its ``config.json`` as a dict): query heads,
+    key/value heads (default: as many) and the head width (default: hidden size / heads)."""
+    heads = int(target_config["num_attention_heads"])
+    return {
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
+        "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+    }
+
+
 def mask_token(tokenizer, vocab_size: int, given: int | None) -> int:
     """The DFlash mask token: ``given``, else the tokenizer's mask token, else the first embedding
     row past the tokenizer's vocabulary (Qwen-style padded embeddings leave such rows unused).
@@ -363,6 +374,8 @@ def run(a: argparse.Namespace) -> dict:
         device=device,
     )  # bf16 where it pays
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+    attention = attention_fields(target_config)
     print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
     if a.drafter == "dflash":
         from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
@@ -371,13 +384,10 @@ def run(a: argparse.Namespace) -> dict:
         vocab = int(target_config["vocab_size"])
         size = mask = None
         if a.init is None:
-            heads = int(target_config["num_attention_heads"])
             size = {
                 **DFLASH_SIZE,
                 "num_hidden_layers": draft_layers,
-                "num_attention_heads": heads,
-                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                **attention,
                 "intermediate_size": int(target_config["intermediate_size"]),
             }
             mask = mask_token(tokenizer, vocab, a.mask_token_id)
@@ -401,12 +411,10 @@ def run(a: argparse.Namespace) -> dict:
         if a.draft_vocab is not None:
             from specpolicy.family.train_dflash import add_draft_vocabulary
 
-            stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
             stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab, stops))
     elif a.drafter == "dart":
         from specpolicy.family.train_dart import DART_SIZE, train_dart
 
-        heads = int(target_config["num_attention_heads"])
         stats = train_dart(
             a.target,
             examples,
@@ -417,21 +425,18 @@ def run(a: argparse.Namespace) -> dict:
             a.draft_vocab or 32000,
             size={
                 **DART_SIZE,
-                "num_attention_heads": heads,
-                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                **attention,
                 "intermediate_size": int(target_config["intermediate_size"]),
             },
             train_indices=train_idx,
             heldout_indices=held,
             init=a.init,
             checkpoint_every=a.checkpoint_every,
-            stop_ids=() if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),),
+            stop_ids=stops,
         )
     elif a.drafter == "falcon":
         from specpolicy.family.train_falcon import FALCON_SIZE, train_falcon
 
-        heads = int(target_config["num_attention_heads"])
         stats = train_falcon(
             a.target,
             examples,
@@ -442,9 +447,7 @@ def run(a: argparse.Namespace) -> dict:
             size={
                 **FALCON_SIZE,
                 "num_hidden_layers": a.draft_layers or 1,
-                "num_attention_heads": heads,
-                "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-                "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+                **attention,
             },
             train_indices=train_idx,
             heldout_indices=held,
@@ -454,12 +457,9 @@ def run(a: argparse.Namespace) -> dict:
     else:
         from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
 
-        heads = int(target_config["num_attention_heads"])
         size = {
             **EAGLE3_SIZE,
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(target_config.get("num_key_value_heads", heads)),
-            "head_dim": int(target_config.get("head_dim") or target_config["hidden_size"] // heads),
+            **attention,
             "intermediate_size": int(target_config["intermediate_size"]),
         }
         stats = train_eagle3(

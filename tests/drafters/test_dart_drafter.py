@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conditioned_reference import attend, mlp, rms, rope, write_eagle3_checkpoint
+from conditioned_reference import attend, committed_after, mlp, rms, rope, write_eagle3_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
 from specpolicy.core.runtime import Runtime
@@ -128,13 +128,7 @@ def test_one_pass_drafts_eight_and_later_passes_extend(checkpoint, target, rt):
             )
             if len(r.draft_token_ids) == k:
                 assert r.drafter_forward_passes == passes
-            committed = torch.cat(
-                [
-                    committed,
-                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
-                ]
-            )
+            committed = committed_after(committed, r)
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conditioned_reference import committed_after
 from conftest import EOS, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
 from specpolicy.core.runtime import Runtime
@@ -95,13 +96,7 @@ def test_chain_drafts_equal_the_reference_through_the_loop(head, target, rt):
             want = falcon_reference(head, target, committed, 2).tolist()
             assert r.draft_token_ids == tuple(want[: r.speculation_length])  # shorter at the end: room
             assert r.drafter_forward_passes == -(-r.speculation_length // 2)  # 2 tokens per pass
-            committed = torch.cat(
-                [
-                    committed,
-                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
-                ]
-            )
+            committed = committed_after(committed, r)
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conditioned_reference import dflash_reference, write_dflash_checkpoint
+from conditioned_reference import committed_after, dflash_reference, write_dflash_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
 from specpolicy.core.errors import ConfigError
@@ -83,13 +83,7 @@ def test_drafts_equal_the_official_semantics_through_the_loop(checkpoint, target
             want = dflash_reference(checkpoint, target, committed)
             assert len(r.draft_token_ids) == B - 1 or r.draft_stop_reason == "room"
             assert r.draft_token_ids == tuple(want.tolist())[: len(r.draft_token_ids)]
-            committed = torch.cat(
-                [
-                    committed,
-                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
-                ]
-            )
+            committed = committed_after(committed, r)
 
 
 def _features(target, seq, start, stop):

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conditioned_reference import eagle3_reference, write_eagle3_checkpoint
+from conditioned_reference import committed_after, eagle3_reference, write_eagle3_checkpoint
 from conftest import EOS, VOCAB, random_prompts, sharpen, tiny_lm
 from specpolicy.core.decoding import generate
 from specpolicy.core.errors import ConfigError
@@ -70,13 +70,7 @@ def test_chain_drafts_equal_the_reference_through_the_loop(checkpoint, target, r
             want = eagle3_reference(checkpoint, target, committed, len(r.draft_token_ids), default_layer_ids(LAYERS))
             assert r.draft_token_ids == tuple(want.tolist())
             assert r.drafter_forward_passes == len(r.draft_token_ids)
-            committed = torch.cat(
-                [
-                    committed,
-                    torch.tensor(r.draft_token_ids[: r.accepted_length], dtype=torch.long),
-                    torch.tensor(r.target_token_ids[r.accepted_length : r.accepted_length + 1]),
-                ]
-            )
+            committed = committed_after(committed, r)
 
 
 @torch.no_grad()
