@@ -49,8 +49,6 @@ CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
 #: On CPU, run the target's projections from packed copies of its weights (``StaticQwen._pack``:
 #: fused and transposed; one more copy of the weights in memory) -- read when a model is built.
 PACK_CPU = True
-#: Inductor options of the CPU graphs (read when a model is built).
-CPU_OPTIONS: dict = {}
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -155,8 +153,6 @@ class StaticPasses(torch.nn.Module):
                 backend = "cudagraphs"
             elif cuda:
                 options["triton.cudagraphs"] = CUDA_MODE == "reduce-overhead"
-            else:
-                options.update(CPU_OPTIONS)
 
             def compiled() -> Callable:
                 code = type(self)._forward.__code__.replace()
