@@ -1334,9 +1334,9 @@ def runtime_page(
         f"The compiled decoding step takes {1 - rows['vanilla@compiled']['ms_per_token'] / rows['vanilla@eager']['ms_per_token']:.0%} "
         "less time than the eager one here, not the two thirds the bar asks. What remains is mostly the step's 49 "
         "matrix-vector products (the packed weights: 4 a layer and the LM head): MKL runs each on one thread, at "
-        "about 26 GB/s measured alone here, where the floor assumes the bandwidth a two-thread read reaches; "
+        "about 23 GB/s measured alone here, where the floor assumes the bandwidth a two-thread read reaches; "
         "attention and the fused element-wise kernels take the rest. A sum over the weight rows split between "
-        "the threads (inductor's own loop) was 6% faster on two threads and 45% slower on one, and was not "
+        "the threads (inductor's own loop) was 7% faster on two threads and 30% slower on one, and was not "
         f"kept. {ranking}",
     ]
     body += ["", *compiled_peers_section(compiled_peers, eager_peers), *gpu_runtime_section(gpu_runs)]

@@ -334,7 +334,7 @@ class StaticQwen(StaticPasses):
     def _linear(self, x: torch.Tensor, weight: str, bias: str | None = None) -> torch.Tensor:
         """``x @ W (+ b)`` with a packed ``(in, out)`` weight buffer (``_pack``); ``x`` ``(..., in)``.
         (A one-row pass written as a threaded sum over the rows of ``W`` instead, which inductor
-        does not turn back into a matrix product, was 6% faster on 2 threads here and 45% slower
+        does not turn back into a matrix product, was 7% faster on 2 threads here and 30% slower
         on one: not kept.)"""
         y = x @ getattr(self, weight)
         b = getattr(self, bias) if bias else None
