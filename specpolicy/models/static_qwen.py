@@ -2,7 +2,8 @@
 
 gpt-fast's recipe (static KV cache + ``torch.compile``; pytorch-labs/gpt-fast ``model.py``) on a
 Hugging Face checkpoint: the same weights (the HF modules' parameters, shared; on CPU the target's
-projections also packed once into fused, transposed copies: ``PACK_CPU``), one
+projections also packed once into fused copies, ``PACK_CPU``, the decoding step's products written
+as reductions over weight rows, ``CPU_MATMUL``, and every pass compiled frozen, ``CPU_FREEZE``), one
 preallocated key and value tensor per layer ``(1, kv_heads, capacity + pad, head_dim)``, RoPE from
 the model's own rotary module, grouped-query attention with SDPA under an explicit boolean mask
 built from the cache slots, so that
@@ -47,8 +48,20 @@ WINDOW = 128
 CUDA_MODE = "reduce-overhead"
 CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
 #: On CPU, run the target's projections from packed copies of its weights (``StaticQwen._pack``:
-#: fused and transposed; one more copy of the weights in memory) -- read when a model is built.
+#: q, k, v fused and gate, up fused; one more copy of the weights in memory) -- read when a model is built.
 PACK_CPU = True
+#: How the compiled CPU decoding step (one row) multiplies by the target's weights (read when a
+#: model is built): ``"reduction"`` (the default) writes ``x @ W.T`` as a sum over each row of the
+#: ``(out, in)`` weight, ``(x * W).sum(-1)``, which inductor compiles into its own vectorised,
+#: threaded loops; ``"blas"`` hands ``x @ W`` to the BLAS (MKL) like the wider passes. Measured here
+#: (2-core AMD EPYC, the bundled target, position 200): the step 1.3 ms against 3.1 ms -- MKL reads
+#: these small matrices at about 24 GB/s, the reduction at over 100 GB/s (they sit in the L3 cache).
+CPU_MATMUL = "reduction"
+CPU_MATMULS = ("reduction", "blas")
+#: Compile the CPU passes with inductor's freezing (read when a model is built): the weights become
+#: constants of the graph, so the wider passes multiply with oneDNN on weights packed once at
+#: compile time instead of MKL's small-matrix products (8 rows: 2.6 ms against 4.2-5.4 here).
+CPU_FREEZE = True
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -158,7 +171,18 @@ class StaticPasses(torch.nn.Module):
                 code = type(self)._forward.__code__.replace()
                 forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
                 method = types.MethodType(forward, self)
-                return torch.compile(method, fullgraph=True, dynamic=dynamic, backend=backend, options=options)
+                fn = torch.compile(method, fullgraph=True, dynamic=dynamic, backend=backend, options=options)
+                if cuda or not CPU_FREEZE:
+                    return fn
+
+                def frozen(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                    # freezing is read twice: by dynamo as it traces (this module's tensors become
+                    # graph attributes, not inputs) and by inductor (unmutated ones become constants;
+                    # the caches, written in the graph, stay inputs), so it is set around each call
+                    with torch._inductor.config.patch(freezing=True):
+                        return fn(*args)
+
+                return frozen
 
             self._pass = compiled()
             # CPU: the one-row pass (the decoding step) is a code object of its own, so the graph
@@ -305,38 +329,51 @@ class StaticQwen(StaticPasses):
         self.register_buffer("cos", cos[0].to(dtype), persistent=False)  # (width, head_dim)
         self.register_buffer("sin", sin[0].to(dtype), persistent=False)
         self.packed = device.type == "cpu" and PACK_CPU
+        if CPU_MATMUL not in CPU_MATMULS:
+            raise ValueError(f"static_qwen.CPU_MATMUL={CPU_MATMUL!r}; it must be one of {CPU_MATMULS}")
+        # the reduction form only pays once compiled (eagerly it would materialise W-sized products)
+        self.reduction = self.packed and compile and CPU_MATMUL == "reduction"
         if self.packed:
             self._pack(model)
         self._setup(self.num_layers, self.kv_heads, self.head_dim, capacity, device, dtype, compile, buckets)
 
     @torch.no_grad()
     def _pack(self, model: PreTrainedModel) -> None:
-        """CPU: each layer's projections as a few ``(in, out)`` matrices -- q, k and v fused, gate and
-        up fused, o and down transposed -- and the LM head transposed: a batch-1 pass is then 4
-        matrix products a layer, each reading its weights row after row (``x @ W``), where
-        ``nn.Linear``'s ``(out, in)`` layout costs MKL about 1.4x as long here (``PACK_CPU``)."""
+        """CPU: each layer's projections as a few matrices -- q, k and v fused, gate and up fused --
+        so that a pass is 4 matrix products a layer, each stored ``(in, out)`` (transposed: ``x @ W``
+        reads it row after row, where ``nn.Linear``'s ``(out, in)`` costs MKL about 1.4x as long
+        here). With ``CPU_MATMUL="reduction"`` each is also kept ``(out, in)`` (suffix ``_rows``)
+        for the compiled one-row pass (``_linear``): two more copies of the weights."""
 
-        def packed(name: str, tensor: torch.Tensor | None) -> None:
-            self.register_buffer(name, None if tensor is None else tensor.detach().contiguous(), persistent=False)
+        def packed(name: str, weight: torch.Tensor | None) -> None:
+            """``weight`` is ``(out, in)`` (a bias: ``(out,)``)."""
+            if weight is None or weight.dim() == 1:
+                self.register_buffer(name, None if weight is None else weight.detach().clone(), persistent=False)
+                return
+            self.register_buffer(name, weight.detach().t().contiguous(), persistent=False)
+            if self.reduction:
+                self.register_buffer(f"{name}_rows", weight.detach().contiguous(), persistent=False)
 
         for i, layer in enumerate(model.model.layers):
             att, mlp = layer.self_attn, layer.mlp
             projections = (att.q_proj, att.k_proj, att.v_proj)
-            packed(f"qkv_w{i}", torch.cat([m.weight for m in projections]).t())
+            packed(f"qkv_w{i}", torch.cat([m.weight for m in projections]))
             biases = [m.bias for m in projections]
             packed(f"qkv_b{i}", torch.cat(biases) if all(b is not None for b in biases) else None)
-            packed(f"o_w{i}", att.o_proj.weight.t())
+            packed(f"o_w{i}", att.o_proj.weight)
             packed(f"o_b{i}", att.o_proj.bias)
-            packed(f"gu_w{i}", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t())
-            packed(f"down_w{i}", mlp.down_proj.weight.t())
-        packed("head_w", model.get_output_embeddings().weight.t())
+            packed(f"gu_w{i}", torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+            packed(f"down_w{i}", mlp.down_proj.weight)
+        packed("head_w", model.get_output_embeddings().weight)
 
     def _linear(self, x: torch.Tensor, weight: str, bias: str | None = None) -> torch.Tensor:
-        """``x @ W (+ b)`` with a packed ``(in, out)`` weight buffer (``_pack``); ``x`` ``(..., in)``.
-        (A one-row pass written as a threaded sum over the rows of ``W`` instead, which inductor
-        does not turn back into a matrix product, was 7% faster on 2 threads here and 30% slower
-        on one: not kept.)"""
-        y = x @ getattr(self, weight)
+        """A projection of ``x`` ``(..., in)`` by a packed weight (``_pack``), plus its bias: in the
+        compiled one-row pass with ``CPU_MATMUL="reduction"``, ``(x * W).sum(-1)`` over the rows of
+        the ``(out, in)`` copy; otherwise ``x @ W`` with the ``(in, out)`` copy."""
+        if self.reduction and x[..., 0].numel() == 1:
+            y = (x.unsqueeze(-2) * getattr(self, f"{weight}_rows")).sum(-1)
+        else:
+            y = x @ getattr(self, weight)
         b = getattr(self, bias) if bias else None
         return y if b is None else y + b
 
@@ -377,7 +414,12 @@ class StaticQwen(StaticPasses):
             cache_v.index_copy_(2, slots, v)
             q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
-            o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
+            if self.reduction and b == 1:  # the decoding step: plain operations inductor fuses
+                scores = (q @ cache_k[:, :, :w].transpose(-1, -2)) * self.head_dim**-0.5
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+                o = torch.softmax(scores, -1) @ cache_v[:, :, :w]
+            else:
+                o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
             o = o.reshape(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
             h_attn = self._linear(o, f"o_w{i}", f"o_b{i}") if self.packed else att.o_proj(o)
             x = x + h_attn

@@ -254,6 +254,40 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
             assert out.output_ids.tolist() == ref.output_ids.tolist()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu_matmul", ["reduction", "blas"])
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "not-frozen"])
+def test_compiled_cpu_passes_of_every_width_equal_hf(cpu_matmul, freeze, target, monkeypatch):
+    """The compiled CPU passes in both ``CPU_MATMUL`` forms, with and without freezing: the one-row
+    pass (a sum over weight rows, plain attention, with ``"reduction"``) and the 2-, 4- and 8-row
+    buckets (BLAS, or oneDNN on weights frozen into the graph), fed after a 37-token prefix, give
+    HF's float64 logits and hidden states -- to 1e-6: inductor's compiled CPU kernels differ from
+    HF's by about 1e-8 in float64 on this model, either way (a mixed-up row or weight would differ
+    by whole units) -- and the HF model's own weights are left as they were."""
+    monkeypatch.setattr(static_qwen, "CPU_MATMUL", cpu_matmul)
+    monkeypatch.setattr(static_qwen, "CPU_FREEZE", freeze)
+    ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(5))
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8))
+    assert s.reduction == (cpu_matmul == "reduction")
+    for n in range(1, 9):
+        ref = _hf(target, ids[: 37 + n])
+        s.length = 0
+        s.run(ids[:37])
+        logits, states = s.run(ids[37 : 37 + n])
+        torch.testing.assert_close(logits, ref.logits[0, 37:], rtol=0, atol=1e-6)
+        for i, h in enumerate(ref.hidden_states):
+            torch.testing.assert_close(states[:, i], h[0, 37:], rtol=0, atol=1e-6)
+    for k, v in target.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_a_bad_cpu_matmul_value_raises_one_line(monkeypatch):
+    monkeypatch.setattr(static_qwen, "CPU_MATMUL", "mkl")
+    with pytest.raises(ValueError, match=r"static_qwen.CPU_MATMUL='mkl'; it must be one of \('reduction', 'blas'\)"):
+        StaticQwen(tiny_lm(seed=0, layers=1), 16)
+
+
 @pytest.fixture(scope="module")
 def eagle3_checkpoint(tmp_path_factory):
     from conditioned_reference import write_eagle3_checkpoint
