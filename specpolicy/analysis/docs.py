@@ -1332,12 +1332,14 @@ def runtime_page(
         *bars,
         "",
         f"The compiled decoding step takes {1 - rows['vanilla@compiled']['ms_per_token'] / rows['vanilla@eager']['ms_per_token']:.0%} "
-        "less time than the eager one here, not the two thirds the bar asks. What remains is mostly the step's 49 "
-        "matrix-vector products (the packed weights: 4 a layer and the LM head): MKL runs each on one thread, at "
-        "about 23 GB/s measured alone here, where the floor assumes the bandwidth a two-thread read reaches; "
-        "attention and the fused element-wise kernels take the rest. A sum over the weight rows split between "
-        "the threads (inductor's own loop) was 7% faster on two threads and 30% slower on one, and was not "
-        f"kept. {ranking}",
+        "less time than the eager one here. Its products are sums over the weight rows that inductor compiles "
+        "into its own loops split between the threads (`static_qwen.CPU_MATMUL`): MKL reads these small "
+        "matrices at about 24 GB/s on this machine, one thread at a time, the reductions at over 100 GB/s. "
+        "The wider passes (verification, drafting) multiply with oneDNN on weights frozen into the graph "
+        "(`static_qwen.CPU_FREEZE`): cheaper than with MKL, but verifying 8 positions still costs about two "
+        "decoding steps and every drafter pass counts in full, so on this runtime a drafter's tokens have to be "
+        "accepted more often to pay ([how-to](../how-to/compiled-runtime.md) for the per-pass figures). "
+        f"{ranking}",
     ]
     body += ["", *compiled_peers_section(compiled_peers, eager_peers), *gpu_runtime_section(gpu_runs)]
     return _page("The compiled runtime", intro, body)
