@@ -60,7 +60,7 @@ CPU_MATMUL = "reduction"
 CPU_MATMULS = ("reduction", "blas")
 #: Compile the CPU passes with inductor's freezing (read when a model is built): the weights become
 #: constants of the graph, so the wider passes multiply with oneDNN on weights packed once at
-#: compile time instead of MKL's small-matrix products (8 rows: 2.6 ms against 4.2-5.4 here).
+#: compile time instead of MKL's small-matrix products (8 rows: 2.6-2.8 ms against 4.2-5.4 here).
 CPU_FREEZE = True
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
@@ -343,7 +343,8 @@ class StaticQwen(StaticPasses):
         so that a pass is 4 matrix products a layer, each stored ``(in, out)`` (transposed: ``x @ W``
         reads it row after row, where ``nn.Linear``'s ``(out, in)`` costs MKL about 1.4x as long
         here). With ``CPU_MATMUL="reduction"`` each is also kept ``(out, in)`` (suffix ``_rows``)
-        for the compiled one-row pass (``_linear``): two more copies of the weights."""
+        for the compiled one-row pass (``_linear``): one more copy of the fused q/k/v and gate/up
+        weights (o, down and the LM head share the model's own)."""
 
         def packed(name: str, weight: torch.Tensor | None) -> None:
             """``weight`` is ``(out, in)`` (a bias: ``(out,)``)."""
