@@ -1133,12 +1133,20 @@ def compiled_peers_section(compiled: Mapping[str, Any] | None, eager: Mapping[st
         for i, n in enumerate(ranked)
     ]
     drops = sorted(((i + 1) - eager_rank[n], n) for i, n in enumerate(ranked) if n in eager_rank)
-    moved = (
-        f"The largest move: `{drops[-1][1]}`, {eager_rank[drops[-1][1]]} eager -> {ranked.index(drops[-1][1]) + 1} "
-        "compiled (with dispatch gone, verifying its wide draft costs relatively more)."
-        if drops and drops[-1][0] > 0
-        else "No method loses its place."
-    )
+    moved = "No method loses its place."
+    if drops and drops[-1][0] > 0:
+        mover = methods[drops[-1][1]]
+        why = (  # a length policy that stopped drafting, or a draft whose verification costs more
+            f"its length policy, calibrated on this runtime's pass costs, drafted almost nothing: "
+            f"{mover['mean_speculation_length']:.2f} tokens and {mover['drafter_passes_per_round']:.2f} drafter "
+            "passes a round"
+            if mover["mean_speculation_length"] <= 1.5
+            else "with dispatch gone, verifying its wide draft costs relatively more"
+        )
+        moved = (
+            f"The largest move: `{drops[-1][1]}`, {eager_rank[drops[-1][1]]} eager -> "
+            f"{ranked.index(drops[-1][1]) + 1} compiled ({why})."
+        )
     command = (
         f"python benchmarks/peers.py --runtime compiled --num-prompts {s['num_prompts']} --offset {s.get('offset', 0)} "
         f"--max-new-tokens {s['max_new_tokens']} --no-oracle --out benchmarks/results/{RUNTIME_PEERS_NAME} \\"

@@ -91,6 +91,24 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` for one row ``x`` ``(..., 1, in)`` as a sum over the rows of its ``(out, in)``
+    weight (``CPU_MATMUL="reduction"``): ``(..., 1, out)``."""
+    y = (x.unsqueeze(-2) * module.weight).sum(-1)
+    return y if module.bias is None else y + module.bias
+
+
+def _row_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One query row's grouped-query attention in plain operations (inductor fuses them; SDPA's
+    kernel is a call of its own): ``q`` ``(1, heads, 1, d)``, ``keys``/``values`` ``(1, kv_heads,
+    w, d)``, ``mask`` ``(1, w) bool``; returns ``(1, heads, 1, d)``, as SDPA with ``enable_gqa``."""
+    heads, d = q.shape[1], q.shape[-1]
+    q = q.reshape(1, keys.shape[1], heads // keys.shape[1], d)  # query head h reads kv head h // groups
+    scores = (q @ keys.transpose(-1, -2)) * d**-0.5
+    scores = scores.masked_fill(~mask[None, None], float("-inf"))
+    return (torch.softmax(scores, -1) @ values).reshape(1, heads, 1, d)
+
+
 class StaticPasses(torch.nn.Module):
     """A model's passes behind a static KV cache, batch 1: what every static model shares -- the
     per-layer key/value buffers, the length, the buckets, padding and chunking, the mask, and the
@@ -477,6 +495,8 @@ class StaticEagle3(StaticPasses):
         self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
         weight = model.lm_head.weight
         self.hidden_size = int(model.fc.weight.shape[0])
+        # compiled on CPU: the one-row pass as reductions and plain attention (CPU_MATMUL)
+        self.reduction = bool(compile) and weight.device.type == "cpu" and CPU_MATMUL == "reduction"
         self._setup(1, self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets)
 
     def _forward(
@@ -491,6 +511,8 @@ class StaticEagle3(StaticPasses):
         head = self.head
         embeds, hidden = self.embed_tokens(token_ids)[None], hidden[None]
         cos, sin = head.rotary_emb(embeds, positions[None])
+        if self.reduction and token_ids.shape[0] == 1:  # the drafting step, as ``Eagle3DraftModel.forward``
+            return self._one_row(embeds, hidden, cos, sin, slots, mask)
         q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attention_input(embeds, hidden), cos, sin)
         cache_k, cache_v = self.layer_cache(0)
         cache_k.index_copy_(2, slots, k)
@@ -505,6 +527,35 @@ class StaticEagle3(StaticPasses):
         )
         out = head.midlayer.finish(hidden, attended)[0]
         return out, head.logits(out)
+
+    def _one_row(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one-row pass with every product a reduction over weight rows (``_row_linear``) and
+        plain attention (``_row_attention``): what ``qkv``, SDPA, ``finish`` and ``logits`` compute."""
+        mid = self.head.midlayer
+        att, mlp = mid.self_attn, mid.mlp
+        x = mid.attention_input(embeds, hidden)  # (1, 1, 2H)
+        q = _row_linear(att.q_proj, x).view(1, 1, att.num_heads, att.head_dim).transpose(1, 2)
+        k = _row_linear(att.k_proj, x).view(1, 1, att.num_kv_heads, att.head_dim).transpose(1, 2)
+        v = _row_linear(att.v_proj, x).view(1, 1, att.num_kv_heads, att.head_dim).transpose(1, 2)
+        c, s = cos[:, None], sin[:, None]
+        q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+        cache_k, cache_v = self.layer_cache(0)
+        cache_k.index_copy_(2, slots, k)
+        cache_v.index_copy_(2, slots, v)
+        w = mask.shape[1]
+        attended = _row_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], mask)
+        out = hidden + _row_linear(att.o_proj, attended.transpose(1, 2).reshape(1, 1, -1))
+        h = mid.post_attention_layernorm(out)
+        out = out + _row_linear(mlp.down_proj, mlp.act_fn(_row_linear(mlp.gate_proj, h)) * _row_linear(mlp.up_proj, h))
+        return out[0], _row_linear(self.head.lm_head, self.head.norm(out))[0]
 
     def _dummy_rows(self, b: int) -> list[torch.Tensor]:
         device, dtype = self.columns.device, self.keys[0].dtype
