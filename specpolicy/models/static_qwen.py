@@ -91,10 +91,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _row_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for one row ``x`` ``(..., 1, in)`` as a sum over the rows of the ``(out, in)``
+    ``weight`` (``CPU_MATMUL="reduction"``): ``(..., 1, out)``."""
+    return (x.unsqueeze(-2) * weight).sum(-1)
+
+
 def _row_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` for one row ``x`` ``(..., 1, in)`` as a sum over the rows of its ``(out, in)``
-    weight (``CPU_MATMUL="reduction"``): ``(..., 1, out)``."""
-    y = (x.unsqueeze(-2) * module.weight).sum(-1)
+    """``module(x)`` for one row ``x`` ``(..., 1, in)``, by ``_row_product``: ``(..., 1, out)``."""
+    y = _row_product(x, module.weight)
     return y if module.bias is None else y + module.bias
 
 
@@ -367,7 +372,7 @@ class StaticQwen(StaticPasses):
         def packed(name: str, weight: torch.Tensor | None) -> None:
             """``weight`` is ``(out, in)`` (a bias: ``(out,)``)."""
             if weight is None or weight.dim() == 1:
-                self.register_buffer(name, None if weight is None else weight.detach().clone(), persistent=False)
+                self.register_buffer(name, None if weight is None else weight.detach().contiguous(), persistent=False)
                 return
             self.register_buffer(name, weight.detach().t().contiguous(), persistent=False)
             if self.reduction:
@@ -390,7 +395,7 @@ class StaticQwen(StaticPasses):
         compiled one-row pass with ``CPU_MATMUL="reduction"``, ``(x * W).sum(-1)`` over the rows of
         the ``(out, in)`` copy; otherwise ``x @ W`` with the ``(in, out)`` copy."""
         if self.reduction and x[..., 0].numel() == 1:
-            y = (x.unsqueeze(-2) * getattr(self, f"{weight}_rows")).sum(-1)
+            y = _row_product(x, getattr(self, f"{weight}_rows"))
         else:
             y = x @ getattr(self, weight)
         b = getattr(self, bias) if bias else None
@@ -431,13 +436,11 @@ class StaticQwen(StaticPasses):
             cache_k, cache_v = self.layer_cache(i)
             cache_k.index_copy_(2, slots, k)
             cache_v.index_copy_(2, slots, v)
-            q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
             w = mask.shape[1]  # the window: columns up to the last slot written, rounded up
             if self.reduction and b == 1:  # the decoding step: plain operations inductor fuses
-                scores = (q @ cache_k[:, :, :w].transpose(-1, -2)) * self.head_dim**-0.5
-                scores = scores.masked_fill(~attn_mask, float("-inf"))
-                o = torch.softmax(scores, -1) @ cache_v[:, :, :w]
+                o = _row_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], mask)
             else:
+                q = q.reshape(1, self.kv_heads, groups * b, self.head_dim)
                 o = F.scaled_dot_product_attention(q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=attn_mask)
             o = o.reshape(1, self.heads, b, self.head_dim).transpose(1, 2).reshape(1, b, self.heads * self.head_dim)
             h_attn = self._linear(o, f"o_w{i}", f"o_b{i}") if self.packed else att.o_proj(o)
