@@ -9,7 +9,7 @@ generation and its assisted generation, and this machine's floor.
 Rows (the bundled family; every row's output checked against eager vanilla greedy):
 
 * ``<method>@eager`` / ``<method>@compiled`` for ``vanilla``, ``ar+static-k<K>`` (the AR drafter,
-  compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain) and ``dflash+failfast`` (DFlash +
+  compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain, one row per ``--eagle3-k``) and ``dflash+failfast`` (DFlash +
   FailFast): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
   (``runtime.compile``: the target and the AR, EAGLE-3 and DFlash drafters on static KV caches
   compiled per shape bucket, ``specpolicy.models.static_qwen``);
@@ -130,7 +130,7 @@ def our_rows(side: Side, label: str, args: argparse.Namespace) -> dict[str, Any]
     }
     for name, drafter, choice, over in (
         (f"ar+static-k{args.static_k}", "ar", "static", {"k": args.static_k}),
-        (f"eagle3+static-k{args.eagle3_k}", "eagle3", "static", {"k": args.eagle3_k}),
+        *((f"eagle3+static-k{k}", "eagle3", "static", {"k": k}) for k in args.eagle3_k),
         ("dflash+failfast", "dflash", "failfast", {}),
     ):
         if drafter not in args.methods:
@@ -349,7 +349,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--static-k", type=int, default=5, help="k of ar+static and of HF's constant assisted schedule")
-    p.add_argument("--eagle3-k", type=int, default=4, help="k of the EAGLE-3 chain")
+    p.add_argument(
+        "--eagle3-k",
+        type=int,
+        nargs="+",
+        default=[4, 7],
+        help="k of the EAGLE-3 chain, one row per value on each runtime (7: verification fills the 8-row bucket)",
+    )
     p.add_argument("--target", default="target")
     p.add_argument("--ar-drafter", default="ar-drafter")
     p.add_argument("--eagle3-drafter", default="eagle3-drafter")

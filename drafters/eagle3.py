@@ -194,10 +194,25 @@ class Eagle3Drafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         before = self._tokens.shape[0]
-        for _ in range(num_tokens):
-            if self._ended or not self._advance():
+        left = num_tokens
+        while left and not self._ended:
+            if self.static is not None and self._sampling is None and self._last_out is not None:
+                self._chain(left)  # compiled greedy steps: the rest of the call in one go
                 break
+            if not self._advance():
+                break
+            left -= 1
         return self._end_call(before)
+
+    def _chain(self, steps: int) -> None:
+        """``steps`` greedy steps on the static cache, fed back in its graphs (``StaticEagle3.chain``):
+        the tokens and records ``steps`` calls of ``_advance`` make."""
+        tokens, confs, out, logits = self.static.chain(self._tokens[-1:], self._last_out[0], steps)
+        self._last_out = out[None]
+        self._logits.extend(logits.split(1))
+        self._tokens = torch.cat([self._tokens, tokens])
+        self._confs = torch.cat([self._confs, confs])
+        self._passes += steps
 
     def _advance(self) -> bool:
         """One pass, one more drafted token; False when there is nothing to draft from (a

@@ -22,6 +22,8 @@ It returns what the Hugging Face model returns -- logits and ``output_hidden_sta
 embeddings, i the output of layer i - 1, the last the final norm's output) -- up to floating-point
 reassociation (``tests/models/test_static_qwen.py``: float64 logits and hidden states to 1e-10, and
 greedy tokens through the decoding loop).
+EAGLE-3's greedy chain runs several drafting steps per compiled graph (``StaticEagle3.chain``,
+``CHAIN_STEPS``), the argmax and the feedback inside the graph.
 Trees: ``run`` takes a tree mask ``(n, length + n)`` (``specpolicy.core.tree``) and positions by depth.
 """
 
@@ -62,6 +64,9 @@ CPU_MATMULS = ("reduction", "blas")
 #: constants of the graph, so the wider passes multiply with oneDNN on weights packed once at
 #: compile time instead of MKL's small-matrix products (8 rows: 2.6-2.8 ms against 4.2-5.4 here).
 CPU_FREEZE = True
+#: Greedy drafting steps of the EAGLE-3 head fused into one compiled graph each
+#: (``StaticEagle3.chain``): a chain of ``m`` steps runs as the fewest of these, largest first.
+CHAIN_STEPS = (1, 2, 4, 8)
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
 
@@ -190,10 +195,11 @@ class StaticPasses(torch.nn.Module):
             elif cuda:
                 options["triton.cudagraphs"] = CUDA_MODE == "reduce-overhead"
 
-            def compiled() -> Callable:
-                code = type(self)._forward.__code__.replace()
-                forward = types.FunctionType(code, type(self)._forward.__globals__, "_forward")
-                method = types.MethodType(forward, self)
+            def compiled(function: Callable | None = None) -> Callable:
+                function = function or type(self)._forward
+                code = function.__code__.replace()
+                fresh = types.FunctionType(code, function.__globals__, function.__name__)
+                method = types.MethodType(fresh, self)
                 fn = torch.compile(method, fullgraph=True, dynamic=dynamic, backend=backend, options=options)
                 if cuda or not CPU_FREEZE:
                     return fn
@@ -208,6 +214,7 @@ class StaticPasses(torch.nn.Module):
                 return frozen
 
             self._pass = compiled()
+            self._compiled_copy = compiled  # a compiled copy of another of this instance's methods
             # CPU: the one-row pass (the decoding step) is a code object of its own, so the graph
             # traced for one row (its size 1 specialised) is the only one a one-row pass can meet and
             # never the graph of the other buckets (the guard filter keeps tensor guards only)
@@ -501,6 +508,85 @@ class StaticEagle3(StaticPasses):
         # compiled on CPU: the one-row pass as reductions and plain attention (CPU_MATMUL)
         self.reduction = bool(compile) and weight.device.type == "cpu" and CPU_MATMUL == "reduction"
         self._setup(1, self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets)
+        self.chain_steps = tuple(sorted(CHAIN_STEPS, reverse=True))
+        # one graph per chunk size (a code object each: a chunk's graph never meets another size)
+        chain = type(self)._chain_forward
+        self._chains = {m: self._compiled_copy(chain) if compile else self._chain_forward for m in self.chain_steps}
+
+    @torch.inference_mode()
+    def chain(self, token_ids: torch.Tensor, hidden: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
+        """Draft ``steps`` tokens greedily, each step fed the token drafted and the output of the
+        step before (EAGLE-3's chain drafting, arXiv 2503.01840), in chunks of ``CHAIN_STEPS`` steps
+        that each run as one compiled graph: the argmax, its confidence and the draft-to-target id
+        map are computed in the graph, so no step goes back to Python. The same tokens as ``steps``
+        one-row ``passes`` with ``specpolicy.core.sampling.choose`` (greedy); the length grows by ``steps``.
+
+        Args:
+            token_ids: ``(1,) int64`` the last drafted token (target id), written at the next slot.
+            hidden: ``(1, H)`` the head's output that predicted it.
+            steps: tokens to draft, >= 1.
+        Returns:
+            ``(tokens (steps,) int64 target ids, confidences (steps,) float32, the last output
+            (1, H), logits (steps, Vd))``: fresh tensors.
+        Raises:
+            ValueError: if ``steps`` < 1 or the cache cannot hold ``steps`` more positions.
+        """
+        start = self.length
+        if steps < 1 or start + steps > self.capacity:
+            raise ValueError(f"{steps} chain steps after {start} cached do not fit the static cache of {self.capacity}")
+        tokens, confidences, logits = [], [], []
+        token_ids, hidden = token_ids.clone(), hidden.clone()  # fresh inputs (see ``passes``)
+        left = steps
+        for m in self.chain_steps:
+            while left >= m:
+                a = self.length
+                slots = torch.arange(a, a + m, device=token_ids.device)
+                window = min(self.width, -(-(a + m) // self.window) * self.window)
+                mask = self.columns[None, :window] <= slots[:, None]
+                outputs = self._chains[m](token_ids, hidden, slots, mask)
+                if self.compiled and token_ids.device.type == "cuda":  # CUDA graphs reuse their outputs
+                    outputs = [y.clone() for y in outputs]
+                chunk_tokens, chunk_confidences, hidden, chunk_logits = outputs
+                tokens.append(chunk_tokens)
+                confidences.append(chunk_confidences)
+                logits.append(chunk_logits)
+                token_ids = chunk_tokens[-1:].clone()
+                self.length = a + m
+                left -= m
+        return torch.cat(tokens), torch.cat(confidences), hidden, torch.cat(logits)
+
+    def _chain_forward(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``m`` greedy steps (``m`` = ``slots``' length, positions = slots, ``mask`` ``(m, window)``):
+        ``_forward`` on one row, then ``choose``'s greedy rule on its logits."""
+        tokens, confidences, logits = [], [], []
+        for j in range(slots.shape[0]):
+            hidden, step_logits = self._forward(token_ids, hidden, slots[j : j + 1], slots[j : j + 1], mask[j : j + 1])
+            draft_ids = step_logits.argmax(dim=-1)
+            probabilities = torch.softmax(step_logits, dim=-1, dtype=torch.float32)
+            confidences.append(probabilities.gather(-1, draft_ids[:, None])[:, 0])
+            token_ids = self.head.to_target_ids(draft_ids)
+            tokens.append(token_ids)
+            logits.append(step_logits)
+        return torch.cat(tokens), torch.cat(confidences), hidden, torch.cat(logits)
+
+    @torch.no_grad()
+    def warmup(self) -> float:
+        """``StaticPasses.warmup``, then every chain chunk (``CHAIN_STEPS``) compiled."""
+        spent = super().warmup()
+        if not self.compiled:
+            return spent
+        t0 = time.perf_counter()
+        token_ids, hidden = self._dummy_rows(1)
+        for m in self.chain_steps:
+            if m <= self.capacity:
+                self.length = 0
+                self.chain(token_ids, hidden, m)
+        self.length = 0
+        more = time.perf_counter() - t0
+        self.warmup_s += more
+        return spent + more
 
     def _forward(
         self,

@@ -336,6 +336,51 @@ def test_eagle3_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(eag
         assert [r.draft_parents for r in static.rounds] == [r.draft_parents for r in eager.rounds]
 
 
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "compiled"])
+def test_eagle3_chain_equals_its_steps_one_by_one(two_buckets, eagle3_checkpoint, monkeypatch, compile):
+    """``StaticEagle3.chain`` (greedy steps fused per chunk of ``CHAIN_STEPS``, here 1 and 2; 1 to
+    5 steps, so runs of 2 and a last 1): the tokens, confidences, last output, logits and cache of
+    the same steps done one ``passes`` call at a time with ``choose``'s greedy rule (float64; the
+    RoPE's cos and sin are float32 in both, from different kernels: a relative 1e-6)."""
+    from specpolicy.core.sampling import choose
+    from specpolicy.models.eagle3 import load_eagle3
+    from specpolicy.models.static_qwen import StaticEagle3
+
+    monkeypatch.setattr(static_qwen, "CHAIN_STEPS", (1, 2))
+    head = load_eagle3(eagle3_checkpoint).double()
+    embed = tiny_lm(0, layers=2).double().get_input_embeddings()
+    chained, stepped = StaticEagle3(head, embed, 64, compile=compile), StaticEagle3(head, embed, 64)
+    assert sorted(chained._chains) == [1, 2]
+    g = torch.Generator().manual_seed(0)
+    context = (
+        torch.randint(0, VOCAB - 1, (6,), generator=g),
+        torch.randn(6, chained.hidden_size, generator=g, dtype=torch.float64),
+    )
+    with torch.inference_mode():
+        for steps in range(1, 6):
+            for s in (chained, stepped):
+                s.reset()
+                out, _ = s.passes(list(context))
+            token, hidden = torch.tensor([7]), out[-1:]
+            tokens, confs, last, logits = chained.chain(token, hidden, steps)
+            want_tokens, want_confs, want_logits = [], [], []
+            for _ in range(steps):
+                hidden, step_logits = stepped.passes([token, hidden])
+                ids, conf, _ = choose(step_logits, None, None)
+                token = head.to_target_ids(ids)
+                want_tokens.append(token), want_confs.append(conf), want_logits.append(step_logits)
+            assert tokens.tolist() == torch.cat(want_tokens).tolist()
+            assert chained.length == stepped.length == 6 + steps
+            torch.testing.assert_close(confs, torch.cat(want_confs), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(logits, torch.cat(want_logits), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(last, hidden, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                chained.keys[0][:, :, : 6 + steps], stepped.keys[0][:, :, : 6 + steps], rtol=1e-6, atol=1e-6
+            )
+    with pytest.raises(ValueError, match="0 chain steps after"):
+        chained.chain(token, hidden, 0)
+
+
 @pytest.mark.slow
 def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpoint):
     """``runtime.compile=true`` with EAGLE-3: target and head compiled (two buckets, float64), a chain
@@ -354,7 +399,11 @@ def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpo
         drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, frozenset({VOCAB - 1}))
         assert (drafter.static is not None) == compile and (rt.warmup_s > 0) == compile
         out = []
-        for policy in ({"name": "static", "k": 3}, {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10}):
+        for policy in (
+            {"name": "static", "k": 3},
+            {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12},  # chains of 2, 3, 5, ... steps
+            {"name": "eagle2-tree", "top_k": 3, "depth": 4, "total_tokens": 10},
+        ):
             built = make_policy(get_plugin_manager(autoload=False), policy)
             out += [
                 generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=built)
