@@ -98,7 +98,7 @@ class DFlashDrafter(Drafter):
     On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
     context compiled per shape bucket (``specpolicy.models.static_qwen.StaticDFlash``: the newly
     committed positions' keys and values and the block in one pass; compile seconds added to
-    ``runtime.warmup_s``); ``draft_many`` drafts one by one there.
+    ``runtime.warmup_s``); the batched loop's request copies drop it (``specpolicy.core.batching``).
     """
 
     name = NAME

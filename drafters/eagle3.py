@@ -68,7 +68,7 @@ class Eagle3Drafter(Drafter):
     and levels -- run through a static KV cache compiled per shape bucket
     (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
     ``runtime.warmup_s``; capacity: the head's ``max_position_embeddings`` + 128 tree nodes);
-    ``commit`` moves its length. ``draft_many`` drafts one by one there.
+    ``commit`` moves its length. The batched loop's request copies drop it (``specpolicy.core.batching``).
     """
 
     name = NAME

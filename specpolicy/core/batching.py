@@ -5,7 +5,8 @@ for step), for serving studies: up to ``batch_size`` requests in flight with con
 (a finished request's row is refilled from the queue at once, Orca, Yu et al. OSDI 2022);
 requests arrive all at once or as a Poisson process (``specpolicy.core.serving``). Each request keeps
 its own committed sequence, KV-cache row, drafter state (a shallow copy of the configured
-drafter: same weights, its own state, which ``prefill`` replaces) and policy (a deep copy of the
+drafter: same weights, its own state, which ``prefill`` replaces; on the compiled runtime without
+the drafter's static cache, one per drafter, so request copies draft eagerly) and policy (a deep copy of the
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
@@ -256,6 +257,10 @@ def _run(
                 features = target.add(prompt)
                 if drafter is not None:
                     mine = copy.copy(drafter)  # same weights; prefill gives it its own state
+                    if getattr(mine, "static", None) is not None:
+                        # a compiled drafter's static cache is one per drafter, which the requests
+                        # cannot share: their copies draft eagerly (batched by ``draft_many``)
+                        mine.static = None
                     try:
                         _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
                         policy_copy = copy.deepcopy(policy)

@@ -336,6 +336,36 @@ def test_eagle3_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(eag
         assert [r.draft_parents for r in static.rounds] == [r.draft_parents for r in eager.rounds]
 
 
+def test_batched_requests_do_not_share_a_drafters_static_cache(eagle3_checkpoint, runtime):
+    """The batched loop copies the drafter per request: with a static cache (the compiled
+    runtime's ``StaticEagle3``, one per drafter) the copies must not share it -- they draft as the
+    eager drafter does, round for round (a shared cache gave garbage drafts, still lossless)."""
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.models.static_qwen import StaticEagle3
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    target = sharpen(tiny_lm(0, layers=6), 4.0)
+    head = load_eagle3(eagle3_checkpoint).double()
+    embed = target.get_input_embeddings()
+    prompts = random_prompts(3)
+    runs = []
+    for static in (False, True):
+        verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
+        drafter = Eagle3Drafter(head, embed, tuple(default_layer_ids(6)), VOCAB, runtime, frozenset({VOCAB - 1}))
+        if static:
+            drafter.static = StaticEagle3(head, embed, 600)
+        policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
+        runs.append(
+            generate_batch(prompts, verifier, runtime, max_new_tokens=30, batch_size=3, drafter=drafter, policy=policy)
+        )
+    for i in range(len(prompts)):
+        eager, static = runs[0].results[i], runs[1].results[i]
+        assert static.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in static.rounds] == [r.draft_token_ids for r in eager.rounds]
+
+
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "compiled"])
 def test_eagle3_chain_equals_its_steps_one_by_one(two_buckets, eagle3_checkpoint, monkeypatch, compile):
     """``StaticEagle3.chain`` (greedy steps fused per chunk of ``CHAIN_STEPS``, here 1 and 2; 1 to
