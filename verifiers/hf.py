@@ -69,6 +69,7 @@ class HFVerifier(Verifier):
         self._feature_layers: tuple[int, ...] = ()  # hidden_states indices a drafter reads; () = none
         self.prompt_features: torch.Tensor | None = None
         self.static = None  # the compiled runtime's StaticQwen, else None
+        self._static_batched: dict = {}  # the compiled runtime's batched verifiers, by batch size
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticQwen
 
@@ -84,12 +85,22 @@ class HFVerifier(Verifier):
         """
         self._feature_layers = check_feature_layers(layers, int(self.model.config.num_hidden_layers) + 1)
 
-    def batched(self, pad_token_id: int = 0):
+    def batched(self, pad_token_id: int = 0, slots: int | None = None):
         """The batched loop's verifier of this target (``verifiers/hf_batch.py``: same model,
         runtime, stop tokens, context and requested features; one row per request in flight).
-        Called by ``specpolicy.core.batching.generate_batch``."""
-        from specpolicy.verifiers.hf_batch import BatchedHFVerifier
+        Called by ``specpolicy.core.batching.generate_batch`` with ``slots`` = the batch size: on the
+        compiled runtime a static cache of that many sequences, compiled (``StaticBatchedHFVerifier``;
+        its compile seconds added to ``runtime.warmup_s``), else a dynamic cache."""
+        from specpolicy.verifiers.hf_batch import BatchedHFVerifier, StaticBatchedHFVerifier
 
+        if self.static is not None and slots:
+            # one per batch size, reused by later runs (compiled once per process)
+            batched = self._static_batched.get(slots)
+            if batched is None:
+                batched = StaticBatchedHFVerifier.like(self, pad_token_id, slots, compile=self.static.compiled)
+                self._static_batched[slots] = batched
+            batched.reset(pad_token_id, tuple(self._feature_layers))
+            return batched
         return BatchedHFVerifier.like(self, pad_token_id)
 
     @property

@@ -12,6 +12,9 @@ entries only, never the prefix, nothing recomputed -- and the cache is cropped t
 ``max L_i``. A request joins with its own prefill (batch 1) appended as a new row and leaves by
 dropping its row (one copy of the cache per join or leave; rounds copy none).
 
+On the compiled runtime (``runtime.compile=true``) the batched loop gets ``StaticBatchedHFVerifier``
+instead: a static cache of one sequence per request slot, compiled, where nothing moves.
+
 Greedy (argmax per row, as ``verifiers/hf.py``): the output of every request is the target's
 greedy output, whatever shares its batch, up to the floating-point effects of batched matrix
 products (exact in float64; ``tests/core/test_batching.py``). Sampling (``sampling`` set): speculative
@@ -163,7 +166,6 @@ class BatchedHFVerifier:
             if length + k + 1 > self.max_context:
                 raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         b, q = self.rows, 1 + max(ks)
-        width = 0 if self.cache is None else self.cache.get_seq_length()
         steps = torch.arange(q, device=device)
         if b == 1:
             inputs = torch.cat([self.pending[0], drafts[0].token_ids])[None]
@@ -171,6 +173,47 @@ class BatchedHFVerifier:
             inputs = torch.full((b, q), self.pad_token_id, dtype=torch.long, device=device)
             for i, (pending, draft) in enumerate(zip(self.pending, drafts)):
                 inputs[i, : 1 + ks[i]] = torch.cat([pending, draft.token_ids])
+        logits, hidden_states = self._forward(inputs)
+        target = logits.argmax(dim=-1)  # (b, q) int64
+        if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
+            accepted, nexts = [], []
+            for i, draft in enumerate(drafts):
+                p = warp(logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
+                a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
+                target[i, :a] = draft.token_ids[:a]
+                target[i, a] = nxt
+                accepted.append(a)
+                nexts.append(nxt)
+        else:
+            matches = target[:, :-1] == inputs[:, 1:]
+            if b > 1:  # padding never matches
+                matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
+            accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
+            # the one sync of the round: every row's accepted length and correction / bonus token
+            accepted, nexts = torch.stack([accepted_t, target.gather(1, accepted_t[:, None]).squeeze(1)]).tolist()
+        self._keep_accepted(accepted)
+        features = select_features_batch(hidden_states, self.feature_layers) if self.feature_layers else None
+        results = []
+        for i, (a, nxt) in enumerate(zip(accepted, nexts)):
+            self.pending[i] = target[i, a : a + 1]
+            results.append(
+                Verification(
+                    accepted_length=a,
+                    next_token=nxt,
+                    target_token_ids=target[i, : ks[i] + 1],
+                    features=None if features is None else features[i, : a + 1],
+                )
+            )
+        return results
+
+    def _forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The target's pass over every row's ``[pending, draft, pad...]`` ``(b, q)`` at the rows'
+        positions: logits ``(b, q, V)`` and, when features are requested, the hidden states (L + 1
+        tensors ``(b, q, H)``); the new keys and values land in columns ``width ..`` of every row."""
+        device = self.runtime.torch_device
+        b, q = inputs.shape
+        width = self._width = 0 if self.cache is None else self.cache.get_seq_length()
+        steps = torch.arange(q, device=device)
         if all(length == width for length in self.lengths):  # every row flush: plain causal attention
             positions = mask = None
         else:
@@ -190,40 +233,11 @@ class BatchedHFVerifier:
         )
         if self.cache is None:
             self.cache = out.past_key_values
-        target = out.logits.argmax(dim=-1)  # (b, q) int64
-        if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
-            accepted, nexts = [], []
-            for i, draft in enumerate(drafts):
-                p = warp(out.logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
-                a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
-                target[i, :a] = draft.token_ids[:a]
-                target[i, a] = nxt
-                accepted.append(a)
-                nexts.append(nxt)
-        else:
-            matches = target[:, :-1] == inputs[:, 1:]
-            if b > 1:  # padding never matches
-                matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
-            accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
-            # the one sync of the round: every row's accepted length and correction / bonus token
-            accepted, nexts = torch.stack([accepted_t, target.gather(1, accepted_t[:, None]).squeeze(1)]).tolist()
-        self._keep_accepted(width, accepted)
-        features = select_features_batch(out.hidden_states, self.feature_layers) if self.feature_layers else None
-        results = []
-        for i, (a, nxt) in enumerate(zip(accepted, nexts)):
-            self.pending[i] = target[i, a : a + 1]
-            results.append(
-                Verification(
-                    accepted_length=a,
-                    next_token=nxt,
-                    target_token_ids=target[i, : ks[i] + 1],
-                    features=None if features is None else features[i, : a + 1],
-                )
-            )
-        return results
+        return out.logits, out.hidden_states
 
-    def _keep_accepted(self, width: int, accepted: list[int]) -> None:
+    def _keep_accepted(self, accepted: list[int]) -> None:
         """Move each row's kept new entries (columns ``width .. width + a_i``) to ``L_i ..``, crop."""
+        width = self._width
         if any(length != width for length in self.lengths):  # rows already flush need no move
             device = self.runtime.torch_device
             kept = torch.tensor([a + 1 for a in accepted], device=device)
@@ -236,3 +250,104 @@ class BatchedHFVerifier:
                 layer.values[rows, :, destination] = layer.values[rows, :, source]
         self.lengths = [length + a + 1 for length, a in zip(self.lengths, accepted)]
         crop_cache(self.cache, max(self.lengths))
+
+
+class StaticBatchedHFVerifier(BatchedHFVerifier):
+    """The batched verifier on the compiled runtime (``runtime.compile=true``): the target behind a
+    static cache of ``slots`` sequences (``specpolicy.models.static_qwen.StaticBatchQwen``), one
+    per request in flight, compiled per shape bucket. A round's new keys and values are written
+    where they stay, each request's at its own length, so accepting a draft moves a length -- no
+    entry is copied (``BatchedHFVerifier`` moves the accepted ones). A request joins by its prefill
+    (Hugging Face's batch-1 forward, as ``BatchedHFVerifier``), its keys and values copied into a
+    free sequence once; leaving frees it. Verification is ``BatchedHFVerifier.verify``'s: the same
+    acceptance, greedy or speculative sampling, one pass for every request; a pass computes every
+    sequence of the cache, requests or not (padded to the batch size).
+
+    Args:
+        model / runtime / eos_ids / max_context / pad_token_id: as ``BatchedHFVerifier``.
+        slots: requests the cache holds at once (the batch size), >= 1.
+        compile: compile the passes (else the static cache runs eagerly).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        runtime: Runtime,
+        eos_ids: frozenset[int],
+        max_context: int,
+        pad_token_id: int = 0,
+        slots: int = 1,
+        compile: bool = True,
+    ) -> None:
+        from specpolicy.models.static_qwen import StaticBatchQwen
+
+        super().__init__(model, runtime, eos_ids, max_context, pad_token_id)
+        self.static = StaticBatchQwen(model, max_context, slots, compile=compile)
+        runtime.warmup_s += self.static.warmup()
+        self.slot_of: list[int] = []  # per request in flight (row order): its sequence in the cache
+        self._free = list(range(slots))
+
+    @classmethod
+    def like(cls, verifier, pad_token_id: int = 0, slots: int = 1, compile: bool = True) -> StaticBatchedHFVerifier:
+        """The static batched verifier of a batch-1 ``hf`` verifier's target, for ``slots`` requests."""
+        batched = cls(
+            verifier.model, verifier.runtime, verifier.eos_token_ids, verifier.max_context, pad_token_id, slots, compile
+        )
+        batched.feature_layers = tuple(getattr(verifier, "_feature_layers", ()))
+        return batched
+
+    def reset(self, pad_token_id: int = 0, feature_layers: tuple[int, ...] = ()) -> None:
+        """No request in flight (a new batched run on the same compiled cache), greedy."""
+        self.pad_token_id, self.feature_layers, self.sampling = pad_token_id, feature_layers, None
+        self.lengths, self.pending, self.slot_of = [], [], []
+        self._free = list(range(self.static.keys[0].shape[0]))
+
+    @torch.inference_mode()
+    def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
+        """Prefill a request (batch 1) into a free sequence of the cache and append it as the last
+        row. Returns its target features as ``BatchedHFVerifier.add``.
+
+        Raises:
+            ValueError: a prompt that is empty or does not fit the context, or no free sequence
+                (more requests than ``slots``); nothing is added.
+        """
+        if not self._free:
+            raise ValueError(f"the static batched verifier holds {len(self.slot_of)} requests, its slots")
+        prompt_ids = prompt_ids.to(self.runtime.torch_device)
+        own, features = prefill_prompt(
+            self.model, prompt_ids, self.max_context, self.feature_layers, self.runtime.torch_dtype
+        )
+        slot = self._free.pop(0)
+        n = int(prompt_ids.shape[0])
+        if n > 1:
+            for (k, v), layer in zip(zip(self.static.keys, self.static.values), own.layers):
+                k[slot, :, : n - 1] = layer.keys[0]
+                v[slot, :, : n - 1] = layer.values[0]
+        self.slot_of.append(slot)
+        self.lengths.append(n - 1)
+        self.pending.append(prompt_ids[-1:])
+        return features
+
+    def remove(self, row: int) -> None:
+        """Drop a request's row (it finished): its sequence is free; the other rows keep their order."""
+        self.lengths.pop(row)
+        self.pending.pop(row)
+        self._free.append(self.slot_of.pop(row))
+
+    def _forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Every sequence of the cache fed at once (``StaticBatchQwen.run_rows``): a request's row of
+        ``inputs`` ``(b, q)`` at its own length, the free sequences fed padding at 0."""
+        device = self.runtime.torch_device
+        index = torch.tensor(self.slot_of, device=device)
+        rows = self.static.keys[0].shape[0]
+        ids = torch.full((rows, inputs.shape[1]), self.pad_token_id, dtype=torch.long, device=device)
+        ids[index] = inputs
+        starts = torch.zeros(rows, dtype=torch.long, device=device)
+        starts[index] = torch.tensor(self.lengths, device=device)
+        logits, states = self.static.run_rows(ids, starts)
+        hidden_states = states[index].unbind(2) if self.feature_layers else None
+        return logits[index], hidden_states
+
+    def _keep_accepted(self, accepted: list[int]) -> None:
+        """The accepted entries are already at each request's length: move the lengths."""
+        self.lengths = [length + a + 1 for length, a in zip(self.lengths, accepted)]

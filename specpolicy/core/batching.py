@@ -24,6 +24,7 @@ recorded (``BatchResult.skipped``), the batch goes on.
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -209,7 +210,9 @@ def _run(
             f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} has no batched form "
             "(Verifier.batched()); the batched loop needs one (verifier=hf has it)"
         )
-    target = verifier.batched()
+    # a verifier whose batched form sizes a cache takes the batch size (the compiled runtime's)
+    takes_slots = "slots" in inspect.signature(verifier.batched).parameters
+    target = verifier.batched(slots=batch_size) if takes_slots else verifier.batched()
     target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
     eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)

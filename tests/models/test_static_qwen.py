@@ -510,3 +510,84 @@ def make_verifier_hf(family, rt):
     from specpolicy.verifiers.hf import specpolicy_make_verifier
 
     return specpolicy_make_verifier("hf", {"model": str(family["target"])}, rt)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
+def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle3_checkpoint, runtime, kind):
+    """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
+    cache per request, accepted entries left where they were written): 10 prompts through 4
+    slots (requests join and leave), static and FailFast policies -- every request's output,
+    drafts and accepted lengths are those of the eager batch-1 loop (float64); and sampling draws
+    the same tokens as the eager batched verifier under the same seed."""
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.core.sampling import SamplingConfig
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+    from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
+
+    target = sharpen(tiny_lm(0, layers=6), 4.0)
+    stop = frozenset({VOCAB - 1})
+    head = load_eagle3(eagle3_checkpoint).double()
+    drafters = {
+        "vanilla": lambda: None,
+        "ar": lambda: ARDrafter(sharpen(tiny_lm(1, layers=1), 4.0), runtime),
+        "eagle3": lambda: Eagle3Drafter(
+            head, target.get_input_embeddings(), tuple(default_layer_ids(6)), VOCAB, runtime, stop
+        ),
+    }
+    prompts = [p[: 3 + 4 * i] for i, p in enumerate(random_prompts(10, seed=5))]
+    static = HFVerifier(target, runtime, stop)
+    static.static = StaticQwen(target, static.max_context)
+    eager = HFVerifier(target, runtime, stop)
+    pm = get_plugin_manager(autoload=False)
+    for choice in (
+        [None]
+        if kind == "vanilla"
+        else [{"name": "static", "k": 3}, {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12}]
+    ):
+        make = lambda: (drafters[kind](), None if choice is None else make_policy(pm, choice))  # noqa: E731
+        alone = [
+            generate(p, eager, runtime, max_new_tokens=24, drafter=d, policy=q) for p in prompts for d, q in [make()]
+        ]
+        d, q = make()
+        batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
+        assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
+        assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
+        for i, ref in enumerate(alone):
+            got = batched.results[i]
+            assert got.output_ids.tolist() == ref.output_ids.tolist(), (kind, choice, i)
+            assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
+                (r.draft_token_ids, r.accepted_length) for r in ref.rounds
+            ], (kind, choice, i)
+    sampling = SamplingConfig(temperature=1.0)
+    draws = []
+    for verifier in (eager, static):
+        d, q = make()
+        runtime.generator.manual_seed(7)
+        out = generate_batch(
+            prompts, verifier, runtime, max_new_tokens=16, batch_size=4, drafter=d, policy=q, sampling=sampling
+        )
+        draws.append([out.results[i].output_ids.tolist() for i in range(10)])
+    assert draws[0] == draws[1]
+
+
+@pytest.mark.slow
+def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, target):
+    """``runtime.compile=true``, batch size 3, 6 prompts: the compiled static batched verifier
+    (its passes padded to 8 columns) gives every request the eager batch-1 output."""
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
+
+    prompts = random_prompts(6)
+    rt = Runtime("cpu", "float64", seed=0, compile=True)
+    compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
+    eager_rt = Runtime("cpu", "float64", seed=0)
+    eager = HFVerifier(target, eager_rt, frozenset({VOCAB - 1}))
+    alone = [generate(p, eager, eager_rt, max_new_tokens=20).output_ids.tolist() for p in prompts]
+    warm = rt.warmup_s
+    batched = generate_batch(prompts, compiled, rt, max_new_tokens=20, batch_size=3)
+    verifier = compiled.batched(slots=3)
+    assert isinstance(verifier, StaticBatchedHFVerifier) and verifier.static.compiled
+    assert verifier.static.buckets == (8,) and rt.warmup_s > warm
+    assert [batched.results[i].output_ids.tolist() for i in range(6)] == alone
