@@ -18,6 +18,11 @@ Rows (the bundled family; every row's output checked against eager vanilla greed
   forward (``CompileConfig(fullgraph=True)``, on every device); ``hf-assisted-k<K>`` (constant
   schedule) and ``hf-assisted-heuristic`` with the AR drafter.
 
+With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per-prompt rows:
+``vanilla-batch<B>`` and ``eagle3+static-k<K>-batch<B>`` on each runtime (the compiled side's target
+a static cache of B sequences, ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats``
+interleaved runs; its verifier's compilation is reported apart (``warmup.batched_verifier_s``).
+
 Reported per row: tokens/s (generated tokens / wall seconds, prefill included, summed over the
 prompts), ms per token, the ratio to the floor, speedup over eager vanilla, mean accepted length,
 and whether every output equals eager vanilla's. Warm-up is reported apart: the compiled runtime's
@@ -192,6 +197,72 @@ def hf_rows(side: Side, args: argparse.Namespace, longest: int) -> tuple[dict[st
     return rows, warm
 
 
+def batched_rows(
+    args: argparse.Namespace,
+    eager: Side,
+    compiled_sides: dict[str, Side],
+    ids: list[torch.Tensor],
+    reference: list[list[int]],
+    errors: dict[str, str],
+) -> dict[str, Any]:
+    """The batched loop (``generate_batch``, ``--batch-size`` requests in flight, all arriving at
+    once) over the timed prompts: vanilla and the EAGLE-3 chain (first ``--eagle3-k``) on each
+    runtime, ``--batch-repeats`` runs each, interleaved; tokens/s over the run's wall seconds (the
+    compiled side's batched verifier built, and compiled, before its first run, untimed)."""
+    from specpolicy.core.batching import generate_batch
+
+    k = args.eagle3_k[0]
+    sides = {"eager": eager, **compiled_sides}
+    rows: dict[str, Any] = {}
+    runners = {}
+    for label, side in sides.items():
+        runners[f"vanilla-batch{args.batch_size}@{label}"] = (side, None, None)
+        if "eagle3" in args.methods:
+            runners[f"eagle3+static-k{k}-batch{args.batch_size}@{label}"] = (
+                side,
+                side.drafters["eagle3"],
+                side.policy("static", "eagle3", k=k),
+            )
+    for name, (side, drafter, policy) in runners.items():  # untimed: the batched verifier built and compiled
+        generate_batch(
+            ids[: args.batch_size],
+            side.verifier,
+            side.runtime,
+            max_new_tokens=8,
+            batch_size=args.batch_size,
+            drafter=drafter,
+            policy=policy,
+        )
+        rows[name] = {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": True}
+    for _ in range(args.batch_repeats):
+        for name, (side, drafter, policy) in runners.items():
+            try:
+                out = generate_batch(
+                    ids,
+                    side.verifier,
+                    side.runtime,
+                    max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size,
+                    drafter=drafter,
+                    policy=policy,
+                )
+            except Exception as e:  # noqa: BLE001 -- a row that fails is reported, the others run
+                errors[name] = f"{type(e).__name__}: {e}"[:2000]
+                continue
+            r = rows[name]
+            r["tokens"] += sum(int(g.output_ids.shape[0]) for g in out.results.values())
+            r["wall_s"] += out.wall_s
+            r["rounds"] += sum(len(g.rounds) for g in out.results.values())
+            r["accepted"] += sum(x.accepted_length for g in out.results.values() for x in g.rounds)
+            r["identical"] &= [out.results[i].output_ids.tolist() for i in range(len(ids))] == reference
+    base = rows[f"vanilla-batch{args.batch_size}@eager"]
+    for r in rows.values():
+        r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
+        r["speedup_vs_eager_batched_vanilla"] = r["tokens_per_s"] / (base["tokens"] / base["wall_s"])
+        r["mean_accepted_length"] = r["accepted"] / r["rounds"] if r["rounds"] else None
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -279,6 +350,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"prompt {i + 1}/{len(ids)}", file=sys.stderr, flush=True)
     if not compiled_sides:
         raise RuntimeError(f"no compiled runtime could be built: {errors}")
+    warm = {label: side.runtime.warmup_s for label, side in compiled_sides.items()}  # before the batched verifiers
+    batched = (
+        batched_rows(args, eager, compiled_sides, ids[:prompts_done], reference, errors) if args.batch_size > 1 else {}
+    )
     compiled = next(iter(compiled_sides.values()))
     machine = measure_floor(eager.runtime.torch_device, eager.runtime.torch_dtype)
     floor = step_floor_ms(eager.verifier.model, machine)
@@ -308,13 +383,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prompts_timed": prompts_done,
         },
         "warmup": {
-            "compiled_runtime_s": compiled.runtime.warmup_s,
+            "compiled_runtime_s": warm[next(iter(compiled_sides))],
+            "batched_verifier_s": compiled.runtime.warmup_s - warm[next(iter(compiled_sides))],
             "compiled_side_build_s": compiled.build_s,
             "eager_side_build_s": eager.build_s,
             "hf_static_compile_s": hf_warm,
-            **{f"{label}_runtime_s": side.runtime.warmup_s for label, side in compiled_sides.items()},
+            **{f"{label}_runtime_s": warm[label] for label in compiled_sides},
         },
         "errors": errors,
+        "batched": batched,
         "machine": machine,
         "floor": floor,
         "rows": rows,
@@ -341,6 +418,15 @@ def print_table(result: dict[str, Any]) -> None:
             f"{name:34s} {r['tokens_per_s']:8.1f} {r['ms_per_token']:8.2f} {r['x_floor']:8.1f} "
             f"{r['speedup_vs_eager_vanilla']:8.2f} {acc:>8s} {r['first_prompt_s']:8.1f}  {r['identical']}"
         )
+    if result.get("batched"):
+        print(f"batched loop (its verifier's compilation {w.get('batched_verifier_s', 0):.1f} s):")
+        print(f"{'method':34s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
+        for name, r in result["batched"].items():
+            acc = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
+            print(
+                f"{name:34s} {r['tokens_per_s']:8.1f} {r['speedup_vs_eager_batched_vanilla']:8.2f} {acc:>8s}  "
+                f"{r['identical']}"
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -388,6 +474,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--deadline-s", type=float, default=0.0, help="stop timing new prompts after this many seconds (0: never)"
     )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=4,
+        help="also the batched loop with this many requests in flight, on each runtime (0 or 1: not run)",
+    )
+    p.add_argument("--batch-repeats", type=int, default=2, help="interleaved runs of every batched row")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face's rows (and their compilation)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens")
     p.add_argument("--out", default=None, help="JSON output")

@@ -1349,8 +1349,55 @@ def runtime_page(
         "accepted more often to pay ([how-to](../how-to/compiled-runtime.md) for the per-pass figures). "
         f"{ranking}",
     ]
-    body += ["", *compiled_peers_section(compiled_peers, eager_peers), *gpu_runtime_section(gpu_runs)]
+    body += [
+        "",
+        *batched_runtime_section(results),
+        *compiled_peers_section(compiled_peers, eager_peers),
+        *gpu_runtime_section(gpu_runs),
+    ]
     return _page("The compiled runtime", intro, body)
+
+
+def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
+    """The batched loop on both runtimes (``benchmarks/runtime.py --batch-size``), from the same run."""
+    batched = results.get("batched") or {}
+    if not batched:
+        return []
+    s = results["settings"]
+    table = [
+        [
+            f"`{name.partition('@')[0]}`",
+            name.partition("@")[2],
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['speedup_vs_eager_batched_vanilla']:.2f}x",
+            "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
+            "yes" if r["identical"] else "NO",
+        ]
+        for name, r in batched.items()
+    ]
+    tps = {name: r["tokens_per_s"] for name, r in batched.items()}
+    ratios = [
+        f"`{name.partition('@')[0]}` {tps[name] / tps[name.replace('@compiled', '@eager')]:.2f}x"
+        for name in batched
+        if name.endswith("@compiled") and name.replace("@compiled", "@eager") in tps
+    ]
+    return [
+        "## The batched loop",
+        "",
+        f"The same run, then the batched loop (`generate_batch`): {s['batch_size']} requests in flight, all arriving at "
+        f"once, over the same {s['prompts_timed']} prompts, {s['batch_repeats']} interleaved runs per row. On the "
+        "compiled runtime the target is a static cache of one sequence per request, compiled "
+        "(`StaticBatchedHFVerifier`: a round's keys and values written where they stay); the drafters draft "
+        "eagerly there, each request's copy batched by `draft_many`. Compiled over eager, same method: "
+        f"{', '.join(ratios)}; its verifier's compilation took {results['warmup'].get('batched_verifier_s', 0):.0f} s.",
+        "",
+        *markdown_table(
+            ["method", "runtime", "tokens/s", "vs eager batched vanilla", "acc. length", "= vanilla"],
+            table,
+            text_columns=2,
+        ),
+        "",
+    ]
 
 
 # -- overview, headline figure -----------------------------------------------------------------

@@ -718,7 +718,11 @@ def _runtime_bench(command: Command, h: Harness) -> None:
             *tiny_models(h.world),
         ]
     )
-    assert json.loads(out.read_text())["rows"]["vanilla@compiled"]["identical"]
+    result = json.loads(out.read_text())
+    assert result["rows"]["vanilla@compiled"]["identical"]
+    assert (
+        all(row["identical"] for row in result["batched"].values()) and "vanilla-batch4@compiled" in result["batched"]
+    )
 
 
 def _tune_failfast(command: Command, h: Harness) -> None:
