@@ -285,7 +285,7 @@ class StaticBatchedHFVerifier(BatchedHFVerifier):
         self.static = StaticBatchQwen(model, max_context, slots, compile=compile)
         runtime.warmup_s += self.static.warmup()
         self.slot_of: list[int] = []  # per request in flight (row order): its sequence in the cache
-        self._free = list(range(slots))
+        self.reset(pad_token_id)
 
     @classmethod
     def like(cls, verifier, pad_token_id: int = 0, slots: int = 1, compile: bool = True) -> StaticBatchedHFVerifier:
@@ -297,7 +297,8 @@ class StaticBatchedHFVerifier(BatchedHFVerifier):
         return batched
 
     def reset(self, pad_token_id: int = 0, feature_layers: tuple[int, ...] = ()) -> None:
-        """No request in flight (a new batched run on the same compiled cache), greedy."""
+        """No request in flight (a new batched run on the same compiled cache), greedy; every
+        sequence of the cache free."""
         self.pad_token_id, self.feature_layers, self.sampling = pad_token_id, feature_layers, None
         self.lengths, self.pending, self.slot_of = [], [], []
         self._free = list(range(self.static.keys[0].shape[0]))

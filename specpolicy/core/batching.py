@@ -259,11 +259,7 @@ def _run(
             try:
                 features = target.add(prompt)
                 if drafter is not None:
-                    mine = copy.copy(drafter)  # same weights; prefill gives it its own state
-                    if getattr(mine, "static", None) is not None:
-                        # a compiled drafter's static cache is one per drafter, which the requests
-                        # cannot share: their copies draft eagerly (batched by ``draft_many``)
-                        mine.static = None
+                    mine = copy.copy(drafter)  # same weights, not a static cache (Drafter.__copy__)
                     try:
                         _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
                         policy_copy = copy.deepcopy(policy)

@@ -40,6 +40,17 @@ class Drafter(ABC):
     #: ``verification.features``.
     target_feature_layers: tuple[int, ...] = ()
 
+    def __copy__(self) -> Drafter:
+        """A shallow copy for one request of the batched loop (``specpolicy.core.batching``): the same
+        weights, its own state once ``prefill`` replaces it. A compiled drafter's static cache
+        (``static``: one per drafter, ``specpolicy.models.static_qwen``) is not shared -- requests
+        would overwrite each other's drafting state -- so the copy drafts eagerly."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        if getattr(clone, "static", None) is not None:
+            clone.static = None
+        return clone
+
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Start a new prompt.

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from specpolicy.core.sampling import choose
+
 #: Padded widths of a pass (new positions): each compiles once; more positions run in chunks.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: On CPU, attention reads the cache up to the next multiple of this many columns past the last
@@ -335,6 +337,9 @@ class StaticQwen(StaticPasses):
         ValueError: a model type other than ``SUPPORTED`` or a capacity < 1.
     """
 
+    #: Whether a pass can be one row (the decoding step), which ``CPU_MATMUL`` writes as reductions.
+    one_row_passes = True
+
     def __init__(
         self, model: PreTrainedModel, capacity: int, compile: bool = False, buckets: Sequence[int] | None = None
     ) -> None:
@@ -363,7 +368,7 @@ class StaticQwen(StaticPasses):
         if CPU_MATMUL not in CPU_MATMULS:
             raise ValueError(f"static_qwen.CPU_MATMUL={CPU_MATMUL!r}; it must be one of {CPU_MATMULS}")
         # the reduction form only pays once compiled (eagerly it would materialise W-sized products)
-        self.reduction = self.packed and compile and CPU_MATMUL == "reduction"
+        self.reduction = self.packed and compile and CPU_MATMUL == "reduction" and self.one_row_passes
         if self.packed:
             self._pack(model)
         self._setup(self.num_layers, self.kv_heads, self.head_dim, capacity, device, dtype, compile, buckets)
@@ -497,6 +502,8 @@ class StaticBatchQwen(StaticQwen):
         ValueError: as ``StaticQwen``, or ``rows`` < 1.
     """
 
+    one_row_passes = False  # every pass spans every sequence, padded to 2 or more columns
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -529,11 +536,9 @@ class StaticBatchQwen(StaticQwen):
         Raises:
             ValueError: if a row's new positions pass the capacity.
         """
-        n = int(input_ids.shape[1])
-        if int(starts.max()) + n > self.capacity:
-            raise ValueError(
-                f"{n} new positions after {int(starts.max())} cached do not fit the static cache of {self.capacity}"
-            )
+        n, longest = int(input_ids.shape[1]), int(starts.max())
+        if longest + n > self.capacity:
+            raise ValueError(f"{n} new positions after {longest} cached do not fit the static cache of {self.capacity}")
         top = self.buckets[-1]
         logits, states = [], []
         for a in range(0, n, top):  # chunks of at most the largest bucket
@@ -541,10 +546,9 @@ class StaticBatchQwen(StaticQwen):
             b = bucket_of(m, self.buckets)
             ids = torch.cat([input_ids[:, a : a + m], input_ids.new_zeros((self._rows, b - m))], dim=1)
             slots = starts[:, None] + a + torch.arange(b, device=ids.device)  # (rows, b)
-            last = int(starts.max()) + a + b
-            window = min(self.width, -(-last // self.window) * self.window)
+            window = min(self.width, -(-(longest + a + b) // self.window) * self.window)
             mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
-            out = (self._pass_one if b == 1 else self._pass)(ids, slots, slots, mask)
+            out = self._pass(ids, slots, slots, mask)  # no bucket of 1 here
             logits.append(out[0][:, :m])
             states.append(out[1][:, :m])
         if len(logits) == 1:
@@ -710,9 +714,8 @@ class StaticEagle3(StaticPasses):
         tokens, confidences, logits = [], [], []
         for j in range(slots.shape[0]):
             hidden, step_logits = self._forward(token_ids, hidden, slots[j : j + 1], slots[j : j + 1], mask[j : j + 1])
-            draft_ids = step_logits.argmax(dim=-1)
-            probabilities = torch.softmax(step_logits, dim=-1, dtype=torch.float32)
-            confidences.append(probabilities.gather(-1, draft_ids[:, None])[:, 0])
+            draft_ids, confidence, _ = choose(step_logits, None, None)
+            confidences.append(confidence)
             token_ids = self.head.to_target_ids(draft_ids)
             tokens.append(token_ids)
             logits.append(step_logits)
