@@ -47,8 +47,8 @@ class Drafter(ABC):
         would overwrite each other's drafting state -- so the copy drafts eagerly."""
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
-        if getattr(clone, "static", None) is not None:
-            clone.static = None
+        if clone.__dict__.get("static") is not None:  # an attribute of the compiled drafters only
+            clone.__dict__["static"] = None
         return clone
 
     @abstractmethod
