@@ -50,7 +50,8 @@ and passes per chunk are learned from the frontier's advance and ``Draft.forward
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
 first round (a probe) to learn from; while it keeps speculation off it probes every
-``probe_interval`` plain rounds, each probe planned without the measured verification cost so
+``probe_interval`` plain rounds -- two drafted rounds, since a round that resumes drafting teaches
+nothing of the drafter's cost (``GoodputPolicy.update``) -- each probe planned without the measured verification cost so
 that it measures verifying a draft of the length acceptance and drafting costs alone would pick
 (1 to ``PROBE_MAX_LENGTH`` tokens).
 
@@ -60,7 +61,8 @@ confidence), fed with every verified round: each of the first ``REFRESH_WARMUP``
 the next decision, later ones in batches of ``REFRESH_EVERY`` (so ``policy.calibration`` lags
 the rounds by up to that many; ``online_predictions`` replays the schedule). Costs: measured online from ``RoundRecord``
 timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
-drafter without passes) and verification ms: a plain decoding step (the mean of the rounds
+drafter without passes; not from a round that resumes drafting, whose first pass also feeds the
+tokens committed without the drafter) and verification ms: a plain decoding step (the mean of the rounds
 without a draft) and, for a draft of k tokens, that step + a step for any draft + a per-token
 slope (an exponentially weighted least-squares fit over the rounds with a draft; ``OnlineCosts``
 says why the plain step stands apart), timings winsorised against the current estimates -- or taken from a hardware profile
@@ -141,7 +143,9 @@ class GoodputPolicy(LengthPolicy):
             prior (``specpolicy.core.calibration.AcceptanceCalibration``; defaults 4, 8, 0.5).
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
-            rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never).
+            rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never):
+            two rounds when the drafter's costs are measured (the first resumes drafting and
+            teaches only the verification's cost, the second the drafter's), one with a profile's.
             A probe round plans without the measured verification cost (what it measures): it
             drafts as long as acceptance and drafting costs alone make worth it, at least one
             token and at most ``PROBE_MAX_LENGTH`` (8); with a profile's pinned verification
@@ -204,6 +208,11 @@ class GoodputPolicy(LengthPolicy):
         # Consecutive rounds this policy chose plain decoding for; a fresh policy starts with a
         # probe (with no observation at all, one chunk is drafted to learn from).
         self._plain_rounds = self.probe_interval
+        # The next drafted round resumes drafting (a prompt's first round, or the first after plain
+        # rounds): the drafter's first pass then also feeds the tokens committed without it, so
+        # its drafting ms are not what a pass costs (``update``).
+        self._resuming = True
+        self._probe_again = False  # the last round was a probe that resumed drafting: probe once more
         self._pending: list[tuple[tuple[float, ...], int]] = []  # (confidences, accepted) not yet counted
         self._rounds = 0  # rounds learned from
         self._updates = 0  # rounds learned from since the tables were rebuilt
@@ -222,6 +231,7 @@ class GoodputPolicy(LengthPolicy):
     def reset(self) -> None:
         if not self.keep_across_prompts:
             self._fresh()
+        self._resuming = True  # a new prompt: the drafter's first pass feeds the prompt
         self._new_round()
 
     @property
@@ -313,7 +323,7 @@ class GoodputPolicy(LengthPolicy):
         else:
             target = self._plan(k, frontier, ahead)
         if target <= k:
-            if k == 0 and self.probe_interval and self._plain_rounds >= self.probe_interval:
+            if k == 0 and self.probe_interval and (self._plain_rounds >= self.probe_interval or self._probe_again):
                 # a probe: refresh the estimates after a long stretch of plain decoding, with a draft
                 # as long as acceptance and drafting costs alone make worth it (at least one token),
                 # so that it also measures what verifying longer drafts costs
@@ -363,13 +373,26 @@ class GoodputPolicy(LengthPolicy):
         """Learn from a verified round: its drafted tokens' confidences and acceptance (queued for
         the calibration), its timings (costs) and its emitted tokens (throughput). The decision
         tables are rebuilt after every round for the first ``REFRESH_WARMUP`` rounds, then every
-        ``REFRESH_EVERY`` rounds (each rebuild is a fixed cost of numpy calls)."""
+        ``REFRESH_EVERY`` rounds (each rebuild is a fixed cost of numpy calls).
+
+        A round that resumes drafting -- a prompt's first, or the first after plain rounds -- teaches
+        the verification's cost but not the drafter's: its first pass also feeds every token
+        committed since the drafter last ran (the prompt, or the plain rounds' tokens: EAGLE-3's
+        and DFlash's target features, the AR drafter's KV cache), so its ms grow with them. Booked
+        as a pass, one such round after a stretch of plain decoding made passes look 10x dearer
+        than they are on the compiled runtime (EAGLE-3: 2.2-2.4 ms against about 0.2 ms), and
+        the policy never resumed drafting."""
         own = record.speculation_length - record.reused_tokens  # the drafter's own tokens
         self._plain_rounds = self._plain_rounds + 1 if self._chose_plain else 0
+        resuming = self._resuming
+        # still resuming after a plain round, or after a round without drafter passes
+        self._resuming = self._chose_plain or (resuming and record.drafter_forward_passes == 0)
+        # a probe that resumed drafting measured no pass: the next round probes too (two rounds a probe)
+        self._probe_again = self._probing and resuming and not self.costs.drafting_pinned
         self._chose_plain = False
         if 0 < own <= len(record.confidences):
             self._pending.append((record.confidences[:own], min(record.accepted_length, own)))
-        self.costs.observe(record)
+        self.costs.observe(record, drafting=not resuming)
         self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
         self._updates += 1
         self._rounds += 1
@@ -391,7 +414,9 @@ class OnlineCosts:
     """Round costs in ms, measured from ``RoundRecord`` timings or pinned by a latency profile.
 
     * ``pass_ms``: drafting ms per drafter pass, a ratio of averages of ``draft_ms`` and
-      ``drafter_forward_passes`` over rounds with passes (profile: ``drafter_pass_ms``). Before
+      ``drafter_forward_passes`` over rounds with passes (but those ``observe`` is told not to
+      learn drafting from: ``GoodputPolicy.update``'s rounds that resume drafting) (profile:
+      ``drafter_pass_ms``). Before
       any is measured: ``PRIOR_PASS_RATIO x verify_ms(0)``.
     * ``draft_ms_per_token``: drafting ms per drafted token of rounds without passes (model-free
       drafters); 0 with a profile's ``drafter_pass_ms`` (the profile models passes only).
@@ -439,6 +464,11 @@ class OnlineCosts:
         if self._pinned_pass is not None:
             return 0.0
         return self._token.ratio if self._token.samples else 0.0
+
+    @property
+    def drafting_pinned(self) -> bool:
+        """Whether a profile pins the drafter's cost (then no round teaches it)."""
+        return self._pinned_pass is not None
 
     @property
     def verify_pinned(self) -> bool:
@@ -489,10 +519,11 @@ class OnlineCosts:
             + self.verify_ms(record.speculation_length)
         )
 
-    def observe(self, record: RoundRecord) -> None:
-        """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing)."""
+    def observe(self, record: RoundRecord, drafting: bool = True) -> None:
+        """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing);
+        ``drafting=False``: its verification only (its drafting ms are not those of its passes)."""
         own = record.speculation_length - record.reused_tokens
-        if record.draft_ms > 0.0:
+        if drafting and record.draft_ms > 0.0:
             passes = record.drafter_forward_passes
             average, units = (self._pass, passes) if passes > 0 else (self._token, own)
             if units > 0:

@@ -208,7 +208,7 @@ def test_switches_from_extend_to_stop_when_verify_cost_per_token_rises():
     assert np.mean(flat[-50:]) >= 6 and policy.costs.verify_slope == pytest.approx(0.0, abs=1e-6)
     rising = [
         play(policy, drafter, accept, pass_ms=1.0, verify_base=10.0, verify_per_token=10.0)[0].length
-        for _ in range(400)
+        for _ in range(450)
     ]
     # The fit follows the rise (once drafts stop, plain rounds only pin the intercept; older rounds
     # fade at VERIFY_DECAY per round) and the drafts stop: plain decoding but for probes.
@@ -364,7 +364,7 @@ def test_a_probe_measures_a_draft_as_long_as_drafting_costs_allow():
         for _ in range(80)
     ]
     probes = [k for k in lengths[40:] if k]
-    assert lengths[40:].count(0) >= 25 and len(probes) >= 8
+    assert lengths[40:].count(0) >= 20 and len(probes) >= 8  # probes of two rounds, 3 plain rounds apart
     assert min(probes) >= 5 and max(probes) <= PROBE_MAX_LENGTH  # each probe drafts several tokens, bounded
     pinned = GoodputPolicy(cost_profile=profile(pass_ms=0.5, target_ms=10.0, per_token_ms=10.0), probe_interval=3)
     lengths = [play(pinned, drafter, all_accepted)[0].length for _ in range(40)]
@@ -621,3 +621,56 @@ def test_plot_writes_the_calibration_figure_for_runs_with_a_drafter(tmp_path, ru
     img = matplotlib.image.imread(run / "plots" / "calibration_ar+goodput.png")
     assert img.shape[0] > 300 and float(img[..., :3].std()) > 0.01  # something was drawn
     assert 'src="calibration_ar+goodput.png"' in (run / "plots" / "index.html").read_text()
+
+
+def catch_up_rounds(policy, drafter, rounds, accept, verify_ms, pass_ms=0.2, catch_up_ms=0.3, prompt=60):
+    """Rounds whose drafting ms carry a catch-up, as the drafters that read the target do: a round
+    that resumes drafting (a prompt's first, or the first after plain rounds) makes one pass that
+    also feeds every token committed without the drafter, ``catch_up_ms`` each (a prompt of
+    ``prompt`` tokens, one per plain round); other rounds cost ``pass_ms`` a pass. ``accept(i,
+    draft)``, ``verify_ms(k)``. Returns the draft lengths."""
+    waiting, lengths = prompt, []
+    for i in range(rounds):
+        draft, _ = draft_round(drafter, policy, ROOM, "cpu")
+        k, passes, a = draft.length, draft.forward_passes, accept(i, draft)
+        draft_ms = passes * pass_ms + (catch_up_ms * waiting if passes else 0.0)
+        waiting = waiting + a + 1 if not passes else 0
+        confidences = tuple(draft.confidences.tolist())
+        policy.update(RoundRecord(0, k, a, a + 1, passes, 0, draft_ms, verify_ms(k), confidences))
+        drafter.commit(draft, None)
+        lengths.append(k)
+    return lengths
+
+
+def test_a_round_that_resumes_drafting_does_not_set_the_pass_cost():
+    """The compiled runtime's case (EAGLE-3, measured: 2.2-2.4 ms booked per pass against about
+    0.2 ms): a round that resumes drafting makes one drafter pass that also feeds the tokens
+    committed without the drafter. With verification pinned out of reach (plain decoding but for
+    probes), every probe resumes drafting: its catch-up must not be booked as a pass, and the
+    probe is two rounds, so that the second one's pass is measured."""
+    costs = {"name": "test", "drafter_pass_ms": None, "target_ms_per_token": 10.0, "verify_ms_per_draft_token": 10.0}
+    policy = GoodputPolicy(cost_profile=costs, probe_interval=4)
+    lengths = catch_up_rounds(
+        policy, ScriptedDrafter(confidence=0.99), 60, lambda i, d: d.length, lambda k: 10.0 + 10.0 * k
+    )
+    assert lengths[:12] == [1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]  # probes of two rounds, 4 plain rounds apart
+    assert policy.costs.pass_ms == pytest.approx(0.2)  # catch-ups of 18 ms (the prompt) and 1.2 ms left out
+
+
+def test_drafting_resumes_after_a_stretch_of_plain_decoding():
+    """Costs measured throughout (a pass 0.2 ms, a catch-up 0.3 ms a token, a plain step 1.4 ms,
+    any draft 0.5 ms more and 0.15 ms a draft token). A bad stretch (nothing accepted) sends the
+    policy to plain decoding; then the drafter is always right and drafting pays. Before the
+    probes left the catch-up out, each probe's catch-up (4 plain rounds' tokens, one pass) booked
+    1.4 ms a pass and the policy never drafted more than a probe's one token again."""
+    policy = GoodputPolicy(probe_interval=4)
+    lengths = catch_up_rounds(
+        policy,
+        ScriptedDrafter(confidence=0.99),
+        400,
+        lambda i, d: 0 if i < 60 else d.length,
+        lambda k: 1.4 + (0.5 + 0.15 * k if k else 0.0),
+    )
+    assert lengths[30:60].count(0) >= 20  # the bad stretch: plain decoding
+    assert policy.costs.pass_ms == pytest.approx(0.2)
+    assert max(lengths[-100:]) == policy.max_length and sum(1 for k in lengths[-100:] if k) >= 50
