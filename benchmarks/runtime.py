@@ -21,7 +21,9 @@ Rows (the bundled family; every row's output checked against eager vanilla greed
 With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per-prompt rows:
 ``vanilla-batch<B>`` and ``eagle3+static-k<K>-batch<B>`` on each runtime (the compiled side's target
 a static cache of B sequences, ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats``
-interleaved runs; its verifier's compilation is reported apart (``warmup.batched_verifier_s``).
+interleaved runs (EAGLE-3's requests draft on the head's batched static cache there, ``StaticBatchEagle3``);
+the compilation of its verifier and of that cache is reported apart (``warmup.batched_verifier_s``,
+``warmup.batched_drafter_s``).
 
 Reported per row: tokens/s (generated tokens / wall seconds, prefill included, summed over the
 prompts), ms per token, the ratio to the floor, speedup over eager vanilla, mean accepted length,
@@ -372,6 +374,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mean_accepted_length": s["accepted"] / s["rounds"] if s["rounds"] else None,
             "first_prompt_s": first_s[name],
         }
+    # EAGLE-3's batched static cache (Drafter.batched), compiled for the batch size with the batched rows
+    batched_cache = getattr(compiled.drafters.get("eagle3"), "_static_batched", {}).get(args.batch_size)
+    batched_drafter_s = batched_cache.warmup_s if batched_cache is not None else 0.0
     return {
         "settings": {
             **vars(args),
@@ -384,7 +389,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "warmup": {
             "compiled_runtime_s": warm[next(iter(compiled_sides))],
-            "batched_verifier_s": compiled.runtime.warmup_s - warm[next(iter(compiled_sides))],
+            "batched_verifier_s": compiled.runtime.warmup_s - warm[next(iter(compiled_sides))] - batched_drafter_s,
+            "batched_drafter_s": batched_drafter_s,
             "compiled_side_build_s": compiled.build_s,
             "eager_side_build_s": eager.build_s,
             "hf_static_compile_s": hf_warm,
@@ -419,7 +425,10 @@ def print_table(result: dict[str, Any]) -> None:
             f"{r['speedup_vs_eager_vanilla']:8.2f} {acc:>8s} {r['first_prompt_s']:8.1f}  {r['identical']}"
         )
     if result.get("batched"):
-        print(f"batched loop (its verifier's compilation {w.get('batched_verifier_s', 0):.1f} s):")
+        print(
+            f"batched loop (its verifier's compilation {w.get('batched_verifier_s', 0):.1f} s, "
+            f"EAGLE-3's batched cache {w.get('batched_drafter_s', 0):.1f} s):"
+        )
         print(f"{'method':34s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
         for name, r in result["batched"].items():
             acc = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"

@@ -23,6 +23,7 @@ Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``poli
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -68,7 +69,9 @@ class Eagle3Drafter(Drafter):
     and levels -- run through a static KV cache compiled per shape bucket
     (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
     ``runtime.warmup_s``; capacity: the head's ``max_position_embeddings`` + 128 tree nodes);
-    ``commit`` moves its length. The batched loop's request copies drop it (``specpolicy.core.batching``).
+    ``commit`` moves its length. In the batched loop (``batched``) greedy requests draft on a static
+    cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass for every request
+    at each step.
     """
 
     name = NAME
@@ -95,6 +98,9 @@ class Eagle3Drafter(Drafter):
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
         self.static = None  # the compiled runtime's StaticEagle3, else None
+        self._static_batched: dict[int, Any] = {}  # the batched loop's StaticBatchEagle3, by batch size
+        self._rows: _Rows | None = None  # a batched run's shared sequences (``batched``), else None
+        self._slot: int | None = None  # this request's sequence among them, while it holds one
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticEagle3
 
@@ -132,12 +138,45 @@ class Eagle3Drafter(Drafter):
         """
         check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
+        self.release()
+        greedy = sampling is None or sampling.is_greedy
+        if self._rows is not None and greedy:  # a request of a batched run: a sequence of the shared cache
+            self._slot = self._rows.take()
+            self.cache = _RowLength(self._rows, self._slot)
+        else:
+            self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._waiting = []
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
+
+    def batched(self, slots: int) -> Eagle3Drafter:
+        """The drafter the batched loop copies per request (``Drafter.batched``): on the compiled
+        runtime one whose greedy copies draft on a static cache of ``slots`` sequences, compiled
+        once per batch size (``StaticBatchEagle3``, its compile seconds added to
+        ``runtime.warmup_s``), each copy holding one from ``prefill`` to ``release``; else this
+        drafter (the copies draft eagerly, batched by ``draft_many``)."""
+        if self.static is None:
+            return self
+        from specpolicy.models.static_qwen import StaticBatchEagle3
+
+        batch = self._static_batched.get(slots)
+        if batch is None:
+            batch = StaticBatchEagle3(
+                self.model, self.embed_tokens, self.static.capacity, slots, compile=self.static.compiled
+            )
+            self.runtime.warmup_s += batch.warmup()
+            self._static_batched[slots] = batch
+        lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
+        lead._rows, lead._slot = _Rows(batch), None
+        return lead
+
+    def release(self) -> None:
+        """The batched loop is done with this request: its sequence of the shared cache is free."""
+        if self._slot is not None and self._rows is not None:
+            self._rows.give_back(self._slot)
+        self._slot = None
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -193,6 +232,8 @@ class Eagle3Drafter(Drafter):
     def draft(self, num_tokens: int) -> Draft:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if self._slot is not None:  # a request of a batched run on the shared static cache
+            return type(self)._draft_rows([self], [num_tokens])[0]
         before = self._tokens.shape[0]
         left = num_tokens
         while left and not self._ended:
@@ -253,7 +294,12 @@ class Eagle3Drafter(Drafter):
         drafted token (rows padded to the most positions, caches to the longest, a mask keeping
         each row to its own cache and its own positions, causally). Returns what the calls one
         by one return (greedy; requests that sample draft one by one)."""
-        if any(d._sampling is not None or d.static is not None for d in drafters) or len(drafters) < 2:
+        if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
+            return cls._draft_rows(drafters, num_tokens)
+        if (
+            any(d._sampling is not None or d.static is not None or d._slot is not None for d in drafters)
+            or len(drafters) < 2
+        ):
             return super().draft_many(drafters, num_tokens)
         before = [d._tokens.shape[0] for d in drafters]
         left = list(num_tokens)
@@ -331,6 +377,65 @@ class Eagle3Drafter(Drafter):
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
             d._took(out[i : i + 1, counts[i] - 1 : counts[i]], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
+
+    @classmethod
+    @torch.no_grad()
+    def _draft_rows(cls, drafters: list[Eagle3Drafter], num_tokens: list[int]) -> list[Draft]:
+        """``draft_many`` on the shared static cache (greedy): at each step every request still
+        drafting advances by one token in ONE pass over every sequence (``StaticBatchEagle3.run_rows``),
+        a request at its round's first pass with its newly committed pairs, the others with their
+        last drafted token, the rest idle."""
+        before = [d._tokens.shape[0] for d in drafters]
+        left = list(num_tokens)
+        while True:
+            step = []
+            for i, d in enumerate(drafters):
+                if left[i] > 0 and not d._ended:
+                    if d._last_out is None:
+                        d._join_pairs()
+                        if d._features is None or d._features.shape[0] == 0:
+                            left[i] = 0  # a one-token prompt: nothing to draft from
+                            continue
+                    step.append(d)
+                    left[i] -= 1
+            if not step:
+                return [d._end_call(b) for d, b in zip(drafters, before)]
+            cls._rows_pass(step)
+
+    @staticmethod
+    def _rows_pass(drafters: list[Eagle3Drafter]) -> None:
+        """One pass of the shared static cache for the requests ``drafters``, each one token more."""
+        lead, rows = drafters[0], drafters[0]._rows
+        head, device = lead.model, lead.runtime.torch_device
+        inputs = []
+        for d in drafters:
+            if d._last_out is None:  # the round's first pass: the newly committed pairs
+                inputs.append((d._pair_tokens, head.fc(d._features.to(lead.runtime.torch_dtype))))
+            else:  # the last drafted token, with the head's own output
+                inputs.append((d._tokens[-1:], d._last_out[0]))
+        counts = [t.shape[0] for t, _ in inputs]
+        n, slots = max(counts), [d._slot for d in drafters]
+        sequences = len(rows.lengths)
+        token_ids = torch.zeros((sequences, n), dtype=torch.long, device=device)
+        hidden = inputs[0][1].new_zeros((sequences, n, inputs[0][1].shape[-1]))
+        for slot, count, (t, h) in zip(slots, counts, inputs):
+            token_ids[slot, :count] = t
+            hidden[slot, :count] = h
+        idle = torch.ones(sequences, dtype=torch.bool)
+        idle[slots] = False
+        starts = torch.tensor(rows.lengths, device=device)
+        out, logits = rows.static.run_rows(token_ids, hidden, starts, idle.to(device))
+        index = torch.tensor(slots, device=device)
+        last = torch.tensor(counts, device=device) - 1
+        out, logits = out[index, last], logits[index, last]  # (b, H), (b, Vd)
+        draft_ids, confs, _ = choose(logits, None, None)
+        tokens = head.to_target_ids(draft_ids)
+        for i, (d, slot, count) in enumerate(zip(drafters, slots, counts)):
+            rows.lengths[slot] += count
+            if d._last_out is None:
+                d._committed_pairs = rows.lengths[slot]
+                d._features = d._pair_tokens = None
+            d._took(out[i : i + 1, None], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),
@@ -466,6 +571,41 @@ class _StaticLength:
 
     def crop(self, length: int) -> None:
         self.static.length = min(self.static.length, length)
+
+
+class _Rows:
+    """A batched run's shared static cache (``StaticBatchEagle3``): its sequences' lengths and which
+    are free."""
+
+    def __init__(self, static) -> None:
+        self.static = static
+        self.lengths = [0] * int(static.keys[0].shape[0])
+        self.free = list(range(len(self.lengths)))
+
+    def take(self) -> int:
+        """A free sequence, emptied. Raises ``ValueError`` when every one is held."""
+        if not self.free:
+            raise ValueError(f"the eagle3 drafter's batched cache holds {len(self.lengths)} requests, its slots")
+        slot = self.free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def give_back(self, slot: int) -> None:
+        self.free.append(slot)
+
+
+class _RowLength:
+    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on one sequence of ``_Rows``."""
+
+    def __init__(self, rows: _Rows, slot: int) -> None:
+        self.rows, self.slot = rows, slot
+
+    @property
+    def length(self) -> int:
+        return self.rows.lengths[self.slot]
+
+    def crop(self, length: int) -> None:
+        self.rows.lengths[self.slot] = min(self.rows.lengths[self.slot], length)
 
 
 def check_fits_target(

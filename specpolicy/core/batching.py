@@ -5,8 +5,9 @@ for step), for serving studies: up to ``batch_size`` requests in flight with con
 (a finished request's row is refilled from the queue at once, Orca, Yu et al. OSDI 2022);
 requests arrive all at once or as a Poisson process (``specpolicy.core.serving``). Each request keeps
 its own committed sequence, KV-cache row, drafter state (a shallow copy of the configured
-drafter: same weights, its own state, which ``prefill`` replaces; on the compiled runtime without
-the drafter's static cache, one per drafter, so request copies draft eagerly) and policy (a deep copy of the
+drafter, ``Drafter.batched`` for the batch size: same weights, its own state, which ``prefill``
+replaces; on the compiled runtime EAGLE-3's copies share a static cache of one sequence per
+request, the other drafters' copies draft eagerly; ``Drafter.release`` when it leaves) and policy (a deep copy of the
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
@@ -215,6 +216,8 @@ def _run(
     target = verifier.batched(slots=batch_size) if takes_slots else verifier.batched()
     target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
+    if drafter is not None:  # the drafter the requests copy, for this batch size (Drafter.batched)
+        drafter = drafter.batched(batch_size)
     eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
     drafter_context = (drafter.max_context if drafter is not None else 0) or target.max_context
     queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
@@ -237,6 +240,8 @@ def _run(
     def finish(row: int) -> None:
         r = active.pop(row)
         target.remove(row)
+        if r.drafter is not None:
+            r.drafter.release()
         out = torch.cat(r.outputs) if r.outputs else torch.empty(0, dtype=torch.long, device=device)
         t = now()
         results[r.index] = GenerationResult(
@@ -259,13 +264,14 @@ def _run(
             try:
                 features = target.add(prompt)
                 if drafter is not None:
-                    mine = copy.copy(drafter)  # same weights, not a static cache (Drafter.__copy__)
+                    mine = copy.copy(drafter)  # same weights, not a batch-1 static cache (Drafter.__copy__)
                     try:
                         _prefill(mine, prompt, sampling, **({"features": features} if target.feature_layers else {}))
                         policy_copy = copy.deepcopy(policy)
                         policy_copy.reset()
                     except ValueError:  # e.g. longer than the drafter's context: the target's row goes too
                         target.remove(target.rows - 1)
+                        mine.release()
                         raise
             except ValueError as error:
                 skipped[i] = str(error)

@@ -51,6 +51,18 @@ class Drafter(ABC):
             clone.__dict__["static"] = None
         return clone
 
+    def batched(self, slots: int) -> Drafter:
+        """The drafter the batched loop copies per request (``specpolicy.core.batching``), for at
+        most ``slots`` requests in flight -- as ``Verifier.batched(slots=)`` sizes the target's
+        cache. Default: this drafter. A drafter whose requests can share a cache sized by the batch
+        (the compiled runtime's ``eagle3``: one static sequence per request) returns one whose
+        copies take their share in ``prefill`` and give it back in ``release``."""
+        return self
+
+    def release(self) -> None:
+        """The batched loop is done with this request's copy (it finished, or its prefill failed):
+        free what it holds of a cache shared by the batch. Default: nothing."""
+
     @abstractmethod
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Start a new prompt.

@@ -288,6 +288,50 @@ class StaticPasses(torch.nn.Module):
             return tuple(chunks[0])
         return tuple(torch.cat(ys) for ys in zip(*chunks))
 
+    def _rows_passes(
+        self, inputs: Sequence[torch.Tensor], starts: torch.Tensor, idle: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Feed row ``r`` of a cache of several sequences its ``n`` new positions at columns (and
+        positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
+        most the largest bucket, each padded to a bucket: what ``StaticBatchQwen.run_rows`` and
+        ``StaticBatchEagle3.run_rows`` share.
+
+        Args:
+            inputs: per-row inputs ``(rows, n, ...)``.
+            starts: ``(rows,) int64`` each row's cached length.
+            idle: ``(rows,) bool``, rows whose cache must stay as it is (a request that does not
+                draft this step): they are fed at scratch columns past the capacity, which no real
+                position sees; None: none.
+        Returns:
+            the pass's outputs, each ``(rows, n, ...)``.
+        Raises:
+            ValueError: if a row (idle rows aside) would pass the capacity.
+        """
+        n = int(inputs[0].shape[1])
+        busy = starts if idle is None else starts.masked_fill(idle, 0)
+        longest = int(busy.max())
+        if longest + n > self.capacity:
+            raise ValueError(f"{n} new positions after {longest} cached do not fit the static cache of {self.capacity}")
+        top = self.buckets[-1]
+        replayed = self.compiled and starts.device.type == "cuda"  # CUDA graphs reuse their outputs: copies
+        chunks = []
+        for a in range(0, n, top):
+            m = min(top, n - a)
+            b = bucket_of(m, self.buckets)
+            rows = [torch.cat([x[:, a : a + m], x.new_zeros((x.shape[0], b - m, *x.shape[2:]))], dim=1) for x in inputs]
+            steps = torch.arange(b, device=starts.device)
+            slots = starts[:, None] + a + steps  # (rows, b)
+            if idle is not None:  # the scratch columns past the capacity
+                slots = torch.where(idle[:, None], self.capacity + steps, slots)
+            # the columns the busy rows read (an idle row sees all of them: its outputs are dropped)
+            window = min(self.width, -(-(longest + a + b) // self.window) * self.window)
+            mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
+            outputs = self._pass(*rows, slots, slots, mask)
+            chunks.append([y[:, :m].clone() if replayed else y[:, :m] for y in outputs])
+        if len(chunks) == 1:
+            return tuple(chunks[0])
+        return tuple(torch.cat(ys, dim=1) for ys in zip(*chunks))
+
     def keep_rows(self, start: int, rows: list[int]) -> None:
         """After a tree pass from ``start``: keep the new rows ``rows`` (increasing, row 0 first) at
         ``start, start + 1, ...`` -- their keys and values moved (only when the path is not the tree's
@@ -536,24 +580,7 @@ class StaticBatchQwen(StaticQwen):
         Raises:
             ValueError: if a row's new positions pass the capacity.
         """
-        n, longest = int(input_ids.shape[1]), int(starts.max())
-        if longest + n > self.capacity:
-            raise ValueError(f"{n} new positions after {longest} cached do not fit the static cache of {self.capacity}")
-        top = self.buckets[-1]
-        logits, states = [], []
-        for a in range(0, n, top):  # chunks of at most the largest bucket
-            m = min(top, n - a)
-            b = bucket_of(m, self.buckets)
-            ids = torch.cat([input_ids[:, a : a + m], input_ids.new_zeros((self._rows, b - m))], dim=1)
-            slots = starts[:, None] + a + torch.arange(b, device=ids.device)  # (rows, b)
-            window = min(self.width, -(-(longest + a + b) // self.window) * self.window)
-            mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
-            out = self._pass(ids, slots, slots, mask)  # no bucket of 1 here
-            logits.append(out[0][:, :m])
-            states.append(out[1][:, :m])
-        if len(logits) == 1:
-            return logits[0], states[0]
-        return torch.cat(logits, dim=1), torch.cat(states, dim=1)
+        return self._rows_passes([input_ids], starts)
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
@@ -802,6 +829,108 @@ class StaticEagle3(StaticPasses):
             torch.zeros(b, dtype=torch.long, device=device),
             torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
         ]
+
+
+class StaticBatchEagle3(StaticPasses):
+    """The EAGLE-3 head behind a static KV cache of ``rows`` sequences, one per request in flight
+    (the batched loop's compiled drafting, ``drafters/eagle3.py``): per request a sequence of its
+    own columns, written where they stay, so a round's roll-back moves its length. A pass feeds
+    every sequence at once (``run_rows``): a request that drafts this step its new positions at
+    its length, the others at scratch columns no real position sees. Passes are padded to a
+    bucket of 2 or more, as ``StaticBatchQwen``'s. Greedy drafting only (sampling copies draft
+    eagerly).
+
+    Args:
+        model / embed_tokens / capacity / compile / buckets: as ``StaticEagle3`` (capacity per sequence).
+        rows: sequences the cache holds (the batch size), >= 1.
+    Raises:
+        ValueError: ``rows`` < 1 or a capacity < 1.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        embed_tokens: torch.nn.Module,
+        capacity: int,
+        rows: int,
+        compile: bool = False,
+        buckets: Sequence[int] | None = None,
+    ) -> None:
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        super().__init__()
+        self.head, self.embed_tokens = model, embed_tokens
+        att = model.midlayer.self_attn
+        self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
+        self.hidden_size = int(model.fc.weight.shape[0])
+        weight = model.lm_head.weight
+        buckets = tuple(b for b in (BUCKETS if buckets is None else buckets) if b > 1) or (2,)
+        self._setup(1, self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets, rows=rows)
+
+    @torch.inference_mode()
+    def run_rows(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, starts: torch.Tensor, idle: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed sequence ``r`` the tokens ``token_ids[r]`` with the features ``hidden[r]`` at its
+        columns ``starts[r], ...`` (``StaticPasses._rows_passes``).
+
+        Args:
+            token_ids: ``(rows, n) int64`` target ids; hidden: ``(rows, n, H)`` (``fc`` of the
+                target's features, or the head's own outputs).
+            starts: ``(rows,) int64`` each sequence's length; idle: ``(rows,) bool`` the sequences
+                that stay as they are.
+        Returns:
+            ``(outputs (rows, n, H), draft-vocabulary logits (rows, n, Vd))``.
+        Raises:
+            ValueError: if a busy sequence's new positions pass the capacity.
+        """
+        out, logits = self._rows_passes([token_ids, hidden], starts, idle)
+        return out, logits
+
+    def _forward(
+        self,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One padded pass over every sequence: tokens ``(R, B)``, features ``(R, B, H)`` at
+        ``positions`` ``(R, B)``, written to columns ``slots`` ``(R, B)``, ``mask`` ``(R, B, width)``:
+        ``StaticEagle3._forward``'s pass with a sequence axis. Returns outputs ``(R, B, H)`` and
+        logits ``(R, B, Vd)``."""
+        head = self.head
+        embeds = self.embed_tokens(token_ids)  # (R, B, H)
+        cos, sin = head.rotary_emb(embeds, positions)
+        q, k, v = head.midlayer.self_attn.qkv(head.midlayer.attention_input(embeds, hidden), cos, sin)
+        cache_k, cache_v = self.layer_cache(0)
+        row_index = torch.arange(token_ids.shape[0], device=slots.device)[:, None]  # (R, 1)
+        cache_k[row_index, :, slots] = k.transpose(1, 2)  # in place (index_put_)
+        cache_v[row_index, :, slots] = v.transpose(1, 2)
+        w = mask.shape[-1]
+        attended = F.scaled_dot_product_attention(
+            q, cache_k[:, :, :w], cache_v[:, :, :w], attn_mask=mask[:, None], enable_gqa=self.kv_heads != self.heads
+        )
+        out = head.midlayer.finish(hidden, attended)
+        return out, head.logits(out)
+
+    @torch.no_grad()
+    def warmup(self) -> float:
+        """Compile every bucket now (dummy passes, every sequence idle: the cache's contents stay
+        as they are). Returns the seconds spent, added to ``warmup_s``."""
+        if not self.compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        device, rows = self.columns.device, self.keys[0].shape[0]
+        for b in self.buckets:
+            if b > self.capacity:
+                break
+            starts = torch.zeros(rows, dtype=torch.long, device=device)
+            hidden = torch.zeros((rows, b, self.hidden_size), dtype=self.keys[0].dtype, device=device)
+            self.run_rows(torch.zeros((rows, b), dtype=torch.long, device=device), hidden, starts, starts == 0)
+        spent = time.perf_counter() - t0
+        self.warmup_s += spent
+        return spent
 
 
 class StaticDFlash(StaticPasses):

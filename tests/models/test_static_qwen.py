@@ -506,6 +506,46 @@ def test_dflash_compiled_is_token_identical_to_eager(two_buckets, family):
         assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
 
 
+def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, eagle3_checkpoint):
+    """``StaticBatchEagle3.run_rows``: sequences fed different numbers of new positions at their own
+    lengths give each the outputs and logits of a batch-1 ``StaticEagle3`` with the same history
+    (float64); an idle sequence -- one a step leaves out, here one column short of the capacity
+    -- keeps every column of its cache as it was (its pass goes to scratch columns)."""
+    from specpolicy.models.eagle3 import load_eagle3
+    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticEagle3
+
+    head = load_eagle3(eagle3_checkpoint).double()
+    embed = tiny_lm(0, layers=2).double().get_input_embeddings()
+    capacity, H = 40, head.fc.weight.shape[0]
+    batch = StaticBatchEagle3(head, embed, capacity, rows=3)
+    alone = [StaticEagle3(head, embed, capacity) for _ in range(3)]
+    assert batch.buckets == (8,)
+    g = torch.Generator().manual_seed(0)
+    starts = torch.zeros(3, dtype=torch.long)
+    with torch.inference_mode():
+        for counts in ([5, 2, 0], [1, 3, 0], [0, 1, 0], [9, 1, 0]):  # sequence 2 idle throughout
+            n = max(counts)
+            ids = torch.randint(0, VOCAB - 1, (3, n), generator=g)
+            hidden = torch.randn(3, n, H, generator=g, dtype=torch.float64)
+            idle = torch.tensor([c == 0 for c in counts])
+            if counts == [9, 1, 0]:  # the idle sequence one column short of the capacity
+                starts[2] = capacity - 1
+                before = (batch.keys[0][2, :, :capacity].clone(), batch.values[0][2, :, :capacity].clone())
+            out, logits = batch.run_rows(ids, hidden, starts, idle)
+            for r, c in enumerate(counts):
+                if c:
+                    want_out, want_logits = alone[r].passes([ids[r, :c], hidden[r, :c]])
+                    torch.testing.assert_close(out[r, :c], want_out, rtol=1e-6, atol=1e-6)
+                    torch.testing.assert_close(logits[r, :c], want_logits, rtol=1e-6, atol=1e-6)
+                    starts[r] += c
+        assert torch.equal(batch.keys[0][2, :, :capacity], before[0])
+        assert torch.equal(batch.values[0][2, :, :capacity], before[1])
+        with pytest.raises(ValueError, match="do not fit"):  # a busy sequence past the capacity
+            batch.run_rows(
+                ids[:, :2], hidden[:, :2], torch.tensor([capacity - 1, 0, 0]), torch.tensor([False, True, True])
+            )
+
+
 def make_verifier_hf(family, rt):
     from specpolicy.verifiers.hf import specpolicy_make_verifier
 
@@ -515,14 +555,17 @@ def make_verifier_hf(family, rt):
 @pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
 def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle3_checkpoint, runtime, kind):
     """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
-    cache per request, accepted entries left where they were written): 10 prompts through 4
-    slots (requests join and leave), static and FailFast policies -- every request's output,
-    drafts and accepted lengths are those of the eager batch-1 loop (float64); and sampling draws
-    the same tokens as the eager batched verifier under the same seed."""
+    cache per request, accepted entries left where they were written), and EAGLE-3's requests
+    drafting on the head's batched static cache (``StaticBatchEagle3``, one sequence each, idle
+    ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
+    policies -- every request's output, drafts and accepted lengths are those of the eager
+    batch-1 loop (float64); and sampling draws the same tokens as the eager batched verifier
+    under the same seed (sampling copies draft eagerly)."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.core.sampling import SamplingConfig
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticEagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
     from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
 
@@ -551,8 +594,13 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
             generate(p, eager, runtime, max_new_tokens=24, drafter=d, policy=q) for p in prompts for d, q in [make()]
         ]
         d, q = make()
+        if kind == "eagle3":  # the head's static cache too: the requests draft on StaticBatchEagle3's sequences
+            d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
         batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
+        if kind == "eagle3":
+            rows = d.batched(4)._rows
+            assert isinstance(rows.static, StaticBatchEagle3) and sorted(rows.free) == [0, 1, 2, 3]  # all given back
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
         for i, ref in enumerate(alone):
             got = batched.results[i]
@@ -564,6 +612,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     draws = []
     for verifier in (eager, static):
         d, q = make()
+        if kind == "eagle3" and verifier is static:
+            d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
         runtime.generator.manual_seed(7)
         out = generate_batch(
             prompts, verifier, runtime, max_new_tokens=16, batch_size=4, drafter=d, policy=q, sampling=sampling
@@ -591,3 +641,37 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
     assert isinstance(verifier, StaticBatchedHFVerifier) and verifier.static.compiled
     assert verifier.static.buckets == (8,) and rt.warmup_s > warm
     assert [batched.results[i].output_ids.tolist() for i in range(6)] == alone
+
+
+@pytest.mark.slow
+def test_the_batched_loop_compiled_drafts_eagle3_as_alone(two_buckets, eagle3_checkpoint):
+    """``runtime.compile=true`` with EAGLE-3, batch size 3, 6 prompts, static k = 3: the requests
+    draft on the head's compiled batched cache (``StaticBatchEagle3``, built once for the batch
+    size, its compile seconds in the warm-up) -- every request's output and drafts are those of
+    the eager batch-1 loop."""
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+    from specpolicy.plugins.manager import get_plugin_manager, make_policy
+
+    target = sharpen(tiny_lm(0, layers=6), 4.0)
+    head = load_eagle3(eagle3_checkpoint).double()
+    stop, layers = frozenset({VOCAB - 1}), tuple(default_layer_ids(6))
+    prompts = random_prompts(6)
+    runs = []
+    for compile in (False, True):
+        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        verifier = HFVerifier(target, rt, stop)
+        drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, stop)
+        policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
+        if not compile:
+            runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])
+            continue
+        warm = rt.warmup_s
+        out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
+        batch = drafter.batched(3)._rows.static
+        assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
+        runs.append([out.results[i] for i in range(6)])
+    for eager, compiled in zip(*runs):
+        assert compiled.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
