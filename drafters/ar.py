@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -48,8 +49,9 @@ class ARDrafter(Drafter):
 
     On the compiled runtime (``runtime.compile``) the passes run through a static KV cache compiled
     per shape bucket (``specpolicy.models.static_qwen.StaticQwen``; its compile seconds are added to
-    ``runtime.warmup_s``): ``commit`` moves the cache's length. ``draft_many`` (the batched loop)
-    stays eager there: it drafts one by one.
+    ``runtime.warmup_s``): ``commit`` moves the cache's length. In the batched loop (``batched``)
+    greedy requests draft on a static cache of one sequence per request, compiled
+    (``StaticBatchQwen``): one pass for every request at each step.
 
     Args:
         model: the drafter LM, on the runtime device.
@@ -64,6 +66,9 @@ class ARDrafter(Drafter):
         self.max_context = context_length(model)
         self.cache: DynamicCache | None = None
         self.static = None  # the compiled runtime's StaticQwen, else None
+        self._static_batched: dict[int, Any] = {}  # the batched loop's StaticBatchQwen, by batch size
+        self._shared = None  # a batched run's SharedSequences (``batched``), else None
+        self._slot: int | None = None  # this request's sequence among them, while it holds one
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticQwen
 
@@ -81,10 +86,39 @@ class ARDrafter(Drafter):
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
-        self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
+        self.release()
+        if self._shared is not None and (sampling is None or sampling.is_greedy):  # a batched run's request
+            self._slot = self._shared.take()
+            self.cache = _SharedLength(self._shared, self._slot)
+        else:
+            self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
         self._unfed = prompt_ids.to(self.runtime.torch_device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
+
+    def batched(self, slots: int) -> ARDrafter:
+        """The drafter the batched loop copies per request (``Drafter.batched``): on the compiled
+        runtime one whose greedy copies draft on a static cache of ``slots`` sequences, compiled
+        once per batch size (``StaticBatchQwen``, its compile seconds added to ``runtime.warmup_s``),
+        each copy holding one from ``prefill`` to ``release``; else this drafter."""
+        if self.static is None:
+            return self
+        from specpolicy.models.static_qwen import SharedSequences, StaticBatchQwen
+
+        batch = self._static_batched.get(slots)
+        if batch is None:
+            batch = StaticBatchQwen(self.model, self.max_context, slots, compile=self.static.compiled)
+            self.runtime.warmup_s += batch.warmup()
+            self._static_batched[slots] = batch
+        lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
+        lead._shared, lead._slot = SharedSequences(batch), None
+        return lead
+
+    def release(self) -> None:
+        """The batched loop is done with this request: its sequence of the shared cache is free."""
+        if self._slot is not None and self._shared is not None:
+            self._shared.give_back(self._slot)
+        self._slot = None
 
     def _new_round(self) -> None:
         self._tokens, self._confs, self._probs, self._passes = [], [], [], 0
@@ -93,6 +127,8 @@ class ARDrafter(Drafter):
     def draft(self, num_tokens: int) -> Draft:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if self._slot is not None:  # a request of a batched run on the shared static cache
+            return type(self)._draft_shared([self], [num_tokens])[0]
         for _ in range(num_tokens):  # autoregressive: one pass per token, no host sync
             logits = self._next_logits()
             if self._sampling is None:
@@ -145,11 +181,14 @@ class ARDrafter(Drafter):
         for n in num_tokens:
             if n < 1:
                 raise ValueError(f"num_tokens must be >= 1, got {n}")
+        if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
+            return cls._draft_shared(drafters, num_tokens)
         together = [
             i
             for i, d in enumerate(drafters)
             if d._sampling is None
             and d.static is None
+            and d._slot is None
             and d.cache.get_seq_length()
             and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
         ]
@@ -163,6 +202,30 @@ class ARDrafter(Drafter):
         for i, draft in zip(together, drafted):
             out[i] = draft
         return out
+
+    @staticmethod
+    def _draft_shared(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
+        """``draft_many`` on the shared static cache (greedy): each of ``max(num_tokens)`` steps is ONE
+        pass over every sequence (``StaticBatchQwen.run_rows``) -- a request that still wants a
+        token fed its tokens not yet cached at the round's first pass, else its last drafted token,
+        at its own length; the others idle, their sequences untouched."""
+        shared, device = drafters[0]._shared, drafters[0].runtime.torch_device
+        for step in range(max(num_tokens)):
+            wanting = [d for d, k in zip(drafters, num_tokens) if k > step]
+            feeds = [d._tokens[-1] if d._tokens else d._unfed for d in wanting]
+            counts, slots = [int(x.shape[0]) for x in feeds], [d._slot for d in wanting]
+            inputs = torch.zeros((len(shared.lengths), max(counts)), dtype=torch.long, device=device)
+            for slot, count, x in zip(slots, counts, feeds):
+                inputs[slot, :count] = x
+            logits, _ = shared.static.run_rows(inputs, *shared.busy(slots))
+            logits = logits[torch.tensor(slots, device=device), torch.tensor(counts, device=device) - 1]  # (b, V)
+            conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            for i, (d, slot, count) in enumerate(zip(wanting, slots, counts)):
+                shared.lengths[slot] += count
+                d._tokens.append(token[i : i + 1])
+                d._confs.append(conf[i : i + 1])
+                d._passes += 1
+        return [Draft(torch.cat(d._tokens), torch.cat(d._confs), forward_passes=d._passes) for d in drafters]
 
     @staticmethod
     def _draft_together(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
@@ -321,6 +384,20 @@ class _StaticLength:
 
     def crop(self, count: int) -> None:  # crop_cache passes minus the positions to drop
         self.static.length = self.static.length + count if count < 0 else count
+
+
+class _SharedLength:
+    """``_StaticLength``'s two cache calls on one sequence of a ``SharedSequences``."""
+
+    def __init__(self, shared, slot: int) -> None:
+        self.shared, self.slot = shared, slot
+
+    def get_seq_length(self) -> int:
+        return self.shared.lengths[self.slot]
+
+    def crop(self, count: int) -> None:  # crop_cache passes minus the positions to drop
+        length = self.shared.lengths[self.slot]
+        self.shared.lengths[self.slot] = length + count if count < 0 else count
 
 
 @hookimpl

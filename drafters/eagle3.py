@@ -99,7 +99,7 @@ class Eagle3Drafter(Drafter):
         self._sampling: SamplingConfig | None = None
         self.static = None  # the compiled runtime's StaticEagle3, else None
         self._static_batched: dict[int, Any] = {}  # the batched loop's StaticBatchEagle3, by batch size
-        self._rows: _Rows | None = None  # a batched run's shared sequences (``batched``), else None
+        self._rows = None  # a batched run's SharedSequences (``batched``), else None
         self._slot: int | None = None  # this request's sequence among them, while it holds one
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticEagle3
@@ -159,7 +159,7 @@ class Eagle3Drafter(Drafter):
         drafter (the copies draft eagerly, batched by ``draft_many``)."""
         if self.static is None:
             return self
-        from specpolicy.models.static_qwen import StaticBatchEagle3
+        from specpolicy.models.static_qwen import SharedSequences, StaticBatchEagle3
 
         batch = self._static_batched.get(slots)
         if batch is None:
@@ -169,7 +169,7 @@ class Eagle3Drafter(Drafter):
             self.runtime.warmup_s += batch.warmup()
             self._static_batched[slots] = batch
         lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
-        lead._rows, lead._slot = _Rows(batch), None
+        lead._rows, lead._slot = SharedSequences(batch), None
         return lead
 
     def release(self) -> None:
@@ -421,10 +421,8 @@ class Eagle3Drafter(Drafter):
         for slot, count, (t, h) in zip(slots, counts, inputs):
             token_ids[slot, :count] = t
             hidden[slot, :count] = h
-        idle = torch.ones(sequences, dtype=torch.bool)
-        idle[slots] = False
-        starts = torch.tensor(rows.lengths, device=device)
-        out, logits = rows.static.run_rows(token_ids, hidden, starts, idle.to(device))
+        starts, idle = rows.busy(slots)
+        out, logits = rows.static.run_rows(token_ids, hidden, starts, idle)
         index = torch.tensor(slots, device=device)
         last = torch.tensor(counts, device=device) - 1
         out, logits = out[index, last], logits[index, last]  # (b, H), (b, Vd)
@@ -573,31 +571,10 @@ class _StaticLength:
         self.static.length = min(self.static.length, length)
 
 
-class _Rows:
-    """A batched run's shared static cache (``StaticBatchEagle3``): its sequences' lengths and which
-    are free."""
-
-    def __init__(self, static) -> None:
-        self.static = static
-        self.lengths = [0] * int(static.keys[0].shape[0])
-        self.free = list(range(len(self.lengths)))
-
-    def take(self) -> int:
-        """A free sequence, emptied. Raises ``ValueError`` when every one is held."""
-        if not self.free:
-            raise ValueError(f"the eagle3 drafter's batched cache holds {len(self.lengths)} requests, its slots")
-        slot = self.free.pop(0)
-        self.lengths[slot] = 0
-        return slot
-
-    def give_back(self, slot: int) -> None:
-        self.free.append(slot)
-
-
 class _RowLength:
-    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on one sequence of ``_Rows``."""
+    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on one sequence of a ``SharedSequences``."""
 
-    def __init__(self, rows: _Rows, slot: int) -> None:
+    def __init__(self, rows, slot: int) -> None:  # rows: a SharedSequences
         self.rows, self.slot = rows, slot
 
     @property

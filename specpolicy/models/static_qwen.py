@@ -568,19 +568,23 @@ class StaticBatchQwen(StaticQwen):
         super()._setup(*args, **kwargs, rows=self._rows)
 
     @torch.inference_mode()
-    def run_rows(self, input_ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_rows(
+        self, input_ids: torch.Tensor, starts: torch.Tensor, idle: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed row ``r`` the tokens ``input_ids[r]`` at positions (and cache columns)
         ``starts[r], starts[r] + 1, ...``, causally over the row's own columns.
 
         Args:
             input_ids: ``(rows, n) int64``.
             starts: ``(rows,) int64``: each row's cached length (its first new column).
+            idle: ``(rows,) bool`` rows whose cache stays as it is (``StaticPasses._rows_passes``); None: none.
         Returns:
             ``(logits (rows, n, V), hidden states (rows, n, L + 1, H))``, HF's order of hidden states.
         Raises:
-            ValueError: if a row's new positions pass the capacity.
+            ValueError: if a (busy) row's new positions pass the capacity.
         """
-        return self._rows_passes([input_ids], starts)
+        logits, states = self._rows_passes([input_ids], starts, idle)
+        return logits, states
 
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
@@ -829,6 +833,45 @@ class StaticEagle3(StaticPasses):
             torch.zeros(b, dtype=torch.long, device=device),
             torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
         ]
+
+
+class SharedSequences:
+    """A static cache of several sequences (``StaticBatchQwen``, ``StaticBatchEagle3``) shared by
+    the requests of a batched run (``Drafter.batched``): each request holds one sequence from its
+    prefill to its release; the sequences' lengths live here.
+
+    Args:
+        static: the static model of ``rows`` sequences.
+    """
+
+    def __init__(self, static: StaticPasses) -> None:
+        self.static = static
+        self.lengths = [0] * int(static.keys[0].shape[0])
+        self.free = list(range(len(self.lengths)))
+
+    def take(self) -> int:
+        """A free sequence, emptied.
+
+        Raises:
+            ValueError: when every sequence is held (more requests than the batch size).
+        """
+        if not self.free:
+            raise ValueError(f"the drafter's batched cache holds {len(self.lengths)} requests, its sequences")
+        slot = self.free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def give_back(self, slot: int) -> None:
+        """Free sequence ``slot`` (its request left)."""
+        self.free.append(slot)
+
+    def busy(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's ``starts`` ``(rows,) int64`` (every sequence's length) and ``idle`` ``(rows,) bool``
+        (every sequence but ``slots``), for ``run_rows``."""
+        device = self.static.columns.device
+        idle = torch.ones(len(self.lengths), dtype=torch.bool)
+        idle[slots] = False
+        return torch.tensor(self.lengths, device=device), idle.to(device)
 
 
 class StaticBatchEagle3(StaticPasses):

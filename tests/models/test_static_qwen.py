@@ -555,9 +555,9 @@ def make_verifier_hf(family, rt):
 @pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
 def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle3_checkpoint, runtime, kind):
     """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
-    cache per request, accepted entries left where they were written), and EAGLE-3's requests
-    drafting on the head's batched static cache (``StaticBatchEagle3``, one sequence each, idle
-    ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
+    cache per request, accepted entries left where they were written), and EAGLE-3's and the AR
+    drafter's requests drafting on a batched static cache of their own (``StaticBatchEagle3``,
+    ``StaticBatchQwen``: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
     policies -- every request's output, drafts and accepted lengths are those of the eager
     batch-1 loop (float64); and sampling draws the same tokens as the eager batched verifier
     under the same seed (sampling copies draft eagerly)."""
@@ -565,7 +565,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     from specpolicy.core.sampling import SamplingConfig
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
-    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticEagle3
+    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticBatchQwen, StaticEagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
     from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
 
@@ -596,11 +596,16 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         d, q = make()
         if kind == "eagle3":  # the head's static cache too: the requests draft on StaticBatchEagle3's sequences
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
+        if kind == "ar":  # the AR drafter's: its requests draft on a StaticBatchQwen's sequences
+            d.static = StaticQwen(d.model, d.max_context)
         batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
         if kind == "eagle3":
             rows = d.batched(4)._rows
             assert isinstance(rows.static, StaticBatchEagle3) and sorted(rows.free) == [0, 1, 2, 3]  # all given back
+        if kind == "ar":
+            shared = d.batched(4)._shared
+            assert isinstance(shared.static, StaticBatchQwen) and sorted(shared.free) == [0, 1, 2, 3]
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
         for i, ref in enumerate(alone):
             got = batched.results[i]
@@ -614,6 +619,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         d, q = make()
         if kind == "eagle3" and verifier is static:
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
+        if kind == "ar" and verifier is static:
+            d.static = StaticQwen(d.model, d.max_context)
         runtime.generator.manual_seed(7)
         out = generate_batch(
             prompts, verifier, runtime, max_new_tokens=16, batch_size=4, drafter=d, policy=q, sampling=sampling
@@ -644,11 +651,12 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
 
 
 @pytest.mark.slow
-def test_the_batched_loop_compiled_drafts_eagle3_as_alone(two_buckets, eagle3_checkpoint):
-    """``runtime.compile=true`` with EAGLE-3, batch size 3, 6 prompts, static k = 3: the requests
-    draft on the head's compiled batched cache (``StaticBatchEagle3``, built once for the batch
-    size, its compile seconds in the warm-up) -- every request's output and drafts are those of
-    the eager batch-1 loop."""
+@pytest.mark.parametrize("kind", ["ar", "eagle3"])
+def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoint, kind):
+    """``runtime.compile=true`` with EAGLE-3 or the AR drafter, batch size 3, 6 prompts, static
+    k = 3: the requests draft on the drafter's compiled batched cache (``StaticBatchEagle3``,
+    ``StaticBatchQwen``; built once for the batch size, its compile seconds in the warm-up) --
+    every request's output and drafts are those of the eager batch-1 loop."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
@@ -662,14 +670,18 @@ def test_the_batched_loop_compiled_drafts_eagle3_as_alone(two_buckets, eagle3_ch
     for compile in (False, True):
         rt = Runtime("cpu", "float64", seed=0, compile=compile)
         verifier = HFVerifier(target, rt, stop)
-        drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, stop)
+        if kind == "eagle3":
+            drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, stop)
+        else:
+            drafter = ARDrafter(sharpen(tiny_lm(1, layers=1), 4.0), rt)
         policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
         if not compile:
             runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])
             continue
         warm = rt.warmup_s
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
-        batch = drafter.batched(3)._rows.static
+        lead = drafter.batched(3)
+        batch = (lead._rows if kind == "eagle3" else lead._shared).static
         assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
