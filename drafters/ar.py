@@ -217,11 +217,10 @@ class ARDrafter(Drafter):
             inputs = torch.zeros((len(shared.lengths), max(counts)), dtype=torch.long, device=device)
             for slot, count, x in zip(slots, counts, feeds):
                 inputs[slot, :count] = x
-            logits, _ = shared.static.run_rows(inputs, *shared.busy(slots))
+            logits, _ = shared.static.run_rows(inputs, *shared.feed(slots, counts))
             logits = logits[torch.tensor(slots, device=device), torch.tensor(counts, device=device) - 1]  # (b, V)
             conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-            for i, (d, slot, count) in enumerate(zip(wanting, slots, counts)):
-                shared.lengths[slot] += count
+            for i, d in enumerate(wanting):
                 d._tokens.append(token[i : i + 1])
                 d._confs.append(conf[i : i + 1])
                 d._passes += 1

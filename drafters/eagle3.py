@@ -421,15 +421,13 @@ class Eagle3Drafter(Drafter):
         for slot, count, (t, h) in zip(slots, counts, inputs):
             token_ids[slot, :count] = t
             hidden[slot, :count] = h
-        starts, idle = rows.busy(slots)
-        out, logits = rows.static.run_rows(token_ids, hidden, starts, idle)
+        out, logits = rows.static.run_rows(token_ids, hidden, *rows.feed(slots, counts))
         index = torch.tensor(slots, device=device)
         last = torch.tensor(counts, device=device) - 1
         out, logits = out[index, last], logits[index, last]  # (b, H), (b, Vd)
         draft_ids, confs, _ = choose(logits, None, None)
         tokens = head.to_target_ids(draft_ids)
-        for i, (d, slot, count) in enumerate(zip(drafters, slots, counts)):
-            rows.lengths[slot] += count
+        for i, (d, slot) in enumerate(zip(drafters, slots)):
             if d._last_out is None:
                 d._committed_pairs = rows.lengths[slot]
                 d._features = d._pair_tokens = None

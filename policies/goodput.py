@@ -50,8 +50,9 @@ and passes per chunk are learned from the frontier's advance and ``Draft.forward
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
 first round (a probe) to learn from; while it keeps speculation off it probes every
-``probe_interval`` plain rounds -- two drafted rounds, since a round that resumes drafting teaches
-nothing of the drafter's cost (``GoodputPolicy.update``) -- each probe planned without the measured verification cost so
+``probe_interval`` plain rounds -- two drafted rounds for a drafter with passes whose cost is
+measured, since a round that resumes drafting teaches nothing of a pass's cost
+(``GoodputPolicy.update``); one with a profile's pinned costs or a drafter without passes -- each probe planned without the measured verification cost so
 that it measures verifying a draft of the length acceptance and drafting costs alone would pick
 (1 to ``PROBE_MAX_LENGTH`` tokens).
 
@@ -144,8 +145,10 @@ class GoodputPolicy(LengthPolicy):
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never):
-            two rounds when the drafter's costs are measured (the first resumes drafting and
-            teaches only the verification's cost, the second the drafter's), one with a profile's.
+            two rounds when the drafter makes passes whose cost is measured (the first resumes
+            drafting and teaches only the verification's cost, the second the drafter's), one
+            with a profile's costs or a drafter without passes (its ms per drafted token is learned
+            from every round).
             A probe round plans without the measured verification cost (what it measures): it
             drafts as long as acceptance and drafting costs alone make worth it, at least one
             token and at most ``PROBE_MAX_LENGTH`` (8); with a profile's pinned verification
@@ -375,8 +378,8 @@ class GoodputPolicy(LengthPolicy):
         tables are rebuilt after every round for the first ``REFRESH_WARMUP`` rounds, then every
         ``REFRESH_EVERY`` rounds (each rebuild is a fixed cost of numpy calls).
 
-        A round that resumes drafting -- a prompt's first, or the first after plain rounds -- teaches
-        the verification's cost but not the drafter's: its first pass also feeds every token
+        A round that resumes drafting with drafter passes -- a prompt's first, or the first after
+        plain rounds -- teaches the verification's cost but not a pass's: its first pass also feeds every token
         committed since the drafter last ran (the prompt, or the plain rounds' tokens: EAGLE-3's
         and DFlash's target features, the AR drafter's KV cache), so its ms grow with them. Booked
         as a pass, one such round after a stretch of plain decoding made passes look 10x dearer
@@ -384,15 +387,17 @@ class GoodputPolicy(LengthPolicy):
         the policy never resumed drafting."""
         own = record.speculation_length - record.reused_tokens  # the drafter's own tokens
         self._plain_rounds = self._plain_rounds + 1 if self._chose_plain else 0
-        resuming = self._resuming
-        # still resuming after a plain round, or after a round without drafter passes
-        self._resuming = self._chose_plain or (resuming and record.drafter_forward_passes == 0)
-        # a probe that resumed drafting measured no pass: the next round probes too (two rounds a probe)
-        self._probe_again = self._probing and resuming and not self.costs.drafting_pinned
+        passes = record.drafter_forward_passes
+        # a round that resumed drafting with passes: its first pass also fed the catch-up
+        caught_up = self._resuming and passes > 0
+        # still resuming after a plain round, or after a round in which the drafter did not run
+        self._resuming = self._chose_plain or (self._resuming and own == 0 and passes == 0)
+        # a probe that caught up measured no pass: the next round probes too (two rounds a probe)
+        self._probe_again = self._probing and caught_up and not self.costs.drafting_pinned
         self._chose_plain = False
         if 0 < own <= len(record.confidences):
             self._pending.append((record.confidences[:own], min(record.accepted_length, own)))
-        self.costs.observe(record, drafting=not resuming)
+        self.costs.observe(record, drafting=not caught_up)
         self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
         self._updates += 1
         self._rounds += 1

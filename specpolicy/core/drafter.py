@@ -55,7 +55,7 @@ class Drafter(ABC):
         """The drafter the batched loop copies per request (``specpolicy.core.batching``), for at
         most ``slots`` requests in flight -- as ``Verifier.batched(slots=)`` sizes the target's
         cache. Default: this drafter. A drafter whose requests can share a cache sized by the batch
-        (the compiled runtime's ``eagle3``: one static sequence per request) returns one whose
+        (on the compiled runtime ``eagle3`` and ``ar``: one static sequence per request) returns one whose
         copies take their share in ``prefill`` and give it back in ``release``."""
         return self
 

@@ -289,9 +289,9 @@ class StaticPasses(torch.nn.Module):
         return tuple(torch.cat(ys) for ys in zip(*chunks))
 
     def _rows_passes(
-        self, inputs: Sequence[torch.Tensor], starts: torch.Tensor, idle: torch.Tensor | None = None
+        self, inputs: Sequence[torch.Tensor], starts: torch.Tensor, counts: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
-        """Feed row ``r`` of a cache of several sequences its ``n`` new positions at columns (and
+        """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
         most the largest bucket, each padded to a bucket: what ``StaticBatchQwen.run_rows`` and
         ``StaticBatchEagle3.run_rows`` share.
@@ -299,19 +299,21 @@ class StaticPasses(torch.nn.Module):
         Args:
             inputs: per-row inputs ``(rows, n, ...)``.
             starts: ``(rows,) int64`` each row's cached length.
-            idle: ``(rows,) bool``, rows whose cache must stay as it is (a request that does not
-                draft this step): they are fed at scratch columns past the capacity, which no real
-                position sees; None: none.
+            counts: ``(rows,) int64`` each row's real new positions (0: a row whose cache must stay
+                as it is, e.g. a request that does not draft this step): the rest of its ``n``
+                columns, and the bucket's padding, go to scratch columns past the capacity, which
+                no real position sees. None: every row's ``n`` are real, and a bucket's padding is
+                written past each row's new positions, where no real token looks.
         Returns:
             the pass's outputs, each ``(rows, n, ...)``.
         Raises:
-            ValueError: if a row (idle rows aside) would pass the capacity.
+            ValueError: if a row's real new positions would pass the capacity.
         """
         n = int(inputs[0].shape[1])
-        busy = starts if idle is None else starts.masked_fill(idle, 0)
-        longest = int(busy.max())
-        if longest + n > self.capacity:
-            raise ValueError(f"{n} new positions after {longest} cached do not fit the static cache of {self.capacity}")
+        ends = starts + (n if counts is None else counts)  # (rows,) past each row's real positions
+        longest = int(ends.max())
+        if longest > self.capacity:
+            raise ValueError(f"new positions up to {longest} do not fit the static cache of {self.capacity}")
         top = self.buckets[-1]
         replayed = self.compiled and starts.device.type == "cuda"  # CUDA graphs reuse their outputs: copies
         chunks = []
@@ -321,10 +323,12 @@ class StaticPasses(torch.nn.Module):
             rows = [torch.cat([x[:, a : a + m], x.new_zeros((x.shape[0], b - m, *x.shape[2:]))], dim=1) for x in inputs]
             steps = torch.arange(b, device=starts.device)
             slots = starts[:, None] + a + steps  # (rows, b)
-            if idle is not None:  # the scratch columns past the capacity
-                slots = torch.where(idle[:, None], self.capacity + steps, slots)
-            # the columns the busy rows read (an idle row sees all of them: its outputs are dropped)
-            window = min(self.width, -(-(longest + a + b) // self.window) * self.window)
+            if counts is None:  # the columns the rows read: up to this chunk's last
+                window = longest - n + a + b
+            else:  # real positions at their columns, the rest at the scratch columns past the capacity
+                slots = torch.where(a + steps < counts[:, None], slots, self.capacity + steps)
+                window = int(torch.minimum(ends, starts + a + b).max())
+            window = min(self.width, -(-window // self.window) * self.window)
             mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
             outputs = self._pass(*rows, slots, slots, mask)
             chunks.append([y[:, :m].clone() if replayed else y[:, :m] for y in outputs])
@@ -569,7 +573,7 @@ class StaticBatchQwen(StaticQwen):
 
     @torch.inference_mode()
     def run_rows(
-        self, input_ids: torch.Tensor, starts: torch.Tensor, idle: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed row ``r`` the tokens ``input_ids[r]`` at positions (and cache columns)
         ``starts[r], starts[r] + 1, ...``, causally over the row's own columns.
@@ -577,13 +581,14 @@ class StaticBatchQwen(StaticQwen):
         Args:
             input_ids: ``(rows, n) int64``.
             starts: ``(rows,) int64``: each row's cached length (its first new column).
-            idle: ``(rows,) bool`` rows whose cache stays as it is (``StaticPasses._rows_passes``); None: none.
+            counts: ``(rows,) int64`` each row's real new positions, the rest to scratch columns
+                (``StaticPasses._rows_passes``); None: all ``n``.
         Returns:
             ``(logits (rows, n, V), hidden states (rows, n, L + 1, H))``, HF's order of hidden states.
         Raises:
-            ValueError: if a (busy) row's new positions pass the capacity.
+            ValueError: if a row's real new positions pass the capacity.
         """
-        logits, states = self._rows_passes([input_ids], starts, idle)
+        logits, states = self._rows_passes([input_ids], starts, counts)
         return logits, states
 
     def _forward(
@@ -853,10 +858,11 @@ class SharedSequences:
         """A free sequence, emptied.
 
         Raises:
-            ValueError: when every sequence is held (more requests than the batch size).
+            RuntimeError: when every sequence is held (more requests than the batch size: a bug,
+                not a prompt to skip).
         """
         if not self.free:
-            raise ValueError(f"the drafter's batched cache holds {len(self.lengths)} requests, its sequences")
+            raise RuntimeError(f"the drafter's batched cache holds {len(self.lengths)} requests, its sequences")
         slot = self.free.pop(0)
         self.lengths[slot] = 0
         return slot
@@ -865,13 +871,17 @@ class SharedSequences:
         """Free sequence ``slot`` (its request left)."""
         self.free.append(slot)
 
-    def busy(self, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A step's ``starts`` ``(rows,) int64`` (every sequence's length) and ``idle`` ``(rows,) bool``
-        (every sequence but ``slots``), for ``run_rows``."""
+    def feed(self, slots: list[int], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's ``starts`` ``(rows,) int64`` (every sequence's length) and ``counts`` ``(rows,)
+        int64`` (``counts[i]`` new positions for sequence ``slots[i]``, 0 for the others), for
+        ``run_rows``; the lengths grow by the counts."""
         device = self.static.columns.device
-        idle = torch.ones(len(self.lengths), dtype=torch.bool)
-        idle[slots] = False
-        return torch.tensor(self.lengths, device=device), idle.to(device)
+        starts = torch.tensor(self.lengths, device=device)
+        fed = [0] * len(self.lengths)
+        for slot, count in zip(slots, counts):
+            fed[slot] = count
+            self.lengths[slot] += count
+        return starts, torch.tensor(fed, device=device)
 
 
 class StaticBatchEagle3(StaticPasses):
@@ -879,7 +889,7 @@ class StaticBatchEagle3(StaticPasses):
     (the batched loop's compiled drafting, ``drafters/eagle3.py``): per request a sequence of its
     own columns, written where they stay, so a round's roll-back moves its length. A pass feeds
     every sequence at once (``run_rows``): a request that drafts this step its new positions at
-    its length, the others at scratch columns no real position sees. Passes are padded to a
+    its length, the rest (other requests, padding) at scratch columns no real position sees. Passes are padded to a
     bucket of 2 or more, as ``StaticBatchQwen``'s. Greedy drafting only (sampling copies draft
     eagerly).
 
@@ -912,7 +922,7 @@ class StaticBatchEagle3(StaticPasses):
 
     @torch.inference_mode()
     def run_rows(
-        self, token_ids: torch.Tensor, hidden: torch.Tensor, starts: torch.Tensor, idle: torch.Tensor
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed sequence ``r`` the tokens ``token_ids[r]`` with the features ``hidden[r]`` at its
         columns ``starts[r], ...`` (``StaticPasses._rows_passes``).
@@ -920,14 +930,15 @@ class StaticBatchEagle3(StaticPasses):
         Args:
             token_ids: ``(rows, n) int64`` target ids; hidden: ``(rows, n, H)`` (``fc`` of the
                 target's features, or the head's own outputs).
-            starts: ``(rows,) int64`` each sequence's length; idle: ``(rows,) bool`` the sequences
-                that stay as they are.
+            starts: ``(rows,) int64`` each sequence's length; counts: ``(rows,) int64`` its real
+                new positions (0: a sequence that stays as it is; the rest of its columns go to
+                scratch columns past the capacity).
         Returns:
             ``(outputs (rows, n, H), draft-vocabulary logits (rows, n, Vd))``.
         Raises:
-            ValueError: if a busy sequence's new positions pass the capacity.
+            ValueError: if a sequence's real new positions pass the capacity.
         """
-        out, logits = self._rows_passes([token_ids, hidden], starts, idle)
+        out, logits = self._rows_passes([token_ids, hidden], starts, counts)
         return out, logits
 
     def _forward(
@@ -970,7 +981,7 @@ class StaticBatchEagle3(StaticPasses):
                 break
             starts = torch.zeros(rows, dtype=torch.long, device=device)
             hidden = torch.zeros((rows, b, self.hidden_size), dtype=self.keys[0].dtype, device=device)
-            self.run_rows(torch.zeros((rows, b), dtype=torch.long, device=device), hidden, starts, starts == 0)
+            self.run_rows(torch.zeros((rows, b), dtype=torch.long, device=device), hidden, starts, starts)
         spent = time.perf_counter() - t0
         self.warmup_s += spent
         return spent

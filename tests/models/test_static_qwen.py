@@ -510,7 +510,8 @@ def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, e
     """``StaticBatchEagle3.run_rows``: sequences fed different numbers of new positions at their own
     lengths give each the outputs and logits of a batch-1 ``StaticEagle3`` with the same history
     (float64); an idle sequence -- one a step leaves out, here one column short of the capacity
-    -- keeps every column of its cache as it was (its pass goes to scratch columns)."""
+    -- keeps every column of its cache as it was (its pass goes to scratch columns); a sequence one
+    column short of the capacity takes one more position beside longer feeds elsewhere."""
     from specpolicy.models.eagle3 import load_eagle3
     from specpolicy.models.static_qwen import StaticBatchEagle3, StaticEagle3
 
@@ -527,11 +528,10 @@ def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, e
             n = max(counts)
             ids = torch.randint(0, VOCAB - 1, (3, n), generator=g)
             hidden = torch.randn(3, n, H, generator=g, dtype=torch.float64)
-            idle = torch.tensor([c == 0 for c in counts])
             if counts == [9, 1, 0]:  # the idle sequence one column short of the capacity
                 starts[2] = capacity - 1
                 before = (batch.keys[0][2, :, :capacity].clone(), batch.values[0][2, :, :capacity].clone())
-            out, logits = batch.run_rows(ids, hidden, starts, idle)
+            out, logits = batch.run_rows(ids, hidden, starts, torch.tensor(counts))
             for r, c in enumerate(counts):
                 if c:
                     want_out, want_logits = alone[r].passes([ids[r, :c], hidden[r, :c]])
@@ -540,10 +540,10 @@ def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, e
                     starts[r] += c
         assert torch.equal(batch.keys[0][2, :, :capacity], before[0])
         assert torch.equal(batch.values[0][2, :, :capacity], before[1])
-        with pytest.raises(ValueError, match="do not fit"):  # a busy sequence past the capacity
-            batch.run_rows(
-                ids[:, :2], hidden[:, :2], torch.tensor([capacity - 1, 0, 0]), torch.tensor([False, True, True])
-            )
+        # one new position one column short of the capacity beside 9 elsewhere: fits (the padding goes to scratch)
+        batch.run_rows(ids, hidden, torch.tensor([capacity - 1, 0, 0]), torch.tensor([1, 9, 0]))
+        with pytest.raises(ValueError, match="do not fit"):  # two real positions past it do not
+            batch.run_rows(ids[:, :2], hidden[:, :2], torch.tensor([capacity - 1, 0, 0]), torch.tensor([2, 0, 0]))
 
 
 def make_verifier_hf(family, rt):
@@ -598,14 +598,15 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
         if kind == "ar":  # the AR drafter's: its requests draft on a StaticBatchQwen's sequences
             d.static = StaticQwen(d.model, d.max_context)
+        leads = []
+        if d is not None:  # keep the drafter the run copies (Drafter.batched)
+            d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
         batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
-        if kind == "eagle3":
-            rows = d.batched(4)._rows
-            assert isinstance(rows.static, StaticBatchEagle3) and sorted(rows.free) == [0, 1, 2, 3]  # all given back
-        if kind == "ar":
-            shared = d.batched(4)._shared
-            assert isinstance(shared.static, StaticBatchQwen) and sorted(shared.free) == [0, 1, 2, 3]
+        if kind in ("eagle3", "ar"):  # the run's shared sequences: used, and every one given back
+            shared = leads[-1]._rows if kind == "eagle3" else leads[-1]._shared
+            assert isinstance(shared.static, StaticBatchEagle3 if kind == "eagle3" else StaticBatchQwen)
+            assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) > 0
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
         for i, ref in enumerate(alone):
             got = batched.results[i]

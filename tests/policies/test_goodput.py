@@ -674,3 +674,28 @@ def test_drafting_resumes_after_a_stretch_of_plain_decoding():
     assert lengths[30:60].count(0) >= 20  # the bad stretch: plain decoding
     assert policy.costs.pass_ms == pytest.approx(0.2)
     assert max(lengths[-100:]) == policy.max_length and sum(1 for k in lengths[-100:] if k) >= 50
+
+
+def test_a_drafter_without_passes_keeps_one_round_probes_and_its_token_cost():
+    """A model-free drafter (no passes: the suffix drafter) has no catch-up pass: its ms per
+    drafted token are learned from every round, and a probe stays one round (a policy that
+    treated its rounds as resuming drafting never learned the cost and probed every round)."""
+
+    class PassFree(ScriptedDrafter):
+        def draft(self, num_tokens: int) -> Draft:
+            draft = super().draft(num_tokens)
+            return Draft(draft.token_ids, draft.confidences, forward_passes=0)
+
+    policy = GoodputPolicy(probe_interval=4)
+    drafter = PassFree(confidence=0.9)
+    lengths = []
+    for _ in range(40):
+        draft, _ = draft_round(drafter, policy, ROOM, "cpu")
+        k = draft.length
+        confidences = tuple(draft.confidences.tolist())
+        policy.update(RoundRecord(0, k, 0, 1, 0, 0, 0.5 * k, 1.4 + (0.5 + 0.15 * k if k else 0.0), confidences))
+        drafter.commit(draft, None)
+        lengths.append(k)
+    assert policy.costs.draft_ms_per_token == pytest.approx(0.5)
+    probes = [i for i, k in enumerate(lengths[10:]) if k]
+    assert len(probes) >= 4 and np.all(np.diff(probes) == 5)  # 4 plain rounds, then a one-round probe
