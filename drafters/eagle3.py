@@ -258,10 +258,9 @@ class Eagle3Drafter(Drafter):
     def _advance(self) -> bool:
         """One pass, one more drafted token; False when there is nothing to draft from (a
         one-token prompt: no feature yet)."""
+        if not self._can_draft():
+            return False
         if self._last_out is None:  # the round's first pass: the newly committed pairs
-            self._join_pairs()
-            if self._features is None or self._features.shape[0] == 0:
-                return False
             hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
             self._step(self._pair_tokens, hidden)
             self._committed_pairs = self.cache.length
@@ -269,6 +268,14 @@ class Eagle3Drafter(Drafter):
         else:  # feed the drafter's own output back with the token just drafted
             self._step(self._tokens[-1:], self._last_out)
         return True
+
+    def _can_draft(self) -> bool:
+        """Whether there is something to draft from; at the round's first pass the pairs committed
+        by rounds that drafted nothing are joined first. False for a one-token prompt (no feature yet)."""
+        if self._last_out is not None:
+            return True
+        self._join_pairs()
+        return self._features is not None and self._features.shape[0] > 0
 
     def _end_call(self, before: int) -> Draft:
         """The round's draft after a ``draft`` call that began at ``before`` tokens: cut at the
@@ -307,15 +314,13 @@ class Eagle3Drafter(Drafter):
             step = []
             for i, d in enumerate(drafters):
                 if left[i] > 0 and not d._ended:
-                    if d._last_out is None:
-                        d._join_pairs()
-                        if d._features is None or d._features.shape[0] == 0:
-                            left[i] = 0  # a one-token prompt: nothing to draft from
-                            continue
-                        if d._features.shape[0] > BATCH_POSITIONS:  # e.g. a new request's prompt: alone,
-                            d._advance()  # not padding every row to its length
-                            left[i] -= 1
-                            continue
+                    if not d._can_draft():
+                        left[i] = 0
+                        continue
+                    if d._last_out is None and d._features.shape[0] > BATCH_POSITIONS:  # e.g. a new prompt:
+                        d._advance()  # alone, not padding every row to its length
+                        left[i] -= 1
+                        continue
                     step.append(i)
             if not step and all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
                 break
@@ -391,11 +396,9 @@ class Eagle3Drafter(Drafter):
             step = []
             for i, d in enumerate(drafters):
                 if left[i] > 0 and not d._ended:
-                    if d._last_out is None:
-                        d._join_pairs()
-                        if d._features is None or d._features.shape[0] == 0:
-                            left[i] = 0  # a one-token prompt: nothing to draft from
-                            continue
+                    if not d._can_draft():
+                        left[i] = 0
+                        continue
                     step.append(d)
                     left[i] -= 1
             if not step:
