@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from specpolicy.models.loading import (
     load_causal_lm,
     load_tokenizer,
 )
+from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "ar"
@@ -35,7 +35,7 @@ BATCH_POSITIONS = 16
 BATCHED_ATTENTION = ("sdpa", "eager")
 
 
-class ARDrafter(Drafter):
+class ARDrafter(SharedSequencesDrafter, Drafter):
     """Autoregressive drafting, one forward pass per drafted token (Leviathan et al. 2023): greedy
     (argmax) by default; with non-greedy ``sampling`` given to ``prefill``, each token is sampled
     from ``warp`` of the logits (draws from ``runtime.generator``) and the draft reports those
@@ -66,9 +66,7 @@ class ARDrafter(Drafter):
         self.max_context = context_length(model)
         self.cache: DynamicCache | None = None
         self.static = None  # the compiled runtime's StaticQwen, else None
-        self._static_batched: dict[int, Any] = {}  # the batched loop's StaticBatchQwen, by batch size
-        self._shared = None  # a batched run's SharedSequences (``batched``), else None
-        self._slot: int | None = None  # this request's sequence among them, while it holds one
+        self._no_shared_sequences()  # the batched loop's StaticBatchQwen (``batched``)
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticQwen
 
@@ -86,9 +84,7 @@ class ARDrafter(Drafter):
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
-        self.release()
-        if self._shared is not None and (sampling is None or sampling.is_greedy):  # a batched run's request
-            self._slot = self._shared.take()
+        if self._take_sequence(sampling is None or sampling.is_greedy):  # a batched run's request
             self.cache = _SharedLength(self._shared, self._slot)
         else:
             self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
@@ -96,29 +92,11 @@ class ARDrafter(Drafter):
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
-    def batched(self, slots: int) -> ARDrafter:
-        """The drafter the batched loop copies per request (``Drafter.batched``): on the compiled
-        runtime one whose greedy copies draft on a static cache of ``slots`` sequences, compiled
-        once per batch size (``StaticBatchQwen``, its compile seconds added to ``runtime.warmup_s``),
-        each copy holding one from ``prefill`` to ``release``; else this drafter."""
-        if self.static is None:
-            return self
-        from specpolicy.models.static_qwen import SharedSequences, StaticBatchQwen
+    def _batched_static(self, slots: int):
+        """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
+        from specpolicy.models.static_qwen import StaticBatchQwen
 
-        batch = self._static_batched.get(slots)
-        if batch is None:
-            batch = StaticBatchQwen(self.model, self.max_context, slots, compile=self.static.compiled)
-            self.runtime.warmup_s += batch.warmup()
-            self._static_batched[slots] = batch
-        lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
-        lead._shared, lead._slot = SharedSequences(batch), None
-        return lead
-
-    def release(self) -> None:
-        """The batched loop is done with this request: its sequence of the shared cache is free."""
-        if self._slot is not None and self._shared is not None:
-            self._shared.give_back(self._slot)
-        self._slot = None
+        return StaticBatchQwen(self.model, self.max_context, slots, compile=self.static.compiled)
 
     def _new_round(self) -> None:
         self._tokens, self._confs, self._probs, self._passes = [], [], [], 0

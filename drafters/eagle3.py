@@ -23,7 +23,7 @@ Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``poli
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from specpolicy.models.eagle3 import (
 )
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
+from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "eagle3"
@@ -54,7 +55,7 @@ BATCH_POSITIONS = 16
 CONFIG_KEYS = ("model", "layer_id_convention")
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     """EAGLE-3 chain drafting.
 
     Args:
@@ -98,9 +99,7 @@ class Eagle3Drafter(Drafter):
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
         self.static = None  # the compiled runtime's StaticEagle3, else None
-        self._static_batched: dict[int, Any] = {}  # the batched loop's StaticBatchEagle3, by batch size
-        self._rows = None  # a batched run's SharedSequences (``batched``), else None
-        self._slot: int | None = None  # this request's sequence among them, while it holds one
+        self._no_shared_sequences()  # the batched loop's StaticBatchEagle3 (``batched``)
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticEagle3
 
@@ -138,11 +137,8 @@ class Eagle3Drafter(Drafter):
         """
         check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        self.release()
-        greedy = sampling is None or sampling.is_greedy
-        if self._rows is not None and greedy:  # a request of a batched run: a sequence of the shared cache
-            self._slot = self._rows.take()
-            self.cache = _RowLength(self._rows, self._slot)
+        if self._take_sequence(sampling is None or sampling.is_greedy):  # a batched run's request
+            self.cache = _SharedLength(self._shared, self._slot)
         else:
             self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
         self._committed_pairs = 0
@@ -151,32 +147,13 @@ class Eagle3Drafter(Drafter):
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
-    def batched(self, slots: int) -> Eagle3Drafter:
-        """The drafter the batched loop copies per request (``Drafter.batched``): on the compiled
-        runtime one whose greedy copies draft on a static cache of ``slots`` sequences, compiled
-        once per batch size (``StaticBatchEagle3``, its compile seconds added to
-        ``runtime.warmup_s``), each copy holding one from ``prefill`` to ``release``; else this
-        drafter (the copies draft eagerly, batched by ``draft_many``)."""
-        if self.static is None:
-            return self
-        from specpolicy.models.static_qwen import SharedSequences, StaticBatchEagle3
+    def _batched_static(self, slots: int):
+        """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
+        from specpolicy.models.static_qwen import StaticBatchEagle3
 
-        batch = self._static_batched.get(slots)
-        if batch is None:
-            batch = StaticBatchEagle3(
-                self.model, self.embed_tokens, self.static.capacity, slots, compile=self.static.compiled
-            )
-            self.runtime.warmup_s += batch.warmup()
-            self._static_batched[slots] = batch
-        lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
-        lead._rows, lead._slot = SharedSequences(batch), None
-        return lead
-
-    def release(self) -> None:
-        """The batched loop is done with this request: its sequence of the shared cache is free."""
-        if self._slot is not None and self._rows is not None:
-            self._rows.give_back(self._slot)
-        self._slot = None
+        return StaticBatchEagle3(
+            self.model, self.embed_tokens, self.static.capacity, slots, compile=self.static.compiled
+        )
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -233,7 +210,7 @@ class Eagle3Drafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if self._slot is not None:  # a request of a batched run on the shared static cache
-            return type(self)._draft_rows([self], [num_tokens])[0]
+            return type(self)._draft_in_steps([self], [num_tokens], type(self)._rows_pass)[0]
         before = self._tokens.shape[0]
         left = num_tokens
         while left and not self._ended:
@@ -302,12 +279,31 @@ class Eagle3Drafter(Drafter):
         each row to its own cache and its own positions, causally). Returns what the calls one
         by one return (greedy; requests that sample draft one by one)."""
         if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
-            return cls._draft_rows(drafters, num_tokens)
+            return cls._draft_in_steps(drafters, num_tokens, cls._rows_pass)
         if (
             any(d._sampling is not None or d.static is not None or d._slot is not None for d in drafters)
             or len(drafters) < 2
         ):
             return super().draft_many(drafters, num_tokens)
+
+        def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length
+            return d._last_out is None and d._features.shape[0] > BATCH_POSITIONS
+
+        def one_pass(step: list[Eagle3Drafter]) -> None:
+            step[0]._advance() if len(step) == 1 else cls._pass_together(step)
+
+        return cls._draft_in_steps(drafters, num_tokens, one_pass, alone)
+
+    @staticmethod
+    def _draft_in_steps(
+        drafters: list[Eagle3Drafter],
+        num_tokens: list[int],
+        one_pass: Callable[[list[Eagle3Drafter]], None],
+        alone: Callable[[Eagle3Drafter], bool] | None = None,
+    ) -> list[Draft]:
+        """``draft_many``'s steps: at each, every request still wanting tokens (and with something
+        to draft from) advances by one token in ``one_pass`` over all of them -- but those ``alone``
+        picks, which advance by their own pass."""
         before = [d._tokens.shape[0] for d in drafters]
         left = list(num_tokens)
         while True:
@@ -316,21 +312,16 @@ class Eagle3Drafter(Drafter):
                 if left[i] > 0 and not d._ended:
                     if not d._can_draft():
                         left[i] = 0
-                        continue
-                    if d._last_out is None and d._features.shape[0] > BATCH_POSITIONS:  # e.g. a new prompt:
-                        d._advance()  # alone, not padding every row to its length
+                    elif alone is not None and alone(d):
+                        d._advance()
                         left[i] -= 1
-                        continue
-                    step.append(i)
-            if not step and all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
-                break
-            if len(step) == 1:
-                drafters[step[0]]._advance()
-            elif step:
-                cls._pass_together([drafters[i] for i in step])
-            for i in step:
-                left[i] -= 1
-        return [d._end_call(b) for d, b in zip(drafters, before)]
+                    else:
+                        step.append(d)
+                        left[i] -= 1
+            if step:
+                one_pass(step)
+            elif all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
+                return [d._end_call(b) for d, b in zip(drafters, before)]
 
     @staticmethod
     def _pass_together(drafters: list[Eagle3Drafter]) -> None:
@@ -383,32 +374,12 @@ class Eagle3Drafter(Drafter):
                 d._features = d._pair_tokens = None
             d._took(out[i : i + 1, counts[i] - 1 : counts[i]], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
 
-    @classmethod
-    @torch.no_grad()
-    def _draft_rows(cls, drafters: list[Eagle3Drafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft_many`` on the shared static cache (greedy): at each step every request still
-        drafting advances by one token in ONE pass over every sequence (``StaticBatchEagle3.run_rows``),
-        a request at its round's first pass with its newly committed pairs, the others with their
-        last drafted token, the rest idle."""
-        before = [d._tokens.shape[0] for d in drafters]
-        left = list(num_tokens)
-        while True:
-            step = []
-            for i, d in enumerate(drafters):
-                if left[i] > 0 and not d._ended:
-                    if not d._can_draft():
-                        left[i] = 0
-                        continue
-                    step.append(d)
-                    left[i] -= 1
-            if not step:
-                return [d._end_call(b) for d, b in zip(drafters, before)]
-            cls._rows_pass(step)
-
     @staticmethod
     def _rows_pass(drafters: list[Eagle3Drafter]) -> None:
-        """One pass of the shared static cache for the requests ``drafters``, each one token more."""
-        lead, rows = drafters[0], drafters[0]._rows
+        """One pass of the shared static cache (``StaticBatchEagle3.run_rows``, greedy) for the requests
+        ``drafters``, each one token more -- a request at its round's first pass with its newly
+        committed pairs, the others with their last drafted token, the other sequences idle."""
+        lead, rows = drafters[0], drafters[0]._shared
         head, device = lead.model, lead.runtime.torch_device
         inputs = []
         for d in drafters:
@@ -572,7 +543,7 @@ class _StaticLength:
         self.static.length = min(self.static.length, length)
 
 
-class _RowLength:
+class _SharedLength:
     """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on one sequence of a ``SharedSequences``."""
 
     def __init__(self, rows, slot: int) -> None:  # rows: a SharedSequences

@@ -29,9 +29,11 @@ Trees: ``run`` takes a tree mask ``(n, length + n)`` (``specpolicy.core.tree``) 
 
 from __future__ import annotations
 
+import copy
 import time
 import types
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +85,20 @@ def bucket_of(n: int, buckets: Sequence[int] = BUCKETS) -> int:
         if b >= n:
             return b
     raise ValueError(f"a pass of {n} positions exceeds the largest bucket {max(buckets)}; run it in chunks")
+
+
+def rows_buckets(rows: int, buckets: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The buckets of a static cache of ``rows`` sequences (``StaticBatchQwen``, ``StaticBatchEagle3``):
+    ``buckets`` (default ``BUCKETS``) without 1 -- a one-token pass is padded to 2 (its graph,
+    static in every size, multiplied with MKL at about half the speed of the 2-token graph's
+    oneDNN here: 5.3 against 3.3 ms, the target, 4 rows).
+
+    Raises:
+        ValueError: ``rows`` < 1.
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    return tuple(b for b in (BUCKETS if buckets is None else buckets) if b > 1) or (2,)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -560,13 +576,8 @@ class StaticBatchQwen(StaticQwen):
         compile: bool = False,
         buckets: Sequence[int] | None = None,
     ) -> None:
-        if rows < 1:
-            raise ValueError(f"rows must be >= 1, got {rows}")
         self._rows = int(rows)
-        # no bucket of 1: a one-token pass is padded to 2 (its graph, static in every size, multiplied
-        # with MKL at about half the speed of the 2-token graph's oneDNN here: 5.3 against 3.3 ms, 4 rows)
-        buckets = tuple(b for b in (BUCKETS if buckets is None else buckets) if b > 1) or (2,)
-        super().__init__(model, capacity, compile, buckets)
+        super().__init__(model, capacity, compile, rows_buckets(rows, buckets))
 
     def _setup(self, *args, **kwargs) -> None:
         super()._setup(*args, **kwargs, rows=self._rows)
@@ -884,6 +895,57 @@ class SharedSequences:
         return starts, torch.tensor(fed, device=device)
 
 
+class SharedSequencesDrafter:
+    """The batched loop's side of a drafter with a static cache (``Drafter.batched`` / ``release``),
+    one place for the AR and EAGLE-3 drafters: ``batched(slots)`` builds the drafter's static cache
+    of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
+    its compile seconds added to ``runtime.warmup_s``) and returns a copy whose own copies -- one per
+    request -- each take a sequence in ``prefill`` (``_take_sequence``, greedy requests only) and
+    give it back in ``release``. A drafter sets ``static``, ``runtime`` and calls
+    ``_no_shared_sequences`` in its ``__init__``.
+    """
+
+    static: StaticPasses | None
+    runtime: Any
+
+    def _no_shared_sequences(self) -> None:
+        self._static_batched: dict[int, StaticPasses] = {}  # by batch size, built once each
+        self._shared: SharedSequences | None = None  # a batched run's sequences (``batched``), else None
+        self._slot: int | None = None  # this request's sequence among them, while it holds one
+
+    def _batched_static(self, slots: int) -> StaticPasses:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def batched(self, slots: int):
+        """On the compiled runtime, the drafter whose greedy copies draft on a static cache of
+        ``slots`` sequences, one each from ``prefill`` to ``release``; else this drafter."""
+        if self.static is None:
+            return self
+        batch = self._static_batched.get(slots)
+        if batch is None:
+            batch = self._batched_static(slots)
+            self.runtime.warmup_s += batch.warmup()
+            self._static_batched[slots] = batch
+        lead = copy.copy(self)  # without the batch-1 static cache (Drafter.__copy__)
+        lead._shared, lead._slot = SharedSequences(batch), None
+        return lead
+
+    def release(self) -> None:
+        """The batched loop is done with this request: its sequence of the shared cache is free."""
+        if self._slot is not None and self._shared is not None:
+            self._shared.give_back(self._slot)
+        self._slot = None
+
+    def _take_sequence(self, greedy: bool) -> bool:
+        """``prefill``'s: give back a sequence still held, then take one for a greedy request of a
+        batched run. Returns whether this request drafts on the shared sequences."""
+        self.release()
+        if self._shared is None or not greedy:
+            return False
+        self._slot = self._shared.take()
+        return True
+
+
 class StaticBatchEagle3(StaticPasses):
     """The EAGLE-3 head behind a static KV cache of ``rows`` sequences, one per request in flight
     (the batched loop's compiled drafting, ``drafters/eagle3.py``): per request a sequence of its
@@ -909,15 +971,13 @@ class StaticBatchEagle3(StaticPasses):
         compile: bool = False,
         buckets: Sequence[int] | None = None,
     ) -> None:
-        if rows < 1:
-            raise ValueError(f"rows must be >= 1, got {rows}")
+        buckets = rows_buckets(rows, buckets)
         super().__init__()
         self.head, self.embed_tokens = model, embed_tokens
         att = model.midlayer.self_attn
         self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
         self.hidden_size = int(model.fc.weight.shape[0])
         weight = model.lm_head.weight
-        buckets = tuple(b for b in (BUCKETS if buckets is None else buckets) if b > 1) or (2,)
         self._setup(1, self.kv_heads, self.head_dim, capacity, weight.device, weight.dtype, compile, buckets, rows=rows)
 
     @torch.inference_mode()

@@ -604,7 +604,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
         if kind in ("eagle3", "ar"):  # the run's shared sequences: used, and every one given back
-            shared = leads[-1]._rows if kind == "eagle3" else leads[-1]._shared
+            shared = leads[-1]._shared
             assert isinstance(shared.static, StaticBatchEagle3 if kind == "eagle3" else StaticBatchQwen)
             assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) > 0
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
@@ -682,7 +682,7 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
         warm = rt.warmup_s
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
         lead = drafter.batched(3)
-        batch = (lead._rows if kind == "eagle3" else lead._shared).static
+        batch = lead._shared.static
         assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
