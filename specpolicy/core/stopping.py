@@ -12,7 +12,9 @@ each check decodes a bounded window -- the last ``lookback`` output tokens plus 
 tokens -- never the whole output. A completion is *new* at token ``j`` when a stop string occurs
 in the window's text ending after the part of the text that was already there before token
 ``j`` (the common prefix of the texts before and after ``j``: a token can change the decoded
-text before it, e.g. the bytes of an incomplete UTF-8 character).
+text before it, e.g. the bytes of an incomplete UTF-8 character). A stop string holding U+FFFD,
+the replacement character an incomplete UTF-8 character decodes to until its next byte, can
+match such a passing text, so then every token's text is checked, as plain decoding does.
 
 Escapes: a stop string given in a config or on the command line is read with its backslash
 escapes decoded (``config_strings``), since Hydra keeps ``'generation.stop=["\\n\\n"]'`` as a
@@ -126,6 +128,9 @@ class StopStrings:
                 raise ValueError(f"generation.stop must be a list of non-empty strings, got {s!r}")
         self.tokenizer = tokenizer
         self.strings = tuple(strings)
+        # a stop string with U+FFFD can match a transient text: the replacement character an
+        # incomplete UTF-8 character decodes to until its next byte arrives; then every token is checked
+        self._transient = any("\ufffd" in s for s in self.strings)
         self.max_chars = max(len(s) for s in strings)
         self.lookback = int(lookback) if lookback is not None else 4 * self.max_chars + 8
         self._tail: list[int] = []  # the last ``lookback`` output tokens
@@ -168,7 +173,7 @@ class StopStrings:
         base = self._tail
         before = self._decode(base)
         after = self._decode(base + new)
-        if not self._new_match(before, after):  # the common case: one decode of the window
+        if not self._transient and not self._new_match(before, after):  # the common case: one decode
             self._tail = (base + new)[-self.lookback :]
             return None
         prev = before
@@ -178,8 +183,10 @@ class StopStrings:
                 self._tail = (base + new[:j])[-self.lookback :]
                 return j
             prev = text
-        # The whole window matched but no single step did (decoding not monotone): stop at the end.
         self._tail = (base + new)[-self.lookback :]
+        if self._transient and not self._new_match(before, after):  # no step matched, nor the window
+            return None
+        # The whole window matched but no single step did (decoding not monotone): stop at the end.
         return len(new)
 
     def __repr__(self) -> str:

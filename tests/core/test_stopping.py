@@ -240,6 +240,17 @@ def test_incremental_matching_equals_the_whole_text_reference(data):
     assert cut == reference_cut(ids, strings)
 
 
+def test_a_stop_string_with_the_replacement_character_matches_a_passing_text():
+    """Hypothesis's find: token 130 is the first byte of a two-byte character, so the text after
+    [4, 130] ends in U+FFFD until token 98 completes it; plain decoding, checking after every
+    token, stops at token 2 on the stop string U+FFFD, and so must a round of 3 tokens."""
+    ids, strings = [4, 130, 98, 98], ["\ufffd", "a"]
+    assert [TOKENIZER.decode(ids[:j], skip_special_tokens=True)[-1] for j in (2, 3)] == ["\ufffd", "\xa1"]
+    stop = StopStrings(TOKENIZER, strings)
+    stop.reset()
+    assert stop.check(ids[:3]) == 2 == reference_cut(ids, strings)
+
+
 # -- real tiny models: speculative == plain decoding under the same stop strings ------------------
 
 
