@@ -9,9 +9,11 @@ the model's own rotary module, grouped-query attention with SDPA under an explic
 built from the cache slots, so that
 
 - rolling back is moving a length (``StaticQwen.length``), never copying or freeing;
-- every pass has one of a few shapes: ``n`` new positions are padded up to a bucket (``BUCKETS``:
-  1, 2, 4, ..., 64; more than the largest bucket runs in chunks), the padded rows write scratch
-  slots no real row ever sees, so the real rows' outputs are those of the unpadded pass;
+- on CUDA every pass has one of a few shapes: ``n`` new positions are padded up to a bucket
+  (``BUCKETS``: 1, 2, 4, ..., 64; more than the largest bucket runs in chunks), the padded rows
+  write scratch slots no real row ever sees, so the real rows' outputs are those of the unpadded
+  pass; on CPU, whose graphs take dynamic sizes, a pass runs at its exact width (``PAD_DYNAMIC``),
+  in the same chunks;
 - the passes are compiled once per process, when the model is built (``warmup``), with inductor's
   on-disk cache between processes: on CUDA one graph per bucket (``torch.compile(fullgraph=True,
   dynamic=False)``, replayed as CUDA graphs: ``CUDA_MODE``), attention over the whole cache; on CPU
@@ -43,6 +45,12 @@ from specpolicy.core.sampling import choose
 
 #: Padded widths of a pass (new positions): each compiles once; more positions run in chunks.
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: Pad a pass to its bucket also where the compiled graph takes dynamic sizes (CPU) and where
+#: nothing is compiled (read when a model is built). Off (the default), such a pass runs at its
+#: exact width: the padding bought no graph there, only rows of arithmetic (measured here, the
+#: bundled target at position 200: 9 rows 2.7 ms, padded to 16 3.2 ms). CUDA's static graphs
+#: (one per bucket, replayed as CUDA graphs) always pad.
+PAD_DYNAMIC = False
 #: On CPU, attention reads the cache up to the next multiple of this many columns past the last
 #: slot written, not the whole capacity (at batch 1 reading 1,088 columns of every layer cost
 #: about as much as the weights); the compiled graph takes the window's size as a dynamic size.
@@ -68,6 +76,12 @@ CPU_MATMULS = ("reduction", "blas")
 #: constants of the graph, so the wider passes multiply with oneDNN on weights packed once at
 #: compile time instead of MKL's small-matrix products (8 rows: 2.6-2.8 ms against 4.2-5.4 here).
 CPU_FREEZE = True
+#: Compile the CPU passes with inductor's C++ wrapper (read when a model is built): the code that
+#: calls a graph's kernels and allocates its buffers is C++, not Python. Measured here (the bundled
+#: target at position 200): verifying 8 positions 2.3 ms against 2.6 ms; interleaved in one process
+#: (10 prompts x 256 tokens) every compiled row 8-14% faster (``eagle3+static-k9`` 1001 against 874
+#: tokens/s, vanilla 567 against 525) for a few seconds more of compilation per graph.
+CPU_CPP_WRAPPER = True
 #: Greedy drafting steps of the EAGLE-3 head fused into one compiled graph each
 #: (``StaticEagle3.chain``): a chain of ``m`` steps runs as the fewest of these, largest first.
 CHAIN_STEPS = (1, 2, 4, 8)
@@ -142,8 +156,8 @@ class StaticPasses(torch.nn.Module):
     per-layer key/value buffers, the length, the buckets, padding and chunking, the mask, and the
     compilation (one graph per bucket). A subclass sets up its model and ``_forward``.
 
-    ``_forward(*row_inputs, positions, slots, mask)`` takes each per-row input padded to the bucket
-    ``B`` (first dimension), positions ``(B,)``, cache slots ``(B,)`` and ``mask`` ``(B, width) bool``;
+    ``_forward(*row_inputs, positions, slots, mask)`` takes each per-row input at the pass's width
+    ``B`` (first dimension: the bucket where passes pad, ``pads``, else the real rows), positions ``(B,)``, cache slots ``(B,)`` and ``mask`` ``(B, width) bool``;
     it writes the keys and values of its rows at ``slots`` and returns row-first outputs (first
     dimension ``B``).
 
@@ -183,6 +197,8 @@ class StaticPasses(torch.nn.Module):
                 mark_static_address(self.values[i])
         self.register_buffer("columns", torch.arange(self.width, device=device), persistent=False)
         self.window = WINDOW if device.type != "cuda" else self.width
+        # pad each pass to its bucket only where a graph is static (CUDA); elsewhere exact widths
+        self.pads = (compile and device.type == "cuda") or PAD_DYNAMIC
         self.length = 0
         self.warmup_s = 0.0
         self.compiled = bool(compile)
@@ -213,6 +229,8 @@ class StaticPasses(torch.nn.Module):
                 backend = "cudagraphs"
             elif cuda:
                 options["triton.cudagraphs"] = CUDA_MODE == "reduce-overhead"
+            else:
+                options["cpp_wrapper"] = CPU_CPP_WRAPPER
 
             def compiled(function: Callable | None = None) -> Callable:
                 function = function or type(self)._forward
@@ -238,6 +256,12 @@ class StaticPasses(torch.nn.Module):
             # traced for one row (its size 1 specialised) is the only one a one-row pass can meet and
             # never the graph of the other buckets (the guard filter keeps tensor guards only)
             self._pass_one = compiled() if not cuda else self._pass
+
+    def _width(self, m: int) -> int:
+        """The width a pass over ``m`` new positions runs at: its bucket where passes pad
+        (``pads``), else ``m`` itself (at least the smallest bucket: a batched cache has no
+        one-row graph, ``rows_buckets``)."""
+        return bucket_of(m, self.buckets) if self.pads else max(m, self.buckets[0])
 
     def layer_cache(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``i``'s key and value buffers, by their registered names: a compiled pass then sees
@@ -284,7 +308,7 @@ class StaticPasses(torch.nn.Module):
         chunks = []
         for a in range(0, n, top):  # chunks of at most the largest bucket
             m = min(top, n - a)
-            b = bucket_of(m, self.buckets)
+            b = self._width(m)
             slots = torch.arange(start + a, start + a + b, device=device)
             # pad: zeros at the scratch slots' own positions (no real row sees them); always a copy
             inputs = [torch.cat([x[a : a + m], x.new_zeros((b - m, *x.shape[1:]))]) for x in rows]
@@ -309,7 +333,7 @@ class StaticPasses(torch.nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
-        most the largest bucket, each padded to a bucket: what ``StaticBatchQwen.run_rows`` and
+        most the largest bucket, each at its width (``_width``: padded to a bucket on CUDA): what ``StaticBatchQwen.run_rows`` and
         ``StaticBatchEagle3.run_rows`` share.
 
         Args:
@@ -335,7 +359,7 @@ class StaticPasses(torch.nn.Module):
         chunks = []
         for a in range(0, n, top):
             m = min(top, n - a)
-            b = bucket_of(m, self.buckets)
+            b = self._width(m)
             rows = [torch.cat([x[:, a : a + m], x.new_zeros((x.shape[0], b - m, *x.shape[2:]))], dim=1) for x in inputs]
             steps = torch.arange(b, device=starts.device)
             slots = starts[:, None] + a + steps  # (rows, b)

@@ -56,15 +56,18 @@ def test_windows_of_the_cache_past_128_columns_give_the_same_logits(target):
     torch.testing.assert_close(torch.cat(got), ref, rtol=0, atol=1e-10)
 
 
-def test_continuing_and_rolling_back_is_a_length(target):
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "exact"])
+def test_continuing_and_rolling_back_is_a_length(target, pad, monkeypatch):
+    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", pad)  # padded: what CUDA's static graphs run
     ids = random_prompts(8)[5]
     ref = _hf(target, ids).logits[0]
     s = StaticQwen(target, 128, buckets=(1, 2, 4))
+    assert s.pads == pad
     s.run(ids[:30])
     wrong, _ = s.run(torch.flip(ids[30:], [0]))  # a rejected draft
     assert not torch.allclose(wrong, ref[30:])
     s.length = 30  # roll back: nothing copied
-    logits, _ = s.run(ids[30:33])  # a padded bucket (3 -> 4)
+    logits, _ = s.run(ids[30:33])  # padded: a bucket of 4
     torch.testing.assert_close(logits, ref[30:33], rtol=0, atol=1e-10)
     one, _ = s.run(ids[33:34])
     torch.testing.assert_close(one, ref[33:34], rtol=0, atol=1e-10)
@@ -228,8 +231,15 @@ def two_buckets(monkeypatch):
     monkeypatch.setattr(static_qwen, "BUCKETS", (1, 8))
 
 
+@pytest.fixture(params=[False, True], ids=["exact", "padded"])
+def padding(request, monkeypatch):
+    """Both ways a pass's width is set: exact (CPU's default) and padded to the bucket (CUDA's)."""
+    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", request.param)
+    return request.param
+
+
 @pytest.mark.slow
-def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets, target):
+def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets, padding, target):
     """``runtime.compile=true`` end to end: verifier and ar drafter built compiled (two buckets,
     tiny float64 models), warm-up counted, the output of vanilla, static, failfast and a tree
     policy identical to the eager runtime's."""
@@ -237,6 +247,7 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
     rt = Runtime("cpu", "float64", seed=0, compile=True)
     compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
     assert compiled.static is not None and compiled.static.compiled and compiled.static.buckets == (1, 8)
+    assert compiled.static.pads == padding
     draft_model = sharpen(tiny_lm(seed=0, layers=1))
     d = ARDrafter(draft_model, rt)
     assert d.static is not None and rt.warmup_s > 0 and rt.describe()["compile"] is True
@@ -280,6 +291,37 @@ def test_compiled_cpu_passes_of_every_width_equal_hf(cpu_matmul, freeze, target,
             torch.testing.assert_close(states[:, i], h[0, 37:], rtol=0, atol=1e-6)
     for k, v in target.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "exact"])
+def test_compiled_cpu_passes_run_at_their_exact_width_on_one_graph(pad, target, monkeypatch):
+    """On CPU the multi-row graph takes dynamic sizes, so a pass of n rows runs at width n
+    (``PAD_DYNAMIC`` off, the default), or padded to its bucket when asked; either way no width
+    compiles a graph after the warm-up, and the logits are HF's."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", pad)
+    ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(6))
+    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8))
+    s.warmup()
+    graphs = counters["stats"]["unique_graphs"]
+    widths = []
+    compiled_pass = s._pass
+
+    def spy(*rows):
+        widths.append(int(rows[0].shape[0]))
+        return compiled_pass(*rows)
+
+    monkeypatch.setattr(s, "_pass", spy)
+    for n in range(2, 9):
+        s.length = 0
+        s.run(ids[:37])
+        widths.clear()
+        logits, _ = s.run(ids[37 : 37 + n])
+        assert widths == [static_qwen.bucket_of(n) if pad else n]
+        torch.testing.assert_close(logits, _hf(target, ids[: 37 + n]).logits[0, 37:], rtol=0, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_a_bad_cpu_matmul_value_raises_one_line(monkeypatch):
@@ -482,7 +524,7 @@ def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(fam
 
 
 @pytest.mark.slow
-def test_dflash_compiled_is_token_identical_to_eager(two_buckets, family):
+def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, family):
     """``runtime.compile=true`` with DFlash + FailFast: target and DFlash compiled (float64), extension
     passes included; the same drafts and output as the eager runtime."""
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
