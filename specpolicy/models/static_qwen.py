@@ -199,6 +199,7 @@ class StaticPasses(torch.nn.Module):
         self.window = WINDOW if device.type != "cuda" else self.width
         # pad each pass to its bucket only where a graph is static (CUDA); elsewhere exact widths
         self.pads = (compile and device.type == "cuda") or PAD_DYNAMIC
+        self.replayed = compile and device.type == "cuda"  # CUDA graphs: outputs in reused buffers
         self.length = 0
         self.warmup_s = 0.0
         self.compiled = bool(compile)
@@ -321,8 +322,8 @@ class StaticPasses(torch.nn.Module):
             if full is not None:
                 mask = torch.cat([full[a : a + m, :window], mask[m:]])
             outputs = (self._pass_one if b == 1 else self._pass)(*inputs, pos, slots, mask)
-            # a compiled (CUDA-graph) pass reuses its output buffers: keep copies
-            chunks.append([y[:m].clone() if self.compiled else y[:m] for y in outputs])
+            # a CUDA-graph pass reuses its output buffers: keep copies (a CPU graph's are fresh)
+            chunks.append([y[:m].clone() if self.replayed else y[:m] for y in outputs])
         self.length = start + n
         if len(chunks) == 1:
             return tuple(chunks[0])
@@ -355,7 +356,6 @@ class StaticPasses(torch.nn.Module):
         if longest > self.capacity:
             raise ValueError(f"new positions up to {longest} do not fit the static cache of {self.capacity}")
         top = self.buckets[-1]
-        replayed = self.compiled and starts.device.type == "cuda"  # CUDA graphs reuse their outputs: copies
         chunks = []
         for a in range(0, n, top):
             m = min(top, n - a)
@@ -371,7 +371,7 @@ class StaticPasses(torch.nn.Module):
             window = min(self.width, -(-window // self.window) * self.window)
             mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
             outputs = self._pass(*rows, slots, slots, mask)
-            chunks.append([y[:, :m].clone() if replayed else y[:, :m] for y in outputs])
+            chunks.append([y[:, :m].clone() if self.replayed else y[:, :m] for y in outputs])
         if len(chunks) == 1:
             return tuple(chunks[0])
         return tuple(torch.cat(ys, dim=1) for ys in zip(*chunks))
@@ -766,7 +766,7 @@ class StaticEagle3(StaticPasses):
                 window = min(self.width, -(-(a + m) // self.window) * self.window)
                 mask = self.columns[None, :window] <= slots[:, None]
                 outputs = self._chains[m](token_ids, hidden, slots, mask)
-                if self.compiled and token_ids.device.type == "cuda":  # CUDA graphs reuse their outputs
+                if self.replayed:  # CUDA graphs reuse their outputs
                     outputs = [y.clone() for y in outputs]
                 chunk_tokens, chunk_confidences, hidden, chunk_logits = outputs
                 tokens.append(chunk_tokens)
