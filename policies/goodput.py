@@ -50,20 +50,23 @@ and passes per chunk are learned from the frontier's advance and ``Draft.forward
 apart: Fast-dLLM's first small block is partial and carries the block rewrites of the last
 commit); later chunks are assumed like the first until one is seen. A fresh policy drafts its
 first round (a probe) to learn from; while it keeps speculation off it probes every
-``probe_interval`` plain rounds -- two drafted rounds for a drafter with passes whose cost is
-measured, since a round that resumes drafting teaches nothing of a pass's cost
-(``GoodputPolicy.update``); one with a profile's pinned costs or a drafter without passes -- each probe planned without the measured verification cost so
-that it measures verifying a draft of the length acceptance and drafting costs alone would pick
-(1 to ``PROBE_MAX_LENGTH`` tokens).
+``probe_interval`` plain rounds -- two drafted rounds of at least two passes each for a drafter
+with passes whose cost is measured, since a round that resumes drafting teaches nothing of a
+pass's cost (``GoodputPolicy.update``) and a one-pass round nothing of a pass after the round's
+first; one round with a profile's pinned costs or a drafter without passes -- each probe planned
+without the measured verification cost so that it measures verifying a draft of the length
+acceptance and drafting costs alone would pick (1 to ``PROBE_MAX_LENGTH`` tokens).
 
 Acceptance probabilities: ``specpolicy.core.calibration.AcceptanceCalibration`` (histogram binning
 by confidence x position with Beta pseudo-counts; before any data a token's probability is its
 confidence), fed with every verified round: each of the first ``REFRESH_WARMUP`` rounds before
 the next decision, later ones in batches of ``REFRESH_EVERY`` (so ``policy.calibration`` lags
 the rounds by up to that many; ``online_predictions`` replays the schedule). Costs: measured online from ``RoundRecord``
-timings by default -- ms per drafter pass (drafting ms / passes; ms per drafted token for a
-drafter without passes; not from a round that resumes drafting, whose first pass also feeds the
-tokens committed without the drafter) and verification ms: a plain decoding step (the mean of the rounds
+timings by default -- ms of a round's first drafter pass and of each later one (a line fitted
+through drafting ms against passes: the first pass also feeds the last round's committed tokens,
+a wider pass on the compiled runtime; ms per drafted token for a drafter without passes; not from
+a round that resumes drafting, whose first pass also feeds the tokens committed without the
+drafter) and verification ms: a plain decoding step (the mean of the rounds
 without a draft) and, for a draft of k tokens, that step + a step for any draft + a per-token
 slope (an exponentially weighted least-squares fit over the rounds with a draft; ``OnlineCosts``
 says why the plain step stands apart), timings winsorised against the current estimates -- or taken from a hardware profile
@@ -109,6 +112,9 @@ OUTLIER_WARMUP = 5
 PROBE_MAX_LENGTH = 8
 #: Weight of the newest sample in the drafting-cost averages and in the chunk-size averages.
 COST_EMA = 0.1
+#: Forgetting factor of the drafting-cost fit (``OnlineCosts.first_pass_ms``), per round with passes:
+#: the same memory as ``COST_EMA``'s averages.
+DRAFT_DECAY = 1.0 - COST_EMA
 CHUNK_EMA = 0.2
 #: The decision tables (calibration, costs, throughput) are rebuilt after each of the first
 #: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds: the calibration's batch schedule.
@@ -145,8 +151,9 @@ class GoodputPolicy(LengthPolicy):
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never):
-            two rounds when the drafter makes passes whose cost is measured (the first resumes
-            drafting and teaches only the verification's cost, the second the drafter's), one
+            two rounds of two passes at least when the drafter makes passes whose cost is measured
+            (the first resumes drafting and teaches only the verification's cost, the second the
+            drafter's: its first pass and a later one), one
             with a profile's costs or a drafter without passes (its ms per drafted token is learned
             from every round).
             A probe round plans without the measured verification cost (what it measures): it
@@ -216,6 +223,9 @@ class GoodputPolicy(LengthPolicy):
         # its drafting ms are not what a pass costs (``update``).
         self._resuming = True
         self._probe_again = False  # the last round was a probe that resumed drafting: probe once more
+        # passes a probe makes at least: two while a pass's cost is measured, so that it measures a
+        # later pass too, not just the round's first (``first_pass_ms``)
+        self._probe_passes = 1 if self.costs.drafting_pinned else 2
         self._pending: list[tuple[tuple[float, ...], int]] = []  # (confidences, accepted) not yet counted
         self._rounds = 0  # rounds learned from
         self._updates = 0  # rounds learned from since the tables were rebuilt
@@ -275,8 +285,10 @@ class GoodputPolicy(LengthPolicy):
         lam = self.rate
         verify = self._positions * self._token_ms  # (H,) ms to verify m = 1..H added tokens
         self._cost_later = lam * (verify[None, :] + passes_later * costs.pass_ms)  # (H+1, H): [r, m - 1]
-        # a round's first chunk; a draft of any length also pays the verification's step
-        self._cost_first = lam * (verify + costs.verify_step + passes_first * costs.pass_ms)  # (H,)
+        # a round's first chunk; a draft of any length also pays the verification's step, and the
+        # round's first pass what it costs beyond a later one (it also feeds the last round's tokens)
+        first_pass = costs.first_pass_ms - costs.pass_ms
+        self._cost_first = lam * (verify + costs.verify_step + passes_first * costs.pass_ms + first_pass)  # (H,)
         # a probe round's: without the verification's cost when it is measured (what the probe
         # measures); a profile's pinned cost is known, so a probe plans with it like any round
         if costs.verify_pinned:
@@ -284,7 +296,7 @@ class GoodputPolicy(LengthPolicy):
         else:
             drafting = self._positions * costs.draft_ms_per_token  # (H,)
             self._probe_cost_later = lam * (drafting[None, :] + passes_later * costs.pass_ms)
-            self._probe_cost_first = lam * (drafting + passes_first * costs.pass_ms)
+            self._probe_cost_first = lam * (drafting + passes_first * costs.pass_ms + first_pass)
         self._updates = 0
         self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
@@ -325,6 +337,8 @@ class GoodputPolicy(LengthPolicy):
             target = self._first_plan
         else:
             target = self._plan(k, frontier, ahead)
+            if self._probing and draft.forward_passes < self._probe_passes and frontier < PROBE_MAX_LENGTH:
+                target = max(target, frontier + 1)  # a probe's next pass: one token past the frontier
         if target <= k:
             if k == 0 and self.probe_interval and (self._plain_rounds >= self.probe_interval or self._probe_again):
                 # a probe: refresh the estimates after a long stretch of plain decoding, with a draft
@@ -418,11 +432,17 @@ class GoodputPolicy(LengthPolicy):
 class OnlineCosts:
     """Round costs in ms, measured from ``RoundRecord`` timings or pinned by a latency profile.
 
-    * ``pass_ms``: drafting ms per drafter pass, a ratio of averages of ``draft_ms`` and
-      ``drafter_forward_passes`` over rounds with passes (but those ``observe`` is told not to
-      learn drafting from: ``GoodputPolicy.update``'s rounds that resume drafting) (profile:
-      ``drafter_pass_ms``). Before
-      any is measured: ``PRIOR_PASS_RATIO x verify_ms(0)``.
+    * ``pass_ms`` and ``first_pass_ms``: drafting ms of a drafter pass after the round's first,
+      and of the round's first pass, which also feeds the tokens the last round committed (the
+      AR drafter's accepted tokens and bonus token, EAGLE-3's and DFlash's target features): on
+      the compiled runtime a wider pass than the next ones (the AR drafter here: about 1 ms
+      against 0.35 ms). Least squares of ``draft_ms`` on ``drafter_forward_passes`` over the
+      rounds with passes (but those ``observe`` is told not to learn drafting from:
+      ``GoodputPolicy.update``'s rounds that resume drafting), each weighted ``DRAFT_DECAY **
+      age``: ``pass_ms`` the slope, ``first_pass_ms`` the line at one pass. Until two pass counts
+      were seen, or when the slope is not positive, both are the ratio of averages of the two
+      (profile: both ``drafter_pass_ms``). Before any is measured: ``PRIOR_PASS_RATIO x
+      verify_ms(0)``.
     * ``draft_ms_per_token``: drafting ms per drafted token of rounds without passes (model-free
       drafters); 0 with a profile's ``drafter_pass_ms`` (the profile models passes only).
     * ``verify_ms(0) = verify_base``: a plain decoding step, the mean ms of the rounds without a
@@ -453,6 +473,8 @@ class OnlineCosts:
         self._pinned_base = profile.target_ms_per_token if profile else None
         self._pinned_slope = profile.verify_ms_per_draft_token if profile else None
         self._pass = _RatioOfMeans(COST_EMA)  # draft ms / passes
+        self._draft_sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y (x = passes, y = draft ms)
+        self._draft_line: tuple[float, float] | None = None  # (ms at one pass, ms per further pass), when fitted
         self._token = _RatioOfMeans(COST_EMA)  # draft ms / drafted tokens (rounds without passes)
         self._plain = (0.0, 0.0)  # decayed sums of 1, y over the rounds without a draft (y = verify ms)
         self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y over drafted rounds (x = length)
@@ -460,9 +482,19 @@ class OnlineCosts:
 
     @property
     def pass_ms(self) -> float:
+        """ms of a drafter pass after the round's first."""
         if self._pinned_pass is not None:
             return self._pinned_pass
+        if self._draft_line is not None:
+            return self._draft_line[1]
         return self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * self.verify_ms(0)
+
+    @property
+    def first_pass_ms(self) -> float:
+        """ms of the round's first drafter pass (``pass_ms`` until the fit separates them)."""
+        if self._pinned_pass is None and self._draft_line is not None:
+            return self._draft_line[0]
+        return self.pass_ms
 
     @property
     def draft_ms_per_token(self) -> float:
@@ -518,11 +550,9 @@ class OnlineCosts:
     def round_ms(self, record: RoundRecord) -> float:
         """The modeled ms of a recorded round (its passes, drafted tokens and length)."""
         own = record.speculation_length - record.reused_tokens
-        return (
-            record.drafter_forward_passes * self.pass_ms
-            + own * self.draft_ms_per_token
-            + self.verify_ms(record.speculation_length)
-        )
+        passes = record.drafter_forward_passes
+        first = self.first_pass_ms - self.pass_ms if passes > 0 else 0.0
+        return passes * self.pass_ms + first + own * self.draft_ms_per_token + self.verify_ms(record.speculation_length)
 
     def observe(self, record: RoundRecord, drafting: bool = True) -> None:
         """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing);
@@ -532,7 +562,13 @@ class OnlineCosts:
             passes = record.drafter_forward_passes
             average, units = (self._pass, passes) if passes > 0 else (self._token, own)
             if units > 0:
-                average.add(_winsorised(record.draft_ms, units * average.ratio, average.samples), units)
+                expected = units * average.ratio
+                if passes > 0 and self._draft_line is not None:  # against the fitted line
+                    expected = self._draft_line[0] + (passes - 1) * self._draft_line[1]
+                y = _winsorised(record.draft_ms, expected, average.samples)
+                average.add(y, units)
+                if passes > 0:
+                    self._fit_drafting(float(passes), y)
         if record.verify_ms > 0.0:
             k = record.speculation_length
             d = VERIFY_DECAY  # a few scalars: Python floats are cheaper here than a numpy call
@@ -551,9 +587,23 @@ class OnlineCosts:
             slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
             self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
 
+    def _fit_drafting(self, x: float, y: float) -> None:
+        """Add a round of ``x`` passes and ``y`` drafting ms to the drafting fit (``first_pass_ms``)."""
+        d = DRAFT_DECAY
+        w, sx, sy, sxx, sxy = self._draft_sums
+        w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
+        self._draft_sums = (w, sx, sy, sxx, sxy)
+        var = w * sxx - sx * sx
+        self._draft_line = None
+        if var > 1e-3 * w * w:  # two pass counts seen (not just in the fit's far past)
+            slope = (w * sxy - sx * sy) / var
+            if slope > 0.0:
+                self._draft_line = (max((sy - slope * sx) / w + slope, slope), slope)
+
     def __repr__(self) -> str:
         return (
-            f"OnlineCosts(pass_ms={self.pass_ms:.3g}, draft_ms_per_token={self.draft_ms_per_token:.3g}, "
+            f"OnlineCosts(pass_ms={self.pass_ms:.3g}, first_pass_ms={self.first_pass_ms:.3g}, "
+            f"draft_ms_per_token={self.draft_ms_per_token:.3g}, "
             f"verify_base={self.verify_base:.3g}, verify_step={self.verify_step:.3g}, "
             f"verify_slope={self.verify_slope:.3g})"
         )

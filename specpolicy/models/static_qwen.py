@@ -334,8 +334,8 @@ class StaticPasses(torch.nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
-        most the largest bucket, each at its width (``_width``: padded to a bucket on CUDA): what ``StaticBatchQwen.run_rows`` and
-        ``StaticBatchEagle3.run_rows`` share.
+        most the largest bucket, each at its width (``_width``: padded to a bucket on CUDA): what
+        ``StaticBatchQwen.run_rows`` and ``StaticBatchEagle3.run_rows`` share.
 
         Args:
             inputs: per-row inputs ``(rows, n, ...)``.
@@ -580,8 +580,9 @@ class StaticBatchQwen(StaticQwen):
     ``(rows, kv_heads, capacity + pad, head_dim)``, row ``r`` one request's sequence in its own
     columns, so a round writes each row's new positions where they stay -- accepting is moving a
     length, never copying. A pass feeds ``n`` tokens to every row at once (rows without a request
-    too: their writes land in their own row, which the next request overwrites); ``n`` is padded
-    to a bucket, the padded columns written past each row's tokens, where no real token looks.
+    too: their writes land in their own row, which the next request overwrites); ``n`` is at least
+    2 and, on CUDA, padded to a bucket, the padded columns written past each row's tokens, where
+    no real token looks.
 
     Args:
         model / capacity / compile / buckets: as ``StaticQwen`` (capacity per row).
@@ -975,8 +976,8 @@ class StaticBatchEagle3(StaticPasses):
     (the batched loop's compiled drafting, ``drafters/eagle3.py``): per request a sequence of its
     own columns, written where they stay, so a round's roll-back moves its length. A pass feeds
     every sequence at once (``run_rows``): a request that drafts this step its new positions at
-    its length, the rest (other requests, padding) at scratch columns no real position sees. Passes are padded to a
-    bucket of 2 or more, as ``StaticBatchQwen``'s. Greedy drafting only (sampling copies draft
+    its length, the rest (other requests, padding) at scratch columns no real position sees. Passes
+    are 2 columns or more (on CUDA padded to a bucket), as ``StaticBatchQwen``'s. Greedy drafting only (sampling copies draft
     eagerly).
 
     Args:

@@ -623,17 +623,21 @@ def test_plot_writes_the_calibration_figure_for_runs_with_a_drafter(tmp_path, ru
     assert 'src="calibration_ar+goodput.png"' in (run / "plots" / "index.html").read_text()
 
 
-def catch_up_rounds(policy, drafter, rounds, accept, verify_ms, pass_ms=0.2, catch_up_ms=0.3, prompt=60):
+def catch_up_rounds(
+    policy, drafter, rounds, accept, verify_ms, pass_ms=0.2, catch_up_ms=0.3, prompt=60, first_pass_ms=None
+):
     """Rounds whose drafting ms carry a catch-up, as the drafters that read the target do: a round
     that resumes drafting (a prompt's first, or the first after plain rounds) makes one pass that
     also feeds every token committed without the drafter, ``catch_up_ms`` each (a prompt of
-    ``prompt`` tokens, one per plain round); other rounds cost ``pass_ms`` a pass. ``accept(i,
-    draft)``, ``verify_ms(k)``. Returns the draft lengths."""
+    ``prompt`` tokens, one per plain round); other rounds cost ``pass_ms`` a pass, or
+    ``first_pass_ms`` for a round's first pass when given. ``accept(i, draft)``, ``verify_ms(k)``.
+    Returns the draft lengths."""
     waiting, lengths = prompt, []
+    first_extra = 0.0 if first_pass_ms is None else first_pass_ms - pass_ms
     for i in range(rounds):
         draft, _ = draft_round(drafter, policy, ROOM, "cpu")
         k, passes, a = draft.length, draft.forward_passes, accept(i, draft)
-        draft_ms = passes * pass_ms + (catch_up_ms * waiting if passes else 0.0)
+        draft_ms = passes * pass_ms + (catch_up_ms * waiting + first_extra if passes else 0.0)
         waiting = waiting + a + 1 if not passes else 0
         confidences = tuple(draft.confidences.tolist())
         policy.update(RoundRecord(0, k, a, a + 1, passes, 0, draft_ms, verify_ms(k), confidences))
@@ -653,7 +657,7 @@ def test_a_round_that_resumes_drafting_does_not_set_the_pass_cost():
     lengths = catch_up_rounds(
         policy, ScriptedDrafter(confidence=0.99), 60, lambda i, d: d.length, lambda k: 10.0 + 10.0 * k
     )
-    assert lengths[:12] == [1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0]  # probes of two rounds, 4 plain rounds apart
+    assert lengths[:12] == [2, 2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0]  # probes of two rounds (two passes each), 4 apart
     assert policy.costs.pass_ms == pytest.approx(0.2)  # catch-ups of 18 ms (the prompt) and 1.2 ms left out
 
 
@@ -699,3 +703,49 @@ def test_a_drafter_without_passes_keeps_one_round_probes_and_its_token_cost():
     assert policy.costs.draft_ms_per_token == pytest.approx(0.5)
     probes = [i for i, k in enumerate(lengths[10:]) if k]
     assert len(probes) >= 4 and np.all(np.diff(probes) == 5)  # 4 plain rounds, then a one-round probe
+
+
+def test_the_rounds_first_pass_stands_apart_from_later_passes():
+    """A round's first drafter pass also feeds the last round's committed tokens (on the compiled
+    runtime a wider pass: the AR drafter 1.0 ms against 0.3 ms a later pass): drafting ms fitted on
+    passes give both; with one pass count seen they are one ratio."""
+    costs = OnlineCosts()
+    for _ in range(5):
+        costs.observe(RoundRecord(0, 1, 0, 1, 1, 0, draft_ms=1.0, verify_ms=2.3))
+    assert costs.pass_ms == pytest.approx(1.0) and costs.first_pass_ms == pytest.approx(1.0)
+    for passes in (2, 5, 8, 3, 1, 6) * 3:
+        costs.observe(RoundRecord(0, passes, 0, 1, passes, 0, draft_ms=1.0 + 0.3 * (passes - 1), verify_ms=2.3))
+    assert costs.first_pass_ms == pytest.approx(1.0) and costs.pass_ms == pytest.approx(0.3)
+    record = RoundRecord(0, 5, 0, 1, 5, 0, draft_ms=0.0, verify_ms=0.0)
+    assert costs.round_ms(record) == pytest.approx(1.0 + 4 * 0.3 + costs.verify_ms(5))
+    pinned = OnlineCosts(GoodputPolicy(cost_profile="a6000-qwen32b").profile)
+    assert pinned.first_pass_ms == pinned.pass_ms == 6.1
+
+
+def test_a_dear_first_pass_does_not_keep_a_cheap_chain_off():
+    """The compiled runtime's AR drafter (measured: a round's first pass about 1 ms, a later one
+    0.3 ms; a plain step 1.55 ms, a drafted verification about 2.4 ms), after three rounds timed
+    at warm-up (20x drafting, 5x verification) that send the policy to plain decoding: the
+    probes, two passes at least, measure a later pass too, the fit separates it from the first,
+    and drafting resumes (about 6 tokens a round). With one cost per pass the one-token probes
+    booked the first pass's 1 ms for every pass and the policy stayed plain but for its probes
+    (the compiled peers run: 11% of rounds drafted, 0.88x vanilla)."""
+    policy = GoodputPolicy(probe_interval=16)
+    accept = calibrated_acceptance(seed=3)
+    drafter = ScriptedDrafter(choices=(0.7, 0.85, 0.95), seed=3)
+    lengths, waiting = [], 60
+    for i in range(800):
+        draft, _ = draft_round(drafter, policy, ROOM, "cpu")
+        k, passes, a = draft.length, draft.forward_passes, accept(draft)
+        draft_ms = 1.0 + 0.3 * (passes - 1) + 0.01 * waiting if passes else 0.0  # with a catch-up
+        waiting = waiting + a + 1 if not passes else 0
+        verify_ms = 1.55 + (0.8 + 0.05 * k if k else 0.0)
+        if i < 3:  # warm-up timings
+            draft_ms, verify_ms = 20 * draft_ms, 5 * verify_ms
+        policy.update(RoundRecord(0, k, a, a + 1, passes, 0, draft_ms, verify_ms, tuple(draft.confidences.tolist())))
+        drafter.commit(draft, None)
+        lengths.append(k)
+    assert policy.costs.first_pass_ms == pytest.approx(1.0, abs=0.05)
+    assert policy.costs.pass_ms == pytest.approx(0.3, abs=0.02)
+    late = [k for k in lengths[-300:] if k]
+    assert len(late) >= 150 and np.mean(late) >= 4
