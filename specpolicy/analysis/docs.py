@@ -1344,8 +1344,9 @@ def runtime_page(
         "into its own loops split between the threads (`static_qwen.CPU_MATMUL`): MKL reads these small "
         "matrices at about 24 GB/s on this machine, one thread at a time, the reductions at over 100 GB/s. "
         "The wider passes (verification, drafting) multiply with oneDNN on weights frozen into the graph "
-        "(`static_qwen.CPU_FREEZE`): cheaper than with MKL, but verifying 8 positions still costs about two "
-        "decoding steps and every drafter pass counts in full, so on this runtime a drafter's tokens have to be "
+        "(`static_qwen.CPU_FREEZE`), called from C++ wrappers (`static_qwen.CPU_CPP_WRAPPER`) at their exact "
+        "widths: cheaper than with MKL, but verifying 8 positions still costs about one and a half decoding "
+        "steps and every drafter pass counts in full, so on this runtime a drafter's tokens have to be "
         "accepted more often to pay ([how-to](../how-to/compiled-runtime.md) for the per-pass figures). "
         f"{ranking}",
     ]
