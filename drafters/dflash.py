@@ -49,6 +49,7 @@ the longest and masked per row; each request records what its own pass would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,6 +68,7 @@ from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabul
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
+from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import hookimpl
 
 NAME = "dflash"
@@ -79,7 +81,7 @@ EXTENSIONS = ("given", "none")
 BATCH_POSITIONS = 16
 
 
-class DFlashDrafter(Drafter):
+class DFlashDrafter(SharedSequencesDrafter, Drafter):
     """DFlash drafting: B - 1 tokens per forward pass, from the target's features.
 
     Args:
@@ -98,7 +100,9 @@ class DFlashDrafter(Drafter):
     On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
     context compiled per shape bucket (``specpolicy.models.static_qwen.StaticDFlash``: the newly
     committed positions' keys and values and the block in one pass; compile seconds added to
-    ``runtime.warmup_s``); the batched loop's request copies drop it (``specpolicy.core.batching``).
+    ``runtime.warmup_s``). In the batched loop (``batched``) greedy requests draft on a static
+    cache of one context sequence per request, compiled (``StaticBatchDFlash``): one pass for
+    every request that drafts at each step.
     """
 
     name = NAME
@@ -136,6 +140,7 @@ class DFlashDrafter(Drafter):
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
         self._sampling: SamplingConfig | None = None
         self.static = None  # the compiled runtime's StaticDFlash, else None
+        self._no_shared_sequences()  # the batched loop's StaticBatchDFlash (``batched``)
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticDFlash
 
@@ -170,6 +175,7 @@ class DFlashDrafter(Drafter):
             ValueError: for an empty prompt, missing features, or features of the wrong shape.
         """
         check_prompt_features(prompt_ids, features, "the dflash drafter")
+        self._take_sequence(sampling is None or sampling.is_greedy)  # a batched run's greedy request
         self.cache = KVCache(len(self.model.layers))
         if self.static is not None:
             self.static.reset()
@@ -179,6 +185,12 @@ class DFlashDrafter(Drafter):
         self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
+
+    def _batched_static(self, slots: int):
+        """The batched loop's static cache of ``slots`` context sequences (``SharedSequencesDrafter.batched``)."""
+        from specpolicy.models.static_qwen import StaticBatchDFlash
+
+        return StaticBatchDFlash(self.model, self.static.capacity, slots, compile=self.static.compiled)
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -214,7 +226,9 @@ class DFlashDrafter(Drafter):
         new = None
         if self._context is not None and self._context.shape[0]:
             new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
-        if self.static is not None:  # compiled: the same pass over the static context cache
+        if self._slot is not None:  # a request of a batched run on the shared static cache
+            out = type(self)._shared_blocks([self])[0]
+        elif self.static is not None:  # compiled: the same pass over the static context cache
             out = self.static.block(self.embed_tokens(ids), None if new is None else new[0])
         else:
             out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
@@ -328,6 +342,8 @@ class DFlashDrafter(Drafter):
             ValueError: for a ``num_tokens`` entry < 1 (before any pass).
         """
         lead = drafters[0] if drafters else None
+        if len(drafters) > 1 and lead.path_search is None and all(d._slot is not None for d in drafters):
+            return cls._draft_together(drafters, num_tokens, cls._shared_pass)  # the shared static cache
         if (
             len(drafters) < 2
             or lead.path_search is not None
@@ -341,6 +357,14 @@ class DFlashDrafter(Drafter):
             )
         ):
             return super().draft_many(drafters, num_tokens)
+        return cls._draft_together(drafters, num_tokens, cls._pass_together)
+
+    @staticmethod
+    def _draft_together(
+        drafters: list[DFlashDrafter], num_tokens: list[int], together: Callable[[list[DFlashDrafter]], None]
+    ) -> list[Draft]:
+        """``draft_many``'s steps: every request whose draft still takes a pass runs it in
+        ``together`` (one alone in its own ``_pass``)."""
         wants = [d._wants(n) for d, n in zip(drafters, num_tokens)]
         while True:
             step = [d for d, want in zip(drafters, wants) if d._needs_pass(want)]
@@ -349,7 +373,53 @@ class DFlashDrafter(Drafter):
             if len(step) == 1:
                 step[0]._pass()
             else:
-                cls._pass_together(step)
+                together(step)
+
+    @staticmethod
+    def _shared_blocks(drafters: list[DFlashDrafter]) -> list[torch.Tensor]:
+        """One pass of the shared static cache (``StaticBatchDFlash.run_rows``) for the requests
+        ``drafters``: each one's newly committed positions join its context sequence, then its block
+        ``[pending, drafted so far, MASK x (B - 1)]`` attends to it; the other sequences idle. A
+        request whose new positions and block would pass the largest bucket (a new prompt) writes
+        its context first, alone (``context_rows``). Returns each request's block outputs ``(q_i, H)``."""
+        lead, rows = drafters[0], drafters[0]._shared
+        static, device, dtype = rows.static, lead.runtime.torch_device, lead.runtime.torch_dtype
+        blocks = [lead.embed_tokens(torch.cat([d._pending, d._tokens, d._masks])) for d in drafters]
+        sequences, top = len(rows.lengths), static.buckets[-1]
+        for d, block in zip(drafters, blocks):  # a long catch-up: the context alone first
+            if d._context is not None and d._context.shape[0] + block.shape[0] > top:
+                u = int(d._context.shape[0])
+                context = d._context.new_zeros((sequences, u, d._context.shape[1])).to(dtype)
+                context[d._slot] = d._context
+                starts, counts = rows.feed([d._slot], [u])
+                static.context_rows(context, counts, starts)
+                d._context = None
+        uses = [0 if d._context is None else int(d._context.shape[0]) for d in drafters]
+        counts = [u + int(block.shape[0]) for u, block in zip(uses, blocks)]
+        n, slots = max(counts), [d._slot for d in drafters]
+        block_rows = blocks[0].new_zeros((sequences, n, blocks[0].shape[-1])).to(dtype)
+        context_rows = block_rows.new_zeros((sequences, n, static.features))
+        all_counts = [0] * sequences
+        context_counts = [0] * sequences
+        for d, slot, u, count, block in zip(drafters, slots, uses, counts, blocks):
+            block_rows[slot, u:count] = block
+            if u:
+                context_rows[slot, :u] = d._context
+            all_counts[slot], context_counts[slot] = count, u
+            d._context = None
+        starts, _ = rows.feed(slots, uses)  # the lengths grow by the context rows only
+        counts_t, context_t = torch.tensor([all_counts, context_counts], device=device)
+        out = static.run_rows(block_rows, context_rows, context_t, counts_t, starts)
+        return [out[slot, u:count] for slot, u, count in zip(slots, uses, counts)]
+
+    @staticmethod
+    def _shared_pass(drafters: list[DFlashDrafter]) -> None:
+        """``_pass_together`` on the shared static cache (greedy): one pass, B - 1 tokens each."""
+        lead = drafters[0]
+        outs = DFlashDrafter._shared_blocks(drafters)
+        new = lead.block_size - 1
+        logits = lead.head(torch.stack([out[-new:] for out in outs]))  # (b, B - 1, V or Vd)
+        DFlashDrafter._record_passes(drafters, logits)
 
     @staticmethod
     def _cache_contexts(drafters: list[DFlashDrafter]) -> None:
@@ -402,6 +472,13 @@ class DFlashDrafter(Drafter):
         out = model(lead.embed_tokens(ids), positions, context, mask)  # (b, q, H)
         drafted = (sizes_t - new)[:, None] + torch.arange(new, device=device)  # (b, B - 1): the masks' rows
         logits = lead.head(out[torch.arange(b, device=device)[:, None], drafted])  # (b, B - 1, V or Vd)
+        DFlashDrafter._record_passes(drafters, logits)
+
+    @staticmethod
+    def _record_passes(drafters: list[DFlashDrafter], logits: torch.Tensor) -> None:
+        """Each request's pass recorded from its logits ``(b, B - 1, V or Vd)`` as its ``_pass`` would
+        (greedy in one argmax; sampling request after request), one sync for the stop tokens."""
+        lead, b, new = drafters[0], logits.shape[0], logits.shape[1]
         if all(d._sampling is None for d in drafters):
             tokens, confs, _ = lead._choose(logits.flatten(0, 1), None, None)
             chosen = [(row, conf, None) for row, conf in zip(tokens.view(b, new), confs.view(b, new))]

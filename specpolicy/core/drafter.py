@@ -56,8 +56,8 @@ class Drafter(ABC):
         """The drafter the batched loop copies per request (``specpolicy.core.batching``), for at
         most ``slots`` requests in flight -- as ``Verifier.batched(slots=)`` sizes the target's
         cache. Default: this drafter. A drafter whose requests can share a cache sized by the batch
-        (on the compiled runtime ``eagle3`` and ``ar``: one static sequence per request) returns one whose
-        copies take their share in ``prefill`` and give it back in ``release``."""
+        (on the compiled runtime ``eagle3``, ``ar`` and ``dflash``: one static sequence per request)
+        returns one whose copies take their share in ``prefill`` and give it back in ``release``."""
         return self
 
     def release(self) -> None:

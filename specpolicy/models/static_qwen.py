@@ -367,7 +367,7 @@ class StaticPasses(torch.nn.Module):
                 window = longest - n + a + b
             else:  # real positions at their columns, the rest at the scratch columns past the capacity
                 slots = torch.where(a + steps < counts[:, None], slots, self.capacity + steps)
-                window = int(torch.minimum(ends, starts + a + b).max())
+                window = max(int(torch.minimum(ends, starts + a + b).max()), 1)  # all idle (warm-up): one window, not 0
             window = min(self.width, -(-window // self.window) * self.window)
             mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
             outputs = self._pass(*rows, slots, slots, mask)
@@ -877,7 +877,8 @@ class StaticEagle3(StaticPasses):
 
 
 class SharedSequences:
-    """A static cache of several sequences (``StaticBatchQwen``, ``StaticBatchEagle3``) shared by
+    """A static cache of several sequences (``StaticBatchQwen``, ``StaticBatchEagle3``,
+    ``StaticBatchDFlash``) shared by
     the requests of a batched run (``Drafter.batched``): each request holds one sequence from its
     prefill to its release; the sequences' lengths live here.
 
@@ -922,7 +923,7 @@ class SharedSequences:
 
 class SharedSequencesDrafter:
     """The batched loop's side of a drafter with a static cache (``Drafter.batched`` / ``release``),
-    one place for the AR and EAGLE-3 drafters: ``batched(slots)`` builds the drafter's static cache
+    one place for the AR, EAGLE-3 and DFlash drafters: ``batched(slots)`` builds the drafter's static cache
     of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
     its compile seconds added to ``runtime.warmup_s``) and returns a copy whose own copies -- one per
     request -- each take a sequence in ``prefill`` (``_take_sequence``, greedy requests only) and
@@ -1176,3 +1177,168 @@ class StaticDFlash(StaticPasses):
         (out,) = self.passes([rows_block, rows_ctx, is_context], attend=attend)
         self.length = start + u  # the block's keys and values are not kept
         return out[u:]
+
+
+class StaticBatchDFlash(StaticPasses):
+    """The DFlash drafter behind a static KV cache of its context for ``rows`` sequences, one per
+    request in flight (the batched loop's compiled drafting, ``drafters/dflash.py``): per request a
+    sequence of its own columns holding its committed positions' keys and values, so a pass writes
+    them where they stay. A pass (``run_rows``) feeds every sequence at once: a request that drafts
+    this step its newly committed positions' features (context rows, causal) and then its block
+    (attending to its whole context and to the block itself, bidirectional), at its length; the
+    other sequences, and the padding, at scratch columns past the capacity, which no real position
+    sees. As ``StaticDFlash``, only the context stays: the block's keys and values sit past the
+    length, overwritten by the next pass. Passes are 2 columns or more (on CUDA padded to a bucket:
+    ``BUCKETS`` and 128). Greedy drafting only (sampling copies draft eagerly).
+
+    Args:
+        model: the DFlash model, eval mode. capacity / compile / buckets: as ``StaticDFlash``
+            (capacity per sequence).
+        rows: sequences the cache holds (the batch size), >= 1.
+    Raises:
+        ValueError: ``rows`` < 1 or a capacity < 1.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        capacity: int,
+        rows: int,
+        compile: bool = False,
+        buckets: Sequence[int] | None = None,
+    ) -> None:
+        buckets = rows_buckets(rows, tuple(sorted(set(BUCKETS if buckets is None else buckets) | {128})))
+        super().__init__()
+        self.dflash = model
+        att = model.layers[0].self_attn
+        self.heads, self.kv_heads, self.head_dim = att.num_heads, att.num_kv_heads, att.head_dim
+        weight = model.fc.weight
+        self.features, self.hidden_size = int(weight.shape[1]), int(weight.shape[0])
+        self._setup(
+            len(model.layers),
+            self.kv_heads,
+            self.head_dim,
+            capacity,
+            weight.device,
+            weight.dtype,
+            compile,
+            buckets,
+            rows,
+        )
+
+    def _forward(
+        self,
+        block: torch.Tensor,
+        context: torch.Tensor,
+        is_context: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor]:
+        """One pass over every sequence: block embeddings ``(R, B, H)`` (zeros on context rows),
+        context features ``(R, B, F)`` (zeros on block rows), ``is_context`` ``(R, B) bool`` at
+        ``positions`` ``(R, B)``, written to columns ``slots`` ``(R, B)``, ``mask`` ``(R, B, width)``:
+        ``StaticDFlash._forward``'s pass with a sequence axis. Returns ``(R, B, H)`` after the final
+        norm (meaningful on the block rows)."""
+        m = self.dflash
+        ctx = m.hidden_norm(m.fc(context))  # (R, B, H)
+        x = block
+        cos, sin = m.rope(x, positions)  # (R, B, d)
+        w = mask.shape[-1]
+        attn_mask = mask[:, None]  # (R, 1, B, w)
+        row_index = torch.arange(block.shape[0], device=slots.device)[:, None]  # (R, 1)
+        for i, layer in enumerate(m.layers):
+            a = layer.self_attn
+            h = layer.input_layernorm(x)
+            k, v = a.keys_values(torch.where(is_context[:, :, None], ctx, h), cos, sin)  # (R, kv, B, d)
+            cache_k, cache_v = self.layer_cache(i)
+            cache_k[row_index, :, slots] = k.transpose(1, 2)  # in place (index_put_)
+            cache_v[row_index, :, slots] = v.transpose(1, 2)
+            r, b = h.shape[0], h.shape[1]
+            q = a.q_norm(a.q_proj(h).view(r, b, a.num_heads, a.head_dim)).transpose(1, 2)
+            q = q * cos[:, None] + _rotate_half(q) * sin[:, None]
+            out = F.scaled_dot_product_attention(
+                q,
+                cache_k[:, :, :w],
+                cache_v[:, :, :w],
+                attn_mask=attn_mask,
+                enable_gqa=a.num_kv_heads != a.num_heads,
+            )
+            x = x + a.o_proj(out.transpose(1, 2).reshape(r, b, a.num_heads * a.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return (m.norm(x),)
+
+    @torch.inference_mode()
+    def run_rows(
+        self,
+        block: torch.Tensor,
+        context: torch.Tensor,
+        context_counts: torch.Tensor,
+        counts: torch.Tensor,
+        starts: torch.Tensor,
+    ) -> torch.Tensor:
+        """One drafting pass for the sequences with ``counts`` > 0: sequence ``r``'s first
+        ``context_counts[r]`` rows are its newly committed positions (their ``context`` features;
+        keys and values kept), the rest of its ``counts[r]`` rows its block (``block`` embeddings),
+        all at columns and positions ``starts[r], starts[r] + 1, ...``; its other rows, and every row
+        of a sequence with ``counts`` 0, at scratch columns past the capacity. The lengths are the
+        caller's (``SharedSequences.feed`` with the context counts).
+
+        Args:
+            block: ``(rows, n, H)`` block embeddings (zeros elsewhere); context: ``(rows, n, F)``
+                the target's features of the context rows (zeros elsewhere).
+            context_counts / counts / starts: ``(rows,) int64`` each.
+        Returns:
+            ``(rows, n, H)`` outputs after the final norm (meaningful on the block rows).
+        Raises:
+            ValueError: ``n`` past the largest bucket, or a sequence's rows past the capacity.
+        """
+        n = int(block.shape[1])
+        if n > self.buckets[-1]:
+            raise ValueError(f"a DFlash pass of {n} positions exceeds the largest bucket {self.buckets[-1]}")
+        ends = starts + counts  # (rows,): past each sequence's block
+        longest = int(ends.max())
+        if longest > self.capacity:
+            raise ValueError(f"new positions up to {longest} do not fit the static cache of {self.capacity}")
+        b = self._width(n)
+        # padded to the width; always a copy: fresh inference-mode inputs, whoever calls (``passes``)
+        block, context = (torch.cat([x, x.new_zeros((x.shape[0], b - n, x.shape[2]))], dim=1) for x in (block, context))
+        steps = torch.arange(b, device=starts.device)
+        real = steps < counts[:, None]  # (rows, b)
+        slots = torch.where(real, starts[:, None] + steps, self.capacity + steps)
+        is_context = steps < context_counts[:, None]
+        window = min(self.width, -(-max(longest, 1) // self.window) * self.window)
+        columns = self.columns[None, None, :window]
+        causal = columns <= slots[:, :, None]  # context rows (and scratch rows): causal over the slots
+        sees_block = columns < ends[:, None, None]  # block rows: the whole context and the block
+        mask = torch.where((is_context | ~real)[:, :, None], causal, sees_block)  # (rows, b, window)
+        (out,) = self._pass(block, context, is_context, slots, slots, mask)
+        return out[:, :n].clone() if self.replayed else out[:, :n]
+
+    @torch.inference_mode()
+    def context_rows(self, context: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
+        """Write sequence ``r``'s ``counts[r]`` newly committed positions (``context`` ``(rows, n, F)``)
+        at its columns from ``starts[r]``, with no block (a new request's prompt, longer than a
+        pass: ``StaticPasses._rows_passes``, in chunks); the lengths are the caller's."""
+        zeros = context.new_zeros((*context.shape[:2], self.hidden_size))
+        ones = torch.ones(context.shape[:2], dtype=torch.bool, device=context.device)
+        self._rows_passes([zeros, context, ones], starts, counts)
+
+    @torch.no_grad()
+    def warmup(self) -> float:
+        """Compile every bucket now (dummy passes, every sequence idle: the cache's contents stay as
+        they are). Returns the seconds spent, added to ``warmup_s``."""
+        if not self.compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        device, dtype, rows = self.columns.device, self.keys[0].dtype, self.keys[0].shape[0]
+        for b in self.buckets:
+            if b > self.capacity:
+                break
+            zeros = torch.zeros(rows, dtype=torch.long, device=device)
+            block = torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device)
+            context = torch.zeros((rows, b, self.features), dtype=dtype, device=device)
+            self.run_rows(block, context, zeros, zeros, zeros)
+        spent = time.perf_counter() - t0
+        self.warmup_s += spent
+        return spent

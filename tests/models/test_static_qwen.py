@@ -699,7 +699,10 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
     """``runtime.compile=true`` with EAGLE-3 or the AR drafter, batch size 3, 6 prompts, static
     k = 3: the requests draft on the drafter's compiled batched cache (``StaticBatchEagle3``,
     ``StaticBatchQwen``; built once for the batch size, its compile seconds in the warm-up) --
-    every request's output and drafts are those of the eager batch-1 loop."""
+    every request's output and drafts are those of the eager batch-1 loop, and the run compiles no
+    graph past the warm-up."""
+    from torch._dynamo.utils import counters
+
     from specpolicy.core.batching import generate_batch
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
@@ -722,10 +725,120 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
             runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])
             continue
         warm = rt.warmup_s
+        lead, _ = drafter.batched(3), verifier.batched(slots=3)  # built and warmed up once per batch size
+        graphs = counters["stats"]["unique_graphs"]
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
-        lead = drafter.batched(3)
+        assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
         batch = lead._shared.static
         assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
+        runs.append([out.results[i] for i in range(6)])
+    for eager, compiled in zip(*runs):
+        assert compiled.output_ids.tolist() == eager.output_ids.tolist()
+        assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
+
+
+@pytest.mark.parametrize("policy", [{"name": "static", "k": 7}, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20}])
+def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runtime, policy):
+    """DFlash's requests in the batched loop drafting on a static cache of one context sequence
+    each (``StaticBatchDFlash``: newly committed positions and block in one pass for every
+    request, idle sequences untouched): 9 prompts through 4 slots (requests join and leave; one
+    prompt of 140 tokens, whose context plus block pass the largest bucket, 128, so its context is
+    written alone first), one-block drafts and FailFast's extension passes -- every request's
+    output, drafts and accepted lengths are those of the eager batch-1 loop (float64)."""
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+
+    pm = get_plugin_manager(autoload=False)
+    verifier = make_verifier_hf(family, runtime)
+    make = lambda: (  # noqa: E731
+        make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, runtime, verifier),
+        make_policy(pm, policy),
+    )
+    prompts = [p[: 3 + 4 * i] for i, p in enumerate(random_prompts(8, seed=5))]
+    prompts.append(torch.randint(0, VOCAB - 1, (140,), generator=torch.Generator().manual_seed(9)))
+    alone = [
+        generate(p, verifier, runtime, max_new_tokens=24, drafter=d, policy=q) for p in prompts for d, q in [make()]
+    ]
+    d, q = make()
+    d.static = StaticDFlash(d.model, 600)  # the batch-1 static cache: the requests draft on StaticBatchDFlash's
+    leads = []
+    d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
+    batched = generate_batch(prompts, verifier, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
+    shared = leads[-1]._shared
+    assert isinstance(shared.static, StaticBatchDFlash)
+    assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) >= 140
+    assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(9))
+    if policy["name"] == "failfast":  # tau 0: drafts past the block of 8 (extension passes)
+        assert max(r.speculation_length for r in batched.results[0].rounds) > 8
+    for i, ref in enumerate(alone):
+        got = batched.results[i]
+        assert got.output_ids.tolist() == ref.output_ids.tolist(), i
+        assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
+            (r.draft_token_ids, r.accepted_length) for r in ref.rounds
+        ], i
+
+
+def test_dflash_batched_static_cache_leaves_idle_sequences_as_they_are(family):
+    """``StaticBatchDFlash.run_rows``: a sequence a pass leaves out keeps every column of its
+    cache; a sequence's block gives the outputs of a batch-1 ``StaticDFlash`` with the same
+    context (float64)."""
+    from specpolicy.models.dflash import load_dflash
+    from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
+
+    model = load_dflash(family["dflash"]).double()
+    batch, alone = StaticBatchDFlash(model, 64, rows=3), StaticDFlash(model, 64)
+    assert batch.buckets[0] == 2 and 128 in batch.buckets
+    g = torch.Generator().manual_seed(4)
+    features = torch.randn((12, batch.features), generator=g, dtype=torch.float64)
+    blocks = torch.randn((2, 8, batch.hidden_size), generator=g, dtype=torch.float64)
+    lengths = [0, 0, 0]
+    for step, (u, slot) in enumerate(((5, 0), (7, 0))):  # sequence 0 fed twice; 1 and 2 idle
+        context = torch.zeros((3, u + 8, batch.features), dtype=torch.float64)
+        block = torch.zeros((3, u + 8, batch.hidden_size), dtype=torch.float64)
+        done = sum((5, 7)[:step])
+        context[slot, :u] = features[done : done + u]
+        block[slot, u:] = blocks[step]
+        before = [(k.clone(), v.clone()) for k, v in zip(batch.keys, batch.values)]
+        counts, context_counts = torch.tensor([u + 8, 0, 0]), torch.tensor([u, 0, 0])
+        out = batch.run_rows(block, context, context_counts, counts, torch.tensor(lengths))
+        lengths[slot] += u
+        ref = alone.block(blocks[step], features[done : done + u])
+        torch.testing.assert_close(out[slot, u:], ref, rtol=0, atol=1e-10)
+        for (k, v), (k0, v0) in zip(zip(batch.keys, batch.values), before):
+            assert torch.equal(k[1:, :, :64], k0[1:, :, :64]) and torch.equal(v[1:, :, :64], v0[1:, :, :64])
+
+
+@pytest.mark.slow
+def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
+    """``runtime.compile=true`` with DFlash + FailFast (extension passes), batch size 3, 6 prompts:
+    the requests draft on the drafter's compiled batched cache (``StaticBatchDFlash``, built once
+    for the batch size, its compile seconds in the warm-up) -- every request's output and drafts
+    are those of the eager batch-1 loop, and the run compiles no graph past the warm-up."""
+    from torch._dynamo.utils import counters
+
+    from specpolicy.core.batching import generate_batch
+    from specpolicy.models.static_qwen import StaticBatchDFlash
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+
+    pm = get_plugin_manager(autoload=False)
+    prompts = random_prompts(6)
+    runs = []
+    for compile in (False, True):
+        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        verifier = make_verifier_hf(family, rt)
+        drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
+        policy = make_policy(pm, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20})
+        if not compile:
+            runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])
+            continue
+        warm = rt.warmup_s
+        batch, _ = drafter.batched(3)._shared.static, verifier.batched(slots=3)  # built and warmed up
+        graphs = counters["stats"]["unique_graphs"]
+        out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
+        assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
+        assert isinstance(batch, StaticBatchDFlash) and batch.compiled and batch.buckets == (8, 128)
+        assert batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
         assert compiled.output_ids.tolist() == eager.output_ids.tolist()
