@@ -268,7 +268,7 @@ def batched_rows(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.buckets:  # fewer buckets: a shorter warm-up, more padding
+    if args.buckets:  # fewer buckets: a shorter warm-up, more padding on CUDA (on CPU they set the chunks)
         from specpolicy.models import static_qwen
 
         static_qwen.BUCKETS = args.buckets

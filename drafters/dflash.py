@@ -44,7 +44,10 @@ request after another.
 
 Batched (``draft_many``, the batched loop): the requests that take a pass at the same step run it
 together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
-the longest and masked per row; each request records what its own pass would.
+the longest and masked per row; each request records what its own pass would. On the compiled
+runtime the greedy requests hold a context sequence each of one static cache sized by the batch
+(``batched``, ``specpolicy.models.static_qwen.StaticBatchDFlash``), and the same step is one pass
+over it: each request's newly committed positions and its block.
 """
 
 from __future__ import annotations
@@ -326,7 +329,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         the cached contexts padded to the longest, a mask keeping each row to its own context and
         its own block, bidirectional inside it). The newly committed positions' keys and values
         are written for all of them in one ``context_keys_values`` call too (a request with more
-        than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone).
+        than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone). Requests on the shared static
+        cache (``batched``, greedy) run each step as one ``StaticBatchDFlash`` pass instead, their
+        newly committed positions in it (a request whose positions and block pass the largest
+        bucket, e.g. a new prompt, writes its context alone first).
 
         Args:
             drafters: one per request, sharing one network, embeddings, head and stop tokens
@@ -348,6 +354,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             len(drafters) < 2
             or lead.path_search is not None
             or lead.static is not None
+            or any(d._slot is not None for d in drafters)  # some on the shared cache: each its own pass
             or any(
                 d.model is not lead.model
                 or d.embed_tokens is not lead.embed_tokens
@@ -386,6 +393,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         static, device, dtype = rows.static, lead.runtime.torch_device, lead.runtime.torch_dtype
         blocks = [lead.embed_tokens(torch.cat([d._pending, d._tokens, d._masks])) for d in drafters]
         sequences, top = len(rows.lengths), static.buckets[-1]
+        for d, block in zip(drafters, blocks):  # before any state moves: a refused pass leaves it as it was
+            new = (0 if d._context is None else int(d._context.shape[0])) + int(block.shape[0])
+            if rows.lengths[d._slot] + new > static.capacity:
+                raise ValueError(
+                    f"{new} new positions after {rows.lengths[d._slot]} cached do not fit the static cache "
+                    f"of {static.capacity}"
+                )
         for d, block in zip(drafters, blocks):  # a long catch-up: the context alone first
             if d._context is not None and d._context.shape[0] + block.shape[0] > top:
                 u = int(d._context.shape[0])

@@ -115,6 +115,9 @@ COST_EMA = 0.1
 #: Forgetting factor of the drafting-cost fit (``OnlineCosts.first_pass_ms``), per round with passes:
 #: the same memory as ``COST_EMA``'s averages.
 DRAFT_DECAY = 1.0 - COST_EMA
+#: ... and the spread of pass counts it needs (their weighted variance) before it separates a
+#: round's first pass from the later ones.
+DRAFT_SPREAD = 0.05
 CHUNK_EMA = 0.2
 #: The decision tables (calibration, costs, throughput) are rebuilt after each of the first
 #: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds: the calibration's batch schedule.
@@ -337,7 +340,12 @@ class GoodputPolicy(LengthPolicy):
             target = self._first_plan
         else:
             target = self._plan(k, frontier, ahead)
-            if self._probing and draft.forward_passes < self._probe_passes and frontier < PROBE_MAX_LENGTH:
+            if (
+                self._probing
+                and not self._resuming  # a round that resumes drafting teaches no pass's cost anyway
+                and 0 < draft.forward_passes < self._probe_passes
+                and frontier < PROBE_MAX_LENGTH
+            ):
                 target = max(target, frontier + 1)  # a probe's next pass: one token past the frontier
         if target <= k:
             if k == 0 and self.probe_interval and (self._plain_rounds >= self.probe_interval or self._probe_again):
@@ -439,9 +447,10 @@ class OnlineCosts:
       against 0.35 ms). Least squares of ``draft_ms`` on ``drafter_forward_passes`` over the
       rounds with passes (but those ``observe`` is told not to learn drafting from:
       ``GoodputPolicy.update``'s rounds that resume drafting), each weighted ``DRAFT_DECAY **
-      age``: ``pass_ms`` the slope, ``first_pass_ms`` the line at one pass. Until two pass counts
-      were seen, or when the slope is not positive, both are the ratio of averages of the two
-      (profile: both ``drafter_pass_ms``). Before any is measured: ``PRIOR_PASS_RATIO x
+      age``: ``pass_ms`` the slope, ``first_pass_ms`` the line at one pass. Until the recent rounds'
+      pass counts spread (a weighted variance of at least ``DRAFT_SPREAD``), or when the slope is
+      under a tenth of the ratio below, both are the ratio of averages of the two (profile: both
+      ``drafter_pass_ms``). Before any is measured: ``PRIOR_PASS_RATIO x
       verify_ms(0)``.
     * ``draft_ms_per_token``: drafting ms per drafted token of rounds without passes (model-free
       drafters); 0 with a profile's ``drafter_pass_ms`` (the profile models passes only).
@@ -595,9 +604,12 @@ class OnlineCosts:
         self._draft_sums = (w, sx, sy, sxx, sxy)
         var = w * sxx - sx * sx
         self._draft_line = None
-        if var > 1e-3 * w * w:  # two pass counts seen (not just in the fit's far past)
+        # two pass counts, each in a real share of the recent rounds (a weighted variance of the pass
+        # counts of 0.05: 5% of the rounds one pass away from the rest), not one old round; a slope
+        # under a tenth of the mean ms per pass is read as noise (later passes nearly free), not cost
+        if var >= DRAFT_SPREAD * w * w:
             slope = (w * sxy - sx * sy) / var
-            if slope > 0.0:
+            if slope >= 0.1 * self._pass.ratio:
                 self._draft_line = (max((sy - slope * sx) / w + slope, slope), slope)
 
     def __repr__(self) -> str:

@@ -335,7 +335,8 @@ class StaticPasses(torch.nn.Module):
         """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
         most the largest bucket, each at its width (``_width``: padded to a bucket on CUDA): what
-        ``StaticBatchQwen.run_rows`` and ``StaticBatchEagle3.run_rows`` share.
+        ``StaticBatchQwen.run_rows``, ``StaticBatchEagle3.run_rows`` and
+        ``StaticBatchDFlash.context_rows`` share.
 
         Args:
             inputs: per-row inputs ``(rows, n, ...)``.
@@ -410,6 +411,23 @@ class StaticPasses(torch.nn.Module):
         self.warmup_s += spent
         return spent
 
+    def _rows_warmup(self, dummy_pass: Callable[[int], Any]) -> float:
+        """The warm-up of a cache of several sequences: ``dummy_pass(b)`` once per bucket (three
+        times on CUDA, whose graph trees record on the second call and replay from the third),
+        each feeding every sequence as idle or as rows nobody reads. Returns the seconds spent,
+        added to ``warmup_s``; a no-op (0) when not compiled."""
+        if not self.compiled:
+            return 0.0
+        t0 = time.perf_counter()
+        for b in self.buckets:
+            if b > self.capacity:
+                break
+            for _ in range(3 if self.columns.device.type == "cuda" else 1):
+                dummy_pass(b)
+        spent = time.perf_counter() - t0
+        self.warmup_s += spent
+        return spent
+
 
 class StaticQwen(StaticPasses):
     """A Hugging Face Qwen2/Qwen3 causal LM behind a static KV cache, batch 1.
@@ -420,7 +438,8 @@ class StaticQwen(StaticPasses):
         capacity: most cached positions (tokens), e.g. the verifier's ``max_context``.
         compile: compile each bucket's pass with ``torch.compile`` (else the same code runs eagerly:
             the static cache alone).
-        buckets: padded pass widths (default: the module's ``BUCKETS`` when built).
+        buckets: pass widths (default: the module's ``BUCKETS`` when built): on CUDA each pass is
+            padded to one; elsewhere they set the chunks (the largest) and the warm-up's passes.
     Raises:
         ValueError: a model type other than ``SUPPORTED`` or a capacity < 1.
     """
@@ -505,7 +524,7 @@ class StaticQwen(StaticPasses):
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One padded pass: ``input_ids`` ``(B,) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
+        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(B,) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
         ``slots`` ``(B,)``, row i attending to the columns ``mask[i]`` (``(B, width) bool``). Returns the
         logits ``(B, V)`` and every hidden state ``(B, L + 1, H)`` (HF's ``output_hidden_states``)."""
         hf = self.hf.model
@@ -630,7 +649,7 @@ class StaticBatchQwen(StaticQwen):
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One padded pass: ``input_ids`` ``(R, B)`` at ``positions`` ``(R, B)`` written to columns
+        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(R, B)`` at ``positions`` ``(R, B)`` written to columns
         ``slots`` ``(R, B)`` of their rows, ``mask`` ``(R, B, width) bool``. Returns the logits
         ``(R, B, V)`` and every hidden state ``(R, B, L + 1, H)``: ``StaticQwen._forward`` per row.
         Its layers repeat ``StaticQwen._forward``'s with a sequence axis: one shared body with the
@@ -689,18 +708,11 @@ class StaticBatchQwen(StaticQwen):
     def warmup(self) -> float:
         """Compile every bucket now (dummy passes over every row; the cache's contents are left as
         they fall, no row being in use). Returns the seconds spent, added to ``warmup_s``."""
-        if not self.compiled:
-            return 0.0
-        t0 = time.perf_counter()
         device = self.columns.device
-        for b in self.buckets:
-            if b > self.capacity:
-                break
-            ids = torch.zeros((self._rows, b), dtype=torch.long, device=device)
-            self.run_rows(ids, torch.zeros(self._rows, dtype=torch.long, device=device))
-        spent = time.perf_counter() - t0
-        self.warmup_s += spent
-        return spent
+        zeros = torch.zeros(self._rows, dtype=torch.long, device=device)
+        return self._rows_warmup(
+            lambda b: self.run_rows(torch.zeros((self._rows, b), dtype=torch.long, device=device), zeros)
+        )
 
 
 class StaticEagle3(StaticPasses):
@@ -818,7 +830,7 @@ class StaticEagle3(StaticPasses):
         slots: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One padded pass: tokens ``(B,)``, features ``(B, H)``; returns outputs ``(B, H)`` and logits ``(B, Vd)``."""
+        """One pass (padded to a bucket on CUDA): tokens ``(B,)``, features ``(B, H)``; returns outputs ``(B, H)`` and logits ``(B, Vd)``."""
         head = self.head
         embeds, hidden = self.embed_tokens(token_ids)[None], hidden[None]
         cos, sin = head.rotary_emb(embeds, positions[None])
@@ -1035,7 +1047,7 @@ class StaticBatchEagle3(StaticPasses):
         slots: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One padded pass over every sequence: tokens ``(R, B)``, features ``(R, B, H)`` at
+        """One pass over every sequence (padded to a bucket on CUDA): tokens ``(R, B)``, features ``(R, B, H)`` at
         ``positions`` ``(R, B)``, written to columns ``slots`` ``(R, B)``, ``mask`` ``(R, B, width)``:
         ``StaticEagle3._forward``'s pass with a sequence axis. Returns outputs ``(R, B, H)`` and
         logits ``(R, B, Vd)``."""
@@ -1058,19 +1070,16 @@ class StaticBatchEagle3(StaticPasses):
     def warmup(self) -> float:
         """Compile every bucket now (dummy passes, every sequence idle: the cache's contents stay
         as they are). Returns the seconds spent, added to ``warmup_s``."""
-        if not self.compiled:
-            return 0.0
-        t0 = time.perf_counter()
-        device, rows = self.columns.device, self.keys[0].shape[0]
-        for b in self.buckets:
-            if b > self.capacity:
-                break
-            starts = torch.zeros(rows, dtype=torch.long, device=device)
-            hidden = torch.zeros((rows, b, self.hidden_size), dtype=self.keys[0].dtype, device=device)
-            self.run_rows(torch.zeros((rows, b), dtype=torch.long, device=device), hidden, starts, starts)
-        spent = time.perf_counter() - t0
-        self.warmup_s += spent
-        return spent
+        device, dtype, rows = self.columns.device, self.keys[0].dtype, self.keys[0].shape[0]
+        zeros = torch.zeros(rows, dtype=torch.long, device=device)
+        return self._rows_warmup(
+            lambda b: self.run_rows(
+                torch.zeros((rows, b), dtype=torch.long, device=device),
+                torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device),
+                zeros,
+                zeros,
+            )
+        )
 
 
 class StaticDFlash(StaticPasses):
@@ -1109,7 +1118,7 @@ class StaticDFlash(StaticPasses):
         slots: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor]:
-        """One padded pass: block embeddings ``(B, H)`` (zeros on context rows), context features
+        """One pass (padded to a bucket on CUDA): block embeddings ``(B, H)`` (zeros on context rows), context features
         ``(B, F)`` (zeros on block rows), ``is_context`` ``(B,) bool``; returns ``(B, H)`` after the
         final norm (meaningful on the block rows)."""
         m = self.dflash
@@ -1328,17 +1337,14 @@ class StaticBatchDFlash(StaticPasses):
     def warmup(self) -> float:
         """Compile every bucket now (dummy passes, every sequence idle: the cache's contents stay as
         they are). Returns the seconds spent, added to ``warmup_s``."""
-        if not self.compiled:
-            return 0.0
-        t0 = time.perf_counter()
         device, dtype, rows = self.columns.device, self.keys[0].dtype, self.keys[0].shape[0]
-        for b in self.buckets:
-            if b > self.capacity:
-                break
-            zeros = torch.zeros(rows, dtype=torch.long, device=device)
-            block = torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device)
-            context = torch.zeros((rows, b, self.features), dtype=dtype, device=device)
-            self.run_rows(block, context, zeros, zeros, zeros)
-        spent = time.perf_counter() - t0
-        self.warmup_s += spent
-        return spent
+        zeros = torch.zeros(rows, dtype=torch.long, device=device)
+        return self._rows_warmup(
+            lambda b: self.run_rows(
+                torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device),
+                torch.zeros((rows, b, self.features), dtype=dtype, device=device),
+                zeros,
+                zeros,
+                zeros,
+            )
+        )

@@ -746,6 +746,7 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
     written alone first), one-block drafts and FailFast's extension passes -- every request's
     output, drafts and accepted lengths are those of the eager batch-1 loop (float64)."""
     from specpolicy.core.batching import generate_batch
+    from specpolicy.core.sampling import SamplingConfig
     from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
 
@@ -768,6 +769,17 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
     shared = leads[-1]._shared
     assert isinstance(shared.static, StaticBatchDFlash)
     assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) >= 140
+    sampled = generate_batch(
+        prompts[:3],
+        verifier,
+        runtime,
+        max_new_tokens=8,
+        batch_size=4,
+        drafter=d,
+        policy=q,
+        sampling=SamplingConfig(1.0),
+    )
+    assert sorted(sampled.results) == [0, 1, 2] and leads[-1]._shared.lengths == [0, 0, 0, 0]  # sampling: eager copies
     assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(9))
     if policy["name"] == "failfast":  # tau 0: drafts past the block of 8 (extension passes)
         assert max(r.speculation_length for r in batched.results[0].rounds) > 8
@@ -779,34 +791,38 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
         ], i
 
 
-def test_dflash_batched_static_cache_leaves_idle_sequences_as_they_are(family):
-    """``StaticBatchDFlash.run_rows``: a sequence a pass leaves out keeps every column of its
-    cache; a sequence's block gives the outputs of a batch-1 ``StaticDFlash`` with the same
-    context (float64)."""
+def test_dflash_batched_static_cache_equals_one_cache_per_request(family):
+    """``StaticBatchDFlash.run_rows``: sequences 0 and 2 fed together, at their own lengths, different
+    numbers of newly committed positions and blocks of different lengths (a first pass's 8, an
+    extension pass's 12), give each the block outputs of a batch-1 ``StaticDFlash`` with the same
+    context; sequence 1, left out of every pass, keeps every column of its cache (float64)."""
     from specpolicy.models.dflash import load_dflash
     from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
 
     model = load_dflash(family["dflash"]).double()
-    batch, alone = StaticBatchDFlash(model, 64, rows=3), StaticDFlash(model, 64)
+    batch = StaticBatchDFlash(model, 64, rows=3)
+    alone = {0: StaticDFlash(model, 64), 2: StaticDFlash(model, 64)}
     assert batch.buckets[0] == 2 and 128 in batch.buckets
     g = torch.Generator().manual_seed(4)
-    features = torch.randn((12, batch.features), generator=g, dtype=torch.float64)
-    blocks = torch.randn((2, 8, batch.hidden_size), generator=g, dtype=torch.float64)
     lengths = [0, 0, 0]
-    for step, (u, slot) in enumerate(((5, 0), (7, 0))):  # sequence 0 fed twice; 1 and 2 idle
-        context = torch.zeros((3, u + 8, batch.features), dtype=torch.float64)
-        block = torch.zeros((3, u + 8, batch.hidden_size), dtype=torch.float64)
-        done = sum((5, 7)[:step])
-        context[slot, :u] = features[done : done + u]
-        block[slot, u:] = blocks[step]
-        before = [(k.clone(), v.clone()) for k, v in zip(batch.keys, batch.values)]
-        counts, context_counts = torch.tensor([u + 8, 0, 0]), torch.tensor([u, 0, 0])
-        out = batch.run_rows(block, context, context_counts, counts, torch.tensor(lengths))
-        lengths[slot] += u
-        ref = alone.block(blocks[step], features[done : done + u])
-        torch.testing.assert_close(out[slot, u:], ref, rtol=0, atol=1e-10)
+    for news in ({0: (5, 8), 2: (3, 12)}, {0: (7, 12), 2: (2, 8)}):
+        n = max(u + q for u, q in news.values())
+        context = torch.zeros((3, n, batch.features), dtype=torch.float64)
+        block = torch.zeros((3, n, batch.hidden_size), dtype=torch.float64)
+        counts, context_counts, refs = [0, 0, 0], [0, 0, 0], {}
+        for slot, (u, q) in news.items():
+            features = torch.randn((u, batch.features), generator=g, dtype=torch.float64)
+            embeds = torch.randn((q, batch.hidden_size), generator=g, dtype=torch.float64)
+            context[slot, :u], block[slot, u : u + q] = features, embeds
+            counts[slot], context_counts[slot] = u + q, u
+            refs[slot] = alone[slot].block(embeds, features)
+        before = [(k[1].clone(), v[1].clone()) for k, v in zip(batch.keys, batch.values)]
+        out = batch.run_rows(block, context, torch.tensor(context_counts), torch.tensor(counts), torch.tensor(lengths))
+        for slot, (u, q) in news.items():
+            lengths[slot] += u
+            torch.testing.assert_close(out[slot, u : u + q], refs[slot], rtol=0, atol=1e-10)
         for (k, v), (k0, v0) in zip(zip(batch.keys, batch.values), before):
-            assert torch.equal(k[1:, :, :64], k0[1:, :, :64]) and torch.equal(v[1:, :, :64], v0[1:, :, :64])
+            assert torch.equal(k[1, :, :64], k0[:, :64]) and torch.equal(v[1, :, :64], v0[:, :64])
 
 
 @pytest.mark.slow

@@ -657,7 +657,7 @@ def test_a_round_that_resumes_drafting_does_not_set_the_pass_cost():
     lengths = catch_up_rounds(
         policy, ScriptedDrafter(confidence=0.99), 60, lambda i, d: d.length, lambda k: 10.0 + 10.0 * k
     )
-    assert lengths[:12] == [2, 2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0]  # probes of two rounds (two passes each), 4 apart
+    assert lengths[:12] == [1, 2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0]  # two-round probes, the second of two passes, 4 apart
     assert policy.costs.pass_ms == pytest.approx(0.2)  # catch-ups of 18 ms (the prompt) and 1.2 ms left out
 
 
@@ -703,6 +703,9 @@ def test_a_drafter_without_passes_keeps_one_round_probes_and_its_token_cost():
     assert policy.costs.draft_ms_per_token == pytest.approx(0.5)
     probes = [i for i, k in enumerate(lengths[10:]) if k]
     assert len(probes) >= 4 and np.all(np.diff(probes) == 5)  # 4 plain rounds, then a one-round probe
+    # as long as acceptance and drafting costs pick (nothing accepted: one token), not pushed on for
+    # a second pass it does not make
+    assert {lengths[10 + i] for i in probes} == {1}
 
 
 def test_the_rounds_first_pass_stands_apart_from_later_passes():
@@ -720,6 +723,21 @@ def test_the_rounds_first_pass_stands_apart_from_later_passes():
     assert costs.round_ms(record) == pytest.approx(1.0 + 4 * 0.3 + costs.verify_ms(5))
     pinned = OnlineCosts(GoodputPolicy(cost_profile="a6000-qwen32b").profile)
     assert pinned.first_pass_ms == pinned.pass_ms == 6.1
+
+
+def test_the_drafting_fit_falls_back_to_the_ratio_on_a_thin_spread_or_a_flat_slope():
+    """The first pass stands apart only on evidence: one two-pass round among many one-pass ones
+    (a thin spread of pass counts), or passes after the first that cost almost nothing (a slope
+    under a tenth of the ms per pass), leave one cost per pass, the ratio of averages."""
+    thin = OnlineCosts()
+    for i in range(40):
+        passes = 2 if i == 20 else 1
+        thin.observe(RoundRecord(0, passes, 0, 1, passes, 0, draft_ms=1.0 + 0.3 * (passes - 1), verify_ms=2.0))
+    assert thin.first_pass_ms == thin.pass_ms == pytest.approx(thin._pass.ratio)
+    flat = OnlineCosts()
+    for passes in (1, 4, 2, 6) * 5:  # every round 1 ms, whatever its passes
+        flat.observe(RoundRecord(0, passes, 0, 1, passes, 0, draft_ms=1.0, verify_ms=2.0))
+    assert flat.first_pass_ms == flat.pass_ms == pytest.approx(flat._pass.ratio)
 
 
 def test_a_dear_first_pass_does_not_keep_a_cheap_chain_off():
