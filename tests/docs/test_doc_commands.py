@@ -704,20 +704,26 @@ def _runtime_bench(command: Command, h: Harness) -> None:
         del args[i : i + 2]
     if "--device" in args and not torch.cuda.is_available():  # a GPU row's command, its flags checked on the CPU
         args[args.index("--device") + 1] = "cpu"
-    load_benchmark("runtime").main(
-        [
-            *args,
-            "--num-prompts",
-            "1",
-            "--max-new-tokens",
-            "8",
-            "--buckets",
-            "1,8",
-            "--out",
-            str(out),
-            *tiny_models(h.world),
-        ]
-    )
+    from specpolicy.models import static_qwen
+
+    saved = static_qwen.BUCKETS, static_qwen.CUDA_MODE  # the benchmark sets them for its process
+    try:
+        load_benchmark("runtime").main(
+            [
+                *args,
+                "--num-prompts",
+                "1",
+                "--max-new-tokens",
+                "8",
+                "--buckets",
+                "1,8",
+                "--out",
+                str(out),
+                *tiny_models(h.world),
+            ]
+        )
+    finally:  # the tests after this one see the module's own settings
+        static_qwen.BUCKETS, static_qwen.CUDA_MODE = saved
     result = json.loads(out.read_text())
     assert result["rows"]["vanilla@compiled"]["identical"]
     assert (
