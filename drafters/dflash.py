@@ -225,16 +225,17 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def _pass(self) -> None:
         """One forward pass: the block ``[pending, drafted so far, MASK x (B - 1)]`` -> B - 1 more tokens,
         the newly committed positions' keys and values written into the cache by the same pass."""
-        ids = torch.cat([self._pending, self._tokens, self._masks])
-        new = None
-        if self._context is not None and self._context.shape[0]:
-            new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
-        if self._slot is not None:  # a request of a batched run on the shared static cache
+        if self._slot is not None:  # a request of a batched run on the shared static cache (its own block)
             out = type(self)._shared_blocks([self])[0]
-        elif self.static is not None:  # compiled: the same pass over the static context cache
-            out = self.static.block(self.embed_tokens(ids), None if new is None else new[0])
         else:
-            out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
+            ids = torch.cat([self._pending, self._tokens, self._masks])
+            new = None
+            if self._context is not None and self._context.shape[0]:
+                new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
+            if self.static is not None:  # compiled: the same pass over the static context cache
+                out = self.static.block(self.embed_tokens(ids), None if new is None else new[0])
+            else:
+                out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
         self._context = None
         logits = self.head(out[1 + self._tokens.shape[0] :])  # (B - 1, V or Vd)
         if self.path_search is not None:

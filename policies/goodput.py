@@ -589,19 +589,14 @@ class OnlineCosts:
             x = float(k)  # winsorised against the drafted rounds' own line
             intercept, slope = self._fitted
             y = _winsorised(float(record.verify_ms), intercept + slope * x, self._sums[0])
-            w, sx, sy, sxx, sxy = self._sums
-            w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
-            self._sums = (w, sx, sy, sxx, sxy)
+            self._sums = w, sx, sy, sxx, sxy = _decayed_sums(self._sums, x, y, d)
             var = w * sxx - sx * sx
             slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
             self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
 
     def _fit_drafting(self, x: float, y: float) -> None:
         """Add a round of ``x`` passes and ``y`` drafting ms to the drafting fit (``first_pass_ms``)."""
-        d = DRAFT_DECAY
-        w, sx, sy, sxx, sxy = self._draft_sums
-        w, sx, sy, sxx, sxy = d * w + 1.0, d * sx + x, d * sy + y, d * sxx + x * x, d * sxy + x * y
-        self._draft_sums = (w, sx, sy, sxx, sxy)
+        self._draft_sums = w, sx, sy, sxx, sxy = _decayed_sums(self._draft_sums, x, y, DRAFT_DECAY)
         var = w * sxx - sx * sx
         self._draft_line = None
         # two pass counts, each in a real share of the recent rounds (a weighted variance of the pass
@@ -619,6 +614,16 @@ class OnlineCosts:
             f"verify_base={self.verify_base:.3g}, verify_step={self.verify_step:.3g}, "
             f"verify_slope={self.verify_slope:.3g})"
         )
+
+
+def _decayed_sums(
+    sums: tuple[float, float, float, float, float], x: float, y: float, decay: float
+) -> tuple[float, float, float, float, float]:
+    """The sums ``(1, x, y, x^2, x*y)`` of an exponentially weighted least-squares line, the older
+    samples weighted ``decay`` once more, with the sample ``(x, y)`` added (Python floats: cheaper
+    here than a numpy call)."""
+    w, sx, sy, sxx, sxy = sums
+    return decay * w + 1.0, decay * sx + x, decay * sy + y, decay * sxx + x * x, decay * sxy + x * y
 
 
 def _winsorised(sample: float, estimate: float, samples: float) -> float:

@@ -102,7 +102,8 @@ def bucket_of(n: int, buckets: Sequence[int] = BUCKETS) -> int:
 
 
 def rows_buckets(rows: int, buckets: Sequence[int] | None = None) -> tuple[int, ...]:
-    """The buckets of a static cache of ``rows`` sequences (``StaticBatchQwen``, ``StaticBatchEagle3``):
+    """The buckets of a static cache of ``rows`` sequences (``StaticBatchQwen``, ``StaticBatchEagle3``,
+    ``StaticBatchDFlash``):
     ``buckets`` (default ``BUCKETS``) without 1 -- a one-token pass is padded to 2 (its graph,
     static in every size, multiplied with MKL at about half the speed of the 2-token graph's
     oneDNN here: 5.3 against 3.3 ms, the target, 4 rows).
@@ -157,7 +158,8 @@ class StaticPasses(torch.nn.Module):
     compilation (one graph per bucket). A subclass sets up its model and ``_forward``.
 
     ``_forward(*row_inputs, positions, slots, mask)`` takes each per-row input at the pass's width
-    ``B`` (first dimension: the bucket where passes pad, ``pads``, else the real rows), positions ``(B,)``, cache slots ``(B,)`` and ``mask`` ``(B, width) bool``;
+    ``B`` (first dimension: the bucket where passes pad, ``pads``, else the real rows), positions
+    ``(B,)``, cache slots ``(B,)`` and ``mask`` ``(B, width) bool``;
     it writes the keys and values of its rows at ``slots`` and returns row-first outputs (first
     dimension ``B``).
 
@@ -524,7 +526,8 @@ class StaticQwen(StaticPasses):
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(B,) int64`` at ``positions`` ``(B,)`` (RoPE) written to cache
+        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(B,) int64`` at ``positions``
+        ``(B,)`` (RoPE) written to cache
         ``slots`` ``(B,)``, row i attending to the columns ``mask[i]`` (``(B, width) bool``). Returns the
         logits ``(B, V)`` and every hidden state ``(B, L + 1, H)`` (HF's ``output_hidden_states``)."""
         hf = self.hf.model
@@ -649,7 +652,8 @@ class StaticBatchQwen(StaticQwen):
     def _forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(R, B)`` at ``positions`` ``(R, B)`` written to columns
+        """One pass (padded to a bucket on CUDA): ``input_ids`` ``(R, B)`` at ``positions``
+        ``(R, B)`` written to columns
         ``slots`` ``(R, B)`` of their rows, ``mask`` ``(R, B, width) bool``. Returns the logits
         ``(R, B, V)`` and every hidden state ``(R, B, L + 1, H)``: ``StaticQwen._forward`` per row.
         Its layers repeat ``StaticQwen._forward``'s with a sequence axis: one shared body with the
@@ -830,7 +834,8 @@ class StaticEagle3(StaticPasses):
         slots: torch.Tensor,
         mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One pass (padded to a bucket on CUDA): tokens ``(B,)``, features ``(B, H)``; returns outputs ``(B, H)`` and logits ``(B, Vd)``."""
+        """One pass (padded to a bucket on CUDA): tokens ``(B,)``, features ``(B, H)``; returns
+        outputs ``(B, H)`` and logits ``(B, Vd)``."""
         head = self.head
         embeds, hidden = self.embed_tokens(token_ids)[None], hidden[None]
         cos, sin = head.rotary_emb(embeds, positions[None])
@@ -990,8 +995,8 @@ class StaticBatchEagle3(StaticPasses):
     own columns, written where they stay, so a round's roll-back moves its length. A pass feeds
     every sequence at once (``run_rows``): a request that drafts this step its new positions at
     its length, the rest (other requests, padding) at scratch columns no real position sees. Passes
-    are 2 columns or more (on CUDA padded to a bucket), as ``StaticBatchQwen``'s. Greedy drafting only (sampling copies draft
-    eagerly).
+    are 2 columns or more (on CUDA padded to a bucket), as ``StaticBatchQwen``'s. Greedy drafting
+    only (sampling copies draft eagerly).
 
     Args:
         model / embed_tokens / capacity / compile / buckets: as ``StaticEagle3`` (capacity per sequence).
