@@ -9,6 +9,9 @@
 #
 # Usage, from the repository root on the CUDA machine:
 #   OUT=/tmp/gpu-out bash benchmarks/gpu_session.sh [bench_s=260] [train_s=280]
+# bench_s=0: training only; SMOKE=1 checks the CUDA runtime for token identity (runtime.py --quick, batched
+# rows included) beside the training, timings void (SMOKE_S its limit); JOBS, DFLASH_LR, DISTILL, DEADLINE:
+# see gpu_train.sh.
 # What the machine lacks travels in ignored folders of the checkout: Python wheels in .whl/
 # (installed to /tmp/site), GSM8K train as .gpu/train.jsonl.gz (or set DATA).
 # Float32 on CUDA: the greedy outputs are then compared token for token with eager vanilla's.
@@ -35,23 +38,41 @@ if [ -z "${DATA:-}" ] && [ -f .gpu/train.jsonl.gz ]; then
 fi
 echo "== setup done after $(($(date +%s) - start)) s"
 
+if [ -n "${SMOKE:-}" ]; then  # the CUDA paths checked for token identity while the drafters train (timings void)
+    SMOKE_ARGS=(--device "$DEVICE" --quick --dtype float32 --buckets 1,8,16 --methods eagle3,dflash --batch-size 4
+        --batch-repeats 1 --no-hf --note "correctness smoke beside training: timings void")
+    smoke() {
+        for mode in cudagraphs reduce-overhead; do
+            timeout "$((${SMOKE_S:-240} / 2))" python3 benchmarks/runtime.py "${SMOKE_ARGS[@]}" --cuda-modes "$mode" \
+                --out "$OUT/smoke-$mode.json"
+            echo "== smoke $mode exit $? after $(($(date +%s) - start)) s"
+        done
+    }
+    smoke >"$OUT/smoke.log" 2>&1 &
+    smoke_pid=$!
+fi
+
 # two processes, each with its own eager baseline: a compilation that overruns its limit loses
 # only its own rows. First the static cache as CUDA graphs (no inductor: seconds to build) with
-# HF's rows, then inductor + CUDA graphs (runtime.compile=true's CUDA setting).
+# HF's rows, then inductor + CUDA graphs (runtime.compile=true's CUDA setting). bench_s=0: not run.
 BENCH=(--device "$DEVICE" --num-prompts 10 --max-new-tokens 256 ${QUICK:+--quick} --dtype float32
     --buckets 1,8,16 --methods eagle3,dflash --deadline-s 30 --note "one GPU, alone")
-echo "== runtime: CUDA graphs (limit $((BENCH_S * 2 / 5)) s)"
-timeout "$((BENCH_S * 2 / 5))" python3 benchmarks/runtime.py "${BENCH[@]}" --cuda-modes cudagraphs \
-    --out "$OUT/runtime-cuda-graphs.json"
-echo "== runtime exit $? after $(($(date +%s) - start)) s"
-echo "== runtime: compiled (limit $((BENCH_S * 3 / 5)) s)"
-timeout "$((BENCH_S * 3 / 5))" python3 benchmarks/runtime.py "${BENCH[@]}" --cuda-modes reduce-overhead --no-hf \
-    --out "$OUT/runtime-cuda-compiled.json"
-echo "== runtime exit $? after $(($(date +%s) - start)) s"
+if [ "$BENCH_S" -gt 0 ]; then
+    echo "== runtime: CUDA graphs (limit $((BENCH_S * 2 / 5)) s)"
+    timeout "$((BENCH_S * 2 / 5))" python3 benchmarks/runtime.py "${BENCH[@]}" --cuda-modes cudagraphs \
+        --out "$OUT/runtime-cuda-graphs.json"
+    echo "== runtime exit $? after $(($(date +%s) - start)) s"
+    echo "== runtime: compiled (limit $((BENCH_S * 3 / 5)) s)"
+    timeout "$((BENCH_S * 3 / 5))" python3 benchmarks/runtime.py "${BENCH[@]}" --cuda-modes reduce-overhead --no-hf \
+        --out "$OUT/runtime-cuda-compiled.json"
+    echo "== runtime exit $? after $(($(date +%s) - start)) s"
+fi
 
 if [ "$TRAIN_S" -gt 0 ]; then  # train_s=0: the runtime only
     echo "== training (limit ${TRAIN_S} s)"
     DEADLINE=$(($(date +%s) + TRAIN_S - 15)) timeout "$TRAIN_S" bash benchmarks/gpu_train.sh "$OUT" "$((TRAIN_S - 90))"
     echo "== training exit $? after $(($(date +%s) - start)) s"
 fi
+# the smoke only: a bare wait would also wait for the tee above, which ends with this script
+[ -n "${smoke_pid:-}" ] && wait "$smoke_pid"
 ls -la "$OUT"

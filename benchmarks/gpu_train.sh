@@ -15,9 +15,14 @@
 # Env:    DEVICE (cuda; cpu for a dry run), DEADLINE (epoch seconds by which the weights must be
 #         saved: the budget shrinks to fit after distill + features), DATA (GSM8K train jsonl; it must be on the machine:
 #         carry it in an ignored folder of the checkout), SCRATCH (work dir, default a mktemp dir),
-#         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS.
-# Output: OUT/gpu-weights.tar (dflash-drafter/, dart-drafter/, deer-drafter/ and their
-#         training_log.json files), OUT/{prepare,dflash,dart,deer}.log (the distill + features log in the tar).
+#         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS,
+#         JOBS (the trainings to run, default "dflash dart deer"; also deer-cont: the bundled DEER LoRA
+#         continued through both stages), DFLASH_LR (the DFlash continuation's peak rate, default 1e-3),
+#         DISTILL (the target's greedy continuations carried in, gzipped jsonl as the pipeline's
+#         work/distill/target_greedy.jsonl; default .gpu/distill.jsonl.gz when present): the device then
+#         skips its own distillation (about 130 s on an H200) and computes only the features.
+# Output: OUT/gpu-weights.tar (<job>-drafter/ and <job>-training_log.json for each job),
+#         OUT/{prepare,<job>}.log (the distill + features log in the tar).
 set -euo pipefail
 
 OUT=$(realpath -m "${1:?usage: gpu_train.sh OUT [BUDGET_S]}")
@@ -33,9 +38,13 @@ if [[ -z "${DATA:-}" ]]; then
 fi
 [[ -f "${DATA:-}" ]] || { echo "error: DATA=${DATA:-} (GSM8K train jsonl) not found" >&2; exit 2; }
 DATA=$(realpath "$DATA")
+JOBS=${JOBS:-dflash dart deer}
+for job in $JOBS; do
+  case $job in dflash | dart | deer | deer-cont) ;; *) echo "error: JOBS has '$job' (accepted: dflash, dart, deer, deer-cont)" >&2; exit 2 ;; esac
+done
 S=${SCRATCH:-$(mktemp -d /tmp/gpu-train.XXXXXX)}
 mkdir -p "$OUT" "$S"
-echo "gpu_train: OUT=$OUT budget=${BUDGET}s device=$DEVICE data=$DATA scratch=$S"
+echo "gpu_train: OUT=$OUT budget=${BUDGET}s device=$DEVICE data=$DATA scratch=$S jobs=$JOBS"
 
 if [[ "${TINY:-0}" == 1 ]]; then  # the CPU dry run: same paths, tiny sizes
   PREP=(--limit-rows "${LIMIT_ROWS:-40}" --distill-prompts "${LIMIT_ROWS:-40}" --distill-max-new 32
@@ -54,7 +63,7 @@ fi
 # the bundled drafters' own recipes (training_log.json of the bundle), kept for the continuation:
 # DFlash lr 1e-3 (pipeline default 2e-3), warmup 100, gamma 5, extension probs 0.8/0.12/0.05/0.03;
 # DART lr 2e-3, warmup 30 (the defaults); DEER lr 2e-3 / 1e-3 (the defaults), stage II alpha 1.03
-DFLASH+=(--dflash-lr 1e-3 --dflash-warmup 100 --dflash-gamma 5 --dflash-extension-probs 0.8 0.12 0.05 0.03)
+DFLASH+=(--dflash-lr "${DFLASH_LR:-1e-3}" --dflash-warmup 100 --dflash-gamma 5 --dflash-extension-probs 0.8 0.12 0.05 0.03)
 DEER="$DEER --alpha 1.03"
 
 # the bundle, symlinks resolved (a device run starts from a bare copy of the checkout)
@@ -64,6 +73,13 @@ prep_out() {  # a pipeline --out holding the bundle's tokenizer, target and dllm
   for m in tokenizer target dllm-drafter; do rm -rf "${1:?}/$m" && cp -r "$S/bundle/$m" "$1/$m"; done
 }
 prep_out "$S/prep"
+DISTILL=${DISTILL:-}
+[[ -z $DISTILL && -f .gpu/distill.jsonl.gz ]] && DISTILL=.gpu/distill.jsonl.gz
+if [[ -n $DISTILL ]]; then  # a carried distillation: the distill stage finds its output and is skipped
+  mkdir -p "$S/work/distill"
+  gunzip -c "$DISTILL" >"$S/work/distill/target_greedy.jsonl"
+  echo "gpu_train: distillation carried in ($DISTILL, $(wc -l <"$S/work/distill/target_greedy.jsonl") rows)"
+fi
 t0=$(date +%s)
 OMP_NUM_THREADS=${PREP_THREADS:-8} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" \
   --out "$S/prep" --work "$S/work" --stages distill features --distill-top-k 0 "${PREP[@]}" \
@@ -71,7 +87,7 @@ OMP_NUM_THREADS=${PREP_THREADS:-8} "${PYTHON:-python3}" -m specpolicy.family --d
 echo "gpu_train: distill + features $(($(date +%s) - t0))s"
 mkdir -p "$S/tar" && cp "$S/prep/training_log.json" "$S/tar/prepare-training_log.json"
 
-for job in dflash dart deer; do prep_out "$S/$job"; done
+for job in $JOBS; do prep_out "$S/$job"; done
 if [[ -n "${DEADLINE:-}" ]]; then  # an epoch second by which the weights must be saved: shrink the budget
   left=$(( (DEADLINE - $(date +%s) - 20) * 10 / 11 ))  # the trainer's hard stop is 1.1 x the budget
   (( left < BUDGET )) && BUDGET=$left && echo "gpu_train: budget cut to ${BUDGET}s by DEADLINE"
@@ -85,19 +101,24 @@ run_stage() {  # job stage extra-args...
     --work "$S/work" --stages "$stage" --max-seconds-per-stage "$BUDGET" "${COMMON[@]}" "$@" \
     >"$OUT/$job.log" 2>&1
 }
-run_stage dflash dflash-drafter "${DFLASH[@]}" --dflash-init "$S/bundle/dflash-drafter" &
-p1=$!
-run_stage dart dart-drafter "${DART[@]}" --dart-init "$S/bundle/dart-drafter" &
-p2=$!
-run_stage deer deer-drafter --deer-args "--base dllm-drafter $DEER" &
-p3=$!
+pids=()
+for job in $JOBS; do
+  case $job in
+    dflash) run_stage dflash dflash-drafter "${DFLASH[@]}" --dflash-init "$S/bundle/dflash-drafter" & ;;
+    dart) run_stage dart dart-drafter "${DART[@]}" --dart-init "$S/bundle/dart-drafter" & ;;
+    deer) run_stage deer deer-drafter --deer-args "--base dllm-drafter $DEER" & ;;
+    deer-cont) run_stage deer-cont deer-drafter --deer-args "--base dllm-drafter --init $S/bundle/deer-drafter $DEER" & ;;
+  esac
+  pids+=($!)
+done
 rc=0
-for p in $p1 $p2 $p3; do wait "$p" || rc=1; done
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
 echo "gpu_train: trainings $(($(date +%s) - t1))s (rc $rc)"
 
 mkdir -p "$S/tar"
-for job in dflash dart deer; do
-  [[ -d "$S/$job/$job-drafter" ]] && cp -r "$S/$job/$job-drafter" "$S/tar/"
+for job in $JOBS; do
+  stage=${job%%-*}-drafter
+  [[ -d "$S/$job/$stage" ]] && cp -r "$S/$job/$stage" "$S/tar/$job-drafter"
   [[ -f "$S/$job/training_log.json" ]] && cp "$S/$job/training_log.json" "$S/tar/$job-training_log.json"
   tail -5 "$OUT/$job.log" || true
 done

@@ -149,7 +149,8 @@ class MethodSpec:
     runs on, its composed ``policy`` node (``name`` included, as ``make_policy`` takes it),
     whether draft ``reuse`` is on, the ``overrides`` as given, the ``plugins.block`` list and the
     ``drafter.KEY=`` settings that differ from the drafter's config (``drafter_settings``: the method
-    runs a drafter of its own with them, e.g. ``drafter.path_search=cps``)."""
+    runs a drafter of its own with them, e.g. ``drafter.path_search=cps``, or ``drafter.model=PATH``:
+    another checkpoint than the bench's ``--<drafter>-drafter``)."""
 
     name: str
     drafter: str
@@ -216,7 +217,6 @@ def parse_method(text: str) -> MethodSpec:
             config,
         )
         settings = {k: v for k, v in config["drafter"].items() if _conf("drafter", drafter).get(k) != v}
-        settings.pop("model", None)  # the bench's --<drafter>-drafter option names the model
         if settings:  # the drafter's own check (its n-gram file, ...), before any model loads
             validate_plugin_config(
                 get_plugin_manager(block=block),
@@ -270,8 +270,8 @@ class Bench:
         }
 
         def factory(name: str, settings: dict[str, Any] | None = None) -> Callable[[], Any]:
-            extra = {"model": models[name]} if name in models else {}
-            config = {**_conf("drafter", name), **(settings or {}), **extra}
+            extra = {"model": models[name]} if name in models else {}  # a method's drafter.model wins
+            config = {**_conf("drafter", name), **extra, **(settings or {})}
             return lambda: make_drafter(self.pm, config, self.runtime, self.verifier)
 
         self._drafter_factory = factory

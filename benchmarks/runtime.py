@@ -19,10 +19,11 @@ Rows (the bundled family; every row's output checked against eager vanilla greed
   schedule) and ``hf-assisted-heuristic`` with the AR drafter.
 
 With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per-prompt rows:
-``vanilla-batch<B>`` and ``eagle3+static-k<K>-batch<B>`` on each runtime (the compiled side's target
-a static cache of B sequences, ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats``
-interleaved runs (EAGLE-3's requests draft on the head's batched static cache there, ``StaticBatchEagle3``);
-the compilation of its verifier and of that cache is reported apart (``warmup.batched_verifier_s``,
+``vanilla-batch<B>``, ``eagle3+static-k<K>-batch<B>`` and ``dflash+failfast-batch<B>`` (with those
+``--methods``) on each runtime (the compiled side's target a static cache of B sequences,
+``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
+greedy requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
+the compilation of its verifier and of those caches is reported apart (``warmup.batched_verifier_s``,
 ``warmup.batched_drafter_s``).
 
 Reported per row: tokens/s (generated tokens / wall seconds, prefill included, summed over the
@@ -208,8 +209,8 @@ def batched_rows(
     errors: dict[str, str],
 ) -> dict[str, Any]:
     """The batched loop (``generate_batch``, ``--batch-size`` requests in flight, all arriving at
-    once) over the timed prompts: vanilla and the EAGLE-3 chain (first ``--eagle3-k``) on each
-    runtime, ``--batch-repeats`` runs each, interleaved; tokens/s over the run's wall seconds (the
+    once) over the timed prompts: vanilla, the EAGLE-3 chain (first ``--eagle3-k``) and DFlash +
+    FailFast (with those methods) on each runtime, ``--batch-repeats`` runs each, interleaved; tokens/s over the run's wall seconds (the
     compiled side's batched verifier built, and compiled, before its first run, untimed)."""
     from specpolicy.core.batching import generate_batch
 
@@ -224,6 +225,12 @@ def batched_rows(
                 side,
                 side.drafters["eagle3"],
                 side.policy("static", "eagle3", k=k),
+            )
+        if "dflash" in args.methods:
+            runners[f"dflash+failfast-batch{args.batch_size}@{label}"] = (
+                side,
+                side.drafters["dflash"],
+                side.policy("failfast", "dflash"),
             )
     for name, (side, drafter, policy) in runners.items():  # untimed: the batched verifier built and compiled
         generate_batch(
@@ -374,9 +381,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mean_accepted_length": s["accepted"] / s["rounds"] if s["rounds"] else None,
             "first_prompt_s": first_s[name],
         }
-    # EAGLE-3's batched static cache (Drafter.batched), compiled for the batch size with the batched rows
-    batched_cache = getattr(compiled.drafters.get("eagle3"), "_static_batched", {}).get(args.batch_size)
-    batched_drafter_s = batched_cache.warmup_s if batched_cache is not None else 0.0
+    # the drafters' batched static caches (Drafter.batched), compiled for the batch size with the batched rows
+    batched_caches = [
+        getattr(compiled.drafters.get(d), "_static_batched", {}).get(args.batch_size) for d in args.methods
+    ]
+    batched_drafter_s = sum(c.warmup_s for c in batched_caches if c is not None)
     return {
         "settings": {
             **vars(args),
@@ -427,7 +436,7 @@ def print_table(result: dict[str, Any]) -> None:
     if result.get("batched"):
         print(
             f"batched loop (its verifier's compilation {w.get('batched_verifier_s', 0):.1f} s, "
-            f"EAGLE-3's batched cache {w.get('batched_drafter_s', 0):.1f} s):"
+            f"the drafters' batched caches {w.get('batched_drafter_s', 0):.1f} s):"
         )
         print(f"{'method':34s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
         for name, r in result["batched"].items():

@@ -129,3 +129,18 @@ def test_a_method_sets_the_drafter_s_own_settings():
     spec = peers.parse_method("cps=drafter=dflash,drafter.path_search=cps,drafter.extension=given,policy=adl")
     assert spec.drafter_settings == {"path_search": "cps"} and spec.policy["name"] == "adl"
     assert peers.parse_method("plain=drafter=dflash,policy=static").drafter_settings == {}
+
+
+def test_a_method_s_drafter_model_wins_over_the_bench_s_checkpoint(family):
+    """``drafter.model=PATH`` in a method compares another checkpoint of the same drafter kind in
+    the same run (e.g. a retrained drafter beside the bundled one); the bench's ``--ar-drafter``
+    stays the other methods' checkpoint."""
+    peers = load_benchmark("peers")
+    bench = peers.Bench(peers.parse_args(_models(family)))
+    spec = peers.parse_method(f"own=drafter=ar,drafter.model={family['target']},policy=static,policy.k=2")
+    assert spec.drafter_settings == {"model": str(family["target"])}
+    bench.added(spec)
+    own = bench.drafters[f"ar[model={family['target']}]"].model
+    weights = {name: m.lm_head.weight for name, m in [("own", own), ("bench", bench.drafters["ar"].model)]}
+    assert weights["own"].equal(bench.target.lm_head.weight)  # the method's checkpoint: the target's
+    assert not weights["bench"].equal(bench.target.lm_head.weight)
