@@ -4,8 +4,11 @@ where the device runs it natively.
 Budgets are counted in epochs and optimizer steps by default, so a seeded run is reproducible:
 the batch plan is a pure function of (example lengths, batch budget, seed, epoch) and every
 random draw of a loss function comes from a seeded ``torch.Generator``. An optional wall-clock
-budget (``TrainConfig.max_seconds``) cuts the plan to what fits; the steps it ran are reported
-(``steps``), and a rerun with ``max_steps=steps`` (no time budget) reproduces it.
+budget (``TrainConfig.max_seconds``) cuts the plan to what fits after 20 steps, projects it again
+at 25% and 50% of the budget, and reports the steps it ran (``steps``); a rerun with
+``max_steps=steps`` (no time budget) reproduces a run whose plan was not projected again
+(``replans`` empty), and otherwise its steps and data order, not its learning rates before the
+last re-projection.
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ BUDGET_WARMUP_STEPS = 20
 BUDGET_HARD_STOP = 1.1
 #: Share of the budget the cut plan is projected to use (room for validation and saving).
 BUDGET_FILL = 0.95
+#: Shares of the budget at which a cut plan is projected again from the steps run since the cut
+#: (the first 20 steps can be slower than the rest: other processes starting beside this one).
+BUDGET_REPLAN_AT = (0.25, 0.5)
+#: Steps run since the cut before a re-projection measures them.
+BUDGET_REPLAN_MIN_STEPS = 10
+#: A re-projected plan replaces the current one when they differ by more than this share.
+BUDGET_REPLAN_TOLERANCE = 0.05
 
 
 def budget_steps(total: int, done: int, elapsed: float, step_s: float, budget_s: float) -> int:
@@ -241,8 +251,11 @@ def train(
         averaged per ``log_every`` steps), ``wall_s``, ``tokens_per_s`` (padded input tokens),
         ``target_tokens``, ``config`` (``bf16`` as run); with ``cfg.max_seconds`` also
         ``time_budget_s``, ``steps_planned`` (the plan before the cut), ``steps_cut`` (the plan
-        after it, the LR schedule's total), ``step_s`` (the measured seconds per step) and
-        ``hard_stop`` (whether the 10% hard stop ended the loop).
+        after it, the LR schedule's final total), ``step_s`` (the seconds per step measured over
+        steps 2-20), ``replans`` (``[step, seconds per step since the cut, new plan]`` for each time
+        the plan, projected again at 25% and 50% of the budget, moved by more than 5%; the
+        schedule is recomputed over the new plan from that step on) and ``hard_stop`` (whether the
+        10% hard stop ended the loop).
     Raises:
         ValueError: empty ``examples``, a non-finite loss or a ``max_seconds`` that is not > 0.
     """
@@ -260,6 +273,7 @@ def train(
     if budget is not None and not budget > 0:
         raise ValueError(f"[{name}] max_seconds={budget}; it must be > 0 (seconds) or None")
     hard_stop, step_s, first_step_s, sched = False, None, 0.0, cfg  # sched: the LR schedule's settings
+    replan_at, replans, cut_step, cut_el = list(BUDGET_REPLAN_AT), [], 0, 0.0
     gen = torch.Generator().manual_seed(cfg.seed + 17)  # CPU: loss functions draw on the CPU and move
     device = torch.device(cfg.device)
     model.to(device)
@@ -304,11 +318,32 @@ def train(
             total = budget_steps(total, step + 1, el, step_s, budget)
             if sched.warmup_steps >= total:  # a warmup the cut plan would never leave: half of it
                 sched = replace(sched, warmup_steps=max(step + 1, total // 2))
+            cut_step, cut_el = step + 1, el
             print(
                 f"[{name}] time budget {budget:.0f}s: {step_s:.3f}s/step over steps 2-{step + 1}, "
                 f"plan cut to {total} of {planned} steps (LR schedule recomputed)",
                 flush=True,
             )
+        elif (
+            step_s is not None
+            and replan_at
+            and step + 1 - cut_step >= BUDGET_REPLAN_MIN_STEPS
+            and time.time() - t0 >= replan_at[0] * budget
+        ):
+            replan_at.pop(0)  # project the plan again from the steps run since the cut
+            el = time.time() - t0
+            recent_s = (el - cut_el) / max(1, step + 1 - cut_step)
+            projected = budget_steps(planned, step + 1, el, recent_s, budget)
+            if abs(projected - total) > BUDGET_REPLAN_TOLERANCE * total:
+                replans.append([step + 1, round(recent_s, 4), projected])
+                print(
+                    f"[{name}] at {el:.0f}s of {budget:.0f}s: {recent_s:.3f}s/step since the cut, "
+                    f"plan {total} -> {projected} steps (LR schedule recomputed)",
+                    flush=True,
+                )
+                total = projected
+                if sched.warmup_steps >= total:
+                    sched = replace(sched, warmup_steps=max(step + 1, total // 2))
         if (step + 1) % cfg.log_every == 0 or step + 1 == total:
             el = time.time() - t0
             curve.append([step + 1, round(win_loss / max(1, win_tok), 4), lr])
@@ -338,6 +373,7 @@ def train(
             steps_planned=planned,
             steps_cut=cut,
             step_s=None if step_s is None else round(step_s, 4),
+            replans=replans,
             hard_stop=hard_stop,
         )
     return dict(

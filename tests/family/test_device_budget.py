@@ -72,13 +72,28 @@ def test_budget_cuts_the_plan_and_recomputes_the_schedule(monkeypatch):
 
 
 def test_budget_hard_stop(monkeypatch):
-    # steps slow down from 1 s to 5 s after the measurement: the loop stops once past 110 s
-    clock = FakeClock(lambda i: 1.0 if i < 20 else 5.0)
+    # steps slow down from 1 s to 10 s after the last re-projection (50 s): the loop stops once past 110 s
+    clock = FakeClock(lambda i: 1.0 if i < 60 else 10.0)
     cfg = TrainConfig(batch_tokens=4, lr=1e-2, warmup_steps=5, log_every=1, max_seconds=100.0)
     st = _run(monkeypatch, clock, cfg)
-    assert st["hard_stop"] is True
-    assert st["steps"] == 39  # 20 s + 18 x 5 s = 110 s is not yet past 110 s; 19 x 5 s is
+    assert st["hard_stop"] is True and st["replans"] == []
+    assert st["steps"] == 66  # after 5 slow steps (110 s) not yet past 110 s: a sixth runs
     assert st["steps"] < st["steps_cut"] == 95
+
+
+def test_budget_projects_the_plan_again_when_the_first_steps_were_slow(monkeypatch):
+    # the first 20 steps 2 s each (e.g. other processes starting beside this one), then 0.5 s
+    clock = FakeClock(lambda i: 2.0 if i < 20 else 0.5)
+    cfg = TrainConfig(batch_tokens=4, lr=1e-2, warmup_steps=5, min_lr_ratio=0.1, log_every=1, max_seconds=100.0)
+    st = _run(monkeypatch, clock, cfg, n=1000)
+    # cut at 20 steps (40 s): 20 + (95 - 40) / 2 = 47 steps, ending at 54 s of 100. Past 25% of
+    # the budget and 10 steps after the cut (45 s): 0.5 s a step since it -> 30 + (95 - 45) / 0.5 = 130
+    assert st["steps_cut"] == st["steps"] == 130
+    assert st["replans"] == [[30, 0.5, 130]]  # at 50 s the projection is unchanged
+    assert clock.now - 1000.0 <= 100.0  # within the budget, not stopped by the hard stop
+    assert st["hard_stop"] is False
+    assert st["loss_curve"][-1][2] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=0.01)  # still ends at min LR
+    assert clock.now - 1000.0 == pytest.approx(95.0)  # 40 + 110 x 0.5 (without re-projection: 54)
 
 
 def test_budget_shortens_a_warmup_the_cut_plan_never_leaves(monkeypatch):
