@@ -97,6 +97,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             given) or ``"none"`` (one block per round: a policy asking for more gets no more).
         path_search: DiffuSpec's causal-consistency path search over each pass's lattice (None: the
             drafter's own tokens, the argmax or a sample).
+        max_context: the verifier's context in tokens (0: the network's ``max_position_embeddings``),
+            which sizes the compiled runtime's static cache (plus one block).
     Raises:
         ValueError: for an ``extension`` not in ``EXTENSIONS``.
 
@@ -119,6 +121,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         stop_token_ids: frozenset[int] | tuple[int, ...] = (),
         extension: str = "given",
         path_search: PathSearch | None = None,
+        max_context: int = 0,
     ):
         if extension not in EXTENSIONS:
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
@@ -147,8 +150,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticDFlash
 
-            capacity = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            self.static = StaticDFlash(model, capacity, compile=True)
+            # the verifier's context bounds what is cached; a block's positions may pass its end
+            context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+            self.static = StaticDFlash(model, context + self.block_size, compile=True)
             runtime.warmup_s += self.static.warmup()
 
     @property
@@ -656,4 +660,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     tokenizer = getattr(verifier, "tokenizer", None)
     vocab = tokenizer.get_vocab() if tokenizer is not None else None
     search = path_search_of(config, vocab, stop_ids, runtime.torch_device)
-    return DFlashDrafter(model, embed, head, runtime, stop_ids, config.get("extension", "given"), search)
+    extension = config.get("extension", "given")
+    max_context = int(getattr(verifier, "max_context", 0) or 0)
+    return DFlashDrafter(model, embed, head, runtime, stop_ids, extension, search, max_context)

@@ -65,11 +65,13 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         vocab_size: the target's vocabulary size (rows of ``Draft.probs`` when sampling).
         runtime: the shared runtime.
         stop_token_ids: token ids that end generation; a draft ends at the first one it drafts.
+        max_context: the verifier's context in tokens (0: the head's ``max_position_embeddings``),
+            which sizes the compiled runtime's static cache.
 
     On the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a tree's root
     and levels -- run through a static KV cache compiled per shape bucket
     (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
-    ``runtime.warmup_s``; capacity: the head's ``max_position_embeddings`` + 128 tree nodes);
+    ``runtime.warmup_s``; capacity: ``max_context`` + 128 tree nodes);
     ``commit`` moves its length. In the batched loop (``batched``) greedy requests draft on a static
     cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass for every request
     at each step.
@@ -85,6 +87,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         vocab_size: int,
         runtime: Runtime,
         stop_token_ids: frozenset[int] | tuple[int, ...] = (),
+        max_context: int = 0,
     ):
         self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
         self.target_feature_layers = tuple(feature_layers)
@@ -103,8 +106,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticEagle3
 
-            capacity = int(getattr(model.config, "max_position_embeddings", 0) or 4096) + 128
-            self.static = StaticEagle3(model, embed_tokens, capacity, compile=True)
+            context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True)  # + a tree's nodes
             runtime.warmup_s += self.static.warmup()
 
     @property
@@ -616,6 +619,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     )
     model = load_eagle3(directory, key).to(device=runtime.torch_device, dtype=runtime.torch_dtype)
     probe_verifier(verifier, layers, int(target_config.num_hidden_layers) + 1, NAME)
-    return Eagle3Drafter(
-        model, embed, layers, int(target_config.vocab_size), runtime, getattr(verifier, "eos_token_ids", ())
-    )
+    stop_ids = getattr(verifier, "eos_token_ids", ())
+    max_context = int(getattr(verifier, "max_context", 0) or 0)
+    return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime, stop_ids, max_context)

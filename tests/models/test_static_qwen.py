@@ -859,3 +859,32 @@ def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
     for eager, compiled in zip(*runs):
         assert compiled.output_ids.tolist() == eager.output_ids.tolist()
         assert [r.draft_token_ids for r in compiled.rounds] == [r.draft_token_ids for r in eager.rounds]
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_a_drafter_s_static_cache_is_sized_by_the_verifier_s_context(kind, family, monkeypatch):
+    """On the compiled runtime the DFlash and EAGLE-3 drafters size their static caches by the
+    verifier's ``max_context`` (plus one block, or 128 tree nodes), not by their own
+    ``max_position_embeddings``: a request the verifier accepts fits the drafter's cache, and a
+    shorter ``verifier.max_context`` bounds its memory."""
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_verifier
+
+    sizes = []
+
+    class Recorder:  # the static cache's constructor, without compiling anything
+        def __init__(self, *args, compile=False, **kwargs):
+            sizes.append(args[-1])
+            self.capacity = args[-1]
+
+        def warmup(self):
+            return 0.0
+
+    monkeypatch.setattr(static_qwen, "StaticDFlash", Recorder)
+    monkeypatch.setattr(static_qwen, "StaticEagle3", Recorder)
+    pm = get_plugin_manager(autoload=False)
+    eager = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = make_verifier(pm, {"name": "hf", "model": str(family["target"]), "max_context": 300}, eager)
+    compiled = Runtime(device="cpu", dtype="float64", seed=0, compile=True)
+    drafter = make_drafter(pm, {"name": kind, "model": str(family[kind])}, compiled, verifier)
+    margin = drafter.block_size if kind == "dflash" else 128
+    assert sizes == [300 + margin] and drafter.static.capacity == 300 + margin
