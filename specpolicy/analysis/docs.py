@@ -956,8 +956,68 @@ def target_reading_sections(
     return body
 
 
+#: The drafters' diagnostics shown side by side (``python -m specpolicy.family.diagnostics``), by kind.
+DIAGNOSTICS_KINDS = {"dflash": "DFlash", "eagle3": "EAGLE-3", "dart": "DART", "falcon": "Falcon", "deer": "DEER"}
+
+
+def diagnostics_section(diagnostics: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The drafters that draft a block or read the target, diagnosed side by side on GSM8K test
+    prompts (``benchmarks/results/diagnostics-<kind>-gsm8k.json``): agreement with the target by
+    distance into a one-pass draft, its longest correct prefix, calibration, and the loop measure."""
+    rows = []
+    for kind, label in DIAGNOSTICS_KINDS.items():
+        d = diagnostics.get(kind)
+        if not d or "gsm8k" not in d:
+            continue
+        g, loop = d["gsm8k"], d.get("in_loop") or {}
+        agreement = g["agreement"]
+        rows.append(
+            [
+                label,
+                " / ".join(f"{agreement[i]:.2f}" for i in (0, 4, 9) if i < len(agreement)),
+                f"{g['longest_correct_prefix'].get('32', float('nan')):.2f}",
+                f"{g['ece']:.3f} / {g['ece_given_prefix_correct']:.3f}",
+                f"{loop['k']}: {loop['mean_accepted_length']:.2f}" if loop else "-",
+                f"{loop['pass_over_target_step']:.2f}" if loop else "-",
+            ]
+        )
+    if not rows:
+        return []
+    any_diag = next(d for d in diagnostics.values() if d and "gsm8k" in d)
+    return [
+        "### Drafter diagnostics side by side",
+        "",
+        *markdown_table(
+            [
+                "drafter",
+                "agreement at distance 1 / 5 / 10",
+                "longest correct prefix, 32-token draft",
+                "ECE: all / given a correct prefix",
+                "in the loop, static k: accepted length",
+                "pass / target step",
+            ],
+            rows,
+        ),
+        "",
+        f"GSM8K test prompts 0-{any_diag['num_prompts']['gsm8k'] - 1}, {any_diag['stride']} tokens between draft "
+        f"starts along the target's own output, one-pass drafts of {any_diag['max_distance']} tokens (a drafter that "
+        "drafts fewer a pass makes more passes, each conditioned on its own tokens); ECE over distances 1-32. In the "
+        "loop: 10 prompts x 256 tokens at the static k named, one thread; pass / target step is a drafter pass's ms "
+        "over a target decoding step's, measured there. The command for DART is below; the other rows take "
+        "`--kind dflash`, `eagle3`, `deer`, and `falcon` with `--drafter benchmarks/weights/falcon-drafter`.",
+        "",
+        *command_block(
+            "python -m specpolicy.family.diagnostics --kind dart --in-loop --threads 1 --num-prompts 15 --stride 12 "
+            "--max-distance 64 --datasets gsm8k --out benchmarks/results/diagnostics-dart-gsm8k.json"
+        ),
+    ]
+
+
 def neighbours_page(
-    results: Mapping[str, Any] | None, depth: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None
+    results: Mapping[str, Any] | None,
+    depth: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    diagnostics: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """The neighbours' paper claims beside this testbed's rows (``benchmarks/peers.py --method ...``)."""
     claims = markdown_table(
@@ -1082,6 +1142,7 @@ def neighbours_page(
         ]
     body += easyspec_depth_section(depth, methods)
     body += target_reading_sections(methods, results.get("tuned_profile"), gpu)
+    body += diagnostics_section(diagnostics or {})
     columns = peers_columns(results)
     rows = [[cell(n, m) for _, cell in columns] for n, m in methods.items()]
     body += [
@@ -1628,7 +1689,10 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
         "overhead.md": overhead_page(root),
         "family.md": family_page(root),
         "neighbours.md": neighbours_page(
-            _load(root, NEIGHBOURS_NAME), _load(root, EASYSPEC_DEPTH_NAME), _load(root, RUNTIME_CUDA_NAMES[1])
+            _load(root, NEIGHBOURS_NAME),
+            _load(root, EASYSPEC_DEPTH_NAME),
+            _load(root, RUNTIME_CUDA_NAMES[1]),
+            {kind: _load(root, f"diagnostics-{kind}-gsm8k.json") for kind in DIAGNOSTICS_KINDS},
         ),
         "runtime.md": runtime_page(
             _load(root, RUNTIME_NAME),

@@ -217,7 +217,7 @@ def _run(
     target = verifier.batched(slots=batch_size) if takes_slots else verifier.batched()
     target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
-    if drafter is not None:  # the drafter the requests copy, for this batch size (Drafter.batched)
+    if drafter is not None and sampling is None:  # the drafter greedy requests copy (Drafter.batched)
         drafter = drafter.batched(batch_size)
     eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
     drafter_context = (drafter.max_context if drafter is not None else 0) or target.max_context

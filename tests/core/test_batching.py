@@ -467,3 +467,21 @@ def test_one_token_prompts_first_and_refused_last_prompts_keep_the_batch_whole(t
                 ), (b, i)
     nothing = generate_batch([torch.arange(70)], verifier, rt, max_new_tokens=4, batch_size=2)
     assert list(nothing.skipped) == [0] and not nothing.results and nothing.summary()["tokens"] == 0
+
+
+def test_a_sampling_run_copies_the_drafter_itself(target, rt, monkeypatch):
+    """``Drafter.batched`` (on the compiled runtime: a static cache sized by the batch, compiled)
+    serves greedy requests only, so a sampling run never asks for it; a greedy run does, once."""
+    from specpolicy.core.sampling import SamplingConfig
+
+    calls = []
+    monkeypatch.setattr(ARDrafter, "batched", lambda self, slots: calls.append(slots) or self)
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    drafter, prompts = ARDrafter(target, rt), _prompts(3)
+    sampling = SamplingConfig(temperature=1.0)
+    for run_sampling in (sampling, None):
+        generate_batch(
+            prompts, verifier, rt, max_new_tokens=6, batch_size=2, drafter=drafter, policy=StaticPolicy(k=2),
+            sampling=run_sampling,
+        )  # fmt: skip
+    assert calls == [2]

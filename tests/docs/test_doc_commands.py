@@ -1074,7 +1074,7 @@ RULES = [
         skip="moves a benchmark's output into benchmarks/results/ (the benchmark before it is run shortened)",
     ),
     Rule(r"(bash|inline): python -m specpolicy\.family .*", "arguments checked", _family),
-    Rule(r"inline: python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),
+    Rule(r"(bash|inline): python -m specpolicy\.family\.diagnostics .*", "its --help lists the options", _diagnostics),
     Rule(r"bash: scripts/slurm-local\.sh up", "syntax checked; the subcommand exists", _slurm_local),
 ]
 
