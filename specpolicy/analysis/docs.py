@@ -1446,22 +1446,18 @@ def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
     drafter_s = results["warmup"].get("batched_drafter_s")
     if drafter_s:  # a run with the drafters' batched static caches (Drafter.batched)
         with_dflash = any(name.startswith("dflash") for name in batched)
+        dflash = (
+            "; DFlash's on a static cache of the drafter with one sequence each, one block per request and pass "
+            "(`StaticBatchDFlash`)"
+        )
         drafting = (
             "EAGLE-3's requests draft on a static cache of the head with one sequence each, compiled "
-            "(`StaticBatchEagle3`: every drafting request one token per pass)"
-            + (
-                "; DFlash's on a static cache of the drafter with one sequence each, one block per request "
-                "and pass (`StaticBatchDFlash`)."
-                if with_dflash
-                else "."
-            )
+            f"(`StaticBatchEagle3`: every drafting request one token per pass){dflash if with_dflash else ''}."
         )
+        caches = "the drafters' batched caches" if with_dflash else "EAGLE-3's batched cache"
         compilation = (
             f"the compilation of its verifier took {results['warmup'].get('batched_verifier_s', 0):.0f} s, "
-            f"of the drafters' batched caches {drafter_s:.0f} s"
-            if with_dflash
-            else f"the compilation of its verifier took {results['warmup'].get('batched_verifier_s', 0):.0f} s, "
-            f"of EAGLE-3's batched cache {drafter_s:.0f} s"
+            f"of {caches} {drafter_s:.0f} s"
         )
     else:
         drafting = "the drafters draft eagerly there, each request's copy batched by `draft_many`."

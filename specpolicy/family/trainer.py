@@ -98,6 +98,14 @@ def budget_steps(total: int, done: int, elapsed: float, step_s: float, budget_s:
     return max(done, min(total, done + more))
 
 
+def _leavable_warmup(sched: TrainConfig, total: int, done: int) -> TrainConfig:
+    """``sched`` with its warmup cut to half a plan of ``total`` steps (at least the ``done`` run)
+    when that plan would never leave it; else ``sched``."""
+    if sched.warmup_steps < total:
+        return sched
+    return replace(sched, warmup_steps=max(done, total // 2))
+
+
 def bf16_autocast_pays(device: str | torch.device) -> bool:
     """Whether bfloat16 autocast runs on native bf16 arithmetic on ``device``: a CUDA device of
     compute capability 8.0 or newer (Ampere on), or a CPU with AVX512-BF16 or AMX. Elsewhere it is
@@ -316,8 +324,7 @@ def train(
             el = time.time() - t0
             step_s = (el - first_step_s) / max(1, step)
             total = budget_steps(total, step + 1, el, step_s, budget)
-            if sched.warmup_steps >= total:  # a warmup the cut plan would never leave: half of it
-                sched = replace(sched, warmup_steps=max(step + 1, total // 2))
+            sched = _leavable_warmup(sched, total, step + 1)
             cut_step, cut_el = step + 1, el
             print(
                 f"[{name}] time budget {budget:.0f}s: {step_s:.3f}s/step over steps 2-{step + 1}, "
@@ -342,8 +349,7 @@ def train(
                     flush=True,
                 )
                 total = projected
-                if sched.warmup_steps >= total:
-                    sched = replace(sched, warmup_steps=max(step + 1, total // 2))
+                sched = _leavable_warmup(sched, total, step + 1)
         if (step + 1) % cfg.log_every == 0 or step + 1 == total:
             el = time.time() - t0
             curve.append([step + 1, round(win_loss / max(1, win_tok), 4), lr])

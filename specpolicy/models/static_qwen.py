@@ -400,24 +400,20 @@ class StaticPasses(torch.nn.Module):
         spent and adds them to ``warmup_s``; a no-op (0) when not compiled."""
         if not self.compiled:
             return 0.0
-        t0 = time.perf_counter()
-        for b in self.buckets:
-            if b > self.capacity:
-                break
-            # CUDA graph trees run a warm-up call, record on the next and replay from the third
-            for _ in range(3 if self.columns.device.type == "cuda" else 1):
-                self.length = 0
-                self.passes(self._dummy_rows(b))
+
+        def dummy_pass(b: int) -> None:
+            self.length = 0
+            self.passes(self._dummy_rows(b))
+
+        spent = self._warm_buckets(dummy_pass)
         self.length = 0
-        spent = time.perf_counter() - t0
-        self.warmup_s += spent
         return spent
 
-    def _rows_warmup(self, dummy_pass: Callable[[int], Any]) -> float:
-        """The warm-up of a cache of several sequences: ``dummy_pass(b)`` once per bucket (three
-        times on CUDA, whose graph trees record on the second call and replay from the third),
-        each feeding every sequence as idle or as rows nobody reads. Returns the seconds spent,
-        added to ``warmup_s``; a no-op (0) when not compiled."""
+    def _warm_buckets(self, dummy_pass: Callable[[int], Any]) -> float:
+        """Compile every bucket: ``dummy_pass(b)`` once per bucket (three times on CUDA, whose graph
+        trees run a warm-up call, record on the second and replay from the third), feeding rows
+        nobody reads (a cache of several sequences: every sequence idle). Returns the seconds
+        spent, added to ``warmup_s``; a no-op (0) when not compiled."""
         if not self.compiled:
             return 0.0
         t0 = time.perf_counter()
@@ -714,7 +710,7 @@ class StaticBatchQwen(StaticQwen):
         they fall, no row being in use). Returns the seconds spent, added to ``warmup_s``."""
         device = self.columns.device
         zeros = torch.zeros(self._rows, dtype=torch.long, device=device)
-        return self._rows_warmup(
+        return self._warm_buckets(
             lambda b: self.run_rows(torch.zeros((self._rows, b), dtype=torch.long, device=device), zeros)
         )
 
@@ -1077,7 +1073,7 @@ class StaticBatchEagle3(StaticPasses):
         as they are). Returns the seconds spent, added to ``warmup_s``."""
         device, dtype, rows = self.columns.device, self.keys[0].dtype, self.keys[0].shape[0]
         zeros = torch.zeros(rows, dtype=torch.long, device=device)
-        return self._rows_warmup(
+        return self._warm_buckets(
             lambda b: self.run_rows(
                 torch.zeros((rows, b), dtype=torch.long, device=device),
                 torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device),
@@ -1344,7 +1340,7 @@ class StaticBatchDFlash(StaticPasses):
         they are). Returns the seconds spent, added to ``warmup_s``."""
         device, dtype, rows = self.columns.device, self.keys[0].dtype, self.keys[0].shape[0]
         zeros = torch.zeros(rows, dtype=torch.long, device=device)
-        return self._rows_warmup(
+        return self._warm_buckets(
             lambda b: self.run_rows(
                 torch.zeros((rows, b, self.hidden_size), dtype=dtype, device=device),
                 torch.zeros((rows, b, self.features), dtype=dtype, device=device),
