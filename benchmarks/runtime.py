@@ -22,7 +22,7 @@ With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per
 ``vanilla-batch<B>``, ``eagle3+static-k<K>-batch<B>`` and ``dflash+failfast-batch<B>`` (with those
 ``--methods``) on each runtime (the compiled side's target a static cache of B sequences,
 ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
-greedy requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
+requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
 the compilation of its verifier and of those caches is reported apart (``warmup.batched_verifier_s``,
 ``warmup.batched_drafter_s``).
 

@@ -12,7 +12,7 @@ from specpolicy.core.cache import append_columns, crop_cache, padded_cache
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, sample, warp
+from specpolicy.core.sampling import SamplingConfig, choose_rows, sample, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.loading import (
     check_attention,
@@ -50,7 +50,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     On the compiled runtime (``runtime.compile``) the passes run through a static KV cache compiled
     per shape bucket (``specpolicy.models.static_qwen.StaticQwen``; its compile seconds are added to
     ``runtime.warmup_s``): ``commit`` moves the cache's length. In the batched loop (``batched``)
-    greedy requests draft on a static cache of one sequence per request, compiled
+    the requests, greedy or sampling, draft on a static cache of one sequence per request, compiled
     (``StaticBatchQwen``): one pass for every request at each step.
 
     Args:
@@ -84,7 +84,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
-        if self._take_sequence(sampling is None or sampling.is_greedy):  # a batched run's request
+        if self._take_sequence():  # a batched run's request
             self.cache = _SharedLength(self._shared, self._slot)
         else:
             self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
@@ -119,8 +119,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
             self._tokens.append(token[None])
             self._confs.append(conf[None])
             self._passes += 1
-        probs = torch.cat(self._probs) if self._probs else None
-        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
+        return self._round_draft()
 
     def _next_logits(self) -> torch.Tensor:
         """One drafting pass: the round's first feeds the committed tokens not yet cached, each later
@@ -149,8 +148,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
             num_tokens: tokens each adds (>= 1).
         Returns:
             what the calls one by one return (the same tokens and confidences, up to the
-            floating-point effects of batched matrix products; exact in float64). Sampling, a
-            single request, an attention implementation other than ``BATCHED_ATTENTION`` (e.g.
+            floating-point effects of batched matrix products; exact in float64; sampling: each
+            step's tokens drawn for all its requests in row order, the same distributions, other
+            draws than alone). A single request, an attention implementation other than ``BATCHED_ATTENTION`` (e.g.
             flash attention, which takes no 4-D mask), and requests with more than
             ``BATCH_POSITIONS`` uncached tokens or an empty cache (a new prompt) draft one by one.
         Raises:
@@ -164,8 +164,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         together = [
             i
             for i, d in enumerate(drafters)
-            if d._sampling is None
-            and d.static is None
+            if d.static is None
             and d._slot is None
             and d.cache.get_seq_length()
             and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
@@ -183,7 +182,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
 
     @staticmethod
     def _draft_shared(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft_many`` on the shared static cache (greedy): each of ``max(num_tokens)`` steps is ONE
+        """``draft_many`` on the shared static cache: each of ``max(num_tokens)`` steps is ONE
         pass over every sequence (``StaticBatchQwen.run_rows``) -- a request that still wants a
         token fed its tokens not yet cached at the round's first pass, else its last drafted token,
         at its own length; the others idle, their sequences untouched."""
@@ -197,16 +196,33 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
                 inputs[slot, :count] = x
             logits, _ = shared.static.run_rows(inputs, *shared.feed(slots, counts))
             logits = logits[torch.tensor(slots, device=device), torch.tensor(counts, device=device) - 1]  # (b, V)
-            conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            token, conf, q = ARDrafter._choose_rows(wanting, logits)
             for i, d in enumerate(wanting):
                 d._tokens.append(token[i : i + 1])
                 d._confs.append(conf[i : i + 1])
+                if q[i] is not None:
+                    d._probs.append(q[i])
                 d._passes += 1
-        return [Draft(torch.cat(d._tokens), torch.cat(d._confs), forward_passes=d._passes) for d in drafters]
+        return [d._round_draft() for d in drafters]
+
+    @staticmethod
+    def _choose_rows(drafters: list[ARDrafter], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """Each request's next token from its row of a batched pass's logits ``(b, V)``, as its
+        ``draft`` picks it: greedy the softmax's most likely token, sampling a draw from ``warp``
+        (``choose_rows``, row order). Returns ``(tokens (b,), confidences (b,), q rows (1, V) or None)``."""
+        if all(d._sampling is None for d in drafters):
+            conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            return token, conf, [None] * len(drafters)
+        return choose_rows(logits, [d._sampling for d in drafters], drafters[0].runtime.generator)
+
+    def _round_draft(self) -> Draft:
+        """The round's draft so far (q rows when sampling)."""
+        probs = torch.cat(self._probs) if self._probs else None
+        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
 
     @staticmethod
     def _draft_together(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
-        """The padded passes of ``draft_many`` (greedy; every drafter's cache non-empty)."""
+        """The padded passes of ``draft_many`` (every drafter's cache non-empty)."""
         from specpolicy.core.attention import as_model_mask
 
         lead = drafters[0]
@@ -223,7 +239,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         seen = torch.arange(width + n, device=device)[None] < (lengths_t[:, None])  # (b, W + n) visible columns
         seen[:, width:] = torch.arange(n, device=device)[None] < counts_t[:, None]
         rows = torch.arange(b, device=device)
-        tokens, confs = [], []
+        tokens, confs, qs = [], [], []  # per step: (b,), (b,), b q rows or None
         attn, dtype = model.config._attn_implementation, lead.runtime.torch_dtype
         for step in range(steps):
             if step == 0:
@@ -244,9 +260,10 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
                 use_cache=True,
                 attention_mask=as_model_mask(mask[:, None], attn, dtype),
             ).logits[rows, last]  # (b, V)
-            conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+            token, conf, q = ARDrafter._choose_rows(drafters, logits)
             tokens.append(token)
             confs.append(conf)
+            qs.append(q)
             inputs = token[:, None]
         passes_tokens, passes_confs = torch.stack(tokens, 1), torch.stack(confs, 1)  # (b, steps)
         results = []
@@ -262,8 +279,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
             append_columns(d.cache, cache, i, columns)
             d._tokens.extend(passes_tokens[i, :k, None].unbind(0))
             d._confs.extend(passes_confs[i, :k, None].unbind(0))
+            d._probs.extend(q[i] for q in qs[:k] if q[i] is not None)
             d._passes += k
-            results.append(Draft(torch.cat(d._tokens), torch.cat(d._confs), forward_passes=d._passes))
+            results.append(d._round_draft())
         return results
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------

@@ -45,7 +45,7 @@ request after another.
 Batched (``draft_many``, the batched loop): the requests that take a pass at the same step run it
 together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
 the longest and masked per row; each request records what its own pass would. On the compiled
-runtime the greedy requests hold a context sequence each of one static cache sized by the batch
+runtime the requests hold a context sequence each of one static cache sized by the batch
 (``batched``, ``specpolicy.models.static_qwen.StaticBatchDFlash``), and the same step is one pass
 over it: each request's newly committed positions and its block.
 """
@@ -105,8 +105,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
     context compiled per shape bucket (``specpolicy.models.static_qwen.StaticDFlash``: the newly
     committed positions' keys and values and the block in one pass; compile seconds added to
-    ``runtime.warmup_s``). In the batched loop (``batched``) greedy requests draft on a static
-    cache of one context sequence per request, compiled (``StaticBatchDFlash``): one pass for
+    ``runtime.warmup_s``). In the batched loop (``batched``) the requests, greedy or sampling, draft
+    on a static cache of one context sequence per request, compiled (``StaticBatchDFlash``): one pass for
     every request that drafts at each step.
     """
 
@@ -182,7 +182,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             ValueError: for an empty prompt, missing features, or features of the wrong shape.
         """
         check_prompt_features(prompt_ids, features, "the dflash drafter")
-        self._take_sequence(sampling is None or sampling.is_greedy)  # a batched run's greedy request
+        self._take_sequence()  # a batched run's request
         self.cache = KVCache(len(self.model.layers))
         if self.static is not None:
             self.static.reset()
@@ -335,7 +335,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         its own block, bidirectional inside it). The newly committed positions' keys and values
         are written for all of them in one ``context_keys_values`` call too (a request with more
         than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone). Requests on the shared static
-        cache (``batched``, greedy) run each step as one ``StaticBatchDFlash`` pass instead, their
+        cache (``batched``) run each step as one ``StaticBatchDFlash`` pass instead, their
         newly committed positions in it (a request whose positions and block pass the largest
         bucket, e.g. a new prompt, writes its context alone first).
 
@@ -433,7 +433,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
 
     @staticmethod
     def _shared_pass(drafters: list[DFlashDrafter]) -> None:
-        """``_pass_together`` on the shared static cache (greedy): one pass, B - 1 tokens each."""
+        """``_pass_together`` on the shared static cache: one pass, B - 1 tokens each."""
         lead = drafters[0]
         outs = DFlashDrafter._shared_blocks(drafters)
         new = lead.block_size - 1
@@ -496,11 +496,15 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     @staticmethod
     def _record_passes(drafters: list[DFlashDrafter], logits: torch.Tensor) -> None:
         """Each request's pass recorded from its logits ``(b, B - 1, V or Vd)`` as its ``_pass`` would
-        (greedy in one argmax; sampling request after request), one sync for the stop tokens."""
+        (the requests sharing their settings, as the batched loop's do, in one ``_choose`` over every
+        row: greedy one argmax, sampling one draw per token in request order; mixed settings request
+        after request), one sync for the stop tokens."""
         lead, b, new = drafters[0], logits.shape[0], logits.shape[1]
-        if all(d._sampling is None for d in drafters):
-            tokens, confs, _ = lead._choose(logits.flatten(0, 1), None, None)
-            chosen = [(row, conf, None) for row, conf in zip(tokens.view(b, new), confs.view(b, new))]
+        sampling = lead._sampling
+        if all(d._sampling == sampling for d in drafters):
+            tokens, confs, q = lead._choose(logits.flatten(0, 1), sampling, lead.runtime.generator)
+            rows = [None] * b if q is None else q.view(b, new, -1).unbind(0)
+            chosen = list(zip(tokens.view(b, new), confs.view(b, new), rows))
         else:  # each request's draws in request order, from its own settings
             chosen = [d._choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
         stops = [None] * b

@@ -33,7 +33,7 @@ from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, choose
+from specpolicy.core.sampling import SamplingConfig, choose, choose_rows
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.eagle3 import (
@@ -72,9 +72,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     and levels -- run through a static KV cache compiled per shape bucket
     (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
     ``runtime.warmup_s``; capacity: ``max_context`` + 128 tree nodes);
-    ``commit`` moves its length. In the batched loop (``batched``) greedy requests draft on a static
-    cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass for every request
-    at each step.
+    ``commit`` moves its length. In the batched loop (``batched``) the requests, greedy or sampling,
+    draft on a static cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass
+    for every request at each step.
     """
 
     name = NAME
@@ -140,7 +140,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """
         check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        if self._take_sequence(sampling is None or sampling.is_greedy):  # a batched run's request
+        if self._take_sequence():  # a batched run's request
             self.cache = _SharedLength(self._shared, self._slot)
         else:
             self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
@@ -280,13 +280,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         the round's first pass with its newly committed pairs, the others with their last
         drafted token (rows padded to the most positions, caches to the longest, a mask keeping
         each row to its own cache and its own positions, causally). Returns what the calls one
-        by one return (greedy; requests that sample draft one by one)."""
+        by one return: greedy, the same tokens; sampling, each step's tokens drawn for all its
+        requests in row order (``choose_rows``: the same distributions, other draws than alone)."""
         if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
             return cls._draft_in_steps(drafters, num_tokens, cls._rows_pass)
-        if (
-            any(d._sampling is not None or d.static is not None or d._slot is not None for d in drafters)
-            or len(drafters) < 2
-        ):
+        if any(d.static is not None or d._slot is not None for d in drafters) or len(drafters) < 2:
             return super().draft_many(drafters, num_tokens)
 
         def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length
@@ -366,7 +364,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         last = torch.tensor(counts, device=device) - 1
         rows = torch.arange(b, device=device)
         logits = head.logits(out[rows, last])  # (b, Vd)
-        draft_ids, confs, _ = choose(logits, None, None)
+        draft_ids, confs, q = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
         tokens = head.to_target_ids(draft_ids)
         for i, d in enumerate(drafters):
             d.cache.append(
@@ -375,11 +373,12 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             if d._last_out is None:
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
-            d._took(out[i : i + 1, counts[i] - 1 : counts[i]], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
+            out_i = out[i : i + 1, counts[i] - 1 : counts[i]]
+            d._took(out_i, logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], q[i])
 
     @staticmethod
     def _rows_pass(drafters: list[Eagle3Drafter]) -> None:
-        """One pass of the shared static cache (``StaticBatchEagle3.run_rows``, greedy) for the requests
+        """One pass of the shared static cache (``StaticBatchEagle3.run_rows``) for the requests
         ``drafters``, each one token more -- a request at its round's first pass with its newly
         committed pairs, the others with their last drafted token, the other sequences idle."""
         lead, rows = drafters[0], drafters[0]._shared
@@ -402,13 +401,13 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         index = torch.tensor(slots, device=device)
         last = torch.tensor(counts, device=device) - 1
         out, logits = out[index, last], logits[index, last]  # (b, H), (b, Vd)
-        draft_ids, confs, _ = choose(logits, None, None)
+        draft_ids, confs, q = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
         tokens = head.to_target_ids(draft_ids)
         for i, (d, slot) in enumerate(zip(drafters, slots)):
             if d._last_out is None:
                 d._committed_pairs = rows.lengths[slot]
                 d._features = d._pair_tokens = None
-            d._took(out[i : i + 1, None], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1])
+            d._took(out[i : i + 1, None], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], q[i])
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),

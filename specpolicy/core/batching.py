@@ -6,9 +6,9 @@ for step), for serving studies: up to ``batch_size`` requests in flight with con
 requests arrive all at once or as a Poisson process (``specpolicy.core.serving``). Each request keeps
 its own committed sequence, KV-cache row, drafter state (a shallow copy of the configured
 drafter, ``Drafter.batched`` for the batch size: same weights, its own state, which ``prefill``
-replaces; on the compiled runtime EAGLE-3's and the AR drafter's greedy copies share a static
-cache of one sequence per request, the other drafters' copies draft eagerly; ``Drafter.release``
-when it leaves) and policy (a deep copy of the
+replaces; on the compiled runtime the copies of EAGLE-3, the AR drafter and DFlash share a static
+cache of one sequence per request, greedy or sampling, the other drafters' copies draft eagerly;
+``Drafter.release`` when it leaves) and policy (a deep copy of the
 configured one, reset), so it drafts its own speculation length; the target verifies every
 request's chain draft in ONE forward pass (``verifiers/hf_batch.py``: padded rows, an attention
 mask, caches moved per request, never recomputed). Drafting goes through ``Drafter.draft_many``:
@@ -217,7 +217,7 @@ def _run(
     target = verifier.batched(slots=batch_size) if takes_slots else verifier.batched()
     target.sampling = sampling
     target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
-    if drafter is not None and sampling is None:  # the drafter greedy requests copy (Drafter.batched)
+    if drafter is not None:  # the drafter the requests copy (Drafter.batched)
         drafter = drafter.batched(batch_size)
     eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
     drafter_context = (drafter.max_context if drafter is not None else 0) or target.max_context

@@ -53,10 +53,9 @@ class Drafter(ABC):
         return clone
 
     def batched(self, slots: int) -> Drafter:
-        """The drafter a greedy run of the batched loop copies per request
-        (``specpolicy.core.batching``), for at most ``slots`` requests in flight -- as
-        ``Verifier.batched(slots=)`` sizes the target's cache. A sampling run copies this drafter
-        itself. Default: this drafter. A drafter whose requests can share a cache sized by the batch
+        """The drafter the batched loop copies per request (``specpolicy.core.batching``), for at
+        most ``slots`` requests in flight -- as ``Verifier.batched(slots=)`` sizes the target's
+        cache. Default: this drafter. A drafter whose requests can share a cache sized by the batch
         (on the compiled runtime ``eagle3``, ``ar`` and ``dflash``: one static sequence per request)
         returns one whose copies take their share in ``prefill`` and give it back in ``release``."""
         return self

@@ -246,3 +246,27 @@ def choose(
         return tokens, torch.softmax(logits, dim=-1, dtype=torch.float32).gather(-1, tokens[..., None])[..., 0], None
     q = warp(logits, sampling)
     return sample(q, generator), q.max(dim=-1).values, q
+
+
+def choose_rows(
+    logits: torch.Tensor, samplings: list[SamplingConfig | None], generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+    """``choose`` for a batched drafter pass, row ``i`` (one request) under ``samplings[i]``.
+
+    The batched loop's requests share the run's settings: then ONE ``choose`` over all rows (one
+    uniform per row, drawn in row order); mixed settings go row by row, in order.
+
+    Args:
+        logits: ``(b, V)`` any float dtype, one row per request.
+        samplings: ``b`` settings (None or greedy: the argmax).
+        generator: the random stream (``Runtime.generator``).
+    Returns:
+        ``(tokens (b,) int64, confidences (b,) float32, q)``: ``q[i]`` is row i's ``(1, V)``
+        float32 distribution when it samples, else None.
+    """
+    first = samplings[0]
+    if all(s == first for s in samplings):
+        tokens, confs, q = choose(logits, first, generator)
+        return tokens, confs, [None] * len(samplings) if q is None else list(q[:, None].unbind(0))
+    rows = [choose(logits[i : i + 1], s, generator) for i, s in enumerate(samplings)]
+    return torch.cat([t for t, _, _ in rows]), torch.cat([c for _, c, _ in rows]), [q for _, _, q in rows]

@@ -939,7 +939,7 @@ class SharedSequencesDrafter:
     one place for the AR, EAGLE-3 and DFlash drafters: ``batched(slots)`` builds the drafter's static cache
     of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
     its compile seconds added to ``runtime.warmup_s``) and returns a copy whose own copies -- one per
-    request -- each take a sequence in ``prefill`` (``_take_sequence``, greedy requests only) and
+    request, greedy or sampling -- each take a sequence in ``prefill`` (``_take_sequence``) and
     give it back in ``release``. A drafter sets ``static``, ``runtime`` and calls
     ``_no_shared_sequences`` in its ``__init__``.
     """
@@ -956,8 +956,8 @@ class SharedSequencesDrafter:
         raise NotImplementedError
 
     def batched(self, slots: int):
-        """On the compiled runtime, the drafter whose greedy copies draft on a static cache of
-        ``slots`` sequences, one each from ``prefill`` to ``release``; else this drafter."""
+        """On the compiled runtime, the drafter whose copies draft on a static cache of ``slots``
+        sequences, one each from ``prefill`` to ``release``; else this drafter."""
         if self.static is None:
             return self
         batch = self._static_batched.get(slots)
@@ -975,11 +975,11 @@ class SharedSequencesDrafter:
             self._shared.give_back(self._slot)
         self._slot = None
 
-    def _take_sequence(self, greedy: bool) -> bool:
-        """``prefill``'s: give back a sequence still held, then take one for a greedy request of a
-        batched run. Returns whether this request drafts on the shared sequences."""
+    def _take_sequence(self) -> bool:
+        """``prefill``'s: give back a sequence still held, then take one for a request of a batched
+        run. Returns whether this request drafts on the shared sequences."""
         self.release()
-        if self._shared is None or not greedy:
+        if self._shared is None:
             return False
         self._slot = self._shared.take()
         return True
@@ -991,8 +991,8 @@ class StaticBatchEagle3(StaticPasses):
     own columns, written where they stay, so a round's roll-back moves its length. A pass feeds
     every sequence at once (``run_rows``): a request that drafts this step its new positions at
     its length, the rest (other requests, padding) at scratch columns no real position sees. Passes
-    are 2 columns or more (on CUDA padded to a bucket), as ``StaticBatchQwen``'s. Greedy drafting
-    only (sampling copies draft eagerly).
+    are 2 columns or more (on CUDA padded to a bucket), as ``StaticBatchQwen``'s. Greedy and
+    sampling requests alike (the drafter chooses from the logits).
 
     Args:
         model / embed_tokens / capacity / compile / buckets: as ``StaticEagle3`` (capacity per sequence).
@@ -1199,7 +1199,7 @@ class StaticBatchDFlash(StaticPasses):
     other sequences, and the padding, at scratch columns past the capacity, which no real position
     sees. As ``StaticDFlash``, only the context stays: the block's keys and values sit past the
     length, overwritten by the next pass. Passes are 2 columns or more (on CUDA padded to a bucket:
-    ``BUCKETS`` and 128). Greedy drafting only (sampling copies draft eagerly).
+    ``BUCKETS`` and 128). Greedy and sampling requests alike (the drafter chooses from the logits).
 
     Args:
         model: the DFlash model, eval mode. capacity / compile / buckets: as ``StaticDFlash``

@@ -395,21 +395,56 @@ def test_batched_settings_are_checked_before_models_load(family, tmp_path, overr
 
 from test_sampling import ALPHA as _ALPHA, N as _N, T as _T, _config, chi_square_pvalue, exact_joint, models  # noqa: E402,F401
 
-BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3")
+BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3", "dflash", "ar-static", "eagle3-static", "dflash-static")
+#: per drafter, the pass that drafts several requests at once: eager (their own caches, padded) and
+#: on the shared static cache of one sequence per request (``Drafter.batched``)
+BATCHED_PASSES = {
+    "ar": (ARDrafter, "_draft_together", "_draft_shared"),
+    "eagle3": (Eagle3Drafter, "_pass_together", "_rows_pass"),
+    "dflash": (DFlashDrafter, "_pass_together", "_shared_pass"),
+}
+
+
+def _static_caches(drafter) -> None:
+    """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
+    so ``Drafter.batched`` builds the batched one its requests share."""
+    from specpolicy.models.static_qwen import StaticDFlash, StaticEagle3, StaticQwen
+
+    if isinstance(drafter, ARDrafter):
+        drafter.static = StaticQwen(drafter.model, drafter.max_context)
+    elif isinstance(drafter, Eagle3Drafter):
+        drafter.static = StaticEagle3(drafter.model, drafter.embed_tokens, 64)
+    else:
+        drafter.static = StaticDFlash(drafter.model, 64)
 
 
 @pytest.mark.parametrize("name", BATCH_STAT_TESTS)
-def test_batched_sampling_matches_the_target_distribution_per_request(models, name):  # noqa: F811
+def test_batched_sampling_matches_the_target_distribution_per_request(models, name, monkeypatch):  # noqa: F811
     """N requests of the same prompt, mixed with others, through the batched loop at batch size 8:
     the joint of each request's first T tokens matches the target's sampling distribution
-    (``tests/core/test_sampling.py``'s chi-square test, its alpha shared with these tests too)."""
+    (``tests/core/test_sampling.py``'s chi-square test, its alpha shared with these tests too) --
+    with the drafters' passes batched over the requests (each step's tokens drawn for all of them
+    in row order), on their own caches and (``-static``) on the static cache of one sequence per
+    request that the compiled runtime shares among them."""
     rt = Runtime(device="cpu", dtype="float64", seed=0)
-    make, prompt, sampling, tokens = _config(name, models, rt)
+    kind, static = name.removesuffix("-static"), name.endswith("-static")
+    make, prompt, sampling, tokens = _config(kind, models, rt)
     other = torch.tensor([11, 2, 6])
     prompts = [prompt if i % 4 else other for i in range(_N * 4 // 3)]
     mine = [i for i in range(len(prompts)) if i % 4]
     verifier = HFVerifier(models["target"], rt, frozenset())  # no EOS: every request makes its tokens
     drafter, policy = make()
+    together = []  # requests per batched drafter pass
+    if kind in BATCHED_PASSES:
+        cls, eager_pass, shared_pass = BATCHED_PASSES[kind]
+        batched_pass = getattr(cls, shared_pass if static else eager_pass)
+        monkeypatch.setattr(
+            cls,
+            shared_pass if static else eager_pass,
+            staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a)),
+        )
+    if static:
+        _static_caches(drafter)
     rt.generator.manual_seed(1)
     out = generate_batch(
         prompts, verifier, rt, max_new_tokens=tokens, batch_size=8, drafter=drafter, policy=policy, sampling=sampling
@@ -423,6 +458,7 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
         rounds = [r for i in mine for r in out.results[i].rounds]
         accepted, drafted = sum(r.accepted_length for r in rounds), sum(r.speculation_length for r in rounds)
         assert accepted >= 20 and accepted < drafted, (accepted, drafted)  # acceptance and rejection exercised
+        assert max(together) >= 4, together  # drafted in passes over many requests at once
     assert df >= 10 and max(out.batch_sizes) == 8
     assert pvalue > _ALPHA, f"{name}: chi-square p = {pvalue:.2e} (df {df})"
 
@@ -469,19 +505,27 @@ def test_one_token_prompts_first_and_refused_last_prompts_keep_the_batch_whole(t
     assert list(nothing.skipped) == [0] and not nothing.results and nothing.summary()["tokens"] == 0
 
 
-def test_a_sampling_run_copies_the_drafter_itself(target, rt, monkeypatch):
-    """``Drafter.batched`` (on the compiled runtime: a static cache sized by the batch, compiled)
-    serves greedy requests only, so a sampling run never asks for it; a greedy run does, once."""
+def test_sampling_requests_draft_on_the_shared_static_cache_and_give_it_back(target, rt):
+    """A sampling run of the batched loop, as a greedy one, copies ``Drafter.batched`` (on the
+    compiled runtime: one static sequence per request): every request drafts on its own sequence
+    of the shared cache and gives it back when it leaves; the run is reproducible from its seed."""
     from specpolicy.core.sampling import SamplingConfig
 
-    calls = []
-    monkeypatch.setattr(ARDrafter, "batched", lambda self, slots: calls.append(slots) or self)
     verifier = HFVerifier(target, rt, frozenset({EOS}))
-    drafter, prompts = ARDrafter(target, rt), _prompts(3)
-    sampling = SamplingConfig(temperature=1.0)
-    for run_sampling in (sampling, None):
-        generate_batch(
-            prompts, verifier, rt, max_new_tokens=6, batch_size=2, drafter=drafter, policy=StaticPolicy(k=2),
-            sampling=run_sampling,
+    drafter, prompts = ARDrafter(sharpen(tiny_lm(1, layers=1), 4.0), rt), _prompts(5)
+    _static_caches(drafter)
+    leads = []
+    drafter.batched = lambda slots, _batched=drafter.batched: leads.append(_batched(slots)) or leads[-1]
+    outputs = []
+    for _ in range(2):
+        rt.generator.manual_seed(3)
+        out = generate_batch(
+            prompts, verifier, rt, max_new_tokens=12, batch_size=2, drafter=drafter, policy=StaticPolicy(k=3),
+            sampling=SamplingConfig(temperature=1.0),
         )  # fmt: skip
-    assert calls == [2]
+        outputs.append([out.results[i].output_ids.tolist() for i in range(5)])
+        shared = leads[-1]._shared
+        assert sorted(shared.free) == [0, 1] and min(shared.lengths) > 0  # both sequences drafted on, freed
+        assert sum(len(r.rounds) for r in out.results.values()) > 5
+    assert len(leads) == 2 and leads[0]._shared.static is leads[1]._shared.static  # built once per batch size
+    assert outputs[0] == outputs[1]

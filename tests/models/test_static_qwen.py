@@ -601,8 +601,10 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     drafter's requests drafting on a batched static cache of their own (``StaticBatchEagle3``,
     ``StaticBatchQwen``: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
     policies -- every request's output, drafts and accepted lengths are those of the eager
-    batch-1 loop (float64); and sampling draws the same tokens as the eager batched verifier
-    under the same seed (sampling copies draft eagerly)."""
+    batch-1 loop (float64). Sampling requests draft on the shared caches too: one request at a
+    time, they draw the same tokens as the eager batched loop under the same seed (several at a
+    time, a batched pass draws for its requests in row order: ``tests/core/test_batching.py``
+    checks their distribution)."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.core.sampling import SamplingConfig
     from specpolicy.drafters.eagle3 import Eagle3Drafter
@@ -664,11 +666,16 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
         if kind == "ar" and verifier is static:
             d.static = StaticQwen(d.model, d.max_context)
+        leads.clear()
+        if d is not None:
+            d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
         runtime.generator.manual_seed(7)
         out = generate_batch(
-            prompts, verifier, runtime, max_new_tokens=16, batch_size=4, drafter=d, policy=q, sampling=sampling
+            prompts, verifier, runtime, max_new_tokens=16, batch_size=1, drafter=d, policy=q, sampling=sampling
         )
         draws.append([out.results[i].output_ids.tolist() for i in range(10)])
+        if kind != "vanilla" and verifier is static:  # the sampling requests drafted on the shared sequence
+            assert leads[-1]._shared is not None and leads[-1]._shared.lengths[0] > 0
     assert draws[0] == draws[1]
 
 
@@ -769,7 +776,6 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
     shared = leads[-1]._shared
     assert isinstance(shared.static, StaticBatchDFlash)
     assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) >= 140
-    lengths = list(shared.lengths)
     sampled = generate_batch(
         prompts[:3],
         verifier,
@@ -781,7 +787,8 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
         sampling=SamplingConfig(1.0),
     )
     assert sorted(sampled.results) == [0, 1, 2]
-    assert len(leads) == 1 and shared.lengths == lengths  # sampling: eager copies, the shared cache not asked for
+    assert len(leads) == 2 and leads[1]._shared.static is shared.static  # the same cache, built once
+    assert sorted(leads[1]._shared.free) == [0, 1, 2, 3] and max(leads[1]._shared.lengths) > 0  # sampled on it
     assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(9))
     if policy["name"] == "failfast":  # tau 0: drafts past the block of 8 (extension passes)
         assert max(r.speculation_length for r in batched.results[0].rounds) > 8
