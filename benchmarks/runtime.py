@@ -41,6 +41,7 @@ reduction; 512 x 512 matmuls). Methods run interleaved per prompt (rotating orde
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -210,29 +211,38 @@ def batched_rows(
 ) -> dict[str, Any]:
     """The batched loop (``generate_batch``, ``--batch-size`` requests in flight, all arriving at
     once) over the timed prompts: vanilla, the EAGLE-3 chain (first ``--eagle3-k``) and DFlash +
-    FailFast (with those methods) on each runtime, ``--batch-repeats`` runs each, interleaved; tokens/s over the run's wall seconds (the
-    compiled side's batched verifier built, and compiled, before its first run, untimed)."""
+    FailFast (with those methods) on each runtime, ``--batch-repeats`` runs each, interleaved; tokens/s
+    over the run's wall seconds (the compiled side's batched verifier built, and compiled, before its
+    first run, untimed). With ``--batch-temperature`` T > 0 each speculative row also samples at T
+    (``<row>-t<T>``, seeded per run; ``identical`` None: not compared); with ``--batch-copies`` the
+    compiled side's speculative rows also run with eager request copies of the drafter
+    (``@compiled-copies``: the target compiled, the drafting as before its batched static caches)."""
     from specpolicy.core.batching import generate_batch
+    from specpolicy.core.sampling import SamplingConfig
 
     k = args.eagle3_k[0]
     sides = {"eager": eager, **compiled_sides}
     rows: dict[str, Any] = {}
     runners = {}
+    samplings: list[tuple[str, SamplingConfig | None]] = [("", None)]
+    if args.batch_temperature > 0:
+        samplings.append((f"-t{args.batch_temperature:g}", SamplingConfig(temperature=args.batch_temperature)))
     for label, side in sides.items():
-        runners[f"vanilla-batch{args.batch_size}@{label}"] = (side, None, None)
+        runners[f"vanilla-batch{args.batch_size}@{label}"] = (side, None, None, None)
+        speculative = []
         if "eagle3" in args.methods:
-            runners[f"eagle3+static-k{k}-batch{args.batch_size}@{label}"] = (
-                side,
-                side.drafters["eagle3"],
-                side.policy("static", "eagle3", k=k),
-            )
+            speculative.append((f"eagle3+static-k{k}", "eagle3", side.policy("static", "eagle3", k=k)))
         if "dflash" in args.methods:
-            runners[f"dflash+failfast-batch{args.batch_size}@{label}"] = (
-                side,
-                side.drafters["dflash"],
-                side.policy("failfast", "dflash"),
-            )
-    for name, (side, drafter, policy) in runners.items():  # untimed: the batched verifier built and compiled
+            speculative.append(("dflash+failfast", "dflash", side.policy("failfast", "dflash")))
+        labels = [label] + ([f"{label}-copies"] if args.batch_copies and side is not eager else [])
+        for method, drafter_name, policy in speculative:
+            for tag, sampling in samplings:
+                for where in labels:
+                    drafter = side.drafters[drafter_name]
+                    if where.endswith("-copies"):
+                        drafter = _eager_copies(drafter)
+                    runners[f"{method}-batch{args.batch_size}{tag}@{where}"] = (side, drafter, policy, sampling)
+    for name, (side, drafter, policy, sampling) in runners.items():  # untimed: the batched verifier compiled
         generate_batch(
             ids[: args.batch_size],
             side.verifier,
@@ -241,10 +251,12 @@ def batched_rows(
             batch_size=args.batch_size,
             drafter=drafter,
             policy=policy,
+            sampling=sampling,
         )
-        rows[name] = {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": True}
-    for _ in range(args.batch_repeats):
-        for name, (side, drafter, policy) in runners.items():
+        rows[name] = {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": sampling is None or None}
+    for repeat in range(args.batch_repeats):
+        for name, (side, drafter, policy, sampling) in runners.items():
+            side.runtime.generator.manual_seed(repeat)
             try:
                 out = generate_batch(
                     ids,
@@ -254,6 +266,7 @@ def batched_rows(
                     batch_size=args.batch_size,
                     drafter=drafter,
                     policy=policy,
+                    sampling=sampling,
                 )
             except Exception as e:  # noqa: BLE001 -- a row that fails is reported, the others run
                 errors[name] = f"{type(e).__name__}: {e}"[:2000]
@@ -263,13 +276,22 @@ def batched_rows(
             r["wall_s"] += out.wall_s
             r["rounds"] += sum(len(g.rounds) for g in out.results.values())
             r["accepted"] += sum(x.accepted_length for g in out.results.values() for x in g.rounds)
-            r["identical"] &= [out.results[i].output_ids.tolist() for i in range(len(ids))] == reference
+            if sampling is None:
+                r["identical"] &= [out.results[i].output_ids.tolist() for i in range(len(ids))] == reference
     base = rows[f"vanilla-batch{args.batch_size}@eager"]
     for r in rows.values():
         r["tokens_per_s"] = r["tokens"] / r["wall_s"] if r["wall_s"] else 0.0
         r["speedup_vs_eager_batched_vanilla"] = r["tokens_per_s"] / (base["tokens"] / base["wall_s"])
         r["mean_accepted_length"] = r["accepted"] / r["rounds"] if r["rounds"] else None
     return rows
+
+
+def _eager_copies(drafter):
+    """``drafter`` as the batched loop copied it before the batched static caches: every request
+    a copy without the static cache (``Drafter.__copy__``), drafting eagerly, batched by ``draft_many``."""
+    plain = copy.copy(drafter)
+    plain.batched = lambda slots: plain
+    return plain
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -438,11 +460,11 @@ def print_table(result: dict[str, Any]) -> None:
             f"batched loop (its verifier's compilation {w.get('batched_verifier_s', 0):.1f} s, "
             f"the drafters' batched caches {w.get('batched_drafter_s', 0):.1f} s):"
         )
-        print(f"{'method':34s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
+        print(f"{'method':44s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
         for name, r in result["batched"].items():
             acc = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
             print(
-                f"{name:34s} {r['tokens_per_s']:8.1f} {r['speedup_vs_eager_batched_vanilla']:8.2f} {acc:>8s}  "
+                f"{name:44s} {r['tokens_per_s']:8.1f} {r['speedup_vs_eager_batched_vanilla']:8.2f} {acc:>8s}  "
                 f"{r['identical']}"
             )
 
@@ -500,6 +522,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also the batched loop with this many requests in flight, on each runtime (0 or 1: not run)",
     )
     p.add_argument("--batch-repeats", type=int, default=2, help="interleaved runs of every batched row")
+    p.add_argument(
+        "--batch-temperature",
+        type=float,
+        default=0.0,
+        help="also run every speculative batched row sampling at this temperature (0: greedy only)",
+    )
+    p.add_argument(
+        "--batch-copies",
+        action="store_true",
+        help="also run the compiled side's speculative batched rows with eager request copies of the drafter",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face's rows (and their compilation)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens")
     p.add_argument("--out", default=None, help="JSON output")

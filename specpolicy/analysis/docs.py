@@ -1374,7 +1374,9 @@ def runtime_page(
     body = [
         *command_block(
             f"python benchmarks/runtime.py --num-prompts {s['num_prompts']} --max-new-tokens {s['max_new_tokens']} "
-            f"--out benchmarks/results/{RUNTIME_NAME}"
+            + (f"--batch-temperature {s['batch_temperature']:g} " if s.get("batch_temperature") else "")
+            + ("--batch-copies " if s.get("batch_copies") else "")
+            + f"--out benchmarks/results/{RUNTIME_NAME}"
         ),
         *markdown_table(
             [
@@ -1420,6 +1422,11 @@ def runtime_page(
     return _page("The compiled runtime", intro, body)
 
 
+def _sampled(batched: Mapping[str, Any], name: str) -> bool:
+    """Whether a batched row of ``benchmarks/runtime.py`` sampled (its outputs not compared: ``identical`` None)."""
+    return batched[name].get("identical", True) is None
+
+
 def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
     """The batched loop on both runtimes (``benchmarks/runtime.py --batch-size``), from the same run."""
     batched = results.get("batched") or {}
@@ -1433,7 +1440,7 @@ def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
             f"{r['tokens_per_s']:.1f}",
             f"{r['speedup_vs_eager_batched_vanilla']:.2f}x",
             "-" if r["mean_accepted_length"] is None else f"{r['mean_accepted_length']:.2f}",
-            "yes" if r["identical"] else "NO",
+            "sampled" if r["identical"] is None else "yes" if r["identical"] else "NO",
         ]
         for name, r in batched.items()
     ]
@@ -1443,6 +1450,24 @@ def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
         for name in batched
         if name.endswith("@compiled") and name.replace("@compiled", "@eager") in tps
     ]
+    shared = [  # the drafters' batched static caches against eager request copies, same compiled target
+        f"`{name.partition('@')[0]}` {tps[name] / tps[name + '-copies']:.2f}x"
+        for name in batched
+        if name + "-copies" in tps
+    ]
+    copies = (
+        " Drafting on the batched static caches against eager request copies of the drafter on the same "
+        f"compiled target (`compiled-copies`, as before those caches): {', '.join(shared)}."
+        if shared
+        else ""
+    )
+    temperatures = sorted({name.partition("@")[0].rpartition("-t")[2] for name in batched if _sampled(batched, name)})
+    sampled = (
+        f" Rows ending `-t{temperatures[0]}` sample at temperature {temperatures[0]} (seeded per run; lossless in "
+        "distribution, so not compared token for token: `sampled`)."
+        if temperatures
+        else ""
+    )
     drafter_s = results["warmup"].get("batched_drafter_s")
     if drafter_s:  # a run with the drafters' batched static caches (Drafter.batched)
         with_dflash = any(name.startswith("dflash") for name in batched)
@@ -1470,7 +1495,9 @@ def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
         "compiled runtime the target is a static cache of one sequence per request, compiled "
         "(`StaticBatchedHFVerifier`: a round's keys and values written where they stay); "
         + drafting
-        + f" Compiled over eager, same method: {', '.join(ratios)}; {compilation}.",
+        + f" Compiled over eager, same method: {', '.join(ratios)}; {compilation}."
+        + copies
+        + sampled,
         "",
         *markdown_table(
             ["method", "runtime", "tokens/s", "vs eager batched vanilla", "acc. length", "= vanilla"],

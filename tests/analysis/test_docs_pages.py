@@ -94,3 +94,33 @@ def test_missing_results_directory_is_one_line(tmp_path: Path, capsys):
         docs.main(["--root", str(tmp_path), "--check"])
     assert exc.value.code == 2
     assert "--root" in capsys.readouterr().err
+
+
+def test_runtime_batched_section_compares_shared_caches_with_copies_and_marks_sampled_rows():
+    """``benchmarks/runtime.py --batch-temperature 1 --batch-copies``: the section gives each row's
+    shared-cache / eager-copies ratio from the same run and marks sampled rows as not compared."""
+    from specpolicy.analysis.docs import batched_runtime_section
+
+    def row(tps, identical):
+        return {"tokens_per_s": tps, "speedup_vs_eager_batched_vanilla": tps / 200, "mean_accepted_length": 2.0,
+                "identical": identical}  # fmt: skip
+
+    batched = {
+        "vanilla-batch4@eager": row(200.0, True),
+        "eagle3+static-k4-batch4@eager": row(300.0, True),
+        "eagle3+static-k4-batch4-t1@eager": row(240.0, None),
+        "eagle3+static-k4-batch4@compiled": row(600.0, True),
+        "eagle3+static-k4-batch4@compiled-copies": row(500.0, True),
+        "eagle3+static-k4-batch4-t1@compiled": row(480.0, None),
+        "eagle3+static-k4-batch4-t1@compiled-copies": row(400.0, None),
+    }
+    results = {
+        "batched": batched,
+        "settings": {"batch_size": 4, "prompts_timed": 3, "batch_repeats": 2},
+        "warmup": {"batched_drafter_s": 5.0, "batched_verifier_s": 9.0},
+    }
+    text = "\n".join(batched_runtime_section(results))
+    assert "`eagle3+static-k4-batch4` 1.20x, `eagle3+static-k4-batch4-t1` 1.20x" in text  # shared over copies
+    assert "`eagle3+static-k4-batch4-t1` 2.00x" in text  # compiled over eager, sampled
+    assert "temperature 1" in text
+    assert "| `eagle3+static-k4-batch4-t1` | compiled-copies | 400.0 |" in text and text.count("| sampled |") == 3
