@@ -69,7 +69,7 @@ class HFVerifier(Verifier):
         self._feature_layers: tuple[int, ...] = ()  # hidden_states indices a drafter reads; () = none
         self.prompt_features: torch.Tensor | None = None
         self.static = None  # the compiled runtime's StaticQwen, else None
-        self._static_batched: dict = {}  # the compiled runtime's batched verifier of the latest batch size
+        self._static_batched: dict = {}  # the compiled runtime's batched verifiers, by batch size
         if runtime.compile:
             from specpolicy.models.static_qwen import StaticQwen
 
@@ -90,15 +90,13 @@ class HFVerifier(Verifier):
         runtime, stop tokens, context and requested features; one row per request in flight).
         Called by ``specpolicy.core.batching.generate_batch`` with ``slots`` = the batch size: on the
         compiled runtime a static cache of that many sequences, compiled (``StaticBatchedHFVerifier``;
-        its compile seconds added to ``runtime.warmup_s``; kept for later runs of that batch size, the
-        one of another batch size dropped first so its memory can go), else a dynamic cache."""
+        its compile seconds added to ``runtime.warmup_s``), else a dynamic cache."""
         from specpolicy.verifiers.hf_batch import BatchedHFVerifier, StaticBatchedHFVerifier
 
         if self.static is not None and slots:
-            # the latest batch size's, reused by later runs of that size
+            # one per batch size, reused by later runs (compiled once per process)
             batched = self._static_batched.get(slots)
             if batched is None:
-                self._static_batched.clear()  # another batch size's static cache: its memory can go
                 batched = StaticBatchedHFVerifier.like(self, pad_token_id, slots, compile=self.static.compiled)
                 self._static_batched[slots] = batched
             batched.reset(pad_token_id, tuple(self._feature_layers))

@@ -937,9 +937,8 @@ class SharedSequences:
 class SharedSequencesDrafter:
     """The batched loop's side of a drafter with a static cache (``Drafter.batched`` / ``release``),
     one place for the AR, EAGLE-3 and DFlash drafters: ``batched(slots)`` builds the drafter's static cache
-    of ``slots`` sequences once for the batch size (``_batched_static``, compiled as the batch-1 one,
-    its compile seconds added to ``runtime.warmup_s``; kept for later runs of that batch size, the
-    caches of another batch size dropped so their memory can go: one batch size's at a time) and returns a copy whose own copies -- one per
+    of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
+    its compile seconds added to ``runtime.warmup_s``) and returns a copy whose own copies -- one per
     request, greedy or sampling -- each take a sequence in ``prefill`` (``_take_sequence``) and
     give it back in ``release``. A drafter sets ``static``, ``runtime`` and calls
     ``_no_shared_sequences`` in its ``__init__``.
@@ -949,7 +948,7 @@ class SharedSequencesDrafter:
     runtime: Any
 
     def _no_shared_sequences(self) -> None:
-        self._static_batched: dict[int, StaticPasses] = {}  # the latest batch size's cache (``batched``)
+        self._static_batched: dict[int, StaticPasses] = {}  # by batch size, built once each
         self._shared: SharedSequences | None = None  # a batched run's sequences (``batched``), else None
         self._slot: int | None = None  # this request's sequence among them, while it holds one
 
@@ -963,7 +962,6 @@ class SharedSequencesDrafter:
             return self
         batch = self._static_batched.get(slots)
         if batch is None:
-            self._static_batched.clear()  # another batch size's cache: its memory can go before this one is built
             batch = self._batched_static(slots)
             self.runtime.warmup_s += batch.warmup()
             self._static_batched[slots] = batch

@@ -897,27 +897,3 @@ def test_a_drafter_s_static_cache_is_sized_by_the_verifier_s_context(kind, famil
     drafter = make_drafter(pm, {"name": kind, "model": str(family[kind])}, compiled, verifier)
     margin = drafter.block_size if kind == "dflash" else 128
     assert sizes == [300 + margin] and drafter.static.capacity == 300 + margin
-
-
-def test_batched_static_caches_are_kept_for_one_batch_size_at_a_time(target, runtime):
-    """The target's and a drafter's batched static caches (``HFVerifier.batched``,
-    ``Drafter.batched``) are reused by later runs of the same batch size; asking for another batch
-    size drops them first, so nothing keeps their memory (a sweep over batch sizes holds one size's
-    caches, not all of them)."""
-    import gc
-    import weakref
-
-    verifier = HFVerifier(target, runtime, frozenset())
-    verifier.static = StaticQwen(target, 64)
-    drafter = ARDrafter(sharpen(tiny_lm(1, layers=1), 4.0), runtime)
-    drafter.static = StaticQwen(drafter.model, 64)
-    first_verifier, first_cache = verifier.batched(slots=2), drafter.batched(2)._shared.static
-    assert verifier.batched(slots=2) is first_verifier and drafter.batched(2)._shared.static is first_cache
-    gone = weakref.ref(first_verifier.static), weakref.ref(first_cache)
-    del first_verifier, first_cache
-    other_verifier, other_cache = verifier.batched(slots=3), drafter.batched(3)._shared.static
-    assert other_verifier.static._rows == 3 and other_cache._rows == 3
-    gc.collect()
-    assert gone[0]() is None and gone[1]() is None  # the batch size 2 caches are freed
-    assert list(verifier._static_batched) == [3] and list(drafter._static_batched) == [3]
-    assert verifier.batched(slots=2).static is not other_verifier.static  # built again for batch size 2
