@@ -6,7 +6,7 @@ generation and its assisted generation, and this machine's floor.
         --out benchmarks/results/runtime-gsm8k-30x256.json
     python benchmarks/runtime.py --quick --out /tmp/runtime.json        # a smoke run (2 prompts)
 
-Rows (the bundled family; every row's output checked against eager vanilla greedy):
+Rows (the bundled family; every greedy row's output checked against eager vanilla's):
 
 * ``<method>@eager`` / ``<method>@compiled`` for ``vanilla``, ``ar+static-k<K>`` (the AR drafter,
   compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain, one row per ``--eagle3-k``) and ``dflash+failfast`` (DFlash +
@@ -23,6 +23,9 @@ With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per
 ``--methods``) on each runtime (the compiled side's target a static cache of B sequences,
 ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
 requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
+``--batch-temperature`` T > 0 adds each speculative batched row sampling at T (``<row>-t<T>``, seeded
+per run, not compared token for token), ``--batch-copies`` the compiled side's speculative rows with
+eager request copies of the drafter (``@compiled-copies``: what those caches replace);
 the compilation of its verifier and of those caches is reported apart (``warmup.batched_verifier_s``,
 ``warmup.batched_drafter_s``).
 

@@ -110,7 +110,8 @@ class Drafter(ABC):
         drafter (an instance of ``cls``) holds one request and adds ``num_tokens[i]`` tokens, as its
         ``draft`` would. Default: ``draft`` one request after another. A drafter class that can run
         its passes for many requests in one forward pass overrides it (``ar``, ``fastdllm``, ``eagle3``,
-        ``dflash``) and returns what the calls one by one would.
+        ``dflash``) and returns what the calls one by one would (greedy: the same tokens; sampling: the
+        same distributions, the draws of a batched pass made for its requests in row order).
 
         Returns:
             every request's whole draft of the round so far, in order.

@@ -405,17 +405,17 @@ BATCHED_PASSES = {
 }
 
 
-def _static_caches(drafter) -> None:
+def _static_caches(drafter, capacity: int = 64) -> None:
     """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
-    so ``Drafter.batched`` builds the batched one its requests share."""
+    so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
     from specpolicy.models.static_qwen import StaticDFlash, StaticEagle3, StaticQwen
 
     if isinstance(drafter, ARDrafter):
         drafter.static = StaticQwen(drafter.model, drafter.max_context)
     elif isinstance(drafter, Eagle3Drafter):
-        drafter.static = StaticEagle3(drafter.model, drafter.embed_tokens, 64)
+        drafter.static = StaticEagle3(drafter.model, drafter.embed_tokens, capacity)
     else:
-        drafter.static = StaticDFlash(drafter.model, 64)
+        drafter.static = StaticDFlash(drafter.model, capacity)
 
 
 @pytest.mark.parametrize("name", BATCH_STAT_TESTS)
@@ -529,3 +529,40 @@ def test_sampling_requests_draft_on_the_shared_static_cache_and_give_it_back(tar
         assert sum(len(r.rounds) for r in out.results.values()) > 5
     assert len(leads) == 2 and leads[0]._shared.static is leads[1]._shared.static  # built once per batch size
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["own-caches", "shared-static-cache"])
+def test_eagle3_batched_sampling_hands_each_request_the_q_of_its_own_logits(drafters, target, rt, static, monkeypatch):
+    """EAGLE-3 sampling in the batched loop (8 prompts, 4 in flight, static k = 3), its passes batched
+    over the requests on their own caches and on the static cache they share: every drafted token
+    is recorded with q = ``warp`` of the logits row of its own request and position, and has q > 0."""
+    from specpolicy.core.sampling import SamplingConfig, warp
+
+    sampling = SamplingConfig(temperature=0.9, top_k=24)
+    took, passes = Eagle3Drafter._took, []
+    recorded = []
+
+    def spy(self, last_out, logits, tokens, confs, q=None):
+        recorded.append((logits.clone(), tokens.clone(), q, self._target_of_draft))
+        return took(self, last_out, logits, tokens, confs, q)
+
+    batched_pass = Eagle3Drafter._rows_pass if static else Eagle3Drafter._pass_together
+    monkeypatch.setattr(Eagle3Drafter, "_took", spy)
+    monkeypatch.setattr(
+        Eagle3Drafter,
+        "_rows_pass" if static else "_pass_together",
+        staticmethod(lambda ds: passes.append(len(ds)) or batched_pass(ds)),
+    )
+    drafter = drafters["eagle3"]()
+    if static:
+        _static_caches(drafter, capacity=256)
+    rt.generator.manual_seed(2)
+    out = generate_batch(
+        _prompts(8), HFVerifier(target, rt, frozenset({EOS})), rt, max_new_tokens=16, batch_size=4,
+        drafter=drafter, policy=StaticPolicy(3), sampling=sampling,
+    )  # fmt: skip
+    assert sorted(out.results) == list(range(8)) and max(passes) >= 3
+    assert len(recorded) > 40
+    for logits, tokens, q, target_of_draft in recorded:  # q over the draft vocabulary, tokens as target ids
+        torch.testing.assert_close(q, warp(logits, sampling))
+        assert float(q[0, target_of_draft == tokens[0]].sum()) > 0

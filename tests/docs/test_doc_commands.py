@@ -695,14 +695,17 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
-#: the shortened ``benchmarks/runtime.py`` arguments already run in this process, and where
-_RUNTIME_RUNS: dict[tuple[str, ...], str] = {}
+#: the shortened ``benchmarks/runtime.py`` runs of this process: what they ran (their arguments
+#: but ``--no-hf``) -> (where the command is shown, whether it ran Hugging Face's rows)
+_RUNTIME_RUNS: dict[tuple[str, ...], tuple[str, bool]] = {}
 
 
 def _runtime_bench(command: Command, h: Harness) -> None:
     """``benchmarks/runtime.py`` shortened: 1 prompt, 8 tokens, two buckets, the tiny family. A
-    command that shortens to arguments already run in this process (the same command shown again
-    with another ``--out``) is not run twice."""
+    command whose shortened run this process already made -- the same command shown again with
+    another ``--out``; on a machine without CUDA a GPU command differing from an earlier one only in
+    ``--cuda-modes`` (one compiled side on the CPU) or in leaving out Hugging Face's rows
+    (``--no-hf``) -- is not run twice."""
     out = h.cwd / "runtime.json"
     args = _args(command, "python benchmarks/runtime.py")
     if "--out" in args:  # the page's own output path, replaced by a scratch one
@@ -710,9 +713,15 @@ def _runtime_bench(command: Command, h: Harness) -> None:
         del args[i : i + 2]
     if "--device" in args and not torch.cuda.is_available():  # a GPU row's command, its flags checked on the CPU
         args[args.index("--device") + 1] = "cpu"
-    if tuple(args) in _RUNTIME_RUNS:
-        pytest.skip(f"the same run as {_RUNTIME_RUNS[tuple(args)]}, checked there")
-    _RUNTIME_RUNS[tuple(args)] = command.where
+    ran = [a for a in args if a != "--no-hf"]
+    if "--cuda-modes" in ran and not torch.cuda.is_available():  # the CPU builds one compiled side whatever the modes
+        i = ran.index("--cuda-modes")
+        del ran[i : i + 2]
+    hf = "--no-hf" not in args
+    earlier = _RUNTIME_RUNS.get(tuple(ran))
+    if earlier is not None and (earlier[1] or not hf):
+        pytest.skip(f"the same run as {earlier[0]} on this machine, checked there")
+    _RUNTIME_RUNS[tuple(ran)] = (command.where, hf)
     from specpolicy.models import static_qwen
 
     saved = static_qwen.BUCKETS, static_qwen.CUDA_MODE  # the benchmark sets them for its process

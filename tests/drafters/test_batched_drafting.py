@@ -381,3 +381,54 @@ def test_fastdllm_draft_many_ends_each_request_at_its_own_stop_token(rt):
     for a, b in zip(got, want):
         _same(a, b)
     assert got[2].ends_at_stop_token and got[2].length <= 6
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("shared", [False, True], ids=["own-caches", "shared-static-cache"])
+def test_ar_draft_many_sampling_gives_each_token_its_own_q_row(rt, shared, monkeypatch):
+    """Sampling through ``draft_many`` -- requests asking different numbers of tokens in one call (the
+    padded passes run ``max`` steps for all, the extra draws unrecorded), a round extended by a
+    second call, three rounds with random accepted lengths, on the requests' own caches and on the
+    static cache they share (``ARDrafter.batched``): every drafted token's q row is ``warp`` of
+    the AR model's logits after the request's committed sequence and its tokens drafted before it
+    (one Hugging Face forward per request), and every drawn token has q > 0."""
+    from specpolicy.core.sampling import warp
+    from specpolicy.drafters.ar import ARDrafter
+    from specpolicy.models.static_qwen import StaticQwen
+
+    model = sharpen(tiny_lm(5, layers=2, vocab=VOCAB), 3.0)
+    sampling = SamplingConfig(temperature=0.9, top_k=24)
+    prompts = _prompts()[1:]  # 5, 9, 14 and 30 tokens
+    if shared:
+        base = ARDrafter(model, rt)
+        base.static = StaticQwen(model, base.max_context)
+        lead = base.batched(len(prompts))
+        requests = [copy.copy(lead) for _ in prompts]
+        for d, p in zip(requests, prompts):
+            d.prefill(p, sampling=sampling)
+    else:
+        requests = _ar_requests(model, rt, prompts, sampling)
+    calls = []  # the counts of every multi-request padded pass
+    passes = "_draft_shared" if shared else "_draft_together"
+    batched_pass = getattr(ARDrafter, passes)
+    monkeypatch.setattr(
+        ARDrafter, passes, staticmethod(lambda ds, counts: calls.append(list(counts)) or batched_pass(ds, counts))
+    )
+    committed = [p.clone() for p in prompts]
+    g = torch.Generator().manual_seed(8)
+    rt.generator.manual_seed(5)
+    for first, second in (([2, 3, 1, 4], [1, 1, 2, 1]), ([3, 1, 4, 2], [2, 3, 1, 1]), ([1, 4, 2, 3], [3, 1, 1, 2])):
+        ARDrafter.draft_many(requests, first)
+        drafts = ARDrafter.draft_many(requests, second)  # the round's draft extended
+        for seq, draft, a, b in zip(committed, drafts, first, second):
+            assert draft.length == a + b and draft.probs is not None
+            logits = model(input_ids=torch.cat([seq, draft.token_ids])[None]).logits[0]
+            q = warp(logits[seq.shape[0] - 1 : seq.shape[0] - 1 + draft.length], sampling)
+            torch.testing.assert_close(draft.probs, q)
+            assert bool((q.gather(1, draft.token_ids[:, None]) > 0).all())
+        for i, (d, draft) in enumerate(zip(requests, drafts)):
+            accepted = int(torch.randint(0, draft.length + 1, (1,), generator=g))
+            nxt = torch.randint(6, VOCAB - 1, (1,), generator=g)
+            d.commit(draft, Verification(accepted, int(nxt), torch.cat([draft.token_ids[:accepted], nxt])))
+            committed[i] = torch.cat([committed[i], draft.token_ids[:accepted], nxt])
+    assert any(len(c) > 1 and len(set(c)) > 1 for c in calls), calls  # unequal counts in one padded pass

@@ -601,10 +601,11 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     drafter's requests drafting on a batched static cache of their own (``StaticBatchEagle3``,
     ``StaticBatchQwen``: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
     policies -- every request's output, drafts and accepted lengths are those of the eager
-    batch-1 loop (float64). Sampling requests draft on the shared caches too: one request at a
-    time, they draw the same tokens as the eager batched loop under the same seed (several at a
-    time, a batched pass draws for its requests in row order: ``tests/core/test_batching.py``
-    checks their distribution)."""
+    batch-1 loop (float64). Sampling: plain decoding of 4 requests on the static batched verifier
+    draws the same tokens as the eager batched verifier under the same seed; sampling requests
+    draft on the shared caches too, and one request at a time they draw the same tokens as on the
+    eager batched loop (several at a time, a batched pass draws for its requests in row order:
+    ``tests/core/test_batching.py`` checks their distribution)."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.core.sampling import SamplingConfig
     from specpolicy.drafters.eagle3 import Eagle3Drafter
@@ -670,9 +671,10 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         if d is not None:
             d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
         runtime.generator.manual_seed(7)
-        out = generate_batch(
-            prompts, verifier, runtime, max_new_tokens=16, batch_size=1, drafter=d, policy=q, sampling=sampling
-        )
+        out = generate_batch(  # vanilla: 4 requests on the static batched verifier; drafting: one at a time
+            prompts, verifier, runtime, max_new_tokens=16, batch_size=4 if d is None else 1, drafter=d, policy=q,
+            sampling=sampling,
+        )  # fmt: skip
         draws.append([out.results[i].output_ids.tolist() for i in range(10)])
         if kind != "vanilla" and verifier is static:  # the sampling requests drafted on the shared sequence
             assert leads[-1]._shared is not None and leads[-1]._shared.lengths[0] > 0
