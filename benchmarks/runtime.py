@@ -414,7 +414,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "settings": {
             **vars(args),
-            **eager.runtime.describe(),
+            # device, dtype, versions (each side's compilation is in "warmup", not the eager side's 0)
+            **{k: v for k, v in eager.runtime.describe().items() if k not in ("compile", "warmup_s")},
             "torch_threads": torch.get_num_threads(),
             "buckets": compiled.verifier.static.buckets,
             "busy_machine_note": args.note,
@@ -447,7 +448,8 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(
         f"warm-up: compiled runtime {w['compiled_runtime_s']:.1f} s (its models built in "
-        f"{w['compiled_side_build_s']:.1f} s), HF static-cache compile {w['hf_static_compile_s'] or 0:.1f} s"
+        f"{w['compiled_side_build_s']:.1f} s), HF static-cache compile "
+        + ("not run" if w["hf_static_compile_s"] is None else f"{w['hf_static_compile_s']:.1f} s")
     )
     print(
         f"{'method':34s} {'tok/s':>8s} {'ms/tok':>8s} {'x floor':>8s} {'speedup':>8s} {'acc len':>8s} {'first s':>8s}  lossless"
@@ -466,9 +468,10 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{'method':44s} {'tok/s':>8s} {'vs eager':>8s} {'acc len':>8s}  lossless")
         for name, r in result["batched"].items():
             acc = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] is not None else "-"
+            lossless = "sampled" if r["identical"] is None else r["identical"]
             print(
                 f"{name:44s} {r['tokens_per_s']:8.1f} {r['speedup_vs_eager_batched_vanilla']:8.2f} {acc:>8s}  "
-                f"{r['identical']}"
+                f"{lossless}"
             )
 
 
@@ -513,7 +516,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda text: text.split(","),
         default=["ar", "eagle3", "dflash"],
         help="the speculative rows to run, by drafter (comma-separated subset of ar,eagle3,dflash); "
-        "vanilla and HF's rows always run",
+        "vanilla's rows always run, HF's unless --no-hf",
     )
     p.add_argument(
         "--deadline-s", type=float, default=0.0, help="stop timing new prompts after this many seconds (0: never)"
@@ -522,7 +525,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batch-size",
         type=int,
         default=4,
-        help="also the batched loop with this many requests in flight, on each runtime (0 or 1: not run)",
+        help="also the batched loop with this many requests in flight, on each runtime (default 4; 0 or 1: "
+        "not run; --quick's 2 prompts put at most 2 in flight)",
     )
     p.add_argument("--batch-repeats", type=int, default=2, help="interleaved runs of every batched row")
     p.add_argument(

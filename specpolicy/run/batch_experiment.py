@@ -76,6 +76,7 @@ def run_batched(
         float(generation.get("arrival_rate", 0.0) or 0.0),
         int(config.get("seed", 0)),
     )
+    compiled_before = runtime.warmup_s
     if warmup and ids:  # untimed: first-call overheads of every shape the batch will see
         generate_batch(
             ids[:batch_size],
@@ -88,6 +89,12 @@ def run_batched(
         )
         if baseline:
             generate_batch(ids[:batch_size], verifier, runtime, max_new_tokens=min(max_new, 16), batch_size=batch_size)
+    if runtime.warmup_s > compiled_before:  # the compiled runtime's batched static caches, built by the warm-up
+        print(
+            f"compiled runtime: the batched loop's static caches for {batch_size} requests compiled in "
+            f"{runtime.warmup_s - compiled_before:.1f} s more (warm-up {runtime.warmup_s:.1f} s in all: "
+            "summary.json runtime.warmup_s)"
+        )
     sampling = SamplingConfig.from_config(generation)
     seed = int(config.get("seed", 0))
     runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch

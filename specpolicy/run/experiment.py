@@ -139,7 +139,9 @@ def _run(
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
     if runtime.compile:  # compilation happened while the models were built: reported apart from tokens/s
-        print(f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (compilation; summary.json runtime.warmup_s)")
+        print(
+            f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (the models' compilation; summary.json runtime.warmup_s)"
+        )
     tokenizer = verifier.tokenizer  # the target's: prompts are encoded and outputs decoded with it
     if tokenizer is None:
         raise ValueError(
