@@ -256,7 +256,13 @@ def batched_rows(
             policy=policy,
             sampling=sampling,
         )
-        rows[name] = {"tokens": 0, "wall_s": 0.0, "rounds": 0, "accepted": 0, "identical": sampling is None or None}
+        rows[name] = {
+            "tokens": 0,
+            "wall_s": 0.0,
+            "rounds": 0,
+            "accepted": 0,
+            "identical": True if sampling is None else None,
+        }
     for repeat in range(args.batch_repeats):
         for name, (side, drafter, policy, sampling) in runners.items():
             side.runtime.generator.manual_seed(repeat)

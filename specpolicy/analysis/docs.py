@@ -1422,11 +1422,6 @@ def runtime_page(
     return _page("The compiled runtime", intro, body)
 
 
-def _sampled(batched: Mapping[str, Any], name: str) -> bool:
-    """Whether a batched row of ``benchmarks/runtime.py`` sampled (its outputs not compared: ``identical`` None)."""
-    return batched[name].get("identical", True) is None
-
-
 def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
     """The batched loop on both runtimes (``benchmarks/runtime.py --batch-size``), from the same run."""
     batched = results.get("batched") or {}
@@ -1461,7 +1456,8 @@ def batched_runtime_section(results: Mapping[str, Any]) -> list[str]:
         if shared
         else ""
     )
-    temperatures = sorted({name.partition("@")[0].rpartition("-t")[2] for name in batched if _sampled(batched, name)})
+    sampled_rows = [name for name, r in batched.items() if r["identical"] is None]  # not compared: they sample
+    temperatures = sorted({name.partition("@")[0].rpartition("-t")[2] for name in sampled_rows})
     sampled = (
         f" Rows ending `-t{temperatures[0]}` sample at temperature {temperatures[0]} (seeded per run; lossless in "
         "distribution, so not compared token for token: `sampled`)."
