@@ -10,7 +10,8 @@
 # Usage, from the repository root on the CUDA machine:
 #   OUT=/tmp/gpu-out bash benchmarks/gpu_session.sh [bench_s=260] [train_s=280]
 # bench_s=0: training only; SMOKE=1 checks the CUDA runtime for token identity (runtime.py --quick, batched
-# rows included) beside the training, timings void (SMOKE_S its limit); JOBS, DFLASH_LR, DISTILL, DEADLINE:
+# rows included, greedy and sampled) beside the training, timings void (SMOKE_S its limit, SMOKE_MODES the
+# CUDA modes, default "cudagraphs reduce-overhead"); JOBS, DFLASH_LR, DISTILL, DEADLINE:
 # see gpu_train.sh.
 # What the machine lacks travels in ignored folders of the checkout: Python wheels in .whl/
 # (installed to /tmp/site), GSM8K train as .gpu/train.jsonl.gz (or set DATA).
@@ -40,10 +41,11 @@ echo "== setup done after $(($(date +%s) - start)) s"
 
 if [ -n "${SMOKE:-}" ]; then  # the CUDA paths checked for token identity while the drafters train (timings void)
     SMOKE_ARGS=(--device "$DEVICE" --quick --dtype float32 --buckets 1,8,16 --methods eagle3,dflash --batch-size 4
-        --batch-repeats 1 --no-hf --note "correctness smoke beside training: timings void")
+        --batch-repeats 1 --batch-temperature 1 --no-hf --note "correctness smoke beside training: timings void")
     smoke() {
-        for mode in cudagraphs reduce-overhead; do
-            timeout "$((${SMOKE_S:-240} / 2))" python3 benchmarks/runtime.py "${SMOKE_ARGS[@]}" --cuda-modes "$mode" \
+        local modes=(${SMOKE_MODES:-cudagraphs reduce-overhead})
+        for mode in "${modes[@]}"; do
+            timeout "$((${SMOKE_S:-240} / ${#modes[@]}))" python3 benchmarks/runtime.py "${SMOKE_ARGS[@]}" --cuda-modes "$mode" \
                 --out "$OUT/smoke-$mode.json"
             echo "== smoke $mode exit $? after $(($(date +%s) - start)) s"
         done

@@ -17,7 +17,9 @@
 #         carry it in an ignored folder of the checkout), SCRATCH (work dir, default a mktemp dir),
 #         TINY=1 (a CPU smoke run: 40 rows, 32 new tokens, small batches), LIMIT_ROWS,
 #         JOBS (the trainings to run, default "dflash dart deer"; also deer-cont: the bundled DEER LoRA
-#         continued through both stages), DFLASH_LR (the DFlash continuation's peak rate, default 1e-3),
+#         continued through both stages, and dflash-lN: a fresh DFlash drafter of N decoder layers at
+#         DFLASH_FRESH_LR (default 2e-3), stored int8, given its draft vocabulary after training),
+#         DFLASH_LR (the DFlash continuation's peak rate, default 1e-3),
 #         DISTILL (the target's greedy continuations carried in, gzipped jsonl as the pipeline's
 #         work/distill/target_greedy.jsonl; default .gpu/distill.jsonl.gz when present): the device then
 #         skips its own distillation (about 130 s on an H200) and computes only the features.
@@ -40,7 +42,7 @@ fi
 DATA=$(realpath "$DATA")
 JOBS=${JOBS:-dflash dart deer}
 for job in $JOBS; do
-  case $job in dflash | dart | deer | deer-cont) ;; *) echo "error: JOBS has '$job' (accepted: dflash, dart, deer, deer-cont)" >&2; exit 2 ;; esac
+  case $job in dflash | dart | deer | deer-cont | dflash-l[1-9]) ;; *) echo "error: JOBS has '$job' (accepted: dflash, dart, deer, deer-cont, dflash-l1 .. dflash-l9)" >&2; exit 2 ;; esac
 done
 S=${SCRATCH:-$(mktemp -d /tmp/gpu-train.XXXXXX)}
 mkdir -p "$OUT" "$S"
@@ -108,6 +110,11 @@ for job in $JOBS; do
     dart) run_stage dart dart-drafter "${DART[@]}" --dart-init "$S/bundle/dart-drafter" & ;;
     deer) run_stage deer deer-drafter --deer-args "--base dllm-drafter $DEER" & ;;
     deer-cont) run_stage deer-cont deer-drafter --deer-args "--base dllm-drafter --init $S/bundle/deer-drafter $DEER" & ;;
+    dflash-l*) # a fresh drafter: the bundled recipe's DFlash settings at its own peak rate, then its draft vocabulary
+      (run_stage "$job" dflash-drafter "${DFLASH[@]}" --dflash-lr "${DFLASH_FRESH_LR:-2e-3}" \
+        --dflash-layers "${job#dflash-l}" --dflash-int8 &&
+        OMP_NUM_THREADS=${TRAIN_THREADS:-4} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" \
+          --out "$S/$job" --work "$S/work" --stages dflash-vocabulary "${COMMON[@]}" >>"$OUT/$job.log" 2>&1) & ;;
   esac
   pids+=($!)
 done

@@ -235,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--dflash-init", default=None, help="a DFlash checkpoint to continue training from (default: fresh weights)"
     )
     ap.add_argument(
+        "--dflash-layers",
+        type=_at_least_one,
+        default=None,
+        help="decoder layers of a fresh DFlash drafter (default: the bundled drafter's 2; unused with --dflash-init)",
+    )
+    ap.add_argument(
+        "--dflash-int8",
+        action="store_true",
+        help="store the DFlash drafter's large 2-D weights row-wise as int8 (a 4-layer drafter fits the bundle so)",
+    )
+    ap.add_argument(
         "--dflash-checkpoint-every",
         type=int,
         default=0,
@@ -573,7 +584,7 @@ def run(a: argparse.Namespace) -> dict:
 
     if todo("dflash-drafter"):
         from specpolicy.family.feature_store import FeatureStore
-        from specpolicy.family.train_dflash import train_dflash
+        from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
 
         print("== dflash-drafter", flush=True)
         exs, train_idx, held = conditioned_data()
@@ -594,6 +605,8 @@ def run(a: argparse.Namespace) -> dict:
             train_indices=train_idx,
             heldout_indices=held,
             checkpoint_every=a.dflash_checkpoint_every,
+            size=None if a.dflash_layers is None else {**DFLASH_SIZE, "num_hidden_layers": a.dflash_layers},
+            int8=a.dflash_int8,
         )
         update_log(log_path, "dflash-drafter", st)
 

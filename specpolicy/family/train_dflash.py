@@ -40,6 +40,7 @@ from specpolicy.family.trainer import (
     target_fields,
     train_validated,
 )
+from specpolicy.models.checkpoint import stored_int8
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, qwen3_config, save_dflash, with_draft_vocabulary
 
 #: The bundled DFlash drafter's architecture (the target's width: it uses the target's embeddings).
@@ -219,6 +220,7 @@ def train_dflash(
     heldout_indices: list[int] | None = None,
     val_every: int = 200,
     checkpoint_every: int = 0,
+    int8: bool = False,
 ) -> dict:
     """Train the DFlash drafter of ``target_dir`` and save it in the official layout.
 
@@ -239,6 +241,7 @@ def train_dflash(
         checkpoint_every: when > 0, every this many steps (rounded up to a progress line) the
             drafter is saved to ``<out_dir>.checkpoint`` (overwritten; its config gets
             ``train_step``), so a long run leaves a usable drafter at any time.
+        int8: store the final drafter's large 2-D weights row-wise as int8 (``save_dflash``).
     Returns:
         the ``trainer.train`` stats plus ``params``, ``block_size``, ``target_layer_ids``, ``anchors``,
         ``extension_probs``, ``gamma``.
@@ -287,7 +290,7 @@ def train_dflash(
 
     t0 = time.time()
     stats = train_validated(trainee, trained, loss_fn, cfg, pad_id, "dflash-drafter", validate, val_every, checkpoint)
-    save_dflash(draft, out_dir)
+    save_dflash(draft, out_dir, int8=int8)
     stats.update(
         params=sum(p.numel() for p in draft.parameters()),
         block_size=draft.spec.block_size,
@@ -295,6 +298,8 @@ def train_dflash(
         anchors=anchors,
         extension_probs=list(extension_probs),
         gamma=gamma,
+        num_hidden_layers=int(draft.config.num_hidden_layers),
+        **({"stored": "int8 row-wise"} if int8 else {}),
         heldout=len(heldout_indices),
         validation_curve=curve,
         wall_s=round(time.time() - t0, 1),
@@ -309,7 +314,8 @@ def add_draft_vocabulary(
     ``size`` most frequent response tokens of ``examples``, the ids in ``always`` (stop tokens)
     included (``family.data.draft_vocabulary``), so a pass runs those rows of the target's LM head
     only (the drafter's pass cost; drafts whose tokens lie outside it are lost, hence the coverage
-    reported). Training is unchanged: the loss stays over the whole vocabulary.
+    reported). Training is unchanged: the loss stays over the whole vocabulary. A checkpoint stored
+    as int8 stays int8.
 
     Returns:
         ``{"draft_vocab_size", "draft_vocab_coverage"}`` (share of the examples' response tokens).
@@ -324,7 +330,7 @@ def add_draft_vocabulary(
     model = load_dflash(directory)
     vocab = int(model.config.vocab_size)
     ids = draft_vocabulary(examples, min(size, vocab), vocab, always)
-    save_dflash(with_draft_vocabulary(model, ids), directory)
+    save_dflash(with_draft_vocabulary(model, ids), directory, int8=stored_int8(directory))
     return {"draft_vocab_size": int(ids.numel()), "draft_vocab_coverage": round(vocabulary_coverage(examples, ids), 5)}
 
 

@@ -114,6 +114,18 @@ def quantize_int8(state: dict[str, torch.Tensor], min_numel: int = 4096) -> dict
     return out
 
 
+def stored_int8(directory: str | Path) -> bool:
+    """Whether the checkpoint in ``directory`` stores weights as int8 (:func:`quantize_int8`): a
+    ``model.safetensors`` with a ``<name>.int8_scale`` tensor; False when there is none."""
+    from safetensors import safe_open
+
+    path = Path(directory) / "model.safetensors"
+    if not path.is_file():
+        return False
+    with safe_open(str(path), framework="pt") as f:
+        return any(k.endswith(INT8_SCALE) for k in f.keys())
+
+
 def dequantize_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Inverse of :func:`quantize_int8`: every int8 tensor with a ``<name>.int8_scale`` companion
     becomes ``int8 * scale`` in float32 (shape (rows, cols)); a state without such pairs is

@@ -593,7 +593,10 @@ def checkpoint_config(model: DFlashDraftModel) -> dict[str, Any]:
     }
 
 
-def save_dflash(model: DFlashDraftModel, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` in the official layout (bfloat16 weights; ``extra`` fields added to config.json)."""
+def save_dflash(
+    model: DFlashDraftModel, directory: str | Path, extra: dict[str, Any] | None = None, int8: bool = False
+) -> Path:
+    """Write ``model`` in the official layout (bfloat16 weights; ``extra`` fields added to config.json;
+    ``int8``: the large 2-D weights row-wise as int8, which ``load_dflash`` dequantises)."""
     state = {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
-    return save_checkpoint(directory, {**checkpoint_config(model), **(extra or {})}, state)
+    return save_checkpoint(directory, {**checkpoint_config(model), **(extra or {})}, state, int8=int8)

@@ -243,3 +243,43 @@ def test_dflash_validation_counts_blocks_by_their_correct_prefix(tmp_path):
     for t in (1, 2, 3):
         assert got["prefix_share_ge"][str(t)] == round(sum(x >= t for x in lengths) / len(lengths), 4)
     assert 1 > got["prefix_share_ge"]["1"] > got["prefix_share_ge"]["2"] > got["prefix_share_ge"]["3"] > 0
+
+
+def test_a_dflash_drafter_stored_as_int8_loads_its_quantised_weights_and_keeps_the_form(tmp_path):
+    """``save_dflash(int8=True)`` stores the large 2-D weights as row-wise int8 that ``load_dflash``
+    dequantises (each weight within half a step of its row's scale); giving the checkpoint a draft
+    vocabulary rewrites it as int8 again, with the same weights; a bf16 checkpoint stays bf16."""
+    from specpolicy.family.train_dflash import add_draft_vocabulary
+    from specpolicy.models.checkpoint import stored_int8
+    from specpolicy.models.dflash import save_dflash
+
+    # every (64, 64) projection has 4096 weights, the smallest that int8 storage takes
+    small = dict(num_attention_heads=2, num_key_value_heads=2, head_dim=32, intermediate_size=64, num_hidden_layers=3)
+    target = tiny_lm(0, layers=4, vocab=VOCAB, hidden=64)
+    draft = new_dflash(target.config, MASK, 6, [0, 2], seed=4, size=small)
+    save_dflash(draft, tmp_path / "int8", int8=True)
+    save_dflash(draft, tmp_path / "bf16")
+    assert stored_int8(tmp_path / "int8") and not stored_int8(tmp_path / "bf16")
+    assert not stored_int8(tmp_path / "missing")
+    loaded = load_dflash(tmp_path / "int8")
+    assert loaded.config.num_hidden_layers == 3
+    reference = {k: v.float() for k, v in draft.state_dict().items() if "rotary_emb" not in k}
+    quantised = 0
+    for name, value in loaded.state_dict().items():
+        if name not in reference:
+            continue
+        w = reference[name]
+        if w.dim() == 2 and w.numel() >= 4096:  # stored int8: within half a step of the row's scale
+            step = w.abs().amax(dim=1, keepdim=True) / 127
+            assert ((value.float() - w).abs() <= step / 2 + 1e-6).all(), name
+            quantised += 1
+    assert quantised >= 3 * 7  # q, k, v, o, gate, up, down of every layer
+    examples = [Example((1, 2), tuple(range(6, 30))) for _ in range(3)]
+    add_draft_vocabulary(tmp_path / "int8", examples, 20)
+    add_draft_vocabulary(tmp_path / "bf16", examples, 20)
+    assert stored_int8(tmp_path / "int8") and not stored_int8(tmp_path / "bf16")
+    again = load_dflash(tmp_path / "int8")
+    assert again.spec.draft_vocab_size == 20
+    for name, value in again.state_dict().items():
+        if name in reference and reference[name].dim() == 2 and reference[name].numel() >= 4096:
+            assert torch.equal(value, loaded.state_dict()[name]), name  # re-quantising is exact
