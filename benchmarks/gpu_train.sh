@@ -19,7 +19,8 @@
 #         JOBS (the trainings to run, default "dflash dart deer"; also deer-cont: the bundled DEER LoRA
 #         continued through both stages, and dflash-lN: a fresh DFlash drafter of N decoder layers at
 #         DFLASH_FRESH_LR (default 2e-3), stored int8, given its draft vocabulary after training),
-#         DFLASH_LR (the DFlash continuation's peak rate, default 1e-3),
+#         DFLASH_LR (the DFlash continuation's peak rate, default 1e-3), DART_INIT (the DART checkpoint
+#         continued, default the bundled one),
 #         DISTILL (the target's greedy continuations carried in, gzipped jsonl as the pipeline's
 #         work/distill/target_greedy.jsonl; default .gpu/distill.jsonl.gz when present): the device then
 #         skips its own distillation (about 130 s on an H200) and computes only the features.
@@ -107,7 +108,7 @@ pids=()
 for job in $JOBS; do
   case $job in
     dflash) run_stage dflash dflash-drafter "${DFLASH[@]}" --dflash-init "$S/bundle/dflash-drafter" & ;;
-    dart) run_stage dart dart-drafter "${DART[@]}" --dart-init "$S/bundle/dart-drafter" & ;;
+    dart) run_stage dart dart-drafter "${DART[@]}" --dart-init "${DART_INIT:-$S/bundle/dart-drafter}" & ;;
     deer) run_stage deer deer-drafter --deer-args "--base dllm-drafter $DEER" & ;;
     deer-cont) run_stage deer-cont deer-drafter --deer-args "--base dllm-drafter --init $S/bundle/deer-drafter $DEER" & ;;
     dflash-l*) # a fresh drafter: the bundled recipe's DFlash settings at its own peak rate, then its draft vocabulary

@@ -5,7 +5,7 @@ Budgets are counted in epochs and optimizer steps by default, so a seeded run is
 the batch plan is a pure function of (example lengths, batch budget, seed, epoch) and every
 random draw of a loss function comes from a seeded ``torch.Generator``. An optional wall-clock
 budget (``TrainConfig.max_seconds``) cuts the plan to what fits after 20 steps, projects it again
-at 25% and 50% of the budget, and reports the steps it ran (``steps``); a rerun with
+at 25% and 50% of the budget or of the cut plan's later steps (whichever comes first), and reports the steps it ran (``steps``); a rerun with
 ``max_steps=steps`` (no time budget) reproduces a run whose plan was not projected again
 (``replans`` empty), and otherwise its steps and data order, not its learning rates before the
 last re-projection.
@@ -81,8 +81,10 @@ BUDGET_WARMUP_STEPS = 20
 BUDGET_HARD_STOP = 1.1
 #: Share of the budget the cut plan is projected to use (room for validation and saving).
 BUDGET_FILL = 0.95
-#: Shares of the budget at which a cut plan is projected again from the steps run since the cut
-#: (the first 20 steps can be slower than the rest: other processes starting beside this one).
+#: Shares of the budget -- or of the cut plan's steps after the cut, whichever comes first -- at which
+#: a cut plan is projected again from the steps run since the cut (the first 20 steps can be slower
+#: than the rest: other processes starting beside this one, CUDA warming up; a plan cut from such
+#: steps can otherwise end long before a share of the budget is reached).
 BUDGET_REPLAN_AT = (0.25, 0.5)
 #: Steps run since the cut before a re-projection measures them.
 BUDGET_REPLAN_MIN_STEPS = 10
@@ -335,7 +337,10 @@ def train(
             step_s is not None
             and replan_at
             and step + 1 - cut_step >= BUDGET_REPLAN_MIN_STEPS
-            and time.time() - t0 >= replan_at[0] * budget
+            and (
+                time.time() - t0 >= replan_at[0] * budget
+                or step + 1 - cut_step >= replan_at[0] * (total - cut_step)
+            )
         ):
             replan_at.pop(0)  # project the plan again from the steps run since the cut
             el = time.time() - t0

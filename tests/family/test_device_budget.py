@@ -96,6 +96,19 @@ def test_budget_projects_the_plan_again_when_the_first_steps_were_slow(monkeypat
     assert clock.now - 1000.0 == pytest.approx(95.0)  # 40 + 110 x 0.5 (without re-projection: 54)
 
 
+def test_budget_projects_again_before_a_plan_cut_from_slow_first_steps_ends(monkeypatch):
+    # the first 20 steps 0.5 s each, then 0.05 s (CUDA warming up beside other processes starting):
+    # the cut plan, 20 + (95 - 10) / 0.5 = 190 steps, would end at 18.5 s, before 25% of the budget
+    clock = FakeClock(lambda i: 0.5 if i < 20 else 0.05)
+    cfg = TrainConfig(batch_tokens=4, lr=1e-2, warmup_steps=5, min_lr_ratio=0.1, log_every=1, max_seconds=100.0)
+    st = _run(monkeypatch, clock, cfg, n=5000)
+    # 25% of the cut plan's 170 later steps (43, at 12.15 s): 0.05 s a step -> 63 + (95 - 12.15) / 0.05
+    assert st["replans"][0] == [63, 0.05, 1720]
+    assert st["steps"] > 1500 and clock.now - 1000.0 > 85.0  # the budget filled (without: 190 steps, 18.5 s)
+    assert clock.now - 1000.0 <= 100.0 and st["hard_stop"] is False
+    assert st["loss_curve"][-1][2] == pytest.approx(cfg.min_lr_ratio * cfg.lr, rel=0.01)  # still ends at min LR
+
+
 def test_budget_shortens_a_warmup_the_cut_plan_never_leaves(monkeypatch):
     clock = FakeClock(lambda i: 1.0)
     cfg = TrainConfig(batch_tokens=4, lr=1e-2, warmup_steps=100, log_every=1, max_seconds=50.0)
