@@ -39,6 +39,11 @@ if [ -z "${DATA:-}" ] && [ -f .gpu/train.jsonl.gz ]; then
 fi
 echo "== setup done after $(($(date +%s) - start)) s"
 
+# the runtime's rows compose Hydra configs: without hydra-core / omegaconf (carried as wheels) they cannot run
+if { [ -n "${SMOKE:-}" ] || [ "$BENCH_S" -gt 0 ]; } && ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
+    echo "== the runtime rows need hydra-core and omegaconf: carry their wheels (and antlr4-python3-runtime) in .whl/; runtime and smoke skipped"
+    SMOKE= BENCH_S=0
+fi
 if [ -n "${SMOKE:-}" ]; then  # the CUDA paths checked for token identity while the drafters train (timings void)
     SMOKE_ARGS=(--device "$DEVICE" --quick --dtype float32 --buckets 1,8,16 --methods eagle3,dflash --batch-size 4
         --batch-repeats 1 --batch-temperature 1 --no-hf --note "correctness smoke beside training: timings void")

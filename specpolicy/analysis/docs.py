@@ -949,7 +949,8 @@ def target_reading_sections(
             f"[runtime page](runtime.md#measured-on-a-gpu)): `dflash+failfast` {one:.0f} tokens/s against the "
             f"EAGLE-3 chain `{chain.partition('@')[0]}` {eagle:.0f}: {one / eagle:.2f}x -- the chain only (EAGLE-3 "
             "with goodput or a tree did not run there), so not the bar's comparison, but the direction the "
-            "neighbours' papers report once a pass's cost no longer grows with its width."
+            "neighbours' papers report once a pass's cost no longer grows with its width. That run had the "
+            "2-layer DFlash drafter bundled before the 3-layer one measured above."
         )
     if lines:
         body += ["### One-pass drafting against EAGLE-3", "", *lines, ""]

@@ -337,10 +337,7 @@ def train(
             step_s is not None
             and replan_at
             and step + 1 - cut_step >= BUDGET_REPLAN_MIN_STEPS
-            and (
-                time.time() - t0 >= replan_at[0] * budget
-                or step + 1 - cut_step >= replan_at[0] * (total - cut_step)
-            )
+            and (time.time() - t0 >= replan_at[0] * budget or step + 1 - cut_step >= replan_at[0] * (total - cut_step))
         ):
             replan_at.pop(0)  # project the plan again from the steps run since the cut
             el = time.time() - t0

@@ -267,7 +267,7 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
         ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
         # drafters that read the target (DFlash, EAGLE-3 chain)
         ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
-        ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 4, "tau": 0.6, "n_max": 60}),
+        ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 5, "tau": 0.7, "n_max": 60}),
         ("dflash-static", "dflash", None, "static", {"k": 5}),
         ("eagle3-static", "eagle3", None, "static", {"k": 5}),
         # FailFast's neighbours in their own settings (DiffuSpec, EasySpec)
