@@ -97,12 +97,13 @@ if [[ -n "${DEADLINE:-}" ]]; then  # an epoch second by which the weights must b
   (( BUDGET < 30 )) && { echo "error: DEADLINE leaves ${BUDGET}s of training" >&2; exit 3; }
 fi
 t1=$(date +%s)
+for job in $JOBS; do : >"$OUT/$job.log"; done  # each job's log, its stages appended in turn
 run_stage() {  # job stage extra-args...
   local job=$1 stage=$2
   shift 2
   OMP_NUM_THREADS=${TRAIN_THREADS:-4} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" --out "$S/$job" \
     --work "$S/work" --stages "$stage" --max-seconds-per-stage "$BUDGET" "${COMMON[@]}" "$@" \
-    >"$OUT/$job.log" 2>&1
+    >>"$OUT/$job.log" 2>&1
 }
 pids=()
 for job in $JOBS; do
@@ -113,9 +114,7 @@ for job in $JOBS; do
     deer-cont) run_stage deer-cont deer-drafter --deer-args "--base dllm-drafter --init $S/bundle/deer-drafter $DEER" & ;;
     dflash-l*) # a fresh drafter: the bundled recipe's DFlash settings at its own peak rate, then its draft vocabulary
       (run_stage "$job" dflash-drafter "${DFLASH[@]}" --dflash-lr "${DFLASH_FRESH_LR:-2e-3}" \
-        --dflash-layers "${job#dflash-l}" --dflash-int8 &&
-        OMP_NUM_THREADS=${TRAIN_THREADS:-4} "${PYTHON:-python3}" -m specpolicy.family --device "$DEVICE" --data "$DATA" \
-          --out "$S/$job" --work "$S/work" --stages dflash-vocabulary "${COMMON[@]}" >>"$OUT/$job.log" 2>&1) & ;;
+        --dflash-layers "${job#dflash-l}" --dflash-int8 && run_stage "$job" dflash-vocabulary) & ;;
   esac
   pids+=($!)
 done

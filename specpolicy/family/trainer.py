@@ -5,7 +5,8 @@ Budgets are counted in epochs and optimizer steps by default, so a seeded run is
 the batch plan is a pure function of (example lengths, batch budget, seed, epoch) and every
 random draw of a loss function comes from a seeded ``torch.Generator``. An optional wall-clock
 budget (``TrainConfig.max_seconds``) cuts the plan to what fits after 20 steps, projects it again
-at 25% and 50% of the budget or of the cut plan's later steps (whichever comes first), and reports the steps it ran (``steps``); a rerun with
+at 25% and 50% of the budget or of the cut plan's later steps (whichever comes first), and reports
+the steps it ran (``steps``); a rerun with
 ``max_steps=steps`` (no time budget) reproduces a run whose plan was not projected again
 (``replans`` empty), and otherwise its steps and data order, not its learning rates before the
 last re-projection.

@@ -115,15 +115,16 @@ def quantize_int8(state: dict[str, torch.Tensor], min_numel: int = 4096) -> dict
 
 
 def stored_int8(directory: str | Path) -> bool:
-    """Whether the checkpoint in ``directory`` stores weights as int8 (:func:`quantize_int8`): a
-    ``model.safetensors`` with a ``<name>.int8_scale`` tensor; False when there is none."""
+    """Whether the checkpoint in ``directory`` stores weights as int8 (:func:`quantize_int8`): one
+    of its safetensors files holds a ``<name>.int8_scale`` tensor; False when it has none."""
     from safetensors import safe_open
 
-    path = Path(directory) / "model.safetensors"
-    if not path.is_file():
-        return False
-    with safe_open(str(path), framework="pt") as f:
-        return any(k.endswith(INT8_SCALE) for k in f.keys())
+    for path in weight_files(directory):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                if any(k.endswith(INT8_SCALE) for k in f.keys()):
+                    return True
+    return False
 
 
 def dequantize_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
