@@ -79,6 +79,8 @@ CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
 #: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
 #: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
 EXTENSIONS = ("given", "none")
+#: committed tokens kept for ``ngram_context`` (an order-3 n-gram reads 2; DART keeps 8)
+NGRAM_HISTORY = 8
 #: ``draft_many``: a request with more newly committed positions than this (a new request's prompt)
 #: writes their keys and values alone, not padding every request's to its count.
 BATCH_POSITIONS = 16
@@ -141,6 +143,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self.path_search = path_search
         #: (order - 1,) int64: the last committed tokens, the n-gram context of the path search
         self._recent = torch.empty(0, dtype=torch.long, device=device)
+        #: (<= NGRAM_HISTORY,) int64: the last committed tokens before the pending one (``ngram_context``)
+        self._history = torch.empty(0, dtype=torch.long, device=device)
         self.cache: KVCache | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
@@ -171,6 +175,17 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             (self, "alternatives"),
         )
 
+    @property
+    def ngram_context(self) -> torch.Tensor:
+        """The last committed tokens, the pending one last: ``(<= NGRAM_HISTORY + 1,) int64``, the
+        n-gram context of a tree search's depth-0 candidates (``policy=dart-tree``)."""
+        return torch.cat([self._history, self._pending])
+
+    @property
+    def tokens_per_pass(self) -> int:
+        """Draft tokens one pass gives: B - 1 (the block's first position is the pending token)."""
+        return self.block_size - 1
+
     @torch.no_grad()
     def prefill(
         self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
@@ -188,7 +203,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             self.static.reset()
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
-        self._recent = self._recent[:0]
+        self._recent, self._history = self._recent[:0], self._history[:0]
         self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
@@ -211,7 +226,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._path_ended = False  # the path search ended the round's draft (its lattice or path stopped)
 
     def _remember(self, committed: torch.Tensor) -> None:
-        """Keep the last committed tokens before the pending one that the path search's n-gram reads."""
+        """Keep the last committed tokens before the pending one that an n-gram reads (the path
+        search's, ``ngram_context``)."""
+        self._history = torch.cat([self._history, committed])[-NGRAM_HISTORY:]
         if self.path_search is not None:
             self._recent = self.path_search.tail(self._recent, committed)
 

@@ -27,8 +27,11 @@ term off (the paper's ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
+import heapq
+import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core.checks import check_init
@@ -67,50 +70,154 @@ def dart_tree_search(
     Returns:
         ``(tokens (n,) int64, parents (n,) int64 (-1: the root), scores (n,) float32, draft log-probs
         (n,) float32)`` of the kept nodes in creation order (topological), n <= ``total_tokens``.
+
+    With ``beam_width >= total_tokens`` the beam search keeps every node of the best
+    ``total_tokens`` (a node's ancestors score at least as much, so fewer than ``total_tokens``
+    nodes of its depth outrank it), and the same tree comes from a best-first search that expands
+    only the popped nodes (``_best_first``: tens of n-gram lookups instead of a beam front of
+    hundreds per depth). It treats a path ending in a stop token as a leaf, as the beams do
+    whenever ``beam_width`` other candidates remain (its children could never be accepted).
     """
-    D, K = ids.shape
-    logp = torch.log(probs.float() + EPS)  # (D, K)
+    if beam_width >= total_tokens:
+        return _best_first(
+            ids, probs, context, ngram, stop_ids, total_tokens, level_power, logit_decay, ngram_weight, ngram_on_first
+        )
+    # numpy, not torch: a depth is ~20 operations on a few hundred entries, where numpy's per-call
+    # cost (about 1 us against torch's 5-10 us) is most of the time (the reference runs host C++)
+    ids_np = ids.cpu().numpy()
+    D, K = ids_np.shape
+    logp = np.log(probs.float().cpu().numpy() + np.float32(EPS))  # (D, K) float32
+    ends_at = np.isin(ids_np, stop_ids.cpu().numpy())  # (D, K) candidates that end a path (EOS)
+    ctx_np = context.cpu().numpy()
     order = ngram.order if ngram is not None else 1
-    beams = torch.empty((1, 0), dtype=torch.long)  # (B, l) the beams' paths
-    beam_scores = torch.zeros(1)
-    beam_drafter = torch.zeros(1)  # the path's drafter log-probability (the nodes' confidence)
-    beam_nodes = torch.full((1,), -1, dtype=torch.long)  # each beam's number in the pool (-1: the root)
+    beams = np.empty((1, 0), dtype=np.int64)  # (B, l) the beams' paths
+    beam_scores = np.zeros(1, dtype=np.float32)
+    beam_drafter = np.zeros(1, dtype=np.float32)  # the path's drafter log-probability (the nodes' confidence)
+    beam_nodes = np.full(1, -1, dtype=np.int64)  # each beam's number in the pool (-1: the root)
     pool_tokens, pool_parents, pool_scores, pool_drafter = [], [], [], []
     pooled = 0
     for level in range(D):
         B = beams.shape[0]
-        term = logit_decay**level * logp[level][None].expand(B, K)
+        term = np.float32(logit_decay**level) * np.broadcast_to(logp[level], (B, K))
         if ngram is not None and ngram_weight != 0 and (level > 0 or ngram_on_first):
             if order > 1:
-                full = torch.cat([context[None].expand(B, -1), beams], dim=1)[:, -(order - 1) :]
-                pad = full.new_full((B, order - 1 - full.shape[1]), ngram.vocab_size)
-                ctx = torch.cat([pad, full], dim=1)  # start symbols in front of a short context
+                full = np.concatenate([np.broadcast_to(ctx_np, (B, ctx_np.shape[0])), beams], axis=1)[:, -(order - 1) :]
+                pad = np.full((B, order - 1 - full.shape[1]), ngram.vocab_size, dtype=np.int64)
+                ctx = np.concatenate([pad, full], axis=1)  # start symbols in front of a short context
             else:
-                ctx = torch.empty((B, 0), dtype=torch.long)
-            p_ngram = ngram.trie_probs(ctx, ids[level][None].expand(B, K))
-            term = term + ngram_weight * torch.log(p_ngram + EPS)
-        scores = (beam_scores[:, None] + (level + 1) ** level_power * term).reshape(-1)  # (B K,)
+                ctx = np.empty((B, 0), dtype=np.int64)
+            p_ngram = ngram.trie_probs_np(ctx, np.broadcast_to(ids_np[level], (B, K)))
+            term = term + np.float32(ngram_weight) * np.log(p_ngram + np.float32(EPS))
+        scores = (beam_scores[:, None] + np.float32((level + 1) ** level_power) * term).reshape(-1)  # (B K,)
         drafter = (beam_drafter[:, None] + logp[level][None]).reshape(-1)
-        tokens = ids[level][None].expand(B, K).reshape(-1)
-        parent_rows = torch.arange(B)[:, None].expand(B, K).reshape(-1)
+        tokens = np.broadcast_to(ids_np[level], (B, K)).reshape(-1)
+        parent_rows = np.repeat(np.arange(B), K)
         pool_tokens.append(tokens)
         pool_parents.append(beam_nodes[parent_rows])
         pool_scores.append(scores)
         pool_drafter.append(drafter)
-        numbers = pooled + torch.arange(B * K)
+        numbers = pooled + np.arange(B * K)
         pooled += B * K
-        # beams: EOS-ending last, then by score (stable: ties in creation order)
-        by_score = torch.sort(scores, descending=True, stable=True).indices
-        ends = torch.isin(tokens[by_score], stop_ids)
-        keep = by_score[torch.sort(ends.int(), stable=True).indices][:beam_width]
-        beams = torch.cat([beams[parent_rows[keep]], tokens[keep, None]], dim=1)
+        # beams: EOS-ending last, then by score (lexsort is stable: ties in creation order)
+        ends = np.broadcast_to(ends_at[level], (B, K)).reshape(-1)
+        keep = np.lexsort((-scores, ends))[:beam_width]
+        beams = np.concatenate([beams[parent_rows[keep]], tokens[keep, None]], axis=1)
         beam_scores, beam_drafter, beam_nodes = scores[keep], drafter[keep], numbers[keep]
-    tokens, parents = torch.cat(pool_tokens), torch.cat(pool_parents)
-    scores, drafter = torch.cat(pool_scores), torch.cat(pool_drafter)
-    kept = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:total_tokens]).values
-    index = torch.full((tokens.shape[0] + 1,), -1, dtype=torch.long)  # index[c + 1]: pool entry c's node
-    index[kept + 1] = torch.arange(kept.shape[0])
-    return tokens[kept], index[parents[kept] + 1], scores[kept], drafter[kept]
+    tokens, parents = np.concatenate(pool_tokens), np.concatenate(pool_parents)
+    scores, drafter = np.concatenate(pool_scores), np.concatenate(pool_drafter)
+    kept = np.sort(np.argsort(-scores, kind="stable")[:total_tokens])
+    index = np.full(tokens.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
+    index[kept + 1] = np.arange(kept.shape[0])
+    return (
+        torch.from_numpy(tokens[kept]),
+        torch.from_numpy(index[parents[kept] + 1]),
+        torch.from_numpy(scores[kept]),
+        torch.from_numpy(drafter[kept]),
+    )
+
+
+def _best_first(
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    context: torch.Tensor,
+    ngram: Any | None,
+    stop_ids: torch.Tensor,
+    total_tokens: int,
+    level_power: float,
+    logit_decay: float,
+    ngram_weight: float,
+    ngram_on_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dart_tree_search`` for ``beam_width >= total_tokens``: the ``total_tokens`` best nodes by
+    the same step score, popped best first from a heap (ties in push order); the nodes come out
+    in pop order, parents first. Arguments and returns as ``dart_tree_search``."""
+    ids_l = ids.tolist()
+    logp = torch.log(probs.float() + EPS).tolist()
+    D = len(ids_l)
+    weight = [(level + 1) ** level_power for level in range(D)]
+    decay = [logit_decay**level for level in range(D)]
+    stops = set(stop_ids.tolist())
+    use_ngram = ngram is not None and ngram_weight != 0
+    if use_ngram:
+        counts, parent_counts = ngram.trie_tables()
+        order, base = ngram.order, ngram.base
+        root_tail = tuple(ngram.pad_context(context.cpu()).tolist())  # the order - 1 tokens before depth 0
+    else:
+        order, root_tail = 1, ()
+
+    def ngram_logs(tail: tuple[int, ...], level: int) -> list[float]:
+        """``log(p_ngram + EPS)`` of depth ``level``'s candidates after ``tail`` (the trie rule:
+        the longest suffix of ``tail`` the candidate was seen after; ``NGramModel.trie_probs``)."""
+        suffixes = []  # (code of the j-token suffix, its trie count), j = order - 1 .. 1
+        for j in range(order - 1, 0, -1):
+            code = 0
+            for t in tail[-j:]:
+                code = code * base + t
+            suffixes.append((code * base, counts[j], max(parent_counts[j - 1].get(code, 0), 1)))
+        out = []
+        for tok in ids_l[level]:
+            p = 0.0
+            for code, table, parent in suffixes:
+                child = table.get(code + tok)
+                if child:
+                    p = child / parent
+                    break
+            out.append(math.log(p + EPS))
+        return out
+
+    heap: list[tuple[float, int, int, int, int, float, tuple[int, ...]]] = []
+    pushed = 0
+
+    def expand(level: int, node: int, score: float, drafter: float, tail: tuple[int, ...]) -> None:
+        nonlocal pushed
+        scored = use_ngram and (level > 0 or ngram_on_first)
+        ngram_terms = ngram_logs(tail, level) if scored else None
+        for c in range(len(ids_l[level])):
+            term = decay[level] * logp[level][c]
+            if ngram_terms is not None:
+                term += ngram_weight * ngram_terms[c]
+            heapq.heappush(
+                heap, (-(score + weight[level] * term), pushed, level, c, node, drafter + logp[level][c], tail)
+            )
+            pushed += 1
+
+    expand(0, -1, 0.0, 0.0, root_tail)
+    tokens, parents, scores, drafter_logp = [], [], [], []
+    while heap and len(tokens) < total_tokens:
+        neg, _, level, c, parent, drafter, tail = heapq.heappop(heap)
+        node, tok = len(tokens), ids_l[level][c]
+        tokens.append(tok)
+        parents.append(parent)
+        scores.append(-neg)
+        drafter_logp.append(drafter)
+        if level + 1 < D and tok not in stops:
+            expand(level + 1, node, -neg, drafter, (tail + (tok,))[1:] if order > 1 else ())
+    return (
+        torch.tensor(tokens, dtype=torch.long),
+        torch.tensor(parents, dtype=torch.long),
+        torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(drafter_logp, dtype=torch.float32),
+    )
 
 
 class DartTreePolicy(TreePolicy):
@@ -121,7 +228,8 @@ class DartTreePolicy(TreePolicy):
         beam_width: beams kept per depth (20), >= 1.
         total_tokens: theta, nodes kept (paper 59, code 60; ``conf/policy/dart-tree.yaml`` states the
             value sized for this CPU), >= 1.
-        depth: depths searched, >= 1 (default: the drafter's block, d = 8; more costs later passes).
+        depth: depths searched, >= 1 (default: one pass's tokens, d = 8 for DART, B - 1 = 15 for
+            DFlash; more costs later passes).
         level_power, logit_decay, ngram_weight: the step score's (l + 1)^level_power,
             logit_decay^l and n-gram weight (-0.7, 0.9, 0.5).
         ngram: a bundled n-gram name (``gsm8k-target``, ``gsm8k-train``) or an ``.npz`` file.
@@ -176,13 +284,13 @@ class DartTreePolicy(TreePolicy):
         if not (hasattr(drafter, "alternatives") and hasattr(drafter, "ngram_context")):
             raise ValueError(
                 f"policy=dart-tree needs a drafter that drafts a block in one pass and reports its "
-                f"alternatives and n-gram context (dart); drafter "
+                f"alternatives and n-gram context (dart, dflash); drafter "
                 f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
             )
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
-        want = self.depth or drafter.block_size
+        want = self.depth or getattr(drafter, "tokens_per_pass", drafter.block_size)  # one pass's tokens
         depth = min(want, room)
         if depth < 1:
             return Draft.empty(device), "room"

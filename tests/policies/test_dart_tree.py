@@ -110,6 +110,43 @@ def test_equals_the_reference_loop_on_random_inputs(seed):
         assert got[seq] == pytest.approx(want[seq], abs=1e-4)
 
 
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("total", [4, 9])
+def test_beams_as_wide_as_the_tree_are_the_best_first_search(seed, total):
+    """beam_width >= total_tokens takes the best-first path; it keeps the reference's tree."""
+    rng = random.Random(seed)
+    ngram = NGramModel.build([[rng.randrange(12) for _ in range(60)] for _ in range(3)], 12, 3)
+    D, K = 5, 4
+    ids = [rng.sample(range(11), K) for _ in range(D)]  # no stop token among the candidates
+    raw = torch.rand(D, K, generator=torch.Generator().manual_seed(seed)).sort(descending=True).values
+    probs = raw / raw.sum(-1, keepdim=True)
+    context = [rng.randrange(12) for _ in range(rng.randrange(4))]  # short ones padded with start symbols
+    for model in (ngram, None):
+        want = _reference(ids, probs.tolist(), context, ngram, {11}, total, total) if model else None
+        tokens, parents, scores, logp = dart_tree_search(
+            torch.tensor(ids), probs, torch.tensor(context, dtype=torch.long), model, torch.tensor([11]), total, total
+        )
+        paths, got = {}, {}
+        for i, (t, p) in enumerate(zip(tokens.tolist(), parents.tolist())):
+            assert p < i  # parents first
+            paths[i] = (paths[p] if p >= 0 else ()) + (t,)
+            got[paths[i]] = float(scores[i])
+        assert len(got) == total
+        if want is not None:
+            assert got.keys() == want.keys()
+            assert all(got[q] == pytest.approx(want[q], abs=1e-4) for q in want)
+        # the drafter's log-probability along each path, as the beam search reports it
+        drafter = {q: sum(math.log(float(probs[d, ids[d].index(t)]) + 1e-10) for d, t in enumerate(q)) for q in got}
+        assert all(float(v) == pytest.approx(drafter[paths[i]], abs=1e-4) for i, v in enumerate(logp))
+
+
+def test_the_best_first_search_does_not_grow_a_path_past_a_stop_token():
+    tokens, parents, _, _ = dart_tree_search(IDS, PROBS, torch.tensor([5]), NGRAM, EOS, 6, 6)
+    ends = [i for i, t in enumerate(tokens.tolist()) if t == 8]
+    assert ends and not any(p in ends for p in parents.tolist())
+    assert len(tokens) == 6
+
+
 def test_settings_are_checked_in_one_line():
     with pytest.raises(ValueError, match=r"policy.beam_width must be an integer >= 1, got 0"):
         DartTreePolicy(beam_width=0, ngram_model=NGRAM)

@@ -18,12 +18,16 @@ from specpolicy.drafters.dflash import DFlashDrafter
 from specpolicy.drafters.eagle3 import Eagle3Drafter
 from specpolicy.models.dflash import load_dflash
 from specpolicy.models.eagle3 import load_eagle3
+from specpolicy.models.ngram import NGramModel
 from specpolicy.policies.block_tree import BlockTreePolicy
+from specpolicy.policies.dart_tree import DartTreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.failfast_tree import FailFastTreePolicy
 from specpolicy.verifiers.hf import HFVerifier
 
 B = 8
+#: an order-3 n-gram over the tiny vocabulary, for DART's tree over DFlash's block
+NGRAM = NGramModel.build([torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(1)).tolist()], VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,9 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
             FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10),
         )
     ]
-    + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))],
+    + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))]
+    # DART's search over DFlash's block: the best-first path (beams as wide as the tree) and the beams
+    + [("dflash", DartTreePolicy(top_k=4, beam_width=width, total_tokens=10, ngram_model=NGRAM)) for width in (10, 3)],
 )
 def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
@@ -131,6 +137,39 @@ def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
         drafter = _drafter(kind, checkpoints, target, rt)
         out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=drafter, policy=policy)
         assert torch.equal(out.output_ids, generate(prompt, verifier, rt, max_new_tokens=30).output_ids)
+
+
+def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoints):
+    """The committed tokens, the pending one last, follow the rounds; one pass gives B - 1 depths."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
+    seen = []
+    prompt = random_prompts(1)[0]
+    out = generate(
+        prompt,
+        verifier,
+        rt,
+        max_new_tokens=20,
+        drafter=drafter,
+        policy=DartTreePolicy(top_k=3, total_tokens=8, ngram_model=NGRAM),
+        on_round=lambda r: seen.append((r, drafter.ngram_context.tolist())),
+    )
+    text, emitted = prompt.tolist() + out.output_ids.tolist(), len(prompt)
+    assert len(seen) > 2
+    for record, context in seen[:-1]:  # the last round's output may be cut at max_new_tokens
+        emitted += record.emitted_tokens
+        assert context == text[:emitted][-9:]  # after a round: the last 9 tokens, its bonus token last
+        assert record.drafter_forward_passes == 1
+        assert max(len(p) for p in _paths(record)) <= B - 1
+
+
+def _paths(record):
+    """Every root-to-node path of a round's tree."""
+    paths: dict[int, tuple] = {}
+    for i, (t, p) in enumerate(zip(record.draft_token_ids, record.draft_parents)):
+        paths[i] = (paths[p] if p >= 0 else ()) + (t,)
+    return list(paths.values())
 
 
 def test_failfast_tree_with_sampling_runs(target, checkpoints):
