@@ -45,6 +45,7 @@ from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.drafters.fastdllm import FastDLLMDrafter
 from specpolicy.drafters.suffix import SuffixDrafter
+from specpolicy.policies.dart_tree import DartTreePolicy
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.failfast_tree import FailFastTreePolicy
@@ -67,6 +68,7 @@ STAT_TESTS = (
     "eagle3",
     "eagle3-tree",
     "dflash-failfast-tree",
+    "dflash-dart-tree",
     "dflash-cps",
     "fastdllm-cps",
 )
@@ -257,8 +259,13 @@ def _config(name: str, models, runtime):
         return (lambda: (_fastdllm(models, runtime), static())), PROMPT, TEMPERATURE, T
     if name == "suffix":  # point masses
         return (lambda: (SuffixDrafter(runtime, min_match=1, max_match=4), static())), SUFFIX_PROMPT, TEMPERATURE, T
-    if name in ("dflash", "dflash-failfast-tree"):  # drafters that read the target: q from its features
-        policy = static if name == "dflash" else (lambda: FailFastTreePolicy(n=1, tau=0.5, n_max=T - 1, branch_k=3))
+    if name in ("dflash", "dflash-failfast-tree", "dflash-dart-tree"):  # drafters that read the target
+        policy = {
+            "dflash": static,
+            "dflash-failfast-tree": lambda: FailFastTreePolicy(n=1, tau=0.5, n_max=T - 1, branch_k=3),
+            # DART's search over the block's 2 positions, best-first (beams as wide as the tree): point masses
+            "dflash-dart-tree": lambda: DartTreePolicy(top_k=4, beam_width=6, total_tokens=6, use_ngram=False),
+        }[name]
         return (lambda: (_dflash(models, runtime), policy())), FEATURE_PROMPT, TEMPERATURE, T
     if name == "fastdllm-cps":  # one pass over the block, the path search's tokens: point masses
 

@@ -260,7 +260,7 @@ def _sampling_module():
     return module
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree", "failfast"])
+@pytest.mark.parametrize("kind", ["chain", "tree", "tree-best-first", "failfast"])
 def test_speculative_sampling_keeps_the_target_distribution(kind):
     from specpolicy.family.train_dart import new_dart
 
@@ -279,6 +279,7 @@ def test_speculative_sampling_keeps_the_target_distribution(kind):
     policy = {
         "chain": lambda: StaticPolicy(s.T - 1),
         "tree": lambda: DartTreePolicy(top_k=8, beam_width=4, total_tokens=12, use_ngram=False),
+        "tree-best-first": lambda: DartTreePolicy(top_k=8, beam_width=12, total_tokens=12, use_ngram=False),
         "failfast": lambda: FailFastPolicy(n=1, tau=0.3, n_max=s.T),
     }[kind]
     make = lambda: (DartDrafter(head, target.get_input_embeddings(), (0, 1, 1), s.V, runtime), policy())  # noqa: E731
