@@ -144,17 +144,9 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset())
     drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
-    seen = []
-    prompt = random_prompts(1)[0]
-    out = generate(
-        prompt,
-        verifier,
-        rt,
-        max_new_tokens=20,
-        drafter=drafter,
-        policy=DartTreePolicy(top_k=3, total_tokens=8, ngram_model=NGRAM),
-        on_round=lambda r: seen.append((r, drafter.ngram_context.tolist())),
-    )
+    seen, prompt, policy = [], random_prompts(1)[0], DartTreePolicy(top_k=3, total_tokens=8, ngram_model=NGRAM)
+    record = lambda r: seen.append((r, drafter.ngram_context.tolist()))  # noqa: E731
+    out = generate(prompt, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy, on_round=record)
     text, emitted = prompt.tolist() + out.output_ids.tolist(), len(prompt)
     assert len(seen) > 2
     for record, context in seen[:-1]:  # the last round's output may be cut at max_new_tokens
