@@ -19,8 +19,9 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The search is vectorised: one depth is a handful of tensor ops over (beams x candidates), one
-batched n-gram lookup. The target verifies the tree in one pass (``specpolicy.core.tree``); its
+The beam search is vectorised: one depth is a few dozen numpy calls over (beams x candidates), one
+batched n-gram lookup per context length; with beams at least as wide as the tree the same tree
+comes from a best-first search (``_best_first``, paths ending in a stop token kept as leaves). The target verifies the tree in one pass (``specpolicy.core.tree``); its
 nodes are verified as point masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram
 term off (the paper's ablation); ``use_ngram: false`` does the same.
 """
@@ -69,14 +70,16 @@ def dart_tree_search(
         ngram_on_first: score depth 0 with the n-gram too (the code's build does not).
     Returns:
         ``(tokens (n,) int64, parents (n,) int64 (-1: the root), scores (n,) float32, draft log-probs
-        (n,) float32)`` of the kept nodes in creation order (topological), n <= ``total_tokens``.
+        (n,) float32)`` of the kept nodes, a parent before its children (the beams: creation
+        order; best-first: pop order), n <= ``total_tokens``.
 
     With ``beam_width >= total_tokens`` the beam search keeps every node of the best
     ``total_tokens`` (a node's ancestors score at least as much, so fewer than ``total_tokens``
-    nodes of its depth outrank it), and the same tree comes from a best-first search that expands
-    only the popped nodes (``_best_first``: tens of n-gram lookups instead of a beam front of
-    hundreds per depth). It treats a path ending in a stop token as a leaf, as the beams do
-    whenever ``beam_width`` other candidates remain (its children could never be accepted).
+    nodes of its depth outrank it), and the same tree, up to exact ties, comes from a best-first
+    search that expands only the popped nodes (``_best_first``: ``total_tokens`` x K dict lookups
+    instead of a beam front of ``beam_width`` x K array entries per depth). It treats a path ending
+    in a stop token as a leaf, as the beams do whenever ``beam_width`` other candidates remain (its
+    children could never be accepted).
     """
     if beam_width >= total_tokens:
         return _best_first(
@@ -182,7 +185,7 @@ def _best_first(
                 if child:
                     p = child / parent
                     break
-            out.append(math.log(p + EPS))
+            out.append(math.log(p + EPS) if p < 1 else 0.0)  # log(1 + EPS) is 0 in the beams' float32
         return out
 
     heap: list[tuple[float, int, int, int, int, float, tuple[int, ...]]] = []

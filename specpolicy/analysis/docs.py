@@ -932,15 +932,18 @@ def target_reading_sections(
             "distribution, as one DART pass gives 8; DART's search (`policy=dart-tree`: the top 25 of each position, "
             "the step score (l+1)^-0.7 [0.9^l log p + 0.5 log p_ngram], every expansion pooled) picks the tree from "
             "them. Drafting ms include the DFlash pass and the search. With beams at least as wide as the tree, the "
-            "search runs best first on a heap (the same tree, tens of n-gram lookups a round instead of a beam front "
-            "of 500 per depth). MODELED rows count passes and leave out the host search, as for DART.",
+            "search runs best first on a heap (the same tree up to exact ties, paths ending in a stop token kept as "
+            "leaves; a few hundred dict lookups a round instead of a beam front of 500 per depth). MODELED rows "
+            "count passes and leave out the host search, as for DART.",
             "",
         ]
         searched, chain = methods.get("dflash+dart-tree"), methods.get("dflash-k15")
+        step_ms = 0.0
         if searched and chain and tuned_profile and searched.get("modeled_speedup_tuned_profile"):
             from specpolicy.core.latency import load_profile
 
-            step_ms = load_profile(tuned_profile).target_ms_per_token or 0.0
+            step_ms = load_profile(tuned_profile).target_ms_per_token or 0.0  # None: a measured profile
+        if step_ms and searched["rounds"] and chain["rounds"]:
             extra = searched["draft_ms"] / searched["rounds"] - chain["draft_ms"] / chain["rounds"]
             charged = 1 / (
                 1 / searched["modeled_speedup_tuned_profile"]

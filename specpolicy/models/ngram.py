@@ -16,8 +16,9 @@ Two rules read the same counts:
 
 Why not a library: KenLM needs a C++ build and answers one string at a time; ``nltk.lm`` is pure
 Python per query. Both searches score a whole lattice or beam front at once, so the counts live
-here as sorted int64 codes and every lookup is one ``torch.searchsorted`` over a tensor of
-n-grams: a ``(B, C)`` candidate block costs a few tensor ops, not ``B x C`` Python calls.
+here as sorted int64 codes and every lookup is one ``searchsorted`` over an array of n-grams: a
+``(B, C)`` candidate block costs a few array calls, not ``B x C`` Python calls (DART's best-first
+path, which scores a few candidates at a time, reads the same counts as dicts: ``trie_tables``).
 
 Documents are padded on the left with ``order - 1`` start symbols (id ``vocab_size``), so the first
 tokens of a document have a full context; a query's positions before the start are the same

@@ -111,11 +111,11 @@ def test_equals_the_reference_loop_on_random_inputs(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("total", [4, 9])
-def test_beams_as_wide_as_the_tree_are_the_best_first_search(seed, total):
+@pytest.mark.parametrize("total, order", [(4, 3), (9, 3), (9, 2)])
+def test_beams_as_wide_as_the_tree_are_the_best_first_search(seed, total, order):
     """beam_width >= total_tokens takes the best-first path; it keeps the reference's tree."""
     rng = random.Random(seed)
-    ngram = NGramModel.build([[rng.randrange(12) for _ in range(60)] for _ in range(3)], 12, 3)
+    ngram = NGramModel.build([[rng.randrange(12) for _ in range(60)] for _ in range(3)], 12, order)
     D, K = 5, 4
     ids = [rng.sample(range(11), K) for _ in range(D)]  # no stop token among the candidates
     raw = torch.rand(D, K, generator=torch.Generator().manual_seed(seed)).sort(descending=True).values
@@ -145,6 +145,16 @@ def test_the_best_first_search_does_not_grow_a_path_past_a_stop_token():
     ends = [i for i, t in enumerate(tokens.tolist()) if t == 8]
     assert ends and not any(p in ends for p in parents.tolist())
     assert len(tokens) == 6
+
+
+def test_a_certain_ngram_continuation_does_not_lift_a_child_above_its_parent():
+    """p_ngram = 1 adds log(1 + 1e-10): 0 on both paths, so a child never outscores its parent."""
+    ngram = NGramModel.build([[5, 6, 7]], vocab_size=10, order=2)  # after 6 always 7
+    ids, probs = torch.tensor([[6, 8, 9], [7, 5, 4]]), torch.tensor([[1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]])
+    for width in (3, 2):  # best-first, then the beams
+        tokens, parents, scores, _ = dart_tree_search(ids, probs, torch.tensor([5]), ngram, torch.tensor([1]), width, 3)
+        assert tokens.tolist() == [6, 8, 9] and parents.tolist() == [-1, -1, -1], width
+        assert all(float(s) <= 0 for s in scores)
 
 
 def test_settings_are_checked_in_one_line():

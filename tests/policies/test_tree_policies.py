@@ -145,8 +145,8 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
     verifier = HFVerifier(target, rt, frozenset())
     drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
     seen, prompt, policy = [], random_prompts(1)[0], DartTreePolicy(top_k=3, total_tokens=8, ngram_model=NGRAM)
-    record = lambda r: seen.append((r, drafter.ngram_context.tolist()))  # noqa: E731
-    out = generate(prompt, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy, on_round=record)
+    remember = lambda r: seen.append((r, drafter.ngram_context.tolist()))  # noqa: E731
+    out = generate(prompt, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy, on_round=remember)
     text, emitted = prompt.tolist() + out.output_ids.tolist(), len(prompt)
     assert len(seen) > 2
     for record, context in seen[:-1]:  # the last round's output may be cut at max_new_tokens
@@ -154,6 +154,10 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
         assert context == text[:emitted][-9:]  # after a round: the last 9 tokens, its bonus token last
         assert record.drafter_forward_passes == 1
         assert max(len(p) for p in _paths(record)) <= B - 1
+    # a second request on the same drafter starts from its own prompt alone
+    other = torch.tensor([5, 8, 13])
+    generate(other, verifier, rt, max_new_tokens=2, drafter=drafter, policy=policy, on_round=remember)
+    assert seen[-1][1][: len(other)] == other.tolist() and len(seen[-1][1]) <= len(other) + 2
 
 
 def _paths(record):
