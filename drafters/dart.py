@@ -180,6 +180,11 @@ class DartDrafter(Drafter):
         self._returned = draft.length
         return draft
 
+    @property
+    def tokens_per_pass(self) -> int:
+        """Draft tokens one pass gives: d (``block_size``), the first from the last committed position."""
+        return self.block_size
+
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's draft so far (target ids),
         from the passes that drafted it (no extra pass): ids ``(n, k) int64`` and probabilities

@@ -21,9 +21,10 @@ The rule, as the code runs it:
 
 The beam search is vectorised: one depth is a few dozen numpy calls over (beams x candidates), one
 batched n-gram lookup per context length; with beams at least as wide as the tree the same tree
-comes from a best-first search (``_best_first``, paths ending in a stop token kept as leaves). The target verifies the tree in one pass (``specpolicy.core.tree``); its
-nodes are verified as point masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram
-term off (the paper's ablation); ``use_ngram: false`` does the same.
+comes from a best-first search (``_best_first``, paths ending in a stop token kept as leaves).
+The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
+masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
+ablation); ``use_ngram: false`` does the same.
 """
 
 from __future__ import annotations
@@ -284,7 +285,7 @@ class DartTreePolicy(TreePolicy):
             self.ngram = load_ngram(resolve_ngram_path(ngram), "policy.ngram")
 
     def check_drafter(self, drafter: Any) -> None:
-        if not (hasattr(drafter, "alternatives") and hasattr(drafter, "ngram_context")):
+        if not all(hasattr(drafter, a) for a in ("alternatives", "ngram_context", "tokens_per_pass")):
             raise ValueError(
                 f"policy=dart-tree needs a drafter that drafts a block in one pass and reports its "
                 f"alternatives and n-gram context (dart, dflash); drafter "
@@ -293,7 +294,7 @@ class DartTreePolicy(TreePolicy):
 
     def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
         device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
-        want = self.depth or getattr(drafter, "tokens_per_pass", drafter.block_size)  # one pass's tokens
+        want = self.depth or drafter.tokens_per_pass
         depth = min(want, room)
         if depth < 1:
             return Draft.empty(device), "room"

@@ -40,6 +40,7 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,37 +56,24 @@ def vocabulary_sha256(vocab: dict[str, int]) -> str:
     return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def _codes(windows: torch.Tensor, base: int) -> torch.Tensor:
-    """``(..., n)`` int64 token windows -> ``(...)`` int64 codes (base-``base`` digits, first token first)."""
-    code = torch.zeros(windows.shape[:-1], dtype=torch.long, device=windows.device)
-    for i in range(windows.shape[-1]):
+def _codes(windows: Any, base: int) -> Any:
+    """``(..., n)`` int64 token windows, ``n >= 1`` (a tensor or a numpy array) -> ``(...)`` int64 codes
+    (base-``base`` digits, first token first)."""
+    code = windows[..., 0]
+    for i in range(1, windows.shape[-1]):
         code = code * base + windows[..., i]
     return code
 
 
-def _lookup(keys: torch.Tensor, values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """``values`` at ``codes`` in the sorted ``keys``; 0 where a code is absent (same shape as ``codes``)."""
-    if keys.numel() == 0:
-        return torch.zeros(codes.shape, dtype=values.dtype)
-    codes = codes.contiguous()
-    at = torch.searchsorted(keys, codes).clamp_(max=keys.numel() - 1)
-    return torch.where(keys[at] == codes, values[at], torch.zeros((), dtype=values.dtype))
-
-
-def _codes_np(windows: np.ndarray, base: int) -> np.ndarray:
-    """``_codes`` on a numpy array: ``(..., n)`` int64 windows -> ``(...)`` int64 codes."""
-    code = np.zeros(windows.shape[:-1], dtype=np.int64)
-    for i in range(windows.shape[-1]):
-        code = code * base + windows[..., i]
-    return code
-
-
-def _lookup_np(keys: np.ndarray, values: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """``_lookup`` on numpy arrays: ``values`` at ``codes`` in the sorted ``keys``, 0 where absent."""
+def _lookup(keys: Any, values: Any, codes: Any) -> Any:
+    """``values`` at ``codes`` in the sorted ``keys``; 0 where a code is absent (same shape as ``codes``).
+    numpy arrays, or CPU tensors (answered with a tensor): one ``searchsorted``."""
+    if isinstance(codes, torch.Tensor):
+        return torch.from_numpy(_lookup(keys.numpy(), values.numpy(), codes.numpy()))
     if keys.size == 0:
         return np.zeros(codes.shape, dtype=values.dtype)
     at = np.minimum(np.searchsorted(keys, codes), keys.size - 1)
-    return np.where(keys[at] == codes, values[at], 0)
+    return np.where(keys[at] == codes, values[at], values.dtype.type(0))
 
 
 def _group(codes: torch.Tensor, counts: torch.Tensor, base: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,6 +116,11 @@ class NGramModel:
         self._fused = self._fused_tables()
         #: per context length j < order: the j-token prefixes of the (j + 1)-grams and how often each was followed
         self._followers = [_group(self.keys[j], self.counts[j], self.base)[:2] for j in range(1, self.order)]
+        #: the same counts and follower sums as numpy arrays (views, no copy), for ``trie_probs_np``
+        self._trie_arrays = (
+            [(k.numpy(), c.numpy()) for k, c in zip(self.keys, self.counts)],
+            [(k.numpy(), c.numpy()) for k, c in self._followers],
+        )
 
     # -- building -------------------------------------------------------------------------------
 
@@ -216,20 +209,15 @@ class NGramModel:
         ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float32. A tree search calls it once per depth
         on a few hundred candidates, where numpy's per-call cost (about a microsecond against
         torch's several) is most of the time: DART's own search is host C++ for the same reason."""
-        if not hasattr(self, "_trie_np"):  # numpy views of the counts (no copy) and of the follower sums
-            self._trie_np = (
-                [(k.numpy(), c.numpy()) for k, c in zip(self.keys, self.counts)],
-                [(k.numpy(), c.numpy()) for k, c in self._followers],
-            )
-        counts, followers = self._trie_np
+        counts, followers = self._trie_arrays
         probs = np.zeros(tokens.shape, dtype=np.float32)
         found = np.zeros(tokens.shape, dtype=bool)
         for j in range(self.order - 1, 0, -1):
-            code = _codes_np(context[:, -j:], self.base)  # (B,) the context suffix s of j tokens
+            code = _codes(context[:, -j:], self.base)  # (B,) the context suffix s of j tokens
             # a context of start symbols was never counted on its own: its count is what followed it
-            parent = _lookup_np(*counts[j - 1], code).astype(np.float32)
-            parent = np.where(parent > 0, parent, _lookup_np(*followers[j - 1], code).astype(np.float32))
-            child = _lookup_np(*counts[j], code[:, None] * self.base + tokens).astype(np.float32)  # (B, C)
+            parent = _lookup(*counts[j - 1], code).astype(np.float32)
+            parent = np.where(parent > 0, parent, _lookup(*followers[j - 1], code).astype(np.float32))
+            child = _lookup(*counts[j], code[:, None] * self.base + tokens).astype(np.float32)  # (B, C)
             take = ~found & (child > 0)
             probs = np.where(take, child / np.maximum(parent, np.float32(1))[:, None], probs)
             found |= take
