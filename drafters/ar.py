@@ -23,7 +23,7 @@ from specpolicy.models.loading import (
     load_tokenizer,
 )
 from specpolicy.models.static_qwen import SharedSequencesDrafter
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
@@ -395,22 +395,23 @@ class _SharedLength:
         self.shared.lengths[self.slot] = length + count if count < 0 else count
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``drafter=ar``: known keys, the model's directory and weights (not loaded), the attention."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     check_model_source("drafter.model", config.get("model"))
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"))
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> ARDrafter:
     """Factory for ``drafter=ar``. Config key: ``model`` (bundled name, local path or hub id)."""
-    if name != NAME:
-        return None
     model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
     check_same_vocabulary(verifier.tokenizer, load_tokenizer(config["model"]), NAME)
     return ARDrafter(model, runtime)
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=ar`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry("drafter", NAME, build, validate, "an autoregressive Hugging Face causal LM with its own KV cache")
+    ]

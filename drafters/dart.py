@@ -41,7 +41,7 @@ from specpolicy.models.dart import DartDraftModel, DartSpec, load_dart
 from specpolicy.models.eagle3 import check_head_fits_target
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "dart"
 CONFIG_KEYS = ("model",)
@@ -234,19 +234,14 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     return check_head_fits_target(DartSpec.from_config(draft_config, key), draft_config, target_config, key, "DART")
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=dart``: known keys, the checkpoint's directory, config and weights files (not
     loaded), and -- when the target is bundled or local -- the checkpoint against the target's."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     check_checkpoint(config.get("model", "dart-drafter"), run_config, check_fits_target, DartSpec.from_config)
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> DartDrafter:
     """Factory for ``drafter=dart``. Config key: ``model`` (bundled ``dart-drafter`` or a local DART
     checkpoint directory). The embeddings are the target's (``verifier.model``).
 
@@ -254,8 +249,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
             Face model or without hidden states.
     """
-    if name != NAME:
-        return None
     model_name = config.get("model", "dart-drafter")
     key = f"drafter.model={model_name!r}"
     embed, _, target_config = target_parts(verifier, NAME)
@@ -268,3 +261,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     return DartDrafter(
         model, embed, layers, int(target_config.vocab_size), runtime, getattr(verifier, "eos_token_ids", ())
     )
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=dart`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("drafter", NAME, build, validate, "DART: 8 tokens per pass from the target's fused features")]

@@ -28,7 +28,7 @@ from specpolicy.drafters.fastdllm import FastDLLMDrafter, check_settings, model_
 from specpolicy.models.checkpoint import target_config_of
 from specpolicy.models.deer import BUNDLED_NAME, check_deer_checkpoint, load_deer, resolve_deer_path
 from specpolicy.models.loading import check_attention, check_same_vocabulary, load_tokenizer
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "deer"
 CONFIG_KEYS = ("model", "block_size", "small_block_size", "threshold", "attn_implementation", "confidence_dtype")
@@ -55,8 +55,7 @@ def _target_vocab_size(run_config: dict | None) -> int | None:
     return None if cfg is None or cfg.get("vocab_size") is None else int(cfg["vocab_size"])
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=deer``: known keys, the checkpoint (adapter and base, or full weights; its
     vocabulary against the target's when the target is bundled or local), ``block_size`` against
     the checkpoint's, the settings and the attention -- before any model loads.
@@ -64,8 +63,6 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     Raises:
         ConfigError: one line naming the key.
     """
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     model = config.get("model", BUNDLED_NAME)
     check_deer_checkpoint("drafter.model", model, _target_vocab_size(run_config))
@@ -89,11 +86,9 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
             f"{trained}; use {trained} or null"
         )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> DEERDrafter:
     """Factory for ``drafter=deer``: ``model`` (``deer-drafter`` or a DEER checkpoint directory),
     ``block_size`` (null: the checkpoint's), ``small_block_size`` (null: ``block_size``),
     ``threshold`` (0), ``attn_implementation`` (sdpa), ``confidence_dtype`` (float32). Drafting stops at
@@ -103,8 +98,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ConfigError: a checkpoint that is missing or incomplete.
         ValueError: a vocabulary other than the target's, or a constructor error.
     """
-    if name != NAME:
-        return None
     model, tok_source = load_deer(config.get("model", BUNDLED_NAME), runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(tok_source)
     check_same_vocabulary(verifier.tokenizer, tokenizer, NAME)
@@ -119,3 +112,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         stop_token_ids=getattr(verifier, "eos_token_ids", ()),
         confidence_dtype=config.get("confidence_dtype", "float32"),
     )
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=deer`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("drafter", NAME, build, validate, "DEER: one-step block drafting")]

@@ -72,7 +72,7 @@ from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.models.static_qwen import SharedSequencesDrafter
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "dflash"
 CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
@@ -635,23 +635,18 @@ def check_fits_target(draft_config: dict[str, Any], target_config: dict[str, Any
     return spec
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=dflash``: known keys, the checkpoint's directory, config and weights files (not
     loaded), and -- when the target is bundled or local -- the checkpoint against the target's
     config.json (hidden size, vocabulary, mask token, layer ids)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     choice("drafter.extension", config.get("extension", "given"), EXTENSIONS)
     check_checkpoint(config.get("model", "dflash-drafter"), run_config, check_fits_target, DFlashSpec.from_config)
     if config.get("path_search", "none") != "none":
         check_path_search(config, target_vocabulary(run_config))
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> DFlashDrafter:
     """Factory for ``drafter=dflash``. Config keys: ``model`` (bundled ``dflash-drafter`` or a local
     DFlash checkpoint directory in the official layout), ``extension`` (``given`` | ``none``), and the
     path search's (``path_search``: ``none`` | ``cps``; ``ngram``, ``cps_mass``, ``cps_candidates``,
@@ -662,8 +657,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
             Face model or without hidden states.
     """
-    if name != NAME:
-        return None
     model_name = config.get("model", "dflash-drafter")
     key = f"drafter.model={model_name!r}"
     embed, head, target_config = target_parts(verifier, NAME)
@@ -684,3 +677,17 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     extension = config.get("extension", "given")
     max_context = int(getattr(verifier, "max_context", 0) or 0)
     return DFlashDrafter(model, embed, head, runtime, stop_ids, extension, search, max_context)
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=dflash`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry(
+            "drafter",
+            NAME,
+            build,
+            validate,
+            "DFlash: block-diffusion drafting conditioned on the target's hidden states",
+        )
+    ]

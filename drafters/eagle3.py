@@ -46,7 +46,7 @@ from specpolicy.models.eagle3 import (
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.models.static_qwen import SharedSequencesDrafter
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "eagle3"
 #: A request whose round starts with more newly committed positions than this (a new request's
@@ -576,13 +576,10 @@ def check_fits_target(
     )
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=eagle3``: known keys, the checkpoint's directory, config and weights files (not
     loaded), and -- when the target is bundled or local -- the checkpoint against the target's
     config.json (feature width, hidden size, vocabulary, layer ids)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     convention = choice("drafter.layer_id_convention", config.get("layer_id_convention", "input"), LAYER_ID_CONVENTIONS)
     check_checkpoint(
@@ -591,11 +588,9 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
         lambda d, t, k: check_fits_target(d, t, k, convention),
         Eagle3Spec.from_config,
     )
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> Eagle3Drafter:
     """Factory for ``drafter=eagle3``. Config keys: ``model`` (bundled ``eagle3-drafter`` or a local
     EAGLE-3 / SpecForge checkpoint directory), ``layer_id_convention`` (``input``: explicit feature
     layer ids are inputs of layers, as vLLM reads them; ``output``: outputs, as SGLang / SpecForge
@@ -605,8 +600,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ConfigError: a checkpoint that does not fit the target, or a verifier without a Hugging
             Face model or without hidden states.
     """
-    if name != NAME:
-        return None
     model_name = config.get("model", "eagle3-drafter")
     key = f"drafter.model={model_name!r}"
     embed, _, target_config = target_parts(verifier, NAME)
@@ -621,3 +614,17 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     stop_ids = getattr(verifier, "eos_token_ids", ())
     max_context = int(getattr(verifier, "max_context", 0) or 0)
     return Eagle3Drafter(model, embed, layers, int(target_config.vocab_size), runtime, stop_ids, max_context)
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=eagle3`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry(
+            "drafter",
+            NAME,
+            build,
+            validate,
+            "EAGLE-3: one token per pass from the target's fused low/mid/high features",
+        )
+    ]

@@ -48,7 +48,7 @@ from specpolicy.models.loading import (
     load_tokenizer,
     resolve_model_path,
 )
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "easyspec"
 CONFIG_KEYS = ("model", "attn_implementation", "layer_parallel")
@@ -207,12 +207,9 @@ def _num_layers(model: str) -> int | None:
         return None
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``drafter=easyspec``: known keys, the model's directory and weights (not loaded), the
     attention, and ``layer_parallel`` against the model's middle layers (from its config.json)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     model = config.get("model", "ar-drafter")
     check_model_source("drafter.model", model)
@@ -224,16 +221,18 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
             layer_groups(layers, parallel)
         except ValueError as exc:
             raise ConfigError(f"{exc} (drafter.model={model!r})") from None
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> EasySpecDrafter:
     """Factory for ``drafter=easyspec``. Config keys: ``model`` (the AR drafter: bundled name or
     local path), ``attn_implementation``, ``layer_parallel`` (middle layers per group)."""
-    if name != NAME:
-        return None
     model_name = config.get("model", "ar-drafter")
     model = load_causal_lm(model_name, runtime, config.get("attn_implementation", "sdpa"))
     check_same_vocabulary(verifier.tokenizer, load_tokenizer(model_name), NAME)
     return EasySpecDrafter(model, runtime, config.get("layer_parallel", 2))
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=easyspec`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("drafter", NAME, build, validate, "EasySpec: layer-parallel drafting on the AR drafter")]

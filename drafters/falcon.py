@@ -42,7 +42,7 @@ from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.falcon import FalconDraftModel, FalconSpec, check_fits_target, load_falcon
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "falcon"
 CONFIG_KEYS = ("model",)
@@ -323,17 +323,13 @@ class FalconDrafter(Drafter):
         return self._passes
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=falcon``: known keys, the checkpoint's directory, config and weights files (not
     loaded), and -- when the target is bundled or local -- the checkpoint against the target's
     config.json (hidden size, vocabulary)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     check_bundled(config.get("model", "falcon-drafter"))
     check_checkpoint(config.get("model", "falcon-drafter"), run_config, check_fits_target, FalconSpec.from_config)
-    return True
 
 
 #: Where a clone of the repository keeps the trained Falcon drafter (not in the 40 MB bundle).
@@ -357,8 +353,7 @@ def check_bundled(model: str) -> None:
         )
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> FalconDrafter:
     """Factory for ``drafter=falcon``. Config key: ``model`` (a Falcon checkpoint directory in the
     released layout, or the bundled name ``falcon-drafter`` once bundled). The embeddings and LM head
     are the target's (``verifier.model``); the feature is its last ``hidden_states`` entry.
@@ -367,8 +362,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ConfigError: a checkpoint that does not fit the target.
         FeaturesUnsupported: a verifier without a Hugging Face model or without hidden states.
     """
-    if name != NAME:
-        return None
     model_name = config.get("model", "falcon-drafter")
     check_bundled(model_name)
     key = f"drafter.model={model_name!r}"
@@ -381,3 +374,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
     top = int(target_config.num_hidden_layers)
     probe_verifier(verifier, (top,), top + 1, NAME)
     return FalconDrafter(model, embed, lm_head, top, runtime, getattr(verifier, "eos_token_ids", ()))
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=falcon`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("drafter", NAME, build, validate, "Falcon: semi-autoregressive drafting, 2 tokens per pass")]

@@ -70,7 +70,7 @@ from specpolicy.models.loading import (
     resolve_model_path,
 )
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "fastdllm"
 
@@ -847,13 +847,10 @@ def _greedy(
     return tok, conf.to(torch.float32)
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]):
+def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
     ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded),
     and with ``path_search=cps`` its settings and n-gram file (against the target's tokenizer)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_keys("drafter", config, CONFIG_KEYS)
     model_name = config.get("model", "dllm-drafter")
     check_model_source("drafter.model", model_name)
@@ -877,11 +874,9 @@ def specpolicy_validate_config(group: str, name: str, config: dict[str, Any], ru
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
     if config.get("path_search", "none") != "none":
         check_path_search(config, target_vocabulary(run_config))
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> FastDLLMDrafter:
     """Factory for ``drafter=fastdllm``.
 
     Config keys: ``model`` (bundled ``dllm-drafter``, a local dir such as a Fast_dLLM_v2_1.5B
@@ -894,8 +889,6 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         ValueError: on a vocabulary mismatch with ``verifier``, a ``block_size`` different from
             the one the model was trained with, or any constructor error.
     """
-    if name != NAME:
-        return None
     confidence_dtype = config.get("confidence_dtype", "float32")
     if confidence_dtype not in CONFIDENCE_DTYPES:  # before the model loads
         raise ValueError(
@@ -925,3 +918,9 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
         confidence_dtype=confidence_dtype,
         path_search=path_search_of(config, tokenizer.get_vocab(), stop_ids, runtime.torch_device),
     )
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=fastdllm`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("drafter", NAME, build, validate, "Fast-dLLM v2 block-diffusion drafting")]

@@ -26,7 +26,7 @@ from specpolicy.core.checks import check_init
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import Draft, Verification
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "suffix"
 CONFIG_KEYS = ("min_match", "max_match", "min_confidence")
@@ -197,25 +197,32 @@ class SuffixDrafter(Drafter):
         )
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``drafter=suffix``: known keys and ranges, checked by building it (no model)."""
-    if group != "drafter" or name != NAME:
-        return None
     check_init("drafter", SuffixDrafter, config, "runtime")
-    return True
 
 
-@hookimpl
-def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier):
+def build(config: dict[str, Any], runtime: Runtime, verifier) -> SuffixDrafter:
     """Factory for ``drafter=suffix``. Config keys: ``min_match``, ``max_match``, ``min_confidence``.
 
     Raises:
         ValueError: for an unknown key or an out-of-range value.
     """
-    if name != NAME:
-        return None
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise ValueError(f"unknown drafter.suffix key(s) {unknown}; known: {', '.join(CONFIG_KEYS)}")
     return SuffixDrafter(runtime, **config)
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``drafter=suffix`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry(
+            "drafter",
+            NAME,
+            build,
+            validate,
+            "model-free drafting from a suffix index of the prompt and the output so far",
+        )
+    ]

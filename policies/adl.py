@@ -25,10 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "adl"
 
@@ -97,18 +96,13 @@ class AdaptiveDraftLength(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=adl``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", AdaptiveDraftLength, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=adl`` (and ``policy=diffuspec``, which also turns on the drafter's path
-    search). Config keys: ``k_min``, ``k_max``, ``delta``, ``rho``, ``keep_across_prompts``."""
-    if name != NAME:
-        return None
-    return AdaptiveDraftLength(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``AdaptiveDraftLength``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy",
+            NAME,
+            AdaptiveDraftLength,
+            "DiffuSpec's adaptive draft length: grows while acceptance keeps pace, shrinks when it does not",
+        )
+    ]

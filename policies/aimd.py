@@ -11,12 +11,10 @@ every candidate was accepted, otherwise -1, never below 1).
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "aimd"
 MODES = ("aimd", "heuristic")
@@ -230,20 +228,13 @@ class _SpeedAverage:
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=aimd``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", AIMDPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=aimd`` (and ``policy=heuristic``, which is ``aimd`` with
-    ``mode: heuristic``). Config keys: ``mode``, ``w_init``, ``a``, ``beta``, ``w_min``,
-    ``n_max``, ``keep_across_prompts``, ``off_when_slower``, ``backoff_rounds``, ``backoff_max``,
-    ``probe_rounds``."""
-    if name != NAME:
-        return None
-    return AIMDPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``AIMDPolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy",
+            NAME,
+            AIMDPolicy,
+            "speculation length from the acceptance history, as TCP congestion control (and Hugging Face's heuristic)",
+        )
+    ]

@@ -13,12 +13,10 @@ prompts; ``benchmarks/batched.py``); other drafters and machines want their own 
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "batch-schedule"
 
@@ -62,17 +60,10 @@ class BatchSchedulePolicy(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=batch-schedule``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", BatchSchedulePolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=batch-schedule``. Config keys: ``batch_sizes``, ``lengths``."""
-    if name != NAME:
-        return None
-    return BatchSchedulePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``BatchSchedulePolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy", NAME, BatchSchedulePolicy, "the speculation length set by the batch size (vLLM's schedule)"
+        )
+    ]

@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "block-tree"
 
@@ -93,17 +92,8 @@ class BlockTreePolicy(TreePolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=block-tree``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", BlockTreePolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=block-tree``. Config keys: ``depth``, ``top_k``, ``total_tokens``."""
-    if name != NAME:
-        return None
-    return BlockTreePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``BlockTreePolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class("policy", NAME, BlockTreePolicy, "a one-pass draft tree for block drafters (DFlash)")
+    ]

@@ -40,7 +40,7 @@ from specpolicy.core.checks import check_init
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "dart-tree"
 #: log(p + EPS): the code's guard against log 0.
@@ -348,21 +348,25 @@ CONFIG_KEYS = (
 )
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=dart-tree``: its keys and ranges and the n-gram file, checked by building it (no model)."""
-    if group != "policy" or name != NAME:
-        return None
+def validate(config: dict[str, Any]) -> None:
+    """``policy=dart-tree``: its keys (``CONFIG_KEYS``: not ``ngram_model``) and ranges and the
+    n-gram file, checked by building it (no model).
+
+    Raises:
+        ConfigError: naming the key, the value and the accepted range.
+    """
     from specpolicy.core.checks import check_keys
 
     check_keys("policy", config, CONFIG_KEYS)
     check_init("policy", DartTreePolicy, config)
-    return True
+
+
+def build(config: dict[str, Any]) -> DartTreePolicy:
+    """``policy=dart-tree`` from its config node (keys: ``CONFIG_KEYS``)."""
+    return DartTreePolicy(**config)
 
 
 @hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=dart-tree``. Config keys: ``CONFIG_KEYS``."""
-    if name != NAME:
-        return None
-    return DartTreePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the ``dart-tree`` policy."""
+    return [PluginEntry("policy", NAME, build, validate, "DART's n-gram-pruned draft tree from one drafter pass")]

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "eagle2-tree"
 
@@ -103,17 +102,8 @@ class Eagle2TreePolicy(TreePolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=eagle2-tree``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", Eagle2TreePolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=eagle2-tree``. Config keys: ``depth``, ``top_k``, ``total_tokens``."""
-    if name != NAME:
-        return None
-    return Eagle2TreePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``Eagle2TreePolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class("policy", NAME, Eagle2TreePolicy, "EAGLE-2's dynamic draft tree, as EAGLE-3 is served")
+    ]

@@ -22,14 +22,11 @@ Two confidence scopes (``policy.confidence_scope``):
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "failfast"
 #: Values of ``policy.confidence_scope`` (see the module docstring).
@@ -124,17 +121,10 @@ class FailFastPolicy(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=failfast``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", FailFastPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=failfast``. Config keys: ``n``, ``tau``, ``n_max``, ``confidence_scope``."""
-    if name != NAME:
-        return None
-    return FailFastPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``FailFastPolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy", NAME, FailFastPolicy, "FailFast: extend the draft while the drafter is confident"
+        )
+    ]

@@ -18,11 +18,10 @@ from typing import Any
 
 import torch
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.sampling import point_mass
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.policies.failfast import FailFastPolicy
 
 NAME = "failfast-tree"
@@ -108,18 +107,13 @@ class FailFastTreePolicy(TreePolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=failfast-tree``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", FailFastTreePolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=failfast-tree``. Config keys: ``n``, ``tau``, ``n_max``, ``branch_tau``,
-    ``branch_k``, ``max_nodes``."""
-    if name != NAME:
-        return None
-    return FailFastTreePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``FailFastTreePolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy",
+            NAME,
+            FailFastTreePolicy,
+            "FailFast with draft trees: extend depth while confident, branch where not",
+        )
+    ]

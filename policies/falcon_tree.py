@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "falcon-tree"
 
@@ -210,17 +209,6 @@ class FalconTreePolicy(TreePolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=falcon-tree``: its keys and values, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", FalconTreePolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=falcon-tree``. Config keys: ``tree`` (``cpu`` / ``paper``), ``choices``."""
-    if name != NAME:
-        return None
-    return FalconTreePolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``FalconTreePolicy``, built from its config node and checked by building it."""
+    return [PluginEntry.from_class("policy", NAME, FalconTreePolicy, "Falcon's static decoding tree")]

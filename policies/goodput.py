@@ -87,11 +87,10 @@ import numpy as np
 import torch
 
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
-from specpolicy.core.checks import check_init
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "goodput"
 #: Forgetting factor of the verification costs (an effective memory of ~50 rounds), applied per
@@ -670,20 +669,10 @@ def _profile(cost_profile: str | Mapping[str, Any] | None) -> LatencyProfile | N
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=goodput``: its keys and ranges (a ``cost_profile`` name must be a shipped profile),
-    checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", GoodputPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=goodput``. Config keys: ``max_length``, ``cost_profile``,
-    ``keep_across_prompts``, ``prior_strength``, ``position_strength``, ``prior_acceptance``,
-    ``rate_ema``, ``probe_interval``, ``cost_drafter``."""
-    if name != NAME:
-        return None
-    return GoodputPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``GoodputPolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy", NAME, GoodputPolicy, "cost-aware speculation length from calibrated acceptance probabilities"
+        )
+    ]

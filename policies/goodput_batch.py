@@ -49,15 +49,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from specpolicy.core.batch_context import BatchContext, VerifyCost
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "goodput-batch"
 #: Lengths tried in the first rounds, so the verification cost is fitted over a spread of tokens.
@@ -294,18 +292,10 @@ class GoodputBatchPolicy(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=goodput-batch``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", GoodputBatchPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=goodput-batch``. Config keys: ``max_length``, ``prior_acceptance``,
-    ``prior_strength``, ``probe_interval``, ``flat_tolerance``, ``replan_interval``, ``per_request``."""
-    if name != NAME:
-        return None
-    return GoodputBatchPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``GoodputBatchPolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy", NAME, GoodputBatchPolicy, "the round's speculation lengths that maximise the batch's goodput"
+        )
+    ]

@@ -11,12 +11,9 @@ token's acceptance probability with a trained acceptance head, stops when
 
 from __future__ import annotations
 
-from typing import Any
-
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "specdecpp"
 
@@ -74,17 +71,10 @@ class SpecDecPPPolicy(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=specdecpp``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", SpecDecPPPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=specdecpp``. Config keys: ``h``, ``min_length``, ``max_length``."""
-    if name != NAME:
-        return None
-    return SpecDecPPPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``SpecDecPPPolicy``, built from its config node and checked by building it."""
+    return [
+        PluginEntry.from_class(
+            "policy", NAME, SpecDecPPPolicy, "SpecDec++-style stop rule on the probability of a rejection"
+        )
+    ]

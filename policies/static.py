@@ -7,12 +7,9 @@ the FailFast paper's static baselines sweep k = 3..20 (FailFast, arXiv 2512.2057
 
 from __future__ import annotations
 
-from typing import Any
-
-from specpolicy.core.checks import check_init
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "static"
 
@@ -42,17 +39,6 @@ class StaticPolicy(LengthPolicy):
 
 
 @hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
-    """``policy=static``: its keys and ranges, checked by building it (cheap, no model)."""
-    if group != "policy" or name != NAME:
-        return None
-    check_init("policy", StaticPolicy, config)
-    return True
-
-
-@hookimpl
-def specpolicy_make_policy(name: str, config: dict[str, Any]):
-    """Factory for ``policy=static``. Config key: ``k``."""
-    if name != NAME:
-        return None
-    return StaticPolicy(**config)
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: the policy ``StaticPolicy``, built from its config node and checked by building it."""
+    return [PluginEntry.from_class("policy", NAME, StaticPolicy, "the same speculation length k every round")]

@@ -6,7 +6,8 @@ The public API a plugin author needs, importable from here:
 * the data they exchange: ``Draft``, ``Verification``, ``RoundRecord``, ``GenerationResult``;
 * the loop: ``generate`` (batch 1; ``specpolicy.core.batching.generate_batch`` for many requests);
 * the shared ``Runtime`` and ``SamplingConfig``;
-* the plugin system: ``hookimpl`` and the ``specpolicy`` entry-point group;
+* the plugin system: ``hookimpl``, ``PluginEntry`` (what a plugin's ``specpolicy_register`` hook
+  returns) and the ``specpolicy`` entry-point group;
 * the config checks a plugin's validate hook raises through: ``ConfigError``, ``check_init``,
   ``check_keys``, ``integer``, ``number``, ``choice``, ``boolean``.
 
@@ -25,7 +26,7 @@ from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, GenerationResult, RoundRecord, Verification
 from specpolicy.core.verifier import Verifier
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 __all__ = [
     "ConfigError",
@@ -33,6 +34,7 @@ __all__ = [
     "Drafter",
     "GenerationResult",
     "LengthPolicy",
+    "PluginEntry",
     "RoundRecord",
     "Runtime",
     "SamplingConfig",

@@ -24,7 +24,7 @@ from specpolicy.models.loading import (
     load_causal_lm,
     load_tokenizer,
 )
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "hf"
 CONFIG_KEYS = ("model", "attn_implementation", "max_context")
@@ -291,27 +291,34 @@ def prefill_prompt(
     return cache, features
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``verifier=hf``: known keys, the model's directory and weights (not loaded), the attention,
     ``max_context`` (an integer >= 0; 0 = the model's)."""
-    if group != "verifier" or name != NAME:
-        return None
     check_keys("verifier", config, CONFIG_KEYS)
     check_model_source("verifier.model", config.get("model"))
     check_attention("verifier.attn_implementation", config.get("attn_implementation", "sdpa"))
     integer("verifier.max_context", config.get("max_context", 0), 0, note="tokens; 0 = the model's")
-    return True
 
 
-@hookimpl
-def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime):
+def build(config: dict[str, Any], runtime: Runtime) -> HFVerifier:
     """Factory for ``verifier=hf``. Config keys: ``model`` (bundled name, local path or hub id),
     ``attn_implementation`` (default sdpa), ``max_context`` (0 = the model's)."""
-    if name != NAME:
-        return None
     model = load_causal_lm(config["model"], runtime, config.get("attn_implementation", "sdpa"))
     tokenizer = load_tokenizer(config["model"])
     return HFVerifier(
         model, runtime, eos_token_ids(model, tokenizer), int(config.get("max_context", 0) or 0), tokenizer=tokenizer
     )
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``verifier=hf`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry(
+            "verifier",
+            NAME,
+            build,
+            validate,
+            "any Hugging Face causal LM as the target, greedy or speculative sampling",
+        )
+    ]

@@ -1,29 +1,40 @@
-"""Hook specifications of specpolicy's plugin system (pluggy).
+"""Hook specifications of specpolicy's plugin system (pluggy), and ``PluginEntry``.
 
 Built-in policies, drafters, verifiers and loggers implement these hooks exactly as
 third-party plugins do. A third-party package exposes a module in the entry-point group
 ``specpolicy`` (``[project.entry-points.specpolicy] my_policy = "my_pkg.plugin"``) whose
 functions carry ``@specpolicy.hookimpl``.
 
-``specpolicy_validate_config`` is called for every plugin-owned config group before any model
-is loaded (``specpolicy.run.validation``). Factory hooks are ``firstresult``: each implementation
-returns an instance when ``name`` is its own and ``None`` otherwise. Implementations are called last-registered first, so an
-entry-point plugin providing a built-in's name takes precedence over the built-in.
+What a plugin provides it declares once, in ``specpolicy_register``: a list of
+``PluginEntry`` (kind, name, factory, optional config validator, one-line description). The
+plugin manager (``specpolicy.plugins.manager``) builds the registry ``(kind, name) -> entry``
+from every plugin's answer, in registration order: built-ins first, then entry-point plugins,
+so an entry-point plugin declaring a built-in's name takes precedence over the built-in.
+An entry's validator is called for its config group before any model is loaded
+(``specpolicy.run.validation``); its factory builds the run's instance.
+
+The hooks of earlier versions -- ``specpolicy_make_policy``, ``specpolicy_make_drafter``,
+``specpolicy_make_verifier``, ``specpolicy_make_logger`` (``firstresult`` factories answering
+None for names not their own) and ``specpolicy_validate_config`` -- keep working, deprecated:
+a plugin implementing one gets one ``SpecpolicyDeprecationWarning`` line per process.
 
 Lifecycle hooks are called by the run driver (``specpolicy.run.experiment.run_experiment``) on
-every registered plugin, including the run's loggers (objects returned by
-``specpolicy_make_logger``, registered for the duration of one run)::
+every registered plugin, including the run's loggers (objects built by a ``logger`` entry's
+factory, registered for the duration of one run)::
 
     run_start -> (round_end* -> prompt_end) per computed prompt -> run_end -> run_outputs
                                                   (or run_abort when the run raises)
 
 Hook implementations may accept any subset of a hook's parameters (pluggy passes them by
-name), so a parameter added to a hook later does not break existing implementations.
+name), so a parameter added to a hook later does not break existing implementations; entry
+factories and validators are called the same way (see ``PluginEntry``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import pluggy
 
@@ -40,15 +51,129 @@ PROJECT_NAME = "specpolicy"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
+#: The kinds of entries a plugin registers: the config groups whose choices plugins provide.
+KINDS = ("policy", "drafter", "verifier", "logger")
+Kind = Literal["policy", "drafter", "verifier", "logger"]
 
-# -- checks before anything loads (firstresult) -----------------------------------------------
+#: The keyword arguments an entry's factory may take, per kind (it takes any subset, by name).
+FACTORY_ARGUMENTS = {
+    "policy": ("config", "name"),
+    "drafter": ("config", "runtime", "verifier", "name"),
+    "verifier": ("config", "runtime", "name"),
+    "logger": ("config", "run_dir", "name"),
+}
+#: The keyword arguments an entry's validator may take (any subset, by name).
+VALIDATOR_ARGUMENTS = ("config", "run_config", "name")
+
+
+class SpecpolicyDeprecationWarning(DeprecationWarning):
+    """A plugin uses a hook that a later version removes (the ``specpolicy_make_*`` factories and
+    ``specpolicy_validate_config``: declare ``PluginEntry`` objects in ``specpolicy_register``)."""
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    """One thing a plugin provides: a choice of the ``policy``, ``drafter``, ``verifier`` or
+    ``logger`` config group, as ``specpolicy_register`` returns it.
+
+    Attributes:
+        kind: ``"policy"``, ``"drafter"``, ``"verifier"`` or ``"logger"`` (``KINDS``).
+        name: the choice's name: ``policy.name`` (``policy=<name>`` selects its config file),
+            ``drafter.name``, ``verifier.name``, or a logger's key under ``logger``.
+        factory: builds the instance, called with keyword arguments -- any subset of, per kind,
+            ``policy``: ``config`` (the ``policy`` node without ``name``, a plain dict) -> a
+            ``LengthPolicy``; ``drafter``: ``config``, ``runtime`` (``Runtime``: device, dtype,
+            timers), ``verifier`` (the run's target; check the vocabulary against it) -> a
+            ``Drafter``; ``verifier``: ``config``, ``runtime`` -> a ``Verifier`` with its
+            ``tokenizer`` set; ``logger``: ``config`` (the ``logger.<name>`` node), ``run_dir``
+            (str) -> an object whose ``@hookimpl`` methods implement lifecycle hooks. Every kind
+            may also take ``name`` (the entry's name). Raises ``ValueError`` naming the key as
+            the user writes it (``policy.tau``), the value and the accepted range.
+        validate: checks ``config`` BEFORE anything loads, called with keyword arguments --
+            any subset of ``config`` (as the factory gets it), ``run_config`` (the whole
+            resolved run config, plain dicts, read only; empty when the group is checked alone)
+            and ``name``. Returns nothing; raises ``specpolicy.core.errors.ConfigError`` (a
+            ``ValueError``) naming the key, the value and the accepted range -- the CLI prints
+            that one line, exit status 2. Check every key, unknown ones included (helpers:
+            ``specpolicy.core.checks``), and what is cheap about files the config names; never
+            load a model. None: a policy is checked by building it (policies are cheap); a
+            drafter, verifier or logger only when it is built.
+        description: one line saying what it is (``--list-plugins`` prints it).
+
+    Raises:
+        ValueError: (when constructed) a kind not in ``KINDS``, an empty name, a factory or
+            validator that is not callable, or a description that is not one line.
+    """
+
+    kind: Kind
+    name: str
+    factory: Callable[..., Any]
+    validate: Callable[..., None] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"PluginEntry kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"PluginEntry name must be a non-empty string, got {self.name!r}")
+        if not callable(self.factory):
+            raise ValueError(f"PluginEntry {self.kind} {self.name!r}: factory {self.factory!r} is not callable")
+        if self.validate is not None and not callable(self.validate):
+            raise ValueError(f"PluginEntry {self.kind} {self.name!r}: validate {self.validate!r} is not callable")
+        if not isinstance(self.description, str) or "\n" in self.description.strip():
+            raise ValueError(f"PluginEntry {self.kind} {self.name!r}: description must be one line of text")
+
+    @classmethod
+    def from_class(cls, kind: Kind, name: str, built: type, description: str = "") -> PluginEntry:
+        """The entry of a class built from its config node alone (a policy: ``built(**config)``),
+        validated by checking the node's keys against ``built.__init__``'s keyword parameters and
+        building it (``specpolicy.core.checks.check_init``; classes that check their own arguments
+        and are cheap to build)."""
+        label = f"logger.{name}" if kind == "logger" else kind
+
+        def factory(config: dict[str, Any]) -> Any:
+            return built(**config)
+
+        def validate(config: dict[str, Any]) -> None:
+            from specpolicy.core.checks import check_init
+
+            check_init(label, built, config)
+
+        factory.__qualname__ = validate.__qualname__ = f"{built.__qualname__} entry"
+        return cls(kind, name, factory, validate, description)
+
+
+# -- what a plugin provides ---------------------------------------------------------------------
+
+
+@hookspec
+def specpolicy_register() -> list[PluginEntry]:
+    """Declare what this plugin provides.
+
+    :return: the plugin's entries (``PluginEntry``: kind, name, factory, optional validator,
+        one-line description), e.g.
+        ``[PluginEntry("policy", "entropy", lambda config: EntropyPolicy(**config),
+        description="stop drafting once the drafter grows uncertain")]``. Called once per
+        registry build (cheap: no model, no I/O); one plugin may declare several entries, each
+        (kind, name) once.
+    :raises: nothing; an answer that is not a list of ``PluginEntry``, or that declares one
+        (kind, name) twice, is a ``specpolicy.core.errors.PluginError`` naming the plugin (one
+        line on every command).
+
+    Precedence: a plugin registered later (an entry-point plugin) that declares a (kind, name)
+    an earlier one (a built-in) declares takes its place.
+    """
+
+
+# -- deprecated: checks before anything loads (firstresult) ------------------------------------
 
 
 @hookspec(firstresult=True)
 def specpolicy_validate_config(
     group: str, name: str, config: dict[str, Any], run_config: dict[str, Any]
 ) -> bool | None:
-    """Check the config of a plugin's choice BEFORE anything is loaded.
+    """Deprecated: give the ``PluginEntry`` a ``validate`` instead. Check the config of a
+    plugin's choice BEFORE anything is loaded.
 
     :param group: ``policy``, ``drafter``, ``verifier`` or ``logger``.
     :param name: the choice (``policy.name``; for a logger, its key under ``logger``).
@@ -70,12 +195,13 @@ def specpolicy_validate_config(
     """
 
 
-# -- factories (firstresult): one instance per run ---------------------------------------------
+# -- deprecated factories (firstresult): declare a PluginEntry instead ---------------------------
 
 
 @hookspec(firstresult=True)
 def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | None:
-    """Build the length policy selected with ``policy=<name>``.
+    """Deprecated: declare a ``PluginEntry("policy", name, factory)`` in ``specpolicy_register``.
+    Build the length policy selected with ``policy=<name>``.
 
     :param name: the policy's name (the ``policy.name`` config key).
     :param config: the resolved ``policy`` config node without its ``name`` key, e.g.
@@ -92,7 +218,8 @@ def specpolicy_make_policy(name: str, config: dict[str, Any]) -> LengthPolicy | 
 
 @hookspec(firstresult=True)
 def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime, verifier: Verifier) -> Drafter | None:
-    """Build the drafter selected with ``drafter=<name>``.
+    """Deprecated: declare a ``PluginEntry("drafter", name, factory)`` in ``specpolicy_register``.
+    Build the drafter selected with ``drafter=<name>``.
 
     :param name: the drafter's name (the ``drafter.name`` config key).
     :param config: the resolved ``drafter`` config node without its ``name`` key (e.g.
@@ -110,7 +237,8 @@ def specpolicy_make_drafter(name: str, config: dict[str, Any], runtime: Runtime,
 
 @hookspec(firstresult=True)
 def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime) -> Verifier | None:
-    """Build the verifier (the target) selected with ``verifier=<name>``.
+    """Deprecated: declare a ``PluginEntry("verifier", name, factory)`` in ``specpolicy_register``.
+    Build the verifier (the target) selected with ``verifier=<name>``.
 
     :param name: the verifier's name (the ``verifier.name`` config key).
     :param config: the resolved ``verifier`` config node without its ``name`` key (e.g.
@@ -125,7 +253,8 @@ def specpolicy_make_verifier(name: str, config: dict[str, Any], runtime: Runtime
 
 @hookspec(firstresult=True)
 def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str) -> object | None:
-    """Build a run logger selected by the ``logger`` config group (several may be active).
+    """Deprecated: declare a ``PluginEntry("logger", name, factory)`` in ``specpolicy_register``.
+    Build a run logger selected by the ``logger`` config group (several may be active).
 
     :param name: the logger's name (a key of the ``logger`` config node, e.g. ``jsonl``).
     :param config: the ``logger.<name>`` config node (e.g. ``{"file": "results.jsonl"}``).

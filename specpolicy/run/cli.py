@@ -97,8 +97,10 @@ def _config_files(entry: str) -> list[str]:
 
 
 def list_plugins(argv: list[str] | None = None) -> None:
-    """Print every registered plugin (name, origin, hooks) and the config files plugins add.
-    ``argv`` may hold ``plugins.block=[NAME,...]`` to show the effect of blocking."""
+    """Print every registered plugin (name, origin, hooks), what they provide (each policy,
+    drafter, verifier and logger with its one-line description and the plugin whose entry wins:
+    ``specpolicy.plugins.manager.registry``) and the config files plugins add. ``argv`` may
+    hold ``plugins.block=[NAME,...]`` to show the effect of blocking."""
     from omegaconf import OmegaConf
 
     from specpolicy.plugins.manager import (
@@ -107,7 +109,9 @@ def list_plugins(argv: list[str] | None = None) -> None:
         config_searchpath,
         get_plugin_manager,
         plugin_infos,
+        registry,
     )
+    from specpolicy.plugins.hookspecs import KINDS
 
     dotlist = [a for a in (argv or []) if a.startswith("plugins.block=")]
     block = list(OmegaConf.from_dotlist(dotlist).get("plugins", {}).get("block", []) or [])
@@ -121,6 +125,15 @@ def list_plugins(argv: list[str] | None = None) -> None:
         print(f"  {info.name:{width}s}{info.origin:{origin_width}s}{', '.join(info.hooks)}")
     if block:
         print(f"blocked: {', '.join(block)}")
+    provided = sorted(registry(pm).values(), key=lambda r: (KINDS.index(r.entry.kind), r.entry.name))
+    print("provided (kind, name, description, plugin; choose one with <kind>=<name>):")
+    name_width = max((len(r.entry.name) for r in provided), default=0) + 2
+    for r in provided:
+        print(f"  {r.entry.kind:10s}{r.entry.name:{name_width}s}{r.entry.description or '-'}  [{r.plugin}]")
+    for info in infos:  # plugins of earlier versions: their factory hooks answer for names they know
+        for kind in KINDS:
+            if f"make_{kind}" in info.hooks:
+                print(f"  {kind:10s}{'?':{name_width}s}names of the deprecated hook specpolicy_make_{kind}  [{info.name}]")
     entries = config_searchpath(pm)
     print("config files added by plugins:" if entries else "config files added by plugins: none")
     for plugin, entry in entries:
@@ -142,6 +155,12 @@ def version() -> str:
 
 
 def main() -> None:
+    if not sys.warnoptions:  # a plugin on deprecated hooks: one line per plugin (python -W overrides)
+        import warnings
+
+        from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
+
+        warnings.simplefilter("default", SpecpolicyDeprecationWarning)
     if VERSION_FLAG in sys.argv[1:]:  # before Hydra, which has a --version of its own
         print(f"specpolicy {version()}")
         return

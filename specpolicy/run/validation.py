@@ -3,11 +3,11 @@
 ``validate_config(cfg, pm)`` runs first in ``specpolicy.run.experiment.run_experiment``:
 
 * the groups that plugins own -- ``policy``, ``drafter``, ``verifier`` and each ``logger`` --
-  through the hook ``specpolicy_validate_config(group, name, config)`` (``firstresult``: the
-  plugin that owns ``name`` checks its keys and answers True; built-ins implement it like any
-  third-party plugin). A policy whose plugin does not implement the hook is checked by building
-  it (policies are cheap); a drafter, verifier or logger whose name no plugin claims is an
-  error when every plugin providing that kind implements the hook (nobody else could build it);
+  through the validator of the plugin entry that provides the choice (``PluginEntry.validate``,
+  ``specpolicy.plugins.manager.validate``; built-ins declare theirs like any third-party
+  plugin). A policy whose entry has no validator is checked by building it (policies are cheap);
+  a name no plugin declares is an error (unless a plugin with a deprecated factory hook and no
+  validate hook might build it);
 * the groups the core owns: ``generation``, ``run``, ``reuse``, ``runtime``, ``seed``,
   ``profile`` and ``dataset`` (the prompt file is read here: every bad row is reported with
   ``file:line``, ``specpolicy.data.datasets``).
@@ -28,13 +28,8 @@ from typing import Any
 
 from specpolicy.core.errors import ConfigError
 
-#: Groups whose choices plugins provide, and the factory hook of each.
-PLUGIN_GROUPS = {
-    "policy": "specpolicy_make_policy",
-    "drafter": "specpolicy_make_drafter",
-    "verifier": "specpolicy_make_verifier",
-    "logger": "specpolicy_make_logger",
-}
+#: Groups whose choices plugins provide (the kinds of ``specpolicy.PluginEntry``).
+PLUGIN_GROUPS = ("policy", "drafter", "verifier", "logger")
 
 
 # the checkers plugins use (re-exported here for the core's own groups)
@@ -70,25 +65,15 @@ def validate_plugin_config(
     Raises:
         ConfigError: for a bad value, or a name no registered plugin provides.
     """
-    try:
-        claimed = pm.hook.specpolicy_validate_config(
-            group=group, name=name, config=dict(config), run_config=dict(run_config or {})
-        )
-        if not claimed and group == "policy":  # a policy without the hook: build it (cheap)
-            from specpolicy.plugins.manager import make_policy
+    from specpolicy.plugins.manager import validate
 
-            make_policy(pm, {"name": name, **config})
-            claimed = True
+    try:
+        known = validate(pm, group, name, dict(config), dict(run_config or {}))
     except ConfigError:
         raise
     except (ValueError, TypeError) as exc:  # a plugin's own range check, or its factory failing on a value
         raise ConfigError(refusal_message(pm, group, name, config, exc)) from exc
-    if claimed:
-        return
-    factory = PLUGIN_GROUPS[group]
-    providers = {impl.plugin_name for impl in getattr(pm.hook, factory).get_hookimpls()}
-    validators = {impl.plugin_name for impl in pm.hook.specpolicy_validate_config.get_hookimpls()}
-    if providers <= validators:  # every plugin that could build it has declined
+    if not known:  # no plugin declares it, and none that might build it without declaring it
         raise ConfigError(f"no registered plugin provides {group} {name!r}; see `python -m specpolicy --list-plugins`")
 
 

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 from specpolicy.analysis.results import RESULTS_FILE, read_results
 from specpolicy.core.errors import ConfigError
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.run.validation import check_keys
 
 NAME = "jsonl"
@@ -60,31 +60,32 @@ class JsonlLogger:
             self._file = None
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``logger=jsonl``: the only key, ``file``, must be a non-empty file name."""
-    if group != "logger" or name != NAME:
-        return None
     check_keys("logger.jsonl", config, ("file",))
     file = config.get("file", RESULTS_FILE)
     if not isinstance(file, str) or not file.strip():
         raise ConfigError(
             f"logger.jsonl.file must be a file name (relative to the run directory, or absolute), got {file!r}"
         )
-    return True
 
 
-@hookimpl
-def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
+def build(config: dict[str, Any], run_dir: str) -> JsonlLogger:
     """Factory for ``logger=jsonl``. Config key: ``file`` (default ``results.jsonl``, relative
     to the run directory, or absolute).
 
     Raises:
         ValueError: for an empty ``file``.
     """
-    if name != NAME:
-        return None
     file = config.get("file", RESULTS_FILE)
     if not file:
         raise ValueError("logger.jsonl.file must be a file name, got an empty value")
     return JsonlLogger(Path(run_dir) / str(file))
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``logger=jsonl`` (``build``, checked by ``validate``)."""
+    return [
+        PluginEntry("logger", NAME, build, validate, "results.jsonl in the run directory, one JSON line per prompt")
+    ]

@@ -41,7 +41,7 @@ from specpolicy.analysis.metrics import prompt_values
 from specpolicy.analysis.results import RESULTS_FILE, SUMMARY_FILE, PromptResult
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.types import RoundRecord
-from specpolicy.plugins.hookspecs import hookimpl
+from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.run.validation import check_init
 
 NAME = "wandb"
@@ -456,22 +456,17 @@ class WandbLogger:
             self.run = None
 
 
-@hookimpl
-def specpolicy_validate_config(group: str, name: str, config: dict[str, Any]):
+def validate(config: dict[str, Any]) -> None:
     """``logger=wandb``: wandb installed, known keys, ``mode`` and ``probe_timeout_s`` (by building
     the logger: nothing is contacted)."""
-    if group != "logger" or name != NAME:
-        return None
     try:
         import wandb  # noqa: F401
     except ImportError as exc:
         raise ConfigError('logger=wandb needs the wandb package: pip install "specpolicy[wandb]"') from exc
     check_init("logger.wandb", WandbLogger, config)
-    return True
 
 
-@hookimpl
-def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
+def build(config: dict[str, Any], run_dir: str) -> WandbLogger:
     """Factory for ``logger=wandb``. Config keys: ``project``, ``entity``, ``mode``, ``group``,
     ``name``, ``tags``, ``dir``, ``log_rounds``, ``probe_timeout_s`` (conf/logger/wandb.yaml).
 
@@ -479,8 +474,6 @@ def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
         ImportError: when wandb is not installed (``pip install "specpolicy[wandb]"``).
         ValueError: for an unknown key, an invalid ``mode`` or ``probe_timeout_s``.
     """
-    if name != NAME:
-        return None
     try:
         import wandb  # noqa: F401 - fail before any model is loaded
     except ImportError as exc:
@@ -489,3 +482,9 @@ def specpolicy_make_logger(name: str, config: dict[str, Any], run_dir: str):
     if unknown:
         raise ValueError(f"unknown logger.wandb key(s) {unknown}; known: {', '.join(CONFIG_KEYS)}")
     return WandbLogger(**config)
+
+
+@hookimpl
+def specpolicy_register() -> list[PluginEntry]:
+    """This module's entry: ``logger=wandb`` (``build``, checked by ``validate``)."""
+    return [PluginEntry("logger", NAME, build, validate, "Weights & Biases tracking of a run")]
