@@ -14,7 +14,7 @@ from specpolicy.core.decoding import generate
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.types import Verification
 from specpolicy.drafters.ar import ARDrafter
-from specpolicy.drafters.easyspec import EasySpecDrafter, layer_groups, specpolicy_validate_config
+from specpolicy.drafters.easyspec import EasySpecDrafter, layer_groups, validate
 from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.verifiers.hf import HFVerifier
 from test_verifier import _assert_cache_equal, _fresh_cache
@@ -136,7 +136,7 @@ def test_lossless_with_chain_policies(drafter_model, runtime, policy):
 
 def test_layer_parallel_is_checked_against_the_bundled_drafter():
     with pytest.raises(ConfigError) as info:
-        specpolicy_validate_config("drafter", "easyspec", {"model": "ar-drafter", "layer_parallel": 3})
+        validate({"model": "ar-drafter", "layer_parallel": 3})
     message = str(info.value)
     assert message.startswith("drafter.layer_parallel must be an integer in [1, 2]") and "got 3" in message
-    assert specpolicy_validate_config("drafter", "easyspec", {"model": "ar-drafter", "layer_parallel": 2})
+    validate({"model": "ar-drafter", "layer_parallel": 2})  # accepted: no error

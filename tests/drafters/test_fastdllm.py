@@ -25,7 +25,7 @@ from specpolicy.drafters.fastdllm import (
     FastDLLMDrafter,
     block_causal_mask,
     mask_token_id_of,
-    specpolicy_make_drafter,
+    build,
 )
 from specpolicy.policies.static import StaticPolicy
 from specpolicy.verifiers.hf import HFVerifier
@@ -618,7 +618,7 @@ def test_confidence_dtype_is_validated_and_plumbed(runtime):
     with pytest.raises(ValueError, match="drafter.confidence_dtype must be one of float32, model, got 'bf16'"):
         FastDLLMDrafter(model, runtime, TOK, confidence_dtype="bf16")
     with pytest.raises(ValueError, match="drafter.confidence_dtype"):  # the factory checks before loading
-        specpolicy_make_drafter("fastdllm", {"model": "/nonexistent", "confidence_dtype": "half"}, runtime, None)
+        build({"model": "/nonexistent", "confidence_dtype": "half"}, runtime, None)
     prompt = prompt_of(20)
     a, b = drafter(model, runtime), FastDLLMDrafter(model, runtime, TOK, confidence_dtype="model")
     a.prefill(prompt)
@@ -698,9 +698,7 @@ def test_fast_dllm_v2_checkpoint_loads_as_qwen2(runtime, tmp_path):
     model = tiny(14)
     _save_fast_dllm_layout(model, tmp_path)
     verifier = SimpleNamespace(tokenizer=_tokenizer(declare_mask=False))
-    d = specpolicy_make_drafter(
-        name="fastdllm", config={"model": str(tmp_path), "small_block_size": 8}, runtime=runtime, verifier=verifier
-    )
+    d = build(config={"model": str(tmp_path), "small_block_size": 8}, runtime=runtime, verifier=verifier)
     assert isinstance(d, FastDLLMDrafter) and d.block_size == 32 and d.mask_token_id == MASK
     assert type(d.model).__name__ == "Qwen2ForCausalLM"
     loaded, orig = d.model.state_dict(), model.state_dict()
@@ -712,17 +710,12 @@ def test_fast_dllm_v2_checkpoint_loads_as_qwen2(runtime, tmp_path):
     d.prefill(prompt)
     ref.prefill(prompt)
     assert torch.equal(d.draft(15).token_ids, ref.draft(15).token_ids)
-    assert specpolicy_make_drafter(name="ar", config={}, runtime=runtime, verifier=verifier) is None
     with pytest.raises(ValueError, match="block_size"):
-        specpolicy_make_drafter(
-            name="fastdllm", config={"model": str(tmp_path), "block_size": 16}, runtime=runtime, verifier=verifier
-        )
+        build(config={"model": str(tmp_path), "block_size": 16}, runtime=runtime, verifier=verifier)
     other = _tokenizer(declare_mask=False)
     other.add_tokens(["an-extra-token"])
     with pytest.raises(ValueError, match="vocabulary"):
-        specpolicy_make_drafter(
-            name="fastdllm", config={"model": str(tmp_path)}, runtime=runtime, verifier=SimpleNamespace(tokenizer=other)
-        )
+        build(config={"model": str(tmp_path)}, runtime=runtime, verifier=SimpleNamespace(tokenizer=other))
 
 
 def test_mask_token_lookup():

@@ -18,7 +18,7 @@ from specpolicy.core.features import FeaturesUnsupported
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, Verification
-from specpolicy.drafters.dflash import DFlashDrafter, check_fits_target, specpolicy_make_drafter
+from specpolicy.drafters.dflash import DFlashDrafter, build, check_fits_target
 from specpolicy.models.dflash import load_dflash
 from specpolicy.plugins.manager import get_plugin_manager, make_policy
 from specpolicy.verifiers.hf import HFVerifier
@@ -306,7 +306,7 @@ def test_a_draft_vocabulary_that_does_not_fit_is_one_line(tmp_path, target, rt):
     for name, ids in (("outside", [1, 2, VOCAB + 3]), ("twice", [1, 2, 2])):
         ckpt = write_dflash_checkpoint(tmp_path / name, 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=ids)
         with pytest.raises(ConfigError) as err:
-            specpolicy_make_drafter("dflash", {"model": str(ckpt)}, rt, verifier)
+            build({"model": str(ckpt)}, rt, verifier)
         assert "d2t maps the draft vocabulary outside the target's vocabulary of 64" in str(err.value)
         assert "\n" not in str(err.value)
     # half a draft vocabulary: d2t without draft_vocab_size in config.json, and the other way round
@@ -342,7 +342,7 @@ def test_a_verifier_without_hidden_states_is_refused_when_built(checkpoint, targ
             pass
 
     with pytest.raises(FeaturesUnsupported, match="verifier 'plain' cannot return the target's hidden states"):
-        specpolicy_make_drafter("dflash", {"model": str(checkpoint)}, rt, NoFeatures())
+        build({"model": str(checkpoint)}, rt, NoFeatures())
 
 
 def test_extension_none_keeps_a_draft_to_one_block(checkpoint, target, rt):

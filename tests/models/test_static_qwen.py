@@ -497,12 +497,12 @@ def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(fam
     to 40), the context written by the same pass -- on the static cache (StaticDFlash): the same
     drafts round for round and the same output as the eager runtime (float64)."""
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
-    from specpolicy.verifiers.hf import specpolicy_make_verifier
+    from specpolicy.verifiers.hf import build
 
     pm = get_plugin_manager(autoload=False)
     runs = []
     for static in (False, True):
-        verifier = specpolicy_make_verifier("hf", {"model": str(family["target"])}, runtime)
+        verifier = build({"model": str(family["target"])}, runtime)
         drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, runtime, verifier)
         if static:
             from specpolicy.models.static_qwen import StaticDFlash
@@ -589,9 +589,9 @@ def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, e
 
 
 def make_verifier_hf(family, rt):
-    from specpolicy.verifiers.hf import specpolicy_make_verifier
+    from specpolicy.verifiers.hf import build
 
-    return specpolicy_make_verifier("hf", {"model": str(family["target"])}, rt)
+    return build({"model": str(family["target"])}, rt)
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])

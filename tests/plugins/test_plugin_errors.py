@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from conftest import overrides
-from specpolicy import hookimpl
+from specpolicy import PluginEntry, hookimpl
 from specpolicy.core.errors import BLAME_ATTRIBUTE, PluginBlame, one_line
 from specpolicy.core.policy import LengthPolicy, PolicyAnswerError
 from specpolicy.plugins.manager import AUTOLOAD_ENV
@@ -55,10 +55,10 @@ def policy_module(**policy_kwargs) -> types.ModuleType:
     module = types.ModuleType("oddity_pkg.plugin")
 
     @hookimpl
-    def specpolicy_make_policy(name, config):
-        return _Answer(**policy_kwargs) if name == "odd" else None
+    def specpolicy_register():
+        return [PluginEntry("policy", "odd", lambda config: _Answer(**policy_kwargs, **config))]
 
-    module.specpolicy_make_policy = specpolicy_make_policy
+    module.specpolicy_register = specpolicy_register
     return module
 
 
@@ -134,8 +134,17 @@ class _Parsing(LengthPolicy):
         return max(self.k - draft.length, 0)
 
 
-def parsing_module() -> types.ModuleType:
+def parsing_module(legacy: bool = True) -> types.ModuleType:
+    """The plugin as a module of the deprecated factory hook (``legacy``) or with an entry."""
     module = types.ModuleType("oddity_pkg.parsing")
+    if not legacy:
+
+        @hookimpl
+        def specpolicy_register():
+            return [PluginEntry("policy", "odd", lambda config: _Parsing(**config))]
+
+        module.specpolicy_register = specpolicy_register
+        return module
 
     @hookimpl
     def specpolicy_make_policy(name, config):
@@ -148,6 +157,11 @@ def parsing_module() -> types.ModuleType:
 @pytest.mark.parametrize(
     "extra, line",
     [
+        (
+            ["policy.k=abc", "+entry=1"],
+            "error: policy.k='abc' was refused by plugin oddity (oddity_pkg.parsing), in "
+            "the factory of policy 'odd': ValueError: invalid literal for int() with base 10: 'abc'",
+        ),
         (
             ["policy.k=abc"],
             "error: policy.k='abc' was refused by plugin oddity (oddity_pkg.parsing), in "
@@ -170,10 +184,12 @@ def parsing_module() -> types.ModuleType:
 def test_a_plugin_factory_refusing_a_value_names_the_key_and_the_plugin(
     family, plugin, tmp_path, monkeypatch, capsys, extra, line
 ):
-    """A plugin without ``specpolicy_validate_config`` is checked by building its policy; when its
-    factory raises on a value the line names the key (when its value or name is quoted) and the plugin,
-    before any model loads (status 2)."""
-    plugin(parsing_module())
+    """A plugin without a validator (an entry without ``validate``, or the deprecated hooks without
+    ``specpolicy_validate_config``) is checked by building its policy; when its factory raises on
+    a value the line names the key (when its value or name is quoted) and the plugin, before any
+    model loads (status 2)."""
+    plugin(parsing_module(legacy="+entry=1" not in extra))  # the entry's factory, or the deprecated hook
+    extra = [e for e in extra if e != "+entry=1"]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["specpolicy", *overrides(family), "policy=static", "policy.name=odd", *extra])
     with pytest.raises(SystemExit) as info:

@@ -1,4 +1,5 @@
-"""Plugin system: built-ins and entry-point plugins on one path, autoload switch, blocking,
+"""Plugin system: built-ins and entry-point plugins on one path (``specpolicy_register`` and its
+``PluginEntry`` objects), precedence, the deprecated factory hooks, autoload switch, blocking,
 hook validation, config search path of plugins, and ``--list-plugins``."""
 
 from __future__ import annotations
@@ -7,14 +8,18 @@ import importlib
 import importlib.metadata
 import sys
 import types
+import warnings
 
 import pluggy
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from specpolicy import hookimpl
+from specpolicy import PluginEntry, hookimpl
+from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import LengthPolicy
+from specpolicy.plugins import manager
+from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
 from specpolicy.plugins.manager import (
     AUTOLOAD_ENV,
     BUILTIN_PLUGINS,
@@ -25,7 +30,9 @@ from specpolicy.plugins.manager import (
     make_policy,
     plugin_infos,
     registered,
+    registry,
 )
+from specpolicy.run.validation import validate_plugin_config
 
 
 class _Fixed(LengthPolicy):
@@ -36,16 +43,32 @@ class _Fixed(LengthPolicy):
         return max(self.k - draft.length, 0)
 
 
-def _plugin_module(module_name: str, policy_name: str, searchpath: object = None) -> types.ModuleType:
-    """A module implementing ``specpolicy_make_policy`` for ``policy_name`` (and optionally
-    ``specpolicy_config_searchpath``), like a third-party package's plugin module."""
+def _plugin_module(
+    module_name: str, policy_name: str, searchpath: object = None, legacy: bool = False
+) -> types.ModuleType:
+    """A module declaring the policy ``policy_name`` in ``specpolicy_register`` (``legacy``: in
+    the deprecated ``specpolicy_make_policy`` instead; optionally ``specpolicy_config_searchpath``),
+    like a third-party package's plugin module."""
     mod = types.ModuleType(module_name)
+    if legacy:
 
-    @hookimpl
-    def specpolicy_make_policy(name, config):
-        return _Fixed(name, **config) if name == policy_name else None
+        @hookimpl
+        def specpolicy_make_policy(name, config):
+            return _Fixed(name, **config) if name == policy_name else None
 
-    mod.specpolicy_make_policy = specpolicy_make_policy
+        mod.specpolicy_make_policy = specpolicy_make_policy
+    else:
+
+        def validate(config):
+            if config.get("k", 1) < 1:
+                raise ConfigError(f"policy.k must be an integer >= 1, got {config['k']!r}")
+
+        @hookimpl
+        def specpolicy_register():
+            factory = lambda config, name: _Fixed(name, **config)  # noqa: E731 - takes name too
+            return [PluginEntry("policy", policy_name, factory, validate, f"{policy_name}: k tokens a round")]
+
+        mod.specpolicy_register = specpolicy_register
     if searchpath is not None:
 
         @hookimpl
@@ -91,7 +114,8 @@ def test_entry_point_plugin_builds_its_policy_and_reports_its_distribution(fake_
     assert isinstance(policy, _Fixed) and policy.k == 3
     infos = {i.name: i for i in plugin_infos(pm)}
     assert infos["fixed"].origin == "specpolicy-fixed 1.2.3 (entry point)"
-    assert infos["fixed"].hooks == ("make_policy",)
+    assert infos["fixed"].hooks == ("register",)
+    assert [(e.kind, e.name) for e in infos["fixed"].entries] == [("policy", "fixed")]
     # built-ins come through the very same hook and are listed as such
     assert make_policy(pm, {"name": "static", "k": 2}).name == "static"
     assert all(infos[name].origin == "built-in" for name in BUILTIN_PLUGINS)
@@ -119,10 +143,106 @@ def test_block_by_entry_point_name_and_builtin_module(fake_dists):
     assert "fixed" not in {i.name for i in plugin_infos(pm)}
 
 
-def test_later_registered_plugin_takes_precedence_for_a_builtin_name(fake_dists):
-    fake_dists("specpolicy-static2", "static2", _plugin_module("fake_static_plugin", "static"))
-    policy = make_policy(get_plugin_manager(), {"name": "static", "k": 4})
-    assert isinstance(policy, _Fixed)  # the third-party implementation, not the built-in
+@pytest.mark.parametrize("legacy", [False, True], ids=["entry", "deprecated-hook"])
+def test_later_registered_plugin_takes_precedence_for_a_builtin_name(fake_dists, legacy):
+    fake_dists("specpolicy-static2", "static2", _plugin_module("fake_static_plugin", "static", legacy=legacy))
+    pm = get_plugin_manager()
+    policy = make_policy(pm, {"name": "static", "k": 4})
+    assert isinstance(policy, _Fixed) and policy.k == 4  # the third-party implementation, not the built-in
+    assert registry(pm)["policy", "static"].plugin == ("specpolicy.policies.static" if legacy else "static2")
+    # the built-in wins again once the plugin is blocked
+    assert type(make_policy(get_plugin_manager(block=["static2"]), {"name": "static", "k": 4})) is not _Fixed
+
+
+def test_the_registry_holds_every_builtin_once_with_a_description():
+    reg = registry(get_plugin_manager(autoload=False))
+    assert {("policy", "failfast"), ("drafter", "dflash"), ("verifier", "hf"), ("logger", "jsonl")} <= set(reg)
+    assert len(reg) == len(BUILTIN_PLUGINS)  # one entry per built-in module
+    assert all(
+        r.plugin in BUILTIN_PLUGINS and r.entry.description and "\n" not in r.entry.description for r in reg.values()
+    )
+
+
+def test_an_entrys_validator_checks_before_anything_loads(fake_dists):
+    fake_dists("specpolicy-fixed", "fixed", _plugin_module("fake_fixed_plugin", "fixed"))
+    pm = get_plugin_manager()
+    validate_plugin_config(pm, "policy", "fixed", {"k": 2})
+    with pytest.raises(ConfigError, match=r"^policy.k must be an integer >= 1, got 0$"):
+        validate_plugin_config(pm, "policy", "fixed", {"k": 0})
+    with pytest.raises(ConfigError, match="no registered plugin provides drafter 'fixed'"):
+        validate_plugin_config(pm, "drafter", "fixed", {})
+
+
+def test_a_deprecated_factory_hook_works_with_one_warning_per_plugin(fake_dists, monkeypatch):
+    monkeypatch.setattr(manager, "_WARNED", set())
+    fake_dists("specpolicy-old", "old", _plugin_module("fake_old_plugin", "old", legacy=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pm = get_plugin_manager()
+        get_plugin_manager()  # a second manager in the same process: no second line
+    lines = [str(w.message) for w in caught if issubclass(w.category, SpecpolicyDeprecationWarning)]
+    assert lines == [
+        "plugin old (fake_old_plugin) implements specpolicy_make_policy, deprecated (a later version drops "
+        "them): declare its entries with the hook specpolicy_register, returning specpolicy.PluginEntry objects "
+        "(docs/how-to/write-a-policy.md)"
+    ]
+    assert issubclass(SpecpolicyDeprecationWarning, DeprecationWarning)
+    assert make_policy(pm, {"name": "old", "k": 3}).k == 3
+    validate_plugin_config(pm, "policy", "old", {"k": 3})  # no validate hook: checked by building it
+
+
+def _register_module(module_name: str, answer) -> types.ModuleType:
+    mod = types.ModuleType(module_name)
+
+    @hookimpl
+    def specpolicy_register():
+        return answer()
+
+    mod.specpolicy_register = specpolicy_register
+    return mod
+
+
+def _static(config):
+    return _Fixed("dup", **config)
+
+
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        (
+            lambda: [PluginEntry("policy", "dup", _static), PluginEntry("policy", "dup", _static)],
+            "declares policy 'dup' twice",
+        ),
+        (
+            lambda: [PluginEntry("polcy", "dup", _static)],
+            "raised ValueError: PluginEntry kind 'polcy' is not one of policy, drafter, verifier, logger",
+        ),
+        (lambda: PluginEntry("policy", "dup", _static), "returned PluginEntry(kind='policy', name='dup', factory="),
+        (lambda: [("policy", "dup", _static)], "returned [('policy', 'dup', <function _static"),
+    ],
+    ids=["duplicate", "bad-kind", "not-a-list", "not-an-entry"],
+)
+def test_a_duplicate_or_invalid_entry_is_one_line_naming_the_plugin(fake_dists, monkeypatch, capsys, answer, problem):
+    fake_dists("specpolicy-dup", "dup", _register_module("fake_dup", answer))
+    from specpolicy.run.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["specpolicy", "--list-plugins"])
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: plugin dup (fake_dup), in specpolicy_register: {problem}")
+    assert line.endswith(WAY_OUT)
+
+
+def test_a_factory_returning_none_is_named(fake_dists):
+    fake_dists(
+        "specpolicy-none",
+        "none",
+        _register_module("fake_none", lambda: [PluginEntry("policy", "x", lambda config: None)]),
+    )
+    with pytest.raises(PluginError, match=r"^plugin none \(fake_none\), in the factory of policy 'x': returned None"):
+        make_policy(get_plugin_manager(), {"name": "x"})
 
 
 def test_misspelled_hook_is_rejected_at_startup(fake_dists):
@@ -249,6 +369,9 @@ def test_list_plugins_prints_names_origins_and_plugin_configs(fake_dists, tmp_pa
     out = capsys.readouterr().out
     assert "specpolicy.policies.failfast" in out and "built-in" in out
     assert "fixed" in out and "specpolicy-fixed 1.2.3 (entry point)" in out
+    provided = out.splitlines()
+    assert "  policy    fixed           fixed: k tokens a round  [fixed]" in provided
+    assert any(line.startswith("  drafter   dflash ") and "[specpolicy.drafters.dflash]" in line for line in provided)
     assert f"file://{conf.resolve()}  policy/fixed" in out
     list_plugins(["plugins.block=[fixed]"])
     out = capsys.readouterr().out

@@ -429,17 +429,22 @@ FACTORIES = {static: StaticPolicy, failfast: FailFastPolicy, specdecpp: SpecDecP
     ],
 )
 def test_factories(name, config, cls, attrs):
-    made = [m.specpolicy_make_policy(name=name, config=dict(config)) for m in FACTORIES]
-    hits = [p for p in made if p is not None]
-    assert len(hits) == 1 and type(hits[0]) is cls and hits[0].name == name
+    """Each built-in policy module declares one entry, whose factory builds its class."""
+    declared = [e for m in FACTORIES for e in m.specpolicy_register() if e.name == name]
+    assert len(declared) == 1 and declared[0].kind == "policy" and declared[0].description
+    made = declared[0].factory(config=dict(config))
+    assert type(made) is cls and made.name == name
     for attr, value in attrs.items():
-        assert getattr(hits[0], attr) == value
-    assert all(m.specpolicy_make_policy(name="nope", config={}) is None for m in FACTORIES)
+        assert getattr(made, attr) == value
+    assert not [e for m in FACTORIES for e in m.specpolicy_register() if e.name == "nope"]
 
 
 def test_factory_rejects_bad_values():
+    (entry,) = failfast.specpolicy_register()
     with pytest.raises(ValueError, match="policy.tau"):
-        failfast.specpolicy_make_policy(name="failfast", config={"tau": 2.0})
+        entry.factory(config={"tau": 2.0})
+    with pytest.raises(ValueError, match="policy.tau"):
+        entry.validate(config={"tau": 2.0})
 
 
 def test_shipped_configs_build():
@@ -452,10 +457,9 @@ def test_shipped_configs_build():
         for choice in ["static", "failfast", "specdecpp", "aimd", "heuristic"]:
             config = OmegaConf.to_container(hydra.compose("config", overrides=[f"policy={choice}"]).policy)
             name = config.pop("name")
-            made = [m.specpolicy_make_policy(name=name, config=dict(config)) for m in FACTORIES]
-            hits = [p for p in made if p is not None]
+            hits = [e for m in FACTORIES for e in m.specpolicy_register() if e.name == name]
             assert len(hits) == 1, choice
-            built[choice] = hits[0]
+            built[choice] = hits[0].factory(config=dict(config))
     assert built["heuristic"].mode == "heuristic" and built["aimd"].mode == "aimd"
     assert type(built["failfast"]) is FailFastPolicy and (built["failfast"].n, built["failfast"].n_max) == (10, 60)
 

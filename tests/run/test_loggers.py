@@ -275,7 +275,7 @@ def test_resolve_mode(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="logger.wandb.mode"):
         wandb_logger.resolve_mode("sometimes")
     with pytest.raises(ValueError, match=r"unknown logger.wandb key\(s\) \['projekt'\]"):
-        wandb_logger.specpolicy_make_logger(name="wandb", config={"projekt": "x"}, run_dir=str(tmp_path))
+        wandb_logger.build(config={"projekt": "x"}, run_dir=str(tmp_path))
 
 
 class _Boom(LengthPolicy):
