@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from specpolicy.core.policy import TreePolicy
+from specpolicy.core.protocols import BlockDrafter, device_of
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -50,14 +51,14 @@ class BlockTreePolicy(TreePolicy):
     def check_drafter(self, drafter: Any) -> None:
         # a block's positions are predicted in parallel, so a position's top-k does not depend on the
         # token chosen before it: a chain drafter's alternatives are conditioned on its own chain
-        if not (hasattr(drafter, "alternatives") and hasattr(drafter, "block_size")):
+        if not isinstance(drafter, BlockDrafter):
             raise ValueError(
                 f"policy=block-tree needs a block drafter that reports alternatives (dflash); "
                 f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} is not one"
             )
 
-    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
-        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+    def draft_tree(self, drafter: BlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
+        device = device_of(drafter)
         depth = min(self.depth, room)
         if depth < 1:
             return Draft.empty(device), "room"

@@ -39,6 +39,7 @@ import torch
 from specpolicy.core.checks import check_init
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
+from specpolicy.core.protocols import NgramBlockDrafter, device_of
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -285,15 +286,15 @@ class DartTreePolicy(TreePolicy):
             self.ngram = load_ngram(resolve_ngram_path(ngram), "policy.ngram")
 
     def check_drafter(self, drafter: Any) -> None:
-        if not all(hasattr(drafter, a) for a in ("alternatives", "ngram_context", "tokens_per_pass")):
+        if not isinstance(drafter, NgramBlockDrafter):
             raise ValueError(
                 f"policy=dart-tree needs a drafter that drafts a block in one pass and reports its "
                 f"alternatives and n-gram context (dart, dflash); drafter "
                 f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
             )
 
-    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
-        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+    def draft_tree(self, drafter: NgramBlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
+        device = device_of(drafter)
         want = self.depth or drafter.tokens_per_pass
         depth = min(want, room)
         if depth < 1:

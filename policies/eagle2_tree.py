@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from specpolicy.core.policy import TreePolicy
+from specpolicy.core.protocols import TreeDrafter, device_of
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -46,14 +47,14 @@ class Eagle2TreePolicy(TreePolicy):
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
 
     def check_drafter(self, drafter: Any) -> None:
-        if not (hasattr(drafter, "tree_root") and hasattr(drafter, "tree_expand")):
+        if not isinstance(drafter, TreeDrafter):
             raise ValueError(
                 f"policy=eagle2-tree needs a drafter that expands trees (eagle3, ar); drafter "
                 f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
             )
 
-    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
-        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+    def draft_tree(self, drafter: TreeDrafter, room: int, node_room: int) -> tuple[Draft, str]:
+        device = device_of(drafter)
         depth = min(self.depth, room)
         if depth < 1:
             return Draft.empty(device), "room"

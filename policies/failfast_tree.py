@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from specpolicy.core.policy import TreePolicy
+from specpolicy.core.protocols import AlternativesDrafter, device_of
 from specpolicy.core.sampling import point_mass
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -62,16 +63,16 @@ class FailFastTreePolicy(TreePolicy):
         self.branch_tau, self.branch_k, self.max_nodes = float(branch_tau), branch_k, max_nodes
 
     def check_drafter(self, drafter: Any) -> None:
-        if not hasattr(drafter, "alternatives"):
+        if not isinstance(drafter, AlternativesDrafter):
             raise ValueError(
                 f"policy=failfast-tree needs a drafter that reports alternatives (dflash, eagle3); "
                 f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} does not"
             )
 
-    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
+    def draft_tree(self, drafter: AlternativesDrafter, room: int, node_room: int) -> tuple[Draft, str]:
         from specpolicy.core.decoding import draft_round
 
-        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+        device = device_of(drafter)
         nodes = min(self.max_nodes, node_room)
         chain, reason = draft_round(drafter, self.chain, min(room, nodes), device)
         k = chain.length

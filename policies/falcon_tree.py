@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specpolicy.core.policy import TreePolicy
+from specpolicy.core.protocols import BlockTreeDrafter, device_of
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -154,7 +155,7 @@ class FalconTreePolicy(TreePolicy):
         self._layouts: dict[int, StaticTree] = {}
 
     def check_drafter(self, drafter: Any) -> None:
-        if not (hasattr(drafter, "tree_block_root") and hasattr(drafter, "tree_block_expand")):
+        if not isinstance(drafter, BlockTreeDrafter):
             raise ValueError(
                 f"policy=falcon-tree needs a drafter that drafts blocks of tokens per pass (falcon); drafter "
                 f"{getattr(drafter, 'name', type(drafter).__name__)!r} does not"
@@ -166,8 +167,8 @@ class FalconTreePolicy(TreePolicy):
             self._layouts[k] = StaticTree(self.choices, k)
         return self._layouts[k]
 
-    def draft_tree(self, drafter: Any, room: int, node_room: int) -> tuple[Draft, str]:
-        device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
+    def draft_tree(self, drafter: BlockTreeDrafter, room: int, node_room: int) -> tuple[Draft, str]:
+        device = device_of(drafter)
         full = self.layout(drafter.k)
         t = full.truncated(min(room, full.depth), node_room)
         if t is None:

@@ -2,7 +2,10 @@
 
 The public API a plugin author needs, importable from here:
 
-* the interfaces: ``Drafter``, ``Verifier``, ``LengthPolicy`` (and ``TreePolicy`` for tree drafts);
+* the interfaces: ``Drafter``, ``Verifier``, ``LengthPolicy`` (and ``TreePolicy`` for tree drafts),
+  and the capabilities a drafter or verifier may add, as ``typing.Protocol`` types
+  (``specpolicy.core.protocols``: ``TreeDrafter``, ``BlockTreeDrafter``, ``AlternativesDrafter``,
+  ``BlockDrafter``, ``NgramBlockDrafter``, ``FeatureDrafter``, ``FeatureVerifier``, ``BatchedVerifier``);
 * the data they exchange: ``Draft``, ``Verification``, ``RoundRecord``, ``GenerationResult``;
 * the loop: ``generate`` (batch 1; ``specpolicy.core.batching.generate_batch`` for many requests);
 * the shared ``Runtime`` and ``SamplingConfig``;
@@ -22,6 +25,16 @@ from specpolicy.core.decoding import generate
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import LengthPolicy, TreePolicy
+from specpolicy.core.protocols import (
+    AlternativesDrafter,
+    BatchedVerifier,
+    BlockDrafter,
+    BlockTreeDrafter,
+    FeatureDrafter,
+    FeatureVerifier,
+    NgramBlockDrafter,
+    TreeDrafter,
+)
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, GenerationResult, RoundRecord, Verification
@@ -29,15 +42,23 @@ from specpolicy.core.verifier import Verifier
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 __all__ = [
+    "AlternativesDrafter",
+    "BatchedVerifier",
+    "BlockDrafter",
+    "BlockTreeDrafter",
     "ConfigError",
     "Draft",
     "Drafter",
+    "FeatureDrafter",
+    "FeatureVerifier",
     "GenerationResult",
     "LengthPolicy",
+    "NgramBlockDrafter",
     "PluginEntry",
     "RoundRecord",
     "Runtime",
     "SamplingConfig",
+    "TreeDrafter",
     "TreePolicy",
     "Verification",
     "Verifier",
