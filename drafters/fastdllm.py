@@ -59,7 +59,7 @@ from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
 from specpolicy.models.loading import (
     check_attention,
     check_model_source,
@@ -227,7 +227,7 @@ class FastDLLMDrafter(Drafter):
     of the leading unmasked run decoded past the draft (asking for them costs no pass; 0 after a
     drafted stop token) and ``lookahead_confidences`` their confidences.
 
-    ``Draft.small_block_confidences`` records, per unmasking pass, the confidences of the small
+    ``Draft.extras[SMALL_BLOCK_CONFIDENCES]`` records, per unmasking pass, the confidences of the small
     block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
     code checks against τ and counts toward N_max (``policy.confidence_scope=small_block``).
 
@@ -618,7 +618,7 @@ class FastDLLMDrafter(Drafter):
 
         Returns:
             ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences, the passes
-            spent since the previous verification, ``small_block_confidences`` and, when sampling,
+            spent since the previous verification, ``extras[SMALL_BLOCK_CONFIDENCES]`` and, when sampling,
             ``(k, V) float32`` q rows.
         Raises:
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
@@ -767,7 +767,7 @@ class FastDLLMDrafter(Drafter):
             forward_passes=self._passes,
             probs=q,  # fresh tensors (torch.cat)
             ends_at_stop_token=self._k == self._stop_len,
-            small_block_confidences=sb_conf,
+            extras={SMALL_BLOCK_CONFIDENCES: sb_conf},
             lookahead=lookahead,
             lookahead_confidences=ahead_conf,
         )

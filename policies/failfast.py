@@ -17,7 +17,7 @@ Two confidence scopes (``policy.confidence_scope``):
   draft. The first token of a block (from the pass that completed the previous block) is not in
   it. Checks, in the official order: any listed confidence < τ -> stop; list length >= N_max ->
   stop; else extend by N (uncapped: the draft may pass N_max by up to N - 1 tokens). Needs a
-  drafter that reports ``Draft.small_block_confidences`` (``fastdllm``).
+  drafter that reports ``Draft.extras[SMALL_BLOCK_CONFIDENCES]`` (``fastdllm``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from specpolicy.core.policy import LengthPolicy
-from specpolicy.core.types import Draft
+from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "failfast"
@@ -45,7 +45,7 @@ class FailFastPolicy(LengthPolicy):
     reduction and one host read per extension decision. Confidences are compared with
     ``tau`` in their own dtype (a float32 confidence equal to float32(τ) passes). Stateless:
     nothing carries over between rounds or prompts. With ``confidence_scope="small_block"`` the
-    rule reads ``Draft.small_block_confidences`` as the official code does (module docstring).
+    rule reads ``Draft.extras[SMALL_BLOCK_CONFIDENCES]`` as the official code does (module docstring).
 
     Args:
         n: N, tokens per chunk, integer >= 1 (default 10).
@@ -94,8 +94,9 @@ class FailFastPolicy(LengthPolicy):
         return min(self.n, self.n_max - k)
 
     def _official_rule(self, draft: Draft) -> int:
-        """The official code's check on ``Draft.small_block_confidences`` (module docstring)."""
-        conf = draft.small_block_confidences  # (m,) float32, NaN = not masked at that pass
+        """The official code's check on the draft's small-block confidences (``Draft.extras``
+        ``SMALL_BLOCK_CONFIDENCES``, module docstring)."""
+        conf = draft.extras.get(SMALL_BLOCK_CONFIDENCES)  # (m,) float32, NaN = not masked at that pass
         if conf is None:
             raise ValueError(
                 "policy.confidence_scope=small_block needs a drafter that reports "

@@ -69,7 +69,7 @@ class DraftReuse:
         probs = draft.probs
         if probs is not None:  # sampling: reused tokens are point masses (module docstring)
             probs = torch.cat([probs, point_mass(reused, probs.shape[1]).to(probs.dtype)])
-        return replace(  # other fields (e.g. small_block_confidences) stay the drafter's
+        return replace(  # other fields (e.g. extras) stay the drafter's
             draft,
             token_ids=torch.cat([draft.token_ids, reused]),
             confidences=torch.cat([draft.confidences, tail_conf[end + 1 : end + 1 + extra]]),

@@ -10,9 +10,20 @@ Conventions (batch size 1 throughout):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+#: ``Draft.extras`` key of block-diffusion drafters (``fastdllm``): ``(m,) float32``, for every
+#: unmasking pass of the round, in pass order, the confidence of each position of the small block
+#: being decoded, NaN where the position was not masked at that pass. The non-NaN entries are the
+#: official FailFast code's ``conf_of_unmasked_tokens`` (``generate_draft_tokens_arbitrary_length``):
+#: every masked position decoded in each small block, look-ahead positions past the draft included,
+#: a position still masked after a pass counted again at the next. Read by
+#: ``policy.confidence_scope=small_block``.
+SMALL_BLOCK_CONFIDENCES = "small_block_confidences"
 
 
 @dataclass(frozen=True)
@@ -34,14 +45,6 @@ class Draft:
         ends_at_stop_token: True when the draft's last token is a stop token (EOS) the drafter
             drafted: it proposes nothing past it this round (the loop stops drafting, reason
             ``stop_token``). Drafters that do not check stop tokens leave it False.
-        small_block_confidences: ``(m,) float32`` or None. Block-diffusion drafters (``fastdllm``):
-            for every unmasking pass of the round, in pass order, the confidence of each position
-            of the small block being decoded, NaN where the position was not masked at that pass.
-            The non-NaN entries are the official FailFast code's ``conf_of_unmasked_tokens``
-            (``generate_draft_tokens_arbitrary_length``): every masked position decoded in each
-            small block, look-ahead positions past the draft included, a position still masked
-            after a pass counted again at the next. Used by ``policy.confidence_scope=small_block``.
-            None: the drafter does not report it.
         lookahead: tokens the drafter has already decoded PAST this draft in the current round:
             asking ``draft`` for up to this many more tokens costs no forward pass (Fast-dLLM: the
             unmasked run past the draft, at its usual threshold the rest of the small block; 0 for
@@ -56,6 +59,11 @@ class Draft:
             ``parents[i]`` (-1: under the pending token; else an earlier node, topological order),
             and ``token_ids`` / ``confidences`` / ``probs`` are per node. None: a chain (node i
             under node i - 1), which is what every drafter produces unless a tree policy asks.
+        extras: what one drafter reports for the policies that read it, by key (read only; empty:
+            nothing). A drafter documents its keys and a policy the keys it reads, failing in one
+            line when one is missing. ``fastdllm`` reports ``"small_block_confidences"``
+            (``SMALL_BLOCK_CONFIDENCES``), which ``policy=failfast`` reads with
+            ``confidence_scope=small_block``. Draft reuse keeps the drafter's extras.
     """
 
     token_ids: torch.Tensor  # (k,) int64
@@ -64,10 +72,10 @@ class Draft:
     reused_tokens: int = 0
     probs: torch.Tensor | None = None  # (k, V) float32, q of each drafted token; None = greedy or point mass
     ends_at_stop_token: bool = False
-    small_block_confidences: torch.Tensor | None = None  # (m,) float32, NaN = not masked at that pass
     lookahead: int = 0  # tokens decoded past the draft, free to add this round
     lookahead_confidences: torch.Tensor | None = None  # (lookahead,) float32; None = not reported
     parents: torch.Tensor | None = None  # (k,) int64 tree; None = chain
+    extras: Mapping[str, Any] = field(default_factory=dict)  # drafter-specific, by key (SMALL_BLOCK_CONFIDENCES)
 
     @property
     def length(self) -> int:

@@ -89,7 +89,8 @@ def test_the_policy_page_plugin_is_listed_runs_k_tokens_per_round_and_refuses_ba
 ):
     cli(monkeypatch, "--list-plugins")
     out = capsys.readouterr().out
-    assert re.search(r"^  mine +my-policy 0\.1\.0 \(entry point\) +config_searchpath, make_policy$", out, flags=re.M)
+    assert re.search(r"^  mine +my-policy 0\.1\.0 \(entry point\) +config_searchpath, register$", out, flags=re.M)
+    assert re.search(r"^  policy +mine +k draft tokens per round  \[mine\]$", out, flags=re.M), out
     assert "  mine: pkg://my_policy.conf  policy/mine" in out
 
     cli(monkeypatch, *overrides(family), "policy=mine", "policy.k=2", "hydra.run.dir=out")
@@ -111,7 +112,7 @@ def test_the_drafter_page_plugin_is_listed_drafts_and_is_lossless(
     cli(monkeypatch, "--list-plugins")
     out = capsys.readouterr().out
     assert re.search(
-        r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, make_drafter$", out, flags=re.M
+        r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, register$", out, flags=re.M
     ), out
     assert "  lookup: pkg://my_drafter.conf  drafter/lookup" in out
 

@@ -24,8 +24,8 @@ from specpolicy.drafters.fastdllm import (
     MASK_TOKEN,
     FastDLLMDrafter,
     block_causal_mask,
-    mask_token_id_of,
     build,
+    mask_token_id_of,
 )
 from specpolicy.policies.static import StaticPolicy
 from specpolicy.verifiers.hf import HFVerifier
@@ -635,7 +635,7 @@ def test_small_block_confidences_cover_every_masked_position_of_each_pass(runtim
     d = drafter(model, runtime, thr=0.0)
     d.prefill(prompt_of(5))  # small block [0, 8): maskable offsets [1, 8), committed 1..4
     draft = d.draft(4)  # positions 5..8: small blocks [0, 8) and [8, 16)
-    sb = draft.small_block_confidences
+    sb = draft.extras["small_block_confidences"]
     assert sb.dtype == torch.float32 and sb.shape == (7 + 8,)
     assert torch.isnan(sb[:4]).all() and not torch.isnan(sb[4:]).any()
     torch.testing.assert_close(sb[4:7], draft.confidences[:3])  # positions 5..7

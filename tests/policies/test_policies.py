@@ -188,7 +188,7 @@ def _with_small_blocks(confs, small_block) -> Draft:
     return Draft(
         torch.arange(len(confs)),
         torch.tensor(confs, dtype=torch.float32),
-        small_block_confidences=torch.tensor(small_block, dtype=torch.float32),
+        extras={"small_block_confidences": torch.tensor(small_block, dtype=torch.float32)},
     )
 
 
