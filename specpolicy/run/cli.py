@@ -103,6 +103,7 @@ def list_plugins(argv: list[str] | None = None) -> None:
     hold ``plugins.block=[NAME,...]`` to show the effect of blocking."""
     from omegaconf import OmegaConf
 
+    from specpolicy.plugins.hookspecs import KINDS
     from specpolicy.plugins.manager import (
         AUTOLOAD_ENV,
         autoload_enabled,
@@ -111,7 +112,6 @@ def list_plugins(argv: list[str] | None = None) -> None:
         plugin_infos,
         registry,
     )
-    from specpolicy.plugins.hookspecs import KINDS
 
     dotlist = [a for a in (argv or []) if a.startswith("plugins.block=")]
     block = list(OmegaConf.from_dotlist(dotlist).get("plugins", {}).get("block", []) or [])
@@ -133,7 +133,9 @@ def list_plugins(argv: list[str] | None = None) -> None:
     for info in infos:  # plugins of earlier versions: their factory hooks answer for names they know
         for kind in KINDS:
             if f"make_{kind}" in info.hooks:
-                print(f"  {kind:10s}{'?':{name_width}s}names of the deprecated hook specpolicy_make_{kind}  [{info.name}]")
+                print(
+                    f"  {kind:10s}{'?':{name_width}s}names of the deprecated hook specpolicy_make_{kind}  [{info.name}]"
+                )
     entries = config_searchpath(pm)
     print("config files added by plugins:" if entries else "config files added by plugins: none")
     for plugin, entry in entries:

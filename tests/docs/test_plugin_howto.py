@@ -111,9 +111,9 @@ def test_the_drafter_page_plugin_is_listed_drafts_and_is_lossless(
 ):
     cli(monkeypatch, "--list-plugins")
     out = capsys.readouterr().out
-    assert re.search(
-        r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, register$", out, flags=re.M
-    ), out
+    assert re.search(r"^  lookup +my-drafter 0\.1\.0 \(entry point\) +config_searchpath, register$", out, flags=re.M), (
+        out
+    )
     assert "  lookup: pkg://my_drafter.conf  drafter/lookup" in out
 
     tiny = [o for o in overrides(family) if not o.startswith(("drafter=", "drafter."))]
