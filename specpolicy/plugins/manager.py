@@ -419,12 +419,17 @@ def call_each(pm: pluggy.PluginManager | Any, hook: str | None = None, /, **kwar
     its files); return ``(plugin, error)`` for each implementation that raised ``Exception``.
 
     ``call_each(pm.hook.NAME, **kwargs)`` (a hook caller of a manager from
-    ``get_plugin_manager``) is accepted as ``call_each(pm, "NAME", **kwargs)``.
+    ``get_plugin_manager``; the form of earlier versions) is accepted as ``call_each(pm, "NAME",
+    **kwargs)``.
+
+    Raises:
+        TypeError: a hook caller of a manager ``get_plugin_manager`` did not build.
     """
     if hook is None:  # call_each(pm.hook.NAME, ...): the caller's manager
-        caller = pm
-        hook = caller.name
-        pm = next(m for m in list(_MANAGERS) if getattr(m.hook, hook, None) is caller)
+        caller, hook = pm, getattr(pm, "name", "")
+        pm = next((m for m in list(_MANAGERS) if getattr(m.hook, hook, None) is caller), None)
+        if pm is None:
+            raise TypeError(f"call_each({caller!r}): pass the plugin manager and the hook's name, call_each(pm, NAME)")
     found = [impl for n, p in reversed(plugins(pm)) if (impl := hook_functions(pm, n, p).get(hook)) is not None]
     order = [i for i in found if i.options.get("tryfirst")]
     order += [i for i in found if not i.options.get("tryfirst") and not i.options.get("trylast")]
