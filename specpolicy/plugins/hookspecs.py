@@ -139,7 +139,6 @@ class PluginEntry:
 
             check_init(label, built, config)
 
-        factory.__qualname__ = validate.__qualname__ = f"{built.__qualname__} entry"
         return cls(kind, name, factory, validate, description)
 
 
