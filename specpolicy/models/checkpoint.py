@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specpolicy.core.errors import ConfigError
+from specpolicy.models.sources import check_model_source, resolve_model_path
 
 
 def read_config(directory: str | Path, key: str) -> dict[str, Any]:
@@ -206,8 +207,6 @@ def target_config_of(run_config: dict | None) -> dict | None:
     """The target's ``config.json`` as a dict, read without loading the model, when the run's
     ``verifier.model`` is a bundled name or a local directory; None otherwise (a hub id, another
     verifier): the drafter then checks itself against the loaded target."""
-    from specpolicy.models.loading import resolve_model_path
-
     verifier = (run_config or {}).get("verifier") or {}
     model = verifier.get("model")
     if not isinstance(model, str) or not model:
@@ -232,8 +231,6 @@ def check_checkpoint(model: str, run_config: dict | None, fits, spec_of) -> None
     Raises:
         ConfigError: naming ``drafter.model``, the value and what is wrong.
     """
-    from specpolicy.models.loading import check_model_source, resolve_model_path
-
     check_model_source("drafter.model", model)
     key = f"drafter.model={model!r}"
     try:
