@@ -27,8 +27,8 @@ Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm
 * ``dart-failfast`` -- FailFast's length rule on DART's drafts (``drafter=dart,policy=failfast,policy.n=8``:
   one pass per chunk of 8; τ and N_max as ``failfast``'s, N_max at least 8);
 * ``falcon-tree`` -- Falcon (arXiv 2412.12639) with its static decoding tree (``drafter=falcon,
-  policy=falcon-tree``); its weights are not bundled: the row runs when ``--falcon-drafter`` names a
-  checkpoint or a clone holds ``benchmarks/weights/falcon-drafter``, else it is skipped with a note;
+  policy=falcon-tree``) on the bundled Falcon drafter or ``--falcon-drafter``'s checkpoint (an install
+  whose bundle lacks it skips the row with a note);
 * ``deer`` -- DEER (arXiv 2512.15176) in its own setting: one denoising step fills k = 32 masks,
   verified as a chain (``drafter=deer,policy=static,policy.k=32``).
 
@@ -114,8 +114,6 @@ METHOD_TITLES = {
     "falcon-tree": "Falcon (w/ draft tree)",
     "deer": "DEER (static k = 32)",
 }
-#: Where a clone keeps the Falcon drafter (not bundled; ``drafters.falcon.CLONE_WEIGHTS``).
-FALCON_WEIGHTS = Path(__file__).resolve().parents[1] / "benchmarks" / "weights" / "falcon-drafter"
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 TRAINING_NOTE = (
     "The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
@@ -219,22 +217,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_falcon(args: argparse.Namespace) -> str | None:
-    """Point ``args.falcon_drafter`` at the Falcon weights, or say why ``falcon-tree`` is skipped.
-
-    ``--falcon-drafter`` given (anything but the default ``falcon-drafter``): used as given. Left at the
-    default: the bundled drafter when the bundle holds one, else :data:`FALCON_WEIGHTS` when a clone
-    holds it. Returns None when the row runs, else the one-line note of the skipped row."""
+    """Whether ``falcon-tree`` runs: ``--falcon-drafter`` given (anything but the default
+    ``falcon-drafter``) is used as given; left at the default, the bundled drafter is used when the
+    install's bundle holds it. Returns None when the row runs, else the one-line note of the skipped row."""
     from specpolicy.models.loading import bundled_dir
 
     if args.falcon_drafter != "falcon-drafter" or (bundled_dir() / "falcon-drafter" / "config.json").is_file():
         return None
-    if (FALCON_WEIGHTS / "config.json").is_file():
-        args.falcon_drafter = str(FALCON_WEIGHTS)
-        return None
-    return (
-        "falcon-tree skipped: the Falcon drafter is not bundled and benchmarks/weights/falcon-drafter is absent "
-        "(pass --falcon-drafter DIR)"
-    )
+    return "falcon-tree skipped: this install's bundle lacks falcon-drafter (pass --falcon-drafter DIR)"
 
 
 # -- methods -----------------------------------------------------------------------------------------

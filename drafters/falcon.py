@@ -332,13 +332,9 @@ def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     check_checkpoint(config.get("model", "falcon-drafter"), run_config, check_fits_target, FalconSpec.from_config)
 
 
-#: Where a clone of the repository keeps the trained Falcon drafter (not in the 40 MB bundle).
-CLONE_WEIGHTS = "benchmarks/weights/falcon-drafter"
-
-
 def check_bundled(model: str) -> None:
-    """``falcon-drafter`` names a bundled drafter only when the bundle holds one; it does not (the
-    family's 40 MB are taken by the drafters the FailFast study needs).
+    """``falcon-drafter`` is bundled (``specpolicy/family/bundle/falcon-drafter``); an install whose
+    bundle lacks it (a partial copy) is told so in one line before anything loads.
 
     Raises:
         ConfigError: one line naming ``drafter.model`` and what to pass instead.
@@ -347,15 +343,14 @@ def check_bundled(model: str) -> None:
 
     if model == "falcon-drafter" and not (bundled_dir() / model / "config.json").is_file():
         raise ConfigError(
-            f"drafter.model='falcon-drafter': the Falcon drafter is not bundled; pass a Falcon checkpoint "
-            f"directory (in a clone: drafter.model={CLONE_WEIGHTS}; or train one with "
-            f"python -m specpolicy.family.train_drafter falcon)"
+            f"drafter.model='falcon-drafter': {bundled_dir() / model} is missing from this install; pass a "
+            f"Falcon checkpoint directory (or train one with python -m specpolicy.family.train_drafter falcon)"
         )
 
 
 def build(config: dict[str, Any], runtime: Runtime, verifier) -> FalconDrafter:
     """Factory for ``drafter=falcon``. Config key: ``model`` (a Falcon checkpoint directory in the
-    released layout, or the bundled name ``falcon-drafter`` once bundled). The embeddings and LM head
+    released layout, or the bundled name ``falcon-drafter``). The embeddings and LM head
     are the target's (``verifier.model``); the feature is its last ``hidden_states`` entry.
 
     Raises:

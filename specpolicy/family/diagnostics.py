@@ -6,7 +6,7 @@ Usage::
     python -m specpolicy.family.diagnostics --kind dflash --out dflash.json --in-loop
     python -m specpolicy.family.diagnostics --kind eagle3 --out eagle3.json
     python -m specpolicy.family.diagnostics --kind dart --in-loop --out dart.json
-    python -m specpolicy.family.diagnostics --kind falcon --drafter benchmarks/weights/falcon-drafter --in-loop
+    python -m specpolicy.family.diagnostics --kind falcon --in-loop --out falcon.json
     python -m specpolicy.family.diagnostics --kind deer --in-loop --out deer.json
     python -m specpolicy.family.diagnostics --drafter /path/to/dllm-drafter --in-loop
     python -m specpolicy.family.diagnostics --results outputs/<run>/results.jsonl
@@ -18,8 +18,7 @@ as the loop's verifier hands them over. A DFlash draft of 64 tokens is one pass 
 (extension passes past the first); an EAGLE-3 draft is a chain (one pass per token); a DART draft
 is one pass per d = 8 tokens (past 8, later passes conditioned on the drafted tokens, as in a
 ``policy=static`` chain: ``drafters/dart.py``); a Falcon draft one pass per k = 2 tokens
-(semi-autoregressive, ``drafters/falcon.py``; its weights are not bundled: ``--drafter`` defaults to
-a clone's ``benchmarks/weights/falcon-drafter``). Every kind but ``fastdllm`` is drafted as a chain
+(semi-autoregressive, ``drafters/falcon.py``). Every kind but ``fastdllm`` is drafted as a chain
 policy asks for it, length by length (8, 16, 32, ``max_distance``), which gives ``passes_by_length``.
 
 The drafter is run exactly as the ``fastdllm`` drafter runs it in the loop
@@ -77,19 +76,18 @@ SHARE_THRESHOLDS = (1, 3, 5, 10)
 N_BINS = 10
 #: ``--kind`` choices: the drafters the diagnostics run (``drafter=<kind>`` in the loop).
 KINDS = ("fastdllm", "dflash", "eagle3", "dart", "falcon", "deer")
-#: Default ``--drafter`` per kind (bundled names; Falcon's weights are not bundled: :func:`falcon_weights`).
+#: Default ``--drafter`` per kind (bundled names).
 DEFAULT_DRAFTERS = {
     "fastdllm": "dllm-drafter",
     "dflash": "dflash-drafter",
     "eagle3": "eagle3-drafter",
     "dart": "dart-drafter",
     "deer": "deer-drafter",
+    "falcon": "falcon-drafter",
 }
 #: Static k of ``--in-loop`` per kind (dflash: B - 1 of its checkpoint): EAGLE-3's chain of 5, one DART
 #: pass (d = 8), three Falcon passes (k = 2 each), DEER's paper setting (32).
 IN_LOOP_K = {"fastdllm": 16, "eagle3": 5, "dart": 8, "falcon": 6, "deer": 32}
-#: Where a clone keeps the trained Falcon drafter (``drafters.falcon.CLONE_WEIGHTS``).
-FALCON_WEIGHTS = "benchmarks/weights/falcon-drafter"
 
 
 def expected_calibration_error(confidence: torch.Tensor, correct: torch.Tensor, n_bins: int = N_BINS) -> float:
@@ -453,15 +451,6 @@ def diagnose(
     return res
 
 
-def falcon_weights() -> str | None:
-    """The Falcon drafter of a clone: :data:`FALCON_WEIGHTS` under the working directory or the
-    repository root, as an absolute path; None when neither holds a ``config.json``."""
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (root / FALCON_WEIGHTS / "config.json").is_file():
-            return str(root / FALCON_WEIGHTS)
-    return None
-
-
 def _block_size(drafter: str) -> int:
     """A DFlash checkpoint's block size B (from its config.json)."""
     from specpolicy.models.checkpoint import read_config
@@ -478,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--drafter",
         default=None,
-        help=f"bundled name or checkpoint dir (default: the bundled drafter of --kind; falcon: {FALCON_WEIGHTS})",
+        help="bundled name or checkpoint dir (default: the bundled drafter of --kind)",
     )
     ap.add_argument("--offset", type=int, default=0, help="first prompt of each data set")
     ap.add_argument(
@@ -518,13 +507,6 @@ def main(argv: list[str] | None = None) -> dict:
         ap.exit(2, f"error: --offset={a.offset}; it must be an integer >= 0\n")
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.drafter is None and a.kind == "falcon":
-        a.drafter = falcon_weights()
-        if a.drafter is None:
-            ap.exit(
-                2,
-                f"error: --kind falcon: the Falcon drafter is not bundled and {FALCON_WEIGHTS} is absent; pass --drafter DIR\n",
-            )
     a.drafter = a.drafter or DEFAULT_DRAFTERS[a.kind]
 
     def save(res: dict) -> None:  # after every part: a stopped run keeps what it measured

@@ -185,16 +185,14 @@ def test_combine_puts_data_sets_side_by_side(tiny_run, tmp_path):
     assert all(r[2] == r[3] == r[4] for r in rows[1:])  # the same figures: the average equals them
 
 
-def test_falcon_tree_is_skipped_with_a_note_without_weights(monkeypatch, tmp_path):
+def test_falcon_tree_runs_on_the_bundled_drafter_or_is_skipped_with_a_note(monkeypatch, tmp_path):
     script = _script()
-    monkeypatch.setattr(script, "FALCON_WEIGHTS", tmp_path / "absent")
+    args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
+    assert args.falcon_skipped is None and args.falcon_drafter == "falcon-drafter"  # bundled
+    monkeypatch.setattr("specpolicy.models.loading.bundled_dir", lambda: tmp_path)  # a bundle without it
     args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
     assert args.falcon_skipped.startswith("falcon-tree skipped") and "--falcon-drafter" in args.falcon_skipped
     assert "\n" not in args.falcon_skipped
-    monkeypatch.setattr(script, "FALCON_WEIGHTS", tmp_path)  # a clone's weights: used by default
-    (tmp_path / "config.json").write_text("{}")
-    args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
-    assert args.falcon_skipped is None and args.falcon_drafter == str(tmp_path)
     args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1", "--falcon-drafter", "x"])
     assert args.falcon_skipped is None and args.falcon_drafter == "x"  # given: as given
 

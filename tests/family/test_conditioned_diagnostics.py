@@ -1,7 +1,7 @@
 """``python -m specpolicy.family.diagnostics --kind dflash|eagle3|dart|falcon|deer``: one-pass drafts
 from the target's features of each committed prefix (DEER: from the prefix alone), passes per draft
 length (DFlash: one per block; EAGLE-3: one per token; DART: one per 8 tokens; Falcon: one per 2;
-DEER: one per absolute block of 32 crossed), Falcon's default weights, and the measured pass cost
+DEER: one per absolute block of 32 crossed), each kind's bundled default drafter, and the measured pass cost
 from a run's rounds."""
 
 from __future__ import annotations
@@ -67,17 +67,14 @@ def test_feature_drafters_are_diagnosed(drafters, tmp_path, kind, passes):
     assert 0.0 <= g["ece"] <= 1.0
 
 
-def test_falcon_defaults_to_the_clones_weights_or_names_drafter(monkeypatch, tmp_path, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(diagnostics, "FALCON_WEIGHTS", "absent/falcon-drafter")
-    with pytest.raises(SystemExit):
-        main(["--kind", "falcon"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--drafter" in err[0] and "absent/falcon-drafter" in err[0]
-    (tmp_path / "w").mkdir()
-    (tmp_path / "w" / "config.json").write_text("{}")
-    monkeypatch.setattr(diagnostics, "FALCON_WEIGHTS", "w")
-    assert diagnostics.falcon_weights() == str(tmp_path / "w")
+def test_every_kind_defaults_to_a_bundled_drafter():
+    from specpolicy.models.loading import bundled_dir
+
+    assert set(diagnostics.DEFAULT_DRAFTERS) == set(diagnostics.KINDS)
+    for kind, name in diagnostics.DEFAULT_DRAFTERS.items():
+        files = {p.name for p in (bundled_dir() / name).iterdir()}
+        assert files & {"config.json", "deer.json"}, (kind, name, files)
+    assert diagnostics.DEFAULT_DRAFTERS["falcon"] == "falcon-drafter"
 
 
 def test_pass_cost_is_draft_ms_per_pass_over_a_vanilla_step(tmp_path):

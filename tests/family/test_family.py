@@ -400,11 +400,11 @@ def test_the_bundled_models_tokenizers_are_the_shared_one():
         assert (bundled_dir() / name / "tokenizer.json").read_bytes() == shared
 
 
-def test_the_bundled_family_stays_within_40_mb():
-    """The brief's limit for ``specpolicy/family`` (code, weights, tokenizer, n-grams, log):
-    40,000,000 bytes, a link counted as the link (``lstat``), caches left out."""
+def test_the_bundled_family_stays_within_48_mb():
+    """The limit for ``specpolicy/family`` (code, weights, tokenizer, n-grams, log; 40 MB until the
+    Falcon drafter joined the bundle, issue 46): 48,000,000 bytes, a link counted as the link (``lstat``), caches left out."""
     from specpolicy.models.loading import bundled_dir
 
     family = bundled_dir().parent
     files = [p for p in family.rglob("*") if "__pycache__" not in p.parts and (p.is_symlink() or p.is_file())]
-    assert sum(p.lstat().st_size for p in files) <= 40_000_000
+    assert sum(p.lstat().st_size for p in files) <= 48_000_000

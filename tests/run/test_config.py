@@ -51,12 +51,8 @@ def test_bundled_verifier_and_every_drafter_instantiate():
     pm = get_plugin_manager(autoload=False)
     cfg = _compose()
     verifier = make_verifier(pm, OmegaConf.to_container(cfg.verifier), runtime)
-    #: drafters whose trained weights live in the clone, not in the 40 MB bundle
-    weights = Path(__file__).resolve().parents[2] / "benchmarks" / "weights"
-    unbundled = {"falcon": f"drafter.model={weights / 'falcon-drafter'}"}
-    for choice in _choices("drafter"):
-        overrides = [f"drafter={choice}", *([unbundled[choice]] if choice in unbundled else [])]
-        drafter = make_drafter(pm, OmegaConf.to_container(_compose(*overrides).drafter), runtime, verifier)
+    for choice in _choices("drafter"):  # every drafter's default model is bundled: no drafter.model
+        drafter = make_drafter(pm, OmegaConf.to_container(_compose(f"drafter={choice}").drafter), runtime, verifier)
         assert drafter.name == choice
 
 
