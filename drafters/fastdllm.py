@@ -1,9 +1,8 @@
 """``fastdllm`` drafter: Fast-dLLM v2 block-diffusion drafting on a plain ``Qwen2ForCausalLM``.
 
-Fast-dLLM v2 (Wu et al., arXiv 2509.26328) turns an AR model into a block-diffusion LM: the
-sequence is cut into blocks of ``block_size`` (B = 32) tokens at ABSOLUTE positions; a token
-attends to every token of its own block (bidirectionally) and of earlier blocks, never to later
-ones (block-wise causal attention). A block is decoded by filling it with mask tokens and
+Fast-dLLM v2 (Wu et al., arXiv 2509.26328) turns an AR model into a block-diffusion LM with
+block-causal attention over blocks of ``block_size`` (B = 32) absolute positions
+(``specpolicy.models.fastdllm``: the model, its mask and its passes). A block is decoded by filling it with mask tokens and
 unmasking them in parallel, small block (S = 8 tokens) by small block, left to right
 (confidence-aware parallel decoding: every masked position of the current small block whose
 confidence exceeds a threshold is unmasked in one pass, always at least the most confident one,
@@ -16,12 +15,6 @@ speculative decoding: a draft of n tokens costs one pass per small block it touc
 0.05 makes that usually one pass), plus one full-block pass each time the draft crosses a block
 boundary "to populate the KV cache of prior drafted tokens" (App. F: 7-12 passes for 30-60-token
 rounds).
-
-The model is run with the standard transformers ``Qwen2ForCausalLM`` (no ``trust_remote_code``):
-block-causal attention is imposed with a custom 4D attention mask, which transformers 5 passes
-to the attention kernel unchanged (``masking_utils._preprocess_mask_arguments``: "If the mask is
-already 4D, simply return as-is"). Supported attention implementations: ``sdpa`` (boolean mask,
-True = attend) and ``eager`` (additive float mask).
 
 Path search (``drafter.path_search=cps``; DiffuSpec, arXiv 2510.02358, §4.2, whose drafter is a
 standalone dLLM run for ONE refinement step over the whole masked block: ``small_block_size`` =
@@ -52,7 +45,6 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
@@ -60,6 +52,18 @@ from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
 from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
+from specpolicy.models.fastdllm import (
+    BLOCK_SIZE_CONFIG_KEYS,
+    SUPPORTED_ATTENTION as _SUPPORTED_ATTENTION,
+    block_causal_mask,
+    block_pass,
+    check_model,
+    greedy,
+    mask_token_id_of,
+    model_block_size,
+    padded_block_pass,
+    runs_padded,
+)
 from specpolicy.models.loading import (
     check_attention,
     check_model_source,
@@ -74,12 +78,6 @@ from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "fastdllm"
 
-#: The mask token of Fast-dLLM v2 (id 151665 in the Qwen2.5 vocabulary) and of the bundled family (id 3).
-MASK_TOKEN = "|<MASK>|"
-#: Config keys under which a checkpoint records the block size it was trained with
-#: (the bundled family writes ``bd_block_size``; Fast_dLLM_v2 checkpoints write ``bd_size``).
-BLOCK_SIZE_CONFIG_KEYS = ("bd_block_size", "bd_size")
-_SUPPORTED_ATTENTION = ("sdpa", "eager")
 #: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
 #: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
 CONFIDENCE_DTYPES = ("float32", "model")
@@ -92,72 +90,6 @@ CONFIG_KEYS = (
     "confidence_dtype",
     *PATH_SEARCH_DEFAULTS,
 )
-
-
-# -- attention mask ------------------------------------------------------------------------
-
-
-def block_causal_mask(
-    query_start: int, query_length: int, key_length: int, block_size: int, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """Boolean block-causal mask over absolute positions (Fast-dLLM v2 block-wise attention).
-
-    Query ``i`` (absolute position ``query_start + i``) may attend to key ``j`` (absolute
-    position ``j``, keys start at 0: cached positions first, then the queries themselves) iff
-    ``floor((query_start + i) / block_size) >= floor(j / block_size)``.
-
-    Args:
-        query_start: absolute position of the first query token (= tokens already in the cache).
-        query_length: number of query tokens fed in the pass.
-        key_length: number of key positions, normally ``query_start + query_length``.
-        block_size: B, tokens per block (>= 1).
-        device: where to build the mask.
-    Returns:
-        ``(1, 1, query_length, key_length) bool``; True = may attend.
-    """
-    q_block = torch.arange(query_start, query_start + query_length, device=device) // block_size
-    k_block = torch.arange(key_length, device=device) // block_size
-    return (q_block[:, None] >= k_block[None, :])[None, None]
-
-
-# -- tokenizer / model loading ------------------------------------------------------------------
-
-
-def mask_token_id_of(tokenizer: Any) -> int:
-    """The mask token id of ``tokenizer``: ``tokenizer.mask_token_id`` when set, else the id of
-    the token ``|<MASK>|`` (how Fast_dLLM_v2's Qwen2.5 tokenizer carries it: an added token that
-    is not declared as ``mask_token``).
-
-    Args:
-        tokenizer: a Hugging Face tokenizer, or any object with an int ``mask_token_id``.
-    Returns:
-        The mask token id, an int >= 0.
-    Raises:
-        ValueError: naming the mask token when the tokenizer has neither.
-    """
-    mid = getattr(tokenizer, "mask_token_id", None)
-    if mid is None and hasattr(tokenizer, "convert_tokens_to_ids"):
-        cand = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        # Tokenizers with an unk token map unknown strings to it: accept only a real round trip.
-        if isinstance(cand, int) and cand >= 0 and tokenizer.convert_ids_to_tokens(cand) == MASK_TOKEN:
-            mid = cand
-    if mid is None:
-        raise ValueError(
-            f"the fastdllm drafter needs a mask token: the tokenizer has no mask_token and no {MASK_TOKEN!r} token"
-        )
-    mid = int(mid)
-    if mid < 0:
-        raise ValueError(f"mask token id must be >= 0, got {mid}")
-    return mid
-
-
-def model_block_size(config: Any) -> int | None:
-    """Block size recorded in a model config (``bd_block_size`` or ``bd_size``), or None."""
-    for key in BLOCK_SIZE_CONFIG_KEYS:
-        value = getattr(config, key, None)
-        if value is not None:
-            return int(value)
-    return None
 
 
 def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
@@ -262,8 +194,8 @@ class FastDLLMDrafter(Drafter):
         stop_token_ids: token ids (ints) that end a draft (the factory passes the verifier's EOS
             ids); empty: no stop check.
         confidence_dtype: ``"float32"`` (softmax/argmax in at least float32) or ``"model"``
-            (in the model dtype, as the official code; see ``_greedy``). Greedy drafting only:
-            sampling warps in float32 either way.
+            (in the model dtype, as the official code; see ``specpolicy.models.fastdllm.greedy``).
+            Greedy drafting only: sampling warps in float32 either way.
     Raises:
         ValueError: naming the parameter for a bad ``block_size``, ``small_block_size``,
             ``threshold`` or ``confidence_dtype``; naming the mask token when the tokenizer has none (or its id is
@@ -286,18 +218,8 @@ class FastDLLMDrafter(Drafter):
         path_search: PathSearch | None = None,
     ):
         check_settings(block_size, small_block_size, threshold, confidence_dtype)
-        vocab = int(model.get_output_embeddings().weight.shape[0])
         mask_id = mask_token_id_of(tokenizer)
-        if mask_id >= vocab:
-            raise ValueError(f"mask token id {mask_id} is outside the drafter vocabulary of {vocab} tokens")
-        attn = getattr(model.config, "_attn_implementation", None) or "eager"
-        if attn not in _SUPPORTED_ATTENTION:
-            raise ValueError(
-                f"the fastdllm drafter needs a custom 4D attention mask: attn_implementation must be one of "
-                f"{_SUPPORTED_ATTENTION}, got {attn!r}"
-            )
-        if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
-            raise ValueError("the fastdllm drafter does not support sliding-window attention layers")
+        vocab, attn = check_model(model, mask_id)
 
         self.model = model
         self.runtime = runtime
@@ -313,7 +235,6 @@ class FastDLLMDrafter(Drafter):
         self._recent = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
         self.max_context = context_length(model)
         self._attn = attn
-        self._dtype = next(model.parameters()).dtype
         dev = runtime.torch_device
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
@@ -350,31 +271,19 @@ class FastDLLMDrafter(Drafter):
     def _forward(
         self, ids: torch.Tensor, start: int, mask: torch.Tensor, logits_to_keep: int | torch.Tensor
     ) -> torch.Tensor:
-        """One forward pass over ``ids`` ((n,) int64, absolute positions ``start..start+n-1``) on top of
-        the cache (which must hold exactly ``start`` positions); the pass's KV is appended to it.
-        Returns the kept logits ``(m, V)`` in the model dtype."""
-        n = int(ids.shape[0])
-        assert self.cache.get_seq_length() == start, (self.cache.get_seq_length(), start)
-        positions = torch.arange(start, start + n, device=self._device)[None]
-        out = self.model(
-            input_ids=ids[None],
-            attention_mask=as_model_mask(mask, self._attn, self._dtype),
-            position_ids=positions,
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        return out.logits[0]
+        """One pass over ``ids`` ((n,) int64) at positions ``start..start+n-1`` on the drafter's cache
+        (``specpolicy.models.fastdllm.block_pass``); returns the kept logits ``(m, V)``."""
+        return block_pass(self.model, self.cache, ids, start, mask, self._attn, logits_to_keep)
 
     def _choose(
         self, logits: torch.Tensor, block_first: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)`` (see ``_greedy``;
-        ``block_first``: the token comes from the last logit of a block pass, which the official code
-        takes as the argmax of the logits); sampling, ``(a sample of warp(logits), max of
+        """Tokens for logits ``(m, V)``: greedy, ``(argmax, its probability, None)`` (see
+        ``specpolicy.models.fastdllm.greedy``; ``block_first``: the token comes from the last logit of
+        a block pass, which the official code takes as the argmax of the logits); sampling, ``(a sample of warp(logits), max of
         warp(logits), warp(logits))`` -- (m,) int64, (m,) float32, (m, V) float32."""
         if self._sampling is None:
-            tok, conf = _greedy(logits, self.confidence_dtype == "model", probs_argmax=not block_first)
+            tok, conf = greedy(logits, self.confidence_dtype == "model", probs_argmax=not block_first)
             return tok, conf, None
         probs = warp(logits, self._sampling)
         return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
@@ -684,17 +593,15 @@ class FastDLLMDrafter(Drafter):
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
-        from transformers import Qwen2ForCausalLM
-
         if (
             len(drafters) < 2
             or any(d._sampling is not None or d.path_search is not None for d in drafters)
-            or type(drafters[0].model) is not Qwen2ForCausalLM
-        ):  # logits = lm_head(decoder output), nothing after
+            or not runs_padded(drafters[0].model)
+        ):
             return super().draft_many(drafters, num_tokens)
         ends = [d._begin(n) for d, n in zip(drafters, num_tokens)]
         lead = drafters[0]
-        model, device = lead.model, lead._device
+        device = lead._device
         padded: tuple | None = None  # (rows, cached lengths, the padded cache)
         while True:
             kinds = [d._next_pass(end) for d, end in zip(drafters, ends)]
@@ -708,7 +615,7 @@ class FastDLLMDrafter(Drafter):
             if padded is None or padded[0] != rows or padded[1] != lengths:
                 padded = (rows, lengths, padded_cache([d.cache for d in step])[0])
             cache, width = padded[2], max(lengths)
-            b, B = len(step), lead.block_size
+            B = lead.block_size
             keeps = []
             for d, i in zip(step, rows):
                 if kinds[i] == "cross":
@@ -718,22 +625,7 @@ class FastDLLMDrafter(Drafter):
                     keeps.append(d._unmask_keep())
             ids = torch.stack([d._blk_ids for d in step])  # (b, B)
             starts = torch.tensor(lengths, device=device)
-            positions = starts[:, None] + lead._offsets
-            past = torch.arange(width, device=device)[None] < starts[:, None]  # (b, W): own cached columns
-            mask = torch.cat(
-                [past[:, None, :].expand(b, B, width), torch.ones((b, B, B), dtype=torch.bool, device=device)], dim=2
-            )[:, None]
-            hidden = model.model(
-                input_ids=ids,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                attention_mask=as_model_mask(mask, lead._attn, lead._dtype),
-            ).last_hidden_state
-            counts = [int(k.shape[0]) for k in keeps]
-            owners = torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device))
-            picked = hidden[owners, torch.cat(keeps)]  # (sum m_i, H): every row's kept offsets
-            logits = model.lm_head(picked).split(counts)
+            logits = padded_block_pass(lead.model, cache, width, ids, starts, keeps, lead._attn)
             crossed = False
             for r, (d, i) in enumerate(zip(step, rows)):
                 if kinds[i] == "cross":  # the block's keys and values join the row's own cache
@@ -822,31 +714,6 @@ class FastDLLMDrafter(Drafter):
         self._new_round()
 
 
-def _greedy(
-    logits: torch.Tensor, in_model_dtype: bool = False, probs_argmax: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy tokens and their softmax probabilities (confidences) of ``logits`` ((m, V), any float
-    dtype): ``((m,) int64, (m,) float32)``.
-
-    ``in_model_dtype=False`` (``confidence_dtype: float32``, the default): argmax of the logits and
-    its probability computed in at least float32, without materialising probabilities.
-    ``in_model_dtype=True`` (``confidence_dtype: model``): as the official Fast-dLLM v2 / FailFast
-    code (``sample_with_top_p`` at temperature 0): softmax in the logits' dtype (e.g. bfloat16),
-    the token = argmax of those rounded probabilities (ties -> the first index) when
-    ``probs_argmax``, else argmax of the logits (the official first token of a block); confidence
-    = its rounded probability, returned as float32. The two differ only where rounding ties the
-    top probabilities (rare in bfloat16), and in float32 / float64 only at exact rounding ties.
-    """
-    if in_model_dtype:
-        probs = torch.softmax(logits, dim=-1)  # (m, V) in the logits' dtype
-        tok = (probs if probs_argmax else logits).argmax(dim=-1)
-        return tok, probs.gather(-1, tok[:, None])[:, 0].to(torch.float32)
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    top, tok = x.max(dim=-1)
-    conf = torch.exp(top - torch.logsumexp(x, dim=-1))
-    return tok, conf.to(torch.float32)
-
-
 def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
     ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded),
@@ -882,7 +749,7 @@ def build(config: dict[str, Any], runtime: Runtime, verifier) -> FastDLLMDrafter
     Config keys: ``model`` (bundled ``dllm-drafter``, a local dir such as a Fast_dLLM_v2_1.5B
     download, or a hub id), ``block_size`` (default: the model's ``bd_block_size``/``bd_size``,
     else 32), ``small_block_size`` (8), ``threshold`` (0.05), ``attn_implementation`` (sdpa),
-    ``confidence_dtype`` (``float32`` | ``model``, see ``_greedy``). Drafting stops at the
+    ``confidence_dtype`` (``float32`` | ``model``, see ``models.fastdllm.greedy``). Drafting stops at the
     verifier's EOS tokens (``verifier.eos_token_ids``).
 
     Raises:

@@ -20,13 +20,8 @@ from specpolicy.core.decoding import generate
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import Draft, Verification
-from specpolicy.drafters.fastdllm import (
-    MASK_TOKEN,
-    FastDLLMDrafter,
-    block_causal_mask,
-    build,
-    mask_token_id_of,
-)
+from specpolicy.drafters.fastdllm import FastDLLMDrafter, build
+from specpolicy.models.fastdllm import MASK_TOKEN, block_causal_mask, mask_token_id_of
 from specpolicy.policies.static import StaticPolicy
 from specpolicy.verifiers.hf import HFVerifier
 
@@ -594,22 +589,22 @@ def test_confidence_dtype_model_breaks_bfloat16_ties_as_the_official_code():
     """bfloat16 logits whose top two softmax probabilities round to the same bfloat16 value:
     ``model`` takes the argmax of the rounded probabilities (the first index, as the official
     ``sample_with_top_p``), ``float32`` the argmax of the logits (the larger one)."""
-    from specpolicy.drafters.fastdllm import _greedy
+    from specpolicy.models.fastdllm import greedy
 
     logits = torch.zeros(1, 64, dtype=torch.bfloat16)
     logits[0, 10], logits[0, 20] = 0.5390625, 0.54296875  # one bfloat16 step apart
     probs = torch.softmax(logits, dim=-1)
     assert probs[0, 10] == probs[0, 20]  # the tie the model dtype creates
-    tok32, conf32 = _greedy(logits, in_model_dtype=False)
-    tokm, confm = _greedy(logits, in_model_dtype=True)
+    tok32, conf32 = greedy(logits, in_model_dtype=False)
+    tokm, confm = greedy(logits, in_model_dtype=True)
     assert tok32.tolist() == [20] and tokm.tolist() == [10]
     assert conf32.dtype == confm.dtype == torch.float32
     assert float(confm) == float(probs[0, 10]) and float(conf32) != float(confm)
     # The first token of a block: argmax of the logits in both modes (the official code does not softmax it).
-    assert _greedy(logits, in_model_dtype=True, probs_argmax=False)[0].tolist() == [20]
+    assert greedy(logits, in_model_dtype=True, probs_argmax=False)[0].tolist() == [20]
     # In float64 the two modes agree (no rounding ties).
     x = torch.randn(5, 64, dtype=torch.float64)
-    a, b = _greedy(x, False), _greedy(x, True)
+    a, b = greedy(x, False), greedy(x, True)
     assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
 
 
