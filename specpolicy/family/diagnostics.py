@@ -393,8 +393,9 @@ def diagnose(
     """
     from specpolicy.core.runtime import Runtime
     from specpolicy.data.datasets import load_prompts
-    from specpolicy.drafters.fastdllm import FastDLLMDrafter, model_block_size
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter
     from specpolicy.family.distill import greedy_generate
+    from specpolicy.models.fastdllm import model_block_size
     from specpolicy.models.loading import load_causal_lm, load_tokenizer
 
     rt = Runtime(device="cpu", dtype="float32", seed=0)

@@ -75,7 +75,15 @@ def default_work_dir(out: Path) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The family pipeline's options (``python -m specpolicy.family --help``), section by section."""
     ap = argparse.ArgumentParser(prog="python -m specpolicy.family", description=__doc__.split("\n")[0])
+    for add in (_run_options, _target_options, _dllm_options, _feature_drafter_options, _other_drafter_options):
+        add(ap)
+    return ap
+
+
+def _run_options(ap: argparse.ArgumentParser) -> None:
+    """Where and how the pipeline runs: data, output, stages, device, precision."""
     ap.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl", help="GSM8K train jsonl")
     ap.add_argument("--test-data", default="/work/shared/data/gsm8k/test.jsonl", help="GSM8K test jsonl (eval)")
     ap.add_argument("--out", default="specpolicy/family/bundle", help="output dir")
@@ -119,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         "arithmetic, AVX512-BF16 or AMX; float32 elsewhere, where bf16 is emulated and slower)",
     )
     precision.add_argument("--no-bf16", dest="bf16", action="store_const", const=False, help="train in float32")
-    # target
+
+
+def _target_options(ap: argparse.ArgumentParser) -> None:
+    """The target, its distillation and the AR drafter."""
     ap.add_argument("--target-size", default="target")
     ap.add_argument("--target-epochs", type=int, default=4)
     ap.add_argument("--target-max-steps", type=int, default=None)
@@ -149,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafter-batch-tokens", type=int, default=8192)
     ap.add_argument("--drafter-lr", type=float, default=2e-3)
     ap.add_argument("--drafter-warmup", type=int, default=50)
-    # dLLM drafter
+
+
+def _dllm_options(ap: argparse.ArgumentParser) -> None:
+    """The dLLM drafter: its diffusion phase and the phase matched to one-pass drafting."""
     ap.add_argument("--dllm-epochs", type=int, default=2)
     ap.add_argument("--dllm-max-steps", type=int, default=None)
     ap.add_argument(
@@ -201,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="weight of the target's soft next-token distributions in the matched phase's loss, in [0, 1]",
     )
-    # drafters conditioned on the target (DFlash, EAGLE-3), trained on stored target features
+
+
+def _feature_drafter_options(ap: argparse.ArgumentParser) -> None:
+    """Drafters conditioned on the target (DFlash, EAGLE-3), trained on stored target features."""
     ap.add_argument("--feature-batch-tokens", type=int, default=8192, help="padded tokens per target pass (features)")
     ap.add_argument(
         "--holdout",
@@ -264,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eagle3-warmup", type=int, default=50)
     ap.add_argument("--eagle3-ttt", type=int, default=7, help="training-time-test unroll steps")
     ap.add_argument("--eagle3-draft-vocab", type=int, default=2048, help="draft vocabulary size")
+
+
+def _other_drafter_options(ap: argparse.ArgumentParser) -> None:
+    """DART, DEER and Falcon, then the eval stage and logging."""
     ap.add_argument("--dart-epochs", type=int, default=1)
     ap.add_argument("--dart-max-steps", type=int, default=300)
     ap.add_argument("--dart-batch-tokens", type=int, default=4096)
@@ -293,7 +314,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="GSM8K test prompts of the dLLM drafter diagnostics in the eval stage (0 = skip)",
     )
     ap.add_argument("--log-every", type=int, default=10)
-    return ap
 
 
 def check_args(a: argparse.Namespace) -> None:
@@ -334,49 +354,36 @@ def _dir_mb(p: Path) -> float:
     return sum(f.stat().st_size for f in p.glob("*.safetensors")) / 2**20
 
 
-def run(a: argparse.Namespace) -> dict:
-    """Run the requested stages; returns the final training log."""
-    from specpolicy.family.block_diffusion import BLOCK_SIZE
-    from specpolicy.family.data import fit_length, load_examples, read_examples
-    from specpolicy.family.distill import distill, load_soft_targets, soft_targets_path
-    from specpolicy.family.evaluate import evaluate
-    from specpolicy.family.models import is_saved
-    from specpolicy.family.tokenizer import load_tokenizer, train_and_save
-    from specpolicy.family.train_ar import train_ar_model
-    from specpolicy.family.train_dllm import train_dllm_model
-    from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
-    from specpolicy.family.training_log import read_log, update_log
+class _Run:
+    """One pipeline run: its options, device, paths, tokenizer and the data its stages share
+    (read once, when a stage first asks)."""
 
-    check_args(a)
-    device = resolve_device(a.device)
-    threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
-    torch.set_num_threads(threads)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work) if a.work else default_work_dir(out)
-    log_path = out / "training_log.json"
-    bf16 = a.bf16  # None: where it runs natively (trainer.bf16_autocast_pays)
-    paths = {
-        "tokenizer": out / "tokenizer",
-        "target": out / "target",
-        "distill": work / "distill" / "target_greedy.jsonl",
-        "ar-drafter": out / "ar-drafter",
-        "dllm-drafter": out / "dllm-drafter",
-        "deer-drafter": out / "deer-drafter",
-        "features": work / "features",
-        "dflash-drafter": out / "dflash-drafter",
-        "dflash-vocabulary": out / "dflash-drafter",
-        "eagle3-drafter": out / "eagle3-drafter",
-        "dart-drafter": out / "dart-drafter",
-        "falcon-drafter": out / "falcon-drafter",
-    }
+    def __init__(self, a: argparse.Namespace, device: str, threads: int) -> None:
+        self.a, self.device, self.threads = a, device, threads
+        self.out = Path(a.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        work = Path(a.work) if a.work else default_work_dir(self.out)
+        self.log_path = self.out / "training_log.json"
+        self.bf16 = a.bf16  # None: where it runs natively (trainer.bf16_autocast_pays)
+        #: each stage's output: a bundled model directory of ``out``, or what ``work`` keeps
+        self.paths = {stage: self.out / stage for stage in STAGES if stage not in ("distill", "features", "eval")}
+        self.paths["dflash-vocabulary"] = self.out / "dflash-drafter"
+        self.paths["distill"] = work / "distill" / "target_greedy.jsonl"
+        self.paths["features"] = work / "features"
+        self.tok = None
+        self._train_examples = None
+        self._drafter_data = None
 
-    def todo(stage: str) -> bool:
+    def todo(self, stage: str) -> bool:
+        """Whether ``stage`` runs: asked for, and forced, redone, ``eval``, or its output missing."""
+        from specpolicy.family.models import is_saved
+
+        a = self.a
         if stage not in a.stages:
             return False
         if a.force or stage in a.redo or stage == "eval":
             return True
-        p = paths[stage]
+        p = self.paths[stage]
         if stage == "distill":
             done = p.exists()
         elif stage == "tokenizer":
@@ -393,30 +400,28 @@ def run(a: argparse.Namespace) -> dict:
             print(f"== {stage}: output exists ({p}), skipped (--force / --redo {stage} to redo)", flush=True)
         return not done
 
-    update_log(
-        log_path, "run", {"args": vars(a), "threads": threads, "torch": torch.__version__, "started": time.ctime()}
-    )
+    def log(self, key: str, value) -> dict:
+        """``training_log.json[key] = value``; returns the whole log."""
+        from specpolicy.family.training_log import update_log
 
-    if todo("tokenizer"):
-        print("== tokenizer", flush=True)
-        t0 = time.time()
-        tok = train_and_save(a.data, paths["tokenizer"], a.vocab_size)
-        update_log(
-            log_path, "tokenizer", {"vocab_size": len(tok), "wall_s": round(time.time() - t0, 1), "data": a.data}
-        )
-    tok = load_tokenizer(paths["tokenizer"])
+        return update_log(self.log_path, key, value)
 
-    train_examples = None
+    def train(self):
+        """The GSM8K train examples (``--data``), read once."""
+        from specpolicy.family.data import load_examples
 
-    def get_train():
-        nonlocal train_examples
-        if train_examples is None:
-            train_examples, st = load_examples(a.data, tok, a.max_len, a.overflow, a.limit_rows)
+        if self._train_examples is None:
+            a = self.a
+            self._train_examples, st = load_examples(a.data, self.tok, a.max_len, a.overflow, a.limit_rows)
             print(f"train data: {st}", flush=True)
-            update_log(log_path, "data", st)
-        return train_examples
+            self.log("data", st)
+        return self._train_examples
 
-    def cfg(prefix: str, **kw) -> TrainConfig:
+    def cfg(self, prefix: str, **kw):
+        """The ``TrainConfig`` of the ``--<prefix>-*`` options."""
+        from specpolicy.family.trainer import TrainConfig
+
+        a = self.a
         return TrainConfig(
             epochs=getattr(a, f"{prefix}_epochs"),
             max_steps=getattr(a, f"{prefix}_max_steps"),
@@ -424,43 +429,19 @@ def run(a: argparse.Namespace) -> dict:
             lr=getattr(a, f"{prefix}_lr"),
             warmup_steps=getattr(a, f"{prefix}_warmup"),
             seed=a.seed,
-            bf16=bf16,
+            bf16=self.bf16,
             log_every=a.log_every,
-            device=device,
+            device=self.device,
             max_seconds=a.max_seconds_per_stage,
             **kw,
         )
 
-    if todo("target"):
-        print("== target", flush=True)
-        st = train_ar_model(a.target_size, get_train(), tok, cfg("target"), paths["target"], a.vocab_size, "target")
-        st["weights_mb"] = round(_dir_mb(paths["target"]), 2)
-        update_log(log_path, "target", st)
-
-    if todo("distill"):
-        print("== distill", flush=True)
-        n = a.distill_prompts or None
-        st = distill(
-            paths["target"],
-            get_train(),
-            tok,
-            paths["distill"],
-            n,
-            a.distill_max_new,
-            a.distill_batch,
-            a.seed,
-            bf16=not a.distill_fp32 and (bf16_autocast_pays(device) if bf16 is None else bf16),
-            top_k=a.distill_top_k,
-            device=device,
-        )
-        print(f"distill: {st}", flush=True)
-        update_log(log_path, "distill", st)
-
-    drafter_data = None
-
-    def get_distilled_with_soft(soft):
+    def distilled_with_soft(self, soft):
         """The distilled examples that fit ``--max-len`` and (when given) their soft targets."""
-        exs = read_examples(paths["distill"])
+        from specpolicy.family.data import fit_length, read_examples
+
+        a = self.a
+        exs = read_examples(self.paths["distill"])
         keep = [i for i, e in enumerate(exs) if len(e) <= a.max_len]
         if a.overflow == "truncate":  # truncation keeps every row whose prompt fits; soft rows are cut alike
             kept, _ = fit_length(exs, a.max_len, a.overflow)
@@ -468,131 +449,222 @@ def run(a: argparse.Namespace) -> dict:
             return kept, None if soft is None else [soft[i] for i in keep]
         return [exs[i] for i in keep], None if soft is None else [soft[i] for i in keep]
 
-    def get_distilled():
-        nonlocal drafter_data
-        if drafter_data is None:
-            exs, st = fit_length(read_examples(paths["distill"]), a.max_len, a.overflow)
-            print(f"distilled data: {st}", flush=True)
-            drafter_data = exs
-        return drafter_data
+    def distilled(self):
+        """The distilled examples fitted to ``--max-len``, read once."""
+        from specpolicy.family.data import fit_length, read_examples
 
-    if todo("ar-drafter"):
+        if self._drafter_data is None:
+            exs, st = fit_length(read_examples(self.paths["distill"]), self.a.max_len, self.a.overflow)
+            print(f"distilled data: {st}", flush=True)
+            self._drafter_data = exs
+        return self._drafter_data
+
+    def conditioned_data(self):
+        """The distilled examples as the feature store indexes them, and the training / held-out split."""
+        exs, holdout = self.distilled(), self.a.holdout
+        return exs, list(range(len(exs) - holdout)), list(range(len(exs) - holdout, len(exs)))
+
+
+def run(a: argparse.Namespace) -> dict:
+    """Run the requested stages; returns the final training log."""
+    from specpolicy.family.training_log import read_log
+
+    check_args(a)
+    device = resolve_device(a.device)
+    threads = a.threads or int(os.environ.get("OMP_NUM_THREADS", "2"))
+    torch.set_num_threads(threads)
+    r = _Run(a, device, threads)
+    r.log("run", {"args": vars(a), "threads": threads, "torch": torch.__version__, "started": time.ctime()})
+    for stages in (_target_stages, _dllm_stages, _deer_stage, _feature_stages, _dart_falcon_stages, _eval_stage):
+        stages(r)
+    paths = r.paths
+    total_mb = sum(
+        _dir_mb(paths[m])
+        for m in ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")
+        if paths[m].exists()
+    )
+    log = r.log("weights_total_mb", round(total_mb, 2))
+    print(f"== done; weights total {total_mb:.1f} MB; log {r.log_path}", flush=True)
+    return read_log(r.log_path) if log is None else log
+
+
+def _target_stages(r: _Run) -> None:
+    """tokenizer, target, distill, ar-drafter (and the tokenizer every later stage reads)."""
+    from specpolicy.family.distill import distill
+    from specpolicy.family.tokenizer import load_tokenizer, train_and_save
+    from specpolicy.family.train_ar import train_ar_model
+    from specpolicy.family.trainer import bf16_autocast_pays
+
+    a, paths = r.a, r.paths
+    if r.todo("tokenizer"):
+        print("== tokenizer", flush=True)
+        t0 = time.time()
+        tok = train_and_save(a.data, paths["tokenizer"], a.vocab_size)
+        r.log("tokenizer", {"vocab_size": len(tok), "wall_s": round(time.time() - t0, 1), "data": a.data})
+    r.tok = tok = load_tokenizer(paths["tokenizer"])
+
+    if r.todo("target"):
+        print("== target", flush=True)
+        st = train_ar_model(a.target_size, r.train(), tok, r.cfg("target"), paths["target"], a.vocab_size, "target")
+        st["weights_mb"] = round(_dir_mb(paths["target"]), 2)
+        r.log("target", st)
+
+    if r.todo("distill"):
+        print("== distill", flush=True)
+        n = a.distill_prompts or None
+        st = distill(
+            paths["target"],
+            r.train(),
+            tok,
+            paths["distill"],
+            n,
+            a.distill_max_new,
+            a.distill_batch,
+            a.seed,
+            bf16=not a.distill_fp32 and (bf16_autocast_pays(r.device) if r.bf16 is None else r.bf16),
+            top_k=a.distill_top_k,
+            device=r.device,
+        )
+        print(f"distill: {st}", flush=True)
+        r.log("distill", st)
+
+    if r.todo("ar-drafter"):
         print("== ar-drafter", flush=True)
         st = train_ar_model(
-            a.drafter_size, get_distilled(), tok, cfg("drafter"), paths["ar-drafter"], a.vocab_size, "ar-drafter"
+            a.drafter_size, r.distilled(), tok, r.cfg("drafter"), paths["ar-drafter"], a.vocab_size, "ar-drafter"
         )
         st["weights_mb"] = round(_dir_mb(paths["ar-drafter"]), 2)
-        update_log(log_path, "ar-drafter", st)
+        r.log("ar-drafter", st)
 
-    if todo("dllm-drafter"):
-        print("== dllm-drafter", flush=True)
-        bs = a.block_size or BLOCK_SIZE
-        init = Path(a.dllm_init) if a.dllm_init else paths["ar-drafter"]
-        if a.dllm_epochs > 0:  # phase 1: Fast-dLLM v2 adaptation (random complementary masks, hard targets)
-            st = train_dllm_model(
-                init, get_distilled(), tok, cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs
-            )
-            st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
-            update_log(log_path, "dllm-drafter", st)
-            init = paths["dllm-drafter"]
-        if a.dllm_matched_epochs > 0:  # phase 2: the objective matched to one-pass drafting
-            print("== dllm-drafter (matched objective)", flush=True)
-            soft = None
-            if a.soft_weight > 0:
-                soft_path = soft_targets_path(paths["distill"])
-                if not soft_path.exists():
-                    raise SystemExit(
-                        f"error: --soft-weight={a.soft_weight} needs {soft_path}; "
-                        "redo the distill stage with --distill-top-k > 0"
-                    )
-                soft = load_soft_targets(soft_path)
-            exs, soft = get_distilled_with_soft(soft)
-            mc = TrainConfig(
-                epochs=a.dllm_matched_epochs,
-                max_steps=a.dllm_matched_max_steps,
-                batch_tokens=a.dllm_matched_batch_tokens,
-                lr=a.dllm_matched_lr,
-                warmup_steps=a.dllm_matched_warmup,
-                seed=a.seed,
-                bf16=bf16,
-                log_every=a.log_every,
-                pad_to_multiple=bs,
-                device=device,
-                max_seconds=a.max_seconds_per_stage,
-            )
-            st = train_dllm_model(
-                init,
-                exs,
-                tok,
-                mc,
-                paths["dllm-drafter"],
-                bs,
-                name="dllm-drafter-matched",
-                suffix_prob=a.suffix_prob,
-                boundary_prob=a.boundary_prob,
-                soft_targets=soft,
-                soft_weight=a.soft_weight,
-                checkpoint_every=a.dllm_checkpoint_every,
-            )
-            st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
-            update_log(log_path, "dllm-drafter-matched", st)
-        if a.calibrate_examples > 0:  # confidence temperature, folded into the final norm
-            from specpolicy.family.calibrate import calibrate_saved
 
-            t0 = time.time()
-            cal = calibrate_saved(paths["dllm-drafter"], get_distilled()[-a.calibrate_examples :], tok, a.seed)
-            cal["wall_s"] = round(time.time() - t0, 1)
-            print(f"calibration: {cal}", flush=True)
-            update_log(log_path, "dllm-drafter-calibration", cal)
+def _dllm_stages(r: _Run) -> None:
+    """dllm-drafter: the diffusion phase, the phase matched to one-pass drafting, the calibration."""
+    from specpolicy.family.block_diffusion import BLOCK_SIZE
+    from specpolicy.family.train_dllm import train_dllm_model
 
-    if todo("deer-drafter"):  # DEER (arXiv 2512.15176): a LoRA on the dLLM drafter, two stages (train_deer)
-        print("== deer-drafter", flush=True)
-        from specpolicy.family.train_deer import build_parser as deer_parser, run as train_deer
-        from specpolicy.models.loading import bundled_dir
+    a, paths, tok = r.a, r.paths, r.tok
+    if not r.todo("dllm-drafter"):
+        return
+    print("== dllm-drafter", flush=True)
+    bs = a.block_size or BLOCK_SIZE
+    init = Path(a.dllm_init) if a.dllm_init else paths["ar-drafter"]
+    if a.dllm_epochs > 0:  # phase 1: Fast-dLLM v2 adaptation (random complementary masks, hard targets)
+        st = train_dllm_model(init, r.distilled(), tok, r.cfg("dllm", pad_to_multiple=bs), paths["dllm-drafter"], bs)
+        st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
+        r.log("dllm-drafter", st)
+        init = paths["dllm-drafter"]
+    if a.dllm_matched_epochs > 0:  # phase 2: the objective matched to one-pass drafting
+        _dllm_matched(r, init, bs)
+    if a.calibrate_examples > 0:  # confidence temperature, folded into the final norm
+        from specpolicy.family.calibrate import calibrate_saved
 
-        bundled = paths["dllm-drafter"].resolve() == (bundled_dir() / "dllm-drafter").resolve()
-        train_deer(
-            deer_parser().parse_args(
-                ["--distill", str(paths["distill"]), "--out", str(paths["deer-drafter"]), "--log", str(log_path)]
-                + ["--base", "dllm-drafter" if bundled else str(paths["dllm-drafter"]), "--seed", str(a.seed)]
-                + ["--max-len", str(a.max_len), "--threads", str(threads), "--device", device]
-                + ([] if a.max_seconds_per_stage is None else ["--max-seconds", str(a.max_seconds_per_stage)])
-                + shlex.split(a.deer_args)
+        t0 = time.time()
+        cal = calibrate_saved(paths["dllm-drafter"], r.distilled()[-a.calibrate_examples :], tok, a.seed)
+        cal["wall_s"] = round(time.time() - t0, 1)
+        print(f"calibration: {cal}", flush=True)
+        r.log("dllm-drafter-calibration", cal)
+
+
+def _dllm_matched(r: _Run, init: Path, bs: int) -> None:
+    """The dLLM drafter's matched phase (suffix masks, the target's soft targets) from ``init``."""
+    from specpolicy.family.distill import load_soft_targets, soft_targets_path
+    from specpolicy.family.train_dllm import train_dllm_model
+    from specpolicy.family.trainer import TrainConfig
+
+    a, paths = r.a, r.paths
+    print("== dllm-drafter (matched objective)", flush=True)
+    soft = None
+    if a.soft_weight > 0:
+        soft_path = soft_targets_path(paths["distill"])
+        if not soft_path.exists():
+            raise SystemExit(
+                f"error: --soft-weight={a.soft_weight} needs {soft_path}; "
+                "redo the distill stage with --distill-top-k > 0"
             )
+        soft = load_soft_targets(soft_path)
+    exs, soft = r.distilled_with_soft(soft)
+    mc = TrainConfig(
+        epochs=a.dllm_matched_epochs,
+        max_steps=a.dllm_matched_max_steps,
+        batch_tokens=a.dllm_matched_batch_tokens,
+        lr=a.dllm_matched_lr,
+        warmup_steps=a.dllm_matched_warmup,
+        seed=a.seed,
+        bf16=r.bf16,
+        log_every=a.log_every,
+        pad_to_multiple=bs,
+        device=r.device,
+        max_seconds=a.max_seconds_per_stage,
+    )
+    st = train_dllm_model(
+        init,
+        exs,
+        r.tok,
+        mc,
+        paths["dllm-drafter"],
+        bs,
+        name="dllm-drafter-matched",
+        suffix_prob=a.suffix_prob,
+        boundary_prob=a.boundary_prob,
+        soft_targets=soft,
+        soft_weight=a.soft_weight,
+        checkpoint_every=a.dllm_checkpoint_every,
+    )
+    st["weights_mb"] = round(_dir_mb(paths["dllm-drafter"]), 2)
+    r.log("dllm-drafter-matched", st)
+
+
+def _deer_stage(r: _Run) -> None:
+    """deer-drafter: DEER (arXiv 2512.15176), a LoRA on the dLLM drafter, two stages (train_deer)."""
+    a, paths = r.a, r.paths
+    if not r.todo("deer-drafter"):
+        return
+    print("== deer-drafter", flush=True)
+    from specpolicy.family.train_deer import build_parser as deer_parser, run as train_deer
+    from specpolicy.models.loading import bundled_dir
+
+    bundled = paths["dllm-drafter"].resolve() == (bundled_dir() / "dllm-drafter").resolve()
+    train_deer(
+        deer_parser().parse_args(
+            ["--distill", str(paths["distill"]), "--out", str(paths["deer-drafter"]), "--log", str(r.log_path)]
+            + ["--base", "dllm-drafter" if bundled else str(paths["dllm-drafter"]), "--seed", str(a.seed)]
+            + ["--max-len", str(a.max_len), "--threads", str(r.threads), "--device", r.device]
+            + ([] if a.max_seconds_per_stage is None else ["--max-seconds", str(a.max_seconds_per_stage)])
+            + shlex.split(a.deer_args)
         )
+    )
 
-    def conditioned_data():
-        """The distilled examples as the feature store indexes them, and the training / held-out split."""
-        exs = get_distilled()
-        return exs, list(range(len(exs) - a.holdout)), list(range(len(exs) - a.holdout, len(exs)))
 
-    if todo("features"):
+def _feature_stages(r: _Run) -> None:
+    """features (the target's hidden states), dflash-drafter, dflash-vocabulary, eagle3-drafter."""
+    a, paths, tok = r.a, r.paths, r.tok
+    if r.todo("features"):
         from specpolicy.family.feature_store import extract_features
         from specpolicy.family.train_dflash import feature_layers_for
 
         print("== features", flush=True)
         st = extract_features(
             paths["target"],
-            get_distilled(),
+            r.distilled(),
             feature_layers_for(a, paths["target"]),
             paths["features"],
             a.feature_batch_tokens,
-            device=device,
+            device=r.device,
         )
         print(f"features: {st}", flush=True)
-        update_log(log_path, "features", st)
+        r.log("features", st)
 
-    if todo("dflash-drafter"):
+    if r.todo("dflash-drafter"):
         from specpolicy.family.feature_store import FeatureStore
         from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
 
         print("== dflash-drafter", flush=True)
-        exs, train_idx, held = conditioned_data()
+        exs, train_idx, held = r.conditioned_data()
         st = train_dflash(
             paths["target"],
             exs,
             FeatureStore(paths["features"]),
-            cfg("dflash"),
+            r.cfg("dflash"),
             paths["dflash-drafter"],
             tok.pad_token_id,
             tok.convert_tokens_to_ids("|<MASK>|"),
@@ -608,38 +680,31 @@ def run(a: argparse.Namespace) -> dict:
             size=None if a.dflash_layers is None else {**DFLASH_SIZE, "num_hidden_layers": a.dflash_layers},
             int8=a.dflash_int8,
         )
-        update_log(log_path, "dflash-drafter", st)
+        r.log("dflash-drafter", st)
 
-    if todo("dflash-vocabulary"):
+    if r.todo("dflash-vocabulary"):
         from specpolicy.family.train_dflash import add_draft_vocabulary
 
         print("== dflash-vocabulary", flush=True)
-        exs, train_idx, _ = conditioned_data()
+        exs, train_idx, _ = r.conditioned_data()
         st = add_draft_vocabulary(
             paths["dflash-drafter"], [exs[i] for i in train_idx], a.dflash_draft_vocab, (tok.eos_token_id,)
         )
         print(f"dflash-vocabulary: {st}", flush=True)
-        update_log(
-            log_path,
-            "dflash-vocabulary",
-            {
-                **st,
-                "command": "python -m specpolicy.family --stages "
-                f"dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}",
-            },
-        )
+        command = f"python -m specpolicy.family --stages dflash-vocabulary --dflash-draft-vocab {a.dflash_draft_vocab}"
+        r.log("dflash-vocabulary", {**st, "command": command})
 
-    if todo("eagle3-drafter"):
+    if r.todo("eagle3-drafter"):
         from specpolicy.family.feature_store import FeatureStore
         from specpolicy.family.train_eagle3 import train_eagle3
 
         print("== eagle3-drafter", flush=True)
-        exs, train_idx, held = conditioned_data()
+        exs, train_idx, held = r.conditioned_data()
         st = train_eagle3(
             paths["target"],
             exs,
             FeatureStore(paths["features"]),
-            cfg("eagle3"),
+            r.cfg("eagle3"),
             paths["eagle3-drafter"],
             tok.pad_token_id,
             a.eagle3_draft_vocab,
@@ -647,19 +712,23 @@ def run(a: argparse.Namespace) -> dict:
             train_indices=train_idx,
             heldout_indices=held,
         )
-        update_log(log_path, "eagle3-drafter", st)
+        r.log("eagle3-drafter", st)
 
-    if todo("dart-drafter"):
+
+def _dart_falcon_stages(r: _Run) -> None:
+    """dart-drafter and falcon-drafter (Falcon, arXiv 2412.12639: CSGD on the target's top-layer features)."""
+    a, paths, tok = r.a, r.paths, r.tok
+    if r.todo("dart-drafter"):
         from specpolicy.family.feature_store import FeatureStore
         from specpolicy.family.train_dart import train_dart
 
         print("== dart-drafter", flush=True)
-        exs, train_idx, held = conditioned_data()
+        exs, train_idx, held = r.conditioned_data()
         st = train_dart(
             paths["target"],
             exs,
             FeatureStore(paths["features"]),
-            cfg("dart"),
+            r.cfg("dart"),
             paths["dart-drafter"],
             tok.pad_token_id,
             a.dart_draft_vocab,
@@ -669,19 +738,19 @@ def run(a: argparse.Namespace) -> dict:
             checkpoint_every=50,
             stop_ids=(tok.eos_token_id,),
         )
-        update_log(log_path, "dart-drafter", st)
+        r.log("dart-drafter", st)
 
-    if todo("falcon-drafter"):  # Falcon (arXiv 2412.12639): CSGD on the target's top-layer features
+    if r.todo("falcon-drafter"):
         from specpolicy.family.feature_store import FeatureStore
         from specpolicy.family.train_falcon import train_falcon
 
         print("== falcon-drafter", flush=True)
-        exs, train_idx, held = conditioned_data()
+        exs, train_idx, held = r.conditioned_data()
         st = train_falcon(
             paths["target"],
             exs,
             FeatureStore(paths["features"]),
-            cfg("falcon"),
+            r.cfg("falcon"),
             paths["falcon-drafter"],
             tok.pad_token_id,
             train_indices=train_idx,
@@ -689,36 +758,35 @@ def run(a: argparse.Namespace) -> dict:
             init=a.falcon_init,
             checkpoint_every=50,
         )
-        update_log(log_path, "falcon-drafter", st)
+        r.log("falcon-drafter", st)
 
-    if todo("eval"):
-        print("== eval", flush=True)
-        evaluate(out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, log_path)
-        if a.eval_diagnostics_n > 0 and is_saved(paths["dllm-drafter"]):
-            from specpolicy.family.diagnostics import diagnose
 
-            t0 = time.time()
-            diag = diagnose(
-                str(paths["dllm-drafter"]),
-                str(paths["target"]),
-                ["gsm8k"],
-                a.eval_diagnostics_n,
-                a.distill_max_new,
-                stride=12,
-            )
-            for r in diag.values():  # the log keeps the curves; the reliability tables stay in the CLI's output
-                r.pop("reliability", None)
-                r.pop("reliability_given_prefix_correct", None)
-            update_log(log_path, "dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
+def _eval_stage(r: _Run) -> None:
+    """eval: the family's acceptance on the test prompts, and the dLLM drafter's diagnostics."""
+    from specpolicy.family.evaluate import evaluate
+    from specpolicy.family.models import is_saved
 
-    total_mb = sum(
-        _dir_mb(paths[m])
-        for m in ("target", "ar-drafter", "dllm-drafter", "dflash-drafter", "eagle3-drafter")
-        if paths[m].exists()
-    )
-    log = update_log(log_path, "weights_total_mb", round(total_mb, 2))
-    print(f"== done; weights total {total_mb:.1f} MB; log {log_path}", flush=True)
-    return read_log(log_path) if log is None else log
+    a, paths = r.a, r.paths
+    if not r.todo("eval"):
+        return
+    print("== eval", flush=True)
+    evaluate(r.out, a.test_data, a.eval_n, a.distill_max_new, a.eval_k, r.log_path)
+    if a.eval_diagnostics_n > 0 and is_saved(paths["dllm-drafter"]):
+        from specpolicy.family.diagnostics import diagnose
+
+        t0 = time.time()
+        diag = diagnose(
+            str(paths["dllm-drafter"]),
+            str(paths["target"]),
+            ["gsm8k"],
+            a.eval_diagnostics_n,
+            a.distill_max_new,
+            stride=12,
+        )
+        for rows in diag.values():  # the log keeps the curves; the reliability tables stay in the CLI's output
+            rows.pop("reliability", None)
+            rows.pop("reliability_given_prefix_correct", None)
+        r.log("dllm-diagnostics", {**diag, "stride": 12, "wall_s": round(time.time() - t0, 1)})
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -279,13 +279,8 @@ def run(a: argparse.Namespace) -> dict:
     """The three steps (module docstring); returns the training log written beside the checkpoint."""
     from transformers import AutoTokenizer
 
-    from specpolicy.data.datasets import load_prompts
-    from specpolicy.family.data import Example, fit_length, read_examples, save_examples
-    from specpolicy.family.distill import greedy_generate
-    from specpolicy.family.feature_store import FeatureStore, extract_features
-    from specpolicy.family.models import load_model
-    from specpolicy.family.trainer import TrainConfig, bf16_autocast_pays
-    from specpolicy.models.dflash import default_target_layer_ids
+    from specpolicy.family.feature_store import FeatureStore
+    from specpolicy.family.trainer import TrainConfig
 
     target_config = check_args(a)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
@@ -294,7 +289,45 @@ def run(a: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log: dict = {"args": vars(a), "device": device, "torch": torch.__version__, "started": time.ctime()}
     tokenizer = AutoTokenizer.from_pretrained(a.target)
-    layers = int(target_config["num_hidden_layers"])
+    examples = _continuations(a, tokenizer, work, device, log)
+    ids, feature_layers = _feature_layers(a, target_config)
+    _features(a, examples, feature_layers, work / "features", device, log)
+    store = FeatureStore(work / "features")
+    train_idx = list(range(len(examples) - a.holdout))
+    held = list(range(len(examples) - a.holdout, len(examples)))
+    cfg = TrainConfig(
+        epochs=a.epochs,
+        max_steps=a.max_steps,
+        batch_tokens=a.batch_tokens,
+        lr=a.lr,
+        warmup_steps=a.warmup,
+        seed=a.seed,
+        log_every=10,
+        device=device,
+    )  # bf16 where it pays
+    print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
+    train = {"dflash": _train_dflash, "dart": _train_dart, "falcon": _train_falcon}.get(a.drafter, _train_eagle3)
+    log[a.drafter] = train(a, target_config, tokenizer, examples, store, cfg, ids, (train_idx, held))
+    (out / "training_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
+    print(
+        f"== done: {out} (python -m specpolicy drafter={a.drafter} drafter.model={out} verifier.model={a.target})",
+        flush=True,
+    )
+    return log
+
+
+def _continuations(a: argparse.Namespace, tokenizer, work: Path, device: str, log: dict) -> list:
+    """Step 1: the target's greedy continuations of ``--prompts`` (``<work>/continuations.jsonl``,
+    generated once), fitted to ``--max-len``; their counts go into ``log``.
+
+    Raises:
+        SystemExit: when no more than ``--holdout`` continuations fit.
+    """
+    from specpolicy.data.datasets import load_prompts
+    from specpolicy.family.data import Example, fit_length, read_examples, save_examples
+    from specpolicy.family.distill import greedy_generate
+    from specpolicy.family.models import load_model
+    from specpolicy.family.trainer import bf16_autocast_pays
 
     data = work / "continuations.jsonl"
     if not data.exists():
@@ -317,7 +350,16 @@ def run(a: argparse.Namespace) -> dict:
             f"--holdout={a.holdout}; give more prompts or a smaller --holdout"
         )
     log["data"] = fit
+    return examples
 
+
+def _feature_layers(a: argparse.Namespace, target_config: dict) -> tuple[list[int] | None, list[int]]:
+    """The drafter's target layer ids (DFlash, EAGLE-3; None for the others) and the
+    ``hidden_states`` indices the feature store keeps: an ``--init`` checkpoint's own, else the
+    drafter's defaults for this target."""
+    from specpolicy.models.dflash import default_target_layer_ids
+
+    layers = int(target_config["num_hidden_layers"])
     if a.init is not None:  # the checkpoint's feature layers (check_init: it fits the target)
         from specpolicy.models.checkpoint import read_config
 
@@ -326,29 +368,32 @@ def run(a: argparse.Namespace) -> dict:
             from specpolicy.models.dflash import DFlashSpec
 
             ids = list(DFlashSpec.from_config(raw, "--init").target_layer_ids)
-            feature_layers = [i + 1 for i in ids]
-        elif a.drafter == "dart":  # its three layers and the last hidden state (the loss's target distribution)
+            return ids, [i + 1 for i in ids]
+        if a.drafter == "dart":  # its three layers and the last hidden state (the loss's target distribution)
             from specpolicy.drafters.dart import check_fits_target
 
-            ids, feature_layers = None, [*check_fits_target(raw, target_config, "--init"), layers]
-        elif a.drafter == "falcon":
-            ids, feature_layers = None, [layers]
-        else:
-            from specpolicy.drafters.eagle3 import check_fits_target
+            return None, [*check_fits_target(raw, target_config, "--init"), layers]
+        if a.drafter == "falcon":
+            return None, [layers]
+        from specpolicy.drafters.eagle3 import check_fits_target
 
-            ids, feature_layers = None, list(check_fits_target(raw, target_config, "--init"))
-    elif a.drafter == "dflash":
-        draft_layers = a.draft_layers or 5
-        ids = a.layer_ids or default_target_layer_ids(layers, draft_layers)
-        feature_layers = [i + 1 for i in ids]
-    elif a.drafter == "dart":
-        ids, feature_layers = None, [2, layers // 2, layers - 3, layers]
-    elif a.drafter == "falcon":  # the top layer, as the LM head reads it (the head's own width)
-        ids, feature_layers = None, [layers]
-    else:
-        ids = a.layer_ids
-        feature_layers = ids or [2, layers // 2, layers - 3]
-    store_dir = work / "features"
+        return None, list(check_fits_target(raw, target_config, "--init"))
+    if a.drafter == "dflash":
+        ids = a.layer_ids or default_target_layer_ids(layers, a.draft_layers or 5)
+        return ids, [i + 1 for i in ids]
+    if a.drafter == "dart":
+        return None, [2, layers // 2, layers - 3, layers]
+    if a.drafter == "falcon":  # the top layer, as the LM head reads it (the head's own width)
+        return None, [layers]
+    ids = a.layer_ids
+    return ids, ids or [2, layers // 2, layers - 3]
+
+
+def _features(a: argparse.Namespace, examples: list, feature_layers: list[int], store_dir: Path, device, log) -> None:
+    """Step 2: the target's hidden states ``feature_layers`` of every continuation in ``store_dir``,
+    kept when the store already holds them for the same target and continuations."""
+    from specpolicy.family.feature_store import extract_features
+
     store_meta = store_dir / "store.json"
     meta = json.loads(store_meta.read_text()) if store_meta.exists() else None
     reusable = (
@@ -360,131 +405,130 @@ def run(a: argparse.Namespace) -> dict:
     if not reusable:
         print(f"== features: hidden_states {feature_layers} on {device}", flush=True)
         log["features"] = extract_features(a.target, examples, feature_layers, store_dir, device=device)
-    store = FeatureStore(store_dir)
-    train_idx = list(range(len(examples) - a.holdout))
-    held = list(range(len(examples) - a.holdout, len(examples)))
-    cfg = TrainConfig(
-        epochs=a.epochs,
-        max_steps=a.max_steps,
-        batch_tokens=a.batch_tokens,
-        lr=a.lr,
-        warmup_steps=a.warmup,
-        seed=a.seed,
-        log_every=10,
-        device=device,
-    )  # bf16 where it pays
+
+
+def _pad_and_stops(tokenizer) -> tuple[int, tuple[int, ...]]:
+    """The padding id (the EOS when the tokenizer has none) and the stop ids (the EOS)."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
-    attention = attention_fields(target_config)
-    print(f"== {a.drafter}: {len(train_idx)} continuations, {len(held)} held out, on {device}", flush=True)
-    if a.drafter == "dflash":
-        from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
-        from specpolicy.models.dflash import DFlashSpec  # noqa: F401  (the layout written)
+    return pad, () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
 
-        vocab = int(target_config["vocab_size"])
-        size = mask = None
-        if a.init is None:
-            size = {
-                **DFLASH_SIZE,
-                "num_hidden_layers": draft_layers,
-                **attention,
-                "intermediate_size": int(target_config["intermediate_size"]),
-            }
-            mask = mask_token(tokenizer, vocab, a.mask_token_id)
-        stats = train_dflash(
-            a.target,
-            examples,
-            store,
-            cfg,
-            out,
-            pad,
-            mask,
-            a.block_size or 16,
-            tuple(ids),
-            a.anchors,
-            size=size,
-            init=a.init,
-            train_indices=train_idx,
-            heldout_indices=held,
-            checkpoint_every=a.checkpoint_every,
-        )
-        if a.draft_vocab is not None:
-            from specpolicy.family.train_dflash import add_draft_vocabulary
 
-            stats.update(add_draft_vocabulary(out, [examples[i] for i in train_idx], a.draft_vocab, stops))
-    elif a.drafter == "dart":
-        from specpolicy.family.train_dart import DART_SIZE, train_dart
+def _train_dflash(a, target_config, tokenizer, examples, store, cfg, ids, split) -> dict:
+    """Step 3 for DFlash (and its draft vocabulary with ``--draft-vocab``); returns its stats."""
+    from specpolicy.family.train_dflash import DFLASH_SIZE, train_dflash
 
-        stats = train_dart(
-            a.target,
-            examples,
-            store,
-            cfg,
-            out,
-            pad,
-            a.draft_vocab or 32000,
-            size={
-                **DART_SIZE,
-                **attention,
-                "intermediate_size": int(target_config["intermediate_size"]),
-            },
-            train_indices=train_idx,
-            heldout_indices=held,
-            init=a.init,
-            checkpoint_every=a.checkpoint_every,
-            stop_ids=stops,
-        )
-    elif a.drafter == "falcon":
-        from specpolicy.family.train_falcon import FALCON_SIZE, train_falcon
-
-        stats = train_falcon(
-            a.target,
-            examples,
-            store,
-            cfg,
-            out,
-            pad,
-            size={
-                **FALCON_SIZE,
-                "num_hidden_layers": a.draft_layers or 1,
-                **attention,
-            },
-            train_indices=train_idx,
-            heldout_indices=held,
-            init=a.init,
-            checkpoint_every=a.checkpoint_every,
-        )
-    else:
-        from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
-
+    pad, stops = _pad_and_stops(tokenizer)
+    vocab = int(target_config["vocab_size"])
+    size = mask = None
+    if a.init is None:
         size = {
-            **EAGLE3_SIZE,
-            **attention,
+            **DFLASH_SIZE,
+            "num_hidden_layers": a.draft_layers or 5,
+            **attention_fields(target_config),
             "intermediate_size": int(target_config["intermediate_size"]),
         }
-        stats = train_eagle3(
-            a.target,
-            examples,
-            store,
-            cfg,
-            out,
-            pad,
-            a.draft_vocab or 32000,
-            a.ttt,
-            layer_ids=ids,
-            size=size,
-            train_indices=train_idx,
-            heldout_indices=held,
-            init=a.init,
-            checkpoint_every=a.checkpoint_every,
-        )
-    log[a.drafter] = stats
-    (out / "training_log.json").write_text(json.dumps(log, indent=1), encoding="utf-8")
-    print(
-        f"== done: {out} (python -m specpolicy drafter={a.drafter} drafter.model={out} verifier.model={a.target})",
-        flush=True,
+        mask = mask_token(tokenizer, vocab, a.mask_token_id)
+    train_idx, held = split
+    stats = train_dflash(
+        a.target,
+        examples,
+        store,
+        cfg,
+        Path(a.out),
+        pad,
+        mask,
+        a.block_size or 16,
+        tuple(ids),
+        a.anchors,
+        size=size,
+        init=a.init,
+        train_indices=train_idx,
+        heldout_indices=held,
+        checkpoint_every=a.checkpoint_every,
     )
-    return log
+    if a.draft_vocab is not None:
+        from specpolicy.family.train_dflash import add_draft_vocabulary
+
+        stats.update(add_draft_vocabulary(Path(a.out), [examples[i] for i in train_idx], a.draft_vocab, stops))
+    return stats
+
+
+def _train_dart(a, target_config, tokenizer, examples, store, cfg, ids, split) -> dict:
+    """Step 3 for DART; returns its stats."""
+    from specpolicy.family.train_dart import DART_SIZE, train_dart
+
+    pad, stops = _pad_and_stops(tokenizer)
+    return train_dart(
+        a.target,
+        examples,
+        store,
+        cfg,
+        Path(a.out),
+        pad,
+        a.draft_vocab or 32000,
+        size={
+            **DART_SIZE,
+            **attention_fields(target_config),
+            "intermediate_size": int(target_config["intermediate_size"]),
+        },
+        train_indices=split[0],
+        heldout_indices=split[1],
+        init=a.init,
+        checkpoint_every=a.checkpoint_every,
+        stop_ids=stops,
+    )
+
+
+def _train_falcon(a, target_config, tokenizer, examples, store, cfg, ids, split) -> dict:
+    """Step 3 for Falcon; returns its stats."""
+    from specpolicy.family.train_falcon import FALCON_SIZE, train_falcon
+
+    pad, _ = _pad_and_stops(tokenizer)
+    return train_falcon(
+        a.target,
+        examples,
+        store,
+        cfg,
+        Path(a.out),
+        pad,
+        size={
+            **FALCON_SIZE,
+            "num_hidden_layers": a.draft_layers or 1,
+            **attention_fields(target_config),
+        },
+        train_indices=split[0],
+        heldout_indices=split[1],
+        init=a.init,
+        checkpoint_every=a.checkpoint_every,
+    )
+
+
+def _train_eagle3(a, target_config, tokenizer, examples, store, cfg, ids, split) -> dict:
+    """Step 3 for EAGLE-3; returns its stats."""
+    from specpolicy.family.train_eagle3 import EAGLE3_SIZE, train_eagle3
+
+    pad, _ = _pad_and_stops(tokenizer)
+    size = {
+        **EAGLE3_SIZE,
+        **attention_fields(target_config),
+        "intermediate_size": int(target_config["intermediate_size"]),
+    }
+    return train_eagle3(
+        a.target,
+        examples,
+        store,
+        cfg,
+        Path(a.out),
+        pad,
+        a.draft_vocab or 32000,
+        a.ttt,
+        layer_ids=ids,
+        size=size,
+        train_indices=split[0],
+        heldout_indices=split[1],
+        init=a.init,
+        checkpoint_every=a.checkpoint_every,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -279,12 +279,11 @@ def train(
     steps_per_epoch = len(plan) / max(1, cfg.epochs)
     if cfg.max_steps is not None:
         plan = plan[: cfg.max_steps]
-    total = planned = len(plan)
-    budget = cfg.max_seconds
-    if budget is not None and not budget > 0:
-        raise ValueError(f"[{name}] max_seconds={budget}; it must be > 0 (seconds) or None")
-    hard_stop, step_s, first_step_s, sched = False, None, 0.0, cfg  # sched: the LR schedule's settings
-    replan_at, replans, cut_step, cut_el = list(BUDGET_REPLAN_AT), [], 0, 0.0
+    total = len(plan)
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise ValueError(f"[{name}] max_seconds={cfg.max_seconds}; it must be > 0 (seconds) or None")
+    budget = None if cfg.max_seconds is None else _Budget(cfg.max_seconds, total, name)
+    sched = cfg  # the LR schedule's settings (a budget may cut its warmup)
     gen = torch.Generator().manual_seed(cfg.seed + 17)  # CPU: loss functions draw on the CPU and move
     device = torch.device(cfg.device)
     model.to(device)
@@ -292,15 +291,12 @@ def train(
     model.train()
     bf16 = uses_bf16(cfg)
     t0 = time.time()
-    hist_loss, hist_tok, curve = [], [], []
-    win_loss, win_tok, in_tokens = 0.0, 0, 0
+    run = _Progress(name, steps_per_epoch, t0)
     print(f"[{name}] {len(examples)} examples, {total} steps ({steps_per_epoch:.0f}/epoch)", flush=True)
     for step, idx in enumerate(plan):
         if step >= total:
             break
-        if budget is not None and time.time() - t0 > BUDGET_HARD_STOP * budget:
-            hard_stop = True
-            print(f"[{name}] hard stop at step {step}: {time.time() - t0:.0f}s > 1.1 x {budget:.0f}s", flush=True)
+        if budget is not None and budget.over(step, t0):
             break
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id, cfg.pad_to_multiple).items()}
         batch["index"] = torch.tensor(idx, dtype=torch.long)  # (B,) rows' indices into ``examples`` (CPU)
@@ -315,37 +311,125 @@ def train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
-        lv = float(loss.detach())
-        hist_loss.append(lv)
-        hist_tok.append(ntok)
-        win_loss += lv * ntok
-        win_tok += ntok
-        in_tokens += batch["input_ids"].numel()
-        if budget is not None and step == 0:
-            first_step_s = time.time() - t0  # CUDA / allocator warm-up: not a step's cost
-        if budget is not None and step + 1 == min(BUDGET_WARMUP_STEPS, total) and total > step + 1:
-            el = time.time() - t0
-            step_s = (el - first_step_s) / max(1, step)
-            total = budget_steps(total, step + 1, el, step_s, budget)
-            sched = _leavable_warmup(sched, total, step + 1)
-            cut_step, cut_el = step + 1, el
+        run.add(float(loss.detach()), ntok, batch["input_ids"].numel())
+        if budget is not None:
+            total, sched = budget.after_step(step, t0, total, sched)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total:
+            run.log(step, total, lr)
+            if on_log is not None:
+                on_log(step + 1, model)
+    wall = time.time() - t0
+    model.eval()
+    cfgd = asdict(cfg)
+    cfgd["betas"] = list(cfg.betas)
+    cfgd["bf16"] = bf16  # as run
+    return {**({} if budget is None else budget.stats(total)), **run.stats(wall, steps_per_epoch), "config": cfgd}
+
+
+class _Progress:
+    """The losses of one training loop: per step, its progress lines and curve, and its stats."""
+
+    def __init__(self, name: str, steps_per_epoch: float, t0: float) -> None:
+        self.name, self.steps_per_epoch, self.t0 = name, steps_per_epoch, t0
+        self.hist_loss: list[float] = []
+        self.hist_tok: list[int] = []
+        self.curve: list[list] = []
+        self.win_loss, self.win_tok, self.in_tokens = 0.0, 0, 0
+
+    def add(self, loss: float, ntok: int, in_tokens: int) -> None:
+        """One step's mean loss, its target tokens and its padded input tokens."""
+        self.hist_loss.append(loss)
+        self.hist_tok.append(ntok)
+        self.win_loss += loss * ntok
+        self.win_tok += ntok
+        self.in_tokens += in_tokens
+
+    def log(self, step: int, total: int, lr: float) -> None:
+        """A progress line and a ``[step, loss, lr]`` curve point for the steps since the last one."""
+        el = time.time() - self.t0
+        mean = self.win_loss / max(1, self.win_tok)
+        self.curve.append([step + 1, round(mean, 4), lr])
+        print(
+            f"[{self.name}] step {step + 1}/{total} ep {(step + 1) / self.steps_per_epoch:.2f} "
+            f"loss {mean:.4f} lr {lr:.2e} "
+            f"{self.in_tokens / el:.0f} tok/s elapsed {el:.0f}s eta {el / (step + 1) * (total - step - 1):.0f}s",
+            flush=True,
+        )
+        sys.stdout.flush()
+        self.win_loss, self.win_tok = 0.0, 0
+
+    def stats(self, wall: float, steps_per_epoch: float) -> dict:
+        """``train``'s stats of the steps run (see its Returns)."""
+        total = len(self.hist_loss)  # the steps run
+        n_last = max(10, total // 20)
+        tl, tt = self.hist_loss[-n_last:], self.hist_tok[-n_last:]
+        return dict(
+            steps=total,
+            epochs=round(total / steps_per_epoch, 3),
+            first_loss=round(self.hist_loss[0], 4),
+            final_loss=round(sum(a * b for a, b in zip(tl, tt)) / max(1, sum(tt)), 4),
+            loss_curve=self.curve,
+            wall_s=round(wall, 1),
+            tokens_per_s=round(self.in_tokens / max(wall, 1e-9), 1),
+            target_tokens=int(sum(self.hist_tok)),
+        )
+
+
+class _Budget:
+    """A loop's wall-clock budget (``TrainConfig.max_seconds``): the plan cut after the timed steps,
+    projected again at ``BUDGET_REPLAN_AT``, and the hard stop (module docstring)."""
+
+    def __init__(self, seconds: float, planned: int, name: str) -> None:
+        self.seconds, self.planned, self.name = seconds, planned, name
+        self.step_s: float | None = None  # seconds per step measured over steps 2-20
+        self.first_step_s = 0.0
+        self.replan_at, self.replans = list(BUDGET_REPLAN_AT), []
+        self.cut_step, self.cut_el = 0, 0.0
+        self.hard_stop = False
+
+    def over(self, step: int, t0: float) -> bool:
+        """Whether the loop stops before ``step``: its wall time is past the hard stop."""
+        if time.time() - t0 > BUDGET_HARD_STOP * self.seconds:
+            self.hard_stop = True
             print(
-                f"[{name}] time budget {budget:.0f}s: {step_s:.3f}s/step over steps 2-{step + 1}, "
-                f"plan cut to {total} of {planned} steps (LR schedule recomputed)",
+                f"[{self.name}] hard stop at step {step}: {time.time() - t0:.0f}s > 1.1 x {self.seconds:.0f}s",
+                flush=True,
+            )
+            return True
+        return False
+
+    def after_step(self, step: int, t0: float, total: int, sched: TrainConfig) -> tuple[int, TrainConfig]:
+        """After ``step``: the plan's steps and the LR schedule's settings, cut after the timed steps
+        or projected again at a ``BUDGET_REPLAN_AT`` share."""
+        budget, name = self.seconds, self.name
+        if step == 0:
+            self.first_step_s = time.time() - t0  # CUDA / allocator warm-up: not a step's cost
+        if step + 1 == min(BUDGET_WARMUP_STEPS, total) and total > step + 1:
+            el = time.time() - t0
+            self.step_s = (el - self.first_step_s) / max(1, step)
+            total = budget_steps(total, step + 1, el, self.step_s, budget)
+            sched = _leavable_warmup(sched, total, step + 1)
+            self.cut_step, self.cut_el = step + 1, el
+            print(
+                f"[{name}] time budget {budget:.0f}s: {self.step_s:.3f}s/step over steps 2-{step + 1}, "
+                f"plan cut to {total} of {self.planned} steps (LR schedule recomputed)",
                 flush=True,
             )
         elif (
-            step_s is not None
-            and replan_at
-            and step + 1 - cut_step >= BUDGET_REPLAN_MIN_STEPS
-            and (time.time() - t0 >= replan_at[0] * budget or step + 1 - cut_step >= replan_at[0] * (total - cut_step))
+            self.step_s is not None
+            and self.replan_at
+            and step + 1 - self.cut_step >= BUDGET_REPLAN_MIN_STEPS
+            and (
+                time.time() - t0 >= self.replan_at[0] * budget
+                or step + 1 - self.cut_step >= self.replan_at[0] * (total - self.cut_step)
+            )
         ):
-            replan_at.pop(0)  # project the plan again from the steps run since the cut
+            self.replan_at.pop(0)  # project the plan again from the steps run since the cut
             el = time.time() - t0
-            recent_s = (el - cut_el) / max(1, step + 1 - cut_step)
-            projected = budget_steps(planned, step + 1, el, recent_s, budget)
+            recent_s = (el - self.cut_el) / max(1, step + 1 - self.cut_step)
+            projected = budget_steps(self.planned, step + 1, el, recent_s, budget)
             if abs(projected - total) > BUDGET_REPLAN_TOLERANCE * total:
-                replans.append([step + 1, round(recent_s, 4), projected])
+                self.replans.append([step + 1, round(recent_s, 4), projected])
                 print(
                     f"[{name}] at {el:.0f}s of {budget:.0f}s: {recent_s:.3f}s/step since the cut, "
                     f"plan {total} -> {projected} steps (LR schedule recomputed)",
@@ -353,47 +437,15 @@ def train(
                 )
                 total = projected
                 sched = _leavable_warmup(sched, total, step + 1)
-        if (step + 1) % cfg.log_every == 0 or step + 1 == total:
-            el = time.time() - t0
-            curve.append([step + 1, round(win_loss / max(1, win_tok), 4), lr])
-            print(
-                f"[{name}] step {step + 1}/{total} ep {(step + 1) / steps_per_epoch:.2f} "
-                f"loss {win_loss / max(1, win_tok):.4f} lr {lr:.2e} "
-                f"{in_tokens / el:.0f} tok/s elapsed {el:.0f}s eta {el / (step + 1) * (total - step - 1):.0f}s",
-                flush=True,
-            )
-            sys.stdout.flush()
-            win_loss, win_tok = 0.0, 0
-            if on_log is not None:
-                on_log(step + 1, model)
-    wall = time.time() - t0
-    model.eval()
-    cut = total
-    total = len(hist_loss)  # the steps run
-    n_last = max(10, total // 20)
-    tl, tt = hist_loss[-n_last:], hist_tok[-n_last:]
-    cfgd = asdict(cfg)
-    cfgd["betas"] = list(cfg.betas)
-    cfgd["bf16"] = bf16  # as run
-    budget_stats = {}
-    if budget is not None:
-        budget_stats = dict(
-            time_budget_s=budget,
-            steps_planned=planned,
+        return total, sched
+
+    def stats(self, cut: int) -> dict:
+        """The budget's entries of ``train``'s stats; ``cut`` is the plan's final total."""
+        return dict(
+            time_budget_s=self.seconds,
+            steps_planned=self.planned,
             steps_cut=cut,
-            step_s=None if step_s is None else round(step_s, 4),
-            replans=replans,
-            hard_stop=hard_stop,
+            step_s=None if self.step_s is None else round(self.step_s, 4),
+            replans=self.replans,
+            hard_stop=self.hard_stop,
         )
-    return dict(
-        **budget_stats,
-        steps=total,
-        epochs=round(total / steps_per_epoch, 3),
-        first_loss=round(hist_loss[0], 4),
-        final_loss=round(sum(a * b for a, b in zip(tl, tt)) / max(1, sum(tt)), 4),
-        loss_curve=curve,
-        wall_s=round(wall, 1),
-        tokens_per_s=round(in_tokens / max(wall, 1e-9), 1),
-        target_tokens=int(sum(hist_tok)),
-        config=cfgd,
-    )
