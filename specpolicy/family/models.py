@@ -124,7 +124,7 @@ def save_model(
 def share_tokenizer(model_dir: str | Path) -> bool:
     """Replace ``model_dir/tokenizer.json`` by a relative symlink to the family's shared
     ``../tokenizer/tokenizer.json`` when the two are byte-identical (the bundled target and dLLM /
-    AR drafters share one tokenizer: 0.26 MB each that the 40 MB bundle need not hold three more
+    AR drafters share one tokenizer: 0.26 MB each that the 48 MB bundle need not hold three more
     times). The directory stays a complete Hugging Face model directory on any system that keeps
     symlinks (``AutoTokenizer.from_pretrained`` follows the link).
 

@@ -2,7 +2,7 @@
 
 Each update rewrites the file atomically (write to ``.tmp`` then rename), so a crash never
 leaves a half-written log. One stage a line, each compact (:func:`dumps`): the file is part of the
-40 MB bundle and a stage's diff stays one line.
+48 MB bundle and a stage's diff stays one line.
 """
 
 from __future__ import annotations

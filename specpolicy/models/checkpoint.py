@@ -100,7 +100,7 @@ def quantize_int8(state: dict[str, torch.Tensor], min_numel: int = 4096) -> dict
     float32 stored under ``<name>.int8_scale``, ``s = max|w_row| / 127``; other tensors unchanged.
 
     One byte a weight instead of two (bfloat16): used for the bundled drafters that share the
-    family's 40 MB; the round trip error is at most ``s / 2`` per weight. Read back by
+    family's 48 MB; the round trip error is at most ``s / 2`` per weight. Read back by
     :func:`dequantize_int8` (``load_weights`` does it), so loaders never see the format.
     """
     out: dict[str, torch.Tensor] = {}
