@@ -2,12 +2,12 @@
 
 Fast-dLLM v2 (Wu et al., arXiv 2509.26328) turns an AR model into a block-diffusion LM with
 block-causal attention over blocks of ``block_size`` (B = 32) absolute positions
-(``specpolicy.models.fastdllm``: the model, its mask and its passes). A block is decoded by filling it with mask tokens and
-unmasking them in parallel, small block (S = 8 tokens) by small block, left to right
-(confidence-aware parallel decoding: every masked position of the current small block whose
-confidence exceeds a threshold is unmasked in one pass, always at least the most confident one,
-as in the released generation code, ``batch_sample``). Completed blocks are served from a KV
-cache. The AR "token shift" is kept: the logits at position p - 1 predict the token at position
+(``specpolicy.models.fastdllm``: the model, its mask and its passes). A block is decoded by
+filling it with mask tokens and unmasking them in parallel, small block (S = 8 tokens) by small
+block, left to right (confidence-aware parallel decoding: every masked position of the current
+small block whose confidence exceeds a threshold is unmasked in one pass, always at least the
+most confident one, as in the released generation code, ``batch_sample``). Completed blocks are
+served from a KV cache. The AR "token shift" is kept: the logits at position p - 1 predict the token at position
 p, so the first token of a block comes from the last logit of the previous block's full pass.
 
 FailFast (Pan et al., arXiv 2512.20573, §4.1-4.2 and Alg. 1) uses this model as the drafter of
