@@ -151,7 +151,7 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
         "missing_model": (
             ["verifier.model=/nonexistent"],
             "error: verifier.model='/nonexistent': no such local directory (expected a bundled model "
-            "(target, ar-drafter, dllm-drafter, dflash-drafter, eagle3-drafter, dart-drafter), a local model "
+            "(target, ar-drafter, dllm-drafter, dflash-drafter, eagle3-drafter, dart-drafter, falcon-drafter), a local model "
             "directory or a hub id (org/name))",
         ),
         "truncated": (
