@@ -1,5 +1,6 @@
-"""Tables shown to people: the one list of figures (``FIGURES``: what each summary figure is
-called, long and short, and how it is formatted), the width-fitting layout every printed table
+"""Tables shown to people: the figures' titles (``FIGURES``, from ``specpolicy.analysis.labels``,
+the one list of what each summary figure is called, long and short, and how it is formatted), the
+width-fitting layout every printed table
 uses, and the run's own summary table (``print_summary``, printed after every run). The sweep
 report (``specpolicy.analysis.report``), the figures page (``specpolicy.analysis.plot``) and the peer benchmark
 (``benchmarks/peers.py``) take their columns from ``FIGURES``; the values come from
@@ -12,60 +13,14 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from specpolicy.analysis.labels import FIGURES, Figure  # noqa: F401 (Figure: re-exported)
 from specpolicy.analysis.oracle import is_censored
 from specpolicy.analysis.summary import headline
-
-
-class Figure(NamedTuple):
-    """How a summary figure is shown: ``label`` (names its denominator; the run summary's rows),
-    ``short`` (column titles of the narrower tables), ``fmt`` and whether it applies only to a
-    method that drafted (``-`` otherwise)."""
-
-    label: str
-    short: str
-    fmt: str
-    drafting: bool = False
-
-
-#: Every figure printed anywhere, by its key in ``summary.json`` (``headline`` / ``methods.*`` /
-#: ``per_prompt.*``). Definitions: docs/reference/metrics.md, ``specpolicy.analysis.metrics``.
-FIGURES: dict[str, Figure] = {
-    "speedup_vs_vanilla": Figure("speedup vs vanilla (measured, same run)", "speedup vs vanilla (measured)", "{:.2f}x"),
-    "modeled_speedup_vs_vanilla": Figure("speedup vs vanilla, MODELED (not measured)", "MODELED speedup", "{:.2f}x"),
-    "tokens_per_s": Figure("tokens/s (generated tokens / wall-clock s)", "tokens/s", "{:.1f}"),
-    "vanilla_tokens_per_s": Figure("vanilla tokens/s (same prompts, same run)", "vanilla tokens/s", "{:.1f}"),
-    "generated_tokens": Figure("generated tokens", "tokens", "{}"),
-    "acceptance_rate": Figure(
-        "acceptance rate (accepted / drafted tokens)", "acceptance rate (accepted / drafted tokens)", "{:.3f}", True
-    ),
-    "mean_accepted_length": Figure(
-        "accepted length per drafted round (mean, bonus excluded)", "accepted length / drafted round", "{:.2f}", True
-    ),
-    "mean_speculation_length": Figure(
-        "speculation length per round (mean over all rounds)", "speculation length / round (all rounds)", "{:.2f}", True
-    ),
-    "mean_speculation_length_drafted": Figure(
-        "speculation length per drafted round (mean)", "speculation length / drafted round", "{:.2f}", True
-    ),
-    "tokens_per_round": Figure("tokens per round (all rounds, bonus included)", "tokens / round", "{:.2f}"),
-    "max_accepted_length": Figure("longest accepted length in a round", "max accepted length", "{}", True),
-    "max_speculation_length": Figure("longest speculation length in a round", "max speculation length", "{}", True),
-    "rounds": Figure("rounds (one verification each)", "rounds", "{}"),
-    "drafted_rounds": Figure("drafted rounds (k > 0)", "drafted rounds (k > 0)", "{}", True),
-    "drafter_passes_per_round": Figure(
-        "drafter passes per round (all rounds)", "drafter passes / round", "{:.2f}", True
-    ),
-    "tree_rounds": Figure("rounds with a draft tree", "tree rounds", "{}", True),
-    "mean_draft_depth": Figure(
-        "draft depth per drafted round (mean; a tree: its deepest node)", "draft depth / drafted round", "{:.2f}", True
-    ),
-    "lossless": Figure("lossless (prompts equal to vanilla)", "lossless", "{}"),
-}
 
 
 def figure_columns(keys: Iterable[str], long: bool = False) -> tuple[tuple[str, str, str], ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched
+from specpolicy.analysis.labels import FIGURES, SERVING_KEYS
 from specpolicy.analysis.results import PromptResult
 from specpolicy.analysis.summary import profile_from
 from specpolicy.core.batching import generate_batch
@@ -23,19 +24,9 @@ from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.serving import arrival_times
 from specpolicy.core.stopping import StopStrings
 
-#: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format).
-SERVING_ROWS = (
-    ("throughput (tokens/s, all requests)", "throughput_tokens_per_s", "{:.1f}"),
-    ("TTFT p50 (ms)", "ttft_p50_ms", "{:.1f}"),
-    ("TTFT p99 (ms)", "ttft_p99_ms", "{:.1f}"),
-    ("TPOT mean (ms)", "tpot_mean_ms", "{:.2f}"),
-    ("TPOT p50 (ms)", "tpot_p50_ms", "{:.2f}"),
-    ("TPOT p99 (ms)", "tpot_p99_ms", "{:.2f}"),
-    ("latency p99 (ms)", "latency_p99_ms", "{:.0f}"),
-    ("rounds", "rounds", "{:.0f}"),
-    ("mean requests in flight", "mean_batch_size", "{:.2f}"),
-    ("wall (s)", "wall_s", "{:.2f}"),
-)
+#: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format), from the
+#: one metric list (``specpolicy.analysis.labels``).
+SERVING_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt) for k in SERVING_KEYS)
 
 
 def run_batched(

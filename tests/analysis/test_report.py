@@ -168,3 +168,18 @@ def test_a_single_run_shows_its_name_and_its_full_overrides(family, tmp_path, mo
     index = (run / "plots" / "index.html").read_text()
     first_row = index.split("<tbody><tr>", 1)[1]
     assert first_row.startswith(f"<td>{run.name}</td>")
+
+
+@pytest.mark.parametrize("columns", ["100", None])
+def test_the_modeled_column_the_docs_compare_by_is_shown(sweep, capsys, monkeypatch, columns):
+    """The docs tell users to compare methods by the MODELED speedup (clock-free): the printed report
+    shows that column at a 100-character terminal and in a log (stdout not a terminal); it is the
+    last column left out when a table must shrink."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "MODELED" in out and "3.100x" in out and "2.500x" in out
+    assert "left out to fit" not in out or "MODELED" not in out.split("left out to fit", 1)[1].split("\n")[0]
