@@ -23,7 +23,11 @@ class Figure(NamedTuple):
     short: str
     fmt: str
     drafting: bool = False
+    definition: str = ""  # where ``specpolicy.analysis.metrics.FIELDS`` has none (the serving figures)
 
+
+_TTFT = "serving: time to first token, a request's arrival to its first emitted token, ms over requests"
+_TPOT = "serving: time per output token after the first, ms over requests"
 
 #: Every figure printed anywhere, by its key in ``summary.json`` (``headline`` / ``methods.*`` /
 #: ``per_prompt.*``; the serving figures: ``serving.speculative.*`` / ``serving.vanilla.*``, from
@@ -60,15 +64,35 @@ FIGURES: dict[str, Figure] = {
     ),
     "lossless": Figure("lossless (prompts equal to vanilla)", "lossless", "{}"),
     # serving (batched decoding): per request, over all requests of a batched run
-    "throughput_tokens_per_s": Figure("throughput (tokens/s, all requests)", "tokens/s (all requests)", "{:.1f}"),
-    "ttft_p50_ms": Figure("TTFT p50 (ms)", "TTFT p50 (ms)", "{:.1f}"),
-    "ttft_p99_ms": Figure("TTFT p99 (ms)", "TTFT p99 (ms)", "{:.1f}"),
-    "tpot_mean_ms": Figure("TPOT mean (ms)", "TPOT mean (ms)", "{:.2f}"),
-    "tpot_p50_ms": Figure("TPOT p50 (ms)", "TPOT p50 (ms)", "{:.2f}"),
-    "tpot_p99_ms": Figure("TPOT p99 (ms)", "TPOT p99 (ms)", "{:.2f}"),
-    "latency_p99_ms": Figure("latency p99 (ms)", "latency p99 (ms)", "{:.0f}"),
-    "mean_batch_size": Figure("mean requests in flight", "requests in flight", "{:.2f}"),
-    "wall_s": Figure("wall (s)", "wall (s)", "{:.2f}"),
+    "throughput_tokens_per_s": Figure(
+        "throughput (tokens/s, all requests)",
+        "tokens/s (all requests)",
+        "{:.1f}",
+        definition="serving: tokens of every request / the batched run's wall-clock seconds (a timing)",
+    ),
+    "ttft_p50_ms": Figure("TTFT p50 (ms)", "TTFT p50 (ms)", "{:.1f}", definition=_TTFT + " (median)"),
+    "ttft_p99_ms": Figure("TTFT p99 (ms)", "TTFT p99 (ms)", "{:.1f}", definition=_TTFT + " (99th percentile)"),
+    "tpot_mean_ms": Figure("TPOT mean (ms)", "TPOT mean (ms)", "{:.2f}", definition=_TPOT + " (mean)"),
+    "tpot_p50_ms": Figure("TPOT p50 (ms)", "TPOT p50 (ms)", "{:.2f}", definition=_TPOT + " (median)"),
+    "tpot_p99_ms": Figure("TPOT p99 (ms)", "TPOT p99 (ms)", "{:.2f}", definition=_TPOT + " (99th percentile)"),
+    "latency_p99_ms": Figure(
+        "latency p99 (ms)",
+        "latency p99 (ms)",
+        "{:.0f}",
+        definition="serving: a request's arrival to its last token, ms over requests (99th percentile; a timing)",
+    ),
+    "mean_batch_size": Figure(
+        "mean requests in flight",
+        "requests in flight",
+        "{:.2f}",
+        definition="serving: requests in the batch per batched round (mean over rounds)",
+    ),
+    "wall_s": Figure(
+        "wall (s)",
+        "wall (s)",
+        "{:.2f}",
+        definition="serving: the batched run's wall-clock seconds, first arrival to last finish (a timing)",
+    ),
 }
 
 #: The serving figures (batched decoding, ``generation.batch_size``), in the order the batched run's
@@ -86,4 +110,3 @@ SERVING_KEYS = (
     "wall_s",
 )
 SERVING_REPORT_KEYS = ("throughput_tokens_per_s", "ttft_p99_ms", "tpot_p99_ms", "latency_p99_ms")
-

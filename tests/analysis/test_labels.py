@@ -13,7 +13,7 @@ def test_every_printed_figure_list_takes_its_labels_from_the_one_list():
         assert (label, fmt) == (labels.FIGURES[key].label, labels.FIGURES[key].fmt)
     for key, (title, fmt) in report.SERVING_FIGURES.items():
         assert (title, fmt) == (labels.FIGURES[key].short, labels.FIGURES[key].fmt)
-    for title, key, fmt, _ in report.REPORT_COLUMNS:
+    for title, key, _, _ in report.REPORT_COLUMNS:
         if key in labels.FIGURES:
             assert title == labels.FIGURES[key].short
     assert [k for _, k, _ in batch_experiment.SERVING_ROWS] == list(labels.SERVING_KEYS)
