@@ -147,6 +147,26 @@ class CostModel:
         vb, vt = fit_affine(xs, ys)
         return CostModel(per_pass, per_token, pb, max(pt, 0.0), max(vb, 0.0), max(vt, 0.0))
 
+    @staticmethod
+    def from_profile(rounds: Iterable[RoundRecord], profile: Any) -> CostModel:
+        """A clock-free cost model: a latency profile's costs (``specpolicy.core.latency.LatencyProfile``,
+        complete: ``drafter_pass_ms``, ``target_ms_per_token``, ``verify_ms_per_draft_token`` set,
+        ms) in place of this machine's measured ones, the drafter passes per length fitted on the
+        recorded ``rounds`` as in ``fit``. Rounds costed by it cost what ``latency.modeled_round_ms``
+        gives them, so the same rounds give the same figure on any machine under any load."""
+        drafted = [r for r in rounds if r.speculation_length > r.reused_tokens]
+        pb, pt = fit_affine(
+            [r.speculation_length - r.reused_tokens for r in drafted], [r.drafter_forward_passes for r in drafted]
+        )
+        return CostModel(
+            float(profile.drafter_pass_ms),
+            0.0,
+            pb,
+            max(pt, 0.0),
+            float(profile.target_ms_per_token),
+            float(profile.verify_ms_per_draft_token),
+        )
+
 
 def oracle_max_length(rounds: Iterable[RoundRecord]) -> int:
     """The longest speculation the oracle may choose for a policy's ``rounds``: the longest of
@@ -448,14 +468,21 @@ def unavailable(reason: str, max_length: int) -> dict[str, Any]:
     }
 
 
-def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> dict[str, Any] | None:
+def analyse(
+    results: Sequence[PromptResult], max_length: int | None = None, profile: Any = None
+) -> dict[str, Any] | None:
     """``compare`` on a run's results, rounds source: a cost model fitted on the speculative rounds
     and the vanilla baseline's steps, ``max_length`` None = ``oracle_max_length`` of the rounds.
     ``summary.json``'s ``oracle`` block and ``python -m specpolicy.analysis.oracle`` are this computation.
     Returns ``compare``'s dict plus ``max_length``; None when there are no rounds. When the run's
     timings cannot give a cost model (``CostModel.fit`` raises ``NotEstimable``: e.g. no vanilla
     baseline and too few rounds), the figures are None and ``unavailable`` says why
-    (``describe_fraction`` prints ``n/a`` with it)."""
+    (``describe_fraction`` prints ``n/a`` with it).
+
+    ``profile``: a complete latency profile (``LatencyProfile.complete``, a property): the same comparison with
+    the profile's costs (``CostModel.from_profile``) is added as ``profile_costs`` (``profile``,
+    ``fraction_of_oracle``, ``policy_speedup_modeled``, ``oracle_speedup_modeled``): clock-free,
+    where the measured-cost fraction follows this machine's load."""
     spec_rounds = [r for res in results for r in res.speculative.rounds]
     if not spec_rounds:
         return None
@@ -465,8 +492,15 @@ def analyse(results: Sequence[PromptResult], max_length: int | None = None) -> d
         cost = CostModel.fit(spec_rounds, van_verify)
     except NotEstimable as why:
         return unavailable(str(why), max_length)
-    out = compare({res.prompt_id: res.speculative for res in results}, cost, max_length)
+    prompts = {res.prompt_id: res.speculative for res in results}
+    out = compare(prompts, cost, max_length)
     out["max_length"] = max_length
+    if profile is not None and profile.complete:
+        clock_free = compare(prompts, CostModel.from_profile(spec_rounds, profile), max_length)
+        out["profile_costs"] = {
+            "profile": profile.name,
+            **{k: clock_free[k] for k in ("fraction_of_oracle", "policy_speedup_modeled", "oracle_speedup_modeled")},
+        }
     return out
 
 

@@ -162,7 +162,8 @@ def _modeled_and_oracle(results: Sequence[PromptResult], config: Mapping[str, An
         "modeled_profile": modeled["profile"]["name"],
         "modeled": modeled,
     }
-    oracle = analyse_oracle(results)
+    clock_free = profile.for_drafter(drafter_name)  # a measured profile is not complete: no clock-free figure
+    oracle = analyse_oracle(results, profile=clock_free if clock_free.complete else None)
     if oracle is not None:
         out["oracle"] = {
             **{
@@ -182,6 +183,8 @@ def _modeled_and_oracle(results: Sequence[PromptResult], config: Mapping[str, An
         }
         if oracle.get("unavailable"):  # the run's timings cannot give a cost model: n/a, with the reason
             out["oracle"]["unavailable"] = oracle["unavailable"]
+        if oracle.get("profile_costs"):  # the same fraction with the profile's costs: clock-free
+            out["oracle"]["profile_costs"] = oracle["profile_costs"]
     return out
 
 

@@ -277,7 +277,14 @@ def oracle_sentence(oracle: Mapping[str, Any], run_dir: str | None = None) -> st
             f"oracle length policy estimated from this run, so the estimate bounds nothing); {see}"
         )
     bound = "at most " if is_censored(oracle) else ""
-    return f"oracle: this policy reaches {bound}{ratio:.2f} of an oracle length policy's speedup; {see}"
+    clock_free = oracle.get("profile_costs") or {}
+    beside = ""
+    if clock_free.get("fraction_of_oracle") is not None and clock_free["fraction_of_oracle"] <= 1.0 + 1e-9:
+        beside = (
+            f" with this machine's measured costs (they follow its load), {bound}"
+            f"{clock_free['fraction_of_oracle']:.2f} with the {clock_free['profile']} profile's costs (clock-free)"
+        )
+    return f"oracle: this policy reaches {bound}{ratio:.2f} of an oracle length policy's speedup{beside}; {see}"
 
 
 def print_summary(

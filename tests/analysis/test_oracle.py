@@ -191,3 +191,29 @@ def test_cli_writes_oracle_json(tmp_path, capsys):
     assert res["per_prompt"][0]["prompt_id"] == "gsm8k/0"
     assert "of the oracle" in capsys.readouterr().out
     assert main([str(tmp_path / "nothing")]) == 1
+
+
+def test_the_profile_cost_fraction_is_clock_free_where_the_measured_one_follows_the_load():
+    """The same rounds timed on an idle and on a loaded machine (verification 3x slower, drafting
+    not): the oracle fraction with measured costs moves, the one with a profile's costs does not,
+    and it prices the policy's rounds as the MODELED speedup does (``latency.modeled_speedup``)."""
+    from specpolicy.analysis.oracle import analyse
+    from specpolicy.core.latency import load_profile, modeled_speedup
+
+    profile = load_profile("a6000-qwen7b")
+
+    def run(load: float):
+        rounds = tuple(
+            replace(r, index=i, verify_ms=r.verify_ms * load)
+            for i, r in enumerate((_rec(5, 2), _rec(3, 3), _rec(4, 1), _rec(0, 0), _rec(6, 6)))
+        )
+        tokens = sum(r.emitted_tokens for r in rounds)
+        spec = GenerationResult(torch.arange(tokens), rounds, "max_new_tokens", wall_s=0.1, prefill_ms=0.0)
+        vanilla = generate_plain(tokens, verify_ms=10.0 * load)
+        return analyse([PromptResult.of("gsm8k/0", 5, spec, vanilla)], profile=profile), rounds, tokens
+
+    (idle, rounds, tokens), (loaded, _, _) = run(1.0), run(3.0)
+    assert idle["fraction_of_oracle"] != pytest.approx(loaded["fraction_of_oracle"])
+    assert idle["profile_costs"] == loaded["profile_costs"] and idle["profile_costs"]["profile"] == "a6000-qwen7b"
+    assert 0 < idle["profile_costs"]["fraction_of_oracle"] <= 1
+    assert idle["profile_costs"]["policy_speedup_modeled"] == pytest.approx(modeled_speedup(rounds, tokens, profile))

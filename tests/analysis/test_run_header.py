@@ -112,3 +112,15 @@ def test_the_oracle_is_one_plain_sentence_that_names_its_command():
     assert oracle_sentence({"fraction_of_oracle": None, "unavailable": "no vanilla step"}).startswith(
         "oracle: n/a (no vanilla step); see python -m specpolicy.analysis.oracle"
     )
+
+
+def test_the_oracle_sentence_gives_the_clock_free_fraction_beside_the_measured_one():
+    """With a profile's costs (``oracle.profile_costs``) the sentence says which fraction follows the
+    machine's load and which is clock-free."""
+    clock_free = {"profile": "a6000-qwen7b", "fraction_of_oracle": 0.75, "policy_speedup_modeled": 1.9,
+                  "oracle_speedup_modeled": 2.5}  # fmt: skip
+    text = oracle_sentence({**CENSORED, "profile_costs": clock_free})
+    assert text.startswith(
+        "oracle: this policy reaches at most 0.63 of an oracle length policy's speedup with this machine's "
+        "measured costs (they follow its load), at most 0.75 with the a6000-qwen7b profile's costs (clock-free); "
+    )
