@@ -11,6 +11,8 @@ current directory):
   per-prompt ranges); MODELED figures are labelled as such;
 * ``docs/assets/headline.png``: the peer benchmark's measured speedups (matplotlib, Agg);
 * ``docs/assets/results/*.png``: the figures the benchmarks drew, for the pages to show;
+* the results block of the docs' home page (``docs/index.md``, between ``<!-- results:fastest -->``
+  and ``<!-- /results:fastest -->``: the fastest rows per runtime and FailFast's neighbours);
 * the headline table of ``README.md``, between ``<!-- results:headline -->`` and
   ``<!-- /results:headline -->`` (skipped, with a note, when the markers are absent).
 
@@ -64,6 +66,7 @@ from specpolicy.analysis.docs_runtime import (
     batched_runtime_section,
     runtime_page,
 )
+from specpolicy.analysis.docs_site import BEGIN as SITE_BEGIN, END as SITE_END, SITE_INDEX, fastest_block, fill
 from specpolicy.analysis.docs_tables import GENERATED, RESULTS, MissingRow, load, markdown_table
 from specpolicy.analysis.labels import FIGURES
 
@@ -178,6 +181,51 @@ def png_digest(data: bytes) -> str | None:
 METRICS_PAGE = Path("docs/reference/metrics.md")
 
 
+#: Which figures are clock-free and which follow this machine's clock (the glossary's section).
+CLOCK_SECTION = [
+    "## Which figures follow the clock",
+    "",
+    *markdown_table(
+        ["figure", "clock-free?", "why"],
+        [
+            [
+                "MODELED speedup (`modeled_speedup_vs_vanilla`, a shipped profile such as `a6000-qwen7b`)",
+                "yes",
+                "forward-pass counts x the profile's costs: the same rounds give the same figure on any machine",
+            ],
+            [
+                "oracle fraction with the profile's costs (`oracle.profile_costs.fraction_of_oracle`)",
+                "yes",
+                "the policy's and the oracle's rounds priced with the profile's costs",
+            ],
+            [
+                "oracle fraction with measured costs (`oracle.fraction_of_oracle`)",
+                "no",
+                "the rounds priced with this run's measured drafting and verification ms",
+            ],
+            ["measured speedup, tokens/s, TTFT / TPOT / latency", "no", "wall-clock timings of this machine"],
+            ["MODELED speedup with `profile=measured`", "no", "the profile's costs are fitted on this run's timings"],
+            [
+                "anything of a cost-aware policy (`goodput`, `goodput-batch`), MODELED included",
+                "no",
+                "the policy picks its lengths from this machine's measured costs, so its rounds follow the load "
+                "(clock-free again when `policy.cost_profile=` prices them with a profile)",
+            ],
+            [
+                "acceptance rate, accepted and speculation lengths, rounds, passes (any other policy)",
+                "yes",
+                "counts of the rounds, which a length policy that reads no clock chooses alike on any machine",
+            ],
+        ],
+        text_columns=3,
+    ),
+    "",
+    "Compare methods across jobs or machines by the clock-free figures; compare measured speedups within one "
+    "run (`benchmarks/peers.py` interleaves methods per prompt). The run's oracle line gives both fractions.",
+    "",
+]
+
+
 def _definitions() -> list[str]:
     """The "Definitions:" list of ``specpolicy.analysis.metrics``' docstring, as Markdown items."""
     from specpolicy.analysis import metrics
@@ -244,6 +292,7 @@ def metrics_page() -> str:
         "Figures marked MODELED come from forward-pass counts x a latency profile (`profile=`, "
         "[Configuration keys](config.md#profile)), not from a clock.",
         "",
+        *CLOCK_SECTION,
         "## Definitions",
         "",
         *_definitions(),
@@ -310,6 +359,15 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
             notes.append(f"{README}: no {BEGIN} ... {END} markers; headline table not written")
         else:
             out[README] = filled
+    fastest = fastest_block(root)
+    site = root / SITE_INDEX
+    filled = fill(site.read_text(encoding="utf-8"), fastest) if fastest and site.is_file() else None
+    if filled is None:
+        notes.append(
+            f"{SITE_INDEX}: no results or no {SITE_BEGIN} ... {SITE_END} markers; its results block not written"
+        )
+    else:
+        out[SITE_INDEX] = filled
     for src, dest in FIGURE_COPIES:
         if (root / RESULTS / src).is_file():
             out[ASSETS / "results" / dest] = (root / RESULTS / src).read_bytes()
@@ -376,7 +434,11 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root
     if not (root / RESULTS).is_dir():
         p.error(f"--root {root}: no {RESULTS}/ there (run from the repository root or pass --root)")
-    rendered, notes = render(root)
+    try:
+        rendered, notes = render(root)
+    except MissingRow as missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return sync(root, rendered, args.check, "python -m specpolicy.analysis.docs")

@@ -12,7 +12,9 @@ current directory):
   ``<key> must be <range>, got <value>`` line that comes back is read. Where no rule refuses a
   bad value, the range the YAML comment states is shown, marked "(comment)";
 * ``docs/reference/cli.md``: every command's ``--help`` (argparse, captured in this process with
-  80 columns), and the usage of ``python -m specpolicy`` from its Hydra help template.
+  80 columns), and the usage of ``python -m specpolicy`` from its Hydra help template;
+* ``docs/getting-started.md``'s config groups table, from the plugin registry
+  (``specpolicy.run.plugin_docs``).
 
 ``--check`` renders in memory and exits 1 naming every stale file. This lives in ``specpolicy.run``
 (not ``analysis``) because it runs the run's validation.
@@ -38,6 +40,7 @@ from typing import Any
 import yaml
 
 from specpolicy.analysis.docs import sync
+from specpolicy.run import plugin_docs
 
 REFERENCE = Path("docs/reference")
 CONF = Path("conf")
@@ -554,9 +557,12 @@ def cli_page(root: Path) -> str:
 # -- render, write, check ----------------------------------------------------------------------
 
 
-def render(root: Path, pages: tuple[str, ...] = ("config.md", "cli.md")) -> dict[Path, str]:
-    makers = {"config.md": config_page, "cli.md": cli_page}
-    return {REFERENCE / page: makers[page](root) for page in pages}
+def render(root: Path, pages: tuple[str, ...] = ("config.md", "cli.md", "getting-started.md")) -> dict[Path, str]:
+    """The generated pages, by path under ``root``; ``getting-started.md``: Getting started with its
+    config groups table from the plugin registry (``specpolicy.run.plugin_docs``)."""
+    makers = {"config.md": config_page, "cli.md": cli_page, "getting-started.md": plugin_docs.getting_started}
+    where = {"getting-started.md": plugin_docs.GETTING_STARTED}
+    return {where.get(page, REFERENCE / page): makers[page](root) for page in pages}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -572,12 +578,15 @@ def main(argv: list[str] | None = None) -> int:
         help="write nothing; exit 1 naming the pages that differ from what would be generated",
     )
     p.add_argument(
-        "--page", choices=("config.md", "cli.md"), action="append", help="only this page (repeatable; default: both)"
+        "--page",
+        choices=("config.md", "cli.md", "getting-started.md"),
+        action="append",
+        help="only this page (repeatable; default: all three)",
     )
     args = p.parse_args(argv)
     if not (args.root / CONF / "config.yaml").is_file():
         p.error(f"--root {args.root}: no {CONF}/config.yaml there (run from the repository root or pass --root)")
-    rendered = render(args.root, tuple(args.page or ("config.md", "cli.md")))
+    rendered = render(args.root, tuple(args.page or ("config.md", "cli.md", "getting-started.md")))
     return sync(args.root, rendered, args.check, "python -m specpolicy.run.reference")
 
 

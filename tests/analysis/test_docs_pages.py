@@ -5,6 +5,7 @@ names a page that was edited by hand or left behind by a new result."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -134,3 +135,28 @@ def test_runtime_batched_section_compares_shared_caches_with_copies_and_marks_sa
     assert "`eagle3+static-k4-batch4-t1` 2.00x" in text  # compiled over eager, sampled
     assert "temperature 1" in text
     assert "| `eagle3+static-k4-batch4-t1` | compiled-copies | 400.0 |" in text and text.count("| sampled |") == 3
+
+
+@pytest.mark.parametrize(
+    ("results_file", "row", "page"),
+    [
+        ("neighbours-gsm8k-30x256.json", "deer-k16", "docs/results/neighbours.md"),  # a section's row
+        ("neighbours-gsm8k-30x256.json", "falcon+falcon-tree-paper", "docs/results/neighbours.md"),
+        ("peers-gsm8k-30x256.json", "fastdllm+failfast", "the headline"),
+    ],
+)
+def test_a_row_a_page_names_and_the_results_lack_is_a_one_line_error(copy: Path, capsys, results_file, row, page):
+    """A renamed or dropped method never silently drops its section: the render stops with one line
+    naming the page, the row and the results file, and writes nothing."""
+    path = copy / docs.RESULTS / results_file
+    results = json.loads(path.read_text(encoding="utf-8"))
+    results["methods"][row + "-renamed"] = results["methods"].pop(row)
+    path.write_text(json.dumps(results), encoding="utf-8")
+    with pytest.raises(docs.MissingRow, match=re.escape(f"names the row {row!r}")):
+        docs.render(copy)
+    before = {p: p.read_bytes() for p in (copy / docs.PAGES).iterdir()}
+    assert docs.main(["--root", str(copy)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert page in err and repr(row) in err and f"benchmarks/results/{results_file}" in err
+    assert {p: p.read_bytes() for p in (copy / docs.PAGES).iterdir()} == before
