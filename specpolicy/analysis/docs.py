@@ -45,6 +45,7 @@ from specpolicy.analysis.docs_neighbours import (
     NEIGHBOURS_NAME,
     neighbours_page,
 )
+from specpolicy.analysis.docs_notes import notes_page
 from specpolicy.analysis.docs_pages import (
     DRAFTERS,
     FIGURE_COPIES,
@@ -336,6 +337,7 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
             load(root, RUNTIME_CUDA_NAMES[1]),
             {kind: load(root, f"diagnostics-{kind}-gsm8k.json") for kind in DIAGNOSTICS_KINDS},
         ),
+        "notes.md": notes_page(root),
         "runtime.md": runtime_page(
             load(root, RUNTIME_NAME),
             load(root, RUNTIME_PEERS_NAME),
