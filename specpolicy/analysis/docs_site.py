@@ -46,8 +46,8 @@ def _cpu_row(label: str, results: Mapping[str, Any], name: str, href: str) -> li
         f"`{ranked[0]}`",
         f"{best['speedup_vs_vanilla']:.2f}x ({best['tokens_per_s']:.0f} tokens/s)",
         cell(best.get("modeled_speedup_vs_vanilla"), "{:.2f}x"),
+        f"[{name}]({href})",
         nxt,
-        f"[`{name}`]({href})",
     ]
 
 
@@ -68,8 +68,8 @@ def _gpu_row(results: Mapping[str, Any], name: str) -> list[str]:
         f"`{ranked[0].partition('@')[0]}`",
         f"{best['tokens_per_s'] / base:.2f}x ({best['tokens_per_s']:.0f} tokens/s; compiled vanilla {base:.0f})",
         "-",
+        f"[{name}](results/runtime.md#measured-on-a-gpu)",
         nxt,
-        f"[`{name}`](results/runtime.md#measured-on-a-gpu)",
     ]
 
 
@@ -112,7 +112,8 @@ def fastest_block(root: Path) -> str | None:
     return render_template(
         "site_fastest",
         profile=peers.get("modeled_profile"),
-        runtimes=runtimes,
+        runtimes=[row[:-1] for row in runtimes],
+        runners_up=[f"{row[0]}: {row[-1]}" for row in runtimes if row[-1]],
         neighbours=neighbour_rows(neighbours),
         neighbours_name=NEIGHBOURS_NAME,
         neighbours_settings=peers_settings(neighbours),

@@ -33,7 +33,7 @@ def test_the_home_page_answers_which_strategy_is_fastest_first_per_runtime():
     block = page[page.index(docs_site.BEGIN) : page.index(docs_site.END)]
     for runtime in ("eager CPU", "compiled CPU", "GPU ("):
         row = next(line for line in block.splitlines() if line.startswith(f"| {runtime}"))
-        assert re.search(r"\| `[^`]+` \| \d+\.\d\dx", row) and ".json`]" in row  # a method, by how much, which run
+        assert re.search(r"\| `[^`]+` \| \d+\.\d\dx", row) and ".json](results/" in row  # method, how much, which run
     for neighbour in ("DiffuSpec", "DEER", "EasySpec", "DART", "Falcon", "EAGLE-3"):
         assert f"| {neighbour}" in block
     assert "benchmarks/results/neighbours-gsm8k-30x256.json" in block
