@@ -23,15 +23,20 @@ KINDS = {"policy": "policies", "drafter": "drafters", "verifier": "verifiers", "
 
 def registered(kind: str) -> list[str]:
     """The built-in plugins of one config group (``policy``, ``drafter``, ``verifier``, ``logger``),
-    in registration order, by the name a config selects them with (``goodput_batch`` ->
+    in registration order, by the name a config selects them with: the names of the entries a
+    plugin declares (``PluginInfo.entries``), else its module's (``goodput_batch`` ->
     ``goodput-batch``). Third-party plugins (entry points) are left out: the page documents the
     package."""
-    prefix = f"specpolicy.{KINDS[kind]}."
-    return [
-        info.name.removeprefix(prefix).replace("_", "-")
-        for info in plugin_infos(get_plugin_manager(autoload=False))
-        if info.origin == "built-in" and info.name.startswith(prefix)
-    ]
+    prefix, names = f"specpolicy.{KINDS[kind]}.", []
+    for info in plugin_infos(get_plugin_manager(autoload=False)):
+        if info.origin != "built-in":
+            continue
+        entries = getattr(info, "entries", None)
+        if entries:
+            names += [e.name for e in entries if e.kind == kind and e.name not in names]
+        elif info.name.startswith(prefix):
+            names.append(info.name.removeprefix(prefix).replace("_", "-"))
+    return names
 
 
 def _base(path: Path, group: str) -> str | None:

@@ -569,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m specpolicy.run.reference",
         description="Generate docs/reference/config.md (every config key: default, range, "
-        "meaning) and docs/reference/cli.md (every command's --help).",
+        "meaning), docs/reference/cli.md (every command's --help) and the config groups table of "
+        "docs/getting-started.md (from the plugin registry).",
     )
     p.add_argument("--root", type=Path, default=Path("."), help="repository root holding conf/ and docs/ (default: .)")
     p.add_argument(

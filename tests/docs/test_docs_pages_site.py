@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from specpolicy.analysis import docs, docs_site
+from specpolicy.plugins.hookspecs import PluginEntry
 from specpolicy.plugins.manager import PluginInfo
 from specpolicy.run import plugin_docs, reference
 
@@ -100,11 +101,18 @@ def test_getting_started_lists_every_drafter_and_policy_of_the_registry():
 def test_a_newly_registered_drafter_appears_in_getting_started(monkeypatch):
     infos = plugin_docs.plugin_infos
 
-    def with_one_more(pm):
-        return [*infos(pm), PluginInfo("specpolicy.drafters.my_drafter", "built-in", ("make_drafter",))]
+    declared = PluginEntry(kind="drafter", name="declared-drafter", factory=lambda **_: None)
 
-    monkeypatch.setattr(plugin_docs, "plugin_infos", with_one_more)
+    def with_two_more(pm):
+        return [
+            *infos(pm),
+            PluginInfo("specpolicy.drafters.my_drafter", "built-in", ("make_drafter",)),  # named by its module
+            PluginInfo("specpolicy.drafters.other", "built-in", ("register",), (declared,)),  # by its entry
+        ]
+
+    monkeypatch.setattr(plugin_docs, "plugin_infos", with_two_more)
     assert "`my-drafter`" in plugin_docs.choices(ROOT, "drafter")
+    assert "`declared-drafter`" in plugin_docs.choices(ROOT, "drafter")
     assert "`entropy`" not in plugin_docs.choices(ROOT, "policy")  # a third-party entry point is not the package's
 
 
