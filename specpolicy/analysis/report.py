@@ -1,7 +1,7 @@
 """The sweep report: ``python -m specpolicy.analysis.report <multirun dir>`` collects every run's
 ``summary.json`` (read with ``specpolicy.analysis.results``) into one table sorted by speedup, printed
 within the terminal's width and written as ``report.csv`` and ``report.md``. A run's figures are
-``specpolicy.analysis.summary.headline`` of its summary; the columns are ``specpolicy.analysis.tables.FIGURES``
+``specpolicy.analysis.summary.headline`` of its summary; the columns are ``specpolicy.analysis.labels.FIGURES``
 and the layout is ``specpolicy.analysis.tables``'s (the run's own summary table is
 ``specpolicy.analysis.tables.print_summary``). When runs carry ``summary.json``'s ``serving`` block (a
 ``generation.batch_size`` sweep), a serving table follows (``serving_rows``: throughput and p99
