@@ -143,7 +143,7 @@ def warning_line(conditions: Mapping[str, Any] | None) -> str | None:
     return (
         "WARNING: the measured speedup cannot be trusted: "
         + "; ".join(conditions["timing_warnings"])
-        + " -- re-time on an idle machine with run.resume=false"
+        + " -- re-time on an idle machine with run.resume=false (runtime.threads=N sets the CPU threads a run uses)"
     )
 
 

@@ -63,6 +63,10 @@ class Runtime:
             runtime. Default False: on CPU compilation takes tens of seconds per model (the
             warm-up, ``warmup_s``), more than it saves on runs of a few thousand tokens, the test
             suite's and most exploratory runs (``docs/how-to/compiled-runtime.md``).
+        threads: CPU threads torch's operators use (``torch.set_num_threads``, process-wide), an
+            integer >= 1; None (``runtime.threads: null``, the default) keeps torch's choice (one per
+            physical core). On a machine other work shares, fewer threads than cores keep a run's
+            timings steadier.
     Attributes:
         generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;
@@ -78,6 +82,7 @@ class Runtime:
     dtype: str = "auto"
     seed: int = 0
     compile: bool = False
+    threads: int | None = None
     warmup_s: float = field(default=0.0, init=False)
     torch_device: torch.device = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
@@ -86,6 +91,10 @@ class Runtime:
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"runtime.compile must be true or false, got {self.compile!r}")
+        if self.threads is not None and (
+            isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
+        ):
+            raise ValueError(f"runtime.threads must be an integer >= 1 or null (torch's choice), got {self.threads!r}")
         dev = self.device
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -101,6 +110,8 @@ class Runtime:
         if dt not in _DTYPES:
             raise ValueError(f"runtime.dtype={self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         self.torch_dtype = _DTYPES[dt]
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         self.seed_everything()
 
     def seed_everything(self, seed: int | None = None) -> None:
@@ -125,6 +136,7 @@ class Runtime:
             "dtype": str(self.torch_dtype).removeprefix("torch."),
             "seed": self.seed,
             "compile": self.compile,
+            "threads": torch.get_num_threads(),
             "warmup_s": round(self.warmup_s, 3),
             "torch": torch.__version__,
             "transformers": transformers.__version__,

@@ -12,42 +12,26 @@ A prompt the batched loop refuses (e.g. too long) is skipped and recorded, the b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched
 from specpolicy.analysis.labels import FIGURES, SERVING_KEYS
 from specpolicy.analysis.results import PromptResult
 from specpolicy.analysis.summary import profile_from
 from specpolicy.core.batching import generate_batch
-from specpolicy.core.reuse import DraftReuse
-from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.serving import arrival_times
-from specpolicy.core.stopping import StopStrings
+
+if TYPE_CHECKING:
+    from specpolicy.run.experiment import PromptPlan, RunSetup
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format), from the
 #: one metric list (``specpolicy.analysis.labels``).
 SERVING_ROWS = tuple((FIGURES[k].label, k, FIGURES[k].fmt) for k in SERVING_KEYS)
 
 
-def run_batched(
-    prompts,
-    token_ids,
-    finished,
-    too_long,
-    verifier,
-    drafter,
-    policy,
-    runtime,
-    config: dict[str, Any],
-    pm,
-    method: str,
-    fingerprint: str,
-    tokenizer,
-    warmup: int,
-    stop: StopStrings | None = None,
-) -> tuple[list, dict[str, Any]]:
-    """Decode the prompts not finished earlier with up to ``generation.batch_size`` in flight
-    (``stop``: the run's stop strings, matched per request).
+def run_batched(setup: RunSetup, plan: PromptPlan, config: dict[str, Any], pm) -> tuple[list, dict[str, Any]]:
+    """Decode the prompts of ``plan`` not finished earlier with up to ``generation.batch_size`` in
+    flight, with ``setup``'s models and settings (its stop strings matched per request).
 
     Returns:
         ``(results, serving)``: a ``PromptResult`` per prompt in prompt order (read back when
@@ -57,65 +41,44 @@ def run_batched(
         of both runs under every shipped profile and the run's own, labelled MODELED).
     """
     generation = config["generation"]
-    batch_size, max_new = int(generation["batch_size"]), int(generation["max_new_tokens"])
+    batch_size, max_new = int(generation["batch_size"]), setup.max_new_tokens
     baseline = bool(config["run"]["vanilla_baseline"])
+    prompts, finished, too_long, runtime = plan.prompts, plan.finished, plan.too_long, setup.runtime
     todo = [p for p in prompts if p.prompt_id not in finished and p.prompt_id not in too_long]
-    ids = [token_ids[p.prompt_id] for p in todo]
+    ids = [plan.token_ids[p.prompt_id] for p in todo]
     arrivals = arrival_times(
         len(todo),
         generation.get("arrival", "all_at_once"),
         float(generation.get("arrival_rate", 0.0) or 0.0),
         int(config.get("seed", 0)),
     )
+    method = {"drafter": setup.drafter, "policy": setup.policy}
     compiled_before = runtime.warmup_s
-    if warmup and ids:  # untimed: first-call overheads of every shape the batch will see
-        generate_batch(
-            ids[:batch_size],
-            verifier,
-            runtime,
-            max_new_tokens=min(max_new, 16),
-            batch_size=batch_size,
-            drafter=drafter,
-            policy=policy,
-        )
-        if baseline:
-            generate_batch(ids[:batch_size], verifier, runtime, max_new_tokens=min(max_new, 16), batch_size=batch_size)
+    if plan.warmup and ids:  # untimed: first-call overheads of every shape the batch will see
+        for kwargs in (method, {}) if baseline else (method,):
+            generate_batch(
+                ids[:batch_size],
+                setup.verifier,
+                runtime,
+                max_new_tokens=min(max_new, 16),
+                batch_size=batch_size,
+                **kwargs,
+            )
     if runtime.warmup_s > compiled_before:  # the compiled runtime's batched static caches, built by the warm-up
         print(
             f"compiled runtime: the batched loop's static caches for {batch_size} requests compiled in "
             f"{runtime.warmup_s - compiled_before:.1f} s more (warm-up {runtime.warmup_s:.1f} s in all: "
             "summary.json runtime.warmup_s)"
         )
-    sampling = SamplingConfig.from_config(generation)
-    seed = int(config.get("seed", 0))
+    sampling, seed = setup.sampling, setup.seed
+    common = dict(max_new_tokens=max_new, batch_size=batch_size, arrivals=arrivals, sampling=sampling, stop=setup.stop)
     runtime.seed_everything(seed)  # sampled outputs depend on the seed and on what shares each batch
-    reuse = config.get("reuse") or {}
-    spec = generate_batch(
-        ids,
-        verifier,
-        runtime,
-        max_new_tokens=max_new,
-        batch_size=batch_size,
-        drafter=drafter,
-        policy=policy,
-        arrivals=arrivals,
-        sampling=sampling,
-        stop=stop,
-        reuse=DraftReuse(int(reuse.get("min_match", 2))) if reuse.get("enabled") else None,
-    )
+    spec = generate_batch(ids, setup.verifier, runtime, reuse=setup.reuse, **method, **common)
     van = None
     if baseline:
         runtime.seed_everything(seed)
-        van = generate_batch(
-            ids,
-            verifier,
-            runtime,
-            max_new_tokens=max_new,
-            batch_size=batch_size,
-            arrivals=arrivals,
-            sampling=sampling,
-            stop=stop,
-        )
+        van = generate_batch(ids, setup.verifier, runtime, **common)
+    tokenizer, fingerprint = setup.tokenizer, setup.fingerprint
     by_id = {p.prompt_id: i for i, p in enumerate(todo)}
     results = []
     for prompt in prompts:
@@ -123,7 +86,7 @@ def run_batched(
         if pid in finished:
             results.append(finished[pid])
             continue
-        n = int(token_ids[pid].shape[0])
+        n = int(plan.token_ids[pid].shape[0])
         i = by_id.get(pid)
         reason = too_long.get(pid) if i is None else spec.skipped.get(i)
         if reason is not None:
@@ -131,7 +94,7 @@ def run_batched(
         else:
             out = spec.results[i]
             for record in out.rounds:
-                pm.hook.specpolicy_round_end(method=method, prompt_id=pid, record=record)
+                pm.hook.specpolicy_round_end(method=setup.method, prompt_id=pid, record=record)
             result = PromptResult.of(
                 pid,
                 n,
@@ -142,7 +105,7 @@ def run_batched(
                 config_hash=fingerprint,
                 prompt_text=prompt.text,
             )
-        pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
+        pm.hook.specpolicy_prompt_end(method=setup.method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
     serving: dict[str, Any] = {
         "batch_size": batch_size,

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from specpolicy.analysis.machine import MachineWatch, warning_line
 from specpolicy.analysis.results import SUMMARY_FILE, PromptResult
@@ -124,17 +124,77 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
             raise
 
 
-def _run(
-    cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path, outputs: list[str] | None = None
-) -> dict[str, Any]:
+@dataclass
+class RunSetup:
+    """What the run decodes with, loaded once and handed to both phases (batch 1 here, the batched
+    loop in ``specpolicy.run.batch_experiment``).
+
+    Attributes:
+        method: the method's printed name (``method_name``).
+        runtime / verifier / drafter / policy: the loaded runtime and models.
+        reuse / stop / sampling: the run's draft reuse, stop strings and sampling settings.
+        max_new_tokens: per prompt; seed: the run's seed (each call reseeded per prompt).
+        tokenizer: the target's, encoding prompts and decoding outputs.
+        fingerprint: the config hash recorded in each row (what a resume may reuse).
+    """
+
+    method: str
+    runtime: Runtime
+    verifier: Any
+    drafter: Any
+    policy: Any
+    reuse: DraftReuse | None
+    stop: StopStrings | None
+    sampling: SamplingConfig
+    max_new_tokens: int
+    seed: int
+    tokenizer: Any
+    fingerprint: str
+
+    def decode(self, ids, speculative: bool, prompt_id: str = "", on_round=None) -> GenerationResult:
+        """One prompt through ``generate``, seeded from ``(seed, prompt id)``: sampled outputs do
+        not depend on the prompt order, on which method ran first, or on resuming
+        (``specpolicy.core.sampling.prompt_seed``). ``speculative`` False: vanilla decoding."""
+        self.runtime.seed_everything(prompt_seed(self.seed, prompt_id))
+        method = dict(drafter=self.drafter, policy=self.policy, reuse=self.reuse) if speculative else {}
+        return generate(
+            ids,
+            self.verifier,
+            self.runtime,
+            max_new_tokens=self.max_new_tokens,
+            on_round=on_round,
+            sampling=self.sampling,
+            stop=self.stop,
+            **method,
+        )
+
+
+@dataclass
+class PromptPlan:
+    """The run's prompts and what becomes of each: ``token_ids`` (prompt id -> ``(P,) int64``),
+    ``finished`` (read back from an earlier run: id -> ``PromptResult``), ``too_long`` (id -> the
+    reason it is skipped), ``warmup`` (prompts decoded once, untimed, before measuring)."""
+
+    prompts: list
+    token_ids: dict[str, Any]
+    finished: dict[str, PromptResult]
+    too_long: dict[str, str]
+    warmup: int
+
+
+def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tuple[RunSetup, dict[str, Any]]:
+    """The runtime, the method's models and settings (``RunSetup``), and the run's loggers (made
+    before any model loads, registered for the run by the caller)."""
+    runtime_cfg = container.get("runtime") or {}
     runtime = Runtime(
         device=cfg.runtime.device,
         dtype=cfg.runtime.dtype,
         seed=int(cfg.seed),
         compile=bool(cfg.runtime.get("compile", False)),
+        threads=runtime_cfg.get("threads"),
     )
     policy = make_policy(pm, container["policy"])
-    loggers = make_loggers(pm, container.get("logger"), run_dir)  # registered for the run below
+    loggers = make_loggers(pm, container.get("logger"), run_dir)
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
@@ -148,141 +208,133 @@ def _run(
             f"verifier {container['verifier'].get('name')!r} has no tokenizer: a run needs "
             f"verifier.tokenizer to encode the prompts"
         )
-    max_new = int(cfg.generation.max_new_tokens)
-    method = method_name(cfg)
-    baseline = bool(cfg.run.vanilla_baseline)
-    sampling = SamplingConfig.from_config(container.get("generation"))
-    seed = int(cfg.seed)
     stop_strings = (container.get("generation") or {}).get("stop")  # escapes decoded in run_experiment
-    stop = StopStrings(tokenizer, stop_strings) if stop_strings else None
     for line in never_matching(tokenizer, stop_strings or []):
         print(f"warning: {line}", file=sys.stderr)
-    fingerprint = config_fingerprint(container)  # recorded in each row: resume only what these settings made
-    token_ids = {p.prompt_id: p.token_ids(tokenizer) for p in prompts}
-    too_long = over_context(prompts, token_ids, verifier, drafter)  # skipped, reported before decoding
+    setup = RunSetup(
+        method=method_name(cfg),
+        runtime=runtime,
+        verifier=verifier,
+        drafter=drafter,
+        policy=policy,
+        reuse=reuse,
+        stop=StopStrings(tokenizer, stop_strings) if stop_strings else None,
+        sampling=SamplingConfig.from_config(container.get("generation")),
+        max_new_tokens=int(cfg.generation.max_new_tokens),
+        seed=int(cfg.seed),
+        tokenizer=tokenizer,
+        fingerprint=config_fingerprint(container),
+    )
+    return setup, loggers
+
+
+def _plan(cfg: DictConfig, container: dict[str, Any], setup: RunSetup, prompts: list, run_dir: Path) -> PromptPlan:
+    """Encode the prompts; which are too long (skipped, reported before decoding), which an earlier
+    run finished (``run.resume``), how many warm up."""
+    token_ids = {p.prompt_id: p.token_ids(setup.tokenizer) for p in prompts}
+    too_long = over_context(prompts, token_ids, setup.verifier, setup.drafter)
     too_many = max_new_tokens_line(
-        max_new,
+        setup.max_new_tokens,
         [int(token_ids[p.prompt_id].shape[0]) for p in prompts if p.prompt_id not in too_long],
-        verifier,
-        drafter,
+        setup.verifier,
+        setup.drafter,
     )
     if too_many:  # generation ends at the context instead: a warning, nothing is lost
         print(f"warning: {too_many}", file=sys.stderr)
     finished = (
-        load_finished(results_path(container, run_dir), fingerprint, {p.prompt_id for p in prompts})
+        load_finished(results_path(container, run_dir), setup.fingerprint, {p.prompt_id for p in prompts})
         if bool(cfg.run.get("resume", False))
         else {}
     )
     if finished:
         print(f"resuming {run_dir}: {len(finished)} of {len(prompts)} prompts finished earlier (results.jsonl)")
+    warmup = int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0
+    return PromptPlan(prompts, token_ids, finished, too_long, warmup)
 
-    # Each call is seeded from (seed, prompt id): sampled outputs do not depend on the prompt
-    # order, on which method ran first, or on resuming (specpolicy.core.sampling.prompt_seed).
-    def speculative(ids, on_round=None, prompt_id="") -> GenerationResult:
-        runtime.seed_everything(prompt_seed(seed, prompt_id))
-        return generate(
-            ids,
-            verifier,
-            runtime,
-            max_new_tokens=max_new,
-            drafter=drafter,
-            policy=policy,
-            reuse=reuse,
-            on_round=on_round,
-            sampling=sampling,
-            stop=stop,
-        )
 
-    def vanilla(ids, prompt_id="") -> GenerationResult:
-        runtime.seed_everything(prompt_seed(seed, prompt_id))
-        return generate(ids, verifier, runtime, max_new_tokens=max_new, sampling=sampling, stop=stop)
+def _progress(method: str, done: int, total: int, result: PromptResult) -> None:
+    """One line per prompt on stderr, whatever the terminal: a long run shows it is alive."""
+    spec = result.speculative
+    line = f"[{method}] prompt {done}/{total} {result.prompt_id}: "
+    if result.skipped:
+        line += f"skipped ({result.skipped})"
+    else:
+        tokens = int(spec.output_ids.shape[0])
+        line += f"{tokens} tokens in {spec.wall_s:.2f} s, {len(spec.rounds)} rounds"
+        if result.vanilla is not None and spec.wall_s > 0:
+            line += f", {result.vanilla.wall_s / spec.wall_s:.2f}x vanilla"
+    print(line, file=sys.stderr, flush=True)
 
-    decodable = [p for p in prompts if p.prompt_id not in too_long]
-    warmup = decodable[: int(cfg.run.warmup_prompts)] if len(finished) < len(prompts) else []
-    if int(container["generation"].get("batch_size", 1)) > 1:
-        warmup = []  # the batched run warms up its own way
-    for prompt in warmup:  # untimed: first-call overheads
-        ids = token_ids[prompt.prompt_id]
-        speculative(ids)
-        if baseline:
-            vanilla(ids)
 
+def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool) -> list[PromptResult]:
+    """Every prompt at batch 1 (speculative and, with ``baseline``, vanilla, alternating which goes
+    first so drift affects both alike); a finished prompt is read back, a too long one recorded."""
+    results: list[PromptResult] = []
+    method = setup.method
+    for i, prompt in enumerate(plan.prompts):
+        pid = prompt.prompt_id
+        if pid in plan.finished:  # resumed: read back, not recomputed
+            results.append(plan.finished[pid])
+            continue
+        ids = plan.token_ids[pid]
+        if pid in plan.too_long:  # recorded, never decoded (a resume reads it back)
+            result = PromptResult.skip(
+                pid, ids.shape[0], plan.too_long[pid], config_hash=setup.fingerprint, prompt_text=prompt.text
+            )
+        else:
+
+            def on_round(record, _pid=pid):
+                pm.hook.specpolicy_round_end(method=method, prompt_id=_pid, record=record)
+
+            van = setup.decode(ids, False, pid) if baseline and i % 2 == 1 else None
+            spec = setup.decode(ids, True, pid, on_round)
+            if baseline and van is None:
+                van = setup.decode(ids, False, pid)
+            result = PromptResult.of(
+                pid,
+                ids.shape[0],
+                spec,
+                van,
+                setup.tokenizer.decode(spec.output_ids.tolist(), skip_special_tokens=True),
+                sampled=not setup.sampling.is_greedy,
+                config_hash=setup.fingerprint,
+                prompt_text=prompt.text,
+            )
+        pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
+        results.append(result)
+        _progress(method, i + 1, len(plan.prompts), result)
+    return results
+
+
+def _run(
+    cfg: DictConfig, container: dict[str, Any], pm, prompts: list, run_dir: Path, outputs: list[str] | None = None
+) -> dict[str, Any]:
+    setup, loggers = _load(cfg, container, pm, run_dir)
+    plan = _plan(cfg, container, setup, prompts, run_dir)
+    baseline = bool(cfg.run.vanilla_baseline)
     batch_size = int(container["generation"].get("batch_size", 1))
+    if batch_size == 1:
+        decodable = [p for p in prompts if p.prompt_id not in plan.too_long]
+        for prompt in decodable[: plan.warmup]:  # untimed: first-call overheads
+            setup.decode(plan.token_ids[prompt.prompt_id], True)
+            if baseline:
+                setup.decode(plan.token_ids[prompt.prompt_id], False)
     serving: dict[str, Any] | None = None  # the batched loop's throughput and latency (batch_size > 1)
     results: list[PromptResult] = []  # in prompt order (the summary is computed from them)
     watch = MachineWatch()  # load and CPU time around the timed prompts (timing_conditions)
+    runtime = setup.runtime
     with interruptible(), registered(pm, loggers):
         try:
             pm.hook.specpolicy_run_start(config=container, run_dir=str(run_dir))
             watch.start()
-            if batch_size > 1:  # many requests at once: specpolicy.core.batching
+            if batch_size > 1:  # many requests at once (the batched loop warms up its own way)
                 from specpolicy.run.batch_experiment import run_batched
 
-                results, serving = run_batched(
-                    prompts,
-                    token_ids,
-                    finished,
-                    too_long,
-                    verifier,
-                    drafter,
-                    policy,
-                    runtime,
-                    container,
-                    pm,
-                    method,
-                    fingerprint,
-                    tokenizer,
-                    int(cfg.run.warmup_prompts) if len(finished) < len(prompts) else 0,
-                    stop,
-                )
-            # disable=None: tqdm draws the bar only when stderr is a terminal (never into a log file)
-            for i, prompt in enumerate(
-                tqdm(prompts if batch_size == 1 else [], desc=method, unit="prompt", disable=None)
-            ):
-                if prompt.prompt_id in finished:  # resumed: read back, not recomputed
-                    results.append(finished[prompt.prompt_id])
-                    continue
-                ids = token_ids[prompt.prompt_id]
-                if prompt.prompt_id in too_long:  # recorded, never decoded (a resume reads it back)
-                    result = PromptResult.skip(
-                        prompt.prompt_id,
-                        ids.shape[0],
-                        too_long[prompt.prompt_id],
-                        config_hash=fingerprint,
-                        prompt_text=prompt.text,
-                    )
-                    pm.hook.specpolicy_prompt_end(
-                        method=method, prompt_id=prompt.prompt_id, row=result.to_row(), result=result
-                    )
-                    results.append(result)
-                    continue
-
-                def on_round(record, _pid=prompt.prompt_id):
-                    pm.hook.specpolicy_round_end(method=method, prompt_id=_pid, record=record)
-
-                van = None
-                if baseline and i % 2 == 1:  # alternate the order so drift affects both methods alike
-                    van = vanilla(ids, prompt_id=prompt.prompt_id)
-                spec = speculative(ids, on_round, prompt_id=prompt.prompt_id)
-                if baseline and van is None:
-                    van = vanilla(ids, prompt_id=prompt.prompt_id)
-                result = PromptResult.of(
-                    prompt.prompt_id,
-                    ids.shape[0],
-                    spec,
-                    van,
-                    tokenizer.decode(spec.output_ids.tolist(), skip_special_tokens=True),
-                    sampled=not sampling.is_greedy,
-                    config_hash=fingerprint,
-                    prompt_text=prompt.text,
-                )
-                pm.hook.specpolicy_prompt_end(
-                    method=method, prompt_id=prompt.prompt_id, row=result.to_row(), result=result
-                )
-                results.append(result)
-
+                results, serving = run_batched(setup, plan, container, pm)
+            else:
+                results = _decode_one_by_one(setup, plan, pm, baseline)
             summary = summarize(
-                method,
+                setup.method,
                 results,
                 container,
                 runtime.describe(),
@@ -294,7 +346,7 @@ def _run(
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
-                _write_partial_summary(method, results, container, runtime, len(prompts), run_dir, error, watch)
+                _write_partial_summary(setup.method, results, container, runtime, len(prompts), run_dir, error, watch)
             # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
             # never replaces the run's own error, which is re-raised.
             for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):

@@ -198,6 +198,9 @@ def _check_core(config: Mapping[str, Any]) -> None:
     if boolean("runtime.compile", runtime.get("compile", False)):
         _check_compiled_target(config.get("verifier") or {})
     try:
+        threads = runtime.get("threads")
+        if threads is not None:
+            integer("runtime.threads", threads, 1)
         Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
         profile_from(dict(config))  # a bad `profile` fails now, not after the run
     except (ValueError, TypeError, KeyError) as exc:

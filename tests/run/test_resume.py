@@ -5,6 +5,9 @@ writes (timings aside). SIGINT / SIGTERM write a partial summary first and exit 
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import json
 import os
 import re
@@ -189,10 +192,26 @@ def test_run_directory_names_keep_every_override_readable():
 
 
 @pytest.fixture(scope="module")
-def reference(family, tmp_path_factory):
+def reference_run(family, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
-    summary = run_experiment(compose_cfg(family), run_dir)
-    return summary, lines(run_dir / "results.jsonl")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # not a terminal: the progress lines still come
+        summary = run_experiment(compose_cfg(family), run_dir)
+    return summary, lines(run_dir / "results.jsonl"), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[:2]
+
+
+def test_one_progress_line_per_prompt_on_stderr_when_not_a_terminal(reference_run):
+    summary, rows, err = reference_run
+    progress = [line for line in err.splitlines() if line.startswith(f"[{summary['method']}] prompt ")]
+    assert len(progress) == PROMPTS
+    for i, (line, row) in enumerate(zip(progress, rows)):
+        assert line.startswith(f"[{summary['method']}] prompt {i + 1}/{PROMPTS} {row['prompt_id']}: ")
+        assert f"{row['generated_tokens']} tokens in " in line and "x vanilla" in line
 
 
 def test_rows_carry_prompt_id_and_output_ids(reference):

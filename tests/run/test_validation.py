@@ -126,6 +126,7 @@ def _truncated_copy(source, destination):
         "top_p",
         "device",
         "device_name",
+        "threads",
     ],
 )
 def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypatch, capsys, no_loads):
@@ -194,6 +195,7 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
             ["runtime.device=bogus"],
             "error: runtime.device='bogus' is not a device; use auto, cpu, cuda or cuda:N",
         ),
+        "threads": (["runtime.threads=0"], "error: runtime.threads must be an integer >= 1, got 0"),
     }
     extra, expected = cases[case]
     code, err, _ = run_cli(monkeypatch, capsys, *base, *extra)
