@@ -34,6 +34,7 @@ import torch
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.loop import Decoding, run_loop
 from specpolicy.core.policy import LengthPolicy, TreePolicy
+from specpolicy.core.protocols import BatchedVerifier, feature_layers
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
@@ -132,7 +133,7 @@ def generate_batch(
     arrivals = [0.0] * len(prompts) if arrivals is None else list(arrivals)
     if len(arrivals) != len(prompts):
         raise ValueError(f"got {len(arrivals)} arrival times for {len(prompts)} prompts")
-    if not callable(getattr(verifier, "batched", None)):
+    if not isinstance(verifier, BatchedVerifier):
         raise ValueError(
             f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} has no batched form "
             "(Verifier.batched()); the batched loop needs one (verifier=hf has it)"
@@ -144,7 +145,7 @@ def generate_batch(
         takes_slots = "slots" in inspect.signature(verifier.batched).parameters
         target = verifier.batched(slots=batch_size) if takes_slots else verifier.batched()
         target.sampling = sampling
-        target.feature_layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
+        target.feature_layers = feature_layers(drafter)
         if drafter is not None:  # the drafter the requests copy (Drafter.batched)
             how = dataclasses.replace(how, drafter=drafter.batched(batch_size))
         out = run_loop(

@@ -44,6 +44,7 @@ from specpolicy.core.loop import (  # noqa: F401  (the loop's pieces, importable
     run_loop,
 )
 from specpolicy.core.policy import LengthPolicy
+from specpolicy.core.protocols import feature_layers
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
@@ -101,7 +102,7 @@ def generate(
         max_new_tokens, drafter, policy, reuse, stop, sampling, None if on_round is None else _each(on_round)
     )
     how.check()
-    layers = tuple(drafter.target_feature_layers or ()) if drafter is not None else ()
+    layers = feature_layers(drafter)  # the target hidden states the drafter reads (none: vanilla computes none)
     # Inference mode: no autograd bookkeeping on any op of the loop (cheaper dispatch for the many
     # small tensor ops of drafting and verification); the output is cloned out of it, so callers
     # get an ordinary tensor.

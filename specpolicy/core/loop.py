@@ -44,6 +44,7 @@ import torch
 from specpolicy.core.batch_context import BatchContext, VerifyCost
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.policy import LengthPolicy, PolicyAnswerError, RunawayDrafts, TreePolicy
+from specpolicy.core.protocols import FeatureVerifier
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
@@ -113,7 +114,7 @@ class OneRequestTarget:
         self.max_context = verifier.max_context
         self.eos_token_ids = verifier.eos_token_ids
         self.rows = 0
-        if isinstance(verifier, Verifier) or hasattr(verifier, "request_features"):
+        if isinstance(verifier, FeatureVerifier):
             verifier.request_features(feature_layers)  # () switches features off (vanilla computes none)
 
     def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:

@@ -349,7 +349,7 @@ def _run(
                 _write_partial_summary(setup.method, results, container, runtime, len(prompts), run_dir, error, watch)
             # Every plugin's abort hook runs; one that fails (e.g. disk full) is reported in one line and
             # never replaces the run's own error, which is re-raised.
-            for plugin, hook_error in call_each(pm.hook.specpolicy_run_abort, error=error, run_dir=str(run_dir)):
+            for plugin, hook_error in call_each(pm, "specpolicy_run_abort", error=error, run_dir=str(run_dir)):
                 print(
                     f"warning: {plugin} failed while the run was aborting: {type(hook_error).__name__}: {hook_error}",
                     file=sys.stderr,
