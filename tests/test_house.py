@@ -32,10 +32,6 @@ ALLOWED = frozenset(
         "specpolicy/analysis/report.py",
         # the compiled runtime
         "specpolicy/models/static_qwen.py",
-        # the round and the runs
-        "specpolicy/core/batching.py::_run",
-        "specpolicy/run/experiment.py::_run",
-        "specpolicy/run/batch_experiment.py::run_batched",
     }
 )
 
