@@ -105,40 +105,56 @@ def alone_runs() -> dict:
     return {}
 
 
-@pytest.mark.parametrize("batch_size", [1, 4, 16])
-@pytest.mark.parametrize("kind", ["vanilla", "ar", "fastdllm", "suffix", "dflash", "dflash-vocab", "eagle3"])
-def test_every_request_decodes_as_it_does_alone(target, rt, drafters, alone_runs, kind, batch_size):
+def _alone_case(kind: str, choice: str, batch_size: int):
+    """Fast subset: every drafter with FailFast (vanilla: no policy) at batch size 4; the other
+    policies and batch sizes 1 and 16 are ``slow``."""
+    fast = batch_size == 4 and choice in ("failfast", "none")
+    marks = () if fast else pytest.mark.slow
+    return pytest.param(kind, choice, batch_size, id=f"{kind}-{choice}-{batch_size}", marks=marks)
+
+
+@pytest.mark.parametrize(
+    "kind, choice, batch_size",
+    [
+        _alone_case(kind, choice, batch_size)
+        for kind in ["vanilla", "ar", "fastdllm", "suffix", "dflash", "dflash-vocab", "eagle3"]
+        for choice in (["none"] if kind == "vanilla" else sorted(POLICIES))
+        for batch_size in (1, 4, 16)
+    ],
+)
+def test_every_request_decodes_as_it_does_alone(target, rt, drafters, alone_runs, kind, choice, batch_size):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     prompts = _prompts(20)
-    for choice in ["static"] if kind == "vanilla" else sorted(POLICIES):
-        make = (lambda: (None, None)) if kind == "vanilla" else (lambda: (drafters[kind](), POLICIES[choice]()))
-        if kind in ("dflash", "dflash-vocab", "eagle3"):
-            verifier.request_features(make()[0].target_feature_layers)
-        if (kind, choice) not in alone_runs:
-            alone_runs[kind, choice] = [
-                generate(prompt, verifier, rt, max_new_tokens=24, drafter=d, policy=p)
-                for prompt in prompts
-                for d, p in [make()]
-            ]
-        alone = alone_runs[kind, choice]
-        d, p = make()
-        batched = generate_batch(prompts, verifier, rt, max_new_tokens=24, batch_size=batch_size, drafter=d, policy=p)
-        assert not batched.skipped and sorted(batched.results) == list(range(len(prompts)))
-        for i, ref in enumerate(alone):
-            got = batched.results[i]
-            assert got.output_ids.tolist() == ref.output_ids.tolist(), (kind, choice, i)
-            assert got.finish_reason == ref.finish_reason
-            # its own drafter state and policy: the same drafts and accepted lengths as alone
-            assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
-                (r.draft_token_ids, r.accepted_length) for r in ref.rounds
-            ], (kind, choice, i)
-        assert max(batched.batch_sizes) == min(batch_size, len(prompts))
-        assert sum(batched.verify_tokens) == sum(
-            r.speculation_length + 1 for g in batched.results.values() for r in g.rounds
-        )
+    make = (lambda: (None, None)) if kind == "vanilla" else (lambda: (drafters[kind](), POLICIES[choice]()))
+    if kind in ("dflash", "dflash-vocab", "eagle3"):
+        verifier.request_features(make()[0].target_feature_layers)
+    if (kind, choice) not in alone_runs:
+        alone_runs[kind, choice] = [
+            generate(prompt, verifier, rt, max_new_tokens=24, drafter=d, policy=p)
+            for prompt in prompts
+            for d, p in [make()]
+        ]
+    alone = alone_runs[kind, choice]
+    d, p = make()
+    batched = generate_batch(prompts, verifier, rt, max_new_tokens=24, batch_size=batch_size, drafter=d, policy=p)
+    assert not batched.skipped and sorted(batched.results) == list(range(len(prompts)))
+    for i, ref in enumerate(alone):
+        got = batched.results[i]
+        assert got.output_ids.tolist() == ref.output_ids.tolist(), (kind, choice, i)
+        assert got.finish_reason == ref.finish_reason
+        # its own drafter state and policy: the same drafts and accepted lengths as alone
+        assert [(r.draft_token_ids, r.accepted_length) for r in got.rounds] == [
+            (r.draft_token_ids, r.accepted_length) for r in ref.rounds
+        ], (kind, choice, i)
+    assert max(batched.batch_sizes) == min(batch_size, len(prompts))
+    assert sum(batched.verify_tokens) == sum(
+        r.speculation_length + 1 for g in batched.results.values() for r in g.rounds
+    )
 
 
-@pytest.mark.parametrize("kind", ["ar", "fastdllm", "eagle3"])
+@pytest.mark.parametrize(
+    "kind", ["ar", pytest.param("fastdllm", marks=pytest.mark.slow), pytest.param("eagle3", marks=pytest.mark.slow)]
+)
 def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(target, rt, drafters, kind, monkeypatch):
     """``reuse``: every request's rounds -- drafts with the reused tokens, accepted lengths -- and
     output equal its batch-1 run with reuse, and reuse happened (static drafts of 6 tokens from
@@ -216,7 +232,9 @@ class _BracketTokenizer:
         return "".join(f"[{int(t)}]" for t in ids)
 
 
-@pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("vanilla", marks=pytest.mark.slow), "ar", pytest.param("eagle3", marks=pytest.mark.slow)]
+)
 def test_requests_leave_at_their_first_stop_string_as_they_do_alone(target, rt, drafters, kind):
     """Stop strings taken from two requests' outputs (spanning two tokens): each request stops where
     it stops alone -- output, finish reason, drafts and accepted lengths --, the others go on."""
@@ -428,7 +446,9 @@ def _static_caches(drafter, capacity: int = 64) -> None:
         drafter.static = StaticDFlash(drafter.model, capacity)
 
 
-@pytest.mark.parametrize("name", BATCH_STAT_TESTS)
+@pytest.mark.parametrize(
+    "name", [name if name == "ar" else pytest.param(name, marks=pytest.mark.slow) for name in BATCH_STAT_TESTS]
+)
 def test_batched_sampling_matches_the_target_distribution_per_request(models, name, monkeypatch):  # noqa: F811
     """N requests of the same prompt, mixed with others, through the batched loop at batch size 8:
     the joint of each request's first T tokens matches the target's sampling distribution

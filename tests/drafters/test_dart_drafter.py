@@ -260,7 +260,9 @@ def _sampling_module():
     return module
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree", "tree-best-first", "failfast"])
+@pytest.mark.parametrize(  # the chain in the fast subset, the trees and FailFast slow
+    "kind", ["chain", *(pytest.param(k, marks=pytest.mark.slow) for k in ("tree", "tree-best-first", "failfast"))]
+)
 def test_speculative_sampling_keeps_the_target_distribution(kind):
     from specpolicy.family.train_dart import new_dart
 
