@@ -1,7 +1,8 @@
 """Shared test builders: tiny Qwen2 models built in the test (float64 so argmax near-ties cannot
 flip), and the tiny on-disk model family for runs of the command line. Tests marked ``slow``
-(pyproject.toml: multirun, Optuna, subprocess, training and benchmark runs) run by default;
-``python -m pytest -q -m "not slow"`` deselects them."""
+(pyproject.toml: multirun, Optuna, subprocess, training and benchmark runs, and the wide
+matrices past the cases the fast subset keeps) run by default; ``python -m pytest -q -m "not
+slow"`` deselects them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specpolicy.core.runtime import Runtime
 
-# Tiny models: one thread is faster than two (no sync overhead) and leaves a core to other work.
+# Tiny models: one thread is faster than two (no sync overhead); the suite runs on two worker
+# processes (pytest-xdist, ``-n 2`` in pyproject.toml), one thread each: one per core on CI's two.
 torch.set_num_threads(1)
 
 VOCAB = 64

@@ -70,6 +70,7 @@ def test_the_stale_lock_of_a_dead_process_is_taken_over_with_a_message(tmp_path)
         assert json.loads((tmp_path / HOLDER_FILE).read_text())["pid"] == os.getpid()
 
 
+@pytest.mark.slow  # two CLI runs in subprocesses
 def test_two_processes_running_the_same_command_never_duplicate_results(family, tmp_path):
     """The second process exits at once with status 2 and one line naming the first; the first
     finishes; results.jsonl holds every prompt once."""
