@@ -303,7 +303,14 @@ def _config(name: str, models, runtime):
 # -- the statistical test of losslessness ------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", STAT_TESTS)
+#: the fast subset's configurations: vanilla sampling and every drafter with a static length; the
+#: policies and variants (FailFast, the trees, the path search) are ``slow``
+FAST_STAT_TESTS = ("vanilla", "ar", "fastdllm", "suffix", "dflash", "eagle3")
+
+
+@pytest.mark.parametrize(
+    "name", [name if name in FAST_STAT_TESTS else pytest.param(name, marks=pytest.mark.slow) for name in STAT_TESTS]
+)
 def test_speculative_sampling_matches_target_distribution(models, runtime, name):
     make, prompt, sampling, tokens = _config(name, models, runtime)
     counts, stats = run_counts(make, prompt, sampling, runtime, models["target"], tokens)

@@ -221,9 +221,15 @@ def test_rows_carry_prompt_id_and_output_ids(reference):
 
 
 POINTS = [("call", n) for n in range(1, 2 * PROMPTS + 1)] + [("between", i) for i in range(1, PROMPTS + 1)]
+#: the fast subset's points: in the first prompt's speculative and vanilla calls, in the last call,
+#: between two prompts and after the last row; the others are ``slow``
+FAST_POINTS = {("call", 1), ("call", 2), ("call", 2 * PROMPTS), ("between", 2), ("between", PROMPTS)}
 
 
-@pytest.mark.parametrize("kind,at", POINTS, ids=[f"{k}-{n}" for k, n in POINTS])
+@pytest.mark.parametrize(
+    "kind,at",
+    [pytest.param(k, n, id=f"{k}-{n}", marks=() if (k, n) in FAST_POINTS else pytest.mark.slow) for k, n in POINTS],
+)
 def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch, kind, at):
     """SIGTERM right after the n-th generate() call (during a prompt: its row is not written yet),
     or between prompts (after prompt i's row was written)."""
