@@ -92,6 +92,7 @@ def test_read_config_keeps_comments_nested_keys_and_continuations(tmp_path: Path
     assert reference.comment_range("three, >= 1") == ">= 1"
 
 
+@pytest.mark.slow  # five renders of the configuration page
 def test_check_names_a_stale_page_in_a_copy(tmp_path: Path, capsys):
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     shutil.copytree(ROOT / reference.REFERENCE, tmp_path / reference.REFERENCE)

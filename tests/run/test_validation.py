@@ -77,6 +77,7 @@ def test_out_of_range_value_is_one_line_before_any_model_loads(tmp_path):
     assert not (tmp_path / "outputs" / "policy.tau=1.5" / "results.jsonl").exists()
 
 
+@pytest.mark.slow  # a subprocess (the one-line error's real process stays in the fast subset)
 def test_debug_flag_keeps_the_traceback(tmp_path):
     driver, marker = tmp_path / "driver.py", tmp_path / "loads.txt"
     driver.write_text(DRIVER)
