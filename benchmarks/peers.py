@@ -68,6 +68,8 @@ with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.an
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import re
 import sys
@@ -211,17 +213,24 @@ class MethodSpec:
         """The ``--method`` value that gives this method: its name for a preset, else ``NAME=OVERRIDES``."""
         return self.name if self.overrides == [f"method={self.name}"] else f"{self.name}={','.join(self.overrides)}"
 
-    def variant(self, entry: str) -> MethodSpec:
-        """This method with one sweep ``entry`` (``policy.k=8``, comma-joined overrides) applied,
-        under the same name, composed and validated as ``--method`` is."""
+    def variant(self, entry: str, note: str = "calibrated") -> MethodSpec:
+        """This method with ``entry`` (``policy.k=8``, comma-joined overrides: a sweep entry) applied,
+        under the same name, composed and validated as ``--method`` is; its description says so
+        (``<description>; <note>: <entry>``)."""
         spec = parse_method(f"{self.name}={','.join([*self.overrides, entry])}", one_off=False)
-        spec.description = f"{(self.description or self.name).rstrip('.')}; calibrated: {entry}"
+        spec.description = f"{(self.description or self.name).rstrip('.')}; {note}: {entry}"
         return spec
 
 
 def _compose(overrides: list[str]) -> dict[str, Any]:
     """The run config ``python -m specpolicy <overrides>`` composes (plugins' config directories
-    included), resolved; Hydra's errors as they come."""
+    included), resolved; Hydra's errors as they come. Composed once per process for the same
+    overrides (a Hydra composition takes a fraction of a second)."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
@@ -229,7 +238,7 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
 
     register()  # plugins' config directories (policy=<a plugin's policy>)
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
 
 def parse_method(text: str, one_off: bool = True) -> MethodSpec:
@@ -256,9 +265,7 @@ def parse_method(text: str, one_off: bool = True) -> MethodSpec:
             f"takes NAME (a method preset) or NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, "
             f"digits, _ . + -, not vanilla), got {text!r}"
         )
-    allowed = re.compile(
-        r"^(drafter|policy|method|\+?\+?(policy|drafter)\.[\w.]+|reuse\.enabled|plugins\.block)="
-    )
+    allowed = re.compile(r"^(drafter|policy|method|\+?\+?(policy|drafter)\.[\w.]+|reuse\.enabled|plugins\.block)=")
     for override in overrides if sep and one_off else []:
         if not allowed.match(override):
             raise argparse.ArgumentTypeError(
@@ -654,9 +661,7 @@ def calibrate(bench: Bench, specs: list[MethodSpec], prompt_ids: list[torch.Tens
     everything = list(hf_runs.values()) + list(candidates.values())
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
-    picks = {
-        name: max(sweep, key=lambda entry, name=name: tps[f"{name}[{entry}]"]) for name, sweep in variants.items()
-    }
+    picks = {name: max(sweep, key=lambda entry, name=name: tps[f"{name}[{entry}]"]) for name, sweep in variants.items()}
     record = {
         "prompts": len(prompt_ids),
         "tokens_per_s": tps,
