@@ -209,9 +209,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not 0.0 <= getattr(args, key) <= 1.0:
             p.error(f"--{key.replace('_', '-')} must be in [0, 1], got {getattr(args, key)}")
     args.falcon_skipped = resolve_falcon(args)
-    args.rows = args.method or [parse_method(name) for name in METHOD_TITLES]
-    presets = [s for s in args.rows if s.given == s.name]  # by name: the protocol applies
-    args.presets = {s.name: s for s in presets + [parse_method(n) for n in CALIBRATED.values()]}
     if args.calibration_offset is None:
         args.calibration_offset = args.offset + args.num_prompts
     if args.fail_fast_only_k is None:
@@ -234,6 +231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
             f"[{args.offset}, {eval_end})"
         )
+    args.rows = args.method or [parse_method(name) for name in METHOD_TITLES]
+    presets = [s for s in args.rows if s.given == s.name]  # by name: the protocol applies
+    args.presets = {s.name: s for s in presets + [parse_method(n) for n in CALIBRATED.values()]}
     return args
 
 
