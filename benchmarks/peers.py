@@ -1031,6 +1031,9 @@ def select_methods(args: argparse.Namespace, log=print) -> list[MethodSpec]:
     except argparse.ArgumentTypeError as exc:
         sys.exit(f"benchmarks/peers.py: error: DEFAULT_METHODS: {exc}")
     specs += [s for s in args.method if args.pattern is None or args.pattern.search(s.name)]
+    twice = sorted({s.name for s in specs if [x.name for x in specs].count(s.name) > 1})
+    if twice:
+        sys.exit(f"benchmarks/peers.py: error: --method {twice[0]}: already among the methods (--builtins runs it)")
     for s in specs if args.quick else []:
         s.sweep = s.sweep[:2]
     log(f"{len(specs)} methods composed from conf/method/ and --method")

@@ -116,3 +116,14 @@ def test_the_tuned_table_footer_names_only_the_rows_given_the_profile_s_costs(ca
     assert "goodput-a6000-qwen32b" not in footer and "other" not in footer  # rows the table lacks or priced elsewhere
     peers.print_tuned_table(_results(**{"ar+goodput": None}))
     assert "given that profile's costs" not in capsys.readouterr().out
+
+
+def test_a_method_named_twice_is_one_line_before_any_model_loads(capsys, monkeypatch):
+    peers = load_benchmark("peers")
+    monkeypatch.setattr(peers, "Bench", lambda args: pytest.fail("a model was loaded"))
+    argv = ["--builtins", "--method", "dflash+failfast", "--methods", r"^dflash\+failfast$", "--num-prompts", "1"]
+    with pytest.raises(SystemExit) as info:
+        peers.main(argv)
+    assert info.value.code == (
+        "benchmarks/peers.py: error: --method dflash+failfast: already among the methods (--builtins runs it)"
+    )
