@@ -8,7 +8,12 @@ passes per round), for its baselines and the two ablations, in one process.
         --out benchmarks/results/paper                  # the four data sets side by side
     python -m specpolicy.analysis.paper_figures reliability benchmarks/results/paper-gsm8k/runs/failfast
 
-Methods (the bundled family by default; ``--target``, ``--ar-drafter``, ``--dllm-drafter``):
+Methods: ``conf/method/`` presets by name, one per row (``METHOD_TITLES``; the preset holds the
+settings and the one-line description, the row's name is the preset's), run under the paper's
+protocol (``protocol``: the ``--failfast-*`` settings, the unmask thresholds, the calibrated k);
+``--method NAME`` picks other presets, ``--method NAME=OVERRIDES`` adds a one-off as
+``benchmarks/peers.py`` takes it. The paper's rows (the bundled family by default; ``--target``,
+``--ar-drafter``, ``--dllm-drafter``):
 
 * ``ar`` -- AR drafter, static k = the best of ``--k-grid`` in calibration (§5.1);
 * ``fast-dllm`` -- Fast-dLLM at its default unmask threshold 0.9, static k = the AR drafter's
@@ -65,6 +70,7 @@ import csv
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -75,8 +81,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import (  # noqa: E402  (not a package)
     Bench,
     Method,
+    MethodSpec,
+    _conf,
     add_model_arguments,
     mark_timing,
+    parse_method,
     run_interleaved,
     start_benchmark,
     summarize_method,
@@ -89,7 +98,6 @@ from specpolicy.analysis.summary import headline  # noqa: E402
 from specpolicy.core.accounting import with_pass_accounting  # noqa: E402
 from specpolicy.core.latency import load_profile, modeled_speedup  # noqa: E402
 from specpolicy.data.datasets import BUNDLED, load_prompts  # noqa: E402
-from specpolicy.drafters.fastdllm import FastDLLMDrafter  # noqa: E402
 
 #: The paper's A6000 profiles, in the order of its Table 1 (32B, 14B, 7B targets).
 PROFILES = ("a6000-qwen32b", "a6000-qwen14b", "a6000-qwen7b")
@@ -99,7 +107,7 @@ PROFILE_TITLES = {
     "a6000-qwen7b": "Qwen2.5-7B-Instruct",
 }
 ACCOUNTINGS = ("project", "official")
-#: Table rows, in order: method key -> title.
+#: Table rows, in order: ``conf/method/`` preset name -> title.
 METHOD_TITLES = {
     "ar": "AR drafter",
     "fast-dllm": "Fast-dLLM",
@@ -177,6 +185,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-threshold", type=float, default=0.9, help="Fast-dLLM's default unmask threshold")
     p.add_argument("--failfast-threshold", type=float, default=0.05, help="FailFast's unmask threshold")
     p.add_argument("--out", default="paper-table", help="output directory")
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME[=OVERRIDES]",
+        help="a row by its conf/method/ preset's name (under the paper's protocol: the --failfast-* settings, "
+        "the thresholds, the calibrated k of " + ", ".join(TAKES_K) + "), or a one-off NAME=drafter=D,policy=P,... "
+        "(as given); repeat for several (default: the paper's rows, " + ", ".join(METHOD_TITLES) + ")",
+    )
     add_model_arguments(p)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     args = p.parse_args(argv)
@@ -213,6 +231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
             f"[{args.offset}, {eval_end})"
         )
+    args.rows = args.method or [parse_method(name) for name in METHOD_TITLES]
+    presets = [s for s in args.rows if s.given == s.name]  # by name: the protocol applies
+    args.presets = {s.name: s for s in presets + [parse_method(n) for n in CALIBRATED.values()]}
     return args
 
 
@@ -229,30 +250,17 @@ def resolve_falcon(args: argparse.Namespace) -> str | None:
 
 # -- methods -----------------------------------------------------------------------------------------
 
+#: The calibration's static-k sweeps (``--k-grid``): label prefix -> the preset it sweeps.
+CALIBRATED = {"ar": "ar", "fast-dllm": "fast-dllm-plus", "eagle3": "eagle3"}
+#: The rows that take a calibrated k: row -> the calibration prefix whose best k it runs ("Our
+#: Fast-dLLM baseline adopts the same speculation length as the AR drafter", App. D.1).
+TAKES_K = {"ar": "ar", "fast-dllm": "ar", "fast-dllm-plus": "fast-dllm", "eagle3": "eagle3"}
+
 
 def _bench(args: argparse.Namespace) -> Bench:
-    """``peers.Bench`` (target, AR drafter, Fast-dLLM drafter at FailFast's threshold) plus a Fast-dLLM
-    drafter at the default threshold sharing the same model."""
-    bench = Bench(SimpleNamespace(**vars(args), static_k=5, reuse_min_match=2))
-    low = bench.drafters["fastdllm"]
-    low.threshold = float(args.failfast_threshold)
-    bench.drafters["fastdllm-default"] = FastDLLMDrafter(
-        low.model,
-        bench.runtime,
-        SimpleNamespace(mask_token_id=low.mask_token_id),
-        block_size=low.block_size,
-        small_block_size=low.small_block_size,
-        threshold=args.default_threshold,
-        stop_token_ids=bench.verifier.eos_token_ids,
-        confidence_dtype=low.confidence_dtype,
-    )
-    return bench
-
-
-def _method(bench: Bench, key: str, drafter: str, choice: str, description: str, **policy) -> Method:
-    m = bench.ours(drafter, choice, False, key, **policy)
-    m.name, m.description = key, description
-    return m
+    """``peers.Bench``: the target and the drafters the methods use, loaded on first use (a method
+    whose drafter settings differ from its config's, e.g. Fast-dLLM at threshold 0.9, gets its own)."""
+    return Bench(SimpleNamespace(**vars(args), reuse_min_match=2))
 
 
 def drafter_kind(drafter: str | None) -> str | None:
@@ -261,15 +269,40 @@ def drafter_kind(drafter: str | None) -> str | None:
     return None if drafter is None else ("fastdllm" if drafter.startswith("fastdllm") else drafter)
 
 
-def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str, Any]:
+def protocol(spec: MethodSpec, args: argparse.Namespace) -> list[str]:
+    """The paper protocol's settings as overrides of a row's preset: the Fast-dLLM drafter's unmask
+    threshold (``--failfast-threshold`` where the preset fails fast, at or below 0.5, else
+    ``--default-threshold``), FailFast's rule (``--failfast-n`` / ``-tau`` / ``-n-max``; a preset's
+    own N, e.g. DART's one pass of 8, is kept, N_max at least N), and the fail-fast-only ablation's
+    static k (``--fail-fast-only-k``)."""
+    out = []
+    if spec.drafter == "fastdllm":
+        low = float({**_conf("drafter", "fastdllm"), **spec.drafter_settings}["threshold"]) <= 0.5
+        out.append(f"drafter.threshold={args.failfast_threshold if low else args.default_threshold}")
+    if spec.policy["name"] == "failfast":
+        n = args.failfast_n if spec.policy["n"] == _conf("policy", "failfast")["n"] else int(spec.policy["n"])
+        out += [f"policy.n={n}", f"policy.tau={args.failfast_tau}", f"policy.n_max={max(args.failfast_n_max, n)}"]
+    if spec.name == "fail-fast-only":
+        out.append(f"policy.k={args.fail_fast_only_k}")
+    return out
+
+
+def _row(name: str, args: argparse.Namespace, k: int | None = None, label: str | None = None) -> MethodSpec:
+    """Preset ``name`` under the paper's protocol (``protocol``), at static k = ``k`` if given,
+    named ``label`` (default: the preset's name)."""
+    spec = args.presets[name] if name in args.presets else parse_method(name)
+    extra = protocol(spec, args) + ([f"policy.k={k}"] if k is not None else [])
+    row = spec.variant(",".join(extra), note="protocol") if extra else spec
+    return replace(row, name=label or spec.name)
+
+
+def _config(spec: MethodSpec, args) -> dict[str, Any]:
     """The summary config of a method's run directory (for ``specpolicy.analysis.paper_figures``)."""
-    d = bench.drafters[drafter]
-    node = {"name": drafter_kind(drafter)}
-    if isinstance(d, FastDLLMDrafter):  # fastdllm and deer
-        node.update(threshold=d.threshold, block_size=d.block_size, small_block_size=d.small_block_size)
+    node = {k: v for k, v in {**_conf("drafter", spec.drafter), **spec.drafter_settings}.items() if k != "model"}
     return {
-        "drafter": node,
-        "policy": {"name": choice, **policy},
+        "drafter": {**node, "name": spec.drafter},
+        "policy": dict(spec.policy),
+        "method": {"name": spec.name, "description": spec.description},
         "dataset": {"name": args.dataset, "path": args.dataset_path},
         "generation": {"max_new_tokens": args.max_new_tokens},
         "benchmark": "benchmarks/paper_table.py",
@@ -277,91 +310,24 @@ def _config(bench: Bench, drafter: str, choice: str, args, **policy) -> dict[str
 
 
 def main_methods(bench: Bench, args, k_ar: int, k_dllm: int, k_eagle3: int) -> tuple[list[Method], dict[str, dict]]:
-    """The evaluated methods (module docstring), vanilla first; Fast-dLLM+ only when its k differs."""
-    ff = {"n": args.failfast_n, "tau": args.failfast_tau, "n_max": args.failfast_n_max}
-    lo, hi = args.failfast_threshold, args.default_threshold
-    spec = [
-        ("ar", "ar", "static", f"AR drafter, static k = {k_ar}", {"k": k_ar}),
-        (
-            "fast-dllm",
-            "fastdllm-default",
-            "static",
-            f"Fast-dLLM, threshold {hi}, static k = {k_ar} (AR's)",
-            {"k": k_ar},
-        ),
-        (
-            "fast-dllm-plus",
-            "fastdllm-default",
-            "static",
-            f"Fast-dLLM+, threshold {hi}, static k = {k_dllm} (own best)",
-            {"k": k_dllm},
-        ),
-        (
-            "failfast",
-            "fastdllm",
-            "failfast",
-            f"FailFast, threshold {lo}, N = {ff['n']}, tau = {ff['tau']}, N_max = {ff['n_max']}",
-            ff,
-        ),
-        (
-            "fail-fast-only",
-            "fastdllm",
-            "static",
-            f"threshold {lo}, static k = {args.fail_fast_only_k}",
-            {"k": args.fail_fast_only_k},
-        ),
-        (
-            "win-big-only",
-            "fastdllm-default",
-            "failfast",
-            f"threshold {hi}, N = {ff['n']}, tau = {ff['tau']}, N_max = {ff['n_max']}",
-            ff,
-        ),
-        ("eagle3", "eagle3", "static", f"EAGLE-3 chain, static k = {k_eagle3} (own best)", {"k": k_eagle3}),
-        (
-            "eagle3-tree",
-            "eagle3",
-            "eagle2-tree",
-            "EAGLE-3 with EAGLE-2's dynamic tree: depth 8, 60 tokens, top-k 10 (the paper's SGLang setting, App. D.3)",
-            {"depth": 8, "top_k": 10, "total_tokens": 60},
-        ),
-        (
-            "dart-tree",
-            "dart",
-            "dart-tree",
-            "DART, one pass of 8 + its n-gram tree search (top-25, beam 20, 60 nodes)",
-            {},
-        ),
-        (
-            "dart-failfast",
-            "dart",
-            "failfast",
-            f"DART + FailFast, N = 8 (one pass), tau = {ff['tau']}, N_max = {max(ff['n_max'], 8)}",
-            {**ff, "n": 8, "n_max": max(ff["n_max"], 8)},
-        ),
-        ("falcon-tree", "falcon", "falcon-tree", "Falcon, k = 2 per pass, its static tree (policy falcon-tree)", {}),
-        ("deer", "deer", "static", "DEER, one denoising step, static k = 32 (the paper's setting)", {"k": 32}),
+    """The evaluated methods, vanilla first: the rows (``--method``, default ``METHOD_TITLES``'
+    presets) under the paper's protocol, the calibrated rows at their best k; Fast-dLLM+ only when
+    its k differs from Fast-dLLM's; falcon-tree only with Falcon weights."""
+    best = {"ar": k_ar, "fast-dllm": k_dllm, "eagle3": k_eagle3}
+    specs = [
+        _row(s.name, args, best[TAKES_K[s.name]] if s.name in TAKES_K else None) if s.name in args.presets else s
+        for s in args.rows
+        if not (s.drafter == "falcon" and getattr(args, "falcon_skipped", None))
+        and not (s.name == "fast-dllm-plus" and k_dllm == k_ar)  # the same method: run once, reported twice
     ]
-    if getattr(args, "falcon_skipped", None):
-        spec = [s for s in spec if s[0] != "falcon-tree"]
-    if k_dllm == k_ar:
-        spec = [s for s in spec if s[0] != "fast-dllm-plus"]  # the same method: run once, reported twice
-    methods = [bench.vanilla()]
-    configs = {}
-    for key, drafter, choice, description, policy in spec:
-        methods.append(_method(bench, key, drafter, choice, description, **policy))
-        configs[key] = _config(bench, drafter, choice, args, **policy)
-    return methods, configs
+    methods = [bench.vanilla()] + [bench.added(s) for s in specs]
+    return methods, {s.name: _config(s, args) for s in specs}
 
 
 def calibration_methods(bench: Bench, args) -> tuple[list[Method], dict[str, dict]]:
-    """Vanilla, the AR drafter, Fast-dLLM at the default threshold and EAGLE-3, static k over ``--k-grid``."""
-    methods, configs = [bench.vanilla()], {}
-    for k in args.k_grid:
-        for key, drafter in ((f"ar-k{k}", "ar"), (f"fast-dllm-k{k}", "fastdllm-default"), (f"eagle3-k{k}", "eagle3")):
-            methods.append(_method(bench, key, drafter, "static", f"{drafter}, static k = {k}", k=k))
-            configs[key] = _config(bench, drafter, "static", args, k=k)
-    return methods, configs
+    """Vanilla and each ``CALIBRATED`` preset at static k over ``--k-grid`` (``<prefix>-k<k>``)."""
+    specs = [_row(preset, args, k, f"{prefix}-k{k}") for k in args.k_grid for prefix, preset in CALIBRATED.items()]
+    return [bench.vanilla()] + [bench.added(s) for s in specs], {s.name: _config(s, args) for s in specs}
 
 
 # -- figures -----------------------------------------------------------------------------------------
@@ -477,8 +443,11 @@ def table1_rows(results: list[dict[str, Any]]) -> list[tuple[str, str, list[str]
 
 
 def _present(results: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """``(key, title)`` of the rows any of ``results`` has (runs made before a row existed lack it)."""
-    return [(k, t) for k, t in METHOD_TITLES.items() if any(k in r["methods"] for r in results)]
+    """``(key, title)`` of the rows any of ``results`` has (runs made before a row existed lack it):
+    the paper's rows in its order, then any other (``--method``) under its own name."""
+    names = [n for r in results for n in r["methods"] if n != "vanilla"]
+    titles = {**METHOD_TITLES, **{n: n for n in names if n not in METHOD_TITLES}}
+    return [(k, t) for k, t in titles.items() if k in names]
 
 
 APPENDIX_B_METRICS = (
@@ -681,7 +650,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             **main["methods"]["fast-dllm"],
             "description": main["methods"]["fast-dllm"]["description"] + " (Fast-dLLM+ = Fast-dLLM: same best k)",
         }
-    settings = {k: v for k, v in vars(args).items()}
+    settings = {k: v for k, v in vars(args).items() if k not in ("method", "rows", "presets")}
+    settings["method"] = [s.given for s in args.rows]
     settings.update(
         device=str(bench.runtime.torch_device),
         dtype=str(bench.runtime.torch_dtype).removeprefix("torch."),

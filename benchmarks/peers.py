@@ -6,7 +6,11 @@ same target, drafters and prompts.
     python benchmarks/peers.py --quick --out /tmp/peers.json          # a smoke run (2 prompts)
     python -m specpolicy.analysis.plot peers-runs                              # the paper's figures for it
 
-Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-drafter``):
+Methods are ``conf/method/`` presets, by name: the one list of named methods (each preset's
+settings, one-line ``method.description`` and calibration ``method.sweep``); the row's name is the
+preset's name, as ``python -m specpolicy method=<name>`` prints it. Without ``--method`` the run
+measures ``DEFAULT_METHODS`` (the bundled family ``target`` / ``ar-drafter`` / ``dllm-drafter`` ...
+by default) beside two kinds of reference rows:
 
 * ``vanilla`` -- our greedy decoding (the reference: speedups and losslessness are against it);
   ``hf-greedy`` -- ``model.generate(do_sample=False)``;
@@ -16,41 +20,28 @@ Methods (defaults: the bundled family ``target`` / ``ar-drafter`` / ``dllm-draft
   prompts), ``hf-assisted-heuristic`` (schedule ``"heuristic"``, starting at HF's default 20),
   ``hf-assisted-confidence`` (HF's defaults: 20 tokens, constant, ``assistant_confidence_threshold``
   0.4, adapted by HF's ROC rule when scikit-learn is installed); the persistent schedule state
-  is kept per method across prompts, as HF keeps it per assistant model;
-* ``hf-prompt-lookup`` -- prompt lookup decoding (``prompt_lookup_num_tokens``);
-* ours, each without and with draft reuse (``+reuse``): ``ar+static-k<K>`` (K = ``--static-k``),
-  ``fastdllm+static-k<K>`` (same K), ``fastdllm+static-k<best>`` (the paper's "Fast-dLLM+": the
-  best k of ``--dllm-k-sweep`` on the calibration prompts), ``fastdllm+failfast``,
-  ``fastdllm+specdecpp``, ``fastdllm+aimd``, ``ar+failfast`` (FailFast's stop rule on the AR
-  drafter), ``fastdllm+goodput`` and ``ar+goodput`` (the cost-aware policy, costs measured in the
-  run); and the model-free ``suffix+static-k<K>``, ``suffix+failfast`` and ``suffix+goodput``;
-* the drafters that read the target's hidden states: ``dflash+static-k<best>`` (best k of
-  ``--dflash-k-sweep`` on the calibration prompts), ``dflash+failfast`` (paper defaults),
-  ``dflash+failfast-b<B-1>`` (N = one block), ``dflash+failfast-n<N>-t<τ>`` (FailFast retuned
-  for DFlash: the best (N, τ) of ``--dflash-failfast-sweep`` on the calibration prompts, N_max 60),
-  ``dflash+specdecpp``, ``dflash+goodput``, ``eagle3+static-k<best>`` (``--eagle3-k-sweep``) and
-  ``eagle3+goodput``;
-* draft trees (one target pass per tree, ``specpolicy.core.tree``): ``eagle3+eagle2-tree-paper`` (EAGLE-2's
-  dynamic tree at the FailFast paper's EAGLE-3 setting, depth 8, 60 tokens, top-k 10, App. D.3),
-  ``eagle3+eagle2-tree-<best>`` (the best tree budget of ``--tree-sweep`` on the calibration
-  prompts), ``dflash+failfast-tree`` (FailFast's chain with sibling leaves where unsure) and
-  ``dflash+block-tree`` (best-first over one block's marginals, the policy's defaults) and
-  ``dflash+block-tree-<best>`` (the best budget of ``--block-tree-sweep`` on the calibration prompts);
-* the cost-aware policy given a hardware profile's costs instead (``--tuned-profile``, default
-  ``a6000-qwen32b``): ``<drafter>+goodput-<profile>`` for every model drafter, compared with
-  every method MODELED under that profile (speedup and fraction of the oracle with the profile's
-  costs: what the policy would do on that hardware).
+  is kept per method across prompts, as HF keeps it per assistant model; ``hf-prompt-lookup`` --
+  prompt lookup decoding (``prompt_lookup_num_tokens``).
 
-Methods by config (``--method NAME=OVERRIDES``, repeated): any installed policy -- a plugin's
-included -- on one of the drafters above, composed and validated as ``python -m specpolicy``
-composes them (``drafter=<d>,policy=<p>,policy.<key>=<value>,reuse.enabled=true``; the models,
-prompts and generation settings are the benchmark's own), e.g.
+A method whose preset has a ``method.sweep`` (``fastdllm+static-best``: the paper's "Fast-dLLM+",
+``dflash+static-best``, ``dflash+failfast-best``, ``eagle3+static-best``, ``eagle3+eagle2-tree-best``,
+``dflash+block-tree-best``) runs at the sweep entry with the most tokens/s on the first
+``--sweep-prompts`` prompts (the pick: ``calibration`` in the JSON, the row's description). The
+``<drafter>+goodput-<profile>`` rows are the cost-aware policy given a hardware profile's costs
+(``policy.cost_profile``), compared with every method MODELED under ``--tuned-profile``.
 
-    python benchmarks/peers.py --method ff=drafter=dflash,policy=failfast \
+``--method NAME`` (repeated) runs presets by name; ``--method NAME=OVERRIDES`` a one-off: any
+installed policy -- a plugin's included -- on one of the bench's drafters, composed and validated
+as ``python -m specpolicy`` composes them (``method=<preset>``, ``drafter=<d>``, ``drafter.<key>=``,
+``policy=<p>``, ``policy.<key>=<value>``, ``reuse.enabled=true``; the models, prompts and
+generation settings are the benchmark's own), e.g.
+
+    python benchmarks/peers.py --method dflash+failfast --method eagle3+eagle2-tree-paper \
         --method mine=drafter=dflash,policy=entropy,policy.n=4 --out compare.json
 
-With ``--method``, only vanilla and those methods run (no calibration sweeps); ``--builtins``
-adds them to the built-in methods above.
+With ``--method``, only vanilla and those methods run; ``--builtins`` adds the default methods and
+Hugging Face's rows. A name that is no preset is one parser error line naming the accepted names,
+before any model loads.
 
 Every method runs on every prompt; the order of the methods rotates from prompt to prompt so
 machine drift affects all alike (calibration sweeps likewise). Each output is checked against
@@ -77,6 +68,8 @@ with ``results.jsonl`` + ``summary.json``, readable by ``python -m specpolicy.an
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import json
 import re
 import sys
@@ -106,7 +99,6 @@ from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_po
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
-FAILFAST_N_MAX = 60  # FailFast's N_max, kept by the (N, tau) sweep of --dflash-failfast-sweep
 
 
 @dataclass
@@ -120,6 +112,7 @@ class Method:
     description: str
     run: Callable[[torch.Tensor], GenerationResult]
     outcomes: list[GenerationResult] = field(default_factory=list)
+    policy: dict[str, Any] = field(default_factory=dict)  # its policy's config node (ours; {} for HF's)
 
 
 # -- models and our methods ------------------------------------------------------------------
@@ -139,18 +132,71 @@ def _conf(group: str, choice: str, drafter: str | None = None) -> dict[str, Any]
     return OmegaConf.to_container(root[group], resolve=True)
 
 
-#: The drafters a ``--method`` may name (the bench's models: ``--ar-drafter`` ...).
+#: The drafters a method may run on (the bench's models: ``--ar-drafter`` ...).
 BENCH_DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3", "easyspec", "dart", "falcon", "deer")
+
+#: The methods a run without ``--method`` measures, in table order: ``conf/method/`` presets, by
+#: name (their settings, one-line descriptions and calibration sweeps live there); vanilla and
+#: Hugging Face's rows run beside them.
+DEFAULT_METHODS = (
+    "ar+static-k5",
+    "ar+static-k5+reuse",
+    "fastdllm+static-k5",
+    "fastdllm+static-k5+reuse",
+    "fastdllm+static-best",
+    "fastdllm+static-best+reuse",
+    "fastdllm+failfast",
+    "fastdllm+failfast+reuse",
+    "fastdllm+specdecpp",
+    "fastdllm+specdecpp+reuse",
+    "fastdllm+aimd",
+    "fastdllm+aimd+reuse",
+    "ar+failfast",
+    "ar+failfast+reuse",
+    "fastdllm+goodput",
+    "fastdllm+goodput+reuse",
+    "ar+goodput",
+    "ar+goodput+reuse",
+    "suffix+static-k5",
+    "suffix+failfast",
+    "suffix+goodput",
+    "dflash+static-best",
+    "dflash+failfast",
+    "dflash+failfast-b15",
+    "dflash+failfast-best",
+    "dflash+specdecpp",
+    "dflash+goodput",
+    "eagle3+static-best",
+    "eagle3+goodput",
+    "eagle3+eagle2-tree-paper",
+    "eagle3+eagle2-tree-best",
+    "dflash+failfast-tree",
+    "dflash+block-tree",
+    "dflash+block-tree-best",
+    "fastdllm+goodput-a6000-qwen32b",
+    "ar+goodput-a6000-qwen32b",
+    "dflash+goodput-a6000-qwen32b",
+    "eagle3+goodput-a6000-qwen32b",
+)
+
+
+def preset_names() -> list[str]:
+    """The method presets this install ships (``conf/method/*.yaml``), sorted: the accepted names
+    of ``--method NAME``."""
+    return sorted(p.name.removesuffix(".yaml") for p in (resources.files("specpolicy.conf") / "method").iterdir())
 
 
 @dataclass
 class MethodSpec:
-    """A method added with ``--method NAME=OVERRIDES``: its ``name``, the bench ``drafter`` it
-    runs on, its composed ``policy`` node (``name`` included, as ``make_policy`` takes it),
-    whether draft ``reuse`` is on, the ``overrides`` as given, the ``plugins.block`` list and the
-    ``drafter.KEY=`` settings that differ from the drafter's config (``drafter_settings``: the method
-    runs a drafter of its own with them, e.g. ``drafter.path_search=cps``, or ``drafter.model=PATH``:
-    another checkpoint than the bench's ``--<drafter>-drafter``)."""
+    """A method: a ``conf/method/`` preset (``--method NAME``) or a one-off (``--method
+    NAME=OVERRIDES``): its ``name``, the bench ``drafter`` it runs on, its composed ``policy`` node
+    (``name`` included, as ``make_policy`` takes it), whether draft ``reuse`` is on, the
+    ``overrides`` it was composed from, the ``plugins.block`` list, the ``drafter.KEY=`` settings
+    that differ from the drafter's config (``drafter_settings``: the method runs a drafter of its
+    own with them, e.g. ``drafter.path_search=cps``, or ``drafter.model=PATH``: another checkpoint
+    than the bench's ``--<drafter>-drafter``), the preset's one-line ``description`` (None for a
+    one-off) and its calibration ``sweep`` (``method.sweep``: override lists, comma-joined, of
+    which a benchmark keeps the fastest on its calibration prompts; empty: none)."""
 
     name: str
     drafter: str
@@ -159,48 +205,91 @@ class MethodSpec:
     overrides: list[str]
     block: list[str] = field(default_factory=list)
     drafter_settings: dict[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    sweep: list[str] = field(default_factory=list)
+
+    @property
+    def given(self) -> str:
+        """The ``--method`` value that gives this method: its name for a preset, else ``NAME=OVERRIDES``."""
+        return self.name if self.overrides == [f"method={self.name}"] else f"{self.name}={','.join(self.overrides)}"
+
+    def variant(self, entry: str, note: str = "calibrated") -> MethodSpec:
+        """This method with ``entry`` (``policy.k=8``, comma-joined overrides: a sweep entry) applied,
+        under the same name, composed and validated as ``--method`` is; its description says so
+        (``<description>; <note>: <entry>``)."""
+        spec = parse_method(f"{self.name}={','.join([*self.overrides, entry])}", one_off=False)
+        spec.description = f"{(self.description or self.name).rstrip('.')}; {note}: {entry}"
+        return spec
 
 
-def parse_method(text: str) -> MethodSpec:
-    """``NAME=drafter=D[,drafter.KEY=VALUE ...],policy=P[,policy.KEY=VALUE ...][,reuse.enabled=true]`` as a
-    ``MethodSpec``:
-    the overrides composed with the run's configs (Hydra, plugin config directories included) and
-    the policy validated by its plugin (``specpolicy.run.validation``), before any model loads.
+def _compose(overrides: list[str]) -> dict[str, Any]:
+    """The run config ``python -m specpolicy <overrides>`` composes (plugins' config directories
+    included), resolved; Hydra's errors as they come. Composed once per process for the same
+    overrides (a Hydra composition takes a fraction of a second)."""
+    return copy.deepcopy(_composed(tuple(overrides)))
 
-    Raises:
-        argparse.ArgumentTypeError: one line naming what is wrong (a bad override, a key or value
-            the policy refuses, a drafter the benchmark does not load).
-    """
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> dict[str, Any]:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from specpolicy.core.errors import one_line
     from specpolicy.run.hydra_searchpath import register
+
+    register()  # plugins' config directories (policy=<a plugin's policy>)
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def parse_method(text: str, one_off: bool = True) -> MethodSpec:
+    """``NAME`` (a ``conf/method/`` preset) or ``NAME=drafter=D[,drafter.KEY=VALUE ...],policy=P[,
+    policy.KEY=VALUE ...][,reuse.enabled=true]`` (a one-off; ``method=PRESET`` among the overrides
+    starts it from a preset) as a ``MethodSpec``: composed with the run's configs (Hydra, plugin
+    config directories included) and the policy validated by its plugin
+    (``specpolicy.run.validation``), before any model loads. ``one_off=False``: the overrides may
+    be a sweep entry's (``MethodSpec.variant``), no check of their keys.
+
+    Raises:
+        argparse.ArgumentTypeError: one line naming what is wrong (a name that is no preset, with
+            the accepted names; a bad override, a key or value the policy refuses, a drafter the
+            benchmark does not load).
+    """
+    from specpolicy.core.errors import one_line
     from specpolicy.run.resume import split_overrides
-    from specpolicy.run.validation import composition_key_line, validate_plugin_config
+    from specpolicy.run.validation import composition_key_line
 
     name, sep, rest = text.partition("=")
-    overrides = [o.strip() for o in split_overrides(rest) if o.strip()] if sep else []
+    overrides = [o.strip() for o in split_overrides(rest) if o.strip()] if sep else [f"method={name}"]
     if not name or name == "vanilla" or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name) or not overrides:
         raise argparse.ArgumentTypeError(
-            f"takes NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, digits, "
-            f"_ . + -, not vanilla), got {text!r}"
+            f"takes NAME (a method preset) or NAME=drafter=D,policy=P[,policy.KEY=VALUE ...] (NAME: letters, "
+            f"digits, _ . + -, not vanilla), got {text!r}"
         )
-    allowed = re.compile(r"^(drafter|policy|\+?\+?(policy|drafter)\.[\w.]+|reuse\.enabled|plugins\.block)=")
-    for override in overrides:
+    allowed = re.compile(r"^(drafter|policy|method|\+?\+?(policy|drafter)\.[\w.]+|reuse\.enabled|plugins\.block)=")
+    for override in overrides if sep and one_off else []:
         if not allowed.match(override):
             raise argparse.ArgumentTypeError(
-                f"{name}: {override!r}: a method sets drafter=, drafter.KEY=, policy=, policy.KEY= and reuse.enabled= "
-                f"only (the models, prompts and generation settings are the benchmark's options)"
+                f"{name}: {override!r}: a method sets method=, drafter=, drafter.KEY=, policy=, policy.KEY= and "
+                f"reuse.enabled= only (the models, prompts and generation settings are the benchmark's options)"
             )
-    register()  # plugins' config directories (policy=<a plugin's policy>)
     try:
-        with initialize_config_module("specpolicy.conf", version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+        config = _compose(overrides)
     except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, in one line
+        if not sep and type(exc).__name__ == "MissingConfigException":
+            raise argparse.ArgumentTypeError(
+                f"{name!r} is not a method preset (conf/method/); accepted: {', '.join(preset_names())}; "
+                "or a one-off NAME=drafter=D,policy=P[,policy.KEY=VALUE ...]"
+            ) from None
         line = composition_key_line(exc, overrides) or (one_line(exc) or (str(exc), 2))[0].removeprefix("error: ")
         raise argparse.ArgumentTypeError(f"{name}: {line}") from None
-    config = OmegaConf.to_container(cfg, resolve=True)
+    return _method_spec(name, config, overrides)
+
+
+def _method_spec(name: str, config: dict[str, Any], overrides: list[str]) -> MethodSpec:
+    """The ``MethodSpec`` of a composed run ``config``, its policy (and drafter settings, if any)
+    validated by their plugins."""
+    from specpolicy.run.validation import validate_plugin_config
+
     drafter = str(config["drafter"]["name"])
     if drafter not in BENCH_DRAFTERS:
         raise argparse.ArgumentTypeError(
@@ -227,7 +316,18 @@ def parse_method(text: str) -> MethodSpec:
             )
     except ValueError as exc:  # ConfigError: the key, the value, the accepted range
         raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
-    return MethodSpec(name, drafter, policy, bool(config["reuse"]["enabled"]), overrides, block, settings)
+    preset = config.get("method") or {}
+    return MethodSpec(
+        name,
+        drafter,
+        policy,
+        bool(config["reuse"]["enabled"]),
+        overrides,
+        block,
+        settings,
+        preset.get("description") if preset.get("name") == name else None,
+        [str(s) for s in preset.get("sweep") or []],
+    )
 
 
 class LazyDrafters(dict):
@@ -313,14 +413,11 @@ class Bench:
             else "{}({})".format(
                 type(policy).__name__, ", ".join(f"{k}={v!r}" for k, v in spec.policy.items() if k != "name")
             )
+        ) + (" + draft reuse" if spec.reuse else "")
+        description = (
+            f"{spec.description} [{shown}]" if spec.description else f"{shown} (--method {','.join(spec.overrides)})"
         )
-        return Method(
-            spec.name,
-            "ours",
-            spec.drafter,
-            f"{shown}" + (" + draft reuse" if spec.reuse else "") + f" (--method {','.join(spec.overrides)})",
-            run,
-        )
+        return Method(spec.name, "ours", spec.drafter, description, run, policy=dict(spec.policy))
 
     def vanilla(self) -> Method:
         def run(ids):
@@ -544,81 +641,54 @@ def mark_timing(
     return conditions
 
 
-def calibrate(bench: Bench, prompt_ids: list[torch.Tensor], log=print) -> dict[str, Any]:
-    """Best constant ``num_assistant_tokens`` for HF assisted generation, best static k for
-    Fast-dLLM (Fast-dLLM+), DFlash and EAGLE-3, best tree budgets, and FailFast's best (N, τ) on
-    DFlash, by tokens/s on ``prompt_ids``, all sweeps interleaved."""
+def calibrate(bench: Bench, specs: list[MethodSpec], prompt_ids: list[torch.Tensor], hf: bool, log=print):
+    """Calibration on ``prompt_ids``, every candidate interleaved: the best constant
+    ``num_assistant_tokens`` of HF assisted generation (``--hf-k-sweep``; ``hf`` False: none) and,
+    for each method with a ``method.sweep``, the sweep entry with the most tokens/s. Returns the
+    calibration record (``prompts``, ``tokens_per_s`` by candidate, ``hf_assisted_k``, and each
+    swept method's pick by its name) and ``specs`` with each swept method at its pick."""
     a = bench.args
-    hf = {
+    hf_runs = {
         k: bench.hf(f"hf-assisted-k{k}", "assisted", "", schedule="constant", tokens=k, threshold=0.0)
-        for k in a.hf_k_sweep
+        for k in (a.hf_k_sweep if hf else [])
     }
-    sweeps = {
-        d: {k: bench.ours(d, "static", False, f"static-k{k}", k=k) for k in ks}
-        for d, ks in (("fastdllm", a.dllm_k_sweep), ("dflash", a.dflash_k_sweep), ("eagle3", a.eagle3_k_sweep))
+    variants = {s.name: {entry: s.variant(entry) for entry in s.sweep} for s in specs if s.sweep}
+    candidates = {
+        (name, entry): replace(bench.added(v), name=f"{name}[{entry}]")
+        for name, sweep in variants.items()
+        for entry, v in sweep.items()
     }
-    sweeps["eagle3-tree"] = {
-        shape: bench.ours(
-            "eagle3", "eagle2-tree", False, tree_label(shape), **dict(zip(("depth", "top_k", "total_tokens"), shape))
-        )
-        for shape in a.tree_sweep
-    }
-    sweeps["dflash-tree"] = {
-        shape: bench.ours(
-            "dflash",
-            "block-tree",
-            False,
-            tree_label(shape, "block-tree"),
-            **dict(zip(("depth", "top_k", "total_tokens"), shape)),
-        )
-        for shape in a.block_tree_sweep
-    }
-    sweeps["dflash-failfast"] = {
-        pair: bench.ours("dflash", "failfast", False, failfast_label(pair), n=pair[0], tau=pair[1])
-        for pair in a.dflash_failfast_sweep
-    }
-    everything = list(hf.values()) + [m for sweep in sweeps.values() for m in sweep.values()]
+    everything = list(hf_runs.values()) + list(candidates.values())
     run_interleaved(everything, prompt_ids, 0, log)
     tps = {m.name: aggregate(m.outcomes)["tokens_per_s"] for m in everything}
-    best = {d: max(sweep, key=lambda k: tps[sweep[k].name]) for d, sweep in sweeps.items()}
-    return {
+    picks = {name: max(sweep, key=lambda entry, name=name: tps[f"{name}[{entry}]"]) for name, sweep in variants.items()}
+    record = {
         "prompts": len(prompt_ids),
         "tokens_per_s": tps,
-        "hf_assisted_k": max(hf, key=lambda k: tps[hf[k].name]),
-        "fastdllm_plus_k": best["fastdllm"],
-        "dflash_k": best["dflash"],
-        "eagle3_k": best["eagle3"],
-        "eagle3_tree": list(best["eagle3-tree"]),
-        "dflash_block_tree": list(best["dflash-tree"]),
-        "dflash_failfast": list(best["dflash-failfast"]),
+        "hf_assisted_k": max(hf_runs, key=lambda k: tps[hf_runs[k].name]) if hf_runs else None,
+        **picks,
     }
+    return record, [variants[s.name][picks[s.name]] if s.name in picks else s for s in specs]
 
 
-def tree_label(shape, policy: str = "eagle2-tree") -> str:
-    """The method label of a tree budget ``(depth, top_k, total_tokens)`` of ``policy``."""
-    return "{}-d{}k{}t{}".format(policy, *shape)
-
-
-def failfast_label(pair) -> str:
-    """The method label of FailFast's ``(N, τ)``."""
-    return "failfast-n{}-t{:g}".format(*pair)
-
-
-def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
-    """The benchmarked methods (see the module docstring)."""
+def hf_methods(bench: Bench, best_k: int | None) -> list[Method]:
+    """Hugging Face's rows, the references beside ours (not ``conf/method/`` presets: HF's own
+    generation, run by its settings): greedy, assisted generation at the calibrated constant
+    ``best_k`` (None: not run), with the heuristic schedule and with HF's defaults, prompt lookup."""
     a = bench.args
-    K, best_hf, best_dl = a.static_k, cal["hf_assisted_k"], cal["fastdllm_plus_k"]
-    methods = [
-        bench.vanilla(),
-        bench.hf("hf-greedy", "greedy", "HF generate, do_sample=False"),
-        bench.hf(
-            f"hf-assisted-k{best_hf}",
-            "assisted",
-            f"HF assisted, constant {best_hf} tokens (best of sweep)",
-            schedule="constant",
-            tokens=best_hf,
-            threshold=0.0,
-        ),
+    rows = [bench.hf("hf-greedy", "greedy", "HF generate, do_sample=False")]
+    if best_k is not None:
+        rows.append(
+            bench.hf(
+                f"hf-assisted-k{best_k}",
+                "assisted",
+                f"HF assisted, constant {best_k} tokens (best of sweep)",
+                schedule="constant",
+                tokens=best_k,
+                threshold=0.0,
+            )
+        )
+    return rows + [
         bench.hf(
             "hf-assisted-heuristic",
             "assisted",
@@ -639,68 +709,11 @@ def build_methods(bench: Bench, cal: dict[str, Any]) -> list[Method]:
             "hf-prompt-lookup", "lookup", f"HF prompt lookup decoding, {a.lookup_tokens} tokens", tokens=a.lookup_tokens
         ),
     ]
-    ours = [("ar", "static", f"static-k{K}", {"k": K}), ("fastdllm", "static", f"static-k{K}", {"k": K})]
-    if best_dl != K:
-        ours.append(("fastdllm", "static", f"static-k{best_dl}", {"k": best_dl}))
-    ours += [
-        ("fastdllm", "failfast", None, {}),
-        ("fastdllm", "specdecpp", None, {}),
-        ("fastdllm", "aimd", None, {}),
-        ("ar", "failfast", None, {}),
-        ("fastdllm", "goodput", None, {}),
-        ("ar", "goodput", None, {}),
-    ]
-    for drafter, choice, label, over in ours:
-        for reuse in (False, True):
-            methods.append(bench.ours(drafter, choice, reuse, label, **over))
-    methods += [
-        bench.ours("suffix", "static", False, f"static-k{K}", k=K),
-        bench.ours("suffix", "failfast", False),
-        bench.ours("suffix", "goodput", False),
-    ]
-    block = bench.drafters["dflash"].block_size - 1  # one DFlash pass drafts this many tokens
-    methods += [
-        bench.ours("dflash", "static", False, f"static-k{cal['dflash_k']}", k=cal["dflash_k"]),
-        bench.ours("dflash", "failfast", False),
-        bench.ours("dflash", "failfast", False, f"failfast-b{block}", n=block),
-        bench.ours(
-            "dflash",
-            "failfast",
-            False,
-            failfast_label(cal["dflash_failfast"]),
-            **dict(zip(("n", "tau"), cal["dflash_failfast"])),
-        ),
-        bench.ours("dflash", "specdecpp", False),
-        bench.ours("dflash", "goodput", False),
-        bench.ours("eagle3", "static", False, f"static-k{cal['eagle3_k']}", k=cal["eagle3_k"]),
-        bench.ours("eagle3", "goodput", False),
-        bench.ours("eagle3", "eagle2-tree", False, "eagle2-tree-paper", depth=8, top_k=10, total_tokens=60),
-        bench.ours(
-            "eagle3",
-            "eagle2-tree",
-            False,
-            tree_label(cal["eagle3_tree"]),
-            **dict(zip(("depth", "top_k", "total_tokens"), cal["eagle3_tree"])),
-        ),
-        bench.ours("dflash", "failfast-tree", False),
-        bench.ours("dflash", "block-tree", False),
-        bench.ours(
-            "dflash",
-            "block-tree",
-            False,
-            tree_label(cal["dflash_block_tree"], "block-tree"),
-            **dict(zip(("depth", "top_k", "total_tokens"), cal["dflash_block_tree"])),
-        ),
-    ]
-    tuned = a.tuned_profile  # the cost-aware policy given that hardware's costs (compared MODELED)
-    methods += [
-        bench.ours(d, "goodput", False, f"goodput-{tuned}", cost_profile=tuned)
-        for d in ("fastdllm", "ar", "dflash", "eagle3")
-    ]
-    if a.methods:
-        pattern = re.compile(a.methods)
-        methods = [m for m in methods if m.name == "vanilla" or pattern.search(m.name)]
-    return methods
+
+
+def failfast_label(pair) -> str:
+    """The method label of FailFast's ``(N, τ)`` (``benchmarks/tune_failfast.py``'s grid)."""
+    return "failfast-n{}-t{:g}".format(*pair)
 
 
 def profile_cost_model(profile: LatencyProfile, fitted: CostModel) -> CostModel:
@@ -859,9 +872,11 @@ def print_tuned_table(results: dict[str, Any]) -> None:
     console = _print_columns(
         TUNED_COLUMNS, rows, f"MODELED under {profile} (pass counts x the profile's latencies, not measured)"
     )
+    given = [n for n, m in results["methods"].items() if m.get("cost_profile") == profile]
     console.print(
-        f"goodput-{profile} was given that profile's costs; oracle fraction: the oracle length policy's "
-        f"modeled time / the method's, both with the profile's costs (same drafter, exact replay)",
+        (f"{', '.join(given)}: given that profile's costs; " if given else "")
+        + "oracle fraction: the oracle length policy's modeled time / the method's, both with the profile's "
+        "costs (same drafter, exact replay)",
         markup=False,
     )
 
@@ -879,31 +894,6 @@ def write_runs(runs_dir: Path, summaries: dict[str, tuple[list[PromptResult], di
         (d / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
 
 
-def _tree_shapes(text: str) -> list[tuple[int, int, int]]:
-    try:
-        shapes = [tuple(int(x) for x in item.split(":")) for item in text.split(",") if item.strip()]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
-        raise argparse.ArgumentTypeError(
-            f"--tree-sweep takes depth:top_k:total_tokens,... (integers >= 1), got {text!r}"
-        )
-    return shapes
-
-
-def _failfast_pairs(text: str) -> list[tuple[int, float]]:
-    try:
-        pairs = [(int(n), float(t)) for n, t in (item.split(":") for item in text.split(",") if item.strip())]
-    except ValueError:
-        pairs = []
-    if not pairs or any(not 1 <= n <= FAILFAST_N_MAX or not 0.0 <= t <= 1.0 for n, t in pairs):
-        raise argparse.ArgumentTypeError(
-            f"--dflash-failfast-sweep takes N:tau,... (N an integer in 1..{FAILFAST_N_MAX}, "
-            f"N_max; tau in [0, 1]), got {text!r}"
-        )
-    return pairs
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="benchmarks/peers.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--num-prompts", type=int, default=30)
@@ -918,29 +908,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--runs-dir", default=None, help="per-method run dirs for specpolicy.analysis.plot (default: <out stem>-runs)"
     )
     add_model_arguments(p)
-    p.add_argument("--static-k", type=int, default=5, help="k of the static baselines (AR, Fast-dLLM, suffix)")
     p.add_argument("--hf-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12])
-    p.add_argument("--dllm-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[3, 5, 8, 12, 16, 20])
-    p.add_argument("--dflash-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[5, 8, 11, 15, 22])
-    p.add_argument("--eagle3-k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4, 5, 6, 8])
-    p.add_argument(
-        "--tree-sweep",
-        type=_tree_shapes,
-        default=_tree_shapes("4:2:6,6:2:10,8:2:12,8:3:16,8:4:24"),
-        help="EAGLE-2 tree budgets depth:top_k:total_tokens swept for eagle3 in calibration",
-    )
-    p.add_argument(
-        "--block-tree-sweep",
-        type=_tree_shapes,
-        default=_tree_shapes("15:2:8,15:2:12,15:3:16,15:3:24"),
-        help="block-tree budgets depth:top_k:total_tokens swept for dflash in calibration",
-    )
-    p.add_argument(
-        "--dflash-failfast-sweep",
-        type=_failfast_pairs,
-        default=_failfast_pairs("3:0.5,3:0.6,3:0.7,4:0.5,4:0.6,4:0.7,5:0.5,5:0.6,5:0.7"),
-        help="FailFast N:tau pairs swept for dflash in calibration (N_max stays 60)",
-    )
     p.add_argument("--sweep-prompts", type=int, default=5, help="calibration prompts for the sweeps")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument("--reuse-min-match", type=int, default=2)
@@ -958,25 +926,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         type=parse_method,
         default=[],
-        metavar="NAME=OVERRIDES",
-        help="add a method by config, e.g. mine=drafter=dflash,policy=entropy,policy.n=4 (any installed "
-        "policy; repeat to compare several); with it only vanilla and these run unless --builtins",
+        metavar="NAME[=OVERRIDES]",
+        help="a method by its conf/method/ preset's name (e.g. dflash+failfast), or a one-off "
+        "NAME=drafter=D,policy=P,policy.KEY=VALUE,... (any installed policy; method=PRESET starts from a preset); "
+        "repeat to compare several; with it only vanilla and these run unless --builtins",
     )
     p.add_argument(
         "--builtins",
         action="store_true",
-        help="with --method: run the built-in methods (and their calibration sweeps) too",
+        help="with --method: run the default methods (DEFAULT_METHODS) and Hugging Face's rows too",
     )
-    p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, small sweeps")
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 prompts, 24 tokens, sweeps of 2")
     args = p.parse_args(argv)
-    if args.quick:
+    if args.quick:  # the methods' sweeps keep their first 2 entries (main)
         args.num_prompts, args.max_new_tokens = min(args.num_prompts, 2), min(args.max_new_tokens, 24)
-        args.hf_k_sweep, args.dllm_k_sweep, args.sweep_prompts, args.warmup = [2, 4], [3, 6], 1, 0
-        args.dflash_k_sweep, args.eagle3_k_sweep, args.tree_sweep = [4, 8], [2, 3], [(2, 2, 3), (3, 2, 5)]
-        args.block_tree_sweep = [(7, 2, 4), (7, 2, 6)]
-        args.dflash_failfast_sweep = [(3, 0.6), (5, 0.5)]
-    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.static_k < 1:
-        p.error("--num-prompts, --max-new-tokens and --static-k must be >= 1")
+        args.hf_k_sweep, args.sweep_prompts, args.warmup = [2, 4], 1, 0
+    if args.num_prompts < 1 or args.max_new_tokens < 1:
+        p.error("--num-prompts and --max-new-tokens must be >= 1")
+    try:
+        args.pattern = re.compile(args.methods) if args.methods else None
+    except re.error as exc:
+        p.error(f"--methods={args.methods!r} is not a regular expression: {exc}")
     check_prompt_slice(p, args)  # --offset >= 0 and before the last prompt, a known --dataset
     names = [spec.name for spec in args.method]
     if len(set(names)) < len(names):
@@ -1046,24 +1016,50 @@ def start_benchmark(threads: int) -> Callable[[str], None]:
     return lambda msg: print(msg, file=sys.stderr, flush=True)
 
 
+def select_methods(args: argparse.Namespace, log=print) -> list[MethodSpec]:
+    """The methods to run, composed and validated before any model loads: ``DEFAULT_METHODS`` (with
+    ``--method`` only if ``--builtins``) then the ``--method`` ones, those ``--methods`` matches;
+    with ``--quick`` each sweep keeps its first 2 entries.
+
+    Raises:
+        SystemExit: a default name that is not a preset of this install (one line).
+    """
+    builtins = args.builtins or not args.method
+    names = [n for n in DEFAULT_METHODS if builtins and (args.pattern is None or args.pattern.search(n))]
+    try:
+        specs = [parse_method(n) for n in names]
+    except argparse.ArgumentTypeError as exc:
+        sys.exit(f"benchmarks/peers.py: error: DEFAULT_METHODS: {exc}")
+    specs += [s for s in args.method if args.pattern is None or args.pattern.search(s.name)]
+    twice = sorted({s.name for s in specs if [x.name for x in specs].count(s.name) > 1})
+    if twice:
+        sys.exit(f"benchmarks/peers.py: error: --method {twice[0]}: already among the methods (--builtins runs it)")
+    for s in specs if args.quick else []:
+        s.sweep = s.sweep[:2]
+    log(f"{len(specs)} methods composed from conf/method/ and --method")
+    return specs
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     log = start_benchmark(args.threads)
+    specs = select_methods(args, log)
     bench = Bench(args)
     prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts, args.offset)
     prompt_ids = [p.token_ids(bench.tokenizer) for p in prompts]
     cal: dict[str, Any] | None = None
-    methods = [bench.vanilla()]
-    if args.builtins or not args.method:  # the built-in methods (with --method alone: only the added ones)
+    hf = args.builtins or not args.method  # Hugging Face's rows beside the default methods
+    hf_best = hf and any(args.pattern is None or args.pattern.search(f"hf-assisted-k{k}") for k in args.hf_k_sweep)
+    if hf_best or any(s.sweep for s in specs):
         log(f"calibration on {min(args.sweep_prompts, len(prompt_ids))} prompts ...")
-        cal = calibrate(bench, prompt_ids[: args.sweep_prompts], log)
-        log(
-            f"  best HF constant num_assistant_tokens: {cal['hf_assisted_k']}; Fast-dLLM+ k: {cal['fastdllm_plus_k']}; "
-            f"DFlash k: {cal['dflash_k']}; EAGLE-3 k: {cal['eagle3_k']}; "
-            "FailFast on DFlash: N = {}, tau = {:g}".format(*cal["dflash_failfast"])
-        )
-        methods = build_methods(bench, cal)
-    methods += [bench.added(spec) for spec in args.method]
+        cal, specs = calibrate(bench, specs, prompt_ids[: args.sweep_prompts], hf_best, log)
+        picks = {k: v for k, v in cal.items() if k not in ("prompts", "tokens_per_s") and v is not None}
+        log("  picked: " + "; ".join(f"{k}: {v}" for k, v in picks.items()))
+    methods = [bench.vanilla()]
+    if hf:
+        rows = hf_methods(bench, cal["hf_assisted_k"] if cal else None)
+        methods += [m for m in rows if args.pattern is None or args.pattern.search(m.name)]
+    methods += [bench.added(spec) for spec in specs]
     log(f"{len(methods)} methods x {len(prompt_ids)} prompts ...")
     start = time.perf_counter()
     watch = MachineWatch()  # was the machine busy while it measured? (specpolicy.analysis.machine)
@@ -1083,6 +1079,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "family": m.family,
             "drafter": m.drafter,
             "description": m.description,
+            **({"cost_profile": m.policy["cost_profile"]} if m.policy.get("cost_profile") else {}),
             **headline(summary),
             **{k: own[k] for k in ("generated_tokens", "wall_s", "drafter_forward_passes", "draft_ms", "verify_ms")},
             "not_lossless": summary.get("not_lossless", {}),
@@ -1109,8 +1106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 stats[name]["oracle_fraction_tuned_profile"] = res["fraction_of_oracle"]
     results = {
         "settings": {
-            **{k: v for k, v in vars(args).items() if k != "method"},
-            **({"method": [f"{m.name}={','.join(m.overrides)}" for m in args.method]} if args.method else {}),
+            **{k: v for k, v in vars(args).items() if k not in ("method", "pattern")},
+            **({"method": [m.given for m in args.method]} if args.method else {}),
             "device": str(bench.runtime.torch_device),
             "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
@@ -1120,7 +1117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "timing_conditions": conditions,
         "calibration": cal,
         "hf_assisted_best": hf_best,
-        "fast_dllm_plus": f"fastdllm+static-k{cal['fastdllm_plus_k']}" if cal else None,
+        "fast_dllm_plus": "fastdllm+static-best" if "fastdllm+static-best" in stats else None,
         "modeled_profile": profile.name,
         "tuned_profile": tuned.name,
         "modeled_label": "MODELED (forward-pass counts x profile latencies), not measured",

@@ -8,9 +8,11 @@ generation and its assisted generation, and this machine's floor.
 
 Rows (the bundled family; every greedy row's output checked against eager vanilla's):
 
-* ``<method>@eager`` / ``<method>@compiled`` for ``vanilla``, ``ar+static-k<K>`` (the AR drafter,
-  compiled too), ``eagle3+static-k<K>`` (an EAGLE-3 chain, one row per ``--eagle3-k``) and ``dflash+failfast`` (DFlash +
-  FailFast): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
+* ``<method>@eager`` / ``<method>@compiled`` for ``vanilla`` and each method: ``conf/method/``
+  presets by name (``--method NAME``, repeated, or a one-off ``--method NAME=OVERRIDES`` as
+  ``benchmarks/peers.py`` takes them; default ``DEFAULT_METHODS``: ``ar+static-k5`` (the AR drafter,
+  compiled too), ``eagle3+static-k4`` / ``-k7`` / ``-k9`` (EAGLE-3 chains) and ``dflash+failfast``),
+  on the AR, EAGLE-3 or DFlash drafter (``--methods``: those drafters only): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
   (``runtime.compile``: the target and the AR, EAGLE-3 and DFlash drafters on static KV caches
   compiled per shape bucket, ``specpolicy.models.static_qwen``);
 * ``hf-greedy`` -- ``generate(do_sample=False)`` (DynamicCache, eager); ``hf-static-compiled`` --
@@ -19,8 +21,8 @@ Rows (the bundled family; every greedy row's output checked against eager vanill
   schedule) and ``hf-assisted-heuristic`` with the AR drafter.
 
 With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per-prompt rows:
-``vanilla-batch<B>``, ``eagle3+static-k<K>-batch<B>`` and ``dflash+failfast-batch<B>`` (with those
-``--methods``) on each runtime (the compiled side's target a static cache of B sequences,
+``vanilla-batch<B>`` and ``<method>-batch<B>`` for the first method on each of the EAGLE-3 and
+DFlash drafters (default ``eagle3+static-k4`` and ``dflash+failfast``) on each runtime (the compiled side's target a static cache of B sequences,
 ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
 requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
 ``--batch-temperature`` T > 0 adds each speculative batched row sampling at T (``<row>-t<T>``, seeded
@@ -54,9 +56,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import _conf  # noqa: E402
+from peers import MethodSpec, _conf, parse_method  # noqa: E402
 
 from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.core.runtime import Runtime  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier  # noqa: E402
@@ -115,7 +118,7 @@ class Side:
         self.pm = get_plugin_manager(autoload=False)
         start = time.perf_counter()
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
-        wanted = set(args.methods) | ({"ar"} if not compile else set())  # HF's assisted rows use the eager AR drafter
+        wanted = {s.drafter for s in args.specs} | ({"ar"} if not compile else set())  # HF's assisted rows: eager AR
         self.drafters = {
             name: make_drafter(self.pm, {**_conf("drafter", name), "model": model}, self.runtime, self.verifier)
             for name, model in (
@@ -127,8 +130,20 @@ class Side:
         }
         self.build_s = time.perf_counter() - start
 
-    def policy(self, choice: str, drafter: str, **overrides):
-        return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
+
+#: The methods a run without ``--method`` measures on each runtime (``conf/method/`` presets, by name).
+DEFAULT_METHODS = ("ar+static-k5", "eagle3+static-k4", "eagle3+static-k7", "eagle3+static-k9", "dflash+failfast")
+#: The drafters with a compiled runtime here (``runtime.compile``: static KV caches).
+RUNTIME_DRAFTERS = ("ar", "eagle3", "dflash")
+
+
+def batched_specs(specs: list[MethodSpec]) -> list[MethodSpec]:
+    """The methods the batched loop runs: the first one on each of the EAGLE-3 and DFlash drafters."""
+    first: dict[str, MethodSpec] = {}
+    for s in specs:
+        if s.drafter in ("eagle3", "dflash"):
+            first.setdefault(s.drafter, s)
+    return list(first.values())
 
 
 #: Row labels of each compiled side (``--cuda-modes``): ``@compiled`` is ``runtime.compile=true``.
@@ -140,16 +155,16 @@ def our_rows(side: Side, label: str, args: argparse.Namespace) -> dict[str, Any]
     rows = {
         f"vanilla@{label}": lambda ids: generate(ids, side.verifier, side.runtime, max_new_tokens=args.max_new_tokens)
     }
-    for name, drafter, choice, over in (
-        (f"ar+static-k{args.static_k}", "ar", "static", {"k": args.static_k}),
-        *((f"eagle3+static-k{k}", "eagle3", "static", {"k": k}) for k in args.eagle3_k),
-        ("dflash+failfast", "dflash", "failfast", {}),
-    ):
-        if drafter not in args.methods:
-            continue
-        policy = side.policy(choice, drafter, **over)
-        rows[f"{name}@{label}"] = lambda ids, _d=side.drafters[drafter], _p=policy: generate(
-            ids, side.verifier, side.runtime, max_new_tokens=args.max_new_tokens, drafter=_d, policy=_p
+    for spec in args.specs:  # conf/method/ presets (or --method one-offs), by name
+        policy = make_policy(get_plugin_manager(block=spec.block), spec.policy)
+        rows[f"{spec.name}@{label}"] = lambda ids, _d=side.drafters[spec.drafter], _p=policy, _r=spec.reuse: generate(
+            ids,
+            side.verifier,
+            side.runtime,
+            max_new_tokens=args.max_new_tokens,
+            drafter=_d,
+            policy=_p,
+            reuse=DraftReuse(2) if _r else None,
         )
     return rows
 
@@ -213,8 +228,8 @@ def batched_rows(
     errors: dict[str, str],
 ) -> dict[str, Any]:
     """The batched loop (``generate_batch``, ``--batch-size`` requests in flight, all arriving at
-    once) over the timed prompts: vanilla, the EAGLE-3 chain (first ``--eagle3-k``) and DFlash +
-    FailFast (with those methods) on each runtime, ``--batch-repeats`` runs each, interleaved; tokens/s
+    once) over the timed prompts: vanilla and the first method on each of the EAGLE-3 and DFlash
+    drafters (``batched_specs``) on each runtime, ``--batch-repeats`` runs each, interleaved; tokens/s
     over the run's wall seconds (the compiled side's batched verifier built, and compiled, before its
     first run, untimed). With ``--batch-temperature`` T > 0 each speculative row also samples at T
     (``<row>-t<T>``, seeded per run; ``identical`` None: not compared); with ``--batch-copies`` the
@@ -223,7 +238,6 @@ def batched_rows(
     from specpolicy.core.batching import generate_batch
     from specpolicy.core.sampling import SamplingConfig
 
-    k = args.eagle3_k[0]
     sides = {"eager": eager, **compiled_sides}
     rows: dict[str, Any] = {}
     runners = {}
@@ -232,11 +246,10 @@ def batched_rows(
         samplings.append((f"-t{args.batch_temperature:g}", SamplingConfig(temperature=args.batch_temperature)))
     for label, side in sides.items():
         runners[f"vanilla-batch{args.batch_size}@{label}"] = (side, None, None, None)
-        speculative = []
-        if "eagle3" in args.methods:
-            speculative.append((f"eagle3+static-k{k}", "eagle3", side.policy("static", "eagle3", k=k)))
-        if "dflash" in args.methods:
-            speculative.append(("dflash+failfast", "dflash", side.policy("failfast", "dflash")))
+        speculative = [
+            (s.name, s.drafter, make_policy(get_plugin_manager(block=s.block), s.policy))
+            for s in batched_specs(args.specs)
+        ]
         labels = [label] + ([f"{label}-copies"] if args.batch_copies and side is not eager else [])
         for method, drafter_name, policy in speculative:
             for tag, sampling in samplings:
@@ -414,12 +427,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     # the drafters' batched static caches (Drafter.batched), compiled for the batch size with the batched rows
     batched_caches = [
-        getattr(compiled.drafters.get(d), "_static_batched", {}).get(args.batch_size) for d in args.methods
+        getattr(compiled.drafters.get(d), "_static_batched", {}).get(args.batch_size)
+        for d in {s.drafter for s in args.specs}
     ]
     batched_drafter_s = sum(c.warmup_s for c in batched_caches if c is not None)
     return {
         "settings": {
-            **vars(args),
+            **{k: v for k, v in vars(args).items() if k not in ("method", "specs")},
+            "method": [s.given for s in args.specs],
             # device, dtype, versions (each side's compilation is in "warmup", not the eager side's 0)
             **{k: v for k, v in eager.runtime.describe().items() if k not in ("compile", "warmup_s")},
             "torch_threads": torch.get_num_threads(),
@@ -486,14 +501,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=30)
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--static-k", type=int, default=5, help="k of ar+static and of HF's constant assisted schedule")
+    p.add_argument("--static-k", type=int, default=5, help="k of HF's constant assisted schedule")
     p.add_argument(
-        "--eagle3-k",
-        type=int,
-        nargs="+",
-        default=[4, 7, 9],
-        help="k of the EAGLE-3 chain, one row per value on each runtime (here the eager chain is fastest near "
-        "k = 7-8, the compiled one near k = 9)",
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME[=OVERRIDES]",
+        help="a method by its conf/method/ preset's name, or a one-off NAME=drafter=D,policy=P,... (as "
+        "benchmarks/peers.py takes them), on the ar, eagle3 or dflash drafter; repeat for several (default: "
+        + ", ".join(DEFAULT_METHODS)
+        + ")",
     )
     p.add_argument("--target", default="target")
     p.add_argument("--ar-drafter", default="ar-drafter")
@@ -521,7 +539,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--methods",
         type=lambda text: text.split(","),
         default=["ar", "eagle3", "dflash"],
-        help="the speculative rows to run, by drafter (comma-separated subset of ar,eagle3,dflash); "
+        help="of the methods (--method), run those on these drafters (comma-separated subset of ar,eagle3,dflash); "
         "vanilla's rows always run, HF's unless --no-hf",
     )
     p.add_argument(
@@ -551,14 +569,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="JSON output")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. how busy the machine was)")
     args = p.parse_args(argv)
-    bad_methods = [m for m in args.methods if m not in ("ar", "eagle3", "dflash")]
+    bad_methods = [m for m in args.methods if m not in RUNTIME_DRAFTERS]
     if bad_methods:
-        p.error(f"--methods={','.join(args.methods)}: {bad_methods[0]!r} is not one of ar, eagle3, dflash")
+        p.error(f"--methods={','.join(args.methods)}: {bad_methods[0]!r} is not one of {', '.join(RUNTIME_DRAFTERS)}")
     bad = [m for m in args.cuda_modes if m not in SIDE_LABELS]
     if bad:
         p.error(f"--cuda-modes={','.join(args.cuda_modes)}: {bad[0]!r} is not one of {', '.join(SIDE_LABELS)}")
     if args.quick:
         args.num_prompts, args.max_new_tokens = 2, 24
+    for s in args.method:
+        if s.drafter not in RUNTIME_DRAFTERS or s.drafter_settings:
+            p.error(
+                f"--method {s.given}: runs drafter={s.drafter}"
+                + (f" with its own drafter.{next(iter(s.drafter_settings))}" if s.drafter_settings else "")
+                + f"; this benchmark runs the drafters {', '.join(RUNTIME_DRAFTERS)} at their configs' settings"
+            )
+    args.specs = [s for s in args.method or [parse_method(n) for n in DEFAULT_METHODS] if s.drafter in args.methods]
     return args
 
 

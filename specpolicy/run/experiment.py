@@ -68,8 +68,14 @@ from specpolicy.run.validation import validate_config
 
 
 def method_name(cfg: DictConfig) -> str:
-    """``<drafter>+<policy>[-<mode>][+reuse]``, the label of the speculative method in tables
+    """The label of the speculative method in tables and ``summary.json``: the ``method=`` preset's
+    name (``method.name``, the file ``conf/method/<name>.yaml``; overrides given beside it keep the
+    name, the run directory names them); without a preset ``<drafter>+<policy>[-<mode>][+reuse]``
     (a policy ``mode`` other than the policy's name is shown, e.g. ``ar+aimd-heuristic``)."""
+    preset = cfg.get("method")
+    name = preset.get("name") if hasattr(preset, "get") else preset  # a preset's node, or a bare name
+    if name:
+        return str(name)
     mode = cfg.policy.get("mode")
     policy = cfg.policy.name + (f"-{mode}" if mode and mode != cfg.policy.name else "")
     return f"{cfg.drafter.name}+{policy}" + ("+reuse" if cfg.reuse.enabled else "")

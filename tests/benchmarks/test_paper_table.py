@@ -189,7 +189,12 @@ def test_falcon_tree_runs_on_the_bundled_drafter_or_is_skipped_with_a_note(monke
     script = _script()
     args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
     assert args.falcon_skipped is None and args.falcon_drafter == "falcon-drafter"  # bundled
-    monkeypatch.setattr("specpolicy.models.loading.bundled_dir", lambda: tmp_path)  # a bundle without it
+    from specpolicy.models.loading import bundled_dir
+
+    for entry in bundled_dir().iterdir():  # a bundle without it (the other rows' files still there)
+        if entry.name != "falcon-drafter":
+            (tmp_path / entry.name).symlink_to(entry)
+    monkeypatch.setattr("specpolicy.models.loading.bundled_dir", lambda: tmp_path)
     args = script.parse_args(["--num-prompts", "2", "--calibration-prompts", "1"])
     assert args.falcon_skipped.startswith("falcon-tree skipped") and "--falcon-drafter" in args.falcon_skipped
     assert "\n" not in args.falcon_skipped

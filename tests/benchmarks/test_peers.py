@@ -70,39 +70,8 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
         "hf-assisted-confidence",
         "hf-prompt-lookup",
         f"hf-assisted-k{results['calibration']['hf_assisted_k']}",
-        "suffix+static-k5",
-        "suffix+failfast",
-        "suffix+goodput",
-        "fastdllm+goodput-a6000-qwen32b",
-        "ar+goodput-a6000-qwen32b",
-        f"dflash+static-k{results['calibration']['dflash_k']}",
-        "dflash+failfast",
-        "dflash+failfast-b7",
-        "dflash+specdecpp",
-        "dflash+goodput",
-        f"eagle3+static-k{results['calibration']['eagle3_k']}",
-        "eagle3+goodput",
-        "dflash+goodput-a6000-qwen32b",
-        "eagle3+goodput-a6000-qwen32b",
-        "eagle3+eagle2-tree-paper",
-        "eagle3+eagle2-tree-d{}k{}t{}".format(*results["calibration"]["eagle3_tree"]),
-        "dflash+failfast-tree",
-        "dflash+block-tree",
-        "dflash+block-tree-d{}k{}t{}".format(*results["calibration"]["dflash_block_tree"]),
-        "dflash+failfast-n{}-t{:g}".format(*results["calibration"]["dflash_failfast"]),
+        *_peers().DEFAULT_METHODS,  # conf/method/ presets, each row named by its preset
     }
-    for drafter, policy in [
-        ("ar", "static-k5"),
-        ("fastdllm", "static-k5"),
-        ("fastdllm", "failfast"),
-        ("fastdllm", "specdecpp"),
-        ("fastdllm", "aimd"),
-        ("ar", "failfast"),
-        ("fastdllm", f"static-k{results['calibration']['fastdllm_plus_k']}"),
-        ("fastdllm", "goodput"),
-        ("ar", "goodput"),
-    ]:
-        expected |= {f"{drafter}+{policy}", f"{drafter}+{policy}+reuse"}
     assert set(methods) == expected
     for name, m in methods.items():
         assert all(k in m for k in FIGURES), name
@@ -121,13 +90,17 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     assert results["tuned_profile"] == "a6000-qwen32b"
     assert "a6000-qwen32b" in methods["fastdllm+goodput-a6000-qwen32b"]["description"]
     assert methods["suffix+static-k5"]["drafter_passes_per_round"] == 0.0
-    # FailFast retuned for DFlash: the (N, tau) of the sweep that was fastest on the calibration prompts
-    sweep = {f"failfast-n{n}-t{t:g}": (n, t) for n, t in ((3, 0.6), (5, 0.5))}
+    assert methods["fastdllm+goodput-a6000-qwen32b"]["cost_profile"] == "a6000-qwen32b"
+    # FailFast retuned for DFlash: the (N, tau) of its preset's sweep (--quick: the first 2 entries)
+    # that was fastest on the calibration prompts, the row named by its preset
     calibration = results["calibration"]
-    fastest = max(sweep, key=lambda name: calibration["tokens_per_s"][f"dflash+{name}"])
-    assert tuple(calibration["dflash_failfast"]) == sweep[fastest]
-    n, tau = sweep[fastest]
-    assert methods[f"dflash+{fastest}"]["description"].startswith(f"FailFastPolicy(n={n}, tau={tau}, n_max=60")
+    sweep = ["policy.n=3,policy.tau=0.5", "policy.n=3,policy.tau=0.6"]
+    fastest = max(sweep, key=lambda entry: calibration["tokens_per_s"][f"dflash+failfast-best[{entry}]"])
+    assert calibration["dflash+failfast-best"] == fastest
+    description = methods["dflash+failfast-best"]["description"]
+    assert description.startswith("FailFast's rule retuned for DFlash") and f"; calibrated: {fastest} [" in description
+    assert f"FailFastPolicy(n=3, tau={fastest[-3:]}, n_max=60" in description
+    assert results["fast_dllm_plus"] == "fastdllm+static-best"
 
 
 def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):

@@ -92,14 +92,16 @@ def test_a_plugin_policy_and_a_builtin_one_are_compared_by_config(family, tmp_pa
         ("x=drafter=ar,policy=nosuch", "x: no config 'nosuch' in group policy; choices: "),
         (
             "x=drafter=ar,generation.max_new_tokens=3",
-            "x: 'generation.max_new_tokens=3': a method sets drafter=, drafter.KEY=, policy=, policy.KEY= and "
-            "reuse.enabled= only",
+            "x: 'generation.max_new_tokens=3': a method sets method=, drafter=, drafter.KEY=, policy=, policy.KEY= "
+            "and reuse.enabled= only",
         ),
         (
             "x=drafter=dflash,drafter.path_search=cps,drafter.cps_lambda=2,policy=static",
             "x: drafter.cps_lambda must be a number in [0, 1], got 2",
         ),
-        ("vanilla=drafter=ar,policy=static", "takes NAME=drafter=D,policy=P"),
+        ("vanilla=drafter=ar,policy=static", "takes NAME (a method preset) or NAME=drafter=D,policy=P"),
+        ("nosuch", "'nosuch' is not a method preset (conf/method/); accepted: ar, ar+failfast, "),
+        ("x=method=nosuch", "x: no config 'nosuch' in group method; choices: "),
     ],
 )
 def test_a_bad_method_is_one_parser_line_before_any_model_loads(method, error, capsys, monkeypatch):

@@ -281,7 +281,7 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose("config", overrides=[f"method={method}"])
-        assert (cfg.drafter.name, cfg.policy.name, cfg.method) == (drafter, policy, method)
+        assert (cfg.drafter.name, cfg.policy.name, cfg.method.name) == (drafter, policy, method)
         assert cfg.drafter.get("threshold") == threshold
         assert {k: cfg.policy[k] for k in settings} == settings
         cfg = compose("config", overrides=[f"method={method}", "policy=aimd"])  # the command line still wins
