@@ -272,10 +272,11 @@ def _progress(method: str, done: int, total: int, result: PromptResult) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool) -> list[PromptResult]:
+def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool, results: list[PromptResult]) -> None:
     """Every prompt at batch 1 (speculative and, with ``baseline``, vanilla, alternating which goes
-    first so drift affects both alike); a finished prompt is read back, a too long one recorded."""
-    results: list[PromptResult] = []
+    first so drift affects both alike), each appended to ``results`` as it finishes (an interrupt
+    leaves the finished ones there for the partial summary); a finished prompt is read back, a too
+    long one recorded."""
     method = setup.method
     for i, prompt in enumerate(plan.prompts):
         pid = prompt.prompt_id
@@ -309,7 +310,6 @@ def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool) ->
         pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
         _progress(method, i + 1, len(plan.prompts), result)
-    return results
 
 
 def _run(
@@ -338,7 +338,7 @@ def _run(
 
                 results, serving = run_batched(setup, plan, container, pm)
             else:
-                results = _decode_one_by_one(setup, plan, pm, baseline)
+                _decode_one_by_one(setup, plan, pm, baseline, results)
             summary = summarize(
                 setup.method,
                 results,

@@ -233,7 +233,7 @@ FAST_POINTS = {("call", 1), ("call", 2), ("call", 2 * PROMPTS), ("between", 2), 
 def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch, kind, at):
     """SIGTERM right after the n-th generate() call (during a prompt: its row is not written yet),
     or between prompts (after prompt i's row was written)."""
-    real, real_tqdm = experiment.generate, experiment.tqdm
+    real, real_progress = experiment.generate, experiment._progress
     calls = []
 
     def interrupting(*args, **kwargs):
@@ -243,16 +243,13 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    def prompts_then_interrupt(iterable, **kwargs):
-        for i, item in enumerate(iterable):
-            if kind == "between" and i == at:
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield item
-        if kind == "between" and at == PROMPTS:  # after the last row, before the summary
+    def progress_then_interrupt(method, done, total, result):  # after prompt `done`'s row was written
+        real_progress(method, done, total, result)
+        if kind == "between" and done == at:  # at == PROMPTS: after the last row, before the summary
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(experiment, "generate", interrupting)
-    monkeypatch.setattr(experiment, "tqdm", prompts_then_interrupt)
+    monkeypatch.setattr(experiment, "_progress", progress_then_interrupt)
     cfg = compose_cfg(family)
     with pytest.raises(RunInterrupted) as info:
         run_experiment(cfg, tmp_path)
@@ -266,7 +263,7 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
     assert partial["timing_conditions"]["cpu_count"] >= 1 and "timing_trusted" in partial["timing_conditions"]
 
     calls.clear()
-    monkeypatch.setattr(experiment, "tqdm", real_tqdm)
+    monkeypatch.setattr(experiment, "_progress", real_progress)
     monkeypatch.setattr(experiment, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     summary = run_experiment(cfg, tmp_path)  # the same command again
     assert len(calls) == 2 * (PROMPTS - len(done))  # finished prompts are read back, not recomputed
