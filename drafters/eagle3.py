@@ -45,8 +45,8 @@ from specpolicy.models.eagle3 import (
 )
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
-from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
+from specpolicy.runners.sequences import SharedSequencesDrafter
 
 NAME = "eagle3"
 #: A request whose round starts with more newly committed positions than this (a new request's
@@ -70,7 +70,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     On the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a tree's root
     and levels -- run through a static KV cache compiled per shape bucket
-    (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
+    (``specpolicy.runners.eagle3.StaticEagle3``, its compile seconds added to
     ``runtime.warmup_s``; capacity: ``max_context`` + 128 tree nodes);
     ``commit`` moves its length. In the batched loop (``batched``) the requests, greedy or sampling,
     draft on a static cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass
@@ -104,10 +104,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self.static = None  # the compiled runtime's StaticEagle3, else None
         self._no_shared_sequences()  # the batched loop's StaticBatchEagle3 (``batched``)
         if runtime.compile:
-            from specpolicy.models.static_qwen import StaticEagle3
+            from specpolicy.runners.eagle3 import StaticEagle3
 
             context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True)  # + a tree's nodes
+            # + a tree's nodes
+            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
 
     @property
@@ -152,10 +153,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     def _batched_static(self, slots: int):
         """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.models.static_qwen import StaticBatchEagle3
+        from specpolicy.runners.eagle3 import StaticEagle3
 
-        return StaticBatchEagle3(
-            self.model, self.embed_tokens, self.static.capacity, slots, compile=self.static.compiled
+        capacity, settings = self.static.capacity, self.runtime.compiled
+        return StaticEagle3(
+            self.model, self.embed_tokens, capacity, self.static.compiled, rows=slots, settings=settings
         )
 
     def _new_round(self) -> None:

@@ -28,6 +28,7 @@ from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
+from specpolicy.runners.dflash import DFlashRunner
 from specpolicy.verifiers.hf import HFVerifier
 
 LAYERS = 4
@@ -429,14 +430,16 @@ BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3", "dflash", "ar-static", "eagle3-st
 BATCHED_PASSES = {
     "ar": (ARDrafter, "_draft_together", "_draft_shared"),
     "eagle3": (Eagle3Drafter, "_pass_together", "_rows_pass"),
-    "dflash": (DFlashDrafter, "_pass_together", "_shared_pass"),
+    "dflash": (DFlashRunner, "together", "shared"),
 }
 
 
 def _static_caches(drafter, capacity: int = 64) -> None:
     """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
     so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
-    from specpolicy.models.static_qwen import StaticDFlash, StaticEagle3, StaticQwen
+    from specpolicy.runners.dflash import StaticDFlash
+    from specpolicy.runners.eagle3 import StaticEagle3
+    from specpolicy.runners.qwen import StaticQwen
 
     if isinstance(drafter, ARDrafter):
         drafter.static = StaticQwen(drafter.model, drafter.max_context)
@@ -468,11 +471,11 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
     if kind in BATCHED_PASSES:
         cls, eager_pass, shared_pass = BATCHED_PASSES[kind]
         batched_pass = getattr(cls, shared_pass if static else eager_pass)
-        monkeypatch.setattr(
-            cls,
-            shared_pass if static else eager_pass,
-            staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a)),
-        )
+        if cls is DFlashRunner:  # the runner's passes: methods over the requests' BlockPass
+            spy = lambda runner, passes: together.append(len(passes)) or batched_pass(runner, passes)  # noqa: E731
+        else:
+            spy = staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a))
+        monkeypatch.setattr(cls, shared_pass if static else eager_pass, spy)
     if static:
         _static_caches(drafter)
     rt.generator.manual_seed(1)
