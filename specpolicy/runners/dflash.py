@@ -161,7 +161,7 @@ class StaticDFlash(StaticPasses):
         causal = columns <= slots[:, :, None]  # context rows (and scratch rows): causal over the slots
         sees_block = columns < ends[:, None, None]  # block rows: the whole context and the block
         mask = torch.where((is_context | ~real)[:, :, None], causal, sees_block)  # (rows, b, window)
-        (out,) = self._run(b, [block, context, is_context], slots, slots, mask)
+        (out,) = self._run(b, [block, context, is_context], slots.clone(), slots, mask)  # positions: not an alias
         return out[:, :n].clone() if self.replayed else out[:, :n]
 
     @torch.inference_mode()

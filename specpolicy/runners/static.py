@@ -351,7 +351,9 @@ class StaticPasses(torch.nn.Module):
                 window = max(int(torch.minimum(ends, starts + a + b).max()), 1)  # all idle (warm-up): one window, not 0
             window = min(self.width, -(-window // self.window) * self.window)
             mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
-            outputs = self._run(b, rows, slots, slots, mask)
+            # positions = the slots, as their own tensor: an input aliasing another would compile a
+            # graph apart from ``passes``' (dynamo guards on aliasing)
+            outputs = self._run(b, rows, slots.clone(), slots, mask)
             chunks.append([y[:, :m].clone() if self.replayed else y[:, :m] for y in outputs])
         if len(chunks) == 1:
             return tuple(chunks[0])
@@ -381,11 +383,12 @@ class StaticPasses(torch.nn.Module):
             return 0.0
         if self.rows > 1:  # every sequence idle: the rows go to scratch columns, the cache stays as it is
             idle = torch.zeros(self.rows, dtype=torch.long, device=self.columns.device)
-            return self._warm_buckets(
-                lambda b: self._rows_passes(
-                    [x.expand(self.rows, *x.shape).clone() for x in self._dummy_rows(b)], idle, idle
-                )
-            )
+
+            @torch.inference_mode()  # as the loop's passes run: inference tensors, the graphs' guards
+            def dummy_rows_pass(b: int) -> None:
+                self._rows_passes([x.expand(self.rows, *x.shape).clone() for x in self._dummy_rows(b)], idle, idle)
+
+            return self._warm_buckets(dummy_rows_pass)
 
         def dummy_pass(b: int) -> None:
             self.length = 0
