@@ -51,7 +51,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     per shape bucket (``specpolicy.runners.qwen.StaticQwen``; its compile seconds are added to
     ``runtime.warmup_s``): ``commit`` moves the cache's length. In the batched loop (``batched``)
     the requests, greedy or sampling, draft on a static cache of one sequence per request, compiled
-    (``StaticBatchQwen``): one pass for every request at each step.
+    (``StaticQwen`` of several sequences): one pass for every request at each step.
 
     Args:
         model: the drafter LM, on the runtime device.
@@ -185,7 +185,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     @staticmethod
     def _draft_shared(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft_many`` on the shared static cache: each of ``max(num_tokens)`` steps is ONE
-        pass over every sequence (``StaticBatchQwen.run_rows``) -- a request that still wants a
+        pass over every sequence (``StaticQwen.run_rows``) -- a request that still wants a
         token fed its tokens not yet cached at the round's first pass, else its last drafted token,
         at its own length; the others idle, their sequences untouched."""
         shared, device = drafters[0]._shared, drafters[0].runtime.torch_device

@@ -174,18 +174,6 @@ class StaticDFlash(StaticPasses):
         self._rows_passes([zeros, context, ones], starts, counts)
 
 
-def StaticBatchDFlash(  # noqa: N802 - the batched loop's name for the cache of several sequences
-    model: torch.nn.Module,
-    capacity: int,
-    rows: int,
-    compile: bool = False,
-    buckets: Sequence[int] | None = None,
-    settings: CompileSettings | None = None,
-) -> StaticDFlash:
-    """``StaticDFlash`` of ``rows`` sequences (the batched loop's DFlash drafting)."""
-    return StaticDFlash(model, capacity, compile, buckets, rows, settings)
-
-
 #: An eager pass over several requests: a request with more newly committed positions than this (a
 #: new request's prompt) writes their keys and values alone, not padding every request's to its count.
 BATCH_POSITIONS = 16

@@ -1,5 +1,6 @@
-"""The EAGLE-3 head (``specpolicy.models.eagle3.Eagle3DraftModel``) behind a static KV cache
-(``StaticEagle3``): the compiled runtime's EAGLE-3 drafting, one forward over ``R`` sequences.
+"""How the EAGLE-3 head's pass runs (``Eagle3Runner``): eager, or behind a static KV cache
+(``StaticEagle3``: the compiled runtime's EAGLE-3 drafting, one forward over ``R`` sequences), for
+one request or many (``specpolicy.models.eagle3.Eagle3DraftModel``; the drafter, ``drafters/eagle3.py``).
 
 EAGLE-3's greedy chain runs several drafting steps per compiled graph (``StaticEagle3.chain``,
 ``runtime.chain_steps``), the argmax and the feedback inside the graph.
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from specpolicy.core.runtime import CompileSettings
 from specpolicy.core.sampling import choose
+from specpolicy.runners.sequences import SharedSequences
 from specpolicy.runners.static import StaticPasses, _rotate_half, _row_attention, _row_linear
 
 
@@ -231,14 +235,108 @@ class StaticEagle3(StaticPasses):
         return out, logits
 
 
-def StaticBatchEagle3(  # noqa: N802 - the batched loop's name for the cache of several sequences
-    model: torch.nn.Module,
-    embed_tokens: torch.nn.Module,
-    capacity: int,
-    rows: int,
-    compile: bool = False,
-    buckets: Sequence[int] | None = None,
-    settings: CompileSettings | None = None,
-) -> StaticEagle3:
-    """``StaticEagle3`` of ``rows`` sequences (the batched loop's EAGLE-3 drafting)."""
-    return StaticEagle3(model, embed_tokens, capacity, compile, buckets, rows, settings)
+@dataclass
+class HeadPass:
+    """One request's part of an EAGLE-3 head pass (``Eagle3Runner.run``): its new positions' tokens
+    and features, after what its cache holds.
+
+    Attributes:
+        tokens: ``(n,) int64`` target ids (the round's first pass: the newly committed pairs'
+            next tokens; later: the last drafted token).
+        hidden: ``(n, H)`` their features (``fc`` of the target's, or the head's own output).
+        cache: eager: the request's ``KVCache`` (one layer); else its length view.
+        static: the compiled runtime's ``StaticEagle3`` of one sequence (batch 1), else None.
+        rows / slot: a batched run's shared ``SharedSequences`` and the request's sequence, else None.
+    """
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    cache: Any = None
+    static: StaticEagle3 | None = None
+    rows: SharedSequences | None = None
+    slot: int | None = None
+
+
+class Eagle3Runner:
+    """How the EAGLE-3 head's pass runs for ``R`` requests at once: eager (``Eagle3DraftModel``: one
+    request alone; several in one padded forward, each row its own cache, causally), on the
+    compiled runtime's ``StaticEagle3`` of one sequence (batch 1), or on a batched run's shared
+    ``StaticEagle3`` of one sequence per request -- the same forward at ``R`` = 1 and ``R`` > 1.
+
+    Args:
+        model: the head. embed_tokens: the target's input embeddings.
+    """
+
+    def __init__(self, model: torch.nn.Module, embed_tokens: torch.nn.Module) -> None:
+        self.model, self.embed_tokens = model, embed_tokens
+
+    def run(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass: request ``i`` is fed ``passes[i]``'s positions after its cached ones (cached).
+        Returns every request's last output ``(R, 1, H)`` (what predicts its next token) and the
+        draft-vocabulary logits of its last position ``(R, Vd)``."""
+        if passes[0].rows is not None:
+            return self.shared(passes)
+        if len(passes) > 1:
+            return self.together(passes)
+        p = passes[0]
+        if p.static is not None:  # compiled, batch 1: the forward at R = 1
+            out, logits = p.static.passes([p.tokens, p.hidden])
+            return out[None, -1:], logits[-1:]
+        embeds = self.embed_tokens(p.tokens)[None]
+        start = p.cache.length
+        positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
+        out, k, v = self.model(embeds, p.hidden[None], positions, p.cache.layer(0) if start else None)
+        p.cache.keys[0], p.cache.values[0] = k, v
+        return out[:, -1:], self.model.logits(out[0, -1:])
+
+    def together(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eager, several requests: ONE forward of the head, rows padded to the most positions and
+        caches to the longest, a mask keeping each row to its own cache and positions, causally."""
+        head = self.model
+        device = passes[0].tokens.device
+        counts = [int(p.tokens.shape[0]) for p in passes]
+        lengths = [p.cache.length for p in passes]
+        b, n, longest = len(passes), max(counts), max(lengths)
+        token_ids = torch.zeros((b, n), dtype=torch.long, device=device)
+        features = passes[0].hidden.new_zeros((b, n, passes[0].hidden.shape[-1]))
+        for i, p in enumerate(passes):
+            token_ids[i, : counts[i]] = p.tokens
+            features[i, : counts[i]] = p.hidden
+        past = None
+        if longest:
+            keys = next(p.cache.keys[0] for p in passes if p.cache.length)  # (1, kv_heads, L, d): the shape
+            past_k = keys.new_zeros((b, keys.shape[1], longest, keys.shape[3]))
+            past_v = torch.zeros_like(past_k)
+            for i, p in enumerate(passes):
+                if lengths[i]:
+                    past_k[i, :, : lengths[i]] = p.cache.keys[0][0]
+                    past_v[i, :, : lengths[i]] = p.cache.values[0][0]
+            past = (past_k, past_v)
+        lengths_t = torch.tensor(lengths, device=device)
+        steps = torch.arange(n, device=device)
+        own = torch.arange(longest, device=device)[None] < lengths_t[:, None]  # (b, P)
+        causal = steps[None, :] <= steps[:, None]  # (n, n)
+        mask = torch.cat([own[:, None].expand(b, n, longest), causal.expand(b, n, n)], dim=2)[:, None]
+        out, k, v = head(self.embed_tokens(token_ids), features, lengths_t[:, None] + steps, past, mask)
+        last = torch.tensor(counts, device=device) - 1
+        rows = torch.arange(b, device=device)
+        for i, p in enumerate(passes):
+            p.cache.append(
+                0, k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]]
+            )
+        return out[rows, last][:, None], head.logits(out[rows, last])
+
+    def shared(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batched run's shared static cache: one ``StaticEagle3.run_rows`` pass over every
+        sequence, the requests' at their lengths, the other sequences idle."""
+        rows, device = passes[0].rows, passes[0].tokens.device
+        counts = [int(p.tokens.shape[0]) for p in passes]
+        n, slots = max(counts), [p.slot for p in passes]
+        token_ids = torch.zeros((len(rows.lengths), n), dtype=torch.long, device=device)
+        hidden = passes[0].hidden.new_zeros((len(rows.lengths), n, passes[0].hidden.shape[-1]))
+        for slot, count, p in zip(slots, counts, passes):
+            token_ids[slot, :count] = p.tokens
+            hidden[slot, :count] = p.hidden
+        out, logits = rows.static.run_rows(token_ids, hidden, *rows.feed(slots, counts))
+        index, last = torch.tensor(slots, device=device), torch.tensor(counts, device=device) - 1
+        return out[index, last][:, None], logits[index, last]

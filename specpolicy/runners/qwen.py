@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specpolicy.core.runtime import CompileSettings
-from specpolicy.runners.static import BUCKETS, StaticPasses, _rms, _rotate_half, _row_attention, _row_product
+from specpolicy.runners.static import StaticPasses, _rms, _rotate_half, _row_attention, _row_product
 
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm).
 SUPPORTED = ("qwen2", "qwen3")
@@ -233,18 +233,3 @@ class StaticQwen(StaticPasses):
         """
         logits, states = self._rows_passes([input_ids], starts, counts)
         return logits, states
-
-
-def StaticBatchQwen(  # noqa: N802 - the batched loop's name for the cache of several sequences
-    model: PreTrainedModel,
-    capacity: int,
-    rows: int,
-    compile: bool = False,
-    buckets: Sequence[int] | None = None,
-    settings: CompileSettings | None = None,
-) -> StaticQwen:
-    """``StaticQwen`` of ``rows`` sequences (the batched loop's verifier and AR drafter)."""
-    return StaticQwen(model, capacity, compile, buckets, rows, settings)
-
-
-__all__ = ["BUCKETS", "SUPPORTED", "StaticBatchQwen", "StaticQwen"]
