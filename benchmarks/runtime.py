@@ -24,7 +24,7 @@ With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per
 ``vanilla-batch<B>`` and ``<method>-batch<B>`` for the first method on each of the EAGLE-3 and
 DFlash drafters (default ``eagle3+static-k4`` and ``dflash+failfast``) on each runtime (the compiled side's target a static cache of B sequences,
 ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
-requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
+requests draft on their batched static caches there, ``StaticEagle3`` and ``StaticDFlash`` of several sequences);
 ``--batch-temperature`` T > 0 adds each speculative batched row sampling at T (``<row>-t<T>``, seeded
 per run, not compared token for token), ``--batch-copies`` the compiled side's speculative rows with
 eager request copies of the drafter (``@compiled-copies``: what those caches replace);
