@@ -14,7 +14,7 @@ Rows (the bundled family; every greedy row's output checked against eager vanill
   compiled too), ``eagle3+static-k4`` / ``-k7`` / ``-k9`` (EAGLE-3 chains) and ``dflash+failfast``),
   on the AR, EAGLE-3 or DFlash drafter (``--methods``: those drafters only): the same verifier code on ``Runtime(compile=False)`` and ``Runtime(compile=True)``
   (``runtime.compile``: the target and the AR, EAGLE-3 and DFlash drafters on static KV caches
-  compiled per shape bucket, ``specpolicy.models.static_qwen``);
+  compiled per shape bucket, ``specpolicy.runners``);
 * ``hf-greedy`` -- ``generate(do_sample=False)`` (DynamicCache, eager); ``hf-static-compiled`` --
   ``generate(cache_implementation="static")`` with transformers' own compilation of the decoding
   forward (``CompileConfig(fullgraph=True)``, on every device); ``hf-assisted-k<K>`` (constant
@@ -24,7 +24,7 @@ With ``--batch-size`` B > 1 (default 4) the batched loop runs too, after the per
 ``vanilla-batch<B>`` and ``<method>-batch<B>`` for the first method on each of the EAGLE-3 and
 DFlash drafters (default ``eagle3+static-k4`` and ``dflash+failfast``) on each runtime (the compiled side's target a static cache of B sequences,
 ``StaticBatchedHFVerifier``), over the same prompts, ``--batch-repeats`` interleaved runs (the drafters'
-requests draft on their batched static caches there, ``StaticBatchEagle3``, ``StaticBatchDFlash``);
+requests draft on their batched static caches there, ``StaticEagle3`` and ``StaticDFlash`` of several sequences);
 ``--batch-temperature`` T > 0 adds each speculative batched row sampling at T (``<row>-t<T>``, seeded
 per run, not compared token for token), ``--batch-copies`` the compiled side's speculative rows with
 eager request copies of the drafter (``@compiled-copies``: what those caches replace);
@@ -111,10 +111,11 @@ class Side:
     build time is its warm-up."""
 
     def __init__(self, args: argparse.Namespace, compile: bool, cuda_mode: str = "reduce-overhead") -> None:
-        from specpolicy.models import static_qwen
+        from specpolicy.core.runtime import CompileSettings
 
-        static_qwen.CUDA_MODE = cuda_mode  # read as each model is built (CUDA only)
-        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0, compile=compile)
+        # runtime.cuda_mode (CUDA only) and runtime.buckets, read as each model is built
+        settings = CompileSettings(cuda_mode=cuda_mode, **({"buckets": args.buckets} if args.buckets else {}))
+        self.runtime = Runtime(device=args.device, dtype=args.dtype, seed=0, compile=compile, compiled=settings)
         self.pm = get_plugin_manager(autoload=False)
         start = time.perf_counter()
         self.verifier = make_verifier(self.pm, {**_conf("verifier", "hf"), "model": args.target}, self.runtime)
@@ -319,10 +320,8 @@ def _eager_copies(drafter):
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.buckets:  # fewer buckets: a shorter warm-up, more padding on CUDA (on CPU they set the chunks)
-        from specpolicy.models import static_qwen
-
-        static_qwen.BUCKETS = args.buckets
+    # args.buckets (runtime.buckets, each Side's runtime): fewer buckets, a shorter warm-up, more
+    # padding on CUDA (on CPU they set the chunks)
     prompts = load_prompts(args.dataset, None, args.num_prompts)
     eager = Side(args, compile=False)
     cuda = eager.runtime.torch_device.type == "cuda"
@@ -525,13 +524,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--buckets",
         type=lambda text: tuple(int(x) for x in text.split(",")),
         default=None,
-        help="the compiled runtime's pass widths, e.g. 1,8 (default: specpolicy.models.static_qwen.BUCKETS)",
+        help="the compiled runtime's pass widths, e.g. 1,8 (default: runtime.buckets)",
     )
     p.add_argument(
         "--cuda-modes",
         type=lambda text: text.split(","),
         default=["reduce-overhead"],
-        help="on CUDA, one compiled side per static_qwen.CUDA_MODE, comma-separated: reduce-overhead "
+        help="on CUDA, one compiled side per runtime.cuda_mode, comma-separated: reduce-overhead "
         "(rows @compiled: inductor + CUDA graphs), default (@inductor: no CUDA graphs), cudagraphs "
         "(@cudagraphs: eager kernels as CUDA graphs, no inductor); CPU builds one compiled side",
     )

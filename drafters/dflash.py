@@ -46,17 +46,15 @@ Batched (``draft_many``, the batched loop): the requests that take a pass at the
 together, ONE pass of the network over their blocks, the blocks and the cached contexts padded to
 the longest and masked per row; each request records what its own pass would. On the compiled
 runtime the requests hold a context sequence each of one static cache sized by the batch
-(``batched``, ``specpolicy.models.static_qwen.StaticBatchDFlash``), and the same step is one pass
+(``batched``, ``specpolicy.runners.dflash.StaticDFlash``), and the same step is one pass
 over it: each request's newly committed positions and its block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
@@ -71,8 +69,9 @@ from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabul
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
-from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
+from specpolicy.runners.dflash import BATCH_POSITIONS as BATCH_POSITIONS, BlockPass, DFlashRunner
+from specpolicy.runners.sequences import SharedSequences, SharedSequencesDrafter
 
 NAME = "dflash"
 CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
@@ -81,9 +80,6 @@ CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
 EXTENSIONS = ("given", "none")
 #: committed tokens kept for ``ngram_context`` (an order-3 n-gram reads 2; DART keeps 8)
 NGRAM_HISTORY = 8
-#: ``draft_many``: a request with more newly committed positions than this (a new request's prompt)
-#: writes their keys and values alone, not padding every request's to its count.
-BATCH_POSITIONS = 16
 
 
 class DFlashDrafter(SharedSequencesDrafter, Drafter):
@@ -105,10 +101,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         ValueError: for an ``extension`` not in ``EXTENSIONS``.
 
     On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
-    context compiled per shape bucket (``specpolicy.models.static_qwen.StaticDFlash``: the newly
+    context compiled per shape bucket (``specpolicy.runners.dflash.StaticDFlash``: the newly
     committed positions' keys and values and the block in one pass; compile seconds added to
     ``runtime.warmup_s``). In the batched loop (``batched``) the requests, greedy or sampling, draft
-    on a static cache of one context sequence per request, compiled (``StaticBatchDFlash``): one pass for
+    on a static cache of one context sequence per request, compiled (``StaticDFlash`` of several sequences): one pass for
     every request that drafts at each step.
     """
 
@@ -149,14 +145,17 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
         self._sampling: SamplingConfig | None = None
-        self.static = None  # the compiled runtime's StaticDFlash, else None
-        self._no_shared_sequences()  # the batched loop's StaticBatchDFlash (``batched``)
+        #: how the pass runs: eager, or on a static cache (one sequence; a batched run's shared ones)
+        self.runner = DFlashRunner(model, embed_tokens, runtime.torch_dtype, model.spec.mask_token_id)
+        self.static = None  # the compiled runtime's StaticDFlash of one sequence, else None
+        self._own: SharedSequences | None = None  # its one sequence, while a prompt runs on it
+        self._no_shared_sequences()  # the batched loop's StaticDFlash of several sequences (``batched``)
         if runtime.compile:
-            from specpolicy.models.static_qwen import StaticDFlash
+            from specpolicy.runners.dflash import StaticDFlash
 
             # the verifier's context bounds what is cached; a block's positions may pass its end
             context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            self.static = StaticDFlash(model, context + self.block_size, compile=True)
+            self.static = StaticDFlash(model, context + self.block_size, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
 
     @property
@@ -199,8 +198,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         check_prompt_features(prompt_ids, features, "the dflash drafter")
         self._take_sequence()  # a batched run's request
         self.cache = KVCache(len(self.model.layers))
-        if self.static is not None:
-            self.static.reset()
+        self._own = None
+        if self.static is not None and self._slot is None:  # compiled, batch 1: the cache's one sequence
+            self._own = SharedSequences(self.static)
+            self._own.take()
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
         self._recent, self._history = self._recent[:0], self._history[:0]
@@ -210,9 +211,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
 
     def _batched_static(self, slots: int):
         """The batched loop's static cache of ``slots`` context sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.models.static_qwen import StaticBatchDFlash
+        from specpolicy.runners.dflash import StaticDFlash
 
-        return StaticBatchDFlash(self.model, self.static.capacity, slots, compile=self.static.compiled)
+        settings = self.runtime.compiled
+        return StaticDFlash(self.model, self.static.capacity, self.static.compiled, rows=slots, settings=settings)
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -232,43 +234,38 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         if self.path_search is not None:
             self._recent = self.path_search.tail(self._recent, committed)
 
-    def _cache_context(self) -> None:
-        """Write the keys and values of the newly committed positions' features into the cache."""
-        if self._context is None or self._context.shape[0] == 0:
-            return
-        start = self.cache.length
-        positions = torch.arange(start, start + self._context.shape[0], device=self.runtime.torch_device)[None]
-        features = self._context.to(self.runtime.torch_dtype)[None]
-        for i, (k, v) in enumerate(self.model.context_keys_values(features, positions)):
-            self.cache.append(i, k, v)
-        self._context = None
+    def _block_pass(self) -> BlockPass:
+        """This request's part of the next pass: its block ``[pending, drafted so far, MASK x (B - 1)]``,
+        its newly committed positions' features, and where its context is cached (its ``KVCache``
+        eagerly; compiled, its sequence of the static cache: the batched run's shared one, or its own)."""
+        ids = torch.cat([self._pending, self._tokens, self._masks])
+        if self._slot is not None:  # a request of a batched run on the shared static cache
+            return BlockPass(ids, self._context, self.cache, self._shared, self._slot)
+        if self._own is not None:  # the compiled runtime, batch 1: a static cache of one sequence
+            return BlockPass(ids, self._context, self.cache, self._own, 0)
+        return BlockPass(ids, self._context, self.cache)
 
-    def _pass(self) -> None:
-        """One forward pass: the block ``[pending, drafted so far, MASK x (B - 1)]`` -> B - 1 more tokens,
-        the newly committed positions' keys and values written into the cache by the same pass."""
-        if self._slot is not None:  # a request of a batched run on the shared static cache (its own block)
-            out = type(self)._shared_blocks([self])[0]
+    @staticmethod
+    def _step(drafters: list[DFlashDrafter]) -> None:
+        """DFlash's pass, stated once for ``R`` = ``len(drafters)`` requests (``draft``: one;
+        ``draft_many``: every request that still takes a pass): each one's newly committed positions
+        join its context, its block ``[pending, drafted so far, MASK x (B - 1)]`` attends to the
+        context and to itself, and the block's last B - 1 outputs give B - 1 more tokens, recorded
+        as the request's pass (``_record_passes``; with a path search, its best path). How the pass
+        runs -- eager, compiled, one request or many -- is the runner's (``DFlashRunner``)."""
+        lead, new = drafters[0], drafters[0].block_size - 1
+        outs = lead.runner.run([d._block_pass() for d in drafters])
+        for d in drafters:
+            d._context = None  # cached by the pass
+        if len(drafters) == 1:  # (B - 1, H) through the head, the one-request pass's product
+            logits = lead.head(outs[0][-new:])[None]
         else:
-            ids = torch.cat([self._pending, self._tokens, self._masks])
-            new = None
-            if self._context is not None and self._context.shape[0]:
-                new = self._context.to(self.runtime.torch_dtype)[None]  # (1, u, F)
-            if self.static is not None:  # compiled: the same pass over the static context cache
-                out = self.static.block(self.embed_tokens(ids), None if new is None else new[0])
-            else:
-                out = self.model.draft_pass(self.embed_tokens(ids)[None], self.cache, new)[0]  # (q, H)
-        self._context = None
-        logits = self.head(out[1 + self._tokens.shape[0] :])  # (B - 1, V or Vd)
-        if self.path_search is not None:
-            self._took(logits, *self._search(logits))
+            logits = lead.head(torch.stack([out[-new:] for out in outs]))  # (b, B - 1, V or Vd)
+        if lead.path_search is not None:  # alone (``draft_many``): the best path of the pass's lattice
+            for j, d in enumerate(drafters):
+                d._took(logits[j], *d._search(logits[j]))
             return
-        tokens, confs, q = self._choose(logits, self._sampling, self.runtime.generator)
-        stop_at = None
-        if self._stop_ids.numel():
-            hit = torch.isin(tokens, self._stop_ids)
-            if bool(hit.any()):  # the sync of a drafted stop token: nothing past it is drafted
-                stop_at = int(hit.int().argmax())
-        self._took(logits, tokens, confs, q, stop_at)
+        DFlashDrafter._record_passes(drafters, logits)
 
     def _search(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
         """CPS on a pass's logits ``(B - 1, V or Vd)``: the path's tokens ``(m,) int64`` (target ids),
@@ -332,7 +329,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def draft(self, num_tokens: int) -> Draft:
         want = self._wants(num_tokens)
         while self._needs_pass(want):
-            self._pass()
+            self._step([self])
         return self._handed_out(want)
 
     def _handed_out(self, want: int) -> Draft:
@@ -352,7 +349,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         its own block, bidirectional inside it). The newly committed positions' keys and values
         are written for all of them in one ``context_keys_values`` call too (a request with more
         than ``BATCH_POSITIONS`` of them, e.g. a new prompt, alone). Requests on the shared static
-        cache (``batched``) run each step as one ``StaticBatchDFlash`` pass instead, their
+        cache (``batched``) run each step as one ``StaticDFlash`` pass instead, their
         newly committed positions in it (a request whose positions and block pass the largest
         bucket, e.g. a new prompt, writes its context alone first).
 
@@ -371,7 +368,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """
         lead = drafters[0] if drafters else None
         if len(drafters) > 1 and lead.path_search is None and all(d._slot is not None for d in drafters):
-            return cls._draft_together(drafters, num_tokens, cls._shared_pass)  # the shared static cache
+            return cls._draft_together(drafters, num_tokens)  # the shared static cache
         if (
             len(drafters) < 2
             or lead.path_search is not None
@@ -386,133 +383,21 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             )
         ):
             return super().draft_many(drafters, num_tokens)
-        return cls._draft_together(drafters, num_tokens, cls._pass_together)
+        return cls._draft_together(drafters, num_tokens)
 
     @staticmethod
-    def _draft_together(
-        drafters: list[DFlashDrafter], num_tokens: list[int], together: Callable[[list[DFlashDrafter]], None]
-    ) -> list[Draft]:
-        """``draft_many``'s steps: every request whose draft still takes a pass runs it in
-        ``together`` (one alone in its own ``_pass``)."""
+    def _draft_together(drafters: list[DFlashDrafter], num_tokens: list[int]) -> list[Draft]:
+        """``draft_many``'s steps: every request whose draft still takes a pass runs it in one ``_step``."""
         wants = [d._wants(n) for d, n in zip(drafters, num_tokens)]
         while True:
             step = [d for d, want in zip(drafters, wants) if d._needs_pass(want)]
             if not step:
                 return [d._handed_out(want) for d, want in zip(drafters, wants)]
-            if len(step) == 1:
-                step[0]._pass()
-            else:
-                together(step)
-
-    @staticmethod
-    def _shared_blocks(drafters: list[DFlashDrafter]) -> list[torch.Tensor]:
-        """One pass of the shared static cache (``StaticBatchDFlash.run_rows``) for the requests
-        ``drafters``: each one's newly committed positions join its context sequence, then its block
-        ``[pending, drafted so far, MASK x (B - 1)]`` attends to it; the other sequences idle. A
-        request whose new positions and block would pass the largest bucket (a new prompt) writes
-        its context first, alone (``context_rows``). Returns each request's block outputs ``(q_i, H)``."""
-        lead, rows = drafters[0], drafters[0]._shared
-        static, device, dtype = rows.static, lead.runtime.torch_device, lead.runtime.torch_dtype
-        blocks = [lead.embed_tokens(torch.cat([d._pending, d._tokens, d._masks])) for d in drafters]
-        sequences, top = len(rows.lengths), static.buckets[-1]
-        for d, block in zip(drafters, blocks):  # before any state moves: a refused pass leaves it as it was
-            new = (0 if d._context is None else int(d._context.shape[0])) + int(block.shape[0])
-            if rows.lengths[d._slot] + new > static.capacity:
-                raise ValueError(
-                    f"{new} new positions after {rows.lengths[d._slot]} cached do not fit the static cache "
-                    f"of {static.capacity}"
-                )
-        for d, block in zip(drafters, blocks):  # a long catch-up: the context alone first
-            if d._context is not None and d._context.shape[0] + block.shape[0] > top:
-                u = int(d._context.shape[0])
-                context = d._context.new_zeros((sequences, u, d._context.shape[1])).to(dtype)
-                context[d._slot] = d._context
-                starts, counts = rows.feed([d._slot], [u])
-                static.context_rows(context, counts, starts)
-                d._context = None
-        uses = [0 if d._context is None else int(d._context.shape[0]) for d in drafters]
-        counts = [u + int(block.shape[0]) for u, block in zip(uses, blocks)]
-        n, slots = max(counts), [d._slot for d in drafters]
-        block_rows = blocks[0].new_zeros((sequences, n, blocks[0].shape[-1])).to(dtype)
-        context_rows = block_rows.new_zeros((sequences, n, static.features))
-        all_counts = [0] * sequences
-        context_counts = [0] * sequences
-        for d, slot, u, count, block in zip(drafters, slots, uses, counts, blocks):
-            block_rows[slot, u:count] = block
-            if u:
-                context_rows[slot, :u] = d._context
-            all_counts[slot], context_counts[slot] = count, u
-            d._context = None
-        starts, _ = rows.feed(slots, uses)  # the lengths grow by the context rows only
-        counts_t, context_t = torch.tensor([all_counts, context_counts], device=device)
-        out = static.run_rows(block_rows, context_rows, context_t, counts_t, starts)
-        return [out[slot, u:count] for slot, u, count in zip(slots, uses, counts)]
-
-    @staticmethod
-    def _shared_pass(drafters: list[DFlashDrafter]) -> None:
-        """``_pass_together`` on the shared static cache: one pass, B - 1 tokens each."""
-        lead = drafters[0]
-        outs = DFlashDrafter._shared_blocks(drafters)
-        new = lead.block_size - 1
-        logits = lead.head(torch.stack([out[-new:] for out in outs]))  # (b, B - 1, V or Vd)
-        DFlashDrafter._record_passes(drafters, logits)
-
-    @staticmethod
-    def _cache_contexts(drafters: list[DFlashDrafter]) -> None:
-        """``_cache_context`` for several requests: the newly committed positions' features of those
-        with at most ``BATCH_POSITIONS`` of them padded into one ``(b, u, F)`` batch and projected in
-        one call (every op is per position: a padded row changes nothing), the others alone."""
-        waiting = [d for d in drafters if d._context is not None and d._context.shape[0]]
-        short = [d for d in waiting if d._context.shape[0] <= BATCH_POSITIONS]
-        together = short if len(short) > 1 else []
-        for d in waiting:
-            if d not in together:  # many new positions (a new prompt's), or the only request with new ones
-                d._cache_context()
-        if not together:
-            return
-        lead = together[0]
-        device = lead.runtime.torch_device
-        counts = [d._context.shape[0] for d in together]
-        features = pad_sequence([d._context for d in together], batch_first=True).to(lead.runtime.torch_dtype)
-        starts = torch.tensor([d.cache.length for d in together], device=device)
-        positions = starts[:, None] + torch.arange(max(counts), device=device)  # (b, u)
-        for i, (k, v) in enumerate(lead.model.context_keys_values(features, positions)):
-            for j, d in enumerate(together):
-                d.cache.append(i, k[j : j + 1, :, : counts[j]], v[j : j + 1, :, : counts[j]])
-        for d in together:
-            d._context = None
-
-    @staticmethod
-    def _pass_together(drafters: list[DFlashDrafter]) -> None:
-        """One pass of the network for several requests, each drafting B - 1 more tokens and recording
-        them as its ``_pass`` would (see ``draft_many``)."""
-        lead = drafters[0]
-        model, device = lead.model, lead.runtime.torch_device
-        DFlashDrafter._cache_contexts(drafters)
-        blocks = [torch.cat([d._pending, d._tokens, d._masks]) for d in drafters]  # (q_i,): 1 + drafted + B - 1
-        sizes = [x.shape[0] for x in blocks]
-        lengths = [d.cache.length for d in drafters]  # cached context positions per request
-        b, q, c, new = len(drafters), max(sizes), max(lengths), lead.block_size - 1
-        ids = pad_sequence(blocks, batch_first=True, padding_value=model.spec.mask_token_id)  # (b, q)
-        lengths_t, sizes_t = torch.tensor([lengths, sizes], device=device)  # (b,) each
-        positions = lengths_t[:, None] + torch.arange(q, device=device)  # (b, q): each row continues its context
-        sees = torch.cat(
-            [
-                torch.arange(c, device=device) < lengths_t[:, None],  # its own context ...
-                torch.arange(q, device=device) < sizes_t[:, None],
-            ],
-            dim=1,
-        )  # ... and its own block
-        mask = sees[:, None, None].expand(b, 1, q, c + q)
-        context = DFlashDrafter._padded_context(drafters, c) if c else None
-        out = model(lead.embed_tokens(ids), positions, context, mask)  # (b, q, H)
-        drafted = (sizes_t - new)[:, None] + torch.arange(new, device=device)  # (b, B - 1): the masks' rows
-        logits = lead.head(out[torch.arange(b, device=device)[:, None], drafted])  # (b, B - 1, V or Vd)
-        DFlashDrafter._record_passes(drafters, logits)
+            DFlashDrafter._step(step)
 
     @staticmethod
     def _record_passes(drafters: list[DFlashDrafter], logits: torch.Tensor) -> None:
-        """Each request's pass recorded from its logits ``(b, B - 1, V or Vd)`` as its ``_pass`` would
+        """Each request's pass recorded from its logits ``(b, B - 1, V or Vd)`` as its own pass would
         (the requests sharing their settings, as the batched loop's do, in one ``_choose`` over every
         row: greedy one argmax, sampling one draw per token in request order; mixed settings request
         after request), one sync for the stop tokens."""
@@ -530,25 +415,6 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             stops = [None if s < 0 else s for s in torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
         for j, d in enumerate(drafters):
             d._took(logits[j], *chosen[j], stops[j])
-
-    @staticmethod
-    def _padded_context(drafters: list[DFlashDrafter], longest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every request's cached context as one batch: per layer, keys and values
-        ``(b, kv_heads, longest, head_dim)``, request j's in row j's first ``cache.length`` positions,
-        zeros after (masked). Per layer and tensor one concatenation and one indexed copy."""
-        lengths = torch.tensor([d.cache.length for d in drafters])
-        b = len(drafters)
-        rows = torch.arange(b * longest).view(b, longest)[torch.arange(longest) < lengths[:, None]]  # host: no sync
-        rows = rows.to(drafters[0].runtime.torch_device)  # (sum of lengths,): each cached position's padded row
-        context = []
-        for i in range(len(drafters[0].model.layers)):
-            pair = []
-            for cached in ([d.cache.keys[i] for d in drafters], [d.cache.values[i] for d in drafters]):
-                flat = torch.cat([t[0] for t in cached if t is not None], dim=1)  # (kv_heads, sum of lengths, d)
-                padded = flat.new_zeros((flat.shape[0], b * longest, flat.shape[2])).index_copy_(1, rows, flat)
-                pair.append(padded.view(flat.shape[0], b, longest, flat.shape[2]).transpose(0, 1))
-            context.append(tuple(pair))
-        return context
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's draft so far, from the passes

@@ -45,8 +45,9 @@ from specpolicy.models.eagle3 import (
 )
 from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
-from specpolicy.models.static_qwen import SharedSequencesDrafter
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
+from specpolicy.runners.eagle3 import Eagle3Runner, HeadPass
+from specpolicy.runners.sequences import SharedSequencesDrafter
 
 NAME = "eagle3"
 #: A request whose round starts with more newly committed positions than this (a new request's
@@ -70,10 +71,10 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     On the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a tree's root
     and levels -- run through a static KV cache compiled per shape bucket
-    (``specpolicy.models.static_qwen.StaticEagle3``, its compile seconds added to
+    (``specpolicy.runners.eagle3.StaticEagle3``, its compile seconds added to
     ``runtime.warmup_s``; capacity: ``max_context`` + 128 tree nodes);
     ``commit`` moves its length. In the batched loop (``batched``) the requests, greedy or sampling,
-    draft on a static cache of one sequence per request, compiled (``StaticBatchEagle3``): one pass
+    draft on a static cache of one sequence per request, compiled (``StaticEagle3`` of several sequences): one pass
     for every request at each step.
     """
 
@@ -101,13 +102,15 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
+        self.runner = Eagle3Runner(model, embed_tokens)  # how a pass runs: eager, static, shared
         self.static = None  # the compiled runtime's StaticEagle3, else None
-        self._no_shared_sequences()  # the batched loop's StaticBatchEagle3 (``batched``)
+        self._no_shared_sequences()  # the batched loop's StaticEagle3 of several sequences (``batched``)
         if runtime.compile:
-            from specpolicy.models.static_qwen import StaticEagle3
+            from specpolicy.runners.eagle3 import StaticEagle3
 
             context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True)  # + a tree's nodes
+            # + a tree's nodes
+            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
 
     @property
@@ -152,10 +155,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     def _batched_static(self, slots: int):
         """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.models.static_qwen import StaticBatchEagle3
+        from specpolicy.runners.eagle3 import StaticEagle3
 
-        return StaticBatchEagle3(
-            self.model, self.embed_tokens, self.static.capacity, slots, compile=self.static.compiled
+        capacity, settings = self.static.capacity, self.runtime.compiled
+        return StaticEagle3(
+            self.model, self.embed_tokens, capacity, self.static.compiled, rows=slots, settings=settings
         )
 
     def _new_round(self) -> None:
@@ -168,23 +172,42 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._logits: list[torch.Tensor] = []  # (1, Vd) per drafted token
         self._ended = False  # a stop token was drafted
 
-    def _step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> None:
-        """One pass over ``n`` new positions (their tokens ``(n,)``, features ``hidden`` ``(1, n, H)``):
-        cache their keys and values, draft the token the last one predicts."""
-        if self.static is not None:  # compiled: the same pass on the static cache
-            out, logits = self.static.passes([tokens, hidden[0]])
-            logits = logits[-1:]
-            draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
-            self._took(out[None, -1:], logits, self.model.to_target_ids(draft_ids), confs, q)
-            return
-        embeds = self.embed_tokens(tokens)[None]
-        start = self.cache.length
-        positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
-        out, k, v = self.model(embeds, hidden, positions, self.cache.layer(0) if start else None)
-        self.cache.keys[0], self.cache.values[0] = k, v
-        logits = self.model.logits(out[0, -1:])  # (1, Vd)
-        draft_ids, confs, q = choose(logits, self._sampling, self.runtime.generator)
-        self._took(out[:, -1:], logits, self.model.to_target_ids(draft_ids), confs, q)
+    def _head_pass(self, tokens: torch.Tensor, hidden: torch.Tensor) -> HeadPass:
+        """This request's part of the next pass: ``tokens`` ``(n,)`` with their features ``hidden``
+        ``(n, H)``, and where its cache is (a batched run's shared sequence, the compiled runtime's
+        static cache of one sequence, or its ``KVCache``)."""
+        if self._slot is not None:
+            return HeadPass(tokens, hidden, self.cache, rows=self._shared, slot=self._slot)
+        return HeadPass(tokens, hidden, self.cache, static=self.static)
+
+    @staticmethod
+    def _pass(drafters: list[Eagle3Drafter]) -> None:
+        """EAGLE-3's drafting step, stated once for ``R`` = ``len(drafters)`` requests: each feeds its
+        new positions -- at the round's first pass its newly committed pairs (``fc`` of the
+        target's features), later its last drafted token with the head's own output -- and drafts
+        the token its last position predicts (one request alone: ``choose``; several, or a
+        batched run's request: ``choose_rows``, their draws in row order). How the pass runs is
+        the runner's (``Eagle3Runner``)."""
+        lead = drafters[0]
+        head, dtype = lead.model, lead.runtime.torch_dtype
+        passes = []
+        for d in drafters:
+            if d._last_out is None:  # the round's first pass: the newly committed pairs
+                passes.append(d._head_pass(d._pair_tokens, head.fc(d._features.to(dtype))))
+            else:  # the last drafted token, with the head's own output
+                passes.append(d._head_pass(d._tokens[-1:], d._last_out[0]))
+        outs, logits = lead.runner.run(passes)  # (R, 1, H), (R, Vd)
+        if len(drafters) == 1 and lead._slot is None:
+            draft_ids, confs, q = choose(logits, lead._sampling, lead.runtime.generator)
+            qs = [q]
+        else:
+            draft_ids, confs, qs = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
+        tokens = head.to_target_ids(draft_ids)
+        for i, d in enumerate(drafters):
+            if d._last_out is None:
+                d._committed_pairs = d.cache.length
+                d._features = d._pair_tokens = None
+            d._took(outs[i : i + 1], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], qs[i])
 
     def _took(
         self,
@@ -213,7 +236,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         if self._slot is not None:  # a request of a batched run on the shared static cache
-            return type(self)._draft_in_steps([self], [num_tokens], type(self)._rows_pass)[0]
+            return type(self)._draft_in_steps([self], [num_tokens], type(self)._pass)[0]
         before = self._tokens.shape[0]
         left = num_tokens
         while left and not self._ended:
@@ -240,13 +263,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         one-token prompt: no feature yet)."""
         if not self._can_draft():
             return False
-        if self._last_out is None:  # the round's first pass: the newly committed pairs
-            hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
-            self._step(self._pair_tokens, hidden)
-            self._committed_pairs = self.cache.length
-            self._features = self._pair_tokens = None
-        else:  # feed the drafter's own output back with the token just drafted
-            self._step(self._tokens[-1:], self._last_out)
+        Eagle3Drafter._pass([self])
         return True
 
     def _can_draft(self) -> bool:
@@ -283,17 +300,14 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         by one return: greedy, the same tokens; sampling, each step's tokens drawn for all its
         requests in row order (``choose_rows``: the same distributions, other draws than alone)."""
         if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
-            return cls._draft_in_steps(drafters, num_tokens, cls._rows_pass)
+            return cls._draft_in_steps(drafters, num_tokens, cls._pass)
         if any(d.static is not None or d._slot is not None for d in drafters) or len(drafters) < 2:
             return super().draft_many(drafters, num_tokens)
 
         def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length
             return d._last_out is None and d._features.shape[0] > BATCH_POSITIONS
 
-        def one_pass(step: list[Eagle3Drafter]) -> None:
-            step[0]._advance() if len(step) == 1 else cls._pass_together(step)
-
-        return cls._draft_in_steps(drafters, num_tokens, one_pass, alone)
+        return cls._draft_in_steps(drafters, num_tokens, cls._pass, alone)
 
     @staticmethod
     def _draft_in_steps(
@@ -323,91 +337,6 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 one_pass(step)
             elif all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
                 return [d._end_call(b) for d, b in zip(drafters, before)]
-
-    @staticmethod
-    def _pass_together(drafters: list[Eagle3Drafter]) -> None:
-        """One pass of the head for several requests, each drafting one more token (see ``draft_many``)."""
-        head, lead = drafters[0].model, drafters[0]
-        device, dtype = lead.runtime.torch_device, lead.runtime.torch_dtype
-        embeds, hidden = [], []
-        for d in drafters:
-            if d._last_out is None:  # the round's first pass: the newly committed pairs
-                embeds.append(d._pair_tokens)
-                hidden.append(head.fc(d._features.to(dtype)))
-            else:  # the last drafted token, with the head's own output
-                embeds.append(d._tokens[-1:])
-                hidden.append(d._last_out[0])
-        counts = [e.shape[0] for e in embeds]
-        lengths = [d.cache.length for d in drafters]
-        b, n, longest = len(drafters), max(counts), max(lengths)
-        token_ids = torch.zeros((b, n), dtype=torch.long, device=device)
-        features = hidden[0].new_zeros((b, n, hidden[0].shape[-1]))
-        for i in range(b):
-            token_ids[i, : counts[i]] = embeds[i]
-            features[i, : counts[i]] = hidden[i]
-        past = None
-        if longest:
-            keys = next(d.cache.keys[0] for d in drafters if d.cache.length)  # (1, kv_heads, L, d): the shape
-            past_k = keys.new_zeros((b, keys.shape[1], longest, keys.shape[3]))
-            past_v = torch.zeros_like(past_k)
-            for i, d in enumerate(drafters):
-                if lengths[i]:
-                    past_k[i, :, : lengths[i]] = d.cache.keys[0][0]
-                    past_v[i, :, : lengths[i]] = d.cache.values[0][0]
-            past = (past_k, past_v)
-        lengths_t = torch.tensor(lengths, device=device)
-        steps = torch.arange(n, device=device)
-        own = torch.arange(longest, device=device)[None] < lengths_t[:, None]  # (b, P)
-        causal = steps[None, :] <= steps[:, None]  # (n, n)
-        mask = torch.cat([own[:, None].expand(b, n, longest), causal.expand(b, n, n)], dim=2)[:, None]
-        out, k, v = head(lead.embed_tokens(token_ids), features, lengths_t[:, None] + steps, past, mask)
-        last = torch.tensor(counts, device=device) - 1
-        rows = torch.arange(b, device=device)
-        logits = head.logits(out[rows, last])  # (b, Vd)
-        draft_ids, confs, q = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
-        tokens = head.to_target_ids(draft_ids)
-        for i, d in enumerate(drafters):
-            d.cache.append(
-                0, k[i : i + 1, :, longest : longest + counts[i]], v[i : i + 1, :, longest : longest + counts[i]]
-            )
-            if d._last_out is None:
-                d._committed_pairs = d.cache.length
-                d._features = d._pair_tokens = None
-            out_i = out[i : i + 1, counts[i] - 1 : counts[i]]
-            d._took(out_i, logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], q[i])
-
-    @staticmethod
-    def _rows_pass(drafters: list[Eagle3Drafter]) -> None:
-        """One pass of the shared static cache (``StaticBatchEagle3.run_rows``) for the requests
-        ``drafters``, each one token more -- a request at its round's first pass with its newly
-        committed pairs, the others with their last drafted token, the other sequences idle."""
-        lead, rows = drafters[0], drafters[0]._shared
-        head, device = lead.model, lead.runtime.torch_device
-        inputs = []
-        for d in drafters:
-            if d._last_out is None:  # the round's first pass: the newly committed pairs
-                inputs.append((d._pair_tokens, head.fc(d._features.to(lead.runtime.torch_dtype))))
-            else:  # the last drafted token, with the head's own output
-                inputs.append((d._tokens[-1:], d._last_out[0]))
-        counts = [t.shape[0] for t, _ in inputs]
-        n, slots = max(counts), [d._slot for d in drafters]
-        sequences = len(rows.lengths)
-        token_ids = torch.zeros((sequences, n), dtype=torch.long, device=device)
-        hidden = inputs[0][1].new_zeros((sequences, n, inputs[0][1].shape[-1]))
-        for slot, count, (t, h) in zip(slots, counts, inputs):
-            token_ids[slot, :count] = t
-            hidden[slot, :count] = h
-        out, logits = rows.static.run_rows(token_ids, hidden, *rows.feed(slots, counts))
-        index = torch.tensor(slots, device=device)
-        last = torch.tensor(counts, device=device) - 1
-        out, logits = out[index, last], logits[index, last]  # (b, H), (b, Vd)
-        draft_ids, confs, q = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
-        tokens = head.to_target_ids(draft_ids)
-        for i, (d, slot) in enumerate(zip(drafters, slots)):
-            if d._last_out is None:
-                d._committed_pairs = rows.lengths[slot]
-                d._features = d._pair_tokens = None
-            d._took(out[i : i + 1, None], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], q[i])
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),

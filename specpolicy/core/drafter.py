@@ -43,7 +43,7 @@ class Drafter(ABC):
     def __copy__(self) -> Drafter:
         """A shallow copy for one request of the batched loop (``specpolicy.core.batching``): the same
         weights, its own state once ``prefill`` replaces it. A compiled drafter's static cache
-        (``static``: one per drafter, ``specpolicy.models.static_qwen``) is not shared -- requests
+        (``static``: one per drafter, ``specpolicy.runners``) is not shared -- requests
         would overwrite each other's drafting state -- so the copy drafts eagerly, unless the
         drafter it copies came from ``batched`` with a cache the requests share."""
         clone = object.__new__(type(self))

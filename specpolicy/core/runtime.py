@@ -4,12 +4,98 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+#: ``runtime.cuda_mode`` values (``CompileSettings.cuda_mode``).
+CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
+#: ``runtime.cpu_matmul`` values (``CompileSettings.cpu_matmul``).
+CPU_MATMULS = ("reduction", "blas")
+
+
+def _widths(key: str, value: Any) -> tuple[int, ...]:
+    """``value`` as a sorted tuple of distinct positive ints; ValueError naming ``runtime.<key>``."""
+    items = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        widths = tuple(sorted({int(v) for v in items if not isinstance(v, bool) and int(v) == v}))
+        ok = bool(widths) and widths[0] >= 1 and len(widths) == len(list(items))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"runtime.{key}={value!r} must be a list of distinct positive integers, e.g. [1, 2, 4, 8]")
+    return widths
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How the compiled runtime (``runtime.compile=true``; ``specpolicy.runners``) builds and runs its
+    static-cache passes: the ``runtime.*`` keys below (``conf/runtime/*.yaml``), read when a model
+    is built. Every default is the measured setting documented in ``docs/how-to/compiled-runtime.md``.
+
+    Args:
+        buckets: ``runtime.buckets``, the padded widths (new positions) of a pass, each compiled
+            once; more positions run in chunks of the largest. Default 1, 2, 4, ..., 64.
+        pad_dynamic: ``runtime.pad_dynamic``: pad a pass to its bucket also where graphs take
+            dynamic sizes (CPU) or nothing is compiled. Off: such a pass runs at its exact width
+            (padding buys no graph there). CUDA's static graphs always pad.
+        window: ``runtime.window``, on CPU attention reads the cache up to the next multiple of
+            this many columns past the last slot written (a dynamic size), not the whole capacity.
+        cuda_mode: ``runtime.cuda_mode``, how passes compile on CUDA: ``reduce-overhead``
+            (inductor replayed as CUDA graphs, gpt-fast's setting), ``default`` (inductor, kernels
+            launched one by one) or ``cudagraphs`` (dynamo's eager kernels as CUDA graphs). CPU ignores it.
+        cpu_pack: ``runtime.cpu_pack``, on CPU run the target's projections from packed, fused copies
+            of its weights (q/k/v and gate/up fused; one more copy of the weights in memory).
+        cpu_matmul: ``runtime.cpu_matmul``, how the compiled CPU one-row pass multiplies by the
+            weights: ``reduction`` (a sum over weight rows, inductor's own loops) or ``blas``.
+        cpu_freeze: ``runtime.cpu_freeze``, compile the CPU passes with inductor's freezing (weights
+            as graph constants, oneDNN products on weights packed at compile time).
+        cpu_cpp_wrapper: ``runtime.cpu_cpp_wrapper``, compile the CPU passes with inductor's C++ wrapper.
+        chain_steps: ``runtime.chain_steps``, greedy EAGLE-3 steps fused into one compiled graph
+            each; a chain of ``m`` steps runs as the fewest of these, largest first.
+    Raises:
+        ValueError: one line naming the ``runtime.*`` key, its value and what it accepts.
+    """
+
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    pad_dynamic: bool = False
+    window: int = 128
+    cuda_mode: str = "reduce-overhead"
+    cpu_pack: bool = True
+    cpu_matmul: str = "reduction"
+    cpu_freeze: bool = True
+    cpu_cpp_wrapper: bool = True
+    chain_steps: tuple[int, ...] = (1, 2, 4, 8)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buckets", _widths("buckets", self.buckets))
+        object.__setattr__(self, "chain_steps", _widths("chain_steps", self.chain_steps))
+        for key in ("pad_dynamic", "cpu_pack", "cpu_freeze", "cpu_cpp_wrapper"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"runtime.{key} must be true or false, got {getattr(self, key)!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"runtime.window={self.window!r} must be an integer >= 1 (columns)")
+        if self.cuda_mode not in CUDA_MODES:
+            raise ValueError(f"runtime.cuda_mode={self.cuda_mode!r} is not one of {', '.join(CUDA_MODES)}")
+        if self.cpu_matmul not in CPU_MATMULS:
+            raise ValueError(f"runtime.cpu_matmul={self.cpu_matmul!r} is not one of {', '.join(CPU_MATMULS)}")
+
+    @classmethod
+    def from_config(cls, runtime: Mapping[str, Any]) -> CompileSettings:
+        """The settings among a ``runtime`` config group's keys (the others ignored); lists as tuples."""
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in runtime.items() if k in names}
+        return cls(
+            **{
+                k: tuple(v) if k in ("buckets", "chain_steps") and not isinstance(v, int) else v
+                for k, v in values.items()
+            }
+        )
 
 
 class Timer:
@@ -59,7 +145,7 @@ class Runtime:
         seed: seeds Python, and torch (CPU and CUDA), and ``generator``.
         compile: the compiled runtime (``runtime.compile=true``): the hf target and the ar, eagle3
             and dflash drafters run static KV caches compiled with ``torch.compile`` (CUDA graphs on
-            CUDA; ``specpolicy.models.static_qwen``); greedy output token-identical to the eager
+            CUDA; ``specpolicy.runners``); greedy output token-identical to the eager
             runtime. Default False: on CPU compilation takes tens of seconds per model (the
             warm-up, ``warmup_s``), more than it saves on runs of a few thousand tokens, the test
             suite's and most exploratory runs (``docs/how-to/compiled-runtime.md``).
@@ -67,6 +153,8 @@ class Runtime:
             integer >= 1; None (``runtime.threads: null``, the default) keeps torch's choice (one per
             physical core). On a machine other work shares, fewer threads than cores keep a run's
             timings steadier.
+        compiled: how the compiled runtime builds its passes (``CompileSettings``: the other
+            ``runtime.*`` keys); default the measured settings.
     Attributes:
         generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;
@@ -83,6 +171,7 @@ class Runtime:
     seed: int = 0
     compile: bool = False
     threads: int | None = None
+    compiled: CompileSettings = field(default_factory=CompileSettings)
     warmup_s: float = field(default=0.0, init=False)
     torch_device: torch.device = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
@@ -113,6 +202,23 @@ class Runtime:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         self.seed_everything()
+
+    @classmethod
+    def from_config(cls, runtime: Mapping[str, Any], seed: int = 0) -> Runtime:
+        """The runtime of a ``runtime`` config group (``conf/runtime/*.yaml``: ``device``, ``dtype``,
+        ``compile``, ``threads`` and the ``CompileSettings`` keys) and the run's ``seed``.
+
+        Raises:
+            ValueError: one line naming the first bad ``runtime.*`` key.
+        """
+        return cls(
+            device=str(runtime.get("device", "auto")),
+            dtype=str(runtime.get("dtype", "auto")),
+            seed=int(seed),
+            compile=runtime.get("compile", False),
+            threads=runtime.get("threads"),
+            compiled=CompileSettings.from_config(runtime),
+        )
 
     def seed_everything(self, seed: int | None = None) -> None:
         """Seed Python's and torch's generators and ``self.generator`` with ``seed`` (default:

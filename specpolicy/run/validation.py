@@ -201,7 +201,9 @@ def _check_core(config: Mapping[str, Any]) -> None:
         threads = runtime.get("threads")
         if threads is not None:
             integer("runtime.threads", threads, 1)
-        Runtime(device=str(runtime.get("device", "auto")), dtype=str(runtime.get("dtype", "auto")), seed=0)
+        # device, dtype, compile and the compiled runtime's runtime.* keys (threads: checked above, not
+        # set here -- torch.set_num_threads is process-wide)
+        Runtime.from_config({k: v for k, v in runtime.items() if k != "threads"})
         profile_from(dict(config))  # a bad `profile` fails now, not after the run
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
@@ -210,12 +212,12 @@ def _check_core(config: Mapping[str, Any]) -> None:
 
 def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
     """``runtime.compile=true`` compiles the ``hf`` target's Qwen2 / Qwen3 forward
-    (``specpolicy.models.static_qwen``): a local or bundled target of another model type is refused
+    (``specpolicy.runners.qwen``): a local or bundled target of another model type is refused
     here, from its config.json (a hub id is checked when it loads)."""
     from pathlib import Path
 
     from specpolicy.models.loading import resolve_model_path
-    from specpolicy.models.static_qwen import SUPPORTED
+    from specpolicy.runners.qwen import SUPPORTED
 
     if verifier.get("name", "hf") != "hf" or not isinstance(verifier.get("model"), str):
         return

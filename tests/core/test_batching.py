@@ -28,6 +28,8 @@ from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
+from specpolicy.runners.dflash import DFlashRunner
+from specpolicy.runners.eagle3 import Eagle3Runner
 from specpolicy.verifiers.hf import HFVerifier
 
 LAYERS = 4
@@ -177,7 +179,7 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
     owner, name = {
         "ar": (ARDrafter, "_draft_together"),
         "fastdllm": (fastdllm_module, "padded_cache"),
-        "eagle3": (Eagle3Drafter, "_pass_together"),
+        "eagle3": (Eagle3Runner, "together"),
     }[kind]
     original = getattr(owner, name)
 
@@ -185,7 +187,7 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
         padded.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(owner, name, spy if owner is fastdllm_module else staticmethod(spy))
+    monkeypatch.setattr(owner, name, spy if owner in (fastdllm_module, Eagle3Runner) else staticmethod(spy))
     batched = generate_batch(
         prompts,
         verifier,
@@ -428,15 +430,17 @@ BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3", "dflash", "ar-static", "eagle3-st
 #: on the shared static cache of one sequence per request (``Drafter.batched``)
 BATCHED_PASSES = {
     "ar": (ARDrafter, "_draft_together", "_draft_shared"),
-    "eagle3": (Eagle3Drafter, "_pass_together", "_rows_pass"),
-    "dflash": (DFlashDrafter, "_pass_together", "_shared_pass"),
+    "eagle3": (Eagle3Runner, "together", "shared"),
+    "dflash": (DFlashRunner, "together", "shared"),
 }
 
 
 def _static_caches(drafter, capacity: int = 64) -> None:
     """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
     so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
-    from specpolicy.models.static_qwen import StaticDFlash, StaticEagle3, StaticQwen
+    from specpolicy.runners.dflash import StaticDFlash
+    from specpolicy.runners.eagle3 import StaticEagle3
+    from specpolicy.runners.qwen import StaticQwen
 
     if isinstance(drafter, ARDrafter):
         drafter.static = StaticQwen(drafter.model, drafter.max_context)
@@ -468,11 +472,11 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
     if kind in BATCHED_PASSES:
         cls, eager_pass, shared_pass = BATCHED_PASSES[kind]
         batched_pass = getattr(cls, shared_pass if static else eager_pass)
-        monkeypatch.setattr(
-            cls,
-            shared_pass if static else eager_pass,
-            staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a)),
-        )
+        if cls in (DFlashRunner, Eagle3Runner):  # the runners' passes: methods over the requests' passes
+            spy = lambda runner, passes: together.append(len(passes)) or batched_pass(runner, passes)  # noqa: E731
+        else:
+            spy = staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a))
+        monkeypatch.setattr(cls, shared_pass if static else eager_pass, spy)
     if static:
         _static_caches(drafter)
     rt.generator.manual_seed(1)
@@ -576,12 +580,12 @@ def test_eagle3_batched_sampling_hands_each_request_the_q_of_its_own_logits(draf
         recorded.append((logits.clone(), tokens.clone(), q, self._target_of_draft))
         return took(self, last_out, logits, tokens, confs, q)
 
-    batched_pass = Eagle3Drafter._rows_pass if static else Eagle3Drafter._pass_together
+    batched_pass = Eagle3Runner.shared if static else Eagle3Runner.together
     monkeypatch.setattr(Eagle3Drafter, "_took", spy)
     monkeypatch.setattr(
-        Eagle3Drafter,
-        "_rows_pass" if static else "_pass_together",
-        staticmethod(lambda ds: passes.append(len(ds)) or batched_pass(ds)),
+        Eagle3Runner,
+        "shared" if static else "together",
+        lambda runner, ps: passes.append(len(ps)) or batched_pass(runner, ps),
     )
     drafter = drafters["eagle3"]()
     if static:

@@ -722,26 +722,21 @@ def _runtime_bench(command: Command, h: Harness) -> None:
     if earlier is not None and (earlier[1] or not hf):
         pytest.skip(f"the same run as {earlier[0]} on this machine, checked there")
     _RUNTIME_RUNS[tuple(ran)] = (command.where, hf)
-    from specpolicy.models import static_qwen
-
-    saved = static_qwen.BUCKETS, static_qwen.CUDA_MODE  # the benchmark sets them for its process
-    try:
-        load_benchmark("runtime").main(
-            [
-                *args,
-                "--num-prompts",
-                "1",
-                "--max-new-tokens",
-                "8",
-                "--buckets",
-                "1,8",
-                "--out",
-                str(out),
-                *tiny_models(h.world),
-            ]
-        )
-    finally:  # the tests after this one see the module's own settings
-        static_qwen.BUCKETS, static_qwen.CUDA_MODE = saved
+    # --buckets: the runtime.buckets of the benchmark's runtimes (CompileSettings), no module state to restore
+    load_benchmark("runtime").main(
+        [
+            *args,
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "8",
+            "--buckets",
+            "1,8",
+            "--out",
+            str(out),
+            *tiny_models(h.world),
+        ]
+    )
     result = json.loads(out.read_text())
     assert result["rows"]["vanilla@compiled"]["identical"]
     batched = result["batched"]

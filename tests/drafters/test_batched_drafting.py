@@ -18,6 +18,7 @@ from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.dflash import DFlashDrafter
 from specpolicy.models.dflash import load_dflash
+from specpolicy.runners.dflash import DFlashRunner
 
 B, MASK, LAYER_IDS = 8, 5, [0, 2]
 #: prompt lengths: one token (no context yet), short ones, one past ``BATCH_POSITIONS`` (cached alone)
@@ -222,7 +223,7 @@ def test_one_request_takes_the_plain_path_and_bad_counts_are_refused(network, ta
     def refuse(*_):
         raise AssertionError("a batch of one ran the padded pass")
 
-    monkeypatch.setattr(DFlashDrafter, "_pass_together", staticmethod(refuse))
+    monkeypatch.setattr(DFlashRunner, "together", refuse)  # the runner's padded pass over several requests
     _same(DFlashDrafter.draft_many(together[:1], [B])[0], alone[0].draft(B))
     monkeypatch.undo()
     with pytest.raises(ValueError, match="num_tokens must be >= 1, got 0"):
@@ -396,7 +397,7 @@ def test_ar_draft_many_sampling_gives_each_token_its_own_q_row(rt, shared, monke
     (one Hugging Face forward per request), and every drawn token has q > 0."""
     from specpolicy.core.sampling import warp
     from specpolicy.drafters.ar import ARDrafter
-    from specpolicy.models.static_qwen import StaticQwen
+    from specpolicy.runners.qwen import StaticQwen
 
     model = sharpen(tiny_lm(5, layers=2, vocab=VOCAB), 3.0)
     sampling = SamplingConfig(temperature=0.9, top_k=24)

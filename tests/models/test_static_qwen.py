@@ -1,10 +1,12 @@
-"""The compiled runtime (``runtime.compile=true``, ``specpolicy.models.static_qwen``): the static-cache
+"""The compiled runtime (``runtime.compile=true``, ``specpolicy.runners``): the static-cache
 forward returns the Hugging Face model's logits and hidden states (chains, chunks, trees), rolls
 back by its length, and decoding through it -- eager (the static cache alone) and compiled with
 ``torch.compile`` -- is token-identical to the eager runtime for every drafter x policy of the
 losslessness tests. The compiled cases use tiny float64 models and two buckets (cheap to compile)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -13,10 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from conftest import VOCAB, overrides, random_prompts, sharpen, tiny_lm
 from specpolicy.core import tree
 from specpolicy.core.decoding import generate
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import CompileSettings, Runtime
 from specpolicy.drafters.ar import ARDrafter
-from specpolicy.models import static_qwen
-from specpolicy.models.static_qwen import StaticQwen, bucket_of
+from specpolicy.runners.qwen import StaticQwen
+from specpolicy.runners.static import bucket_of
 from specpolicy.verifiers.hf import HFVerifier
 from test_lossless import POLICIES, _drafter, _policy, assert_lossless
 
@@ -57,11 +59,11 @@ def test_windows_of_the_cache_past_128_columns_give_the_same_logits(target):
 
 
 @pytest.mark.parametrize("pad", [True, False], ids=["padded", "exact"])
-def test_continuing_and_rolling_back_is_a_length(target, pad, monkeypatch):
-    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", pad)  # padded: what CUDA's static graphs run
+def test_continuing_and_rolling_back_is_a_length(target, pad):
     ids = random_prompts(8)[5]
     ref = _hf(target, ids).logits[0]
-    s = StaticQwen(target, 128, buckets=(1, 2, 4))
+    # padded (runtime.pad_dynamic): what CUDA's static graphs run
+    s = StaticQwen(target, 128, buckets=(1, 2, 4), settings=CompileSettings(pad_dynamic=pad))
     assert s.pads == pad
     s.run(ids[:30])
     wrong, _ = s.run(torch.flip(ids[30:], [0]))  # a rejected draft
@@ -227,14 +229,22 @@ def test_tree_policy_on_the_static_runtime_is_lossless(runtime, target):
 
 
 @pytest.fixture
-def two_buckets(monkeypatch):
-    monkeypatch.setattr(static_qwen, "BUCKETS", (1, 8))
+def settings() -> dict:
+    """The ``runtime.*`` compile settings of a test's runtimes (``CompileSettings(**settings)``)."""
+    return {}
+
+
+@pytest.fixture
+def two_buckets(settings) -> dict:
+    """``runtime.buckets=[1, 8]``: two graphs to compile; the settings, for ``CompileSettings(**...)``."""
+    settings["buckets"] = (1, 8)
+    return settings
 
 
 @pytest.fixture(params=[False, True], ids=["exact", "padded"])
-def padding(request, monkeypatch):
+def padding(request, settings):
     """Both ways a pass's width is set: exact (CPU's default) and padded to the bucket (CUDA's)."""
-    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", request.param)
+    settings["pad_dynamic"] = request.param
     return request.param
 
 
@@ -244,7 +254,7 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
     tiny float64 models), warm-up counted, the output of vanilla, static, failfast and a tree
     policy identical to the eager runtime's."""
     eager_rt = Runtime("cpu", "float64", seed=0)
-    rt = Runtime("cpu", "float64", seed=0, compile=True)
+    rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**two_buckets))
     compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
     assert compiled.static is not None and compiled.static.compiled and compiled.static.buckets == (1, 8)
     assert compiled.static.pads == padding
@@ -269,17 +279,16 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
 @pytest.mark.parametrize("cpu_matmul", ["reduction", "blas"])
 @pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "not-frozen"])
 def test_compiled_cpu_passes_of_every_width_equal_hf(cpu_matmul, freeze, target, monkeypatch):
-    """The compiled CPU passes in both ``CPU_MATMUL`` forms, with and without freezing: the one-row
+    """The compiled CPU passes in both ``runtime.cpu_matmul`` forms, with and without freezing: the one-row
     pass (a sum over weight rows, plain attention, with ``"reduction"``) and the 2-, 4- and 8-row
     buckets (BLAS, or oneDNN on weights frozen into the graph), fed after a 37-token prefix, give
     HF's float64 logits and hidden states -- to 1e-6: inductor's compiled CPU kernels differ from
     HF's by about 1e-8 in float64 on this model, either way (a mixed-up row or weight would differ
     by whole units) -- and the HF model's own weights are left as they were."""
-    monkeypatch.setattr(static_qwen, "CPU_MATMUL", cpu_matmul)
-    monkeypatch.setattr(static_qwen, "CPU_FREEZE", freeze)
     ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(5))
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8))
+    settings = CompileSettings(cpu_matmul=cpu_matmul, cpu_freeze=freeze)
+    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=settings)
     assert s.reduction == (cpu_matmul == "reduction")
     for n in range(1, 9):
         ref = _hf(target, ids[: 37 + n])
@@ -297,20 +306,19 @@ def test_compiled_cpu_passes_of_every_width_equal_hf(cpu_matmul, freeze, target,
 @pytest.mark.parametrize("pad", [True, False], ids=["padded", "exact"])
 def test_compiled_cpu_passes_run_at_their_exact_width_on_one_graph(pad, target, monkeypatch):
     """On CPU the multi-row graph takes dynamic sizes, so a pass of n rows runs at width n
-    (``PAD_DYNAMIC`` off, the default), or padded to its bucket when asked; either way no width
+    (``runtime.pad_dynamic`` off, the default), or padded to its bucket when asked; either way no width
     compiles a graph after the warm-up, and the logits are HF's."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(static_qwen, "PAD_DYNAMIC", pad)
     ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(6))
-    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8))
+    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=CompileSettings(pad_dynamic=pad))
     s.warmup()
     graphs = counters["stats"]["unique_graphs"]
     widths = []
     compiled_pass = s._pass
 
     def spy(*rows):
-        widths.append(int(rows[0].shape[0]))
+        widths.append(int(rows[0].shape[1]))  # (R, width)
         return compiled_pass(*rows)
 
     monkeypatch.setattr(s, "_pass", spy)
@@ -319,15 +327,28 @@ def test_compiled_cpu_passes_run_at_their_exact_width_on_one_graph(pad, target, 
         s.run(ids[:37])
         widths.clear()
         logits, _ = s.run(ids[37 : 37 + n])
-        assert widths == [static_qwen.bucket_of(n) if pad else n]
+        assert widths == [bucket_of(n) if pad else n]
         torch.testing.assert_close(logits, _hf(target, ids[: 37 + n]).logits[0, 37:], rtol=0, atol=1e-6)
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-def test_a_bad_cpu_matmul_value_raises_one_line(monkeypatch):
-    monkeypatch.setattr(static_qwen, "CPU_MATMUL", "mkl")
-    with pytest.raises(ValueError, match=r"static_qwen.CPU_MATMUL='mkl'; it must be one of \('reduction', 'blas'\)"):
-        StaticQwen(tiny_lm(seed=0, layers=1), 16)
+def test_bad_compile_settings_raise_one_line():
+    """Each ``runtime.*`` compile setting refused in one line naming the key, its value and what it
+    accepts: as the runtime is built (``Runtime.from_config``), before any model loads."""
+    for runtime, message in (
+        ({"cpu_matmul": "mkl"}, "runtime.cpu_matmul='mkl' is not one of reduction, blas"),
+        ({"cuda_mode": "fast"}, "runtime.cuda_mode='fast' is not one of reduce-overhead, default, cudagraphs"),
+        ({"buckets": [0, 8]}, "runtime.buckets=(0, 8) must be a list of distinct positive integers"),
+        ({"buckets": [8, 8]}, "runtime.buckets=(8, 8) must be a list of distinct positive integers"),
+        ({"chain_steps": []}, "runtime.chain_steps=() must be a list of distinct positive integers"),
+        ({"window": 0}, "runtime.window=0 must be an integer >= 1"),
+        ({"cpu_freeze": "yes"}, "runtime.cpu_freeze must be true or false, got 'yes'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Runtime.from_config({"device": "cpu", **runtime})
+    rt = Runtime.from_config({"device": "cpu", "buckets": [8, 1], "pad_dynamic": True, "chain_steps": [2, 1]}, seed=3)
+    assert rt.compiled == CompileSettings(buckets=(1, 8), pad_dynamic=True, chain_steps=(1, 2)) and rt.seed == 3
+    assert Runtime.from_config({}).compiled == CompileSettings()  # the defaults: the measured settings
 
 
 @pytest.fixture(scope="module")
@@ -351,8 +372,8 @@ def test_eagle3_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(eag
     the same drafts, round for round, and the same output as the eager runtime (float64)."""
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
-    from specpolicy.models.static_qwen import StaticEagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
+    from specpolicy.runners.eagle3 import StaticEagle3
 
     target = sharpen(tiny_lm(0, layers=6), 4.0)
     layers = tuple(default_layer_ids(6))
@@ -385,8 +406,8 @@ def test_batched_requests_do_not_share_a_drafters_static_cache(eagle3_checkpoint
     from specpolicy.core.batching import generate_batch
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
-    from specpolicy.models.static_qwen import StaticEagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
+    from specpolicy.runners.eagle3 import StaticEagle3
 
     target = sharpen(tiny_lm(0, layers=6), 4.0)
     head = load_eagle3(eagle3_checkpoint).double()
@@ -410,18 +431,19 @@ def test_batched_requests_do_not_share_a_drafters_static_cache(eagle3_checkpoint
 
 @pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["static", "compiled"])
 def test_eagle3_chain_equals_its_steps_one_by_one(two_buckets, eagle3_checkpoint, monkeypatch, compile):
-    """``StaticEagle3.chain`` (greedy steps fused per chunk of ``CHAIN_STEPS``, here 1 and 2; 1 to
+    """``StaticEagle3.chain`` (greedy steps fused per chunk of ``runtime.chain_steps``, here 1 and 2; 1 to
     5 steps, so runs of 2 and a last 1): the tokens, confidences, last output, logits and cache of
     the same steps done one ``passes`` call at a time with ``choose``'s greedy rule (float64; the
     RoPE's cos and sin are float32 in both, from different kernels: a relative 1e-6)."""
     from specpolicy.core.sampling import choose
     from specpolicy.models.eagle3 import load_eagle3
-    from specpolicy.models.static_qwen import StaticEagle3
+    from specpolicy.runners.eagle3 import StaticEagle3
 
-    monkeypatch.setattr(static_qwen, "CHAIN_STEPS", (1, 2))
     head = load_eagle3(eagle3_checkpoint).double()
     embed = tiny_lm(0, layers=2).double().get_input_embeddings()
-    chained, stepped = StaticEagle3(head, embed, 64, compile=compile), StaticEagle3(head, embed, 64)
+    settings = CompileSettings(**two_buckets, chain_steps=(1, 2))
+    chained = StaticEagle3(head, embed, 64, compile=compile, settings=settings)
+    stepped = StaticEagle3(head, embed, 64, settings=settings)
     assert sorted(chained._chains) == [1, 2]
     g = torch.Generator().manual_seed(0)
     context = (
@@ -466,7 +488,7 @@ def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpo
     head = load_eagle3(eagle3_checkpoint).double()
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
         verifier = HFVerifier(target, rt, frozenset({VOCAB - 1}))
         drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, frozenset({VOCAB - 1}))
         assert (drafter.static is not None) == compile and (rt.warmup_s > 0) == compile
@@ -505,7 +527,7 @@ def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(fam
         verifier = build({"model": str(family["target"])}, runtime)
         drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, runtime, verifier)
         if static:
-            from specpolicy.models.static_qwen import StaticDFlash
+            from specpolicy.runners.dflash import StaticDFlash
 
             verifier.static = StaticQwen(verifier.model, verifier.max_context)
             drafter.static = StaticDFlash(drafter.model, 600)
@@ -532,7 +554,7 @@ def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, famil
     pm = get_plugin_manager(autoload=False)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
         verifier = make_verifier_hf(family, rt)
         drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
         assert (drafter.static is not None) == compile
@@ -549,19 +571,20 @@ def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, famil
 
 
 def test_eagle3_batched_static_cache_equals_one_cache_per_request(two_buckets, eagle3_checkpoint):
-    """``StaticBatchEagle3.run_rows``: sequences fed different numbers of new positions at their own
+    """``StaticEagle3.run_rows`` of 3 sequences: sequences fed different numbers of new positions at their own
     lengths give each the outputs and logits of a batch-1 ``StaticEagle3`` with the same history
     (float64); an idle sequence -- one a step leaves out, here one column short of the capacity
     -- keeps every column of its cache as it was (its pass goes to scratch columns); a sequence one
     column short of the capacity takes one more position beside longer feeds elsewhere."""
     from specpolicy.models.eagle3 import load_eagle3
-    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticEagle3
+    from specpolicy.runners.eagle3 import StaticEagle3
 
     head = load_eagle3(eagle3_checkpoint).double()
     embed = tiny_lm(0, layers=2).double().get_input_embeddings()
     capacity, H = 40, head.fc.weight.shape[0]
-    batch = StaticBatchEagle3(head, embed, capacity, rows=3)
-    alone = [StaticEagle3(head, embed, capacity) for _ in range(3)]
+    settings = CompileSettings(**two_buckets)
+    batch = StaticEagle3(head, embed, capacity, rows=3, settings=settings)
+    alone = [StaticEagle3(head, embed, capacity, settings=settings) for _ in range(3)]
     assert batch.buckets == (8,)
     g = torch.Generator().manual_seed(0)
     starts = torch.zeros(3, dtype=torch.long)
@@ -598,8 +621,8 @@ def make_verifier_hf(family, rt):
 def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle3_checkpoint, runtime, kind):
     """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
     cache per request, accepted entries left where they were written), and EAGLE-3's and the AR
-    drafter's requests drafting on a batched static cache of their own (``StaticBatchEagle3``,
-    ``StaticBatchQwen``: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
+    drafter's requests drafting on a batched static cache of their own (``StaticEagle3``,
+    ``StaticQwen`` of several sequences: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
     policies -- every request's output, drafts and accepted lengths are those of the eager
     batch-1 loop (float64). Sampling: plain decoding of 4 requests on the static batched verifier
     draws the same tokens as the eager batched verifier under the same seed; sampling requests
@@ -610,8 +633,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     from specpolicy.core.sampling import SamplingConfig
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
-    from specpolicy.models.static_qwen import StaticBatchEagle3, StaticBatchQwen, StaticEagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
+    from specpolicy.runners.eagle3 import StaticEagle3
     from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
 
     target = sharpen(tiny_lm(0, layers=6), 4.0)
@@ -639,9 +662,9 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
             generate(p, eager, runtime, max_new_tokens=24, drafter=d, policy=q) for p in prompts for d, q in [make()]
         ]
         d, q = make()
-        if kind == "eagle3":  # the head's static cache too: the requests draft on StaticBatchEagle3's sequences
+        if kind == "eagle3":  # the head's static cache too: the requests draft on StaticEagle3's sequences
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
-        if kind == "ar":  # the AR drafter's: its requests draft on a StaticBatchQwen's sequences
+        if kind == "ar":  # the AR drafter's: its requests draft on a StaticQwen's sequences
             d.static = StaticQwen(d.model, d.max_context)
         leads = []
         if d is not None:  # keep the drafter the run copies (Drafter.batched)
@@ -650,7 +673,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
         if kind in ("eagle3", "ar"):  # the run's shared sequences: used, and every one given back
             shared = leads[-1]._shared
-            assert isinstance(shared.static, StaticBatchEagle3 if kind == "eagle3" else StaticBatchQwen)
+            assert isinstance(shared.static, StaticEagle3 if kind == "eagle3" else StaticQwen)
+            assert shared.static.rows == 4
             assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) > 0
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
         for i, ref in enumerate(alone):
@@ -689,7 +713,7 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
     from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
 
     prompts = random_prompts(6)
-    rt = Runtime("cpu", "float64", seed=0, compile=True)
+    rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**two_buckets))
     compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
     eager_rt = Runtime("cpu", "float64", seed=0)
     eager = HFVerifier(target, eager_rt, frozenset({VOCAB - 1}))
@@ -706,8 +730,8 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
 @pytest.mark.parametrize("kind", ["ar", "eagle3"])
 def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoint, kind):
     """``runtime.compile=true`` with EAGLE-3 or the AR drafter, batch size 3, 6 prompts, static
-    k = 3: the requests draft on the drafter's compiled batched cache (``StaticBatchEagle3``,
-    ``StaticBatchQwen``; built once for the batch size, its compile seconds in the warm-up) --
+    k = 3: the requests draft on the drafter's compiled batched cache (``StaticEagle3``,
+    ``StaticQwen`` of 3 sequences; built once for the batch size, its compile seconds in the warm-up) --
     every request's output and drafts are those of the eager batch-1 loop, and the run compiles no
     graph past the warm-up."""
     from torch._dynamo.utils import counters
@@ -723,7 +747,7 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
     prompts = random_prompts(6)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
         verifier = HFVerifier(target, rt, stop)
         if kind == "eagle3":
             drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, stop)
@@ -749,15 +773,15 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
 @pytest.mark.parametrize("policy", [{"name": "static", "k": 7}, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20}])
 def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runtime, policy):
     """DFlash's requests in the batched loop drafting on a static cache of one context sequence
-    each (``StaticBatchDFlash``: newly committed positions and block in one pass for every
+    each (``StaticDFlash`` of 4 sequences: newly committed positions and block in one pass for every
     request, idle sequences untouched): 9 prompts through 4 slots (requests join and leave; one
     prompt of 140 tokens, whose context plus block pass the largest bucket, 128, so its context is
     written alone first), one-block drafts and FailFast's extension passes -- every request's
     output, drafts and accepted lengths are those of the eager batch-1 loop (float64)."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.core.sampling import SamplingConfig
-    from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+    from specpolicy.runners.dflash import StaticDFlash
 
     pm = get_plugin_manager(autoload=False)
     verifier = make_verifier_hf(family, runtime)
@@ -771,12 +795,12 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
         generate(p, verifier, runtime, max_new_tokens=24, drafter=d, policy=q) for p in prompts for d, q in [make()]
     ]
     d, q = make()
-    d.static = StaticDFlash(d.model, 600)  # the batch-1 static cache: the requests draft on StaticBatchDFlash's
+    d.static = StaticDFlash(d.model, 600)  # the batch-1 static cache: the requests draft on one of 4 sequences
     leads = []
     d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
     batched = generate_batch(prompts, verifier, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
     shared = leads[-1]._shared
-    assert isinstance(shared.static, StaticBatchDFlash)
+    assert isinstance(shared.static, StaticDFlash) and shared.static.rows == 4
     assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) >= 140
     sampled = generate_batch(
         prompts[:3],
@@ -803,16 +827,22 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
 
 
 def test_dflash_batched_static_cache_equals_one_cache_per_request(family):
-    """``StaticBatchDFlash.run_rows``: sequences 0 and 2 fed together, at their own lengths, different
-    numbers of newly committed positions and blocks of different lengths (a first pass's 8, an
-    extension pass's 12), give each the block outputs of a batch-1 ``StaticDFlash`` with the same
-    context; sequence 1, left out of every pass, keeps every column of its cache (float64)."""
+    """``StaticDFlash.run_rows`` over 3 sequences: sequences 0 and 2 fed together, at their own
+    lengths, different numbers of newly committed positions and blocks of different lengths (a
+    first pass's 8, an extension pass's 12), give each the block outputs of the same forward at
+    ``R`` = 1 (a ``StaticDFlash`` of one sequence, the batch-1 loop's) with the same context, and
+    of the eager network's one-request ``draft_pass``; sequence 1, left out of every pass, keeps
+    every column of its cache (float64)."""
     from specpolicy.models.dflash import load_dflash
-    from specpolicy.models.static_qwen import StaticBatchDFlash, StaticDFlash
+    from specpolicy.models.kv import KVCache
+    from specpolicy.runners.dflash import StaticDFlash
 
     model = load_dflash(family["dflash"]).double()
-    batch = StaticBatchDFlash(model, 64, rows=3, buckets=(1, 2, 4, 8))
+    model.fuse()
+    batch = StaticDFlash(model, 64, rows=3, buckets=(1, 2, 4, 8))
     alone = {0: StaticDFlash(model, 64), 2: StaticDFlash(model, 64)}
+    eager = {0: KVCache(len(model.layers)), 2: KVCache(len(model.layers))}
+    assert alone[0].buckets == (1, 2, 4, 8, 16, 32, 64, 128)  # one sequence: the one-row graph kept
     assert batch.buckets == (2, 4, 8, 128)  # no one-row graph in a batched cache; DFlash's 128 added
     g = torch.Generator().manual_seed(4)
     lengths = [0, 0, 0]
@@ -826,7 +856,17 @@ def test_dflash_batched_static_cache_equals_one_cache_per_request(family):
             embeds = torch.randn((q, batch.hidden_size), generator=g, dtype=torch.float64)
             context[slot, :u], block[slot, u : u + q] = features, embeds
             counts[slot], context_counts[slot] = u + q, u
-            refs[slot] = alone[slot].block(embeds, features)
+            one = alone[slot]
+            refs[slot] = one.run_rows(
+                torch.cat([embeds.new_zeros((u, batch.hidden_size)), embeds])[None],
+                torch.cat([features, features.new_zeros((q, batch.features))])[None],
+                torch.tensor([u]),
+                torch.tensor([u + q]),
+                torch.tensor([lengths[slot]]),
+            )[0, u:]
+            with torch.inference_mode():
+                want = model.draft_pass(embeds[None], eager[slot], features[None])[0]
+            torch.testing.assert_close(refs[slot], want, rtol=1e-5, atol=1e-5)  # RoPE tables: other kernels
         before = [(k[1].clone(), v[1].clone()) for k, v in zip(batch.keys, batch.values)]
         out = batch.run_rows(block, context, torch.tensor(context_counts), torch.tensor(counts), torch.tensor(lengths))
         for slot, (u, q) in news.items():
@@ -839,20 +879,20 @@ def test_dflash_batched_static_cache_equals_one_cache_per_request(family):
 @pytest.mark.slow
 def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
     """``runtime.compile=true`` with DFlash + FailFast (extension passes), batch size 3, 6 prompts:
-    the requests draft on the drafter's compiled batched cache (``StaticBatchDFlash``, built once
+    the requests draft on the drafter's compiled batched cache (``StaticDFlash`` of 3 sequences, built once
     for the batch size, its compile seconds in the warm-up) -- every request's output and drafts
     are those of the eager batch-1 loop, and the run compiles no graph past the warm-up."""
     from torch._dynamo.utils import counters
 
     from specpolicy.core.batching import generate_batch
-    from specpolicy.models.static_qwen import StaticBatchDFlash
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
+    from specpolicy.runners.dflash import StaticDFlash
 
     pm = get_plugin_manager(autoload=False)
     prompts = random_prompts(6)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile)
+        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
         verifier = make_verifier_hf(family, rt)
         drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
         policy = make_policy(pm, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20})
@@ -864,7 +904,7 @@ def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
         graphs = counters["stats"]["unique_graphs"]
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
         assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
-        assert isinstance(batch, StaticBatchDFlash) and batch.compiled and batch.buckets == (8, 128)
+        assert isinstance(batch, StaticDFlash) and batch.rows == 3 and batch.compiled and batch.buckets == (8, 128)
         assert batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
@@ -883,15 +923,17 @@ def test_a_drafter_s_static_cache_is_sized_by_the_verifier_s_context(kind, famil
     sizes = []
 
     class Recorder:  # the static cache's constructor, without compiling anything
-        def __init__(self, *args, compile=False, **kwargs):
+        def __init__(self, *args, compile=False, settings=None, **kwargs):
             sizes.append(args[-1])
             self.capacity = args[-1]
 
         def warmup(self):
             return 0.0
 
-    monkeypatch.setattr(static_qwen, "StaticDFlash", Recorder)
-    monkeypatch.setattr(static_qwen, "StaticEagle3", Recorder)
+    from specpolicy.runners import dflash, eagle3
+
+    monkeypatch.setattr(dflash, "StaticDFlash", Recorder)
+    monkeypatch.setattr(eagle3, "StaticEagle3", Recorder)
     pm = get_plugin_manager(autoload=False)
     eager = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = make_verifier(pm, {"name": "hf", "model": str(family["target"]), "max_context": 300}, eager)

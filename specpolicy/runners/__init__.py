@@ -1,0 +1,22 @@
+"""Runners: HOW a model runs, apart from WHAT a drafter or verifier computes with it.
+
+A drafter states its algorithm once, as one pass over ``(R, n)`` positions of ``R`` requests; a
+runner executes that pass eagerly (the Hugging Face modules, a dynamic cache per request), on the
+compiled runtime's static KV cache (``runtime.compile=true``: ``torch.compile``, CUDA graphs on
+CUDA) and on the batched loop's shared static cache of one sequence per request -- batch 1 being
+``R`` = 1 of the same forward. The compile settings are ``runtime.*`` config keys
+(``specpolicy.core.runtime.CompileSettings``).
+
+- ``static``: the static KV cache every compiled model shares (``StaticPasses``): buckets,
+  padding, chunks, masks, compilation.
+- ``qwen``, ``eagle3``, ``dflash``: one forward per model (``StaticQwen``, ``StaticEagle3``,
+  ``StaticDFlash``), and the runners the EAGLE-3 and DFlash drafters state their pass against
+  (``Eagle3Runner``, ``DFlashRunner``: eager alone, eager padded over several requests, static).
+- ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``,
+  ``SharedSequencesDrafter``).
+- ``causal``: ``CausalRunner``, a causal LM's passes over ``(R, n)`` positions, eager or compiled,
+  one request or many: the runner a third-party drafter codes against
+  (``docs/how-to/write-a-drafter-or-verifier.md``).
+
+Plugins (``drafters/``, ``verifiers/``) import this package as public API.
+"""
