@@ -118,7 +118,7 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
                 [p.prompt_id for p in prompts],
                 method_name(cfg),
                 run_dir,
-                lambda: Runtime(device=cfg.runtime.device, dtype=cfg.runtime.dtype, seed=int(cfg.seed)).describe(),
+                lambda: Runtime.from_config(container.get("runtime") or {}, seed=int(cfg.seed)).describe(),
             )
             if done is not None:  # resumed with nothing left to compute: no model is loaded
                 print(complete_line(done, shown(run_dir)))
@@ -191,14 +191,7 @@ class PromptPlan:
 def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tuple[RunSetup, dict[str, Any]]:
     """The runtime, the method's models and settings (``RunSetup``), and the run's loggers (made
     before any model loads, registered for the run by the caller)."""
-    runtime_cfg = container.get("runtime") or {}
-    runtime = Runtime(
-        device=cfg.runtime.device,
-        dtype=cfg.runtime.dtype,
-        seed=int(cfg.seed),
-        compile=bool(cfg.runtime.get("compile", False)),
-        threads=runtime_cfg.get("threads"),
-    )
+    runtime = Runtime.from_config(container.get("runtime") or {}, seed=int(cfg.seed))  # compile settings too
     policy = make_policy(pm, container["policy"])
     loggers = make_loggers(pm, container.get("logger"), run_dir)
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
