@@ -96,4 +96,6 @@ def test_a_run_records_the_machine_and_warns_in_one_line_when_busy(family, tmp_p
     warnings = [line for line in out if "cannot be trusted" in line]
     assert warnings == [warning_line(timing)]
     assert warnings[0].startswith("WARNING: the measured speedup cannot be trusted: other processes kept up to ")
-    assert warnings[0].endswith(" -- re-time on an idle machine with run.resume=false")
+    assert warnings[0].endswith(
+        " -- re-time on an idle machine with run.resume=false (runtime.threads=N sets the CPU threads a run uses)"
+    )

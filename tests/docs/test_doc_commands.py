@@ -1034,7 +1034,7 @@ RULES = [
         skip="a how-to page's plugin package: tests/docs/test_plugin_howto.py installs it and runs this command",
     ),
     Rule(rf"{CLI} .*<[\w|]+>.*", "dry, each alternative", _alternatives),
-    Rule(rf"{CLI}( [-+\w.=,/'\"]+)*", "dry: composed, every job checked before a model would load", dry),
+    Rule(rf"{CLI}( [-+\w.=,/'\"\[\]]+)*", "dry: composed, every job checked before a model would load", dry),
     Rule(
         r"(bash|inline): python -m specpolicy\.analysis\.(report|plot|oracle) (\S+/<\S+>(/<\S+>)?|DIR)",
         "run on a sweep / run made here",
