@@ -89,13 +89,12 @@ class CompileSettings:
     def from_config(cls, runtime: Mapping[str, Any]) -> CompileSettings:
         """The settings among a ``runtime`` config group's keys (the others ignored); lists as tuples."""
         names = {f.name for f in fields(cls)}
-        values = {k: v for k, v in runtime.items() if k in names}
-        return cls(
-            **{
-                k: tuple(v) if k in ("buckets", "chain_steps") and not isinstance(v, int) else v
-                for k, v in values.items()
-            }
-        )
+        values: dict[str, Any] = {
+            k: tuple(v) if k in ("buckets", "chain_steps") and not isinstance(v, int) else v
+            for k, v in runtime.items()
+            if k in names
+        }
+        return cls(**values)
 
 
 class Timer:
