@@ -52,13 +52,14 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
     args = parser.parse_args()
     old = _old_generate(args.old)
     runtime = Runtime(device="cpu", dtype="float32")
     pm = get_plugin_manager()
     verifier = make_verifier(pm, _config([])["verifier"], runtime)
     prompts = [p.token_ids(verifier.tokenizer) for p in load_prompts("gsm8k", num_prompts=args.prompts)]
-    for name, overrides in METHODS.items():
+    for name, overrides in ((m, METHODS[m]) for m in args.methods):
         kwargs = {}
         if overrides is not None:
             config = _config(overrides)
