@@ -364,6 +364,7 @@ def test_a_line_with_untrusted_timings_is_marked_in_the_legend(sweep):
         draw_serving([])
 
 
+@pytest.mark.slow  # a matplotlib render of the figures page (the serving table's rows are tested fast above)
 def test_plot_writes_the_serving_figure_and_table_on_the_figures_page(sweep, capsys):
     assert plot_main([str(sweep), "--max-pages", "1"]) == 0
     plots = sweep / "plots"

@@ -25,7 +25,10 @@ def _compose(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("group,choice", [(g, c) for g in GROUPS for c in _choices(g)])
+@pytest.mark.parametrize(
+    "group,choice",  # the 106 method presets are slow here (each composes and validates in test_method_presets)
+    [pytest.param(g, c, marks=pytest.mark.slow) if g == "method" else (g, c) for g in GROUPS for c in _choices(g)],
+)
 def test_every_config_composes(group, choice):
     cfg = _compose(f"{group}={choice}")
     assert cfg[group] is not None
