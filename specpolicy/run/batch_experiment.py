@@ -12,7 +12,7 @@ A prompt the batched loop refuses (e.g. too long) is skipped and recorded, the b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched
 from specpolicy.analysis.labels import FIGURES, SERVING_KEYS
@@ -20,9 +20,7 @@ from specpolicy.analysis.results import PromptResult
 from specpolicy.analysis.summary import profile_from
 from specpolicy.core.batching import generate_batch
 from specpolicy.core.serving import arrival_times
-
-if TYPE_CHECKING:
-    from specpolicy.run.experiment import PromptPlan, RunSetup
+from specpolicy.run.setup import PromptPlan, RunSetup
 
 #: The serving figures shown, in order: (label, key of ``BatchResult.summary``, format), from the
 #: one metric list (``specpolicy.analysis.labels``).

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,10 @@ from specpolicy.analysis.machine import MachineWatch, warning_line
 from specpolicy.analysis.results import SUMMARY_FILE, PromptResult
 from specpolicy.analysis.summary import summarize
 from specpolicy.analysis.tables import print_summary
-from specpolicy.core.decoding import generate
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, prompt_seed
+from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.stopping import StopStrings, config_strings, never_matching
-from specpolicy.core.types import GenerationResult
 from specpolicy.plugins.manager import (
     blame,
     call_each,
@@ -63,6 +60,7 @@ from specpolicy.run.resume import (
     shielded,
 )
 from specpolicy.run.runlock import RunLock
+from specpolicy.run.setup import PromptPlan, RunSetup
 from specpolicy.run.skips import max_new_tokens_line, over_context, skipped_line
 from specpolicy.run.validation import validate_config
 
@@ -128,64 +126,6 @@ def run_experiment(cfg: DictConfig, run_dir: str | Path, outputs: list[str] | No
         except BaseException as error:
             blame(error, pm)  # an error raised in a plugin names it (the CLI prints one line)
             raise
-
-
-@dataclass
-class RunSetup:
-    """What the run decodes with, loaded once and handed to both phases (batch 1 here, the batched
-    loop in ``specpolicy.run.batch_experiment``).
-
-    Attributes:
-        method: the method's printed name (``method_name``).
-        runtime / verifier / drafter / policy: the loaded runtime and models.
-        reuse / stop / sampling: the run's draft reuse, stop strings and sampling settings.
-        max_new_tokens: per prompt; seed: the run's seed (each call reseeded per prompt).
-        tokenizer: the target's, encoding prompts and decoding outputs.
-        fingerprint: the config hash recorded in each row (what a resume may reuse).
-    """
-
-    method: str
-    runtime: Runtime
-    verifier: Any
-    drafter: Any
-    policy: Any
-    reuse: DraftReuse | None
-    stop: StopStrings | None
-    sampling: SamplingConfig
-    max_new_tokens: int
-    seed: int
-    tokenizer: Any
-    fingerprint: str
-
-    def decode(self, ids, speculative: bool, prompt_id: str = "", on_round=None) -> GenerationResult:
-        """One prompt through ``generate``, seeded from ``(seed, prompt id)``: sampled outputs do
-        not depend on the prompt order, on which method ran first, or on resuming
-        (``specpolicy.core.sampling.prompt_seed``). ``speculative`` False: vanilla decoding."""
-        self.runtime.seed_everything(prompt_seed(self.seed, prompt_id))
-        method = dict(drafter=self.drafter, policy=self.policy, reuse=self.reuse) if speculative else {}
-        return generate(
-            ids,
-            self.verifier,
-            self.runtime,
-            max_new_tokens=self.max_new_tokens,
-            on_round=on_round,
-            sampling=self.sampling,
-            stop=self.stop,
-            **method,
-        )
-
-
-@dataclass
-class PromptPlan:
-    """The run's prompts and what becomes of each: ``token_ids`` (prompt id -> ``(P,) int64``),
-    ``finished`` (read back from an earlier run: id -> ``PromptResult``), ``too_long`` (id -> the
-    reason it is skipped), ``warmup`` (prompts decoded once, untimed, before measuring)."""
-
-    prompts: list
-    token_ids: dict[str, Any]
-    finished: dict[str, PromptResult]
-    too_long: dict[str, str]
-    warmup: int
 
 
 def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tuple[RunSetup, dict[str, Any]]:

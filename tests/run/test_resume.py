@@ -20,6 +20,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 import specpolicy.run.experiment as experiment
+import specpolicy.run.setup as run_setup
 from conftest import overrides
 from specpolicy.analysis.results import PromptResult, read_results
 from specpolicy.run.experiment import run_experiment
@@ -233,7 +234,7 @@ FAST_POINTS = {("call", 1), ("call", 2), ("call", 2 * PROMPTS), ("between", 2), 
 def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, reference, tmp_path, monkeypatch, kind, at):
     """SIGTERM right after the n-th generate() call (during a prompt: its row is not written yet),
     or between prompts (after prompt i's row was written)."""
-    real, real_progress = experiment.generate, experiment._progress
+    real, real_progress = run_setup.generate, experiment._progress
     calls = []
 
     def interrupting(*args, **kwargs):
@@ -248,7 +249,7 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
         if kind == "between" and done == at:  # at == PROMPTS: after the last row, before the summary
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(experiment, "generate", interrupting)
+    monkeypatch.setattr(run_setup, "generate", interrupting)
     monkeypatch.setattr(experiment, "_progress", progress_then_interrupt)
     cfg = compose_cfg(family)
     with pytest.raises(RunInterrupted) as info:
@@ -264,7 +265,7 @@ def test_sigterm_at_any_point_then_resume_gives_the_same_summary(family, referen
 
     calls.clear()
     monkeypatch.setattr(experiment, "_progress", real_progress)
-    monkeypatch.setattr(experiment, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(run_setup, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     summary = run_experiment(cfg, tmp_path)  # the same command again
     assert len(calls) == 2 * (PROMPTS - len(done))  # finished prompts are read back, not recomputed
     rows = lines(tmp_path / "results.jsonl")
@@ -346,8 +347,8 @@ def test_resume_with_a_corrupt_middle_line_recomputes_only_that_prompt(family, r
     good = path.read_bytes().splitlines(keepends=True)
     damaged = good[1][:40] + b"\x00garbage\n"
     path.write_bytes(good[0] + damaged + b"".join(good[2:]))
-    real, calls = experiment.generate, []
-    monkeypatch.setattr(experiment, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    real, calls = run_setup.generate, []
+    monkeypatch.setattr(run_setup, "generate", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     summary = run_experiment(cfg, tmp_path)
     assert len(calls) == 2  # the damaged prompt only: speculative + vanilla
     after = path.read_bytes().splitlines(keepends=True)
@@ -361,13 +362,13 @@ def test_resume_with_a_corrupt_middle_line_recomputes_only_that_prompt(family, r
 
 DRIVER = """
 import os, sys, time
-import specpolicy.run.experiment as experiment
-real = experiment.generate
+import specpolicy.run.setup as run_setup  # RunSetup.decode calls its generate
+real = run_setup.generate
 def slow(*args, **kwargs):  # test only: room to interrupt between prompts
     out = real(*args, **kwargs)
     time.sleep(float(os.environ.get("SLOW_S", "0")))
     return out
-experiment.generate = slow
+run_setup.generate = slow
 from specpolicy.run.cli import main
 sys.argv = ["specpolicy", *sys.argv[1:]]
 main()

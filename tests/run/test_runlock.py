@@ -19,15 +19,15 @@ from specpolicy.run.runlock import HOLDER_FILE, RunLock, RunLocked
 #: second process can start while the first holds the run directory.
 DRIVER = """
 import os, sys, time
-import specpolicy.run.experiment as experiment
-real = experiment.generate
+import specpolicy.run.setup as run_setup  # RunSetup.decode calls its generate
+real = run_setup.generate
 def gated(*args, **kwargs):
     out = real(*args, **kwargs)
     gate, deadline = os.environ.get("GATE_FILE"), time.monotonic() + 300
     while gate and not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.05)
     return out
-experiment.generate = gated
+run_setup.generate = gated
 from specpolicy.run.cli import main
 sys.argv = ["specpolicy", *sys.argv[1:]]
 main()
