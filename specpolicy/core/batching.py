@@ -122,12 +122,11 @@ def generate_batch(
         ValueError: for ``max_new_tokens`` or ``batch_size`` < 1, a drafter without a policy (or
             the reverse), a tree policy, or ``arrivals`` of the wrong length.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    sampling = None if sampling is None or sampling.is_greedy else sampling
+    how = Decoding(max_new_tokens, drafter, policy, reuse if drafter is not None else None, stop, sampling)
+    how.check()  # max_new_tokens, drafter and policy together (as generate)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"generation.batch_size must be an integer >= 1, got {batch_size!r}")
-    if (drafter is None) != (policy is None):
-        raise ValueError("drafter and policy go together: pass both (speculative) or neither (vanilla)")
     if isinstance(policy, TreePolicy):
         raise ValueError(f"policy={policy.name} drafts trees; the batched loop verifies chains (use batch_size=1)")
     arrivals = [0.0] * len(prompts) if arrivals is None else list(arrivals)
@@ -138,8 +137,6 @@ def generate_batch(
             f"verifier {getattr(verifier, 'name', type(verifier).__name__)!r} has no batched form "
             "(Verifier.batched()); the batched loop needs one (verifier=hf has it)"
         )
-    sampling = None if sampling is None or sampling.is_greedy else sampling
-    how = Decoding(max_new_tokens, drafter, policy, reuse if drafter is not None else None, stop, sampling)
     with torch.inference_mode():
         # a verifier whose batched form sizes a cache takes the batch size (the compiled runtime's)
         takes_slots = "slots" in inspect.signature(verifier.batched).parameters

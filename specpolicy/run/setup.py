@@ -19,8 +19,8 @@ from specpolicy.core.types import GenerationResult
 
 @dataclass
 class RunSetup:
-    """What the run decodes with, loaded once and handed to both phases (batch 1 here, the batched
-    loop in ``specpolicy.run.batch_experiment``).
+    """What the run decodes with, loaded once and handed to both phases (batch 1 in
+    ``specpolicy.run.experiment``, the batched loop in ``specpolicy.run.batch_experiment``).
 
     Attributes:
         method: the method's printed name (``method_name``).
