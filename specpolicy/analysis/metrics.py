@@ -213,7 +213,16 @@ FIELDS: dict[str, str] = {
     "speedup_vs_vanilla": "tokens_per_s / vanilla_tokens_per_s (measured, token-weighted)",
     "lossless_fraction": "fraction of prompts whose output equals vanilla greedy decoding's token for token",
     "lossless": '"n/a (sampling)" when sampling: token identity with vanilla is not expected',
-    "not_lossless": "prompt id -> first differing output position, for prompts that are not lossless",
+    "not_lossless": "prompt id -> first differing output position, for prompts that are NOT lossless (a parting "
+    "that is no near-tie within the dtype's rounding, or that could not be measured)",
+    "lossless_counts": "greedy prompts by class: identical (token for token), numerically_equivalent (every "
+    "parting from vanilla at a near-tie: both emitted tokens within the dtype's rounding tolerance of the top "
+    "logit; float32: an exact tie), not_lossless (specpolicy.analysis.parting)",
+    "partings": "prompt id -> the first differing position, re-measured after decoding: its class, the two "
+    "emitted tokens, and per re-run pass (the method's verification pass, a one-token step) the top-2 logit "
+    "margin, each emitted token's logit gap to the top token and the tolerance",
+    "peak_memory": "the process's peak memory over the run: cpu_rss_bytes (getrusage ru_maxrss) and, on "
+    "CUDA, cuda_max_allocated_bytes (torch.cuda.max_memory_allocated)",
     "draft_stop_reasons": "rounds by why drafting stopped: low_confidence (a confidence rule), n_max "
     "(FailFast's N_max), policy_bound (static k / max_length / window), length_0 (the "
     "policy chose plain decoding for the round), room (max_new_tokens or context room), "

@@ -49,7 +49,9 @@ def summarize(
 
     Headline figures (token-weighted) and ``methods`` (the speculative method's and vanilla's
     ``metrics.aggregate``); the vanilla figures, the speedup and losslessness when every result
-    has a vanilla baseline (``lossless_fraction`` and ``not_lossless`` when greedy; ``lossless``
+    has a vanilla baseline (``lossless_fraction`` (identical prompts), ``lossless_counts`` (identical /
+    numerically equivalent / NOT lossless, ``specpolicy.analysis.parting``), ``not_lossless`` and
+    ``partings`` (each measured parting: position, margins) when greedy; ``lossless``
     ``"n/a (sampling)"`` when sampling: token identity with vanilla is not expected);
     ``per_prompt``, ``aggregates`` (token- and prompt-weighted), per-position acceptance, stop and
     finish reasons; ``modeled`` (latency profile of ``config``, labelled MODELED) and ``oracle``
@@ -97,9 +99,16 @@ def summarize(
             speedup_vs_vanilla=spec["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] else 0.0,
         )
         if sampling.is_greedy:
+            classes = [r.lossless_class for r in results]
             summary.update(
                 lossless_fraction=sum(r.lossless is True for r in results) / len(results),
-                not_lossless={r.prompt_id: r.first_difference for r in results if r.lossless is not True},
+                lossless_counts={
+                    "identical": classes.count("identical"),
+                    "numerically_equivalent": classes.count("numerically equivalent"),
+                    "not_lossless": classes.count("NOT lossless"),
+                },
+                not_lossless={r.prompt_id: r.first_difference for r in results if r.lossless_class == "NOT lossless"},
+                partings={r.prompt_id: r.parting for r in results if r.parting is not None},
             )
         else:
             summary["lossless"] = SAMPLING_LOSSLESS
@@ -193,13 +202,17 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     prompts, measured and MODELED speedup, tokens/s (and vanilla's), acceptance rate, mean accepted
     length (without and with the bonus token), mean speculation length (every round, and per
     drafted round), longest accepted / speculated length, rounds, drafter passes per round,
-    ``lossless`` ("k/n" prompts, ``"n/a (sampling)"``, or None without a baseline) and
+    ``lossless`` ("k/n" prompts identical, "k/n identical + m numerically equivalent" when some
+    partings are near-ties, ``"n/a (sampling)"``, or None without a baseline) and
     ``lossless_fraction``; None where the summary has no such figure."""
     spec = (summary.get("methods") or {}).get(summary.get("method"), {})
     prompts = int(summary.get("prompts", 0))
     fraction = summary.get("lossless_fraction")
     if fraction is not None:
         lossless = f"{round(fraction * prompts)}/{prompts}"
+        equivalent = (summary.get("lossless_counts") or {}).get("numerically_equivalent", 0)
+        if equivalent:  # identical, plus the partings at near-ties within the dtype's rounding
+            lossless += f" identical + {equivalent} numerically equivalent"
     else:
         lossless = summary.get("lossless")
     row = {"method": summary.get("method"), "prompts": prompts}

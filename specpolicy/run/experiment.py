@@ -38,6 +38,7 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.stopping import StopStrings, config_strings, never_matching
+from specpolicy.models.memory import peak_memory
 from specpolicy.plugins.manager import (
     blame,
     call_each,
@@ -240,6 +241,7 @@ def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool, re
                 config_hash=setup.fingerprint,
                 prompt_text=prompt.text,
             )
+            result = setup.with_parting(result, ids)  # after decoding: a parting's margins, untimed
         pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
         _progress(method, i + 1, len(plan.prompts), result)
@@ -282,6 +284,7 @@ def _run(
             )
             if serving is not None:
                 summary["serving"] = serving
+            summary["peak_memory"] = peak_memory(runtime.torch_device)  # CPU peak RSS, CUDA max allocated
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts

@@ -53,7 +53,9 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
         validate_plugin_config(pm, group, str(node.pop("name")), node, config)
     for name, node in (config.get("logger") or {}).items():
         validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
-    return _check_dataset(config.get("dataset") or {})
+    prompts = _check_dataset(config.get("dataset") or {})
+    _check_memory(config, prompts)
+    return prompts
 
 
 def validate_plugin_config(
@@ -208,6 +210,62 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
         raise ConfigError(str(message)) from exc
+
+
+#: Tokens a prompt's chat template may add (the memory estimate's context bound).
+_TEMPLATE_TOKENS = 64
+
+
+def _check_memory(config: Mapping[str, Any], prompts: list) -> None:
+    """Refuse, before loading, models that cannot fit the memory the runtime has
+    (``specpolicy.models.memory``): the target's and the drafter's weights in the run's dtype plus the
+    target's KV cache for the longest context the run can reach (the longest prompt's characters
+    plus its chat template, a bound on its tokens, plus ``generation.max_new_tokens``, at most the
+    model's ``max_position_embeddings`` or ``verifier.max_context``). Models whose ``config.json``
+    is not on disk (a hub id not cached yet) are left to the loader."""
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.models.memory import available_bytes, estimate_bytes, fits_line
+
+    runtime = config.get("runtime") or {}
+    try:
+        rt = Runtime.from_config({k: v for k, v in runtime.items() if k not in ("threads", "compile")})
+    except ValueError:
+        return  # _check_core names the bad runtime key
+    longest = max((len(getattr(p, "text", "") or "") for p in prompts), default=0) + _TEMPLATE_TOKENS
+    new_tokens = int((config.get("generation") or {}).get("max_new_tokens") or 0)
+    nodes = [("verifier", config.get("verifier") or {}), ("drafter", config.get("drafter") or {})]
+    shapes = [(f"{group}.model", node["model"], _config_json(node["model"])) for group, node in nodes if isinstance(node.get("model"), str)]
+    shapes = [(key, value, shape) for key, value, shape in shapes if shape is not None and "hidden_size" in shape]
+    if not shapes:
+        return
+    available = available_bytes(rt.torch_device)
+    if available is None:
+        return
+    need = 0
+    for i, (key, value, shape) in enumerate(shapes):
+        limit = int((config.get("verifier") or {}).get("max_context") or 0) if i == 0 else 0
+        context = min(longest + new_tokens, limit or int(shape.get("max_position_embeddings") or 1 << 30))
+        try:
+            line = fits_line(key, value, shape, rt.torch_dtype, context, available - need)
+            need += estimate_bytes(shape, rt.torch_dtype, context)
+        except (KeyError, TypeError, ValueError):
+            continue  # a config.json without the usual shape keys: the loader decides
+        if line:
+            raise ConfigError(line)
+
+
+def _config_json(model: str) -> dict[str, Any] | None:
+    """A local or bundled model's ``config.json`` as a dict (read, nothing loaded), else None."""
+    from pathlib import Path
+
+    from specpolicy.models.loading import resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(model)) / "config.json"
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
