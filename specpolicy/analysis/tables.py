@@ -348,6 +348,8 @@ def print_summary(
         if prompt_id not in partings:
             out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
     for prompt_id, parting in partings.items():  # measured partings: near-ties and real differences
-        out.print(parting_line(prompt_id, parting), markup=False, style="red" if parting["lossless"] == NOT_LOSSLESS else None)
+        out.print(
+            parting_line(prompt_id, parting), markup=False, style="red" if parting["lossless"] == NOT_LOSSLESS else None
+        )
     if summary.get("peak_memory"):
         out.print(peak_memory_line(summary["peak_memory"]), markup=False)

@@ -86,6 +86,14 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
+def size_text(n_bytes: float) -> str:
+    """``n_bytes`` in GiB (from 1 GiB on), else MiB, else KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes / 2**10:.1f} KiB"
+
+
 def fits_line(
     key: str, value: str, config: Mapping[str, Any], dtype: torch.dtype, context: int, available: int | None
 ) -> str | None:
@@ -97,9 +105,10 @@ def fits_line(
     if need <= available:
         return None
     params = parameter_count(config)
+    count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params:,}"
     name = str(dtype).removeprefix("torch.")
     return (
-        f"{key}={value!r} does not fit: {params / 1e9:.2f}B parameters x {DTYPE_BYTES.get(dtype, 4)} bytes "
-        f"({name}) + the KV cache of {context:,} tokens = {need / 2**30:.1f} GiB, but the runtime has "
-        f"{available / 2**30:.1f} GiB available (use a smaller model or dtype, or another device)"
+        f"{key}={value!r} does not fit: {count} parameters x {DTYPE_BYTES.get(dtype, 4)} bytes "
+        f"({name}) + the KV cache of {context:,} tokens = {size_text(need)}, but the runtime has "
+        f"{size_text(available)} available (use a smaller model or dtype, or another device)"
     )

@@ -62,7 +62,6 @@ class RunSetup:
             **method,
         )
 
-
     def with_parting(self, result: PromptResult, prompt_ids) -> PromptResult:
         """``result`` with its parting from vanilla measured when the greedy outputs differ
         (``specpolicy.analysis.parting.measure_parting``: a re-run of the target over the common

@@ -199,6 +199,8 @@ def _check_core(config: Mapping[str, Any]) -> None:
     runtime = config.get("runtime") or {}
     if boolean("runtime.compile", runtime.get("compile", False)):
         _check_compiled_target(config.get("verifier") or {})
+    if boolean("runtime.batch_invariant", runtime.get("batch_invariant", False)):
+        _check_batch_invariant(config)
     try:
         threads = runtime.get("threads")
         if threads is not None:
@@ -234,7 +236,11 @@ def _check_memory(config: Mapping[str, Any], prompts: list) -> None:
     longest = max((len(getattr(p, "text", "") or "") for p in prompts), default=0) + _TEMPLATE_TOKENS
     new_tokens = int((config.get("generation") or {}).get("max_new_tokens") or 0)
     nodes = [("verifier", config.get("verifier") or {}), ("drafter", config.get("drafter") or {})]
-    shapes = [(f"{group}.model", node["model"], _config_json(node["model"])) for group, node in nodes if isinstance(node.get("model"), str)]
+    shapes = [
+        (f"{group}.model", node["model"], _config_json(node["model"]))
+        for group, node in nodes
+        if isinstance(node.get("model"), str)
+    ]
     shapes = [(key, value, shape) for key, value, shape in shapes if shape is not None and "hidden_size" in shape]
     if not shapes:
         return
@@ -289,6 +295,19 @@ def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
             f"runtime.compile=true runs {' or '.join(SUPPORTED)} targets, but verifier.model={verifier['model']!r} "
             f"is model_type {model_type!r} (use runtime.compile=false)"
         )
+
+
+def _check_batch_invariant(config: Mapping[str, Any]) -> None:
+    """``runtime.batch_invariant=true`` verifies chains at batch 1 with the ``hf`` target, one
+    one-token pass per position (``specpolicy.core.runtime.Runtime``)."""
+    why = "runtime.batch_invariant=true verifies chains at batch 1 with verifier=hf as one-token passes, but "
+    policy = (config.get("policy") or {}).get("name")
+    if policy in ("eagle2-tree", "block-tree", "failfast-tree"):
+        raise ConfigError(why + f"policy={policy} drafts trees (use a chain policy or runtime.batch_invariant=false)")
+    if int((config.get("generation") or {}).get("batch_size", 1) or 1) != 1:
+        raise ConfigError(why + f"generation.batch_size={config['generation']['batch_size']} (use 1)")
+    if (config.get("verifier") or {}).get("name", "hf") != "hf":
+        raise ConfigError(why + f"verifier={config['verifier']['name']}")
 
 
 def _check_batch(config: Mapping[str, Any]) -> None:

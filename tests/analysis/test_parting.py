@@ -136,8 +136,8 @@ def test_a_parting_read_back_from_results_jsonl_keeps_its_class():
     assert again.parting == result.parting and again.lossless_class == EQUIVALENT
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16"])
-def test_a_bfloat16_cpu_run_is_never_not_lossless_and_reports_peak_memory(family, tmp_path, dtype):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])  # float16 runs on CPU too (eager)
+def test_a_reduced_precision_cpu_run_is_never_not_lossless_and_reports_peak_memory(family, tmp_path, dtype):
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         cfg = compose(
             "config",
@@ -146,9 +146,70 @@ def test_a_bfloat16_cpu_run_is_never_not_lossless_and_reports_peak_memory(family
     summary = run_experiment(cfg, tmp_path / "run")
     counts = summary["lossless_counts"]
     assert counts["not_lossless"] == 0 and sum(counts.values()) == 3, summary.get("partings")
-    assert summary["runtime"]["dtype"] == "bfloat16"
+    assert summary["runtime"]["dtype"] == dtype
     for parting in summary["partings"].values():  # each parting measured, at a near-tie
         assert parting["lossless"] == EQUIVALENT and parting["method_row"]["tolerance"] > 0
     peak = summary["peak_memory"]
     assert peak["cpu_rss_bytes"] > 10 * 2**20 and peak["cuda_max_allocated_bytes"] is None
 
+
+def test_a_model_that_cannot_fit_is_refused_in_one_line_before_loading(family, tmp_path, monkeypatch):
+    from specpolicy.core.errors import ConfigError
+    from specpolicy.models import memory
+
+    loaded = []
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**10)  # a machine with 1 KiB left
+    monkeypatch.setattr("specpolicy.run.experiment._load", lambda *a, **k: loaded.append(a))
+    with initialize_config_module("specpolicy.conf", version_base="1.3"):
+        cfg = compose("config", overrides=overrides(family))
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(cfg, tmp_path / "run")
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"verifier.model={str(family['target'])!r} does not fit: ")
+    params = memory.parameter_count(json.loads((family["target"] / "config.json").read_text()))
+    assert f"{params:,} parameters x 8 bytes (float64)" in line
+    assert line.endswith("but the runtime has 1.0 KiB available (use a smaller model or dtype, or another device)")
+    assert not loaded
+
+
+def test_the_parameter_estimate_matches_the_model_it_describes():
+    from specpolicy.models.memory import parameter_count
+
+    model = tiny_lm(0)
+    counted = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n and "bias" not in n)
+    assert parameter_count(model.config.to_dict()) == counted
+
+
+@pytest.mark.slow
+def test_bfloat16_partings_are_near_ties_and_batch_invariant_verification_has_none():
+    """A bfloat16 target drafting for itself (every draft token is its own greedy token in exact
+    arithmetic): k-token verification may part from vanilla, only at near-ties (never NOT
+    lossless); with runtime.batch_invariant=true (one-token passes) every prompt is identical."""
+    target = sharpen(tiny_lm(0, hidden=128), 2.0).to(torch.bfloat16)
+    policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 6})
+    classes = {False: [], True: []}
+    for invariant in (False, True):
+        runtime = Runtime(device="cpu", dtype="bfloat16", seed=0, batch_invariant=invariant)
+        verifier = HFVerifier(target, runtime, frozenset())
+        setup = RunSetup("m", runtime, verifier, None, policy, None, None, None, 48, 0, None, "")
+        for prompt in random_prompts(8):
+            spec = generate(
+                prompt, verifier, runtime, max_new_tokens=48, drafter=ARDrafter(target, runtime), policy=policy
+            )
+            van = generate(prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=48)
+            classes[invariant].append(
+                setup.with_parting(PromptResult.of("p", prompt.shape[0], spec, van), prompt).lossless_class
+            )
+    assert NOT_LOSSLESS not in classes[False], classes
+    assert classes[True] == ["identical"] * 8
+
+
+def test_batch_invariant_refuses_trees_and_batches_in_one_line():
+    from specpolicy.core.errors import ConfigError
+    from specpolicy.run.validation import _check_core
+
+    base = {"runtime": {"batch_invariant": True}, "generation": {"max_new_tokens": 4}}
+    with pytest.raises(ConfigError, match=r"^runtime.batch_invariant=true .* policy=block-tree drafts trees"):
+        _check_core({**base, "policy": {"name": "block-tree"}})
+    with pytest.raises(ConfigError, match=r"generation.batch_size=4 \(use 1\)$"):
+        _check_core({**base, "generation": {"max_new_tokens": 4, "batch_size": 4}})
