@@ -147,7 +147,6 @@ def stream_probes(
                 sync()
                 seconds = timer() - start
                 rates[name].append(KERNELS[name] * 4 * n / max(seconds, 1e-12) / 1e9)
-        del a, b, c
     finally:
         torch.set_num_threads(previous)
     return {

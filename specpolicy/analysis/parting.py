@@ -256,8 +256,12 @@ def measure_parting(
 def parting_line(prompt_id: str, parting: dict[str, Any]) -> str:
     """One line of a run's table for a parting: position, class, margins and tolerance."""
     head = f"{parting['lossless']}: prompt {prompt_id} parts from vanilla at output position {parting['position']}"
-    rows = [(label, parting.get(key)) for label, key in (("verify", "method_row"), ("one-token", "vanilla_row"))]
-    if not all(r for _, r in rows):
+    rows: list[tuple[str, dict[str, Any]]] = [
+        (label, parting[key])
+        for label, key in (("verify", "method_row"), ("one-token", "vanilla_row"))
+        if parting.get(key)
+    ]
+    if len(rows) < 2:
         return f"{head} ({parting.get('note') or 'not measured'})"
     parts = [
         f"{label} pass: top-2 margin {r['margin']:.4g}, method's token {r['method_gap']:.4g} / vanilla's "

@@ -44,6 +44,7 @@ def summarize(
     prompts_total: int | None = None,
     interrupted_by: str | None = None,
     timing_conditions: Mapping[str, Any] | None = None,
+    peak_memory: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` content of ``results`` (one per prompt, in prompt order).
 
@@ -69,6 +70,7 @@ def summarize(
         prompts_total: prompts in the configured set (default: ``len(results)``).
         interrupted_by: marks the summary ``"partial": true``.
         timing_conditions: what the machine was doing while this invocation measured.
+        peak_memory: the process's peak memory (``specpolicy.models.memory.peak_memory``), when given.
     """
     config = dict(config or {})
     skipped = {r.prompt_id: r.skipped for r in results if r.skipped}
@@ -138,6 +140,8 @@ def summarize(
         summary["skipped_prompts"] = skipped
     if timing_conditions is not None:
         summary["timing_conditions"] = dict(timing_conditions)
+    if peak_memory is not None:
+        summary["peak_memory"] = dict(peak_memory)
     summary["partial"] = interrupted_by is not None
     if interrupted_by is not None:
         summary["interrupted_by"] = interrupted_by
@@ -208,6 +212,7 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     spec = (summary.get("methods") or {}).get(summary.get("method"), {})
     prompts = int(summary.get("prompts", 0))
     fraction = summary.get("lossless_fraction")
+    lossless: str | None
     if fraction is not None:
         lossless = f"{round(fraction * prompts)}/{prompts}"
         equivalent = (summary.get("lossless_counts") or {}).get("numerically_equivalent", 0)

@@ -281,10 +281,10 @@ def _run(
                 runtime.describe(),
                 prompts_total=len(prompts),
                 timing_conditions=watch.stop(results),
+                peak_memory=peak_memory(runtime.torch_device),  # CPU peak RSS, CUDA max allocated
             )
             if serving is not None:
                 summary["serving"] = serving
-            summary["peak_memory"] = peak_memory(runtime.torch_device)  # CPU peak RSS, CUDA max allocated
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         except BaseException as error:
             if isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM: a summary of the finished prompts
@@ -347,6 +347,7 @@ def _write_partial_summary(
                 prompts_total,
                 interrupted_by=signame,
                 timing_conditions=conditions,
+                peak_memory=peak_memory(runtime.torch_device),
             )
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         print(

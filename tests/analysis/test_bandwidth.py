@@ -21,11 +21,11 @@ def fake_clock(durations):
 def test_the_probes_give_the_best_rate_and_the_spread_of_every_probe():
     repeats, size = 3, 4 * 2**10  # 1,024 float32 elements per array
     durations = [1e-3, 0.5e-3, 2e-3] * len(KERNELS)  # each kernel: 1 ms, 0.5 ms, 2 ms
-    result = stream_probes(torch.device("cpu"), threads=1, repeats=repeats, array_bytes=size, timer=fake_clock(durations))
+    result = stream_probes(
+        torch.device("cpu"), threads=1, repeats=repeats, array_bytes=size, timer=fake_clock(durations)
+    )
     bytes_of = {k: arrays * size for k, arrays in KERNELS.items()}
-    assert result["probes"] == {
-        k: [round(b / s / 1e9, 2) for s in (1e-3, 0.5e-3, 2e-3)] for k, b in bytes_of.items()
-    }
+    assert result["probes"] == {k: [round(b / s / 1e9, 2) for s in (1e-3, 0.5e-3, 2e-3)] for k, b in bytes_of.items()}
     best = 3 * size / 0.5e-3 / 1e9  # add / triad move three arrays: the fastest probe
     assert result["bandwidth_GBps"] == pytest.approx(best)
     assert result["best_by_kernel"]["copy"] == pytest.approx(2 * size / 0.5e-3 / 1e9)
