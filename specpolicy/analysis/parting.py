@@ -189,13 +189,16 @@ def _rerun(model, prefix: torch.Tensor, start: int, block: torch.Tensor, row: in
         out = model(input_ids=ids[None], cache=cache, use_cache=True, output_hidden_states=True)
         return out.logits[0], out.hidden_states[-1][0]
 
+    def fill(ids: torch.Tensor) -> None:  # the cache only: one logit row, no hidden states kept
+        model(input_ids=ids[None], cache=cache, use_cache=True, logits_to_keep=1)
+
     if start > 0:
-        run(prefix[:start])
+        fill(prefix[:start])
     logits, hidden = run(block)
     method = (logits[row], hidden[row])
     crop_cache(cache, start)
     if prefix.shape[0] - 1 > start:
-        run(prefix[start:-1])
+        fill(prefix[start:-1])
     logits, hidden = run(prefix[-1:])
     return method, (logits[0], hidden[0])
 
