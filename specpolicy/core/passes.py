@@ -91,7 +91,9 @@ class PassClock:
                     continue
                 self._hooked.add(id(member))
                 self._handles.append(member.register_forward_pre_hook(lambda mod, args: self._enter()))
-                self._handles.append(member.register_forward_hook(lambda mod, args, out: self._exit(), always_call=True))
+                self._handles.append(
+                    member.register_forward_hook(lambda mod, args, out: self._exit(), always_call=True)
+                )
             else:
                 obj, method = member
                 key = (id(obj), method)

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from conftest import random_prompts, sharpen, tiny_lm
-from specpolicy.core import passes
-from specpolicy.core import runtime as runtime_module
+from specpolicy.core import passes, runtime as runtime_module
 from specpolicy.core.decoding import generate
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.runtime import Timer
