@@ -74,18 +74,19 @@ class Exclusive:
     """Exclusive time of nested named calls (``time.perf_counter_ns``): a call's time less the time of
     the timed calls it makes. Passes are timed too (``pass``), so no component holds a pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.clock = clock
         self.ns: dict[str, int] = defaultdict(int)
         self._stack: list[list] = []  # [name, start ns, children's ns]
 
     def wrap(self, name: str, method: Callable) -> Callable:
         def timed(*args, **kwargs):
-            self._stack.append([name, time.perf_counter_ns(), 0])
+            self._stack.append([name, self.clock(), 0])
             try:
                 return method(*args, **kwargs)
             finally:
                 frame = self._stack.pop()
-                elapsed = time.perf_counter_ns() - frame[1]
+                elapsed = self.clock() - frame[1]
                 self.ns[frame[0]] += elapsed - frame[2]
                 if self._stack:
                     self._stack[-1][2] += elapsed
@@ -105,8 +106,7 @@ class Exclusive:
                 continue
             if hasattr(member, "register_forward_pre_hook"):  # a module: a pass
                 hooked.add(id(member))
-                stack = self._stack
-                pre = member.register_forward_pre_hook(lambda mod, args: stack.append(["pass", time.perf_counter_ns(), 0]))
+                pre = member.register_forward_pre_hook(lambda mod, args: self._stack.append(["pass", self.clock(), 0]))
                 post = member.register_forward_hook(lambda mod, args, out: self._close(), always_call=True)
                 undo += [pre.remove, post.remove]
                 continue
@@ -121,9 +121,7 @@ class Exclusive:
             else:
                 held = vars(obj).get(method)
                 setattr(obj, method, self.wrap(name, getattr(obj, method)))
-                undo.append(
-                    lambda o=obj, m=method, h=held: vars(o).pop(m, None) if h is None else setattr(o, m, h)
-                )
+                undo.append(lambda o=obj, m=method, h=held: vars(o).pop(m, None) if h is None else setattr(o, m, h))
         try:
             yield self
         finally:
@@ -132,7 +130,7 @@ class Exclusive:
 
     def _close(self) -> None:
         frame = self._stack.pop()
-        elapsed = time.perf_counter_ns() - frame[1]
+        elapsed = self.clock() - frame[1]
         self.ns[frame[0]] += elapsed - frame[2]
         if self._stack:
             self._stack[-1][2] += elapsed
@@ -145,7 +143,9 @@ def neighbours_methods() -> list[str]:
     return list(json.loads(NEIGHBOURS.read_text())["settings"].get("method") or [])
 
 
-def measure(bench: peers.Bench, spec: peers.MethodSpec, ids: list, repeat: int) -> dict[str, Any]:
+def measure(
+    bench: peers.Bench, spec: peers.MethodSpec, ids: list, repeat: int, clock: Callable[[], int] = time.perf_counter_ns
+) -> dict[str, Any]:
     """One method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
     components (one timed pass)."""
     policy = make_policy(get_plugin_manager(block=spec.block), spec.policy)
@@ -172,7 +172,7 @@ def measure(bench: peers.Bench, spec: peers.MethodSpec, ids: list, repeat: int) 
     for _ in range(repeat):
         rounds = [r for prompt in ids for r in decode(prompt).rounds]
         per_round.append(sum(r.host_ms for r in rounds) / len(rounds))
-    tracer = Exclusive()
+    tracer = Exclusive(clock)
     with tracer.watching(policy, drafter, bench.verifier):
         rounds = [r for prompt in ids for r in decode(prompt).rounds]
     n = len(rounds)
@@ -213,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--profile", default="a6000-qwen7b", help="latency profile whose target step the share divides by")
     p.add_argument("--goal-ms", type=float, default=0.4)
     p.add_argument("--reuse-min-match", type=int, default=2)
+    p.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="time the components with the thread's CPU clock (time.thread_time_ns): steadier on a loaded machine; "
+        "their sum then misses waits, and 'loop' (host_ms less the components) absorbs the difference",
+    )
     p.add_argument("--out", default=None, help="JSON output")
     peers.add_model_arguments(p)
     args = p.parse_args(argv)
@@ -227,7 +233,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = {}
     for spec in specs:
         log(f"[{spec.name}]")
-        rows[spec.name] = measure(bench, spec, ids, args.repeat)
+        rows[spec.name] = measure(
+            bench, spec, ids, args.repeat, time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+        )
     step_ms = load_profile(args.profile).target_ms_per_token
     for r in rows.values():
         r["host_step_share"] = r["host_ms_per_round"] / step_ms
