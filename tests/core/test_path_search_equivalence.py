@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -201,3 +202,17 @@ def test_the_path_search_on_the_bundled_scorer_is_identical():
             got, want = search.search(probs, context), reference_search(reference, probs, context)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
     assert candidate_lattice  # the lattice is shared, unchanged
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dart_pool_selection_is_the_stable_sort_s(seed):
+    """``dart-tree``'s pool selection (a partition) keeps the set the stable argsort kept."""
+    from specpolicy.policies.dart_tree import _best_set
+
+    rng = random.Random(seed)
+    size = rng.randrange(1, 400)
+    levels = rng.choice((3, 50, 10_000))  # few distinct values: many ties
+    scores = (torch.randint(0, levels, (size,)).float() / levels - 1.0).numpy()
+    for n in (1, 2, 16, 60, size, size + 5):
+        want = np.sort(np.argsort(-scores, kind="stable")[:n])
+        assert np.array_equal(_best_set(scores, n), want), (size, n)
