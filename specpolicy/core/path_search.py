@@ -158,9 +158,9 @@ class PathSearch:
         for i in range(m):
             cand = tokens[i]  # (M,)
             size = cand.shape[0]
-            lp = self.scorer.log_probs(torch.from_numpy(history), torch.from_numpy(np.tile(cand, (width, 1))))
-            lp = lp.double().numpy()  # (W, M)
-            with np.errstate(invalid="ignore"):  # -inf + -inf, as torch adds it
+            scored = self.scorer.log_probs(torch.from_numpy(history), torch.from_numpy(np.tile(cand, (width, 1))))
+            lp = scored.double().numpy()  # (W, M)
+            with np.errstate(invalid="ignore"):  # 0 * -inf (lam 1, a scorer's -inf), as torch computes it
                 step = np.where(done[:, None], -np.inf, scores[:, None] + drafter_term[i] + weight * lp)
             top = torch.from_numpy(np.concatenate([step.reshape(-1), np.where(done, scores, -np.inf)])).topk(width)
             index, values = top.indices.numpy(), top.values.numpy()

@@ -116,7 +116,10 @@ class NGramModel:
         self._fused = self._fused_tables()
         self._fused_np = (self._fused[0].numpy(), self._fused[1].numpy())  # views, for ``kneser_ney_probs``
         #: per order n: (discount, and for n = 1 the unigram totals and types), as Python floats
-        self._kn_floats = [(float(t["discount"]), float(t["totals"].sum()), float(t["types"].sum())) for t in self._kn]
+        self._kn_floats = [
+            (float(t["discount"]), float(torch.as_tensor(t["totals"]).sum()), float(torch.as_tensor(t["types"]).sum()))
+            for t in self._kn
+        ]
         #: per context length j < order: the j-token prefixes of the (j + 1)-grams and how often each was followed
         self._followers = [_group(self.keys[j], self.counts[j], self.base)[:2] for j in range(1, self.order)]
         #: the same counts and follower sums as numpy arrays (views, no copy), for ``trie_probs_np``

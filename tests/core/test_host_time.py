@@ -41,6 +41,9 @@ class SlowPolicy(LengthPolicy):
     def __init__(self, clock: FakeClock, k: int = 3) -> None:
         self.clock, self.k = clock, k
 
+    def __deepcopy__(self, memo):  # a batched run's copy per request: the same (fake) clock
+        return SlowPolicy(self.clock, self.k)
+
     def next_length(self, draft):
         self.clock.advance(POLICY_MS)
         return self.k if draft.length == 0 else 0
@@ -160,3 +163,29 @@ def test_timer_reads_the_patched_clock(fake_clock):
     with Timer(cuda=False) as t:
         fake_clock.advance(12.5)
     assert t.ms == pytest.approx(12.5)
+
+
+def test_a_batched_round_shares_its_host_time_and_copies_leave_unwatched(runtime, fake_clock):
+    from specpolicy.core.batching import generate_batch
+
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)
+    drafter = ARDrafter(drafter_model, runtime)
+    out = generate_batch(
+        random_prompts(2),
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        batch_size=2,
+        drafter=drafter,
+        policy=SlowPolicy(fake_clock),
+    )
+    rounds = [r for result in out.results.values() for r in result.rounds]
+    assert rounds and all(r.host_ms is not None for r in rounds)
+    # each round's host time is its policies' questions (POLICY_MS each), shared by the requests in it:
+    # over the run, the host ms add up to every question asked, none of the passes' time
+    questions = sum(2 if r.speculation_length else 1 for r in rounds)
+    assert sum(r.host_ms for r in rounds) == pytest.approx(questions * POLICY_MS, abs=1e-6)
+    assert not drafter_model._forward_pre_hooks and not target._forward_pre_hooks  # the clock left nothing
