@@ -20,6 +20,13 @@ on the compiled runtime, the static runner's passes) or else its ``model``. A mo
 
 Nested entry points (a submodule inside a watched model) count once (the outermost), as in
 ``specpolicy.analysis.profiling.ForwardTimer``, the benchmarks' hook timer this mirrors.
+
+On the compiled runtime (``runtime.compile``) only the compiled runners' own entry points are
+watched -- ``(runner, "method")`` pairs whose runner has a true ``compiled`` attribute (the static
+runners' ``run``, ``run_rows``, ``chain``, ``passes``), called from eager Python: a hook on a module
+or a wrapper on a method that a compiled graph calls would be traced into that graph. A compiled
+pass whose runner names no such entry point (DFlash's shared-cache passes, so far) is counted as
+host time there.
 """
 
 from __future__ import annotations
@@ -84,7 +91,7 @@ class PassClock:
     def watch(self, members: Iterable) -> None:
         """Time the passes of ``members`` (``pass_entry_points``); already-watched ones are skipped."""
         for member in members:
-            if member is None:
+            if member is None or (self.runtime.compile and not _compiled_entry(member)):
                 continue
             if isinstance(member, torch.nn.Module):
                 if id(member) in self._hooked:
@@ -153,3 +160,9 @@ class PassClock:
 
 
 _NONE = object()  # a method the instance did not hold itself (its class's)
+
+
+def _compiled_entry(member: Any) -> bool:
+    """Whether ``member`` is a compiled runner's entry point: ``(runner, "method")`` with a true
+    ``runner.compiled`` (never a module: its forward may run inside a compiled graph)."""
+    return isinstance(member, tuple) and len(member) == 2 and bool(getattr(member[0], "compiled", False))

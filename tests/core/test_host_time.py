@@ -189,3 +189,29 @@ def test_a_batched_round_shares_its_host_time_and_copies_leave_unwatched(runtime
     questions = sum(2 if r.speculation_length else 1 for r in rounds)
     assert sum(r.host_ms for r in rounds) == pytest.approx(questions * POLICY_MS, abs=1e-6)
     assert not drafter_model._forward_pre_hooks and not target._forward_pre_hooks  # the clock left nothing
+
+
+def test_the_compiled_runtime_watches_only_the_compiled_runners_entry_points(fake_clock):
+    """A hook or wrapper a compiled graph could call is never installed under ``runtime.compile``."""
+    from specpolicy.core.runtime import Runtime
+
+    model = tiny_lm()
+
+    class Runner:
+        compiled = True
+
+        def run(self, x):
+            fake_clock.advance(PASS_MS)
+            return x
+
+    class Head:
+        def logits(self, x):  # called inside a compiled graph in the real runners
+            return x
+
+    runner, head = Runner(), Head()
+    with passes.PassClock(Runtime(device="cpu", compile=True)) as clock:
+        clock.watch([model, (head, "logits"), (runner, "run")])
+        assert not model._forward_pre_hooks and "logits" not in vars(head) and "run" in vars(runner)
+        runner.run(1)
+        assert clock.take_ms() == pytest.approx(PASS_MS)
+    assert "run" not in vars(runner)
