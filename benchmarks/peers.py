@@ -788,7 +788,7 @@ COLUMNS = (
     (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}", "_lengths", "{}"),
     *figure_columns(("rounds", "drafter_passes_per_round", "lossless")),
     ("oracle fraction (exact replay)", "oracle_fraction", "{:.3f}"),
-    *figure_columns(("modeled_speedup_vs_vanilla",)),
+    *figure_columns(("modeled_speedup_vs_vanilla", "host_ms_per_round", "host_step_share")),
 )
 
 
@@ -1082,6 +1082,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **({"cost_profile": m.policy["cost_profile"]} if m.policy.get("cost_profile") else {}),
             **headline(summary),
             **{k: own[k] for k in ("generated_tokens", "wall_s", "drafter_forward_passes", "draft_ms", "verify_ms")},
+            "host_ms": own.get("host_ms"),  # outside the model passes (RoundRecord.host_ms), summed; None: HF's rows
+            "host_step_profile": summary.get("host_step_profile"),
             "not_lossless": summary.get("not_lossless", {}),
             "modeled_speedup_tuned_profile": (summary.get("modeled") or {})
             .get("speedup_by_profile", {})

@@ -79,6 +79,12 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         self._passes = 0
         self._sampling: SamplingConfig | None = None  # None: greedy
 
+    @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass (``specpolicy.core.passes``): the model's forward and, on the
+        compiled runtime, the static runner's ``run``."""
+        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         n = int(prompt_ids.shape[0])

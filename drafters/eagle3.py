@@ -118,7 +118,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """The entry points of a pass: a tree's root and level passes (``_root_pass``,
         ``_tree_pass``), the head's forward, its fc (called directly on the target's features), its
         ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
-        ``alternatives``, which tree policies ask for) and the target's embeddings. Benchmarks time
+        ``alternatives``, which tree policies ask for), the target's embeddings and, compiled, the
+        static head's ``chain`` and ``passes``. Benchmarks time
         a drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return (
             (self, "_root_pass"),
@@ -129,7 +130,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             (self.model, "top_tokens"),
             (self, "alternatives"),
             self.embed_tokens,
-        )
+        ) + (((self.static, "chain"), (self.static, "passes")) if self.static is not None else ())
 
     @torch.no_grad()
     def prefill(

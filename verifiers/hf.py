@@ -104,6 +104,12 @@ class HFVerifier(Verifier):
         return BatchedHFVerifier.like(self, pad_token_id)
 
     @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a target pass (``specpolicy.core.passes``): the model's forward and,
+        on the compiled runtime, the static runner's ``run``."""
+        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+
+    @property
     def cached_length(self) -> int:
         """Tokens held in the KV cache (the committed sequence minus the pending token)."""
         if self.static is not None:

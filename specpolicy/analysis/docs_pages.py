@@ -71,7 +71,8 @@ def _figure(key: str, fmt: str | None = None) -> Callable[[str, Mapping[str, Any
 
 def peers_columns(results: Mapping[str, Any]) -> list[tuple[str, Callable[[str, Mapping[str, Any]], str]]]:
     """The peer table's columns: ``(title, cell(name, method figures))``; titles and formats from
-    ``FIGURES``."""
+    ``FIGURES``. The host-work columns (``host_ms_per_round``, ``host_step_share``) appear when the
+    results measured them (runs of ``benchmarks/peers.py`` before host time was recorded have none)."""
     f = FIGURES
     tuned = results.get("tuned_profile")
     columns = [
@@ -89,6 +90,15 @@ def peers_columns(results: Mapping[str, Any]) -> list[tuple[str, Callable[[str, 
     ]
     if tuned:
         columns.append((f"MODELED speedup, {tuned}", _figure("modeled_speedup_tuned_profile", "{:.2f}x")))
+    if any(m.get("host_ms_per_round") is not None for m in results["methods"].values()):  # runs that measured it
+        step = next((m.get("host_step_profile") for m in results["methods"].values() if m.get("host_step_profile")), "")
+        columns.append((f["host_ms_per_round"].short, _figure("host_ms_per_round")))
+        columns.append(
+            (
+                f"{f['host_step_share'].short} ({step})" if step else f["host_step_share"].short,
+                _figure("host_step_share"),
+            )
+        )
     return columns
 
 

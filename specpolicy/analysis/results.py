@@ -92,6 +92,7 @@ def round_to_dict(record: RoundRecord) -> dict[str, Any]:
         "reused_tokens": record.reused_tokens,
         "draft_ms": round(record.draft_ms, 3),
         "verify_ms": round(record.verify_ms, 3),
+        **({} if record.host_ms is None else {"host_ms": round(record.host_ms, 4)}),
         "confidences": [round(c, 4) for c in record.confidences],
         "draft_token_ids": list(record.draft_token_ids),
         "target_token_ids": list(record.target_token_ids),
@@ -127,6 +128,7 @@ def round_from_dict(data: Mapping[str, Any], index: int) -> RoundRecord:
         finish_reason=str(data.get("finish_reason") or ""),
         draft_parents=tuple(int(p) for p in data.get("draft_parents") or ()),
         accepted_path=tuple(int(p) for p in data.get("accepted_path") or ()),
+        host_ms=None if data.get("host_ms") is None else float(data["host_ms"]),
     )
 
 

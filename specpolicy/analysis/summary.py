@@ -132,6 +132,15 @@ def summarize(
         per_prompt=per_prompt,
     )
     summary.update(_modeled_and_oracle(results, config))
+    step_ms = profile_from(config).target_ms_per_token
+    for figures in methods.values():  # host work per round against the profile's target step
+        host = figures.get("host_ms_per_round")
+        figures["host_step_share"] = host / step_ms if host is not None and step_ms else None
+    summary.update(
+        host_ms_per_round=spec.get("host_ms_per_round"),
+        host_step_share=spec.get("host_step_share"),
+        host_step_profile=profile_from(config).name,
+    )
     summary["methods"] = methods
     summary["runtime"] = dict(runtime or {})
     summary["config"] = config
@@ -240,6 +249,8 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
         "drafter_passes_per_round",
         "tree_rounds",
         "mean_draft_depth",
+        "host_ms_per_round",
+        "host_step_share",
     ):
         row[key] = spec.get(key)
     row.update(lossless=lossless, lossless_fraction=fraction)

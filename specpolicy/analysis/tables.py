@@ -167,6 +167,8 @@ SUMMARY_KEYS = (
     "rounds",
     "drafted_rounds",
     "drafter_passes_per_round",
+    "host_ms_per_round",
+    "host_step_share",
 )
 #: Rows of the run summary table: (label, key in ``summary["methods"][m]``, format, applies only
 #: to methods that drafted).

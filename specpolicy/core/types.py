@@ -221,6 +221,14 @@ class RoundRecord:
             ``speculation_length`` counts the tree's nodes (tokens verified), ``accepted_length``
             the accepted path, and ``draft_token_ids`` / ``confidences`` are per node.
         accepted_path: a tree's accepted nodes (``Verification.path``; empty for a chain).
+        host_ms: the round's HOST ms: its wall-clock ms (device-timeline span on CUDA) minus the ms
+            of the drafter's and the target's model passes within it (``specpolicy.core.passes``
+            says what a pass is on each device): policy decisions and planning, tree and path
+            searches, n-gram lookups, acceptance, commit and the loop's bookkeeping. A batched
+            round's host ms is shared equally by its requests. None: not measured (rows written
+            before it was, rounds rebuilt from elsewhere). The record a policy's ``update`` reads
+            carries the host ms up to that call; the stored record (``GenerationResult.rounds``,
+            ``on_round``) the whole round's.
     """
 
     index: int
@@ -238,6 +246,7 @@ class RoundRecord:
     finish_reason: str = ""
     draft_parents: tuple[int, ...] = field(default_factory=tuple)
     accepted_path: tuple[int, ...] = field(default_factory=tuple)
+    host_ms: float | None = None
 
     @property
     def is_tree(self) -> bool:
