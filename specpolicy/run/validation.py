@@ -187,6 +187,12 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     _check_batch(config)
+    try:  # policy.acceptance=head: a head for the drafter, runnable here (nothing loaded)
+        from specpolicy.models.acceptance_head import check_acceptance_config
+
+        check_acceptance_config(dict(config))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     run = config.get("run") or {}
     boolean("run.vanilla_baseline", run.get("vanilla_baseline", True))
     integer("run.warmup_prompts", run.get("warmup_prompts", 0), 0)
