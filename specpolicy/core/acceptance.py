@@ -28,8 +28,8 @@ class AcceptanceHead(Protocol):
 
     hidden_size: int
 
-    def acceptance_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(n, H)`` float -> ``(n,) float32`` acceptance probabilities."""
+    def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n, H)`` float (and the tokens' ``(n,)`` confidences) -> ``(n,) float32`` acceptance probabilities."""
 
 
 class ConfidenceAcceptance:
@@ -77,7 +77,10 @@ class HeadAcceptance:
         n = min(n, int(hidden.shape[0]))
         have = 0 if self._cached is None else int(self._cached.shape[0])
         if n > have:
-            new = self.head.acceptance_probs(hidden[have:n]).to(draft.confidences.device)
+            conf = draft.confidences
+            if draft.lookahead_confidences is not None and n > conf.shape[0]:
+                conf = torch.cat([conf[: draft.length - draft.reused_tokens], draft.lookahead_confidences])
+            new = self.head.acceptance_probs(hidden[have:n], conf[have:n]).to(draft.confidences.device)
             self._cached = new if self._cached is None else torch.cat([self._cached, new])
         return None if self._cached is None else self._cached[:n]
 

@@ -177,41 +177,46 @@ def rollout(
 
 
 def train_head(
-    train: tuple[torch.Tensor, torch.Tensor],
-    held: tuple[torch.Tensor, torch.Tensor],
+    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    val: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     *,
     num_layers: int = NUM_LAYERS,
+    inputs: str = "hidden",
     weight: float = MISMATCH_WEIGHT,
     epochs: int = 30,
     batch_size: int = 256,
     lr: float = 1e-3,
     weight_decay: float = 0.01,
     seed: int = 0,
-) -> tuple[Any, list[dict[str, float]]]:
-    """Train an ``AcceptancePredictionHead`` on ``train = (hidden (n, H), labels (n,))`` with the
-    weighted BCE and AdamW (cosine schedule); returns ``(head, curve)``, one curve entry per epoch
-    with the training loss and the held-out loss."""
+) -> tuple[Any, list[dict[str, float]], int]:
+    """Train an ``AcceptancePredictionHead`` on ``train = (hidden (n, H), confidences (n,), labels (n,))``
+    with the weighted BCE and AdamW (cosine schedule), keeping the epoch of least loss on the
+    validation drafts ``val`` (early stopping: the rollouts are small, the head overfits them).
+
+    Returns:
+        ``(head, curve, best epoch)``: one curve entry per epoch, training and validation loss.
+    """
     from specpolicy.models.acceptance_head import AcceptancePredictionHead
 
     torch.manual_seed(seed)
-    x, y = train
-    head = AcceptancePredictionHead(int(x.shape[1]), num_layers)
-    # standardise nothing: the hidden states are a norm's output; start at the data's base rate
-    with torch.no_grad():
+    x, c, y = train
+    head = AcceptancePredictionHead(int(x.shape[1]), num_layers, inputs=inputs)
+    with torch.no_grad():  # start at the data's base rate (under the weighted loss's -log w shift)
         rate = float(y.float().mean().clamp(1e-3, 1 - 1e-3))
         head.out.bias.copy_(torch.tensor([0.0, math.log(rate / (1 - rate)) - math.log(weight)]))
     steps = max(1, epochs * math.ceil(x.shape[0] / batch_size))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     gen = torch.Generator().manual_seed(seed)
-    curve = []
+    curve: list[dict[str, float]] = []
+    best, best_state, best_epoch = float("inf"), None, 0
     for epoch in range(epochs):
         head.train()
         order = torch.randperm(x.shape[0], generator=gen)
         total, seen = 0.0, 0
         for start in range(0, x.shape[0], batch_size):
             idx = order[start : start + batch_size]
-            loss = weighted_bce(head(x[idx]), y[idx], weight)
+            loss = weighted_bce(head(x[idx], c[idx]), y[idx], weight)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -220,9 +225,14 @@ def train_head(
             seen += idx.numel()
         head.eval()
         with torch.no_grad():
-            held_loss = float(weighted_bce(head(held[0]), held[1], weight)) if held[0].shape[0] else float("nan")
-        curve.append({"epoch": epoch + 1, "train_loss": total / max(seen, 1), "held_out_loss": held_loss})
-    return head.eval(), curve
+            val_loss = float(weighted_bce(head(val[0], val[1]), val[2], weight)) if val[0].shape[0] else total / seen
+        curve.append({"epoch": epoch + 1, "train_loss": total / max(seen, 1), "val_loss": val_loss})
+        if val_loss < best:
+            best, best_epoch = val_loss, epoch + 1
+            best_state = {k: v.clone() for k, v in head.state_dict().items()}
+    if best_state is not None:
+        head.load_state_dict(best_state)
+    return head.eval(), curve, best_epoch
 
 
 def _split(rows: list, holdout: float, seed: int) -> tuple[list, list]:
@@ -296,9 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mixing-ratio", type=float, default=MIXING_RATIO, help="r: stop probability per position")
     ap.add_argument("--weight", type=float, default=MISMATCH_WEIGHT, help="mismatch (label 0) weight of the BCE")
     ap.add_argument("--num-layers", type=int, default=NUM_LAYERS)
+    ap.add_argument(
+        "--inputs",
+        choices=("hidden", "hidden+confidence"),
+        default="hidden",
+        help="what the head reads: the hidden state (the paper's) or the hidden state and the token's confidence",
+    )
+    ap.add_argument("--cache", default=None, help="rollout records file: read when it exists, else written")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--holdout", type=float, default=0.2, help="fraction of drafts held out for calibration")
+    ap.add_argument("--val", type=float, default=0.15, help="fraction of training drafts for early stopping")
     ap.add_argument("--no-prior-correction", action="store_true", help="keep the weighted loss's bias (-log w)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (model.safetensors, config.json, training_log.json)")
@@ -316,6 +334,7 @@ def check_args(a: argparse.Namespace) -> None:
         ("--num-layers", a.num_layers >= 0, ">= 0"),
         ("--epochs", a.epochs >= 1, ">= 1"),
         ("--holdout", 0.0 < a.holdout < 1.0, "in (0, 1)"),
+        ("--val", 0.0 <= a.val < 1.0, "in [0, 1)"),
         ("--prompt-offset", a.prompt_offset >= 0, ">= 0"),
     ]
     for flag, ok, accepted in checks:
@@ -334,35 +353,56 @@ def run(a: argparse.Namespace) -> dict:
     check_args(a)
     torch.manual_seed(a.seed)
     started = time.perf_counter()
-    runtime = Runtime.from_config({"device": "cpu", "dtype": "float32"}, seed=a.seed)
-    pm = get_plugin_manager()
-    verifier = make_verifier(pm, {"name": "hf", "model": a.target}, runtime)
+    cache = Path(a.cache) if a.cache else None
     node = drafter_config(a.drafter, a.overrides)
-    drafter = make_drafter(pm, node, runtime, verifier)
-    prompts = load_prompts(a.prompts, verifier.tokenizer, a.prompt_offset, a.num_prompts)
-    rows, missing = rollout(
-        verifier, drafter, runtime, prompts, a.max_new_tokens, a.max_draft, a.mixing_ratio, a.seed
-    )
+    hidden_size = None
+    if cache is not None and cache.is_file():
+        saved = torch.load(cache)
+        rows, missing, hidden_size = saved["rows"], saved["missing"], saved["hidden_size"]
+    else:
+        runtime = Runtime.from_config({"device": "cpu", "dtype": "float32"}, seed=a.seed)
+        pm = get_plugin_manager()
+        verifier = make_verifier(pm, {"name": "hf", "model": a.target}, runtime)
+        drafter = make_drafter(pm, node, runtime, verifier)
+        hidden_size = drafter_hidden_size(drafter)
+        prompts = load_prompts(a.prompts, verifier.tokenizer, a.prompt_offset, a.num_prompts)
+        rows, missing = rollout(
+            verifier, drafter, runtime, prompts, a.max_new_tokens, a.max_draft, a.mixing_ratio, a.seed
+        )
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"rows": rows, "missing": missing, "hidden_size": hidden_size}, cache)
     if not rows:
         raise SystemExit(f"--drafter {a.drafter}: no draft reported its hidden states (Draft.extras['{LAST_HIDDEN}'])")
     rollout_s = time.perf_counter() - started
     train_rows, held_rows = _split(rows, a.holdout, a.seed)
-    xt, ct, yt = _stack(train_rows)
+    fit_rows, val_rows = _split(train_rows, a.val, a.seed + 1)
+    xt, ct, yt = _stack(fit_rows)
     xh, ch, yh = _stack(held_rows)
-    head, curve = train_head(
-        (xt, yt), (xh, yh), num_layers=a.num_layers, weight=a.weight, epochs=a.epochs, lr=a.lr, seed=a.seed
+    head, curve, best_epoch = train_head(
+        (xt, ct, yt),
+        _stack(val_rows),
+        num_layers=a.num_layers,
+        inputs=a.inputs,
+        weight=a.weight,
+        epochs=a.epochs,
+        lr=a.lr,
+        seed=a.seed,
     )
-    raw = head.acceptance_probs(xh).numpy()
+    with torch.no_grad():
+        held_loss = float(weighted_bce(head(xh, ch), yh, a.weight))
+    raw = head.acceptance_probs(xh, ch).numpy()
     if not a.no_prior_correction:
         with torch.no_grad():
             head.out.bias[1] += math.log(a.weight)
-    probs = head.acceptance_probs(xh).numpy()
+    probs = head.acceptance_probs(xh, ch).numpy()
     metrics = {
         "head": calibration(probs, yh.numpy()),
         "head_uncorrected": calibration(raw, yh.numpy()),
         "confidence": calibration(ch.numpy(), yh.numpy()),
         "held_out_tokens": int(yh.numel()),
         "held_out_acceptance": float(yh.mean()),
+        "held_out_weighted_bce": held_loss,
     }
     settings = {
         "target": a.target,
@@ -374,6 +414,9 @@ def run(a: argparse.Namespace) -> dict:
         "mixing_ratio": a.mixing_ratio,
         "mismatch_weight": a.weight,
         "epochs": a.epochs,
+        "best_epoch": best_epoch,
+        "inputs": a.inputs,
+        "val": a.val,
         "lr": a.lr,
         "optimizer": "AdamW (weight decay 0.01, cosine)",
         "holdout": a.holdout,
@@ -383,7 +426,7 @@ def run(a: argparse.Namespace) -> dict:
     }
     head.metadata = {
         "drafter": a.drafter,
-        "drafter_hidden_size": drafter_hidden_size(drafter) or int(xt.shape[1]),
+        "drafter_hidden_size": hidden_size or int(xt.shape[1]),
         "training": settings,
         "calibration": metrics,
     }
@@ -392,7 +435,7 @@ def run(a: argparse.Namespace) -> dict:
         "kind": "acceptance-head",
         "drafter": a.drafter,
         "settings": settings,
-        "drafts": {"train": len(train_rows), "held_out": len(held_rows), "without_hidden": missing},
+        "drafts": {"train": len(fit_rows), "val": len(val_rows), "held_out": len(held_rows), "without_hidden": missing},
         "tokens": {"train": int(yt.numel()), "held_out": int(yh.numel())},
         "curve": curve,
         "held_out_calibration": metrics,

@@ -8,8 +8,14 @@ rejected exceeds a threshold (``policies/specdecpp.py``). Reference code: Kaffal
 the blocks, then ``Linear(hidden, 2)``). One deliberate difference: the reference builds its blocks as
 ``[ResBlock(h)] * num_layers``, the SAME block repeated (shared weights); here each block has its own.
 
+An addition of this testbed, off by default (``inputs="hidden"``, the paper's): ``inputs=
+"hidden+confidence"`` appends the drafter's confidence of the token (its max probability) to the
+hidden state as one more input column, so the head starts from the estimate the policies used before
+(the bundled drafters' hidden-only heads lose to the raw confidence on held-out drafts where the
+confidence is already well calibrated: the small MLP does not recover a softmax over the vocabulary).
+
 On disk (a directory): ``model.safetensors`` (the weights) and ``config.json`` -- ``hidden_size``,
-``num_layers``, ``drafter`` (the drafter's name), ``drafter_hidden_size``, ``training`` (the settings)
+``num_layers``, ``inputs``, ``drafter`` (the drafter's name), ``drafter_hidden_size``, ``training`` (the settings)
 and ``calibration`` (held-out metrics), written by ``save_head`` and read by ``load_head``.
 """
 
@@ -22,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+#: Values of ``inputs``: what the head reads (module docstring).
+INPUTS = ("hidden", "hidden+confidence")
 #: Files of a saved head.
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -45,28 +53,46 @@ class AcceptancePredictionHead(nn.Module):
         hidden_size: H, the drafter's hidden size (>= 1).
         num_layers: residual blocks (>= 0; SpecDec++'s best: 3).
         metadata: what ``config.json`` records beside the shape (drafter, training, calibration).
+        inputs: ``"hidden"`` (the paper's) or ``"hidden+confidence"`` (module docstring): the blocks
+            are ``H`` or ``H + 1`` wide.
     Raises:
-        ValueError: for a size out of range.
+        ValueError: for a size out of range or unknown ``inputs``.
     """
 
-    def __init__(self, hidden_size: int, num_layers: int = 3, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, hidden_size: int, num_layers: int = 3, metadata: dict[str, Any] | None = None, inputs: str = "hidden"
+    ) -> None:
         super().__init__()
-        if hidden_size < 1 or num_layers < 0:
-            raise ValueError(f"hidden_size must be >= 1 and num_layers >= 0, got {hidden_size}, {num_layers}")
-        self.hidden_size, self.num_layers = int(hidden_size), int(num_layers)
-        self.blocks = nn.Sequential(*(ResidualBlock(hidden_size) for _ in range(num_layers)))
-        self.out = nn.Linear(hidden_size, 2)
+        if hidden_size < 1 or num_layers < 0 or inputs not in INPUTS:
+            raise ValueError(
+                f"hidden_size must be >= 1, num_layers >= 0 and inputs one of {INPUTS}, got {hidden_size}, {num_layers}, {inputs!r}"
+            )
+        self.hidden_size, self.num_layers, self.inputs = int(hidden_size), int(num_layers), inputs
+        width = hidden_size + (inputs == "hidden+confidence")
+        self.blocks = nn.Sequential(*(ResidualBlock(width) for _ in range(num_layers)))
+        self.out = nn.Linear(width, 2)
         self.metadata: dict[str, Any] = dict(metadata or {})
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(n, H)`` float -> ``(n, 2)`` logits (index 1: accepted), in the head's dtype."""
-        return self.out(self.blocks(hidden.to(self.out.weight.dtype)))
+    @property
+    def reads_confidence(self) -> bool:
+        """True when the head takes the token's confidence beside its hidden state."""
+        return self.inputs == "hidden+confidence"
+
+    def forward(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n, H)`` float (and ``(n,)`` confidences when ``reads_confidence``) -> ``(n, 2)`` logits
+        (index 1: accepted), in the head's dtype. Raises ValueError when confidences are missing."""
+        x = hidden.to(self.out.weight.dtype)
+        if self.reads_confidence:
+            if confidences is None:
+                raise ValueError("this acceptance head reads the confidences too (inputs='hidden+confidence')")
+            x = torch.cat([x, confidences.to(x.dtype).reshape(-1, 1)], dim=-1)
+        return self.out(self.blocks(x))
 
     @torch.no_grad()
-    def acceptance_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(n, H)`` float -> ``(n,) float32``: softmax(logits)[:, 1], each drafted token's predicted
-        probability of acceptance, in [0, 1]."""
-        return torch.softmax(self(hidden).float(), dim=-1)[:, 1]
+    def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
+        """``(n, H)`` float (and ``(n,)`` confidences when ``reads_confidence``) -> ``(n,) float32``:
+        softmax(logits)[:, 1], each drafted token's predicted probability of acceptance, in [0, 1]."""
+        return torch.softmax(self(hidden, confidences).float(), dim=-1)[:, 1]
 
 
 def save_head(head: AcceptancePredictionHead, directory: str | Path) -> Path:
@@ -77,7 +103,7 @@ def save_head(head: AcceptancePredictionHead, directory: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().contiguous().cpu() for k, v in head.state_dict().items()}
     save_file(state, str(out / WEIGHTS_FILE))
-    config = {"hidden_size": head.hidden_size, "num_layers": head.num_layers, **head.metadata}
+    config = {"hidden_size": head.hidden_size, "num_layers": head.num_layers, "inputs": head.inputs, **head.metadata}
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -126,8 +152,8 @@ def load_head(
 
     config = read_head_config(directory, key)
     check_head_fits(config, drafter_hidden_size, key, str(directory))
-    metadata = {k: v for k, v in config.items() if k not in ("hidden_size", "num_layers")}
-    head = AcceptancePredictionHead(config["hidden_size"], config["num_layers"], metadata)
+    metadata = {k: v for k, v in config.items() if k not in ("hidden_size", "num_layers", "inputs")}
+    head = AcceptancePredictionHead(config["hidden_size"], config["num_layers"], metadata, config.get("inputs", "hidden"))
     head.load_state_dict(load_file(str(Path(directory) / WEIGHTS_FILE)))
     return head.to(device).eval()
 

@@ -53,6 +53,7 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
         validate_plugin_config(pm, group, str(node.pop("name")), node, config)
     for name, node in (config.get("logger") or {}).items():
         validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
+    _check_acceptance(config)
     return _check_dataset(config.get("dataset") or {})
 
 
@@ -187,12 +188,6 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     _check_batch(config)
-    try:  # policy.acceptance=head: a head for the drafter, runnable here (nothing loaded)
-        from specpolicy.models.acceptance_head import check_acceptance_config
-
-        check_acceptance_config(dict(config))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
     run = config.get("run") or {}
     boolean("run.vanilla_baseline", run.get("vanilla_baseline", True))
     integer("run.warmup_prompts", run.get("warmup_prompts", 0), 0)
@@ -214,6 +209,17 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
         raise ConfigError(str(message)) from exc
+
+
+def _check_acceptance(config: Mapping[str, Any]) -> None:
+    """``policy.acceptance=head``: a head for the drafter, runnable here (nothing loaded;
+    ``specpolicy.models.acceptance_head.check_acceptance_config``)."""
+    from specpolicy.models.acceptance_head import check_acceptance_config
+
+    try:
+        check_acceptance_config(dict(config))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
