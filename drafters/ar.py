@@ -228,7 +228,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         """The round's draft so far (q rows when sampling; ``extras[LAST_HIDDEN]`` when ``report_hidden``
         and every drafted token's pass ran alone, eagerly)."""
         probs = torch.cat(self._probs) if self._probs else None
-        extras = {LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden and len(self._hidden) == len(self._tokens) else {}
+        extras = (
+            {LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden and len(self._hidden) == len(self._tokens) else {}
+        )
         return Draft(
             torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs, extras=extras
         )

@@ -93,7 +93,9 @@ class FailFastPolicy(LengthPolicy):
         self.confidence_scope = confidence_scope
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
         if self.acceptance_choice.wants_head and confidence_scope != "draft":
-            raise ValueError(f"policy.acceptance=head reads draft tokens: policy.confidence_scope must be draft, got {confidence_scope!r}")
+            raise ValueError(
+                f"policy.acceptance=head reads draft tokens: policy.confidence_scope must be draft, got {confidence_scope!r}"
+            )
 
     def next_length(self, draft: Draft) -> int:
         k = draft.length

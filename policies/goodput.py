@@ -86,9 +86,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
-from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl

@@ -163,7 +163,14 @@ def calibration(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 
 def rollout(
-    verifier, drafter, runtime, prompts: list[torch.Tensor], max_new_tokens: int, max_draft: int, ratio: float, seed: int
+    verifier,
+    drafter,
+    runtime,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int,
+    max_draft: int,
+    ratio: float,
+    seed: int,
 ) -> tuple[list, int]:
     """Decode ``prompts`` greedily with ``drafter`` and ``MixingLengths``; returns ``(rows per draft, drafts without hidden states)``."""
     from specpolicy.core.decoding import generate
@@ -174,6 +181,19 @@ def rollout(
     for prompt in prompts:
         generate(prompt, verifier, runtime, max_new_tokens=max_new_tokens, drafter=drafter, policy=policy)
     return recorder.rows, recorder.missing
+
+
+@torch.no_grad()
+def start_as_confidence(head, weight: float) -> None:
+    """Initialise a ``hidden+confidence`` head as the confidence itself: residual blocks zero (the
+    identity), output logit = the confidence's logit - log ``weight`` (the weighted loss's optimum
+    shift, undone by the prior correction after training)."""
+    for block in head.blocks:
+        block.linear.weight.zero_()
+        block.linear.bias.zero_()
+    head.out.weight.zero_()
+    head.out.weight[1, -1] = 1.0
+    head.out.bias.copy_(torch.tensor([0.0, -math.log(weight)]))
 
 
 def train_head(
@@ -201,9 +221,12 @@ def train_head(
     torch.manual_seed(seed)
     x, c, y = train
     head = AcceptancePredictionHead(int(x.shape[1]), num_layers, inputs=inputs)
-    with torch.no_grad():  # start at the data's base rate (under the weighted loss's -log w shift)
-        rate = float(y.float().mean().clamp(1e-3, 1 - 1e-3))
-        head.out.bias.copy_(torch.tensor([0.0, math.log(rate / (1 - rate)) - math.log(weight)]))
+    with torch.no_grad():
+        if head.reads_confidence:
+            start_as_confidence(head, weight)
+        else:  # start at the data's base rate (under the weighted loss's -log w shift)
+            rate = float(y.float().mean().clamp(1e-3, 1 - 1e-3))
+            head.out.bias.copy_(torch.tensor([0.0, math.log(rate / (1 - rate)) - math.log(weight)]))
     steps = max(1, epochs * math.ceil(x.shape[0] / batch_size))
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
@@ -298,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("overrides", nargs="*", help="drafter settings KEY=VALUE (e.g. model=/models/my-drafter)")
     ap.add_argument("--drafter", required=True, help="drafter name (ar, eagle3, dflash, dart, falcon, or a plugin's)")
     ap.add_argument("--target", default="target", help="the target: bundled name or local directory")
-    ap.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL training prompts (never the benchmarks' test set)")
+    ap.add_argument(
+        "--prompts", default=DEFAULT_PROMPTS, help="JSONL training prompts (never the benchmarks' test set)"
+    )
     ap.add_argument("--prompt-offset", type=int, default=0, help="first prompt row used")
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")

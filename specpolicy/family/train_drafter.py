@@ -540,7 +540,11 @@ def main(argv: list[str] | None = None) -> dict:
     """CLI entry point; ``acceptance-head`` (first argument, or ``--kind acceptance-head``) trains
     SpecDec++'s acceptance head for a drafter (``specpolicy.family.train_acceptance_head``)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == [ACCEPTANCE_HEAD] or args[:2] == ["--kind", ACCEPTANCE_HEAD] or f"--kind={ACCEPTANCE_HEAD}" in args[:1]:
+    if (
+        args[:1] == [ACCEPTANCE_HEAD]
+        or args[:2] == ["--kind", ACCEPTANCE_HEAD]
+        or f"--kind={ACCEPTANCE_HEAD}" in args[:1]
+    ):
         from specpolicy.family.train_acceptance_head import main as train_head
 
         return train_head(args[2:] if args[0] == "--kind" else args[1:])

@@ -85,7 +85,8 @@ class AcceptancePredictionHead(nn.Module):
         if self.reads_confidence:
             if confidences is None:
                 raise ValueError("this acceptance head reads the confidences too (inputs='hidden+confidence')")
-            x = torch.cat([x, confidences.to(x.dtype).reshape(-1, 1)], dim=-1)
+            conf = confidences.to(x.dtype).reshape(-1, 1).clamp(1e-6, 1 - 1e-6)
+            x = torch.cat([x, torch.log(conf) - torch.log1p(-conf)], dim=-1)  # the confidence's logit
         return self.out(self.blocks(x))
 
     @torch.no_grad()
@@ -153,7 +154,9 @@ def load_head(
     config = read_head_config(directory, key)
     check_head_fits(config, drafter_hidden_size, key, str(directory))
     metadata = {k: v for k, v in config.items() if k not in ("hidden_size", "num_layers", "inputs")}
-    head = AcceptancePredictionHead(config["hidden_size"], config["num_layers"], metadata, config.get("inputs", "hidden"))
+    head = AcceptancePredictionHead(
+        config["hidden_size"], config["num_layers"], metadata, config.get("inputs", "hidden")
+    )
     head.load_state_dict(load_file(str(Path(directory) / WEIGHTS_FILE)))
     return head.to(device).eval()
 
@@ -206,7 +209,9 @@ def check_acceptance_config(config: dict[str, Any]) -> None:
             "report: use runtime.compile=false or policy.acceptance=confidence"
         )
     if int((config.get("generation") or {}).get("batch_size", 1)) != 1:
-        raise ValueError("policy.acceptance=head runs with generation.batch_size=1 (the batched loop reports no hidden states)")
+        raise ValueError(
+            "policy.acceptance=head runs with generation.batch_size=1 (the batched loop reports no hidden states)"
+        )
     drafter = config.get("drafter") or {}
     path = policy.get("acceptance_head")
     where = Path(str(path)).expanduser() if path is not None else default_head_dir(drafter)
@@ -239,7 +244,9 @@ def wire_acceptance(policy: Any, drafter: Any, drafter_config: dict[str, Any]) -
         return False
     where = choice.head_path if choice.head_path is not None else default_head_dir(drafter_config)
     if where is None:
-        raise ValueError(f"policy.acceptance=head: drafter {drafter_config.get('name')!r} has no acceptance head; set {HEAD_KEY}=DIR")
+        raise ValueError(
+            f"policy.acceptance=head: drafter {drafter_config.get('name')!r} has no acceptance head; set {HEAD_KEY}=DIR"
+        )
     size = getattr(getattr(getattr(drafter, "model", None), "config", None), "hidden_size", None)
     device = getattr(getattr(drafter, "runtime", None), "torch_device", "cpu")
     choice.use_head(load_head(where, size if isinstance(size, int) else None, HEAD_KEY, device))

@@ -138,7 +138,9 @@ def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tupl
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
-    wire_acceptance(policy, drafter, container["drafter"])  # policy.acceptance=head: its head, the drafter's hidden states
+    wire_acceptance(
+        policy, drafter, container["drafter"]
+    )  # policy.acceptance=head: its head, the drafter's hidden states
     if runtime.compile:  # compilation happened while the models were built: reported apart from tokens/s
         print(
             f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (the models' compilation; summary.json runtime.warmup_s)"

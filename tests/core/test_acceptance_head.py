@@ -11,6 +11,17 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
+
+from specpolicy.core.acceptance import AcceptanceChoice, HeadAcceptance
+from specpolicy.core.decoding import generate
+from specpolicy.core.errors import ConfigError
+from specpolicy.core.types import LAST_HIDDEN, Draft
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.family.train_acceptance_head import brier, ece, roc_auc, weighted_bce
+from specpolicy.models.acceptance_head import AcceptancePredictionHead, load_head, save_head
+from specpolicy.policies.failfast import FailFastPolicy
+from specpolicy.policies.goodput import GoodputPolicy
+from specpolicy.policies.specdecpp import SpecDecPPPolicy
 from test_sampling import (
     ALPHA,
     FEATURE_PROMPT,
@@ -25,17 +36,6 @@ from test_sampling import (
     run_counts,
     runtime,  # noqa: F401 - the fixture
 )
-
-from specpolicy.core.acceptance import AcceptanceChoice, HeadAcceptance
-from specpolicy.core.decoding import generate
-from specpolicy.core.errors import ConfigError
-from specpolicy.core.types import LAST_HIDDEN, Draft
-from specpolicy.drafters.ar import ARDrafter
-from specpolicy.family.train_acceptance_head import brier, ece, roc_auc, weighted_bce
-from specpolicy.models.acceptance_head import AcceptancePredictionHead, load_head, save_head
-from specpolicy.policies.failfast import FailFastPolicy
-from specpolicy.policies.goodput import GoodputPolicy
-from specpolicy.policies.specdecpp import SpecDecPPPolicy
 
 # -- the head ----------------------------------------------------------------------------------
 
@@ -64,10 +64,26 @@ def test_save_load_round_trip_and_hidden_size_check(tmp_path):
     again = load_head(tmp_path / "h", drafter_hidden_size=8)
     x = torch.randn(4, 8)
     assert torch.equal(again.acceptance_probs(x), head.acceptance_probs(x))
-    with pytest.raises(ValueError, match=r"^policy\.acceptance_head=.*hidden size 8, but the drafter's hidden size is 16"):
+    with pytest.raises(
+        ValueError, match=r"^policy\.acceptance_head=.*hidden size 8, but the drafter's hidden size is 16"
+    ):
         load_head(tmp_path / "h", drafter_hidden_size=16)
     with pytest.raises(ValueError, match=r"^policy\.acceptance_head=.*holds no acceptance head"):
         load_head(tmp_path / "nothing")
+
+
+def test_a_confidence_reading_head_starts_as_the_confidence():
+    from specpolicy.family.train_acceptance_head import start_as_confidence
+
+    head = AcceptancePredictionHead(8, 3, inputs="hidden+confidence")
+    assert head.blocks[0].linear.in_features == 9
+    start_as_confidence(head, 6.0)
+    with torch.no_grad():
+        head.out.bias[1] += math.log(6.0)  # the trainer's prior correction
+    conf = torch.tensor([0.1, 0.5, 0.93, 0.999])
+    assert torch.allclose(head.acceptance_probs(torch.randn(4, 8), conf), conf, atol=1e-5)
+    with pytest.raises(ValueError, match="reads the confidences too"):
+        head(torch.randn(4, 8))
 
 
 # -- loss and metrics against hand-computed values ---------------------------------------------
@@ -228,7 +244,9 @@ def test_hidden_states_are_what_the_lm_head_reads_and_change_nothing(models, run
         drafter.commit = record
         policy = FailFastPolicy(n=2, tau=0.0, n_max=4)
         out = generate(prompt, verifier, runtime, max_new_tokens=12, drafter=drafter, policy=policy)
-        verifier_outputs.append((out.output_ids.tolist(), [(d.token_ids.tolist(), d.confidences.tolist()) for d in seen]))
+        verifier_outputs.append(
+            (out.output_ids.tolist(), [(d.token_ids.tolist(), d.confidences.tolist()) for d in seen])
+        )
         for d in seen:
             assert (LAST_HIDDEN in d.extras) == report
             if report:
@@ -293,8 +311,14 @@ def _validate(overrides: list[str]) -> None:
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["drafter=suffix", "policy=specdecpp", "policy.acceptance=head"], r"^policy.acceptance=head: drafter 'suffix'"),
-        (["drafter=ar", "policy=specdecpp", "policy.acceptance=head", "policy.h=1.0"], r"^policy.h must be in \(0, 1\)"),
+        (
+            ["drafter=suffix", "policy=specdecpp", "policy.acceptance=head"],
+            r"^policy.acceptance=head: drafter 'suffix'",
+        ),
+        (
+            ["drafter=ar", "policy=specdecpp", "policy.acceptance=head", "policy.h=1.0"],
+            r"^policy.h must be in \(0, 1\)",
+        ),
         (["drafter=ar", "policy=specdecpp", "policy.min_length=5", "policy.max_length=3"], r"^policy.max_length"),
         (["drafter=ar", "policy=specdecpp", "policy.acceptance=head", "runtime.compile=true"], r"compiled runtime"),
     ],
@@ -307,8 +331,15 @@ def test_bad_head_settings_are_one_line_before_models_load(overrides, message):
 
 def test_a_head_of_another_hidden_size_is_refused_before_models_load(tmp_path):
     save_head(AcceptancePredictionHead(8, 1, {"drafter": "ar"}), tmp_path / "head")
-    overrides = ["drafter=ar", "policy=specdecpp", "policy.acceptance=head", f"policy.acceptance_head={tmp_path / 'head'}"]
-    with pytest.raises(ConfigError, match=r"^policy.acceptance_head=.*hidden size 8, but the drafter's hidden size is 192"):
+    overrides = [
+        "drafter=ar",
+        "policy=specdecpp",
+        "policy.acceptance=head",
+        f"policy.acceptance_head={tmp_path / 'head'}",
+    ]
+    with pytest.raises(
+        ConfigError, match=r"^policy.acceptance_head=.*hidden size 8, but the drafter's hidden size is 192"
+    ):
         _validate(overrides)
 
 
@@ -320,3 +351,48 @@ def test_choice_copies_share_the_head():
     choice.use_head(head)
     clone = copy.deepcopy(choice)
     assert clone.estimate.head is head and clone.wants_head
+
+
+#: The presets that read the bundled heads (``conf/method/``); the first runs in the fast subset.
+HEAD_PRESETS = (
+    "ar+specdecpp-head",
+    "ar+goodput-head",
+    "eagle3+specdecpp-head",
+    "eagle3+goodput-head",
+    "dflash+specdecpp-head",
+    "dflash+failfast-head",
+)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.family.tokenizer import encode_prompt
+    from specpolicy.plugins.manager import get_plugin_manager, make_verifier
+
+    rt = Runtime.from_config({"device": "cpu", "dtype": "float32"}, seed=0)
+    pm = get_plugin_manager(autoload=False)
+    verifier = make_verifier(pm, {"name": "hf", "model": "target"}, rt)
+    questions = ["Sam has 5 pens and gives away 2. How many are left?", "What is 12 times 7?"]
+    prompts = [torch.tensor(encode_prompt(verifier.tokenizer, q)) for q in questions]
+    vanilla = [generate(p, verifier, rt, max_new_tokens=32).output_ids.tolist() for p in prompts]
+    return pm, rt, verifier, prompts, vanilla
+
+
+@pytest.mark.parametrize(
+    "preset", [p if i == 0 else pytest.param(p, marks=pytest.mark.slow) for i, p in enumerate(HEAD_PRESETS)]
+)
+def test_head_presets_are_lossless_greedy_on_the_bundled_family(bundled, preset):
+    from specpolicy.models.acceptance_head import wire_acceptance
+    from specpolicy.plugins.manager import make_drafter, make_policy
+
+    pm, rt, verifier, prompts, vanilla = bundled
+    config = _config([f"method={preset}"])
+    _validate([f"method={preset}"])  # the bundled head is found and fits, before any model loads
+    drafter = make_drafter(pm, config["drafter"], rt, verifier)
+    policy = make_policy(pm, config["policy"])
+    assert wire_acceptance(policy, drafter, config["drafter"]) and drafter.report_hidden
+    for prompt, ref in zip(prompts, vanilla):
+        out = generate(prompt, verifier, rt, max_new_tokens=32, drafter=drafter, policy=policy)
+        assert out.output_ids.tolist() == ref
+        assert any(r.speculation_length for r in out.rounds)
