@@ -159,6 +159,27 @@ def calibration(probs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     return {"ece": ece(probs, labels), "brier": brier(probs, labels), "auc": roc_auc(probs, labels)}
 
 
+def by_distance(head: np.ndarray, confidence: np.ndarray, labels: np.ndarray, distance: np.ndarray) -> list[dict]:
+    """Calibration by draft position (distance d = 1, 2, ... from the committed sequence): per d, the
+    tokens, their acceptance rate, and ECE and Brier of the head and of the raw confidence (the
+    diagnostics' calibration by distance, ``specpolicy.family.diagnostics``, for the head)."""
+    rows = []
+    for d in np.unique(distance).astype(int).tolist():
+        m = distance == d
+        rows.append(
+            {
+                "distance": d,
+                "tokens": int(m.sum()),
+                "acceptance": float(labels[m].mean()),
+                "head_ece": ece(head[m], labels[m]),
+                "head_brier": brier(head[m], labels[m]),
+                "confidence_ece": ece(confidence[m], labels[m]),
+                "confidence_brier": brier(confidence[m], labels[m]),
+            }
+        )
+    return rows
+
+
 # -- data and training -----------------------------------------------------------------------------
 
 
@@ -421,8 +442,10 @@ def run(a: argparse.Namespace) -> dict:
         with torch.no_grad():
             head.out.bias[1] += math.log(a.weight)
     probs = head.acceptance_probs(xh, ch).numpy()
+    distance = np.concatenate([np.arange(1, r[2].numel() + 1) for r in held_rows]) if held_rows else np.zeros(0)
     metrics = {
         "head": calibration(probs, yh.numpy()),
+        "by_distance": by_distance(probs, ch.numpy(), yh.numpy(), distance),
         "head_uncorrected": calibration(raw, yh.numpy()),
         "confidence": calibration(ch.numpy(), yh.numpy()),
         "held_out_tokens": int(yh.numel()),

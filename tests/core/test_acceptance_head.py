@@ -104,6 +104,12 @@ def test_ece_brier_auc_by_hand():
     assert ece(p, y) == pytest.approx((0.1 + 0.4 + 0.65 + 0.2) / 4)  # one token per bin
     assert ece(np.array([0.9, 0.92]), np.array([1, 0])) == pytest.approx(0.41)  # one bin: |0.5 - 0.91|
     assert roc_auc(np.array([0.5, 0.5]), np.array([1, 0])) == pytest.approx(0.5)  # a tie
+    from specpolicy.family.train_acceptance_head import by_distance
+
+    rows = by_distance(p, np.array([0.9, 0.9, 0.9, 0.9]), y, np.array([1, 2, 1, 2]))
+    assert [r["distance"] for r in rows] == [1, 2] and [r["tokens"] for r in rows] == [2, 2]
+    assert rows[0]["head_brier"] == pytest.approx((0.01 + 0.4225) / 2)  # distance 1: p 0.1 (0), 0.35 (1)
+    assert rows[1]["confidence_ece"] == pytest.approx(abs(0.5 - 0.9))  # distance 2: one bin, accuracy 1/2
 
 
 # -- the policies' head rule -------------------------------------------------------------------
