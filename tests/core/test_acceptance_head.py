@@ -402,3 +402,35 @@ def test_head_presets_are_lossless_greedy_on_the_bundled_family(bundled, preset)
         out = generate(prompt, verifier, rt, max_new_tokens=32, drafter=drafter, policy=policy)
         assert out.output_ids.tolist() == ref
         assert any(r.speculation_length for r in out.rounds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dart", "falcon"])
+def test_bundled_dart_and_falcon_report_what_their_lm_head_reads_and_stay_lossless(bundled, name):
+    from specpolicy.models.acceptance_head import wire_acceptance
+    from specpolicy.plugins.manager import make_drafter, make_policy
+
+    pm, rt, verifier, prompts, vanilla = bundled
+    config = _config([f"drafter={name}", "policy=specdecpp", "policy.acceptance=head", "policy.h=0.8"])
+    drafter = make_drafter(pm, config["drafter"], rt, verifier)
+    policy = make_policy(pm, config["policy"])
+    assert wire_acceptance(policy, drafter, config["drafter"])
+    seen = []
+
+    def record(d, v, _commit=drafter.commit):
+        seen.append(d)
+        _commit(d, v)
+
+    drafter.commit = record
+    lm_head = drafter.model.lm_head if name == "dart" else drafter.lm_head  # DART: lm_head(norm(out))
+    for prompt, ref in zip(prompts, vanilla):
+        assert (
+            generate(prompt, verifier, rt, max_new_tokens=32, drafter=drafter, policy=policy).output_ids.tolist() == ref
+        )
+    assert seen
+    for d in seen:
+        hidden = d.extras[LAST_HIDDEN]
+        assert hidden.shape[0] == d.length + d.lookahead
+        with torch.no_grad():
+            logits = lm_head(hidden[: d.length])
+        assert torch.allclose(torch.softmax(logits.float(), -1).max(-1).values, d.confidences.float(), atol=1e-5)
