@@ -36,7 +36,6 @@ def test_bad_option_is_one_line(tmp_path):
         main(["acceptance-head", "--drafter", "ar", "--mixing-ratio", "1.5", "--out", str(tmp_path / "h")])
 
 
-@pytest.mark.slow
 def test_tiny_training_writes_a_head_the_run_loads(tmp_path):
     out = tmp_path / "head"
     args = ["--drafter", "ar", "--prompts", str(_prompts(tmp_path)), "--num-prompts", "2", "--max-new-tokens", "24"]
