@@ -362,10 +362,13 @@ def test_choice_copies_share_the_head():
 #: The presets that read the bundled heads (``conf/method/``); the first runs in the fast subset.
 HEAD_PRESETS = (
     "ar+specdecpp-head",
+    "ar+specdecpp-head-tuned",
     "ar+goodput-head",
     "eagle3+specdecpp-head",
+    "eagle3+specdecpp-head-tuned",
     "eagle3+goodput-head",
     "dflash+specdecpp-head",
+    "dflash+specdecpp-head-tuned",
     "dflash+failfast-head",
 )
 
