@@ -450,7 +450,7 @@ def run(a: argparse.Namespace) -> dict:
             head.out.bias[1] += math.log(a.weight)
     probs = head.acceptance_probs(xh, ch).numpy()
     distance = np.concatenate([np.arange(1, r[2].numel() + 1) for r in held_rows]) if held_rows else np.zeros(0)
-    metrics = {
+    metrics: dict[str, Any] = {
         "head": calibration(probs, yh.numpy()),
         "by_distance": by_distance(probs, ch.numpy(), yh.numpy(), distance),
         "head_uncorrected": calibration(raw, yh.numpy()),
