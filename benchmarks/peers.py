@@ -95,6 +95,7 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.data.datasets import load_prompts
+from specpolicy.models.acceptance_head import wire_acceptance
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
@@ -395,8 +396,15 @@ class Bench:
             key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
             self.drafters.register(key, self._drafter_factory(spec.drafter, spec.drafter_settings))
         model = self.drafters[key]  # loaded now, outside any timed call
+        # policy.acceptance=head: its head loaded for this drafter; the shared drafter reports its hidden
+        # states only for the methods that read them
+        settings = dict(_conf("drafter", spec.drafter))
+        if getattr(self.args, f"{spec.drafter}_drafter", None):  # the bench's own model of that drafter
+            settings["model"] = getattr(self.args, f"{spec.drafter}_drafter")
+        hidden = wire_acceptance(policy, model, {**settings, **(spec.drafter_settings or {})})
 
         def run(ids):
+            model.report_hidden = hidden
             return generate(
                 ids,
                 self.verifier,

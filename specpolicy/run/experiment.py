@@ -38,6 +38,7 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.stopping import StopStrings, config_strings, never_matching
+from specpolicy.models.acceptance_head import wire_acceptance
 from specpolicy.models.memory import peak_memory
 from specpolicy.plugins.manager import (
     blame,
@@ -138,6 +139,9 @@ def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tupl
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
+    wire_acceptance(
+        policy, drafter, container["drafter"]
+    )  # policy.acceptance=head: its head, the drafter's hidden states
     if runtime.compile:  # compilation happened while the models were built: reported apart from tokens/s
         print(
             f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (the models' compilation; summary.json runtime.warmup_s)"

@@ -53,6 +53,7 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
         validate_plugin_config(pm, group, str(node.pop("name")), node, config)
     for name, node in (config.get("logger") or {}).items():
         validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
+    _check_acceptance(config)
     prompts = _check_dataset(config.get("dataset") or {})
     _check_memory(config, prompts)
     return prompts
@@ -272,6 +273,16 @@ def _config_json(model: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+def _check_acceptance(config: Mapping[str, Any]) -> None:
+    """``policy.acceptance=head``: a head for the drafter, runnable here (nothing loaded;
+    ``specpolicy.models.acceptance_head.check_acceptance_config``)."""
+    from specpolicy.models.acceptance_head import check_acceptance_config
+
+    try:
+        check_acceptance_config(dict(config))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _check_compiled_target(verifier: Mapping[str, Any]) -> None:

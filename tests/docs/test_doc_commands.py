@@ -872,6 +872,17 @@ def _train_drafter(command: Command, h: Harness) -> None:
     assert check_args(args)["num_hidden_layers"] >= 1
 
 
+def _train_acceptance_head(command: Command, h: Harness) -> None:
+    """The rollouts take minutes (tests/family/test_train_acceptance_head.py trains a tiny head): the
+    command's arguments are parsed by the trainer's own parser."""
+    from specpolicy.family.train_acceptance_head import build_parser
+
+    args = _args(command, "python -m specpolicy.family.train_drafter")
+    assert args[0] == "acceptance-head"
+    parsed = build_parser().parse_args(args[1:])
+    assert parsed.drafter and parsed.out
+
+
 def _family(command: Command, h: Harness) -> None:
     """Training takes about two hours on GSM8K train (../shared/data); the arguments are checked by
     the pipeline's parser (tests/family/test_family.py trains a tiny family)."""
@@ -1005,6 +1016,11 @@ RULES = [
         rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
         "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"}),
+    ),
+    Rule(
+        r"bash: python -m specpolicy\.family\.train_drafter acceptance-head .*",
+        "arguments parsed by the trainer's parser (tests/family/test_train_acceptance_head.py trains a tiny head)",
+        _train_acceptance_head,
     ),
     Rule(
         r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",
