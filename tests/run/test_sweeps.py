@@ -290,7 +290,7 @@ def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, poli
         if method.startswith("diffuspec"):  # the path search on, one refinement pass over fastdllm's block
             cfg = compose("config", overrides=[f"method={method}"])
             assert cfg.drafter.path_search == "cps"
-            assert cfg.drafter.cps_lambda == (0.8 if method.endswith("-tuned") else 0.5)
+            assert cfg.drafter.cps_lambda == (0.8 if method.endswith("-l0.8") else 0.5)
             assert drafter != "fastdllm" or cfg.drafter.small_block_size == cfg.drafter.block_size == 32
 
 
