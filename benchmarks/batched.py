@@ -44,7 +44,6 @@ from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.serving import RequestTiming, arrival_times, summarize  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 
-
 #: The methods a run without ``--method`` measures beside vanilla: ``conf/method/`` presets by name,
 #: all on one drafter (the EAGLE-3 chain at fixed K, vLLM's per-batch-size schedule, the batch-aware
 #: cost policy). A row is named by its preset's name less the drafter's (``static-k1``, ...).

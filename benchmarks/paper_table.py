@@ -135,7 +135,9 @@ def paper_row(row: str) -> MethodSpec:
 
 def _by_name(spec: MethodSpec) -> bool:
     """Whether ``spec`` is a row by name (a preset, or a paper row on its preset): the protocol applies."""
-    return spec.given == spec.name or (spec.name in PAPER_ROWS and spec.overrides == [f"method={PAPER_ROWS[spec.name][0]}"])
+    return spec.given == spec.name or (
+        spec.name in PAPER_ROWS and spec.overrides == [f"method={PAPER_ROWS[spec.name][0]}"]
+    )
 
 
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}

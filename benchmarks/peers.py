@@ -96,8 +96,8 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.data.datasets import load_prompts
-from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
+from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 
 warnings.simplefilter("default", SpecpolicyDeprecationWarning)  # shown, as the CLI shows them (one line each)
 
@@ -194,7 +194,9 @@ def preset_aliases() -> dict[str, str]:
     """The deprecated preset names of this install and the preset each names (``method.alias_of``:
     the same configuration under a second name; loadable, one deprecation line each)."""
     folder = resources.files("specpolicy.conf") / "method"
-    found = {p.name.removesuffix(".yaml"): re.search(r"^  alias_of: (\S+)", p.read_text(), re.M) for p in folder.iterdir()}
+    found = {
+        p.name.removesuffix(".yaml"): re.search(r"^  alias_of: (\S+)", p.read_text(), re.M) for p in folder.iterdir()
+    }
     return {name: match.group(1) for name, match in sorted(found.items()) if match}
 
 

@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = aggregate(vanilla.outcomes)["tokens_per_s"]
     rows = []
     defaults = FailFastPolicy()
-    for m, pair in zip(methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid + [None] * len(args.method)):
+    for m, pair in zip(
+        methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid + [None] * len(args.method)
+    ):
         agg = aggregate(m.outcomes)
         rounds = [r for o in m.outcomes for r in o.rounds]
         rows.append(

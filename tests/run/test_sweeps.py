@@ -259,7 +259,13 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
     [
         ("ar+static-k5", "ar", None, "static", {"k": 5}),
         ("fastdllm+static-k5", "fastdllm", 0.05, "static", {"k": 5}),
-        ("fastdllm+failfast", "fastdllm", 0.05, "failfast", {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"}),
+        (
+            "fastdllm+failfast",
+            "fastdllm",
+            0.05,
+            "failfast",
+            {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"},
+        ),
         # the paper's baselines and ablations (FailFast §5.1, App. D.1)
         ("fastdllm-default", "fastdllm", 0.9, "static", {"k": 5}),
         ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
