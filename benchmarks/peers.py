@@ -74,6 +74,7 @@ import json
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
@@ -96,7 +97,10 @@ from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.data.datasets import load_prompts
 from specpolicy.models.acceptance_head import wire_acceptance
+from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
+
+warnings.simplefilter("default", SpecpolicyDeprecationWarning)  # shown, as the CLI shows them (one line each)
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
@@ -185,6 +189,16 @@ def preset_names() -> list[str]:
     """The method presets this install ships (``conf/method/*.yaml``), sorted: the accepted names
     of ``--method NAME``."""
     return sorted(p.name.removesuffix(".yaml") for p in (resources.files("specpolicy.conf") / "method").iterdir())
+
+
+def preset_aliases() -> dict[str, str]:
+    """The deprecated preset names of this install and the preset each names (``method.alias_of``:
+    the same configuration under a second name; loadable, one deprecation line each)."""
+    folder = resources.files("specpolicy.conf") / "method"
+    found = {
+        p.name.removesuffix(".yaml"): re.search(r"^  alias_of: (\S+)", p.read_text(), re.M) for p in folder.iterdir()
+    }
+    return {name: match.group(1) for name, match in sorted(found.items()) if match}
 
 
 @dataclass
@@ -278,7 +292,8 @@ def parse_method(text: str, one_off: bool = True) -> MethodSpec:
     except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, in one line
         if not sep and type(exc).__name__ == "MissingConfigException":
             raise argparse.ArgumentTypeError(
-                f"{name!r} is not a method preset (conf/method/); accepted: {', '.join(preset_names())}; "
+                f"{name!r} is not a method preset (conf/method/); accepted: "
+                f"{', '.join(n for n in preset_names() if n not in preset_aliases())}; "
                 "or a one-off NAME=drafter=D,policy=P[,policy.KEY=VALUE ...]"
             ) from None
         line = composition_key_line(exc, overrides) or (one_line(exc) or (str(exc), 2))[0].removeprefix("error: ")
@@ -289,8 +304,9 @@ def parse_method(text: str, one_off: bool = True) -> MethodSpec:
 def _method_spec(name: str, config: dict[str, Any], overrides: list[str]) -> MethodSpec:
     """The ``MethodSpec`` of a composed run ``config``, its policy (and drafter settings, if any)
     validated by their plugins."""
-    from specpolicy.run.validation import validate_plugin_config
+    from specpolicy.run.validation import validate_plugin_config, warn_method_alias
 
+    warn_method_alias(config)  # a deprecated preset name: one line naming the one to use
     drafter = str(config["drafter"]["name"])
     if drafter not in BENCH_DRAFTERS:
         raise argparse.ArgumentTypeError(
@@ -385,17 +401,23 @@ class Bench:
         """Policy ``choice`` as ``policy=<choice>`` composes it with ``drafter=<drafter>``."""
         return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
 
-    def added(self, spec: MethodSpec) -> Method:
-        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
-        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
-        pm = get_plugin_manager(block=spec.block)
-        policy = make_policy(pm, spec.policy)
-        min_match = self.args.reuse_min_match
+    def parts(self, spec: MethodSpec, **policy_overrides) -> tuple[Any, Any]:
+        """``(drafter, policy)`` of a method (``parse_method``): the bench's drafter (one of its own
+        where the method sets ``drafter.KEY``s, shared by the methods with the same ones), loaded now,
+        outside any timed call, and a new policy built by the plugin manager as the CLI builds it
+        (entry-point plugins included), ``policy_overrides`` set on its config node."""
+        policy = make_policy(get_plugin_manager(block=spec.block), {**spec.policy, **policy_overrides})
         key = spec.drafter
         if spec.drafter_settings:  # a drafter of its own settings, shared by the methods with the same ones
             key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
             self.drafters.register(key, self._drafter_factory(spec.drafter, spec.drafter_settings))
-        model = self.drafters[key]  # loaded now, outside any timed call
+        return self.drafters[key], policy
+
+    def added(self, spec: MethodSpec) -> Method:
+        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
+        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
+        model, policy = self.parts(spec)
+        min_match = self.args.reuse_min_match
         # policy.acceptance=head: its head loaded for this drafter; the shared drafter reports its hidden
         # states only for the methods that read them
         settings = dict(_conf("drafter", spec.drafter))
@@ -432,25 +454,6 @@ class Bench:
             return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens)
 
         return Method("vanilla", "ours", None, "our greedy decoding (reference)", run)
-
-    def ours(self, drafter: str, choice: str, reuse: bool, label: str | None = None, **policy_overrides) -> Method:
-        policy = self.policy(choice, drafter, **policy_overrides)
-        name = f"{drafter}+{label or choice}" + ("+reuse" if reuse else "")
-        min_match = self.args.reuse_min_match
-        model = self.drafters[drafter]  # loaded now, outside any timed call
-
-        def run(ids):
-            return generate(
-                ids,
-                self.verifier,
-                self.runtime,
-                max_new_tokens=self.args.max_new_tokens,
-                drafter=model,
-                policy=policy,
-                reuse=DraftReuse(min_match) if reuse else None,
-            )
-
-        return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
 
     # -- Hugging Face methods ----------------------------------------------------------------
 

@@ -319,7 +319,9 @@ def batched_page(root: Path, name: str) -> str | None:
         s=s,
         command=(
             f"python benchmarks/batched.py --num-prompts {s['num_prompts']} --max-new-tokens {s['max_new_tokens']} "
-            f"--drafter {s['drafter']} --ks {s['ks']} --batch-sizes {s['batch_sizes']} --repeats {s['repeats']} "
+            + "".join(f"--method {s['drafter']}+static-k{k} " for k in str(s["ks"]).split(","))
+            + f"--method {s['drafter']}+batch-schedule --method {s['drafter']}+goodput-batch "
+            f"--batch-sizes {s['batch_sizes']} --repeats {s['repeats']} "
             f"--out benchmarks/results/{name} --figure benchmarks/results/{png}"
         ),
         spread=timing_line(results.get("timing_conditions"), "Spread"),

@@ -45,6 +45,7 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
     Raises:
         ConfigError: naming the first bad key, its value and the accepted range.
     """
+    warn_method_alias(config)
     _check_core(config)
     for group in ("policy", "drafter", "verifier"):
         node = dict(config.get(group) or {})
@@ -57,6 +58,33 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
     prompts = _check_dataset(config.get("dataset") or {})
     _check_memory(config, prompts)
     return prompts
+
+
+#: The deprecated method presets already warned about in this process (one line each).
+_WARNED_ALIASES: set[str] = set()
+
+
+def warn_method_alias(config: Mapping[str, Any]) -> None:
+    """One ``SpecpolicyDeprecationWarning`` per process when ``config``'s method preset is a
+    deprecated name of another (``method.alias_of`` in ``conf/method/<name>.yaml``: the same
+    configuration under a second name), naming the preset to use instead."""
+    import warnings
+
+    from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
+
+    method = config.get("method")
+    target = method.get("alias_of") if isinstance(method, Mapping) else None
+    name = str(method.get("name")) if isinstance(method, Mapping) else ""
+    if not target or name in _WARNED_ALIASES:
+        return
+    _WARNED_ALIASES.add(name)
+    warnings.warn_explicit(  # lineno 0: the warning is this one line, no source line under it
+        f"method={name} is a deprecated name of method={target} (the same configuration): use method={target}",
+        SpecpolicyDeprecationWarning,
+        filename=f"conf/method/{name}.yaml",
+        lineno=0,
+        module="specpolicy.conf.method",
+    )
 
 
 def validate_plugin_config(

@@ -777,7 +777,7 @@ def _batched(command: Command, h: Harness) -> None:
     """The README's options parse; the run, shortened (2 prompts, batch sizes 1 and 2, K = 1, one
     repeat) on the tiny family, writes its JSON and figure, every method lossless."""
     module = load_benchmark("batched")
-    module.parser().parse_args(_args(command, "python benchmarks/batched.py"))
+    module.parse_args(_args(command, "python benchmarks/batched.py"))
     out, figure = h.cwd / "batched.json", h.cwd / "batched.png"
     result = module.main(
         [
@@ -787,8 +787,7 @@ def _batched(command: Command, h: Harness) -> None:
             "6",
             "--batch-sizes",
             "1,2",
-            "--ks",
-            "1",
+            *("--method", "eagle3+static-k1", "--method", "eagle3+batch-schedule", "--method", "eagle3+goodput-batch"),
             "--repeats",
             "1",
             "--out",
