@@ -440,10 +440,10 @@ def _static_caches(drafter, capacity: int = 64) -> None:
     so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
     from specpolicy.runners.dflash import StaticDFlash
     from specpolicy.runners.eagle3 import StaticEagle3
-    from specpolicy.runners.qwen import StaticQwen
+    from specpolicy.runners.decoder import StaticDecoder
 
     if isinstance(drafter, ARDrafter):
-        drafter.static = StaticQwen(drafter.model, drafter.max_context)
+        drafter.static = StaticDecoder(drafter.model, drafter.max_context)
     elif isinstance(drafter, Eagle3Drafter):
         drafter.static = StaticEagle3(drafter.model, drafter.embed_tokens, capacity)
     else:
