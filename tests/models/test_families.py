@@ -225,13 +225,61 @@ def vanilla(arch, target) -> list[list[int]]:
     return [generate(p, eager, runtime, max_new_tokens=32).output_ids.tolist() for p in prompts()]
 
 
+def _dart_and_falcon(target, verifier, runtime, directory) -> dict:
+    """Random DART (the released layout: EAGLE-3's tensors over ``hidden_states[0, 1, 2]`` and
+    ``mask_rep``) and Falcon (k = 2) checkpoints of the target's width and vocabulary, built by their
+    factories against ``verifier`` (eager: neither has a static cache), with their tree policies."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from conditioned_reference import write_eagle3_checkpoint
+    from specpolicy.family.train_falcon import new_falcon
+    from specpolicy.models.falcon import save_falcon
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter
+    from specpolicy.policies.dart_tree import DartTreePolicy
+    from specpolicy.policies.falcon_tree import FalconTreePolicy
+
+    hidden = int(target.config.hidden_size)
+    dart = write_eagle3_checkpoint(directory / "dart", hidden, VOCAB, VOCAB // 2, seed=5, layer_ids=[0, 1, 2])
+    weights = load_file(str(dart / "model.safetensors"))
+    weights["midlayer.mask_rep"] = torch.randn(2 * hidden, generator=torch.Generator().manual_seed(6))
+    save_file(weights, str(dart / "model.safetensors"))
+    config = json.loads((dart / "config.json").read_text())
+    (dart / "config.json").write_text(
+        json.dumps({**config, "architectures": ["LlamaForCausalLMDart"], "draft_length": 7})
+    )
+    size = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
+    falcon = save_falcon(new_falcon(target.config, 7, size=size), directory / "falcon")
+    pm = get_plugin_manager(autoload=False)
+    chain = lambda: StaticPolicy(k=4)  # noqa: E731
+    return {
+        "dart": (
+            make_drafter(pm, {"name": "dart", "model": str(dart)}, runtime, verifier),
+            (chain, lambda: DartTreePolicy(top_k=4, beam_width=6, total_tokens=6, use_ngram=False)),
+        ),
+        "falcon": (
+            make_drafter(pm, {"name": "falcon", "model": str(falcon)}, runtime, verifier),
+            (chain, FalconTreePolicy),
+        ),
+    }
+
+
 def test_greedy_decoding_is_vanilla_on_the_eager_runtime(arch, target, vanilla, runtime):
-    """Every drafter x {chain, tree} on the eager runtime: vanilla's tokens; the self-drafting and
-    close AR drafters get drafts accepted (the path where acceptance matters)."""
+    """Every drafter x {chain, tree} on the eager runtime -- AR, EAGLE-3, DFlash: vanilla's tokens;
+    the self-drafting and close AR drafters get drafts accepted (the path where acceptance matters)."""
     eager = HFVerifier(target, runtime, frozenset({EOS}), max_context=CONTEXT)
     accepted: dict = {}
     _assert_lossless_family(target, eager, runtime, _drafters(target, runtime), vanilla, accepted)
     assert accepted["self"] > 50 and accepted["close"] > 5, accepted
+
+
+@pytest.mark.slow
+def test_dart_and_falcon_decode_every_family_as_vanilla(arch, target, vanilla, runtime, tmp_path):
+    """DART and Falcon checkpoints of the family's width, built by their factories, chain and tree
+    (eager: the runtime they run on, beside a compiled target too): vanilla's tokens."""
+    eager = HFVerifier(target, runtime, frozenset({EOS}), max_context=CONTEXT)
+    _assert_lossless_family(target, eager, runtime, _dart_and_falcon(target, eager, runtime, tmp_path), vanilla, {})
 
 
 def test_greedy_decoding_is_vanilla_on_the_static_cache(arch, target, vanilla, runtime):
@@ -326,3 +374,119 @@ def test_one_layer_at_each_familys_real_width_runs_static_and_lossless():
         out = generate(ids, verifier, runtime, max_new_tokens=8, drafter=drafter, policy=StaticPolicy(k=4))
         assert out.output_ids.tolist() == ref, name
         del model, static, eager, verifier, drafter
+
+
+# -- bad input: one line, before any model loads -------------------------------------------------
+
+
+def _cli_error(monkeypatch, capsys, tmp_path, family, *args: str) -> list[str]:
+    """Run the CLI on the tiny family with ``args`` (each replacing the key it sets) and every model
+    load refused; return its stderr lines (the run must stop with status 2)."""
+    import sys
+
+    from conftest import overrides
+    from specpolicy.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr("specpolicy.models.loading.load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
+    keys = tuple(a.split("=")[0] + "=" for a in args)
+    base = [a for a in overrides(family) if not a.startswith(keys)]
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *base, *args])
+    capsys.readouterr()  # what came before (a save's progress bar)
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def _target_dir(tmp_path, name: str, **fields):
+    """Family ``name``'s cut model on disk, its ``config.json`` fields set to ``fields``."""
+    import json
+
+    from family_models import write_family_checkpoint
+
+    directory = write_family_checkpoint(name, tmp_path / f"{name}-target")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        ({"model_type": "phi3"}, "is model_type 'phi3' (the compiled runtime runs llama, mistral, qwen2, qwen3)"),
+        (
+            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "rope_parameters": None},
+            "has rope_scaling type 'dynamic', whose frequencies change with the sequence's length (the compiled "
+            "runtime reproduces default, linear, llama3, yarn)",
+        ),
+        (
+            {"sliding_window": 256, "max_position_embeddings": 1024},  # Mistral-7B-v0.1's window, scaled down
+            "attends over a sliding window of 256 tokens, which the static forward does not implement, and the "
+            "context is 1024 tokens (set verifier.max_context <= 256)",
+        ),
+    ],
+    ids=["architecture", "rope-type", "sliding-window"],
+)
+def test_a_target_the_compiled_runtime_does_not_reproduce_is_one_line(
+    fields, why, family, tmp_path, monkeypatch, capsys
+):
+    directory = _target_dir(tmp_path, "mistral-7b-v0.3", **fields)
+    lines = _cli_error(monkeypatch, capsys, tmp_path, family, f"verifier.model={directory}", "runtime.compile=true")
+    assert lines == [
+        f"error: runtime.compile=true cannot run verifier.model='{directory}': it {why}; or use runtime.compile=false"
+    ]
+
+
+def test_a_sliding_window_within_the_context_and_the_eager_runtime_pass_validation(family, tmp_path):
+    """``verifier.max_context`` within the window passes; so does any model on the eager runtime."""
+    from specpolicy.run.validation import _check_compiled_target
+
+    directory = _target_dir(tmp_path, "mistral-7b-v0.3", sliding_window=256)
+    _check_compiled_target({"name": "hf", "model": str(directory), "max_context": 256}, {})
+    for name in FAMILIES:
+        _check_compiled_target({"name": "hf", "model": str(_target_dir(tmp_path, name))}, {"name": "ar"})
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "dflash"])
+def test_a_drafter_whose_width_or_vocabulary_does_not_fit_the_target_is_one_line(
+    drafter, family, tmp_path, monkeypatch, capsys
+):
+    """An EAGLE-3 head or a DFlash drafter of width 32 (the tiny family's) against a Llama target of
+    width 64; then of the target's width but another vocabulary."""
+    from conditioned_reference import write_dflash_checkpoint, write_eagle3_checkpoint
+
+    target = _target_dir(tmp_path, "llama-3.1-8b")
+
+    def checkpoint(hidden: int, vocab: int):
+        if drafter == "eagle3":
+            return write_eagle3_checkpoint(
+                tmp_path / f"e{hidden}-{vocab}", hidden, vocab, vocab // 2, layer_ids=[0, 1, 2]
+            )
+        return write_dflash_checkpoint(tmp_path / f"d{hidden}-{vocab}", hidden, vocab, 2, [0, 1], 4, 3)
+
+    narrow = checkpoint(32, VOCAB)
+    lines = _cli_error(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        family,
+        f"verifier.model={target}",
+        f"drafter={drafter}",
+        f"drafter.model={narrow}",
+    )
+    assert len(lines) == 1 and lines[0].startswith(f"error: drafter.model='{narrow}': ")
+    assert "hidden_size 32 does not match the target's 64" in lines[0] or "target_hidden_size 32" in lines[0]
+    other = checkpoint(64, 300)
+    lines = _cli_error(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        family,
+        f"verifier.model={target}",
+        f"drafter={drafter}",
+        f"drafter.model={other}",
+    )
+    assert len(lines) == 1 and lines[0].startswith(f"error: drafter.model='{other}': ") and "300" in lines[0], lines
+    assert "256" in lines[0], lines
