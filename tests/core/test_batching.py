@@ -438,9 +438,9 @@ BATCHED_PASSES = {
 def _static_caches(drafter, capacity: int = 64) -> None:
     """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
     so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
+    from specpolicy.runners.decoder import StaticDecoder
     from specpolicy.runners.dflash import StaticDFlash
     from specpolicy.runners.eagle3 import StaticEagle3
-    from specpolicy.runners.decoder import StaticDecoder
 
     if isinstance(drafter, ARDrafter):
         drafter.static = StaticDecoder(drafter.model, drafter.max_context)
