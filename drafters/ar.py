@@ -48,10 +48,10 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     distribution it was taken from (sampling: of the warped q, not the sampled token's probability).
 
     On the compiled runtime (``runtime.compile``) the passes run through a static KV cache compiled
-    per shape bucket (``specpolicy.runners.qwen.StaticQwen``; its compile seconds are added to
+    per shape bucket (``specpolicy.runners.decoder.StaticDecoder``; its compile seconds are added to
     ``runtime.warmup_s``): ``commit`` moves the cache's length. In the batched loop (``batched``)
     the requests, greedy or sampling, draft on a static cache of one sequence per request, compiled
-    (``StaticQwen`` of several sequences): one pass for every request at each step.
+    (``StaticDecoder`` of several sequences): one pass for every request at each step.
 
     Args:
         model: the drafter LM, on the runtime device.
@@ -65,12 +65,12 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         self.runtime = runtime
         self.max_context = context_length(model)
         self.cache: DynamicCache | None = None
-        self.static = None  # the compiled runtime's StaticQwen, else None
-        self._no_shared_sequences()  # the batched loop's StaticQwen of several sequences (``batched``)
+        self.static = None  # the compiled runtime's StaticDecoder, else None
+        self._no_shared_sequences()  # the batched loop's StaticDecoder of several sequences (``batched``)
         if runtime.compile:
-            from specpolicy.runners.qwen import StaticQwen
+            from specpolicy.runners.decoder import StaticDecoder
 
-            self.static = StaticQwen(model, self.max_context, compile=True, settings=runtime.compiled)
+            self.static = StaticDecoder(model, self.max_context, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
         self._unfed: torch.Tensor | None = None  # (u,) committed tokens not in the cache yet
         self._tokens: list[torch.Tensor] = []  # this round's drafted tokens, (1,) each
@@ -100,9 +100,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
 
     def _batched_static(self, slots: int):
         """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.runners.qwen import StaticQwen
+        from specpolicy.runners.decoder import StaticDecoder
 
-        return StaticQwen(
+        return StaticDecoder(
             self.model, self.max_context, self.static.compiled, rows=slots, settings=self.runtime.compiled
         )
 
@@ -198,7 +198,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     @staticmethod
     def _draft_shared(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft_many`` on the shared static cache: each of ``max(num_tokens)`` steps is ONE
-        pass over every sequence (``StaticQwen.run_rows``) -- a request that still wants a
+        pass over every sequence (``StaticDecoder.run_rows``) -- a request that still wants a
         token fed its tokens not yet cached at the round's first pass, else its last drafted token,
         at its own length; the others idle, their sequences untouched."""
         shared, device = drafters[0]._shared, drafters[0].runtime.torch_device
@@ -389,7 +389,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
 
 class _StaticLength:
     """The two cache calls ``ARDrafter`` makes (``get_seq_length``, and ``crop`` through
-    ``specpolicy.core.cache.crop_cache``) on a ``StaticQwen``'s cache: its length."""
+    ``specpolicy.core.cache.crop_cache``) on a ``StaticDecoder``'s cache: its length."""
 
     def __init__(self, static) -> None:
         self.static = static

@@ -46,10 +46,10 @@ class HFVerifier(Verifier):
         tokenizer: the target's tokenizer (drafter factories check theirs against it).
 
     On the compiled runtime (``runtime.compile``) the same passes run through a static KV cache
-    compiled per shape bucket (``specpolicy.runners.qwen.StaticQwen``, built and warmed up
+    compiled per shape bucket (``specpolicy.runners.decoder.StaticDecoder``, built and warmed up
     here, its compile seconds added to ``runtime.warmup_s``): cropping moves a length, a tree's
     accepted path is moved inside the cache; greedy output token-identical to the eager runtime.
-    Raises ``ValueError`` there for a target that is not Qwen2/Qwen3.
+    Raises ``ValueError`` there for a target it does not run (``specpolicy.runners.decoder.unsupported``).
     """
 
     name = NAME
@@ -68,12 +68,12 @@ class HFVerifier(Verifier):
         self._sampling: SamplingConfig | None = None  # None: greedy
         self._feature_layers: tuple[int, ...] = ()  # hidden_states indices a drafter reads; () = none
         self.prompt_features: torch.Tensor | None = None
-        self.static = None  # the compiled runtime's StaticQwen, else None
+        self.static = None  # the compiled runtime's StaticDecoder, else None
         self._static_batched: dict = {}  # the compiled runtime's batched verifiers, by batch size
         if runtime.compile:
-            from specpolicy.runners.qwen import StaticQwen
+            from specpolicy.runners.decoder import StaticDecoder
 
-            self.static = StaticQwen(model, self.max_context, compile=True, settings=runtime.compiled)
+            self.static = StaticDecoder(model, self.max_context, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
 
     def request_features(self, layers: tuple[int, ...]) -> None:

@@ -261,7 +261,7 @@ class BatchedHFVerifier:
 
 class StaticBatchedHFVerifier(BatchedHFVerifier):
     """The batched verifier on the compiled runtime (``runtime.compile=true``): the target behind a
-    static cache of ``slots`` sequences (``specpolicy.runners.qwen.StaticQwen``), one
+    static cache of ``slots`` sequences (``specpolicy.runners.decoder.StaticDecoder``), one
     per request in flight, compiled per shape bucket. A round's new keys and values are written
     where they stay, each request's at its own length, so accepting a draft moves a length -- no
     entry is copied (``BatchedHFVerifier`` moves the accepted ones). A request joins by its prefill
@@ -286,10 +286,10 @@ class StaticBatchedHFVerifier(BatchedHFVerifier):
         slots: int = 1,
         compile: bool = True,
     ) -> None:
-        from specpolicy.runners.qwen import StaticQwen
+        from specpolicy.runners.decoder import StaticDecoder
 
         super().__init__(model, runtime, eos_ids, max_context, pad_token_id)
-        self.static = StaticQwen(model, max_context, compile, rows=slots, settings=runtime.compiled)
+        self.static = StaticDecoder(model, max_context, compile, rows=slots, settings=runtime.compiled)
         runtime.warmup_s += self.static.warmup()
         self.slot_of: list[int] = []  # per request in flight (row order): its sequence in the cache
         self.reset(pad_token_id)
@@ -343,7 +343,7 @@ class StaticBatchedHFVerifier(BatchedHFVerifier):
         self._free.append(self.slot_of.pop(row))
 
     def _forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Every sequence of the cache fed at once (``StaticQwen.run_rows``): a request's row of
+        """Every sequence of the cache fed at once (``StaticDecoder.run_rows``): a request's row of
         ``inputs`` ``(b, q)`` at its own length, the free sequences fed padding at 0."""
         device = self.runtime.torch_device
         index = torch.tensor(self.slot_of, device=device)

@@ -22,7 +22,7 @@ class GreedyLMDrafter(Drafter):
     """Drafts the argmax of a small causal LM, token after token (greedy decoding only).
 
     Args:
-        model: a Hugging Face causal LM sharing the target's vocabulary (compiled: Qwen2/Qwen3), on
+        model: a Hugging Face causal LM sharing the target's vocabulary (compiled: Llama, Mistral, Qwen2 or Qwen3), on
             ``runtime.torch_device`` in ``runtime.torch_dtype``.
         runtime: the run's runtime (``runtime.compile`` picks how the passes run).
     """

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from specpolicy.core.errors import ConfigError
-from specpolicy.models.sources import check_model_source, resolve_model_path
+from specpolicy.models.sources import check_model_source, local_config_path, resolve_model_path
 
 
 def read_config(directory: str | Path, key: str) -> dict[str, Any]:
@@ -204,16 +204,17 @@ def save_checkpoint(
 
 
 def target_config_of(run_config: dict | None) -> dict | None:
-    """The target's ``config.json`` as a dict, read without loading the model, when the run's
-    ``verifier.model`` is a bundled name or a local directory; None otherwise (a hub id, another
-    verifier): the drafter then checks itself against the loaded target."""
+    """The target's ``config.json`` as a dict, read without loading the model or any network, when
+    the run's ``verifier.model`` is a bundled name, a local directory or a hub id in the local hub
+    cache (``specpolicy.models.sources.local_config_path``); None otherwise (a hub id not cached,
+    another verifier): the drafter then checks itself against the loaded target."""
     verifier = (run_config or {}).get("verifier") or {}
     model = verifier.get("model")
     if not isinstance(model, str) or not model:
         return None
     try:
-        path = Path(resolve_model_path(model)) / "config.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        path = local_config_path(model)
+        return json.loads(path.read_text(encoding="utf-8")) if path is not None else None
     except (OSError, ValueError):
         return None
 

@@ -227,7 +227,7 @@ def _check_core(config: Mapping[str, Any]) -> None:
     integer("reuse.min_match", reuse.get("min_match", 2), 1)
     runtime = config.get("runtime") or {}
     if boolean("runtime.compile", runtime.get("compile", False)):
-        _check_compiled_target(config.get("verifier") or {})
+        _check_compiled_target(config.get("verifier") or {}, config.get("drafter") or {})
     if boolean("runtime.batch_invariant", runtime.get("batch_invariant", False)):
         _check_batch_invariant(config)
     try:
@@ -290,14 +290,13 @@ def _check_memory(config: Mapping[str, Any], prompts: list) -> None:
 
 
 def _config_json(model: str) -> dict[str, Any] | None:
-    """A local or bundled model's ``config.json`` as a dict (read, nothing loaded), else None."""
-    from pathlib import Path
-
-    from specpolicy.models.loading import resolve_model_path
+    """A bundled, local or hub-cached model's ``config.json`` as a dict (read, nothing loaded, no
+    network: ``specpolicy.models.sources.local_config_path``), else None."""
+    from specpolicy.models.sources import local_config_path
 
     try:
-        path = Path(resolve_model_path(model)) / "config.json"
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        path = local_config_path(model)
+        data = json.loads(path.read_text(encoding="utf-8")) if path is not None else None
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -313,27 +312,29 @@ def _check_acceptance(config: Mapping[str, Any]) -> None:
         raise ConfigError(str(exc)) from exc
 
 
-def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
-    """``runtime.compile=true`` compiles the ``hf`` target's Qwen2 / Qwen3 forward
-    (``specpolicy.runners.qwen``): a local or bundled target of another model type is refused
-    here, from its config.json (a hub id is checked when it loads)."""
-    from pathlib import Path
+def _check_compiled_target(verifier: Mapping[str, Any], drafter: Mapping[str, Any]) -> None:
+    """``runtime.compile=true`` runs the ``hf`` target's forward (and ``drafter=ar``'s) on the
+    static cache (``specpolicy.runners.decoder``): a model it does not reproduce -- a model type
+    other than Llama, Mistral, Qwen2, Qwen3, a RoPE type whose frequencies change with the length,
+    a sliding window narrower than the context -- is refused here, from its config.json (bundled,
+    local, or a hub id in the local hub cache; one not there is checked when it loads)."""
+    from specpolicy.runners.decoder import unsupported
 
-    from specpolicy.models.loading import resolve_model_path
-    from specpolicy.runners.qwen import SUPPORTED
-
-    if verifier.get("name", "hf") != "hf" or not isinstance(verifier.get("model"), str):
-        return
-    try:
-        path = Path(resolve_model_path(verifier["model"])) / "config.json"
-        model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
-    except (OSError, ValueError):
-        return  # the model's own check names what is wrong with it
-    if model_type is not None and model_type not in SUPPORTED:
-        raise ConfigError(
-            f"runtime.compile=true runs {' or '.join(SUPPORTED)} targets, but verifier.model={verifier['model']!r} "
-            f"is model_type {model_type!r} (use runtime.compile=false)"
-        )
+    models = []
+    if verifier.get("name", "hf") == "hf":
+        models.append(("verifier.model", verifier.get("model"), verifier.get("max_context")))
+    if drafter.get("name") == "ar":
+        models.append(("drafter.model", drafter.get("model"), None))
+    for key, model, max_context in models:
+        config = _config_json(model) if isinstance(model, str) else None
+        if config is None:
+            continue  # the model's own check names what is wrong with it
+        context = int(max_context or config.get("max_position_embeddings") or 0) or None
+        why = unsupported(config, context)
+        if why is not None:
+            raise ConfigError(
+                f"runtime.compile=true cannot run {key}={model!r}: it {why}; or use runtime.compile=false"
+            )
 
 
 def _check_batch_invariant(config: Mapping[str, Any]) -> None:

@@ -9,7 +9,7 @@ CUDA) and on the batched loop's shared static cache of one sequence per request 
 
 - ``static``: the static KV cache every compiled model shares (``StaticPasses``): buckets,
   padding, chunks, masks, compilation.
-- ``qwen``, ``eagle3``, ``dflash``: one forward per model (``StaticQwen``, ``StaticEagle3``,
+- ``decoder``, ``eagle3``, ``dflash``: one forward per model (``StaticDecoder``: Llama, Mistral, Qwen2, Qwen3; ``StaticEagle3``,
   ``StaticDFlash``), and the runners the EAGLE-3 and DFlash drafters state their pass against
   (``Eagle3Runner``, ``DFlashRunner``: eager alone, eager padded over several requests, static).
 - ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``,

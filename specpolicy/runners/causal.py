@@ -1,11 +1,11 @@
 """``CausalRunner``: a causal LM's passes over ``(R, n)`` positions, however the run executes them.
 
-A drafter with a causal LM (a small Qwen2/Qwen3 checkpoint) states its algorithm as passes over its
+A drafter with a causal LM (a small Llama, Mistral, Qwen2 or Qwen3 checkpoint) states its algorithm as passes over its
 requests' sequences -- "feed request i its tokens ``tokens[i]`` after what it has cached; give me
 their logits" -- and this runner executes each pass:
 
 - eager (``runtime.compile=false``): the Hugging Face forward, a ``DynamicCache`` per request;
-- compiled (``runtime.compile=true``): ``specpolicy.runners.qwen.StaticQwen`` -- the static KV
+- compiled (``runtime.compile=true``): ``specpolicy.runners.decoder.StaticDecoder`` -- the static KV
   cache compiled with ``torch.compile`` (CUDA graphs on CUDA) -- with one sequence (the batch-1
   loop) or, from ``batched(slots)`` (the batched loop, ``generation.batch_size``), ``slots``
   sequences shared by the requests: one compiled pass for every request at once.
@@ -24,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core.cache import crop_cache
 from specpolicy.core.runtime import Runtime
-from specpolicy.runners.qwen import StaticQwen
+from specpolicy.runners.decoder import StaticDecoder
 from specpolicy.runners.sequences import SharedSequences
 
 
@@ -62,7 +62,7 @@ class CausalRunner:
 
     Args:
         model: a Hugging Face causal LM on ``runtime.torch_device`` in ``runtime.torch_dtype``, eval
-            mode; compiled: a Qwen2/Qwen3 model (``specpolicy.runners.qwen.SUPPORTED``).
+            mode; compiled: a model ``specpolicy.runners.decoder`` runs (``SUPPORTED``, ``unsupported``).
         runtime: the run's runtime: ``compile`` and its ``runtime.*`` settings (``compiled``); the
             compile seconds are added to ``runtime.warmup_s``.
         capacity: most cached positions per request (tokens); default the model's
@@ -78,15 +78,15 @@ class CausalRunner:
     ) -> None:
         self.model, self.runtime = model, runtime
         self.capacity = int(capacity or getattr(model.config, "max_position_embeddings", 0) or 0)
-        self.static: StaticQwen | None = None
+        self.static: StaticDecoder | None = None
         self._rows: SharedSequences | None = None  # the static cache's sequences (compiled)
         self._batched: dict[int, CausalRunner] = {}  # by batch size, built once each
         if runtime.compile if static_cache is None else static_cache:
             if self.capacity < 1:
                 raise ValueError("the static cache needs a capacity: the model has no max_position_embeddings")
-            self._use(StaticQwen(model, self.capacity, compile=runtime.compile, settings=runtime.compiled))
+            self._use(StaticDecoder(model, self.capacity, compile=runtime.compile, settings=runtime.compiled))
 
-    def _use(self, static: StaticQwen) -> None:
+    def _use(self, static: StaticDecoder) -> None:
         self.static, self._rows = static, SharedSequences(static)
         self.runtime.warmup_s += static.warmup()
 
@@ -101,7 +101,7 @@ class CausalRunner:
             runner = copy.copy(self)
             runner._batched = {}
             compiled, settings = self.static.compiled, self.runtime.compiled
-            runner._use(StaticQwen(self.model, self.capacity, compiled, rows=slots, settings=settings))
+            runner._use(StaticDecoder(self.model, self.capacity, compiled, rows=slots, settings=settings))
             self._batched[slots] = runner
         return runner
 

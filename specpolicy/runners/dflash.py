@@ -33,7 +33,7 @@ class StaticDFlash(StaticPasses):
 
     Args:
         model: the DFlash model, eval mode. capacity / compile / buckets / rows / settings: as
-            ``specpolicy.runners.qwen.StaticQwen`` (capacity per sequence).
+            ``specpolicy.runners.decoder.StaticDecoder`` (capacity per sequence).
     Raises:
         ValueError: ``rows`` < 1 or a capacity < 1.
     """

@@ -35,7 +35,7 @@ class StaticEagle3(StaticPasses):
 
     Args:
         model: the head, eval mode. embed_tokens: the target's input embeddings.
-        capacity / compile / buckets / rows / settings: as ``specpolicy.runners.qwen.StaticQwen``.
+        capacity / compile / buckets / rows / settings: as ``specpolicy.runners.decoder.StaticDecoder``.
     Raises:
         ValueError: ``rows`` < 1 or a capacity < 1.
     """

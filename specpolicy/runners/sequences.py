@@ -13,7 +13,7 @@ from specpolicy.runners.static import StaticPasses
 
 
 class SharedSequences:
-    """A static cache of one or more sequences (``StaticQwen``, ``StaticEagle3``, ``StaticDFlash``)
+    """A static cache of one or more sequences (``StaticDecoder``, ``StaticEagle3``, ``StaticDFlash``)
     shared by the requests of a run (``Drafter.batched``; one sequence: the batch-1 loop's): each request holds one sequence from its
     prefill to its release; the sequences' lengths live here.
 

@@ -19,7 +19,7 @@ explicit boolean mask built from the cache slots, so that
   attention over a window of the cache (``runtime.window``).
 
 Every setting is a ``runtime.*`` key (``specpolicy.core.runtime.CompileSettings``), handed to a
-model when it is built. A model (``specpolicy.runners.qwen``, ``.eagle3``, ``.dflash``) writes ONE
+model when it is built. A model (``specpolicy.runners.decoder``, ``.eagle3``, ``.dflash``) writes ONE
 forward over ``(R, B)`` positions; the batch-1 loop runs it at ``R = 1`` (``passes``), the batched
 loop at ``R`` = the batch size (``_rows_passes``).
 """
@@ -316,7 +316,7 @@ class StaticPasses(torch.nn.Module):
         """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
         most the largest bucket, each at its width (``_width``: padded to a bucket on CUDA): what
-        ``StaticQwen.run_rows``, ``StaticEagle3.run_rows`` and ``StaticDFlash.context_rows`` share.
+        ``StaticDecoder.run_rows``, ``StaticEagle3.run_rows`` and ``StaticDFlash.context_rows`` share.
 
         Args:
             inputs: per-row inputs ``(rows, n, ...)``.

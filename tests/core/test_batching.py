@@ -438,12 +438,12 @@ BATCHED_PASSES = {
 def _static_caches(drafter, capacity: int = 64) -> None:
     """Give a drafter the batch-1 static cache the compiled runtime gives it (here not compiled),
     so ``Drafter.batched`` builds the batched one its requests share (``capacity`` positions)."""
+    from specpolicy.runners.decoder import StaticDecoder
     from specpolicy.runners.dflash import StaticDFlash
     from specpolicy.runners.eagle3 import StaticEagle3
-    from specpolicy.runners.qwen import StaticQwen
 
     if isinstance(drafter, ARDrafter):
-        drafter.static = StaticQwen(drafter.model, drafter.max_context)
+        drafter.static = StaticDecoder(drafter.model, drafter.max_context)
     elif isinstance(drafter, Eagle3Drafter):
         drafter.static = StaticEagle3(drafter.model, drafter.embed_tokens, capacity)
     else:

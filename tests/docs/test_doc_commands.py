@@ -352,6 +352,26 @@ def dry(command: Command, h: Harness, replace: dict[str, str] | None = None) -> 
     return result
 
 
+def _offline_hub(command: Command, h: Harness) -> Outcome:
+    """``HF_HUB_OFFLINE=1 python -m specpolicy verifier.model=org/name drafter.model=org/name ...``:
+    the tiny target and drafter laid out under those ids in a hub cache of the test's
+    (``HF_HUB_CACHE``), the hub off limits; then a dry run (each model's snapshot checked as a
+    local directory, the drafter against the target's config.json from the cache)."""
+    from hub_cache import put_in_hub_cache
+
+    cache = h.cwd / "hub-cache"
+    args = _args(command, "HF_HUB_OFFLINE=1 python -m specpolicy")
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key in ("verifier.model", "drafter.model"):
+            put_in_hub_cache(cache, value, h.world.family["target" if key == "verifier.model" else "drafter"])
+    h.mp.setenv("HF_HUB_CACHE", str(cache))
+    h.mp.setenv("HF_HUB_OFFLINE", "1")
+    result = h.cli(args, dry=True)
+    assert result.code == 0 and result.checked, result.err
+    return result
+
+
 def transcript(command: Command, h: Harness) -> None:
     """The command prints exactly the README's lines (on stderr: user errors), status 2."""
     result = h.cli(_args(command, "python -m specpolicy"))
@@ -1030,6 +1050,11 @@ RULES = [
         rf"{CLI} verifier\.model=/models/\S+ drafter\.model=/models/\S+",
         "dry, the /models/ directories standing in for local model directories",
         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"}),
+    ),
+    Rule(
+        r"bash: HF_HUB_OFFLINE=1 python -m specpolicy .*",
+        "dry, offline, on a hub cache the test lays out with the tiny family under the hub ids",
+        _offline_hub,
     ),
     Rule(
         rf"{CLI} .*hydra/launcher=slurm.*", "jobs checked with the basic launcher; the Slurm launcher composed", _slurm

@@ -397,14 +397,14 @@ def test_ar_draft_many_sampling_gives_each_token_its_own_q_row(rt, shared, monke
     (one Hugging Face forward per request), and every drawn token has q > 0."""
     from specpolicy.core.sampling import warp
     from specpolicy.drafters.ar import ARDrafter
-    from specpolicy.runners.qwen import StaticQwen
+    from specpolicy.runners.decoder import StaticDecoder
 
     model = sharpen(tiny_lm(5, layers=2, vocab=VOCAB), 3.0)
     sampling = SamplingConfig(temperature=0.9, top_k=24)
     prompts = _prompts()[1:]  # 5, 9, 14 and 30 tokens
     if shared:
         base = ARDrafter(model, rt)
-        base.static = StaticQwen(model, base.max_context)
+        base.static = StaticDecoder(model, base.max_context)
         lead = base.batched(len(prompts))
         requests = [copy.copy(lead) for _ in prompts]
         for d, p in zip(requests, prompts):

@@ -19,7 +19,7 @@ from specpolicy.core.decoding import generate
 from specpolicy.core.runtime import CompileSettings, Runtime
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
-from specpolicy.runners.qwen import StaticQwen
+from specpolicy.runners.decoder import StaticDecoder
 from specpolicy.verifiers.hf import HFVerifier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,18 +68,18 @@ def test_the_runner_drafter_is_token_identical_to_vanilla_eager_and_batched(targ
     policy = StaticPolicy(3) if policy == "static" else FailFastPolicy(n=3, tau=0.2, n_max=12)
     widths = []
     if static_cache:
-        run_rows = StaticQwen.run_rows
+        run_rows = StaticDecoder.run_rows
 
         def spy(self, input_ids, starts, counts=None):
             widths.append(int((counts > 0).sum()))
             return run_rows(self, input_ids, starts, counts)
 
-        StaticQwen.run_rows = spy
+        StaticDecoder.run_rows = spy
     try:
         _runs(drafter, target, rt, random_prompts(4), policy)
     finally:
         if static_cache:
-            StaticQwen.run_rows = run_rows
+            StaticDecoder.run_rows = run_rows
     if static_cache:
         lead = drafter.batched(2)
         assert drafter.runner.static.rows == 1 and lead.runner.static.rows == 2

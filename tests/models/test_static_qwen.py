@@ -10,14 +10,14 @@ import re
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from conftest import VOCAB, overrides, random_prompts, sharpen, tiny_lm
 from specpolicy.core import tree
 from specpolicy.core.decoding import generate
 from specpolicy.core.runtime import CompileSettings, Runtime
 from specpolicy.drafters.ar import ARDrafter
-from specpolicy.runners.qwen import StaticQwen
+from specpolicy.runners.decoder import StaticDecoder
 from specpolicy.runners.static import bucket_of
 from specpolicy.verifiers.hf import HFVerifier
 from test_lossless import POLICIES, _drafter, _policy, assert_lossless
@@ -37,7 +37,7 @@ def test_logits_and_hidden_states_equal_hf_in_one_pass_and_in_chunks(target):
     ids = random_prompts(8)[5]  # 40 tokens
     ref = _hf(target, ids)
     for buckets in ((1, 2, 4, 8, 16, 32, 64), (1, 4)):  # (1, 4): ten chunks of 4
-        s = StaticQwen(target, 128, buckets=buckets)
+        s = StaticDecoder(target, 128, buckets=buckets)
         logits, states = s.run(ids)
         assert s.length == 40
         torch.testing.assert_close(logits, ref.logits[0], rtol=0, atol=1e-10)
@@ -51,7 +51,7 @@ def test_windows_of_the_cache_past_128_columns_give_the_same_logits(target):
     a 300-token sequence fed in chunks that cross 128 and 256 equals the HF pass."""
     ids = torch.randint(0, VOCAB - 1, (300,), generator=torch.Generator().manual_seed(3))
     ref = _hf(target, ids).logits[0]
-    s = StaticQwen(target, 400, buckets=(1, 2, 4, 8, 16, 32, 64))
+    s = StaticDecoder(target, 400, buckets=(1, 2, 4, 8, 16, 32, 64))
     got = [s.run(ids[:120])[0]]
     for a, b in ((120, 127), (127, 129), (129, 250), (250, 257), (257, 299), (299, 300)):
         got.append(s.run(ids[a:b])[0])
@@ -63,7 +63,7 @@ def test_continuing_and_rolling_back_is_a_length(target, pad):
     ids = random_prompts(8)[5]
     ref = _hf(target, ids).logits[0]
     # padded (runtime.pad_dynamic): what CUDA's static graphs run
-    s = StaticQwen(target, 128, buckets=(1, 2, 4), settings=CompileSettings(pad_dynamic=pad))
+    s = StaticDecoder(target, 128, buckets=(1, 2, 4), settings=CompileSettings(pad_dynamic=pad))
     assert s.pads == pad
     s.run(ids[:30])
     wrong, _ = s.run(torch.flip(ids[30:], [0]))  # a rejected draft
@@ -87,7 +87,7 @@ def test_tree_pass_equals_hf_tree_pass_and_keep_rows_equals_the_path_fed_alone(t
     with torch.no_grad():
         target(prompt[None, :-1], cache=cache, use_cache=True)
         ref = target(inputs[None], position_ids=positions[None], attention_mask=mask[None, None], cache=cache)
-    s = StaticQwen(target, 128, buckets=(1, 2, 4, 8))
+    s = StaticDecoder(target, 128, buckets=(1, 2, 4, 8))
     s.run(prompt[:-1])
     logits, _ = s.run(inputs, positions, mask)
     torch.testing.assert_close(logits, ref.logits[0], rtol=0, atol=1e-10)
@@ -101,7 +101,7 @@ def test_tree_pass_equals_hf_tree_pass_and_keep_rows_equals_the_path_fed_alone(t
 
 
 def test_bad_inputs_raise_one_line():
-    s = StaticQwen(tiny_lm(seed=0, layers=1), 16, buckets=(1, 4))
+    s = StaticDecoder(tiny_lm(seed=0, layers=1), 16, buckets=(1, 4))
     with pytest.raises(ValueError, match="do not fit the static cache of 16"):
         s.run(torch.zeros(17, dtype=torch.long))
     s.run(torch.zeros(10, dtype=torch.long))
@@ -110,11 +110,24 @@ def test_bad_inputs_raise_one_line():
     with pytest.raises(ValueError, match="exceeds the largest bucket 4"):
         bucket_of(5, (1, 4))
     assert [bucket_of(n) for n in (1, 2, 3, 5, 9, 17, 33, 64)] == [1, 2, 4, 8, 16, 32, 64, 64]
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4))
+    with pytest.raises(
+        ValueError, match="cannot run this model: it is model_type 'gpt2' .the compiled runtime runs llama"
+    ):
+        StaticDecoder(gpt2, 16)
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
     llama = LlamaForCausalLM(
-        LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            rope_parameters={"rope_theta": 10000.0, **dynamic},
+        )
     )
-    with pytest.raises(ValueError, match="runs qwen2, qwen3 models, got model_type='llama'"):
-        StaticQwen(llama, 16)
+    with pytest.raises(ValueError, match="has rope_scaling type 'dynamic', whose frequencies change"):
+        StaticDecoder(llama, 16)
     with pytest.raises(ValueError, match="runtime.compile must be true or false, got 'yes'"):
         Runtime("cpu", "float32", compile="yes")
 
@@ -143,27 +156,27 @@ def test_a_target_the_compiled_runtime_cannot_run_is_one_line_before_any_model_l
 
     from specpolicy.run.cli import main
 
-    llama = tmp_path / "llama-target"
-    shutil.copytree(family["target"], llama)
-    config = json.loads((llama / "config.json").read_text())
-    (llama / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    other = tmp_path / "gpt2-target"
+    shutil.copytree(family["target"], other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECPOLICY_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setattr("specpolicy.models.loading.load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
     args = [a for a in overrides(family) if not a.startswith("verifier.model=")]
-    monkeypatch.setattr(sys, "argv", ["specpolicy", *args, f"verifier.model={llama}", "runtime.compile=true"])
+    monkeypatch.setattr(sys, "argv", ["specpolicy", *args, f"verifier.model={other}", "runtime.compile=true"])
     with pytest.raises(SystemExit) as info:
         main()
     assert info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"error: runtime.compile=true runs qwen2 or qwen3 targets, but verifier.model='{llama}' is model_type "
-        "'llama' (use runtime.compile=false)"
+        f"error: runtime.compile=true cannot run verifier.model='{other}': it is model_type 'gpt2' (the compiled "
+        "runtime runs llama, mistral, qwen2, qwen3); or use runtime.compile=false"
     ]
 
 
 def _static(verifier_or_drafter, model, compile=False):
     """Put a model on the static runtime after building it (eager static cache: no compilation)."""
-    verifier_or_drafter.static = StaticQwen(model, 512, compile=compile)
+    verifier_or_drafter.static = StaticDecoder(model, 512, compile=compile)
     return verifier_or_drafter
 
 
@@ -353,7 +366,7 @@ def test_compiled_cpu_passes_of_every_width_equal_hf(cpu_matmul, freeze, target,
     ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(5))
     before = {k: v.clone() for k, v in target.state_dict().items()}
     settings = CompileSettings(cpu_matmul=cpu_matmul, cpu_freeze=freeze)
-    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=settings)
+    s = StaticDecoder(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=settings)
     assert s.reduction == (cpu_matmul == "reduction")
     for n in range(1, 9):
         ref = _hf(target, ids[: 37 + n])
@@ -376,7 +389,7 @@ def test_compiled_cpu_passes_run_at_their_exact_width_on_one_graph(pad, target, 
     from torch._dynamo.utils import counters
 
     ids = torch.randint(0, VOCAB - 1, (45,), generator=torch.Generator().manual_seed(6))
-    s = StaticQwen(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=CompileSettings(pad_dynamic=pad))
+    s = StaticDecoder(target, 64, compile=True, buckets=(1, 2, 4, 8), settings=CompileSettings(pad_dynamic=pad))
     s.warmup()
     graphs = counters["stats"]["unique_graphs"]
     widths = []
@@ -449,7 +462,7 @@ def test_eagle3_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(eag
         verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))
         drafter = Eagle3Drafter(head, embed, layers, VOCAB, runtime, frozenset({VOCAB - 1}))
         if static:
-            verifier.static = StaticQwen(target, 512)
+            verifier.static = StaticDecoder(target, 512)
             drafter.static = StaticEagle3(head, embed, 600)
         built = make_policy(get_plugin_manager(autoload=False), policy)
         runs.append(
@@ -596,7 +609,7 @@ def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(fam
         if static:
             from specpolicy.runners.dflash import StaticDFlash
 
-            verifier.static = StaticQwen(verifier.model, verifier.max_context)
+            verifier.static = StaticDecoder(verifier.model, verifier.max_context)
             drafter.static = StaticDFlash(drafter.model, 600)
         built = make_policy(pm, policy)
         runs.append(
@@ -692,7 +705,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
     cache per request, accepted entries left where they were written), and EAGLE-3's and the AR
     drafter's requests drafting on a batched static cache of their own (``StaticEagle3``,
-    ``StaticQwen`` of several sequences: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
+    ``StaticDecoder`` of several sequences: one sequence each, idle ones untouched): 10 prompts through 4 slots (requests join and leave), static and FailFast
     policies -- every request's output, drafts and accepted lengths are those of the eager
     batch-1 loop (float64). Sampling: plain decoding of 4 requests on the static batched verifier
     draws the same tokens as the eager batched verifier under the same seed; sampling requests
@@ -719,7 +732,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     }
     prompts = [p[: 3 + 4 * i] for i, p in enumerate(random_prompts(10, seed=5))]
     static = HFVerifier(target, runtime, stop)
-    static.static = StaticQwen(target, static.max_context)
+    static.static = StaticDecoder(target, static.max_context)
     eager = HFVerifier(target, runtime, stop)
     pm = get_plugin_manager(autoload=False)
     for choice in (
@@ -734,8 +747,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         d, q = make()
         if kind == "eagle3":  # the head's static cache too: the requests draft on StaticEagle3's sequences
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
-        if kind == "ar":  # the AR drafter's: its requests draft on a StaticQwen's sequences
-            d.static = StaticQwen(d.model, d.max_context)
+        if kind == "ar":  # the AR drafter's: its requests draft on a StaticDecoder's sequences
+            d.static = StaticDecoder(d.model, d.max_context)
         leads = []
         if d is not None:  # keep the drafter the run copies (Drafter.batched)
             d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
@@ -743,7 +756,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
         if kind in ("eagle3", "ar"):  # the run's shared sequences: used, and every one given back
             shared = leads[-1]._shared
-            assert isinstance(shared.static, StaticEagle3 if kind == "eagle3" else StaticQwen)
+            assert isinstance(shared.static, StaticEagle3 if kind == "eagle3" else StaticDecoder)
             assert shared.static.rows == 4
             assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) > 0
         assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(10))
@@ -760,7 +773,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         if kind == "eagle3" and verifier is static:
             d.static = StaticEagle3(head, target.get_input_embeddings(), 600)
         if kind == "ar" and verifier is static:
-            d.static = StaticQwen(d.model, d.max_context)
+            d.static = StaticDecoder(d.model, d.max_context)
         leads.clear()
         if d is not None:
             d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
@@ -800,7 +813,7 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
 def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoint, kind, compiled, target6):
     """``runtime.compile=true`` with EAGLE-3 or the AR drafter, batch size 3, 6 prompts, static
     k = 3: the requests draft on the drafter's compiled batched cache (``StaticEagle3``,
-    ``StaticQwen`` of 3 sequences; built once for the batch size, its compile seconds in the warm-up) --
+    ``StaticDecoder`` of 3 sequences; built once for the batch size, its compile seconds in the warm-up) --
     every request's output and drafts are those of the eager batch-1 loop, and the run compiles no
     graph past the warm-up."""
     from torch._dynamo.utils import counters
