@@ -36,6 +36,7 @@ next round's ``forward_passes``).
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,7 +44,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
@@ -70,7 +71,8 @@ from specpolicy.models.loading import (
 )
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
-from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner
+from specpolicy.runners.causal import CausalSequence
+from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets
 
 NAME = "fastdllm"
 
@@ -159,6 +161,13 @@ class FastDLLMDrafter(Drafter):
     block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
     code checks against τ and counts toward N_max (``policy.confidence_scope=small_block``).
 
+    Runtimes: the algorithm is stated once (``_draft_steps``, one step of passes over the ``R``
+    requests that still draft; ``draft`` is ``R`` = 1) and ``FastDLLMRunner`` runs each step: the
+    Hugging Face forward on a cache per request (several requests: one padded pass), or on the
+    compiled runtime (``runtime.compile``, a Qwen2/Qwen3 model) a static KV cache under a block-wise
+    causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
+    pass for every request at each step.
+
     Host syncs: one per unmasking pass (the algorithm's "how far is the draft unmasked, and does
     it hold a stop token?" test), plus one when a block's first drafted token is read for a stop
     token; none without stop tokens when the pass had a single masked position or the threshold
@@ -192,6 +201,11 @@ class FastDLLMDrafter(Drafter):
         confidence_dtype: ``"float32"`` (softmax/argmax in at least float32) or ``"model"``
             (in the model dtype, as the official code; see ``specpolicy.models.fastdllm.greedy``).
             Greedy drafting only: sampling warps in float32 either way.
+        path_search: DiffuSpec's path search over each unmasking pass's lattice (None: the
+            threshold rule above).
+        static_cache: run the passes on the static KV cache (``FastDLLMRunner``; default:
+            ``runtime.compile`` with a Qwen2/Qwen3 model); compiled only when ``runtime.compile``
+            (uncompiled it is a cheap check of the compiled runtime's passes).
     Raises:
         ValueError: naming the parameter for a bad ``block_size``, ``small_block_size``,
             ``threshold`` or ``confidence_dtype``; naming the mask token when the tokenizer has none (or its id is
@@ -212,6 +226,7 @@ class FastDLLMDrafter(Drafter):
         stop_token_ids: Iterable[int] = (),
         confidence_dtype: str = "float32",
         path_search: PathSearch | None = None,
+        static_cache: bool | None = None,
     ):
         check_settings(block_size, small_block_size, threshold, confidence_dtype)
         mask_id = mask_token_id_of(tokenizer)
@@ -230,8 +245,9 @@ class FastDLLMDrafter(Drafter):
         #: (order - 1,) int64: the last committed tokens, the path search's n-gram context
         self._recent = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
         self.max_context = context_length(model)
-        #: how a pass runs: one request on its own cache, or many requests' blocks in one padded pass
-        self.runner = FastDLLMRunner(model, attn, block_size)
+        #: how a pass runs: eager (a cache per request; several requests padded into one pass), or
+        #: on the compiled runtime's static cache (one sequence per request)
+        self.runner = FastDLLMRunner(model, attn, block_size, runtime, self.max_context, static_cache)
         dev = runtime.torch_device
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
@@ -246,7 +262,7 @@ class FastDLLMDrafter(Drafter):
             torch.arange(max(a, 1) - 1, a + small_block_size - 1, device=dev)
             for a in range(0, block_size, small_block_size)
         ]
-        self.cache: DynamicCache | None = None
+        self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
         self._tail: torch.Tensor | None = None  # (L - base,) int64 committed tokens of the partial block
@@ -285,11 +301,34 @@ class FastDLLMDrafter(Drafter):
         (V,) float32 or None)."""
         n = int(ids.shape[0])
         self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
-        logits = self.runner.write(self.cache, ids, start)  # (1, V)
+        logits = self.runner.write(self.sequence, ids, start)  # (1, V)
         tok, conf, probs = self._choose(logits, block_first=True)
         return tok[0], conf[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
+
+    def batched(self, slots: int) -> FastDLLMDrafter:
+        """The drafter the batched loop copies per request: on the static cache, one whose copies
+        each take a sequence of one static cache of ``slots`` sequences (``FastDLLMRunner.batched``)
+        in ``prefill`` and give it back in ``release``; eager, this drafter."""
+        if self.runner.static is None:
+            return self
+        lead = copy.copy(self)
+        lead.runner, lead.sequence = self.runner.batched(slots), None
+        return lead
+
+    def __copy__(self) -> FastDLLMDrafter:
+        """``Drafter.__copy__``; a copy of a drafter on a static cache of one sequence (not from
+        ``batched``) drafts eagerly: requests would overwrite each other's sequence."""
+        clone = super().__copy__()
+        if clone.runner.static is not None and not clone.runner.shared:
+            clone.runner, clone.sequence = clone.runner.eager(), None
+        return clone
+
+    def release(self) -> None:
+        """This request's sequence is free for the next (a static cache's; eager: nothing held)."""
+        self.runner.close(self.sequence)
+        self.sequence = None
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -313,7 +352,8 @@ class FastDLLMDrafter(Drafter):
         prompt_ids = prompt_ids.to(self._device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         B = self.block_size
-        self.cache = self.runner.open()
+        self.release()
+        self.sequence = self.runner.open()
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
@@ -509,7 +549,7 @@ class FastDLLMDrafter(Drafter):
         position the draft must reach (exclusive). Raises as ``draft``."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
-        if self.cache is None:
+        if self.sequence is None:
             raise RuntimeError("draft() called before prefill()")
         B = self.block_size
         if self._blk_start is None:
@@ -585,8 +625,8 @@ class FastDLLMDrafter(Drafter):
         pass (the block's last logit, its keys and values kept)."""
         if kind == "cross":
             self._cross_keep()
-            return FastDLLMPass(self.cache, self._blk_ids, self._blk_start, None, writes=True)
-        return FastDLLMPass(self.cache, self._blk_ids, self._blk_start, self._unmask_keep(), writes=False)
+            return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, None, writes=True)
+        return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, self._unmask_keep(), writes=False)
 
     def _current_draft(self) -> Draft:
         d0 = self._draft_start(self._blk_start)
@@ -627,7 +667,7 @@ class FastDLLMDrafter(Drafter):
             ValueError: if ``draft`` does not start with this round's drafted tokens (its length
                 minus ``reused_tokens`` differs from the tokens drafted this round).
         """
-        if self.cache is None:
+        if self.sequence is None:
             raise RuntimeError("commit() called before prefill()")
         own = draft.length - draft.reused_tokens
         if own != self._k:
@@ -648,7 +688,7 @@ class FastDLLMDrafter(Drafter):
             if block_end > matched_end:
                 break
             valid_end, first = block_end, block_first
-        self.runner.crop(self.cache, valid_end)
+        self.sequence.crop(valid_end)
 
         seq = torch.cat([self._tail, committed])  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B
@@ -665,7 +705,8 @@ class FastDLLMDrafter(Drafter):
 
 def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
-    ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded),
+    ``threshold``, the attention (sdpa or eager), the compiled runtime's buckets against the block
+    size (``check_buckets``), the model's directory and weights (not loaded),
     and with ``path_search=cps`` its settings and n-gram file (against the target's tokenizer)."""
     check_keys("drafter", config, CONFIG_KEYS)
     model_name = config.get("model", "dllm-drafter")
@@ -688,6 +729,8 @@ def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
             f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null"
         )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
+    if (run_config.get("runtime") or {}).get("compile"):
+        check_buckets(block_size, run_config["runtime"].get("buckets") or (block_size,))
     if config.get("path_search", "none") != "none":
         check_path_search(config, target_vocabulary(run_config))
 
