@@ -147,9 +147,17 @@ def test_copies_share_only_a_batched_static_cache(dllm):
 
 def test_a_largest_bucket_splitting_a_block_is_refused_in_one_line(dllm):
     rt = Runtime("cpu", "float64", seed=0, compiled=CompileSettings(buckets=(1, 2, 4, 12)))
-    with pytest.raises(ValueError, match=r"^runtime.buckets=\[1, 2, 4, 12\]: .* block_size=8") as err:
+    with pytest.raises(ValueError, match=r"^runtime\.buckets=\[1, 2, 4, 12\]: .*drafter\.block_size=8 ") as err:
         _drafter(dllm, rt, 0.05, True)
     assert "\n" not in str(err.value)
+    # before any model loads: the config check of drafter=fastdllm and drafter=deer (the bundled B = 32)
+    from specpolicy.drafters import deer, fastdllm
+
+    for plugin in (fastdllm, deer):
+        with pytest.raises(ValueError, match=r"^runtime\.buckets=\[1, 8\]: .*drafter\.block_size=32 "):
+            plugin.validate({}, {"runtime": {"compile": True, "buckets": [1, 8]}})
+        plugin.validate({}, {"runtime": {"compile": True, "buckets": [1, 64]}})
+        plugin.validate({}, {"runtime": {"compile": False, "buckets": [1, 8]}})
 
 
 @pytest.mark.slow
