@@ -6,9 +6,10 @@
 
 For each batch size B, the prompts go through the batched loop (``specpolicy.core.batching``) with
 up to B requests in flight (all arriving at once, or ``--arrival poisson --rate R``): vanilla
-batched decoding, every fixed K of ``--ks`` (``policy=static``), vLLM's per-batch-size schedule
-(``policy=batch-schedule``) and the batch-aware cost policy (``policy=goodput-batch``), with
-the drafter ``--drafter``; at B = 1 also today's batch-1 loop (``specpolicy.core.decoding.generate``,
+batched decoding and each method (``--method NAME``, repeated: ``conf/method/`` presets by name or
+one-offs as ``benchmarks/peers.py`` takes them, all on one drafter; default ``DEFAULT_METHODS``:
+the EAGLE-3 chain at every fixed K of 1, 2, 3, 4 and 6 (``static-k<K>`` rows), vLLM's per-batch-size
+schedule (``batch-schedule``) and the batch-aware cost policy (``goodput-batch``)); at B = 1 also today's batch-1 loop (``specpolicy.core.decoding.generate``,
 "loop-1"), the reference the batched loop is held to. Methods run interleaved (rotating order
 per batch size) after one untimed warm-up, on a quiet machine (``specpolicy.analysis.machine``:
 ``timing_conditions``). Reported per (B, method): throughput (generated tokens/s over all
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
+from peers import Bench, MethodSpec, add_model_arguments, parse_method, start_benchmark  # noqa: E402
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched  # noqa: E402
 from specpolicy.analysis.machine import MachineWatch  # noqa: E402
@@ -42,15 +44,27 @@ from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.serving import RequestTiming, arrival_times, summarize  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 
+#: The methods a run without ``--method`` measures beside vanilla: ``conf/method/`` presets by name,
+#: all on one drafter (the EAGLE-3 chain at fixed K, vLLM's per-batch-size schedule, the batch-aware
+#: cost policy). A row is named by its preset's name less the drafter's (``static-k1``, ...).
+DEFAULT_METHODS = (
+    "eagle3+static-k1",
+    "eagle3+static-k2",
+    "eagle3+static-k3",
+    "eagle3+static-k4",
+    "eagle3+static-k6",
+    "eagle3+batch-schedule",
+    "eagle3+goodput-batch",
+)
 
-def methods(bench: Bench, drafter: str, ks: list[int]) -> list[tuple[str, Any, Any]]:
-    """``(name, drafter, policy)`` of every method (vanilla has neither)."""
-    out = [("vanilla", None, None)]
-    out += [(f"static-k{k}", bench.drafters[drafter], bench.policy("static", drafter, k=k)) for k in ks]
-    out += [
-        ("batch-schedule", bench.drafters[drafter], bench.policy("batch-schedule", drafter)),
-        ("goodput-batch", bench.drafters[drafter], bench.policy("goodput-batch", drafter)),
-    ]
+
+def methods(bench: Bench, specs: list[MethodSpec]) -> list[tuple[str, Any, Any]]:
+    """``(row, drafter, policy)`` of vanilla (neither) and every method (``parse_method``), the row
+    its name less ``<drafter>+``."""
+    out: list[tuple[str, Any, Any]] = [("vanilla", None, None)]
+    for spec in specs:
+        drafter, policy = bench.parts(spec)
+        out.append((spec.name.removeprefix(f"{spec.drafter}+"), drafter, policy))
     return out
 
 
@@ -106,7 +120,7 @@ def run_method(
 
 def measure(bench: Bench, prompts: list[torch.Tensor], args: argparse.Namespace, log) -> dict[str, Any]:
     ks = [int(k) for k in args.ks.split(",")]
-    table = methods(bench, args.drafter, ks)
+    table = methods(bench, args.specs)
     arrivals = arrival_times(len(prompts), args.arrival, args.rate, args.seed)
     reference = [
         generate(ids, bench.verifier, bench.runtime, max_new_tokens=args.max_new_tokens).output_ids.tolist()
@@ -269,8 +283,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,2,4,8,16")
-    p.add_argument("--drafter", default="eagle3")
-    p.add_argument("--ks", default="1,2,3,4,6", help="the fixed speculation lengths compared")
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME[=OVERRIDES]",
+        help="a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py takes it; "
+        "repeat for several, all on one drafter, with a static-k<K> row for each fixed K and the batch-schedule and "
+        "goodput-batch rows (default: DEFAULT_METHODS); vanilla always runs",
+    )
     p.add_argument("--arrival", default="all_at_once", choices=("all_at_once", "poisson"))
     p.add_argument("--rate", type=float, default=0.0, help="requests/s for --arrival poisson")
     p.add_argument("--seed", type=int, default=0)
@@ -282,8 +304,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, the methods composed before any model loads: ``args.specs`` (the methods),
+    ``args.method`` (as given), ``args.drafter`` (theirs) and ``args.ks`` (the fixed K of their
+    ``static-k<K>`` rows, comma-joined)."""
+    p = parser()
+    args = p.parse_args(argv)
+    args.specs = args.method or [parse_method(name) for name in DEFAULT_METHODS]
+    rows = [s.name.removeprefix(f"{s.drafter}+") for s in args.specs]
+    drafters = sorted({s.drafter for s in args.specs})
+    if len(drafters) > 1:
+        p.error(f"--method: the methods run on one drafter, got {', '.join(drafters)}")
+    missing = [r for r in ("batch-schedule", "goodput-batch") if r not in rows]
+    ks = [r.removeprefix("static-k") for r in rows if re.fullmatch(r"static-k\d+", r)]
+    if missing or not ks:
+        p.error(f"--method: the summary compares static-k<K> rows with batch-schedule and goodput-batch, got {rows}")
+    args.method, args.drafter, args.ks = [s.given for s in args.specs], drafters[0], ",".join(ks)
+    return args
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     log = start_benchmark(args.threads)
     bench = Bench(args)
     prompts = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, args.dataset_path, args.num_prompts)]
@@ -292,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = measure(bench, prompts, args, log)
     result = {
         "settings": {
-            **vars(args),
+            **{k: v for k, v in vars(args).items() if k != "specs"},
             "device": str(bench.runtime.torch_device),
             "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),

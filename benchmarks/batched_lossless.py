@@ -20,17 +20,28 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, add_model_arguments, start_benchmark  # noqa: E402
+from peers import Bench, MethodSpec, add_model_arguments, parse_method, start_benchmark  # noqa: E402
 
 from specpolicy.core.batching import generate_batch  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 
+#: The matrix checked: every built-in chain drafter x every chain policy, at the config groups'
+#: defaults (``drafter=D policy=P``: composed and validated as ``benchmarks/peers.py``'s one-offs).
 DRAFTERS = ("ar", "fastdllm", "suffix", "dflash", "eagle3")
 POLICIES = ("static", "failfast", "specdecpp", "aimd", "heuristic", "goodput", "goodput-batch", "batch-schedule")
-#: Policy configs that extend another (``conf/policy/heuristic.yaml``: aimd in a mode), as overrides of it.
-DERIVED = {"heuristic": ("aimd", {"mode": "heuristic", "off_when_slower": False})}
+
+
+def matrix(drafters: list[str], policies: list[str], reuse: bool) -> list[MethodSpec]:
+    """The methods of the matrix, ``<drafter>+<policy>[+reuse]`` each, composed by ``parse_method``
+    (Hydra, plugin validation) before any model loads.
+
+    Raises:
+        argparse.ArgumentTypeError: one line naming an unknown drafter or policy.
+    """
+    suffix, extra = ("+reuse", ",reuse.enabled=true") if reuse else ("", "")
+    return [parse_method(f"{d}+{p}{suffix}=drafter={d},policy={p}{extra}") for d in drafters for p in policies]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -46,6 +57,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reuse", action="store_true", help="with draft reuse (reuse.enabled=true) in every run")
     p.add_argument("--out", default=None, help="JSON output")
     args = p.parse_args(argv)
+    try:
+        specs = matrix(args.drafters.split(","), args.policies.split(","), args.reuse)
+    except argparse.ArgumentTypeError as exc:
+        p.error(f"--drafters/--policies: {exc}")
     log = start_benchmark(args.threads)
     bench = Bench(args)
     prompts = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
@@ -56,28 +71,25 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     table: dict[str, dict[str, int]] = {}
-    for drafter_name in args.drafters.split(","):
-        drafter = bench.drafters[drafter_name]
-        for choice in args.policies.split(","):
-            row = {}
-            for b in sizes:
-                base, overrides = DERIVED.get(choice, (choice, {}))
-                out = generate_batch(
-                    prompts,
-                    bench.verifier,
-                    bench.runtime,
-                    max_new_tokens=args.max_new_tokens,
-                    batch_size=b,
-                    drafter=drafter,
-                    policy=bench.policy(base, drafter_name, **overrides),
-                    reuse=DraftReuse(args.reuse_min_match) if args.reuse else None,
-                )
-                row[str(b)] = sum(
-                    out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference) if i in out.results
-                )
-            label = f"{drafter_name}+{choice}" + ("+reuse" if args.reuse else "")
-            table[label] = row
-            log(f"{label}: " + ", ".join(f"B={b} {row[str(b)]}/{len(prompts)}" for b in sizes))
+    for spec in specs:
+        row = {}
+        for b in sizes:
+            drafter, policy = bench.parts(spec)  # a fresh policy per run
+            out = generate_batch(
+                prompts,
+                bench.verifier,
+                bench.runtime,
+                max_new_tokens=args.max_new_tokens,
+                batch_size=b,
+                drafter=drafter,
+                policy=policy,
+                reuse=DraftReuse(args.reuse_min_match) if spec.reuse else None,
+            )
+            row[str(b)] = sum(
+                out.results[i].output_ids.tolist() == ref for i, ref in enumerate(reference) if i in out.results
+            )
+        table[spec.name] = row
+        log(f"{spec.name}: " + ", ".join(f"B={b} {row[str(b)]}/{len(prompts)}" for b in sizes))
     every = all(v == len(prompts) for row in table.values() for v in row.values())
     result = {"settings": vars(args), "identical": table, "all_lossless": every}
     print(

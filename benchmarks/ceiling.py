@@ -9,9 +9,10 @@ policy knows what the drafter tells it. This benchmark measures how much of the 
 them is the policy's rule and how much is its information, by giving ``goodput`` (the cost-aware
 policy) more and more information and costing every run with ONE cost model:
 
-* ``static-k5`` and ``failfast`` (paper defaults): checks. Their decisions do not depend on timings,
+* ``static-k5`` and ``failfast`` (paper defaults; the presets ``<drafter>+static-k5`` and
+  ``<drafter>+failfast``, ``METHODS``): checks. Their decisions do not depend on timings,
   so their fractions reproduce the peer run's exactly when ``--costs`` is that run's JSON;
-* ``goodput``: calibration learned online as shipped, but its costs given (the cost model, as a
+* ``goodput`` (the preset ``<drafter>+goodput``): calibration learned online as shipped, but its costs given (the cost model, as a
   hardware profile) instead of measured, so its decisions are free of timing noise; its longest
   draft is the oracle's (``max_length``), as for the variants below;
 * ``goodput-hindsight``: its calibration (confidence x position -> P(accepted | earlier accepted),
@@ -64,6 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  benchmarks/peers.py: the shared model loading and policy configs
 
 DRAFTERS = ("fastdllm", "ar")
+#: The rules costed on each drafter: ``conf/method/`` presets by name, ``<drafter>+<row>`` (the rows of
+#: the table): the static and FailFast checks, and goodput, run with its costs given and its longest
+#: draft the oracle's, then with more information (``goodput-hindsight``, ``goodput-verdict``, ...).
+ROWS = ("static-k5", "failfast", "goodput")
+METHODS = tuple(f"{d}+{row}" for d in DRAFTERS for row in ROWS)
 
 
 class ReferenceVerifier(Verifier):
@@ -171,7 +177,7 @@ def frozen(policy, results: list[GenerationResult]) -> Any:
     return policy
 
 
-def cost_models(args, bench, prompt_ids) -> dict[str, tuple[CostModel, int]]:
+def cost_models(args, bench, prompt_ids, specs: dict[str, peers.MethodSpec]) -> dict[str, tuple[CostModel, int]]:
     """Per drafter: ``(cost model, longest speculation)`` from ``--costs`` (a peer run's JSON: its
     fitted cost model and its oracle's ``max_length``), or measured here: a timed static-k5 run with
     the real target and vanilla steps, and ``DEFAULT_MAX_LENGTH``."""
@@ -194,7 +200,7 @@ def cost_models(args, bench, prompt_ids) -> dict[str, tuple[CostModel, int]]:
                 bench.runtime,
                 max_new_tokens=args.max_new_tokens,
                 drafter=bench.drafters[d],
-                policy=bench.policy("static", k=5),
+                policy=bench.parts(specs[f"{d}+static-k5"])[1],
             ).rounds
         ]
         out[d] = (CostModel.fit(rounds, van), DEFAULT_MAX_LENGTH)
@@ -212,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.num_prompts < 1 or args.max_new_tokens < 1:
         p.error("--num-prompts and --max-new-tokens must be >= 1")
+    specs = {name: peers.parse_method(name) for name in METHODS}  # composed before any model loads
     log = peers.start_benchmark(args.threads)
     began = time.perf_counter()
     bench = peers.Bench(args)
@@ -223,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for ids in prompt_ids
     ]
     log(f"references: {len(references)} prompts, {time.perf_counter() - start:.1f} s")
-    costs = cost_models(args, bench, prompt_ids)
+    costs = cost_models(args, bench, prompt_ids, specs)
     verifier = ReferenceVerifier(bench.verifier)
     results: dict[str, Any] = {"drafters": {}}
     for d in DRAFTERS:
@@ -237,13 +244,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         drafter = bench.drafters[d]
         verdict = VerdictDrafter(drafter, verifier)
 
-        def goodput():  # costs given, longest draft the oracle's
-            return bench.policy("goodput", cost_profile=profile, max_length=cap)
+        def goodput(d=d, profile=profile, cap=cap):  # costs given, longest draft the oracle's
+            return bench.parts(specs[f"{d}+goodput"], cost_profile=profile, max_length=cap)[1]
 
         runs: dict[str, list[GenerationResult]] = {}
         plans = [
-            ("static-k5", drafter, lambda: bench.policy("static", k=5)),
-            ("failfast", drafter, lambda: bench.policy("failfast")),
+            ("static-k5", drafter, lambda d=d: bench.parts(specs[f"{d}+static-k5"])[1]),
+            ("failfast", drafter, lambda d=d: bench.parts(specs[f"{d}+failfast"])[1]),
             ("goodput", drafter, goodput),
             ("goodput-hindsight", drafter, lambda: frozen(goodput(), runs["goodput"])),
             ("goodput-verdict", verdict, goodput),

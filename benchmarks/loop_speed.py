@@ -23,12 +23,9 @@ from specpolicy.data.datasets import load_prompts
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
 
 #: name -> the config overrides of its drafter and policy (None: vanilla decoding).
-METHODS = {
-    "vanilla": None,
-    "fastdllm+failfast": ["drafter=fastdllm", "policy=failfast"],
-    "eagle3+static": ["drafter=eagle3", "policy=static"],
-    "dflash+failfast": ["drafter=dflash", "policy=failfast"],
-}
+METHODS = {"vanilla": None} | {
+    name: [f"method={name}"] for name in ("fastdllm+failfast", "eagle3+static-k5", "dflash+failfast")
+}  # conf/method/ presets by name
 
 
 def _config(overrides: list[str]) -> dict:

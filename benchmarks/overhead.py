@@ -3,8 +3,9 @@
 
     python benchmarks/overhead.py --num-prompts 5 --max-new-tokens 256 --out overhead.json
 
-For each method (default: vanilla, the static / FailFast / reuse variants of our drafters, and the
-drafters that read the target with chains and trees), the
+For vanilla and each method (``--method NAME``: ``conf/method/`` presets by name, or one-offs as
+``benchmarks/peers.py`` takes them; default ``DEFAULT_METHODS``: the static / FailFast / reuse
+variants of our drafters, and the drafters that read the target with chains and trees), the
 prompts are decoded with ``specpolicy.core.decoding.generate`` while forward hooks
 (``specpolicy.analysis.profiling.ForwardTimer``) time every forward pass of the target and of the
 drafter's model. Reported per method, summed over prompts:
@@ -37,42 +38,43 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, add_model_arguments  # noqa: E402
+from peers import Bench, MethodSpec, add_model_arguments, parse_method  # noqa: E402
 
 from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 
-#: (name, drafter, policy config choice, policy overrides, reuse)
-METHODS = (
-    ("vanilla", None, None, {}, False),
-    ("ar+static-k5", "ar", "static", {"k": 5}, False),
-    ("ar+failfast", "ar", "failfast", {}, False),
-    ("fastdllm+static-k5", "fastdllm", "static", {"k": 5}, False),
-    ("fastdllm+failfast", "fastdllm", "failfast", {}, False),
-    ("fastdllm+failfast+reuse", "fastdllm", "failfast", {}, True),
-    ("suffix+failfast", "suffix", "failfast", {}, False),
-    ("ar+goodput", "ar", "goodput", {}, False),
-    ("fastdllm+goodput", "fastdllm", "goodput", {}, False),
-    ("suffix+goodput", "suffix", "goodput", {}, False),
-    ("dflash+failfast", "dflash", "failfast", {}, False),
-    ("eagle3+static-k5", "eagle3", "static", {"k": 5}, False),
-    ("eagle3+eagle2-tree", "eagle3", "eagle2-tree", {"depth": 6, "top_k": 4, "total_tokens": 16}, False),
-    ("dflash+failfast-tree", "dflash", "failfast-tree", {}, False),
-    ("dflash+block-tree", "dflash", "block-tree", {}, False),
+#: The methods a run without ``--method`` measures beside vanilla, in table order: ``conf/method/``
+#: presets by name (their settings and one-line descriptions live there).
+DEFAULT_METHODS = (
+    "ar+static-k5",
+    "ar+failfast",
+    "fastdllm+static-k5",
+    "fastdllm+failfast",
+    "fastdllm+failfast+reuse",
+    "suffix+failfast",
+    "ar+goodput",
+    "fastdllm+goodput",
+    "suffix+goodput",
+    "dflash+failfast",
+    "eagle3+static-k5",
+    "eagle3+eagle2-tree-d6k4t16",
+    "dflash+failfast-tree",
+    "dflash+block-tree",
 )
 
 
 def measure(
-    bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, warmup: int = 1, methods=METHODS
+    bench: Bench, prompt_ids: list[torch.Tensor], max_new_tokens: int, warmup: int = 1, specs: list[MethodSpec] = ()
 ) -> dict[str, dict[str, Any]]:
-    """The overhead figures of every method (see the module docstring)."""
+    """The overhead figures of vanilla and every method of ``specs`` (``parse_method``; see the
+    module docstring), rows named by the methods."""
     rows: dict[str, dict[str, Any]] = {}
     runners = []
-    for name, drafter_name, choice, over, reuse in methods:
-        drafter = bench.drafters[drafter_name] if drafter_name else None
-        policy = bench.policy(choice, drafter_name, **over) if choice else None
+    for spec in [None, *specs]:  # vanilla first: no drafter, no policy
+        name, reuse = (spec.name, spec.reuse) if spec else ("vanilla", False)
+        drafter, policy = bench.parts(spec) if spec else (None, None)
         model = getattr(drafter, "timed_calls", None) or getattr(drafter, "model", None)  # a pass's entry points
         rows[name] = dict.fromkeys(
             (
@@ -188,14 +190,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default=None, help="JSON output")
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME[=OVERRIDES]",
+        help="a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py "
+        "takes it; repeat for several (default: DEFAULT_METHODS); vanilla always runs",
+    )
     args = p.parse_args(argv)
+    specs = args.method or [parse_method(name) for name in DEFAULT_METHODS]
+    args.method = [s.given for s in specs]  # recorded in the settings as given
     if args.threads:
         torch.set_num_threads(args.threads)
     bench = Bench(args)
     prompts = load_prompts(args.dataset, args.dataset_path, args.num_prompts)
     ids = [q.token_ids(bench.tokenizer) for q in prompts]
     start = time.perf_counter()
-    rows = measure(bench, ids, args.max_new_tokens, args.warmup)
+    rows = measure(bench, ids, args.max_new_tokens, args.warmup, specs)
     result = {
         "settings": {
             **vars(args),

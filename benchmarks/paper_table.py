@@ -8,8 +8,8 @@ passes per round), for its baselines and the two ablations, in one process.
         --out benchmarks/results/paper                  # the four data sets side by side
     python -m specpolicy.analysis.paper_figures reliability benchmarks/results/paper-gsm8k/runs/failfast
 
-Methods: ``conf/method/`` presets by name, one per row (``METHOD_TITLES``; the preset holds the
-settings and the one-line description, the row's name is the preset's), run under the paper's
+Methods: ``conf/method/`` presets by name, one per row (``PAPER_ROWS``: the paper's row name -> the
+preset that holds its settings and one-line description), run under the paper's
 protocol (``protocol``: the ``--failfast-*`` settings, the unmask thresholds, the calibrated k);
 ``--method NAME`` picks other presets, ``--method NAME=OVERRIDES`` adds a one-off as
 ``benchmarks/peers.py`` takes it. The paper's rows (the bundled family by default; ``--target``,
@@ -107,21 +107,39 @@ PROFILE_TITLES = {
     "a6000-qwen7b": "Qwen2.5-7B-Instruct",
 }
 ACCOUNTINGS = ("project", "official")
-#: Table rows, in order: ``conf/method/`` preset name -> title.
-METHOD_TITLES = {
-    "ar": "AR drafter",
-    "fast-dllm": "Fast-dLLM",
-    "fast-dllm-plus": "Fast-dLLM+",
-    "failfast": "FailFast",
-    "fail-fast-only": "Fail fast only (ablation)",
-    "win-big-only": "Win big only (ablation)",
-    "eagle3": "EAGLE-3 (chain)",
-    "eagle3-tree": "EAGLE-3 (w/ draft tree)",
-    "dart-tree": "DART (w/ draft tree)",
-    "dart-failfast": "DART + FailFast",
-    "falcon-tree": "Falcon (w/ draft tree)",
-    "deer": "DEER (static k = 32)",
+#: The paper's rows, in order: the row's name (the paper's, as in ``benchmarks/results/paper-*``) ->
+#: (the ``conf/method/`` preset it runs, its title). Two rows may run one preset under the protocol:
+#: Fast-dLLM at the AR drafter's calibrated k, Fast-dLLM+ at its own (``TAKES_K``).
+PAPER_ROWS = {
+    "ar": ("ar+static-k5", "AR drafter"),
+    "fast-dllm": ("fastdllm-default", "Fast-dLLM"),
+    "fast-dllm-plus": ("fastdllm-default", "Fast-dLLM+"),
+    "failfast": ("fastdllm+failfast", "FailFast"),
+    "fail-fast-only": ("fail-fast-only", "Fail fast only (ablation)"),
+    "win-big-only": ("win-big-only", "Win big only (ablation)"),
+    "eagle3": ("eagle3+static-k5", "EAGLE-3 (chain)"),
+    "eagle3-tree": ("eagle3+eagle2-tree-paper", "EAGLE-3 (w/ draft tree)"),
+    "dart-tree": ("dart+dart-tree", "DART (w/ draft tree)"),
+    "dart-failfast": ("dart+failfast", "DART + FailFast"),
+    "falcon-tree": ("falcon+falcon-tree", "Falcon (w/ draft tree)"),
+    "deer": ("deer-k32", "DEER (static k = 32)"),
 }
+#: Table rows, in order: row name -> title.
+METHOD_TITLES = {row: title for row, (_, title) in PAPER_ROWS.items()}
+
+
+def paper_row(row: str) -> MethodSpec:
+    """The paper's row ``row`` (``PAPER_ROWS``): its preset, composed by ``parse_method``, under the row's name."""
+    return replace(parse_method(PAPER_ROWS[row][0]), name=row)
+
+
+def _by_name(spec: MethodSpec) -> bool:
+    """Whether ``spec`` is a row by name (a preset, or a paper row on its preset): the protocol applies."""
+    return spec.given == spec.name or (
+        spec.name in PAPER_ROWS and spec.overrides == [f"method={PAPER_ROWS[spec.name][0]}"]
+    )
+
+
 DATASET_TITLES = {"math500": "MATH-500", "aime24": "AIME 2024", "gsm8k": "GSM8K", "humaneval": "HumanEval"}
 TRAINING_NOTE = (
     "The bundled model family (10.5M-parameter target, 2.4M-parameter drafters) is trained on "
@@ -191,7 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_method,
         default=[],
         metavar="NAME[=OVERRIDES]",
-        help="a row by its conf/method/ preset's name (under the paper's protocol: the --failfast-* settings, "
+        help="a row by its conf/method/ preset's name or a paper row's (PAPER_ROWS; under the paper's protocol: the --failfast-* settings, "
         "the thresholds, the calibrated k of " + ", ".join(TAKES_K) + "), or a one-off NAME=drafter=D,policy=P,... "
         "(as given); repeat for several (default: the paper's rows, " + ", ".join(METHOD_TITLES) + ")",
     )
@@ -231,8 +249,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"the calibration slice [{args.calibration_offset}, {cal_end}) overlaps the evaluation slice "
             f"[{args.offset}, {eval_end})"
         )
-    args.rows = args.method or [parse_method(name) for name in METHOD_TITLES]
-    presets = [s for s in args.rows if s.given == s.name]  # by name: the protocol applies
+    args.rows = args.method or [paper_row(name) for name in METHOD_TITLES]
+    presets = [s for s in args.rows if _by_name(s)]  # by name: the protocol applies
     args.presets = {s.name: s for s in presets + [parse_method(n) for n in CALIBRATED.values()]}
     return args
 
@@ -251,7 +269,7 @@ def resolve_falcon(args: argparse.Namespace) -> str | None:
 # -- methods -----------------------------------------------------------------------------------------
 
 #: The calibration's static-k sweeps (``--k-grid``): label prefix -> the preset it sweeps.
-CALIBRATED = {"ar": "ar", "fast-dllm": "fast-dllm-plus", "eagle3": "eagle3"}
+CALIBRATED = {"ar": "ar+static-k5", "fast-dllm": "fastdllm-default", "eagle3": "eagle3+static-k5"}
 #: The rows that take a calibrated k: row -> the calibration prefix whose best k it runs ("Our
 #: Fast-dLLM baseline adopts the same speculation length as the AR drafter", App. D.1).
 TAKES_K = {"ar": "ar", "fast-dllm": "ar", "fast-dllm-plus": "fast-dllm", "eagle3": "eagle3"}

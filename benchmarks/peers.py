@@ -74,6 +74,7 @@ import json
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
@@ -95,7 +96,11 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.types import GenerationResult, RoundRecord
 from specpolicy.data.datasets import load_prompts
+from specpolicy.models.acceptance_head import wire_acceptance
+from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier
+
+warnings.simplefilter("default", SpecpolicyDeprecationWarning)  # shown, as the CLI shows them (one line each)
 
 HF_DEFAULT_ASSISTANT_TOKENS = 20  # transformers GenerationConfig default num_assistant_tokens
 HF_DEFAULT_CONFIDENCE = 0.4  # transformers GenerationConfig default assistant_confidence_threshold
@@ -157,6 +162,11 @@ DEFAULT_METHODS = (
     "fastdllm+goodput+reuse",
     "ar+goodput",
     "ar+goodput+reuse",
+    "ar+goodput-head",
+    "ar+specdecpp",
+    "ar+specdecpp-head",
+    "ar+specdecpp-tuned",
+    "ar+specdecpp-head-tuned",
     "suffix+static-k5",
     "suffix+failfast",
     "suffix+goodput",
@@ -165,9 +175,17 @@ DEFAULT_METHODS = (
     "dflash+failfast-b15",
     "dflash+failfast-best",
     "dflash+specdecpp",
+    "dflash+specdecpp-head",
+    "dflash+specdecpp-head-tuned",
+    "dflash+failfast-head",
     "dflash+goodput",
     "eagle3+static-best",
     "eagle3+goodput",
+    "eagle3+goodput-head",
+    "eagle3+specdecpp",
+    "eagle3+specdecpp-head",
+    "eagle3+specdecpp-tuned",
+    "eagle3+specdecpp-head-tuned",
     "eagle3+eagle2-tree-paper",
     "eagle3+eagle2-tree-best",
     "dflash+failfast-tree",
@@ -184,6 +202,16 @@ def preset_names() -> list[str]:
     """The method presets this install ships (``conf/method/*.yaml``), sorted: the accepted names
     of ``--method NAME``."""
     return sorted(p.name.removesuffix(".yaml") for p in (resources.files("specpolicy.conf") / "method").iterdir())
+
+
+def preset_aliases() -> dict[str, str]:
+    """The deprecated preset names of this install and the preset each names (``method.alias_of``:
+    the same configuration under a second name; loadable, one deprecation line each)."""
+    folder = resources.files("specpolicy.conf") / "method"
+    found = {
+        p.name.removesuffix(".yaml"): re.search(r"^  alias_of: (\S+)", p.read_text(), re.M) for p in folder.iterdir()
+    }
+    return {name: match.group(1) for name, match in sorted(found.items()) if match}
 
 
 @dataclass
@@ -277,7 +305,8 @@ def parse_method(text: str, one_off: bool = True) -> MethodSpec:
     except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, in one line
         if not sep and type(exc).__name__ == "MissingConfigException":
             raise argparse.ArgumentTypeError(
-                f"{name!r} is not a method preset (conf/method/); accepted: {', '.join(preset_names())}; "
+                f"{name!r} is not a method preset (conf/method/); accepted: "
+                f"{', '.join(n for n in preset_names() if n not in preset_aliases())}; "
                 "or a one-off NAME=drafter=D,policy=P[,policy.KEY=VALUE ...]"
             ) from None
         line = composition_key_line(exc, overrides) or (one_line(exc) or (str(exc), 2))[0].removeprefix("error: ")
@@ -288,8 +317,9 @@ def parse_method(text: str, one_off: bool = True) -> MethodSpec:
 def _method_spec(name: str, config: dict[str, Any], overrides: list[str]) -> MethodSpec:
     """The ``MethodSpec`` of a composed run ``config``, its policy (and drafter settings, if any)
     validated by their plugins."""
-    from specpolicy.run.validation import validate_plugin_config
+    from specpolicy.run.validation import validate_plugin_config, warn_method_alias
 
+    warn_method_alias(config)  # a deprecated preset name: one line naming the one to use
     drafter = str(config["drafter"]["name"])
     if drafter not in BENCH_DRAFTERS:
         raise argparse.ArgumentTypeError(
@@ -384,19 +414,32 @@ class Bench:
         """Policy ``choice`` as ``policy=<choice>`` composes it with ``drafter=<drafter>``."""
         return make_policy(self.pm, {**_conf("policy", choice, drafter), **overrides})
 
-    def added(self, spec: MethodSpec) -> Method:
-        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
-        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
-        pm = get_plugin_manager(block=spec.block)
-        policy = make_policy(pm, spec.policy)
-        min_match = self.args.reuse_min_match
+    def parts(self, spec: MethodSpec, **policy_overrides) -> tuple[Any, Any]:
+        """``(drafter, policy)`` of a method (``parse_method``): the bench's drafter (one of its own
+        where the method sets ``drafter.KEY``s, shared by the methods with the same ones), loaded now,
+        outside any timed call, and a new policy built by the plugin manager as the CLI builds it
+        (entry-point plugins included), ``policy_overrides`` set on its config node."""
+        policy = make_policy(get_plugin_manager(block=spec.block), {**spec.policy, **policy_overrides})
         key = spec.drafter
         if spec.drafter_settings:  # a drafter of its own settings, shared by the methods with the same ones
             key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
             self.drafters.register(key, self._drafter_factory(spec.drafter, spec.drafter_settings))
-        model = self.drafters[key]  # loaded now, outside any timed call
+        return self.drafters[key], policy
+
+    def added(self, spec: MethodSpec) -> Method:
+        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
+        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
+        model, policy = self.parts(spec)
+        min_match = self.args.reuse_min_match
+        # policy.acceptance=head: its head loaded for this drafter; the shared drafter reports its hidden
+        # states only for the methods that read them
+        settings = dict(_conf("drafter", spec.drafter))
+        if getattr(self.args, f"{spec.drafter}_drafter", None):  # the bench's own model of that drafter
+            settings["model"] = getattr(self.args, f"{spec.drafter}_drafter")
+        hidden = wire_acceptance(policy, model, {**settings, **(spec.drafter_settings or {})})
 
         def run(ids):
+            model.report_hidden = hidden
             return generate(
                 ids,
                 self.verifier,
@@ -424,25 +467,6 @@ class Bench:
             return generate(ids, self.verifier, self.runtime, max_new_tokens=self.args.max_new_tokens)
 
         return Method("vanilla", "ours", None, "our greedy decoding (reference)", run)
-
-    def ours(self, drafter: str, choice: str, reuse: bool, label: str | None = None, **policy_overrides) -> Method:
-        policy = self.policy(choice, drafter, **policy_overrides)
-        name = f"{drafter}+{label or choice}" + ("+reuse" if reuse else "")
-        min_match = self.args.reuse_min_match
-        model = self.drafters[drafter]  # loaded now, outside any timed call
-
-        def run(ids):
-            return generate(
-                ids,
-                self.verifier,
-                self.runtime,
-                max_new_tokens=self.args.max_new_tokens,
-                drafter=model,
-                policy=policy,
-                reuse=DraftReuse(min_match) if reuse else None,
-            )
-
-        return Method(name, "ours", drafter, f"{policy!r}" + (" + draft reuse" if reuse else ""), run)
 
     # -- Hugging Face methods ----------------------------------------------------------------
 
@@ -788,7 +812,7 @@ COLUMNS = (
     (f"{FIGURES['mean_accepted_length'].short} / {FIGURES['mean_speculation_length_drafted'].short}", "_lengths", "{}"),
     *figure_columns(("rounds", "drafter_passes_per_round", "lossless")),
     ("oracle fraction (exact replay)", "oracle_fraction", "{:.3f}"),
-    *figure_columns(("modeled_speedup_vs_vanilla",)),
+    *figure_columns(("modeled_speedup_vs_vanilla", "host_ms_per_round", "host_step_share")),
 )
 
 
@@ -1082,6 +1106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             **({"cost_profile": m.policy["cost_profile"]} if m.policy.get("cost_profile") else {}),
             **headline(summary),
             **{k: own[k] for k in ("generated_tokens", "wall_s", "drafter_forward_passes", "draft_ms", "verify_ms")},
+            "host_ms": own.get("host_ms"),  # outside the model passes (RoundRecord.host_ms), summed; None: HF's rows
+            "host_step_profile": summary.get("host_step_profile"),
             "not_lossless": summary.get("not_lossless", {}),
             "modeled_speedup_tuned_profile": (summary.get("modeled") or {})
             .get("speedup_by_profile", {})

@@ -39,8 +39,12 @@ compilation (``Runtime.warmup_s``: the target's and the drafters' graphs) and ea
 system's temp directory) makes a second process's warm-up much shorter: both are worth quoting.
 
 The floor of one decoding step on this machine: max(the target's weight bytes / the measured
-read bandwidth, 2 x its parameters / the measured float matmul rate), measured here (a 256 MB
-reduction; 512 x 512 matmuls). Methods run interleaved per prompt (rotating order).
+memory bandwidth, 2 x its parameters / the measured float matmul rate), measured here: the
+bandwidth is the best of repeated STREAM probes (copy, scale, add, triad over arrays far larger
+than the last-level cache, the run's torch threads; ``specpolicy.analysis.bandwidth``), every probe
+and their spread stored under ``machine.bandwidth_probes`` and each row's ``x_floor_slowest_probe``
+beside ``x_floor``; the matmul rate from 512 x 512 matmuls. Methods run interleaved per prompt
+(rotating order).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import MethodSpec, _conf, parse_method  # noqa: E402
 
+from specpolicy.analysis.bandwidth import stream_probes, x_floor_range  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.core.runtime import Runtime  # noqa: E402
@@ -65,24 +70,17 @@ from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy, make_verifier  # noqa: E402
 
 
-def measure_floor(device: torch.device, dtype: torch.dtype, reps: int = 5) -> dict[str, float]:
-    """This machine's read bandwidth (GB/s: a reduction over 256 MB, best of ``reps``) and matmul
-    rate (GFLOP/s: 512 x 512 in ``dtype``, best of ``reps`` runs of 20)."""
+def measure_floor(device: torch.device, dtype: torch.dtype, reps: int = 5, probes: int = 10) -> dict[str, Any]:
+    """This machine's memory bandwidth (GB/s: the best of STREAM's copy / scale / add / triad over
+    arrays far larger than the last-level cache, ``probes`` runs each, with the run's torch threads;
+    every probe and their spread kept under ``bandwidth_probes``: ``specpolicy.analysis.bandwidth``)
+    and matmul rate (GFLOP/s: 512 x 512 in ``dtype``, best of ``reps`` runs of 20)."""
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    x = torch.ones(64 * 2**20, dtype=torch.float32, device=device)  # 256 MB
-    best = float("inf")
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        x.sum()
-        sync()
-        best = min(best, time.perf_counter() - t)
-    bandwidth = x.numel() * 4 / best / 1e9
-    del x
+    stream = stream_probes(device, threads=torch.get_num_threads(), repeats=probes)
     a = torch.randn(512, 512, dtype=dtype, device=device)
     best = float("inf")
     for _ in range(reps):
@@ -92,7 +90,11 @@ def measure_floor(device: torch.device, dtype: torch.dtype, reps: int = 5) -> di
             a @ a
         sync()
         best = min(best, time.perf_counter() - t)
-    return {"bandwidth_GBps": bandwidth, "matmul_GFLOPs": 20 * 2 * 512**3 / best / 1e9}
+    return {
+        "bandwidth_GBps": stream["bandwidth_GBps"],
+        "matmul_GFLOPs": 20 * 2 * 512**3 / best / 1e9,
+        "bandwidth_probes": stream,
+    }
 
 
 def step_floor_ms(model: torch.nn.Module, machine: dict[str, float]) -> dict[str, float]:
@@ -420,6 +422,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": tps,
             "ms_per_token": 1e3 / tps if tps else None,
             "x_floor": (1e3 / tps) / floor["floor_ms"] if tps else None,
+            "x_floor_slowest_probe": x_floor_range(1e3 / tps, floor, machine["bandwidth_probes"])[1] if tps else None,
             "speedup_vs_eager_vanilla": tps / base if base else None,
             "mean_accepted_length": s["accepted"] / s["rounds"] if s["rounds"] else None,
             "first_prompt_s": first_s[name],
@@ -465,6 +468,11 @@ def print_table(result: dict[str, Any]) -> None:
         f"floor: {f['floor_ms']:.3f} ms/token (weights {f['weights_bytes'] / 1e6:.1f} MB read: {f['read_ms']:.3f} ms at "
         f"{result['machine']['bandwidth_GBps']:.1f} GB/s; FLOPs {f['flops_ms']:.3f} ms at "
         f"{result['machine']['matmul_GFLOPs']:.0f} GFLOP/s)"
+    )
+    spread = result["machine"]["bandwidth_probes"]["spread"]
+    print(
+        f"bandwidth: best of {spread['count']} STREAM probes; min / median / max {spread['min']:.1f} / "
+        f"{spread['median']:.1f} / {spread['max']:.1f} GB/s"
     )
     print(
         f"warm-up: compiled runtime {w['compiled_runtime_s']:.1f} s (its models built in "

@@ -9,8 +9,8 @@ for a Fast-dLLM v2 drafter on 7B-32B targets. Another drafter -- a different cal
 confidences, a different cost per pass -- may want others, and the issue that added the drafters
 that read the target allows "defaults retuned for this drafter and stated". This runs every
 ``(N, τ)`` of the grid (each with N_max = ``--n-max``), FailFast's defaults (the policy's own, N_max
-included), and static k of
-``--static-k`` on the same prompts with the same drafter, interleaved per prompt (rotating order,
+included), static k of ``--static-k`` (each row composed and validated as ``benchmarks/peers.py``'s
+one-offs: ``grid_methods``) and any ``--method`` row (a ``conf/method/`` preset by name) on the same prompts with the same drafter, interleaved per prompt (rotating order,
 one untimed warm-up prompt: ``peers.run_interleaved``), and reports tokens/s, the speedup over
 vanilla greedy decoding in the same run, the mean accepted length and the number of prompts whose
 output equals vanilla's. Tune on rows that the comparison you report does not use
@@ -33,7 +33,16 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, add_model_arguments, check_prompt_slice, failfast_label, run_interleaved, start_benchmark  # noqa: E402
+from peers import (  # noqa: E402
+    Bench,
+    MethodSpec,
+    add_model_arguments,
+    check_prompt_slice,
+    failfast_label,
+    parse_method,
+    run_interleaved,
+    start_benchmark,
+)
 
 from specpolicy.analysis.machine import MachineWatch, warning_line  # noqa: E402
 from specpolicy.analysis.metrics import aggregate  # noqa: E402
@@ -72,11 +81,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     p.add_argument("--out", default=None, help="JSON output")
+    p.add_argument(
+        "--method",
+        action="append",
+        type=parse_method,
+        default=[],
+        metavar="NAME[=OVERRIDES]",
+        help="another row beside the grid: a conf/method/ preset by name (e.g. dflash-failfast-tuned) or a one-off "
+        "as benchmarks/peers.py takes it; repeat for several",
+    )
     args = p.parse_args(argv)
     if args.n_max < max(args.n_grid):
         p.error(f"--n-max must be >= the largest N of --n-grid ({max(args.n_grid)}), got {args.n_max}")
     check_prompt_slice(p, args)
+    args.specs = grid_methods(args) + args.method
+    args.method = [s.given for s in args.method]  # recorded in the settings as given
     return args
+
+
+def grid_methods(args: argparse.Namespace) -> list[MethodSpec]:
+    """The rows beside vanilla, composed by ``parse_method`` (Hydra, the policy's validation) before
+    any model loads: FailFast at its defaults, static k of ``--static-k`` and every ``(N, τ)`` of the
+    grid (N_max ``--n-max``) on ``--drafter`` D, named ``D+failfast``, ``D+static-k<k>`` and
+    ``D+failfast-n<N>-t<τ>``."""
+    d = args.drafter
+    return (
+        [parse_method(f"{d}+failfast=drafter={d},policy=failfast")]
+        + [parse_method(f"{d}+static-k{k}=drafter={d},policy=static,policy.k={k}") for k in args.static_k]
+        + [
+            parse_method(
+                f"{d}+{failfast_label((n, tau))}=drafter={d},policy=failfast,policy.n={n},policy.tau={tau},"
+                f"policy.n_max={args.n_max}"
+            )
+            for n in args.n_grid
+            for tau in args.tau_grid
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -87,14 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ids = [q.token_ids(bench.tokenizer) for q in prompts]
     d = args.drafter
     grid = [(n, tau) for n in args.n_grid for tau in args.tau_grid]
-    methods = (
-        [bench.vanilla(), bench.ours(d, "failfast", False)]
-        + [bench.ours(d, "static", False, f"static-k{k}", k=k) for k in args.static_k]
-        + [
-            bench.ours(d, "failfast", False, failfast_label(pair), n=pair[0], tau=pair[1], n_max=args.n_max)
-            for pair in grid
-        ]
-    )
+    methods = [bench.vanilla()] + [bench.added(spec) for spec in args.specs]
     log(f"{len(methods)} methods x {len(ids)} prompts ...")
     watch = MachineWatch()
     watch.start()
@@ -108,7 +141,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     base = aggregate(vanilla.outcomes)["tokens_per_s"]
     rows = []
     defaults = FailFastPolicy()
-    for m, pair in zip(methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid):
+    for m, pair in zip(
+        methods, [None, (defaults.n, defaults.tau)] + [None] * len(args.static_k) + grid + [None] * len(args.method)
+    ):
         agg = aggregate(m.outcomes)
         rounds = [r for o in m.outcomes for r in o.rounds]
         rows.append(
@@ -128,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     best = max(tuned, key=lambda r: r["tokens_per_s"])
     result = {
         "settings": {
-            **vars(args),
+            **{k: v for k, v in vars(args).items() if k != "specs"},
             "device": str(bench.runtime.torch_device),
             "dtype": str(bench.runtime.torch_dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),

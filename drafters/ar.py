@@ -13,7 +13,7 @@ from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose_rows, sample, warp
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.loading import (
     check_attention,
     check_model_source,
@@ -79,6 +79,12 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         self._passes = 0
         self._sampling: SamplingConfig | None = None  # None: greedy
 
+    @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass (``specpolicy.core.passes``): the model's forward and, on the
+        compiled runtime, the static runner's ``run``."""
+        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         n = int(prompt_ids.shape[0])
@@ -102,6 +108,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
 
     def _new_round(self) -> None:
         self._tokens, self._confs, self._probs, self._passes = [], [], [], 0
+        self._hidden: list[torch.Tensor] = []  # report_hidden: (1, H) last hidden state per drafted token
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
@@ -129,6 +136,12 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         inputs = self._tokens[-1] if self._tokens else self._unfed
         if self.static is not None:
             return self.static.run(inputs)[0][-1]
+        if self.report_hidden:  # the LM head's input (the final norm's output) at the last position
+            out = self.model(
+                input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True
+            )
+            self._hidden.append(out.hidden_states[-1][0, -1:])
+            return out.logits[0, -1]
         return self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
 
     @classmethod
@@ -218,9 +231,15 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         return choose_rows(logits, [d._sampling for d in drafters], drafters[0].runtime.generator)
 
     def _round_draft(self) -> Draft:
-        """The round's draft so far (q rows when sampling)."""
+        """The round's draft so far (q rows when sampling; ``extras[LAST_HIDDEN]`` when ``report_hidden``
+        and every drafted token's pass ran alone, eagerly)."""
         probs = torch.cat(self._probs) if self._probs else None
-        return Draft(torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs)
+        extras = (
+            {LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden and len(self._hidden) == len(self._tokens) else {}
+        )
+        return Draft(
+            torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs, extras=extras
+        )
 
     @staticmethod
     def _draft_together(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:

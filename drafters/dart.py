@@ -130,6 +130,7 @@ class DartDrafter(Drafter):
         self._passes = 0
         self._returned = 0
         self._stop_at: int | None = None  # index of the first drafted stop token
+        self._hidden: list[torch.Tensor] = []  # report_hidden: (d, H) what the LM head read, per pass
 
     def _pass(self) -> bool:
         """One pass: the newly committed pairs (the round's first) or the previous pass's drafted
@@ -162,6 +163,8 @@ class DartDrafter(Drafter):
             if bool(hit.any()):  # the sync of a drafted stop token: the round's draft ends there
                 self._stop_at = self._tokens.shape[0] + int(hit.int().argmax())
         self._logits.append(logits)
+        if self.report_hidden:  # logits = lm_head(norm(out))
+            self._hidden.append(self.model.norm(out[0]))
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
         self._passes += 1
@@ -176,7 +179,8 @@ class DartDrafter(Drafter):
             if not self._pass():
                 break
         probs = torch.cat(self._probs) if self._probs else None
-        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes)
+        hidden = torch.cat(self._hidden) if self._hidden else None
+        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden)
         self._returned = draft.length
         return draft
 

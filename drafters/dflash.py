@@ -226,6 +226,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._passes = 0
         self._logits: list[torch.Tensor] = []  # (B - 1, V or Vd) per pass
         self._path_ended = False  # the path search ended the round's draft (its lattice or path stopped)
+        self._hidden: list[torch.Tensor] = []  # report_hidden: (m, H) the head's input at each pass's tokens
+        self._pass_hidden: torch.Tensor | None = None  # report_hidden: (B - 1, H) of the pass being recorded
 
     def _remember(self, committed: torch.Tensor) -> None:
         """Keep the last committed tokens before the pending one that an n-gram reads (the path
@@ -255,8 +257,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         runs -- eager, compiled, one request or many -- is the runner's (``DFlashRunner``)."""
         lead, new = drafters[0], drafters[0].block_size - 1
         outs = lead.runner.run([d._block_pass() for d in drafters])
-        for d in drafters:
+        for j, d in enumerate(drafters):
             d._context = None  # cached by the pass
+            if d.report_hidden:  # what the head reads at the block's last B - 1 positions
+                d._pass_hidden = outs[j][-new:]
         if len(drafters) == 1:  # (B - 1, H) through the head, the one-request pass's product
             logits = lead.head(outs[0][-new:])[None]
         else:
@@ -306,6 +310,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q ``(B - 1, V) float32`` when
         sampling, and the index in the block of the first drafted stop token (None: none)."""
         self._logits.append(logits)
+        if self._pass_hidden is not None:  # a path search's m tokens take the first m positions
+            self._hidden.append(self._pass_hidden[: tokens.shape[0]])
+            self._pass_hidden = None
         if stop_at is not None:
             self._stop_at = self._tokens.shape[0] + stop_at
         self._tokens = torch.cat([self._tokens, tokens])
@@ -335,7 +342,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def _handed_out(self, want: int) -> Draft:
         """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead."""
         probs = torch.cat(self._probs) if self._probs else None
-        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes)
+        hidden = torch.cat(self._hidden) if self._hidden and len(self._hidden) == self._passes else None
+        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden)
         self._returned = draft.length
         return draft
 

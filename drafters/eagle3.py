@@ -34,7 +34,7 @@ from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose_rows
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.eagle3 import (
     LAYER_ID_CONVENTIONS,
@@ -114,7 +114,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """The entry points of a pass: a tree's root and level passes (``_root_pass``,
         ``_tree_pass``), the head's forward, its fc (called directly on the target's features), its
         ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
-        ``alternatives``, which tree policies ask for) and the target's embeddings. Benchmarks time
+        ``alternatives``, which tree policies ask for), the target's embeddings and, compiled, the
+        static head's ``chain`` and ``passes``. Benchmarks time
         a drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return (
             (self, "_root_pass"),
@@ -125,7 +126,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             (self.model, "top_tokens"),
             (self, "alternatives"),
             self.embed_tokens,
-        )
+        ) + (((self.static, "chain"), (self.static, "passes")) if self.static is not None else ())
 
     @torch.no_grad()
     def prefill(
@@ -165,6 +166,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._passes = 0
         self._logits: list[torch.Tensor] = []  # (1, Vd) per drafted token
         self._ended = False  # a stop token was drafted
+        self._hidden: list[torch.Tensor] = []  # report_hidden: (1, H) the LM head's input per drafted token
 
     def _head_pass(self, tokens: torch.Tensor, hidden: torch.Tensor) -> HeadPass:
         """This request's part of the next pass: ``tokens`` ``(n,)`` with their features ``hidden``
@@ -211,6 +213,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         and its confidence ``(1,)``, and q over the draft vocabulary when sampling."""
         self._last_out = last_out
         self._logits.append(logits)
+        if self.report_hidden:  # what ``logits`` read: lm_head(norm(out))
+            self._hidden.append(self.model.norm(last_out[0]))
         if q is not None:  # q over the target vocabulary
             q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(
                 1, self._target_of_draft, q
@@ -277,11 +281,17 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             if bool(hit.any()):  # one sync per call: cut the draft at a drafted stop token
                 end = before + int(hit.int().argmax()) + 1
                 self._tokens, self._confs = self._tokens[:end], self._confs[:end]
-                self._probs = self._probs[:end]
+                self._probs, self._hidden = self._probs[:end], self._hidden[:end]
                 self._ended = True
         probs = torch.cat(self._probs) if self._probs else None
+        whole = self._hidden and len(self._hidden) == self._tokens.shape[0]  # not on compiled chains
         return Draft(
-            self._tokens, self._confs, forward_passes=self._passes, probs=probs, ends_at_stop_token=self._ended
+            self._tokens,
+            self._confs,
+            forward_passes=self._passes,
+            probs=probs,
+            ends_at_stop_token=self._ended,
+            extras={LAST_HIDDEN: torch.cat(self._hidden)} if whole else {},
         )
 
     @classmethod

@@ -37,7 +37,7 @@ from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig, choose
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.falcon import FalconDraftModel, FalconSpec, check_fits_target, load_falcon
 from specpolicy.models.kv import KVCache
@@ -114,6 +114,7 @@ class FalconDrafter(Drafter):
         self._block: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None  # (out (k, H), state)
         self._passes = 0
         self._ended = False
+        self._hidden: list[torch.Tensor] = []  # report_hidden: (k, H) what the LM head read, per pass
 
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Crop the drafted positions and the held-back pairs; queue the committed pairs
@@ -232,6 +233,8 @@ class FalconDrafter(Drafter):
                 end = int(hit.int().argmax()) + 1
                 tokens, confs = tokens[:end], confs[:end]
                 self._ended = True
+        if self.report_hidden:
+            self._hidden.append(out[: tokens.shape[0]])
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs.to(self._confs.dtype)])
         return True
@@ -247,6 +250,7 @@ class FalconDrafter(Drafter):
             lookahead=int(self._tokens.shape[0]) - n,
             lookahead_confidences=self._confs[n:],
             ends_at_stop_token=self._ended and n == int(self._tokens.shape[0]),
+            extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -54,6 +55,10 @@ class FailFastPolicy(LengthPolicy):
         n_max: N_max, longest draft in tokens, integer >= ``n`` (default 60); with
             ``small_block`` scope, the most small-block confidences before drafting stops.
         confidence_scope: ``"draft"`` (default, the paper) or ``"small_block"`` (the official code).
+        acceptance: what τ is compared with (``specpolicy.core.acceptance``): ``"confidence"``
+            (default, the paper) or ``"head"`` (SpecDec++'s trained acceptance head on the drafter's
+            last hidden states; ``draft`` scope only).
+        acceptance_head: with ``acceptance="head"``, the head's directory (None: the drafter's bundled head).
     Raises:
         ValueError: naming ``policy.n``, ``policy.tau``, ``policy.n_max`` or
             ``policy.confidence_scope`` when out of range; at a round, naming
@@ -63,7 +68,15 @@ class FailFastPolicy(LengthPolicy):
 
     name = NAME
 
-    def __init__(self, n: int = 10, tau: float = 0.45, n_max: int = 60, confidence_scope: str = "draft") -> None:
+    def __init__(
+        self,
+        n: int = 10,
+        tau: float = 0.45,
+        n_max: int = 60,
+        confidence_scope: str = "draft",
+        acceptance: str = "confidence",
+        acceptance_head: str | None = None,
+    ) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"policy.n must be an integer >= 1, got {n!r}")
         if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 <= tau <= 1.0:
@@ -78,17 +91,23 @@ class FailFastPolicy(LengthPolicy):
         self.tau = float(tau)
         self.n_max = n_max
         self.confidence_scope = confidence_scope
+        self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
+        if self.acceptance_choice.wants_head and confidence_scope != "draft":
+            raise ValueError(
+                f"policy.acceptance=head reads draft tokens: policy.confidence_scope must be draft, got {confidence_scope!r}"
+            )
 
     def next_length(self, draft: Draft) -> int:
         k = draft.length
         if k == 0:
+            self.acceptance_choice.new_round()
             return self.n
         if self.confidence_scope == "small_block":
             return self._official_rule(draft)
         if k >= self.n_max:
             self.draft_stop_reason = "n_max"
             return 0
-        if bool((draft.confidences < self.tau).any()):  # the one host sync of this decision
+        if bool((self.acceptance_choice.probs(draft) < self.tau).any()):  # the one host sync of this decision
             self.draft_stop_reason = "low_confidence"
             return 0  # fail fast: verify the draft as it stands
         return min(self.n, self.n_max - k)
@@ -118,7 +137,8 @@ class FailFastPolicy(LengthPolicy):
 
     def __repr__(self) -> str:
         scope = "" if self.confidence_scope == "draft" else f", confidence_scope={self.confidence_scope!r}"
-        return f"FailFastPolicy(n={self.n}, tau={self.tau}, n_max={self.n_max}{scope})"
+        head = ", acceptance='head'" if self.acceptance_choice.wants_head else ""
+        return f"FailFastPolicy(n={self.n}, tau={self.tau}, n_max={self.n_max}{scope}{head})"
 
 
 @hookimpl

@@ -86,6 +86,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.core.policy import LengthPolicy
@@ -151,6 +152,11 @@ class GoodputPolicy(LengthPolicy):
         prior_strength / position_strength / prior_acceptance: the calibration's pseudo-counts and
             prior (``specpolicy.core.calibration.AcceptanceCalibration``; defaults 4, 8, 0.5).
         rate_ema: weight of the newest round in the throughput average, in (0, 1] (default 0.05).
+        acceptance: the acceptance estimates the calibration maps to probabilities
+            (``specpolicy.core.acceptance``): ``"confidence"`` (default) or ``"head"`` (SpecDec++'s
+            trained head on the drafter's last hidden states, in the confidences' place: calibrated
+            by head estimate x position, learned online as for confidences).
+        acceptance_head: with ``acceptance="head"``, the head's directory (None: the drafter's bundled head).
         probe_interval: while the policy keeps speculation off, draft again after this many plain
             rounds of its choosing to refresh the estimates, integer >= 0 (default 16; 0 = never):
             two rounds of two passes at least when the drafter makes passes whose cost is measured
@@ -179,6 +185,8 @@ class GoodputPolicy(LengthPolicy):
         rate_ema: float = 0.05,
         probe_interval: int = 16,
         cost_drafter: str | None = None,
+        acceptance: str = "confidence",
+        acceptance_head: str | None = None,
     ) -> None:
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"policy.max_length must be an integer >= 1, got {max_length!r}")
@@ -202,6 +210,7 @@ class GoodputPolicy(LengthPolicy):
         self.keep_across_prompts = keep_across_prompts
         self.rate_ema = float(rate_ema)
         self.probe_interval = probe_interval
+        self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
         self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
         self._fresh()
         self._new_round()
@@ -242,6 +251,7 @@ class GoodputPolicy(LengthPolicy):
         self._chose_plain = False
         self._probing = False  # this round is a probe: its plan leaves out the verification's cost
         self._stop_at = -1  # draft length at which the plan already decided to stop (-1: none)
+        self._estimates: list[float] = []  # acceptance=head: the head's estimate of each drafted token read
 
     def reset(self) -> None:
         if not self.keep_across_prompts:
@@ -309,16 +319,20 @@ class GoodputPolicy(LengthPolicy):
         k = draft.length
         if k == 0:
             self._new_round()
+            self.acceptance_choice.new_round()
             if self._stale:
                 self._refresh()
         elif k == self._stop_at:  # the last answer took the decoded-ahead tokens up to the best length
             self.draft_stop_reason = "policy_bound" if k >= self.max_length else "low_confidence"
             return 0
-        ahead = draft.lookahead_confidences if draft.lookahead else None  # (lookahead,) or None
+        choice = self.acceptance_choice
+        ahead = choice.lookahead_probs(draft) if draft.lookahead else None  # (lookahead,) or None
         if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
             # decision and of the tokens decoded ahead, from one host read
-            new = draft.confidences[self._seen : k]
+            new = choice.probs(draft)[self._seen : k]
             conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
+            if choice.wants_head:  # the head's estimates take the confidences' place in the calibration
+                self._estimates[self._seen :] = conf[: k - self._seen].tolist()
             conf = conf[: self.max_length - self._seen]  # positions past max_length play no part
             rows = self._p_table[self._seen : self._seen + conf.size]  # (n, bins) positions seen+1.., a view
             p = rows[self._positions[: conf.size] - 1, self.calibration.confidence_bin(conf)]
@@ -417,7 +431,10 @@ class GoodputPolicy(LengthPolicy):
         self._probe_again = self._probing and caught_up and not self.costs.drafting_pinned
         self._chose_plain = False
         if 0 < own <= len(record.confidences):
-            self._pending.append((record.confidences[:own], min(record.accepted_length, own)))
+            seen = record.confidences[:own]
+            if self.acceptance_choice.wants_head:  # the head's estimates, the confidence where none was read
+                seen = tuple(self._estimates[:own]) + seen[len(self._estimates[:own]) :]
+            self._pending.append((seen, min(record.accepted_length, own)))
         self.costs.observe(record, drafting=not caught_up)
         self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
         self._updates += 1

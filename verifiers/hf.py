@@ -104,6 +104,12 @@ class HFVerifier(Verifier):
         return BatchedHFVerifier.like(self, pad_token_id)
 
     @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a target pass (``specpolicy.core.passes``): the model's forward and,
+        on the compiled runtime, the static runner's ``run``."""
+        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+
+    @property
     def cached_length(self) -> int:
         """Tokens held in the KV cache (the committed sequence minus the pending token)."""
         if self.static is not None:
@@ -153,13 +159,16 @@ class HFVerifier(Verifier):
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         if draft.is_tree:
             return self._verify_tree(draft, inputs, start)
-        if self.static is not None:  # compiled: one bucketed pass, same logits
+        hidden_states = None
+        if self.runtime.batch_invariant:  # the decoding step's one-token passes (runtime.batch_invariant)
+            logits, states, hidden_states = self._one_token_passes(inputs[0])
+        elif self.static is not None:  # compiled: one bucketed pass, same logits
             logits, states = self.static.run(inputs[0])
         else:
             out = self.model(
                 input_ids=inputs, cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers)
             )
-            logits = out.logits[0]  # (k + 1, V)
+            logits, hidden_states = out.logits[0], out.hidden_states  # (k + 1, V)
         if self._sampling is not None:
             accepted, target = self._verify_sampled(draft, logits)
         else:
@@ -176,10 +185,33 @@ class HFVerifier(Verifier):
         if self._feature_layers and self.static is not None:
             features = _static_features(states, self._feature_layers, slice(0, accepted + 1))
         elif self._feature_layers:  # the committed positions' hidden states, from this same pass
-            features = select_features(out.hidden_states, self._feature_layers, slice(0, accepted + 1))
+            features = select_features(hidden_states, self._feature_layers, slice(0, accepted + 1))
         return Verification(
             accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
         )
+
+    def _one_token_passes(self, tokens: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
+        """``runtime.batch_invariant``: ``tokens`` ``(n,)`` as n one-token passes, each on the cache the
+        previous one extended -- every logit and cache entry computed as vanilla decoding computes
+        it. Returns ``(logits (n, V), static states (n, L + 1, H) or None, HF hidden states or None)``."""
+        if self.static is not None:
+            runs = [self.static.run(tokens[i : i + 1]) for i in range(tokens.shape[0])]
+            return torch.cat([r[0] for r in runs]), torch.cat([r[1] for r in runs]), None
+        outs = [
+            self.model(
+                input_ids=tokens[None, i : i + 1],
+                cache=self.cache,
+                use_cache=True,
+                output_hidden_states=bool(self._feature_layers),
+            )
+            for i in range(tokens.shape[0])
+        ]
+        hidden = None
+        if self._feature_layers:  # per layer, the positions side by side: HF's (1, n, H) layout
+            hidden = tuple(
+                torch.cat([o.hidden_states[j] for o in outs], dim=1) for j in range(len(outs[0].hidden_states))
+            )
+        return torch.cat([o.logits[0] for o in outs]), None, hidden
 
     def _verify_tree(self, draft: Draft, inputs: torch.Tensor, start: int) -> Verification:
         """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to

@@ -69,6 +69,13 @@ class BatchedHFVerifier:
         return batched
 
     @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a target pass (``specpolicy.core.passes``): the model's forward and,
+        on the compiled runtime, the static runner's ``run_rows``."""
+        static = getattr(self, "static", None)
+        return (self.model,) + (((static, "run_rows"),) if static is not None else ())
+
+    @property
     def rows(self) -> int:
         """Requests in flight."""
         return len(self.lengths)

@@ -34,7 +34,7 @@ NEIGHBOUR_CLAIMS = [
         "Qwen3 targets, 0.5B dLLM drafter, one denoising step per 32-token block",
         "GSM8K at T = 0.6: 2.23x (tau 2.70); HumanEval 5.54x (tau 6.58)",
         "1.92x (tau 2.43) on GSM8K",
-        "here: `drafter=deer` (a LoRA on the bundled dLLM drafter), `method=deer`, `method=deer-failfast`",
+        "here: `drafter=deer` (a LoRA on the bundled dLLM drafter), `method=deer-k32`, `method=deer+failfast`",
     ),
     (
         "EasySpec",
@@ -42,7 +42,7 @@ NEIGHBOUR_CLAIMS = [
         "70B targets, 8 x A100, layer-parallel drafter",
         "up to 4.17x; drafting 1.62x faster",
         "-",
-        "here: `drafter=easyspec` (`layer_parallel`), `method=easyspec-ar`",
+        "here: `drafter=easyspec` (`layer_parallel`), `method=easyspec-lp2-k5`",
     ),
     (
         "DART",
@@ -50,7 +50,7 @@ NEIGHBOUR_CLAIMS = [
         "Qwen3-8B, H20, draft length 8",
         "2.71x, tau 3.61",
         "2.20x, tau 3.72",
-        "here: `drafter=dart`, `policy=dart-tree`, `method=dart-tree` / `dart-failfast` / `dart-static`",
+        "here: `drafter=dart`, `policy=dart-tree`, `method=dart+dart-tree` / `dart+failfast` / `dart-static`",
     ),
     (
         "Falcon",

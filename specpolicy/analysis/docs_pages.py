@@ -71,7 +71,8 @@ def _figure(key: str, fmt: str | None = None) -> Callable[[str, Mapping[str, Any
 
 def peers_columns(results: Mapping[str, Any]) -> list[tuple[str, Callable[[str, Mapping[str, Any]], str]]]:
     """The peer table's columns: ``(title, cell(name, method figures))``; titles and formats from
-    ``FIGURES``."""
+    ``FIGURES``. The host-work columns (``host_ms_per_round``, ``host_step_share``) appear when the
+    results measured them (runs of ``benchmarks/peers.py`` before host time was recorded have none)."""
     f = FIGURES
     tuned = results.get("tuned_profile")
     columns = [
@@ -89,6 +90,15 @@ def peers_columns(results: Mapping[str, Any]) -> list[tuple[str, Callable[[str, 
     ]
     if tuned:
         columns.append((f"MODELED speedup, {tuned}", _figure("modeled_speedup_tuned_profile", "{:.2f}x")))
+    if any(m.get("host_ms_per_round") is not None for m in results["methods"].values()):  # runs that measured it
+        step = next((m.get("host_step_profile") for m in results["methods"].values() if m.get("host_step_profile")), "")
+        columns.append((f["host_ms_per_round"].short, _figure("host_ms_per_round")))
+        columns.append(
+            (
+                f"{f['host_step_share'].short} ({step})" if step else f["host_step_share"].short,
+                _figure("host_step_share"),
+            )
+        )
     return columns
 
 
@@ -309,7 +319,9 @@ def batched_page(root: Path, name: str) -> str | None:
         s=s,
         command=(
             f"python benchmarks/batched.py --num-prompts {s['num_prompts']} --max-new-tokens {s['max_new_tokens']} "
-            f"--drafter {s['drafter']} --ks {s['ks']} --batch-sizes {s['batch_sizes']} --repeats {s['repeats']} "
+            + "".join(f"--method {s['drafter']}+static-k{k} " for k in str(s["ks"]).split(","))
+            + f"--method {s['drafter']}+batch-schedule --method {s['drafter']}+goodput-batch "
+            f"--batch-sizes {s['batch_sizes']} --repeats {s['repeats']} "
             f"--out benchmarks/results/{name} --figure benchmarks/results/{png}"
         ),
         spread=timing_line(results.get("timing_conditions"), "Spread"),

@@ -15,6 +15,27 @@ RUNTIME_PEERS_NAME = "peers-compiled-gsm8k-30x256.json"
 RUNTIME_CUDA_NAMES = ("runtime-cuda-graphs.json", "runtime-cuda-compiled.json")
 
 
+def x_floor_cell(row: Mapping[str, Any]) -> str:
+    """A row's 'x floor': at the best bandwidth probe, and ``slowest-best`` when the run kept the
+    probes' spread (``x_floor_slowest_probe``: the floor read at the slowest probe's bandwidth)."""
+    slow = row.get("x_floor_slowest_probe")
+    return f"{row['x_floor']:.1f}" if slow is None else f"{slow:.1f}-{row['x_floor']:.1f}"
+
+
+def probes_text(machine: Mapping[str, Any]) -> str:
+    """How the floor's bandwidth was measured: the STREAM probes' count and spread
+    (``specpolicy.analysis.bandwidth``), or that one probe ran (results from before the probes)."""
+    probes = machine.get("bandwidth_probes")
+    if not probes:
+        return "one 256 MB reduction, a single probe whose spread was not recorded"
+    spread = probes["spread"]
+    return (
+        f"the best of {spread['count']} STREAM probes (copy, scale, add, triad over {probes['array_bytes'] / 2**20:.0f} "
+        f"MiB arrays, {probes['threads']} threads; min / median / max {spread['min']:.1f} / {spread['median']:.1f} / "
+        f"{spread['max']:.1f} GB/s; 'x floor' reads slowest-best probe)"
+    )
+
+
 def runtime_row(name: str, row: Mapping[str, Any], with_floor: bool = True) -> list[str]:
     """One row of a ``benchmarks/runtime.py`` table: method, runtime (the part of ``name`` after
     ``@``; HF's rows have none), tokens/s, ms per token, x floor (``with_floor``), speedup over eager
@@ -24,7 +45,7 @@ def runtime_row(name: str, row: Mapping[str, Any], with_floor: bool = True) -> l
         name.partition("@")[2] or "Hugging Face",
         f"{row['tokens_per_s']:.1f}",
         f"{row['ms_per_token']:.2f}",
-        *([f"{row['x_floor']:.1f}"] if with_floor else []),
+        *([x_floor_cell(row)] if with_floor else []),
         f"{row['speedup_vs_eager_vanilla']:.2f}x",
         f"{row['mean_accepted_length']:.2f}" if row.get("mean_accepted_length") is not None else "-",
         "yes" if row["identical"] else "NO",
@@ -222,7 +243,7 @@ def _bars(results: Mapping[str, Any]) -> tuple[list[str], str]:
     )
     bars = [
         f"- compiled vanilla {tps['vanilla@compiled'] / tps['vanilla@eager']:.2f}x eager vanilla (bar: >= 3x) and "
-        f"{rows['vanilla@compiled']['x_floor']:.1f}x the floor per token (bar: within 4x);",
+        f"{x_floor_cell(rows['vanilla@compiled'])}x the floor per token (bar: within 4x);",
         f"- the fastest speculative method compiled, `{fast_compiled[1]}`, {fast_compiled[0] / fast_eager[0]:.2f}x the "
         f"fastest eager, `{fast_eager[1]}` (bar: >= 2x), and {fast_compiled[0] / assisted[0]:.2f}x HF assisted "
         f"generation's best schedule here, `{assisted[1]}` (bar: >= 3x);",
@@ -255,7 +276,7 @@ def runtime_page(
     )
     floor_line = (
         f"{floor['floor_ms']:.3f} ms a token -- the target's {floor['weights_bytes'] / 1e6:.1f} MB of weights at "
-        f"the {machine['bandwidth_GBps']:.1f} GB/s measured here ({floor['read_ms']:.3f} ms), its FLOPs at "
+        f"the {machine['bandwidth_GBps']:.1f} GB/s measured here ({probes_text(machine)}; {floor['read_ms']:.3f} ms), its FLOPs at "
         f"{machine['matmul_GFLOPs']:.0f} GFLOP/s ({floor['flops_ms']:.3f} ms); {s['torch_threads']} torch "
         f"threads, {s['dtype']}, torch {s['torch']}."
     )

@@ -63,6 +63,10 @@ FIGURES: dict[str, Figure] = {
         "draft depth per drafted round (mean; a tree: its deepest node)", "draft depth / drafted round", "{:.2f}", True
     ),
     "lossless": Figure("lossless (prompts equal to vanilla)", "lossless", "{}"),
+    "host_ms_per_round": Figure(
+        "host ms per round (outside the model passes: policy, searches, bookkeeping)", "host ms / round", "{:.3f}"
+    ),
+    "host_step_share": Figure("host ms per round / the profile's target step", "host / target step", "{:.1%}"),
     # serving (batched decoding): per request, over all requests of a batched run
     "throughput_tokens_per_s": Figure(
         "throughput (tokens/s, all requests)",

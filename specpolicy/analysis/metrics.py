@@ -94,6 +94,7 @@ def aggregate(results: Sequence[GenerationResult]) -> dict[str, Any]:
     spec_observed = sum(k for k, _ in seen)
     accepted = sum(a for _, a in seen)
     stops = Counter(r.draft_stop_reason or "unknown" for r in rounds)
+    host = [r.host_ms for r in rounds if r.host_ms is not None]  # rounds whose host time was measured
     finishes = Counter(r.finish_reason for r in rounds if r.finish_reason)
     return {
         "prompts": len(results),
@@ -117,6 +118,8 @@ def aggregate(results: Sequence[GenerationResult]) -> dict[str, Any]:
         "reused_tokens": sum(r.reused_tokens for r in rounds),
         "draft_ms": sum(r.draft_ms for r in rounds),
         "verify_ms": sum(r.verify_ms for r in rounds),
+        "host_ms": sum(host) if host else None,
+        "host_ms_per_round": sum(host) / len(host) if host else None,
         "draft_stop_reasons": {k: stops[k] for k in (*DRAFT_STOP_REASONS, "unknown") if stops.get(k)},
         "finish_reasons": {k: finishes[k] for k in FINISH_REASONS if finishes.get(k)},
         "acceptance_by_position": acceptance_by_position(rounds),
@@ -213,7 +216,16 @@ FIELDS: dict[str, str] = {
     "speedup_vs_vanilla": "tokens_per_s / vanilla_tokens_per_s (measured, token-weighted)",
     "lossless_fraction": "fraction of prompts whose output equals vanilla greedy decoding's token for token",
     "lossless": '"n/a (sampling)" when sampling: token identity with vanilla is not expected',
-    "not_lossless": "prompt id -> first differing output position, for prompts that are not lossless",
+    "not_lossless": "prompt id -> first differing output position, for prompts that are NOT lossless (a parting "
+    "that is no near-tie within the dtype's rounding, or that could not be measured)",
+    "lossless_counts": "greedy prompts by class: identical (token for token), numerically_equivalent (every "
+    "parting from vanilla at a near-tie: both emitted tokens within the dtype's rounding tolerance of the top "
+    "logit; float32: an exact tie), not_lossless (specpolicy.analysis.parting)",
+    "partings": "prompt id -> the first differing position, re-measured after decoding: its class, the two "
+    "emitted tokens, and per re-run pass (the method's verification pass, a one-token step) the top-2 logit "
+    "margin, each emitted token's logit gap to the top token and the tolerance",
+    "peak_memory": "the process's peak memory over the run: cpu_rss_bytes (getrusage ru_maxrss) and, on "
+    "CUDA, cuda_max_allocated_bytes (torch.cuda.max_memory_allocated)",
     "draft_stop_reasons": "rounds by why drafting stopped: low_confidence (a confidence rule), n_max "
     "(FailFast's N_max), policy_bound (static k / max_length / window), length_0 (the "
     "policy chose plain decoding for the round), room (max_new_tokens or context room), "
@@ -247,6 +259,15 @@ FIELDS: dict[str, str] = {
     "methods.*.reused_tokens": "draft tokens appended by draft reuse",
     "methods.*.draft_ms": "milliseconds spent drafting (drafter roll-back included), summed (a timing)",
     "methods.*.verify_ms": "milliseconds spent verifying, summed (a timing)",
+    "methods.*.host_ms": "host milliseconds, summed over rounds: each round's time outside the drafter's and the "
+    "target's model passes (policy, tree and path searches, n-gram lookups, acceptance, commit, bookkeeping; "
+    "RoundRecord.host_ms, specpolicy.core.passes); null when no round measured it (a timing)",
+    "methods.*.host_ms_per_round": "host_ms / the rounds that measured it (a timing)",
+    "methods.*.host_step_share": "host_ms_per_round / the latency profile's target step (target_ms_per_token of "
+    "host_step_profile): how much a round's host work would add to a real target step (a timing)",
+    "host_ms_per_round": "the speculative method's methods.*.host_ms_per_round (a timing)",
+    "host_step_share": "the speculative method's methods.*.host_step_share (a timing)",
+    "host_step_profile": "the latency profile whose target step host_step_share divides by",
     "modeled_speedup_vs_vanilla": "MODELED (not measured) speedup with the configured latency profile",
     "modeled_profile": "name of the latency profile of the modeled speedup",
     "modeled": "MODELED latency block: label, resolved profile, modeled ms, speedup_by_profile; a profile whose "

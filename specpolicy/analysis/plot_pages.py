@@ -328,7 +328,9 @@ def run_header(run: Run, root: Path, common: Sequence[str] = ()) -> list[str]:
         why = f", {summary['interrupted_by']}" if summary.get("interrupted_by") else ""
         name += f"<br><span class='partial'>partial run{html.escape(why)}</span>"
     lossless = html.escape(lossless_text(summary)) if summary else "-"
-    if summary.get("lossless_fraction") is not None and summary["lossless_fraction"] < 1:
+    counts = summary.get("lossless_counts")  # partings at near-ties (numerically equivalent) are not bad
+    fraction = summary.get("lossless_fraction")
+    if fraction is not None and (counts["not_lossless"] > 0 if counts else fraction < 1):
         lossless = f"<span class='bad'>{lossless}</span>"
     overrides = " ".join(
         f"<code class='nowrap'>{html.escape(o)}</code>" for o in job_overrides(run.directory) if o not in common

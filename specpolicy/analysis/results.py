@@ -16,6 +16,8 @@ Row format (``PromptResult.to_row`` / ``PromptResult.from_row``)::
     vanilla_output_ids                                   # only when they differ from output_ids
                                                          # (an old row, with vanilla_stop_reason,
                                                          # never has them)
+    parting                                              # greedy, when they differ: the measured
+                                                         # parting (specpolicy.analysis.parting)
     skipped                                              # only for a prompt that was not decoded
                                                          # (longer than the context): the reason;
                                                          # empty output, no rounds
@@ -90,6 +92,7 @@ def round_to_dict(record: RoundRecord) -> dict[str, Any]:
         "reused_tokens": record.reused_tokens,
         "draft_ms": round(record.draft_ms, 3),
         "verify_ms": round(record.verify_ms, 3),
+        **({} if record.host_ms is None else {"host_ms": round(record.host_ms, 4)}),
         "confidences": [round(c, 4) for c in record.confidences],
         "draft_token_ids": list(record.draft_token_ids),
         "target_token_ids": list(record.target_token_ids),
@@ -125,6 +128,7 @@ def round_from_dict(data: Mapping[str, Any], index: int) -> RoundRecord:
         finish_reason=str(data.get("finish_reason") or ""),
         draft_parents=tuple(int(p) for p in data.get("draft_parents") or ()),
         accepted_path=tuple(int(p) for p in data.get("accepted_path") or ()),
+        host_ms=None if data.get("host_ms") is None else float(data["host_ms"]),
     )
 
 
@@ -178,6 +182,9 @@ class PromptResult:
         skipped: why the prompt was not decoded (a prompt longer than the context,
             ``specpolicy.run.skips``), else None; a skipped result has an empty output and no rounds,
             is read back by a resume like any finished prompt, and counts in no figure.
+        parting: greedy, not identical: the measured parting at ``first_difference``
+            (``specpolicy.analysis.parting.Parting.to_dict``: position, margins, class), None when
+            identical or not measured (then the prompt is NOT lossless).
     """
 
     prompt_id: str
@@ -190,6 +197,19 @@ class PromptResult:
     config_hash: str = ""
     prompt_text: str | None = None
     skipped: str | None = None
+    parting: dict[str, Any] | None = None
+
+    @property
+    def lossless_class(self) -> str | None:
+        """Greedy with a baseline: ``"identical"``, ``"numerically equivalent"`` (the parting is a
+        near-tie within the dtype's rounding, ``specpolicy.analysis.parting``) or ``"NOT lossless"``;
+        None when sampling or without a baseline."""
+        if self.lossless is True:
+            return "identical"
+        if self.lossless is False:
+            equivalent = self.parting is not None and self.parting.get("lossless") == "numerically equivalent"
+            return "numerically equivalent" if equivalent else "NOT lossless"
+        return None
 
     @staticmethod
     def skip(
@@ -264,6 +284,8 @@ class PromptResult:
             van_ids = van.output_ids.tolist()
             if van_ids != out_ids:
                 row["vanilla_output_ids"] = van_ids
+            if self.parting is not None:
+                row["parting"] = self.parting
         if self.config_hash:
             row["config_hash"] = self.config_hash
         if self.skipped:
@@ -332,6 +354,7 @@ class PromptResult:
                 config_hash=str(row.get("config_hash") or ""),
                 prompt_text=None if row.get("prompt_text") is None else str(row["prompt_text"]),
                 skipped=str(row["skipped"]) if row.get("skipped") else None,
+                parting=dict(row["parting"]) if isinstance(row.get("parting"), Mapping) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed row: {exc!r}") from exc

@@ -44,12 +44,15 @@ def summarize(
     prompts_total: int | None = None,
     interrupted_by: str | None = None,
     timing_conditions: Mapping[str, Any] | None = None,
+    peak_memory: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` content of ``results`` (one per prompt, in prompt order).
 
     Headline figures (token-weighted) and ``methods`` (the speculative method's and vanilla's
     ``metrics.aggregate``); the vanilla figures, the speedup and losslessness when every result
-    has a vanilla baseline (``lossless_fraction`` and ``not_lossless`` when greedy; ``lossless``
+    has a vanilla baseline (``lossless_fraction`` (identical prompts), ``lossless_counts`` (identical /
+    numerically equivalent / NOT lossless, ``specpolicy.analysis.parting``), ``not_lossless`` and
+    ``partings`` (each measured parting: position, margins) when greedy; ``lossless``
     ``"n/a (sampling)"`` when sampling: token identity with vanilla is not expected);
     ``per_prompt``, ``aggregates`` (token- and prompt-weighted), per-position acceptance, stop and
     finish reasons; ``modeled`` (latency profile of ``config``, labelled MODELED) and ``oracle``
@@ -67,6 +70,7 @@ def summarize(
         prompts_total: prompts in the configured set (default: ``len(results)``).
         interrupted_by: marks the summary ``"partial": true``.
         timing_conditions: what the machine was doing while this invocation measured.
+        peak_memory: the process's peak memory (``specpolicy.models.memory.peak_memory``), when given.
     """
     config = dict(config or {})
     skipped = {r.prompt_id: r.skipped for r in results if r.skipped}
@@ -97,9 +101,16 @@ def summarize(
             speedup_vs_vanilla=spec["tokens_per_s"] / van["tokens_per_s"] if van["tokens_per_s"] else 0.0,
         )
         if sampling.is_greedy:
+            classes = [r.lossless_class for r in results]
             summary.update(
                 lossless_fraction=sum(r.lossless is True for r in results) / len(results),
-                not_lossless={r.prompt_id: r.first_difference for r in results if r.lossless is not True},
+                lossless_counts={
+                    "identical": classes.count("identical"),
+                    "numerically_equivalent": classes.count("numerically equivalent"),
+                    "not_lossless": classes.count("NOT lossless"),
+                },
+                not_lossless={r.prompt_id: r.first_difference for r in results if r.lossless_class == "NOT lossless"},
+                partings={r.prompt_id: r.parting for r in results if r.parting is not None},
             )
         else:
             summary["lossless"] = SAMPLING_LOSSLESS
@@ -121,6 +132,15 @@ def summarize(
         per_prompt=per_prompt,
     )
     summary.update(_modeled_and_oracle(results, config))
+    step_ms = profile_from(config).target_ms_per_token
+    for figures in methods.values():  # host work per round against the profile's target step
+        host = figures.get("host_ms_per_round")
+        figures["host_step_share"] = host / step_ms if host is not None and step_ms else None
+    summary.update(
+        host_ms_per_round=spec.get("host_ms_per_round"),
+        host_step_share=spec.get("host_step_share"),
+        host_step_profile=profile_from(config).name,
+    )
     summary["methods"] = methods
     summary["runtime"] = dict(runtime or {})
     summary["config"] = config
@@ -129,6 +149,8 @@ def summarize(
         summary["skipped_prompts"] = skipped
     if timing_conditions is not None:
         summary["timing_conditions"] = dict(timing_conditions)
+    if peak_memory is not None:
+        summary["peak_memory"] = dict(peak_memory)
     summary["partial"] = interrupted_by is not None
     if interrupted_by is not None:
         summary["interrupted_by"] = interrupted_by
@@ -193,13 +215,18 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     prompts, measured and MODELED speedup, tokens/s (and vanilla's), acceptance rate, mean accepted
     length (without and with the bonus token), mean speculation length (every round, and per
     drafted round), longest accepted / speculated length, rounds, drafter passes per round,
-    ``lossless`` ("k/n" prompts, ``"n/a (sampling)"``, or None without a baseline) and
+    ``lossless`` ("k/n" prompts identical, "k/n identical + m numerically equivalent" when some
+    partings are near-ties, ``"n/a (sampling)"``, or None without a baseline) and
     ``lossless_fraction``; None where the summary has no such figure."""
     spec = (summary.get("methods") or {}).get(summary.get("method"), {})
     prompts = int(summary.get("prompts", 0))
     fraction = summary.get("lossless_fraction")
+    lossless: str | None
     if fraction is not None:
         lossless = f"{round(fraction * prompts)}/{prompts}"
+        equivalent = (summary.get("lossless_counts") or {}).get("numerically_equivalent", 0)
+        if equivalent:  # identical, plus the partings at near-ties within the dtype's rounding
+            lossless += f" identical + {equivalent} numerically equivalent"
     else:
         lossless = summary.get("lossless")
     row = {"method": summary.get("method"), "prompts": prompts}
@@ -222,6 +249,8 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
         "drafter_passes_per_round",
         "tree_rounds",
         "mean_draft_depth",
+        "host_ms_per_round",
+        "host_step_share",
     ):
         row[key] = spec.get(key)
     row.update(lossless=lossless, lossless_fraction=fraction)

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from specpolicy.analysis.labels import FIGURES, Figure  # noqa: F401 (Figure: re-exported)
 from specpolicy.analysis.oracle import is_censored
+from specpolicy.analysis.parting import NOT_LOSSLESS, parting_line
 from specpolicy.analysis.summary import headline
 
 
@@ -27,6 +28,14 @@ def figure_columns(keys: Iterable[str], long: bool = False) -> tuple[tuple[str, 
     """``(title, key, format)`` of each key, from ``FIGURES`` (``long``: the labels that name
     their denominators, else the short titles)."""
     return tuple(((FIGURES[k].label if long else FIGURES[k].short), k, FIGURES[k].fmt) for k in keys)
+
+
+def peak_memory_line(peak: Mapping[str, Any]) -> str:
+    """The run's peak memory in one line (``summary.json`` ``peak_memory``), in MiB."""
+    parts = [f"CPU peak RSS {peak['cpu_rss_bytes'] / 2**20:,.0f} MiB"]
+    if peak.get("cuda_max_allocated_bytes") is not None:
+        parts.append(f"CUDA max allocated {peak['cuda_max_allocated_bytes'] / 2**20:,.0f} MiB")
+    return "peak memory: " + ", ".join(parts) + " (summary.json peak_memory)"
 
 
 def lossless_text(summary: Mapping[str, Any]) -> str:
@@ -158,6 +167,8 @@ SUMMARY_KEYS = (
     "rounds",
     "drafted_rounds",
     "drafter_passes_per_round",
+    "host_ms_per_round",
+    "host_step_share",
 )
 #: Rows of the run summary table: (label, key in ``summary["methods"][m]``, format, applies only
 #: to methods that drafted).
@@ -334,5 +345,13 @@ def print_summary(
         else:  # too long for one line: the command on a line of its own, whole (never broken at a space)
             out.print(head + ";", markup=False)
             out.print("  see " + see, markup=False, soft_wrap=True)
+    partings = summary.get("partings") or {}
     for prompt_id, pos in summary.get("not_lossless", {}).items():
-        out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
+        if prompt_id not in partings:
+            out.print(f"[red]NOT lossless[/red]: prompt {prompt_id} differs from vanilla at output position {pos}")
+    for prompt_id, parting in partings.items():  # measured partings: near-ties and real differences
+        out.print(
+            parting_line(prompt_id, parting), markup=False, style="red" if parting["lossless"] == NOT_LOSSLESS else None
+        )
+    if summary.get("peak_memory"):
+        out.print(peak_memory_line(summary["peak_memory"]), markup=False)

@@ -39,6 +39,11 @@ class Drafter(ABC):
     #: prompt's to ``prefill(..., features=)``; each round's come with ``commit``'s
     #: ``verification.features``.
     target_feature_layers: tuple[int, ...] = ()
+    #: Set to True (by a run whose policy reads SpecDec++'s acceptance head, or by the head's trainer)
+    #: to have every draft report the drafter's last hidden states as ``Draft.extras[LAST_HIDDEN]``
+    #: (``specpolicy.core.types.LAST_HIDDEN``). Off by default: the default path computes nothing more.
+    #: A drafter that cannot report them leaves the key out (the policy then falls back to confidences).
+    report_hidden: bool = False
 
     def __copy__(self) -> Drafter:
         """A shallow copy for one request of the batched loop (``specpolicy.core.batching``): the same

@@ -19,7 +19,8 @@ a round), so speedups compare like with like::
         commit:  per request, the accepted prefix + the correction/bonus token, cut at the FIRST of
                  EOS, a stop string's completion and max_new_tokens (exactly where plain decoding
                  would stop); its drafter rolls back (timed as drafting); its round record; its
-                 policy and draft reuse learn from the round
+                 policy and draft reuse learn from the round; the record's ``host_ms`` is the round's
+                 time outside the model passes (``specpolicy.core.passes``), then ``on_round`` sees it
         leave:   a finished request frees its row (continuous batching, Orca, Yu et al. OSDI 2022)
 
 Sampling (``sampling`` with temperature > 0): drafters sample their tokens and the verifier runs
@@ -36,13 +37,14 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 import torch
 
 from specpolicy.core.batch_context import BatchContext, VerifyCost
 from specpolicy.core.drafter import Drafter
+from specpolicy.core.passes import PassClock, pass_entry_points
 from specpolicy.core.policy import LengthPolicy, PolicyAnswerError, RunawayDrafts, TreePolicy
 from specpolicy.core.protocols import FeatureVerifier
 from specpolicy.core.reuse import DraftReuse
@@ -130,6 +132,11 @@ class OneRequestTarget:
     def verify(self, drafts: list[Draft]) -> list[Verification]:
         return [self.verifier.verify(drafts[0])]
 
+    @property
+    def timed_calls(self) -> tuple:
+        """The verifier's pass entry points (``specpolicy.core.passes.pass_entry_points``)."""
+        return pass_entry_points(self.verifier)
+
 
 @dataclass
 class _InFlight:
@@ -211,6 +218,8 @@ def run_loop(
     active: list[_InFlight] = []
     out = LoopResult()
     verify_cost, draft_cost = VerifyCost(), VerifyCost()  # the batch's measured costs, shared by every policy
+    clock = PassClock(runtime)  # the model passes of each round: the rest is its host work
+    clock.watch(pass_entry_points(target))
     start = time.perf_counter()
 
     def now() -> float:
@@ -220,6 +229,7 @@ def run_loop(
         r = active.pop(row)
         target.remove(row)
         if own_state and r.drafter is not None:
+            clock.unwatch(r.drafter)
             r.drafter.release()
         ids = torch.cat(r.outputs) if r.outputs else torch.empty(0, dtype=torch.long, device=device)
         t = now()
@@ -227,41 +237,50 @@ def run_loop(
         first = r.first_token_s if r.first_token_s else t
         out.timings[r.index] = RequestTiming(r.arrival_s, r.admitted_s, first, t, int(ids.shape[0]))
 
-    while queue or active:
-        while queue and len(active) < slots and arrivals[queue[0]] <= now():  # admit (continuous batching)
-            i = queue.popleft()
-            try:
-                r = _admit(i, prompts[i].to(device), target, runtime, how, own_state, features_wanted)
-            except ValueError as error:
-                out.errors[i] = error
+    with clock:
+        while queue or active:
+            while queue and len(active) < slots and arrivals[queue[0]] <= now():  # admit (continuous batching)
+                i = queue.popleft()
+                try:
+                    r = _admit(i, prompts[i].to(device), target, runtime, how, own_state, features_wanted)
+                except ValueError as error:
+                    out.errors[i] = error
+                    continue
+                r.arrival_s, r.admitted_s = arrivals[i], r.admitted_s - start
+                r.context_limit = min(target.max_context, drafter_context) - r.prompt_len
+                active.append(r)
+                clock.watch(pass_entry_points(r.drafter))
+            if not active:
+                if not queue:  # the last prompts were refused
+                    break
+                time.sleep(max(0.0, arrivals[queue[0]] - now()))  # idle until the next arrival
                 continue
-            r.arrival_s, r.admitted_s = arrivals[i], r.admitted_s - start
-            r.context_limit = min(target.max_context, drafter_context) - r.prompt_len
-            active.append(r)
-        if not active:
-            if not queue:  # the last prompts were refused
-                break
-            time.sleep(max(0.0, arrivals[queue[0]] - now()))  # idle until the next arrival
-            continue
-        for row in reversed(range(len(active))):  # a request with no room left ends before its round
-            if active[row].context_limit - active[row].generated < 0:
-                active[row].finish_reason = "max_context"
+            for row in reversed(range(len(active))):  # a request with no room left ends before its round
+                if active[row].context_limit - active[row].generated < 0:
+                    active[row].finish_reason = "max_context"
+                    leave(row)
+            if not active:
+                continue
+            clock.discard()  # the admissions' prefills
+            with runtime.timer() as host_timer:  # the round, planning included: host ms = this - its passes
+                if plan_batches and how.policy is not None:
+                    _plan(active, verify_cost, draft_cost)
+                with runtime.timer() as round_timer:
+                    done, drafting_ms, commit_ms = _round(active, target, runtime, how, eos_ids, out, now)
+            host_ms = max(0.0, host_timer.ms - clock.take_ms()) / len(active)  # shared equally, as drafting
+            for r in active:
+                r.rounds[-1] = replace(r.rounds[-1], host_ms=host_ms)
+                if how.on_round is not None:
+                    how.on_round(r.index, r.rounds[-1])
+            if plan_batches:
+                # the round's cost besides drafting (verification and the loop's work per request), against
+                # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
+                verify_cost.observe(out.padded_tokens[-1], round_timer.ms - drafting_ms - commit_ms)
+                passes = sum(r.rounds[-1].drafter_forward_passes for r in active)  # the round's drafter passes
+                if passes:
+                    draft_cost.observe(passes, drafting_ms + commit_ms)
+            for row in reversed(done):
                 leave(row)
-        if not active:
-            continue
-        if plan_batches and how.policy is not None:
-            _plan(active, verify_cost, draft_cost)
-        with runtime.timer() as round_timer:
-            done, drafting_ms, commit_ms = _round(active, target, runtime, how, eos_ids, out, now)
-        if plan_batches:
-            # the round's cost besides drafting (verification and the loop's work per request), against
-            # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
-            verify_cost.observe(out.padded_tokens[-1], round_timer.ms - drafting_ms - commit_ms)
-            passes = sum(r.rounds[-1].drafter_forward_passes for r in active)  # the round's drafter passes
-            if passes:
-                draft_cost.observe(passes, drafting_ms + commit_ms)
-        for row in reversed(done):
-            leave(row)
     out.wall_s = now()
     return out
 
@@ -371,8 +390,6 @@ def _round(
             warning = RUNAWAY.observe(how.policy, answers[row], draft.length, stops[row])
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
-        if how.on_round is not None:
-            how.on_round(r.index, record)
         if finish:
             r.finish_reason = finish
             done.append(row)

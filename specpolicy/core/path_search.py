@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -123,38 +124,55 @@ class PathSearch:
         stop_cols = self.stop_ids if token_ids is None else torch.isin(token_ids, self.stop_ids).nonzero().flatten()
         cols, log_q, valid = candidate_lattice(probs, self.mass, self.max_candidates, stop_cols)
         tokens = (cols if token_ids is None else token_ids[cols]).cpu()  # the search runs on the host
-        m, width, order = tokens.shape[0], self.width, self.scorer.order
+        order = self.scorer.order
         log_q, valid, stops = log_q.cpu().double(), valid.cpu(), self.stop_ids.cpu()
         drafter_term = torch.where(valid, self.lam * log_q, -torch.inf)  # (m, M): invalid slots never chosen
-        # W beam slots from the start; the empty ones score -inf and are never preferred
-        scores = torch.full((width,), -torch.inf, dtype=torch.float64)
-        scores[0] = 0.0
-        done = torch.zeros(width, dtype=torch.bool)
-        paths = torch.full((width, m), -1, dtype=torch.long)
         history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :]
         if history.shape[1] < order - 1:  # a short context: start symbols in front (``NGramModel.pad_context``)
             pad = torch.full((1, order - 1 - history.shape[1]), self.scorer.vocab_size, dtype=torch.long)
             history = torch.cat([pad, history], dim=1)
-        history = history.expand(width, -1)
-        for i in range(m):
-            cand = tokens[i]  # (M,)
-            lp = self.scorer.log_probs(history, cand.expand(width, -1)).double()  # (W, M)
-            step = torch.where(done[:, None], -torch.inf, scores[:, None] + drafter_term[i] + (1 - self.lam) * lp)
-            top = torch.cat([step.flatten(), torch.where(done, scores, -torch.inf)]).topk(width)
-            extended = top.indices < step.numel()  # else a finished path carried as it stands
-            rows = torch.where(extended, top.indices // cand.numel(), top.indices - step.numel())
-            new = torch.where(extended, cand[top.indices % cand.numel()], -1)
-            paths = paths[rows]
-            paths[:, i] = new
-            last = torch.where(extended, new, history[rows, -1])
-            history = torch.cat([history[rows, 1:], last[:, None]], dim=1)
-            scores, done = top.values, torch.where(extended, torch.isin(new, stops), True)
-            if bool(done.all()):
-                break
-        best = paths[int(scores.argmax())]
-        path = best[best >= 0]
+        path = torch.from_numpy(self._beams(tokens.numpy(), drafter_term.numpy(), history.numpy(), stops.numpy()))
         # each path token's drafter probability: the lattice slot it was taken from
         picked = (tokens[: path.numel()] == path[:, None]) & valid[: path.numel()]
         q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
         ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
         return path.to(probs.device), q.to(probs.device), ended
+
+    def _beams(
+        self, tokens: np.ndarray, drafter_term: np.ndarray, history: np.ndarray, stops: np.ndarray
+    ) -> np.ndarray:
+        """The beam search of Eq. 8 over the lattice, on the host: ``tokens`` ``(m, M)`` int64 (the
+        lattice's candidates), ``drafter_term`` ``(m, M)`` float64 (``lam * log q``, -inf where a slot
+        is invalid), ``history`` ``(1, order - 1)`` int64 (the context) and ``stops`` ``(s,)`` int64 ->
+        the best path, ``(<= m,)`` int64. Bookkeeping in numpy (a step is a dozen calls of about a
+        microsecond, torch's would take several each); the scorer and the top-``width`` choice are
+        torch's, on the same float64 values, so the path is the one the all-torch loop chose."""
+        m, width = tokens.shape[0], self.width
+        weight = 1 - self.lam
+        # W beam slots from the start; the empty ones score -inf and are never preferred
+        scores = np.full(width, -np.inf)
+        scores[0] = 0.0
+        done = np.zeros(width, dtype=bool)
+        paths = np.full((width, m), -1, dtype=np.int64)
+        history = np.repeat(history, width, axis=0)
+        for i in range(m):
+            cand = tokens[i]  # (M,)
+            size = cand.shape[0]
+            scored = self.scorer.log_probs(torch.from_numpy(history), torch.from_numpy(np.tile(cand, (width, 1))))
+            lp = scored.double().numpy()  # (W, M)
+            with np.errstate(invalid="ignore"):  # 0 * -inf (lam 1, a scorer's -inf), as torch computes it
+                step = np.where(done[:, None], -np.inf, scores[:, None] + drafter_term[i] + weight * lp)
+            top = torch.from_numpy(np.concatenate([step.reshape(-1), np.where(done, scores, -np.inf)])).topk(width)
+            index, values = top.indices.numpy(), top.values.numpy()
+            extended = index < step.size  # else a finished path carried as it stands
+            rows = np.where(extended, index // size, index - step.size)
+            new = np.where(extended, cand[index % size], -1)
+            paths = paths[rows]
+            paths[:, i] = new
+            last = np.where(extended, new, history[rows, -1])
+            history = np.concatenate([history[rows, 1:], last[:, None]], axis=1)
+            scores, done = values, np.where(extended, np.isin(new, stops), True)
+            if done.all():
+                break
+        best = paths[int(np.argmax(scores))]
+        return best[best >= 0]

@@ -154,6 +154,16 @@ class Runtime:
             timings steadier.
         compiled: how the compiled runtime builds its passes (``CompileSettings``: the other
             ``runtime.*`` keys); default the measured settings.
+        batch_invariant: ``runtime.batch_invariant``: verify a chain draft of k tokens as k + 1
+            one-token target passes (the decoding step's shapes and kernels) instead of one pass of
+            k + 1 tokens, and on CUDA turn off cuBLAS's reduced-precision reductions in bfloat16 /
+            float16 matmuls (``torch.backends.cuda.matmul.allow_{bf16,fp16}_reduced_precision_reduction``).
+            Guarantees greedy outputs bit-identical to vanilla decoding in any dtype, given kernels
+            that are deterministic for a shape (the default on CPU and for cuBLAS's matmuls at batch
+            1); does NOT make a k-token pass equal a one-token pass (torch offers no batch-invariant
+            kernels for that): it avoids the k-token pass. Costs k + 1 target passes per round
+            instead of one (the acceptance figures stay; the speedup is gone), so it is for checking
+            bit-identity, not for timing. Chains at batch 1 on the ``hf`` verifier; default False.
     Attributes:
         generator: the ``torch.Generator`` on ``torch_device`` that every sampling draw of the
             run uses (drafters' samples, speculative sampling's acceptance and residual draws;
@@ -171,6 +181,7 @@ class Runtime:
     compile: bool = False
     threads: int | None = None
     compiled: CompileSettings = field(default_factory=CompileSettings)
+    batch_invariant: bool = False
     warmup_s: float = field(default=0.0, init=False)
     torch_device: torch.device = field(init=False)
     torch_dtype: torch.dtype = field(init=False)
@@ -179,6 +190,8 @@ class Runtime:
     def __post_init__(self) -> None:
         if not isinstance(self.compile, bool):
             raise ValueError(f"runtime.compile must be true or false, got {self.compile!r}")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"runtime.batch_invariant must be true or false, got {self.batch_invariant!r}")
         if self.threads is not None and (
             isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1
         ):
@@ -198,6 +211,9 @@ class Runtime:
         if dt not in _DTYPES:
             raise ValueError(f"runtime.dtype={self.dtype!r} is not one of auto, {', '.join(_DTYPES)}")
         self.torch_dtype = _DTYPES[dt]
+        if self.batch_invariant and self.torch_device.type == "cuda":  # full-precision accumulation in matmuls
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         self.seed_everything()
@@ -205,7 +221,7 @@ class Runtime:
     @classmethod
     def from_config(cls, runtime: Mapping[str, Any], seed: int = 0) -> Runtime:
         """The runtime of a ``runtime`` config group (``conf/runtime/*.yaml``: ``device``, ``dtype``,
-        ``compile``, ``threads`` and the ``CompileSettings`` keys) and the run's ``seed``.
+        ``compile``, ``threads``, ``batch_invariant`` and the ``CompileSettings`` keys) and the run's ``seed``.
 
         Raises:
             ValueError: one line naming the first bad ``runtime.*`` key.
@@ -217,6 +233,7 @@ class Runtime:
             compile=runtime.get("compile", False),
             threads=runtime.get("threads"),
             compiled=CompileSettings.from_config(runtime),
+            batch_invariant=runtime.get("batch_invariant", False),
         )
 
     def seed_everything(self, seed: int | None = None) -> None:
@@ -241,6 +258,7 @@ class Runtime:
             "dtype": str(self.torch_dtype).removeprefix("torch."),
             "seed": self.seed,
             "compile": self.compile,
+            "batch_invariant": self.batch_invariant,
             "threads": torch.get_num_threads(),
             "warmup_s": round(self.warmup_s, 3),
             "torch": torch.__version__,

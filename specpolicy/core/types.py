@@ -25,6 +25,15 @@ import torch
 #: ``policy.confidence_scope=small_block``.
 SMALL_BLOCK_CONFIDENCES = "small_block_confidences"
 
+#: ``Draft.extras`` key, reported only when asked (``Drafter.report_hidden`` set, e.g. by a run with
+#: ``policy.acceptance=head``): ``(n, H) float``, the drafter's last hidden state -- the vector its LM
+#: head reads -- at each drafted position, rows aligned with ``token_ids`` then the look-ahead tokens
+#: (``n = k + lookahead`` for drafters that report look-ahead, else ``k``). Tokens the drafter did not
+#: draft (draft reuse) have no row. Read by ``specpolicy.core.acceptance.HeadAcceptance`` (SpecDec++'s
+#: acceptance head, arXiv 2405.19715 §4). Reported by the ``ar``, ``eagle3``, ``dflash``, ``dart`` and
+#: ``falcon`` drafters on the eager runtime, chains only.
+LAST_HIDDEN = "last_hidden"
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -103,6 +112,7 @@ class Draft:
         want: int,
         stop_at: int | None,
         forward_passes: int,
+        hidden: torch.Tensor | None = None,
     ) -> Draft:
         """The first ``want`` tokens a round has decoded as its draft, the rest as look-ahead (the
         ``dart`` and ``dflash`` drafters' hand-out).
@@ -115,6 +125,8 @@ class Draft:
             stop_at: index of the first drafted stop token, or None: the draft ends there at the
                 latest (``ends_at_stop_token`` when it does) and nothing past it is look-ahead.
             forward_passes: the round's drafter passes so far.
+            hidden: ``(n, H) float`` the drafter's last hidden states of those tokens, or None: when
+                given, the draft reports its first ``end`` rows as ``extras[LAST_HIDDEN]``.
         Returns:
             a draft of ``min(want, end)`` tokens, ``end`` = n or ``stop_at + 1``.
         """
@@ -128,6 +140,7 @@ class Draft:
             ends_at_stop_token=stop_at is not None and k == end,
             lookahead=end - k,
             lookahead_confidences=confidences[k:end],
+            extras={} if hidden is None else {LAST_HIDDEN: hidden[:end]},
         )
 
 
@@ -221,6 +234,14 @@ class RoundRecord:
             ``speculation_length`` counts the tree's nodes (tokens verified), ``accepted_length``
             the accepted path, and ``draft_token_ids`` / ``confidences`` are per node.
         accepted_path: a tree's accepted nodes (``Verification.path``; empty for a chain).
+        host_ms: the round's HOST ms: its wall-clock ms (device-timeline span on CUDA) minus the ms
+            of the drafter's and the target's model passes within it (``specpolicy.core.passes``
+            says what a pass is on each device): policy decisions and planning, tree and path
+            searches, n-gram lookups, acceptance, commit and the loop's bookkeeping. A batched
+            round's host ms is shared equally by its requests. None: not measured (rows written
+            before it was, rounds rebuilt from elsewhere). The record a policy's ``update`` reads
+            carries the host ms up to that call; the stored record (``GenerationResult.rounds``,
+            ``on_round``) the whole round's.
     """
 
     index: int
@@ -238,6 +259,7 @@ class RoundRecord:
     finish_reason: str = ""
     draft_parents: tuple[int, ...] = field(default_factory=tuple)
     accepted_path: tuple[int, ...] = field(default_factory=tuple)
+    host_ms: float | None = None
 
     @property
     def is_tree(self) -> bool:

@@ -531,9 +531,24 @@ def _train_eagle3(a, target_config, tokenizer, examples, store, cfg, ids, split)
     )
 
 
+#: The kind that trains SpecDec++'s acceptance head for an existing drafter
+#: (``specpolicy.family.train_acceptance_head``): ``acceptance-head --drafter NAME ...`` or ``--kind acceptance-head``.
+ACCEPTANCE_HEAD = "acceptance-head"
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """CLI entry point."""
-    return run(build_parser().parse_args(argv))
+    """CLI entry point; ``acceptance-head`` (first argument, or ``--kind acceptance-head``) trains
+    SpecDec++'s acceptance head for a drafter (``specpolicy.family.train_acceptance_head``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if (
+        args[:1] == [ACCEPTANCE_HEAD]
+        or args[:2] == ["--kind", ACCEPTANCE_HEAD]
+        or f"--kind={ACCEPTANCE_HEAD}" in args[:1]
+    ):
+        from specpolicy.family.train_acceptance_head import main as train_head
+
+        return train_head(args[2:] if args[0] == "--kind" else args[1:])
+    return run(build_parser().parse_args(args))
 
 
 if __name__ == "__main__":

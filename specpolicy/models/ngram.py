@@ -114,6 +114,12 @@ class NGramModel:
         self.base = self.vocab_size + 1
         self._kn = self._kneser_ney_tables()
         self._fused = self._fused_tables()
+        self._fused_np = (self._fused[0].numpy(), self._fused[1].numpy())  # views, for ``kneser_ney_probs``
+        #: per order n: (discount, and for n = 1 the unigram totals and types), as Python floats
+        self._kn_floats = [
+            (float(t["discount"]), float(torch.as_tensor(t["totals"]).sum()), float(torch.as_tensor(t["types"]).sum()))
+            for t in self._kn
+        ]
         #: per context length j < order: the j-token prefixes of the (j + 1)-grams and how often each was followed
         self._followers = [_group(self.keys[j], self.counts[j], self.base)[:2] for j in range(1, self.order)]
         #: the same counts and follower sums as numpy arrays (views, no copy), for ``trie_probs_np``
@@ -282,18 +288,28 @@ class NGramModel:
         """Interpolated Kneser-Ney log-probability of each candidate after its context.
 
         Every count the estimate reads (the candidates' n-grams and their prefixes' totals and
-        types, all orders) is looked up in one ``searchsorted`` over ``_fused_tables``.
+        types, all orders) is looked up in one ``searchsorted`` over ``_fused_tables``; the
+        estimate is ``kneser_ney_probs`` (numpy: about a microsecond a call where torch takes
+        several, and a path search makes one call per drafted position), its log taken by torch.
 
         Args:
-            context: ``(B, order - 1)`` int64 (``pad_context``).
-            tokens: ``(B, C)`` int64 candidates, each in ``0..vocab_size - 1``.
+            context: ``(B, order - 1)`` int64 (``pad_context``), on the CPU.
+            tokens: ``(B, C)`` int64 candidates, each in ``0..vocab_size - 1``, on the CPU.
         Returns:
             ``(B, C)`` float32 natural-log probabilities; for any context they sum (in probability)
             to 1 over the vocabulary.
         """
+        probs = self.kneser_ney_probs(context.cpu().numpy(), tokens.cpu().numpy())
+        return torch.from_numpy(probs).log().to(torch.float32)
+
+    def kneser_ney_probs(self, context: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """The interpolated Kneser-Ney probabilities ``log_probs`` takes the log of: ``context``
+        ``(B, order - 1)`` int64, ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float64, C-contiguous.
+        The same IEEE float64 operations, in the same order, as the torch form it replaced (kept
+        in ``tests/models/test_ngram_equivalence.py``), so the values are bit-identical."""
         batch, width = tokens.shape
         offset, base = self.base**self.order, self.base
-        queries, prefix = [tokens.reshape(-1)], torch.zeros(batch, dtype=torch.long)
+        queries, prefix = [tokens.reshape(-1)], np.zeros(batch, dtype=np.int64)
         for n in range(2, self.order + 1):
             prefix = context[:, -(n - 1)] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
             table = 3 * (n - 1) * offset
@@ -302,20 +318,20 @@ class NGramModel:
                 prefix + table + offset,
                 prefix + table + 2 * offset,
             ]
-        values = _lookup(*self._fused, torch.cat(queries).contiguous()).split([len(q) for q in queries])
-        t = self._kn[0]
-        total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
-        probs = ((values[0].view(batch, width) - d).clamp(min=0) + d * types / self.vocab_size) / total
+        sizes = [q.shape[0] for q in queries]
+        values = np.split(_lookup(*self._fused_np, np.concatenate(queries)), np.cumsum(sizes)[:-1])
+        d, total, types = self._kn_floats[0]
+        probs = (np.maximum(values[0].reshape(batch, width) - d, 0.0) + d * types / self.vocab_size) / total
         for n in range(2, self.order + 1):  # each order's counts, its prefixes' totals and types
-            count, total, types = (
-                values[3 * n - 5].view(batch, width),
+            count, total_n, types_n = (
+                values[3 * n - 5].reshape(batch, width),
                 values[3 * n - 4][:, None],
                 values[3 * n - 3][:, None],
             )
-            d = float(self._kn[n - 1]["discount"])
-            mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
-            probs = torch.where(total > 0, mixed, probs)
-        return probs.log().to(torch.float32)
+            d = self._kn_floats[n - 1][0]
+            mixed = (np.maximum(count - d, 0.0) + d * types_n * probs) / np.maximum(total_n, 1.0)
+            probs = np.where(total_n > 0, mixed, probs)
+        return np.ascontiguousarray(probs)
 
     # -- the file -------------------------------------------------------------------------------
 

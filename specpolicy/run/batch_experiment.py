@@ -103,6 +103,7 @@ def run_batched(setup: RunSetup, plan: PromptPlan, config: dict[str, Any], pm) -
                 config_hash=fingerprint,
                 prompt_text=prompt.text,
             )
+            result = setup.with_parting(result, plan.token_ids[pid])  # after decoding, untimed
         pm.hook.specpolicy_prompt_end(method=setup.method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
     serving: dict[str, Any] = {

@@ -42,10 +42,15 @@ _debug = False  # set by main(): --debug or HYDRA_FULL_ERROR=1 keep tracebacks
 def sweep_objective(summary: dict) -> float:
     """The value a Hydra sweeper maximises (Optuna, ``direction: maximize``): the measured
     speedup over vanilla decoding, or 0.0 -- below any real speedup -- when any prompt's
-    output differs from vanilla (losslessness is a hard constraint) or no vanilla baseline ran.
+    output is NOT lossless against vanilla (losslessness is a hard constraint; a parting at a
+    near-tie within the dtype's rounding, ``lossless_counts`` numerically_equivalent, is not
+    one) or no vanilla baseline ran.
     Sampling runs (temperature > 0) are not compared token for token (lossless in distribution)."""
     sampled = summary.get("sampling", {}).get("mode") == "sampling"
-    if not sampled and summary.get("lossless_fraction", 0.0) < 1.0:
+    counts = summary.get("lossless_counts")
+    if not sampled and counts is not None and (counts.get("not_lossless", 0) or not sum(counts.values())):
+        return 0.0
+    if not sampled and counts is None and summary.get("lossless_fraction", 0.0) < 1.0:
         return 0.0
     return float(summary.get("speedup_vs_vanilla", 0.0))
 

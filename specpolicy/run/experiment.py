@@ -38,6 +38,8 @@ from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
 from specpolicy.core.sampling import SamplingConfig
 from specpolicy.core.stopping import StopStrings, config_strings, never_matching
+from specpolicy.models.acceptance_head import wire_acceptance
+from specpolicy.models.memory import peak_memory
 from specpolicy.plugins.manager import (
     blame,
     call_each,
@@ -137,6 +139,9 @@ def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tupl
     reuse = DraftReuse(int(cfg.reuse.min_match)) if cfg.reuse.enabled else None
     verifier = make_verifier(pm, container["verifier"], runtime)
     drafter = make_drafter(pm, container["drafter"], runtime, verifier)
+    wire_acceptance(
+        policy, drafter, container["drafter"]
+    )  # policy.acceptance=head: its head, the drafter's hidden states
     if runtime.compile:  # compilation happened while the models were built: reported apart from tokens/s
         print(
             f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (the models' compilation; summary.json runtime.warmup_s)"
@@ -240,6 +245,7 @@ def _decode_one_by_one(setup: RunSetup, plan: PromptPlan, pm, baseline: bool, re
                 config_hash=setup.fingerprint,
                 prompt_text=prompt.text,
             )
+            result = setup.with_parting(result, ids)  # after decoding: a parting's margins, untimed
         pm.hook.specpolicy_prompt_end(method=method, prompt_id=pid, row=result.to_row(), result=result)
         results.append(result)
         _progress(method, i + 1, len(plan.prompts), result)
@@ -279,6 +285,7 @@ def _run(
                 runtime.describe(),
                 prompts_total=len(prompts),
                 timing_conditions=watch.stop(results),
+                peak_memory=peak_memory(runtime.torch_device),  # CPU peak RSS, CUDA max allocated
             )
             if serving is not None:
                 summary["serving"] = serving
@@ -344,6 +351,7 @@ def _write_partial_summary(
                 prompts_total,
                 interrupted_by=signame,
                 timing_conditions=conditions,
+                peak_memory=peak_memory(runtime.torch_device),
             )
             (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         print(

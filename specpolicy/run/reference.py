@@ -471,6 +471,7 @@ COMMANDS = (
     Command("python benchmarks/batched.py", "benchmarks/batched.py:main"),
     Command("python benchmarks/batched_lossless.py", "benchmarks/batched_lossless.py:main"),
     Command("python benchmarks/overhead.py", "benchmarks/overhead.py:main"),
+    Command("python benchmarks/host_work.py", "benchmarks/host_work.py:main"),
     Command("python benchmarks/ceiling.py", "benchmarks/ceiling.py:main"),
     Command("python benchmarks/tune_failfast.py", "benchmarks/tune_failfast.py:main"),
     Command("python benchmarks/packing.py", "benchmarks/packing.py:main"),

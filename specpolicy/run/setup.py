@@ -5,9 +5,10 @@ settings) and ``PromptPlan`` (the prompts, read back, skipped or warmed up), han
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from specpolicy.analysis.parting import measure_parting
 from specpolicy.analysis.results import PromptResult
 from specpolicy.core.decoding import generate
 from specpolicy.core.reuse import DraftReuse
@@ -60,6 +61,23 @@ class RunSetup:
             stop=self.stop,
             **method,
         )
+
+    def with_parting(self, result: PromptResult, prompt_ids) -> PromptResult:
+        """``result`` with its parting from vanilla measured when the greedy outputs differ
+        (``specpolicy.analysis.parting.measure_parting``: a re-run of the target over the common
+        prefix, after decoding, outside every timed span), else ``result`` itself."""
+        if result.lossless is not False or result.vanilla is None or result.first_difference is None:
+            return result
+        parting = measure_parting(
+            getattr(self.verifier, "model", None),
+            prompt_ids,
+            result.speculative.output_ids.tolist(),
+            result.vanilla.output_ids.tolist(),
+            result.first_difference,
+            result.speculative.rounds,
+            self.runtime.torch_dtype,
+        )
+        return replace(result, parting=parting.to_dict())
 
 
 @dataclass

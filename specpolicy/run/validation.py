@@ -45,6 +45,7 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
     Raises:
         ConfigError: naming the first bad key, its value and the accepted range.
     """
+    warn_method_alias(config)
     _check_core(config)
     for group in ("policy", "drafter", "verifier"):
         node = dict(config.get(group) or {})
@@ -53,7 +54,37 @@ def validate_config(config: Mapping[str, Any], pm) -> list:
         validate_plugin_config(pm, group, str(node.pop("name")), node, config)
     for name, node in (config.get("logger") or {}).items():
         validate_plugin_config(pm, "logger", str(name), dict(node or {}), config)
-    return _check_dataset(config.get("dataset") or {})
+    _check_acceptance(config)
+    prompts = _check_dataset(config.get("dataset") or {})
+    _check_memory(config, prompts)
+    return prompts
+
+
+#: The deprecated method presets already warned about in this process (one line each).
+_WARNED_ALIASES: set[str] = set()
+
+
+def warn_method_alias(config: Mapping[str, Any]) -> None:
+    """One ``SpecpolicyDeprecationWarning`` per process when ``config``'s method preset is a
+    deprecated name of another (``method.alias_of`` in ``conf/method/<name>.yaml``: the same
+    configuration under a second name), naming the preset to use instead."""
+    import warnings
+
+    from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
+
+    method = config.get("method")
+    target = method.get("alias_of") if isinstance(method, Mapping) else None
+    name = str(method.get("name")) if isinstance(method, Mapping) else ""
+    if not target or name in _WARNED_ALIASES:
+        return
+    _WARNED_ALIASES.add(name)
+    warnings.warn_explicit(  # lineno 0: the warning is this one line, no source line under it
+        f"method={name} is a deprecated name of method={target} (the same configuration): use method={target}",
+        SpecpolicyDeprecationWarning,
+        filename=f"conf/method/{name}.yaml",
+        lineno=0,
+        module="specpolicy.conf.method",
+    )
 
 
 def validate_plugin_config(
@@ -197,6 +228,8 @@ def _check_core(config: Mapping[str, Any]) -> None:
     runtime = config.get("runtime") or {}
     if boolean("runtime.compile", runtime.get("compile", False)):
         _check_compiled_target(config.get("verifier") or {})
+    if boolean("runtime.batch_invariant", runtime.get("batch_invariant", False)):
+        _check_batch_invariant(config)
     try:
         threads = runtime.get("threads")
         if threads is not None:
@@ -208,6 +241,76 @@ def _check_core(config: Mapping[str, Any]) -> None:
     except (ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str is a repr
         raise ConfigError(str(message)) from exc
+
+
+#: Tokens a prompt's chat template may add (the memory estimate's context bound).
+_TEMPLATE_TOKENS = 64
+
+
+def _check_memory(config: Mapping[str, Any], prompts: list) -> None:
+    """Refuse, before loading, models that cannot fit the memory the runtime has
+    (``specpolicy.models.memory``): the target's and the drafter's weights in the run's dtype plus the
+    target's KV cache for the longest context the run can reach (the longest prompt's characters
+    plus its chat template, a bound on its tokens, plus ``generation.max_new_tokens``, at most the
+    model's ``max_position_embeddings`` or ``verifier.max_context``). Models whose ``config.json``
+    is not on disk (a hub id not cached yet) are left to the loader."""
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.models.memory import available_bytes, estimate_bytes, fits_line
+
+    runtime = config.get("runtime") or {}
+    try:
+        rt = Runtime.from_config({k: v for k, v in runtime.items() if k not in ("threads", "compile")})
+    except ValueError:
+        return  # _check_core names the bad runtime key
+    longest = max((len(getattr(p, "text", "") or "") for p in prompts), default=0) + _TEMPLATE_TOKENS
+    new_tokens = int((config.get("generation") or {}).get("max_new_tokens") or 0)
+    nodes = [("verifier", config.get("verifier") or {}), ("drafter", config.get("drafter") or {})]
+    shapes = [
+        (f"{group}.model", node["model"], _config_json(node["model"]))
+        for group, node in nodes
+        if isinstance(node.get("model"), str)
+    ]
+    shapes = [(key, value, shape) for key, value, shape in shapes if shape is not None and "hidden_size" in shape]
+    if not shapes:
+        return
+    available = available_bytes(rt.torch_device)
+    if available is None:
+        return
+    need = 0
+    for i, (key, value, shape) in enumerate(shapes):
+        limit = int((config.get("verifier") or {}).get("max_context") or 0) if i == 0 else 0
+        context = min(longest + new_tokens, limit or int(shape.get("max_position_embeddings") or 1 << 30))
+        try:
+            line = fits_line(key, value, shape, rt.torch_dtype, context, available - need)
+            need += estimate_bytes(shape, rt.torch_dtype, context)
+        except (KeyError, TypeError, ValueError):
+            continue  # a config.json without the usual shape keys: the loader decides
+        if line:
+            raise ConfigError(line)
+
+
+def _config_json(model: str) -> dict[str, Any] | None:
+    """A local or bundled model's ``config.json`` as a dict (read, nothing loaded), else None."""
+    from pathlib import Path
+
+    from specpolicy.models.loading import resolve_model_path
+
+    try:
+        path = Path(resolve_model_path(model)) / "config.json"
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+def _check_acceptance(config: Mapping[str, Any]) -> None:
+    """``policy.acceptance=head``: a head for the drafter, runnable here (nothing loaded;
+    ``specpolicy.models.acceptance_head.check_acceptance_config``)."""
+    from specpolicy.models.acceptance_head import check_acceptance_config
+
+    try:
+        check_acceptance_config(dict(config))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
@@ -231,6 +334,19 @@ def _check_compiled_target(verifier: Mapping[str, Any]) -> None:
             f"runtime.compile=true runs {' or '.join(SUPPORTED)} targets, but verifier.model={verifier['model']!r} "
             f"is model_type {model_type!r} (use runtime.compile=false)"
         )
+
+
+def _check_batch_invariant(config: Mapping[str, Any]) -> None:
+    """``runtime.batch_invariant=true`` verifies chains at batch 1 with the ``hf`` target, one
+    one-token pass per position (``specpolicy.core.runtime.Runtime``)."""
+    why = "runtime.batch_invariant=true verifies chains at batch 1 with verifier=hf as one-token passes, but "
+    policy = (config.get("policy") or {}).get("name")
+    if policy in ("eagle2-tree", "block-tree", "failfast-tree"):
+        raise ConfigError(why + f"policy={policy} drafts trees (use a chain policy or runtime.batch_invariant=false)")
+    if int((config.get("generation") or {}).get("batch_size", 1) or 1) != 1:
+        raise ConfigError(why + f"generation.batch_size={config['generation']['batch_size']} (use 1)")
+    if (config.get("verifier") or {}).get("name", "hf") != "hf":
+        raise ConfigError(why + f"verifier={config['verifier']['name']}")
 
 
 def _check_batch(config: Mapping[str, Any]) -> None:

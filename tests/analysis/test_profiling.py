@@ -95,7 +95,7 @@ def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
         ]
     )
     rows = result["methods"]
-    assert set(rows) == {m[0] for m in module.METHODS}
+    assert set(rows) == {"vanilla", *module.DEFAULT_METHODS}
     for name, r in rows.items():
         assert r["target_forward_calls"] == r["rounds"] + 2, name  # + one prefill per prompt
         assert 0 < r["forward_ms"] and r["outside_forward_ms"] == r["wall_ms"] - r["forward_ms"]
@@ -103,7 +103,7 @@ def test_overhead_benchmark_accounts_for_every_pass(family, tmp_path):
         assert 0 <= r["policy_ms"] <= r["outside_forward_ms"] and (r["policy_ms"] == 0) == (name == "vanilla")
     assert rows["vanilla"]["drafter_forward_calls"] == 0 and rows["suffix+failfast"]["drafter_forward_calls"] == 0
     assert rows["ar+static-k5"]["drafter_forward_calls"] > 0
-    for name in ("dflash+failfast", "eagle3+eagle2-tree", "dflash+block-tree"):  # every module a pass calls
+    for name in ("dflash+failfast", "eagle3+eagle2-tree-d6k4t16", "dflash+block-tree"):  # every module a pass calls
         assert rows[name]["drafter_forward_ms"] > 0 and rows[name]["drafter_forward_calls"] > 0, name
     assert (tmp_path / "o.json").exists()
 

@@ -418,7 +418,7 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
         root,
         "0",
         "ar+static",
-        ["method=static-ar", "dataset.num_prompts=2"],
+        ["method=ar+static-k5", "dataset.num_prompts=2"],
         _rows(),
         speedup_vs_vanilla=1.234,
         modeled_speedup_vs_vanilla=1.5,
@@ -431,7 +431,7 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
         root,
         "1",
         "fastdllm+failfast",
-        ["method=failfast", "dataset.num_prompts=2"],
+        ["method=fastdllm+failfast", "dataset.num_prompts=2"],
         _rows()[:1],
         speedup_vs_vanilla=0.987,
         acceptance_rate=0.4,
@@ -450,7 +450,7 @@ def test_figures_page_has_a_run_summary_prompt_text_and_per_prompt_tables(tmp_pa
     assert "Common to every run: <code>dataset.num_prompts=2</code>" in index.split("<h2>Runs</h2>", 1)[1]
     for cell in (
         "ar+static",
-        "<code class='nowrap'>method=static-ar</code>",
+        "<code class='nowrap'>method=ar+static-k5</code>",
         "1.23x",
         "1.50x",
         "0.833",

@@ -26,6 +26,11 @@ def test_every_preset_composes_and_validates_and_the_defaults_run_on_their_bench
     pm = get_plugin_manager()
     falcon_bundled = (bundled_dir() / "falcon-drafter" / "config.json").is_file()
     checked: list[dict] = []
+    aliases = peers.preset_aliases()
+
+    def compose_preset(name: str) -> dict:
+        return OmegaConf.to_container(compose("config", overrides=[f"method={name}"]), resolve=True)
+
     with initialize_config_module("specpolicy.conf", version_base="1.3"):
         for name in PRESETS:
             config = OmegaConf.to_container(compose("config", overrides=[f"method={name}"]), resolve=True)
@@ -34,21 +39,64 @@ def test_every_preset_composes_and_validates_and_the_defaults_run_on_their_bench
             assert drafter in peers.BENCH_DRAFTERS, name
             assert name not in runtime.DEFAULT_METHODS or drafter in runtime.RUNTIME_DRAFTERS, name
             same = {k: v for k, v in config.items() if k != "method"}
-            if same in checked:  # a row's name for another preset (e.g. deer-k32 for deer): checked once
+            target = config["method"].get("alias_of")
+            if target:  # a deprecated name: the same configuration as the preset it names, which is none
+                assert target in PRESETS and target not in aliases, name
+                assert same == {k: v for k, v in compose_preset(target).items() if k != "method"}, name
                 continue
-            checked.append(same)
+            key = {**same, "sweep": config["method"].get("sweep")}  # a calibrated row differs by its sweep
+            assert key not in checked, f"{name}: the same configuration as another preset: make one an alias"
+            checked.append(key)
             try:
                 validate_config(config, pm)
             except ConfigError as exc:  # the Falcon drafter's weights: not in every install's bundle
                 assert not falcon_bundled and str(exc).startswith("drafter.model='falcon-drafter'"), (name, exc)
 
 
-def test_every_default_method_of_the_benchmarks_is_a_preset():
-    peers, runtime, paper = (load_benchmark(n) for n in ("peers", "runtime", "paper_table"))
-    assert set(peers.DEFAULT_METHODS) <= set(PRESETS)
-    assert set(runtime.DEFAULT_METHODS) <= set(PRESETS)
-    assert set(paper.METHOD_TITLES) | set(paper.CALIBRATED.values()) <= set(PRESETS)
-    assert peers.preset_names() == PRESETS  # the names --method accepts
+def test_every_default_method_of_the_benchmarks_is_a_preset_and_none_a_deprecated_name():
+    names = ("peers", "runtime", "paper_table", "overhead", "batched", "ceiling")
+    peers, runtime, paper, overhead, batched, ceiling = (load_benchmark(n) for n in names)
+    defaults = {
+        *peers.DEFAULT_METHODS,
+        *runtime.DEFAULT_METHODS,
+        *(preset for preset, _ in paper.PAPER_ROWS.values()),
+        *paper.CALIBRATED.values(),
+        *overhead.DEFAULT_METHODS,
+        *batched.DEFAULT_METHODS,
+        *ceiling.METHODS,
+    }
+    assert defaults <= set(PRESETS)
+    aliases = peers.preset_aliases()
+    assert not defaults & set(aliases), sorted(defaults & set(aliases))
+    assert set(aliases.values()) <= set(PRESETS) - set(aliases)  # each names a preset that is no alias
+    assert peers.preset_names() == PRESETS  # the names --method accepts (the deprecated ones too)
+
+
+def test_a_deprecated_preset_name_loads_its_preset_with_one_warning_line(monkeypatch):
+    import warnings
+
+    from specpolicy.plugins.hookspecs import SpecpolicyDeprecationWarning
+    from specpolicy.run import validation
+
+    peers = load_benchmark("peers")
+    monkeypatch.setattr(validation, "_WARNED_ALIASES", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old, again = peers.parse_method("dflash-failfast"), peers.parse_method("dflash-failfast")
+    lines = [str(w.message) for w in caught if issubclass(w.category, SpecpolicyDeprecationWarning)]
+    lines = [line for line in lines if line.startswith("method=")]  # an installed plugin's own may come first
+    assert lines == [
+        "method=dflash-failfast is a deprecated name of method=dflash+failfast (the same configuration): "
+        "use method=dflash+failfast"
+    ]  # once per process
+    new = peers.parse_method("dflash+failfast")
+    assert (old.name, again.name, old.policy, old.drafter, old.reuse) == (
+        "dflash-failfast",
+        "dflash-failfast",
+        new.policy,
+        new.drafter,
+        new.reuse,
+    )
 
 
 def test_a_preset_by_name_carries_its_settings_description_and_sweep():
@@ -62,7 +110,7 @@ def test_a_preset_by_name_carries_its_settings_description_and_sweep():
     assert picked.description.endswith("; calibrated: policy.n=3,policy.tau=0.5")
     reuse = peers.parse_method("fastdllm+failfast+reuse")
     assert reuse.reuse and reuse.policy["name"] == "failfast" and not reuse.sweep
-    plus = peers.parse_method("fast-dllm-plus")  # a drafter setting of its own: threshold 0.9
+    plus = peers.parse_method("fastdllm-default")  # a drafter setting of its own: threshold 0.9
     assert plus.drafter_settings == {"threshold": 0.9}
 
 
@@ -86,16 +134,17 @@ def test_an_unknown_name_is_one_line_naming_the_accepted_ones(script, capsys, mo
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(
         f"benchmarks/{script}.py: error: argument --method: 'dflash+nosuch' is not a method preset (conf/method/); "
-        "accepted: ar, ar+failfast, "
+        "accepted: ar+failfast, ar+failfast+reuse, "
     ), lines[-1]
-    assert "dflash+failfast-best" in lines[-1] and "or a one-off NAME=drafter=D,policy=P" in lines[-1]
+    assert "dflash+failfast-best" in lines[-1] and "dflash-failfast," not in lines[-1]  # no deprecated name
+    assert "or a one-off NAME=drafter=D,policy=P" in lines[-1]
 
 
 def test_the_runtime_benchmark_refuses_a_drafter_it_does_not_compile(capsys):
     with pytest.raises(SystemExit):
-        load_benchmark("runtime").parse_args(["--method", "dart-tree"])
+        load_benchmark("runtime").parse_args(["--method", "dart+dart-tree"])
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "benchmarks/runtime.py: error: --method dart-tree: runs drafter=dart; this benchmark runs the drafters "
+        "benchmarks/runtime.py: error: --method dart+dart-tree: runs drafter=dart; this benchmark runs the drafters "
         "ar, eagle3, dflash at their configs' settings"
     )
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import load_benchmark
+from specpolicy.analysis.docs_pages import peers_columns
 from specpolicy.data.datasets import load_prompts
 
 pytestmark = pytest.mark.slow  # a benchmark run: 22 methods, calibration sweeps, the oracle replay
@@ -101,6 +102,25 @@ def test_every_method_is_measured_and_lossless(quick_run, capsys):
     assert description.startswith("FailFast's rule retuned for DFlash") and f"; calibrated: {fastest} [" in description
     assert f"FailFastPolicy(n=3, tau={fastest[-3:]}, n_max=60" in description
     assert results["fast_dllm_plus"] == "fastdllm+static-best"
+    # host work per round (outside the model passes): measured for ours, not for Hugging Face's rows
+    for name, m in methods.items():
+        if name.startswith("hf-"):
+            assert m["host_ms_per_round"] is None, name
+            continue
+        assert 0.0 <= m["host_ms_per_round"] and m["host_step_profile"] == "a6000-qwen7b", name
+        assert m["host_step_share"] == pytest.approx(m["host_ms_per_round"] / 13.5), name
+    titles = [title for title, _, _ in _peers().COLUMNS]
+    assert "host ms / round" in titles and "host / target step" in titles
+    row = _peers().table_rows(results)[list(methods).index("fastdllm+failfast")]
+    assert row[titles.index("host ms / round")] == f"{methods['fastdllm+failfast']['host_ms_per_round']:.3f}"
+    # the results pages' table (peers, neighbours) shows the columns when the results measured them
+    page_titles = [title for title, _ in peers_columns(results)]
+    assert "host ms / round" in page_titles and "host / target step (a6000-qwen7b)" in page_titles
+    old = {
+        **results,
+        "methods": {n: {k: v for k, v in m.items() if not k.startswith("host")} for n, m in methods.items()},
+    }
+    assert not any(t.startswith("host") for t, _ in peers_columns(old))  # results written before: no such columns
 
 
 def test_hf_rounds_are_recorded_and_runs_are_plottable(quick_run):

@@ -100,7 +100,7 @@ def test_a_plugin_policy_and_a_builtin_one_are_compared_by_config(family, tmp_pa
             "x: drafter.cps_lambda must be a number in [0, 1], got 2",
         ),
         ("vanilla=drafter=ar,policy=static", "takes NAME (a method preset) or NAME=drafter=D,policy=P"),
-        ("nosuch", "'nosuch' is not a method preset (conf/method/); accepted: ar, ar+failfast, "),
+        ("nosuch", "'nosuch' is not a method preset (conf/method/); accepted: ar+failfast, ar+failfast+reuse, "),
         ("x=method=nosuch", "x: no config 'nosuch' in group method; choices: "),
     ],
 )

@@ -777,7 +777,7 @@ def _batched(command: Command, h: Harness) -> None:
     """The README's options parse; the run, shortened (2 prompts, batch sizes 1 and 2, K = 1, one
     repeat) on the tiny family, writes its JSON and figure, every method lossless."""
     module = load_benchmark("batched")
-    module.parser().parse_args(_args(command, "python benchmarks/batched.py"))
+    module.parse_args(_args(command, "python benchmarks/batched.py"))
     out, figure = h.cwd / "batched.json", h.cwd / "batched.png"
     result = module.main(
         [
@@ -787,8 +787,7 @@ def _batched(command: Command, h: Harness) -> None:
             "6",
             "--batch-sizes",
             "1,2",
-            "--ks",
-            "1",
+            *("--method", "eagle3+static-k1", "--method", "eagle3+batch-schedule", "--method", "eagle3+goodput-batch"),
             "--repeats",
             "1",
             "--out",
@@ -870,6 +869,17 @@ def _train_drafter(command: Command, h: Harness) -> None:
     )
     h.mp.chdir(h.cwd)
     assert check_args(args)["num_hidden_layers"] >= 1
+
+
+def _train_acceptance_head(command: Command, h: Harness) -> None:
+    """The rollouts take minutes (tests/family/test_train_acceptance_head.py trains a tiny head): the
+    command's arguments are parsed by the trainer's own parser."""
+    from specpolicy.family.train_acceptance_head import build_parser
+
+    args = _args(command, "python -m specpolicy.family.train_drafter")
+    assert args[0] == "acceptance-head"
+    parsed = build_parser().parse_args(args[1:])
+    assert parsed.drafter and parsed.out
 
 
 def _family(command: Command, h: Harness) -> None:
@@ -1005,6 +1015,11 @@ RULES = [
         rf"{CLI} verifier\.model=/models/\S+ drafter=(dflash|eagle3) drafter\.model=/models/\S+",
         "dry, tiny official-layout checkpoints of the tiny target standing in for the /models/ ones",
         lambda c, h: dry(c, h, {"/models/": f"{h.world.root}/models/"}),
+    ),
+    Rule(
+        r"bash: python -m specpolicy\.family\.train_drafter acceptance-head .*",
+        "arguments parsed by the trainer's parser (tests/family/test_train_acceptance_head.py trains a tiny head)",
+        _train_acceptance_head,
     ),
     Rule(
         r"bash: python -m specpolicy\.family\.train_drafter (dflash|eagle3) .*",

@@ -251,16 +251,78 @@ def padding(request, settings):
     return request.param
 
 
+@pytest.fixture(scope="module")
+def compiled():
+    """The compiled models this module's compiled-runtime tests share, each compiled once, on first
+    use: ``compiled(key, build)`` is ``build()``'s result for ``key`` (a runtime and what was built on
+    it: a verifier, drafters). Tests share the compiled runners, never a request's state: every
+    ``generate`` prefills its own prompt, and a batched form is built once per batch size."""
+    made: dict = {}
+
+    def get(key, build):
+        if key not in made:
+            made[key] = build()
+        return made[key]
+
+    return get
+
+
+def compiled_verifier(compiled, model, settings: dict, name: str):
+    """``(runtime, verifier)``: ``model`` (``name``: which) behind an HF verifier on a compiled runtime of
+    ``settings``, compiled once per module (``compiled``)."""
+
+    def build():
+        rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**settings))
+        return rt, HFVerifier(model, rt, frozenset({VOCAB - 1}))
+
+    return compiled((name, repr(CompileSettings(**settings))), build)
+
+
+@pytest.fixture(scope="module")
+def target6():
+    """The 6-layer target the EAGLE-3 tests draft for (its layers 1, 3, 5 read by the head)."""
+    return sharpen(tiny_lm(0, layers=6), 4.0)
+
+
+def compiled_eagle3(compiled, target6, checkpoint, settings: dict):
+    """``(runtime, verifier, drafter)``: the 6-layer target and the EAGLE-3 head compiled once per
+    module on a runtime of ``settings``."""
+    from specpolicy.drafters.eagle3 import Eagle3Drafter
+    from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
+
+    rt, verifier = compiled_verifier(compiled, target6, settings, "target6")
+
+    def build():
+        head = load_eagle3(checkpoint).double()
+        embed = target6.get_input_embeddings()
+        return Eagle3Drafter(head, embed, tuple(default_layer_ids(6)), VOCAB, rt, frozenset({VOCAB - 1}))
+
+    return rt, verifier, compiled(("eagle3", repr(CompileSettings(**settings))), build)
+
+
+def compiled_dflash(compiled, family, settings: dict):
+    """``(runtime, verifier, drafter)``: the tiny family's target and DFlash drafter compiled once per
+    module on a runtime of ``settings``."""
+    from specpolicy.plugins.manager import get_plugin_manager, make_drafter
+
+    def build():
+        rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**settings))
+        verifier = make_verifier_hf(family, rt)
+        pm = get_plugin_manager(autoload=False)
+        return rt, verifier, make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
+
+    return compiled(("dflash", repr(CompileSettings(**settings))), build)
+
+
 @pytest.mark.slow
-def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets, padding, target):
+def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets, padding, target, compiled):
     """``runtime.compile=true`` end to end: verifier and ar drafter built compiled (two buckets,
     tiny float64 models), warm-up counted, the output of vanilla, static, failfast and a tree
     policy identical to the eager runtime's."""
     eager_rt = Runtime("cpu", "float64", seed=0)
-    rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**two_buckets))
-    compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
-    assert compiled.static is not None and compiled.static.compiled and compiled.static.buckets == (1, 8)
-    assert compiled.static.pads == padding
+    rt, verifier = compiled_verifier(compiled, target, two_buckets, "target")
+    assert verifier.static is not None and verifier.static.compiled and verifier.static.buckets == (1, 8)
+    assert verifier.static.pads == padding
     draft_model = sharpen(tiny_lm(seed=0, layers=1))
     d = ARDrafter(draft_model, rt)
     assert d.static is not None and rt.warmup_s > 0 and rt.describe()["compile"] is True
@@ -272,9 +334,9 @@ def test_compiled_runtime_is_token_identical_and_reports_its_warmup(two_buckets,
     )
     for prompt in random_prompts(3):
         ref = generate(prompt, eager, eager_rt, max_new_tokens=30)
-        assert generate(prompt, compiled, rt, max_new_tokens=30).output_ids.tolist() == ref.output_ids.tolist()
+        assert generate(prompt, verifier, rt, max_new_tokens=30).output_ids.tolist() == ref.output_ids.tolist()
         for policy in (_policy("static"), _policy("failfast"), tree_policy):
-            out = generate(prompt, compiled, rt, max_new_tokens=30, drafter=d, policy=policy)
+            out = generate(prompt, verifier, rt, max_new_tokens=30, drafter=d, policy=policy)
             assert out.output_ids.tolist() == ref.output_ids.tolist()
 
 
@@ -479,21 +541,23 @@ def test_eagle3_chain_equals_its_steps_one_by_one(two_buckets, eagle3_checkpoint
 
 
 @pytest.mark.slow
-def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpoint):
+def test_eagle3_compiled_is_token_identical_to_eager(two_buckets, eagle3_checkpoint, compiled, target6):
     """``runtime.compile=true`` with EAGLE-3: target and head compiled (two buckets, float64), a chain
     and a tree policy, the same drafts and output as the eager runtime."""
     from specpolicy.drafters.eagle3 import Eagle3Drafter
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
 
-    target = sharpen(tiny_lm(0, layers=6), 4.0)
     layers = tuple(default_layer_ids(6))
     head = load_eagle3(eagle3_checkpoint).double()
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
-        verifier = HFVerifier(target, rt, frozenset({VOCAB - 1}))
-        drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, frozenset({VOCAB - 1}))
+        if compile:  # compiled once for the module's EAGLE-3 tests
+            rt, verifier, drafter = compiled_eagle3(compiled, target6, eagle3_checkpoint, two_buckets)
+        else:
+            rt = Runtime("cpu", "float64", seed=0)
+            verifier = HFVerifier(target6, rt, frozenset({VOCAB - 1}))
+            drafter = Eagle3Drafter(head, target6.get_input_embeddings(), layers, VOCAB, rt, frozenset({VOCAB - 1}))
         assert (drafter.static is not None) == compile and (rt.warmup_s > 0) == compile
         out = []
         for policy in (
@@ -549,7 +613,7 @@ def test_dflash_on_the_static_runtime_drafts_and_decodes_as_on_the_eager_one(fam
 
 
 @pytest.mark.slow
-def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, family):
+def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, family, compiled):
     """``runtime.compile=true`` with DFlash + FailFast: target and DFlash compiled (float64), extension
     passes included; the same drafts and output as the eager runtime."""
     from specpolicy.plugins.manager import get_plugin_manager, make_drafter, make_policy
@@ -557,9 +621,12 @@ def test_dflash_compiled_is_token_identical_to_eager(two_buckets, padding, famil
     pm = get_plugin_manager(autoload=False)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
-        verifier = make_verifier_hf(family, rt)
-        drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
+        if compile:  # compiled once for the module's DFlash tests
+            rt, verifier, drafter = compiled_dflash(compiled, family, two_buckets)
+        else:
+            rt = Runtime("cpu", "float64", seed=0)
+            verifier = make_verifier_hf(family, rt)
+            drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
         assert (drafter.static is not None) == compile
         policy = make_policy(pm, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20})
         runs.append(
@@ -709,21 +776,20 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
 
 
 @pytest.mark.slow
-def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, target):
+def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, target, compiled):
     """``runtime.compile=true``, batch size 3, 6 prompts: the compiled static batched verifier
     (its passes padded to 8 columns) gives every request the eager batch-1 output."""
     from specpolicy.core.batching import generate_batch
     from specpolicy.verifiers.hf_batch import StaticBatchedHFVerifier
 
     prompts = random_prompts(6)
-    rt = Runtime("cpu", "float64", seed=0, compile=True, compiled=CompileSettings(**two_buckets))
-    compiled = HFVerifier(target, rt, frozenset({VOCAB - 1}))
+    rt, static = compiled_verifier(compiled, target, two_buckets, "target")  # the module's compilation
     eager_rt = Runtime("cpu", "float64", seed=0)
     eager = HFVerifier(target, eager_rt, frozenset({VOCAB - 1}))
     alone = [generate(p, eager, eager_rt, max_new_tokens=20).output_ids.tolist() for p in prompts]
     warm = rt.warmup_s
-    batched = generate_batch(prompts, compiled, rt, max_new_tokens=20, batch_size=3)
-    verifier = compiled.batched(slots=3)
+    batched = generate_batch(prompts, static, rt, max_new_tokens=20, batch_size=3)
+    verifier = static.batched(slots=3)
     assert isinstance(verifier, StaticBatchedHFVerifier) and verifier.static.compiled
     assert verifier.static.buckets == (8,) and rt.warmup_s > warm
     assert [batched.results[i].output_ids.tolist() for i in range(6)] == alone
@@ -731,7 +797,7 @@ def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ar", "eagle3"])
-def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoint, kind):
+def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoint, kind, compiled, target6):
     """``runtime.compile=true`` with EAGLE-3 or the AR drafter, batch size 3, 6 prompts, static
     k = 3: the requests draft on the drafter's compiled batched cache (``StaticEagle3``,
     ``StaticQwen`` of 3 sequences; built once for the batch size, its compile seconds in the warm-up) --
@@ -744,17 +810,18 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
     from specpolicy.models.eagle3 import default_layer_ids, load_eagle3
     from specpolicy.plugins.manager import get_plugin_manager, make_policy
 
-    target = sharpen(tiny_lm(0, layers=6), 4.0)
     head = load_eagle3(eagle3_checkpoint).double()
     stop, layers = frozenset({VOCAB - 1}), tuple(default_layer_ids(6))
     prompts = random_prompts(6)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
-        verifier = HFVerifier(target, rt, stop)
-        if kind == "eagle3":
-            drafter = Eagle3Drafter(head, target.get_input_embeddings(), layers, VOCAB, rt, stop)
+        if compile:  # the module's compiled target (and EAGLE-3 head); the AR drafter compiled here
+            rt, verifier, drafter = compiled_eagle3(compiled, target6, eagle3_checkpoint, two_buckets)
         else:
+            rt = Runtime("cpu", "float64", seed=0)
+            verifier = HFVerifier(target6, rt, stop)
+            drafter = Eagle3Drafter(head, target6.get_input_embeddings(), layers, VOCAB, rt, stop)
+        if kind == "ar":
             drafter = ARDrafter(sharpen(tiny_lm(1, layers=1), 4.0), rt)
         policy = make_policy(get_plugin_manager(autoload=False), {"name": "static", "k": 3})
         if not compile:
@@ -880,7 +947,7 @@ def test_dflash_batched_static_cache_equals_one_cache_per_request(family):
 
 
 @pytest.mark.slow
-def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
+def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family, compiled):
     """``runtime.compile=true`` with DFlash + FailFast (extension passes), batch size 3, 6 prompts:
     the requests draft on the drafter's compiled batched cache (``StaticDFlash`` of 3 sequences, built once
     for the batch size, its compile seconds in the warm-up) -- every request's output and drafts
@@ -895,9 +962,12 @@ def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family):
     prompts = random_prompts(6)
     runs = []
     for compile in (False, True):
-        rt = Runtime("cpu", "float64", seed=0, compile=compile, compiled=CompileSettings(**two_buckets))
-        verifier = make_verifier_hf(family, rt)
-        drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
+        if compile:  # the module's compiled target and DFlash drafter
+            rt, verifier, drafter = compiled_dflash(compiled, family, two_buckets)
+        else:
+            rt = Runtime("cpu", "float64", seed=0)
+            verifier = make_verifier_hf(family, rt)
+            drafter = make_drafter(pm, {"name": "dflash", "model": str(family["dflash"])}, rt, verifier)
         policy = make_policy(pm, {"name": "failfast", "n": 4, "tau": 0.0, "n_max": 20})
         if not compile:
             runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])

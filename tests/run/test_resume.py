@@ -27,7 +27,8 @@ from specpolicy.run.experiment import run_experiment
 from specpolicy.run.resume import MAX_NAME, RunInterrupted, run_name
 
 PROMPTS = 4
-#: Fields that are timings (or derived from timings): the only ones allowed to differ.
+#: Fields that are timings (or derived from timings), and the process's peak memory (a measurement
+#: of each invocation, like a timing): the only ones allowed to differ.
 TIMING_KEYS = {
     "wall_s",
     "vanilla_wall_s",
@@ -43,6 +44,7 @@ TIMING_KEYS = {
     "oracle",
     "measured",
     "timing_conditions",
+    "peak_memory",
 }
 
 

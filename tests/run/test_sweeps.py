@@ -227,14 +227,14 @@ def _sweep_values(params: dict, key: str) -> list:
             "failfast",
             "method",
             [
-                "static-ar",
+                "ar+static-k5",
                 "fastdllm-default",
-                "failfast",
+                "fastdllm+failfast",
                 "fail-fast-only",
                 "win-big-only",
-                "dflash-failfast",
+                "dflash+failfast",
                 "dflash-failfast-tuned",
-                "eagle3-static",
+                "eagle3+static-k5",
             ],
         ),
         ("failfast-grid", "fastdllm", "failfast", "policy.n", [3, 4, 6, 10]),
@@ -257,25 +257,30 @@ def test_experiment_presets_define_the_paper_studies(preset, drafter, policy, ke
 @pytest.mark.parametrize(
     "method,drafter,threshold,policy,settings",
     [
-        ("static-ar", "ar", None, "static", {"k": 5}),
-        ("static-fastdllm", "fastdllm", 0.05, "static", {"k": 5}),
-        ("failfast", "fastdllm", 0.05, "failfast", {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"}),
+        ("ar+static-k5", "ar", None, "static", {"k": 5}),
+        ("fastdllm+static-k5", "fastdllm", 0.05, "static", {"k": 5}),
+        (
+            "fastdllm+failfast",
+            "fastdllm",
+            0.05,
+            "failfast",
+            {"n": 10, "tau": 0.45, "n_max": 60, "confidence_scope": "draft"},
+        ),
         # the paper's baselines and ablations (FailFast §5.1, App. D.1)
         ("fastdllm-default", "fastdllm", 0.9, "static", {"k": 5}),
-        ("fastdllm-plus", "fastdllm", 0.9, "static", {"k": 5}),
         ("fail-fast-only", "fastdllm", 0.05, "static", {"k": 10}),
         ("win-big-only", "fastdllm", 0.9, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
         # drafters that read the target (DFlash, EAGLE-3 chain)
-        ("dflash-failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
+        ("dflash+failfast", "dflash", None, "failfast", {"n": 10, "tau": 0.45, "n_max": 60}),
         ("dflash-failfast-tuned", "dflash", None, "failfast", {"n": 5, "tau": 0.7, "n_max": 60}),
         ("dflash-static", "dflash", None, "static", {"k": 5}),
-        ("eagle3-static", "eagle3", None, "static", {"k": 5}),
+        ("eagle3+static-k5", "eagle3", None, "static", {"k": 5}),
         # FailFast's neighbours in their own settings (DiffuSpec, EasySpec)
         ("diffuspec-fastdllm", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
         ("diffuspec-dflash", "dflash", None, "adl", {"k_min": 20, "k_max": 30, "delta": 10, "rho": 0.5}),
-        ("easyspec-ar", "easyspec", None, "static", {"k": 5}),
-        ("diffuspec-fastdllm-tuned", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30}),
-        ("diffuspec-dflash-tuned", "dflash", None, "adl", {"k_min": 20, "k_max": 30}),
+        ("easyspec-lp2-k5", "easyspec", None, "static", {"k": 5}),
+        ("diffuspec-fastdllm-l0.8", "fastdllm", 0.05, "adl", {"k_min": 20, "k_max": 30}),
+        ("diffuspec-dflash-l0.8", "dflash", None, "adl", {"k_min": 20, "k_max": 30}),
     ],
 )
 def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, policy, settings):
@@ -291,7 +296,7 @@ def test_method_presets_pick_drafter_and_policy(method, drafter, threshold, poli
         if method.startswith("diffuspec"):  # the path search on, one refinement pass over fastdllm's block
             cfg = compose("config", overrides=[f"method={method}"])
             assert cfg.drafter.path_search == "cps"
-            assert cfg.drafter.cps_lambda == (0.8 if method.endswith("-tuned") else 0.5)
+            assert cfg.drafter.cps_lambda == (0.8 if method.endswith("-l0.8") else 0.5)
             assert drafter != "fastdllm" or cfg.drafter.small_block_size == cfg.drafter.block_size == 32
 
 

@@ -203,5 +203,7 @@ def test_every_group_is_checked_before_loading(case, family, tmp_path, monkeypat
     assert code == 2
     assert len(err) == 1 and err[0].startswith(expected), err
     if case == "typo":
-        assert "keys confidence_scope, n, n_max, tau " in err[0] and err[0].endswith("(did you mean policy.tau?)")
+        assert "keys acceptance, acceptance_head, confidence_scope, n, n_max, tau " in err[0] and err[0].endswith(
+            "(did you mean policy.tau?)"
+        )
     assert no_loads == []

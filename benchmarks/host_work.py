@@ -1,0 +1,250 @@
+#!/usr/bin/env python
+"""Host work per round, by method and by component: what each round spends outside the drafter's and
+the target's model passes (``RoundRecord.host_ms``, ``specpolicy.core.passes``), and where.
+
+    python benchmarks/host_work.py --num-prompts 3 --max-new-tokens 64 --out host.json
+    python benchmarks/host_work.py --method dart+dart-tree=drafter=dart,policy=dart-tree --repeat 3
+
+Methods are the peers benchmark's (``benchmarks/peers.py``: ``conf/method/`` presets by name, or
+``NAME=drafter=D,policy=P,...`` one-offs); without ``--method`` every row of the peers table
+(``peers.DEFAULT_METHODS``) and of the neighbours table (the ``--method`` list of
+``benchmarks/results/neighbours-gsm8k-30x256.json``). Each method decodes the prompts ``--repeat``
+times; per method:
+
+* ``host_ms_per_round``: the loop's own figure (mean ``RoundRecord.host_ms``), from runs WITHOUT the
+  component timers, the least over the repeats (a loaded machine only adds to it), and its share of
+  the ``--profile`` target step (13.5 ms for ``a6000-qwen7b``);
+* ``components``: exclusive host ms per round of each component, from one more run with timers
+  (``time.perf_counter_ns``, a stack: a component's time excludes the components and passes it
+  calls): ``policy.next_length``, ``policy.update``, ``policy.draft_tree`` (a tree policy's own
+  search: DART's, EAGLE-2's, the block tree, Falcon's), ``path_search`` (DiffuSpec's CPS,
+  ``PathSearch.search``), ``ngram`` (n-gram lookups: ``NGramModel``, the suffix drafter's),
+  ``drafter.draft`` / ``drafter.alternatives`` / ``drafter.commit`` (the drafter's host work around
+  its passes), ``verify`` (the target's host work around its pass: acceptance, the tree mask), and
+  ``loop`` (the rest of ``host_ms``: the loop's bookkeeping, the timers' own cost included).
+
+The machine's load inflates every figure alike: compare components with each other, and time
+absolute figures alone (``--repeat`` keeps the least).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+
+from specpolicy.core.decoding import generate  # noqa: E402
+from specpolicy.core.latency import load_profile  # noqa: E402
+from specpolicy.core.passes import pass_entry_points  # noqa: E402
+from specpolicy.core.path_search import PathSearch  # noqa: E402
+from specpolicy.core.reuse import DraftReuse  # noqa: E402
+from specpolicy.data.datasets import load_prompts  # noqa: E402
+from specpolicy.models.ngram import NGramModel  # noqa: E402
+from specpolicy.plugins.manager import get_plugin_manager, make_policy  # noqa: E402
+
+NEIGHBOURS = Path(__file__).resolve().parent / "results" / "neighbours-gsm8k-30x256.json"
+#: Host components: (name, (owner, method) where owner is "policy", "drafter", "verifier" or a class).
+COMPONENTS: tuple[tuple[str, Any, str], ...] = (
+    ("policy.next_length", "policy", "next_length"),
+    ("policy.update", "policy", "update"),
+    ("policy.draft_tree", "policy", "draft_tree"),
+    ("path_search", PathSearch, "search"),
+    ("ngram", NGramModel, "trie_probs_np"),
+    ("ngram", NGramModel, "trie_probs"),
+    ("ngram", NGramModel, "trie_tables"),
+    ("ngram", NGramModel, "log_probs"),
+    ("ngram", "drafter", "lookup"),
+    ("drafter.draft", "drafter", "draft"),
+    ("drafter.alternatives", "drafter", "alternatives"),
+    ("drafter.commit", "drafter", "commit"),
+    ("verify", "verifier", "verify"),
+)
+
+
+class Exclusive:
+    """Exclusive time of nested named calls (``time.perf_counter_ns``): a call's time less the time of
+    the timed calls it makes. Passes are timed too (``pass``), so no component holds a pass."""
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.clock = clock
+        self.ns: dict[str, int] = defaultdict(int)
+        self._stack: list[list] = []  # [name, start ns, children's ns]
+
+    def wrap(self, name: str, method: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            self._stack.append([name, self.clock(), 0])
+            try:
+                return method(*args, **kwargs)
+            finally:
+                frame = self._stack.pop()
+                elapsed = self.clock() - frame[1]
+                self.ns[frame[0]] += elapsed - frame[2]
+                if self._stack:
+                    self._stack[-1][2] += elapsed
+
+        return timed
+
+    @contextmanager
+    def watching(self, policy: Any, drafter: Any, verifier: Any) -> Iterator[Exclusive]:
+        """Wrap the components of ``COMPONENTS`` and the passes (``pass_entry_points``) while entered."""
+        owners = {"policy": policy, "drafter": drafter, "verifier": verifier}
+        undo: list[Callable[[], None]] = []
+        members = [("pass", m) for m in (*pass_entry_points(drafter), *pass_entry_points(verifier))]
+        members += [(name, (owners.get(owner, owner), method)) for name, owner, method in COMPONENTS]
+        hooked: set = set()
+        for name, member in members:
+            if member is None or id(member) in hooked:
+                continue
+            if hasattr(member, "register_forward_pre_hook"):  # a module: a pass
+                hooked.add(id(member))
+                pre = member.register_forward_pre_hook(lambda mod, args: self._stack.append(["pass", self.clock(), 0]))
+                post = member.register_forward_hook(lambda mod, args, out: self._close(), always_call=True)
+                undo += [pre.remove, post.remove]
+                continue
+            obj, method = member
+            if obj is None or not hasattr(obj, method) or (id(obj), method) in hooked:
+                continue
+            hooked.add((id(obj), method))
+            if isinstance(obj, type):  # a class's method: every instance's calls
+                original = obj.__dict__[method]
+                setattr(obj, method, self.wrap(name, original))
+                undo.append(lambda o=obj, m=method, f=original: setattr(o, m, f))
+            else:
+                held = vars(obj).get(method)
+                setattr(obj, method, self.wrap(name, getattr(obj, method)))
+                undo.append(lambda o=obj, m=method, h=held: vars(o).pop(m, None) if h is None else setattr(o, m, h))
+        try:
+            yield self
+        finally:
+            for step in reversed(undo):
+                step()
+
+    def _close(self) -> None:
+        frame = self._stack.pop()
+        elapsed = self.clock() - frame[1]
+        self.ns[frame[0]] += elapsed - frame[2]
+        if self._stack:
+            self._stack[-1][2] += elapsed
+
+
+def neighbours_methods() -> list[str]:
+    """The neighbours table's ``--method`` list (its results file's settings)."""
+    if not NEIGHBOURS.exists():
+        return []
+    return list(json.loads(NEIGHBOURS.read_text())["settings"].get("method") or [])
+
+
+def measure(
+    bench: peers.Bench, spec: peers.MethodSpec, ids: list, repeat: int, clock: Callable[[], int] = time.perf_counter_ns
+) -> dict[str, Any]:
+    """One method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
+    components (one timed pass)."""
+    policy = make_policy(get_plugin_manager(block=spec.block), spec.policy)
+    key = spec.drafter
+    if spec.drafter_settings:
+        key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
+        bench.drafters.register(key, bench._drafter_factory(spec.drafter, spec.drafter_settings))
+    drafter = bench.drafters[key]
+
+    def decode(prompt):
+        reuse = DraftReuse(bench.args.reuse_min_match) if spec.reuse else None
+        return generate(
+            prompt,
+            bench.verifier,
+            bench.runtime,
+            max_new_tokens=bench.args.max_new_tokens,
+            drafter=drafter,
+            policy=policy,
+            reuse=reuse,
+        )
+
+    decode(ids[0])  # warm-up, untimed
+    per_round = []
+    for _ in range(repeat):
+        rounds = [r for prompt in ids for r in decode(prompt).rounds]
+        per_round.append(sum(r.host_ms for r in rounds) / len(rounds))
+    tracer = Exclusive(clock)
+    with tracer.watching(policy, drafter, bench.verifier):
+        rounds = [r for prompt in ids for r in decode(prompt).rounds]
+    n = len(rounds)
+    components = {name: ns / 1e6 / n for name, ns in sorted(tracer.ns.items()) if name != "pass"}
+    traced_host = sum(r.host_ms for r in rounds) / n
+    components["loop"] = traced_host - sum(components.values())
+    return {
+        "host_ms_per_round": min(per_round),
+        "host_ms_per_round_repeats": per_round,
+        "rounds": n,
+        "traced_host_ms_per_round": traced_host,
+        "components": components,
+    }
+
+
+def print_table(rows: dict[str, dict[str, Any]], step_ms: float, profile: str, goal_ms: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = sorted({c for r in rows.values() for c in r["components"]})
+    table = Table(title=f"host ms per round (outside model passes); share of {profile}'s {step_ms} ms target step")
+    for title in ("method", "host ms / round", "share", f"<= {goal_ms}", *names):
+        table.add_column(title, justify="left" if title == "method" else "right")
+    for name, r in rows.items():
+        host = r["host_ms_per_round"]
+        cells = [f"{r['components'].get(c, 0.0):.3f}" for c in names]
+        table.add_row(name, f"{host:.3f}", f"{host / step_ms:.1%}", "yes" if host <= goal_ms else "NO", *cells)
+    Console(width=250).print(table)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="benchmarks/host_work.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--num-prompts", type=int, default=3)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--method", action="append", default=None, help="a preset name or NAME=OVERRIDES (repeated)")
+    p.add_argument("--repeat", type=int, default=2, help="untimed passes per method; the least counts")
+    p.add_argument("--profile", default="a6000-qwen7b", help="latency profile whose target step the share divides by")
+    p.add_argument("--goal-ms", type=float, default=0.4)
+    p.add_argument("--reuse-min-match", type=int, default=2)
+    p.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="time the components with the thread's CPU clock (time.thread_time_ns): steadier on a loaded machine; "
+        "their sum then misses waits, and 'loop' (host_ms less the components) absorbs the difference",
+    )
+    p.add_argument("--out", default=None, help="JSON output")
+    peers.add_model_arguments(p)
+    args = p.parse_args(argv)
+    texts = args.method or [*peers.DEFAULT_METHODS, *neighbours_methods()]
+    try:
+        specs = [peers.parse_method(t) for t in dict.fromkeys(texts)]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    log = peers.start_benchmark(args.threads)
+    bench = peers.Bench(args)
+    ids = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
+    rows = {}
+    for spec in specs:
+        log(f"[{spec.name}]")
+        rows[spec.name] = measure(
+            bench, spec, ids, args.repeat, time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+        )
+    step_ms = load_profile(args.profile).target_ms_per_token
+    for r in rows.values():
+        r["host_step_share"] = r["host_ms_per_round"] / step_ms
+    print_table(rows, step_ms, args.profile, args.goal_ms)
+    result = {"settings": {**vars(args), "target_step_ms": step_ms}, "methods": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Model-pass time inside the loop: what a round spends in the drafter's and the target's forward
+passes, so that the rest of the round -- its HOST work (policy decisions, tree and path searches,
+n-gram lookups, sampling and acceptance bookkeeping, commit, the loop's own work) -- can be
+reported as ``RoundRecord.host_ms``.
+
+What counts as a pass: an outermost call of one of a model's pass entry points -- the drafter's
+``timed_calls`` (its network, the methods of it that bypass ``forward``, the top-k over its own
+distributions) or else its ``model``; the target's ``timed_calls`` (``verifiers/hf.py``: its model and,
+on the compiled runtime, the static runner's passes) or else its ``model``. A model-free drafter
+(``suffix``) has no pass: all its work is host work. Each pass is timed with the runtime's timers
+(``Runtime.timer``), so the definition is the same on both devices:
+
+* CPU: a pass is synchronous; its time is the wall-clock ms inside the call (``time.perf_counter``),
+  and host ms = the round's wall-clock ms - the passes' ms.
+* CUDA: the round and each pass are bracketed by CUDA events on the current stream; a pass's time
+  is the device time between its events, and host ms = the round's device-timeline span - the
+  passes' spans: the time the device spent NOT running a pass of the round, i.e. the host work
+  that kept it waiting (host work that overlaps a queued pass is not counted: it is out of the
+  way). Events add no synchronisation; the loop reads them once per round.
+
+Nested entry points (a submodule inside a watched model) count once (the outermost), as in
+``specpolicy.analysis.profiling.ForwardTimer``, the benchmarks' hook timer this mirrors.
+
+On the compiled runtime (``runtime.compile``) only the compiled runners' own entry points are
+watched -- ``(runner, "method")`` pairs whose runner has a true ``compiled`` attribute (the static
+runners' ``run``, ``run_rows``, ``chain``, ``passes``), called from eager Python: a hook on a module
+or a wrapper on a method that a compiled graph calls would be traced into that graph. A compiled
+pass whose runner names no such entry point (DFlash's shared-cache passes, so far) is counted as
+host time there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from specpolicy.core.runtime import Runtime, Timer
+
+
+def pass_entry_points(model: Any) -> tuple:
+    """The pass entry points of a drafter or verifier: its ``timed_calls`` when it names them (a
+    tuple of ``torch.nn.Module`` and ``(object, "method")`` pairs), else its ``model`` when that is a
+    ``torch.nn.Module``, else ``()`` (a model-free drafter: no passes)."""
+    if model is None:
+        return ()
+    calls = getattr(model, "timed_calls", None)
+    if calls is not None:
+        return tuple(calls)
+    inner = getattr(model, "model", None)
+    return (inner,) if isinstance(inner, torch.nn.Module) else ()
+
+
+class PassClock:
+    """Times every outermost pass of the watched entry points with ``runtime.timer()``.
+
+    Use as a context manager (hooks and method wrappers installed on enter, removed on exit);
+    ``watch`` adds entry points while it is entered (a request's drafter copy at admission).
+    Methods are wrapped on the INSTANCE: enter the clock after an object is copied, never before
+    (a copy would carry the wrapper of the original).
+
+    Args:
+        runtime: the run's runtime (its timers: perf_counter on CPU, CUDA events on CUDA).
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._timers: list[Timer] = []
+        self._depth = 0
+        self._hooked: set = set()  # ids of watched modules, (id, method) of watched methods
+        self._handles: list = []
+        self._wrapped: list[tuple[object, str, object]] = []
+
+    def __enter__(self) -> PassClock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for obj, method, held in reversed(self._wrapped):
+            if held is _NONE:
+                vars(obj).pop(method, None)
+            else:
+                setattr(obj, method, held)
+        self._wrapped.clear()
+        self._hooked.clear()
+        self._depth = 0
+
+    def watch(self, members: Iterable) -> None:
+        """Time the passes of ``members`` (``pass_entry_points``); already-watched ones are skipped."""
+        for member in members:
+            if member is None or (self.runtime.compile and not _compiled_entry(member)):
+                continue
+            if isinstance(member, torch.nn.Module):
+                if id(member) in self._hooked:
+                    continue
+                self._hooked.add(id(member))
+                self._handles.append(member.register_forward_pre_hook(lambda mod, args: self._enter()))
+                self._handles.append(
+                    member.register_forward_hook(lambda mod, args, out: self._exit(), always_call=True)
+                )
+            else:
+                obj, method = member
+                key = (id(obj), method)
+                if key in self._hooked:
+                    continue
+                self._hooked.add(key)
+                self._wrapped.append((obj, method, vars(obj).get(method, _NONE)))
+                setattr(obj, method, self._timed(getattr(obj, method)))
+
+    def unwatch(self, obj: object) -> None:
+        """Stop timing the methods wrapped on ``obj`` (a request's drafter copy that leaves; its
+        modules, shared with the other copies, stay hooked)."""
+        kept = []
+        for wrapped in self._wrapped:
+            owner, method, held = wrapped
+            if owner is not obj:
+                kept.append(wrapped)
+            elif held is _NONE:
+                vars(owner).pop(method, None)
+            else:
+                setattr(owner, method, held)
+        self._wrapped = kept
+        self._hooked = {key for key in self._hooked if not (isinstance(key, tuple) and key[0] == id(obj))}
+
+    def _enter(self) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            timer = self.runtime.timer()
+            timer.__enter__()
+            self._timers.append(timer)
+
+    def _exit(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._timers[-1].__exit__()
+
+    def _timed(self, method: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            self._enter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._exit()
+
+        return timed
+
+    def discard(self) -> None:
+        """Forget the passes timed so far (the prefills of admission), without reading them."""
+        self._timers.clear()
+
+    def take_ms(self) -> float:
+        """Milliseconds of the passes timed since the last ``take_ms`` / ``discard``, then forgets
+        them (on CUDA: reads their events, which waits for the last of them)."""
+        total = sum(timer.ms for timer in self._timers)
+        self._timers.clear()
+        return total
+
+
+_NONE = object()  # a method the instance did not hold itself (its class's)
+
+
+def _compiled_entry(member: Any) -> bool:
+    """Whether ``member`` is a compiled runner's entry point: ``(runner, "method")`` with a true
+    ``runner.compiled`` (never a module: its forward may run inside a compiled graph)."""
+    return isinstance(member, tuple) and len(member) == 2 and bool(getattr(member[0], "compiled", False))

@@ -1,0 +1,217 @@
+"""Host time per round (``RoundRecord.host_ms``): the round's time outside the model passes goes to
+host work, a pass's time never does (``specpolicy.core.passes``). Clocks are faked: no wall time is
+asserted."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import random_prompts, sharpen, tiny_lm
+from specpolicy.core import passes, runtime as runtime_module
+from specpolicy.core.decoding import generate
+from specpolicy.core.policy import LengthPolicy
+from specpolicy.core.runtime import Timer
+from specpolicy.drafters.ar import ARDrafter
+from specpolicy.verifiers.hf import HFVerifier
+
+POLICY_MS, PASS_MS = 7.0, 100.0  # fake ms: each policy question, each model pass
+
+
+class FakeClock:
+    """A clock that only the test moves: ``Timer`` reads it instead of ``time.perf_counter``."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+    def advance(self, ms: float) -> None:
+        self.s += ms / 1e3
+
+
+class SlowPolicy(LengthPolicy):
+    """k tokens per round; each question 'takes' POLICY_MS on the fake clock."""
+
+    name = "slow"
+
+    def __init__(self, clock: FakeClock, k: int = 3) -> None:
+        self.clock, self.k = clock, k
+
+    def __deepcopy__(self, memo):  # a batched run's copy per request: the same (fake) clock
+        return SlowPolicy(self.clock, self.k)
+
+    def next_length(self, draft):
+        self.clock.advance(POLICY_MS)
+        return self.k if draft.length == 0 else 0
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(runtime_module, "time", SimpleNamespace(perf_counter=clock))  # the timers' clock only
+    return clock
+
+
+def _slow_passes(model: torch.nn.Module, clock: FakeClock) -> None:
+    """Every forward of ``model`` 'takes' PASS_MS on the fake clock (inside the pass)."""
+    model.register_forward_hook(lambda mod, args, out: clock.advance(PASS_MS))
+
+
+def test_host_ms_is_the_policy_time_not_the_passes(runtime, fake_clock):
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)
+    verifier = HFVerifier(target, runtime, frozenset())
+    out = generate(
+        random_prompts(1)[0],
+        verifier,
+        runtime,
+        max_new_tokens=12,
+        drafter=ARDrafter(drafter_model, runtime),
+        policy=SlowPolicy(fake_clock),
+    )
+    assert out.rounds
+    for r in out.rounds:
+        questions = 2 if r.speculation_length else 1  # ask 3, draft, then stop; or no room at all
+        assert r.host_ms == pytest.approx(questions * POLICY_MS, abs=1e-6), r
+        # the passes are in draft_ms / verify_ms, not in host_ms
+        assert r.verify_ms == pytest.approx(PASS_MS, abs=1e-6)
+        assert r.draft_ms >= r.drafter_forward_passes * PASS_MS
+
+
+def test_vanilla_rounds_have_no_host_time_when_the_loop_takes_none(runtime, fake_clock):
+    target = tiny_lm()
+    _slow_passes(target, fake_clock)
+    out = generate(random_prompts(1)[0], HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=5)
+    assert [r.host_ms for r in out.rounds] == [0.0] * 5
+    assert all(r.verify_ms == pytest.approx(PASS_MS) for r in out.rounds)
+
+
+def test_a_model_free_drafter_is_all_host_time(runtime, fake_clock):
+    """Without pass entry points (``pass_entry_points`` is empty) the drafter's work is host work."""
+    target = tiny_lm()
+    _slow_passes(target, fake_clock)
+
+    class NoPasses(ARDrafter):
+        @property
+        def timed_calls(self) -> tuple:
+            return ()
+
+        def draft(self, n):
+            fake_clock.advance(5.0)
+            return super().draft(n)
+
+    drafter_model = tiny_lm(seed=2)
+    _slow_passes(drafter_model, fake_clock)  # not an entry point: counted as host work
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=6,
+        drafter=NoPasses(drafter_model, runtime),
+        policy=SlowPolicy(fake_clock, k=2),
+    )
+    for r in out.rounds:
+        expected = (2 if r.speculation_length else 1) * POLICY_MS
+        expected += 5.0 * (r.speculation_length > 0) + PASS_MS * r.drafter_forward_passes
+        assert r.host_ms == pytest.approx(expected, abs=1e-6), r
+
+
+def test_pass_clock_counts_outermost_calls_once_and_restores_methods(runtime, fake_clock):
+    model = tiny_lm()
+
+    class Holder:
+        def step(self, x):
+            fake_clock.advance(3.0)
+            return model(x)  # a watched module inside a watched method: one pass
+
+    holder = Holder()
+    _slow_passes(model, fake_clock)
+    with passes.PassClock(runtime) as clock:
+        clock.watch([model, (holder, "step")])
+        clock.watch([model])  # already watched: not hooked twice
+        holder.step(torch.tensor([[1, 2]]))
+        model(torch.tensor([[1]]))
+        fake_clock.advance(50.0)  # host work between passes
+        assert clock.take_ms() == pytest.approx(3.0 + 2 * PASS_MS)
+        assert clock.take_ms() == 0.0
+    assert "step" not in vars(holder)  # the class's method again
+    assert not model._forward_pre_hooks
+
+
+def test_pass_entry_points_prefer_timed_calls():
+    model = tiny_lm()
+    assert passes.pass_entry_points(None) == ()
+
+    class Plain:
+        pass
+
+    plain = Plain()
+    plain.model = model
+    assert passes.pass_entry_points(plain) == (model,)
+    plain.timed_calls = ((plain, "x"),)
+    assert passes.pass_entry_points(plain) == ((plain, "x"),)
+    assert passes.pass_entry_points(object()) == ()
+
+
+def test_timer_reads_the_patched_clock(fake_clock):
+    with Timer(cuda=False) as t:
+        fake_clock.advance(12.5)
+    assert t.ms == pytest.approx(12.5)
+
+
+def test_a_batched_round_shares_its_host_time_and_copies_leave_unwatched(runtime, fake_clock):
+    from specpolicy.core.batching import generate_batch
+
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)
+    drafter = ARDrafter(drafter_model, runtime)
+    out = generate_batch(
+        random_prompts(2),
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        batch_size=2,
+        drafter=drafter,
+        policy=SlowPolicy(fake_clock),
+    )
+    rounds = [r for result in out.results.values() for r in result.rounds]
+    assert rounds and all(r.host_ms is not None for r in rounds)
+    # each round's host time is its policies' questions (POLICY_MS each), shared by the requests in it:
+    # over the run, the host ms add up to every question asked, none of the passes' time
+    questions = sum(2 if r.speculation_length else 1 for r in rounds)
+    assert sum(r.host_ms for r in rounds) == pytest.approx(questions * POLICY_MS, abs=1e-6)
+    assert not drafter_model._forward_pre_hooks and not target._forward_pre_hooks  # the clock left nothing
+
+
+def test_the_compiled_runtime_watches_only_the_compiled_runners_entry_points(fake_clock):
+    """A hook or wrapper a compiled graph could call is never installed under ``runtime.compile``."""
+    from specpolicy.core.runtime import Runtime
+
+    model = tiny_lm()
+
+    class Runner:
+        compiled = True
+
+        def run(self, x):
+            fake_clock.advance(PASS_MS)
+            return x
+
+    class Head:
+        def logits(self, x):  # called inside a compiled graph in the real runners
+            return x
+
+    runner, head = Runner(), Head()
+    with passes.PassClock(Runtime(device="cpu", compile=True)) as clock:
+        clock.watch([model, (head, "logits"), (runner, "run")])
+        assert not model._forward_pre_hooks and "logits" not in vars(head) and "run" in vars(runner)
+        runner.run(1)
+        assert clock.take_ms() == pytest.approx(PASS_MS)
+    assert "run" not in vars(runner)

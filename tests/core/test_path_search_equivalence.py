@@ -1,0 +1,218 @@
+"""The vectorised host searches against the implementations they replaced, kept here verbatim as
+references (issue 48, item 5: host work per round): DiffuSpec's CPS beam loop
+(``PathSearch.search``, numpy bookkeeping since) and the Kneser-Ney scorer (``NGramModel.log_probs``,
+numpy arithmetic since). Outputs must be IDENTICAL (bit for bit), on random lattices, contexts,
+draft vocabularies and n-gram models."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specpolicy.core.path_search import PathSearch, candidate_lattice
+from specpolicy.models.ngram import NGramModel, _lookup, load_ngram, resolve_ngram_path
+
+# -- the replaced implementations (verbatim, as methods' bodies taking ``self``) ----------------------
+
+
+@torch.no_grad()
+def reference_search(
+    self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The best path through one pass's lattice.
+
+    Args:
+        probs: ``(n, V)`` float32, the drafter's distribution at each drafted position.
+        context: ``(order - 1,)`` int64, the tokens before the first drafted position
+            (committed tokens, then any drafted earlier this round; ``NGramModel.pad_context``).
+        token_ids: ``(V,)`` int64, the token id of each column of ``probs`` (a draft vocabulary's
+            ``d2t``); None: column i is token i.
+    Returns:
+        ``path`` ``(m,)`` int64 (``m <= n``; shorter when the lattice or the path ended at a stop
+        token), ``q`` ``(m,)`` float32 the drafter's probability of each path token (its
+        confidence), and whether the lattice ended early (a stop token, or the path's end).
+    """
+    stop_cols = self.stop_ids if token_ids is None else torch.isin(token_ids, self.stop_ids).nonzero().flatten()
+    cols, log_q, valid = candidate_lattice(probs, self.mass, self.max_candidates, stop_cols)
+    tokens = (cols if token_ids is None else token_ids[cols]).cpu()  # the search runs on the host
+    m, width, order = tokens.shape[0], self.width, self.scorer.order
+    log_q, valid, stops = log_q.cpu().double(), valid.cpu(), self.stop_ids.cpu()
+    drafter_term = torch.where(valid, self.lam * log_q, -torch.inf)  # (m, M): invalid slots never chosen
+    # W beam slots from the start; the empty ones score -inf and are never preferred
+    scores = torch.full((width,), -torch.inf, dtype=torch.float64)
+    scores[0] = 0.0
+    done = torch.zeros(width, dtype=torch.bool)
+    paths = torch.full((width, m), -1, dtype=torch.long)
+    history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :]
+    if history.shape[1] < order - 1:  # a short context: start symbols in front (``NGramModel.pad_context``)
+        pad = torch.full((1, order - 1 - history.shape[1]), self.scorer.vocab_size, dtype=torch.long)
+        history = torch.cat([pad, history], dim=1)
+    history = history.expand(width, -1)
+    for i in range(m):
+        cand = tokens[i]  # (M,)
+        lp = self.scorer.log_probs(history, cand.expand(width, -1)).double()  # (W, M)
+        step = torch.where(done[:, None], -torch.inf, scores[:, None] + drafter_term[i] + (1 - self.lam) * lp)
+        top = torch.cat([step.flatten(), torch.where(done, scores, -torch.inf)]).topk(width)
+        extended = top.indices < step.numel()  # else a finished path carried as it stands
+        rows = torch.where(extended, top.indices // cand.numel(), top.indices - step.numel())
+        new = torch.where(extended, cand[top.indices % cand.numel()], -1)
+        paths = paths[rows]
+        paths[:, i] = new
+        last = torch.where(extended, new, history[rows, -1])
+        history = torch.cat([history[rows, 1:], last[:, None]], dim=1)
+        scores, done = top.values, torch.where(extended, torch.isin(new, stops), True)
+        if bool(done.all()):
+            break
+    best = paths[int(scores.argmax())]
+    path = best[best >= 0]
+    # each path token's drafter probability: the lattice slot it was taken from
+    picked = (tokens[: path.numel()] == path[:, None]) & valid[: path.numel()]
+    q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
+    ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
+    return path.to(probs.device), q.to(probs.device), ended
+
+
+def reference_log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Interpolated Kneser-Ney log-probability of each candidate after its context.
+
+    Every count the estimate reads (the candidates' n-grams and their prefixes' totals and
+    types, all orders) is looked up in one ``searchsorted`` over ``_fused_tables``.
+
+    Args:
+        context: ``(B, order - 1)`` int64 (``pad_context``).
+        tokens: ``(B, C)`` int64 candidates, each in ``0..vocab_size - 1``.
+    Returns:
+        ``(B, C)`` float32 natural-log probabilities; for any context they sum (in probability)
+        to 1 over the vocabulary.
+    """
+    batch, width = tokens.shape
+    offset, base = self.base**self.order, self.base
+    queries, prefix = [tokens.reshape(-1)], torch.zeros(batch, dtype=torch.long)
+    for n in range(2, self.order + 1):
+        prefix = context[:, -(n - 1)] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
+        table = 3 * (n - 1) * offset
+        queries += [
+            ((prefix[:, None] * base + tokens) + table).reshape(-1),
+            prefix + table + offset,
+            prefix + table + 2 * offset,
+        ]
+    values = _lookup(*self._fused, torch.cat(queries).contiguous()).split([len(q) for q in queries])
+    t = self._kn[0]
+    total, types, d = float(t["totals"].sum()), float(t["types"].sum()), float(t["discount"])
+    probs = ((values[0].view(batch, width) - d).clamp(min=0) + d * types / self.vocab_size) / total
+    for n in range(2, self.order + 1):  # each order's counts, its prefixes' totals and types
+        count, total, types = (
+            values[3 * n - 5].view(batch, width),
+            values[3 * n - 4][:, None],
+            values[3 * n - 3][:, None],
+        )
+        d = float(self._kn[n - 1]["discount"])
+        mixed = ((count - d).clamp(min=0) + d * types * probs) / total.clamp(min=1)
+        probs = torch.where(total > 0, mixed, probs)
+    return probs.log().to(torch.float32)
+
+
+class ReferenceScorer:
+    """An ``NGramModel`` whose ``log_probs`` is the replaced torch form."""
+
+    def __init__(self, model: NGramModel) -> None:
+        self.model, self.order, self.vocab_size = model, model.order, model.vocab_size
+
+    def log_probs(self, context, tokens):
+        return reference_log_probs(self.model, context, tokens)
+
+
+def _model(seed: int, vocab: int, order: int = 3) -> NGramModel:
+    rng = random.Random(seed)
+    documents = [[rng.randrange(vocab - 1) for _ in range(rng.randrange(2, 40))] for _ in range(rng.randrange(3, 20))]
+    return NGramModel.build(documents, vocab, order)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_scorer_is_bit_identical_to_the_torch_form(seed):
+    torch.manual_seed(seed)
+    vocab = 5 + seed * 3
+    for order in (2, 3):
+        model = _model(seed, vocab, order)
+        batch, width = 1 + seed, 1 + 2 * seed
+        context = torch.randint(0, vocab + 1, (batch, order - 1))  # start symbols (vocab) included
+        tokens = torch.randint(0, vocab, (batch, width))
+        got = model.log_probs(context, tokens)
+        want = reference_log_probs(model, context, tokens)
+        assert got.dtype == want.dtype == torch.float32
+        assert torch.equal(got, want)
+        # expanded (stride-0) inputs, as the old search passed them
+        got = model.log_probs(context[:1].expand(3, -1), tokens[0].expand(3, -1))
+        assert torch.equal(got, reference_log_probs(model, context[:1].expand(3, -1), tokens[0].expand(3, -1)))
+
+
+def test_the_bundled_scorer_is_bit_identical_to_the_torch_form():
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    torch.manual_seed(0)
+    for batch, width in ((3, 16), (20, 25), (1, 1)):
+        context = torch.randint(0, model.vocab_size + 1, (batch, 2))
+        context[0] = torch.tensor([220, 16])  # a common context: the higher orders' counts are read
+        tokens = torch.randint(0, model.vocab_size, (batch, width))
+        assert torch.equal(model.log_probs(context, tokens), reference_log_probs(model, context, tokens))
+
+
+def _lattice_probs(generator: torch.Generator, n: int, vocab: int, sharp: float) -> torch.Tensor:
+    return (torch.randn(n, vocab, generator=generator) * sharp).softmax(-1)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_path_search_is_identical_to_the_all_torch_loop(seed):
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = rng.choice((7, 12, 40))
+    model = _model(seed, vocab, rng.choice((2, 3)))
+    stop = torch.tensor(rng.sample(range(vocab), rng.choice((0, 1, 2))), dtype=torch.long)
+    search = PathSearch(
+        model,
+        stop,
+        mass=rng.choice((0.5, 0.8, 1.0)),
+        max_candidates=rng.choice((1, 3, 15)),
+        width=rng.choice((1, 2, 3, 5)),
+        lam=rng.choice((0.0, 0.5, 0.8, 1.0)),
+    )
+    reference = PathSearch(ReferenceScorer(model), stop, search.mass, search.max_candidates, search.width, search.lam)
+    for _ in range(6):
+        n = rng.randrange(1, 16)
+        probs = _lattice_probs(generator, n, vocab, rng.choice((0.5, 3.0, 8.0)))
+        context = torch.randint(0, vocab, (rng.randrange(0, 4),), generator=generator)
+        token_ids = torch.randperm(vocab, generator=generator) if rng.random() < 0.3 else None  # a d2t map
+        path, q, ended = search.search(probs, context, token_ids)
+        want_path, want_q, want_ended = reference_search(reference, probs, context, token_ids)
+        assert torch.equal(path, want_path) and torch.equal(q, want_q) and ended == want_ended
+
+
+def test_the_path_search_on_the_bundled_scorer_is_identical():
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    stop = torch.tensor([model.vocab_size - 1])
+    generator = torch.Generator().manual_seed(0)
+    for lam in (0.5, 0.8):
+        search = PathSearch(model, stop, lam=lam)
+        reference = PathSearch(ReferenceScorer(model), stop, lam=lam)
+        for sharp in (2.0, 6.0):
+            probs = _lattice_probs(generator, 15, model.vocab_size, sharp)
+            context = torch.tensor([220, 16])
+            got, want = search.search(probs, context), reference_search(reference, probs, context)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+    assert candidate_lattice  # the lattice is shared, unchanged
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dart_pool_selection_is_the_stable_sort_s(seed):
+    """``dart-tree``'s pool selection (a partition) keeps the set the stable argsort kept."""
+    from specpolicy.policies.dart_tree import _best_set
+
+    rng = random.Random(seed)
+    size = rng.randrange(1, 400)
+    levels = rng.choice((3, 50, 10_000))  # few distinct values: many ties
+    scores = (torch.randint(0, levels, (size,)).float() / levels - 1.0).numpy()
+    for n in (1, 2, 16, 60, size, size + 5):
+        want = np.sort(np.argsort(-scores, kind="stable")[:n])
+        assert np.array_equal(_best_set(scores, n), want), (size, n)
