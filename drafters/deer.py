@@ -29,6 +29,7 @@ from specpolicy.models.checkpoint import target_config_of
 from specpolicy.models.deer import BUNDLED_NAME, check_deer_checkpoint, load_deer, resolve_deer_path
 from specpolicy.models.loading import check_attention, check_same_vocabulary, load_tokenizer
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
+from specpolicy.runners.fastdllm import check_buckets
 
 NAME = "deer"
 CONFIG_KEYS = ("model", "block_size", "small_block_size", "threshold", "attn_implementation", "confidence_dtype")
@@ -86,6 +87,11 @@ def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
             f"{trained}; use {trained} or null"
         )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
+    if (run_config.get("runtime") or {}).get("compile"):
+        try:
+            check_buckets(block_size, run_config["runtime"].get("buckets") or (block_size,))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def build(config: dict[str, Any], runtime: Runtime, verifier) -> DEERDrafter:

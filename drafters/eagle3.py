@@ -33,7 +33,7 @@ from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, choose, choose_rows
+from specpolicy.core.sampling import SamplingConfig, choose_rows
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.eagle3 import (
@@ -43,16 +43,12 @@ from specpolicy.models.eagle3 import (
     check_head_fits_target,
     load_eagle3,
 )
-from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
-from specpolicy.runners.eagle3 import Eagle3Runner, HeadPass
+from specpolicy.runners.eagle3 import BATCH_POSITIONS as BATCH_POSITIONS, Eagle3Runner, HeadPass
 from specpolicy.runners.sequences import SharedSequencesDrafter
 
 NAME = "eagle3"
-#: A request whose round starts with more newly committed positions than this (a new request's
-#: prompt, a long run of plain rounds) runs that pass alone in ``draft_many``, not padding the batch.
-BATCH_POSITIONS = 16
 CONFIG_KEYS = ("model", "layer_id_convention")
 
 
@@ -96,7 +92,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # (Vd,) int64: the target id of every draft id, for spreading q over the target vocabulary
         self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
-        self.cache: KVCache | None = None
+        self.cache: Any = None  # the request's cache on the runner (``Eagle3Runner.open``)
         self._committed_pairs = 0  # pairs with real features in the cache
         self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
@@ -144,10 +140,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """
         check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        if self._take_sequence():  # a batched run's request
-            self.cache = _SharedLength(self._shared, self._slot)
-        else:
-            self.cache = KVCache(1) if self.static is None else _StaticLength(self.static)
+        shared = self._take_sequence()  # a batched run's request: a sequence of the shared cache
+        self.cache = self.runner.open(self.static, self._shared if shared else None, self._slot)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._waiting = []
@@ -187,9 +181,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """EAGLE-3's drafting step, stated once for ``R`` = ``len(drafters)`` requests: each feeds its
         new positions -- at the round's first pass its newly committed pairs (``fc`` of the
         target's features), later its last drafted token with the head's own output -- and drafts
-        the token its last position predicts (one request alone: ``choose``; several, or a
-        batched run's request: ``choose_rows``, their draws in row order). How the pass runs is
-        the runner's (``Eagle3Runner``)."""
+        the token its last position predicts (``choose_rows``: their draws in row order; one
+        request, ``choose``'s). How the pass runs is the runner's (``Eagle3Runner``)."""
         lead = drafters[0]
         head, dtype = lead.model, lead.runtime.torch_dtype
         passes = []
@@ -199,11 +192,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             else:  # the last drafted token, with the head's own output
                 passes.append(d._head_pass(d._tokens[-1:], d._last_out[0]))
         outs, logits = lead.runner.run(passes)  # (R, 1, H), (R, Vd)
-        if len(drafters) == 1 and lead._slot is None:
-            draft_ids, confs, q = choose(logits, lead._sampling, lead.runtime.generator)
-            qs = [q]
-        else:
-            draft_ids, confs, qs = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
+        draft_ids, confs, qs = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
         tokens = head.to_target_ids(draft_ids)
         for i, d in enumerate(drafters):
             if d._last_out is None:
@@ -237,30 +226,36 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
+        """Extend the round's draft by ``num_tokens`` tokens, one pass each (``_draft_in_steps`` at
+        ``R`` = 1); the draft ends at a drafted stop token.
+
+        Returns:
+            ``Draft``: ``(k,) int64`` target ids, ``(k,) float32`` confidences, the passes of the
+            round, ``(k, V) float32`` q rows when sampling.
+        Raises:
+            ValueError: for ``num_tokens`` < 1.
+        """
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if self._slot is not None:  # a request of a batched run on the shared static cache
-            return type(self)._draft_in_steps([self], [num_tokens], type(self)._pass)[0]
-        before = self._tokens.shape[0]
-        left = num_tokens
-        while left and not self._ended:
-            if self.static is not None and self._sampling is None and self._last_out is not None:
-                self._chain(left)  # compiled greedy steps: the rest of the call in one go
-                break
-            if not self._advance():
-                break
-            left -= 1
-        return self._end_call(before)
+        return type(self)._draft_in_steps([self], [num_tokens])[0]
 
-    def _chain(self, steps: int) -> None:
-        """``steps`` greedy steps on the static cache, fed back in its graphs (``StaticEagle3.chain``):
-        the tokens and records ``steps`` calls of ``_advance`` make."""
-        tokens, confs, out, logits = self.static.chain(self._tokens[-1:], self._last_out[0], steps)
+    def _chain(self, steps: int) -> bool:
+        """Greedy steps past the round's first pass as ONE runner call where the runtime fuses them
+        (``Eagle3Runner.chain``: the compiled runtime's graphs), with the records ``steps`` passes
+        make. Returns False, drafting nothing, where it does not (sampling, the round's first pass,
+        an eager or batched runtime): each step is then a pass."""
+        if self._sampling is not None or self._last_out is None:
+            return False
+        chained = self.runner.chain(self._head_pass(self._tokens[-1:], self._last_out[0]), steps)
+        if chained is None:
+            return False
+        tokens, confs, out, logits = chained
         self._last_out = out[None]
         self._logits.extend(logits.split(1))
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
         self._passes += steps
+        return True
 
     def _advance(self) -> bool:
         """One pass, one more drafted token; False when there is nothing to draft from (a
@@ -302,33 +297,32 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     @classmethod
     @torch.no_grad()
     def draft_many(cls, drafters: list[Eagle3Drafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft`` for many requests with their passes batched: at each step every request still
-        drafting advances by one token in ONE pass of the head over all of them -- a request at
-        the round's first pass with its newly committed pairs, the others with their last
-        drafted token (rows padded to the most positions, caches to the longest, a mask keeping
-        each row to its own cache and its own positions, causally). Returns what the calls one
-        by one return: greedy, the same tokens; sampling, each step's tokens drawn for all its
-        requests in row order (``choose_rows``: the same distributions, other draws than alone)."""
+        """``draft`` for many requests with their passes batched (``_draft_in_steps``): at each step
+        every request still drafting advances by one token in ONE pass of the head over all of them
+        (``Eagle3Runner.run``) -- a request at the round's first pass with its newly committed
+        pairs, the others with their last drafted token. Returns what the calls one by one return:
+        greedy, the same tokens; sampling, each step's tokens drawn for all its requests in row
+        order (``choose_rows``: the same distributions, other draws than alone). Eager, a request
+        with more than ``BATCH_POSITIONS`` newly committed pairs (a new prompt) runs that pass
+        alone; compiled drafters without a shared cache draft one by one."""
         if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
-            return cls._draft_in_steps(drafters, num_tokens, cls._pass)
+            return cls._draft_in_steps(drafters, num_tokens)
         if any(d.static is not None or d._slot is not None for d in drafters) or len(drafters) < 2:
             return super().draft_many(drafters, num_tokens)
 
         def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length
             return d._last_out is None and d._features.shape[0] > BATCH_POSITIONS
 
-        return cls._draft_in_steps(drafters, num_tokens, cls._pass, alone)
+        return cls._draft_in_steps(drafters, num_tokens, alone)
 
     @staticmethod
     def _draft_in_steps(
-        drafters: list[Eagle3Drafter],
-        num_tokens: list[int],
-        one_pass: Callable[[list[Eagle3Drafter]], None],
-        alone: Callable[[Eagle3Drafter], bool] | None = None,
+        drafters: list[Eagle3Drafter], num_tokens: list[int], alone: Callable[[Eagle3Drafter], bool] | None = None
     ) -> list[Draft]:
-        """``draft_many``'s steps: at each, every request still wanting tokens (and with something
-        to draft from) advances by one token in ``one_pass`` over all of them -- but those ``alone``
-        picks, which advance by their own pass."""
+        """The drafting algorithm, stated once for ``R`` = ``len(drafters)`` requests: at each step,
+        every request still wanting tokens (and with something to draft from) advances by one token
+        in one ``_pass`` over all of them -- but those ``alone`` picks, which advance by their own
+        pass, and a greedy request whose runtime fuses its remaining steps (``_chain``)."""
         before = [d._tokens.shape[0] for d in drafters]
         left = list(num_tokens)
         while True:
@@ -337,6 +331,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 if left[i] > 0 and not d._ended:
                     if not d._can_draft():
                         left[i] = 0
+                    elif d._chain(left[i]):
+                        left[i] = 0
                     elif alone is not None and alone(d):
                         d._advance()
                         left[i] -= 1
@@ -344,7 +340,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                         step.append(d)
                         left[i] -= 1
             if step:
-                one_pass(step)
+                Eagle3Drafter._pass(step)
             elif all(left[i] <= 0 or d._ended for i, d in enumerate(drafters)):
                 return [d._end_call(b) for d, b in zip(drafters, before)]
 
@@ -382,21 +378,12 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     def _root_pass(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One drafter pass over the newly committed pairs (their features through fc, their tokens'
-        embeddings; causal, keys and values appended to the cache): the last one's output ``(1, H)``
-        and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities)."""
-        hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]
-        if self.static is not None:
-            out, _ = self.static.passes([self._pair_tokens, hidden[0]])
-            ids, logp = self.model.top_tokens(out[-1:], top_k)
-            return out[-1:], ids, logp
-        start = self.cache.length
-        positions = torch.arange(start, start + hidden.shape[1], device=hidden.device)[None]
-        out, k, v = self.model(
-            self.embed_tokens(self._pair_tokens)[None], hidden, positions, self.cache.layer(0) if start else None
-        )
-        self.cache.keys[0], self.cache.values[0] = k, v
-        ids, logp = self.model.top_tokens(out[0, -1:], top_k)
-        return out[0, -1:], ids, logp
+        embeddings; causal, keys and values cached; ``Eagle3Runner.outputs``): the last one's output
+        ``(1, H)`` and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities)."""
+        hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]  # (1, u, H)
+        out = self.runner.outputs(self._head_pass(self._pair_tokens, hidden[0]))[-1:]
+        ids, logp = self.model.top_tokens(out, top_k)
+        return out, ids, logp
 
     @torch.no_grad()
     def tree_expand(
@@ -425,18 +412,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One drafter pass over ``m`` new tree nodes: their embeddings and their parents' outputs
         ``hidden`` ``(m, H)`` through the head at ``positions`` ``(m,)`` under ``mask``
-        (``(m, cached + m) bool``), keys and values appended to the cache, then each node's
-        ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
-        if self.static is not None:
-            out, _ = self.static.passes([tokens, hidden], positions, mask)
-            ids, logp = self.model.top_tokens(out, top_k)
-            return out, ids, logp
-        out, k, v = self.model(
-            self.embed_tokens(tokens)[None], hidden[None], positions[None], self.cache.layer(0), mask
-        )
-        self.cache.keys[0], self.cache.values[0] = k, v
-        ids, logp = self.model.top_tokens(out[0], top_k)
-        return out[0], ids, logp
+        (``(m, cached + m) bool``), keys and values cached (``Eagle3Runner.outputs``), then each
+        node's ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
+        out = self.runner.outputs(self._head_pass(tokens, hidden), positions, mask)
+        ids, logp = self.model.top_tokens(out, top_k)
+        return out, ids, logp
 
     @property
     def tree_passes(self) -> int:
@@ -467,35 +447,6 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             self._features = torch.cat([self._features, *(f for f, _ in self._waiting)])
             self._pair_tokens = torch.cat([self._pair_tokens, *(t for _, t in self._waiting)])
             self._waiting.clear()
-
-
-class _StaticLength:
-    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on a ``StaticEagle3``: its length."""
-
-    def __init__(self, static) -> None:
-        self.static = static
-        static.reset()
-
-    @property
-    def length(self) -> int:
-        return self.static.length
-
-    def crop(self, length: int) -> None:
-        self.static.length = min(self.static.length, length)
-
-
-class _SharedLength:
-    """What ``Eagle3Drafter`` asks of its cache (``length``, ``crop``) on one sequence of a ``SharedSequences``."""
-
-    def __init__(self, rows, slot: int) -> None:  # rows: a SharedSequences
-        self.rows, self.slot = rows, slot
-
-    @property
-    def length(self) -> int:
-        return self.rows.lengths[self.slot]
-
-    def crop(self, length: int) -> None:
-        self.rows.lengths[self.slot] = min(self.rows.lengths[self.slot], length)
 
 
 def check_fits_target(

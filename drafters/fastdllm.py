@@ -36,6 +36,7 @@ next round's ``forward_passes``).
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -43,9 +44,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from specpolicy.core.cache import append_columns, crop_cache, padded_cache
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
@@ -55,14 +55,10 @@ from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
 from specpolicy.models.fastdllm import (
     BLOCK_SIZE_CONFIG_KEYS,
     SUPPORTED_ATTENTION as _SUPPORTED_ATTENTION,
-    block_causal_mask,
-    block_pass,
     check_model,
     greedy,
     mask_token_id_of,
     model_block_size,
-    padded_block_pass,
-    runs_padded,
 )
 from specpolicy.models.loading import (
     check_attention,
@@ -75,6 +71,8 @@ from specpolicy.models.loading import (
 )
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
+from specpolicy.runners.causal import CausalSequence
+from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets
 
 NAME = "fastdllm"
 
@@ -163,6 +161,13 @@ class FastDLLMDrafter(Drafter):
     block's positions that were masked at that pass (NaN elsewhere): what the official FailFast
     code checks against τ and counts toward N_max (``policy.confidence_scope=small_block``).
 
+    Runtimes: the algorithm is stated once (``_draft_steps``, one step of passes over the ``R``
+    requests that still draft; ``draft`` is ``R`` = 1) and ``FastDLLMRunner`` runs each step: the
+    Hugging Face forward on a cache per request (several requests: one padded pass), or on the
+    compiled runtime (``runtime.compile``, a Qwen2/Qwen3 model) a static KV cache under a block-wise
+    causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
+    pass for every request at each step.
+
     Host syncs: one per unmasking pass (the algorithm's "how far is the draft unmasked, and does
     it hold a stop token?" test), plus one when a block's first drafted token is read for a stop
     token; none without stop tokens when the pass had a single masked position or the threshold
@@ -196,6 +201,11 @@ class FastDLLMDrafter(Drafter):
         confidence_dtype: ``"float32"`` (softmax/argmax in at least float32) or ``"model"``
             (in the model dtype, as the official code; see ``specpolicy.models.fastdllm.greedy``).
             Greedy drafting only: sampling warps in float32 either way.
+        path_search: DiffuSpec's path search over each unmasking pass's lattice (None: the
+            threshold rule above).
+        static_cache: run the passes on the static KV cache (``FastDLLMRunner``; default:
+            ``runtime.compile`` with a Qwen2/Qwen3 model); compiled only when ``runtime.compile``
+            (uncompiled it is a cheap check of the compiled runtime's passes).
     Raises:
         ValueError: naming the parameter for a bad ``block_size``, ``small_block_size``,
             ``threshold`` or ``confidence_dtype``; naming the mask token when the tokenizer has none (or its id is
@@ -216,6 +226,7 @@ class FastDLLMDrafter(Drafter):
         stop_token_ids: Iterable[int] = (),
         confidence_dtype: str = "float32",
         path_search: PathSearch | None = None,
+        static_cache: bool | None = None,
     ):
         check_settings(block_size, small_block_size, threshold, confidence_dtype)
         mask_id = mask_token_id_of(tokenizer)
@@ -234,7 +245,9 @@ class FastDLLMDrafter(Drafter):
         #: (order - 1,) int64: the last committed tokens, the path search's n-gram context
         self._recent = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
         self.max_context = context_length(model)
-        self._attn = attn
+        #: how a pass runs: eager (a cache per request; several requests padded into one pass), or
+        #: on the compiled runtime's static cache (one sequence per request)
+        self.runner = FastDLLMRunner(model, attn, block_size, runtime, self.max_context, static_cache)
         dev = runtime.torch_device
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
@@ -249,7 +262,7 @@ class FastDLLMDrafter(Drafter):
             torch.arange(max(a, 1) - 1, a + small_block_size - 1, device=dev)
             for a in range(0, block_size, small_block_size)
         ]
-        self.cache: DynamicCache | None = None
+        self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
         self._tail: torch.Tensor | None = None  # (L - base,) int64 committed tokens of the partial block
@@ -267,13 +280,6 @@ class FastDLLMDrafter(Drafter):
                 f"{what} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
                 f"({self.max_context})"
             )
-
-    def _forward(
-        self, ids: torch.Tensor, start: int, mask: torch.Tensor, logits_to_keep: int | torch.Tensor
-    ) -> torch.Tensor:
-        """One pass over ``ids`` ((n,) int64) at positions ``start..start+n-1`` on the drafter's cache
-        (``specpolicy.models.fastdllm.block_pass``); returns the kept logits ``(m, V)``."""
-        return block_pass(self.model, self.cache, ids, start, mask, self._attn, logits_to_keep)
 
     def _choose(
         self, logits: torch.Tensor, block_first: bool = False
@@ -295,12 +301,34 @@ class FastDLLMDrafter(Drafter):
         (V,) float32 or None)."""
         n = int(ids.shape[0])
         self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
-        mask = block_causal_mask(start, n, start + n, self.block_size, self._device)
-        logits = self._forward(ids, start, mask, logits_to_keep=1)  # (1, V)
+        logits = self.runner.write(self.sequence, ids, start)  # (1, V)
         tok, conf, probs = self._choose(logits, block_first=True)
         return tok[0], conf[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
+
+    def batched(self, slots: int) -> FastDLLMDrafter:
+        """The drafter the batched loop copies per request: on the static cache, one whose copies
+        each take a sequence of one static cache of ``slots`` sequences (``FastDLLMRunner.batched``)
+        in ``prefill`` and give it back in ``release``; eager, this drafter."""
+        if self.runner.static is None:
+            return self
+        lead = copy.copy(self)
+        lead.runner, lead.sequence = self.runner.batched(slots), None
+        return lead
+
+    def __copy__(self) -> FastDLLMDrafter:
+        """``Drafter.__copy__``; a copy of a drafter on a static cache of one sequence (not from
+        ``batched``) drafts eagerly: requests would overwrite each other's sequence."""
+        clone = super().__copy__()
+        if clone.runner.static is not None and not clone.runner.shared:
+            clone.runner, clone.sequence = clone.runner.eager(), None
+        return clone
+
+    def release(self) -> None:
+        """This request's sequence is free for the next (a static cache's; eager: nothing held)."""
+        self.runner.close(self.sequence)
+        self.sequence = None
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -324,7 +352,8 @@ class FastDLLMDrafter(Drafter):
         prompt_ids = prompt_ids.to(self._device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         B = self.block_size
-        self.cache = DynamicCache()
+        self.release()
+        self.sequence = self.runner.open()
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
@@ -382,7 +411,6 @@ class FastDLLMDrafter(Drafter):
         self._blk_masked = self._offsets >= t  # (B,) bool
         self._filled = t  # leading offsets without masks (the draft reaches block offset _filled - 1)
         self._sb_index, self._sb_left = -1, -1  # small block being decoded, its masks left (-1: none yet)
-        self._blk_attn = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=self._device)  # all visible
         if drafted_first and self._stop_ids is not None:
             self._scan(0, 0)  # the block's first token may be a stop token
 
@@ -407,19 +435,6 @@ class FastDLLMDrafter(Drafter):
         self._filled, self._sb_left = filled, left
         if stop < filled:  # the leading run holds a stop token: the draft ends at it
             self._stop_len = self._blk_start + stop + 1 - self._L
-
-    def _unmask(self, need: int) -> None:
-        """Unmasking passes over the small block holding offset ``_filled`` of the current block
-        until the leading unmasked run reaches block offset ``need`` (at most the small block's end),
-        the small block has no masks, or a drafted stop token ends the draft. Positions of the small
-        block unmasked past ``need`` (any-order rule) are kept as look-ahead; a later ``draft`` call
-        of the same round continues from this state, so no pass is repeated."""
-        start = self._blk_start
-        while self._filled < need and self._stop_len is None and self._path_len is None:
-            keep = self._unmask_keep()
-            logits = self._forward(self._blk_ids, start, self._blk_attn, logits_to_keep=keep)  # (b - lo, V)
-            crop_cache(self.cache, start)  # the pass adds nothing to the cache
-            self._unmask_apply(logits)
 
     def _unmask_keep(self) -> torch.Tensor:
         """Before an unmasking pass: the small block holding offset ``_filled`` becomes current (its
@@ -495,13 +510,6 @@ class FastDLLMDrafter(Drafter):
         leftmost = masked & (masked.int().cumsum(dim=0) == 1)
         return masked & (run | leftmost)
 
-    def _cross_boundary(self) -> None:
-        """The current block is full: one pass over it writes its KV (tentative) and gives the next
-        block's first token; the next block becomes current."""
-        self._cross_keep()
-        logits = self._forward(self._blk_ids, self._blk_start, self._blk_attn, logits_to_keep=1)  # KV kept
-        self._cross_apply(logits)
-
     def _cross_keep(self) -> None:
         """Before a boundary pass: the full block's drafted part joins the round's segments."""
         d0 = self._draft_start(self._blk_start)
@@ -523,7 +531,8 @@ class FastDLLMDrafter(Drafter):
         look-ahead included, are reused without new passes). Unmasking stops as soon as the
         requested tokens are unmasked (as the official ``generate_draft_tokens`` does), and the
         draft ends at the first drafted stop token (``stop_token_ids``): no pass is spent past it,
-        the draft is then shorter than asked and ``ends_at_stop_token`` is True.
+        the draft is then shorter than asked and ``ends_at_stop_token`` is True. The algorithm at
+        ``R`` = 1 (``_draft_steps``).
 
         Returns:
             ``Draft`` with ``(k,) int64`` token ids, ``(k,) float32`` confidences, the passes
@@ -533,21 +542,14 @@ class FastDLLMDrafter(Drafter):
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
         """
-        end = self._begin(num_tokens)
-        while (kind := self._next_pass(end)) is not None:
-            if kind == "cross":
-                self._cross_boundary()
-            else:
-                S = self.small_block_size
-                self._unmask(min(end - self._blk_start, (self._filled // S + 1) * S))
-        return self._finish(num_tokens)
+        return type(self)._draft_steps([self], [num_tokens])[0]
 
     def _begin(self, num_tokens: int) -> int:
         """Check ``num_tokens`` and the context, open the round's block; returns the absolute
         position the draft must reach (exclusive). Raises as ``draft``."""
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
-        if self.cache is None:
+        if self.sequence is None:
             raise RuntimeError("draft() called before prefill()")
         B = self.block_size
         if self._blk_start is None:
@@ -577,67 +579,54 @@ class FastDLLMDrafter(Drafter):
     @classmethod
     @torch.no_grad()
     def draft_many(cls, drafters: list[FastDLLMDrafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft`` for many requests with their passes batched: at each step every request whose
-        draft still takes a pass -- an unmasking pass over its current small block or a boundary
-        pass writing its full block's KV -- runs it in ONE pass of the model over all of them:
-        each row its current block of ``block_size`` tokens at its own absolute positions, on top
-        of its own cached blocks (the rows' caches copied into one padded cache, rebuilt only when
-        the rows or their cached lengths change), a 4-D mask keeping each row to its own cached
-        columns and its own block (bidirectional inside it). The rows' last hidden states at the
-        offsets each needs go through the LM head together; a boundary row's new keys and values
-        join its own cache. Returns what the calls one by one return (up to the floating-point
-        effects of batched matrix products; exact in float64). Sampling, a single request and a
-        model other than a plain ``Qwen2ForCausalLM`` (whose logits are its LM head over the decoder's
-        output, which the padded path computes itself) draft one by one.
+        """``draft`` for many requests with their passes batched (``_draft_steps``): at each step
+        every request whose draft still takes a pass runs it, and the runner runs them as ONE pass
+        of the model over all of them (``FastDLLMRunner.steps``: each row its current block at its
+        own absolute positions on top of its own cached blocks). Returns what the calls one by one
+        return (up to the floating-point effects of batched matrix products; exact in float64).
+        Sampling (whose draws follow the requests one after another) and the path search draft
+        one by one.
 
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
-        if (
-            len(drafters) < 2
-            or any(d._sampling is not None or d.path_search is not None for d in drafters)
-            or not runs_padded(drafters[0].model)
-        ):
+        if len(drafters) < 2 or any(d._sampling is not None or d.path_search is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
+        return cls._draft_steps(drafters, num_tokens)
+
+    @staticmethod
+    def _draft_steps(drafters: list[FastDLLMDrafter], num_tokens: list[int]) -> list[Draft]:
+        """The drafting algorithm, stated once for ``R`` = ``len(drafters)`` requests: until every
+        draft reaches its end (or a stop token, or the path search's end), each step's requests that
+        still take a pass -- an unmasking pass over their current small block (``_unmask_keep``,
+        ``_unmask_apply``) or a boundary pass writing their full block's KV (``_cross_keep``,
+        ``_cross_apply``) -- run it in one runner step (``FastDLLMRunner.steps``).
+
+        Raises:
+            ValueError: a count < 1 or a draft past the context (before any pass).
+        """
         ends = [d._begin(n) for d, n in zip(drafters, num_tokens)]
-        lead = drafters[0]
-        device = lead._device
-        padded: tuple | None = None  # (rows, cached lengths, the padded cache)
+        steps = drafters[0].runner.steps(len(drafters))
         while True:
             kinds = [d._next_pass(end) for d, end in zip(drafters, ends)]
-            rows = [i for i, kind in enumerate(kinds) if kind is not None]
-            if not rows:
-                break
-            step = [drafters[i] for i in rows]
-            lengths = [d._blk_start for d in step]
-            for d in step:
-                assert d.cache.get_seq_length() == d._blk_start, (d.cache.get_seq_length(), d._blk_start)
-            if padded is None or padded[0] != rows or padded[1] != lengths:
-                padded = (rows, lengths, padded_cache([d.cache for d in step])[0])
-            cache, width = padded[2], max(lengths)
-            B = lead.block_size
-            keeps = []
-            for d, i in zip(step, rows):
-                if kinds[i] == "cross":
-                    d._cross_keep()
-                    keeps.append(torch.tensor([B - 1], device=device))
+            step = [(d, kind) for d, kind in zip(drafters, kinds) if kind is not None]
+            if not step:
+                return [d._finish(n) for d, n in zip(drafters, num_tokens)]
+            logits = steps.run([d._pass_of(kind) for d, kind in step])
+            for (d, kind), row in zip(step, logits):
+                if kind == "cross":
+                    d._cross_apply(row)
                 else:
-                    keeps.append(d._unmask_keep())
-            ids = torch.stack([d._blk_ids for d in step])  # (b, B)
-            starts = torch.tensor(lengths, device=device)
-            logits = padded_block_pass(lead.model, cache, width, ids, starts, keeps, lead._attn)
-            crossed = False
-            for r, (d, i) in enumerate(zip(step, rows)):
-                if kinds[i] == "cross":  # the block's keys and values join the row's own cache
-                    append_columns(d.cache, cache, r, slice(width, None))
-                    d._cross_apply(logits[r])
-                    crossed = True
-                else:
-                    d._unmask_apply(logits[r])
-            crop_cache(cache, width)  # the padded copy drops this step's columns
-            if crossed:
-                padded = None
-        return [d._finish(n) for d, n in zip(drafters, num_tokens)]
+                    d._unmask_apply(row)
+
+    def _pass_of(self, kind: str) -> FastDLLMPass:
+        """This request's part of the next step: an unmasking pass over its current block (logits
+        of the current small block's offsets, nothing cached) or, ``kind`` ``"cross"``, a boundary
+        pass (the block's last logit, its keys and values kept)."""
+        if kind == "cross":
+            self._cross_keep()
+            return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, None, writes=True)
+        return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, self._unmask_keep(), writes=False)
 
     def _current_draft(self) -> Draft:
         d0 = self._draft_start(self._blk_start)
@@ -678,7 +667,7 @@ class FastDLLMDrafter(Drafter):
             ValueError: if ``draft`` does not start with this round's drafted tokens (its length
                 minus ``reused_tokens`` differs from the tokens drafted this round).
         """
-        if self.cache is None:
+        if self.sequence is None:
             raise RuntimeError("commit() called before prefill()")
         own = draft.length - draft.reused_tokens
         if own != self._k:
@@ -699,7 +688,7 @@ class FastDLLMDrafter(Drafter):
             if block_end > matched_end:
                 break
             valid_end, first = block_end, block_first
-        crop_cache(self.cache, valid_end)
+        self.sequence.crop(valid_end)
 
         seq = torch.cat([self._tail, committed])  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B
@@ -716,7 +705,8 @@ class FastDLLMDrafter(Drafter):
 
 def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
     """``drafter=fastdllm``: known keys, ``block_size`` (null = the model's), ``small_block_size``,
-    ``threshold``, the attention (sdpa or eager), the model's directory and weights (not loaded),
+    ``threshold``, the attention (sdpa or eager), the compiled runtime's buckets against the block
+    size (``check_buckets``), the model's directory and weights (not loaded),
     and with ``path_search=cps`` its settings and n-gram file (against the target's tokenizer)."""
     check_keys("drafter", config, CONFIG_KEYS)
     model_name = config.get("model", "dllm-drafter")
@@ -739,6 +729,8 @@ def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
             f"size {trained} (config {'/'.join(BLOCK_SIZE_CONFIG_KEYS)}); use {trained} or null"
         )
     check_attention("drafter.attn_implementation", config.get("attn_implementation", "sdpa"), _SUPPORTED_ATTENTION)
+    if (run_config.get("runtime") or {}).get("compile"):
+        check_buckets(block_size, run_config["runtime"].get("buckets") or (block_size,))
     if config.get("path_search", "none") != "none":
         check_path_search(config, target_vocabulary(run_config))
 

@@ -12,11 +12,11 @@ kernel unchanged (``masking_utils._preprocess_mask_arguments``: "If the mask is 
 return as-is"). Supported attention implementations: ``sdpa`` (boolean mask, True = attend) and
 ``eager`` (additive float mask).
 
-Here: the mask token, the block size a checkpoint records, the block-causal mask, greedy tokens
-and confidences from logits as the official code reads them (:func:`greedy`), and the two passes
-the drafter runs -- one request's block on its ``DynamicCache`` (:func:`block_pass`), and many
-requests' blocks on one padded cache (:func:`padded_block_pass`). The drafting algorithm
-(unmasking, boundaries, the cache invariant between rounds) is ``specpolicy.drafters.fastdllm``.
+Here: the mask token, the block size a checkpoint records, the block-causal mask, and greedy
+tokens and confidences from logits as the official code reads them (:func:`greedy`). How its
+passes run -- one request's block on its ``DynamicCache``, many requests' blocks on one padded
+cache -- is ``specpolicy.runners.fastdllm``; the drafting algorithm (unmasking, boundaries, the
+cache invariant between rounds) is ``specpolicy.drafters.fastdllm``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-
-from specpolicy.core.attention import as_model_mask
+from transformers import PreTrainedModel
 
 #: The mask token of Fast-dLLM v2 (id 151665 in the Qwen2.5 vocabulary) and of the bundled family (id 3).
 MASK_TOKEN = "|<MASK>|"
@@ -143,94 +141,3 @@ def greedy(
     top, tok = x.max(dim=-1)
     conf = torch.exp(top - torch.logsumexp(x, dim=-1))
     return tok, conf.to(torch.float32)
-
-
-def block_pass(
-    model: PreTrainedModel,
-    cache: DynamicCache,
-    ids: torch.Tensor,
-    start: int,
-    mask: torch.Tensor,
-    attn: str,
-    logits_to_keep: int | torch.Tensor,
-) -> torch.Tensor:
-    """One forward pass over ``ids`` ((n,) int64, absolute positions ``start..start+n-1``) on top of
-    ``cache`` (which must hold exactly ``start`` positions), under ``mask`` (``(1, 1, n, start + n)``
-    bool, True = attend); the pass's KV is appended to the cache.
-
-    Args:
-        attn: the model's attention implementation (``sdpa`` or ``eager``: how the mask is handed over).
-        logits_to_keep: the last n positions (int) or the offsets (``(m,) int64``) whose logits are kept.
-    Returns:
-        The kept logits ``(m, V)`` in the model dtype.
-    """
-    n = int(ids.shape[0])
-    assert cache.get_seq_length() == start, (cache.get_seq_length(), start)
-    positions = torch.arange(start, start + n, device=ids.device)[None]
-    dtype = next(model.parameters()).dtype
-    out = model(
-        input_ids=ids[None],
-        attention_mask=as_model_mask(mask, attn, dtype),
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=logits_to_keep,
-    )
-    return out.logits[0]
-
-
-def runs_padded(model: PreTrainedModel) -> bool:
-    """Whether :func:`padded_block_pass` can run ``model``: a plain ``Qwen2ForCausalLM``, whose
-    logits are its LM head over the decoder's output with nothing after."""
-    from transformers import Qwen2ForCausalLM
-
-    return type(model) is Qwen2ForCausalLM
-
-
-def padded_block_pass(
-    model: PreTrainedModel,
-    cache: DynamicCache,
-    width: int,
-    ids: torch.Tensor,
-    starts: torch.Tensor,
-    keeps: list[torch.Tensor],
-    attn: str,
-) -> list[torch.Tensor]:
-    """One pass over many requests' current blocks on one padded cache.
-
-    Row r is its block ``ids[r]`` of B tokens at absolute positions ``starts[r] + 0..B-1``, on top
-    of its own ``starts[r]`` cached columns of ``cache`` (padded to the widest, W columns): a 4-D
-    mask keeps each row to its own cached columns and its own block (bidirectional inside it). The
-    rows' last hidden states at the offsets each keeps go through the LM head together. The
-    block's keys and values are appended to ``cache`` as columns ``[W, W + B)``.
-
-    Args:
-        model: a plain ``Qwen2ForCausalLM`` (:func:`runs_padded`).
-        cache: the rows' caches padded into one (``specpolicy.core.cache.padded_cache``).
-        width: W, the padded cache's columns (the longest row's cached length).
-        ids: ``(b, B) int64``, the rows' current blocks.
-        starts: ``(b,) int64``, each row's cached length.
-        keeps: per row, ``(m_r,) int64`` block offsets whose logits it needs.
-        attn: ``sdpa`` or ``eager``.
-    Returns:
-        Per row, its logits ``(m_r, V)`` in the model dtype.
-    """
-    b, B = ids.shape
-    device = ids.device
-    positions = starts[:, None] + torch.arange(B, device=device)
-    past = torch.arange(width, device=device)[None] < starts[:, None]  # (b, W): own cached columns
-    mask = torch.cat(
-        [past[:, None, :].expand(b, B, width), torch.ones((b, B, B), dtype=torch.bool, device=device)], dim=2
-    )[:, None]
-    dtype = next(model.parameters()).dtype
-    hidden = model.model(
-        input_ids=ids,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        attention_mask=as_model_mask(mask, attn, dtype),
-    ).last_hidden_state
-    counts = [int(k.shape[0]) for k in keeps]
-    owners = torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device))
-    picked = hidden[owners, torch.cat(keeps)]  # (sum m_r, H): every row's kept offsets
-    return list(model.lm_head(picked).split(counts))

@@ -11,7 +11,11 @@ CUDA) and on the batched loop's shared static cache of one sequence per request 
   padding, chunks, masks, compilation.
 - ``decoder``, ``eagle3``, ``dflash``: one forward per model (``StaticDecoder``: Llama, Mistral, Qwen2, Qwen3; ``StaticEagle3``,
   ``StaticDFlash``), and the runners the EAGLE-3 and DFlash drafters state their pass against
-  (``Eagle3Runner``, ``DFlashRunner``: eager alone, eager padded over several requests, static).
+  (``Eagle3Runner``, ``DFlashRunner``: eager alone, eager padded over several requests, static;
+  EAGLE-3's tree passes and fused greedy chain too).
+- ``fastdllm``: ``FastDLLMRunner``, Fast-dLLM v2's block passes (unmasking, boundary, committed
+  blocks) for the Fast-dLLM and DEER drafters: eager (one request; several padded into one pass) or
+  on ``StaticQwen`` under a block-wise causal mask (one sequence, or one per request of a batched run).
 - ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``,
   ``SharedSequencesDrafter``).
 - ``causal``: ``CausalRunner``, a causal LM's passes over ``(R, n)`` positions, eager or compiled,

@@ -285,7 +285,11 @@ class StaticDecoder(StaticPasses):
 
     @torch.inference_mode()
     def run_rows(
-        self, input_ids: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        starts: torch.Tensor,
+        counts: torch.Tensor | None = None,
+        block_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed row ``r`` the tokens ``input_ids[r]`` at positions (and cache columns)
         ``starts[r], starts[r] + 1, ...``, causally over the row's own columns.
@@ -295,10 +299,12 @@ class StaticDecoder(StaticPasses):
             starts: ``(rows,) int64``: each row's cached length (its first new column).
             counts: ``(rows,) int64`` each row's real new positions, the rest to scratch columns
                 (``StaticPasses._rows_passes``); None: all ``n``.
+            block_size: None: causal; B: block-wise causal, each position seeing its whole block of B
+                (Fast-dLLM v2's attention, ``specpolicy.runners.fastdllm``).
         Returns:
             ``(logits (rows, n, V), hidden states (rows, n, L + 1, H))``, HF's order of hidden states.
         Raises:
             ValueError: if a row's real new positions pass the capacity.
         """
-        logits, states = self._rows_passes([input_ids], starts, counts)
+        logits, states = self._rows_passes([input_ids], starts, counts, block_size)
         return logits, states

@@ -2,8 +2,12 @@
 (``StaticEagle3``: the compiled runtime's EAGLE-3 drafting, one forward over ``R`` sequences), for
 one request or many (``specpolicy.models.eagle3.Eagle3DraftModel``; the drafter, ``drafters/eagle3.py``).
 
-EAGLE-3's greedy chain runs several drafting steps per compiled graph (``StaticEagle3.chain``,
-``runtime.chain_steps``), the argmax and the feedback inside the graph.
+A chain step (``Eagle3Runner.run``), a draft tree's root and levels (``Eagle3Runner.outputs``, tree
+attention) and a greedy chain of several steps (``Eagle3Runner.chain``: on the compiled runtime
+several drafting steps per graph, ``StaticEagle3.chain``, ``runtime.chain_steps``, the argmax and
+the feedback inside the graph) each run whichever cache the request drafts on: its ``KVCache``
+(eager), the compiled runtime's static cache of one sequence, or a batched run's shared one
+(``Eagle3Runner.open``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 
 from specpolicy.core.runtime import CompileSettings
 from specpolicy.core.sampling import choose
+from specpolicy.models.kv import KVCache
 from specpolicy.runners.sequences import SharedSequences
 from specpolicy.runners.static import StaticPasses, _rotate_half, _row_attention, _row_linear
 
@@ -235,6 +240,46 @@ class StaticEagle3(StaticPasses):
         return out, logits
 
 
+#: An eager pass over several requests: a request with more newly committed positions than this (a
+#: new prompt, a long run of plain rounds) runs its pass alone, not padding every row to its count.
+BATCH_POSITIONS = 16
+
+
+class StaticLength:
+    """What the drafter asks of its cache (``length``, ``crop``) on a ``StaticEagle3`` of one
+    sequence (the compiled runtime, batch 1): the static cache's length, emptied when opened."""
+
+    def __init__(self, static: StaticEagle3) -> None:
+        self.static = static
+        static.reset()
+
+    @property
+    def length(self) -> int:
+        """Cached positions (tokens)."""
+        return self.static.length
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` cached positions (a no-op if shorter)."""
+        self.static.length = min(self.static.length, length)
+
+
+class SharedLength:
+    """What the drafter asks of its cache (``length``, ``crop``) on one sequence ``slot`` of a batched
+    run's ``SharedSequences``."""
+
+    def __init__(self, rows: SharedSequences, slot: int) -> None:
+        self.rows, self.slot = rows, slot
+
+    @property
+    def length(self) -> int:
+        """Cached positions (tokens)."""
+        return self.rows.lengths[self.slot]
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` cached positions (a no-op if shorter)."""
+        self.rows.lengths[self.slot] = min(self.rows.lengths[self.slot], length)
+
+
 @dataclass
 class HeadPass:
     """One request's part of an EAGLE-3 head pass (``Eagle3Runner.run``): its new positions' tokens
@@ -244,7 +289,7 @@ class HeadPass:
         tokens: ``(n,) int64`` target ids (the round's first pass: the newly committed pairs'
             next tokens; later: the last drafted token).
         hidden: ``(n, H)`` their features (``fc`` of the target's, or the head's own output).
-        cache: eager: the request's ``KVCache`` (one layer); else its length view.
+        cache: eager: the request's ``KVCache`` (one layer); else its length view (``Eagle3Runner.open``).
         static: the compiled runtime's ``StaticEagle3`` of one sequence (batch 1), else None.
         rows / slot: a batched run's shared ``SharedSequences`` and the request's sequence, else None.
     """
@@ -269,6 +314,59 @@ class Eagle3Runner:
 
     def __init__(self, model: torch.nn.Module, embed_tokens: torch.nn.Module) -> None:
         self.model, self.embed_tokens = model, embed_tokens
+
+    @staticmethod
+    def open(
+        static: StaticEagle3 | None = None, rows: SharedSequences | None = None, slot: int | None = None
+    ) -> KVCache | StaticLength | SharedLength:
+        """A new request's empty cache: sequence ``slot`` of a batched run's shared ``rows``, the
+        compiled runtime's ``static`` cache of one sequence (emptied), else a ``KVCache`` (eager)."""
+        if rows is not None and slot is not None:
+            return SharedLength(rows, slot)
+        return KVCache(1) if static is None else StaticLength(static)
+
+    def outputs(
+        self, p: HeadPass, positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One request's pass (a draft tree's root or level): its ``n`` new positions after its
+        cached ones, their keys and values cached.
+
+        Args:
+            p: the request's tokens ``(n,)``, features ``(n, H)`` and cache (eager or static; not a
+                batched run's shared one: trees run at batch 1).
+            positions: ``(n,) int64`` RoPE positions (a tree's: by depth); default a chain from the
+                cached length.
+            attend: ``(n, cached + n) bool``, True where new position i sees column j (tree
+                attention, ``specpolicy.core.tree``); default causal.
+        Returns:
+            the head's outputs ``(n, H)`` (before ``norm``).
+        Raises:
+            ValueError: for a pass on a batched run's shared cache.
+        """
+        if p.rows is not None:
+            raise ValueError("a draft tree runs at batch 1: its passes do not run on a batched run's shared cache")
+        if p.static is not None:  # compiled, batch 1: the forward at R = 1
+            out, _ = p.static.passes([p.tokens, p.hidden], positions, attend)
+            return out
+        start = p.cache.length
+        if positions is None:
+            positions = torch.arange(start, start + p.tokens.shape[0], device=p.tokens.device)
+        past = p.cache.layer(0) if start else None
+        out, k, v = self.model(self.embed_tokens(p.tokens)[None], p.hidden[None], positions[None], past, attend)
+        p.cache.keys[0], p.cache.values[0] = k, v
+        return out[0]
+
+    @staticmethod
+    def chain(p: HeadPass, steps: int) -> tuple[torch.Tensor, ...] | None:
+        """``steps`` greedy chain steps from ``p`` (the last drafted token ``(1,)`` and the output that
+        predicted it ``(1, H)``) as one call where the runtime fuses them (the compiled runtime's
+        ``StaticEagle3.chain``): ``(tokens (steps,) int64 target ids, confidences (steps,) float32,
+        the last output (1, H), logits (steps, Vd))``, the same tokens as ``steps`` passes with
+        ``choose``'s greedy rule. None where it does not (eager, a batched run): the caller runs
+        the steps as passes."""
+        if p.static is None:
+            return None
+        return p.static.chain(p.tokens, p.hidden, steps)
 
     def run(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass: request ``i`` is fed ``passes[i]``'s positions after its cached ones (cached).

@@ -311,7 +311,11 @@ class StaticPasses(torch.nn.Module):
         return tuple(torch.cat(ys) for ys in zip(*chunks))
 
     def _rows_passes(
-        self, inputs: Sequence[torch.Tensor], starts: torch.Tensor, counts: torch.Tensor | None = None
+        self,
+        inputs: Sequence[torch.Tensor],
+        starts: torch.Tensor,
+        counts: torch.Tensor | None = None,
+        block_size: int | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Feed row ``r`` of a cache of several sequences its new positions at columns (and
         positions) ``starts[r], starts[r] + 1, ...``, causally over its own columns, in chunks of at
@@ -326,6 +330,10 @@ class StaticPasses(torch.nn.Module):
                 columns, and the bucket's padding, go to scratch columns past the capacity, which
                 no real position sees. None: every row's ``n`` are real, and a bucket's padding is
                 written past each row's new positions, where no real token looks.
+            block_size: None: causal. B: block-wise causal (Fast-dLLM v2, arXiv 2509.26328): a
+                position sees every column of its block of B absolute positions and the blocks
+                before it; a row's new positions must then be whole blocks from a block boundary,
+                and the largest bucket a multiple of B (no block split between chunks).
         Returns:
             the pass's outputs, each ``(rows, n, ...)``.
         Raises:
@@ -350,7 +358,10 @@ class StaticPasses(torch.nn.Module):
                 slots = torch.where(a + steps < counts[:, None], slots, self.capacity + steps)
                 window = max(int(torch.minimum(ends, starts + a + b).max()), 1)  # all idle (warm-up): one window, not 0
             window = min(self.width, -(-window // self.window) * self.window)
-            mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
+            if block_size is None:
+                mask = self.columns[None, None, :window] <= slots[:, :, None]  # (rows, b, window)
+            else:  # the whole block of each position: columns before its block's end
+                mask = self.columns[None, None, :window] < (slots[:, :, None] // block_size + 1) * block_size
             # positions = the slots, as their own tensor: an input aliasing another would compile a
             # graph apart from ``passes``' (dynamo guards on aliasing)
             outputs = self._run(b, rows, slots.clone(), slots, mask)

@@ -174,7 +174,7 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
         for p in prompts
     ]
     padded = []  # the drafter class's padded passes ran (``draft_many`` for many requests at once)
-    import specpolicy.drafters.fastdllm as fastdllm_module
+    import specpolicy.runners.fastdllm as fastdllm_module
 
     owner, name = {
         "ar": (ARDrafter, "_draft_together"),

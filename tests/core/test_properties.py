@@ -158,10 +158,10 @@ def check_fastdllm(drafter: FastDLLMDrafter, committed: torch.Tensor) -> None:
     fresh.prefill(committed)
     L = len(committed)
     assert (drafter._L, drafter._base) == (L, (L // drafter.block_size) * drafter.block_size) == (fresh._L, fresh._base)
-    assert drafter.cache.get_seq_length() == drafter._base
+    assert drafter.sequence.length == drafter._base
     assert drafter._tail.tolist() == fresh._tail.tolist() == committed[drafter._base :].tolist()
     if drafter._base:
-        assert _same_kv(drafter.cache, fresh.cache)
+        assert _same_kv(drafter.sequence.cache, fresh.sequence.cache)
     if fresh._first is not None:  # on a block boundary: the next block's first token, as from scratch
         assert drafter._first is not None and int(drafter._first[0]) == int(fresh._first[0])
         assert abs(float(drafter._first[1]) - float(fresh._first[1])) < 1e-6

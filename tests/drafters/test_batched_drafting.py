@@ -361,8 +361,8 @@ def test_fastdllm_draft_many_drafts_what_each_request_drafts_alone(rt, threshold
             _commit_random(alone, want, g)
             _commit_random(together, got, g2)
             for x, y in zip(alone, together):
-                assert x.cache.get_seq_length() == y.cache.get_seq_length()
-                for la, lb in zip(x.cache.layers, y.cache.layers):
+                assert x.sequence.length == y.sequence.length
+                for la, lb in zip(x.sequence.cache.layers, y.sequence.cache.layers):
                     torch.testing.assert_close(la.keys, lb.keys)
                     torch.testing.assert_close(la.values, lb.values)
     finally:

@@ -177,7 +177,7 @@ def test_cached_block_pass_equals_uncached_block_causal_forward(runtime, attn):
     assert (ref - causal).abs().max() > 1e-3  # transformers really applies the 4D mask
 
     d.prefill(seq)  # cache: blocks [0, 32) and [32, 64) in one pass
-    assert d.cache.get_seq_length() == 64
+    assert d.sequence.length == 64
     from specpolicy.core.attention import as_model_mask
 
     mask = as_model_mask(block_causal_mask(64, 16, 80, B), attn, torch.float64)
@@ -186,7 +186,7 @@ def test_cached_block_pass_equals_uncached_block_causal_forward(runtime, attn):
             input_ids=seq[None, 64:],
             attention_mask=mask,
             position_ids=torch.arange(64, 80)[None],
-            cache=d.cache,
+            cache=d.sequence.cache,
             use_cache=True,
         ).logits[0]
     torch.testing.assert_close(out, ref[64:], rtol=0, atol=1e-10)
@@ -206,12 +206,12 @@ def test_prefill_caches_complete_blocks_only(runtime):
         seq = prompt_of(n)
         d.prefill(seq)
         base = n // 32 * 32
-        assert d.cache.get_seq_length() == base
+        assert d.sequence.length == base
         if base:
             fresh = DynamicCache()
             with torch.no_grad():
                 model(input_ids=seq[None, :base], attention_mask=ref_mask(base, 32), cache=fresh, use_cache=True)
-            _assert_cache_equal(d.cache, fresh)
+            _assert_cache_equal(d.sequence.cache, fresh)
         assert (d._first is not None) == (n == base)
 
 
@@ -231,7 +231,7 @@ def test_draft_matches_uncached_reference(runtime, thr, plen, n):
     assert got.token_ids.dtype == torch.int64 and got.confidences.dtype == torch.float32
     torch.testing.assert_close(got.confidences, torch.tensor(confs, dtype=torch.float32))
     assert got.forward_passes == passes
-    assert d.cache.get_seq_length() == (plen + n - 1) // 32 * 32  # tentative blocks of the draft only
+    assert d.sequence.length == (plen + n - 1) // 32 * 32  # tentative blocks of the draft only
 
 
 def test_draft_with_other_block_sizes_matches_reference(runtime):
@@ -261,7 +261,7 @@ def test_pass_counts(runtime):
     assert d.draft(1).forward_passes == 2  # position 8: small block [8, 16)
     assert d.draft(23).forward_passes == 4  # up to 30: small blocks [16, 24), [24, 32)
     # Crossing the boundary: one full-block pass writes [0, 32) and gives token 32 (no unmasking pass).
-    assert d.draft(1).forward_passes == 5 and d.cache.get_seq_length() == 32
+    assert d.draft(1).forward_passes == 5 and d.sequence.length == 32
     assert d.draft(1).forward_passes == 6  # position 33: small block [32, 40)
 
     # threshold 1: nothing exceeds it, exactly one token per pass (at least one is always unmasked).
@@ -347,7 +347,7 @@ def _assert_same_as_fresh(d: FastDLLMDrafter, committed: torch.Tensor, model, ru
     fresh.prefill(committed)
     assert d._L == committed.shape[0]
     assert torch.equal(d._tail, fresh._tail)
-    _assert_cache_equal(d.cache, fresh.cache)
+    _assert_cache_equal(d.sequence.cache, fresh.sequence.cache)
     assert (d._first is None) == (fresh._first is None)
     if fresh._first is not None:
         assert int(d._first[0]) == int(fresh._first[0])
@@ -386,7 +386,7 @@ def test_commit_rolls_back_to_fresh_prefill(runtime, case):
     verdict = _verdict(draft, accepted)
     d.commit(draft, verdict)
     committed = torch.cat([prompt, verdict.committed_tokens(draft)])
-    assert d.cache.get_seq_length() == cached == committed.shape[0] // 32 * 32
+    assert d.sequence.length == cached == committed.shape[0] // 32 * 32
     assert d._carry == commit_passes
     _assert_same_as_fresh(d, committed, model, runtime)
 
@@ -407,7 +407,7 @@ def test_commit_of_reused_and_empty_rounds(runtime):
     v = _verdict(reused, 42)  # accepted past the drafter's tokens, over two block boundaries
     d.commit(reused, v)
     committed = torch.cat([committed, v.committed_tokens(reused)])
-    assert committed.shape[0] == 72 and d.cache.get_seq_length() == 64 and d._carry == 1  # one pass, two blocks
+    assert committed.shape[0] == 72 and d.sequence.length == 64 and d._carry == 1  # one pass, two blocks
     _assert_same_as_fresh(d, committed, model, runtime)
     with pytest.raises(ValueError, match="drafter tokens"):
         d.commit(Draft.empty(), _verdict(Draft.empty(), 0, 9))  # this round drafted 12
@@ -429,7 +429,7 @@ def test_random_rounds_keep_cache_equal_to_fresh_prefill(runtime):
         committed = torch.cat([committed, v.committed_tokens(draft)])
         fresh = drafter(model, runtime, B=16, S=4)
         fresh.prefill(committed)
-        _assert_cache_equal(d.cache, fresh.cache)
+        _assert_cache_equal(d.sequence.cache, fresh.sequence.cache)
         assert torch.equal(d._tail, fresh._tail)
     _assert_same_as_fresh(d, committed, model, runtime, B=16, S=4)
 
