@@ -134,7 +134,7 @@ class StaticTree:
         node_rank, node_parent, node_path, block_parent, block_tokens)``, the last two per pass."""
         key = str(device)
         if key not in self._on:
-            move = [x.to(device) for x in (self.node_block, self.node_offset, self.node_rank)]
+            move: list[Any] = [x.to(device) for x in (self.node_block, self.node_offset, self.node_rank)]
             move += [self.node_parent.to(device), self.node_path.to(device)]
             move += [{b: x.to(device) for b, x in table.items()} for table in (self.block_parent, self.block_tokens)]
             self._on[key] = tuple(move)
