@@ -223,8 +223,8 @@ def greedy_path(
     disagrees = token_ids != target_ids[parents + 1]  # (k,) each node vs the target at its parent
     accepted = ~(ancestors[1:, 1:] & disagrees[None, :]).any(dim=1)  # (k,) the node and its ancestors agree
     score = torch.where(accepted, depth_plus_one[1:], 0)  # accepted depth + 1, else 0
-    best = score.argmax()  # the first of the deepest (argmax gives the first maximum)
-    path = ancestors[1 + best, 1:] & (score[best] > 0)  # (k,) its ancestors-or-self, none if nothing agrees
+    best = score.argmax().reshape(1)  # the first of the deepest (argmax gives the first maximum); no sync
+    path = ancestors[1:, 1:].index_select(0, best)[0] & (score.max() > 0)  # (k,) its ancestors-or-self, or none
     return tuple(path.nonzero().flatten().tolist())  # topological order: root's child first
 
 
