@@ -20,8 +20,9 @@ times; per method:
   search: DART's, EAGLE-2's, the block tree, Falcon's), ``path_search`` (DiffuSpec's CPS,
   ``PathSearch.search``), ``ngram`` (n-gram lookups: ``NGramModel``, the suffix drafter's),
   ``drafter.draft`` / ``drafter.alternatives`` / ``drafter.commit`` (the drafter's host work around
-  its passes), ``verify`` (the target's host work around its pass: acceptance, the tree mask), and
-  ``loop`` (the rest of ``host_ms``: the loop's bookkeeping, the timers' own cost included).
+  its passes), ``verify`` (the target's host work around its pass: a tree's mask and positions,
+  the tree-sampling walk, cache bookkeeping; the argmax and acceptance comparison on its logits are
+  part of the pass), and ``loop`` (the rest of ``host_ms``: the loop's bookkeeping, the timers' own cost included).
 
 The machine's load inflates every figure alike: compare components with each other, and time
 absolute figures alone (``--repeat`` keeps the least).

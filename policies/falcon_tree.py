@@ -117,6 +117,28 @@ class StaticTree:
             ).reshape(len(self.block_nodes[b]), k)
             for b in range(1, self.passes)
         }
+        #: per pass b: the slice of nodes it drafts (depths k * b + 1 .. k * (b + 1)), in node order
+        self.pass_nodes = [
+            slice(self.level_start[k * b], self.level_start[min(k * (b + 1), self.depth)]) for b in range(self.passes)
+        ]
+        #: ``(depth, n)``: row d - 1 holds each node's ancestor-or-self at depth d (n: none, a zero)
+        self.node_path = torch.full((self.depth, len(paths)), len(paths), dtype=torch.long)
+        for i, p in enumerate(paths):
+            for d in range(1, len(p) + 1):
+                self.node_path[d - 1, i] = index[p[:d]]
+        self._truncated: dict[tuple[int, int], StaticTree | None] = {}
+        self._on: dict[str, tuple] = {}
+
+    def on(self, device: torch.device) -> tuple:
+        """The gather indices on ``device`` (moved once, cached): ``(node_block, node_offset,
+        node_rank, node_parent, node_path, block_parent, block_tokens)``, the last two per pass."""
+        key = str(device)
+        if key not in self._on:
+            move: list[Any] = [x.to(device) for x in (self.node_block, self.node_offset, self.node_rank)]
+            move += [self.node_parent.to(device), self.node_path.to(device)]
+            move += [{b: x.to(device) for b, x in table.items()} for table in (self.block_parent, self.block_tokens)]
+            self._on[key] = tuple(move)
+        return self._on[key]
 
     def owner(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """The path of the block node whose pass gives this node's distribution (() = the root)."""
@@ -125,10 +147,12 @@ class StaticTree:
     def truncated(self, depth: int, nodes: int) -> StaticTree | None:
         """The tree cut to ``depth`` levels and its first ``nodes`` nodes (length order keeps it a
         tree); None when nothing is left."""
-        kept = [p for p in self.paths if len(p) <= depth][: max(nodes, 0)]
-        if not kept:
-            return None
-        return StaticTree(kept, self.k) if len(kept) < len(self.paths) else self
+        key = (min(depth, self.depth), min(max(nodes, 0), len(self.paths)))
+        if key not in self._truncated:  # a round's room only takes a few values: built once each
+            kept = [p for p in self.paths if len(p) <= key[0]][: key[1]]
+            cut = None if not kept else StaticTree(kept, self.k) if len(kept) < len(self.paths) else self
+            self._truncated[key] = cut
+        return self._truncated[key]
 
 
 class FalconTreePolicy(TreePolicy):
@@ -177,26 +201,24 @@ class FalconTreePolicy(TreePolicy):
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
         dev = ids.device
+        node_block, node_offset, node_rank, node_parent, node_path, block_parent, block_tokens = t.on(dev)
         block_ids, block_logp = [ids[None]], [logp[None]]  # per block: (k, top_k) ids / log-probs
         numbers = [torch.zeros(1, dtype=torch.long, device=dev)]  # per block: its drafter block number
         tokens = torch.empty(len(t.paths), dtype=torch.long, device=dev)
-        scores = torch.empty(len(t.paths), dtype=logp.dtype, device=dev)
-        node_block, node_offset, node_rank = (x.to(dev) for x in (t.node_block, t.node_offset, t.node_rank))
-        node_parent = t.node_parent.to(dev)
         for b in range(t.passes):
             if b > 0:  # ONE pass for every block-starting node at depth k * b
-                parent = torch.cat(numbers)[t.block_parent[b].to(dev)]
-                new, bids, blogp = drafter.tree_block_expand(tokens[t.block_tokens[b].to(dev)], parent, t.top_k)
+                parent = torch.cat(numbers)[block_parent[b]]
+                new, bids, blogp = drafter.tree_block_expand(tokens[block_tokens[b]], parent, t.top_k)
                 block_ids.append(bids)
                 block_logp.append(blogp)
                 numbers.append(new.to(dev))
-            all_ids, all_logp = torch.cat(block_ids), torch.cat(block_logp)
-            for d in range(t.k * b + 1, min(t.k * (b + 1), t.depth) + 1):  # the depths this pass drafted
-                sl = slice(t.level_start[d - 1], t.level_start[d])
-                at = (node_block[sl], node_offset[sl], node_rank[sl])
-                tokens[sl] = all_ids[at]
-                above = scores[node_parent[sl]] if d > 1 else 0.0
-                scores[sl] = all_logp[at] + above  # the paths' cumulative log-probabilities
+            sl = t.pass_nodes[b]  # the nodes this pass drafted, read off its blocks in one gather
+            tokens[sl] = torch.cat(block_ids)[node_block[sl], node_offset[sl], node_rank[sl]]
+        node_logp = torch.cat(block_logp)[node_block, node_offset, node_rank]  # (n,) each node's own log-prob
+        on_path = torch.cat([node_logp, node_logp.new_zeros(1)])[node_path]  # (depth, n): 0 past a node's depth
+        scores = on_path[0]
+        for d in range(1, t.depth):  # the paths' cumulative log-probabilities, summed root first
+            scores = scores + on_path[d]
         draft = Draft(
             token_ids=tokens,
             confidences=scores.exp().float(),

@@ -103,11 +103,17 @@ class HFVerifier(Verifier):
             return batched
         return BatchedHFVerifier.like(self, pad_token_id)
 
+    #: methods timed as part of the target's pass on either runtime (called from eager Python only):
+    #: the logits -> tokens tensor work right after the forward (``specpolicy.core.passes``)
+    eager_pass_methods = ("_accept", "_accept_tree")
+
     @property
     def timed_calls(self) -> tuple:
-        """The entry points of a target pass (``specpolicy.core.passes``): the model's forward and,
-        on the compiled runtime, the static runner's ``run``."""
-        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+        """The entry points of a target pass (``specpolicy.core.passes``): the model's forward, the
+        verification's logits -> tokens tensor work (``_accept``, ``_accept_tree``: argmax, the
+        acceptance comparison, the greedy path) and, on the compiled runtime, the static runner's ``run``."""
+        own = ((self, "_accept"), (self, "_accept_tree"))
+        return (self.model,) + own + (((self.static, "run"),) if self.static is not None else ())
 
     @property
     def cached_length(self) -> int:
@@ -169,12 +175,7 @@ class HFVerifier(Verifier):
                 input_ids=inputs, cache=self.cache, use_cache=True, output_hidden_states=bool(self._feature_layers)
             )
             logits, hidden_states = out.logits[0], out.hidden_states  # (k + 1, V)
-        if self._sampling is not None:
-            accepted, target = self._verify_sampled(draft, logits)
-        else:
-            target = logits.argmax(dim=-1)  # (k + 1,) int64
-            matches = (target[:k] == draft.token_ids).int()  # (k,)
-            accepted = int(matches.cumprod(dim=0).sum())  # one sync: the accepted length
+        accepted, target = self._accept(logits, draft)
         # Keep KV for the pending token and the accepted draft tokens; the correction/bonus is pending.
         if self.static is not None:
             self.static.length = start + 1 + accepted  # a rollback is a length
@@ -189,6 +190,16 @@ class HFVerifier(Verifier):
         return Verification(
             accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
         )
+
+    def _accept(self, logits: torch.Tensor, draft: Draft) -> tuple[int, torch.Tensor]:
+        """A chain's verification from the pass's logits ``(k + 1, V)``: greedy, the target's argmax
+        ``(k + 1,) int64`` and the accepted length (the draft's longest prefix equal to it; one sync);
+        sampling, ``_verify_sampled``. Timed as part of the target's pass (``timed_calls``)."""
+        if self._sampling is not None:
+            return self._verify_sampled(draft, logits)
+        target = logits.argmax(dim=-1)  # (k + 1,) int64
+        matches = (target[: draft.length] == draft.token_ids).int()  # (k,)
+        return int(matches.cumprod(dim=0).sum()), target  # one sync: the accepted length
 
     def _one_token_passes(self, tokens: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
         """``runtime.batch_invariant``: ``tokens`` ``(n,)`` as n one-token passes, each on the cache the
@@ -239,13 +250,9 @@ class HFVerifier(Verifier):
                 output_hidden_states=bool(self._feature_layers),
             )
             logits, hidden_states = out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
-        if self._sampling is None:
-            target = logits.argmax(dim=-1)
-            path = tree.greedy_path(draft.parents, draft.token_ids, target, parents)
-        else:
-            p = warp(logits, self._sampling)
+        path, target, p = self._accept_tree(logits, draft, parents)
+        if p is not None:  # sampling: the walk's decisions are host work
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
-            target = p.argmax(dim=-1)
             target[path[-1] + 1 if path else 0] = nxt
         path_rows = [0] + [i + 1 for i in path]  # the pending token (root) and the accepted path
         if self.static is not None:
@@ -266,6 +273,19 @@ class HFVerifier(Verifier):
             features=features,
             path=path,
         )
+
+    def _accept_tree(
+        self, logits: torch.Tensor, draft: Draft, parents: list[int]
+    ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None]:
+        """A tree's verification tensor work from the pass's logits ``(k + 1, V)``, timed as part of
+        the target's pass (``timed_calls``). Greedy: ``(accepted path, argmax (k + 1,) int64, None)``
+        (``tree.greedy_path``); sampling: ``((), argmax of the warped p, p (k + 1, V) float32)``, the
+        walk (``tree.sample_path``) left to the caller as host work."""
+        if self._sampling is None:
+            target = logits.argmax(dim=-1)
+            return tree.greedy_path(draft.parents, draft.token_ids, target, parents), target, None
+        p = warp(logits, self._sampling)
+        return (), p.argmax(dim=-1), p
 
     def _verify_sampled(self, draft: Draft, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Speculative sampling on the round's logits ((k + 1, V)); one host sync. Returns the

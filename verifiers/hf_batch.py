@@ -68,12 +68,16 @@ class BatchedHFVerifier:
         batched.feature_layers = tuple(getattr(verifier, "_feature_layers", ()))
         return batched
 
+    #: methods timed as part of the target's pass on either runtime (called from eager Python only)
+    eager_pass_methods = ("_accept",)
+
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a target pass (``specpolicy.core.passes``): the model's forward and,
-        on the compiled runtime, the static runner's ``run_rows``."""
+        the verification's logits -> tokens tensor work (``_accept``) and, on the compiled runtime, the
+        static runner's ``run_rows``."""
         static = getattr(self, "static", None)
-        return (self.model,) + (((static, "run_rows"),) if static is not None else ())
+        return (self.model, (self, "_accept")) + (((static, "run_rows"),) if static is not None else ())
 
     @property
     def rows(self) -> int:
@@ -173,7 +177,6 @@ class BatchedHFVerifier:
             if length + k + 1 > self.max_context:
                 raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         b, q = self.rows, 1 + max(ks)
-        steps = torch.arange(q, device=device)
         if b == 1:
             inputs = torch.cat([self.pending[0], drafts[0].token_ids])[None]
         else:
@@ -181,23 +184,7 @@ class BatchedHFVerifier:
             for i, (pending, draft) in enumerate(zip(self.pending, drafts)):
                 inputs[i, : 1 + ks[i]] = torch.cat([pending, draft.token_ids])
         logits, hidden_states = self._forward(inputs)
-        target = logits.argmax(dim=-1)  # (b, q) int64
-        if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
-            accepted, nexts = [], []
-            for i, draft in enumerate(drafts):
-                p = warp(logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
-                a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
-                target[i, :a] = draft.token_ids[:a]
-                target[i, a] = nxt
-                accepted.append(a)
-                nexts.append(nxt)
-        else:
-            matches = target[:, :-1] == inputs[:, 1:]
-            if b > 1:  # padding never matches
-                matches &= steps[None, : q - 1] < torch.tensor(ks, device=device)[:, None]
-            accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
-            # the one sync of the round: every row's accepted length and correction / bonus token
-            accepted, nexts = torch.stack([accepted_t, target.gather(1, accepted_t[:, None]).squeeze(1)]).tolist()
+        target, accepted, nexts = self._accept(logits, inputs, drafts, ks)
         self._keep_accepted(accepted)
         features = select_features_batch(hidden_states, self.feature_layers) if self.feature_layers else None
         results = []
@@ -212,6 +199,34 @@ class BatchedHFVerifier:
                 )
             )
         return results
+
+    def _accept(
+        self, logits: torch.Tensor, inputs: torch.Tensor, drafts: list[Draft], ks: list[int]
+    ) -> tuple[torch.Tensor, list[int], list[int]]:
+        """Every row's verification from the pass's logits ``(b, q, V)`` and inputs ``(b, q) int64``:
+        ``(target (b, q) int64, accepted lengths, next tokens)``; greedy: the argmax and the longest
+        agreeing prefix (one sync for all rows), sampling: ``speculative_verify`` row by row. Timed
+        as part of the target's pass (``timed_calls``, ``specpolicy.core.passes``)."""
+        target = logits.argmax(dim=-1)  # (b, q) int64
+        if self.sampling is not None:  # speculative sampling row by row (Leviathan et al. 2023, Alg. 1)
+            accepted, nexts = [], []
+            for i, draft in enumerate(drafts):
+                p = warp(logits[i, : ks[i] + 1], self.sampling)  # (k_i + 1, V)
+                a, nxt = speculative_verify(p, draft.probs, draft.token_ids, self.runtime.generator)
+                target[i, :a] = draft.token_ids[:a]
+                target[i, a] = nxt
+                accepted.append(a)
+                nexts.append(nxt)
+            return target, accepted, nexts
+        b, q = inputs.shape
+        matches = target[:, :-1] == inputs[:, 1:]
+        if b > 1:  # padding never matches
+            steps = torch.arange(q - 1, device=inputs.device)
+            matches &= steps[None, :] < torch.tensor(ks, device=inputs.device)[:, None]
+        accepted_t = matches.int().cumprod(dim=1).sum(dim=1)  # (b,)
+        # the one sync of the round: every row's accepted length and correction / bonus token
+        accepted, nexts = torch.stack([accepted_t, target.gather(1, accepted_t[:, None]).squeeze(1)]).tolist()
+        return target, accepted, nexts
 
     def _forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """The target's pass over every row's ``[pending, draft, pad...]`` ``(b, q)`` at the rows'

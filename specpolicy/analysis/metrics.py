@@ -260,8 +260,9 @@ FIELDS: dict[str, str] = {
     "methods.*.draft_ms": "milliseconds spent drafting (drafter roll-back included), summed (a timing)",
     "methods.*.verify_ms": "milliseconds spent verifying, summed (a timing)",
     "methods.*.host_ms": "host milliseconds, summed over rounds: each round's time outside the drafter's and the "
-    "target's model passes (policy, tree and path searches, n-gram lookups, acceptance, commit, bookkeeping; "
-    "RoundRecord.host_ms, specpolicy.core.passes); null when no round measured it (a timing)",
+    "target's model passes (policy, tree and path searches, n-gram lookups, tree masks, commit, bookkeeping; "
+    "the verifier's argmax and acceptance comparison count as its pass; RoundRecord.host_ms, "
+    "specpolicy.core.passes); null when no round measured it (a timing)",
     "methods.*.host_ms_per_round": "host_ms / the rounds that measured it (a timing)",
     "methods.*.host_step_share": "host_ms_per_round / the latency profile's target step (target_ms_per_token of "
     "host_step_profile): how much a round's host work would add to a real target step (a timing)",

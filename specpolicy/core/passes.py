@@ -5,8 +5,18 @@ reported as ``RoundRecord.host_ms``.
 
 What counts as a pass: an outermost call of one of a model's pass entry points -- the drafter's
 ``timed_calls`` (its network, the methods of it that bypass ``forward``, the top-k over its own
-distributions) or else its ``model``; the target's ``timed_calls`` (``verifiers/hf.py``: its model and,
-on the compiled runtime, the static runner's passes) or else its ``model``. A model-free drafter
+distributions) or else its ``model``; the target's ``timed_calls`` (``verifiers/hf.py``: its model, the
+verification's logits -> tokens tensor work, and, on the compiled runtime, the static runner's passes)
+or else its ``model``.
+
+The definition, on both devices: the device's tensor work on a pass's outputs that follows it with no
+host decision in between -- the target's vocabulary argmax, the acceptance comparison of the draft
+with it (a cumulative product, the greedy tree path), speculative sampling's ratios and draws, and the
+one sync that reads the result -- is part of the pass (the verifier's ``_accept`` methods). On a GPU
+these are kernels the host only launches, queued behind the forward; counting them as host work on
+the CPU would charge vanilla decoding with host time a GPU run does not show. Host work is what
+decides in Python: policies, tree and path searches, n-gram lookups, the tree-sampling walk
+(``tree.sample_path``), building a tree's mask and positions, cache bookkeeping, the loop itself. A model-free drafter
 (``suffix``) has no pass: all its work is host work. Each pass is timed with the runtime's timers
 (``Runtime.timer``), so the definition is the same on both devices:
 
@@ -24,7 +34,9 @@ Nested entry points (a submodule inside a watched model) count once (the outermo
 On the compiled runtime (``runtime.compile``) only the compiled runners' own entry points are
 watched -- ``(runner, "method")`` pairs whose runner has a true ``compiled`` attribute (the static
 runners' ``run``, ``run_rows``, ``chain``, ``passes``), called from eager Python: a hook on a module
-or a wrapper on a method that a compiled graph calls would be traced into that graph. A compiled
+or a wrapper on a method that a compiled graph calls would be traced into that graph -- and the
+methods an object names in its ``eager_pass_methods`` (only ever called from eager Python: the
+verifiers' ``_accept``). A compiled
 pass whose runner names no such entry point (DFlash's shared-cache passes, so far) is counted as
 host time there.
 """
@@ -163,6 +175,10 @@ _NONE = object()  # a method the instance did not hold itself (its class's)
 
 
 def _compiled_entry(member: Any) -> bool:
-    """Whether ``member`` is a compiled runner's entry point: ``(runner, "method")`` with a true
-    ``runner.compiled`` (never a module: its forward may run inside a compiled graph)."""
-    return isinstance(member, tuple) and len(member) == 2 and bool(getattr(member[0], "compiled", False))
+    """Whether ``member`` may be watched on the compiled runtime: ``(runner, "method")`` with a true
+    ``runner.compiled``, or ``(obj, "method")`` with the method in ``obj.eager_pass_methods`` (never a
+    module: its forward may run inside a compiled graph)."""
+    if not (isinstance(member, tuple) and len(member) == 2):
+        return False
+    obj, method = member
+    return bool(getattr(obj, "compiled", False)) or method in getattr(obj, "eager_pass_methods", ())

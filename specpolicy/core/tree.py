@@ -21,19 +21,19 @@ import torch
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
     """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` (``(k,)``, topological
     order: ``parents[i] < i``); on ``parents``' device. Computed on the host: one sync for a tensor."""
-    depth = _host_depths(parents)
+    depth = _shape(_as_list(parents))[1]
     device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
-    return torch.from_numpy(depth).to(device)
+    return torch.from_numpy(depth.copy()).to(device)
 
 
 def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
     entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's). Built
     on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents')."""
-    mask = _host_ancestors(parents)
+    mask = _shape(_as_list(parents))[0]
     if device is None:
         device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
-    return torch.from_numpy(mask).to(device)
+    return torch.from_numpy(mask.copy()).to(device)
 
 
 def verification_layout(
@@ -42,40 +42,80 @@ def verification_layout(
     """What the target's one pass over ``[pending] + nodes`` needs (SpecInfer §4), built on the host
     in one go: position ids ``(k + 1,) int64`` (``start`` + depth; the root at ``start``) and the
     attention mask ``(k + 1, start + k + 1) bool`` (True = attend: every committed position, then
-    ``ancestor_mask``), both on ``device``.
+    ``ancestor_mask``), both on ``device``. A tree shape's ancestors and depths are built once
+    (``_shape``: by depth level, numpy) and kept on ``device`` (``_on_device``) for the next tree of
+    the same shape (a static tree: every round).
 
     Args:
         parents: the tree's parents as a list (``(k,)``, topological). start: committed positions
             already cached (tokens).
     """
-    ancestors = _host_ancestors(parents)
+    ancestors, depth_plus_one = _on_device(parents, device)
     k = len(parents)
-    mask = np.ones((k + 1, start + k + 1), dtype=bool)
+    mask = torch.ones((k + 1, start + k + 1), dtype=torch.bool, device=device)
     mask[:, start:] = ancestors
-    positions = start - 1 + ancestors.sum(axis=1)  # a row holds the root, its ancestors and itself: depth + 1
-    return torch.from_numpy(positions).to(device), torch.from_numpy(mask).to(device)
+    return depth_plus_one + (start - 1), mask  # a row holds the root, its ancestors and itself: depth + 1
 
 
-def _host_ancestors(parents: torch.Tensor | list[int]) -> np.ndarray:
-    """``ancestor_mask`` as a numpy array, on the host: in topological order, each node's row is
-    its parent's row plus itself (a row copy per node)."""
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+def _as_list(parents: torch.Tensor | list[int]) -> list[int]:
+    return parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+
+
+_SHAPES: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # parents -> (ancestors, depths), LRU
+_DEVICE_SHAPES: dict[tuple[tuple[int, ...], str], tuple[torch.Tensor, torch.Tensor]] = {}  # the same, on a device
+_SHAPES_KEPT = 64  # tree shapes kept (a static tree's every round, a dynamic tree's repeats)
+
+
+def _keep(table: dict, key, value):
+    """Insert into a small LRU table (oldest dropped past ``_SHAPES_KEPT``) and return ``value``."""
+    table[key] = value
+    if len(table) > _SHAPES_KEPT:
+        del table[next(iter(table))]
+    return value
+
+
+def _shape(plist: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A tree's ``ancestor_mask`` ``(k + 1, k + 1) bool`` and depths ``(k,) int64`` as numpy arrays
+    (read-only, shared: copy before changing), cached by the parents. Built level by level: the
+    nodes of depth d take their parents' rows (complete, depth d - 1) plus themselves, one row
+    gather per level, no per-node loop."""
+    key = tuple(plist)
+    hit = _SHAPES.get(key)
+    if hit is not None:
+        _SHAPES[key] = _SHAPES.pop(key)  # most recently used
+        return hit
     k = len(plist)
+    parent = np.asarray(plist, dtype=np.int64).reshape(k)
+    depth = np.ones(k, dtype=np.int64)
+    up = parent.copy()
+    while k and (up >= 0).any():  # one step up per level: depth = the steps to the root
+        above = up >= 0
+        depth += above
+        up = np.where(above, parent[np.maximum(up, 0)], -1)
     mask = np.zeros((k + 1, k + 1), dtype=bool)
     mask[:, 0] = True
-    for row, parent in enumerate(plist, start=1):
-        if parent >= 0:
-            mask[row] = mask[parent + 1]
-        mask[row, row] = True
-    return mask
+    rows = np.arange(1, k + 1)
+    mask[rows, rows] = True
+    for level in range(2, int(depth.max(initial=0)) + 1):  # depth 1: the root and itself, already set
+        at = rows[depth == level]
+        mask[at] |= mask[parent[at - 1] + 1]
+    mask.setflags(write=False)
+    depth.setflags(write=False)
+    return _keep(_SHAPES, key, (mask, depth))
 
 
-def _host_depths(parents: torch.Tensor | list[int]) -> np.ndarray:
-    plist = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
-    depth: list[int] = []
-    for parent in plist:  # topological: the parent's depth is known
-        depth.append(1 + (depth[parent] if parent >= 0 else 0))
-    return np.asarray(depth, dtype=np.int64)
+def _on_device(plist: list[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_shape`` on ``device``: the ancestor mask ``(k + 1, k + 1) bool`` and depth + 1 per row
+    ``(k + 1,) int64`` (the root's 1), cached by (parents, device). Shared: never write to them."""
+    key = (tuple(plist), str(torch.device(device)))
+    hit = _DEVICE_SHAPES.get(key)
+    if hit is not None:
+        _DEVICE_SHAPES[key] = _DEVICE_SHAPES.pop(key)
+        return hit
+    mask, depth = _shape(plist)
+    ancestors = torch.from_numpy(mask.copy()).to(device)
+    depth_plus_one = torch.from_numpy(np.concatenate(([1], depth + 1))).to(device)
+    return _keep(_DEVICE_SHAPES, key, (ancestors, depth_plus_one))
 
 
 class GrowingTree:
@@ -171,22 +211,21 @@ def greedy_path(
         plist: ``parents`` as a list when the caller already has it on the host (saves a sync).
     Returns:
         the accepted nodes, root's child first (empty: nothing accepted); the deepest accepted
-        node wins, the first in order among equally deep ones. One host sync.
+        node wins, the first in order among equally deep ones. Tensor ops on the ancestor mask
+        (``verification_layout``'s, cached by shape): a node is accepted when it and every ancestor
+        agree with the target at their parents; one host sync (the path).
     """
     k = int(parents.shape[0])
     if k == 0:
         return ()
-    edge_ok = (token_ids == target_ids[parents + 1]).tolist()  # the one sync: each node vs the target at its parent
     plist = parents.tolist() if plist is None else plist
-    ok: list[bool] = []
-    best, best_depth = -1, 0
-    depth: list[int] = []
-    for i, parent in enumerate(plist):  # topological: a node is accepted when its parent is and it agrees
-        ok.append(edge_ok[i] and (parent < 0 or ok[parent]))
-        depth.append(1 + (depth[parent] if parent >= 0 else 0))
-        if ok[i] and depth[i] > best_depth:
-            best, best_depth = i, depth[i]
-    return path_to(best, plist)
+    ancestors, depth_plus_one = _on_device(plist, target_ids.device)
+    disagrees = token_ids != target_ids[parents + 1]  # (k,) each node vs the target at its parent
+    accepted = ~(ancestors[1:, 1:] & disagrees[None, :]).any(dim=1)  # (k,) the node and its ancestors agree
+    score = torch.where(accepted, depth_plus_one[1:], 0)  # accepted depth + 1, else 0
+    best = score.argmax().reshape(1)  # the first of the deepest (argmax gives the first maximum); no sync
+    path = ancestors[1:, 1:].index_select(0, best)[0] & (score.max() > 0)  # (k,) its ancestors-or-self, or none
+    return tuple(path.nonzero().flatten().tolist())  # topological order: root's child first
 
 
 def sample_path(

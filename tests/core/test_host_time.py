@@ -92,6 +92,85 @@ def test_vanilla_rounds_have_no_host_time_when_the_loop_takes_none(runtime, fake
     assert all(r.verify_ms == pytest.approx(PASS_MS) for r in out.rounds)
 
 
+ACCEPT_MS, WALK_MS = 11.0, 13.0  # fake ms: the verifier's acceptance tensor work; the tree-sampling walk
+
+
+def _slow(monkeypatch, owner, name: str, ms: float, clock: FakeClock) -> None:
+    """``owner.name`` 'takes' ``ms`` on the fake clock before doing its work."""
+    original = getattr(owner, name)
+
+    def slow(*args, **kwargs):
+        clock.advance(ms)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+
+
+def test_the_verifiers_acceptance_tensor_work_is_part_of_its_pass(runtime, fake_clock, monkeypatch):
+    """The argmax and acceptance comparison on the logits (``HFVerifier._accept``) count as the target's
+    pass, as the kernels queued behind the forward do on CUDA: vanilla and a chain round keep no host time
+    for them."""
+    from specpolicy.core import tree as tree_module
+
+    _slow(monkeypatch, tree_module, "greedy_path", ACCEPT_MS, fake_clock)  # inside _accept_tree: a pass
+    target = sharpen(tiny_lm())
+    _slow_passes(target, fake_clock)
+    monkeypatch.setattr(HFVerifier, "_accept", _slowed(HFVerifier._accept, fake_clock))
+    out = generate(random_prompts(1)[0], HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=5)
+    assert [r.host_ms for r in out.rounds] == [0.0] * 5
+    assert all(r.verify_ms == pytest.approx(PASS_MS + ACCEPT_MS) for r in out.rounds)
+    drafter_model = sharpen(tiny_lm(seed=2))
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        drafter=ARDrafter(drafter_model, runtime),
+        policy=SlowPolicy(fake_clock),
+    )
+    for r in out.rounds:
+        assert r.host_ms == pytest.approx((2 if r.speculation_length else 1) * POLICY_MS, abs=1e-6), r
+        assert r.verify_ms == pytest.approx(PASS_MS + ACCEPT_MS)
+
+
+def _slowed(method, clock: FakeClock):
+    def slow(self, *args, **kwargs):
+        clock.advance(ACCEPT_MS)
+        return method(self, *args, **kwargs)
+
+    return slow
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_trees_greedy_path_is_part_of_the_pass_its_sampling_walk_is_host_work(
+    runtime, fake_clock, monkeypatch, sampled
+):
+    """Greedy: the tree's path from the argmax (``_accept_tree``) is the target's pass; sampling: the
+    recursive rejection walk (``tree.sample_path``) decides on the host, so it is host work."""
+    from specpolicy.core import tree as tree_module
+    from specpolicy.core.sampling import SamplingConfig
+    from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
+
+    _slow(monkeypatch, tree_module, "greedy_path", ACCEPT_MS, fake_clock)
+    _slow(monkeypatch, tree_module, "sample_path", WALK_MS, fake_clock)
+    target = sharpen(tiny_lm())
+    _slow_passes(target, fake_clock)
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        drafter=ARDrafter(sharpen(tiny_lm(seed=2)), runtime),
+        policy=Eagle2TreePolicy(depth=3, top_k=2, total_tokens=5),
+        sampling=SamplingConfig(temperature=1.0) if sampled else None,
+    )
+    trees = [r for r in out.rounds if r.draft_parents]
+    assert trees
+    for r in trees:
+        assert r.host_ms == pytest.approx(WALK_MS if sampled else 0.0, abs=1e-6), r
+        assert r.verify_ms == pytest.approx(PASS_MS + (WALK_MS if sampled else ACCEPT_MS))  # the verify call's ms
+
+
 def test_a_model_free_drafter_is_all_host_time(runtime, fake_clock):
     """Without pass entry points (``pass_entry_points`` is empty) the drafter's work is host work."""
     target = tiny_lm()
@@ -208,10 +287,22 @@ def test_the_compiled_runtime_watches_only_the_compiled_runners_entry_points(fak
         def logits(self, x):  # called inside a compiled graph in the real runners
             return x
 
-    runner, head = Runner(), Head()
+    class Verifier:
+        eager_pass_methods = ("accept",)  # called from eager Python only: watched there too
+
+        def accept(self, x):
+            fake_clock.advance(ACCEPT_MS)
+            return x
+
+        def layout(self, x):
+            return x
+
+    runner, head, verifier = Runner(), Head(), Verifier()
     with passes.PassClock(Runtime(device="cpu", compile=True)) as clock:
-        clock.watch([model, (head, "logits"), (runner, "run")])
+        clock.watch([model, (head, "logits"), (runner, "run"), (verifier, "accept"), (verifier, "layout")])
         assert not model._forward_pre_hooks and "logits" not in vars(head) and "run" in vars(runner)
+        assert "accept" in vars(verifier) and "layout" not in vars(verifier)
         runner.run(1)
-        assert clock.take_ms() == pytest.approx(PASS_MS)
-    assert "run" not in vars(runner)
+        verifier.accept(1)
+        assert clock.take_ms() == pytest.approx(PASS_MS + ACCEPT_MS)
+    assert "run" not in vars(runner) and "accept" not in vars(verifier)
