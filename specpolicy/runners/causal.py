@@ -261,7 +261,11 @@ class CausalRunner:
             return sequence.static.run(tokens, positions, attend)[0]
         mask = as_model_mask(attend[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype)
         return self.model(
-            input_ids=tokens[None], position_ids=positions[None], attention_mask=mask, cache=sequence.cache, use_cache=True
+            input_ids=tokens[None],
+            position_ids=positions[None],
+            attention_mask=mask,
+            cache=sequence.cache,
+            use_cache=True,
         ).logits[0]
 
     def joins(self, sequence: CausalSequence, tokens: torch.Tensor) -> bool:
