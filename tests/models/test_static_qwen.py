@@ -850,7 +850,7 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
         graphs = counters["stats"]["unique_graphs"]
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
         assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
-        batch = lead._shared.static
+        batch = _shared_of(lead).static
         assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
