@@ -87,6 +87,7 @@ class ARDrafter(Drafter):
         """``Drafter.__copy__``: a copy of a batch-1 compiled drafter drafts eagerly (its static cache
         is not shared); a copy of ``batched``'s shares its static cache of one sequence per request."""
         clone = super().__copy__()
+        assert isinstance(clone, ARDrafter)
         if self.static is not None:
             clone.runner = self.runner.eager()
         return clone

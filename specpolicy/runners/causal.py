@@ -164,7 +164,7 @@ class CausalRunner:
         """
         if self._rows is None:
             return CausalSequence(cache=DynamicCache())
-        if self.single:
+        if self.single and self.static is not None:
             self.static.reset()
             return CausalSequence(static=self.static)
         return CausalSequence(rows=self._rows, slot=self._rows.take())
@@ -186,7 +186,7 @@ class CausalRunner:
             ValueError: compiled, a sequence that would pass ``capacity``.
         """
         if sequences[0].static is not None:  # ``single``: the static cache's one-sequence pass
-            return [s.static.run(t)[0] for s, t in zip(sequences, tokens)]
+            return [s.static.run(t)[0] for s, t in zip(sequences, tokens) if s.static is not None]
         if sequences[0].rows is None:  # eager: the Hugging Face forward, request after request
             return [
                 self.model(input_ids=t[None], cache=s.cache, use_cache=True).logits[0]
@@ -308,7 +308,8 @@ class CausalRunner:
         model, device = self.model, first[0].device
         b, steps = len(sequences), max(num_tokens)
         counts = [int(x.shape[0]) for x in first]
-        cache, lengths = padded_cache([s.cache for s in sequences])  # row i's columns [0, L_i), the rest masked
+        # row i's columns [0, L_i), the rest masked
+        cache, lengths = padded_cache([s.cache for s in sequences if s.cache is not None])
         n, width = max(counts), max(lengths)
         inputs = torch.zeros((b, n), dtype=torch.long, device=device)
         for i, x in enumerate(first):
@@ -351,5 +352,6 @@ class CausalRunner:
                     torch.arange(width + n, width + n + num_tokens[i] - 1, device=device),
                 ]
             )
-            append_columns(s.cache, cache, i, columns)
+            if s.cache is not None:  # eager sequences only (``joins``)
+                append_columns(s.cache, cache, i, columns)
         return torch.stack(tokens, 1), torch.stack(confs, 1), extras

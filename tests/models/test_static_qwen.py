@@ -788,10 +788,10 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
     assert draws[0] == draws[1]
 
 
-
 def _shared_of(lead):
     """A batched run's shared sequences of a drafter's static cache (the AR drafter's: its runner's)."""
     return lead.runner.sequences if hasattr(lead, "runner") and hasattr(lead.runner, "sequences") else lead._shared
+
 
 @pytest.mark.slow
 def test_the_batched_loop_compiled_decodes_every_request_as_alone(two_buckets, target, compiled):
