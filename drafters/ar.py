@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core import tree
-from specpolicy.core.cache import append_columns, crop_cache, padded_cache
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.runtime import Runtime
-from specpolicy.core.sampling import SamplingConfig, choose_rows, sample, warp
+from specpolicy.core.sampling import SamplingConfig, choose_rows
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.loading import (
     check_attention,
@@ -23,19 +23,14 @@ from specpolicy.models.loading import (
     load_tokenizer,
 )
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
-from specpolicy.runners.sequences import SharedSequencesDrafter
+from specpolicy.runners.causal import BATCH_POSITIONS as BATCH_POSITIONS, CausalRunner, CausalSequence
+from specpolicy.runners.decoder import StaticDecoder
 
 NAME = "ar"
 CONFIG_KEYS = ("model", "attn_implementation")
-#: Most positions a request may feed in the round's first pass of ``draft_many`` (its committed
-#: tokens not yet cached, e.g. after many rounds without a draft) and still join the padded batch;
-#: one with more drafts alone, not padding every row to its length.
-BATCH_POSITIONS = 16
-#: Attention implementations that take the custom 4-D mask of ``draft_many``'s padded passes.
-BATCHED_ATTENTION = ("sdpa", "eager")
 
 
-class ARDrafter(SharedSequencesDrafter, Drafter):
+class ARDrafter(Drafter):
     """Autoregressive drafting, one forward pass per drafted token (Leviathan et al. 2023): greedy
     (argmax) by default; with non-greedy ``sampling`` given to ``prefill``, each token is sampled
     from ``warp`` of the logits (draws from ``runtime.generator``) and the draft reports those
@@ -47,11 +42,12 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     no prefix is ever recomputed. Confidence of a token = max probability of the
     distribution it was taken from (sampling: of the warped q, not the sampled token's probability).
 
-    On the compiled runtime (``runtime.compile``) the passes run through a static KV cache compiled
-    per shape bucket (``specpolicy.runners.decoder.StaticDecoder``; its compile seconds are added to
-    ``runtime.warmup_s``): ``commit`` moves the cache's length. In the batched loop (``batched``)
-    the requests, greedy or sampling, draft on a static cache of one sequence per request, compiled
-    (``StaticDecoder`` of several sequences): one pass for every request at each step.
+    Drafting is stated once, as steps over ``R`` requests (``draft`` is ``R`` = 1); how a pass runs
+    is the runner's (``specpolicy.runners.causal.CausalRunner``): eager (a ``DynamicCache`` per
+    request; several requests in one padded pass, ``CausalRunner.together``), on the compiled
+    runtime's static KV cache (``runtime.compile``; ``StaticDecoder``, its compile seconds added
+    to ``runtime.warmup_s``), and in the batched loop (``batched``) on a static cache of one
+    sequence per request, compiled: one pass for every request at each step.
 
     Args:
         model: the drafter LM, on the runtime device.
@@ -64,20 +60,51 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         self.model = model
         self.runtime = runtime
         self.max_context = context_length(model)
-        self.cache: DynamicCache | None = None
-        self.static = None  # the compiled runtime's StaticDecoder, else None
-        self._no_shared_sequences()  # the batched loop's StaticDecoder of several sequences (``batched``)
-        if runtime.compile:
-            from specpolicy.runners.decoder import StaticDecoder
-
-            self.static = StaticDecoder(model, self.max_context, compile=True, settings=runtime.compiled)
-            runtime.warmup_s += self.static.warmup()
+        self.runner = CausalRunner(model, runtime, capacity=self.max_context, single=True)
+        self.sequence: CausalSequence | None = None  # this request's sequence on the runner
         self._unfed: torch.Tensor | None = None  # (u,) committed tokens not in the cache yet
         self._tokens: list[torch.Tensor] = []  # this round's drafted tokens, (1,) each
         self._confs: list[torch.Tensor] = []
         self._probs: list[torch.Tensor] = []  # sampling: (1, V) float32 q row per drafted token
         self._passes = 0
         self._sampling: SamplingConfig | None = None  # None: greedy
+
+    @property
+    def static(self) -> StaticDecoder | None:
+        """The compiled runtime's static cache of one sequence (batch 1), else None."""
+        return self.runner.static if self.runner.single else None
+
+    @static.setter
+    def static(self, static: StaticDecoder | None) -> None:
+        self.runner.use(static)
+
+    @property
+    def cache(self) -> DynamicCache | None:
+        """Eager: this request's ``DynamicCache``; else None."""
+        return None if self.sequence is None else self.sequence.cache
+
+    def __copy__(self) -> ARDrafter:
+        """``Drafter.__copy__``: a copy of a batch-1 compiled drafter drafts eagerly (its static cache
+        is not shared); a copy of ``batched``'s shares its static cache of one sequence per request."""
+        clone = super().__copy__()
+        assert isinstance(clone, ARDrafter)
+        if self.static is not None:
+            clone.runner = self.runner.eager()
+        return clone
+
+    def batched(self, slots: int) -> ARDrafter:
+        """On the compiled runtime, the drafter whose copies draft on a static cache of ``slots``
+        sequences (``CausalRunner.batched``), one each from ``prefill`` to ``release``; else this drafter."""
+        if self.static is None:
+            return self
+        lead = copy.copy(self)
+        lead.runner, lead.sequence = self.runner.batched(slots), None
+        return lead
+
+    def release(self) -> None:
+        """The batched loop is done with this request: its sequence of the shared cache is free."""
+        self.runner.close(self.sequence)
+        self.sequence = None
 
     @property
     def timed_calls(self) -> tuple:
@@ -90,141 +117,95 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
             raise ValueError(f"prompt_ids has {n} tokens; the ar drafter accepts 1..{self.max_context - 1}")
-        if self._take_sequence():  # a batched run's request
-            self.cache = _SharedLength(self._shared, self._slot)
-        else:
-            self.cache = _StaticLength(self.static) if self.static is not None else DynamicCache()
+        self.release()  # a batched run's request: its sequence of the shared cache given back first
+        self.sequence = self.runner.open()
         self._unfed = prompt_ids.to(self.runtime.torch_device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
-
-    def _batched_static(self, slots: int):
-        """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.runners.decoder import StaticDecoder
-
-        return StaticDecoder(
-            self.model, self.max_context, self.static.compiled, rows=slots, settings=self.runtime.compiled
-        )
 
     def _new_round(self) -> None:
         self._tokens, self._confs, self._probs, self._passes = [], [], [], 0
         self._hidden: list[torch.Tensor] = []  # report_hidden: (1, H) last hidden state per drafted token
 
+    def _feed(self) -> torch.Tensor:
+        """What the next pass feeds: the round's first the committed tokens not yet cached, each
+        later one the last drafted token."""
+        return self._tokens[-1] if self._tokens else self._unfed
+
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
-        if num_tokens < 1:
-            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if self._slot is not None:  # a request of a batched run on the shared static cache
-            return type(self)._draft_shared([self], [num_tokens])[0]
-        for _ in range(num_tokens):  # autoregressive: one pass per token, no host sync
-            logits = self._next_logits()
-            if self._sampling is None:
-                probs = torch.softmax(logits.float(), dim=-1)
-                conf, token = probs.max(dim=-1)
-            else:
-                probs = warp(logits[None], self._sampling)  # (1, V) float32
-                conf, token = probs[0].max(), sample(probs, self.runtime.generator)[0]
-                self._probs.append(probs)
-            self._tokens.append(token[None])
-            self._confs.append(conf[None])
-            self._passes += 1
-        return self._round_draft()
-
-    def _next_logits(self) -> torch.Tensor:
-        """One drafting pass: the round's first feeds the committed tokens not yet cached, each later
-        one the last drafted token; returns the next token's ``(V,)`` logits."""
-        inputs = self._tokens[-1] if self._tokens else self._unfed
-        if self.static is not None:
-            return self.static.run(inputs)[0][-1]
-        if self.report_hidden:  # the LM head's input (the final norm's output) at the last position
-            out = self.model(
-                input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1, output_hidden_states=True
-            )
-            self._hidden.append(out.hidden_states[-1][0, -1:])
-            return out.logits[0, -1]
-        return self.model(input_ids=inputs[None, :], cache=self.cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        return self.draft_many([self], [num_tokens])[0]
 
     @classmethod
     @torch.no_grad()
     def draft_many(cls, drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft`` for many requests with their passes batched: the requests' caches are copied
-        once into one padded ``(b, kv_heads, W, head_dim)`` cache per layer (``W`` = the longest),
-        then each of ``max(num_tokens)`` steps runs ONE pass of the model over all of them (a row
-        that has its tokens is fed on, its output unused: the batched loop's policies mostly ask
-        every request the same length) -- at the first
-        step each row's tokens not yet cached (or, when the round's draft is being extended, its
-        last drafted token), padded to the most, at later steps each row's last drafted token --
-        with a 4-D mask keeping every row to its own cached columns and its own new ones, causally,
-        at its own positions. The new keys and values then join each request's own cache (what its
-        ``draft`` calls would have fed: never its last drafted token), the padded copy is dropped.
+        """``draft`` for many requests: each of ``max(num_tokens)`` steps is ONE pass over the
+        requests still drafting (``_steps``). Eager, the requests whose caches and first feeds allow
+        it (``CausalRunner.joins``: at least two) run in one padded pass per step
+        (``CausalRunner.together``: a row that has its tokens is fed on, its output unused), the
+        others one by one before them.
 
-        Args:
-            drafters: one ``ARDrafter`` per request (copies sharing the model).
-            num_tokens: tokens each adds (>= 1).
         Returns:
             what the calls one by one return (the same tokens and confidences, up to the
             floating-point effects of batched matrix products; exact in float64; sampling: each
             step's tokens drawn for all its requests in row order, the same distributions, other
-            draws than alone). A single request, an attention implementation other than ``BATCHED_ATTENTION`` (e.g.
-            flash attention, which takes no 4-D mask), and requests with more than
-            ``BATCH_POSITIONS`` uncached tokens or an empty cache (a new prompt) draft one by one.
+            draws than alone).
         Raises:
             ValueError: a count < 1 (before any pass).
         """
         for n in num_tokens:
             if n < 1:
                 raise ValueError(f"num_tokens must be >= 1, got {n}")
-        if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
-            return cls._draft_shared(drafters, num_tokens)
-        together = [
-            i
-            for i, d in enumerate(drafters)
-            if d.static is None
-            and d._slot is None
-            and d.cache.get_seq_length()
-            and (d._tokens or d._unfed.shape[0] <= BATCH_POSITIONS)
-        ]
-        if len(together) < 2 or drafters[0].model.config._attn_implementation not in BATCHED_ATTENTION:
-            return super().draft_many(drafters, num_tokens)
+        runner = drafters[0].runner
+        if runner.shared or len(drafters) < 2:
+            return cls._steps(drafters, num_tokens)
+        together = [i for i, d in enumerate(drafters) if runner.joins(d.sequence, d._feed())]
+        if len(together) < 2:
+            return [cls._steps([d], [k])[0] for d, k in zip(drafters, num_tokens)]
         out: list[Draft | None] = [None] * len(drafters)
         for i, d in enumerate(drafters):
             if i not in together:
-                out[i] = d.draft(num_tokens[i])
-        drafted = cls._draft_together([drafters[i] for i in together], [num_tokens[i] for i in together])
-        for i, draft in zip(together, drafted):
-            out[i] = draft
+                out[i] = cls._steps([d], [num_tokens[i]])[0]
+        group, counts = [drafters[i] for i in together], [num_tokens[i] for i in together]
+        tokens, confs, qs = runner.together(
+            [d.sequence for d in group], [d._feed() for d in group], counts, lambda x: cls._choose_rows(group, x)
+        )
+        for i, d, k in zip(together, group, counts):
+            row = together.index(i)
+            d._tokens.extend(tokens[row, :k, None].unbind(0))
+            d._confs.extend(confs[row, :k, None].unbind(0))
+            d._probs.extend(q[row] for q in qs[:k] if q[row] is not None)
+            d._passes += k
+            out[i] = d._round_draft()
         return out
 
     @staticmethod
-    def _draft_shared(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
-        """``draft_many`` on the shared static cache: each of ``max(num_tokens)`` steps is ONE
-        pass over every sequence (``StaticDecoder.run_rows``) -- a request that still wants a
-        token fed its tokens not yet cached at the round's first pass, else its last drafted token,
-        at its own length; the others idle, their sequences untouched."""
-        shared, device = drafters[0]._shared, drafters[0].runtime.torch_device
+    def _steps(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
+        """The drafting step, stated once for ``R`` requests: each of ``max(num_tokens)`` steps is ONE
+        runner pass (``CausalRunner.last``) over the requests that still want a token -- each fed
+        its tokens not yet cached at the round's first pass, else its last drafted token -- and
+        each takes its next token from its last position (``_choose_rows``)."""
+        runner = drafters[0].runner
         for step in range(max(num_tokens)):
             wanting = [d for d, k in zip(drafters, num_tokens) if k > step]
-            feeds = [d._tokens[-1] if d._tokens else d._unfed for d in wanting]
-            counts, slots = [int(x.shape[0]) for x in feeds], [d._slot for d in wanting]
-            inputs = torch.zeros((len(shared.lengths), max(counts)), dtype=torch.long, device=device)
-            for slot, count, x in zip(slots, counts, feeds):
-                inputs[slot, :count] = x
-            logits, _ = shared.static.run_rows(inputs, *shared.feed(slots, counts))
-            logits = logits[torch.tensor(slots, device=device), torch.tensor(counts, device=device) - 1]  # (b, V)
+            hidden = any(d.report_hidden for d in wanting)
+            logits, states = runner.last([d.sequence for d in wanting], [d._feed() for d in wanting], hidden)
             token, conf, q = ARDrafter._choose_rows(wanting, logits)
             for i, d in enumerate(wanting):
                 d._tokens.append(token[i : i + 1])
                 d._confs.append(conf[i : i + 1])
                 if q[i] is not None:
                     d._probs.append(q[i])
+                if states is not None:
+                    d._hidden.append(states[i : i + 1])
                 d._passes += 1
         return [d._round_draft() for d in drafters]
 
     @staticmethod
     def _choose_rows(drafters: list[ARDrafter], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
-        """Each request's next token from its row of a batched pass's logits ``(b, V)``, as its
-        ``draft`` picks it: greedy the softmax's most likely token, sampling a draw from ``warp``
-        (``choose_rows``, row order). Returns ``(tokens (b,), confidences (b,), q rows (1, V) or None)``."""
+        """Each request's next token from its row of a pass's logits ``(b, V)``: greedy the
+        softmax's most likely token, sampling a draw from ``warp`` (``choose_rows``, row order).
+        Returns ``(tokens (b,), confidences (b,), q rows (1, V) or None)``."""
         if all(d._sampling is None for d in drafters):
             conf, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
             return token, conf, [None] * len(drafters)
@@ -241,70 +222,6 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
             torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs, extras=extras
         )
 
-    @staticmethod
-    def _draft_together(drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
-        """The padded passes of ``draft_many`` (every drafter's cache non-empty)."""
-        from specpolicy.core.attention import as_model_mask
-
-        lead = drafters[0]
-        model, device = lead.model, lead.runtime.torch_device
-        b, steps = len(drafters), max(num_tokens)
-        first = [d._tokens[-1] if d._tokens else d._unfed for d in drafters]  # each row's first-step input
-        counts = [int(x.shape[0]) for x in first]
-        cache, lengths = padded_cache([d.cache for d in drafters])  # row i's columns [0, L_i), the rest masked
-        n, width = max(counts), max(lengths)
-        inputs = torch.zeros((b, n), dtype=torch.long, device=device)
-        for i, x in enumerate(first):
-            inputs[i, : counts[i]] = x
-        lengths_t, counts_t = torch.tensor(lengths, device=device), torch.tensor(counts, device=device)
-        seen = torch.arange(width + n, device=device)[None] < (lengths_t[:, None])  # (b, W + n) visible columns
-        seen[:, width:] = torch.arange(n, device=device)[None] < counts_t[:, None]
-        rows = torch.arange(b, device=device)
-        tokens, confs, qs = [], [], []  # per step: (b,), (b,), b q rows or None
-        attn, dtype = model.config._attn_implementation, lead.runtime.torch_dtype
-        for step in range(steps):
-            if step == 0:
-                causal = torch.ones((b, n, width + n), dtype=torch.bool, device=device)
-                causal[:, :, width:] = torch.tril(causal[:, :, width:])
-                mask = seen[:, None, :] & causal
-                positions = lengths_t[:, None] + torch.arange(n, device=device)
-                last = counts_t - 1
-            else:
-                seen = torch.cat([seen, torch.ones((b, 1), dtype=torch.bool, device=device)], dim=1)
-                mask = seen[:, None, :]
-                positions = (lengths_t + counts_t + step - 1)[:, None]
-                last = torch.zeros_like(counts_t)
-            logits = model(
-                input_ids=inputs,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                attention_mask=as_model_mask(mask[:, None], attn, dtype),
-            ).logits[rows, last]  # (b, V)
-            token, conf, q = ARDrafter._choose_rows(drafters, logits)
-            tokens.append(token)
-            confs.append(conf)
-            qs.append(q)
-            inputs = token[:, None]
-        passes_tokens, passes_confs = torch.stack(tokens, 1), torch.stack(confs, 1)  # (b, steps)
-        results = []
-        for i, d in enumerate(drafters):
-            k = num_tokens[i]
-            # fed this call: the first-step tokens, then the drafted tokens but the last (never fed)
-            columns = torch.cat(
-                [
-                    torch.arange(width, width + counts[i], device=device),
-                    torch.arange(width + n, width + n + k - 1, device=device),
-                ]
-            )
-            append_columns(d.cache, cache, i, columns)
-            d._tokens.extend(passes_tokens[i, :k, None].unbind(0))
-            d._confs.extend(passes_confs[i, :k, None].unbind(0))
-            d._probs.extend(q[i] for q in qs[:k] if q[i] is not None)
-            d._passes += k
-            results.append(d._round_draft())
-        return results
-
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 
     @torch.no_grad()
@@ -316,14 +233,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
             the root's ``top_k`` children: ids ``(top_k,) int64`` and log-probabilities ``(top_k,)
             float32``, best first.
         """
-        if self.static is not None:
-            logits = self.static.run(self._unfed)[0][-1]
-        else:
-            logits = self.model(
-                input_ids=self._unfed[None, :], cache=self.cache, use_cache=True, logits_to_keep=1
-            ).logits[0, -1]
+        logits = self.runner.last([self.sequence], [self._unfed])[0][0]  # (V,)
         self._unfed = self._unfed[:0]
-        self._tree_committed = self.cache.get_seq_length()  # the root is the last of these
+        self._tree_committed = self.sequence.length  # the root is the last of these
         self._tree = tree.GrowingTree(self._tree_committed, logits.device)
         self._passes = 1
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k)
@@ -334,7 +246,8 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes to the round's tree in one pass (a tree attention mask: each sees the
-        committed tokens, its ancestors and itself; positions by depth) and return their children.
+        committed tokens, its ancestors and itself; positions by depth; ``CausalRunner.tree``) and
+        return their children.
 
         Args:
             tokens: ``(m,) int64``. parents: ``(m,) int64`` (or a list) their parents' node numbers
@@ -342,24 +255,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         Returns:
             ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
-        from specpolicy.core.attention import as_model_mask
-
         parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)
-        if self.static is not None:
-            logits = self.static.run(tokens, positions, mask)[0]
-            self._passes += 1
-            values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
-            return nodes, ids, values
-        logits = self.model(
-            input_ids=tokens[None],
-            position_ids=positions[None],
-            attention_mask=as_model_mask(
-                mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
-            ),
-            cache=self.cache,
-            use_cache=True,
-        ).logits[0]  # (m, V)
+        logits = self.runner.tree(self.sequence, tokens, positions, mask)  # (m, V)
         self._passes += 1
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
         return nodes, ids, values
@@ -372,7 +270,7 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
     def commit(self, draft: Draft, verification: Verification) -> None:
         committed = verification.committed_tokens(draft)  # (a + 1,)
         if draft.is_tree:  # drop the tree's nodes; the committed path is fed with the next round's first pass
-            crop_cache(self.cache, self._tree_committed)
+            self.sequence.crop(self._tree_committed)
             self._unfed = committed
             self._new_round()
             return
@@ -382,38 +280,9 @@ class ARDrafter(SharedSequencesDrafter, Drafter):
         else:
             # The cache holds the pre-round sequence, the unfed tokens and d_1..d_{m-1} (d_m never fed).
             keep = min(verification.accepted_length, drafted - 1)
-            crop_cache(self.cache, self.cache.get_seq_length() - (drafted - 1) + keep)
+            self.sequence.crop(self.sequence.length - (drafted - 1) + keep)
             self._unfed = committed[keep:]
         self._new_round()
-
-
-class _StaticLength:
-    """The two cache calls ``ARDrafter`` makes (``get_seq_length``, and ``crop`` through
-    ``specpolicy.core.cache.crop_cache``) on a ``StaticDecoder``'s cache: its length."""
-
-    def __init__(self, static) -> None:
-        self.static = static
-        static.reset()
-
-    def get_seq_length(self) -> int:
-        return self.static.length
-
-    def crop(self, count: int) -> None:  # crop_cache passes minus the positions to drop
-        self.static.length = self.static.length + count if count < 0 else count
-
-
-class _SharedLength:
-    """``_StaticLength``'s two cache calls on one sequence of a ``SharedSequences``."""
-
-    def __init__(self, shared, slot: int) -> None:
-        self.shared, self.slot = shared, slot
-
-    def get_seq_length(self) -> int:
-        return self.shared.lengths[self.slot]
-
-    def crop(self, count: int) -> None:  # crop_cache passes minus the positions to drop
-        length = self.shared.lengths[self.slot]
-        self.shared.lengths[self.slot] = length + count if count < 0 else count
 
 
 def validate(config: dict[str, Any]) -> None:

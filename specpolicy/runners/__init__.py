@@ -19,8 +19,8 @@ CUDA) and on the batched loop's shared static cache of one sequence per request 
 - ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``,
   ``SharedSequencesDrafter``).
 - ``causal``: ``CausalRunner``, a causal LM's passes over ``(R, n)`` positions, eager or compiled,
-  one request or many: the runner a third-party drafter codes against
-  (``docs/how-to/write-a-drafter-or-verifier.md``).
+  one request or many (eager padded steps, draft-tree passes too): the runner the AR drafter and a
+  third-party drafter code against (``docs/how-to/write-a-drafter-or-verifier.md``).
 
 Plugins (``drafters/``, ``verifiers/``) import this package as public API.
 """

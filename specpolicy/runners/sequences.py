@@ -58,8 +58,8 @@ class SharedSequences:
 
 class SharedSequencesDrafter:
     """The batched loop's side of a drafter with a static cache (``Drafter.batched`` / ``release``),
-    one place for the AR, EAGLE-3 and DFlash drafters: ``batched(slots)`` builds the drafter's static cache
-    of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
+    one place for the EAGLE-3 and DFlash drafters (the AR drafter's is ``CausalRunner.batched``):
+    ``batched(slots)`` builds the drafter's static cache of ``slots`` sequences once per batch size (``_batched_static``, compiled as the batch-1 one,
     its compile seconds added to ``runtime.warmup_s``) and returns a copy whose own copies -- one per
     request, greedy or sampling -- each take a sequence in ``prefill`` (``_take_sequence``) and
     give it back in ``release``. A drafter sets ``static``, ``runtime`` and calls

@@ -28,6 +28,7 @@ from specpolicy.policies.aimd import AIMDPolicy
 from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 from specpolicy.policies.failfast import FailFastPolicy
 from specpolicy.policies.static import StaticPolicy
+from specpolicy.runners.causal import CausalRunner
 from specpolicy.runners.dflash import DFlashRunner
 from specpolicy.runners.eagle3 import Eagle3Runner
 from specpolicy.verifiers.hf import HFVerifier
@@ -177,7 +178,7 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
     import specpolicy.runners.fastdllm as fastdllm_module
 
     owner, name = {
-        "ar": (ARDrafter, "_draft_together"),
+        "ar": (CausalRunner, "together"),
         "fastdllm": (fastdllm_module, "padded_cache"),
         "eagle3": (Eagle3Runner, "together"),
     }[kind]
@@ -187,7 +188,7 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
         padded.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(owner, name, spy if owner in (fastdllm_module, Eagle3Runner) else staticmethod(spy))
+    monkeypatch.setattr(owner, name, spy if owner in (fastdllm_module, Eagle3Runner, CausalRunner) else staticmethod(spy))
     batched = generate_batch(
         prompts,
         verifier,
@@ -429,7 +430,7 @@ BATCH_STAT_TESTS = ("vanilla", "ar", "eagle3", "dflash", "ar-static", "eagle3-st
 #: per drafter, the pass that drafts several requests at once: eager (their own caches, padded) and
 #: on the shared static cache of one sequence per request (``Drafter.batched``)
 BATCHED_PASSES = {
-    "ar": (ARDrafter, "_draft_together", "_draft_shared"),
+    "ar": (CausalRunner, "together", "last"),
     "eagle3": (Eagle3Runner, "together", "shared"),
     "dflash": (DFlashRunner, "together", "shared"),
 }
@@ -472,8 +473,8 @@ def test_batched_sampling_matches_the_target_distribution_per_request(models, na
     if kind in BATCHED_PASSES:
         cls, eager_pass, shared_pass = BATCHED_PASSES[kind]
         batched_pass = getattr(cls, shared_pass if static else eager_pass)
-        if cls in (DFlashRunner, Eagle3Runner):  # the runners' passes: methods over the requests' passes
-            spy = lambda runner, passes: together.append(len(passes)) or batched_pass(runner, passes)  # noqa: E731
+        if cls in (DFlashRunner, Eagle3Runner, CausalRunner):  # the runners' passes: methods over the requests'
+            spy = lambda runner, passes, *a: together.append(len(passes)) or batched_pass(runner, passes, *a)  # noqa: E731
         else:
             spy = staticmethod(lambda drafters, *a: together.append(len(drafters)) or batched_pass(drafters, *a))
         monkeypatch.setattr(cls, shared_pass if static else eager_pass, spy)
@@ -558,10 +559,10 @@ def test_sampling_requests_draft_on_the_shared_static_cache_and_give_it_back(tar
             sampling=SamplingConfig(temperature=1.0),
         )  # fmt: skip
         outputs.append([out.results[i].output_ids.tolist() for i in range(5)])
-        shared = leads[-1]._shared
+        shared = leads[-1].runner.sequences
         assert sorted(shared.free) == [0, 1] and min(shared.lengths) > 0  # both sequences drafted on, freed
         assert sum(len(r.rounds) for r in out.results.values()) > 5
-    assert len(leads) == 2 and leads[0]._shared.static is leads[1]._shared.static  # built once per batch size
+    assert len(leads) == 2 and leads[0].runner.sequences.static is leads[1].runner.sequences.static  # built once per batch size
     assert outputs[0] == outputs[1]
 
 

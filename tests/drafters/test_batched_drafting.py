@@ -412,11 +412,21 @@ def test_ar_draft_many_sampling_gives_each_token_its_own_q_row(rt, shared, monke
     else:
         requests = _ar_requests(model, rt, prompts, sampling)
     calls = []  # the counts of every multi-request padded pass
-    passes = "_draft_shared" if shared else "_draft_together"
-    batched_pass = getattr(ARDrafter, passes)
-    monkeypatch.setattr(
-        ARDrafter, passes, staticmethod(lambda ds, counts: calls.append(list(counts)) or batched_pass(ds, counts))
-    )
+    if shared:  # the drafting steps over the requests, on the shared static cache
+        steps = ARDrafter._steps
+        monkeypatch.setattr(
+            ARDrafter, "_steps", staticmethod(lambda ds, counts: calls.append(list(counts)) or steps(ds, counts))
+        )
+    else:  # the runner's padded passes
+        from specpolicy.runners.causal import CausalRunner
+
+        together = CausalRunner.together
+        monkeypatch.setattr(
+            CausalRunner,
+            "together",
+            lambda runner, seqs, first, counts, choose: calls.append(list(counts))
+            or together(runner, seqs, first, counts, choose),
+        )
     committed = [p.clone() for p in prompts]
     g = torch.Generator().manual_seed(8)
     rt.generator.manual_seed(5)

@@ -755,7 +755,7 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         batched = generate_batch(prompts, static, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
         assert isinstance(static.batched(slots=4), StaticBatchedHFVerifier)
         if kind in ("eagle3", "ar"):  # the run's shared sequences: used, and every one given back
-            shared = leads[-1]._shared
+            shared = _shared_of(leads[-1])
             assert isinstance(shared.static, StaticEagle3 if kind == "eagle3" else StaticDecoder)
             assert shared.static.rows == 4
             assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) > 0
@@ -784,8 +784,13 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
         )  # fmt: skip
         draws.append([out.results[i].output_ids.tolist() for i in range(10)])
         if kind != "vanilla" and verifier is static:  # the sampling requests drafted on the shared sequence
-            assert leads[-1]._shared is not None and leads[-1]._shared.lengths[0] > 0
+            assert _shared_of(leads[-1]) is not None and _shared_of(leads[-1]).lengths[0] > 0
     assert draws[0] == draws[1]
+
+
+def _shared_of(lead):
+    """A batched run's shared sequences of a drafter's static cache (the AR drafter's: its runner's)."""
+    return lead.runner.sequences if hasattr(lead, "runner") and hasattr(lead.runner, "sequences") else lead._shared
 
 
 @pytest.mark.slow
@@ -845,7 +850,7 @@ def test_the_batched_loop_compiled_drafts_as_alone(two_buckets, eagle3_checkpoin
         graphs = counters["stats"]["unique_graphs"]
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
         assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
-        batch = lead._shared.static
+        batch = _shared_of(lead).static
         assert batch.compiled and batch.buckets == (8,) and batch.warmup_s > 0 and rt.warmup_s > warm
         runs.append([out.results[i] for i in range(6)])
     for eager, compiled in zip(*runs):
