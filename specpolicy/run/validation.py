@@ -301,6 +301,7 @@ def _config_json(model: str) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, dict) else None
 
+
 def _check_acceptance(config: Mapping[str, Any]) -> None:
     """``policy.acceptance=head``: a head for the drafter, runnable here (nothing loaded;
     ``specpolicy.models.acceptance_head.check_acceptance_config``)."""

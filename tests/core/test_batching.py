@@ -188,7 +188,9 @@ def test_draft_reuse_extends_each_request_from_its_own_rejected_tail_as_alone(ta
         padded.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(owner, name, spy if owner in (fastdllm_module, Eagle3Runner, CausalRunner) else staticmethod(spy))
+    monkeypatch.setattr(
+        owner, name, spy if owner in (fastdllm_module, Eagle3Runner, CausalRunner) else staticmethod(spy)
+    )
     batched = generate_batch(
         prompts,
         verifier,
@@ -562,7 +564,9 @@ def test_sampling_requests_draft_on_the_shared_static_cache_and_give_it_back(tar
         shared = leads[-1].runner.sequences
         assert sorted(shared.free) == [0, 1] and min(shared.lengths) > 0  # both sequences drafted on, freed
         assert sum(len(r.rounds) for r in out.results.values()) > 5
-    assert len(leads) == 2 and leads[0].runner.sequences.static is leads[1].runner.sequences.static  # built once per batch size
+    assert (
+        len(leads) == 2 and leads[0].runner.sequences.static is leads[1].runner.sequences.static
+    )  # built once per batch size
     assert outputs[0] == outputs[1]
 
 

@@ -424,8 +424,9 @@ def test_ar_draft_many_sampling_gives_each_token_its_own_q_row(rt, shared, monke
         monkeypatch.setattr(
             CausalRunner,
             "together",
-            lambda runner, seqs, first, counts, choose: calls.append(list(counts))
-            or together(runner, seqs, first, counts, choose),
+            lambda runner, seqs, first, counts, choose: (
+                calls.append(list(counts)) or together(runner, seqs, first, counts, choose)
+            ),
         )
     committed = [p.clone() for p in prompts]
     g = torch.Generator().manual_seed(8)
