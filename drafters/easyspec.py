@@ -126,12 +126,32 @@ class EasySpecDrafter(ARDrafter):
         self._head_dim = attn.head_dim
         self._exact_length = 0  # cache length after the round's exact first pass
 
+    @torch.no_grad()
+    def draft(self, num_tokens: int) -> Draft:
+        """Extend the round's draft by ``num_tokens`` tokens, one pass each (``_next_logits``): the
+        AR drafter's choice of each token (``ARDrafter._choose_rows``: greedy, or a draw from
+        ``warp`` when sampling) on this drafter's passes.
+
+        Raises:
+            ValueError: ``num_tokens`` < 1.
+        """
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        for _ in range(num_tokens):
+            token, conf, q = ARDrafter._choose_rows([self], self._next_logits()[None])
+            self._tokens.append(token)
+            self._confs.append(conf)
+            if q[0] is not None:
+                self._probs.append(q[0])
+            self._passes += 1
+        return self._round_draft()
+
     def _next_logits(self) -> torch.Tensor:
-        """The round's first pass exact (over the committed tokens not yet fed: bonus calibration),
-        every later one layer-parallel; returns the next token's ``(V,)`` logits."""
+        """The round's first pass exact (over the committed tokens not yet fed: bonus calibration,
+        ``CausalRunner.last``), every later one layer-parallel; returns the next token's ``(V,)`` logits."""
         if self._tokens:
             return self._parallel_pass(self._tokens[-1], self.cache.get_seq_length())
-        logits = super()._next_logits()
+        logits = self.runner.last([self.sequence], [self._unfed])[0][0]
         self._unfed = self._unfed[:0]
         self._exact_length = self.cache.get_seq_length()
         return logits

@@ -316,9 +316,11 @@ def load_prompts(path: str, tokenizer, offset: int, count: int) -> list[torch.Te
 def drafter_config(name: str, overrides: list[str]) -> dict[str, Any]:
     """The drafter's config node: ``conf/drafter/<name>.yaml`` (when the package has one) with
     ``KEY=VALUE`` overrides (values parsed as YAML)."""
+    from importlib import resources
+
     import yaml
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "drafter" / f"{name}.yaml"
+    conf = resources.files("specpolicy.conf") / "drafter" / f"{name}.yaml"
     node: dict[str, Any] = {"name": name}
     if conf.is_file():
         node.update(yaml.safe_load(conf.read_text()) or {})

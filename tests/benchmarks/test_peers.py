@@ -4,8 +4,10 @@ checked against vanilla greedy, and lands in the JSON, the table and the per-met
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import load_benchmark
 from specpolicy.analysis.docs_pages import peers_columns
@@ -31,10 +33,30 @@ def _peers():
     return load_benchmark("peers")
 
 
+def _with_random_heads(family: dict[str, Path], directory: Path) -> dict[str, Path]:
+    """A copy of the tiny family whose AR, EAGLE-3 and DFlash drafters each hold a randomly initialised
+    acceptance head (``<drafter>/acceptance-head``): the ``*-head`` presets of ``DEFAULT_METHODS`` run
+    on them (lossless whatever the head predicts)."""
+    import shutil
+
+    from specpolicy.models.acceptance_head import AcceptancePredictionHead, save_head
+
+    fam = dict(family)
+    for key, name in (("drafter", "ar"), ("eagle3", "eagle3"), ("dflash", "dflash")):
+        copy = directory / key
+        shutil.copytree(family[key], copy, symlinks=True)
+        hidden = json.loads((copy / "config.json").read_text())["hidden_size"]
+        torch.manual_seed(0)
+        head = AcceptancePredictionHead(hidden, 3, {"drafter": name, "drafter_hidden_size": hidden})
+        save_head(head, copy / "acceptance-head")
+        fam[key] = copy
+    return fam
+
+
 @pytest.fixture(scope="module")
 def quick_run(family, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("peers")
-    fam = family
+    fam = _with_random_heads(family, tmp / "family")
     out = tmp / "out" / "results.json"
     results = _peers().main(
         [

@@ -45,6 +45,9 @@ TIMING_KEYS = {
     "measured",
     "timing_conditions",
     "peak_memory",
+    "host_ms",
+    "host_ms_per_round",
+    "host_step_share",
 }
 
 
