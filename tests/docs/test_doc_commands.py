@@ -715,48 +715,65 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
-#: the shortened ``benchmarks/runtime.py`` runs of this process: what they ran (their arguments
-#: but ``--no-hf``) -> (where the command is shown, whether it ran Hugging Face's rows)
-_RUNTIME_RUNS: dict[tuple[str, ...], tuple[str, bool]] = {}
+#: the shortened ``benchmarks/runtime.py`` runs of this process: where each command is shown, and
+#: what its run ran (``_what_runs``)
+_RUNTIME_RUNS: list[tuple[str, dict]] = []
+#: runtime.py's flags that change nothing a shortened run runs or checks (the deadline is read
+#: before the second prompt only: a one-prompt run never reaches it)
+_INERT = ("out", "note", "deadline_s")
+
+
+def _what_runs(args: list[str]) -> dict:
+    """What a shortened ``benchmarks/runtime.py`` run with ``args`` runs here, from the script's own
+    parser: its settings, with the methods (``specs``), HF's rows (``hf``), the sampled and the
+    eager-copies batched rows as what a later run can be a part of. Without CUDA, ``--device auto``
+    is the CPU, ``--dtype auto`` float32 (the CPU's) and ``--cuda-modes`` is dropped (the CPU builds
+    one compiled side)."""
+    parsed = vars(load_benchmark("runtime").parse_args(args))
+    what = {key: value for key, value in parsed.items() if key not in (*_INERT, "method", "methods", "no_hf")}
+    what["specs"] = {spec.given for spec in parsed["specs"]}
+    what["hf"] = not parsed["no_hf"]
+    if not torch.cuda.is_available():
+        what["device"] = "cpu" if what["device"] == "auto" else what["device"]
+        what["dtype"] = "float32" if what["dtype"] == "auto" else what["dtype"]
+        del what["cuda_modes"]
+    return what
+
+
+def _covers(earlier: dict, later: dict) -> bool:
+    """Whether the earlier run ran everything the later one runs: the same settings, the later's
+    methods among the earlier's, HF's, sampled and eager-copies rows only where the earlier ran them."""
+    parts = ("specs", "hf", "batch_temperature", "batch_copies")
+    same = all(earlier[key] == later[key] for key in later if key not in parts)
+    return (
+        same
+        and later["specs"] <= earlier["specs"]
+        and earlier["hf"] >= later["hf"]
+        and earlier["batch_copies"] >= later["batch_copies"]
+        and later["batch_temperature"] in (0.0, earlier["batch_temperature"])
+    )
 
 
 def _runtime_bench(command: Command, h: Harness) -> None:
-    """``benchmarks/runtime.py`` shortened: 1 prompt, 8 tokens, two buckets, the tiny family. A
-    command whose shortened run this process already made -- the same command shown again with
-    another ``--out``; on a machine without CUDA a GPU command differing from an earlier one only in
-    ``--cuda-modes`` (one compiled side on the CPU) or in leaving out Hugging Face's rows
-    (``--no-hf``) -- is not run twice."""
+    """``benchmarks/runtime.py`` shortened: 1 prompt, 8 tokens, two buckets, one run of each batched
+    row, the tiny family. A command whose shortened run an earlier one of this process already made
+    (``_covers``) -- the same command shown again with another ``--out``; on a machine without CUDA a
+    GPU command that runs, there, a part of an earlier command's run (some of its methods, without
+    Hugging Face's rows, at float32, the CPU's default) -- is not run again: its arguments are
+    parsed by the script's parser, and it is skipped."""
     out = h.cwd / "runtime.json"
     args = _args(command, "python benchmarks/runtime.py")
-    if "--out" in args:  # the page's own output path, replaced by a scratch one
-        i = args.index("--out")
-        del args[i : i + 2]
     if "--device" in args and not torch.cuda.is_available():  # a GPU row's command, its flags checked on the CPU
         args[args.index("--device") + 1] = "cpu"
-    ran = [a for a in args if a != "--no-hf"]
-    if "--cuda-modes" in ran and not torch.cuda.is_available():  # the CPU builds one compiled side whatever the modes
-        i = ran.index("--cuda-modes")
-        del ran[i : i + 2]
-    hf = "--no-hf" not in args
-    earlier = _RUNTIME_RUNS.get(tuple(ran))
-    if earlier is not None and (earlier[1] or not hf):
-        pytest.skip(f"the same run as {earlier[0]} on this machine, checked there")
-    _RUNTIME_RUNS[tuple(ran)] = (command.where, hf)
+    # 1 prompt, 8 tokens, 2 buckets; one run of each batched row (the runs repeat for the timing only)
+    shortened = ["--num-prompts", "1", "--max-new-tokens", "8", "--buckets", "1,8", "--batch-repeats", "1"]
+    what = _what_runs([*args, *shortened])
+    earlier = next((where for where, ran in _RUNTIME_RUNS if _covers(ran, what)), None)
+    if earlier is not None:
+        pytest.skip(f"runs a part of the run of {earlier} on this machine, checked there")
+    _RUNTIME_RUNS.append((command.where, what))
     # --buckets: the runtime.buckets of the benchmark's runtimes (CompileSettings), no module state to restore
-    load_benchmark("runtime").main(
-        [
-            *args,
-            "--num-prompts",
-            "1",
-            "--max-new-tokens",
-            "8",
-            "--buckets",
-            "1,8",
-            "--out",
-            str(out),
-            *tiny_models(h.world),
-        ]
-    )
+    load_benchmark("runtime").main([*args, *shortened, "--out", str(out), *tiny_models(h.world)])
     result = json.loads(out.read_text())
     assert result["rows"]["vanilla@compiled"]["identical"]
     batched = result["batched"]
