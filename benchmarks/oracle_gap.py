@@ -1,7 +1,10 @@
 """Where a length policy's gap to the exact oracle comes from, clock-free (MODELED with a profile's costs).
 
-    python benchmarks/oracle_gap.py --drafters ar eagle3 dflash --offset 100 --num-prompts 8 \\
-        --max-new-tokens 128 --profile a6000-qwen7b --out benchmarks/results/oracle-gap-qwen7b.json
+    python benchmarks/oracle_gap.py --drafters ar --cap 20 --tune --check-real ar+goodput-head-a6000-qwen7b \\
+        --cache /tmp/traces --out ar.json          # eagle3 and dflash: --cap 32
+
+(defaults: held-out GSM8K test rows 100-107, calibration gsm8k-train rows 500-507, 128 tokens,
+a6000-qwen7b; ``benchmarks/results/oracle-gap-a6000-qwen7b.json`` holds the three drafters' runs).
 
 For each drafter: the target's greedy outputs on the prompts, the drafter's proposal recorded at
 every committed prefix (``specpolicy.analysis.policy_replay.collect_traces``: up to ``--cap`` tokens,
