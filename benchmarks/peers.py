@@ -195,6 +195,9 @@ DEFAULT_METHODS = (
     "ar+goodput-a6000-qwen32b",
     "dflash+goodput-a6000-qwen32b",
     "eagle3+goodput-a6000-qwen32b",
+    "ar+goodput-head-a6000-qwen7b",
+    "eagle3+specdecpp-head-a6000-qwen7b",
+    "dflash+goodput-head-a6000-qwen7b",
 )
 
 

@@ -17,6 +17,7 @@ from specpolicy.core.errors import ConfigError
 #: Bundled sets: ``dataset.name`` -> (file inside specpolicy/data, text field).
 BUNDLED = {
     "gsm8k": ("gsm8k/test.jsonl", "question"),
+    "gsm8k-train": ("gsm8k/train.jsonl", "question"),  # training prompts (acceptance heads), never a benchmark's
     "math500": ("math500/test.jsonl", "problem"),
     "aime24": ("aime24/test.jsonl", "problem"),
     "humaneval": ("humaneval/HumanEval.jsonl.gz", "prompt"),
@@ -228,7 +229,7 @@ def load_prompts(name: str, path: str | None = None, num_prompts: int | None = N
     """Load a prompt set.
 
     Args:
-        name: a bundled set (gsm8k, math500, aime24, humaneval), or any label when ``path`` is given.
+        name: a bundled set (gsm8k, gsm8k-train, math500, aime24, humaneval), or any label when ``path`` is given.
         path: a JSONL file (optionally .gz) overriding the bundled data; each row needs one of
             the fields ``prompt``, ``question``, ``problem``, ``text`` (the first one present is
             used, row by row) and may carry ``id``.

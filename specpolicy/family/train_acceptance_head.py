@@ -10,8 +10,8 @@ weight, the token-mixing ratio r = 0.15, ``wrap_model.py``: the head).
 
 Data, through the ``Drafter`` interface only (so it works for any drafter): the real decoding loop
 (``specpolicy.core.decoding.generate``) runs the drafter against the target, greedily, on TRAINING
-prompts (by default the GSM8K train split the family was distilled on, never the held-out test
-prompts the benchmarks use). The committed sequence is then the target's own greedy continuation
+prompts (by default ``gsm8k-train``, the GSM8K train questions bundled in ``specpolicy.data``: the
+split the family was distilled on, never the held-out test prompts the benchmarks use). The committed sequence is then the target's own greedy continuation
 (the family's distillation, as SpecDec++'s prefixes are the target's continuations). The length
 policy ``MixingLengths`` drafts up to ``max_draft`` tokens a round and, at each position, stops with
 probability r: that position's token then comes from the target (the round's correction or bonus
@@ -53,8 +53,9 @@ import torch
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 
-#: Default training prompts: the GSM8K train split the bundled family was distilled on.
-DEFAULT_PROMPTS = "/work/shared/data/gsm8k/train.jsonl"
+#: Default training prompts: the bundled GSM8K train questions (``specpolicy.data``, ``gsm8k-train``: the
+#: first 1000 rows of the split the bundled family was distilled on, never the benchmarks' test prompts).
+DEFAULT_PROMPTS = "gsm8k-train"
 #: SpecDec++'s settings (README, ``train.py``): mixing ratio, mismatch weight, residual blocks.
 MIXING_RATIO, MISMATCH_WEIGHT, NUM_LAYERS = 0.15, 6.0, 3
 ECE_BINS = 15
@@ -297,20 +298,36 @@ def _stack(rows: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.cat([r[i] for r in rows]) for i in range(3))  # type: ignore[return-value]
 
 
-def load_prompts(path: str, tokenizer, offset: int, count: int) -> list[torch.Tensor]:
-    """``count`` prompts from row ``offset`` of a JSONL file (a ``question``, ``prompt``, ``problem``
-    or ``text`` field per row), chat template applied, as ``(P,) int64``."""
-    from specpolicy.family.tokenizer import encode_prompt
+def read_prompts(source: str, offset: int, count: int) -> list:
+    """``count`` prompts (``specpolicy.data.datasets.Prompt``) from row ``offset`` of ``source``: a
+    bundled prompt set's name (``specpolicy.data.datasets.BUNDLED``; ``gsm8k-train`` by default) or a
+    JSONL file (a ``prompt``, ``question``, ``problem`` or ``text`` field per row), read by
+    ``specpolicy.data.datasets.load_prompts`` (no model needed).
 
-    out = []
-    with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    for row in rows[offset : offset + count]:
-        text = next((row[k] for k in ("question", "prompt", "problem", "text") if isinstance(row.get(k), str)), None)
-        if text is None:
-            raise ValueError(f"--prompts {path}: a row has no 'question', 'prompt', 'problem' or 'text' field")
-        out.append(torch.tensor(encode_prompt(tokenizer, text), dtype=torch.long))
-    return out
+    Raises:
+        ValueError: one line naming ``--prompts``, ``--prompt-offset`` or ``--num-prompts`` (a missing
+            file, a bad row, an offset past the last row).
+    """
+    from specpolicy.data.datasets import BUNDLED, load_prompts as load_set
+
+    path = None if source in BUNDLED else source
+    try:
+        return load_set(source if path is None else "prompts", path, count, offset)
+    except ValueError as exc:
+        message = str(exc)
+        for key, flag in (
+            ("dataset.path", "--prompts"),
+            ("dataset.name", "--prompts"),
+            ("dataset.offset", "--prompt-offset"),
+            ("dataset.num_prompts", "--num-prompts"),
+        ):
+            message = message.replace(key, flag)
+        raise ValueError(message) from None
+
+
+def load_prompts(source: str, tokenizer, offset: int, count: int) -> list[torch.Tensor]:
+    """``read_prompts``'s prompts through ``tokenizer``'s chat template, as ``(P,) int64``."""
+    return [p.token_ids(tokenizer) for p in read_prompts(source, offset, count)]
 
 
 def drafter_config(name: str, overrides: list[str]) -> dict[str, Any]:
@@ -349,7 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafter", required=True, help="drafter name (ar, eagle3, dflash, dart, falcon, or a plugin's)")
     ap.add_argument("--target", default="target", help="the target: bundled name or local directory")
     ap.add_argument(
-        "--prompts", default=DEFAULT_PROMPTS, help="JSONL training prompts (never the benchmarks' test set)"
+        "--prompts",
+        default=DEFAULT_PROMPTS,
+        help="training prompts: a bundled set's name (default gsm8k-train: GSM8K train questions bundled in "
+        "specpolicy/data) or a JSONL file; never the benchmarks' test set",
     )
     ap.add_argument("--prompt-offset", type=int, default=0, help="first prompt row used")
     ap.add_argument("--num-prompts", type=int, default=200)
@@ -393,8 +413,14 @@ def check_args(a: argparse.Namespace) -> None:
     for flag, ok, accepted in checks:
         if not ok:
             raise SystemExit(f"{flag}={getattr(a, flag[2:].replace('-', '_'))!r} must be {accepted}")
-    if not Path(a.prompts).is_file():
-        raise SystemExit(f"--prompts {a.prompts!r} is not a file")
+    from specpolicy.data.datasets import BUNDLED
+
+    if a.prompts not in BUNDLED and not Path(a.prompts).is_file():
+        raise SystemExit(f"--prompts {a.prompts!r} is neither a bundled prompt set ({', '.join(BUNDLED)}) nor a file")
+    try:
+        read_prompts(a.prompts, a.prompt_offset, a.num_prompts)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def run(a: argparse.Namespace) -> dict:

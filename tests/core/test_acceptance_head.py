@@ -370,6 +370,9 @@ HEAD_PRESETS = (
     "dflash+specdecpp-head",
     "dflash+specdecpp-head-tuned",
     "dflash+failfast-head",
+    "ar+goodput-head-a6000-qwen7b",
+    "eagle3+specdecpp-head-a6000-qwen7b",
+    "dflash+goodput-head-a6000-qwen7b",
 )
 
 

@@ -55,3 +55,23 @@ def test_tiny_training_writes_a_head_the_run_loads(tmp_path):
     )
     assert again["tokens"] == log["tokens"]  # the cached rollout, the same seeded split
     assert again["held_out_calibration"]["head"] == pytest.approx(calibration["head"])
+
+
+def test_default_prompts_are_the_bundled_gsm8k_train_questions(tmp_path):
+    from specpolicy.family.train_acceptance_head import DEFAULT_PROMPTS, build_parser, read_prompts
+
+    assert build_parser().parse_args(["--drafter", "ar", "--out", "x"]).prompts == DEFAULT_PROMPTS == "gsm8k-train"
+    prompts = read_prompts(DEFAULT_PROMPTS, 0, 2)  # resolved by specpolicy.data: no machine-specific path
+    assert len(prompts) == 2 and prompts[0].text.startswith("Natalia sold clips")
+    test_rows = {p.text for p in read_prompts("gsm8k", 0, 1000)}
+    assert not test_rows & {p.text for p in read_prompts(DEFAULT_PROMPTS, 0, 1000)}  # never a benchmark's prompt
+    assert read_prompts(str(_prompts(tmp_path)), 1, 1)[0].text.startswith("A train")  # a JSONL file still works
+
+
+def test_bad_prompts_are_one_line_before_any_model_loads(tmp_path):
+    with pytest.raises(
+        SystemExit, match=r"^--prompts 'nowhere.jsonl' is neither a bundled prompt set \(.*gsm8k-train.*\) nor a file$"
+    ):
+        main(["acceptance-head", "--drafter", "ar", "--prompts", "nowhere.jsonl", "--out", str(tmp_path / "h")])
+    with pytest.raises(SystemExit, match=r"^--prompt-offset=5000 is past the last prompt of --prompts='gsm8k-train'"):
+        main(["acceptance-head", "--drafter", "ar", "--prompt-offset", "5000", "--out", str(tmp_path / "h")])
