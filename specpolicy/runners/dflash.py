@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from specpolicy.core.runtime import CompileSettings, Runtime
+from specpolicy.models.dflash import DFlashDraftModel
 from specpolicy.models.kv import KVCache
 from specpolicy.runners.sequences import SequencesRunner, SharedLength, SharedSequences
 from specpolicy.runners.static import StaticPasses, _rotate_half
@@ -197,7 +198,7 @@ class BlockPass:
 
     ids: torch.Tensor
     context: torch.Tensor | None
-    sequence: KVCache | SharedLength
+    sequence: KVCache | SharedLength | None
 
     @property
     def cache(self) -> KVCache | None:
@@ -242,7 +243,7 @@ class DFlashRunner(SequencesRunner):
     """
 
     def __init__(
-        self, model: torch.nn.Module, embed_tokens: torch.nn.Module, runtime: Runtime, max_context: int = 0
+        self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, runtime: Runtime, max_context: int = 0
     ) -> None:
         self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
         self.dtype, self.mask_token_id = runtime.torch_dtype, model.spec.mask_token_id

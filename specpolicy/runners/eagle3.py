@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -284,7 +285,7 @@ class HeadPass:
 
     tokens: torch.Tensor
     hidden: torch.Tensor
-    cache: KVCache | StaticLength | SharedLength
+    cache: Any  # KVCache | StaticLength | SharedLength
 
     @property
     def static(self) -> StaticEagle3 | None:
@@ -343,7 +344,7 @@ class Eagle3Runner(SequencesRunner):
         """
         if self.sequences is not None:
             return SharedLength(self.sequences, self.sequences.take())
-        return KVCache(1) if self.static is None else StaticLength(self.static)
+        return KVCache(1) if self.static is None else StaticLength(cast(StaticEagle3, self.static))
 
     def outputs(
         self, p: HeadPass, positions: torch.Tensor | None = None, attend: torch.Tensor | None = None

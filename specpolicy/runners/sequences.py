@@ -160,7 +160,7 @@ class SharedSequencesDrafter:
     ``cache``.
     """
 
-    runner: SequencesRunner
+    runner: Any  # a SequencesRunner (``Eagle3Runner``, ``DFlashRunner``)
     cache: Any
 
     @property
