@@ -427,11 +427,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mean_accepted_length": s["accepted"] / s["rounds"] if s["rounds"] else None,
             "first_prompt_s": first_s[name],
         }
-    # the drafters' batched static caches (Drafter.batched), compiled for the batch size with the batched rows
-    batched_caches = [
-        getattr(compiled.drafters.get(d), "_static_batched", {}).get(args.batch_size)
-        for d in {s.drafter for s in args.specs}
-    ]
+    # the drafters' batched static caches (Drafter.batched: their runners' ``batched``), compiled for the
+    # batch size with the batched rows
+    runners = [getattr(compiled.drafters.get(d), "runner", None) for d in {s.drafter for s in args.specs}]
+    batched_caches = [r.batched_cache(args.batch_size) for r in runners if hasattr(r, "batched_cache")]
     batched_drafter_s = sum(c.warmup_s for c in batched_caches if c is not None)
     return {
         "settings": {

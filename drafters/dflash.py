@@ -71,7 +71,7 @@ from specpolicy.models.loading import resolve_model_path
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.dflash import BATCH_POSITIONS as BATCH_POSITIONS, BlockPass, DFlashRunner
-from specpolicy.runners.sequences import SharedSequences, SharedSequencesDrafter
+from specpolicy.runners.sequences import SharedLength, SharedSequencesDrafter
 
 NAME = "dflash"
 CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
@@ -100,12 +100,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     Raises:
         ValueError: for an ``extension`` not in ``EXTENSIONS``.
 
-    On the compiled runtime (``runtime.compile``) each pass runs through a static cache of the
-    context compiled per shape bucket (``specpolicy.runners.dflash.StaticDFlash``: the newly
-    committed positions' keys and values and the block in one pass; compile seconds added to
+    How a pass runs is the runner's (``specpolicy.runners.dflash.DFlashRunner``), which builds the
+    static caches: on the compiled runtime (``runtime.compile``) each pass runs through a static
+    cache of the context compiled per shape bucket (``StaticDFlash``: the newly committed
+    positions' keys and values and the block in one pass; compile seconds added to
     ``runtime.warmup_s``). In the batched loop (``batched``) the requests, greedy or sampling, draft
-    on a static cache of one context sequence per request, compiled (``StaticDFlash`` of several sequences): one pass for
-    every request that drafts at each step.
+    on a static cache of one context sequence per request, compiled (``StaticDFlash`` of several
+    sequences, ``DFlashRunner.batched``): one pass for every request that drafts at each step.
     """
 
     name = NAME
@@ -125,7 +126,6 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             raise ValueError(f"drafter.extension must be one of {', '.join(EXTENSIONS)}, got {extension!r}")
         self.extension = extension
         self.model, self.embed_tokens, self.lm_head, self.runtime = model, embed_tokens, lm_head, runtime
-        model.fuse()  # the stacked projections and RoPE table of its one-request pass (``draft_pass``)
         self.vocab_size = int(lm_head.weight.shape[0])
         #: (Vd,) int64 target id of every draft id, or None (the whole vocabulary)
         self._target_of_draft = model.draft_to_target()
@@ -141,22 +141,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._recent = torch.empty(0, dtype=torch.long, device=device)
         #: (<= NGRAM_HISTORY,) int64: the last committed tokens before the pending one (``ngram_context``)
         self._history = torch.empty(0, dtype=torch.long, device=device)
-        self.cache: KVCache | None = None
+        #: the request's context cache (``DFlashRunner.open``: a ``KVCache``, or its sequence of a static cache)
+        self.cache: KVCache | SharedLength | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
         self._sampling: SamplingConfig | None = None
         #: how the pass runs: eager, or on a static cache (one sequence; a batched run's shared ones)
-        self.runner = DFlashRunner(model, embed_tokens, runtime.torch_dtype, model.spec.mask_token_id)
-        self.static = None  # the compiled runtime's StaticDFlash of one sequence, else None
-        self._own: SharedSequences | None = None  # its one sequence, while a prompt runs on it
-        self._no_shared_sequences()  # the batched loop's StaticDFlash of several sequences (``batched``)
-        if runtime.compile:
-            from specpolicy.runners.dflash import StaticDFlash
-
-            # the verifier's context bounds what is cached; a block's positions may pass its end
-            context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            self.static = StaticDFlash(model, context + self.block_size, compile=True, settings=runtime.compiled)
-            runtime.warmup_s += self.static.warmup()
+        self.runner = DFlashRunner(model, embed_tokens, runtime, max_context)
 
     @property
     def timed_calls(self) -> tuple:
@@ -196,25 +187,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             ValueError: for an empty prompt, missing features, or features of the wrong shape.
         """
         check_prompt_features(prompt_ids, features, "the dflash drafter")
-        self._take_sequence()  # a batched run's request
-        self.cache = KVCache(len(self.model.layers))
-        self._own = None
-        if self.static is not None and self._slot is None:  # compiled, batch 1: the cache's one sequence
-            self._own = SharedSequences(self.static)
-            self._own.take()
+        self._open()  # the request's context cache on the runner (a batched run's: a sequence of the shared cache)
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
         self._recent, self._history = self._recent[:0], self._history[:0]
         self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
-
-    def _batched_static(self, slots: int):
-        """The batched loop's static cache of ``slots`` context sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.runners.dflash import StaticDFlash
-
-        settings = self.runtime.compiled
-        return StaticDFlash(self.model, self.static.capacity, self.static.compiled, rows=slots, settings=settings)
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -238,13 +217,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
 
     def _block_pass(self) -> BlockPass:
         """This request's part of the next pass: its block ``[pending, drafted so far, MASK x (B - 1)]``,
-        its newly committed positions' features, and where its context is cached (its ``KVCache``
-        eagerly; compiled, its sequence of the static cache: the batched run's shared one, or its own)."""
+        its newly committed positions' features, and where its context is cached (``DFlashRunner.open``:
+        its ``KVCache`` eagerly; compiled, its sequence of the static cache, a batched run's shared one or its own)."""
         ids = torch.cat([self._pending, self._tokens, self._masks])
-        if self._slot is not None:  # a request of a batched run on the shared static cache
-            return BlockPass(ids, self._context, self.cache, self._shared, self._slot)
-        if self._own is not None:  # the compiled runtime, batch 1: a static cache of one sequence
-            return BlockPass(ids, self._context, self.cache, self._own, 0)
         return BlockPass(ids, self._context, self.cache)
 
     @staticmethod
@@ -375,13 +350,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             ValueError: for a ``num_tokens`` entry < 1 (before any pass).
         """
         lead = drafters[0] if drafters else None
-        if len(drafters) > 1 and lead.path_search is None and all(d._slot is not None for d in drafters):
+        if len(drafters) > 1 and lead.path_search is None and all(d.runner.sequences is not None for d in drafters):
             return cls._draft_together(drafters, num_tokens)  # the shared static cache
         if (
             len(drafters) < 2
             or lead.path_search is not None
-            or lead.static is not None
-            or any(d._slot is not None for d in drafters)  # some on the shared cache: each its own pass
+            or lead.runner.static is not None
+            or any(d.runner.sequences is not None for d in drafters)  # some on the shared cache: each its own pass
             or any(
                 d.model is not lead.model
                 or d.embed_tokens is not lead.embed_tokens

@@ -65,13 +65,14 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         max_context: the verifier's context in tokens (0: the head's ``max_position_embeddings``),
             which sizes the compiled runtime's static cache.
 
-    On the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a tree's root
-    and levels -- run through a static KV cache compiled per shape bucket
-    (``specpolicy.runners.eagle3.StaticEagle3``, its compile seconds added to
-    ``runtime.warmup_s``; capacity: ``max_context`` + 128 tree nodes);
-    ``commit`` moves its length. In the batched loop (``batched``) the requests, greedy or sampling,
-    draft on a static cache of one sequence per request, compiled (``StaticEagle3`` of several sequences): one pass
-    for every request at each step.
+    How a pass runs is the runner's (``specpolicy.runners.eagle3.Eagle3Runner``), which builds the
+    static caches: on the compiled runtime (``runtime.compile``) the head's passes -- chain steps, a
+    tree's root and levels -- run through a static KV cache compiled per shape bucket
+    (``StaticEagle3``, its compile seconds added to ``runtime.warmup_s``; capacity: ``max_context``
+    + 128 tree nodes); ``commit`` moves its length. In the batched loop (``batched``) the requests,
+    greedy or sampling, draft on a static cache of one sequence per request, compiled
+    (``StaticEagle3`` of several sequences, ``Eagle3Runner.batched``): one pass for every request
+    at each step.
     """
 
     name = NAME
@@ -98,16 +99,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
-        self.runner = Eagle3Runner(model, embed_tokens)  # how a pass runs: eager, static, shared
-        self.static = None  # the compiled runtime's StaticEagle3, else None
-        self._no_shared_sequences()  # the batched loop's StaticEagle3 of several sequences (``batched``)
-        if runtime.compile:
-            from specpolicy.runners.eagle3 import StaticEagle3
-
-            context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-            # + a tree's nodes
-            self.static = StaticEagle3(model, embed_tokens, context + 128, compile=True, settings=runtime.compiled)
-            runtime.warmup_s += self.static.warmup()
+        #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
+        self.runner = Eagle3Runner(model, embed_tokens, runtime, max_context)
 
     @property
     def timed_calls(self) -> tuple:
@@ -140,22 +133,12 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """
         check_prompt_features(prompt_ids, features, "the eagle3 drafter")
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
-        shared = self._take_sequence()  # a batched run's request: a sequence of the shared cache
-        self.cache = self.runner.open(self.static, self._shared if shared else None, self._slot)
+        self._open()  # the request's cache on the runner (a batched run's: a sequence of the shared cache)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._waiting = []
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
-
-    def _batched_static(self, slots: int):
-        """The batched loop's static cache of ``slots`` sequences (``SharedSequencesDrafter.batched``)."""
-        from specpolicy.runners.eagle3 import StaticEagle3
-
-        capacity, settings = self.static.capacity, self.runtime.compiled
-        return StaticEagle3(
-            self.model, self.embed_tokens, capacity, self.static.compiled, rows=slots, settings=settings
-        )
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
@@ -170,11 +153,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     def _head_pass(self, tokens: torch.Tensor, hidden: torch.Tensor) -> HeadPass:
         """This request's part of the next pass: ``tokens`` ``(n,)`` with their features ``hidden``
-        ``(n, H)``, and where its cache is (a batched run's shared sequence, the compiled runtime's
-        static cache of one sequence, or its ``KVCache``)."""
-        if self._slot is not None:
-            return HeadPass(tokens, hidden, self.cache, rows=self._shared, slot=self._slot)
-        return HeadPass(tokens, hidden, self.cache, static=self.static)
+        ``(n, H)``, and its cache (``Eagle3Runner.open``: a batched run's shared sequence, the
+        compiled runtime's static cache of one sequence, or its ``KVCache``)."""
+        return HeadPass(tokens, hidden, self.cache)
 
     @staticmethod
     def _pass(drafters: list[Eagle3Drafter]) -> None:
@@ -305,9 +286,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         order (``choose_rows``: the same distributions, other draws than alone). Eager, a request
         with more than ``BATCH_POSITIONS`` newly committed pairs (a new prompt) runs that pass
         alone; compiled drafters without a shared cache draft one by one."""
-        if all(d._slot is not None for d in drafters):  # the shared static cache (``batched``)
+        if all(d.runner.sequences is not None for d in drafters):  # the shared static cache (``batched``)
             return cls._draft_in_steps(drafters, num_tokens)
-        if any(d.static is not None or d._slot is not None for d in drafters) or len(drafters) < 2:
+        if any(d.runner.static is not None or d.runner.sequences is not None for d in drafters) or len(drafters) < 2:
             return super().draft_many(drafters, num_tokens)
 
         def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length

@@ -50,7 +50,9 @@ class Drafter(ABC):
         weights, its own state once ``prefill`` replaces it. A compiled drafter's static cache
         (``static``: one per drafter, ``specpolicy.runners``) is not shared -- requests
         would overwrite each other's drafting state -- so the copy drafts eagerly, unless the
-        drafter it copies came from ``batched`` with a cache the requests share."""
+        drafter it copies came from ``batched`` with a cache the requests share. Here: a drafter that
+        holds its ``static`` itself; the built-in ones keep theirs in their runners
+        (``specpolicy.runners``) and give their copies an eager runner."""
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
         if clone.__dict__.get("static") is not None:  # an attribute of the compiled drafters only

@@ -5,7 +5,9 @@ runner executes that pass eagerly (the Hugging Face modules, a dynamic cache per
 compiled runtime's static KV cache (``runtime.compile=true``: ``torch.compile``, CUDA graphs on
 CUDA) and on the batched loop's shared static cache of one sequence per request -- batch 1 being
 ``R`` = 1 of the same forward. The compile settings are ``runtime.*`` config keys
-(``specpolicy.core.runtime.CompileSettings``).
+(``specpolicy.core.runtime.CompileSettings``). A runner builds its static caches (its constructor on
+the compiled runtime, ``batched(slots)`` for a batched run); a drafter's ``__init__`` only wires its
+models and its runner.
 
 - ``static``: the static KV cache every compiled model shares (``StaticPasses``): buckets,
   padding, chunks, masks, compilation.
@@ -16,8 +18,10 @@ CUDA) and on the batched loop's shared static cache of one sequence per request 
 - ``fastdllm``: ``FastDLLMRunner``, Fast-dLLM v2's block passes (unmasking, boundary, committed
   blocks) for the Fast-dLLM and DEER drafters: eager (one request; several padded into one pass) or
   on ``StaticQwen`` under a block-wise causal mask (one sequence, or one per request of a batched run).
-- ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``,
-  ``SharedSequencesDrafter``).
+- ``sequences``: a static cache's sequences shared by a run's requests (``SharedSequences``), the
+  static-cache side of the EAGLE-3 and DFlash runners (``SequencesRunner``: the batch-1 cache its
+  constructor builds on the compiled runtime, ``batched(slots)``'s, ``eager()``) and their
+  drafters' side of it (``SharedSequencesDrafter``).
 - ``causal``: ``CausalRunner``, a causal LM's passes over ``(R, n)`` positions, eager or compiled,
   one request or many (eager padded steps, draft-tree passes too): the runner the AR drafter and a
   third-party drafter code against (``docs/how-to/write-a-drafter-or-verifier.md``).

@@ -156,6 +156,11 @@ class CausalRunner:
             self._batched[slots] = runner
         return runner
 
+    def batched_cache(self, slots: int) -> StaticDecoder | None:
+        """The static cache ``batched(slots)`` built, if it did (benchmarks read its compile seconds)."""
+        runner = self._batched.get(slots)
+        return None if runner is None else runner.static
+
     def open(self) -> CausalSequence:
         """A new request's empty sequence.
 

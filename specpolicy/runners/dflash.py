@@ -1,6 +1,9 @@
 """How DFlash's pass runs (``DFlashRunner``): eager, or behind a static KV cache of its context
 (``StaticDFlash``: the compiled runtime's DFlash pass, one forward over ``R`` sequences), for one
-request or many (``specpolicy.models.dflash.DFlashDraftModel``; the drafter, ``drafters/dflash.py``)."""
+request or many (``specpolicy.models.dflash.DFlashDraftModel``; the drafter, ``drafters/dflash.py``).
+The runner builds the static caches, the drafter never does: its constructor the compiled
+runtime's (``runtime.compile=true``), ``batched(slots)`` a batched run's
+(``specpolicy.runners.sequences.SequencesRunner``)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from specpolicy.core.runtime import CompileSettings
+from specpolicy.core.runtime import CompileSettings, Runtime
+from specpolicy.models.dflash import DFlashDraftModel
 from specpolicy.models.kv import KVCache
-from specpolicy.runners.sequences import SharedSequences
+from specpolicy.runners.sequences import SequencesRunner, SharedLength, SharedSequences
 from specpolicy.runners.static import StaticPasses, _rotate_half
 
 
@@ -187,16 +191,29 @@ class BlockPass:
     Attributes:
         ids: ``(q,) int64`` the block ``[pending, drafted so far, MASK x (B - 1)]``.
         context: ``(u, F)`` the newly committed positions' target features, or None (none).
-        cache: eager: the request's ``KVCache`` of its context (appended to).
-        rows / slot: compiled: the ``SharedSequences`` of a ``StaticDFlash`` and the request's
-            sequence among them (one sequence: the batch-1 loop's), else None.
+        sequence: where the request's context is cached (``DFlashRunner.open``): eager, its
+            ``KVCache`` (appended to); on a static cache, a ``SharedLength``, its sequence of a
+            ``StaticDFlash`` (one sequence: the batch-1 loop's).
     """
 
     ids: torch.Tensor
     context: torch.Tensor | None
-    cache: KVCache | None = None
-    rows: SharedSequences | None = None
-    slot: int | None = None
+    sequence: KVCache | SharedLength | None
+
+    @property
+    def cache(self) -> KVCache | None:
+        """Eager: the request's ``KVCache``; else None."""
+        return self.sequence if isinstance(self.sequence, KVCache) else None
+
+    @property
+    def rows(self) -> SharedSequences | None:
+        """On a static cache: its ``SharedSequences``; else None."""
+        return self.sequence.rows if isinstance(self.sequence, SharedLength) else None
+
+    @property
+    def slot(self) -> int | None:
+        """On a static cache: the request's sequence among ``rows``; else None."""
+        return self.sequence.slot if isinstance(self.sequence, SharedLength) else None
 
     @property
     def new(self) -> int:
@@ -204,21 +221,53 @@ class BlockPass:
         return 0 if self.context is None else int(self.context.shape[0])
 
 
-class DFlashRunner:
+class DFlashRunner(SequencesRunner):
     """How DFlash's pass runs, for ``R`` requests at once: eager (``DFlashDraftModel``: one request
     by its fused ``draft_pass``; several in one padded forward, each row its own context and block)
     or on a ``StaticDFlash`` (compiled; one sequence per request, batch 1 the cache of one), as the
     requests' ``BlockPass`` say. Every path computes what ``DFlashDraftModel.forward`` computes over
     each request's own context; the drafter (``drafters/dflash.py``) states the algorithm once.
 
+    The runner prepares the network (``DFlashDraftModel.fuse``, for ``draft_pass``) and owns its
+    static caches (``SequencesRunner``): on the compiled runtime (``runtime.compile``) its
+    constructor builds and warms up the one of one sequence (``max_context`` + one block of
+    positions; compile seconds added to ``runtime.warmup_s``), ``batched(slots)`` a batched run's.
+
     Args:
-        model: the DFlash network. embed_tokens: the target's input embeddings.
-        dtype: the runtime's dtype (features are cast to it).
-        mask_token_id: the id padding an eager padded pass's blocks.
+        model: the DFlash network, eval mode (its ``spec``: block size, mask token).
+        embed_tokens: the target's input embeddings.
+        runtime: the run's runtime: its dtype (features are cast to it), ``compile`` and its
+            ``runtime.*`` settings.
+        max_context: the verifier's context in tokens (0: the network's ``max_position_embeddings``,
+            else 4096); the static cache holds it plus one block (a block's positions may pass its end).
     """
 
-    def __init__(self, model: torch.nn.Module, embed_tokens: torch.nn.Module, dtype: torch.dtype, mask_token_id: int):
-        self.model, self.embed_tokens, self.dtype, self.mask_token_id = model, embed_tokens, dtype, mask_token_id
+    def __init__(
+        self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, runtime: Runtime, max_context: int = 0
+    ) -> None:
+        self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
+        self.dtype, self.mask_token_id = runtime.torch_dtype, model.spec.mask_token_id
+        model.fuse()  # the stacked projections and RoPE table of its one-request pass (``draft_pass``)
+        context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+        self._start(context + model.spec.block_size)
+
+    def _build(self, capacity: int, rows: int, compile: bool) -> StaticDFlash:
+        """``StaticDFlash`` of ``rows`` context sequences of ``capacity`` positions (``runtime.compiled``)."""
+        return StaticDFlash(self.model, capacity, compile=compile, rows=rows, settings=self.runtime.compiled)
+
+    def open(self) -> KVCache | SharedLength:
+        """A new request's empty context cache: a sequence of a batched run's shared cache
+        (``batched``), the compiled runtime's static cache's one sequence, else a ``KVCache`` (eager).
+
+        Raises:
+            RuntimeError: a batched run's every sequence held (more requests than its batch size).
+        """
+        rows = self.sequences
+        if rows is None and self.static is not None:  # batch 1: the cache's one sequence
+            rows = SharedSequences(self.static)
+        if rows is not None:
+            return SharedLength(rows, rows.take())
+        return KVCache(len(self.model.layers))
 
     def run(self, passes: list[BlockPass]) -> list[torch.Tensor]:
         """One pass for every request in ``passes`` (all eager, or all on the same shared static

@@ -7,7 +7,9 @@ attention) and a greedy chain of several steps (``Eagle3Runner.chain``: on the c
 several drafting steps per graph, ``StaticEagle3.chain``, ``runtime.chain_steps``, the argmax and
 the feedback inside the graph) each run whichever cache the request drafts on: its ``KVCache``
 (eager), the compiled runtime's static cache of one sequence, or a batched run's shared one
-(``Eagle3Runner.open``).
+(``Eagle3Runner.open``). The runner builds those caches, the drafter never does: its constructor
+the compiled runtime's (``runtime.compile=true``), ``batched(slots)`` a batched run's
+(``specpolicy.runners.sequences.SequencesRunner``).
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 
-from specpolicy.core.runtime import CompileSettings
+from specpolicy.core.runtime import CompileSettings, Runtime
 from specpolicy.core.sampling import choose
 from specpolicy.models.kv import KVCache
-from specpolicy.runners.sequences import SharedSequences
+from specpolicy.runners.sequences import SequencesRunner, SharedLength, SharedSequences
 from specpolicy.runners.static import StaticPasses, _rotate_half, _row_attention, _row_linear
 
 
@@ -245,6 +247,10 @@ class StaticEagle3(StaticPasses):
 BATCH_POSITIONS = 16
 
 
+#: Positions the compiled runtime's static cache holds past the verifier's context: a draft tree's nodes.
+TREE_NODES = 128
+
+
 class StaticLength:
     """What the drafter asks of its cache (``length``, ``crop``) on a ``StaticEagle3`` of one
     sequence (the compiled runtime, batch 1): the static cache's length, emptied when opened."""
@@ -263,23 +269,6 @@ class StaticLength:
         self.static.length = min(self.static.length, length)
 
 
-class SharedLength:
-    """What the drafter asks of its cache (``length``, ``crop``) on one sequence ``slot`` of a batched
-    run's ``SharedSequences``."""
-
-    def __init__(self, rows: SharedSequences, slot: int) -> None:
-        self.rows, self.slot = rows, slot
-
-    @property
-    def length(self) -> int:
-        """Cached positions (tokens)."""
-        return self.rows.lengths[self.slot]
-
-    def crop(self, length: int) -> None:
-        """Roll back to the first ``length`` cached positions (a no-op if shorter)."""
-        self.rows.lengths[self.slot] = min(self.rows.lengths[self.slot], length)
-
-
 @dataclass
 class HeadPass:
     """One request's part of an EAGLE-3 head pass (``Eagle3Runner.run``): its new positions' tokens
@@ -289,41 +278,73 @@ class HeadPass:
         tokens: ``(n,) int64`` target ids (the round's first pass: the newly committed pairs'
             next tokens; later: the last drafted token).
         hidden: ``(n, H)`` their features (``fc`` of the target's, or the head's own output).
-        cache: eager: the request's ``KVCache`` (one layer); else its length view (``Eagle3Runner.open``).
-        static: the compiled runtime's ``StaticEagle3`` of one sequence (batch 1), else None.
-        rows / slot: a batched run's shared ``SharedSequences`` and the request's sequence, else None.
+        cache: the request's cache (``Eagle3Runner.open``): eager, its ``KVCache`` (one layer);
+            compiled, batch 1, a ``StaticLength`` of the static cache of one sequence; in a
+            batched run, a ``SharedLength`` (its sequence of the shared static cache).
     """
 
     tokens: torch.Tensor
     hidden: torch.Tensor
-    cache: Any = None
-    static: StaticEagle3 | None = None
-    rows: SharedSequences | None = None
-    slot: int | None = None
+    cache: Any  # KVCache | StaticLength | SharedLength
+
+    @property
+    def static(self) -> StaticEagle3 | None:
+        """The compiled runtime's ``StaticEagle3`` of one sequence (batch 1), else None."""
+        return self.cache.static if isinstance(self.cache, StaticLength) else None
+
+    @property
+    def rows(self) -> SharedSequences | None:
+        """A batched run's shared sequences, else None."""
+        return self.cache.rows if isinstance(self.cache, SharedLength) else None
+
+    @property
+    def slot(self) -> int | None:
+        """The request's sequence among ``rows``, else None."""
+        return self.cache.slot if isinstance(self.cache, SharedLength) else None
 
 
-class Eagle3Runner:
+class Eagle3Runner(SequencesRunner):
     """How the EAGLE-3 head's pass runs for ``R`` requests at once: eager (``Eagle3DraftModel``: one
     request alone; several in one padded forward, each row its own cache, causally), on the
     compiled runtime's ``StaticEagle3`` of one sequence (batch 1), or on a batched run's shared
-    ``StaticEagle3`` of one sequence per request -- the same forward at ``R`` = 1 and ``R`` > 1.
+    ``StaticEagle3`` of one sequence per request (``batched``) -- the same forward at ``R`` = 1 and
+    ``R`` > 1. The runner owns its static caches (``SequencesRunner``): on the compiled runtime its
+    constructor builds and warms up the one of one sequence (``max_context`` + ``TREE_NODES``
+    positions; compile seconds added to ``runtime.warmup_s``).
 
     Args:
-        model: the head. embed_tokens: the target's input embeddings.
+        model: the head, eval mode. embed_tokens: the target's input embeddings.
+        runtime: the run's runtime (``compile`` and its ``runtime.*`` settings); None: eager.
+        max_context: the verifier's context in tokens (0: the head's ``max_position_embeddings``,
+            else 4096), which sizes the compiled runtime's static cache.
     """
 
-    def __init__(self, model: torch.nn.Module, embed_tokens: torch.nn.Module) -> None:
-        self.model, self.embed_tokens = model, embed_tokens
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        embed_tokens: torch.nn.Module,
+        runtime: Runtime | None = None,
+        max_context: int = 0,
+    ) -> None:
+        self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
+        context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+        self._start(context + TREE_NODES)
 
-    @staticmethod
-    def open(
-        static: StaticEagle3 | None = None, rows: SharedSequences | None = None, slot: int | None = None
-    ) -> KVCache | StaticLength | SharedLength:
-        """A new request's empty cache: sequence ``slot`` of a batched run's shared ``rows``, the
-        compiled runtime's ``static`` cache of one sequence (emptied), else a ``KVCache`` (eager)."""
-        if rows is not None and slot is not None:
-            return SharedLength(rows, slot)
-        return KVCache(1) if static is None else StaticLength(static)
+    def _build(self, capacity: int, rows: int, compile: bool) -> StaticEagle3:
+        """``StaticEagle3`` of ``rows`` sequences of ``capacity`` positions (``runtime.compiled``)."""
+        settings = self.runtime.compiled
+        return StaticEagle3(self.model, self.embed_tokens, capacity, compile=compile, rows=rows, settings=settings)
+
+    def open(self) -> KVCache | StaticLength | SharedLength:
+        """A new request's empty cache: a sequence of a batched run's shared cache (``batched``), the
+        compiled runtime's static cache of one sequence (emptied), else a ``KVCache`` (eager).
+
+        Raises:
+            RuntimeError: a batched run's every sequence held (more requests than its batch size).
+        """
+        if self.sequences is not None:
+            return SharedLength(self.sequences, self.sequences.take())
+        return KVCache(1) if self.static is None else StaticLength(cast(StaticEagle3, self.static))
 
     def outputs(
         self, p: HeadPass, positions: torch.Tensor | None = None, attend: torch.Tensor | None = None

@@ -219,6 +219,10 @@ class FastDLLMRunner:
         runner.causal, runner.shared = self.causal.batched(slots), True
         return runner
 
+    def batched_cache(self, slots: int) -> StaticDecoder | None:
+        """The static cache ``batched(slots)`` built, if it did (``CausalRunner.batched_cache``)."""
+        return self.causal.batched_cache(slots)
+
     def eager(self) -> FastDLLMRunner:
         """This runner without its static cache: the Hugging Face forward, a cache per request."""
         runner = copy.copy(self)

@@ -789,8 +789,8 @@ def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle
 
 
 def _shared_of(lead):
-    """A batched run's shared sequences of a drafter's static cache (the AR drafter's: its runner's)."""
-    return lead.runner.sequences if hasattr(lead, "runner") and hasattr(lead.runner, "sequences") else lead._shared
+    """A batched run's shared sequences of a drafter's static cache (its runner's)."""
+    return lead.runner.sequences
 
 
 @pytest.mark.slow
@@ -887,7 +887,7 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
     leads = []
     d.batched = lambda slots, _batched=d.batched: leads.append(_batched(slots)) or leads[-1]
     batched = generate_batch(prompts, verifier, runtime, max_new_tokens=24, batch_size=4, drafter=d, policy=q)
-    shared = leads[-1]._shared
+    shared = _shared_of(leads[-1])
     assert isinstance(shared.static, StaticDFlash) and shared.static.rows == 4
     assert sorted(shared.free) == [0, 1, 2, 3] and max(shared.lengths) >= 140
     sampled = generate_batch(
@@ -901,8 +901,9 @@ def test_the_batched_loop_on_a_static_cache_drafts_dflash_as_alone(family, runti
         sampling=SamplingConfig(1.0),
     )
     assert sorted(sampled.results) == [0, 1, 2]
-    assert len(leads) == 2 and leads[1]._shared.static is shared.static  # the same cache, built once
-    assert sorted(leads[1]._shared.free) == [0, 1, 2, 3] and max(leads[1]._shared.lengths) > 0  # sampled on it
+    again = _shared_of(leads[1])
+    assert len(leads) == 2 and again.static is shared.static  # the same cache, built once
+    assert sorted(again.free) == [0, 1, 2, 3] and max(again.lengths) > 0  # sampled on it
     assert max(batched.batch_sizes) == 4 and sorted(batched.results) == list(range(9))
     if policy["name"] == "failfast":  # tau 0: drafts past the block of 8 (extension passes)
         assert max(r.speculation_length for r in batched.results[0].rounds) > 8
@@ -991,7 +992,7 @@ def test_the_batched_loop_compiled_drafts_dflash_as_alone(two_buckets, family, c
             runs.append([generate(p, verifier, rt, max_new_tokens=20, drafter=drafter, policy=policy) for p in prompts])
             continue
         warm = rt.warmup_s
-        batch, _ = drafter.batched(3)._shared.static, verifier.batched(slots=3)  # built and warmed up
+        batch, _ = _shared_of(drafter.batched(3)).static, verifier.batched(slots=3)  # built and warmed up
         graphs = counters["stats"]["unique_graphs"]
         out = generate_batch(prompts, verifier, rt, max_new_tokens=20, batch_size=3, drafter=drafter, policy=policy)
         assert counters["stats"]["unique_graphs"] == graphs  # the warm-up compiled every graph the run met
