@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -196,7 +196,7 @@ class ARDrafter(Drafter):
         if len(drafters) == 1:  # one request (the batch-1 loop): the same steps without the per-row lists
             d = drafters[0]
             for _ in range(num_tokens[0]):
-                logits, states = runner.last([d.sequence], [d._feed()], d.report_hidden)
+                logits, states = runner.last([cast(CausalSequence, d.sequence)], [d._feed()], d.report_hidden)
                 token, conf, q = d._choose(drafters, logits)  # (1,) each: the rows themselves
                 d._tokens.append(token)
                 d._confs.append(conf)

@@ -414,9 +414,12 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         (``_choose_blocks``)."""
         chosen, stops = drafters[0]._choose_blocks(drafters, logits)
         for j, d in enumerate(drafters):
-            d._took(logits[j], *chosen[j], stops[j])
+            tokens, confs, q = chosen[j]
+            d._took(logits[j], tokens, confs, q, stops[j])
 
-    def _choose_blocks(self, drafters: list[DFlashDrafter], logits: torch.Tensor) -> tuple[list, list[int | None]]:
+    def _choose_blocks(
+        self, drafters: list[DFlashDrafter], logits: torch.Tensor
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], list[int | None]]:
         """Every request's tokens from its block's logits ``(b, B - 1, V or Vd)`` (the requests sharing
         their settings, as the batched loop's do, in one ``_choose`` over every row: greedy one argmax,
         sampling one draw per token in request order; mixed settings request after request), and
@@ -435,7 +438,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             chosen = list(zip(tokens.view(b, new), confs.view(b, new), rows))
         else:  # each request's draws in request order, from its own settings
             chosen = [d._choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
-        stops = [None] * b
+        stops: list[int | None] = [None] * b
         if lead._stop_ids.numel():  # one sync for every row: where its first drafted stop token is, if any
             hit = torch.isin(torch.stack([t for t, _, _ in chosen]), lead._stop_ids)  # (b, B - 1)
             stops = [None if s < 0 else s for s in torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
