@@ -19,8 +19,8 @@ times; per method:
   calls): ``policy.next_length``, ``policy.update``, ``policy.draft_tree`` (a tree policy's own
   search: DART's, EAGLE-2's, the block tree, Falcon's), ``path_search`` (DiffuSpec's CPS,
   ``PathSearch.search``), ``ngram`` (n-gram lookups: ``NGramModel``, the suffix drafter's),
-  ``drafter.draft`` / ``drafter.alternatives`` / ``drafter.commit`` (the drafter's host work around
-  its passes), ``verify`` (the target's host work around its pass: a tree's mask and positions,
+  ``drafter.draft`` (``draft`` and the loop's ``draft_many``) / ``drafter.alternatives`` /
+  ``drafter.commit`` (the drafter's host work around its passes), ``verify`` (the target's host work around its pass: a tree's mask and positions,
   the tree-sampling walk, cache bookkeeping; the argmax and acceptance comparison on its logits are
   part of the pass), and ``loop`` (the rest of ``host_ms``: the loop's bookkeeping, the timers' own cost included).
 
@@ -31,6 +31,7 @@ absolute figures alone (``--repeat`` keeps the least).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -50,10 +51,10 @@ from specpolicy.core.path_search import PathSearch  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.models.ngram import NGramModel  # noqa: E402
-from specpolicy.plugins.manager import get_plugin_manager, make_policy  # noqa: E402
 
 NEIGHBOURS = Path(__file__).resolve().parent / "results" / "neighbours-gsm8k-30x256.json"
-#: Host components: (name, (owner, method) where owner is "policy", "drafter", "verifier" or a class).
+#: Host components: (name, (owner, method) where owner is "policy", "drafter", "verifier", "drafter class"
+#: (the loop's drafting call, ``type(drafter).draft_many``) or a class).
 COMPONENTS: tuple[tuple[str, Any, str], ...] = (
     ("policy.next_length", "policy", "next_length"),
     ("policy.update", "policy", "update"),
@@ -64,6 +65,7 @@ COMPONENTS: tuple[tuple[str, Any, str], ...] = (
     ("ngram", NGramModel, "trie_tables"),
     ("ngram", NGramModel, "log_probs"),
     ("ngram", "drafter", "lookup"),
+    ("drafter.draft", "drafter class", "draft_many"),
     ("drafter.draft", "drafter", "draft"),
     ("drafter.alternatives", "drafter", "alternatives"),
     ("drafter.commit", "drafter", "commit"),
@@ -96,10 +98,13 @@ class Exclusive:
 
     @contextmanager
     def watching(self, policy: Any, drafter: Any, verifier: Any) -> Iterator[Exclusive]:
-        """Wrap the components of ``COMPONENTS`` and the passes (``pass_entry_points``) while entered."""
+        """Wrap the components of ``COMPONENTS`` and the passes (``pass_entry_points`` of the drafter,
+        the verifier and the policy: an acceptance head) while entered."""
         owners = {"policy": policy, "drafter": drafter, "verifier": verifier}
+        owners["drafter class"] = None if drafter is None else type(drafter)
         undo: list[Callable[[], None]] = []
-        members = [("pass", m) for m in (*pass_entry_points(drafter), *pass_entry_points(verifier))]
+        own = (*pass_entry_points(drafter), *pass_entry_points(verifier), *pass_entry_points(policy))
+        members = [("pass", m) for m in own]
         members += [(name, (owners.get(owner, owner), method)) for name, owner, method in COMPONENTS]
         hooked: set = set()
         for name, member in members:
@@ -115,7 +120,12 @@ class Exclusive:
             if obj is None or not hasattr(obj, method) or (id(obj), method) in hooked:
                 continue
             hooked.add((id(obj), method))
-            if isinstance(obj, type):  # a class's method: every instance's calls
+            if isinstance(obj, type) and isinstance(inspect.getattr_static(obj, method), classmethod):
+                # a classmethod (the loop calls ``type(drafter).draft_many``): wrapped bound to this class
+                held = obj.__dict__.get(method)
+                setattr(obj, method, staticmethod(self.wrap(name, getattr(obj, method))))
+                undo.append(lambda o=obj, m=method, h=held: delattr(o, m) if h is None else setattr(o, m, h))
+            elif isinstance(obj, type):  # a class's method: every instance's calls
                 original = obj.__dict__[method]
                 setattr(obj, method, self.wrap(name, original))
                 undo.append(lambda o=obj, m=method, f=original: setattr(o, m, f))
@@ -149,14 +159,11 @@ def measure(
 ) -> dict[str, Any]:
     """One method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
     components (one timed pass)."""
-    policy = make_policy(get_plugin_manager(block=spec.block), spec.policy)
-    key = spec.drafter
-    if spec.drafter_settings:
-        key = spec.drafter + "[" + ",".join(f"{k}={v}" for k, v in sorted(spec.drafter_settings.items())) + "]"
-        bench.drafters.register(key, bench._drafter_factory(spec.drafter, spec.drafter_settings))
-    drafter = bench.drafters[key]
+    drafter, policy = bench.parts(spec)
+    hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
 
     def decode(prompt):
+        drafter.report_hidden = hidden
         reuse = DraftReuse(bench.args.reuse_min_match) if spec.reuse else None
         return generate(
             prompt,

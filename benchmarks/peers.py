@@ -429,17 +429,21 @@ class Bench:
             self.drafters.register(key, self._drafter_factory(spec.drafter, spec.drafter_settings))
         return self.drafters[key], policy
 
+    def wire(self, spec: MethodSpec, policy: Any, model: Any) -> bool:
+        """``policy.acceptance=head``: the policy's head loaded for this drafter
+        (``wire_acceptance``). Returns whether the drafter must report its hidden states: the shared
+        drafter reports them only for the methods that read them (set ``report_hidden`` per run)."""
+        settings = dict(_conf("drafter", spec.drafter))
+        if getattr(self.args, f"{spec.drafter}_drafter", None):  # the bench's own model of that drafter
+            settings["model"] = getattr(self.args, f"{spec.drafter}_drafter")
+        return wire_acceptance(policy, model, {**settings, **(spec.drafter_settings or {})})
+
     def added(self, spec: MethodSpec) -> Method:
         """The method ``--method`` configured (``parse_method``): its policy built by the plugin
         manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
         model, policy = self.parts(spec)
         min_match = self.args.reuse_min_match
-        # policy.acceptance=head: its head loaded for this drafter; the shared drafter reports its hidden
-        # states only for the methods that read them
-        settings = dict(_conf("drafter", spec.drafter))
-        if getattr(self.args, f"{spec.drafter}_drafter", None):  # the bench's own model of that drafter
-            settings["model"] = getattr(self.args, f"{spec.drafter}_drafter")
-        hidden = wire_acceptance(policy, model, {**settings, **(spec.drafter_settings or {})})
+        hidden = self.wire(spec, policy, model)
 
         def run(ids):
             model.report_hidden = hidden

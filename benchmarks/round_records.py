@@ -21,7 +21,8 @@ from pathlib import Path
 COMMON = ["dataset.num_prompts=3", "generation.max_new_tokens=64", "run.warmup_prompts=0", "run.resume=false"]
 
 #: name -> the configuration's overrides (the issue's list: chain, reuse, trees, a profile-priced
-#: goodput, DEER, a batch of 2, seeded sampling at batch 1, the compiled runtime).
+#: goodput, DEER, a batch of 2, seeded sampling at batch 1, SpecDec++'s acceptance head on three
+#: drafters, the compiled runtime).
 CONFIGS: dict[str, list[str]] = {
     "fastdllm-failfast": ["drafter=fastdllm", "policy=failfast"],
     "dflash-failfast-reuse": ["drafter=dflash", "policy=failfast", "reuse.enabled=true"],
@@ -42,6 +43,14 @@ CONFIGS: dict[str, list[str]] = {
     ],
     "fastdllm-failfast-sampled": ["drafter=fastdllm", "policy=failfast", "generation.temperature=1.0", "seed=3"],
     "eagle3-eagle2-tree-sampled": ["drafter=eagle3", "policy=eagle2-tree", "generation.temperature=0.8", "seed=4"],
+    "ar-specdecpp-head": ["drafter=ar", "policy=specdecpp", "policy.acceptance=head"],
+    "eagle3-goodput-head-profile": [
+        "drafter=eagle3",
+        "policy=goodput",
+        "policy.acceptance=head",
+        "policy.cost_profile=a6000-qwen7b",
+    ],
+    "dflash-failfast-head": ["drafter=dflash", "policy=failfast", "policy.acceptance=head"],
     "eagle3-static-compiled": ["drafter=eagle3", "policy=static", "runtime.compile=true"],
     "dflash-failfast-compiled": ["drafter=dflash", "policy=failfast", "runtime.compile=true"],
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -106,11 +106,18 @@ class ARDrafter(Drafter):
         self.runner.close(self.sequence)
         self.sequence = None
 
+    #: Pass entry points watched on the compiled runtime too (called from eager Python only).
+    eager_pass_methods = ("_choose",)
+
     @property
     def timed_calls(self) -> tuple:
-        """The entry points of a pass (``specpolicy.core.passes``): the model's forward and, on the
-        compiled runtime, the static runner's ``run``."""
-        return (self.model,) + (((self.static, "run"),) if self.static is not None else ())
+        """The entry points of a pass (``specpolicy.core.passes``): the model's forward, the runner's
+        pass keeping the last positions (``CausalRunner.last``: the forward and the slicing of its
+        logits), the choice of the tokens from its logits (``_choose``: the softmax's most likely
+        token or a draw, tensor work on the pass's output) and, on the compiled runtime, the static
+        runner's ``run``."""
+        own = (self.model, (self.runner, "last"), (self, "_choose"))
+        return own + (((self.static, "run"),) if self.static is not None else ())
 
     @torch.no_grad()
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -168,7 +175,7 @@ class ARDrafter(Drafter):
                 out[i] = cls._steps([d], [num_tokens[i]])[0]
         group, counts = [drafters[i] for i in together], [num_tokens[i] for i in together]
         tokens, confs, qs = runner.together(
-            [d.sequence for d in group], [d._feed() for d in group], counts, lambda x: cls._choose_rows(group, x)
+            [d.sequence for d in group], [d._feed() for d in group], counts, lambda x: group[0]._choose(group, x)
         )
         for i, d, k in zip(together, group, counts):
             row = together.index(i)
@@ -186,11 +193,24 @@ class ARDrafter(Drafter):
         its tokens not yet cached at the round's first pass, else its last drafted token -- and
         each takes its next token from its last position (``_choose_rows``)."""
         runner = drafters[0].runner
+        if len(drafters) == 1:  # one request (the batch-1 loop): the same steps without the per-row lists
+            d = drafters[0]
+            for _ in range(num_tokens[0]):
+                logits, states = runner.last([cast(CausalSequence, d.sequence)], [d._feed()], d.report_hidden)
+                token, conf, q = d._choose(drafters, logits)  # (1,) each: the rows themselves
+                d._tokens.append(token)
+                d._confs.append(conf)
+                if q[0] is not None:
+                    d._probs.append(q[0])
+                if states is not None:
+                    d._hidden.append(states)
+                d._passes += 1
+            return [d._round_draft()]
         for step in range(max(num_tokens)):
             wanting = [d for d, k in zip(drafters, num_tokens) if k > step]
             hidden = any(d.report_hidden for d in wanting)
             logits, states = runner.last([d.sequence for d in wanting], [d._feed() for d in wanting], hidden)
-            token, conf, q = ARDrafter._choose_rows(wanting, logits)
+            token, conf, q = wanting[0]._choose(wanting, logits)
             for i, d in enumerate(wanting):
                 d._tokens.append(token[i : i + 1])
                 d._confs.append(conf[i : i + 1])
@@ -200,6 +220,11 @@ class ARDrafter(Drafter):
                     d._hidden.append(states[i : i + 1])
                 d._passes += 1
         return [d._round_draft() for d in drafters]
+
+    def _choose(self, drafters: list[ARDrafter], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """``_choose_rows`` called on the first of ``drafters``: the pass entry point of the choice
+        (``timed_calls``), part of the drafter's pass as the verifier's argmax is of the target's."""
+        return ARDrafter._choose_rows(drafters, logits)
 
     @staticmethod
     def _choose_rows(drafters: list[ARDrafter], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:

@@ -149,12 +149,16 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         #: how the pass runs: eager, or on a static cache (one sequence; a batched run's shared ones)
         self.runner = DFlashRunner(model, embed_tokens, runtime, max_context)
 
+    #: Pass entry points watched on the compiled runtime too (called from eager Python only).
+    eager_pass_methods = ("_choose_blocks",)
+
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a pass: the network's one-request pass (``draft_pass``) and its
         forward and context caching (``context_keys_values``; the batched passes), the target's
-        embeddings, the LM head (or its draft-vocabulary rows), and the top-k of the drafted
-        positions' distributions (``alternatives``, which tree policies ask for). Benchmarks time a
+        embeddings, the LM head (or its draft-vocabulary rows), the choice of the block's tokens
+        from its logits with the search for a drafted stop token (``_choose_blocks``), and the top-k of
+        the drafted positions' distributions (``alternatives``, which tree policies ask for). Benchmarks time a
         drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return (
             (self.model, "draft_pass"),
@@ -162,6 +166,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             (self.model, "context_keys_values"),
             self.embed_tokens,
             self.head,
+            (self, "_choose_blocks"),
             (self, "alternatives"),
         )
 
@@ -381,10 +386,26 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     @staticmethod
     def _record_passes(drafters: list[DFlashDrafter], logits: torch.Tensor) -> None:
         """Each request's pass recorded from its logits ``(b, B - 1, V or Vd)`` as its own pass would
-        (the requests sharing their settings, as the batched loop's do, in one ``_choose`` over every
-        row: greedy one argmax, sampling one draw per token in request order; mixed settings request
-        after request), one sync for the stop tokens."""
-        lead, b, new = drafters[0], logits.shape[0], logits.shape[1]
+        (``_choose_blocks``)."""
+        chosen, stops = drafters[0]._choose_blocks(drafters, logits)
+        for j, d in enumerate(drafters):
+            tokens, confs, q = chosen[j]
+            d._took(logits[j], tokens, confs, q, stops[j])
+
+    def _choose_blocks(
+        self, drafters: list[DFlashDrafter], logits: torch.Tensor
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], list[int | None]]:
+        """Every request's tokens from its block's logits ``(b, B - 1, V or Vd)`` (the requests sharing
+        their settings, as the batched loop's do, in one ``_choose`` over every row: greedy one argmax,
+        sampling one draw per token in request order; mixed settings request after request), and
+        where each one's first drafted stop token is (one sync for all). Tensor work on the pass's
+        output: part of the pass (``timed_calls``), as the verifier's argmax is.
+
+        Returns:
+            ``([(tokens (B - 1,) int64, confidences (B - 1,) float32, q or None)] per request, [index
+            in the block of the first drafted stop token, or None] per request)``.
+        """
+        lead, b, new = self, logits.shape[0], logits.shape[1]
         sampling = lead._sampling
         if all(d._sampling == sampling for d in drafters):
             tokens, confs, q = lead._choose(logits.flatten(0, 1), sampling, lead.runtime.generator)
@@ -392,12 +413,11 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             chosen = list(zip(tokens.view(b, new), confs.view(b, new), rows))
         else:  # each request's draws in request order, from its own settings
             chosen = [d._choose(logits[j], d._sampling, d.runtime.generator) for j, d in enumerate(drafters)]
-        stops = [None] * b
+        stops: list[int | None] = [None] * b
         if lead._stop_ids.numel():  # one sync for every row: where its first drafted stop token is, if any
             hit = torch.isin(torch.stack([t for t, _, _ in chosen]), lead._stop_ids)  # (b, B - 1)
             stops = [None if s < 0 else s for s in torch.where(hit.any(dim=1), hit.int().argmax(dim=1), -1).tolist()]
-        for j, d in enumerate(drafters):
-            d._took(logits[j], *chosen[j], stops[j])
+        return chosen, stops
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's draft so far, from the passes

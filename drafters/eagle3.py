@@ -102,13 +102,18 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
         self.runner = Eagle3Runner(model, embed_tokens, runtime, max_context)
 
+    #: Pass entry points watched on the compiled runtime too (called from eager Python only).
+    eager_pass_methods = ("_choose",)
+
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a pass: a tree's root and level passes (``_root_pass``,
         ``_tree_pass``), the head's forward, its fc (called directly on the target's features), its
-        ``logits`` (norm and LM head), the top-k of its distributions (``top_tokens``;
-        ``alternatives``, which tree policies ask for), the target's embeddings and, compiled, the
-        static head's ``chain`` and ``passes``. Benchmarks time
+        ``logits`` (norm and LM head) and its norm (the hidden state reported to an acceptance head),
+        the runner's eager pass of one request (``Eagle3Runner.one``: embeddings, positions, forward,
+        cache, logits), the choice of a chain step's tokens from its logits (``_choose``), the top-k of its
+        distributions (``top_tokens``; ``alternatives``, which tree policies ask for), the target's
+        embeddings and, compiled, the static head's ``chain`` and ``passes``. Benchmarks time
         a drafter's forward passes as their outermost calls (``specpolicy.analysis.profiling.ForwardTimer``)."""
         return (
             (self, "_root_pass"),
@@ -116,6 +121,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             self.model,
             self.model.fc,
             (self.model, "logits"),
+            self.model.norm,
+            (self.runner, "one"),
+            (self, "_choose"),
             (self.model, "top_tokens"),
             (self, "alternatives"),
             self.embed_tokens,
@@ -173,13 +181,25 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             else:  # the last drafted token, with the head's own output
                 passes.append(d._head_pass(d._tokens[-1:], d._last_out[0]))
         outs, logits = lead.runner.run(passes)  # (R, 1, H), (R, Vd)
-        draft_ids, confs, qs = choose_rows(logits, [d._sampling for d in drafters], lead.runtime.generator)
-        tokens = head.to_target_ids(draft_ids)
+        tokens, confs, qs = lead._choose(drafters, logits)
         for i, d in enumerate(drafters):
             if d._last_out is None:
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
-            d._took(outs[i : i + 1], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], qs[i])
+            if len(drafters) == 1:  # the pass's rows are this request's: no slicing (host work per token)
+                d._took(outs, logits, tokens, confs, qs[0])
+            else:
+                d._took(outs[i : i + 1], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], qs[i])
+
+    def _choose(
+        self, drafters: list[Eagle3Drafter], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+        """Each request's token from its row of a pass's draft-vocabulary logits ``(R, Vd)``
+        (``choose_rows``: greedy the argmax, sampling draws in row order), as target ids ``(R,)
+        int64``, with confidences ``(R,)`` and q rows over the draft vocabulary. Tensor work on the
+        pass's output: part of the pass (``timed_calls``), as the verifier's argmax is."""
+        draft_ids, confs, qs = choose_rows(logits, [d._sampling for d in drafters], self.runtime.generator)
+        return self.model.to_target_ids(draft_ids), confs, qs
 
     def _took(
         self,

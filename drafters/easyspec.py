@@ -129,7 +129,7 @@ class EasySpecDrafter(ARDrafter):
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
         """Extend the round's draft by ``num_tokens`` tokens, one pass each (``_next_logits``): the
-        AR drafter's choice of each token (``ARDrafter._choose_rows``: greedy, or a draw from
+        AR drafter's choice of each token (``ARDrafter._choose``: greedy, or a draw from
         ``warp`` when sampling) on this drafter's passes.
 
         Raises:
@@ -138,7 +138,7 @@ class EasySpecDrafter(ARDrafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         for _ in range(num_tokens):
-            token, conf, q = ARDrafter._choose_rows([self], self._next_logits()[None])
+            token, conf, q = self._choose([self], self._next_logits()[None])
             self._tokens.append(token)
             self._confs.append(conf)
             if q[0] is not None:

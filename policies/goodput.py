@@ -284,6 +284,7 @@ class GoodputPolicy(LengthPolicy):
             self._pending = []
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
+        self._unseen_gain: dict[int, np.ndarray] = {}  # k -> cumsum(cumprod(_unseen[k:])), until the next refresh
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         beyond = np.arange(H + 1)  # tokens past the frontier
@@ -390,14 +391,17 @@ class GoodputPolicy(LengthPolicy):
         decoded-ahead ones their calibrated ``p`` when known (``ahead``, ``(m,) float64``, positions
         ``k+1..k+m``): ``gain(L) = survival * sum_{j=k+1..L} prod_{i=k+1..j} p_i``."""
         n = self.max_length - k
-        p = self._unseen[k:]
         if ahead is not None and ahead.size:
-            p = np.concatenate((ahead, p[ahead.size :]))
+            gain = np.cumsum(np.cumprod(np.concatenate((ahead, self._unseen[k + ahead.size :]))))
+        else:  # undrafted positions only: the same curve until the next refresh, computed once per k
+            gain = self._unseen_gain.get(k)
+            if gain is None:
+                gain = self._unseen_gain[k] = np.cumsum(np.cumprod(self._unseen[k:]))
         first, later = (
             (self._probe_cost_first, self._probe_cost_later) if self._probing else (self._cost_first, self._cost_later)
         )
         cost = first if frontier == 0 else later[min(frontier - k, n), :n]
-        value = np.cumsum(np.cumprod(p)) * self._survival - cost[:n]  # (n,) for L = k+1..max_length
+        value = gain * self._survival - cost[:n]  # (n,) for L = k+1..max_length
         if self._probing:  # a probe drafts at most PROBE_MAX_LENGTH tokens
             value = value[: max(PROBE_MAX_LENGTH - k, 0)]
             if not value.size:

@@ -67,11 +67,11 @@ FIGURES: dict[str, Figure] = {
         "host ms per round (outside the model passes: policy, searches, bookkeeping)",
         "host ms / round",
         "{:.3f}",
-        definition="a round's time outside the drafter's and the target's passes (specpolicy.core.passes; a "
-        "timing): policy decisions, tree and path searches, n-gram lookups, tree masks, cache and loop "
-        "bookkeeping. The verifier's tensor work on its logits (argmax, the acceptance comparison, "
-        "speculative sampling's draws) counts as the target's pass on CPU as on CUDA, where it is queued "
-        "behind the forward",
+        definition="a round's time outside the model passes -- the drafter's, the target's and an acceptance "
+        "head's (specpolicy.core.passes; a timing): policy decisions, tree and path searches, n-gram lookups, "
+        "tree masks, cache and loop bookkeeping. The tensor work on a pass's logits (the verifier's argmax, "
+        "the acceptance comparison, speculative sampling's draws; a drafter's choice of its tokens) counts "
+        "as that pass on CPU as on CUDA, where it is queued behind the forward",
     ),
     "host_step_share": Figure("host ms per round / the profile's target step", "host / target step", "{:.1%}"),
     # serving (batched decoding): per request, over all requests of a batched run

@@ -36,6 +36,8 @@ class ConfidenceAcceptance:
     """Acceptance estimate = the drafter's confidence (``policy.acceptance=confidence``)."""
 
     source = "confidence"
+    #: No network: nothing the loop times as a pass (``specpolicy.core.passes``).
+    timed_calls: tuple = ()
 
     def new_round(self) -> None:
         """Nothing kept between calls."""
@@ -64,6 +66,12 @@ class HeadAcceptance:
     def __init__(self, head: AcceptanceHead) -> None:
         self.head = head
         self.new_round()
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The head's pass (``specpolicy.core.passes``): ``acceptance_probs``, its forward and the
+        softmax on its logits, timed as a model pass of the drafter's side, not host work."""
+        return ((self.head, "acceptance_probs"),)
 
     def new_round(self) -> None:
         """Forget the round's rows."""
@@ -145,6 +153,12 @@ class AcceptanceChoice:
         self._estimate: ConfidenceAcceptance | HeadAcceptance | None = (
             ConfidenceAcceptance() if self.source == "confidence" else None
         )
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The estimate's passes (``specpolicy.core.passes``): the head's (``HeadAcceptance.timed_calls``),
+        none for confidences or before the head is loaded."""
+        return () if self._estimate is None else self._estimate.timed_calls
 
     @property
     def wants_head(self) -> bool:

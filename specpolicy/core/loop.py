@@ -152,7 +152,7 @@ class _InFlight:
     arrival_s: float
     admitted_s: float
     prefill_ms: float = 0.0
-    outputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # the emitted tokens, read once per round
     rounds: list[RoundRecord] = field(default_factory=list)
     generated: int = 0
     first_token_s: float | None = None
@@ -211,7 +211,7 @@ def run_loop(
         the context) is in ``errors`` and the others go on.
     """
     device = runtime.torch_device
-    eos_ids = torch.tensor(sorted(target.eos_token_ids), dtype=torch.long, device=device)
+    eos_ids = frozenset(int(i) for i in target.eos_token_ids)
     drafter_context = (how.drafter.max_context if how.drafter is not None else 0) or target.max_context
     features_wanted = bool(getattr(target, "feature_layers", ()))
     queue = deque(sorted(range(len(prompts)), key=lambda i: arrivals[i]))
@@ -231,7 +231,9 @@ def run_loop(
         if own_state and r.drafter is not None:
             clock.unwatch(r.drafter)
             r.drafter.release()
-        ids = torch.cat(r.outputs) if r.outputs else torch.empty(0, dtype=torch.long, device=device)
+        if own_state and r.policy is not None:
+            clock.unwatch(r.policy)
+        ids = torch.tensor(r.outputs, dtype=torch.long, device=device)
         t = now()
         out.results[r.index] = GenerationResult(ids, tuple(r.rounds), r.finish_reason, t - r.admitted_s, r.prefill_ms)
         first = r.first_token_s if r.first_token_s else t
@@ -250,6 +252,7 @@ def run_loop(
                 r.context_limit = min(target.max_context, drafter_context) - r.prompt_len
                 active.append(r)
                 clock.watch(pass_entry_points(r.drafter))
+                clock.watch(pass_entry_points(r.policy))  # a policy's network (an acceptance head) is a pass too
             if not active:
                 if not queue:  # the last prompts were refused
                     break
@@ -341,7 +344,7 @@ def _round(
     target: Target,
     runtime: Runtime,
     how: Decoding,
-    eos_ids: torch.Tensor,
+    eos_ids: frozenset[int],
     out: LoopResult,
     now: Callable[[], float],
 ) -> tuple[list[int], float, float]:
@@ -369,9 +372,11 @@ def _round(
     emitted_at = now()
     done, commit_total = [], 0.0
     for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
-        committed = verification.committed_tokens(draft)  # (a + 1,)
-        keep, finish = emitted_of_round(committed, eos_ids, how.max_new_tokens - r.generated, r.stop)
-        r.outputs.append(committed[:keep])
+        # the round's one host read of its tokens (the record's, and what the stop conditions search)
+        draft_ids, target_ids = draft.token_ids.tolist(), verification.target_token_ids.tolist()
+        committed = committed_ids(draft_ids, target_ids, verification)  # a + 1 tokens
+        keep, finish = emitted_count(committed, eos_ids, how.max_new_tokens - r.generated, r.stop)
+        r.outputs += committed[:keep]
         r.generated += keep
         if keep and r.first_token_s is None:
             r.first_token_s = emitted_at
@@ -383,7 +388,15 @@ def _round(
             commit_ms = commit_timer.ms
             commit_total += commit_ms
         record = round_record(
-            len(r.rounds), draft, verification, keep, drafting_ms + commit_ms, verify_timer.ms, stops[row], finish
+            len(r.rounds),
+            draft,
+            verification,
+            keep,
+            drafting_ms + commit_ms,
+            verify_timer.ms,
+            stops[row],
+            finish,
+            (draft_ids, target_ids),
         )
         r.rounds.append(record)
         if how.policy is not None:
@@ -523,18 +536,36 @@ def emitted_of_round(
     committed: torch.Tensor, eos_ids: torch.Tensor, remaining: int, stop: StopStrings | None
 ) -> tuple[int, str]:
     """How many of a round's committed tokens (``(a + 1,) int64``) reach the output, and whether a
-    stop condition ends generation there: up to and including the first EOS, at most ``remaining``
-    tokens, cut after the token completing the first stop string when that comes first (``stop``,
-    fed the kept tokens). Returns ``(count, "eos" | "stop_string" | "")``; one device sync (the EOS
-    search), plus a host copy of the kept tokens with stop strings."""
-    m = int(committed.shape[0])
-    is_eos = torch.isin(committed, eos_ids)
-    first_eos = int(torch.where(is_eos.any(), is_eos.int().argmax(), m))  # the sync needed: where generation stops
+    stop condition ends generation there (``emitted_count`` on their host copy: one device sync).
+    ``eos_ids``: the EOS ids, ``(e,) int64``."""
+    return emitted_count(committed.tolist(), frozenset(eos_ids.tolist()), remaining, stop)
+
+
+def committed_ids(draft_ids: list[int], target_ids: list[int], verification: Verification) -> list[int]:
+    """``Verification.committed_tokens`` on host copies of the draft's and the target's tokens: the
+    accepted draft tokens (a chain's prefix, a tree's path) then the correction / bonus token, ``a + 1``
+    ints."""
+    a = verification.accepted_length
+    if verification.path is None:
+        return draft_ids[:a] + target_ids[a : a + 1]
+    last = verification.path[-1] + 1 if verification.path else 0
+    return [draft_ids[node] for node in verification.path] + target_ids[last : last + 1]
+
+
+def emitted_count(
+    committed: list[int], eos_ids: frozenset[int], remaining: int, stop: StopStrings | None
+) -> tuple[int, str]:
+    """How many of a round's committed tokens (``a + 1`` ints) reach the output, and whether a stop
+    condition ends generation there: up to and including the first EOS (``eos_ids``), at most
+    ``remaining`` tokens, cut after the token completing the first stop string when that comes first
+    (``stop``, fed the kept tokens). Returns ``(count, "eos" | "stop_string" | "")``; host work only."""
+    m = len(committed)
+    first_eos = next((i for i, token in enumerate(committed) if token in eos_ids), m)
     hit_eos = first_eos < min(m, remaining)
     keep = first_eos + 1 if hit_eos else min(m, remaining)
     finish = "eos" if hit_eos else ""
     if stop is not None:  # the first completion of a stop string, if it comes first
-        cut = stop.check(committed[:keep].tolist())
+        cut = stop.check(committed[:keep])
         if cut is not None and (cut < keep or not hit_eos):
             keep, finish = cut, "stop_string"
     return keep, finish
@@ -558,10 +589,14 @@ def round_record(
     verify_ms: float,
     draft_stop: str,
     finish: str,
+    token_lists: tuple[list[int], list[int]] | None = None,
 ) -> RoundRecord:
     """The ``RoundRecord`` of a verified round: ``emitted`` tokens kept after the stop conditions, the
     drafting (commit included) and verification ms, why drafting stopped and why generation ended
-    (``""``: it goes on)."""
+    (``""``: it goes on). ``token_lists``: the draft's and the target's token ids already read to the
+    host (``.tolist()``), or None to read them here."""
+    if token_lists is None:
+        token_lists = (draft.token_ids.tolist(), verification.target_token_ids.tolist())
     return RoundRecord(
         index=index,
         speculation_length=draft.length,
@@ -572,8 +607,8 @@ def round_record(
         draft_ms=draft_ms,
         verify_ms=verify_ms,
         confidences=tuple(draft.confidences.tolist()),
-        draft_token_ids=tuple(draft.token_ids.tolist()),
-        target_token_ids=tuple(verification.target_token_ids.tolist()),
+        draft_token_ids=tuple(token_lists[0]),
+        target_token_ids=tuple(token_lists[1]),
         draft_stop_reason=draft_stop,
         finish_reason=finish,
         draft_parents=tuple(draft.parents.tolist()) if draft.parents is not None else (),  # a tree

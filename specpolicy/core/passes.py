@@ -4,10 +4,13 @@ n-gram lookups, sampling and acceptance bookkeeping, commit, the loop's own work
 reported as ``RoundRecord.host_ms``.
 
 What counts as a pass: an outermost call of one of a model's pass entry points -- the drafter's
-``timed_calls`` (its network, the methods of it that bypass ``forward``, the top-k over its own
-distributions) or else its ``model``; the target's ``timed_calls`` (``verifiers/hf.py``: its model, the
-verification's logits -> tokens tensor work, and, on the compiled runtime, the static runner's passes)
-or else its ``model``.
+``timed_calls`` (its network, the methods of it that bypass ``forward``, the choice of its tokens
+from its logits and the top-k over its own distributions) or else its ``model``; the target's
+``timed_calls`` (``verifiers/hf.py``: its model, the verification's logits -> tokens tensor work,
+and, on the compiled runtime, the static runner's passes) or else its ``model``; and the policy's
+``timed_calls`` (``LengthPolicy.timed_calls``: SpecDec++'s acceptance head,
+``specpolicy.core.acceptance``, a network on the drafter's side whose forward and softmax are a
+pass, however small).
 
 The definition, on both devices: the device's tensor work on a pass's outputs that follows it with no
 host decision in between -- the target's vocabulary argmax, the acceptance comparison of the draft
@@ -52,7 +55,7 @@ from specpolicy.core.runtime import Runtime, Timer
 
 
 def pass_entry_points(model: Any) -> tuple:
-    """The pass entry points of a drafter or verifier: its ``timed_calls`` when it names them (a
+    """The pass entry points of a drafter, a verifier or a policy: its ``timed_calls`` when it names them (a
     tuple of ``torch.nn.Module`` and ``(object, "method")`` pairs), else its ``model`` when that is a
     ``torch.nn.Module``, else ``()`` (a model-free drafter: no passes)."""
     if model is None:

@@ -48,6 +48,15 @@ class LengthPolicy(ABC):
         return None
 
     @property
+    def timed_calls(self) -> tuple:
+        """The policy's own model passes (``specpolicy.core.passes.pass_entry_points``: modules and
+        ``(object, "method")`` pairs), which the loop times as passes, not as host work: an acceptance
+        head's (``acceptance_choice``, ``specpolicy.core.acceptance``) when the policy reads one, else
+        none. A policy with a network of its own names its entry points here."""
+        choice = getattr(self, "acceptance_choice", None)
+        return () if choice is None else tuple(choice.timed_calls)
+
+    @property
     def stop_reason(self) -> str:
         """Deprecated spelling of ``draft_stop_reason`` (reads and writes it), kept so that policies
         written before the rename keep reporting why drafting stopped."""

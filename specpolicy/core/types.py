@@ -235,10 +235,11 @@ class RoundRecord:
             the accepted path, and ``draft_token_ids`` / ``confidences`` are per node.
         accepted_path: a tree's accepted nodes (``Verification.path``; empty for a chain).
         host_ms: the round's HOST ms: its wall-clock ms (device-timeline span on CUDA) minus the ms
-            of the drafter's and the target's model passes within it (``specpolicy.core.passes``
-            says what a pass is on each device): policy decisions and planning, tree and path
-            searches, n-gram lookups, tree masks, commit and the loop's bookkeeping (the
-            verifier's argmax and acceptance comparison on its logits count as its pass). A batched
+            of the model passes within it -- the drafter's, the target's and a policy's acceptance
+            head's (``specpolicy.core.passes`` says what a pass is on each device): policy decisions
+            and planning, tree and path searches, n-gram lookups, tree masks, commit and the loop's
+            bookkeeping (the verifier's argmax and acceptance comparison on its logits, and a
+            drafter's choice of its tokens on its own, count as their passes). A batched
             round's host ms is shared equally by its requests. None: not measured (rows written
             before it was, rounds rebuilt from elsewhere). The record a policy's ``update`` reads
             carries the host ms up to that call; the stored record (``GenerationResult.rounds``,

@@ -401,6 +401,12 @@ class Eagle3Runner(SequencesRunner):
         if p.static is not None:  # compiled, batch 1: the forward at R = 1
             out, logits = p.static.passes([p.tokens, p.hidden])
             return out[None, -1:], logits[-1:]
+        return self.one(p)
+
+    def one(self, p: HeadPass) -> tuple[torch.Tensor, torch.Tensor]:
+        """``run`` for one request, eager: the head's forward over ``p``'s positions after its
+        cached ones (cached), its last output ``(1, 1, H)`` and that position's draft-vocabulary
+        logits ``(1, Vd)``. The drafter's pass entry point (``Eagle3Drafter.timed_calls``)."""
         embeds = self.embed_tokens(p.tokens)[None]
         start = p.cache.length
         positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]

@@ -171,6 +171,76 @@ def test_a_trees_greedy_path_is_part_of_the_pass_its_sampling_walk_is_host_work(
         assert r.verify_ms == pytest.approx(PASS_MS + (WALK_MS if sampled else ACCEPT_MS))  # the verify call's ms
 
 
+def test_the_drafters_choice_of_tokens_is_part_of_its_pass(runtime, fake_clock, monkeypatch):
+    """The softmax's most likely token on a drafter pass's logits (``ARDrafter._choose``) is tensor work
+    on the pass's output, as the verifier's argmax is: drafting ms, not host ms."""
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)
+    _slow(monkeypatch, ARDrafter, "_choose_rows", ACCEPT_MS, fake_clock)
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        drafter=ARDrafter(drafter_model, runtime),
+        policy=SlowPolicy(fake_clock),
+    )
+    for r in out.rounds:
+        assert r.host_ms == pytest.approx((2 if r.speculation_length else 1) * POLICY_MS, abs=1e-6), r
+        assert r.draft_ms == pytest.approx(r.drafter_forward_passes * (PASS_MS + ACCEPT_MS) + r.host_ms), r
+
+
+HEAD_MS = 17.0  # fake ms: each forward of an acceptance head
+
+
+@pytest.mark.parametrize("policy_name", ["specdecpp", "failfast"])
+def test_an_acceptance_heads_forward_is_a_pass_not_host_work(runtime, fake_clock, policy_name):
+    """SpecDec++'s acceptance head (``policy.acceptance=head``) is a network on the drafter's side: the
+    policy names it (``LengthPolicy.timed_calls``), so the loop times it as a pass -- in the round's
+    drafting ms, never in its host ms."""
+    from specpolicy.models.acceptance_head import AcceptancePredictionHead
+    from specpolicy.policies.failfast import FailFastPolicy
+    from specpolicy.policies.specdecpp import SpecDecPPPolicy
+
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)
+    torch.manual_seed(0)
+    head = AcceptancePredictionHead(drafter_model.config.hidden_size, 2).eval()
+    head_rows: list[int] = []
+
+    def slow_head(mod, args, out):  # returns None: the output stays
+        head_rows.append(int(args[0].shape[0]))
+        fake_clock.advance(HEAD_MS)
+
+    head.register_forward_hook(slow_head)
+    policy = (
+        SpecDecPPPolicy(h=0.5, min_length=1, max_length=6, acceptance="head")
+        if policy_name == "specdecpp"
+        else FailFastPolicy(n=2, tau=0.3, n_max=6, acceptance="head")
+    )
+    policy.acceptance_choice.use_head(head)
+    assert policy.timed_calls == ((head, "acceptance_probs"),)
+    drafter = ARDrafter(drafter_model, runtime)
+    drafter.report_hidden = True
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=16,
+        drafter=drafter,
+        policy=policy,
+    )
+    assert head_rows and out.rounds
+    assert [r.host_ms for r in out.rounds] == pytest.approx([0.0] * len(out.rounds), abs=1e-6)
+    passes = sum(r.drafter_forward_passes for r in out.rounds)
+    assert sum(r.draft_ms for r in out.rounds) == pytest.approx(PASS_MS * passes + HEAD_MS * len(head_rows))
+    assert "acceptance_probs" not in vars(head)  # the clock left nothing
+
+
 def test_a_model_free_drafter_is_all_host_time(runtime, fake_clock):
     """Without pass entry points (``pass_entry_points`` is empty) the drafter's work is host work."""
     target = tiny_lm()
