@@ -200,6 +200,36 @@ def match_lengths_from_rounds(rounds: Sequence[RoundRecord], num_tokens: int) ->
 
 
 @torch.no_grad()
+def prefill_for_replay(
+    drafter, verifier, prompt_ids: torch.Tensor, output_ids: torch.Tensor, doing: str
+) -> torch.Tensor | None:
+    """Prefill ``drafter`` with ``prompt_ids`` (``(P,) int64``) for a replay over ``output_ids``
+    (``(n,) int64``): a drafter that reads the target (``target_feature_layers``) gets the target's
+    features of the prompt from one pass of ``verifier`` over ``prompt + output`` (its
+    ``request_features`` / ``prompt_features``).
+
+    Returns:
+        the target's features of every position of ``prompt + output`` but the last (``(P + n - 1,
+        F)``, the verifier's dtype) for a drafter that reads them (the replay's commits take their
+        rows), else None.
+
+    Raises:
+        ValueError: a drafter that reads the target, without a ``verifier`` (``doing`` names the caller's work).
+    """
+    layers = tuple(getattr(drafter, "target_feature_layers", ()) or ())
+    if not layers:
+        drafter.prefill(prompt_ids)
+        return None
+    if verifier is None:
+        raise ValueError(f"{doing} drafter {getattr(drafter, 'name', '')!r} needs the verifier (its features)")
+    verifier.request_features(layers)
+    verifier.prefill(torch.cat([prompt_ids, output_ids.to(prompt_ids.device)]))  # every position but the last
+    features = verifier.prompt_features
+    verifier.request_features(())
+    drafter.prefill(prompt_ids, features=features[: prompt_ids.shape[0] - 1])
+    return features
+
+
 def replay_match_lengths(
     drafter, prompt_ids: torch.Tensor, output_ids: torch.Tensor, max_length: int, verifier=None
 ) -> tuple[list[int], list[list[int]]]:
@@ -221,18 +251,7 @@ def replay_match_lengths(
     y = [int(t) for t in output_ids.tolist()]
     n = len(y)
     device = prompt_ids.device
-    layers = tuple(getattr(drafter, "target_feature_layers", ()) or ())
-    features = None
-    if layers:
-        if verifier is None:
-            raise ValueError(f"replaying drafter {getattr(drafter, 'name', '')!r} needs the verifier (its features)")
-        verifier.request_features(layers)
-        verifier.prefill(torch.cat([prompt_ids, output_ids.to(device)]))  # features of every position but the last
-        features = verifier.prompt_features
-        verifier.request_features(())
-        drafter.prefill(prompt_ids, features=features[: prompt_ids.shape[0] - 1])
-    else:
-        drafter.prefill(prompt_ids)
+    features = prefill_for_replay(drafter, verifier, prompt_ids, output_ids, "replaying")
     P = int(prompt_ids.shape[0])
     M, passes = [], []
     for i in range(n):

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.analysis.oracle import CostModel, solve
+from specpolicy.analysis.oracle import CostModel, prefill_for_replay, solve
 from specpolicy.core.types import LAST_HIDDEN, Draft, RoundRecord, Verification
 
 
@@ -98,19 +98,8 @@ def collect_traces(
     """
     y = [int(t) for t in output_ids.tolist()]
     n, device = len(y), prompt_ids.device
-    layers = tuple(getattr(drafter, "target_feature_layers", ()) or ())
-    features = None
     drafter.report_hidden = True
-    if layers:
-        if verifier is None:
-            raise ValueError(f"tracing drafter {getattr(drafter, 'name', '')!r} needs the verifier (its features)")
-        verifier.request_features(layers)
-        verifier.prefill(torch.cat([prompt_ids, output_ids.to(device)]))
-        features = verifier.prompt_features
-        verifier.request_features(())
-        drafter.prefill(prompt_ids, features=features[: prompt_ids.shape[0] - 1])
-    else:
-        drafter.prefill(prompt_ids)
+    features = prefill_for_replay(drafter, verifier, prompt_ids, output_ids, "tracing")
     P = int(prompt_ids.shape[0])
     traces = []
     for i in range(n):
