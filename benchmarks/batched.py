@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, MethodSpec, add_model_arguments, parse_method, start_benchmark  # noqa: E402
+from peers import Bench, MethodSpec, add_method_argument, add_model_arguments, parse_method, start_benchmark  # noqa: E402
 
 from specpolicy.analysis.batch_model import RoundCounts, modeled_batched  # noqa: E402
 from specpolicy.analysis.machine import MachineWatch  # noqa: E402
@@ -283,13 +283,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", default=None)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,2,4,8,16")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py takes it; "
+    add_method_argument(
+        p,
+        "a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py takes it; "
         "repeat for several, all on one drafter, with a static-k<K> row for each fixed K and the batch-schedule and "
         "goodput-batch rows (default: DEFAULT_METHODS); vanilla always runs",
     )

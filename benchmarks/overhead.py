@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import Bench, MethodSpec, add_model_arguments, parse_method  # noqa: E402
+from peers import Bench, MethodSpec, add_method_argument, add_model_arguments, parse_method  # noqa: E402
 
 from specpolicy.analysis.profiling import ForwardTimer, PolicyTimer  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
@@ -190,13 +190,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", default=None, help="JSON output")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py "
+    add_method_argument(
+        p,
+        "a conf/method/ preset by name, or a one-off NAME=drafter=D,policy=P,... as benchmarks/peers.py "
         "takes it; repeat for several (default: DEFAULT_METHODS); vanilla always runs",
     )
     args = p.parse_args(argv)

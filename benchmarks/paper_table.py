@@ -83,6 +83,7 @@ from peers import (  # noqa: E402  (not a package)
     Method,
     MethodSpec,
     _conf,
+    add_method_argument,
     add_model_arguments,
     mark_timing,
     parse_method,
@@ -203,13 +204,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-threshold", type=float, default=0.9, help="Fast-dLLM's default unmask threshold")
     p.add_argument("--failfast-threshold", type=float, default=0.05, help="FailFast's unmask threshold")
     p.add_argument("--out", default="paper-table", help="output directory")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="a row by its conf/method/ preset's name or a paper row's (PAPER_ROWS; under the paper's protocol: the --failfast-* settings, "
+    add_method_argument(
+        p,
+        "a row by its conf/method/ preset's name or a paper row's (PAPER_ROWS; under the paper's protocol: the --failfast-* settings, "
         "the thresholds, the calibrated k of " + ", ".join(TAKES_K) + "), or a one-off NAME=drafter=D,policy=P,... "
         "(as given); repeat for several (default: the paper's rows, " + ", ".join(METHOD_TITLES) + ")",
     )

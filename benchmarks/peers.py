@@ -952,13 +952,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle replay")
     p.add_argument("--methods", default=None, help="regex: run only matching methods (vanilla always runs)")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="a method by its conf/method/ preset's name (e.g. dflash+failfast), or a one-off "
+    add_method_argument(
+        p,
+        "a method by its conf/method/ preset's name (e.g. dflash+failfast), or a one-off "
         "NAME=drafter=D,policy=P,policy.KEY=VALUE,... (any installed policy; method=PRESET starts from a preset); "
         "repeat to compare several; with it only vanilla and these run unless --builtins",
     )
@@ -1011,6 +1007,13 @@ def check_prompt_slice(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         for key, option in OPTION_NAMES.items():
             message = message.replace(key, option)
         p.error(message)
+
+
+def add_method_argument(p: argparse.ArgumentParser, help: str) -> None:
+    """``--method NAME[=OVERRIDES]``, repeatable, parsed by ``parse_method`` (a preset by name or a
+    one-off) into ``args.method`` (a list, empty by default); ``help`` says what the benchmark does
+    with the methods."""
+    p.add_argument("--method", action="append", type=parse_method, default=[], metavar="NAME[=OVERRIDES]", help=help)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:

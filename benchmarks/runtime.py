@@ -60,7 +60,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import MethodSpec, _conf, parse_method  # noqa: E402
+from peers import MethodSpec, _conf, add_method_argument, parse_method  # noqa: E402
 
 from specpolicy.analysis.bandwidth import stream_probes, x_floor_range  # noqa: E402
 from specpolicy.core.decoding import generate  # noqa: E402
@@ -508,13 +508,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--static-k", type=int, default=5, help="k of HF's constant assisted schedule")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="a method by its conf/method/ preset's name, or a one-off NAME=drafter=D,policy=P,... (as "
+    add_method_argument(
+        p,
+        "a method by its conf/method/ preset's name, or a one-off NAME=drafter=D,policy=P,... (as "
         "benchmarks/peers.py takes them), on the ar, eagle3 or dflash drafter; repeat for several (default: "
         + ", ".join(DEFAULT_METHODS)
         + ")",

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import (  # noqa: E402
     Bench,
     MethodSpec,
+    add_method_argument,
     add_model_arguments,
     check_prompt_slice,
     failfast_label,
@@ -81,13 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse-min-match", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per method")
     p.add_argument("--out", default=None, help="JSON output")
-    p.add_argument(
-        "--method",
-        action="append",
-        type=parse_method,
-        default=[],
-        metavar="NAME[=OVERRIDES]",
-        help="another row beside the grid: a conf/method/ preset by name (e.g. dflash-failfast-tuned) or a one-off "
+    add_method_argument(
+        p,
+        "another row beside the grid: a conf/method/ preset by name (e.g. dflash-failfast-tuned) or a one-off "
         "as benchmarks/peers.py takes it; repeat for several",
     )
     args = p.parse_args(argv)
