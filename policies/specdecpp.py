@@ -36,8 +36,10 @@ class SpecDecPPPolicy(LengthPolicy):
     on the tokens new since the last decision). Differences from the reference code, deliberate: the
     comparison is ``>=`` (so ``h = 1`` is meaningful: it stops only on a zero confidence),
     and the first token's estimate is included in the product (the reference treats it
-    as 1). The product is taken in float64 on the host: one small device-to-host copy of
-    the estimates per decision, whatever their device. Stateless but for the head's rows of the round.
+    as 1). The product is taken in float64 on the host (``AcceptanceChoice.all_accepted``): one small
+    device-to-host copy per decision, whatever the device -- of the confidences, or of the new
+    token's hidden row, the head's estimates and their running product being kept on the host
+    through the round. Stateless but for the head's estimates of the round.
 
     Args:
         h: stop threshold on ``1 - prod(p_accept)``, in (0, 1] (default 0.7); in (0, 1) with the head
@@ -85,8 +87,7 @@ class SpecDecPPPolicy(LengthPolicy):
         if k >= self.max_length:
             self.draft_stop_reason = "policy_bound"
             return 0
-        p_accept = self.acceptance_choice.probs(draft).detach().cpu().double()  # the one host read (float64 after)
-        p_reject = 1.0 - float(p_accept.prod())
+        p_reject = 1.0 - self.acceptance_choice.all_accepted(draft)  # the one host read (float64 after)
         self.draft_stop_reason = "low_confidence"
         return 0 if p_reject >= self.h else 1
 

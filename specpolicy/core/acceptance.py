@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,12 +24,14 @@ ACCEPTANCE_SOURCES = ("confidence", "head")
 
 
 class AcceptanceHead(Protocol):
-    """What ``HeadAcceptance`` needs of a head (``specpolicy.models.acceptance_head.AcceptancePredictionHead``)."""
+    """What ``HeadAcceptance`` needs of a head (``specpolicy.models.acceptance_head.AcceptancePredictionHead``;
+    one with a ``fused()`` method is run through what that returns, ``FusedAcceptanceHead``)."""
 
     hidden_size: int
 
-    def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
-        """``(n, H)`` float (and the tokens' ``(n,)`` confidences) -> ``(n,) float32`` acceptance probabilities."""
+    def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> Any:
+        """``(n, H)`` float (and the tokens' ``(n,)`` confidences) -> ``(n,)`` acceptance probabilities
+        (a tensor or a NumPy array: read with ``tolist()``)."""
 
 
 class ConfidenceAcceptance:
@@ -46,6 +48,11 @@ class ConfidenceAcceptance:
         """``(k,) float32``: ``draft.confidences``."""
         return draft.confidences
 
+    def all_accepted(self, draft: Draft) -> float:
+        """The estimated probability that every drafted token is accepted: the product of the
+        confidences, taken in float64 on the host (one device-to-host copy)."""
+        return float(draft.confidences.detach().cpu().double().prod())
+
     def lookahead_probs(self, draft: Draft) -> torch.Tensor | None:
         """``(lookahead,) float32`` or None: ``draft.lookahead_confidences``."""
         return draft.lookahead_confidences
@@ -54,55 +61,74 @@ class ConfidenceAcceptance:
 class HeadAcceptance:
     """Acceptance estimate = SpecDec++'s head on the drafter's last hidden states (module docstring).
 
-    Rows are cached within a round: ``new_round`` (called by the policy at each round's empty draft)
-    forgets them; a later call runs the head only on the hidden-state rows beyond those cached.
+    Within a round each hidden-state row goes through the head once: the estimates are kept on the
+    host as Python floats with their running products, so a decision that adds one token costs one
+    head call on that one row (``FusedAcceptanceHead``: no module dispatch, no torch op per layer)
+    and one multiplication, whatever the draft's length. ``new_round`` (called by the policy at each
+    round's empty draft) forgets them.
 
     Args:
-        head: the trained head, on the drafter's device.
+        head: the trained head, on the drafter's device (``AcceptanceHead``; an
+            ``AcceptancePredictionHead`` is run through ``head.fused()``).
     """
 
     source = "head"
 
     def __init__(self, head: AcceptanceHead) -> None:
         self.head = head
+        fused = getattr(head, "fused", None)
+        self.step: AcceptanceHead = fused() if callable(fused) else head  # what a decision calls
         self.new_round()
 
     @property
     def timed_calls(self) -> tuple:
-        """The head's pass (``specpolicy.core.passes``): ``acceptance_probs``, its forward and the
-        softmax on its logits, timed as a model pass of the drafter's side, not host work."""
-        return ((self.head, "acceptance_probs"),)
+        """The head's pass (``specpolicy.core.passes``): the ``acceptance_probs`` a decision calls,
+        timed as a model pass of the drafter's side, not host work."""
+        return ((self.step, "acceptance_probs"),)
 
     def new_round(self) -> None:
         """Forget the round's rows."""
-        self._cached: torch.Tensor | None = None  # (m,) float32 head estimates of rows 0..m-1
+        self._estimates: list[float] = []  # the head's estimates of rows 0..m-1
+        self._products: list[float] = [1.0]  # _products[i]: product of the first i estimates
 
-    def _rows(self, draft: Draft, n: int) -> torch.Tensor | None:
-        """The head's estimates of the first ``n`` hidden rows (fewer when fewer were reported), or None."""
+    def _rows(self, draft: Draft, n: int) -> int:
+        """Run the head on the hidden rows up to ``n`` not estimated yet; returns how many of the
+        first ``n`` rows have an estimate (fewer when fewer hidden rows were reported)."""
         hidden = draft.extras.get(LAST_HIDDEN)
         if hidden is None:
-            return None
+            return 0
         n = min(n, int(hidden.shape[0]))
-        have = 0 if self._cached is None else int(self._cached.shape[0])
+        have = len(self._estimates)
         if n > have:
             conf = draft.confidences
             if draft.lookahead_confidences is not None and n > conf.shape[0]:
                 conf = torch.cat([conf[: draft.length - draft.reused_tokens], draft.lookahead_confidences])
-            new = self.head.acceptance_probs(hidden[have:n], conf[have:n]).to(draft.confidences.device)
-            self._cached = new if self._cached is None else torch.cat([self._cached, new])
-        return None if self._cached is None else self._cached[:n]
+            new = self.step.acceptance_probs(hidden[have:n], conf[have:n]).tolist()
+            self._estimates.extend(new)
+            product = self._products[-1]
+            for p in new:
+                product *= p
+                self._products.append(product)
+        return min(n, len(self._estimates))
 
     def probs(self, draft: Draft) -> torch.Tensor:
         """``(k,) float32``: the head's estimate for each drafted token with a hidden state, the
         confidence for the rest (reused tokens)."""
         k = draft.length
-        own = k - draft.reused_tokens
-        rows = self._rows(draft, own)
-        if rows is None or rows.shape[0] == 0:
+        rows = self._rows(draft, k - draft.reused_tokens)
+        if rows == 0:
             return draft.confidences
-        if rows.shape[0] == k:
-            return rows
-        return torch.cat([rows, draft.confidences[rows.shape[0] :]])
+        head = torch.tensor(self._estimates[:rows], dtype=torch.float32, device=draft.confidences.device)
+        return head if rows == k else torch.cat([head, draft.confidences[rows:]])
+
+    def all_accepted(self, draft: Draft) -> float:
+        """The estimated probability that every drafted token is accepted: the running product of the
+        head's estimates, times the confidences of the tokens without a hidden row (float64, host)."""
+        k = draft.length
+        rows = self._rows(draft, k - draft.reused_tokens)
+        if rows == k:
+            return self._products[rows]
+        return self._products[rows] * float(draft.confidences[rows:].detach().cpu().double().prod())
 
     def lookahead_probs(self, draft: Draft) -> torch.Tensor | None:
         """``(lookahead,) float32`` or None: the head's estimates of the decoded-ahead tokens (their
@@ -112,9 +138,9 @@ class HeadAcceptance:
             return ahead
         k = draft.length
         rows = self._rows(draft, k + int(ahead.shape[0]))
-        if rows is None or rows.shape[0] <= k:
+        if rows <= k:
             return ahead
-        got = rows[k:]
+        got = torch.tensor(self._estimates[k:rows], dtype=torch.float32, device=ahead.device)
         return got if got.shape[0] == ahead.shape[0] else torch.cat([got, ahead[got.shape[0] :]])
 
 
@@ -187,6 +213,11 @@ class AcceptanceChoice:
     def probs(self, draft: Draft) -> torch.Tensor:
         """``(k,) float32`` acceptance estimates of the draft's tokens."""
         return self.estimate.probs(draft)
+
+    def all_accepted(self, draft: Draft) -> float:
+        """The estimated probability that every token of the draft is accepted (float64 on the host;
+        SpecDec++'s ``prod(p_accept)``)."""
+        return self.estimate.all_accepted(draft)
 
     def lookahead_probs(self, draft: Draft) -> torch.Tensor | None:
         """``(lookahead,) float32`` estimates of the decoded-ahead tokens, or None (not reported)."""

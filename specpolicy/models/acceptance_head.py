@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -94,6 +95,64 @@ class AcceptancePredictionHead(nn.Module):
         """``(n, H)`` float (and ``(n,)`` confidences when ``reads_confidence``) -> ``(n,) float32``:
         softmax(logits)[:, 1], each drafted token's predicted probability of acceptance, in [0, 1]."""
         return torch.softmax(self(hidden, confidences).float(), dim=-1)[:, 1]
+
+    def fused(self) -> FusedAcceptanceHead:
+        """This head's weights as ``FusedAcceptanceHead``, the per-decision path the policies run."""
+        return FusedAcceptanceHead(self)
+
+
+class FusedAcceptanceHead:
+    """An ``AcceptancePredictionHead``'s forward as one chain of float32 NumPy products, for the few
+    rows a policy decision reads (``specpolicy.core.acceptance.HeadAcceptance``).
+
+    The head is tiny (3 blocks of ``H + 1`` wide on the bundled drafters) and a decision runs it on
+    ONE row, so ``nn.Module`` dispatch (a call per block, linear and activation), torch's per-op
+    overhead and its intra-op thread pool cost more than the products (measured on the bundled AR
+    drafter's head on this CPU, interleaved: ~115 us per call through the module, ~45 us here). Here:
+    the weights are copied once into contiguous float32 arrays; a call converts the rows once (one
+    device-to-host copy on an accelerator), appends the confidence's logit column, runs the blocks
+    (``x + SiLU(x W^T + b)``, SiLU written ``z * (1 + tanh(z / 2)) / 2``: no overflow) and returns
+    ``sigmoid(l_accepted - l_rejected)``, which is ``softmax(logits)[:, 1]`` (equal up to float32
+    rounding, ~1e-7; ``tests/core/test_acceptance_head.py``).
+
+    Args:
+        head: the trained head (its weights are copied: later training does not show here).
+    """
+
+    def __init__(self, head: AcceptancePredictionHead) -> None:
+        self.hidden_size, self.reads_confidence = head.hidden_size, head.reads_confidence
+        with torch.no_grad():
+            self._blocks = [
+                (_array(block.linear.weight.t()), _array(block.linear.bias)) for block in head.blocks
+            ]  # ((in, out), (out,)) float32 each
+            weight, bias = head.out.weight, head.out.bias
+            self._out_w = _array(weight[1] - weight[0])  # (width,): the accepted-minus-rejected logit
+            self._out_b = float(bias[1] - bias[0])
+
+    def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> np.ndarray:
+        """``(n, H)`` float (and the tokens' ``(n,)`` confidences when ``reads_confidence``) ->
+        ``(n,) float64`` acceptance probabilities in [0, 1], as ``AcceptancePredictionHead.acceptance_probs``.
+        Raises ValueError when confidences are missing."""
+        rows = hidden.detach().float().cpu().numpy()
+        if self.reads_confidence:
+            if confidences is None:
+                raise ValueError("this acceptance head reads the confidences too (inputs='hidden+confidence')")
+            conf = np.clip(confidences.detach().float().cpu().numpy().reshape(-1), 1e-6, 1 - 1e-6)
+            x = np.empty((rows.shape[0], rows.shape[1] + 1), dtype=np.float32)
+            x[:, :-1] = rows
+            x[:, -1] = np.log(conf) - np.log1p(-conf)  # the confidence's logit, as the module's input
+        else:
+            x = rows
+        for weight, bias in self._blocks:
+            z = x @ weight + bias
+            x = x + z * (1.0 + np.tanh(0.5 * z)) * 0.5  # x + SiLU(z)
+        logit = (x @ self._out_w).astype(np.float64) + self._out_b
+        return 0.5 * (1.0 + np.tanh(0.5 * logit))  # sigmoid, without overflow
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a contiguous float32 NumPy array on the host (a copy)."""
+    return np.ascontiguousarray(tensor.detach().float().cpu().numpy(), dtype=np.float32).copy()
 
 
 def save_head(head: AcceptancePredictionHead, directory: str | Path) -> Path:

@@ -55,6 +55,28 @@ def test_head_is_residual_blocks_then_two_logits():
     assert torch.allclose(p, torch.softmax(head(x), -1)[:, 1])
 
 
+@pytest.mark.parametrize("inputs", ["hidden", "hidden+confidence"])
+def test_the_fused_head_is_the_heads_forward(inputs):
+    """``FusedAcceptanceHead`` (the policies' per-decision path) gives the module's probabilities."""
+    torch.manual_seed(3)
+    head = AcceptancePredictionHead(8, 3, inputs=inputs)
+    for block in head.blocks:  # weights large enough that SiLU's both sides and the sigmoid's tails are hit
+        torch.nn.init.normal_(block.linear.weight, std=0.5)
+    torch.nn.init.normal_(head.out.weight, std=2.0)
+    x = torch.randn(6, 8, dtype=torch.bfloat16) * 2
+    conf = torch.tensor([0.0, 0.2, 0.5, 0.9, 0.999, 1.0]) if inputs != "hidden" else None
+    with torch.no_grad():  # centred: estimates on both sides of 1/2
+        margin = head(x, conf) @ torch.tensor([-1.0, 1.0])
+        head.out.bias[1] -= float(margin.median())
+    fused = head.fused().acceptance_probs(x, conf)
+    assert fused.dtype == np.float64 and fused.shape == (6,)
+    expected = head.acceptance_probs(x, conf).double().numpy()
+    assert np.allclose(fused, expected, atol=1e-6) and expected.min() < 0.1 and expected.max() > 0.9
+    if inputs != "hidden":
+        with pytest.raises(ValueError, match="reads the confidences too"):
+            head.fused().acceptance_probs(x)
+
+
 def test_save_load_round_trip_and_hidden_size_check(tmp_path):
     torch.manual_seed(1)
     head = AcceptancePredictionHead(8, 2, {"drafter": "ar", "drafter_hidden_size": 8})

@@ -196,11 +196,11 @@ HEAD_MS = 17.0  # fake ms: each forward of an acceptance head
 
 
 @pytest.mark.parametrize("policy_name", ["specdecpp", "failfast"])
-def test_an_acceptance_heads_forward_is_a_pass_not_host_work(runtime, fake_clock, policy_name):
+def test_an_acceptance_heads_forward_is_a_pass_not_host_work(runtime, fake_clock, policy_name, monkeypatch):
     """SpecDec++'s acceptance head (``policy.acceptance=head``) is a network on the drafter's side: the
     policy names it (``LengthPolicy.timed_calls``), so the loop times it as a pass -- in the round's
     drafting ms, never in its host ms."""
-    from specpolicy.models.acceptance_head import AcceptancePredictionHead
+    from specpolicy.models.acceptance_head import AcceptancePredictionHead, FusedAcceptanceHead
     from specpolicy.policies.failfast import FailFastPolicy
     from specpolicy.policies.specdecpp import SpecDecPPPolicy
 
@@ -211,19 +211,22 @@ def test_an_acceptance_heads_forward_is_a_pass_not_host_work(runtime, fake_clock
     torch.manual_seed(0)
     head = AcceptancePredictionHead(drafter_model.config.hidden_size, 2).eval()
     head_rows: list[int] = []
+    fused_probs = FusedAcceptanceHead.acceptance_probs
 
-    def slow_head(mod, args, out):  # returns None: the output stays
-        head_rows.append(int(args[0].shape[0]))
+    def slow_head(self, hidden, confidences=None):  # what a decision runs: the head's fused forward
+        head_rows.append(int(hidden.shape[0]))
         fake_clock.advance(HEAD_MS)
+        return fused_probs(self, hidden, confidences)
 
-    head.register_forward_hook(slow_head)
+    monkeypatch.setattr(FusedAcceptanceHead, "acceptance_probs", slow_head)
     policy = (
         SpecDecPPPolicy(h=0.5, min_length=1, max_length=6, acceptance="head")
         if policy_name == "specdecpp"
         else FailFastPolicy(n=2, tau=0.3, n_max=6, acceptance="head")
     )
     policy.acceptance_choice.use_head(head)
-    assert policy.timed_calls == ((head, "acceptance_probs"),)
+    step = policy.acceptance_choice.estimate.step
+    assert isinstance(step, FusedAcceptanceHead) and policy.timed_calls == ((step, "acceptance_probs"),)
     drafter = ARDrafter(drafter_model, runtime)
     drafter.report_hidden = True
     out = generate(
@@ -238,7 +241,7 @@ def test_an_acceptance_heads_forward_is_a_pass_not_host_work(runtime, fake_clock
     assert [r.host_ms for r in out.rounds] == pytest.approx([0.0] * len(out.rounds), abs=1e-6)
     passes = sum(r.drafter_forward_passes for r in out.rounds)
     assert sum(r.draft_ms for r in out.rounds) == pytest.approx(PASS_MS * passes + HEAD_MS * len(head_rows))
-    assert "acceptance_probs" not in vars(head)  # the clock left nothing
+    assert "acceptance_probs" not in vars(step)  # the clock left nothing
 
 
 def test_a_model_free_drafter_is_all_host_time(runtime, fake_clock):
