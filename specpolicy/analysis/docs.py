@@ -41,6 +41,7 @@ from typing import Any
 
 from specpolicy.analysis.docs_neighbours import (
     DIAGNOSTICS_KINDS,
+    HEAD_KINDS,
     EASYSPEC_DEPTH_NAME,
     NEIGHBOURS_NAME,
     neighbours_page,
@@ -309,6 +310,16 @@ def metrics_page() -> str:
 # -- render, write, check ----------------------------------------------------------------------
 
 
+def bundled_heads() -> dict[str, dict[str, Any] | None]:
+    """Each bundled drafter's acceptance head's ``config.json`` (``<bundle>/<kind>-drafter/acceptance-head/``,
+    its ``calibration`` written by the head's training), parsed; None for a drafter without one."""
+    from specpolicy.models.acceptance_head import CONFIG_FILE, HEAD_DIR
+    from specpolicy.models.sources import bundled_dir
+
+    paths = {kind: bundled_dir() / f"{kind}-drafter" / HEAD_DIR / CONFIG_FILE for kind in HEAD_KINDS}
+    return {kind: json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None for kind, p in paths.items()}
+
+
 def fill_readme(text: str, block: Sequence[str]) -> str | None:
     """``text`` with the lines between the headline markers replaced by ``block``; None without markers."""
     start, end = text.find(BEGIN), text.find(END)
@@ -336,6 +347,7 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
             load(root, EASYSPEC_DEPTH_NAME),
             load(root, RUNTIME_CUDA_NAMES[1]),
             {kind: load(root, f"diagnostics-{kind}-gsm8k.json") for kind in DIAGNOSTICS_KINDS},
+            bundled_heads(),
         ),
         "notes.md": notes_page(root),
         "runtime.md": runtime_page(

@@ -311,6 +311,53 @@ def diagnostics_context(diagnostics: Mapping[str, Mapping[str, Any] | None]) -> 
     }
 
 
+#: The bundled drafters with an acceptance head (SpecDec++'s, ``specpolicy.models.acceptance_head``), by kind.
+HEAD_KINDS = {"ar": "AR", "eagle3": "EAGLE-3", "dflash": "DFlash", "dart": "DART", "falcon": "Falcon"}
+#: Draft positions of the heads' calibration-by-distance columns.
+HEAD_DISTANCES = (1, 4, 8)
+
+
+def head_calibration_context(heads: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The bundled acceptance heads beside the drafters' diagnostics: each head's ``config.json``
+    ``calibration`` (``python -m specpolicy.family.train_drafter acceptance-head``: held-out drafts of
+    its training run), one row for the head's estimate and one for the drafter's raw confidence on the
+    same tokens -- ECE and Brier score over every position and at draft positions ``HEAD_DISTANCES``
+    (``calibration.by_distance``), and AUC. None when no head has them."""
+    rows, settings = [], None
+    for kind, label in HEAD_KINDS.items():
+        config = heads.get(kind)
+        calibration = (config or {}).get("calibration") or {}
+        if "by_distance" not in calibration:
+            continue
+        settings = settings or config.get("training") or {}
+        by_distance = {int(r["distance"]): r for r in calibration["by_distance"]}
+        for estimate, name in (("head", "head"), ("confidence", "confidence")):
+            whole = calibration[estimate]
+            at = [by_distance.get(d) for d in HEAD_DISTANCES]
+            rows.append([
+                label if estimate == "head" else "",
+                name,
+                f"{whole['ece']:.3f}",
+                " / ".join("-" if r is None else f"{r[estimate + '_ece']:.3f}" for r in at),
+                f"{whole['brier']:.3f}",
+                " / ".join("-" if r is None else f"{r[estimate + '_brier']:.3f}" for r in at),
+                f"{whole['auc']:.3f}",
+                f"{calibration['held_out_tokens']}" if estimate == "head" else "",
+            ])  # fmt: skip
+    if not rows:
+        return None
+    assert settings is not None
+    first = int(settings.get("prompt_offset", 0))
+    return {
+        "rows": rows,
+        "distances": " / ".join(str(d) for d in HEAD_DISTANCES),
+        "prompts": f"{first}-{first + int(settings.get('num_prompts', 0)) - 1}",
+        "holdout": settings.get("holdout"),
+        "max_draft": settings.get("max_draft"),
+        "mixing_ratio": settings.get("mixing_ratio"),
+    }
+
+
 def command_lines(s: Mapping[str, Any]) -> list[str]:
     """The peers command behind the neighbours run, one flag a line."""
     command = [
@@ -333,6 +380,7 @@ def neighbours_page(
     depth: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
     diagnostics: Mapping[str, Mapping[str, Any] | None] | None = None,
+    heads: Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> str:
     """The neighbours' rows measured here, then their papers' claims, the commands folded at the end.
     Raises ``MissingRow`` when ``results`` lacks a row the page names."""
@@ -360,6 +408,7 @@ def neighbours_page(
         charged=charged_context(methods, tuned),
         falcon=falcon_rows(methods),
         diagnostics=diagnostics_context(diagnostics or {}),
+        heads=head_calibration_context(heads or {}),
         every_row=peers_rows(results),
         command=command_lines(results["settings"]),
     )

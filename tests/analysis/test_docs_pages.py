@@ -183,3 +183,26 @@ def test_the_notes_give_the_tuned_preset_as_its_config_says(copy: Path):
     preset = copy / "conf/method/dflash-failfast-tuned.yaml"
     preset.write_text(preset.read_text().replace("tau: 0.7", "tau: 0.6"))
     assert "runs N = 5, τ = 0.6." in docs.render(copy)[0][docs.PAGES / "notes.md"]
+
+
+def test_the_heads_calibration_rows_come_from_each_bundled_heads_config():
+    """The neighbours page's acceptance-head rows (head and confidence, ECE and Brier by draft position)
+    are the bundled heads' ``config.json`` ``calibration``, not typed: a changed figure shows on the page."""
+    from specpolicy.analysis.docs_neighbours import HEAD_KINDS, head_calibration_context
+
+    heads = docs.bundled_heads()
+    assert set(heads) == set(HEAD_KINDS) and all(heads.values())
+    page = (ROOT / docs.PAGES / "neighbours.md").read_text(encoding="utf-8")
+    context = head_calibration_context(heads)
+    assert context is not None and len(context["rows"]) == 2 * len(HEAD_KINDS)
+    eagle3 = heads["eagle3"]["calibration"]
+    at1 = eagle3["by_distance"][0]
+    row = f"| EAGLE-3 | head | {eagle3['head']['ece']:.3f} | {at1['head_ece']:.3f} / "
+    assert row in page
+    changed = json.loads(json.dumps(heads))
+    changed["eagle3"]["calibration"]["head"]["ece"] = 0.987
+    changed["ar"] = None  # a drafter without a head: no row
+    again = head_calibration_context(changed)
+    assert again is not None and len(again["rows"]) == 2 * (len(HEAD_KINDS) - 1)
+    assert ["EAGLE-3", "head", "0.987"] == again["rows"][0][:3]
+    assert head_calibration_context({kind: None for kind in HEAD_KINDS}) is None
