@@ -41,8 +41,8 @@ from typing import Any
 
 from specpolicy.analysis.docs_neighbours import (
     DIAGNOSTICS_KINDS,
-    HEAD_KINDS,
     EASYSPEC_DEPTH_NAME,
+    HEAD_KINDS,
     NEIGHBOURS_NAME,
     neighbours_page,
 )
