@@ -323,26 +323,25 @@ def head_calibration_context(heads: Mapping[str, Mapping[str, Any] | None]) -> d
     its training run), one row for the head's estimate and one for the drafter's raw confidence on the
     same tokens -- ECE and Brier score over every position and at draft positions ``HEAD_DISTANCES``
     (``calibration.by_distance``), and AUC. None when no head has them."""
-    rows, settings = [], None
+    rows, tokens, settings = [], [], None
     for kind, label in HEAD_KINDS.items():
         config = heads.get(kind)
         calibration = (config or {}).get("calibration") or {}
         if "by_distance" not in calibration:
             continue
         settings = settings or config.get("training") or {}
+        tokens.append(f"{label} {calibration['held_out_tokens']}")
         by_distance = {int(r["distance"]): r for r in calibration["by_distance"]}
-        for estimate, name in (("head", "head"), ("confidence", "confidence")):
+        at = [by_distance.get(d) for d in HEAD_DISTANCES]
+        for estimate in ("head", "confidence"):
             whole = calibration[estimate]
-            at = [by_distance.get(d) for d in HEAD_DISTANCES]
             rows.append([
-                label if estimate == "head" else "",
-                name,
+                f"{label} {estimate}",
                 f"{whole['ece']:.3f}",
-                " / ".join("-" if r is None else f"{r[estimate + '_ece']:.3f}" for r in at),
+                "/".join("-" if r is None else f"{r[estimate + '_ece']:.3f}" for r in at),
                 f"{whole['brier']:.3f}",
-                " / ".join("-" if r is None else f"{r[estimate + '_brier']:.3f}" for r in at),
+                "/".join("-" if r is None else f"{r[estimate + '_brier']:.3f}" for r in at),
                 f"{whole['auc']:.3f}",
-                f"{calibration['held_out_tokens']}" if estimate == "head" else "",
             ])  # fmt: skip
     if not rows:
         return None
@@ -350,7 +349,8 @@ def head_calibration_context(heads: Mapping[str, Mapping[str, Any] | None]) -> d
     first = int(settings.get("prompt_offset", 0))
     return {
         "rows": rows,
-        "distances": " / ".join(str(d) for d in HEAD_DISTANCES),
+        "tokens": ", ".join(tokens),
+        "distances": "/".join(str(d) for d in HEAD_DISTANCES),
         "prompts": f"{first}-{first + int(settings.get('num_prompts', 0)) - 1}",
         "holdout": settings.get("holdout"),
         "max_draft": settings.get("max_draft"),

@@ -197,12 +197,12 @@ def test_the_heads_calibration_rows_come_from_each_bundled_heads_config():
     assert context is not None and len(context["rows"]) == 2 * len(HEAD_KINDS)
     eagle3 = heads["eagle3"]["calibration"]
     at1 = eagle3["by_distance"][0]
-    row = f"| EAGLE-3 | head | {eagle3['head']['ece']:.3f} | {at1['head_ece']:.3f} / "
+    row = f"| EAGLE-3 head | {eagle3['head']['ece']:.3f} | {at1['head_ece']:.3f}/"
     assert row in page
     changed = json.loads(json.dumps(heads))
     changed["eagle3"]["calibration"]["head"]["ece"] = 0.987
     changed["ar"] = None  # a drafter without a head: no row
     again = head_calibration_context(changed)
     assert again is not None and len(again["rows"]) == 2 * (len(HEAD_KINDS) - 1)
-    assert ["EAGLE-3", "head", "0.987"] == again["rows"][0][:3]
+    assert ["EAGLE-3 head", "0.987"] == again["rows"][0][:2] and again["rows"][1][0] == "EAGLE-3 confidence"
     assert head_calibration_context({kind: None for kind in HEAD_KINDS}) is None
