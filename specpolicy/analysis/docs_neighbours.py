@@ -325,8 +325,8 @@ def head_calibration_context(heads: Mapping[str, Mapping[str, Any] | None]) -> d
     (``calibration.by_distance``), and AUC. None when no head has them."""
     rows, tokens, settings = [], [], None
     for kind, label in HEAD_KINDS.items():
-        config = heads.get(kind)
-        calibration = (config or {}).get("calibration") or {}
+        config = heads.get(kind) or {}
+        calibration = config.get("calibration") or {}
         if "by_distance" not in calibration:
             continue
         settings = settings or config.get("training") or {}

@@ -122,9 +122,10 @@ class FusedAcceptanceHead:
     def __init__(self, head: AcceptancePredictionHead) -> None:
         self.hidden_size, self.reads_confidence = head.hidden_size, head.reads_confidence
         with torch.no_grad():
+            linears = [block.linear for block in head.blocks if isinstance(block, ResidualBlock)]
             self._blocks = [
-                (_array(block.linear.weight.t()), _array(block.linear.bias)) for block in head.blocks
-            ]  # ((in, out), (out,)) float32 each
+                (_array(lin.weight.t()), _array(lin.bias)) for lin in linears
+            ]  # ((in, out), (out,)) float32
             weight, bias = head.out.weight, head.out.bias
             self._out_w = _array(weight[1] - weight[0])  # (width,): the accepted-minus-rejected logit
             self._out_b = float(bias[1] - bias[0])
