@@ -700,7 +700,9 @@ def make_verifier_hf(family, rt):
     return build({"model": str(family["target"])}, rt)
 
 
-@pytest.mark.parametrize("kind", ["vanilla", "ar", "eagle3"])
+@pytest.mark.parametrize(  # EAGLE-3's static batched pass is the AR one's with target features: slow
+    "kind", ["vanilla", "ar", pytest.param("eagle3", marks=pytest.mark.slow)]
+)
 def test_the_batched_loop_on_a_static_cache_decodes_every_request_as_alone(eagle3_checkpoint, runtime, kind):
     """The batched loop's static verifier (``StaticBatchedHFVerifier``: one sequence of the static
     cache per request, accepted entries left where they were written), and EAGLE-3's and the AR
