@@ -109,9 +109,10 @@ def alone_runs() -> dict:
 
 
 def _alone_case(kind: str, choice: str, batch_size: int):
-    """Fast subset: every drafter with FailFast (vanilla: no policy) at batch size 4; the other
+    """Fast subset: every drafter with FailFast (vanilla: no policy) at batch size 4, but DFlash's
+    draft-vocabulary variant (DFlash's batched pass, checked with the full vocabulary); the other
     policies and batch sizes 1 and 16 are ``slow``."""
-    fast = batch_size == 4 and choice in ("failfast", "none")
+    fast = batch_size == 4 and choice in ("failfast", "none") and kind != "dflash-vocab"
     marks = () if fast else pytest.mark.slow
     return pytest.param(kind, choice, batch_size, id=f"{kind}-{choice}-{batch_size}", marks=marks)
 

@@ -125,10 +125,15 @@ def vanilla() -> dict:
 
 
 def _combination(drafter: str, policy: str, reuse: bool):
-    """The fast subset keeps every drafter with FailFast (with and without reuse) and the AR drafter
-    with a static length (each policy's own losslessness tests, tests/policies/, are fast too); the
-    rest of the matrix is ``slow``."""
-    fast = policy == "failfast" or (drafter == "ar" and policy == "static" and not reuse)
+    """The fast subset keeps each drafter once with FailFast (AR and Fast-dLLM with reuse, the path
+    search without) and the AR drafter with a static length (each policy's own losslessness tests,
+    tests/policies/, are fast too); the rest of the matrix is ``slow``."""
+    fast = (drafter, policy, reuse) in (
+        ("ar", "static", False),
+        ("ar", "failfast", True),
+        ("fastdllm", "failfast", True),
+        ("fastdllm-cps", "failfast", False),
+    )
     return pytest.param(
         drafter,
         policy,

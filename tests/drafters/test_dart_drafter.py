@@ -181,7 +181,13 @@ POLICIES = {
 }
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+#: the fast subset's policies (a chain, FailFast, DART's tree with and without the n-gram); the rest slow
+FAST_POLICIES = ("static-3", "failfast", "dart-tree", "dart-tree-no-ngram")
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in FAST_POLICIES else pytest.param(n, marks=pytest.mark.slow) for n in POLICIES]
+)
 def test_greedy_is_lossless(checkpoint, target, rt, name):
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     drafter = _drafter(checkpoint, target, rt, stop=frozenset({EOS}))

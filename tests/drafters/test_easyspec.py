@@ -117,10 +117,10 @@ def test_bonus_calibration_rebuilds_the_exact_cache(drafter_model, runtime):
 @pytest.mark.parametrize(
     "policy",
     [
-        {"name": "static", "k": 4},
-        {"name": "failfast", "n": 2, "tau": 0.3, "n_max": 12},
-        {"name": "aimd", "n_max": 10},
-        {"name": "adl", "k_min": 2, "k_max": 8, "delta": 3},
+        {"name": "failfast", "n": 2, "tau": 0.3, "n_max": 12},  # the fast subset: FailFast; the rest slow
+        pytest.param({"name": "static", "k": 4}, marks=pytest.mark.slow),
+        pytest.param({"name": "aimd", "n_max": 10}, marks=pytest.mark.slow),
+        pytest.param({"name": "adl", "k_min": 2, "k_max": 8, "delta": 3}, marks=pytest.mark.slow),
     ],
 )
 def test_lossless_with_chain_policies(drafter_model, runtime, policy):
@@ -142,9 +142,10 @@ def test_layer_parallel_is_checked_against_the_bundled_drafter():
     validate({"model": "ar-drafter", "layer_parallel": 2})  # accepted: no error
 
 
+@pytest.mark.slow  # the AR drafter's sampled chain (tests/core/test_sampling.py) with layer-parallel passes
 def test_speculative_sampling_keeps_the_target_distribution():
     """The statistical test of ``tests/core/test_sampling.py`` on EasySpec (a random peaked 4-layer
-    drafter, 2 layers in parallel, drafts of 2 tokens): the first 3 sampled tokens of 1000 seeded
+    drafter, 2 layers in parallel, drafts of 2 tokens): the first 3 sampled tokens of N = 500 seeded
     runs follow the target's exact joint, the drafts' tokens verified with q the warped rows they
     were drawn from."""
     from specpolicy.core.runtime import Runtime

@@ -201,7 +201,7 @@ def _sampling_helpers():
 
 
 def test_speculative_sampling_keeps_the_target_distribution():  # the fast subset's sampled Falcon
-    """Chi-square of the first 3 sampled tokens over 1000 seeded runs against the exact joint
+    """Chi-square of the first 3 sampled tokens over N = 500 seeded runs against the exact joint
     (``tests/core/test_sampling.py``), drafts of 2 tokens (one pass) with q the head's rows."""
     h = _sampling_helpers()
     target = h._lm(0)

@@ -441,7 +441,10 @@ def _greedy(target, runtime, prompt, n) -> torch.Tensor:
     return generate(prompt, HFVerifier(target, runtime, frozenset()), runtime, max_new_tokens=n).output_ids
 
 
-@pytest.mark.parametrize("k,reuse", [(10, False), (40, True), (10, True)])
+@pytest.mark.parametrize(  # the fast subset: a long draft with reuse; the others slow
+    "k,reuse",
+    [pytest.param(10, False, marks=pytest.mark.slow), (40, True), pytest.param(10, True, marks=pytest.mark.slow)],
+)
 def test_generation_is_lossless(runtime, k, reuse):
     target = tiny(11, sharpen=2.0)
     model = tiny(12, sharpen=12.0)  # confident enough to unmask several tokens per pass
@@ -460,7 +463,7 @@ def test_generation_is_lossless(runtime, k, reuse):
         assert torch.equal(got.output_ids, want), plen
 
 
-@pytest.mark.parametrize("k", [10, 40])
+@pytest.mark.parametrize("k", [pytest.param(10, marks=pytest.mark.slow), 40])  # the fast subset: 40
 def test_generation_is_lossless_with_long_acceptance(runtime, k):
     """A drafter/target pair following one token cycle: drafts are accepted across block
     boundaries (tentative blocks kept); a target that skips after a few tokens forces

@@ -150,7 +150,9 @@ def test_suffix_drafter_drafts_repetitive_output_and_is_lossless(runtime):
 
 
 @pytest.mark.parametrize("reuse", [False, True], ids=["no-reuse", "reuse"])
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize(  # the fast subset: a static length and FailFast; the other policies slow
+    "policy", [p if p in ("static", "failfast") else pytest.param(p, marks=pytest.mark.slow) for p in sorted(POLICIES)]
+)
 def test_suffix_drafter_is_lossless_with_every_policy(runtime, policy, reuse):
     target = sharpen(tiny_lm(seed=0, layers=2), 4.0)
     verifier = HFVerifier(target, runtime, frozenset({VOCAB - 1}))

@@ -150,15 +150,15 @@ def test_a_drafted_stop_token_ends_the_draft(checkpoint, target, rt):
     assert draft.ends_at_stop_token and draft.length == first + 1 and draft.lookahead == 0
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the fast subset: a short static draft and FailFast; the rest slow
     "policy",
     [
         {"name": "static", "k": 3},
-        {"name": "static", "k": 20},
+        pytest.param({"name": "static", "k": 20}, marks=pytest.mark.slow),
         {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30},
-        {"name": "specdecpp"},
-        {"name": "aimd"},
-        {"name": "goodput"},
+        pytest.param({"name": "specdecpp"}, marks=pytest.mark.slow),
+        pytest.param({"name": "aimd"}, marks=pytest.mark.slow),
+        pytest.param({"name": "goodput"}, marks=pytest.mark.slow),
     ],
 )
 def test_lossless_with_every_policy(checkpoint, target, rt, policy):
@@ -402,9 +402,13 @@ def _cps_drafter(checkpoint, target, runtime, lam=0.5, mass=0.8, stop=True):
     )
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the fast subset: FailFast; the static drafts slow
     "policy",
-    [{"name": "static", "k": 3}, {"name": "static", "k": 20}, {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30}],
+    [
+        pytest.param({"name": "static", "k": 3}, marks=pytest.mark.slow),
+        pytest.param({"name": "static", "k": 20}, marks=pytest.mark.slow),
+        {"name": "failfast", "n": 4, "tau": 0.3, "n_max": 30},
+    ],
 )
 def test_path_search_drafts_are_lossless(checkpoint, target, rt, policy):
     verifier = HFVerifier(target, rt, frozenset({EOS}))

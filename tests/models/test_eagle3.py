@@ -116,9 +116,9 @@ def test_chain_drafts_equal_the_reference_for_any_accepted_lengths(checkpoint, t
     [
         {"name": "static", "k": 3},
         {"name": "failfast", "n": 3, "tau": 0.3, "n_max": 12},
-        {"name": "specdecpp"},
-        {"name": "aimd"},
-        {"name": "goodput"},
+        pytest.param({"name": "specdecpp"}, marks=pytest.mark.slow),  # the fast subset: static, FailFast
+        pytest.param({"name": "aimd"}, marks=pytest.mark.slow),
+        pytest.param({"name": "goodput"}, marks=pytest.mark.slow),
     ],
 )
 def test_lossless_with_every_policy(checkpoint, target, rt, policy):

@@ -57,7 +57,10 @@ def test_a_one_wide_tree_is_the_drafters_chain(target, checkpoint, kind):
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "ar"])
-@pytest.mark.parametrize("shape", [(4, 3, 10), (6, 2, 12), (3, 4, 4)])
+@pytest.mark.parametrize(  # the fast subset: one shape per drafter; the deeper and the wider tree slow
+    "shape",
+    [(4, 3, 10), pytest.param((6, 2, 12), marks=pytest.mark.slow), pytest.param((3, 4, 4), marks=pytest.mark.slow)],
+)
 def test_trees_are_lossless(target, checkpoint, kind, shape):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
     verifier = HFVerifier(target, rt, frozenset({EOS}))

@@ -155,7 +155,7 @@ def test_lossless_greedy_one_target_pass_per_round(head, target, tree):
 
 @pytest.mark.slow
 def test_tree_sampling_keeps_the_target_distribution():
-    """Chi-square of the first 3 sampled tokens over 1000 seeded runs against the exact joint
+    """Chi-square of the first 3 sampled tokens over N = 500 seeded runs against the exact joint
     (``tests/core/test_sampling.py``), a depth-2 falcon tree (one pass) whose nodes are point masses."""
     import importlib.util
     from pathlib import Path

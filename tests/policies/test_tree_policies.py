@@ -118,17 +118,28 @@ def test_block_tree_is_best_first_over_the_blocks_marginals(target, checkpoints)
 
 @pytest.mark.parametrize(
     "kind, policy",
+    # the fast subset: FailFast's tree on each drafter and the block tree; the second FailFast tree
+    # and DART's search over DFlash's block (its own tests: tests/policies/test_dart_tree.py) slow
     [
-        (kind, policy)
+        pytest.param(kind, policy, marks=() if i == 0 else pytest.mark.slow)
         for kind in ("dflash", "eagle3")
-        for policy in (
-            FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
-            FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10),
+        for i, policy in enumerate(
+            (
+                FailFastTreePolicy(n=3, tau=0.6, n_max=12, branch_k=3),
+                FailFastTreePolicy(n=4, tau=0.0, n_max=20, branch_tau=0.9, max_nodes=10),
+            )
         )
     ]
     + [("dflash", BlockTreePolicy(depth=B - 1, top_k=2, total_tokens=10))]
     # DART's search over DFlash's block: the best-first path (beams as wide as the tree) and the beams
-    + [("dflash", DartTreePolicy(top_k=4, beam_width=width, total_tokens=10, ngram_model=NGRAM)) for width in (10, 3)],
+    + [
+        pytest.param(
+            "dflash",
+            DartTreePolicy(top_k=4, beam_width=width, total_tokens=10, ngram_model=NGRAM),
+            marks=pytest.mark.slow,
+        )
+        for width in (10, 3)
+    ],
 )
 def test_tree_policies_are_lossless(target, checkpoints, kind, policy):
     rt = Runtime(device="cpu", dtype="float64", seed=0)
