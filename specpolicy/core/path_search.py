@@ -17,7 +17,9 @@ drafter AND fluent under a causal scorer (an n-gram language model):
 
 The drafters (``drafters/dflash.py``, ``drafter.path_search=cps``) call ``PathSearch.search`` on
 each pass's probabilities; the scorer is duck-typed (``specpolicy.models.ngram.NGramModel``), so the
-core imports no model. Lossless whatever the path: greedy verification accepts any chain's
+core imports no model. The beam search is compiled (numba, ``specpolicy.core.compiled``): one call
+per pass when the scorer offers its Kneser-Ney tables (``compiled_tables``), else one compiled step
+per position after the scorer's ``log_probs``. Lossless whatever the path: greedy verification accepts any chain's
 matching prefix, and under sampling the path's tokens are verified as point masses.
 """
 
