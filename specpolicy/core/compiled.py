@@ -335,14 +335,18 @@ def trie_probs(
                 lo, hi = follower_starts[j - 1], follower_starts[j]
                 parent = np.float32(_lookup_one(follower_keys[lo:hi], follower_counts[lo:hi], code))
             parent = max(parent, np.float32(1))
+            # the (j + 1)-grams continuing this suffix: the codes in [code * base, (code + 1) * base),
+            # one range of the sorted keys, found once; each candidate is looked up inside it
+            order_keys, order_counts = keys[starts[j] : starts[j + 1]], counts[starts[j] : starts[j + 1]]
+            lo = np.searchsorted(order_keys, code * base)
+            hi = np.searchsorted(order_keys, (code + 1) * base)
+            if lo == hi:
+                continue
+            run_keys, run_counts = order_keys[lo:hi], order_counts[lo:hi]
             for c in range(width):
                 if found[c]:
                     continue
-                child = np.float32(
-                    _lookup_one(
-                        keys[starts[j] : starts[j + 1]], counts[starts[j] : starts[j + 1]], code * base + tokens[b, c]
-                    )
-                )
+                child = np.float32(_lookup_one(run_keys, run_counts, code * base + tokens[b, c]))
                 if child > 0:
                     probs[b, c] = child / parent
                     found[c] = True
