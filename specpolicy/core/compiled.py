@@ -286,8 +286,13 @@ def kneser_ney_row(
     ``discounts`` ``(order,) float64`` each order's discount."""
     offset = base**order
     d = discounts[0]
+    # a table's entries for one context are one run of the sorted keys (the codes context * base +
+    # token, token < base): found once, then every candidate is looked up inside it
+    lo, hi = np.searchsorted(keys, 0), np.searchsorted(keys, base)  # the unigram counts (table 0)
+    run_keys, run_values = keys[lo:hi], values[lo:hi]
     for c in range(tokens.shape[0]):
-        out[c] = (max(_lookup_one(keys, values, tokens[c]) - d, 0.0) + d * unigram_types / vocab_size) / unigram_total
+        count = _lookup_one(run_keys, run_values, tokens[c])
+        out[c] = (max(count - d, 0.0) + d * unigram_types / vocab_size) / unigram_total
     prefix = 0
     for n in range(2, order + 1):
         prefix = context[order - n] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
@@ -296,8 +301,10 @@ def kneser_ney_row(
         if total_n > 0:
             types_n = _lookup_one(keys, values, prefix + table + 2 * offset)
             d = discounts[n - 1]
+            lo, hi = np.searchsorted(keys, prefix * base + table), np.searchsorted(keys, (prefix + 1) * base + table)
+            run_keys, run_values = keys[lo:hi], values[lo:hi]
             for c in range(tokens.shape[0]):
-                count = _lookup_one(keys, values, (prefix * base + tokens[c]) + table)
+                count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
                 out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
 
 

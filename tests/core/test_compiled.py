@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from specpolicy.core.compiled import topk_largest
+from specpolicy.core.compiled import kneser_ney_row, topk_largest
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
 
 
@@ -74,3 +74,22 @@ def test_the_bundled_trie_rule_is_the_numpy_form():
     tokens[:10, :5] = [16, 17, 18, 220, 13]
     got = model.trie_probs_np(context, tokens)
     assert (got > 0).any() and np.array_equal(got, reference_trie_probs_np(model, context, tokens))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_kneser_ney_row_is_the_numpy_estimate(seed):
+    rng = random.Random(seed)
+    models = [load_ngram(resolve_ngram_path("gsm8k-target"))] if seed == 0 else []
+    for order in (2, 3, 4):
+        vocab = 6 + 5 * seed
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 60))] for _ in range(rng.randrange(1, 10))]
+        models.append(NGramModel.build(docs, vocab, order))
+    for model in models:
+        generator = torch.Generator().manual_seed(seed)
+        context = torch.randint(0, model.vocab_size + 1, (30, model.order - 1), generator=generator).numpy()
+        tokens = torch.randint(0, model.vocab_size, (30, 17), generator=generator).numpy()
+        want = model.kneser_ney_probs(context, tokens)
+        got = np.empty(tokens.shape[1])
+        for row in range(tokens.shape[0]):
+            kneser_ney_row(*model.compiled_tables(), context[row], tokens[row], got)
+            assert np.array_equal(got, want[row])
