@@ -18,7 +18,9 @@ import heapq
 import math
 from typing import Any
 
+import numpy as np
 import torch
+from numba import njit
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockDrafter, device_of
@@ -26,6 +28,32 @@ from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "block-tree"
+
+
+@njit(cache=True)
+def best_first_tree(ids: np.ndarray, logp: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The best-first tree over one block's per-position top-k (module docstring), compiled: ``ids``
+    ``(n, K) int64`` and ``logp`` ``(n, K) float64`` (each position's alternatives and their
+    log-probabilities), ``nodes`` the most nodes -> ``(tokens (m,) int64, parents (m,) int64 (-1: the
+    root), scores (m,) float64)``, m <= ``nodes``, in pop order (parents first). A heap of
+    ``(-score, position, rank, parent)`` tuples, ties broken by the tuple's next fields, as the
+    Python ``heapq`` loop it replaced broke them (numba's ``heapq`` is CPython's algorithm)."""
+    n, k = ids.shape
+    heap = [(-logp[0, r], 0, r, -1) for r in range(k)]
+    heapq.heapify(heap)
+    tokens = np.empty(nodes, dtype=np.int64)
+    parents = np.empty(nodes, dtype=np.int64)
+    scores = np.empty(nodes)
+    count = 0
+    while len(heap) > 0 and count < nodes:
+        neg, pos, r, parent = heapq.heappop(heap)
+        tokens[count], parents[count], scores[count] = ids[pos, r], parent, -neg
+        node = count
+        count += 1
+        if pos + 1 < n:
+            for c in range(k):
+                heapq.heappush(heap, (neg - logp[pos + 1, c], pos + 1, c, node))
+    return tokens[:count].copy(), parents[:count].copy(), scores[:count].copy()
 
 
 class BlockTreePolicy(TreePolicy):
@@ -47,6 +75,9 @@ class BlockTreePolicy(TreePolicy):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (hi and value > hi):
                 raise ValueError(f"policy.{key} must be an integer {'in [1, 4]' if hi else '>= 1'}, got {value!r}")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        best_first_tree(
+            np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), 1
+        )  # compiled (or cached) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         # a block's positions are predicted in parallel, so a position's top-k does not depend on the
@@ -67,24 +98,14 @@ class BlockTreePolicy(TreePolicy):
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
-        ids_l, logp = ids[:n].tolist(), probs[:n].clamp(min=1e-30).log().tolist()
-        heap = [(-logp[0][r], 0, r, -1) for r in range(len(ids_l[0]))]  # (-score, position, rank, parent node)
-        heapq.heapify(heap)
-        tokens, parents, scores = [], [], []
-        while heap and len(tokens) < min(self.total_tokens, node_room):
-            neg, pos, r, parent = heapq.heappop(heap)
-            node = len(tokens)
-            tokens.append(ids_l[pos][r])
-            parents.append(parent)
-            scores.append(-neg)
-            if pos + 1 < n:
-                for c in range(len(ids_l[pos + 1])):
-                    heapq.heappush(heap, (neg - logp[pos + 1][c], pos + 1, c, node))
+        ids_np = ids[:n].cpu().numpy().astype(np.int64)
+        logp = probs[:n].clamp(min=1e-30).log().double().cpu().numpy()  # float32 logs, as float64
+        tokens, parents, scores = best_first_tree(ids_np, logp, min(self.total_tokens, node_room))
         draft = Draft(
-            token_ids=torch.tensor(tokens, dtype=torch.long, device=ids.device),
-            confidences=torch.tensor([math.exp(s) for s in scores], device=ids.device),
+            token_ids=torch.from_numpy(tokens).to(ids.device),
+            confidences=torch.tensor([math.exp(s) for s in scores.tolist()], device=ids.device),
             forward_passes=chain.forward_passes,
-            parents=torch.tensor(parents, dtype=torch.long, device=ids.device),
+            parents=torch.from_numpy(parents).to(ids.device),
         )
         return draft, "room" if depth < self.depth else "policy_bound"
 

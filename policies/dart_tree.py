@@ -19,9 +19,12 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The beam search is vectorised: one depth is a few dozen numpy calls over (beams x candidates), one
-batched n-gram lookup per context length; with beams at least as wide as the tree the same tree
-comes from a best-first search (``_best_first``, paths ending in a stop token kept as leaves).
+The beam search is compiled (numba, as the reference's is host C++): per depth, one call gives every
+beam's n-gram probabilities (``_dart_ngram``), numpy takes their float32 logs, and one call scores,
+pools and picks the next beams (``_dart_depth``), the same float32 operations as the numpy search
+it replaced (``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the
+tree the same tree comes from a best-first search (``_best_first``, paths ending in a stop token kept
+as leaves).
 The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
 masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
 ablation); ``use_ngram: false`` does the same.
@@ -35,7 +38,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from numba import njit
 
+from specpolicy.core import compiled
 from specpolicy.core.checks import check_init
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
@@ -87,49 +92,34 @@ def dart_tree_search(
         return _best_first(
             ids, probs, context, ngram, stop_ids, total_tokens, level_power, logit_decay, ngram_weight, ngram_on_first
         )
-    # numpy, not torch: a depth is ~20 operations on a few hundred entries, where numpy's per-call
-    # cost (about 1 us against torch's 5-10 us) is most of the time (the reference runs host C++)
-    ids_np = ids.cpu().numpy()
+    # compiled, per depth: the n-gram probabilities of every beam's candidates (``_dart_ngram``), their
+    # logs (numpy's float32 log, as the numpy search took them), then the scores, the pool and the
+    # next beams (``_dart_depth``); the reference runs host C++ for the same reason
+    ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
     D, K = ids_np.shape
     logp = np.log(probs.float().cpu().numpy() + np.float32(EPS))  # (D, K) float32
     ends_at = np.isin(ids_np, stop_ids.cpu().numpy())  # (D, K) candidates that end a path (EOS)
-    ctx_np = context.cpu().numpy()
+    ctx_np = np.ascontiguousarray(context.cpu().numpy(), dtype=np.int64)
     order = ngram.order if ngram is not None else 1
-    beams = np.empty((1, 0), dtype=np.int64)  # (B, l) the beams' paths
-    beam_scores = np.zeros(1, dtype=np.float32)
-    beam_drafter = np.zeros(1, dtype=np.float32)  # the path's drafter log-probability (the nodes' confidence)
-    beam_nodes = np.full(1, -1, dtype=np.int64)  # each beam's number in the pool (-1: the root)
-    pool_tokens, pool_parents, pool_scores, pool_drafter = [], [], [], []
-    pooled = 0
+    state = _DartBeams(D, K, beam_width)
     for level in range(D):
-        B = beams.shape[0]
-        term = np.float32(logit_decay**level) * np.broadcast_to(logp[level], (B, K))
+        log_ngram = _NO_NGRAM
         if ngram is not None and ngram_weight != 0 and (level > 0 or ngram_on_first):
-            if order > 1:
-                full = np.concatenate([np.broadcast_to(ctx_np, (B, ctx_np.shape[0])), beams], axis=1)[:, -(order - 1) :]
-                pad = np.full((B, order - 1 - full.shape[1]), ngram.vocab_size, dtype=np.int64)
-                ctx = np.concatenate([pad, full], axis=1)  # start symbols in front of a short context
-            else:
-                ctx = np.empty((B, 0), dtype=np.int64)
-            p_ngram = ngram.trie_probs_np(ctx, np.broadcast_to(ids_np[level], (B, K)))
-            term = term + np.float32(ngram_weight) * np.log(p_ngram + np.float32(EPS))
-        scores = (beam_scores[:, None] + np.float32((level + 1) ** level_power) * term).reshape(-1)  # (B K,)
-        drafter = (beam_drafter[:, None] + logp[level][None]).reshape(-1)
-        tokens = np.broadcast_to(ids_np[level], (B, K)).reshape(-1)
-        parent_rows = np.repeat(np.arange(B), K)
-        pool_tokens.append(tokens)
-        pool_parents.append(beam_nodes[parent_rows])
-        pool_scores.append(scores)
-        pool_drafter.append(drafter)
-        numbers = pooled + np.arange(B * K)
-        pooled += B * K
-        # beams: EOS-ending last, then by score (lexsort is stable: ties in creation order)
-        ends = np.broadcast_to(ends_at[level], (B, K)).reshape(-1)
-        keep = np.lexsort((-scores, ends))[:beam_width]
-        beams = np.concatenate([beams[parent_rows[keep]], tokens[keep, None]], axis=1)
-        beam_scores, beam_drafter, beam_nodes = scores[keep], drafter[keep], numbers[keep]
-    tokens, parents = np.concatenate(pool_tokens), np.concatenate(pool_parents)
-    scores, drafter = np.concatenate(pool_scores), np.concatenate(pool_drafter)
+            tables = ngram.compiled_trie()
+            p_ngram = _dart_ngram(ctx_np, state.beams, state.length, order, ngram.vocab_size, ids_np[level], *tables)
+            log_ngram = np.log(p_ngram + np.float32(EPS))  # (B, K)
+        state.length = _dart_depth(
+            level,
+            ids_np[level],
+            logp[level],
+            ends_at[level],
+            np.float32(logit_decay**level),
+            np.float32((level + 1) ** level_power),
+            np.float32(ngram_weight),
+            log_ngram,
+            *state.arrays(),
+        )
+    tokens, parents, scores, drafter = state.pool()
     kept = _best_set(scores, total_tokens)
     index = np.full(tokens.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
     index[kept + 1] = np.arange(kept.shape[0])
@@ -139,6 +129,147 @@ def dart_tree_search(
         torch.from_numpy(scores[kept]),
         torch.from_numpy(drafter[kept]),
     )
+
+
+_NO_NGRAM = np.zeros((0, 0), dtype=np.float32)
+
+
+class _DartBeams:
+    """The beam search's state, in arrays the compiled steps fill: the beams (at most ``width``;
+    ``count[0]`` of them, each a path of ``length`` tokens) with their scores, drafter log-probs and
+    pool numbers (-1: the root), and the pool of every child so far (``count[1]`` entries)."""
+
+    def __init__(self, depth: int, k: int, width: int) -> None:
+        self.length = 0
+        self.beams = np.zeros((width, depth), dtype=np.int64)
+        self.scores = np.zeros(width, dtype=np.float32)
+        self.drafter = np.zeros(width, dtype=np.float32)
+        self.nodes = np.full(width, -1, dtype=np.int64)
+        self.count = np.array([1, 0], dtype=np.int64)  # beams, pooled
+        size = k + (depth - 1) * width * k
+        self.pool_tokens = np.zeros(size, dtype=np.int64)
+        self.pool_parents = np.zeros(size, dtype=np.int64)
+        self.pool_scores = np.zeros(size, dtype=np.float32)
+        self.pool_drafter = np.zeros(size, dtype=np.float32)
+
+    def arrays(self) -> tuple:
+        return (
+            self.length,
+            self.beams,
+            self.scores,
+            self.drafter,
+            self.nodes,
+            self.count,
+            self.pool_tokens,
+            self.pool_parents,
+            self.pool_scores,
+            self.pool_drafter,
+        )
+
+    def pool(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        n = int(self.count[1])
+        return self.pool_tokens[:n], self.pool_parents[:n], self.pool_scores[:n], self.pool_drafter[:n]
+
+
+@njit(cache=True)
+def _dart_ngram(
+    context,
+    beams,
+    length,
+    order,
+    start,
+    candidates,
+    keys,
+    counts,
+    starts,
+    follower_keys,
+    follower_counts,
+    follower_starts,
+):
+    """The trie probability (``NGramModel.trie_probs_np``) of each of ``count`` beams' candidates
+    ``(K,)``: each beam's context is the last ``order - 1`` tokens of ``context`` + its path, start
+    symbols in front of a short one. ``beams`` ``(W, D)``: the first rows hold the beams; all W
+    rows are scored (-> ``(W, K) float32``; the caller reads the live ones)."""
+    width = beams.shape[0]
+    ctx = np.full((width, order - 1), start, dtype=np.int64)
+    c = context.shape[0]
+    for b in range(width):
+        for j in range(order - 1):  # position j of the window: token (c + length) - (order - 1) + j of ctx + path
+            at = c + length - (order - 1) + j
+            if at >= c:
+                ctx[b, j] = beams[b, at - c]
+            elif at >= 0:
+                ctx[b, j] = context[at]
+    tokens = np.empty((width, candidates.shape[0]), dtype=np.int64)
+    for b in range(width):
+        tokens[b] = candidates
+    return compiled.trie_probs(
+        keys, counts, starts, follower_keys, follower_counts, follower_starts, start + 1, ctx, tokens
+    )
+
+
+@njit(cache=True)
+def _dart_depth(
+    level,
+    ids,
+    logp,
+    ends,
+    decay,
+    weight,
+    ngram_weight,
+    log_ngram,
+    length,
+    beams,
+    beam_scores,
+    beam_drafter,
+    beam_nodes,
+    count,
+    pool_tokens,
+    pool_parents,
+    pool_scores,
+    pool_drafter,
+):
+    """One depth of the beam search, in place: every beam extended by every candidate (the step
+    score in float32, as the numpy search computed it: ``beam + weight * (decay * logp + ngram_weight
+    * log p_ngram)``), the children pooled in creation order, and the next beams the best
+    ``width``: EOS-ending last, then by score, ties in creation order (``np.lexsort``'s). Returns the
+    beams' new length."""
+    B, K, width = count[0], ids.shape[0], beams.shape[0]
+    n = B * K
+    scores = np.empty(n, dtype=np.float32)
+    drafter = np.empty(n, dtype=np.float32)
+    first = count[1]
+    for b in range(B):
+        for c in range(K):
+            term = decay * logp[c]
+            if log_ngram.shape[0]:
+                term = term + ngram_weight * log_ngram[b, c]
+            i = b * K + c
+            scores[i] = beam_scores[b] + weight * term
+            drafter[i] = beam_drafter[b] + logp[c]
+            pool_tokens[first + i] = ids[c]
+            pool_parents[first + i] = beam_nodes[b]
+            pool_scores[first + i] = scores[i]
+            pool_drafter[first + i] = drafter[i]
+    count[1] = first + n
+    # the stable order of (ends, -score): the non-ending children by score, then the ending ones
+    order = np.empty(n, dtype=np.int64)
+    filled = 0
+    for stop in (False, True):
+        picked = np.array([i for i in range(n) if ends[i % K] == stop], dtype=np.int64)
+        if picked.shape[0]:
+            ranked = picked[np.argsort(-scores[picked], kind="mergesort")]
+            order[filled : filled + ranked.shape[0]] = ranked
+            filled += ranked.shape[0]
+    keep = order[: min(width, n)]
+    old = beams[:B, :length].copy()
+    for j in range(keep.shape[0]):
+        i = keep[j]
+        beams[j, :length] = old[i // K]
+        beams[j, length] = ids[i % K]
+        beam_scores[j], beam_drafter[j], beam_nodes[j] = scores[i], drafter[i], first + i
+    count[0] = keep.shape[0]
+    return length + 1
 
 
 def _best_set(scores: np.ndarray, n: int) -> np.ndarray:
@@ -296,6 +427,10 @@ class DartTreePolicy(TreePolicy):
             if not isinstance(ngram, str) or not ngram:
                 raise ConfigError(f"policy.ngram must be a bundled n-gram name or an .npz file, got {ngram!r}")
             self.ngram = load_ngram(resolve_ngram_path(ngram), "policy.ngram")
+        # the compiled search's first call compiles it (or loads numba's cache): done here, before any
+        # timed round; a two-depth pass of the real dtypes, beams narrower than the tree
+        warm = torch.zeros((2, 1), dtype=torch.long)
+        dart_tree_search(warm, torch.ones(2, 1), warm[0], self.ngram, warm[0], 1, 2, ngram_weight=self.ngram_weight)
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, NgramBlockDrafter):

@@ -17,7 +17,9 @@ drafter AND fluent under a causal scorer (an n-gram language model):
 
 The drafters (``drafters/dflash.py``, ``drafter.path_search=cps``) call ``PathSearch.search`` on
 each pass's probabilities; the scorer is duck-typed (``specpolicy.models.ngram.NGramModel``), so the
-core imports no model. Lossless whatever the path: greedy verification accepts any chain's
+core imports no model. The beam search is compiled (numba, ``specpolicy.core.compiled``): one call
+per pass when the scorer offers its Kneser-Ney tables (``compiled_tables``), else one compiled step
+per position after the scorer's ``log_probs``. Lossless whatever the path: greedy verification accepts any chain's
 matching prefix, and under sampling the path's tokens are verified as point masses.
 """
 
@@ -28,6 +30,9 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from numba import njit
+
+from specpolicy.core.compiled import kneser_ney_row, topk_largest
 
 
 class CausalScorer(Protocol):
@@ -98,6 +103,11 @@ class PathSearch:
             raise ValueError(
                 f"the path search needs a scorer of order >= 2 (a context to score), got {self.scorer.order}"
             )
+        # the compiled search's first call compiles it (or loads numba's cache): done here, when the
+        # drafter is built, so no timed round pays it; a one-position lattice of the real dtypes
+        context = np.full((1, self.scorer.order - 1), self.scorer.vocab_size, dtype=np.int64)
+        stops = self.stop_ids.cpu().numpy().astype(np.int64)
+        self._beams(np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), context, stops)
 
     def tail(self, *parts: torch.Tensor) -> torch.Tensor:
         """The last ``order - 1`` tokens of ``parts`` (1-D int64, concatenated): what the scorer reads
@@ -144,35 +154,130 @@ class PathSearch:
         """The beam search of Eq. 8 over the lattice, on the host: ``tokens`` ``(m, M)`` int64 (the
         lattice's candidates), ``drafter_term`` ``(m, M)`` float64 (``lam * log q``, -inf where a slot
         is invalid), ``history`` ``(1, order - 1)`` int64 (the context) and ``stops`` ``(s,)`` int64 ->
-        the best path, ``(<= m,)`` int64. Bookkeeping in numpy (a step is a dozen calls of about a
-        microsecond, torch's would take several each); the scorer and the top-``width`` choice are
-        torch's, on the same float64 values, so the path is the one the all-torch loop chose."""
+        the best path, ``(<= m,)`` int64. Compiled (``_beams_kneser_ney``, one call) when the scorer
+        offers its Kneser-Ney tables (``NGramModel.compiled_tables``); any other scorer is asked
+        once per position (``log_probs``) and each step is the same compiled ``_beam_step``. Both
+        pick with ``topk_largest`` (``torch.topk``'s order, ties included), so the path is the one
+        the all-torch loop chose."""
         m, width = tokens.shape[0], self.width
-        weight = 1 - self.lam
+        weight = 1.0 - self.lam
+        tables = getattr(self.scorer, "compiled_tables", None)
+        if tables is not None:
+            return _beams_kneser_ney(tokens, drafter_term, history[0], stops, width, weight, *tables())
         # W beam slots from the start; the empty ones score -inf and are never preferred
         scores = np.full(width, -np.inf)
         scores[0] = 0.0
-        done = np.zeros(width, dtype=bool)
+        done = np.zeros(width, dtype=np.bool_)
         paths = np.full((width, m), -1, dtype=np.int64)
-        history = np.repeat(history, width, axis=0)
+        history = np.ascontiguousarray(np.repeat(history, width, axis=0))
         for i in range(m):
-            cand = tokens[i]  # (M,)
-            size = cand.shape[0]
+            cand = np.ascontiguousarray(tokens[i])  # (M,)
             scored = self.scorer.log_probs(torch.from_numpy(history), torch.from_numpy(np.tile(cand, (width, 1))))
-            lp = scored.double().numpy()  # (W, M)
-            with np.errstate(invalid="ignore"):  # 0 * -inf (lam 1, a scorer's -inf), as torch computes it
-                step = np.where(done[:, None], -np.inf, scores[:, None] + drafter_term[i] + weight * lp)
-            top = torch.from_numpy(np.concatenate([step.reshape(-1), np.where(done, scores, -np.inf)])).topk(width)
-            index, values = top.indices.numpy(), top.values.numpy()
-            extended = index < step.size  # else a finished path carried as it stands
-            rows = np.where(extended, index // size, index - step.size)
-            new = np.where(extended, cand[index % size], -1)
-            paths = paths[rows]
-            paths[:, i] = new
-            last = np.where(extended, new, history[rows, -1])
-            history = np.concatenate([history[rows, 1:], last[:, None]], axis=1)
-            scores, done = values, np.where(extended, np.isin(new, stops), True)
-            if done.all():
+            lp = np.ascontiguousarray(scored.double().numpy())  # (W, M)
+            if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
                 break
-        best = paths[int(np.argmax(scores))]
-        return best[best >= 0]
+        return _best(paths, scores)
+
+
+@njit(cache=True)
+def _beam_step(
+    i: int,
+    cand: np.ndarray,
+    drafter_row: np.ndarray,
+    lp: np.ndarray,
+    weight: float,
+    scores: np.ndarray,
+    done: np.ndarray,
+    paths: np.ndarray,
+    history: np.ndarray,
+    stops: np.ndarray,
+) -> bool:
+    """One position of Eq. 8's beam search, in place: every unfinished beam (``scores`` ``(W,)``
+    float64, ``done`` ``(W,)`` bool, ``paths`` ``(W, m)`` int64, ``history`` ``(W, order - 1)``
+    int64) extended by every candidate ``cand`` ``(M,)`` (score ``+ drafter_row + weight * lp``,
+    ``lp`` ``(W, M)`` float64 the scorer's), finished beams carried as they stand, the best W kept
+    (``topk_largest`` over the W M extensions then the W carried). Returns whether every kept beam
+    is finished."""
+    width, size = scores.shape[0], cand.shape[0]
+    flat = np.empty(width * size + width)
+    for w in range(width):
+        for c in range(size):
+            # (scores + drafter term) + weight * lp: 0 * -inf is NaN (lam 1), as numpy computed it
+            flat[w * size + c] = -np.inf if done[w] else scores[w] + drafter_row[c] + weight * lp[w, c]
+        flat[width * size + w] = scores[w] if done[w] else -np.inf
+    index, values = topk_largest(flat, width)
+    old_paths, old_history = paths.copy(), history.copy()
+    keep = history.shape[1]
+    for w in range(width):
+        extended = index[w] < width * size
+        row = index[w] // size if extended else index[w] - width * size
+        new = cand[index[w] % size] if extended else -1
+        paths[w] = old_paths[row]
+        paths[w, i] = new
+        history[w, : keep - 1] = old_history[row, 1:]
+        history[w, keep - 1] = new if extended else old_history[row, keep - 1]
+        scores[w] = values[w]
+        finished = True
+        if extended:
+            finished = False
+            for s in stops:
+                if new == s:
+                    finished = True
+        done[w] = finished
+    return bool(done.all())
+
+
+@njit(cache=True)
+def _best(paths: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The best beam's path (``np.argmax``: the first NaN, else the first maximum), its -1 slots dropped."""
+    best = 0
+    for w in range(scores.shape[0]):
+        if np.isnan(scores[w]):
+            best = w
+            break
+        if scores[w] > scores[best]:
+            best = w
+    row = paths[best]
+    return row[row >= 0].copy()
+
+
+@njit(cache=True)
+def _beams_kneser_ney(
+    tokens: np.ndarray,
+    drafter_term: np.ndarray,
+    context: np.ndarray,
+    stops: np.ndarray,
+    width: int,
+    weight: float,
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+) -> np.ndarray:
+    """``PathSearch._beams`` with an ``NGramModel`` scorer, compiled whole: each position's scores
+    are ``kneser_ney_row`` per beam, logged as ``log_probs`` returns them (float32, then float64)."""
+    m, size = tokens.shape
+    scores = np.full(width, -np.inf)
+    scores[0] = 0.0
+    done = np.zeros(width, dtype=np.bool_)
+    paths = np.full((width, m), -1, dtype=np.int64)
+    history = np.empty((width, context.shape[0]), dtype=np.int64)
+    for w in range(width):
+        history[w] = context
+    lp = np.empty((width, size))
+    row = np.empty(size)
+    for i in range(m):
+        cand = tokens[i].copy()
+        for w in range(width):
+            kneser_ney_row(
+                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, history[w], cand, row
+            )
+            for c in range(size):
+                lp[w, c] = np.float64(np.float32(np.log(row[c])))
+        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
+            break
+    return _best(paths, scores)

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specpolicy.core import compiled
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.path_search import PathSearch
 
@@ -212,22 +213,32 @@ class NGramModel:
 
     def trie_probs_np(self, context: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """``trie_probs`` on numpy arrays (the same values): ``context`` ``(B, order - 1)`` int64,
-        ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float32. A tree search calls it once per depth
-        on a few hundred candidates, where numpy's per-call cost (about a microsecond against
-        torch's several) is most of the time: DART's own search is host C++ for the same reason."""
-        counts, followers = self._trie_arrays
-        probs = np.zeros(tokens.shape, dtype=np.float32)
-        found = np.zeros(tokens.shape, dtype=bool)
-        for j in range(self.order - 1, 0, -1):
-            code = _codes(context[:, -j:], self.base)  # (B,) the context suffix s of j tokens
-            # a context of start symbols was never counted on its own: its count is what followed it
-            parent = _lookup(*counts[j - 1], code).astype(np.float32)
-            parent = np.where(parent > 0, parent, _lookup(*followers[j - 1], code).astype(np.float32))
-            child = _lookup(*counts[j], code[:, None] * self.base + tokens).astype(np.float32)  # (B, C)
-            take = ~found & (child > 0)
-            probs = np.where(take, child / np.maximum(parent, np.float32(1))[:, None], probs)
-            found |= take
-        return probs
+        ``tokens`` ``(B, C)`` int64 -> ``(B, C)`` float32. Compiled (``specpolicy.core.compiled.
+        trie_probs``, one call): a tree search calls it once per depth on a few hundred
+        candidates, where array calls' per-call cost was most of the time (DART's own search is
+        host C++ for the same reason)."""
+        return compiled.trie_probs(
+            *self.compiled_trie(),
+            self.base,
+            np.ascontiguousarray(context, dtype=np.int64),
+            np.ascontiguousarray(tokens, dtype=np.int64),
+        )
+
+    def compiled_trie(self) -> tuple[np.ndarray, ...]:
+        """The trie rule's tables as ``specpolicy.core.compiled.trie_probs`` reads them: every order's
+        sorted codes and counts concatenated, with each order's start ``(order + 1,) int64``, then
+        the same for the followers of each j-token context (j = 1 .. order - 1). Built once, kept."""
+        if not hasattr(self, "_trie_concat"):
+            (counts, followers), concat = self._trie_arrays, []
+            for tables in (counts, followers):
+                sizes = [k.shape[0] for k, _ in tables]
+                concat += [
+                    np.concatenate([np.zeros(0, np.int64), *(k for k, _ in tables)]).astype(np.int64),
+                    np.concatenate([np.zeros(0, np.int64), *(c for _, c in tables)]).astype(np.int64),
+                    np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+                ]
+            self._trie_concat = tuple(concat)
+        return self._trie_concat
 
     def trie_tables(self) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
         """The trie rule as Python dicts, for a search that scores a handful of candidates at a
@@ -301,6 +312,25 @@ class NGramModel:
         """
         probs = self.kneser_ney_probs(context.cpu().numpy(), tokens.cpu().numpy())
         return torch.from_numpy(probs).log().to(torch.float32)
+
+    def compiled_tables(self) -> tuple:
+        """What the compiled Kneser-Ney scorer (``specpolicy.core.compiled.kneser_ney_row``) reads, in
+        its argument order: the fused keys ``(T,) int64`` and values ``(T,) float64``
+        (``_fused_tables``), each order's discount ``(order,) float64``, the unigram totals and
+        types (floats), ``vocab_size``, ``base`` and ``order``. Built once and kept (views, no copy)."""
+        if not hasattr(self, "_compiled_tables"):
+            discounts = np.array([f[0] for f in self._kn_floats], dtype=np.float64)
+            _, total, types = self._kn_floats[0]
+            self._compiled_tables = (
+                *self._fused_np,
+                discounts,
+                total,
+                types,
+                self.vocab_size,
+                self.base,
+                self.order,
+            )
+        return self._compiled_tables
 
     def kneser_ney_probs(self, context: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """The interpolated Kneser-Ney probabilities ``log_probs`` takes the log of: ``context``

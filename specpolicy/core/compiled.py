@@ -1,0 +1,360 @@
+"""Compiled host kernels for the searches a round runs between model passes (issue 48, item 5: host
+work per round): ``numba`` ``njit`` functions, compiled on first call and cached on disk
+(``cache=True``: later processes load the machine code instead of compiling again).
+
+``topk_largest`` reproduces ``torch.topk(values, k)`` (largest, sorted) on a float64 vector on the
+CPU, ties included: ATen's ``topk_impl_loop`` (``ATen/native/TopKImpl.h``) fills a queue of
+``(value, index)`` pairs in index order and calls ``std::nth_element`` then ``std::sort`` on the
+first ``k - 1`` (or ``std::partial_sort`` when ``64 k <= n``), with NaN ranked above everything; the
+order among equal values is whatever libstdc++'s introselect / heap select leave, so those
+algorithms are restated here step for step (GCC's ``bits/stl_algo.h`` / ``bits/stl_heap.h``). A
+search ported from a loop that called ``torch.topk`` then picks the same entries in the same order
+(``tests/core/test_compiled.py`` checks it against ``torch.topk`` on tie-heavy vectors).
+
+``kneser_ney_row`` is ``NGramModel.kneser_ney_probs`` for one context (the same float64 operations
+in the same order over the same fused tables).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# -- torch.topk's order (libstdc++'s algorithms over (value, index) pairs) ---------------------------
+
+
+@njit(cache=True, inline="always")
+def _before(vals: np.ndarray, a: int, b: int) -> bool:
+    """``topk``'s comparator, largest first: NaN above every number, then ``>``."""
+    x, y = vals[a], vals[b]
+    return (math.isnan(x) and not math.isnan(y)) or x > y
+
+
+@njit(cache=True, inline="always")
+def _before_value(x: float, y: float) -> bool:
+    return (math.isnan(x) and not math.isnan(y)) or x > y
+
+
+@njit(cache=True, inline="always")
+def _swap(vals: np.ndarray, idx: np.ndarray, a: int, b: int) -> None:
+    vals[a], vals[b] = vals[b], vals[a]
+    idx[a], idx[b] = idx[b], idx[a]
+
+
+@njit(cache=True)
+def _push_heap(vals, idx, first, hole, top, value, value_index):
+    parent = (hole - 1) // 2
+    while hole > top and _before_value(vals[first + parent], value):
+        vals[first + hole], idx[first + hole] = vals[first + parent], idx[first + parent]
+        hole = parent
+        parent = (hole - 1) // 2
+    vals[first + hole], idx[first + hole] = value, value_index
+
+
+@njit(cache=True)
+def _adjust_heap(vals, idx, first, hole, length, value, value_index):
+    top = hole
+    child = hole
+    while child < (length - 1) // 2:
+        child = 2 * (child + 1)
+        if _before(vals, first + child, first + child - 1):
+            child -= 1
+        vals[first + hole], idx[first + hole] = vals[first + child], idx[first + child]
+        hole = child
+    if (length & 1) == 0 and child == (length - 2) // 2:
+        child = 2 * (child + 1)
+        vals[first + hole], idx[first + hole] = vals[first + child - 1], idx[first + child - 1]
+        hole = child - 1
+    _push_heap(vals, idx, first, hole, top, value, value_index)
+
+
+@njit(cache=True)
+def _make_heap(vals, idx, first, last):
+    length = last - first
+    if length < 2:
+        return
+    parent = (length - 2) // 2
+    while True:
+        _adjust_heap(vals, idx, first, parent, length, vals[first + parent], idx[first + parent])
+        if parent == 0:
+            return
+        parent -= 1
+
+
+@njit(cache=True)
+def _pop_heap(vals, idx, first, last, result):
+    value, value_index = vals[result], idx[result]
+    vals[result], idx[result] = vals[first], idx[first]
+    _adjust_heap(vals, idx, first, 0, last - first, value, value_index)
+
+
+@njit(cache=True)
+def _heap_select(vals, idx, first, middle, last):
+    _make_heap(vals, idx, first, middle)
+    for i in range(middle, last):
+        if _before(vals, i, first):
+            _pop_heap(vals, idx, first, middle, i)
+
+
+@njit(cache=True)
+def _sort_heap(vals, idx, first, last):
+    while last - first > 1:
+        last -= 1
+        _pop_heap(vals, idx, first, last, last)
+
+
+@njit(cache=True)
+def _move_median_to_first(vals, idx, result, a, b, c):
+    if _before(vals, a, b):
+        if _before(vals, b, c):
+            _swap(vals, idx, result, b)
+        elif _before(vals, a, c):
+            _swap(vals, idx, result, c)
+        else:
+            _swap(vals, idx, result, a)
+    elif _before(vals, a, c):
+        _swap(vals, idx, result, a)
+    elif _before(vals, b, c):
+        _swap(vals, idx, result, c)
+    else:
+        _swap(vals, idx, result, b)
+
+
+@njit(cache=True)
+def _unguarded_partition(vals, idx, first, last, pivot):
+    while True:
+        while _before(vals, first, pivot):
+            first += 1
+        last -= 1
+        while _before(vals, pivot, last):
+            last -= 1
+        if not first < last:
+            return first
+        _swap(vals, idx, first, last)
+        first += 1
+
+
+@njit(cache=True)
+def _partition_pivot(vals, idx, first, last):
+    mid = first + (last - first) // 2
+    _move_median_to_first(vals, idx, first, first + 1, mid, last - 1)
+    return _unguarded_partition(vals, idx, first + 1, last, first)
+
+
+@njit(cache=True)
+def _unguarded_linear_insert(vals, idx, last):
+    value, value_index = vals[last], idx[last]
+    nxt = last - 1
+    while _before_value(value, vals[nxt]):
+        vals[last], idx[last] = vals[nxt], idx[nxt]
+        last = nxt
+        nxt -= 1
+    vals[last], idx[last] = value, value_index
+
+
+@njit(cache=True)
+def _insertion_sort(vals, idx, first, last):
+    if first == last:
+        return
+    for i in range(first + 1, last):
+        if _before(vals, i, first):
+            value, value_index = vals[i], idx[i]
+            for j in range(i, first, -1):
+                vals[j], idx[j] = vals[j - 1], idx[j - 1]
+            vals[first], idx[first] = value, value_index
+        else:
+            _unguarded_linear_insert(vals, idx, i)
+
+
+@njit(cache=True)
+def _floor_log2(n):
+    out = 0
+    while n > 1:
+        n >>= 1
+        out += 1
+    return out
+
+
+@njit(cache=True)
+def _introselect(vals, idx, first, nth, last):
+    depth_limit = 2 * _floor_log2(last - first)
+    while last - first > 3:
+        if depth_limit == 0:
+            _heap_select(vals, idx, first, nth + 1, last)
+            _swap(vals, idx, first, nth)  # the nth element in its final place
+            return
+        depth_limit -= 1
+        cut = _partition_pivot(vals, idx, first, last)
+        if cut <= nth:
+            first = cut
+        else:
+            last = cut
+    _insertion_sort(vals, idx, first, last)
+
+
+_THRESHOLD = 16  # libstdc++'s _S_threshold
+
+
+@njit(cache=True)
+def _introsort_loop(vals, idx, first, last, depth_limit):
+    """libstdc++'s ``__introsort_loop`` with its recursion on the right part kept on a stack (a
+    compiled function that calls itself does not load back from numba's cache): the parts are
+    disjoint, so the order they are sorted in leaves the same array."""
+    stack = [(first, last, depth_limit)]
+    while len(stack):
+        first, last, depth_limit = stack.pop()
+        while last - first > _THRESHOLD:
+            if depth_limit == 0:
+                _heap_select(vals, idx, first, last, last)  # std::__partial_sort(first, last, last)
+                _sort_heap(vals, idx, first, last)
+                break
+            depth_limit -= 1
+            cut = _partition_pivot(vals, idx, first, last)
+            stack.append((cut, last, depth_limit))
+            last = cut
+
+
+@njit(cache=True)
+def _sort(vals, idx, first, last):
+    if first == last:
+        return
+    _introsort_loop(vals, idx, first, last, 2 * _floor_log2(last - first))
+    if last - first > _THRESHOLD:  # __final_insertion_sort
+        _insertion_sort(vals, idx, first, first + _THRESHOLD)
+        for i in range(first + _THRESHOLD, last):
+            _unguarded_linear_insert(vals, idx, i)
+    else:
+        _insertion_sort(vals, idx, first, last)
+
+
+@njit(cache=True)
+def _select(vals: np.ndarray, idx: np.ndarray, k: int) -> None:
+    """ATen's ``topk_impl_loop`` (largest, sorted) on a queue of ``(vals[j], idx[j])`` pairs filled in
+    index order: the best ``k`` end up first, in ``torch.topk``'s order."""
+    n = vals.shape[0]
+    if k * 64 <= n:  # std::partial_sort
+        _heap_select(vals, idx, 0, k, n)
+        _sort_heap(vals, idx, 0, k)
+    else:  # std::nth_element, then std::sort of the first k - 1
+        if k - 1 != n:
+            _introselect(vals, idx, 0, k - 1, n)
+        _sort(vals, idx, 0, k - 1)
+
+
+@njit(cache=True)
+def topk_largest(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``torch.topk(torch.from_numpy(values), k)`` (largest, sorted) on the CPU, ties in torch's
+    order: ``values`` ``(n,) float64``, ``1 <= k <= n`` -> ``(indices (k,) int64, values (k,)
+    float64)``. Scratch copies; ``values`` is not changed."""
+    vals = values.copy()
+    idx = np.arange(values.shape[0])
+    _select(vals, idx, k)
+    return idx[:k].copy(), vals[:k].copy()
+
+
+# -- Kneser-Ney scores (NGramModel.kneser_ney_probs, one context) ------------------------------------
+
+
+@njit(cache=True, inline="always")
+def _lookup_one(keys: np.ndarray, values: np.ndarray, code: int) -> float:
+    """``values`` at ``code`` in the sorted ``keys``, 0 when absent (``ngram._lookup``)."""
+    if keys.shape[0] == 0:
+        return 0.0
+    at = min(np.searchsorted(keys, code), keys.shape[0] - 1)
+    return values[at] if keys[at] == code else 0.0
+
+
+@njit(cache=True)
+def kneser_ney_row(
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+    context: np.ndarray,
+    tokens: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """``NGramModel.kneser_ney_probs`` of one context row: ``context`` ``(order - 1,) int64``,
+    ``tokens`` ``(C,) int64`` -> ``out`` ``(C,) float64`` (written), the same IEEE operations in the
+    same order. ``keys`` / ``values``: the fused tables (``NGramModel._fused_tables``),
+    ``discounts`` ``(order,) float64`` each order's discount."""
+    offset = base**order
+    d = discounts[0]
+    # a table's entries for one context are one run of the sorted keys (the codes context * base +
+    # token, token < base): found once, then every candidate is looked up inside it
+    lo, hi = np.searchsorted(keys, 0), np.searchsorted(keys, base)  # the unigram counts (table 0)
+    run_keys, run_values = keys[lo:hi], values[lo:hi]
+    for c in range(tokens.shape[0]):
+        count = _lookup_one(run_keys, run_values, tokens[c])
+        out[c] = (max(count - d, 0.0) + d * unigram_types / vocab_size) / unigram_total
+    prefix = 0
+    for n in range(2, order + 1):
+        prefix = context[order - n] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
+        table = 3 * (n - 1) * offset
+        total_n = _lookup_one(keys, values, prefix + table + offset)
+        if total_n > 0:
+            types_n = _lookup_one(keys, values, prefix + table + 2 * offset)
+            d = discounts[n - 1]
+            lo, hi = np.searchsorted(keys, prefix * base + table), np.searchsorted(keys, (prefix + 1) * base + table)
+            run_keys, run_values = keys[lo:hi], values[lo:hi]
+            for c in range(tokens.shape[0]):
+                count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
+                out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
+
+
+# -- DART's trie rule (NGramModel.trie_probs_np) -----------------------------------------------------
+
+
+@njit(cache=True)
+def trie_probs(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    follower_keys: np.ndarray,
+    follower_counts: np.ndarray,
+    follower_starts: np.ndarray,
+    base: int,
+    context: np.ndarray,
+    tokens: np.ndarray,
+) -> np.ndarray:
+    """``NGramModel.trie_probs_np``: ``context`` ``(B, order - 1)`` int64, ``tokens`` ``(B, C)`` int64
+    -> ``(B, C)`` float32, ``count(s + token) / count(s)`` for the longest context suffix ``s`` the
+    token was seen after (0 if none), the same float32 operations. The per-order tables are
+    concatenated: order n's sorted codes and counts are ``keys[starts[n - 1]:starts[n]]`` (likewise
+    the followers of each j-token context, j = 1 .. order - 1)."""
+    batch, width = tokens.shape
+    order = context.shape[1] + 1
+    probs = np.zeros((batch, width), dtype=np.float32)
+    for b in range(batch):
+        found = np.zeros(width, dtype=np.bool_)
+        for j in range(order - 1, 0, -1):
+            code = context[b, order - 1 - j]
+            for t in range(order - j, order - 1):
+                code = code * base + context[b, t]
+            parent = np.float32(_lookup_one(keys[starts[j - 1] : starts[j]], counts[starts[j - 1] : starts[j]], code))
+            if not parent > 0:
+                lo, hi = follower_starts[j - 1], follower_starts[j]
+                parent = np.float32(_lookup_one(follower_keys[lo:hi], follower_counts[lo:hi], code))
+            parent = max(parent, np.float32(1))
+            # the (j + 1)-grams continuing this suffix: the codes in [code * base, (code + 1) * base),
+            # one range of the sorted keys, found once; each candidate is looked up inside it
+            order_keys, order_counts = keys[starts[j] : starts[j + 1]], counts[starts[j] : starts[j + 1]]
+            lo = np.searchsorted(order_keys, code * base)
+            hi = np.searchsorted(order_keys, (code + 1) * base)
+            if lo == hi:
+                continue
+            run_keys, run_counts = order_keys[lo:hi], order_counts[lo:hi]
+            for c in range(width):
+                if found[c]:
+                    continue
+                child = np.float32(_lookup_one(run_keys, run_counts, code * base + tokens[b, c]))
+                if child > 0:
+                    probs[b, c] = child / parent
+                    found[c] = True
+    return probs

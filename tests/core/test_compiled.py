@@ -1,0 +1,95 @@
+"""The compiled host kernels (``specpolicy.core.compiled``, issue 48 item 5) against what they replace:
+``torch.topk``'s order on tie-heavy vectors (NaN and -inf included, both of ATen's paths: nth_element
+and partial_sort), and DART's trie rule against the numpy form it replaced (kept here verbatim).
+Outputs must be IDENTICAL, bit for bit."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specpolicy.core.compiled import kneser_ney_row, topk_largest
+from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_is_torch_topk_ties_included(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(400):
+        n = int(rng.integers(1, 400))
+        k = int(rng.integers(1, min(n, 40) + 1))  # k * 64 <= n: partial_sort; else nth_element + sort
+        values = rng.integers(0, int(rng.integers(1, 6)), n).astype(np.float64)  # a handful of distinct values
+        u = rng.random(n)
+        values[u < 0.15] = -np.inf
+        if seed % 2:
+            values[u > 0.95] = np.nan
+        index, top = topk_largest(values, k)
+        want = torch.from_numpy(values).topk(k)
+        assert np.array_equal(index, want.indices.numpy())
+        assert np.array_equal(top, want.values.numpy(), equal_nan=True)
+
+
+def reference_trie_probs_np(self, context: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The replaced numpy form of ``NGramModel.trie_probs_np`` (verbatim)."""
+    counts, followers = self._trie_arrays
+    probs = np.zeros(tokens.shape, dtype=np.float32)
+    found = np.zeros(tokens.shape, dtype=bool)
+    for j in range(self.order - 1, 0, -1):
+        code = _codes(context[:, -j:], self.base)  # (B,) the context suffix s of j tokens
+        # a context of start symbols was never counted on its own: its count is what followed it
+        parent = _lookup(*counts[j - 1], code).astype(np.float32)
+        parent = np.where(parent > 0, parent, _lookup(*followers[j - 1], code).astype(np.float32))
+        child = _lookup(*counts[j], code[:, None] * self.base + tokens).astype(np.float32)  # (B, C)
+        take = ~found & (child > 0)
+        probs = np.where(take, child / np.maximum(parent, np.float32(1))[:, None], probs)
+        found |= take
+    return probs
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_trie_rule_is_the_numpy_form(seed):
+    rng = random.Random(seed)
+    vocab = 5 + 4 * seed
+    for order in (1, 2, 3, 4):
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 50))] for _ in range(rng.randrange(1, 15))]
+        model = NGramModel.build(docs, vocab, order)
+        generator = torch.Generator().manual_seed(seed)
+        batch, width = rng.randrange(1, 30), rng.randrange(1, 30)
+        context = torch.randint(0, vocab + 1, (batch, order - 1), generator=generator).numpy()  # start symbols too
+        tokens = torch.randint(0, vocab, (batch, width), generator=generator).numpy()
+        got = model.trie_probs_np(context, tokens)
+        assert got.dtype == np.float32
+        assert np.array_equal(got, reference_trie_probs_np(model, context, tokens))
+
+
+def test_the_bundled_trie_rule_is_the_numpy_form():
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(0, model.vocab_size + 1, (40, model.order - 1), generator=generator).numpy()
+    context[:10] = [220, 16]  # a common context: the longest suffix is found
+    tokens = torch.randint(0, model.vocab_size, (40, 25), generator=generator).numpy()
+    tokens[:10, :5] = [16, 17, 18, 220, 13]
+    got = model.trie_probs_np(context, tokens)
+    assert (got > 0).any() and np.array_equal(got, reference_trie_probs_np(model, context, tokens))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_kneser_ney_row_is_the_numpy_estimate(seed):
+    rng = random.Random(seed)
+    models = [load_ngram(resolve_ngram_path("gsm8k-target"))] if seed == 0 else []
+    for order in (2, 3, 4):
+        vocab = 6 + 5 * seed
+        docs = [[rng.randrange(vocab) for _ in range(rng.randrange(1, 60))] for _ in range(rng.randrange(1, 10))]
+        models.append(NGramModel.build(docs, vocab, order))
+    for model in models:
+        generator = torch.Generator().manual_seed(seed)
+        context = torch.randint(0, model.vocab_size + 1, (30, model.order - 1), generator=generator).numpy()
+        tokens = torch.randint(0, model.vocab_size, (30, 17), generator=generator).numpy()
+        want = model.kneser_ney_probs(context, tokens)
+        got = np.empty(tokens.shape[1])
+        for row in range(tokens.shape[0]):
+            kneser_ney_row(*model.compiled_tables(), context[row], tokens[row], got)
+            assert np.array_equal(got, want[row])

@@ -1,0 +1,158 @@
+"""DART's beam search (``policies/dart_tree.py``, compiled depth by depth since issue 48 item 5)
+against the numpy search it replaced, kept here verbatim: the same nodes, parents, scores and
+drafter log-probabilities, bit for bit, on random passes, contexts, stop tokens and n-gram models
+(the bundled one included)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
+from specpolicy.policies.dart_tree import EPS, _best_set, dart_tree_search
+
+
+class ReferenceTrie:
+    """An ``NGramModel`` whose trie rule is the replaced numpy form (verbatim)."""
+
+    def __init__(self, model: NGramModel) -> None:
+        self.model, self.order, self.vocab_size = model, model.order, model.vocab_size
+
+    def trie_probs_np_reference(self, context: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        m = self.model
+        counts, followers = m._trie_arrays
+        probs = np.zeros(tokens.shape, dtype=np.float32)
+        found = np.zeros(tokens.shape, dtype=bool)
+        for j in range(m.order - 1, 0, -1):
+            code = _codes(context[:, -j:], m.base)  # (B,) the context suffix s of j tokens
+            parent = _lookup(*counts[j - 1], code).astype(np.float32)
+            parent = np.where(parent > 0, parent, _lookup(*followers[j - 1], code).astype(np.float32))
+            child = _lookup(*counts[j], code[:, None] * m.base + tokens).astype(np.float32)  # (B, C)
+            take = ~found & (child > 0)
+            probs = np.where(take, child / np.maximum(parent, np.float32(1))[:, None], probs)
+            found |= take
+        return probs
+
+
+def reference_dart_beams(
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    context: torch.Tensor,
+    ngram: Any | None,
+    stop_ids: torch.Tensor,
+    beam_width: int = 20,
+    total_tokens: int = 60,
+    level_power: float = -0.7,
+    logit_decay: float = 0.9,
+    ngram_weight: float = 0.5,
+    ngram_on_first: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The replaced numpy beam search of ``dart_tree_search`` (verbatim, its best-first dispatch dropped)."""
+    # numpy, not torch: a depth is ~20 operations on a few hundred entries, where numpy's per-call
+    # cost (about 1 us against torch's 5-10 us) is most of the time (the reference runs host C++)
+    ids_np = ids.cpu().numpy()
+    D, K = ids_np.shape
+    logp = np.log(probs.float().cpu().numpy() + np.float32(EPS))  # (D, K) float32
+    ends_at = np.isin(ids_np, stop_ids.cpu().numpy())  # (D, K) candidates that end a path (EOS)
+    ctx_np = context.cpu().numpy()
+    order = ngram.order if ngram is not None else 1
+    beams = np.empty((1, 0), dtype=np.int64)  # (B, l) the beams' paths
+    beam_scores = np.zeros(1, dtype=np.float32)
+    beam_drafter = np.zeros(1, dtype=np.float32)  # the path's drafter log-probability (the nodes' confidence)
+    beam_nodes = np.full(1, -1, dtype=np.int64)  # each beam's number in the pool (-1: the root)
+    pool_tokens, pool_parents, pool_scores, pool_drafter = [], [], [], []
+    pooled = 0
+    for level in range(D):
+        B = beams.shape[0]
+        term = np.float32(logit_decay**level) * np.broadcast_to(logp[level], (B, K))
+        if ngram is not None and ngram_weight != 0 and (level > 0 or ngram_on_first):
+            if order > 1:
+                full = np.concatenate([np.broadcast_to(ctx_np, (B, ctx_np.shape[0])), beams], axis=1)[:, -(order - 1) :]
+                pad = np.full((B, order - 1 - full.shape[1]), ngram.vocab_size, dtype=np.int64)
+                ctx = np.concatenate([pad, full], axis=1)  # start symbols in front of a short context
+            else:
+                ctx = np.empty((B, 0), dtype=np.int64)
+            p_ngram = ngram.trie_probs_np_reference(ctx, np.broadcast_to(ids_np[level], (B, K)))
+            term = term + np.float32(ngram_weight) * np.log(p_ngram + np.float32(EPS))
+        scores = (beam_scores[:, None] + np.float32((level + 1) ** level_power) * term).reshape(-1)  # (B K,)
+        drafter = (beam_drafter[:, None] + logp[level][None]).reshape(-1)
+        tokens = np.broadcast_to(ids_np[level], (B, K)).reshape(-1)
+        parent_rows = np.repeat(np.arange(B), K)
+        pool_tokens.append(tokens)
+        pool_parents.append(beam_nodes[parent_rows])
+        pool_scores.append(scores)
+        pool_drafter.append(drafter)
+        numbers = pooled + np.arange(B * K)
+        pooled += B * K
+        # beams: EOS-ending last, then by score (lexsort is stable: ties in creation order)
+        ends = np.broadcast_to(ends_at[level], (B, K)).reshape(-1)
+        keep = np.lexsort((-scores, ends))[:beam_width]
+        beams = np.concatenate([beams[parent_rows[keep]], tokens[keep, None]], axis=1)
+        beam_scores, beam_drafter, beam_nodes = scores[keep], drafter[keep], numbers[keep]
+    tokens, parents = np.concatenate(pool_tokens), np.concatenate(pool_parents)
+    scores, drafter = np.concatenate(pool_scores), np.concatenate(pool_drafter)
+    kept = _best_set(scores, total_tokens)
+    index = np.full(tokens.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
+    index[kept + 1] = np.arange(kept.shape[0])
+    return (
+        torch.from_numpy(tokens[kept]),
+        torch.from_numpy(index[parents[kept] + 1]),
+        torch.from_numpy(scores[kept]),
+        torch.from_numpy(drafter[kept]),
+    )
+
+
+def _case(rng: random.Random, generator: torch.Generator, vocab: int, depth: int, k: int):
+    ids = torch.stack([torch.randperm(vocab, generator=generator)[:k] for _ in range(depth)])
+    raw = (torch.randn(depth, k, generator=generator) * rng.choice((0.5, 2.0, 5.0))).softmax(-1)
+    probs = raw.sort(descending=True).values
+    if rng.random() < 0.3:
+        probs[:, 1:3] = probs[:, 1:2]  # exact ties
+    probs = probs / probs.sum(-1, keepdim=True)
+    context = torch.randint(0, vocab, (rng.randrange(0, 5),), generator=generator)
+    return ids, probs, context
+
+
+def _same(got, want) -> None:
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_beam_search_is_the_numpy_search(seed):
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    vocab = rng.choice((12, 30, 80))
+    order = rng.choice((1, 2, 3, 4))
+    docs = [[rng.randrange(vocab) for _ in range(rng.randrange(5, 60))] for _ in range(rng.randrange(1, 8))]
+    model = NGramModel.build(docs, vocab, order)
+    depth, k = rng.randrange(1, 9), rng.randrange(1, min(vocab, 26))
+    ids, probs, context = _case(rng, generator, vocab, depth, k)
+    stops = torch.tensor(rng.sample(range(vocab), rng.choice((0, 1, 3))), dtype=torch.long)
+    width = rng.choice((1, 3, 20))
+    total = width + rng.randrange(1, 50)  # beams narrower than the tree: the beam search
+    weight, on_first = rng.choice((0.0, 0.5, 1.5)), rng.random() < 0.3
+    for use in (model, None):
+        got = dart_tree_search(ids, probs, context, use, stops, width, total, -0.7, 0.9, weight, on_first)
+        ref = ReferenceTrie(model) if use is not None else None
+        want = reference_dart_beams(ids, probs, context, ref, stops, width, total, -0.7, 0.9, weight, on_first)
+        _same(got, want)
+
+
+def test_the_beam_search_on_the_bundled_ngram_is_the_numpy_search():
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    generator = torch.Generator().manual_seed(0)
+    for depth in (8, 15):
+        logits = torch.randn(depth, model.vocab_size, generator=generator) * 3
+        probs, ids = logits.softmax(-1).topk(25, dim=-1)
+        probs = probs / probs.sum(-1, keepdim=True)
+        ids[:, 0] = torch.tensor([220, 16, 17, 13, 11, 18, 220, 16] * 2)[:depth]  # common continuations
+        for context in (torch.tensor([5, 220, 16]), torch.tensor([], dtype=torch.long)):
+            stops = torch.tensor([model.vocab_size - 1, 13])
+            got = dart_tree_search(ids, probs, context, model, stops, 20, 60)
+            want = reference_dart_beams(ids, probs, context, ReferenceTrie(model), stops, 20, 60)
+            _same(got, want)
