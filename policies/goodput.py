@@ -80,6 +80,7 @@ and a few numpy operations on arrays of at most ``max_length`` floats; no per-to
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from typing import Any
 
@@ -283,6 +284,8 @@ class GoodputPolicy(LengthPolicy):
             cal.observe_many(self._pending)
             self._pending = []
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
+        self._p_rows = self._p_table.tolist()  # the same, as Python floats: one drafted token's lookup
+        self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
         self._unseen_gain: dict[int, np.ndarray] = {}  # k -> cumsum(cumprod(_unseen[k:])), until the next refresh
         first = self.first_chunk
@@ -328,7 +331,16 @@ class GoodputPolicy(LengthPolicy):
             return 0
         choice = self.acceptance_choice
         ahead = choice.lookahead_probs(draft) if draft.lookahead else None  # (lookahead,) or None
-        if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
+        if ahead is None and k == self._seen + 1 and k <= self.max_length:
+            # one token drafted since the last decision (an AR or EAGLE-3 pass): its p from one host
+            # read and the refresh's Python table, in Python floats (the same values as the numpy
+            # path below: a bin is the count of edges <= c, as ``confidence_bin``'s searchsorted)
+            c = float(choice.probs(draft)[k - 1])
+            if choice.wants_head:
+                self._estimates[self._seen :] = [c]
+            self._survival *= self._p_rows[self._seen][bisect_right(self._edges, c)]
+            self._seen = k
+        elif k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
             # decision and of the tokens decoded ahead, from one host read
             new = choice.probs(draft)[self._seen : k]
             conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
