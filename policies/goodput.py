@@ -284,7 +284,6 @@ class GoodputPolicy(LengthPolicy):
             cal.observe_many(self._pending)
             self._pending = []
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
-        self._p_rows = self._p_table.tolist()  # the same, as Python floats: one drafted token's lookup
         self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
         self._unseen_gain: dict[int, np.ndarray] = {}  # k -> cumsum(cumprod(_unseen[k:])), until the next refresh
@@ -333,12 +332,12 @@ class GoodputPolicy(LengthPolicy):
         ahead = choice.lookahead_probs(draft) if draft.lookahead else None  # (lookahead,) or None
         if ahead is None and k == self._seen + 1 and k <= self.max_length:
             # one token drafted since the last decision (an AR or EAGLE-3 pass): its p from one host
-            # read and the refresh's Python table, in Python floats (the same values as the numpy
-            # path below: a bin is the count of edges <= c, as ``confidence_bin``'s searchsorted)
+            # read and one lookup, in Python floats (the same values as the numpy path below: a bin
+            # is the count of edges <= c, as ``confidence_bin``'s searchsorted; no numpy call)
             c = float(choice.probs(draft)[k - 1])
             if choice.wants_head:
                 self._estimates[self._seen :] = [c]
-            self._survival *= self._p_rows[self._seen][bisect_right(self._edges, c)]
+            self._survival *= self._p_table.item(self._seen, bisect_right(self._edges, c))
             self._seen = k
         elif k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
             # decision and of the tokens decoded ahead, from one host read
