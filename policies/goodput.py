@@ -213,6 +213,7 @@ class GoodputPolicy(LengthPolicy):
         self.probe_interval = probe_interval
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
         self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
+        self._suffixes = np.arange(max_length)[:, None] + np.arange(max_length)  # (H, H): [k, j] = k + j
         self._fresh()
         self._new_round()
 
@@ -286,7 +287,9 @@ class GoodputPolicy(LengthPolicy):
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
         self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
-        self._unseen_gain: dict[int, np.ndarray] = {}  # k -> cumsum(cumprod(_unseen[k:])), until the next refresh
+        # row k: cumsum(cumprod(_unseen[k:])) in its first H - k columns, for every k at once (each row
+        # accumulated left to right as the 1-D calls would: the same floats); past them, padding
+        self._unseen_gain = np.cumsum(np.cumprod(np.append(self._unseen, np.ones(H))[self._suffixes], axis=1), axis=1)
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         beyond = np.arange(H + 1)  # tokens past the frontier
@@ -404,10 +407,8 @@ class GoodputPolicy(LengthPolicy):
         n = self.max_length - k
         if ahead is not None and ahead.size:
             gain = np.cumsum(np.cumprod(np.concatenate((ahead, self._unseen[k + ahead.size :]))))
-        else:  # undrafted positions only: the same curve until the next refresh, computed once per k
-            gain = self._unseen_gain.get(k)
-            if gain is None:
-                gain = self._unseen_gain[k] = np.cumsum(np.cumprod(self._unseen[k:]))
+        else:  # undrafted positions only: the same curve until the next refresh (``_refresh``)
+            gain = self._unseen_gain[k, :n]
         first, later = (
             (self._probe_cost_first, self._probe_cost_later) if self._probing else (self._cost_first, self._cost_later)
         )
