@@ -246,8 +246,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         (``Eagle3Runner.chain``: the compiled runtime's graphs), with the records ``steps`` passes
         make. Returns False, drafting nothing, where it does not (sampling, the round's first pass,
         an eager or batched runtime): each step is then a pass."""
+        # only the compiled runtime's static cache of one sequence fuses steps (``Eagle3Runner.chain``)
         if self._sampling is not None or self._last_out is None or not isinstance(self.cache, StaticLength):
-            return False  # only the compiled runtime's static cache of one sequence fuses steps (``Eagle3Runner.chain``)
+            return False
         chained = self.runner.chain(self._head_pass(self._tokens[-1:], self._last_out[0]), steps)
         if chained is None:
             return False

@@ -75,7 +75,10 @@ figure of a policy tuned to that profile can be computed; null profile fields ar
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
-and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop.
+and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
+after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (a bisection of the bins'
+edges, one table lookup); the undrafted positions' gain curves of every draft length are built once per
+table refresh (``_refresh``), so that the plan itself is three numpy calls.
 """
 
 from __future__ import annotations
