@@ -444,9 +444,9 @@ def draft_rows(
             n, stops[i] = ask_policy(policy, drafts[i], rooms[i], answers[i])
             if not n:
                 break
-            before = drafts[i].length
+            drafted = drafts[i].length
             drafts[i] = type(drafter).draft_many([drafter], [n])[0]
-            stops[i] = after_drafting(drafts[i], before)
+            stops[i] = after_drafting(drafts[i], drafted)
         return drafts, stops
     while chain_rows:
         asks = {}
