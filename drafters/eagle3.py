@@ -45,7 +45,7 @@ from specpolicy.models.eagle3 import (
 )
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
-from specpolicy.runners.eagle3 import BATCH_POSITIONS as BATCH_POSITIONS, Eagle3Runner, HeadPass
+from specpolicy.runners.eagle3 import BATCH_POSITIONS as BATCH_POSITIONS, Eagle3Runner, HeadPass, StaticLength
 from specpolicy.runners.sequences import SharedSequencesDrafter
 
 NAME = "eagle3"
@@ -93,6 +93,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # (Vd,) int64: the target id of every draft id, for spreading q over the target vocabulary
         self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
+        self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for the host check of a call
         self.cache: Any = None  # the request's cache on the runner (``Eagle3Runner.open``)
         self._committed_pairs = 0  # pairs with real features in the cache
         self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
@@ -245,7 +246,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         (``Eagle3Runner.chain``: the compiled runtime's graphs), with the records ``steps`` passes
         make. Returns False, drafting nothing, where it does not (sampling, the round's first pass,
         an eager or batched runtime): each step is then a pass."""
-        if self._sampling is not None or self._last_out is None:
+        # only the compiled runtime's static cache of one sequence fuses steps (``Eagle3Runner.chain``)
+        if self._sampling is not None or self._last_out is None or not isinstance(self.cache, StaticLength):
             return False
         chained = self.runner.chain(self._head_pass(self._tokens[-1:], self._last_out[0]), steps)
         if chained is None:
@@ -277,10 +279,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     def _end_call(self, before: int) -> Draft:
         """The round's draft after a ``draft`` call that began at ``before`` tokens: cut at the
         first stop token drafted in the call (one sync per call)."""
-        if self._stop_ids.numel() and self._tokens.shape[0] > before:
-            hit = torch.isin(self._tokens[before:], self._stop_ids)
-            if bool(hit.any()):  # one sync per call: cut the draft at a drafted stop token
-                end = before + int(hit.int().argmax()) + 1
+        if self._stop_set and self._tokens.shape[0] > before:
+            # one sync per call: the call's tokens on the host, cut at the first drafted stop token
+            hit = next((i for i, t in enumerate(self._tokens[before:].tolist()) if t in self._stop_set), -1)
+            if hit >= 0:
+                end = before + hit + 1
                 self._tokens, self._confs = self._tokens[:end], self._confs[:end]
                 self._probs, self._hidden = self._probs[:end], self._hidden[:end]
                 self._ended = True

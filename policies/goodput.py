@@ -75,11 +75,15 @@ figure of a policy tuned to that profile can be computed; null profile fields ar
 Calibration, costs and throughput carry across prompts (``keep_across_prompts``).
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
-and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop.
+and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
+after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (a bisection of the bins'
+edges, one table lookup); the undrafted positions' gain curves of every draft length are built once per
+table refresh (``_refresh``), so that the plan itself is three numpy calls.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping
 from typing import Any
 
@@ -212,6 +216,7 @@ class GoodputPolicy(LengthPolicy):
         self.probe_interval = probe_interval
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
         self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
+        self._suffixes = np.arange(max_length)[:, None] + np.arange(max_length)  # (H, H): [k, j] = k + j
         self._fresh()
         self._new_round()
 
@@ -283,8 +288,11 @@ class GoodputPolicy(LengthPolicy):
             cal.observe_many(self._pending)
             self._pending = []
         self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
+        self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
         self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
-        self._unseen_gain: dict[int, np.ndarray] = {}  # k -> cumsum(cumprod(_unseen[k:])), until the next refresh
+        # row k: cumsum(cumprod(_unseen[k:])) in its first H - k columns, for every k at once (each row
+        # accumulated left to right as the 1-D calls would: the same floats); past them, padding
+        self._unseen_gain = np.cumsum(np.cumprod(np.append(self._unseen, np.ones(H))[self._suffixes], axis=1), axis=1)
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         beyond = np.arange(H + 1)  # tokens past the frontier
@@ -328,7 +336,16 @@ class GoodputPolicy(LengthPolicy):
             return 0
         choice = self.acceptance_choice
         ahead = choice.lookahead_probs(draft) if draft.lookahead else None  # (lookahead,) or None
-        if k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
+        if ahead is None and k == self._seen + 1 and k <= self.max_length:
+            # one token drafted since the last decision (an AR or EAGLE-3 pass): its p from one host
+            # read and one lookup, in Python floats (the same values as the numpy path below: a bin
+            # is the count of edges <= c, as ``confidence_bin``'s searchsorted; no numpy call)
+            c = float(choice.probs(draft)[k - 1])
+            if choice.wants_head:
+                self._estimates[self._seen :] = [c]
+            self._survival *= self._p_table.item(self._seen, bisect_right(self._edges, c))
+            self._seen = k
+        elif k > self._seen or ahead is not None:  # calibrated p of the tokens drafted since the last
             # decision and of the tokens decoded ahead, from one host read
             new = choice.probs(draft)[self._seen : k]
             conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
@@ -393,10 +410,8 @@ class GoodputPolicy(LengthPolicy):
         n = self.max_length - k
         if ahead is not None and ahead.size:
             gain = np.cumsum(np.cumprod(np.concatenate((ahead, self._unseen[k + ahead.size :]))))
-        else:  # undrafted positions only: the same curve until the next refresh, computed once per k
-            gain = self._unseen_gain.get(k)
-            if gain is None:
-                gain = self._unseen_gain[k] = np.cumsum(np.cumprod(self._unseen[k:]))
+        else:  # undrafted positions only: the same curve until the next refresh (``_refresh``)
+            gain = self._unseen_gain[k, :n]
         first, later = (
             (self._probe_cost_first, self._probe_cost_later) if self._probing else (self._cost_first, self._cost_later)
         )

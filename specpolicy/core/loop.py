@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Protocol, cast
 
 import torch
@@ -432,10 +433,21 @@ def draft_rows(
         if isinstance(r.policy, TreePolicy):
             draft, stop = r.policy.draft_tree(r.drafter, room, node_room)
         else:
-            draft, stop = Draft.empty(device), "" if r.drafter is not None else "vanilla"
+            draft, stop = empty_draft(device), "" if r.drafter is not None else "vanilla"
         drafts.append(draft)
         stops.append(stop)
     chain_rows = [i for i, r in enumerate(active) if not stops[i] and not isinstance(r.policy, TreePolicy)]
+    if len(chain_rows) == 1:  # one request drafting (the batch-1 loop): the same calls, without the per-row lists
+        i = chain_rows[0]
+        policy, drafter = cast(LengthPolicy, active[i].policy), cast(Drafter, active[i].drafter)
+        while not stops[i]:
+            n, stops[i] = ask_policy(policy, drafts[i], rooms[i], answers[i])
+            if not n:
+                break
+            drafted = drafts[i].length
+            drafts[i] = type(drafter).draft_many([drafter], [n])[0]
+            stops[i] = after_drafting(drafts[i], drafted)
+        return drafts, stops
     while chain_rows:
         asks = {}
         for i in chain_rows:
@@ -452,6 +464,19 @@ def draft_rows(
             stops[i] = after_drafting(draft, b)
         chain_rows = [i for i in chain_rows if not stops[i]]
     return drafts, stops
+
+
+#: The empty draft of each device, built once: every chain round starts from it (a frozen ``Draft``
+#: of two empty tensors, never written), not from two new tensors per request and round.
+_EMPTY_DRAFTS: dict[torch.device | str, Draft] = {}
+
+
+def empty_draft(device: torch.device | str) -> Draft:
+    """``Draft.empty(device)``, the same object on every call for a device (host work per round)."""
+    draft = _EMPTY_DRAFTS.get(device)
+    if draft is None:
+        draft = _EMPTY_DRAFTS[device] = replace(Draft.empty(device), extras=MappingProxyType({}))  # read-only
+    return draft
 
 
 def draft_round(
@@ -481,7 +506,7 @@ def draft_round(
     Raises:
         PolicyAnswerError: (a ValueError) when the policy answers anything but an integer >= 0.
     """
-    draft = Draft.empty(device)
+    draft = empty_draft(device)
     if drafter is None:
         return draft, "vanilla"
     assert policy is not None, "a drafter drafts with a length policy"

@@ -767,3 +767,22 @@ def test_a_dear_first_pass_does_not_keep_a_cheap_chain_off():
     assert policy.costs.pass_ms == pytest.approx(0.3, abs=0.02)
     late = [k for k in lengths[-300:] if k]
     assert len(late) >= 150 and np.mean(late) >= 4
+
+
+def test_one_token_decisions_read_the_same_probabilities_as_the_calibrations_numpy_lookup():
+    """A decision after one drafted token (an AR pass) reads its p in Python floats, not numpy: the
+    draft's survival must be exactly the product of ``AcceptanceCalibration.probability`` (the numpy
+    lookup), confidences on and between the bins' edges included, after the calibration has data."""
+    confs = (0.1, 0.95, 0.37, 0.99, 0.5, 1.0, 0.0, 0.985, 0.62, 0.9)
+    policy = GoodputPolicy(max_length=len(confs), cost_profile=profile(pass_ms=0.0))
+    drafter = ScriptedDrafter(script=confs * 4)
+    for _ in range(3):  # data in the calibration: the table is no longer the prior
+        play(policy, drafter, accept=lambda d: d.length // 2)
+    policy.next_length(Draft.empty())  # a new round: the tables rebuilt
+    for k in range(1, len(confs) + 1):
+        draft = Draft(torch.arange(k), torch.tensor(confs[:k]))
+        policy.next_length(draft)
+        expected = 1.0
+        for p in policy.calibration.probability(draft.confidences.tolist(), 1):
+            expected *= float(p)
+        assert policy._survival == expected
