@@ -111,6 +111,14 @@ class EasySpecDrafter(ARDrafter):
     """
 
     name = NAME
+    #: Pass entry points watched on the compiled runtime too (called from eager Python only).
+    eager_pass_methods = ("_choose", "_parallel_pass")
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The AR drafter's pass entry points (``ARDrafter.timed_calls``) and the layer-parallel pass
+        (``_parallel_pass``), which runs the model's layers one by one without its forward."""
+        return super().timed_calls + ((self, "_parallel_pass"),)
 
     def __init__(self, model: PreTrainedModel, runtime: Runtime, layer_parallel: int = 2) -> None:
         super().__init__(model, runtime)

@@ -214,6 +214,18 @@ class FastDLLMDrafter(Drafter):
     """
 
     name = NAME
+    #: Pass entry points watched on the compiled runtime too (called from eager Python only).
+    eager_pass_methods = ("_choose",)
+
+    @property
+    def timed_calls(self) -> tuple:
+        """The entry points of a pass (``specpolicy.core.passes``): the model's forward (every block
+        pass, eager or through the runner's static cache) and the choice of the tokens from a
+        pass's logits (``_choose``: the argmax and its probability, or a draw from ``warp``),
+        tensor work on the pass's output as the AR drafter's ``_choose`` is; the unmasking rule
+        that reads the confidences (``_select``) stays host work."""
+        static = self.runner.static
+        return (self.model, (self, "_choose")) + (((static, "run"),) if static is not None else ())
 
     def __init__(
         self,

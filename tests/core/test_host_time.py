@@ -192,6 +192,55 @@ def test_the_drafters_choice_of_tokens_is_part_of_its_pass(runtime, fake_clock, 
         assert r.draft_ms == pytest.approx(r.drafter_forward_passes * (PASS_MS + ACCEPT_MS) + r.host_ms), r
 
 
+def test_easyspecs_layer_parallel_pass_is_a_pass_not_host_work(runtime, fake_clock, monkeypatch):
+    """EasySpec's layer-parallel pass runs the model's layers one by one, never its forward
+    (``EasySpecDrafter._parallel_pass``): it is named in the drafter's ``timed_calls``, so the loop
+    times it as a drafter pass, not as host work."""
+    from specpolicy.drafters.easyspec import EasySpecDrafter
+
+    target = sharpen(tiny_lm())
+    drafter_model = sharpen(tiny_lm(seed=2, layers=4))
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter_model, fake_clock)  # the round's exact first pass (the model's forward)
+    _slow(monkeypatch, EasySpecDrafter, "_parallel_pass", PASS_MS, fake_clock)
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        drafter=EasySpecDrafter(drafter_model, runtime, 2),
+        policy=SlowPolicy(fake_clock),
+    )
+    assert any(r.drafter_forward_passes > 1 for r in out.rounds)  # layer-parallel passes ran
+    for r in out.rounds:
+        assert r.host_ms == pytest.approx((2 if r.speculation_length else 1) * POLICY_MS, abs=1e-6), r
+        assert r.draft_ms == pytest.approx(r.drafter_forward_passes * PASS_MS + r.host_ms), r
+
+
+def test_fastdllms_choice_of_tokens_is_part_of_its_pass(runtime, fake_clock, monkeypatch):
+    """Fast-dLLM's choice of tokens from a block pass's logits (``FastDLLMDrafter._choose``) is
+    tensor work on the pass's output, as the AR drafter's is: drafting ms, not host ms."""
+    from specpolicy.drafters.fastdllm import FastDLLMDrafter
+    from test_lossless import _drafter
+
+    target = sharpen(tiny_lm())
+    drafter = _drafter("fastdllm", runtime, True)
+    _slow_passes(target, fake_clock)
+    _slow_passes(drafter.model, fake_clock)
+    _slow(monkeypatch, FastDLLMDrafter, "_choose", ACCEPT_MS, fake_clock)
+    out = generate(
+        random_prompts(1)[0],
+        HFVerifier(target, runtime, frozenset()),
+        runtime,
+        max_new_tokens=8,
+        drafter=drafter,
+        policy=SlowPolicy(fake_clock),
+    )
+    assert any(r.speculation_length for r in out.rounds)
+    for r in out.rounds:
+        assert r.host_ms == pytest.approx((2 if r.speculation_length else 1) * POLICY_MS, abs=1e-6), r
+
+
 HEAD_MS = 17.0  # fake ms: each forward of an acceptance head
 
 
