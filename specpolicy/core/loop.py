@@ -437,17 +437,6 @@ def draft_rows(
         drafts.append(draft)
         stops.append(stop)
     chain_rows = [i for i, r in enumerate(active) if not stops[i] and not isinstance(r.policy, TreePolicy)]
-    if len(chain_rows) == 1:  # one request drafting (the batch-1 loop): the same calls, without the per-row lists
-        i = chain_rows[0]
-        policy, drafter = cast(LengthPolicy, active[i].policy), cast(Drafter, active[i].drafter)
-        while not stops[i]:
-            n, stops[i] = ask_policy(policy, drafts[i], rooms[i], answers[i])
-            if not n:
-                break
-            drafted = drafts[i].length
-            drafts[i] = type(drafter).draft_many([drafter], [n])[0]
-            stops[i] = after_drafting(drafts[i], drafted)
-        return drafts, stops
     while chain_rows:
         asks = {}
         for i in chain_rows:
