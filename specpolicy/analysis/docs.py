@@ -310,6 +310,10 @@ def metrics_page() -> str:
 # -- render, write, check ----------------------------------------------------------------------
 
 
+#: Drafters whose acceptance headroom was measured (``benchmarks/acceptance_headroom.py``).
+HEADROOM_KINDS = ("ar", "eagle3")
+
+
 def bundled_heads() -> dict[str, dict[str, Any] | None]:
     """Each bundled drafter's acceptance head's ``config.json`` (``<bundle>/<kind>-drafter/acceptance-head/``,
     its ``calibration`` written by the head's training), parsed; None for a drafter without one."""
@@ -348,6 +352,7 @@ def render(root: Path) -> tuple[dict[Path, str | bytes], list[str]]:
             load(root, RUNTIME_CUDA_NAMES[1]),
             {kind: load(root, f"diagnostics-{kind}-gsm8k.json") for kind in DIAGNOSTICS_KINDS},
             bundled_heads(),
+            {kind: load(root, f"acceptance-headroom-{kind}.json") for kind in HEADROOM_KINDS},
         ),
         "notes.md": notes_page(root),
         "runtime.md": runtime_page(

@@ -358,6 +358,30 @@ def head_calibration_context(heads: Mapping[str, Mapping[str, Any] | None]) -> d
     }
 
 
+def headroom_context(headroom: Mapping[str, Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """What drafter-side features add to the confidence's ranking of drafted tokens
+    (``benchmarks/acceptance_headroom.py``, ``benchmarks/results/acceptance-headroom-<kind>.json``):
+    per drafter, the held-out AUC of the raw confidence, of the best fitted feature set and of the
+    bundled head. None when no result is there."""
+    rows = []
+    for kind, result in headroom.items():
+        if not result:
+            continue
+        best_name, best = max(
+            ((name, max(s["logistic"]["auc"], s["mlp16"]["auc"])) for name, s in result["sets"].items()),
+            key=lambda item: item[1],
+        )
+        head = result.get("bundled_head") or {}
+        rows.append([
+            HEAD_KINDS.get(kind, kind),
+            f"{result['tokens']['held_out']:,}",
+            f"{result['raw_confidence']['auc']:.4f}",
+            f"{best:.4f} ({best_name}; {best - result['raw_confidence']['auc']:+.4f})",
+            f"{head['auc']:.4f}" if "auc" in head else "-",
+        ])  # fmt: skip
+    return {"rows": rows} if rows else None
+
+
 def command_lines(s: Mapping[str, Any]) -> list[str]:
     """The peers command behind the neighbours run, one flag a line."""
     command = [
@@ -381,6 +405,7 @@ def neighbours_page(
     gpu: Mapping[str, Any] | None = None,
     diagnostics: Mapping[str, Mapping[str, Any] | None] | None = None,
     heads: Mapping[str, Mapping[str, Any] | None] | None = None,
+    headroom: Mapping[str, Mapping[str, Any] | None] | None = None,
 ) -> str:
     """The neighbours' rows measured here, then their papers' claims, the commands folded at the end.
     Raises ``MissingRow`` when ``results`` lacks a row the page names."""
@@ -409,6 +434,7 @@ def neighbours_page(
         falcon=falcon_rows(methods),
         diagnostics=diagnostics_context(diagnostics or {}),
         heads=head_calibration_context(heads or {}),
+        headroom=headroom_context(headroom or {}),
         every_row=peers_rows(results),
         command=command_lines(results["settings"]),
     )

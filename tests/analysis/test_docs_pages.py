@@ -206,3 +206,22 @@ def test_the_heads_calibration_rows_come_from_each_bundled_heads_config():
     assert again is not None and len(again["rows"]) == 2 * (len(HEAD_KINDS) - 1)
     assert ["EAGLE-3 head", "0.987"] == again["rows"][0][:2] and again["rows"][1][0] == "EAGLE-3 confidence"
     assert head_calibration_context({kind: None for kind in HEAD_KINDS}) is None
+
+
+def test_the_headroom_rows_come_from_the_headroom_results():
+    """The neighbours page's headroom rows (``benchmarks/acceptance_headroom.py``) show each result's
+    confidence AUC and its best fitted set, found in the results, not typed."""
+    from specpolicy.analysis.docs_neighbours import headroom_context
+
+    results = {kind: docs.load(ROOT, f"acceptance-headroom-{kind}.json") for kind in docs.HEADROOM_KINDS}
+    assert all(results.values())
+    page = (ROOT / docs.PAGES / "neighbours.md").read_text(encoding="utf-8")
+    context = headroom_context(results)
+    assert context is not None and len(context["rows"]) == len(docs.HEADROOM_KINDS)
+    for row in context["rows"]:
+        assert "| " + " | ".join(row) + " |" in page
+    changed = json.loads(json.dumps(results))
+    changed["ar"]["sets"]["+entropy"]["mlp16"]["auc"] = 0.99  # a better set: it becomes the best
+    row = headroom_context({"ar": changed["ar"], "eagle3": None})["rows"][0]  # type: ignore[index]
+    assert row[0] == "AR" and row[3].startswith("0.9900 (+entropy; +")
+    assert headroom_context({"ar": None}) is None
