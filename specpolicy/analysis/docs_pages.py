@@ -411,7 +411,48 @@ def overhead_page(root: Path) -> str | None:
             "rows": rows,
             "spread": timing_line(packing.get("timing_conditions"), "Spread"),
         }
-    return render_template("overhead", overhead=over, packing=pack)
+    return render_template("overhead", overhead=over, packing=pack, host=host_work_context(load(root, HOST_WORK_NAME)))
+
+
+HOST_WORK_NAME = "host-work-gsm8k-3x64.json"
+#: The host-work page's component columns: (heading, the ``benchmarks/host_work.py`` components summed).
+HOST_COLUMNS = (
+    ("policy", ("policy.next_length", "policy.update", "policy.draft_tree")),
+    ("searches", ("path_search", "ngram")),
+    ("drafter", ("drafter.draft", "drafter.alternatives", "drafter.commit")),
+    ("verify", ("verify",)),
+    ("loop", ("loop",)),
+)
+
+
+def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Host work per round of every method (``benchmarks/host_work.py``): ms per round (the least of
+    the repeats), its share of the profile's target step, and the exclusive ms of each component
+    group (``HOST_COLUMNS``, from the run with timers), least first. None without results."""
+    if not results:
+        return None
+    s, methods = results["settings"], results["methods"]
+    goal = float(s["goal_ms"])
+    rows = []
+    for name, m in sorted(methods.items(), key=lambda item: item[1]["host_ms_per_round"]):
+        parts = m.get("components") or {}
+        rows.append([
+            f"`{name}`",
+            f"{m['host_ms_per_round']:.2f}",
+            f"{100 * m['host_step_share']:.1f}%",
+            *[f"{sum(parts.get(c, 0.0) for c in group):.2f}" for _, group in HOST_COLUMNS],
+            str(m["rounds"]),
+        ])  # fmt: skip
+    values = [m["host_ms_per_round"] for m in methods.values()]
+    return {
+        "s": s,
+        "rows": rows,
+        "columns": [heading for heading, _ in HOST_COLUMNS],
+        "methods": len(values),
+        "within_goal": sum(v <= goal for v in values),
+        "median": float(sorted(values)[len(values) // 2]),
+        "goal": goal,
+    }
 
 
 # -- the model family's scale ------------------------------------------------------------------

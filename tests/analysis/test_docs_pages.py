@@ -225,3 +225,25 @@ def test_the_headroom_rows_come_from_the_headroom_results():
     row = headroom_context({"ar": changed["ar"], "eagle3": None})["rows"][0]  # type: ignore[index]
     assert row[0] == "AR" and row[3].startswith("0.9900 (+entropy; +")
     assert headroom_context({"ar": None}) is None
+
+
+def test_the_host_work_rows_come_from_the_host_work_results():
+    """The overhead page's host-work table: every method of ``benchmarks/host_work.py``'s results,
+    least host ms first, the count within the goal computed from them."""
+    from specpolicy.analysis.docs_pages import HOST_WORK_NAME, host_work_context
+
+    results = docs.load(ROOT, HOST_WORK_NAME)
+    assert results is not None
+    context = host_work_context(results)
+    assert context is not None and len(context["rows"]) == len(results["methods"])
+    ms = [float(row[1]) for row in context["rows"]]
+    assert ms == sorted(ms)
+    page = (ROOT / docs.PAGES / "overhead.md").read_text(encoding="utf-8")
+    assert "| " + " | ".join(context["rows"][0]) + " |" in page
+    changed = json.loads(json.dumps(results))
+    name = next(iter(changed["methods"]))
+    changed["methods"][name]["host_ms_per_round"] = 0.01  # now within the goal, and first
+    again = host_work_context(changed)
+    assert again is not None and again["rows"][0][0] == f"`{name}`"
+    assert again["within_goal"] == sum(m["host_ms_per_round"] <= 0.4 for m in changed["methods"].values())
+    assert host_work_context(None) is None

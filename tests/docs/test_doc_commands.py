@@ -715,6 +715,19 @@ def _overhead(command: Command, h: Harness) -> None:
     assert out.is_file()
 
 
+def _host_work(command: Command, h: Harness) -> None:
+    """One method (the AR static row: every method runs the same code around its passes), 1 prompt,
+    8 tokens, one repeat, on the tiny family; the result holds its host ms per round and components."""
+    out = h.cwd / "host.json"
+    args = _args(command, "python benchmarks/host_work.py")
+    load_benchmark("host_work").main(
+        [*args, "--num-prompts", "1", "--max-new-tokens", "8", "--repeat", "1", "--method", "ar+static-k5"]
+        + ["--out", str(out), *tiny_models(h.world)]
+    )
+    row = json.loads(out.read_text())["methods"]["ar+static-k5"]
+    assert row["host_ms_per_round"] > 0 and "verify" in row["components"]
+
+
 #: the shortened ``benchmarks/runtime.py`` runs of this process: where each command is shown, and
 #: what its run ran (``_what_runs``)
 _RUNTIME_RUNS: list[tuple[str, dict]] = []
@@ -1114,6 +1127,7 @@ RULES = [
     Rule(r"(bash|inline): python benchmarks/paper_table\.py --dataset .*", "arguments checked", _paper_table_args),
     Rule(r"bash: python benchmarks/ceiling\.py .*", "run shortened, tiny family", _ceiling),
     Rule(r"(bash|inline): python benchmarks/overhead\.py .*", "run shortened, tiny family", _overhead),
+    Rule(r"(bash|inline): python benchmarks/host_work\.py .*", "run shortened: one method, tiny family", _host_work),
     Rule(r"(bash|inline): python benchmarks/runtime\.py .*", "run shortened: 2 buckets, tiny family", _runtime_bench),
     Rule(
         r"(bash|inline): python benchmarks/tune_failfast\.py .*",
