@@ -20,6 +20,7 @@ import torch
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import TreeDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -45,6 +46,7 @@ class Eagle2TreePolicy(TreePolicy):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"policy.{key} must be an integer >= 1, got {value!r}")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, TreeDrafter):

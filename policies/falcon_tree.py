@@ -31,6 +31,7 @@ import torch
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockTreeDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -188,6 +189,7 @@ class FalconTreePolicy(TreePolicy):
         self.choices = [tuple(p) for p in (TREES[tree] if choices is None else choices)]
         StaticTree(self.choices, 2)  # checks the list now, before any model loads
         self._layouts: dict[int, StaticTree] = {}
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, BlockTreeDrafter):

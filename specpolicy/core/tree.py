@@ -120,6 +120,15 @@ def _on_device(plist: list[int], device: torch.device | str) -> tuple[torch.Tens
     return _keep(_DEVICE_SHAPES, key, (ancestors, depth_plus_one))
 
 
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the verification's host kernels (``compiled.tree_shape``,
+    ``compiled.move_rows`` for float32 / float64 caches) now, not in a timed round: tree policies
+    call it when built."""
+    compiled.tree_shape(np.full(1, -1, dtype=np.int64))
+    for dtype in (np.float32, np.float64):
+        compiled.move_rows(np.zeros((1, 1, 2, 1), dtype=dtype), np.zeros(1, dtype=np.int64), 0)
+
+
 class GrowingTree:
     """A drafter's tentative tree while a dynamic-tree policy expands it (EAGLE-2 §4: each
     ``tree_expand`` adds one level's nodes in one pass). Node 0 is the root (the last committed
