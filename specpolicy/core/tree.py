@@ -125,8 +125,10 @@ def compile_kernels() -> None:
     ``compiled.move_rows`` for float32 / float64 caches) now, not in a timed round: tree policies
     call it when built."""
     compiled.tree_shape(np.full(1, -1, dtype=np.int64))
-    for dtype in (np.float32, np.float64):
-        compiled.move_rows(np.zeros((1, 1, 2, 1), dtype=dtype), np.zeros(1, dtype=np.int64), 0)
+    for dtype in (np.float32, np.float64):  # a contiguous cache layer, and a cropped view of one
+        entries = np.zeros((1, 2, 4, 1), dtype=dtype)
+        for view in (entries, entries[:, :, :2]):
+            compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
 
 
 class GrowingTree:
