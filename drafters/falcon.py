@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core import tree
@@ -172,10 +173,7 @@ class FalconDrafter(Drafter):
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self.cache.length
         positions = torch.arange(start, start + u, device=device)[None]
-        i = torch.arange(u, device=device)
-        block = i >= u - self.k
-        mask = (i[None, :] <= i[:, None]) | (block[None, :] & block[:, None])  # causal; the last block whole
-        mask = torch.cat([torch.ones((u, start), dtype=torch.bool, device=device), mask], dim=1)
+        mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
         out, state, mid = self._pass(
             self.embed_tokens(self._pair_tokens)[None],
@@ -307,10 +305,7 @@ class FalconDrafter(Drafter):
         m, k = tokens.shape
         committed = self._tree.committed
         nodes, depth_pos, block_mask = self._tree.add(parents)
-        cols = torch.cat([block_mask[:, :committed], block_mask[:, committed:].repeat_interleave(k, dim=1)], dim=1)
-        mask = cols.repeat_interleave(k, dim=0)  # (m k, committed + blocks k)
-        first = committed + (depth_pos - committed) * k  # (m,) each block's first position
-        positions = (first[:, None] + torch.arange(k, device=first.device)).reshape(1, m * k)
+        positions, mask = block_layout(depth_pos, block_mask, committed, k)
         state = (self._tree_h.index_select(1, parents), self._tree_c.index_select(1, parents))
         out, (h, c), _ = self._pass(
             self.embed_tokens(tokens), self._tree_out.index_select(0, parents), positions, state, mask
@@ -325,6 +320,47 @@ class FalconDrafter(Drafter):
     def tree_passes(self) -> int:
         """Drafter passes spent on the round's tree so far."""
         return self._passes
+
+
+#: device types whose layouts are built in numpy (the tensors share its arrays); others use tensor ops
+_HOST_DEVICES = frozenset({"cpu"})
+
+
+def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.Tensor:
+    """The round's first pass's attention ``(u, start + u) bool`` (True = attend) over ``u`` new
+    pairs after ``start`` cached ones: every cached position, causal among the new ones, and the last
+    ``k`` (the block that drafts) whole. On the CPU built in numpy (no per-op dispatch), else in
+    tensor ops on ``device``; the same mask."""
+    if torch.device(device).type in _HOST_DEVICES:
+        grid = np.ones((u, start + u), dtype=bool)
+        own = grid[:, start:]
+        own[:] = np.tri(u, dtype=bool)  # causal
+        own[max(u - k, 0) :, max(u - k, 0) :] = True  # the last block whole
+        return torch.from_numpy(grid)
+    i = torch.arange(u, device=device)
+    block = i >= u - k
+    mask = (i[None, :] <= i[:, None]) | (block[None, :] & block[:, None])  # causal; the last block whole
+    return torch.cat([torch.ones((u, start), dtype=torch.bool, device=device), mask], dim=1)
+
+
+def block_layout(
+    depth_pos: torch.Tensor, block_mask: torch.Tensor, committed: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree pass's layout from its ``m`` blocks' ``GrowingTree`` rows (one node per block):
+    positions ``(1, m k) int64`` (block j's k tokens from ``committed + (depth_pos[j] - committed) *
+    k``) and the mask ``(m k, committed + blocks k) bool`` (each block row repeated k times, each
+    block column k times). On the CPU in numpy (no per-op dispatch), else in tensor ops; the same."""
+    m = int(depth_pos.shape[0])
+    if block_mask.device.type in _HOST_DEVICES:
+        rows = block_mask.numpy()
+        cols = np.concatenate([rows[:, :committed], np.repeat(rows[:, committed:], k, axis=1)], axis=1)
+        first = committed + (depth_pos.numpy() - committed) * k
+        positions = torch.from_numpy((first[:, None] + np.arange(k)).reshape(1, m * k))
+        return positions, torch.from_numpy(np.repeat(cols, k, axis=0))
+    tensor_cols = torch.cat([block_mask[:, :committed], block_mask[:, committed:].repeat_interleave(k, dim=1)], dim=1)
+    mask = tensor_cols.repeat_interleave(k, dim=0)  # (m k, committed + blocks k)
+    tensor_first = committed + (depth_pos - committed) * k  # (m,) each block's first position
+    return (tensor_first[:, None] + torch.arange(k, device=depth_pos.device)).reshape(1, m * k), mask
 
 
 def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:

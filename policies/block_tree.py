@@ -24,6 +24,7 @@ from numba import njit
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -78,6 +79,7 @@ class BlockTreePolicy(TreePolicy):
         best_first_tree(
             np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), 1
         )  # compiled (or cached) now, not in a round
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         # a block's positions are predicted in parallel, so a position's top-k does not depend on the

@@ -45,6 +45,7 @@ from specpolicy.core.checks import check_init
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import NgramBlockDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -209,6 +210,38 @@ def _dart_ngram(
 
 
 @njit(cache=True)
+def _first_in_order(scores, ends, K, m):
+    """The first ``m`` of the children ``0 .. n - 1`` (``scores`` ``(n,) float32``; child i ends a
+    path when ``ends[i % K]``) in the stable order of (ends, -score): the non-ending children by
+    score, then the ending ones, ties in creation order, NaN scores last in their group -- what a
+    stable sort of each group by ``-score`` gives (``np.argsort(kind="mergesort")``), found by
+    insertion into the ``m`` kept (m is the beam width, n = beams x K)."""
+    keep = np.empty(m, dtype=np.int64)
+    filled = 0
+    for i in range(scores.shape[0]):
+        pos = filled
+        while pos > 0 and _ranks_before(scores, ends, K, i, keep[pos - 1]):
+            pos -= 1
+        if pos >= m:
+            continue
+        for j in range(min(filled, m - 1), pos, -1):
+            keep[j] = keep[j - 1]
+        keep[pos] = i
+        filled = min(filled + 1, m)
+    return keep
+
+
+@njit(cache=True, inline="always")
+def _ranks_before(scores, ends, K, i, j):
+    """Child i strictly ahead of child j in (ends, -score) order (an equal one stays behind)."""
+    end_i, end_j = ends[i % K], ends[j % K]
+    if end_i != end_j:
+        return not end_i
+    x, y = scores[i], scores[j]
+    return (np.isnan(y) and not np.isnan(x)) or x > y
+
+
+@njit(cache=True)
 def _dart_depth(
     level,
     ids,
@@ -252,16 +285,7 @@ def _dart_depth(
             pool_scores[first + i] = scores[i]
             pool_drafter[first + i] = drafter[i]
     count[1] = first + n
-    # the stable order of (ends, -score): the non-ending children by score, then the ending ones
-    order = np.empty(n, dtype=np.int64)
-    filled = 0
-    for stop in (False, True):
-        picked = np.array([i for i in range(n) if ends[i % K] == stop], dtype=np.int64)
-        if picked.shape[0]:
-            ranked = picked[np.argsort(-scores[picked], kind="mergesort")]
-            order[filled : filled + ranked.shape[0]] = ranked
-            filled += ranked.shape[0]
-    keep = order[: min(width, n)]
+    keep = _first_in_order(scores, ends, K, min(width, n))
     old = beams[:B, :length].copy()
     for j in range(keep.shape[0]):
         i = keep[j]
@@ -431,6 +455,7 @@ class DartTreePolicy(TreePolicy):
         # timed round; a two-depth pass of the real dtypes, beams narrower than the tree
         warm = torch.zeros((2, 1), dtype=torch.long)
         dart_tree_search(warm, torch.ones(2, 1), warm[0], self.ngram, warm[0], 1, 2, ngram_weight=self.ngram_weight)
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, NgramBlockDrafter):

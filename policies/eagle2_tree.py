@@ -20,6 +20,7 @@ import torch
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import TreeDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -45,6 +46,7 @@ class Eagle2TreePolicy(TreePolicy):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"policy.{key} must be an integer >= 1, got {value!r}")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, TreeDrafter):
@@ -61,9 +63,35 @@ class Eagle2TreePolicy(TreePolicy):
         ids, logp = drafter.tree_root(self.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
-        # candidates level by level, in creation order (parents first); of the newest level: tokens,
-        # cumulative log-probs and each one's parent's drafter node (0 = the root); of all levels: the
-        # same tokens and scores, and each one's parent candidate (-1 = the root), for the reranking
+        on_host = ids.device.type == "cpu" and logp.dtype in (torch.float32, torch.float64)
+        tokens, host_scores, host_parents = (self._grow_on_host if on_host else self._grow)(drafter, ids, logp, depth)
+        # rerank on the host, where the verifier needs the tree's shape anyway (one sync): the best
+        # total_tokens candidates; ties go to the earlier one (a parent before its child, which
+        # scores no higher), so the kept candidates form a tree; kept in creation order
+        keep = np.sort(np.argsort(-host_scores, kind="stable")[: min(self.total_tokens, node_room)])
+        index = np.full(host_scores.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: candidate c's node in the draft
+        index[keep + 1] = np.arange(keep.shape[0])
+        if isinstance(tokens, np.ndarray):
+            token_ids = torch.from_numpy(tokens[keep])
+        else:
+            token_ids = tokens[torch.from_numpy(keep).to(tokens.device)]
+        draft = Draft(
+            token_ids=token_ids,
+            confidences=torch.from_numpy(np.exp(host_scores[keep])).to(token_ids.device),
+            forward_passes=drafter.tree_passes,
+            parents=torch.from_numpy(index[host_parents[keep] + 1]).to(token_ids.device),
+        )
+        return draft, "room" if depth < self.depth else "policy_bound"
+
+    def _grow(
+        self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The expansion (module docstring) in tensor ops on the drafter's device, no sync until the
+        end. Returns every candidate, in creation order (parents first): tokens ``(n,) int64`` (on
+        the device), cumulative log-probs ``(n,) float32`` and parent candidates ``(n,) int64`` (-1:
+        the root), the last two on the host."""
+        # of the newest level: tokens, cumulative log-probs and each one's parent's drafter node (0 =
+        # the root); of all levels: the same tokens and scores, and each one's parent candidate
         level_tokens, level_scores = ids, logp
         level_parent_nodes = ids.new_zeros(ids.shape)
         all_tokens, all_scores, all_parents = [ids], [logp], [ids.new_full(ids.shape, -1)]
@@ -82,21 +110,36 @@ class Eagle2TreePolicy(TreePolicy):
             all_scores.append(level_scores)
             all_parents.append((best + offset)[:, None].expand(m, width).reshape(-1))
             offset += n
-        tokens, scores, parents = torch.cat(all_tokens), torch.cat(all_scores), torch.cat(all_parents)
-        # rerank on the host, where the verifier needs the tree's shape anyway (one sync): the best
-        # total_tokens candidates; ties go to the earlier one (a parent before its child, which
-        # scores no higher), so the kept candidates form a tree; kept in creation order
-        host_scores, host_parents = scores.cpu().numpy(), parents.cpu().numpy()
-        keep = np.sort(np.argsort(-host_scores, kind="stable")[: min(self.total_tokens, node_room)])
-        index = np.full(host_scores.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: candidate c's node in the draft
-        index[keep + 1] = np.arange(keep.shape[0])
-        draft = Draft(
-            token_ids=tokens[torch.from_numpy(keep).to(tokens.device)],
-            confidences=torch.from_numpy(np.exp(host_scores[keep])).to(scores.device),
-            forward_passes=drafter.tree_passes,
-            parents=torch.from_numpy(index[host_parents[keep] + 1]).to(parents.device),
-        )
-        return draft, "room" if depth < self.depth else "policy_bound"
+        scores, parents = torch.cat(all_scores), torch.cat(all_parents)
+        return torch.cat(all_tokens), scores.cpu().numpy(), parents.cpu().numpy()
+
+    def _grow_on_host(
+        self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_grow`` for a drafter on the CPU: the same steps on numpy views of its tensors (no
+        per-op dispatch; ``np.argsort(-s, kind="stable")`` orders as torch's stable descending sort,
+        the float sums are the same), the drafter handed tensors sharing the arrays. Returns the
+        same three arrays, all numpy."""
+        level_tokens, level_scores = ids.numpy(), logp.numpy()
+        level_parent_nodes = np.zeros(level_tokens.shape[0], dtype=np.int64)
+        all_tokens, all_scores = [level_tokens], [level_scores]
+        all_parents = [np.full(level_tokens.shape[0], -1, dtype=np.int64)]
+        offset = 0
+        for _ in range(depth - 1):
+            n = int(level_tokens.shape[0])
+            best = np.argsort(-level_scores, kind="stable")[: min(self.top_k, n)]
+            nodes, child_ids, child_logp = drafter.tree_expand(
+                torch.from_numpy(level_tokens[best]), torch.from_numpy(level_parent_nodes[best]), self.top_k
+            )
+            width = int(child_ids.shape[1])
+            level_tokens = child_ids.numpy().reshape(-1)
+            level_scores = (level_scores[best][:, None] + child_logp.numpy()).reshape(-1)
+            level_parent_nodes = np.repeat(nodes.numpy(), width)
+            all_tokens.append(level_tokens)
+            all_scores.append(level_scores)
+            all_parents.append(np.repeat(best + offset, width))
+            offset += n
+        return np.concatenate(all_tokens), np.concatenate(all_scores), np.concatenate(all_parents)
 
     def __repr__(self) -> str:
         return f"Eagle2TreePolicy(depth={self.depth}, top_k={self.top_k}, total_tokens={self.total_tokens})"

@@ -21,6 +21,7 @@ import torch
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import AlternativesDrafter, device_of
 from specpolicy.core.sampling import point_mass
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.policies.failfast import FailFastPolicy
@@ -61,6 +62,7 @@ class FailFastTreePolicy(TreePolicy):
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
             raise ValueError(f"policy.max_nodes must be an integer >= 1, got {max_nodes!r}")
         self.branch_tau, self.branch_k, self.max_nodes = float(branch_tau), branch_k, max_nodes
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, AlternativesDrafter):

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockTreeDrafter, device_of
+from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
@@ -140,6 +142,16 @@ class StaticTree:
             self._on[key] = tuple(move)
         return self._on[key]
 
+    def on_host(self) -> tuple:
+        """``on``'s gather indices as numpy arrays (the CPU's steps: no per-op dispatch), the parents
+        as the cached CPU tensor (built once)."""
+        if "host" not in self._on:
+            move: list[Any] = [x.numpy() for x in (self.node_block, self.node_offset, self.node_rank)]
+            move += [self.node_parent, self.node_path.numpy()]
+            move += [{b: x.numpy() for b, x in table.items()} for table in (self.block_parent, self.block_tokens)]
+            self._on["host"] = tuple(move)
+        return self._on["host"]
+
     def owner(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """The path of the block node whose pass gives this node's distribution (() = the root)."""
         return path[: self.k * ((len(path) - 1) // self.k)]
@@ -177,6 +189,7 @@ class FalconTreePolicy(TreePolicy):
         self.choices = [tuple(p) for p in (TREES[tree] if choices is None else choices)]
         StaticTree(self.choices, 2)  # checks the list now, before any model loads
         self._layouts: dict[int, StaticTree] = {}
+        compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, BlockTreeDrafter):
@@ -200,8 +213,25 @@ class FalconTreePolicy(TreePolicy):
         ids, logp = drafter.tree_block_root(t.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
+        if ids.device.type == "cpu":  # the same gathers and sums on numpy views (no per-op dispatch)
+            tokens, scores = self._gather_on_host(drafter, t, ids, logp)
+        else:
+            tokens, scores = self._gather(drafter, t, ids, logp)
+        draft = Draft(
+            token_ids=tokens,
+            confidences=scores.exp().float(),
+            forward_passes=drafter.tree_passes,
+            parents=t.on(tokens.device)[3],
+        )
+        return draft, "room" if t.depth < full.depth else "policy_bound"
+
+    def _gather(
+        self, drafter: BlockTreeDrafter, t: StaticTree, ids: torch.Tensor, logp: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's passes and the nodes read off them, in tensor ops on the drafter's device:
+        tokens ``(n,) int64`` and cumulative log-probabilities ``(n,)`` (``logp``'s dtype)."""
         dev = ids.device
-        node_block, node_offset, node_rank, node_parent, node_path, block_parent, block_tokens = t.on(dev)
+        node_block, node_offset, node_rank, _, node_path, block_parent, block_tokens = t.on(dev)
         block_ids, block_logp = [ids[None]], [logp[None]]  # per block: (k, top_k) ids / log-probs
         numbers = [torch.zeros(1, dtype=torch.long, device=dev)]  # per block: its drafter block number
         tokens = torch.empty(len(t.paths), dtype=torch.long, device=dev)
@@ -219,13 +249,34 @@ class FalconTreePolicy(TreePolicy):
         scores = on_path[0]
         for d in range(1, t.depth):  # the paths' cumulative log-probabilities, summed root first
             scores = scores + on_path[d]
-        draft = Draft(
-            token_ids=tokens,
-            confidences=scores.exp().float(),
-            forward_passes=drafter.tree_passes,
-            parents=node_parent,
-        )
-        return draft, "room" if t.depth < full.depth else "policy_bound"
+        return tokens, scores
+
+    def _gather_on_host(
+        self, drafter: BlockTreeDrafter, t: StaticTree, ids: torch.Tensor, logp: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_gather`` for a drafter on the CPU: the same gathers and the same sums, in the same
+        order, on numpy views of its outputs; the drafter handed tensors sharing the arrays."""
+        node_block, node_offset, node_rank, _, node_path, block_parent, block_tokens = t.on_host()
+        block_ids, block_logp = [ids.numpy()[None]], [logp.numpy()[None]]
+        numbers = [np.zeros(1, dtype=np.int64)]
+        tokens = np.empty(len(t.paths), dtype=np.int64)
+        for b in range(t.passes):
+            if b > 0:
+                parent = np.concatenate(numbers)[block_parent[b]]
+                new, bids, blogp = drafter.tree_block_expand(
+                    torch.from_numpy(tokens[block_tokens[b]]), torch.from_numpy(parent), t.top_k
+                )
+                block_ids.append(bids.numpy())
+                block_logp.append(blogp.numpy())
+                numbers.append(new.numpy())
+            sl = t.pass_nodes[b]
+            tokens[sl] = np.concatenate(block_ids)[node_block[sl], node_offset[sl], node_rank[sl]]
+        node_logp = np.concatenate(block_logp)[node_block, node_offset, node_rank]
+        on_path = np.concatenate([node_logp, np.zeros(1, dtype=node_logp.dtype)])[node_path]
+        scores = on_path[0]
+        for d in range(1, t.depth):
+            scores = scores + on_path[d]
+        return torch.from_numpy(tokens), torch.from_numpy(scores)
 
     def __repr__(self) -> str:
         return f"FalconTreePolicy(tree={self.tree_name!r}, nodes={len(set(self.choices))})"

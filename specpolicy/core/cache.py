@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache
+
+from specpolicy.core import compiled
+
+#: cache dtypes a CPU tensor shares with numpy (``Tensor.numpy``): moved by a compiled kernel
+_NUMPY_DTYPES = (torch.float32, torch.float64)
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:
@@ -28,7 +34,9 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     ``start``, row i = tree node i - 1; increasing) move to positions ``start, start + 1, ...`` and
     the rest is dropped. Their keys and values were computed at the positions they are committed
     at (positions by depth), so nothing is recomputed. Cost: a copy of the path's entries only --
-    none when the path is the tree's first nodes (a chain-like path), never the prefix.
+    none when the path is the tree's first nodes (a chain-like path), never the prefix. On the CPU
+    (dtypes numpy holds) the entries move in place in one compiled call per tensor
+    (``compiled.move_rows``), else by ``index_select`` per tensor.
 
     Raises:
         ValueError: if ``path_rows`` does not start at row 0 or is not increasing.
@@ -38,9 +46,14 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     n = len(path_rows)
     if path_rows != list(range(n)):  # move the path's entries down to start, start + 1, ...
         index = None
+        rows = np.asarray(path_rows, dtype=np.int64)
         layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or not layer.keys.numel():
+                continue
+            if layer.keys.device.type == "cpu" and layer.keys.dtype in _NUMPY_DTYPES and not layer.keys.requires_grad:
+                compiled.move_rows(layer.keys.numpy(), rows, start)  # in place
+                compiled.move_rows(layer.values.numpy(), rows, start)
                 continue
             if index is None or index.device != layer.keys.device:
                 index = torch.tensor(path_rows, dtype=torch.long, device=layer.keys.device) + start

@@ -358,3 +358,45 @@ def trie_probs(
                     probs[b, c] = child / parent
                     found[c] = True
     return probs
+
+
+# -- draft trees (``specpolicy.core.tree``) ----------------------------------------------------------
+
+
+@njit(cache=True)
+def tree_shape(parents: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """A draft tree's shape from its parents ``(k,) int64`` (topological: ``-1 <= parents[i] < i``),
+    in one pass over the nodes (a node's parent comes first, so its row is complete): ``(bad,
+    ancestors, depths)``. ``ancestors`` ``(k + 1, k + 1) bool``: row/column 0 the root, i + 1 node i;
+    True where the column is the row itself or one of its ancestors (the root is everyone's) -- the
+    parent's row plus the node itself. ``depths`` ``(k,) int64`` (1 = a child of the root). ``bad``:
+    the first node whose parent breaks the order (the rows from it on left unfilled), else -1."""
+    k = parents.shape[0]
+    mask = np.zeros((k + 1, k + 1), dtype=np.bool_)
+    depth = np.ones(k, dtype=np.int64)
+    mask[0, 0] = True
+    for i in range(k):
+        parent = parents[i]
+        if parent < -1 or parent >= i:
+            return i, mask, depth
+        row = i + 1
+        if parent >= 0:
+            mask[row, :row] = mask[parent + 1, :row]
+            depth[i] = depth[parent] + 1
+        else:
+            mask[row, 0] = True
+        mask[row, row] = True
+    return -1, mask, depth
+
+
+@njit(cache=True)
+def move_rows(entries: np.ndarray, rows: np.ndarray, start: int) -> None:
+    """A KV cache layer's tree path moved down, in place: ``entries`` ``(b, heads, n, d)``, ``rows``
+    ``(m,) int64`` increasing with ``rows[i] >= i``; position ``start + i`` takes position
+    ``start + rows[i]`` for each i in order (a source is never overwritten before it is read)."""
+    for b in range(entries.shape[0]):
+        for h in range(entries.shape[1]):
+            for i in range(rows.shape[0]):
+                source = start + rows[i]
+                if source != start + i:
+                    entries[b, h, start + i, :] = entries[b, h, source, :]

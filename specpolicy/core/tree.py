@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specpolicy.core import compiled
+
 
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
     """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` (``(k,)``, topological
@@ -50,8 +52,16 @@ def verification_layout(
         parents: the tree's parents as a list (``(k,)``, topological). start: committed positions
             already cached (tokens).
     """
-    ancestors, depth_plus_one = _on_device(parents, device)
     k = len(parents)
+    if torch.device(device).type == "cpu":  # numpy, then shared with torch: no per-op dispatch
+        ancestors_np, depth = _shape(parents)
+        mask_np = np.ones((k + 1, start + k + 1), dtype=bool)
+        mask_np[:, start:] = ancestors_np
+        positions = np.empty(k + 1, dtype=np.int64)
+        positions[0] = start
+        np.add(depth, start, out=positions[1:])
+        return torch.from_numpy(positions), torch.from_numpy(mask_np)
+    ancestors, depth_plus_one = _on_device(parents, device)
     mask = torch.ones((k + 1, start + k + 1), dtype=torch.bool, device=device)
     mask[:, start:] = ancestors
     return depth_plus_one + (start - 1), mask  # a row holds the root, its ancestors and itself: depth + 1
@@ -76,29 +86,21 @@ def _keep(table: dict, key, value):
 
 def _shape(plist: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """A tree's ``ancestor_mask`` ``(k + 1, k + 1) bool`` and depths ``(k,) int64`` as numpy arrays
-    (read-only, shared: copy before changing), cached by the parents. Built level by level: the
-    nodes of depth d take their parents' rows (complete, depth d - 1) plus themselves, one row
-    gather per level, no per-node loop."""
+    (read-only, shared: copy before changing), cached by the parents. Built in one compiled pass over
+    the nodes (``compiled.tree_shape``: each node's row is its parent's plus itself), which checks
+    the order on the way; only valid shapes are cached.
+
+    Raises:
+        ValueError: naming the first node whose parent does not come earlier (``validate``'s message).
+    """
     key = tuple(plist)
     hit = _SHAPES.get(key)
     if hit is not None:
         _SHAPES[key] = _SHAPES.pop(key)  # most recently used
         return hit
-    k = len(plist)
-    parent = np.asarray(plist, dtype=np.int64).reshape(k)
-    depth = np.ones(k, dtype=np.int64)
-    up = parent.copy()
-    while k and (up >= 0).any():  # one step up per level: depth = the steps to the root
-        above = up >= 0
-        depth += above
-        up = np.where(above, parent[np.maximum(up, 0)], -1)
-    mask = np.zeros((k + 1, k + 1), dtype=bool)
-    mask[:, 0] = True
-    rows = np.arange(1, k + 1)
-    mask[rows, rows] = True
-    for level in range(2, int(depth.max(initial=0)) + 1):  # depth 1: the root and itself, already set
-        at = rows[depth == level]
-        mask[at] |= mask[parent[at - 1] + 1]
+    bad, mask, depth = compiled.tree_shape(np.asarray(plist, dtype=np.int64).reshape(len(plist)))
+    if bad >= 0:
+        raise ValueError(f"node {bad} has parent {plist[bad]}; parents must come earlier (-1 = the root)")
     mask.setflags(write=False)
     depth.setflags(write=False)
     return _keep(_SHAPES, key, (mask, depth))
@@ -118,13 +120,25 @@ def _on_device(plist: list[int], device: torch.device | str) -> tuple[torch.Tens
     return _keep(_DEVICE_SHAPES, key, (ancestors, depth_plus_one))
 
 
+def compile_kernels() -> None:
+    """Compile (or load from numba's cache) the verification's host kernels (``compiled.tree_shape``,
+    ``compiled.move_rows`` for float32 / float64 caches) now, not in a timed round: tree policies
+    call it when built."""
+    compiled.tree_shape(np.full(1, -1, dtype=np.int64))
+    for dtype in (np.float32, np.float64):  # a contiguous cache layer, and a cropped view of one
+        entries = np.zeros((1, 2, 4, 1), dtype=dtype)
+        for view in (entries, entries[:, :, :2]):
+            compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
+
+
 class GrowingTree:
     """A drafter's tentative tree while a dynamic-tree policy expands it (EAGLE-2 §4: each
     ``tree_expand`` adds one level's nodes in one pass). Node 0 is the root (the last committed
     position, already cached); nodes 1, 2, ... are added in order. Kept in buffers that grow by
     doubling, so adding m nodes costs a handful of tensor ops, whatever the tree's size: each new
     node's mask row is its parent's row plus itself, its depth its parent's plus one. Shared by the
-    ``ar`` and ``eagle3`` drafters.
+    ``ar``, ``eagle3`` and ``falcon`` drafters. On the CPU the same steps run on numpy views of the
+    buffers (the tensors handed out share them).
 
     Args:
         committed: positions already in the drafter's cache (the root is the last of them), tokens.
@@ -140,6 +154,12 @@ class GrowingTree:
         # row r: what node r attends to: every committed position, then its ancestors-or-self among nodes 1..
         self._mask = torch.zeros((capacity + 1, committed + capacity), dtype=torch.bool, device=device)
         self._mask[:, :committed] = True
+        self._on_host = self._mask.device.type == "cpu"  # the bookkeeping on numpy views (no per-op dispatch)
+        self._host_views()
+
+    def _host_views(self) -> None:
+        if self._on_host:
+            self._mask_np, self._position_np = self._mask.numpy(), self._position.numpy()
 
     def _grow(self, need: int) -> None:
         capacity = self._mask.shape[1] - self.committed
@@ -153,6 +173,7 @@ class GrowingTree:
         mask[: self.size + 1, : self.committed + self.size] = self._mask[: self.size + 1, : self.committed + self.size]
         self._position, self._mask = position, mask
         self._number = torch.arange(new + 1, device=mask.device)
+        self._host_views()
 
     def add(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes under ``parents`` (``(m,) int64`` node numbers: 0 = the root, else a
@@ -167,16 +188,25 @@ class GrowingTree:
         m, base = int(parents.shape[0]), self.size
         self._grow(base + m)
         rows = slice(base + 1, base + 1 + m)
-        self._mask[rows] = self._mask.index_select(0, parents)
-        self._mask[rows, self.committed + base : self.committed + base + m].fill_diagonal_(True)
-        self._position[rows] = self._position.index_select(0, parents) + 1
+        if self._on_host:  # the same steps on the buffers' numpy views
+            above, mask = parents.numpy(), self._mask_np
+            mask[rows] = mask[above]
+            width = mask.shape[1]  # the new rows' own columns: one strided run of the flat buffer
+            first = (base + 1) * width + self.committed + base
+            mask.reshape(-1)[first : first + (m - 1) * (width + 1) + 1 : width + 1] = True
+            self._position_np[rows] = self._position_np[above] + 1
+        else:
+            self._mask[rows] = self._mask.index_select(0, parents)
+            self._mask[rows, self.committed + base : self.committed + base + m].fill_diagonal_(True)
+            self._position[rows] = self._position.index_select(0, parents) + 1
         self.size = base + m
         return self._number[rows], self._position[rows], self._mask[rows, : self.committed + self.size]
 
 
 def validate(parents: torch.Tensor | list[int], k: int) -> None:
     """Check a tree's parents (``(k,)`` int64, or the same as a list): each ``-1 <= parents[i] < i``.
-    Checked on the host (one sync for a tensor).
+    Checked on the host (one sync for a tensor), by building the shape (``_shape``, cached: a
+    shape seen before is valid).
 
     Raises:
         ValueError: naming the first bad node.
@@ -185,9 +215,7 @@ def validate(parents: torch.Tensor | list[int], k: int) -> None:
     if isinstance(parents, torch.Tensor) and tuple(parents.shape) != (k,) or len(plist) != k:
         shape = tuple(parents.shape) if isinstance(parents, torch.Tensor) else (len(plist),)
         raise ValueError(f"parents has shape {shape}; a tree of {k} nodes needs ({k},)")
-    for i, parent in enumerate(plist):
-        if not -1 <= parent < i:
-            raise ValueError(f"node {i} has parent {parent}; parents must come earlier (-1 = the root)")
+    _shape(plist)
 
 
 def path_to(node: int, parents: list[int]) -> tuple[int, ...]:

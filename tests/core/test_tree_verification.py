@@ -141,8 +141,14 @@ def test_tree_rounds_count_depths_in_the_metrics_and_survive_results_jsonl():
 def test_a_growing_tree_masks_each_node_to_its_ancestors_and_places_it_by_depth(levels, seed, committed):
     """``GrowingTree`` (the drafters' tentative tree, grown past its first capacity) against the
     verifier's ``ancestor_mask`` and ``depths`` of the same tree."""
-    g = torch.Generator().manual_seed(seed)
-    grown = tree.GrowingTree(committed, "cpu", capacity=2)
+    for on_host in (True, False):  # the CPU's numpy steps, and the tensor ops an accelerator runs
+        g = torch.Generator().manual_seed(seed)
+        grown = tree.GrowingTree(committed, "cpu", capacity=2)
+        grown._on_host = on_host
+        _check_growing_tree(grown, levels, g, committed)
+
+
+def _check_growing_tree(grown: tree.GrowingTree, levels: list[int], g: torch.Generator, committed: int) -> None:
     parents: list[int] = []  # node i + 1's parent node number (0 = the root)
     for m in levels:
         level_parents = torch.randint(0, len(parents) + 1, (m,), generator=g)
@@ -173,3 +179,27 @@ def test_the_verification_layout_places_nodes_by_depth_and_masks_them_to_their_a
         assert positions[i + 1] == start + len(seen)
         expected = [True] * (start + 1) + [j in seen for j in range(k)]
         assert mask[i + 1].tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # compiled in place; index_select
+def test_keep_path_moves_the_accepted_rows_down_and_keeps_the_prefix(dtype):
+    """``keep_path``: the committed prefix stays, the path's rows land at start, start + 1, ... in
+    order, the rest is cropped, every layer alike."""
+    from transformers import DynamicCache
+
+    from specpolicy.core.cache import keep_path
+
+    g = torch.Generator().manual_seed(0)
+    start, rows = 5, [0, 2, 3, 7]
+    for path in (rows, [0, 1, 2]):  # a tree's path; a chain-like path (nothing moves)
+        cache = DynamicCache()
+        before = []
+        for layer in range(3):
+            keys, values = (torch.randn(1, 2, start + 9, 4, generator=g).to(dtype) for _ in range(2))
+            before.append((keys.clone(), values.clone()))
+            cache.update(keys, values, layer)
+        keep_path(cache, start, path)
+        assert cache.get_seq_length() == start + len(path)
+        for layer, (keys, values) in zip(cache.layers, before):
+            expected = [*range(start), *(start + r for r in path)]
+            assert torch.equal(layer.keys, keys[:, :, expected]) and torch.equal(layer.values, values[:, :, expected])

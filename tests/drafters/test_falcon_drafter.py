@@ -221,3 +221,28 @@ def test_speculative_sampling_keeps_the_target_distribution():  # the fast subse
     pvalue, df = h.chi_square_pvalue(counts, h.exact_joint(target, prompt, sampling))
     assert 0.02 < stats["accepted"] / stats["speculated"] < 0.95 and stats["accepted"] >= 20, stats
     assert df >= 10 and pvalue > h.ALPHA, (pvalue, df, stats)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_host_layouts_equal_the_tensor_ops(seed, monkeypatch):
+    """``root_mask`` and ``block_layout`` built in numpy on the CPU are the tensor ops' (an
+    accelerator's) to the bit: random pair counts, cache lengths, block sizes and trees."""
+    from specpolicy.core import tree as tree_mod
+    from specpolicy.drafters import falcon as falcon_mod
+
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(6):
+        u, start, k = (int(x) for x in torch.randint(1, 9, (3,), generator=g))
+        committed = int(torch.randint(1, 20, (1,), generator=g))
+        grown = tree_mod.GrowingTree(committed, "cpu", capacity=2)
+        grown.add(torch.zeros(2, dtype=torch.long))
+        _, depth_pos, block_mask = grown.add(torch.randint(0, 3, (3,), generator=g))
+        host = falcon_mod.root_mask(u, start, k, "cpu"), falcon_mod.block_layout(depth_pos, block_mask, committed, k)
+        with monkeypatch.context() as patch:
+            patch.setattr(falcon_mod, "_HOST_DEVICES", frozenset())
+            tensor = (
+                falcon_mod.root_mask(u, start, k, "cpu"),
+                falcon_mod.block_layout(depth_pos, block_mask, committed, k),
+            )
+        assert torch.equal(host[0], tensor[0]) and host[0].dtype == tensor[0].dtype == torch.bool
+        assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(host[1], tensor[1]))

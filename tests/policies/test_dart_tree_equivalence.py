@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
-from specpolicy.policies.dart_tree import EPS, _best_set, dart_tree_search
+from specpolicy.policies.dart_tree import EPS, _best_set, _first_in_order, dart_tree_search
 
 
 class ReferenceTrie:
@@ -156,3 +156,21 @@ def test_the_beam_search_on_the_bundled_ngram_is_the_numpy_search():
             got = dart_tree_search(ids, probs, context, model, stops, 20, 60)
             want = reference_dart_beams(ids, probs, context, ReferenceTrie(model), stops, 20, 60)
             _same(got, want)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_next_beams_are_the_stable_sorts_first(seed):
+    """``_first_in_order`` (insertion into the beam width) against the stable sort it replaced: the
+    non-ending children by score, then the ending ones, ties in creation order, NaN last in its group."""
+    rng = np.random.default_rng(seed)
+    K = int(rng.integers(1, 8))
+    n = K * int(rng.integers(1, 12))
+    scores = (np.round(rng.normal(size=n) * 2) / 2).astype(np.float32)  # ties
+    scores[rng.random(n) < 0.1] = np.nan
+    ends = rng.random(K) < 0.3
+    order = []
+    for stop in (False, True):
+        picked = np.array([i for i in range(n) if ends[i % K] == stop], dtype=np.int64)
+        order += picked[np.argsort(-scores[picked], kind="mergesort")].tolist()
+    for m in (1, 3, min(20, n), n):
+        assert _first_in_order(scores, ends, K, m).tolist() == order[:m]

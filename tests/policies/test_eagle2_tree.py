@@ -202,7 +202,10 @@ def _reference_eagle2(drafter, depth, top_k, total):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("shape", [(4, 3, 10), (6, 2, 12), (5, 4, 60), (3, 5, 1)])
-def test_the_tensor_expansion_is_eagle2s_expansion(seed, shape):
+@pytest.mark.parametrize("path", ["host", "tensor"])  # a CPU drafter's numpy steps, an accelerator's tensor ops
+def test_the_tensor_expansion_is_eagle2s_expansion(seed, shape, path, monkeypatch):
+    if path == "tensor":
+        monkeypatch.setattr(Eagle2TreePolicy, "_grow_on_host", Eagle2TreePolicy._grow)
     depth, top_k, total = shape
     calls = []
     policy_drafter = _ScriptedTreeDrafter(seed)

@@ -77,7 +77,10 @@ def reference_draft_tree(choices, drafter, room: int, node_room: int) -> tuple[D
 @pytest.mark.parametrize("name,choices", [("cpu", CPU_TREE), ("paper", PAPER_TREE)])
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_drafts_equal_the_per_depth_reference(name, choices, k, dtype):
+@pytest.mark.parametrize("path", ["host", "tensor"])  # a CPU drafter's numpy steps, an accelerator's tensor ops
+def test_drafts_equal_the_per_depth_reference(name, choices, k, dtype, path, monkeypatch):
+    if path == "tensor":
+        monkeypatch.setattr(FalconTreePolicy, "_gather_on_host", FalconTreePolicy._gather)
     policy = FalconTreePolicy(tree=name)
     rooms = [(99, 999), (3, 999), (8, 10), (5, 4), (1, 1), (2, 0), (0, 5)]
     for seed, (room, node_room) in enumerate(rooms * 2):  # twice: the cached truncations and indices
