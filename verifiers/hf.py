@@ -180,7 +180,7 @@ class HFVerifier(Verifier):
         if self.static is not None:
             self.static.length = start + 1 + accepted  # a rollback is a length
         else:
-            crop_cache(self.cache, start + 1 + accepted)
+            crop_cache(self.cache, start + 1 + accepted, current=start + k + 1)  # the pass cached k + 1
         self._pending = target[accepted : accepted + 1]
         features = None
         if self._feature_layers and self.static is not None:
