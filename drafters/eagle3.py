@@ -94,6 +94,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for the host check of a call
+        # the round's empty draft, shared by every round (never written: drafted tokens replace it)
+        self._no_tokens = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
+        self._no_confs = torch.empty(0, dtype=torch.float32, device=runtime.torch_device)
         self.cache: Any = None  # the request's cache on the runner (``Eagle3Runner.open``)
         self._committed_pairs = 0  # pairs with real features in the cache
         self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
@@ -150,9 +153,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._tokens, self._confs = self._no_tokens, self._no_confs
         # the passes' tokens and confidences (1,) each not yet joined to ``_tokens`` / ``_confs`` (one
         # cat per ``draft`` call, ``_gather``, not two per pass); the last drafted token (1,)
         self._new_tokens: list[torch.Tensor] = []
