@@ -158,7 +158,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # cat per ``draft`` call, ``_gather``, not two per pass); the last drafted token (1,)
         self._new_tokens: list[torch.Tensor] = []
         self._new_confs: list[torch.Tensor] = []
-        self._last_token: torch.Tensor | None = None
+        self._last_token: torch.Tensor = self._no_tokens  # read once a pass has drafted (``_last_out`` set)
         self._probs: list[torch.Tensor] = []
         self._last_out: torch.Tensor | None = None  # (1, 1, H): the output that predicts the next token
         self._passes = 0

@@ -418,8 +418,9 @@ class Eagle3Runner(SequencesRunner):
         positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
         out, k, v = self.model(embeds, p.hidden[None], positions, p.cache.layer(0) if start else None)
         p.cache.keys[0], p.cache.values[0] = k, v
-        self.normed = self.model.norm(out[0, -1:])  # ``Eagle3DraftModel.logits``: lm_head(norm(out)), its input kept
-        return out[:, -1:], self.model.lm_head(self.normed)
+        head: Any = self.model  # ``Eagle3DraftModel.logits``: lm_head(norm(out)), its input kept
+        self.normed = head.norm(out[0, -1:])
+        return out[:, -1:], head.lm_head(self.normed)
 
     def together(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager, several requests: ONE forward of the head, rows padded to the most positions and
