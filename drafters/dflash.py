@@ -78,6 +78,8 @@ CONFIG_KEYS = ("model", "extension", *PATH_SEARCH_DEFAULTS)
 #: ``drafter.extension``: how a draft goes past one block -- ``given`` (an extension pass with the
 #: tokens drafted so far given before B - 1 new masks) or ``none`` (no extension: B - 1 tokens at most).
 EXTENSIONS = ("given", "none")
+#: pieces of committed tokens ``_remember`` keeps before it folds them into the history (one cat)
+HISTORY_FOLD = 16
 #: committed tokens kept for ``ngram_context`` (an order-3 n-gram reads 2; DART keeps 8)
 NGRAM_HISTORY = 8
 
@@ -141,6 +143,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._recent = torch.empty(0, dtype=torch.long, device=device)
         #: (<= NGRAM_HISTORY,) int64: the last committed tokens before the pending one (``ngram_context``)
         self._history = torch.empty(0, dtype=torch.long, device=device)
+        self._unfolded: list[torch.Tensor] = []  # committed pieces not yet folded into ``_history`` (``_fold``)
+        # the round's empty draft, shared by every round (never written: drafted tokens replace it)
+        self._no_tokens = torch.empty(0, dtype=torch.long, device=device)
+        self._no_confs = torch.empty(0, dtype=torch.float32, device=device)
         #: the request's context cache (``DFlashRunner.open``: a ``KVCache``, or its sequence of a static cache)
         self.cache: KVCache | SharedLength | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
@@ -174,6 +180,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def ngram_context(self) -> torch.Tensor:
         """The last committed tokens, the pending one last: ``(<= NGRAM_HISTORY + 1,) int64``, the
         n-gram context of a tree search's depth-0 candidates (``policy=dart-tree``)."""
+        self._fold()
         return torch.cat([self._history, self._pending])
 
     @property
@@ -195,15 +202,14 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._open()  # the request's context cache on the runner (a batched run's: a sequence of the shared cache)
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
-        self._recent, self._history = self._recent[:0], self._history[:0]
+        self._recent, self._history, self._unfolded = self._recent[:0], self._history[:0], []
         self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)  # (d,) drafted this round, look-ahead included
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._tokens = self._no_tokens  # (d,) drafted this round, look-ahead included
+        self._confs = self._no_confs
         self._probs: list[torch.Tensor] = []  # sampling: (B - 1, V) q per pass
         self._returned = 0  # tokens handed out in the draft so far
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
@@ -213,12 +219,21 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._hidden: list[torch.Tensor] = []  # report_hidden: (m, H) the head's input at each pass's tokens
         self._pass_hidden: torch.Tensor | None = None  # report_hidden: (B - 1, H) of the pass being recorded
 
-    def _remember(self, committed: torch.Tensor) -> None:
+    def _remember(self, *committed: torch.Tensor) -> None:
         """Keep the last committed tokens before the pending one that an n-gram reads (the path
-        search's, ``ngram_context``)."""
-        self._history = torch.cat([self._history, committed])[-NGRAM_HISTORY:]
+        search's, ``ngram_context``): ``committed``, 1-D int64 pieces in order, join ``_history``
+        when it is read or every ``HISTORY_FOLD`` pieces (``_fold``: one cat then, not one a round)."""
+        self._unfolded.extend(committed)
+        if len(self._unfolded) >= HISTORY_FOLD:
+            self._fold()
         if self.path_search is not None:
-            self._recent = self.path_search.tail(self._recent, committed)
+            self._recent = self.path_search.tail(self._recent, *committed)
+
+    def _fold(self) -> None:
+        """``_history`` with the pieces ``_remember`` kept since: its last ``NGRAM_HISTORY`` tokens."""
+        if self._unfolded:
+            self._history = torch.cat([self._history, *self._unfolded])[-NGRAM_HISTORY:]
+            self._unfolded = []
 
     def _block_pass(self) -> BlockPass:
         """This request's part of the next pass: its block ``[pending, drafted so far, MASK x (B - 1)]``,
@@ -295,8 +310,11 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             self._pass_hidden = None
         if stop_at is not None:
             self._stop_at = self._tokens.shape[0] + stop_at
-        self._tokens = torch.cat([self._tokens, tokens])
-        self._confs = torch.cat([self._confs, confs])
+        if self._tokens.shape[0] or tokens.dtype != torch.long or confs.dtype != torch.float32:
+            self._tokens = torch.cat([self._tokens, tokens])
+            self._confs = torch.cat([self._confs, confs])
+        else:  # the round's first pass: its tokens are the draft (no copy onto the empty one)
+            self._tokens, self._confs = tokens, confs
         if q is not None:
             self._probs.append(q)
         self._passes += 1
@@ -444,7 +462,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             )
         self._context = features if self._context is None else torch.cat([self._context, features])
         committed = verification.committed_tokens(draft)
-        self._remember(torch.cat([self._pending, committed[:-1]]))
+        self._remember(self._pending, committed[:-1])
         self._pending = committed[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 

@@ -94,6 +94,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._target_of_draft = model.to_target_ids(torch.arange(model.spec.draft_vocab_size, device=model.d2t.device))
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for the host check of a call
+        # the round's empty draft, shared by every round (never written: drafted tokens replace it)
+        self._no_tokens = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
+        self._no_confs = torch.empty(0, dtype=torch.float32, device=runtime.torch_device)
         self.cache: Any = None  # the request's cache on the runner (``Eagle3Runner.open``)
         self._committed_pairs = 0  # pairs with real features in the cache
         self._features: torch.Tensor | None = None  # (u, 3H) features of committed pairs not yet cached
@@ -150,9 +153,12 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._tokens, self._confs = self._no_tokens, self._no_confs
+        # the passes' tokens and confidences (1,) each not yet joined to ``_tokens`` / ``_confs`` (one
+        # cat per ``draft`` call, ``_gather``, not two per pass); the last drafted token (1,)
+        self._new_tokens: list[torch.Tensor] = []
+        self._new_confs: list[torch.Tensor] = []
+        self._last_token: torch.Tensor = self._no_tokens  # read once a pass has drafted (``_last_out`` set)
         self._probs: list[torch.Tensor] = []
         self._last_out: torch.Tensor | None = None  # (1, 1, H): the output that predicts the next token
         self._passes = 0
@@ -180,7 +186,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             if d._last_out is None:  # the round's first pass: the newly committed pairs
                 passes.append(d._head_pass(d._pair_tokens, head.fc(d._features.to(dtype))))
             else:  # the last drafted token, with the head's own output
-                passes.append(d._head_pass(d._tokens[-1:], d._last_out[0]))
+                passes.append(d._head_pass(d._last_token, d._last_out[0]))
         outs, logits = lead.runner.run(passes)  # (R, 1, H), (R, Vd)
         tokens, confs, qs = lead._choose(drafters, logits)
         for i, d in enumerate(drafters):
@@ -188,7 +194,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 d._committed_pairs = d.cache.length
                 d._features = d._pair_tokens = None
             if len(drafters) == 1:  # the pass's rows are this request's: no slicing (host work per token)
-                d._took(outs, logits, tokens, confs, qs[0])
+                d._took(outs, logits, tokens, confs, qs[0], lead.runner.normed)
             else:
                 d._took(outs[i : i + 1], logits[i : i + 1], tokens[i : i + 1], confs[i : i + 1], qs[i])
 
@@ -209,22 +215,32 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         tokens: torch.Tensor,
         confs: torch.Tensor,
         q: torch.Tensor | None = None,
+        normed: torch.Tensor | None = None,
     ) -> None:
         """Record a pass's drafted token: the output that predicts the next one ``(1, 1, H)``, the
         logits ``(1, Vd)`` (tree policies read their top-k: ``alternatives``), the token (target id)
-        and its confidence ``(1,)``, and q over the draft vocabulary when sampling."""
+        and its confidence ``(1,)``, q over the draft vocabulary when sampling, and ``normed``, the
+        LM head's input ``(1, H)`` the pass computed for those logits (``Eagle3Runner.normed``) or None."""
         self._last_out = last_out
         self._logits.append(logits)
-        if self.report_hidden:  # what ``logits`` read: lm_head(norm(out))
-            self._hidden.append(self.model.norm(last_out[0]))
+        if self.report_hidden:  # what ``logits`` read: lm_head(norm(out)), normed once where the pass kept it
+            self._hidden.append(self.model.norm(last_out[0]) if normed is None else normed)
         if q is not None:  # q over the target vocabulary
             q = torch.zeros((1, self.vocab_size), dtype=q.dtype, device=q.device).index_add_(
                 1, self._target_of_draft, q
             )
             self._probs.append(q)
-        self._tokens = torch.cat([self._tokens, tokens])
-        self._confs = torch.cat([self._confs, confs])
+        self._new_tokens.append(tokens)
+        self._new_confs.append(confs)
+        self._last_token = tokens
         self._passes += 1
+
+    def _gather(self) -> None:
+        """Join the passes' tokens and confidences not yet joined to ``_tokens`` / ``_confs`` (one cat each)."""
+        if self._new_tokens:
+            self._tokens = torch.cat([self._tokens, *self._new_tokens])
+            self._confs = torch.cat([self._confs, *self._new_confs])
+            self._new_tokens, self._new_confs = [], []
 
     @torch.no_grad()
     def draft(self, num_tokens: int) -> Draft:
@@ -249,14 +265,16 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # only the compiled runtime's static cache of one sequence fuses steps (``Eagle3Runner.chain``)
         if self._sampling is not None or self._last_out is None or not isinstance(self.cache, StaticLength):
             return False
-        chained = self.runner.chain(self._head_pass(self._tokens[-1:], self._last_out[0]), steps)
+        chained = self.runner.chain(self._head_pass(self._last_token, self._last_out[0]), steps)
         if chained is None:
             return False
+        self._gather()
         tokens, confs, out, logits = chained
         self._last_out = out[None]
         self._logits.extend(logits.split(1))
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
+        self._last_token = tokens[-1:]
         self._passes += steps
         return True
 
@@ -279,6 +297,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     def _end_call(self, before: int) -> Draft:
         """The round's draft after a ``draft`` call that began at ``before`` tokens: cut at the
         first stop token drafted in the call (one sync per call)."""
+        self._gather()
         if self._stop_set and self._tokens.shape[0] > before:
             # one sync per call: the call's tokens on the host, cut at the first drafted stop token
             hit = next((i for i, t in enumerate(self._tokens[before:].tolist()) if t in self._stop_set), -1)
@@ -327,6 +346,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         every request still wanting tokens (and with something to draft from) advances by one token
         in one ``_pass`` over all of them -- but those ``alone`` picks, which advance by their own
         pass, and a greedy request whose runtime fuses its remaining steps (``_chain``)."""
+        for d in drafters:
+            d._gather()
         before = [d._tokens.shape[0] for d in drafters]
         left = list(num_tokens)
         while True:
@@ -352,6 +373,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """The ``k`` most likely tokens at each position of the round's chain so far (target ids),
         from the passes that drafted it: ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
         best first. For tree policies (``failfast-tree``), computed when asked."""
+        self._gather()
         n = self._tokens.shape[0]
         if not n:
             return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))

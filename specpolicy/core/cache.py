@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from specpolicy.core import compiled
 
@@ -14,18 +15,39 @@ from specpolicy.core import compiled
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 
 
-def crop_cache(cache: DynamicCache, length: int) -> None:
+def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> None:
     """Drop cached positions beyond ``length`` (tokens), in place; a no-op if shorter.
 
-    (``DynamicCache.crop`` with a negative count, which transformers 4.x and 5.x both accept.)
+    ``DynamicCache.crop`` with a negative count (transformers 4.x and 5.x both accept it), done
+    directly on its plain ``DynamicLayer`` layers: each layer's keys and values become the view
+    ``crop`` makes (``[..., :-excess, :]``: the same storage, offset and strides), built with
+    ``as_strided`` -- about a third of a slice's host cost, two per layer, every round. Layers of
+    other kinds (sliding windows, linear attention) crop themselves.
+
+    Args:
+        cache: the cache to crop.
+        length: tokens to keep (>= 0).
+        current: the cache's length in tokens when the caller knows it (the verifier: what it
+            held plus the pass's positions), saving ``get_seq_length``; None: read it.
     Raises:
         ValueError: if ``length`` is negative.
     """
     if length < 0:
         raise ValueError(f"length must be >= 0, got {length}")
-    excess = cache.get_seq_length() - length
-    if excess > 0:
-        cache.crop(-excess)
+    excess = (cache.get_seq_length() if current is None else current) - length
+    if excess <= 0:
+        return
+    layer: Any  # transformers' cache layers
+    for layer in cache.layers:
+        keys = layer.keys if type(layer) is DynamicLayer and layer.is_initialized else None
+        if keys is None or keys.dim() != 4:
+            layer.crop(-excess)
+            continue
+        values = layer.values
+        b, h, n, d = keys.shape
+        layer.keys = keys.as_strided((b, h, max(n - excess, 0), d), keys.stride())
+        b, h, n, d = values.shape
+        layer.values = values.as_strided((b, h, max(n - excess, 0), d), values.stride())
 
 
 def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:

@@ -273,7 +273,7 @@ def run_loop(
                     done, drafting_ms, commit_ms = _round(active, target, runtime, how, eos_ids, out, now)
             host_ms = max(0.0, host_timer.ms - clock.take_ms()) / len(active)  # shared equally, as drafting
             for r in active:
-                r.rounds[-1] = replace(r.rounds[-1], host_ms=host_ms)
+                r.rounds[-1] = r.rounds[-1].with_host_ms(host_ms)
                 if how.on_round is not None:
                     how.on_round(r.index, r.rounds[-1])
             if plan_batches:

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from specpolicy.core import runtime as runtime_module
 from specpolicy.core.runtime import Runtime, Timer
 
 
@@ -81,7 +82,10 @@ class PassClock:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._timers: list[Timer] = []
+        self._timers: list[Timer] = []  # CUDA: each outermost pass's events, read by ``take_ms``
+        self._cuda = runtime.torch_device.type == "cuda"
+        self._cpu_s = 0.0  # CPU: the passes' seconds since the last ``take_ms`` (perf_counter, no Timer per pass)
+        self._started = 0.0  # CPU: perf_counter() at the open outermost pass's start
         self._depth = 0
         self._hooked: set = set()  # ids of watched modules, (id, method) of watched methods
         self._handles: list = []
@@ -143,6 +147,9 @@ class PassClock:
     def _enter(self) -> None:
         self._depth += 1
         if self._depth == 1:
+            if not self._cuda:  # the CPU's timer, without a Timer object per pass (host work per pass)
+                self._started = runtime_module.time.perf_counter()  # the CPU Timer's clock
+                return
             timer = self.runtime.timer()
             timer.__enter__()
             self._timers.append(timer)
@@ -150,6 +157,9 @@ class PassClock:
     def _exit(self) -> None:
         self._depth -= 1
         if self._depth == 0:
+            if not self._cuda:
+                self._cpu_s += runtime_module.time.perf_counter() - self._started
+                return
             self._timers[-1].__exit__()
 
     def _timed(self, method: Callable) -> Callable:
@@ -165,12 +175,14 @@ class PassClock:
     def discard(self) -> None:
         """Forget the passes timed so far (the prefills of admission), without reading them."""
         self._timers.clear()
+        self._cpu_s = 0.0
 
     def take_ms(self) -> float:
         """Milliseconds of the passes timed since the last ``take_ms`` / ``discard``, then forgets
         them (on CUDA: reads their events, which waits for the last of them)."""
-        total = sum(timer.ms for timer in self._timers)
+        total = sum(timer.ms for timer in self._timers) + self._cpu_s * 1e3
         self._timers.clear()
+        self._cpu_s = 0.0
         return total
 
 

@@ -263,6 +263,14 @@ class RoundRecord:
     accepted_path: tuple[int, ...] = field(default_factory=tuple)
     host_ms: float | None = None
 
+    def with_host_ms(self, host_ms: float) -> RoundRecord:
+        """This record with ``host_ms`` set (ms): ``dataclasses.replace(self, host_ms=...)`` without
+        its walk over the fields and its ``__init__`` (the loop sets it on every round's record)."""
+        record = object.__new__(type(self))
+        record.__dict__.update(self.__dict__)
+        record.__dict__["host_ms"] = host_ms
+        return record
+
     @property
     def is_tree(self) -> bool:
         """True for a round that verified a draft tree."""

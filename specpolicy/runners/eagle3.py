@@ -327,6 +327,10 @@ class Eagle3Runner(SequencesRunner):
         max_context: int = 0,
     ) -> None:
         self.model, self.embed_tokens, self.runtime = model, embed_tokens, runtime
+        #: the LM head's input ``(1, H)`` (the final norm's output) of the last eager one-request pass
+        #: (``one``), which its logits read; None after any other pass (an acceptance head reads it:
+        #: ``Eagle3Drafter.report_hidden``, so the norm runs once)
+        self.normed: torch.Tensor | None = None
         context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self._start(context + TREE_NODES)
 
@@ -393,6 +397,7 @@ class Eagle3Runner(SequencesRunner):
         """One pass: request ``i`` is fed ``passes[i]``'s positions after its cached ones (cached).
         Returns every request's last output ``(R, 1, H)`` (what predicts its next token) and the
         draft-vocabulary logits of its last position ``(R, Vd)``."""
+        self.normed = None
         if passes[0].rows is not None:
             return self.shared(passes)
         if len(passes) > 1:
@@ -406,13 +411,16 @@ class Eagle3Runner(SequencesRunner):
     def one(self, p: HeadPass) -> tuple[torch.Tensor, torch.Tensor]:
         """``run`` for one request, eager: the head's forward over ``p``'s positions after its
         cached ones (cached), its last output ``(1, 1, H)`` and that position's draft-vocabulary
-        logits ``(1, Vd)``. The drafter's pass entry point (``Eagle3Drafter.timed_calls``)."""
+        logits ``(1, Vd)`` (``normed``: the LM head's input). The drafter's pass entry point
+        (``Eagle3Drafter.timed_calls``)."""
         embeds = self.embed_tokens(p.tokens)[None]
         start = p.cache.length
         positions = torch.arange(start, start + embeds.shape[1], device=embeds.device)[None]
         out, k, v = self.model(embeds, p.hidden[None], positions, p.cache.layer(0) if start else None)
         p.cache.keys[0], p.cache.values[0] = k, v
-        return out[:, -1:], self.model.logits(out[0, -1:])
+        head: Any = self.model  # ``Eagle3DraftModel.logits``: lm_head(norm(out)), its input kept
+        self.normed = head.norm(out[0, -1:])
+        return out[:, -1:], head.lm_head(self.normed)
 
     def together(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:
         """Eager, several requests: ONE forward of the head, rows padded to the most positions and

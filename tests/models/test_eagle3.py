@@ -197,3 +197,36 @@ def test_explicit_layer_ids_are_read_by_the_engines_convention(tmp_path):
     assert checkpoint_config(mine, LAYERS)["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}
     with pytest.raises(ValueError, match="drafter.layer_id_convention must be one of input, output, got 'x'"):
         mine.spec.feature_layers(LAYERS, "x")
+
+
+@torch.no_grad()
+def test_the_reported_hidden_state_is_the_norm_its_logits_read_computed_once(checkpoint, target, rt):
+    """``report_hidden``: each drafted token's row of ``extras[LAST_HIDDEN]`` is the LM head's input of
+    its pass, normed once per pass (the eager pass keeps it: ``Eagle3Runner.normed``) and equal to
+    normalising the pass's output again, as before."""
+    from specpolicy.core.types import LAST_HIDDEN
+
+    committed = torch.randint(0, VOCAB - 1, (8,), generator=torch.Generator().manual_seed(5))
+    reported, norms = [], []
+    for keep_normed in (True, False):
+        drafter = _drafter(checkpoint, target, rt)
+        drafter.report_hidden = True
+        if not keep_normed:  # the pass keeps nothing: the drafter normalises its output itself
+            one = drafter.runner.one
+
+            def forgetful(p, one=one, runner=drafter.runner):
+                out = one(p)
+                runner.normed = None
+                return out
+
+            drafter.runner.one = forgetful
+        calls = []
+        handle = drafter.model.norm.register_forward_hook(lambda *_: calls.append(1))
+        drafter.prefill(committed, features=_features(target, committed, 0, 7))
+        draft = drafter.draft(4)
+        handle.remove()
+        reported.append((draft.token_ids, draft.extras[LAST_HIDDEN]))
+        norms.append(len(calls))
+    assert draft.forward_passes == 4 and reported[0][1].shape[0] == 4
+    assert torch.equal(reported[0][0], reported[1][0]) and torch.equal(reported[0][1], reported[1][1])
+    assert norms == [4, 8]  # once per pass, against twice when the pass keeps nothing
