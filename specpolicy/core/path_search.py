@@ -144,6 +144,16 @@ class PathSearch:
         slot (``_path_slots``), so the path and ``q`` are bit-identical to ``candidate_lattice``
         followed by the all-torch lookups (``tests/core/test_path_search_equivalence.py``).
         """
+        path, q, ended = self.search_np(probs, context.reshape(-1).cpu().numpy(), token_ids)
+        return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
+
+    @torch.no_grad()
+    def search_np(
+        self, probs: torch.Tensor, context: np.ndarray, token_ids: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``search`` with the context and the results on the host: ``context`` ``(c,)`` int64 (its
+        last ``order - 1`` tokens are read) -> ``path`` ``(m,)`` int64, ``q`` ``(m,)`` float32 (numpy)
+        and whether the lattice ended early; for a drafter that keeps its block on the host."""
         stop_cols, stop_cols_np, token_map = self._columns(token_ids)
         n = probs.shape[0]
         values, cols = probs.topk(min(self.max_candidates, probs.shape[1]), dim=-1)  # (n, top), best first
@@ -153,14 +163,13 @@ class PathSearch:
         )
         # the lattice's log q as torch computes it on the (m, M) lattice (its kernels' results depend on the shape)
         log_q = torch.from_numpy(kept_values).clamp(min=1e-30).log().double()  # (m, M) float64
-        log_q_np = log_q.numpy()
-        drafter_term = np.where(valid, self.lam * log_q_np, -np.inf)  # (m, M): invalid slots never chosen
+        drafter_term = np.where(valid, self.lam * log_q.numpy(), -np.inf)  # (m, M): invalid slots never chosen
         path = self._beams(tokens, drafter_term, self._history(context), self._stops_np)
         p = path.shape[0]
         slots = _path_slots(tokens, valid, path)  # each path token's lattice slot
         q = log_q[:p].exp().numpy()[np.arange(p), slots].astype(np.float32)  # its drafter probability
-        ended = p < n or (p > 0 and bool(np.isin(path[-1:], self._stops_np).any()))
-        return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
+        ended = p < n or (p > 0 and bool((self._stops_np == path[p - 1]).any()))
+        return path, q, ended
 
     def _columns(self, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         """The stop tokens' columns of ``probs`` (``(s,)`` int64, on the device and on the host) and the
@@ -174,11 +183,11 @@ class PathSearch:
             self._mapped = (token_ids, stop_cols, _host(stop_cols).astype(np.int64), host)
         return self._mapped[1], self._mapped[2], self._mapped[3]
 
-    def _history(self, context: torch.Tensor) -> np.ndarray:
-        """The scorer's context ``(1, order - 1)`` int64 from the last tokens of ``context``, start
-        symbols in front of a short one (``NGramModel.pad_context``)."""
+    def _history(self, context: np.ndarray) -> np.ndarray:
+        """The scorer's context ``(1, order - 1)`` int64 from the last tokens of ``context`` ``(c,)``
+        int64, start symbols in front of a short one (``NGramModel.pad_context``)."""
         keep = self.scorer.order - 1
-        tail = context.reshape(-1)[max(context.numel() - keep, 0) :].cpu().numpy()
+        tail = context[max(context.shape[0] - keep, 0) :]
         history = np.full((1, keep), self.scorer.vocab_size, dtype=np.int64)
         history[0, keep - tail.shape[0] :] = tail
         return history
