@@ -74,7 +74,7 @@ from specpolicy.models.loading import (
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.causal import CausalSequence
-from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets
+from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets, host_choice
 
 NAME = "fastdllm"
 
@@ -170,10 +170,14 @@ class FastDLLMDrafter(Drafter):
     causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
     pass for every request at each step.
 
-    Host syncs: one per unmasking pass (the algorithm's "how far is the draft unmasked, and does
-    it hold a stop token?" test), plus one when a block's first drafted token is read for a stop
-    token; none without stop tokens when the pass had a single masked position or the threshold
-    is 0 (every confidence is > 0, so one pass unmasks the whole small block).
+    Host work: the current block's ids, confidences and mask state live on the host (numpy, B
+    positions); each pass's tokens and confidences are read once (the algorithm's "which positions
+    does this pass unmask, how far is the draft unmasked, and does it hold a stop token?"; a view on
+    the CPU, one transfer on a device), the unmasking rule and the block scan are compiled
+    (``specpolicy.core.compiled.unmask_pick``, ``unmask_apply``, ``block_scan``), and a pass gets the
+    block as a tensor (a view on the CPU). A boundary or write pass reads its first token once;
+    ``commit`` knows a chain's committed tokens from its own draft and ``next_token`` (a read only
+    for reused tokens or a tree path).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -267,10 +271,9 @@ class FastDLLMDrafter(Drafter):
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
         self._stops = np.array(self.stop_token_ids, dtype=np.int64)  # (s,) on the host; empty: no stop check
         self._threshold32 = np.float32(self.threshold)  # compared in float32, as the confidences
-        # the kernels' first call compiles them (or loads numba's cache): here, not in a timed round
-        ids, masked = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_)
-        conf = np.zeros(2, dtype=np.float32)
-        unmask_apply(ids, conf, unmask_pick(conf, masked, self._threshold32, False), 0, ids, conf, masked, conf.copy())
+        ids, masked, conf = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.float32)
+        pick = unmask_pick(conf, masked, self._threshold32, False)  # compiled (or numba's cache loaded) here,
+        unmask_apply(ids, conf, pick, 0, ids, conf, masked, conf.copy())  # not in a timed round
         block_scan(ids, masked, self._stops, 0)
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
@@ -325,7 +328,7 @@ class FastDLLMDrafter(Drafter):
         """The next block's first token from a block pass's last logit ``(1, V)``: its id and
         confidence read to the host (one read) and (sampling) its q row ``(V,)`` float32."""
         tok, conf, probs = self._choose(logits, block_first=True)
-        ids, confs = _read(tok, conf)
+        ids, confs = host_choice(tok, conf)
         return int(ids[0]), confs[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
@@ -471,7 +474,7 @@ class FastDLLMDrafter(Drafter):
             self._search_apply(logits, lo, b)
             return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
-        tokens, confs = _read(tok, conf)
+        tokens, confs = host_choice(tok, conf)
         pick = self._select(confs, self._blk_masked[lo:b])
         row = np.empty(b - lo, dtype=np.float32)
         unmask_apply(tokens, confs, pick, lo, self._blk_ids, self._blk_conf, self._blk_masked, row)
@@ -713,15 +716,6 @@ class FastDLLMDrafter(Drafter):
         self._L, self._base = L_new, new_base
         self._carry = passes + (self._passes if self._k == 0 else 0)  # an undrafted round carries on
         self._new_round()
-
-
-def _read(tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """One host read of a pass's choice: ``tok`` ``(m,) int64`` and ``conf`` ``(m,) float32`` ->
-    numpy arrays (on the CPU, views; on a device, one transfer of both, exact: ids below 2**53)."""
-    if tok.device.type == "cpu":
-        return tok.numpy(), conf.numpy()
-    both = torch.stack([tok.double(), conf.double()]).cpu().numpy()
-    return both[0].astype(np.int64), both[1].astype(np.float32)
 
 
 def validate(config: dict[str, Any], run_config: dict[str, Any]) -> None:
