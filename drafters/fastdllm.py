@@ -43,10 +43,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from specpolicy.core.checks import check_keys
+from specpolicy.core.compiled import block_scan, unmask_apply, unmask_pick
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime
@@ -72,7 +74,7 @@ from specpolicy.models.loading import (
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.causal import CausalSequence
-from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets
+from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets, host_choice
 
 NAME = "fastdllm"
 
@@ -168,10 +170,14 @@ class FastDLLMDrafter(Drafter):
     causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
     pass for every request at each step.
 
-    Host syncs: one per unmasking pass (the algorithm's "how far is the draft unmasked, and does
-    it hold a stop token?" test), plus one when a block's first drafted token is read for a stop
-    token; none without stop tokens when the pass had a single masked position or the threshold
-    is 0 (every confidence is > 0, so one pass unmasks the whole small block).
+    Host work: the current block's ids, confidences and mask state live on the host (numpy, B
+    positions); each pass's tokens and confidences are read once (the algorithm's "which positions
+    does this pass unmask, how far is the draft unmasked, and does it hold a stop token?"; a view on
+    the CPU, one transfer on a device), the unmasking rule and the block scan are compiled
+    (``specpolicy.core.compiled.unmask_pick``, ``unmask_apply``, ``block_scan``), and a pass gets the
+    block as a tensor (a view on the CPU). A boundary or write pass reads its first token once;
+    ``commit`` knows a chain's committed tokens from its own draft and ``next_token`` (a read only
+    for reused tokens or a tree path).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -254,8 +260,8 @@ class FastDLLMDrafter(Drafter):
         self.mask_token_id = mask_id
         self.vocab_size = vocab
         self.path_search = path_search
-        #: (order - 1,) int64: the last committed tokens, the path search's n-gram context
-        self._recent = torch.empty(0, dtype=torch.long, device=runtime.torch_device)
+        #: (<= order - 1,) int64 on the host: the last committed tokens, the path search's n-gram context
+        self._recent = np.zeros(0, dtype=np.int64)
         self.max_context = context_length(model)
         #: how a pass runs: eager (a cache per request; several requests padded into one pass), or
         #: on the compiled runtime's static cache (one sequence per request)
@@ -263,10 +269,12 @@ class FastDLLMDrafter(Drafter):
         dev = runtime.torch_device
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
-        self._offsets = torch.arange(block_size, device=dev)  # (B,) block-relative positions
-        self._stop_ids = (
-            torch.tensor(self.stop_token_ids, dtype=torch.long, device=dev) if self.stop_token_ids else None
-        )  # (s,) int64 or None: no stop check
+        self._stops = np.array(self.stop_token_ids, dtype=np.int64)  # (s,) on the host; empty: no stop check
+        self._threshold32 = np.float32(self.threshold)  # compared in float32, as the confidences
+        ids, masked, conf = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.float32)
+        pick = unmask_pick(conf, masked, self._threshold32, False)  # compiled (or numba's cache loaded) here,
+        unmask_apply(ids, conf, pick, 0, ids, conf, masked, conf.copy())  # not in a timed round
+        block_scan(ids, masked, self._stops, 0)
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
         # of a block is never masked: it is committed or comes from the previous block's pass.
@@ -277,10 +285,11 @@ class FastDLLMDrafter(Drafter):
         self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
-        self._tail: torch.Tensor | None = None  # (L - base,) int64 committed tokens of the partial block
+        # (L - base,) int64 committed tokens of the partial block, on the host (a CPU tensor)
+        self._tail: torch.Tensor | None = None
         # When L == base: the block's first token, its confidence and (sampling) its q row
-        # (0-d int64, 0-d float32, (V,) float32 or None).
-        self._first: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        # (int, float32 on the host; (V,) float32 on the device or None).
+        self._first: tuple[int, np.float32, torch.Tensor | None] | None = None
         self._carry = 0  # passes spent by commit, charged to the next round
         self._sampling: SamplingConfig | None = None  # None: greedy
 
@@ -306,16 +315,21 @@ class FastDLLMDrafter(Drafter):
         probs = warp(logits, self._sampling)
         return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
 
-    def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[int, np.float32, torch.Tensor | None]:
         """Write the KV of complete blocks ``ids`` ((n,) int64, n a multiple of B, starting at block
         boundary ``start``) into the cache in one block-causal pass; return the next block's first
-        token, confidence and (sampling) q row from the last logit (0-d int64, 0-d float32,
-        (V,) float32 or None)."""
+        token, confidence and (sampling) q row from the last logit (``_first``)."""
         n = int(ids.shape[0])
         self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
-        logits = self.runner.write(self.sequence, ids, start)  # (1, V)
+        logits = self.runner.write(self.sequence, ids.to(self._device), start)  # (1, V)
+        return self._first_of(logits)
+
+    def _first_of(self, logits: torch.Tensor) -> tuple[int, np.float32, torch.Tensor | None]:
+        """The next block's first token from a block pass's last logit ``(1, V)``: its id and
+        confidence read to the host (one read) and (sampling) its q row ``(V,)`` float32."""
         tok, conf, probs = self._choose(logits, block_first=True)
-        return tok[0], conf[0], None if probs is None else probs[0]
+        ids, confs = host_choice(tok, conf)
+        return int(ids[0]), confs[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
 
@@ -370,35 +384,39 @@ class FastDLLMDrafter(Drafter):
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
             self._first = None  # not needed: the partial block starts with committed tokens
-        self._L, self._base, self._tail = n, base, prompt_ids[base:]
+        host = prompt_ids.cpu()
+        self._L, self._base, self._tail = n, base, host[base:]
         self._recent = self._recent[:0]
-        self._remember(prompt_ids)
+        self._remember(host.numpy())
         self._carry = 0
         self._new_round()
 
     def _new_round(self) -> None:
         self._k = 0  # tokens requested this round (capped at a drafted stop token)
+        self._drafted = np.zeros(0, dtype=np.int64)  # (k,) host copy of the round's draft (``_current_draft``)
         self._passes = self._carry
-        # Drafted part of each finished block: ids, confidences, q rows (sampling) or None.
-        self._segments: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        # Drafted part of each finished block: ids, confidences (host), q rows (sampling) or None.
+        self._segments: list[tuple[np.ndarray, np.ndarray, torch.Tensor | None]] = []
         self._tentative: list[tuple[int, tuple]] = []  # (block end, next block's ``_first``)
         self._blk_start: int | None = None  # current block (lazily opened by draft)
         self._stop_len: int | None = None  # draft length ending at the first drafted stop token
-        self._sb_conf: list[torch.Tensor] = []  # per unmasking pass, (m,) float32, NaN = not masked
+        self._sb_conf: list[np.ndarray] = []  # per unmasking pass, (m,) float32, NaN = not masked
         self._path_len: int | None = None  # draft length where the path search ended the draft (no stop token)
 
-    def _remember(self, committed: torch.Tensor) -> None:
-        """Keep the last committed tokens the path search's n-gram reads."""
+    def _remember(self, committed: np.ndarray) -> None:
+        """Keep the last committed tokens (``(c,)`` int64, host) the path search's n-gram reads."""
         if self.path_search is not None:
-            self._recent = self.path_search.tail(self._recent, committed)
+            self._recent = np.concatenate([self._recent, committed])[-(self.path_search.scorer.order - 1) :]
 
     def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
-        """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64, committed tokens,
-        t < B), then -- when t == 0 -- the block's first token ``first`` (as ``_first``), then masks."""
+        """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64 on the host,
+        committed tokens, t < B), then -- when t == 0 -- the block's first token ``first`` (as
+        ``_first``), then masks. The block's ids, confidences and mask state are kept on the host."""
         B = self.block_size
         self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
         t = int(prefix.shape[0])
-        conf = torch.zeros(B, dtype=torch.float32, device=self._device)
+        ids = np.full(B, self.mask_token_id, dtype=np.int64)
+        conf = np.zeros(B, dtype=np.float32)
         # Sampling: q row of every offset (rows of committed or masked offsets are never read).
         self._blk_probs = (
             None
@@ -409,58 +427,45 @@ class FastDLLMDrafter(Drafter):
         if drafted_first:
             if first is None:  # invariant broken: the pass that wrote the previous block stored it
                 raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
-            tok, c, q = first
-            ids = torch.cat([tok.view(1), self._mask_row[1:]])
-            conf = torch.cat([c.view(1), conf[1:]])
+            ids[0], conf[0], q = first
             if self._blk_probs is not None:
                 self._blk_probs[0] = q
             t = 1
         else:
-            ids = torch.cat([prefix, self._mask_row[t:]])
+            ids[:t] = prefix.numpy()
         self._blk_start = start
-        self._blk_ids = ids  # (B,) int64
-        self._blk_conf = conf  # (B,) float32
-        self._blk_masked = self._offsets >= t  # (B,) bool
+        self._blk_ids = ids  # (B,) int64, host
+        self._blk_conf = conf  # (B,) float32, host
+        self._blk_masked = np.arange(B) >= t  # (B,) bool, host
         self._filled = t  # leading offsets without masks (the draft reaches block offset _filled - 1)
-        self._sb_index, self._sb_left = -1, -1  # small block being decoded, its masks left (-1: none yet)
-        if drafted_first and self._stop_ids is not None:
-            self._scan(0, 0)  # the block's first token may be a stop token
+        self._sb_index = -1  # small block being decoded (-1: none yet)
+        if drafted_first and self._stops.shape[0]:
+            self._scan()  # the block's first token may be a stop token
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
         return max(self._L - start, 0)
 
-    def _scan(self, lo: int, b: int) -> None:
-        """After a pass: read ``_filled`` (the first masked offset), the masks left in the small
-        block ``[lo, b)`` and the first drafted stop token of the block in one host sync; a stop
-        token inside the leading unmasked run ends the round's draft there (``_stop_len``)."""
-        B = self.block_size
-        masked = self._blk_masked
-        first_masked = torch.where(masked.any(), masked.int().argmax(), B)
-        if self._stop_ids is None:
-            first_stop = torch.tensor(B, device=self._device)
-        else:
-            d0 = self._draft_start(self._blk_start)
-            is_stop = torch.isin(self._blk_ids, self._stop_ids) & ~masked & (self._offsets >= d0)
-            first_stop = torch.where(is_stop.any(), is_stop.int().argmax(), B)
-        filled, stop, left = torch.stack([first_masked, first_stop, masked[lo:b].sum()]).tolist()
-        self._filled, self._sb_left = filled, left
+    def _scan(self) -> None:
+        """After a pass: ``_filled`` (the first masked offset) and the first drafted stop token of the
+        block (``block_scan``, on the host copy the pass's one read filled); a stop token inside the
+        leading unmasked run ends the round's draft there (``_stop_len``)."""
+        filled, stop = block_scan(self._blk_ids, self._blk_masked, self._stops, self._draft_start(self._blk_start))
+        self._filled = filled
         if stop < filled:  # the leading run holds a stop token: the draft ends at it
             self._stop_len = self._blk_start + stop + 1 - self._L
 
     def _unmask_keep(self) -> torch.Tensor:
-        """Before an unmasking pass: the small block holding offset ``_filled`` becomes current (its
-        masks counted when fresh); returns the block offsets whose logits the pass keeps, ``(m,) int64``."""
-        S = self.small_block_size
-        j = self._filled // S
-        a, b = j * S, (j + 1) * S
-        lo = max(a, 1)  # maskable offsets [lo, b)
-        if self._sb_index != j:  # a fresh small block: masked from _filled on
-            self._sb_index, self._sb_left = j, b - max(lo, self._filled)
+        """Before an unmasking pass: the small block holding offset ``_filled`` becomes current;
+        returns the block offsets whose logits the pass keeps, ``(m,) int64``."""
+        j = self._filled // self.small_block_size
+        self._sb_index = j
         return self._keep[j]
 
     def _unmask_apply(self, logits: torch.Tensor) -> None:
-        """After an unmasking pass: unmask the small block's positions its logits ``(b - lo, V)`` pick."""
+        """After an unmasking pass: unmask the small block's positions its logits ``(b - lo, V)`` pick
+        (one host read of the pass's tokens and confidences: the algorithm's "how far is the draft
+        unmasked, and does it hold a stop token?")."""
         S, j = self.small_block_size, self._sb_index
         a, b = j * S, (j + 1) * S
         lo = max(a, 1)
@@ -469,19 +474,15 @@ class FastDLLMDrafter(Drafter):
             self._search_apply(logits, lo, b)
             return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
-        masked = self._blk_masked[lo:b]
-        self._sb_conf.append(torch.where(masked, conf, torch.nan))
-        pick = self._select(conf, masked)
+        tokens, confs = host_choice(tok, conf)
+        pick = self._select(confs, self._blk_masked[lo:b])
+        row = np.empty(b - lo, dtype=np.float32)
+        unmask_apply(tokens, confs, pick, lo, self._blk_ids, self._blk_conf, self._blk_masked, row)
+        self._sb_conf.append(row)
         if probs is not None:
-            self._blk_probs[lo:b] = torch.where(pick[:, None], probs, self._blk_probs[lo:b])
-        self._blk_ids[lo:b] = torch.where(pick, tok, self._blk_ids[lo:b])
-        self._blk_conf[lo:b] = torch.where(pick, conf, self._blk_conf[lo:b])
-        self._blk_masked[lo:b] = masked & ~pick
-        if self._stop_ids is None and (self.threshold == 0.0 or self._sb_left == 1):
-            # Known without a sync: the pass unmasked every mask left (every confidence is > 0).
-            self._filled, self._sb_left = b, 0
-        else:
-            self._scan(lo, b)  # the algorithm's one sync per pass: how far is the draft unmasked?
+            chosen = torch.from_numpy(pick).to(self._device)
+            self._blk_probs[lo:b] = torch.where(chosen[:, None], probs, self._blk_probs[lo:b])
+        self._scan()
 
     def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
         """After an unmasking pass with the path search: the small block's masked positions (offsets
@@ -492,35 +493,32 @@ class FastDLLMDrafter(Drafter):
         rows = logits[first - lo :].float().index_fill(1, self._mask_row[:1], -torch.inf)  # never the mask token
         d0 = self._draft_start(self._blk_start)
         drafted = [seg[0] for seg in self._segments] + [self._blk_ids[d0:first]]
-        context = self.path_search.tail(self._recent, *drafted)  # padded by the search if short
+        context = torch.from_numpy(np.concatenate([self._recent, *drafted]))  # padded by the search if short
         path, conf, ended = self.path_search.search(torch.softmax(rows, -1), context)
-        m = path.numel()
+        q = None if self._blk_probs is None else point_mass(path, self.vocab_size)
+        path, conf = path.cpu().numpy(), conf.cpu().numpy()
+        m = path.shape[0]
         taken = slice(first, first + m)
         self._blk_ids[taken], self._blk_conf[taken], self._blk_masked[taken] = path, conf, False
-        if self._blk_probs is not None:
-            self._blk_probs[taken] = point_mass(path, self.vocab_size)
-        row = torch.full((b - lo,), torch.nan, dtype=torch.float32, device=self._device)
+        if q is not None:
+            self._blk_probs[taken] = q
+        row = np.full(b - lo, np.nan, dtype=np.float32)
         row[first - lo : first - lo + m] = conf
         self._sb_conf.append(row)
-        self._scan(lo, b)
+        self._scan()
         if ended and self._stop_len is None:
             self._path_len = self._blk_start + first + m - self._L
 
-    def _select(self, conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    def _select(self, conf: np.ndarray, masked: np.ndarray) -> np.ndarray:
         """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
-        pass's confidences ``(m,) float32`` and the mask state ``(m,) bool`` (True = masked).
+        pass's confidences ``(m,) float32`` and the mask state ``(m,) bool`` (True = masked), on the
+        host (``specpolicy.core.compiled.unmask_pick``).
 
         Greedy: every masked position above ``threshold``, and at least the most confident one
         (Fast-dLLM v2's any-order rule). Sampling: left to right -- the leading run of masked
         positions above ``threshold``, and at least the leftmost masked one (the masked positions
         are then always a suffix of the small block); see the class docstring for why."""
-        if self._sampling is None:
-            pick = masked & (conf > self.threshold)
-            best = torch.where(masked, conf, -1.0).argmax()
-            return pick | ((self._offsets[: conf.shape[0]] == best) & masked)  # at least the most confident
-        run = ((conf > self.threshold) | ~masked).int().cumprod(dim=0).bool()
-        leftmost = masked & (masked.int().cumsum(dim=0) == 1)
-        return masked & (run | leftmost)
+        return unmask_pick(conf, masked, self._threshold32, self._sampling is not None)
 
     def _cross_keep(self) -> None:
         """Before a boundary pass: the full block's drafted part joins the round's segments."""
@@ -532,8 +530,7 @@ class FastDLLMDrafter(Drafter):
         """After a boundary pass (its KV in the cache): the block's last logit ``(1, V)`` gives the
         next block's first token; the next block becomes current."""
         self._passes += 1
-        tok, conf, probs = self._choose(logits, block_first=True)
-        first = (tok[0], conf[0], None if probs is None else probs[0])
+        first = self._first_of(logits)
         self._tentative.append((self._blk_start + self.block_size, first))
         self._open_block(self._blk_start + self.block_size, self._tail[:0], first)
 
@@ -635,34 +632,37 @@ class FastDLLMDrafter(Drafter):
         """This request's part of the next step: an unmasking pass over its current block (logits
         of the current small block's offsets, nothing cached) or, ``kind`` ``"cross"``, a boundary
         pass (the block's last logit, its keys and values kept)."""
+        ids = torch.from_numpy(self._blk_ids).to(self._device)  # (B,) the block as it stands (on the CPU, a view)
         if kind == "cross":
             self._cross_keep()
-            return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, None, writes=True)
-        return FastDLLMPass(self.sequence, self._blk_ids, self._blk_start, self._unmask_keep(), writes=False)
+            return FastDLLMPass(self.sequence, ids, self._blk_start, None, writes=True)
+        return FastDLLMPass(self.sequence, ids, self._blk_start, self._unmask_keep(), writes=False)
 
     def _current_draft(self) -> Draft:
+        """The round's draft so far, assembled on the host (the block and the finished blocks'
+        segments) and handed over as tensors on the drafter's device."""
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0 : self._filled]
         parts = self._segments + [(self._blk_ids[d0 : self._filled], self._blk_conf[d0 : self._filled], probs)]
-        ids = torch.cat([p[0] for p in parts])[: self._k]
-        conf = torch.cat([p[1] for p in parts])[: self._k]
+        ids = np.concatenate([p[0] for p in parts])[: self._k]
+        conf = np.concatenate([p[1] for p in parts])[: self._k]
         q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
-        sb_conf = (
-            torch.cat(self._sb_conf) if self._sb_conf else torch.empty(0, dtype=torch.float32, device=self._device)
-        )
+        sb_conf = np.concatenate(self._sb_conf) if self._sb_conf else np.zeros(0, dtype=np.float32)
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         ended = self._stop_len is not None or self._path_len is not None
         lookahead = 0 if ended else max(self._blk_start + self._filled - (self._L + self._k), 0)
-        ahead_conf = self._blk_conf[self._filled - lookahead : self._filled]  # (lookahead,) a view
+        ahead_conf = self._blk_conf[self._filled - lookahead : self._filled].copy()  # (lookahead,)
+        self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
+        dev = self._device
         return Draft(
-            ids,
-            conf,
+            torch.from_numpy(ids).to(dev),
+            torch.from_numpy(conf).to(dev),
             forward_passes=self._passes,
             probs=q,  # fresh tensors (torch.cat)
             ends_at_stop_token=self._k == self._stop_len,
-            extras={SMALL_BLOCK_CONFIDENCES: sb_conf},
+            extras={SMALL_BLOCK_CONFIDENCES: torch.from_numpy(sb_conf).to(dev)},
             lookahead=lookahead,
-            lookahead_confidences=ahead_conf,
+            lookahead_confidences=torch.from_numpy(ahead_conf).to(dev),
         )
 
     @torch.no_grad()
@@ -689,7 +689,10 @@ class FastDLLMDrafter(Drafter):
             )
         B = self.block_size
         a = int(verification.accepted_length)
-        committed = verification.committed_tokens(draft).to(self._device)  # (a + 1,)
+        if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here
+            committed = np.append(self._drafted[:a], np.int64(verification.next_token))  # (a + 1,) int64
+        else:
+            committed = verification.committed_tokens(draft).cpu().numpy()
         self._remember(committed)
         L, base = self._L, self._base
         L_new = L + a + 1
@@ -702,14 +705,14 @@ class FastDLLMDrafter(Drafter):
             valid_end, first = block_end, block_first
         self.sequence.crop(valid_end)
 
-        seq = torch.cat([self._tail, committed])  # committed tokens of positions [base, L_new)
+        seq = np.concatenate([self._tail.numpy(), committed])  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B
         passes = 0
         if new_base > valid_end:
-            first = self._write_blocks(seq[valid_end - base : new_base - base], valid_end)
+            first = self._write_blocks(torch.from_numpy(seq[valid_end - base : new_base - base]), valid_end)
             passes = 1
         self._first = first if L_new == new_base else None
-        self._tail = seq[new_base - base :]
+        self._tail = torch.from_numpy(seq[new_base - base :])
         self._L, self._base = L_new, new_base
         self._carry = passes + (self._passes if self._k == 0 else 0)  # an undrafted round carries on
         self._new_round()

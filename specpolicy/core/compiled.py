@@ -13,6 +13,11 @@ search ported from a loop that called ``torch.topk`` then picks the same entries
 
 ``kneser_ney_row`` is ``NGramModel.kneser_ney_probs`` for one context (the same float64 operations
 in the same order over the same fused tables).
+
+``unmask_pick``, ``unmask_apply`` and ``block_scan`` are the Fast-dLLM v2 drafter's per-pass
+bookkeeping on its current block (``drafters/fastdllm.py``): which masked positions a pass unmasks,
+writing them, and how far the block is unmasked (with its first drafted stop token) -- the torch
+rule they replaced, element for element, on the host copy of a block of B (32) positions.
 """
 
 from __future__ import annotations
@@ -400,3 +405,83 @@ def move_rows(entries: np.ndarray, rows: np.ndarray, start: int) -> None:
                 source = start + rows[i]
                 if source != start + i:
                     entries[b, h, start + i, :] = entries[b, h, source, :]
+
+# -- Fast-dLLM v2's unmasking bookkeeping (drafters/fastdllm.py) -------------------------------------
+
+
+@njit(cache=True)
+def unmask_pick(conf: np.ndarray, masked: np.ndarray, threshold: np.float32, left_to_right: bool) -> np.ndarray:
+    """Which masked positions of a small block one pass unmasks: ``conf`` ``(m,)`` float32 (the
+    pass's confidences), ``masked`` ``(m,)`` bool (True = masked), ``threshold`` float32 -> ``(m,)``
+    bool. Any order (greedy): every masked position with ``conf > threshold``, and the most confident
+    masked one (``argmax`` of the confidences with -1 at unmasked positions: the first maximum, a NaN
+    ranked first, as ``torch.argmax``). Left to right (sampling): the leading run of positions that
+    are unmasked or above ``threshold``, masked, and the leftmost masked one (Fast-dLLM v2, arXiv
+    2509.26328, confidence-aware parallel decoding; ``FastDLLMDrafter._select``)."""
+    m = conf.shape[0]
+    pick = np.zeros(m, dtype=np.bool_)
+    if left_to_right:
+        run, leftmost = True, True
+        for i in range(m):
+            run = run and (conf[i] > threshold or not masked[i])
+            pick[i] = masked[i] and (run or leftmost)
+            if masked[i]:
+                leftmost = False
+        return pick
+    best, best_value = -1, np.float32(-1.0)
+    for i in range(m):
+        value = conf[i] if masked[i] else np.float32(-1.0)
+        if best < 0 or (not np.isnan(best_value) and (np.isnan(value) or value > best_value)):
+            best, best_value = i, value
+        pick[i] = masked[i] and conf[i] > threshold
+    if best < 0:
+        return pick
+    pick[best] = pick[best] or masked[best]
+    return pick
+
+
+@njit(cache=True)
+def unmask_apply(
+    tokens: np.ndarray,
+    conf: np.ndarray,
+    pick: np.ndarray,
+    lo: int,
+    block_ids: np.ndarray,
+    block_conf: np.ndarray,
+    masked: np.ndarray,
+    row: np.ndarray,
+) -> None:
+    """Write one pass's picks into the block, in place: ``tokens`` ``(m,)`` int64, ``conf`` ``(m,)``
+    float32 and ``pick`` ``(m,)`` bool of the small block's offsets ``[lo, lo + m)``; ``block_ids``
+    ``(B,)`` int64, ``block_conf`` ``(B,)`` float32, ``masked`` ``(B,)`` bool; ``row`` ``(m,)``
+    float32 receives the pass's confidences at the positions masked before it (NaN elsewhere)."""
+    for i in range(tokens.shape[0]):
+        was = masked[lo + i]
+        row[i] = conf[i] if was else np.float32(np.nan)
+        if pick[i]:
+            block_ids[lo + i] = tokens[i]
+            block_conf[lo + i] = conf[i]
+            masked[lo + i] = False
+
+
+@njit(cache=True)
+def block_scan(block_ids: np.ndarray, masked: np.ndarray, stops: np.ndarray, first_drafted: int) -> tuple[int, int]:
+    """How far a block is unmasked: ``(filled, first_stop)``, the first masked offset (B when none)
+    and the first offset ``>= first_drafted`` holding an unmasked stop token (``stops`` ``(s,)``
+    int64; B when none) of ``block_ids`` ``(B,)`` int64 under ``masked`` ``(B,)`` bool."""
+    size = block_ids.shape[0]
+    filled = size
+    for p in range(size):
+        if masked[p]:
+            filled = p
+            break
+    first_stop = size
+    for p in range(max(first_drafted, 0), size):
+        if not masked[p]:
+            for s in stops:
+                if block_ids[p] == s:
+                    first_stop = p
+                    break
+            if first_stop < size:
+                break
+    return filled, first_stop

@@ -106,8 +106,13 @@ class PathSearch:
         # the compiled search's first call compiles it (or loads numba's cache): done here, when the
         # drafter is built, so no timed round pays it; a one-position lattice of the real dtypes
         context = np.full((1, self.scorer.order - 1), self.scorer.vocab_size, dtype=np.int64)
-        stops = self.stop_ids.cpu().numpy().astype(np.int64)
-        self._beams(np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), context, stops)
+        self._stops_np = np.ascontiguousarray(self.stop_ids.cpu().numpy(), dtype=np.int64)  # (s,) on the host
+        self._no_map = np.zeros(0, dtype=np.int64)
+        self._mapped: tuple | None = None  # (token_ids, its stop columns, its host copy): ``_columns``
+        self._beams(np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), context, self._stops_np)
+        one = np.zeros((1, 1), dtype=np.float32)
+        _lattice(one, np.zeros((1, 1), dtype=np.int64), one[:, :0], self._stops_np, self._no_map, np.float32(1.0))
+        _path_slots(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1), dtype=np.bool_), np.zeros(1, dtype=np.int64))
 
     def tail(self, *parts: torch.Tensor) -> torch.Tensor:
         """The last ``order - 1`` tokens of ``parts`` (1-D int64, concatenated): what the scorer reads
@@ -130,23 +135,62 @@ class PathSearch:
             ``path`` ``(m,)`` int64 (``m <= n``; shorter when the lattice or the path ended at a stop
             token), ``q`` ``(m,)`` float32 the drafter's probability of each path token (its
             confidence), and whether the lattice ended early (a stop token, or the path's end).
+
+        On the device only the top-k over the vocabulary and the stop columns' probabilities; the
+        rest on the host, one read of them: the lattice of ``candidate_lattice`` (``_lattice``,
+        compiled, the same IEEE operations as its CPU torch form: the cumulative mass summed in
+        float64 and rounded to float32 as ``torch.cumsum`` does on the CPU), the log and exp as
+        torch computes them on the same shapes, the beam search (``_beams``) and each path token's
+        slot (``_path_slots``), so the path and ``q`` are bit-identical to ``candidate_lattice``
+        followed by the all-torch lookups (``tests/core/test_path_search_equivalence.py``).
         """
-        stop_cols = self.stop_ids if token_ids is None else torch.isin(token_ids, self.stop_ids).nonzero().flatten()
-        cols, log_q, valid = candidate_lattice(probs, self.mass, self.max_candidates, stop_cols)
-        tokens = (cols if token_ids is None else token_ids[cols]).cpu()  # the search runs on the host
-        order = self.scorer.order
-        log_q, valid, stops = log_q.cpu().double(), valid.cpu(), self.stop_ids.cpu()
-        drafter_term = torch.where(valid, self.lam * log_q, -torch.inf)  # (m, M): invalid slots never chosen
-        history = context.reshape(1, -1).cpu()[:, max(context.numel() - (order - 1), 0) :]
-        if history.shape[1] < order - 1:  # a short context: start symbols in front (``NGramModel.pad_context``)
-            pad = torch.full((1, order - 1 - history.shape[1]), self.scorer.vocab_size, dtype=torch.long)
-            history = torch.cat([pad, history], dim=1)
-        path = torch.from_numpy(self._beams(tokens.numpy(), drafter_term.numpy(), history.numpy(), stops.numpy()))
-        # each path token's drafter probability: the lattice slot it was taken from
-        picked = (tokens[: path.numel()] == path[:, None]) & valid[: path.numel()]
-        q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
-        ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
-        return path.to(probs.device), q.to(probs.device), ended
+        path, q, ended = self.search_np(probs, context.reshape(-1).cpu().numpy(), token_ids)
+        return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
+
+    @torch.no_grad()
+    def search_np(
+        self, probs: torch.Tensor, context: np.ndarray, token_ids: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``search`` with the context and the results on the host: ``context`` ``(c,)`` int64 (its
+        last ``order - 1`` tokens are read) -> ``path`` ``(m,)`` int64, ``q`` ``(m,)`` float32 (numpy)
+        and whether the lattice ended early; for a drafter that keeps its block on the host."""
+        stop_cols, stop_cols_np, token_map = self._columns(token_ids)
+        n = probs.shape[0]
+        values, cols = probs.topk(min(self.max_candidates, probs.shape[1]), dim=-1)  # (n, top), best first
+        stop_values = probs[:, stop_cols] if stop_cols.numel() else values[:, :0]  # (n, s)
+        tokens, kept_values, valid = _lattice(
+            _host(values), _host(cols), _host(stop_values), stop_cols_np, token_map, np.float32(self.mass)
+        )
+        # the lattice's log q as torch computes it on the (m, M) lattice (its kernels' results depend on the shape)
+        log_q = torch.from_numpy(kept_values).clamp(min=1e-30).log().double()  # (m, M) float64
+        drafter_term = np.where(valid, self.lam * log_q.numpy(), -np.inf)  # (m, M): invalid slots never chosen
+        path = self._beams(tokens, drafter_term, self._history(context), self._stops_np)
+        p = path.shape[0]
+        slots = _path_slots(tokens, valid, path)  # each path token's lattice slot
+        q = log_q[:p].exp().numpy()[np.arange(p), slots].astype(np.float32)  # its drafter probability
+        ended = p < n or (p > 0 and bool((self._stops_np == path[p - 1]).any()))
+        return path, q, ended
+
+    def _columns(self, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        """The stop tokens' columns of ``probs`` (``(s,)`` int64, on the device and on the host) and the
+        host copy of ``token_ids`` (``(V,)`` int64; ``(0,)`` for None: column i is token i), kept per
+        ``token_ids`` (a drafter's fixed ``d2t``)."""
+        if token_ids is None:
+            return self.stop_ids, self._stops_np, self._no_map
+        if self._mapped is None or self._mapped[0] is not token_ids:
+            stop_cols = torch.isin(token_ids, self.stop_ids).nonzero().flatten()
+            host = np.ascontiguousarray(token_ids.cpu().numpy(), dtype=np.int64)
+            self._mapped = (token_ids, stop_cols, _host(stop_cols).astype(np.int64), host)
+        return self._mapped[1], self._mapped[2], self._mapped[3]
+
+    def _history(self, context: np.ndarray) -> np.ndarray:
+        """The scorer's context ``(1, order - 1)`` int64 from the last tokens of ``context`` ``(c,)``
+        int64, start symbols in front of a short one (``NGramModel.pad_context``)."""
+        keep = self.scorer.order - 1
+        tail = context[max(context.shape[0] - keep, 0) :]
+        history = np.full((1, keep), self.scorer.vocab_size, dtype=np.int64)
+        history[0, keep - tail.shape[0] :] = tail
+        return history
 
     def _beams(
         self, tokens: np.ndarray, drafter_term: np.ndarray, history: np.ndarray, stops: np.ndarray
@@ -281,3 +325,74 @@ def _beams_kneser_ney(
         if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
             break
     return _best(paths, scores)
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A C-contiguous host array of ``tensor`` (a view on the CPU)."""
+    return np.ascontiguousarray(tensor.cpu().numpy())
+
+
+@njit(cache=True)
+def _lattice(
+    values: np.ndarray,
+    cols: np.ndarray,
+    stop_values: np.ndarray,
+    stop_cols: np.ndarray,
+    token_map: np.ndarray,
+    mass: np.float32,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``candidate_lattice`` after its top-k, compiled: ``values`` ``(n, top)`` float32 and ``cols``
+    ``(n, top)`` int64 (the top-k), ``stop_values`` ``(n, s)`` float32 (the stop columns'
+    probabilities), ``stop_cols`` ``(s,)`` int64 (the stop tokens' columns), ``token_map`` ``(V,)`` int64 the
+    token of each column (``(0,)``: column i is token i) -> the lattice's ``tokens`` ``(m, M)``
+    int64, its probabilities ``(m, M)`` float32 (before the log) and ``valid`` ``(m, M)`` bool,
+    ``M = top + s``. The set reaching ``mass`` is ``cumsum - value < mass`` in float32 with the
+    cumulative sum accumulated in float64 (``torch.cumsum`` on the CPU); a stop token is matched by
+    its column, as ``candidate_lattice`` matches it."""
+    n, top = values.shape
+    s = stop_values.shape[1]
+    keep = np.empty((n, top), dtype=np.bool_)
+    m = n
+    for i in range(n):
+        total = 0.0
+        for j in range(top):
+            total += np.float64(values[i, j])
+            keep[i, j] = np.float32(np.float32(total) - values[i, j]) < mass
+    size = top + s
+    tokens = np.empty((n, size), dtype=np.int64)
+    kept_values = np.empty((n, size), dtype=np.float32)
+    valid = np.empty((n, size), dtype=np.bool_)
+    mapped = token_map.shape[0] > 0
+    for i in range(n):
+        natural = False
+        for j in range(top):
+            tokens[i, j] = token_map[cols[i, j]] if mapped else cols[i, j]
+            kept_values[i, j] = values[i, j]
+            valid[i, j] = keep[i, j]
+        for k in range(s):
+            in_set = False
+            for j in range(top):
+                if keep[i, j] and cols[i, j] == stop_cols[k]:
+                    in_set = True
+            natural = natural or in_set
+            tokens[i, top + k] = token_map[stop_cols[k]] if mapped else stop_cols[k]
+            kept_values[i, top + k] = stop_values[i, k]
+            valid[i, top + k] = not in_set  # the others added, once
+        if natural:  # a stop token on its own merit: the lattice ends here
+            m = i + 1
+            break
+    return tokens[:m].copy(), kept_values[:m].copy(), valid[:m].copy()
+
+
+@njit(cache=True)
+def _path_slots(tokens: np.ndarray, valid: np.ndarray, path: np.ndarray) -> np.ndarray:
+    """The lattice slot each path token was taken from: ``tokens`` ``(m, M)`` int64, ``valid``
+    ``(m, M)`` bool, ``path`` ``(p,)`` int64, ``p <= m`` -> ``(p,)`` int64 (the first valid slot
+    holding the token; a token is valid in one slot only)."""
+    slots = np.zeros(path.shape[0], dtype=np.int64)
+    for i in range(path.shape[0]):
+        for c in range(tokens.shape[1]):
+            if valid[i, c] and tokens[i, c] == path[i]:
+                slots[i] = c
+                break
+    return slots

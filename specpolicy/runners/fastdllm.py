@@ -27,6 +27,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -127,6 +128,15 @@ def padded_block_pass(
     owners = torch.repeat_interleave(torch.arange(b, device=device), torch.tensor(counts, device=device))
     picked = hidden[owners, torch.cat(keeps)]  # (sum m_r, H): every row's kept offsets
     return list(model.lm_head(picked).split(counts))
+
+
+def host_choice(tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """One host read of a pass's choice: ``tok`` ``(m,) int64`` and ``conf`` ``(m,) float32`` ->
+    numpy arrays (on the CPU, views; on a device, one transfer of both, exact: ids below 2**53)."""
+    if tok.device.type == "cpu":
+        return tok.numpy(), conf.numpy()
+    both = torch.stack([tok.double(), conf.double()]).cpu().numpy()
+    return both[0].astype(np.int64), both[1].astype(np.float32)
 
 
 def check_buckets(block_size: int, buckets: Sequence[int]) -> None:

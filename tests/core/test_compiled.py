@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from specpolicy.core.compiled import kneser_ney_row, topk_largest
+from specpolicy.core.compiled import block_scan, kneser_ney_row, topk_largest, unmask_apply, unmask_pick
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
 
 
@@ -93,3 +93,55 @@ def test_the_compiled_kneser_ney_row_is_the_numpy_estimate(seed):
         for row in range(tokens.shape[0]):
             kneser_ney_row(*model.compiled_tables(), context[row], tokens[row], got)
             assert np.array_equal(got, want[row])
+
+
+# -- Fast-dLLM v2's unmasking bookkeeping against the torch rule it replaced (verbatim) ----------------
+
+
+def _torch_select(conf: torch.Tensor, masked: torch.Tensor, threshold: float, sampling: bool) -> torch.Tensor:
+    """``FastDLLMDrafter._select`` before the host kernels."""
+    if not sampling:
+        pick = masked & (conf > threshold)
+        best = torch.where(masked, conf, -1.0).argmax()
+        return pick | ((torch.arange(conf.shape[0]) == best) & masked)
+    run = ((conf > threshold) | ~masked).int().cumprod(dim=0).bool()
+    leftmost = masked & (masked.int().cumsum(dim=0) == 1)
+    return masked & (run | leftmost)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_unmasking_kernels_are_the_torch_rule(seed):
+    """Ties, NaN confidences, thresholds at a confidence's float32 value, no masked position: the
+    pick, the block's writes, the pass's row and the scan are the torch forms' element for element."""
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    B, lo = 32, rng.randrange(1, 8)
+    m = rng.randrange(1, B - lo + 1)
+    conf = torch.rand(m, generator=generator).round(decimals=rng.choice((1, 6)))  # ties when rounded to 0.1
+    if rng.random() < 0.2:
+        conf[rng.randrange(m)] = torch.nan
+    masked = torch.rand(B, generator=generator) < rng.choice((0.0, 0.5, 1.0))
+    threshold = rng.choice((0.0, 0.05, 0.9, float(conf[0]) if not torch.isnan(conf[0]) else 0.5, 1.0))
+    tokens = torch.randint(0, 50, (m,), generator=generator)
+    ids = torch.randint(0, 50, (B,), generator=generator)
+    stops = torch.tensor(rng.sample(range(50), rng.choice((0, 1, 3))), dtype=torch.long)
+    for sampling in (False, True):
+        want_pick = _torch_select(conf, masked[lo : lo + m], threshold, sampling)
+        pick = unmask_pick(conf.numpy(), masked[lo : lo + m].numpy(), np.float32(threshold), sampling)
+        assert pick.tolist() == want_pick.tolist()
+        want_row = torch.where(masked[lo : lo + m], conf, torch.nan)
+        want_ids = ids.clone()
+        want_ids[lo : lo + m] = torch.where(want_pick, tokens, ids[lo : lo + m])
+        want_masked = masked.clone()
+        want_masked[lo : lo + m] = masked[lo : lo + m] & ~want_pick
+        got_ids, got_conf, got_masked = ids.numpy().copy(), np.zeros(B, dtype=np.float32), masked.numpy().copy()
+        row = np.empty(m, dtype=np.float32)
+        unmask_apply(tokens.numpy(), conf.numpy(), pick, lo, got_ids, got_conf, got_masked, row)
+        assert got_ids.tolist() == want_ids.tolist() and got_masked.tolist() == want_masked.tolist()
+        assert torch.equal(torch.from_numpy(row).isnan(), want_row.isnan())
+        assert torch.equal(torch.from_numpy(row).nan_to_num(-7.0), want_row.nan_to_num(-7.0))
+        d0 = rng.randrange(0, B)
+        first_masked = int(torch.where(want_masked.any(), want_masked.int().argmax(), B))
+        is_stop = torch.isin(want_ids, stops) & ~want_masked & (torch.arange(B) >= d0)
+        first_stop = int(torch.where(is_stop.any(), is_stop.int().argmax(), B))
+        assert block_scan(got_ids, got_masked, stops.numpy(), d0) == (first_masked, first_stop)

@@ -1,6 +1,6 @@
 """The vectorised host searches against the implementations they replaced, kept here verbatim as
 references (issue 48, item 5: host work per round): DiffuSpec's CPS beam loop
-(``PathSearch.search``, numpy bookkeeping since) and the Kneser-Ney scorer (``NGramModel.log_probs``,
+(``PathSearch.search``, numpy bookkeeping and a compiled lattice since) and the Kneser-Ney scorer (``NGramModel.log_probs``,
 numpy arithmetic since). Outputs must be IDENTICAL (bit for bit), on random lattices, contexts,
 draft vocabularies and n-gram models."""
 
@@ -202,6 +202,28 @@ def test_the_path_search_on_the_bundled_scorer_is_identical():
             got, want = search.search(probs, context), reference_search(reference, probs, context)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
     assert candidate_lattice  # the lattice is shared, unchanged
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_path_search_over_a_smaller_draft_vocabulary_is_identical(seed):
+    """A ``d2t`` that maps a draft vocabulary of fewer columns into the target's (not a bijection):
+    a stop token may have no column, or the lattice's stop slots follow the columns that map to one;
+    long lattices (up to 32 positions, up to 15 + 2 candidates) put slots on every side of the
+    vectorised kernels' chunk boundaries."""
+    rng = random.Random(100 + seed)
+    generator = torch.Generator().manual_seed(100 + seed)
+    vocab = rng.choice((12, 40))
+    model = _model(seed, vocab, 3)
+    stop = torch.tensor(rng.sample(range(vocab), 2), dtype=torch.long)
+    search = PathSearch(model, stop, mass=rng.choice((0.8, 0.95)), max_candidates=rng.choice((7, 15)), lam=0.5)
+    reference = PathSearch(ReferenceScorer(model), stop, search.mass, search.max_candidates, search.width, search.lam)
+    columns = rng.randrange(vocab // 2, vocab)
+    d2t = torch.tensor(sorted(rng.sample(range(vocab), columns)), dtype=torch.long)  # a subset of the tokens
+    for _ in range(4):
+        probs = _lattice_probs(generator, rng.randrange(1, 33), columns, rng.choice((0.5, 3.0)))
+        context = torch.randint(0, vocab, (3,), generator=generator)
+        got, want = search.search(probs, context, d2t), reference_search(reference, probs, context, d2t)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -441,7 +441,7 @@ def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime):
     class Recording(FastDLLMDrafter):
         def _select(self, conf, masked):
             pick = super()._select(conf, masked)
-            seen.append((masked.clone(), pick.clone()))
+            seen.append((torch.from_numpy(masked.copy()), torch.from_numpy(pick.copy())))
             return pick
 
     drafter = Recording(
