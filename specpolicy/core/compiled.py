@@ -406,6 +406,7 @@ def move_rows(entries: np.ndarray, rows: np.ndarray, start: int) -> None:
                 if source != start + i:
                     entries[b, h, start + i, :] = entries[b, h, source, :]
 
+
 # -- Fast-dLLM v2's unmasking bookkeeping (drafters/fastdllm.py) -------------------------------------
 
 
