@@ -582,9 +582,9 @@ def test_eagle3_batched_sampling_hands_each_request_the_q_of_its_own_logits(draf
     took, passes = Eagle3Drafter._took, []
     recorded = []
 
-    def spy(self, last_out, logits, tokens, confs, q=None):
+    def spy(self, last_out, logits, tokens, confs, q=None, *rest):
         recorded.append((logits.clone(), tokens.clone(), q, self._target_of_draft))
-        return took(self, last_out, logits, tokens, confs, q)
+        return took(self, last_out, logits, tokens, confs, q, *rest)
 
     batched_pass = Eagle3Runner.shared if static else Eagle3Runner.together
     monkeypatch.setattr(Eagle3Drafter, "_took", spy)
