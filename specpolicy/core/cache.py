@@ -73,7 +73,8 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or not layer.keys.numel():
                 continue
-            if layer.keys.device.type == "cpu" and layer.keys.dtype in _NUMPY_DTYPES and not layer.keys.requires_grad:
+            keys = layer.keys
+            if keys.device.type == "cpu" and keys.dtype in _NUMPY_DTYPES and keys.dim() == 4 and not keys.requires_grad:
                 compiled.move_rows(layer.keys.numpy(), rows, start)  # in place
                 compiled.move_rows(layer.values.numpy(), rows, start)
                 continue

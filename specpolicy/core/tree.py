@@ -22,7 +22,10 @@ from specpolicy.core import compiled
 
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
     """``(k,) int64`` depth of each node (1 = a child of the root) from ``parents`` (``(k,)``, topological
-    order: ``parents[i] < i``); on ``parents``' device. Computed on the host: one sync for a tensor."""
+    order: ``parents[i] < i``); on ``parents``' device. Computed on the host: one sync for a tensor.
+
+    Raises:
+        ValueError: when a parent is not an earlier node or the root (``-1 <= parents[i] < i``)."""
     depth = _shape(_as_list(parents))[1]
     device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
     return torch.from_numpy(depth.copy()).to(device)
@@ -31,7 +34,10 @@ def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
 def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """``(k + 1, k + 1) bool``: row/column 0 is the root (the pending token), i + 1 is node i;
     entry (i, j) is True when j is i itself or one of its ancestors (the root is everyone's). Built
-    on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents')."""
+    on the host from the parents (one sync for a tensor), placed on ``device`` (default: the parents').
+
+    Raises:
+        ValueError: when a parent is not an earlier node or the root (``-1 <= parents[i] < i``)."""
     mask = _shape(_as_list(parents))[0]
     if device is None:
         device = parents.device if isinstance(parents, torch.Tensor) else "cpu"
