@@ -185,9 +185,8 @@ class HFVerifier(Verifier):
         features = None
         if self._feature_layers and self.static is not None:
             features = _static_features(states, self._feature_layers, slice(0, accepted + 1))
-        elif self._feature_layers:  # the committed positions' hidden states, from this same pass: the
-            # layers side by side, then their rows (two tensor ops, not one per layer and a cat; the same values)
-            features = torch.cat([hidden_states[i] for i in self._feature_layers], dim=-1)[0, : accepted + 1]
+        elif self._feature_layers:  # the committed positions' hidden states, from this same pass
+            features = select_features(hidden_states, self._feature_layers, slice(0, accepted + 1))
         return Verification(
             accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
         )

@@ -79,8 +79,11 @@ def select_features(
         rows: the positions to keep: a slice (default all) or an ``(m,) int64`` index.
     Returns:
         ``(m, len(layers) * H)`` in the model's dtype (m = positions kept).
+
+    The layers are joined first, then the rows taken: two tensor ops whatever the layer count
+    (the same values as taking each layer's rows and joining them; host work per round).
     """
-    return torch.cat([hidden_states[i][0, rows] for i in layers], dim=-1)
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)[0, rows]
 
 
 def select_features_batch(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> torch.Tensor:
