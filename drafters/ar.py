@@ -11,7 +11,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.core import tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose_rows
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.loading import (
@@ -119,7 +119,7 @@ class ARDrafter(Drafter):
         own = (self.model, (self.runner, "last"), (self, "_choose"))
         return own + (((self.static, "run"),) if self.static is not None else ())
 
-    @torch.no_grad()
+    @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         n = int(prompt_ids.shape[0])
         if n < 1 or n >= self.max_context:
@@ -139,12 +139,12 @@ class ARDrafter(Drafter):
         later one the last drafted token."""
         return self._tokens[-1] if self._tokens else self._unfed
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         return self.draft_many([self], [num_tokens])[0]
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def draft_many(cls, drafters: list[ARDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests: each of ``max(num_tokens)`` steps is ONE pass over the
         requests still drafting (``_steps``). Eager, the requests whose caches and first feeds allow
@@ -249,7 +249,7 @@ class ARDrafter(Drafter):
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 
-    @torch.no_grad()
+    @no_grad
     def tree_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Start the round's draft tree: one pass feeds the committed tokens not yet cached; the
         root (node 0, the last committed token) predicts its children.
@@ -266,7 +266,7 @@ class ARDrafter(Drafter):
         values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k)
         return ids, values
 
-    @torch.no_grad()
+    @no_grad
     def tree_expand(
         self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,7 +33,7 @@ import torch
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
@@ -100,7 +100,7 @@ class DartDrafter(Drafter):
         context of a tree search's depth-0 candidates)."""
         return self._history
 
-    @torch.no_grad()
+    @no_grad
     def prefill(
         self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
     ) -> None:
@@ -170,7 +170,7 @@ class DartDrafter(Drafter):
         self._passes += 1
         return True
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")

@@ -61,7 +61,7 @@ from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.path_search import PathSearch
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose, point_mass
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
@@ -188,7 +188,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """Draft tokens one pass gives: B - 1 (the block's first position is the pending token)."""
         return self.block_size - 1
 
-    @torch.no_grad()
+    @no_grad
     def prefill(
         self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
     ) -> None:
@@ -330,7 +330,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         one_block = self._passes and self.extension == "none"
         return self._tokens.shape[0] < want and self._stop_at is None and not one_block and not self._path_ended
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         want = self._wants(num_tokens)
         while self._needs_pass(want):
@@ -346,7 +346,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         return draft
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def draft_many(cls, drafters: list[DFlashDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched: at each step, every request whose
         draft still takes a pass runs it in ONE pass of the network over all of them (each row its

@@ -32,7 +32,7 @@ from specpolicy.core import tree
 from specpolicy.core.checks import check_keys, choice
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose_rows
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
@@ -133,7 +133,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             self.embed_tokens,
         ) + (((self.static, "chain"), (self.static, "passes")) if self.static is not None else ())
 
-    @torch.no_grad()
+    @no_grad
     def prefill(
         self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
     ) -> None:
@@ -242,7 +242,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             self._confs = torch.cat([self._confs, *self._new_confs])
             self._new_tokens, self._new_confs = [], []
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         """Extend the round's draft by ``num_tokens`` tokens, one pass each (``_draft_in_steps`` at
         ``R`` = 1); the draft ends at a drafted stop token.
@@ -318,7 +318,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         )
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def draft_many(cls, drafters: list[Eagle3Drafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched (``_draft_in_steps``): at each step
         every request still drafting advances by one token in ONE pass of the head over all of them
@@ -382,7 +382,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 
-    @torch.no_grad()
+    @no_grad
     def tree_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Start the round's draft tree: one pass writes the newly committed pairs; the root (node 0,
         the pending token) predicts its children.
@@ -411,7 +411,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         ids, logp = self.model.top_tokens(out, top_k)
         return out, ids, logp
 
-    @torch.no_grad()
+    @no_grad
     def tree_expand(
         self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,7 +37,7 @@ from specpolicy.core.cache import crop_cache
 from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.types import Draft, Verification
 from specpolicy.drafters.ar import ARDrafter
 from specpolicy.models.loading import (
@@ -134,7 +134,7 @@ class EasySpecDrafter(ARDrafter):
         self._head_dim = attn.head_dim
         self._exact_length = 0  # cache length after the round's exact first pass
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         """Extend the round's draft by ``num_tokens`` tokens, one pass each (``_next_logits``): the
         AR drafter's choice of each token (``ARDrafter._choose``: greedy, or a draw from

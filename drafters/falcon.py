@@ -36,7 +36,7 @@ from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose
 from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
@@ -86,7 +86,7 @@ class FalconDrafter(Drafter):
 
     # -- committed state --------------------------------------------------------------------
 
-    @torch.no_grad()
+    @no_grad
     def prefill(
         self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None, features: torch.Tensor | None = None
     ) -> None:
@@ -192,7 +192,7 @@ class FalconDrafter(Drafter):
 
     # -- chains ----------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -262,7 +262,7 @@ class FalconDrafter(Drafter):
 
     # -- static trees (``policies/falcon_tree.py``) -------------------------------------------
 
-    @torch.no_grad()
+    @no_grad
     def tree_block_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Start the round's tree: the round's first pass (block 0, the root).
 
@@ -284,7 +284,7 @@ class FalconDrafter(Drafter):
         values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
         return ids, values
 
-    @torch.no_grad()
+    @no_grad
     def tree_block_expand(
         self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

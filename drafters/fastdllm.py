@@ -51,7 +51,7 @@ from specpolicy.core.checks import check_keys
 from specpolicy.core.compiled import block_scan, unmask_apply, unmask_pick
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
 from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
 from specpolicy.models.fastdllm import (
@@ -356,7 +356,7 @@ class FastDLLMDrafter(Drafter):
         self.runner.close(self.sequence)
         self.sequence = None
 
-    @torch.no_grad()
+    @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         """Cache the prompt's complete blocks (one block-causal pass); its partial last block is
         drafted over later. When the prompt ends on a block boundary, the first token to draft is
@@ -534,7 +534,7 @@ class FastDLLMDrafter(Drafter):
         self._tentative.append((self._blk_start + self.block_size, first))
         self._open_block(self._blk_start + self.block_size, self._tail[:0], first)
 
-    @torch.no_grad()
+    @no_grad
     def draft(self, num_tokens: int) -> Draft:
         """Extend the round's draft by ``num_tokens`` tokens (tokens already decoded in this round,
         look-ahead included, are reused without new passes). Unmasking stops as soon as the
@@ -586,7 +586,7 @@ class FastDLLMDrafter(Drafter):
         return self._current_draft()
 
     @classmethod
-    @torch.no_grad()
+    @no_grad
     def draft_many(cls, drafters: list[FastDLLMDrafter], num_tokens: list[int]) -> list[Draft]:
         """``draft`` for many requests with their passes batched (``_draft_steps``): at each step
         every request whose draft still takes a pass runs it, and the runner runs them as ONE pass
@@ -665,7 +665,7 @@ class FastDLLMDrafter(Drafter):
             lookahead_confidences=torch.from_numpy(ahead_conf).to(dev),
         )
 
-    @torch.no_grad()
+    @no_grad
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Grow the committed sequence by ``verification.committed_tokens(draft)`` and roll the cache
         back to the KV of the complete committed blocks.

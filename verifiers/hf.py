@@ -12,7 +12,7 @@ from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import crop_cache, keep_path
 from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.features import check_feature_layers, select_features
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.core.verifier import Verifier
@@ -122,7 +122,7 @@ class HFVerifier(Verifier):
             return self.static.length
         return 0 if self.cache is None else self.cache.get_seq_length()
 
-    @torch.no_grad()
+    @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
@@ -154,7 +154,7 @@ class HFVerifier(Verifier):
             self.prompt_features = torch.empty((0, width), dtype=self.runtime.torch_dtype, device=prompt_ids.device)
         self._pending = prompt_ids[-1:]
 
-    @torch.no_grad()
+    @no_grad
     def verify(self, draft: Draft) -> Verification:
         if self._pending is None:
             raise RuntimeError("verify() called before prefill()")

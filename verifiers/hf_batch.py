@@ -31,7 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import cache_layers, crop_cache
 from specpolicy.core.features import select_features_batch
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, inference_mode
 from specpolicy.core.sampling import SamplingConfig, speculative_verify, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.verifiers.hf import prefill_prompt
@@ -87,7 +87,7 @@ class BatchedHFVerifier:
     def _layers(self):
         return cache_layers(self.cache)
 
-    @torch.inference_mode()
+    @inference_mode
     def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
         """Prefill a request (batch 1) and append it as the last row.
 
@@ -138,7 +138,7 @@ class BatchedHFVerifier:
                 layer.values = torch.nn.functional.pad(layer.values, pad)
             layer.keys, layer.values = torch.cat([layer.keys, k]), torch.cat([layer.values, v])
 
-    @torch.inference_mode()
+    @inference_mode
     def remove(self, row: int) -> None:
         """Drop a request's row (it finished); the other rows keep their order."""
         self.lengths.pop(row)
@@ -153,7 +153,7 @@ class BatchedHFVerifier:
             layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
         crop_cache(self.cache, max(self.lengths))
 
-    @torch.inference_mode()
+    @inference_mode
     def verify(self, drafts: list[Draft]) -> list[Verification]:
         """Verify every row's chain draft in one forward pass (greedy).
 
@@ -325,7 +325,7 @@ class StaticBatchedHFVerifier(BatchedHFVerifier):
         self.lengths, self.pending, self.slot_of = [], [], []
         self._free = list(range(self.static.keys[0].shape[0]))
 
-    @torch.inference_mode()
+    @inference_mode
     def add(self, prompt_ids: torch.Tensor) -> torch.Tensor | None:
         """Prefill a request (batch 1) into a free sequence of the cache and append it as the last
         row. Returns its target features as ``BatchedHFVerifier.add``.

@@ -33,6 +33,7 @@ import torch
 from numba import njit
 
 from specpolicy.core.compiled import kneser_ney_row, topk_largest
+from specpolicy.core.runtime import no_grad
 
 
 class CausalScorer(Protocol):
@@ -119,7 +120,7 @@ class PathSearch:
         as a context, and what a drafter keeps of its committed tokens for the next one."""
         return torch.cat(parts)[-(self.scorer.order - 1) :]
 
-    @torch.no_grad()
+    @no_grad
     def search(
         self, probs: torch.Tensor, context: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -147,7 +148,7 @@ class PathSearch:
         path, q, ended = self.search_np(probs, context.reshape(-1).cpu().numpy(), token_ids)
         return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
 
-    @torch.no_grad()
+    @no_grad
     def search_np(
         self, probs: torch.Tensor, context: np.ndarray, token_ids: torch.Tensor | None = None
     ) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +18,39 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
 CUDA_MODES = ("reduce-overhead", "default", "cudagraphs")
 #: ``runtime.cpu_matmul`` values (``CompileSettings.cpu_matmul``).
 CPU_MATMULS = ("reduction", "blas")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def no_grad(method: _F) -> _F:
+    """``@torch.no_grad()`` for the hot path: calls ``method`` directly when gradients are already
+    off (the loop runs under ``torch.inference_mode``), else under ``torch.no_grad()``. The same
+    results; about 0.1 us a call against the context manager's 4 us (measured on this project's
+    2-core CPU), paid by every drafter step and verification of a round."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return method(*args, **kwargs)
+        with torch.no_grad():
+            return method(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def inference_mode(method: _F) -> _F:
+    """``@torch.inference_mode()`` for the hot path: calls ``method`` directly when inference mode is
+    already on (the loop's passes), else inside it (see ``no_grad``)."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_inference_mode_enabled():
+            return method(*args, **kwargs)
+        with torch.inference_mode():
+            return method(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def _widths(key: str, value: Any) -> tuple[int, ...]:

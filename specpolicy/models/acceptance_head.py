@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from specpolicy.core.runtime import no_grad
+
 #: Values of ``inputs``: what the head reads (module docstring).
 INPUTS = ("hidden", "hidden+confidence")
 #: Files of a saved head.
@@ -90,7 +92,7 @@ class AcceptancePredictionHead(nn.Module):
             x = torch.cat([x, torch.log(conf) - torch.log1p(-conf)], dim=-1)  # the confidence's logit
         return self.out(self.blocks(x))
 
-    @torch.no_grad()
+    @no_grad
     def acceptance_probs(self, hidden: torch.Tensor, confidences: torch.Tensor | None = None) -> torch.Tensor:
         """``(n, H)`` float (and ``(n,)`` confidences when ``reads_confidence``) -> ``(n,) float32``:
         softmax(logits)[:, 1], each drafted token's predicted probability of acceptance, in [0, 1]."""

@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, inference_mode, no_grad
 from specpolicy.runners.decoder import StaticDecoder
 from specpolicy.runners.sequences import SharedSequences
 
@@ -179,7 +179,7 @@ class CausalRunner:
         if sequence is not None and sequence.rows is not None:
             sequence.rows.give_back(sequence.slot)
 
-    @torch.inference_mode()
+    @inference_mode
     def forward(self, sequences: list[CausalSequence], tokens: list[torch.Tensor]) -> list[torch.Tensor]:
         """One pass over ``(R, n)`` positions: request ``i`` is fed ``tokens[i]`` (``(n_i,) int64``,
         ``n_i`` >= 1) after its cached positions, causally; each sequence grows by ``n_i``.
@@ -209,7 +209,7 @@ class CausalRunner:
         logits, _ = rows.static.run_rows(ids, starts, counts_t)  # one pass, every sequence (idle ones to scratch)
         return [logits[s.slot, :n] for s, n in zip(sequences, counts)]
 
-    @torch.no_grad()
+    @no_grad
     def last(
         self, sequences: list[CausalSequence], tokens: list[torch.Tensor], hidden: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -245,7 +245,7 @@ class CausalRunner:
                 states.append(out.hidden_states[-1][0, -1:])
         return torch.cat(logits), torch.cat(states) if states else None
 
-    @torch.no_grad()
+    @no_grad
     def tree(
         self, sequence: CausalSequence, tokens: torch.Tensor, positions: torch.Tensor, attend: torch.Tensor
     ) -> torch.Tensor:
@@ -283,7 +283,7 @@ class CausalRunner:
             and int(tokens.shape[0]) <= BATCH_POSITIONS
         )
 
-    @torch.no_grad()
+    @no_grad
     def together(
         self,
         sequences: list[CausalSequence],

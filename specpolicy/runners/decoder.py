@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specpolicy.core.runtime import CompileSettings
+from specpolicy.core.runtime import CompileSettings, inference_mode, no_grad
 from specpolicy.runners.static import StaticPasses, _rms, _rotate_half, _row_attention, _row_product
 
 #: Model types this forward reproduces (Qwen3 adds per-head q/k RMSNorm, Qwen2 q/k/v biases).
@@ -156,7 +156,7 @@ class StaticDecoder(StaticPasses):
             self.num_layers, self.kv_heads, self.head_dim, capacity, device, dtype, compile, buckets, rows, settings
         )
 
-    @torch.no_grad()
+    @no_grad
     def _pack(self, model: PreTrainedModel) -> None:
         """CPU: each layer's projections as a few matrices -- q, k and v fused, gate and up fused --
         so that a pass is 4 matrix products a layer, each stored ``(in, out)`` (transposed: ``x @ W``
@@ -283,7 +283,7 @@ class StaticDecoder(StaticPasses):
         logits, states = self.passes([input_ids], positions, attend)
         return logits, states
 
-    @torch.inference_mode()
+    @inference_mode
     def run_rows(
         self,
         input_ids: torch.Tensor,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from specpolicy.core.runtime import CompileSettings, Runtime
+from specpolicy.core.runtime import CompileSettings, Runtime, inference_mode
 from specpolicy.models.dflash import DFlashDraftModel
 from specpolicy.models.kv import KVCache
 from specpolicy.runners.sequences import SequencesRunner, SharedLength, SharedSequences
@@ -121,7 +121,7 @@ class StaticDFlash(StaticPasses):
             torch.zeros(b, dtype=torch.bool, device=device),
         ]
 
-    @torch.inference_mode()
+    @inference_mode
     def run_rows(
         self,
         block: torch.Tensor,
@@ -168,7 +168,7 @@ class StaticDFlash(StaticPasses):
         (out,) = self._run(b, [block, context, is_context], slots.clone(), slots, mask)  # positions: not an alias
         return out[:, :n].clone() if self.replayed else out[:, :n]
 
-    @torch.inference_mode()
+    @inference_mode
     def context_rows(self, context: torch.Tensor, counts: torch.Tensor, starts: torch.Tensor) -> None:
         """Write sequence ``r``'s ``counts[r]`` newly committed positions (``context`` ``(rows, n, F)``)
         at its columns from ``starts[r]``, with no block (a new request's prompt, longer than a

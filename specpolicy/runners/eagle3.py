@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-from specpolicy.core.runtime import CompileSettings, Runtime
+from specpolicy.core.runtime import CompileSettings, Runtime, inference_mode, no_grad
 from specpolicy.core.sampling import choose
 from specpolicy.models.kv import KVCache
 from specpolicy.runners.sequences import SequencesRunner, SharedLength, SharedSequences
@@ -78,7 +78,7 @@ class StaticEagle3(StaticPasses):
         chain = type(self)._chain_forward
         self._chains = {m: self._compiled_copy(chain) if compile else self._chain_forward for m in self.chain_steps}
 
-    @torch.inference_mode()
+    @inference_mode
     def chain(self, token_ids: torch.Tensor, hidden: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
         """Draft ``steps`` tokens greedily, each step fed the token drafted and the output of the
         step before (EAGLE-3's chain drafting, arXiv 2503.01840), in chunks of ``runtime.chain_steps``
@@ -140,7 +140,7 @@ class StaticEagle3(StaticPasses):
             token_ids = target_ids[None]
         return torch.cat(tokens), torch.cat(confidences), hidden[0], torch.cat(logits)
 
-    @torch.no_grad()
+    @no_grad
     def warmup(self) -> float:
         """``StaticPasses.warmup``, then (one sequence) every chain chunk (``runtime.chain_steps``) compiled."""
         spent = super().warmup()
@@ -220,7 +220,7 @@ class StaticEagle3(StaticPasses):
             torch.zeros((b, self.hidden_size), dtype=dtype, device=device),
         ]
 
-    @torch.inference_mode()
+    @inference_mode
     def run_rows(
         self, token_ids: torch.Tensor, hidden: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

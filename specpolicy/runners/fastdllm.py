@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
-from specpolicy.core.runtime import Runtime
+from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.models.fastdllm import block_causal_mask
 from specpolicy.runners.causal import CausalRunner, CausalSequence
 from specpolicy.runners.decoder import SUPPORTED, StaticDecoder
@@ -252,7 +252,7 @@ class FastDLLMRunner:
         """The request is done: its static sequence is free for the next (eager: nothing to do)."""
         self.causal.close(sequence)
 
-    @torch.no_grad()
+    @no_grad
     def write(self, sequence: CausalSequence, ids: torch.Tensor, start: int) -> torch.Tensor:
         """Write the keys and values of complete blocks ``ids`` (``(n,) int64``, n a multiple of B, from
         block boundary ``start``, the sequence holding exactly ``start`` positions) in one
@@ -302,7 +302,7 @@ class FastDLLMSteps:
         self.runner, self.padded = runner, padded
         self._copy: tuple | None = None  # (the rows' caches by identity, cached lengths, the padded cache)
 
-    @torch.no_grad()
+    @no_grad
     def run(self, passes: list[FastDLLMPass]) -> list[torch.Tensor]:
         """One step: request ``i``'s block ``passes[i].ids`` after its cached blocks. Returns each
         request's kept logits ``(m_i, V)`` in the model dtype (a boundary pass: ``(1, V)``); a

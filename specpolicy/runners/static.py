@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from specpolicy.core.runtime import CompileSettings
+from specpolicy.core.runtime import CompileSettings, inference_mode, no_grad
 
 #: The default pass widths (``runtime.buckets``).
 BUCKETS = CompileSettings().buckets
@@ -253,7 +253,7 @@ class StaticPasses(torch.nn.Module):
         """Empty the cache (a new prompt): the length only."""
         self.length = 0
 
-    @torch.inference_mode()
+    @inference_mode
     def passes(
         self, rows: Sequence[torch.Tensor], positions: torch.Tensor | None = None, attend: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
@@ -385,7 +385,7 @@ class StaticPasses(torch.nn.Module):
     def _dummy_rows(self, b: int) -> list[torch.Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    @torch.no_grad()
+    @no_grad
     def warmup(self) -> float:
         """Compile every bucket now (dummy passes; one sequence: the cache is emptied after; several:
         every sequence idle, their contents left as they are). Returns the seconds
@@ -395,7 +395,7 @@ class StaticPasses(torch.nn.Module):
         if self.rows > 1:  # every sequence idle: the rows go to scratch columns, the cache stays as it is
             idle = torch.zeros(self.rows, dtype=torch.long, device=self.columns.device)
 
-            @torch.inference_mode()  # as the loop's passes run: inference tensors, the graphs' guards
+            @inference_mode  # as the loop's passes run: inference tensors, the graphs' guards
             def dummy_rows_pass(b: int) -> None:
                 self._rows_passes([x.expand(self.rows, *x.shape).clone() for x in self._dummy_rows(b)], idle, idle)
 
