@@ -360,8 +360,8 @@ def test_one_layer_at_each_familys_real_width_runs_static_and_lossless():
     """One layer at the published width, heads, key/value heads, ``head_dim`` and intermediate
     size (Llama-3.1-8B, Mistral-7B-v0.3, Qwen3-8B: 4096 wide; Qwen2.5-7B: 3584), float32, a 1,024
     vocabulary (the embeddings are the only part cut): the static cache's buffers have the real
-    shapes, its logits are HF's (to float32's rounding), and self-drafted greedy decoding on it is
-    vanilla's."""
+    shapes, its logits are HF's (to float32's rounding), and self-drafted greedy decoding on it (the
+    verifier's projections packed, the drafter's the model's own) is vanilla's."""
     runtime = Runtime(device="cpu", dtype="float32", seed=0)
     for name in FAMILIES:
         model = family_lm(name, layers=1, hidden=None, vocab=1024, dtype=torch.float32, sharpen=1.0)
@@ -375,7 +375,10 @@ def test_one_layer_at_each_familys_real_width_runs_static_and_lossless():
         verifier = HFVerifier(model, runtime, frozenset({1023}), max_context=64)
         verifier.static = static  # the cache just checked (the verifier's prefill resets it): one packing less
         drafter = ARDrafter(model, runtime)
-        drafter.static = StaticDecoder(model, 64)
+        # the drafter's static cache on the model's own weights (runtime.cpu_pack=false): the unpacked
+        # projections at the real width too, and no second packed copy of ~200M weights to build
+        drafter.static = StaticDecoder(model, 64, settings=CompileSettings(cpu_pack=False))
+        assert not drafter.static.packed and static.packed
         out = generate(ids, verifier, runtime, max_new_tokens=8, drafter=drafter, policy=StaticPolicy(k=4))
         assert out.output_ids.tolist() == ref, name
         del model, static, eager, verifier, drafter
