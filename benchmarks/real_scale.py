@@ -250,6 +250,21 @@ def profile_yaml(table: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merged(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` extending the table an earlier run wrote at ``path`` for the same target, device,
+    dtype and size: its cells kept (a run of another mode or drafter adds its own), both commands
+    listed (``commands``); ``table`` itself when there is none."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return table
+    if any(old.get(k) != table[k] for k in ("target", "device", "dtype", "tiny")):
+        return table
+    table["models"], table["skipped"] = old.get("models") or {}, old.get("skipped") or {}
+    table["commands"] = [*(old.get("commands") or [old.get("command")]), table["command"]]
+    return table
+
+
 def run_profile(args: argparse.Namespace) -> int:
     device, dtype = setting(args)
     deadline = time.monotonic() + args.deadline_s if args.deadline_s else 0.0
@@ -276,12 +291,13 @@ def run_profile(args: argparse.Namespace) -> int:
             if device.type == "cuda"
             else "graphs: the static cache, uncompiled (CPU: the path, not its speed)",
         }
+        table = merged(out / f"{name}.json", table)
         shapes = drafter_shapes(target, args.tiny)
         for model_name in ("target", *args.drafters):
             shape = None if model_name == "target" else shapes[model_name]
             config = fields if shape is None else shape.config
             if shape is not None and shape.name in ("fastdllm", "deer") and shape.name in shared:
-                table["models"][model_name] = shared[shape.name]
+                table["models"][model_name] = {**table["models"].get(model_name, {}), **shared[shape.name]}
                 continue
             line = memory_line("model", f"{target}/{model_name}", config, dtype, context, args, device)
             if line:
@@ -300,7 +316,8 @@ def run_profile(args: argparse.Namespace) -> int:
             }
             if shape is not None and shape.notes:
                 entry["notes"] = list(shape.notes)
-            table["models"][model_name] = entry
+            entry = table["models"][model_name] = {**table["models"].get(model_name, {}), **entry}
+            table["skipped"].pop(model_name, None)
             if shape is not None and shape.name in ("fastdllm", "deer") and not cut:
                 shared[shape.name] = entry
             del model
@@ -328,14 +345,16 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def lookup(table: dict[str, Any], model: str, mode: str, width: int, kv: int) -> float:
     """ms of a pass of ``width`` after ``kv`` from a profile table: linear interpolation (and
-    extrapolation from the two nearest points) in width, then in KV length.
+    extrapolation from the two nearest points) in width, then in KV length, on ``mode``'s cells
+    (the other mode's where the table has none of ``mode`` for ``model``).
 
     Raises:
-        KeyError: when the table has no cell of ``model`` / ``mode``.
+        KeyError: when the table has no cell of ``model``.
     """
-    grid = (table["models"].get(model) or {}).get(mode) or {}
+    entry = table["models"].get(model) or {}
+    grid = entry.get(mode) or entry.get(next(m for m in MODES if m != mode)) or {}
     if not grid:
-        raise KeyError(f"the profile table has no {mode} cells for {model!r}")
+        raise KeyError(f"the profile table has no cells for {model!r}")
 
     def line(points: list[tuple[int, float]], x: int) -> float:
         points.sort()
@@ -438,6 +457,8 @@ def run_replay(args: argparse.Namespace) -> int:
         built[model] = rsm.build_pass(shape, fields, dtype, device)
         if args.mode == "graphs":
             built[model].enable_graphs(8192, WIDTHS)
+        if args.warmup[0]:  # kernels chosen and loaded before the first timed pass
+            rsm.pass_ms(built[model], 1, 64, args.mode, args.warmup[0] - 1, 1, device)
 
     rows = []
     ensure("target")
@@ -465,8 +486,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def replay_markdown(result: dict[str, Any]) -> str:
     """The replay as a Markdown table (REPLAYED beside MODELED)."""
+    how = f"looked up in {result['from_profile']}" if result["from_profile"] else "executed"
     lines = [
-        f"REPLAYED on {result['device']} ({result['dtype']}, {result['mode']}, target {result['target']}); "
+        f"REPLAYED ({how}) on {result['device']} ({result['dtype']}, {result['mode']}, target {result['target']}); "
         f"command: `{result['command']}`",
         "",
         "| method | drafter | rounds | tokens | REPLAYED speedup | MODELED speedup | MODELED error |",

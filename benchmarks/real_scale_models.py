@@ -45,7 +45,10 @@ def build_lm(fields: dict[str, Any], dtype: torch.dtype, device: torch.device) -
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config(fields))
+            try:
+                model = AutoModelForCausalLM.from_config(hf_config(fields), dtype=dtype)
+            except TypeError:  # transformers before 4.56 names it torch_dtype
+                model = AutoModelForCausalLM.from_config(hf_config(fields), torch_dtype=dtype)
     finally:
         torch.set_default_dtype(previous)
     return model.to(dtype).eval()
@@ -177,9 +180,18 @@ def pass_ms(model: ProxyPass, width: int, kv: int, mode: str, warmup: int, repea
 
 
 def free(device: torch.device) -> None:
-    """Release what a freed model left cached on ``device``."""
+    """Release what a freed model left on ``device``: dynamo's compiled passes (which reference
+    the model they were compiled for) and their CUDA-graph memory pools, then the allocator's cache."""
     import gc
 
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        try:
+            from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+            reset_cudagraph_trees()
+        except ImportError:  # an older torch: dynamo's reset is all there is
+            pass
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
