@@ -164,7 +164,7 @@ def provenance(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
 
     return {
         "measured": True,
-        "command": " ".join(["python", "benchmarks/real_scale.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/real_scale.py", *args.argv]),
         "device": device_name(device),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -187,21 +187,33 @@ def memory_line(key: str, value: str, fields: dict, dtype: torch.dtype, context:
     return fits_line(key, value, fields, dtype, context, available)
 
 
+def error_line(error: BaseException) -> str:
+    """An exception as one line: its type and its message's first line."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
 def profile_model(model: rsm.ProxyPass, args, device, deadline: float) -> tuple[dict[str, Any], bool]:
-    """``{mode: {kv: {width: ms}}}`` of one built model; True when the deadline cut it."""
+    """``{mode: {kv: {width: ms}}}`` of one built model; True when the deadline cut it. A mode
+    that fails (a kernel the device lacks, memory) leaves ``<mode>_error``, one line, and the
+    other modes' cells."""
     out: dict[str, Any] = {}
     capacity = max(args.kv) + max(args.widths)
     for mode in args.modes:
         cells: dict[str, dict[str, float]] = {}
-        if mode == "graphs":
-            out["graphs_warmup_s"] = round(model.enable_graphs(capacity, tuple(sorted(set(args.widths)))), 2)
-        for kv in args.kv:
-            for width in args.widths:
-                if deadline and time.monotonic() > deadline:
-                    out[mode] = cells
-                    return out, True
-                ms = rsm.pass_ms(model, width, kv, mode, args.warmup[0], args.repeats[0], device)
-                cells.setdefault(str(kv), {})[str(width)] = round(ms, 4)
+        try:
+            if mode == "graphs":
+                out["graphs_warmup_s"] = round(model.enable_graphs(capacity, tuple(sorted(set(args.widths)))), 2)
+            for kv in args.kv:
+                for width in args.widths:
+                    if deadline and time.monotonic() > deadline:
+                        out[mode] = cells
+                        return out, True
+                    ms = rsm.pass_ms(model, width, kv, mode, args.warmup[0], args.repeats[0], device)
+                    cells.setdefault(str(kv), {})[str(width)] = round(ms, 4)
+        except Exception as error:  # one device run: a failing mode must not end the others
+            out[f"{mode}_error"] = error_line(error)
+            print(f"{mode} failed: {out[f'{mode}_error']}", flush=True)
         out[mode] = cells
     return out, False
 
@@ -305,7 +317,13 @@ def run_profile(args: argparse.Namespace) -> int:
                 table["skipped"][model_name] = line
                 continue
             t0 = time.perf_counter()
-            model = rsm.build_pass(shape, fields, dtype, device)
+            try:
+                model = rsm.build_pass(shape, fields, dtype, device)
+            except Exception as error:  # one device run: the next model still runs
+                table.setdefault("errors", {})[model_name] = error_line(error)
+                print(f"{name} {model_name}: not built: {error_line(error)}", flush=True)
+                rsm.free(device)
+                continue
             built = time.perf_counter() - t0
             grid, cut = profile_model(model, args, device, deadline)
             entry = {
@@ -448,7 +466,7 @@ def run_replay(args: argparse.Namespace) -> int:
             return
         for other in [m for m in built if m != "target"]:
             del built[other]
-        rsm.free(device)
+        rsm.free(device, compiled=False)  # the target's compiled passes stay
         shape = None if model == "target" else shapes[model]
         config = fields if shape is None else shape.config
         line = memory_line("model", f"{target}/{model}", config, dtype, 8192, args, device)
@@ -466,9 +484,12 @@ def run_replay(args: argparse.Namespace) -> int:
         summary = read_summary(Path(run) / "summary.json") or {}
         name = args.drafter[0] if args.drafter else drafter_of(summary.get("config") or {})[0]
         model = REPLAY_MODEL.get(name)
-        if model:
-            ensure(model)
-        rows.append(replay_run(Path(run), args, costs, model, deadline))
+        try:
+            if model:
+                ensure(model)
+            rows.append(replay_run(Path(run), args, costs, model, deadline))
+        except (Exception, SystemExit) as error:  # the other runs still replay
+            rows.append({"run": str(run), "drafter": name, "error": error_line(error)})
         print(json.dumps(rows[-1]), flush=True)
     result = {
         **provenance(args, device, dtype),
@@ -495,6 +516,9 @@ def replay_markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['run']} | {r['drafter']} | failed: {r['error']} | | | | |")
+            continue
 
         def f(v: Any, fmt: str) -> str:
             return "n/a" if v is None else format(v, fmt)
@@ -508,6 +532,7 @@ def replay_markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the tables record it
     check(args)
     torch.set_grad_enabled(False)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed forward arguments

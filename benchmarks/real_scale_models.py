@@ -179,13 +179,15 @@ def pass_ms(model: ProxyPass, width: int, kv: int, mode: str, warmup: int, repea
     return float(statistics.median(times))
 
 
-def free(device: torch.device) -> None:
-    """Release what a freed model left on ``device``: dynamo's compiled passes (which reference
-    the model they were compiled for) and their CUDA-graph memory pools, then the allocator's cache."""
+def free(device: torch.device, compiled: bool = True) -> None:
+    """Release what a freed model left on ``device``: with ``compiled``, dynamo's compiled passes
+    (which reference the model they were compiled for) and their CUDA-graph memory pools -- every
+    model's: only when no compiled model stays in use -- then the allocator's cache."""
     import gc
 
-    torch._dynamo.reset()
-    if device.type == "cuda":
+    if compiled:
+        torch._dynamo.reset()
+    if compiled and device.type == "cuda":
         try:
             from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 

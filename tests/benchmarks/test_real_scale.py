@@ -190,3 +190,59 @@ def test_bad_arguments_are_one_line_naming_the_flag(argv, flag, capsys):
         rs.main(argv)
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and flag in err
+
+
+def test_a_second_profile_run_adds_its_mode_and_a_failing_mode_leaves_one_line(tmp_path, monkeypatch):
+    rs = load_benchmark("real_scale")
+    common = [
+        *TINY,
+        "--targets",
+        "qwen2.5-7b",
+        "--drafters",
+        "eagle3",
+        "--widths",
+        "1",
+        "--kv",
+        "16",
+        "--out",
+        str(tmp_path),
+    ]
+    rs.main(["profile", *common, "--modes", "eager"])
+    measured = rs.rsm.pass_ms
+
+    def graphs_fail(model, width, kv, mode, *rest):
+        if mode == "graphs" and model.fc is not None:  # the EAGLE-3 head's graphs fail, the target's run
+            raise RuntimeError("no kernel for this\nsecond line")
+        return measured(model, width, kv, mode, *rest)
+
+    monkeypatch.setattr(rs.rsm, "pass_ms", graphs_fail)
+    rs.main(["profile", *common, "--modes", "graphs"])
+    table = json.loads((tmp_path / "cpu-tiny-qwen2.5-7b.json").read_text())
+    assert len(table["commands"]) == 2 and "--modes eager" in table["commands"][0]
+    assert table["models"]["target"]["eager"]["16"]["1"] > 0 and table["models"]["target"]["graphs"]["16"]["1"] > 0
+    eagle3 = table["models"]["eagle3"]
+    assert eagle3["eager"]["16"]["1"] > 0 and eagle3["graphs"] == {}
+    assert eagle3["graphs_error"] == "RuntimeError: no kernel for this"
+
+
+@pytest.mark.slow  # the device script's CPU dry run: every part, tiny shapes (about 30 s here)
+def test_the_device_script_dry_run_brings_the_profiles_and_the_replays_back(tmp_path):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    run = write_run(tmp_path / "runs" / "eagle3", "eagle3", ROUNDS)
+    out = tmp_path / "out"
+    env = {**os.environ, "DEVICE": "cpu", "TINY": "1", "NO_WHEELS": "1", "OUT": str(out), "RUNS": str(run),
+           "TARGETS": "qwen2.5-7b", "GRAPH_TARGETS": "qwen2.5-7b", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(["bash", "benchmarks/gpu_real_scale.sh", "0", "200", "100"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    table = json.loads((out / "profile" / "cpu-tiny-qwen2.5-7b.json").read_text())
+    assert {"eager", "graphs"} <= set(table["models"]["target"]) and not table["partial"]
+    assert sorted(table["models"]) == ["dart", "deer", "dflash", "eagle3", "falcon", "fastdllm", "target"]
+    assert (out / "profile" / "cpu-tiny-qwen2.5-7b.yaml").is_file()
+    for name in ("replay-executed", "replay-profile"):
+        rows = json.loads((out / f"{name}.json").read_text())["rows"]
+        assert rows[0]["rounds"] == 2 and rows[0]["replayed_speedup"] > 0
+        assert (out / f"{name}.md").is_file()
