@@ -81,11 +81,12 @@ fi
 
 # 3. the replay: executed at real scale, then looked up in the measured table of the same target
 if [ "$REPLAY_S" -gt 0 ] && [ "${#runs[@]}" -gt 0 ]; then
+    table=$(ls "$OUT"/profile/*-qwen2.5-7b.json 2>/dev/null | head -1)
     echo "== replay, executed (limit $((REPLAY_S * 4 / 5)) s): ${runs[*]}"
     timeout "$((REPLAY_S * 4 / 5))" python3 benchmarks/real_scale.py replay "${runs[@]}" --device "$DEVICE" \
-        "${REPLAY_SIZE[@]}" --deadline-s "$((REPLAY_S * 4 / 5 - 20))" --out "$OUT/replay-executed.json"
+        "${REPLAY_SIZE[@]}" ${table:+--measured-table "$table"} --deadline-s "$((REPLAY_S * 4 / 5 - 20))" \
+        --out "$OUT/replay-executed.json"
     echo "== replay exit $? after $(elapsed)"
-    table=$(ls "$OUT"/profile/*-qwen2.5-7b.json 2>/dev/null | head -1)
     if [ -n "$table" ]; then
         timeout "$((REPLAY_S / 5))" python3 benchmarks/real_scale.py replay "${runs[@]}" --device "$DEVICE" \
             "${REPLAY_SIZE[@]}" --from-profile "$table" --mode graphs --out "$OUT/replay-profile.json"

@@ -19,7 +19,9 @@ target and drafter (or looked up in a profile table with ``--from-profile``, int
 in width and KV length), beside vanilla (one 1-wide target pass per token). REPLAYED speedup =
 vanilla ms / (target + drafter ms) over the same tokens (model passes only: host work is not in
 it), beside the MODELED speedup of ``--modeled-profile`` (``specpolicy.core.latency``) and its error
-(modeled / replayed - 1). ``--max-rounds`` / ``--deadline-s`` cap a method's rounds; what ran is
+(modeled / replayed - 1), and the MODELED speedup on the measured table's own latency profile
+(``--measured-table``, default the ``--from-profile`` table): the formula's error on the same device,
+pass counts x per-pass constants against every pass at its width and KV length. ``--max-rounds`` / ``--deadline-s`` cap a method's rounds; what ran is
 written (``"partial": true`` when capped).
 
 Usage::
@@ -43,13 +45,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_scale_models as rsm  # noqa: E402
 
 from specpolicy.analysis.pass_replay import KNOWN_DRAFTERS, Pass, drafter_of, round_passes, vanilla_passes  # noqa: E402
 from specpolicy.analysis.results import read_results, read_summary  # noqa: E402
-from specpolicy.core.latency import BUILTIN_PROFILES, fit_affine, load_profile, modeled_speedup  # noqa: E402
+from specpolicy.core.latency import (  # noqa: E402
+    BUILTIN_PROFILES,
+    LatencyProfile,
+    fit_affine,
+    load_profile,
+    modeled_speedup,
+)
 from specpolicy.models.memory import available_bytes, fits_line, parameter_count  # noqa: E402
 from specpolicy.models.shapes import DRAFTERS, TARGETS, drafter_shapes, target_config  # noqa: E402
 
@@ -59,7 +68,9 @@ MODES = ("eager", "graphs")
 #: The width each drafter's pass runs at (tokens) in the profile's ``drafter_pass_ms_by_drafter``.
 DRAFTER_WIDTH = {"fastdllm": 32, "deer": 32, "dflash": 16, "dart": 8, "falcon": 2, "eagle3": 1}
 #: The real-scale drafter that stands for a run's ``drafter.name``.
-REPLAY_MODEL = {"ar": "deer", "easyspec": "fastdllm", **{d: d for d in DRAFTERS}}
+#: ``ar`` and ``easyspec``: the 1.5B shape run causally (the profiles' ``drafter_pass_ms``: the 1.5B
+#: drafter's one-token pass, what FailFast's 6.1 ms is on the A6000).
+REPLAY_MODEL = {"ar": "fastdllm", "easyspec": "fastdllm", **{d: d for d in DRAFTERS}}
 PROFILE_KV = 1024
 
 
@@ -122,6 +133,11 @@ def parser() -> OneLineParser:
     rep.add_argument("--block-size", type=_ints("--block-size"), default=None)
     rep.add_argument("--mode", choices=MODES, default="eager")
     rep.add_argument("--from-profile", default=None, help="a profile table (.json) to look passes up in")
+    rep.add_argument(
+        "--measured-table",
+        default=None,
+        help="a profile table (.json) whose latency profile also models the rounds (default: --from-profile's)",
+    )
     rep.add_argument("--modeled-profile", choices=BUILTIN_PROFILES[:-1], default="a6000-qwen7b")
     rep.add_argument(
         "--prompt-tokens", type=_ints("--prompt-tokens"), default=None, help="replay every prompt at this length"
@@ -143,8 +159,10 @@ def check(args: argparse.Namespace) -> None:
         for run in args.runs:
             if not (Path(run) / "results.jsonl").is_file():
                 parser().error(f"runs: {run!r} holds no results.jsonl")
-        if args.from_profile and not Path(args.from_profile).is_file():
-            parser().error(f"--from-profile={args.from_profile!r}: no such file")
+        for flag in ("from_profile", "measured_table"):
+            value = getattr(args, flag)
+            if value and not Path(value).is_file():
+                parser().error(f"--{flag.replace('_', '-')}={value!r}: no such file")
 
 
 def setting(args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
@@ -222,6 +240,8 @@ def profile_yaml(table: dict[str, Any]) -> str:
     """The latency profile (``conf/profile/`` schema) of a target's table, at KV ``PROFILE_KV``
     (the nearest measured KV), the graphs runtime when measured, else eager."""
     models = table["models"]
+    info = {k: table.get(k, "?") for k in ("device", "torch", "date", "dtype", "graphs", "command", "target")}
+    name = table.get("name") or "measured-table"
 
     def cells(name: str) -> tuple[str, dict[str, float]] | None:
         entry = models.get(name) or {}
@@ -244,20 +264,21 @@ def profile_yaml(table: dict[str, Any]) -> str:
     widths = sorted((int(w) for w in row if int(w) <= 17), key=int)
     _, slope = fit_affine([w - 1 for w in widths], [row[str(w)] for w in widths])
     by_drafter = {d: round(at(c[1], DRAFTER_WIDTH[d]), 3) for d in DRAFTERS if (c := cells(d))}
+    one_token = cells("fastdllm")  # the 1.5B drafter's one-token pass: AR drafters' (FailFast's 6.1 ms)
     lines = [
-        f"# MEASURED ({table['device']}, torch {table['torch']}, {table['date']}): random-init models at the published",
-        f"# shapes, {table['dtype']}, {mode} ({table['graphs']}); the full table: {table['name']}.json",
+        f"# MEASURED ({info['device']}, torch {info['torch']}, {info['date']}): random-init models at the published",
+        f"# shapes, {info['dtype']}, {mode} ({info['graphs']}); the full table: {name}.json",
         "# measured: true",
-        f"# command: {table['command']}",
-        f"name: {table['name']}",
-        f"description: MEASURED {table['device']}, {table['target']} target ({table['dtype']}, {mode})",
-        f"drafter_pass_ms: {by_drafter.get('fastdllm', at(row, 1)):.3f}",
+        f"# command: {info['command']}",
+        f"name: {name}",
+        f"description: MEASURED {info['device']}, {info['target']} target ({info['dtype']}, {mode})",
+        f"drafter_pass_ms: {at(one_token[1] if one_token else row, 1):.3f}  # the 1.5B drafter, one token",
         "drafter_pass_ms_by_drafter:",
         *[f"  {d}: {ms:.3f}  # width {DRAFTER_WIDTH[d]}" for d, ms in by_drafter.items()],
         f"target_ms_per_token: {at(row, 1):.3f}",
         f"verify_ms_per_draft_token: {max(slope, 0.0):.4f}",
         "pass_accounting: project",
-        f"target_params: {float(table['target_params']):.4g}",
+        *([f"target_params: {float(table['target_params']):.4g}"] if table.get("target_params") else []),
     ]
     return "\n".join(lines) + "\n"
 
@@ -423,6 +444,9 @@ def replay_run(run: Path, args, costs, drafter_model: str | None, deadline: floa
     profile = load_profile(args.modeled_profile).for_drafter(name)
     modeled = modeled_speedup(kept, tokens, profile) if kept else None
     replayed = van_ms / total if total > 0 else None
+    measured = None
+    if args.measured_profile is not None and kept:
+        measured = modeled_speedup(kept, tokens, args.measured_profile.for_drafter(name))
     return {
         "run": str(run),
         "method": str(summary.get("method") or run.name),
@@ -437,6 +461,9 @@ def replay_run(run: Path, args, costs, drafter_model: str | None, deadline: floa
         "modeled_profile": args.modeled_profile,
         "modeled_speedup": None if modeled is None else round(modeled, 4),
         "modeled_error": None if not (modeled and replayed) else round(modeled / replayed - 1, 4),
+        "modeled_measured_profile": None if args.measured_profile is None else args.measured_profile.name,
+        "modeled_measured_speedup": None if measured is None else round(measured, 4),
+        "modeled_measured_error": None if not (measured and replayed) else round(measured / replayed - 1, 4),
         "partial": partial,
     }
 
@@ -448,6 +475,11 @@ def run_replay(args: argparse.Namespace) -> int:
     fields = target_config(target, args.tiny)
     shapes = drafter_shapes(target, args.tiny)
     table = json.loads(Path(args.from_profile).read_text()) if args.from_profile else None
+    args.measured_profile = None  # the measured table's latency profile (profile_yaml): MODELED on this device
+    measured_table = args.measured_table or args.from_profile
+    if measured_table:
+        text = profile_yaml(json.loads(Path(measured_table).read_text()))
+        args.measured_profile = LatencyProfile.from_config(yaml.safe_load(text)) if text else None
     built: dict[str, rsm.ProxyPass] = {}
     timed = rsm.timer(device)
 
@@ -512,12 +544,13 @@ def replay_markdown(result: dict[str, Any]) -> str:
         f"REPLAYED ({how}) on {result['device']} ({result['dtype']}, {result['mode']}, target {result['target']}); "
         f"command: `{result['command']}`",
         "",
-        "| method | drafter | rounds | tokens | REPLAYED speedup | MODELED speedup | MODELED error |",
-        "|---|---|---|---|---|---|---|",
+        "| method | drafter | rounds | tokens | REPLAYED speedup | MODELED speedup | MODELED error "
+        "| MODELED on the measured profile | its error |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['run']} | {r['drafter']} | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['run']} | {r['drafter']} | failed: {r['error']} | | | | | | |")
             continue
 
         def f(v: Any, fmt: str) -> str:
@@ -525,7 +558,8 @@ def replay_markdown(result: dict[str, Any]) -> str:
 
         lines.append(
             f"| {r['method']} | {r['drafter']} | {r['rounds']}{' (partial)' if r['partial'] else ''} | {r['tokens']} "
-            f"| {f(r['replayed_speedup'], '.2f')}x | {f(r['modeled_speedup'], '.2f')}x | {f(r['modeled_error'], '+.1%')} |"
+            f"| {f(r['replayed_speedup'], '.2f')}x | {f(r['modeled_speedup'], '.2f')}x | {f(r['modeled_error'], '+.1%')} "
+            f"| {f(r['modeled_measured_speedup'], '.2f')}x | {f(r['modeled_measured_error'], '+.1%')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -158,6 +158,9 @@ def test_replay_from_a_profile_table_computes_speedup_from_the_same_pass_costs(t
     assert row["modeled_error"] == pytest.approx(row["modeled_speedup"] / row["replayed_speedup"] - 1, abs=1e-3)
     assert not row["partial"]
     assert "REPLAYED speedup" in out.with_suffix(".md").read_text()
+    # the table's own profile (target 2.5 ms + 0.5 ms a drafted token, EAGLE-3 1 ms a pass) models
+    # these costs exactly (affine in width, flat in KV): the formula's error is 0 here
+    assert row["modeled_measured_speedup"] == pytest.approx(10 / 14, abs=1e-4) and row["modeled_measured_error"] == 0
 
 
 def test_replay_executes_the_passes_and_caps_the_rounds(tmp_path):
