@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Speedups at real scale on a lent CUDA machine (issue 48 item 6), one command, results under $OUT:
 #   1. runs of the bundled family to replay (unless carried in .gpu/runs/<method>/ or RUNS="dir ..."):
-#      python -m specpolicy method=<m> on the device, float32, a few prompts -> $OUT/runs/<m>/;
+#      python -m specpolicy method=<m> on the device, float32, a few prompts -> $RUNS_DIR/<m>/ (default $OUT/runs);
+#      make them on a CPU beforehand to spare device minutes (they travel in .gpu/runs/):
+#        DEVICE=cpu RUNS_DIR=.gpu/runs OUT=/tmp/rs-runs bash benchmarks/gpu_real_scale.sh 3600 0 0
 #   2. profile: random-init models at the published shapes (Qwen2.5-7B, Qwen3-8B, Llama-3.1-8B,
 #      Qwen2.5-32B; Fast-dLLM v2 1.5B, DFlash, EAGLE-3, DART, Falcon, DEER 0.5B), bfloat16, eager and
 #      CUDA graphs, ms per pass by width and KV length -> $OUT/profile/h200-<target>.{json,yaml};
@@ -24,6 +26,7 @@ DEVICE=${DEVICE:-cuda}
 METHODS=${METHODS:-"fastdllm+failfast dflash+failfast eagle3+static-k5 eagle3+goodput eagle3+eagle2-tree dart+dart-tree falcon+failfast deer+failfast"}
 PROMPTS=${PROMPTS:-3}
 TOKENS=${TOKENS:-128}
+RUNS_DIR=${RUNS_DIR:-$OUT/runs}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/real-scale.log") 2>&1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
@@ -49,7 +52,7 @@ elapsed() { echo "$(($(date +%s) - start)) s"; }
 runs=()
 if [ -n "${RUNS:-}" ]; then
     runs=($RUNS)
-elif compgen -G ".gpu/runs/*/results.jsonl" >/dev/null; then
+elif [ "$RUNS_DIR" != .gpu/runs ] && compgen -G ".gpu/runs/*/results.jsonl" >/dev/null; then
     for f in .gpu/runs/*/results.jsonl; do runs+=("$(dirname "$f")"); done
 elif [ "$RUNS_S" -gt 0 ] && python3 -c "import hydra, omegaconf" 2>/dev/null; then
     echo "== runs of the bundled family (limit ${RUNS_S} s): $METHODS"
@@ -57,9 +60,9 @@ elif [ "$RUNS_S" -gt 0 ] && python3 -c "import hydra, omegaconf" 2>/dev/null; th
     for m in $METHODS; do
         timeout "$((RUNS_S / n))" python3 -m specpolicy "method=$m" "dataset.num_prompts=$PROMPTS" \
             "generation.max_new_tokens=$TOKENS" runtime.device="$DEVICE" runtime.dtype=float32 run.vanilla_baseline=false \
-            run.warmup_prompts=0 "hydra.run.dir=$OUT/runs/$m" >"$OUT/runs-$m.log" 2>&1
+            run.warmup_prompts=0 "hydra.run.dir=$RUNS_DIR/$m" >"$OUT/runs-$m.log" 2>&1
         echo "== run $m exit $? after $(elapsed)"
-        [ -f "$OUT/runs/$m/results.jsonl" ] && runs+=("$OUT/runs/$m")
+        [ -f "$RUNS_DIR/$m/results.jsonl" ] && runs+=("$RUNS_DIR/$m")
     done
 else
     echo "== no runs to replay: carry .gpu/runs/<method>/ (results.jsonl, summary.json) or hydra-core/omegaconf wheels"
