@@ -21,8 +21,8 @@ vanilla ms / (target + drafter ms) over the same tokens (model passes only: host
 it), beside the MODELED speedup of ``--modeled-profile`` (``specpolicy.core.latency``) and its error
 (modeled / replayed - 1), and the MODELED speedup on the measured table's own latency profile
 (``--measured-table``, default the ``--from-profile`` table): the formula's error on the same device,
-pass counts x per-pass constants against every pass at its width and KV length. ``--max-rounds`` / ``--deadline-s`` cap a method's rounds; what ran is
-written (``"partial": true`` when capped).
+pass counts x per-pass constants against every pass at its width and KV length. ``--max-rounds`` /
+``--deadline-s`` cap a method's rounds; what ran is written (``"partial": true`` when capped).
 
 Usage::
 
@@ -361,10 +361,8 @@ def run_profile(args: argparse.Namespace) -> int:
                 shared[shape.name] = entry
             del model
             rsm.free(device)
-            print(
-                f"{name} {model_name}: built in {built:.1f} s, {sum(len(r) for m in args.modes for r in grid.get(m, {}).values())} cells",
-                flush=True,
-            )
+            cells = sum(len(row) for m in args.modes for row in grid.get(m, {}).values())
+            print(f"{name} {model_name}: built in {built:.1f} s, {cells} cells", flush=True)
             table["partial"] = table["partial"] or cut
             write_json(out / f"{name}.json", table)
             if cut:
@@ -373,10 +371,8 @@ def run_profile(args: argparse.Namespace) -> int:
         text = profile_yaml(table)
         if text:
             (out / f"{name}.yaml").write_text(text)
-        print(
-            f"wrote {out / name}.json{' and .yaml' if text else ''}{' (partial: deadline)' if table['partial'] else ''}",
-            flush=True,
-        )
+        what = f"{out / name}.json" + (" and .yaml" if text else "")
+        print(f"wrote {what}{' (partial: deadline)' if table['partial'] else ''}", flush=True)
         if table["partial"]:
             break
     return 0
