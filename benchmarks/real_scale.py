@@ -269,7 +269,7 @@ def profile_yaml(table: dict[str, Any]) -> str:
         f"# MEASURED ({info['device']}, torch {info['torch']}, {info['date']}): random-init models at the published",
         f"# shapes, {info['dtype']}, {mode} ({info['graphs']}); the full table: {name}.json",
         "# measured: true",
-        f"# command: {info['command']}",
+        *[f"# command: {c}" for c in (table.get("commands") or [info["command"]])],
         f"name: {name}",
         f"description: MEASURED {info['device']}, {info['target']} target ({info['dtype']}, {mode})",
         f"drafter_pass_ms: {at(one_token[1] if one_token else row, 1):.3f}  # the 1.5B drafter, one token",
