@@ -17,6 +17,8 @@
 # (installed to /tmp/site), GSM8K train as .gpu/train.jsonl.gz (or set DATA).
 # Float32 on CUDA: the greedy outputs are then compared token for token with eager vanilla's.
 # A CPU dry run: DEVICE=cpu QUICK=1 TINY=1 NO_WHEELS=1 bash benchmarks/gpu_session.sh 600 300
+# Real-scale profiles and the replay of runs at real sizes (issue 48 item 6) are their own run:
+# benchmarks/gpu_real_scale.sh (docs/how-to/real-scale.md).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BENCH_S=${1:-260}

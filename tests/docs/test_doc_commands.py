@@ -1012,6 +1012,29 @@ class Rule:
     skip: str | None = None
 
 
+def _real_scale(command: Command, h: Harness) -> None:
+    """``benchmarks/real_scale.py`` at tiny shapes on CPU (2 layers, width 64; one target and one
+    drafter, widths 1 and 4, KV 16 and 64; the replay capped at 4 rounds of a run made here): the
+    profile writes its table and profile, the replay its rows."""
+    text = command.text
+    for placeholder, path in placeholders(h.world).items():
+        text = text.replace(placeholder, path)
+    args = shlex.split(text)[2:]
+    tiny = ["--tiny", "--device", "cpu", "--warmup", "0", "--repeats", "1"]
+    if args[0] == "profile":
+        out = h.cwd / "profiles"
+        tiny += ["--targets", "qwen2.5-7b", "--drafters", "eagle3", "--widths", "1,4", "--kv", "16,64"]
+    else:
+        out = h.cwd / "replay.json"
+        tiny += ["--max-rounds", "4"]
+    assert load_benchmark("real_scale").main([*args, *tiny, "--out", str(out)]) == 0
+    if args[0] == "profile":
+        assert json.loads((out / "cpu-tiny-qwen2.5-7b.json").read_text())["measured"] is True
+        assert (out / "cpu-tiny-qwen2.5-7b.yaml").is_file()
+    else:
+        assert json.loads(out.read_text())["rows"][0]["rounds"] == 4
+
+
 def _reader(module: str) -> Callable[[Command, Harness], None]:
     return lambda c, h: reader(module, c, h, placeholders(h.world))
 
@@ -1141,6 +1164,11 @@ RULES = [
         r"(bash|inline): python benchmarks/batched\.py .*",
         "run shortened: 2 prompts, batch sizes 1 and 2, tiny family",
         _batched,
+    ),
+    Rule(
+        r"(bash|inline): python benchmarks/real_scale\.py (profile|replay) .*",
+        "run at tiny shapes on CPU: one target, one drafter, 2 widths, 2 KV lengths; the replay 4 rounds",
+        _real_scale,
     ),
     Rule(r"(bash|inline): python benchmarks/family_scale\.py .*", "its --help lists the options", _family_scale),
     Rule(r"(bash|inline): python benchmarks/easyspec_depth\.py .*", "its --help lists the options", _easyspec_depth),
