@@ -9,7 +9,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core import tree
 from specpolicy.core.attention import as_model_mask
-from specpolicy.core.cache import crop_cache, keep_path
+from specpolicy.core.cache import buffered_cache, crop_cache, keep_path
 from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.features import check_feature_layers, select_features
 from specpolicy.core.runtime import Runtime, no_grad
@@ -28,6 +28,9 @@ from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 
 NAME = "hf"
 CONFIG_KEYS = ("model", "attn_implementation", "max_context")
+#: tokens of room the target's KV buffers get past the prompt at prefill (``buffered_cache``; they
+#: double when a round does not fit)
+BUFFER_STEP = 256
 
 
 class HFVerifier(Verifier):
@@ -129,8 +132,15 @@ class HFVerifier(Verifier):
         if self.static is not None:
             self._prefill_static(prompt_ids)
             return
+        # the cache's buffers hold the prompt and a first stretch of generation, then double as needed
+        room = min(self.max_context, int(prompt_ids.shape[0]) + BUFFER_STEP)
         self.cache, self.prompt_features = prefill_prompt(
-            self.model, prompt_ids, self.max_context, self._feature_layers, self.runtime.torch_dtype
+            self.model,
+            prompt_ids,
+            self.max_context,
+            self._feature_layers,
+            self.runtime.torch_dtype,
+            buffered_cache(room),
         )
         self._pending = prompt_ids[-1:]
 
@@ -309,10 +319,12 @@ def prefill_prompt(
     max_context: int,
     feature_layers: tuple[int, ...],
     dtype: torch.dtype,
+    cache: DynamicCache | None = None,
 ) -> tuple[DynamicCache, torch.Tensor | None]:
     """Prefill a prompt but its last token (which stays pending): one forward pass over
-    ``prompt_ids[:-1]`` (``(P,) int64``) into a new cache, batch 1. Shared by the batch-1 verifier
-    and the batched one (``verifiers/hf_batch.py``).
+    ``prompt_ids[:-1]`` (``(P,) int64``) into ``cache`` (default: a new ``DynamicCache``), batch 1.
+    Shared by the batch-1 verifier (a ``buffered_cache``: its rollbacks are lengths) and the batched
+    one (``verifiers/hf_batch.py``).
 
     Returns:
         ``(cache, features)``: the cache of the first P - 1 positions, and their target features
@@ -326,7 +338,7 @@ def prefill_prompt(
             f"prompt_ids has {n} tokens; the target accepts 1..{max_context - 1} "
             f"(max_context={max_context}, one position is kept for generation)"
         )
-    cache, features = DynamicCache(), None
+    cache, features = DynamicCache() if cache is None else cache, None
     if n > 1:
         out = model(
             input_ids=prompt_ids[None, :-1],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,128 @@ from specpolicy.core import compiled
 
 #: cache dtypes a CPU tensor shares with numpy (``Tensor.numpy``): moved by a compiled kernel
 _NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
+class BufferedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values live in preallocated buffers ``(B, kv_heads, C, d)``:
+    ``update`` writes a pass's new positions into them and returns views of the filled part -- the
+    same values and shapes as ``DynamicLayer``'s ``torch.cat``, without copying the whole cache every
+    pass -- and a crop (a rollback after verification) sets ``length``: no tensor op at all. The
+    capacity C (tokens) starts at ``capacity`` (or the first pass's width) and doubles when a pass
+    does not fit (one copy). As the compiled runtime's static cache: a rollback is a length.
+
+    ``keys`` / ``values`` read the filled part (a view); assigning a tensor to them (transformers'
+    own batch and reset methods, ``append_columns``) makes it the buffer, or, for a view of the
+    current buffer starting where it starts (``crop_cache``'s and ``keep_path``'s cuts), just sets
+    the length.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self.length = 0  # tokens held
+        self.capacity_hint = max(int(capacity), 0)
+        super().__init__()
+
+    @staticmethod
+    def _adopt(buffer: torch.Tensor | None, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """What to keep as the buffer when ``tensor`` is assigned: the buffer itself when ``tensor``
+        is a view of its first positions, else ``tensor``."""
+        if (
+            buffer is not None
+            and tensor is not None
+            and tensor.dim() == 4
+            and tensor.data_ptr() == buffer.data_ptr()
+            and tensor.stride() == buffer.stride()
+            and tensor.shape[:2] == buffer.shape[:2]
+            and tensor.shape[-1] == buffer.shape[-1]
+            and tensor.shape[-2] <= buffer.shape[-2]
+        ):
+            return buffer
+        return tensor
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        """``(B, kv_heads, length, d)``: the cached keys (a view of the buffer), or None."""
+        b = self._key_buffer
+        return b if b is None or b.dim() != 4 else b[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._key_buffer = self._adopt(self._key_buffer, tensor)
+        self.length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        """``(B, kv_heads, length, d_v)``: the cached values (a view of the buffer), or None."""
+        b = self._value_buffer
+        return b if b is None or b.dim() != 4 else b[:, :, : self.length]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._value_buffer = self._adopt(self._value_buffer, tensor)
+        self.length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``key_states`` / ``value_states`` ``(B, kv_heads, n, d)`` at positions ``length ..
+        length + n - 1`` and return the keys and values of every position held (views)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start = self.length
+        end = start + int(key_states.shape[-2])
+        keys, values = self._key_buffer, self._value_buffer
+        if (
+            keys is None
+            or values is None
+            or keys.dim() != 4
+            or end > keys.shape[-2]
+            or keys.shape[0] != key_states.shape[0]
+        ):
+            keys, values = self._grow(key_states, value_states, end)
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        self.length = end
+        return keys[:, :, :end], values[:, :, :end]
+
+    def _grow(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """New buffers holding at least ``end`` positions (the hint, twice the old capacity), the
+        positions held copied over."""
+        old_k, old_v, held = self._key_buffer, self._value_buffer, self.length
+        old_capacity = int(old_k.shape[-2]) if old_k is not None and old_k.dim() == 4 else 0
+        capacity = max(end, 2 * old_capacity, self.capacity_hint)
+        b, h, _, d = key_states.shape
+        keys = key_states.new_empty((b, h, capacity, d))
+        values = value_states.new_empty((b, value_states.shape[1], capacity, value_states.shape[-1]))
+        if held and old_k is not None and old_v is not None:
+            keys[:, :, :held] = old_k[:, :, :held]
+            values[:, :, :held] = old_v[:, :, :held]
+        self._key_buffer, self._value_buffer = keys, values
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``-tokens_to_remove`` positions (transformers' negative count): a length."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of positions to drop, got {tokens_to_remove}")
+        self.length = max(self.length + int(tokens_to_remove), 0)
+
+
+def buffered_cache(capacity: int = 0) -> DynamicCache:
+    """A ``DynamicCache`` of ``BufferedLayer`` layers (one per decoder layer, made as the first pass
+    reaches them), each with room for ``capacity`` tokens before it grows."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = functools.partial(BufferedLayer, capacity)
+    return cache
 
 
 def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specpolicy.core.cache import crop_cache
+from specpolicy.core.cache import buffered_cache, crop_cache
 from specpolicy.core.types import RoundRecord
 
 
@@ -54,3 +54,56 @@ def test_with_host_ms_is_replace():
     assert record.host_ms is None and timed.host_ms == 0.3
     with pytest.raises(dataclasses.FrozenInstanceError):
         timed.host_ms = 1.0  # type: ignore[misc]
+
+
+def _filled(cache: DynamicCache, widths: list[int], seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Passes of ``widths`` new positions over two layers (keys and values of other head sizes),
+    each returning what the cache's ``update`` returned."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for n in widths:
+        for layer in range(2):
+            k = torch.randn((1, 2, n, 4), generator=generator)
+            v = torch.randn((1, 2, n, 3), generator=generator)
+            out.append(cache.update(k, v, layer))
+    return out
+
+
+def test_a_buffered_cache_returns_what_a_dynamic_cache_returns_through_crops_and_growth():
+    """The verifier's ``buffered_cache``: every pass's keys and values equal ``DynamicCache``'s (its
+    ``torch.cat``), through crops (a length) and past its capacity (it doubles, keeping what it held)."""
+    buffered, dynamic = buffered_cache(5), DynamicCache()
+    widths = [4, 1, 3, 6, 2, 9]
+    for step, n in enumerate(widths):
+        got, want = _filled(buffered, [n], step), _filled(dynamic, [n], step)
+        for (k, v), (k2, v2) in zip(got, want):
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+        keep = dynamic.get_seq_length() - step % 3  # drop 0, 1 or 2 positions
+        crop_cache(buffered, keep, current=buffered.get_seq_length())
+        crop_cache(dynamic, keep)
+        assert buffered.get_seq_length() == dynamic.get_seq_length() == keep
+        for a, b in zip(buffered.layers, dynamic.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert buffered.layers[0]._key_buffer.shape[-2] >= buffered.get_seq_length()
+    assert buffered.layers[0]._key_buffer.shape[-2] < 2 * sum(widths)  # doubled, not grown per pass
+
+
+def test_a_buffered_layer_adopts_views_of_its_buffer_and_replaces_it_with_other_tensors():
+    """``layer.keys = ...``: a view of the buffer's first positions (``keep_path``'s and
+    ``crop_cache``'s cuts) is a length; any other tensor (transformers' batch methods,
+    ``append_columns``) becomes the buffer; None resets it."""
+    cache = buffered_cache(8)
+    _filled(cache, [6])
+    layer = cache.layers[0]
+    buffer = layer._key_buffer
+    layer.keys, layer.values = layer.keys[:, :, :4], layer.values[:, :, :4]
+    assert layer._key_buffer is buffer and layer.get_seq_length() == 4
+    other = torch.randn((1, 2, 3, 4))
+    layer.keys, layer.values = other, torch.randn((1, 2, 3, 3))
+    assert layer._key_buffer is other and torch.equal(layer.keys, other) and layer.get_seq_length() == 3
+    k, v = layer.update(torch.ones((1, 2, 2, 4)), torch.ones((1, 2, 2, 3)))  # grows past the adopted tensor
+    assert k.shape[-2] == 5 and torch.equal(k[:, :, :3], other) and bool((k[:, :, 3:] == 1).all())
+    layer.reset()
+    assert layer.keys is None and layer.get_seq_length() == 0
+    with pytest.raises(ValueError, match="negative"):
+        layer.crop(2)
