@@ -54,7 +54,7 @@ class BufferedLayer(DynamicLayer):
             return buffer
         return tensor
 
-    @property  # type: ignore[override]
+    @property
     def keys(self) -> torch.Tensor | None:
         """``(B, kv_heads, length, d)``: the cached keys (a view of the buffer), or None."""
         b = self._key_buffer
@@ -65,7 +65,7 @@ class BufferedLayer(DynamicLayer):
         self._key_buffer = self._adopt(self._key_buffer, tensor)
         self.length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
 
-    @property  # type: ignore[override]
+    @property
     def values(self) -> torch.Tensor | None:
         """``(B, kv_heads, length, d_v)``: the cached values (a view of the buffer), or None."""
         b = self._value_buffer
@@ -134,7 +134,7 @@ def buffered_cache(capacity: int = 0) -> DynamicCache:
     """A ``DynamicCache`` of ``BufferedLayer`` layers (one per decoder layer, made as the first pass
     reaches them), each with room for ``capacity`` tokens before it grows."""
     cache = DynamicCache()
-    cache.layer_class_to_replicate = functools.partial(BufferedLayer, capacity)
+    cache.layer_class_to_replicate = functools.partial(BufferedLayer, capacity)  # type: ignore[assignment]
     return cache
 
 
