@@ -71,7 +71,7 @@ def pass_entry_points(model: Any) -> tuple:
 class PassClock:
     """Times every outermost pass of the watched entry points with ``runtime.timer()``.
 
-    Use as a context manager (hooks and method wrappers installed on enter, removed on exit);
+    Use as a context manager (method wrappers -- a module's: its instance's ``forward`` -- removed on exit);
     ``watch`` adds entry points while it is entered (a request's drafter copy at admission).
     Methods are wrapped on the INSTANCE: enter the clock after an object is copied, never before
     (a copy would carry the wrapper of the original).
@@ -87,17 +87,13 @@ class PassClock:
         self._cpu_s = 0.0  # CPU: the passes' seconds since the last ``take_ms`` (perf_counter, no Timer per pass)
         self._started = 0.0  # CPU: perf_counter() at the open outermost pass's start
         self._depth = 0
-        self._hooked: set = set()  # ids of watched modules, (id, method) of watched methods
-        self._handles: list = []
+        self._hooked: set = set()  # (id, method) of watched methods (a module's: "forward")
         self._wrapped: list[tuple[object, str, object]] = []
 
     def __enter__(self) -> PassClock:
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
         for obj, method, held in reversed(self._wrapped):
             if held is _NONE:
                 vars(obj).pop(method, None)
@@ -112,22 +108,16 @@ class PassClock:
         for member in members:
             if member is None or (self.runtime.compile and not _compiled_entry(member)):
                 continue
-            if isinstance(member, torch.nn.Module):
-                if id(member) in self._hooked:
-                    continue
-                self._hooked.add(id(member))
-                self._handles.append(member.register_forward_pre_hook(lambda mod, args: self._enter()))
-                self._handles.append(
-                    member.register_forward_hook(lambda mod, args, out: self._exit(), always_call=True)
-                )
-            else:
-                obj, method = member
-                key = (id(obj), method)
-                if key in self._hooked:
-                    continue
-                self._hooked.add(key)
-                self._wrapped.append((obj, method, vars(obj).get(method, _NONE)))
-                setattr(obj, method, self._timed(getattr(obj, method)))
+            # a module: its instance's ``forward`` is wrapped (``Module._call_impl`` calls
+            # ``self.forward``), not hooked: a module with hooks takes torch's slow call path, about
+            # 10-20 us of host work per pass that timing would add
+            obj, method = (member, "forward") if isinstance(member, torch.nn.Module) else member
+            key = (id(obj), method)
+            if key in self._hooked:
+                continue
+            self._hooked.add(key)
+            self._wrapped.append((obj, method, vars(obj).get(method, _NONE)))
+            setattr(obj, method, self._timed(getattr(obj, method)))
 
     def unwatch(self, obj: object) -> None:
         """Stop timing the methods wrapped on ``obj`` (a request's drafter copy that leaves; its
