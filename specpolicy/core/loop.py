@@ -611,7 +611,7 @@ def round_record(
     host (``.tolist()``), or None to read them here."""
     if token_lists is None:
         token_lists = (draft.token_ids.tolist(), verification.target_token_ids.tolist())
-    return RoundRecord(
+    return RoundRecord.built(
         index=index,
         speculation_length=draft.length,
         accepted_length=verification.accepted_length,

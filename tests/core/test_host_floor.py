@@ -56,6 +56,18 @@ def test_with_host_ms_is_replace():
         timed.host_ms = 1.0  # type: ignore[misc]
 
 
+def test_built_is_the_constructor():
+    """``RoundRecord.built`` (the loop's record of each round) equals the dataclass's constructor, the
+    fields not given defaulted, and is as frozen."""
+    values = dict(index=0, speculation_length=3, accepted_length=2, emitted_tokens=3, drafter_forward_passes=3,
+                  reused_tokens=0, draft_ms=1.5, verify_ms=2.5, confidences=(0.5, 0.25, 0.125),
+                  draft_token_ids=(4, 5, 6), target_token_ids=(4, 5, 7, 8), draft_stop_reason="n_max")  # fmt: skip
+    built, made = RoundRecord.built(**values), RoundRecord(**values)
+    assert built == made and vars(built) == vars(made) and built.host_ms is None and built.draft_parents == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.index = 1  # type: ignore[misc]
+
+
 def _filled(cache: DynamicCache, widths: list[int], seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Passes of ``widths`` new positions over two layers (keys and values of other head sizes),
     each returning what the cache's ``update`` returned."""
