@@ -300,7 +300,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._gather()
         if self._stop_set and self._tokens.shape[0] > before:
             # one sync per call: the call's tokens on the host, cut at the first drafted stop token
-            hit = next((i for i, t in enumerate(self._tokens[before:].tolist()) if t in self._stop_set), -1)
+            called = self._tokens.tolist()[before:]  # one read, no slice op
+            hit = next((i for i, t in enumerate(called) if t in self._stop_set), -1)
             if hit >= 0:
                 end = before + hit + 1
                 self._tokens, self._confs = self._tokens[:end], self._confs[:end]
