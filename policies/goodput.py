@@ -76,9 +76,12 @@ Calibration, costs and throughput carry across prompts (``keep_across_prompts``)
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
-after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (a bisection of the bins'
-edges, one table lookup); the undrafted positions' gain curves of every draft length are built once per
-table refresh (``_refresh``), so that the plan itself is three numpy calls.
+after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (one ``tolist`` of the
+confidences, a bisection of the bins' edges, one table lookup); the undrafted positions' gain curves of
+every draft length and the cost tables are built once per table refresh (``_refresh``) in one compiled call
+(``specpolicy.core.compiled_policy.goodput_tables``), and the plan's argmax over the lengths is one compiled
+call too (``goodput_best``): the numpy expressions they replaced, element for element (bit-identical tables
+and decisions).
 """
 
 from __future__ import annotations
@@ -284,7 +287,7 @@ class GoodputPolicy(LengthPolicy):
         ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier; a round's first
         chunk also pays ``verify_step``). A probe round's tables leave the measured verification
         cost out (what the probe measures); a pinned one stays in."""
-        H, cal = self.max_length, self.calibration
+        cal = self.calibration
         if self._pending:  # the rounds verified since the last refresh, counted in one batch
             cal.observe_many(self._pending)
             self._pending = []

@@ -2,6 +2,8 @@
 ``njit`` functions, compiled on first call and cached on disk (``cache=True``), as
 ``specpolicy.core.compiled``'s searches are.
 
+``calibration_count`` and ``calibration_estimates`` are ``AcceptanceCalibration``'s counting and
+estimates (``specpolicy.core.calibration``, the calibration goodput refreshes its tables from).
 ``goodput_tables`` builds ``policy=goodput``'s decision tables (``GoodputPolicy._refresh``) in one
 call: the gain curves of the undrafted positions and the cost tables, which numpy built with about
 25 calls over ``(H + 1) x H`` arrays. ``goodput_best`` is its plan's last step (``GoodputPolicy._plan``):
@@ -100,3 +102,83 @@ def goodput_best(gain: np.ndarray, cost: np.ndarray, survival: float, m: int) ->
         if value > top:
             best, top = j, value
     return best, top > 0.0
+
+
+@njit(cache=True)
+def calibration_count(
+    reached: np.ndarray,
+    accepted: np.ndarray,
+    confidence_sum: np.ndarray,
+    cells: np.ndarray,
+    edges: np.ndarray,
+    conf: np.ndarray,
+    lengths: np.ndarray,
+    accepted_lengths: np.ndarray,
+) -> None:
+    """``AcceptanceCalibration.observe_many``'s counting, in place: for draft ``d`` its first
+    ``lengths[d]`` (reached) tokens, confidences ``conf`` (all drafts' in order, ``(sum lengths,)
+    float64``), the token at 1-based position ``i`` goes to cell ``cells[i - 1] + bin`` (``bin``:
+    the count of ``edges`` <= its confidence, NaN past every edge: numpy's ``searchsorted(edges, c,
+    side="right")``) and counts as accepted when ``i <= accepted_lengths[d]``. As the numpy code, the
+    batch's counts and confidence sums are accumulated per cell first (``bincount``: in input order
+    from 0) and then added to ``reached`` / ``accepted`` / ``confidence_sum`` (C-contiguous, float64)."""
+    size = reached.size
+    counts = np.zeros(size, dtype=np.int64)
+    hits = np.zeros(size, dtype=np.int64)
+    sums = np.zeros(size)
+    start = 0
+    for d in range(lengths.size):
+        for i in range(lengths[d]):
+            c = conf[start + i]
+            b = edges.size
+            if not math.isnan(c):
+                b = 0
+                while b < edges.size and edges[b] <= c:
+                    b += 1
+            cell = cells[i] + b
+            counts[cell] += 1
+            if i + 1 <= accepted_lengths[d]:
+                hits[cell] += 1
+            sums[cell] += c
+        start += lengths[d]
+    cols = reached.shape[1]
+    for j in range(size):
+        q, b = j // cols, j % cols
+        reached[q, b] += counts[j]
+        accepted[q, b] += hits[j]
+        confidence_sum[q, b] += sums[j]
+
+
+@njit(cache=True)
+def calibration_estimates(
+    reached: np.ndarray, accepted: np.ndarray, bin_prior: np.ndarray, s0: float, s1: float, prior_acceptance: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``AcceptanceCalibration.table()`` and ``unseen()`` in one call: ``(position bins, confidence
+    bins)`` and ``(position bins,)`` float64, the module's formulas element for element. The counts
+    are whole numbers, so their sums are exact in any order (numpy's pairwise sums give the same)."""
+    rows, cols = reached.shape
+    pooled = np.empty(cols)
+    for b in range(cols):
+        a_b = 0.0
+        r_b = 0.0
+        for q in range(rows):
+            a_b += accepted[q, b]
+            r_b += reached[q, b]
+        pooled[b] = (a_b + s0 * bin_prior[b]) / (r_b + s0)
+    table = np.empty((rows, cols))
+    a_all = 0.0
+    r_all = 0.0
+    a_q = np.zeros(rows)
+    r_q = np.zeros(rows)
+    for q in range(rows):
+        for b in range(cols):
+            table[q, b] = (accepted[q, b] + s1 * pooled[b]) / (reached[q, b] + s1)
+            a_q[q] += accepted[q, b]
+            r_q[q] += reached[q, b]
+        a_all += a_q[q]
+        r_all += r_q[q]
+    overall = (a_all + s0 * prior_acceptance) / (r_all + s0)
+    unseen = np.empty(rows)
+    for q in range(rows):
+        unseen[q] = (a_q[q] + s1 * overall) / (r_q[q] + s1)
+    return table, unseen

@@ -1,5 +1,6 @@
 """The compiled goodput kernels (``specpolicy.core.compiled_policy``) against the numpy code they
-replaced (``GoodputPolicy._refresh``'s tables and ``_plan``'s last step, restated here as they were),
+replaced (``GoodputPolicy._refresh``'s tables, ``_plan``'s last step and ``AcceptanceCalibration``'s
+counting and estimates, restated here as they were),
 bit for bit, on random and tie-heavy inputs; and FailFast's host-side threshold against the tensor
 comparison it replaced."""
 
@@ -9,11 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from specpolicy.core.calibration import CONFIDENCE_EDGES, AcceptanceCalibration
 from specpolicy.core.compiled_policy import goodput_best, goodput_tables
 from specpolicy.policies.failfast import FailFastPolicy
 
 
-def numpy_tables(unseen, first_tokens, first_passes, later_tokens, later_passes, token_ms, draft_ms, pass_ms, step, first_pass, lam):
+def numpy_tables(
+    unseen, first_tokens, first_passes, later_tokens, later_passes, token_ms, draft_ms, pass_ms, step, first_pass, lam
+):
     """``GoodputPolicy._refresh``'s numpy tables before the kernel (the same expressions)."""
     H = unseen.size
     positions = np.arange(1, H + 1)
@@ -79,7 +83,9 @@ def test_goodput_best_matches_numpy_argmax():
                 n = H - k
                 for cost in (cost_first, cost_later[int(rng.integers(0, H + 1))]):
                     for m in {n, max(min(n, 8 - k), 1)}:
-                        assert goodput_best(gain[k], cost, survival, m) == numpy_best(gain[k, :n], cost[:n], survival, m)
+                        assert goodput_best(gain[k], cost, survival, m) == numpy_best(
+                            gain[k, :n], cost[:n], survival, m
+                        )
 
 
 def test_goodput_best_ties_and_nan():
@@ -106,3 +112,67 @@ def test_failfast_host_threshold_decides_as_the_tensor_comparison(tau):
         want = bool((conf < tau).any())
         got = any(p < policy._tau_in(conf.dtype) for p in conf.tolist())
         assert got == want, (conf, tau)
+
+
+class NumpyCalibration(AcceptanceCalibration):
+    """``AcceptanceCalibration`` with the numpy counting and estimates the compiled calls replaced."""
+
+    def observe_many(self, drafts):
+        confs, reached, accepted = [], [], []
+        for conf, a in drafts:
+            conf = np.asarray(conf, dtype=np.float64).reshape(-1)
+            r = min(a + 1, conf.size)
+            if r:
+                confs.append(conf[:r])
+                reached.append(r)
+                accepted.append(a)
+        if not reached:
+            return
+        lengths = np.array(reached)
+        total = int(lengths.sum())
+        conf = np.concatenate(confs)
+        position = np.arange(1, total + 1) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        was_accepted = position <= np.repeat(np.array(accepted), lengths)
+        longest = int(lengths.max())
+        if longest > self._cells.size:
+            self._cells = self.position_bin(np.arange(1, 2 * longest + 1)) * self.confidence_edges.size
+        cells = self._cells[position - 1] + self.confidence_bin(conf)
+        size, shape = self.reached.size, self.reached.shape
+        self.reached += np.bincount(cells, minlength=size).reshape(shape)
+        self.accepted += np.bincount(cells[was_accepted], minlength=size).reshape(shape)
+        self.confidence_sum += np.bincount(cells, weights=conf, minlength=size).reshape(shape)
+        self._table = self._unseen = None
+
+    def table(self):
+        s1 = self.position_strength
+        return (self.accepted + s1 * self.pooled()[None, :]) / (self.reached + s1)
+
+    def unseen(self):
+        s0, s1 = self.prior_strength, self.position_strength
+        overall = (self.accepted.sum() + s0 * self.prior_acceptance) / (self.reached.sum() + s0)
+        return (self.accepted.sum(axis=1) + s1 * overall) / (self.reached.sum(axis=1) + s1)
+
+
+def test_calibration_counts_and_estimates_match_numpy_bit_for_bit():
+    """Random drafts and tie-heavy ones (confidences exactly at the bins' edges, 0, 1, NaN, drafts
+    past ``MAX_POSITION``), in batches as goodput feeds them: the same counts and estimates."""
+    rng = np.random.default_rng(2)
+    edges = np.array(CONFIDENCE_EDGES)
+    for prior in ((4.0, 8.0, 0.5), (0.5, 3.0, 0.9)):
+        fast, slow = AcceptanceCalibration(*prior), NumpyCalibration(*prior)
+        for _ in range(60):
+            batch = []
+            for _ in range(int(rng.integers(1, 9))):
+                k = int(rng.choice([0, 1, 3, 8, 60, 300]))
+                conf = rng.uniform(0.0, 1.0, k)
+                if rng.random() < 0.5:
+                    conf = rng.choice(np.append(edges, [1.0, np.nan, 0.985]), k)
+                batch.append((tuple(conf.tolist()), int(rng.integers(0, k + 1))))
+            fast.observe_many(batch)
+            slow.observe_many(batch)
+            for name in ("reached", "accepted", "confidence_sum"):
+                np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name))
+            np.testing.assert_array_equal(fast.table(), slow.table())
+            np.testing.assert_array_equal(fast.unseen(), slow.unseen())
+    with pytest.raises(ValueError, match="accepted_length"):
+        fast.observe_many([((0.5, 0.5), 3)])
