@@ -192,20 +192,20 @@ class AcceptanceCalibration:
         """``(position bins, confidence bins) float64``: ``p_qb`` for every cell (cached until the
         next ``observe``)."""
         if self._table is None:
-            self._estimate()
+            self._table, self._unseen = self._estimate()
         return self._table
 
     def unseen(self) -> np.ndarray:
         """``(position bins,) float64``: ``u_q``, the estimate for a token not drafted yet at each
         position bin (its confidence unknown), cached until the next ``observe``."""
         if self._unseen is None:
-            self._estimate()
+            self._table, self._unseen = self._estimate()
         return self._unseen
 
-    def _estimate(self) -> None:
-        """``table()`` and ``unseen()`` in one compiled call (``calibration_estimates``: the module
+    def _estimate(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(table(), unseen())`` in one compiled call (``calibration_estimates``: the module
         docstring's formulas, element for element)."""
-        self._table, self._unseen = calibration_estimates(
+        return calibration_estimates(
             self.reached,
             self.accepted,
             self.bin_prior,
