@@ -238,8 +238,17 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
     def _gather(self) -> None:
         """Join the passes' tokens and confidences not yet joined to ``_tokens`` / ``_confs`` (one cat each)."""
         if self._new_tokens:
-            self._tokens = torch.cat([self._tokens, *self._new_tokens])
-            self._confs = torch.cat([self._confs, *self._new_confs])
+            new_tokens, new_confs = self._new_tokens, self._new_confs
+            if (
+                len(new_tokens) == 1
+                and self._tokens.shape[0] == 0
+                and new_tokens[0].dtype == torch.long
+                and new_confs[0].dtype == torch.float32
+            ):  # the round's first token alone (a policy asking one at a time): it is the draft, no cat
+                self._tokens, self._confs = new_tokens[0], new_confs[0]
+            else:
+                self._tokens = torch.cat([self._tokens, *new_tokens])
+                self._confs = torch.cat([self._confs, *new_confs])
             self._new_tokens, self._new_confs = [], []
 
     @no_grad
@@ -255,7 +264,19 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        return type(self)._draft_in_steps([self], [num_tokens])[0]
+        return self._draft_alone(num_tokens)
+
+    def _draft_alone(self, num_tokens: int) -> Draft:
+        """``_draft_in_steps`` at ``R`` = 1 without its per-step lists (host work per token): the
+        same calls in the same order -- a pass per token while there is something to draft from,
+        or the runtime's fused chain for the remaining steps."""
+        self._gather()
+        before = self._tokens.shape[0]
+        for left in range(num_tokens, 0, -1):
+            if self._ended or not self._can_draft() or self._chain(left):
+                break
+            Eagle3Drafter._pass([self])
+        return self._end_call(before)
 
     def _chain(self, steps: int) -> bool:
         """Greedy steps past the round's first pass as ONE runner call where the runtime fuses them
@@ -300,7 +321,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._gather()
         if self._stop_set and self._tokens.shape[0] > before:
             # one sync per call: the call's tokens on the host, cut at the first drafted stop token
-            hit = next((i for i, t in enumerate(self._tokens[before:].tolist()) if t in self._stop_set), -1)
+            called = self._tokens.tolist()[before:]  # one read, no slice op
+            hit = next((i for i, t in enumerate(called) if t in self._stop_set), -1)
             if hit >= 0:
                 end = before + hit + 1
                 self._tokens, self._confs = self._tokens[:end], self._confs[:end]
@@ -330,7 +352,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         alone; compiled drafters without a shared cache draft one by one."""
         if all(d.runner.sequences is not None for d in drafters):  # the shared static cache (``batched``)
             return cls._draft_in_steps(drafters, num_tokens)
-        if any(d.runner.static is not None or d.runner.sequences is not None for d in drafters) or len(drafters) < 2:
+        if len(drafters) == 1:  # one request (the batch-1 loop): ``draft`` without the base class's list
+            return [drafters[0].draft(num_tokens[0])]
+        if any(d.runner.static is not None or d.runner.sequences is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
 
         def alone(d: Eagle3Drafter) -> bool:  # e.g. a new prompt: alone, not padding every row to its length

@@ -146,7 +146,7 @@ class EasySpecDrafter(ARDrafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         for _ in range(num_tokens):
-            token, conf, q = self._choose([self], self._next_logits()[None])
+            token, conf, q = self._choose([self], self._next_logits())
             self._tokens.append(token)
             self._confs.append(conf)
             if q[0] is not None:
@@ -156,17 +156,17 @@ class EasySpecDrafter(ARDrafter):
 
     def _next_logits(self) -> torch.Tensor:
         """The round's first pass exact (over the committed tokens not yet fed: bonus calibration,
-        ``CausalRunner.last``), every later one layer-parallel; returns the next token's ``(V,)`` logits."""
+        ``CausalRunner.last``), every later one layer-parallel; returns the next token's ``(1, V)`` logits."""
         if self._tokens:
             return self._parallel_pass(self._tokens[-1], self.cache.get_seq_length())
-        logits = self.runner.last([self.sequence], [self._unfed])[0][0]
+        logits = self.runner.last([self.sequence], [self._unfed])[0]  # (1, V): the pass's one row
         self._unfed = self._unfed[:0]
         self._exact_length = self.cache.get_seq_length()
         return logits
 
     def _parallel_pass(self, token: torch.Tensor, position: int) -> torch.Tensor:
         """One drafted token's pass with the middle layers grouped: ``token`` ``(1,) int64`` at
-        ``position``; its keys and values appended to the cache (approximate); returns ``(V,)`` logits."""
+        ``position``; its keys and values appended to the cache (approximate); returns ``(1, V)`` logits."""
         inner = self.model.model
         h = inner.embed_tokens(token)[None]  # (1, 1, H)
         positions = torch.tensor([[position]], device=h.device)
@@ -192,7 +192,7 @@ class EasySpecDrafter(ARDrafter):
                 layer = inner.layers[index]
                 h = h + attended[j][None]
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.model.lm_head(inner.norm(h))[0, -1]
+        return self.model.lm_head(inner.norm(h))[0, -1:]
 
     @classmethod
     def draft_many(cls, drafters: list[Drafter], num_tokens: list[int]) -> list[Draft]:

@@ -89,6 +89,7 @@ class FailFastPolicy(LengthPolicy):
             )
         self.n = n
         self.tau = float(tau)
+        self._rounded_tau: dict[tuple[torch.dtype, float], float] = {}  # ``_tau_in``
         self.n_max = n_max
         self.confidence_scope = confidence_scope
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
@@ -107,10 +108,22 @@ class FailFastPolicy(LengthPolicy):
         if k >= self.n_max:
             self.draft_stop_reason = "n_max"
             return 0
-        if bool((self.acceptance_choice.probs(draft) < self.tau).any()):  # the one host sync of this decision
+        probs = self.acceptance_choice.probs(draft)
+        tau = self._tau_in(probs.dtype)  # ``probs < tau`` compares in the tensor's dtype: tau rounded to it
+        if any(p < tau for p in probs.tolist()):  # the one host read of this decision (NaN < tau is False)
             self.draft_stop_reason = "low_confidence"
             return 0  # fail fast: verify the draft as it stands
         return min(self.n, self.n_max - k)
+
+    def _tau_in(self, dtype: torch.dtype) -> float:
+        """``tau`` rounded to ``dtype`` (as a tensor comparison with the Python float rounds it), read
+        back as a Python float: comparing a confidence read to the host with it decides as ``conf < tau``
+        on the tensor does, one read instead of three torch calls (cached per dtype and tau)."""
+        key = (dtype, self.tau)
+        cached = self._rounded_tau.get(key)
+        if cached is None:
+            cached = self._rounded_tau[key] = float(torch.tensor(self.tau, dtype=dtype))
+        return cached
 
     def _official_rule(self, draft: Draft) -> int:
         """The official code's check on the draft's small-block confidences (``Draft.extras``

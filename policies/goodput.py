@@ -76,9 +76,12 @@ Calibration, costs and throughput carry across prompts (``keep_across_prompts``)
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
-after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (a bisection of the bins'
-edges, one table lookup); the undrafted positions' gain curves of every draft length are built once per
-table refresh (``_refresh``), so that the plan itself is three numpy calls.
+after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (one ``tolist`` of the
+confidences, a bisection of the bins' edges, one table lookup); the undrafted positions' gain curves of
+every draft length and the cost tables are built once per table refresh (``_refresh``) in one compiled call
+(``specpolicy.core.compiled_policy.goodput_tables``), and the plan's argmax over the lengths is one compiled
+call too (``goodput_best``): the numpy expressions they replaced, element for element (bit-identical tables
+and decisions).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ import torch
 
 from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
+from specpolicy.core.compiled_policy import goodput_best, goodput_tables
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
@@ -216,7 +220,7 @@ class GoodputPolicy(LengthPolicy):
         self.probe_interval = probe_interval
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
         self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
-        self._suffixes = np.arange(max_length)[:, None] + np.arange(max_length)  # (H, H): [k, j] = k + j
+        self._position_bins = self.calibration.position_bin(self._positions)  # (H,) their position bins
         self._fresh()
         self._new_round()
 
@@ -283,41 +287,43 @@ class GoodputPolicy(LengthPolicy):
         ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier; a round's first
         chunk also pays ``verify_step``). A probe round's tables leave the measured verification
         cost out (what the probe measures); a pinned one stays in."""
-        H, cal = self.max_length, self.calibration
+        cal = self.calibration
         if self._pending:  # the rounds verified since the last refresh, counted in one batch
             cal.observe_many(self._pending)
             self._pending = []
-        self._p_table = cal.table()[cal.position_bin(self._positions)]  # (H, confidence bins)
+        self._p_table = cal.table()[self._position_bins]  # (H, confidence bins)
         self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
-        self._unseen = cal.unseen_curve(H)  # (H,) estimate for an undrafted token at positions 1..H
-        # row k: cumsum(cumprod(_unseen[k:])) in its first H - k columns, for every k at once (each row
-        # accumulated left to right as the 1-D calls would: the same floats); past them, padding
-        self._unseen_gain = np.cumsum(np.cumprod(np.append(self._unseen, np.ones(H))[self._suffixes], axis=1), axis=1)
+        self._unseen = cal.unseen()[self._position_bins]  # (H,) estimate for an undrafted token at positions 1..H
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
-        beyond = np.arange(H + 1)  # tokens past the frontier
-        chunks = np.ceil(beyond / max(later.numerator, 1.0))
-        first_chunks = np.ceil(np.maximum(beyond - max(first.numerator, 1.0), 0.0) / max(later.numerator, 1.0))
-        # passes for m = 1..H added tokens with r = 0..H decoded ahead: those past the frontier, m - r
-        passes_later = later.denominator * chunks[np.maximum(beyond[None, 1:] - beyond[:, None], 0)]  # (H+1, H)
-        passes_first = np.where(beyond[1:] > 0, first.denominator, 0.0) + later.denominator * first_chunks[1:]
         costs = self.costs
         self._token_ms = costs.verify_slope + costs.draft_ms_per_token  # ms per added token
-        lam = self.rate
-        verify = self._positions * self._token_ms  # (H,) ms to verify m = 1..H added tokens
-        self._cost_later = lam * (verify[None, :] + passes_later * costs.pass_ms)  # (H+1, H): [r, m - 1]
-        # a round's first chunk; a draft of any length also pays the verification's step, and the
-        # round's first pass what it costs beyond a later one (it also feeds the last round's tokens)
-        first_pass = costs.first_pass_ms - costs.pass_ms
-        self._cost_first = lam * (verify + costs.verify_step + passes_first * costs.pass_ms + first_pass)  # (H,)
+        # one compiled call (``specpolicy.core.compiled_policy.goodput_tables``; numpy's expressions
+        # element for element): row k of the gain table is cumsum(cumprod(_unseen[k:])) in its first
+        # H - k columns; [r, m - 1] of the cost tables is lambda x the ms of adding m = 1..H tokens
+        # with r = 0..H decoded ahead (verification of the m tokens plus the passes for the
+        # max(m - r, 0) past the frontier); a round's first chunk also pays ``verify_step`` and what
+        # its first pass costs beyond a later one (it also feeds the last round's tokens)
+        tables = goodput_tables(
+            self._unseen,
+            float(first.numerator),
+            float(first.denominator),
+            float(later.numerator),
+            float(later.denominator),
+            float(self._token_ms),
+            float(costs.draft_ms_per_token),
+            float(costs.pass_ms),
+            float(costs.verify_step),
+            float(costs.first_pass_ms - costs.pass_ms),
+            float(self.rate),
+        )
+        self._unseen_gain, self._cost_later, self._cost_first = tables[:3]
         # a probe round's: without the verification's cost when it is measured (what the probe
         # measures); a profile's pinned cost is known, so a probe plans with it like any round
         if costs.verify_pinned:
             self._probe_cost_later, self._probe_cost_first = self._cost_later, self._cost_first
         else:
-            drafting = self._positions * costs.draft_ms_per_token  # (H,)
-            self._probe_cost_later = lam * (drafting[None, :] + passes_later * costs.pass_ms)
-            self._probe_cost_first = lam * (drafting + passes_first * costs.pass_ms + first_pass)
+            self._probe_cost_later, self._probe_cost_first = tables[3:]
         self._updates = 0
         self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
@@ -340,7 +346,7 @@ class GoodputPolicy(LengthPolicy):
             # one token drafted since the last decision (an AR or EAGLE-3 pass): its p from one host
             # read and one lookup, in Python floats (the same values as the numpy path below: a bin
             # is the count of edges <= c, as ``confidence_bin``'s searchsorted; no numpy call)
-            c = float(choice.probs(draft)[k - 1])
+            c = choice.probs(draft).tolist()[k - 1]  # one read (a list of <= max_length floats: cheaper than an index)
             if choice.wants_head:
                 self._estimates[self._seen :] = [c]
             self._survival *= self._p_table.item(self._seen, bisect_right(self._edges, c))
@@ -411,18 +417,17 @@ class GoodputPolicy(LengthPolicy):
         if ahead is not None and ahead.size:
             gain = np.cumsum(np.cumprod(np.concatenate((ahead, self._unseen[k + ahead.size :]))))
         else:  # undrafted positions only: the same curve until the next refresh (``_refresh``)
-            gain = self._unseen_gain[k, :n]
+            gain = self._unseen_gain[k]  # (H,): its first n entries
         first, later = (
             (self._probe_cost_first, self._probe_cost_later) if self._probing else (self._cost_first, self._cost_later)
         )
-        cost = first if frontier == 0 else later[min(frontier - k, n), :n]
-        value = gain * self._survival - cost[:n]  # (n,) for L = k+1..max_length
-        if self._probing:  # a probe drafts at most PROBE_MAX_LENGTH tokens
-            value = value[: max(PROBE_MAX_LENGTH - k, 0)]
-            if not value.size:
-                return k
-        best = int(value.argmax())
-        return k + best + 1 if value[best] > 0.0 else k
+        cost = first if frontier == 0 else later[min(frontier - k, n)]
+        m = min(n, PROBE_MAX_LENGTH - k) if self._probing else n  # a probe drafts at most PROBE_MAX_LENGTH tokens
+        if m <= 0:
+            return k
+        # value = gain * survival - cost over L = k+1..k+m, its first argmax and its sign: one compiled call
+        best, positive = goodput_best(gain, cost, self._survival, m)
+        return k + best + 1 if positive else k
 
     # -- learning ----------------------------------------------------------------------------------
 

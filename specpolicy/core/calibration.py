@@ -30,8 +30,9 @@ sensible before data arrives and where a cell is sparse:
 
 ``s0 = prior_strength`` and ``s1 = position_strength`` are pseudo-counts (tokens). Counts are
 plain sums (no forgetting), so the estimate converges to the observed conditional acceptance of
-each cell. Everything is numpy on the host: ``observe`` and the lookups are a few vectorised
-operations, never a per-token Python loop.
+each cell. Everything is on the host: ``observe`` counts a batch of drafts and the estimates are
+computed in one compiled call each (``specpolicy.core.compiled_policy``: the numpy rule they
+replaced, the same floats), the lookups are a few vectorised operations; never a per-token Python loop.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from specpolicy.core.compiled_policy import calibration_count, calibration_estimates
 
 #: Left edges of the confidence bins (the last bin is [0.99, 1]): tenths, finer close to 1, where
 #: most tokens of a good drafter lie and acceptance changes fastest.
@@ -96,6 +99,7 @@ class AcceptanceCalibration:
         self.position_strength = float(position_strength)
         self.prior_acceptance = float(prior_acceptance)
         self.confidence_edges = edges
+        self._edges_past_first = np.ascontiguousarray(edges[1:])  # ``confidence_bin``'s edges
         self.position_starts = starts
         #: prior mean of each confidence bin: its midpoint.
         self.bin_prior = (edges + np.append(edges[1:], 1.0)) / 2.0
@@ -149,19 +153,21 @@ class AcceptanceCalibration:
         if not reached:
             return
         lengths = np.array(reached)
-        total = int(lengths.sum())
-        conf = np.concatenate(confs)
-        # 1-based position of every reached token in its draft, and whether it was accepted
-        position = np.arange(1, total + 1) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        was_accepted = position <= np.repeat(np.array(accepted), lengths)
-        longest = int(lengths.max())
+        longest = max(reached)
         if longest > self._cells.size:  # a draft longer than any seen so far: widen the offsets
             self._cells = self.position_bin(np.arange(1, 2 * longest + 1)) * self.confidence_edges.size
-        cells = self._cells[position - 1] + self.confidence_bin(conf)  # flat (position bin, confidence bin) index
-        size, shape = self.reached.size, self.reached.shape
-        self.reached += np.bincount(cells, minlength=size).reshape(shape)
-        self.accepted += np.bincount(cells[was_accepted], minlength=size).reshape(shape)
-        self.confidence_sum += np.bincount(cells, weights=conf, minlength=size).reshape(shape)
+        # one compiled call: each reached token's flat (position bin, confidence bin) cell counted in
+        # reached / accepted / confidence_sum, as np.bincount's per-cell sums added to them
+        calibration_count(
+            self.reached,
+            self.accepted,
+            self.confidence_sum,
+            self._cells,
+            self._edges_past_first,
+            np.concatenate(confs),
+            lengths,
+            np.array(accepted),
+        )
         self._table = self._unseen = None
 
     def reset(self) -> None:
@@ -186,18 +192,27 @@ class AcceptanceCalibration:
         """``(position bins, confidence bins) float64``: ``p_qb`` for every cell (cached until the
         next ``observe``)."""
         if self._table is None:
-            s1 = self.position_strength
-            self._table = (self.accepted + s1 * self.pooled()[None, :]) / (self.reached + s1)
+            self._table, self._unseen = self._estimate()
         return self._table
 
     def unseen(self) -> np.ndarray:
         """``(position bins,) float64``: ``u_q``, the estimate for a token not drafted yet at each
         position bin (its confidence unknown), cached until the next ``observe``."""
         if self._unseen is None:
-            s0, s1 = self.prior_strength, self.position_strength
-            overall = (self.accepted.sum() + s0 * self.prior_acceptance) / (self.reached.sum() + s0)
-            self._unseen = (self.accepted.sum(axis=1) + s1 * overall) / (self.reached.sum(axis=1) + s1)
+            self._table, self._unseen = self._estimate()
         return self._unseen
+
+    def _estimate(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(table(), unseen())`` in one compiled call (``calibration_estimates``: the module
+        docstring's formulas, element for element)."""
+        return calibration_estimates(
+            self.reached,
+            self.accepted,
+            self.bin_prior,
+            self.prior_strength,
+            self.position_strength,
+            self.prior_acceptance,
+        )
 
     def probability(self, confidences: Sequence[float] | np.ndarray, first_position: int = 1) -> np.ndarray:
         """``p(c, i)`` for consecutive draft tokens: ``confidences`` ``(n,)`` of the tokens at

@@ -283,7 +283,8 @@ class DFlashRunner(SequencesRunner):
         return self.together(passes)
 
     def _features(self, context: torch.Tensor) -> torch.Tensor:
-        return context.to(self.dtype)
+        """``context`` in the model's dtype (itself when it is: no call)."""
+        return context if context.dtype == self.dtype else context.to(self.dtype)
 
     def _cache_context(self, p: BlockPass) -> None:
         """Write the keys and values of ``p``'s newly committed positions into its cache, alone."""
