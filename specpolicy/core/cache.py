@@ -33,7 +33,7 @@ class BufferedLayer(DynamicLayer):
     def __init__(self, capacity: int = 0) -> None:
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
-        self.length = 0  # tokens held
+        self._key_length = self._value_length = 0  # tokens held (apart while a pair is assigned one by one)
         self.capacity_hint = max(int(capacity), 0)
         super().__init__()
 
@@ -58,23 +58,32 @@ class BufferedLayer(DynamicLayer):
     def keys(self) -> torch.Tensor | None:
         """``(B, kv_heads, length, d)``: the cached keys (a view of the buffer), or None."""
         b = self._key_buffer
-        return b if b is None or b.dim() != 4 else b[:, :, : self.length]
+        return b if b is None or b.dim() != 4 else b[:, :, : self._key_length]
 
     @keys.setter
     def keys(self, tensor: torch.Tensor | None) -> None:
         self._key_buffer = self._adopt(self._key_buffer, tensor)
-        self.length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
+        self._key_length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
 
     @property
     def values(self) -> torch.Tensor | None:
         """``(B, kv_heads, length, d_v)``: the cached values (a view of the buffer), or None."""
         b = self._value_buffer
-        return b if b is None or b.dim() != 4 else b[:, :, : self.length]
+        return b if b is None or b.dim() != 4 else b[:, :, : self._value_length]
 
     @values.setter
     def values(self, tensor: torch.Tensor | None) -> None:
         self._value_buffer = self._adopt(self._value_buffer, tensor)
-        self.length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
+        self._value_length = 0 if tensor is None or tensor.dim() != 4 else int(tensor.shape[-2])
+
+    @property
+    def length(self) -> int:
+        """Tokens held."""
+        return self._key_length
+
+    @length.setter
+    def length(self, tokens: int) -> None:
+        self._key_length = self._value_length = tokens
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device

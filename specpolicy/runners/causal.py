@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.cache import append_columns, buffered_cache, crop_cache, padded_cache
 from specpolicy.core.runtime import Runtime, inference_mode, no_grad
 from specpolicy.runners.decoder import StaticDecoder
 from specpolicy.runners.sequences import SharedSequences
@@ -168,7 +168,7 @@ class CausalRunner:
             RuntimeError: compiled, every sequence of the static cache held (close them).
         """
         if self._rows is None:
-            return CausalSequence(cache=DynamicCache())
+            return CausalSequence(cache=buffered_cache())  # a rollback is a length (BufferedLayer)
         if self.single and self.static is not None:
             self.static.reset()
             return CausalSequence(static=self.static)

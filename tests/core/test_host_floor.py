@@ -119,3 +119,19 @@ def test_a_buffered_layer_adopts_views_of_its_buffer_and_replaces_it_with_other_
     assert layer.keys is None and layer.get_seq_length() == 0
     with pytest.raises(ValueError, match="negative"):
         layer.crop(2)
+
+
+def test_a_buffered_layer_takes_a_pair_assigned_one_by_one():
+    """``append_columns``' ``layer.keys = cat([layer.keys, k]); layer.values = cat([layer.values, v])``:
+    the values read between the two assignments are the ones held, not the keys' new length."""
+    cache = buffered_cache(16)
+    _filled(cache, [5])
+    layer = cache.layers[0]
+    keys, values = layer.keys.clone(), layer.values.clone()
+    k, v = torch.randn((1, 2, 3, 4)), torch.randn((1, 2, 3, 3))
+    layer.keys = torch.cat([layer.keys, k], dim=2)
+    layer.values = torch.cat([layer.values, v], dim=2)
+    assert layer.get_seq_length() == 8
+    assert torch.equal(layer.keys, torch.cat([keys, k], dim=2)) and torch.equal(
+        layer.values, torch.cat([values, v], dim=2)
+    )
