@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -338,8 +339,9 @@ class FastDLLMSteps:
         an unmasking pass leaves the cache as it was by putting back each layer's keys and values
         (the tensors the pass concatenated onto: the same state a crop makes, no tensor op)."""
         runner, cache = self.runner, p.sequence.cache
+        assert cache is not None  # an eager sequence
+        layers: Any = cache.layers  # transformers' cache layers (plain DynamicLayer ones put back)
         mask, positions = runner.alone_inputs(p.start, p.ids.device)
-        layers = cache.layers
         kept = None
         if not p.writes and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
             kept = [(layer, layer.keys, layer.values) for layer in layers]  # else (an empty cache): a crop
