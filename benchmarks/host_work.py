@@ -18,7 +18,7 @@ times; per method:
   (``time.perf_counter_ns``, a stack: a component's time excludes the components and passes it
   calls): ``policy.next_length``, ``policy.update``, ``policy.draft_tree`` (a tree policy's own
   search: DART's, EAGLE-2's, the block tree, Falcon's), ``path_search`` (DiffuSpec's CPS,
-  ``PathSearch.search``), ``ngram`` (n-gram lookups: ``NGramModel``, the suffix drafter's),
+  ``PathSearch.search`` and ``search_np``), ``ngram`` (n-gram lookups: ``NGramModel``, the suffix drafter's),
   ``drafter.draft`` (``draft`` and the loop's ``draft_many``) / ``drafter.alternatives`` /
   ``drafter.commit`` (the drafter's host work around its passes), ``verify`` (the target's host work around its pass: a tree's mask and positions,
   the tree-sampling walk, cache bookkeeping; the argmax and acceptance comparison on its logits are
@@ -60,6 +60,7 @@ COMPONENTS: tuple[tuple[str, Any, str], ...] = (
     ("policy.update", "policy", "update"),
     ("policy.draft_tree", "policy", "draft_tree"),
     ("path_search", PathSearch, "search"),
+    ("path_search", PathSearch, "search_np"),
     ("ngram", NGramModel, "trie_probs_np"),
     ("ngram", NGramModel, "trie_probs"),
     ("ngram", NGramModel, "trie_tables"),

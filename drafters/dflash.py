@@ -137,6 +137,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self.target_feature_layers = model.spec.feature_layers
         device = runtime.torch_device
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=device)
+        self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for host reads
         self._masks = torch.full((self.block_size - 1,), model.spec.mask_token_id, dtype=torch.long, device=device)
         self.path_search = path_search
         #: (order - 1,) int64: the last committed tokens, the n-gram context of the path search
@@ -273,11 +274,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         shorter than the block (its lattice ended) or ends at a stop token."""
         probs = torch.softmax(logits.float(), dim=-1)
         context = self.path_search.tail(self._recent, self._pending, self._tokens)  # padded by the search if short
-        tokens, confs, ended = self.path_search.search(probs, context, self._target_of_draft)
+        path, path_confs, ended = self.path_search.search_np(probs, context.cpu().numpy(), self._target_of_draft)
         self._path_ended = ended
-        stop_at = None
-        if tokens.numel() and bool(torch.isin(tokens[-1:], self._stop_ids).any()):
-            stop_at = tokens.numel() - 1
+        stop_at = None  # the path's last token a stop token (read on the host)
+        if path.shape[0] and int(path[-1]) in self._stop_set:
+            stop_at = path.shape[0] - 1
+        device = probs.device
+        tokens, confs = torch.from_numpy(path).to(device), torch.from_numpy(path_confs).to(device)
         q = point_mass(tokens, self.vocab_size) if self._sampling is not None else None
         return tokens, confs, q, stop_at
 

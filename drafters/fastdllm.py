@@ -48,7 +48,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specpolicy.core.checks import check_keys
-from specpolicy.core.compiled import block_scan, unmask_apply, unmask_pick
+from specpolicy.core.compiled import block_scan, unmask_step
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
@@ -170,14 +170,11 @@ class FastDLLMDrafter(Drafter):
     causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
     pass for every request at each step.
 
-    Host work: the current block's ids, confidences and mask state live on the host (numpy, B
-    positions); each pass's tokens and confidences are read once (the algorithm's "which positions
-    does this pass unmask, how far is the draft unmasked, and does it hold a stop token?"; a view on
-    the CPU, one transfer on a device), the unmasking rule and the block scan are compiled
-    (``specpolicy.core.compiled.unmask_pick``, ``unmask_apply``, ``block_scan``), and a pass gets the
-    block as a tensor (a view on the CPU). A boundary or write pass reads its first token once;
-    ``commit`` knows a chain's committed tokens from its own draft and ``next_token`` (a read only
-    for reused tokens or a tree path).
+    Host work: the block's ids, confidences and mask state live on the host (numpy, B positions);
+    each pass's tokens and confidences are read once (a view on the CPU, one transfer on a device);
+    the unmasking rule, the writes and the block scan are one compiled call a pass
+    (``specpolicy.core.compiled.unmask_step``); ``commit`` knows a chain's committed tokens from its
+    own draft and ``next_token`` (a read only for reused tokens or a tree path).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -229,7 +226,7 @@ class FastDLLMDrafter(Drafter):
         pass, eager or through the runner's static cache) and the choice of the tokens from a
         pass's logits (``_choose``: the argmax and its probability, or a draw from ``warp``),
         tensor work on the pass's output as the AR drafter's ``_choose`` is; the unmasking rule
-        that reads the confidences (``_select``) stays host work."""
+        that reads the confidences (``compiled.unmask_step``) stays host work."""
         static = self.runner.static
         return (self.model, (self, "_choose")) + (((static, "run"),) if static is not None else ())
 
@@ -269,12 +266,13 @@ class FastDLLMDrafter(Drafter):
         dev = runtime.torch_device
         self._device = dev
         self._mask_row = torch.full((block_size,), mask_id, dtype=torch.long, device=dev)  # (B,)
+        self._mask_index = self._mask_row[:1]  # (1,) the mask token's column (the path search drops it)
         self._stops = np.array(self.stop_token_ids, dtype=np.int64)  # (s,) on the host; empty: no stop check
         self._threshold32 = np.float32(self.threshold)  # compared in float32, as the confidences
         ids, masked, conf = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.float32)
-        pick = unmask_pick(conf, masked, self._threshold32, False)  # compiled (or numba's cache loaded) here,
-        unmask_apply(ids, conf, pick, 0, ids, conf, masked, conf.copy())  # not in a timed round
+        unmask_step(ids, conf, 0, ids, conf, masked, self._threshold32, False, self._stops, 0)  # compiled here
         block_scan(ids, masked, self._stops, 0)
+        self._on_cpu, self._no_conf = torch.device(dev).type == "cpu", np.zeros(0, dtype=np.float32)  # (0,)
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
         # of a block is never masked: it is committed or comes from the previous block's pass.
@@ -435,6 +433,7 @@ class FastDLLMDrafter(Drafter):
             ids[:t] = prefix.numpy()
         self._blk_start = start
         self._blk_ids = ids  # (B,) int64, host
+        self._blk_tensor = torch.from_numpy(ids)  # (B,) int64, a view of it (a pass's block on the CPU)
         self._blk_conf = conf  # (B,) float32, host
         self._blk_masked = np.arange(B) >= t  # (B,) bool, host
         self._filled = t  # leading offsets without masks (the draft reaches block offset _filled - 1)
@@ -446,11 +445,14 @@ class FastDLLMDrafter(Drafter):
         """Block offset of the first drafted token in the block starting at ``start``."""
         return max(self._L - start, 0)
 
-    def _scan(self) -> None:
+    def _scan(self, scanned: tuple[int, int] | None = None) -> None:
         """After a pass: ``_filled`` (the first masked offset) and the first drafted stop token of the
         block (``block_scan``, on the host copy the pass's one read filled); a stop token inside the
-        leading unmasked run ends the round's draft there (``_stop_len``)."""
-        filled, stop = block_scan(self._blk_ids, self._blk_masked, self._stops, self._draft_start(self._blk_start))
+        leading unmasked run ends the round's draft there (``_stop_len``). ``scanned``: the pair
+        ``block_scan`` returns when the caller has it (``unmask_step``'s)."""
+        if scanned is None:
+            scanned = block_scan(self._blk_ids, self._blk_masked, self._stops, self._draft_start(self._blk_start))
+        filled, stop = scanned
         self._filled = filled
         if stop < filled:  # the leading run holds a stop token: the draft ends at it
             self._stop_len = self._blk_start + stop + 1 - self._L
@@ -475,14 +477,17 @@ class FastDLLMDrafter(Drafter):
             return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
         tokens, confs = host_choice(tok, conf)
-        pick = self._select(confs, self._blk_masked[lo:b])
-        row = np.empty(b - lo, dtype=np.float32)
-        unmask_apply(tokens, confs, pick, lo, self._blk_ids, self._blk_conf, self._blk_masked, row)
+        # The unmasking rule of the class docstring (greedy: any order; sampling: left to right,
+        # ``compiled.unmask_pick``), the writes and the block scan, in one compiled call.
+        pick, row, filled, stop = unmask_step(
+            tokens, confs, lo, self._blk_ids, self._blk_conf, self._blk_masked, self._threshold32,
+            self._sampling is not None, self._stops, self._draft_start(self._blk_start),
+        )  # fmt: skip
         self._sb_conf.append(row)
         if probs is not None:
             chosen = torch.from_numpy(pick).to(self._device)
             self._blk_probs[lo:b] = torch.where(chosen[:, None], probs, self._blk_probs[lo:b])
-        self._scan()
+        self._scan((filled, stop))
 
     def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
         """After an unmasking pass with the path search: the small block's masked positions (offsets
@@ -490,13 +495,12 @@ class FastDLLMDrafter(Drafter):
         ``(b - lo, V)`` (the mask token never a candidate); the draft ends where the path does when
         that is before the small block's end."""
         first = max(lo, self._filled)
-        rows = logits[first - lo :].float().index_fill(1, self._mask_row[:1], -torch.inf)  # never the mask token
+        rows = logits[first - lo :].float().index_fill(1, self._mask_index, -torch.inf)  # never the mask token
         d0 = self._draft_start(self._blk_start)
         drafted = [seg[0] for seg in self._segments] + [self._blk_ids[d0:first]]
-        context = torch.from_numpy(np.concatenate([self._recent, *drafted]))  # padded by the search if short
-        path, conf, ended = self.path_search.search(torch.softmax(rows, -1), context)
-        q = None if self._blk_probs is None else point_mass(path, self.vocab_size)
-        path, conf = path.cpu().numpy(), conf.cpu().numpy()
+        context = np.concatenate([self._recent, *drafted])  # (c,) int64, padded by the search if short
+        path, conf, ended = self.path_search.search_np(torch.softmax(rows, -1), context)  # host arrays
+        q = None if self._blk_probs is None else point_mass(self._tensor(path), self.vocab_size)
         m = path.shape[0]
         taken = slice(first, first + m)
         self._blk_ids[taken], self._blk_conf[taken], self._blk_masked[taken] = path, conf, False
@@ -508,17 +512,6 @@ class FastDLLMDrafter(Drafter):
         self._scan()
         if ended and self._stop_len is None:
             self._path_len = self._blk_start + first + m - self._L
-
-    def _select(self, conf: np.ndarray, masked: np.ndarray) -> np.ndarray:
-        """Which masked positions of the small block this pass unmasks, ``(m,) bool``, from the
-        pass's confidences ``(m,) float32`` and the mask state ``(m,) bool`` (True = masked), on the
-        host (``specpolicy.core.compiled.unmask_pick``).
-
-        Greedy: every masked position above ``threshold``, and at least the most confident one
-        (Fast-dLLM v2's any-order rule). Sampling: left to right -- the leading run of masked
-        positions above ``threshold``, and at least the leftmost masked one (the masked positions
-        are then always a suffix of the small block); see the class docstring for why."""
-        return unmask_pick(conf, masked, self._threshold32, self._sampling is not None)
 
     def _cross_keep(self) -> None:
         """Before a boundary pass: the full block's drafted part joins the round's segments."""
@@ -632,7 +625,7 @@ class FastDLLMDrafter(Drafter):
         """This request's part of the next step: an unmasking pass over its current block (logits
         of the current small block's offsets, nothing cached) or, ``kind`` ``"cross"``, a boundary
         pass (the block's last logit, its keys and values kept)."""
-        ids = torch.from_numpy(self._blk_ids).to(self._device)  # (B,) the block as it stands (on the CPU, a view)
+        ids = self._blk_tensor if self._on_cpu else torch.from_numpy(self._blk_ids).to(self._device)  # (B,)
         if kind == "cross":
             self._cross_keep()
             return FastDLLMPass(self.sequence, ids, self._blk_start, None, writes=True)
@@ -643,27 +636,33 @@ class FastDLLMDrafter(Drafter):
         segments) and handed over as tensors on the drafter's device."""
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0 : self._filled]
-        parts = self._segments + [(self._blk_ids[d0 : self._filled], self._blk_conf[d0 : self._filled], probs)]
-        ids = np.concatenate([p[0] for p in parts])[: self._k]
-        conf = np.concatenate([p[1] for p in parts])[: self._k]
+        d1 = min(self._filled, d0 + self._k)  # the draft's end in the current block, at most
+        parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
+        one = not self._segments  # the draft lies in the current block: one slice each, copied
+        ids = parts[0][0].copy() if one else np.concatenate([p[0] for p in parts])[: self._k]
+        conf = parts[0][1].copy() if one else np.concatenate([p[1] for p in parts])[: self._k]
         q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
-        sb_conf = np.concatenate(self._sb_conf) if self._sb_conf else np.zeros(0, dtype=np.float32)
+        sb_conf = self._sb_conf[0] if len(self._sb_conf) == 1 else np.concatenate([self._no_conf, *self._sb_conf])
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         ended = self._stop_len is not None or self._path_len is not None
         lookahead = 0 if ended else max(self._blk_start + self._filled - (self._L + self._k), 0)
         ahead_conf = self._blk_conf[self._filled - lookahead : self._filled].copy()  # (lookahead,)
         self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
-        dev = self._device
+        tensor = self._tensor
         return Draft(
-            torch.from_numpy(ids).to(dev),
-            torch.from_numpy(conf).to(dev),
+            tensor(ids),
+            tensor(conf),
             forward_passes=self._passes,
             probs=q,  # fresh tensors (torch.cat)
             ends_at_stop_token=self._k == self._stop_len,
-            extras={SMALL_BLOCK_CONFIDENCES: torch.from_numpy(sb_conf).to(dev)},
+            extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
             lookahead=lookahead,
-            lookahead_confidences=torch.from_numpy(ahead_conf).to(dev),
+            lookahead_confidences=tensor(ahead_conf),
         )
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        """A host array the drafter no longer writes as a tensor on its device (on the CPU, a view)."""
+        return torch.from_numpy(array) if self._on_cpu else torch.from_numpy(array).to(self._device)
 
     @no_grad
     def commit(self, draft: Draft, verification: Verification) -> None:
@@ -690,7 +689,7 @@ class FastDLLMDrafter(Drafter):
         B = self.block_size
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here
-            committed = np.append(self._drafted[:a], np.int64(verification.next_token))  # (a + 1,) int64
+            committed = np.concatenate((self._drafted[:a], (verification.next_token,)))  # (a + 1,) int64
         else:
             committed = verification.committed_tokens(draft).cpu().numpy()
         self._remember(committed)
@@ -699,11 +698,12 @@ class FastDLLMDrafter(Drafter):
         matched_end = L + min(a, own)  # drafted positions [L, matched_end) are committed as drafted
 
         valid_end, first = base, self._first
-        for block_end, block_first in self._tentative:
-            if block_end > matched_end:
-                break
-            valid_end, first = block_end, block_first
-        self.sequence.crop(valid_end)
+        if self._tentative:  # else the cache holds exactly ``base`` positions: nothing to roll back
+            for block_end, block_first in self._tentative:
+                if block_end > matched_end:
+                    break
+                valid_end, first = block_end, block_first
+            self.sequence.crop(valid_end)
 
         seq = np.concatenate([self._tail.numpy(), committed])  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B

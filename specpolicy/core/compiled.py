@@ -486,3 +486,90 @@ def block_scan(block_ids: np.ndarray, masked: np.ndarray, stops: np.ndarray, fir
             if first_stop < size:
                 break
     return filled, first_stop
+
+
+# -- Fast-dLLM v2's whole unmasking step (drafters/fastdllm.py; h48-dllm2) ---------------------------
+
+
+@njit(cache=True)
+def unmask_step(
+    tokens: np.ndarray,
+    conf: np.ndarray,
+    lo: int,
+    block_ids: np.ndarray,
+    block_conf: np.ndarray,
+    masked: np.ndarray,
+    threshold: np.float32,
+    left_to_right: bool,
+    stops: np.ndarray,
+    first_drafted: int,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """One unmasking pass's bookkeeping in ONE call: ``unmask_pick`` over the small block's offsets
+    ``[lo, lo + m)`` (``tokens`` ``(m,)`` int64, ``conf`` ``(m,)`` float32, the pass's choice), then
+    ``unmask_apply`` into the block (``block_ids`` ``(B,)`` int64, ``block_conf`` ``(B,)`` float32,
+    ``masked`` ``(B,)`` bool, in place), then ``block_scan`` (``stops`` ``(s,)`` int64, the first
+    drafted offset ``first_drafted``). Returns ``(pick, row, filled, first_stop)``: the ``(m,)`` bool
+    picks, the ``(m,)`` float32 confidences at the positions masked before the pass (NaN elsewhere),
+    and ``block_scan``'s pair -- the three kernels' results, by calling them."""
+    m = tokens.shape[0]
+    pick = unmask_pick(conf, masked[lo : lo + m], threshold, left_to_right)
+    row = np.empty(m, dtype=np.float32)
+    unmask_apply(tokens, conf, pick, lo, block_ids, block_conf, masked, row)
+    filled, first_stop = block_scan(block_ids, masked, stops, first_drafted)
+    return pick, row, filled, first_stop
+
+
+# -- Kneser-Ney scores in two stages (the path search's beams; h48-dllm2) -----------------------------
+
+
+@njit(cache=True)
+def kneser_ney_unigram(
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    tokens: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """``kneser_ney_row``'s first stage (the unigram estimate of ``tokens`` ``(C,) int64`` into ``out``
+    ``(C,) float64``), which reads no context: computed once per lattice position and shared by
+    every beam (``kneser_ney_higher`` completes a beam's row from a copy). The same IEEE operations."""
+    d = discounts[0]
+    lo, hi = np.searchsorted(keys, 0), np.searchsorted(keys, base)  # the unigram counts (table 0)
+    run_keys, run_values = keys[lo:hi], values[lo:hi]
+    for c in range(tokens.shape[0]):
+        count = _lookup_one(run_keys, run_values, tokens[c])
+        out[c] = (max(count - d, 0.0) + d * unigram_types / vocab_size) / unigram_total
+
+
+@njit(cache=True)
+def kneser_ney_higher(
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    base: int,
+    order: int,
+    context: np.ndarray,
+    tokens: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """``kneser_ney_row``'s orders 2..``order`` for ``context`` ``(order - 1,) int64``, in place on
+    ``out`` ``(C,) float64`` holding ``kneser_ney_unigram``'s row: after both, ``out`` is bit for bit
+    ``kneser_ney_row``'s (the same operations in the same order)."""
+    offset = base**order
+    prefix = 0
+    for n in range(2, order + 1):
+        prefix = context[order - n] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
+        table = 3 * (n - 1) * offset
+        total_n = _lookup_one(keys, values, prefix + table + offset)
+        if total_n > 0:
+            types_n = _lookup_one(keys, values, prefix + table + 2 * offset)
+            d = discounts[n - 1]
+            lo, hi = np.searchsorted(keys, prefix * base + table), np.searchsorted(keys, (prefix + 1) * base + table)
+            run_keys, run_values = keys[lo:hi], values[lo:hi]
+            for c in range(tokens.shape[0]):
+                count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
+                out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)

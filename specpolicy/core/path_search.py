@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from specpolicy.core.compiled import kneser_ney_row, topk_largest
+from specpolicy.core.compiled import kneser_ney_higher, kneser_ney_row, kneser_ney_unigram, topk_largest
 from specpolicy.core.runtime import no_grad
 
 
@@ -208,7 +208,7 @@ class PathSearch:
         weight = 1.0 - self.lam
         tables = getattr(self.scorer, "compiled_tables", None)
         if tables is not None:
-            return _beams_kneser_ney(tokens, drafter_term, history[0], stops, width, weight, *tables())
+            return _beams_kneser_ney_shared(tokens, drafter_term, history[0], stops, width, weight, *tables())
         # W beam slots from the start; the empty ones score -inf and are never preferred
         scores = np.full(width, -np.inf)
         scores[0] = 0.0
@@ -323,6 +323,75 @@ def _beams_kneser_ney(
             )
             for c in range(size):
                 lp[w, c] = np.float64(np.float32(np.log(row[c])))
+        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
+            break
+    return _best(paths, scores)
+
+
+@njit(cache=True)
+def _beams_kneser_ney_shared(
+    tokens: np.ndarray,
+    drafter_term: np.ndarray,
+    context: np.ndarray,
+    stops: np.ndarray,
+    width: int,
+    weight: float,
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+) -> np.ndarray:
+    """``_beams_kneser_ney`` (the same path, bit for bit) with each position's scoring shared: the
+    unigram stage once per position (``kneser_ney_unigram``; it reads no context), a beam whose
+    history another beam already scored copies that row, and no row for a beam whose extensions
+    score -inf whatever it holds -- a finished beam (carried as it stands) or an empty slot (score
+    -inf; with ``weight`` > 0, ``-inf + drafter term + weight * lp`` is -inf or NaN exactly as with
+    its row, the row being a log-probability <= 0; at ``weight`` 0 every row is scored, since
+    ``0 * -inf`` is NaN)."""
+    m, size = tokens.shape
+    scores = np.full(width, -np.inf)
+    scores[0] = 0.0
+    done = np.zeros(width, dtype=np.bool_)
+    paths = np.full((width, m), -1, dtype=np.int64)
+    keep = context.shape[0]
+    history = np.empty((width, keep), dtype=np.int64)
+    for w in range(width):
+        history[w] = context
+    lp = np.empty((width, size))
+    row = np.empty(size)
+    unigram = np.empty(size)
+    scored = np.zeros(width, dtype=np.bool_)
+    for i in range(m):
+        cand = tokens[i].copy()
+        kneser_ney_unigram(keys, values, discounts, unigram_total, unigram_types, vocab_size, base, cand, unigram)
+        for w in range(width):
+            scored[w] = False
+            if done[w] or (weight != 0.0 and scores[w] == -np.inf):
+                lp[w, :] = 0.0  # never read into a finite score (see above)
+                continue
+            same = -1
+            for v in range(w):
+                if scored[v]:
+                    equal = True
+                    for j in range(keep):
+                        if history[v, j] != history[w, j]:
+                            equal = False
+                            break
+                    if equal:
+                        same = v
+                        break
+            if same >= 0:
+                lp[w, :] = lp[same, :]
+            else:
+                row[:] = unigram
+                kneser_ney_higher(keys, values, discounts, base, order, history[w], cand, row)
+                for c in range(size):
+                    lp[w, c] = np.float64(np.float32(np.log(row[c])))
+            scored[w] = True
         if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
             break
     return _best(paths, scores)

@@ -26,10 +26,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import append_columns, crop_cache, padded_cache
@@ -47,6 +49,7 @@ def block_pass(
     mask: torch.Tensor,
     attn: str,
     logits_to_keep: int | torch.Tensor,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One forward pass over ``ids`` ((n,) int64, absolute positions ``start..start+n-1``) on top of
     ``cache`` (which must hold exactly ``start`` positions), under ``mask`` (``(1, 1, n, start + n)``
@@ -55,13 +58,14 @@ def block_pass(
     Args:
         attn: the model's attention implementation (``sdpa`` or ``eager``: how the mask is handed over).
         logits_to_keep: the last n positions (int) or the offsets (``(m,) int64``) whose logits are kept.
+        dtype: the model's parameter dtype (the eager mask's); None: read from the model.
     Returns:
         The kept logits ``(m, V)`` in the model dtype.
     """
     n = int(ids.shape[0])
     assert cache.get_seq_length() == start, (cache.get_seq_length(), start)
     positions = torch.arange(start, start + n, device=ids.device)[None]
-    dtype = next(model.parameters()).dtype
+    dtype = next(model.parameters()).dtype if dtype is None else dtype
     out = model(
         input_ids=ids[None],
         attention_mask=as_model_mask(mask, attn, dtype),
@@ -214,6 +218,8 @@ class FastDLLMRunner:
         #: the requests' sequences: a ``DynamicCache`` each, or the static cache's (``causal.static``)
         self.causal = CausalRunner(model, runtime, capacity, static_cache=static_cache)
         self.shared = False  # a batched run's static cache of several sequences (``batched``)
+        self._dtype = next(model.parameters()).dtype
+        self._alone_inputs: tuple | None = None  # (start, device, the model's mask, positions): ``alone_inputs``
 
     @property
     def static(self) -> StaticDecoder | None:
@@ -252,6 +258,19 @@ class FastDLLMRunner:
         """The request is done: its static sequence is free for the next (eager: nothing to do)."""
         self.causal.close(sequence)
 
+    def alone_inputs(self, start: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's block pass alone at block start ``start``: the all-visible mask over its
+        ``start`` cached positions and its block, in the model's form (``as_model_mask`` of
+        ``(1, 1, B, start + B)`` bool), and the block's positions ``(1, B) int64``; built when the
+        start moves (once per block), read by every pass over that block."""
+        held = self._alone_inputs
+        if held is None or held[0] != start or held[1] != device:
+            B = self.block_size
+            mask = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=device)
+            positions = torch.arange(start, start + B, device=device)[None]
+            held = self._alone_inputs = (start, device, as_model_mask(mask, self.attn, self._dtype), positions)
+        return held[2], held[3]
+
     @no_grad
     def write(self, sequence: CausalSequence, ids: torch.Tensor, start: int) -> torch.Tensor:
         """Write the keys and values of complete blocks ``ids`` (``(n,) int64``, n a multiple of B, from
@@ -260,7 +279,7 @@ class FastDLLMRunner:
         n = int(ids.shape[0])
         if sequence.rows is None:
             mask = block_causal_mask(start, n, start + n, self.block_size, ids.device)
-            return block_pass(self.model, sequence.cache, ids, start, mask, self.attn, logits_to_keep=1)
+            return block_pass(self.model, sequence.cache, ids, start, mask, self.attn, 1, self._dtype)
         return _static_pass(self.block_size, [FastDLLMPass(sequence, ids, start, None, writes=True)])[0]
 
     def steps(self, requests: int) -> FastDLLMSteps:
@@ -315,14 +334,31 @@ class FastDLLMSteps:
 
     def _alone(self, p: FastDLLMPass) -> torch.Tensor:
         """One request's pass as the Hugging Face forward on its own cache, under an all-visible
-        mask (the cached blocks and the whole block)."""
-        runner, B = self.runner, self.runner.block_size
-        mask = torch.ones(1, 1, B, p.start + B, dtype=torch.bool, device=p.ids.device)
-        keep = 1 if p.keep is None else p.keep
-        logits = block_pass(runner.model, p.sequence.cache, p.ids, p.start, mask, runner.attn, keep)
-        if not p.writes:
-            p.sequence.crop(p.start)  # an unmasking pass adds nothing to the cache
-        return logits
+        mask (the cached blocks and the whole block). Host work: the mask (in the model's form) and
+        the positions are the runner's, built once per block start (``FastDLLMRunner.alone_inputs``);
+        an unmasking pass leaves the cache as it was by putting back each layer's keys and values
+        (the tensors the pass concatenated onto: the same state a crop makes, no tensor op)."""
+        runner, cache = self.runner, p.sequence.cache
+        assert cache is not None  # an eager sequence
+        layers: Any = cache.layers  # transformers' cache layers (plain DynamicLayer ones put back)
+        mask, positions = runner.alone_inputs(p.start, p.ids.device)
+        kept = None
+        if not p.writes and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+            kept = [(layer, layer.keys, layer.values) for layer in layers]  # else (an empty cache): a crop
+        out = runner.model(
+            input_ids=p.ids[None],
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1 if p.keep is None else p.keep,
+        )
+        if kept is not None and len(layers) == len(kept):
+            for layer, keys, values in kept:  # an unmasking pass adds nothing to the cache
+                layer.keys, layer.values = keys, values
+        elif not p.writes:
+            p.sequence.crop(p.start)
+        return out.logits[0]
 
     def _together(self, passes: list[FastDLLMPass]) -> list[torch.Tensor]:
         """Every request's pass in ONE padded forward (``padded_block_pass``); a writing row's new

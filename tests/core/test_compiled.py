@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from specpolicy.core.compiled import block_scan, kneser_ney_row, topk_largest, unmask_apply, unmask_pick
+from specpolicy.core.compiled import (
+    block_scan,
+    kneser_ney_row,
+    topk_largest,
+    unmask_apply,
+    unmask_pick,
+    unmask_step,
+)
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
 
 
@@ -145,3 +152,12 @@ def test_the_unmasking_kernels_are_the_torch_rule(seed):
         is_stop = torch.isin(want_ids, stops) & ~want_masked & (torch.arange(B) >= d0)
         first_stop = int(torch.where(is_stop.any(), is_stop.int().argmax(), B))
         assert block_scan(got_ids, got_masked, stops.numpy(), d0) == (first_masked, first_stop)
+        # the fused step (one call a pass): the same picks, writes, row and scan as the torch forms
+        step_ids, step_conf, step_masked = ids.numpy().copy(), np.zeros(B, dtype=np.float32), masked.numpy().copy()
+        step = unmask_step(
+            tokens.numpy(), conf.numpy(), lo, step_ids, step_conf, step_masked, np.float32(threshold), sampling,
+            stops.numpy(), d0,
+        )  # fmt: skip
+        assert step[0].tolist() == want_pick.tolist() and step[2:] == (first_masked, first_stop)
+        assert step_ids.tolist() == want_ids.tolist() and step_masked.tolist() == want_masked.tolist()
+        assert np.array_equal(step_conf, got_conf, equal_nan=True) and np.array_equal(step[1], row, equal_nan=True)

@@ -238,3 +238,30 @@ def test_dart_pool_selection_is_the_stable_sort_s(seed):
     for n in (1, 2, 16, 60, size, size + 5):
         want = np.sort(np.argsort(-scores, kind="stable")[:n])
         assert np.array_equal(_best_set(scores, n), want), (size, n)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
+    """``_beams_kneser_ney_shared`` (the unigram stage once per position, a repeated history's row
+    copied, no row for finished or empty beams) against ``_beams_kneser_ney`` (every beam scored by
+    ``kneser_ney_row``): the same path on random and tie-heavy lattices (drafter terms from a few
+    values, candidates repeating across positions so beams share histories), every weight (lambda 1
+    included: ``0 * -inf``), narrow lattices that leave beam slots empty, stop tokens."""
+    from specpolicy.core.path_search import _beams_kneser_ney, _beams_kneser_ney_shared
+
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice((6, 12, 40)))
+    model = _model(seed, vocab, int(rng.choice((2, 3))))
+    tables = model.compiled_tables()
+    for _ in range(20):
+        m, size = int(rng.integers(1, 20)), int(rng.integers(1, 8))
+        tokens = rng.integers(0, int(rng.choice((2, vocab))), size=(m, size)).astype(np.int64)  # repeats
+        levels = np.log(np.array([1e-30, 0.05, 0.25, 0.5, 1.0]))
+        term = rng.choice(levels, size=(m, size)) if rng.random() < 0.5 else np.log(rng.random((m, size)))
+        term[rng.random((m, size)) < 0.3] = -np.inf  # invalid slots (an empty beam when few are valid)
+        lam = float(rng.choice((0.0, 0.5, 0.8, 1.0)))
+        width = int(rng.choice((1, 2, 3, 5)))
+        stops = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
+        context = rng.integers(0, vocab + 1, size=model.order - 1).astype(np.int64)
+        args = (tokens, lam * term, context, stops, width, 1.0 - lam, *tables)
+        assert np.array_equal(_beams_kneser_ney_shared(*args), _beams_kneser_ney(*args))

@@ -431,20 +431,23 @@ def test_left_to_right_unmasking_is_what_makes_the_dllm_q_valid():
     assert (any_order - target).abs().sum() / 2 > 1e-3
 
 
-def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime):
+def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime, monkeypatch):
     """Structural guard of the rule above: at every pass the masked positions of the small block
     are a suffix and the pass unmasks a prefix of them; the reported q rows are distributions
     with the drafted token in their support and the confidence is their max."""
+    import specpolicy.drafters.fastdllm as fastdllm_module
+
     threshold = 0.5
     seen = []
+    step = fastdllm_module.unmask_step
 
-    class Recording(FastDLLMDrafter):
-        def _select(self, conf, masked):
-            pick = super()._select(conf, masked)
-            seen.append((torch.from_numpy(masked.copy()), torch.from_numpy(pick.copy())))
-            return pick
+    def recording(tokens, conf, lo, block_ids, block_conf, masked, *rest):  # each pass's rule, recorded
+        before = torch.from_numpy(masked[lo : lo + tokens.shape[0]].copy())
+        result = step(tokens, conf, lo, block_ids, block_conf, masked, *rest)
+        seen.append((before, torch.from_numpy(result[0].copy())))
+        return result
 
-    drafter = Recording(
+    drafter = FastDLLMDrafter(
         models["dllm"],
         runtime,
         SimpleNamespace(mask_token_id=MASK),
@@ -452,6 +455,7 @@ def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime):
         small_block_size=8,
         threshold=threshold,
     )
+    monkeypatch.setattr(fastdllm_module, "unmask_step", recording)
     for seed in range(20):
         runtime.seed_everything(seed)
         drafter.prefill(torch.tensor([3, 1, 4]), sampling=TEMPERATURE)

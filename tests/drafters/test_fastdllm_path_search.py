@@ -64,8 +64,8 @@ def test_the_draft_ends_where_the_path_ends(runtime):
     and no look-ahead; the next round drafts again."""
 
     class EndsEarly(PathSearch):
-        def search(self, probs, context, token_ids=None):
-            path, q, _ = super().search(probs, context, token_ids)
+        def search_np(self, probs, context, token_ids=None):  # what the drafter calls (host arrays)
+            path, q, _ = super().search_np(probs, context, token_ids)
             return path[:3], q[:3], True
 
     base = _search(lam=0.5)
