@@ -81,8 +81,20 @@ class FalconDrafter(Drafter):
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a pass (``_pass``: chains and tree blocks alike), the LM head on its
-        outputs, ``alternatives`` and the target's embeddings (``ForwardTimer``)."""
-        return ((self, "_pass"), self.lm_head, (self, "alternatives"), self.embed_tokens)
+        outputs, the choice of a chain pass's tokens from its logits with the search for a drafted
+        stop token (``_choose``), the top-k of a tree block's distributions (``_top``) and of the
+        chain's (``alternatives``), and the target's embeddings (``ForwardTimer``). The choice and
+        the top-k are tensor work on the pass's output: part of the pass (``specpolicy.core.passes``),
+        as the other drafters' are (``eagle3``'s ``_choose`` / ``top_tokens``, ``dflash``'s
+        ``_choose_blocks``)."""
+        return (
+            (self, "_pass"),
+            self.lm_head,
+            (self, "_choose"),
+            (self, "_top"),
+            (self, "alternatives"),
+            self.embed_tokens,
+        )
 
     # -- committed state --------------------------------------------------------------------
 
@@ -107,8 +119,14 @@ class FalconDrafter(Drafter):
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)  # drafted, shown or not
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
+        self._token_parts: list[torch.Tensor] = []
+        self._conf_parts: list[torch.Tensor] = []
+        self._joined: tuple[torch.Tensor, torch.Tensor] = (
+            torch.empty(0, dtype=torch.long, device=device),
+            torch.empty(0, dtype=torch.float32, device=device),
+        )
+        self._count = 0  # tokens drafted this round
         self._logits: list[torch.Tensor] = []  # (k, V) per pass
         self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
         self._shown = 0  # tokens returned by ``draft`` so far
@@ -172,7 +190,10 @@ class FalconDrafter(Drafter):
             return None
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self.cache.length
-        positions = torch.arange(start, start + u, device=device)[None]
+        if device.type in _HOST_DEVICES:  # numpy: no per-op dispatch
+            positions = torch.from_numpy(np.arange(start, start + u)[None])
+        else:
+            positions = torch.arange(start, start + u, device=device)[None]
         mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
         out, state, mid = self._pass(
@@ -197,10 +218,10 @@ class FalconDrafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         want = self._shown + num_tokens
-        while self._tokens.shape[0] < want and not self._ended:
+        while self._count < want and not self._ended:
             if not self._advance():
                 break
-        self._shown = min(want, int(self._tokens.shape[0]))
+        self._shown = min(want, self._count)
         return self._current()
 
     def _advance(self) -> bool:
@@ -211,43 +232,67 @@ class FalconDrafter(Drafter):
                 return False
         else:
             parent_out, state = self._block
-            start = self.cache.length
-            positions = torch.arange(start, start + self.k, device=parent_out.device)[None]
-            mask = torch.ones((self.k, start + self.k), dtype=torch.bool, device=parent_out.device)
+            positions, mask = chain_layout(self.cache.length, self.k, parent_out.device)
             out, state, _ = self._pass(
-                self.embed_tokens(self._tokens[-self.k :])[None], parent_out[None], positions, state, mask
+                self.embed_tokens(self._token_parts[-1])[None], parent_out[None], positions, state, mask
             )
             out = out[0]
             self._block = (out, state)
             self._passes += 1
-        logits = self.lm_head(out)  # (k, V)
-        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        logits, tokens, confs, q, end = self._choose(out)
         self._logits.append(logits)
         if q is not None:
             self._probs.append(q)
-        if self._stop_ids.numel():
-            hit = torch.isin(tokens, self._stop_ids)
-            if bool(hit.any()):  # one sync per pass: the draft ends at a drafted stop token
-                end = int(hit.int().argmax()) + 1
-                tokens, confs = tokens[:end], confs[:end]
-                self._ended = True
+        if end is not None:  # the draft ends at a drafted stop token
+            tokens, confs = tokens[:end], confs[:end]
+            self._ended = True
         if self.report_hidden:
             self._hidden.append(out[: tokens.shape[0]])
-        self._tokens = torch.cat([self._tokens, tokens])
-        self._confs = torch.cat([self._confs, confs.to(self._confs.dtype)])
+        self._token_parts.append(tokens)
+        self._conf_parts.append(confs if confs.dtype == torch.float32 else confs.float())
+        self._count += int(tokens.shape[0])
         return True
+
+    def _drafted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's drafted tokens ``(n,) int64`` and confidences ``(n,) float32`` (joined once per
+        new pass)."""
+        if self._joined[0].shape[0] != self._count:
+            parts = len(self._token_parts)
+            self._joined = (
+                self._token_parts[0] if parts == 1 else torch.cat(self._token_parts),
+                self._conf_parts[0] if parts == 1 else torch.cat(self._conf_parts),
+            )
+        return self._joined
+
+    def _choose(
+        self, out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
+        """A chain pass's tokens from its outputs ``out`` ``(k, H)``: the LM head's logits ``(k, V)``,
+        the tokens ``(k,) int64`` (greedy the argmax, sampling a draw) with their confidences ``(k,)``
+        and q ``(k, V)`` (None when greedy), and the number of tokens up to the first drafted stop
+        token (None: none drafted; one sync per pass). Tensor work on the pass's output: part of
+        the pass (``timed_calls``), as the verifier's argmax is."""
+        logits = self.lm_head(out)
+        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        end = None
+        if self._stop_ids.numel():
+            hit = torch.isin(tokens, self._stop_ids)
+            if bool(hit.any()):
+                end = int(hit.int().argmax()) + 1
+        return logits, tokens, confs, q, end
 
     def _current(self) -> Draft:
         n = self._shown
         probs = torch.cat(self._probs)[:n] if self._probs else None
+        tokens, confs = self._drafted()
         return Draft(
-            self._tokens[:n],
-            self._confs[:n],
+            tokens[:n],
+            confs[:n],
             forward_passes=self._passes,
             probs=probs,
-            lookahead=int(self._tokens.shape[0]) - n,
-            lookahead_confidences=self._confs[n:],
-            ends_at_stop_token=self._ended and n == int(self._tokens.shape[0]),
+            lookahead=self._count - n,
+            lookahead_confidences=confs[n:],
+            ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
 
@@ -280,6 +325,9 @@ class FalconDrafter(Drafter):
         return self._top(out, top_k)
 
     def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``top_k`` tokens of each row's distribution (``out`` ``(..., H)``): ids ``(..., top_k)
+        int64`` and log-probabilities ``(..., top_k) float32``, best first. Tensor work on the pass's
+        output: part of the pass (``timed_calls``)."""
         logp = torch.log_softmax(self.lm_head(out).float(), dim=-1)
         values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
         return ids, values
@@ -341,6 +389,18 @@ def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.T
     block = i >= u - k
     mask = (i[None, :] <= i[:, None]) | (block[None, :] & block[:, None])  # causal; the last block whole
     return torch.cat([torch.ones((u, start), dtype=torch.bool, device=device), mask], dim=1)
+
+
+def chain_layout(start: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain pass's positions ``(1, k) int64`` (``start`` .. ``start + k - 1``) and mask ``(k, start +
+    k) bool`` (all True: the block sees the cache and itself whole). On the CPU in numpy (no per-op
+    dispatch), else in tensor ops on ``device``; the same."""
+    if device.type in _HOST_DEVICES:
+        return torch.from_numpy(np.arange(start, start + k)[None]), torch.from_numpy(
+            np.ones((k, start + k), dtype=bool)
+        )
+    positions = torch.arange(start, start + k, device=device)[None]
+    return positions, torch.ones((k, start + k), dtype=torch.bool, device=device)
 
 
 def block_layout(
