@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import tree
+from specpolicy.core import compiled, tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
@@ -319,10 +319,57 @@ class FalconDrafter(Drafter):
         if out is None:
             return torch.empty((0, top_k), dtype=torch.long), torch.empty((0, top_k))
         _, state = self._block
-        self._tree_out = out[None]  # (blocks, k, H)
-        self._tree_h, self._tree_c = state  # (layers, blocks, H)
-        self._tree = tree.GrowingTree(self.cache.length, out.device)
+        self._tree_committed = self.cache.length
+        self._tree_host = out.device.type in _HOST_DEVICES and out.dtype in _NUMPY_DTYPES
+        if self._tree_host:  # the blocks' bookkeeping on numpy buffers kept across rounds (no per-op dispatch)
+            self._tree_blocks = 0
+            self._host_rows(1, out, state[0])
+            self._ancestors[0] = False
+            self._out_np[0], self._h_np[:, 0], self._c_np[:, 0] = (
+                out.numpy(),
+                state[0][:, 0].numpy(),
+                state[1][:, 0].numpy(),
+            )
+        else:
+            self._tree_out = out[None]  # (blocks, k, H)
+            self._tree_h, self._tree_c = state  # (layers, blocks, H)
+            self._tree = tree.GrowingTree(self.cache.length, out.device)
         return self._top(out, top_k)
+
+    def _host_rows(self, rows: int, out: torch.Tensor | None = None, state: torch.Tensor | None = None) -> None:
+        """Room for ``rows`` blocks (the root's included) in the host buffers: the block tree's
+        ancestors ``(cap, cap) bool`` and depths ``(cap,) int64``, each block's outputs ``(cap, k, H)``
+        and LSTM state ``(layers, cap, H)`` (shaped and typed as the root's ``out`` ``(k, H)`` and
+        ``state`` ``(layers, 1, H)``, given at a round's start); grown by doubling, rows kept."""
+        cap = self._ancestors.shape[0] if hasattr(self, "_ancestors") else 0
+        if (
+            out is not None
+            and cap
+            and (
+                self._out_np.shape[1:] != tuple(out.shape)
+                or self._h_np.shape[0] != state.shape[0]
+                or self._out_np.dtype != _NUMPY_DTYPES[out.dtype]
+            )
+        ):
+            cap = 0  # another shape or dtype: new buffers
+        if rows <= cap:
+            return
+        new = max(rows, 2 * cap, 16)
+        block = tuple(out.shape) if not cap else self._out_np.shape[1:]
+        layers, h = (state.shape[0], state.shape[2]) if not cap else (self._h_np.shape[0], self._h_np.shape[2])
+        dtype = _NUMPY_DTYPES[out.dtype] if not cap else self._out_np.dtype
+        grown = (
+            np.zeros((new, new), dtype=bool),
+            np.zeros(new, dtype=np.int64),
+            np.zeros((new, *block), dtype=dtype),
+            np.zeros((layers, new, h), dtype=dtype),
+            np.zeros((layers, new, h), dtype=dtype),
+        )
+        if cap:
+            grown[0][:cap, :cap] = self._ancestors
+            grown[1][:cap], grown[2][:cap] = self._depths, self._out_np
+            grown[3][:, :cap], grown[4][:, :cap] = self._h_np, self._c_np
+        self._ancestors, self._depths, self._out_np, self._h_np, self._c_np = grown
 
     def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``top_k`` tokens of each row's distribution (``out`` ``(..., H)``): ids ``(..., top_k)
@@ -350,6 +397,8 @@ class FalconDrafter(Drafter):
         """
         if not isinstance(parents, torch.Tensor):
             parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
+        if self._tree_host:
+            return self._expand_on_host(tokens, parents, top_k)
         m, k = tokens.shape
         committed = self._tree.committed
         nodes, depth_pos, block_mask = self._tree.add(parents)
@@ -364,6 +413,30 @@ class FalconDrafter(Drafter):
         ids, logp = self._top(out, top_k)
         return nodes, ids, logp
 
+    def _expand_on_host(
+        self, tokens: torch.Tensor, parents: torch.Tensor, top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``tree_block_expand`` on the CPU: the layout in one compiled call
+        (``compiled.falcon_block_layout``), the parents' outputs and LSTM state gathered from, and
+        the new blocks' written to, the numpy buffers (``_host_rows``); the same pass."""
+        above = parents.numpy()
+        m, base = int(above.shape[0]), self._tree_blocks
+        self._host_rows(base + m + 1)
+        positions, mask = compiled.falcon_block_layout(
+            self._ancestors, self._depths, above, base, self._tree_committed, self.k
+        )
+        state = (torch.from_numpy(self._h_np.take(above, axis=1)), torch.from_numpy(self._c_np.take(above, axis=1)))
+        hidden = torch.from_numpy(self._out_np.take(above, axis=0))
+        out, (h, c), _ = self._pass(
+            self.embed_tokens(tokens), hidden, torch.from_numpy(positions), state, torch.from_numpy(mask)
+        )
+        rows = slice(base + 1, base + 1 + m)
+        self._out_np[rows], self._h_np[:, rows], self._c_np[:, rows] = out.numpy(), h.numpy(), c.numpy()
+        self._tree_blocks = base + m
+        self._passes += 1
+        ids, logp = self._top(out, top_k)
+        return torch.from_numpy(np.arange(base + 1, base + 1 + m)), ids, logp
+
     @property
     def tree_passes(self) -> int:
         """Drafter passes spent on the round's tree so far."""
@@ -372,6 +445,8 @@ class FalconDrafter(Drafter):
 
 #: device types whose layouts are built in numpy (the tensors share its arrays); others use tensor ops
 _HOST_DEVICES = frozenset({"cpu"})
+#: runtime dtypes numpy holds (a bfloat16 tree keeps its state in tensors)
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.Tensor:
