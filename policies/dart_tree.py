@@ -256,11 +256,11 @@ def _beam_search(
 @njit(cache=True)
 def _best_indices(scores, n):
     """``_best_set`` compiled: the ascending indices of the ``n`` best ``scores`` ``(P,) float32``,
-    ties to the earlier index (one partition for the n-th best score, one pass)."""
+    ties to the earlier index (the n-th best score, ``_nth_largest``, then one pass)."""
     P = scores.shape[0]
     if n >= P:
         return np.arange(P)
-    threshold = np.partition(scores, P - n)[P - n]
+    threshold = _nth_largest(scores, n)
     above = 0
     for i in range(P):
         if scores[i] > threshold:
@@ -277,6 +277,41 @@ def _best_indices(scores, n):
             m += 1
             ties -= 1
     return out[:m]
+
+
+@njit(cache=True)
+def _nth_largest(scores, n):
+    """The ``n``-th largest of ``scores`` ``(P,)`` (``np.partition(scores, P - n)[P - n]``, 1 <= n <=
+    P): a min-heap of the n largest seen, most entries turned away by one comparison with its top;
+    with a NaN among the scores (ranked above everything by the partition), the partition itself."""
+    for i in range(scores.shape[0]):
+        if np.isnan(scores[i]):
+            return np.partition(scores, scores.shape[0] - n)[scores.shape[0] - n]
+    heap = np.empty(n, dtype=scores.dtype)
+    size = 0
+    for i in range(scores.shape[0]):
+        x = scores[i]
+        if size < n:  # push, sift up
+            j = size
+            heap[j] = x
+            while j > 0 and heap[(j - 1) // 2] > heap[j]:
+                heap[(j - 1) // 2], heap[j] = heap[j], heap[(j - 1) // 2]
+                j = (j - 1) // 2
+            size += 1
+        elif x > heap[0]:  # replace the top, sift down
+            heap[0] = x
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= n:
+                    break
+                if c + 1 < n and heap[c + 1] < heap[c]:
+                    c += 1
+                if heap[c] >= heap[j]:
+                    break
+                heap[c], heap[j] = heap[j], heap[c]
+                j = c
+    return heap[0]
 
 
 @njit(cache=True, inline="always")

@@ -322,3 +322,22 @@ def test_the_trie_logs_are_the_logs_of_the_trie_probabilities():
             assert logs64[e] == (math.log(p + EPS) if p < 1 else 0.0)
     with pytest.raises(ValueError, match="eps"):
         model.trie_logs(0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_nth_largest_is_the_partitions(seed):
+    """``_nth_largest`` (a min-heap of the n largest) against ``np.partition`` on tie-heavy scores,
+    NaN among them or not; ``_best_indices`` against ``_best_set``."""
+    from specpolicy.policies.dart_tree import _best_indices, _nth_largest
+
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        P = int(rng.integers(1, 400))
+        scores = (np.round(rng.normal(size=P) * 3) / 2).astype(np.float32)  # ties
+        if rng.random() < 0.2:
+            scores[rng.random(P) < 0.05] = np.nan
+        for n in {1, int(rng.integers(1, P + 1)), P}:
+            want = np.partition(scores, P - n)[P - n]
+            got = _nth_largest(scores, n)
+            assert got == want or (np.isnan(got) and np.isnan(want))
+            assert np.array_equal(_best_indices(scores, n), _best_set(scores, n))
