@@ -19,12 +19,12 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The beam search is compiled (numba, as the reference's is host C++): per depth, one call gives every
-beam's n-gram probabilities (``_dart_ngram``), numpy takes their float32 logs, and one call scores,
-pools and picks the next beams (``_dart_depth``), the same float32 operations as the numpy search
-it replaced (``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the
-tree the same tree comes from a best-first search (``_best_first``, paths ending in a stop token kept
-as leaves).
+The search is compiled (numba, as the reference's is host C++), ONE call per round: every depth's
+n-gram lookups, scores, pool and next beams (``_beam_search``), each n-gram log read off the trie's
+table (``NGramModel.trie_logs``), the same float32 operations as the numpy search it replaced
+(``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the tree the same
+tree comes from a best-first search (``_best_first_search``, compiled; paths ending in a stop token
+kept as leaves).
 The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
 masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
 ablation); ``use_ngram: false`` does the same.
