@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import tree
+from specpolicy.core import compiled, tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
@@ -81,8 +81,20 @@ class FalconDrafter(Drafter):
     @property
     def timed_calls(self) -> tuple:
         """The entry points of a pass (``_pass``: chains and tree blocks alike), the LM head on its
-        outputs, ``alternatives`` and the target's embeddings (``ForwardTimer``)."""
-        return ((self, "_pass"), self.lm_head, (self, "alternatives"), self.embed_tokens)
+        outputs, the choice of a chain pass's tokens from its logits with the search for a drafted
+        stop token (``_choose``), the top-k of a tree block's distributions (``_top``) and of the
+        chain's (``alternatives``), and the target's embeddings (``ForwardTimer``). The choice and
+        the top-k are tensor work on the pass's output: part of the pass (``specpolicy.core.passes``),
+        as the other drafters' are (``eagle3``'s ``_choose`` / ``top_tokens``, ``dflash``'s
+        ``_choose_blocks``)."""
+        return (
+            (self, "_pass"),
+            self.lm_head,
+            (self, "_choose"),
+            (self, "_top"),
+            (self, "alternatives"),
+            self.embed_tokens,
+        )
 
     # -- committed state --------------------------------------------------------------------
 
@@ -107,8 +119,14 @@ class FalconDrafter(Drafter):
 
     def _new_round(self) -> None:
         device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)  # drafted, shown or not
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
+        self._token_parts: list[torch.Tensor] = []
+        self._conf_parts: list[torch.Tensor] = []
+        self._joined: tuple[torch.Tensor, torch.Tensor] = (
+            torch.empty(0, dtype=torch.long, device=device),
+            torch.empty(0, dtype=torch.float32, device=device),
+        )
+        self._count = 0  # tokens drafted this round
         self._logits: list[torch.Tensor] = []  # (k, V) per pass
         self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
         self._shown = 0  # tokens returned by ``draft`` so far
@@ -172,7 +190,10 @@ class FalconDrafter(Drafter):
             return None
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self.cache.length
-        positions = torch.arange(start, start + u, device=device)[None]
+        if device.type in _HOST_DEVICES:  # numpy: no per-op dispatch
+            positions = torch.from_numpy(np.arange(start, start + u)[None])
+        else:
+            positions = torch.arange(start, start + u, device=device)[None]
         mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
         out, state, mid = self._pass(
@@ -197,10 +218,10 @@ class FalconDrafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         want = self._shown + num_tokens
-        while self._tokens.shape[0] < want and not self._ended:
+        while self._count < want and not self._ended:
             if not self._advance():
                 break
-        self._shown = min(want, int(self._tokens.shape[0]))
+        self._shown = min(want, self._count)
         return self._current()
 
     def _advance(self) -> bool:
@@ -211,43 +232,67 @@ class FalconDrafter(Drafter):
                 return False
         else:
             parent_out, state = self._block
-            start = self.cache.length
-            positions = torch.arange(start, start + self.k, device=parent_out.device)[None]
-            mask = torch.ones((self.k, start + self.k), dtype=torch.bool, device=parent_out.device)
+            positions, mask = chain_layout(self.cache.length, self.k, parent_out.device)
             out, state, _ = self._pass(
-                self.embed_tokens(self._tokens[-self.k :])[None], parent_out[None], positions, state, mask
+                self.embed_tokens(self._token_parts[-1])[None], parent_out[None], positions, state, mask
             )
             out = out[0]
             self._block = (out, state)
             self._passes += 1
-        logits = self.lm_head(out)  # (k, V)
-        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        logits, tokens, confs, q, end = self._choose(out)
         self._logits.append(logits)
         if q is not None:
             self._probs.append(q)
-        if self._stop_ids.numel():
-            hit = torch.isin(tokens, self._stop_ids)
-            if bool(hit.any()):  # one sync per pass: the draft ends at a drafted stop token
-                end = int(hit.int().argmax()) + 1
-                tokens, confs = tokens[:end], confs[:end]
-                self._ended = True
+        if end is not None:  # the draft ends at a drafted stop token
+            tokens, confs = tokens[:end], confs[:end]
+            self._ended = True
         if self.report_hidden:
             self._hidden.append(out[: tokens.shape[0]])
-        self._tokens = torch.cat([self._tokens, tokens])
-        self._confs = torch.cat([self._confs, confs.to(self._confs.dtype)])
+        self._token_parts.append(tokens)
+        self._conf_parts.append(confs if confs.dtype == torch.float32 else confs.float())
+        self._count += int(tokens.shape[0])
         return True
+
+    def _drafted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's drafted tokens ``(n,) int64`` and confidences ``(n,) float32`` (joined once per
+        new pass)."""
+        if self._joined[0].shape[0] != self._count:
+            parts = len(self._token_parts)
+            self._joined = (
+                self._token_parts[0] if parts == 1 else torch.cat(self._token_parts),
+                self._conf_parts[0] if parts == 1 else torch.cat(self._conf_parts),
+            )
+        return self._joined
+
+    def _choose(
+        self, out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
+        """A chain pass's tokens from its outputs ``out`` ``(k, H)``: the LM head's logits ``(k, V)``,
+        the tokens ``(k,) int64`` (greedy the argmax, sampling a draw) with their confidences ``(k,)``
+        and q ``(k, V)`` (None when greedy), and the number of tokens up to the first drafted stop
+        token (None: none drafted; one sync per pass). Tensor work on the pass's output: part of
+        the pass (``timed_calls``), as the verifier's argmax is."""
+        logits = self.lm_head(out)
+        tokens, confs, q = choose(logits, self._sampling, self.runtime.generator)
+        end = None
+        if self._stop_ids.numel():
+            hit = torch.isin(tokens, self._stop_ids)
+            if bool(hit.any()):
+                end = int(hit.int().argmax()) + 1
+        return logits, tokens, confs, q, end
 
     def _current(self) -> Draft:
         n = self._shown
         probs = torch.cat(self._probs)[:n] if self._probs else None
+        tokens, confs = self._drafted()
         return Draft(
-            self._tokens[:n],
-            self._confs[:n],
+            tokens[:n],
+            confs[:n],
             forward_passes=self._passes,
             probs=probs,
-            lookahead=int(self._tokens.shape[0]) - n,
-            lookahead_confidences=self._confs[n:],
-            ends_at_stop_token=self._ended and n == int(self._tokens.shape[0]),
+            lookahead=self._count - n,
+            lookahead_confidences=confs[n:],
+            ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
 
@@ -274,12 +319,62 @@ class FalconDrafter(Drafter):
         if out is None:
             return torch.empty((0, top_k), dtype=torch.long), torch.empty((0, top_k))
         _, state = self._block
-        self._tree_out = out[None]  # (blocks, k, H)
-        self._tree_h, self._tree_c = state  # (layers, blocks, H)
-        self._tree = tree.GrowingTree(self.cache.length, out.device)
+        self._tree_committed = self.cache.length
+        self._tree_host = out.device.type in _HOST_DEVICES and out.dtype in _NUMPY_DTYPES
+        if self._tree_host:  # the blocks' bookkeeping on numpy buffers kept across rounds (no per-op dispatch)
+            self._tree_blocks = 0
+            self._host_rows(1, out, state[0])
+            self._ancestors[0] = False
+            self._out_np[0], self._h_np[:, 0], self._c_np[:, 0] = (
+                out.numpy(),
+                state[0][:, 0].numpy(),
+                state[1][:, 0].numpy(),
+            )
+        else:
+            self._tree_out = out[None]  # (blocks, k, H)
+            self._tree_h, self._tree_c = state  # (layers, blocks, H)
+            self._tree = tree.GrowingTree(self.cache.length, out.device)
         return self._top(out, top_k)
 
+    def _host_rows(self, rows: int, out: torch.Tensor | None = None, state: torch.Tensor | None = None) -> None:
+        """Room for ``rows`` blocks (the root's included) in the host buffers: the block tree's
+        ancestors ``(cap, cap) bool`` and depths ``(cap,) int64``, each block's outputs ``(cap, k, H)``
+        and LSTM state ``(layers, cap, H)`` (shaped and typed as the root's ``out`` ``(k, H)`` and
+        ``state`` ``(layers, 1, H)``, given at a round's start); grown by doubling, rows kept."""
+        cap = self._ancestors.shape[0] if hasattr(self, "_ancestors") else 0
+        if (
+            out is not None
+            and cap
+            and (
+                self._out_np.shape[1:] != tuple(out.shape)
+                or self._h_np.shape[0] != state.shape[0]
+                or self._out_np.dtype != _NUMPY_DTYPES[out.dtype]
+            )
+        ):
+            cap = 0  # another shape or dtype: new buffers
+        if rows <= cap:
+            return
+        new = max(rows, 2 * cap, 16)
+        block = tuple(out.shape) if not cap else self._out_np.shape[1:]
+        layers, h = (state.shape[0], state.shape[2]) if not cap else (self._h_np.shape[0], self._h_np.shape[2])
+        dtype = _NUMPY_DTYPES[out.dtype] if not cap else self._out_np.dtype
+        grown = (
+            np.zeros((new, new), dtype=bool),
+            np.zeros(new, dtype=np.int64),
+            np.zeros((new, *block), dtype=dtype),
+            np.zeros((layers, new, h), dtype=dtype),
+            np.zeros((layers, new, h), dtype=dtype),
+        )
+        if cap:
+            grown[0][:cap, :cap] = self._ancestors
+            grown[1][:cap], grown[2][:cap] = self._depths, self._out_np
+            grown[3][:, :cap], grown[4][:, :cap] = self._h_np, self._c_np
+        self._ancestors, self._depths, self._out_np, self._h_np, self._c_np = grown
+
     def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``top_k`` tokens of each row's distribution (``out`` ``(..., H)``): ids ``(..., top_k)
+        int64`` and log-probabilities ``(..., top_k) float32``, best first. Tensor work on the pass's
+        output: part of the pass (``timed_calls``)."""
         logp = torch.log_softmax(self.lm_head(out).float(), dim=-1)
         values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
         return ids, values
@@ -302,6 +397,8 @@ class FalconDrafter(Drafter):
         """
         if not isinstance(parents, torch.Tensor):
             parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
+        if self._tree_host:
+            return self._expand_on_host(tokens, parents, top_k)
         m, k = tokens.shape
         committed = self._tree.committed
         nodes, depth_pos, block_mask = self._tree.add(parents)
@@ -316,6 +413,30 @@ class FalconDrafter(Drafter):
         ids, logp = self._top(out, top_k)
         return nodes, ids, logp
 
+    def _expand_on_host(
+        self, tokens: torch.Tensor, parents: torch.Tensor, top_k: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``tree_block_expand`` on the CPU: the layout in one compiled call
+        (``compiled.falcon_block_layout``), the parents' outputs and LSTM state gathered from, and
+        the new blocks' written to, the numpy buffers (``_host_rows``); the same pass."""
+        above = parents.numpy()
+        m, base = int(above.shape[0]), self._tree_blocks
+        self._host_rows(base + m + 1)
+        positions, mask = compiled.falcon_block_layout(
+            self._ancestors, self._depths, above, base, self._tree_committed, self.k
+        )
+        state = (torch.from_numpy(self._h_np.take(above, axis=1)), torch.from_numpy(self._c_np.take(above, axis=1)))
+        hidden = torch.from_numpy(self._out_np.take(above, axis=0))
+        out, (h, c), _ = self._pass(
+            self.embed_tokens(tokens), hidden, torch.from_numpy(positions), state, torch.from_numpy(mask)
+        )
+        rows = slice(base + 1, base + 1 + m)
+        self._out_np[rows], self._h_np[:, rows], self._c_np[:, rows] = out.numpy(), h.numpy(), c.numpy()
+        self._tree_blocks = base + m
+        self._passes += 1
+        ids, logp = self._top(out, top_k)
+        return torch.from_numpy(np.arange(base + 1, base + 1 + m)), ids, logp
+
     @property
     def tree_passes(self) -> int:
         """Drafter passes spent on the round's tree so far."""
@@ -324,6 +445,8 @@ class FalconDrafter(Drafter):
 
 #: device types whose layouts are built in numpy (the tensors share its arrays); others use tensor ops
 _HOST_DEVICES = frozenset({"cpu"})
+#: runtime dtypes numpy holds (a bfloat16 tree keeps its state in tensors)
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.Tensor:
@@ -341,6 +464,18 @@ def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.T
     block = i >= u - k
     mask = (i[None, :] <= i[:, None]) | (block[None, :] & block[:, None])  # causal; the last block whole
     return torch.cat([torch.ones((u, start), dtype=torch.bool, device=device), mask], dim=1)
+
+
+def chain_layout(start: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain pass's positions ``(1, k) int64`` (``start`` .. ``start + k - 1``) and mask ``(k, start +
+    k) bool`` (all True: the block sees the cache and itself whole). On the CPU in numpy (no per-op
+    dispatch), else in tensor ops on ``device``; the same."""
+    if device.type in _HOST_DEVICES:
+        return torch.from_numpy(np.arange(start, start + k)[None]), torch.from_numpy(
+            np.ones((k, start + k), dtype=bool)
+        )
+    positions = torch.arange(start, start + k, device=device)[None]
+    return positions, torch.ones((k, start + k), dtype=torch.bool, device=device)
 
 
 def block_layout(

@@ -23,7 +23,7 @@ import torch
 from numba import njit
 
 from specpolicy.core.policy import TreePolicy
-from specpolicy.core.protocols import BlockDrafter, device_of
+from specpolicy.core.protocols import BlockDrafter
 from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -91,7 +91,8 @@ class BlockTreePolicy(TreePolicy):
             )
 
     def draft_tree(self, drafter: BlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        device = device_of(drafter)
+        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check (per round)
+        device = "cpu" if runtime is None else runtime.torch_device
         depth = min(self.depth, room)
         if depth < 1:
             return Draft.empty(device), "room"
@@ -100,14 +101,20 @@ class BlockTreePolicy(TreePolicy):
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
-        ids_np = ids[:n].cpu().numpy().astype(np.int64)
-        logp = probs[:n].clamp(min=1e-30).log().double().cpu().numpy()  # float32 logs, as float64
+        ids_np = np.ascontiguousarray(ids[:n].cpu().numpy(), dtype=np.int64)
+        logp = probs[:n].clamp(min=1e-30).log().cpu().numpy().astype(np.float64)  # float32 logs, as float64
         tokens, parents, scores = best_first_tree(ids_np, logp, min(self.total_tokens, node_room))
+        # each node's confidence: exp of its float64 score (Python's), rounded to float32
+        confidences = torch.from_numpy(np.array([math.exp(s) for s in scores.tolist()], dtype=np.float32))
+        token_ids, parent_ids = torch.from_numpy(tokens), torch.from_numpy(parents)
+        if ids.device.type != "cpu":
+            token_ids, confidences, parent_ids = (
+                token_ids.to(ids.device),
+                confidences.to(ids.device),
+                parent_ids.to(ids.device),
+            )
         draft = Draft(
-            token_ids=torch.from_numpy(tokens).to(ids.device),
-            confidences=torch.tensor([math.exp(s) for s in scores.tolist()], device=ids.device),
-            forward_passes=chain.forward_passes,
-            parents=torch.from_numpy(parents).to(ids.device),
+            token_ids=token_ids, confidences=confidences, forward_passes=chain.forward_passes, parents=parent_ids
         )
         return draft, "room" if depth < self.depth else "policy_bound"
 

@@ -19,12 +19,12 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The beam search is compiled (numba, as the reference's is host C++): per depth, one call gives every
-beam's n-gram probabilities (``_dart_ngram``), numpy takes their float32 logs, and one call scores,
-pools and picks the next beams (``_dart_depth``), the same float32 operations as the numpy search
-it replaced (``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the
-tree the same tree comes from a best-first search (``_best_first``, paths ending in a stop token kept
-as leaves).
+The search is compiled (numba, as the reference's is host C++), ONE call per round: every depth's
+n-gram lookups, scores, pool and next beams (``_beam_search``), each n-gram log read off the trie's
+table (``NGramModel.trie_logs``), the same float32 operations as the numpy search it replaced
+(``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the tree the same
+tree comes from a best-first search (``_best_first_search``, compiled; paths ending in a stop token
+kept as leaves).
 The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
 masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
 ablation); ``use_ngram: false`` does the same.
@@ -32,7 +32,6 @@ ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Any
 
@@ -40,11 +39,10 @@ import numpy as np
 import torch
 from numba import njit
 
-from specpolicy.core import compiled
 from specpolicy.core.checks import check_init
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
-from specpolicy.core.protocols import NgramBlockDrafter, device_of
+from specpolicy.core.protocols import NgramBlockDrafter
 from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -73,7 +71,7 @@ def dart_tree_search(
         ids: ``(D, K) int64`` each depth's candidate tokens (target ids), best first.
         probs: ``(D, K) float32`` their probabilities (the softmax over the K candidates).
         context: ``(c,) int64`` the committed tokens before the path, the pending one last.
-        ngram: an ``NGramModel`` (``trie_probs``) or None (no n-gram term).
+        ngram: an ``NGramModel`` (``trie_logs``) or None (no n-gram term).
         stop_ids: ``(s,) int64`` tokens whose paths sort last among the beams.
         ngram_on_first: score depth 0 with the n-gram too (the code's build does not).
     Returns:
@@ -81,132 +79,347 @@ def dart_tree_search(
         (n,) float32)`` of the kept nodes, a parent before its children (the beams: creation
         order; best-first: pop order), n <= ``total_tokens``.
 
+    The whole search is ONE compiled call (``_beam_search``; the reference runs host C++ for the
+    same reason), its float32 operations those of the numpy search it replaced
+    (``tests/policies/test_dart_tree_equivalence.py``); each n-gram log is read off the trie's
+    table (``NGramModel.trie_logs``) rather than taken per depth.
+
     With ``beam_width >= total_tokens`` the beam search keeps every node of the best
     ``total_tokens`` (a node's ancestors score at least as much, so fewer than ``total_tokens``
     nodes of its depth outrank it), and the same tree, up to exact ties, comes from a best-first
-    search that expands only the popped nodes (``_best_first``: ``total_tokens`` x K dict lookups
-    instead of a beam front of ``beam_width`` x K array entries per depth). It treats a path ending
-    in a stop token as a leaf, as the beams do whenever ``beam_width`` other candidates remain (its
-    children could never be accepted).
+    search that expands only the popped nodes (``_best_first_search``, compiled: ``total_tokens``
+    x K scores in float64 instead of a beam front of ``beam_width`` x K entries per depth). It
+    treats a path ending in a stop token as a leaf, as the beams do whenever ``beam_width`` other
+    candidates remain (its children could never be accepted).
     """
-    if beam_width >= total_tokens:
-        return _best_first(
-            ids, probs, context, ngram, stop_ids, total_tokens, level_power, logit_decay, ngram_weight, ngram_on_first
-        )
-    # compiled, per depth: the n-gram probabilities of every beam's candidates (``_dart_ngram``), their
-    # logs (numpy's float32 log, as the numpy search took them), then the scores, the pool and the
-    # next beams (``_dart_depth``); the reference runs host C++ for the same reason
     ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
-    D, K = ids_np.shape
-    logp = np.log(probs.float().cpu().numpy() + np.float32(EPS))  # (D, K) float32
-    ends_at = np.isin(ids_np, stop_ids.cpu().numpy())  # (D, K) candidates that end a path (EOS)
-    ctx_np = np.ascontiguousarray(context.cpu().numpy(), dtype=np.int64)
-    order = ngram.order if ngram is not None else 1
-    state = _DartBeams(D, K, beam_width)
-    for level in range(D):
-        log_ngram = _NO_NGRAM
-        if ngram is not None and ngram_weight != 0 and (level > 0 or ngram_on_first):
-            tables = ngram.compiled_trie()
-            p_ngram = _dart_ngram(ctx_np, state.beams, state.length, order, ngram.vocab_size, ids_np[level], *tables)
-            log_ngram = np.log(p_ngram + np.float32(EPS))  # (B, K)
-        state.length = _dart_depth(
-            level,
-            ids_np[level],
-            logp[level],
-            ends_at[level],
-            np.float32(logit_decay**level),
-            np.float32((level + 1) ** level_power),
-            np.float32(ngram_weight),
-            log_ngram,
-            *state.arrays(),
-        )
-    tokens, parents, scores, drafter = state.pool()
-    kept = _best_set(scores, total_tokens)
-    index = np.full(tokens.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
-    index[kept + 1] = np.arange(kept.shape[0])
-    return (
-        torch.from_numpy(tokens[kept]),
-        torch.from_numpy(index[parents[kept] + 1]),
-        torch.from_numpy(scores[kept]),
-        torch.from_numpy(drafter[kept]),
-    )
+    depth = ids_np.shape[0]
+    stops = np.ascontiguousarray(stop_ids.cpu().numpy(), dtype=np.int64)
+    ctx = np.ascontiguousarray(context.cpu().numpy(), dtype=np.int64)
+    use_ngram = ngram is not None and ngram_weight != 0
+    first_scored = (0 if ngram_on_first else 1) if use_ngram else depth  # the first depth the n-gram scores
+    order, base = (ngram.order, ngram.base) if use_ngram else (1, 1)
+    if beam_width >= total_tokens:
+        keys, counts, starts, logs = _trie(ngram, use_ngram, 1)
+        logp = np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())  # torch's float32 log
+        weight = np.array([(level + 1) ** level_power for level in range(depth)], dtype=np.float64)
+        decay = np.array([logit_decay**level for level in range(depth)], dtype=np.float64)
+        found = _best_first_search(
+            ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[1],
+            first_scored, decay, weight, float(ngram_weight), total_tokens,
+        )  # fmt: skip
+    else:
+        keys, counts, starts, logs = _trie(ngram, use_ngram, 0)
+        logp = np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + np.float32(EPS))  # (D, K) float32
+        weight = np.array([np.float32((level + 1) ** level_power) for level in range(depth)], dtype=np.float32)
+        decay = np.array([np.float32(logit_decay**level) for level in range(depth)], dtype=np.float32)
+        found = _beam_search(
+            ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[0],
+            first_scored, decay, weight, np.float32(ngram_weight), beam_width, total_tokens,
+        )  # fmt: skip
+    return tuple(torch.from_numpy(x) for x in found)  # type: ignore[return-value]
 
 
-_NO_NGRAM = np.zeros((0, 0), dtype=np.float32)
+#: ``log(0 + EPS)``, a candidate the n-gram never saw: numpy's float32 log (the beams'), Python's float64 log
+_LOG_EPS = (np.log(np.zeros(1, np.float32) + np.float32(EPS))[0], math.log(0.0 + EPS))
+_NO_TRIE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(2, np.int64))
+_NO_LOGS = (np.zeros(0, np.float32), np.zeros(0, np.float64))
 
 
-class _DartBeams:
-    """The beam search's state, in arrays the compiled steps fill: the beams (at most ``width``;
-    ``count[0]`` of them, each a path of ``length`` tokens) with their scores, drafter log-probs and
-    pool numbers (-1: the root), and the pool of every child so far (``count[1]`` entries)."""
-
-    def __init__(self, depth: int, k: int, width: int) -> None:
-        self.length = 0
-        self.beams = np.zeros((width, depth), dtype=np.int64)
-        self.scores = np.zeros(width, dtype=np.float32)
-        self.drafter = np.zeros(width, dtype=np.float32)
-        self.nodes = np.full(width, -1, dtype=np.int64)
-        self.count = np.array([1, 0], dtype=np.int64)  # beams, pooled
-        size = k + (depth - 1) * width * k
-        self.pool_tokens = np.zeros(size, dtype=np.int64)
-        self.pool_parents = np.zeros(size, dtype=np.int64)
-        self.pool_scores = np.zeros(size, dtype=np.float32)
-        self.pool_drafter = np.zeros(size, dtype=np.float32)
-
-    def arrays(self) -> tuple:
-        return (
-            self.length,
-            self.beams,
-            self.scores,
-            self.drafter,
-            self.nodes,
-            self.count,
-            self.pool_tokens,
-            self.pool_parents,
-            self.pool_scores,
-            self.pool_drafter,
-        )
-
-    def pool(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        n = int(self.count[1])
-        return self.pool_tokens[:n], self.pool_parents[:n], self.pool_scores[:n], self.pool_drafter[:n]
+def _trie(ngram: Any | None, use: bool, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The trie's keys, counts, order starts and logs (``kind`` 0: float32, 1: float64) for the
+    compiled searches; empty tables (of the same types) without the n-gram."""
+    if not use:
+        return (*_NO_TRIE, _NO_LOGS[kind])
+    keys, counts, starts = ngram.compiled_trie()[:3]
+    return keys, counts, starts, ngram.trie_logs(EPS)[kind]
 
 
 @njit(cache=True)
-def _dart_ngram(
-    context,
-    beams,
-    length,
-    order,
-    start,
-    candidates,
-    keys,
-    counts,
-    starts,
-    follower_keys,
-    follower_counts,
-    follower_starts,
-):
-    """The trie probability (``NGramModel.trie_probs_np``) of each of ``count`` beams' candidates
-    ``(K,)``: each beam's context is the last ``order - 1`` tokens of ``context`` + its path, start
-    symbols in front of a short one. ``beams`` ``(W, D)``: the first rows hold the beams; all W
-    rows are scored (-> ``(W, K) float32``; the caller reads the live ones)."""
-    width = beams.shape[0]
-    ctx = np.full((width, order - 1), start, dtype=np.int64)
+def _ngram_logs(window, candidates, keys, counts, starts, logs, base, log_eps, found, out):
+    """``log(p_ngram + EPS)`` of each candidate ``(K,) int64`` after ``window`` (the last ``order - 1``
+    tokens, start symbols in front) into ``out`` ``(K,)``: the entry of the longest suffix of the
+    window the candidate was seen after (the trie rule, ``compiled.trie_probs``), read off ``logs``
+    (``NGramModel.trie_logs``), ``log_eps`` where none. ``found`` ``(K,) bool``: scratch."""
+    order = window.shape[0] + 1
+    for c in range(candidates.shape[0]):
+        out[c] = log_eps
+        found[c] = False
+    for j in range(order - 1, 0, -1):  # the j-token suffix, longest first
+        code = window[order - 1 - j]
+        for t in range(order - j, order - 1):
+            code = code * base + window[t]
+        first = starts[j]
+        order_keys = keys[first : starts[j + 1]]  # the (j + 1)-grams, sorted
+        lo = np.searchsorted(order_keys, code * base)
+        hi = np.searchsorted(order_keys, (code + 1) * base)
+        if lo == hi:
+            continue
+        run = order_keys[lo:hi]
+        for c in range(candidates.shape[0]):
+            if found[c]:
+                continue
+            key = code * base + candidates[c]
+            at = min(np.searchsorted(run, key), run.shape[0] - 1)
+            if run[at] == key and counts[first + lo + at] > 0:
+                out[c] = logs[first + lo + at]
+                found[c] = True
+
+
+@njit(cache=True)
+def _window(context, path, length, order, start, out):
+    """The last ``order - 1`` tokens of ``context`` + ``path[:length]`` into ``out``, start symbols in
+    front of a short one."""
     c = context.shape[0]
-    for b in range(width):
-        for j in range(order - 1):  # position j of the window: token (c + length) - (order - 1) + j of ctx + path
-            at = c + length - (order - 1) + j
-            if at >= c:
-                ctx[b, j] = beams[b, at - c]
-            elif at >= 0:
-                ctx[b, j] = context[at]
-    tokens = np.empty((width, candidates.shape[0]), dtype=np.int64)
-    for b in range(width):
-        tokens[b] = candidates
-    return compiled.trie_probs(
-        keys, counts, starts, follower_keys, follower_counts, follower_starts, start + 1, ctx, tokens
-    )
+    for j in range(order - 1):
+        at = c + length - (order - 1) + j
+        if at >= c:
+            out[j] = path[at - c]
+        elif at >= 0:
+            out[j] = context[at]
+        else:
+            out[j] = start
+
+
+@njit(cache=True)
+def _beam_search(
+    ids, logp, stops, context, order, base, keys, counts, starts, logs, log_eps,
+    first_scored, decay, weight, ngram_weight, width, total,
+):  # fmt: skip
+    """DART's beam search in one call: per depth, every beam extended by every candidate (the step
+    score in float32, as the numpy search computed it: ``beam + weight[l] * (decay[l] * logp +
+    ngram_weight * log p_ngram)``, the n-gram term from depth ``first_scored`` on), every child
+    pooled in creation order, the next beams the best ``width`` (EOS-ending last, then by score,
+    ties in creation order: ``_first_in_order``); then the best ``total`` of the pool
+    (``_best_indices``), renumbered. ``ids`` ``(D, K) int64``, ``logp`` ``(D, K) float32``; returns
+    ``(tokens, parents, scores, drafter log-probs)`` as ``dart_tree_search``."""
+    D, K = ids.shape
+    ends = np.zeros((D, K), dtype=np.bool_)
+    for level in range(D):
+        for c in range(K):
+            for s in range(stops.shape[0]):
+                if ids[level, c] == stops[s]:
+                    ends[level, c] = True
+    beams = np.zeros((width, max(D, 1)), dtype=np.int64)
+    beam_scores = np.zeros(width, dtype=np.float32)
+    beam_drafter = np.zeros(width, dtype=np.float32)
+    beam_nodes = np.full(width, -1, dtype=np.int64)
+    size = K + max(D - 1, 0) * width * K
+    pool_tokens = np.zeros(size, dtype=np.int64)
+    pool_parents = np.zeros(size, dtype=np.int64)
+    pool_scores = np.zeros(size, dtype=np.float32)
+    pool_drafter = np.zeros(size, dtype=np.float32)
+    log_ngram = np.zeros((width, K), dtype=np.float32)
+    scores = np.empty(width * K, dtype=np.float32)
+    drafter = np.empty(width * K, dtype=np.float32)
+    window = np.empty(order - 1, dtype=np.int64)
+    found = np.empty(K, dtype=np.bool_)
+    B, pooled = 1, 0
+    for level in range(D):  # the beams' paths are ``level`` tokens long
+        scored = level >= first_scored
+        if scored:
+            for b in range(B):
+                _window(context, beams[b], level, order, base - 1, window)
+                _ngram_logs(window, ids[level], keys, counts, starts, logs, base, log_eps, found, log_ngram[b])
+        n = B * K
+        for b in range(B):
+            for c in range(K):
+                term = decay[level] * logp[level, c]
+                if scored:
+                    term = term + ngram_weight * log_ngram[b, c]
+                i = b * K + c
+                scores[i] = beam_scores[b] + weight[level] * term
+                drafter[i] = beam_drafter[b] + logp[level, c]
+                pool_tokens[pooled + i] = ids[level, c]
+                pool_parents[pooled + i] = beam_nodes[b]
+                pool_scores[pooled + i] = scores[i]
+                pool_drafter[pooled + i] = drafter[i]
+        keep = _first_in_order(scores[:n], ends[level], K, min(width, n))
+        old = beams[:B, :level].copy()
+        for j in range(keep.shape[0]):
+            i = keep[j]
+            beams[j, :level] = old[i // K]
+            beams[j, level] = ids[level, i % K]
+            beam_scores[j], beam_drafter[j], beam_nodes[j] = scores[i], drafter[i], pooled + i
+        B = keep.shape[0]
+        pooled += n
+    kept = _best_indices(pool_scores[:pooled], total)
+    index = np.full(pooled + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
+    for j in range(kept.shape[0]):
+        index[kept[j] + 1] = j
+    parents = np.empty(kept.shape[0], dtype=np.int64)
+    for j in range(kept.shape[0]):
+        parents[j] = index[pool_parents[kept[j]] + 1]
+    return pool_tokens[kept], parents, pool_scores[kept], pool_drafter[kept]
+
+
+@njit(cache=True)
+def _best_indices(scores, n):
+    """``_best_set`` compiled: the ascending indices of the ``n`` best ``scores`` ``(P,) float32``,
+    ties to the earlier index (the n-th best score, ``_nth_largest``, then one pass)."""
+    P = scores.shape[0]
+    if n >= P:
+        return np.arange(P)
+    threshold = _nth_largest(scores, n)
+    above = 0
+    for i in range(P):
+        if scores[i] > threshold:
+            above += 1
+    ties = n - above
+    out = np.empty(n, dtype=np.int64)
+    m = 0
+    for i in range(P):
+        if scores[i] > threshold:
+            out[m] = i
+            m += 1
+        elif scores[i] == threshold and ties > 0:
+            out[m] = i
+            m += 1
+            ties -= 1
+    return out[:m]
+
+
+@njit(cache=True)
+def _nth_largest(scores, n):
+    """The ``n``-th largest of ``scores`` ``(P,)`` (``np.partition(scores, P - n)[P - n]``, 1 <= n <=
+    P): a min-heap of the n largest seen, most entries turned away by one comparison with its top;
+    with a NaN among the scores (ranked above everything by the partition), the partition itself."""
+    for i in range(scores.shape[0]):
+        if np.isnan(scores[i]):
+            return np.partition(scores, scores.shape[0] - n)[scores.shape[0] - n]
+    heap = np.empty(n, dtype=scores.dtype)
+    size = 0
+    for i in range(scores.shape[0]):
+        x = scores[i]
+        if size < n:  # push, sift up
+            j = size
+            heap[j] = x
+            while j > 0 and heap[(j - 1) // 2] > heap[j]:
+                heap[(j - 1) // 2], heap[j] = heap[j], heap[(j - 1) // 2]
+                j = (j - 1) // 2
+            size += 1
+        elif x > heap[0]:  # replace the top, sift down
+            heap[0] = x
+            j = 0
+            while True:
+                c = 2 * j + 1
+                if c >= n:
+                    break
+                if c + 1 < n and heap[c + 1] < heap[c]:
+                    c += 1
+                if heap[c] >= heap[j]:
+                    break
+                heap[c], heap[j] = heap[j], heap[c]
+                j = c
+    return heap[0]
+
+
+@njit(cache=True, inline="always")
+def _heap_before(neg, a, b):
+    """Heap entry a pops before b: the lower ``neg`` (the higher score), ties in push order."""
+    return neg[a] < neg[b] or (neg[a] == neg[b] and a < b)
+
+
+@njit(cache=True)
+def _heap_push(heap, size, neg, entry):
+    """Push ``entry`` onto the binary heap ``heap[:size]``; returns the new size."""
+    i = size
+    heap[i] = entry
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _heap_before(neg, heap[i], heap[parent]):
+            break
+        heap[i], heap[parent] = heap[parent], heap[i]
+        i = parent
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(heap, size, neg):
+    """The first entry of ``heap[:size]``, removed (the heap is then ``size - 1`` long)."""
+    top = heap[0]
+    size -= 1
+    heap[0] = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _heap_before(neg, heap[child + 1], heap[child]):
+            child += 1
+        if not _heap_before(neg, heap[child], heap[i]):
+            break
+        heap[i], heap[child] = heap[child], heap[i]
+        i = child
+    return top
+
+
+@njit(cache=True)
+def _best_first_search(
+    ids, logp, stops, context, order, base, keys, counts, starts, logs, log_eps,
+    first_scored, decay, weight, ngram_weight, total,
+):  # fmt: skip
+    """``dart_tree_search`` for ``beam_width >= total_tokens``, in one call: the ``total`` best nodes
+    by the step score (float64: ``parent + weight[l] * (decay[l] * logp + ngram_weight * log
+    p_ngram)``, ``logp`` ``(D, K) float32`` widened), popped best first from a heap (ties in push
+    order), a node ending in a stop token or at the last depth not expanded; the nodes in pop
+    order, parents first. The n-gram logs are the float64 ones (``NGramModel.trie_logs``)."""
+    D, K = ids.shape
+    if D == 0 or total < 1:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
+    cap = K + total * K
+    neg = np.empty(cap, dtype=np.float64)  # per pushed entry: -score, depth, candidate, parent node, drafter
+    levels = np.empty(cap, dtype=np.int64)
+    cands = np.empty(cap, dtype=np.int64)
+    owners = np.empty(cap, dtype=np.int64)
+    drafts = np.empty(cap, dtype=np.float64)
+    heap = np.empty(cap, dtype=np.int64)
+    windows = np.empty((total + 1, order - 1), dtype=np.int64)  # row 0 the root's, row i + 1 node i's
+    _window(context, context[:0], 0, order, base - 1, windows[0])
+    tokens = np.empty(total, dtype=np.int64)
+    parents = np.empty(total, dtype=np.int64)
+    scores = np.empty(total, dtype=np.float32)
+    drafter = np.empty(total, dtype=np.float32)
+    terms = np.zeros(K, dtype=np.float64)
+    found = np.empty(K, dtype=np.bool_)
+    size, pushed, count = 0, 0, 0
+    level, node, score, path_drafter = 0, -1, 0.0, 0.0
+    while True:  # expand ``node`` (``level``: its children's depth), then pop the next best
+        scored = level >= first_scored
+        if scored:
+            _ngram_logs(windows[node + 1], ids[level], keys, counts, starts, logs, base, log_eps, found, terms)
+        for c in range(K):
+            lp = np.float64(logp[level, c])
+            term = decay[level] * lp
+            if scored:
+                term += ngram_weight * terms[c]
+            neg[pushed] = -(score + weight[level] * term)
+            levels[pushed], cands[pushed], owners[pushed] = level, c, node
+            drafts[pushed] = path_drafter + lp
+            size = _heap_push(heap, size, neg, pushed)
+            pushed += 1
+        expand = False
+        while size > 0 and count < total and not expand:
+            e = _heap_pop(heap, size, neg)
+            size -= 1
+            tok = ids[levels[e], cands[e]]
+            tokens[count], parents[count] = tok, owners[e]
+            scores[count], drafter[count] = -neg[e], drafts[e]
+            stop = False
+            for s in range(stops.shape[0]):
+                stop = stop or tok == stops[s]
+            if levels[e] + 1 < D and not stop:
+                parent_window = windows[owners[e] + 1]
+                for j in range(order - 2):
+                    windows[count + 1, j] = parent_window[j + 1]
+                if order > 1:
+                    windows[count + 1, order - 2] = tok
+                level, node, score, path_drafter = levels[e] + 1, count, -neg[e], drafts[e]
+                expand = True
+            count += 1
+        if not expand:
+            break
+    return tokens[:count], parents[:count], scores[:count], drafter[:count]
 
 
 @njit(cache=True)
@@ -241,61 +454,6 @@ def _ranks_before(scores, ends, K, i, j):
     return (np.isnan(y) and not np.isnan(x)) or x > y
 
 
-@njit(cache=True)
-def _dart_depth(
-    level,
-    ids,
-    logp,
-    ends,
-    decay,
-    weight,
-    ngram_weight,
-    log_ngram,
-    length,
-    beams,
-    beam_scores,
-    beam_drafter,
-    beam_nodes,
-    count,
-    pool_tokens,
-    pool_parents,
-    pool_scores,
-    pool_drafter,
-):
-    """One depth of the beam search, in place: every beam extended by every candidate (the step
-    score in float32, as the numpy search computed it: ``beam + weight * (decay * logp + ngram_weight
-    * log p_ngram)``), the children pooled in creation order, and the next beams the best
-    ``width``: EOS-ending last, then by score, ties in creation order (``np.lexsort``'s). Returns the
-    beams' new length."""
-    B, K, width = count[0], ids.shape[0], beams.shape[0]
-    n = B * K
-    scores = np.empty(n, dtype=np.float32)
-    drafter = np.empty(n, dtype=np.float32)
-    first = count[1]
-    for b in range(B):
-        for c in range(K):
-            term = decay * logp[c]
-            if log_ngram.shape[0]:
-                term = term + ngram_weight * log_ngram[b, c]
-            i = b * K + c
-            scores[i] = beam_scores[b] + weight * term
-            drafter[i] = beam_drafter[b] + logp[c]
-            pool_tokens[first + i] = ids[c]
-            pool_parents[first + i] = beam_nodes[b]
-            pool_scores[first + i] = scores[i]
-            pool_drafter[first + i] = drafter[i]
-    count[1] = first + n
-    keep = _first_in_order(scores, ends, K, min(width, n))
-    old = beams[:B, :length].copy()
-    for j in range(keep.shape[0]):
-        i = keep[j]
-        beams[j, :length] = old[i // K]
-        beams[j, length] = ids[i % K]
-        beam_scores[j], beam_drafter[j], beam_nodes[j] = scores[i], drafter[i], first + i
-    count[0] = keep.shape[0]
-    return length + 1
-
-
 def _best_set(scores: np.ndarray, n: int) -> np.ndarray:
     """The ascending indices of the ``n`` best ``scores`` (``(P,) float32``), ties to the earlier
     index: the set ``np.sort(np.argsort(-scores, kind="stable")[:n])`` holds, found with one
@@ -306,90 +464,6 @@ def _best_set(scores: np.ndarray, n: int) -> np.ndarray:
     above = scores > threshold
     at = np.flatnonzero(scores == threshold)[: n - int(above.sum())]  # ties: the earliest
     return np.sort(np.concatenate([np.flatnonzero(above), at]))
-
-
-def _best_first(
-    ids: torch.Tensor,
-    probs: torch.Tensor,
-    context: torch.Tensor,
-    ngram: Any | None,
-    stop_ids: torch.Tensor,
-    total_tokens: int,
-    level_power: float,
-    logit_decay: float,
-    ngram_weight: float,
-    ngram_on_first: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``dart_tree_search`` for ``beam_width >= total_tokens``: the ``total_tokens`` best nodes by
-    the same step score, popped best first from a heap (ties in push order); the nodes come out
-    in pop order, parents first. Arguments and returns as ``dart_tree_search``."""
-    ids_l = ids.tolist()
-    logp = torch.log(probs.float() + EPS).tolist()
-    D = len(ids_l)
-    weight = [(level + 1) ** level_power for level in range(D)]
-    decay = [logit_decay**level for level in range(D)]
-    stops = set(stop_ids.tolist())
-    use_ngram = ngram is not None and ngram_weight != 0
-    if use_ngram:
-        counts, parent_counts = ngram.trie_tables()
-        order, base = ngram.order, ngram.base
-        root_tail = tuple(ngram.pad_context(context.cpu()).tolist())  # the order - 1 tokens before depth 0
-    else:
-        order, root_tail = 1, ()
-
-    def ngram_logs(tail: tuple[int, ...], level: int) -> list[float]:
-        """``log(p_ngram + EPS)`` of depth ``level``'s candidates after ``tail`` (the trie rule:
-        the longest suffix of ``tail`` the candidate was seen after; ``NGramModel.trie_probs``)."""
-        suffixes = []  # (code of the j-token suffix, its trie count), j = order - 1 .. 1
-        for j in range(order - 1, 0, -1):
-            code = 0
-            for t in tail[-j:]:
-                code = code * base + t
-            suffixes.append((code * base, counts[j], max(parent_counts[j - 1].get(code, 0), 1)))
-        out = []
-        for tok in ids_l[level]:
-            p = 0.0
-            for code, table, parent in suffixes:
-                child = table.get(code + tok)
-                if child:
-                    p = child / parent
-                    break
-            out.append(math.log(p + EPS) if p < 1 else 0.0)  # log(1 + EPS) is 0 in the beams' float32
-        return out
-
-    heap: list[tuple[float, int, int, int, int, float, tuple[int, ...]]] = []
-    pushed = 0
-
-    def expand(level: int, node: int, score: float, drafter: float, tail: tuple[int, ...]) -> None:
-        nonlocal pushed
-        scored = use_ngram and (level > 0 or ngram_on_first)
-        ngram_terms = ngram_logs(tail, level) if scored else None
-        for c in range(len(ids_l[level])):
-            term = decay[level] * logp[level][c]
-            if ngram_terms is not None:
-                term += ngram_weight * ngram_terms[c]
-            heapq.heappush(
-                heap, (-(score + weight[level] * term), pushed, level, c, node, drafter + logp[level][c], tail)
-            )
-            pushed += 1
-
-    expand(0, -1, 0.0, 0.0, root_tail)
-    tokens, parents, scores, drafter_logp = [], [], [], []
-    while heap and len(tokens) < total_tokens:
-        neg, _, level, c, parent, drafter, tail = heapq.heappop(heap)
-        node, tok = len(tokens), ids_l[level][c]
-        tokens.append(tok)
-        parents.append(parent)
-        scores.append(-neg)
-        drafter_logp.append(drafter)
-        if level + 1 < D and tok not in stops:
-            expand(level + 1, node, -neg, drafter, (tail + (tok,))[1:] if order > 1 else ())
-    return (
-        torch.tensor(tokens, dtype=torch.long),
-        torch.tensor(parents, dtype=torch.long),
-        torch.tensor(scores, dtype=torch.float32),
-        torch.tensor(drafter_logp, dtype=torch.float32),
-    )
 
 
 class DartTreePolicy(TreePolicy):
@@ -452,9 +526,13 @@ class DartTreePolicy(TreePolicy):
                 raise ConfigError(f"policy.ngram must be a bundled n-gram name or an .npz file, got {ngram!r}")
             self.ngram = load_ngram(resolve_ngram_path(ngram), "policy.ngram")
         # the compiled search's first call compiles it (or loads numba's cache): done here, before any
-        # timed round; a two-depth pass of the real dtypes, beams narrower than the tree
+        # timed round; a two-depth pass of the real dtypes, beams narrower than the tree, then as wide
         warm = torch.zeros((2, 1), dtype=torch.long)
-        dart_tree_search(warm, torch.ones(2, 1), warm[0], self.ngram, warm[0], 1, 2, ngram_weight=self.ngram_weight)
+        for width in (1, 2):
+            dart_tree_search(
+                warm, torch.ones(2, 1), warm[0], self.ngram, warm[0], width, 2, ngram_weight=self.ngram_weight
+            )
+        self._stops: dict[tuple, torch.Tensor] = {}
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
@@ -466,7 +544,8 @@ class DartTreePolicy(TreePolicy):
             )
 
     def draft_tree(self, drafter: NgramBlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        device = device_of(drafter)
+        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check (per round)
+        device = "cpu" if runtime is None else runtime.torch_device
         want = self.depth or drafter.tokens_per_pass
         depth = min(want, room)
         if depth < 1:
@@ -477,13 +556,15 @@ class DartTreePolicy(TreePolicy):
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
         probs = probs[:n] / probs[:n].sum(-1, keepdim=True)  # the softmax over the top K logits
-        stops = torch.tensor(getattr(drafter, "stop_token_ids", ()), dtype=torch.long)
+        stop_ids = tuple(getattr(drafter, "stop_token_ids", ()))
+        if stop_ids not in self._stops:  # built once per set of stop tokens
+            self._stops[stop_ids] = torch.tensor(stop_ids, dtype=torch.long)
         tokens, parents, _, logp = dart_tree_search(
-            ids[:n].cpu(),
-            probs.cpu(),
-            drafter.ngram_context.cpu(),
+            ids[:n],
+            probs,
+            drafter.ngram_context,
             self.ngram if self.ngram_weight > 0 else None,
-            stops,
+            self._stops[stop_ids],
             self.beam_width,
             min(self.total_tokens, node_room),
             self.level_power,
@@ -491,12 +572,10 @@ class DartTreePolicy(TreePolicy):
             self.ngram_weight,
             self.ngram_on_first,
         )
-        draft = Draft(
-            token_ids=tokens.to(device),
-            confidences=logp.exp().to(device),
-            forward_passes=chain.forward_passes,
-            parents=parents.to(device),
-        )
+        confidences = logp.exp()
+        if torch.device(device).type != "cpu":
+            tokens, confidences, parents = tokens.to(device), confidences.to(device), parents.to(device)
+        draft = Draft(token_ids=tokens, confidences=confidences, forward_passes=chain.forward_passes, parents=parents)
         return draft, "room" if depth < want else "policy_bound"
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from specpolicy.core.policy import TreePolicy
-from specpolicy.core.protocols import BlockTreeDrafter, device_of
+from specpolicy.core.protocols import BlockTreeDrafter
 from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -205,7 +205,8 @@ class FalconTreePolicy(TreePolicy):
         return self._layouts[k]
 
     def draft_tree(self, drafter: BlockTreeDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        device = device_of(drafter)
+        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check (per round)
+        device = "cpu" if runtime is None else runtime.torch_device
         full = self.layout(drafter.k)
         t = full.truncated(min(room, full.depth), node_room)
         if t is None:

@@ -573,3 +573,39 @@ def kneser_ney_higher(
             for c in range(tokens.shape[0]):
                 count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
                 out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
+
+# -- Falcon's tree blocks (``drafters/falcon.py``, ``tree_block_expand``) ------------------------------
+
+
+@njit(cache=True)
+def falcon_block_layout(
+    ancestors: np.ndarray, depths: np.ndarray, parents: np.ndarray, base: int, committed: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Add ``m`` blocks under ``parents`` ``(m,) int64`` (0 = the root block, else an earlier block's
+    row; ``base + m < cap``) as rows ``base + 1 .. base + m`` of the block tree, and lay out their pass: ``ancestors``
+    ``(cap, cap) bool`` (row r: block r's ancestors-or-self among blocks 1..; row 0 empty) and
+    ``depths`` ``(cap,) int64`` (the root 0) filled in place; returns positions ``(1, m k) int64``
+    (block j's k tokens from ``committed + (depth - 1) k``) and the mask ``(m k, committed + (base +
+    m) k) bool`` (True = attend: every committed position, then each ancestor-or-self block's k
+    positions) -- ``tree.GrowingTree.add`` with ``block_layout`` on one node per block, in one call."""
+    m = parents.shape[0]
+    size = base + m
+    for j in range(m):
+        row, parent = base + 1 + j, parents[j]
+        for c in range(ancestors.shape[1]):  # whole rows (row 0 all False): no stale column survives
+            ancestors[row, c] = ancestors[parent, c]
+        ancestors[row, row] = True
+        depths[row] = depths[parent] + 1
+    positions = np.empty((1, m * k), dtype=np.int64)
+    mask = np.zeros((m * k, committed + size * k), dtype=np.bool_)
+    for j in range(m):
+        row = base + 1 + j
+        first = committed + (depths[row] - 1) * k
+        for i in range(k):
+            r = j * k + i
+            positions[0, r] = first + i
+            mask[r, :committed] = True
+            for b in range(1, size + 1):
+                if ancestors[row, b]:
+                    mask[r, committed + (b - 1) * k : committed + b * k] = True
+    return positions, mask

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import sys
 import zipfile
 from collections.abc import Iterable, Sequence
@@ -239,6 +240,44 @@ class NGramModel:
                 ]
             self._trie_concat = tuple(concat)
         return self._trie_concat
+
+    def trie_logs(self, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Each trie entry's ``log(p + eps)``, aligned with ``compiled_trie``'s concatenated keys, where
+        ``p = count(s + token) / max(count(s), 1)`` is the probability the trie rule gives the entry
+        (``trie_probs``; ``s`` its context, its own count else how often it was followed): ``(float32
+        logs (E,), float64 logs (E,))``. The float32 ones are numpy's float32 log of the float32
+        ``p + eps`` (as ``np.log(trie_probs_np(..) + np.float32(eps))`` takes them), the float64 ones
+        Python's ``math.log`` of the float64 ``p + eps``, 0 where ``p >= 1`` (the best-first search's);
+        1-gram entries (never a continuation) hold 0. A compiled search reads the log it needs
+        instead of taking logs per depth (numba's ``log`` and numpy's float32 ``log`` differ in the
+        last bit). Built once per ``eps``, kept.
+
+        Raises:
+            ValueError: for ``eps <= 0``.
+        """
+        if eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        cache = self.__dict__.setdefault("_trie_logs", {})
+        if eps not in cache:
+            keys, counts, starts, follower_keys, follower_counts, follower_starts = self.compiled_trie()
+            logs32, logs64 = np.zeros(keys.shape[0], np.float32), np.zeros(keys.shape[0], np.float64)
+            for j in range(1, self.order):  # the (j + 1)-grams continue j-token contexts
+                lo, hi = int(starts[j]), int(starts[j + 1])
+                code = keys[lo:hi] // self.base  # each entry's context s
+                parent = _lookup(keys[starts[j - 1] : starts[j]], counts[starts[j - 1] : starts[j]], code)
+                f_lo, f_hi = follower_starts[j - 1], follower_starts[j]
+                followed = _lookup(follower_keys[f_lo:f_hi], follower_counts[f_lo:f_hi], code)
+                parent = np.where(parent > 0, parent, followed)
+                child = counts[lo:hi]
+                # float32, as compiled.trie_probs divides (counts through float64, as its lookups return them)
+                p32 = child.astype(np.float64).astype(np.float32) / np.maximum(
+                    parent.astype(np.float64).astype(np.float32), np.float32(1)
+                )
+                logs32[lo:hi] = np.log(p32 + np.float32(eps))
+                p64 = child.astype(np.float64) / np.maximum(parent, 1).astype(np.float64)
+                logs64[lo:hi] = [math.log(p + eps) if p < 1 else 0.0 for p in p64.tolist()]
+            cache[eps] = (logs32, logs64)
+        return cache[eps]
 
     def trie_tables(self) -> tuple[list[dict[int, int]], list[dict[int, int]]]:
         """The trie rule as Python dicts, for a search that scores a handful of candidates at a

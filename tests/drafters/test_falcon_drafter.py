@@ -246,3 +246,57 @@ def test_the_host_layouts_equal_the_tensor_ops(seed, monkeypatch):
             )
         assert torch.equal(host[0], tensor[0]) and host[0].dtype == tensor[0].dtype == torch.bool
         assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(host[1], tensor[1]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_block_layout_equals_the_growing_tree(seed):
+    """``compiled.falcon_block_layout`` (the CPU tree's bookkeeping, one call per block pass) against
+    ``tree.GrowingTree.add`` + ``block_layout``, the tensor code an accelerator runs: the same
+    positions and masks, pass after pass, on random block trees, with buffers reused from a bigger
+    earlier tree (no stale rows)."""
+    import numpy as np
+
+    from specpolicy.core import compiled, tree as tree_mod
+    from specpolicy.drafters import falcon as falcon_mod
+
+    g = torch.Generator().manual_seed(seed)
+    ancestors, depths = np.ones((40, 40), dtype=bool), np.zeros(40, dtype=np.int64)  # stale: all True
+    for _ in range(4):
+        committed, k = int(torch.randint(1, 20, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+        grown = tree_mod.GrowingTree(committed, "cpu", capacity=2)
+        ancestors[0], base = False, 0
+        for _ in range(int(torch.randint(1, 5, (1,), generator=g))):
+            m = int(torch.randint(1, 5, (1,), generator=g))
+            parents = torch.randint(0, base + 1, (m,), generator=g)
+            _, depth_pos, block_mask = grown.add(parents)
+            want = falcon_mod.block_layout(depth_pos, block_mask, committed, k)
+            got = compiled.falcon_block_layout(ancestors, depths, parents.numpy(), base, committed, k)
+            assert np.array_equal(got[0], want[0].numpy()) and np.array_equal(got[1], want[1].numpy())
+            base += m
+
+
+def test_the_host_tree_buffers_equal_the_tensor_path(head, target, rt, monkeypatch):
+    """``policy=falcon-tree`` through the loop: the CPU's numpy buffers and compiled layout
+    (``_expand_on_host``) give the drafts and outputs the tensor path (``GrowingTree``, index_select)
+    gives, round for round."""
+    from specpolicy.drafters import falcon as falcon_mod
+
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+
+    def run():
+        drafter = _drafter(head, target, rt, stop=frozenset({EOS}))
+        policy = make_policy(get_plugin_manager(autoload=False), {"name": "falcon-tree", "tree": "paper"})
+        out = [generate(p, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy) for p in random_prompts(3)]
+        return [
+            (
+                r.output_ids.tolist(),
+                [(x.draft_token_ids, x.draft_parents, x.confidences, x.accepted_path) for x in r.rounds],
+            )
+            for r in out
+        ]
+
+    host = run()
+    with monkeypatch.context() as patch:
+        patch.setattr(falcon_mod, "_NUMPY_DTYPES", {})
+        tensor = run()
+    assert host == tensor

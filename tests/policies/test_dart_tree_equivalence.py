@@ -1,10 +1,14 @@
-"""DART's beam search (``policies/dart_tree.py``, compiled depth by depth since issue 48 item 5)
-against the numpy search it replaced, kept here verbatim: the same nodes, parents, scores and
-drafter log-probabilities, bit for bit, on random passes, contexts, stop tokens and n-gram models
-(the bundled one included)."""
+"""DART's beam search (``policies/dart_tree.py``, compiled since issue 48 item 5, one call per search
+since its host-work pass) against the numpy search it replaced, and its best-first search
+(``beam_width >= total_tokens``, compiled) against the Python heap search it replaced, both kept
+here verbatim: the same nodes, parents, scores and drafter log-probabilities, bit for bit, on
+random passes, contexts, stop tokens and n-gram models (the bundled one included), exact ties
+among them."""
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 from typing import Any
 
@@ -106,6 +110,90 @@ def reference_dart_beams(
     )
 
 
+def reference_best_first(
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    context: torch.Tensor,
+    ngram: Any | None,
+    stop_ids: torch.Tensor,
+    total_tokens: int,
+    level_power: float,
+    logit_decay: float,
+    ngram_weight: float,
+    ngram_on_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The replaced Python best-first search of ``dart_tree_search`` (verbatim): the ``total_tokens`` best nodes by
+    the same step score, popped best first from a heap (ties in push order); the nodes come out
+    in pop order, parents first. Arguments and returns as ``dart_tree_search``."""
+    ids_l = ids.tolist()
+    logp = torch.log(probs.float() + EPS).tolist()
+    D = len(ids_l)
+    weight = [(level + 1) ** level_power for level in range(D)]
+    decay = [logit_decay**level for level in range(D)]
+    stops = set(stop_ids.tolist())
+    use_ngram = ngram is not None and ngram_weight != 0
+    if use_ngram:
+        counts, parent_counts = ngram.trie_tables()
+        order, base = ngram.order, ngram.base
+        root_tail = tuple(ngram.pad_context(context.cpu()).tolist())  # the order - 1 tokens before depth 0
+    else:
+        order, root_tail = 1, ()
+
+    def ngram_logs(tail: tuple[int, ...], level: int) -> list[float]:
+        """``log(p_ngram + EPS)`` of depth ``level``'s candidates after ``tail`` (the trie rule:
+        the longest suffix of ``tail`` the candidate was seen after; ``NGramModel.trie_probs``)."""
+        suffixes = []  # (code of the j-token suffix, its trie count), j = order - 1 .. 1
+        for j in range(order - 1, 0, -1):
+            code = 0
+            for t in tail[-j:]:
+                code = code * base + t
+            suffixes.append((code * base, counts[j], max(parent_counts[j - 1].get(code, 0), 1)))
+        out = []
+        for tok in ids_l[level]:
+            p = 0.0
+            for code, table, parent in suffixes:
+                child = table.get(code + tok)
+                if child:
+                    p = child / parent
+                    break
+            out.append(math.log(p + EPS) if p < 1 else 0.0)  # log(1 + EPS) is 0 in the beams' float32
+        return out
+
+    heap: list[tuple[float, int, int, int, int, float, tuple[int, ...]]] = []
+    pushed = 0
+
+    def expand(level: int, node: int, score: float, drafter: float, tail: tuple[int, ...]) -> None:
+        nonlocal pushed
+        scored = use_ngram and (level > 0 or ngram_on_first)
+        ngram_terms = ngram_logs(tail, level) if scored else None
+        for c in range(len(ids_l[level])):
+            term = decay[level] * logp[level][c]
+            if ngram_terms is not None:
+                term += ngram_weight * ngram_terms[c]
+            heapq.heappush(
+                heap, (-(score + weight[level] * term), pushed, level, c, node, drafter + logp[level][c], tail)
+            )
+            pushed += 1
+
+    expand(0, -1, 0.0, 0.0, root_tail)
+    tokens, parents, scores, drafter_logp = [], [], [], []
+    while heap and len(tokens) < total_tokens:
+        neg, _, level, c, parent, drafter, tail = heapq.heappop(heap)
+        node, tok = len(tokens), ids_l[level][c]
+        tokens.append(tok)
+        parents.append(parent)
+        scores.append(-neg)
+        drafter_logp.append(drafter)
+        if level + 1 < D and tok not in stops:
+            expand(level + 1, node, -neg, drafter, (tail + (tok,))[1:] if order > 1 else ())
+    return (
+        torch.tensor(tokens, dtype=torch.long),
+        torch.tensor(parents, dtype=torch.long),
+        torch.tensor(scores, dtype=torch.float32),
+        torch.tensor(drafter_logp, dtype=torch.float32),
+    )
+
+
 def _case(rng: random.Random, generator: torch.Generator, vocab: int, depth: int, k: int):
     ids = torch.stack([torch.randperm(vocab, generator=generator)[:k] for _ in range(depth)])
     raw = (torch.randn(depth, k, generator=generator) * rng.choice((0.5, 2.0, 5.0))).softmax(-1)
@@ -174,3 +262,82 @@ def test_the_next_beams_are_the_stable_sorts_first(seed):
         order += picked[np.argsort(-scores[picked], kind="mergesort")].tolist()
     for m in (1, 3, min(20, n), n):
         assert _first_in_order(scores, ends, K, m).tolist() == order[:m]
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_best_first_search_is_the_python_heap_search(seed):
+    """Beams as wide as the tree: the compiled best-first search against the Python ``heapq`` one
+    (float64 scores, the trie's counts as dicts), on random and tie-heavy passes."""
+    rng = random.Random(100 + seed)
+    generator = torch.Generator().manual_seed(100 + seed)
+    vocab = rng.choice((12, 30, 80))
+    order = rng.choice((1, 2, 3, 4))
+    docs = [[rng.randrange(vocab) for _ in range(rng.randrange(5, 60))] for _ in range(rng.randrange(1, 8))]
+    model = NGramModel.build(docs, vocab, order)
+    depth, k = rng.randrange(1, 9), rng.randrange(1, min(vocab, 26))
+    ids, probs, context = _case(rng, generator, vocab, depth, k)
+    stops = torch.tensor(rng.sample(range(vocab), rng.choice((0, 1, 3))), dtype=torch.long)
+    total = rng.randrange(1, 40)
+    weight, on_first = rng.choice((0.0, 0.5, 1.5)), rng.random() < 0.3
+    for use in (model, None):
+        got = dart_tree_search(
+            ids, probs, context, use, stops, total + rng.randrange(3), total, -0.7, 0.9, weight, on_first
+        )
+        want = reference_best_first(ids, probs, context, use, stops, total, -0.7, 0.9, weight, on_first)
+        _same(got, want)
+
+
+def test_the_best_first_search_on_the_bundled_ngram_is_the_python_heap_search():
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    generator = torch.Generator().manual_seed(1)
+    for depth, total in ((8, 16), (15, 24), (15, 60)):
+        logits = torch.randn(depth, model.vocab_size, generator=generator) * 3
+        probs, ids = logits.softmax(-1).topk(25, dim=-1)
+        probs = probs / probs.sum(-1, keepdim=True)
+        ids[:, 0] = torch.tensor([220, 16, 17, 13, 11, 18, 220, 16] * 2)[:depth]  # common continuations
+        for context in (torch.tensor([5, 220, 16]), torch.tensor([], dtype=torch.long)):
+            stops = torch.tensor([model.vocab_size - 1, 13])
+            got = dart_tree_search(ids, probs, context, model, stops, total, total)
+            _same(got, reference_best_first(ids, probs, context, model, stops, total, -0.7, 0.9, 0.5, False))
+
+
+def test_the_trie_logs_are_the_logs_of_the_trie_probabilities():
+    """``NGramModel.trie_logs``: an (order)-gram entry's float32 log is numpy's log of
+    ``trie_probs_np``'s float32 probability + EPS after its own context; every entry's float64 log
+    is ``math.log(p + EPS)`` (0 for p >= 1) of the probability the dict tables give it."""
+    model = load_ngram(resolve_ngram_path("gsm8k-target"))
+    keys, _, starts = model.compiled_trie()[:3]
+    logs32, logs64 = model.trie_logs(EPS)
+    counts, parents = model.trie_tables()
+    rng = np.random.default_rng(0)
+    j = model.order - 1
+    entries = rng.integers(starts[j], starts[j + 1], size=300)
+    context = np.stack([(keys[entries] // model.base ** (j - i)) % model.base for i in range(j)], axis=1)
+    p = model.trie_probs_np(context, (keys[entries] % model.base)[:, None])[:, 0]
+    assert (p > 0).all() and np.array_equal(np.log(p + np.float32(EPS)), logs32[entries])
+    for j in range(1, model.order):
+        for e in rng.integers(starts[j], starts[j + 1], size=300).tolist():
+            key = int(keys[e])
+            p = counts[j][key] / max(parents[j - 1].get(key // model.base, 0), 1)
+            assert logs64[e] == (math.log(p + EPS) if p < 1 else 0.0)
+    with pytest.raises(ValueError, match="eps"):
+        model.trie_logs(0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_nth_largest_is_the_partitions(seed):
+    """``_nth_largest`` (a min-heap of the n largest) against ``np.partition`` on tie-heavy scores,
+    NaN among them or not; ``_best_indices`` against ``_best_set``."""
+    from specpolicy.policies.dart_tree import _best_indices, _nth_largest
+
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        P = int(rng.integers(1, 400))
+        scores = (np.round(rng.normal(size=P) * 3) / 2).astype(np.float32)  # ties
+        if rng.random() < 0.2:
+            scores[rng.random(P) < 0.05] = np.nan
+        for n in {1, int(rng.integers(1, P + 1)), P}:
+            want = np.partition(scores, P - n)[P - n]
+            got = _nth_largest(scores, n)
+            assert got == want or (np.isnan(got) and np.isnan(want))
+            assert np.array_equal(_best_indices(scores, n), _best_set(scores, n))
