@@ -31,6 +31,7 @@ absolute figures alone (``--repeat`` keeps the least).
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import sys
@@ -162,6 +163,11 @@ def measure(
     components (one timed pass)."""
     drafter, policy = bench.parts(spec)
     hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
+    # the models' and tables' objects out of the garbage collector's generations (vLLM does the same
+    # after start-up): a full collection over ~500k objects costs 30-150 ms, landing in whatever
+    # round triggers it; the rounds' own short-lived objects are still collected
+    gc.collect()
+    gc.freeze()
 
     def decode(prompt):
         drafter.report_hidden = hidden

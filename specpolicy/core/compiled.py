@@ -574,6 +574,7 @@ def kneser_ney_higher(
                 count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
                 out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
 
+
 # -- Falcon's tree blocks (``drafters/falcon.py``, ``tree_block_expand``) ------------------------------
 
 
