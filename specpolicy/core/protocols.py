@@ -156,5 +156,7 @@ class RuntimeHolder(Protocol):
 def device_of(drafter: object, default: str = "cpu") -> torch.device | str:
     """The device ``drafter`` drafts on: its ``runtime.torch_device`` (``RuntimeHolder``), else
     ``default`` (a drafter without a runtime, or with ``runtime`` None)."""
-    runtime = drafter.runtime if isinstance(drafter, RuntimeHolder) else None
+    # getattr, not isinstance against the runtime-checkable Protocol: the same answer, without the
+    # Protocol's attribute walk each round (a tree policy asks every round)
+    runtime = getattr(drafter, "runtime", None)
     return default if runtime is None else runtime.torch_device
