@@ -252,8 +252,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bench, spec, ids, args.repeat, time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
         )
     step_ms = load_profile(args.profile).target_ms_per_token
-    for r in rows.values():
+    neighbours = {peers.parse_method(t).name for t in neighbours_methods()}
+    for name, r in rows.items():
         r["host_step_share"] = r["host_ms_per_round"] / step_ms
+        r["in_neighbours_table"] = name in neighbours  # issue 48's bar reads these rows
     print_table(rows, step_ms, args.profile, args.goal_ms)
     result = {"settings": {**vars(args), "target_step_ms": step_ms}, "methods": rows}
     if args.out:

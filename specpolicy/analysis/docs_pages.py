@@ -444,7 +444,11 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
             str(m["rounds"]),
         ])  # fmt: skip
     values = [m["host_ms_per_round"] for m in methods.values()]
+    neighbours = [m["host_ms_per_round"] for m in methods.values() if m.get("in_neighbours_table")]
     return {
+        "neighbours": len(neighbours),
+        "neighbours_within_goal": sum(v <= goal for v in neighbours),
+        "neighbours_median": float(sorted(neighbours)[len(neighbours) // 2]) if neighbours else None,
         "s": s,
         "rows": rows,
         "columns": [heading for heading, _ in HOST_COLUMNS],

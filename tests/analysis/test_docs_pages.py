@@ -246,4 +246,9 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     again = host_work_context(changed)
     assert again is not None and again["rows"][0][0] == f"`{name}`"
     assert again["within_goal"] == sum(m["host_ms_per_round"] <= 0.4 for m in changed["methods"].values())
+    changed["methods"][name]["in_neighbours_table"] = True  # the bar's rows: counted apart
+    marked = [m for m in changed["methods"].values() if m.get("in_neighbours_table")]
+    again = host_work_context(changed)
+    assert again is not None and again["neighbours"] == len(marked)
+    assert again["neighbours_within_goal"] == sum(m["host_ms_per_round"] <= 0.4 for m in marked) >= 1
     assert host_work_context(None) is None
