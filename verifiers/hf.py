@@ -239,9 +239,8 @@ class HFVerifier(Verifier):
         if parents.shape != (k,):
             tree.validate(draft.parents, k)  # names the shape
         device = self._pending.device
-        heads = (
-            self.static is None
-        )  # a Hugging Face model takes (1, k + 1) positions, a (1, 1, k + 1, start + k + 1) mask
+        # a Hugging Face model takes (1, k + 1) positions and a (1, 1, k + 1, start + k + 1) mask
+        heads = self.static is None
         positions, mask = tree.verification_layout(parents, start, device, heads=heads)  # checks the order
         if on_host and self._pending.device.type == "cpu":  # [pending] + nodes, (1, k + 1)
             inputs_np = np.empty((1, k + 1), dtype=np.int64)
