@@ -419,10 +419,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._join_pairs()
         if self._features is None or self._features.shape[0] == 0:
             return empty
-        self._tree_out, ids, logp = self._root_pass(top_k)  # (1 + nodes, H): row r = node r's output (0: the root's)
+        out, ids, logp = self._root_pass(top_k)
+        self._tree_out = tree.NodeRows(out)  # row r: node r's output (0: the root's)
         self._committed_pairs = self.cache.length
         self._features = self._pair_tokens = None
-        self._tree = tree.GrowingTree(self._committed_pairs, self._tree_out.device)
+        self._tree = tree.GrowingTree(self._committed_pairs, out.device)
         self._passes = 1
         return ids[0], logp[0]
 
@@ -452,8 +453,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if not isinstance(parents, torch.Tensor):
             parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
         nodes, positions, mask = self._tree.add(parents)
-        out, ids, logp = self._tree_pass(tokens, self._tree_out.index_select(0, parents), positions, mask, top_k)
-        self._tree_out = torch.cat([self._tree_out, out])
+        out, ids, logp = self._tree_pass(tokens, self._tree_out.take(parents), positions, mask, top_k)
+        self._tree_out.append(out)
         self._passes += 1
         return nodes, ids, logp
 

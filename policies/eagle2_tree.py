@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specpolicy.core import compiled
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import TreeDrafter, device_of
 from specpolicy.core.tree import compile_kernels
@@ -47,6 +48,7 @@ class Eagle2TreePolicy(TreePolicy):
                 raise ValueError(f"policy.{key} must be an integer >= 1, got {value!r}")
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
+        self._grow_on_host(_WarmUp(), torch.zeros(2, dtype=torch.long), torch.zeros(2), 2, 2)  # this policy's
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, TreeDrafter):
@@ -56,32 +58,39 @@ class Eagle2TreePolicy(TreePolicy):
             )
 
     def draft_tree(self, drafter: TreeDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        device = device_of(drafter)
         depth = min(self.depth, room)
         if depth < 1:
-            return Draft.empty(device), "room"
+            return Draft.empty(device_of(drafter)), "room"
         ids, logp = drafter.tree_root(self.top_k)
         if ids.numel() == 0:
-            return Draft.empty(device), "no_proposal"
+            return Draft.empty(device_of(drafter)), "no_proposal"
+        total = min(self.total_tokens, node_room)
         on_host = ids.device.type == "cpu" and logp.dtype in (torch.float32, torch.float64)
-        tokens, host_scores, host_parents = (self._grow_on_host if on_host else self._grow)(drafter, ids, logp, depth)
-        # rerank on the host, where the verifier needs the tree's shape anyway (one sync): the best
-        # total_tokens candidates; ties go to the earlier one (a parent before its child, which
-        # scores no higher), so the kept candidates form a tree; kept in creation order
-        keep = np.sort(np.argsort(-host_scores, kind="stable")[: min(self.total_tokens, node_room)])
+        draft = (self._grow_on_host if on_host else self._on_device)(drafter, ids, logp, depth, total)
+        return draft, "room" if depth < self.depth else "policy_bound"
+
+    def _on_device(self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int, total: int) -> Draft:
+        """The tree of ``total`` nodes at most: ``_grow`` (tensor ops on the drafter's device) then ``_rerank``."""
+        return self._rerank(*self._grow(drafter, ids, logp, depth), total, drafter.tree_passes)
+
+    @staticmethod
+    def _rerank(
+        tokens: torch.Tensor, host_scores: np.ndarray, host_parents: np.ndarray, total: int, passes: int
+    ) -> Draft:
+        """The reranking (module docstring) of ``_grow``'s candidates, on the host, where the verifier
+        needs the tree's shape anyway (one sync): the best ``total``; ties go to the earlier one (a
+        parent before its child, which scores no higher), so the kept candidates form a tree; kept
+        in creation order. The draft's tokens stay on their device."""
+        keep = np.sort(np.argsort(-host_scores, kind="stable")[:total])
         index = np.full(host_scores.shape[0] + 1, -1, dtype=np.int64)  # index[c + 1]: candidate c's node in the draft
         index[keep + 1] = np.arange(keep.shape[0])
-        if isinstance(tokens, np.ndarray):
-            token_ids = torch.from_numpy(tokens[keep])
-        else:
-            token_ids = tokens[torch.from_numpy(keep).to(tokens.device)]
-        draft = Draft(
+        token_ids = tokens[torch.from_numpy(keep).to(tokens.device)]
+        return Draft(
             token_ids=token_ids,
             confidences=torch.from_numpy(np.exp(host_scores[keep])).to(token_ids.device),
-            forward_passes=drafter.tree_passes,
+            forward_passes=passes,
             parents=torch.from_numpy(index[host_parents[keep] + 1]).to(token_ids.device),
         )
-        return draft, "room" if depth < self.depth else "policy_bound"
 
     def _grow(
         self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int
@@ -114,35 +123,90 @@ class Eagle2TreePolicy(TreePolicy):
         return torch.cat(all_tokens), scores.cpu().numpy(), parents.cpu().numpy()
 
     def _grow_on_host(
-        self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``_grow`` for a drafter on the CPU: the same steps on numpy views of its tensors (no
-        per-op dispatch; ``np.argsort(-s, kind="stable")`` orders as torch's stable descending sort,
-        the float sums are the same), the drafter handed tensors sharing the arrays. Returns the
-        same three arrays, all numpy."""
-        level_tokens, level_scores = ids.numpy(), logp.numpy()
-        level_parent_nodes = np.zeros(level_tokens.shape[0], dtype=np.int64)
-        all_tokens, all_scores = [level_tokens], [level_scores]
-        all_parents = [np.full(level_tokens.shape[0], -1, dtype=np.int64)]
-        offset = 0
-        for _ in range(depth - 1):
-            n = int(level_tokens.shape[0])
-            best = np.argsort(-level_scores, kind="stable")[: min(self.top_k, n)]
-            nodes, child_ids, child_logp = drafter.tree_expand(
-                torch.from_numpy(level_tokens[best]), torch.from_numpy(level_parent_nodes[best]), self.top_k
+        self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int, total: int
+    ) -> Draft:
+        """``_grow`` then ``_rerank`` for a drafter on the CPU, as compiled steps on numpy views of its
+        tensors (no per-op dispatch): per level ONE call (``compiled.eagle2_level``: the level's
+        children appended to the candidate buffers with their cumulative scores -- the same float
+        sums -- then the next level's best as the stable descending sort picks them), the drafter
+        handed tensors sharing fresh arrays; then ONE call for the reranking
+        (``compiled.eagle2_rerank``) and ``np.exp`` for the confidences. The same draft as the tensor
+        steps (``tests/policies/test_eagle2_tree.py``)."""
+        top_k = self.top_k
+        ids_np, logp_np = ids.numpy().reshape(1, -1), logp.numpy().reshape(1, -1)
+        size = ids_np.shape[1] + (depth - 1) * top_k * top_k  # every candidate, when each node proposes top_k
+        tokens, parents, parent_nodes, scores = self._candidates(size, logp_np.dtype)
+        best, nodes = np.full(top_k, -1, np.int64), np.zeros(1, np.int64)  # the root: candidate -1, drafter node 0
+        picked = np.empty((depth, 2, top_k), np.int64)  # per level: the nodes to expand, their parents' nodes
+        end = m = 0
+        for level in range(depth):
+            if level:
+                nodes_t, child_ids, child_logp = drafter.tree_expand(
+                    torch.from_numpy(picked[level - 1, 0, :m]), torch.from_numpy(picked[level - 1, 1, :m]), top_k
+                )
+                ids_np, logp_np, nodes = child_ids.numpy(), child_logp.numpy(), nodes_t.numpy()
+                if end + ids_np.size > tokens.shape[0]:  # a drafter proposing more than top_k children
+                    tokens, parents, parent_nodes, scores = self._candidates(2 * (end + ids_np.size), scores.dtype, end)
+            end, m = compiled.eagle2_level(
+                tokens,
+                scores,
+                parents,
+                parent_nodes,
+                end,
+                ids_np,
+                logp_np,
+                nodes,
+                best,
+                top_k if level < depth - 1 else 0,  # the next level's nodes to expand (none after the last)
+                picked[level, 0],
+                picked[level, 1],
             )
-            width = int(child_ids.shape[1])
-            level_tokens = child_ids.numpy().reshape(-1)
-            level_scores = (level_scores[best][:, None] + child_logp.numpy()).reshape(-1)
-            level_parent_nodes = np.repeat(nodes.numpy(), width)
-            all_tokens.append(level_tokens)
-            all_scores.append(level_scores)
-            all_parents.append(np.repeat(best + offset, width))
-            offset += n
-        return np.concatenate(all_tokens), np.concatenate(all_scores), np.concatenate(all_parents)
+        total = min(total, end)
+        kept_tokens, kept_parents, kept_scores = (
+            np.empty(total, np.int64),
+            np.empty(total, np.int64),
+            np.empty(total, scores.dtype),
+        )
+        compiled.eagle2_rerank(tokens, scores, parents, end, total, kept_tokens, kept_scores, kept_parents)
+        return Draft(
+            token_ids=torch.from_numpy(kept_tokens),
+            confidences=torch.from_numpy(np.exp(kept_scores)),
+            forward_passes=drafter.tree_passes,
+            parents=torch.from_numpy(kept_parents),
+        )
+
+    def _candidates(self, size: int, dtype: np.dtype, keep: int = 0) -> tuple[np.ndarray, ...]:
+        """The candidate buffers of ``_grow_on_host`` (tokens, parent candidates, parent drafter nodes
+        ``int64``; scores in ``dtype``), room for ``size`` at least, reused from round to round (the
+        draft gets its own arrays); the first ``keep`` entries carried over when they grow."""
+        held = self.__dict__.get("_buffers")
+        if held is None or held[0].shape[0] < size or held[3].dtype != dtype:
+            grown = (
+                np.empty(size, np.int64),
+                np.empty(size, np.int64),
+                np.empty(size, np.int64),
+                np.empty(size, dtype),
+            )
+            if held is not None and keep:
+                for new, old in zip(grown, held):
+                    new[:keep] = old[:keep]
+            self._buffers = held = grown
+        return held
 
     def __repr__(self) -> str:
         return f"Eagle2TreePolicy(depth={self.depth}, top_k={self.top_k}, total_tokens={self.total_tokens})"
+
+
+class _WarmUp:
+    """A stand-in drafter (every node proposes token 0 at log-probability 0) that runs this policy's
+    compiled steps once when it is built (``compiled.eagle2_level`` / ``eagle2_rerank`` compiled or
+    loaded then, not in a timed round)."""
+
+    tree_passes = 0
+
+    def tree_expand(self, tokens: torch.Tensor, parents: torch.Tensor, top_k: int):
+        m = int(tokens.shape[0])
+        return torch.arange(1, m + 1), torch.zeros((m, top_k), dtype=torch.long), torch.zeros((m, top_k))
 
 
 @hookimpl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -172,9 +173,9 @@ class HFVerifier(Verifier):
         start = self.cached_length
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
-        inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         if draft.is_tree:
-            return self._verify_tree(draft, inputs, start)
+            return self._verify_tree(draft, start)
+        inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         hidden_states = None
         if self.runtime.batch_invariant:  # the decoding step's one-token passes (runtime.batch_invariant)
             logits, states, hidden_states = self._one_token_passes(inputs[0])
@@ -234,27 +235,38 @@ class HFVerifier(Verifier):
             )
         return torch.cat([o.logits[0] for o in outs]), None, hidden
 
-    def _verify_tree(self, draft: Draft, inputs: torch.Tensor, start: int) -> Verification:
+    def _verify_tree(self, draft: Draft, start: int) -> Verification:
         """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
         prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape
-        (parents) and the greedy path (sampling: one per decision of the walk)."""
+        (parents) and the greedy path (sampling: one per decision of the walk). A draft on the CPU
+        is read through numpy views (its parents, tokens and the target's tokens: no per-op dispatch)."""
         k = draft.length
-        parents = draft.parents.tolist()  # the tree's shape, on the host once (one sync)
-        tree.validate(parents, k)
-        device = inputs.device
-        positions, mask = tree.verification_layout(parents, start, device)
+        on_host = draft.parents.device.type == "cpu"
+        # the tree's shape on the host once (one sync off the CPU)
+        parents = draft.parents.numpy() if on_host else np.asarray(draft.parents.tolist(), dtype=np.int64)
+        if parents.shape != (k,):
+            tree.validate(draft.parents, k)  # names the shape
+        device = self._pending.device
+        # a Hugging Face model takes (1, k + 1) positions and a (1, 1, k + 1, start + k + 1) mask
+        heads = self.static is None
+        positions, mask = tree.verification_layout(parents, start, device, heads=heads)  # checks the order
+        if on_host and self._pending.device.type == "cpu":  # [pending] + nodes, (1, k + 1)
+            inputs_np = np.empty((1, k + 1), dtype=np.int64)
+            inputs_np[0, :1] = self._pending.numpy()
+            inputs_np[0, 1:] = draft.token_ids.numpy()
+            inputs = torch.from_numpy(inputs_np)
+        else:
+            inputs = torch.cat([self._pending, draft.token_ids.to(self._pending.device)])[None, :]
         if self.static is not None:  # compiled: the tree mask over the static cache
             logits, states = self.static.run(inputs[0], positions, mask)
             hidden_states = states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
         else:
             out = self.model(
                 input_ids=inputs,
-                position_ids=positions[None],
-                attention_mask=as_model_mask(
-                    mask[None, None], self.model.config._attn_implementation, self.runtime.torch_dtype
-                ),
+                position_ids=positions,
+                attention_mask=as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype),
                 cache=self.cache,
                 use_cache=True,
                 output_hidden_states=bool(self._feature_layers),
@@ -264,28 +276,34 @@ class HFVerifier(Verifier):
         if p is not None:  # sampling: the walk's decisions are host work
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
             target[path[-1] + 1 if path else 0] = nxt
-        path_rows = [0] + [i + 1 for i in path]  # the pending token (root) and the accepted path
+        path_rows = [0, *(i + 1 for i in path)]  # the pending token (root) and the accepted path
         if self.static is not None:
             self.static.keep_rows(start, path_rows)
         else:
             keep_path(self.cache, start, path_rows)
         last = path[-1] + 1 if path else 0
-        self._pending = target[last : last + 1]
         features = None
         if self._feature_layers:
-            features = select_features(
-                hidden_states, self._feature_layers, torch.tensor(path_rows, dtype=torch.long, device=device)
-            )
+            rows = torch.from_numpy(np.array(path_rows, dtype=np.int64))
+            rows = rows if device.type == "cpu" else rows.to(device)
+            features = select_features(hidden_states, self._feature_layers, rows)
+        if target.device.type == "cpu":
+            target_np = target.numpy()
+            next_token = int(target_np[last])
+            self._pending = torch.from_numpy(target_np[last : last + 1])
+        else:
+            self._pending = target[last : last + 1]
+            next_token = int(self._pending)
         return Verification(
             accepted_length=len(path),
-            next_token=int(self._pending),
+            next_token=next_token,
             target_token_ids=target,
             features=features,
             path=path,
         )
 
     def _accept_tree(
-        self, logits: torch.Tensor, draft: Draft, parents: list[int]
+        self, logits: torch.Tensor, draft: Draft, parents: np.ndarray
     ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None]:
         """A tree's verification tensor work from the pass's logits ``(k + 1, V)``, timed as part of
         the target's pass (``timed_calls``). Greedy: ``(accepted path, argmax (k + 1,) int64, None)``

@@ -188,20 +188,32 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     ``start``, row i = tree node i - 1; increasing) move to positions ``start, start + 1, ...`` and
     the rest is dropped. Their keys and values were computed at the positions they are committed
     at (positions by depth), so nothing is recomputed. Cost: a copy of the path's entries only --
-    none when the path is the tree's first nodes (a chain-like path), never the prefix. On the CPU
-    (dtypes numpy holds) the entries move in place in one compiled call per tensor
-    (``compiled.move_rows``), else by ``index_select`` per tensor.
+    none when the path is the tree's first nodes (a chain-like path), never the prefix. When every
+    layer is a 4-D ``DynamicLayer`` on the CPU in a dtype numpy holds, each tensor is read once as
+    a numpy view: its entries move in place in one compiled call (``compiled.move_rows``) and the
+    crop is a view of that array; else the entries move by ``index_select`` per tensor and the cache
+    is cut by ``crop_cache``.
 
     Raises:
         ValueError: if ``path_rows`` does not start at row 0 or is not increasing.
     """
     if not path_rows or path_rows[0] != 0 or any(b <= a for a, b in zip(path_rows, path_rows[1:])):
         raise ValueError(f"path_rows must start at 0 and increase, got {path_rows}")
+    layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
     n = len(path_rows)
-    if path_rows != list(range(n)):  # move the path's entries down to start, start + 1, ...
+    # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
+    rows = np.asarray(path_rows, dtype=np.int64) if path_rows[-1] != n - 1 else None
+    views = _host_views(cache)
+    if views is not None:
+        length = start + n
+        for layer, keys, values in views:
+            if rows is not None:
+                compiled.move_rows(keys, rows, start)  # in place
+                compiled.move_rows(values, rows, start)
+            layer.keys, layer.values = torch.from_numpy(keys[:, :, :length]), torch.from_numpy(values[:, :, :length])
+        return
+    if rows is not None:  # move the path's entries down to start, start + 1, ...
         index = None
-        rows = np.asarray(path_rows, dtype=np.int64)
-        layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or not layer.keys.numel():
                 continue
@@ -215,6 +227,23 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
             layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
     crop_cache(cache, start + n)
+
+
+def _host_views(cache: DynamicCache) -> list[tuple[Any, np.ndarray, np.ndarray]] | None:
+    """``(layer, keys, values)`` with numpy views of the tensors, for every layer of ``cache``, when
+    each is an initialized ``DynamicLayer`` holding 4-D CPU tensors of a dtype numpy holds, without
+    grad (``keep_path``'s compiled move and crop); else None."""
+    views = []
+    layer: Any  # transformers' cache layers
+    for layer in cache.layers:
+        keys = layer.keys if type(layer) is DynamicLayer and layer.is_initialized else None
+        if keys is None or not keys.is_cpu or keys.dtype not in _NUMPY_DTYPES or keys.requires_grad or keys.dim() != 4:
+            return None
+        values = layer.values
+        if not values.is_cpu or values.dtype not in _NUMPY_DTYPES or values.requires_grad or values.dim() != 4:
+            return None
+        views.append((layer, keys.numpy(), values.numpy()))
+    return views
 
 
 def cache_layers(cache: DynamicCache) -> list:

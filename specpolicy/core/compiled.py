@@ -610,3 +610,140 @@ def falcon_block_layout(
                 if ancestors[row, b]:
                     mask[r, committed + (b - 1) * k : committed + b * k] = True
     return positions, mask
+
+
+# -- EAGLE-2's dynamic tree and the tree bookkeeping around a pass (policies/eagle2_tree.py,
+# specpolicy.core.tree.GrowingTree, specpolicy.core.cache.keep_path) -----------------------------------
+
+
+@njit(cache=True, inline="always")
+def _ranks_above(x: float, y: float) -> bool:
+    """Largest first as ``np.argsort(-scores, kind="stable")`` orders: x strictly ahead of y (NaN last,
+    equal values keep their order: never ahead)."""
+    return not math.isnan(x) and (math.isnan(y) or x > y)
+
+
+@njit(cache=True)
+def _best_of(scores: np.ndarray, lo: int, hi: int, count: int, out: np.ndarray) -> int:
+    """The ``count`` best of ``scores[lo:hi]`` (absolute indices into ``out``, best first) as
+    ``np.argsort(-scores[lo:hi], kind="stable")[:count] + lo`` picks them: insertion into the kept
+    run, a later value going after the equal ones. Returns how many (``min(count, hi - lo)``)."""
+    kept = 0
+    for i in range(lo, hi):
+        x = scores[i]
+        if kept < count:
+            at = kept
+            kept += 1
+        elif count > 0 and _ranks_above(x, scores[out[count - 1]]):
+            at = count - 1
+        else:
+            continue
+        while at > 0 and _ranks_above(x, scores[out[at - 1]]):
+            out[at] = out[at - 1]
+            at -= 1
+        out[at] = i
+    return kept
+
+
+@njit(cache=True)
+def eagle2_level(
+    tokens: np.ndarray,
+    scores: np.ndarray,
+    parents: np.ndarray,
+    parent_nodes: np.ndarray,
+    end: int,
+    child_ids: np.ndarray,
+    child_logp: np.ndarray,
+    nodes: np.ndarray,
+    best: np.ndarray,
+    select: int,
+    next_tokens: np.ndarray,
+    next_nodes: np.ndarray,
+) -> tuple[int, int]:
+    """One level of EAGLE-2's expansion (Li et al. 2024, §4) on the policy's candidate buffers
+    (``tokens`` / ``parents`` / ``parent_nodes`` ``(N,) int64``, ``scores`` ``(N,)`` float, candidates
+    ``[0, end)`` filled, in creation order): the expanded candidates ``best[j]`` (``(m,) int64``; -1:
+    the root), now drafter nodes ``nodes[j]``, bring their children ``child_ids`` / ``child_logp``
+    ``(m, w)``, appended at ``end`` row by row with cumulative scores ``scores[best[j]] + logp`` (the
+    root's children: their log-probabilities as they are), parent candidate ``best[j]`` and parent
+    node ``nodes[j]``; then, when ``select`` > 0, the new level's ``select`` best (``_best_of``: the
+    stable descending sort's first) go to ``best`` with their tokens and parent nodes in
+    ``next_tokens`` / ``next_nodes``. Returns ``(new end, nodes selected)``."""
+    m, width = child_ids.shape
+    at = end
+    for j in range(m):
+        parent = best[j]
+        for c in range(width):
+            tokens[at] = child_ids[j, c]
+            scores[at] = child_logp[j, c] if parent < 0 else scores[parent] + child_logp[j, c]
+            parents[at] = parent
+            parent_nodes[at] = nodes[j]
+            at += 1
+    if select <= 0:
+        return at, 0
+    chosen = _best_of(scores, end, at, select, best)
+    for j in range(chosen):
+        next_tokens[j] = tokens[best[j]]
+        next_nodes[j] = parent_nodes[best[j]]
+    return at, chosen
+
+
+@njit(cache=True)
+def eagle2_rerank(
+    tokens: np.ndarray,
+    scores: np.ndarray,
+    parents: np.ndarray,
+    n: int,
+    total: int,
+    out_tokens: np.ndarray,
+    out_scores: np.ndarray,
+    out_parents: np.ndarray,
+) -> int:
+    """EAGLE-2's reranking: of candidates ``[0, n)`` (``eagle2_level``'s buffers) the ``total`` best
+    (``np.argsort(-scores, kind="stable")[:total]``: ties to the earlier, NaN last), kept in creation
+    order: their tokens, scores and parents renumbered among the kept (-1: the root, or a parent not
+    kept) written to ``out_*`` (``(total,)``). Returns how many were kept."""
+    order = np.empty(max(min(total, n), 1), dtype=np.int64)
+    kept = _best_of(scores, 0, n, total, order)
+    chosen = np.zeros(n, dtype=np.bool_)
+    for j in range(kept):
+        chosen[order[j]] = True
+    renumber = np.full(n, -1, dtype=np.int64)
+    j = 0
+    for i in range(n):
+        if chosen[i]:
+            renumber[i] = j
+            out_tokens[j] = tokens[i]
+            out_scores[j] = scores[i]
+            out_parents[j] = renumber[parents[i]] if parents[i] >= 0 else -1
+            j += 1
+    return kept
+
+
+@njit(cache=True)
+def grow_tree_rows(mask: np.ndarray, position: np.ndarray, parents: np.ndarray, base: int, committed: int) -> None:
+    """``GrowingTree.add``'s rows, in place: node ``base + 1 + j`` (row of ``mask`` ``(R, W) bool`` and
+    ``position`` ``(R,) int64``) takes its parent's row (``parents[j]``, an earlier node) plus its own
+    column ``committed + base + j``, and its parent's position plus one."""
+    for j in range(parents.shape[0]):
+        row, parent = base + 1 + j, parents[j]
+        mask[row, :] = mask[parent, :]
+        mask[row, committed + base + j] = True
+        position[row] = position[parent] + 1
+
+
+@njit(cache=True)
+def tree_layout(ancestors: np.ndarray, depth: np.ndarray, start: int, positions: np.ndarray, mask: np.ndarray) -> None:
+    """A tree verification pass's layout (``specpolicy.core.tree.verification_layout``) from its shape
+    (``tree_shape``'s ``ancestors`` ``(k + 1, k + 1) bool`` and ``depths`` ``(k,) int64``) after
+    ``start`` cached positions, written into ``positions`` ``(k + 1,) int64`` (``start`` + depth; the
+    root at ``start``) and ``mask`` ``(k + 1, start + k + 1) bool`` (True = attend: every committed
+    position, then the ancestors-or-self). The caller allocates them (an array made here would be
+    boxed at every call)."""
+    rows = ancestors.shape[0]
+    positions[0] = start
+    for i in range(rows - 1):
+        positions[i + 1] = start + depth[i]
+    for r in range(rows):
+        mask[r, :start] = True
+        mask[r, start:] = ancestors[r]

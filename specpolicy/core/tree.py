@@ -45,40 +45,47 @@ def ancestor_mask(parents: torch.Tensor | list[int], device: torch.device | str 
 
 
 def verification_layout(
-    parents: list[int], start: int, device: torch.device | str
+    parents: list[int] | np.ndarray, start: int, device: torch.device | str, heads: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """What the target's one pass over ``[pending] + nodes`` needs (SpecInfer §4), built on the host
     in one go: position ids ``(k + 1,) int64`` (``start`` + depth; the root at ``start``) and the
     attention mask ``(k + 1, start + k + 1) bool`` (True = attend: every committed position, then
     ``ancestor_mask``), both on ``device``. A tree shape's ancestors and depths are built once
-    (``_shape``: by depth level, numpy) and kept on ``device`` (``_on_device``) for the next tree of
-    the same shape (a static tree: every round).
+    (``_shape``: compiled, numpy) and kept on ``device`` (``_on_device``) for the next tree of the
+    same shape (a static tree: every round); on the CPU the layout is one compiled call
+    (``compiled.tree_layout``) and the tensors share its arrays.
 
     Args:
-        parents: the tree's parents as a list (``(k,)``, topological). start: committed positions
-            already cached (tokens).
+        parents: the tree's parents on the host, a list or an ``int64`` array (``(k,)``, topological).
+        start: committed positions already cached (tokens).
+        heads: positions as ``(1, k + 1)`` and the mask as ``(1, 1, k + 1, start + k + 1)``, what a
+            Hugging Face model takes.
+    Raises:
+        ValueError: when a parent is not an earlier node or the root (``-1 <= parents[i] < i``).
     """
     k = len(parents)
-    if torch.device(device).type == "cpu":  # numpy, then shared with torch: no per-op dispatch
-        ancestors_np, depth = _shape(parents)
-        mask_np = np.ones((k + 1, start + k + 1), dtype=bool)
-        mask_np[:, start:] = ancestors_np
-        positions = np.empty(k + 1, dtype=np.int64)
-        positions[0] = start
-        np.add(depth, start, out=positions[1:])
-        return torch.from_numpy(positions), torch.from_numpy(mask_np)
+    if getattr(device, "type", device) == "cpu":  # numpy, then shared with torch: no per-op dispatch
+        host_positions = np.empty((1, k + 1), dtype=np.int64)
+        host_mask = np.empty((1, 1, k + 1, start + k + 1), dtype=bool)
+        compiled.tree_layout(*_shape(parents), start, host_positions[0], host_mask[0, 0])
+        if heads:
+            return torch.from_numpy(host_positions), torch.from_numpy(host_mask)
+        return torch.from_numpy(host_positions[0]), torch.from_numpy(host_mask[0, 0])
     ancestors, depth_plus_one = _on_device(parents, device)
     mask = torch.ones((k + 1, start + k + 1), dtype=torch.bool, device=device)
     mask[:, start:] = ancestors
-    return depth_plus_one + (start - 1), mask  # a row holds the root, its ancestors and itself: depth + 1
+    positions = depth_plus_one + (start - 1)  # a row holds the root, its ancestors and itself: depth + 1
+    return (positions[None], mask[None, None]) if heads else (positions, mask)
 
 
 def _as_list(parents: torch.Tensor | list[int]) -> list[int]:
     return parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
 
 
-_SHAPES: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}  # parents -> (ancestors, depths), LRU
-_DEVICE_SHAPES: dict[tuple[tuple[int, ...], str], tuple[torch.Tensor, torch.Tensor]] = {}  # the same, on a device
+_SHAPES: dict[tuple[int, ...] | bytes, tuple[np.ndarray, np.ndarray]] = {}  # parents -> (ancestors, depths), LRU
+_DEVICE_SHAPES: dict[
+    tuple[tuple[int, ...] | bytes, str], tuple[torch.Tensor, torch.Tensor]
+] = {}  # the same, on a device
 _SHAPES_KEPT = 64  # tree shapes kept (a static tree's every round, a dynamic tree's repeats)
 
 
@@ -90,51 +97,59 @@ def _keep(table: dict, key, value):
     return value
 
 
-def _shape(plist: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _key(parents: list[int] | np.ndarray) -> tuple[int, ...] | bytes:
+    """The shape tables' key of a tree's parents: a list's tuple, an ``int64`` array's bytes."""
+    return parents.tobytes() if isinstance(parents, np.ndarray) else tuple(parents)
+
+
+def _shape(parents: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A tree's ``ancestor_mask`` ``(k + 1, k + 1) bool`` and depths ``(k,) int64`` as numpy arrays
-    (read-only, shared: copy before changing), cached by the parents. Built in one compiled pass over
-    the nodes (``compiled.tree_shape``: each node's row is its parent's plus itself), which checks
-    the order on the way; only valid shapes are cached.
+    (read-only, shared: copy before changing), cached by the parents (a list, or an ``int64`` array).
+    Built in one compiled pass over the nodes (``compiled.tree_shape``: each node's row is its
+    parent's plus itself), which checks the order on the way; only valid shapes are cached.
 
     Raises:
         ValueError: naming the first node whose parent does not come earlier (``validate``'s message).
     """
-    key = tuple(plist)
+    if isinstance(parents, np.ndarray) and parents.dtype != np.int64:
+        parents = parents.astype(np.int64)
+    key = _key(parents)
     hit = _SHAPES.get(key)
     if hit is not None:
         _SHAPES[key] = _SHAPES.pop(key)  # most recently used
         return hit
-    bad, mask, depth = compiled.tree_shape(np.asarray(plist, dtype=np.int64).reshape(len(plist)))
+    bad, mask, depth = compiled.tree_shape(np.ascontiguousarray(parents, dtype=np.int64).reshape(len(parents)))
     if bad >= 0:
-        raise ValueError(f"node {bad} has parent {plist[bad]}; parents must come earlier (-1 = the root)")
+        raise ValueError(f"node {bad} has parent {int(parents[bad])}; parents must come earlier (-1 = the root)")
     mask.setflags(write=False)
     depth.setflags(write=False)
     return _keep(_SHAPES, key, (mask, depth))
 
 
-def _on_device(plist: list[int], device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def _on_device(parents: list[int] | np.ndarray, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """``_shape`` on ``device``: the ancestor mask ``(k + 1, k + 1) bool`` and depth + 1 per row
     ``(k + 1,) int64`` (the root's 1), cached by (parents, device). Shared: never write to them."""
-    key = (tuple(plist), str(torch.device(device)))
+    key = (_key(parents), str(torch.device(device)))
     hit = _DEVICE_SHAPES.get(key)
     if hit is not None:
         _DEVICE_SHAPES[key] = _DEVICE_SHAPES.pop(key)
         return hit
-    mask, depth = _shape(plist)
+    mask, depth = _shape(parents)
     ancestors = torch.from_numpy(mask.copy()).to(device)
     depth_plus_one = torch.from_numpy(np.concatenate(([1], depth + 1))).to(device)
     return _keep(_DEVICE_SHAPES, key, (ancestors, depth_plus_one))
 
 
 def compile_kernels() -> None:
-    """Compile (or load from numba's cache) the verification's host kernels (``compiled.tree_shape``,
-    ``compiled.move_rows`` for float32 / float64 caches) now, not in a timed round: tree policies
-    call it when built."""
-    compiled.tree_shape(np.full(1, -1, dtype=np.int64))
+    """Compile (or load from numba's cache) the tree kernels of a round (``compiled.tree_shape``,
+    ``compiled.tree_layout``, ``compiled.move_rows`` for float32 / float64 caches, a ``GrowingTree``'s
+    ``compiled.grow_tree_rows``) now, not in a timed round: tree policies call it when built."""
+    verification_layout(np.full(1, -1, dtype=np.int64), 1, "cpu")  # tree_shape, tree_layout on a cached shape
     for dtype in (np.float32, np.float64):  # a contiguous cache layer, and a cropped view of one
         entries = np.zeros((1, 2, 4, 1), dtype=dtype)
         for view in (entries, entries[:, :, :2]):
             compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
+    GrowingTree(1, "cpu", capacity=1).add(torch.zeros(1, dtype=torch.long))
 
 
 class GrowingTree:
@@ -143,8 +158,8 @@ class GrowingTree:
     position, already cached); nodes 1, 2, ... are added in order. Kept in buffers that grow by
     doubling, so adding m nodes costs a handful of tensor ops, whatever the tree's size: each new
     node's mask row is its parent's row plus itself, its depth its parent's plus one. Shared by the
-    ``ar``, ``eagle3`` and ``falcon`` drafters. On the CPU the same steps run on numpy views of the
-    buffers (the tensors handed out share them).
+    ``ar``, ``eagle3`` and ``falcon`` drafters. On the CPU the buffers are numpy arrays (the tensors
+    handed out share them) and an ``add`` is one compiled call (``compiled.grow_tree_rows``).
 
     Args:
         committed: positions already in the drafter's cache (the root is the last of them), tokens.
@@ -154,32 +169,38 @@ class GrowingTree:
 
     def __init__(self, committed: int, device: torch.device | str, capacity: int = 64) -> None:
         self.committed, self.size = committed, 0  # size: nodes added (the root not counted)
-        # row r: node r's position (the root's: committed - 1) and number
-        self._position = torch.full((capacity + 1,), committed - 1, dtype=torch.long, device=device)
-        self._number = torch.arange(capacity + 1, device=device)
-        # row r: what node r attends to: every committed position, then its ancestors-or-self among nodes 1..
-        self._mask = torch.zeros((capacity + 1, committed + capacity), dtype=torch.bool, device=device)
-        self._mask[:, :committed] = True
-        self._on_host = self._mask.device.type == "cpu"  # the bookkeeping on numpy views (no per-op dispatch)
-        self._host_views()
+        self._on_host = getattr(device, "type", device) == "cpu"  # the bookkeeping on numpy arrays (no dispatch)
+        self._device = device
+        self._allocate(capacity)
 
-    def _host_views(self) -> None:
+    def _allocate(self, capacity: int) -> None:
+        """Buffers for ``capacity`` nodes besides the root, the rows so far copied over. Row r: node r's
+        position (the root's: committed - 1), its number, and what it attends to (every committed
+        position, then its ancestors-or-self among nodes 1..)."""
+        kept, committed, old = self.size + 1, self.committed, getattr(self, "_mask", None)
+        self._capacity = capacity
         if self._on_host:
-            self._mask_np, self._position_np = self._mask.numpy(), self._position.numpy()
-
-    def _grow(self, need: int) -> None:
-        capacity = self._mask.shape[1] - self.committed
-        if need <= capacity:
+            host_position = np.full(capacity + 1, committed - 1, dtype=np.int64)
+            host_mask = np.zeros((capacity + 1, committed + capacity), dtype=bool)
+            host_mask[:, :committed] = True
+            if old is not None:
+                host_position[:kept] = self._position_np[:kept]
+                host_mask[:kept, : committed + kept - 1] = self._mask_np[:kept, : committed + kept - 1]
+            self._position_np: np.ndarray = host_position
+            self._mask_np: np.ndarray = host_mask
+            self._number_np: np.ndarray = np.arange(capacity + 1)
+            self._position, self._mask = torch.from_numpy(host_position), torch.from_numpy(host_mask)
+            self._number = torch.from_numpy(self._number_np)
             return
-        new = max(need, 2 * capacity)
-        position = self._position.new_zeros(new + 1)
-        position[: self.size + 1] = self._position[: self.size + 1]
-        mask = self._mask.new_zeros((new + 1, self.committed + new))
-        mask[:, : self.committed] = True
-        mask[: self.size + 1, : self.committed + self.size] = self._mask[: self.size + 1, : self.committed + self.size]
+        device = self._device if old is None else old.device
+        position = torch.full((capacity + 1,), committed - 1, dtype=torch.long, device=device)
+        mask = torch.zeros((capacity + 1, committed + capacity), dtype=torch.bool, device=device)
+        mask[:, :committed] = True
+        if old is not None:
+            position[:kept] = self._position[:kept]
+            mask[:kept, : committed + kept - 1] = old[:kept, : committed + kept - 1]
         self._position, self._mask = position, mask
-        self._number = torch.arange(new + 1, device=mask.device)
-        self._host_views()
+        self._number = torch.arange(capacity + 1, device=device)
 
     def add(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` nodes under ``parents`` (``(m,) int64`` node numbers: 0 = the root, else a
@@ -192,21 +213,67 @@ class GrowingTree:
             ancestors-or-self among the nodes). Views, valid until the next ``add``.
         """
         m, base = int(parents.shape[0]), self.size
-        self._grow(base + m)
-        rows = slice(base + 1, base + 1 + m)
-        if self._on_host:  # the same steps on the buffers' numpy views
-            above, mask = parents.numpy(), self._mask_np
-            mask[rows] = mask[above]
-            width = mask.shape[1]  # the new rows' own columns: one strided run of the flat buffer
-            first = (base + 1) * width + self.committed + base
-            mask.reshape(-1)[first : first + (m - 1) * (width + 1) + 1 : width + 1] = True
-            self._position_np[rows] = self._position_np[above] + 1
+        if base + m > self._capacity:
+            self._allocate(max(base + m, 2 * self._capacity))
+        self.size = size = base + m
+        rows = slice(base + 1, size + 1)
+        if self._on_host:  # one compiled call on the numpy buffers; the tensors handed out share them
+            compiled.grow_tree_rows(self._mask_np, self._position_np, parents.numpy(), base, self.committed)
+            return (
+                torch.from_numpy(self._number_np[rows]),
+                torch.from_numpy(self._position_np[rows]),
+                torch.from_numpy(self._mask_np[rows, : self.committed + size]),
+            )
+        self._mask[rows] = self._mask.index_select(0, parents)
+        self._mask[rows, self.committed + base : self.committed + size].fill_diagonal_(True)
+        self._position[rows] = self._position.index_select(0, parents) + 1
+        return self._number[rows], self._position[rows], self._mask[rows, : self.committed + size]
+
+
+class NodeRows:
+    """Rows kept per tree node while a tree grows (a drafter's outputs by node number: row r = node
+    r, row 0 the root's), gathered by node for the next level's pass. On the CPU, for dtypes numpy
+    holds, a numpy buffer grown by doubling (a gather is a numpy take, an append a copy into the
+    buffer); elsewhere a tensor (``index_select``, ``torch.cat``), as before.
+
+    Args:
+        first: ``(r, H)`` the first nodes' rows (the root's).
+        capacity: rows to allocate for at first.
+    """
+
+    def __init__(self, first: torch.Tensor, capacity: int = 65) -> None:
+        self.size = int(first.shape[0])
+        self._rows: torch.Tensor | None = None
+        if first.device.type == "cpu" and first.dtype in _NUMPY_FLOATS and not first.requires_grad:
+            self._buffer = np.empty((max(capacity, self.size), *first.shape[1:]), dtype=_NUMPY_FLOATS[first.dtype])
+            self._buffer[: self.size] = first.numpy()
         else:
-            self._mask[rows] = self._mask.index_select(0, parents)
-            self._mask[rows, self.committed + base : self.committed + base + m].fill_diagonal_(True)
-            self._position[rows] = self._position.index_select(0, parents) + 1
-        self.size = base + m
-        return self._number[rows], self._position[rows], self._mask[rows, : self.committed + self.size]
+            self._rows = first
+
+    def take(self, nodes: torch.Tensor) -> torch.Tensor:
+        """The rows of ``nodes`` (``(m,) int64`` numbers already added): ``(m, H)``, a new tensor."""
+        if self._rows is not None:
+            return self._rows.index_select(0, nodes)
+        return torch.from_numpy(self._buffer.take(nodes.numpy(), axis=0))  # a copy (rows past size: never asked)
+
+    def append(self, rows: torch.Tensor) -> None:
+        """Add the next nodes' rows ``(m, H)`` (numbered ``size``, ``size + 1``, ...)."""
+        m = int(rows.shape[0])
+        if self._rows is not None:
+            self._rows = torch.cat([self._rows, rows])
+            self.size += m
+            return
+        if self.size + m > self._buffer.shape[0]:
+            grown = np.empty(
+                (max(self.size + m, 2 * self._buffer.shape[0]), *self._buffer.shape[1:]), self._buffer.dtype
+            )
+            grown[: self.size] = self._buffer[: self.size]
+            self._buffer = grown
+        self._buffer[self.size : self.size + m] = rows.numpy()
+        self.size += m
+
+
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def validate(parents: torch.Tensor | list[int], k: int) -> None:
@@ -234,7 +301,10 @@ def path_to(node: int, parents: list[int]) -> tuple[int, ...]:
 
 
 def greedy_path(
-    parents: torch.Tensor, token_ids: torch.Tensor, target_ids: torch.Tensor, plist: list[int] | None = None
+    parents: torch.Tensor,
+    token_ids: torch.Tensor,
+    target_ids: torch.Tensor,
+    plist: list[int] | np.ndarray | None = None,
 ) -> tuple[int, ...]:
     """The longest root-to-node path the target agrees with (greedy verification of a tree).
 
@@ -242,7 +312,8 @@ def greedy_path(
         parents: ``(k,) int64``. token_ids: ``(k,) int64`` the nodes' tokens.
         target_ids: ``(k + 1,) int64`` the target's greedy token at the root (0) and after each
             node (i + 1): what it would emit next there.
-        plist: ``parents`` as a list when the caller already has it on the host (saves a sync).
+        plist: ``parents`` on the host (a list or an ``int64`` array) when the caller already has it
+            there (saves a sync).
     Returns:
         the accepted nodes, root's child first (empty: nothing accepted); the deepest accepted
         node wins, the first in order among equally deep ones. Tensor ops on the ancestor mask

@@ -205,7 +205,7 @@ def _reference_eagle2(drafter, depth, top_k, total):
 @pytest.mark.parametrize("path", ["host", "tensor"])  # a CPU drafter's numpy steps, an accelerator's tensor ops
 def test_the_tensor_expansion_is_eagle2s_expansion(seed, shape, path, monkeypatch):
     if path == "tensor":
-        monkeypatch.setattr(Eagle2TreePolicy, "_grow_on_host", Eagle2TreePolicy._grow)
+        monkeypatch.setattr(Eagle2TreePolicy, "_grow_on_host", Eagle2TreePolicy._on_device)
     depth, top_k, total = shape
     calls = []
     policy_drafter = _ScriptedTreeDrafter(seed)
