@@ -34,6 +34,7 @@ class BufferedLayer(DynamicLayer):
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
         self._key_length = self._value_length = 0  # tokens held (apart while a pair is assigned one by one)
+        self._host: tuple | None = None  # (key buffer, value buffer, their numpy views): host_buffers
         self.capacity_hint = max(int(capacity), 0)
         super().__init__()
 
@@ -84,6 +85,23 @@ class BufferedLayer(DynamicLayer):
     @length.setter
     def length(self, tokens: int) -> None:
         self._key_length = self._value_length = tokens
+
+    def host_buffers(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The key and value buffers as numpy views (no copy; cached per buffer) when both are 4-D CPU
+        tensors of a dtype numpy holds, without grad; else None."""
+        k, v = self._key_buffer, self._value_buffer
+        if k is None or v is None:
+            return None
+        held = self._host
+        if held is not None and held[0] is k and held[1] is v:
+            return held[2], held[3]
+        ok = all(
+            t.dim() == 4 and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and not t.requires_grad for t in (k, v)
+        )
+        if not ok:
+            return None
+        self._host = (k, v, k.numpy(), v.numpy())
+        return self._host[2], self._host[3]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -203,6 +221,14 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
     n = len(path_rows)
     # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
     rows = np.asarray(path_rows, dtype=np.int64) if path_rows[-1] != n - 1 else None
+    buffered = _host_buffers(cache)
+    if buffered is not None:  # BufferedLayer on the CPU: the move in the buffers, the crop a length
+        for layer, keys, values in buffered:
+            if rows is not None:
+                compiled.move_rows(keys, rows, start)  # in place
+                compiled.move_rows(values, rows, start)
+            layer.length = start + n
+        return
     views = _host_views(cache)
     if views is not None:
         length = start + n
@@ -227,6 +253,20 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
             layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
     crop_cache(cache, start + n)
+
+
+def _host_buffers(cache: DynamicCache) -> list[tuple[BufferedLayer, np.ndarray, np.ndarray]] | None:
+    """``(layer, keys buffer, values buffer)`` as numpy views for every layer of ``cache`` when each
+    is a ``BufferedLayer`` holding 4-D CPU buffers of a dtype numpy holds, without grad; else None."""
+    out = []
+    for layer in cache.layers:
+        if type(layer) is not BufferedLayer:
+            return None
+        arrays = layer.host_buffers()
+        if arrays is None:
+            return None
+        out.append((layer, *arrays))
+    return out
 
 
 def _host_views(cache: DynamicCache) -> list[tuple[Any, np.ndarray, np.ndarray]] | None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specpolicy.core.cache import buffered_cache, crop_cache
+from specpolicy.core.cache import buffered_cache, crop_cache, keep_path
 from specpolicy.core.types import RoundRecord
 
 
@@ -135,3 +135,18 @@ def test_a_buffered_layer_takes_a_pair_assigned_one_by_one():
     assert torch.equal(layer.keys, torch.cat([keys, k], dim=2)) and torch.equal(
         layer.values, torch.cat([values, v], dim=2)
     )
+
+
+def test_keep_path_on_a_buffered_cache_keeps_what_it_keeps_on_a_dynamic_cache():
+    """A tree's accepted path kept in place (``keep_path``): on the verifier's buffered cache the
+    entries move inside the buffers and the crop is a length, with the same keys and values as on
+    a ``DynamicCache``."""
+    for path in ([0, 2, 5], [0, 1, 2], [0, 3]):
+        buffered, dynamic = buffered_cache(4), DynamicCache()
+        _filled(buffered, [5, 7], seed=3)
+        _filled(dynamic, [5, 7], seed=3)
+        keep_path(buffered, 5, path)
+        keep_path(dynamic, 5, path)
+        assert buffered.get_seq_length() == dynamic.get_seq_length() == 5 + len(path)
+        for a, b in zip(buffered.layers, dynamic.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), path
