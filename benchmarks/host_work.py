@@ -167,7 +167,7 @@ def measure(
     # after start-up): a full collection over ~500k objects costs 30-150 ms, landing in whatever
     # round triggers it; the rounds' own short-lived objects are still collected
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # undone after this method (the next method's models must be collectable)
 
     def decode(prompt):
         drafter.report_hidden = hidden
@@ -194,6 +194,7 @@ def measure(
     components = {name: ns / 1e6 / n for name, ns in sorted(tracer.ns.items()) if name != "pass"}
     traced_host = sum(r.host_ms for r in rounds) / n
     components["loop"] = traced_host - sum(components.values())
+    gc.unfreeze()
     return {
         "host_ms_per_round": min(per_round),
         "host_ms_per_round_repeats": per_round,

@@ -23,7 +23,6 @@ trusted.
 
 from __future__ import annotations
 
-import gc
 import json
 import sys
 from pathlib import Path
@@ -147,10 +146,6 @@ def _load(cfg: DictConfig, container: dict[str, Any], pm, run_dir: Path) -> tupl
         print(
             f"compiled runtime: warm-up {runtime.warmup_s:.1f} s (the models' compilation; summary.json runtime.warmup_s)"
         )
-    # the loaded models' objects out of the garbage collector's generations (as vLLM after start-up): a
-    # full collection over them costs tens of ms, landing in whatever round triggers it
-    gc.collect()
-    gc.freeze()
     tokenizer = verifier.tokenizer  # the target's: prompts are encoded and outputs decoded with it
     if tokenizer is None:
         raise ValueError(
