@@ -564,9 +564,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the tables record it
     check(args)
-    torch.set_grad_enabled(False)
-    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed forward arguments
-    return run_profile(args) if args.command == "profile" else run_replay(args)
+    with torch.no_grad(), warnings.catch_warnings():  # both undone on return (tests call main in-process)
+        warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renamed forward arguments
+        return run_profile(args) if args.command == "profile" else run_replay(args)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,9 @@ def test_profile_writes_every_cell_with_the_measured_marker_and_a_loadable_profi
     rs = load_benchmark("real_scale")
     assert rs.main(["profile", *TINY, "--targets", "qwen2.5-7b", "--drafters", "eagle3,dflash", "--modes", "eager,graphs",
                     "--widths", "1,4", "--kv", "16,64", "--out", str(tmp_path)]) == 0  # fmt: skip
+    import torch
+
+    assert torch.is_grad_enabled()  # main ran without gradients and gave the caller's mode back
     table = json.loads((tmp_path / "cpu-tiny-qwen2.5-7b.json").read_text())
     assert table["measured"] is True and table["device"] and table["torch"] and table["command"].startswith("python")
     assert not table["partial"] and not table["skipped"]
