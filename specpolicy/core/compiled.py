@@ -289,28 +289,8 @@ def kneser_ney_row(
     ``tokens`` ``(C,) int64`` -> ``out`` ``(C,) float64`` (written), the same IEEE operations in the
     same order. ``keys`` / ``values``: the fused tables (``NGramModel._fused_tables``),
     ``discounts`` ``(order,) float64`` each order's discount."""
-    offset = base**order
-    d = discounts[0]
-    # a table's entries for one context are one run of the sorted keys (the codes context * base +
-    # token, token < base): found once, then every candidate is looked up inside it
-    lo, hi = np.searchsorted(keys, 0), np.searchsorted(keys, base)  # the unigram counts (table 0)
-    run_keys, run_values = keys[lo:hi], values[lo:hi]
-    for c in range(tokens.shape[0]):
-        count = _lookup_one(run_keys, run_values, tokens[c])
-        out[c] = (max(count - d, 0.0) + d * unigram_types / vocab_size) / unigram_total
-    prefix = 0
-    for n in range(2, order + 1):
-        prefix = context[order - n] * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
-        table = 3 * (n - 1) * offset
-        total_n = _lookup_one(keys, values, prefix + table + offset)
-        if total_n > 0:
-            types_n = _lookup_one(keys, values, prefix + table + 2 * offset)
-            d = discounts[n - 1]
-            lo, hi = np.searchsorted(keys, prefix * base + table), np.searchsorted(keys, (prefix + 1) * base + table)
-            run_keys, run_values = keys[lo:hi], values[lo:hi]
-            for c in range(tokens.shape[0]):
-                count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
-                out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
+    kneser_ney_unigram(keys, values, discounts, unigram_total, unigram_types, vocab_size, base, tokens, out)
+    kneser_ney_higher(keys, values, discounts, base, order, context, tokens, out)
 
 
 # -- DART's trie rule (NGramModel.trie_probs_np) -----------------------------------------------------
@@ -538,6 +518,8 @@ def kneser_ney_unigram(
     ``(C,) float64``), which reads no context: computed once per lattice position and shared by
     every beam (``kneser_ney_higher`` completes a beam's row from a copy). The same IEEE operations."""
     d = discounts[0]
+    # a table's entries for one context are one run of the sorted keys (the codes context * base +
+    # token, token < base): found once, then every candidate is looked up inside it
     lo, hi = np.searchsorted(keys, 0), np.searchsorted(keys, base)  # the unigram counts (table 0)
     run_keys, run_values = keys[lo:hi], values[lo:hi]
     for c in range(tokens.shape[0]):
