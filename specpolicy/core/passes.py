@@ -109,8 +109,8 @@ class PassClock:
             if member is None or (self.runtime.compile and not _compiled_entry(member)):
                 continue
             # a module: its instance's ``forward`` is wrapped (``Module._call_impl`` calls
-            # ``self.forward``), not hooked: a module with hooks takes torch's slow call path, about
-            # 10-20 us of host work per pass that timing would add
+            # ``self.forward``), not hooked: a module with hooks takes torch's slower call path, host
+            # work the timing itself would add to every pass
             obj, method = (member, "forward") if isinstance(member, torch.nn.Module) else member
             key = (id(obj), method)
             if key in self._hooked:
