@@ -87,9 +87,10 @@ class Draft:
     parents: torch.Tensor | None = None  # (k,) int64 tree; None = chain
     extras: Mapping[str, Any] = field(default_factory=dict)  # drafter-specific, by key (SMALL_BLOCK_CONFIDENCES)
 
-    @property
+    @functools.cached_property
     def length(self) -> int:
-        """Speculation length k in tokens (a tree: its nodes, all verified in one pass)."""
+        """Speculation length k in tokens (a tree: its nodes, all verified in one pass). Read once
+        per draft (``token_ids`` never changes): the loop and the policies ask for it every step."""
         return int(self.token_ids.shape[0])
 
     @property
