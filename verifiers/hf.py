@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.core import compiled, tree
+from specpolicy.core import compiled_tree, tree
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import buffered_cache, crop_cache, keep_path
 from specpolicy.core.checks import check_keys, integer
@@ -335,13 +335,13 @@ class HFVerifier(Verifier):
     def _tree_features(self, hidden_states: Any, rows: np.ndarray, device: torch.device) -> torch.Tensor:
         """The requested layers' hidden states at the kept ``rows`` (``select_features``):
         ``(n, len(layers) * H)``. On the CPU, for dtypes numpy holds, one compiled gather
-        (``compiled.gather_rows``) into a new array."""
+        (``compiled_tree.gather_rows``) into a new array."""
         layers = self._feature_layers
         first = hidden_states[layers[0]]
         if device.type == "cpu" and first.dtype in _HOST_FLOATS and first.dim() == 3:
             arrays = tuple(np.ascontiguousarray(hidden_states[i].numpy()[0]) for i in layers)
             out = np.empty((rows.shape[0], sum(a.shape[1] for a in arrays)), dtype=arrays[0].dtype)
-            compiled.gather_rows(arrays, rows, out)
+            compiled_tree.gather_rows(arrays, rows, out)
             return torch.from_numpy(out)
         index = torch.from_numpy(rows)
         return select_features(hidden_states, layers, index if device.type == "cpu" else index.to(device))

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_tree
 
 #: cache dtypes a CPU tensor shares with numpy (``Tensor.numpy``): moved by a compiled kernel
 _NUMPY_DTYPES = (torch.float32, torch.float64)
@@ -210,7 +210,7 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     the path's entries only -- none when the path is the tree's first nodes (a chain-like path),
     never the prefix. On the verifier's buffered cache on the CPU (every layer a ``BufferedLayer``
     with contiguous buffers of one numpy dtype) the rows are checked and every buffer's entries move
-    in ONE compiled call (``compiled.keep_rows``, over the buffers' numpy views, kept on the cache
+    in ONE compiled call (``compiled_tree.keep_rows``, over the buffers' numpy views, kept on the cache
     while the buffers stay) and the crop is a length; other 4-D ``DynamicLayer`` caches on the CPU
     move per tensor (``compiled.move_rows``) and are cut by a view; else by ``index_select`` per
     tensor and ``crop_cache``.
@@ -224,7 +224,7 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     n = int(rows.shape[0])
     kept = _kept_entries(cache)
     if kept is not None:  # BufferedLayer on the CPU: check and move in one call, the crop a length
-        if compiled.keep_rows(kept[3], rows, start) >= 0:
+        if compiled_tree.keep_rows(kept[3], rows, start) >= 0:
             raise ValueError(f"path_rows must start at 0 and increase, got {rows.tolist()}")
         length = start + n
         for layer in kept[0]:

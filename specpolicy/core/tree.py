@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_tree
 
 
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
@@ -82,7 +82,7 @@ def host_inputs(
     parents: np.ndarray, tokens: np.ndarray, pending: np.ndarray, start: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The target's one pass over ``[pending] + nodes`` on the CPU, in a Hugging Face model's shapes,
-    from ONE compiled call (``compiled.tree_inputs``; no shape kept, nothing dispatched): input ids
+    from ONE compiled call (``compiled_tree.tree_inputs``; no shape kept, nothing dispatched): input ids
     ``(1, k + 1) int64``, position ids ``(1, k + 1) int64`` and the attention mask ``(1, 1, k + 1,
     start + k + 1) bool`` -- the same as ``verification_layout(parents, start, "cpu", heads=True)``
     with the pending token and the nodes' tokens as the input.
@@ -98,7 +98,7 @@ def host_inputs(
         parents, tokens = parents.astype(np.int64), tokens.astype(np.int64)
     inputs, positions = np.empty((1, k + 1), dtype=np.int64), np.empty((1, k + 1), dtype=np.int64)
     mask = np.empty((1, 1, k + 1, start + k + 1), dtype=bool)
-    bad = compiled.tree_inputs(parents, tokens, pending, start, inputs[0], positions[0], mask[0, 0])
+    bad = compiled_tree.tree_inputs(parents, tokens, pending, start, inputs[0], positions[0], mask[0, 0])
     if bad >= 0:
         raise ValueError(f"node {bad} has parent {int(parents[bad])}; parents must come earlier (-1 = the root)")
     return inputs, positions, mask
@@ -168,9 +168,9 @@ def _on_device(parents: list[int] | np.ndarray, device: torch.device | str) -> t
 
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the tree kernels of a round (``compiled.tree_shape``,
-    ``compiled.tree_layout``, ``compiled.tree_inputs``, ``compiled.move_rows`` for float32 / float64
+    ``compiled.tree_layout``, ``compiled_tree.tree_inputs``, ``compiled.move_rows`` for float32 / float64
     caches, a ``GrowingTree``'s ``compiled.grow_tree_rows``) now, not in a timed round: tree policies
-    call it when built. ``compiled.keep_rows`` / ``gather_rows`` take a tuple as long as the target's
+    call it when built. ``compiled_tree.keep_rows`` / ``gather_rows`` take a tuple as long as the target's
     layers: compiled (or loaded) at the first verification."""
     verification_layout(np.full(1, -1, dtype=np.int64), 1, "cpu")  # tree_shape, tree_layout on a cached shape
     host_inputs(np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), 1)
@@ -309,7 +309,7 @@ class HostTree:
     """``GrowingTree`` and ``NodeRows`` together for a drafter on the CPU whose tree passes take the
     parents' outputs (EAGLE-3's head), on numpy buffers kept from round to round: a level's rows
     (mask, position), its parents' outputs gathered for the pass, and the previous pass's outputs
-    stored are ONE compiled call (``compiled.host_tree_level``); a new round rewrites the root's row
+    stored are ONE compiled call (``compiled_tree.host_tree_level``); a new round rewrites the root's row
     only (every node's row is copied whole from its parent's). The same mask, positions and rows as
     ``GrowingTree.add`` and ``NodeRows.take`` (``tests/core/test_tree_kernels.py``).
 
@@ -371,7 +371,7 @@ class HostTree:
             self._allocate(max(base + m, 2 * self._capacity), self.committed)
         hidden = np.empty((m, self.width), dtype=self.dtype)
         last = self._last
-        bad = compiled.host_tree_level(
+        bad = compiled_tree.host_tree_level(
             self._mask,
             self._position,
             self._rows,
