@@ -277,9 +277,17 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         or the runtime's fused chain for the remaining steps."""
         self._gather()
         before = self._tokens.shape[0]
-        for left in range(num_tokens, 0, -1):
-            if self._ended or not self._can_draft() or self._chain(left):
-                break
+        left = 0 if self._ended else num_tokens
+        if left and self._last_out is None:  # the round's first pass (never fused): the committed pairs
+            if not self._can_draft():
+                return self._end_call(before)
+            Eagle3Drafter._pass([self])
+            left -= 1
+        # past it there is always something to draft from; only the compiled runtime's static cache
+        # of one sequence fuses greedy steps (``_chain``), asked once: it drafts every step or none
+        if left and self._sampling is None and isinstance(self.cache, StaticLength) and self._chain(left):
+            left = 0
+        for _ in range(left):
             Eagle3Drafter._pass([self])
         return self._end_call(before)
 

@@ -190,6 +190,9 @@ def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> 
         return
     layer: Any  # transformers' cache layers
     for layer in cache.layers:
+        if type(layer) is BufferedLayer:  # a rollback is a length (``BufferedLayer.crop``, inlined)
+            layer._key_length = layer._value_length = max(layer._key_length - excess, 0)
+            continue
         keys = layer.keys if type(layer) is DynamicLayer and layer.is_initialized else None
         if keys is None or keys.dim() != 4:
             layer.crop(-excess)

@@ -158,6 +158,7 @@ class _InFlight:
     generated: int = 0
     first_token_s: float | None = None
     finish_reason: str = ""
+    drafts_tree: bool = False  # its policy is a ``TreePolicy`` (asked once, at admission)
 
 
 @dataclass
@@ -266,12 +267,14 @@ def run_loop(
             if not active:
                 continue
             clock.discard()  # the admissions' prefills
-            with runtime.timer() as host_timer:  # the round, planning included: host ms = this - its passes
-                if plan_batches and how.policy is not None:
-                    _plan(active, verify_cost, draft_cost)
-                with runtime.timer() as round_timer:
-                    done, drafting_ms, commit_ms = _round(active, target, runtime, how, eos_ids, out, now)
-            host_ms = max(0.0, host_timer.ms - clock.take_ms()) / len(active)  # shared equally, as drafting
+            host_start = runtime.mark()  # the round, planning included: host ms = this span - its passes
+            if plan_batches and how.policy is not None:
+                _plan(active, verify_cost, draft_cost)
+            round_start = runtime.mark() if plan_batches else host_start
+            done, drafting_ms, commit_ms = _round(active, target, runtime, how, eos_ids, out, now)
+            round_end = runtime.mark()
+            host_ms = runtime.ms_between(host_start, round_end) - clock.take_ms()
+            host_ms = max(0.0, host_ms) / len(active)  # shared equally, as drafting
             for r in active:
                 r.rounds[-1] = r.rounds[-1].with_host_ms(host_ms)
                 if how.on_round is not None:
@@ -279,7 +282,8 @@ def run_loop(
             if plan_batches:
                 # the round's cost besides drafting (verification and the loop's work per request), against
                 # the tokens the target pass computed: what a batch-aware policy weighs a draft token against
-                verify_cost.observe(out.padded_tokens[-1], round_timer.ms - drafting_ms - commit_ms)
+                round_ms = runtime.ms_between(round_start, round_end)
+                verify_cost.observe(out.padded_tokens[-1], round_ms - drafting_ms - commit_ms)
                 passes = sum(r.rounds[-1].drafter_forward_passes for r in active)  # the round's drafter passes
                 if passes:
                     draft_cost.observe(passes, drafting_ms + commit_ms)
@@ -326,6 +330,7 @@ def _admit(
             state.reset()
     r = _InFlight(index, int(prompt.shape[0]), 0, drafter, policy, reuse, stop, 0.0, admitted_s)
     r.prefill_ms = prefill_timer.ms
+    r.drafts_tree = isinstance(policy, TreePolicy)
     return r
 
 
@@ -356,20 +361,31 @@ def _round(
     """
     rooms = [min(how.max_new_tokens - r.generated - 1, r.context_limit - r.generated) for r in active]
     answers: list[list[int]] = [[] for _ in active]
-    with runtime.timer() as draft_timer:
-        node_rooms = [r.context_limit - r.generated for r in active]
-        drafts, stops = draft_rows(active, rooms, node_rooms, runtime.torch_device, answers)
+    mark = runtime.mark  # marks on the run's timeline (``Runtime.mark``): drafting, verification, commits
+    draft_start = mark()
+    node_rooms = [r.context_limit - r.generated for r in active]
+    drafts, stops = draft_rows(active, rooms, node_rooms, runtime.torch_device, answers)
+    if how.reuse is not None:  # each request's reuse state is a copy of it (or None without a drafter)
         drafts = [
             d if r.reuse is None or d.ends_at_stop_token or d.is_tree else r.reuse.extend(d, room)
             for r, d, room in zip(active, drafts, rooms)
         ]
-    with runtime.timer() as verify_timer:
-        verifications = target.verify(drafts)
-    out.verify_tokens.append(sum(d.length + 1 for d in drafts))
-    out.padded_tokens.append(len(drafts) * (1 + max(d.length for d in drafts)))
-    out.drafter_passes.append(max(d.forward_passes for d in drafts))
+    verify_start = mark()
+    verifications = target.verify(drafts)
+    verify_end = mark()
+    if len(drafts) == 1:
+        k = drafts[0].length
+        out.verify_tokens.append(k + 1)
+        out.padded_tokens.append(k + 1)
+        out.drafter_passes.append(drafts[0].forward_passes)
+    else:
+        out.verify_tokens.append(sum(d.length + 1 for d in drafts))
+        out.padded_tokens.append(len(drafts) * (1 + max(d.length for d in drafts)))
+        out.drafter_passes.append(max(d.forward_passes for d in drafts))
     out.batch_sizes.append(len(active))
-    drafting_ms = draft_timer.ms / len(active)  # shared equally: passes run for many at once
+    draft_ms = runtime.ms_between(draft_start, verify_start)
+    verify_ms = runtime.ms_between(verify_start, verify_end)
+    drafting_ms = draft_ms / len(active)  # shared equally: passes run for many at once
     emitted_at = now()
     done, commit_total = [], 0.0
     for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
@@ -384,9 +400,9 @@ def _round(
         finish = finish or limit_reached(r.generated, how.max_new_tokens, r.context_limit)
         commit_ms = 0.0
         if r.drafter is not None and not finish:  # roll back to the committed sequence (may spend a pass)
-            with runtime.timer() as commit_timer:
-                r.drafter.commit(draft, verification)
-            commit_ms = commit_timer.ms
+            commit_start = mark()
+            r.drafter.commit(draft, verification)
+            commit_ms = runtime.ms_between(commit_start, mark())
             commit_total += commit_ms
         record = round_record(
             len(r.rounds),
@@ -394,7 +410,7 @@ def _round(
             verification,
             keep,
             drafting_ms + commit_ms,
-            verify_timer.ms,
+            verify_ms,
             stops[row],
             finish,
             (draft_ids, target_ids),
@@ -412,7 +428,7 @@ def _round(
             r.policy.update(record)
         if r.reuse is not None:
             r.reuse.observe(draft, verification)
-    return done, draft_timer.ms, commit_total
+    return done, draft_ms, commit_total
 
 
 def draft_rows(
@@ -430,23 +446,23 @@ def draft_rows(
     drafts: list[Draft] = []
     stops: list[str] = []
     for r, room, node_room in zip(active, rooms, node_rooms):
-        if isinstance(r.policy, TreePolicy):
-            draft, stop = r.policy.draft_tree(r.drafter, room, node_room)
+        if r.drafts_tree:
+            draft, stop = r.policy.draft_tree(r.drafter, room, node_room)  # type: ignore[union-attr]
         else:
             draft, stop = empty_draft(device), "" if r.drafter is not None else "vanilla"
         drafts.append(draft)
         stops.append(stop)
-    chain_rows = [i for i, r in enumerate(active) if not stops[i] and not isinstance(r.policy, TreePolicy)]
+    chain_rows = [i for i, r in enumerate(active) if not stops[i] and not r.drafts_tree]
     while chain_rows:
         asks = {}
         for i in chain_rows:
-            n, stops[i] = ask_policy(cast(LengthPolicy, active[i].policy), drafts[i], rooms[i], answers[i])
+            n, stops[i] = ask_policy(active[i].policy, drafts[i], rooms[i], answers[i])  # type: ignore[arg-type]
             if n:
                 asks[i] = n
         if not asks:
             break
         rows = list(asks)
-        drafting = [cast(Drafter, active[i].drafter) for i in rows]
+        drafting: list[Drafter] = [active[i].drafter for i in rows]  # type: ignore[misc]
         before = [drafts[i].length for i in rows]
         for i, b, draft in zip(rows, before, type(drafting[0]).draft_many(drafting, [asks[i] for i in rows])):
             drafts[i] = draft

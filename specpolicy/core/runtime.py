@@ -283,6 +283,23 @@ class Runtime:
         """A new ``Timer`` (CUDA events on CUDA, perf_counter on CPU)."""
         return Timer(self.torch_device.type == "cuda")
 
+    def mark(self) -> Any:
+        """A point on the run's timeline, for ``ms_between``: on CPU ``time.perf_counter()`` (s), on
+        CUDA a recorded ``torch.cuda.Event`` (no sync). The loop's round takes marks instead of
+        ``Timer`` objects: one call each, host work every round."""
+        if self.torch_device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ms_between(self, start: Any, end: Any) -> float:
+        """Milliseconds from mark ``start`` to mark ``end`` (``mark``; on CUDA it waits for ``end``)."""
+        if isinstance(start, float):
+            return (end - start) * 1e3
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
     def describe(self) -> dict:
         """Device, dtype and library versions, for summaries."""
         import transformers

@@ -397,6 +397,8 @@ class Eagle3Runner(SequencesRunner):
         """One pass: request ``i`` is fed ``passes[i]``'s positions after its cached ones (cached).
         Returns every request's last output ``(R, 1, H)`` (what predicts its next token) and the
         draft-vocabulary logits of its last position ``(R, Vd)``."""
+        if len(passes) == 1 and type(passes[0].cache) is KVCache:  # eager, one request: the common pass
+            return self.one(passes[0])
         self.normed = None
         if passes[0].rows is not None:
             return self.shared(passes)
