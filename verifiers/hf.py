@@ -243,8 +243,8 @@ class HFVerifier(Verifier):
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
         prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape
         (parents) and the greedy path (sampling: one per decision of the walk). On the CPU the host
-        work is a few compiled calls on numpy views (``_tree_pass_host``, ``keep_path``,
-        ``_tree_features``): no per-op dispatch."""
+        work is two compiled calls on numpy views (``_tree_pass_host``; ``keep_path`` with the
+        features' gather, ``_host_features``): no per-op dispatch."""
         k = draft.length
         device = self._pending.device
         on_host = device.type == "cpu" and draft.parents.device.type == "cpu" and draft.token_ids.device.type == "cpu"
@@ -265,12 +265,21 @@ class HFVerifier(Verifier):
             target[path[-1] + 1 if path else 0] = nxt
         rows = np.array((-1, *path), dtype=np.int64)  # the pending token (root, row 0) and the accepted path
         rows += 1
+        # the kept rows' features: on the CPU gathered with the path's move (one compiled call)
+        gather = self._host_features(hidden_states, rows.shape[0], device) if self._feature_layers else None
         if self.static is not None:
             self.static.keep_rows(start, rows.tolist())
+            if gather is not None:
+                compiled_tree.gather_rows(gather[0], rows, gather[1])
         else:
-            keep_path(self.cache, start, rows)
+            keep_path(self.cache, start, rows, gather)
         last = path[-1] + 1 if path else 0
-        features = self._tree_features(hidden_states, rows, device) if self._feature_layers else None
+        features = None
+        if gather is not None:
+            features = torch.from_numpy(gather[1])
+        elif self._feature_layers:
+            index = torch.from_numpy(rows)
+            features = select_features(hidden_states, self._feature_layers, index.to(device))
         if target.device.type == "cpu":
             target_np = target.numpy()
             next_token = int(target_np[last])
@@ -332,19 +341,16 @@ class HFVerifier(Verifier):
         )
         return out.logits[0], out.hidden_states
 
-    def _tree_features(self, hidden_states: Any, rows: np.ndarray, device: torch.device) -> torch.Tensor:
-        """The requested layers' hidden states at the kept ``rows`` (``select_features``):
-        ``(n, len(layers) * H)``. On the CPU, for dtypes numpy holds, one compiled gather
-        (``compiled_tree.gather_rows``) into a new array."""
+    def _host_features(self, hidden_states: Any, n: int, device: torch.device) -> tuple | None:
+        """The features of the kept rows on the CPU (``select_features`` for dtypes numpy holds): the
+        requested layers' hidden states as ``(k + 1, H)`` numpy views and an ``(n, len(layers) * H)``
+        array to gather ``n`` rows into (``keep_path``'s ``gather``); None elsewhere."""
         layers = self._feature_layers
         first = hidden_states[layers[0]]
-        if device.type == "cpu" and first.dtype in _HOST_FLOATS and first.dim() == 3:
-            arrays = tuple(np.ascontiguousarray(hidden_states[i].numpy()[0]) for i in layers)
-            out = np.empty((rows.shape[0], sum(a.shape[1] for a in arrays)), dtype=arrays[0].dtype)
-            compiled_tree.gather_rows(arrays, rows, out)
-            return torch.from_numpy(out)
-        index = torch.from_numpy(rows)
-        return select_features(hidden_states, layers, index if device.type == "cpu" else index.to(device))
+        if device.type != "cpu" or first.dtype not in _HOST_FLOATS or first.dim() != 3:
+            return None
+        arrays = tuple([np.ascontiguousarray(hidden_states[i].numpy()[0]) for i in layers])
+        return arrays, np.empty((n, len(layers) * arrays[0].shape[1]), dtype=arrays[0].dtype)
 
     def _accept_tree(
         self, logits: torch.Tensor, draft: Draft, parents: np.ndarray

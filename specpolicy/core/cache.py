@@ -204,7 +204,7 @@ def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> 
         layer.values = values.as_strided((b, h, max(n - excess, 0), d), values.stride())
 
 
-def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray) -> None:
+def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray, gather: tuple | None = None) -> None:
     """After a draft tree's verification, keep the committed prefix (positions ``< start``) and the
     accepted path, in place: the entries of input rows ``path_rows`` (a list or an ``int64`` array;
     row 0 = the pending token at ``start``, row i = tree node i - 1; increasing) move to positions
@@ -218,6 +218,10 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     move per tensor (``compiled.move_rows``) and are cut by a view; else by ``index_select`` per
     tensor and ``crop_cache``.
 
+    ``gather``: ``(arrays, out)``, or None: also ``out[i]`` = the rows ``path_rows[i]`` of the
+    ``(k + 1, H_j)`` arrays side by side (``compiled_tree.gather_rows``: the verifier's features of
+    the kept rows), in the same compiled call on the buffered cache.
+
     Raises:
         ValueError: if ``path_rows`` does not start at row 0 or is not increasing.
     """
@@ -227,7 +231,8 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     n = int(rows.shape[0])
     kept = _kept_entries(cache)
     if kept is not None:  # BufferedLayer on the CPU: check and move in one call, the crop a length
-        if compiled_tree.keep_rows(kept[3], rows, start) >= 0:
+        layers, out = _NOTHING_GATHERED if gather is None else gather
+        if compiled_tree.keep_rows(kept[3], rows, start, layers, out) >= 0:
             raise ValueError(f"path_rows must start at 0 and increase, got {rows.tolist()}")
         length = start + n
         for layer in kept[0]:
@@ -236,6 +241,8 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     path_rows = rows.tolist()
     if not path_rows or path_rows[0] != 0 or any(b <= a for a, b in zip(path_rows, path_rows[1:])):
         raise ValueError(f"path_rows must start at 0 and increase, got {path_rows}")
+    if gather is not None:
+        compiled_tree.gather_rows(gather[0], rows, gather[1])
     layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
     # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
     moved = rows if path_rows[-1] != n - 1 else None
@@ -273,6 +280,8 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     crop_cache(cache, start + n)
 
 
+#: ``keep_path``'s gather when there is none (``compiled_tree.keep_rows`` then gathers no row)
+_NOTHING_GATHERED = ((np.empty((0, 0), dtype=np.float32),), np.empty((0, 0), dtype=np.float32))
 _KEY_BUFFER, _VALUE_BUFFER = operator.attrgetter("_key_buffer"), operator.attrgetter("_value_buffer")
 
 

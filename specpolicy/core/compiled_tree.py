@@ -54,28 +54,31 @@ def tree_inputs(
 
 
 @njit(cache=True)
-def keep_rows(entries, rows: np.ndarray, start: int) -> int:
+def keep_rows(entries, rows: np.ndarray, start: int, layers, out: np.ndarray) -> int:
     """``keep_path`` on every cache buffer at once: ``entries`` a tuple of the layers' key and value
     buffers ``(b, heads, C, d)`` (one array type), ``rows`` ``(n,) int64`` the input rows kept (0 the
     pending token, then the path's ``node + 1``, increasing); position ``start + i`` takes position
     ``start + rows[i]`` in each buffer (``move_rows``: a source is never overwritten before it is
-    read; nothing moves when ``rows`` is ``0 .. n - 1``). Returns -1, or the index of the first row
-    that breaks the rule (0 when ``rows`` is empty or does not start at 0; nothing moved)."""
+    read; nothing moves when ``rows`` is ``0 .. n - 1``); then, in the same call, ``gather_rows(layers,
+    rows, out)`` (the kept rows' target features; nothing when ``out`` has no rows). Returns -1, or
+    the index of the first row that breaks the rule (0 when ``rows`` is empty or does not start at
+    0; nothing moved or gathered)."""
     n = rows.shape[0]
     if n == 0 or rows[0] != 0:
         return 0
     for i in range(1, n):
         if rows[i] <= rows[i - 1]:
             return i
-    if rows[n - 1] == n - 1:
-        return -1
-    for entry in entries:
-        for b in range(entry.shape[0]):
-            for h in range(entry.shape[1]):
-                for i in range(n):
-                    source = start + rows[i]
-                    if source != start + i:
-                        entry[b, h, start + i, :] = entry[b, h, source, :]
+    if rows[n - 1] != n - 1:
+        for entry in entries:
+            for b in range(entry.shape[0]):
+                for h in range(entry.shape[1]):
+                    for i in range(n):
+                        source = start + rows[i]
+                        if source != start + i:
+                            entry[b, h, start + i, :] = entry[b, h, source, :]
+    if out.shape[0] > 0:
+        gather_rows(layers, rows, out)
     return -1
 
 

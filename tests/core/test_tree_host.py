@@ -83,8 +83,9 @@ def test_keep_path_in_one_call_keeps_what_a_dynamic_cache_keeps_over_rounds(dtyp
 
 
 @pytest.mark.parametrize("strided", [False, True])
-def test_tree_features_are_select_features(strided):
-    """The verifier's gather of the kept rows' features (``compiled.gather_rows``) against
+def test_tree_features_gathered_with_the_path_are_select_features(strided):
+    """The verifier's features of the kept rows, gathered in ``keep_path``'s call (``_host_features``
+    then ``compiled_tree.keep_rows``, or ``gather_rows`` after the move on another cache), against
     ``select_features``, on contiguous hidden states and on the compiled runtime's transposed view."""
     g = torch.Generator().manual_seed(3)
     if strided:  # (n, L + 1, H) static states seen as (L + 1, 1, n, H)
@@ -95,9 +96,14 @@ def test_tree_features_are_select_features(strided):
     for layers in ((0, 2, 4), (3,), (4, 1)):
         verifier = SimpleNamespace(_feature_layers=layers)
         for rows in ([0], [0, 1, 2], [0, 3, 7, 8]):
-            rows_np = np.array(rows, dtype=np.int64)
-            got = HFVerifier._tree_features(verifier, hidden, rows_np, torch.device("cpu"))
-            assert torch.equal(got, select_features(hidden, layers, torch.tensor(rows)))
+            for cache in (buffered_cache(4), DynamicCache()):
+                _filled(cache, [3, 9], 4)
+                gather = HFVerifier._host_features(verifier, hidden, len(rows), torch.device("cpu"))
+                keep_path(cache, 3, np.array(rows, dtype=np.int64), gather)
+                assert torch.equal(torch.from_numpy(gather[1]), select_features(hidden, layers, torch.tensor(rows)))
+    assert (
+        HFVerifier._host_features(verifier, tuple(h.to(torch.bfloat16) for h in hidden), 2, torch.device("cpu")) is None
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
