@@ -179,6 +179,12 @@ def compile_kernels() -> None:
         for view in (entries, entries[:, :, :2]):
             compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
     GrowingTree(1, "cpu", capacity=1).add(torch.zeros(1, dtype=torch.long))
+    for dtype in (np.float32, np.float64):  # a HostTree's level: after a root, and after a pass
+        host = HostTree(1, dtype, capacity=2)
+        host.reset(1, np.zeros((1, 1), dtype=dtype))
+        host.add(np.zeros(1, dtype=np.int64))
+        host.outputs(np.zeros((1, 1), dtype=dtype))
+        host.add(np.ones(1, dtype=np.int64))
 
 
 class GrowingTree:
