@@ -499,8 +499,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """
         host = self._tree
         if not isinstance(host, tree.HostTree):
-            nodes_t, ids_t, logp_t = self.tree_expand(torch.from_numpy(tokens), torch.from_numpy(parents), top_k)
-            return nodes_t.numpy(), ids_t.numpy(), logp_t.numpy()
+            device = self.runtime.torch_device
+            nodes_t, ids_t, logp_t = self.tree_expand(
+                torch.from_numpy(tokens).to(device), torch.from_numpy(parents).to(device), top_k
+            )
+            return nodes_t.cpu().numpy(), ids_t.cpu().numpy(), logp_t.cpu().numpy()
         nodes, positions, mask, hidden = host.add(parents)
         out, ids, logp = self._tree_pass(
             torch.from_numpy(tokens),
