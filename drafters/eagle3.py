@@ -435,6 +435,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         out, ids, logp = self._root_pass(top_k)
         self._committed_pairs = self.cache.length
         self._features = self._pair_tokens = None
+        self._tree: Any  # the round's tree: a HostTree on the CPU, else a GrowingTree
         if out.device.type == "cpu" and out.dtype in _HOST_FLOATS and not out.requires_grad:
             # the round's tree on numpy buffers kept across rounds: one compiled call a level
             host = self.__dict__.get("_host_tree")

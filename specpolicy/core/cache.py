@@ -229,6 +229,7 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     if rows.dtype != np.int64:
         rows = rows.astype(np.int64)
     n = int(rows.shape[0])
+    layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
     kept = _kept_entries(cache)
     if kept is not None:  # BufferedLayer on the CPU: check and move in one call, the crop a length
         layers, out = _NOTHING_GATHERED if gather is None else gather
@@ -243,7 +244,6 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
         raise ValueError(f"path_rows must start at 0 and increase, got {path_rows}")
     if gather is not None:
         compiled_tree.gather_rows(gather[0], rows, gather[1])
-    layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
     # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
     moved = rows if path_rows[-1] != n - 1 else None
     buffered = _host_buffers(cache)

@@ -15,6 +15,7 @@ exactly the accepted path (gathered, never recomputed).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from specpolicy.core import compiled, compiled_tree
@@ -324,9 +325,13 @@ class HostTree:
         capacity: nodes (besides the root) to allocate for at first (grown by doubling).
     """
 
-    def __init__(self, width: int, dtype: np.dtype, capacity: int = 64) -> None:
+    def __init__(self, width: int, dtype: npt.DTypeLike, capacity: int = 64) -> None:
         self.width, self.dtype = width, np.dtype(dtype)
         self.committed = self.size = 0
+        self._mask: np.ndarray  # (capacity + 1, columns) bool: node rows (0: the root's)
+        self._position: np.ndarray  # (capacity + 1,) int64
+        self._rows: np.ndarray  # (capacity + 1, width): node outputs
+        self._number: np.ndarray  # (capacity + 1,) int64: 0, 1, ...
         self._capacity = self._columns = 0
         self._last: np.ndarray = np.empty((0, width), dtype=self.dtype)  # outputs not yet in ``_rows``
         self._allocate(capacity, 0, keep=False)
