@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core import tree
@@ -50,6 +51,10 @@ from specpolicy.runners.sequences import SharedSequencesDrafter
 
 NAME = "eagle3"
 CONFIG_KEYS = ("model", "layer_id_convention")
+
+
+#: output dtypes a CPU tensor shares with numpy: a draft tree's rows kept on the host (``tree.HostTree``)
+_HOST_FLOATS = (torch.float32, torch.float64)
 
 
 class Eagle3Drafter(SharedSequencesDrafter, Drafter):
@@ -428,10 +433,20 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if self._features is None or self._features.shape[0] == 0:
             return empty
         out, ids, logp = self._root_pass(top_k)
-        self._tree_out = tree.NodeRows(out)  # row r: node r's output (0: the root's)
         self._committed_pairs = self.cache.length
         self._features = self._pair_tokens = None
-        self._tree = tree.GrowingTree(self._committed_pairs, out.device)
+        self._tree: Any  # the round's tree: a HostTree on the CPU, else a GrowingTree
+        if out.device.type == "cpu" and out.dtype in _HOST_FLOATS and not out.requires_grad:
+            # the round's tree on numpy buffers kept across rounds: one compiled call a level
+            host = self.__dict__.get("_host_tree")
+            root = out.numpy()
+            if host is None or host.width != root.shape[1] or host.dtype != root.dtype:
+                host = self._host_tree = tree.HostTree(root.shape[1], root.dtype)
+            host.reset(self._committed_pairs, root)
+            self._tree, self._tree_out = host, None
+        else:
+            self._tree_out = tree.NodeRows(out)  # row r: node r's output (0: the root's)
+            self._tree = tree.GrowingTree(self._committed_pairs, out.device)
         self._passes = 1
         return ids[0], logp[0]
 
@@ -458,13 +473,49 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         Returns:
             ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
+        if self._tree_out is None:  # the CPU's host tree (``tree_root``)
+            host_parents = parents.numpy() if isinstance(parents, torch.Tensor) else np.asarray(parents, np.int64)
+            nodes, ids, logp = self.tree_expand_host(tokens.numpy(), host_parents, top_k)
+            return torch.from_numpy(nodes), torch.from_numpy(ids), torch.from_numpy(logp)
         if not isinstance(parents, torch.Tensor):
             parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
-        nodes, positions, mask = self._tree.add(parents)
-        out, ids, logp = self._tree_pass(tokens, self._tree_out.take(parents), positions, mask, top_k)
+        nodes_t, positions_t, mask_t = self._tree.add(parents)
+        out, ids_t, logp_t = self._tree_pass(tokens, self._tree_out.take(parents), positions_t, mask_t, top_k)
         self._tree_out.append(out)
         self._passes += 1
-        return nodes, ids, logp
+        return nodes_t, ids_t, logp_t
+
+    @no_grad
+    def tree_expand_host(
+        self, tokens: np.ndarray, parents: np.ndarray, top_k: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``tree_expand`` on host arrays, for a tree on the CPU (``tree_root`` chose the host tree:
+        ``tree.HostTree``; else the arrays go through ``tree_expand``): ``tokens`` / ``parents``
+        ``(m,) int64`` in, ``(node numbers (m,) int64, child ids (m, top_k) int64, child
+        log-probabilities (m, top_k))`` out as numpy arrays (the ids and log-probabilities share the
+        pass's tensors). One compiled call for the level's rows and inputs, then the pass.
+
+        Raises:
+            ValueError: for a parent that is not a node of the round's tree.
+        """
+        host = self._tree
+        if not isinstance(host, tree.HostTree):
+            device = self.runtime.torch_device
+            nodes_t, ids_t, logp_t = self.tree_expand(
+                torch.from_numpy(tokens).to(device), torch.from_numpy(parents).to(device), top_k
+            )
+            return nodes_t.cpu().numpy(), ids_t.cpu().numpy(), logp_t.cpu().numpy()
+        nodes, positions, mask, hidden = host.add(parents)
+        out, ids, logp = self._tree_pass(
+            torch.from_numpy(tokens),
+            torch.from_numpy(hidden),
+            torch.from_numpy(positions),
+            torch.from_numpy(mask),
+            top_k,
+        )
+        host.outputs(out.numpy())
+        self._passes += 1
+        return nodes, ids.numpy(), logp.numpy()
 
     def _tree_pass(
         self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, top_k: int
@@ -493,7 +544,15 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._committed_pairs)
-        tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
+        path, target = verification.path, verification.target_token_ids
+        if path is not None and target.device.type == "cpu" and draft.token_ids.device.type == "cpu":
+            # a tree on the CPU: ``committed_tokens`` on numpy views (the path's tokens, then the next token)
+            last = path[-1] + 1 if path else 0
+            tokens = torch.from_numpy(
+                np.concatenate((draft.token_ids.numpy().take(path), target.numpy()[last : last + 1]))
+            )
+        else:
+            tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
             self._waiting.append((features, tokens))  # joined when drafting resumes (no copy per round)
         else:

@@ -129,7 +129,8 @@ class Eagle2TreePolicy(TreePolicy):
         tensors (no per-op dispatch): per level ONE call (``compiled.eagle2_level``: the level's
         children appended to the candidate buffers with their cumulative scores -- the same float
         sums -- then the next level's best as the stable descending sort picks them), the drafter
-        handed tensors sharing fresh arrays; then ONE call for the reranking
+        handed tensors sharing fresh arrays, or the arrays themselves when it has ``tree_expand_host``
+        (``eagle3``: one compiled call of its own a level, no tensor round trip); then ONE call for the reranking
         (``compiled.eagle2_rerank``) and ``np.exp`` for the confidences. The same draft as the tensor
         steps (``tests/policies/test_eagle2_tree.py``)."""
         top_k = self.top_k
@@ -139,12 +140,16 @@ class Eagle2TreePolicy(TreePolicy):
         best, nodes = np.full(top_k, -1, np.int64), np.zeros(1, np.int64)  # the root: candidate -1, drafter node 0
         picked = np.empty((depth, 2, top_k), np.int64)  # per level: the nodes to expand, their parents' nodes
         end = m = 0
+        expand_host = getattr(drafter, "tree_expand_host", None)  # a drafter's host-array form, when it has one
         for level in range(depth):
             if level:
-                nodes_t, child_ids, child_logp = drafter.tree_expand(
-                    torch.from_numpy(picked[level - 1, 0, :m]), torch.from_numpy(picked[level - 1, 1, :m]), top_k
-                )
-                ids_np, logp_np, nodes = child_ids.numpy(), child_logp.numpy(), nodes_t.numpy()
+                if expand_host is not None:
+                    nodes, ids_np, logp_np = expand_host(picked[level - 1, 0, :m], picked[level - 1, 1, :m], top_k)
+                else:
+                    nodes_t, child_ids, child_logp = drafter.tree_expand(
+                        torch.from_numpy(picked[level - 1, 0, :m]), torch.from_numpy(picked[level - 1, 1, :m]), top_k
+                    )
+                    ids_np, logp_np, nodes = child_ids.numpy(), child_logp.numpy(), nodes_t.numpy()
                 if end + ids_np.size > tokens.shape[0]:  # a drafter proposing more than top_k children
                     tokens, parents, parent_nodes, scores = self._candidates(2 * (end + ids_np.size), scores.dtype, end)
             end, m = compiled.eagle2_level(

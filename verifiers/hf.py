@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specpolicy.core import tree
+from specpolicy.core import compiled_tree, tree
 from specpolicy.core.attention import as_model_mask
 from specpolicy.core.cache import buffered_cache, crop_cache, keep_path
 from specpolicy.core.checks import check_keys, integer
@@ -32,6 +32,8 @@ CONFIG_KEYS = ("model", "attn_implementation", "max_context")
 #: tokens of room the target's KV buffers get past the prompt at prefill (``buffered_cache``; they
 #: double when a round does not fit)
 BUFFER_STEP = 256
+#: hidden-state dtypes a CPU tensor shares with numpy (the tree's features gathered by a compiled call)
+_HOST_FLOATS = (torch.float32, torch.float64)
 
 
 class HFVerifier(Verifier):
@@ -240,53 +242,44 @@ class HFVerifier(Verifier):
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
         prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape
-        (parents) and the greedy path (sampling: one per decision of the walk). A draft on the CPU
-        is read through numpy views (its parents, tokens and the target's tokens: no per-op dispatch)."""
+        (parents) and the greedy path (sampling: one per decision of the walk). On the CPU the host
+        work is two compiled calls on numpy views (``_tree_pass_host``; ``keep_path`` with the
+        features' gather, ``_host_features``): no per-op dispatch."""
         k = draft.length
-        on_host = draft.parents.device.type == "cpu"
-        # the tree's shape on the host once (one sync off the CPU)
-        parents = draft.parents.numpy() if on_host else np.asarray(draft.parents.tolist(), dtype=np.int64)
-        if parents.shape != (k,):
-            tree.validate(draft.parents, k)  # names the shape
         device = self._pending.device
-        # a Hugging Face model takes (1, k + 1) positions and a (1, 1, k + 1, start + k + 1) mask
-        heads = self.static is None
-        positions, mask = tree.verification_layout(parents, start, device, heads=heads)  # checks the order
-        if on_host and self._pending.device.type == "cpu":  # [pending] + nodes, (1, k + 1)
-            inputs_np = np.empty((1, k + 1), dtype=np.int64)
-            inputs_np[0, :1] = self._pending.numpy()
-            inputs_np[0, 1:] = draft.token_ids.numpy()
-            inputs = torch.from_numpy(inputs_np)
+        on_host = device.type == "cpu" and draft.parents.device.type == "cpu" and draft.token_ids.device.type == "cpu"
+        if on_host:
+            parents = draft.parents.numpy()
+            if parents.shape != (k,):
+                tree.validate(draft.parents, k)  # names the shape
+            logits, hidden_states = self._tree_pass_host(parents, draft.token_ids.numpy(), start)
         else:
-            inputs = torch.cat([self._pending, draft.token_ids.to(self._pending.device)])[None, :]
-        if self.static is not None:  # compiled: the tree mask over the static cache
-            logits, states = self.static.run(inputs[0], positions, mask)
-            hidden_states = states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
-        else:
-            out = self.model(
-                input_ids=inputs,
-                position_ids=positions,
-                attention_mask=as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype),
-                cache=self.cache,
-                use_cache=True,
-                output_hidden_states=bool(self._feature_layers),
-            )
-            logits, hidden_states = out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
+            # the tree's shape on the host once (one sync off the CPU)
+            parents = np.asarray(draft.parents.tolist(), dtype=np.int64)
+            if parents.shape != (k,):
+                tree.validate(draft.parents, k)  # names the shape
+            logits, hidden_states = self._tree_pass_device(parents, draft.token_ids.to(device), start)
         path, target, p = self._accept_tree(logits, draft, parents)
         if p is not None:  # sampling: the walk's decisions are host work
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
             target[path[-1] + 1 if path else 0] = nxt
-        path_rows = [0, *(i + 1 for i in path)]  # the pending token (root) and the accepted path
+        rows = np.array((-1, *path), dtype=np.int64)  # the pending token (root, row 0) and the accepted path
+        rows += 1
+        # the kept rows' features: on the CPU gathered with the path's move (one compiled call)
+        gather = self._host_features(hidden_states, rows.shape[0], device) if self._feature_layers else None
         if self.static is not None:
-            self.static.keep_rows(start, path_rows)
+            self.static.keep_rows(start, rows.tolist())
+            if gather is not None:
+                compiled_tree.gather_rows(gather[0], rows, gather[1])
         else:
-            keep_path(self.cache, start, path_rows)
+            keep_path(self.cache, start, rows, gather)
         last = path[-1] + 1 if path else 0
         features = None
-        if self._feature_layers:
-            rows = torch.from_numpy(np.array(path_rows, dtype=np.int64))
-            rows = rows if device.type == "cpu" else rows.to(device)
-            features = select_features(hidden_states, self._feature_layers, rows)
+        if gather is not None:
+            features = torch.from_numpy(gather[1])
+        elif self._feature_layers:
+            index = torch.from_numpy(rows)
+            features = select_features(hidden_states, self._feature_layers, index.to(device))
         if target.device.type == "cpu":
             target_np = target.numpy()
             next_token = int(target_np[last])
@@ -301,6 +294,63 @@ class HFVerifier(Verifier):
             features=features,
             path=path,
         )
+
+    def _tree_pass_host(self, parents: np.ndarray, tokens: np.ndarray, start: int) -> tuple[torch.Tensor, Any]:
+        """The tree's pass when the draft and the target are on the CPU: its input ids, positions and
+        mask from one compiled call (``tree.host_inputs``) shared with torch, then the model (or the
+        compiled runtime's static runner). Returns ``(logits (k + 1, V), hidden states)`` (HF's
+        layout: per layer ``(1, k + 1, H)``)."""
+        inputs, positions, mask = tree.host_inputs(parents, tokens, self._pending.numpy(), start)
+        if self.static is not None:  # compiled: the tree mask over the static cache
+            logits, states = self.static.run(
+                torch.from_numpy(inputs[0]), torch.from_numpy(positions[0]), torch.from_numpy(mask[0, 0])
+            )
+            return logits, states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
+        attention = self.__dict__.get("_attention")
+        if attention is None:  # the model's attention implementation, read once
+            attention = self._attention = self.model.config._attn_implementation
+        mask_t = torch.from_numpy(mask)
+        out = self.model(
+            input_ids=torch.from_numpy(inputs),
+            position_ids=torch.from_numpy(positions),
+            attention_mask=mask_t
+            if attention == "sdpa"
+            else as_model_mask(mask_t, attention, self.runtime.torch_dtype),
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self._feature_layers),
+        )
+        return out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
+
+    def _tree_pass_device(self, parents: np.ndarray, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, Any]:
+        """``_tree_pass_host`` for a target off the CPU: the layout built once per tree shape and kept
+        on the device (``tree.verification_layout``), the input one ``cat``."""
+        device = self._pending.device
+        positions, mask = tree.verification_layout(parents, start, device, heads=self.static is None)
+        inputs = torch.cat([self._pending, tokens])[None, :]  # [pending] + nodes, (1, k + 1)
+        if self.static is not None:  # compiled: the tree mask over the static cache
+            logits, states = self.static.run(inputs[0], positions, mask)
+            return logits, states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
+        out = self.model(
+            input_ids=inputs,
+            position_ids=positions,
+            attention_mask=as_model_mask(mask, self.model.config._attn_implementation, self.runtime.torch_dtype),
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self._feature_layers),
+        )
+        return out.logits[0], out.hidden_states
+
+    def _host_features(self, hidden_states: Any, n: int, device: torch.device) -> tuple | None:
+        """The features of the kept rows on the CPU (``select_features`` for dtypes numpy holds): the
+        requested layers' hidden states as ``(k + 1, H)`` numpy views and an ``(n, len(layers) * H)``
+        array to gather ``n`` rows into (``keep_path``'s ``gather``); None elsewhere."""
+        layers = self._feature_layers
+        first = hidden_states[layers[0]]
+        if device.type != "cpu" or first.dtype not in _HOST_FLOATS or first.dim() != 3:
+            return None
+        arrays = tuple([np.ascontiguousarray(hidden_states[i].numpy()[0]) for i in layers])
+        return arrays, np.empty((n, len(layers) * arrays[0].shape[1]), dtype=arrays[0].dtype)
 
     def _accept_tree(
         self, logits: torch.Tensor, draft: Draft, parents: np.ndarray

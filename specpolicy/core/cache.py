@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_tree
 
 #: cache dtypes a CPU tensor shares with numpy (``Tensor.numpy``): moved by a compiled kernel
 _NUMPY_DTYPES = (torch.float32, torch.float64)
@@ -203,59 +204,114 @@ def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> 
         layer.values = values.as_strided((b, h, max(n - excess, 0), d), values.stride())
 
 
-def keep_path(cache: DynamicCache, start: int, path_rows: list[int]) -> None:
+def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray, gather: tuple | None = None) -> None:
     """After a draft tree's verification, keep the committed prefix (positions ``< start``) and the
-    accepted path, in place: the entries of input rows ``path_rows`` (row 0 = the pending token at
-    ``start``, row i = tree node i - 1; increasing) move to positions ``start, start + 1, ...`` and
-    the rest is dropped. Their keys and values were computed at the positions they are committed
-    at (positions by depth), so nothing is recomputed. Cost: a copy of the path's entries only --
-    none when the path is the tree's first nodes (a chain-like path), never the prefix. When every
-    layer is a 4-D ``DynamicLayer`` on the CPU in a dtype numpy holds, each tensor is read once as
-    a numpy view: its entries move in place in one compiled call (``compiled.move_rows``) and the
-    crop is a view of that array; else the entries move by ``index_select`` per tensor and the cache
-    is cut by ``crop_cache``.
+    accepted path, in place: the entries of input rows ``path_rows`` (a list or an ``int64`` array;
+    row 0 = the pending token at ``start``, row i = tree node i - 1; increasing) move to positions
+    ``start, start + 1, ...`` and the rest is dropped. Their keys and values were computed at the
+    positions they are committed at (positions by depth), so nothing is recomputed. Cost: a copy of
+    the path's entries only -- none when the path is the tree's first nodes (a chain-like path),
+    never the prefix. On the verifier's buffered cache on the CPU (every layer a ``BufferedLayer``
+    with contiguous buffers of one numpy dtype) the rows are checked and every buffer's entries move
+    in ONE compiled call (``compiled_tree.keep_rows``, over the buffers' numpy views, kept on the cache
+    while the buffers stay) and the crop is a length; other 4-D ``DynamicLayer`` caches on the CPU
+    move per tensor (``compiled.move_rows``) and are cut by a view; else by ``index_select`` per
+    tensor and ``crop_cache``.
+
+    ``gather``: ``(arrays, out)``, or None: also ``out[i]`` = the rows ``path_rows[i]`` of the
+    ``(k + 1, H_j)`` arrays side by side (``compiled_tree.gather_rows``: the verifier's features of
+    the kept rows), in the same compiled call on the buffered cache.
 
     Raises:
         ValueError: if ``path_rows`` does not start at row 0 or is not increasing.
     """
+    rows = path_rows if isinstance(path_rows, np.ndarray) else np.asarray(path_rows, dtype=np.int64)
+    if rows.dtype != np.int64:
+        rows = rows.astype(np.int64)
+    n = int(rows.shape[0])
+    layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
+    kept = _kept_entries(cache)
+    if kept is not None:  # BufferedLayer on the CPU: check and move in one call, the crop a length
+        layers, out = _NOTHING_GATHERED if gather is None else gather
+        if compiled_tree.keep_rows(kept[3], rows, start, layers, out) >= 0:
+            raise ValueError(f"path_rows must start at 0 and increase, got {rows.tolist()}")
+        length = start + n
+        for layer in kept[0]:
+            layer._key_length = layer._value_length = length
+        return
+    path_rows = rows.tolist()
     if not path_rows or path_rows[0] != 0 or any(b <= a for a, b in zip(path_rows, path_rows[1:])):
         raise ValueError(f"path_rows must start at 0 and increase, got {path_rows}")
-    layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
-    n = len(path_rows)
+    if gather is not None:
+        compiled_tree.gather_rows(gather[0], rows, gather[1])
     # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
-    rows = np.asarray(path_rows, dtype=np.int64) if path_rows[-1] != n - 1 else None
+    moved = rows if path_rows[-1] != n - 1 else None
     buffered = _host_buffers(cache)
     if buffered is not None:  # BufferedLayer on the CPU: the move in the buffers, the crop a length
         for layer, keys, values in buffered:
-            if rows is not None:
-                compiled.move_rows(keys, rows, start)  # in place
-                compiled.move_rows(values, rows, start)
+            if moved is not None:
+                compiled.move_rows(keys, moved, start)  # in place
+                compiled.move_rows(values, moved, start)
             layer.length = start + n
         return
     views = _host_views(cache)
     if views is not None:
         length = start + n
         for layer, keys, values in views:
-            if rows is not None:
-                compiled.move_rows(keys, rows, start)  # in place
-                compiled.move_rows(values, rows, start)
+            if moved is not None:
+                compiled.move_rows(keys, moved, start)  # in place
+                compiled.move_rows(values, moved, start)
             layer.keys, layer.values = torch.from_numpy(keys[:, :, :length]), torch.from_numpy(values[:, :, :length])
         return
-    if rows is not None:  # move the path's entries down to start, start + 1, ...
+    if moved is not None:  # move the path's entries down to start, start + 1, ...
         index = None
         for layer in cache.layers:
             if getattr(layer, "keys", None) is None or not layer.keys.numel():
                 continue
             keys = layer.keys
             if keys.device.type == "cpu" and keys.dtype in _NUMPY_DTYPES and keys.dim() == 4 and not keys.requires_grad:
-                compiled.move_rows(layer.keys.numpy(), rows, start)  # in place
-                compiled.move_rows(layer.values.numpy(), rows, start)
+                compiled.move_rows(layer.keys.numpy(), moved, start)  # in place
+                compiled.move_rows(layer.values.numpy(), moved, start)
                 continue
             if index is None or index.device != layer.keys.device:
                 index = torch.tensor(path_rows, dtype=torch.long, device=layer.keys.device) + start
             layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, index)
             layer.values[..., start : start + n, :] = layer.values.index_select(-2, index)
     crop_cache(cache, start + n)
+
+
+#: ``keep_path``'s gather when there is none (``compiled_tree.keep_rows`` then gathers no row)
+_NOTHING_GATHERED = ((np.empty((0, 0), dtype=np.float32),), np.empty((0, 0), dtype=np.float32))
+_KEY_BUFFER, _VALUE_BUFFER = operator.attrgetter("_key_buffer"), operator.attrgetter("_value_buffer")
+
+
+def _kept_entries(cache: DynamicCache) -> tuple | None:
+    """``(layers, key buffers, value buffers, numpy views of all of them)`` -- tuples, one entry per
+    layer, the views keys then values per layer -- when every layer of ``cache`` is a ``BufferedLayer``
+    holding C-contiguous 4-D CPU buffers of one numpy dtype (``host_buffers``); else None. Kept on the
+    cache and reused while its layers and their buffers are the same objects (a buffer that grows is
+    a new one)."""
+    layers = cache.layers
+    held = cache.__dict__.get("_specpolicy_kept_entries")
+    if (
+        held is not None
+        and len(layers) == len(held[0])
+        and all(map(operator.is_, layers, held[0]))
+        and all(map(operator.is_, map(_KEY_BUFFER, layers), held[1]))
+        and all(map(operator.is_, map(_VALUE_BUFFER, layers), held[2]))
+    ):
+        return held
+    buffered = _host_buffers(cache)
+    if not buffered:
+        return None
+    arrays = tuple(a for _, keys, values in buffered for a in (keys, values))
+    first = arrays[0]
+    if any(a.dtype != first.dtype or not a.flags.c_contiguous for a in arrays):
+        return None
+    layer_tuple = tuple(layer for layer, _, _ in buffered)
+    held = (layer_tuple, tuple(map(_KEY_BUFFER, layer_tuple)), tuple(map(_VALUE_BUFFER, layer_tuple)), arrays)
+    cache.__dict__["_specpolicy_kept_entries"] = held
+    return held
 
 
 def _host_buffers(cache: DynamicCache) -> list[tuple[BufferedLayer, np.ndarray, np.ndarray]] | None:

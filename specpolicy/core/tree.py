@@ -15,9 +15,10 @@ exactly the accepted path (gathered, never recomputed).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_tree
 
 
 def depths(parents: torch.Tensor | list[int]) -> torch.Tensor:
@@ -76,6 +77,32 @@ def verification_layout(
     mask[:, start:] = ancestors
     positions = depth_plus_one + (start - 1)  # a row holds the root, its ancestors and itself: depth + 1
     return (positions[None], mask[None, None]) if heads else (positions, mask)
+
+
+def host_inputs(
+    parents: np.ndarray, tokens: np.ndarray, pending: np.ndarray, start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The target's one pass over ``[pending] + nodes`` on the CPU, in a Hugging Face model's shapes,
+    from ONE compiled call (``compiled_tree.tree_inputs``; no shape kept, nothing dispatched): input ids
+    ``(1, k + 1) int64``, position ids ``(1, k + 1) int64`` and the attention mask ``(1, 1, k + 1,
+    start + k + 1) bool`` -- the same as ``verification_layout(parents, start, "cpu", heads=True)``
+    with the pending token and the nodes' tokens as the input.
+
+    Args:
+        parents: ``(k,) int64`` the tree's parents (topological). tokens: ``(k,) int64`` its tokens.
+        pending: ``(1,) int64`` the pending token (the root). start: committed positions cached (tokens).
+    Raises:
+        ValueError: when a parent is not an earlier node or the root (``-1 <= parents[i] < i``).
+    """
+    k = parents.shape[0]
+    if parents.dtype != np.int64 or tokens.dtype != np.int64:
+        parents, tokens = parents.astype(np.int64), tokens.astype(np.int64)
+    inputs, positions = np.empty((1, k + 1), dtype=np.int64), np.empty((1, k + 1), dtype=np.int64)
+    mask = np.empty((1, 1, k + 1, start + k + 1), dtype=bool)
+    bad = compiled_tree.tree_inputs(parents, tokens, pending, start, inputs[0], positions[0], mask[0, 0])
+    if bad >= 0:
+        raise ValueError(f"node {bad} has parent {int(parents[bad])}; parents must come earlier (-1 = the root)")
+    return inputs, positions, mask
 
 
 def _as_list(parents: torch.Tensor | list[int]) -> list[int]:
@@ -142,14 +169,23 @@ def _on_device(parents: list[int] | np.ndarray, device: torch.device | str) -> t
 
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the tree kernels of a round (``compiled.tree_shape``,
-    ``compiled.tree_layout``, ``compiled.move_rows`` for float32 / float64 caches, a ``GrowingTree``'s
-    ``compiled.grow_tree_rows``) now, not in a timed round: tree policies call it when built."""
+    ``compiled.tree_layout``, ``compiled_tree.tree_inputs``, ``compiled.move_rows`` for float32 / float64
+    caches, a ``GrowingTree``'s ``compiled.grow_tree_rows``) now, not in a timed round: tree policies
+    call it when built. ``compiled_tree.keep_rows`` / ``gather_rows`` take a tuple as long as the target's
+    layers: compiled (or loaded) at the first verification."""
     verification_layout(np.full(1, -1, dtype=np.int64), 1, "cpu")  # tree_shape, tree_layout on a cached shape
+    host_inputs(np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), 1)
     for dtype in (np.float32, np.float64):  # a contiguous cache layer, and a cropped view of one
         entries = np.zeros((1, 2, 4, 1), dtype=dtype)
         for view in (entries, entries[:, :, :2]):
             compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
     GrowingTree(1, "cpu", capacity=1).add(torch.zeros(1, dtype=torch.long))
+    for dtype in (np.float32, np.float64):  # a HostTree's level: after a root, and after a pass
+        host = HostTree(1, dtype, capacity=2)
+        host.reset(1, np.zeros((1, 1), dtype=dtype))
+        host.add(np.zeros(1, dtype=np.int64))
+        host.outputs(np.zeros((1, 1), dtype=dtype))
+        host.add(np.ones(1, dtype=np.int64))
 
 
 class GrowingTree:
@@ -274,6 +310,102 @@ class NodeRows:
 
 
 _NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+class HostTree:
+    """``GrowingTree`` and ``NodeRows`` together for a drafter on the CPU whose tree passes take the
+    parents' outputs (EAGLE-3's head), on numpy buffers kept from round to round: a level's rows
+    (mask, position), its parents' outputs gathered for the pass, and the previous pass's outputs
+    stored are ONE compiled call (``compiled_tree.host_tree_level``); a new round rewrites the root's row
+    only (every node's row is copied whole from its parent's). The same mask, positions and rows as
+    ``GrowingTree.add`` and ``NodeRows.take`` (``tests/core/test_tree_kernels.py``).
+
+    Args:
+        width: the outputs' width H. dtype: their numpy dtype (float32 or float64).
+        capacity: nodes (besides the root) to allocate for at first (grown by doubling).
+    """
+
+    def __init__(self, width: int, dtype: npt.DTypeLike, capacity: int = 64) -> None:
+        self.width, self.dtype = width, np.dtype(dtype)
+        self.committed = self.size = 0
+        self._mask: np.ndarray  # (capacity + 1, columns) bool: node rows (0: the root's)
+        self._position: np.ndarray  # (capacity + 1,) int64
+        self._rows: np.ndarray  # (capacity + 1, width): node outputs
+        self._number: np.ndarray  # (capacity + 1,) int64: 0, 1, ...
+        self._capacity = self._columns = 0
+        self._last: np.ndarray = np.empty((0, width), dtype=self.dtype)  # outputs not yet in ``_rows``
+        self._allocate(capacity, 0, keep=False)
+
+    def _allocate(self, capacity: int, committed: int, keep: bool = True) -> None:
+        """Buffers for ``capacity`` nodes besides the root after ``committed`` positions (a round's
+        columns: ``committed + capacity``, with room for 256 more committed positions), the rows
+        held so far copied over when ``keep``."""
+        kept, old = self.size + 1, getattr(self, "_mask", None)
+        columns = max(committed + capacity + 256, self._columns)
+        mask = np.zeros((capacity + 1, columns), dtype=bool)
+        position = np.zeros(capacity + 1, dtype=np.int64)
+        rows = np.empty((capacity + 1, self.width), dtype=self.dtype)
+        if keep and old is not None:
+            mask[:kept, : self._columns] = old[:kept]
+            position[:kept] = self._position[:kept]
+            rows[:kept] = self._rows[:kept]
+        self._mask, self._position, self._rows = mask, position, rows
+        self._number = np.arange(capacity + 1)
+        self._capacity, self._columns = capacity, columns
+
+    def reset(self, committed: int, root: np.ndarray) -> None:
+        """Start a round's tree: the root (node 0, the last of ``committed`` cached positions) with its
+        output ``root`` ``(1, H)``."""
+        self.size = 0
+        if committed + self._capacity > self._columns:
+            self._allocate(self._capacity, committed, keep=False)
+        self.committed = committed
+        self._mask[0, :committed] = True
+        self._mask[0, committed:] = False
+        self._position[0] = committed - 1
+        self._rows[0] = root[0]
+        self._last = self._rows[:0]
+
+    def add(self, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Add ``m`` nodes under ``parents`` (``(m,) int64`` node numbers: 0 = the root, else a number
+        an earlier ``add`` returned).
+
+        Returns:
+            ``(nodes, positions, mask, hidden)``: the new nodes' numbers ``(m,) int64``, positions
+            ``(m,) int64``, attention rows ``(m, committed + size) bool`` (``GrowingTree.add``'s) --
+            views, valid until the next ``add`` -- and their parents' outputs ``(m, H)`` (a new array).
+        Raises:
+            ValueError: for a parent that is not a node added before.
+        """
+        m, base = parents.shape[0], self.size
+        if base + m > self._capacity:
+            self._allocate(max(base + m, 2 * self._capacity), self.committed)
+        hidden = np.empty((m, self.width), dtype=self.dtype)
+        last = self._last
+        bad = compiled_tree.host_tree_level(
+            self._mask,
+            self._position,
+            self._rows,
+            parents,
+            base,
+            self.committed,
+            last,
+            base + 1 - last.shape[0],
+            hidden,
+        )
+        if bad >= 0:
+            raise ValueError(f"node parent {int(parents[bad])} is not a node of the tree (0..{base})")
+        self.size = size = base + m
+        return (
+            self._number[base + 1 : size + 1],
+            self._position[base + 1 : size + 1],
+            self._mask[base + 1 : size + 1, : self.committed + size],
+            hidden,
+        )
+
+    def outputs(self, out: np.ndarray) -> None:
+        """The outputs ``(m, H)`` of the nodes the last ``add`` returned (stored at the next ``add``)."""
+        self._last = out
 
 
 def validate(parents: torch.Tensor | list[int], k: int) -> None:

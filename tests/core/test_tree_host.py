@@ -1,0 +1,136 @@
+"""The tree round's host steps on the CPU, each one compiled call (``specpolicy.core.compiled_tree``:
+``tree_inputs``, ``keep_rows``, ``gather_rows``, ``host_tree_level``) against the code they replace
+(``tree.verification_layout``, ``keep_path`` per layer, ``select_features``, ``GrowingTree`` +
+``NodeRows``), on random trees, chains and bushes, over several rounds. Outputs must be IDENTICAL."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specpolicy.core import tree
+from specpolicy.core.cache import buffered_cache, keep_path
+from specpolicy.core.features import select_features
+from specpolicy.verifiers.hf import HFVerifier
+
+
+def _random_parents(rng: np.random.Generator, k: int, kind: str) -> np.ndarray:
+    if kind == "chain":
+        return np.arange(-1, k - 1, dtype=np.int64)
+    if kind == "bush":  # every node under the root
+        return np.full(k, -1, dtype=np.int64)
+    return np.array([int(rng.integers(-1, i)) for i in range(k)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["any", "chain", "bush"])
+def test_host_inputs_are_the_layout_and_the_input(seed, kind):
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        k, start = int(rng.integers(1, 70)), int(rng.integers(0, 40))
+        parents = _random_parents(rng, k, kind)
+        tokens = rng.integers(0, 1000, k).astype(np.int64)
+        pending = rng.integers(0, 1000, 1).astype(np.int64)
+        inputs, positions, mask = tree.host_inputs(parents, tokens, pending, start)
+        ref_positions, ref_mask = tree.verification_layout(parents.tolist(), start, "cpu", heads=True)
+        assert inputs.shape == (1, k + 1) and inputs[0, 0] == pending[0] and (inputs[0, 1:] == tokens).all()
+        assert torch.equal(torch.from_numpy(positions), ref_positions)
+        assert torch.equal(torch.from_numpy(mask), ref_mask)
+
+
+def test_host_inputs_refuse_a_parent_that_is_not_earlier():
+    for parents in ([-1, 0, 2], [-1, -2], [1]):
+        with pytest.raises(ValueError, match=f"node {len(parents) - 1} has parent {parents[-1]}"):
+            tree.host_inputs(
+                np.array(parents, dtype=np.int64), np.zeros(len(parents), dtype=np.int64), np.zeros(1, np.int64), 3
+            )
+
+
+def _filled(cache: DynamicCache, widths: list[int], seed: int, dtype=torch.float32) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for n in widths:
+        for layer in range(3):
+            k = torch.randn(1, 2, n, 4, generator=g).to(dtype)
+            cache.update(k, torch.randn(1, 2, n, 4, generator=g).to(dtype), layer)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keep_path_in_one_call_keeps_what_a_dynamic_cache_keeps_over_rounds(dtype):
+    """``keep_path`` on a buffered cache (one ``keep_rows`` call over every buffer, the entries kept
+    on the cache across rounds and buffers that grow) against ``DynamicCache``'s tensor path."""
+    rng = np.random.default_rng(5)
+    buffered, dynamic = buffered_cache(4), DynamicCache()
+    _filled(buffered, [5], 1, dtype)
+    _filled(dynamic, [5], 1, dtype)
+    for round_ in range(12):
+        start, width = buffered.get_seq_length(), int(rng.integers(1, 9))
+        _filled(buffered, [width], 10 + round_, dtype)  # a pass: grows the buffers now and then
+        _filled(dynamic, [width], 10 + round_, dtype)
+        rows = np.sort(rng.choice(np.arange(1, width), size=int(rng.integers(0, width)), replace=False))
+        path = np.concatenate(([0], rows)).astype(np.int64)
+        keep_path(buffered, start, path if round_ % 2 else path.tolist())
+        keep_path(dynamic, start, path.tolist())
+        assert buffered.get_seq_length() == dynamic.get_seq_length() == start + len(path)
+        for a, b in zip(buffered.layers, dynamic.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), (round_, path)
+    for bad in ([1, 2], [0, 2, 2], []):
+        with pytest.raises(ValueError, match="path_rows must start at 0 and increase"):
+            keep_path(buffered, 2, bad)
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_tree_features_gathered_with_the_path_are_select_features(strided):
+    """The verifier's features of the kept rows, gathered in ``keep_path``'s call (``_host_features``
+    then ``compiled_tree.keep_rows``, or ``gather_rows`` after the move on another cache), against
+    ``select_features``, on contiguous hidden states and on the compiled runtime's transposed view."""
+    g = torch.Generator().manual_seed(3)
+    if strided:  # (n, L + 1, H) static states seen as (L + 1, 1, n, H)
+        states = torch.randn(9, 5, 6, generator=g)
+        hidden = states.transpose(0, 1)[:, None]
+    else:
+        hidden = tuple(torch.randn(1, 9, 6, generator=g) for _ in range(5))
+    for layers in ((0, 2, 4), (3,), (4, 1)):
+        verifier = SimpleNamespace(_feature_layers=layers)
+        for rows in ([0], [0, 1, 2], [0, 3, 7, 8]):
+            for cache in (buffered_cache(4), DynamicCache()):
+                _filled(cache, [3, 9], 4)
+                gather = HFVerifier._host_features(verifier, hidden, len(rows), torch.device("cpu"))
+                keep_path(cache, 3, np.array(rows, dtype=np.int64), gather)
+                assert torch.equal(torch.from_numpy(gather[1]), select_features(hidden, layers, torch.tensor(rows)))
+    assert (
+        HFVerifier._host_features(verifier, tuple(h.to(torch.bfloat16) for h in hidden), 2, torch.device("cpu")) is None
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_tree_is_growing_tree_and_node_rows_over_rounds(seed, dtype):
+    """``HostTree`` (one compiled call a level, buffers kept across rounds) against ``GrowingTree``
+    and ``NodeRows``: the same node numbers, positions, mask rows and gathered outputs, rounds
+    whose committed length crosses the buffers' columns and trees past the first capacity."""
+    rng = np.random.default_rng(seed)
+    host, committed = tree.HostTree(6, dtype, capacity=3), 1
+    for _ in range(8):
+        committed += int(rng.integers(1, 200))
+        root = rng.standard_normal((1, 6)).astype(dtype)
+        host.reset(committed, root)
+        grown, rows = tree.GrowingTree(committed, "cpu", capacity=2), tree.NodeRows(torch.from_numpy(root.copy()))
+        size = 0
+        for _level in range(int(rng.integers(1, 6))):
+            m = int(rng.integers(1, 6))
+            parents = rng.integers(0, size + 1, m).astype(np.int64)
+            nodes, positions, mask, hidden = host.add(parents)
+            ref_nodes, ref_positions, ref_mask = grown.add(torch.from_numpy(parents))
+            assert np.array_equal(nodes, ref_nodes.numpy()) and np.array_equal(positions, ref_positions.numpy())
+            assert np.array_equal(mask, ref_mask.numpy())
+            assert np.array_equal(hidden, rows.take(torch.from_numpy(parents)).numpy())
+            out = rng.standard_normal((m, 6)).astype(dtype)
+            host.outputs(out)
+            rows.append(torch.from_numpy(out.copy()))
+            size += m
+        with pytest.raises(ValueError, match="is not a node of the tree"):
+            host.add(np.array([size + 1], dtype=np.int64))
