@@ -11,8 +11,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
-from specpolicy.core.path_search import PathSearch, candidate_lattice
+from specpolicy.core.compiled import kneser_ney_row
+from specpolicy.core.path_search import PathSearch, _beam_step, _best, candidate_lattice
 from specpolicy.models.ngram import NGramModel, _lookup, load_ngram, resolve_ngram_path
 
 # -- the replaced implementations (verbatim, as methods' bodies taking ``self``) ----------------------
@@ -73,6 +75,49 @@ def reference_search(
     q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
     ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
     return path.to(probs.device), q.to(probs.device), ended
+
+
+@njit(cache=True)
+def reference_beams_kneser_ney(
+    tokens: np.ndarray,
+    drafter_term: np.ndarray,
+    context: np.ndarray,
+    stops: np.ndarray,
+    width: int,
+    weight: float,
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+) -> np.ndarray:
+    """The path search's beams with an ``NGramModel`` scorer as first compiled (the per-beam kernel,
+    kept here as the shared-beam search's reference): each position's scores are ``kneser_ney_row``
+    per beam, logged as ``log_probs`` returns them (float32, then float64)."""
+    m, size = tokens.shape
+    scores = np.full(width, -np.inf)
+    scores[0] = 0.0
+    done = np.zeros(width, dtype=np.bool_)
+    paths = np.full((width, m), -1, dtype=np.int64)
+    history = np.empty((width, context.shape[0]), dtype=np.int64)
+    for w in range(width):
+        history[w] = context
+    lp = np.empty((width, size))
+    row = np.empty(size)
+    for i in range(m):
+        cand = tokens[i].copy()
+        for w in range(width):
+            kneser_ney_row(
+                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, history[w], cand, row
+            )
+            for c in range(size):
+                lp[w, c] = np.float64(np.float32(np.log(row[c])))
+        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
+            break
+    return _best(paths, scores)
 
 
 def reference_log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -243,11 +288,11 @@ def test_dart_pool_selection_is_the_stable_sort_s(seed):
 @pytest.mark.parametrize("seed", range(24))
 def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
     """``_beams_kneser_ney_shared`` (the unigram stage once per position, a repeated history's row
-    copied, no row for finished or empty beams) against ``_beams_kneser_ney`` (every beam scored by
+    copied, no row for finished or empty beams) against ``reference_beams_kneser_ney`` (every beam scored by
     ``kneser_ney_row``): the same path on random and tie-heavy lattices (drafter terms from a few
     values, candidates repeating across positions so beams share histories), every weight (lambda 1
     included: ``0 * -inf``), narrow lattices that leave beam slots empty, stop tokens."""
-    from specpolicy.core.path_search import _beams_kneser_ney, _beams_kneser_ney_shared
+    from specpolicy.core.path_search import _beams_kneser_ney_shared
 
     rng = np.random.default_rng(seed)
     vocab = int(rng.choice((6, 12, 40)))
@@ -264,4 +309,4 @@ def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
         stops = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
         context = rng.integers(0, vocab + 1, size=model.order - 1).astype(np.int64)
         args = (tokens, lam * term, context, stops, width, 1.0 - lam, *tables)
-        assert np.array_equal(_beams_kneser_ney_shared(*args), _beams_kneser_ney(*args))
+        assert np.array_equal(_beams_kneser_ney_shared(*args), reference_beams_kneser_ney(*args))
