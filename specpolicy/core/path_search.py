@@ -38,10 +38,10 @@ from numba import njit
 from specpolicy.core.compiled import (
     _adjust_heap,
     _before_value,
+    _lookup_one,
     _make_heap,
     _select,
     _sort_heap,
-    kneser_ney_higher,
     kneser_ney_unigram,
     topk_largest,
 )
@@ -124,7 +124,7 @@ class PathSearch:
         self._log_views: list[torch.Tensor] = []
         self._mass32 = np.float32(self.mass)
         tables = getattr(self.scorer, "compiled_tables", None)
-        self._tables = None if tables is None else tables()  # the Kneser-Ney tables of a compiled search
+        self._tables = None if tables is None else search_tables(tables())  # a compiled search's Kneser-Ney tables
         # the compiled search's first call compiles it (or loads numba's cache): done here, when the
         # drafter is built, so no timed round pays it; a two-position pass of the real dtypes
         vocab = self.scorer.vocab_size
@@ -357,6 +357,9 @@ def _beams_kneser_ney_shared(
     vocab_size: int,
     base: int,
     order: int,
+    unigram_probs: np.ndarray,
+    starts: np.ndarray,
+    finite: bool,
 ) -> np.ndarray:
     """The beams of Eq. 8 with an ``NGramModel`` scorer, compiled whole: ``tokens`` ``(m, M)`` int64 the
     lattice's candidates, ``drafter_term`` ``(m, M)`` float64 (``lam * log q``, -inf where a slot is
@@ -370,7 +373,12 @@ def _beams_kneser_ney_shared(
     score -inf whatever it holds -- a finished beam (carried as it stands) or an empty slot (score
     -inf; with ``weight`` > 0, ``-inf + drafter term + weight * lp`` is -inf or NaN exactly as with
     its row, the row being a log-probability <= 0; at ``weight`` 0 every row is scored, since
-    ``0 * -inf`` is NaN)."""
+    ``0 * -inf`` is NaN). ``unigram_probs``, ``starts`` and ``finite``: ``search_tables``' (the
+    unigram stage read from its row, the higher orders' lookups inside the ranges of their oldest
+    context token: ``_kneser_ney_higher_indexed``). With ``weight`` > 0 and ``finite`` tables (every
+    row a finite probability: its log a number or -inf), an invalid slot (drafter term -inf) is not
+    scored: its extension is ``score - inf + weight * lp``, the same (-inf, or NaN from a NaN or +inf
+    score) whatever finite or -inf ``lp`` it has, so 0 stands for it."""
     m, size = tokens.shape
     scores = np.full(width, -np.inf)
     scores[0] = 0.0
@@ -384,9 +392,27 @@ def _beams_kneser_ney_shared(
     row = np.empty(size)
     unigram = np.empty(size)
     scored = np.zeros(width, dtype=np.bool_)
+    slots = np.empty(size, dtype=np.int64)
+    skip_invalid = weight != 0.0 and finite
     for i in range(m):
         cand = tokens[i].copy()
-        kneser_ney_unigram(keys, values, discounts, unigram_total, unigram_types, vocab_size, base, cand, unigram)
+        kept = 0  # the slots scored: every one, or the valid ones (see above)
+        for c in range(size):
+            if not (skip_invalid and drafter_term[i, c] == -np.inf):
+                slots[kept] = c
+                kept += 1
+        scoring = np.empty(kept, dtype=np.int64)
+        inside = True
+        for k in range(kept):
+            scoring[k] = cand[slots[k]]
+            if 0 <= scoring[k] < unigram_probs.shape[0]:
+                unigram[k] = unigram_probs[scoring[k]]
+            else:
+                inside = False
+        if not inside:  # a token outside the table's rows: the unigram stage as it stands
+            kneser_ney_unigram(
+                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, scoring, unigram[:kept]
+            )
         for w in range(width):
             scored[w] = False
             if done[w] or (weight != 0.0 and scores[w] == -np.inf):
@@ -406,10 +432,11 @@ def _beams_kneser_ney_shared(
             if same >= 0:
                 lp[w, :] = lp[same, :]
             else:
-                row[:] = unigram
-                kneser_ney_higher(keys, values, discounts, base, order, history[w], cand, row)
-                for c in range(size):
-                    lp[w, c] = np.float64(np.float32(np.log(row[c])))
+                row[:kept] = unigram[:kept]
+                _kneser_ney_higher_indexed(keys, values, discounts, base, order, starts, history[w], scoring, row[:kept])
+                lp[w, :] = 0.0
+                for k in range(kept):
+                    lp[w, slots[k]] = np.float64(np.float32(np.log(row[k])))
             scored[w] = True
         if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
             break
@@ -706,6 +733,9 @@ def _finish_kneser_ney(
     vocab_size: int,
     base: int,
     order: int,
+    unigram_probs: np.ndarray,
+    starts: np.ndarray,
+    finite: bool,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Everything after the lattice's log, compiled whole, with an ``NGramModel`` scorer: the drafter
     term ``lam * float64(log q)`` (-inf where a slot is invalid), the beams of Eq. 8
@@ -721,7 +751,82 @@ def _finish_kneser_ney(
     history = _history(context, order - 1, vocab_size)
     path = _beams_kneser_ney_shared(
         tokens[:m], drafter_term, history, stops, width, 1.0 - lam,
-        keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order,
+        keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, unigram_probs, starts, finite,
     )  # fmt: skip
     q, code = _finish(tokens, log_q, valid, n, stops, path, ulps)
     return path, q, code
+
+
+def search_tables(tables: tuple) -> tuple:
+    """The compiled search's Kneser-Ney tables: ``NGramModel.compiled_tables()`` followed by each
+    token's unigram estimate ``(base,)`` float64 (``kneser_ney_unigram`` of every token: the same
+    values), ``starts`` ``(order + 1, 3, base + 1)`` int64 -- for each order n >= 2 and each of its
+    three tables (counts, prefixes' totals, prefixes' types), where in the fused keys the entries whose
+    oldest context token is t begin (``starts[n, j, t]``) and end (``starts[n, j, t + 1]``) -- and
+    whether every estimate is a finite number (finite counts and discounts, a positive unigram total)."""
+    keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order = tables
+    unigram_probs = np.empty(base)
+    every = np.arange(base, dtype=np.int64)
+    kneser_ney_unigram(keys, values, discounts, unigram_total, unigram_types, vocab_size, base, every, unigram_probs)
+    offset = base**order
+    starts = np.zeros((order + 1, 3, base + 1), dtype=np.int64)
+    bounds = np.arange(base + 1, dtype=np.int64)
+    for n in range(2, order + 1):
+        table = 3 * (n - 1)
+        for j, digits in ((0, n), (1, n - 1), (2, n - 1)):
+            starts[n, j] = np.searchsorted(keys, (table + j) * offset + bounds * base ** (digits - 1))
+    finite = bool(
+        np.isfinite(values).all() and np.isfinite(discounts).all() and np.isfinite(unigram_types) and unigram_total > 0
+    )
+    return (*tables, unigram_probs, starts, finite)
+
+
+@njit(cache=True, inline="always")
+def _lookup_range(keys: np.ndarray, values: np.ndarray, lo: int, hi: int, code: int) -> float:
+    """``values`` at ``code`` in ``keys[lo:hi]`` (sorted, holding every entry ``code`` could be), 0 when
+    absent: ``compiled._lookup_one`` on the whole keys, searching less."""
+    if hi <= lo:
+        return 0.0
+    at = min(lo + np.searchsorted(keys[lo:hi], code), hi - 1)
+    return values[at] if keys[at] == code else 0.0
+
+
+@njit(cache=True)
+def _kneser_ney_higher_indexed(
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    base: int,
+    order: int,
+    starts: np.ndarray,
+    context: np.ndarray,
+    tokens: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """``compiled.kneser_ney_higher`` (the same IEEE operations in the same order on the same counts)
+    with each lookup searched inside the range of its n-gram's oldest context token (``starts``,
+    ``search_tables``); a context token outside ``[0, base)`` searches the whole keys."""
+    offset = base**order
+    total_keys = keys.shape[0]
+    prefix = 0
+    for n in range(2, order + 1):
+        oldest = context[order - n]
+        prefix = oldest * base ** (n - 2) + prefix  # the code of the last n - 1 context tokens
+        table = 3 * (n - 1) * offset
+        if 0 <= oldest < base:
+            c_lo, c_hi = starts[n, 0, oldest], starts[n, 0, oldest + 1]
+            t_lo, t_hi = starts[n, 1, oldest], starts[n, 1, oldest + 1]
+            y_lo, y_hi = starts[n, 2, oldest], starts[n, 2, oldest + 1]
+        else:
+            c_lo, c_hi, t_lo, t_hi, y_lo, y_hi = 0, total_keys, 0, total_keys, 0, total_keys
+        total_n = _lookup_range(keys, values, t_lo, t_hi, prefix + table + offset)
+        if total_n > 0:
+            types_n = _lookup_range(keys, values, y_lo, y_hi, prefix + table + 2 * offset)
+            d = discounts[n - 1]
+            run = keys[c_lo:c_hi]
+            lo = c_lo + np.searchsorted(run, prefix * base + table)
+            hi = c_lo + np.searchsorted(run, (prefix + 1) * base + table)
+            run_keys, run_values = keys[lo:hi], values[lo:hi]
+            for c in range(tokens.shape[0]):
+                count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
+                out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)

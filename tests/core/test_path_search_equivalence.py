@@ -292,7 +292,7 @@ def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
     ``kneser_ney_row``): the same path on random and tie-heavy lattices (drafter terms from a few
     values, candidates repeating across positions so beams share histories), every weight (lambda 1
     included: ``0 * -inf``), narrow lattices that leave beam slots empty, stop tokens."""
-    from specpolicy.core.path_search import _beams_kneser_ney_shared
+    from specpolicy.core.path_search import _beams_kneser_ney_shared, search_tables
 
     rng = np.random.default_rng(seed)
     vocab = int(rng.choice((6, 12, 40)))
@@ -308,5 +308,83 @@ def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
         width = int(rng.choice((1, 2, 3, 5)))
         stops = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
         context = rng.integers(0, vocab + 1, size=model.order - 1).astype(np.int64)
-        args = (tokens, lam * term, context, stops, width, 1.0 - lam, *tables)
-        assert np.array_equal(_beams_kneser_ney_shared(*args), reference_beams_kneser_ney(*args))
+        args = (tokens, lam * term, context, stops, width, 1.0 - lam)
+        got = _beams_kneser_ney_shared(*args, *search_tables(tables))
+        assert np.array_equal(got, reference_beams_kneser_ney(*args, *tables))
+
+
+def _tie_heavy_rows(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    """``(n, vocab)`` float32 rows: softmax-like, or a few repeated levels (ties in and across the top),
+    with zeros, infinities and NaNs of both signs in some."""
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        rows = rng.standard_normal((n, vocab)) * rng.choice((0.5, 4.0))
+        rows = np.exp(rows - rows.max(1, keepdims=True))
+        return (rows / rows.sum(1, keepdims=True)).astype(np.float32)
+    rows = rng.choice(np.array([0.0, 1e-31, 0.01, 0.02, 0.25, 0.5], dtype=np.float32), size=(n, vocab))
+    if kind >= 2:  # specials at random places
+        specials = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, -0.5], dtype=np.float32)
+        at = rng.random((n, vocab)) < rng.choice((0.001, 0.02))
+        rows[at] = rng.choice(specials, size=int(at.sum()))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_row_top_k_is_torch_topk_ties_included(seed):
+    """``_row_topk`` (the unique-answer shortcut, the in-place heap select, ``nth_element``) against
+    ``torch.topk`` on the CPU: the same values and indices in the same order, on softmax rows and on
+    rows of a few repeated values with NaNs of both signs, infinities and zeros."""
+    from specpolicy.core.path_search import _heap_topk, _row_topk, _unique_topk
+
+    rng = np.random.default_rng(seed)
+    for _ in range(12):
+        top = int(rng.choice((1, 3, 15)))
+        vocab = int(rng.choice((top, 40, 64 * top, 64 * top + 7, 1024, 4096 + 5)))
+        rows = _tie_heavy_rows(rng, 4, vocab)
+        for row in rows:
+            want = torch.from_numpy(row).topk(top)
+            vals, idx = np.empty(top, dtype=np.float32), np.empty(top, dtype=np.int64)
+            _row_topk(row, top, vals, idx)
+            assert np.array_equal(vals, want.values.numpy(), equal_nan=True)
+            assert np.array_equal(idx, want.indices.numpy()), (vocab, top)
+            if top * 64 <= vocab:
+                _heap_topk(row, top, vals, idx)
+                assert np.array_equal(idx, want.indices.numpy())
+                if _unique_topk(row, top, vals, idx):
+                    assert np.array_equal(idx, want.indices.numpy())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_path_search_over_a_large_vocabulary_is_identical(seed):
+    """Vocabularies of at least 64 x the candidates (the top-k's heap path and its unique-answer
+    shortcut), softmax rows and rows of few distinct values (ties at the lattice's edge), against
+    the all-torch loop; and the path's probabilities computed by torch whatever the exp's margin
+    (``_finish``'s fallback forced by a huge ``EXP_ULPS``) are the same."""
+    import specpolicy.core.path_search as path_search
+
+    rng = random.Random(200 + seed)
+    generator = torch.Generator().manual_seed(200 + seed)
+    vocab = rng.choice((1024, 1500))
+    model = _model(seed, vocab, 3)
+    stop = torch.tensor(rng.sample(range(vocab), rng.choice((1, 2))), dtype=torch.long)
+    search = PathSearch(model, stop, mass=rng.choice((0.8, 0.95)), max_candidates=rng.choice((5, 15)), lam=0.5)
+    reference = PathSearch(ReferenceScorer(model), stop, search.mass, search.max_candidates, search.width, search.lam)
+    for _ in range(4):
+        n = rng.randrange(1, 33)
+        if rng.random() < 0.5:
+            probs = _lattice_probs(generator, n, vocab, rng.choice((0.5, 3.0, 8.0)))
+        else:  # a few levels: ties among the top and at the mass boundary
+            levels = torch.tensor([0.0, 1e-4, 1e-3, 0.01, 0.05])
+            probs = levels[torch.randint(0, 5, (n, vocab), generator=generator)]
+            probs = probs / probs.sum(-1, keepdim=True)
+        context = torch.randint(0, vocab, (rng.randrange(0, 4),), generator=generator)
+        want = reference_search(reference, probs, context)
+        got = search.search(probs, context)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+        ulps = path_search.EXP_ULPS
+        try:
+            path_search.EXP_ULPS = 1e300  # every exp "near a boundary": torch computes q
+            forced = search.search(probs, context)
+        finally:
+            path_search.EXP_ULPS = ulps
+        assert torch.equal(forced[0], want[0]) and torch.equal(forced[1], want[1]) and forced[2] == want[2]
