@@ -334,7 +334,7 @@ def test_the_row_top_k_is_torch_topk_ties_included(seed):
     """``_row_topk`` (the unique-answer shortcut, the in-place heap select, ``nth_element``) against
     ``torch.topk`` on the CPU: the same values and indices in the same order, on softmax rows and on
     rows of a few repeated values with NaNs of both signs, infinities and zeros."""
-    from specpolicy.core.path_search import _heap_topk, _row_topk, _unique_topk
+    from specpolicy.core.path_search_kernels import _heap_topk, _row_topk, _unique_topk
 
     rng = np.random.default_rng(seed)
     for _ in range(12):
@@ -388,3 +388,32 @@ def test_the_path_search_over_a_large_vocabulary_is_identical(seed):
         finally:
             path_search.EXP_ULPS = ulps
         assert torch.equal(forced[0], want[0]) and torch.equal(forced[1], want[1]) and forced[2] == want[2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lattice_from_a_device_top_k_is_the_host_one(seed):
+    """``lattice_topk`` (an accelerator's path: ``torch.topk`` and the stop columns' probabilities
+    read from the device) writes the lattice ``lattice_rows`` writes from the rows themselves."""
+    from specpolicy.core.path_search_kernels import lattice_rows, lattice_topk
+
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(8):
+        top, vocab = int(rng.choice((1, 3, 15))), int(rng.choice((40, 1024)))
+        n = int(rng.integers(1, 33))
+        probs = _tie_heavy_rows(rng, n, vocab)
+        stop_cols = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
+        token_map = rng.permutation(vocab).astype(np.int64) if rng.random() < 0.5 else np.zeros(0, dtype=np.int64)
+        mass = np.float32(rng.choice((0.5, 0.8, 1.0)))
+        size = top + stop_cols.shape[0]
+        host = (np.zeros((n, size), np.int64), np.zeros(n * size, np.float32), np.zeros((n, size), np.bool_))
+        device = (np.zeros((n, size), np.int64), np.zeros(n * size, np.float32), np.zeros((n, size), np.bool_))
+        m = lattice_rows(probs, top, stop_cols, token_map, mass, *host)
+        values, cols = torch.from_numpy(probs).topk(top, dim=-1)
+        stop_values = np.ascontiguousarray(probs[:, stop_cols])
+        assert lattice_topk(values.numpy(), cols.numpy(), stop_values, stop_cols, token_map, mass, *device) == m
+        for got, want in zip(device, host):
+            assert (
+                np.array_equal(got[:m], want[:m], equal_nan=True)
+                if got.ndim == 2
+                else np.array_equal(got[: m * size], want[: m * size], equal_nan=True)
+            )
