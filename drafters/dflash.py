@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core.checks import check_keys, choice
@@ -140,8 +141,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for host reads
         self._masks = torch.full((self.block_size - 1,), model.spec.mask_token_id, dtype=torch.long, device=device)
         self.path_search = path_search
-        #: (order - 1,) int64: the last committed tokens, the n-gram context of the path search
-        self._recent = torch.empty(0, dtype=torch.long, device=device)
+        #: the path search's n-gram context on the host, (<= order - 1,) int64 each: the last committed
+        #: tokens before the pending one, and the pending one
+        self._recent = self._pending_host = np.zeros(0, dtype=np.int64)
+        self._paths: list[np.ndarray] = []  # the path search's paths of the round so far (host)
         #: (<= NGRAM_HISTORY,) int64: the last committed tokens before the pending one (``ngram_context``)
         self._history = torch.empty(0, dtype=torch.long, device=device)
         self._unfolded: list[torch.Tensor] = []  # committed pieces not yet folded into ``_history`` (``_fold``)
@@ -203,8 +206,11 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._open()  # the request's context cache on the runner (a batched run's: a sequence of the shared cache)
         self._context = features
         self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
-        self._recent, self._history, self._unfolded = self._recent[:0], self._history[:0], []
+        self._history, self._unfolded = self._history[:0], []
         self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
+        if self.path_search is not None:
+            host = prompt_ids.cpu().numpy()
+            self._recent, self._pending_host = self._host_tail(host[:-1]), host[-1:].astype(np.int64)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -217,6 +223,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._passes = 0
         self._logits: list[torch.Tensor] = []  # (B - 1, V or Vd) per pass
         self._path_ended = False  # the path search ended the round's draft (its lattice or path stopped)
+        self._paths = []
         self._hidden: list[torch.Tensor] = []  # report_hidden: (m, H) the head's input at each pass's tokens
         self._pass_hidden: torch.Tensor | None = None  # report_hidden: (B - 1, H) of the pass being recorded
 
@@ -227,8 +234,11 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._unfolded.extend(committed)
         if len(self._unfolded) >= HISTORY_FOLD:
             self._fold()
-        if self.path_search is not None:
-            self._recent = self.path_search.tail(self._recent, *committed)
+
+    def _host_tail(self, *parts: np.ndarray) -> np.ndarray:
+        """The last ``order - 1`` tokens of ``parts`` (1-D int64 host arrays, concatenated): the path
+        search's n-gram context."""
+        return np.concatenate(parts)[-(self.path_search.scorer.order - 1) :].astype(np.int64, copy=False)
 
     def _fold(self) -> None:
         """``_history`` with the pieces ``_remember`` kept since: its last ``NGRAM_HISTORY`` tokens."""
@@ -273,14 +283,17 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         of a stop token ending the path (None: none). Marks the round's draft ended when the path is
         shorter than the block (its lattice ended) or ends at a stop token."""
         probs = torch.softmax(logits.float(), dim=-1)
-        context = self.path_search.tail(self._recent, self._pending, self._tokens)  # padded by the search if short
-        path, path_confs, ended = self.path_search.search_np(probs, context.cpu().numpy(), self._target_of_draft)
+        context = np.concatenate([self._recent, self._pending_host, *self._paths])  # host: the search reads its tail
+        path, path_confs, ended = self.path_search.search_np(probs, context, self._target_of_draft)
+        self._paths.append(path)
         self._path_ended = ended
         stop_at = None  # the path's last token a stop token (read on the host)
         if path.shape[0] and int(path[-1]) in self._stop_set:
             stop_at = path.shape[0] - 1
+        tokens, confs = torch.from_numpy(path), torch.from_numpy(path_confs)
         device = probs.device
-        tokens, confs = torch.from_numpy(path).to(device), torch.from_numpy(path_confs).to(device)
+        if device.type != "cpu":
+            tokens, confs = tokens.to(device), confs.to(device)
         q = point_mass(tokens, self.vocab_size) if self._sampling is not None else None
         return tokens, confs, q, stop_at
 
@@ -466,6 +479,10 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._context = features if self._context is None else torch.cat([self._context, features])
         committed = verification.committed_tokens(draft)
         self._remember(self._pending, committed[:-1])
+        if self.path_search is not None:  # its context on the host: one read of the committed tokens
+            host = committed.cpu().numpy()
+            self._recent = self._host_tail(self._recent, self._pending_host, host[:-1])
+            self._pending_host = np.array(host[-1:], dtype=np.int64)  # a copy: the verifier may reuse its buffer
         self._pending = committed[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 

@@ -17,14 +17,17 @@ drafter AND fluent under a causal scorer (an n-gram language model):
 
 The drafters (``drafters/dflash.py``, ``drafter.path_search=cps``) call ``PathSearch.search`` on
 each pass's probabilities; the scorer is duck-typed (``specpolicy.models.ngram.NGramModel``), so the
-core imports no model. The beam search is compiled (numba, ``specpolicy.core.compiled``): one call
-per pass when the scorer offers its Kneser-Ney tables (``compiled_tables``), else one compiled step
-per position after the scorer's ``log_probs``. Lossless whatever the path: greedy verification accepts any chain's
+core imports no model. A pass's search is two compiled calls (numba) around one torch op: the
+lattice (on the CPU with each row's top-k taken in ``torch.topk``'s order), torch's log of its
+probabilities, then the beams, the path's probabilities and its end in one call when the scorer
+offers its Kneser-Ney tables (``compiled_tables``), else one compiled step per position after the
+scorer's ``log_probs``. Lossless whatever the path: greedy verification accepts any chain's
 matching prefix, and under sampling the path's tokens are verified as point masses.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,7 +35,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from specpolicy.core.compiled import kneser_ney_higher, kneser_ney_row, kneser_ney_unigram, topk_largest
+from specpolicy.core.compiled import kneser_ney_unigram, topk_largest
+from specpolicy.core.path_search_kernels import kneser_ney_higher_indexed, lattice_rows, lattice_topk, search_tables
 from specpolicy.core.runtime import no_grad
 
 
@@ -104,15 +108,26 @@ class PathSearch:
             raise ValueError(
                 f"the path search needs a scorer of order >= 2 (a context to score), got {self.scorer.order}"
             )
-        # the compiled search's first call compiles it (or loads numba's cache): done here, when the
-        # drafter is built, so no timed round pays it; a one-position lattice of the real dtypes
-        context = np.full((1, self.scorer.order - 1), self.scorer.vocab_size, dtype=np.int64)
         self._stops_np = np.ascontiguousarray(self.stop_ids.cpu().numpy(), dtype=np.int64)  # (s,) on the host
         self._no_map = np.zeros(0, dtype=np.int64)
         self._mapped: tuple | None = None  # (token_ids, its stop columns, its host copy): ``_columns``
-        self._beams(np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), context, self._stops_np)
-        one = np.zeros((1, 1), dtype=np.float32)
-        _lattice(one, np.zeros((1, 1), dtype=np.int64), one[:, :0], self._stops_np, self._no_map, np.float32(1.0))
+        self._stop_cols_device: tuple | None = None  # (host columns, device, them there): ``_stop_cols_on``
+        self._lattice_buffers: tuple | None = None  # ``_buffers``
+        self._log_views: list[torch.Tensor] = []
+        self._mass32 = np.float32(self.mass)
+        tables = getattr(self.scorer, "compiled_tables", None)
+        self._tables = None if tables is None else search_tables(tables())  # a compiled search's Kneser-Ney tables
+        # the compiled search's first call compiles it (or loads numba's cache): done here, when the
+        # drafter is built, so no timed round pays it; a two-position pass of the real dtypes
+        vocab = self.scorer.vocab_size
+        self.search_np(torch.full((2, vocab), 1.0 / vocab), np.zeros(0, dtype=np.int64))
+        if self.stop_ids.device.type != "cpu":
+            self._buffers(1, 1 + self._stops_np.shape[0])
+            one = np.zeros((1, 1), dtype=np.float32)
+            lattice_topk(
+                one, np.zeros((1, 1), dtype=np.int64), np.zeros((1, self._stops_np.shape[0]), dtype=np.float32),
+                self._stops_np, self._no_map, self._mass32, *self._lattice_buffers,
+            )  # fmt: skip
         _path_slots(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1), dtype=np.bool_), np.zeros(1, dtype=np.int64))
 
     def tail(self, *parts: torch.Tensor) -> torch.Tensor:
@@ -137,13 +152,15 @@ class PathSearch:
             token), ``q`` ``(m,)`` float32 the drafter's probability of each path token (its
             confidence), and whether the lattice ended early (a stop token, or the path's end).
 
-        On the device only the top-k over the vocabulary and the stop columns' probabilities; the
-        rest on the host, one read of them: the lattice of ``candidate_lattice`` (``_lattice``,
-        compiled, the same IEEE operations as its CPU torch form: the cumulative mass summed in
-        float64 and rounded to float32 as ``torch.cumsum`` does on the CPU), the log and exp as
-        torch computes them on the same shapes, the beam search (``_beams``) and each path token's
-        slot (``_path_slots``), so the path and ``q`` are bit-identical to ``candidate_lattice``
-        followed by the all-torch lookups (``tests/core/test_path_search_equivalence.py``).
+        On an accelerator only the top-k over the vocabulary and the stop columns' probabilities;
+        the rest on the host (``search_np``): the lattice of ``candidate_lattice``
+        (``path_search_kernels``, compiled, the same IEEE operations as its CPU torch form, its
+        top-k in ``torch.topk``'s order on the CPU: the cumulative mass summed in
+        float64 and rounded to float32 as ``torch.cumsum`` does on the CPU), the log as torch
+        computes it on the same shape, the beam search and each path token's slot and probability
+        (``_finish``: the exp as torch's wherever the two can round apart), so the path and ``q``
+        are bit-identical to ``candidate_lattice`` followed by the all-torch lookups
+        (``tests/core/test_path_search_equivalence.py``).
         """
         path, q, ended = self.search_np(probs, context.reshape(-1).cpu().numpy(), token_ids)
         return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
@@ -154,72 +171,106 @@ class PathSearch:
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """``search`` with the context and the results on the host: ``context`` ``(c,)`` int64 (its
         last ``order - 1`` tokens are read) -> ``path`` ``(m,)`` int64, ``q`` ``(m,)`` float32 (numpy)
-        and whether the lattice ended early; for a drafter that keeps its block on the host."""
-        stop_cols, stop_cols_np, token_map = self._columns(token_ids)
-        n = probs.shape[0]
-        values, cols = probs.topk(min(self.max_candidates, probs.shape[1]), dim=-1)  # (n, top), best first
-        stop_values = probs[:, stop_cols] if stop_cols.numel() else values[:, :0]  # (n, s)
-        tokens, kept_values, valid = _lattice(
-            _host(values), _host(cols), _host(stop_values), stop_cols_np, token_map, np.float32(self.mass)
-        )
-        # the lattice's log q as torch computes it on the (m, M) lattice (its kernels' results depend on the shape)
-        log_q = torch.from_numpy(kept_values).clamp(min=1e-30).log().double()  # (m, M) float64
-        drafter_term = np.where(valid, self.lam * log_q.numpy(), -np.inf)  # (m, M): invalid slots never chosen
-        path = self._beams(tokens, drafter_term, self._history(context), self._stops_np)
-        p = path.shape[0]
-        slots = _path_slots(tokens, valid, path)  # each path token's lattice slot
-        q = log_q[:p].exp().numpy()[np.arange(p), slots].astype(np.float32)  # its drafter probability
-        ended = p < n or (p > 0 and bool((self._stops_np == path[p - 1]).any()))
-        return path, q, ended
+        and whether the lattice ended early; for a drafter that keeps its block on the host.
 
-    def _columns(self, token_ids: torch.Tensor | None) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-        """The stop tokens' columns of ``probs`` (``(s,)`` int64, on the device and on the host) and the
-        host copy of ``token_ids`` (``(V,)`` int64; ``(0,)`` for None: column i is token i), kept per
-        ``token_ids`` (a drafter's fixed ``d2t``)."""
+        Three calls: the lattice (``lattice_rows``, compiled: on the CPU it takes each row's top-k
+        itself, in ``torch.topk``'s order, from a view of ``probs``; on an accelerator the top-k and
+        the stop columns' probabilities come from the device, read once), torch's log of its kept
+        probabilities (one in-place op on a cached ``(m, M)`` view of the lattice's buffer, as
+        ``candidate_lattice`` takes it), and the rest compiled (``_finish_kneser_ney``: the drafter
+        term, the beams, each path token's slot, its probability and the end check), or, for a scorer
+        without Kneser-Ney tables, the per-position beam loop then ``_finish``."""
+        stop_cols_np, token_map = self._columns(token_ids)
+        if context.dtype != np.int64 or not context.flags.c_contiguous:
+            context = np.ascontiguousarray(context, dtype=np.int64)
+        n, vocab = probs.shape
+        top = min(self.max_candidates, vocab)
+        tokens, values, valid = self._buffers(n, top + stop_cols_np.shape[0])
+        if probs.device.type == "cpu":
+            rows = probs.numpy() if probs.dtype == torch.float32 else probs.float().numpy()
+            m = lattice_rows(
+                rows if rows.flags.c_contiguous else np.ascontiguousarray(rows),
+                top, stop_cols_np, token_map, self._mass32, tokens, values, valid,
+            )  # fmt: skip
+        else:  # the top-k and the stop columns' probabilities on the device, one read
+            device_values, cols = probs.topk(top, dim=-1)  # (n, top), best first
+            stop_values = probs[:, self._stop_cols_on(probs.device, stop_cols_np)]  # (n, s)
+            m = lattice_topk(
+                _host(device_values), _host(cols), _host(stop_values), stop_cols_np, token_map,
+                self._mass32, tokens, values, valid,
+            )  # fmt: skip
+        self._log_views[m].log_()  # log q as torch computes it on the (m, M) lattice
+        if self._tables is not None:
+            path, q, code = _finish_kneser_ney(
+                tokens, values, valid, m, n, self.lam, self.width, context, self._stops_np, EXP_ULPS, *self._tables
+            )
+        else:
+            path = self._beams_generic(tokens[:m], values[: m * tokens.shape[1]], valid[:m], context)
+            q, code = _finish(tokens, values, valid, n, self._stops_np, path, EXP_ULPS)
+        if code & 2:  # an exp the host's libm might round to another float32 than torch's: torch's
+            slots = _path_slots(tokens, valid, path)
+            p = path.shape[0]
+            log_q = torch.from_numpy(values[: p * tokens.shape[1]].reshape(p, -1)).double()
+            q = log_q.exp().numpy()[np.arange(p), slots].astype(np.float32)
+        return path, q, bool(code & 1)
+
+    def _columns(self, token_ids: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+        """The stop tokens' columns of ``probs`` (``(s,)`` int64, on the host) and the host copy of
+        ``token_ids`` (``(V,)`` int64; ``(0,)`` for None: column i is token i), kept per ``token_ids``
+        (a drafter's fixed ``d2t``)."""
         if token_ids is None:
-            return self.stop_ids, self._stops_np, self._no_map
+            return self._stops_np, self._no_map
         if self._mapped is None or self._mapped[0] is not token_ids:
             stop_cols = torch.isin(token_ids, self.stop_ids).nonzero().flatten()
             host = np.ascontiguousarray(token_ids.cpu().numpy(), dtype=np.int64)
-            self._mapped = (token_ids, stop_cols, _host(stop_cols).astype(np.int64), host)
-        return self._mapped[1], self._mapped[2], self._mapped[3]
+            self._mapped = (token_ids, _host(stop_cols).astype(np.int64), host)
+        return self._mapped[1], self._mapped[2]
 
-    def _history(self, context: np.ndarray) -> np.ndarray:
-        """The scorer's context ``(1, order - 1)`` int64 from the last tokens of ``context`` ``(c,)``
-        int64, start symbols in front of a short one (``NGramModel.pad_context``)."""
-        keep = self.scorer.order - 1
-        tail = context[max(context.shape[0] - keep, 0) :]
-        history = np.full((1, keep), self.scorer.vocab_size, dtype=np.int64)
-        history[0, keep - tail.shape[0] :] = tail
-        return history
+    def _stop_cols_on(self, device: torch.device, stop_cols: np.ndarray) -> torch.Tensor:
+        """``stop_cols`` (``(s,)`` int64 host columns, from ``_columns``) on ``device``, kept."""
+        held = self._stop_cols_device
+        if held is None or held[0] is not stop_cols or held[1] != device:
+            held = (stop_cols, device, torch.from_numpy(stop_cols).to(device))
+            self._stop_cols_device = held
+        return held[2]
 
-    def _beams(
-        self, tokens: np.ndarray, drafter_term: np.ndarray, history: np.ndarray, stops: np.ndarray
+    def _buffers(self, n: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The lattice's host buffers for ``n`` positions of ``size`` slots, kept between calls (grown
+        when a pass has more positions): ``tokens`` ``(N, size)`` int64, the kept probabilities
+        ``(N size,)`` float32 (their logs in place after ``_log_views[m]``) and ``valid`` ``(N, size)``
+        bool; ``_log_views[m]`` is the torch view of the first ``m`` rows, ``(m, size)``."""
+        held = self._lattice_buffers
+        if held is None or held[0].shape[0] < n or held[0].shape[1] != size:
+            rows = max(n, 32)
+            flat = torch.empty(rows * size, dtype=torch.float32)
+            self._log_views = [flat[: m * size].view(m, size) for m in range(rows + 1)]
+            held = (np.empty((rows, size), dtype=np.int64), flat.numpy(), np.empty((rows, size), dtype=np.bool_))
+            self._lattice_buffers = held
+        return held
+
+    def _beams_generic(
+        self, tokens: np.ndarray, log_q: np.ndarray, valid: np.ndarray, context: np.ndarray
     ) -> np.ndarray:
-        """The beam search of Eq. 8 over the lattice, on the host: ``tokens`` ``(m, M)`` int64 (the
-        lattice's candidates), ``drafter_term`` ``(m, M)`` float64 (``lam * log q``, -inf where a slot
-        is invalid), ``history`` ``(1, order - 1)`` int64 (the context) and ``stops`` ``(s,)`` int64 ->
-        the best path, ``(<= m,)`` int64. Compiled (``_beams_kneser_ney``, one call) when the scorer
-        offers its Kneser-Ney tables (``NGramModel.compiled_tables``); any other scorer is asked
-        once per position (``log_probs``) and each step is the same compiled ``_beam_step``. Both
-        pick with ``topk_largest`` (``torch.topk``'s order, ties included), so the path is the one
-        the all-torch loop chose."""
+        """The beam search of Eq. 8 with a scorer that offers no Kneser-Ney tables: ``tokens``
+        ``(m, M)`` int64, ``log_q`` ``(m M,)`` float32, ``valid`` ``(m, M)`` bool; the scorer is asked
+        once per position (``log_probs``) and each step is the compiled ``_beam_step`` (the path the
+        all-torch loop chose: ``topk_largest`` picks in ``torch.topk``'s order)."""
         m, width = tokens.shape[0], self.width
         weight = 1.0 - self.lam
-        tables = getattr(self.scorer, "compiled_tables", None)
-        if tables is not None:
-            return _beams_kneser_ney_shared(tokens, drafter_term, history[0], stops, width, weight, *tables())
+        drafter_term = np.where(valid, self.lam * log_q.reshape(m, -1).astype(np.float64), -np.inf)  # (m, M)
         # W beam slots from the start; the empty ones score -inf and are never preferred
         scores = np.full(width, -np.inf)
         scores[0] = 0.0
         done = np.zeros(width, dtype=np.bool_)
         paths = np.full((width, m), -1, dtype=np.int64)
-        history = np.ascontiguousarray(np.repeat(history, width, axis=0))
+        history = np.ascontiguousarray(
+            np.repeat(_history(context, self.scorer.order - 1, self.scorer.vocab_size)[None], width, axis=0)
+        )
         for i in range(m):
             cand = np.ascontiguousarray(tokens[i])  # (M,)
             scored = self.scorer.log_probs(torch.from_numpy(history), torch.from_numpy(np.tile(cand, (width, 1))))
             lp = np.ascontiguousarray(scored.double().numpy())  # (W, M)
-            if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
+            if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, self._stops_np):
                 break
         return _best(paths, scores)
 
@@ -287,48 +338,6 @@ def _best(paths: np.ndarray, scores: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True)
-def _beams_kneser_ney(
-    tokens: np.ndarray,
-    drafter_term: np.ndarray,
-    context: np.ndarray,
-    stops: np.ndarray,
-    width: int,
-    weight: float,
-    keys: np.ndarray,
-    values: np.ndarray,
-    discounts: np.ndarray,
-    unigram_total: float,
-    unigram_types: float,
-    vocab_size: int,
-    base: int,
-    order: int,
-) -> np.ndarray:
-    """``PathSearch._beams`` with an ``NGramModel`` scorer, compiled whole: each position's scores
-    are ``kneser_ney_row`` per beam, logged as ``log_probs`` returns them (float32, then float64)."""
-    m, size = tokens.shape
-    scores = np.full(width, -np.inf)
-    scores[0] = 0.0
-    done = np.zeros(width, dtype=np.bool_)
-    paths = np.full((width, m), -1, dtype=np.int64)
-    history = np.empty((width, context.shape[0]), dtype=np.int64)
-    for w in range(width):
-        history[w] = context
-    lp = np.empty((width, size))
-    row = np.empty(size)
-    for i in range(m):
-        cand = tokens[i].copy()
-        for w in range(width):
-            kneser_ney_row(
-                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, history[w], cand, row
-            )
-            for c in range(size):
-                lp[w, c] = np.float64(np.float32(np.log(row[c])))
-        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
-            break
-    return _best(paths, scores)
-
-
-@njit(cache=True)
 def _beams_kneser_ney_shared(
     tokens: np.ndarray,
     drafter_term: np.ndarray,
@@ -344,14 +353,28 @@ def _beams_kneser_ney_shared(
     vocab_size: int,
     base: int,
     order: int,
+    unigram_probs: np.ndarray,
+    starts: np.ndarray,
+    finite: bool,
 ) -> np.ndarray:
-    """``_beams_kneser_ney`` (the same path, bit for bit) with each position's scoring shared: the
+    """The beams of Eq. 8 with an ``NGramModel`` scorer, compiled whole: ``tokens`` ``(m, M)`` int64 the
+    lattice's candidates, ``drafter_term`` ``(m, M)`` float64 (``lam * log q``, -inf where a slot is
+    invalid), ``context`` ``(order - 1,)`` int64, ``stops`` ``(s,)`` int64 -> the best path ``(<= m,)``
+    int64. Each position's scores are the Kneser-Ney rows (``kneser_ney_row``) logged as
+    ``log_probs`` returns them (float32, then float64), the same path, bit for bit, as scoring
+    every beam (the per-beam kernel kept in ``tests/core/test_path_search_equivalence.py``), with
+    each position's scoring shared: the
     unigram stage once per position (``kneser_ney_unigram``; it reads no context), a beam whose
     history another beam already scored copies that row, and no row for a beam whose extensions
     score -inf whatever it holds -- a finished beam (carried as it stands) or an empty slot (score
     -inf; with ``weight`` > 0, ``-inf + drafter term + weight * lp`` is -inf or NaN exactly as with
     its row, the row being a log-probability <= 0; at ``weight`` 0 every row is scored, since
-    ``0 * -inf`` is NaN)."""
+    ``0 * -inf`` is NaN). ``unigram_probs``, ``starts`` and ``finite``: ``search_tables``' (the
+    unigram stage read from its row, the higher orders' lookups inside the ranges of their oldest
+    context token: ``kneser_ney_higher_indexed``). With ``weight`` > 0 and ``finite`` tables (every
+    row a finite probability: its log a number or -inf), an invalid slot (drafter term -inf) is not
+    scored: its extension is ``score - inf + weight * lp``, the same (-inf, or NaN from a NaN or +inf
+    score) whatever finite or -inf ``lp`` it has, so 0 stands for it."""
     m, size = tokens.shape
     scores = np.full(width, -np.inf)
     scores[0] = 0.0
@@ -365,9 +388,27 @@ def _beams_kneser_ney_shared(
     row = np.empty(size)
     unigram = np.empty(size)
     scored = np.zeros(width, dtype=np.bool_)
+    slots = np.empty(size, dtype=np.int64)
+    skip_invalid = weight != 0.0 and finite
     for i in range(m):
         cand = tokens[i].copy()
-        kneser_ney_unigram(keys, values, discounts, unigram_total, unigram_types, vocab_size, base, cand, unigram)
+        kept = 0  # the slots scored: every one, or the valid ones (see above)
+        for c in range(size):
+            if not (skip_invalid and drafter_term[i, c] == -np.inf):
+                slots[kept] = c
+                kept += 1
+        scoring = np.empty(kept, dtype=np.int64)
+        inside = True
+        for k in range(kept):
+            scoring[k] = cand[slots[k]]
+            if 0 <= scoring[k] < unigram_probs.shape[0]:
+                unigram[k] = unigram_probs[scoring[k]]
+            else:
+                inside = False
+        if not inside:  # a token outside the table's rows: the unigram stage as it stands
+            kneser_ney_unigram(
+                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, scoring, unigram[:kept]
+            )
         for w in range(width):
             scored[w] = False
             if done[w] or (weight != 0.0 and scores[w] == -np.inf):
@@ -387,10 +428,11 @@ def _beams_kneser_ney_shared(
             if same >= 0:
                 lp[w, :] = lp[same, :]
             else:
-                row[:] = unigram
-                kneser_ney_higher(keys, values, discounts, base, order, history[w], cand, row)
-                for c in range(size):
-                    lp[w, c] = np.float64(np.float32(np.log(row[c])))
+                row[:kept] = unigram[:kept]
+                kneser_ney_higher_indexed(keys, values, discounts, base, order, starts, history[w], scoring, row[:kept])
+                lp[w, :] = 0.0
+                for k in range(kept):
+                    lp[w, slots[k]] = np.float64(np.float32(np.log(row[k])))
             scored[w] = True
         if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
             break
@@ -400,58 +442,6 @@ def _beams_kneser_ney_shared(
 def _host(tensor: torch.Tensor) -> np.ndarray:
     """A C-contiguous host array of ``tensor`` (a view on the CPU)."""
     return np.ascontiguousarray(tensor.cpu().numpy())
-
-
-@njit(cache=True)
-def _lattice(
-    values: np.ndarray,
-    cols: np.ndarray,
-    stop_values: np.ndarray,
-    stop_cols: np.ndarray,
-    token_map: np.ndarray,
-    mass: np.float32,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``candidate_lattice`` after its top-k, compiled: ``values`` ``(n, top)`` float32 and ``cols``
-    ``(n, top)`` int64 (the top-k), ``stop_values`` ``(n, s)`` float32 (the stop columns'
-    probabilities), ``stop_cols`` ``(s,)`` int64 (the stop tokens' columns), ``token_map`` ``(V,)`` int64 the
-    token of each column (``(0,)``: column i is token i) -> the lattice's ``tokens`` ``(m, M)``
-    int64, its probabilities ``(m, M)`` float32 (before the log) and ``valid`` ``(m, M)`` bool,
-    ``M = top + s``. The set reaching ``mass`` is ``cumsum - value < mass`` in float32 with the
-    cumulative sum accumulated in float64 (``torch.cumsum`` on the CPU); a stop token is matched by
-    its column, as ``candidate_lattice`` matches it."""
-    n, top = values.shape
-    s = stop_values.shape[1]
-    keep = np.empty((n, top), dtype=np.bool_)
-    m = n
-    for i in range(n):
-        total = 0.0
-        for j in range(top):
-            total += np.float64(values[i, j])
-            keep[i, j] = np.float32(np.float32(total) - values[i, j]) < mass
-    size = top + s
-    tokens = np.empty((n, size), dtype=np.int64)
-    kept_values = np.empty((n, size), dtype=np.float32)
-    valid = np.empty((n, size), dtype=np.bool_)
-    mapped = token_map.shape[0] > 0
-    for i in range(n):
-        natural = False
-        for j in range(top):
-            tokens[i, j] = token_map[cols[i, j]] if mapped else cols[i, j]
-            kept_values[i, j] = values[i, j]
-            valid[i, j] = keep[i, j]
-        for k in range(s):
-            in_set = False
-            for j in range(top):
-                if keep[i, j] and cols[i, j] == stop_cols[k]:
-                    in_set = True
-            natural = natural or in_set
-            tokens[i, top + k] = token_map[stop_cols[k]] if mapped else stop_cols[k]
-            kept_values[i, top + k] = stop_values[i, k]
-            valid[i, top + k] = not in_set  # the others added, once
-        if natural:  # a stop token on its own merit: the lattice ends here
-            m = i + 1
-            break
-    return tokens[:m].copy(), kept_values[:m].copy(), valid[:m].copy()
 
 
 @njit(cache=True)
@@ -466,3 +456,97 @@ def _path_slots(tokens: np.ndarray, valid: np.ndarray, path: np.ndarray) -> np.n
                 slots[i] = c
                 break
     return slots
+
+
+#: How close (in float64 ulps) an exp computed here may come to a float32 rounding boundary before
+#: torch recomputes it: libm's and torch's float64 exp are each within 1 ulp of the true value, so
+#: farther away both round to the same float32 (``_finish``).
+EXP_ULPS = 8.0
+
+
+@njit(cache=True)
+def _history(context: np.ndarray, keep: int, start: int) -> np.ndarray:
+    """The scorer's context ``(keep,)`` int64 from the last tokens of ``context`` ``(c,)`` int64,
+    ``start`` (the start symbol) in front of a short one (``NGramModel.pad_context``)."""
+    history = np.full(keep, start, dtype=np.int64)
+    c = context.shape[0]
+    take = min(c, keep)
+    for j in range(take):
+        history[keep - take + j] = context[c - take + j]
+    return history
+
+
+@njit(cache=True)
+def _finish(
+    tokens: np.ndarray, log_q: np.ndarray, valid: np.ndarray, n: int, stops: np.ndarray, path: np.ndarray, ulps: float
+) -> tuple[np.ndarray, int]:
+    """The path's drafter probabilities and end: ``path`` ``(p,)`` int64 through the lattice
+    (``tokens`` / ``valid`` ``(N, M)``, ``log_q`` ``(N M,)`` float32 torch's logs) -> ``q`` ``(p,)``
+    float32, each path token's slot's ``exp(float64(log q))`` rounded to float32 as torch's
+    ``log_q.double().exp().float()``, and a code: bit 0 the lattice ended early (``p < n`` or the
+    path's last token a stop token), bit 1 some exp came within ``ulps`` float64 ulps of a float32
+    rounding boundary (libm's exp and torch's may round apart there: the caller asks torch)."""
+    p, size = path.shape[0], tokens.shape[1]
+    slots = _path_slots(tokens, valid, path)
+    q = np.empty(p, dtype=np.float32)
+    code = 0
+    for i in range(p):
+        e = math.exp(np.float64(log_q[i * size + slots[i]]))
+        f = np.float32(e)
+        up = (np.float64(f) + np.float64(np.nextafter(f, np.float32(np.inf)))) * 0.5
+        down = (np.float64(f) + np.float64(np.nextafter(f, np.float32(-np.inf)))) * 0.5
+        tolerance = ulps * 2.220446049250313e-16 * abs(e)
+        if not (abs(e - up) > tolerance and abs(e - down) > tolerance):
+            code |= 2
+        q[i] = f
+    if p < n:
+        code |= 1
+    elif p > 0:
+        for s in stops:
+            if path[p - 1] == s:
+                code |= 1
+    return q, code
+
+
+@njit(cache=True)
+def _finish_kneser_ney(
+    tokens: np.ndarray,
+    log_q: np.ndarray,
+    valid: np.ndarray,
+    m: int,
+    n: int,
+    lam: float,
+    width: int,
+    context: np.ndarray,
+    stops: np.ndarray,
+    ulps: float,
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+    unigram_probs: np.ndarray,
+    starts: np.ndarray,
+    finite: bool,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Everything after the lattice's log, compiled whole, with an ``NGramModel`` scorer: the drafter
+    term ``lam * float64(log q)`` (-inf where a slot is invalid), the beams of Eq. 8
+    (``_beams_kneser_ney_shared`` from ``context`` ``(c,)`` int64's last ``order - 1`` tokens, start
+    symbols in front of a short one) over the lattice's ``m`` positions (``tokens`` / ``valid``
+    ``(N, M)``, ``log_q`` ``(N M,)`` float32), then ``_finish``: ``(path (p,) int64, q (p,) float32,
+    code)``."""
+    size = tokens.shape[1]
+    drafter_term = np.empty((m, size))
+    for i in range(m):
+        for j in range(size):
+            drafter_term[i, j] = lam * np.float64(log_q[i * size + j]) if valid[i, j] else -np.inf
+    history = _history(context, order - 1, vocab_size)
+    path = _beams_kneser_ney_shared(
+        tokens[:m], drafter_term, history, stops, width, 1.0 - lam,
+        keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, unigram_probs, starts, finite,
+    )  # fmt: skip
+    q, code = _finish(tokens, log_q, valid, n, stops, path, ulps)
+    return path, q, code

@@ -11,8 +11,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
-from specpolicy.core.path_search import PathSearch, candidate_lattice
+from specpolicy.core.compiled import kneser_ney_row
+from specpolicy.core.path_search import PathSearch, _beam_step, _best, candidate_lattice
 from specpolicy.models.ngram import NGramModel, _lookup, load_ngram, resolve_ngram_path
 
 # -- the replaced implementations (verbatim, as methods' bodies taking ``self``) ----------------------
@@ -73,6 +75,49 @@ def reference_search(
     q = torch.where(picked, log_q[: path.numel()].exp(), 0).sum(-1).float()
     ended = path.numel() < probs.shape[0] or (path.numel() > 0 and bool(torch.isin(path[-1:], stops).any()))
     return path.to(probs.device), q.to(probs.device), ended
+
+
+@njit(cache=True)
+def reference_beams_kneser_ney(
+    tokens: np.ndarray,
+    drafter_term: np.ndarray,
+    context: np.ndarray,
+    stops: np.ndarray,
+    width: int,
+    weight: float,
+    keys: np.ndarray,
+    values: np.ndarray,
+    discounts: np.ndarray,
+    unigram_total: float,
+    unigram_types: float,
+    vocab_size: int,
+    base: int,
+    order: int,
+) -> np.ndarray:
+    """The path search's beams with an ``NGramModel`` scorer as first compiled (the per-beam kernel,
+    kept here as the shared-beam search's reference): each position's scores are ``kneser_ney_row``
+    per beam, logged as ``log_probs`` returns them (float32, then float64)."""
+    m, size = tokens.shape
+    scores = np.full(width, -np.inf)
+    scores[0] = 0.0
+    done = np.zeros(width, dtype=np.bool_)
+    paths = np.full((width, m), -1, dtype=np.int64)
+    history = np.empty((width, context.shape[0]), dtype=np.int64)
+    for w in range(width):
+        history[w] = context
+    lp = np.empty((width, size))
+    row = np.empty(size)
+    for i in range(m):
+        cand = tokens[i].copy()
+        for w in range(width):
+            kneser_ney_row(
+                keys, values, discounts, unigram_total, unigram_types, vocab_size, base, order, history[w], cand, row
+            )
+            for c in range(size):
+                lp[w, c] = np.float64(np.float32(np.log(row[c])))
+        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
+            break
+    return _best(paths, scores)
 
 
 def reference_log_probs(self, context: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -243,11 +288,11 @@ def test_dart_pool_selection_is_the_stable_sort_s(seed):
 @pytest.mark.parametrize("seed", range(24))
 def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
     """``_beams_kneser_ney_shared`` (the unigram stage once per position, a repeated history's row
-    copied, no row for finished or empty beams) against ``_beams_kneser_ney`` (every beam scored by
+    copied, no row for finished or empty beams) against ``reference_beams_kneser_ney`` (every beam scored by
     ``kneser_ney_row``): the same path on random and tie-heavy lattices (drafter terms from a few
     values, candidates repeating across positions so beams share histories), every weight (lambda 1
     included: ``0 * -inf``), narrow lattices that leave beam slots empty, stop tokens."""
-    from specpolicy.core.path_search import _beams_kneser_ney, _beams_kneser_ney_shared
+    from specpolicy.core.path_search import _beams_kneser_ney_shared, search_tables
 
     rng = np.random.default_rng(seed)
     vocab = int(rng.choice((6, 12, 40)))
@@ -263,5 +308,112 @@ def test_the_shared_beam_scoring_is_the_per_beam_kernel(seed):
         width = int(rng.choice((1, 2, 3, 5)))
         stops = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
         context = rng.integers(0, vocab + 1, size=model.order - 1).astype(np.int64)
-        args = (tokens, lam * term, context, stops, width, 1.0 - lam, *tables)
-        assert np.array_equal(_beams_kneser_ney_shared(*args), _beams_kneser_ney(*args))
+        args = (tokens, lam * term, context, stops, width, 1.0 - lam)
+        got = _beams_kneser_ney_shared(*args, *search_tables(tables))
+        assert np.array_equal(got, reference_beams_kneser_ney(*args, *tables))
+
+
+def _tie_heavy_rows(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    """``(n, vocab)`` float32 rows: softmax-like, or a few repeated levels (ties in and across the top),
+    with zeros, infinities and NaNs of both signs in some."""
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        rows = rng.standard_normal((n, vocab)) * rng.choice((0.5, 4.0))
+        rows = np.exp(rows - rows.max(1, keepdims=True))
+        return (rows / rows.sum(1, keepdims=True)).astype(np.float32)
+    rows = rng.choice(np.array([0.0, 1e-31, 0.01, 0.02, 0.25, 0.5], dtype=np.float32), size=(n, vocab))
+    if kind >= 2:  # specials at random places
+        specials = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, -0.5], dtype=np.float32)
+        at = rng.random((n, vocab)) < rng.choice((0.001, 0.02))
+        rows[at] = rng.choice(specials, size=int(at.sum()))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_row_top_k_is_torch_topk_ties_included(seed):
+    """``_row_topk`` (the unique-answer shortcut, the in-place heap select, ``nth_element``) against
+    ``torch.topk`` on the CPU: the same values and indices in the same order, on softmax rows and on
+    rows of a few repeated values with NaNs of both signs, infinities and zeros."""
+    from specpolicy.core.path_search_kernels import _heap_topk, _row_topk, _unique_topk
+
+    rng = np.random.default_rng(seed)
+    for _ in range(12):
+        top = int(rng.choice((1, 3, 15)))
+        vocab = int(rng.choice((top, 40, 64 * top, 64 * top + 7, 1024, 4096 + 5)))
+        rows = _tie_heavy_rows(rng, 4, vocab)
+        for row in rows:
+            want = torch.from_numpy(row).topk(top)
+            vals, idx = np.empty(top, dtype=np.float32), np.empty(top, dtype=np.int64)
+            _row_topk(row, top, vals, idx)
+            assert np.array_equal(vals, want.values.numpy(), equal_nan=True)
+            assert np.array_equal(idx, want.indices.numpy()), (vocab, top)
+            if top * 64 <= vocab:
+                _heap_topk(row, top, vals, idx)
+                assert np.array_equal(idx, want.indices.numpy())
+                if _unique_topk(row, top, vals, idx):
+                    assert np.array_equal(idx, want.indices.numpy())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_path_search_over_a_large_vocabulary_is_identical(seed):
+    """Vocabularies of at least 64 x the candidates (the top-k's heap path and its unique-answer
+    shortcut), softmax rows and rows of few distinct values (ties at the lattice's edge), against
+    the all-torch loop; and the path's probabilities computed by torch whatever the exp's margin
+    (``_finish``'s fallback forced by a huge ``EXP_ULPS``) are the same."""
+    import specpolicy.core.path_search as path_search
+
+    rng = random.Random(200 + seed)
+    generator = torch.Generator().manual_seed(200 + seed)
+    vocab = rng.choice((1024, 1500))
+    model = _model(seed, vocab, 3)
+    stop = torch.tensor(rng.sample(range(vocab), rng.choice((1, 2))), dtype=torch.long)
+    search = PathSearch(model, stop, mass=rng.choice((0.8, 0.95)), max_candidates=rng.choice((5, 15)), lam=0.5)
+    reference = PathSearch(ReferenceScorer(model), stop, search.mass, search.max_candidates, search.width, search.lam)
+    for _ in range(4):
+        n = rng.randrange(1, 33)
+        if rng.random() < 0.5:
+            probs = _lattice_probs(generator, n, vocab, rng.choice((0.5, 3.0, 8.0)))
+        else:  # a few levels: ties among the top and at the mass boundary
+            levels = torch.tensor([0.0, 1e-4, 1e-3, 0.01, 0.05])
+            probs = levels[torch.randint(0, 5, (n, vocab), generator=generator)]
+            probs = probs / probs.sum(-1, keepdim=True)
+        context = torch.randint(0, vocab, (rng.randrange(0, 4),), generator=generator)
+        want = reference_search(reference, probs, context)
+        got = search.search(probs, context)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
+        ulps = path_search.EXP_ULPS
+        try:
+            path_search.EXP_ULPS = 1e300  # every exp "near a boundary": torch computes q
+            forced = search.search(probs, context)
+        finally:
+            path_search.EXP_ULPS = ulps
+        assert torch.equal(forced[0], want[0]) and torch.equal(forced[1], want[1]) and forced[2] == want[2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lattice_from_a_device_top_k_is_the_host_one(seed):
+    """``lattice_topk`` (an accelerator's path: ``torch.topk`` and the stop columns' probabilities
+    read from the device) writes the lattice ``lattice_rows`` writes from the rows themselves."""
+    from specpolicy.core.path_search_kernels import lattice_rows, lattice_topk
+
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(8):
+        top, vocab = int(rng.choice((1, 3, 15))), int(rng.choice((40, 1024)))
+        n = int(rng.integers(1, 33))
+        probs = _tie_heavy_rows(rng, n, vocab)
+        stop_cols = rng.choice(vocab, size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
+        token_map = rng.permutation(vocab).astype(np.int64) if rng.random() < 0.5 else np.zeros(0, dtype=np.int64)
+        mass = np.float32(rng.choice((0.5, 0.8, 1.0)))
+        size = top + stop_cols.shape[0]
+        host = (np.zeros((n, size), np.int64), np.zeros(n * size, np.float32), np.zeros((n, size), np.bool_))
+        device = (np.zeros((n, size), np.int64), np.zeros(n * size, np.float32), np.zeros((n, size), np.bool_))
+        m = lattice_rows(probs, top, stop_cols, token_map, mass, *host)
+        values, cols = torch.from_numpy(probs).topk(top, dim=-1)
+        stop_values = np.ascontiguousarray(probs[:, stop_cols])
+        assert lattice_topk(values.numpy(), cols.numpy(), stop_values, stop_cols, token_map, mass, *device) == m
+        for got, want in zip(device, host):
+            assert (
+                np.array_equal(got[:m], want[:m], equal_nan=True)
+                if got.ndim == 2
+                else np.array_equal(got[: m * size], want[: m * size], equal_nan=True)
+            )
