@@ -729,3 +729,42 @@ def tree_layout(ancestors: np.ndarray, depth: np.ndarray, start: int, positions:
     for r in range(rows):
         mask[r, :start] = True
         mask[r, start:] = ancestors[r]
+
+
+# -- Fast-dLLM v2's block opening (drafters/fastdllm.py; h48-dllm3) -----------------------------------
+
+
+@njit(cache=True)
+def block_open(
+    block_ids: np.ndarray,
+    block_conf: np.ndarray,
+    masked: np.ndarray,
+    prefix: np.ndarray,
+    first_id: int,
+    first_conf: np.float32,
+    mask_id: int,
+    stops: np.ndarray,
+) -> tuple[int, int]:
+    """Fill a new block in place: ``block_ids`` ``(B,)`` int64 = the committed ``prefix`` ``(t,)`` int64
+    (t < B) then ``mask_id``, ``block_conf`` ``(B,)`` float32 = 0, ``masked`` ``(B,)`` bool = offsets
+    ``>= t``; when t == 0, offset 0 is the drafted first token ``first_id`` with confidence
+    ``first_conf`` (unmasked). Returns ``block_scan``'s pair for the filled block with every offset
+    drafted from ``t``: ``(filled, first_stop)``, ``filled`` = max(t, 1) (B when B == 1) and
+    ``first_stop`` 0 when the drafted first token is in ``stops`` ``(s,)`` int64, else B."""
+    size = block_ids.shape[0]
+    t = prefix.shape[0]
+    for p in range(size):
+        block_ids[p] = prefix[p] if p < t else mask_id
+        block_conf[p] = 0
+        masked[p] = p >= t
+    first_stop = size
+    if t == 0:
+        block_ids[0] = first_id
+        block_conf[0] = first_conf
+        masked[0] = False
+        t = 1
+        for s in stops:
+            if first_id == s:
+                first_stop = 0
+                break
+    return t, first_stop
