@@ -270,7 +270,7 @@ class FastDLLMDrafter(Drafter):
         self._stops = np.array(self.stop_token_ids, dtype=np.int64)  # (s,) on the host; empty: no stop check
         self._threshold32 = np.float32(self.threshold)  # compared in float32, as the confidences
         ids, masked, conf = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.float32)
-        unmask_step(ids, conf, 0, ids, conf, masked, self._threshold32, False, self._stops, 0)  # compiled here
+        unmask_step(ids, conf, 0, ids, conf, masked, self._threshold32, False, self._stops, 0, masked, conf)  # compiled
         block_scan(ids, masked, self._stops, 0)
         block_open(ids, conf, masked, ids[:1], 0, np.float32(0), mask_id, self._stops)
         self._on_cpu, self._no_conf = torch.device(dev).type == "cpu", np.zeros(0, dtype=np.float32)  # (0,)
@@ -397,6 +397,7 @@ class FastDLLMDrafter(Drafter):
         self._blk_ids = np.zeros(B, dtype=np.int64)  # (B,) int64
         self._blk_conf, self._blk_masked = np.zeros(B, dtype=np.float32), np.zeros(B, dtype=np.bool_)  # (B,)
         self._blk_row = torch.from_numpy(self._blk_ids[None])  # (1, B) a view (a pass's input on the CPU)
+        self._pick = np.zeros(self.small_block_size, dtype=np.bool_)  # (S,) a pass's picks (``unmask_step``)
         self.release()
         self.sequence = self.runner.open()
         base = (n // B) * B
@@ -492,15 +493,16 @@ class FastDLLMDrafter(Drafter):
         tokens, confs = self._host(tok, conf)
         # The unmasking rule of the class docstring (greedy: any order; sampling: left to right,
         # ``compiled.unmask_pick``), the writes and the block scan, in one compiled call.
-        pick, row, filled, stop = unmask_step(
+        row = np.empty(b - lo, dtype=np.float32)  # the pass's confidences at the positions masked before it
+        filled_stop = unmask_step(
             tokens, confs, lo, self._blk_ids, self._blk_conf, self._blk_masked, self._threshold32,
-            self._sampling is not None, self._stops, self._draft_start(self._blk_start),
+            self._sampling is not None, self._stops, self._draft_start(self._blk_start), self._pick, row,
         )  # fmt: skip
         self._sb_conf.append(row)
         if probs is not None:
-            chosen = torch.from_numpy(pick).to(self._device)
+            chosen = torch.from_numpy(self._pick[: b - lo].copy()).to(self._device)
             self._blk_probs[lo:b] = torch.where(chosen[:, None], probs, self._blk_probs[lo:b])
-        self._scan((filled, stop))
+        self._scan(filled_stop)
 
     def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
         """After an unmasking pass with the path search: the small block's masked positions (offsets

@@ -483,20 +483,22 @@ def unmask_step(
     left_to_right: bool,
     stops: np.ndarray,
     first_drafted: int,
-) -> tuple[np.ndarray, np.ndarray, int, int]:
+    pick: np.ndarray,
+    row: np.ndarray,
+) -> tuple[int, int]:
     """One unmasking pass's bookkeeping in ONE call: ``unmask_pick`` over the small block's offsets
     ``[lo, lo + m)`` (``tokens`` ``(m,)`` int64, ``conf`` ``(m,)`` float32, the pass's choice), then
     ``unmask_apply`` into the block (``block_ids`` ``(B,)`` int64, ``block_conf`` ``(B,)`` float32,
     ``masked`` ``(B,)`` bool, in place), then ``block_scan`` (``stops`` ``(s,)`` int64, the first
-    drafted offset ``first_drafted``). Returns ``(pick, row, filled, first_stop)``: the ``(m,)`` bool
-    picks, the ``(m,)`` float32 confidences at the positions masked before the pass (NaN elsewhere),
-    and ``block_scan``'s pair -- the three kernels' results, by calling them."""
+    drafted offset ``first_drafted``). Writes the picks into ``pick[:m]`` (``(>= m,)`` bool) and the
+    confidences at the positions masked before the pass (NaN elsewhere) into ``row`` ``(m,)`` float32
+    (arrays the caller owns: returning new ones costs the call two object unpickles); returns
+    ``block_scan``'s pair -- the three kernels' results, by calling them."""
     m = tokens.shape[0]
-    pick = unmask_pick(conf, masked[lo : lo + m], threshold, left_to_right)
-    row = np.empty(m, dtype=np.float32)
-    unmask_apply(tokens, conf, pick, lo, block_ids, block_conf, masked, row)
-    filled, first_stop = block_scan(block_ids, masked, stops, first_drafted)
-    return pick, row, filled, first_stop
+    chosen = unmask_pick(conf, masked[lo : lo + m], threshold, left_to_right)
+    pick[:m] = chosen
+    unmask_apply(tokens, conf, chosen, lo, block_ids, block_conf, masked, row)
+    return block_scan(block_ids, masked, stops, first_drafted)
 
 
 # -- Kneser-Ney scores in two stages (the path search's beams; h48-dllm2) -----------------------------
