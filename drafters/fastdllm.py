@@ -620,6 +620,8 @@ class FastDLLMDrafter(Drafter):
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
+        if len(drafters) == 1:
+            return [drafters[0].draft(num_tokens[0])]
         if len(drafters) < 2 or any(d._sampling is not None or d.path_search is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
         return cls._draft_steps(drafters, num_tokens)
@@ -662,19 +664,21 @@ class FastDLLMDrafter(Drafter):
     def _current_draft(self) -> Draft:
         """The round's draft so far, assembled on the host (the block and the finished blocks'
         segments) and handed over as tensors on the drafter's device."""
-        d0 = self._draft_start(self._blk_start)
-        probs = None if self._blk_probs is None else self._blk_probs[d0 : self._filled]
-        d1 = min(self._filled, d0 + self._k)  # the draft's end in the current block, at most
-        parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
-        one = not self._segments  # the draft lies in the current block: one slice each, copied
-        ids = parts[0][0].copy() if one else np.concatenate([p[0] for p in parts])[: self._k]
-        conf = parts[0][1].copy() if one else np.concatenate([p[1] for p in parts])[: self._k]
-        q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
+        k, filled, start = self._k, self._filled, self._blk_start
+        d0 = max(self._L - start, 0)  # ``_draft_start``
+        d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
+        if not self._segments and self._sampling is None:  # the draft lies in the current block: a copy each
+            ids, conf, q = self._blk_ids[d0:d1].copy(), self._blk_conf[d0:d1].copy(), None
+        else:
+            probs = None if self._blk_probs is None else self._blk_probs[d0:filled]
+            parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
+            ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
+            q = None if self._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
         sb_conf = self._sb_conf[0] if len(self._sb_conf) == 1 else np.concatenate([self._no_conf, *self._sb_conf])
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         ended = self._stop_len is not None or self._path_len is not None
-        lookahead = 0 if ended else max(self._blk_start + self._filled - (self._L + self._k), 0)
-        ahead = self._blk_conf[self._filled - lookahead : self._filled].copy() if lookahead else None  # (lookahead,)
+        lookahead = 0 if ended else max(start + filled - (self._L + k), 0)
+        ahead = self._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
         self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
         tensor = self._tensor
         return Draft(
@@ -714,13 +718,15 @@ class FastDLLMDrafter(Drafter):
                 f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
                 f"but this round drafted {self._k}"
             )
-        B = self.block_size
+        B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here
-            committed = np.concatenate((self._drafted[:a], (verification.next_token,)))  # (a + 1,) int64
+            seq = np.concatenate((tail, self._drafted[:a], (verification.next_token,)))  # int64
         else:
-            committed = verification.committed_tokens(draft).cpu().numpy()
-        self._remember(committed)
+            seq = np.concatenate((tail, verification.committed_tokens(draft).cpu().numpy()))
+        # seq: the committed tokens of positions [base, L_new), the round's a + 1 last
+        if self.path_search is not None:
+            self._remember(seq[tail.shape[0] :])
         L, base = self._L, self._base
         L_new = L + a + 1
         matched_end = L + min(a, own)  # drafted positions [L, matched_end) are committed as drafted
@@ -731,9 +737,8 @@ class FastDLLMDrafter(Drafter):
                 if block_end > matched_end:
                     break
                 valid_end, first = block_end, block_first
-            self.sequence.crop(valid_end)
+            self.runner.rollback(self.sequence, valid_end)
 
-        seq = np.concatenate((self._tail, committed))  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B
         passes = 0
         if new_base > valid_end:

@@ -240,6 +240,7 @@ class FastDLLMRunner:
         first = next(model.parameters())
         self._dtype, self._device = first.dtype, first.device
         self._alone_inputs: tuple | None = None  # (start, device, the model's mask, positions): ``alone_inputs``
+        self._alone_full: tuple | None = None  # (the model's mask (1, 1, B, W), positions (1, W)): ``alone_inputs``
         self._buffered: tuple | None = None  # (a cache, its layer count, all BufferedLayer?): ``alone``
 
     @property
@@ -283,13 +284,18 @@ class FastDLLMRunner:
         """A request's block pass alone at block start ``start``: the all-visible mask over its
         ``start`` cached positions and its block, in the model's form (``as_model_mask`` of
         ``(1, 1, B, start + B)`` bool), and the block's positions ``(1, B) int64``, on the model's
-        device; built when the start moves (once per block), read by every pass over that block."""
+        device: views (``narrow``) of a mask and positions built once for the widest block end so far
+        (grown by doubling up to the capacity), taken when the start moves (once per block) and read
+        by every pass over that block."""
         held = self._alone_inputs
         if held is None or held[0] != start:
-            B, device = self.block_size, self._device
-            mask = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=device)
-            positions = torch.arange(start, start + B, device=device)[None]
-            held = self._alone_inputs = (start, device, as_model_mask(mask, self.attn, self._dtype), positions)
+            B, device, end = self.block_size, self._device, start + self.block_size
+            full = self._alone_full
+            if full is None or full[1].shape[1] < end:
+                width = max(end, min(2 * (0 if full is None else full[1].shape[1]), self.causal.capacity))
+                mask = as_model_mask(torch.ones(1, 1, B, width, dtype=torch.bool, device=device), self.attn, self._dtype)
+                full = self._alone_full = (mask, torch.arange(width, device=device)[None])
+            held = self._alone_inputs = (start, device, full[0].narrow(3, 0, end), full[1].narrow(1, start, B))
         return held[2], held[3]
 
     def alone(
@@ -333,6 +339,16 @@ class FastDLLMRunner:
         elif not writes:
             sequence.crop(start)
         return logits
+
+    def rollback(self, sequence: CausalSequence, length: int) -> None:
+        """Roll ``sequence`` back to its first ``length`` positions (a no-op if shorter): on an eager
+        cache ``alone`` has seen as all ``BufferedLayer``, each layer's length; else ``CausalSequence.crop``."""
+        cache, seen = sequence.cache, self._buffered
+        if cache is not None and seen is not None and seen[0] is cache and seen[1] == len(cache.layers) and seen[2]:
+            for layer in cache.layers:
+                layer.length = min(layer.length, length)
+        else:
+            sequence.crop(length)
 
     @no_grad
     def write(self, sequence: CausalSequence, ids: torch.Tensor, start: int) -> torch.Tensor:
