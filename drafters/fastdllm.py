@@ -74,13 +74,18 @@ from specpolicy.models.loading import (
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.causal import CausalSequence
-from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets, greedy_into, host_choice
+from specpolicy.runners.fastdllm import (
+    CONFIDENCE_DTYPES,
+    FastDLLMPass,
+    FastDLLMRunner,
+    check_buckets,
+    check_settings,
+    greedy_into,
+    host_choice,
+)
 
 NAME = "fastdllm"
 
-#: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
-#: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
-CONFIDENCE_DTYPES = ("float32", "model")
 CONFIG_KEYS = (
     "model",
     "block_size",
@@ -90,33 +95,6 @@ CONFIG_KEYS = (
     "confidence_dtype",
     *PATH_SEARCH_DEFAULTS,
 )
-
-
-def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
-    """Check the drafter's settings without a model (``drafter.block_size``, ``drafter.small_block_size``,
-    ``drafter.threshold``, ``drafter.confidence_dtype``).
-
-    Raises:
-        ValueError: naming the key, the value and the accepted range.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
-    if (
-        isinstance(small_block_size, bool)
-        or not isinstance(small_block_size, int)
-        or not 1 <= small_block_size <= block_size
-        or block_size % small_block_size != 0
-    ):
-        raise ValueError(
-            f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
-            f"block_size, got {small_block_size!r}"
-        )
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
-    if confidence_dtype not in CONFIDENCE_DTYPES:
-        raise ValueError(
-            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
-        )
 
 
 # -- the drafter ------------------------------------------------------------------------------
@@ -170,11 +148,11 @@ class FastDLLMDrafter(Drafter):
     causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
     pass for every request at each step.
 
-    Host work: the block's ids, confidences and mask state live on the host (numpy, B positions);
-    each pass's tokens and confidences are read once (a view on the CPU, one transfer on a device);
-    the unmasking rule, the writes and the block scan are one compiled call a pass
-    (``specpolicy.core.compiled.unmask_step``); ``commit`` knows a chain's committed tokens from its
-    own draft and ``next_token`` (a read only for reused tokens or a tree path).
+    Host work: the block's ids, confidences and mask state live in this request's host arrays (B
+    positions, filled by ``compiled.block_open``); a pass's tokens and confidences are read once (on
+    the CPU through kept views of ``greedy_into``'s outputs, on a device one transfer); the unmasking
+    rule, the writes and the block scan are one compiled call a pass (``compiled.unmask_step``); one
+    request's ``draft`` on an eager cache calls ``FastDLLMRunner.alone`` itself; ``commit`` knows a chain's tokens.
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -277,7 +255,7 @@ class FastDLLMDrafter(Drafter):
         #: greedy choices written into tensors whose numpy views are kept (``greedy_into``): the CPU, the
         #: default confidence dtype, float32 logits
         self._host_greedy = self._on_cpu and confidence_dtype == "float32" and model.dtype == torch.float32
-        self._chosen: tuple[np.ndarray, np.ndarray] = (ids, conf)  # the last ``greedy_into``'s views
+        self._chosen: Any = (ids, conf)  # the last ``greedy_into``'s views
         self._logits3d = False  # ``alone``'s (1, m, V) logits go to ``_choose`` as they are (set by prefill)
         self._no_first, self._no_ids = np.float32(0), np.zeros(0, dtype=np.int64)
         self._empty_conf = torch.zeros(0, dtype=torch.float32, device=dev)  # (0,) no look-ahead, never written
@@ -435,25 +413,16 @@ class FastDLLMDrafter(Drafter):
         this request's arrays (``compiled.block_open``: the fill and the first token's stop check)."""
         B = self.block_size
         self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
-        # Sampling: q row of every offset (rows of committed or masked offsets are never read).
-        self._blk_probs = (
-            None
-            if self._sampling is None
-            else torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device)
-        )
-        if prefix.shape[0] == 0:
-            if first is None:  # invariant broken: the pass that wrote the previous block stored it
-                raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
-            if self._blk_probs is not None:
-                self._blk_probs[0] = first[2]
-            first_id, first_conf = first[0], first[1]
-        else:
-            first_id, first_conf = 0, self._no_first
-        self._blk_start = start
-        self._sb_index = -1  # small block being decoded (-1: none yet)
-        # ``_filled``: leading offsets without masks (the draft reaches block offset _filled - 1)
-        self._scan(block_open(self._blk_ids, self._blk_conf, self._blk_masked, prefix, first_id, first_conf,
-                              self.mask_token_id, self._stops))  # fmt: skip
+        sampled = self._sampling is not None  # q row of every offset (committed or masked ones never read)
+        self._blk_probs = torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device) if sampled else None
+        if prefix.shape[0] == 0 and first is None:  # invariant broken: the previous block's pass stored it
+            raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
+        first_id, first_conf, q = first if first is not None and not prefix.shape[0] else (0, self._no_first, None)
+        if q is not None and self._blk_probs is not None:
+            self._blk_probs[0] = q
+        self._blk_start, self._sb_index = start, -1  # the small block being decoded (-1: none yet)
+        ids, conf, masked = self._blk_ids, self._blk_conf, self._blk_masked  # ``_scan`` sets ``_filled``
+        self._scan(block_open(ids, conf, masked, prefix, first_id, first_conf, self.mask_token_id, self._stops))
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
@@ -565,13 +534,10 @@ class FastDLLMDrafter(Drafter):
         run, seq = self.runner.alone, self.sequence
         while (kind := self._next_pass(end)) is not None:
             row = self._blk_row if self._on_cpu else torch.from_numpy(self._blk_ids[None]).to(self._device)
-            if kind == "cross":
+            if crossing := kind == "cross":
                 self._cross_keep()
-                logits = run(seq, row, self._blk_start, None, True)
-                self._cross_apply(logits if self._logits3d else logits[0])
-            else:
-                logits = run(seq, row, self._blk_start, self._unmask_keep(), False)
-                self._unmask_apply(logits if self._logits3d else logits[0])
+            logits = run(seq, row, self._blk_start, None if crossing else self._unmask_keep(), crossing)
+            (self._cross_apply if crossing else self._unmask_apply)(logits if self._logits3d else logits[0])
         return self._finish(num_tokens)
 
     def _begin(self, num_tokens: int) -> int:

@@ -162,6 +162,38 @@ def host_choice(tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.n
     return both[0].astype(np.int64), both[1].astype(np.float32)
 
 
+#: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
+#: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
+CONFIDENCE_DTYPES = ("float32", "model")
+
+
+def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
+    """Check the drafter's settings without a model (``drafter.block_size``, ``drafter.small_block_size``,
+    ``drafter.threshold``, ``drafter.confidence_dtype``).
+
+    Raises:
+        ValueError: naming the key, the value and the accepted range.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
+    if (
+        isinstance(small_block_size, bool)
+        or not isinstance(small_block_size, int)
+        or not 1 <= small_block_size <= block_size
+        or block_size % small_block_size != 0
+    ):
+        raise ValueError(
+            f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
+            f"block_size, got {small_block_size!r}"
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
+    if confidence_dtype not in CONFIDENCE_DTYPES:
+        raise ValueError(
+            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
+        )
+
+
 def check_buckets(block_size: int, buckets: Sequence[int]) -> None:
     """On the static cache, the largest of ``runtime.buckets`` must be a multiple of the block size:
     a pass runs in chunks of at most that many positions, and a block split between two chunks would
@@ -293,7 +325,9 @@ class FastDLLMRunner:
             full = self._alone_full
             if full is None or full[1].shape[1] < end:
                 width = max(end, min(2 * (0 if full is None else full[1].shape[1]), self.causal.capacity))
-                mask = as_model_mask(torch.ones(1, 1, B, width, dtype=torch.bool, device=device), self.attn, self._dtype)
+                mask = as_model_mask(
+                    torch.ones(1, 1, B, width, dtype=torch.bool, device=device), self.attn, self._dtype
+                )
                 full = self._alone_full = (mask, torch.arange(width, device=device)[None])
             held = self._alone_inputs = (start, device, full[0].narrow(3, 0, end), full[1].narrow(1, start, B))
         return held[2], held[3]
@@ -345,7 +379,8 @@ class FastDLLMRunner:
         cache ``alone`` has seen as all ``BufferedLayer``, each layer's length; else ``CausalSequence.crop``."""
         cache, seen = sequence.cache, self._buffered
         if cache is not None and seen is not None and seen[0] is cache and seen[1] == len(cache.layers) and seen[2]:
-            for layer in cache.layers:
+            layers: Any = cache.layers  # BufferedLayer ones (``alone`` saw them)
+            for layer in layers:
                 layer.length = min(layer.length, length)
         else:
             sequence.crop(length)
