@@ -48,7 +48,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specpolicy.core.checks import check_keys
-from specpolicy.core.compiled import block_scan, unmask_step
+from specpolicy.core.compiled import block_open, block_scan, unmask_step
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
@@ -74,13 +74,18 @@ from specpolicy.models.loading import (
 from specpolicy.models.ngram import PATH_SEARCH_DEFAULTS, check_path_search, path_search_of, target_vocabulary
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.causal import CausalSequence
-from specpolicy.runners.fastdllm import FastDLLMPass, FastDLLMRunner, check_buckets, host_choice
+from specpolicy.runners.fastdllm import (
+    CONFIDENCE_DTYPES,
+    FastDLLMPass,
+    FastDLLMRunner,
+    check_buckets,
+    check_settings,
+    greedy_into,
+    host_choice,
+)
 
 NAME = "fastdllm"
 
-#: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
-#: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
-CONFIDENCE_DTYPES = ("float32", "model")
 CONFIG_KEYS = (
     "model",
     "block_size",
@@ -90,33 +95,6 @@ CONFIG_KEYS = (
     "confidence_dtype",
     *PATH_SEARCH_DEFAULTS,
 )
-
-
-def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
-    """Check the drafter's settings without a model (``drafter.block_size``, ``drafter.small_block_size``,
-    ``drafter.threshold``, ``drafter.confidence_dtype``).
-
-    Raises:
-        ValueError: naming the key, the value and the accepted range.
-    """
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
-    if (
-        isinstance(small_block_size, bool)
-        or not isinstance(small_block_size, int)
-        or not 1 <= small_block_size <= block_size
-        or block_size % small_block_size != 0
-    ):
-        raise ValueError(
-            f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
-            f"block_size, got {small_block_size!r}"
-        )
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
-    if confidence_dtype not in CONFIDENCE_DTYPES:
-        raise ValueError(
-            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
-        )
 
 
 # -- the drafter ------------------------------------------------------------------------------
@@ -170,11 +148,11 @@ class FastDLLMDrafter(Drafter):
     causal mask -- one sequence at batch 1, one per request in the batched loop (``batched``), one
     pass for every request at each step.
 
-    Host work: the block's ids, confidences and mask state live on the host (numpy, B positions);
-    each pass's tokens and confidences are read once (a view on the CPU, one transfer on a device);
-    the unmasking rule, the writes and the block scan are one compiled call a pass
-    (``specpolicy.core.compiled.unmask_step``); ``commit`` knows a chain's committed tokens from its
-    own draft and ``next_token`` (a read only for reused tokens or a tree path).
+    Host work: the block's ids, confidences and mask state live in this request's host arrays (B
+    positions, filled by ``compiled.block_open``); a pass's tokens and confidences are read once (on
+    the CPU through kept views of ``greedy_into``'s outputs, on a device one transfer); the unmasking
+    rule, the writes and the block scan are one compiled call a pass (``compiled.unmask_step``); one
+    request's ``draft`` on an eager cache calls ``FastDLLMRunner.alone`` itself; ``commit`` knows a chain's tokens.
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -270,9 +248,17 @@ class FastDLLMDrafter(Drafter):
         self._stops = np.array(self.stop_token_ids, dtype=np.int64)  # (s,) on the host; empty: no stop check
         self._threshold32 = np.float32(self.threshold)  # compared in float32, as the confidences
         ids, masked, conf = np.zeros(2, dtype=np.int64), np.ones(2, dtype=np.bool_), np.zeros(2, dtype=np.float32)
-        unmask_step(ids, conf, 0, ids, conf, masked, self._threshold32, False, self._stops, 0)  # compiled here
+        unmask_step(ids, conf, 0, ids, conf, masked, self._threshold32, False, self._stops, 0, masked, conf)  # compiled
         block_scan(ids, masked, self._stops, 0)
+        block_open(ids, conf, masked, ids[:1], 0, np.float32(0), mask_id, self._stops)
         self._on_cpu, self._no_conf = torch.device(dev).type == "cpu", np.zeros(0, dtype=np.float32)  # (0,)
+        #: greedy choices written into tensors whose numpy views are kept (``greedy_into``): the CPU, the
+        #: default confidence dtype, float32 logits
+        self._host_greedy = self._on_cpu and confidence_dtype == "float32" and model.dtype == torch.float32
+        self._chosen: Any = (ids, conf)  # the last ``greedy_into``'s views
+        self._logits3d = False  # ``alone``'s (1, m, V) logits go to ``_choose`` as they are (set by prefill)
+        self._no_first, self._no_ids = np.float32(0), np.zeros(0, dtype=np.int64)
+        self._empty_conf = torch.zeros(0, dtype=torch.float32, device=dev)  # (0,) no look-ahead, never written
         # Per small block j (offsets [a, b)): the block offsets whose logits predict its maskable
         # positions [max(a, 1), b) (token shift: offset p is predicted at offset p - 1). Offset 0
         # of a block is never masked: it is committed or comes from the previous block's pass.
@@ -283,8 +269,8 @@ class FastDLLMDrafter(Drafter):
         self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
-        # (L - base,) int64 committed tokens of the partial block, on the host (a CPU tensor)
-        self._tail: torch.Tensor | None = None
+        # (L - base,) int64 committed tokens of the partial block, on the host
+        self._tail = np.zeros(0, dtype=np.int64)
         # When L == base: the block's first token, its confidence and (sampling) its q row
         # (int, float32 on the host; (V,) float32 on the device or None).
         self._first: tuple[int, np.float32, torch.Tensor | None] | None = None
@@ -308,10 +294,17 @@ class FastDLLMDrafter(Drafter):
         a block pass, which the official code takes as the argmax of the logits); sampling, ``(a sample of warp(logits), max of
         warp(logits), warp(logits))`` -- (m,) int64, (m,) float32, (m, V) float32."""
         if self._sampling is None:
+            if self._host_greedy:  # the same values, read on the host through kept views (``_host``)
+                tok, conf, *self._chosen = greedy_into(logits, self._outs)
+                return tok, conf, None
             tok, conf = greedy(logits, self.confidence_dtype == "model", probs_argmax=not block_first)
             return tok, conf, None
         probs = warp(logits, self._sampling)
         return sample(probs, self.runtime.generator), probs.max(dim=-1).values, probs
+
+    def _host(self, tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """The host read of ``_choose``'s ``(m,)`` tokens and confidences: the kept views, or ``host_choice``."""
+        return self._chosen if self._host_greedy and self._sampling is None else host_choice(tok, conf)
 
     def _write_blocks(self, ids: torch.Tensor, start: int) -> tuple[int, np.float32, torch.Tensor | None]:
         """Write the KV of complete blocks ``ids`` ((n,) int64, n a multiple of B, starting at block
@@ -326,7 +319,7 @@ class FastDLLMDrafter(Drafter):
         """The next block's first token from a block pass's last logit ``(1, V)``: its id and
         confidence read to the host (one read) and (sampling) its q row ``(V,)`` float32."""
         tok, conf, probs = self._choose(logits, block_first=True)
-        ids, confs = host_choice(tok, conf)
+        ids, confs = self._host(tok, conf)
         return int(ids[0]), confs[0], None if probs is None else probs[0]
 
     # -- Drafter interface -------------------------------------------------------------------
@@ -376,22 +369,29 @@ class FastDLLMDrafter(Drafter):
         prompt_ids = prompt_ids.to(self._device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         B = self.block_size
+        self._outs: dict = {}  # ``greedy_into``'s outputs by shape, this request's own
+        self._logits3d = self._host_greedy and self._sampling is None and self.path_search is None
+        # The current block's ids, confidences and mask state on the host (``_open_block``), this request's own
+        self._blk_ids = np.zeros(B, dtype=np.int64)  # (B,) int64
+        self._blk_conf, self._blk_masked = np.zeros(B, dtype=np.float32), np.zeros(B, dtype=np.bool_)  # (B,)
+        self._blk_row = torch.from_numpy(self._blk_ids[None])  # (1, B) a view (a pass's input on the CPU)
+        self._pick = np.zeros(self.small_block_size, dtype=np.bool_)  # (S,) a pass's picks (``unmask_step``)
         self.release()
         self.sequence = self.runner.open()
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
             self._first = None  # not needed: the partial block starts with committed tokens
-        host = prompt_ids.cpu()
+        host = prompt_ids.cpu().numpy()
         self._L, self._base, self._tail = n, base, host[base:]
         self._recent = self._recent[:0]
-        self._remember(host.numpy())
+        self._remember(host)
         self._carry = 0
         self._new_round()
 
     def _new_round(self) -> None:
         self._k = 0  # tokens requested this round (capped at a drafted stop token)
-        self._drafted = np.zeros(0, dtype=np.int64)  # (k,) host copy of the round's draft (``_current_draft``)
+        self._drafted = self._no_ids  # (k,) int64 host copy of the round's draft (``_current_draft``)
         self._passes = self._carry
         # Drafted part of each finished block: ids, confidences (host), q rows (sampling) or None.
         self._segments: list[tuple[np.ndarray, np.ndarray, torch.Tensor | None]] = []
@@ -406,40 +406,23 @@ class FastDLLMDrafter(Drafter):
         if self.path_search is not None:
             self._recent = np.concatenate([self._recent, committed])[-(self.path_search.scorer.order - 1) :]
 
-    def _open_block(self, start: int, prefix: torch.Tensor, first: tuple | None) -> None:
+    def _open_block(self, start: int, prefix: np.ndarray, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64 on the host,
         committed tokens, t < B), then -- when t == 0 -- the block's first token ``first`` (as
-        ``_first``), then masks. The block's ids, confidences and mask state are kept on the host."""
+        ``_first``), then masks. The block's ids, confidences and mask state are kept on the host, in
+        this request's arrays (``compiled.block_open``: the fill and the first token's stop check)."""
         B = self.block_size
         self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
-        t = int(prefix.shape[0])
-        ids = np.full(B, self.mask_token_id, dtype=np.int64)
-        conf = np.zeros(B, dtype=np.float32)
-        # Sampling: q row of every offset (rows of committed or masked offsets are never read).
-        self._blk_probs = (
-            None
-            if self._sampling is None
-            else torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device)
-        )
-        drafted_first = t == 0
-        if drafted_first:
-            if first is None:  # invariant broken: the pass that wrote the previous block stored it
-                raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
-            ids[0], conf[0], q = first
-            if self._blk_probs is not None:
-                self._blk_probs[0] = q
-            t = 1
-        else:
-            ids[:t] = prefix.numpy()
-        self._blk_start = start
-        self._blk_ids = ids  # (B,) int64, host
-        self._blk_tensor = torch.from_numpy(ids)  # (B,) int64, a view of it (a pass's block on the CPU)
-        self._blk_conf = conf  # (B,) float32, host
-        self._blk_masked = np.arange(B) >= t  # (B,) bool, host
-        self._filled = t  # leading offsets without masks (the draft reaches block offset _filled - 1)
-        self._sb_index = -1  # small block being decoded (-1: none yet)
-        if drafted_first and self._stops.shape[0]:
-            self._scan()  # the block's first token may be a stop token
+        sampled = self._sampling is not None  # q row of every offset (committed or masked ones never read)
+        self._blk_probs = torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device) if sampled else None
+        if prefix.shape[0] == 0 and first is None:  # invariant broken: the previous block's pass stored it
+            raise RuntimeError("fastdllm drafter: missing the first-token logits of a new block")
+        first_id, first_conf, q = first if first is not None and not prefix.shape[0] else (0, self._no_first, None)
+        if q is not None and self._blk_probs is not None:
+            self._blk_probs[0] = q
+        self._blk_start, self._sb_index = start, -1  # the small block being decoded (-1: none yet)
+        ids, conf, masked = self._blk_ids, self._blk_conf, self._blk_masked  # ``_scan`` sets ``_filled``
+        self._scan(block_open(ids, conf, masked, prefix, first_id, first_conf, self.mask_token_id, self._stops))
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
@@ -476,18 +459,19 @@ class FastDLLMDrafter(Drafter):
             self._search_apply(logits, lo, b)
             return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
-        tokens, confs = host_choice(tok, conf)
+        tokens, confs = self._host(tok, conf)
         # The unmasking rule of the class docstring (greedy: any order; sampling: left to right,
         # ``compiled.unmask_pick``), the writes and the block scan, in one compiled call.
-        pick, row, filled, stop = unmask_step(
+        row = np.empty(b - lo, dtype=np.float32)  # the pass's confidences at the positions masked before it
+        filled_stop = unmask_step(
             tokens, confs, lo, self._blk_ids, self._blk_conf, self._blk_masked, self._threshold32,
-            self._sampling is not None, self._stops, self._draft_start(self._blk_start),
+            self._sampling is not None, self._stops, self._draft_start(self._blk_start), self._pick, row,
         )  # fmt: skip
         self._sb_conf.append(row)
         if probs is not None:
-            chosen = torch.from_numpy(pick).to(self._device)
+            chosen = torch.from_numpy(self._pick[: b - lo].copy()).to(self._device)
             self._blk_probs[lo:b] = torch.where(chosen[:, None], probs, self._blk_probs[lo:b])
-        self._scan((filled, stop))
+        self._scan(filled_stop)
 
     def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
         """After an unmasking pass with the path search: the small block's masked positions (offsets
@@ -517,7 +501,7 @@ class FastDLLMDrafter(Drafter):
         """Before a boundary pass: the full block's drafted part joins the round's segments."""
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0:]
-        self._segments.append((self._blk_ids[d0:], self._blk_conf[d0:], probs))
+        self._segments.append((self._blk_ids[d0:].copy(), self._blk_conf[d0:].copy(), probs))  # the arrays are reused
 
     def _cross_apply(self, logits: torch.Tensor) -> None:
         """After a boundary pass (its KV in the cache): the block's last logit ``(1, V)`` gives the
@@ -544,7 +528,17 @@ class FastDLLMDrafter(Drafter):
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
         """
-        return type(self)._draft_steps([self], [num_tokens])[0]
+        if self.sequence is None or self.sequence.cache is None:  # the static cache's passes (or the error)
+            return type(self)._draft_steps([self], [num_tokens])[0]
+        end = self._begin(num_tokens)  # ``_draft_steps`` at R = 1 on an eager cache: ``FastDLLMRunner.alone``
+        run, seq = self.runner.alone, self.sequence
+        while (kind := self._next_pass(end)) is not None:
+            row = self._blk_row if self._on_cpu else torch.from_numpy(self._blk_ids[None]).to(self._device)
+            if crossing := kind == "cross":
+                self._cross_keep()
+            logits = run(seq, row, self._blk_start, None if crossing else self._unmask_keep(), crossing)
+            (self._cross_apply if crossing else self._unmask_apply)(logits if self._logits3d else logits[0])
+        return self._finish(num_tokens)
 
     def _begin(self, num_tokens: int) -> int:
         """Check ``num_tokens`` and the context, open the round's block; returns the absolute
@@ -592,6 +586,8 @@ class FastDLLMDrafter(Drafter):
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
+        if len(drafters) == 1:
+            return [drafters[0].draft(num_tokens[0])]
         if len(drafters) < 2 or any(d._sampling is not None or d.path_search is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
         return cls._draft_steps(drafters, num_tokens)
@@ -625,7 +621,7 @@ class FastDLLMDrafter(Drafter):
         """This request's part of the next step: an unmasking pass over its current block (logits
         of the current small block's offsets, nothing cached) or, ``kind`` ``"cross"``, a boundary
         pass (the block's last logit, its keys and values kept)."""
-        ids = self._blk_tensor if self._on_cpu else torch.from_numpy(self._blk_ids).to(self._device)  # (B,)
+        ids = self._blk_row[0] if self._on_cpu else torch.from_numpy(self._blk_ids).to(self._device)  # (B,)
         if kind == "cross":
             self._cross_keep()
             return FastDLLMPass(self.sequence, ids, self._blk_start, None, writes=True)
@@ -634,19 +630,21 @@ class FastDLLMDrafter(Drafter):
     def _current_draft(self) -> Draft:
         """The round's draft so far, assembled on the host (the block and the finished blocks'
         segments) and handed over as tensors on the drafter's device."""
-        d0 = self._draft_start(self._blk_start)
-        probs = None if self._blk_probs is None else self._blk_probs[d0 : self._filled]
-        d1 = min(self._filled, d0 + self._k)  # the draft's end in the current block, at most
-        parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
-        one = not self._segments  # the draft lies in the current block: one slice each, copied
-        ids = parts[0][0].copy() if one else np.concatenate([p[0] for p in parts])[: self._k]
-        conf = parts[0][1].copy() if one else np.concatenate([p[1] for p in parts])[: self._k]
-        q = None if self._sampling is None else torch.cat([p[2][: self._k] for p in parts])[: self._k]
+        k, filled, start = self._k, self._filled, self._blk_start
+        d0 = max(self._L - start, 0)  # ``_draft_start``
+        d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
+        if not self._segments and self._sampling is None:  # the draft lies in the current block: a copy each
+            ids, conf, q = self._blk_ids[d0:d1].copy(), self._blk_conf[d0:d1].copy(), None
+        else:
+            probs = None if self._blk_probs is None else self._blk_probs[d0:filled]
+            parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
+            ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
+            q = None if self._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
         sb_conf = self._sb_conf[0] if len(self._sb_conf) == 1 else np.concatenate([self._no_conf, *self._sb_conf])
         # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
         ended = self._stop_len is not None or self._path_len is not None
-        lookahead = 0 if ended else max(self._blk_start + self._filled - (self._L + self._k), 0)
-        ahead_conf = self._blk_conf[self._filled - lookahead : self._filled].copy()  # (lookahead,)
+        lookahead = 0 if ended else max(start + filled - (self._L + k), 0)
+        ahead = self._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
         self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
         tensor = self._tensor
         return Draft(
@@ -657,7 +655,7 @@ class FastDLLMDrafter(Drafter):
             ends_at_stop_token=self._k == self._stop_len,
             extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
             lookahead=lookahead,
-            lookahead_confidences=tensor(ahead_conf),
+            lookahead_confidences=self._empty_conf if ahead is None else tensor(ahead),
         )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
@@ -686,13 +684,15 @@ class FastDLLMDrafter(Drafter):
                 f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
                 f"but this round drafted {self._k}"
             )
-        B = self.block_size
+        B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here
-            committed = np.concatenate((self._drafted[:a], (verification.next_token,)))  # (a + 1,) int64
+            seq = np.concatenate((tail, self._drafted[:a], (verification.next_token,)))  # int64
         else:
-            committed = verification.committed_tokens(draft).cpu().numpy()
-        self._remember(committed)
+            seq = np.concatenate((tail, verification.committed_tokens(draft).cpu().numpy()))
+        # seq: the committed tokens of positions [base, L_new), the round's a + 1 last
+        if self.path_search is not None:
+            self._remember(seq[tail.shape[0] :])
         L, base = self._L, self._base
         L_new = L + a + 1
         matched_end = L + min(a, own)  # drafted positions [L, matched_end) are committed as drafted
@@ -703,16 +703,15 @@ class FastDLLMDrafter(Drafter):
                 if block_end > matched_end:
                     break
                 valid_end, first = block_end, block_first
-            self.sequence.crop(valid_end)
+            self.runner.rollback(self.sequence, valid_end)
 
-        seq = np.concatenate([self._tail.numpy(), committed])  # committed tokens of positions [base, L_new)
         new_base = (L_new // B) * B
         passes = 0
         if new_base > valid_end:
             first = self._write_blocks(torch.from_numpy(seq[valid_end - base : new_base - base]), valid_end)
             passes = 1
         self._first = first if L_new == new_base else None
-        self._tail = torch.from_numpy(seq[new_base - base :])
+        self._tail = seq[new_base - base :]
         self._L, self._base = L_new, new_base
         self._carry = passes + (self._passes if self._k == 0 else 0)  # an undrafted round carries on
         self._new_round()

@@ -483,20 +483,22 @@ def unmask_step(
     left_to_right: bool,
     stops: np.ndarray,
     first_drafted: int,
-) -> tuple[np.ndarray, np.ndarray, int, int]:
+    pick: np.ndarray,
+    row: np.ndarray,
+) -> tuple[int, int]:
     """One unmasking pass's bookkeeping in ONE call: ``unmask_pick`` over the small block's offsets
     ``[lo, lo + m)`` (``tokens`` ``(m,)`` int64, ``conf`` ``(m,)`` float32, the pass's choice), then
     ``unmask_apply`` into the block (``block_ids`` ``(B,)`` int64, ``block_conf`` ``(B,)`` float32,
     ``masked`` ``(B,)`` bool, in place), then ``block_scan`` (``stops`` ``(s,)`` int64, the first
-    drafted offset ``first_drafted``). Returns ``(pick, row, filled, first_stop)``: the ``(m,)`` bool
-    picks, the ``(m,)`` float32 confidences at the positions masked before the pass (NaN elsewhere),
-    and ``block_scan``'s pair -- the three kernels' results, by calling them."""
+    drafted offset ``first_drafted``). Writes the picks into ``pick[:m]`` (``(>= m,)`` bool) and the
+    confidences at the positions masked before the pass (NaN elsewhere) into ``row`` ``(m,)`` float32
+    (arrays the caller owns: returning new ones costs the call two object unpickles); returns
+    ``block_scan``'s pair -- the three kernels' results, by calling them."""
     m = tokens.shape[0]
-    pick = unmask_pick(conf, masked[lo : lo + m], threshold, left_to_right)
-    row = np.empty(m, dtype=np.float32)
-    unmask_apply(tokens, conf, pick, lo, block_ids, block_conf, masked, row)
-    filled, first_stop = block_scan(block_ids, masked, stops, first_drafted)
-    return pick, row, filled, first_stop
+    chosen = unmask_pick(conf, masked[lo : lo + m], threshold, left_to_right)
+    pick[:m] = chosen
+    unmask_apply(tokens, conf, chosen, lo, block_ids, block_conf, masked, row)
+    return block_scan(block_ids, masked, stops, first_drafted)
 
 
 # -- Kneser-Ney scores in two stages (the path search's beams; h48-dllm2) -----------------------------
@@ -729,3 +731,42 @@ def tree_layout(ancestors: np.ndarray, depth: np.ndarray, start: int, positions:
     for r in range(rows):
         mask[r, :start] = True
         mask[r, start:] = ancestors[r]
+
+
+# -- Fast-dLLM v2's block opening (drafters/fastdllm.py; h48-dllm3) -----------------------------------
+
+
+@njit(cache=True)
+def block_open(
+    block_ids: np.ndarray,
+    block_conf: np.ndarray,
+    masked: np.ndarray,
+    prefix: np.ndarray,
+    first_id: int,
+    first_conf: np.float32,
+    mask_id: int,
+    stops: np.ndarray,
+) -> tuple[int, int]:
+    """Fill a new block in place: ``block_ids`` ``(B,)`` int64 = the committed ``prefix`` ``(t,)`` int64
+    (t < B) then ``mask_id``, ``block_conf`` ``(B,)`` float32 = 0, ``masked`` ``(B,)`` bool = offsets
+    ``>= t``; when t == 0, offset 0 is the drafted first token ``first_id`` with confidence
+    ``first_conf`` (unmasked). Returns ``block_scan``'s pair for the filled block with every offset
+    drafted from ``t``: ``(filled, first_stop)``, ``filled`` = max(t, 1) (B when B == 1) and
+    ``first_stop`` 0 when the drafted first token is in ``stops`` ``(s,)`` int64, else B."""
+    size = block_ids.shape[0]
+    t = prefix.shape[0]
+    for p in range(size):
+        block_ids[p] = prefix[p] if p < t else mask_id
+        block_conf[p] = 0
+        masked[p] = p >= t
+    first_stop = size
+    if t == 0:
+        block_ids[0] = first_id
+        block_conf[0] = first_conf
+        masked[0] = False
+        t = 1
+        for s in stops:
+            if first_id == s:
+                first_stop = 0
+                break
+    return t, first_stop

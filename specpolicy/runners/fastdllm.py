@@ -34,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specpolicy.core.attention import as_model_mask
-from specpolicy.core.cache import append_columns, crop_cache, padded_cache
+from specpolicy.core.cache import BufferedLayer, append_columns, crop_cache, padded_cache
 from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.models.fastdllm import block_causal_mask
 from specpolicy.runners.causal import CausalRunner, CausalSequence
@@ -134,6 +134,25 @@ def padded_block_pass(
     return list(model.lm_head(picked).split(counts))
 
 
+def greedy_into(logits: torch.Tensor, held: dict) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+    """``models.fastdllm.greedy`` of float32 CPU ``logits`` ``(..., m, V)`` (its default: the argmax and
+    ``exp(max - logsumexp)``, the same operations, the same values) written into output tensors kept in
+    ``held`` by shape, whose numpy views are made once: returns ``(tok (..., m) int64, conf (..., m)
+    float32, their numpy views flattened to (m,))`` -- the pass's choice read on the host with no
+    tensor op, a view per shape built once."""
+    shape = logits.shape
+    out = held.get(shape)
+    if out is None:
+        top = torch.empty(shape[:-1], dtype=torch.float32)
+        tok, lse, conf = torch.empty(shape[:-1], dtype=torch.long), torch.empty_like(top), torch.empty_like(top)
+        out = held[shape] = (top, tok, lse, conf, tok.numpy().reshape(-1), conf.numpy().reshape(-1))
+    top, tok, lse, conf = out[0], out[1], out[2], out[3]
+    torch.max(logits, -1, out=(top, tok))
+    torch.logsumexp(logits, -1, out=lse)
+    torch.exp(torch.sub(top, lse, out=top), out=conf)
+    return tok, conf, out[4], out[5]
+
+
 def host_choice(tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """One host read of a pass's choice: ``tok`` ``(m,) int64`` and ``conf`` ``(m,) float32`` ->
     numpy arrays (on the CPU, views; on a device, one transfer of both, exact: ids below 2**53)."""
@@ -141,6 +160,38 @@ def host_choice(tok: torch.Tensor, conf: torch.Tensor) -> tuple[np.ndarray, np.n
         return tok.numpy(), conf.numpy()
     both = torch.stack([tok.double(), conf.double()]).cpu().numpy()
     return both[0].astype(np.int64), both[1].astype(np.float32)
+
+
+#: ``drafter.confidence_dtype``: ``float32`` = softmax/argmax in at least float32 (default);
+#: ``model`` = softmax and argmax in the model dtype, as the official FailFast / Fast-dLLM v2 code.
+CONFIDENCE_DTYPES = ("float32", "model")
+
+
+def check_settings(block_size: Any, small_block_size: Any, threshold: Any, confidence_dtype: Any = "float32") -> None:
+    """Check the drafter's settings without a model (``drafter.block_size``, ``drafter.small_block_size``,
+    ``drafter.threshold``, ``drafter.confidence_dtype``).
+
+    Raises:
+        ValueError: naming the key, the value and the accepted range.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"drafter.block_size must be an integer >= 1, got {block_size!r}")
+    if (
+        isinstance(small_block_size, bool)
+        or not isinstance(small_block_size, int)
+        or not 1 <= small_block_size <= block_size
+        or block_size % small_block_size != 0
+    ):
+        raise ValueError(
+            f"drafter.small_block_size must be an integer in [1, block_size={block_size}] dividing "
+            f"block_size, got {small_block_size!r}"
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"drafter.threshold must be a number in [0, 1], got {threshold!r}")
+    if confidence_dtype not in CONFIDENCE_DTYPES:
+        raise ValueError(
+            f"drafter.confidence_dtype must be one of {', '.join(CONFIDENCE_DTYPES)}, got {confidence_dtype!r}"
+        )
 
 
 def check_buckets(block_size: int, buckets: Sequence[int]) -> None:
@@ -218,8 +269,11 @@ class FastDLLMRunner:
         #: the requests' sequences: a ``DynamicCache`` each, or the static cache's (``causal.static``)
         self.causal = CausalRunner(model, runtime, capacity, static_cache=static_cache)
         self.shared = False  # a batched run's static cache of several sequences (``batched``)
-        self._dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self._dtype, self._device = first.dtype, first.device
         self._alone_inputs: tuple | None = None  # (start, device, the model's mask, positions): ``alone_inputs``
+        self._alone_full: tuple | None = None  # (the model's mask (1, 1, B, W), positions (1, W)): ``alone_inputs``
+        self._buffered: tuple | None = None  # (a cache, its layer count, all BufferedLayer?): ``alone``
 
     @property
     def static(self) -> StaticDecoder | None:
@@ -258,18 +312,78 @@ class FastDLLMRunner:
         """The request is done: its static sequence is free for the next (eager: nothing to do)."""
         self.causal.close(sequence)
 
-    def alone_inputs(self, start: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def alone_inputs(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A request's block pass alone at block start ``start``: the all-visible mask over its
         ``start`` cached positions and its block, in the model's form (``as_model_mask`` of
-        ``(1, 1, B, start + B)`` bool), and the block's positions ``(1, B) int64``; built when the
-        start moves (once per block), read by every pass over that block."""
+        ``(1, 1, B, start + B)`` bool), and the block's positions ``(1, B) int64``, on the model's
+        device: views (``narrow``) of a mask and positions built once for the widest block end so far
+        (grown by doubling up to the capacity), taken when the start moves (once per block) and read
+        by every pass over that block."""
         held = self._alone_inputs
-        if held is None or held[0] != start or held[1] != device:
-            B = self.block_size
-            mask = torch.ones(1, 1, B, start + B, dtype=torch.bool, device=device)
-            positions = torch.arange(start, start + B, device=device)[None]
-            held = self._alone_inputs = (start, device, as_model_mask(mask, self.attn, self._dtype), positions)
+        if held is None or held[0] != start:
+            B, device, end = self.block_size, self._device, start + self.block_size
+            full = self._alone_full
+            if full is None or full[1].shape[1] < end:
+                width = max(end, min(2 * (0 if full is None else full[1].shape[1]), self.causal.capacity))
+                mask = as_model_mask(
+                    torch.ones(1, 1, B, width, dtype=torch.bool, device=device), self.attn, self._dtype
+                )
+                full = self._alone_full = (mask, torch.arange(width, device=device)[None])
+            held = self._alone_inputs = (start, device, full[0].narrow(3, 0, end), full[1].narrow(1, start, B))
         return held[2], held[3]
+
+    def alone(
+        self, sequence: CausalSequence, row: torch.Tensor, start: int, keep: torch.Tensor | None, writes: bool
+    ) -> torch.Tensor:
+        """One request's block pass as the Hugging Face forward on its own (eager) cache, under the
+        all-visible mask: ``row`` ``(1, B) int64`` the block at positions ``start ..``, the cache holding
+        exactly ``start`` positions; ``keep`` ``(m,) int64`` the offsets whose logits come back, None the
+        last one. Returns the logits ``(1, m, V)`` in the model dtype. ``writes``: the block's keys and
+        values stay in the cache (a boundary pass); else (an unmasking pass) the cache is put back as it
+        was: each ``BufferedLayer``'s length (no tensor op), a plain layer's keys and values (the
+        tensors the pass concatenated onto), else a crop. Host work: the mask and positions are
+        ``alone_inputs``' (built once per block start)."""
+        cache = sequence.cache
+        assert cache is not None  # an eager sequence
+        held = self._alone_inputs
+        mask, positions = (held[2], held[3]) if held is not None and held[0] == start else self.alone_inputs(start)
+        layers: Any = cache.layers  # transformers' cache layers
+        kept, buffered = None, False
+        if not writes and layers:
+            seen = self._buffered
+            if seen is None or seen[0] is not cache or seen[1] != len(layers):  # once per cache and layer count
+                seen = self._buffered = (cache, len(layers), all(type(layer) is BufferedLayer for layer in layers))
+            buffered = seen[2]
+            if not buffered and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+                kept = [(layer, layer.keys, layer.values) for layer in layers]
+        logits = self.model(
+            input_ids=row,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1 if keep is None else keep,
+        ).logits
+        if buffered:
+            for layer in layers:  # an unmasking pass adds nothing to the cache: a length
+                layer.length = start
+        elif kept is not None and len(layers) == len(kept):
+            for layer, keys, values in kept:
+                layer.keys, layer.values = keys, values
+        elif not writes:
+            sequence.crop(start)
+        return logits
+
+    def rollback(self, sequence: CausalSequence, length: int) -> None:
+        """Roll ``sequence`` back to its first ``length`` positions (a no-op if shorter): on an eager
+        cache ``alone`` has seen as all ``BufferedLayer``, each layer's length; else ``CausalSequence.crop``."""
+        cache, seen = sequence.cache, self._buffered
+        if cache is not None and seen is not None and seen[0] is cache and seen[1] == len(cache.layers) and seen[2]:
+            layers: Any = cache.layers  # BufferedLayer ones (``alone`` saw them)
+            for layer in layers:
+                layer.length = min(layer.length, length)
+        else:
+            sequence.crop(length)
 
     @no_grad
     def write(self, sequence: CausalSequence, ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -333,32 +447,8 @@ class FastDLLMSteps:
         return self._together(passes)
 
     def _alone(self, p: FastDLLMPass) -> torch.Tensor:
-        """One request's pass as the Hugging Face forward on its own cache, under an all-visible
-        mask (the cached blocks and the whole block). Host work: the mask (in the model's form) and
-        the positions are the runner's, built once per block start (``FastDLLMRunner.alone_inputs``);
-        an unmasking pass leaves the cache as it was by putting back each layer's keys and values
-        (the tensors the pass concatenated onto: the same state a crop makes, no tensor op)."""
-        runner, cache = self.runner, p.sequence.cache
-        assert cache is not None  # an eager sequence
-        layers: Any = cache.layers  # transformers' cache layers (plain DynamicLayer ones put back)
-        mask, positions = runner.alone_inputs(p.start, p.ids.device)
-        kept = None
-        if not p.writes and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
-            kept = [(layer, layer.keys, layer.values) for layer in layers]  # else (an empty cache): a crop
-        out = runner.model(
-            input_ids=p.ids[None],
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1 if p.keep is None else p.keep,
-        )
-        if kept is not None and len(layers) == len(kept):
-            for layer, keys, values in kept:  # an unmasking pass adds nothing to the cache
-                layer.keys, layer.values = keys, values
-        elif not p.writes:
-            p.sequence.crop(p.start)
-        return out.logits[0]
+        """One request's pass as the Hugging Face forward on its own cache (``FastDLLMRunner.alone``)."""
+        return self.runner.alone(p.sequence, p.ids[None], p.start, p.keep, p.writes)[0]
 
     def _together(self, passes: list[FastDLLMPass]) -> list[torch.Tensor]:
         """Every request's pass in ONE padded forward (``padded_block_pass``); a writing row's new

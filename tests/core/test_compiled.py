@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specpolicy.core.compiled import (
+    block_open,
     block_scan,
     kneser_ney_row,
     topk_largest,
@@ -19,6 +20,7 @@ from specpolicy.core.compiled import (
     unmask_pick,
     unmask_step,
 )
+from specpolicy.models.fastdllm import greedy
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
 
 
@@ -154,10 +156,72 @@ def test_the_unmasking_kernels_are_the_torch_rule(seed):
         assert block_scan(got_ids, got_masked, stops.numpy(), d0) == (first_masked, first_stop)
         # the fused step (one call a pass): the same picks, writes, row and scan as the torch forms
         step_ids, step_conf, step_masked = ids.numpy().copy(), np.zeros(B, dtype=np.float32), masked.numpy().copy()
+        step_pick, step_row = np.ones(m + 2, dtype=np.bool_), np.empty(m, dtype=np.float32)  # pick: room past m
         step = unmask_step(
             tokens.numpy(), conf.numpy(), lo, step_ids, step_conf, step_masked, np.float32(threshold), sampling,
-            stops.numpy(), d0,
+            stops.numpy(), d0, step_pick, step_row,
         )  # fmt: skip
-        assert step[0].tolist() == want_pick.tolist() and step[2:] == (first_masked, first_stop)
+        assert step_pick[:m].tolist() == want_pick.tolist() and step == (first_masked, first_stop)
+        assert step_pick[m:].all()  # nothing written past the small block's m offsets
         assert step_ids.tolist() == want_ids.tolist() and step_masked.tolist() == want_masked.tolist()
-        assert np.array_equal(step_conf, got_conf, equal_nan=True) and np.array_equal(step[1], row, equal_nan=True)
+        assert np.array_equal(step_conf, got_conf, equal_nan=True) and np.array_equal(step_row, row, equal_nan=True)
+
+
+def _opened_by_numpy(B, prefix, first, mask_id, stops):
+    """The block opening ``block_open`` replaced (``FastDLLMDrafter._open_block`` before it), verbatim
+    in numpy, with ``block_scan`` for the first token's stop check."""
+    t = prefix.shape[0]
+    ids, conf = np.full(B, mask_id, dtype=np.int64), np.zeros(B, dtype=np.float32)
+    drafted_first = t == 0
+    if drafted_first:
+        ids[0], conf[0] = first
+        t = 1
+    else:
+        ids[:t] = prefix
+    masked = np.arange(B) >= t
+    scanned = block_scan(ids, masked, stops, 0) if drafted_first and stops.shape[0] else (t, B)
+    return ids, conf, masked, scanned  # the drafter used the stop only when it lies before ``filled``
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_open_is_the_numpy_opening(seed):
+    """A new block's ids, confidences, mask state and scan pair: ``block_open`` against the numpy form,
+    on random prefixes (empty: a drafted first token, often a stop token) over stale arrays."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        B = rng.choice([1, 2, 8, 16, 32])
+        t = rng.randrange(0, B)
+        prefix = np.array([rng.randrange(0, 6) for _ in range(t)], dtype=np.int64)
+        first = (rng.randrange(0, 6), np.float32(rng.random()))
+        stops = np.array(rng.sample(range(6), rng.randrange(0, 3)), dtype=np.int64)
+        ids = np.array([rng.randrange(0, 9) for _ in range(B)], dtype=np.int64)  # a previous block's state
+        conf = np.array([rng.random() for _ in range(B)], dtype=np.float32)
+        masked = np.array([rng.random() < 0.5 for _ in range(B)], dtype=np.bool_)
+        got = block_open(ids, conf, masked, prefix, first[0], first[1], 7, stops)
+        want = _opened_by_numpy(B, prefix, first, 7, stops)
+        assert ids.tolist() == want[0].tolist() and conf.tolist() == want[1].tolist()
+        assert masked.tolist() == want[2].tolist()
+        assert got[0] == want[3][0] and (got[1] < got[0]) == (want[3][1] < want[3][0])
+        assert got[1] == (want[3][1] if want[3][1] < want[3][0] else B)
+        if t == 0 and first[0] in stops.tolist():
+            assert got == (1, 0)
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 40), (7, 40), (1, 1, 40), (1, 40)])
+def test_greedy_into_is_greedy(shape):
+    """``runners.fastdllm.greedy_into`` (the drafter's greedy choice on the CPU, into kept tensors) gives
+    ``models.fastdllm.greedy``'s tokens and confidences bit for bit, ties (first index) included, and
+    its numpy views read the kept tensors after each call."""
+    from specpolicy.runners.fastdllm import greedy_into
+
+    held: dict = {}
+    gen = torch.Generator().manual_seed(len(shape))
+    for trial in range(50):
+        logits = torch.randn(shape, generator=gen) * 4
+        if trial % 2:  # tie-heavy: a few distinct values, the maximum repeated
+            logits = torch.randint(0, 3, shape, generator=gen).float()
+        tok, conf, tok_np, conf_np = greedy_into(logits, held)
+        want_tok, want_conf = greedy(logits.reshape(-1, shape[-1]))
+        assert torch.equal(tok.reshape(-1), want_tok) and torch.equal(conf.reshape(-1), want_conf)
+        assert tok_np.tolist() == want_tok.tolist() and conf_np.tolist() == want_conf.tolist()
+    assert len(held) == 1  # one set of outputs per shape

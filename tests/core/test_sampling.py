@@ -444,7 +444,7 @@ def test_fastdllm_unmasks_left_to_right_when_sampling(models, runtime, monkeypat
     def recording(tokens, conf, lo, block_ids, block_conf, masked, *rest):  # each pass's rule, recorded
         before = torch.from_numpy(masked[lo : lo + tokens.shape[0]].copy())
         result = step(tokens, conf, lo, block_ids, block_conf, masked, *rest)
-        seen.append((before, torch.from_numpy(result[0].copy())))
+        seen.append((before, torch.from_numpy(rest[-2][: tokens.shape[0]].copy())))  # the picks it wrote
         return result
 
     drafter = FastDLLMDrafter(
