@@ -77,6 +77,8 @@ class FalconDrafter(Drafter):
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self.cache: KVCache | None = None
         self._sampling: SamplingConfig | None = None
+        device = runtime.torch_device  # a round's draft before any pass: no tokens, no confidences (made once)
+        self._no_draft = (torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device))
         if runtime.torch_device.type in _HOST_DEVICES and runtime.torch_dtype in _NUMPY_DTYPES:
             _warm_kernels(_NUMPY_DTYPES[runtime.torch_dtype])  # compiled (or loaded) now, not in a round
 
@@ -120,14 +122,10 @@ class FalconDrafter(Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
         # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
         self._token_parts: list[torch.Tensor] = []
         self._conf_parts: list[torch.Tensor] = []
-        self._joined: tuple[torch.Tensor, torch.Tensor] = (
-            torch.empty(0, dtype=torch.long, device=device),
-            torch.empty(0, dtype=torch.float32, device=device),
-        )
+        self._joined: tuple[torch.Tensor, torch.Tensor] = self._no_draft
         self._count = 0  # tokens drafted this round
         self._logits: list[torch.Tensor] = []  # (k, V) per pass
         self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
@@ -147,8 +145,10 @@ class FalconDrafter(Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._cached)
-        tokens = verification.committed_tokens(draft)
-        self._features = torch.cat([self._features, verification.features.to(self._features.dtype)])
+        tokens, features = verification.committed_tokens(draft), verification.features
+        if features.dtype != self._features.dtype:
+            features = features.to(self._features.dtype)
+        self._features = torch.cat([self._features, features])
         self._pair_tokens = torch.cat([self._pair_tokens, tokens])
         self._new_round()
 
@@ -171,10 +171,10 @@ class FalconDrafter(Drafter):
         ``state``, the decoder over all rows' positions in one sequence (keys/values appended to the
         cache). ``split``: run the LSTM in two pieces and also return the state after the first
         ``split`` positions (the committed pairs that stay cached). The LM head's work on the outputs
-        runs in the same pass: ``top_k`` > 0 the top tokens of each row's outputs (``_top``; a one-row
-        pass: of its last k), ``choose`` a chain block's tokens from its last k (``_choose``). Returns
-        ``(out (b, n, H), state after each row, state after split or None, the head's result or
-        None)``."""
+        runs in the same pass: ``top_k`` > 0 the top tokens of its outputs (``_top``), ``choose`` a chain
+        block's tokens (``_choose``). Returns ``(out, state after each row, state after split or None,
+        the head's result or None)``, ``out`` ``(b, n, H)``, of a one-row pass its last k ``(k, H)``
+        (the block that drafts)."""
         embeds = self.embed_tokens(tokens)
         if tokens.dim() == 1:
             embeds, hidden = embeds[None], hidden[None]
@@ -190,11 +190,10 @@ class FalconDrafter(Drafter):
         out, kv = self.model.decode(x.reshape(1, b * n, h), positions, past, mask)
         for i, (k, v) in enumerate(kv):
             self.cache.keys[i], self.cache.values[i] = k, v
-        out = out.view(b, n, h)
+        out = out.view(b, n, h) if tokens.dim() == 2 else out[0, -self.k :]
         head = None
         if top_k or choose:
-            rows = out if tokens.dim() == 2 else out[0, -self.k :]
-            head = self._top(rows, top_k) if top_k else self._choose(rows)
+            head = self._top(out, top_k) if top_k else self._choose(out)
         return out, state, mid, head
 
     def _root(self, top_k: int = 0, choose: bool = False) -> tuple[torch.Tensor, Any] | None:
@@ -215,14 +214,13 @@ class FalconDrafter(Drafter):
             mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
         features = self._features if self._features.dtype == dtype else self._features.to(dtype)
-        out, state, mid, head = self._pass(
+        block, state, mid, head = self._pass(
             self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
         )
         if keep > 0:
             self._state, self._cached = mid, self._cached + keep
             self._features, self._pair_tokens = self._features[keep:], self._pair_tokens[keep:]
         self._passes = 1
-        block = out[0, -self.k :]
         self._block = (block, state)
         return block, head
 
@@ -249,8 +247,7 @@ class FalconDrafter(Drafter):
         else:
             parent_out, state = self._block
             positions, mask = chain_layout(self.cache.length, self.k, parent_out.device)
-            block, state, _, chosen = self._pass(self._token_parts[-1], parent_out, positions, state, mask, choose=True)
-            out = block[0]
+            out, state, _, chosen = self._pass(self._token_parts[-1], parent_out, positions, state, mask, choose=True)
             self._block = (out, state)
             self._passes += 1
         logits, tokens, confs, q, end = chosen
@@ -299,13 +296,14 @@ class FalconDrafter(Drafter):
         n = self._shown
         probs = torch.cat(self._probs)[:n] if self._probs else None
         tokens, confs = self._drafted()
+        whole = n == self._count  # no lookahead: the joined tensors as they are (no slicing op)
         return Draft(
-            tokens[:n],
-            confs[:n],
+            tokens if whole else tokens[:n],
+            confs if whole else confs[:n],
             forward_passes=self._passes,
             probs=probs,
             lookahead=self._count - n,
-            lookahead_confidences=confs[n:],
+            lookahead_confidences=self._no_draft[1] if whole else confs[n:],
             ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
@@ -506,11 +504,10 @@ def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.T
 def chain_layout(start: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A chain pass's positions ``(1, k) int64`` (``start`` .. ``start + k - 1``) and mask ``(k, start +
     k) bool`` (all True: the block sees the cache and itself whole). On the CPU in numpy (no per-op
-    dispatch), else in tensor ops on ``device``; the same."""
-    if device.type in _HOST_DEVICES:
-        return torch.from_numpy(np.arange(start, start + k)[None]), torch.from_numpy(
-            np.ones((k, start + k), dtype=bool)
-        )
+    dispatch: ``compiled.falcon_root_layout``), else in tensor ops on ``device``; the same."""
+    if device.type in _HOST_DEVICES:  # the first pass's layout over one block: all True, one compiled call
+        positions_np, mask_np = compiled.falcon_root_layout(k, start, k)
+        return torch.from_numpy(positions_np), torch.from_numpy(mask_np)
     positions = torch.arange(start, start + k, device=device)[None]
     return positions, torch.ones((k, start + k), dtype=torch.bool, device=device)
 
