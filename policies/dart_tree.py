@@ -32,6 +32,7 @@ ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -102,8 +103,7 @@ def dart_tree_search(
     if beam_width >= total_tokens:
         keys, counts, starts, logs = _trie(ngram, use_ngram, 1)
         logp = np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())  # torch's float32 log
-        weight = np.array([(level + 1) ** level_power for level in range(depth)], dtype=np.float64)
-        decay = np.array([logit_decay**level for level in range(depth)], dtype=np.float64)
+        weight, decay = _step_weights(depth, level_power, logit_decay, np.float64)
         found = _best_first_search(
             ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[1],
             first_scored, decay, weight, float(ngram_weight), total_tokens,
@@ -111,13 +111,22 @@ def dart_tree_search(
     else:
         keys, counts, starts, logs = _trie(ngram, use_ngram, 0)
         logp = np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + np.float32(EPS))  # (D, K) float32
-        weight = np.array([np.float32((level + 1) ** level_power) for level in range(depth)], dtype=np.float32)
-        decay = np.array([np.float32(logit_decay**level) for level in range(depth)], dtype=np.float32)
+        weight, decay = _step_weights(depth, level_power, logit_decay, np.float32)
         found = _beam_search(
             ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[0],
             first_scored, decay, weight, np.float32(ngram_weight), beam_width, total_tokens,
         )  # fmt: skip
     return tuple(torch.from_numpy(x) for x in found)  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=64)
+def _step_weights(depth: int, level_power: float, logit_decay: float, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The step score's per-depth factors ``(depth,)`` of ``dtype``: ``(l + 1) ** level_power`` and
+    ``logit_decay ** l`` (each computed as a Python float, then cast), built once per setting (a
+    round's search reads them, never writes)."""
+    weight = np.array([dtype((level + 1) ** level_power) for level in range(depth)], dtype=dtype)
+    decay = np.array([dtype(logit_decay**level) for level in range(depth)], dtype=dtype)
+    return weight, decay
 
 
 #: ``log(0 + EPS)``, a candidate the n-gram never saw: numpy's float32 log (the beams'), Python's float64 log
@@ -555,12 +564,14 @@ class DartTreePolicy(TreePolicy):
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
-        probs = probs[:n] / probs[:n].sum(-1, keepdim=True)  # the softmax over the top K logits
+        if probs.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing op)
+            ids, probs = ids[:n], probs[:n]
+        probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
         stop_ids = tuple(getattr(drafter, "stop_token_ids", ()))
         if stop_ids not in self._stops:  # built once per set of stop tokens
             self._stops[stop_ids] = torch.tensor(stop_ids, dtype=torch.long)
         tokens, parents, _, logp = dart_tree_search(
-            ids[:n],
+            ids,
             probs,
             drafter.ngram_context,
             self.ngram if self.ngram_weight > 0 else None,
