@@ -168,7 +168,10 @@ class StaticTree:
             nodes = np.stack([self.node_block.numpy(), self.node_offset.numpy(), self.node_rank.numpy()])
             next_tokens, next_parents = np.zeros((len(blocks), k), dtype=np.int64), np.zeros(len(blocks), np.int64)
             views = [
-                (torch.from_numpy(next_tokens[firsts[b] : firsts[b] + counts[b]]), next_parents[firsts[b] : firsts[b] + counts[b]])
+                (
+                    torch.from_numpy(next_tokens[firsts[b] : firsts[b] + counts[b]]),
+                    next_parents[firsts[b] : firsts[b] + counts[b]],
+                )
                 for b in range(self.passes)
             ]
             self._on["plan"] = (
