@@ -168,7 +168,7 @@ def _ngram_logs(window, candidates, table, counts, offsets, logs, base, log_eps,
         for t in range(order - j, order - 1):
             code = code * base + window[t]
         for c in range(K):
-            if found[c]:
+            if found[c] or not 0 <= candidates[c] < base:  # (a token past the n-gram's vocabulary: never seen)
                 continue
             at = trie_find(table, offsets, j, code * base + candidates[c])  # among the (j + 1)-grams
             if at >= 0 and counts[at] > 0:
