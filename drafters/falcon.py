@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import compiled, tree
+from specpolicy.core import compiled_falcon, tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
@@ -207,7 +207,7 @@ class FalconDrafter(Drafter):
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self.cache.length
         if device.type in _HOST_DEVICES:  # one compiled call: no per-op dispatch
-            positions_np, mask_np = compiled.falcon_root_layout(u, start, self.k)
+            positions_np, mask_np = compiled_falcon.falcon_root_layout(u, start, self.k)
             positions, mask = torch.from_numpy(positions_np), torch.from_numpy(mask_np)
         else:
             positions = torch.arange(start, start + u, device=device)[None]
@@ -437,7 +437,7 @@ class FalconDrafter(Drafter):
     def _expand_on_host(
         self, tokens: torch.Tensor, parents: torch.Tensor | np.ndarray | list[int], top_k: int
     ) -> tuple[torch.Tensor | np.ndarray, torch.Tensor, torch.Tensor]:
-        """``tree_block_expand`` on the CPU: ONE compiled call (``compiled.falcon_block_pass``) stores
+        """``tree_block_expand`` on the CPU: ONE compiled call (``compiled_falcon.falcon_block_pass``) stores
         the last pass's blocks in the numpy buffers (``_host_rows``), gathers the parents' outputs and
         LSTM state into the pass's input buffers (``_pass_inputs``) and lays the pass out; the same
         pass. ``parents`` given as a numpy array (``policy=falcon-tree``'s CPU path): the block
@@ -448,7 +448,7 @@ class FalconDrafter(Drafter):
             self._host_rows(base + m + 1)
         hidden_np, h_np, c_np, positions_np, hidden, h, c, positions = self._pass_inputs(m)
         last_out, last_h, last_c, stored = self._last
-        mask = compiled.falcon_block_pass(
+        mask = compiled_falcon.falcon_block_pass(
             self._ancestors, self._depths, above, base, self._tree_committed, stored, last_out, last_h, last_c,
             self._out_np, self._h_np, self._c_np, hidden_np, h_np, c_np, positions_np,
         )  # fmt: skip
@@ -472,12 +472,12 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _warm_kernels(dtype: type) -> None:
-    """Run the CPU tree's compiled calls (``compiled.falcon_root_layout``, ``falcon_block_pass``) once
+    """Run the CPU tree's compiled calls (``compiled_falcon.falcon_root_layout``, ``falcon_block_pass``) once
     on tiny arrays of ``dtype``, so their first call in a round neither compiles nor loads."""
-    compiled.falcon_root_layout(3, 1, 2)
+    compiled_falcon.falcon_root_layout(3, 1, 2)
     rows = np.zeros((4, 2, 1), dtype=dtype)
     state = np.zeros((1, 4, 1), dtype=dtype)
-    compiled.falcon_block_pass(
+    compiled_falcon.falcon_block_pass(
         np.zeros((4, 4), dtype=bool), np.zeros(4, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 1, 0,
         rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), rows, state, state.copy(),
         rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), np.zeros((1, 2), dtype=np.int64),
@@ -504,9 +504,9 @@ def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.T
 def chain_layout(start: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A chain pass's positions ``(1, k) int64`` (``start`` .. ``start + k - 1``) and mask ``(k, start +
     k) bool`` (all True: the block sees the cache and itself whole). On the CPU in numpy (no per-op
-    dispatch: ``compiled.falcon_root_layout``), else in tensor ops on ``device``; the same."""
+    dispatch: ``compiled_falcon.falcon_root_layout``), else in tensor ops on ``device``; the same."""
     if device.type in _HOST_DEVICES:  # the first pass's layout over one block: all True, one compiled call
-        positions_np, mask_np = compiled.falcon_root_layout(k, start, k)
+        positions_np, mask_np = compiled_falcon.falcon_root_layout(k, start, k)
         return torch.from_numpy(positions_np), torch.from_numpy(mask_np)
     positions = torch.arange(start, start + k, device=device)[None]
     return positions, torch.ones((k, start + k), dtype=torch.bool, device=device)

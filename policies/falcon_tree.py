@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core.compiled import falcon_tree_read as read
+from specpolicy.core.compiled_falcon import falcon_tree_read as read
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockTreeDrafter
 from specpolicy.core.tree import compile_kernels
@@ -147,7 +147,7 @@ class StaticTree:
         return self._on[key]
 
     def host_plan(self) -> tuple:
-        """The CPU's round plan for ``compiled.falcon_tree_read`` (built once, cached): ``nodes`` ``(3,
+        """The CPU's round plan for ``compiled_falcon.falcon_tree_read`` (built once, cached): ``nodes`` ``(3,
         n) int64`` (each node's block, offset, rank), ``node_path`` ``(depth, n) int64``, ``blocks`` ``(B,
         1 + k) int64`` (per block: its parent block, the k nodes of its path since it; row 0, the root,
         unused), ``bounds`` ``(passes, 4) int64`` (per pass: its first and end node, first block and
@@ -306,7 +306,7 @@ def gather_on_host(
     drafter: BlockTreeDrafter, t: StaticTree, ids: torch.Tensor, logp: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``FalconTreePolicy._gather`` for a drafter on the CPU: after each pass ONE compiled call
-    (``compiled.falcon_tree_read``: the nodes it drafted, the next pass's blocks, after the last the
+    (``compiled_falcon.falcon_tree_read``: the nodes it drafted, the next pass's blocks, after the last the
     paths' sums) on numpy views of its outputs, the same gathers and sums in the same order; the
     drafter is handed tensors sharing the plan's arrays and the parents as numpy arrays. Returns
     tokens ``(n,) int64`` and cumulative log-probabilities ``(n,)`` (``logp``'s dtype, float32 or
