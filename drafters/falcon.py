@@ -145,10 +145,11 @@ class FalconDrafter(Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._cached)
+        held: Any = self._features
         tokens, features = verification.committed_tokens(draft), verification.features
-        if features.dtype != self._features.dtype:
-            features = features.to(self._features.dtype)
-        self._features = torch.cat([self._features, features])
+        if features.dtype != held.dtype:
+            features = features.to(held.dtype)
+        self._features = torch.cat([held, features])
         self._pair_tokens = torch.cat([self._pair_tokens, tokens])
         self._new_round()
 
@@ -213,7 +214,9 @@ class FalconDrafter(Drafter):
             positions = torch.arange(start, start + u, device=device)[None]
             mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
-        features = self._features if self._features.dtype == dtype else self._features.to(dtype)
+        features: Any = self._features
+        if features.dtype != dtype:
+            features = features.to(dtype)
         block, state, mid, head = self._pass(
             self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
         )

@@ -225,7 +225,7 @@ class FalconTreePolicy(TreePolicy):
         StaticTree(self.choices, 2)  # checks the list now, before any model loads
         self._layouts: dict[int, StaticTree] = {}
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
-        warm = _WarmUp()  # and this policy's read (compiled.falcon_tree_read), both branches
+        warm: Any = _WarmUp()  # and this policy's read (compiled.falcon_tree_read), both branches
         gather_on_host(warm, StaticTree([(0,), (0, 0), (0, 0, 0)], 1), *warm.tree_block_root(1))
 
     def check_drafter(self, drafter: Any) -> None:
