@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import compiled, tree
+from specpolicy.core import compiled_falcon, tree
 from specpolicy.core.checks import check_keys
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.errors import ConfigError
@@ -77,6 +77,10 @@ class FalconDrafter(Drafter):
         self._stop_ids = torch.tensor(sorted(stop_token_ids), dtype=torch.long, device=runtime.torch_device)
         self.cache: KVCache | None = None
         self._sampling: SamplingConfig | None = None
+        device = runtime.torch_device  # a round's draft before any pass: no tokens, no confidences (made once)
+        self._no_draft = (torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device))
+        if runtime.torch_device.type in _HOST_DEVICES and runtime.torch_dtype in _NUMPY_DTYPES:
+            _warm_kernels(_NUMPY_DTYPES[runtime.torch_dtype])  # compiled (or loaded) now, not in a round
 
     @property
     def timed_calls(self) -> tuple:
@@ -118,14 +122,10 @@ class FalconDrafter(Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
         # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
         self._token_parts: list[torch.Tensor] = []
         self._conf_parts: list[torch.Tensor] = []
-        self._joined: tuple[torch.Tensor, torch.Tensor] = (
-            torch.empty(0, dtype=torch.long, device=device),
-            torch.empty(0, dtype=torch.float32, device=device),
-        )
+        self._joined: tuple[torch.Tensor, torch.Tensor] = self._no_draft
         self._count = 0  # tokens drafted this round
         self._logits: list[torch.Tensor] = []  # (k, V) per pass
         self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
@@ -145,8 +145,11 @@ class FalconDrafter(Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._cached)
-        tokens = verification.committed_tokens(draft)
-        self._features = torch.cat([self._features, verification.features.to(self._features.dtype)])
+        held: Any = self._features
+        tokens, features = verification.committed_tokens(draft), verification.features
+        if features.dtype != held.dtype:
+            features = features.to(held.dtype)
+        self._features = torch.cat([held, features])
         self._pair_tokens = torch.cat([self._pair_tokens, tokens])
         self._new_round()
 
@@ -154,19 +157,28 @@ class FalconDrafter(Drafter):
 
     def _pass(
         self,
-        embeds: torch.Tensor,
+        tokens: torch.Tensor,
         hidden: torch.Tensor,
         positions: torch.Tensor,
         state,
         mask: torch.Tensor,
         split: int | None = None,
+        top_k: int = 0,
+        choose: bool = False,
     ):
-        """One drafter pass over b rows of n positions (``embeds``, ``hidden`` ``(b, n, H)``,
+        """One drafter pass over b rows of n positions (``tokens`` ``(b, n) int64``, embedded with the
+        target's embeddings, and ``hidden`` ``(b, n, H)``; one row may come as ``(n,)`` / ``(n, H)``;
         ``positions`` ``(1, b * n)``, ``mask`` ``(b * n, cached + b * n)``): the LSTM per row from
         ``state``, the decoder over all rows' positions in one sequence (keys/values appended to the
         cache). ``split``: run the LSTM in two pieces and also return the state after the first
-        ``split`` positions (the committed pairs that stay cached). Returns ``(out (b, n, H),
-        state after each row, state after split or None)``."""
+        ``split`` positions (the committed pairs that stay cached). The LM head's work on the outputs
+        runs in the same pass: ``top_k`` > 0 the top tokens of its outputs (``_top``), ``choose`` a chain
+        block's tokens (``_choose``). Returns ``(out, state after each row, state after split or None,
+        the head's result or None)``, ``out`` ``(b, n, H)``, of a one-row pass its last k ``(k, H)``
+        (the block that drafts)."""
+        embeds = self.embed_tokens(tokens)
+        if tokens.dim() == 1:
+            embeds, hidden = embeds[None], hidden[None]
         mid = None
         if split is not None:
             x1, mid = self.model.encode(embeds[:, :split], hidden[:, :split], state)
@@ -179,37 +191,41 @@ class FalconDrafter(Drafter):
         out, kv = self.model.decode(x.reshape(1, b * n, h), positions, past, mask)
         for i, (k, v) in enumerate(kv):
             self.cache.keys[i], self.cache.values[i] = k, v
-        return out.view(b, n, h), state, mid
+        out = out.view(b, n, h) if tokens.dim() == 2 else out[0, -self.k :]
+        head = None
+        if top_k or choose:
+            head = self._top(out, top_k) if top_k else self._choose(out)
+        return out, state, mid, head
 
-    def _root(self) -> torch.Tensor | None:
+    def _root(self, top_k: int = 0, choose: bool = False) -> tuple[torch.Tensor, Any] | None:
         """The round's first pass: the held-back and newly committed pairs; the last k of them form
         the block that drafts the first k tokens. Returns its outputs ``(k, H)`` (also kept with its
-        LSTM state as ``_block``), or None when fewer than k pairs exist."""
+        LSTM state as ``_block``) and the head's result on them (``_pass``'s ``top_k`` / ``choose``),
+        or None when fewer than k pairs exist."""
         u = int(self._features.shape[0])
         if self._cached + u < self.k or u == 0:
             return None
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self.cache.length
-        if device.type in _HOST_DEVICES:  # numpy: no per-op dispatch
-            positions = torch.from_numpy(np.arange(start, start + u)[None])
+        if device.type in _HOST_DEVICES:  # one compiled call: no per-op dispatch
+            positions_np, mask_np = compiled_falcon.falcon_root_layout(u, start, self.k)
+            positions, mask = torch.from_numpy(positions_np), torch.from_numpy(mask_np)
         else:
             positions = torch.arange(start, start + u, device=device)[None]
-        mask = root_mask(u, start, self.k, device)
+            mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
-        out, state, mid = self._pass(
-            self.embed_tokens(self._pair_tokens)[None],
-            self._features.to(dtype)[None],
-            positions,
-            self._state,
-            mask,
-            split=keep if keep > 0 else None,
+        features: Any = self._features
+        if features.dtype != dtype:
+            features = features.to(dtype)
+        block, state, mid, head = self._pass(
+            self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
         )
         if keep > 0:
             self._state, self._cached = mid, self._cached + keep
             self._features, self._pair_tokens = self._features[keep:], self._pair_tokens[keep:]
         self._passes = 1
-        self._block = (out[0, -self.k :], state)
-        return out[0, -self.k :]
+        self._block = (block, state)
+        return block, head
 
     # -- chains ----------------------------------------------------------------------------
 
@@ -227,19 +243,17 @@ class FalconDrafter(Drafter):
     def _advance(self) -> bool:
         """One pass, k more drafted tokens; False when there is nothing to draft from."""
         if self._block is None:
-            out = self._root()
-            if out is None:
+            root = self._root(choose=True)
+            if root is None:
                 return False
+            out, chosen = root
         else:
             parent_out, state = self._block
             positions, mask = chain_layout(self.cache.length, self.k, parent_out.device)
-            out, state, _ = self._pass(
-                self.embed_tokens(self._token_parts[-1])[None], parent_out[None], positions, state, mask
-            )
-            out = out[0]
+            out, state, _, chosen = self._pass(self._token_parts[-1], parent_out, positions, state, mask, choose=True)
             self._block = (out, state)
             self._passes += 1
-        logits, tokens, confs, q, end = self._choose(out)
+        logits, tokens, confs, q, end = chosen
         self._logits.append(logits)
         if q is not None:
             self._probs.append(q)
@@ -285,13 +299,14 @@ class FalconDrafter(Drafter):
         n = self._shown
         probs = torch.cat(self._probs)[:n] if self._probs else None
         tokens, confs = self._drafted()
+        whole = n == self._count  # no lookahead: the joined tensors as they are (no slicing op)
         return Draft(
-            tokens[:n],
-            confs[:n],
+            tokens if whole else tokens[:n],
+            confs if whole else confs[:n],
             forward_passes=self._passes,
             probs=probs,
             lookahead=self._count - n,
-            lookahead_confidences=confs[n:],
+            lookahead_confidences=self._no_draft[1] if whole else confs[n:],
             ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
@@ -315,46 +330,39 @@ class FalconDrafter(Drafter):
             the ``top_k`` tokens at each of the next k positions: ids ``(k, top_k) int64`` and
             log-probabilities ``(k, top_k) float32``, best first; empty when fewer than k pairs exist.
         """
-        out = self._root()
-        if out is None:
+        root = self._root(top_k=top_k)
+        if root is None:
             return torch.empty((0, top_k), dtype=torch.long), torch.empty((0, top_k))
+        out, top = root
         _, state = self._block
         self._tree_committed = self.cache.length
         self._tree_host = out.device.type in _HOST_DEVICES and out.dtype in _NUMPY_DTYPES
         if self._tree_host:  # the blocks' bookkeeping on numpy buffers kept across rounds (no per-op dispatch)
             self._tree_blocks = 0
             self._host_rows(1, out, state[0])
-            self._ancestors[0] = False
-            self._out_np[0], self._h_np[:, 0], self._c_np[:, 0] = (
-                out.numpy(),
-                state[0][:, 0].numpy(),
-                state[1][:, 0].numpy(),
-            )
+            # the last pass's blocks (outputs, LSTM state) and their first row: stored by the next pass's call
+            self._last = (out.numpy()[None], state[0].numpy(), state[1].numpy(), 0)
         else:
             self._tree_out = out[None]  # (blocks, k, H)
             self._tree_h, self._tree_c = state  # (layers, blocks, H)
             self._tree = tree.GrowingTree(self.cache.length, out.device)
-        return self._top(out, top_k)
+        return top
 
     def _host_rows(self, rows: int, out: torch.Tensor | None = None, state: torch.Tensor | None = None) -> None:
         """Room for ``rows`` blocks (the root's included) in the host buffers: the block tree's
         ancestors ``(cap, cap) bool`` and depths ``(cap,) int64``, each block's outputs ``(cap, k, H)``
         and LSTM state ``(layers, cap, H)`` (shaped and typed as the root's ``out`` ``(k, H)`` and
-        ``state`` ``(layers, 1, H)``, given at a round's start); grown by doubling, rows kept."""
+        ``state`` ``(layers, 1, H)``, given at a round's start), the block numbers ``(cap,) int64``
+        (0, 1, ..); grown by doubling, rows kept. A new shape or dtype also drops the passes' input
+        buffers (``_inputs``)."""
         cap = self._ancestors.shape[0] if hasattr(self, "_ancestors") else 0
-        if (
-            out is not None
-            and cap
-            and (
-                self._out_np.shape[1:] != tuple(out.shape)
-                or self._h_np.shape[0] != state.shape[0]
-                or self._out_np.dtype != _NUMPY_DTYPES[out.dtype]
-            )
-        ):
+        if out is not None and cap and self._host_key != (out.shape, state.shape, out.dtype):
             cap = 0  # another shape or dtype: new buffers
         if rows <= cap:
             return
         new = max(rows, 2 * cap, 16)
+        if not cap:
+            self._host_key, self._inputs = (out.shape, state.shape, out.dtype), {}
         block = tuple(out.shape) if not cap else self._out_np.shape[1:]
         layers, h = (state.shape[0], state.shape[2]) if not cap else (self._h_np.shape[0], self._h_np.shape[2])
         dtype = _NUMPY_DTYPES[out.dtype] if not cap else self._out_np.dtype
@@ -370,6 +378,22 @@ class FalconDrafter(Drafter):
             grown[1][:cap], grown[2][:cap] = self._depths, self._out_np
             grown[3][:, :cap], grown[4][:, :cap] = self._h_np, self._c_np
         self._ancestors, self._depths, self._out_np, self._h_np, self._c_np = grown
+        self._numbers = np.arange(new, dtype=np.int64)
+
+    def _pass_inputs(self, m: int) -> tuple:
+        """The input buffers of a tree pass over ``m`` blocks (made once per m, refilled by each pass's
+        compiled call): the parents' outputs ``(m, k, H)``, LSTM state ``(layers, m, H)`` twice and the
+        positions ``(1, m k) int64`` as numpy arrays, then the tensors sharing them."""
+        if m not in self._inputs:
+            layers, h = self._h_np.shape[0], self._h_np.shape[2]
+            arrays = (
+                np.zeros((m, *self._out_np.shape[1:]), dtype=self._out_np.dtype),
+                np.zeros((layers, m, h), dtype=self._h_np.dtype),
+                np.zeros((layers, m, h), dtype=self._h_np.dtype),
+                np.zeros((1, m * self.k), dtype=np.int64),
+            )
+            self._inputs[m] = (*arrays, *(torch.from_numpy(a) for a in arrays))
+        return self._inputs[m]
 
     def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``top_k`` tokens of each row's distribution (``out`` ``(..., H)``): ids ``(..., top_k)
@@ -381,8 +405,8 @@ class FalconDrafter(Drafter):
 
     @no_grad
     def tree_block_expand(
-        self, tokens: torch.Tensor, parents: torch.Tensor | list[int], top_k: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, tokens: torch.Tensor, parents: torch.Tensor | np.ndarray | list[int], top_k: int
+    ) -> tuple[torch.Tensor | np.ndarray, torch.Tensor, torch.Tensor]:
         """Add ``m`` blocks to the round's tree in ONE pass: block j holds the k tokens
         ``tokens[j]`` (the nodes at the k depths below its parent block) and is fed the parent
         block's k predicted features and its LSTM state; each of its positions sees the committed
@@ -390,52 +414,53 @@ class FalconDrafter(Drafter):
 
         Args:
             tokens: ``(m, k) int64``. parents: ``(m,)`` block numbers (0 = the root block, else a
-                number this method returned).
+                number this method returned); a numpy ``int64`` array on the CPU's path.
             top_k: tokens reported per position.
         Returns:
-            ``(block numbers (m,) int64, ids (m, k, top_k) int64, log-probabilities (m, k, top_k) float32)``.
+            ``(block numbers (m,) int64, ids (m, k, top_k) int64, log-probabilities (m, k, top_k) float32)``;
+            the block numbers a numpy array when ``parents`` is one and the tree's buffers are on the host.
         """
-        if not isinstance(parents, torch.Tensor):
-            parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
         if self._tree_host:
             return self._expand_on_host(tokens, parents, top_k)
+        if not isinstance(parents, torch.Tensor):
+            parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         m, k = tokens.shape
         committed = self._tree.committed
         nodes, depth_pos, block_mask = self._tree.add(parents)
         positions, mask = block_layout(depth_pos, block_mask, committed, k)
         state = (self._tree_h.index_select(1, parents), self._tree_c.index_select(1, parents))
-        out, (h, c), _ = self._pass(
-            self.embed_tokens(tokens), self._tree_out.index_select(0, parents), positions, state, mask
+        out, (h, c), _, (ids, logp) = self._pass(
+            tokens, self._tree_out.index_select(0, parents), positions, state, mask, top_k=top_k
         )
         self._tree_out = torch.cat([self._tree_out, out])
         self._tree_h, self._tree_c = torch.cat([self._tree_h, h], dim=1), torch.cat([self._tree_c, c], dim=1)
         self._passes += 1
-        ids, logp = self._top(out, top_k)
         return nodes, ids, logp
 
     def _expand_on_host(
-        self, tokens: torch.Tensor, parents: torch.Tensor, top_k: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``tree_block_expand`` on the CPU: the layout in one compiled call
-        (``compiled.falcon_block_layout``), the parents' outputs and LSTM state gathered from, and
-        the new blocks' written to, the numpy buffers (``_host_rows``); the same pass."""
-        above = parents.numpy()
-        m, base = int(above.shape[0]), self._tree_blocks
-        self._host_rows(base + m + 1)
-        positions, mask = compiled.falcon_block_layout(
-            self._ancestors, self._depths, above, base, self._tree_committed, self.k
-        )
-        state = (torch.from_numpy(self._h_np.take(above, axis=1)), torch.from_numpy(self._c_np.take(above, axis=1)))
-        hidden = torch.from_numpy(self._out_np.take(above, axis=0))
-        out, (h, c), _ = self._pass(
-            self.embed_tokens(tokens), hidden, torch.from_numpy(positions), state, torch.from_numpy(mask)
-        )
-        rows = slice(base + 1, base + 1 + m)
-        self._out_np[rows], self._h_np[:, rows], self._c_np[:, rows] = out.numpy(), h.numpy(), c.numpy()
+        self, tokens: torch.Tensor, parents: torch.Tensor | np.ndarray | list[int], top_k: int
+    ) -> tuple[torch.Tensor | np.ndarray, torch.Tensor, torch.Tensor]:
+        """``tree_block_expand`` on the CPU: ONE compiled call (``compiled_falcon.falcon_block_pass``) stores
+        the last pass's blocks in the numpy buffers (``_host_rows``), gathers the parents' outputs and
+        LSTM state into the pass's input buffers (``_pass_inputs``) and lays the pass out; the same
+        pass. ``parents`` given as a numpy array (``policy=falcon-tree``'s CPU path): the block
+        numbers come back as one too (a view of a constant range), else as a tensor."""
+        above = parents if isinstance(parents, np.ndarray) else np.asarray(parents, dtype=np.int64)
+        m, base = above.shape[0], self._tree_blocks
+        if base + m + 1 > self._ancestors.shape[0]:
+            self._host_rows(base + m + 1)
+        hidden_np, h_np, c_np, positions_np, hidden, h, c, positions = self._pass_inputs(m)
+        last_out, last_h, last_c, stored = self._last
+        mask = compiled_falcon.falcon_block_pass(
+            self._ancestors, self._depths, above, base, self._tree_committed, stored, last_out, last_h, last_c,
+            self._out_np, self._h_np, self._c_np, hidden_np, h_np, c_np, positions_np,
+        )  # fmt: skip
+        out, (h, c), _, (ids, logp) = self._pass(tokens, hidden, positions, (h, c), torch.from_numpy(mask), top_k=top_k)
+        self._last = (out.numpy(), h.numpy(), c.numpy(), base + 1)
         self._tree_blocks = base + m
         self._passes += 1
-        ids, logp = self._top(out, top_k)
-        return torch.from_numpy(np.arange(base + 1, base + 1 + m)), ids, logp
+        numbers = self._numbers[base + 1 : base + 1 + m]
+        return (numbers if isinstance(parents, np.ndarray) else torch.from_numpy(numbers)), ids, logp
 
     @property
     def tree_passes(self) -> int:
@@ -445,8 +470,21 @@ class FalconDrafter(Drafter):
 
 #: device types whose layouts are built in numpy (the tensors share its arrays); others use tensor ops
 _HOST_DEVICES = frozenset({"cpu"})
-#: runtime dtypes numpy holds (a bfloat16 tree keeps its state in tensors)
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+#: runtime dtypes the compiled tree pass copies (a bfloat16 or float16 tree keeps its state in tensors)
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _warm_kernels(dtype: type) -> None:
+    """Run the CPU tree's compiled calls (``compiled_falcon.falcon_root_layout``, ``falcon_block_pass``) once
+    on tiny arrays of ``dtype``, so their first call in a round neither compiles nor loads."""
+    compiled_falcon.falcon_root_layout(3, 1, 2)
+    rows = np.zeros((4, 2, 1), dtype=dtype)
+    state = np.zeros((1, 4, 1), dtype=dtype)
+    compiled_falcon.falcon_block_pass(
+        np.zeros((4, 4), dtype=bool), np.zeros(4, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 1, 0,
+        rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), rows, state, state.copy(),
+        rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), np.zeros((1, 2), dtype=np.int64),
+    )  # fmt: skip
 
 
 def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.Tensor:
@@ -469,11 +507,10 @@ def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.T
 def chain_layout(start: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A chain pass's positions ``(1, k) int64`` (``start`` .. ``start + k - 1``) and mask ``(k, start +
     k) bool`` (all True: the block sees the cache and itself whole). On the CPU in numpy (no per-op
-    dispatch), else in tensor ops on ``device``; the same."""
-    if device.type in _HOST_DEVICES:
-        return torch.from_numpy(np.arange(start, start + k)[None]), torch.from_numpy(
-            np.ones((k, start + k), dtype=bool)
-        )
+    dispatch: ``compiled_falcon.falcon_root_layout``), else in tensor ops on ``device``; the same."""
+    if device.type in _HOST_DEVICES:  # the first pass's layout over one block: all True, one compiled call
+        positions_np, mask_np = compiled_falcon.falcon_root_layout(k, start, k)
+        return torch.from_numpy(positions_np), torch.from_numpy(mask_np)
     positions = torch.arange(start, start + k, device=device)[None]
     return positions, torch.ones((k, start + k), dtype=torch.bool, device=device)
 

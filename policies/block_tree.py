@@ -101,8 +101,10 @@ class BlockTreePolicy(TreePolicy):
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
-        ids_np = np.ascontiguousarray(ids[:n].cpu().numpy(), dtype=np.int64)
-        logp = probs[:n].clamp(min=1e-30).log().cpu().numpy().astype(np.float64)  # float32 logs, as float64
+        if probs.shape[0] != n:  # (a block drafter's alternatives are the chain's n rows: no slicing op)
+            ids, probs = ids[:n], probs[:n]
+        ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
+        logp = probs.clamp(min=1e-30).log().cpu().numpy().astype(np.float64)  # float32 logs, as float64
         tokens, parents, scores = best_first_tree(ids_np, logp, min(self.total_tokens, node_room))
         # each node's confidence: exp of its float64 score (Python's), rounded to float32
         confidences = torch.from_numpy(np.array([math.exp(s) for s in scores.tolist()], dtype=np.float32))

@@ -32,6 +32,7 @@ ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -40,6 +41,7 @@ import torch
 from numba import njit
 
 from specpolicy.core.checks import check_init
+from specpolicy.core.compiled_ngram import trie_find
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import NgramBlockDrafter
@@ -100,70 +102,79 @@ def dart_tree_search(
     first_scored = (0 if ngram_on_first else 1) if use_ngram else depth  # the first depth the n-gram scores
     order, base = (ngram.order, ngram.base) if use_ngram else (1, 1)
     if beam_width >= total_tokens:
-        keys, counts, starts, logs = _trie(ngram, use_ngram, 1)
+        table, counts, offsets, logs = _trie(ngram, use_ngram, 1)
         logp = np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())  # torch's float32 log
-        weight = np.array([(level + 1) ** level_power for level in range(depth)], dtype=np.float64)
-        decay = np.array([logit_decay**level for level in range(depth)], dtype=np.float64)
+        weight, decay = _step_weights(depth, level_power, logit_decay, np.float64)
         found = _best_first_search(
-            ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[1],
+            ids_np, logp, stops, ctx, order, base, table, counts, offsets, logs, _LOG_EPS[1],
             first_scored, decay, weight, float(ngram_weight), total_tokens,
         )  # fmt: skip
     else:
-        keys, counts, starts, logs = _trie(ngram, use_ngram, 0)
+        table, counts, offsets, logs = _trie(ngram, use_ngram, 0)
         logp = np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + np.float32(EPS))  # (D, K) float32
-        weight = np.array([np.float32((level + 1) ** level_power) for level in range(depth)], dtype=np.float32)
-        decay = np.array([np.float32(logit_decay**level) for level in range(depth)], dtype=np.float32)
+        weight, decay = _step_weights(depth, level_power, logit_decay, np.float32)
         found = _beam_search(
-            ids_np, logp, stops, ctx, order, base, keys, counts, starts, logs, _LOG_EPS[0],
+            ids_np, logp, stops, ctx, order, base, table, counts, offsets, logs, _LOG_EPS[0],
             first_scored, decay, weight, np.float32(ngram_weight), beam_width, total_tokens,
         )  # fmt: skip
     return tuple(torch.from_numpy(x) for x in found)  # type: ignore[return-value]
 
 
+@functools.lru_cache(maxsize=64)
+def _step_weights(depth: int, level_power: float, logit_decay: float, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The step score's per-depth factors ``(depth,)`` of ``dtype``: ``(l + 1) ** level_power`` and
+    ``logit_decay ** l`` (each computed as a Python float, then cast), built once per setting (a
+    round's search reads them, never writes)."""
+    weight = np.array([dtype((level + 1) ** level_power) for level in range(depth)], dtype=dtype)
+    decay = np.array([dtype(logit_decay**level) for level in range(depth)], dtype=dtype)
+    return weight, decay
+
+
 #: ``log(0 + EPS)``, a candidate the n-gram never saw: numpy's float32 log (the beams'), Python's float64 log
 _LOG_EPS = (np.log(np.zeros(1, np.float32) + np.float32(EPS))[0], math.log(0.0 + EPS))
-_NO_TRIE = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(2, np.int64))
+_NO_TRIE = (np.full((1, 2), -1, np.int64), np.zeros(0, np.int64), np.zeros(2, np.int64))
 _NO_LOGS = (np.zeros(0, np.float32), np.zeros(0, np.float64))
 
 
 def _trie(ngram: Any | None, use: bool, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The trie's keys, counts, order starts and logs (``kind`` 0: float32, 1: float64) for the
-    compiled searches; empty tables (of the same types) without the n-gram."""
+    """The trie's hash table, counts, the table's order offsets and logs (``kind`` 0: float32, 1:
+    float64) for the compiled searches (``NGramModel.trie_hash``, ``compiled_trie``, ``trie_logs``);
+    empty tables (of the same types) without the n-gram."""
     if not use:
         return (*_NO_TRIE, _NO_LOGS[kind])
-    keys, counts, starts = ngram.compiled_trie()[:3]
-    return keys, counts, starts, ngram.trie_logs(EPS)[kind]
+    table, offsets = ngram.trie_hash()
+    return table, ngram.compiled_trie()[1], offsets, ngram.trie_logs(EPS)[kind]
 
 
 @njit(cache=True)
-def _ngram_logs(window, candidates, keys, counts, starts, logs, base, log_eps, found, out):
+def _ngram_logs(window, candidates, table, counts, offsets, logs, base, log_eps, found, out):
     """``log(p_ngram + EPS)`` of each candidate ``(K,) int64`` after ``window`` (the last ``order - 1``
     tokens, start symbols in front) into ``out`` ``(K,)``: the entry of the longest suffix of the
     window the candidate was seen after (the trie rule, ``compiled.trie_probs``), read off ``logs``
-    (``NGramModel.trie_logs``), ``log_eps`` where none. ``found`` ``(K,) bool``: scratch."""
+    (``NGramModel.trie_logs``), ``log_eps`` where none. Each (suffix, candidate) entry is found by
+    hash (``NGramModel.trie_hash``'s ``table`` and ``offsets``: ``compiled_ngram.trie_find``), the entry a
+    search of the suffix's sorted continuations finds; the lookups stop once every candidate is
+    found (a shorter suffix only fills candidates not found yet). ``found`` ``(K,) bool``: scratch."""
     order = window.shape[0] + 1
-    for c in range(candidates.shape[0]):
+    K = candidates.shape[0]
+    for c in range(K):
         out[c] = log_eps
         found[c] = False
+    left = K
     for j in range(order - 1, 0, -1):  # the j-token suffix, longest first
+        if left == 0:
+            break
         code = window[order - 1 - j]
         for t in range(order - j, order - 1):
             code = code * base + window[t]
-        first = starts[j]
-        order_keys = keys[first : starts[j + 1]]  # the (j + 1)-grams, sorted
-        lo = np.searchsorted(order_keys, code * base)
-        hi = np.searchsorted(order_keys, (code + 1) * base)
-        if lo == hi:
-            continue
-        run = order_keys[lo:hi]
-        for c in range(candidates.shape[0]):
-            if found[c]:
+        for c in range(K):
+            if found[c] or not 0 <= candidates[c] < base:  # (a token past the n-gram's vocabulary: never seen)
                 continue
-            key = code * base + candidates[c]
-            at = min(np.searchsorted(run, key), run.shape[0] - 1)
-            if run[at] == key and counts[first + lo + at] > 0:
-                out[c] = logs[first + lo + at]
+            at = trie_find(table, offsets, j, code * base + candidates[c])  # among the (j + 1)-grams
+            if at >= 0 and counts[at] > 0:
+                out[c] = logs[at]
                 found[c] = True
+                left -= 1
 
 
 @njit(cache=True)
@@ -183,7 +194,7 @@ def _window(context, path, length, order, start, out):
 
 @njit(cache=True)
 def _beam_search(
-    ids, logp, stops, context, order, base, keys, counts, starts, logs, log_eps,
+    ids, logp, stops, context, order, base, table, counts, offsets, logs, log_eps,
     first_scored, decay, weight, ngram_weight, width, total,
 ):  # fmt: skip
     """DART's beam search in one call: per depth, every beam extended by every candidate (the step
@@ -220,7 +231,7 @@ def _beam_search(
         if scored:
             for b in range(B):
                 _window(context, beams[b], level, order, base - 1, window)
-                _ngram_logs(window, ids[level], keys, counts, starts, logs, base, log_eps, found, log_ngram[b])
+                _ngram_logs(window, ids[level], table, counts, offsets, logs, base, log_eps, found, log_ngram[b])
         n = B * K
         for b in range(B):
             for c in range(K):
@@ -356,7 +367,7 @@ def _heap_pop(heap, size, neg):
 
 @njit(cache=True)
 def _best_first_search(
-    ids, logp, stops, context, order, base, keys, counts, starts, logs, log_eps,
+    ids, logp, stops, context, order, base, table, counts, offsets, logs, log_eps,
     first_scored, decay, weight, ngram_weight, total,
 ):  # fmt: skip
     """``dart_tree_search`` for ``beam_width >= total_tokens``, in one call: the ``total`` best nodes
@@ -387,7 +398,7 @@ def _best_first_search(
     while True:  # expand ``node`` (``level``: its children's depth), then pop the next best
         scored = level >= first_scored
         if scored:
-            _ngram_logs(windows[node + 1], ids[level], keys, counts, starts, logs, base, log_eps, found, terms)
+            _ngram_logs(windows[node + 1], ids[level], table, counts, offsets, logs, base, log_eps, found, terms)
         for c in range(K):
             lp = np.float64(logp[level, c])
             term = decay[level] * lp
@@ -555,12 +566,14 @@ class DartTreePolicy(TreePolicy):
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
-        probs = probs[:n] / probs[:n].sum(-1, keepdim=True)  # the softmax over the top K logits
+        if probs.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing op)
+            ids, probs = ids[:n], probs[:n]
+        probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
         stop_ids = tuple(getattr(drafter, "stop_token_ids", ()))
         if stop_ids not in self._stops:  # built once per set of stop tokens
             self._stops[stop_ids] = torch.tensor(stop_ids, dtype=torch.long)
         tokens, parents, _, logp = dart_tree_search(
-            ids[:n],
+            ids,
             probs,
             drafter.ngram_context,
             self.ngram if self.ngram_weight > 0 else None,

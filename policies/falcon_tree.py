@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specpolicy.core.compiled_falcon import falcon_tree_read as read
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockTreeDrafter
 from specpolicy.core.tree import compile_kernels
@@ -67,6 +68,9 @@ CPU_TREE: list[tuple[int, ...]] = _paths(
 )
 
 TREES = {"cpu": CPU_TREE, "paper": PAPER_TREE}
+
+#: a drafter's log-probability dtypes as numpy's (the CPU's compiled reads)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 class StaticTree:
@@ -142,15 +146,46 @@ class StaticTree:
             self._on[key] = tuple(move)
         return self._on[key]
 
-    def on_host(self) -> tuple:
-        """``on``'s gather indices as numpy arrays (the CPU's steps: no per-op dispatch), the parents
-        as the cached CPU tensor (built once)."""
-        if "host" not in self._on:
-            move: list[Any] = [x.numpy() for x in (self.node_block, self.node_offset, self.node_rank)]
-            move += [self.node_parent, self.node_path.numpy()]
-            move += [{b: x.numpy() for b, x in table.items()} for table in (self.block_parent, self.block_tokens)]
-            self._on["host"] = tuple(move)
-        return self._on["host"]
+    def host_plan(self) -> tuple:
+        """The CPU's round plan for ``compiled_falcon.falcon_tree_read`` (built once, cached): ``nodes`` ``(3,
+        n) int64`` (each node's block, offset, rank), ``node_path`` ``(depth, n) int64``, ``blocks`` ``(B,
+        1 + k) int64`` (per block: its parent block, the k nodes of its path since it; row 0, the root,
+        unused), ``bounds`` ``(passes, 4) int64`` (per pass: its first and end node, first block and
+        blocks), a scratch ``numbers`` ``(B,) int64`` (the drafter's block numbers), per pass b >= 1 the
+        tensor of its blocks' tokens and the numpy array of their parents (views of scratch buffers the
+        kernel fills), and the root's block number ``(1,) int64``."""
+        if "plan" not in self._on:
+            k, counts = self.k, [1] + [len(self.block_nodes[b]) for b in range(1, self.passes)]
+            firsts = np.cumsum([0] + counts[:-1])
+            blocks = np.zeros((sum(counts), 1 + k), dtype=np.int64)
+            for b in range(1, self.passes):
+                rows = slice(int(firsts[b]), int(firsts[b]) + counts[b])
+                blocks[rows, 0], blocks[rows, 1:] = self.block_parent[b].numpy(), self.block_tokens[b].numpy()
+            bounds = np.array(
+                [[self.pass_nodes[b].start, self.pass_nodes[b].stop, firsts[b], counts[b]] for b in range(self.passes)],
+                dtype=np.int64,
+            ).reshape(self.passes, 4)
+            nodes = np.stack([self.node_block.numpy(), self.node_offset.numpy(), self.node_rank.numpy()])
+            next_tokens, next_parents = np.zeros((len(blocks), k), dtype=np.int64), np.zeros(len(blocks), np.int64)
+            views = [
+                (
+                    torch.from_numpy(next_tokens[firsts[b] : firsts[b] + counts[b]]),
+                    next_parents[firsts[b] : firsts[b] + counts[b]],
+                )
+                for b in range(self.passes)
+            ]
+            self._on["plan"] = (
+                nodes,
+                self.node_path.numpy(),
+                blocks,
+                bounds,
+                np.zeros(len(blocks), dtype=np.int64),
+                next_tokens,
+                next_parents,
+                views,
+                np.zeros(1, dtype=np.int64),
+            )
+        return self._on["plan"]
 
     def owner(self, path: tuple[int, ...]) -> tuple[int, ...]:
         """The path of the block node whose pass gives this node's distribution (() = the root)."""
@@ -190,6 +225,8 @@ class FalconTreePolicy(TreePolicy):
         StaticTree(self.choices, 2)  # checks the list now, before any model loads
         self._layouts: dict[int, StaticTree] = {}
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
+        warm: Any = _WarmUp()  # and this policy's read (compiled.falcon_tree_read), both branches
+        gather_on_host(warm, StaticTree([(0,), (0, 0), (0, 0, 0)], 1), *warm.tree_block_root(1))
 
     def check_drafter(self, drafter: Any) -> None:
         if not isinstance(drafter, BlockTreeDrafter):
@@ -214,15 +251,18 @@ class FalconTreePolicy(TreePolicy):
         ids, logp = drafter.tree_block_root(t.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
-        if ids.device.type == "cpu":  # the same gathers and sums on numpy views (no per-op dispatch)
+        if ids.device.type == "cpu" and logp.dtype in _NUMPY:  # compiled reads on numpy views (no per-op dispatch)
             tokens, scores = self._gather_on_host(drafter, t, ids, logp)
+            parents = t.node_parent  # the CPU's, built once
         else:
             tokens, scores = self._gather(drafter, t, ids, logp)
+            parents = t.on(tokens.device)[3]
+        confidences = scores.exp()
         draft = Draft(
             token_ids=tokens,
-            confidences=scores.exp().float(),
+            confidences=confidences if confidences.dtype == torch.float32 else confidences.float(),
             forward_passes=drafter.tree_passes,
-            parents=t.on(tokens.device)[3],
+            parents=parents,
         )
         return draft, "room" if t.depth < full.depth else "policy_bound"
 
@@ -255,32 +295,52 @@ class FalconTreePolicy(TreePolicy):
     def _gather_on_host(
         self, drafter: BlockTreeDrafter, t: StaticTree, ids: torch.Tensor, logp: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_gather`` for a drafter on the CPU: the same gathers and the same sums, in the same
-        order, on numpy views of its outputs; the drafter handed tensors sharing the arrays."""
-        node_block, node_offset, node_rank, _, node_path, block_parent, block_tokens = t.on_host()
-        block_ids, block_logp = [ids.numpy()[None]], [logp.numpy()[None]]
-        numbers = [np.zeros(1, dtype=np.int64)]
-        tokens = np.empty(len(t.paths), dtype=np.int64)
-        for b in range(t.passes):
-            if b > 0:
-                parent = np.concatenate(numbers)[block_parent[b]]
-                new, bids, blogp = drafter.tree_block_expand(
-                    torch.from_numpy(tokens[block_tokens[b]]), torch.from_numpy(parent), t.top_k
-                )
-                block_ids.append(bids.numpy())
-                block_logp.append(blogp.numpy())
-                numbers.append(new.numpy())
-            sl = t.pass_nodes[b]
-            tokens[sl] = np.concatenate(block_ids)[node_block[sl], node_offset[sl], node_rank[sl]]
-        node_logp = np.concatenate(block_logp)[node_block, node_offset, node_rank]
-        on_path = np.concatenate([node_logp, np.zeros(1, dtype=node_logp.dtype)])[node_path]
-        scores = on_path[0]
-        for d in range(1, t.depth):
-            scores = scores + on_path[d]
-        return torch.from_numpy(tokens), torch.from_numpy(scores)
+        """``_gather`` for a drafter on the CPU (``gather_on_host``)."""
+        return gather_on_host(drafter, t, ids, logp)
 
     def __repr__(self) -> str:
         return f"FalconTreePolicy(tree={self.tree_name!r}, nodes={len(set(self.choices))})"
+
+
+def gather_on_host(
+    drafter: BlockTreeDrafter, t: StaticTree, ids: torch.Tensor, logp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FalconTreePolicy._gather`` for a drafter on the CPU: after each pass ONE compiled call
+    (``compiled_falcon.falcon_tree_read``: the nodes it drafted, the next pass's blocks, after the last the
+    paths' sums) on numpy views of its outputs, the same gathers and sums in the same order; the
+    drafter is handed tensors sharing the plan's arrays and the parents as numpy arrays. Returns
+    tokens ``(n,) int64`` and cumulative log-probabilities ``(n,)`` (``logp``'s dtype, float32 or
+    float64)."""
+    nodes, node_path, blocks, bounds, numbers, next_tokens, next_parents, views, root = t.host_plan()
+    n = nodes.shape[1]
+    dtype = _NUMPY[logp.dtype]
+    tokens, node_logp, scores = np.empty(n, np.int64), np.empty(n, dtype), np.empty(n, dtype)
+    bids, blogp, new = ids.numpy()[None], logp.numpy()[None], root
+    for b in range(t.passes):
+        if b > 0:
+            block_tokens, parents = views[b]
+            new_t, bids_t, blogp_t = drafter.tree_block_expand(block_tokens, parents, t.top_k)
+            bids, blogp = bids_t.numpy(), blogp_t.numpy()
+            new = new_t.numpy() if isinstance(new_t, torch.Tensor) else new_t
+        read(
+            b, bids, blogp, new, nodes, node_path, blocks, bounds, numbers, tokens, node_logp, next_tokens,
+            next_parents, scores,
+        )  # fmt: skip
+    return torch.from_numpy(tokens), torch.from_numpy(scores)
+
+
+class _WarmUp:
+    """A block drafter of constant outputs (one token per block, float32 log-probabilities, as the
+    falcon drafter's on the CPU): the policy's compiled read runs on it when the policy is built."""
+
+    k = 1
+
+    def tree_block_root(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros((1, top_k), dtype=torch.long), torch.zeros((1, top_k))
+
+    def tree_block_expand(self, tokens, parents, top_k: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        m = int(tokens.shape[0])
+        return np.ones(m, dtype=np.int64), torch.zeros((m, 1, top_k), dtype=torch.long), torch.zeros((m, 1, top_k))
 
 
 @hookimpl

@@ -27,6 +27,8 @@ import math
 import numpy as np
 from numba import njit
 
+from specpolicy.core.compiled_falcon import _falcon_layout_into
+
 # -- torch.topk's order (libstdc++'s algorithms over (value, index) pairs) ---------------------------
 
 
@@ -573,26 +575,8 @@ def falcon_block_layout(
     (block j's k tokens from ``committed + (depth - 1) k``) and the mask ``(m k, committed + (base +
     m) k) bool`` (True = attend: every committed position, then each ancestor-or-self block's k
     positions) -- ``tree.GrowingTree.add`` with ``block_layout`` on one node per block, in one call."""
-    m = parents.shape[0]
-    size = base + m
-    for j in range(m):
-        row, parent = base + 1 + j, parents[j]
-        for c in range(ancestors.shape[1]):  # whole rows (row 0 all False): no stale column survives
-            ancestors[row, c] = ancestors[parent, c]
-        ancestors[row, row] = True
-        depths[row] = depths[parent] + 1
-    positions = np.empty((1, m * k), dtype=np.int64)
-    mask = np.zeros((m * k, committed + size * k), dtype=np.bool_)
-    for j in range(m):
-        row = base + 1 + j
-        first = committed + (depths[row] - 1) * k
-        for i in range(k):
-            r = j * k + i
-            positions[0, r] = first + i
-            mask[r, :committed] = True
-            for b in range(1, size + 1):
-                if ancestors[row, b]:
-                    mask[r, committed + (b - 1) * k : committed + b * k] = True
+    positions = np.empty((1, parents.shape[0] * k), dtype=np.int64)
+    mask = _falcon_layout_into(ancestors, depths, parents, base, committed, k, positions)
     return positions, mask
 
 

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_ngram
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.path_search import PathSearch
 
@@ -240,6 +240,16 @@ class NGramModel:
                 ]
             self._trie_concat = tuple(concat)
         return self._trie_concat
+
+    def trie_hash(self) -> tuple[np.ndarray, np.ndarray]:
+        """``compiled_trie``'s entries by hash (``specpolicy.core.compiled_ngram.trie_hash``): the table ``(S,
+        2) int64`` of ``(key, index)`` slots and each order's first slot ``(order + 1,) int64``, so a
+        compiled search finds an entry in a probe or two instead of a binary search of its order's
+        keys (``compiled_ngram.trie_find``; DART's tree searches). Built once, kept."""
+        if not hasattr(self, "_trie_hash"):
+            keys, _, starts = self.compiled_trie()[:3]
+            self._trie_hash = compiled_ngram.trie_hash(keys, starts)
+        return self._trie_hash
 
     def trie_logs(self, eps: float) -> tuple[np.ndarray, np.ndarray]:
         """Each trie entry's ``log(p + eps)``, aligned with ``compiled_trie``'s concatenated keys, where

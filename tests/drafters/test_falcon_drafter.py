@@ -226,8 +226,11 @@ def test_speculative_sampling_keeps_the_target_distribution():  # the fast subse
 @pytest.mark.parametrize("seed", range(4))
 def test_the_host_layouts_equal_the_tensor_ops(seed, monkeypatch):
     """``root_mask`` and ``block_layout`` built in numpy on the CPU are the tensor ops' (an
-    accelerator's) to the bit: random pair counts, cache lengths, block sizes and trees."""
-    from specpolicy.core import tree as tree_mod
+    accelerator's) to the bit: random pair counts, cache lengths, block sizes and trees; so is the
+    compiled root layout (``compiled_falcon.falcon_root_layout``) the CPU's round runs."""
+    import numpy as np
+
+    from specpolicy.core import compiled_falcon, tree as tree_mod
     from specpolicy.drafters import falcon as falcon_mod
 
     g = torch.Generator().manual_seed(seed)
@@ -246,6 +249,9 @@ def test_the_host_layouts_equal_the_tensor_ops(seed, monkeypatch):
             )
         assert torch.equal(host[0], tensor[0]) and host[0].dtype == tensor[0].dtype == torch.bool
         assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(host[1], tensor[1]))
+        positions, mask = compiled_falcon.falcon_root_layout(u, start, k)  # the CPU round's first pass, one call
+        assert np.array_equal(mask, tensor[0].numpy()) and mask.dtype == np.bool_
+        assert np.array_equal(positions, np.arange(start, start + u)[None]) and positions.dtype == np.int64
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from numba import njit
 
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
 from specpolicy.policies.dart_tree import EPS, _best_set, _first_in_order, dart_tree_search
@@ -341,3 +342,29 @@ def test_the_nth_largest_is_the_partitions(seed):
             got = _nth_largest(scores, n)
             assert got == want or (np.isnan(got) and np.isnan(want))
             assert np.array_equal(_best_indices(scores, n), _best_set(scores, n))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_trie_hash_finds_what_the_sorted_search_finds(seed):
+    """``compiled_ngram.trie_hash`` / ``trie_find`` (DART's n-gram lookups by hash) against the leftmost
+    binary search of each order's sorted keys they replaced: every key held (a repeated key: its
+    first index) and absent keys (between, beyond, of another order) alike, on random tries."""
+    from specpolicy.core import compiled_ngram
+
+    rng = np.random.default_rng(seed)
+    sizes = [int(x) for x in rng.integers(0, 300, size=int(rng.integers(1, 5)))]
+    orders = [np.sort(rng.integers(0, 10 ** (j + 2), size=n)).astype(np.int64) for j, n in enumerate(sizes)]
+    keys = np.concatenate([np.zeros(0, np.int64), *orders])
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    table, offsets = compiled_ngram.trie_hash(keys, starts)
+
+    @njit
+    def find(table, offsets, order, key):
+        return compiled_ngram.trie_find(table, offsets, order, key)
+
+    for j, order_keys in enumerate(orders):
+        probes = np.concatenate([order_keys, rng.integers(0, 10 ** (j + 3), size=200), [-5]]).astype(np.int64)
+        for key in probes:
+            at = int(np.searchsorted(order_keys, key))
+            want = int(starts[j]) + at if at < order_keys.shape[0] and order_keys[at] == key else -1
+            assert find(table, offsets, j, int(key)) == want

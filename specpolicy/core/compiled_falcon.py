@@ -1,0 +1,147 @@
+"""Compiled host kernels of Falcon's static tree on the CPU (``drafters/falcon.py``,
+``policies/falcon_tree.py``; issue 48 item 5): the round's first pass's layout, a tree pass's host
+work on the drafter's side and the policy's read of a pass, each ONE ``numba`` call (``cache=True``)
+in place of the numpy steps they replaced (same values: copies and the same float sums in the same
+order). ``specpolicy.core.compiled.falcon_block_layout`` lays a pass out with ``_falcon_layout_into``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _falcon_layout_into(
+    ancestors: np.ndarray, depths: np.ndarray, parents: np.ndarray, base: int, committed: int, k: int, positions
+) -> np.ndarray:
+    """``falcon_block_layout`` writing the positions into ``positions`` ``(1, m k) int64``; returns the mask."""
+    m = parents.shape[0]
+    size = base + m
+    for j in range(m):
+        row, parent = base + 1 + j, parents[j]
+        for c in range(ancestors.shape[1]):  # whole rows (row 0 all False): no stale column survives
+            ancestors[row, c] = ancestors[parent, c]
+        ancestors[row, row] = True
+        depths[row] = depths[parent] + 1
+    mask = np.zeros((m * k, committed + size * k), dtype=np.bool_)
+    for j in range(m):
+        row = base + 1 + j
+        first = committed + (depths[row] - 1) * k
+        for i in range(k):
+            r = j * k + i
+            positions[0, r] = first + i
+            mask[r, :committed] = True
+            for b in range(1, size + 1):
+                if ancestors[row, b]:
+                    mask[r, committed + (b - 1) * k : committed + b * k] = True
+    return mask
+
+
+@njit(cache=True)
+def falcon_root_layout(u: int, start: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Falcon round's first pass's layout over ``u`` new pairs after ``start`` cached ones
+    (``drafters/falcon.py``, ``root_mask``): positions ``(1, u) int64`` (``start`` ..) and the mask
+    ``(u, start + u) bool`` (True = attend: every cached position, causal among the new ones, the last
+    ``k`` whole), in one call."""
+    positions = np.empty((1, u), dtype=np.int64)
+    mask = np.ones((u, start + u), dtype=np.bool_)
+    last = max(u - k, 0)  # the first pair of the last block
+    for i in range(u):
+        positions[0, i] = start + i
+        if i < last:  # causal: no later pair (a row of the last block sees the block whole)
+            mask[i, start + i + 1 :] = False
+    return positions, mask
+
+
+@njit(cache=True)
+def falcon_block_pass(
+    ancestors: np.ndarray,
+    depths: np.ndarray,
+    parents: np.ndarray,
+    base: int,
+    committed: int,
+    stored: int,
+    last_out: np.ndarray,
+    last_h: np.ndarray,
+    last_c: np.ndarray,
+    outs: np.ndarray,
+    hs: np.ndarray,
+    cs: np.ndarray,
+    hidden: np.ndarray,
+    h: np.ndarray,
+    c: np.ndarray,
+    positions: np.ndarray,
+) -> np.ndarray:
+    """A Falcon tree pass's host work in one call (``drafters/falcon.py``, ``tree_block_expand`` on
+    the CPU): store the last pass's blocks -- outputs ``last_out`` ``(m', k, H)`` and LSTM state
+    ``last_h`` / ``last_c`` ``(layers, m', H)`` -- as rows ``stored .. stored + m' - 1`` of the kept
+    ``outs`` ``(cap, k, H)``, ``hs`` / ``cs`` ``(layers, cap, H)``; gather the ``m`` parents' rows into
+    the pass's inputs ``hidden`` ``(m, k, H)``, ``h`` / ``c`` ``(layers, m, H)``; and lay out the pass
+    (``falcon_block_layout``: ``ancestors``, ``depths`` filled in place, the positions written into
+    ``positions`` ``(1, m k) int64``). Returns the mask ``(m k, committed + (base + m) k) bool``. The
+    same values as the numpy ``take`` / assignment steps it replaces (copies, no arithmetic)."""
+    for j in range(last_out.shape[0]):
+        outs[stored + j] = last_out[j]
+        for layer in range(last_h.shape[0]):
+            hs[layer, stored + j] = last_h[layer, j]
+            cs[layer, stored + j] = last_c[layer, j]
+    for j in range(parents.shape[0]):
+        parent = parents[j]
+        hidden[j] = outs[parent]
+        for layer in range(hs.shape[0]):
+            h[layer, j] = hs[layer, parent]
+            c[layer, j] = cs[layer, parent]
+    k = hidden.shape[1]
+    return _falcon_layout_into(ancestors, depths, parents, base, committed, k, positions)
+
+
+@njit(cache=True)
+def falcon_tree_read(
+    b: int,
+    ids: np.ndarray,
+    logp: np.ndarray,
+    numbers_new: np.ndarray,
+    nodes: np.ndarray,
+    node_path: np.ndarray,
+    blocks: np.ndarray,
+    bounds: np.ndarray,
+    numbers: np.ndarray,
+    tokens: np.ndarray,
+    node_logp: np.ndarray,
+    next_tokens: np.ndarray,
+    next_parents: np.ndarray,
+    scores: np.ndarray,
+) -> None:
+    """Falcon's static tree (``policies/falcon_tree.py``) after its pass ``b`` on the CPU, in one
+    call: the pass's ``m`` blocks' top tokens ``ids`` ``(m, k, top_k) int64`` and log-probabilities
+    ``logp`` ``(m, k, top_k)``, numbered ``numbers_new`` ``(m,) int64`` by the drafter, give the nodes
+    it drafted (``bounds[b]`` = first node, end node, first block, blocks; ``nodes`` ``(3, n)``: each
+    node's block, offset and rank) their ``tokens`` and ``node_logp``; then the next pass's blocks
+    (rows of ``blocks`` ``(B, 1 + k)``: the parent block, the k nodes of the path since it) their
+    drafter parents ``next_parents`` and tokens ``next_tokens``, or after the last pass each node's
+    cumulative log-probability ``scores`` summed root first over ``node_path`` ``(depth, n)`` (an
+    index n: past the node's depth) -- the gathers and sums of ``_gather_on_host``, in the same order
+    and dtype (a past-depth zero is not added: ``x + 0.0`` is ``x``, a -0.0 aside, whose exp is the same)."""
+    lo, hi, first, m = bounds[b, 0], bounds[b, 1], bounds[b, 2], bounds[b, 3]
+    for j in range(m):
+        numbers[first + j] = numbers_new[j]
+    for i in range(lo, hi):
+        local, offset, rank = nodes[0, i] - first, nodes[1, i], nodes[2, i]
+        tokens[i] = ids[local, offset, rank]
+        node_logp[i] = logp[local, offset, rank]
+    if b + 1 < bounds.shape[0]:
+        start = bounds[b + 1, 2]
+        for row in range(start, start + bounds[b + 1, 3]):
+            next_parents[row] = numbers[blocks[row, 0]]
+            for j in range(blocks.shape[1] - 1):
+                next_tokens[row, j] = tokens[blocks[row, 1 + j]]
+        return
+    n = tokens.shape[0]
+    for i in range(n):
+        total = node_logp[node_path[0, i]]
+        for d in range(1, node_path.shape[0]):
+            above = node_path[d, i]
+            if above < n:
+                total = total + node_logp[above]
+        scores[i] = total
