@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -123,10 +123,11 @@ class PathSearch:
         self.search_np(torch.full((2, vocab), 1.0 / vocab), np.zeros(0, dtype=np.int64))
         if self.stop_ids.device.type != "cpu":
             self._buffers(1, 1 + self._stops_np.shape[0])
+            buffers = cast(tuple, self._lattice_buffers)  # set by ``_buffers``
             one = np.zeros((1, 1), dtype=np.float32)
             lattice_topk(
                 one, np.zeros((1, 1), dtype=np.int64), np.zeros((1, self._stops_np.shape[0]), dtype=np.float32),
-                self._stops_np, self._no_map, self._mass32, *self._lattice_buffers,
+                self._stops_np, self._no_map, self._mass32, *buffers,
             )  # fmt: skip
         _path_slots(np.zeros((1, 1), dtype=np.int64), np.ones((1, 1), dtype=np.bool_), np.zeros(1, dtype=np.int64))
 
