@@ -214,9 +214,8 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     never the prefix. On the verifier's buffered cache on the CPU (every layer a ``BufferedLayer``
     with contiguous buffers of one numpy dtype) the rows are checked and every buffer's entries move
     in ONE compiled call (``compiled_tree.keep_rows``, over the buffers' numpy views, kept on the cache
-    while the buffers stay) and the crop is a length; other 4-D ``DynamicLayer`` caches on the CPU
-    move per tensor (``compiled.move_rows``) and are cut by a view; else by ``index_select`` per
-    tensor and ``crop_cache``.
+    while the buffers stay) and the crop is a length; other caches move per tensor (on the CPU in a
+    dtype numpy holds ``compiled.move_rows``, else ``index_select``) and are cut by ``crop_cache``.
 
     ``gather``: ``(arrays, out)``, or None: also ``out[i]`` = the rows ``path_rows[i]`` of the
     ``(k + 1, H_j)`` arrays side by side (``compiled_tree.gather_rows``: the verifier's features of
@@ -246,23 +245,6 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
         compiled_tree.gather_rows(gather[0], rows, gather[1])
     # increasing from 0: rows 0..n-1 stay in place (nothing moves), else some move down
     moved = rows if path_rows[-1] != n - 1 else None
-    buffered = _host_buffers(cache)
-    if buffered is not None:  # BufferedLayer on the CPU: the move in the buffers, the crop a length
-        for layer, keys, values in buffered:
-            if moved is not None:
-                compiled.move_rows(keys, moved, start)  # in place
-                compiled.move_rows(values, moved, start)
-            layer.length = start + n
-        return
-    views = _host_views(cache)
-    if views is not None:
-        length = start + n
-        for layer, keys, values in views:
-            if moved is not None:
-                compiled.move_rows(keys, moved, start)  # in place
-                compiled.move_rows(values, moved, start)
-            layer.keys, layer.values = torch.from_numpy(keys[:, :, :length]), torch.from_numpy(values[:, :, :length])
-        return
     if moved is not None:  # move the path's entries down to start, start + 1, ...
         index = None
         for layer in cache.layers:
@@ -301,7 +283,12 @@ def _kept_entries(cache: DynamicCache) -> tuple | None:
         and all(map(operator.is_, map(_VALUE_BUFFER, layers), held[2]))
     ):
         return held
-    buffered = _host_buffers(cache)
+    buffered = []
+    for layer in layers:
+        views = layer.host_buffers() if type(layer) is BufferedLayer else None
+        if views is None:
+            return None
+        buffered.append((layer, *views))
     if not buffered:
         return None
     arrays = tuple(a for _, keys, values in buffered for a in (keys, values))
@@ -312,37 +299,6 @@ def _kept_entries(cache: DynamicCache) -> tuple | None:
     held = (layer_tuple, tuple(map(_KEY_BUFFER, layer_tuple)), tuple(map(_VALUE_BUFFER, layer_tuple)), arrays)
     cache.__dict__["_specpolicy_kept_entries"] = held
     return held
-
-
-def _host_buffers(cache: DynamicCache) -> list[tuple[BufferedLayer, np.ndarray, np.ndarray]] | None:
-    """``(layer, keys buffer, values buffer)`` as numpy views for every layer of ``cache`` when each
-    is a ``BufferedLayer`` holding 4-D CPU buffers of a dtype numpy holds, without grad; else None."""
-    out = []
-    for layer in cache.layers:
-        if type(layer) is not BufferedLayer:
-            return None
-        arrays = layer.host_buffers()
-        if arrays is None:
-            return None
-        out.append((layer, *arrays))
-    return out
-
-
-def _host_views(cache: DynamicCache) -> list[tuple[Any, np.ndarray, np.ndarray]] | None:
-    """``(layer, keys, values)`` with numpy views of the tensors, for every layer of ``cache``, when
-    each is an initialized ``DynamicLayer`` holding 4-D CPU tensors of a dtype numpy holds, without
-    grad (``keep_path``'s compiled move and crop); else None."""
-    views = []
-    layer: Any  # transformers' cache layers
-    for layer in cache.layers:
-        keys = layer.keys if type(layer) is DynamicLayer and layer.is_initialized else None
-        if keys is None or not keys.is_cpu or keys.dtype not in _NUMPY_DTYPES or keys.requires_grad or keys.dim() != 4:
-            return None
-        values = layer.values
-        if not values.is_cpu or values.dtype not in _NUMPY_DTYPES or values.requires_grad or values.dim() != 4:
-            return None
-        views.append((layer, keys.numpy(), values.numpy()))
-    return views
 
 
 def cache_layers(cache: DynamicCache) -> list:

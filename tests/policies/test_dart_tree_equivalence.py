@@ -211,10 +211,9 @@ def _same(got, want) -> None:
         assert g.dtype == w.dtype and torch.equal(g, w)
 
 
-@pytest.mark.parametrize("seed", range(24))
-def test_the_beam_search_is_the_numpy_search(seed):
-    rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
+def _random_search(rng: random.Random, generator: torch.Generator) -> tuple:
+    """A random search's inputs: an n-gram model of random documents (vocabulary 12-80, order 1-4),
+    a pass's top-k ids and probabilities with a context (``_case``), and 0-3 stop tokens."""
     vocab = rng.choice((12, 30, 80))
     order = rng.choice((1, 2, 3, 4))
     docs = [[rng.randrange(vocab) for _ in range(rng.randrange(5, 60))] for _ in range(rng.randrange(1, 8))]
@@ -222,6 +221,14 @@ def test_the_beam_search_is_the_numpy_search(seed):
     depth, k = rng.randrange(1, 9), rng.randrange(1, min(vocab, 26))
     ids, probs, context = _case(rng, generator, vocab, depth, k)
     stops = torch.tensor(rng.sample(range(vocab), rng.choice((0, 1, 3))), dtype=torch.long)
+    return model, ids, probs, context, stops
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_beam_search_is_the_numpy_search(seed):
+    rng = random.Random(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model, ids, probs, context, stops = _random_search(rng, generator)
     width = rng.choice((1, 3, 20))
     total = width + rng.randrange(1, 50)  # beams narrower than the tree: the beam search
     weight, on_first = rng.choice((0.0, 0.5, 1.5)), rng.random() < 0.3
@@ -271,13 +278,7 @@ def test_the_best_first_search_is_the_python_heap_search(seed):
     (float64 scores, the trie's counts as dicts), on random and tie-heavy passes."""
     rng = random.Random(100 + seed)
     generator = torch.Generator().manual_seed(100 + seed)
-    vocab = rng.choice((12, 30, 80))
-    order = rng.choice((1, 2, 3, 4))
-    docs = [[rng.randrange(vocab) for _ in range(rng.randrange(5, 60))] for _ in range(rng.randrange(1, 8))]
-    model = NGramModel.build(docs, vocab, order)
-    depth, k = rng.randrange(1, 9), rng.randrange(1, min(vocab, 26))
-    ids, probs, context = _case(rng, generator, vocab, depth, k)
-    stops = torch.tensor(rng.sample(range(vocab), rng.choice((0, 1, 3))), dtype=torch.long)
+    model, ids, probs, context, stops = _random_search(rng, generator)
     total = rng.randrange(1, 40)
     weight, on_first = rng.choice((0.0, 0.5, 1.5)), rng.random() < 0.3
     for use in (model, None):
