@@ -195,15 +195,14 @@ class HFVerifier(Verifier):
         else:
             crop_cache(self.cache, start + 1 + accepted, current=start + k + 1)  # the pass cached k + 1
         self._pending = target[accepted : accepted + 1]
-        target_ids = target.tolist()  # the host copy (the accepted length's sync already waited for the pass)
         features = None
         if self._feature_layers and self.static is not None:
             features = _static_features(states, self._feature_layers, slice(0, accepted + 1))
         elif self._feature_layers:  # the committed positions' hidden states, from this same pass
             features = select_features(hidden_states, self._feature_layers, slice(0, accepted + 1))
         return Verification(
-            accepted_length=accepted, next_token=target_ids[accepted], target_token_ids=target, features=features
-        ).with_target_list(target_ids)
+            accepted_length=accepted, next_token=int(self._pending), target_token_ids=target, features=features
+        )
 
     def _accept(self, logits: torch.Tensor, draft: Draft) -> tuple[int, torch.Tensor]:
         """A chain's verification from the pass's logits ``(k + 1, V)``: greedy, the target's argmax

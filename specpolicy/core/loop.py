@@ -390,8 +390,8 @@ def _round(
     done, commit_total = [], 0.0
     for row, (r, draft, verification) in enumerate(zip(active, drafts, verifications)):
         # the round's one host read of its tokens (the record's, and what the stop conditions search)
-        draft_ids, target_ids = draft.token_list, verification.target_list
-        committed = verification.committed_list(draft)  # a + 1 tokens
+        draft_ids, target_ids = draft.token_ids.tolist(), verification.target_token_ids.tolist()
+        committed = committed_ids(draft_ids, target_ids, verification)  # a + 1 tokens
         keep, finish = emitted_count(committed, eos_ids, how.max_new_tokens - r.generated, r.stop)
         r.outputs += committed[:keep]
         r.generated += keep
@@ -569,6 +569,17 @@ def emitted_of_round(
     stop condition ends generation there (``emitted_count`` on their host copy: one device sync).
     ``eos_ids``: the EOS ids, ``(e,) int64``."""
     return emitted_count(committed.tolist(), frozenset(eos_ids.tolist()), remaining, stop)
+
+
+def committed_ids(draft_ids: list[int], target_ids: list[int], verification: Verification) -> list[int]:
+    """``Verification.committed_tokens`` on host copies of the draft's and the target's tokens: the
+    accepted draft tokens (a chain's prefix, a tree's path) then the correction / bonus token, ``a + 1``
+    ints."""
+    a = verification.accepted_length
+    if verification.path is None:
+        return draft_ids[:a] + target_ids[a : a + 1]
+    last = verification.path[-1] + 1 if verification.path else 0
+    return [draft_ids[node] for node in verification.path] + target_ids[last : last + 1]
 
 
 def emitted_count(

@@ -93,12 +93,6 @@ class Draft:
         per draft (``token_ids`` never changes): the loop and the policies ask for it every step."""
         return int(self.token_ids.shape[0])
 
-    @functools.cached_property
-    def token_list(self) -> list[int]:
-        """``token_ids`` as Python ints, read to the host once per draft (one device read): the
-        verifier, the loop's commit and the round's record share it. Do not modify it."""
-        return self.token_ids.tolist()
-
     @property
     def is_tree(self) -> bool:
         """True for a draft tree (``parents`` set)."""
@@ -186,33 +180,9 @@ class Verification:
     features: torch.Tensor | None = None  # (accepted_length + 1, F) float; None = not requested
     path: tuple[int, ...] | None = None  # tree drafts: the accepted nodes
 
-    @functools.cached_property
-    def target_list(self) -> list[int]:
-        """``target_token_ids`` as Python ints, read to the host once (the verifier may hand over the
-        copy it read: ``with_target_list``). Do not modify it."""
-        return self.target_token_ids.tolist()
-
-    def with_target_list(self, target_ids: list[int]) -> Verification:
-        """This verification, its ``target_list`` given: ``target_token_ids.tolist()`` the verifier
-        already read (no second device read). Returns ``self``."""
-        self.__dict__["target_list"] = target_ids
-        return self
-
-    def committed_list(self, draft: Draft) -> list[int]:
-        """``committed_tokens`` on the host copies (``Draft.token_list``, ``target_list``): ``a + 1`` ints."""
-        a = self.accepted_length
-        if self.path is None:
-            return draft.token_list[:a] + self.target_list[a : a + 1]
-        last = self.path[-1] + 1 if self.path else 0
-        draft_ids = draft.token_list
-        return [draft_ids[node] for node in self.path] + self.target_list[last : last + 1]
-
     def committed_tokens(self, draft: Draft) -> torch.Tensor:
         """``(accepted_length + 1,) int64``: the accepted draft tokens (a chain's prefix, a tree's
-        path) plus the correction/bonus token. Off CUDA one tensor built from the host copies the
-        loop reads anyway (``committed_list``); on CUDA slices of the device tensors (no sync)."""
-        if not self.target_token_ids.is_cuda:
-            return torch.tensor(self.committed_list(draft), dtype=torch.long)
+        path) plus the correction/bonus token."""
         if self.path is None:
             nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
             return torch.cat([draft.token_ids[: self.accepted_length], nxt])
