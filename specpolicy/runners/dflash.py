@@ -282,6 +282,12 @@ class DFlashRunner(SequencesRunner):
             return [self.model.draft_pass(self.embed_tokens(p.ids)[None], p.cache, new)[0]]  # (q, H)
         return self.together(passes)
 
+    def alone(self, ids: torch.Tensor, context: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+        """``run`` for one request on its eager ``KVCache``, its inputs already shaped: the block
+        ``ids`` ``(1, q) int64`` and the newly committed positions' features ``(1, u, F)`` in the
+        model's dtype, or None. Returns the block's outputs ``(1, q, H)`` after the final norm."""
+        return self.model.draft_pass(self.embed_tokens(ids), cache, context)
+
     def _features(self, context: torch.Tensor) -> torch.Tensor:
         """``context`` in the model's dtype (itself when it is: no call)."""
         return context if context.dtype == self.dtype else context.to(self.dtype)
