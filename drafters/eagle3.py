@@ -110,7 +110,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
         self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
-        self._on_host = runtime.torch_device.type == "cpu"  # ``commit`` reads the committed tokens on the host
+        self._on_host = runtime.torch_device.type == "cpu"  # ``commit`` reads a tree's path on the host
         #: the one-request eager step's ``HeadPass``, its tokens and features set per step (``_steps_alone``)
         self._step_pass: HeadPass | None = None
         #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
@@ -316,12 +316,28 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         ``Eagle3Runner.one`` (this request's kept ``HeadPass``), ``_choose``, ``_took``."""
         runner, step = self.runner, self._step_pass
         step.cache = self.cache
+        if self.report_hidden or self._sampling is not None:  # ``_took`` records the hidden state and q
+            for _ in range(steps):
+                step.tokens = self._last_token
+                step.hidden = self._last_out[0] if self._last_hidden is None else self._last_hidden
+                outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
+                tokens, confs, qs = self._choose([self], logits)
+                self._took(outs, logits, tokens, confs, qs[0], runner.normed)
+            return
+        # greedy, nothing reported: ``_took``'s records kept in locals, set once after the steps
+        one, choose, requests = runner.one, self._choose, [self]  # the (timed) entry points, looked up once
+        passes_logits, new_tokens, new_confs = self._logits, self._new_tokens, self._new_confs
+        tokens, hidden = self._last_token, self._last_out[0] if self._last_hidden is None else self._last_hidden
         for _ in range(steps):
-            step.tokens = self._last_token
-            step.hidden = self._last_out[0] if self._last_hidden is None else self._last_hidden
-            outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
-            tokens, confs, qs = self._choose([self], logits)
-            self._took(outs, logits, tokens, confs, qs[0], runner.normed)
+            step.tokens, step.hidden = tokens, hidden
+            outs, logits = one(step)  # (1, 1, H), (1, Vd)
+            tokens, confs, _ = choose(requests, logits)
+            hidden = runner.last_hidden
+            passes_logits.append(logits)
+            new_tokens.append(tokens)
+            new_confs.append(confs)
+        self._last_out, self._last_hidden, self._last_token = outs, hidden, tokens
+        self._passes += steps
 
     def _chain(self, steps: int) -> bool:
         """Greedy steps past the round's first pass as ONE runner call where the runtime fuses them
@@ -579,12 +595,13 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._committed_pairs)
-        path = verification.path
-        if self._on_host:
-            # the CPU: ``committed_tokens`` on numpy views (the accepted tokens or the path's, then the next token)
-            ids = draft.token_ids.numpy()
-            accepted = ids[: verification.accepted_length] if path is None else ids.take(path)
-            tokens = torch.from_numpy(np.concatenate((accepted, (verification.next_token,))))
+        path, target = verification.path, verification.target_token_ids
+        if path is not None and self._on_host:
+            # a tree on the CPU: ``committed_tokens`` on numpy views (the path's tokens, then the next token)
+            last = path[-1] + 1 if path else 0
+            tokens = torch.from_numpy(
+                np.concatenate((draft.token_ids.numpy().take(path), target.numpy()[last : last + 1]))
+            )
         else:
             tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too

@@ -79,7 +79,7 @@ class FalconDrafter(Drafter):
         self._sampling: SamplingConfig | None = None
         device = runtime.torch_device  # a round's draft before any pass: no tokens, no confidences (made once)
         self._no_draft = (torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device))
-        #: the pairs' tokens and the passes' layouts live on the host (numpy) on these devices
+        #: the passes' layouts are views of host buffers (numpy) on these devices
         self._on_host = device.type in _HOST_DEVICES
         self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
         #: CPU: the chain layouts' host buffers (``_host_layout``): positions 0 .. width - 1, an all-True
@@ -127,8 +127,6 @@ class FalconDrafter(Drafter):
         self._state = None  # the LSTM state after them
         # pairs not cached yet: their features and next tokens (a numpy copy on the host), and how many
         self._features, self._pair_tokens = features, prompt_ids[1:]
-        if self._on_host:
-            self._pair_tokens = prompt_ids[1:].numpy().copy()
         self._uncached = int(prompt_ids.shape[0]) - 1
         self._cast_features = features.dtype != self.runtime.torch_dtype
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
@@ -166,13 +164,11 @@ class FalconDrafter(Drafter):
             features = features.to(held.dtype)
         self._features = torch.cat([held, features])
         accepted = verification.accepted_length
-        if not self._on_host:
-            self._pair_tokens = torch.cat([self._pair_tokens, verification.committed_tokens(draft)])
-        elif verification.path is None:  # a chain: the accepted draft tokens, then the next token (host)
-            ids = draft.token_ids.numpy()[:accepted]
-            self._pair_tokens = np.concatenate((self._pair_tokens, ids, (verification.next_token,)))
+        if verification.path is None:  # a chain: the accepted draft tokens, then the next token (one cat)
+            nxt = verification.target_token_ids[accepted : accepted + 1]
+            self._pair_tokens = torch.cat([self._pair_tokens, draft.token_ids[:accepted], nxt])
         else:
-            self._pair_tokens = np.concatenate((self._pair_tokens, verification.committed_tokens(draft).numpy()))
+            self._pair_tokens = torch.cat([self._pair_tokens, verification.committed_tokens(draft)])
         self._uncached += accepted + 1
         self._new_round()
 
@@ -230,10 +226,8 @@ class FalconDrafter(Drafter):
             return None
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
         start = self._cached  # the cache after ``commit``'s crop (or a new prompt's: empty)
-        pair_tokens: Any = self._pair_tokens
         if self._on_host:  # one compiled call into kept buffers: no per-op dispatch
             positions, mask = self._host_layout(start, u, root=True)
-            pair_tokens = torch.from_numpy(pair_tokens)
         else:
             positions = torch.arange(start, start + u, device=device)[None]
             mask = root_mask(u, start, self.k, device)
@@ -242,7 +236,7 @@ class FalconDrafter(Drafter):
         if self._cast_features:
             features = features.to(dtype)
         block, state, mid, head = self._pass(
-            pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
+            self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
         )
         if keep > 0:
             self._state, self._cached, self._uncached = mid, self._cached + keep, u - keep
@@ -253,6 +247,13 @@ class FalconDrafter(Drafter):
         return block, head
 
     # -- chains ----------------------------------------------------------------------------
+
+    @classmethod
+    def draft_many(cls, drafters: list[Drafter], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` one request after another (one request, the batch-1 loop: without the base class's list)."""
+        if len(drafters) == 1:
+            return [drafters[0].draft(num_tokens[0])]
+        return super().draft_many(drafters, num_tokens)
 
     @no_grad
     def draft(self, num_tokens: int) -> Draft:
