@@ -162,6 +162,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         #: is a view of the block's first cell and the history ``_host_history``: no tensor op a commit).
         self._host_block: np.ndarray | None = None
         self._block_ids: torch.Tensor | None = None
+        self._block_cells: memoryview | None = None  # the host block's cells, flat (``prefill``)
         #: CPU: (<= NGRAM_HISTORY,) int64 the last committed tokens before the pending one, up to the
         #: commits ``_host_commits`` holds: ``(pending id, draft tokens (tensor) or the path's (array),
         #: accepted)`` each, folded in when read or every ``HISTORY_FOLD`` (``_fold_host``: a commit
@@ -231,6 +232,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             self._host_block = np.full((1, self.block_size), self.model.spec.mask_token_id, dtype=np.int64)
             self._host_block[0, 0] = host[-1]
             self._block_ids = torch.from_numpy(self._host_block)
+            # the block's cells through Python's buffer protocol: ``commit`` writes the pending id
+            # without numpy's code (cold after the target's pass, a numpy write cost more)
+            self._block_cells = memoryview(self._host_block.reshape(-1))
             self._pending = self._block_ids[0, :1]  # a view: ``commit`` writes the next pending token
             self._host_history = host[:-1][-NGRAM_HISTORY:].astype(np.int64)  # a copy
             self._host_commits, self._pending_id = [], int(host[-1])
@@ -457,7 +461,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             lookahead_confidences=self._no_confs if k == end else confs[k:end],
             extras={} if hidden is None else {LAST_HIDDEN: hidden if end == n else hidden[:end]},
         )
-        self._returned = k
+        draft.__dict__["length"] = self._returned = (
+            k  # ``Draft.length``, a cached property, set as counted: no shape read
+        )
         return draft
 
     @classmethod
@@ -595,7 +601,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             if len(self._host_commits) >= HISTORY_FOLD:
                 self._fold_host()
             self._pending_id = verification.next_token
-            self._host_block[0, 0] = verification.next_token  # the next round's block (``_pending``: its view)
+            self._block_cells[0] = verification.next_token  # the next round's block (``_pending``: its view)
             self._new_round()
             return
         committed = verification.committed_tokens(draft)

@@ -394,7 +394,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 self._ended = True
         probs = torch.cat(self._probs) if self._probs else None
         whole = self._hidden and len(self._hidden) == self._count  # not on compiled chains
-        return Draft(
+        draft = Draft(
             self._tokens,
             self._confs,
             forward_passes=self._passes,
@@ -402,6 +402,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             ends_at_stop_token=self._ended,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if whole else {},
         )
+        draft.__dict__["length"] = self._count  # ``Draft.length``, a cached property, set as counted: no shape read
+        return draft
 
     @classmethod
     @no_grad

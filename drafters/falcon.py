@@ -361,7 +361,7 @@ class FalconDrafter(Drafter):
         probs = torch.cat(self._probs)[:n] if self._probs else None
         tokens, confs = self._drafted()
         whole = n == self._count  # no lookahead: the joined tensors as they are (no slicing op)
-        return Draft(
+        draft = Draft(
             tokens if whole else tokens[:n],
             confs if whole else confs[:n],
             forward_passes=self._passes,
@@ -371,6 +371,8 @@ class FalconDrafter(Drafter):
             ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
+        draft.__dict__["length"] = n  # ``Draft.length``, a cached property, set as counted: no shape read
+        return draft
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far, from the passes
