@@ -297,7 +297,10 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if left and self._last_out is None:  # the round's first pass (never fused): the committed pairs
             if not self._can_draft():
                 return self._end_call(before)
-            Eagle3Drafter._pass([self])
+            if type(self.cache) is KVCache:
+                self._first_alone()
+            else:
+                Eagle3Drafter._pass([self])
             left -= 1
         # past it there is always something to draft from; only the compiled runtime's static cache
         # of one sequence fuses greedy steps (``_chain``), asked once: it drafts every step or none
@@ -309,6 +312,21 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             for _ in range(left):
                 Eagle3Drafter._pass([self])
         return self._end_call(before)
+
+    def _first_alone(self) -> None:
+        """``_pass([self])`` at the round's first pass on an eager ``KVCache``: the newly committed
+        pairs (``fc`` of the target's features) through ``Eagle3Runner.one`` (this request's kept
+        ``HeadPass``), without the step's lists."""
+        features: Any = self._features
+        if self._cast_features:
+            features = features.to(self.runtime.torch_dtype)
+        step, runner = self._step_pass, self.runner
+        step.tokens, step.hidden, step.cache = self._pair_tokens, self.model.fc(features), self.cache
+        outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
+        tokens, confs, qs = self._choose([self], logits)
+        self._committed_pairs = self.cache.length
+        self._features = self._pair_tokens = None
+        self._took(outs, logits, tokens, confs, qs[0], runner.normed)
 
     def _steps_alone(self, steps: int) -> None:
         """``steps`` passes past the round's first on an eager ``KVCache``, each ``_pass([self])``'s
