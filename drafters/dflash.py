@@ -162,7 +162,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         #: is a view of the block's first cell and the history ``_host_history``: no tensor op a commit).
         self._host_block: np.ndarray | None = None
         self._block_ids: torch.Tensor | None = None
-        self._block_cells: memoryview | None = None  # the host block's cells, flat (``prefill``)
+        self._block_cells: Any = None  # the host block's cells, a flat memoryview (``prefill``)
         #: CPU: (<= NGRAM_HISTORY,) int64 the last committed tokens before the pending one, up to the
         #: commits ``_host_commits`` holds: ``(pending id, draft tokens (tensor) or the path's (array),
         #: accepted)`` each, folded in when read or every ``HISTORY_FOLD`` (``_fold_host``: a commit
@@ -234,7 +234,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             self._block_ids = torch.from_numpy(self._host_block)
             # the block's cells through Python's buffer protocol: ``commit`` writes the pending id
             # without numpy's code (cold after the target's pass, a numpy write cost more)
-            self._block_cells = memoryview(self._host_block.reshape(-1))
+            self._block_cells = self._host_block.reshape(-1).data  # a memoryview
             self._pending = self._block_ids[0, :1]  # a view: ``commit`` writes the next pending token
             self._host_history = host[:-1][-NGRAM_HISTORY:].astype(np.int64)  # a copy
             self._host_commits, self._pending_id = [], int(host[-1])
@@ -336,7 +336,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         new = self.block_size - 1
         ids = self._block_ids
         if self._drafted or ids is None:  # an extension pass (or off the CPU): the block in one cat
-            ids = torch.cat([self._pending, self._tokens, self._masks])[None]
+            pending: Any = self._pending
+            ids = torch.cat([pending, self._tokens, self._masks])[None]
         context = self._context
         if context is not None:
             context = (context.to(self.runtime.torch_dtype) if self._cast_context else context)[None]

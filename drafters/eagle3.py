@@ -24,7 +24,7 @@ Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``poli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -112,7 +112,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
         self._on_host = runtime.torch_device.type == "cpu"  # ``commit`` reads a tree's path on the host
         #: the one-request eager step's ``HeadPass``, its tokens and features set per step (``_steps_alone``)
-        self._step_pass: HeadPass | None = None
+        self._step_pass = HeadPass(self._no_tokens, self._no_tokens, None)
         #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
         self.runner = Eagle3Runner(model, embed_tokens, runtime, max_context)
 
@@ -159,7 +159,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._cast_features = features is not None and features.dtype != self.runtime.torch_dtype
-        self._step_pass = HeadPass(self._no_tokens, self._no_tokens, self.cache)  # this request's (not shared)
+        self._step_pass = HeadPass(self._no_tokens, self._no_tokens, self.cache)  # this request's (copies: their own)
         self._waiting = []
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
@@ -321,7 +321,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         if self._cast_features:
             features = features.to(self.runtime.torch_dtype)
         step, runner = self._step_pass, self.runner
-        step.tokens, step.hidden, step.cache = self._pair_tokens, self.model.fc(features), self.cache
+        pairs: Any = self._pair_tokens
+        step.tokens, step.hidden, step.cache = pairs, self.model.fc(features), self.cache
         outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
         tokens, confs, qs = self._choose([self], logits)
         self._committed_pairs = self.cache.length
@@ -332,12 +333,13 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """``steps`` passes past the round's first on an eager ``KVCache``, each ``_pass([self])``'s
         calls without its lists: the last drafted token with the output that predicted it through
         ``Eagle3Runner.one`` (this request's kept ``HeadPass``), ``_choose``, ``_took``."""
-        runner, step = self.runner, self._step_pass
+        runner, step, last_out = self.runner, self._step_pass, cast(torch.Tensor, self._last_out)
         step.cache = self.cache
         if self.report_hidden or self._sampling is not None:  # ``_took`` records the hidden state and q
             for _ in range(steps):
                 step.tokens = self._last_token
-                step.hidden = self._last_out[0] if self._last_hidden is None else self._last_hidden
+                last_out = cast(torch.Tensor, self._last_out)
+                step.hidden = last_out[0] if self._last_hidden is None else self._last_hidden
                 outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
                 tokens, confs, qs = self._choose([self], logits)
                 self._took(outs, logits, tokens, confs, qs[0], runner.normed)
@@ -345,7 +347,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # greedy, nothing reported: ``_took``'s records kept in locals, set once after the steps
         one, choose, requests = runner.one, self._choose, [self]  # the (timed) entry points, looked up once
         passes_logits, new_tokens, new_confs = self._logits, self._new_tokens, self._new_confs
-        tokens, hidden = self._last_token, self._last_out[0] if self._last_hidden is None else self._last_hidden
+        tokens, hidden = self._last_token, last_out[0] if self._last_hidden is None else self._last_hidden
         for _ in range(steps):
             step.tokens, step.hidden = tokens, hidden
             outs, logits = one(step)  # (1, 1, H), (1, Vd)

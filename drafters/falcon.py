@@ -128,7 +128,7 @@ class FalconDrafter(Drafter):
         # pairs not cached yet: their features and next tokens (a numpy copy on the host), and how many
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._uncached = int(prompt_ids.shape[0]) - 1
-        self._cast_features = features.dtype != self.runtime.torch_dtype
+        self._cast_features = features is not None and features.dtype != self.runtime.torch_dtype
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -282,8 +283,8 @@ class DFlashRunner(SequencesRunner):
             return [self.model.draft_pass(self.embed_tokens(p.ids)[None], p.cache, new)[0]]  # (q, H)
         return self.together(passes)
 
-    def alone(self, ids: torch.Tensor, context: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
-        """``run`` for one request on its eager ``KVCache``, its inputs already shaped: the block
+    def alone(self, ids: torch.Tensor, context: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """``run`` for one request on its eager ``KVCache`` (``cache``), its inputs already shaped: the block
         ``ids`` ``(1, q) int64`` and the newly committed positions' features ``(1, u, F)`` in the
         model's dtype, or None. Returns the block's outputs ``(1, q, H)`` after the final norm."""
         return self.model.draft_pass(self.embed_tokens(ids), cache, context)
