@@ -64,7 +64,7 @@ from specpolicy.core.features import check_prompt_features, probe_verifier, targ
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose, point_mass
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
 from specpolicy.models.kv import KVCache
@@ -155,6 +155,23 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self.cache: KVCache | SharedLength | None = None
         self._context: torch.Tensor | None = None  # (u, F) committed positions' features not yet cached
         self._pending: torch.Tensor | None = None  # (1,) int64: the last committed token
+        #: CPU: ``(1, B) int64`` the round's first block ``[pending, MASK x (B - 1)]`` on the host (the
+        #: pending id written at commit, ``Verification.next_token``), and its tensor view; made per
+        #: request (``prefill``: a batched run's copies hold their own). None on other devices, where
+        #: ``_pending`` is a tensor of its own and the history is ``_history``'s (on the CPU ``_pending``
+        #: is a view of the block's first cell and the history ``_host_history``: no tensor op a commit).
+        self._host_block: np.ndarray | None = None
+        self._block_ids: torch.Tensor | None = None
+        self._block_cells: Any = None  # the host block's cells, a flat memoryview (``prefill``)
+        #: CPU: (<= NGRAM_HISTORY,) int64 the last committed tokens before the pending one, up to the
+        #: commits ``_host_commits`` holds: ``(pending id, draft tokens (tensor) or the path's (array),
+        #: accepted)`` each, folded in when read or every ``HISTORY_FOLD`` (``_fold_host``: a commit
+        #: makes no array, cold numpy costs as much as a tensor op after the target's pass)
+        self._host_history = np.zeros(0, dtype=np.int64)
+        self._host_commits: list[tuple[int, Any, int]] = []
+        self._pending_id = 0  # CPU: the pending token, as the host block holds it
+        self._on_host = runtime.torch_device.type == "cpu"
+        self._cast_context = False  # the target's features are not in the runtime dtype (read at prefill)
         self._sampling: SamplingConfig | None = None
         #: how the pass runs: eager, or on a static cache (one sequence; a batched run's shared ones)
         self.runner = DFlashRunner(model, embed_tokens, runtime, max_context)
@@ -184,6 +201,9 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def ngram_context(self) -> torch.Tensor:
         """The last committed tokens, the pending one last: ``(<= NGRAM_HISTORY + 1,) int64``, the
         n-gram context of a tree search's depth-0 candidates (``policy=dart-tree``)."""
+        if self._host_block is not None:
+            self._fold_host()
+            return torch.from_numpy(np.concatenate((self._host_history, self._host_block[0, :1])))
         self._fold()
         return torch.cat([self._history, self._pending])
 
@@ -205,9 +225,22 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         check_prompt_features(prompt_ids, features, "the dflash drafter")
         self._open()  # the request's context cache on the runner (a batched run's: a sequence of the shared cache)
         self._context = features
-        self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
+        self._cast_context = features is not None and features.dtype != self.runtime.torch_dtype
         self._history, self._unfolded = self._history[:0], []
-        self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
+        if self._on_host:  # this request's first-block buffer (a copy of the drafter never shares it)
+            host = prompt_ids.numpy()
+            self._host_block = np.full((1, self.block_size), self.model.spec.mask_token_id, dtype=np.int64)
+            self._host_block[0, 0] = host[-1]
+            self._block_ids = torch.from_numpy(self._host_block)
+            # the block's cells through Python's buffer protocol: ``commit`` writes the pending id
+            # without numpy's code (cold after the target's pass, a numpy write cost more)
+            self._block_cells = self._host_block.reshape(-1).data  # a memoryview
+            self._pending = self._block_ids[0, :1]  # a view: ``commit`` writes the next pending token
+            self._host_history = host[:-1][-NGRAM_HISTORY:].astype(np.int64)  # a copy
+            self._host_commits, self._pending_id = [], int(host[-1])
+        else:
+            self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
+            self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         if self.path_search is not None:
             host = prompt_ids.cpu().numpy()
             self._recent, self._pending_host = self._host_tail(host[:-1]), host[-1:].astype(np.int64)
@@ -217,6 +250,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def _new_round(self) -> None:
         self._tokens = self._no_tokens  # (d,) drafted this round, look-ahead included
         self._confs = self._no_confs
+        self._drafted = 0  # d, in tokens (no shape read of ``_tokens``)
         self._probs: list[torch.Tensor] = []  # sampling: (B - 1, V) q per pass
         self._returned = 0  # tokens handed out in the draft so far
         self._stop_at: int | None = None  # index of the first drafted stop token, if any
@@ -239,6 +273,23 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """The last ``order - 1`` tokens of ``parts`` (1-D int64 host arrays, concatenated): the path
         search's n-gram context."""
         return np.concatenate(parts)[-(self.path_search.scorer.order - 1) :].astype(np.int64, copy=False)
+
+    def _fold_host(self) -> None:
+        """CPU: ``_host_history`` with the commits ``commit`` kept since (``_host_commits``): only the
+        last commits that hold its ``NGRAM_HISTORY`` tokens are read."""
+        if self._host_commits:
+            pieces: list[np.ndarray] = []
+            held = 0
+            for pending, tokens, accepted in reversed(self._host_commits):
+                ids = tokens if isinstance(tokens, np.ndarray) else tokens.numpy()
+                pieces += [ids[:accepted], np.array((pending,), dtype=np.int64)]
+                held += accepted + 1
+                if held >= NGRAM_HISTORY:
+                    break
+            else:
+                pieces.append(self._host_history)
+            self._host_history = np.concatenate(pieces[::-1])[-NGRAM_HISTORY:]
+            self._host_commits = []
 
     def _fold(self) -> None:
         """``_history`` with the pieces ``_remember`` kept since: its last ``NGRAM_HISTORY`` tokens."""
@@ -276,6 +327,28 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
                 d._took(logits[j], *d._search(logits[j]))
             return
         DFlashDrafter._record_passes(drafters, logits)
+
+    def _pass_alone(self) -> None:
+        """``_step`` for one request on an eager cache with no path search, with fewer operations
+        between the pass's calls: the round's first block is the host buffer's view (``(1, B)``, no
+        cat), the block's outputs stay ``(1, q, H)`` through the head and the choice, and the pass is
+        recorded with Python counts (``_took``'s ``count``). The same calls on the same values."""
+        new = self.block_size - 1
+        ids = self._block_ids
+        if self._drafted or ids is None:  # an extension pass (or off the CPU): the block in one cat
+            pending: Any = self._pending
+            ids = torch.cat([pending, self._tokens, self._masks])[None]
+        context = self._context
+        if context is not None:
+            context = (context.to(self.runtime.torch_dtype) if self._cast_context else context)[None]
+        self._context = None  # cached by the pass
+        hidden = self.runner.alone(ids, context, self.cache)[:, -new:]  # (1, B - 1, H)
+        if self.report_hidden:  # what the head reads at the block's last B - 1 positions
+            self._pass_hidden = hidden[0]
+        logits = self.head(hidden)  # (1, B - 1, V or Vd)
+        chosen, stops = self._choose_blocks([self], logits)
+        tokens, confs, q = chosen[0]
+        self._took(logits, tokens, confs, q, stops[0], new)
 
     def _search(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
         """CPS on a pass's logits ``(B - 1, V or Vd)``: the path's tokens ``(m,) int64`` (target ids),
@@ -316,21 +389,30 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         confs: torch.Tensor,
         q: torch.Tensor | None,
         stop_at: int | None,
+        count: int | None = None,
     ) -> None:
-        """Record a pass: its logits ``(B - 1, V or Vd)`` (tree policies read their top-k: ``alternatives``),
-        tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q ``(B - 1, V) float32`` when
-        sampling, and the index in the block of the first drafted stop token (None: none)."""
+        """Record a pass: its logits ``(B - 1, V or Vd)`` (or ``(1, B - 1, V or Vd)``; tree policies read
+        their top-k: ``alternatives``), tokens ``(B - 1,) int64``, confidences ``(B - 1,) float32``, q
+        ``(B - 1, V) float32`` when sampling, and the index in the block of the first drafted stop token
+        (None: none). ``count``: the tokens' number when the caller knows it (``_pass_alone``: B - 1,
+        ``choose``'s int64 / float32), else read with their dtypes."""
         self._logits.append(logits)
+        typed = count is not None
+        if count is None:
+            count = int(tokens.shape[0])
+            typed = tokens.dtype == torch.long and confs.dtype == torch.float32
         if self._pass_hidden is not None:  # a path search's m tokens take the first m positions
-            self._hidden.append(self._pass_hidden[: tokens.shape[0]])
+            rows = self._pass_hidden
+            self._hidden.append(rows if typed and count == self.block_size - 1 else rows[:count])
             self._pass_hidden = None
         if stop_at is not None:
-            self._stop_at = self._tokens.shape[0] + stop_at
-        if self._tokens.shape[0] or tokens.dtype != torch.long or confs.dtype != torch.float32:
+            self._stop_at = self._drafted + stop_at
+        if self._drafted or not typed:
             self._tokens = torch.cat([self._tokens, tokens])
             self._confs = torch.cat([self._confs, confs])
         else:  # the round's first pass: its tokens are the draft (no copy onto the empty one)
             self._tokens, self._confs = tokens, confs
+        self._drafted += count
         if q is not None:
             self._probs.append(q)
         self._passes += 1
@@ -344,21 +426,45 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def _needs_pass(self, want: int) -> bool:
         """Whether a draft of ``want`` tokens takes another pass (one block only with ``extension=none``)."""
         one_block = self._passes and self.extension == "none"
-        return self._tokens.shape[0] < want and self._stop_at is None and not one_block and not self._path_ended
+        return self._drafted < want and self._stop_at is None and not one_block and not self._path_ended
 
     @no_grad
     def draft(self, num_tokens: int) -> Draft:
         want = self._wants(num_tokens)
+        # one request on an eager cache without a path search: its own pass (``_pass_alone``)
+        alone = self.path_search is None and self.runner.static is None and self.runner.sequences is None
         while self._needs_pass(want):
-            self._step([self])
+            if alone:
+                self._pass_alone()
+            else:
+                self._step([self])
         return self._handed_out(want)
 
     def _handed_out(self, want: int) -> Draft:
-        """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead."""
-        probs = torch.cat(self._probs) if self._probs else None
-        hidden = torch.cat(self._hidden) if self._hidden and len(self._hidden) == self._passes else None
-        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden)
-        self._returned = draft.length
+        """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead:
+        ``Draft.with_lookahead``'s draft, without slicing what it hands out whole (the counts are Python
+        ints: no shape read)."""
+        n, probs, hidden = self._drafted, None, None
+        if self._probs:
+            probs = self._probs[0] if len(self._probs) == 1 else torch.cat(self._probs)
+        if self._hidden and len(self._hidden) == self._passes:
+            hidden = self._hidden[0] if len(self._hidden) == 1 else torch.cat(self._hidden)
+        end = n if self._stop_at is None else self._stop_at + 1
+        k = min(want, end)
+        tokens, confs = self._tokens, self._confs
+        draft = Draft(
+            tokens if k == n else tokens[:k],
+            confs if k == n else confs[:k],
+            forward_passes=self._passes,
+            probs=None if probs is None else (probs if k == n else probs[:k]),
+            ends_at_stop_token=self._stop_at is not None and k == end,
+            lookahead=end - k,
+            lookahead_confidences=self._no_confs if k == end else confs[k:end],
+            extras={} if hidden is None else {LAST_HIDDEN: hidden if end == n else hidden[:end]},
+        )
+        draft.__dict__["length"] = self._returned = (
+            k  # ``Draft.length``, a cached property, set as counted: no shape read
+        )
         return draft
 
     @classmethod
@@ -388,6 +494,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         Raises:
             ValueError: for a ``num_tokens`` entry < 1 (before any pass).
         """
+        if len(drafters) == 1:  # one request (the batch-1 loop): ``draft`` without the base class's list
+            return [drafters[0].draft(num_tokens[0])]
         lead = drafters[0] if drafters else None
         if len(drafters) > 1 and lead.path_search is None and all(d.runner.sequences is not None for d in drafters):
             return cls._draft_together(drafters, num_tokens)  # the shared static cache
@@ -461,7 +569,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         n = self._returned
         if not n:
             return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
-        top = torch.softmax(torch.cat(self._logits)[:n].float(), dim=-1).topk(k, dim=-1)
+        rows = [x.view(-1, x.shape[-1]) if x.dim() == 3 else x for x in self._logits]  # (1, B - 1, V) alone
+        top = torch.softmax(torch.cat(rows)[:n].float(), dim=-1).topk(k, dim=-1)
         if self._target_of_draft is None:
             return top.indices, top.values
         return self._target_of_draft[top.indices], top.values
@@ -477,6 +586,25 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
                 "honour request_features"
             )
         self._context = features if self._context is None else torch.cat([self._context, features])
+        if self._host_block is not None:  # CPU: the committed tokens kept as they are, read when needed
+            path, accepted = verification.path, verification.accepted_length
+            tokens: Any = draft.token_ids
+            if (
+                path is not None or self.path_search is not None
+            ):  # read now: a tree's path (a copy), the search's context
+                ids = tokens.numpy()
+                tokens = ids[:accepted] if path is None else ids.take(path)
+                accepted = len(tokens)
+                if self.path_search is not None:
+                    self._recent = self._host_tail(self._recent, self._pending_host, tokens)
+                    self._pending_host = np.array((verification.next_token,), dtype=np.int64)
+            self._host_commits.append((self._pending_id, tokens, accepted))
+            if len(self._host_commits) >= HISTORY_FOLD:
+                self._fold_host()
+            self._pending_id = verification.next_token
+            self._block_cells[0] = verification.next_token  # the next round's block (``_pending``: its view)
+            self._new_round()
+            return
         committed = verification.committed_tokens(draft)
         self._remember(self._pending, committed[:-1])
         if self.path_search is not None:  # its context on the host: one read of the committed tokens

@@ -24,7 +24,7 @@ Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``poli
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from specpolicy.models.eagle3 import (
     check_head_fits_target,
     load_eagle3,
 )
+from specpolicy.models.kv import KVCache
 from specpolicy.models.loading import resolve_model_path
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
 from specpolicy.runners.eagle3 import BATCH_POSITIONS as BATCH_POSITIONS, Eagle3Runner, HeadPass, StaticLength
@@ -108,6 +109,10 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []  # later rounds' pairs, not joined yet
         self._sampling: SamplingConfig | None = None
+        self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
+        self._on_host = runtime.torch_device.type == "cpu"  # ``commit`` reads a tree's path on the host
+        #: the one-request eager step's ``HeadPass``, its tokens and features set per step (``_steps_alone``)
+        self._step_pass = HeadPass(self._no_tokens, self._no_tokens, None)
         #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
         self.runner = Eagle3Runner(model, embed_tokens, runtime, max_context)
 
@@ -153,12 +158,18 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._open()  # the request's cache on the runner (a batched run's: a sequence of the shared cache)
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
+        self._cast_features = features is not None and features.dtype != self.runtime.torch_dtype
+        self._step_pass = HeadPass(self._no_tokens, self._no_tokens, self.cache)  # this request's (copies: their own)
         self._waiting = []
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
     def _new_round(self) -> None:
         self._tokens, self._confs = self._no_tokens, self._no_confs
+        self._count = 0  # tokens in ``_tokens`` (a Python int: no shape read)
+        #: ``(1, H)`` the last eager one-request pass's output that predicts the next token (the view
+        #: ``Eagle3Runner.one`` kept, ``last_hidden``), or None: ``_last_out[0]``
+        self._last_hidden: torch.Tensor | None = None
         # the passes' tokens and confidences (1,) each not yet joined to ``_tokens`` / ``_confs`` (one
         # cat per ``draft`` call, ``_gather``, not two per pass); the last drafted token (1,)
         self._new_tokens: list[torch.Tensor] = []
@@ -189,9 +200,11 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         passes = []
         for d in drafters:
             if d._last_out is None:  # the round's first pass: the newly committed pairs
-                passes.append(d._head_pass(d._pair_tokens, head.fc(d._features.to(dtype))))
+                features = d._features.to(dtype) if d._cast_features else d._features
+                passes.append(d._head_pass(d._pair_tokens, head.fc(features)))
             else:  # the last drafted token, with the head's own output
-                passes.append(d._head_pass(d._last_token, d._last_out[0]))
+                last = d._last_out[0] if d._last_hidden is None else d._last_hidden
+                passes.append(d._head_pass(d._last_token, last))
         outs, logits = lead.runner.run(passes)  # (R, 1, H), (R, Vd)
         tokens, confs, qs = lead._choose(drafters, logits)
         for i, d in enumerate(drafters):
@@ -227,6 +240,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         and its confidence ``(1,)``, q over the draft vocabulary when sampling, and ``normed``, the
         LM head's input ``(1, H)`` the pass computed for those logits (``Eagle3Runner.normed``) or None."""
         self._last_out = last_out
+        # ``one``'s pass (``normed`` set): its kept (1, H) view of ``last_out[0]``, no select op
+        self._last_hidden = None if normed is None else self.runner.last_hidden
         self._logits.append(logits)
         if self.report_hidden:  # what ``logits`` read: lm_head(norm(out)), normed once where the pass kept it
             self._hidden.append(self.model.norm(last_out[0]) if normed is None else normed)
@@ -246,7 +261,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             new_tokens, new_confs = self._new_tokens, self._new_confs
             if (
                 len(new_tokens) == 1
-                and self._tokens.shape[0] == 0
+                and self._count == 0
                 and new_tokens[0].dtype == torch.long
                 and new_confs[0].dtype == torch.float32
             ):  # the round's first token alone (a policy asking one at a time): it is the draft, no cat
@@ -254,6 +269,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             else:
                 self._tokens = torch.cat([self._tokens, *new_tokens])
                 self._confs = torch.cat([self._confs, *new_confs])
+            self._count += len(new_tokens)
             self._new_tokens, self._new_confs = [], []
 
     @no_grad
@@ -276,20 +292,72 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         same calls in the same order -- a pass per token while there is something to draft from,
         or the runtime's fused chain for the remaining steps."""
         self._gather()
-        before = self._tokens.shape[0]
+        before = self._count
         left = 0 if self._ended else num_tokens
         if left and self._last_out is None:  # the round's first pass (never fused): the committed pairs
             if not self._can_draft():
                 return self._end_call(before)
-            Eagle3Drafter._pass([self])
+            if type(self.cache) is KVCache:
+                self._first_alone()
+            else:
+                Eagle3Drafter._pass([self])
             left -= 1
         # past it there is always something to draft from; only the compiled runtime's static cache
         # of one sequence fuses greedy steps (``_chain``), asked once: it drafts every step or none
         if left and self._sampling is None and isinstance(self.cache, StaticLength) and self._chain(left):
             left = 0
-        for _ in range(left):
-            Eagle3Drafter._pass([self])
+        if left and type(self.cache) is KVCache:  # eager: the runner's one-request pass, step after step
+            self._steps_alone(left)
+        else:
+            for _ in range(left):
+                Eagle3Drafter._pass([self])
         return self._end_call(before)
+
+    def _first_alone(self) -> None:
+        """``_pass([self])`` at the round's first pass on an eager ``KVCache``: the newly committed
+        pairs (``fc`` of the target's features) through ``Eagle3Runner.one`` (this request's kept
+        ``HeadPass``), without the step's lists."""
+        features: Any = self._features
+        if self._cast_features:
+            features = features.to(self.runtime.torch_dtype)
+        step, runner = self._step_pass, self.runner
+        pairs: Any = self._pair_tokens
+        step.tokens, step.hidden, step.cache = pairs, self.model.fc(features), self.cache
+        outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
+        tokens, confs, qs = self._choose([self], logits)
+        self._committed_pairs = self.cache.length
+        self._features = self._pair_tokens = None
+        self._took(outs, logits, tokens, confs, qs[0], runner.normed)
+
+    def _steps_alone(self, steps: int) -> None:
+        """``steps`` passes past the round's first on an eager ``KVCache``, each ``_pass([self])``'s
+        calls without its lists: the last drafted token with the output that predicted it through
+        ``Eagle3Runner.one`` (this request's kept ``HeadPass``), ``_choose``, ``_took``."""
+        runner, step, last_out = self.runner, self._step_pass, cast(torch.Tensor, self._last_out)
+        step.cache = self.cache
+        if self.report_hidden or self._sampling is not None:  # ``_took`` records the hidden state and q
+            for _ in range(steps):
+                step.tokens = self._last_token
+                last_out = cast(torch.Tensor, self._last_out)
+                step.hidden = last_out[0] if self._last_hidden is None else self._last_hidden
+                outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
+                tokens, confs, qs = self._choose([self], logits)
+                self._took(outs, logits, tokens, confs, qs[0], runner.normed)
+            return
+        # greedy, nothing reported: ``_took``'s records kept in locals, set once after the steps
+        one, choose, requests = runner.one, self._choose, [self]  # the (timed) entry points, looked up once
+        passes_logits, new_tokens, new_confs = self._logits, self._new_tokens, self._new_confs
+        tokens, hidden = self._last_token, last_out[0] if self._last_hidden is None else self._last_hidden
+        for _ in range(steps):
+            step.tokens, step.hidden = tokens, hidden
+            outs, logits = one(step)  # (1, 1, H), (1, Vd)
+            tokens, confs, _ = choose(requests, logits)
+            hidden = runner.last_hidden
+            passes_logits.append(logits)
+            new_tokens.append(tokens)
+            new_confs.append(confs)
+        self._last_out, self._last_hidden, self._last_token = outs, hidden, tokens
+        self._passes += steps
 
     def _chain(self, steps: int) -> bool:
         """Greedy steps past the round's first pass as ONE runner call where the runtime fuses them
@@ -308,7 +376,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._logits.extend(logits.split(1))
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
+        self._count += steps
         self._last_token = tokens[-1:]
+        self._last_hidden = None
         self._passes += steps
         return True
 
@@ -332,18 +402,19 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         """The round's draft after a ``draft`` call that began at ``before`` tokens: cut at the
         first stop token drafted in the call (one sync per call)."""
         self._gather()
-        if self._stop_set and self._tokens.shape[0] > before:
+        if self._stop_set and self._count > before:
             # one sync per call: the call's tokens on the host, cut at the first drafted stop token
             called = self._tokens.tolist()[before:]  # one read, no slice op
             hit = next((i for i, t in enumerate(called) if t in self._stop_set), -1)
             if hit >= 0:
                 end = before + hit + 1
                 self._tokens, self._confs = self._tokens[:end], self._confs[:end]
+                self._count = end
                 self._probs, self._hidden = self._probs[:end], self._hidden[:end]
                 self._ended = True
         probs = torch.cat(self._probs) if self._probs else None
-        whole = self._hidden and len(self._hidden) == self._tokens.shape[0]  # not on compiled chains
-        return Draft(
+        whole = self._hidden and len(self._hidden) == self._count  # not on compiled chains
+        draft = Draft(
             self._tokens,
             self._confs,
             forward_passes=self._passes,
@@ -351,6 +422,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             ends_at_stop_token=self._ended,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if whole else {},
         )
+        draft.__dict__["length"] = self._count  # ``Draft.length``, a cached property, set as counted: no shape read
+        return draft
 
     @classmethod
     @no_grad
@@ -385,7 +458,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         pass, and a greedy request whose runtime fuses its remaining steps (``_chain``)."""
         for d in drafters:
             d._gather()
-        before = [d._tokens.shape[0] for d in drafters]
+        before = [d._count for d in drafters]
         left = list(num_tokens)
         while True:
             step = []
@@ -411,7 +484,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         from the passes that drafted it: ids ``(n, k) int64`` and probabilities ``(n, k) float32``,
         best first. For tree policies (``failfast-tree``), computed when asked."""
         self._gather()
-        n = self._tokens.shape[0]
+        n = self._count
         if not n:
             return torch.empty((0, k), dtype=torch.long), torch.empty((0, k))
         top = torch.softmax(torch.cat(self._logits[:n]).float(), dim=-1).topk(k, dim=-1)
@@ -545,7 +618,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             )
         self.cache.crop(self._committed_pairs)
         path, target = verification.path, verification.target_token_ids
-        if path is not None and target.device.type == "cpu" and draft.token_ids.device.type == "cpu":
+        if path is not None and self._on_host:
             # a tree on the CPU: ``committed_tokens`` on numpy views (the path's tokens, then the next token)
             last = path[-1] + 1 if path else 0
             tokens = torch.from_numpy(

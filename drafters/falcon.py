@@ -79,6 +79,14 @@ class FalconDrafter(Drafter):
         self._sampling: SamplingConfig | None = None
         device = runtime.torch_device  # a round's draft before any pass: no tokens, no confidences (made once)
         self._no_draft = (torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device))
+        #: the passes' layouts are views of host buffers (numpy) on these devices
+        self._on_host = device.type in _HOST_DEVICES
+        self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
+        #: CPU: the chain layouts' host buffers (``_host_layout``): positions 0 .. width - 1, an all-True
+        #: mask of k rows, a root mask's room; grown by ``_layout_room``
+        self._arange = np.zeros(0, dtype=np.int64)
+        self._ones = np.zeros(0, dtype=bool)
+        self._root_mask = np.zeros(0, dtype=bool)
         if runtime.torch_device.type in _HOST_DEVICES and runtime.torch_dtype in _NUMPY_DTYPES:
             _warm_kernels(_NUMPY_DTYPES[runtime.torch_dtype])  # compiled (or loaded) now, not in a round
 
@@ -117,7 +125,10 @@ class FalconDrafter(Drafter):
         self.cache = KVCache(len(self.model.layers))
         self._cached = 0  # committed pairs whose keys/values stay cached (all but the last k - 1)
         self._state = None  # the LSTM state after them
-        self._features, self._pair_tokens = features, prompt_ids[1:]  # pairs not cached yet
+        # pairs not cached yet: their features and next tokens (a numpy copy on the host), and how many
+        self._features, self._pair_tokens = features, prompt_ids[1:]
+        self._uncached = int(prompt_ids.shape[0]) - 1
+        self._cast_features = features is not None and features.dtype != self.runtime.torch_dtype
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -126,7 +137,9 @@ class FalconDrafter(Drafter):
         self._token_parts: list[torch.Tensor] = []
         self._conf_parts: list[torch.Tensor] = []
         self._joined: tuple[torch.Tensor, torch.Tensor] = self._no_draft
+        self._joined_count = 0  # tokens in ``_joined``
         self._count = 0  # tokens drafted this round
+        self._chain_end = 0  # the cache's length after the round's last chain pass (Python int: no shape read)
         self._logits: list[torch.Tensor] = []  # (k, V) per pass
         self._probs: list[torch.Tensor] = []  # (k, V) per pass when sampling
         self._shown = 0  # tokens returned by ``draft`` so far
@@ -146,11 +159,17 @@ class FalconDrafter(Drafter):
             )
         self.cache.crop(self._cached)
         held: Any = self._features
-        tokens, features = verification.committed_tokens(draft), verification.features
-        if features.dtype != held.dtype:
+        features = verification.features
+        if self._cast_features:  # the held features are in the prompt features' dtype
             features = features.to(held.dtype)
         self._features = torch.cat([held, features])
-        self._pair_tokens = torch.cat([self._pair_tokens, tokens])
+        accepted = verification.accepted_length
+        if verification.path is None:  # a chain: the accepted draft tokens, then the next token (one cat)
+            nxt = verification.target_token_ids[accepted : accepted + 1]
+            self._pair_tokens = torch.cat([self._pair_tokens, draft.token_ids[:accepted], nxt])
+        else:
+            self._pair_tokens = torch.cat([self._pair_tokens, verification.committed_tokens(draft)])
+        self._uncached += accepted + 1
         self._new_round()
 
     # -- passes ----------------------------------------------------------------------------
@@ -202,32 +221,39 @@ class FalconDrafter(Drafter):
         the block that drafts the first k tokens. Returns its outputs ``(k, H)`` (also kept with its
         LSTM state as ``_block``) and the head's result on them (``_pass``'s ``top_k`` / ``choose``),
         or None when fewer than k pairs exist."""
-        u = int(self._features.shape[0])
+        u = self._uncached
         if self._cached + u < self.k or u == 0:
             return None
         dtype, device = self.runtime.torch_dtype, self.runtime.torch_device
-        start = self.cache.length
-        if device.type in _HOST_DEVICES:  # one compiled call: no per-op dispatch
-            positions_np, mask_np = compiled_falcon.falcon_root_layout(u, start, self.k)
-            positions, mask = torch.from_numpy(positions_np), torch.from_numpy(mask_np)
+        start = self._cached  # the cache after ``commit``'s crop (or a new prompt's: empty)
+        if self._on_host:  # one compiled call into kept buffers: no per-op dispatch
+            positions, mask = self._host_layout(start, u, root=True)
         else:
             positions = torch.arange(start, start + u, device=device)[None]
             mask = root_mask(u, start, self.k, device)
         keep = u - (self.k - 1)  # pairs that stay cached
         features: Any = self._features
-        if features.dtype != dtype:
+        if self._cast_features:
             features = features.to(dtype)
         block, state, mid, head = self._pass(
             self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
         )
         if keep > 0:
-            self._state, self._cached = mid, self._cached + keep
+            self._state, self._cached, self._uncached = mid, self._cached + keep, u - keep
             self._features, self._pair_tokens = self._features[keep:], self._pair_tokens[keep:]
+        self._chain_end = start + u
         self._passes = 1
         self._block = (block, state)
         return block, head
 
     # -- chains ----------------------------------------------------------------------------
+
+    @classmethod
+    def draft_many(cls, drafters: list[Drafter], num_tokens: list[int]) -> list[Draft]:
+        """``draft`` one request after another (one request, the batch-1 loop: without the base class's list)."""
+        if len(drafters) == 1:
+            return [drafters[0].draft(num_tokens[0])]
+        return super().draft_many(drafters, num_tokens)
 
     @no_grad
     def draft(self, num_tokens: int) -> Draft:
@@ -242,17 +268,25 @@ class FalconDrafter(Drafter):
 
     def _advance(self) -> bool:
         """One pass, k more drafted tokens; False when there is nothing to draft from."""
+        k = self.k
         if self._block is None:
+            count = min(self._uncached, k)  # the block's rows: the last k of the pass's
             root = self._root(choose=True)
             if root is None:
                 return False
             out, chosen = root
         else:
             parent_out, state = self._block
-            positions, mask = chain_layout(self.cache.length, self.k, parent_out.device)
+            start = self._chain_end
+            if self._on_host:
+                positions, mask = self._host_layout(start, k, root=False)
+            else:
+                positions, mask = chain_layout(start, k, parent_out.device)
             out, state, _, chosen = self._pass(self._token_parts[-1], parent_out, positions, state, mask, choose=True)
             self._block = (out, state)
+            self._chain_end = start + k
             self._passes += 1
+            count = k
         logits, tokens, confs, q, end = chosen
         self._logits.append(logits)
         if q is not None:
@@ -260,22 +294,49 @@ class FalconDrafter(Drafter):
         if end is not None:  # the draft ends at a drafted stop token
             tokens, confs = tokens[:end], confs[:end]
             self._ended = True
+            count = end
         if self.report_hidden:
-            self._hidden.append(out[: tokens.shape[0]])
+            self._hidden.append(out if count == k else out[:count])
         self._token_parts.append(tokens)
-        self._conf_parts.append(confs if confs.dtype == torch.float32 else confs.float())
-        self._count += int(tokens.shape[0])
+        self._conf_parts.append(confs)  # ``choose``'s: float32
+        self._count += count
         return True
+
+    def _host_layout(self, start: int, u: int, root: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pass's positions ``(1, u) int64`` (``start`` ..) and mask ``(u, start + u) bool`` on the CPU,
+        views of kept host buffers: the round's first pass's (``root``: ``root_mask``'s, written by one
+        compiled call) or a chain pass's (all True: ``chain_layout``'s). The same values as
+        ``compiled_falcon.falcon_root_layout``."""
+        width = start + u
+        if width > self._arange.shape[0] or (root and u * width > self._root_mask.shape[0]):
+            self._layout_room(width, u * width if root else 0)
+        positions = self._arange[None, start:width]
+        if root:
+            mask = self._root_mask[: u * width].reshape(u, width)
+            compiled_falcon.falcon_root_mask_into(mask, start, self.k)
+        else:
+            mask = self._ones[: u * width].reshape(u, width)
+        return torch.from_numpy(positions), torch.from_numpy(mask)
+
+    def _layout_room(self, width: int, root_cells: int) -> None:
+        """Grow ``_host_layout``'s buffers (doubling) to ``width`` positions and ``root_cells`` root-mask cells."""
+        if width > self._arange.shape[0]:
+            cap = max(width, 2 * self._arange.shape[0], 256)
+            self._arange = np.arange(cap, dtype=np.int64)
+            self._ones = np.ones(self.k * cap, dtype=bool)
+        if root_cells > self._root_mask.shape[0]:
+            self._root_mask = np.empty(max(root_cells, 2 * self._root_mask.shape[0]), dtype=bool)
 
     def _drafted(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The round's drafted tokens ``(n,) int64`` and confidences ``(n,) float32`` (joined once per
         new pass)."""
-        if self._joined[0].shape[0] != self._count:
+        if self._joined_count != self._count:
             parts = len(self._token_parts)
             self._joined = (
                 self._token_parts[0] if parts == 1 else torch.cat(self._token_parts),
                 self._conf_parts[0] if parts == 1 else torch.cat(self._conf_parts),
             )
+            self._joined_count = self._count
         return self._joined
 
     def _choose(
@@ -300,7 +361,7 @@ class FalconDrafter(Drafter):
         probs = torch.cat(self._probs)[:n] if self._probs else None
         tokens, confs = self._drafted()
         whole = n == self._count  # no lookahead: the joined tensors as they are (no slicing op)
-        return Draft(
+        draft = Draft(
             tokens if whole else tokens[:n],
             confs if whole else confs[:n],
             forward_passes=self._passes,
@@ -310,6 +371,8 @@ class FalconDrafter(Drafter):
             ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
+        draft.__dict__["length"] = n  # ``Draft.length``, a cached property, set as counted: no shape read
+        return draft
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far, from the passes
@@ -478,6 +541,7 @@ def _warm_kernels(dtype: type) -> None:
     """Run the CPU tree's compiled calls (``compiled_falcon.falcon_root_layout``, ``falcon_block_pass``) once
     on tiny arrays of ``dtype``, so their first call in a round neither compiles nor loads."""
     compiled_falcon.falcon_root_layout(3, 1, 2)
+    compiled_falcon.falcon_root_mask_into(np.ones((3, 4), dtype=bool), 1, 2)
     rows = np.zeros((4, 2, 1), dtype=dtype)
     state = np.zeros((1, 4, 1), dtype=dtype)
     compiled_falcon.falcon_block_pass(

@@ -145,3 +145,15 @@ def falcon_tree_read(
             if above < n:
                 total = total + node_logp[above]
         scores[i] = total
+
+
+@njit(cache=True)
+def falcon_root_mask_into(mask: np.ndarray, start: int, k: int) -> None:
+    """``falcon_root_layout``'s mask written into ``mask`` ``(u, start + u) bool`` (a view of a kept
+    buffer: no array returned, whose boxing costs a call two object unpickles): every cached
+    position, causal among the ``u`` new pairs, the last ``k`` whole (True = attend)."""
+    u, width = mask.shape
+    last = max(u - k, 0)  # the first pair of the last block
+    for i in range(u):
+        for j in range(width):
+            mask[i, j] = i >= last or j <= start + i

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -281,6 +282,12 @@ class DFlashRunner(SequencesRunner):
             new = self._features(p.context)[None] if p.new else None  # (1, u, F)
             return [self.model.draft_pass(self.embed_tokens(p.ids)[None], p.cache, new)[0]]  # (q, H)
         return self.together(passes)
+
+    def alone(self, ids: torch.Tensor, context: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        """``run`` for one request on its eager ``KVCache`` (``cache``), its inputs already shaped: the block
+        ``ids`` ``(1, q) int64`` and the newly committed positions' features ``(1, u, F)`` in the
+        model's dtype, or None. Returns the block's outputs ``(1, q, H)`` after the final norm."""
+        return self.model.draft_pass(self.embed_tokens(ids), cache, context)
 
     def _features(self, context: torch.Tensor) -> torch.Tensor:
         """``context`` in the model's dtype (itself when it is: no call)."""

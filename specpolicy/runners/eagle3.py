@@ -331,6 +331,9 @@ class Eagle3Runner(SequencesRunner):
         #: (``one``), which its logits read; None after any other pass (an acceptance head reads it:
         #: ``Eagle3Drafter.report_hidden``, so the norm runs once)
         self.normed: torch.Tensor | None = None
+        #: ``(1, H)`` the last position's output of that pass (the view ``normed`` is computed from):
+        #: the next step's features (``Eagle3Drafter._steps_alone``)
+        self.last_hidden: torch.Tensor | None = None
         context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self._start(context + TREE_NODES)
 
@@ -421,7 +424,8 @@ class Eagle3Runner(SequencesRunner):
         out, k, v = self.model(embeds, p.hidden[None], positions, p.cache.layer(0) if start else None)
         p.cache.keys[0], p.cache.values[0] = k, v
         head: Any = self.model  # ``Eagle3DraftModel.logits``: lm_head(norm(out)), its input kept
-        self.normed = head.norm(out[0, -1:])
+        self.last_hidden = last = out[0, -1:]
+        self.normed = head.norm(last)
         return out[:, -1:], head.lm_head(self.normed)
 
     def together(self, passes: list[HeadPass]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -252,6 +252,22 @@ def test_the_host_layouts_equal_the_tensor_ops(seed, monkeypatch):
         positions, mask = compiled_falcon.falcon_root_layout(u, start, k)  # the CPU round's first pass, one call
         assert np.array_equal(mask, tensor[0].numpy()) and mask.dtype == np.bool_
         assert np.array_equal(positions, np.arange(start, start + u)[None]) and positions.dtype == np.int64
+        stale = np.ones((u, start + u), dtype=bool)  # the kept buffer's earlier contents: every cell rewritten
+        stale[::2] = False
+        compiled_falcon.falcon_root_mask_into(stale, start, k)
+        assert np.array_equal(stale, mask)
+    # the drafter's kept host buffers (``_host_layout``): the root's and a chain pass's layouts, as
+    # ``falcon_root_layout`` / ``chain_layout`` make them, through growth and reuse
+    drafter = object.__new__(falcon_mod.FalconDrafter)
+    drafter.k = 3
+    drafter._arange, drafter._ones, drafter._root_mask = (np.zeros(0, dtype=t) for t in (np.int64, bool, bool))
+    for u, start in [(5, 0), (3, 7), (40, 300), (4, 2), (3, 610)]:
+        for root in (True, False):
+            rows = u if root else drafter.k
+            positions, mask = drafter._host_layout(start, rows, root)
+            want = compiled_falcon.falcon_root_layout(rows, start, drafter.k)
+            assert np.array_equal(positions.numpy(), want[0]) and np.array_equal(mask.numpy(), want[1])
+            assert positions.dtype == torch.long and mask.dtype == torch.bool and mask.is_contiguous()
 
 
 @pytest.mark.parametrize("seed", range(4))

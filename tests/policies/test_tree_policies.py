@@ -171,6 +171,29 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
     assert seen[-1][1][: len(other)] == other.tolist() and len(seen[-1][1]) <= len(other) + 2
 
 
+@pytest.mark.parametrize("read_every", [1, 5, 40])
+def test_dflash_ngram_context_after_chain_rounds(target, checkpoints, read_every):
+    """On chain rounds the CPU drafter keeps the commits as they came and reads them when asked
+    (or every ``HISTORY_FOLD`` commits): the context is the last committed tokens, the pending one
+    last, whether it is read every round, now and then, or once after 40 rounds."""
+    from specpolicy.policies.static import StaticPolicy
+
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
+    prompt, emitted, reads = random_prompts(1)[0], [], []
+    text = prompt.tolist() + generate(prompt, verifier, rt, max_new_tokens=60).output_ids.tolist()
+
+    def remember(record):
+        emitted.append(record.emitted_tokens)
+        if len(emitted) % read_every == 0:
+            reads.append((drafter.ngram_context.tolist(), text[: len(prompt) + sum(emitted)][-9:]))
+
+    generate(prompt, verifier, rt, max_new_tokens=60, drafter=drafter, policy=StaticPolicy(3), on_round=remember)
+    reads = reads[:-1] if len(emitted) % read_every == 0 else reads  # the last round's output may be cut
+    assert len(emitted) > 40 and reads and all(got == want for got, want in reads), reads
+
+
 def _paths(record):
     """Every root-to-node path of a round's tree."""
     paths: dict[int, tuple] = {}
