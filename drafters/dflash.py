@@ -462,10 +462,8 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             lookahead_confidences=self._no_confs if k == end else confs[k:end],
             extras={} if hidden is None else {LAST_HIDDEN: hidden if end == n else hidden[:end]},
         )
-        draft.__dict__["length"] = self._returned = (
-            k  # ``Draft.length``, a cached property, set as counted: no shape read
-        )
-        return draft
+        self._returned = k
+        return draft.counted(k)
 
     @classmethod
     @no_grad

@@ -422,8 +422,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
             ends_at_stop_token=self._ended,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if whole else {},
         )
-        draft.__dict__["length"] = self._count  # ``Draft.length``, a cached property, set as counted: no shape read
-        return draft
+        return draft.counted(self._count)
 
     @classmethod
     @no_grad

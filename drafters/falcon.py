@@ -371,8 +371,7 @@ class FalconDrafter(Drafter):
             ends_at_stop_token=self._ended and n == self._count,
             extras={LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden else {},
         )
-        draft.__dict__["length"] = n  # ``Draft.length``, a cached property, set as counted: no shape read
-        return draft
+        return draft.counted(n)
 
     def alternatives(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` most likely tokens at each position of the round's chain so far, from the passes

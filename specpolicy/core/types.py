@@ -93,6 +93,12 @@ class Draft:
         per draft (``token_ids`` never changes): the loop and the policies ask for it every step."""
         return int(self.token_ids.shape[0])
 
+    def counted(self, length: int) -> Draft:
+        """This draft with its ``length`` as the drafter counted it (tokens; must equal
+        ``token_ids.shape[0]``): no shape read on the host path. Returns ``self``."""
+        self.__dict__["length"] = length  # the cached property's slot
+        return self
+
     @property
     def is_tree(self) -> bool:
         """True for a draft tree (``parents`` set)."""

@@ -65,6 +65,8 @@ def assert_lossless(
     )
     assert out.output_ids.tolist() == ref
     assert sum(r.emitted_tokens for r in out.rounds) == len(out.output_ids)
+    # a drafter that hands its count over (``Draft.counted``) counts the tokens it hands out
+    assert all(r.speculation_length == len(r.draft_token_ids) for r in out.rounds)
 
 
 def _policy(choice: str):

@@ -95,6 +95,7 @@ def test_chain_drafts_equal_the_reference_through_the_loop(head, target, rt):
         for r in rounds:
             want = falcon_reference(head, target, committed, 2).tolist()
             assert r.draft_token_ids == tuple(want[: r.speculation_length])  # shorter at the end: room
+            assert r.speculation_length == len(r.draft_token_ids)  # the length the drafter counted (Draft.counted)
             assert r.drafter_forward_passes == -(-r.speculation_length // 2)  # 2 tokens per pass
             committed = committed_after(committed, r)
 

@@ -83,6 +83,7 @@ def test_drafts_equal_the_official_semantics_through_the_loop(checkpoint, target
             want = dflash_reference(checkpoint, target, committed)
             assert len(r.draft_token_ids) == B - 1 or r.draft_stop_reason == "room"
             assert r.draft_token_ids == tuple(want.tolist())[: len(r.draft_token_ids)]
+            assert r.speculation_length == len(r.draft_token_ids)  # the length the drafter counted (Draft.counted)
             committed = committed_after(committed, r)
 
 

@@ -70,6 +70,7 @@ def test_chain_drafts_equal_the_reference_through_the_loop(checkpoint, target, r
             want = eagle3_reference(checkpoint, target, committed, len(r.draft_token_ids), default_layer_ids(LAYERS))
             assert r.draft_token_ids == tuple(want.tolist())
             assert r.drafter_forward_passes == len(r.draft_token_ids)
+            assert r.speculation_length == len(r.draft_token_ids)  # the length the drafter counted (Draft.counted)
             committed = committed_after(committed, r)
 
 
