@@ -183,6 +183,9 @@ class GoodputPolicy(LengthPolicy):
     """
 
     name = NAME
+    #: A round's empty draft (nothing decoded ahead) answered by ``next_length``'s short branch, the
+    #: general path's answer without its steps (False: the general path; the tests compare the two).
+    _short_start = True
 
     def __init__(
         self,
@@ -382,6 +385,24 @@ class GoodputPolicy(LengthPolicy):
             self._in_chunk = self._chose_plain = False
             self.draft_stop_reason = "low_confidence"
             return 0
+        if k == 0 and self._short_start and not draft.lookahead:  # a round's empty draft: the path below's, in short
+            self._new_round()
+            if self._head:  # the confidences' estimate keeps nothing between rounds
+                self.acceptance_choice.new_round()
+            if self._stale:
+                self._refresh()
+            self._passes = draft.forward_passes
+            if self._first_plan is None:  # the empty draft's plan depends on the tables alone
+                self._first_plan = self._plan(0, 0)
+            if self._first_plan <= 0:
+                if not self.probe_interval or (self._plain_rounds < self.probe_interval and not self._probe_again):
+                    self.draft_stop_reason = "low_confidence"
+                    self._chose_plain = True
+                    return 0
+                self._probing = True  # a probe (below): its first answer is one chunk all the same
+            self._quick = self._go_on is not None and not self._probing
+            self._in_chunk = True
+            return 1  # one token past the frontier: the drafter decodes a whole chunk
         if k == 0:
             self._new_round()
             if self._head:  # the confidences' estimate keeps nothing between rounds
@@ -744,7 +765,10 @@ def _winsorised(sample: float, estimate: float, samples: float) -> float:
     estimate rests on ``OUTLIER_WARMUP`` samples (``samples``: their count or total weight)."""
     if samples < OUTLIER_WARMUP or estimate <= 0.0:
         return sample
-    return min(max(sample, estimate / OUTLIER_FACTOR), estimate * OUTLIER_FACTOR)
+    low, high = estimate / OUTLIER_FACTOR, estimate * OUTLIER_FACTOR  # min(max(sample, low), high), no builtin calls
+    if low > sample:
+        sample = low
+    return high if high < sample else sample
 
 
 class _RatioOfMeans:
@@ -757,7 +781,9 @@ class _RatioOfMeans:
 
     def add(self, numerator: float, denominator: float) -> None:
         self.samples += 1
-        w = max(self.weight, 1.0 / self.samples)
+        w = 1.0 / self.samples  # max(weight, 1 / samples), without the builtin's call
+        if not w > self.weight:
+            w = self.weight
         self.numerator += w * (numerator - self.numerator)
         self.denominator += w * (denominator - self.denominator)
 

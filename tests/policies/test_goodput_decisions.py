@@ -21,9 +21,12 @@ from test_goodput import ScriptedDrafter, profile
 
 
 class PlanningGoodput(GoodputPolicy):
-    """``goodput`` without its decision table: every decision plans (``_plan``); and its refresh as the
+    """``goodput`` without its decision table: every decision plans (``_plan``), the empty draft's
+    included (``next_length``'s general path, not its short branch); and its refresh as the
     separate calls ``goodput_refresh`` joins: ``AcceptanceCalibration.observe_many`` on the pending
     rounds, ``table()`` / ``unseen()`` indexed by position, then ``goodput_tables``."""
+
+    _short_start = False
 
     def _refresh(self) -> None:
         cal = self.calibration
