@@ -76,12 +76,14 @@ Calibration, costs and throughput carry across prompts (``keep_across_prompts``)
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
-after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (one ``tolist`` of the
-confidences, a bisection of the bins' edges, one table lookup); the undrafted positions' gain curves of
-every draft length and the cost tables are built once per table refresh (``_refresh``) in one compiled call
-(``specpolicy.core.compiled_policy.goodput_tables``), and the plan's argmax over the lengths is one compiled
-call too (``goodput_best``): the numpy expressions they replaced, element for element (bit-identical tables
-and decisions).
+after ONE drafted token with nothing decoded ahead (an AR or EAGLE-3 pass) reads its p in Python floats (one
+``tolist`` of the confidences, a bisection of the bins' edges, one table lookup) and compares the survival with
+a table (``_go_on[k]``: the least survival at which the plan extends a draft of ``k`` tokens, found to the last
+bit, so the answer is the plan's); the calibration's counting and estimates, the undrafted positions' gain
+curves of every draft length, the cost tables and ``_go_on`` are built once per table refresh (``_refresh``)
+in one compiled call (``specpolicy.core.compiled_policy.goodput_refresh``), and the plan's argmax over the
+lengths is one compiled call too (``goodput_best``): the numpy expressions they replaced, element for element
+(bit-identical tables and decisions). The costs' estimates are worked out once per observed round.
 """
 
 from __future__ import annotations
@@ -592,7 +594,8 @@ class OnlineCosts:
     Timings have heavy tails (a scheduler stall, a garbage collection): after ``OUTLIER_WARMUP``
     samples each new one is clipped to within ``OUTLIER_FACTOR`` times the current estimate
     (winsorised) before it enters an average or the fit, so one stall does not set the costs of
-    the next rounds.
+    the next rounds. The estimates are plain attributes, worked out after each observation
+    (``_derive``): read them, never set them.
 
     Args:
         profile: the pinned latencies (None: measure everything).
@@ -612,46 +615,30 @@ class OnlineCosts:
         self._derive()
 
     def _derive(self) -> None:
-        """The estimates the properties below report, worked out once after each observation (plain
-        attributes: a round reads them several times, the tables' refresh once more)."""
+        """The estimates (``pass_ms``, ``first_pass_ms``, ``draft_ms_per_token``, ``verify_base``,
+        ``verify_step``, ``verify_slope``: the class docstring's), worked out once per observation into
+        plain attributes (a round reads them several times, a refresh once more)."""
         w, sy = self._plain
         plain = sy / w if w > 0.0 else None  # the measured plain step's ms, None before any plain round
         if self._pinned_base is not None:
-            base = self._pinned_base
+            self.verify_base = self._pinned_base
         else:
-            base = plain if plain is not None else self._fitted[0]
-        self._verify_base = base
+            self.verify_base = plain if plain is not None else self._fitted[0]
         if self._pinned_slope is not None or plain is None or self._sums[0] == 0.0:
-            self._verify_step = 0.0
+            self.verify_step = 0.0  # what the drafted rounds' fit lies above the MEASURED plain step, >= 0
         else:
-            self._verify_step = max(self._fitted[0] - plain, 0.0)
-        self._verify_slope = self._pinned_slope if self._pinned_slope is not None else self._fitted[1]
+            self.verify_step = max(self._fitted[0] - plain, 0.0)
+        self.verify_slope = self._pinned_slope if self._pinned_slope is not None else self._fitted[1]
         if self._pinned_pass is not None:
-            self._pass_ms = self._first_pass_ms = self._pinned_pass
-            self._draft_ms_per_token = 0.0
+            self.pass_ms = self.first_pass_ms = self._pinned_pass
+            self.draft_ms_per_token = 0.0
             return
         if self._draft_line is not None:
-            self._first_pass_ms, self._pass_ms = self._draft_line
+            self.first_pass_ms, self.pass_ms = self._draft_line
         else:
-            self._pass_ms = self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * base
-            self._first_pass_ms = self._pass_ms
-        self._draft_ms_per_token = self._token.ratio if self._token.samples else 0.0
-
-    @property
-    def pass_ms(self) -> float:
-        """ms of a drafter pass after the round's first: the drafting fit's slope, else the ratio of
-        averages, else ``PRIOR_PASS_RATIO x verify_ms(0)`` (profile: ``drafter_pass_ms``)."""
-        return self._pass_ms
-
-    @property
-    def first_pass_ms(self) -> float:
-        """ms of the round's first drafter pass (``pass_ms`` until the fit separates them)."""
-        return self._first_pass_ms
-
-    @property
-    def draft_ms_per_token(self) -> float:
-        """Drafting ms per drafted token of the rounds without passes (0 before any, or with a profile's pass cost)."""
-        return self._draft_ms_per_token
+            self.pass_ms = self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * self.verify_base
+            self.first_pass_ms = self.pass_ms
+        self.draft_ms_per_token = self._token.ratio if self._token.samples else 0.0
 
     @property
     def drafting_pinned(self) -> bool:
@@ -663,38 +650,20 @@ class OnlineCosts:
         """Whether a profile pins the verification's per-token cost (then no step is measured)."""
         return self._pinned_slope is not None
 
-    @property
-    def verify_base(self) -> float:
-        """ms of a verification of an empty draft (a plain decoding step): the measured plain step, else
-        the drafted rounds' fit at 0 (profile: ``target_ms_per_token``)."""
-        return self._verify_base
-
-    @property
-    def verify_step(self) -> float:
-        """Extra verification ms of any draft, beyond ``verify_slope`` per token (>= 0): what the
-        drafted rounds' fit lies above the MEASURED plain step (0 with a pinned slope, or until
-        both kinds of round were seen)."""
-        return self._verify_step
-
-    @property
-    def verify_slope(self) -> float:
-        """Extra verification ms per draft token."""
-        return self._verify_slope
-
     def verify_ms(self, length: int) -> float:
         """Verification ms of a draft of ``length`` tokens (0: a plain decoding step)."""
         if length == 0:
-            return self._verify_base
-        return self._verify_base + self._verify_step + self._verify_slope * length
+            return self.verify_base
+        return self.verify_base + self.verify_step + self.verify_slope * length
 
     def round_ms(self, record: RoundRecord) -> float:
         """The modeled ms of a recorded round (its passes, drafted tokens and length)."""
         own = record.speculation_length - record.reused_tokens
         passes = record.drafter_forward_passes
-        first = self._first_pass_ms - self._pass_ms if passes > 0 else 0.0
+        first = self.first_pass_ms - self.pass_ms if passes > 0 else 0.0
         k = record.speculation_length
-        verify = self._verify_base if k == 0 else self._verify_base + self._verify_step + self._verify_slope * k
-        return passes * self._pass_ms + first + own * self._draft_ms_per_token + verify
+        verify = self.verify_base if k == 0 else self.verify_base + self.verify_step + self.verify_slope * k
+        return passes * self.pass_ms + first + own * self.draft_ms_per_token + verify
 
     def observe(self, record: RoundRecord, drafting: bool = True) -> None:
         """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing);
