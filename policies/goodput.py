@@ -308,14 +308,22 @@ class GoodputPolicy(LengthPolicy):
         ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier; a round's first
         chunk also pays ``verify_step``). A probe round's tables leave the measured verification
         cost out (what the probe measures); a pinned one stays in."""
+        cal, conf, counts = self.calibration, _NO_CONF, _NO_COUNTS
         if self._pending_reached:  # the rounds verified since the last refresh, counted in one batch
-            conf = np.array(self._pending_conf, dtype=np.float64)  # (n,) their reached tokens' confidences
-            counts = np.array((self._pending_reached, self._pending_accepted), dtype=np.int64)  # (2, rounds)
-            calibration = self.calibration.kernel_args(self._pending_longest)
-            self._pending_conf, self._pending_reached, self._pending_accepted = [], [], []
-            self._pending_longest = 0
-        else:
-            conf, counts, calibration = _NO_CONF, _NO_COUNTS, self.calibration.kernel_args()
+            if "observe_many" in vars(cal) or type(cal).observe_many is not AcceptanceCalibration.observe_many:
+                # a calibration that counts its own way (a subclass, or one frozen by replacing its
+                # ``observe_many``, as benchmarks/ceiling.py does): the batch goes through it
+                drafts, at = [], 0
+                for reached, accepted in zip(self._pending_reached, self._pending_accepted):
+                    drafts.append((tuple(self._pending_conf[at : at + reached]), accepted))
+                    at += reached
+                cal.observe_many(drafts)
+            else:
+                conf = np.array(self._pending_conf, dtype=np.float64)  # (n,) their reached tokens' confidences
+                counts = np.array((self._pending_reached, self._pending_accepted), dtype=np.int64)  # (2, rounds)
+        calibration = cal.kernel_args(self._pending_longest)
+        self._pending_conf, self._pending_reached, self._pending_accepted = [], [], []
+        self._pending_longest = 0
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         costs = self.costs
