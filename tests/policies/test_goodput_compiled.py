@@ -85,7 +85,9 @@ def test_goodput_tables_match_numpy_bit_for_bit():
 def _survivals(rng, threshold):
     """Survivals to try against a row's ``go_on``: the threshold and its float neighbours, random ones,
     0 and 1."""
-    near = [threshold, np.nextafter(threshold, -np.inf), np.nextafter(threshold, np.inf)] if np.isfinite(threshold) else []
+    near = (
+        [threshold, np.nextafter(threshold, -np.inf), np.nextafter(threshold, np.inf)] if np.isfinite(threshold) else []
+    )
     return [s for s in near + [0.0, 1.0, float(rng.uniform()), float(rng.uniform(0.0, 1e-3))] if s >= 0.0]
 
 

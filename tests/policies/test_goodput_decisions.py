@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_goodput import ScriptedDrafter, profile
 
 from specpolicy.core import compiled_policy
 from specpolicy.core.decoding import draft_round
 from specpolicy.core.types import RoundRecord
 from specpolicy.policies import goodput
 from specpolicy.policies.goodput import PRIOR_PASS_RATIO, GoodputPolicy, OnlineCosts
-from test_goodput import ScriptedDrafter, profile
 
 
 class PlanningGoodput(GoodputPolicy):
@@ -106,7 +106,15 @@ def test_table_decisions_are_the_plans(chunk, report_ahead, cost_profile):
     want = _run(planning, chunk, report_ahead, 240, seed=chunk)
     assert got == want
     assert quick._survival == planning._survival
-    for name in ("_unseen_gain", "_cost_later", "_cost_first", "_probe_cost_later", "_probe_cost_first", "_p_table", "_unseen"):
+    for name in (
+        "_unseen_gain",
+        "_cost_later",
+        "_cost_first",
+        "_probe_cost_later",
+        "_probe_cost_first",
+        "_p_table",
+        "_unseen",
+    ):
         np.testing.assert_array_equal(getattr(quick, name), getattr(planning, name))
     for name in ("reached", "accepted", "confidence_sum"):
         np.testing.assert_array_equal(getattr(quick.calibration, name), getattr(planning.calibration, name))
@@ -168,7 +176,11 @@ def test_derived_costs_are_the_properties_formulas(pinned):
         old = _old_properties(costs)
         assert {name: getattr(costs, name) for name in old} == old
         for length in (0, 1, 7):
-            want = old["verify_base"] if length == 0 else old["verify_base"] + old["verify_step"] + old["verify_slope"] * length
+            want = (
+                old["verify_base"]
+                if length == 0
+                else old["verify_base"] + old["verify_step"] + old["verify_slope"] * length
+            )
             assert costs.verify_ms(length) == want
         first = old["first_pass_ms"] - old["pass_ms"] if passes > 0 else 0.0
         want = passes * old["pass_ms"] + first + k * old["draft_ms_per_token"] + costs.verify_ms(k)
