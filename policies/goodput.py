@@ -78,11 +78,10 @@ Host work per decision: one read of the new and decoded-ahead confidences (one d
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
 after ONE drafted token with nothing decoded ahead (an AR or EAGLE-3 pass) reads its p in Python floats (one
 ``tolist`` of the confidences, a bisection of the bins' edges, one table lookup) and compares the survival with
-a table (``_go_on[k]``: the least survival at which the plan extends a draft of ``k`` tokens, found to the last
-bit, so the answer is the plan's); the calibration's counting and estimates, the undrafted positions' gain
-curves of every draft length, the cost tables and ``_go_on`` are built once per table refresh (``_refresh``)
-in one compiled call (``specpolicy.core.compiled_policy.goodput_refresh``), and the plan's argmax over the
-lengths is one compiled call too (``goodput_best``): the numpy expressions they replaced, element for element
+``_go_on[k]``, the least survival at which the plan extends a draft of ``k`` tokens (to the last bit: the plan's
+answer). The calibration's counting and estimates, the gain curves, the cost tables and ``_go_on`` are built
+once per refresh (``_refresh``) in one compiled call (``specpolicy.core.compiled_policy.goodput_refresh``), the
+plan's argmax is one compiled call (``goodput_best``): the numpy expressions they replaced, element for element
 (bit-identical tables and decisions). The costs' estimates are worked out once per observed round.
 """
 
@@ -185,8 +184,7 @@ class GoodputPolicy(LengthPolicy):
     """
 
     name = NAME
-    #: A round's empty draft (nothing decoded ahead) answered by ``next_length``'s short branch, the
-    #: general path's answer without its steps (False: the general path; the tests compare the two).
+    #: ``next_length`` answers a round's empty draft in a short branch (False: the general path; tests)
     _short_start = True
 
     def __init__(

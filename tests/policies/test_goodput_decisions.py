@@ -9,6 +9,8 @@ ones that decode ahead."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_goodput import ScriptedDrafter, profile
@@ -52,11 +54,21 @@ class PlanningGoodput(GoodputPolicy):
         self._go_on = None
 
 
+class TwoPassDrafter(ScriptedDrafter):
+    """A scripted drafter spending two passes per chunk (the chunk sizes' averages then move)."""
+
+    def draft(self, num_tokens):
+        draft = super().draft(num_tokens)
+        return dataclasses.replace(draft, forward_passes=2 * draft.forward_passes)
+
+
 def _run(policy: GoodputPolicy, chunk: int, report_ahead: bool, rounds: int, seed: int) -> list:
-    """Drive ``policy`` through ``rounds`` rounds of a seeded scripted drafter, timings from a seeded
-    generator: cheap passes, then dear ones (speculation off, probes), then cheap again. Returns what
-    each round decided and the policy's state after it."""
-    drafter = ScriptedDrafter(chunk=chunk, choices=(0.05, 0.3, 0.62, 0.9, 0.97, 0.995, 1.0), seed=seed)
+    """Drive ``policy`` through ``rounds`` rounds of a seeded scripted drafter (``chunk`` < 0: two passes
+    per chunk of ``-chunk`` tokens), timings from a seeded generator: cheap passes, then dear ones
+    (speculation off, probes), then cheap again. Returns what each round decided and the policy's
+    state after it."""
+    kind = TwoPassDrafter if chunk < 0 else ScriptedDrafter
+    drafter = kind(chunk=abs(chunk), choices=(0.05, 0.3, 0.62, 0.9, 0.97, 0.995, 1.0), seed=seed)
     drafter.report_ahead = report_ahead
     rng = np.random.default_rng(seed)
     seen = []
@@ -82,13 +94,20 @@ def _run(policy: GoodputPolicy, chunk: int, report_ahead: bool, rounds: int, see
         )
         policy.update(record)
         drafter.commit(draft, None)
-        seen.append((answers, reason, k, policy._survival, policy.draft_stop_reason, repr(policy.costs)))
+        chunks = [(c.samples, c.numerator, c.denominator) for c in (policy.first_chunk, policy.next_chunk)]
+        seen.append((answers, reason, k, policy._survival, policy.draft_stop_reason, repr(policy.costs), chunks))
     return seen
 
 
 @pytest.mark.parametrize(
     ("chunk", "report_ahead", "cost_profile"),
-    [(1, False, None), (1, False, profile(pass_ms=1.0, per_token_ms=0.05)), (4, False, None), (3, True, None)],
+    [
+        (1, False, None),
+        (1, False, profile(pass_ms=1.0, per_token_ms=0.05)),
+        (-1, False, None),
+        (4, False, None),
+        (3, True, None),
+    ],
 )
 def test_table_decisions_are_the_plans(chunk, report_ahead, cost_profile):
     quick = GoodputPolicy(max_length=24, probe_interval=6, cost_profile=cost_profile)
@@ -102,8 +121,8 @@ def test_table_decisions_are_the_plans(chunk, report_ahead, cost_profile):
             return _plan(*args)
 
         policy._plan = counted  # type: ignore[method-assign]
-    got = _run(quick, chunk, report_ahead, 240, seed=chunk)
-    want = _run(planning, chunk, report_ahead, 240, seed=chunk)
+    got = _run(quick, chunk, report_ahead, 240, seed=abs(chunk))
+    want = _run(planning, chunk, report_ahead, 240, seed=abs(chunk))
     assert got == want
     assert quick._survival == planning._survival
     for name in (
@@ -122,8 +141,8 @@ def test_table_decisions_are_the_plans(chunk, report_ahead, cost_profile):
     assert max(lengths) > 3  # drafted rounds
     if cost_profile is None:  # measured costs: dear passes switch speculation off (plain rounds, then probes)
         assert lengths.count(0) > 10
-    if chunk == 1:  # the AR-like drafter's decisions after a token come from the table
-        assert plans["quick"] < plans["planning"] / 2
+    if abs(chunk) == 1:  # the AR-like drafter's decisions after a token come from the table
+        assert plans["quick"] < plans["planning"] * (0.5 if chunk == 1 else 0.9)
 
 
 def _old_properties(costs: OnlineCosts) -> dict[str, float]:
