@@ -337,7 +337,7 @@ class GoodputPolicy(LengthPolicy):
         # m tokens plus the passes for the max(m - r, 0) past the frontier); a round's first chunk
         # also pays ``verify_step`` and what its first pass costs beyond a later one (it also feeds
         # the last round's tokens)
-        exact = goodput_refresh(
+        exact = goodput_refresh(  # type: ignore[call-arg]  # (numba's Dispatcher stub: a fixed arity)
             *calibration,
             conf,
             counts,
