@@ -76,12 +76,13 @@ Calibration, costs and throughput carry across prompts (``keep_across_prompts``)
 
 Host work per decision: one read of the new and decoded-ahead confidences (one device sync on an accelerator)
 and a few numpy operations on arrays of at most ``max_length`` floats; no per-token Python loop. A decision
-after ONE drafted token (an AR or EAGLE-3 pass) reads its p in Python floats (one ``tolist`` of the
-confidences, a bisection of the bins' edges, one table lookup); the undrafted positions' gain curves of
-every draft length and the cost tables are built once per table refresh (``_refresh``) in one compiled call
-(``specpolicy.core.compiled_policy.goodput_tables``), and the plan's argmax over the lengths is one compiled
-call too (``goodput_best``): the numpy expressions they replaced, element for element (bit-identical tables
-and decisions).
+after ONE drafted token with nothing decoded ahead (an AR or EAGLE-3 pass) reads its p in Python floats (one
+``tolist`` of the confidences, a bisection of the bins' edges, one table lookup) and compares the survival with
+``_go_on[k]``, the least survival at which the plan extends a draft of ``k`` tokens (to the last bit: the plan's
+answer). The calibration's counting and estimates, the gain curves, the cost tables and ``_go_on`` are built
+once per refresh (``_refresh``) in one compiled call (``specpolicy.core.compiled_policy.goodput_refresh``), the
+plan's argmax is one compiled call (``goodput_best``): the numpy expressions they replaced, element for element
+(bit-identical tables and decisions). The costs' estimates are worked out once per observed round.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ import torch
 
 from specpolicy.core.acceptance import AcceptanceChoice
 from specpolicy.core.calibration import BATCH_ROUNDS, BATCH_WARMUP, AcceptanceCalibration
-from specpolicy.core.compiled_policy import goodput_best, goodput_tables
+from specpolicy.core.compiled_policy import goodput_best, goodput_refresh, goodput_table_size, goodput_table_views
 from specpolicy.core.latency import BUILTIN_PROFILES, LatencyProfile, load_profile
 from specpolicy.core.policy import LengthPolicy
 from specpolicy.core.types import Draft, RoundRecord
@@ -131,6 +132,8 @@ CHUNK_EMA = 0.2
 #: ``REFRESH_WARMUP`` rounds, then every ``REFRESH_EVERY`` rounds: the calibration's batch schedule.
 REFRESH_WARMUP = BATCH_WARMUP
 REFRESH_EVERY = BATCH_ROUNDS
+_NO_CONF = np.zeros(0)  # ``_refresh`` with no round to count: no confidences ...
+_NO_COUNTS = np.zeros((2, 0), dtype=np.int64)  # ... and no rounds
 
 
 class GoodputPolicy(LengthPolicy):
@@ -181,6 +184,8 @@ class GoodputPolicy(LengthPolicy):
     """
 
     name = NAME
+    #: ``next_length`` answers a round's empty draft in a short branch (False: the general path; tests)
+    _short_start = True
 
     def __init__(
         self,
@@ -219,7 +224,14 @@ class GoodputPolicy(LengthPolicy):
         self.rate_ema = float(rate_ema)
         self.probe_interval = probe_interval
         self.acceptance_choice = AcceptanceChoice(acceptance, acceptance_head)
+        self._head = self.acceptance_choice.wants_head  # fixed at construction: read once, not per decision
         self._positions = np.arange(1, max_length + 1)  # (H,) draft positions 1..H
+        self._tables = np.empty(goodput_table_size(max_length))  # the decision tables' buffer (``_refresh``)
+        self._p_table = np.empty((max_length, self.calibration.confidence_edges.size))  # (H, bins) p by position
+        self._unseen = np.empty(max_length)  # (H,) the estimate for an undrafted token at positions 1..H
+        self._edges = self.calibration.confidence_edges[
+            1:
+        ].tolist()  # the bins' edges past the first (``confidence_bin``)
         self._position_bins = self.calibration.position_bin(self._positions)  # (H,) their position bins
         self._fresh()
         self._new_round()
@@ -246,10 +258,16 @@ class GoodputPolicy(LengthPolicy):
         # passes a probe makes at least: two while a pass's cost is measured, so that it measures a
         # later pass too, not just the round's first (``first_pass_ms``)
         self._probe_passes = 1 if self.costs.drafting_pinned else 2
-        self._pending: list[tuple[tuple[float, ...], int]] = []  # (confidences, accepted) not yet counted
+        # rounds not counted in the calibration yet: their reached tokens' confidences, in order, and
+        # per round its reached tokens and accepted length (``_refresh`` counts them in one batch)
+        self._pending_conf: list[float] = []
+        self._pending_reached: list[int] = []
+        self._pending_accepted: list[int] = []
+        self._pending_longest = 0  # the most reached tokens of a pending round
         self._rounds = 0  # rounds learned from
         self._updates = 0  # rounds learned from since the tables were rebuilt
         self._stale = True  # the decision tables need rebuilding (``_refresh``)
+        self._go_on: list[float] | None = None  # ``_refresh``'s least survivals to extend at (None: plan)
 
     def _new_round(self) -> None:
         self._seen = 0  # draft tokens whose p is known
@@ -260,6 +278,9 @@ class GoodputPolicy(LengthPolicy):
         self._chose_plain = False
         self._probing = False  # this round is a probe: its plan leaves out the verification's cost
         self._stop_at = -1  # draft length at which the plan already decided to stop (-1: none)
+        # this round's one-token decisions may read ``_go_on`` (set at its empty draft: not a probe,
+        # exact thresholds, confidences; cleared once a plan stops at decoded-ahead tokens)
+        self._quick = False
         self._estimates: list[float] = []  # acceptance=head: the head's estimate of each drafted token read
 
     def reset(self) -> None:
@@ -287,24 +308,41 @@ class GoodputPolicy(LengthPolicy):
         ``m`` tokens plus the passes for the ``max(m - r, 0)`` past the frontier; a round's first
         chunk also pays ``verify_step``). A probe round's tables leave the measured verification
         cost out (what the probe measures); a pinned one stays in."""
-        cal = self.calibration
-        if self._pending:  # the rounds verified since the last refresh, counted in one batch
-            cal.observe_many(self._pending)
-            self._pending = []
-        self._p_table = cal.table()[self._position_bins]  # (H, confidence bins)
-        self._edges = cal.confidence_edges[1:].tolist()  # the bins' edges past the first (``confidence_bin``)
-        self._unseen = cal.unseen()[self._position_bins]  # (H,) estimate for an undrafted token at positions 1..H
+        cal, conf, counts = self.calibration, _NO_CONF, _NO_COUNTS
+        if self._pending_reached:  # the rounds verified since the last refresh, counted in one batch
+            if "observe_many" in vars(cal) or type(cal).observe_many is not AcceptanceCalibration.observe_many:
+                # a calibration that counts its own way (a subclass, or one frozen by replacing its
+                # ``observe_many``, as benchmarks/ceiling.py does): the batch goes through it
+                drafts, at = [], 0
+                for reached, accepted in zip(self._pending_reached, self._pending_accepted):
+                    drafts.append((tuple(self._pending_conf[at : at + reached]), accepted))
+                    at += reached
+                cal.observe_many(drafts)
+            else:
+                conf = np.array(self._pending_conf, dtype=np.float64)  # (n,) their reached tokens' confidences
+                counts = np.array((self._pending_reached, self._pending_accepted), dtype=np.int64)  # (2, rounds)
+        calibration = cal.kernel_args(self._pending_longest)
+        self._pending_conf, self._pending_reached, self._pending_accepted = [], [], []
+        self._pending_longest = 0
         first = self.first_chunk
         later = self.next_chunk if self.next_chunk.samples else first  # no later chunk seen yet: like the first
         costs = self.costs
         self._token_ms = costs.verify_slope + costs.draft_ms_per_token  # ms per added token
-        # one compiled call (``specpolicy.core.compiled_policy.goodput_tables``; numpy's expressions
-        # element for element): row k of the gain table is cumsum(cumprod(_unseen[k:])) in its first
-        # H - k columns; [r, m - 1] of the cost tables is lambda x the ms of adding m = 1..H tokens
-        # with r = 0..H decoded ahead (verification of the m tokens plus the passes for the
-        # max(m - r, 0) past the frontier); a round's first chunk also pays ``verify_step`` and what
-        # its first pass costs beyond a later one (it also feeds the last round's tokens)
-        tables = goodput_tables(
+        # one compiled call (``specpolicy.core.compiled_policy.goodput_refresh``; numpy's expressions
+        # element for element): the pending rounds counted into the calibration, its estimates by
+        # draft position -- ``_p_table`` (H, confidence bins) and ``_unseen`` (H,), the estimate for an
+        # undrafted token at positions 1..H -- and the tables: row k of the gain table is
+        # cumsum(cumprod(_unseen[k:])) in its first H - k columns; [r, m - 1] of the cost tables is
+        # lambda x the ms of adding m = 1..H tokens with r = 0..H decoded ahead (verification of the
+        # m tokens plus the passes for the max(m - r, 0) past the frontier); a round's first chunk
+        # also pays ``verify_step`` and what its first pass costs beyond a later one (it also feeds
+        # the last round's tokens)
+        exact = goodput_refresh(  # type: ignore[call-arg]  # (numba's Dispatcher stub: a fixed arity)
+            *calibration,
+            conf,
+            counts,
+            self._position_bins,
+            self._p_table,
             self._unseen,
             float(first.numerator),
             float(first.denominator),
@@ -316,14 +354,21 @@ class GoodputPolicy(LengthPolicy):
             float(costs.verify_step),
             float(costs.first_pass_ms - costs.pass_ms),
             float(self.rate),
+            self._tables,
         )
+        # views made afresh (a deep copy of the policy copies the buffer, not views of its copy)
+        tables = goodput_table_views(self._tables, self.max_length)
         self._unseen_gain, self._cost_later, self._cost_first = tables[:3]
         # a probe round's: without the verification's cost when it is measured (what the probe
         # measures); a profile's pinned cost is known, so a probe plans with it like any round
         if costs.verify_pinned:
             self._probe_cost_later, self._probe_cost_first = self._cost_later, self._cost_first
         else:
-            self._probe_cost_later, self._probe_cost_first = tables[3:]
+            self._probe_cost_later, self._probe_cost_first = tables[3:5]
+        # ``_go_on[k]``: the least survival at which a draft of k tokens, nothing decoded ahead and not
+        # a probe, extends (``_plan(k, k)`` > k, bit for bit: ``goodput_tables``); None when a row is
+        # not exact or the head's estimates take the confidences' place (then every decision plans)
+        self._go_on = tables[5].tolist() if exact and not self._head else None
         self._updates = 0
         self._first_plan: int | None = None  # the plan at the empty draft (same until the next refresh)
         self._stale = False
@@ -332,9 +377,46 @@ class GoodputPolicy(LengthPolicy):
 
     def next_length(self, draft: Draft) -> int:
         k = draft.length
+        if k == self._seen + 1 and self._quick and k < self.max_length and not draft.lookahead:
+            # one token drafted since the last decision and nothing decoded ahead (an AR or EAGLE-3
+            # pass), not a probe: its p from one host read and one lookup in Python floats, and the
+            # plan's answer from its table (``_go_on``: ``_plan(k, k)`` > k iff the survival is at
+            # least ``_go_on[k]``, to the last bit) -- the path below's decision, without the plan
+            c = draft.confidences.tolist()[k - 1]  # one read (a list of <= max_length floats: cheaper than an index)
+            self._survival = survival = self._survival * self._p_table.item(k - 1, bisect_right(self._edges, c))
+            self._seen = k
+            passes = draft.forward_passes
+            if self._in_chunk:  # what the chunk just drafted cost (as below)
+                (self.next_chunk if self._frontier else self.first_chunk).add(k - self._frontier, passes - self._passes)
+            self._frontier, self._passes = k, passes
+            if survival >= self._go_on[k]:  # type: ignore[index]
+                self._in_chunk = True
+                return 1  # one token past the frontier
+            self._in_chunk = self._chose_plain = False
+            self.draft_stop_reason = "low_confidence"
+            return 0
+        if k == 0 and self._short_start and not draft.lookahead:  # a round's empty draft: the path below's, in short
+            self._new_round()
+            if self._head:  # the confidences' estimate keeps nothing between rounds
+                self.acceptance_choice.new_round()
+            if self._stale:
+                self._refresh()
+            self._passes = draft.forward_passes
+            if self._first_plan is None:  # the empty draft's plan depends on the tables alone
+                self._first_plan = self._plan(0, 0)
+            if self._first_plan <= 0:
+                if not self.probe_interval or (self._plain_rounds < self.probe_interval and not self._probe_again):
+                    self.draft_stop_reason = "low_confidence"
+                    self._chose_plain = True
+                    return 0
+                self._probing = True  # a probe (below): its first answer is one chunk all the same
+            self._quick = self._go_on is not None and not self._probing
+            self._in_chunk = True
+            return 1  # one token past the frontier: the drafter decodes a whole chunk
         if k == 0:
             self._new_round()
-            self.acceptance_choice.new_round()
+            if self._head:  # the confidences' estimate keeps nothing between rounds
+                self.acceptance_choice.new_round()
             if self._stale:
                 self._refresh()
         elif k == self._stop_at:  # the last answer took the decoded-ahead tokens up to the best length
@@ -347,7 +429,7 @@ class GoodputPolicy(LengthPolicy):
             # read and one lookup, in Python floats (the same values as the numpy path below: a bin
             # is the count of edges <= c, as ``confidence_bin``'s searchsorted; no numpy call)
             c = choice.probs(draft).tolist()[k - 1]  # one read (a list of <= max_length floats: cheaper than an index)
-            if choice.wants_head:
+            if self._head:
                 self._estimates[self._seen :] = [c]
             self._survival *= self._p_table.item(self._seen, bisect_right(self._edges, c))
             self._seen = k
@@ -355,7 +437,7 @@ class GoodputPolicy(LengthPolicy):
             # decision and of the tokens decoded ahead, from one host read
             new = choice.probs(draft)[self._seen : k]
             conf = np.asarray((new if ahead is None else torch.cat((new, ahead))).tolist())
-            if choice.wants_head:  # the head's estimates take the confidences' place in the calibration
+            if self._head:  # the head's estimates take the confidences' place in the calibration
                 self._estimates[self._seen :] = conf[: k - self._seen].tolist()
             conf = conf[: self.max_length - self._seen]  # positions past max_length play no part
             rows = self._p_table[self._seen : self._seen + conf.size]  # (n, bins) positions seen+1.., a view
@@ -395,10 +477,13 @@ class GoodputPolicy(LengthPolicy):
                 self.draft_stop_reason = "low_confidence"
                 self._chose_plain = k == 0
                 return 0
+        if k == 0:  # the round's one-token decisions may take ``_go_on`` (not in a probe)
+            self._quick = self._go_on is not None and not self._probing
         if frontier > k:  # decoded ahead: free but for verification
             if ahead is not None:  # their confidences are known: the ones the plan wants, in one answer,
                 if target <= frontier:
                     self._stop_at = target  # the plan stops there: no new decision needed
+                    self._quick = False
                     return target - k
                 self._in_chunk = True
                 return frontier - k + 1  # or all of them and one token past them (a new chunk)
@@ -454,11 +539,17 @@ class GoodputPolicy(LengthPolicy):
         # a probe that caught up measured no pass: the next round probes too (two rounds a probe)
         self._probe_again = self._probing and caught_up and not self.costs.drafting_pinned
         self._chose_plain = False
-        if 0 < own <= len(record.confidences):
-            seen = record.confidences[:own]
-            if self.acceptance_choice.wants_head:  # the head's estimates, the confidence where none was read
-                seen = tuple(self._estimates[:own]) + seen[len(self._estimates[:own]) :]
-            self._pending.append((seen, min(record.accepted_length, own)))
+        if 0 < own <= len(record.confidences):  # queued for the calibration (``observe_many``'s counting)
+            seen = record.confidences
+            if self._head:  # the head's estimates, the confidence where none was read
+                seen = tuple(self._estimates[:own]) + seen[len(self._estimates[:own]) : own]
+            accepted = min(record.accepted_length, own)
+            reached = min(accepted + 1, own)  # tokens reached: every earlier one accepted
+            self._pending_conf.extend(seen[:reached])
+            self._pending_reached.append(reached)
+            self._pending_accepted.append(accepted)
+            if reached > self._pending_longest:
+                self._pending_longest = reached
         self.costs.observe(record, drafting=not caught_up)
         self.throughput.add(record.emitted_tokens, self.costs.round_ms(record))
         self._updates += 1
@@ -511,7 +602,8 @@ class OnlineCosts:
     Timings have heavy tails (a scheduler stall, a garbage collection): after ``OUTLIER_WARMUP``
     samples each new one is clipped to within ``OUTLIER_FACTOR`` times the current estimate
     (winsorised) before it enters an average or the fit, so one stall does not set the costs of
-    the next rounds.
+    the next rounds. The estimates are plain attributes, worked out after each observation
+    (``_derive``): read them, never set them.
 
     Args:
         profile: the pinned latencies (None: measure everything).
@@ -528,28 +620,33 @@ class OnlineCosts:
         self._plain = (0.0, 0.0)  # decayed sums of 1, y over the rounds without a draft (y = verify ms)
         self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)  # decayed sums of 1, x, y, x^2, x*y over drafted rounds (x = length)
         self._fitted = (1.0, 0.0)  # (intercept, slope) of the drafted rounds' verification fit
+        self._derive()
 
-    @property
-    def pass_ms(self) -> float:
-        """ms of a drafter pass after the round's first."""
+    def _derive(self) -> None:
+        """The estimates (``pass_ms``, ``first_pass_ms``, ``draft_ms_per_token``, ``verify_base``,
+        ``verify_step``, ``verify_slope``: the class docstring's), worked out once per observation into
+        plain attributes (a round reads them several times, a refresh once more)."""
+        w, sy = self._plain
+        plain = sy / w if w > 0.0 else None  # the measured plain step's ms, None before any plain round
+        if self._pinned_base is not None:
+            self.verify_base = self._pinned_base
+        else:
+            self.verify_base = plain if plain is not None else self._fitted[0]
+        if self._pinned_slope is not None or plain is None or self._sums[0] == 0.0:
+            self.verify_step = 0.0  # what the drafted rounds' fit lies above the MEASURED plain step, >= 0
+        else:
+            self.verify_step = max(self._fitted[0] - plain, 0.0)
+        self.verify_slope = self._pinned_slope if self._pinned_slope is not None else self._fitted[1]
         if self._pinned_pass is not None:
-            return self._pinned_pass
+            self.pass_ms = self.first_pass_ms = self._pinned_pass
+            self.draft_ms_per_token = 0.0
+            return
         if self._draft_line is not None:
-            return self._draft_line[1]
-        return self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * self.verify_ms(0)
-
-    @property
-    def first_pass_ms(self) -> float:
-        """ms of the round's first drafter pass (``pass_ms`` until the fit separates them)."""
-        if self._pinned_pass is None and self._draft_line is not None:
-            return self._draft_line[0]
-        return self.pass_ms
-
-    @property
-    def draft_ms_per_token(self) -> float:
-        if self._pinned_pass is not None:
-            return 0.0
-        return self._token.ratio if self._token.samples else 0.0
+            self.first_pass_ms, self.pass_ms = self._draft_line
+        else:
+            self.pass_ms = self._pass.ratio if self._pass.samples else PRIOR_PASS_RATIO * self.verify_base
+            self.first_pass_ms = self.pass_ms
+        self.draft_ms_per_token = self._token.ratio if self._token.samples else 0.0
 
     @property
     def drafting_pinned(self) -> bool:
@@ -560,35 +657,6 @@ class OnlineCosts:
     def verify_pinned(self) -> bool:
         """Whether a profile pins the verification's per-token cost (then no step is measured)."""
         return self._pinned_slope is not None
-
-    @property
-    def _plain_ms(self) -> float | None:
-        """The measured plain step's ms, or None before any round without a draft."""
-        w, sy = self._plain
-        return sy / w if w > 0.0 else None
-
-    @property
-    def verify_base(self) -> float:
-        """ms of a verification of an empty draft (a plain decoding step)."""
-        if self._pinned_base is not None:
-            return self._pinned_base
-        plain = self._plain_ms
-        return plain if plain is not None else self._fitted[0]
-
-    @property
-    def verify_step(self) -> float:
-        """Extra verification ms of any draft, beyond ``verify_slope`` per token (>= 0): what the
-        drafted rounds' fit lies above the MEASURED plain step (0 with a pinned slope, or until
-        both kinds of round were seen)."""
-        plain = self._plain_ms
-        if self.verify_pinned or plain is None or self._sums[0] == 0.0:
-            return 0.0
-        return max(self._fitted[0] - plain, 0.0)
-
-    @property
-    def verify_slope(self) -> float:
-        """Extra verification ms per draft token."""
-        return self._pinned_slope if self._pinned_slope is not None else self._fitted[1]
 
     def verify_ms(self, length: int) -> float:
         """Verification ms of a draft of ``length`` tokens (0: a plain decoding step)."""
@@ -601,7 +669,9 @@ class OnlineCosts:
         own = record.speculation_length - record.reused_tokens
         passes = record.drafter_forward_passes
         first = self.first_pass_ms - self.pass_ms if passes > 0 else 0.0
-        return passes * self.pass_ms + first + own * self.draft_ms_per_token + self.verify_ms(record.speculation_length)
+        k = record.speculation_length
+        verify = self.verify_base if k == 0 else self.verify_base + self.verify_step + self.verify_slope * k
+        return passes * self.pass_ms + first + own * self.draft_ms_per_token + verify
 
     def observe(self, record: RoundRecord, drafting: bool = True) -> None:
         """Learn from one round's timings (rounds without timings, e.g. hand-built ones, teach nothing);
@@ -625,14 +695,15 @@ class OnlineCosts:
                 w, sy = self._plain
                 y = _winsorised(float(record.verify_ms), sy / w if w > 0.0 else 0.0, w)
                 self._plain = (d * w + 1.0, d * sy + y)
-                return
-            x = float(k)  # winsorised against the drafted rounds' own line
-            intercept, slope = self._fitted
-            y = _winsorised(float(record.verify_ms), intercept + slope * x, self._sums[0])
-            self._sums = w, sx, sy, sxx, sxy = _decayed_sums(self._sums, x, y, d)
-            var = w * sxx - sx * sx
-            slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
-            self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
+            else:
+                x = float(k)  # winsorised against the drafted rounds' own line
+                intercept, slope = self._fitted
+                y = _winsorised(float(record.verify_ms), intercept + slope * x, self._sums[0])
+                self._sums = w, sx, sy, sxx, sxy = _decayed_sums(self._sums, x, y, d)
+                var = w * sxx - sx * sx
+                slope = max((w * sxy - sx * sy) / var, 0.0) if var > 1e-9 * w * w else 0.0
+                self._fitted = (max((sy - slope * sx) / w, 1e-6), slope)
+        self._derive()
 
     def _fit_drafting(self, x: float, y: float) -> None:
         """Add a round of ``x`` passes and ``y`` drafting ms to the drafting fit (``first_pass_ms``)."""
@@ -671,7 +742,10 @@ def _winsorised(sample: float, estimate: float, samples: float) -> float:
     estimate rests on ``OUTLIER_WARMUP`` samples (``samples``: their count or total weight)."""
     if samples < OUTLIER_WARMUP or estimate <= 0.0:
         return sample
-    return min(max(sample, estimate / OUTLIER_FACTOR), estimate * OUTLIER_FACTOR)
+    low, high = estimate / OUTLIER_FACTOR, estimate * OUTLIER_FACTOR  # min(max(sample, low), high), no builtin calls
+    if low > sample:
+        sample = low
+    return high if high < sample else sample
 
 
 class _RatioOfMeans:
@@ -684,7 +758,9 @@ class _RatioOfMeans:
 
     def add(self, numerator: float, denominator: float) -> None:
         self.samples += 1
-        w = max(self.weight, 1.0 / self.samples)
+        w = 1.0 / self.samples  # max(weight, 1 / samples), without the builtin's call
+        if not w > self.weight:
+            w = self.weight
         self.numerator += w * (numerator - self.numerator)
         self.denominator += w * (denominator - self.denominator)
 

@@ -170,6 +170,29 @@ class AcceptanceCalibration:
         )
         self._table = self._unseen = None
 
+    def kernel_args(self, longest: int = 0) -> tuple:
+        """What a compiled call that counts drafts in place and estimates reads
+        (``specpolicy.core.compiled_policy.goodput_refresh``: ``policy=goodput``'s refresh, the counting of
+        ``observe_many`` and the estimates of ``table()`` / ``unseen()`` in one call): ``(reached,
+        accepted, confidence_sum, cell offsets, edges past the first, bin_prior, prior_strength,
+        position_strength, prior_acceptance)``, the cell offsets covering drafts of ``longest`` reached
+        tokens (widened as ``observe_many`` widens them). The cached estimates are dropped: the counts
+        are about to change."""
+        if longest > self._cells.size:  # a draft longer than any seen so far: widen the offsets
+            self._cells = self.position_bin(np.arange(1, 2 * longest + 1)) * self.confidence_edges.size
+        self._table = self._unseen = None
+        return (
+            self.reached,
+            self.accepted,
+            self.confidence_sum,
+            self._cells,
+            self._edges_past_first,
+            self.bin_prior,
+            self.prior_strength,
+            self.position_strength,
+            self.prior_acceptance,
+        )
+
     def reset(self) -> None:
         """Forget every observation (back to the prior)."""
         for counts in (self.reached, self.accepted, self.confidence_sum):

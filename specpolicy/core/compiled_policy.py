@@ -22,6 +22,117 @@ import numpy as np
 from numba import njit
 
 
+def goodput_table_size(H: int) -> int:
+    """Floats of ``goodput_tables``' output buffer for a horizon of ``H`` lengths."""
+    return H * H + 2 * (H + 1) * H + 3 * H
+
+
+def goodput_table_views(out: np.ndarray, H: int) -> tuple[np.ndarray, ...]:
+    """``(unseen_gain (H, H), cost_later (H + 1, H), cost_first (H,), probe_cost_later (H + 1, H),
+    probe_cost_first (H,), go_on (H,))``: views of ``goodput_tables``' flat output buffer ``out``
+    (``(goodput_table_size(H),) float64``), made once per buffer."""
+    a, b = H * H, H * H + (H + 1) * H
+    c = b + H
+    d = c + (H + 1) * H
+    return (
+        out[:a].reshape(H, H),
+        out[a:b].reshape(H + 1, H),
+        out[b:c],
+        out[c:d].reshape(H + 1, H),
+        out[d : d + H],
+        out[d + H : d + 2 * H],
+    )
+
+
+@njit(cache=True)
+def _least_survival(g: float, c: float, scratch: np.ndarray, bits: np.ndarray) -> float:
+    """The least float64 ``s >= 0`` with ``g * s - c > 0.0`` (float64, no fused multiply-add: as
+    ``goodput_best`` computes a value), +inf when none; ``g`` finite and >= 0, ``c`` not NaN. The
+    value rises with ``s`` (a rounded product and difference are monotone), so ``s`` passes iff it
+    is at least this one (``c`` finite: no NaN value on the way). Found next to ``c / g`` and pinned to one ulp by bisecting the floats' bit
+    patterns (``scratch``, ``(1,) float64``, and ``bits``, its int64 view)."""
+    if g * 0.0 - c > 0.0:
+        return 0.0
+    top = 1.7976931348623157e308  # the largest float64
+    if not g * top - c > 0.0:
+        return math.inf
+    scratch[0] = top
+    hi = bits[0]  # passes
+    lo = 0  # the bits of 0.0: fails
+    guess = c / g if g > 0.0 else top
+    if guess > 0.0 and guess < top:  # a bracket around the guess, widened by doubling steps
+        scratch[0] = guess
+        x = bits[0]
+        step = 1
+        if g * guess - c > 0.0:
+            hi = x
+            while x - step > lo:
+                bits[0] = x - step
+                if not g * scratch[0] - c > 0.0:
+                    lo = x - step
+                    break
+                hi = x - step
+                step *= 2
+        else:
+            lo = x
+            while x + step < hi:
+                bits[0] = x + step
+                if g * scratch[0] - c > 0.0:
+                    hi = x + step
+                    break
+                lo = x + step
+                step *= 2
+    while hi - lo > 1:
+        mid = lo + (hi - lo) // 2
+        bits[0] = mid
+        if g * scratch[0] - c > 0.0:
+            hi = mid
+        else:
+            lo = mid
+    bits[0] = hi
+    return scratch[0]
+
+
+@njit(cache=True)
+def _least_to_extend(
+    gain: np.ndarray, cost: np.ndarray, m: int, ratio: np.ndarray, scratch: np.ndarray, bits: np.ndarray
+) -> float:
+    """The least float64 ``s >= 0`` for which some ``j < m`` has ``gain[j] * s - cost[j] > 0`` (+inf:
+    none; NaN when a gain is negative or not finite, or a cost not finite: not exact, as where
+    ``goodput_best`` may meet a NaN value and stop). Each ``j``'s own
+    least ``s`` (``_least_survival``) lies within a few ulps of ``cost[j] / gain[j]``, so it is searched
+    only for the ``j`` whose ratio is within a relative 1e-12 of the row's least (far wider than those
+    ulps; every ``j`` when that ratio is subnormal, where ulps are not relative); a zero cost needs
+    the least ``s`` at the largest gain only (the product rises with the gain); a negative one passes
+    at 0. ``ratio``: ``(>= m,) float64`` scratch."""
+    least_ratio = math.inf
+    zero_gain = 0.0  # the largest gain with a zero cost
+    at_zero = False  # a length pays at 0 already (a negative cost): nothing is less
+    for j in range(m):
+        g = gain[j]
+        c = cost[j]
+        if not (g >= 0.0 and g < math.inf) or not (c > -math.inf and c < math.inf):
+            return math.nan
+        at_zero = at_zero or g * 0.0 - c > 0.0
+        ratio[j] = math.inf
+        if g > 0.0:
+            if c == 0.0:
+                zero_gain = max(zero_gain, g)
+            else:
+                ratio[j] = c / g
+                least_ratio = min(least_ratio, ratio[j])
+    if at_zero:
+        return 0.0
+    least = math.inf
+    if zero_gain > 0.0:
+        least = _least_survival(zero_gain, 0.0, scratch, bits)
+    bound = least_ratio * (1.0 + 1e-12) if least_ratio > 1e-290 else math.inf
+    for j in range(m):
+        if ratio[j] <= bound and gain[j] > 0.0 and cost[j] != 0.0:
+            least = min(least, _least_survival(gain[j], cost[j], scratch, bits))
+    return least
+
+
 @njit(cache=True)
 def goodput_tables(
     unseen: np.ndarray,
@@ -35,8 +146,10 @@ def goodput_tables(
     verify_step: float,
     first_pass: float,
     lam: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``GoodputPolicy._refresh``'s tables for a horizon of ``H`` = ``unseen.size`` lengths.
+    out: np.ndarray,
+) -> bool:
+    """``GoodputPolicy._refresh``'s tables for a horizon of ``H`` = ``unseen.size`` lengths, written
+    into ``out`` (``(goodput_table_size(H),) float64``; its parts: ``goodput_table_views``).
 
     Args:
         unseen: ``(H,) float64`` the estimate for an undrafted token at positions 1..H.
@@ -46,15 +159,29 @@ def goodput_tables(
             draft_ms_per_token: drafting ms per token; pass_ms: ms of a later drafter pass;
             verify_step: a draft's verification step (ms); first_pass: what the round's first pass
             costs beyond a later one (ms); lam: ``lambda``, tokens per ms.
+        out: the output buffer, float64.
     Returns:
-        ``(unseen_gain (H, H), cost_later (H + 1, H), cost_first (H,), probe_cost_later (H + 1, H),
-        probe_cost_first (H,))``, float64: ``unseen_gain[k, j]`` = the sum over ``i <= j`` of the
-        product of ``unseen[k .. k + i]`` (ones past ``H``); ``cost_later[r, m - 1]`` = ``lam`` x the
-        ms of adding ``m`` tokens with ``r`` decoded ahead; ``cost_first`` = a round's first chunk's;
-        the probe's the same without the verification's ms.
+        Whether ``go_on`` is exact for every row (False when a row's gains or first costs hold a
+        NaN, an infinite or a negative gain: then it must not be used). The views:
+        ``unseen_gain[k, j]`` = the sum over ``i <= j`` of the product of ``unseen[k .. k + i]``
+        (ones past ``H``); ``cost_later[r, m - 1]`` = ``lam`` x the ms of adding ``m`` tokens with
+        ``r`` decoded ahead; ``cost_first`` = a round's first chunk's; the probe's the same without
+        the verification's ms; ``go_on[k]`` = the least survival ``s >= 0`` for which some length
+        ``L`` in ``k+1..H`` has ``unseen_gain[k, L - k - 1] * s - cost_later[0, L - k - 1] > 0``
+        (+inf: none) -- ``goodput_best(unseen_gain[k], cost_later[0], s, H - k)``'s ``positive``
+        is ``s >= go_on[k]``, to the last bit (module docstring).
     """
     H = unseen.size
-    gain = np.empty((H, H))
+    gain = out[: H * H].reshape((H, H))
+    at = H * H
+    cost_later = out[at : at + (H + 1) * H].reshape((H + 1, H))
+    at += (H + 1) * H
+    cost_first = out[at : at + H]
+    at += H
+    probe_later = out[at : at + (H + 1) * H].reshape((H + 1, H))
+    at += (H + 1) * H
+    probe_first = out[at : at + H]
+    go_on = out[at + H : at + 2 * H]
     for k in range(H):
         product = 1.0
         total = 0.0
@@ -70,20 +197,23 @@ def goodput_tables(
     for b in range(H + 1):
         chunks[b] = math.ceil(float(b) / later_size)
         first_chunks[b] = math.ceil(max(float(b) - first_size, 0.0) / later_size)
-    cost_later = np.empty((H + 1, H))
-    probe_later = np.empty((H + 1, H))
     for r in range(H + 1):
         for m in range(1, H + 1):
             passes = later_passes * chunks[max(m - r, 0)]
             cost_later[r, m - 1] = lam * (float(m) * token_ms + passes * pass_ms)
             probe_later[r, m - 1] = lam * (float(m) * draft_ms_per_token + passes * pass_ms)
-    cost_first = np.empty(H)
-    probe_first = np.empty(H)
     for m in range(1, H + 1):
         passes = first_passes + later_passes * first_chunks[m]
         cost_first[m - 1] = lam * (float(m) * token_ms + verify_step + passes * pass_ms + first_pass)
         probe_first[m - 1] = lam * (float(m) * draft_ms_per_token + passes * pass_ms + first_pass)
-    return gain, cost_later, cost_first, probe_later, probe_first
+    exact = True
+    scratch = np.empty(1)
+    bits = scratch.view(np.int64)
+    ratio = np.empty(H)
+    for k in range(H):
+        go_on[k] = _least_to_extend(gain[k], cost_later[0], H - k, ratio, scratch, bits)
+        exact = exact and not math.isnan(go_on[k])
+    return exact
 
 
 @njit(cache=True)
@@ -182,3 +312,64 @@ def calibration_estimates(
     for q in range(rows):
         unseen[q] = (a_q[q] + s1 * overall) / (r_q[q] + s1)
     return table, unseen
+
+
+@njit(cache=True)
+def goodput_refresh(
+    reached: np.ndarray,
+    accepted: np.ndarray,
+    confidence_sum: np.ndarray,
+    cells: np.ndarray,
+    edges: np.ndarray,
+    bin_prior: np.ndarray,
+    s0: float,
+    s1: float,
+    prior_acceptance: float,
+    conf: np.ndarray,
+    counts: np.ndarray,
+    position_bins: np.ndarray,
+    p_rows: np.ndarray,
+    unseen: np.ndarray,
+    first_tokens: float,
+    first_passes: float,
+    later_tokens: float,
+    later_passes: float,
+    token_ms: float,
+    draft_ms_per_token: float,
+    pass_ms: float,
+    verify_step: float,
+    first_pass: float,
+    lam: float,
+    out: np.ndarray,
+) -> bool:
+    """``GoodputPolicy._refresh`` in one call: the drafts verified since the last refresh counted into
+    the calibration (``calibration_count``: ``conf``, their reached tokens' confidences in order,
+    ``(n,) float64``; ``counts`` ``(2, d) int64``, each draft's reached tokens and accepted length),
+    its estimates (``calibration_estimates``) laid out by draft position -- ``p_rows[i]`` ``(H,
+    confidence bins)`` and ``unseen[i]`` ``(H,)`` are the estimates of position bin
+    ``position_bins[i]`` -- and the decision tables from ``unseen`` into ``out`` (``goodput_tables``,
+    whose result it returns). The arguments up to ``prior_acceptance`` are the calibration's
+    (``AcceptanceCalibration.kernel_args``: its counts are written in place), those from
+    ``first_tokens`` on ``goodput_tables``'. The same operations as the calls it joins, in the same
+    order: the same counts, estimates and tables to the last bit."""
+    if counts.shape[1]:
+        calibration_count(reached, accepted, confidence_sum, cells, edges, conf, counts[0], counts[1])
+    table, unseen_q = calibration_estimates(reached, accepted, bin_prior, s0, s1, prior_acceptance)
+    for i in range(position_bins.size):
+        q = position_bins[i]
+        p_rows[i, :] = table[q, :]
+        unseen[i] = unseen_q[q]
+    return goodput_tables(
+        unseen,
+        first_tokens,
+        first_passes,
+        later_tokens,
+        later_passes,
+        token_ms,
+        draft_ms_per_token,
+        pass_ms,
+        verify_step,
+        first_pass,
+        lam,
+        out,
+    )

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specpolicy.core.calibration import CONFIDENCE_EDGES, AcceptanceCalibration
-from specpolicy.core.compiled_policy import goodput_best, goodput_tables
+from specpolicy.core.compiled_policy import goodput_best, goodput_table_size, goodput_table_views, goodput_tables
 from specpolicy.policies.failfast import FailFastPolicy
 
 
@@ -65,18 +65,84 @@ def _cases(rng):
             yield unseen, scalars
 
 
+def tables(unseen, scalars):
+    """``goodput_tables``' views, the buffer filled (and whether its ``go_on`` rows are exact)."""
+    out = np.full(goodput_table_size(unseen.size), np.nan)
+    exact = goodput_tables(unseen, *scalars, out)
+    return goodput_table_views(out, unseen.size), exact
+
+
 def test_goodput_tables_match_numpy_bit_for_bit():
     rng = np.random.default_rng(0)
     for unseen, scalars in _cases(rng):
-        for got, want in zip(goodput_tables(unseen, *scalars), numpy_tables(unseen, *scalars)):
+        got_tables, exact = tables(unseen, scalars)
+        assert exact
+        for got, want in zip(got_tables, numpy_tables(unseen, *scalars)):
             assert got.shape == want.shape
             np.testing.assert_array_equal(got, want)  # exact, not approximate
+
+
+def _survivals(rng, threshold):
+    """Survivals to try against a row's ``go_on``: the threshold and its float neighbours, random ones,
+    0 and 1."""
+    near = (
+        [threshold, np.nextafter(threshold, -np.inf), np.nextafter(threshold, np.inf)] if np.isfinite(threshold) else []
+    )
+    return [s for s in near + [0.0, 1.0, float(rng.uniform()), float(rng.uniform(0.0, 1e-3))] if s >= 0.0]
+
+
+def test_go_on_is_the_least_survival_at_which_the_plan_extends():
+    """``go_on[k]`` against ``goodput_best`` on the row ``_plan(k, k)`` reads: extending (``positive``)
+    iff the survival is at least ``go_on[k]``, at the threshold and one ulp either side; and the
+    threshold is the least such float (one ulp below, or 0, does not extend)."""
+    rng = np.random.default_rng(3)
+    for unseen, scalars in _cases(rng):
+        (gain, cost_later, _, _, _, go_on), exact = tables(unseen, scalars)
+        assert exact
+        H = unseen.size
+        for k in range(H):
+            threshold = float(go_on[k])
+            assert threshold >= 0.0
+            for survival in _survivals(rng, threshold):
+                _, positive = goodput_best(gain[k], cost_later[0], survival, H - k)
+                assert positive == (survival >= threshold), (k, survival, threshold)
+            if np.isfinite(threshold) and threshold > 0.0:
+                below = float(np.nextafter(threshold, -np.inf))
+                assert not goodput_best(gain[k], cost_later[0], below, H - k)[1]
+
+
+def test_go_on_on_hand_made_rows_ties_and_extremes():
+    """Rows whose values are exact ties with 0 at a survival, a free length (cost 0), costs that no
+    survival in [0, 1] pays, a negative cost and tiny ones: ``go_on`` decides as ``goodput_best``."""
+    rng = np.random.default_rng(4)
+    H = 6
+    for _ in range(300):
+        unseen = rng.choice(np.array([0.0, 0.25, 0.5, 1.0, 1e-300, 0.999999]), H)
+        scalars = [1.0, 1.0, 1.0, 1.0]
+        scalars += [float(rng.choice([0.0, 0.125, 1.0, 3.0, 1e-300]))]  # token_ms
+        scalars += [0.0, float(rng.choice([0.0, 0.5, 2.0])), 0.0, float(rng.choice([-1.0, 0.0, 1.0]))]
+        scalars += [float(rng.choice([0.5, 1.0, 1e-9, 7.0]))]  # lambda
+        (gain, cost_later, _, _, _, go_on), exact = tables(unseen, scalars)
+        assert exact
+        for k in range(H):
+            for survival in _survivals(rng, float(go_on[k])) + [0.25, 0.5, 0.125]:
+                assert goodput_best(gain[k], cost_later[0], survival, H - k)[1] == (survival >= go_on[k])
+
+
+def test_go_on_not_exact_with_a_nan_or_infinite_cost():
+    unseen = np.full(4, 0.5)
+    assert not tables(unseen, [1.0, 1.0, 1.0, 1.0, np.nan, 0.0, 1.0, 0.0, 0.0, 1.0])[1]
+    assert not tables(unseen, [1.0, 1.0, 1.0, 1.0, np.inf, 0.0, 1.0, 0.0, 0.0, 1.0])[1]
+    (gain, cost_later, *_, go_on), exact = tables(unseen, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    assert exact and 0.0 < go_on[1] < 1e-300  # free lengths: the least survival whose product is not 0
+    assert goodput_best(gain[1], cost_later[0], float(go_on[1]), 3)[1]
+    assert not goodput_best(gain[1], cost_later[0], float(np.nextafter(go_on[1], -1.0)), 3)[1]
 
 
 def test_goodput_best_matches_numpy_argmax():
     rng = np.random.default_rng(1)
     for unseen, scalars in _cases(rng):
-        gain, cost_later, cost_first, _, _ = goodput_tables(unseen, *scalars)
+        (gain, cost_later, cost_first, _, _, _), _ = tables(unseen, scalars)
         H = unseen.size
         for survival in (0.0, 1.0, float(rng.uniform()), 0.5):
             for k in range(H):
