@@ -83,6 +83,7 @@ from specpolicy.runners.fastdllm import (
     greedy_into,
     host_choice,
 )
+from specpolicy.runners.fastdllm_host import commit_in_place, draft_alone
 
 NAME = "fastdllm"
 
@@ -269,8 +270,10 @@ class FastDLLMDrafter(Drafter):
         self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
-        # (L - base,) int64 committed tokens of the partial block, on the host
-        self._tail = np.zeros(0, dtype=np.int64)
+        # (L - base,) int64 committed tokens of the partial block, on the host (``_tail``); None: they
+        # lie in the block's ids (``_tail_len`` of them, the last one ``_pending``: ``commit_in_place``)
+        self._tail_held: np.ndarray | None = np.zeros(0, dtype=np.int64)
+        self._tail_len, self._pending, self._fast = 0, 0, False
         # When L == base: the block's first token, its confidence and (sampling) its q row
         # (int, float32 on the host; (V,) float32 on the device or None).
         self._first: tuple[int, np.float32, torch.Tensor | None] | None = None
@@ -371,6 +374,7 @@ class FastDLLMDrafter(Drafter):
         B = self.block_size
         self._outs: dict = {}  # ``greedy_into``'s outputs by shape, this request's own
         self._logits3d = self._host_greedy and self._sampling is None and self.path_search is None
+        self._fast = self._logits3d  # one request on an eager cache: ``fastdllm_host``'s path
         # The current block's ids, confidences and mask state on the host (``_open_block``), this request's own
         self._blk_ids = np.zeros(B, dtype=np.int64)  # (B,) int64
         self._blk_conf, self._blk_masked = np.zeros(B, dtype=np.float32), np.zeros(B, dtype=np.bool_)  # (B,)
@@ -423,6 +427,20 @@ class FastDLLMDrafter(Drafter):
         self._blk_start, self._sb_index = start, -1  # the small block being decoded (-1: none yet)
         ids, conf, masked = self._blk_ids, self._blk_conf, self._blk_masked  # ``_scan`` sets ``_filled``
         self._scan(block_open(ids, conf, masked, prefix, first_id, first_conf, self.mask_token_id, self._stops))
+
+    @property
+    def _tail(self) -> np.ndarray:
+        """``(L - base,) int64`` the committed tokens of the partial block, on the host; read from the
+        block's ids (then kept) after ``commit_in_place`` left them there."""
+        tail = self._tail_held
+        if tail is None:
+            self._blk_ids[self._tail_len - 1] = self._pending
+            tail = self._tail_held = self._blk_ids[: self._tail_len].copy()
+        return tail
+
+    @_tail.setter
+    def _tail(self, tail: np.ndarray) -> None:
+        self._tail_held = tail
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
@@ -498,7 +516,10 @@ class FastDLLMDrafter(Drafter):
             self._path_len = self._blk_start + first + m - self._L
 
     def _cross_keep(self) -> None:
-        """Before a boundary pass: the full block's drafted part joins the round's segments."""
+        """Before a boundary pass: the full block's drafted part joins the round's segments (and a tail
+        kept in the block's ids is copied out: the block's arrays are about to hold the next block)."""
+        if self._tail_held is None:
+            self._tail_held = self._tail
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0:]
         self._segments.append((self._blk_ids[d0:].copy(), self._blk_conf[d0:].copy(), probs))  # the arrays are reused
@@ -509,7 +530,7 @@ class FastDLLMDrafter(Drafter):
         self._passes += 1
         first = self._first_of(logits)
         self._tentative.append((self._blk_start + self.block_size, first))
-        self._open_block(self._blk_start + self.block_size, self._tail[:0], first)
+        self._open_block(self._blk_start + self.block_size, self._no_ids, first)
 
     @no_grad
     def draft(self, num_tokens: int) -> Draft:
@@ -530,6 +551,8 @@ class FastDLLMDrafter(Drafter):
         """
         if self.sequence is None or self.sequence.cache is None:  # the static cache's passes (or the error)
             return type(self)._draft_steps([self], [num_tokens])[0]
+        if self._fast and type(num_tokens) is int and num_tokens > 0:
+            return draft_alone(self, num_tokens)
         end = self._begin(num_tokens)  # ``_draft_steps`` at R = 1 on an eager cache: ``FastDLLMRunner.alone``
         run, seq = self.runner.alone, self.sequence
         while (kind := self._next_pass(end)) is not None:
@@ -684,6 +707,8 @@ class FastDLLMDrafter(Drafter):
                 f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
                 f"but this round drafted {self._k}"
             )
+        if self._fast and commit_in_place(self, draft, verification):
+            return
         B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here

@@ -1,0 +1,92 @@
+"""The Fast-dLLM v2 drafter's one-request host path (``drafters/fastdllm.py``, issue 48 item 5: host
+work per round): ``draft_alone`` and ``commit_in_place`` are ``FastDLLMDrafter.draft`` / ``commit``
+for the case every CPU benchmark row runs -- one request on an eager cache, greedy choices read on the
+host (``greedy_into``), no path search -- with the same passes, the same block arrays and the same
+draft, in fewer calls between passes.
+
+``commit_in_place`` keeps the committed tokens where they were drafted: when the round's draft lay
+in the current block and the committed sequence ends inside it, the block's host ids already hold the
+new tail but for the verification's next token, so the commit is lengths (``_tail_len``, the token
+kept in ``_pending``) and the next ``draft_alone`` reopens the block in ONE compiled call
+(``compiled.block_reopen``: that token, then masks), where the general path concatenated the tail
+and filled the block again (``compiled.block_open``). Any other commit (a crossing, a tentative
+block, a tree path, reused tokens, a finished block) takes the general path, which reads the tail
+through ``FastDLLMDrafter._tail`` (materialised from the block then).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specpolicy.core.compiled import block_reopen, unmask_step
+from specpolicy.core.types import Draft, Verification
+
+
+def draft_alone(d: Any, num_tokens: int) -> Draft:
+    """``FastDLLMDrafter.draft`` of ``d`` (a ``FastDLLMDrafter`` whose ``_fast`` is set: one request
+    on an eager cache, host greedy choices, no path search) for an int ``num_tokens`` >= 1: the same
+    passes (``FastDLLMRunner.alone``), the same unmasking (``compiled.unmask_step``), the same draft.
+
+    Raises:
+        ValueError: as ``draft``: a draft whose block would pass the drafter's context.
+    """
+    B = d.block_size
+    start = d._blk_start
+    if start is None:  # the round's block
+        start = d._base
+        if d._tail_held is None:  # committed in place (``commit_in_place``): one compiled call
+            if d.max_context and start + B > d.max_context:
+                d._check_fits(start + B, f"a draft from committed length {d._L} (block [{start}, {start + B}))")
+            block_reopen(d._blk_ids, d._blk_conf, d._blk_masked, d._tail_len, d._pending, d.mask_token_id)
+            d._blk_start, d._sb_index, d._filled = start, -1, d._tail_len
+        else:
+            d._open_block(start, d._tail_held, d._first)
+    L = d._L
+    end = L + d._k + num_tokens  # the draft covers positions [L, end)
+    if d._stop_len is None and d.max_context and ((end - 1) // B + 1) * B > d.max_context:
+        d._check_fits(((end - 1) // B + 1) * B, f"a draft of {d._k + num_tokens} tokens from committed length {L}")
+    filled, S, run, seq, row = d._filled, d.small_block_size, d.runner.alone, d.sequence, d._blk_row
+    while d._stop_len is None and start + filled < end:
+        if filled == B:  # the block is full: write its KV, open the next (``_cross_keep`` / ``_cross_apply``)
+            d._cross_keep()
+            d._cross_apply(run(seq, row, start, None, True))
+            start, filled = d._blk_start, d._filled
+            continue
+        j = filled // S
+        d._choose(run(seq, row, start, d._keep[j], False))  # a pass, then its choice (``greedy_into``)
+        tokens, confs = d._chosen  # (m,) int64 / float32: numpy views of the choice
+        d._passes += 1
+        sb_row = np.empty(tokens.shape[0], dtype=np.float32)  # ``_unmask_apply``'s row
+        filled, stop = unmask_step(
+            tokens, confs, j * S or 1, d._blk_ids, d._blk_conf, d._blk_masked, d._threshold32, False,
+            d._stops, max(L - start, 0), d._pick, sb_row,
+        )  # fmt: skip
+        d._sb_conf.append(sb_row)
+        d._filled = filled
+        if stop < filled:  # the leading run holds a stop token: the draft ends at it
+            d._stop_len = start + stop + 1 - L
+    k = d._k + num_tokens
+    d._k = k if d._stop_len is None else min(k, d._stop_len)
+    return d._current_draft()
+
+
+def commit_in_place(d: Any, draft: Draft, verification: Verification) -> bool:
+    """``FastDLLMDrafter.commit`` of ``d`` (its checks done) when the round's draft lay in the current
+    block -- no tentative block, no finished block's segments, a chain of the drafter's own tokens --
+    and the committed sequence ends inside that block: the tail is the block's ids up to the accepted
+    tokens plus ``verification.next_token``, kept as lengths (module docstring). Returns False,
+    touching nothing, when the general path must run."""
+    if d._blk_start != d._base or d._tentative or d._segments or verification.path is not None:
+        return False
+    a = int(verification.accepted_length)
+    n = d._L - d._base + a + 1  # the new tail's length
+    if n >= d.block_size or draft.reused_tokens:
+        return False
+    d._tail_held, d._tail_len, d._pending = None, n, int(verification.next_token)
+    d._L += a + 1
+    d._first = None  # the block starts with committed tokens
+    d._carry = 0 if d._k else d._passes  # an undrafted round carries on
+    d._new_round()
+    return True
