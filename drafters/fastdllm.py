@@ -53,7 +53,7 @@ from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
-from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
+from specpolicy.core.types import Draft, Verification
 from specpolicy.models.fastdllm import (
     BLOCK_SIZE_CONFIG_KEYS,
     SUPPORTED_ATTENTION as _SUPPORTED_ATTENTION,
@@ -83,7 +83,7 @@ from specpolicy.runners.fastdllm import (
     greedy_into,
     host_choice,
 )
-from specpolicy.runners.fastdllm_host import commit_in_place, draft_alone
+from specpolicy.runners.fastdllm_host import commit_in_place, current_draft, draft_alone
 
 NAME = "fastdllm"
 
@@ -395,7 +395,7 @@ class FastDLLMDrafter(Drafter):
 
     def _new_round(self) -> None:
         self._k = 0  # tokens requested this round (capped at a drafted stop token)
-        self._drafted = self._no_ids  # (k,) int64 host copy of the round's draft (``_current_draft``)
+        self._drafted = self._no_ids  # (k,) int64 host copy of the round's draft (``current_draft``)
         self._passes = self._carry
         # Drafted part of each finished block: ids, confidences (host), q rows (sampling) or None.
         self._segments: list[tuple[np.ndarray, np.ndarray, torch.Tensor | None]] = []
@@ -593,7 +593,7 @@ class FastDLLMDrafter(Drafter):
         self._k = k if self._stop_len is None else min(k, self._stop_len)
         if self._path_len is not None:
             self._k = min(self._k, self._path_len)
-        return self._current_draft()
+        return current_draft(self)
 
     @classmethod
     @no_grad
@@ -649,37 +649,6 @@ class FastDLLMDrafter(Drafter):
             self._cross_keep()
             return FastDLLMPass(self.sequence, ids, self._blk_start, None, writes=True)
         return FastDLLMPass(self.sequence, ids, self._blk_start, self._unmask_keep(), writes=False)
-
-    def _current_draft(self) -> Draft:
-        """The round's draft so far, assembled on the host (the block and the finished blocks'
-        segments) and handed over as tensors on the drafter's device."""
-        k, filled, start = self._k, self._filled, self._blk_start
-        d0 = max(self._L - start, 0)  # ``_draft_start``
-        d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
-        if not self._segments and self._sampling is None:  # the draft lies in the current block: a copy each
-            ids, conf, q = self._blk_ids[d0:d1].copy(), self._blk_conf[d0:d1].copy(), None
-        else:
-            probs = None if self._blk_probs is None else self._blk_probs[d0:filled]
-            parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
-            ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
-            q = None if self._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
-        sb_conf = self._sb_conf[0] if len(self._sb_conf) == 1 else np.concatenate([self._no_conf, *self._sb_conf])
-        # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
-        ended = self._stop_len is not None or self._path_len is not None
-        lookahead = 0 if ended else max(start + filled - (self._L + k), 0)
-        ahead = self._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
-        self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
-        tensor = self._tensor
-        return Draft(
-            tensor(ids),
-            tensor(conf),
-            forward_passes=self._passes,
-            probs=q,  # fresh tensors (torch.cat)
-            ends_at_stop_token=self._k == self._stop_len,
-            extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
-            lookahead=lookahead,
-            lookahead_confidences=self._empty_conf if ahead is None else tensor(ahead),
-        )
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         """A host array the drafter no longer writes as a tensor on its device (on the CPU, a view)."""

@@ -365,8 +365,8 @@ class FastDLLMRunner:
             logits_to_keep=1 if keep is None else keep,
         ).logits
         if buffered:
-            for layer in layers:  # an unmasking pass adds nothing to the cache: a length
-                layer.length = start
+            for layer in layers:  # an unmasking pass adds nothing to the cache: a length (``crop_cache``'s)
+                layer._key_length = layer._value_length = start
         elif kept is not None and len(layers) == len(kept):
             for layer, keys, values in kept:
                 layer.keys, layer.values = keys, values
@@ -381,7 +381,7 @@ class FastDLLMRunner:
         if cache is not None and seen is not None and seen[0] is cache and seen[1] == len(cache.layers) and seen[2]:
             layers: Any = cache.layers  # BufferedLayer ones (``alone`` saw them)
             for layer in layers:
-                layer.length = min(layer.length, length)
+                layer._key_length = layer._value_length = min(layer._key_length, length)
         else:
             sequence.crop(length)
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from specpolicy.core.compiled import block_reopen, unmask_step
-from specpolicy.core.types import Draft, Verification
+from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
+
+from_numpy = torch.from_numpy
 
 
 def draft_alone(d: Any, num_tokens: int) -> Draft:
@@ -67,9 +70,31 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
         d._filled = filled
         if stop < filled:  # the leading run holds a stop token: the draft ends at it
             d._stop_len = start + stop + 1 - L
-    k = d._k + num_tokens
-    d._k = k if d._stop_len is None else min(k, d._stop_len)
-    return d._current_draft()
+    k, stop_len = d._k + num_tokens, d._stop_len
+    if stop_len is not None:
+        k = min(k, stop_len)
+    d._k = k
+    if d._segments:  # the draft crossed a block: ``current_draft``'s concatenation
+        return current_draft(d)
+    # The draft lies in the block (``current_draft``'s first case): its ids, its confidences and the
+    # look-ahead's (the leading unmasked run past it, none after a stop token) in one copy each.
+    d0 = L - start
+    d1 = min(filled, d0 + k)
+    lookahead = 0 if stop_len is not None else filled - d1  # filled >= d0 + k: the loop reached ``end``
+    ids, confs = d._blk_ids[d0:d1].copy(), d._blk_conf[d0 : d1 + lookahead].copy()
+    rows = d._sb_conf
+    d._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
+    return Draft(
+        from_numpy(ids),
+        from_numpy(confs[: d1 - d0] if lookahead else confs),
+        forward_passes=d._passes,
+        ends_at_stop_token=k == stop_len,
+        extras={
+            SMALL_BLOCK_CONFIDENCES: from_numpy(rows[0] if len(rows) == 1 else np.concatenate([d._no_conf, *rows]))
+        },
+        lookahead=lookahead,
+        lookahead_confidences=from_numpy(confs[d1 - d0 :]) if lookahead else d._empty_conf,
+    )
 
 
 def commit_in_place(d: Any, draft: Draft, verification: Verification) -> bool:
@@ -90,3 +115,35 @@ def commit_in_place(d: Any, draft: Draft, verification: Verification) -> bool:
     d._carry = 0 if d._k else d._passes  # an undrafted round carries on
     d._new_round()
     return True
+
+
+def current_draft(d: Any) -> Draft:
+    """The round's draft so far, assembled on the host (the block and the finished blocks'
+    segments) and handed over as tensors on the drafter's device."""
+    k, filled, start = d._k, d._filled, d._blk_start
+    d0 = max(d._L - start, 0)  # ``_draft_start``
+    d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
+    if not d._segments and d._sampling is None:  # the draft lies in the current block: a copy each
+        ids, conf, q = d._blk_ids[d0:d1].copy(), d._blk_conf[d0:d1].copy(), None
+    else:
+        probs = None if d._blk_probs is None else d._blk_probs[d0:filled]
+        parts = d._segments + [(d._blk_ids[d0:d1], d._blk_conf[d0:d1], probs)]
+        ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
+        q = None if d._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
+    sb_conf = d._sb_conf[0] if len(d._sb_conf) == 1 else np.concatenate([d._no_conf, *d._sb_conf])
+    # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
+    ended = d._stop_len is not None or d._path_len is not None
+    lookahead = 0 if ended else max(start + filled - (d._L + k), 0)
+    ahead = d._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
+    d._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
+    tensor = d._tensor
+    return Draft(
+        tensor(ids),
+        tensor(conf),
+        forward_passes=d._passes,
+        probs=q,  # fresh tensors (torch.cat)
+        ends_at_stop_token=d._k == d._stop_len,
+        extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
+        lookahead=lookahead,
+        lookahead_confidences=d._empty_conf if ahead is None else tensor(ahead),
+    )
