@@ -282,10 +282,12 @@ class FastDLLMDrafter(Drafter):
 
     # -- passes ----------------------------------------------------------------------------
 
-    def _check_fits(self, end: int, what: str) -> None:
+    def _check_fits(self, end: int, what: str, *values: int) -> None:
+        """Raise (naming ``what.format(*values)``: formatted only then) when position ``end - 1`` is
+        past the drafter's context."""
         if self.max_context and end > self.max_context:
             raise ValueError(
-                f"{what} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
+                f"{what.format(*values)} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
                 f"({self.max_context})"
             )
 
@@ -314,7 +316,7 @@ class FastDLLMDrafter(Drafter):
         boundary ``start``) into the cache in one block-causal pass; return the next block's first
         token, confidence and (sampling) q row from the last logit (``_first``)."""
         n = int(ids.shape[0])
-        self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
+        self._check_fits(start + n, "the committed sequence of {} tokens", start + n)
         logits = self.runner.write(self.sequence, ids.to(self._device), start)  # (1, V)
         return self._first_of(logits)
 
@@ -348,7 +350,7 @@ class FastDLLMDrafter(Drafter):
     def release(self) -> None:
         """This request's sequence is free for the next (a static cache's; eager: nothing held)."""
         self.runner.close(self.sequence)
-        self.sequence = None
+        self.sequence, self._fast = None, False
 
     @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -374,7 +376,6 @@ class FastDLLMDrafter(Drafter):
         B = self.block_size
         self._outs: dict = {}  # ``greedy_into``'s outputs by shape, this request's own
         self._logits3d = self._host_greedy and self._sampling is None and self.path_search is None
-        self._fast = self._logits3d  # one request on an eager cache: ``fastdllm_host``'s path
         # The current block's ids, confidences and mask state on the host (``_open_block``), this request's own
         self._blk_ids = np.zeros(B, dtype=np.int64)  # (B,) int64
         self._blk_conf, self._blk_masked = np.zeros(B, dtype=np.float32), np.zeros(B, dtype=np.bool_)  # (B,)
@@ -382,6 +383,7 @@ class FastDLLMDrafter(Drafter):
         self._pick = np.zeros(self.small_block_size, dtype=np.bool_)  # (S,) a pass's picks (``unmask_step``)
         self.release()
         self.sequence = self.runner.open()
+        self._fast = self._logits3d and self.sequence.cache is not None  # ``fastdllm_host``'s path: eager
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
@@ -416,7 +418,7 @@ class FastDLLMDrafter(Drafter):
         ``_first``), then masks. The block's ids, confidences and mask state are kept on the host, in
         this request's arrays (``compiled.block_open``: the fill and the first token's stop check)."""
         B = self.block_size
-        self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
+        self._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", self._L, start, start + B)
         sampled = self._sampling is not None  # q row of every offset (committed or masked ones never read)
         self._blk_probs = torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device) if sampled else None
         if prefix.shape[0] == 0 and first is None:  # invariant broken: the previous block's pass stored it
@@ -549,10 +551,10 @@ class FastDLLMDrafter(Drafter):
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
         """
+        if self._fast and type(num_tokens) is int and num_tokens > 0:  # one request, eager, host greedy
+            return draft_alone(self, num_tokens)
         if self.sequence is None or self.sequence.cache is None:  # the static cache's passes (or the error)
             return type(self)._draft_steps([self], [num_tokens])[0]
-        if self._fast and type(num_tokens) is int and num_tokens > 0:
-            return draft_alone(self, num_tokens)
         end = self._begin(num_tokens)  # ``_draft_steps`` at R = 1 on an eager cache: ``FastDLLMRunner.alone``
         run, seq = self.runner.alone, self.sequence
         while (kind := self._next_pass(end)) is not None:
@@ -576,7 +578,7 @@ class FastDLLMDrafter(Drafter):
         end = self._L + self._k + num_tokens  # the draft covers positions [L, end)
         if self._stop_len is None:
             self._check_fits(
-                ((end - 1) // B + 1) * B, f"a draft of {self._k + num_tokens} tokens from committed length {self._L}"
+                ((end - 1) // B + 1) * B, "a draft of {} tokens from committed length {}", self._k + num_tokens, self._L
             )
         return end
 
@@ -609,8 +611,9 @@ class FastDLLMDrafter(Drafter):
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
-        if len(drafters) == 1:
-            return [drafters[0].draft(num_tokens[0])]
+        if len(drafters) == 1:  # ``draft`` (``draft_alone`` straight away: one no_grad check)
+            d, n = drafters[0], num_tokens[0]
+            return [draft_alone(d, n) if d._fast and type(n) is int and n > 0 else d.draft(n)]
         if len(drafters) < 2 or any(d._sampling is not None or d.path_search is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
         return cls._draft_steps(drafters, num_tokens)
@@ -654,7 +657,6 @@ class FastDLLMDrafter(Drafter):
         """A host array the drafter no longer writes as a tensor on its device (on the CPU, a view)."""
         return torch.from_numpy(array) if self._on_cpu else torch.from_numpy(array).to(self._device)
 
-    @no_grad
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Grow the committed sequence by ``verification.committed_tokens(draft)`` and roll the cache
         back to the KV of the complete committed blocks.
@@ -676,8 +678,13 @@ class FastDLLMDrafter(Drafter):
                 f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
                 f"but this round drafted {self._k}"
             )
-        if self._fast and commit_in_place(self, draft, verification):
-            return
+        if not (self._fast and commit_in_place(self, draft, verification)):  # no torch op: no no_grad check
+            self._commit(draft, verification, own)
+
+    @no_grad
+    def _commit(self, draft: Draft, verification: Verification, own: int) -> None:
+        """``commit``'s general path (its checks done): the tokens joined, the cache rolled back, the
+        complete committed blocks not validly cached written."""
         B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here

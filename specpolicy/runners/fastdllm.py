@@ -391,6 +391,8 @@ class FastDLLMRunner:
         block boundary ``start``, the sequence holding exactly ``start`` positions) in one
         block-causal pass. Returns the last position's logits ``(1, V)`` (the next block's first token)."""
         n = int(ids.shape[0])
+        if sequence.rows is None and n == self.block_size:  # one block: ``alone``'s all-visible mask
+            return self.alone(sequence, ids[None], start, None, True)[0]
         if sequence.rows is None:
             mask = block_causal_mask(start, n, start + n, self.block_size, ids.device)
             return block_pass(self.model, sequence.cache, ids, start, mask, self.attn, 1, self._dtype)

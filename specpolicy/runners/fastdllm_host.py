@@ -41,7 +41,7 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
         start = d._base
         if d._tail_held is None:  # committed in place (``commit_in_place``): one compiled call
             if d.max_context and start + B > d.max_context:
-                d._check_fits(start + B, f"a draft from committed length {d._L} (block [{start}, {start + B}))")
+                d._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", d._L, start, start + B)
             block_reopen(d._blk_ids, d._blk_conf, d._blk_masked, d._tail_len, d._pending, d.mask_token_id)
             d._blk_start, d._sb_index, d._filled = start, -1, d._tail_len
         else:
@@ -49,7 +49,7 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
     L = d._L
     end = L + d._k + num_tokens  # the draft covers positions [L, end)
     if d._stop_len is None and d.max_context and ((end - 1) // B + 1) * B > d.max_context:
-        d._check_fits(((end - 1) // B + 1) * B, f"a draft of {d._k + num_tokens} tokens from committed length {L}")
+        d._check_fits(((end - 1) // B + 1) * B, "a draft of {} tokens from committed length {}", d._k + num_tokens, L)
     filled, S, run, seq, row = d._filled, d.small_block_size, d.runner.alone, d.sequence, d._blk_row
     while d._stop_len is None and start + filled < end:
         if filled == B:  # the block is full: write its KV, open the next (``_cross_keep`` / ``_cross_apply``)
