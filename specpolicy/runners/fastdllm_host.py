@@ -4,14 +4,14 @@ for the case every CPU benchmark row runs -- one request on an eager cache, gree
 host (``greedy_into``), no path search -- with the same passes, the same block arrays and the same
 draft, in fewer calls between passes.
 
-``commit_in_place`` keeps the committed tokens where they were drafted: when the round's draft lay
-in the current block and the committed sequence ends inside it, the block's host ids already hold the
-new tail but for the verification's next token, so the commit is lengths (``_tail_len``, the token
-kept in ``_pending``) and the next ``draft_alone`` reopens the block in ONE compiled call
-(``compiled.block_reopen``: that token, then masks), where the general path concatenated the tail
-and filled the block again (``compiled.block_open``). Any other commit (a crossing, a tentative
-block, a tree path, reused tokens, a finished block) takes the general path, which reads the tail
-through ``FastDLLMDrafter._tail`` (materialised from the block then).
+``commit_in_place`` keeps the committed tokens where they were drafted: when the committed sequence
+ends inside the round's current block, the block's host ids already hold the new tail but for the
+verification's next token, so the commit is lengths (``_tail_len``, the token kept in ``_pending``)
+and the next ``draft_alone`` reopens the block in ONE compiled call (``compiled.block_reopen``: that
+token, then masks), where the general path concatenated the tail and filled the block again
+(``compiled.block_open``). Any other commit (a rejection before the current block, a tree path,
+reused tokens, a completed block) takes the general path, which reads the tail through
+``FastDLLMDrafter._tail`` (copied out of the block then).
 """
 
 from __future__ import annotations
@@ -98,19 +98,23 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
 
 
 def commit_in_place(d: Any, draft: Draft, verification: Verification) -> bool:
-    """``FastDLLMDrafter.commit`` of ``d`` (its checks done) when the round's draft lay in the current
-    block -- no tentative block, no finished block's segments, a chain of the drafter's own tokens --
-    and the committed sequence ends inside that block: the tail is the block's ids up to the accepted
-    tokens plus ``verification.next_token``, kept as lengths (module docstring). Returns False,
-    touching nothing, when the general path must run."""
-    if d._blk_start != d._base or d._tentative or d._segments or verification.path is not None:
+    """``FastDLLMDrafter.commit`` of ``d`` (its checks done) when the committed sequence ends inside the
+    round's current block (``1 <= L + a + 1 - start < B`` for the accepted length ``a``) and the draft is
+    a chain of the drafter's own tokens: the block's ids hold the committed tokens from its start (the
+    old tail when the round began in it, then the accepted drafted tokens) but for
+    ``verification.next_token``, so the tail is kept as lengths (module docstring). Every block the
+    round wrote tentatively ends at or before the current block's start, itself at most ``L + a``: all of
+    them committed as written, kept as the general path keeps them (no rollback, no block to write).
+    Returns False, touching nothing, when the general path must run."""
+    start = d._blk_start
+    if start is None or verification.path is not None or draft.reused_tokens:
         return False
     a = int(verification.accepted_length)
-    n = d._L - d._base + a + 1  # the new tail's length
-    if n >= d.block_size or draft.reused_tokens:
+    n = d._L + a + 1 - start  # the new tail's length
+    if n < 1 or n >= d.block_size:
         return False
     d._tail_held, d._tail_len, d._pending = None, n, int(verification.next_token)
-    d._L += a + 1
+    d._L, d._base = start + n, start
     d._first = None  # the block starts with committed tokens
     d._carry = 0 if d._k else d._passes  # an undrafted round carries on
     d._new_round()
