@@ -153,7 +153,8 @@ class FastDLLMDrafter(Drafter):
     positions, filled by ``compiled.block_open``); a pass's tokens and confidences are read once (on
     the CPU through kept views of ``greedy_into``'s outputs, on a device one transfer); the unmasking
     rule, the writes and the block scan are one compiled call a pass (``compiled.unmask_step``); one
-    request's ``draft`` on an eager cache calls ``FastDLLMRunner.alone`` itself; ``commit`` knows a chain's tokens.
+    request's host-greedy ``draft`` on an eager cache is ``runners.fastdllm_host.draft_alone`` and a commit
+    ending in the current block is lengths (``commit_in_place``: the tail stays in the block's ids).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -592,9 +593,7 @@ class FastDLLMDrafter(Drafter):
 
     def _finish(self, num_tokens: int) -> Draft:
         k = self._k + num_tokens
-        self._k = k if self._stop_len is None else min(k, self._stop_len)
-        if self._path_len is not None:
-            self._k = min(self._k, self._path_len)
+        self._k = min((k, *(cap for cap in (self._stop_len, self._path_len) if cap is not None)))
         return current_draft(self)
 
     @classmethod
