@@ -53,7 +53,7 @@ from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
-from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
+from specpolicy.core.types import Draft, Verification
 from specpolicy.models.fastdllm import (
     BLOCK_SIZE_CONFIG_KEYS,
     SUPPORTED_ATTENTION as _SUPPORTED_ATTENTION,
@@ -83,6 +83,7 @@ from specpolicy.runners.fastdllm import (
     greedy_into,
     host_choice,
 )
+from specpolicy.runners.fastdllm_host import commit_in_place, current_draft, draft_alone
 
 NAME = "fastdllm"
 
@@ -152,7 +153,8 @@ class FastDLLMDrafter(Drafter):
     positions, filled by ``compiled.block_open``); a pass's tokens and confidences are read once (on
     the CPU through kept views of ``greedy_into``'s outputs, on a device one transfer); the unmasking
     rule, the writes and the block scan are one compiled call a pass (``compiled.unmask_step``); one
-    request's ``draft`` on an eager cache calls ``FastDLLMRunner.alone`` itself; ``commit`` knows a chain's tokens.
+    request's host-greedy ``draft`` on an eager cache is ``runners.fastdllm_host.draft_alone`` and a commit
+    ending in the current block is lengths (``commit_in_place``: the tail stays in the block's ids).
 
     Sampling (non-greedy ``sampling`` given to ``prefill``; lossless speculative sampling): at
     every pass each candidate position's token is sampled from ``warp`` of its logits (draws from
@@ -269,8 +271,10 @@ class FastDLLMDrafter(Drafter):
         self.sequence: CausalSequence | None = None  # this request's sequence on the runner (its KV cache)
         self._L = 0  # committed length
         self._base = 0  # cached positions between rounds = floor(L / B) * B
-        # (L - base,) int64 committed tokens of the partial block, on the host
-        self._tail = np.zeros(0, dtype=np.int64)
+        # (L - base,) int64 committed tokens of the partial block, on the host (``_tail``); None: they
+        # lie in the block's ids (``_tail_len`` of them, the last one ``_pending``: ``commit_in_place``)
+        self._tail_held: np.ndarray | None = np.zeros(0, dtype=np.int64)
+        self._tail_len, self._pending, self._fast = 0, 0, False
         # When L == base: the block's first token, its confidence and (sampling) its q row
         # (int, float32 on the host; (V,) float32 on the device or None).
         self._first: tuple[int, np.float32, torch.Tensor | None] | None = None
@@ -279,10 +283,12 @@ class FastDLLMDrafter(Drafter):
 
     # -- passes ----------------------------------------------------------------------------
 
-    def _check_fits(self, end: int, what: str) -> None:
+    def _check_fits(self, end: int, what: str, *values: int) -> None:
+        """Raise (naming ``what.format(*values)``: formatted only then) when position ``end - 1`` is
+        past the drafter's context."""
         if self.max_context and end > self.max_context:
             raise ValueError(
-                f"{what} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
+                f"{what.format(*values)} needs positions up to {end - 1}, beyond the drafter's max_position_embeddings "
                 f"({self.max_context})"
             )
 
@@ -311,7 +317,7 @@ class FastDLLMDrafter(Drafter):
         boundary ``start``) into the cache in one block-causal pass; return the next block's first
         token, confidence and (sampling) q row from the last logit (``_first``)."""
         n = int(ids.shape[0])
-        self._check_fits(start + n, f"the committed sequence of {start + n} tokens")
+        self._check_fits(start + n, "the committed sequence of {} tokens", start + n)
         logits = self.runner.write(self.sequence, ids.to(self._device), start)  # (1, V)
         return self._first_of(logits)
 
@@ -345,7 +351,7 @@ class FastDLLMDrafter(Drafter):
     def release(self) -> None:
         """This request's sequence is free for the next (a static cache's; eager: nothing held)."""
         self.runner.close(self.sequence)
-        self.sequence = None
+        self.sequence, self._fast = None, False
 
     @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -378,6 +384,7 @@ class FastDLLMDrafter(Drafter):
         self._pick = np.zeros(self.small_block_size, dtype=np.bool_)  # (S,) a pass's picks (``unmask_step``)
         self.release()
         self.sequence = self.runner.open()
+        self._fast = self._logits3d and self.sequence.cache is not None  # ``fastdllm_host``'s path: eager
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
@@ -391,7 +398,7 @@ class FastDLLMDrafter(Drafter):
 
     def _new_round(self) -> None:
         self._k = 0  # tokens requested this round (capped at a drafted stop token)
-        self._drafted = self._no_ids  # (k,) int64 host copy of the round's draft (``_current_draft``)
+        self._drafted = self._no_ids  # (k,) int64 host copy of the round's draft (``current_draft``)
         self._passes = self._carry
         # Drafted part of each finished block: ids, confidences (host), q rows (sampling) or None.
         self._segments: list[tuple[np.ndarray, np.ndarray, torch.Tensor | None]] = []
@@ -412,7 +419,7 @@ class FastDLLMDrafter(Drafter):
         ``_first``), then masks. The block's ids, confidences and mask state are kept on the host, in
         this request's arrays (``compiled.block_open``: the fill and the first token's stop check)."""
         B = self.block_size
-        self._check_fits(start + B, f"a draft from committed length {self._L} (block [{start}, {start + B}))")
+        self._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", self._L, start, start + B)
         sampled = self._sampling is not None  # q row of every offset (committed or masked ones never read)
         self._blk_probs = torch.empty(B, self.vocab_size, dtype=torch.float32, device=self._device) if sampled else None
         if prefix.shape[0] == 0 and first is None:  # invariant broken: the previous block's pass stored it
@@ -423,6 +430,20 @@ class FastDLLMDrafter(Drafter):
         self._blk_start, self._sb_index = start, -1  # the small block being decoded (-1: none yet)
         ids, conf, masked = self._blk_ids, self._blk_conf, self._blk_masked  # ``_scan`` sets ``_filled``
         self._scan(block_open(ids, conf, masked, prefix, first_id, first_conf, self.mask_token_id, self._stops))
+
+    @property
+    def _tail(self) -> np.ndarray:
+        """``(L - base,) int64`` the committed tokens of the partial block, on the host; read from the
+        block's ids (then kept) after ``commit_in_place`` left them there."""
+        tail = self._tail_held
+        if tail is None:
+            self._blk_ids[self._tail_len - 1] = self._pending
+            tail = self._tail_held = self._blk_ids[: self._tail_len].copy()
+        return tail
+
+    @_tail.setter
+    def _tail(self, tail: np.ndarray) -> None:
+        self._tail_held = tail
 
     def _draft_start(self, start: int) -> int:
         """Block offset of the first drafted token in the block starting at ``start``."""
@@ -498,7 +519,10 @@ class FastDLLMDrafter(Drafter):
             self._path_len = self._blk_start + first + m - self._L
 
     def _cross_keep(self) -> None:
-        """Before a boundary pass: the full block's drafted part joins the round's segments."""
+        """Before a boundary pass: the full block's drafted part joins the round's segments (and a tail
+        kept in the block's ids is copied out: the block's arrays are about to hold the next block)."""
+        if self._tail_held is None:
+            self._tail_held = self._tail
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0:]
         self._segments.append((self._blk_ids[d0:].copy(), self._blk_conf[d0:].copy(), probs))  # the arrays are reused
@@ -509,7 +533,7 @@ class FastDLLMDrafter(Drafter):
         self._passes += 1
         first = self._first_of(logits)
         self._tentative.append((self._blk_start + self.block_size, first))
-        self._open_block(self._blk_start + self.block_size, self._tail[:0], first)
+        self._open_block(self._blk_start + self.block_size, self._no_ids, first)
 
     @no_grad
     def draft(self, num_tokens: int) -> Draft:
@@ -528,6 +552,8 @@ class FastDLLMDrafter(Drafter):
             ValueError: for ``num_tokens`` < 1, or a draft whose block would pass the drafter's
                 ``max_position_embeddings`` (the message names the draft and committed lengths).
         """
+        if self._fast and type(num_tokens) is int and num_tokens > 0:  # one request, eager, host greedy
+            return draft_alone(self, num_tokens)
         if self.sequence is None or self.sequence.cache is None:  # the static cache's passes (or the error)
             return type(self)._draft_steps([self], [num_tokens])[0]
         end = self._begin(num_tokens)  # ``_draft_steps`` at R = 1 on an eager cache: ``FastDLLMRunner.alone``
@@ -553,7 +579,7 @@ class FastDLLMDrafter(Drafter):
         end = self._L + self._k + num_tokens  # the draft covers positions [L, end)
         if self._stop_len is None:
             self._check_fits(
-                ((end - 1) // B + 1) * B, f"a draft of {self._k + num_tokens} tokens from committed length {self._L}"
+                ((end - 1) // B + 1) * B, "a draft of {} tokens from committed length {}", self._k + num_tokens, self._L
             )
         return end
 
@@ -567,10 +593,8 @@ class FastDLLMDrafter(Drafter):
 
     def _finish(self, num_tokens: int) -> Draft:
         k = self._k + num_tokens
-        self._k = k if self._stop_len is None else min(k, self._stop_len)
-        if self._path_len is not None:
-            self._k = min(self._k, self._path_len)
-        return self._current_draft()
+        self._k = min((k, *(cap for cap in (self._stop_len, self._path_len) if cap is not None)))
+        return current_draft(self)
 
     @classmethod
     @no_grad
@@ -586,8 +610,9 @@ class FastDLLMDrafter(Drafter):
         Raises:
             ValueError: a count < 1 or a draft past the context (before any pass).
         """
-        if len(drafters) == 1:
-            return [drafters[0].draft(num_tokens[0])]
+        if len(drafters) == 1:  # ``draft`` (``draft_alone`` straight away: one no_grad check)
+            d, n = drafters[0], num_tokens[0]
+            return [draft_alone(d, n) if d._fast and type(n) is int and n > 0 else d.draft(n)]
         if len(drafters) < 2 or any(d._sampling is not None or d.path_search is not None for d in drafters):
             return super().draft_many(drafters, num_tokens)
         return cls._draft_steps(drafters, num_tokens)
@@ -627,42 +652,10 @@ class FastDLLMDrafter(Drafter):
             return FastDLLMPass(self.sequence, ids, self._blk_start, None, writes=True)
         return FastDLLMPass(self.sequence, ids, self._blk_start, self._unmask_keep(), writes=False)
 
-    def _current_draft(self) -> Draft:
-        """The round's draft so far, assembled on the host (the block and the finished blocks'
-        segments) and handed over as tensors on the drafter's device."""
-        k, filled, start = self._k, self._filled, self._blk_start
-        d0 = max(self._L - start, 0)  # ``_draft_start``
-        d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
-        if not self._segments and self._sampling is None:  # the draft lies in the current block: a copy each
-            ids, conf, q = self._blk_ids[d0:d1].copy(), self._blk_conf[d0:d1].copy(), None
-        else:
-            probs = None if self._blk_probs is None else self._blk_probs[d0:filled]
-            parts = self._segments + [(self._blk_ids[d0:d1], self._blk_conf[d0:d1], probs)]
-            ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
-            q = None if self._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
-        sb_conf = self._sb_conf[0] if len(self._sb_conf) == 1 else np.concatenate([self._no_conf, *self._sb_conf])
-        # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
-        ended = self._stop_len is not None or self._path_len is not None
-        lookahead = 0 if ended else max(start + filled - (self._L + k), 0)
-        ahead = self._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
-        self._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
-        tensor = self._tensor
-        return Draft(
-            tensor(ids),
-            tensor(conf),
-            forward_passes=self._passes,
-            probs=q,  # fresh tensors (torch.cat)
-            ends_at_stop_token=self._k == self._stop_len,
-            extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
-            lookahead=lookahead,
-            lookahead_confidences=self._empty_conf if ahead is None else tensor(ahead),
-        )
-
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         """A host array the drafter no longer writes as a tensor on its device (on the CPU, a view)."""
         return torch.from_numpy(array) if self._on_cpu else torch.from_numpy(array).to(self._device)
 
-    @no_grad
     def commit(self, draft: Draft, verification: Verification) -> None:
         """Grow the committed sequence by ``verification.committed_tokens(draft)`` and roll the cache
         back to the KV of the complete committed blocks.
@@ -684,6 +677,13 @@ class FastDLLMDrafter(Drafter):
                 f"draft has {own} drafter tokens (length {draft.length} - reused {draft.reused_tokens}) "
                 f"but this round drafted {self._k}"
             )
+        if not (self._fast and commit_in_place(self, draft, verification)):  # no torch op: no no_grad check
+            self._commit(draft, verification, own)
+
+    @no_grad
+    def _commit(self, draft: Draft, verification: Verification, own: int) -> None:
+        """``commit``'s general path (its checks done): the tokens joined, the cache rolled back, the
+        complete committed blocks not validly cached written."""
         B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here

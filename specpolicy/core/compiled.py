@@ -754,3 +754,25 @@ def block_open(
                 first_stop = 0
                 break
     return t, first_stop
+
+
+# -- Fast-dLLM v2's block reopened in place after a commit (drafters/fastdllm.py; h48-dllm4) ----------
+
+
+@njit(cache=True)
+def block_reopen(
+    block_ids: np.ndarray, block_conf: np.ndarray, masked: np.ndarray, t: int, last_id: int, mask_id: int
+) -> None:
+    """``block_open`` of a block whose committed prefix ``(t,)`` int64 already lies in ``block_ids``
+    (``(B,)`` int64: the round's accepted tokens stay where they were drafted), but for its last token
+    ``last_id`` (the verification's next token), written at offset ``t - 1``; then ``mask_id`` at
+    offsets ``>= t``, ``block_conf`` ``(B,)`` float32 = 0 and ``masked`` ``(B,)`` bool = offsets
+    ``>= t``, in place (1 <= t < B). ``block_open``'s pair for it is ``(t, B)`` (the first masked
+    offset, no drafted stop token): the caller knows it."""
+    size = block_ids.shape[0]
+    block_ids[t - 1] = last_id
+    for p in range(size):
+        if p >= t:
+            block_ids[p] = mask_id
+        block_conf[p] = 0
+        masked[p] = p >= t

@@ -365,8 +365,8 @@ class FastDLLMRunner:
             logits_to_keep=1 if keep is None else keep,
         ).logits
         if buffered:
-            for layer in layers:  # an unmasking pass adds nothing to the cache: a length
-                layer.length = start
+            for layer in layers:  # an unmasking pass adds nothing to the cache: a length (``crop_cache``'s)
+                layer._key_length = layer._value_length = start
         elif kept is not None and len(layers) == len(kept):
             for layer, keys, values in kept:
                 layer.keys, layer.values = keys, values
@@ -381,7 +381,7 @@ class FastDLLMRunner:
         if cache is not None and seen is not None and seen[0] is cache and seen[1] == len(cache.layers) and seen[2]:
             layers: Any = cache.layers  # BufferedLayer ones (``alone`` saw them)
             for layer in layers:
-                layer.length = min(layer.length, length)
+                layer._key_length = layer._value_length = min(layer._key_length, length)
         else:
             sequence.crop(length)
 
@@ -391,6 +391,8 @@ class FastDLLMRunner:
         block boundary ``start``, the sequence holding exactly ``start`` positions) in one
         block-causal pass. Returns the last position's logits ``(1, V)`` (the next block's first token)."""
         n = int(ids.shape[0])
+        if sequence.rows is None and n == self.block_size:  # one block: ``alone``'s all-visible mask
+            return self.alone(sequence, ids[None], start, None, True)[0]
         if sequence.rows is None:
             mask = block_causal_mask(start, n, start + n, self.block_size, ids.device)
             return block_pass(self.model, sequence.cache, ids, start, mask, self.attn, 1, self._dtype)

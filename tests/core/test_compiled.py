@@ -13,6 +13,7 @@ import torch
 
 from specpolicy.core.compiled import (
     block_open,
+    block_reopen,
     block_scan,
     kneser_ney_row,
     topk_largest,
@@ -205,6 +206,28 @@ def test_block_open_is_the_numpy_opening(seed):
         assert got[1] == (want[3][1] if want[3][1] < want[3][0] else B)
         if t == 0 and first[0] in stops.tolist():
             assert got == (1, 0)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_block_reopen_is_block_open_of_the_tail_in_place(seed):
+    """``block_reopen`` (the tail left in the block's ids, its last token written) leaves the arrays as
+    ``block_open`` of that tail does, over stale arrays; the pair ``block_open`` returns is ``(t, B)``."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        B = rng.choice([2, 8, 16, 32])
+        t = rng.randrange(1, B)
+        stale = np.array([rng.randrange(0, 9) for _ in range(B)], dtype=np.int64)
+        conf = np.array([rng.random() for _ in range(B)], dtype=np.float32)
+        masked = np.array([rng.random() < 0.5 for _ in range(B)], dtype=np.bool_)
+        last = rng.randrange(0, 9)
+        ids, want_ids = stale.copy(), stale.copy()
+        want_conf, want_masked = conf.copy(), masked.copy()
+        prefix = np.append(stale[: t - 1], last)
+        stops = np.array([last], dtype=np.int64)  # committed: never a drafted stop
+        assert block_open(want_ids, want_conf, want_masked, prefix, 0, np.float32(0), 7, stops) == (t, B)
+        block_reopen(ids, conf, masked, t, last, 7)
+        assert ids.tolist() == want_ids.tolist() and conf.tolist() == want_conf.tolist()
+        assert masked.tolist() == want_masked.tolist()
 
 
 @pytest.mark.parametrize("shape", [(1, 5, 40), (7, 40), (1, 1, 40), (1, 40)])

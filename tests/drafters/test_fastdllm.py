@@ -763,3 +763,58 @@ def test_context_limit(runtime):
     assert d.draft(4).length == 4  # positions 60..63: block [32, 64) fits
     with pytest.raises(ValueError, match="draft of 5 tokens"):
         d.draft(1)  # position 64 needs block [64, 96)
+
+
+@pytest.mark.parametrize(("S", "thr", "stops"), [(8, 0.05, ()), (32, 0.0, ()), (8, 0.9, (11, 17))])
+def test_host_path_is_the_general_path(S, thr, stops):
+    """One request's host path (``runners.fastdllm_host``: ``draft_alone``, ``commit_in_place`` with the
+    tail left in the block and ``compiled.block_reopen``) against the general path (``_fast`` off) over
+    random rounds -- extensions within a round, crossings, rejections before and after a boundary, full
+    acceptances: every draft (ids, confidences, small-block confidences, look-ahead, passes, stop) and
+    the state after every commit are the same, and the in-place commit is taken."""
+    runtime = Runtime(device="cpu", dtype="float32", seed=0)  # the host path's: float32 logits on the CPU
+    model = tiny(12).float()
+    rng = random.Random(S + int(thr * 100))
+    fast, slow = (
+        FastDLLMDrafter(model, runtime, TOK, small_block_size=S, threshold=thr, stop_token_ids=stops) for _ in "ab"
+    )
+    prompt = prompt_of(21, seed=3)
+    fast.prefill(prompt)
+    slow.prefill(prompt)
+    assert fast._fast
+    slow._fast = False
+    in_place = 0
+    for _ in range(24):
+        for _ in range(rng.choice([1, 1, 2])):  # a round's drafting calls
+            n = rng.choice([1, 3, 8, 16, 30, 40])
+            a, b = fast.draft(n), slow.draft(n)
+            assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.confidences, b.confidences)
+            sa, sb = a.extras["small_block_confidences"], b.extras["small_block_confidences"]
+            assert torch.equal(sa.isnan(), sb.isnan()) and torch.equal(sa.nan_to_num(), sb.nan_to_num())
+            assert (a.lookahead, a.forward_passes, a.ends_at_stop_token) == (
+                b.lookahead,
+                b.forward_passes,
+                b.ends_at_stop_token,
+            )
+            assert torch.equal(a.lookahead_confidences, b.lookahead_confidences)
+            if a.ends_at_stop_token:
+                break
+        accepted = rng.choice([0, a.length // 2, a.length, a.length])
+        verdict = _verdict(a, accepted)
+        fast.commit(a, verdict)
+        slow.commit(b, verdict)
+        in_place += fast._tail_held is None
+        assert (fast._L, fast._base, fast._carry, fast.sequence.length) == (
+            slow._L,
+            slow._base,
+            slow._carry,
+            slow.sequence.length,
+        )
+        held = fast._tail_held  # None: in the block's ids, the last token pending (not copied out here)
+        tail = held if held is not None else np.append(fast._blk_ids[: fast._tail_len - 1], fast._pending)
+        assert tail.tolist() == slow._tail.tolist()
+        assert (fast._first is None) == (slow._first is None)
+        if fast._L > 120:
+            break
+    _assert_cache_equal(fast.sequence.cache, slow.sequence.cache)
+    assert in_place > 0
