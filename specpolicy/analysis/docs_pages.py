@@ -8,6 +8,7 @@ Column titles and formats come from ``specpolicy.analysis.labels.FIGURES``, the 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -448,13 +449,13 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
     return {
         "neighbours": len(neighbours),
         "neighbours_within_goal": sum(v <= goal for v in neighbours),
-        "neighbours_median": float(sorted(neighbours)[len(neighbours) // 2]) if neighbours else None,
+        "neighbours_median": statistics.median(neighbours) if neighbours else None,
         "s": s,
         "rows": rows,
         "columns": [heading for heading, _ in HOST_COLUMNS],
         "methods": len(values),
         "within_goal": sum(v <= goal for v in values),
-        "median": float(sorted(values)[len(values) // 2]),
+        "median": statistics.median(values),
         "goal": goal,
     }
 
