@@ -40,15 +40,14 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
     if start is None:  # the round's block
         start = d._base
         if d._tail_held is None:  # committed in place (``commit_in_place``): one compiled call
-            if d.max_context and start + B > d.max_context:
-                d._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", d._L, start, start + B)
+            d._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", d._L, start, start + B)
             block_reopen(d._blk_ids, d._blk_conf, d._blk_masked, d._tail_len, d._pending, d.mask_token_id)
             d._blk_start, d._sb_index, d._filled = start, -1, d._tail_len
         else:
             d._open_block(start, d._tail_held, d._first)
     L = d._L
     end = L + d._k + num_tokens  # the draft covers positions [L, end)
-    if d._stop_len is None and d.max_context and ((end - 1) // B + 1) * B > d.max_context:
+    if d._stop_len is None:
         d._check_fits(((end - 1) // B + 1) * B, "a draft of {} tokens from committed length {}", d._k + num_tokens, L)
     filled, S, run, seq, row = d._filled, d.small_block_size, d.runner.alone, d.sequence, d._blk_row
     while d._stop_len is None and start + filled < end:
@@ -74,27 +73,7 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
     if stop_len is not None:
         k = min(k, stop_len)
     d._k = k
-    if d._segments:  # the draft crossed a block: ``current_draft``'s concatenation
-        return current_draft(d)
-    # The draft lies in the block (``current_draft``'s first case): its ids, its confidences and the
-    # look-ahead's (the leading unmasked run past it, none after a stop token) in one copy each.
-    d0 = L - start
-    d1 = min(filled, d0 + k)
-    lookahead = 0 if stop_len is not None else filled - d1  # filled >= d0 + k: the loop reached ``end``
-    ids, confs = d._blk_ids[d0:d1].copy(), d._blk_conf[d0 : d1 + lookahead].copy()
-    rows = d._sb_conf
-    d._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
-    return Draft(
-        from_numpy(ids),
-        from_numpy(confs[: d1 - d0] if lookahead else confs),
-        forward_passes=d._passes,
-        ends_at_stop_token=k == stop_len,
-        extras={
-            SMALL_BLOCK_CONFIDENCES: from_numpy(rows[0] if len(rows) == 1 else np.concatenate([d._no_conf, *rows]))
-        },
-        lookahead=lookahead,
-        lookahead_confidences=from_numpy(confs[d1 - d0 :]) if lookahead else d._empty_conf,
-    )
+    return current_draft(d)
 
 
 def commit_in_place(d: Any, draft: Draft, verification: Verification) -> bool:
@@ -127,18 +106,23 @@ def current_draft(d: Any) -> Draft:
     k, filled, start = d._k, d._filled, d._blk_start
     d0 = max(d._L - start, 0)  # ``_draft_start``
     d1 = min(filled, d0 + k)  # the draft's end in the current block, at most
-    if not d._segments and d._sampling is None:  # the draft lies in the current block: a copy each
-        ids, conf, q = d._blk_ids[d0:d1].copy(), d._blk_conf[d0:d1].copy(), None
+    # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
+    ended = d._stop_len is not None or d._path_len is not None
+    lookahead = 0 if ended else max(start + filled - (d._L + k), 0)  # then d1 = filled - lookahead
+    ahead = None
+    if not d._segments and d._sampling is None:  # in the current block: one copy of the ids, one of the confidences
+        ids, q = d._blk_ids[d0:d1].copy(), None
+        conf = d._blk_conf[d0 : d1 + lookahead].copy()  # the draft's and the look-ahead's
+        if lookahead:
+            conf, ahead = conf[: d1 - d0], conf[d1 - d0 :]
     else:
         probs = None if d._blk_probs is None else d._blk_probs[d0:filled]
         parts = d._segments + [(d._blk_ids[d0:d1], d._blk_conf[d0:d1], probs)]
         ids, conf = np.concatenate([p[0] for p in parts])[:k], np.concatenate([p[1] for p in parts])[:k]
         q = None if d._sampling is None else torch.cat([p[2][:k] for p in parts])[:k]
+        if lookahead:
+            ahead = d._blk_conf[filled - lookahead : filled].copy()  # (lookahead,)
     sb_conf = d._sb_conf[0] if len(d._sb_conf) == 1 else np.concatenate([d._no_conf, *d._sb_conf])
-    # Look-ahead: the leading unmasked run past the draft (free to add), none after a stop token.
-    ended = d._stop_len is not None or d._path_len is not None
-    lookahead = 0 if ended else max(start + filled - (d._L + k), 0)
-    ahead = d._blk_conf[filled - lookahead : filled].copy() if lookahead else None  # (lookahead,)
     d._drafted = ids  # (k,) the round's drafted tokens on the host, for ``commit``
     tensor = d._tensor
     return Draft(
