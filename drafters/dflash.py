@@ -64,7 +64,7 @@ from specpolicy.core.features import check_prompt_features, probe_verifier, targ
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
 from specpolicy.core.sampling import SamplingConfig, choose, point_mass
-from specpolicy.core.types import LAST_HIDDEN, Draft, Verification
+from specpolicy.core.types import Draft, Verification
 from specpolicy.models.checkpoint import check_checkpoint
 from specpolicy.models.dflash import DFlashDraftModel, DFlashSpec, draft_vocabulary_error, load_dflash
 from specpolicy.models.kv import KVCache
@@ -441,29 +441,18 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         return self._handed_out(want)
 
     def _handed_out(self, want: int) -> Draft:
-        """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead:
-        ``Draft.with_lookahead``'s draft, without slicing what it hands out whole (the counts are Python
-        ints: no shape read)."""
-        n, probs, hidden = self._drafted, None, None
+        """The round's draft of ``want`` tokens (fewer past a drafted stop token), the rest look-ahead
+        (``Draft.with_lookahead``, with the count kept as a Python int: no shape read)."""
+        probs = hidden = None
         if self._probs:
             probs = self._probs[0] if len(self._probs) == 1 else torch.cat(self._probs)
         if self._hidden and len(self._hidden) == self._passes:
             hidden = self._hidden[0] if len(self._hidden) == 1 else torch.cat(self._hidden)
-        end = n if self._stop_at is None else self._stop_at + 1
-        k = min(want, end)
-        tokens, confs = self._tokens, self._confs
-        draft = Draft(
-            tokens if k == n else tokens[:k],
-            confs if k == n else confs[:k],
-            forward_passes=self._passes,
-            probs=None if probs is None else (probs if k == n else probs[:k]),
-            ends_at_stop_token=self._stop_at is not None and k == end,
-            lookahead=end - k,
-            lookahead_confidences=self._no_confs if k == end else confs[k:end],
-            extras={} if hidden is None else {LAST_HIDDEN: hidden if end == n else hidden[:end]},
+        draft = Draft.with_lookahead(
+            self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden, self._drafted, self._no_confs
         )
-        self._returned = k
-        return draft.counted(k)
+        self._returned = draft.length
+        return draft
 
     @classmethod
     @no_grad

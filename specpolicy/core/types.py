@@ -121,9 +121,12 @@ class Draft:
         stop_at: int | None,
         forward_passes: int,
         hidden: torch.Tensor | None = None,
+        count: int | None = None,
+        no_lookahead: torch.Tensor | None = None,
     ) -> Draft:
         """The first ``want`` tokens a round has decoded as its draft, the rest as look-ahead (the
-        ``dart`` and ``dflash`` drafters' hand-out).
+        ``dart`` and ``dflash`` drafters' hand-out). What it hands out whole is not sliced, and the
+        draft's ``length`` is counted here (``counted``): no shape read when ``count`` is given.
 
         Args:
             token_ids: ``(n,) int64``, everything decoded this round.
@@ -135,21 +138,26 @@ class Draft:
             forward_passes: the round's drafter passes so far.
             hidden: ``(n, H) float`` the drafter's last hidden states of those tokens, or None: when
                 given, the draft reports its first ``end`` rows as ``extras[LAST_HIDDEN]``.
+            count: n when the caller counted it, or None (read from ``token_ids``).
+            no_lookahead: an empty ``(0,) float32`` tensor to hand out as the look-ahead's
+                confidences when there is none (the caller's, kept), or None (a slice).
         Returns:
             a draft of ``min(want, end)`` tokens, ``end`` = n or ``stop_at + 1``.
         """
-        end = int(token_ids.shape[0]) if stop_at is None else stop_at + 1
+        n = int(token_ids.shape[0]) if count is None else count
+        end = n if stop_at is None else stop_at + 1
         k = min(want, end)
+        whole = k == n
         return Draft(
-            token_ids[:k],
-            confidences[:k],
+            token_ids if whole else token_ids[:k],
+            confidences if whole else confidences[:k],
             forward_passes=forward_passes,
-            probs=None if probs is None else probs[:k],
+            probs=None if probs is None else (probs if whole else probs[:k]),
             ends_at_stop_token=stop_at is not None and k == end,
             lookahead=end - k,
-            lookahead_confidences=confidences[k:end],
-            extras={} if hidden is None else {LAST_HIDDEN: hidden[:end]},
-        )
+            lookahead_confidences=no_lookahead if no_lookahead is not None and k == end else confidences[k:end],
+            extras={} if hidden is None else {LAST_HIDDEN: hidden if end == n else hidden[:end]},
+        ).counted(k)
 
 
 @dataclass(frozen=True)
