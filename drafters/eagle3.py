@@ -306,8 +306,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # of one sequence fuses greedy steps (``_chain``), asked once: it drafts every step or none
         if left and self._sampling is None and isinstance(self.cache, StaticLength) and self._chain(left):
             left = 0
-        if left and type(self.cache) is KVCache:  # eager: the runner's one-request pass, step after step
-            self._steps_alone(left)
+        if left and type(self.cache) is KVCache and not self.report_hidden and self._sampling is None:
+            self._steps_alone(left)  # eager greedy: the runner's one-request pass, step after step
         else:
             for _ in range(left):
                 Eagle3Drafter._pass([self])
@@ -330,21 +330,12 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._took(outs, logits, tokens, confs, qs[0], runner.normed)
 
     def _steps_alone(self, steps: int) -> None:
-        """``steps`` passes past the round's first on an eager ``KVCache``, each ``_pass([self])``'s
-        calls without its lists: the last drafted token with the output that predicted it through
-        ``Eagle3Runner.one`` (this request's kept ``HeadPass``), ``_choose``, ``_took``."""
+        """``steps`` greedy passes past the round's first on an eager ``KVCache``, nothing reported
+        (``report_hidden`` off): each ``_pass([self])``'s calls without its lists -- the last drafted
+        token with the output that predicted it through ``Eagle3Runner.one`` (this request's kept
+        ``HeadPass``), ``_choose`` -- and ``_took``'s records kept in locals, set once after the steps."""
         runner, step, last_out = self.runner, self._step_pass, cast(torch.Tensor, self._last_out)
         step.cache = self.cache
-        if self.report_hidden or self._sampling is not None:  # ``_took`` records the hidden state and q
-            for _ in range(steps):
-                step.tokens = self._last_token
-                last_out = cast(torch.Tensor, self._last_out)
-                step.hidden = last_out[0] if self._last_hidden is None else self._last_hidden
-                outs, logits = runner.one(step)  # (1, 1, H), (1, Vd)
-                tokens, confs, qs = self._choose([self], logits)
-                self._took(outs, logits, tokens, confs, qs[0], runner.normed)
-            return
-        # greedy, nothing reported: ``_took``'s records kept in locals, set once after the steps
         one, choose, requests = runner.one, self._choose, [self]  # the (timed) entry points, looked up once
         passes_logits, new_tokens, new_confs = self._logits, self._new_tokens, self._new_confs
         tokens, hidden = self._last_token, last_out[0] if self._last_hidden is None else self._last_hidden
