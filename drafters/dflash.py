@@ -576,9 +576,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         if self._host_block is not None:  # CPU: the committed tokens kept as they are, read when needed
             path, accepted = verification.path, verification.accepted_length
             tokens: Any = draft.token_ids
-            if (
-                path is not None or self.path_search is not None
-            ):  # read now: a tree's path (a copy), the search's context
+            if path is not None or self.path_search is not None:  # read now: a tree's path, the search's context
                 ids = tokens.numpy()
                 tokens = ids[:accepted] if path is None else ids.take(path)
                 accepted = len(tokens)

@@ -229,9 +229,8 @@ class GoodputPolicy(LengthPolicy):
         self._tables = np.empty(goodput_table_size(max_length))  # the decision tables' buffer (``_refresh``)
         self._p_table = np.empty((max_length, self.calibration.confidence_edges.size))  # (H, bins) p by position
         self._unseen = np.empty(max_length)  # (H,) the estimate for an undrafted token at positions 1..H
-        self._edges = self.calibration.confidence_edges[
-            1:
-        ].tolist()  # the bins' edges past the first (``confidence_bin``)
+        # the bins' edges past the first (``confidence_bin``)
+        self._edges = self.calibration.confidence_edges[1:].tolist()
         self._position_bins = self.calibration.position_bin(self._positions)  # (H,) their position bins
         self._fresh()
         self._new_round()
