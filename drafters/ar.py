@@ -245,7 +245,7 @@ class ARDrafter(Drafter):
         )
         return Draft(
             torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs, extras=extras
-        )
+        ).counted(len(self._tokens))  # one token per entry: no tensor shape read after the pass
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 

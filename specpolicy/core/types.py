@@ -196,10 +196,11 @@ class Verification:
 
     def committed_tokens(self, draft: Draft) -> torch.Tensor:
         """``(accepted_length + 1,) int64``: the accepted draft tokens (a chain's prefix, a tree's
-        path) plus the correction/bonus token."""
-        if self.path is None:
-            nxt = self.target_token_ids[self.accepted_length : self.accepted_length + 1]
-            return torch.cat([draft.token_ids[: self.accepted_length], nxt])
+        path) plus the correction/bonus token. A chain's is a view of ``target_token_ids`` (read
+        only), whose first ``accepted_length`` tokens are the accepted draft tokens (greedy: equal
+        to the target's; sampling: copied from the draft)."""
+        if self.path is None:  # the accepted tokens are ``target_token_ids``' first ones (the attribute's contract)
+            return self.target_token_ids[: self.accepted_length + 1]
         last = self.path[-1] + 1 if self.path else 0
         nodes = torch.tensor(self.path, dtype=torch.long, device=draft.token_ids.device)
         return torch.cat([draft.token_ids[nodes], self.target_token_ids[last : last + 1]])

@@ -134,4 +134,4 @@ def current_draft(d: Any) -> Draft:
         extras={SMALL_BLOCK_CONFIDENCES: tensor(sb_conf)},
         lookahead=lookahead,
         lookahead_confidences=d._empty_conf if ahead is None else tensor(ahead),
-    )
+    ).counted(ids.shape[0])  # the length from the host array: no tensor shape read after the pass
