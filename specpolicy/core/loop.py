@@ -443,6 +443,8 @@ def draft_rows(
         ``(drafts, why drafting stopped)`` per request, in order; each policy's valid answers are
         appended to ``answers[i]``.
     """
+    if len(active) == 1 and not active[0].drafts_tree and active[0].drafter is not None:
+        return _draft_alone(active[0], rooms[0], device, answers[0])
     drafts: list[Draft] = []
     stops: list[str] = []
     for r, room, node_room in zip(active, rooms, node_rooms):
@@ -469,6 +471,23 @@ def draft_rows(
             stops[i] = after_drafting(draft, b)
         chain_rows = [i for i in chain_rows if not stops[i]]
     return drafts, stops
+
+
+def _draft_alone(r: _InFlight, room: int, device: torch.device, answers: list[int]) -> tuple[list[Draft], list[str]]:
+    """``draft_rows`` for one request drafting a chain: the same questions, the same ``draft_many``
+    calls and stops, without the per-row lists between the drafter's passes (host work per round)."""
+    policy, drafter = cast(LengthPolicy, r.policy), cast(Drafter, r.drafter)
+    draft_many = type(drafter).draft_many
+    draft, stop = empty_draft(device), ""
+    while True:
+        n, stop = ask_policy(policy, draft, room, answers)
+        if stop:
+            return [draft], [stop]
+        before = draft.length
+        draft = draft_many([drafter], [n])[0]
+        stop = after_drafting(draft, before)
+        if stop:
+            return [draft], [stop]
 
 
 #: The empty draft of each device, built once: every chain round starts from it (a frozen ``Draft``
