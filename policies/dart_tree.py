@@ -32,6 +32,7 @@ ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -214,6 +215,26 @@ def _context_tables(ngram: Any) -> tuple[np.ndarray, np.ndarray]:
     return held
 
 
+def _tree_draft(tokens: torch.Tensor, confidences: torch.Tensor, passes: int, parents: torch.Tensor) -> Draft:
+    """``Draft(token_ids=tokens, confidences=confidences, forward_passes=passes, parents=parents)``
+    without the frozen dataclass's ``object.__setattr__`` per field (a round builds one): the
+    fields not given take their defaults (``extras`` a new empty dict), as ``RoundRecord.built``
+    builds records."""
+    draft = object.__new__(Draft)
+    draft.__dict__.update(_DRAFT_DEFAULTS)
+    for name, factory in _DRAFT_FACTORIES:
+        draft.__dict__[name] = factory()
+    draft.__dict__.update(token_ids=tokens, confidences=confidences, forward_passes=passes, parents=parents)
+    return draft
+
+
+#: ``Draft``'s fields with a plain default, and with a default factory (``_tree_draft``)
+_DRAFT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Draft) if f.default is not dataclasses.MISSING}
+_DRAFT_FACTORIES = tuple(
+    (f.name, f.default_factory) for f in dataclasses.fields(Draft) if f.default_factory is not dataclasses.MISSING
+)
+
+
 def _best_set(scores: np.ndarray, n: int) -> np.ndarray:
     """The ascending indices of the ``n`` best ``scores`` (``(P,) float32``), ties to the earlier
     index: the set ``np.sort(np.argsort(-scores, kind="stable")[:n])`` holds, found with one
@@ -340,19 +361,16 @@ class DartTreePolicy(TreePolicy):
             return self._draft_on_device(drafter, ids[:n], probs[:n], total, chain.forward_passes), (
                 "room" if depth < want else "policy_bound"
             )
-        ids_np, probs_np = ids.numpy(), probs.numpy()
-        sums = probs.sum(-1, keepdim=True).numpy()  # torch's float32 sum of each row's top K
-        if ids_np.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing)
-            ids_np, probs_np, sums = ids_np[:n], probs_np[:n], sums[:n]
-        # the softmax over the top K logits, + EPS: float32 division and addition (IEEE: numpy's
-        # are torch's, bit for bit), then the log dart_tree_search takes: torch's (best-first) or numpy's
-        logp = probs_np / sums
-        logp += _EPS32
+        ids_np = ids.numpy()
+        if ids_np.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing op)
+            ids_np, probs = ids_np[:n], probs[:n]
+        probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
         best_first = self.beam_width >= total
         if best_first:
-            logp = torch.log(torch.from_numpy(logp)).numpy()
+            logp = torch.log(probs + EPS).numpy()  # torch's float32 log (as dart_tree_search takes it)
         else:
-            np.log(logp, out=logp)
+            logp = probs.numpy() + _EPS32
+            np.log(logp, out=logp)  # numpy's float32 log
         settings = self._searches[best_first]
         if settings[8].shape[0] < n:  # the per-depth factors of a deeper pass than any before
             settings = self._searches[best_first] = _settings(
@@ -362,11 +380,8 @@ class DartTreePolicy(TreePolicy):
         tokens, parents, _, logp_path = _run(
             ids_np, logp, self._stops_np, context, settings, self._first_scored, self.beam_width, total
         )
-        draft = Draft(
-            token_ids=torch.from_numpy(tokens),
-            confidences=torch.from_numpy(logp_path).exp(),
-            forward_passes=chain.forward_passes,
-            parents=torch.from_numpy(parents),
+        draft = _tree_draft(
+            torch.from_numpy(tokens), torch.from_numpy(logp_path).exp(), chain.forward_passes, torch.from_numpy(parents)
         )
         return draft.counted(tokens.shape[0]), "room" if depth < want else "policy_bound"
 
