@@ -94,18 +94,14 @@ def dart_tree_search(
     treats a path ending in a stop token as a leaf, as the beams do whenever ``beam_width`` other
     candidates remain (its children could never be accepted).
     """
-    ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
     stops = np.ascontiguousarray(stop_ids.cpu().numpy(), dtype=np.int64)
     ctx = np.ascontiguousarray(context.cpu().numpy(), dtype=np.int64)
     best_first = beam_width >= total_tokens
-    if best_first:
-        logp = np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())  # torch's float32 log
-    else:
-        logp = np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + np.float32(EPS))  # (D, K) float32
+    ids_np, logp = _host_inputs(ids, probs, best_first)
     use = ngram is not None and ngram_weight != 0
     settings = _settings(ngram if use else None, best_first, ids_np.shape[0], level_power, logit_decay, ngram_weight)
-    first = 0 if ngram_on_first else 1
-    found = _run(ids_np, logp, stops, ctx, settings, first, beam_width, max(total_tokens, 0))
+    state = _state(settings, 0 if ngram_on_first else 1, beam_width)
+    found = _run(ids_np, logp, stops, ctx, state, max(total_tokens, 0))
     return tuple(torch.from_numpy(x) for x in found)  # type: ignore[return-value]
 
 
@@ -113,33 +109,37 @@ def dart_tree_search(
 _NEVER = 1 << 62
 
 
+def _host_inputs(ids: torch.Tensor, probs: torch.Tensor, best_first: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The pass's candidates ``(D, K) int64`` and their float32 log-probabilities ``log(p + EPS)``
+    ``(D, K)`` on the host, as the searches read them: torch's log for the best-first search,
+    numpy's for the beams (the searches they replaced took them so)."""
+    ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
+    if best_first:
+        return ids_np, np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())
+    return ids_np, np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + _EPS32)
+
+
 def _run(
-    ids: np.ndarray,
-    logp: np.ndarray,
-    stops: np.ndarray,
-    context: np.ndarray,
-    settings: tuple,
-    first_scored: int,
-    width: int,
-    total: int,
+    ids: np.ndarray, logp: np.ndarray, stops: np.ndarray, context: np.ndarray, state: np.ndarray, total: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One search with ``settings`` (``_settings``) into new arrays: ``(tokens (n,) int64, parents
+    """One search from a packed ``state`` (``_state``) into new arrays: ``(tokens (n,) int64, parents
     (n,) int64, scores (n,) float32, drafter log-probs (n,) float32)``."""
+    ints, floats = np.empty((2, max(total, 1)), np.int64), np.empty((2, max(total, 1)), np.float32)
+    n = compiled_dart.search(state, ids, logp, stops, context, total, ints, floats)
+    return ints[0, :n], ints[1, :n], floats[0, :n], floats[1, :n]
+
+
+def _state(settings: tuple, first_scored: int, width: int) -> np.ndarray:
+    """``settings`` (``_settings``) with the first depth the n-gram scores (when it is on) and the
+    beam width, packed for ``compiled_dart.search`` (``compiled_dart.pack_state``)."""
     best_first, order, base, entries, contexts, offsets, log_eps, scored_from, decay, weight, ngram_weight, prune = (
         settings
     )
-    first_scored = first_scored if scored_from == 0 else scored_from
-    ints, floats = np.empty((2, max(total, 1)), np.int64), np.empty((2, max(total, 1)), np.float32)
-    args = (ids, logp, stops, context, order, base, entries, contexts, offsets, log_eps, first_scored)
-    if best_first:
-        n = compiled_dart.best_first_search(
-            *args, decay, weight, ngram_weight, total, prune, ints[0], ints[1], floats[0], floats[1]
-        )
-    else:
-        n = compiled_dart.beam_search(
-            *args, decay, weight, ngram_weight, width, total, prune, ints[0], ints[1], floats[0], floats[1]
-        )
-    return ints[0, :n], ints[1, :n], floats[0, :n], floats[1, :n]
+    first = first_scored if scored_from == 0 else scored_from
+    return compiled_dart.pack_state(
+        order, base, first, width, prune, best_first, float(log_eps), float(ngram_weight),
+        decay, weight, entries, contexts, offsets,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -316,13 +316,9 @@ class DartTreePolicy(TreePolicy):
         self._stops: dict[tuple, torch.Tensor] = {}
         self._search_ngram = self.ngram if self.ngram_weight > 0 else None
         self._first_scored = 0 if self.ngram_on_first else 1
-        #: the search's settings (``_settings``) for beams narrower than the tree (False) and as wide (True)
-        self._searches = {
-            best_first: _settings(
-                self._search_ngram, best_first, 1, self.level_power, self.logit_decay, self.ngram_weight
-            )
-            for best_first in (False, True)
-        }
+        #: the search's packed state (``_state``) and the depths it covers, for beams narrower than the
+        #: tree (False) and as wide (True)
+        self._searches = {best_first: self._search_state(best_first, 1) for best_first in (False, True)}
         self._drafter: Any = None  # the drafter ``_adopt`` read last
         self._device: Any = "cpu"
         self._on_host = True
@@ -371,19 +367,22 @@ class DartTreePolicy(TreePolicy):
         else:
             logp = probs.numpy() + _EPS32
             np.log(logp, out=logp)  # numpy's float32 log
-        settings = self._searches[best_first]
-        if settings[8].shape[0] < n:  # the per-depth factors of a deeper pass than any before
-            settings = self._searches[best_first] = _settings(
-                self._search_ngram, best_first, n, self.level_power, self.logit_decay, self.ngram_weight
-            )
+        depths, state = self._searches[best_first]
+        if depths < n:  # the per-depth factors of a deeper pass than any before
+            depths, state = self._searches[best_first] = self._search_state(best_first, n)
         context = self._context_np() if self._context_np is not None else drafter.ngram_context.numpy()
-        tokens, parents, _, logp_path = _run(
-            ids_np, logp, self._stops_np, context, settings, self._first_scored, self.beam_width, total
-        )
+        tokens, parents, _, logp_path = _run(ids_np, logp, self._stops_np, context, state, total)
         draft = _tree_draft(
             torch.from_numpy(tokens), torch.from_numpy(logp_path).exp(), chain.forward_passes, torch.from_numpy(parents)
         )
         return draft.counted(tokens.shape[0]), "room" if depth < want else "policy_bound"
+
+    def _search_state(self, best_first: bool, depths: int) -> tuple[int, np.ndarray]:
+        """``(depths, the packed search state)`` of this policy's settings for passes up to ``depths`` deep."""
+        settings = _settings(
+            self._search_ngram, best_first, depths, self.level_power, self.logit_decay, self.ngram_weight
+        )
+        return depths, _state(settings, self._first_scored, self.beam_width)
 
     def _adopt(self, drafter: Any) -> None:
         """Read what every round needs of ``drafter`` (its device, stop tokens and host n-gram
@@ -403,23 +402,19 @@ class DartTreePolicy(TreePolicy):
         """``draft_tree``'s search off the CPU: the pass's tensors read to the host
         (``dart_tree_search``), the tree moved back to the drafter's device."""
         probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
-        tokens, parents, _, logp = dart_tree_search(
-            ids,
-            probs,
-            drafter.ngram_context,
-            self._search_ngram,
-            self._stops_t,
-            self.beam_width,
-            total,
-            self.level_power,
-            self.logit_decay,
-            self.ngram_weight,
-            self.ngram_on_first,
-        )
+        best_first = self.beam_width >= total
+        ids_np, logp = _host_inputs(ids, probs, best_first)
+        depths, state = self._searches[best_first]
+        if depths < ids_np.shape[0]:
+            depths, state = self._searches[best_first] = self._search_state(best_first, ids_np.shape[0])
+        context = np.ascontiguousarray(drafter.ngram_context.cpu().numpy(), dtype=np.int64)
+        tokens, parents, _, logp_path = _run(ids_np, logp, self._stops_np, context, state, total)
         device = self._device
-        confidences = logp.exp().to(device)
         return Draft(
-            token_ids=tokens.to(device), confidences=confidences, forward_passes=passes, parents=parents.to(device)
+            token_ids=torch.from_numpy(tokens).to(device),
+            confidences=torch.from_numpy(logp_path).exp().to(device),
+            forward_passes=passes,
+            parents=torch.from_numpy(parents).to(device),
         )
 
     def __repr__(self) -> str:

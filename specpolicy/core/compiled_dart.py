@@ -499,3 +499,70 @@ def best_first_search(
         if not expand:
             break
     return count
+
+
+#: a packed search state's header (``pack_state``): its slots, in order
+S_ORDER, S_BASE, S_FIRST, S_WIDTH, S_PRUNE, S_BEST_FIRST, S_LOG_EPS, S_NGRAM_WEIGHT = range(8)
+S_DEPTHS, S_ENTRIES, S_CONTEXTS, S_OFFSETS = range(8, 12)
+HEADER = 12
+
+
+def pack_state(
+    order: int,
+    base: int,
+    first_scored: int,
+    width: int,
+    prune: bool,
+    best_first: bool,
+    log_eps: float,
+    ngram_weight: float,
+    decay: np.ndarray,
+    weight: np.ndarray,
+    entries: np.ndarray,
+    contexts: np.ndarray,
+    offsets: np.ndarray,
+) -> np.ndarray:
+    """Everything a search reads besides its pass, in ONE ``int64`` array (``search``: a compiled call
+    of 8 arguments instead of 20, each argument costing its type check and unboxing cold after a
+    model pass): the header (``S_*`` slots: the integers, the floats' float64 bits, the lengths),
+    then the per-depth ``decay`` and ``weight`` (float64 bits of their values: float32 ones are
+    exact), the order ``offsets``, the ``contexts`` table and the ``entries`` (``context_ranges``,
+    ``log_entries``), flattened."""
+    floats = np.array([log_eps, ngram_weight], dtype=np.float64).view(np.int64)
+    header = np.array(
+        [order, base, first_scored, width, int(prune), int(best_first), floats[0], floats[1]]
+        + [decay.shape[0], entries.shape[0], contexts.shape[0], offsets.shape[0]],
+        dtype=np.int64,
+    )
+    parts = [decay.astype(np.float64), weight.astype(np.float64)]
+    return np.concatenate([header, *(p.view(np.int64) for p in parts), offsets, contexts.ravel(), entries.ravel()])
+
+
+@njit(cache=True)
+def search(state, ids, logp, stops, context, total, ints, floats):
+    """One tree search from a packed state (``pack_state``): ``beam_search`` (its float32 settings)
+    or ``best_first_search`` (float64) on the pass's ``ids`` ``(D, K) int64`` and ``logp`` ``(D, K)
+    float32``, the ``stops`` and the n-gram ``context``, at most ``total`` nodes, written into
+    ``ints`` ``(2, >= total) int64`` (tokens, parents) and ``floats`` ``(2, >= total) float32``
+    (scores, drafter log-probabilities); returns the node count."""
+    f = state.view(np.float64)
+    depths, n_entries, n_contexts, n_offsets = state[S_DEPTHS], state[S_ENTRIES], state[S_CONTEXTS], state[S_OFFSETS]
+    at = HEADER
+    decay, weight = f[at : at + depths], f[at + depths : at + 2 * depths]
+    at += 2 * depths
+    offsets = state[at : at + n_offsets]
+    at += n_offsets
+    contexts = state[at : at + 2 * n_contexts].reshape((n_contexts, 2))
+    at += 2 * n_contexts
+    entries = state[at : at + 2 * n_entries].reshape((n_entries, 2))
+    order, base, first, prune = state[S_ORDER], state[S_BASE], state[S_FIRST], state[S_PRUNE] != 0
+    if state[S_BEST_FIRST]:
+        return best_first_search(
+            ids, logp, stops, context, order, base, entries, contexts, offsets, f[S_LOG_EPS], first,
+            decay, weight, f[S_NGRAM_WEIGHT], total, prune, ints[0], ints[1], floats[0], floats[1],
+        )  # fmt: skip
+    return beam_search(
+        ids, logp, stops, context, order, base, entries, contexts, offsets, np.float32(f[S_LOG_EPS]), first,
+        decay.astype(np.float32), weight.astype(np.float32), np.float32(f[S_NGRAM_WEIGHT]), state[S_WIDTH], total,
+        prune, ints[0], ints[1], floats[0], floats[1],
+    )  # fmt: skip
