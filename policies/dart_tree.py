@@ -19,12 +19,13 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The search is compiled (numba, as the reference's is host C++), ONE call per round: every depth's
-n-gram lookups, scores, pool and next beams (``_beam_search``), each n-gram log read off the trie's
-table (``NGramModel.trie_logs``), the same float32 operations as the numpy search it replaced
+The search is compiled (numba, as the reference's is host C++), ONE call per round
+(``specpolicy.core.compiled_dart``): every depth's n-gram lookups, scores, pool and next beams, each
+n-gram log read beside the trie's keys (``NGramModel.trie_logs``), the same float32 operations as the
+numpy search it replaced, skipping exactly the children that cannot change the tree
 (``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the tree the same
-tree comes from a best-first search (``_best_first_search``, compiled; paths ending in a stop token
-kept as leaves).
+tree comes from a best-first search (``compiled_dart.best_first_search``; paths ending in a stop
+token kept as leaves).
 The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
 masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
 ablation); ``use_ngram: false`` does the same.
@@ -84,7 +85,7 @@ def dart_tree_search(
     The whole search is ONE compiled call (``compiled_dart.beam_search``; the reference runs host
     C++ for the same reason), its float32 operations those of the numpy search it replaced
     (``tests/policies/test_dart_tree_equivalence.py``); each n-gram log is read off the trie's
-    hash table (``compiled_dart.log_table``) rather than taken per depth.
+    keys (``compiled_dart.log_entries``) rather than taken per depth.
 
     With ``beam_width >= total_tokens`` the beam search keeps every node of the best
     ``total_tokens`` (a node's ancestors score at least as much, so fewer than ``total_tokens``

@@ -1,9 +1,10 @@
 """Compiled host kernels of DART's tree searches (``policies/dart_tree.py``; Liang et al., arXiv
 2601.19278, §3.4; fvliang/DART ``Searcher::search``; issue 48 item 5): the beam search and the
-best-first search, each ONE call per round that writes the tree into the caller's arrays and returns
-its node count (no returned arrays: boxing them costs more than the search's own work), and the
-n-gram logs they read, fused into the trie's hash table (``log_table``: one cache line a lookup
-instead of three after the model pass has evicted the tables).
+best-first search, each ONE call per round (``search``, from one packed state: ``pack_state``) that
+writes the tree into the caller's arrays and returns its node count (no returned arrays: boxing them
+costs more than the search's own work), and the n-gram logs they read, beside the trie's sorted keys
+(``log_entries``: key and log in one cache line) with each context's run of continuations found by
+one hash probe (``context_ranges``).
 
 Both searches skip the work that cannot change their answer, exactly: a child's score is its
 parent's plus ``weight * (decay * log p + ngram_weight * log p_ngram)``, so with a non-negative
