@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from specpolicy.core.checks import check_keys
@@ -47,6 +48,8 @@ NAME = "dart"
 CONFIG_KEYS = ("model",)
 #: Committed tokens kept for the n-gram context (a 3-gram model reads 2; longer orders up to this).
 HISTORY = 8
+#: committed pieces ``commit`` keeps on the CPU before it folds them into the history (``_fold``)
+HISTORY_FOLD = 16
 
 
 class DartDrafter(Drafter):
@@ -85,7 +88,17 @@ class DartDrafter(Drafter):
         self._features: torch.Tensor | None = None  # (u, 3H) committed pairs' features not yet cached
         self._pair_tokens: torch.Tensor | None = None  # (u,) the token after each of them
         self._waiting: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._on_host = runtime.torch_device.type == "cpu"
+        #: the last committed tokens, the pending one last (``ngram_context``): off the CPU a tensor
+        #: (one cat a commit); on the CPU Python ints up to the committed pieces ``_unfolded`` holds,
+        #: folded in when read or every ``HISTORY_FOLD`` commits (``_fold``: no tensor op a commit)
         self._history = torch.empty(0, dtype=torch.long, device=device)
+        self._host_history: list[int] = []
+        self._unfolded: list[Any] = []
+        self._cached = 0  # positions the cache holds (``_pass`` sets it, ``commit`` crops to the pairs)
+        # the round's empty draft, shared by every round (never written: drafted tokens replace it)
+        self._no_tokens = torch.empty(0, dtype=torch.long, device=device)
+        self._no_confs = torch.empty(0, dtype=torch.float32, device=device)
         self._sampling: SamplingConfig | None = None
 
     @property
@@ -98,7 +111,28 @@ class DartDrafter(Drafter):
     def ngram_context(self) -> torch.Tensor:
         """The last committed tokens, the pending one last: ``(<= HISTORY,) int64`` (the n-gram
         context of a tree search's depth-0 candidates)."""
+        if self._on_host:
+            return torch.from_numpy(self.ngram_context_np())
         return self._history
+
+    def ngram_context_np(self) -> np.ndarray:
+        """``ngram_context`` as a new host array ``(<= HISTORY,) int64``: on the CPU from the host
+        history (no tensor op; ``policy=dart-tree``'s search reads it each round), elsewhere read
+        from the device."""
+        if not self._on_host:
+            return self._history.cpu().numpy()
+        self._fold()
+        return np.array(self._host_history, dtype=np.int64)
+
+    def _fold(self) -> None:
+        """CPU: ``_host_history`` with the committed pieces ``commit`` kept since (``_unfolded``:
+        tensors or arrays of token ids): its last ``HISTORY`` tokens, as Python ints."""
+        if self._unfolded:
+            history = self._host_history
+            for piece in self._unfolded:
+                history = history + piece.tolist()
+            self._host_history = history[-HISTORY:]
+            self._unfolded = []
 
     @no_grad
     def prefill(
@@ -116,14 +150,18 @@ class DartDrafter(Drafter):
         self._committed_pairs = 0
         self._features, self._pair_tokens = features, prompt_ids[1:]
         self._waiting = []
-        self._history = prompt_ids[-HISTORY:]
+        self._cached = 0
+        if self._on_host:
+            self._host_history, self._unfolded = prompt_ids[-HISTORY:].tolist(), []
+        else:
+            self._history = prompt_ids[-HISTORY:]
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
     def _new_round(self) -> None:
-        device = self.runtime.torch_device
-        self._tokens = torch.empty(0, dtype=torch.long, device=device)
-        self._confs = torch.empty(0, dtype=torch.float32, device=device)
+        self._tokens = self._no_tokens
+        self._confs = self._no_confs
+        self._drafted = 0  # tokens drafted this round (no shape read of ``_tokens``)
         self._probs: list[torch.Tensor] = []
         self._logits: list[torch.Tensor] = []  # (d, Vd) per pass
         self._last_out: torch.Tensor | None = None  # (1, d, H): the last pass's outputs
@@ -149,6 +187,7 @@ class DartDrafter(Drafter):
         n = embeds.shape[1]
         out, k, v = self.model(embeds, hidden, start, self.cache.layer(0) if start else None)
         self.cache.keys[0], self.cache.values[0] = k[:, :, : start + n], v[:, :, : start + n]  # masks dropped
+        self._cached = start + n
         if self._passes == 0:
             self._committed_pairs = start + n
         self._last_out = out
@@ -167,6 +206,7 @@ class DartDrafter(Drafter):
             self._hidden.append(self.model.norm(out[0]))
         self._tokens = torch.cat([self._tokens, tokens])
         self._confs = torch.cat([self._confs, confs])
+        self._drafted += int(tokens.shape[0])
         self._passes += 1
         return True
 
@@ -175,12 +215,14 @@ class DartDrafter(Drafter):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         want = self._returned + num_tokens
-        while self._tokens.shape[0] < want and self._stop_at is None:
+        while self._drafted < want and self._stop_at is None:
             if not self._pass():
                 break
         probs = torch.cat(self._probs) if self._probs else None
         hidden = torch.cat(self._hidden) if self._hidden else None
-        draft = Draft.with_lookahead(self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden)
+        draft = Draft.with_lookahead(
+            self._tokens, self._confs, probs, want, self._stop_at, self._passes, hidden, count=self._drafted
+        )
         self._returned = draft.length
         return draft
 
@@ -209,13 +251,26 @@ class DartDrafter(Drafter):
                 "the dart drafter got no target features from the verification; the verifier must "
                 "honour request_features"
             )
-        self.cache.crop(self._committed_pairs)
-        tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
+        if self._cached != self._committed_pairs:  # an extension pass's drafted pairs (one pass: none)
+            self.cache.crop(self._committed_pairs)
+            self._cached = self._committed_pairs
+        path = verification.path
+        if path is not None and self._on_host:  # a tree's path read on the host: no tensor op
+            ids = draft.token_ids.numpy().take((*path, 0))
+            ids[-1] = verification.next_token
+            tokens = torch.from_numpy(ids)
+        else:
+            tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
             self._waiting.append((features, tokens))
         else:
             self._features, self._pair_tokens = features, tokens
-        self._history = torch.cat([self._history, tokens])[-HISTORY:]
+        if self._on_host:
+            self._unfolded.append(tokens)
+            if len(self._unfolded) >= HISTORY_FOLD:
+                self._fold()
+        else:
+            self._history = torch.cat([self._history, tokens])[-HISTORY:]
         self._new_round()
 
     def _join_pairs(self) -> None:

@@ -163,11 +163,11 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._host_block: np.ndarray | None = None
         self._block_ids: torch.Tensor | None = None
         self._block_cells: Any = None  # the host block's cells, a flat memoryview (``prefill``)
-        #: CPU: (<= NGRAM_HISTORY,) int64 the last committed tokens before the pending one, up to the
-        #: commits ``_host_commits`` holds: ``(pending id, draft tokens (tensor) or the path's (array),
-        #: accepted)`` each, folded in when read or every ``HISTORY_FOLD`` (``_fold_host``: a commit
-        #: makes no array, cold numpy costs as much as a tensor op after the target's pass)
-        self._host_history = np.zeros(0, dtype=np.int64)
+        #: CPU: (<= NGRAM_HISTORY) the last committed tokens before the pending one (Python ints), up
+        #: to the commits ``_host_commits`` holds: ``(pending id, draft tokens (tensor) or the path's
+        #: (array), accepted)`` each, folded in when read or every ``HISTORY_FOLD`` (``_fold_host``: a
+        #: commit makes no array, cold numpy costs as much as a tensor op after the target's pass)
+        self._host_history: list[int] = []
         self._host_commits: list[tuple[int, Any, int]] = []
         self._pending_id = 0  # CPU: the pending token, as the host block holds it
         self._on_host = runtime.torch_device.type == "cpu"
@@ -202,10 +202,18 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """The last committed tokens, the pending one last: ``(<= NGRAM_HISTORY + 1,) int64``, the
         n-gram context of a tree search's depth-0 candidates (``policy=dart-tree``)."""
         if self._host_block is not None:
-            self._fold_host()
-            return torch.from_numpy(np.concatenate((self._host_history, self._host_block[0, :1])))
+            return torch.from_numpy(self.ngram_context_np())
         self._fold()
         return torch.cat([self._history, self._pending])
+
+    def ngram_context_np(self) -> np.ndarray:
+        """``ngram_context`` as a new host array ``(<= NGRAM_HISTORY + 1,) int64``: on the CPU from the
+        host history and the pending id (no tensor op; ``policy=dart-tree``'s search reads it each
+        round), elsewhere read from the device."""
+        if self._host_block is None:
+            return self.ngram_context.cpu().numpy()
+        self._fold_host()
+        return np.array(self._host_history + [self._pending_id], dtype=np.int64)
 
     @property
     def tokens_per_pass(self) -> int:
@@ -236,7 +244,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             # without numpy's code (cold after the target's pass, a numpy write cost more)
             self._block_cells = self._host_block.reshape(-1).data  # a memoryview
             self._pending = self._block_ids[0, :1]  # a view: ``commit`` writes the next pending token
-            self._host_history = host[:-1][-NGRAM_HISTORY:].astype(np.int64)  # a copy
+            self._host_history = host[:-1][-NGRAM_HISTORY:].tolist()
             self._host_commits, self._pending_id = [], int(host[-1])
         else:
             self._pending = prompt_ids[-1:].to(self.runtime.torch_device)
@@ -276,19 +284,18 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
 
     def _fold_host(self) -> None:
         """CPU: ``_host_history`` with the commits ``commit`` kept since (``_host_commits``): only the
-        last commits that hold its ``NGRAM_HISTORY`` tokens are read."""
+        last commits that hold its ``NGRAM_HISTORY`` tokens are read (Python ints: a commit's tokens
+        read with one ``tolist``)."""
         if self._host_commits:
-            pieces: list[np.ndarray] = []
-            held = 0
+            history: list[int] = []
             for pending, tokens, accepted in reversed(self._host_commits):
-                ids = tokens if isinstance(tokens, np.ndarray) else tokens.numpy()
-                pieces += [ids[:accepted], np.array((pending,), dtype=np.int64)]
-                held += accepted + 1
-                if held >= NGRAM_HISTORY:
+                ids = (tokens if isinstance(tokens, np.ndarray) else tokens.numpy())[:accepted].tolist()
+                history = [pending, *ids, *history]
+                if len(history) >= NGRAM_HISTORY:
                     break
             else:
-                pieces.append(self._host_history)
-            self._host_history = np.concatenate(pieces[::-1])[-NGRAM_HISTORY:]
+                history = self._host_history + history
+            self._host_history = history[-NGRAM_HISTORY:]
             self._host_commits = []
 
     def _fold(self) -> None:

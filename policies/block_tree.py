@@ -32,19 +32,12 @@ NAME = "block-tree"
 
 
 @njit(cache=True)
-def best_first_tree(ids: np.ndarray, logp: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The best-first tree over one block's per-position top-k (module docstring), compiled: ``ids``
-    ``(n, K) int64`` and ``logp`` ``(n, K) float64`` (each position's alternatives and their
-    log-probabilities), ``nodes`` the most nodes -> ``(tokens (m,) int64, parents (m,) int64 (-1: the
-    root), scores (m,) float64)``, m <= ``nodes``, in pop order (parents first). A heap of
-    ``(-score, position, rank, parent)`` tuples, ties broken by the tuple's next fields, as the
-    Python ``heapq`` loop it replaced broke them (numba's ``heapq`` is CPython's algorithm)."""
+def _grow(ids, logp, nodes, tokens, parents, scores):
+    """``best_first_tree``'s search into ``tokens`` / ``parents`` (int64) and ``scores`` (float64), each
+    ``(>= nodes,)``; ``logp`` float32 or float64 (widened); returns the node count."""
     n, k = ids.shape
-    heap = [(-logp[0, r], 0, r, -1) for r in range(k)]
+    heap = [(-np.float64(logp[0, r]), 0, r, -1) for r in range(k)]
     heapq.heapify(heap)
-    tokens = np.empty(nodes, dtype=np.int64)
-    parents = np.empty(nodes, dtype=np.int64)
-    scores = np.empty(nodes)
     count = 0
     while len(heap) > 0 and count < nodes:
         neg, pos, r, parent = heapq.heappop(heap)
@@ -53,8 +46,37 @@ def best_first_tree(ids: np.ndarray, logp: np.ndarray, nodes: int) -> tuple[np.n
         count += 1
         if pos + 1 < n:
             for c in range(k):
-                heapq.heappush(heap, (neg - logp[pos + 1, c], pos + 1, c, node))
+                heapq.heappush(heap, (neg - np.float64(logp[pos + 1, c]), pos + 1, c, node))
+    return count
+
+
+@njit(cache=True)
+def best_first_tree(ids: np.ndarray, logp: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The best-first tree over one block's per-position top-k (module docstring), compiled: ``ids``
+    ``(n, K) int64`` and ``logp`` ``(n, K) float64`` (each position's alternatives and their
+    log-probabilities), ``nodes`` the most nodes -> ``(tokens (m,) int64, parents (m,) int64 (-1: the
+    root), scores (m,) float64)``, m <= ``nodes``, in pop order (parents first). A heap of
+    ``(-score, position, rank, parent)`` tuples, ties broken by the tuple's next fields, as the
+    Python ``heapq`` loop it replaced broke them (numba's ``heapq`` is CPython's algorithm)."""
+    tokens = np.empty(nodes, dtype=np.int64)
+    parents = np.empty(nodes, dtype=np.int64)
+    scores = np.empty(nodes)
+    count = _grow(ids, logp, nodes, tokens, parents, scores)
     return tokens[:count].copy(), parents[:count].copy(), scores[:count].copy()
+
+
+@njit(cache=True)
+def best_first_tree_into(ids, logp, nodes, ints, confidences):
+    """``best_first_tree`` on float32 ``logp`` (widened to float64, as ``astype`` widens it) into the
+    caller's arrays: ``ints`` ``(2, >= nodes) int64`` the tokens and parents, ``confidences``
+    ``(>= nodes,) float32`` each node's ``exp(score)`` (the C library's ``exp`` of the float64
+    score, Python's ``math.exp``, rounded to float32); returns the node count (no arrays returned:
+    boxing them costs more than the search)."""
+    scores = np.empty(nodes)
+    count = _grow(ids, logp, nodes, ints[0], ints[1], scores)
+    for i in range(count):
+        confidences[i] = math.exp(scores[i])
+    return count
 
 
 class BlockTreePolicy(TreePolicy):
@@ -79,6 +101,11 @@ class BlockTreePolicy(TreePolicy):
         best_first_tree(
             np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1)), 1
         )  # compiled (or cached) now, not in a round
+        warm = np.zeros((1, 1), dtype=np.int64)
+        best_first_tree_into(warm, np.zeros((1, 1), np.float32), 1, np.empty((2, 1), np.int64), np.empty(1, np.float32))
+        self._drafter: Any = None  # the drafter ``draft_tree`` read its device of last
+        self._device: Any = "cpu"
+        self._on_host = True
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
@@ -91,33 +118,36 @@ class BlockTreePolicy(TreePolicy):
             )
 
     def draft_tree(self, drafter: BlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check (per round)
-        device = "cpu" if runtime is None else runtime.torch_device
+        if drafter is not self._drafter:  # its device, read once per drafter (``device_of`` without its check)
+            runtime = getattr(drafter, "runtime", None)
+            self._drafter, self._device = drafter, "cpu" if runtime is None else runtime.torch_device
+            self._on_host = torch.device(self._device).type == "cpu"
         depth = min(self.depth, room)
         if depth < 1:
-            return Draft.empty(device), "room"
+            return Draft.empty(self._device), "room"
         chain = drafter.draft(depth)
         n = chain.length
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
-        if probs.shape[0] != n:  # (a block drafter's alternatives are the chain's n rows: no slicing op)
-            ids, probs = ids[:n], probs[:n]
-        ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
-        logp = probs.clamp(min=1e-30).log().cpu().numpy().astype(np.float64)  # float32 logs, as float64
-        tokens, parents, scores = best_first_tree(ids_np, logp, min(self.total_tokens, node_room))
-        # each node's confidence: exp of its float64 score (Python's), rounded to float32
-        confidences = torch.from_numpy(np.array([math.exp(s) for s in scores.tolist()], dtype=np.float32))
-        token_ids, parent_ids = torch.from_numpy(tokens), torch.from_numpy(parents)
-        if ids.device.type != "cpu":
-            token_ids, confidences, parent_ids = (
-                token_ids.to(ids.device),
-                confidences.to(ids.device),
-                parent_ids.to(ids.device),
+        total = min(self.total_tokens, node_room)
+        logp_t = probs.clamp(min=1e-30).log()  # float32 logs (the search widens them)
+        if not self._on_host:  # the search reads the host: the logs moved, the tree moved back
+            ids, logp_t = ids.cpu(), logp_t.cpu()
+        ids_np, logp = ids.numpy(), logp_t.numpy()
+        if ids_np.shape[0] != n:  # (a block drafter's alternatives are the chain's n rows: no slicing)
+            ids_np, logp = ids_np[:n], logp[:n]
+        ints, confidences = np.empty((2, total), dtype=np.int64), np.empty(total, dtype=np.float32)
+        m = best_first_tree_into(ids_np, logp, total, ints, confidences)
+        token_ids, parent_ids = torch.from_numpy(ints[0, :m]), torch.from_numpy(ints[1, :m])
+        confs = torch.from_numpy(confidences[:m])
+        if not self._on_host:
+            token_ids, confs, parent_ids = (
+                token_ids.to(self._device),
+                confs.to(self._device),
+                parent_ids.to(self._device),
             )
-        draft = Draft(
-            token_ids=token_ids, confidences=confidences, forward_passes=chain.forward_passes, parents=parent_ids
-        )
+        draft = Draft(token_ids=token_ids, confidences=confs, forward_passes=chain.forward_passes, parents=parent_ids)
         return draft, "room" if depth < self.depth else "policy_bound"
 
     def __repr__(self) -> str:

@@ -19,12 +19,13 @@ The rule, as the code runs it:
   committed + path (``NGramModel.trie_probs``; the default n-gram file is the target's own GSM8K
   continuations, ``bundle/ngram/gsm8k-target.npz``).
 
-The search is compiled (numba, as the reference's is host C++), ONE call per round: every depth's
-n-gram lookups, scores, pool and next beams (``_beam_search``), each n-gram log read off the trie's
-table (``NGramModel.trie_logs``), the same float32 operations as the numpy search it replaced
+The search is compiled (numba, as the reference's is host C++), ONE call per round
+(``specpolicy.core.compiled_dart``): every depth's n-gram lookups, scores, pool and next beams, each
+n-gram log read beside the trie's keys (``NGramModel.trie_logs``), the same float32 operations as the
+numpy search it replaced, skipping exactly the children that cannot change the tree
 (``tests/policies/test_dart_tree_equivalence.py``). With beams at least as wide as the tree the same
-tree comes from a best-first search (``_best_first_search``, compiled; paths ending in a stop token
-kept as leaves).
+tree comes from a best-first search (``compiled_dart.best_first_search``; paths ending in a stop
+token kept as leaves).
 The target verifies the tree in one pass (``specpolicy.core.tree``); its nodes are verified as point
 masses when sampling (lossless). ``ngram_weight=0`` turns the n-gram term off (the paper's
 ablation); ``use_ngram: false`` does the same.
@@ -32,16 +33,16 @@ ablation); ``use_ngram: false`` does the same.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
 
+from specpolicy.core import compiled_dart
 from specpolicy.core.checks import check_init
-from specpolicy.core.compiled_ngram import trie_find
 from specpolicy.core.errors import ConfigError
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import NgramBlockDrafter
@@ -81,43 +82,65 @@ def dart_tree_search(
         (n,) float32)`` of the kept nodes, a parent before its children (the beams: creation
         order; best-first: pop order), n <= ``total_tokens``.
 
-    The whole search is ONE compiled call (``_beam_search``; the reference runs host C++ for the
-    same reason), its float32 operations those of the numpy search it replaced
+    The whole search is ONE compiled call (``compiled_dart.beam_search``; the reference runs host
+    C++ for the same reason), its float32 operations those of the numpy search it replaced
     (``tests/policies/test_dart_tree_equivalence.py``); each n-gram log is read off the trie's
-    table (``NGramModel.trie_logs``) rather than taken per depth.
+    keys (``compiled_dart.log_entries``) rather than taken per depth.
 
     With ``beam_width >= total_tokens`` the beam search keeps every node of the best
     ``total_tokens`` (a node's ancestors score at least as much, so fewer than ``total_tokens``
     nodes of its depth outrank it), and the same tree, up to exact ties, comes from a best-first
-    search that expands only the popped nodes (``_best_first_search``, compiled: ``total_tokens``
+    search that expands only the popped nodes (``compiled_dart.best_first_search``: ``total_tokens``
     x K scores in float64 instead of a beam front of ``beam_width`` x K entries per depth). It
     treats a path ending in a stop token as a leaf, as the beams do whenever ``beam_width`` other
     candidates remain (its children could never be accepted).
     """
-    ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
-    depth = ids_np.shape[0]
     stops = np.ascontiguousarray(stop_ids.cpu().numpy(), dtype=np.int64)
     ctx = np.ascontiguousarray(context.cpu().numpy(), dtype=np.int64)
-    use_ngram = ngram is not None and ngram_weight != 0
-    first_scored = (0 if ngram_on_first else 1) if use_ngram else depth  # the first depth the n-gram scores
-    order, base = (ngram.order, ngram.base) if use_ngram else (1, 1)
-    if beam_width >= total_tokens:
-        table, counts, offsets, logs = _trie(ngram, use_ngram, 1)
-        logp = np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())  # torch's float32 log
-        weight, decay = _step_weights(depth, level_power, logit_decay, np.float64)
-        found = _best_first_search(
-            ids_np, logp, stops, ctx, order, base, table, counts, offsets, logs, _LOG_EPS[1],
-            first_scored, decay, weight, float(ngram_weight), total_tokens,
-        )  # fmt: skip
-    else:
-        table, counts, offsets, logs = _trie(ngram, use_ngram, 0)
-        logp = np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + np.float32(EPS))  # (D, K) float32
-        weight, decay = _step_weights(depth, level_power, logit_decay, np.float32)
-        found = _beam_search(
-            ids_np, logp, stops, ctx, order, base, table, counts, offsets, logs, _LOG_EPS[0],
-            first_scored, decay, weight, np.float32(ngram_weight), beam_width, total_tokens,
-        )  # fmt: skip
+    best_first = beam_width >= total_tokens
+    ids_np, logp = _host_inputs(ids, probs, best_first)
+    use = ngram is not None and ngram_weight != 0
+    settings = _settings(ngram if use else None, best_first, ids_np.shape[0], level_power, logit_decay, ngram_weight)
+    state = _state(settings, 0 if ngram_on_first else 1, beam_width)
+    found = _run(ids_np, logp, stops, ctx, state, max(total_tokens, 0))
     return tuple(torch.from_numpy(x) for x in found)  # type: ignore[return-value]
+
+
+#: the first depth scored by the n-gram when it is off (never reached)
+_NEVER = 1 << 62
+
+
+def _host_inputs(ids: torch.Tensor, probs: torch.Tensor, best_first: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The pass's candidates ``(D, K) int64`` and their float32 log-probabilities ``log(p + EPS)``
+    ``(D, K)`` on the host, as the searches read them: torch's log for the best-first search,
+    numpy's for the beams (the searches they replaced took them so)."""
+    ids_np = np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64)
+    if best_first:
+        return ids_np, np.ascontiguousarray(torch.log(probs.float() + EPS).cpu().numpy())
+    return ids_np, np.log(np.ascontiguousarray(probs.float().cpu().numpy()) + _EPS32)
+
+
+def _run(
+    ids: np.ndarray, logp: np.ndarray, stops: np.ndarray, context: np.ndarray, state: np.ndarray, total: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One search from a packed ``state`` (``_state``) into new arrays: ``(tokens (n,) int64, parents
+    (n,) int64, scores (n,) float32, drafter log-probs (n,) float32)``."""
+    ints, floats = np.empty((2, max(total, 1)), np.int64), np.empty((2, max(total, 1)), np.float32)
+    n = compiled_dart.search(state, ids, logp, stops, context, total, ints, floats)
+    return ints[0, :n], ints[1, :n], floats[0, :n], floats[1, :n]
+
+
+def _state(settings: tuple, first_scored: int, width: int) -> np.ndarray:
+    """``settings`` (``_settings``) with the first depth the n-gram scores (when it is on) and the
+    beam width, packed for ``compiled_dart.search`` (``compiled_dart.pack_state``)."""
+    best_first, order, base, entries, contexts, offsets, log_eps, scored_from, decay, weight, ngram_weight, prune = (
+        settings
+    )
+    first = first_scored if scored_from == 0 else scored_from
+    return compiled_dart.pack_state(
+        order, base, first, width, prune, best_first, float(log_eps), float(ngram_weight),
+        decay, weight, entries, contexts, offsets,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,337 +155,85 @@ def _step_weights(depth: int, level_power: float, logit_decay: float, dtype: typ
 
 #: ``log(0 + EPS)``, a candidate the n-gram never saw: numpy's float32 log (the beams'), Python's float64 log
 _LOG_EPS = (np.log(np.zeros(1, np.float32) + np.float32(EPS))[0], math.log(0.0 + EPS))
-_NO_TRIE = (np.full((1, 2), -1, np.int64), np.zeros(0, np.int64), np.zeros(2, np.int64))
-_NO_LOGS = (np.zeros(0, np.float32), np.zeros(0, np.float64))
+#: float32 EPS, added to the beams' float32 probabilities
+_EPS32 = np.float32(EPS)
+#: no n-gram: no entries, an empty context table and its order offsets (never read: no depth is scored)
+_NO_TABLES = (np.zeros((0, 2), np.int64), np.full((1, 2), -1, np.int64), np.zeros(2, np.int64))
 
 
-def _trie(ngram: Any | None, use: bool, kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The trie's hash table, counts, the table's order offsets and logs (``kind`` 0: float32, 1:
-    float64) for the compiled searches (``NGramModel.trie_hash``, ``compiled_trie``, ``trie_logs``);
-    empty tables (of the same types) without the n-gram."""
-    if not use:
-        return (*_NO_TRIE, _NO_LOGS[kind])
-    table, offsets = ngram.trie_hash()
-    return table, ngram.compiled_trie()[1], offsets, ngram.trie_logs(EPS)[kind]
+def _settings(
+    ngram: Any | None, best_first: bool, depth: int, level_power: float, logit_decay: float, ngram_weight: float
+) -> tuple:
+    """What a search of ``depth`` depths reads besides its pass (``_run``): ``(best_first, order,
+    base, log entries, context table, its order offsets, log_eps, first scored depth (0: the
+    caller's), decay, weight, ngram_weight, prune)`` in the kernel's types (the beams' float32,
+    best-first's float64); the per-depth factors hold for any depth up to ``depth``. ``prune``:
+    every n-gram log and ``log_eps`` <= 0 (``compiled_dart``'s bounds hold)."""
+    kind = 1 if best_first else 0
+    dtype = np.float64 if best_first else np.float32
+    weight, decay = _step_weights(depth, level_power, logit_decay, dtype)
+    if ngram is None:
+        return (best_first, 1, 1, *_NO_TABLES, _LOG_EPS[kind], _NEVER, decay, weight, dtype(0.0), True)
+    (entries, at_most_zero), (contexts, offsets) = _log_tables(ngram)[kind], _context_tables(ngram)
+    settings = (
+        ngram.order,
+        ngram.base,
+        entries,
+        contexts,
+        offsets,
+        _LOG_EPS[kind],
+        0,
+        decay,
+        weight,
+        dtype(ngram_weight),
+    )
+    return (best_first, *settings, at_most_zero and _LOG_EPS[kind] <= 0)
 
 
-@njit(cache=True)
-def _ngram_logs(window, candidates, table, counts, offsets, logs, base, log_eps, found, out):
-    """``log(p_ngram + EPS)`` of each candidate ``(K,) int64`` after ``window`` (the last ``order - 1``
-    tokens, start symbols in front) into ``out`` ``(K,)``: the entry of the longest suffix of the
-    window the candidate was seen after (the trie rule, ``compiled.trie_probs``), read off ``logs``
-    (``NGramModel.trie_logs``), ``log_eps`` where none. Each (suffix, candidate) entry is found by
-    hash (``NGramModel.trie_hash``'s ``table`` and ``offsets``: ``compiled_ngram.trie_find``), the entry a
-    search of the suffix's sorted continuations finds; the lookups stop once every candidate is
-    found (a shorter suffix only fills candidates not found yet). ``found`` ``(K,) bool``: scratch."""
-    order = window.shape[0] + 1
-    K = candidates.shape[0]
-    for c in range(K):
-        out[c] = log_eps
-        found[c] = False
-    left = K
-    for j in range(order - 1, 0, -1):  # the j-token suffix, longest first
-        if left == 0:
-            break
-        code = window[order - 1 - j]
-        for t in range(order - j, order - 1):
-            code = code * base + window[t]
-        for c in range(K):
-            if found[c] or not 0 <= candidates[c] < base:  # (a token past the n-gram's vocabulary: never seen)
-                continue
-            at = trie_find(table, offsets, j, code * base + candidates[c])  # among the (j + 1)-grams
-            if at >= 0 and counts[at] > 0:
-                out[c] = logs[at]
-                found[c] = True
-                left -= 1
+def _log_tables(ngram: Any) -> tuple[tuple[np.ndarray, bool], ...]:
+    """The n-gram's trie entries with their float32 (0) and float64 (1) logs beside the keys
+    (``compiled_dart.log_entries``; ``NGramModel.compiled_trie``, ``trie_logs``), each with whether
+    every log is <= 0. Built once per model, kept on it."""
+    held = ngram.__dict__.get("_dart_log_entries")
+    if held is None:
+        keys, counts = ngram.compiled_trie()[:2]
+        held = []
+        for logs in ngram.trie_logs(EPS):
+            entries = compiled_dart.log_entries(keys, counts, logs)
+            values = entries.view(np.float64)[:, 1]
+            held.append((entries, bool(np.all(np.isnan(values) | (values <= 0)))))
+        held = ngram.__dict__["_dart_log_entries"] = tuple(held)
+    return held
 
 
-@njit(cache=True)
-def _window(context, path, length, order, start, out):
-    """The last ``order - 1`` tokens of ``context`` + ``path[:length]`` into ``out``, start symbols in
-    front of a short one."""
-    c = context.shape[0]
-    for j in range(order - 1):
-        at = c + length - (order - 1) + j
-        if at >= c:
-            out[j] = path[at - c]
-        elif at >= 0:
-            out[j] = context[at]
-        else:
-            out[j] = start
+def _context_tables(ngram: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Where each context's continuations are among the n-gram's sorted trie keys
+    (``compiled_dart.context_ranges``). Built once per model, kept on it."""
+    held = ngram.__dict__.get("_dart_context_ranges")
+    if held is None:
+        keys, _, starts = ngram.compiled_trie()[:3]
+        held = ngram.__dict__["_dart_context_ranges"] = compiled_dart.context_ranges(keys, starts, ngram.base)
+    return held
 
 
-@njit(cache=True)
-def _beam_search(
-    ids, logp, stops, context, order, base, table, counts, offsets, logs, log_eps,
-    first_scored, decay, weight, ngram_weight, width, total,
-):  # fmt: skip
-    """DART's beam search in one call: per depth, every beam extended by every candidate (the step
-    score in float32, as the numpy search computed it: ``beam + weight[l] * (decay[l] * logp +
-    ngram_weight * log p_ngram)``, the n-gram term from depth ``first_scored`` on), every child
-    pooled in creation order, the next beams the best ``width`` (EOS-ending last, then by score,
-    ties in creation order: ``_first_in_order``); then the best ``total`` of the pool
-    (``_best_indices``), renumbered. ``ids`` ``(D, K) int64``, ``logp`` ``(D, K) float32``; returns
-    ``(tokens, parents, scores, drafter log-probs)`` as ``dart_tree_search``."""
-    D, K = ids.shape
-    ends = np.zeros((D, K), dtype=np.bool_)
-    for level in range(D):
-        for c in range(K):
-            for s in range(stops.shape[0]):
-                if ids[level, c] == stops[s]:
-                    ends[level, c] = True
-    beams = np.zeros((width, max(D, 1)), dtype=np.int64)
-    beam_scores = np.zeros(width, dtype=np.float32)
-    beam_drafter = np.zeros(width, dtype=np.float32)
-    beam_nodes = np.full(width, -1, dtype=np.int64)
-    size = K + max(D - 1, 0) * width * K
-    pool_tokens = np.zeros(size, dtype=np.int64)
-    pool_parents = np.zeros(size, dtype=np.int64)
-    pool_scores = np.zeros(size, dtype=np.float32)
-    pool_drafter = np.zeros(size, dtype=np.float32)
-    log_ngram = np.zeros((width, K), dtype=np.float32)
-    scores = np.empty(width * K, dtype=np.float32)
-    drafter = np.empty(width * K, dtype=np.float32)
-    window = np.empty(order - 1, dtype=np.int64)
-    found = np.empty(K, dtype=np.bool_)
-    B, pooled = 1, 0
-    for level in range(D):  # the beams' paths are ``level`` tokens long
-        scored = level >= first_scored
-        if scored:
-            for b in range(B):
-                _window(context, beams[b], level, order, base - 1, window)
-                _ngram_logs(window, ids[level], table, counts, offsets, logs, base, log_eps, found, log_ngram[b])
-        n = B * K
-        for b in range(B):
-            for c in range(K):
-                term = decay[level] * logp[level, c]
-                if scored:
-                    term = term + ngram_weight * log_ngram[b, c]
-                i = b * K + c
-                scores[i] = beam_scores[b] + weight[level] * term
-                drafter[i] = beam_drafter[b] + logp[level, c]
-                pool_tokens[pooled + i] = ids[level, c]
-                pool_parents[pooled + i] = beam_nodes[b]
-                pool_scores[pooled + i] = scores[i]
-                pool_drafter[pooled + i] = drafter[i]
-        keep = _first_in_order(scores[:n], ends[level], K, min(width, n))
-        old = beams[:B, :level].copy()
-        for j in range(keep.shape[0]):
-            i = keep[j]
-            beams[j, :level] = old[i // K]
-            beams[j, level] = ids[level, i % K]
-            beam_scores[j], beam_drafter[j], beam_nodes[j] = scores[i], drafter[i], pooled + i
-        B = keep.shape[0]
-        pooled += n
-    kept = _best_indices(pool_scores[:pooled], total)
-    index = np.full(pooled + 1, -1, dtype=np.int64)  # index[c + 1]: pool entry c's node
-    for j in range(kept.shape[0]):
-        index[kept[j] + 1] = j
-    parents = np.empty(kept.shape[0], dtype=np.int64)
-    for j in range(kept.shape[0]):
-        parents[j] = index[pool_parents[kept[j]] + 1]
-    return pool_tokens[kept], parents, pool_scores[kept], pool_drafter[kept]
+def _tree_draft(tokens: torch.Tensor, confidences: torch.Tensor, passes: int, parents: torch.Tensor) -> Draft:
+    """``Draft(token_ids=tokens, confidences=confidences, forward_passes=passes, parents=parents)``
+    without the frozen dataclass's ``object.__setattr__`` per field (a round builds one): the
+    fields not given take their defaults (``extras`` a new empty dict), as ``RoundRecord.built``
+    builds records."""
+    draft = object.__new__(Draft)
+    draft.__dict__.update(_DRAFT_DEFAULTS)
+    for name, factory in _DRAFT_FACTORIES:
+        draft.__dict__[name] = factory()
+    draft.__dict__.update(token_ids=tokens, confidences=confidences, forward_passes=passes, parents=parents)
+    return draft
 
 
-@njit(cache=True)
-def _best_indices(scores, n):
-    """``_best_set`` compiled: the ascending indices of the ``n`` best ``scores`` ``(P,) float32``,
-    ties to the earlier index (the n-th best score, ``_nth_largest``, then one pass)."""
-    P = scores.shape[0]
-    if n >= P:
-        return np.arange(P)
-    threshold = _nth_largest(scores, n)
-    above = 0
-    for i in range(P):
-        if scores[i] > threshold:
-            above += 1
-    ties = n - above
-    out = np.empty(n, dtype=np.int64)
-    m = 0
-    for i in range(P):
-        if scores[i] > threshold:
-            out[m] = i
-            m += 1
-        elif scores[i] == threshold and ties > 0:
-            out[m] = i
-            m += 1
-            ties -= 1
-    return out[:m]
-
-
-@njit(cache=True)
-def _nth_largest(scores, n):
-    """The ``n``-th largest of ``scores`` ``(P,)`` (``np.partition(scores, P - n)[P - n]``, 1 <= n <=
-    P): a min-heap of the n largest seen, most entries turned away by one comparison with its top;
-    with a NaN among the scores (ranked above everything by the partition), the partition itself."""
-    for i in range(scores.shape[0]):
-        if np.isnan(scores[i]):
-            return np.partition(scores, scores.shape[0] - n)[scores.shape[0] - n]
-    heap = np.empty(n, dtype=scores.dtype)
-    size = 0
-    for i in range(scores.shape[0]):
-        x = scores[i]
-        if size < n:  # push, sift up
-            j = size
-            heap[j] = x
-            while j > 0 and heap[(j - 1) // 2] > heap[j]:
-                heap[(j - 1) // 2], heap[j] = heap[j], heap[(j - 1) // 2]
-                j = (j - 1) // 2
-            size += 1
-        elif x > heap[0]:  # replace the top, sift down
-            heap[0] = x
-            j = 0
-            while True:
-                c = 2 * j + 1
-                if c >= n:
-                    break
-                if c + 1 < n and heap[c + 1] < heap[c]:
-                    c += 1
-                if heap[c] >= heap[j]:
-                    break
-                heap[c], heap[j] = heap[j], heap[c]
-                j = c
-    return heap[0]
-
-
-@njit(cache=True, inline="always")
-def _heap_before(neg, a, b):
-    """Heap entry a pops before b: the lower ``neg`` (the higher score), ties in push order."""
-    return neg[a] < neg[b] or (neg[a] == neg[b] and a < b)
-
-
-@njit(cache=True)
-def _heap_push(heap, size, neg, entry):
-    """Push ``entry`` onto the binary heap ``heap[:size]``; returns the new size."""
-    i = size
-    heap[i] = entry
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _heap_before(neg, heap[i], heap[parent]):
-            break
-        heap[i], heap[parent] = heap[parent], heap[i]
-        i = parent
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(heap, size, neg):
-    """The first entry of ``heap[:size]``, removed (the heap is then ``size - 1`` long)."""
-    top = heap[0]
-    size -= 1
-    heap[0] = heap[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _heap_before(neg, heap[child + 1], heap[child]):
-            child += 1
-        if not _heap_before(neg, heap[child], heap[i]):
-            break
-        heap[i], heap[child] = heap[child], heap[i]
-        i = child
-    return top
-
-
-@njit(cache=True)
-def _best_first_search(
-    ids, logp, stops, context, order, base, table, counts, offsets, logs, log_eps,
-    first_scored, decay, weight, ngram_weight, total,
-):  # fmt: skip
-    """``dart_tree_search`` for ``beam_width >= total_tokens``, in one call: the ``total`` best nodes
-    by the step score (float64: ``parent + weight[l] * (decay[l] * logp + ngram_weight * log
-    p_ngram)``, ``logp`` ``(D, K) float32`` widened), popped best first from a heap (ties in push
-    order), a node ending in a stop token or at the last depth not expanded; the nodes in pop
-    order, parents first. The n-gram logs are the float64 ones (``NGramModel.trie_logs``)."""
-    D, K = ids.shape
-    if D == 0 or total < 1:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
-    cap = K + total * K
-    neg = np.empty(cap, dtype=np.float64)  # per pushed entry: -score, depth, candidate, parent node, drafter
-    levels = np.empty(cap, dtype=np.int64)
-    cands = np.empty(cap, dtype=np.int64)
-    owners = np.empty(cap, dtype=np.int64)
-    drafts = np.empty(cap, dtype=np.float64)
-    heap = np.empty(cap, dtype=np.int64)
-    windows = np.empty((total + 1, order - 1), dtype=np.int64)  # row 0 the root's, row i + 1 node i's
-    _window(context, context[:0], 0, order, base - 1, windows[0])
-    tokens = np.empty(total, dtype=np.int64)
-    parents = np.empty(total, dtype=np.int64)
-    scores = np.empty(total, dtype=np.float32)
-    drafter = np.empty(total, dtype=np.float32)
-    terms = np.zeros(K, dtype=np.float64)
-    found = np.empty(K, dtype=np.bool_)
-    size, pushed, count = 0, 0, 0
-    level, node, score, path_drafter = 0, -1, 0.0, 0.0
-    while True:  # expand ``node`` (``level``: its children's depth), then pop the next best
-        scored = level >= first_scored
-        if scored:
-            _ngram_logs(windows[node + 1], ids[level], table, counts, offsets, logs, base, log_eps, found, terms)
-        for c in range(K):
-            lp = np.float64(logp[level, c])
-            term = decay[level] * lp
-            if scored:
-                term += ngram_weight * terms[c]
-            neg[pushed] = -(score + weight[level] * term)
-            levels[pushed], cands[pushed], owners[pushed] = level, c, node
-            drafts[pushed] = path_drafter + lp
-            size = _heap_push(heap, size, neg, pushed)
-            pushed += 1
-        expand = False
-        while size > 0 and count < total and not expand:
-            e = _heap_pop(heap, size, neg)
-            size -= 1
-            tok = ids[levels[e], cands[e]]
-            tokens[count], parents[count] = tok, owners[e]
-            scores[count], drafter[count] = -neg[e], drafts[e]
-            stop = False
-            for s in range(stops.shape[0]):
-                stop = stop or tok == stops[s]
-            if levels[e] + 1 < D and not stop:
-                parent_window = windows[owners[e] + 1]
-                for j in range(order - 2):
-                    windows[count + 1, j] = parent_window[j + 1]
-                if order > 1:
-                    windows[count + 1, order - 2] = tok
-                level, node, score, path_drafter = levels[e] + 1, count, -neg[e], drafts[e]
-                expand = True
-            count += 1
-        if not expand:
-            break
-    return tokens[:count], parents[:count], scores[:count], drafter[:count]
-
-
-@njit(cache=True)
-def _first_in_order(scores, ends, K, m):
-    """The first ``m`` of the children ``0 .. n - 1`` (``scores`` ``(n,) float32``; child i ends a
-    path when ``ends[i % K]``) in the stable order of (ends, -score): the non-ending children by
-    score, then the ending ones, ties in creation order, NaN scores last in their group -- what a
-    stable sort of each group by ``-score`` gives (``np.argsort(kind="mergesort")``), found by
-    insertion into the ``m`` kept (m is the beam width, n = beams x K)."""
-    keep = np.empty(m, dtype=np.int64)
-    filled = 0
-    for i in range(scores.shape[0]):
-        pos = filled
-        while pos > 0 and _ranks_before(scores, ends, K, i, keep[pos - 1]):
-            pos -= 1
-        if pos >= m:
-            continue
-        for j in range(min(filled, m - 1), pos, -1):
-            keep[j] = keep[j - 1]
-        keep[pos] = i
-        filled = min(filled + 1, m)
-    return keep
-
-
-@njit(cache=True, inline="always")
-def _ranks_before(scores, ends, K, i, j):
-    """Child i strictly ahead of child j in (ends, -score) order (an equal one stays behind)."""
-    end_i, end_j = ends[i % K], ends[j % K]
-    if end_i != end_j:
-        return not end_i
-    x, y = scores[i], scores[j]
-    return (np.isnan(y) and not np.isnan(x)) or x > y
+#: ``Draft``'s fields with a plain default, and with a default factory (``_tree_draft``)
+_DRAFT_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Draft) if f.default is not dataclasses.MISSING}
+_DRAFT_FACTORIES = tuple(
+    (f.name, f.default_factory) for f in dataclasses.fields(Draft) if f.default_factory is not dataclasses.MISSING
+)
 
 
 def _best_set(scores: np.ndarray, n: int) -> np.ndarray:
@@ -544,6 +315,17 @@ class DartTreePolicy(TreePolicy):
                 warm, torch.ones(2, 1), warm[0], self.ngram, warm[0], width, 2, ngram_weight=self.ngram_weight
             )
         self._stops: dict[tuple, torch.Tensor] = {}
+        self._search_ngram = self.ngram if self.ngram_weight > 0 else None
+        self._first_scored = 0 if self.ngram_on_first else 1
+        #: the search's packed state (``_state``) and the depths it covers, for beams narrower than the
+        #: tree (False) and as wide (True)
+        self._searches = {best_first: self._search_state(best_first, 1) for best_first in (False, True)}
+        self._drafter: Any = None  # the drafter ``_adopt`` read last
+        self._device: Any = "cpu"
+        self._on_host = True
+        self._stops_t = torch.empty(0, dtype=torch.long)
+        self._stops_np = self._stops_t.numpy()
+        self._context_np: Any = None
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
@@ -555,41 +337,86 @@ class DartTreePolicy(TreePolicy):
             )
 
     def draft_tree(self, drafter: NgramBlockDrafter, room: int, node_room: int) -> tuple[Draft, str]:
-        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check (per round)
-        device = "cpu" if runtime is None else runtime.torch_device
+        """The round's tree: the drafter's pass (``draft``), its top-k per position (``alternatives``)
+        and the search (``dart_tree_search``) over them, within ``room`` depths and ``node_room``
+        nodes. On the CPU the search reads numpy views of the pass's tensors and the drafter's host
+        n-gram context (``ngram_context_np`` where it has one), and writes the tree into new arrays
+        the draft's tensors view: the same calls on the same values as ``dart_tree_search``."""
         want = self.depth or drafter.tokens_per_pass
         depth = min(want, room)
+        if drafter is not self._drafter:  # what a round reads of the drafter, read once per drafter
+            self._adopt(drafter)
         if depth < 1:
-            return Draft.empty(device), "room"
+            return Draft.empty(self._device), "room"
         chain = drafter.draft(depth)
         n = chain.length
         if n == 0:
             return chain, "no_proposal"
         ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
-        if probs.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing op)
-            ids, probs = ids[:n], probs[:n]
+        total = min(self.total_tokens, node_room)
+        if not self._on_host:
+            return self._draft_on_device(drafter, ids[:n], probs[:n], total, chain.forward_passes), (
+                "room" if depth < want else "policy_bound"
+            )
+        ids_np = ids.numpy()
+        if ids_np.shape[0] != n:  # (the drafters' alternatives are the chain's n rows: no slicing op)
+            ids_np, probs = ids_np[:n], probs[:n]
         probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
+        best_first = self.beam_width >= total
+        if best_first:
+            logp = torch.log(probs + EPS).numpy()  # torch's float32 log (as dart_tree_search takes it)
+        else:
+            logp = probs.numpy() + _EPS32
+            np.log(logp, out=logp)  # numpy's float32 log
+        depths, state = self._searches[best_first]
+        if depths < n:  # the per-depth factors of a deeper pass than any before
+            depths, state = self._searches[best_first] = self._search_state(best_first, n)
+        context = self._context_np() if self._context_np is not None else drafter.ngram_context.numpy()
+        tokens, parents, _, logp_path = _run(ids_np, logp, self._stops_np, context, state, total)
+        draft = _tree_draft(
+            torch.from_numpy(tokens), torch.from_numpy(logp_path).exp(), chain.forward_passes, torch.from_numpy(parents)
+        )
+        return draft.counted(tokens.shape[0]), "room" if depth < want else "policy_bound"
+
+    def _search_state(self, best_first: bool, depths: int) -> tuple[int, np.ndarray]:
+        """``(depths, the packed search state)`` of this policy's settings for passes up to ``depths`` deep."""
+        settings = _settings(
+            self._search_ngram, best_first, depths, self.level_power, self.logit_decay, self.ngram_weight
+        )
+        return depths, _state(settings, self._first_scored, self.beam_width)
+
+    def _adopt(self, drafter: Any) -> None:
+        """Read what every round needs of ``drafter`` (its device, stop tokens and host n-gram
+        context reader) once, not per round."""
+        runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check
+        self._drafter = drafter
+        self._device = "cpu" if runtime is None else runtime.torch_device
+        self._on_host = torch.device(self._device).type == "cpu"
         stop_ids = tuple(getattr(drafter, "stop_token_ids", ()))
         if stop_ids not in self._stops:  # built once per set of stop tokens
             self._stops[stop_ids] = torch.tensor(stop_ids, dtype=torch.long)
-        tokens, parents, _, logp = dart_tree_search(
-            ids,
-            probs,
-            drafter.ngram_context,
-            self.ngram if self.ngram_weight > 0 else None,
-            self._stops[stop_ids],
-            self.beam_width,
-            min(self.total_tokens, node_room),
-            self.level_power,
-            self.logit_decay,
-            self.ngram_weight,
-            self.ngram_on_first,
+        self._stops_t = self._stops[stop_ids]
+        self._stops_np = np.ascontiguousarray(self._stops_t.numpy(), dtype=np.int64)
+        self._context_np = getattr(drafter, "ngram_context_np", None)
+
+    def _draft_on_device(self, drafter: Any, ids: torch.Tensor, probs: torch.Tensor, total: int, passes: int) -> Draft:
+        """``draft_tree``'s search off the CPU: the pass's tensors read to the host
+        (``dart_tree_search``), the tree moved back to the drafter's device."""
+        probs = probs / probs.sum(-1, keepdim=True)  # the softmax over the top K logits
+        best_first = self.beam_width >= total
+        ids_np, logp = _host_inputs(ids, probs, best_first)
+        depths, state = self._searches[best_first]
+        if depths < ids_np.shape[0]:
+            depths, state = self._searches[best_first] = self._search_state(best_first, ids_np.shape[0])
+        context = np.ascontiguousarray(drafter.ngram_context.cpu().numpy(), dtype=np.int64)
+        tokens, parents, _, logp_path = _run(ids_np, logp, self._stops_np, context, state, total)
+        device = self._device
+        return Draft(
+            token_ids=torch.from_numpy(tokens).to(device),
+            confidences=torch.from_numpy(logp_path).exp().to(device),
+            forward_passes=passes,
+            parents=torch.from_numpy(parents).to(device),
         )
-        confidences = logp.exp()
-        if torch.device(device).type != "cpu":
-            tokens, confidences, parents = tokens.to(device), confidences.to(device), parents.to(device)
-        draft = Draft(token_ids=tokens, confidences=confidences, forward_passes=chain.forward_passes, parents=parents)
-        return draft, "room" if depth < want else "policy_bound"
 
     def __repr__(self) -> str:
         return (

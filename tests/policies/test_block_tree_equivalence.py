@@ -46,3 +46,27 @@ def test_the_compiled_search_is_the_heapq_loop(seed):
         )
         want = reference_best_first(ids, probs, n, nodes)
         assert (tokens.tolist(), parents.tolist(), scores.tolist()) == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_search_into_arrays_is_the_heapq_loop(seed):
+    """``best_first_tree_into`` (the policy's call: float32 logs widened inside, the tree written into
+    the caller's arrays, each node's confidence the float32 of Python's ``math.exp`` of its score)
+    against the replaced loop and the confidences the policy computed from its scores."""
+    import math
+
+    from specpolicy.policies.block_tree import best_first_tree_into
+
+    generator = torch.Generator().manual_seed(50 + seed)
+    n, k = 1 + seed % 15, 1 + seed % 4
+    probs = (torch.randn(n, k, generator=generator) * (0.3 + seed % 3)).softmax(-1).sort(descending=True).values
+    if seed % 2:
+        probs[:, -1] = probs[:, 0]  # exact ties between ranks
+        probs[n // 2] = 0.0  # clamped to 1e-30
+    ids = torch.randint(0, 1000, (n, k), generator=generator)
+    for nodes in (1, 5, 24, 200):
+        ints, confidences = np.empty((2, nodes), np.int64), np.empty(nodes, np.float32)
+        m = best_first_tree_into(ids.numpy(), probs.clamp(min=1e-30).log().numpy(), nodes, ints, confidences)
+        tokens, parents, scores = reference_best_first(ids, probs, n, nodes)
+        assert (ints[0, :m].tolist(), ints[1, :m].tolist()) == (tokens, parents)
+        assert np.array_equal(confidences[:m], np.array([math.exp(s) for s in scores], dtype=np.float32))

@@ -17,8 +17,9 @@ import pytest
 import torch
 from numba import njit
 
+from specpolicy.core.compiled_dart import first_in_order
 from specpolicy.models.ngram import NGramModel, _codes, _lookup, load_ngram, resolve_ngram_path
-from specpolicy.policies.dart_tree import EPS, _best_set, _first_in_order, dart_tree_search
+from specpolicy.policies.dart_tree import EPS, _best_set, dart_tree_search
 
 
 class ReferenceTrie:
@@ -256,7 +257,7 @@ def test_the_beam_search_on_the_bundled_ngram_is_the_numpy_search():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_next_beams_are_the_stable_sorts_first(seed):
-    """``_first_in_order`` (insertion into the beam width) against the stable sort it replaced: the
+    """``compiled_dart.first_in_order`` (the beam search's insertion into the beam width) against the stable sort it replaced: the
     non-ending children by score, then the ending ones, ties in creation order, NaN last in its group."""
     rng = np.random.default_rng(seed)
     K = int(rng.integers(1, 8))
@@ -269,7 +270,7 @@ def test_the_next_beams_are_the_stable_sorts_first(seed):
         picked = np.array([i for i in range(n) if ends[i % K] == stop], dtype=np.int64)
         order += picked[np.argsort(-scores[picked], kind="mergesort")].tolist()
     for m in (1, 3, min(20, n), n):
-        assert _first_in_order(scores, ends, K, m).tolist() == order[:m]
+        assert first_in_order(scores, ends, K, m).tolist() == order[:m]
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -328,9 +329,9 @@ def test_the_trie_logs_are_the_logs_of_the_trie_probabilities():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_nth_largest_is_the_partitions(seed):
-    """``_nth_largest`` (a min-heap of the n largest) against ``np.partition`` on tie-heavy scores,
-    NaN among them or not; ``_best_indices`` against ``_best_set``."""
-    from specpolicy.policies.dart_tree import _best_indices, _nth_largest
+    """``compiled_dart.nth_largest`` (a min-heap of the n largest) against ``np.partition`` on tie-heavy
+    scores, NaN among them or not; ``best_indices`` against ``_best_set``."""
+    from specpolicy.core.compiled_dart import best_indices, nth_largest
 
     rng = np.random.default_rng(seed)
     for _ in range(20):
@@ -340,9 +341,9 @@ def test_the_nth_largest_is_the_partitions(seed):
             scores[rng.random(P) < 0.05] = np.nan
         for n in {1, int(rng.integers(1, P + 1)), P}:
             want = np.partition(scores, P - n)[P - n]
-            got = _nth_largest(scores, n)
+            got = nth_largest(scores, n)
             assert got == want or (np.isnan(got) and np.isnan(want))
-            assert np.array_equal(_best_indices(scores, n), _best_set(scores, n))
+            assert np.array_equal(best_indices(scores, n), _best_set(scores, n))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -171,6 +171,29 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
     assert seen[-1][1][: len(other)] == other.tolist() and len(seen[-1][1]) <= len(other) + 2
 
 
+@pytest.mark.parametrize("total", [8, 2])  # beams narrower than the tree (8 > top_k), then as wide
+def test_dart_tree_off_the_host_path_is_the_host_path(target, checkpoints, total):
+    """The search off the CPU (the pass's tensors read to the host, the tree moved back:
+    ``_draft_on_device``, run here on CPU tensors) gives the rounds the host path gives (numpy
+    views, the drafter's host n-gram context): the same trees, confidences and outputs."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    prompt, runs = random_prompts(1)[0], []
+    for on_host in (True, False):
+        drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
+        policy = DartTreePolicy(top_k=3, beam_width=2, total_tokens=total, ngram_model=NGRAM)
+        adopt = policy._adopt
+
+        def adopted(d, adopt=adopt, policy=policy, on_host=on_host):
+            adopt(d)
+            policy._on_host = on_host
+
+        policy._adopt = adopted
+        out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
+        runs.append([(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds])
+    assert runs[0] == runs[1] and any(len(parents) > 1 for _, parents, _, _ in runs[0])
+
+
 @pytest.mark.parametrize("read_every", [1, 5, 40])
 def test_dflash_ngram_context_after_chain_rounds(target, checkpoints, read_every):
     """On chain rounds the CPU drafter keeps the commits as they came and reads them when asked
