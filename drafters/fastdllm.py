@@ -52,7 +52,7 @@ from specpolicy.core.compiled import block_open, block_scan, unmask_step
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
-from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
+from specpolicy.core.sampling import SamplingConfig, sample, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.fastdllm import (
     BLOCK_SIZE_CONFIG_KEYS,

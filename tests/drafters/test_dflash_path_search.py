@@ -31,7 +31,9 @@ def target():
 @pytest.fixture(scope="module", params=["official", "draft-vocab"])
 def checkpoint(tmp_path_factory, request):
     vocab = DRAFT_VOCAB if request.param == "draft-vocab" else None
-    return write_dflash_checkpoint(tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=vocab)
+    return write_dflash_checkpoint(
+        tmp_path_factory.mktemp("dflash"), 32, VOCAB, 4, LAYER_IDS, B, MASK, draft_vocab=vocab
+    )
 
 
 def _features(target, seq, start, stop):
@@ -63,7 +65,11 @@ def test_the_host_path_with_a_path_search_is_the_general_step(checkpoint, target
         n = pick.choice([1, 3, B - 1, 2 * B])
         a, b = fast.draft(n), slow.draft(n)
         assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.confidences, b.confidences)
-        assert (a.forward_passes, a.ends_at_stop_token, a.lookahead) == (b.forward_passes, b.ends_at_stop_token, b.lookahead)
+        assert (a.forward_passes, a.ends_at_stop_token, a.lookahead) == (
+            b.forward_passes,
+            b.ends_at_stop_token,
+            b.lookahead,
+        )
         accepted = pick.choice([0, a.length // 2, a.length])
         nxt = 6 + (int(a.token_ids[accepted]) + 1) % (VOCAB - 8) if accepted < a.length else 7
         new = torch.cat([committed, a.token_ids[:accepted], torch.tensor([nxt])])

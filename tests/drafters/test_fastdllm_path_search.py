@@ -106,7 +106,9 @@ def test_path_search_settings_are_checked_in_one_line(config, key):
     assert str(info.value).startswith(key) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("S", "lam", "mass", "stops"), [(16, 0.5, 0.8, ()), (4, 0.3, 0.95, (EOS,)), (16, 0.5, 0.2, (7, 11))])
+@pytest.mark.parametrize(
+    ("S", "lam", "mass", "stops"), [(16, 0.5, 0.8, ()), (4, 0.3, 0.95, (EOS,)), (16, 0.5, 0.2, (7, 11))]
+)
 def test_the_host_path_with_a_path_search_is_the_general_path(S, lam, mass, stops):
     """One request's host path with the path search (``fastdllm_host``: ``draft_alone`` through
     ``search_apply`` on the pass's own logits and the kept softmax buffer, ``commit_in_place`` with the
