@@ -323,38 +323,13 @@ def _beam_step(
     is finished."""
     width, size = scores.shape[0], cand.shape[0]
     flat = np.empty(width * size + width)
-    return _beam_step_into(
-        i, cand, drafter_row, lp, weight, scores, done, paths, history, stops, flat, paths.copy(), history.copy()
-    )
-
-
-@njit(cache=True)
-def _beam_step_into(
-    i: int,
-    cand: np.ndarray,
-    drafter_row: np.ndarray,
-    lp: np.ndarray,
-    weight: float,
-    scores: np.ndarray,
-    done: np.ndarray,
-    paths: np.ndarray,
-    history: np.ndarray,
-    stops: np.ndarray,
-    flat: np.ndarray,
-    old_paths: np.ndarray,
-    old_history: np.ndarray,
-) -> bool:
-    """``_beam_step`` with the caller's scratch arrays: ``flat`` ``(W M + W,)`` float64 and
-    ``old_paths`` / ``old_history`` (``paths``' and ``history``'s shapes, written here)."""
-    width, size = scores.shape[0], cand.shape[0]
-    old_paths[:] = paths
-    old_history[:] = history
     for w in range(width):
         for c in range(size):
             # (scores + drafter term) + weight * lp: 0 * -inf is NaN (lam 1), as numpy computed it
             flat[w * size + c] = -np.inf if done[w] else scores[w] + drafter_row[c] + weight * lp[w, c]
         flat[width * size + w] = scores[w] if done[w] else -np.inf
     index, values = topk_largest(flat, width)
+    old_paths, old_history = paths.copy(), history.copy()
     keep = history.shape[1]
     for w in range(width):
         extended = index[w] < width * size
@@ -442,16 +417,14 @@ def _beams_kneser_ney_shared(
     scored = np.zeros(width, dtype=np.bool_)
     slots = np.empty(size, dtype=np.int64)
     skip_invalid = weight != 0.0 and finite
-    flat, old_paths, old_history = np.empty(width * size + width), np.empty_like(paths), np.empty_like(history)
-    scoring_all = np.empty(size, dtype=np.int64)
     for i in range(m):
-        cand = tokens[i]  # read only
+        cand = tokens[i].copy()
         kept = 0  # the slots scored: every one, or the valid ones (see above)
         for c in range(size):
             if not (skip_invalid and drafter_term[i, c] == -np.inf):
                 slots[kept] = c
                 kept += 1
-        scoring = scoring_all[:kept]
+        scoring = np.empty(kept, dtype=np.int64)
         inside = True
         for k in range(kept):
             scoring[k] = cand[slots[k]]
@@ -488,9 +461,7 @@ def _beams_kneser_ney_shared(
                 for k in range(kept):
                     lp[w, slots[k]] = np.float64(np.float32(np.log(row[k])))
             scored[w] = True
-        if _beam_step_into(
-            i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops, flat, old_paths, old_history
-        ):
+        if _beam_step(i, cand, drafter_term[i], lp, weight, scores, done, paths, history, stops):
             break
     return _best(paths, scores)
 

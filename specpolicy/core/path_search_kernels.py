@@ -31,33 +31,9 @@ def _row_topk(row: np.ndarray, top: int, vals: np.ndarray, idx: np.ndarray) -> N
     no NaN, the ``top`` best strictly decreasing and strictly above the rest, all positive), any
     method gives torch's; otherwise ATen's ``topk_impl_loop`` restated (``_heap_topk`` /
     ``compiled._select``), the order among equal values included."""
-    _row_topk_into(row, top, vals, idx, *_topk_scratch(row.shape[0], top))
-
-
-@njit(cache=True)
-def _topk_scratch(vocab: int, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``_unique_topk_into``'s scratch arrays for rows of ``vocab`` entries: the groups' peaks, the best
-    ``top`` of them, and the candidates' bit patterns and columns (at most ``vocab + 16``)."""
-    peaks = np.empty(vocab // 16 + 1, dtype=np.int32)
-    best = np.empty(top, dtype=np.int32)
-    return peaks, best, np.empty(vocab + 16, dtype=np.int32), np.empty(vocab + 16, dtype=np.int64)
-
-
-@njit(cache=True)
-def _row_topk_into(
-    row: np.ndarray,
-    top: int,
-    vals: np.ndarray,
-    idx: np.ndarray,
-    peaks: np.ndarray,
-    best: np.ndarray,
-    keys: np.ndarray,
-    where: np.ndarray,
-) -> None:
-    """``_row_topk`` with ``_topk_scratch``'s arrays (made once per lattice, not per row)."""
     vocab = row.shape[0]
     if top * 64 <= vocab:  # std::partial_sort in ATen
-        if not _unique_topk_into(row, top, vals, idx, peaks, best, keys, where):
+        if not _unique_topk(row, top, vals, idx):
             _heap_topk(row, top, vals, idx)
     else:  # std::nth_element, then std::sort of the first top - 1
         scratch, order = row.copy(), np.arange(vocab)
@@ -94,49 +70,31 @@ def _unique_topk(row: np.ndarray, top: int, vals: np.ndarray, idx: np.ndarray) -
     """The ``top`` largest of ``row`` ``(V,)`` float32 (``V >= 64 top``) into ``vals`` / ``idx`` in
     decreasing order when they are unique -- no NaN in the row, the ``top`` values positive, strictly
     decreasing and strictly above every other entry, so ``torch.topk``'s answer is the same whatever
-    its algorithm's order; returns False (``vals`` / ``idx`` unspecified) otherwise
-    (``_unique_topk_into`` with its own scratch arrays)."""
-    return _unique_topk_into(row, top, vals, idx, *_topk_scratch(row.shape[0], top))
-
-
-@njit(cache=True)
-def _unique_topk_into(
-    row: np.ndarray,
-    top: int,
-    vals: np.ndarray,
-    idx: np.ndarray,
-    peaks: np.ndarray,
-    best: np.ndarray,
-    keys: np.ndarray,
-    where: np.ndarray,
-) -> bool:
-    """``_unique_topk`` with ``_topk_scratch``'s arrays. On the float32 bit patterns as int32 (ordered
-    as the floats for positive ones): the row cut into ``R = V // 16`` groups (entries ``r, r + R, ...,
-    r + 15 R``; the last ``V % 16`` one more), each group's largest pattern and whether any entry is a
-    NaN with its sign bit set (one vectorised pass), the ``top``-th largest peak a lower bound for
-    the answer (``top`` groups hold an entry at or above it), then the entries at or above it sorted."""
+    its algorithm's order; returns False (``vals`` / ``idx`` unspecified) otherwise. On the float32
+    bit patterns as int32 (ordered as the floats for positive ones): the row cut into ``R = V // 16``
+    groups (entries ``r, r + R, ..., r + 15 R``; the last ``V % 16`` one more), each group's largest
+    pattern (a vectorised pass), the ``top``-th largest of those a lower bound for the answer (``top``
+    groups hold an entry at or above it), then the entries at or above it sorted."""
     bits = row.view(np.int32)
     vocab = bits.shape[0]
     groups = vocab // 16
-    negative_nan = np.int32(0)  # a NaN with its sign bit set: an int32 between -inf's pattern and 0
-    for r in range(groups):
-        b = bits[r]
-        peaks[r] = b
-        negative_nan |= np.int32(b < 0) & np.int32(b > -8388608)
+    peaks = np.empty(groups + 1, dtype=np.int32)
+    peaks[:groups] = bits[:groups]
     for k in range(1, 16):
         for r in range(groups):
             b, p = bits[k * groups + r], peaks[r]
             peaks[r] = b if b > p else p
-            negative_nan |= np.int32(b < 0) & np.int32(b > -8388608)
     tail = np.int32(-(2**31))
     for j in range(16 * groups, vocab):
-        b = bits[j]
-        tail = max(tail, b)
-        negative_nan |= np.int32(b < 0) & np.int32(b > -8388608)
+        tail = max(tail, bits[j])
     peaks[groups] = tail
+    negative_nan = 0  # a NaN with its sign bit set: an int32 between -inf's pattern and 0
+    for j in range(vocab):
+        b = bits[j]
+        negative_nan |= np.int32(b < 0) & np.int32(b > -8388608)
     if negative_nan:
         return False
-    best[:] = np.int32(-(2**31))  # the top largest peaks, decreasing
+    best = np.full(top, np.int32(-(2**31)))  # the top largest peaks, decreasing
     for r in range(groups + 1):
         p = peaks[r]
         if p > best[top - 1]:
@@ -148,6 +106,12 @@ def _unique_topk_into(
     bound = best[top - 1]
     if bound <= 0:
         return False
+    count = 0
+    for r in range(groups + 1):
+        if peaks[r] >= bound:
+            count += 16
+    keys = np.empty(count, dtype=np.int32)
+    where = np.empty(count, dtype=np.int64)
     count = 0
     for r in range(groups + 1):
         if peaks[r] >= bound:
@@ -231,9 +195,8 @@ def lattice_rows(
     n, s = probs.shape[0], stop_cols.shape[0]
     vals, cols = np.empty(top, dtype=np.float32), np.empty(top, dtype=np.int64)
     stop_values = np.empty(s, dtype=np.float32)
-    peaks, best, keys, where = _topk_scratch(probs.shape[1], top)
     for i in range(n):
-        _row_topk_into(probs[i], top, vals, cols, peaks, best, keys, where)
+        _row_topk(probs[i], top, vals, cols)
         for k in range(s):
             stop_values[k] = probs[i, stop_cols[k]]
         if _lattice_row(i, vals, cols, stop_values, stop_cols, token_map, mass, tokens, values, valid):
