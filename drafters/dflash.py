@@ -146,6 +146,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         #: ``_ctx_cells``, a memoryview, at commit)
         self._ctx = np.zeros(0, dtype=np.int64)
         self._ctx_cells: Any = None
+        self._ctx_keep = 0 if path_search is None else path_search.scorer.order - 1  # its length when full
         #: the path search's softmax on the host (float32 logits on the CPU): a kept ``(1, B - 1, V or Vd)``
         #: buffer and its ``(B - 1, V or Vd)`` host view (``_search``); None elsewhere
         self._probs_out: torch.Tensor | None = None
@@ -288,13 +289,13 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """``_ctx`` = ``ctx`` (``(<= order - 1,)`` int64, this request's own), written in place from
         then on (``_ctx_cells``) once it is full."""
         self._ctx = ctx
-        self._ctx_cells = ctx.data if ctx.shape[0] == self.path_search.scorer.order - 1 else None
+        self._ctx_cells = ctx.data if ctx.shape[0] == self._ctx_keep else None
 
     def _commit_ctx(self, ids: np.ndarray, accepted: int, next_token: int) -> None:
         """The path search's context after a commit of ``ids[:accepted]`` (``(>= accepted,)`` int64 on the
         host) and ``next_token``: its last ``order - 1`` tokens, written in place when ``_ctx`` is full
         and the commit brings them all (no numpy code: a cold numpy call costs as much as a tensor op)."""
-        cells, keep = self._ctx_cells, self.path_search.scorer.order - 1
+        cells, keep = self._ctx_cells, self._ctx_keep
         if cells is not None and accepted >= keep - 1:
             for j in range(keep - 1):
                 cells[j] = ids.item(accepted - keep + 1 + j)

@@ -182,7 +182,7 @@ class PathSearch:
         ``candidate_lattice`` takes it), and the rest compiled (``_finish_kneser_ney``: the drafter
         term, the beams, each path token's slot, its probability and the end check), or, for a scorer
         without Kneser-Ney tables, the per-position beam loop then ``_finish``."""
-        if type(probs) is not np.ndarray:
+        if not isinstance(probs, np.ndarray):
             return self._search_tensor(probs, context, token_ids)
         stop_cols_np, token_map = (self._stops_np, self._no_map) if token_ids is None else self._columns(token_ids)
         if context.dtype != np.int64 or not context.flags.c_contiguous:
