@@ -141,9 +141,20 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._stop_set = frozenset(int(t) for t in stop_token_ids)  # the same ids, for host reads
         self._masks = torch.full((self.block_size - 1,), model.spec.mask_token_id, dtype=torch.long, device=device)
         self.path_search = path_search
-        #: the path search's n-gram context on the host, (<= order - 1,) int64 each: the last committed
-        #: tokens before the pending one, and the pending one
-        self._recent = self._pending_host = np.zeros(0, dtype=np.int64)
+        #: the path search's n-gram context on the host, (<= order - 1,) int64: the last committed tokens,
+        #: the pending one last (a request's own array: a full one is rewritten in place through
+        #: ``_ctx_cells``, a memoryview, at commit)
+        self._ctx = np.zeros(0, dtype=np.int64)
+        self._ctx_cells: Any = None
+        self._ctx_keep = 0 if path_search is None else path_search.scorer.order - 1  # its length when full
+        #: the path search's softmax on the host (float32 logits on the CPU): a kept ``(1, B - 1, V or Vd)``
+        #: buffer and its ``(B - 1, V or Vd)`` host view (``_search``); None elsewhere
+        self._probs_out: torch.Tensor | None = None
+        on_cpu_f32 = device.type == "cpu" and runtime.torch_dtype == lm_head.weight.dtype == torch.float32
+        if path_search is not None and on_cpu_f32:  # the head's logits are float32 on the CPU
+            width = self.vocab_size if self._target_of_draft is None else int(self._target_of_draft.shape[0])
+            self._probs_out = torch.empty(1, self.block_size - 1, width, dtype=torch.float32)
+            self._probs_np = self._probs_out[0].numpy()
         self._paths: list[np.ndarray] = []  # the path search's paths of the round so far (host)
         #: (<= NGRAM_HISTORY,) int64: the last committed tokens before the pending one (``ngram_context``)
         self._history = torch.empty(0, dtype=torch.long, device=device)
@@ -251,7 +262,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
             self._remember(prompt_ids[:-1].to(self.runtime.torch_device))
         if self.path_search is not None:
             host = prompt_ids.cpu().numpy()
-            self._recent, self._pending_host = self._host_tail(host[:-1]), host[-1:].astype(np.int64)
+            self._set_ctx(self._host_tail(host))
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
         self._new_round()
 
@@ -281,6 +292,24 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         """The last ``order - 1`` tokens of ``parts`` (1-D int64 host arrays, concatenated): the path
         search's n-gram context."""
         return np.concatenate(parts)[-(self.path_search.scorer.order - 1) :].astype(np.int64, copy=False)
+
+    def _set_ctx(self, ctx: np.ndarray) -> None:
+        """``_ctx`` = ``ctx`` (``(<= order - 1,)`` int64, this request's own), written in place from
+        then on (``_ctx_cells``) once it is full."""
+        self._ctx = ctx
+        self._ctx_cells = ctx.data if ctx.shape[0] == self._ctx_keep else None
+
+    def _commit_ctx(self, ids: np.ndarray, accepted: int, next_token: int) -> None:
+        """The path search's context after a commit of ``ids[:accepted]`` (``(>= accepted,)`` int64 on the
+        host) and ``next_token``: its last ``order - 1`` tokens, written in place when ``_ctx`` is full
+        and the commit brings them all (no numpy code: a cold numpy call costs as much as a tensor op)."""
+        cells, keep = self._ctx_cells, self._ctx_keep
+        if cells is not None and accepted >= keep - 1:
+            for j in range(keep - 1):
+                cells[j] = ids.item(accepted - keep + 1 + j)
+            cells[keep - 1] = next_token
+        else:
+            self._set_ctx(self._host_tail(self._ctx, ids[:accepted], np.array((next_token,), dtype=np.int64)))
 
     def _fold_host(self) -> None:
         """CPU: ``_host_history`` with the commits ``commit`` kept since (``_host_commits``): only the
@@ -353,29 +382,42 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         if self.report_hidden:  # what the head reads at the block's last B - 1 positions
             self._pass_hidden = hidden[0]
         logits = self.head(hidden)  # (1, B - 1, V or Vd)
+        if self.path_search is not None:  # the best path of the pass's lattice
+            self._took(logits, *self._search(logits, True))
+            return
         chosen, stops = self._choose_blocks([self], logits)
         tokens, confs, q = chosen[0]
         self._took(logits, tokens, confs, q, stops[0], new)
 
-    def _search(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
-        """CPS on a pass's logits ``(B - 1, V or Vd)``: the path's tokens ``(m,) int64`` (target ids),
-        their drafter probabilities ``(m,) float32``, point-mass q rows when sampling, and the index
-        of a stop token ending the path (None: none). Marks the round's draft ended when the path is
-        shorter than the block (its lattice ended) or ends at a stop token."""
-        probs = torch.softmax(logits.float(), dim=-1)
-        context = np.concatenate([self._recent, self._pending_host, *self._paths])  # host: the search reads its tail
+    def _search(
+        self, logits: torch.Tensor, alone: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None, int]:
+        """CPS on a pass's logits ``(B - 1, V or Vd)`` (``alone``: ``_pass_alone``'s ``(1, B - 1, V or Vd)``): the
+        path's tokens ``(m,) int64`` (target ids), their drafter probabilities ``(m,) float32``, point-mass
+        q rows when sampling, the index of a stop token ending the path (None: none) and m. Marks the
+        round's draft ended when the path is shorter than the block (its lattice ended) or ends at a
+        stop token."""
+        probs: Any
+        if alone and self._probs_out is not None:  # float32 on the CPU
+            torch._softmax(logits, -1, False, out=self._probs_out)  # torch.softmax's values, no allocation
+            probs = self._probs_np
+        else:
+            probs = torch.softmax((logits[0] if alone else logits).float(), dim=-1)
+        paths = self._paths
+        context = np.concatenate([self._ctx, *paths]) if paths else self._ctx  # the search reads its tail
         path, path_confs, ended = self.path_search.search_np(probs, context, self._target_of_draft)
-        self._paths.append(path)
+        paths.append(path)
         self._path_ended = ended
+        m = path.shape[0]
         stop_at = None  # the path's last token a stop token (read on the host)
-        if path.shape[0] and int(path[-1]) in self._stop_set:
-            stop_at = path.shape[0] - 1
+        if m and path.item(m - 1) in self._stop_set:
+            stop_at = m - 1
         tokens, confs = torch.from_numpy(path), torch.from_numpy(path_confs)
-        device = probs.device
-        if device.type != "cpu":
+        if not self._on_host:
+            device = self.runtime.torch_device
             tokens, confs = tokens.to(device), confs.to(device)
         q = point_mass(tokens, self.vocab_size) if self._sampling is not None else None
-        return tokens, confs, q, stop_at
+        return tokens, confs, q, stop_at, m
 
     def _choose(
         self, logits: torch.Tensor, sampling: SamplingConfig | None, generator: torch.Generator | None
@@ -439,7 +481,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
     def draft(self, num_tokens: int) -> Draft:
         want = self._wants(num_tokens)
         # one request on an eager cache without a path search: its own pass (``_pass_alone``)
-        alone = self.path_search is None and self.runner.static is None and self.runner.sequences is None
+        alone = self.runner.static is None and self.runner.sequences is None
         while self._needs_pass(want):
             if alone:
                 self._pass_alone()
@@ -583,13 +625,17 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         if self._host_block is not None:  # CPU: the committed tokens kept as they are, read when needed
             path, accepted = verification.path, verification.accepted_length
             tokens: Any = draft.token_ids
-            if path is not None or self.path_search is not None:  # read now: a tree's path, the search's context
+            paths = self._paths
+            if path is None and len(paths) == 1 and accepted <= draft.length - draft.reused_tokens:
+                # the accepted tokens are the search's path's (on the host): no read of the tensor
+                tokens = paths[0]
+                self._commit_ctx(tokens, accepted, verification.next_token)
+            elif path is not None or self.path_search is not None:  # read now: a tree's path, the search's context
                 ids = tokens.numpy()
                 tokens = ids[:accepted] if path is None else ids.take(path)
                 accepted = len(tokens)
                 if self.path_search is not None:
-                    self._recent = self._host_tail(self._recent, self._pending_host, tokens)
-                    self._pending_host = np.array((verification.next_token,), dtype=np.int64)
+                    self._commit_ctx(tokens, accepted, verification.next_token)
             self._host_commits.append((self._pending_id, tokens, accepted))
             if len(self._host_commits) >= HISTORY_FOLD:
                 self._fold_host()
@@ -601,8 +647,7 @@ class DFlashDrafter(SharedSequencesDrafter, Drafter):
         self._remember(self._pending, committed[:-1])
         if self.path_search is not None:  # its context on the host: one read of the committed tokens
             host = committed.cpu().numpy()
-            self._recent = self._host_tail(self._recent, self._pending_host, host[:-1])
-            self._pending_host = np.array(host[-1:], dtype=np.int64)  # a copy: the verifier may reuse its buffer
+            self._set_ctx(self._host_tail(self._ctx, host))  # a new array: the verifier may reuse its buffer
         self._pending = committed[-1:]  # the correction / bonus token (chain or tree)
         self._new_round()
 

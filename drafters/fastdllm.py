@@ -52,7 +52,7 @@ from specpolicy.core.compiled import block_open, block_scan, unmask_step
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.path_search import PathSearch
 from specpolicy.core.runtime import Runtime, no_grad
-from specpolicy.core.sampling import SamplingConfig, point_mass, sample, warp
+from specpolicy.core.sampling import SamplingConfig, sample, warp
 from specpolicy.core.types import Draft, Verification
 from specpolicy.models.fastdllm import (
     BLOCK_SIZE_CONFIG_KEYS,
@@ -83,7 +83,7 @@ from specpolicy.runners.fastdllm import (
     greedy_into,
     host_choice,
 )
-from specpolicy.runners.fastdllm_host import commit_in_place, current_draft, draft_alone
+from specpolicy.runners.fastdllm_host import commit_in_place, current_draft, draft_alone, recent_tokens, search_apply
 
 NAME = "fastdllm"
 
@@ -384,14 +384,18 @@ class FastDLLMDrafter(Drafter):
         self._pick = np.zeros(self.small_block_size, dtype=np.bool_)  # (S,) a pass's picks (``unmask_step``)
         self.release()
         self.sequence = self.runner.open()
-        self._fast = self._logits3d and self.sequence.cache is not None  # ``fastdllm_host``'s path: eager
+        # ``fastdllm_host``'s path: eager, host greedy (with a path search: its softmax into a kept buffer)
+        self._fast = self._host_greedy and self._sampling is None and self.sequence.cache is not None
+        if self._fast and self.path_search is not None:  # (1, S, V) float32, its (1, n, V) views, its host view
+            out = torch.empty(1, self.small_block_size, self.vocab_size, dtype=torch.float32)
+            self._probs_out, self._probs_np = [out[:, :n] for n in range(self.small_block_size + 1)], out[0].numpy()
         base = (n // B) * B
         self._first = self._write_blocks(prompt_ids[:base], 0) if base else None
         if base != n:
             self._first = None  # not needed: the partial block starts with committed tokens
         host = prompt_ids.cpu().numpy()
         self._L, self._base, self._tail = n, base, host[base:]
-        self._recent = self._recent[:0]
+        self._recent = self._no_ids
         self._remember(host)
         self._carry = 0
         self._new_round()
@@ -411,7 +415,7 @@ class FastDLLMDrafter(Drafter):
     def _remember(self, committed: np.ndarray) -> None:
         """Keep the last committed tokens (``(c,)`` int64, host) the path search's n-gram reads."""
         if self.path_search is not None:
-            self._recent = np.concatenate([self._recent, committed])[-(self.path_search.scorer.order - 1) :]
+            self._recent = np.concatenate([recent_tokens(self), committed])[-(self.path_search.scorer.order - 1) :]
 
     def _open_block(self, start: int, prefix: np.ndarray, first: tuple | None) -> None:
         """Make ``[start, start + B)`` the current block: ``prefix`` ((t,) int64 on the host,
@@ -477,7 +481,7 @@ class FastDLLMDrafter(Drafter):
         lo = max(a, 1)
         self._passes += 1
         if self.path_search is not None:
-            self._search_apply(logits, lo, b)
+            search_apply(self, logits, lo, b, False)
             return
         tok, conf, probs = self._choose(logits)  # (b - lo,) int64 / float32, (b - lo, V) or None
         tokens, confs = self._host(tok, conf)
@@ -494,35 +498,13 @@ class FastDLLMDrafter(Drafter):
             self._blk_probs[lo:b] = torch.where(chosen[:, None], probs, self._blk_probs[lo:b])
         self._scan(filled_stop)
 
-    def _search_apply(self, logits: torch.Tensor, lo: int, b: int) -> None:
-        """After an unmasking pass with the path search: the small block's masked positions (offsets
-        ``[_filled, b)``) unmasked as the best path through their lattice, from the pass's logits
-        ``(b - lo, V)`` (the mask token never a candidate); the draft ends where the path does when
-        that is before the small block's end."""
-        first = max(lo, self._filled)
-        rows = logits[first - lo :].float().index_fill(1, self._mask_index, -torch.inf)  # never the mask token
-        d0 = self._draft_start(self._blk_start)
-        drafted = [seg[0] for seg in self._segments] + [self._blk_ids[d0:first]]
-        context = np.concatenate([self._recent, *drafted])  # (c,) int64, padded by the search if short
-        path, conf, ended = self.path_search.search_np(torch.softmax(rows, -1), context)  # host arrays
-        q = None if self._blk_probs is None else point_mass(self._tensor(path), self.vocab_size)
-        m = path.shape[0]
-        taken = slice(first, first + m)
-        self._blk_ids[taken], self._blk_conf[taken], self._blk_masked[taken] = path, conf, False
-        if q is not None:
-            self._blk_probs[taken] = q
-        row = np.full(b - lo, np.nan, dtype=np.float32)
-        row[first - lo : first - lo + m] = conf
-        self._sb_conf.append(row)
-        self._scan()
-        if ended and self._stop_len is None:
-            self._path_len = self._blk_start + first + m - self._L
-
     def _cross_keep(self) -> None:
         """Before a boundary pass: the full block's drafted part joins the round's segments (and a tail
         kept in the block's ids is copied out: the block's arrays are about to hold the next block)."""
-        if self._tail_held is None:
+        if self._tail_held is None:  # and the path search's context, while the block holds it
             self._tail_held = self._tail
+            if self.path_search is not None:
+                recent_tokens(self)
         d0 = self._draft_start(self._blk_start)
         probs = None if self._blk_probs is None else self._blk_probs[d0:]
         self._segments.append((self._blk_ids[d0:].copy(), self._blk_conf[d0:].copy(), probs))  # the arrays are reused

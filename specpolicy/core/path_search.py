@@ -166,13 +166,14 @@ class PathSearch:
         path, q, ended = self.search_np(probs, context.reshape(-1).cpu().numpy(), token_ids)
         return torch.from_numpy(path).to(probs.device), torch.from_numpy(q).to(probs.device), ended
 
-    @no_grad
     def search_np(
-        self, probs: torch.Tensor, context: np.ndarray, token_ids: torch.Tensor | None = None
+        self, probs: torch.Tensor | np.ndarray, context: np.ndarray, token_ids: torch.Tensor | None = None
     ) -> tuple[np.ndarray, np.ndarray, bool]:
         """``search`` with the context and the results on the host: ``context`` ``(c,)`` int64 (its
         last ``order - 1`` tokens are read) -> ``path`` ``(m,)`` int64, ``q`` ``(m,)`` float32 (numpy)
         and whether the lattice ended early; for a drafter that keeps its block on the host.
+        ``probs`` may be a host array, ``(n, V)`` float32 C-contiguous (a drafter's kept buffer: no
+        torch attribute read, no view made), else a tensor.
 
         Three calls: the lattice (``lattice_rows``, compiled: on the CPU it takes each row's top-k
         itself, in ``torch.topk``'s order, from a view of ``probs``; on an accelerator the top-k and
@@ -181,6 +182,24 @@ class PathSearch:
         ``candidate_lattice`` takes it), and the rest compiled (``_finish_kneser_ney``: the drafter
         term, the beams, each path token's slot, its probability and the end check), or, for a scorer
         without Kneser-Ney tables, the per-position beam loop then ``_finish``."""
+        if not isinstance(probs, np.ndarray):
+            return self._search_tensor(probs, context, token_ids)
+        stop_cols_np, token_map = (self._stops_np, self._no_map) if token_ids is None else self._columns(token_ids)
+        if context.dtype != np.int64 or not context.flags.c_contiguous:
+            context = np.ascontiguousarray(context, dtype=np.int64)
+        if probs.dtype != np.float32 or not probs.flags.c_contiguous:
+            probs = np.ascontiguousarray(probs, dtype=np.float32)
+        n, vocab = probs.shape
+        top = min(self.max_candidates, vocab)
+        tokens, values, valid = self._buffers(n, top + stop_cols_np.shape[0])
+        m = lattice_rows(probs, top, stop_cols_np, token_map, self._mass32, tokens, values, valid)
+        return self._beams(tokens, values, valid, m, n, context)
+
+    @no_grad
+    def _search_tensor(
+        self, probs: torch.Tensor, context: np.ndarray, token_ids: torch.Tensor | None
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``search_np`` of a tensor ``probs`` ``(n, V)`` (any device)."""
         stop_cols_np, token_map = self._columns(token_ids)
         if context.dtype != np.int64 or not context.flags.c_contiguous:
             context = np.ascontiguousarray(context, dtype=np.int64)
@@ -200,6 +219,13 @@ class PathSearch:
                 _host(device_values), _host(cols), _host(stop_values), stop_cols_np, token_map,
                 self._mass32, tokens, values, valid,
             )  # fmt: skip
+        return self._beams(tokens, values, valid, m, n, context)
+
+    def _beams(
+        self, tokens: np.ndarray, values: np.ndarray, valid: np.ndarray, m: int, n: int, context: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """After the lattice (``_buffers``' arrays, its ``m`` of ``n`` positions): torch's log of its
+        kept probabilities in place, the beams, the path's probabilities and the end (``search_np``)."""
         self._log_views[m].log_()  # log q as torch computes it on the (m, M) lattice
         if self._tables is not None:
             path, q, code = _finish_kneser_ney(

@@ -4,7 +4,8 @@ path_search``; issue 48, item 5: host work per round): each lattice row's top-k 
 answer is unique), the lattice rows of ``candidate_lattice`` (``lattice_rows`` / ``lattice_topk``),
 and the Kneser-Ney tables' per-token unigram row and per-context-token ranges (``search_tables``,
 ``kneser_ney_higher_indexed``): the same values as the kernels of ``specpolicy.core.compiled``
-they stand for, found with fewer operations."""
+they stand for, found with fewer operations; and a block drafter's writes of a path into its block
+(``path_into_block``, Fast-dLLM's: ``runners/fastdllm_host.search_apply``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from specpolicy.core.compiled import (
     _make_heap,
     _select,
     _sort_heap,
+    block_scan,
     kneser_ney_unigram,
 )
 
@@ -298,3 +300,32 @@ def kneser_ney_higher_indexed(
             for c in range(tokens.shape[0]):
                 count = _lookup_one(run_keys, run_values, (prefix * base + tokens[c]) + table)
                 out[c] = (max(count - d, 0.0) + d * types_n * out[c]) / max(total_n, 1.0)
+
+
+@njit(cache=True)
+def path_into_block(
+    path: np.ndarray,
+    conf: np.ndarray,
+    first: int,
+    lo: int,
+    block_ids: np.ndarray,
+    block_conf: np.ndarray,
+    masked: np.ndarray,
+    stops: np.ndarray,
+    first_drafted: int,
+    row: np.ndarray,
+) -> tuple[int, int]:
+    """A path search's result written into a block drafter's host block in ONE call: ``path`` ``(m,)``
+    int64 and its confidences ``conf`` ``(m,)`` float32 at offsets ``[first, first + m)`` of
+    ``block_ids`` ``(B,)`` int64 / ``block_conf`` ``(B,)`` float32, unmasked in ``masked`` ``(B,)``
+    bool; ``row`` ``(b - lo,)`` float32 the small block's confidence row (from offset ``lo``: the
+    path's confidences, NaN elsewhere); then ``compiled.block_scan`` (``stops`` ``(s,)`` int64, the
+    first drafted offset ``first_drafted``), whose pair it returns."""
+    for i in range(row.shape[0]):
+        row[i] = np.nan
+    for i in range(path.shape[0]):
+        block_ids[first + i] = path[i]
+        block_conf[first + i] = conf[i]
+        masked[first + i] = False
+        row[first - lo + i] = conf[i]
+    return block_scan(block_ids, masked, stops, first_drafted)
