@@ -142,6 +142,7 @@ class FalconDrafter(Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
+        self._tree_round = False  # set by ``tree_root_host``: its rounds change ``_block``, ``_passes``, ``_chain_end``
         # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
         self._token_parts: list[torch.Tensor] = []
         self._conf_parts: list[torch.Tensor] = []
@@ -176,10 +177,19 @@ class FalconDrafter(Drafter):
         if verification.path is None:  # a chain: the accepted draft tokens, then the next token (one cat)
             nxt = verification.target_token_ids[accepted : accepted + 1]
             self._pair_tokens = torch.cat([self._pair_tokens, draft.token_ids[:accepted], nxt])
+        elif self._on_host:  # a tree on the CPU: ``committed_tokens`` on numpy (the path's tokens, ``next_token``)
+            path = verification.path
+            tokens = np.empty(len(path) + 1, dtype=np.int64)
+            draft.token_ids.numpy().take(path, out=tokens[:-1])
+            tokens[-1] = verification.next_token
+            self._pair_tokens = torch.from_numpy(np.concatenate((self._pair_tokens.numpy(), tokens)))
         else:
             self._pair_tokens = torch.cat([self._pair_tokens, verification.committed_tokens(draft)])
         self._uncached += accepted + 1
-        self._new_round()
+        if self._tree_round:  # ``tree_root_host`` / ``tree_pass_host`` changed these of ``_new_round``'s alone
+            self._block, self._passes, self._chain_end, self._tree_round = None, 0, 0, False
+        else:
+            self._new_round()
 
     # -- passes ----------------------------------------------------------------------------
 

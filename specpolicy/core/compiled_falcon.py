@@ -1,8 +1,11 @@
 """Compiled host kernels of Falcon's static tree on the CPU (``drafters/falcon.py``,
-``policies/falcon_tree.py``; issue 48 item 5): the round's first pass's layout, a tree pass's host
-work on the drafter's side and the policy's read of a pass, each ONE ``numba`` call (``cache=True``)
-in place of the numpy steps they replaced (same values: copies and the same float sums in the same
-order). ``specpolicy.core.compiled.falcon_block_layout`` lays a pass out with ``_falcon_layout_into``.
+``policies/falcon_tree.py``; issue 48 item 5), each ONE ``numba`` call (``cache=True``) in place of
+the numpy steps it replaced (same values: copies and the same float sums in the same order): the
+round's first pass's layout (``falcon_root_layout``, ``falcon_root_mask_into``); the policy's read of
+a pass (``falcon_tree_read``); and, between two tree passes, that read with the drafter's side of the
+next pass -- its blocks' rows stored and gathered, the pass laid out -- on buffers the drafter keeps
+(``falcon_tree_level``, ``FalconLevels``). ``specpolicy.core.compiled.falcon_block_layout`` lays a
+pass out with ``_falcon_layout_into``.
 """
 
 from __future__ import annotations
@@ -54,48 +57,6 @@ def falcon_root_layout(u: int, start: int, k: int) -> tuple[np.ndarray, np.ndarr
         if i < last:  # causal: no later pair (a row of the last block sees the block whole)
             mask[i, start + i + 1 :] = False
     return positions, mask
-
-
-@njit(cache=True)
-def falcon_block_pass(
-    ancestors: np.ndarray,
-    depths: np.ndarray,
-    parents: np.ndarray,
-    base: int,
-    committed: int,
-    stored: int,
-    last_out: np.ndarray,
-    last_h: np.ndarray,
-    last_c: np.ndarray,
-    outs: np.ndarray,
-    hs: np.ndarray,
-    cs: np.ndarray,
-    hidden: np.ndarray,
-    h: np.ndarray,
-    c: np.ndarray,
-    positions: np.ndarray,
-) -> np.ndarray:
-    """A Falcon tree pass's host work in one call (``drafters/falcon.py``, ``tree_block_expand`` on
-    the CPU): store the last pass's blocks -- outputs ``last_out`` ``(m', k, H)`` and LSTM state
-    ``last_h`` / ``last_c`` ``(layers, m', H)`` -- as rows ``stored .. stored + m' - 1`` of the kept
-    ``outs`` ``(cap, k, H)``, ``hs`` / ``cs`` ``(layers, cap, H)``; gather the ``m`` parents' rows into
-    the pass's inputs ``hidden`` ``(m, k, H)``, ``h`` / ``c`` ``(layers, m, H)``; and lay out the pass
-    (``falcon_block_layout``: ``ancestors``, ``depths`` filled in place, the positions written into
-    ``positions`` ``(1, m k) int64``). Returns the mask ``(m k, committed + (base + m) k) bool``. The
-    same values as the numpy ``take`` / assignment steps it replaces (copies, no arithmetic)."""
-    for j in range(last_out.shape[0]):
-        outs[stored + j] = last_out[j]
-        for layer in range(last_h.shape[0]):
-            hs[layer, stored + j] = last_h[layer, j]
-            cs[layer, stored + j] = last_c[layer, j]
-    for j in range(parents.shape[0]):
-        parent = parents[j]
-        hidden[j] = outs[parent]
-        for layer in range(hs.shape[0]):
-            h[layer, j] = hs[layer, parent]
-            c[layer, j] = cs[layer, parent]
-    k = hidden.shape[1]
-    return _falcon_layout_into(ancestors, depths, parents, base, committed, k, positions)
 
 
 @njit(cache=True)
@@ -194,14 +155,14 @@ def falcon_tree_level(
 ) -> int:
     """Falcon's static tree between two drafter passes on the CPU, in one call: ``falcon_tree_read``
     of pass ``b`` (its ``m'`` blocks the drafter's blocks ``base - m' + 1 .. base``; the root's: block
-    0, ``base`` 0), then, unless it was the last pass, ``falcon_block_pass`` for the next one's ``m``
+    0, ``base`` 0), then, unless it was the last pass, the drafter's host work for the next one's ``m``
     blocks (``next_parents`` / ``next_tokens``' rows of pass ``b + 1``): the last pass's outputs and
     LSTM state (``last_out`` ``(m', k, H)``, ``last_h`` / ``last_c`` ``(layers, m', H)``) stored as its
     blocks' rows of ``outs`` / ``hs`` / ``cs``, the parents' rows gathered into ``hidden`` ``(m, k, H)``,
     ``h`` / ``c`` ``(layers, m, H)``, and the pass laid out: ``ancestors`` / ``depths`` rows of blocks
     ``base + 1 ..``, ``positions`` ``(1, m k)`` and the attention rows ``mask[:m k, :committed + (base
-    + m) k]`` (written whole: a kept buffer). The same values as those two calls (and
-    ``falcon_block_pass``'s fresh mask). Returns ``m`` (0 after the last pass: ``scores`` written)."""
+    + m) k]`` (written whole: a kept buffer). The same values as that read and the numpy ``take`` /
+    assignment steps and ``falcon_block_layout`` it replaces (copies, no arithmetic). Returns ``m`` (0 after the last pass: ``scores`` written)."""
     m_last = ids.shape[0]
     first = base - m_last + 1
     for j in range(m_last):
