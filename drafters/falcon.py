@@ -489,7 +489,7 @@ class FalconDrafter(Drafter):
             columns = max(committed + blocks * k + 256, room[1])
             levels = self._levels = compiled_falcon.FalconLevels(*key, max(blocks, room[0]), columns)
         first = levels.pass_of(1)
-        root = self._root(top_k=top_k, into=(first[2][0][0], first[2][1][0]))  # (k, top) rows of (1, k, top)
+        root = self._root(top_k=top_k, into=levels.root_into)
         if root is None:
             return None
         (out, _), (h, c) = root, self._block[1]

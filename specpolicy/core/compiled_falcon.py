@@ -238,6 +238,8 @@ class FalconLevels:
             self.mask,
         )
         self._passes: dict[int, tuple] = {}
+        #: the round's first pass's top tokens: ``(k, top)`` rows of ``pass_of(1)``'s ``(1, k, top)`` tensors
+        self.root_into = tuple(t[0] for t in self.pass_of(1)[2])
 
     def fits(self, key: tuple, blocks: int, columns: int) -> bool:
         """Whether these buffers serve a round of ``blocks`` blocks over ``columns`` columns."""
