@@ -611,7 +611,9 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._passes, self._tree_round = 1, True
         return out.numpy(), views[4], views[5], levels.arrays, committed
 
-    def tree_pass_host(self, base: int, m: int, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def tree_pass_host(
+        self, base: int, m: int, top_k: int, outputs: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         """One tree pass over nodes ``base + 1 .. base + m`` as ``compiled_eagle.eagle2_host_level`` laid
         them out in the round's ``TreeLevels`` (after ``tree_root_host``, under its caller's no-grad):
         their tokens, positions and parents' outputs as tensors sharing the buffers, their attention
@@ -619,7 +621,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
 
         Returns:
             ``(outputs (m, H), child ids (m, top_k) int64, log-probabilities (m, top_k) float32)`` as
-            numpy arrays sharing the pass's tensors.
+            numpy arrays sharing the pass's tensors (the outputs None unless ``outputs``: the round's last pass).
         """
         levels = cast(TreeLevels, self._levels)
         views = levels.views(m)
@@ -627,7 +629,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         mask = torch.from_numpy(levels.mask[base + 1 : size + 1, : self._committed_pairs + size])
         out, _, _ = self._tree_pass(views[0], views[2], views[1], mask, top_k, views[3])
         self._passes += 1
-        return out.numpy(), views[4], views[5]
+        return (out.numpy() if outputs else None), views[4], views[5]
 
     @property
     def tree_passes(self) -> int:

@@ -497,8 +497,8 @@ class FalconDrafter(Drafter):
         return out.numpy()[None], h.numpy(), c.numpy(), first[3], first[4], levels, committed
 
     def tree_pass_host(
-        self, tokens: torch.Tensor, base: int, m: int, top_k: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        self, tokens: torch.Tensor, base: int, m: int, top_k: int, outputs: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray]:
         """One tree pass over blocks ``base + 1 .. base + m`` (tokens ``(m, k) int64``) as
         ``compiled_falcon.falcon_tree_level`` laid them out in the round's ``FalconLevels`` (after
         ``tree_root_host``, under its caller's no-grad): the parents' outputs, LSTM state and the
@@ -507,7 +507,8 @@ class FalconDrafter(Drafter):
 
         Returns:
             numpy arrays sharing the pass's tensors: outputs ``(m, k, H)``, LSTM state ``(layers, m,
-            H)`` twice, top ids ``(m, k, top_k) int64`` and log-probabilities ``(m, k, top_k) float32``.
+            H)`` twice (None, None, None unless ``outputs``: the round's last pass), top ids ``(m, k,
+            top_k) int64`` and log-probabilities ``(m, k, top_k) float32``.
         """
         levels = cast(compiled_falcon.FalconLevels, self._levels)
         _, (hidden, h, c, positions), into, ids, logp = levels.pass_of(m)
@@ -515,6 +516,8 @@ class FalconDrafter(Drafter):
         mask = torch.from_numpy(levels.mask[: m * k, : self._tree_committed + (base + m) * k])
         out, (h, c), _, _ = self._pass(tokens, hidden, positions, (h, c), mask, top_k=top_k, into=into)
         self._passes += 1
+        if not outputs:
+            return None, None, None, ids, logp
         return out.numpy(), h.numpy(), c.numpy(), ids, logp
 
     @property

@@ -199,9 +199,9 @@ class Eagle2TreePolicy(TreePolicy):
         best[0] = -1  # the root's children: under no candidate
         end = base = 0
         level, expand = compiled_eagle.eagle2_host_level, drafter.tree_pass_host
-        for _ in range(depth - 1):
+        for passes in range(2, depth + 1):  # the last pass's outputs are not read: no one's parents
             end, m = level(candidates, scores, end, ids, logp, best, top_k, *arrays, committed, base, out)
-            out, ids, logp = expand(base, m, top_k)
+            out, ids, logp = expand(base, m, top_k, passes < depth)
             base += m
         total = min(total, end + ids.size)
         kept_tokens, kept_parents, kept_scores = (

@@ -358,9 +358,10 @@ def grow_levels(drafter: Any, t: StaticTree) -> Draft | None:
             b, ids, logp, nodes, node_path, blocks, bounds, numbers, tokens, node_logp, next_tokens, next_parents,
             scores, *rows, *inputs, committed, base, out, h, c,
         )  # fmt: skip
-        if m:
-            out, h, c, ids, logp = expand(views[b + 1][0], base, m, t.top_k)
-            base += m
+        if m:  # the last pass's outputs and state are not read (its blocks are no one's parents)
+            got = expand(views[b + 1][0], base, m, t.top_k, b + 2 < t.passes)
+            out, h, c = (out, h, c) if got[0] is None else got[:3]
+            ids, logp, base = got[3], got[4], base + m
     return Draft(
         token_ids=torch.from_numpy(tokens),
         confidences=torch.from_numpy(scores).exp(),
