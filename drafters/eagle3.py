@@ -17,8 +17,10 @@ tokens after them), which the next round's first pass writes. Nothing committed 
 Draft vocabulary: the head may predict over a smaller vocabulary; draft id d is target id
 ``d + d2t[d]``. Sampling draws from ``warp`` of the draft-vocabulary logits and reports q over the
 target vocabulary (zero outside the draft vocabulary), so speculative sampling stays lossless.
-Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``policy=eagle2-tree``),
-``alternatives`` gives each chain position's next most likely tokens (``policy=failfast-tree``).
+Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``policy=eagle2-tree``;
+on the CPU ``tree_root_host`` / ``tree_pass_host``, the levels laid out by the policy's compiled call
+in kept buffers), ``alternatives`` gives each chain position's next most likely tokens
+(``policy=failfast-tree``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ pass). Sampling draws each token from the head's (warped) distribution at its po
 reports those rows as q. ``alternatives`` gives each chain position's top tokens
 (``policy=failfast-tree``). Trees (``tree_block_root`` / ``tree_block_expand``): Falcon's static
 decoding tree (``policy=falcon-tree``): blocks of k nodes, each block's pass conditioned on its
-parent block's predicted features, tokens and LSTM state, under tree attention.
+parent block's predicted features, tokens and LSTM state, under tree attention (on the CPU
+``tree_root_host`` / ``tree_pass_host``: each pass laid out by the policy's compiled call in kept buffers).
 """
 
 from __future__ import annotations

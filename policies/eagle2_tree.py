@@ -8,7 +8,9 @@ expanded in ONE drafter pass each, every one proposing its ``top_k`` children. R
 nodes proposed, the ``total_tokens`` with the highest cumulative log-probability form the tree (a
 node scores no higher than its parent, so the kept nodes are a tree). The target verifies it in one
 pass (``specpolicy.core.tree``). Drafter passes per round: ``depth`` (the root's and one per expanded
-level). Works with drafters that offer ``tree_root`` / ``tree_expand`` (``eagle3``, ``ar``).
+level). Works with drafters that offer ``tree_root`` / ``tree_expand`` (``eagle3``, ``ar``); with
+``eagle3`` on the CPU, the host work between two passes -- this policy's and the drafter's -- is ONE
+compiled call (``specpolicy.core.compiled_eagle``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Eagle2TreePolicy(TreePolicy):
         total = min(self.total_tokens, node_room)
         on_host = ids.device.type == "cpu" and logp.dtype in (torch.float32, torch.float64)
         draft = (self._grow_on_host if on_host else self._on_device)(drafter, ids, logp, depth, total)
-        return draft, "room" if depth < self.depth else "policy_bound"
+        return draft, _bound(depth, self.depth)
 
     def _on_device(self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int, total: int) -> Draft:
         """The tree of ``total`` nodes at most: ``_grow`` (tensor ops on the drafter's device) then ``_rerank``."""

@@ -19,7 +19,9 @@ a main chain with 8-10 children at each depth and short side branches; ``cpu`` (
 costs several plain steps: top-4 at depth 1, the main chain with 2-3 children per depth and one
 side branch under each of the top three paths. ``choices`` gives any other list. The target
 verifies the tree in one pass (``specpolicy.core.tree``); nodes are point masses when sampling
-(each node's token is a deterministic top-k choice, siblings distinct).
+(each node's token is a deterministic top-k choice, siblings distinct). With ``falcon`` on the CPU
+the host work between two passes -- this policy's read and the drafter's layout of the next pass --
+is ONE compiled call (``grow_levels``, ``specpolicy.core.compiled_falcon.falcon_tree_level``).
 """
 
 from __future__ import annotations
