@@ -535,7 +535,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         ids, log-probabilities and draft ids ``(m, min(top_k, Vd))``, kept tensors (``TreeLevels.views``)
         -- by the same operations (``topk``'s ``out=``, the id map's add): part of the pass."""
         ids, logp, index = into
-        head = self.model
+        head: Any = self.model
         logp_all = torch.log_softmax(head.logits(out).float(), dim=-1)
         torch.topk(logp_all, min(top_k, self._draft_vocab), dim=-1, out=(logp, index))
         torch.add(index, head.d2t[index], out=ids)  # ``to_target_ids``

@@ -94,8 +94,8 @@ class FalconDrafter(Drafter):
         self._levels: compiled_falcon.FalconLevels | None = None  # their buffers, kept from round to round
         self._tree_round = False  # this round drafted through ``tree_root_host``
         #: the head's width H, its LSTM's layers and the vocabulary (a tree's buffers: ``FalconLevels``)
-        weight = embed_tokens.weight
-        self._head_shape = (int(weight.shape[1]), int(model.lstm.num_layers), int(lm_head.weight.shape[0]))
+        weight, vocab = cast(torch.Tensor, embed_tokens.weight), cast(torch.Tensor, lm_head.weight)
+        self._head_shape = (int(weight.shape[1]), int(model.lstm.num_layers), int(vocab.shape[0]))
         self._host_dtype = np.dtype(np.float64 if runtime.torch_dtype == torch.float64 else np.float32)
         if self.grows_trees_on_host:
             _warm_kernels(_NUMPY_DTYPES[runtime.torch_dtype])  # compiled (or loaded) now, not in a round
@@ -493,7 +493,7 @@ class FalconDrafter(Drafter):
         root = self._root(top_k=top_k, into=levels.root_into)
         if root is None:
             return None
-        (out, _), (h, c) = root, self._block[1]
+        (out, _), (h, c) = root, cast(tuple, self._block)[1]
         self._tree_committed, self._tree_round = committed, True  # the cache's length after the pass
         return out.numpy()[None], h.numpy(), c.numpy(), first[3], first[4], levels, committed
 
@@ -544,9 +544,9 @@ def _warm_kernels(dtype: type) -> None:
     plan = (np.array([[0, 1], [0, 0], [0, 0]]), np.array([[0, 1]]), np.zeros((2, 2), np.int64))
     bounds = np.array([[0, 1, 0, 1], [1, 2, 1, 1]], dtype=np.int64)
     scratch = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.float32), np.zeros((2, 1), np.int64)
-    first = levels.pass_of(1)
+    first, level = levels.pass_of(1), cast(Any, compiled_falcon.falcon_tree_level)
     for b in (0, 1):  # both branches: a pass with a next one, the last
-        compiled_falcon.falcon_tree_level(
+        level(
             b, first[3], first[4], *plan, bounds, scratch[0], scratch[1], scratch[2], scratch[3], scratch[1],
             scratch[2], *levels.rows, *first[0], 1, b, first[0][0], first[0][1], first[0][2],
         )  # fmt: skip

@@ -200,7 +200,8 @@ class Eagle2TreePolicy(TreePolicy):
         candidates, scores, best = self._level_buffers(width + (depth - 1) * top_k * width, logp.dtype)
         best[0] = -1  # the root's children: under no candidate
         end = base = 0
-        level, expand = compiled_eagle.eagle2_host_level, drafter.tree_pass_host
+        level: Any = compiled_eagle.eagle2_host_level  # a numba dispatcher, called with the buffers unpacked
+        expand = drafter.tree_pass_host
         for passes in range(2, depth + 1):  # the last pass's outputs are not read: no one's parents
             end, m = level(candidates, scores, end, ids, logp, best, top_k, *arrays, committed, base, out)
             out, ids, logp = expand(base, m, top_k, passes < depth)

@@ -351,7 +351,8 @@ def grow_levels(drafter: Any, t: StaticTree) -> Draft | None:
     if root is None:
         return None
     out, h, c, ids, logp, levels, committed = root
-    n, rows, level, expand = nodes.shape[1], levels.rows, falcon_tree_level, drafter.tree_pass_host
+    n, rows, expand = nodes.shape[1], levels.rows, drafter.tree_pass_host
+    level: Any = falcon_tree_level  # a numba dispatcher, called with the buffers unpacked
     tokens, node_logp, scores = np.empty(n, np.int64), np.empty(n, np.float32), np.empty(n, np.float32)
     base = 0
     for b in range(t.passes):
