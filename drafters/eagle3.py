@@ -17,8 +17,10 @@ tokens after them), which the next round's first pass writes. Nothing committed 
 Draft vocabulary: the head may predict over a smaller vocabulary; draft id d is target id
 ``d + d2t[d]``. Sampling draws from ``warp`` of the draft-vocabulary logits and reports q over the
 target vocabulary (zero outside the draft vocabulary), so speculative sampling stays lossless.
-Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``policy=eagle2-tree``),
-``alternatives`` gives each chain position's next most likely tokens (``policy=failfast-tree``).
+Draft trees: ``tree_root`` / ``tree_expand`` grow EAGLE-2's dynamic tree (``policy=eagle2-tree``;
+on the CPU ``tree_root_host`` / ``tree_pass_host``, the levels laid out by the policy's compiled call
+in kept buffers), ``alternatives`` gives each chain position's next most likely tokens
+(``policy=failfast-tree``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from specpolicy.core import tree
 from specpolicy.core.checks import check_keys, choice
+from specpolicy.core.compiled_eagle import TreeLevels, warm_kernels
 from specpolicy.core.drafter import Drafter
 from specpolicy.core.features import check_prompt_features, probe_verifier, target_parts
 from specpolicy.core.runtime import Runtime, no_grad
@@ -54,7 +57,7 @@ NAME = "eagle3"
 CONFIG_KEYS = ("model", "layer_id_convention")
 
 
-#: output dtypes a CPU tensor shares with numpy: a draft tree's rows kept on the host (``tree.HostTree``)
+#: runtime dtypes a CPU tensor shares with numpy: a draft tree laid out on the host (``tree_root_host``)
 _HOST_FLOATS = (torch.float32, torch.float64)
 
 
@@ -111,6 +114,16 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._sampling: SamplingConfig | None = None
         self._cast_features = False  # the target's features are not in the runtime dtype (read at prefill)
         self._on_host = runtime.torch_device.type == "cpu"  # ``commit`` reads a tree's path on the host
+        #: a draft tree's levels laid out on the host (``tree_root_host`` / ``tree_pass_host``): the CPU
+        #: at a dtype numpy shares (float32, float64)
+        self.grows_trees_on_host = self._on_host and runtime.torch_dtype in _HOST_FLOATS
+        self._host_dtype = np.dtype(np.float64 if runtime.torch_dtype == torch.float64 else np.float32)
+        #: the head's output width H and draft vocabulary (a tree's buffers: ``TreeLevels``)
+        self._head_width, self._draft_vocab = int(model.fc.weight.shape[0]), int(model.spec.draft_vocab_size)
+        self._levels: TreeLevels | None = None  # their buffers, kept from round to round
+        self._tree_round = False  # this round drafted through ``tree_root_host``
+        if self.grows_trees_on_host:
+            warm_kernels()  # compiled (or loaded) now, not in a round
         #: the one-request eager step's ``HeadPass``, its tokens and features set per step (``_steps_alone``)
         self._step_pass = HeadPass(self._no_tokens, self._no_tokens, None)
         #: how a pass runs: eager, on the compiled runtime's static cache, on a batched run's shared one
@@ -165,6 +178,7 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
+        self._tree_round = False  # set by ``tree_root_host``: its rounds change ``_passes`` alone
         self._tokens, self._confs = self._no_tokens, self._no_confs
         self._count = 0  # tokens in ``_tokens`` (a Python int: no shape read)
         #: ``(1, H)`` the last eager one-request pass's output that predicts the next token (the view
@@ -498,29 +512,33 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         out, ids, logp = self._root_pass(top_k)
         self._committed_pairs = self.cache.length
         self._features = self._pair_tokens = None
-        self._tree: Any  # the round's tree: a HostTree on the CPU, else a GrowingTree
-        if out.device.type == "cpu" and out.dtype in _HOST_FLOATS and not out.requires_grad:
-            # the round's tree on numpy buffers kept across rounds: one compiled call a level
-            host = self.__dict__.get("_host_tree")
-            root = out.numpy()
-            if host is None or host.width != root.shape[1] or host.dtype != root.dtype:
-                host = self._host_tree = tree.HostTree(root.shape[1], root.dtype)
-            host.reset(self._committed_pairs, root)
-            self._tree, self._tree_out = host, None
-        else:
-            self._tree_out = tree.NodeRows(out)  # row r: node r's output (0: the root's)
-            self._tree = tree.GrowingTree(self._committed_pairs, out.device)
+        self._tree_out = tree.NodeRows(out)  # row r: node r's output (0: the root's)
+        self._tree = tree.GrowingTree(self._committed_pairs, out.device)
         self._passes = 1
         return ids[0], logp[0]
 
-    def _root_pass(self, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _root_pass(self, top_k: int, into: tuple | None = None) -> Any:
         """One drafter pass over the newly committed pairs (their features through fc, their tokens'
         embeddings; causal, keys and values cached; ``Eagle3Runner.outputs``): the last one's output
-        ``(1, H)`` and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities)."""
+        ``(1, H)`` and its ``top_k`` next tokens (``(1, top_k)`` target ids and log-probabilities);
+        with ``into`` (``_top_into``'s tensors) the output alone, the tokens written there."""
         hidden = self.model.fc(self._features.to(self.runtime.torch_dtype))[None]  # (1, u, H)
         out = self.runner.outputs(self._head_pass(self._pair_tokens, hidden[0]))[-1:]
+        if into is not None:
+            self._top_into(out, top_k, into)
+            return out
         ids, logp = self.model.top_tokens(out, top_k)
         return out, ids, logp
+
+    def _top_into(self, out: torch.Tensor, top_k: int, into: tuple) -> None:
+        """``Eagle3DraftModel.top_tokens`` of outputs ``out`` ``(m, H)`` written into ``into`` -- target
+        ids, log-probabilities and draft ids ``(m, min(top_k, Vd))``, kept tensors (``TreeLevels.views``)
+        -- by the same operations (``topk``'s ``out=``, the id map's add): part of the pass."""
+        ids, logp, index = into
+        head: Any = self.model
+        logp_all = torch.log_softmax(head.logits(out).float(), dim=-1)
+        torch.topk(logp_all, min(top_k, self._draft_vocab), dim=-1, out=(logp, index))
+        torch.add(index, head.d2t[index], out=ids)  # ``to_target_ids``
 
     @no_grad
     def tree_expand(
@@ -536,10 +554,6 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         Returns:
             ``(node numbers (m,) int64, child ids (m, top_k) int64, child log-probabilities (m, top_k) float32)``.
         """
-        if self._tree_out is None:  # the CPU's host tree (``tree_root``)
-            host_parents = parents.numpy() if isinstance(parents, torch.Tensor) else np.asarray(parents, np.int64)
-            nodes, ids, logp = self.tree_expand_host(tokens.numpy(), host_parents, top_k)
-            return torch.from_numpy(nodes), torch.from_numpy(ids), torch.from_numpy(logp)
         if not isinstance(parents, torch.Tensor):
             parents = torch.tensor(parents, dtype=torch.long, device=tokens.device)
         nodes_t, positions_t, mask_t = self._tree.add(parents)
@@ -548,48 +562,76 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         self._passes += 1
         return nodes_t, ids_t, logp_t
 
-    @no_grad
-    def tree_expand_host(
-        self, tokens: np.ndarray, parents: np.ndarray, top_k: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``tree_expand`` on host arrays, for a tree on the CPU (``tree_root`` chose the host tree:
-        ``tree.HostTree``; else the arrays go through ``tree_expand``): ``tokens`` / ``parents``
-        ``(m,) int64`` in, ``(node numbers (m,) int64, child ids (m, top_k) int64, child
-        log-probabilities (m, top_k))`` out as numpy arrays (the ids and log-probabilities share the
-        pass's tensors). One compiled call for the level's rows and inputs, then the pass.
-
-        Raises:
-            ValueError: for a parent that is not a node of the round's tree.
-        """
-        host = self._tree
-        if not isinstance(host, tree.HostTree):
-            device = self.runtime.torch_device
-            nodes_t, ids_t, logp_t = self.tree_expand(
-                torch.from_numpy(tokens).to(device), torch.from_numpy(parents).to(device), top_k
-            )
-            return nodes_t.cpu().numpy(), ids_t.cpu().numpy(), logp_t.cpu().numpy()
-        nodes, positions, mask, hidden = host.add(parents)
-        out, ids, logp = self._tree_pass(
-            torch.from_numpy(tokens),
-            torch.from_numpy(hidden),
-            torch.from_numpy(positions),
-            torch.from_numpy(mask),
-            top_k,
-        )
-        host.outputs(out.numpy())
-        self._passes += 1
-        return nodes, ids.numpy(), logp.numpy()
-
     def _tree_pass(
-        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, top_k: int
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        top_k: int,
+        into: tuple | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One drafter pass over ``m`` new tree nodes: their embeddings and their parents' outputs
         ``hidden`` ``(m, H)`` through the head at ``positions`` ``(m,)`` under ``mask``
         (``(m, cached + m) bool``), keys and values cached (``Eagle3Runner.outputs``), then each
-        node's ``top_k`` children (``Eagle3DraftModel.top_tokens``). Returns ``(outputs (m, H), ids, log-probs)``."""
+        node's ``top_k`` children (``Eagle3DraftModel.top_tokens``; with ``into`` written there,
+        ``_top_into``). Returns ``(outputs (m, H), ids, log-probs)`` (``into``: its first two)."""
         out = self.runner.outputs(self._head_pass(tokens, hidden), positions, mask)
+        if into is not None:
+            self._top_into(out, top_k, into)
+            return out, into[0], into[1]
         ids, logp = self.model.top_tokens(out, top_k)
         return out, ids, logp
+
+    @no_grad
+    def tree_root_host(self, top_k: int, nodes: int) -> tuple | None:
+        """``tree_root`` for a tree whose levels the caller lays out on the host in one compiled call
+        each (``grows_trees_on_host``; ``policies/eagle2_tree.py`` with
+        ``compiled_eagle.eagle2_host_level``): the same pass, its results as numpy arrays sharing its
+        tensors, and the round's ``TreeLevels`` (room for ``nodes`` nodes past the root), which
+        ``tree_pass_host`` passes read. Nothing is laid out here (the level call resets the root's row).
+
+        Returns:
+            None for a one-token prompt (no feature yet), else ``(root output (1, H), child ids (1,
+            top_k) int64, log-probabilities (1, top_k) float32, ``TreeLevels.arrays``, cached positions)``.
+        """
+        self._join_pairs()
+        features = self._features
+        pairs = 0 if features is None else features.shape[0]
+        if not pairs:
+            return None
+        levels, top, width = self._levels, min(top_k, self._draft_vocab), self._head_width
+        # the cache holds the committed pairs (``commit``'s crop) and, after the pass, the new ones
+        self._committed_pairs = committed = self._committed_pairs + pairs
+        if levels is None or not levels.fits(width, self._host_dtype, top, nodes, committed + nodes):
+            grown = (nodes, committed + nodes + 256) if levels is None else (levels.nodes, 2 * levels.columns)
+            columns = max(committed + nodes + 256, grown[1])
+            levels = self._levels = TreeLevels(width, self._host_dtype, top, max(nodes, grown[0], 1), columns)
+        views = levels.views(1)
+        out = self._root_pass(top_k, views[3])
+        self._features = self._pair_tokens = None
+        self._passes, self._tree_round = 1, True
+        return out.numpy(), views[4], views[5], levels.arrays, committed
+
+    def tree_pass_host(
+        self, base: int, m: int, top_k: int, outputs: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """One tree pass over nodes ``base + 1 .. base + m`` as ``compiled_eagle.eagle2_host_level`` laid
+        them out in the round's ``TreeLevels`` (after ``tree_root_host``, under its caller's no-grad):
+        their tokens, positions and parents' outputs as tensors sharing the buffers, their attention
+        rows ``(m, cached + base + m) bool`` a view (tree attention, as ``tree_expand``).
+
+        Returns:
+            ``(outputs (m, H), child ids (m, top_k) int64, log-probabilities (m, top_k) float32)`` as
+            numpy arrays sharing the pass's tensors (the outputs None unless ``outputs``: the round's last pass).
+        """
+        levels = cast(TreeLevels, self._levels)
+        views = levels.views(m)
+        size = base + m
+        mask = torch.from_numpy(levels.mask[base + 1 : size + 1, : self._committed_pairs + size])
+        out, _, _ = self._tree_pass(views[0], views[2], views[1], mask, top_k, views[3])
+        self._passes += 1
+        return (out.numpy() if outputs else None), views[4], views[5]
 
     @property
     def tree_passes(self) -> int:
@@ -607,20 +649,24 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 "honour request_features"
             )
         self.cache.crop(self._committed_pairs)
-        path, target = verification.path, verification.target_token_ids
+        path = verification.path
         if path is not None and self._on_host:
-            # a tree on the CPU: ``committed_tokens`` on numpy views (the path's tokens, then the next token)
-            last = path[-1] + 1 if path else 0
-            tokens = torch.from_numpy(
-                np.concatenate((draft.token_ids.numpy().take(path), target.numpy()[last : last + 1]))
-            )
+            # a tree on the CPU: ``committed_tokens`` on numpy (the path's tokens, then the next token,
+            # ``target_token_ids[path[-1] + 1]``, which ``next_token`` holds as an int)
+            committed = np.empty(len(path) + 1, dtype=np.int64)
+            draft.token_ids.numpy().take(path, out=committed[:-1])
+            committed[-1] = verification.next_token
+            tokens = torch.from_numpy(committed)
         else:
             tokens = verification.committed_tokens(draft)  # (a + 1,): the token after each committed position
         if self._features is not None:  # a round that drafted nothing: the earlier pairs wait too
             self._waiting.append((features, tokens))  # joined when drafting resumes (no copy per round)
         else:
             self._features, self._pair_tokens = features, tokens
-        self._new_round()
+        if self._tree_round:  # ``tree_root_host`` / ``tree_pass_host`` changed the pass count alone
+            self._passes, self._tree_round = 0, False
+        else:
+            self._new_round()
 
     def _join_pairs(self) -> None:
         """Fold the pairs committed by rounds that drafted nothing into ``_features`` / ``_pair_tokens``."""

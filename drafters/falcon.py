@@ -21,12 +21,13 @@ pass). Sampling draws each token from the head's (warped) distribution at its po
 reports those rows as q. ``alternatives`` gives each chain position's top tokens
 (``policy=failfast-tree``). Trees (``tree_block_root`` / ``tree_block_expand``): Falcon's static
 decoding tree (``policy=falcon-tree``): blocks of k nodes, each block's pass conditioned on its
-parent block's predicted features, tokens and LSTM state, under tree attention.
+parent block's predicted features, tokens and LSTM state, under tree attention (on the CPU
+``tree_root_host`` / ``tree_pass_host``: each pass laid out by the policy's compiled call in kept buffers).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -87,7 +88,16 @@ class FalconDrafter(Drafter):
         self._arange = np.zeros(0, dtype=np.int64)
         self._ones = np.zeros(0, dtype=bool)
         self._root_mask = np.zeros(0, dtype=bool)
-        if runtime.torch_device.type in _HOST_DEVICES and runtime.torch_dtype in _NUMPY_DTYPES:
+        #: a static tree's passes laid out on the host (``tree_root_host`` / ``tree_pass_host``): the CPU
+        #: at a dtype numpy shares (float32, float64)
+        self.grows_trees_on_host = self._on_host and runtime.torch_dtype in _NUMPY_DTYPES
+        self._levels: compiled_falcon.FalconLevels | None = None  # their buffers, kept from round to round
+        self._tree_round = False  # this round drafted through ``tree_root_host``
+        #: the head's width H, its LSTM's layers and the vocabulary (a tree's buffers: ``FalconLevels``)
+        weight, vocab = cast(torch.Tensor, embed_tokens.weight), cast(torch.Tensor, lm_head.weight)
+        self._head_shape = (int(weight.shape[1]), int(model.lstm.num_layers), int(vocab.shape[0]))
+        self._host_dtype = np.dtype(np.float64 if runtime.torch_dtype == torch.float64 else np.float32)
+        if self.grows_trees_on_host:
             _warm_kernels(_NUMPY_DTYPES[runtime.torch_dtype])  # compiled (or loaded) now, not in a round
 
     @property
@@ -133,6 +143,7 @@ class FalconDrafter(Drafter):
         self._new_round()
 
     def _new_round(self) -> None:
+        self._tree_round = False  # set by ``tree_root_host``: its rounds change ``_block``, ``_passes``, ``_chain_end``
         # drafted, shown or not: each pass's tokens (int64) and confidences (float32), joined on demand
         self._token_parts: list[torch.Tensor] = []
         self._conf_parts: list[torch.Tensor] = []
@@ -167,10 +178,19 @@ class FalconDrafter(Drafter):
         if verification.path is None:  # a chain: the accepted draft tokens, then the next token (one cat)
             nxt = verification.target_token_ids[accepted : accepted + 1]
             self._pair_tokens = torch.cat([self._pair_tokens, draft.token_ids[:accepted], nxt])
+        elif self._on_host:  # a tree on the CPU: ``committed_tokens`` on numpy (the path's tokens, ``next_token``)
+            path = verification.path
+            tokens = np.empty(len(path) + 1, dtype=np.int64)
+            draft.token_ids.numpy().take(path, out=tokens[:-1])
+            tokens[-1] = verification.next_token
+            self._pair_tokens = torch.from_numpy(np.concatenate((self._pair_tokens.numpy(), tokens)))
         else:
             self._pair_tokens = torch.cat([self._pair_tokens, verification.committed_tokens(draft)])
         self._uncached += accepted + 1
-        self._new_round()
+        if self._tree_round:  # ``tree_root_host`` / ``tree_pass_host`` changed these of ``_new_round``'s alone
+            self._block, self._passes, self._chain_end, self._tree_round = None, 0, 0, False
+        else:
+            self._new_round()
 
     # -- passes ----------------------------------------------------------------------------
 
@@ -184,6 +204,7 @@ class FalconDrafter(Drafter):
         split: int | None = None,
         top_k: int = 0,
         choose: bool = False,
+        into: tuple | None = None,
     ):
         """One drafter pass over b rows of n positions (``tokens`` ``(b, n) int64``, embedded with the
         target's embeddings, and ``hidden`` ``(b, n, H)``; one row may come as ``(n,)`` / ``(n, H)``;
@@ -212,11 +233,13 @@ class FalconDrafter(Drafter):
             self.cache.keys[i], self.cache.values[i] = k, v
         out = out.view(b, n, h) if tokens.dim() == 2 else out[0, -self.k :]
         head = None
-        if top_k or choose:
+        if into is not None:  # the top tokens written into kept tensors (``_top_into``)
+            self._top_into(out, top_k, into)
+        elif top_k or choose:
             head = self._top(out, top_k) if top_k else self._choose(out)
         return out, state, mid, head
 
-    def _root(self, top_k: int = 0, choose: bool = False) -> tuple[torch.Tensor, Any] | None:
+    def _root(self, top_k: int = 0, choose: bool = False, into: tuple | None = None) -> tuple[torch.Tensor, Any] | None:
         """The round's first pass: the held-back and newly committed pairs; the last k of them form
         the block that drafts the first k tokens. Returns its outputs ``(k, H)`` (also kept with its
         LSTM state as ``_block``) and the head's result on them (``_pass``'s ``top_k`` / ``choose``),
@@ -236,7 +259,7 @@ class FalconDrafter(Drafter):
         if self._cast_features:
             features = features.to(dtype)
         block, state, mid, head = self._pass(
-            self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose
+            self._pair_tokens, features, positions, self._state, mask, keep if keep > 0 else None, top_k, choose, into
         )
         if keep > 0:
             self._state, self._cached, self._uncached = mid, self._cached + keep, u - keep
@@ -397,65 +420,10 @@ class FalconDrafter(Drafter):
             return torch.empty((0, top_k), dtype=torch.long), torch.empty((0, top_k))
         out, top = root
         _, state = self._block
-        self._tree_committed = self.cache.length
-        self._tree_host = out.device.type in _HOST_DEVICES and out.dtype in _NUMPY_DTYPES
-        if self._tree_host:  # the blocks' bookkeeping on numpy buffers kept across rounds (no per-op dispatch)
-            self._tree_blocks = 0
-            self._host_rows(1, out, state[0])
-            # the last pass's blocks (outputs, LSTM state) and their first row: stored by the next pass's call
-            self._last = (out.numpy()[None], state[0].numpy(), state[1].numpy(), 0)
-        else:
-            self._tree_out = out[None]  # (blocks, k, H)
-            self._tree_h, self._tree_c = state  # (layers, blocks, H)
-            self._tree = tree.GrowingTree(self.cache.length, out.device)
+        self._tree_out = out[None]  # (blocks, k, H)
+        self._tree_h, self._tree_c = state  # (layers, blocks, H)
+        self._tree = tree.GrowingTree(self.cache.length, out.device)
         return top
-
-    def _host_rows(self, rows: int, out: torch.Tensor | None = None, state: torch.Tensor | None = None) -> None:
-        """Room for ``rows`` blocks (the root's included) in the host buffers: the block tree's
-        ancestors ``(cap, cap) bool`` and depths ``(cap,) int64``, each block's outputs ``(cap, k, H)``
-        and LSTM state ``(layers, cap, H)`` (shaped and typed as the root's ``out`` ``(k, H)`` and
-        ``state`` ``(layers, 1, H)``, given at a round's start), the block numbers ``(cap,) int64``
-        (0, 1, ..); grown by doubling, rows kept. A new shape or dtype also drops the passes' input
-        buffers (``_inputs``)."""
-        cap = self._ancestors.shape[0] if hasattr(self, "_ancestors") else 0
-        if out is not None and cap and self._host_key != (out.shape, state.shape, out.dtype):
-            cap = 0  # another shape or dtype: new buffers
-        if rows <= cap:
-            return
-        new = max(rows, 2 * cap, 16)
-        if not cap:
-            self._host_key, self._inputs = (out.shape, state.shape, out.dtype), {}
-        block = tuple(out.shape) if not cap else self._out_np.shape[1:]
-        layers, h = (state.shape[0], state.shape[2]) if not cap else (self._h_np.shape[0], self._h_np.shape[2])
-        dtype = _NUMPY_DTYPES[out.dtype] if not cap else self._out_np.dtype
-        grown = (
-            np.zeros((new, new), dtype=bool),
-            np.zeros(new, dtype=np.int64),
-            np.zeros((new, *block), dtype=dtype),
-            np.zeros((layers, new, h), dtype=dtype),
-            np.zeros((layers, new, h), dtype=dtype),
-        )
-        if cap:
-            grown[0][:cap, :cap] = self._ancestors
-            grown[1][:cap], grown[2][:cap] = self._depths, self._out_np
-            grown[3][:, :cap], grown[4][:, :cap] = self._h_np, self._c_np
-        self._ancestors, self._depths, self._out_np, self._h_np, self._c_np = grown
-        self._numbers = np.arange(new, dtype=np.int64)
-
-    def _pass_inputs(self, m: int) -> tuple:
-        """The input buffers of a tree pass over ``m`` blocks (made once per m, refilled by each pass's
-        compiled call): the parents' outputs ``(m, k, H)``, LSTM state ``(layers, m, H)`` twice and the
-        positions ``(1, m k) int64`` as numpy arrays, then the tensors sharing them."""
-        if m not in self._inputs:
-            layers, h = self._h_np.shape[0], self._h_np.shape[2]
-            arrays = (
-                np.zeros((m, *self._out_np.shape[1:]), dtype=self._out_np.dtype),
-                np.zeros((layers, m, h), dtype=self._h_np.dtype),
-                np.zeros((layers, m, h), dtype=self._h_np.dtype),
-                np.zeros((1, m * self.k), dtype=np.int64),
-            )
-            self._inputs[m] = (*arrays, *(torch.from_numpy(a) for a in arrays))
-        return self._inputs[m]
 
     def _top(self, out: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``top_k`` tokens of each row's distribution (``out`` ``(..., H)``): ids ``(..., top_k)
@@ -465,10 +433,16 @@ class FalconDrafter(Drafter):
         values, ids = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
         return ids, values
 
+    def _top_into(self, out: torch.Tensor, top_k: int, into: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """``_top`` written into ``into``: kept tensors of ids ``(..., top_k) int64`` and log-probabilities
+        ``(..., top_k) float32`` (``FalconLevels.pass_of``), by the same operations (``topk``'s ``out=``)."""
+        logp = torch.log_softmax(self.lm_head(out).float(), dim=-1)
+        torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1, out=(into[1], into[0]))
+
     @no_grad
     def tree_block_expand(
         self, tokens: torch.Tensor, parents: torch.Tensor | np.ndarray | list[int], top_k: int
-    ) -> tuple[torch.Tensor | np.ndarray, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Add ``m`` blocks to the round's tree in ONE pass: block j holds the k tokens
         ``tokens[j]`` (the nodes at the k depths below its parent block) and is fed the parent
         block's k predicted features and its LSTM state; each of its positions sees the committed
@@ -476,14 +450,11 @@ class FalconDrafter(Drafter):
 
         Args:
             tokens: ``(m, k) int64``. parents: ``(m,)`` block numbers (0 = the root block, else a
-                number this method returned); a numpy ``int64`` array on the CPU's path.
+                number this method returned; a tensor, array or list).
             top_k: tokens reported per position.
         Returns:
-            ``(block numbers (m,) int64, ids (m, k, top_k) int64, log-probabilities (m, k, top_k) float32)``;
-            the block numbers a numpy array when ``parents`` is one and the tree's buffers are on the host.
+            ``(block numbers (m,) int64, ids (m, k, top_k) int64, log-probabilities (m, k, top_k) float32)``.
         """
-        if self._tree_host:
-            return self._expand_on_host(tokens, parents, top_k)
         if not isinstance(parents, torch.Tensor):
             parents = torch.as_tensor(parents, dtype=torch.long, device=tokens.device)
         m, k = tokens.shape
@@ -499,30 +470,56 @@ class FalconDrafter(Drafter):
         self._passes += 1
         return nodes, ids, logp
 
-    def _expand_on_host(
-        self, tokens: torch.Tensor, parents: torch.Tensor | np.ndarray | list[int], top_k: int
-    ) -> tuple[torch.Tensor | np.ndarray, torch.Tensor, torch.Tensor]:
-        """``tree_block_expand`` on the CPU: ONE compiled call (``compiled_falcon.falcon_block_pass``) stores
-        the last pass's blocks in the numpy buffers (``_host_rows``), gathers the parents' outputs and
-        LSTM state into the pass's input buffers (``_pass_inputs``) and lays the pass out; the same
-        pass. ``parents`` given as a numpy array (``policy=falcon-tree``'s CPU path): the block
-        numbers come back as one too (a view of a constant range), else as a tensor."""
-        above = parents if isinstance(parents, np.ndarray) else np.asarray(parents, dtype=np.int64)
-        m, base = above.shape[0], self._tree_blocks
-        if base + m + 1 > self._ancestors.shape[0]:
-            self._host_rows(base + m + 1)
-        hidden_np, h_np, c_np, positions_np, hidden, h, c, positions = self._pass_inputs(m)
-        last_out, last_h, last_c, stored = self._last
-        mask = compiled_falcon.falcon_block_pass(
-            self._ancestors, self._depths, above, base, self._tree_committed, stored, last_out, last_h, last_c,
-            self._out_np, self._h_np, self._c_np, hidden_np, h_np, c_np, positions_np,
-        )  # fmt: skip
-        out, (h, c), _, (ids, logp) = self._pass(tokens, hidden, positions, (h, c), torch.from_numpy(mask), top_k=top_k)
-        self._last = (out.numpy(), h.numpy(), c.numpy(), base + 1)
-        self._tree_blocks = base + m
+    @no_grad
+    def tree_root_host(self, top_k: int, blocks: int) -> tuple | None:
+        """``tree_block_root`` for a tree whose passes the caller lays out on the host in one compiled
+        call each (``grows_trees_on_host``; ``policies/falcon_tree.py`` with
+        ``compiled_falcon.falcon_tree_level``): the same pass, its results as numpy arrays sharing
+        its tensors, and the round's ``FalconLevels`` (room for ``blocks`` blocks, the root's
+        included), which ``tree_pass_host`` passes read.
+
+        Returns:
+            None when fewer than k pairs exist, else ``(outputs (1, k, H), LSTM state (layers, 1, H)
+            twice, ids (1, k, top_k) int64, log-probabilities (1, k, top_k) float32, the buffers
+            (``FalconLevels``), cached positions)``.
+        """
+        committed, k, (width, layers, top) = self._cached + self._uncached, self.k, self._head_shape
+        levels, key = self._levels, (k, width, layers, self._host_dtype, min(top_k, top))
+        if levels is None or not levels.fits(key, blocks, committed + blocks * k):
+            room = (blocks, 0) if levels is None else (levels.blocks, 2 * levels.columns)
+            columns = max(committed + blocks * k + 256, room[1])
+            levels = self._levels = compiled_falcon.FalconLevels(*key, max(blocks, room[0]), columns)
+        first = levels.pass_of(1)
+        root = self._root(top_k=top_k, into=levels.root_into)
+        if root is None:
+            return None
+        (out, _), (h, c) = root, cast(tuple, self._block)[1]
+        self._tree_committed, self._tree_round = committed, True  # the cache's length after the pass
+        return out.numpy()[None], h.numpy(), c.numpy(), first[3], first[4], levels, committed
+
+    def tree_pass_host(
+        self, tokens: torch.Tensor, base: int, m: int, top_k: int, outputs: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray, np.ndarray]:
+        """One tree pass over blocks ``base + 1 .. base + m`` (tokens ``(m, k) int64``) as
+        ``compiled_falcon.falcon_tree_level`` laid them out in the round's ``FalconLevels`` (after
+        ``tree_root_host``, under its caller's no-grad): the parents' outputs, LSTM state and the
+        positions as tensors sharing the buffers, the attention rows ``(m k, cached + (base + m) k)
+        bool`` a view (tree attention, as ``tree_block_expand``).
+
+        Returns:
+            numpy arrays sharing the pass's tensors: outputs ``(m, k, H)``, LSTM state ``(layers, m,
+            H)`` twice (None, None, None unless ``outputs``: the round's last pass), top ids ``(m, k,
+            top_k) int64`` and log-probabilities ``(m, k, top_k) float32``.
+        """
+        levels = cast(compiled_falcon.FalconLevels, self._levels)
+        _, (hidden, h, c, positions), into, ids, logp = levels.pass_of(m)
+        k = self.k
+        mask = torch.from_numpy(levels.mask[: m * k, : self._tree_committed + (base + m) * k])
+        out, (h, c), _, _ = self._pass(tokens, hidden, positions, (h, c), mask, top_k=top_k, into=into)
         self._passes += 1
-        numbers = self._numbers[base + 1 : base + 1 + m]
-        return (numbers if isinstance(parents, np.ndarray) else torch.from_numpy(numbers)), ids, logp
+        if not outputs:
+            return None, None, None, ids, logp
+        return out.numpy(), h.numpy(), c.numpy(), ids, logp
 
     @property
     def tree_passes(self) -> int:
@@ -537,17 +534,22 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _warm_kernels(dtype: type) -> None:
-    """Run the CPU tree's compiled calls (``compiled_falcon.falcon_root_layout``, ``falcon_block_pass``) once
-    on tiny arrays of ``dtype``, so their first call in a round neither compiles nor loads."""
+    """Run the CPU's compiled calls (``compiled_falcon.falcon_root_layout``, ``falcon_root_mask_into``,
+    ``falcon_tree_level``) once on tiny arrays of ``dtype``, so their first call in a round neither
+    compiles nor loads."""
     compiled_falcon.falcon_root_layout(3, 1, 2)
     compiled_falcon.falcon_root_mask_into(np.ones((3, 4), dtype=bool), 1, 2)
-    rows = np.zeros((4, 2, 1), dtype=dtype)
-    state = np.zeros((1, 4, 1), dtype=dtype)
-    compiled_falcon.falcon_block_pass(
-        np.zeros((4, 4), dtype=bool), np.zeros(4, dtype=np.int64), np.zeros(1, dtype=np.int64), 0, 1, 0,
-        rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), rows, state, state.copy(),
-        rows[:1].copy(), state[:, :1].copy(), state[:, :1].copy(), np.zeros((1, 2), dtype=np.int64),
-    )  # fmt: skip
+    levels = compiled_falcon.FalconLevels(1, 1, 1, dtype, 1, 2, 4)
+    # two nodes, one per pass (each the rank-0 token of its block): nodes, node_path, blocks, bounds
+    plan = (np.array([[0, 1], [0, 0], [0, 0]]), np.array([[0, 1]]), np.zeros((2, 2), np.int64))
+    bounds = np.array([[0, 1, 0, 1], [1, 2, 1, 1]], dtype=np.int64)
+    scratch = np.zeros(2, np.int64), np.zeros(2, np.int64), np.zeros(2, np.float32), np.zeros((2, 1), np.int64)
+    first, level = levels.pass_of(1), cast(Any, compiled_falcon.falcon_tree_level)
+    for b in (0, 1):  # both branches: a pass with a next one, the last
+        level(
+            b, first[3], first[4], *plan, bounds, scratch[0], scratch[1], scratch[2], scratch[3], scratch[1],
+            scratch[2], *levels.rows, *first[0], 1, b, first[0][0], first[0][1], first[0][2],
+        )  # fmt: skip
 
 
 def root_mask(u: int, start: int, k: int, device: torch.device | str) -> torch.Tensor:

@@ -8,7 +8,9 @@ expanded in ONE drafter pass each, every one proposing its ``top_k`` children. R
 nodes proposed, the ``total_tokens`` with the highest cumulative log-probability form the tree (a
 node scores no higher than its parent, so the kept nodes are a tree). The target verifies it in one
 pass (``specpolicy.core.tree``). Drafter passes per round: ``depth`` (the root's and one per expanded
-level). Works with drafters that offer ``tree_root`` / ``tree_expand`` (``eagle3``, ``ar``).
+level). Works with drafters that offer ``tree_root`` / ``tree_expand`` (``eagle3``, ``ar``); with
+``eagle3`` on the CPU, the host work between two passes -- this policy's and the drafter's -- is ONE
+compiled call (``specpolicy.core.compiled_eagle``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core import compiled
+from specpolicy.core import compiled, compiled_eagle
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import TreeDrafter, device_of
+from specpolicy.core.runtime import no_grad
 from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -61,13 +64,16 @@ class Eagle2TreePolicy(TreePolicy):
         depth = min(self.depth, room)
         if depth < 1:
             return Draft.empty(device_of(drafter)), "room"
+        if getattr(drafter, "grows_trees_on_host", False):  # eagle3 on the CPU: one compiled call a level
+            draft = self._grow_levels(drafter, depth, min(self.total_tokens, node_room))
+            return (Draft.empty("cpu"), "no_proposal") if draft is None else (draft, _bound(depth, self.depth))
         ids, logp = drafter.tree_root(self.top_k)
         if ids.numel() == 0:
             return Draft.empty(device_of(drafter)), "no_proposal"
         total = min(self.total_tokens, node_room)
         on_host = ids.device.type == "cpu" and logp.dtype in (torch.float32, torch.float64)
         draft = (self._grow_on_host if on_host else self._on_device)(drafter, ids, logp, depth, total)
-        return draft, "room" if depth < self.depth else "policy_bound"
+        return draft, _bound(depth, self.depth)
 
     def _on_device(self, drafter: TreeDrafter, ids: torch.Tensor, logp: torch.Tensor, depth: int, total: int) -> Draft:
         """The tree of ``total`` nodes at most: ``_grow`` (tensor ops on the drafter's device) then ``_rerank``."""
@@ -129,8 +135,8 @@ class Eagle2TreePolicy(TreePolicy):
         tensors (no per-op dispatch): per level ONE call (``compiled.eagle2_level``: the level's
         children appended to the candidate buffers with their cumulative scores -- the same float
         sums -- then the next level's best as the stable descending sort picks them), the drafter
-        handed tensors sharing fresh arrays, or the arrays themselves when it has ``tree_expand_host``
-        (``eagle3``: one compiled call of its own a level, no tensor round trip); then ONE call for the reranking
+        handed tensors sharing fresh arrays (``eagle3`` on the CPU takes ``_grow_levels`` instead:
+        one compiled call a level for both sides); then ONE call for the reranking
         (``compiled.eagle2_rerank``) and ``np.exp`` for the confidences. The same draft as the tensor
         steps (``tests/policies/test_eagle2_tree.py``)."""
         top_k = self.top_k
@@ -140,16 +146,12 @@ class Eagle2TreePolicy(TreePolicy):
         best, nodes = np.full(top_k, -1, np.int64), np.zeros(1, np.int64)  # the root: candidate -1, drafter node 0
         picked = np.empty((depth, 2, top_k), np.int64)  # per level: the nodes to expand, their parents' nodes
         end = m = 0
-        expand_host = getattr(drafter, "tree_expand_host", None)  # a drafter's host-array form, when it has one
         for level in range(depth):
             if level:
-                if expand_host is not None:
-                    nodes, ids_np, logp_np = expand_host(picked[level - 1, 0, :m], picked[level - 1, 1, :m], top_k)
-                else:
-                    nodes_t, child_ids, child_logp = drafter.tree_expand(
-                        torch.from_numpy(picked[level - 1, 0, :m]), torch.from_numpy(picked[level - 1, 1, :m]), top_k
-                    )
-                    ids_np, logp_np, nodes = child_ids.numpy(), child_logp.numpy(), nodes_t.numpy()
+                nodes_t, child_ids, child_logp = drafter.tree_expand(
+                    torch.from_numpy(picked[level - 1, 0, :m]), torch.from_numpy(picked[level - 1, 1, :m]), top_k
+                )
+                ids_np, logp_np, nodes = child_ids.numpy(), child_logp.numpy(), nodes_t.numpy()
                 if end + ids_np.size > tokens.shape[0]:  # a drafter proposing more than top_k children
                     tokens, parents, parent_nodes, scores = self._candidates(2 * (end + ids_np.size), scores.dtype, end)
             end, m = compiled.eagle2_level(
@@ -180,6 +182,59 @@ class Eagle2TreePolicy(TreePolicy):
             parents=torch.from_numpy(kept_parents),
         )
 
+    @no_grad
+    def _grow_levels(self, drafter: Any, depth: int, total: int) -> Draft | None:
+        """``_grow_on_host`` for a drafter that lets the policy lay out its tree's levels
+        (``grows_trees_on_host``: ``eagle3``'s ``tree_root_host`` / ``tree_pass_host``): between two
+        passes ONE compiled call (``compiled_eagle.eagle2_host_level``: the pass's outputs stored, its
+        children appended, the next level picked and laid out in the drafter's kept buffers, which
+        its next pass reads as tensors made once), after the last ONE more (``eagle2_host_finish``:
+        its children, then the reranking). The same draft as ``_grow_on_host`` (the same kernels'
+        steps; ``tests/core/test_compiled_eagle.py``). None: nothing to draft from."""
+        top_k = self.top_k
+        root = drafter.tree_root_host(top_k, (depth - 1) * top_k)
+        if root is None:
+            return None
+        out, ids, logp, arrays, committed = root
+        width = ids.shape[1]
+        candidates, scores, best = self._level_buffers(width + (depth - 1) * top_k * width, logp.dtype)
+        best[0] = -1  # the root's children: under no candidate
+        end = base = 0
+        level: Any = compiled_eagle.eagle2_host_level  # a numba dispatcher, called with the buffers unpacked
+        expand = drafter.tree_pass_host
+        for passes in range(2, depth + 1):  # the last pass's outputs are not read: no one's parents
+            end, m = level(candidates, scores, end, ids, logp, best, top_k, *arrays, committed, base, out)
+            out, ids, logp = expand(base, m, top_k, passes < depth)
+            base += m
+        total = min(total, end + ids.size)
+        kept_tokens, kept_parents, kept_scores = (
+            np.empty(total, np.int64),
+            np.empty(total, np.int64),
+            np.empty(total, scores.dtype),
+        )
+        compiled_eagle.eagle2_host_finish(
+            candidates, scores, end, ids, logp, best, base, total, kept_tokens, kept_scores, kept_parents
+        )
+        return Draft(
+            token_ids=torch.from_numpy(kept_tokens),
+            confidences=torch.from_numpy(np.exp(kept_scores)),
+            forward_passes=depth,
+            parents=torch.from_numpy(kept_parents),
+        ).counted(total)
+
+    def _level_buffers(self, size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``_grow_levels``' candidates ``(3, size) int64`` (token, parent candidate, parent node), their
+        scores ``(size,)`` in ``dtype`` and the expanded candidates ``(top_k,) int64``, kept from round to
+        round (the draft gets its own arrays), made anew only when a round needs more room or another dtype."""
+        held = self.__dict__.get("_fused_buffers")
+        if held is None or held[1].shape[0] < size or held[1].dtype != dtype:
+            held = self._fused_buffers = (
+                np.empty((3, size), np.int64),
+                np.empty(size, dtype),
+                np.empty(self.top_k, np.int64),
+            )
+        return held
+
     def _candidates(self, size: int, dtype: np.dtype, keep: int = 0) -> tuple[np.ndarray, ...]:
         """The candidate buffers of ``_grow_on_host`` (tokens, parent candidates, parent drafter nodes
         ``int64``; scores in ``dtype``), room for ``size`` at least, reused from round to round (the
@@ -200,6 +255,11 @@ class Eagle2TreePolicy(TreePolicy):
 
     def __repr__(self) -> str:
         return f"Eagle2TreePolicy(depth={self.depth}, top_k={self.top_k}, total_tokens={self.total_tokens})"
+
+
+def _bound(depth: int, most: int) -> str:
+    """Why the round's tree stopped growing: the room left (``depth`` cut below ``most``) or the policy's depth."""
+    return "room" if depth < most else "policy_bound"
 
 
 class _WarmUp:

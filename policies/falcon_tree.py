@@ -19,7 +19,9 @@ a main chain with 8-10 children at each depth and short side branches; ``cpu`` (
 costs several plain steps: top-4 at depth 1, the main chain with 2-3 children per depth and one
 side branch under each of the top three paths. ``choices`` gives any other list. The target
 verifies the tree in one pass (``specpolicy.core.tree``); nodes are point masses when sampling
-(each node's token is a deterministic top-k choice, siblings distinct).
+(each node's token is a deterministic top-k choice, siblings distinct). With ``falcon`` on the CPU
+the host work between two passes -- this policy's read and the drafter's layout of the next pass --
+is ONE compiled call (``grow_levels``, ``specpolicy.core.compiled_falcon.falcon_tree_level``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core.compiled_falcon import falcon_tree_read as read
+from specpolicy.core.compiled_falcon import falcon_tree_level, falcon_tree_read as read
 from specpolicy.core.policy import TreePolicy
 from specpolicy.core.protocols import BlockTreeDrafter
+from specpolicy.core.runtime import no_grad
 from specpolicy.core.tree import compile_kernels
 from specpolicy.core.types import Draft
 from specpolicy.plugins.hookspecs import PluginEntry, hookimpl
@@ -248,6 +251,11 @@ class FalconTreePolicy(TreePolicy):
         t = full.truncated(min(room, full.depth), node_room)
         if t is None:
             return Draft.empty(device), "room"
+        if getattr(drafter, "grows_trees_on_host", False):  # falcon on the CPU: one compiled call a pass
+            draft = grow_levels(drafter, t)
+            if draft is None:
+                return Draft.empty(device), "no_proposal"
+            return draft, "room" if t.depth < full.depth else "policy_bound"
         ids, logp = drafter.tree_block_root(t.top_k)
         if ids.numel() == 0:
             return Draft.empty(device), "no_proposal"
@@ -327,6 +335,42 @@ def gather_on_host(
             next_parents, scores,
         )  # fmt: skip
     return torch.from_numpy(tokens), torch.from_numpy(scores)
+
+
+@no_grad
+def grow_levels(drafter: Any, t: StaticTree) -> Draft | None:
+    """The round's tree for a drafter that lets the policy lay out its passes (``grows_trees_on_host``:
+    ``falcon``'s ``tree_root_host`` / ``tree_pass_host``): after each pass ONE compiled call
+    (``compiled_falcon.falcon_tree_level``: the nodes it drafted and the next pass's blocks, as
+    ``gather_on_host``'s read, then the drafter's side of that pass laid out in its kept buffers,
+    which the pass reads as tensors made once; after the last, the paths' sums). The same draft as
+    ``gather_on_host`` with ``tree_block_expand`` (``tests/drafters/test_falcon_drafter.py``). None:
+    nothing to draft from (fewer than k pairs)."""
+    nodes, node_path, blocks, bounds, numbers, next_tokens, next_parents, views, _ = t.host_plan()
+    root = drafter.tree_root_host(t.top_k, blocks.shape[0])
+    if root is None:
+        return None
+    out, h, c, ids, logp, levels, committed = root
+    n, rows, expand = nodes.shape[1], levels.rows, drafter.tree_pass_host
+    level: Any = falcon_tree_level  # a numba dispatcher, called with the buffers unpacked
+    tokens, node_logp, scores = np.empty(n, np.int64), np.empty(n, np.float32), np.empty(n, np.float32)
+    base = 0
+    for b in range(t.passes):
+        inputs = levels.pass_of(int(bounds[b + 1, 3]))[0] if b + 1 < t.passes else levels.pass_of(1)[0]
+        m = level(
+            b, ids, logp, nodes, node_path, blocks, bounds, numbers, tokens, node_logp, next_tokens, next_parents,
+            scores, *rows, *inputs, committed, base, out, h, c,
+        )  # fmt: skip
+        if m:  # the last pass's outputs and state are not read (its blocks are no one's parents)
+            got = expand(views[b + 1][0], base, m, t.top_k, b + 2 < t.passes)
+            out, h, c = (out, h, c) if got[0] is None else got[:3]
+            ids, logp, base = got[3], got[4], base + m
+    return Draft(
+        token_ids=torch.from_numpy(tokens),
+        confidences=torch.from_numpy(scores).exp(),
+        forward_passes=t.passes,
+        parents=t.node_parent,
+    ).counted(n)
 
 
 class _WarmUp:

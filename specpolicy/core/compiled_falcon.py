@@ -1,13 +1,18 @@
 """Compiled host kernels of Falcon's static tree on the CPU (``drafters/falcon.py``,
-``policies/falcon_tree.py``; issue 48 item 5): the round's first pass's layout, a tree pass's host
-work on the drafter's side and the policy's read of a pass, each ONE ``numba`` call (``cache=True``)
-in place of the numpy steps they replaced (same values: copies and the same float sums in the same
-order). ``specpolicy.core.compiled.falcon_block_layout`` lays a pass out with ``_falcon_layout_into``.
+``policies/falcon_tree.py``; issue 48 item 5), each ONE ``numba`` call (``cache=True``) in place of
+the numpy steps it replaced (same values: copies and the same float sums in the same order): the
+round's first pass's layout (``falcon_root_layout``, ``falcon_root_mask_into``); the policy's read of
+a pass (``falcon_tree_read``); and, between two tree passes, that read with the drafter's side of the
+next pass -- its blocks' rows stored and gathered, the pass laid out -- on buffers the drafter keeps
+(``falcon_tree_level``, ``FalconLevels``). ``specpolicy.core.compiled.falcon_block_layout`` lays a
+pass out with ``_falcon_layout_into``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
+import torch
 from numba import njit
 
 
@@ -52,48 +57,6 @@ def falcon_root_layout(u: int, start: int, k: int) -> tuple[np.ndarray, np.ndarr
         if i < last:  # causal: no later pair (a row of the last block sees the block whole)
             mask[i, start + i + 1 :] = False
     return positions, mask
-
-
-@njit(cache=True)
-def falcon_block_pass(
-    ancestors: np.ndarray,
-    depths: np.ndarray,
-    parents: np.ndarray,
-    base: int,
-    committed: int,
-    stored: int,
-    last_out: np.ndarray,
-    last_h: np.ndarray,
-    last_c: np.ndarray,
-    outs: np.ndarray,
-    hs: np.ndarray,
-    cs: np.ndarray,
-    hidden: np.ndarray,
-    h: np.ndarray,
-    c: np.ndarray,
-    positions: np.ndarray,
-) -> np.ndarray:
-    """A Falcon tree pass's host work in one call (``drafters/falcon.py``, ``tree_block_expand`` on
-    the CPU): store the last pass's blocks -- outputs ``last_out`` ``(m', k, H)`` and LSTM state
-    ``last_h`` / ``last_c`` ``(layers, m', H)`` -- as rows ``stored .. stored + m' - 1`` of the kept
-    ``outs`` ``(cap, k, H)``, ``hs`` / ``cs`` ``(layers, cap, H)``; gather the ``m`` parents' rows into
-    the pass's inputs ``hidden`` ``(m, k, H)``, ``h`` / ``c`` ``(layers, m, H)``; and lay out the pass
-    (``falcon_block_layout``: ``ancestors``, ``depths`` filled in place, the positions written into
-    ``positions`` ``(1, m k) int64``). Returns the mask ``(m k, committed + (base + m) k) bool``. The
-    same values as the numpy ``take`` / assignment steps it replaces (copies, no arithmetic)."""
-    for j in range(last_out.shape[0]):
-        outs[stored + j] = last_out[j]
-        for layer in range(last_h.shape[0]):
-            hs[layer, stored + j] = last_h[layer, j]
-            cs[layer, stored + j] = last_c[layer, j]
-    for j in range(parents.shape[0]):
-        parent = parents[j]
-        hidden[j] = outs[parent]
-        for layer in range(hs.shape[0]):
-            h[layer, j] = hs[layer, parent]
-            c[layer, j] = cs[layer, parent]
-    k = hidden.shape[1]
-    return _falcon_layout_into(ancestors, depths, parents, base, committed, k, positions)
 
 
 @njit(cache=True)
@@ -157,3 +120,151 @@ def falcon_root_mask_into(mask: np.ndarray, start: int, k: int) -> None:
     for i in range(u):
         for j in range(width):
             mask[i, j] = i >= last or j <= start + i
+
+
+@njit(cache=True)
+def falcon_tree_level(
+    b: int,
+    ids: np.ndarray,
+    logp: np.ndarray,
+    nodes: np.ndarray,
+    node_path: np.ndarray,
+    blocks: np.ndarray,
+    bounds: np.ndarray,
+    numbers: np.ndarray,
+    tokens: np.ndarray,
+    node_logp: np.ndarray,
+    next_tokens: np.ndarray,
+    next_parents: np.ndarray,
+    scores: np.ndarray,
+    ancestors: np.ndarray,
+    depths: np.ndarray,
+    outs: np.ndarray,
+    hs: np.ndarray,
+    cs: np.ndarray,
+    mask: np.ndarray,
+    hidden: np.ndarray,
+    h: np.ndarray,
+    c: np.ndarray,
+    positions: np.ndarray,
+    committed: int,
+    base: int,
+    last_out: np.ndarray,
+    last_h: np.ndarray,
+    last_c: np.ndarray,
+) -> int:
+    """Falcon's static tree between two drafter passes on the CPU, in one call: ``falcon_tree_read``
+    of pass ``b`` (its ``m'`` blocks the drafter's blocks ``base - m' + 1 .. base``; the root's: block
+    0, ``base`` 0), then, unless it was the last pass, the drafter's host work for the next one's ``m``
+    blocks (``next_parents`` / ``next_tokens``' rows of pass ``b + 1``): the last pass's outputs and
+    LSTM state (``last_out`` ``(m', k, H)``, ``last_h`` / ``last_c`` ``(layers, m', H)``) stored as its
+    blocks' rows of ``outs`` / ``hs`` / ``cs``, the parents' rows gathered into ``hidden`` ``(m, k, H)``,
+    ``h`` / ``c`` ``(layers, m, H)``, and the pass laid out: ``ancestors`` / ``depths`` rows of blocks
+    ``base + 1 ..``, ``positions`` ``(1, m k)`` and the attention rows ``mask[:m k, :committed + (base
+    + m) k]`` (written whole: a kept buffer). The same values as that read and the numpy ``take`` /
+    assignment steps and ``falcon_block_layout`` it replaces (copies, no arithmetic). Returns ``m`` (0 after the last pass: ``scores`` written)."""
+    m_last = ids.shape[0]
+    first = base - m_last + 1
+    for j in range(m_last):
+        numbers[bounds[b, 2] + j] = first + j
+    falcon_tree_read(
+        b, ids, logp, numbers[bounds[b, 2] : bounds[b, 2] + m_last], nodes, node_path, blocks, bounds, numbers,
+        tokens, node_logp, next_tokens, next_parents, scores,
+    )  # fmt: skip
+    if b + 1 >= bounds.shape[0]:
+        return 0
+    start, m = bounds[b + 1, 2], bounds[b + 1, 3]
+    for j in range(m_last):
+        outs[first + j] = last_out[j]
+        for layer in range(hs.shape[0]):
+            hs[layer, first + j] = last_h[layer, j]
+            cs[layer, first + j] = last_c[layer, j]
+    for j in range(m):
+        parent = next_parents[start + j]
+        hidden[j] = outs[parent]
+        for layer in range(hs.shape[0]):
+            h[layer, j] = hs[layer, parent]
+            c[layer, j] = cs[layer, parent]
+    k = hidden.shape[1]
+    size = base + m
+    for j in range(m):
+        row, parent = base + 1 + j, next_parents[start + j]
+        for col in range(ancestors.shape[1]):
+            ancestors[row, col] = ancestors[parent, col]
+        ancestors[row, row] = True
+        depths[row] = depths[parent] + 1
+    width = committed + size * k
+    for j in range(m):
+        row = base + 1 + j
+        at = committed + (depths[row] - 1) * k
+        for i in range(k):
+            r = j * k + i
+            positions[0, r] = at + i
+            mask[r, :committed] = True
+            mask[r, committed:width] = False
+            for blk in range(1, size + 1):
+                if ancestors[row, blk]:
+                    mask[r, committed + (blk - 1) * k : committed + blk * k] = True
+    return m
+
+
+class FalconLevels:
+    """The host buffers of Falcon's static tree on the CPU (``drafters/falcon.py``'s
+    ``tree_root_host``), kept from round to round (made anew only when a round needs more):
+    ``falcon_tree_level`` writes them, the drafter's passes read them as tensors made once.
+
+    Attributes:
+        rows: ``(ancestors (cap, cap) bool, depths (cap,) int64, outs (cap, k, H), hs (layers, cap,
+            H), cs (layers, cap, H), mask (cap k, columns) bool)``: per block (0: the root's) its
+            ancestors, depth, outputs and LSTM state; a pass's attention rows.
+
+    Args:
+        k: tokens per pass. width: H. layers: LSTM layers. dtype: the outputs' numpy dtype.
+        top: top tokens per position. blocks: blocks a round holds (the root's included).
+        columns: attention columns (cached positions and blocks' positions).
+    """
+
+    def __init__(
+        self, k: int, width: int, layers: int, dtype: npt.DTypeLike, top: int, blocks: int, columns: int
+    ) -> None:
+        self.key, self.blocks, self.columns = (k, width, layers, np.dtype(dtype), top), blocks, columns
+        self.mask = np.zeros((blocks * k, columns), dtype=bool)
+        self.rows = (
+            np.zeros((blocks, blocks), dtype=bool),
+            np.zeros(blocks, dtype=np.int64),
+            np.zeros((blocks, k, width), dtype=dtype),
+            np.zeros((layers, blocks, width), dtype=dtype),
+            np.zeros((layers, blocks, width), dtype=dtype),
+            self.mask,
+        )
+        self._passes: dict[int, tuple] = {}
+        #: the round's first pass's top tokens: ``(k, top)`` rows of ``pass_of(1)``'s ``(1, k, top)`` tensors
+        self.root_into = tuple(t[0] for t in self.pass_of(1)[2])
+
+    def fits(self, key: tuple, blocks: int, columns: int) -> bool:
+        """Whether these buffers serve a round of ``blocks`` blocks over ``columns`` columns."""
+        return blocks <= self.blocks and columns <= self.columns and key == self.key
+
+    def pass_of(self, m: int) -> tuple:
+        """A pass over ``m`` blocks (made once per ``m``): its inputs as numpy arrays -- parents' outputs
+        ``(m, k, H)``, LSTM state ``(layers, m, H)`` twice, positions ``(1, m k) int64`` (contiguous,
+        as the pass's tensors were) -- the same as tensors sharing them, then its top tokens' ids
+        ``(m, k, top) int64`` and log-probabilities ``(m, k, top) float32`` as tensors and as arrays."""
+        held = self._passes.get(m)
+        if held is None:
+            k, width, layers, dtype, top = self.key
+            inputs = (
+                np.zeros((m, k, width), dtype=dtype),
+                np.zeros((layers, m, width), dtype=dtype),
+                np.zeros((layers, m, width), dtype=dtype),
+                np.zeros((1, m * k), dtype=np.int64),
+            )
+            top_ids, top_logp = np.zeros((m, k, top), dtype=np.int64), np.zeros((m, k, top), dtype=np.float32)
+            held = self._passes[m] = (
+                inputs,
+                tuple(torch.from_numpy(a) for a in inputs),
+                (torch.from_numpy(top_ids), torch.from_numpy(top_logp)),
+                top_ids,
+                top_logp,
+            )
+        return held
