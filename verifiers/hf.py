@@ -285,6 +285,10 @@ class HFVerifier(Verifier):
             attention = self._attention = self.model.config._attn_implementation
         mask_t = torch.from_numpy(mask)
         layers = self._feature_layers
+        # what the round hands out after the pass, made before it (numpy and torch warm here): the
+        # path's buffer and the next pending token's (its tensor shares it)
+        nodes, pending_next = np.empty(k, dtype=np.int64), np.empty(1, dtype=np.int64)
+        pending_t = torch.from_numpy(pending_next)
         out = self.model(
             input_ids=torch.from_numpy(inputs),
             position_ids=torch.from_numpy(positions),
@@ -295,14 +299,13 @@ class HFVerifier(Verifier):
             use_cache=True,
             output_hidden_states=bool(layers),
         )
-        nodes = np.empty(k, dtype=np.int64)
         path, target, p, target_np = self._accept_tree(out.logits, draft, parents, tokens, nodes)
         if p is not None:  # sampling: the walk's decisions are host work
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
             target_np[path[-1] + 1 if path else 0] = nxt
             nodes[: len(path)] = path
         m = len(path)
-        if start + k + 1 > kept[6]:  # the pass grew the buffers: their new host form
+        if start + k + 1 > kept[5]:  # the pass grew the buffers: their new host form
             kept = kept_entries(self.cache)
         arrays, gathered = _NO_FEATURES
         if layers:
@@ -327,11 +330,11 @@ class HFVerifier(Verifier):
             if layers:
                 features = select_features(hidden, layers, torch.from_numpy(rows))
         last = path[-1] + 1 if path else 0
-        pending = target_np[last : last + 1]
-        self._pending = torch.from_numpy(pending)
-        self._tree_held = (self._pending, pending, self.cache, kept) if kept is not None else _NOTHING_HELD
+        next_token = pending_next[0] = target_np.item(last)
+        self._pending = pending_t
+        self._tree_held = (pending_t, pending_next, self.cache, kept) if kept is not None else _NOTHING_HELD
         return Verification(
-            accepted_length=m, next_token=pending.item(0), target_token_ids=target, features=features, path=path
+            accepted_length=m, next_token=next_token, target_token_ids=target, features=features, path=path
         )
 
     def _verify_tree_general(self, draft: Draft, k: int) -> Verification:

@@ -273,7 +273,7 @@ def keep_nodes(kept: tuple, start: int, nodes: np.ndarray, m: int, layers: tuple
     Raises:
         ValueError: if ``nodes[:m]`` is not increasing from 0 or above (nothing moved).
     """
-    if compiled_tree.keep_nodes(kept[4], kept[5], nodes, m, start, layers, out) >= 0:
+    if compiled_tree.keep_nodes(kept[4], nodes, m, start, layers, out) >= 0:
         raise ValueError(f"the kept nodes must be >= 0 and increase, got {nodes[:m].tolist()}")
     length = start + 1 + m
     for layer in kept[0]:
@@ -288,9 +288,9 @@ _KEY_BUFFER, _VALUE_BUFFER = operator.attrgetter("_key_buffer"), operator.attrge
 def kept_entries(cache: DynamicCache) -> tuple | None:
     """The host form of the verifier's buffered cache, when every layer of ``cache`` is a ``BufferedLayer``
     holding C-contiguous 4-D CPU buffers of one numpy dtype (``host_buffers``); else None. A tuple:
-    ``(layers, key buffers, value buffers, numpy views, addresses, layouts, capacity)`` -- one entry per
-    layer in the first three, the views keys then values per layer, ``addresses`` ``(2L,) int64`` their
-    data and ``layouts`` ``(2L, 3) int64`` their ``(b * heads, C, d * itemsize)`` (``compiled_tree.keep_nodes``), and
+    ``(layers, key buffers, value buffers, numpy views, layouts, capacity)`` -- one entry per layer in
+    the first three, the views keys then values per layer, ``layouts`` ``(2L, 4) int64`` their (address
+    of the data, ``b * heads``, ``C``, ``d * itemsize``) (``compiled_tree.keep_nodes``), and
     ``capacity`` the positions every buffer holds (tokens; 0 unless every buffer has batch 1): a batch-1
     pass ending at or below it writes into these same buffers (``BufferedLayer.update`` grows none).
     Kept on the cache and reused while its layers and their buffers are the same objects (a buffer
@@ -321,13 +321,12 @@ def kept_entries(cache: DynamicCache) -> tuple | None:
     addresses = np.array([a.ctypes.data for a in arrays], dtype=np.int64)
     shapes = np.array([a.shape for a in arrays], dtype=np.int64)
     capacity = int(shapes[:, 2].min()) if (shapes[:, 0] == 1).all() else 0
-    layouts = np.stack((shapes[:, 0] * shapes[:, 1], shapes[:, 2], shapes[:, 3] * first.itemsize), axis=1)
+    layouts = np.stack((addresses, shapes[:, 0] * shapes[:, 1], shapes[:, 2], shapes[:, 3] * first.itemsize), axis=1)
     held = (
         layer_tuple,
         tuple(map(_KEY_BUFFER, layer_tuple)),
         tuple(map(_VALUE_BUFFER, layer_tuple)),
         arrays,
-        addresses,
         layouts,
         capacity,
     )

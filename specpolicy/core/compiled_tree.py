@@ -184,7 +184,6 @@ def greedy_nodes(parents: np.ndarray, tokens: np.ndarray, target: np.ndarray, no
 
 @njit(cache=True)
 def keep_nodes(
-    addresses: np.ndarray,
     layouts: np.ndarray,
     nodes: np.ndarray,
     m: int,
@@ -194,9 +193,9 @@ def keep_nodes(
 ) -> int:
     """``keep_rows`` over buffers given by address, with the kept rows as the accepted path: input
     row 0 (the pending token) and rows ``nodes[i] + 1`` for ``i < m`` (``nodes`` increasing, >= 0).
-    ``addresses`` ``(B,) int64``: the data of B C-contiguous ``(b, heads, C, d)`` buffers (every layer's
-    keys and values, alive and unchanged for the call: the caller holds them), ``layouts`` ``(B, 3)
-    int64`` their ``(b * heads, C, d * itemsize)``; position ``start + 1 + i`` takes position ``start + 1
+    ``layouts`` ``(B, 4) int64``: B C-contiguous ``(b, heads, C, d)`` buffers (every layer's keys and
+    values, alive and unchanged for the call: the caller holds them) as ``(address of their data,
+    b * heads, C, d * itemsize)``; position ``start + 1 + i`` takes position ``start + 1
     + nodes[i]`` in each (``move_rows``: a source is never overwritten before it is read, nodes only
     move down; nothing moves when ``nodes`` is ``0 .. m - 1``), a row (``d`` entries) copied at once.
     Then ``out`` ``(m + 1, sum of widths)`` (C-contiguous) takes those rows of the ``(1, k + 1, H_j)``
@@ -208,8 +207,8 @@ def keep_nodes(
             return i
         previous = nodes[i]
     if m > 0 and nodes[m - 1] != m - 1:
-        for j in range(addresses.shape[0]):
-            base, sequences, capacity, row = addresses[j], layouts[j, 0], layouts[j, 1], layouts[j, 2]
+        for j in range(layouts.shape[0]):
+            base, sequences, capacity, row = layouts[j, 0], layouts[j, 1], layouts[j, 2], layouts[j, 3]
             for h in range(sequences):
                 first = base + (h * capacity + start + 1) * row  # position start + 1 of sequence h
                 for i in range(m):

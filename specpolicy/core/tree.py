@@ -181,13 +181,13 @@ def compile_kernels() -> None:
         for view in (entries, entries[:, :, :2]):
             compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
         # the verifier's host path: the kept path moved by address, with 0 to 3 feature layers gathered
-        nodes, addresses = np.zeros(1, dtype=np.int64), np.array([entries.ctypes.data], dtype=np.int64)
-        layouts = np.array([[2, 4, entries.itemsize]], dtype=np.int64)
+        nodes = np.zeros(1, dtype=np.int64)
+        layouts = np.array([[entries.ctypes.data, 2, 4, entries.itemsize]], dtype=np.int64)
         for count in range(4):  # no features: one empty float32 layer, no row gathered
             like = dtype if count else np.float32
             layers = tuple(np.zeros((1, 2, 1) if count else (1, 0, 0), dtype=like) for _ in range(max(count, 1)))
             out = np.zeros((2 if count else 0, count), dtype=like)
-            compiled_tree.keep_nodes(addresses, layouts, nodes, 1, 0, layers, out)
+            compiled_tree.keep_nodes(layouts, nodes, 1, 0, layers, out)
     greedy_nodes(np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(2, dtype=np.int64), nodes)
     GrowingTree(1, "cpu", capacity=1).add(torch.zeros(1, dtype=torch.long))
     for dtype in (np.float32, np.float64):  # a HostTree's level: after a root, and after a pass
