@@ -307,7 +307,8 @@ class HFVerifier(Verifier):
         m = len(path)
         if start + k + 1 > kept[5]:  # the pass grew the buffers: their new host form
             kept = kept_entries(self.cache)
-        arrays, gathered = _NO_FEATURES
+        arrays: tuple | None = _NO_FEATURES[0]
+        gathered = _NO_FEATURES[1]
         if layers:
             hidden = out.hidden_states
             try:  # the requested layers' (1, k + 1, H) hidden states as numpy views

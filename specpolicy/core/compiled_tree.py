@@ -4,16 +4,17 @@
 
 ``tree_inputs`` builds a tree verification pass's input ids, positions and attention mask from the
 tree's parents (``specpolicy.core.tree.host_inputs``: ``tree_shape`` then ``tree_layout`` in one
-call, nothing kept per shape); ``greedy_nodes`` is a tree's greedy path from the target's
-argmax (``specpolicy.core.tree.greedy_path``'s rule); ``keep_nodes`` moves the accepted path's keys and
-values in every layer's buffers at once, by address, and gathers the kept rows' features (the verifier's
-host path: one call after the pass); ``keep_rows`` is the same move over a tuple of the buffers' numpy
-views (``specpolicy.core.cache.keep_path`` on the verifier's buffered cache:
-``move_rows`` per buffer, in one call; ``keep_nodes`` is its form taking the buffers'
-addresses, whose argument unboxing does not grow with the layers); ``gather_rows`` takes the kept rows' target features
-(``select_features``); ``host_tree_level`` is one level of a drafter's tree on the host
-(``specpolicy.core.tree.HostTree``: ``GrowingTree.add``'s rows, ``NodeRows``' append and take).
-Each writes exactly what the code it replaces writes (``tests/core/test_tree_host.py``).
+call, nothing kept per shape); ``greedy_nodes`` is a tree's greedy path from the target's argmax
+(``specpolicy.core.tree.greedy_path``'s rule); ``keep_nodes`` moves the accepted path's keys and values
+in every layer's buffers at once, given by address (one layout array to unbox, however many layers),
+and gathers the kept rows' features (the verifier's host path: ``specpolicy.core.cache.keep_nodes``,
+one call after the pass); ``keep_rows`` is the same move over a tuple of the buffers' numpy views
+(``specpolicy.core.cache.keep_path`` on the verifier's buffered cache); ``gather_rows`` takes the kept
+rows' target features (``select_features``); ``host_tree_level`` is one level of a drafter's tree on
+the host (``specpolicy.core.tree.HostTree``: ``GrowingTree.add``'s rows, ``NodeRows``' append and take).
+Rows of contiguous bytes are copied with ``llvm.memcpy`` (``_copy_bytes``), not element by element.
+Each writes exactly what the code it replaces writes (``tests/core/test_tree_host.py``,
+``tests/core/test_tree_verification.py``).
 """
 
 from __future__ import annotations

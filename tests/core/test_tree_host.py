@@ -1,7 +1,8 @@
 """The tree round's host steps on the CPU, each one compiled call (``specpolicy.core.compiled_tree``:
-``tree_inputs``, ``keep_rows``, ``gather_rows``, ``host_tree_level``) against the code they replace
-(``tree.verification_layout``, ``keep_path`` per layer, ``select_features``, ``GrowingTree`` +
-``NodeRows``), on random trees, chains and bushes, over several rounds. Outputs must be IDENTICAL."""
+``tree_inputs``, ``keep_rows``, ``gather_rows``, ``host_tree_level``, ``greedy_nodes``, ``keep_nodes``)
+against the code they replace (``tree.verification_layout``, ``keep_path`` per layer, ``select_features``,
+``GrowingTree`` + ``NodeRows``, ``tree.greedy_path``), on random trees, chains and bushes, over several
+rounds. Outputs must be IDENTICAL."""
 
 from __future__ import annotations
 
