@@ -257,28 +257,30 @@ class HFVerifier(Verifier):
         is the pass's (``_accept_tree``, one compiled call on the argmax's numpy view). No torch
         attribute is read. Elsewhere ``_verify_tree_general``."""
         k = draft.length
+        cache: Any = self.cache
+        draft_parents: Any = draft.parents  # not None: a tree
         held = self._tree_held
-        if held[0] is self._pending and held[2] is self.cache:
+        if held[0] is self._pending and held[2] is cache:
             # nothing prefilled or verified since this path's last round: the buffers it left (only a
             # pass grows them, and only the verifier passes over its cache; checked after each pass)
             kept, pending = held[3], held[1]
         else:
-            kept, pending = kept_entries(self.cache) if self._host_trees else None, None
+            kept, pending = kept_entries(cache) if self._host_trees else None, None
         if kept is not None:
             try:  # numpy views of CPU tensors (a draft elsewhere, or needing grad: the general path)
-                parents, tokens = draft.parents.numpy(), draft.token_ids.numpy()
+                parents, tokens = draft_parents.numpy(), draft.token_ids.numpy()
             except (TypeError, RuntimeError):
                 kept = None
         if kept is None:
             return self._verify_tree_general(draft, k)
         if parents.shape != (k,):
-            tree.validate(draft.parents, k)  # names the shape
+            tree.validate(draft_parents, k)  # names the shape
         first = kept[0][0]  # ``cached_length``: the first layer's length (``DynamicCache.get_seq_length``)
         start = first.length if first.is_initialized else 0
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         if pending is None:
-            pending = self._pending.numpy()
+            pending = self._pending.numpy()  # type: ignore[union-attr]  # set: verify checked it
         inputs, positions, mask = tree.host_inputs(parents, tokens, pending, start)
         attention = self.__dict__.get("_attention")
         if attention is None:  # the model's attention implementation, read once
@@ -295,18 +297,19 @@ class HFVerifier(Verifier):
             attention_mask=mask_t
             if attention == "sdpa"
             else as_model_mask(mask_t, attention, self.runtime.torch_dtype),
-            cache=self.cache,
+            cache=cache,
             use_cache=True,
             output_hidden_states=bool(layers),
         )
-        path, target, p, target_np = self._accept_tree(out.logits, draft, parents, tokens, nodes)
+        path, target, p, host_target = self._accept_tree(out.logits, draft, parents, tokens, nodes)
+        target_np: Any = host_target  # the argmax's numpy view on the host path
         if p is not None:  # sampling: the walk's decisions are host work
-            path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
+            path, nxt = tree.sample_path(p, draft_parents, draft.token_ids, draft.probs, self.runtime.generator)
             target_np[path[-1] + 1 if path else 0] = nxt
             nodes[: len(path)] = path
         m = len(path)
         if start + k + 1 > kept[5]:  # the pass grew the buffers: their new host form
-            kept = kept_entries(self.cache)
+            kept = kept_entries(cache)
         arrays: tuple | None = _NO_FEATURES[0]
         gathered = _NO_FEATURES[1]
         if layers:
@@ -327,13 +330,13 @@ class HFVerifier(Verifier):
                 features = torch.from_numpy(gathered)
         else:
             rows = np.array((0, *[node + 1 for node in path]), dtype=np.int64)
-            keep_path(self.cache, start, rows)
+            keep_path(cache, start, rows)
             if layers:
                 features = select_features(hidden, layers, torch.from_numpy(rows))
         last = path[-1] + 1 if path else 0
         next_token = pending_next[0] = target_np.item(last)
         self._pending = pending_t
-        self._tree_held = (pending_t, pending_next, self.cache, kept) if kept is not None else _NOTHING_HELD
+        self._tree_held = (pending_t, pending_next, cache, kept) if kept is not None else _NOTHING_HELD
         return Verification(
             accepted_length=m, next_token=next_token, target_token_ids=target, features=features, path=path
         )
@@ -475,7 +478,7 @@ class HFVerifier(Verifier):
             if nodes is None:
                 return tree.greedy_path(draft.parents, draft.token_ids, target, parents), target, None, None
             target_np = target.numpy()
-            return tree.greedy_nodes(parents, tokens, target_np, nodes), target, None, target_np
+            return tree.greedy_nodes(parents, tokens, target_np, nodes), target, None, target_np  # type: ignore[arg-type]
         p = warp(logits, self._sampling)
         target = p.argmax(dim=-1)
         return (), target, p, None if nodes is None else target.numpy()

@@ -73,7 +73,7 @@ def tree_inputs(
         inputs[row] = tokens[i]
         positions[row] = positions[parent + 1] + 1
         if whole:
-            _copy_bytes(base + row * line, base + (parent + 1) * line, width)
+            _copy_bytes(base + row * line, base + (parent + 1) * line, width)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
         else:
             mask[row, :] = mask[parent + 1, :]
         mask[row, start + row] = True
@@ -214,7 +214,7 @@ def keep_nodes(
                 first = base + (h * capacity + start + 1) * row  # position start + 1 of sequence h
                 for i in range(m):
                     if nodes[i] != i:
-                        _copy_bytes(first + i * row, first + nodes[i] * row, row)
+                        _copy_bytes(first + i * row, first + nodes[i] * row, row)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
     if out.shape[0] > 0:
         column = 0
         for layer in numba.literal_unroll(layers):  # a tuple of arrays, of one type or not
@@ -222,7 +222,7 @@ def keep_nodes(
             if layer.strides[2] == layer.itemsize and out.strides[1] == out.itemsize:  # rows copied whole
                 line, at = out.strides[0], layer.strides[1]
                 to, source, count = out.ctypes.data + column * out.itemsize, layer.ctypes.data, width * out.itemsize
-                _copy_bytes(to, source, count)
+                _copy_bytes(to, source, count)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
                 for i in range(m):
                     _copy_bytes(to + (i + 1) * line, source + (nodes[i] + 1) * at, count)
             else:
