@@ -10,7 +10,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core import compiled_tree, tree
 from specpolicy.core.attention import as_model_mask
-from specpolicy.core.cache import buffered_cache, crop_cache, keep_path
+from specpolicy.core.cache import buffered_cache, crop_cache, keep_nodes, keep_path, kept_entries
 from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.features import check_feature_layers, select_features
 from specpolicy.core.runtime import Runtime, no_grad
@@ -34,6 +34,9 @@ CONFIG_KEYS = ("model", "attn_implementation", "max_context")
 BUFFER_STEP = 256
 #: hidden-state dtypes a CPU tensor shares with numpy (the tree's features gathered by a compiled call)
 _HOST_FLOATS = (torch.float32, torch.float64)
+#: ``keep_nodes``' features when none are requested: one empty layer, no rows gathered
+_NO_FEATURES = ((np.empty((1, 0, 0), dtype=np.float32),), np.empty((0, 0), dtype=np.float32))
+_NOTHING_HELD = (None, None, None, None)  # ``HFVerifier._tree_held`` before a round of the host path
 
 
 class HFVerifier(Verifier):
@@ -81,6 +84,10 @@ class HFVerifier(Verifier):
 
             self.static = StaticDecoder(model, self.max_context, compile=True, settings=runtime.compiled)
             runtime.warmup_s += self.static.warmup()
+        # trees verified by the host path (``_verify_tree``): the eager runtime on the CPU (a plain bool)
+        self._host_trees = self.static is None and runtime.torch_device.type == "cpu"
+        # the host path's last round: (the pending tensor it set, its numpy view, the cache, its host form)
+        self._tree_held: tuple = _NOTHING_HELD
 
     def request_features(self, layers: tuple[int, ...]) -> None:
         """Return ``layers`` of ``output_hidden_states`` from the prefill and every verification
@@ -171,12 +178,12 @@ class HFVerifier(Verifier):
     def verify(self, draft: Draft) -> Verification:
         if self._pending is None:
             raise RuntimeError("verify() called before prefill()")
+        if draft.parents is not None:  # a tree (``Draft.is_tree``)
+            return self._verify_tree(draft)
         k = draft.length
         start = self.cached_length
         if start + k + 1 > self.max_context:
             raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
-        if draft.is_tree:
-            return self._verify_tree(draft, start)
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         hidden_states = None
         if self.runtime.batch_invariant:  # the decoding step's one-token passes (runtime.batch_invariant)
@@ -237,15 +244,112 @@ class HFVerifier(Verifier):
             )
         return torch.cat([o.logits[0] for o in outs]), None, hidden
 
-    def _verify_tree(self, draft: Draft, start: int) -> Verification:
+    def _verify_tree(self, draft: Draft) -> Verification:
         """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
         sampling: recursive rejection sampling over siblings; the cache then keeps the committed
-        prefix and the accepted path (moved, never recomputed). Host syncs: the tree's shape
-        (parents) and the greedy path (sampling: one per decision of the walk). On the CPU the host
-        work is two compiled calls on numpy views (``_tree_pass_host``; ``keep_path`` with the
-        features' gather, ``_host_features``): no per-op dispatch."""
+        prefix and the accepted path (moved, never recomputed).
+
+        On the eager runtime on the CPU, with the cache's buffers in their host form (``kept_entries``)
+        and the draft on the CPU, the host work is: numpy views of the draft, the pass's input in one
+        compiled call (``tree.host_inputs``), and after the pass ONE compiled call (``keep_nodes``: the
+        path's move in every buffer, by address, and the kept rows' features) -- the greedy path itself
+        is the pass's (``_accept_tree``, one compiled call on the argmax's numpy view). No torch
+        attribute is read. Elsewhere ``_verify_tree_general``."""
         k = draft.length
+        cache: Any = self.cache
+        draft_parents: Any = draft.parents  # not None: a tree
+        held = self._tree_held
+        if held[0] is self._pending and held[2] is cache:
+            # nothing prefilled or verified since this path's last round: the buffers it left (only a
+            # pass grows them, and only the verifier passes over its cache; checked after each pass)
+            kept, pending = held[3], held[1]
+        else:
+            kept, pending = kept_entries(cache) if self._host_trees else None, None
+        if kept is not None:
+            try:  # numpy views of CPU tensors (a draft elsewhere, or needing grad: the general path)
+                parents, tokens = draft_parents.numpy(), draft.token_ids.numpy()
+            except (TypeError, RuntimeError):
+                kept = None
+        if kept is None:
+            return self._verify_tree_general(draft, k)
+        if parents.shape != (k,):
+            tree.validate(draft_parents, k)  # names the shape
+        first = kept[0][0]  # ``cached_length``: the first layer's length (``DynamicCache.get_seq_length``)
+        start = first.length if first.is_initialized else 0
+        if start + k + 1 > self.max_context:
+            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        if pending is None:
+            pending = self._pending.numpy()  # type: ignore[union-attr]  # set: verify checked it
+        inputs, positions, mask = tree.host_inputs(parents, tokens, pending, start)
+        attention = self.__dict__.get("_attention")
+        if attention is None:  # the model's attention implementation, read once
+            attention = self._attention = self.model.config._attn_implementation
+        mask_t = torch.from_numpy(mask)
+        layers = self._feature_layers
+        # what the round hands out after the pass, made before it (numpy and torch warm here): the
+        # path's buffer and the next pending token's (its tensor shares it)
+        nodes, pending_next = np.empty(k, dtype=np.int64), np.empty(1, dtype=np.int64)
+        pending_t = torch.from_numpy(pending_next)
+        out = self.model(
+            input_ids=torch.from_numpy(inputs),
+            position_ids=torch.from_numpy(positions),
+            attention_mask=mask_t
+            if attention == "sdpa"
+            else as_model_mask(mask_t, attention, self.runtime.torch_dtype),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(layers),
+        )
+        path, target, p, host_target = self._accept_tree(out.logits, draft, parents, tokens, nodes)
+        target_np: Any = host_target  # the argmax's numpy view on the host path
+        if p is not None:  # sampling: the walk's decisions are host work
+            path, nxt = tree.sample_path(p, draft_parents, draft.token_ids, draft.probs, self.runtime.generator)
+            target_np[path[-1] + 1 if path else 0] = nxt
+            nodes[: len(path)] = path
+        m = len(path)
+        if start + k + 1 > kept[5]:  # the pass grew the buffers: their new host form
+            kept = kept_entries(cache)
+        arrays: tuple | None = _NO_FEATURES[0]
+        gathered = _NO_FEATURES[1]
+        if layers:
+            hidden = out.hidden_states
+            try:  # the requested layers' (1, k + 1, H) hidden states as numpy views
+                arrays = tuple([hidden[i].numpy() for i in layers])
+            except (TypeError, RuntimeError):  # a dtype numpy does not hold: ``select_features``
+                arrays = None
+            if arrays is not None:
+                width = 0
+                for array in arrays:
+                    width += array.shape[2]
+                gathered = np.empty((m + 1, width), dtype=arrays[0].dtype)
+        features = None
+        if kept is not None and arrays is not None:  # one compiled call: the move and the features
+            keep_nodes(kept, start, nodes, m, arrays, gathered)
+            if layers:
+                features = torch.from_numpy(gathered)
+        else:
+            rows = np.array((0, *[node + 1 for node in path]), dtype=np.int64)
+            keep_path(cache, start, rows)
+            if layers:
+                features = select_features(hidden, layers, torch.from_numpy(rows))
+        last = path[-1] + 1 if path else 0
+        next_token = pending_next[0] = target_np.item(last)
+        self._pending = pending_t
+        self._tree_held = (pending_t, pending_next, cache, kept) if kept is not None else _NOTHING_HELD
+        return Verification(
+            accepted_length=m, next_token=next_token, target_token_ids=target, features=features, path=path
+        )
+
+    def _verify_tree_general(self, draft: Draft, k: int) -> Verification:
+        """``_verify_tree`` off its host path: the compiled runtime, a target off the CPU, a cache whose
+        buffers numpy does not hold. Host syncs: the tree's shape (parents) and the greedy path
+        (sampling: one per decision of the walk). On the CPU the pass's input is one compiled call
+        (``_tree_pass_host``) and the features are gathered with the path's move (``keep_path``,
+        ``_host_features``)."""
+        start = self.cached_length
+        if start + k + 1 > self.max_context:
+            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
         device = self._pending.device
         on_host = device.type == "cpu" and draft.parents.device.type == "cpu" and draft.token_ids.device.type == "cpu"
         if on_host:
@@ -259,7 +363,7 @@ class HFVerifier(Verifier):
             if parents.shape != (k,):
                 tree.validate(draft.parents, k)  # names the shape
             logits, hidden_states = self._tree_pass_device(parents, draft.token_ids.to(device), start)
-        path, target, p = self._accept_tree(logits, draft, parents)
+        path, target, p, _ = self._accept_tree(logits, draft, parents)
         if p is not None:  # sampling: the walk's decisions are host work
             path, nxt = tree.sample_path(p, draft.parents, draft.token_ids, draft.probs, self.runtime.generator)
             target[path[-1] + 1 if path else 0] = nxt
@@ -353,17 +457,31 @@ class HFVerifier(Verifier):
         return arrays, np.empty((n, len(layers) * arrays[0].shape[1]), dtype=arrays[0].dtype)
 
     def _accept_tree(
-        self, logits: torch.Tensor, draft: Draft, parents: np.ndarray
-    ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None]:
+        self,
+        logits: torch.Tensor,
+        draft: Draft,
+        parents: np.ndarray,
+        tokens: np.ndarray | None = None,
+        nodes: np.ndarray | None = None,
+    ) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor | None, np.ndarray | None]:
         """A tree's verification tensor work from the pass's logits ``(k + 1, V)``, timed as part of
-        the target's pass (``timed_calls``). Greedy: ``(accepted path, argmax (k + 1,) int64, None)``
-        (``tree.greedy_path``); sampling: ``((), argmax of the warped p, p (k + 1, V) float32)``, the
-        walk (``tree.sample_path``) left to the caller as host work."""
+        the target's pass (``timed_calls``). Greedy: ``(accepted path, argmax (k + 1,) int64, None, _)``
+        (``tree.greedy_path``); sampling: ``((), argmax of the warped p, p (k + 1, V) float32, _)``, the
+        walk (``tree.sample_path``) left to the caller as host work. The host path (``nodes`` given:
+        ``_verify_tree``) hands HF's ``(1, k + 1, V)`` logits and the nodes' ``tokens`` ``(k,) int64``;
+        its greedy path is one compiled call on the argmax's numpy view (``tree.greedy_nodes``, the path
+        also written to ``nodes``), and the last item is that view (else None)."""
+        if nodes is not None:
+            logits = logits[0]
         if self._sampling is None:
             target = logits.argmax(dim=-1)
-            return tree.greedy_path(draft.parents, draft.token_ids, target, parents), target, None
+            if nodes is None:
+                return tree.greedy_path(draft.parents, draft.token_ids, target, parents), target, None, None
+            target_np = target.numpy()
+            return tree.greedy_nodes(parents, tokens, target_np, nodes), target, None, target_np  # type: ignore[arg-type]
         p = warp(logits, self._sampling)
-        return (), p.argmax(dim=-1), p
+        target = p.argmax(dim=-1)
+        return (), target, p, None if nodes is None else target.numpy()
 
     def _verify_sampled(self, draft: Draft, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
         """Speculative sampling on the round's logits ((k + 1, V)); one host sync. Returns the

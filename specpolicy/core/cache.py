@@ -229,7 +229,7 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
         rows = rows.astype(np.int64)
     n = int(rows.shape[0])
     layer: Any  # transformers' cache layers: attention layers hold keys/values, others are skipped
-    kept = _kept_entries(cache)
+    kept = kept_entries(cache)
     if kept is not None:  # BufferedLayer on the CPU: check and move in one call, the crop a length
         layers, out = _NOTHING_GATHERED if gather is None else gather
         if compiled_tree.keep_rows(kept[3], rows, start, layers, out) >= 0:
@@ -262,17 +262,39 @@ def keep_path(cache: DynamicCache, start: int, path_rows: list[int] | np.ndarray
     crop_cache(cache, start + n)
 
 
+def keep_nodes(kept: tuple, start: int, nodes: np.ndarray, m: int, layers: tuple, out: np.ndarray) -> None:
+    """``keep_path`` on the verifier's buffered cache in its host form ``kept`` (``kept_entries``, current:
+    the caller checked it after the pass), with the kept rows as the accepted path: the pending token's
+    row and the rows of tree nodes ``nodes[:m]`` (``(>= m,) int64``, increasing) move to positions
+    ``start .. start + m`` in ONE compiled call over the buffers' addresses (``compiled_tree.keep_nodes``),
+    which also gathers those rows of ``layers`` (``(1, k + 1, H_j)`` arrays) into ``out`` ``(m + 1, sum
+    H_j)`` (no rows: nothing gathered); the crop is a length.
+
+    Raises:
+        ValueError: if ``nodes[:m]`` is not increasing from 0 or above (nothing moved).
+    """
+    if compiled_tree.keep_nodes(kept[4], nodes, m, start, layers, out) >= 0:
+        raise ValueError(f"the kept nodes must be >= 0 and increase, got {nodes[:m].tolist()}")
+    length = start + 1 + m
+    for layer in kept[0]:
+        layer._key_length = layer._value_length = length
+
+
 #: ``keep_path``'s gather when there is none (``compiled_tree.keep_rows`` then gathers no row)
 _NOTHING_GATHERED = ((np.empty((0, 0), dtype=np.float32),), np.empty((0, 0), dtype=np.float32))
 _KEY_BUFFER, _VALUE_BUFFER = operator.attrgetter("_key_buffer"), operator.attrgetter("_value_buffer")
 
 
-def _kept_entries(cache: DynamicCache) -> tuple | None:
-    """``(layers, key buffers, value buffers, numpy views of all of them)`` -- tuples, one entry per
-    layer, the views keys then values per layer -- when every layer of ``cache`` is a ``BufferedLayer``
-    holding C-contiguous 4-D CPU buffers of one numpy dtype (``host_buffers``); else None. Kept on the
-    cache and reused while its layers and their buffers are the same objects (a buffer that grows is
-    a new one)."""
+def kept_entries(cache: DynamicCache) -> tuple | None:
+    """The host form of the verifier's buffered cache, when every layer of ``cache`` is a ``BufferedLayer``
+    holding C-contiguous 4-D CPU buffers of one numpy dtype (``host_buffers``); else None. A tuple:
+    ``(layers, key buffers, value buffers, numpy views, layouts, capacity)`` -- one entry per layer in
+    the first three, the views keys then values per layer, ``layouts`` ``(2L, 4) int64`` their (address
+    of the data, ``b * heads``, ``C``, ``d * itemsize``) (``compiled_tree.keep_nodes``), and
+    ``capacity`` the positions every buffer holds (tokens; 0 unless every buffer has batch 1): a batch-1
+    pass ending at or below it writes into these same buffers (``BufferedLayer.update`` grows none).
+    Kept on the cache and reused while its layers and their buffers are the same objects (a buffer
+    that grows is a new one), which this checks at every call."""
     layers = cache.layers
     held = cache.__dict__.get("_specpolicy_kept_entries")
     if (
@@ -296,7 +318,18 @@ def _kept_entries(cache: DynamicCache) -> tuple | None:
     if any(a.dtype != first.dtype or not a.flags.c_contiguous for a in arrays):
         return None
     layer_tuple = tuple(layer for layer, _, _ in buffered)
-    held = (layer_tuple, tuple(map(_KEY_BUFFER, layer_tuple)), tuple(map(_VALUE_BUFFER, layer_tuple)), arrays)
+    addresses = np.array([a.ctypes.data for a in arrays], dtype=np.int64)
+    shapes = np.array([a.shape for a in arrays], dtype=np.int64)
+    capacity = int(shapes[:, 2].min()) if (shapes[:, 0] == 1).all() else 0
+    layouts = np.stack((addresses, shapes[:, 0] * shapes[:, 1], shapes[:, 2], shapes[:, 3] * first.itemsize), axis=1)
+    held = (
+        layer_tuple,
+        tuple(map(_KEY_BUFFER, layer_tuple)),
+        tuple(map(_VALUE_BUFFER, layer_tuple)),
+        arrays,
+        layouts,
+        capacity,
+    )
     cache.__dict__["_specpolicy_kept_entries"] = held
     return held
 

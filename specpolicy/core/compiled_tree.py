@@ -4,18 +4,40 @@
 
 ``tree_inputs`` builds a tree verification pass's input ids, positions and attention mask from the
 tree's parents (``specpolicy.core.tree.host_inputs``: ``tree_shape`` then ``tree_layout`` in one
-call, nothing kept per shape); ``keep_rows`` moves the accepted path's keys and values in every
-layer's buffers at once (``specpolicy.core.cache.keep_path`` on the verifier's buffered cache:
-``move_rows`` per buffer, in one call); ``gather_rows`` takes the kept rows' target features
-(``select_features``); ``host_tree_level`` is one level of a drafter's tree on the host
-(``specpolicy.core.tree.HostTree``: ``GrowingTree.add``'s rows, ``NodeRows``' append and take).
-Each writes exactly what the code it replaces writes (``tests/core/test_tree_host.py``).
+call, nothing kept per shape); ``greedy_nodes`` is a tree's greedy path from the target's argmax
+(``specpolicy.core.tree.greedy_path``'s rule); ``keep_nodes`` moves the accepted path's keys and values
+in every layer's buffers at once, given by address (one layout array to unbox, however many layers),
+and gathers the kept rows' features (the verifier's host path: ``specpolicy.core.cache.keep_nodes``,
+one call after the pass); ``keep_rows`` is the same move over a tuple of the buffers' numpy views
+(``specpolicy.core.cache.keep_path`` on the verifier's buffered cache); ``gather_rows`` takes the kept
+rows' target features (``select_features``); ``host_tree_level`` is one level of a drafter's tree on
+the host (``specpolicy.core.tree.HostTree``: ``GrowingTree.add``'s rows, ``NodeRows``' append and take).
+Rows of contiguous bytes are copied with ``llvm.memcpy`` (``_copy_bytes``), not element by element.
+Each writes exactly what the code it replaces writes (``tests/core/test_tree_host.py``,
+``tests/core/test_tree_verification.py``).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _copy_bytes(typingctx, to, at, count):
+    """Copy ``count`` bytes from address ``at`` to address ``to`` (int64s; the ranges do not overlap):
+    ``llvm.memcpy``, a vectorised copy where numba's element loops are not."""
+
+    def codegen(context, builder, signature, args):
+        byte_pointer = context.get_value_type(types.voidptr)
+        to_, at_, count_ = args
+        cgutils.raw_memcpy(builder, builder.inttoptr(to_, byte_pointer), builder.inttoptr(at_, byte_pointer), count_, 1)
+        return context.get_dummy_value()
+
+    return types.void(types.int64, types.int64, types.int64), codegen
 
 
 @njit(cache=True)
@@ -41,6 +63,8 @@ def tree_inputs(
     positions[0] = start
     mask[0, : start + 1] = True
     mask[0, start + 1 :] = False
+    whole = mask.strides[1] == 1  # rows of contiguous bytes: each copied at once (``llvm.memcpy``)
+    line, width, base = mask.strides[0], mask.shape[1], mask.ctypes.data
     for i in range(k):
         parent = parents[i]
         if parent < -1 or parent >= i:
@@ -48,7 +72,10 @@ def tree_inputs(
         row = i + 1
         inputs[row] = tokens[i]
         positions[row] = positions[parent + 1] + 1
-        mask[row, :] = mask[parent + 1, :]
+        if whole:
+            _copy_bytes(base + row * line, base + (parent + 1) * line, width)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
+        else:
+            mask[row, :] = mask[parent + 1, :]
         mask[row, start + row] = True
     return -1
 
@@ -124,4 +151,83 @@ def host_tree_level(
         mask[row, committed + base + j] = True
         position[row] = position[parent] + 1
         hidden[j, :] = rows[parent, :]
+    return -1
+
+
+@njit(cache=True)
+def greedy_nodes(parents: np.ndarray, tokens: np.ndarray, target: np.ndarray, nodes: np.ndarray) -> int:
+    """``specpolicy.core.tree.greedy_path`` on the host: the deepest node that agrees with the target
+    together with all its ancestors (node i agrees when ``tokens[i] == target[parents[i] + 1]``), the
+    first in order among equally deep ones; its path, root's child first, written to ``nodes[:m]``.
+    ``parents`` ``(k,) int64`` (topological, checked before: ``-1 <= parents[i] < i``), ``tokens`` ``(k,)
+    int64``, ``target`` ``(k + 1,) int64`` (the target's greedy token at the root and after each node),
+    ``nodes`` ``(>= k,) int64``. Returns m, the accepted length (0: nothing accepted)."""
+    k = parents.shape[0]
+    depth = np.empty(k, dtype=np.int64)  # accepted depth (1 = a child of the root), 0 = rejected
+    best, best_depth = -1, 0
+    for i in range(k):
+        parent = parents[i]
+        d = 0
+        if tokens[i] == target[parent + 1]:
+            if parent < 0:
+                d = 1
+            elif depth[parent] > 0:
+                d = depth[parent] + 1
+        depth[i] = d
+        if d > best_depth:
+            best, best_depth = i, d
+    node = best
+    for j in range(best_depth - 1, -1, -1):
+        nodes[j] = node
+        node = parents[node]
+    return best_depth
+
+
+@njit(cache=True)
+def keep_nodes(
+    layouts: np.ndarray,
+    nodes: np.ndarray,
+    m: int,
+    start: int,
+    layers,
+    out: np.ndarray,
+) -> int:
+    """``keep_rows`` over buffers given by address, with the kept rows as the accepted path: input
+    row 0 (the pending token) and rows ``nodes[i] + 1`` for ``i < m`` (``nodes`` increasing, >= 0).
+    ``layouts`` ``(B, 4) int64``: B C-contiguous ``(b, heads, C, d)`` buffers (every layer's keys and
+    values, alive and unchanged for the call: the caller holds them) as ``(address of their data,
+    b * heads, C, d * itemsize)``; position ``start + 1 + i`` takes position ``start + 1
+    + nodes[i]`` in each (``move_rows``: a source is never overwritten before it is read, nodes only
+    move down; nothing moves when ``nodes`` is ``0 .. m - 1``), a row (``d`` entries) copied at once.
+    Then ``out`` ``(m + 1, sum of widths)`` (C-contiguous) takes those rows of the ``(1, k + 1, H_j)``
+    arrays of ``layers`` side by side (the features; nothing when ``out`` has no rows). Returns -1, or
+    the first i whose node breaks the rule (nothing moved or gathered)."""
+    previous = -1
+    for i in range(m):
+        if nodes[i] <= previous:
+            return i
+        previous = nodes[i]
+    if m > 0 and nodes[m - 1] != m - 1:
+        for j in range(layouts.shape[0]):
+            base, sequences, capacity, row = layouts[j, 0], layouts[j, 1], layouts[j, 2], layouts[j, 3]
+            for h in range(sequences):
+                first = base + (h * capacity + start + 1) * row  # position start + 1 of sequence h
+                for i in range(m):
+                    if nodes[i] != i:
+                        _copy_bytes(first + i * row, first + nodes[i] * row, row)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
+    if out.shape[0] > 0:
+        column = 0
+        for layer in numba.literal_unroll(layers):  # a tuple of arrays, of one type or not
+            width = layer.shape[2]
+            if layer.strides[2] == layer.itemsize and out.strides[1] == out.itemsize:  # rows copied whole
+                line, at = out.strides[0], layer.strides[1]
+                to, source, count = out.ctypes.data + column * out.itemsize, layer.ctypes.data, width * out.itemsize
+                _copy_bytes(to, source, count)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
+                for i in range(m):
+                    _copy_bytes(to + (i + 1) * line, source + (nodes[i] + 1) * at, count)
+            else:
+                out[0, column : column + width] = layer[0, 0]
+                for i in range(m):
+                    out[i + 1, column : column + width] = layer[0, nodes[i] + 1]
+            column += width
     return -1

@@ -170,15 +170,25 @@ def _on_device(parents: list[int] | np.ndarray, device: torch.device | str) -> t
 def compile_kernels() -> None:
     """Compile (or load from numba's cache) the tree kernels of a round (``compiled.tree_shape``,
     ``compiled.tree_layout``, ``compiled_tree.tree_inputs``, ``compiled.move_rows`` for float32 / float64
-    caches, a ``GrowingTree``'s ``compiled.grow_tree_rows``) now, not in a timed round: tree policies
-    call it when built. ``compiled_tree.keep_rows`` / ``gather_rows`` take a tuple as long as the target's
-    layers: compiled (or loaded) at the first verification."""
+    caches, the verifier's host path -- ``compiled_tree.greedy_nodes`` and ``compiled_tree.keep_nodes``
+    with no feature layer or 1 to 3 of them -- and a ``GrowingTree``'s ``compiled.grow_tree_rows``) now,
+    not in a timed round: tree policies call it when built. ``compiled_tree.keep_rows`` / ``gather_rows``
+    take a tuple as long as the target's layers: compiled (or loaded) at their first call."""
     verification_layout(np.full(1, -1, dtype=np.int64), 1, "cpu")  # tree_shape, tree_layout on a cached shape
     host_inputs(np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), 1)
     for dtype in (np.float32, np.float64):  # a contiguous cache layer, and a cropped view of one
         entries = np.zeros((1, 2, 4, 1), dtype=dtype)
         for view in (entries, entries[:, :, :2]):
             compiled.move_rows(view, np.zeros(1, dtype=np.int64), 0)
+        # the verifier's host path: the kept path moved by address, with 0 to 3 feature layers gathered
+        nodes = np.zeros(1, dtype=np.int64)
+        layouts = np.array([[entries.ctypes.data, 2, 4, entries.itemsize]], dtype=np.int64)
+        for count in range(4):  # no features: one empty float32 layer, no row gathered
+            like = dtype if count else np.float32
+            layers = tuple(np.zeros((1, 2, 1) if count else (1, 0, 0), dtype=like) for _ in range(max(count, 1)))
+            out = np.zeros((2 if count else 0, count), dtype=like)
+            compiled_tree.keep_nodes(layouts, nodes, 1, 0, layers, out)
+    greedy_nodes(np.full(1, -1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(2, dtype=np.int64), nodes)
     GrowingTree(1, "cpu", capacity=1).add(torch.zeros(1, dtype=torch.long))
     for dtype in (np.float32, np.float64):  # a HostTree's level: after a root, and after a pass
         host = HostTree(1, dtype, capacity=2)
@@ -463,6 +473,15 @@ def greedy_path(
     best = score.argmax().reshape(1)  # the first of the deepest (argmax gives the first maximum); no sync
     path = ancestors[1:, 1:].index_select(0, best)[0] & (score.max() > 0)  # (k,) its ancestors-or-self, or none
     return tuple(path.nonzero().flatten().tolist())  # topological order: root's child first
+
+
+def greedy_nodes(parents: np.ndarray, tokens: np.ndarray, target: np.ndarray, nodes: np.ndarray) -> tuple[int, ...]:
+    """``greedy_path`` on the host, in ONE compiled call (``compiled_tree.greedy_nodes``): the same
+    path from numpy arrays -- ``parents`` ``(k,) int64`` (topological, already checked), ``tokens`` ``(k,)
+    int64``, ``target`` ``(k + 1,) int64`` the target's greedy tokens -- also written to ``nodes[:m]``
+    (an ``int64`` buffer of at least k entries; m the path's length). Returns the accepted nodes, root's
+    child first (empty: nothing accepted)."""
+    return tuple(nodes[: compiled_tree.greedy_nodes(parents, tokens, target, nodes)].tolist())
 
 
 def sample_path(

@@ -159,6 +159,7 @@ def test_a_trees_greedy_path_is_part_of_the_pass_its_sampling_walk_is_host_work(
     from specpolicy.policies.eagle2_tree import Eagle2TreePolicy
 
     _slow(monkeypatch, tree_module, "greedy_path", ACCEPT_MS, fake_clock)
+    _slow(monkeypatch, tree_module, "greedy_nodes", ACCEPT_MS, fake_clock)  # the verifier's host path's
     _slow(monkeypatch, tree_module, "sample_path", WALK_MS, fake_clock)
     target = sharpen(tiny_lm())
     _slow_passes(target, fake_clock)

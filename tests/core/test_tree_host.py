@@ -1,7 +1,8 @@
 """The tree round's host steps on the CPU, each one compiled call (``specpolicy.core.compiled_tree``:
-``tree_inputs``, ``keep_rows``, ``gather_rows``, ``host_tree_level``) against the code they replace
-(``tree.verification_layout``, ``keep_path`` per layer, ``select_features``, ``GrowingTree`` +
-``NodeRows``), on random trees, chains and bushes, over several rounds. Outputs must be IDENTICAL."""
+``tree_inputs``, ``keep_rows``, ``gather_rows``, ``host_tree_level``, ``greedy_nodes``, ``keep_nodes``)
+against the code they replace (``tree.verification_layout``, ``keep_path`` per layer, ``select_features``,
+``GrowingTree`` + ``NodeRows``, ``tree.greedy_path``), on random trees, chains and bushes, over several
+rounds. Outputs must be IDENTICAL."""
 
 from __future__ import annotations
 
@@ -134,3 +135,60 @@ def test_host_tree_is_growing_tree_and_node_rows_over_rounds(seed, dtype):
             size += m
         with pytest.raises(ValueError, match="is not a node of the tree"):
             host.add(np.array([size + 1], dtype=np.int64))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kind", ["any", "chain", "bush"])
+def test_greedy_nodes_is_greedy_path(seed, kind):
+    """``tree.greedy_nodes`` (one compiled call, the verifier's host path) against ``tree.greedy_path``'s
+    tensor ops, on trees whose tokens mostly agree with the target (long paths, many equally deep ties)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        k = int(rng.integers(1, 24))
+        parents = _random_parents(rng, k, kind)
+        target = rng.integers(0, 3, k + 1)  # a small vocabulary: agreement everywhere, ties between siblings
+        tokens = np.where(rng.random(k) < 0.8, target[parents + 1], rng.integers(0, 3, k)).astype(np.int64)
+        nodes = np.full(k + 2, -7, dtype=np.int64)
+        path = tree.greedy_nodes(parents, tokens, target, nodes)
+        expected = tree.greedy_path(torch.from_numpy(parents), torch.from_numpy(tokens), torch.from_numpy(target))
+        assert path == expected
+        assert nodes[: len(path)].tolist() == list(path) and (nodes[len(path) :] == -7).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keep_nodes_keeps_what_keep_path_keeps_with_the_features(dtype):
+    """``keep_nodes`` (the buffers moved by address, the features gathered, in one call) against
+    ``keep_path`` and ``select_features``, over rounds of random paths on a cache of three layers whose
+    buffers grow on the way; then a path that does not increase is refused, nothing moved."""
+    from specpolicy.core.cache import keep_nodes, kept_entries
+
+    rng = np.random.default_rng(5)
+    g = torch.Generator().manual_seed(5)
+    fast, slow = buffered_cache(8), buffered_cache(8)
+    _filled(fast, [3], 40, dtype)
+    _filled(slow, [3], 40, dtype)
+    start = 3
+    for _ in range(12):
+        k = int(rng.integers(1, 9))
+        nodes = np.sort(rng.choice(k, int(rng.integers(0, k + 1)), replace=False)).astype(np.int64)
+        m = len(nodes)
+        hidden = tuple(torch.randn(1, k + 1, w, generator=g).to(dtype) for w in (5, 3))
+        for layer in range(3):  # the pass: k + 1 new positions after start, the same in both caches
+            keys, values = torch.randn(2, 1, 2, k + 1, 4, generator=g).to(dtype)
+            fast.update(keys, values, layer)
+            slow.update(keys.clone(), values.clone(), layer)
+        buffer = np.concatenate((nodes, [99, 99])).astype(np.int64)  # longer than the path
+        out = np.empty((m + 1, 8), dtype=hidden[0].numpy().dtype)
+        keep_nodes(kept_entries(fast), start, buffer, m, tuple(h.numpy() for h in hidden), out)
+        rows = np.concatenate(([0], nodes + 1)).astype(np.int64)
+        keep_path(slow, start, rows)
+        for a, b in zip(fast.layers, slow.layers):
+            assert a.length == b.length == start + m + 1
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert torch.equal(torch.from_numpy(out), select_features(hidden, (0, 1), torch.from_numpy(rows)))
+        start += m + 1
+    held = [layer.keys.clone() for layer in fast.layers]
+    no_features = (np.empty((1, 0, 0), dtype=np.float32),)
+    with pytest.raises(ValueError, match="must be >= 0 and increase"):
+        keep_nodes(kept_entries(fast), start - 3, np.array([2, 1], dtype=np.int64), 2, no_features, np.empty((0, 0)))
+    assert all(torch.equal(layer.keys, h) for layer, h in zip(fast.layers, held))

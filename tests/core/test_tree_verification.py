@@ -203,3 +203,47 @@ def test_keep_path_moves_the_accepted_rows_down_and_keeps_the_prefix(dtype):
         for layer, (keys, values) in zip(cache.layers, before):
             expected = [*range(start), *(start + r for r in path)]
             assert torch.equal(layer.keys, keys[:, :, expected]) and torch.equal(layer.values, values[:, :, expected])
+
+
+@pytest.mark.parametrize("features", [(), (0, 2)])
+def test_tree_rounds_in_a_row_keep_the_cache_of_the_committed_sequence(monkeypatch, features):
+    """Tree rounds one after another on the host path (the cache's host form carried from round to round),
+    a chain round among them, the buffers growing in the middle of a tree round (room for 2 tokens past
+    the prompt): after every round the cache equals a fresh prefill of the committed sequence and the
+    features are the target's hidden states at the committed positions."""
+    from specpolicy.verifiers import hf as hf_module
+
+    monkeypatch.setattr(hf_module, "BUFFER_STEP", 2)
+    rng = torch.Generator().manual_seed(4)
+    verifier = HFVerifier(TARGET, RT, frozenset())
+    verifier.request_features(features)
+    seq = [3, 9, 4, 1]
+    verifier.prefill(torch.tensor(seq))
+    for round_ in range(7):
+        if round_ == 3:
+            parents = None
+            k = 3
+        else:
+            k = int(torch.randint(1, 9, (1,), generator=rng))
+            parents = [int(torch.randint(-1, i, (1,), generator=rng)) for i in range(k)]
+        tokens = []
+        for i in range(k):  # the target's greedy token after the node's ancestors, now and then another
+            above = (tree.path_to(parents[i], parents) if parents[i] >= 0 else ()) if parents else range(i)
+            context = torch.tensor(seq + [tokens[j] for j in above])
+            greedy = int(TARGET(input_ids=context[None]).logits[0, -1].argmax())
+            tokens.append(greedy if torch.rand(1, generator=rng) < 0.7 else (greedy + 1) % (VOCAB - 1))
+        draft = Draft(torch.tensor(tokens), torch.ones(k), parents=None if parents is None else torch.tensor(parents))
+        result = verifier.verify(draft)
+        committed = result.committed_tokens(draft).tolist()
+        before = len(seq)
+        seq += committed
+        out = TARGET(input_ids=torch.tensor(seq[:-1])[None], use_cache=True, output_hidden_states=True)
+        assert verifier.cached_length == len(seq) - 1
+        for mine, ref in zip(verifier.cache.layers, out.cache.layers):
+            torch.testing.assert_close(mine.keys, ref.keys)
+            torch.testing.assert_close(mine.values, ref.values)
+        if features:
+            expected = torch.cat([out.hidden_states[i][0, before - 1 :] for i in features], dim=-1)
+            torch.testing.assert_close(result.features, expected)
+        else:
+            assert result.features is None
