@@ -139,6 +139,7 @@ class HFVerifier(Verifier):
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
         prompt_ids = prompt_ids.to(self.runtime.torch_device)
         self._sampling = None if sampling is None or sampling.is_greedy else sampling
+        self._tree_held = _NOTHING_HELD  # the last prompt's cache is not held past its prefill
         if self.static is not None:
             self._prefill_static(prompt_ids)
             return
@@ -260,12 +261,14 @@ class HFVerifier(Verifier):
         cache: Any = self.cache
         draft_parents: Any = draft.parents  # not None: a tree
         held = self._tree_held
-        if held[0] is self._pending and held[2] is cache:
+        if held[0] is self._pending and held[2] is cache and held[3][4][0, 0] == held[3][1][0].data_ptr():
             # nothing prefilled or verified since this path's last round: the buffers it left (only a
-            # pass grows them, and only the verifier passes over its cache; checked after each pass)
+            # pass grows them, and only the verifier passes over its cache; checked after each pass),
+            # at the addresses it holds (a deep copy of the verifier holds its original's: not reused)
             kept, pending = held[3], held[1]
-        else:
-            kept, pending = kept_entries(cache) if self._host_trees else None, None
+        else:  # (a static runner attached after construction has no eager cache: the general path)
+            kept = kept_entries(cache) if self._host_trees and self.static is None else None
+            pending = None
         if kept is not None:
             try:  # numpy views of CPU tensors (a draft elsewhere, or needing grad: the general path)
                 parents, tokens = draft_parents.numpy(), draft.token_ids.numpy()

@@ -94,8 +94,8 @@ class BufferedLayer(DynamicLayer):
         if k is None or v is None:
             return None
         held = self._host
-        if held is not None and held[0] is k and held[1] is v:
-            return held[2], held[3]
+        if held is not None and held[0] is k and held[1] is v and held[2].ctypes.data == k.data_ptr():
+            return held[2], held[3]  # (a deep copy of the layer copies the views apart from its tensors)
         ok = all(
             t.dim() == 4 and t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and not t.requires_grad for t in (k, v)
         )
@@ -294,7 +294,8 @@ def kept_entries(cache: DynamicCache) -> tuple | None:
     ``capacity`` the positions every buffer holds (tokens; 0 unless every buffer has batch 1): a batch-1
     pass ending at or below it writes into these same buffers (``BufferedLayer.update`` grows none).
     Kept on the cache and reused while its layers and their buffers are the same objects (a buffer
-    that grows is a new one), which this checks at every call."""
+    that grows is a new one) and the first buffer's data is where the layouts say (a deep copy of the
+    cache copies this tuple with its original's addresses), which this checks at every call."""
     layers = cache.layers
     held = cache.__dict__.get("_specpolicy_kept_entries")
     if (
@@ -303,6 +304,7 @@ def kept_entries(cache: DynamicCache) -> tuple | None:
         and all(map(operator.is_, layers, held[0]))
         and all(map(operator.is_, map(_KEY_BUFFER, layers), held[1]))
         and all(map(operator.is_, map(_VALUE_BUFFER, layers), held[2]))
+        and held[4][0, 0] == held[1][0].data_ptr()  # a deep copy of the cache holds its original's addresses
     ):
         return held
     buffered = []

@@ -247,3 +247,41 @@ def test_tree_rounds_in_a_row_keep_the_cache_of_the_committed_sequence(monkeypat
             torch.testing.assert_close(result.features, expected)
         else:
             assert result.features is None
+
+
+def test_a_deep_copy_of_the_verifier_moves_its_own_cache_not_the_originals():
+    """The host path keeps its cache's buffers by address (``kept_entries``, ``HFVerifier._tree_held``):
+    a deep copy of the verifier after a tree round holds its original's addresses, which must not be
+    written through: the copy's next tree round leaves the original's cache as it was and keeps its own
+    cache equal to a fresh prefill of its committed sequence."""
+    import copy
+
+    from specpolicy.core.cache import kept_entries
+
+    verifier = HFVerifier(TARGET, RT, frozenset())
+    seq = [3, 9, 4, 1]
+    verifier.prefill(torch.tensor(seq))
+    first = Draft(torch.tensor([5, 6, 7]), torch.ones(3), parents=torch.tensor([-1, -1, 1]))
+    seq += verifier.verify(first).committed_tokens(first).tolist()
+    twin = copy.deepcopy(verifier)
+    original = [(layer.keys.clone(), layer.values.clone()) for layer in verifier.cache.layers]
+    held = kept_entries(twin.cache)
+    assert held is not None and held[4][0, 0] == twin.cache.layers[0]._key_buffer.data_ptr()
+    # a tree whose accepted path moves rows: the target's own greedy tokens under a rejected sibling
+    greedy = []
+    for _ in range(2):
+        greedy.append(int(TARGET(input_ids=torch.tensor(seq + greedy)[None]).logits[0, -1].argmax()))
+    second = Draft(
+        torch.tensor([(greedy[0] + 1) % (VOCAB - 1), greedy[0], greedy[1]]),
+        torch.ones(3),
+        parents=torch.tensor([-1, -1, 1]),
+    )
+    result = twin.verify(second)
+    assert result.path == (1, 2)
+    seq += result.committed_tokens(second).tolist()
+    for layer, (keys, values) in zip(verifier.cache.layers, original):
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, values)
+    out = TARGET(input_ids=torch.tensor(seq[:-1])[None], use_cache=True)
+    for mine, ref in zip(twin.cache.layers, out.cache.layers):
+        torch.testing.assert_close(mine.keys, ref.keys)
+        torch.testing.assert_close(mine.values, ref.values)
