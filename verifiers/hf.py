@@ -285,25 +285,12 @@ class HFVerifier(Verifier):
         if pending is None:
             pending = self._pending.numpy()  # type: ignore[union-attr]  # set: verify checked it
         inputs, positions, mask = tree.host_inputs(parents, tokens, pending, start)
-        attention = self.__dict__.get("_attention")
-        if attention is None:  # the model's attention implementation, read once
-            attention = self._attention = self.model.config._attn_implementation
-        mask_t = torch.from_numpy(mask)
         layers = self._feature_layers
         # what the round hands out after the pass, made before it (numpy and torch warm here): the
         # path's buffer and the next pending token's (its tensor shares it)
         nodes, pending_next = np.empty(k, dtype=np.int64), np.empty(1, dtype=np.int64)
         pending_t = torch.from_numpy(pending_next)
-        out = self.model(
-            input_ids=torch.from_numpy(inputs),
-            position_ids=torch.from_numpy(positions),
-            attention_mask=mask_t
-            if attention == "sdpa"
-            else as_model_mask(mask_t, attention, self.runtime.torch_dtype),
-            cache=cache,
-            use_cache=True,
-            output_hidden_states=bool(layers),
-        )
+        out = self._eager_tree_pass(inputs, positions, mask, cache)
         path, target, p, host_target = self._accept_tree(out.logits, draft, parents, tokens, nodes)
         target_np: Any = host_target  # the argmax's numpy view on the host path
         if p is not None:  # sampling: the walk's decisions are host work
@@ -413,21 +400,27 @@ class HFVerifier(Verifier):
                 torch.from_numpy(inputs[0]), torch.from_numpy(positions[0]), torch.from_numpy(mask[0, 0])
             )
             return logits, states.transpose(0, 1)[:, None]  # (L + 1, 1, k + 1, H): HF's layout
+        out = self._eager_tree_pass(inputs, positions, mask, self.cache)
+        return out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
+
+    def _eager_tree_pass(self, inputs: np.ndarray, positions: np.ndarray, mask: np.ndarray, cache: Any) -> Any:
+        """The eager model's pass over a tree's host layout (``tree.host_inputs``: ids and positions
+        ``(1, k + 1) int64``, mask ``(1, 1, k + 1, S) bool``) on ``cache``, the hidden states when
+        features are requested. Returns the model's output (logits ``(1, k + 1, V)``)."""
         attention = self.__dict__.get("_attention")
         if attention is None:  # the model's attention implementation, read once
             attention = self._attention = self.model.config._attn_implementation
         mask_t = torch.from_numpy(mask)
-        out = self.model(
+        return self.model(
             input_ids=torch.from_numpy(inputs),
             position_ids=torch.from_numpy(positions),
             attention_mask=mask_t
             if attention == "sdpa"
             else as_model_mask(mask_t, attention, self.runtime.torch_dtype),
-            cache=self.cache,
+            cache=cache,
             use_cache=True,
             output_hidden_states=bool(self._feature_layers),
         )
-        return out.logits[0], out.hidden_states  # (k + 1, V): at the root and after each node
 
     def _tree_pass_device(self, parents: np.ndarray, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, Any]:
         """``_tree_pass_host`` for a target off the CPU: the layout built once per tree shape and kept
