@@ -387,7 +387,7 @@ class DartTreePolicy(TreePolicy):
 
     def _adopt(self, drafter: Any) -> None:
         """Read what every round needs of ``drafter`` (its device, stop tokens and host n-gram
-        context reader) once, not per round."""
+        context reader) once, not per round, and pack the searches' states for its deepest pass."""
         runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check
         self._drafter = drafter
         self._device = "cpu" if runtime is None else runtime.torch_device
@@ -398,6 +398,12 @@ class DartTreePolicy(TreePolicy):
         self._stops_t = self._stops[stop_ids]
         self._stops_np = np.ascontiguousarray(self._stops_t.numpy(), dtype=np.int64)
         self._context_np = getattr(drafter, "ngram_context_np", None)
+        # the searches' packed states cover the deepest pass this drafter gives (its block, or the
+        # policy's depth), packed here once rather than in the first round that reaches a new depth
+        deepest = self.depth or drafter.tokens_per_pass
+        for best_first, (depths, _) in tuple(self._searches.items()):
+            if depths < deepest:
+                self._searches[best_first] = self._search_state(best_first, deepest)
 
     def _draft_on_device(self, drafter: Any, ids: torch.Tensor, probs: torch.Tensor, total: int, passes: int) -> Draft:
         """``draft_tree``'s search off the CPU: the pass's tensors read to the host

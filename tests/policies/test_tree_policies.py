@@ -5,6 +5,7 @@ branching off is exactly the chain policy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,6 +190,35 @@ def test_dart_tree_off_the_host_path_is_the_host_path(target, checkpoints, total
             policy._on_host = on_host
 
         policy._adopt = adopted
+        out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
+        runs.append([(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds])
+    assert runs[0] == runs[1] and any(len(parents) > 1 for _, parents, _, _ in runs[0])
+
+
+@pytest.mark.parametrize("total", [8, 2])  # beams narrower than the tree (8 > top_k), then as wide
+def test_dart_tree_packs_its_searches_when_it_adopts_a_drafter(target, checkpoints, total):
+    """The searches' states are packed for the drafter's block when the policy adopts it (not in the
+    first round that reaches a new depth): the same states a round packs, and the same rounds as a
+    policy that packs them in its rounds (its states reset to one depth after the adoption)."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    prompt, runs = random_prompts(1)[0], []
+    for packed_on_adoption in (True, False):
+        drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
+        policy = DartTreePolicy(top_k=3, beam_width=2, total_tokens=total, ngram_model=NGRAM)
+        if not packed_on_adoption:
+            adopt = policy._adopt
+
+            def adopted(d, adopt=adopt, policy=policy):
+                adopt(d)
+                policy._searches = {bf: policy._search_state(bf, 1) for bf in (False, True)}
+
+            policy._adopt = adopted
+        else:
+            policy._adopt(drafter)
+            for best_first, (depths, state) in policy._searches.items():
+                assert depths == drafter.tokens_per_pass
+                assert np.array_equal(state, policy._search_state(best_first, depths)[1])
         out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
         runs.append([(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds])
     assert runs[0] == runs[1] and any(len(parents) > 1 for _, parents, _, _ in runs[0])
