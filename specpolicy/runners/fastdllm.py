@@ -271,7 +271,10 @@ class FastDLLMRunner:
         self.shared = False  # a batched run's static cache of several sequences (``batched``)
         first = next(model.parameters())
         self._dtype, self._device = first.dtype, first.device
-        self._alone_inputs: tuple | None = None  # (start, device, the model's mask, positions): ``alone_inputs``
+        #: block start -> (the model's mask (1, 1, B, start + B), positions (1, B)): ``alone_inputs``' views,
+        #: made once per start while the full ones stand (a draft crossing a block and a commit back into
+        #: it move the start back and forth every round)
+        self._alone_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._alone_full: tuple | None = None  # (the model's mask (1, 1, B, W), positions (1, W)): ``alone_inputs``
         self._buffered: tuple | None = None  # (a cache, its layer count, all BufferedLayer?): ``alone``
 
@@ -317,10 +320,10 @@ class FastDLLMRunner:
         ``start`` cached positions and its block, in the model's form (``as_model_mask`` of
         ``(1, 1, B, start + B)`` bool), and the block's positions ``(1, B) int64``, on the model's
         device: views (``narrow``) of a mask and positions built once for the widest block end so far
-        (grown by doubling up to the capacity), taken when the start moves (once per block) and read
-        by every pass over that block."""
-        held = self._alone_inputs
-        if held is None or held[0] != start:
+        (grown by doubling up to the capacity), taken once per block start (``_alone_views``, emptied
+        when the full ones grow) and read by every pass over that block."""
+        held = self._alone_views.get(start)
+        if held is None:
             B, device, end = self.block_size, self._device, start + self.block_size
             full = self._alone_full
             if full is None or full[1].shape[1] < end:
@@ -329,8 +332,9 @@ class FastDLLMRunner:
                     torch.ones(1, 1, B, width, dtype=torch.bool, device=device), self.attn, self._dtype
                 )
                 full = self._alone_full = (mask, torch.arange(width, device=device)[None])
-            held = self._alone_inputs = (start, device, full[0].narrow(3, 0, end), full[1].narrow(1, start, B))
-        return held[2], held[3]
+                self._alone_views = {}  # views of the full ones they replace
+            held = self._alone_views[start] = (full[0].narrow(3, 0, end), full[1].narrow(1, start, B))
+        return held
 
     def alone(
         self, sequence: CausalSequence, row: torch.Tensor, start: int, keep: torch.Tensor | None, writes: bool
@@ -345,8 +349,8 @@ class FastDLLMRunner:
         ``alone_inputs``' (built once per block start)."""
         cache = sequence.cache
         assert cache is not None  # an eager sequence
-        held = self._alone_inputs
-        mask, positions = (held[2], held[3]) if held is not None and held[0] == start else self.alone_inputs(start)
+        held = self._alone_views.get(start)
+        mask, positions = self.alone_inputs(start) if held is None else held
         layers: Any = cache.layers  # transformers' cache layers
         kept, buffered = None, False
         if not writes and layers:

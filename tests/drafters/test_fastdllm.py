@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from conftest import sharpen as scale_head, tiny_lm
+from specpolicy.core.attention import as_model_mask
 from specpolicy.core.decoding import generate
 from specpolicy.core.reuse import DraftReuse
 from specpolicy.core.runtime import Runtime
@@ -813,8 +814,25 @@ def test_host_path_is_the_general_path(S, thr, stops):
         held = fast._tail_held  # None: in the block's ids, the last token pending (not copied out here)
         tail = held if held is not None else np.append(fast._blk_ids[: fast._tail_len - 1], fast._pending)
         assert tail.tolist() == slow._tail.tolist()
-        assert (fast._first is None) == (slow._first is None)
+        assert fast._first == slow._first  # (id, confidence, None) or None
         if fast._L > 120:
             break
     _assert_cache_equal(fast.sequence.cache, slow.sequence.cache)
     assert in_place > 0
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_alone_inputs_per_start_are_fresh_ones(attn):
+    """``FastDLLMRunner.alone_inputs``' views kept per block start (back and forth, across the full
+    ones' growth) are the all-visible mask and the positions a fresh build gives for that start."""
+    runtime = Runtime(device="cpu", dtype="float32", seed=0)
+    model = tiny(12).float()
+    d = FastDLLMDrafter(model, runtime, TOK)
+    runner, B = d.runner, d.block_size
+    runner.attn = attn
+    for start in (0, 32, 0, 64, 32, 256, 0, 448, 96, 32):
+        mask, positions = runner.alone_inputs(start)
+        fresh = as_model_mask(torch.ones(1, 1, B, start + B, dtype=torch.bool), attn, torch.float32)
+        assert mask.shape == fresh.shape and torch.equal(mask, fresh)
+        assert torch.equal(positions, torch.arange(start, start + B)[None])
+        assert runner.alone_inputs(start)[0] is mask  # kept
