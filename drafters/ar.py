@@ -238,7 +238,9 @@ class ARDrafter(Drafter):
 
     def _round_draft(self) -> Draft:
         """The round's draft so far (q rows when sampling; ``extras[LAST_HIDDEN]`` when ``report_hidden``
-        and every drafted token's pass ran alone, eagerly)."""
+        and every drafted token's pass ran alone, eagerly), built by ``Draft.chain``; the round's first
+        token alone is handed out as its pass chose it (``(1,)`` tensors: no cat), later calls the cat of
+        the round's tokens (host work per call: a policy that asks one token at a time makes one call per token)."""
         tokens, confs = self._tokens, self._confs
         count = len(tokens)  # one token per entry: no tensor shape read after the pass
         if count == 1 and tokens[0].dtype == torch.long and confs[0].dtype == torch.float32:
