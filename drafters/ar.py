@@ -238,14 +238,18 @@ class ARDrafter(Drafter):
 
     def _round_draft(self) -> Draft:
         """The round's draft so far (q rows when sampling; ``extras[LAST_HIDDEN]`` when ``report_hidden``
-        and every drafted token's pass ran alone, eagerly)."""
+        and every drafted token's pass ran alone, eagerly), built by ``Draft.chain``; the round's first
+        token alone is handed out as its pass chose it (``(1,)`` tensors: no cat), later calls the cat of
+        the round's tokens (host work per call: a policy that asks one token at a time makes one call per token)."""
+        tokens, confs = self._tokens, self._confs
+        count = len(tokens)  # one token per entry: no tensor shape read after the pass
+        if count == 1 and tokens[0].dtype == torch.long and confs[0].dtype == torch.float32:
+            token_ids, confidences = tokens[0], confs[0]  # the round's first token alone: it is the draft, no cat
+        else:
+            token_ids, confidences = torch.cat(tokens), torch.cat(confs)
         probs = torch.cat(self._probs) if self._probs else None
-        extras = (
-            {LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden and len(self._hidden) == len(self._tokens) else {}
-        )
-        return Draft(
-            torch.cat(self._tokens), torch.cat(self._confs), forward_passes=self._passes, probs=probs, extras=extras
-        ).counted(len(self._tokens))  # one token per entry: no tensor shape read after the pass
+        extras = {LAST_HIDDEN: torch.cat(self._hidden)} if self._hidden and len(self._hidden) == count else None
+        return Draft.chain(token_ids, confidences, self._passes, count, probs=probs, extras=extras)
 
     # -- draft trees (EAGLE-2 dynamic trees, ``policies/eagle2_tree.py``) -----------------------
 

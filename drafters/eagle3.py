@@ -419,15 +419,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
                 self._ended = True
         probs = torch.cat(self._probs) if self._probs else None
         whole = self._hidden and len(self._hidden) == self._count  # not on compiled chains
-        draft = Draft(
-            self._tokens,
-            self._confs,
-            forward_passes=self._passes,
-            probs=probs,
-            ends_at_stop_token=self._ended,
-            extras={LAST_HIDDEN: torch.cat(self._hidden)} if whole else {},
-        )
-        return draft.counted(self._count)
+        extras = {LAST_HIDDEN: torch.cat(self._hidden)} if whole else None
+        return Draft.chain(self._tokens, self._confs, self._passes, self._count, probs, self._ended, extras)
 
     @classmethod
     @no_grad

@@ -157,8 +157,8 @@ class EasySpecDrafter(ARDrafter):
     def _next_logits(self) -> torch.Tensor:
         """The round's first pass exact (over the committed tokens not yet fed: bonus calibration,
         ``CausalRunner.last``), every later one layer-parallel; returns the next token's ``(1, V)`` logits."""
-        if self._tokens:
-            return self._parallel_pass(self._tokens[-1], self.cache.get_seq_length())
+        if self._tokens:  # the cache: the exact first pass's length, then one position per layer-parallel pass
+            return self._parallel_pass(self._tokens[-1], self._exact_length + len(self._tokens) - 1)
         logits = self.runner.last([self.sequence], [self._unfed])[0]  # (1, V): the pass's one row
         self._unfed = self._unfed[:0]
         self._exact_length = self.cache.get_seq_length()

@@ -178,10 +178,11 @@ class SuffixDrafter(Drafter):
                 self._conf.append(hit[1])
                 tail.append(hit[0])
         dev = self.runtime.torch_device
-        return Draft(
-            token_ids=torch.tensor(self._draft, dtype=torch.long, device=dev),
-            confidences=torch.tensor(self._conf, dtype=torch.float32, device=dev),
-            forward_passes=0,
+        return Draft.chain(  # its length counted here: no shape read
+            torch.tensor(self._draft, dtype=torch.long, device=dev),
+            torch.tensor(self._conf, dtype=torch.float32, device=dev),
+            0,
+            len(self._draft),
         )
 
     def commit(self, draft: Draft, verification: Verification) -> None:

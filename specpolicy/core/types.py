@@ -113,6 +113,44 @@ class Draft:
         )
 
     @staticmethod
+    def chain(
+        token_ids: torch.Tensor,
+        confidences: torch.Tensor,
+        forward_passes: int,
+        count: int,
+        probs: torch.Tensor | None = None,
+        ends_at_stop_token: bool = False,
+        extras: Mapping[str, Any] | None = None,
+    ) -> Draft:
+        """``Draft(token_ids, confidences, forward_passes=forward_passes, probs=probs,
+        ends_at_stop_token=ends_at_stop_token, extras=extras or {}).counted(count)``: a drafter's chain
+        draft, equal field for field, built by one update of the instance's dict instead of the frozen
+        dataclass's ``__init__`` (an ``object.__setattr__`` call per field; host work of every
+        drafter call: a policy that asks one token at a time gets a ``Draft`` per token).
+
+        Args:
+            token_ids: ``(count,) int64``. confidences: ``(count,) float32``.
+            forward_passes: the round's drafter passes so far. count: the tokens, as the caller counted them.
+            probs: ``(count, V) float32`` q rows when sampling, else None.
+            ends_at_stop_token / extras: as the fields (extras None: ``{}``).
+        """
+        draft = object.__new__(Draft)
+        draft.__dict__.update(
+            token_ids=token_ids,
+            confidences=confidences,
+            forward_passes=forward_passes,
+            reused_tokens=0,
+            probs=probs,
+            ends_at_stop_token=ends_at_stop_token,
+            lookahead=0,
+            lookahead_confidences=None,
+            parents=None,
+            extras={} if extras is None else extras,
+            length=count,  # ``counted``'s slot of the cached property
+        )
+        return draft
+
+    @staticmethod
     def with_lookahead(
         token_ids: torch.Tensor,
         confidences: torch.Tensor,

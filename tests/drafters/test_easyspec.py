@@ -163,3 +163,28 @@ def test_speculative_sampling_keeps_the_target_distribution():
     pvalue, df = chi_square_pvalue(counts, exact_joint(target, PROMPT, TEMPERATURE))
     assert 20 <= stats["accepted"] < stats["speculated"], stats  # acceptance and rejection exercised
     assert df >= 10 and pvalue > ALPHA, (pvalue, df, stats)
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_layer_parallel_position_is_the_cache_length(drafter_model, runtime, parallel, monkeypatch):
+    """``_next_logits`` gives each layer-parallel pass its position from the round's counts (the exact
+    first pass's cache length + the passes since): the cache's length it replaced, every pass, over
+    rounds with accepted, rejected and one-token drafts and drafts extended by later calls."""
+    drafter = EasySpecDrafter(drafter_model, runtime, parallel)
+    positions: list[tuple[int, int]] = []
+    held = EasySpecDrafter._parallel_pass
+
+    def watched(self, token, position):
+        positions.append((position, self.cache.get_seq_length()))
+        return held(self, token, position)
+
+    monkeypatch.setattr(EasySpecDrafter, "_parallel_pass", watched)
+    prompt = random_prompts(1, seed=3)[0]
+    drafter.prefill(prompt)
+    for calls, accepted in (((3, 2), 4), ((1,), 0), ((1, 1, 1), 3), ((4,), 1), ((2, 3), 5)):
+        for n in calls:
+            draft = drafter.draft(n)
+        target = torch.cat([draft.token_ids[:accepted], torch.tensor([7]), draft.token_ids[accepted + 1 :]])
+        drafter.commit(draft, Verification(accepted_length=accepted, next_token=7, target_token_ids=target))
+    assert len(positions) == 4 + 0 + 2 + 3 + 4  # the calls' passes past each round's first
+    assert all(given == length for given, length in positions)
