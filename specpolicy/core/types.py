@@ -129,10 +129,13 @@ class Draft:
         drafter call: a policy that asks one token at a time gets a ``Draft`` per token).
 
         Args:
-            token_ids: ``(count,) int64``. confidences: ``(count,) float32``.
-            forward_passes: the round's drafter passes so far. count: the tokens, as the caller counted them.
+            token_ids: ``(count,) int64``.
+            confidences: ``(count,) float32``.
+            forward_passes: the round's drafter passes so far.
+            count: the tokens, as the caller counted them.
             probs: ``(count, V) float32`` q rows when sampling, else None.
-            ends_at_stop_token / extras: as the fields (extras None: ``{}``).
+            ends_at_stop_token: as the field.
+            extras: as the field (None: ``{}``).
         """
         draft = object.__new__(Draft)
         draft.__dict__.update(
