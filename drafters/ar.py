@@ -243,7 +243,7 @@ class ARDrafter(Drafter):
         the round's tokens (host work per call: a policy that asks one token at a time makes one call per token)."""
         tokens, confs = self._tokens, self._confs
         count = len(tokens)  # one token per entry: no tensor shape read after the pass
-        if count == 1 and tokens[0].dtype == torch.long and confs[0].dtype == torch.float32:
+        if count == 1:
             token_ids, confidences = tokens[0], confs[0]  # the round's first token alone: it is the draft, no cat
         else:
             token_ids, confidences = torch.cat(tokens), torch.cat(confs)

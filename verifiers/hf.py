@@ -183,8 +183,7 @@ class HFVerifier(Verifier):
             return self._verify_tree(draft)
         k = draft.length
         start = self.cached_length
-        if start + k + 1 > self.max_context:
-            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        self._check_room(start, k)
         inputs = torch.cat([self._pending, draft.token_ids])[None, :]  # (1, k + 1)
         hidden_states = None
         if self.runtime.batch_invariant:  # the decoding step's one-token passes (runtime.batch_invariant)
@@ -245,6 +244,12 @@ class HFVerifier(Verifier):
             )
         return torch.cat([o.logits[0] for o in outs]), None, hidden
 
+    def _check_room(self, start: int, k: int) -> None:
+        """Raises ValueError when a draft of ``k`` tokens after ``start`` cached tokens (tokens) would pass
+        ``max_context`` (the pending token's position included)."""
+        if start + k + 1 > self.max_context:
+            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+
     def _verify_tree(self, draft: Draft) -> Verification:
         """A draft tree in one pass (``specpolicy.core.tree``): positions by depth, each node attending to
         the cache, the root and its ancestors; greedy: the longest agreeing root-to-node path,
@@ -280,8 +285,7 @@ class HFVerifier(Verifier):
             tree.validate(draft_parents, k)  # names the shape
         first = kept[0][0]  # ``cached_length``: the first layer's length (``DynamicCache.get_seq_length``)
         start = first.length if first.is_initialized else 0
-        if start + k + 1 > self.max_context:
-            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        self._check_room(start, k)
         if pending is None:
             pending = self._pending.numpy()  # type: ignore[union-attr]  # set: verify checked it
         inputs, positions, mask = tree.host_inputs(parents, tokens, pending, start)
@@ -338,8 +342,7 @@ class HFVerifier(Verifier):
         (``_tree_pass_host``) and the features are gathered with the path's move (``keep_path``,
         ``_host_features``)."""
         start = self.cached_length
-        if start + k + 1 > self.max_context:
-            raise ValueError(f"draft of {k} tokens would exceed the target context of {self.max_context} tokens")
+        self._check_room(start, k)
         device = self._pending.device
         on_host = device.type == "cpu" and draft.parents.device.type == "cpu" and draft.token_ids.device.type == "cpu"
         if on_host:

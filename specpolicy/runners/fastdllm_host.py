@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specpolicy.core.compiled import block_open, block_reopen, unmask_step
+from specpolicy.core.compiled import block_reopen, unmask_step
 from specpolicy.core.path_search_kernels import path_into_block
 from specpolicy.core.sampling import point_mass
 from specpolicy.core.types import SMALL_BLOCK_CONFIDENCES, Draft, Verification
@@ -63,9 +63,10 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
     filled, S, run, seq, row = d._filled, d.small_block_size, d.runner.alone, d.sequence, d._blk_row
     search = d.path_search is not None
     while d._stop_len is None and d._path_len is None and start + filled < end:
-        if filled == B:  # the block is full: write its KV, open the next
-            start = cross_alone(d, run, seq, row, start)
-            filled = d._filled
+        if filled == B:  # the block is full: write its KV, open the next (``_cross_keep`` / ``_cross_apply``)
+            d._cross_keep()
+            d._cross_apply(run(seq, row, start, None, True))
+            start, filled = d._blk_start, d._filled
             continue
         j = filled // S
         if search:  # the pass's logits (1, m, V), its path through their lattice
@@ -92,37 +93,6 @@ def draft_alone(d: Any, num_tokens: int) -> Draft:
         k = min(k, path_len)
     d._k = k
     return current_draft(d)
-
-
-def cross_alone(d: Any, run: Any, seq: Any, row: torch.Tensor, start: int) -> int:
-    """``draft_alone``'s boundary pass over ``d``'s full block at ``start``: ``_cross_keep``, the pass
-    (``run``, ``FastDLLMRunner.alone`` writing the block's KV), ``_cross_apply`` and the next block's
-    ``_open_block`` -- the same state, in one call (greedy on the host: no q rows, ``_blk_probs``
-    None). Returns the next block's start.
-
-    Raises:
-        ValueError: as ``_open_block``: the next block past the drafter's context.
-    """
-    if d._tail_held is None:  # a tail kept in the block's ids is copied out (the arrays take the next block)
-        d._tail_held = d._tail
-        if d.path_search is not None:  # and the path search's context, while the block holds it
-            recent_tokens(d)
-    ids, conf, d0 = d._blk_ids, d._blk_conf, max(d._L - start, 0)
-    d._segments.append((ids[d0:].copy(), conf[d0:].copy(), None))  # the arrays are reused
-    d._choose(run(seq, row, start, None, True), True)  # the block's last logit: the next block's first token
-    tokens, confs = d._chosen
-    d._passes += 1
-    first = (int(tokens[0]), confs[0], None)
-    B = d.block_size
-    start += B
-    d._tentative.append((start, first))
-    d._check_fits(start + B, "a draft from committed length {} (block [{}, {}))", d._L, start, start + B)
-    d._blk_start, d._sb_index = start, -1
-    filled, stop = block_open(ids, conf, d._blk_masked, d._no_ids, first[0], first[1], d.mask_token_id, d._stops)
-    d._filled = filled
-    if stop < filled:  # the first token is a stop token: the draft ends at it
-        d._stop_len = start + stop + 1 - d._L
-    return start
 
 
 def search_apply(d: Any, logits: torch.Tensor, lo: int, b: int, own: bool) -> None:
