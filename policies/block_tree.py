@@ -106,6 +106,7 @@ class BlockTreePolicy(TreePolicy):
         self._drafter: Any = None  # the drafter ``draft_tree`` read its device of last
         self._device: Any = "cpu"
         self._on_host = True
+        self._device_from_drafts = False
         compile_kernels()  # the verifier's tree kernels, compiled (or loaded) now, not in a round
 
     def check_drafter(self, drafter: Any) -> None:
@@ -122,6 +123,7 @@ class BlockTreePolicy(TreePolicy):
             runtime = getattr(drafter, "runtime", None)
             self._drafter, self._device = drafter, "cpu" if runtime is None else runtime.torch_device
             self._on_host = torch.device(self._device).type == "cpu"
+            self._device_from_drafts = runtime is None  # no runtime: its drafts' device, read each round
         depth = min(self.depth, room)
         if depth < 1:
             return Draft.empty(self._device), "room"
@@ -129,6 +131,9 @@ class BlockTreePolicy(TreePolicy):
         n = chain.length
         if n == 0:
             return chain, "no_proposal"
+        if self._device_from_drafts:
+            self._device = chain.token_ids.device
+            self._on_host = self._device.type == "cpu"
         ids, probs = drafter.alternatives(self.top_k)  # (n, top_k)
         total = min(self.total_tokens, node_room)
         logp_t = probs.clamp(min=1e-30).log()  # float32 logs (the search widens them)

@@ -323,6 +323,7 @@ class DartTreePolicy(TreePolicy):
         self._drafter: Any = None  # the drafter ``_adopt`` read last
         self._device: Any = "cpu"
         self._on_host = True
+        self._device_from_drafts = False
         self._stops_t = torch.empty(0, dtype=torch.long)
         self._stops_np = self._stops_t.numpy()
         self._context_np: Any = None
@@ -352,6 +353,9 @@ class DartTreePolicy(TreePolicy):
         n = chain.length
         if n == 0:
             return chain, "no_proposal"
+        if self._device_from_drafts:  # a drafter without a runtime: the device its drafts are on
+            self._device = chain.token_ids.device
+            self._on_host = self._device.type == "cpu"
         ids, probs = drafter.alternatives(self.top_k)  # (n, K) best first
         total = min(self.total_tokens, node_room)
         if not self._on_host:
@@ -390,6 +394,8 @@ class DartTreePolicy(TreePolicy):
         context reader) once, not per round, and pack the searches' states for its deepest pass."""
         runtime = getattr(drafter, "runtime", None)  # ``device_of`` without its Protocol check
         self._drafter = drafter
+        # without a runtime, the device of the drafter's drafts, read each round (the CPU until one)
+        self._device_from_drafts = runtime is None
         self._device = "cpu" if runtime is None else runtime.torch_device
         self._on_host = torch.device(self._device).type == "cpu"
         stop_ids = tuple(getattr(drafter, "stop_token_ids", ()))

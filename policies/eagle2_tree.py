@@ -212,9 +212,11 @@ class Eagle2TreePolicy(TreePolicy):
             np.empty(total, np.int64),
             np.empty(total, scores.dtype),
         )
-        compiled_eagle.eagle2_host_finish(
+        kept = compiled_eagle.eagle2_host_finish(
             candidates, scores, end, ids, logp, best, base, total, kept_tokens, kept_scores, kept_parents
         )
+        if kept != total:  # every entry of the arrays is written only when the reranking kept ``total``
+            raise RuntimeError(f"EAGLE-2's reranking kept {kept} of the tree's {total} nodes ({end} candidates)")
         return Draft(
             token_ids=torch.from_numpy(kept_tokens),
             confidences=torch.from_numpy(np.exp(kept_scores)),

@@ -271,10 +271,17 @@ def keep_nodes(kept: tuple, start: int, nodes: np.ndarray, m: int, layers: tuple
     H_j)`` (no rows: nothing gathered); the crop is a length.
 
     Raises:
-        ValueError: if ``nodes[:m]`` is not increasing from 0 or above (nothing moved).
+        ValueError: if ``nodes[:m]`` is not increasing from 0 or above, a node lies past a buffer's
+            room or past the rows of ``layers``, or ``out`` is too small (nothing moved).
     """
-    if compiled_tree.keep_nodes(kept[4], nodes, m, start, layers, out) >= 0:
-        raise ValueError(f"the kept nodes must be >= 0 and increase, got {nodes[:m].tolist()}")
+    broken = compiled_tree.keep_nodes(kept[4], nodes, m, start, layers, out)
+    if broken == m:  # (a node that breaks the rule is one of the first m)
+        raise ValueError(f"keep_nodes: out {out.shape} cannot hold the {m + 1} kept rows of the features side by side")
+    if broken >= 0:
+        raise ValueError(
+            f"the kept nodes must be >= 0, increase and lie within the pass's rows and the cache's room "
+            f"(capacity {kept[4][:, 2].min()} positions, start {start}), got {nodes[:m].tolist()}"
+        )
     length = start + 1 + m
     for layer in kept[0]:
         layer._key_length = layer._value_length = length

@@ -64,7 +64,7 @@ def tree_inputs(
     mask[0, : start + 1] = True
     mask[0, start + 1 :] = False
     whole = mask.strides[1] == 1  # rows of contiguous bytes: each copied at once (``llvm.memcpy``)
-    line, width, base = mask.strides[0], mask.shape[1], mask.ctypes.data
+    line, width, base = mask.strides[0], mask.shape[1], np.int64(mask.ctypes.data)  # an address: uintp, as int64
     for i in range(k):
         parent = parents[i]
         if parent < -1 or parent >= i:
@@ -201,10 +201,23 @@ def keep_nodes(
     move down; nothing moves when ``nodes`` is ``0 .. m - 1``), a row (``d`` entries) copied at once.
     Then ``out`` ``(m + 1, sum of widths)`` (C-contiguous) takes those rows of the ``(1, k + 1, H_j)``
     arrays of ``layers`` side by side (the features; nothing when ``out`` has no rows). Returns -1, or
-    the first i whose node breaks the rule (nothing moved or gathered)."""
+    the first i whose node breaks the rule -- a node must also lie in every buffer (``start + 1 +
+    nodes[i] < C``) and, when ``out`` has rows, in every array of ``layers`` (``nodes[i] + 1 < k +
+    1``) -- or ``m`` when ``out`` has rows but not ``m + 1`` of them or fewer columns than the widths
+    (nothing moved or gathered)."""
+    limit = 1 << 62  # the nodes lie below it: the buffers' room past start + 1, the arrays' rows past row 0
+    for j in range(layouts.shape[0]):
+        limit = min(limit, layouts[j, 2] - start - 1)
+    if out.shape[0] > 0:
+        widths = 0
+        for layer in numba.literal_unroll(layers):
+            limit = min(limit, layer.shape[1] - 1)
+            widths += layer.shape[2]
+        if out.shape[0] < m + 1 or out.shape[1] < widths:
+            return m
     previous = -1
     for i in range(m):
-        if nodes[i] <= previous:
+        if nodes[i] <= previous or nodes[i] >= limit:
             return i
         previous = nodes[i]
     if m > 0 and nodes[m - 1] != m - 1:
@@ -221,7 +234,8 @@ def keep_nodes(
             width = layer.shape[2]
             if layer.strides[2] == layer.itemsize and out.strides[1] == out.itemsize:  # rows copied whole
                 line, at = out.strides[0], layer.strides[1]
-                to, source, count = out.ctypes.data + column * out.itemsize, layer.ctypes.data, width * out.itemsize
+                to = np.int64(out.ctypes.data) + column * out.itemsize  # addresses (uintp) as int64
+                source, count = np.int64(layer.ctypes.data), width * out.itemsize
                 _copy_bytes(to, source, count)  # type: ignore[call-arg]  # numba intrinsic: typingctx is its own
                 for i in range(m):
                     _copy_bytes(to + (i + 1) * line, source + (nodes[i] + 1) * at, count)

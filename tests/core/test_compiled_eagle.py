@@ -183,3 +183,23 @@ def test_the_drafters_fused_rounds_are_its_tensor_rounds(models, dtype, shape, s
             ]
         )
     assert runs[0] == runs[1]
+
+
+def test_a_reranking_that_keeps_fewer_nodes_than_asked_is_refused(models, monkeypatch):
+    """The fused round's draft arrays are written only as far as EAGLE-2's reranking keeps nodes: a
+    count other than the tree's size is a RuntimeError naming both, never a draft of unwritten entries."""
+    import copy
+
+    from specpolicy.core import compiled_eagle
+
+    target, checkpoint = models
+    rt = Runtime(device="cpu", dtype="float32", seed=0)
+    verifier = HFVerifier(copy.deepcopy(target).float(), rt, frozenset({EOS}))
+    drafter = Eagle3Drafter(
+        load_eagle3(checkpoint).float(), verifier.model.get_input_embeddings(), (1, 3, 5), VOCAB, rt, frozenset({EOS})
+    )
+    finish = compiled_eagle.eagle2_host_finish
+    monkeypatch.setattr(compiled_eagle, "eagle2_host_finish", lambda *args: finish(*args) - 1)
+    policy = Eagle2TreePolicy(depth=4, top_k=3, total_tokens=10)
+    with pytest.raises(RuntimeError, match=r"reranking kept 9 of the tree's 10 nodes"):
+        generate(random_prompts(1)[0], verifier, rt, max_new_tokens=8, drafter=drafter, policy=policy)

@@ -189,6 +189,18 @@ def test_keep_nodes_keeps_what_keep_path_keeps_with_the_features(dtype):
         start += m + 1
     held = [layer.keys.clone() for layer in fast.layers]
     no_features = (np.empty((1, 0, 0), dtype=np.float32),)
-    with pytest.raises(ValueError, match="must be >= 0 and increase"):
+    with pytest.raises(ValueError, match="must be >= 0, increase"):
         keep_nodes(kept_entries(fast), start - 3, np.array([2, 1], dtype=np.int64), 2, no_features, np.empty((0, 0)))
+    # a node past the cache's room, a node past the pass's rows of features, features with no room: refused
+    kept = kept_entries(fast)
+    room = int(kept[4][:, 2].min()) - start - 1
+    with pytest.raises(ValueError, match="within the pass's rows and the cache's room"):
+        keep_nodes(kept, start, np.array([1, room], dtype=np.int64), 2, no_features, np.empty((0, 0)))
+    hidden = (np.zeros((1, 4, 5), dtype=np.float32),)  # a pass of k = 3 nodes
+    with pytest.raises(ValueError, match="within the pass's rows"):
+        keep_nodes(kept, start, np.array([1, 3], dtype=np.int64), 2, hidden, np.empty((3, 5), dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot hold the 3 kept rows"):
+        keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 2, hidden, np.empty((2, 5), dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot hold the 3 kept rows"):
+        keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 2, hidden, np.empty((3, 4), dtype=np.float32))
     assert all(torch.equal(layer.keys, h) for layer, h in zip(fast.layers, held))

@@ -289,3 +289,60 @@ def test_branch_k_one_is_failfast(target, checkpoints):
             on_round=rounds[i].append,
         )
     assert [r.draft_token_ids for r in rounds[0]] == [r.draft_token_ids for r in rounds[1]]
+
+
+class _BlockOn:
+    """A block drafter's round as the tree policies read it -- one pass's chain and its top-k per
+    position -- on ``device``, with a ``runtime`` attribute only when given one (a third-party drafter
+    may carry none: the policies then take the device its drafts are on)."""
+
+    tokens_per_pass, stop_token_ids = 4, ()
+
+    def __init__(self, device, runtime=None):
+        self.device = torch.device(device)
+        if runtime is not None:
+            self.runtime = runtime
+        g = torch.Generator().manual_seed(3)
+        self._probs = torch.softmax(3 * torch.randn(4, 6, generator=g), dim=-1).sort(dim=-1, descending=True)
+        self._ids = torch.randperm(VOCAB, generator=g)[:24].view(4, 6)
+
+    def draft(self, n):
+        from specpolicy.core.types import Draft
+
+        ids = self._ids[:n, 0].to(self.device)
+        return Draft(token_ids=ids, confidences=self._probs.values[:n, 0].float().to(self.device), forward_passes=1)
+
+    def alternatives(self, k):
+        return self._ids[:, :k].to(self.device), self._probs.values[:, :k].float().to(self.device)
+
+    @property
+    def ngram_context(self):
+        return torch.tensor([3, 17, 9], device=self.device)
+
+    def ngram_context_np(self):
+        return np.array([3, 17, 9], dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockTreePolicy(depth=4, top_k=3, total_tokens=8),
+        lambda: DartTreePolicy(top_k=3, beam_width=2, total_tokens=8, ngram_model=NGRAM),
+    ],
+    ids=["block-tree", "dart-tree"],
+)
+def test_a_drafter_without_a_runtime_gets_its_tree_on_its_drafts_device(device, make):
+    """A drafter with no ``runtime`` (a third-party one): the block and DART trees take the device of
+    its drafts -- the search on the host, the tree back on that device -- and are the trees a drafter
+    with a runtime on that device gets."""
+    trees = []
+    for runtime in (Runtime(device=device, dtype="float32", seed=0), None):
+        drafter = _BlockOn(device, runtime)
+        draft, stop = make().draft_tree(drafter, 100, 100)
+        assert draft.token_ids.device.type == draft.parents.device.type == torch.device(device).type, stop
+        trees.append((draft.token_ids.tolist(), draft.parents.tolist(), draft.confidences.tolist()))
+    assert trees[0] == trees[1] and len(trees[0][0]) == 8 and any(p >= 0 for p in trees[0][1])
