@@ -4,6 +4,7 @@ the target's model passes (``RoundRecord.host_ms``, ``specpolicy.core.passes``),
 
     python benchmarks/host_work.py --num-prompts 3 --max-new-tokens 64 --out host.json
     python benchmarks/host_work.py --method dart+dart-tree=drafter=dart,policy=dart-tree --repeat 3
+    python benchmarks/host_work.py --neighbours --repeat 3 --passes-on-core 1 --paired-control
 
 Methods are the peers benchmark's (``benchmarks/peers.py``: ``conf/method/`` presets by name, or
 ``NAME=drafter=D,policy=P,...`` one-offs); without ``--method`` every row of the peers table
@@ -26,6 +27,17 @@ times; per method:
 
 The machine's load inflates every figure alike: compare components with each other, and time
 absolute figures alone (``--repeat`` keeps the least).
+
+On this CPU every model pass runs on the core the host work runs on and streams the weights through
+its caches, so the host work after a pass starts cache-cold; on a GPU the passes run on the device
+and leave the host's caches alone. ``--passes-on-core C`` separates the two: the host (this thread)
+is pinned to ``--host-core`` and every outermost pass (``PassClock``'s entry points) runs on a
+thread pinned to core ``C``, torch on one thread, the caller waiting (the handoff is part of the
+pass, not of host work). ``C`` equal to ``--host-core`` is the control: the same handoff, the passes
+on the host's core. The difference between the two readings is the host work the passes' cache
+traffic adds. With ``--paired-control`` each repeat decodes the prompts twice, the passes on core
+``C`` and then on the host's core (the same thread, moved), and ``host_ms_per_round_control`` holds
+the control's reading: a pair taken minutes apart on a shared machine drifts more than it differs.
 """
 
 from __future__ import annotations
@@ -34,11 +46,13 @@ import argparse
 import gc
 import inspect
 import json
+import os
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +61,7 @@ import peers  # noqa: E402
 
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.latency import load_profile  # noqa: E402
-from specpolicy.core.passes import pass_entry_points  # noqa: E402
+from specpolicy.core.passes import PassClock, pass_entry_points  # noqa: E402
 from specpolicy.core.path_search import PathSearch  # noqa: E402
 from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
@@ -83,6 +97,10 @@ class Exclusive:
         self.clock = clock
         self.ns: dict[str, int] = defaultdict(int)
         self._stack: list[list] = []  # [name, start ns, children's ns]
+
+    def open(self, name: str) -> None:
+        """Open a timed call of ``name`` (closed by ``_close``)."""
+        self._stack.append([name, self.clock(), 0])
 
     def wrap(self, name: str, method: Callable) -> Callable:
         def timed(*args, **kwargs):
@@ -149,6 +167,104 @@ class Exclusive:
             self._stack[-1][2] += elapsed
 
 
+#: the ``Exclusive`` tracer of the run being traced (``measure``), for ``run_passes_on``'s handoffs
+TRACING: list[Exclusive] = []
+
+
+class PassThread:
+    """Runs each call it is given on one thread pinned to ``core``, the caller waiting for it (its
+    grad and inference modes carried over: torch keeps them per thread); an exception re-raised in
+    the caller."""
+
+    def __init__(self, core: int) -> None:
+        self._go, self._done = threading.Event(), threading.Event()
+        self._job: tuple = ()
+        self._result: tuple = ()
+        self.core, self._on = core, -1
+        threading.Thread(target=self._serve, daemon=True, name="passes").start()
+
+    def _serve(self) -> None:
+        import torch
+
+        while True:
+            self._go.wait()
+            self._go.clear()
+            if not self._job:  # ``stop``
+                return
+            if self._on != self.core:  # moved (``core`` set): this thread only (Linux: pid 0 is the caller)
+                os.sched_setaffinity(0, {self.core})
+                self._on = self.core
+            method, args, kwargs, grad, inference = self._job
+            try:
+                with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                    self._result = (True, method(*args, **kwargs))
+            except BaseException as error:  # noqa: BLE001 -- re-raised in the caller
+                self._result = (False, error)
+            self._done.set()
+
+    def run(self, method: Callable, args: tuple, kwargs: dict) -> Any:
+        import torch
+
+        self._job = (method, args, kwargs, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        self._done.clear()
+        self._go.set()
+        self._done.wait()
+        ok, value = self._result
+        self._result = ()
+        if ok:
+            return value
+        raise value
+
+    def stop(self) -> None:
+        """End the thread (after the call it runs, if any)."""
+        self._job = ()
+        self._go.set()
+
+
+@contextmanager
+def passes_on(core: int, host_core: int) -> Iterator[PassThread]:
+    """While entered: this thread (the host work) pinned to ``host_core``, torch on one thread, and
+    every outermost pass the loop's ``PassClock`` times run on a ``PassThread`` pinned to ``core``
+    (yielded: its ``core`` may be changed between rounds). On exit the process is as it was: its
+    cores, torch's threads, ``PassClock``."""
+    import torch
+
+    cores, threads, timed = os.sched_getaffinity(0), torch.get_num_threads(), PassClock.__dict__["_timed"]
+    os.sched_setaffinity(0, {host_core})
+    torch.set_num_threads(1)
+    worker = PassThread(core)
+
+    def _timed(self: PassClock, method: Callable) -> Callable:
+        clock = time.perf_counter  # ``PassClock``'s CPU clock
+
+        def timed_on_core(*args, **kwargs):
+            if self._depth:  # a nested entry point: already on the passes' thread
+                return method(*args, **kwargs)
+            self._depth = 1
+            tracer = TRACING[0] if TRACING else None  # the handoff is the pass's, for the components too
+            if tracer is not None:
+                tracer.open("pass")
+            started = clock()
+            try:
+                return worker.run(method, args, kwargs)
+            finally:
+                self._cpu_s += clock() - started
+                self._depth = 0
+                if tracer is not None:
+                    tracer._close()
+
+        return timed_on_core
+
+    PassClock._timed = _timed  # type: ignore[method-assign]
+    try:
+        yield worker
+    finally:
+        PassClock._timed = timed  # type: ignore[method-assign]
+        worker.stop()
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, cores)
+
+
 def neighbours_methods() -> list[str]:
     """The neighbours table's ``--method`` list (its results file's settings)."""
     if not NEIGHBOURS.exists():
@@ -157,10 +273,16 @@ def neighbours_methods() -> list[str]:
 
 
 def measure(
-    bench: peers.Bench, spec: peers.MethodSpec, ids: list, repeat: int, clock: Callable[[], int] = time.perf_counter_ns
+    bench: peers.Bench,
+    spec: peers.MethodSpec,
+    ids: list,
+    repeat: int,
+    clock: Callable[[], int] = time.perf_counter_ns,
+    control: tuple[PassThread, int] | None = None,
 ) -> dict[str, Any]:
     """One method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
-    components (one timed pass)."""
+    components (one timed pass). ``control``: ``(the passes' thread, the host's core)``: each repeat
+    also decodes ``ids`` with the passes on the host's core (``host_ms_per_round_control``)."""
     drafter, policy = bench.parts(spec)
     hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
     # the models' and tables' objects out of the garbage collector's generations (vLLM does the same
@@ -183,13 +305,25 @@ def measure(
         )
 
     decode(ids[0])  # warm-up, untimed
-    per_round = []
+    per_round, per_round_control = [], []
     for _ in range(repeat):
         rounds = [r for prompt in ids for r in decode(prompt).rounds]
         per_round.append(sum(r.host_ms for r in rounds) / len(rounds))
+        if control is not None:
+            worker, core = control[0], control[0].core
+            worker.core = control[1]
+            try:
+                rounds = [r for prompt in ids for r in decode(prompt).rounds]
+            finally:
+                worker.core = core
+            per_round_control.append(sum(r.host_ms for r in rounds) / len(rounds))
     tracer = Exclusive(clock)
     with tracer.watching(policy, drafter, bench.verifier):
-        rounds = [r for prompt in ids for r in decode(prompt).rounds]
+        TRACING.append(tracer)
+        try:
+            rounds = [r for prompt in ids for r in decode(prompt).rounds]
+        finally:
+            TRACING.clear()
     n = len(rounds)
     components = {name: ns / 1e6 / n for name, ns in sorted(tracer.ns.items()) if name != "pass"}
     traced_host = sum(r.host_ms for r in rounds) / n
@@ -200,6 +334,11 @@ def measure(
         "host_ms_per_round_repeats": per_round,
         "rounds": n,
         "traced_host_ms_per_round": traced_host,
+        **(
+            {"host_ms_per_round_control": min(per_round_control), "control_repeats": per_round_control}
+            if control is not None
+            else {}
+        ),
         "components": components,
     }
 
@@ -210,12 +349,15 @@ def print_table(rows: dict[str, dict[str, Any]], step_ms: float, profile: str, g
 
     names = sorted({c for r in rows.values() for c in r["components"]})
     table = Table(title=f"host ms per round (outside model passes); share of {profile}'s {step_ms} ms target step")
-    for title in ("method", "host ms / round", "share", f"<= {goal_ms}", *names):
+    paired = all("host_ms_per_round_control" in r for r in rows.values())
+    control = ("passes on the host's core",) if paired else ()
+    for title in ("method", "host ms / round", "share", f"<= {goal_ms}", *control, *names):
         table.add_column(title, justify="left" if title == "method" else "right")
     for name, r in rows.items():
         host = r["host_ms_per_round"]
         cells = [f"{r['components'].get(c, 0.0):.3f}" for c in names]
-        table.add_row(name, f"{host:.3f}", f"{host / step_ms:.1%}", "yes" if host <= goal_ms else "NO", *cells)
+        shown = [f"{r['host_ms_per_round_control']:.3f}"] if paired else []
+        table.add_row(name, f"{host:.3f}", f"{host / step_ms:.1%}", "yes" if host <= goal_ms else "NO", *shown, *cells)
     Console(width=250).print(table)
 
 
@@ -225,6 +367,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--method", action="append", default=None, help="a preset name or NAME=OVERRIDES (repeated)")
+    p.add_argument(
+        "--neighbours",
+        action="store_true",
+        help="the neighbours table's methods only (issue 48's bar); --method, when given, chooses instead",
+    )
     p.add_argument("--repeat", type=int, default=2, help="untimed passes per method; the least counts")
     p.add_argument("--profile", default="a6000-qwen7b", help="latency profile whose target step the share divides by")
     p.add_argument("--goal-ms", type=float, default=0.4)
@@ -235,10 +382,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="time the components with the thread's CPU clock (time.thread_time_ns): steadier on a loaded machine; "
         "their sum then misses waits, and 'loop' (host_ms less the components) absorbs the difference",
     )
+    p.add_argument(
+        "--passes-on-core",
+        type=int,
+        default=None,
+        help="run every model pass on a thread pinned to this core, the host work pinned to --host-core "
+        "(torch on one thread); equal to --host-core: the control (module docstring)",
+    )
+    p.add_argument("--host-core", type=int, default=0, help="the host work's core with --passes-on-core")
+    p.add_argument(
+        "--paired-control",
+        action="store_true",
+        help="with --passes-on-core: each repeat also decodes with the passes on --host-core (module docstring)",
+    )
     p.add_argument("--out", default=None, help="JSON output")
     peers.add_model_arguments(p)
     args = p.parse_args(argv)
-    texts = args.method or [*peers.DEFAULT_METHODS, *neighbours_methods()]
+    if args.paired_control and args.passes_on_core is None:
+        p.error("--paired-control needs --passes-on-core (the core the passes move from)")
+    if args.passes_on_core is not None:
+        cores = sorted(os.sched_getaffinity(0))
+        for flag, core in (("--passes-on-core", args.passes_on_core), ("--host-core", args.host_core)):
+            if core not in cores:
+                p.error(f"{flag}={core}: not a core this process may run on (allowed: {cores})")
+    texts = args.method or (
+        neighbours_methods() if args.neighbours else [*peers.DEFAULT_METHODS, *neighbours_methods()]
+    )
     try:
         specs = [peers.parse_method(t) for t in dict.fromkeys(texts)]
     except argparse.ArgumentTypeError as exc:
@@ -247,11 +416,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bench = peers.Bench(args)
     ids = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
     rows = {}
-    for spec in specs:
-        log(f"[{spec.name}]")
-        rows[spec.name] = measure(
-            bench, spec, ids, args.repeat, time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
-        )
+    with ExitStack() as stack:
+        control = None
+        if args.passes_on_core is not None:
+            worker = stack.enter_context(passes_on(args.passes_on_core, args.host_core))
+            control = (worker, args.host_core) if args.paired_control else None
+        for spec in specs:
+            log(f"[{spec.name}]")
+            clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+            rows[spec.name] = measure(bench, spec, ids, args.repeat, clock, control)
     step_ms = load_profile(args.profile).target_ms_per_token
     neighbours = {peers.parse_method(t).name for t in neighbours_methods()}
     for name, r in rows.items():

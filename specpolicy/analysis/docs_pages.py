@@ -412,10 +412,18 @@ def overhead_page(root: Path) -> str | None:
             "rows": rows,
             "spread": timing_line(packing.get("timing_conditions"), "Spread"),
         }
-    return render_template("overhead", overhead=over, packing=pack, host=host_work_context(load(root, HOST_WORK_NAME)))
+    return render_template(
+        "overhead",
+        overhead=over,
+        packing=pack,
+        host=host_work_context(load(root, HOST_WORK_NAME)),
+        paired=host_work_paired_context(load(root, HOST_WORK_PAIRED_NAME)),
+    )
 
 
 HOST_WORK_NAME = "host-work-gsm8k-3x64.json"
+#: ``benchmarks/host_work.py --passes-on-core 1 --paired-control``'s results (the overhead page's second host table)
+HOST_WORK_PAIRED_NAME = "host-work-gsm8k-3x64-passes-core1.json"
 #: The host-work page's component columns: (heading, the ``benchmarks/host_work.py`` components summed).
 HOST_COLUMNS = (
     ("policy", ("policy.next_length", "policy.update", "policy.draft_tree")),
@@ -457,6 +465,36 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
         "within_goal": sum(v <= goal for v in values),
         "median": statistics.median(values),
         "goal": goal,
+    }
+
+
+def host_work_paired_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Host work per round with the passes on another core than the host work and, paired, on the
+    host's own core (``benchmarks/host_work.py --passes-on-core C --paired-control``): per method both
+    readings (the least of the repeats) and their ratio, least first; the counts within the goal
+    and the medians. None without results."""
+    if not results:
+        return None
+    s, methods = results["settings"], results["methods"]
+    goal = float(s["goal_ms"])
+    rows, ratios = [], []
+    for name, m in sorted(methods.items(), key=lambda item: item[1]["host_ms_per_round"]):
+        off, on = m["host_ms_per_round"], m["host_ms_per_round_control"]
+        ratios.append(off / on)
+        rows.append([f"`{name}`", f"{off:.2f}", f"{on:.2f}", f"{off / on:.2f}", "yes" if off <= goal else "no"])
+    off_core = [m["host_ms_per_round"] for m in methods.values()]
+    on_core = [m["host_ms_per_round_control"] for m in methods.values()]
+    return {
+        "s": s,
+        "rows": rows,
+        "methods": len(rows),
+        "goal": goal,
+        "within_goal": sum(v <= goal for v in off_core),
+        "within_goal_control": sum(v <= goal for v in on_core),
+        "median": statistics.median(off_core),
+        "median_control": statistics.median(on_core),
+        "median_ratio": statistics.median(ratios),
+        "ratio_range": (min(ratios), max(ratios)),
     }
 
 

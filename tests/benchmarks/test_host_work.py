@@ -46,3 +46,75 @@ def test_components_are_timed_exclusive_of_what_they_call():
     assert dict(tracer.ns) == {"policy.next_length": 5, "drafter.draft": 7, "pass": 100, "drafter.commit": 3}
     assert "next_length" not in vars(policy) and "draft" not in vars(drafter)  # unwrapped on exit
     assert not model._forward_pre_hooks
+
+
+def test_passes_on_a_core_run_there_with_the_callers_modes_and_leave_the_process_as_it_was():
+    """``--passes-on-core``: every outermost pass ``PassClock`` times runs on the passes' thread, pinned
+    to its core (moved when told), with the caller's grad mode, an error raised in the caller; the host
+    thread pinned to its core and torch on one thread while entered; the cores, threads and
+    ``PassClock`` restored on exit."""
+    import os
+    import threading
+
+    import pytest
+
+    from specpolicy.core.passes import PassClock
+    from specpolicy.core.runtime import Runtime
+
+    host_work = load_benchmark("host_work")
+    cores, threads, timed = sorted(os.sched_getaffinity(0)), torch.get_num_threads(), PassClock.__dict__["_timed"]
+    seen = []
+
+    class Seen(torch.nn.Linear):  # a pass that notes where it runs (a hook would run in the caller)
+        def forward(self, x):
+            seen.append((threading.current_thread().name, os.sched_getaffinity(0), torch.is_grad_enabled()))
+            return super().forward(x)
+
+    model = Seen(2, 2)
+    with host_work.passes_on(cores[-1], cores[0]) as worker:
+        assert os.sched_getaffinity(0) == {cores[0]} and torch.get_num_threads() == 1
+        with PassClock(Runtime(device="cpu")) as clock:
+            clock.watch((model,))
+            with torch.no_grad():
+                assert not model(torch.ones(1, 2)).requires_grad
+            worker.core = cores[0]
+            assert model(torch.ones(1, 2)).requires_grad
+            assert clock.take_ms() > 0
+        with pytest.raises(ZeroDivisionError):
+            worker.run(lambda: 1 / 0, (), {})
+    assert seen == [("passes", {cores[-1]}, False), ("passes", {cores[0]}, True)]
+    assert sorted(os.sched_getaffinity(0)) == cores and torch.get_num_threads() == threads
+    assert PassClock.__dict__["_timed"] is timed
+
+
+def test_decoding_with_the_passes_on_another_core_is_decoding():
+    """The passes moved to a thread change no token and no round (the AR drafter with FailFast,
+    greedy): the same outputs and drafts as the passes on the host's thread."""
+    import os
+
+    from conftest import random_prompts, sharpen, tiny_lm
+    from specpolicy.core.decoding import generate
+    from specpolicy.core.runtime import Runtime
+    from specpolicy.drafters.ar import ARDrafter
+    from specpolicy.policies.failfast import FailFastPolicy
+    from specpolicy.verifiers.hf import HFVerifier
+
+    host_work = load_benchmark("host_work")
+    rt = Runtime(device="cpu", dtype="float32", seed=0)
+    verifier = HFVerifier(sharpen(tiny_lm(0, layers=2)), rt, frozenset())
+    drafter = ARDrafter(sharpen(tiny_lm(0, layers=1)), rt)
+    cores = sorted(os.sched_getaffinity(0))
+
+    def decode():
+        rounds = []
+        for prompt in random_prompts(2):
+            out = generate(
+                prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=FailFastPolicy(n=2, tau=0.3, n_max=8)
+            )
+            rounds.append((out.output_ids.tolist(), [(r.draft_token_ids, r.accepted_length) for r in out.rounds]))
+        return rounds
+
+    alone = decode()
+    with host_work.passes_on(cores[-1], cores[0]):
+        moved = decode()
+    assert moved == alone and any(accepted for _, rounds in alone for _, accepted in rounds)
