@@ -54,10 +54,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402
+import torch  # noqa: E402
 
 from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.latency import load_profile  # noqa: E402
@@ -167,35 +168,38 @@ class Exclusive:
             self._stack[-1][2] += elapsed
 
 
-#: the ``Exclusive`` tracer of the run being traced (``measure``), for ``run_passes_on``'s handoffs
+#: the ``Exclusive`` tracer of the run being traced (``measure``), for ``passes_on``'s handoffs
 TRACING: list[Exclusive] = []
 
 
 class PassThread:
     """Runs each call it is given on one thread pinned to ``core``, the caller waiting for it (its
     grad and inference modes carried over: torch keeps them per thread); an exception re-raised in
-    the caller."""
+    the caller. ``jobs`` counts the calls run.
+
+    Raises:
+        RuntimeError: from ``run`` once the thread has stopped (``stop``, or it died).
+    """
 
     def __init__(self, core: int) -> None:
         self._go, self._done = threading.Event(), threading.Event()
         self._job: tuple = ()
         self._result: tuple = ()
-        self.core, self._on = core, -1
-        threading.Thread(target=self._serve, daemon=True, name="passes").start()
+        self.core, self._on, self.jobs = core, -1, 0
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="passes")
+        self.thread.start()
 
     def _serve(self) -> None:
-        import torch
-
         while True:
             self._go.wait()
             self._go.clear()
             if not self._job:  # ``stop``
                 return
-            if self._on != self.core:  # moved (``core`` set): this thread only (Linux: pid 0 is the caller)
-                os.sched_setaffinity(0, {self.core})
-                self._on = self.core
-            method, args, kwargs, grad, inference = self._job
             try:
+                if self._on != self.core:  # moved (``core`` set): this thread only (Linux: pid 0 is the caller)
+                    os.sched_setaffinity(0, {self.core})
+                    self._on = self.core
+                method, args, kwargs, grad, inference = self._job
                 with torch.inference_mode(inference), torch.set_grad_enabled(grad):
                     self._result = (True, method(*args, **kwargs))
             except BaseException as error:  # noqa: BLE001 -- re-raised in the caller
@@ -203,12 +207,17 @@ class PassThread:
             self._done.set()
 
     def run(self, method: Callable, args: tuple, kwargs: dict) -> Any:
-        import torch
-
+        if threading.current_thread() is self.thread:  # a pass inside a pass: already here
+            return method(*args, **kwargs)
+        if not self.thread.is_alive():
+            raise RuntimeError("the passes' thread has stopped")
         self._job = (method, args, kwargs, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         self._done.clear()
         self._go.set()
-        self._done.wait()
+        while not self._done.wait(1.0):
+            if not self.thread.is_alive():
+                raise RuntimeError("the passes' thread died during a pass")
+        self.jobs += 1
         ok, value = self._result
         self._result = ()
         if ok:
@@ -224,17 +233,15 @@ class PassThread:
 @contextmanager
 def passes_on(core: int, host_core: int) -> Iterator[PassThread]:
     """While entered: this thread (the host work) pinned to ``host_core``, torch on one thread, and
-    every outermost pass the loop's ``PassClock`` times run on a ``PassThread`` pinned to ``core``
-    (yielded: its ``core`` may be changed between rounds). On exit the process is as it was: its
-    cores, torch's threads, ``PassClock``."""
-    import torch
-
+    every outermost pass the loop's ``PassClock`` times on the CPU run on a ``PassThread`` pinned to
+    ``core`` (yielded: its ``core`` may be changed between rounds). On exit the process is as it
+    was: its cores, torch's threads, ``PassClock``. CPU runs only (CUDA passes are timed by events)."""
     cores, threads, timed = os.sched_getaffinity(0), torch.get_num_threads(), PassClock.__dict__["_timed"]
-    os.sched_setaffinity(0, {host_core})
-    torch.set_num_threads(1)
-    worker = PassThread(core)
+    worker: PassThread | None = None
 
     def _timed(self: PassClock, method: Callable) -> Callable:
+        if self._cuda:
+            return timed(self, method)
         clock = time.perf_counter  # ``PassClock``'s CPU clock
 
         def timed_on_core(*args, **kwargs):
@@ -246,7 +253,7 @@ def passes_on(core: int, host_core: int) -> Iterator[PassThread]:
                 tracer.open("pass")
             started = clock()
             try:
-                return worker.run(method, args, kwargs)
+                return cast(PassThread, worker).run(method, args, kwargs)
             finally:
                 self._cpu_s += clock() - started
                 self._depth = 0
@@ -255,12 +262,16 @@ def passes_on(core: int, host_core: int) -> Iterator[PassThread]:
 
         return timed_on_core
 
-    PassClock._timed = _timed  # type: ignore[method-assign]
     try:
+        os.sched_setaffinity(0, {host_core})
+        torch.set_num_threads(1)
+        worker = PassThread(core)
+        PassClock._timed = _timed  # type: ignore[method-assign]
         yield worker
     finally:
         PassClock._timed = timed  # type: ignore[method-assign]
-        worker.stop()
+        if worker is not None:
+            worker.stop()
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, cores)
 
@@ -306,17 +317,13 @@ def measure(
 
     decode(ids[0])  # warm-up, untimed
     per_round, per_round_control = [], []
-    for _ in range(repeat):
-        rounds = [r for prompt in ids for r in decode(prompt).rounds]
-        per_round.append(sum(r.host_ms for r in rounds) / len(rounds))
-        if control is not None:
-            worker, core = control[0], control[0].core
-            worker.core = control[1]
-            try:
-                rounds = [r for prompt in ids for r in decode(prompt).rounds]
-            finally:
-                worker.core = core
-            per_round_control.append(sum(r.host_ms for r in rounds) / len(rounds))
+    signatures: set = set()  # each reading's rounds (drafts and outcomes): one when every reading decodes alike
+    for i in range(repeat):
+        readings = [False, True] if control is not None else [False]
+        for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
+            rounds = _decoded(ids, decode, control if on_host_core else None)
+            (per_round_control if on_host_core else per_round).append(sum(r.host_ms for r in rounds) / len(rounds))
+            signatures.add(tuple((r.draft_token_ids, r.draft_parents, r.accepted_length) for r in rounds))
     tracer = Exclusive(clock)
     with tracer.watching(policy, drafter, bench.verifier):
         TRACING.append(tracer)
@@ -335,12 +342,30 @@ def measure(
         "rounds": n,
         "traced_host_ms_per_round": traced_host,
         **(
-            {"host_ms_per_round_control": min(per_round_control), "control_repeats": per_round_control}
+            {
+                "host_ms_per_round_control": min(per_round_control),
+                "control_repeats": per_round_control,
+                # the readings decoded the same rounds (False: rounds that follow measured costs, goodput)
+                "same_rounds": len(signatures) == 1,
+            }
             if control is not None
             else {}
         ),
         "components": components,
     }
+
+
+def _decoded(ids: list, decode: Callable, control: tuple[PassThread, int] | None) -> list:
+    """Every round of decoding ``ids``; with ``control`` ``(the passes' thread, the host's core)``,
+    the passes moved to the host's core for it (and back, whatever happens)."""
+    if control is None:
+        return [r for prompt in ids for r in decode(prompt).rounds]
+    worker, core = control[0], control[0].core
+    worker.core = control[1]
+    try:
+        return [r for prompt in ids for r in decode(prompt).rounds]
+    finally:
+        worker.core = core
 
 
 def print_table(rows: dict[str, dict[str, Any]], step_ms: float, profile: str, goal_ms: float) -> None:
@@ -401,6 +426,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.paired_control and args.passes_on_core is None:
         p.error("--paired-control needs --passes-on-core (the core the passes move from)")
     if args.passes_on_core is not None:
+        if args.device not in ("cpu", "auto") or (args.device == "auto" and torch.cuda.is_available()):
+            p.error(f"--passes-on-core: runs on the CPU only (--device {args.device}); pass --device cpu")
         cores = sorted(os.sched_getaffinity(0))
         for flag, core in (("--passes-on-core", args.passes_on_core), ("--host-core", args.host_core)):
             if core not in cores:

@@ -274,17 +274,34 @@ def keep_nodes(kept: tuple, start: int, nodes: np.ndarray, m: int, layers: tuple
         ValueError: if ``nodes[:m]`` is not increasing from 0 or above, a node lies past a buffer's
             room or past the rows of ``layers``, or ``out`` is too small (nothing moved).
     """
+    if not 0 <= m <= nodes.shape[0]:
+        raise ValueError(f"keep_nodes: m={m} kept nodes, but nodes holds {nodes.shape[0]}")
     broken = compiled_tree.keep_nodes(kept[4], nodes, m, start, layers, out)
-    if broken == m:  # (a node that breaks the rule is one of the first m)
-        raise ValueError(f"keep_nodes: out {out.shape} cannot hold the {m + 1} kept rows of the features side by side")
     if broken >= 0:
-        raise ValueError(
-            f"the kept nodes must be >= 0, increase and lie within the pass's rows and the cache's room "
-            f"(capacity {kept[4][:, 2].min()} positions, start {start}), got {nodes[:m].tolist()}"
-        )
+        raise _refused(broken, kept, start, nodes, m, layers, out)
     length = start + 1 + m
     for layer in kept[0]:
         layer._key_length = layer._value_length = length
+
+
+def _refused(
+    broken: int, kept: tuple, start: int, nodes: np.ndarray, m: int, layers: tuple, out: np.ndarray
+) -> ValueError:
+    """``keep_nodes``' error for ``compiled_tree.keep_nodes``' answer ``broken`` (>= 0)."""
+    capacity = int(kept[4][:, 2].min()) if kept[4].shape[0] else 0
+    if broken == m + 1:
+        return ValueError(f"keep_nodes: start={start}, but the cache holds {capacity} positions")
+    if broken == m:  # (a node that breaks the rule is one of the first m)
+        arrays = ", ".join(f"{a.shape} {a.dtype}" for a in layers)
+        return ValueError(
+            f"keep_nodes: out {out.shape} {out.dtype} cannot hold the {m + 1} kept rows of the features "
+            f"({arrays}) side by side"
+        )
+    rows = f" ({min(a.shape[1] for a in layers) - 1} tree nodes)" if out.shape[0] and layers else ""
+    return ValueError(
+        f"the kept nodes must be >= 0, increase and lie within the pass's rows{rows} and the cache's room "
+        f"(capacity {capacity} positions, start {start}), got {nodes[:m].tolist()}"
+    )
 
 
 #: ``keep_path``'s gather when there is none (``compiled_tree.keep_rows`` then gathers no row)

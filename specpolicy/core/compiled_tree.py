@@ -203,16 +203,21 @@ def keep_nodes(
     arrays of ``layers`` side by side (the features; nothing when ``out`` has no rows). Returns -1, or
     the first i whose node breaks the rule -- a node must also lie in every buffer (``start + 1 +
     nodes[i] < C``) and, when ``out`` has rows, in every array of ``layers`` (``nodes[i] + 1 < k +
-    1``) -- or ``m`` when ``out`` has rows but not ``m + 1`` of them or fewer columns than the widths
-    (nothing moved or gathered)."""
+    1``) -- ``m`` when ``out`` has rows but not ``m + 1`` of them, fewer columns than the widths or
+    another item size than an array of ``layers``, or ``m + 1`` when a buffer has no room for the
+    pending token (``start + 1 > C``) (nothing moved or gathered)."""
     limit = 1 << 62  # the nodes lie below it: the buffers' room past start + 1, the arrays' rows past row 0
     for j in range(layouts.shape[0]):
         limit = min(limit, layouts[j, 2] - start - 1)
+    if limit < 0:
+        return m + 1
     if out.shape[0] > 0:
         widths = 0
         for layer in numba.literal_unroll(layers):
             limit = min(limit, layer.shape[1] - 1)
             widths += layer.shape[2]
+            if layer.itemsize != out.itemsize:
+                return m
         if out.shape[0] < m + 1 or out.shape[1] < widths:
             return m
     previous = -1

@@ -252,3 +252,38 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     assert again is not None and again["neighbours"] == len(marked)
     assert again["neighbours_within_goal"] == sum(m["host_ms_per_round"] <= 0.4 for m in marked) >= 1
     assert host_work_context(None) is None
+
+
+def test_the_paired_host_work_ratio_is_taken_within_each_repeat_over_the_methods_that_decode_alike():
+    """The overhead page's second host table: a method's ratio is the median of its repeats' own
+    ratios (each repeat's two readings back to back), not the ratio of the two least readings; the
+    methods whose readings decoded different rounds are marked and left out of the median and range."""
+    from specpolicy.analysis.docs_pages import host_work_paired_context
+
+    def method(off, on, same=True):
+        return {
+            "host_ms_per_round": min(off),
+            "host_ms_per_round_repeats": off,
+            "host_ms_per_round_control": min(on),
+            "control_repeats": on,
+            "same_rounds": same,
+        }
+
+    results = {
+        "settings": {"goal_ms": 0.4},
+        "methods": {
+            # least readings 0.3 and 0.3 (a ratio of 1.0), but the repeats' own ratios are 0.5, 0.6, 3.0
+            "a": method([0.3, 0.6, 0.9], [0.6, 1.0, 0.3]),
+            "b": method([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]),
+            "c": method([0.2, 0.2, 0.2], [1.0, 1.0, 1.0], same=False),  # different rounds: not compared
+        },
+    }
+    context = host_work_paired_context(results)
+    assert context is not None
+    assert [row[0] for row in context["rows"]] == ["`c`", "`a`", "`b`"]  # least host ms first
+    ratios = {row[0]: row[3] for row in context["rows"]}
+    assert ratios == {"`a`": "0.60", "`b`": "1.00", "`c`": "0.20 *"}
+    assert context["compared"] == 2 and context["median_ratio"] == pytest.approx(0.8)
+    assert context["ratio_range"] == pytest.approx((0.6, 1.0))
+    assert (context["within_goal"], context["within_goal_control"]) == (2, 1)
+    assert host_work_paired_context(None) is None

@@ -67,7 +67,8 @@ def test_passes_on_a_core_run_there_with_the_callers_modes_and_leave_the_process
 
     class Seen(torch.nn.Linear):  # a pass that notes where it runs (a hook would run in the caller)
         def forward(self, x):
-            seen.append((threading.current_thread().name, os.sched_getaffinity(0), torch.is_grad_enabled()))
+            where = (threading.current_thread().name, os.sched_getaffinity(0), torch.get_num_threads())
+            seen.append((*where, torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
             return super().forward(x)
 
     model = Seen(2, 2)
@@ -77,14 +78,33 @@ def test_passes_on_a_core_run_there_with_the_callers_modes_and_leave_the_process
             clock.watch((model,))
             with torch.no_grad():
                 assert not model(torch.ones(1, 2)).requires_grad
+            with torch.inference_mode():
+                assert model(torch.ones(1, 2)).is_inference()
             worker.core = cores[0]
             assert model(torch.ones(1, 2)).requires_grad
             assert clock.take_ms() > 0
         with pytest.raises(ZeroDivisionError):
             worker.run(lambda: 1 / 0, (), {})
-    assert seen == [("passes", {cores[-1]}, False), ("passes", {cores[0]}, True)]
+        assert worker.jobs == 4  # three passes, then the error's call
+    assert seen == [
+        ("passes", {cores[-1]}, 1, False, False),
+        ("passes", {cores[-1]}, 1, False, True),
+        ("passes", {cores[0]}, 1, True, False),
+    ]
     assert sorted(os.sched_getaffinity(0)) == cores and torch.get_num_threads() == threads
     assert PassClock.__dict__["_timed"] is timed
+    worker.thread.join(5)
+    with pytest.raises(RuntimeError, match="stopped"):  # a wrapper kept past the context cannot hang
+        worker.run(lambda: None, (), {})
+
+
+def test_passes_on_a_core_is_refused_off_the_cpu_before_any_model_loads(capsys):
+    import pytest
+
+    host_work = load_benchmark("host_work")
+    with pytest.raises(SystemExit):
+        host_work.main(["--passes-on-core", "0", "--device", "cuda"])
+    assert "--passes-on-core: runs on the CPU only (--device cuda)" in capsys.readouterr().err
 
 
 def test_decoding_with_the_passes_on_another_core_is_decoding():
@@ -115,6 +135,7 @@ def test_decoding_with_the_passes_on_another_core_is_decoding():
         return rounds
 
     alone = decode()
-    with host_work.passes_on(cores[-1], cores[0]):
+    with host_work.passes_on(cores[-1], cores[0]) as worker:
         moved = decode()
+    assert worker.jobs > 0  # the passes were handed over
     assert moved == alone and any(accepted for _, rounds in alone for _, accepted in rounds)

@@ -194,13 +194,21 @@ def test_keep_nodes_keeps_what_keep_path_keeps_with_the_features(dtype):
     # a node past the cache's room, a node past the pass's rows of features, features with no room: refused
     kept = kept_entries(fast)
     room = int(kept[4][:, 2].min()) - start - 1
-    with pytest.raises(ValueError, match="within the pass's rows and the cache's room"):
+    with pytest.raises(ValueError, match=r"within the pass's rows and the cache's room \(capacity"):
         keep_nodes(kept, start, np.array([1, room], dtype=np.int64), 2, no_features, np.empty((0, 0)))
     hidden = (np.zeros((1, 4, 5), dtype=np.float32),)  # a pass of k = 3 nodes
-    with pytest.raises(ValueError, match="within the pass's rows"):
+    with pytest.raises(ValueError, match=r"within the pass's rows \(3 tree nodes\)"):
         keep_nodes(kept, start, np.array([1, 3], dtype=np.int64), 2, hidden, np.empty((3, 5), dtype=np.float32))
     with pytest.raises(ValueError, match="cannot hold the 3 kept rows"):
         keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 2, hidden, np.empty((2, 5), dtype=np.float32))
     with pytest.raises(ValueError, match="cannot hold the 3 kept rows"):
         keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 2, hidden, np.empty((3, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="cannot hold the 3 kept rows"):  # another item size than the features'
+        keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 2, hidden, np.empty((3, 5), dtype=np.float64))
+    with pytest.raises(ValueError, match="m=3 kept nodes, but nodes holds 2"):
+        keep_nodes(kept, start, np.array([1, 2], dtype=np.int64), 3, no_features, np.empty((0, 0)))
+    with pytest.raises(
+        ValueError, match=rf"start={start + room + 1}, but the cache holds"
+    ):  # no room for the pending token
+        keep_nodes(kept, start + room + 1, np.empty(0, dtype=np.int64), 0, no_features, np.empty((0, 0)))
     assert all(torch.equal(layer.keys, h) for layer, h in zip(fast.layers, held))
