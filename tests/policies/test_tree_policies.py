@@ -5,6 +5,8 @@ branching off is exactly the chain policy."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -346,3 +348,29 @@ def test_a_drafter_without_a_runtime_gets_its_tree_on_its_drafts_device(device, 
         assert draft.token_ids.device.type == draft.parents.device.type == torch.device(device).type, stop
         trees.append((draft.token_ids.tolist(), draft.parents.tolist(), draft.confidences.tolist()))
     assert trees[0] == trees[1] and len(trees[0][0]) == 8 and any(p >= 0 for p in trees[0][1])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BlockTreePolicy(depth=4, top_k=3, total_tokens=8),
+        lambda: DartTreePolicy(top_k=3, beam_width=2, total_tokens=8, ngram_model=NGRAM),
+    ],
+    ids=["block-tree", "dart-tree"],
+)
+def test_a_runtime_less_drafter_s_tree_goes_back_to_its_drafts_device_not_the_cpu(make):
+    """Runs on the CPU: a runtime-less drafter whose drafts are on torch's ``meta`` device (its
+    alternatives on the CPU, so the search reads them): the tree is built off the host path and
+    moved to ``meta``, where a policy that assumed the CPU would leave it."""
+
+    class MetaDrafts(_BlockOn):
+        def draft(self, n):
+            draft = super().draft(n)
+            return replace(draft, token_ids=draft.token_ids.to("meta"), confidences=draft.confidences.to("meta"))
+
+    policy = make()
+    draft, stop = policy.draft_tree(MetaDrafts("cpu"), 100, 100)
+    assert draft.token_ids.device.type == draft.parents.device.type == "meta", stop
+    assert draft.token_ids.shape == (8,) and draft.parents.shape == (8,)
+    on_cpu, _ = make().draft_tree(_BlockOn("cpu"), 100, 100)  # the same search, the tree on the CPU
+    assert on_cpu.token_ids.shape == (8,)
