@@ -29,15 +29,16 @@ The machine's load inflates every figure alike: compare components with each oth
 absolute figures alone (``--repeat`` keeps the least).
 
 On this CPU every model pass runs on the core the host work runs on and streams the weights through
-its caches, so the host work after a pass starts cache-cold; on a GPU the passes run on the device
-and leave the host's caches alone. ``--passes-on-core C`` separates the two: the host (this thread)
-is pinned to ``--host-core`` and every outermost pass (``PassClock``'s entry points) runs on a
-thread pinned to core ``C``, torch on one thread, the caller waiting (the handoff is part of the
+that core's private caches (L1, L2), so the host work after a pass finds them refilled with weights;
+on a GPU the passes run on the device. ``--passes-on-core C`` separates the two: the host (this
+thread) is pinned to ``--host-core`` and every outermost pass (``PassClock``'s entry points) runs on
+a thread pinned to core ``C``, torch on one thread, the caller waiting (the handoff is part of the
 pass, not of host work). ``C`` equal to ``--host-core`` is the control: the same handoff, the passes
-on the host's core. The difference between the two readings is the host work the passes' cache
-traffic adds. With ``--paired-control`` each repeat decodes the prompts twice, the passes on core
-``C`` and then on the host's core (the same thread, moved), and ``host_ms_per_round_control`` holds
-the control's reading: a pair taken minutes apart on a shared machine drifts more than it differs.
+on the host's core. With ``--paired-control`` each repeat decodes the prompts twice, back to back,
+once with the passes on core ``C`` and once with the same thread moved to the host's core, in
+alternating order; ``host_ms_per_round_control`` / ``control_repeats`` hold the control's readings
+and ``same_rounds`` whether both decoded the same rounds (a pair taken minutes apart on a shared
+machine drifts more than it differs).
 """
 
 from __future__ import annotations
@@ -328,7 +329,7 @@ def measure(
     with tracer.watching(policy, drafter, bench.verifier):
         TRACING.append(tracer)
         try:
-            rounds = [r for prompt in ids for r in decode(prompt).rounds]
+            rounds = _decoded(ids, decode, None)
         finally:
             TRACING.clear()
     n = len(rounds)

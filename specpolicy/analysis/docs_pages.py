@@ -473,19 +473,22 @@ def host_work_paired_context(results: dict[str, Any] | None) -> dict[str, Any] |
     host's own core (``benchmarks/host_work.py --passes-on-core C --paired-control``): per method both
     readings (the least of the repeats) and the median of the repeats' paired ratios (each repeat's
     two readings taken back to back), least first; the counts within the goal, the medians, and the
-    median and range of the methods' ratios over the methods whose two readings decoded the same
-    rounds (``same_rounds``: not those whose rounds follow measured costs). None without results."""
+    median and range of the methods' ratios, and the range of the single repeats' ratios, over the
+    methods whose two readings decoded the same rounds (``same_rounds``: not those whose rounds
+    follow measured costs). None without results."""
     if not results:
         return None
     s, methods = results["settings"], results["methods"]
     goal = float(s["goal_ms"])
-    rows, ratios = [], []
+    rows, ratios, pairs = [], [], []
     for name, m in sorted(methods.items(), key=lambda item: item[1]["host_ms_per_round"]):
         off, on = m["host_ms_per_round"], m["host_ms_per_round_control"]
-        paired = statistics.median(a / b for a, b in zip(m["host_ms_per_round_repeats"], m["control_repeats"]))
+        own = [a / b for a, b in zip(m["host_ms_per_round_repeats"], m["control_repeats"])]
+        paired = statistics.median(own)
         same = m.get("same_rounds", True)
         if same:
             ratios.append(paired)
+            pairs += own
         rows.append([
             f"`{name}`", f"{off:.2f}", f"{on:.2f}", f"{paired:.2f}" + ("" if same else " *"),
             "yes" if off <= goal else "no",
@@ -504,6 +507,7 @@ def host_work_paired_context(results: dict[str, Any] | None) -> dict[str, Any] |
         "median_control": statistics.median(on_core),
         "median_ratio": statistics.median(ratios),
         "ratio_range": (min(ratios), max(ratios)),
+        "pair_range": (min(pairs), max(pairs)),  # single repeats' ratios: the noise a pair carries
     }
 
 

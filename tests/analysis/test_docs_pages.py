@@ -285,5 +285,6 @@ def test_the_paired_host_work_ratio_is_taken_within_each_repeat_over_the_methods
     assert ratios == {"`a`": "0.60", "`b`": "1.00", "`c`": "0.20 *"}
     assert context["compared"] == 2 and context["median_ratio"] == pytest.approx(0.8)
     assert context["ratio_range"] == pytest.approx((0.6, 1.0))
+    assert context["pair_range"] == pytest.approx((0.5, 3.0))  # the compared methods' single repeats
     assert (context["within_goal"], context["within_goal_control"]) == (2, 1)
     assert host_work_paired_context(None) is None

@@ -174,26 +174,43 @@ def test_dflash_gives_dart_tree_its_ngram_context_and_one_pass(target, checkpoin
     assert seen[-1][1][: len(other)] == other.tolist() and len(seen[-1][1]) <= len(other) + 2
 
 
+def _dart_tree_rounds(target, checkpoints, total, prepare):
+    """The rounds (trees, confidences, accepted paths) of DART's tree over DFlash's block on one prompt,
+    24 tokens, after ``prepare(policy, drafter)`` (a variant of the policy's adoption)."""
+    rt = Runtime(device="cpu", dtype="float64", seed=0)
+    verifier = HFVerifier(target, rt, frozenset())
+    drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
+    policy = DartTreePolicy(top_k=3, beam_width=2, total_tokens=total, ngram_model=NGRAM)
+    prepare(policy, drafter)
+    out = generate(random_prompts(1)[0], verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
+    return [(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds]
+
+
+def _after_adoption(policy, then):
+    """``policy._adopt`` followed by ``then(policy)`` on every adoption."""
+    adopt = policy._adopt
+
+    def adopted(d):
+        adopt(d)
+        then(policy)
+
+    policy._adopt = adopted
+
+
 @pytest.mark.parametrize("total", [8, 2])  # beams narrower than the tree (8 > top_k), then as wide
 def test_dart_tree_off_the_host_path_is_the_host_path(target, checkpoints, total):
     """The search off the CPU (the pass's tensors read to the host, the tree moved back:
     ``_draft_on_device``, run here on CPU tensors) gives the rounds the host path gives (numpy
     views, the drafter's host n-gram context): the same trees, confidences and outputs."""
-    rt = Runtime(device="cpu", dtype="float64", seed=0)
-    verifier = HFVerifier(target, rt, frozenset())
-    prompt, runs = random_prompts(1)[0], []
-    for on_host in (True, False):
-        drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
-        policy = DartTreePolicy(top_k=3, beam_width=2, total_tokens=total, ngram_model=NGRAM)
-        adopt = policy._adopt
-
-        def adopted(d, adopt=adopt, policy=policy, on_host=on_host):
-            adopt(d)
-            policy._on_host = on_host
-
-        policy._adopt = adopted
-        out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
-        runs.append([(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds])
+    runs = [
+        _dart_tree_rounds(
+            target,
+            checkpoints,
+            total,
+            lambda policy, drafter, on_host=on_host: _after_adoption(policy, lambda p: setattr(p, "_on_host", on_host)),
+        )
+        for on_host in (True, False)
+    ]
     assert runs[0] == runs[1] and any(len(parents) > 1 for _, parents, _, _ in runs[0])
 
 
@@ -202,27 +219,19 @@ def test_dart_tree_packs_its_searches_when_it_adopts_a_drafter(target, checkpoin
     """The searches' states are packed for the drafter's block when the policy adopts it (not in the
     first round that reaches a new depth): the same states a round packs, and the same rounds as a
     policy that packs them in its rounds (its states reset to one depth after the adoption)."""
-    rt = Runtime(device="cpu", dtype="float64", seed=0)
-    verifier = HFVerifier(target, rt, frozenset())
-    prompt, runs = random_prompts(1)[0], []
-    for packed_on_adoption in (True, False):
-        drafter = _drafter("dflash", checkpoints, target, rt, stop=frozenset())
-        policy = DartTreePolicy(top_k=3, beam_width=2, total_tokens=total, ngram_model=NGRAM)
-        if not packed_on_adoption:
-            adopt = policy._adopt
 
-            def adopted(d, adopt=adopt, policy=policy):
-                adopt(d)
-                policy._searches = {bf: policy._search_state(bf, 1) for bf in (False, True)}
+    def packed_on_adoption(policy, drafter):
+        policy._adopt(drafter)
+        for best_first, (depths, state) in policy._searches.items():
+            assert depths == drafter.tokens_per_pass
+            assert np.array_equal(state, policy._search_state(best_first, depths)[1])
 
-            policy._adopt = adopted
-        else:
-            policy._adopt(drafter)
-            for best_first, (depths, state) in policy._searches.items():
-                assert depths == drafter.tokens_per_pass
-                assert np.array_equal(state, policy._search_state(best_first, depths)[1])
-        out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
-        runs.append([(r.draft_token_ids, r.draft_parents, r.confidences, r.accepted_path) for r in out.rounds])
+    def packed_in_rounds(policy, drafter):
+        _after_adoption(policy, lambda p: setattr(p, "_searches", {bf: p._search_state(bf, 1) for bf in (False, True)}))
+
+    runs = [
+        _dart_tree_rounds(target, checkpoints, total, prepare) for prepare in (packed_on_adoption, packed_in_rounds)
+    ]
     assert runs[0] == runs[1] and any(len(parents) > 1 for _, parents, _, _ in runs[0])
 
 
