@@ -383,3 +383,25 @@ def test_a_runtime_less_drafter_s_tree_goes_back_to_its_drafts_device_not_the_cp
     assert draft.token_ids.shape == (8,) and draft.parents.shape == (8,)
     on_cpu, _ = make().draft_tree(_BlockOn("cpu"), 100, 100)  # the same search, the tree on the CPU
     assert on_cpu.token_ids.shape == (8,)
+
+
+def test_an_empty_tree_on_a_device_the_policy_guessed_is_the_runs_empty_draft():
+    """A round with no room (``draft_tree`` at depth 0) before a runtime-less drafter's first draft:
+    the policy cannot know the drafter's device and returns an empty draft elsewhere (here ``meta``;
+    the CPU beside a CUDA verifier); the loop hands the verifier the run's empty draft instead. A
+    tree it drafted is left where it is."""
+    from specpolicy.core.loop import _InFlight, draft_rows
+    from specpolicy.core.types import Draft
+
+    class EmptyElsewhere(BlockTreePolicy):
+        def draft_tree(self, drafter, room, node_room):
+            if room < 1:
+                return Draft.empty("meta"), "room"
+            return super().draft_tree(drafter, room, node_room)
+
+    policy = EmptyElsewhere(depth=4, top_k=3, total_tokens=8)
+    request = _InFlight(0, 1, 100, _BlockOn("cpu"), policy, None, None, 0.0, 0.0, drafts_tree=True)
+    (empty,), (stop,) = draft_rows([request], [0], [100], torch.device("cpu"), [[]])
+    assert stop == "room" and empty.length == 0 and empty.token_ids.device.type == "cpu"
+    (tree,), _ = draft_rows([request], [100], [100], torch.device("meta"), [[]])
+    assert tree.length == 8 and tree.token_ids.device.type == "cpu"  # drafted: not moved
