@@ -10,7 +10,9 @@ Methods are the peers benchmark's (``benchmarks/peers.py``: ``conf/method/`` pre
 ``NAME=drafter=D,policy=P,...`` one-offs); without ``--method`` every row of the peers table
 (``peers.DEFAULT_METHODS``) and of the neighbours table (the ``--method`` list of
 ``benchmarks/results/neighbours-gsm8k-30x256.json``). Each method decodes the prompts ``--repeat``
-times; per method:
+times, the methods interleaved (each repeat runs every method in turn, in alternating order:
+``measure_all``), so that the machine's drift over a run of minutes reaches them all alike; per
+method:
 
 * ``host_ms_per_round``: the loop's own figure (mean ``RoundRecord.host_ms``), from runs WITHOUT the
   component timers, the least over the repeats (a loaded machine only adds to it), and its share of
@@ -292,68 +294,99 @@ def measure(
     clock: Callable[[], int] = time.perf_counter_ns,
     control: tuple[PassThread, int] | None = None,
 ) -> dict[str, Any]:
-    """One method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
-    components (one timed pass). ``control``: ``(the passes' thread, the host's core)``: each repeat
-    also decodes ``ids`` with the passes on the host's core (``host_ms_per_round_control``)."""
-    drafter, policy = bench.parts(spec)
-    hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
+    """One method's row of ``measure_all``."""
+    return measure_all(bench, [spec], ids, repeat, clock, control)[spec.name]
+
+
+def measure_all(
+    bench: peers.Bench,
+    specs: list[peers.MethodSpec],
+    ids: list,
+    repeat: int,
+    clock: Callable[[], int] = time.perf_counter_ns,
+    control: tuple[PassThread, int] | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, dict[str, Any]]:
+    """Every method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
+    components (one timed pass), the methods INTERLEAVED: each repeat decodes ``ids`` with every
+    method in turn (forward on even repeats, backward on odd ones), so the machine's drift over the
+    run reaches every method alike rather than the methods measured in its worst minutes.
+    ``control``: ``(the passes' thread, the host's core)``: each repeat also decodes ``ids`` with the
+    passes on the host's core (``host_ms_per_round_control``), back to back with the reading it pairs."""
+    decoders: dict[str, Callable] = {}
+    parts: dict[str, tuple[Any, Any]] = {}
+    for spec in specs:
+        drafter, policy = bench.parts(spec)
+        hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
+
+        def decode(prompt, spec=spec, drafter=drafter, policy=policy, hidden=hidden):
+            drafter.report_hidden = hidden
+            reuse = DraftReuse(bench.args.reuse_min_match) if spec.reuse else None
+            return generate(
+                prompt,
+                bench.verifier,
+                bench.runtime,
+                max_new_tokens=bench.args.max_new_tokens,
+                drafter=drafter,
+                policy=policy,
+                reuse=reuse,
+            )
+
+        decode(ids[0])  # warm-up, untimed
+        decoders[spec.name], parts[spec.name] = decode, (drafter, policy)
     # the models' and tables' objects out of the garbage collector's generations (vLLM does the same
     # after start-up): a full collection over ~500k objects costs 30-150 ms, landing in whatever
     # round triggers it; the rounds' own short-lived objects are still collected
     gc.collect()
-    gc.freeze()  # undone after this method (the next method's models must be collectable)
-
-    def decode(prompt):
-        drafter.report_hidden = hidden
-        reuse = DraftReuse(bench.args.reuse_min_match) if spec.reuse else None
-        return generate(
-            prompt,
-            bench.verifier,
-            bench.runtime,
-            max_new_tokens=bench.args.max_new_tokens,
-            drafter=drafter,
-            policy=policy,
-            reuse=reuse,
-        )
-
-    decode(ids[0])  # warm-up, untimed
-    per_round, per_round_control = [], []
-    signatures: set = set()  # each reading's rounds (drafts and outcomes): one when every reading decodes alike
-    for i in range(repeat):
-        readings = [False, True] if control is not None else [False]
-        for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
-            rounds = _decoded(ids, decode, control if on_host_core else None)
-            (per_round_control if on_host_core else per_round).append(sum(r.host_ms for r in rounds) / len(rounds))
-            signatures.add(tuple((r.draft_token_ids, r.draft_parents, r.accepted_length) for r in rounds))
-    tracer = Exclusive(clock)
-    with tracer.watching(policy, drafter, bench.verifier):
-        TRACING.append(tracer)
-        try:
-            rounds = _decoded(ids, decode, None)
-        finally:
-            TRACING.clear()
-    n = len(rounds)
-    components = {name: ns / 1e6 / n for name, ns in sorted(tracer.ns.items()) if name != "pass"}
-    traced_host = sum(r.host_ms for r in rounds) / n
-    components["loop"] = traced_host - sum(components.values())
-    gc.unfreeze()
-    return {
-        "host_ms_per_round": min(per_round),
-        "host_ms_per_round_repeats": per_round,
-        "rounds": n,
-        "traced_host_ms_per_round": traced_host,
-        **(
-            {
-                "host_ms_per_round_control": min(per_round_control),
-                "control_repeats": per_round_control,
-                # the readings decoded the same rounds (False: rounds that follow measured costs, goodput)
-                "same_rounds": len(signatures) == 1,
+    gc.freeze()  # undone at the end (a later call's models must be collectable)
+    per_round: dict[str, list[float]] = defaultdict(list)
+    per_round_control: dict[str, list[float]] = defaultdict(list)
+    signatures: dict[str, set] = defaultdict(set)  # each reading's rounds (drafts and outcomes)
+    try:
+        for i in range(repeat):
+            log(f"repeat {i + 1}/{repeat}")
+            for name in decoders if i % 2 == 0 else reversed(decoders):
+                readings = [False, True] if control is not None else [False]
+                for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
+                    rounds = _decoded(ids, decoders[name], control if on_host_core else None)
+                    (per_round_control if on_host_core else per_round)[name].append(
+                        sum(r.host_ms for r in rounds) / len(rounds)
+                    )
+                    signatures[name].add(tuple((r.draft_token_ids, r.draft_parents, r.accepted_length) for r in rounds))
+        rows = {}
+        for name, decode in decoders.items():
+            drafter, policy = parts[name]
+            tracer = Exclusive(clock)
+            with tracer.watching(policy, drafter, bench.verifier):
+                TRACING.append(tracer)
+                try:
+                    rounds = _decoded(ids, decode, None)
+                finally:
+                    TRACING.clear()
+            n = len(rounds)
+            components = {part: ns / 1e6 / n for part, ns in sorted(tracer.ns.items()) if part != "pass"}
+            traced_host = sum(r.host_ms for r in rounds) / n
+            components["loop"] = traced_host - sum(components.values())
+            rows[name] = {
+                "host_ms_per_round": min(per_round[name]),
+                "host_ms_per_round_repeats": per_round[name],
+                "rounds": n,
+                "traced_host_ms_per_round": traced_host,
+                **(
+                    {
+                        "host_ms_per_round_control": min(per_round_control[name]),
+                        "control_repeats": per_round_control[name],
+                        # the readings decoded the same rounds (False: rounds that follow measured costs, goodput)
+                        "same_rounds": len(signatures[name]) == 1,
+                    }
+                    if control is not None
+                    else {}
+                ),
+                "components": components,
             }
-            if control is not None
-            else {}
-        ),
-        "components": components,
-    }
+    finally:
+        gc.unfreeze()
+    return rows
 
 
 def _decoded(ids: list, decode: Callable, control: tuple[PassThread, int] | None) -> list:
@@ -443,16 +476,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log = peers.start_benchmark(args.threads)
     bench = peers.Bench(args)
     ids = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
-    rows = {}
     with ExitStack() as stack:
         control = None
         if args.passes_on_core is not None:
             worker = stack.enter_context(passes_on(args.passes_on_core, args.host_core))
             control = (worker, args.host_core) if args.paired_control else None
-        for spec in specs:
-            log(f"[{spec.name}]")
-            clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
-            rows[spec.name] = measure(bench, spec, ids, args.repeat, clock, control)
+        clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
+        log(f"{len(specs)} methods, interleaved: {', '.join(spec.name for spec in specs)}")
+        rows = measure_all(bench, specs, ids, args.repeat, clock, control, log)
     step_ms = load_profile(args.profile).target_ms_per_token
     neighbours = {peers.parse_method(t).name for t in neighbours_methods()}
     for name, r in rows.items():
