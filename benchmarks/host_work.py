@@ -10,9 +10,9 @@ Methods are the peers benchmark's (``benchmarks/peers.py``: ``conf/method/`` pre
 ``NAME=drafter=D,policy=P,...`` one-offs); without ``--method`` every row of the peers table
 (``peers.DEFAULT_METHODS``) and of the neighbours table (the ``--method`` list of
 ``benchmarks/results/neighbours-gsm8k-30x256.json``). Each method decodes the prompts ``--repeat``
-times, the methods interleaved (each repeat runs every method in turn, in alternating order:
-``measure_all``), so that the machine's drift over a run of minutes reaches them all alike; per
-method:
+times, the methods interleaved (each repeat runs every method in turn, in alternating order, each
+after an untimed decode of the first prompt: ``measure_all``), so that the machine's drift over a
+run of minutes reaches them all alike; per method:
 
 * ``host_ms_per_round``: the loop's own figure (mean ``RoundRecord.host_ms``), from runs WITHOUT the
   component timers, the least over the repeats (a loaded machine only adds to it), and its share of
@@ -310,7 +310,9 @@ def measure_all(
     """Every method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
     components (one timed pass), the methods INTERLEAVED: each repeat decodes ``ids`` with every
     method in turn (forward on even repeats, backward on odd ones), so the machine's drift over the
-    run reaches every method alike rather than the methods measured in its worst minutes.
+    run reaches every method alike rather than the methods measured in its worst minutes; each
+    method's readings follow an untimed decode of the first prompt, so they find its code and data
+    as a run of that method keeps them, not as the previous method left them.
     ``control``: ``(the passes' thread, the host's core)``: each repeat also decodes ``ids`` with the
     passes on the host's core (``host_ms_per_round_control``), back to back with the reading it pairs."""
     decoders: dict[str, Callable] = {}
@@ -346,6 +348,7 @@ def measure_all(
         for i in range(repeat):
             log(f"repeat {i + 1}/{repeat}")
             for name in decoders if i % 2 == 0 else reversed(decoders):
+                decoders[name](ids[0])  # untimed: the method's code and data warm again, as a run of it keeps them
                 readings = [False, True] if control is not None else [False]
                 for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
                     rounds = _decoded(ids, decoders[name], control if on_host_core else None)
