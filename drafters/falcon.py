@@ -486,9 +486,12 @@ class FalconDrafter(Drafter):
         committed, k, (width, layers, top) = self._cached + self._uncached, self.k, self._head_shape
         levels, key = self._levels, (k, width, layers, self._host_dtype, min(top_k, top))
         if levels is None or not levels.fits(key, blocks, committed + blocks * k):
-            room = (blocks, 0) if levels is None else (levels.blocks, 2 * levels.columns)
-            columns = max(committed + blocks * k + 256, room[1])
-            levels = self._levels = compiled_falcon.FalconLevels(*key, max(blocks, room[0]), columns)
+            columns, most = committed + blocks * k + 256, blocks
+            if levels is not None:  # doubled only when the context outgrew them (another tree's shape: as wide)
+                most = max(blocks, levels.blocks)
+                wider = committed + blocks * k > levels.columns
+                columns = max(columns, 2 * levels.columns if wider else levels.columns)
+            levels = self._levels = compiled_falcon.FalconLevels(*key, most, columns)
         first = levels.pass_of(1)
         root = self._root(top_k=top_k, into=levels.root_into)
         if root is None:

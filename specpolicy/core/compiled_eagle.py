@@ -66,7 +66,8 @@ def eagle2_host_level(
     it gave their outputs ``last_out`` ``(m, H)`` and children ``ids`` (int64) / ``logp`` ``(m, w)``.
     In order: ``last_out`` becomes rows ``base - m + 1 ..`` of ``rows`` ``(R, H)`` (at ``base`` 0 the
     root's row of ``mask`` ``(R, W) bool`` -- every one of the ``committed`` cached positions -- and
-    ``position`` ``(R,) int64`` -- ``committed - 1`` -- are reset too); the children go to the
+    ``position`` ``(R,) int64`` -- ``committed - 1`` -- are reset too; a row is written over its
+    first ``committed + R - 1`` columns, all a pass reads, not the buffers' whole width); the children go to the
     candidates (``_append``; ``candidates`` ``(3, N) int64``, ``scores`` ``(N,)`` float, ``[0, end)``
     filled); the new level's ``select`` best (the stable descending sort's first) go to ``best``, and
     each becomes node ``base + 1 + j`` under its parent node p: ``mask`` row = p's row plus column
@@ -78,9 +79,12 @@ def eagle2_host_level(
     """
     m = ids.shape[0]
     first = base - m + 1
+    # the columns any pass of the round reads (``committed`` cached positions, then at most the
+    # buffers' nodes), not the buffers' whole width: rows are written and copied this far only
+    limit = min(mask.shape[1], committed + mask.shape[0] - 1)
     if base == 0:
         mask[0, :committed] = True
-        mask[0, committed:] = False
+        mask[0, committed:limit] = False
         position[0] = committed - 1
     for i in range(last_out.shape[0]):
         rows[first + i, :] = last_out[i, :]
@@ -89,7 +93,7 @@ def eagle2_host_level(
     for j in range(chosen):
         c = best[j]
         parent, row = candidates[2, c], base + 1 + j
-        mask[row, :] = mask[parent, :]
+        mask[row, :limit] = mask[parent, :limit]
         mask[row, committed + base + j] = True
         position[row] = position[parent] + 1
         inputs[0, j] = candidates[0, c]

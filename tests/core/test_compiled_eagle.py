@@ -203,3 +203,39 @@ def test_a_reranking_that_keeps_fewer_nodes_than_asked_is_refused(models, monkey
     policy = Eagle2TreePolicy(depth=4, top_k=3, total_tokens=10)
     with pytest.raises(RuntimeError, match=r"reranking kept 9 of the tree's 10 nodes"):
         generate(random_prompts(1)[0], verifier, rt, max_new_tokens=8, drafter=drafter, policy=policy)
+
+
+def test_trees_of_other_shapes_in_turn_on_one_drafter_keep_its_buffers_and_their_rounds(models):
+    """Two EAGLE-2 trees of other shapes (top-k, size) in turn on ONE drafter, as an interleaved
+    benchmark runs them: every round as with a drafter of its own (the buffers laid out anew for
+    another shape, rows rewritten over every column a pass reads), and the buffers' width bounded
+    by the context, not doubled at each change of shape (the host work of copying rows of that width
+    grew with every change: 61 ms a round after a run of interleaved methods)."""
+    import copy
+
+    target, checkpoint = models
+    shapes = [(4, 3, 10), (3, 2, 6)]
+    prompts = random_prompts(6)
+    rt = Runtime(device="cpu", dtype="float32", seed=0)
+    verifier = HFVerifier(copy.deepcopy(target).float(), rt, frozenset({EOS}))
+
+    def drafter():
+        head = load_eagle3(checkpoint).float()
+        return Eagle3Drafter(head, verifier.model.get_input_embeddings(), (1, 3, 5), VOCAB, rt, frozenset({EOS}))
+
+    def rounds(d, shape, prompt):
+        depth, top_k, total = shape
+        out = generate(
+            prompt, verifier, rt, max_new_tokens=24, drafter=d,
+            policy=Eagle2TreePolicy(depth=depth, top_k=top_k, total_tokens=total),
+        )  # fmt: skip
+        return out.output_ids.tolist(), [(r.draft_token_ids, r.draft_parents, r.confidences) for r in out.rounds]
+
+    shared, own = drafter(), {shape: drafter() for shape in shapes}
+    widest = 0
+    for i, prompt in enumerate(prompts):
+        shape = shapes[i % 2]
+        assert rounds(shared, shape, prompt) == rounds(own[shape], shape, prompt), (i, shape)
+        widest = max(widest, shared._levels.columns)
+    longest = max(p.shape[0] for p in prompts) + 24 + max(total for _, _, total in shapes)
+    assert widest <= 2 * (longest + 256), widest

@@ -323,3 +323,26 @@ def test_the_host_tree_buffers_equal_the_tensor_path(head, target, rt, monkeypat
         patch.setattr(falcon_mod, "_NUMPY_DTYPES", {})
         tensor = run()
     assert host == tensor
+
+
+def test_trees_of_other_shapes_in_turn_on_one_drafter_keep_its_buffers_and_their_rounds(head, target, rt):
+    """Falcon's default and paper trees in turn on ONE drafter, as an interleaved benchmark runs
+    them: every round as with a drafter of its own, and the host buffers' width bounded by the
+    context, not doubled at each change of tree."""
+    verifier = HFVerifier(target, rt, frozenset({EOS}))
+    trees = [{"name": "falcon-tree"}, {"name": "falcon-tree", "tree": "paper"}]
+    prompts = random_prompts(6)
+
+    def rounds(drafter, config, prompt):
+        policy = make_policy(get_plugin_manager(autoload=False), dict(config))
+        out = generate(prompt, verifier, rt, max_new_tokens=24, drafter=drafter, policy=policy)
+        return out.output_ids.tolist(), [(r.draft_token_ids, r.draft_parents, r.confidences) for r in out.rounds]
+
+    shared = _drafter(head, target, rt, stop=frozenset({EOS}))
+    own = [_drafter(head, target, rt, stop=frozenset({EOS})) for _ in trees]
+    widest = 0
+    for i, prompt in enumerate(prompts):
+        assert rounds(shared, trees[i % 2], prompt) == rounds(own[i % 2], trees[i % 2], prompt), i
+        widest = max(widest, shared._levels.columns)
+    most = max(own[0]._levels.blocks, own[1]._levels.blocks) * shared.k
+    assert widest <= 2 * (max(p.shape[0] for p in prompts) + 24 + most + 256), widest
