@@ -14,6 +14,9 @@ times, the methods interleaved (each repeat runs every method in turn, in altern
 after an untimed decode of the first prompt: ``measure_all``), so that the machine's drift over a
 run of minutes reaches them all alike; per method:
 
+* ``host_probe_us``: ``host_probe_us`` (a fixed piece of host work, timed before each of the
+  method's readings): the machine's host speed while the method was read; the result's
+  ``host_probe_us`` holds its median and range over the run, to tell two runs' machines apart;
 * ``host_ms_per_round``: the loop's own figure (mean ``RoundRecord.host_ms``), from runs WITHOUT the
   component timers, the least over the repeats (a loaded machine only adds to it), and its share of
   the ``--profile`` target step (13.5 ms for ``a6000-qwen7b``);
@@ -60,6 +63,7 @@ from pathlib import Path
 from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np  # noqa: E402
 import peers  # noqa: E402
 import torch  # noqa: E402
 
@@ -286,6 +290,33 @@ def neighbours_methods() -> list[str]:
     return list(json.loads(NEIGHBOURS.read_text())["settings"].get("method") or [])
 
 
+#: the host probe's fixed work: a 1 MB array (numpy's pass over it) and two small tensors (torch's dispatch)
+_PROBE_ARRAY = np.linspace(0.0, 1.0, 131072)
+_PROBE_TENSORS = (torch.zeros(16), torch.ones(16))
+
+
+def host_probe_us(repeat: int = 3) -> float:
+    """The machine's host speed at this moment: the least of ``repeat`` timings (microseconds) of one
+    fixed piece of host work of the kinds a round does -- Python bookkeeping (2,000 dict and list
+    operations), 40 small torch ops on the CPU and a numpy pass over 1 MB. Taken beside every reading
+    (``measure_all``), it tells two runs' machines apart: on a shared machine the same code reads
+    up to 2x slower from one run to another, every component alike."""
+    best = float("inf")
+    a, b = _PROBE_TENSORS
+    for _ in range(repeat):
+        start = time.perf_counter()
+        table: dict[int, list[int]] = {}
+        for i in range(500):
+            table.setdefault(i % 31, []).append(i)
+            table[i % 31][-1] += 1
+        for _ in range(20):
+            torch.add(a, b)
+            a.sum()
+        float(_PROBE_ARRAY.sum())
+        best = min(best, time.perf_counter() - start)
+    return best * 1e6
+
+
 def measure(
     bench: peers.Bench,
     spec: peers.MethodSpec,
@@ -344,11 +375,13 @@ def measure_all(
     per_round: dict[str, list[float]] = defaultdict(list)
     per_round_control: dict[str, list[float]] = defaultdict(list)
     signatures: dict[str, set] = defaultdict(set)  # each reading's rounds (drafts and outcomes)
+    probes: dict[str, list[float]] = defaultdict(list)  # ``host_probe_us`` before each method's readings
     try:
         for i in range(repeat):
             log(f"repeat {i + 1}/{repeat}")
             for name in decoders if i % 2 == 0 else reversed(decoders):
                 decoders[name](ids[0])  # untimed: the method's code and data warm again, as a run of it keeps them
+                probes[name].append(host_probe_us())
                 readings = [False, True] if control is not None else [False]
                 for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
                     rounds = _decoded(ids, decoders[name], control if on_host_core else None)
@@ -375,6 +408,7 @@ def measure_all(
                 "host_ms_per_round_repeats": per_round[name],
                 "rounds": n,
                 "traced_host_ms_per_round": traced_host,
+                "host_probe_us": probes[name],
                 **(
                     {
                         "host_ms_per_round_control": min(per_round_control[name]),
@@ -493,7 +527,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["host_step_share"] = r["host_ms_per_round"] / step_ms
         r["in_neighbours_table"] = name in neighbours  # issue 48's bar reads these rows
     print_table(rows, step_ms, args.profile, args.goal_ms)
-    result = {"settings": {**vars(args), "target_step_ms": step_ms}, "methods": rows}
+    probes = sorted(us for r in rows.values() for us in r["host_probe_us"])
+    probe = {"median": probes[len(probes) // 2], "min": probes[0], "max": probes[-1]}
+    log(
+        f"host probe (host_probe_us, before each reading): median {probe['median']:.0f} us, {probe['min']:.0f}-{probe['max']:.0f}"
+    )
+    result = {"settings": {**vars(args), "target_step_ms": step_ms}, "host_probe_us": probe, "methods": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

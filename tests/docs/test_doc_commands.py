@@ -724,8 +724,11 @@ def _host_work(command: Command, h: Harness) -> None:
         [*args, "--num-prompts", "1", "--max-new-tokens", "8", "--repeat", "1", "--method", "ar+static-k5"]
         + ["--out", str(out), *tiny_models(h.world)]
     )
-    row = json.loads(out.read_text())["methods"]["ar+static-k5"]
+    result = json.loads(out.read_text())
+    row = result["methods"]["ar+static-k5"]
     assert row["host_ms_per_round"] > 0 and "verify" in row["components"]
+    # the machine's host speed beside the reading (one repeat: one probe), and its range over the run
+    assert len(row["host_probe_us"]) == 1 and 0 < result["host_probe_us"]["min"] == row["host_probe_us"][0]
 
 
 #: the shortened ``benchmarks/runtime.py`` runs of this process: where each command is shown, and
