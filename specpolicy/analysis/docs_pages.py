@@ -437,7 +437,8 @@ HOST_COLUMNS = (
 def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
     """Host work per round of every method (``benchmarks/host_work.py``): ms per round (the least of
     the repeats), its share of the profile's target step, and the exclusive ms of each component
-    group (``HOST_COLUMNS``, from the run with timers), least first. None without results."""
+    group (``HOST_COLUMNS``, from the run with timers), least first, and the host probe's median and
+    range over the run (``host_probe_us``; None in a result from before it). None without results."""
     if not results:
         return None
     s, methods = results["settings"], results["methods"]
@@ -465,6 +466,7 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
         "within_goal": sum(v <= goal for v in values),
         "median": statistics.median(values),
         "goal": goal,
+        "probe": results.get("host_probe_us"),  # the machine's host speed over the run (interleaved runs)
     }
 
 

@@ -215,7 +215,7 @@ def test_trees_of_other_shapes_in_turn_on_one_drafter_keep_its_buffers_and_their
 
     target, checkpoint = models
     shapes = [(4, 3, 10), (3, 2, 6)]
-    prompts = random_prompts(6)
+    prompts = random_prompts(4)
     rt = Runtime(device="cpu", dtype="float32", seed=0)
     verifier = HFVerifier(copy.deepcopy(target).float(), rt, frozenset({EOS}))
 

@@ -331,7 +331,7 @@ def test_trees_of_other_shapes_in_turn_on_one_drafter_keep_its_buffers_and_their
     context, not doubled at each change of tree."""
     verifier = HFVerifier(target, rt, frozenset({EOS}))
     trees = [{"name": "falcon-tree"}, {"name": "falcon-tree", "tree": "paper"}]
-    prompts = random_prompts(6)
+    prompts = random_prompts(4)
 
     def rounds(drafter, config, prompt):
         policy = make_policy(get_plugin_manager(autoload=False), dict(config))
