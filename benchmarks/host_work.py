@@ -299,8 +299,8 @@ def host_probe_us(repeat: int = 3) -> float:
     """The machine's host speed at this moment: the least of ``repeat`` timings (microseconds) of one
     fixed piece of host work of the kinds a round does -- Python bookkeeping (2,000 dict and list
     operations), 40 small torch ops on the CPU and a numpy pass over 1 MB. Taken beside every reading
-    (``measure_all``), it tells two runs' machines apart: on a shared machine the same code reads
-    up to 2x slower from one run to another, every component alike."""
+    (``measure_all``), it tells two runs' machines apart: on a shared machine the same code's
+    readings move by up to 1.5x from one run to another (the methods' median), every component alike."""
     best = float("inf")
     a, b = _PROBE_TENSORS
     for _ in range(repeat):
