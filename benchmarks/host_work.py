@@ -298,9 +298,9 @@ _PROBE_TENSORS = (torch.zeros(16), torch.ones(16))
 def host_probe_us(repeat: int = 3) -> float:
     """The machine's host speed at this moment: the least of ``repeat`` timings (microseconds) of one
     fixed piece of host work of the kinds a round does -- Python bookkeeping (2,000 dict and list
-    operations), 40 small torch ops on the CPU and a numpy pass over 1 MB. Taken beside every reading
-    (``measure_all``), it tells two runs' machines apart: on a shared machine the same code's
-    readings move by up to 1.5x from one run to another (the methods' median), every component alike."""
+    operations), 40 small torch ops on the CPU and a numpy pass over 1 MB. Taken before each method's
+    readings (``measure_all``): the machine's host speed while they were taken, so that runs taken
+    at different times can be compared."""
     best = float("inf")
     a, b = _PROBE_TENSORS
     for _ in range(repeat):
@@ -342,8 +342,11 @@ def measure_all(
     components (one timed pass), the methods INTERLEAVED: each repeat decodes ``ids`` with every
     method in turn (forward on even repeats, backward on odd ones), so the machine's drift over the
     run reaches every method alike rather than the methods measured in its worst minutes; each
-    method's readings follow an untimed decode of the first prompt, so they find its code and data
-    as a run of that method keeps them, not as the previous method left them.
+    method's readings, and its run with the component timers, follow an untimed decode of the first
+    prompt, so they find its code and data as a run of that method keeps them, not as the previous
+    method left them; ``host_probe_us`` is taken before that decode (its own memory traffic would
+    cool it). The run with the timers adds their cost, so its ``traced_host_ms_per_round`` should
+    not fall below ``host_ms_per_round``: a check of the readings' conditions.
     ``control``: ``(the passes' thread, the host's core)``: each repeat also decodes ``ids`` with the
     passes on the host's core (``host_ms_per_round_control``), back to back with the reading it pairs."""
     decoders: dict[str, Callable] = {}
@@ -380,8 +383,8 @@ def measure_all(
         for i in range(repeat):
             log(f"repeat {i + 1}/{repeat}")
             for name in decoders if i % 2 == 0 else reversed(decoders):
+                probes[name].append(host_probe_us())  # first: its own memory traffic would cool the warm-up's caches
                 decoders[name](ids[0])  # untimed: the method's code and data warm again, as a run of it keeps them
-                probes[name].append(host_probe_us())
                 readings = [False, True] if control is not None else [False]
                 for on_host_core in readings if i % 2 == 0 else readings[::-1]:  # the control second, then first
                     rounds = _decoded(ids, decoders[name], control if on_host_core else None)
@@ -392,6 +395,7 @@ def measure_all(
         rows = {}
         for name, decode in decoders.items():
             drafter, policy = parts[name]
+            decode(ids[0])  # untimed, as before every reading: the timed run finds the method warm too
             tracer = Exclusive(clock)
             with tracer.watching(policy, drafter, bench.verifier):
                 TRACING.append(tracer)
@@ -532,7 +536,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log(
         f"host probe (host_probe_us, before each reading): median {probe['median']:.0f} us, {probe['min']:.0f}-{probe['max']:.0f}"
     )
-    result = {"settings": {**vars(args), "target_step_ms": step_ms}, "host_probe_us": probe, "methods": rows}
+    result = {
+        "settings": {**vars(args), "target_step_ms": step_ms, "interleaved": True},
+        "host_probe_us": probe,
+        "methods": rows,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return result

@@ -67,7 +67,8 @@ def eagle2_host_level(
     In order: ``last_out`` becomes rows ``base - m + 1 ..`` of ``rows`` ``(R, H)`` (at ``base`` 0 the
     root's row of ``mask`` ``(R, W) bool`` -- every one of the ``committed`` cached positions -- and
     ``position`` ``(R,) int64`` -- ``committed - 1`` -- are reset too; a row is written over its
-    first ``committed + R - 1`` columns, all a pass reads, not the buffers' whole width); the children go to the
+    first ``committed + R - 1`` columns (at most ``W``), all a pass reads, not the buffers' whole
+    width); the children go to the
     candidates (``_append``; ``candidates`` ``(3, N) int64``, ``scores`` ``(N,)`` float, ``[0, end)``
     filled); the new level's ``select`` best (the stable descending sort's first) go to ``best``, and
     each becomes node ``base + 1 + j`` under its parent node p: ``mask`` row = p's row plus column

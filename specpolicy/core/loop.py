@@ -450,7 +450,7 @@ def draft_rows(
     for r, room, node_room in zip(active, rooms, node_rooms):
         if r.drafts_tree:
             draft, stop = r.policy.draft_tree(r.drafter, room, node_room)  # type: ignore[union-attr]
-            if not draft.length and draft.token_ids.device != device:
+            if not draft.length and draft.token_ids.device.type != device.type:
                 # nothing drafted, on a device the policy guessed (a runtime-less drafter before its
                 # first draft): the run's empty draft, which the verifier reads beside its own tokens
                 draft = empty_draft(device)

@@ -254,6 +254,7 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     assert host_work_context(None) is None
     # the host probe's median and range reach the page's prose; a result from before the probe has none
     changed["host_probe_us"] = {"median": 163.4, "min": 150.2, "max": 412.9}
+    changed["settings"]["interleaved"] = True
     context_with = host_work_context(changed)
     assert context_with is not None and context_with["probe"] == changed["host_probe_us"]
     from specpolicy.analysis.docs_tables import render_template
@@ -264,7 +265,12 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     prose = page(context_with)
     assert "read 163 µs (median; 150-413)" in prose and "interleaved" in prose
     del changed["host_probe_us"]
-    assert "host_probe_us" not in page(host_work_context(changed))
+    assert "host_probe_us" not in page(host_work_context(changed)) and "interleaved" in prose
+    changed["settings"]["interleaved"] = False  # a result read method after method says nothing of it
+    assert (
+        "interleaved"
+        not in page(host_work_context(changed)).split("## Host work with")[0].split("Host work per round")[1]
+    )
 
 
 def test_the_paired_host_work_ratio_is_taken_within_each_repeat_over_the_methods_that_decode_alike():
