@@ -67,11 +67,9 @@ import numpy as np  # noqa: E402
 import peers  # noqa: E402
 import torch  # noqa: E402
 
-from specpolicy.core.decoding import generate  # noqa: E402
 from specpolicy.core.latency import load_profile  # noqa: E402
 from specpolicy.core.passes import PassClock, pass_entry_points  # noqa: E402
 from specpolicy.core.path_search import PathSearch  # noqa: E402
-from specpolicy.core.reuse import DraftReuse  # noqa: E402
 from specpolicy.data.datasets import load_prompts  # noqa: E402
 from specpolicy.models.ngram import NGramModel  # noqa: E402
 
@@ -354,20 +352,7 @@ def measure_all(
     for spec in specs:
         drafter, policy = bench.parts(spec)
         hidden = bench.wire(spec, policy, drafter)  # policy.acceptance=head: its head, the drafter's hidden states
-
-        def decode(prompt, spec=spec, drafter=drafter, policy=policy, hidden=hidden):
-            drafter.report_hidden = hidden
-            reuse = DraftReuse(bench.args.reuse_min_match) if spec.reuse else None
-            return generate(
-                prompt,
-                bench.verifier,
-                bench.runtime,
-                max_new_tokens=bench.args.max_new_tokens,
-                drafter=drafter,
-                policy=policy,
-                reuse=reuse,
-            )
-
+        decode = bench.decoder(spec, drafter, policy, hidden)
         decode(ids[0])  # warm-up, untimed
         decoders[spec.name], parts[spec.name] = decode, (drafter, policy)
     # the models' and tables' objects out of the garbage collector's generations (vLLM does the same

@@ -438,14 +438,15 @@ class Bench:
             settings["model"] = getattr(self.args, f"{spec.drafter}_drafter")
         return wire_acceptance(policy, model, {**settings, **(spec.drafter_settings or {})})
 
-    def added(self, spec: MethodSpec) -> Method:
-        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
-        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
-        model, policy = self.parts(spec)
+    def decoder(
+        self, spec: MethodSpec, model: Any, policy: Any, hidden: bool
+    ) -> Callable[[torch.Tensor], GenerationResult]:
+        """A method's decoding of one prompt (``(P,) int64`` ids -> ``GenerationResult``) on the bench's
+        target, with ``model`` and ``policy`` (``parts``), the drafter reporting its hidden states when
+        ``hidden`` (``wire``), and a new draft reuse per prompt when the method has it."""
         min_match = self.args.reuse_min_match
-        hidden = self.wire(spec, policy, model)
 
-        def run(ids):
+        def run(ids: torch.Tensor) -> GenerationResult:
             model.report_hidden = hidden
             return generate(
                 ids,
@@ -457,6 +458,13 @@ class Bench:
                 reuse=DraftReuse(min_match) if spec.reuse else None,
             )
 
+        return run
+
+    def added(self, spec: MethodSpec) -> Method:
+        """The method ``--method`` configured (``parse_method``): its policy built by the plugin
+        manager as the CLI builds it (entry-point plugins included), on the bench's drafter."""
+        model, policy = self.parts(spec)
+        run = self.decoder(spec, model, policy, self.wire(spec, policy, model))
         shown = (
             repr(policy)
             if type(policy).__repr__ is not object.__repr__
