@@ -16,7 +16,7 @@ run of minutes reaches them all alike; per method:
 
 * ``host_probe_us``: ``host_probe_us`` (a fixed piece of host work, timed before each of the
   method's readings): the machine's host speed while the method was read; the result's
-  ``host_probe_us`` holds its median and range over the run, to tell two runs' machines apart;
+  ``host_probe_us`` holds its median and range over the run, for comparing runs taken at other times;
 * ``host_ms_per_round``: the loop's own figure (mean ``RoundRecord.host_ms``), from runs WITHOUT the
   component timers, the least over the repeats (a loaded machine only adds to it), and its share of
   the ``--profile`` target step (13.5 ms for ``a6000-qwen7b``);
@@ -173,7 +173,7 @@ class Exclusive:
             self._stack[-1][2] += elapsed
 
 
-#: the ``Exclusive`` tracer of the run being traced (``measure``), for ``passes_on``'s handoffs
+#: the ``Exclusive`` tracer of the run being traced (``measure_all``), for ``passes_on``'s handoffs
 TRACING: list[Exclusive] = []
 
 
@@ -313,18 +313,6 @@ def host_probe_us(repeat: int = 3) -> float:
         float(_PROBE_ARRAY.sum())
         best = min(best, time.perf_counter() - start)
     return best * 1e6
-
-
-def measure(
-    bench: peers.Bench,
-    spec: peers.MethodSpec,
-    ids: list,
-    repeat: int,
-    clock: Callable[[], int] = time.perf_counter_ns,
-    control: tuple[PassThread, int] | None = None,
-) -> dict[str, Any]:
-    """One method's row of ``measure_all``."""
-    return measure_all(bench, [spec], ids, repeat, clock, control)[spec.name]
 
 
 def measure_all(

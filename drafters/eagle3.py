@@ -597,10 +597,8 @@ class Eagle3Drafter(SharedSequencesDrafter, Drafter):
         # the cache holds the committed pairs (``commit``'s crop) and, after the pass, the new ones
         self._committed_pairs = committed = self._committed_pairs + pairs
         if levels is None or not levels.fits(width, self._host_dtype, top, nodes, committed + nodes):
-            columns, most = committed + nodes + 256, nodes
-            if levels is not None:  # doubled only when the context outgrew them (another tree's shape: as wide)
-                most = max(nodes, levels.nodes)
-                columns = max(columns, 2 * levels.columns if committed + nodes > levels.columns else levels.columns)
+            columns = tree.host_buffer_width(committed + nodes, 0 if levels is None else levels.columns)
+            most = nodes if levels is None else max(nodes, levels.nodes)
             levels = self._levels = TreeLevels(width, self._host_dtype, top, max(most, 1), columns)
         views = levels.views(1)
         out = self._root_pass(top_k, views[3])

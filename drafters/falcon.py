@@ -486,11 +486,8 @@ class FalconDrafter(Drafter):
         committed, k, (width, layers, top) = self._cached + self._uncached, self.k, self._head_shape
         levels, key = self._levels, (k, width, layers, self._host_dtype, min(top_k, top))
         if levels is None or not levels.fits(key, blocks, committed + blocks * k):
-            columns, most = committed + blocks * k + 256, blocks
-            if levels is not None:  # doubled only when the context outgrew them (another tree's shape: as wide)
-                most = max(blocks, levels.blocks)
-                wider = committed + blocks * k > levels.columns
-                columns = max(columns, 2 * levels.columns if wider else levels.columns)
+            columns = tree.host_buffer_width(committed + blocks * k, 0 if levels is None else levels.columns)
+            most = blocks if levels is None else max(blocks, levels.blocks)
             levels = self._levels = compiled_falcon.FalconLevels(*key, most, columns)
         first = levels.pass_of(1)
         root = self._root(top_k=top_k, into=levels.root_into)

@@ -105,6 +105,14 @@ def host_inputs(
     return inputs, positions, mask
 
 
+def host_buffer_width(needed: int, held: int) -> int:
+    """The attention columns of a drafter's host tree buffers laid out anew (``TreeLevels``,
+    ``FalconLevels``): room for ``needed`` columns (cached positions and the round's nodes) and 256
+    more; doubled from the ``held`` width (0: none) only when ``needed`` outgrew it, kept when a round
+    of another tree shape lays them out (a doubling there would compound with every change of shape)."""
+    return max(needed + 256, 2 * held if needed > held else held)
+
+
 def _as_list(parents: torch.Tensor | list[int]) -> list[int]:
     return parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
 
