@@ -669,7 +669,9 @@ class FastDLLMDrafter(Drafter):
         B, tail = self.block_size, self._tail
         a = int(verification.accepted_length)
         if verification.path is None and draft.reused_tokens == 0:  # a chain of this round's tokens: known here
-            seq = np.concatenate((tail, self._drafted[:a], (verification.next_token,)))  # int64
+            t = tail.shape[0]
+            seq = np.empty(t + a + 1, dtype=np.int64)
+            seq[:t], seq[t : t + a], seq[t + a] = tail, self._drafted[:a], verification.next_token
         else:
             seq = np.concatenate((tail, verification.committed_tokens(draft).cpu().numpy()))
         # seq: the committed tokens of positions [base, L_new), the round's a + 1 last

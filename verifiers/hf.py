@@ -10,7 +10,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specpolicy.core import compiled_tree, tree
 from specpolicy.core.attention import as_model_mask
-from specpolicy.core.cache import buffered_cache, crop_cache, keep_nodes, keep_path, kept_entries
+from specpolicy.core.cache import crop_cache, emptied_cache, held_length, keep_nodes, keep_path, kept_entries
 from specpolicy.core.checks import check_keys, integer
 from specpolicy.core.features import check_feature_layers, select_features
 from specpolicy.core.runtime import Runtime, no_grad
@@ -133,7 +133,7 @@ class HFVerifier(Verifier):
         """Tokens held in the KV cache (the committed sequence minus the pending token)."""
         if self.static is not None:
             return self.static.length
-        return 0 if self.cache is None else self.cache.get_seq_length()
+        return 0 if self.cache is None else held_length(self.cache)
 
     @no_grad
     def prefill(self, prompt_ids: torch.Tensor, sampling: SamplingConfig | None = None) -> None:
@@ -151,7 +151,7 @@ class HFVerifier(Verifier):
             self.max_context,
             self._feature_layers,
             self.runtime.torch_dtype,
-            buffered_cache(room),
+            emptied_cache(self.cache, room),
         )
         self._pending = prompt_ids[-1:]
 

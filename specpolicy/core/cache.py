@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -158,6 +158,39 @@ class BufferedLayer(DynamicLayer):
         self.length = max(self.length + int(tokens_to_remove), 0)
 
 
+def held_length(cache: DynamicCache) -> int:
+    """``cache.get_seq_length()`` (tokens held), read straight from its first layer when that is a
+    ``BufferedLayer`` (every round reads it: transformers' method checks the layer's class first)."""
+    layers = cache.layers
+    if layers and type(layers[0]) is BufferedLayer:
+        first: Any = layers[0]
+        return first._key_length if first.is_initialized else 0
+    return cache.get_seq_length()
+
+
+def emptied_cache(cache: DynamicCache | None, capacity: int) -> DynamicCache:
+    """A batch-1 cache for a new prompt: ``cache`` (the previous prompt's) emptied in place when every
+    layer is a ``BufferedLayer`` whose batch-1 buffers hold ``capacity`` tokens -- its buffers, and the
+    host form ``kept_entries`` made of them, serve the next request as a server's preallocated KV
+    pool does -- else ``buffered_cache(capacity)``. Emptying is a length (0 tokens held); nothing
+    computed for the previous prompt is read again."""
+    layers: Any = None if cache is None else cache.layers
+    if layers and all(
+        type(layer) is BufferedLayer
+        and layer._key_buffer is not None
+        and layer._value_buffer is not None
+        and layer._key_buffer.dim() == 4
+        and layer._key_buffer.shape[0] == 1
+        and layer._key_buffer.shape[-2] >= capacity
+        and layer._value_buffer.shape[-2] >= capacity
+        for layer in layers
+    ):
+        for layer in layers:
+            layer._key_length = layer._value_length = 0
+        return cast(DynamicCache, cache)
+    return buffered_cache(capacity)
+
+
 def buffered_cache(capacity: int = 0) -> DynamicCache:
     """A ``DynamicCache`` of ``BufferedLayer`` layers (one per decoder layer, made as the first pass
     reaches them), each with room for ``capacity`` tokens before it grows."""
@@ -191,7 +224,8 @@ def crop_cache(cache: DynamicCache, length: int, current: int | None = None) -> 
     layer: Any  # transformers' cache layers
     for layer in cache.layers:
         if type(layer) is BufferedLayer:  # a rollback is a length (``BufferedLayer.crop``, inlined)
-            layer._key_length = layer._value_length = max(layer._key_length - excess, 0)
+            kept = layer._key_length - excess
+            layer._key_length = layer._value_length = kept if kept > 0 else 0
             continue
         keys = layer.keys if type(layer) is DynamicLayer and layer.is_initialized else None
         if keys is None or keys.dim() != 4:

@@ -93,3 +93,29 @@ def test_prompt_longer_than_context_is_rejected(runtime):
         v.prefill(torch.zeros(16, dtype=torch.long))
     with pytest.raises(ValueError, match="prompt_ids"):
         v.prefill(torch.zeros(0, dtype=torch.long))
+
+
+def test_a_new_prompt_reuses_the_emptied_cache_and_decodes_as_a_fresh_verifier(runtime):
+    """The next prompt's prefill empties the last prompt's buffered cache in place (its buffers kept:
+    ``emptied_cache``); the second prompt's rounds and cache equal a fresh verifier's, and a prompt
+    that does not fit the buffers gets new ones."""
+    model = tiny_lm()
+    first = random_prompts(1)[0]
+    second = first.flip(0)  # as long: it fits the buffers the first prompt's prefill made
+    v = HFVerifier(model, runtime, frozenset())
+    v.prefill(first)
+    v.verify(_draft(_greedy(model, runtime, first, 5)))
+    cache, buffers = v.cache, [layer._key_buffer for layer in v.cache.layers]
+    v.prefill(second)
+    assert v.cache is cache and all(layer._key_buffer is b for layer, b in zip(cache.layers, buffers))
+    fresh = HFVerifier(model, runtime, frozenset())
+    fresh.prefill(second)
+    assert v.cached_length == fresh.cached_length == second.shape[0] - 1
+    draft = _greedy(model, runtime, second, 6)
+    draft[3] = (draft[3] + 1) % 60
+    mine, theirs = v.verify(_draft(draft)), fresh.verify(_draft(draft))
+    assert mine.accepted_length == theirs.accepted_length == 3 and mine.next_token == theirs.next_token
+    _assert_cache_equal(v.cache, fresh.cache)
+    longer = torch.cat([second] * 4)  # its room (prompt + BUFFER_STEP tokens) passes the buffers'
+    v.prefill(longer)
+    assert v.cache is not cache and v.cached_length == longer.shape[0] - 1
