@@ -53,6 +53,7 @@ import gc
 import inspect
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -315,6 +316,64 @@ def host_probe_us(repeat: int = 3) -> float:
     return best * 1e6
 
 
+#: ``round_like_work``'s inputs: a round's draft tokens as a CPU tensor, and a preallocated host buffer
+_ROUND_TOKENS = torch.arange(8)
+_ROUND_BUFFER = np.zeros(16, dtype=np.int64)
+
+
+def round_like_work() -> int:
+    """A fixed piece of host work of the kinds a round does between its passes, on small data: the loop's
+    bookkeeping (100 dict and list operations), the host read of a draft's tokens (``numpy`` view, a
+    copy into a buffer, ``torch.from_numpy``, ``tolist``), a fresh numpy array and 4 small torch ops.
+    Returns a checksum (so nothing is optimised away)."""
+    table: dict[int, list[int]] = {}
+    for i in range(100):
+        table.setdefault(i % 7, []).append(i)
+    _ROUND_BUFFER[:8] = _ROUND_TOKENS.numpy()
+    tokens = torch.from_numpy(_ROUND_BUFFER).tolist()
+    fresh = np.empty(8, dtype=np.float32)
+    fresh[:] = 1.0
+    joined = torch.cat([_ROUND_TOKENS, _ROUND_TOKENS])[3:9]
+    return len(table) + tokens[3] + int(fresh.shape[0]) + int(joined.sum())
+
+
+def after_pass_probe(model: torch.nn.Module, device: torch.device, samples: int = 15) -> dict[str, float]:
+    """How a pass of the target slows the host work that follows it: ``round_like_work`` timed right
+    after a pass of ``model`` (9 tokens on a cache of 150, as a round's verification; on CUDA followed
+    by the sync a round makes before it reads the outcome) and back to back with itself (warm).
+
+    On this CPU a pass streams the target's weights through the core's caches, and the host work after
+    it finds its own code and data evicted; beside a GPU's passes the host's caches keep them.
+
+    Returns:
+        ``{"after_pass_us": median over ``samples`` passes, "warm_us": least of as many back-to-back
+        runs, "factor": their ratio}`` (microseconds).
+    """
+    from specpolicy.core.cache import buffered_cache
+
+    ids = torch.arange(159, device=device)[None] % int(model.config.vocab_size)
+    cache = buffered_cache(160)
+    after, warm = [], []
+    with torch.no_grad():
+        model(input_ids=ids[:, :150], cache=cache, use_cache=True)
+        for _ in range(samples):
+            model(input_ids=ids[:, 150:], cache=cache, use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            round_like_work()
+            after.append(time.perf_counter() - start)
+            for layer in cache.layers:  # the pass's 9 positions dropped: a rollback is a length
+                layer.length = 150
+    round_like_work()
+    for _ in range(samples):
+        start = time.perf_counter()
+        round_like_work()
+        warm.append(time.perf_counter() - start)
+    after_us, warm_us = statistics.median(after) * 1e6, min(warm) * 1e6
+    return {"after_pass_us": after_us, "warm_us": warm_us, "factor": after_us / warm_us}
+
+
 def measure_all(
     bench: peers.Bench,
     specs: list[peers.MethodSpec],
@@ -509,9 +568,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log(
         f"host probe (host_probe_us, before each reading): median {probe['median']:.0f} us, {probe['min']:.0f}-{probe['max']:.0f}"
     )
+    after = after_pass_probe(bench.verifier.model, bench.runtime.torch_device)
+    log(
+        f"round-like host work (after_pass_probe): {after['after_pass_us']:.1f} us right after a target pass, "
+        f"{after['warm_us']:.1f} us warm ({after['factor']:.1f}x)"
+    )
     result = {
         "settings": {**vars(args), "target_step_ms": step_ms, "interleaved": True},
         "host_probe_us": probe,
+        "after_pass_probe": after,
         "methods": rows,
     }
     if args.out:

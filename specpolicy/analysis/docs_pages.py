@@ -438,7 +438,8 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
     """Host work per round of every method (``benchmarks/host_work.py``): ms per round (the least of
     the repeats), its share of the profile's target step, and the exclusive ms of each component
     group (``HOST_COLUMNS``, from the run with timers), least first, and the host probe's median and
-    range over the run (``host_probe_us``; None in a result from before it). None without results."""
+    range over the run (``host_probe_us``), and round-like host work right after a target pass and warm
+    (``after_pass_probe``; each None in a result from before it). None without results."""
     if not results:
         return None
     s, methods = results["settings"], results["methods"]
@@ -467,6 +468,7 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
         "median": statistics.median(values),
         "goal": goal,
         "probe": results.get("host_probe_us"),  # the machine's host speed over the run (interleaved runs)
+        "after_pass": results.get("after_pass_probe"),  # round-like host work right after a target pass, and warm
     }
 
 

@@ -139,3 +139,31 @@ def test_decoding_with_the_passes_on_another_core_is_decoding():
         moved = decode()
     assert worker.jobs > 0  # the passes were handed over
     assert moved == alone and any(accepted for _, rounds in alone for _, accepted in rounds)
+
+
+def test_the_after_pass_probe_times_the_work_right_after_each_pass_of_the_target_and_warm():
+    """``after_pass_probe``: a prefill of 150 tokens, then per sample one pass of 9 tokens on that cache
+    (rolled back after it) followed by the timed round-like work; the warm readings follow no pass."""
+    from conftest import tiny_lm
+
+    host_work = load_benchmark("host_work")
+    model = tiny_lm()
+    seen: list[tuple[int, int]] = []  # (tokens in the pass, tokens cached before it)
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        seen.append((int(kwargs["input_ids"].shape[1]), kwargs["cache"].get_seq_length()))
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    calls = []
+    work = host_work.round_like_work
+    host_work.round_like_work = lambda: calls.append(len(seen)) or work()
+    try:
+        probe = host_work.after_pass_probe(model, torch.device("cpu"), samples=4)
+    finally:
+        host_work.round_like_work = work
+    assert seen == [(150, 0)] + [(9, 150)] * 4
+    assert calls[:4] == [2, 3, 4, 5] and calls[4:] == [5] * 5  # after each pass; then warm, no pass between
+    assert probe["after_pass_us"] > 0 and probe["warm_us"] > 0
+    assert probe["factor"] == probe["after_pass_us"] / probe["warm_us"]
