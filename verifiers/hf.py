@@ -143,15 +143,18 @@ class HFVerifier(Verifier):
         if self.static is not None:
             self._prefill_static(prompt_ids)
             return
-        # the cache's buffers hold the prompt and a first stretch of generation, then double as needed
-        room = min(self.max_context, int(prompt_ids.shape[0]) + BUFFER_STEP)
+        # the cache's buffers hold the prompt and a first stretch of generation, then double as needed;
+        # the last prompt's cache is emptied for it only once it fits (``prefill_prompt`` refuses it else)
+        n = int(prompt_ids.shape[0])
+        room = min(self.max_context, n + BUFFER_STEP)
+        fits = 1 <= n < self.max_context
         self.cache, self.prompt_features = prefill_prompt(
             self.model,
             prompt_ids,
             self.max_context,
             self._feature_layers,
             self.runtime.torch_dtype,
-            emptied_cache(self.cache, room),
+            emptied_cache(self.cache, room, self.runtime.torch_dtype, prompt_ids.device) if fits else None,
         )
         self._pending = prompt_ids[-1:]
 

@@ -168,13 +168,16 @@ def held_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def emptied_cache(cache: DynamicCache | None, capacity: int) -> DynamicCache:
+def emptied_cache(cache: DynamicCache | None, capacity: int, dtype: torch.dtype, device: torch.device) -> DynamicCache:
     """A batch-1 cache for a new prompt: ``cache`` (the previous prompt's) emptied in place when every
-    layer is a ``BufferedLayer`` whose batch-1 buffers hold ``capacity`` tokens -- its buffers, and the
-    host form ``kept_entries`` made of them, serve the next request as a server's preallocated KV
-    pool does -- else ``buffered_cache(capacity)``. Emptying is a length (0 tokens held); nothing
-    computed for the previous prompt is read again."""
+    layer is a ``BufferedLayer`` whose batch-1 buffers hold ``capacity`` tokens in ``dtype`` on
+    ``device`` and may be written here (not inference tensors outside inference mode: a decode runs
+    in it, a replay's prefill may not) -- its buffers, and the host form ``kept_entries`` made of
+    them, serve the next request as a server's preallocated KV pool does -- else
+    ``buffered_cache(capacity)``. Emptying is a length (0 tokens held); nothing computed for the
+    previous prompt is read again."""
     layers: Any = None if cache is None else cache.layers
+    writable = torch.is_inference_mode_enabled()
     if layers and all(
         type(layer) is BufferedLayer
         and layer._key_buffer is not None
@@ -183,6 +186,9 @@ def emptied_cache(cache: DynamicCache | None, capacity: int) -> DynamicCache:
         and layer._key_buffer.shape[0] == 1
         and layer._key_buffer.shape[-2] >= capacity
         and layer._value_buffer.shape[-2] >= capacity
+        and layer._key_buffer.dtype == layer._value_buffer.dtype == dtype
+        and layer._key_buffer.device == torch.device(device)
+        and (writable or not (layer._key_buffer.is_inference() or layer._value_buffer.is_inference()))
         for layer in layers
     ):
         for layer in layers:

@@ -119,3 +119,23 @@ def test_a_new_prompt_reuses_the_emptied_cache_and_decodes_as_a_fresh_verifier(r
     longer = torch.cat([second] * 4)  # its room (prompt + BUFFER_STEP tokens) passes the buffers'
     v.prefill(longer)
     assert v.cache is not cache and v.cached_length == longer.shape[0] - 1
+
+
+def test_a_prefill_outside_inference_mode_after_a_decode_and_a_refused_prompt_keep_the_cache_usable(runtime):
+    """``generate`` decodes in inference mode, so the cache's buffers are inference tensors: a prefill
+    outside it (an oracle's replay, under no_grad) gets new buffers rather than writing them; a prompt
+    the target refuses leaves the last prompt's cache as it was."""
+    model = tiny_lm()
+    prompt = random_prompts(1)[0]
+    v = HFVerifier(model, runtime, frozenset())
+    expected = generate(prompt, v, runtime, max_new_tokens=4).output_ids
+    decoded = v.cache
+    assert decoded.layers[0]._key_buffer.is_inference()
+    with torch.no_grad():
+        v.prefill(prompt)  # raised "Inplace update to inference tensor outside InferenceMode" when reused
+    assert v.cache is not decoded and v.cached_length == prompt.shape[0] - 1
+    held = v.cached_length
+    with pytest.raises(ValueError, match="the target accepts"):
+        v.prefill(torch.zeros(v.max_context + 5, dtype=torch.long))
+    assert v.cached_length == held
+    assert torch.equal(generate(prompt, v, runtime, max_new_tokens=4).output_ids, expected)
