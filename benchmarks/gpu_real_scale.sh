@@ -17,7 +17,7 @@
 # Usage, from the repository root on the CUDA machine (about 9 minutes with the defaults):
 #   OUT=/tmp/rs-out bash benchmarks/gpu_real_scale.sh [runs_s=90] [profile_s=210] [replay_s=120] [host_s=120]
 # A CPU dry run at tiny shapes (2 layers, width 64, vocab 512, widths 1,4, KV 16,64; host work: one
-# method, one prompt of 8 tokens):
+# method, one prompt, 8 new tokens):
 #   DEVICE=cpu TINY=1 NO_WHEELS=1 OUT=/tmp/rs-dry bash benchmarks/gpu_real_scale.sh 120 120 60 60
 # METHODS: the presets replayed; PROMPTS / TOKENS: the runs' size; TARGETS / GRAPH_TARGETS: the targets
 # profiled eager (default all four) / also with CUDA graphs (default qwen2.5-7b,llama-3.1-8b).
@@ -107,7 +107,7 @@ fi
 if [ "$HOST_S" -gt 0 ]; then
     echo "== host work (limit ${HOST_S} s)"
     timeout "$HOST_S" python3 benchmarks/host_work.py --device "$DEVICE" --dtype float32 "${HOST_SIZE[@]}" \
-        --out "$OUT/host-work-$DEVICE.json"
+        --deadline-s "$((HOST_S - 30))" --out "$OUT/host-work-$DEVICE.json"
     echo "== host work exit $? after $(elapsed)"
 fi
 ls -laR "$OUT" | grep -v '^total'

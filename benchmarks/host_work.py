@@ -343,13 +343,14 @@ def after_pass_probe(model: torch.nn.Module, device: torch.device, samples: int 
     by the sync a round makes before it reads the outcome) and back to back with itself (warm).
 
     On this CPU a pass streams the target's weights through the core's caches, and the host work after
-    it finds its own code and data evicted; beside a GPU's passes the host's caches keep them.
+    it finds its own code and data evicted; beside a GPU's passes the host's caches should keep them
+    (the same probe on the device says).
 
     Returns:
-        ``{"after_pass_us": median over ``samples`` passes, "warm_us": least of as many back-to-back
-        runs, "factor": their ratio}`` (microseconds).
+        ``{"after_pass_us": median over ``samples`` passes, "warm_us": median of as many back-to-back
+        runs, "factor": their ratio, "samples": samples}`` (microseconds).
     """
-    from specpolicy.core.cache import buffered_cache
+    from specpolicy.core.cache import buffered_cache, crop_cache
 
     ids = torch.arange(159, device=device)[None] % int(model.config.vocab_size)
     cache = buffered_cache(160)
@@ -363,15 +364,14 @@ def after_pass_probe(model: torch.nn.Module, device: torch.device, samples: int 
             start = time.perf_counter()
             round_like_work()
             after.append(time.perf_counter() - start)
-            for layer in cache.layers:  # the pass's 9 positions dropped: a rollback is a length
-                layer.length = 150
+            crop_cache(cache, 150)  # the pass's 9 positions dropped
     round_like_work()
     for _ in range(samples):
         start = time.perf_counter()
         round_like_work()
         warm.append(time.perf_counter() - start)
-    after_us, warm_us = statistics.median(after) * 1e6, min(warm) * 1e6
-    return {"after_pass_us": after_us, "warm_us": warm_us, "factor": after_us / warm_us}
+    after_us, warm_us = statistics.median(after) * 1e6, statistics.median(warm) * 1e6
+    return {"after_pass_us": after_us, "warm_us": warm_us, "factor": after_us / warm_us, "samples": samples}
 
 
 def measure_all(
@@ -382,6 +382,7 @@ def measure_all(
     clock: Callable[[], int] = time.perf_counter_ns,
     control: tuple[PassThread, int] | None = None,
     log: Callable[[str], None] = lambda line: None,
+    deadline: float | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every method's host ms per round (least over ``repeat`` untimed passes over ``ids``) and its
     components (one timed pass), the methods INTERLEAVED: each repeat decodes ``ids`` with every
@@ -410,9 +411,13 @@ def measure_all(
     per_round: dict[str, list[float]] = defaultdict(list)
     per_round_control: dict[str, list[float]] = defaultdict(list)
     signatures: dict[str, set] = defaultdict(set)  # each reading's rounds (drafts and outcomes)
+    counts: dict[str, int] = {}  # rounds a reading decoded
     probes: dict[str, list[float]] = defaultdict(list)  # ``host_probe_us`` before each method's readings
     try:
         for i in range(repeat):
+            if i and deadline is not None and time.monotonic() > deadline:
+                log(f"deadline: {i} of {repeat} repeats read")
+                break
             log(f"repeat {i + 1}/{repeat}")
             for name in decoders if i % 2 == 0 else reversed(decoders):
                 probes[name].append(host_probe_us())  # first: its own memory traffic would cool the warm-up's caches
@@ -424,9 +429,20 @@ def measure_all(
                         sum(r.host_ms for r in rounds) / len(rounds)
                     )
                     signatures[name].add(tuple((r.draft_token_ids, r.draft_parents, r.accepted_length) for r in rounds))
+                    counts[name] = len(rounds)
         rows = {}
         for name, decode in decoders.items():
             drafter, policy = parts[name]
+            if deadline is not None and time.monotonic() > deadline:  # the readings kept, no components
+                rows[name] = {
+                    "host_ms_per_round": min(per_round[name]),
+                    "host_ms_per_round_repeats": per_round[name],
+                    "rounds": counts[name],
+                    "traced_host_ms_per_round": None,
+                    "host_probe_us": probes[name],
+                    "components": {},
+                }
+                continue
             decode(ids[0])  # untimed, as before every reading: the timed run finds the method warm too
             tracer = Exclusive(clock)
             with tracer.watching(policy, drafter, bench.verifier):
@@ -527,6 +543,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="with --passes-on-core: each repeat also decodes with the passes on --host-core (module docstring)",
     )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="seconds from the start after which no new repeat starts (one always runs) and no component "
+        "run (its methods' components left empty): a time-limited run still writes its result",
+    )
     p.add_argument("--out", default=None, help="JSON output")
     peers.add_model_arguments(p)
     args = p.parse_args(argv)
@@ -546,6 +569,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         specs = [peers.parse_method(t) for t in dict.fromkeys(texts)]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
+    deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s
     log = peers.start_benchmark(args.threads)
     bench = peers.Bench(args)
     ids = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
@@ -556,7 +580,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             control = (worker, args.host_core) if args.paired_control else None
         clock = time.thread_time_ns if args.cpu_clock else time.perf_counter_ns
         log(f"{len(specs)} methods, interleaved: {', '.join(spec.name for spec in specs)}")
-        rows = measure_all(bench, specs, ids, args.repeat, clock, control, log)
+        # the after-pass probe first: a run cut short by its deadline still has it
+        after = after_pass_probe(bench.verifier.model, bench.runtime.torch_device)
+        rows = measure_all(bench, specs, ids, args.repeat, clock, control, log, deadline)
     step_ms = load_profile(args.profile).target_ms_per_token
     neighbours = {peers.parse_method(t).name for t in neighbours_methods()}
     for name, r in rows.items():
@@ -568,7 +594,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log(
         f"host probe (host_probe_us, before each reading): median {probe['median']:.0f} us, {probe['min']:.0f}-{probe['max']:.0f}"
     )
-    after = after_pass_probe(bench.verifier.model, bench.runtime.torch_device)
     log(
         f"round-like host work (after_pass_probe): {after['after_pass_us']:.1f} us right after a target pass, "
         f"{after['warm_us']:.1f} us warm ({after['factor']:.1f}x)"

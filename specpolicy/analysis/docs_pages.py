@@ -468,7 +468,8 @@ def host_work_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
         "median": statistics.median(values),
         "goal": goal,
         "probe": results.get("host_probe_us"),  # the machine's host speed over the run (interleaved runs)
-        "after_pass": results.get("after_pass_probe"),  # round-like host work right after a target pass, and warm
+        # round-like host work right after a target pass, and warm (medians: a probe that names its samples)
+        "after_pass": probe if (probe := results.get("after_pass_probe")) and "samples" in probe else None,
     }
 
 

@@ -272,9 +272,9 @@ def test_the_host_work_rows_come_from_the_host_work_results():
         not in page(host_work_context(changed)).split("## Host work with")[0].split("Host work per round")[1]
     )
     # the after-pass probe reaches the prose with its two readings and their ratio; absent, nothing is said
-    changed["after_pass_probe"] = {"after_pass_us": 151.6, "warm_us": 11.4, "factor": 151.6 / 11.4}
+    changed["after_pass_probe"] = {"after_pass_us": 151.6, "warm_us": 11.4, "factor": 151.6 / 11.4, "samples": 9}
     assert "took 152 µs right after a pass of the target" in page(host_work_context(changed))
-    assert "and 11 µs warm, back to back (13x)" in page(host_work_context(changed))
+    assert "and 11 µs warm, back to back (medians of 9 each; 13x)" in page(host_work_context(changed))
     del changed["after_pass_probe"]
     assert "after_pass_probe" not in page(host_work_context(changed))
 

@@ -167,3 +167,36 @@ def test_the_after_pass_probe_times_the_work_right_after_each_pass_of_the_target
     assert calls[:4] == [2, 3, 4, 5] and calls[4:] == [5] * 5  # after each pass; then warm, no pass between
     assert probe["after_pass_us"] > 0 and probe["warm_us"] > 0
     assert probe["factor"] == probe["after_pass_us"] / probe["warm_us"]
+
+
+def test_a_deadline_keeps_the_readings_taken_and_skips_the_rest():
+    """``measure_all(deadline=...)``: past the deadline no new repeat starts (the first always runs) and
+    no component run; every method keeps its readings and its rounds, its components empty."""
+    import time
+    from types import SimpleNamespace
+
+    host_work = load_benchmark("host_work")
+    decoded: list[str] = []
+
+    def decoder(name):
+        def decode(prompt):
+            decoded.append(name)
+            rounds = [SimpleNamespace(host_ms=0.5, draft_token_ids=(1,), draft_parents=(), accepted_length=1)] * 3
+            return SimpleNamespace(rounds=rounds)
+
+        return decode
+
+    bench = SimpleNamespace(
+        parts=lambda spec: (None, None),
+        wire=lambda spec, policy, drafter: None,
+        decoder=lambda spec, drafter, policy, hidden: decoder(spec.name),
+        verifier=None,
+    )
+    specs = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
+    rows = host_work.measure_all(bench, specs, [0, 1], repeat=3, deadline=time.monotonic() - 1)
+    for name in ("a", "b"):
+        assert rows[name]["host_ms_per_round_repeats"] == [0.5]  # one repeat of the three
+        assert rows[name]["rounds"] == 6 and rows[name]["components"] == {}
+        assert rows[name]["traced_host_ms_per_round"] is None
+    # per method: the warm-up when built, then one repeat's warm-up and two prompts; no component run
+    assert decoded == ["a", "b"] + ["a"] * 3 + ["b"] * 3

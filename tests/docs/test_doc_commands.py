@@ -729,6 +729,7 @@ def _host_work(command: Command, h: Harness) -> None:
     assert row["host_ms_per_round"] > 0 and "verify" in row["components"]
     # the machine's host speed beside the reading (one repeat: one probe), and its range over the run
     assert len(row["host_probe_us"]) == 1 and 0 < result["host_probe_us"]["min"] == row["host_probe_us"][0]
+    assert result["after_pass_probe"]["warm_us"] > 0 and result["after_pass_probe"]["samples"] == 15
 
 
 #: the shortened ``benchmarks/runtime.py`` runs of this process: where each command is shown, and
