@@ -11,7 +11,8 @@
 #      in the measured Qwen2.5-7B table, REPLAYED beside MODELED -> $OUT/replay-{executed,profile}.{json,md};
 #   4. host work per round beside the device's passes (issue 48 item 5): the neighbours table's methods on
 #      the bundled family, float32, and the after-pass probe -> $OUT/host-work-<device>.json
-#      (benchmarks/host_work.py; on a CPU the passes evict the host's caches, on a GPU they do not).
+#      (benchmarks/host_work.py; on a CPU the passes evict the host's caches, on a GPU they should not:
+#      the probe there says).
 # Each part has its own time limit (and a --deadline-s inside it), so one that overruns leaves the others'.
 #
 # Usage, from the repository root on the CUDA machine (about 9 minutes with the defaults):

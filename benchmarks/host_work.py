@@ -433,28 +433,21 @@ def measure_all(
         rows = {}
         for name, decode in decoders.items():
             drafter, policy = parts[name]
-            if deadline is not None and time.monotonic() > deadline:  # the readings kept, no components
-                rows[name] = {
-                    "host_ms_per_round": min(per_round[name]),
-                    "host_ms_per_round_repeats": per_round[name],
-                    "rounds": counts[name],
-                    "traced_host_ms_per_round": None,
-                    "host_probe_us": probes[name],
-                    "components": {},
-                }
-                continue
-            decode(ids[0])  # untimed, as before every reading: the timed run finds the method warm too
-            tracer = Exclusive(clock)
-            with tracer.watching(policy, drafter, bench.verifier):
-                TRACING.append(tracer)
-                try:
-                    rounds = _decoded(ids, decode, None)
-                finally:
-                    TRACING.clear()
-            n = len(rounds)
-            components = {part: ns / 1e6 / n for part, ns in sorted(tracer.ns.items()) if part != "pass"}
-            traced_host = sum(r.host_ms for r in rounds) / n
-            components["loop"] = traced_host - sum(components.values())
+            components: dict[str, float] = {}
+            n, traced_host = counts[name], None  # past the deadline: the readings kept, no components
+            if deadline is None or time.monotonic() <= deadline:
+                decode(ids[0])  # untimed, as before every reading: the timed run finds the method warm too
+                tracer = Exclusive(clock)
+                with tracer.watching(policy, drafter, bench.verifier):
+                    TRACING.append(tracer)
+                    try:
+                        rounds = _decoded(ids, decode, None)
+                    finally:
+                        TRACING.clear()
+                n = len(rounds)
+                components = {part: ns / 1e6 / n for part, ns in sorted(tracer.ns.items()) if part != "pass"}
+                traced_host = sum(r.host_ms for r in rounds) / n
+                components["loop"] = traced_host - sum(components.values())
             rows[name] = {
                 "host_ms_per_round": min(per_round[name]),
                 "host_ms_per_round_repeats": per_round[name],
