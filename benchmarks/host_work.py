@@ -337,41 +337,68 @@ def round_like_work() -> int:
     return len(table) + tokens[3] + int(fresh.shape[0]) + int(joined.sum())
 
 
-def after_pass_probe(model: torch.nn.Module, device: torch.device, samples: int = 15) -> dict[str, float]:
+def after_pass_probe(
+    model: torch.nn.Module,
+    device: torch.device,
+    samples: int = 15,
+    wait: Callable[[float], None] = time.sleep,
+) -> dict[str, float]:
     """How a pass of the target slows the host work that follows it: ``round_like_work`` timed right
     after a pass of ``model`` (9 tokens on a cache of 150, as a round's verification; on CUDA followed
-    by the sync a round makes before it reads the outcome) and back to back with itself (warm).
+    by the sync a round makes before it reads the outcome), right after the host waited as long as a
+    pass takes with no pass (``wait(seconds)``, ``time.sleep``: the host idle for the median pass's
+    time), and back to back with itself (warm).
 
-    On this CPU a pass streams the target's weights through the core's caches, and the host work after
-    it finds its own code and data evicted; beside a GPU's passes the host's caches should keep them
-    (the same probe on the device says).
+    The second reading separates the pass's own traffic from time alone: on this shared CPU the host's
+    caches also lose its code and data while it merely waits (its core idle, the machine's other
+    work), which a host waiting on a GPU's pass meets as well; on this CPU a pass also streams the
+    target's weights through them.
 
     Returns:
-        ``{"after_pass_us": median over ``samples`` passes, "warm_us": median of as many back-to-back
-        runs, "factor": their ratio, "samples": samples}`` (microseconds).
+        ``{"after_pass_us": median over ``samples`` passes, "after_wait_us": median over as many waits,
+        "warm_us": median of as many back-to-back runs, "factor": after_pass_us / warm_us,
+        "wait_factor": after_wait_us / warm_us, "pass_ms": the median pass's wall-clock ms (the wait),
+        "samples": samples}`` (microseconds unless named).
     """
     from specpolicy.core.cache import buffered_cache, crop_cache
 
     ids = torch.arange(159, device=device)[None] % int(model.config.vocab_size)
     cache = buffered_cache(160)
-    after, warm = [], []
+    after, waited, warm, passes = [], [], [], []
     with torch.no_grad():
         model(input_ids=ids[:, :150], cache=cache, use_cache=True)
         for _ in range(samples):
+            begun = time.perf_counter()
             model(input_ids=ids[:, 150:], cache=cache, use_cache=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             round_like_work()
             after.append(time.perf_counter() - start)
+            passes.append(start - begun)
             crop_cache(cache, 150)  # the pass's 9 positions dropped
+    pass_s = statistics.median(passes)
+    for _ in range(samples):
+        wait(pass_s)
+        start = time.perf_counter()
+        round_like_work()
+        waited.append(time.perf_counter() - start)
     round_like_work()
     for _ in range(samples):
         start = time.perf_counter()
         round_like_work()
         warm.append(time.perf_counter() - start)
-    after_us, warm_us = statistics.median(after) * 1e6, statistics.median(warm) * 1e6
-    return {"after_pass_us": after_us, "warm_us": warm_us, "factor": after_us / warm_us, "samples": samples}
+    after_us, wait_us = statistics.median(after) * 1e6, statistics.median(waited) * 1e6
+    warm_us = statistics.median(warm) * 1e6
+    return {
+        "after_pass_us": after_us,
+        "after_wait_us": wait_us,
+        "warm_us": warm_us,
+        "factor": after_us / warm_us,
+        "wait_factor": wait_us / warm_us,
+        "pass_ms": pass_s * 1e3,
+        "samples": samples,
+    }
 
 
 def measure_all(
@@ -589,7 +616,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     log(
         f"round-like host work (after_pass_probe): {after['after_pass_us']:.1f} us right after a target pass, "
-        f"{after['warm_us']:.1f} us warm ({after['factor']:.1f}x)"
+        f"{after['after_wait_us']:.1f} us after waiting a pass's {after['pass_ms']:.1f} ms with no pass, "
+        f"{after['warm_us']:.1f} us warm ({after['factor']:.1f}x, {after['wait_factor']:.1f}x)"
     )
     result = {
         "settings": {**vars(args), "target_step_ms": step_ms, "interleaved": True},

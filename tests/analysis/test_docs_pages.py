@@ -275,6 +275,13 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     changed["after_pass_probe"] = {"after_pass_us": 151.6, "warm_us": 11.4, "factor": 151.6 / 11.4, "samples": 9}
     assert "took 152 µs right after a pass of the target" in page(host_work_context(changed))
     assert "and 11 µs warm, back to back (medians of 9 each; 13x)" in page(host_work_context(changed))
+    assert "waited as long as a pass takes" not in page(host_work_context(changed))  # a probe without the wait
+    changed["after_pass_probe"].update(after_wait_us=61.2, wait_factor=61.2 / 11.4, pass_ms=8.04)
+    assert (
+        "right after the host waited as long as a pass takes (8.0 ms, asleep, with no pass) the same work took "
+        "61 µs (5x warm)" in page(host_work_context(changed))
+    )
+    assert "the rest, 90 µs, is the pass's own traffic" in page(host_work_context(changed))
     del changed["after_pass_probe"]
     assert "after_pass_probe" not in page(host_work_context(changed))
 

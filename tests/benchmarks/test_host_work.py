@@ -141,9 +141,10 @@ def test_decoding_with_the_passes_on_another_core_is_decoding():
     assert moved == alone and any(accepted for _, rounds in alone for _, accepted in rounds)
 
 
-def test_the_after_pass_probe_times_the_work_right_after_each_pass_of_the_target_and_warm():
+def test_the_after_pass_probe_times_the_work_after_each_pass_after_a_pass_long_wait_and_warm():
     """``after_pass_probe``: a prefill of 150 tokens, then per sample one pass of 9 tokens on that cache
-    (rolled back after it) followed by the timed round-like work; the warm readings follow no pass."""
+    (rolled back after it) followed by the timed round-like work; then per sample a wait as long as the
+    median pass (no pass) followed by the work; the warm readings follow neither."""
     from conftest import tiny_lm
 
     host_work = load_benchmark("host_work")
@@ -156,17 +157,21 @@ def test_the_after_pass_probe_times_the_work_right_after_each_pass_of_the_target
         return forward(*args, **kwargs)
 
     model.forward = counted
-    calls = []
+    calls, waits = [], []
     work = host_work.round_like_work
-    host_work.round_like_work = lambda: calls.append(len(seen)) or work()
+    host_work.round_like_work = lambda: calls.append((len(seen), len(waits))) or work()
     try:
-        probe = host_work.after_pass_probe(model, torch.device("cpu"), samples=4)
+        probe = host_work.after_pass_probe(model, torch.device("cpu"), samples=4, wait=waits.append)
     finally:
         host_work.round_like_work = work
     assert seen == [(150, 0)] + [(9, 150)] * 4
-    assert calls[:4] == [2, 3, 4, 5] and calls[4:] == [5] * 5  # after each pass; then warm, no pass between
-    assert probe["after_pass_us"] > 0 and probe["warm_us"] > 0
+    # after each pass; then after each wait, no pass between; then warm: no pass, no wait
+    assert calls[:4] == [(2, 0), (3, 0), (4, 0), (5, 0)]
+    assert calls[4:8] == [(5, 1), (5, 2), (5, 3), (5, 4)] and calls[8:] == [(5, 4)] * 5
+    assert len(set(waits)) == 1 and waits[0] > 0 and probe["pass_ms"] == waits[0] * 1e3  # the median pass
+    assert probe["after_pass_us"] > 0 and probe["after_wait_us"] > 0 and probe["warm_us"] > 0
     assert probe["factor"] == probe["after_pass_us"] / probe["warm_us"]
+    assert probe["wait_factor"] == probe["after_wait_us"] / probe["warm_us"]
 
 
 def test_a_deadline_keeps_the_readings_taken_and_skips_the_rest():
