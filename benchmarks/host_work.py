@@ -498,6 +498,153 @@ def measure_all(
     return rows
 
 
+def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
+    """``module:name`` -> the function and every ``(loaded module, name)`` that binds it (the module
+    it lives in and those that imported it by name), for rebinding.
+
+    Raises:
+        ValueError: ``target`` is not ``module:name``, or names no function of an importable module.
+    """
+    import importlib
+
+    module_name, _, name = target.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"--warm-split={target}: expected module:function (e.g. specpolicy.policies.dart_tree:_run)")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--warm-split={target}: {exc}") from None
+    if not callable(function):
+        raise ValueError(f"--warm-split={target}: {name} is not a function")
+    bound = [
+        (module, attr)
+        for module in list(sys.modules.values())
+        for attr in (name,)
+        if getattr(module, attr, None) is function
+    ]
+    return function, bound
+
+
+@contextmanager
+def _rebound(targets: dict[str, tuple[Callable, list]], make: Callable[[str, Callable], Callable]) -> Iterator[None]:
+    """Each target's function replaced by ``make(target, function)`` wherever it is bound, while entered."""
+    undo = []
+    try:
+        for target, (function, bound) in targets.items():
+            wrapper = make(target, function)
+            for module, attr in bound:
+                setattr(module, attr, wrapper)
+                undo.append((module, attr, function))
+        yield
+    finally:
+        for module, attr, function in undo:
+            setattr(module, attr, function)
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with its numpy arrays and tensors copied (tuples and lists through): a call's inputs
+    as they were before it wrote into them."""
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copied(v) for v in value)
+    return value
+
+
+#: ``--warm-split``: how many times each captured call is replayed warm
+WARM_REPLAYS = 20
+
+
+def warm_split(
+    bench: peers.Bench, specs: list[peers.MethodSpec], ids: list, targets: list[str], replays: int = WARM_REPLAYS
+) -> dict[str, dict[str, dict[str, float]]]:
+    """How much of a host function's time in the run is its own work and how much the run's conditions
+    (the passes before it evicting its code and data, the machine's other work): per method and per
+    function (``module:name``, called from Python: a compiled kernel's entry, a policy's helper),
+    its mean time per call in the run and warm.
+
+    Each method decodes ``ids`` three times: an untimed warm-up; a decode that copies each call's
+    inputs (numpy arrays, tensors: ``_copied``) before the call; a decode that times each call in place
+    (``time.perf_counter_ns``, nothing else added around it: the in-run reading). The same prompts
+    give the same calls (``RuntimeError`` if their counts differ). Then each captured call is run again
+    ``replays`` times on fresh copies of its inputs (copied outside the timing), back to back: the
+    warm reading, the median of a call's replays, averaged over the calls.
+
+    Returns:
+        ``{method: {function: {"calls": per decode, "calls_per_round", "in_run_us", "warm_us",
+        "own_share": warm_us / in_run_us}}}`` (microseconds a call; a function the method never
+        calls is left out).
+
+    Raises:
+        ValueError: a target that names no function (``resolve_function``).
+        RuntimeError: the two decodes made different numbers of calls.
+    """
+    resolved = {t: resolve_function(t) for t in dict.fromkeys(targets)}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for spec in specs:
+        drafter, policy = bench.parts(spec)
+        decode = bench.decoder(spec, drafter, policy, bench.wire(spec, policy, drafter))
+        decode(ids[0])  # untimed: compiled kernels loaded, the method's code and data warm
+        resolved = {t: resolve_function(t) for t in resolved}  # its modules, imported by now, bound too
+        captured: dict[str, list] = defaultdict(list)
+        timed: dict[str, list[int]] = defaultdict(list)
+
+        def capture(target: str, function: Callable) -> Callable:
+            def call(*args, **kwargs):
+                captured[target].append((_copied(args), _copied(kwargs)))
+                return function(*args, **kwargs)
+
+            return call
+
+        def time_it(target: str, function: Callable) -> Callable:
+            clock, seen = time.perf_counter_ns, timed[target]
+
+            def call(*args, **kwargs):
+                start = clock()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    seen.append(clock() - start)
+
+            return call
+
+        with _rebound(resolved, capture):
+            for prompt in ids:
+                decode(prompt)
+        with _rebound(resolved, time_it):
+            rounds = sum(len(decode(prompt).rounds) for prompt in ids)
+        rows = {}
+        for target, (function, _) in resolved.items():
+            calls = captured[target]
+            if len(calls) != len(timed[target]):
+                raise RuntimeError(
+                    f"{spec.name}: {target} was called {len(calls)} and then {len(timed[target])} times decoding the same prompts"
+                )
+            if not calls:
+                continue
+            warm = []
+            for args, kwargs in calls:
+                readings = []
+                for _ in range(replays + 1):  # the first untimed: the call's code and inputs warm
+                    fresh_args, fresh_kwargs = _copied(args), _copied(kwargs)
+                    start = time.perf_counter_ns()
+                    function(*fresh_args, **fresh_kwargs)
+                    readings.append(time.perf_counter_ns() - start)
+                warm.append(statistics.median(readings[1:]))
+            in_run_us, warm_us = statistics.mean(timed[target]) / 1e3, statistics.mean(warm) / 1e3
+            rows[target] = {
+                "calls": len(calls),
+                "calls_per_round": len(calls) / rounds,
+                "in_run_us": in_run_us,
+                "warm_us": warm_us,
+                "own_share": warm_us / in_run_us,
+            }
+        out[spec.name] = rows
+    return out
+
+
 def _decoded(ids: list, decode: Callable, control: tuple[PassThread, int] | None) -> list:
     """Every round of decoding ``ids``; with ``control`` ``(the passes' thread, the host's core)``,
     the passes moved to the host's core for it (and back, whatever happens)."""
@@ -570,6 +717,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="seconds from the start after which no new repeat starts (one always runs) and no component "
         "run (its methods' components left empty): a time-limited run still writes its result",
     )
+    p.add_argument(
+        "--warm-split",
+        action="append",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="instead of the table: per method, this host function's mean time per call in the run and "
+        "warm, replayed on its captured inputs (warm_split; repeated)",
+    )
     p.add_argument("--out", default=None, help="JSON output")
     peers.add_model_arguments(p)
     args = p.parse_args(argv)
@@ -582,6 +737,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for flag, core in (("--passes-on-core", args.passes_on_core), ("--host-core", args.host_core)):
             if core not in cores:
                 p.error(f"{flag}={core}: not a core this process may run on (allowed: {cores})")
+    if args.warm_split:
+        if args.passes_on_core is not None:
+            p.error("--warm-split: times functions on the host's own core; drop --passes-on-core")
+        for target in args.warm_split:
+            try:
+                resolve_function(target)
+            except ValueError as exc:
+                p.error(str(exc))
     texts = args.method or (
         neighbours_methods() if args.neighbours else [*peers.DEFAULT_METHODS, *neighbours_methods()]
     )
@@ -593,6 +756,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log = peers.start_benchmark(args.threads)
     bench = peers.Bench(args)
     ids = [q.token_ids(bench.tokenizer) for q in load_prompts(args.dataset, None, args.num_prompts)]
+    if args.warm_split:
+        split = warm_split(bench, specs, ids, args.warm_split, replays=WARM_REPLAYS)
+        for name, rows in split.items():
+            for target, row in rows.items():
+                log(
+                    f"{name}  {target}: {row['calls_per_round']:.2f} calls a round, {row['in_run_us']:.1f} us a call "
+                    f"in the run, {row['warm_us']:.1f} us warm ({100 * row['own_share']:.0f}%)"
+                )
+        result = {"settings": {**vars(args), "replays": WARM_REPLAYS}, "warm_split": split}
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+        return result
     with ExitStack() as stack:
         control = None
         if args.passes_on_core is not None:

@@ -418,12 +418,15 @@ def overhead_page(root: Path) -> str | None:
         packing=pack,
         host=host_work_context(load(root, HOST_WORK_NAME)),
         paired=host_work_paired_context(load(root, HOST_WORK_PAIRED_NAME)),
+        split=host_work_split_context(load(root, HOST_WORK_SPLIT_NAME)),
     )
 
 
 HOST_WORK_NAME = "host-work-gsm8k-3x64.json"
 #: ``benchmarks/host_work.py --passes-on-core 1 --paired-control``'s results (the overhead page's second host table)
 HOST_WORK_PAIRED_NAME = "host-work-gsm8k-3x64-passes-core1.json"
+#: ``benchmarks/host_work.py --warm-split``'s results (the overhead page's third host table)
+HOST_WORK_SPLIT_NAME = "host-work-warm-split.json"
 #: The host-work page's component columns: (heading, the ``benchmarks/host_work.py`` components summed).
 HOST_COLUMNS = (
     ("policy", ("policy.next_length", "policy.update", "policy.draft_tree")),
@@ -513,6 +516,30 @@ def host_work_paired_context(results: dict[str, Any] | None) -> dict[str, Any] |
         "median_ratio": statistics.median(ratios),
         "ratio_range": (min(ratios), max(ratios)),
         "pair_range": (min(pairs), max(pairs)),  # single repeats' ratios: the noise a pair carries
+    }
+
+
+def host_work_split_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The heaviest host calls' own work (``benchmarks/host_work.py --warm-split``): per method and
+    function, its calls per round, its mean µs a call in the run and warm (replayed on its captured
+    inputs), the warm share, and both as ms per round (calls per round x µs); the command's methods
+    and functions (``settings``) for the page's command. None without results."""
+    if not results:
+        return None
+    s, rows = results["settings"], []
+    for method, functions in results["warm_split"].items():
+        for target, r in functions.items():
+            rows.append([
+                f"`{method}`", f"`{target.rsplit('.', 1)[-1]}`", f"{r['calls_per_round']:.2f}",
+                f"{r['in_run_us']:.0f}", f"{r['warm_us']:.0f}", f"{100 * r['own_share']:.0f}%",
+                f"{r['calls_per_round'] * r['in_run_us'] / 1e3:.2f}", f"{r['calls_per_round'] * r['warm_us'] / 1e3:.2f}",
+            ])  # fmt: skip
+    shares = [r["own_share"] for functions in results["warm_split"].values() for r in functions.values()]
+    return {
+        "s": s,
+        "rows": rows,
+        "flags": " ".join([*(f"--method {m}" for m in s["method"]), *(f"--warm-split {t}" for t in s["warm_split"])]),
+        "share_range": (min(shares), max(shares)) if shares else None,
     }
 
 

@@ -320,3 +320,39 @@ def test_the_paired_host_work_ratio_is_taken_within_each_repeat_over_the_methods
     assert context["pair_range"] == pytest.approx((0.5, 3.0))  # the compared methods' single repeats
     assert (context["within_goal"], context["within_goal_control"]) == (2, 1)
     assert host_work_paired_context(None) is None
+
+
+def test_the_warm_split_table_states_each_call_in_the_run_and_warm_per_call_and_per_round():
+    """The overhead page's third host table (``host_work.py --warm-split``): a row per method and
+    call, its µs a call in the run and warm, their ratio, and both times the calls per round in ms;
+    the command names the run's methods and functions; no results, no section."""
+    from specpolicy.analysis.docs_pages import host_work_split_context
+    from specpolicy.analysis.docs_tables import render_template
+
+    results = {
+        "settings": {
+            "num_prompts": 3, "dataset": "gsm8k", "max_new_tokens": 64, "replays": 20,
+            "method": ["dart+dart-tree"], "warm_split": ["specpolicy.policies.dart_tree:_run"],
+        },
+        "warm_split": {
+            "dart+dart-tree": {
+                "specpolicy.policies.dart_tree:_run": {
+                    "calls": 40, "calls_per_round": 1.0, "in_run_us": 240.0, "warm_us": 150.0, "own_share": 0.625,
+                }
+            }
+        },
+    }  # fmt: skip
+    context = host_work_split_context(results)
+    assert context is not None
+    assert context["rows"] == [["`dart+dart-tree`", "`dart_tree:_run`", "1.00", "240", "150", "62%", "0.24", "0.15"]]
+    page = render_template("overhead", overhead=None, packing=None, host=None, paired=None, split=context)
+    assert "| `dart+dart-tree` | `dart_tree:_run` | 1.00 | 240 | 150 | 62% | 0.24 | 0.15 |" in page
+    assert (
+        "python benchmarks/host_work.py --num-prompts 3 --max-new-tokens 64 --method dart+dart-tree "
+        "--warm-split specpolicy.policies.dart_tree:_run --out benchmarks/results/host-work-warm-split.json"
+    ) in page
+    assert "replayed 20 times" in page and "warm readings are 62-62% of the in-run ones" in page
+    assert host_work_split_context(None) is None
+    assert "heaviest host calls" not in render_template(
+        "overhead", overhead=None, packing=None, host=None, paired=None, split=None
+    )

@@ -205,3 +205,93 @@ def test_a_deadline_keeps_the_readings_taken_and_skips_the_rest():
         assert rows[name]["traced_host_ms_per_round"] is None
     # per method: the warm-up when built, then one repeat's warm-up and two prompts; no component run
     assert decoded == ["a", "b"] + ["a"] * 3 + ["b"] * 3
+
+
+def test_warm_split_replays_each_call_on_its_inputs_as_they_were_and_restores_the_function():
+    """``warm_split``: a function bound in its module and, imported by name, in another; each method's
+    decode calls it through the other. The capture copies each call's inputs before the call writes
+    into them, every replay runs on fresh copies (it sees the inputs as the run did), the counts and
+    calls per round are the decodes', and the bindings are restored; a method that never calls it has
+    no row; decodes that call it a different number of times are refused."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pytest
+
+    host_work = load_benchmark("host_work")
+    seen: list[int] = []
+
+    def kernel(values, scale=1):  # reads its input, then writes into it (as the compiled kernels do)
+        seen.append(int(values[0]))
+        values += scale
+        return int(values.sum())
+
+    home, user = types.ModuleType("warm_split_home"), types.ModuleType("warm_split_user")
+    home.kernel = user.kernel = kernel
+    sys.modules.update(warm_split_home=home, warm_split_user=user)
+    calls_a = iter(range(1000))
+
+    def decoder(name):
+        def decode(prompt):
+            rounds = [SimpleNamespace(host_ms=0.1)] * 2
+            if name == "a":  # two calls a prompt, on a fresh array whose first value counts the calls
+                for _ in range(2):
+                    user.kernel(np.full(4, next(calls_a), dtype=np.int64), scale=3)
+            return SimpleNamespace(rounds=rounds)
+
+        return decode
+
+    bench = SimpleNamespace(
+        parts=lambda spec: (None, None),
+        wire=lambda spec, policy, drafter: None,
+        decoder=lambda spec, drafter, policy, hidden: decoder(spec.name),
+    )
+    specs = [SimpleNamespace(name="a"), SimpleNamespace(name="b")]
+    try:
+        split = host_work.warm_split(bench, specs, [0, 1], ["warm_split_home:kernel"], replays=3)
+        assert home.kernel is kernel and user.kernel is kernel  # restored
+        row = split["a"]["warm_split_home:kernel"]
+        assert split["b"] == {}
+        assert row["calls"] == 4 and row["calls_per_round"] == 1.0  # 4 calls over 2 prompts x 2 rounds
+        assert row["own_share"] == row["warm_us"] / row["in_run_us"] and row["warm_us"] > 0
+        # warm-up 0-1, captured 2-5, timed 6-9; then each captured call 4 times (1 untimed + 3) as it saw it
+        assert seen[:10] == list(range(10))
+        assert seen[10:] == [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4
+        with pytest.raises(ValueError, match="--warm-split=warm_split_home:absent"):
+            host_work.warm_split(bench, specs, [0], ["warm_split_home:absent"])
+
+        def uneven(spec, drafter, policy, hidden):
+            def decode(prompt):
+                for _ in range(next(counts)):
+                    user.kernel(np.zeros(2, dtype=np.int64))
+                return SimpleNamespace(rounds=[SimpleNamespace(host_ms=0.1)])
+
+            return decode
+
+        counts = iter([1, 1, 2])  # the warm-up, the capture, the timing: the last two differ
+        bench.decoder = uneven
+        with pytest.raises(RuntimeError, match="called 1 and then 2 times"):
+            host_work.warm_split(bench, specs[:1], [0], ["warm_split_home:kernel"])
+        assert user.kernel is kernel
+    finally:
+        del sys.modules["warm_split_home"], sys.modules["warm_split_user"]
+
+
+def test_a_warm_split_target_that_names_no_function_is_refused_in_one_line_before_any_model_loads(capsys):
+    import pytest
+
+    host_work = load_benchmark("host_work")
+    for argv, said in (
+        (["--warm-split", "no_colon"], "--warm-split=no_colon: expected module:function"),
+        (["--warm-split", "specpolicy.core.path_search:absent"], "--warm-split=specpolicy.core.path_search:absent:"),
+        (
+            ["--warm-split", "math:floor", "--passes-on-core", "0"],
+            "--warm-split: times functions on the host's own core",
+        ),
+    ):
+        with pytest.raises(SystemExit):
+            host_work.main(argv)
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err

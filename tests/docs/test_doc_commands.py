@@ -717,9 +717,21 @@ def _overhead(command: Command, h: Harness) -> None:
 
 def _host_work(command: Command, h: Harness) -> None:
     """One method (the AR static row: every method runs the same code around its passes), 1 prompt,
-    8 tokens, one repeat, on the tiny family; the result holds its host ms per round and components."""
+    8 tokens, one repeat, on the tiny family; the result holds its host ms per round and components.
+    ``--warm-split``: the command's first method and every function, the first one's row read."""
     out = h.cwd / "host.json"
     args = _args(command, "python benchmarks/host_work.py")
+    if "--warm-split" in args:  # the split: its first method with every function, 1 prompt x 8 tokens
+        method = args[args.index("--method") + 1]
+        targets = [args[i + 1] for i, flag in enumerate(args) if flag == "--warm-split"]
+        load_benchmark("host_work").main(
+            ["--num-prompts", "1", "--max-new-tokens", "8", "--method", method]
+            + [part for target in targets for part in ("--warm-split", target)]
+            + ["--out", str(out), *tiny_models(h.world)]
+        )
+        split = json.loads(out.read_text())["warm_split"][method]
+        assert split[targets[0]]["calls"] > 0 and split[targets[0]]["warm_us"] > 0
+        return
     load_benchmark("host_work").main(
         [*args, "--num-prompts", "1", "--max-new-tokens", "8", "--repeat", "1", "--method", "ar+static-k5"]
         + ["--out", str(out), *tiny_models(h.world)]
