@@ -498,12 +498,18 @@ def measure_all(
     return rows
 
 
+#: host calls that write through buffer addresses their inputs hold (the KV cache's rows moved in place,
+#: ``specpolicy.core.compiled_tree``): a replay after the run could write into memory since freed
+ADDRESSED = frozenset(f"specpolicy.core.compiled_tree:{name}" for name in ("keep_nodes", "keep_rows", "gather_rows"))
+
+
 def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
     """``module:name`` -> the function and every ``(loaded module, name)`` that binds it (the module
     it lives in and those that imported it by name), for rebinding.
 
     Raises:
-        ValueError: ``target`` is not ``module:name``, or names no function of an importable module.
+        ValueError: ``target`` is not ``module:name``, names no function of an importable module, or
+            names one of ``ADDRESSED``.
     """
     import importlib
 
@@ -516,6 +522,11 @@ def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
         raise ValueError(f"--warm-split={target}: {exc}") from None
     if not callable(function):
         raise ValueError(f"--warm-split={target}: {name} is not a function")
+    if target in ADDRESSED:
+        raise ValueError(
+            f"--warm-split={target}: writes through buffer addresses held in its inputs, which a replay "
+            "after the run may find freed; not replayable (ADDRESSED)"
+        )
     bound = [
         (module, attr)
         for module in list(sys.modules.values())

@@ -347,6 +347,7 @@ def test_the_warm_split_table_states_each_call_in_the_run_and_warm_per_call_and_
     assert context["rows"] == [["`dart+dart-tree`", "`dart_tree:_run`", "1.00", "240", "150", "62%", "0.24", "0.15"]]
     page = render_template("overhead", overhead=None, packing=None, host=None, paired=None, split=context)
     assert "| `dart+dart-tree` | `dart_tree:_run` | 1.00 | 240 | 150 | 62% | 0.24 | 0.15 |" in page
+    assert "|---|---|---:|---:|---:|---:|---:|---:|" in page  # the method and the call left-aligned
     assert (
         "python benchmarks/host_work.py --num-prompts 3 --max-new-tokens 64 --method dart+dart-tree "
         "--warm-split specpolicy.policies.dart_tree:_run --out benchmarks/results/host-work-warm-split.json"

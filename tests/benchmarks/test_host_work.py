@@ -290,6 +290,7 @@ def test_a_warm_split_target_that_names_no_function_is_refused_in_one_line_befor
             ["--warm-split", "math:floor", "--passes-on-core", "0"],
             "--warm-split: times functions on the host's own core",
         ),
+        (["--warm-split", "specpolicy.core.compiled_tree:keep_nodes"], "writes through buffer addresses"),
     ):
         with pytest.raises(SystemExit):
             host_work.main(argv)
