@@ -345,20 +345,20 @@ def after_pass_probe(
 ) -> dict[str, float]:
     """How a pass of the target slows the host work that follows it: ``round_like_work`` timed right
     after a pass of ``model`` (9 tokens on a cache of 150, as a round's verification; on CUDA followed
-    by the sync a round makes before it reads the outcome), right after the host waited as long as a
-    pass takes with no pass (``wait(seconds)``, ``time.sleep``: the host idle for the median pass's
-    time), and back to back with itself (warm).
+    by the sync a round makes before it reads the outcome), right after the host then waited as long as
+    that pass took with no pass (``wait(seconds)``, ``time.sleep``: the host asleep), the two
+    alternating sample by sample, and back to back with itself (warm).
 
-    The second reading separates the pass's own traffic from time alone: on this shared CPU the host's
-    caches also lose its code and data while it merely waits (its core idle, the machine's other
-    work), which a host waiting on a GPU's pass meets as well; on this CPU a pass also streams the
-    target's weights through them.
+    The second reading tells time alone from the pass: on this shared CPU the host's caches also lose
+    its code and data while it merely sleeps (its core idle, the machine's other work); on this CPU a
+    pass also streams the target's weights through them. A host that spins while a GPU works (CUDA's
+    default sync on a machine with spare cores) may lose less.
 
     Returns:
         ``{"after_pass_us": median over ``samples`` passes, "after_wait_us": median over as many waits,
         "warm_us": median of as many back-to-back runs, "factor": after_pass_us / warm_us,
-        "wait_factor": after_wait_us / warm_us, "pass_ms": the median pass's wall-clock ms (the wait),
-        "samples": samples}`` (microseconds unless named).
+        "wait_factor": after_wait_us / warm_us, "pass_ms": the median pass's wall-clock ms, "samples":
+        samples}`` (microseconds unless named).
     """
     from specpolicy.core.cache import buffered_cache, crop_cache
 
@@ -367,7 +367,7 @@ def after_pass_probe(
     after, waited, warm, passes = [], [], [], []
     with torch.no_grad():
         model(input_ids=ids[:, :150], cache=cache, use_cache=True)
-        for _ in range(samples):
+        for _ in range(samples):  # a pass then the work; a wait as long as that pass then the work
             begun = time.perf_counter()
             model(input_ids=ids[:, 150:], cache=cache, use_cache=True)
             if device.type == "cuda":
@@ -377,12 +377,11 @@ def after_pass_probe(
             after.append(time.perf_counter() - start)
             passes.append(start - begun)
             crop_cache(cache, 150)  # the pass's 9 positions dropped
+            wait(passes[-1])
+            start = time.perf_counter()
+            round_like_work()
+            waited.append(time.perf_counter() - start)
     pass_s = statistics.median(passes)
-    for _ in range(samples):
-        wait(pass_s)
-        start = time.perf_counter()
-        round_like_work()
-        waited.append(time.perf_counter() - start)
     round_like_work()
     for _ in range(samples):
         start = time.perf_counter()
@@ -498,14 +497,19 @@ def measure_all(
     return rows
 
 
-#: host calls that write through buffer addresses their inputs hold (the KV cache's rows moved in place,
-#: ``specpolicy.core.compiled_tree``): a replay after the run could write into memory since freed
-ADDRESSED = frozenset(f"specpolicy.core.compiled_tree:{name}" for name in ("keep_nodes", "keep_rows", "gather_rows"))
+#: host calls that write through buffer addresses their inputs hold (the KV cache's rows moved in
+#: place, ``specpolicy.core.compiled_tree.keep_nodes``; its Python entry ``cache.keep_nodes`` passes
+#: the cache's layers too, which ``_copied`` refuses): a replay after the run could write into memory
+#: since freed. Compared by identity, whatever module names them.
+ADDRESSED = ("specpolicy.core.compiled_tree:keep_nodes",)
+#: ``warm_split``: at most this many calls of a function captured per method (their inputs held in memory)
+MAX_CAPTURED = 400
 
 
 def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
-    """``module:name`` -> the function and every ``(loaded module, name)`` that binds it (the module
-    it lives in and those that imported it by name), for rebinding.
+    """``module:name`` -> the function (a Python function or a numba dispatcher) and every ``(loaded
+    module, name)`` that binds it (the module it lives in and those that imported it by name), for
+    rebinding.
 
     Raises:
         ValueError: ``target`` is not ``module:name``, names no function of an importable module, or
@@ -514,26 +518,29 @@ def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
     import importlib
 
     module_name, _, name = target.partition(":")
-    if not module_name or not name:
+    if not module_name or not name or module_name.startswith(".") or module_name.endswith("__main__"):
         raise ValueError(f"--warm-split={target}: expected module:function (e.g. specpolicy.policies.dart_tree:_run)")
     try:
         function = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"--warm-split={target}: {exc}") from None
-    if not callable(function):
-        raise ValueError(f"--warm-split={target}: {name} is not a function")
-    if target in ADDRESSED:
+    except Exception as exc:  # noqa: BLE001 -- any failure to import or find it: the user's value, in one line
+        raise ValueError(f"--warm-split={target}: {type(exc).__name__}: {exc}") from None
+    if not (inspect.isfunction(function) or hasattr(function, "py_func")):  # a function or a numba dispatcher
+        raise ValueError(f"--warm-split={target}: {name} is a {type(function).__name__}, not a function")
+    if any(_addressed(entry) is function for entry in ADDRESSED):
         raise ValueError(
             f"--warm-split={target}: writes through buffer addresses held in its inputs, which a replay "
             "after the run may find freed; not replayable (ADDRESSED)"
         )
-    bound = [
-        (module, attr)
-        for module in list(sys.modules.values())
-        for attr in (name,)
-        if getattr(module, attr, None) is function
-    ]
+    bound = [(module, name) for module in list(sys.modules.values()) if getattr(module, name, None) is function]
     return function, bound
+
+
+def _addressed(entry: str) -> Any:
+    """The function an ``ADDRESSED`` entry names."""
+    import importlib
+
+    module_name, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
 @contextmanager
@@ -552,16 +559,31 @@ def _rebound(targets: dict[str, tuple[Callable, list]], make: Callable[[str, Cal
             setattr(module, attr, function)
 
 
+class NotReplayable(Exception):
+    """A captured call's input that a copy would not reproduce (``_copied``)."""
+
+
 def _copied(value: Any) -> Any:
-    """``value`` with its numpy arrays and tensors copied (tuples and lists through): a call's inputs
-    as they were before it wrote into them."""
+    """``value`` with its numpy arrays (contiguous ones, their layout kept) and tensors (their strides
+    kept) copied, tuples, named tuples and lists through, scalars, strings and None as they are: a
+    call's inputs as they were before it wrote into them.
+
+    Raises:
+        NotReplayable: for a strided array view (its copy is laid out otherwise), and for any other
+            object (a cache, a dict: a replay would change the run's own)."""
     if isinstance(value, np.ndarray):
-        return value.copy()
+        if not (value.flags.c_contiguous or value.flags.f_contiguous):
+            raise NotReplayable(f"a strided {value.dtype} array view of shape {value.shape}")
+        return value.copy(order="K")
     if isinstance(value, torch.Tensor):
         return value.clone()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_copied(v) for v in value))
     if isinstance(value, (tuple, list)):
         return type(value)(_copied(v) for v in value)
-    return value
+    if value is None or isinstance(value, (bool, int, float, str, np.generic)):
+        return value
+    raise NotReplayable(f"a {type(value).__name__}")
 
 
 #: ``--warm-split``: how many times each captured call is replayed warm
@@ -570,41 +592,54 @@ WARM_REPLAYS = 20
 
 def warm_split(
     bench: peers.Bench, specs: list[peers.MethodSpec], ids: list, targets: list[str], replays: int = WARM_REPLAYS
-) -> dict[str, dict[str, dict[str, float]]]:
-    """How much of a host function's time in the run is its own work and how much the run's conditions
-    (the passes before it evicting its code and data, the machine's other work): per method and per
-    function (``module:name``, called from Python: a compiled kernel's entry, a policy's helper),
-    its mean time per call in the run and warm.
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """How much of a host function's time in the run is its own work: per method and per function
+    (``module:name``, called from Python: a compiled kernel's entry, a policy's helper), its mean time
+    per call in the run and replayed warm.
 
     Each method decodes ``ids`` three times: an untimed warm-up; a decode that copies each call's
-    inputs (numpy arrays, tensors: ``_copied``) before the call; a decode that times each call in place
-    (``time.perf_counter_ns``, nothing else added around it: the in-run reading). The same prompts
-    give the same calls (``RuntimeError`` if their counts differ). Then each captured call is run again
-    ``replays`` times on fresh copies of its inputs (copied outside the timing), back to back: the
-    warm reading, the median of a call's replays, averaged over the calls.
+    inputs (``_copied``: numpy arrays, tensors, scalars; at most ``MAX_CAPTURED`` calls) before the
+    call; a decode that times each call in place (``time.perf_counter_ns``, nothing else added around
+    it: the in-run reading), the garbage collector off (a collection lands in whatever call triggers
+    it). The same prompts give the same calls: ``RuntimeError`` if their counts differ; ``same_rounds``
+    says whether the two decodes' rounds (drafts and outcomes) were the same. Then each captured call
+    is run ``replays + 1`` times back to back on fresh copies of its inputs (copied outside the timing;
+    the first untimed), the collector off: the warm reading, the mean of its replays, averaged over the
+    calls. Warm is a best case -- the call's code, its inputs (just copied) and the branch predictors
+    primed -- so ``own_share`` bounds the call's own work from below.
 
     Returns:
         ``{method: {function: {"calls": per decode, "calls_per_round", "in_run_us", "warm_us",
-        "own_share": warm_us / in_run_us}}}`` (microseconds a call; a function the method never
-        calls is left out).
+        "own_share": warm_us / in_run_us, "in_run_median_us", "warm_median_us", "same_rounds"}}}``
+        (microseconds a call; the medians over the calls: the in-run ones' and the calls' warm
+        means'); a function the method calls with an input ``_copied`` cannot copy: its in-run
+        readings, ``warm_us`` / ``own_share`` None and ``not_replayed`` saying why; one it never calls:
+        ``{"calls": 0}``.
 
     Raises:
         ValueError: a target that names no function (``resolve_function``).
         RuntimeError: the two decodes made different numbers of calls.
     """
     resolved = {t: resolve_function(t) for t in dict.fromkeys(targets)}
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for spec in specs:
         drafter, policy = bench.parts(spec)
         decode = bench.decoder(spec, drafter, policy, bench.wire(spec, policy, drafter))
         decode(ids[0])  # untimed: compiled kernels loaded, the method's code and data warm
         resolved = {t: resolve_function(t) for t in resolved}  # its modules, imported by now, bound too
         captured: dict[str, list] = defaultdict(list)
+        refused: dict[str, str] = {}
+        counted: dict[str, int] = defaultdict(int)
         timed: dict[str, list[int]] = defaultdict(list)
 
         def capture(target: str, function: Callable) -> Callable:
             def call(*args, **kwargs):
-                captured[target].append((_copied(args), _copied(kwargs)))
+                counted[target] += 1
+                if target not in refused and len(captured[target]) < MAX_CAPTURED:
+                    try:
+                        captured[target].append((_copied(args), {k: _copied(v) for k, v in kwargs.items()}))
+                    except NotReplayable as exc:
+                        refused[target] = f"an input is {exc}"
                 return function(*args, **kwargs)
 
             return call
@@ -621,39 +656,67 @@ def warm_split(
 
             return call
 
+        def signature(rounds: list) -> tuple:
+            return tuple((r.draft_token_ids, r.draft_parents, r.accepted_length) for r in rounds)
+
         with _rebound(resolved, capture):
-            for prompt in ids:
-                decode(prompt)
-        with _rebound(resolved, time_it):
-            rounds = sum(len(decode(prompt).rounds) for prompt in ids)
-        rows = {}
+            first = signature([r for prompt in ids for r in decode(prompt).rounds])
+        gc.collect()
+        with _rebound(resolved, time_it), _collector_off():
+            rounds = [r for prompt in ids for r in decode(prompt).rounds]
+        rows: dict[str, dict[str, Any]] = {}
         for target, (function, _) in resolved.items():
-            calls = captured[target]
-            if len(calls) != len(timed[target]):
+            calls, seen = captured[target], timed[target]
+            if counted[target] != len(seen):
                 raise RuntimeError(
-                    f"{spec.name}: {target} was called {len(calls)} and then {len(timed[target])} times decoding the same prompts"
+                    f"{spec.name}: {target} was called {counted[target]} and then {len(seen)} times "
+                    "decoding the same prompts"
                 )
-            if not calls:
+            if not seen:
+                rows[target] = {"calls": 0}
+                continue
+            row: dict[str, Any] = {
+                "calls": len(seen),
+                "calls_per_round": len(seen) / len(rounds),
+                "in_run_us": statistics.mean(seen) / 1e3,
+                "in_run_median_us": statistics.median(seen) / 1e3,
+                "same_rounds": signature(rounds) == first,
+            }
+            if target in refused:
+                rows[target] = {**row, "warm_us": None, "own_share": None, "not_replayed": refused[target]}
                 continue
             warm = []
-            for args, kwargs in calls:
-                readings = []
-                for _ in range(replays + 1):  # the first untimed: the call's code and inputs warm
-                    fresh_args, fresh_kwargs = _copied(args), _copied(kwargs)
-                    start = time.perf_counter_ns()
-                    function(*fresh_args, **fresh_kwargs)
-                    readings.append(time.perf_counter_ns() - start)
-                warm.append(statistics.median(readings[1:]))
-            in_run_us, warm_us = statistics.mean(timed[target]) / 1e3, statistics.mean(warm) / 1e3
+            with _collector_off():
+                for args, kwargs in calls:
+                    readings = []
+                    for _ in range(replays + 1):  # the first untimed: the call's code and inputs warm
+                        fresh_args, fresh_kwargs = _copied(args), {k: _copied(v) for k, v in kwargs.items()}
+                        start = time.perf_counter_ns()
+                        function(*fresh_args, **fresh_kwargs)
+                        readings.append(time.perf_counter_ns() - start)
+                    warm.append(statistics.mean(readings[1:]))
+            warm_us = statistics.mean(warm) / 1e3
             rows[target] = {
-                "calls": len(calls),
-                "calls_per_round": len(calls) / rounds,
-                "in_run_us": in_run_us,
+                **row,
                 "warm_us": warm_us,
-                "own_share": warm_us / in_run_us,
+                "warm_median_us": statistics.median(warm) / 1e3,
+                "own_share": warm_us / row["in_run_us"],
+                "replayed_calls": len(calls),
             }
         out[spec.name] = rows
     return out
+
+
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    """The garbage collector disabled while entered (re-enabled as it was)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _decoded(ids: list, decode: Callable, control: tuple[PassThread, int] | None) -> list:
@@ -734,11 +797,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=None,
         metavar="MODULE:FUNCTION",
         help="instead of the table: per method, this host function's mean time per call in the run and "
-        "warm, replayed on its captured inputs (warm_split; repeated)",
+        "warm, replayed on its captured inputs (warm_split; repeated); --repeat, --deadline-s and --cpu-clock "
+        "do not apply",
     )
     p.add_argument("--out", default=None, help="JSON output")
     peers.add_model_arguments(p)
     args = p.parse_args(argv)
+    if args.warm_split:
+        if args.passes_on_core is not None:
+            p.error("--warm-split: times functions on the host's own core; drop --passes-on-core")
+        for target in args.warm_split:
+            try:
+                resolve_function(target)
+            except ValueError as exc:
+                p.error(str(exc))
     if args.paired_control and args.passes_on_core is None:
         p.error("--paired-control needs --passes-on-core (the core the passes move from)")
     if args.passes_on_core is not None:
@@ -748,14 +820,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for flag, core in (("--passes-on-core", args.passes_on_core), ("--host-core", args.host_core)):
             if core not in cores:
                 p.error(f"{flag}={core}: not a core this process may run on (allowed: {cores})")
-    if args.warm_split:
-        if args.passes_on_core is not None:
-            p.error("--warm-split: times functions on the host's own core; drop --passes-on-core")
-        for target in args.warm_split:
-            try:
-                resolve_function(target)
-            except ValueError as exc:
-                p.error(str(exc))
     texts = args.method or (
         neighbours_methods() if args.neighbours else [*peers.DEFAULT_METHODS, *neighbours_methods()]
     )
@@ -771,10 +835,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         split = warm_split(bench, specs, ids, args.warm_split, replays=WARM_REPLAYS)
         for name, rows in split.items():
             for target, row in rows.items():
-                log(
-                    f"{name}  {target}: {row['calls_per_round']:.2f} calls a round, {row['in_run_us']:.1f} us a call "
-                    f"in the run, {row['warm_us']:.1f} us warm ({100 * row['own_share']:.0f}%)"
-                )
+                if not row["calls"]:
+                    log(f"{name}  {target}: not called")
+                    continue
+                said = f"{name}  {target}: {row['calls_per_round']:.2f} calls a round, {row['in_run_us']:.1f} us a call in the run"
+                if row["warm_us"] is None:
+                    log(f"{said}; not replayed: {row['not_replayed']}")
+                else:
+                    log(f"{said}, {row['warm_us']:.1f} us warm ({100 * row['own_share']:.0f}%)")
         result = {"settings": {**vars(args), "replays": WARM_REPLAYS}, "warm_split": split}
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2))

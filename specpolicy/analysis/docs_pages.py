@@ -521,25 +521,39 @@ def host_work_paired_context(results: dict[str, Any] | None) -> dict[str, Any] |
 
 def host_work_split_context(results: dict[str, Any] | None) -> dict[str, Any] | None:
     """The heaviest host calls' own work (``benchmarks/host_work.py --warm-split``): per method and
-    function, its calls per round, its mean µs a call in the run and warm (replayed on its captured
-    inputs), the warm share, and both as ms per round (calls per round x µs); the command's methods
-    and functions (``settings``) for the page's command. None without results."""
+    function it called, its calls per round, its mean µs a call in the run and warm (replayed on its
+    captured inputs; "-" where it was not replayed, the reason in ``not_replayed``), the warm share,
+    and both as ms per round (calls per round x µs); ``*`` where the two decodes' rounds differed; the
+    command's methods and functions (``settings``) for the page's command. None without results."""
     if not results:
         return None
-    s, rows = results["settings"], []
+    s, rows, shares, unreplayed = results["settings"], [], [], []
     for method, functions in results["warm_split"].items():
         for target, r in functions.items():
+            if not r["calls"]:
+                continue
+            name = f"`{target.rsplit('.', 1)[-1]}`" + ("" if r.get("same_rounds", True) else " *")
+            warm = r["warm_us"]
+            if warm is None:
+                unreplayed.append(f"`{method}` / `{target}`: {r['not_replayed']}")
+            else:
+                shares.append(r["own_share"])
             rows.append([
-                f"`{method}`", f"`{target.rsplit('.', 1)[-1]}`", f"{r['calls_per_round']:.2f}",
-                f"{r['in_run_us']:.0f}", f"{r['warm_us']:.0f}", f"{100 * r['own_share']:.0f}%",
-                f"{r['calls_per_round'] * r['in_run_us'] / 1e3:.2f}", f"{r['calls_per_round'] * r['warm_us'] / 1e3:.2f}",
+                f"`{method}`", name, f"{r['calls_per_round']:.2f}", f"{r['in_run_us']:.0f}",
+                "-" if warm is None else f"{warm:.0f}", "-" if warm is None else f"{100 * r['own_share']:.0f}%",
+                f"{r['calls_per_round'] * r['in_run_us'] / 1e3:.2f}",
+                "-" if warm is None else f"{r['calls_per_round'] * warm / 1e3:.2f}",
             ])  # fmt: skip
-    shares = [r["own_share"] for functions in results["warm_split"].values() for r in functions.values()]
+    low, high = (min(shares), max(shares)) if shares else (None, None)
     return {
         "s": s,
         "rows": rows,
         "flags": " ".join([*(f"--method {m}" for m in s["method"]), *(f"--warm-split {t}" for t in s["warm_split"])]),
-        "share_range": (min(shares), max(shares)) if shares else None,
+        "share_range": None
+        if low is None
+        else (f"{100 * low:.0f}%" if low == high else f"{100 * low:.0f}-{100 * high:.0f}%"),
+        "unreplayed": unreplayed,
+        "differed": any("*" in row[1] for row in rows),
     }
 
 

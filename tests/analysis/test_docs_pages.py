@@ -275,13 +275,13 @@ def test_the_host_work_rows_come_from_the_host_work_results():
     changed["after_pass_probe"] = {"after_pass_us": 151.6, "warm_us": 11.4, "factor": 151.6 / 11.4, "samples": 9}
     assert "took 152 µs right after a pass of the target" in page(host_work_context(changed))
     assert "and 11 µs warm, back to back (medians of 9 each; 13x)" in page(host_work_context(changed))
-    assert "waited as long as a pass takes" not in page(host_work_context(changed))  # a probe without the wait
+    assert "slept as long as that pass took" not in page(host_work_context(changed))  # a probe without the wait
     changed["after_pass_probe"].update(after_wait_us=61.2, wait_factor=61.2 / 11.4, pass_ms=8.04)
     assert (
-        "right after the host waited as long as a pass takes (8.0 ms, asleep, with no pass) the same work took "
-        "61 µs (5x warm)" in page(host_work_context(changed))
+        "right after the host then slept as long as that pass took (a median 8.0 ms, no pass; the two "
+        "alternating) the same work took 61 µs (5x warm)" in page(host_work_context(changed))
     )
-    assert "the rest, 90 µs, is the pass's own traffic" in page(host_work_context(changed))
+    assert "The difference, 90 µs, is what the pass adds to time alone." in page(host_work_context(changed))
     del changed["after_pass_probe"]
     assert "after_pass_probe" not in page(host_work_context(changed))
 
@@ -324,36 +324,48 @@ def test_the_paired_host_work_ratio_is_taken_within_each_repeat_over_the_methods
 
 def test_the_warm_split_table_states_each_call_in_the_run_and_warm_per_call_and_per_round():
     """The overhead page's third host table (``host_work.py --warm-split``): a row per method and
-    call, its µs a call in the run and warm, their ratio, and both times the calls per round in ms;
-    the command names the run's methods and functions; no results, no section."""
+    call it made, its µs a call in the run and warm, their ratio, and both times the calls per round
+    in ms; a call not replayed shows "-" and its reason, one whose decodes differed a ``*``; the
+    command names the run's methods and functions; no results, no section."""
     from specpolicy.analysis.docs_pages import host_work_split_context
     from specpolicy.analysis.docs_tables import render_template
+
+    def row(in_run, warm, **more):
+        return {"calls": 40, "calls_per_round": 1.0, "in_run_us": in_run, "warm_us": warm,
+                "own_share": None if warm is None else warm / in_run, "same_rounds": True, **more}  # fmt: skip
 
     results = {
         "settings": {
             "num_prompts": 3, "dataset": "gsm8k", "max_new_tokens": 64, "replays": 20,
             "method": ["dart+dart-tree"], "warm_split": ["specpolicy.policies.dart_tree:_run"],
         },
-        "warm_split": {
-            "dart+dart-tree": {
-                "specpolicy.policies.dart_tree:_run": {
-                    "calls": 40, "calls_per_round": 1.0, "in_run_us": 240.0, "warm_us": 150.0, "own_share": 0.625,
-                }
-            }
-        },
+        "warm_split": {"dart+dart-tree": {"specpolicy.policies.dart_tree:_run": row(240.0, 150.0), "m:f": {"calls": 0}}},
     }  # fmt: skip
     context = host_work_split_context(results)
-    assert context is not None
+    assert context is not None and context["share_range"] == "62%" and not context["differed"]
     assert context["rows"] == [["`dart+dart-tree`", "`dart_tree:_run`", "1.00", "240", "150", "62%", "0.24", "0.15"]]
-    page = render_template("overhead", overhead=None, packing=None, host=None, paired=None, split=context)
-    assert "| `dart+dart-tree` | `dart_tree:_run` | 1.00 | 240 | 150 | 62% | 0.24 | 0.15 |" in page
-    assert "|---|---|---:|---:|---:|---:|---:|---:|" in page  # the method and the call left-aligned
+
+    def page(split):
+        return render_template("overhead", overhead=None, packing=None, host=None, paired=None, split=split)
+
+    text = page(context)
+    assert "| `dart+dart-tree` | `dart_tree:_run` | 1.00 | 240 | 150 | 62% | 0.24 | 0.15 |" in text
+    assert "|---|---|---:|---:|---:|---:|---:|---:|" in text  # the method and the call left-aligned
     assert (
         "python benchmarks/host_work.py --num-prompts 3 --max-new-tokens 64 --method dart+dart-tree "
         "--warm-split specpolicy.policies.dart_tree:_run --out benchmarks/results/host-work-warm-split.json"
-    ) in page
-    assert "replayed 20 times" in page and "warm readings are 62-62% of the in-run ones" in page
-    assert host_work_split_context(None) is None
-    assert "heaviest host calls" not in render_template(
-        "overhead", overhead=None, packing=None, host=None, paired=None, split=None
+    ) in text
+    assert "replayed 20 times" in text and "warm readings are 62% of the in-run ones" in text
+    assert "Not replayed" not in text and "`*`" not in text
+    # a second call: not replayed, its decodes' rounds differing
+    results["warm_split"]["dart+dart-tree"]["m.k:g"] = row(
+        30.0, None, not_replayed="an input is a dict", same_rounds=False
     )
+    results["warm_split"]["dart+dart-tree"]["m.k:h"] = row(30.0, 3.0)
+    context = host_work_split_context(results)
+    assert context is not None and context["share_range"] == "10-62%" and context["differed"]
+    assert context["rows"][1] == ["`dart+dart-tree`", "`k:g` *", "1.00", "30", "-", "-", "0.03", "-"]
+    text = page(context)
+    assert "Not replayed (`-`): `dart+dart-tree` / `m.k:g`: an input is a dict." in text and "`*`: the decode" in text
+    assert host_work_split_context(None) is None
+    assert "heaviest host calls" not in page(None)

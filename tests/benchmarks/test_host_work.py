@@ -143,8 +143,12 @@ def test_decoding_with_the_passes_on_another_core_is_decoding():
 
 def test_the_after_pass_probe_times_the_work_after_each_pass_after_a_pass_long_wait_and_warm():
     """``after_pass_probe``: a prefill of 150 tokens, then per sample one pass of 9 tokens on that cache
-    (rolled back after it) followed by the timed round-like work; then per sample a wait as long as the
-    median pass (no pass) followed by the work; the warm readings follow neither."""
+    (rolled back after it) followed by the timed round-like work, then a wait as long as that pass (no
+    pass) followed by the work; the warm readings follow neither."""
+    import statistics
+
+    import pytest
+
     from conftest import tiny_lm
 
     host_work = load_benchmark("host_work")
@@ -165,10 +169,11 @@ def test_the_after_pass_probe_times_the_work_after_each_pass_after_a_pass_long_w
     finally:
         host_work.round_like_work = work
     assert seen == [(150, 0)] + [(9, 150)] * 4
-    # after each pass; then after each wait, no pass between; then warm: no pass, no wait
-    assert calls[:4] == [(2, 0), (3, 0), (4, 0), (5, 0)]
-    assert calls[4:8] == [(5, 1), (5, 2), (5, 3), (5, 4)] and calls[8:] == [(5, 4)] * 5
-    assert len(set(waits)) == 1 and waits[0] > 0 and probe["pass_ms"] == waits[0] * 1e3  # the median pass
+    # after each pass, then after a wait with no pass between, alternating; then warm: no pass, no wait
+    assert calls[:8] == [(2, 0), (2, 1), (3, 1), (3, 2), (4, 2), (4, 3), (5, 3), (5, 4)]
+    assert calls[8:] == [(5, 4)] * 5
+    assert all(w > 0 for w in waits)  # each as long as the pass before it
+    assert probe["pass_ms"] == pytest.approx(statistics.median(waits) * 1e3)
     assert probe["after_pass_us"] > 0 and probe["after_wait_us"] > 0 and probe["warm_us"] > 0
     assert probe["factor"] == probe["after_pass_us"] / probe["warm_us"]
     assert probe["wait_factor"] == probe["after_wait_us"] / probe["warm_us"]
@@ -211,8 +216,10 @@ def test_warm_split_replays_each_call_on_its_inputs_as_they_were_and_restores_th
     """``warm_split``: a function bound in its module and, imported by name, in another; each method's
     decode calls it through the other. The capture copies each call's inputs before the call writes
     into them, every replay runs on fresh copies (it sees the inputs as the run did), the counts and
-    calls per round are the decodes', and the bindings are restored; a method that never calls it has
-    no row; decodes that call it a different number of times are refused."""
+    calls per round are the decodes', and the bindings are restored, an exception in a decode
+    included; a method that never calls it has a row of no calls; a call with an input no copy
+    reproduces is timed in the run and not replayed; decodes that call it a different number of
+    times are refused."""
     import sys
     import types
     from types import SimpleNamespace
@@ -233,15 +240,24 @@ def test_warm_split_replays_each_call_on_its_inputs_as_they_were_and_restores_th
     sys.modules.update(warm_split_home=home, warm_split_user=user)
     calls_a = iter(range(1000))
 
+    def rounds(n):
+        return [SimpleNamespace(host_ms=0.1, draft_token_ids=(1,), draft_parents=(), accepted_length=1)] * n
+
     def decoder(name):
         def decode(prompt):
-            rounds = [SimpleNamespace(host_ms=0.1)] * 2
             if name == "a":  # two calls a prompt, on a fresh array whose first value counts the calls
                 for _ in range(2):
                     user.kernel(np.full(4, next(calls_a), dtype=np.int64), scale=3)
-            return SimpleNamespace(rounds=rounds)
+            if name == "held":  # an input that is neither an array nor a scalar: its copy is not the run's
+                user.kernel(np.zeros(2, dtype=np.int64), scale=SimpleNamespace())
+            if name == "raises":
+                raise KeyError("a decode that fails")
+            return SimpleNamespace(rounds=rounds(2))
 
         return decode
+
+    def odd_kernel(values, scale=1):
+        return 0
 
     bench = SimpleNamespace(
         parts=lambda spec: (None, None),
@@ -253,20 +269,31 @@ def test_warm_split_replays_each_call_on_its_inputs_as_they_were_and_restores_th
         split = host_work.warm_split(bench, specs, [0, 1], ["warm_split_home:kernel"], replays=3)
         assert home.kernel is kernel and user.kernel is kernel  # restored
         row = split["a"]["warm_split_home:kernel"]
-        assert split["b"] == {}
+        assert split["b"] == {"warm_split_home:kernel": {"calls": 0}}
         assert row["calls"] == 4 and row["calls_per_round"] == 1.0  # 4 calls over 2 prompts x 2 rounds
         assert row["own_share"] == row["warm_us"] / row["in_run_us"] and row["warm_us"] > 0
+        assert row["replayed_calls"] == 4 and row["same_rounds"] is True
         # warm-up 0-1, captured 2-5, timed 6-9; then each captured call 4 times (1 untimed + 3) as it saw it
         assert seen[:10] == list(range(10))
         assert seen[10:] == [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4
         with pytest.raises(ValueError, match="--warm-split=warm_split_home:absent"):
             host_work.warm_split(bench, specs, [0], ["warm_split_home:absent"])
+        # an input a copy would not reproduce: timed in the run, not replayed, the reason said
+        home.kernel = user.kernel = odd_kernel
+        held = host_work.warm_split(bench, [SimpleNamespace(name="held")], [0], ["warm_split_home:kernel"])
+        row = held["held"]["warm_split_home:kernel"]
+        assert row["calls"] == 1 and row["in_run_us"] > 0 and row["warm_us"] is None and row["own_share"] is None
+        assert row["not_replayed"] == "an input is a SimpleNamespace"
+        home.kernel = user.kernel = kernel
+        with pytest.raises(KeyError):
+            host_work.warm_split(bench, [SimpleNamespace(name="raises")], [0], ["warm_split_home:kernel"])
+        assert home.kernel is kernel and user.kernel is kernel  # restored after the exception too
 
         def uneven(spec, drafter, policy, hidden):
             def decode(prompt):
                 for _ in range(next(counts)):
                     user.kernel(np.zeros(2, dtype=np.int64))
-                return SimpleNamespace(rounds=[SimpleNamespace(host_ms=0.1)])
+                return SimpleNamespace(rounds=rounds(1))
 
             return decode
 
@@ -279,20 +306,61 @@ def test_warm_split_replays_each_call_on_its_inputs_as_they_were_and_restores_th
         del sys.modules["warm_split_home"], sys.modules["warm_split_user"]
 
 
-def test_a_warm_split_target_that_names_no_function_is_refused_in_one_line_before_any_model_loads(capsys):
+def test_copied_keeps_layouts_and_refuses_what_a_copy_would_not_reproduce():
+    """``_copied``: contiguous arrays (C or Fortran order kept) and tensors (strides kept) copied,
+    named tuples rebuilt, scalars as they are; a strided view or another object refused."""
+    from collections import namedtuple
+
+    import numpy as np
     import pytest
 
     host_work = load_benchmark("host_work")
+    fortran = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    pair = namedtuple("pair", "a b")
+    copied = host_work._copied((fortran, pair(np.ones(2), 3), [torch.arange(4).reshape(2, 2).t()], None, np.int64(2)))
+    assert copied[0].flags.f_contiguous and np.array_equal(copied[0], fortran) and copied[0] is not fortran
+    assert isinstance(copied[1], pair) and copied[1].b == 3
+    assert copied[2][0].stride() == (1, 2) and copied[4] == 2
+    with pytest.raises(host_work.NotReplayable, match="a strided int64 array view of shape"):
+        host_work._copied(np.arange(10)[::2])
+    with pytest.raises(host_work.NotReplayable, match="a dict"):
+        host_work._copied(({"a": 1},))
+
+
+def test_a_warm_split_target_that_names_no_function_is_refused_in_one_line_before_any_model_loads(capsys, monkeypatch):
+    """A bad ``--warm-split`` value: the argument parser's error line names the flag and the value,
+    and nothing loads (``peers.Bench`` is never built); whatever the import raises."""
+    import pytest
+
+    host_work = load_benchmark("host_work")
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("models loaded")
+
+    monkeypatch.setattr(host_work.peers, "Bench", no_models)
     for argv, said in (
         (["--warm-split", "no_colon"], "--warm-split=no_colon: expected module:function"),
-        (["--warm-split", "specpolicy.core.path_search:absent"], "--warm-split=specpolicy.core.path_search:absent:"),
+        (["--warm-split", ".relative:f"], "--warm-split=.relative:f: expected module:function"),
+        (
+            ["--warm-split", "specpolicy.__main__:main"],
+            "--warm-split=specpolicy.__main__:main: expected module:function",
+        ),
+        (["--warm-split", "specpolicy.core.path_search:absent"], "--warm-split=specpolicy.core.path_search:absent: "),
+        (["--warm-split", "no_such_module_x:f"], "--warm-split=no_such_module_x:f: ModuleNotFoundError"),
+        (
+            ["--warm-split", "specpolicy.core.path_search:PathSearch"],
+            "--warm-split=specpolicy.core.path_search:PathSearch: PathSearch is a type, not a function",
+        ),
         (
             ["--warm-split", "math:floor", "--passes-on-core", "0"],
             "--warm-split: times functions on the host's own core",
         ),
-        (["--warm-split", "specpolicy.core.compiled_tree:keep_nodes"], "writes through buffer addresses"),
+        (
+            ["--warm-split", "specpolicy.core.compiled_tree:keep_nodes"],
+            "--warm-split=specpolicy.core.compiled_tree:keep_nodes: writes through buffer addresses",
+        ),
     ):
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exit_:
             host_work.main(argv)
         err = capsys.readouterr().err
-        assert said in err and "Traceback" not in err
+        assert exit_.value.code == 2 and f"error: {said}" in err, err

@@ -730,6 +730,7 @@ def _host_work(command: Command, h: Harness) -> None:
             + ["--out", str(out), *tiny_models(h.world)]
         )
         split = json.loads(out.read_text())["warm_split"][method]
+        assert set(split) == set(targets)  # a row for every function, called or not
         assert split[targets[0]]["calls"] > 0 and split[targets[0]]["warm_us"] > 0
         return
     load_benchmark("host_work").main(
