@@ -3,7 +3,7 @@
 #   1. runs of the bundled family to replay (unless carried in .gpu/runs/<method>/ or RUNS="dir ..."):
 #      python -m specpolicy method=<m> on the device, float32, a few prompts -> $RUNS_DIR/<m>/ (default $OUT/runs);
 #      make them on a CPU beforehand to spare device minutes (they travel in .gpu/runs/):
-#        DEVICE=cpu RUNS_DIR=.gpu/runs OUT=/tmp/rs-runs bash benchmarks/gpu_real_scale.sh 3600 0 0 0
+#        DEVICE=cpu RUNS_DIR=.gpu/runs OUT=/tmp/rs-runs bash benchmarks/gpu_real_scale.sh 3600 0 0 0 0
 #   2. profile: random-init models at the published shapes (Qwen2.5-7B, Qwen3-8B, Llama-3.1-8B,
 #      Qwen2.5-32B; Fast-dLLM v2 1.5B, DFlash, EAGLE-3, DART, Falcon, DEER 0.5B), bfloat16, eager and
 #      CUDA graphs, ms per pass by width and KV length -> $OUT/profile/h200-<target>.{json,yaml};
@@ -12,14 +12,16 @@
 #   4. host work per round beside the device's passes (issue 48 item 5): the neighbours table's methods on
 #      the bundled family, float32, and the after-pass probe -> $OUT/host-work-<device>.json
 #      (benchmarks/host_work.py; on a CPU the passes evict the host's caches, on a GPU they should not:
-#      the probe there says).
+#      the probe there says); then the heaviest host calls' time in the run against warm replays
+#      (host_work.py --warm-split: DART's search, the CPS beams and lattice, the tree inputs) ->
+#      $OUT/host-work-warm-split-<device>.json (last: a run cut at the command's limit loses it first).
 # Each part has its own time limit (and a --deadline-s inside it), so one that overruns leaves the others'.
 #
 # Usage, from the repository root on the CUDA machine (about 9 minutes with the defaults):
-#   OUT=/tmp/rs-out bash benchmarks/gpu_real_scale.sh [runs_s=90] [profile_s=210] [replay_s=120] [host_s=120]
+#   OUT=/tmp/rs-out bash benchmarks/gpu_real_scale.sh [runs_s=90] [profile_s=210] [replay_s=120] [host_s=120] [split_s=30]
 # A CPU dry run at tiny shapes (2 layers, width 64, vocab 512, widths 1,4, KV 16,64; host work: one
 # method, one prompt, 8 new tokens):
-#   DEVICE=cpu TINY=1 NO_WHEELS=1 OUT=/tmp/rs-dry bash benchmarks/gpu_real_scale.sh 120 120 60 60
+#   DEVICE=cpu TINY=1 NO_WHEELS=1 OUT=/tmp/rs-dry bash benchmarks/gpu_real_scale.sh 120 120 60 60 60
 # METHODS: the presets replayed; PROMPTS / TOKENS: the runs' size; TARGETS / GRAPH_TARGETS: the targets
 # profiled eager (default all four) / also with CUDA graphs (default qwen2.5-7b,llama-3.1-8b).
 set -u
@@ -28,6 +30,7 @@ RUNS_S=${1:-90}
 PROFILE_S=${2:-210}
 REPLAY_S=${3:-120}
 HOST_S=${4:-120}
+SPLIT_S=${5:-30}
 DEVICE=${DEVICE:-cuda}
 METHODS=${METHODS:-"fastdllm+failfast dflash+failfast eagle3+static-k5 eagle3+goodput eagle3+eagle2-tree dart+dart-tree falcon+failfast deer+failfast"}
 PROMPTS=${PROMPTS:-3}
@@ -48,11 +51,14 @@ if [ -n "${TINY:-}" ]; then
     SIZE=(--tiny --widths 1,4 --kv 16,64 --warmup 1 --repeats 2)
     REPLAY_SIZE=(--tiny --warmup 1 --repeats 2 --max-rounds 8)
     HOST_SIZE=(--method ar-k5 --num-prompts 1 --max-new-tokens 8 --repeat 1)
+    SPLIT_SIZE=(--method dart+dart-tree --num-prompts 1 --max-new-tokens 8)
     PROMPTS=${TINY_PROMPTS:-1} TOKENS=${TINY_TOKENS:-16} METHODS=${TINY_METHODS:-"eagle3+static-k5 fastdllm+failfast"}
 else
     SIZE=()
     REPLAY_SIZE=(--max-rounds 96)
     HOST_SIZE=(--neighbours --num-prompts 2 --max-new-tokens 48 --repeat 1)
+    SPLIT_SIZE=(--method dflash+dart-tree --method diffuspec-fastdllm --method eagle3+eagle2-tree --num-prompts 2
+        --max-new-tokens 48)
 fi
 elapsed() { echo "$(($(date +%s) - start)) s"; }
 
@@ -110,5 +116,14 @@ if [ "$HOST_S" -gt 0 ]; then
     timeout "$HOST_S" python3 benchmarks/host_work.py --device "$DEVICE" --dtype float32 "${HOST_SIZE[@]}" \
         --deadline-s "$((HOST_S - 30))" --out "$OUT/host-work-$DEVICE.json"
     echo "== host work exit $? after $(elapsed)"
+fi
+if [ "$SPLIT_S" -gt 0 ]; then
+    echo "== host calls, in the run and warm (limit ${SPLIT_S} s)"
+    timeout "$SPLIT_S" python3 benchmarks/host_work.py --device "$DEVICE" --dtype float32 "${SPLIT_SIZE[@]}" \
+        --warm-split specpolicy.policies.dart_tree:_run --warm-split specpolicy.core.path_search:_finish_kneser_ney \
+        --warm-split specpolicy.core.path_search_kernels:lattice_topk \
+        --warm-split specpolicy.core.path_search_kernels:lattice_rows \
+        --warm-split specpolicy.core.compiled_tree:tree_inputs --out "$OUT/host-work-warm-split-$DEVICE.json"
+    echo "== host calls exit $? after $(elapsed)"
 fi
 ls -laR "$OUT" | grep -v '^total'

@@ -241,7 +241,7 @@ def test_the_device_script_dry_run_brings_the_profiles_and_the_replays_back(tmp_
     out = tmp_path / "out"
     env = {**os.environ, "DEVICE": "cpu", "TINY": "1", "NO_WHEELS": "1", "OUT": str(out), "RUNS": str(run),
            "TARGETS": "qwen2.5-7b", "GRAPH_TARGETS": "qwen2.5-7b", "OMP_NUM_THREADS": "1"}  # fmt: skip
-    done = subprocess.run(["bash", "benchmarks/gpu_real_scale.sh", "0", "200", "100", "120"], cwd=root, env=env,
+    done = subprocess.run(["bash", "benchmarks/gpu_real_scale.sh", "0", "200", "100", "120", "90"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     table = json.loads((out / "profile" / "cpu-tiny-qwen2.5-7b.json").read_text())
@@ -255,3 +255,7 @@ def test_the_device_script_dry_run_brings_the_profiles_and_the_replays_back(tmp_
     host = json.loads((out / "host-work-cpu.json").read_text())  # part 4: the host work on this device
     assert list(host["methods"]) == ["ar-k5"] and host["methods"]["ar-k5"]["rounds"] >= 1
     assert host["settings"]["device"] == "cpu" and host["after_pass_probe"]["warm_us"] > 0
+    # part 4's warm split: DART's search in the run and warm, the other calls' rows present
+    split = json.loads((out / "host-work-warm-split-cpu.json").read_text())["warm_split"]["dart+dart-tree"]
+    assert split["specpolicy.policies.dart_tree:_run"]["calls"] >= 1
+    assert split["specpolicy.policies.dart_tree:_run"]["warm_us"] > 0 and len(split) == 5
