@@ -68,6 +68,7 @@ import numpy as np  # noqa: E402
 import peers  # noqa: E402
 import torch  # noqa: E402
 
+from specpolicy.core import compiled_tree  # noqa: E402
 from specpolicy.core.latency import load_profile  # noqa: E402
 from specpolicy.core.passes import PassClock, pass_entry_points  # noqa: E402
 from specpolicy.core.path_search import PathSearch  # noqa: E402
@@ -501,7 +502,7 @@ def measure_all(
 #: place, ``specpolicy.core.compiled_tree.keep_nodes``; its Python entry ``cache.keep_nodes`` passes
 #: the cache's layers too, which ``_copied`` refuses): a replay after the run could write into memory
 #: since freed. Compared by identity, whatever module names them.
-ADDRESSED = ("specpolicy.core.compiled_tree:keep_nodes",)
+ADDRESSED = (compiled_tree.keep_nodes,)
 #: ``warm_split``: at most this many calls of a function captured per method (their inputs held in memory)
 MAX_CAPTURED = 400
 
@@ -526,21 +527,13 @@ def resolve_function(target: str) -> tuple[Callable, list[tuple[Any, str]]]:
         raise ValueError(f"--warm-split={target}: {type(exc).__name__}: {exc}") from None
     if not (inspect.isfunction(function) or hasattr(function, "py_func")):  # a function or a numba dispatcher
         raise ValueError(f"--warm-split={target}: {name} is a {type(function).__name__}, not a function")
-    if any(_addressed(entry) is function for entry in ADDRESSED):
+    if any(function is addressed for addressed in ADDRESSED):
         raise ValueError(
             f"--warm-split={target}: writes through buffer addresses held in its inputs, which a replay "
             "after the run may find freed; not replayable (ADDRESSED)"
         )
     bound = [(module, name) for module in list(sys.modules.values()) if getattr(module, name, None) is function]
     return function, bound
-
-
-def _addressed(entry: str) -> Any:
-    """The function an ``ADDRESSED`` entry names."""
-    import importlib
-
-    module_name, _, name = entry.partition(":")
-    return getattr(importlib.import_module(module_name), name)
 
 
 @contextmanager
@@ -584,6 +577,11 @@ def _copied(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str, np.generic)):
         return value
     raise NotReplayable(f"a {type(value).__name__}")
+
+
+def _copied_call(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A call's positional and keyword arguments, ``_copied`` (raises as it does)."""
+    return _copied(args), {key: _copied(value) for key, value in kwargs.items()}
 
 
 #: ``--warm-split``: how many times each captured call is replayed warm
@@ -637,7 +635,7 @@ def warm_split(
                 counted[target] += 1
                 if target not in refused and len(captured[target]) < MAX_CAPTURED:
                     try:
-                        captured[target].append((_copied(args), {k: _copied(v) for k, v in kwargs.items()}))
+                        captured[target].append(_copied_call(args, kwargs))
                     except NotReplayable as exc:
                         refused[target] = f"an input is {exc}"
                 return function(*args, **kwargs)
@@ -690,7 +688,7 @@ def warm_split(
                 for args, kwargs in calls:
                     readings = []
                     for _ in range(replays + 1):  # the first untimed: the call's code and inputs warm
-                        fresh_args, fresh_kwargs = _copied(args), {k: _copied(v) for k, v in kwargs.items()}
+                        fresh_args, fresh_kwargs = _copied_call(args, kwargs)
                         start = time.perf_counter_ns()
                         function(*fresh_args, **fresh_kwargs)
                         readings.append(time.perf_counter_ns() - start)
